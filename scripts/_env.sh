@@ -1,0 +1,32 @@
+# Shared by scripts/demo and scripts/test: make .venv and install the project into it.
+# Re-running is cheap: the install is skipped while pyproject.toml is unchanged.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+
+ensure_venv() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PY" -m venv "$VENV"
+        "$VENV/bin/python" -m pip install -q --upgrade pip
+    fi
+    local stamp="$VENV/.llmfabric-installed"
+    if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+        "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+        touch "$stamp"
+    fi
+}
+
+# System packages the e2e and browser tests use; installed only when missing and we are root.
+ensure_system_packages() {
+    local missing=()
+    command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing system packages: ${missing[*]}" >&2
+        apt-get update -qq >/dev/null 2>&1 || true
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+            || echo "warning: could not install ${missing[*]}; tests that need them will skip" >&2
+    fi
+}

@@ -1,0 +1,25 @@
+"""llmfabric: one OpenAI-compatible LLM service over GPU nodes scattered across clusters.
+
+Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture.md):
+  clock        injected time (SystemClock for production, FakeClock in llmfabric.testing)
+  identity/    node keys, peer ids, signing, admission credentials
+  net/         transport: TLS peer channels, bootstrap, reachability, relays
+  registry/    CRDT node map and its NodeRegistry/ModelRegistry views
+  gossip/      anti-entropy and piggybacked dissemination of registry deltas
+  membership/  SWIM failure detection with Lifeguard suspicion
+  agent/       node agent: engine supervision, health, hardware discovery
+  routing/     candidate filters and load-balancing policies
+  ingress/     OpenAI-compatible HTTP front
+  accounts/    API keys, usage ledger, rate limits
+  dashboard/   web UI
+  sim/         roofline operator costs and discrete-event serving simulator
+  scheduler/   placement solver, baselines, fleet controller
+  launch/      Slurm and Kubernetes launchers
+  traces/      trace loaders and workload characterization
+  bench/       load generator client
+  engines/     simulated engine
+  cli/         the `llmfabric` command
+  testing/     fakes shipped for tests and benchmarks (fake clock, in-memory network)
+"""
+
+__version__ = "0.1.0"

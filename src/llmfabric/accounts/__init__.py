@@ -1,0 +1,2 @@
+"""API keys, usage ledger and rate limits (SQLite by default, Postgres optional).
+"""

@@ -1,0 +1,2 @@
+"""Node agent: engine subprocess supervision, readiness and health, hardware discovery.
+"""

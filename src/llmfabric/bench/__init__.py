@@ -1,0 +1,2 @@
+"""Load generator client: arrival processes, TTFT/TPOT/throughput, results.
+"""

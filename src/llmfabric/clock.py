@@ -1,0 +1,55 @@
+"""Injected time. Core logic takes a Clock so protocol tests can run on virtual time.
+
+`now()` is monotonic seconds (for timeouts and intervals); `wall()` is Unix seconds (for values
+that travel between nodes, such as record timestamps and GC retention).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real clock: time.monotonic/time.time and asyncio.sleep."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+async def with_timeout(clock: Clock, awaitable: Awaitable[T], seconds: float) -> T:
+    """Await `awaitable` for at most `seconds` of the clock's time; raise TimeoutError after.
+
+    asyncio.wait_for would use the loop's real time, which a FakeClock does not drive.
+    """
+    task = asyncio.ensure_future(awaitable)
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        done, _ = await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        timer.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise TimeoutError(f"timed out after {seconds:.3f}s")

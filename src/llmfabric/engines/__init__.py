@@ -1,0 +1,2 @@
+"""Engines we ship: the simulated OpenAI-compatible engine.
+"""

@@ -1,0 +1,2 @@
+"""Dissemination of registry deltas: push-pull anti-entropy and piggybacked updates.
+"""

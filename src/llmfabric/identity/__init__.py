@@ -1,0 +1,2 @@
+"""Node identity and admission: Ed25519 node keys, peer ids, signing, TLS certificates, credentials.
+"""

@@ -1,0 +1,2 @@
+"""OpenAI-compatible HTTP front: auth, routing, streaming proxy, forwarding.
+"""

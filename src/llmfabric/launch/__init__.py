@@ -1,0 +1,2 @@
+"""Slurm (sbatch) and Kubernetes launchers and templates.
+"""

@@ -1,0 +1,2 @@
+"""SWIM failure detection: probes, indirect probes, Lifeguard suspicion, refutation, eviction.
+"""

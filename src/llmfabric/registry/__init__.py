@@ -1,0 +1,3 @@
+"""The CRDT registry: signed node records (records.py), the G-Map and its merge,
+NodeRegistry/ModelRegistry views, GC.
+"""

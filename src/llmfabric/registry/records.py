@@ -1,0 +1,93 @@
+"""The value type of the registry G-Map: a node session's lifecycle state and metadata.
+
+Only the owner writes its NodeRecord (signed with its node key, see registry.signing). The
+lifecycle is a total order JOIN < SERVING < DOWN < LEFT; within a state the owner's
+(incarnation, version) orders its updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+
+class Lifecycle(IntEnum):
+    JOIN = 0
+    SERVING = 1
+    DOWN = 2
+    LEFT = 3
+
+
+class ModelRole(StrEnum):
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    gpu_model: str = "cpu"  # e.g. "H100-SXM", "A100-80GB", "cpu"
+    gpu_count: int = 0
+    gpu_memory_gb: float = 0.0  # per GPU
+    interconnect: str = "none"  # "nvlink", "pcie", "none"
+    cpu_count: int = 0
+    memory_gb: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    id: str
+    aliases: tuple[str, ...] = ()
+    quantization: str = "bf16"  # "bf16", "fp16", "fp8", "int8", "awq-int4", ...
+    quant_bits: int = 16
+    max_context: int = 4096
+    role: ModelRole = ModelRole.BOTH
+
+    def answers_to(self, name: str) -> bool:
+        return name == self.id or name in self.aliases
+
+
+@dataclass(frozen=True, slots=True)
+class LoadHints:
+    inflight: int = 0
+    queued: int = 0
+    tokens_per_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMeta:
+    provider_id: str = ""
+    # Where the node can be dialled: "host:port" of its peer (TLS) listener and of its HTTP API.
+    peer_addrs: tuple[str, ...] = ()
+    http_addr: str = ""
+    # Peer ids of relays that hold an outbound connection from this node (empty if dialable).
+    relays: tuple[str, ...] = ()
+    hardware: Hardware = field(default_factory=Hardware)
+    engine: str = ""  # "vllm", "sglang", "sim", ... ; "" for a bare node
+    models: tuple[ServedModel, ...] = ()
+    load: LoadHints = field(default_factory=LoadHints)
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs: site, cluster, ...
+    tier: str = "transient"  # "stable" (long-lived, e.g. ingress) or "transient" (Slurm job)
+    roles: tuple[str, ...] = ()  # "ingress", "relay", "bootstrap"
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One session's owner-written state. `signature` covers every other field."""
+
+    session_id: str
+    peer_id: str
+    public_key: bytes  # raw Ed25519 public key; peer_id must derive from it
+    state: Lifecycle
+    incarnation: int  # bumped by the owner to refute suspicion
+    version: int  # bumped by the owner on every metadata change
+    updated_at: float  # owner's wall clock, informational (GC uses the local clock)
+    meta: NodeMeta
+    signature: bytes = b""
+
+    def order_key(self) -> tuple[int, int, int]:
+        """Merge order among records of one session: lifecycle, then incarnation, then version."""
+        return (int(self.state), self.incarnation, self.version)

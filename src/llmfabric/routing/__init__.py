@@ -1,0 +1,2 @@
+"""Request routing: candidates from the local replica, trust/QoS filters, policies, retries.
+"""

@@ -1,0 +1,2 @@
+"""Placement: CP-SAT solver, baselines (memP, greedy), fleet controller.
+"""

@@ -1,0 +1,2 @@
+"""Serving simulator: hardware/model specs, roofline operator costs, discrete-event serving.
+"""

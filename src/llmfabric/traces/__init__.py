@@ -1,0 +1,2 @@
+"""Trace schema, loaders, workload characterization and plots.
+"""
