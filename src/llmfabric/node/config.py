@@ -1,0 +1,113 @@
+"""Node configuration: one validated model fed by defaults < config file < env vars < flags."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """The node configuration is invalid; the message names the field and what to change."""
+
+
+def default_home() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("LLMFABRIC_HOME", "~/.llmfabric")).expanduser()
+
+
+def parse_hostport(value: str, *, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """'host:port', ':port' or 'port' -> (host, port); IPv6 as '[::1]:port'."""
+    text = value.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif ":" in text:
+        host, _, port_text = text.rpartition(":")
+    else:
+        host, port_text = "", text
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{value!r} is not host:port (e.g. 0.0.0.0:7946)") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port {port} in {value!r} is out of range 0-65535")
+    return (host or default_host, port)
+
+
+class NodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    home: pathlib.Path = Field(default_factory=default_home)
+    listen: str = "0.0.0.0:7946"
+    http_listen: str = "127.0.0.1:8090"
+    public_addr: str | None = None
+    bootstrap: tuple[str, ...] = ()
+    relay: bool = False
+    ingress: bool = False
+    provider: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    tier: Literal["stable", "transient"] = "transient"
+    preset: Literal["lan", "wan", "local"] = "lan"
+    network: str = "default"
+    network_secret: str | None = None
+    membership_cert: pathlib.Path | None = None
+    # Engine supervision (empty process = a bare node the scheduler may fill).
+    process: tuple[str, ...] = ()
+    engine_url: str | None = None
+    ready_timeout_s: float = 900.0
+    health_interval_s: float = 2.0
+    health_failures: int = 3
+    drain_timeout_s: float = 30.0
+    gpu: str | None = None
+    gpu_count: int | None = None
+    gpu_memory_gb: float | None = None
+    # Ingress options.
+    policy: str = "random"
+    max_retries: int = 2
+    db: str | None = None
+    auth: bool = True
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    @field_validator("listen", "http_listen")
+    @classmethod
+    def _hostport(cls, value: str) -> str:
+        parse_hostport(value)
+        return value
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for addr in value:
+            parse_hostport(addr, default_host="127.0.0.1")
+        return value
+
+    def has_credential(self) -> bool:
+        return bool(self.network_secret) or self.membership_cert is not None
+
+
+def load_config_file(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of option: value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> NodeConfig:
+    """Merge file values under explicit overrides (env vars and flags) and validate."""
+    merged = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        return NodeConfig(**merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid node configuration: {problems}") from None

@@ -1,0 +1,85 @@
+"""The read-only node HTTP surface: /healthz, /metrics and /v1/fabric/* (docs/http-api.md).
+
+Every route here only reads the local replica; none can modify the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from llmfabric.node.views import ObservedRecord, model_views, node_view, provider_views
+
+
+class ReplicaReader(Protocol):
+    @property
+    def session_id(self) -> str: ...
+
+    def observed(self) -> list[ObservedRecord]: ...
+
+    def raw_records(self) -> list[dict[str, Any]]: ...
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def add_node_routes(
+    app: web.Application,
+    replica: ReplicaReader,
+    metrics: CollectorRegistry,
+    refresh_metrics: Callable[[], None] | None = None,
+) -> None:
+    def self_view() -> dict[str, Any] | None:
+        for obs in replica.observed():
+            if obs.record.session_id == replica.session_id:
+                return node_view(obs)
+        return None
+
+    async def healthz(_: web.Request) -> web.Response:
+        me = self_view()
+        state = me["state"] if me else "STARTING"
+        return json_response({"status": "ok", "session_id": replica.session_id, "state": state})
+
+    async def get_self(_: web.Request) -> web.Response:
+        me = self_view()
+        if me is None:
+            return json_response(_error("this node has not published its record yet", 503), 503)
+        return json_response(me)
+
+    async def nodes(_: web.Request) -> web.Response:
+        return json_response({"nodes": [node_view(o) for o in replica.observed()]})
+
+    async def models(_: web.Request) -> web.Response:
+        return json_response({"models": model_views(replica.observed())})
+
+    async def providers(_: web.Request) -> web.Response:
+        return json_response({"providers": provider_views(replica.observed())})
+
+    async def records(_: web.Request) -> web.Response:
+        return json_response({"records": replica.raw_records()})
+
+    async def prometheus(_: web.Request) -> web.Response:
+        if refresh_metrics is not None:
+            refresh_metrics()
+        resp = web.Response(body=generate_latest(metrics))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", prometheus)
+    app.router.add_get("/v1/fabric/self", get_self)
+    app.router.add_get("/v1/fabric/nodes", nodes)
+    app.router.add_get("/v1/fabric/models", models)
+    app.router.add_get("/v1/fabric/providers", providers)
+    app.router.add_get("/v1/fabric/records", records)
+
+
+def _error(message: str, status: int) -> dict[str, Any]:
+    kind = "unavailable" if status == 503 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}

@@ -1,0 +1,106 @@
+"""JSON views of the registry replica for the read-only node API (docs/http-api.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llmfabric.registry.records import Lifecycle, NodeRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedRecord:
+    """A record as this replica sees it: plus local suspicion and when we last heard of it."""
+
+    record: NodeRecord
+    suspected: bool
+    last_seen: float
+
+
+def node_view(obs: ObservedRecord) -> dict[str, Any]:
+    rec, meta = obs.record, obs.record.meta
+    return {
+        "session_id": rec.session_id,
+        "peer_id": rec.peer_id,
+        "provider_id": meta.provider_id,
+        "state": rec.state.name,
+        "suspected": obs.suspected,
+        "incarnation": rec.incarnation,
+        "version": rec.version,
+        "updated_at": rec.updated_at,
+        "last_seen": obs.last_seen,
+        "hardware": asdict(meta.hardware),
+        "engine": meta.engine,
+        "models": [
+            {
+                "id": m.id,
+                "aliases": list(m.aliases),
+                "quantization": m.quantization,
+                "quant_bits": m.quant_bits,
+                "max_context": m.max_context,
+                "role": str(m.role),
+            }
+            for m in meta.models
+        ],
+        "load": asdict(meta.load),
+        "labels": dict(meta.labels),
+        "tier": meta.tier,
+        "roles": list(meta.roles),
+        "http_addr": meta.http_addr,
+        "peer_addrs": list(meta.peer_addrs),
+        "relays": list(meta.relays),
+    }
+
+
+def _routable(obs: ObservedRecord) -> bool:
+    return obs.record.state is Lifecycle.SERVING and not obs.suspected
+
+
+def model_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
+    """One entry per model id over nodes that are not LEFT; `serving` counts routable nodes."""
+    models: dict[str, dict[str, Any]] = {}
+    for obs in observed:
+        rec = obs.record
+        if rec.state is Lifecycle.LEFT:
+            continue
+        for m in rec.meta.models:
+            entry = models.setdefault(
+                m.id,
+                {"id": m.id, "aliases": set(), "serving": 0, "nodes": [], "providers": set(),
+                 "gpus": set(), "quantizations": set(), "max_context": 0},
+            )
+            entry["aliases"].update(m.aliases)
+            entry["nodes"].append(rec.session_id)
+            entry["providers"].add(rec.meta.provider_id)
+            entry["gpus"].add(rec.meta.hardware.gpu_model)
+            entry["quantizations"].add(m.quantization)
+            entry["max_context"] = max(entry["max_context"], m.max_context)
+            if _routable(obs):
+                entry["serving"] += 1
+    out = []
+    for entry in sorted(models.values(), key=lambda e: e["id"]):
+        for key in ("aliases", "providers", "gpus", "quantizations"):
+            entry[key] = sorted(entry[key])
+        entry["nodes"] = sorted(entry["nodes"])
+        out.append(entry)
+    return out
+
+
+def provider_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
+    providers: dict[str, dict[str, Any]] = {}
+    for obs in observed:
+        rec = obs.record
+        if rec.state is Lifecycle.LEFT:
+            continue
+        entry = providers.setdefault(
+            rec.meta.provider_id,
+            {"id": rec.meta.provider_id, "nodes": 0, "models": set(), "gpus": set()},
+        )
+        entry["nodes"] += 1
+        entry["models"].update(m.id for m in rec.meta.models)
+        entry["gpus"].add(rec.meta.hardware.gpu_model)
+    return [
+        {**e, "models": sorted(e["models"]), "gpus": sorted(e["gpus"])}
+        for e in sorted(providers.values(), key=lambda e: e["id"])
+    ]

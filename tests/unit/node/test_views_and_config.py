@@ -1,0 +1,72 @@
+import pathlib
+
+import pytest
+
+from llmfabric.node.config import ConfigError, build_config, load_config_file, parse_hostport
+from llmfabric.node.views import ObservedRecord, model_views, node_view, provider_views
+from llmfabric.registry.records import Hardware, Lifecycle, NodeMeta, NodeRecord, ServedModel
+
+
+def _rec(sid: str, state: Lifecycle, provider: str, gpu: str, *models: str) -> NodeRecord:
+    meta = NodeMeta(
+        provider_id=provider,
+        hardware=Hardware(gpu_model=gpu, gpu_count=1),
+        models=tuple(ServedModel(id=m, aliases=(m.upper(),)) for m in models),
+        labels=(("site", "a"),),
+    )
+    return NodeRecord(sid, "peer-" + sid, b"k", state, 0, 1, 0.0, meta)
+
+
+def test_model_view_counts_only_routable_nodes_and_skips_left() -> None:
+    observed = [
+        ObservedRecord(_rec("s1", Lifecycle.SERVING, "p1", "H100", "m"), False, 1.0),
+        ObservedRecord(_rec("s2", Lifecycle.SERVING, "p2", "A100", "m"), True, 1.0),
+        ObservedRecord(_rec("s3", Lifecycle.DOWN, "p2", "A100", "m"), False, 1.0),
+        ObservedRecord(_rec("s4", Lifecycle.LEFT, "p3", "L40", "m", "x"), False, 1.0),
+    ]
+    [view] = model_views(observed)
+    assert view["id"] == "m"
+    assert view["serving"] == 1
+    assert view["nodes"] == ["s1", "s2", "s3"]
+    assert view["providers"] == ["p1", "p2"]
+    assert view["gpus"] == ["A100", "H100"]
+    assert view["aliases"] == ["M"]
+    providers = {p["id"]: p for p in provider_views(observed)}
+    assert set(providers) == {"p1", "p2"}
+    assert providers["p2"]["nodes"] == 2
+
+
+def test_node_view_flattens_record() -> None:
+    view = node_view(ObservedRecord(_rec("s1", Lifecycle.SERVING, "p1", "H100", "m"), True, 5.0))
+    assert view["state"] == "SERVING"
+    assert view["suspected"] is True
+    assert view["labels"] == {"site": "a"}
+    assert view["models"][0]["role"] == "both"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1.2.3.4:80", ("1.2.3.4", 80)), (":9", ("0.0.0.0", 9)), ("[::1]:7", ("::1", 7))],
+)
+def test_parse_hostport(text: str, expected: tuple[str, int]) -> None:
+    assert parse_hostport(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["host:port", "1.2.3.4:70000", "x:"])
+def test_parse_hostport_rejects_garbage(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_hostport(bad)
+
+
+def test_flags_override_file_and_errors_name_the_field(tmp_path: pathlib.Path) -> None:
+    cfg_file = tmp_path / "node.yaml"
+    cfg_file.write_text("listen: 127.0.0.1:1000\nprovider: from-file\npreset: wan\n")
+    cfg = build_config(load_config_file(cfg_file), {"provider": "from-flag", "relay": None})
+    assert cfg.listen == "127.0.0.1:1000"
+    assert cfg.provider == "from-flag"
+    assert cfg.preset == "wan"
+    with pytest.raises(ConfigError, match="preset"):
+        build_config({}, {"preset": "moon"})
+    cfg_file.write_text("- not a mapping\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config_file(cfg_file)
