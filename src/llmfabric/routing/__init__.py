@@ -1,2 +1,49 @@
 """Request routing: candidates from the local replica, trust/QoS filters, policies, retries.
+
+Pure core: no sockets, no clocks. Files:
+- candidates.py: `Candidate` and `candidates_for(model, records_with_suspicion)` (SERVING, not
+  suspected, id or alias matches), `candidates_by_model`, `model_is_known`.
+- request.py: `RouteRequest` (model, allowlist, QoS, prompt prefix) and `route_request(...)`
+  parsing `X-Fabric-Providers` and the body's `metadata`.
+- filters.py: `trust_filter` (never admits a provider outside the allowlist), `qos_filter`,
+  `eligible`.
+- policies.py: the `Policy` Protocol and `POLICIES` (random, round_robin, weighted,
+  least_outstanding, prefix_affinity); `make_policy(name, rng)`.
+- router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`.
+- errors.py: `RoutingError`, `UnknownPolicyError`, `InvalidConstraintError`.
 """
+
+from llmfabric.routing.candidates import (
+    Candidate,
+    candidates_by_model,
+    candidates_for,
+    model_is_known,
+)
+from llmfabric.routing.errors import InvalidConstraintError, RoutingError, UnknownPolicyError
+from llmfabric.routing.filters import eligible, qos_filter, trust_filter
+from llmfabric.routing.policies import DEFAULT_POLICY, POLICIES, Policy, make_policy
+from llmfabric.routing.request import RouteRequest, route_request
+from llmfabric.routing.router import NoRoute, NoRouteReason, RouteDecision, Router
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Candidate",
+    "InvalidConstraintError",
+    "NoRoute",
+    "NoRouteReason",
+    "Policy",
+    "RouteDecision",
+    "RouteRequest",
+    "Router",
+    "RoutingError",
+    "UnknownPolicyError",
+    "candidates_by_model",
+    "candidates_for",
+    "eligible",
+    "make_policy",
+    "model_is_known",
+    "qos_filter",
+    "route_request",
+    "trust_filter",
+]

@@ -1,0 +1,67 @@
+"""The Router: filters, exclusion of already-tried sessions, and the policy's pick, as data."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.filters import eligible
+from llmfabric.routing.policies import Policy
+from llmfabric.routing.request import RouteRequest
+
+
+class NoRouteReason(StrEnum):
+    NO_CANDIDATES = "no_candidates"  # nobody serves the model right now
+    FILTERED = "filtered"  # candidates exist but none passes the trust/QoS filters
+    EXHAUSTED = "exhausted"  # every eligible candidate was already tried
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    candidate: Candidate
+    policy: str
+    eligible: int  # how many candidates the policy chose among
+    attempt: int  # 0 for the first try, 1.. for retries
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoute:
+    reason: NoRouteReason
+    candidates: int
+    eligible: int
+
+    def message(self, model: str) -> str:
+        if self.reason is NoRouteReason.NO_CANDIDATES:
+            return f"no node is serving model {model!r} right now; retry later"
+        if self.reason is NoRouteReason.FILTERED:
+            return (
+                f"no node serving model {model!r} satisfies the trusted-provider allowlist "
+                "and QoS constraints of this request; relax them or retry later"
+            )
+        return f"every eligible node for model {model!r} failed; retry later"
+
+
+class Router:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def route(
+        self,
+        request: RouteRequest,
+        candidates: Sequence[Candidate],
+        tried: Collection[str] = (),
+        attempt: int = 0,
+    ) -> RouteDecision | NoRoute:
+        if not candidates:
+            return NoRoute(NoRouteReason.NO_CANDIDATES, 0, 0)
+        ok = eligible(candidates, request)
+        if not ok:
+            return NoRoute(NoRouteReason.FILTERED, len(candidates), 0)
+        n_eligible = len(ok)
+        if tried:
+            ok = [c for c in ok if c.session_id not in tried]
+            if not ok:
+                return NoRoute(NoRouteReason.EXHAUSTED, len(candidates), n_eligible)
+        return RouteDecision(self.policy.pick(ok, request), self.policy.name, len(ok), attempt)
