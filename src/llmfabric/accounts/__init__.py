@@ -1,2 +1,49 @@
-"""API keys, usage ledger and rate limits (SQLite by default, Postgres optional).
+"""API keys, usage ledger and rate limits (SQLite in WAL mode by default, Postgres by URL).
+
+Files:
+  models.py     ApiKey, UsageRow (frozen value types; never the secret)
+  keyfmt.py     key plaintext format `lf-<id>-<secret>`, SHA-256 hashing, constant-time match
+  db.py         Backend interface; SQLite (worker thread) and Postgres (psycopg) backends
+  store.py      AccountStore: create/authenticate (cached)/list/get/revoke keys, usage API
+  ledger.py     UsageLedger: in-memory aggregation per key/model/day, batched additive upserts
+  ratelimit.py  RateLimiter: requests/min and tokens/min token buckets on an injected clock
+  bootstrap.py  ensure_admin_key (the admin key file an ingress or demo starts with),
+                default paths ($LLMFABRIC_DB, $LLMFABRIC_HOME, ~/.llmfabric)
+  http.py       add_account_routes: /v1/fabric/keys and /v1/fabric/usage for the ingress
+  errors.py     AccountsError hierarchy (RateLimited carries retry_after_s)
 """
+
+from llmfabric.accounts.bootstrap import (
+    default_admin_key_file,
+    default_db_url,
+    ensure_admin_key,
+    fabric_home,
+)
+from llmfabric.accounts.errors import (
+    AccountsError,
+    BackendUnavailable,
+    InvalidRequest,
+    KeyNotFound,
+    PermissionDenied,
+    RateLimited,
+)
+from llmfabric.accounts.models import ApiKey, UsageRow
+from llmfabric.accounts.ratelimit import RateLimiter
+from llmfabric.accounts.store import AccountStore
+
+__all__ = [
+    "AccountStore",
+    "AccountsError",
+    "ApiKey",
+    "BackendUnavailable",
+    "InvalidRequest",
+    "KeyNotFound",
+    "PermissionDenied",
+    "RateLimited",
+    "RateLimiter",
+    "UsageRow",
+    "default_admin_key_file",
+    "default_db_url",
+    "ensure_admin_key",
+    "fabric_home",
+]

@@ -1,0 +1,94 @@
+"""The usage ledger: per key, model and UTC day, prompt/completion tokens and request counts.
+
+`record()` only adds to an in-memory aggregate (no I/O, safe on the request path); `flush()`
+moves the aggregate into the database in one transaction of additive upserts, so several
+processes can share one database and counts from all of them add up. A failed flush puts
+its rows back, so nothing is lost short of a crash.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmfabric.accounts.db import Backend
+from llmfabric.accounts.models import UsageRow
+
+_UPSERT = """INSERT INTO usage_daily
+    (key_id, model, day, requests, prompt_tokens, completion_tokens)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (key_id, model, day) DO UPDATE SET
+    requests = usage_daily.requests + excluded.requests,
+    prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens"""
+
+
+def utc_day(unix_s: float) -> str:
+    return dt.datetime.fromtimestamp(unix_s, tz=dt.UTC).strftime("%Y-%m-%d")
+
+
+@dataclass(slots=True)
+class _Counts:
+    requests: int = 0
+    prompt: int = 0
+    completion: int = 0
+
+
+class UsageLedger:
+    def __init__(self, backend: Backend, wall: Callable[[], float]) -> None:
+        self._backend = backend
+        self._wall = wall
+        self._pending: dict[tuple[str, str, str], _Counts] = {}
+
+    @property
+    def pending_rows(self) -> int:
+        return len(self._pending)
+
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        c = self._pending.setdefault((key_id, model, utc_day(self._wall())), _Counts())
+        c.requests += 1
+        c.prompt += max(0, int(prompt_tokens))
+        c.completion += max(0, int(completion_tokens))
+
+    async def flush(self) -> int:
+        """Write pending rows; returns how many (key, model, day) rows were written."""
+        if not self._pending:
+            return 0
+        batch, self._pending = self._pending, {}
+        rows = [(k, m, d, c.requests, c.prompt, c.completion) for (k, m, d), c in batch.items()]
+        try:
+            await self._backend.executemany(_UPSERT, rows)
+        except BaseException:
+            for key, c in batch.items():  # put them back in front of anything newer
+                cur = self._pending.setdefault(key, _Counts())
+                cur.requests += c.requests
+                cur.prompt += c.prompt
+                cur.completion += c.completion
+            raise
+        return len(rows)
+
+    async def query(
+        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None
+    ) -> list[UsageRow]:
+        where, params = [], []
+        if key_id is not None:
+            where.append("u.key_id = ?")
+            params.append(key_id)
+        if owner is not None:
+            where.append("k.owner = ?")
+            params.append(owner)
+        if since_day is not None:
+            where.append("u.day >= ?")
+            params.append(since_day)
+        sql = (
+            "SELECT u.key_id, COALESCE(k.owner, ''), u.model, u.day, u.requests, "
+            "u.prompt_tokens, u.completion_tokens FROM usage_daily u "
+            "LEFT JOIN api_keys k ON k.id = u.key_id"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY u.day, u.key_id, u.model"
+        )
+        return [
+            UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]))
+            for r in await self._backend.fetchall(sql, params)
+        ]

@@ -1,0 +1,75 @@
+"""Value types of the accounts package: API keys (never their secret) and usage rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key's public record. The plaintext is shown once at creation and never stored;
+    the database keeps only its SHA-256 hash."""
+
+    id: str  # the lookup part of the plaintext, e.g. "k3f9a0c1d2e4b5a6"
+    name: str
+    owner: str
+    admin: bool
+    created_at: float  # Unix seconds
+    revoked_at: float | None = None
+    requests_per_min: int | None = None  # None: unlimited
+    tokens_per_min: int | None = None  # None: unlimited
+    record_trace: bool = True
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    @property
+    def prefix(self) -> str:
+        """What a listing shows in place of the secret: the public part of the key."""
+        return f"lf-{self.id}-..."
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "owner": self.owner,
+            "admin": self.admin,
+            "created_at": self.created_at,
+            "revoked_at": self.revoked_at,
+            "active": self.active,
+            "prefix": self.prefix,
+            "requests_per_min": self.requests_per_min,
+            "tokens_per_min": self.tokens_per_min,
+            "record_trace": self.record_trace,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Token usage of one key for one model on one UTC day."""
+
+    key_id: str
+    owner: str
+    model: str
+    day: str  # "YYYY-MM-DD" (UTC)
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key_id": self.key_id,
+            "owner": self.owner,
+            "model": self.model,
+            "day": self.day,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }

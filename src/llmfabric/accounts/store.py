@@ -1,0 +1,250 @@
+"""AccountStore: API keys (hashed, shown once), an auth cache, and the usage ledger.
+
+Hot path: `authenticate()` answers from an in-memory cache of every key (loaded at open,
+refreshed every `refresh_interval_s` so keys created or revoked by another process, such as
+the `llmfabric keys` CLI, are seen); only a key id never seen before costs one indexed query,
+and unknown ids are negatively cached. `record_usage()` never does I/O; a background task
+flushes the ledger every `flush_interval_s` and `aclose()` flushes what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from llmfabric.accounts import keyfmt
+from llmfabric.accounts.db import Backend, open_backend
+from llmfabric.accounts.errors import InvalidRequest, KeyNotFound, PermissionDenied
+from llmfabric.accounts.ledger import UsageLedger
+from llmfabric.accounts.models import ApiKey, UsageRow
+from llmfabric.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+_COLS = (
+    "id, key_hash, name, owner, admin, created_at, revoked_at, requests_per_min, "
+    "tokens_per_min, record_trace"
+)
+_NEGATIVE_TTL_S = 5.0
+
+
+def _row_to_key(row: tuple[Any, ...]) -> tuple[str, ApiKey]:
+    return str(row[1]), ApiKey(
+        id=str(row[0]),
+        name=str(row[2]),
+        owner=str(row[3]),
+        admin=bool(row[4]),
+        created_at=float(row[5]),
+        revoked_at=None if row[6] is None else float(row[6]),
+        requests_per_min=None if row[7] is None else int(row[7]),
+        tokens_per_min=None if row[8] is None else int(row[8]),
+        record_trace=bool(row[9]),
+    )
+
+
+def _check_limit(name: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise InvalidRequest(f"{name} must be a positive integer or unset (unlimited)")
+
+
+class AccountStore:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        clock: Clock | None = None,
+        flush_interval_s: float = 1.0,
+        refresh_interval_s: float = 5.0,
+    ) -> None:
+        self._db = backend
+        self._clock: Clock = clock or SystemClock()
+        self._flush_interval = flush_interval_s
+        self._refresh_interval = refresh_interval_s
+        self._keys: dict[str, tuple[str, ApiKey]] = {}  # id -> (hash, key)
+        self._unknown: dict[str, float] = {}  # id -> clock.now() until which it stays unknown
+        self._ledger = UsageLedger(backend, self._clock.wall)
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        clock: Clock | None = None,
+        flush_interval_s: float = 1.0,
+        refresh_interval_s: float = 5.0,
+        background: bool = True,
+    ) -> AccountStore:
+        """Open (creating if needed) the store at `url`: "sqlite:///path", a plain path, or
+        "postgresql://...". `background=False` skips the flush task (CLI use)."""
+        store = cls(
+            await open_backend(url),
+            clock=clock,
+            flush_interval_s=flush_interval_s,
+            refresh_interval_s=refresh_interval_s,
+        )
+        await store.refresh()
+        if background:
+            store._task = asyncio.create_task(store._run(), name="accounts-flush")
+        return store
+
+    async def aclose(self) -> None:
+        """Stop the flush task, write every pending usage row, close the database."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        try:
+            await self._ledger.flush()
+        finally:
+            await self._db.aclose()
+
+    async def __aenter__(self) -> AccountStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self) -> None:
+        since_refresh = 0.0
+        while True:
+            await self._clock.sleep(self._flush_interval)
+            since_refresh += self._flush_interval
+            try:
+                await self._ledger.flush()
+                if since_refresh >= self._refresh_interval:
+                    since_refresh = 0.0
+                    await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("accounts: flush/refresh failed; will retry")
+
+    # -- keys ---------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Reload the key cache from the database (picks up other processes' changes)."""
+        rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys")
+        self._keys = {key.id: (h, key) for h, key in map(_row_to_key, rows)}
+        self._unknown.clear()
+
+    async def create_key(
+        self,
+        name: str,
+        owner: str,
+        *,
+        admin: bool = False,
+        requests_per_min: int | None = None,
+        tokens_per_min: int | None = None,
+        record_trace: bool = True,
+    ) -> tuple[ApiKey, str]:
+        """Create a key; returns its record and the plaintext, which is never shown again."""
+        if not name.strip() or not owner.strip():
+            raise InvalidRequest("a key needs a non-empty name and owner")
+        _check_limit("requests_per_min", requests_per_min)
+        _check_limit("tokens_per_min", tokens_per_min)
+        key_id, plaintext = keyfmt.new_key()
+        key = ApiKey(
+            id=key_id,
+            name=name.strip(),
+            owner=owner.strip(),
+            admin=admin,
+            created_at=self._clock.wall(),
+            requests_per_min=requests_per_min,
+            tokens_per_min=tokens_per_min,
+            record_trace=record_trace,
+        )
+        digest = keyfmt.hash_key(plaintext)
+        await self._db.execute(
+            f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
+             requests_per_min, tokens_per_min, int(record_trace)),
+        )
+        self._keys[key.id] = (digest, key)
+        return key, plaintext
+
+    async def authenticate(self, plaintext: str) -> ApiKey | None:
+        """The active key whose plaintext this is, else None. Cached: no I/O for known keys."""
+        key_id = keyfmt.parse_key_id(plaintext)
+        if key_id is None:
+            return None
+        entry = self._keys.get(key_id)
+        if entry is None:
+            now = self._clock.now()
+            if self._unknown.get(key_id, -1.0) > now:
+                return None
+            rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?", (key_id,))
+            if not rows:
+                if len(self._unknown) > 10_000:
+                    self._unknown.clear()
+                self._unknown[key_id] = now + _NEGATIVE_TTL_S
+                return None
+            entry = _row_to_key(rows[0])
+            self._keys[key_id] = entry
+        digest, key = entry
+        if not keyfmt.matches(plaintext, digest) or not key.active:
+            return None
+        return key
+
+    async def get(self, key_id: str) -> ApiKey:
+        rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?", (key_id,))
+        if not rows:
+            raise KeyNotFound(
+                f"no API key with id {key_id!r}; list keys with `llmfabric keys list`"
+            )
+        return _row_to_key(rows[0])[1]
+
+    async def list_keys(self, owner: str | None = None) -> list[ApiKey]:
+        if owner is None:
+            rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys ORDER BY created_at")
+        else:
+            rows = await self._db.fetchall(
+                f"SELECT {_COLS} FROM api_keys WHERE owner = ? ORDER BY created_at", (owner,)
+            )
+        return [_row_to_key(r)[1] for r in rows]
+
+    async def revoke(self, key_id: str, *, by: ApiKey | None) -> ApiKey:
+        """Revoke a key. `by` is the acting key (its own owner's keys, or any if admin);
+        None means the local operator (direct database access, e.g. the CLI)."""
+        key = await self.get(key_id)
+        if by is not None and not by.admin and by.owner != key.owner:
+            raise PermissionDenied(
+                f"key {by.id} (owner {by.owner!r}) may not revoke a key of owner {key.owner!r}; "
+                "ask an admin"
+            )
+        if key.revoked_at is not None:
+            return key
+        when = self._clock.wall()
+        await self._db.execute(
+            "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+            (when, key_id),
+        )
+        revoked = await self.get(key_id)
+        entry = self._keys.get(key_id)
+        self._keys[key_id] = (entry[0] if entry else "", revoked)
+        return revoked
+
+    # -- usage --------------------------------------------------------------------------
+
+    def record_usage(
+        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        """Count one request's tokens. Never blocks: written by the next periodic flush."""
+        self._ledger.record(key_id, model, prompt_tokens, completion_tokens)
+
+    async def flush(self) -> int:
+        """Write pending usage now; returns the number of rows written."""
+        return await self._ledger.flush()
+
+    async def usage(
+        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None
+    ) -> list[UsageRow]:
+        """Usage rows (pending ones flushed first), filtered by key, owner, first UTC day."""
+        await self._ledger.flush()
+        return await self._ledger.query(key_id=key_id, owner=owner, since_day=since_day)

@@ -1,0 +1,114 @@
+"""`llmfabric keys create|list|revoke`: API keys in the local accounts database.
+
+The `keys` group lives in cli/keys.py; it registers API_KEY_COMMANDS. These commands act as
+the local operator (direct database access), so they may revoke any key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import click
+
+from llmfabric.accounts import AccountsError, AccountStore, default_db_url
+
+T = TypeVar("T")
+
+db_option = click.option(
+    "--db",
+    "db_url",
+    default=None,
+    metavar="PATH|URL",
+    help="accounts database: a SQLite path, sqlite:///path or postgresql://... "
+    "[default: $LLMFABRIC_DB or $LLMFABRIC_HOME/accounts.db, ~/.llmfabric/accounts.db]",
+)
+
+
+def _with_store(db_url: str | None, fn: Callable[[AccountStore], Awaitable[T]]) -> T:
+    async def run() -> T:
+        store = await AccountStore.open(db_url or default_db_url(), background=False)
+        try:
+            return await fn(store)
+        finally:
+            await store.aclose()
+
+    try:
+        return asyncio.run(run())
+    except AccountsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+@click.command("create")
+@click.option("--name", required=True, help="a label for the key, e.g. the application")
+@click.option("--owner", required=True, help="who the key belongs to (user or team)")
+@click.option("--admin", is_flag=True, help="the key may manage every owner's keys and usage")
+@click.option("--rpm", "requests_per_min", type=click.IntRange(min=1), default=None,
+              help="requests per minute [default: unlimited]")
+@click.option("--tpm", "tokens_per_min", type=click.IntRange(min=1), default=None,
+              help="tokens per minute [default: unlimited]")
+@click.option("--no-trace", is_flag=True, help="do not record this key's requests in traces")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@db_option
+def create(
+    name: str, owner: str, admin: bool, requests_per_min: int | None,
+    tokens_per_min: int | None, no_trace: bool, as_json: bool, db_url: str | None,
+) -> None:
+    """Create an API key and print it (it is shown only this once)."""
+    key, plaintext = _with_store(db_url, lambda s: s.create_key(
+        name, owner, admin=admin, requests_per_min=requests_per_min,
+        tokens_per_min=tokens_per_min, record_trace=not no_trace,
+    ))
+    if as_json:
+        click.echo(json.dumps({**key.to_json(), "key": plaintext}))
+        return
+    click.echo(f"created key {key.id} ({key.name}, owner {key.owner}{', admin' if admin else ''})")
+    click.echo("store it now; it is not shown again:")
+    click.echo(plaintext)
+
+
+@click.command("list")
+@click.option("--owner", default=None, help="only this owner's keys")
+@click.option("--all", "show_all", is_flag=True, help="include revoked keys")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@db_option
+def list_(owner: str | None, show_all: bool, as_json: bool, db_url: str | None) -> None:
+    """List API keys (ids and metadata; secrets are never stored)."""
+    keys = _with_store(db_url, lambda s: s.list_keys(owner=owner))
+    if not show_all:
+        keys = [k for k in keys if k.active]
+    if as_json:
+        click.echo(json.dumps([k.to_json() for k in keys]))
+        return
+    if not keys:
+        click.echo("no keys" + ("" if show_all else " (use --all to include revoked ones)"))
+        return
+    click.echo(f"{'ID':16}  {'NAME':20}  {'OWNER':16}  ADMIN  RPM     TPM       CREATED"
+               "           REVOKED")
+    for k in keys:
+        click.echo(
+            f"{k.id:16}  {k.name[:20]:20}  {k.owner[:16]:16}  {'yes' if k.admin else 'no':5}  "
+            f"{k.requests_per_min or '-'!s:6}  {k.tokens_per_min or '-'!s:8}  "
+            f"{_when(k.created_at):16}  {_when(k.revoked_at)}"
+        )
+
+
+@click.command("revoke")
+@click.argument("key_id")
+@db_option
+def revoke(key_id: str, db_url: str | None) -> None:
+    """Revoke the key KEY_ID (running ingresses notice within seconds)."""
+    key = _with_store(db_url, lambda s: s.revoke(key_id, by=None))
+    click.echo(f"revoked key {key.id} ({key.name}, owner {key.owner})")
+
+
+API_KEY_COMMANDS: list[click.Command] = [create, list_, revoke]

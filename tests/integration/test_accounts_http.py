@@ -1,0 +1,97 @@
+"""The account routes on a real aiohttp server, called over loopback."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from llmfabric.accounts import AccountStore, ensure_admin_key
+from llmfabric.accounts.http import add_account_routes
+
+
+@pytest.fixture
+async def server(tmp_path: pathlib.Path) -> AsyncIterator[tuple[str, AccountStore, str]]:
+    store = await AccountStore.open(str(tmp_path / "acc.db"))
+    _, admin = await ensure_admin_key(store, tmp_path / "admin.key")
+    app = web.Application()
+    add_account_routes(app, store)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", store, admin
+    await runner.cleanup()
+    await store.aclose()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_key_lifecycle_and_permissions(server: tuple[str, AccountStore, str]) -> None:
+    base, _, admin = server
+    async with aiohttp.ClientSession() as http:
+        r = await http.get(f"{base}/v1/fabric/keys")
+        assert r.status == 401
+        assert (await r.json())["error"]["code"] == "invalid_api_key"
+
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(admin),
+                            json={"name": "app", "owner": "alice", "tokens_per_min": 1000})
+        assert r.status == 201
+        alice = await r.json()
+        assert alice["owner"] == "alice" and alice["key"].startswith("lf-")
+
+        # alice sees only her keys, cannot mint admin keys or keys for others
+        r = await http.get(f"{base}/v1/fabric/keys", headers=auth(alice["key"]))
+        assert [k["id"] for k in (await r.json())["data"]] == [alice["id"]]
+        assert "key" not in (await r.json())["data"][0]
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(alice["key"]),
+                            json={"name": "x", "admin": True})
+        assert r.status == 403
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(alice["key"]),
+                            json={"name": "second"})
+        second = await r.json()
+        assert r.status == 201 and second["owner"] == "alice"
+
+        # bad bodies -> 400 in OpenAI's shape
+        for body in (b"{", b'{"name": ""}', b'{"name": "a", "requests_per_min": -1}',
+                     b'{"name": "a", "bogus": 1}'):
+            r = await http.post(f"{base}/v1/fabric/keys", headers=auth(admin), data=body)
+            assert r.status == 400
+            assert set((await r.json())["error"]) == {"message", "type", "param", "code"}
+
+        # admin lists all; alice cannot list bob's
+        r = await http.get(f"{base}/v1/fabric/keys", headers=auth(admin))
+        assert len((await r.json())["data"]) == 3
+        r = await http.get(f"{base}/v1/fabric/keys?owner=bob", headers=auth(alice["key"]))
+        assert r.status == 403
+
+        r = await http.delete(f"{base}/v1/fabric/keys/{second['id']}", headers=auth(alice["key"]))
+        assert r.status == 200 and (await r.json())["active"] is False
+        r = await http.get(f"{base}/v1/fabric/keys", headers=auth(second["key"]))
+        assert r.status == 401  # revoked keys stop working at once
+        r = await http.delete(f"{base}/v1/fabric/keys/0000000000000000", headers=auth(admin))
+        assert r.status == 404
+
+
+async def test_usage_route_scoped_to_owner(server: tuple[str, AccountStore, str]) -> None:
+    base, store, admin = server
+    a, a_plain = await store.create_key("a", "alice")
+    b, _ = await store.create_key("b", "bob")
+    store.record_usage(a.id, "m", 10, 20)
+    store.record_usage(b.id, "m", 1, 1)
+    async with aiohttp.ClientSession() as http:
+        r = await http.get(f"{base}/v1/fabric/usage", headers=auth(a_plain))
+        rows = (await r.json())["data"]
+        assert [(x["owner"], x["total_tokens"]) for x in rows] == [("alice", 30)]
+        r = await http.get(f"{base}/v1/fabric/usage", headers=auth(admin))
+        assert {x["owner"] for x in (await r.json())["data"]} == {"alice", "bob"}
+        r = await http.get(f"{base}/v1/fabric/usage?since=yesterday", headers=auth(admin))
+        assert r.status == 400
+        r = await http.get(f"{base}/v1/fabric/usage?owner=bob", headers=auth(a_plain))
+        assert r.status == 403
