@@ -1,3 +1,15 @@
-"""The CRDT registry: signed node records (records.py), the G-Map and its merge,
-NodeRegistry/ModelRegistry views, GC.
+"""The CRDT registry: a G-Map from session id to signed owner records plus third-party facts.
+
+Files:
+- records.py: NodeRecord / NodeMeta / ServedModel / Lifecycle (the value model).
+- signing.py: `Signer` protocol (NodeKey satisfies it), Ed25519 verify, peer-id derivation
+  (delegated to llmfabric.identity), session ids bound to the owner's key.
+- codec.py: canonical msgpack record bodies, `sign_record`, verified decoding, `SignedRecord`.
+- facts.py: SUSPECT / EVICT facts signed by their author (`make_fact`, `verify_fact`).
+- entry.py: `Entry` (one session's state) and `merge`, the semilattice join.
+- owner.py: `RecordOwner`, the only writer of a session's record (versions, incarnations).
+- replica.py: `Replica` (verified ingestion, change listeners, bucketed digests, GC).
+- views.py: `NodeRegistry`, `ModelRegistry`, `NodeView` answered from the local replica.
+- errors.py: RegistryError > InvalidRecord (with a drop `reason`), NotOwner.
+See docs/registry.md for merge rules, facts and GC bounds.
 """

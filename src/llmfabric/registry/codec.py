@@ -1,0 +1,253 @@
+"""Canonical msgpack encoding of NodeRecord bodies, signing and verified decoding.
+
+The signature covers the exact body bytes, which travel with it (`SignedRecord.body`): a
+receiver verifies the bytes it got, then decodes them, ignoring map keys it does not know. A
+newer node may therefore add fields to NodeMeta without breaking older replicas, and a record
+is forwarded byte for byte. Bodies are msgpack maps with sorted keys, floats as float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from llmfabric.registry.errors import InvalidRecord, NotOwner
+from llmfabric.registry.records import (
+    Hardware,
+    Lifecycle,
+    LoadHints,
+    ModelRole,
+    NodeMeta,
+    NodeRecord,
+    ServedModel,
+)
+from llmfabric.registry.signing import (
+    Signer,
+    peer_id_matches,
+    session_matches_key,
+    verify_signature,
+)
+
+RECORD_DOMAIN = b"llmfabric/record/v1\x00"
+MAX_BODY_BYTES = 16 * 1024
+MAX_STR = 512
+MAX_ITEMS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SignedRecord:
+    """A verified NodeRecord with the exact body bytes its signature covers."""
+
+    record: NodeRecord
+    body: bytes
+
+    @property
+    def session_id(self) -> str:
+        return self.record.session_id
+
+    @property
+    def signature(self) -> bytes:
+        return self.record.signature
+
+
+def _canon(value: Any) -> Any:
+    """Dataclasses -> maps with sorted keys, tuples -> lists, enums -> plain values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canon(getattr(value, f.name)) for f in sorted(
+            dataclasses.fields(value), key=lambda f: f.name)}
+    if isinstance(value, tuple | list):
+        return [_canon(v) for v in value]
+    if isinstance(value, ModelRole):
+        return str(value)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
+
+
+def encode_body(record: NodeRecord) -> bytes:
+    body = {
+        "i": record.incarnation,
+        "k": record.public_key,
+        "m": _canon(record.meta),
+        "p": record.peer_id,
+        "s": record.session_id,
+        "st": int(record.state),
+        "t": float(record.updated_at),
+        "v": record.version,
+    }
+    return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+def sign_record(signer: Signer, record: NodeRecord) -> SignedRecord:
+    """Sign `record` as its owner; raise NotOwner if `signer` is not the session's key."""
+    if record.peer_id != signer.peer_id or record.public_key != signer.public_bytes:
+        raise NotOwner(
+            f"record of session {record.session_id} names peer {record.peer_id}; "
+            f"sign it with that node's key, not {signer.peer_id}"
+        )
+    if not session_matches_key(record.session_id, record.public_key):
+        raise NotOwner(
+            f"session id {record.session_id!r} was not minted for this key; "
+            "create it with registry.signing.new_session_id(public_key)"
+        )
+    body = encode_body(record)
+    sig = signer.sign(RECORD_DOMAIN + body)
+    return SignedRecord(dataclasses.replace(record, signature=sig), body)
+
+
+# ---- validated decoding -------------------------------------------------------------------
+
+
+def _fail(detail: str) -> InvalidRecord:
+    return InvalidRecord("schema", detail)
+
+
+def _str(v: Any, name: str, max_len: int = MAX_STR) -> str:
+    if not isinstance(v, str) or len(v) > max_len:
+        raise _fail(f"{name} must be a string of at most {max_len} chars")
+    return v
+
+
+def _int(v: Any, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _fail(f"{name} must be an integer in [{lo}, {hi}]")
+    return v
+
+
+def _float(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+        raise _fail(f"{name} must be a number")
+    return float(v)
+
+
+def _list(v: Any, name: str) -> list[Any]:
+    if not isinstance(v, list) or len(v) > MAX_ITEMS:
+        raise _fail(f"{name} must be a list of at most {MAX_ITEMS} items")
+    return v
+
+
+def _map(v: Any, name: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _fail(f"{name} must be a map")
+    return v
+
+
+def _strs(v: Any, name: str) -> tuple[str, ...]:
+    return tuple(_str(x, name) for x in _list(v, name))
+
+
+def _hardware(d: dict[str, Any]) -> Hardware:
+    h = Hardware()
+    return Hardware(
+        gpu_model=_str(d.get("gpu_model", h.gpu_model), "gpu_model"),
+        gpu_count=_int(d.get("gpu_count", h.gpu_count), "gpu_count", 0, 1 << 20),
+        gpu_memory_gb=_float(d.get("gpu_memory_gb", h.gpu_memory_gb), "gpu_memory_gb"),
+        interconnect=_str(d.get("interconnect", h.interconnect), "interconnect"),
+        cpu_count=_int(d.get("cpu_count", h.cpu_count), "cpu_count", 0, 1 << 20),
+        memory_gb=_float(d.get("memory_gb", h.memory_gb), "memory_gb"),
+    )
+
+
+def _model(d: dict[str, Any]) -> ServedModel:
+    try:
+        role = ModelRole(_str(d.get("role", "both"), "role"))
+    except ValueError:
+        raise _fail("role must be one of both/prefill/decode") from None
+    return ServedModel(
+        id=_str(d.get("id"), "model id"),
+        aliases=_strs(d.get("aliases", []), "aliases"),
+        quantization=_str(d.get("quantization", "bf16"), "quantization"),
+        quant_bits=_int(d.get("quant_bits", 16), "quant_bits", 0, 64),
+        max_context=_int(d.get("max_context", 4096), "max_context"),
+        role=role,
+    )
+
+
+def _load(d: dict[str, Any]) -> LoadHints:
+    return LoadHints(
+        inflight=_int(d.get("inflight", 0), "inflight"),
+        queued=_int(d.get("queued", 0), "queued"),
+        tokens_per_s=_float(d.get("tokens_per_s", 0.0), "tokens_per_s"),
+    )
+
+
+def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
+    out = []
+    for p in _list(v, "labels"):
+        pl = _list(p, "label")
+        if len(pl) != 2:
+            raise _fail("a label is a [key, value] pair")
+        out.append((_str(pl[0], "label key"), _str(pl[1], "label value")))
+    return tuple(out)
+
+
+def decode_meta(d: dict[str, Any]) -> NodeMeta:
+    m = NodeMeta()
+    return NodeMeta(
+        provider_id=_str(d.get("provider_id", m.provider_id), "provider_id"),
+        peer_addrs=_strs(d.get("peer_addrs", []), "peer_addrs"),
+        http_addr=_str(d.get("http_addr", m.http_addr), "http_addr"),
+        relays=_strs(d.get("relays", []), "relays"),
+        hardware=_hardware(_map(d.get("hardware", {}), "hardware")),
+        engine=_str(d.get("engine", m.engine), "engine"),
+        models=tuple(_model(_map(x, "model")) for x in _list(d.get("models", []), "models")),
+        load=_load(_map(d.get("load", {}), "load")),
+        labels=_pairs(d.get("labels", [])),
+        tier=_str(d.get("tier", m.tier), "tier"),
+        roles=_strs(d.get("roles", []), "roles"),
+    )
+
+
+def unpack_limited(data: bytes, max_len: int) -> Any:
+    """msgpack.unpackb with size limits; raise InvalidRecord('garbled', ...) on bad bytes."""
+    if len(data) > max_len:
+        raise InvalidRecord("oversized", f"{len(data)} bytes > {max_len}")
+    try:
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=True,
+            max_str_len=max_len, max_bin_len=max_len,
+            max_array_len=4096, max_map_len=4096,
+        )
+    except Exception as exc:  # msgpack raises many types for garbage input
+        raise InvalidRecord("garbled", f"not msgpack: {type(exc).__name__}") from None
+
+
+def decode_record_body(body: bytes) -> NodeRecord:
+    """Decode (without verifying) a record body; raise InvalidRecord on bad shape."""
+    d = _map(unpack_limited(body, MAX_BODY_BYTES), "record")
+    pk = d.get("k")
+    if not isinstance(pk, bytes) or len(pk) != 32:
+        raise _fail("public key must be 32 bytes")
+    try:
+        state = Lifecycle(_int(d.get("st"), "state", 0, 3))
+    except ValueError:
+        raise _fail("unknown lifecycle state") from None
+    return NodeRecord(
+        session_id=_str(d.get("s"), "session_id", 64),
+        peer_id=_str(d.get("p"), "peer_id", 128),
+        public_key=pk,
+        state=state,
+        incarnation=_int(d.get("i"), "incarnation"),
+        version=_int(d.get("v"), "version"),
+        updated_at=_float(d.get("t"), "updated_at"),
+        meta=decode_meta(_map(d.get("m", {}), "meta")),
+    )
+
+
+def verify_record(body: bytes, signature: bytes) -> SignedRecord:
+    """Decode and verify a signed record; raise InvalidRecord(reason) if anything is off."""
+    rec = decode_record_body(body)
+    if not peer_id_matches(rec.peer_id, rec.public_key):
+        raise InvalidRecord("peer_id", f"peer id {rec.peer_id} does not derive from the key")
+    if not session_matches_key(rec.session_id, rec.public_key):
+        raise InvalidRecord("session", f"session {rec.session_id} is not bound to the key")
+    if not verify_signature(rec.public_key, RECORD_DOMAIN + body, signature):
+        raise InvalidRecord("signature", f"bad signature on session {rec.session_id}")
+    return SignedRecord(dataclasses.replace(rec, signature=signature), body)

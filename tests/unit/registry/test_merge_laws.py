@@ -1,0 +1,100 @@
+"""Lattice laws of the registry entry join, and lifecycle monotonicity (hypothesis)."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import reduce
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmfabric.identity.keys import NodeKey
+from llmfabric.registry.codec import sign_record
+from llmfabric.registry.entry import Entry, entry_of, merge
+from llmfabric.registry.facts import FactKind, make_fact
+from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
+from llmfabric.registry.signing import new_session_id
+
+KEYS = [NodeKey.generate() for _ in range(3)]
+OWNER = KEYS[0]
+SID = new_session_id(OWNER.public_bytes)
+
+
+def _record(state: int, inc: int, ver: int, provider: str) -> Entry:
+    rec = NodeRecord(SID, OWNER.peer_id, OWNER.public_bytes, Lifecycle(state), inc, ver,
+                     1000.0 + ver, NodeMeta(provider_id=provider))
+    return entry_of(sign_record(OWNER, rec))
+
+
+def _fact(kind: FactKind, author: int, inc: int, t: float) -> Entry:
+    return entry_of(make_fact(KEYS[author], kind, SID, inc, t))
+
+
+records = st.builds(_record, st.integers(0, 3), st.integers(0, 3), st.integers(0, 3),
+                    st.sampled_from(["a", "b"]))
+suspects = st.builds(_fact, st.just(FactKind.SUSPECT), st.integers(0, 2), st.integers(0, 4),
+                     st.just(5.0))
+evicts = st.builds(_fact, st.just(FactKind.EVICT), st.integers(1, 2), st.integers(0, 4),
+                   st.floats(0, 10))
+singletons = st.one_of(records, suspects, evicts)
+entries = st.lists(singletons, min_size=1, max_size=5).map(lambda xs: reduce(merge, xs))
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries, entries)
+def test_commutative(a: Entry, b: Entry) -> None:
+    assert merge(a, b) == merge(b, a)
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries, entries, entries)
+def test_associative(a: Entry, b: Entry, c: Entry) -> None:
+    assert merge(merge(a, b), c) == merge(a, merge(b, c))
+
+
+@settings(max_examples=100, deadline=None)
+@given(entries)
+def test_idempotent(a: Entry) -> None:
+    assert merge(a, a) == a
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(singletons, min_size=1, max_size=8))
+def test_lifecycle_never_goes_back_and_eviction_sticks(items: list[Entry]) -> None:
+    acc = items[0]
+    for nxt in items[1:]:
+        new = merge(acc, nxt)
+        assert new.state >= acc.state
+        if acc.record is not None:
+            assert new.record is not None
+            assert new.record.record.order_key() >= acc.record.record.order_key()
+        if acc.evicted:
+            assert new.evicted and new.state is Lifecycle.LEFT
+        acc = new
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(singletons, min_size=1, max_size=8), st.randoms(use_true_random=False))
+def test_any_order_converges(items: list[Entry], rnd: object) -> None:
+    shuffled = list(items)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    assert reduce(merge, items) == reduce(merge, shuffled)
+
+
+def test_refutation_drops_lower_suspicions() -> None:
+    e = merge(_record(1, 0, 1, "a"), _fact(FactKind.SUSPECT, 1, 0, 5.0))
+    assert e.suspected
+    refuted = merge(e, _record(1, 1, 2, "a"))
+    assert not refuted.suspected
+    # a late copy of the old suspicion does not come back
+    assert not merge(refuted, _fact(FactKind.SUSPECT, 2, 0, 6.0)).suspected
+    # a suspicion of the new incarnation does
+    assert merge(refuted, _fact(FactKind.SUSPECT, 2, 1, 6.0)).suspected
+
+
+def test_eviction_is_irreversible_even_by_a_higher_incarnation() -> None:
+    e = merge(_record(1, 0, 1, "a"), _fact(FactKind.EVICT, 1, 0, 5.0))
+    assert e.state is Lifecycle.LEFT
+    later = merge(e, _record(1, 7, 9, "a"))
+    assert later.state is Lifecycle.LEFT and later.evicted
+    assert dataclasses.replace(later, evict=None).state is Lifecycle.SERVING

@@ -1,0 +1,161 @@
+"""Replica ingestion (signatures, forgeries), views and GC."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmfabric.identity.keys import NodeKey
+from llmfabric.registry.codec import RECORD_DOMAIN, encode_body, sign_record
+from llmfabric.registry.errors import InvalidRecord, NotOwner
+from llmfabric.registry.facts import FactKind, make_fact
+from llmfabric.registry.owner import LifecycleError, RecordOwner
+from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
+from llmfabric.registry.replica import ITEM_FACT, ITEM_RECORD, GcConfig, Replica, item_parts
+from llmfabric.registry.signing import new_session_id
+from llmfabric.registry.views import ModelRegistry, NodeRegistry
+from llmfabric.testing.fake_clock import FakeClock
+
+OWNER, OTHER, THIRD = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+META = NodeMeta(provider_id="p1", models=(ServedModel("llama", aliases=("l3",)),))
+
+
+def _owner(clock: FakeClock, key: NodeKey = OWNER) -> RecordOwner:
+    return RecordOwner(key, META, wall=clock.wall())
+
+
+def test_valid_record_enters_and_views_answer() -> None:
+    clock = FakeClock()
+    rep = Replica(clock)
+    own = _owner(clock)
+    assert rep.ingest(*item_parts(own.set_state(Lifecycle.SERVING, wall=clock.wall())))
+    nodes, models = NodeRegistry(rep), ModelRegistry(rep)
+    assert [v.session_id for v in nodes.routable()] == [own.session_id]
+    assert [v.session_id for v in models.sessions("l3")] == [own.session_id]
+    assert models.models() == {"llama": [own.session_id]}
+    # suspicion removes it from routing at once, refutation brings it back
+    f = make_fact(OTHER, FactKind.SUSPECT, own.session_id, 0, clock.wall())
+    rep.ingest(ITEM_FACT, f.body, f.signature)
+    assert nodes.routable() == [] and nodes.all()[0].suspected
+    rep.ingest(*item_parts(own.refute(0, wall=clock.wall())))
+    assert len(nodes.routable()) == 1
+
+
+def test_bad_signature_never_enters() -> None:
+    clock = FakeClock()
+    rep = Replica(clock)
+    sr = _owner(clock).current
+    with pytest.raises(InvalidRecord) as exc:
+        rep.ingest(ITEM_RECORD, sr.body, bytes(64))
+    assert exc.value.reason == "signature" and not rep.entries
+
+
+def test_record_whose_peer_id_does_not_match_key_never_enters() -> None:
+    clock = FakeClock()
+    rep = Replica(clock)
+    rec = dataclasses.replace(_owner(clock).record, peer_id=OTHER.peer_id)
+    body = encode_body(rec)
+    sig = OWNER.sign(RECORD_DOMAIN + body)  # validly signed, but claims another peer id
+    with pytest.raises(InvalidRecord) as exc:
+        rep.ingest(ITEM_RECORD, body, sig)
+    assert exc.value.reason == "peer_id" and not rep.entries
+
+
+def test_record_for_a_session_of_another_key_never_enters() -> None:
+    clock = FakeClock()
+    rep = Replica(clock)
+    victim = _owner(clock)
+    # OTHER writes a LEFT record under the victim's session id with its own key
+    rec = dataclasses.replace(victim.record, peer_id=OTHER.peer_id,
+                              public_key=OTHER.public_bytes, state=Lifecycle.LEFT)
+    with pytest.raises(NotOwner):
+        sign_record(OTHER, rec)
+    body = encode_body(rec)
+    with pytest.raises(InvalidRecord) as exc:
+        rep.ingest(ITEM_RECORD, body, OTHER.sign(RECORD_DOMAIN + body))
+    assert exc.value.reason == "session" and not rep.entries
+
+
+def test_fact_by_a_non_author_never_enters() -> None:
+    clock = FakeClock()
+    rep = Replica(clock)
+    own = _owner(clock)
+    rep.apply(own.current)
+    f = make_fact(OTHER, FactKind.EVICT, own.session_id, 0, clock.wall())
+    # THIRD re-signs OTHER's fact body: the author named inside is not the signer
+    with pytest.raises(InvalidRecord):
+        rep.ingest(ITEM_FACT, f.body, THIRD.sign(b"llmfabric/fact/v1\x00" + f.body))
+    assert rep.entries[own.session_id].state is Lifecycle.JOIN
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=80), st.sampled_from([1, 2]))
+def test_random_bytes_never_enter(body: bytes, sig: bytes, kind: int) -> None:
+    rep = Replica(FakeClock())
+    with contextlib.suppress(InvalidRecord):
+        rep.ingest(kind, body, sig)
+    assert not rep.entries
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 400), st.integers(0, 7))
+def test_bit_flipped_record_never_enters(pos: int, bit: int) -> None:
+    clock = FakeClock()
+    rep = Replica(clock)
+    sr = _owner(clock).current
+    body = bytearray(sr.body)
+    body[pos % len(body)] ^= 1 << bit
+    with contextlib.suppress(InvalidRecord):
+        rep.ingest(ITEM_RECORD, bytes(body), sr.signature)
+    assert not rep.entries
+
+
+def test_lifecycle_only_moves_forward_for_the_owner() -> None:
+    clock = FakeClock()
+    own = _owner(clock)
+    own.set_state(Lifecycle.DOWN, wall=clock.wall())
+    with pytest.raises(LifecycleError):
+        own.set_state(Lifecycle.SERVING, wall=clock.wall())
+
+
+async def test_gc_compacts_then_drops_and_never_resurrects() -> None:
+    clock = FakeClock()
+    gc = GcConfig(retention_s=100.0, tombstone_ttl_s=100.0, max_record_age_s=150.0,
+                  refresh_interval_s=10.0)
+    rep = Replica(clock, gc)
+    own = _owner(clock)
+    serving = own.set_state(Lifecycle.SERVING, wall=clock.wall())
+    rep.apply(serving)
+    await clock.advance(10)
+    left = own.set_state(Lifecycle.LEFT, wall=clock.wall())
+    rep.apply(left)
+    sid = own.session_id
+    assert NodeRegistry(rep).get(sid) is not None and rep.digest(sid) is not None
+    await clock.advance(101)
+    rep.collect()
+    assert sid not in rep.entries and sid in rep.tombstones and rep.digest(sid) is None
+    # a late delta (the old SERVING record, even a fresh eviction fact) cannot bring it back
+    assert rep.apply(serving) is None and sid not in rep.entries
+    assert rep.apply(make_fact(OTHER, FactKind.SUSPECT, sid, 5, clock.wall())) is None
+    await clock.advance(100)
+    rep.collect()
+    assert sid not in rep.tombstones
+    # after the tombstone is gone, the age gate refuses anything from that session's life
+    assert rep.apply(serving) is None and rep.apply(left) is None
+    assert sid not in rep.entries and rep.rejected["stale"] >= 2
+
+
+def test_gc_config_guards_the_resurrection_bound() -> None:
+    with pytest.raises(Exception, match="max_record_age_s"):
+        GcConfig(retention_s=10, tombstone_ttl_s=10, max_record_age_s=30)
+
+
+def test_session_ids_are_bound_to_keys() -> None:
+    a = new_session_id(OWNER.public_bytes)
+    assert a != new_session_id(OWNER.public_bytes)
+    assert a[16:] == new_session_id(OWNER.public_bytes)[16:]
+    assert a[16:] != new_session_id(OTHER.public_bytes)[16:]
