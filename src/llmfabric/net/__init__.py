@@ -1,2 +1,45 @@
 """Transport: TLS peer channels with pinned peer ids, bootstrap and backoff, reachability, relays.
+
+Files (one concept each; see docs/network.md for the protocol):
+- transport.py: the `Transport` Protocol gossip/membership use (send / set_handler / local_id).
+- tls_transport.py: `TlsTransport` + `TransportConfig`, the real implementation: listener,
+  dialling with peer-id pinning, datagrams, the peer request API, bootstrap with backoff.
+- handshake.py: TLS contexts and the application handshake (client signature, admission).
+- framing.py: versioned length-prefixed frames, `FrameDecoder`.
+- connection.py: `PeerConnection`, one authenticated connection: dispatch, keep-alive.
+- h2endpoint.py: an HTTP/2 session (sans-IO h2) carried in frames; two per connection.
+- messages.py: `PeerRequest`, `PeerResponse`, `HandlerResponse`.
+- relay.py: dial-back reachability check, relay client (persistent outbound) and server.
+- addressbook.py: peer id -> direct addresses and relays.
+- backoff.py: exponential backoff with full jitter.
+- stats.py: `NetStats` counters (bytes, datagrams, drops by reason, refused handshakes).
+- errors.py: `NetError` > PeerUnreachable, HandshakeRefused, RequestFailed, FrameError.
+- selftest.py: a small node process (`python -m llmfabric.net.selftest`) for e2e tests.
 """
+
+from llmfabric.net.errors import (
+    FrameError,
+    HandshakeRefused,
+    NetError,
+    PeerUnreachable,
+    RequestFailed,
+)
+from llmfabric.net.messages import HandlerResponse, PeerRequest, PeerResponse
+from llmfabric.net.stats import NetStats
+from llmfabric.net.tls_transport import TlsTransport, TransportConfig
+from llmfabric.net.transport import Transport
+
+__all__ = [
+    "FrameError",
+    "HandlerResponse",
+    "HandshakeRefused",
+    "NetError",
+    "NetStats",
+    "PeerRequest",
+    "PeerResponse",
+    "PeerUnreachable",
+    "RequestFailed",
+    "TlsTransport",
+    "Transport",
+    "TransportConfig",
+]

@@ -1,0 +1,237 @@
+"""Network admission: a node joins only with a credential, and each side checks the other's.
+
+Two kinds, registered by name in `ADMISSION_KINDS`:
+
+- ``psk``: the network's pre-shared secret, proven by challenge-response. Each side sends
+  HMAC-SHA256(secret, label || role || network || prover id || verifier id || client nonce ||
+  server nonce). Both nonces are fresh per connection and the role is bound in, so a proof can
+  be neither replayed nor reflected; the secret itself never crosses the wire.
+- ``cert``: a membership certificate. The operator's Ed25519 key signs (node peer id, network
+  name, expiry); the node presents it and the verifier checks the operator signature against
+  its configured operator public key, that the certificate names the authenticated peer id
+  (already proven by TLS or the handshake signature), the right network, and is not expired.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmfabric.identity.errors import AdmissionError, InvalidSignature
+from llmfabric.identity.keys import NodeKey, is_valid
+
+_PSK_LABEL = b"llmfabric-psk-v1\x00"
+_CERT_LABEL = b"llmfabric-membership-v1\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionContext:
+    """What a proof is bound to. `prover_role` is "client" (dialler) or "server"."""
+
+    network: str
+    prover_id: str
+    verifier_id: str
+    prover_role: str
+    client_nonce: bytes
+    server_nonce: bytes
+    now: float  # verifier's wall clock, Unix seconds (for certificate expiry)
+
+
+class Admission(Protocol):
+    """A credential: proves this node's membership and checks a peer's proof."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def network(self) -> str: ...
+
+    def prove(self, ctx: AdmissionContext) -> bytes: ...
+
+    def check(self, proof: bytes, ctx: AdmissionContext) -> None:
+        """Raise AdmissionError (with the reason) unless `proof` admits ctx.prover_id."""
+        ...
+
+
+def _psk_mac(secret: bytes, ctx: AdmissionContext) -> bytes:
+    parts = [
+        _PSK_LABEL,
+        ctx.prover_role.encode(),
+        b"\x00",
+        ctx.network.encode(),
+        b"\x00",
+        ctx.prover_id.encode(),
+        b"\x00",
+        ctx.verifier_id.encode(),
+        b"\x00",
+        ctx.client_nonce,
+        ctx.server_nonce,
+    ]
+    return hmac.new(secret, b"".join(parts), hashlib.sha256).digest()
+
+
+class PskAdmission:
+    """Admission by a network pre-shared secret (at least 16 bytes)."""
+
+    kind = "psk"
+
+    def __init__(self, network: str, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise AdmissionError("the network secret must have at least 16 bytes; use a random one")
+        self._network = network
+        self._secret = secret
+
+    @property
+    def network(self) -> str:
+        return self._network
+
+    def prove(self, ctx: AdmissionContext) -> bytes:
+        return _psk_mac(self._secret, ctx)
+
+    def check(self, proof: bytes, ctx: AdmissionContext) -> None:
+        if not hmac.compare_digest(proof, _psk_mac(self._secret, ctx)):
+            raise AdmissionError(
+                "pre-shared secret proof does not match: the peer uses another network secret"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipCert:
+    """The operator's signature over (peer id, network, expiry)."""
+
+    peer_id: str
+    network: str
+    expires_at: float  # Unix seconds
+    operator_public_key: bytes  # raw Ed25519
+    signature: bytes
+
+    @staticmethod
+    def signed_bytes(peer_id: str, network: str, expires_at: float) -> bytes:
+        body = json.dumps(
+            {"peer_id": peer_id, "network": network, "expires_at": round(expires_at, 3)},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return _CERT_LABEL + body.encode()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "v": 1,
+                "peer_id": self.peer_id,
+                "network": self.network,
+                "expires_at": round(self.expires_at, 3),
+                "operator": base64.b64encode(self.operator_public_key).decode(),
+                "signature": base64.b64encode(self.signature).decode(),
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> MembershipCert:
+        try:
+            obj = json.loads(text)
+            if obj.get("v") != 1:
+                raise ValueError(f"unsupported membership certificate version {obj.get('v')!r}")
+            return cls(
+                peer_id=str(obj["peer_id"]),
+                network=str(obj["network"]),
+                expires_at=float(obj["expires_at"]),
+                operator_public_key=base64.b64decode(obj["operator"], validate=True),
+                signature=base64.b64decode(obj["signature"], validate=True),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise AdmissionError(f"malformed membership certificate: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MembershipCert:
+        try:
+            return cls.from_json(pathlib.Path(path).read_text())
+        except OSError as exc:
+            raise AdmissionError(f"cannot read membership certificate {path}: {exc}") from exc
+
+    def verify(self, operator_public_key: bytes, *, peer_id: str, network: str, now: float) -> None:
+        """Raise AdmissionError with the reason unless the certificate admits `peer_id`."""
+        if self.operator_public_key != operator_public_key:
+            raise AdmissionError("membership certificate is signed by another operator key")
+        message = self.signed_bytes(self.peer_id, self.network, self.expires_at)
+        if not is_valid(operator_public_key, message, self.signature):
+            raise AdmissionError("membership certificate signature is invalid (tampered?)")
+        if self.peer_id != peer_id:
+            raise AdmissionError(
+                f"membership certificate is for peer {self.peer_id}, not for {peer_id}"
+            )
+        if self.network != network:
+            raise AdmissionError(
+                f"membership certificate is for network {self.network!r}, not {network!r}"
+            )
+        if now >= self.expires_at:
+            raise AdmissionError(
+                "membership certificate has expired; ask the operator for a new one "
+                "(`llmfabric keys sign-node`)"
+            )
+
+
+def sign_membership(
+    operator: NodeKey, peer_id: str, network: str, expires_at: float
+) -> MembershipCert:
+    """Operator side: certify that `peer_id` may join `network` until `expires_at`."""
+    signature = operator.sign(MembershipCert.signed_bytes(peer_id, network, expires_at))
+    return MembershipCert(
+        peer_id=peer_id,
+        network=network,
+        expires_at=round(expires_at, 3),
+        operator_public_key=operator.public_bytes,
+        signature=signature,
+    )
+
+
+class CertAdmission:
+    """Admission by an operator-signed membership certificate."""
+
+    kind = "cert"
+
+    def __init__(self, operator_public_key: bytes, cert: MembershipCert) -> None:
+        self._operator = operator_public_key
+        self._cert = cert
+
+    @property
+    def network(self) -> str:
+        return self._cert.network
+
+    def prove(self, ctx: AdmissionContext) -> bytes:
+        return self._cert.to_json().encode()
+
+    def check(self, proof: bytes, ctx: AdmissionContext) -> None:
+        cert = MembershipCert.from_json(proof)
+        try:
+            cert.verify(self._operator, peer_id=ctx.prover_id, network=ctx.network, now=ctx.now)
+        except InvalidSignature as exc:  # pragma: no cover - is_valid does not raise
+            raise AdmissionError(str(exc)) from exc
+
+
+ADMISSION_KINDS: dict[str, str] = {
+    "psk": "pre-shared network secret, HMAC challenge-response",
+    "cert": "operator-signed membership certificate",
+}
+
+
+def decode_public_key(text: str) -> bytes:
+    """Parse an operator public key given as base64 (as printed by `keys operator-init`)."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except ValueError as exc:
+        raise AdmissionError(f"operator public key is not base64: {exc}") from exc
+    if len(raw) != 32:
+        raise AdmissionError("operator public key must be 32 raw bytes, base64-encoded")
+    return raw
+
+
+def encode_public_key(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()

@@ -1,0 +1,225 @@
+"""An established, authenticated peer connection: frame dispatch, datagrams, two h2 sessions,
+keep-alive pings.
+
+The owner (the transport) gets callbacks through `ConnectionOwner`; writes are synchronous
+appends to the TLS stream's buffer, so `send_datagram` never blocks: over the write-buffer
+limit it drops and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from llmfabric.clock import Clock
+from llmfabric.net.errors import FrameError, RequestFailed
+from llmfabric.net.framing import FrameType, decode_routed, encode_frame, encode_routed
+from llmfabric.net.h2endpoint import H2Endpoint
+from llmfabric.net.handshake import FramedReader
+from llmfabric.net.messages import BodyStream, Headers
+from llmfabric.net.stats import NetStats
+
+WRITE_BUFFER_LIMIT = 4 << 20
+
+
+class ConnectionOwner(Protocol):
+    stats: NetStats
+
+    def on_datagram(self, src: str, payload: bytes, via: str | None) -> None: ...
+
+    def on_relay_datagram(self, conn: PeerConnection, dst: str, payload: bytes) -> None: ...
+
+    def on_request(
+        self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
+    ) -> None: ...
+
+    def on_closed(self, conn: PeerConnection) -> None: ...
+
+
+def set_nodelay(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class PeerConnection:
+    def __init__(
+        self,
+        owner: ConnectionOwner,
+        framed: FramedReader,
+        writer: asyncio.StreamWriter,
+        peer_id: str,
+        *,
+        dialled: bool,
+        clock: Clock,
+        keepalive: float = 15.0,
+    ) -> None:
+        self.owner = owner
+        self.peer_id = peer_id
+        self.dialled = dialled
+        self._framed = framed
+        self._writer = writer
+        self._clock = clock
+        self._keepalive = keepalive
+        self._last_rx = clock.now()
+        self._closing = False
+        self.closed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.client = H2Endpoint(
+            client_side=True,
+            emit=lambda b: self.send_frame(FrameType.H2_TO_SERVER, b),
+            drain=self.drain,
+        )
+        self.server = H2Endpoint(
+            client_side=False,
+            emit=lambda b: self.send_frame(FrameType.H2_TO_CLIENT, b),
+            drain=self.drain,
+            on_request=lambda sid, h, body: owner.on_request(self, sid, h, body),
+        )
+
+    def start(self) -> None:
+        set_nodelay(self._writer)
+        self.client.start()
+        self.server.start()
+        self.spawn(self._read_loop())
+        self.spawn(self._ping_loop())
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def is_open(self) -> bool:
+        return not self._closing
+
+    # -- writing -----------------------------------------------------------------------------
+    def send_frame(self, ftype: int, payload: bytes) -> bool:
+        if self._closing:
+            return False
+        data = encode_frame(ftype, payload)
+        self._writer.write(data)
+        self.owner.stats.bytes_sent += len(data)
+        return True
+
+    def _buffer_full(self) -> bool:
+        return self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT
+
+    def send_datagram(self, payload: bytes) -> bool:
+        if self._closing:
+            return False
+        if self._buffer_full():
+            self.owner.stats.drop("queue_full")
+            return True
+        return self.send_frame(FrameType.DGRAM, payload)
+
+    def send_routed(self, ftype: int, peer: str, payload: bytes) -> bool:
+        if self._closing:
+            return False
+        if self._buffer_full():
+            self.owner.stats.drop("queue_full")
+            return True
+        return self.send_frame(ftype, encode_routed(peer, payload))
+
+    async def drain(self) -> None:
+        if self._closing:
+            return
+        try:
+            await self._writer.drain()
+        except (ConnectionError, OSError):
+            self._begin_close()
+
+    # -- reading -----------------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        stats = self.owner.stats
+        try:
+            while True:
+                # Frames decoded during the handshake come first.
+                while self._framed.pending:
+                    frame = self._framed.pending.pop(0)
+                    self._dispatch(frame.type, frame.payload)
+                data = await self._framed.reader.read(65536)
+                if not data:
+                    break
+                stats.bytes_received += len(data)
+                self._last_rx = self._clock.now()
+                for frame in self._framed.decoder.feed(data):
+                    self._dispatch(frame.type, frame.payload)
+                    if self._closing:
+                        return
+        except FrameError as exc:
+            stats.drop(exc.code)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._begin_close()
+
+    def _dispatch(self, ftype: int, payload: bytes) -> None:
+        stats = self.owner.stats
+        if ftype == FrameType.DGRAM:
+            stats.datagrams_received += 1
+            self.owner.on_datagram(self.peer_id, payload, None)
+        elif ftype == FrameType.H2_TO_SERVER:
+            self.server.feed(payload)
+        elif ftype == FrameType.H2_TO_CLIENT:
+            self.client.feed(payload)
+        elif ftype in (FrameType.RELAY_DGRAM, FrameType.RELAYED_DGRAM):
+            try:
+                peer, body = decode_routed(payload)
+            except FrameError:
+                stats.drop("garbled")
+                return
+            if ftype == FrameType.RELAY_DGRAM:
+                self.owner.on_relay_datagram(self, peer, body)
+            else:
+                stats.datagrams_received += 1
+                self.owner.on_datagram(peer, body, self.peer_id)
+        elif ftype == FrameType.PING:
+            self.send_frame(FrameType.PONG, payload)
+        elif ftype == FrameType.PONG:
+            pass
+        elif ftype in (FrameType.CLOSE, FrameType.REFUSE):
+            self._begin_close()
+        else:
+            stats.drop("unknown_type")
+
+    async def _ping_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self._keepalive)
+            if self._closing:
+                return
+            if self._clock.now() - self._last_rx > 3 * self._keepalive:
+                self._begin_close()  # peer silent for 3 intervals: dead
+                return
+            self.send_frame(FrameType.PING, b"")
+
+    # -- closing -----------------------------------------------------------------------------
+    def _begin_close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        err = RequestFailed(f"connection to {self.peer_id} closed")
+        self.client.fail(err)
+        self.server.fail(err)
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self.closed.set()
+        self.owner.on_closed(self)
+
+    async def aclose(self) -> None:
+        if not self._closing:
+            with contextlib.suppress(Exception):
+                self._writer.write(encode_frame(FrameType.CLOSE, b""))
+        self._begin_close()
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()

@@ -1,0 +1,42 @@
+"""Errors of the net package. Messages say what to do."""
+
+from __future__ import annotations
+
+
+class NetError(Exception):
+    """Base class for transport failures."""
+
+
+class PeerUnreachable(NetError):
+    """No direct address or relay reached the peer (check its record's addresses/relays)."""
+
+
+class HandshakeRefused(NetError):
+    """The TLS/application handshake failed: wrong peer id, bad signature or admission."""
+
+    def __init__(self, reason: str, *, code: str = "refused") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+class RequestFailed(NetError):
+    """A peer request failed after the connection was set up (reset, timeout, closed)."""
+
+
+class FrameError(NetError):
+    """Invalid bytes on a peer connection; the connection is closed."""
+
+    code = "garbled"
+
+
+class GarbledFrame(FrameError):
+    code = "garbled"
+
+
+class OversizedFrame(FrameError):
+    code = "oversized"
+
+
+class WrongVersion(FrameError):
+    code = "wrong_version"

@@ -1,0 +1,124 @@
+"""Length-prefixed, versioned frames on a peer connection.
+
+Wire format of a frame: ``version:u8 | type:u8 | length:u32 big-endian | payload``. The version
+is 1. Payloads longer than the decoder's limit (1 MiB by default) are rejected before they are
+buffered. Frame types are append-only; a decoder yields unknown types (the connection counts
+and skips them) so a newer peer can add types without breaking older ones.
+
+`FrameDecoder` is incremental and sans-IO: `feed(bytes)` returns the complete frames. On a
+frame error it raises and stays failed until `reset()` (a byte stream cannot be resynchronised,
+so the connection is closed).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+from llmfabric.net.errors import FrameError, GarbledFrame, OversizedFrame, WrongVersion
+
+VERSION = 1
+HEADER = struct.Struct(">BBI")
+MAX_PAYLOAD = 1 << 20
+
+
+class FrameType(IntEnum):
+    HELLO = 1  # server -> client: network, nonce, admission kind
+    AUTH = 2  # client -> server: peer id, key, signature, admission proof
+    ACCEPT = 3  # server -> client: server admission proof
+    REFUSE = 4  # either side: reason, then close
+    CONFIRM = 5  # client -> server: client accepted the server's proof
+    DGRAM = 6  # a Transport message from the connection's peer
+    RELAY_DGRAM = 7  # to a relay: forward payload to `dst`
+    RELAYED_DGRAM = 8  # from a relay: payload originally from `src`
+    H2_TO_SERVER = 9  # bytes of the sender's h2 client session
+    H2_TO_CLIENT = 10  # bytes of the sender's h2 server session
+    PING = 11
+    PONG = 12
+    CLOSE = 13
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    type: int
+    payload: bytes
+
+
+def encode_frame(ftype: int, payload: bytes = b"", *, version: int = VERSION) -> bytes:
+    return HEADER.pack(version, ftype, len(payload)) + payload
+
+
+class FrameDecoder:
+    """Incremental decoder; raises FrameError subclasses on bad input."""
+
+    def __init__(self, max_payload: int = MAX_PAYLOAD) -> None:
+        self.max_payload = max_payload
+        self._buf = bytearray()
+        self._failed: FrameError | None = None
+
+    def reset(self) -> None:
+        self._buf.clear()
+        self._failed = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        if self._failed is not None:
+            raise type(self._failed)(f"decoder failed earlier: {self._failed}")
+        self._buf += data
+        frames: list[Frame] = []
+        while len(self._buf) >= HEADER.size:
+            version, ftype, length = HEADER.unpack_from(self._buf)
+            if version != VERSION:
+                self._fail(WrongVersion(f"frame version {version}, this node speaks {VERSION}"))
+            if ftype == 0:
+                self._fail(GarbledFrame("frame type 0 is invalid"))
+            if length > self.max_payload:
+                self._fail(OversizedFrame(f"frame of {length} bytes > limit {self.max_payload}"))
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                break
+            frames.append(Frame(ftype, bytes(self._buf[HEADER.size : end])))
+            del self._buf[:end]
+        return frames
+
+    def _fail(self, err: FrameError) -> None:
+        self._failed = err
+        self._buf.clear()
+        raise err
+
+
+def encode_routed(peer_id: str, payload: bytes) -> bytes:
+    """Payload of RELAY_DGRAM / RELAYED_DGRAM: u16 id length | peer id | payload."""
+    raw = peer_id.encode()
+    return struct.pack(">H", len(raw)) + raw + payload
+
+
+def decode_routed(data: bytes) -> tuple[str, bytes]:
+    if len(data) < 2:
+        raise GarbledFrame("routed datagram shorter than its header")
+    (n,) = struct.unpack_from(">H", data)
+    if len(data) < 2 + n or n == 0:
+        raise GarbledFrame("routed datagram peer id is truncated")
+    try:
+        peer = data[2 : 2 + n].decode()
+    except UnicodeDecodeError as exc:
+        raise GarbledFrame("routed datagram peer id is not UTF-8") from exc
+    return peer, data[2 + n :]
+
+
+__all__ = [
+    "HEADER",
+    "MAX_PAYLOAD",
+    "VERSION",
+    "Frame",
+    "FrameDecoder",
+    "FrameError",
+    "FrameType",
+    "decode_routed",
+    "encode_frame",
+    "encode_routed",
+]

@@ -1,0 +1,208 @@
+"""Reachability (dial-back) and relays for nodes that cannot be dialled.
+
+- Dial-back: a node asks a peer (usually a bootstrap) to dial its advertised address and
+  check that it answers with the asker's peer id: POST /_llmfabric/dialback {addr}.
+- Relay client: a node that cannot be dialled keeps a persistent OUTBOUND connection to each
+  of its relays and registers (POST /_llmfabric/relay/register). The relay sends requests for
+  it over that connection with its own h2 *client* session, which the node answers with its h2
+  *server* session (HTTP/2 with roles reversed). Lost relay connections are re-established
+  with backoff. `relays` lists the relays that reach the node now (for NodeMeta.relays).
+- Relay server (TransportConfig.relay=True): requests carrying ``x-llmfabric-relay-to: PEER``
+  are forwarded to PEER over its connection, with ``x-llmfabric-origin`` naming the
+  authenticated sender; bodies stream both ways under HTTP/2 flow control. RELAY_DGRAM
+  frames are forwarded as RELAYED_DGRAM frames naming the sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from llmfabric.net.backoff import Backoff
+from llmfabric.net.connection import PeerConnection
+from llmfabric.net.errors import NetError
+from llmfabric.net.framing import FrameType
+from llmfabric.net.messages import BodyStream, HandlerResponse, Headers
+
+if TYPE_CHECKING:
+    from llmfabric.net.tls_transport import TlsTransport
+
+log = logging.getLogger(__name__)
+
+DIALBACK_PATH = "/_llmfabric/dialback"
+REGISTER_PATH = "/_llmfabric/relay/register"
+MAX_INTERNAL_BODY = 64 * 1024
+
+
+def _json_like(obj: dict[str, Any]) -> bytes:
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+class RelayService:
+    def __init__(self, transport: TlsTransport) -> None:
+        self.t = transport
+        self._my_relays: set[str] = set()  # relays that accepted our registration
+        self._clients: set[str] = set()  # (relay role) peers registered with us
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._changed = asyncio.Event()
+
+    # -- client side -------------------------------------------------------------------------
+    @property
+    def relays(self) -> tuple[str, ...]:
+        return tuple(sorted(self._my_relays))
+
+    def is_my_relay(self, peer: str) -> bool:
+        return peer in self._my_relays
+
+    def relays_of(self, peer: str) -> tuple[str, ...]:
+        return self.t.book.get(peer).relays
+
+    async def connection_to_a_relay_of(self, peer: str) -> PeerConnection | None:
+        for relay_id in self.relays_of(peer):
+            try:
+                return await self.t._ensure_conn(relay_id)
+            except NetError:
+                continue
+        return None
+
+    def use(self, relay_ids: Sequence[str]) -> None:
+        """Keep a registered outbound connection to each relay (addresses from the book)."""
+        for relay_id in relay_ids:
+            if relay_id not in self._loops and relay_id != self.t.local_id:
+                self._loops[relay_id] = self.t.spawn(self._maintain(relay_id))
+
+    async def wait_registered(self, count: int = 1) -> None:
+        while len(self._my_relays) < count:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _maintain(self, relay_id: str) -> None:
+        backoff = Backoff(self.t.config.backoff_base, self.t.config.backoff_cap, self.t.rng)
+        while True:
+            try:
+                conn = await self.t._ensure_conn(relay_id)
+                resp = await self.t.request(relay_id, "POST", REGISTER_PATH, (), b"", timeout=10)
+                text = await resp.read()
+                if resp.status != 200:
+                    raise NetError(f"relay {relay_id} refused: {text.decode(errors='replace')}")
+                self._my_relays.add(relay_id)
+                self._changed.set()
+                backoff.reset()
+                log.info("registered with relay %s", relay_id)
+                await conn.closed.wait()
+                log.info("lost relay %s; reconnecting", relay_id)
+            except NetError as exc:
+                log.info("relay %s unavailable: %s", relay_id, exc)
+            self._my_relays.discard(relay_id)
+            self._changed.set()
+            await self.t.clock.sleep(backoff.next_delay())
+
+    def on_closed(self, conn: PeerConnection) -> None:
+        if self.t.connection(conn.peer_id) is None:
+            self._my_relays.discard(conn.peer_id)
+            self._clients.discard(conn.peer_id)
+            self._changed.set()
+
+    async def check_reachability(self, via: str, addr: str | None = None) -> bool:
+        """Ask peer `via` to dial `addr` (default: our advertised address) and answer."""
+        target = addr or next(iter(self.t.advertised_addrs), None)
+        if target is None:
+            return False
+        resp = await self.t.request(via, "POST", DIALBACK_PATH, (), _json_like({"addr": target}))
+        async with resp:
+            data = await resp.read()
+        if resp.status != 200:
+            return False
+        try:
+            ok = msgpack.unpackb(data, raw=False).get("ok") is True
+        except Exception:
+            return False
+        return ok
+
+    # -- server side -------------------------------------------------------------------------
+    async def handle_internal(
+        self, conn: PeerConnection, method: str, path: str, body: BodyStream
+    ) -> HandlerResponse:
+        data = await _read_limited(body, MAX_INTERNAL_BODY)
+        if path == DIALBACK_PATH:
+            try:
+                addr = str(msgpack.unpackb(data, raw=False)["addr"])
+            except Exception:
+                return HandlerResponse(400, (), b"body must be msgpack {addr}")
+            try:
+                await self.t.probe(addr, conn.peer_id)
+            except NetError as exc:
+                return HandlerResponse(200, (), _json_like({"ok": False, "reason": str(exc)}))
+            return HandlerResponse(200, (), _json_like({"ok": True}))
+        if path == REGISTER_PATH:
+            if not self.t.config.relay:
+                return HandlerResponse(403, (), b"this node is not a relay (start it with relay)")
+            self._clients.add(conn.peer_id)
+            return HandlerResponse(200, (), b"registered")
+        return HandlerResponse(404, (), f"unknown internal path {path}".encode())
+
+    @property
+    def clients(self) -> tuple[str, ...]:
+        return tuple(sorted(self._clients))
+
+    async def forward(
+        self, conn: PeerConnection, method: str, path: str, headers: Headers, body: BodyStream
+    ) -> HandlerResponse:
+        from llmfabric.net.tls_transport import ORIGIN, RELAY_ERROR, RELAY_TO
+
+        target = dict(headers)[RELAY_TO]
+        out = self.t.connection(target)
+        if not self.t.config.relay or out is None:
+            body.abort()
+            reason = "not a relay" if not self.t.config.relay else f"{target} is not connected"
+            return HandlerResponse(502, ((RELAY_ERROR, reason),), reason.encode())
+        hdrs = (
+            *((k, v) for k, v in headers if k not in (RELAY_TO, ORIGIN)),
+            (ORIGIN, conn.peer_id),
+        )
+        self.t.stats.requests_relayed += 1
+        status, rh, stream, _ = await out.client.request(
+            method, path, target, hdrs, body.iter_chunks()
+        )
+        return HandlerResponse(status, rh, _pipe(stream))
+
+    def forward_datagram(self, conn: PeerConnection, dst: str, payload: bytes) -> None:
+        out = self.t.connection(dst)
+        if not self.t.config.relay or out is None:
+            self.t.stats.drop("unreachable")
+            return
+        out.send_routed(FrameType.RELAYED_DGRAM, conn.peer_id, payload)
+
+    async def aclose(self) -> None:
+        loops = list(self._loops.values())
+        self._loops.clear()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+
+async def _pipe(stream: BodyStream) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in stream.iter_chunks():
+            yield chunk
+    finally:
+        stream.abort()
+
+
+async def _read_limited(body: BodyStream, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in body.iter_chunks():
+        size += len(chunk)
+        if size > limit:
+            with contextlib.suppress(Exception):
+                body.abort()
+            break
+        parts.append(chunk)
+    return b"".join(parts)

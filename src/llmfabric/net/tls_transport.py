@@ -1,0 +1,555 @@
+"""`TlsTransport`: the real peer network on asyncio (TLS 1.3 over TCP, pinned peer ids).
+
+One object per node. It is a `Transport` (datagrams for gossip/membership) and also offers the
+peer request API (`request` / `set_request_handler`), bootstrap with backoff, a dial-back
+reachability check and relays for nodes that cannot be dialled. See docs/network.md.
+
+Usage::
+
+    async with TlsTransport(key, PskAdmission("net", secret), TransportConfig(port=7000)) as t:
+        t.set_handler(on_message)
+        t.set_request_handler(serve)
+        await t.bootstrap(["10.0.0.1:7000"])
+        resp = await t.request(peer_id, "POST", "/v1/chat/completions", (), body)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmfabric.clock import Clock, SystemClock, with_timeout
+from llmfabric.identity.admission import Admission
+from llmfabric.identity.certs import make_self_signed_cert
+from llmfabric.identity.keys import NodeKey
+from llmfabric.net.addressbook import AddressBook, parse_addr
+from llmfabric.net.backoff import Backoff
+from llmfabric.net.connection import PeerConnection, set_nodelay
+from llmfabric.net.errors import HandshakeRefused, NetError, PeerUnreachable, RequestFailed
+from llmfabric.net.framing import FrameType
+from llmfabric.net.handshake import (
+    HandshakeConfig,
+    client_handshake,
+    client_ssl_context,
+    server_handshake,
+    server_ssl_context,
+)
+from llmfabric.net.messages import (
+    Body,
+    BodyStream,
+    HandlerResponse,
+    Headers,
+    PeerRequest,
+    PeerResponse,
+    RequestHandler,
+)
+from llmfabric.net.relay import RelayService
+from llmfabric.net.stats import NetStats
+from llmfabric.net.transport import MessageHandler, PeerId
+
+log = logging.getLogger(__name__)
+
+INTERNAL_PREFIX = "/_llmfabric/"
+RELAY_TO = "x-llmfabric-relay-to"
+ORIGIN = "x-llmfabric-origin"
+RELAY_ERROR = "x-llmfabric-relay-error"
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    host: str | None = "127.0.0.1"  # listen address; None: never listen (outbound only)
+    port: int = 0  # 0: any free port
+    public_addr: str | None = None  # advertised "host:port" (default: the bound address)
+    relay: bool = False  # serve as a relay for nodes that cannot be dialled
+    connect_timeout: float = 5.0
+    handshake_timeout: float = 10.0
+    keepalive: float = 15.0
+    max_pending_per_peer: int = 64  # datagrams queued while a connection is being set up
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+
+
+class TlsTransport:
+    def __init__(
+        self,
+        key: NodeKey,
+        admission: Admission,
+        config: TransportConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.key = key
+        self.admission = admission
+        self.config = config or TransportConfig()
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.stats = NetStats()
+        self.book = AddressBook()
+        self._cert = make_self_signed_cert(key)
+        self._hs = HandshakeConfig(
+            key, self._cert, admission, self.clock, self.config.handshake_timeout
+        )
+        self._client_ctx = client_ssl_context()
+        self._server_ctx = server_ssl_context(key, self._cert)
+        self._server: asyncio.Server | None = None
+        self._bound: str | None = None
+        self._conns: dict[str, PeerConnection] = {}
+        self._all_conns: set[PeerConnection] = set()
+        self._dialing: dict[str, asyncio.Future[PeerConnection]] = {}
+        self._pending: dict[str, list[bytes]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._handler: MessageHandler | None = None
+        self._request_handler: RequestHandler | None = None
+        self._closing = False
+        self.relay = RelayService(self)
+
+    # -- Transport protocol ------------------------------------------------------------------
+    @property
+    def local_id(self) -> PeerId:
+        return self.key.peer_id
+
+    def set_handler(self, handler: MessageHandler) -> None:
+        self._handler = handler
+
+    def send(self, peer: PeerId, payload: bytes) -> None:
+        """Best effort, never blocks: send now, or queue while connecting, or drop and count."""
+        if self._closing:
+            self.stats.drop("closed")
+            return
+        conn = self._conns.get(peer)
+        if conn is not None and conn.is_open:
+            conn.send_datagram(payload)
+            self.stats.datagrams_sent += 1
+            return
+        book = self.book.get(peer)
+        if not book.addrs and not book.relays:
+            self.stats.drop("unreachable")
+            return
+        queue = self._pending.setdefault(peer, [])
+        if len(queue) >= self.config.max_pending_per_peer:
+            self.stats.drop("queue_full")
+            return
+        queue.append(payload)
+        if len(queue) == 1:
+            self.spawn(self._deliver_pending(peer))
+
+    async def _deliver_pending(self, peer: str) -> None:
+        try:
+            conn = await self._ensure_conn(peer)
+            ftype, via_peer = FrameType.DGRAM, None
+        except NetError:
+            relay_conn = await self.relay.connection_to_a_relay_of(peer)
+            if relay_conn is None:
+                self.stats.drop("unreachable", len(self._pending.pop(peer, [])))
+                return
+            conn, ftype, via_peer = relay_conn, FrameType.RELAY_DGRAM, peer
+        for payload in self._pending.pop(peer, []):
+            ok = (
+                conn.send_datagram(payload)
+                if via_peer is None
+                else conn.send_routed(ftype, via_peer, payload)
+            )
+            if ok:
+                self.stats.datagrams_sent += 1
+            else:
+                self.stats.drop("unreachable")
+
+    # -- requests ----------------------------------------------------------------------------
+    def set_request_handler(self, handler: RequestHandler) -> None:
+        """Install `async handler(PeerRequest) -> HandlerResponse` for requests from peers."""
+        self._request_handler = handler
+
+    async def request(
+        self,
+        peer_id: PeerId,
+        method: str,
+        path: str,
+        headers: Headers | Sequence[tuple[str, str]] = (),
+        body: Body = b"",
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109 - runs on the injected clock
+    ) -> PeerResponse:
+        """Send a request to `peer_id` (directly if dialable, else through one of its relays).
+
+        `timeout` bounds the time until the response headers; the body then streams without
+        a deadline. Raises PeerUnreachable or RequestFailed.
+        """
+        self.stats.requests_sent += 1
+        try:
+            return await with_timeout(
+                self.clock, self._request(peer_id, method, path, tuple(headers), body), timeout
+            )
+        except TimeoutError as exc:
+            raise RequestFailed(f"no response from {peer_id} within {timeout}s") from exc
+
+    async def _request(
+        self, peer_id: str, method: str, path: str, headers: Headers, body: Body
+    ) -> PeerResponse:
+        direct_error: NetError | None = None
+        try:
+            conn = await self._ensure_conn(peer_id)
+        except NetError as exc:
+            direct_error = exc
+        else:
+            status, rh, stream, _ = await conn.client.request(method, path, peer_id, headers, body)
+            return PeerResponse(status, rh, stream, peer_id, None)
+        for relay_id in self.relay.relays_of(peer_id):
+            try:
+                rconn = await self._ensure_conn(relay_id)
+            except NetError:
+                continue
+            hdrs = (*headers, (RELAY_TO, peer_id))
+            status, rh, stream, _ = await rconn.client.request(method, path, relay_id, hdrs, body)
+            if status == 502 and any(k == RELAY_ERROR for k, _ in rh):
+                stream.abort()
+                continue
+            return PeerResponse(status, rh, stream, peer_id, relay_id)
+        raise PeerUnreachable(
+            f"cannot reach {peer_id}: direct: {direct_error}; relays tried: "
+            f"{list(self.relay.relays_of(peer_id)) or 'none known'}"
+        )
+
+    def on_request(
+        self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
+    ) -> None:
+        self.spawn(self._serve(conn, sid, headers, body))
+
+    async def _serve(
+        self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
+    ) -> None:
+        pseudo = {k: v for k, v in headers if k.startswith(":")}
+        plain = tuple((k, v) for k, v in headers if not k.startswith(":"))
+        method, path = pseudo.get(":method", "GET"), pseudo.get(":path", "/")
+        origin, via = conn.peer_id, None
+        claimed = dict(plain).get(ORIGIN)
+        if claimed is not None and self.relay.is_my_relay(conn.peer_id):
+            origin, via = claimed, conn.peer_id
+        plain = tuple((k, v) for k, v in plain if k != ORIGIN)
+        try:
+            if path.startswith(INTERNAL_PREFIX):
+                resp = await self.relay.handle_internal(conn, method, path, body)
+            elif any(k == RELAY_TO for k, _ in plain):
+                resp = await self.relay.forward(conn, method, path, plain, body)
+            elif self._request_handler is None:
+                resp = HandlerResponse(404, (), b"no request handler on this node")
+            else:
+                self.stats.requests_served += 1
+                resp = await self._request_handler(
+                    PeerRequest(origin, method, path, plain, body, via)
+                )
+        except asyncio.CancelledError:
+            conn.server.reset_stream(sid)
+            raise
+        except Exception as exc:
+            log.exception("request handler failed for %s %s", method, path)
+            resp = HandlerResponse(500, (), f"handler error: {exc}".encode())
+        try:
+            await conn.server.respond(sid, resp.status, resp.headers, resp.body)
+        except Exception:
+            log.exception("streaming the response to %s failed", conn.peer_id)
+            conn.server.reset_stream(sid)
+
+    # -- datagrams in ------------------------------------------------------------------------
+    def on_datagram(self, src: str, payload: bytes, via: str | None) -> None:
+        if via is not None and not self.relay.is_my_relay(via):
+            self.stats.drop("untrusted_relay")
+            return
+        if self._handler is None:
+            self.stats.drop("no_handler")
+            return
+        try:
+            self._handler(src, payload)
+        except Exception:
+            log.exception("message handler failed on a message from %s", src)
+
+    def on_relay_datagram(self, conn: PeerConnection, dst: str, payload: bytes) -> None:
+        self.relay.forward_datagram(conn, dst, payload)
+
+    # -- connections -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start listening (unless config.host is None)."""
+        if self.config.host is None or self._server is not None:
+            return
+        self._server = await asyncio.start_server(
+            self._on_accept, self.config.host, self.config.port, ssl=self._server_ctx
+        )
+        sock = self._server.sockets[0].getsockname()
+        host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
+        self._bound = f"{host}:{sock[1]}"
+
+    @property
+    def listen_addr(self) -> str | None:
+        """The bound "host:port", or None when not listening."""
+        return self._bound
+
+    @property
+    def advertised_addrs(self) -> tuple[str, ...]:
+        """Addresses to publish in NodeMeta.peer_addrs (empty when not listening)."""
+        if self.config.public_addr:
+            return (self.config.public_addr,)
+        return (self._bound,) if self._bound else ()
+
+    def connected_peers(self) -> tuple[str, ...]:
+        return tuple(p for p, c in self._conns.items() if c.is_open)
+
+    def add_peer(self, peer_id: str, addrs: Iterable[str] = (), relays: Iterable[str] = ()) -> None:
+        """Set where `peer_id` is reached (from its registry record: peer_addrs, relays)."""
+        if peer_id != self.local_id:
+            self.book.set(peer_id, addrs, relays)
+
+    def remove_peer(self, peer_id: str) -> None:
+        self.book.remove(peer_id)
+
+    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._closing:
+            writer.close()
+            return
+        set_nodelay(writer)
+        try:
+            peer, framed = await server_handshake(reader, writer, self._hs)
+        except HandshakeRefused as exc:
+            self.stats.handshakes_refused[exc.code] += 1
+            log.info("refused an inbound connection: %s", exc.reason)
+            await _close_writer(writer)
+            return
+        except (ConnectionError, OSError, TimeoutError):
+            self.stats.handshakes_refused["closed"] += 1
+            await _close_writer(writer)
+            return
+        self.stats.handshakes_ok += 1
+        self._register(
+            PeerConnection(
+                self,
+                framed,
+                writer,
+                peer,
+                dialled=False,
+                clock=self.clock,
+                keepalive=self.config.keepalive,
+            )
+        )
+
+    async def _open(self, addr: str, expected: str | None) -> PeerConnection:
+        if self._closing:
+            raise PeerUnreachable("transport is closing")
+        try:
+            host, port = parse_addr(addr)
+        except ValueError as exc:
+            raise PeerUnreachable(str(exc)) from exc
+        try:
+            reader, writer = await with_timeout(
+                self.clock,
+                asyncio.open_connection(host, port, ssl=self._client_ctx, server_hostname=""),
+                self.config.connect_timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise PeerUnreachable(f"cannot connect to {addr}: {exc or type(exc).__name__}") from exc
+        set_nodelay(writer)
+        try:
+            peer, framed = await client_handshake(reader, writer, self._hs, expected)
+        except HandshakeRefused as exc:
+            self.stats.handshakes_refused[exc.code] += 1
+            await _close_writer(writer)
+            raise
+        except (ConnectionError, OSError) as exc:
+            await _close_writer(writer)
+            raise PeerUnreachable(f"connection to {addr} failed in handshake: {exc}") from exc
+        except BaseException:
+            await _close_writer(writer)
+            raise
+        self.stats.handshakes_ok += 1
+        return PeerConnection(
+            self,
+            framed,
+            writer,
+            peer,
+            dialled=True,
+            clock=self.clock,
+            keepalive=self.config.keepalive,
+        )
+
+    async def probe(self, addr: str, expected: str) -> None:
+        """Dial `addr`, check it answers as `expected`, close. Raises NetError on failure."""
+        conn = await self._open(addr, expected)
+        conn.start()
+        await conn.aclose()
+
+    async def connect(self, addr: str, expected_peer: str | None = None) -> str:
+        """Dial `addr` (pinning `expected_peer` if given); return the authenticated peer id."""
+        conn = await self._open(addr, expected_peer)
+        self.book.learn_addr(conn.peer_id, addr)
+        return self._register(conn).peer_id
+
+    async def connect_bootstrap(self, addr: str) -> str:
+        """Connect to a bootstrap peer; return the peer id learnt from its certificate."""
+        return await self.connect(addr)
+
+    async def bootstrap(self, addrs: Sequence[str], *, max_rounds: int | None = None) -> list[str]:
+        """Connect to every reachable bootstrap address; while none answers, retry after
+        exponential backoff with full jitter (clock + rng injected). Returns the peer ids."""
+        backoff = Backoff(self.config.backoff_base, self.config.backoff_cap, self.rng)
+        rounds = 0
+        while True:
+            got: list[str] = []
+            errors: list[str] = []
+            for addr in addrs:
+                try:
+                    got.append(await self.connect_bootstrap(addr))
+                except NetError as exc:
+                    errors.append(f"{addr}: {exc}")
+            if got:
+                return got
+            rounds += 1
+            if max_rounds is not None and rounds >= max_rounds:
+                raise PeerUnreachable(f"no bootstrap peer reachable: {'; '.join(errors)}")
+            delay = backoff.next_delay()
+            log.info("no bootstrap peer reachable, retrying in %.2fs: %s", delay, errors)
+            await self.clock.sleep(delay)
+
+    def _register(self, conn: PeerConnection) -> PeerConnection:
+        if self._closing:
+            self.spawn(conn.aclose())
+            return conn
+        self.stats.connections_opened += 1
+        self._all_conns.add(conn)
+        conn.start()
+        old = self._conns.get(conn.peer_id)
+        if old is not None and old.is_open:
+            # Both sides dialled at once: keep the connection dialled by the lower peer id.
+            if self._dialler(conn) < self._dialler(old) or self._dialler(conn) == self._dialler(
+                old
+            ):
+                self._conns[conn.peer_id] = conn
+                self.spawn(old.aclose())
+                return conn
+            self.spawn(conn.aclose())
+            return old
+        self._conns[conn.peer_id] = conn
+        return conn
+
+    def _dialler(self, conn: PeerConnection) -> str:
+        return self.local_id if conn.dialled else conn.peer_id
+
+    def on_closed(self, conn: PeerConnection) -> None:
+        self._all_conns.discard(conn)
+        if self._conns.get(conn.peer_id) is conn:
+            del self._conns[conn.peer_id]
+        self.relay.on_closed(conn)
+
+    async def _ensure_conn(self, peer: str) -> PeerConnection:
+        """An open connection to `peer`: the existing one, or dial its known addresses."""
+        conn = self._conns.get(peer)
+        if conn is not None and conn.is_open:
+            return conn
+        fut = self._dialing.get(peer)
+        if fut is None:
+            fut = asyncio.ensure_future(self._dial(peer))
+            self._dialing[peer] = fut
+            fut.add_done_callback(lambda _f: self._dialing.pop(peer, None))
+        return await asyncio.shield(fut)
+
+    async def _dial(self, peer: str) -> PeerConnection:
+        errors: list[str] = []
+        for addr in self.book.get(peer).addrs:
+            try:
+                return self._register(await self._open(addr, peer))
+            except NetError as exc:
+                errors.append(f"{addr}: {exc}")
+        raise PeerUnreachable(
+            f"no direct address reaches {peer}: {'; '.join(errors) or 'no addresses known'}"
+        )
+
+    def connection(self, peer: str) -> PeerConnection | None:
+        conn = self._conns.get(peer)
+        return conn if conn is not None and conn.is_open else None
+
+    # -- reachability and relays ------------------------------------------------------------
+    async def check_reachability(self, via: str, addr: str | None = None) -> bool:
+        """Ask peer `via` to dial us back at `addr` (default: our advertised address).
+
+        True only when `via` connected and we answered with our peer id."""
+        return await self.relay.check_reachability(via, addr)
+
+    def use_relays(self, relay_ids: Sequence[str]) -> None:
+        """Keep persistent outbound connections to these relays (their addresses must be in
+        the address book, e.g. from `connect`/`bootstrap`/`add_peer`) and re-connect them."""
+        self.relay.use(relay_ids)
+
+    async def wait_relayed(
+        self,
+        count: int = 1,
+        timeout: float = 30.0,  # noqa: ASYNC109 - runs on the injected clock
+    ) -> tuple[str, ...]:
+        """Wait until at least `count` relays accepted our registration; return them."""
+        await with_timeout(self.clock, self.relay.wait_registered(count), timeout)
+        return self.relays
+
+    @property
+    def relays(self) -> tuple[str, ...]:
+        """Relay peer ids that currently reach this node (publish as NodeMeta.relays)."""
+        return self.relay.relays
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(_discard_from(self._tasks))
+        return task
+
+    async def aclose(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        await self.relay.aclose()
+        for fut in list(self._dialing.values()):
+            fut.cancel()
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(c.aclose() for c in list(self._all_conns)), return_exceptions=True)
+        await asyncio.gather(*list(self._dialing.values()), return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+        for peer, queue in self._pending.items():
+            self.stats.drop("closed", len(queue))
+            del peer
+        self._pending.clear()
+
+    async def __aenter__(self) -> TlsTransport:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _discard_from(tasks: set[asyncio.Task[Any]]) -> Any:
+    def cb(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            if not isinstance(exc, NetError):
+                log.error("background task failed", exc_info=exc)
+
+    return cb
+
+
+async def _close_writer(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
+        await with_timeout(SystemClock(), writer.wait_closed(), 1.0)
