@@ -1,0 +1,123 @@
+"""`llmfabric keys`: node and operator keys, membership certificates (and API keys).
+
+- `keys init`: create (first time) or show this node's key and peer id.
+- `keys operator-init`: create or show the operator key (signs membership certificates).
+- `keys sign-node PEER_ID --network NET --out FILE [--expires DAYS]`: operator signs a node.
+
+The group object is `keys_group` (also exported as `command`); other modules add
+subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py
+(`API_KEY_COMMANDS`) are attached here when that module is present.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import time
+
+import click
+
+from llmfabric.identity.admission import encode_public_key, sign_membership
+from llmfabric.identity.errors import IdentityError
+from llmfabric.identity.keys import NODE_KEY_FILE, OPERATOR_KEY_FILE, NodeKey, default_home
+from llmfabric.identity.peer_id import check_peer_id
+
+home_option = click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="state directory [default: $LLMFABRIC_HOME or ~/.llmfabric]",
+)
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """Node keys, operator keys, membership certificates and API keys."""
+
+
+def _show(key: NodeKey, created: bool, path: pathlib.Path, as_json: bool, what: str) -> None:
+    info = {
+        "peer_id": key.peer_id,
+        "public_key": encode_public_key(key.public_bytes),
+        "path": str(path),
+        "created": created,
+    }
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    click.echo(f"{what} {'created' if created else 'exists'}: {path}")
+    click.echo(f"peer id:    {key.peer_id}")
+    click.echo(f"public key: {info['public_key']}")
+
+
+def _load_or_create(home: pathlib.Path | None, filename: str) -> tuple[NodeKey, bool, pathlib.Path]:
+    try:
+        key, created = NodeKey.load_or_create(home, filename)
+    except IdentityError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return key, created, default_home(home) / filename
+
+
+@keys_group.command("init")
+@home_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def init(home: pathlib.Path | None, as_json: bool) -> None:
+    """Create this node's Ed25519 key (0600) if missing and show its peer id."""
+    key, created, path = _load_or_create(home, NODE_KEY_FILE)
+    _show(key, created, path, as_json, "node key")
+
+
+@keys_group.command("operator-init")
+@home_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def operator_init(home: pathlib.Path | None, as_json: bool) -> None:
+    """Create the operator key if missing; nodes trust its public key (--operator-key)."""
+    key, created, path = _load_or_create(home, OPERATOR_KEY_FILE)
+    _show(key, created, path, as_json, "operator key")
+
+
+@keys_group.command("sign-node")
+@click.argument("peer_id")
+@click.option("--network", default="default", show_default=True, help="network name")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    required=True,
+    help="where to write the membership certificate (JSON)",
+)
+@click.option(
+    "--expires", "days", type=float, default=30.0, show_default=True, help="validity in days"
+)
+@home_option
+def sign_node(
+    peer_id: str, network: str, out: pathlib.Path, days: float, home: pathlib.Path | None
+) -> None:
+    """Sign a membership certificate admitting PEER_ID to NETWORK (operator key needed)."""
+    try:
+        check_peer_id(peer_id)
+        operator = NodeKey.load(default_home(home) / OPERATOR_KEY_FILE)
+    except IdentityError as exc:
+        raise click.ClickException(
+            f"{exc} (create the operator key with `llmfabric keys operator-init`)"
+        ) from exc
+    if days <= 0:
+        raise click.BadParameter("must be positive", param_hint="--expires")
+    cert = sign_membership(operator, peer_id, network, time.time() + days * 86400.0)
+    out.write_text(cert.to_json() + "\n")
+    click.echo(f"membership certificate for {peer_id} on {network!r} written to {out}")
+
+
+def _attach_api_key_commands() -> None:
+    try:
+        module = importlib.import_module("llmfabric.cli.apikeys")
+    except ImportError:
+        return
+    for cmd in getattr(module, "API_KEY_COMMANDS", []):
+        if cmd.name not in keys_group.commands:
+            keys_group.add_command(cmd)
+
+
+_attach_api_key_commands()
+
+command = keys_group
