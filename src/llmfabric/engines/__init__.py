@@ -1,2 +1,11 @@
-"""Engines we ship: the simulated OpenAI-compatible engine.
+"""Engines we ship: the simulated OpenAI-compatible engine (`llmfabric engine sim`).
+
+Files:
+  sim_server.py  SimEngineConfig, SimEngine (aiohttp app: /health, /v1/models,
+                 /v1/chat/completions, /v1/completions, /v1/embeddings, /sim/*), serve()
+  protocol.py    OpenAI request validation (pydantic) and response/stream chunk builders
+  batcher.py     Batcher: continuous batching (shared decode steps, queued prefills)
+  timing.py      TimingModel protocol; RooflineTiming from llmfabric.sim specs; TableTiming
+  text.py        deterministic pseudo-word tokens, approximate token counts, embeddings
+  faults.py      FaultState and crash(): crash / hang / slow / fail / log on demand
 """

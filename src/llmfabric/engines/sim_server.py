@@ -1,0 +1,380 @@
+"""The simulated engine: an OpenAI-compatible aiohttp server that stands in for vLLM.
+
+Routes (as vLLM's OpenAI server): GET /health, GET /v1/models (with max_model_len),
+POST /v1/chat/completions, /v1/completions (both with SSE streaming), /v1/embeddings;
+plus POST /sim/control (faults.py) and GET /sim/stats. Tokens come out at the pace of the
+timing model (timing.py) under continuous batching (batcher.py), divided by `speed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+import pydantic
+from aiohttp import web
+
+from llmfabric.clock import Clock, SystemClock
+from llmfabric.engines import protocol as p
+from llmfabric.engines import text
+from llmfabric.engines.batcher import Batcher
+from llmfabric.engines.faults import FaultState, crash
+from llmfabric.engines.timing import model_max_context, timing_for
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class SimEngineConfig:
+    models: tuple[str, ...]
+    gpu: str = "H100-SXM"
+    tp: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    speed: float = 1.0
+    slow: float = 1.0
+    max_model_len: int | None = None  # default: the model's context from llmfabric.sim, or 4096
+    embedding_dims: int = 384
+    startup_delay_s: float = 0.0
+    crash_after_requests: int = 0
+    hang_after_requests: int = 0
+    fail_after_requests: int = 0
+    fail_status: int = 500
+    exit_after_s: float = 0.0  # crash after this long (0: never)
+    log_line: str = ""
+    log_after_s: float = 0.0
+    ignore_sigterm: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error",
+           code: str | None = None, param: str | None = None) -> web.Response:
+    return _json(p.error_body(message, type_, code, param), status)
+
+
+class SimEngine:
+    def __init__(self, config: SimEngineConfig, clock: Clock | None = None) -> None:
+        if not config.models:
+            raise ValueError("the simulated engine needs at least one model")
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.batchers = {
+            m: Batcher(timing_for(config.gpu, m, config.tp), self.clock, config.speed)
+            for m in config.models
+        }
+        for b in self.batchers.values():
+            b.slow = config.slow
+        self.max_len = {m: config.max_model_len or model_max_context(m) for m in config.models}
+        self.faults = FaultState(
+            crash_after_requests=config.crash_after_requests,
+            hang_after_requests=config.hang_after_requests,
+            fail_after_requests=config.fail_after_requests,
+            fail_after_status=config.fail_status,
+        )
+        self.created = p.now_s()
+        self.completed = 0
+
+    # -- app ----------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._faults_mw], client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/sim/control", self.control)
+        app.router.add_get("/sim/stats", self.stats)
+        return app
+
+    @web.middleware
+    async def _faults_mw(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/sim/"):
+            return await handler(request)
+        await self.faults.wait_while_hung()
+        health = request.path in ("/health", "/v1/models")
+        if self.faults.fail_status and (not health or self.faults.fail_health):
+            return _error(self.faults.fail_status, "simulated engine failure", "server_error",
+                          "simulated_failure")
+        return await handler(request)
+
+    # -- routes -------------------------------------------------------------------------
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, _: web.Request) -> web.Response:
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "llmfabric-sim",
+                "root": m,
+                "parent": None,
+                "max_model_len": self.max_len[m],
+            }
+            for m in self.config.models
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def stats(self, _: web.Request) -> web.Response:
+        return _json({
+            "requests": self.faults.requests,
+            "completed": self.completed,
+            "active": {m: b.active for m, b in self.batchers.items()},
+            "hung": self.faults.hung,
+            "fail_status": self.faults.fail_status,
+        })
+
+    async def control(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "control body must be JSON")
+        if not isinstance(body, dict):
+            return _error(400, "control body must be a JSON object")
+        action = body.get("action")
+        if action == "crash":
+            code = int(body.get("code", 3))
+            asyncio.get_running_loop().call_later(0.02, crash, code, "control request")
+        elif action == "hang":
+            self.faults.hang()
+            for b in self.batchers.values():
+                b.pause()
+        elif action == "slow":
+            factor = body.get("factor")
+            if not isinstance(factor, int | float) or factor <= 0:
+                return _error(400, "slow needs a positive 'factor'")
+            for b in self.batchers.values():
+                b.slow = float(factor)
+        elif action == "fail":
+            status = body.get("status", 500)
+            if not isinstance(status, int) or not 400 <= status <= 599:
+                return _error(400, "fail needs an HTTP error 'status' (400-599)")
+            self.faults.fail_status = status
+            self.faults.fail_health = bool(body.get("health", False))
+        elif action == "log":
+            print(str(body.get("line", "")), flush=True)
+        elif action == "reset":
+            self.faults.resume()
+            self.faults.fail_status = 0
+            self.faults.fail_health = False
+            for b in self.batchers.values():
+                b.resume()
+                b.slow = 1.0
+        else:
+            return _error(400, "action must be one of crash, hang, slow, fail, log, reset")
+        return _json({"ok": True, "action": action})
+
+    async def _body(self, request: web.Request, model_cls: type[M]) -> M | web.Response:
+        raw = await request.read()
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return _error(400, "request body is not valid JSON", code="invalid_json")
+        if not isinstance(data, dict):
+            return _error(400, "request body must be a JSON object", code="invalid_json")
+        try:
+            req = model_cls.model_validate(data)
+        except pydantic.ValidationError as exc:
+            msg, param = p.validation_message(exc)
+            return _error(400, msg, code="invalid_value", param=param)
+        model = getattr(req, "model", "")
+        if model not in self.batchers:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError",
+                          "model_not_found", "model")
+        if getattr(req, "n", 1) != 1:
+            return _error(400, "the simulated engine supports only n=1", code="invalid_value",
+                          param="n")
+        return req
+
+    def _plan(self, model: str, prompt_tokens: int, limit: int | None, ignore_eos: bool,
+              seed: int) -> tuple[int, str] | web.Response:
+        max_len = self.max_len[model]
+        if prompt_tokens >= max_len:
+            return _error(400, f"This model's maximum context length is {max_len} tokens. "
+                          f"However, you requested {prompt_tokens} tokens in the prompt.",
+                          code="context_length_exceeded", param="messages")
+        room = max_len - prompt_tokens
+        if limit is not None and limit > room:
+            return _error(400, f"This model's maximum context length is {max_len} tokens. "
+                          f"However, you requested {prompt_tokens + limit} tokens "
+                          f"({prompt_tokens} in the prompt, {limit} for the completion).",
+                          code="context_length_exceeded", param="max_tokens")
+        natural = text.natural_length(seed)
+        if limit is None:
+            return min(natural, room), "stop" if natural <= room else "length"
+        if ignore_eos or limit <= natural:
+            return limit, "length"
+        return natural, "stop"
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        req = await self._body(request, p.ChatRequest)
+        if isinstance(req, web.Response):
+            return req
+        prompt_text = "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
+        prompt_tokens = sum(text.count_tokens(m.text()) + text.CHAT_MESSAGE_OVERHEAD
+                            for m in req.messages)
+        return await self._generate(request, req, "chat", prompt_text, prompt_tokens, req.limit)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        req = await self._body(request, p.CompletionRequest)
+        if isinstance(req, web.Response):
+            return req
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            prompt_text, prompt_tokens = prompt, text.count_tokens(prompt)
+        elif prompt and all(isinstance(x, int) for x in prompt):
+            prompt_text, prompt_tokens = str(prompt), len(prompt)
+        elif len(prompt) == 1 and isinstance(prompt[0], str | list):
+            item = prompt[0]
+            prompt_text = item if isinstance(item, str) else str(item)
+            prompt_tokens = text.count_tokens(item) if isinstance(item, str) else len(item)
+        else:
+            return _error(400, "the simulated engine takes one prompt per request",
+                          code="invalid_value", param="prompt")
+        return await self._generate(request, req, "text", prompt_text, prompt_tokens, req.limit)
+
+    async def _generate(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
+                        kind: str, prompt_text: str, prompt_tokens: int, limit: int | None
+                        ) -> web.StreamResponse:
+        seed = text.seed_of(prompt_text)
+        plan = self._plan(req.model, prompt_tokens, limit, req.ignore_eos, seed)
+        if isinstance(plan, web.Response):
+            return plan
+        n_tokens, finish = plan
+        self.faults.count_request()
+        await self.faults.wait_while_hung()
+        if self.faults.fail_status:
+            return _error(self.faults.fail_status, "simulated engine failure", "server_error",
+                          "simulated_failure")
+        rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        created = p.now_s()
+        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens)
+        if req.stream:
+            return await self._stream(request, req, kind, rid, created, seed, tokens,
+                                      prompt_tokens, n_tokens, finish)
+        parts = [text.token_text(seed, i) async for i in tokens]
+        self.completed += 1
+        build = p.chat_completion if kind == "chat" else p.text_completion
+        return _json(build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
+                           len(parts)))
+
+    async def _stream(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
+                      kind: str, rid: str, created: int, seed: int, tokens: AsyncIterator[int],
+                      prompt_tokens: int, n_tokens: int, finish: str) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        with_usage = req.include_usage
+        model = req.model
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+        sent = 0
+        try:
+            if kind == "chat":
+                await send(p.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
+                                        None, with_usage))
+            async for i in tokens:
+                piece = text.token_text(seed, i)
+                sent += 1
+                if kind == "chat":
+                    await send(p.chat_chunk(rid, created, model, {"content": piece}, None,
+                                            with_usage))
+                else:
+                    await send(p.text_chunk(rid, created, model, piece, None, with_usage))
+            if kind == "chat":
+                await send(p.chat_chunk(rid, created, model, {}, finish, with_usage))
+            else:
+                await send(p.text_chunk(rid, created, model, "", finish, with_usage))
+            if with_usage:
+                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+                await send(p.usage_chunk(rid, created, model, obj, prompt_tokens, sent))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            with contextlib.suppress(Exception):
+                await tokens.aclose()  # type: ignore[attr-defined]
+            raise
+        self.completed += 1
+        return resp
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        req = await self._body(request, p.EmbeddingRequest)
+        if isinstance(req, web.Response):
+            return req
+        inp = req.input
+        items: list[str]
+        if isinstance(inp, str):
+            items = [inp]
+        elif inp and all(isinstance(x, int) for x in inp):
+            items = [str(inp)]
+        else:
+            items = [x if isinstance(x, str) else str(x) for x in inp]
+        if not items or any(x == "" for x in items):
+            return _error(400, "input must be a non-empty string or list", param="input")
+        self.faults.count_request()
+        dims = req.dimensions or self.config.embedding_dims
+        prompt_tokens = sum(text.count_tokens(x) for x in items)
+        await self.clock.sleep(self.batchers[req.model]._scaled(0.005 + 1e-5 * prompt_tokens))
+        data = [p.embedding_item(i, text.embedding(x, dims), req.encoding_format)
+                for i, x in enumerate(items)]
+        self.completed += 1
+        return _json({"object": "list", "data": data, "model": req.model,
+                      "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
+
+
+async def serve(config: SimEngineConfig, ready: asyncio.Event | None = None) -> None:
+    """Run the engine until SIGTERM/SIGINT (or until cancelled)."""
+    engine = SimEngine(config)
+    print(f"INFO: llmfabric sim engine: models {', '.join(config.models)} on "
+          f"{config.gpu} x{config.tp}, speed x{config.speed}", flush=True)
+    if config.startup_delay_s > 0:
+        print(f"INFO: loading model weights ({config.startup_delay_s:.1f}s)", flush=True)
+        await asyncio.sleep(config.startup_delay_s)
+    runner = web.AppRunner(engine.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    print(f"INFO: Uvicorn running on http://{config.host}:{config.port} (Press CTRL+C to quit)",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if not config.ignore_sigterm:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, lambda: print("INFO: ignoring SIGTERM",
+                                                              flush=True))
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    timers: list[asyncio.TimerHandle] = []
+    if config.exit_after_s > 0:
+        timers.append(loop.call_later(config.exit_after_s, crash, 3, "exit-after"))
+    if config.log_line:
+        timers.append(loop.call_later(config.log_after_s, lambda: print(config.log_line,
+                                                                        flush=True)))
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+        print("INFO: Shutting down", flush=True)
+    finally:
+        for t in timers:
+            t.cancel()
+        await runner.cleanup()
+        for b in engine.batchers.values():
+            await b.aclose()

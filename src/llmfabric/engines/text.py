@@ -1,0 +1,48 @@
+"""Deterministic text for the simulated engine: pseudo-word tokens, token counts, embeddings.
+
+Tokens: one pseudo-word per token (" lorem", " fabric", ...), chosen by a seed derived from the
+prompt, so the same prompt always yields the same completion. Prompt tokens are counted
+approximately as ceil(characters / 4) (OpenAI's rule of thumb for English), at least 1, plus
+4 per chat message for the role/template overhead, as tiktoken-based counters do.
+Natural completion length (when max_tokens allows it) is 16 to 79 tokens, from the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+_WORDS_TEXT = """lorem ipsum dolor sit amet fabric node token gpu cluster route model serve stream
+    batch cache prefix decode prefill kernel tensor layer weight graph query value shard
+    replica gossip peer relay ingress quorum vector scalar matrix sample logit softmax
+    attention context window memory bandwidth latency throughput queue worker engine
+    signal packet frame epoch season river mountain forest harbor lantern meadow"""
+WORDS: tuple[str, ...] = tuple(_WORDS_TEXT.split())
+CHARS_PER_TOKEN = 4
+CHAT_MESSAGE_OVERHEAD = 4
+
+
+def seed_of(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def count_tokens(text: str) -> int:
+    return max(1, -(-len(text) // CHARS_PER_TOKEN))
+
+
+def token_text(seed: int, index: int) -> str:
+    word = WORDS[(seed + index * 7919 + (seed >> (index % 13))) % len(WORDS)]
+    return word if index == 0 else " " + word
+
+
+def natural_length(seed: int) -> int:
+    return 16 + seed % 64
+
+
+def embedding(text: str, dims: int) -> list[float]:
+    """A unit vector determined by `text` (same text, same vector)."""
+    rng = np.random.default_rng(seed_of(text))
+    v = rng.standard_normal(dims)
+    v /= np.linalg.norm(v) or 1.0
+    return [float(x) for x in v]

@@ -1,0 +1,52 @@
+"""Start `llmfabric engine sim` as a real subprocess for integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sim_command(port: int, *extra: str, model: str = "llama-3.1-8b") -> list[str]:
+    return [sys.executable, "-m", "llmfabric.cli.engine", "sim", "--model", model,
+            "--port", str(port), "--speed", "20", *extra]
+
+
+@contextlib.contextmanager
+def running_engine(log: pathlib.Path, *extra: str, model: str = "llama-3.1-8b"
+                   ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(sim_command(port, *extra, model=model), stdout=out,
+                                stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"sim engine did not start: {log.read_text()}") from None
+                time.sleep(0.05)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
