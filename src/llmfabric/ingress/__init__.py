@@ -1,2 +1,50 @@
 """OpenAI-compatible HTTP front: auth, routing, streaming proxy, forwarding.
+
+Files:
+- app.py: `Ingress` (the request path), `build_ingress_app(config, candidate_source,
+  forwarder, auth, usage_sink, metrics)` for a standalone app, `add_ingress_routes(app,
+  ingress)` to mount the routes in a node's app.
+- config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.
+- protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`.
+- sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
+- forward_http.py: `HttpForwarder` (direct, pooled keep-alive) and `FORWARD_PREFIX`.
+- forward_peer.py: `PeerForwarder` (peer request API, relays) and `ChoosingForwarder`.
+- engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
+  local engine, streamed).
+- usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`).
+- accounts_auth.py: adapters from llmfabric.accounts (AccountStore, RateLimiter) and
+  `StaticKeys` for tests/benchmarks.
+- metrics.py: `IngressMetrics` (own CollectorRegistry) and `metrics_handler`.
+- errors.py: `IngressError`, `UpstreamError`, `ConfigError`, OpenAI error bodies.
 """
+
+from llmfabric.ingress.app import Ingress, add_ingress_routes, build_ingress_app
+from llmfabric.ingress.config import IngressConfig, Timeouts, TraceEvent
+from llmfabric.ingress.engine_proxy import EngineProxy, add_engine_proxy_routes
+from llmfabric.ingress.errors import ConfigError, IngressError, UpstreamError
+from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpForwarder
+from llmfabric.ingress.forward_peer import ChoosingForwarder, PeerForwarder
+from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.sources import RecordsCandidateSource, StaticCandidateSource
+
+__all__ = [
+    "FORWARD_PREFIX",
+    "ChoosingForwarder",
+    "ConfigError",
+    "EngineProxy",
+    "HttpForwarder",
+    "Ingress",
+    "IngressConfig",
+    "IngressError",
+    "IngressMetrics",
+    "PeerForwarder",
+    "RecordsCandidateSource",
+    "StaticCandidateSource",
+    "Timeouts",
+    "TraceEvent",
+    "UpstreamError",
+    "add_engine_proxy_routes",
+    "add_ingress_routes",
+    "build_ingress_app",
+    "metrics_handler",
+]

@@ -1,0 +1,67 @@
+"""Authentication, rate limits and usage for the ingress, backed by llmfabric.accounts.
+
+`AccountsAuth` adapts `AccountStore` (+ `RateLimiter`) to the ingress's Authenticator and
+UsageSink protocols. `StaticKeys` is a fixed token table for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from llmfabric.accounts.errors import RateLimited
+from llmfabric.accounts.models import ApiKey
+from llmfabric.accounts.ratelimit import RateLimiter
+from llmfabric.accounts.store import AccountStore
+from llmfabric.ingress.protocols import Principal
+
+
+class AccountsAuth:
+    """Authenticator + UsageSink over the accounts package."""
+
+    def __init__(self, store: AccountStore, limiter: RateLimiter | None = None) -> None:
+        self._store = store
+        self._limiter = limiter
+
+    async def authenticate(self, token: str) -> ApiKey | None:
+        return await self._store.authenticate(token)
+
+    def check_rate(self, principal: Principal) -> float | None:
+        if self._limiter is None or not isinstance(principal, ApiKey):
+            return None
+        try:
+            self._limiter.check(principal)
+        except RateLimited as e:
+            return e.retry_after_s
+        return None
+
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self._store.record_usage(key_id, model, prompt_tokens, completion_tokens)
+        if self._limiter is not None:
+            self._limiter.add_tokens(key_id, prompt_tokens + completion_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticPrincipal:
+    id: str
+
+
+class StaticKeys:
+    """A fixed table token -> key id (tests, benchmarks); no rate limits. Records usage in
+    memory: `usage[(key_id, model)] = [prompt_tokens, completion_tokens, requests]`."""
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        self._keys = {t: StaticPrincipal(k) for t, k in tokens.items()}
+        self.usage: dict[tuple[str, str], list[int]] = {}
+
+    async def authenticate(self, token: str) -> StaticPrincipal | None:
+        return self._keys.get(token)
+
+    def check_rate(self, principal: Principal) -> float | None:
+        return None
+
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        row = self.usage.setdefault((key_id, model), [0, 0, 0])
+        row[0] += prompt_tokens
+        row[1] += completion_tokens
+        row[2] += 1

@@ -1,0 +1,481 @@
+"""The ingress: OpenAI-compatible routes over routing + a Forwarder (aiohttp I/O shell).
+
+Hot path per request: bearer check (cached), one orjson parse of the body for what routing
+needs (model, stream, metadata, prompt prefix only if the policy wants it), a policy pick, and
+a byte relay of the upstream response. The body is re-serialized only when it must change
+(fabric metadata removed, stream usage requested).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from llmfabric.ingress.config import IngressConfig, TraceEvent
+from llmfabric.ingress.errors import UpstreamError, error_body, error_response
+from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.protocols import (
+    Authenticator,
+    CandidateSource,
+    Forwarder,
+    Principal,
+    Upstream,
+    UsageSink,
+)
+from llmfabric.ingress.usage import StreamUsageScanner, usage_from_body
+from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.errors import InvalidConstraintError
+from llmfabric.routing.policies import make_policy
+from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
+from llmfabric.routing.router import NoRoute, NoRouteReason, Router
+
+# Upstream statuses worth another candidate (overloaded, failing or gone engines).
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_CLIENT_GONE = (ConnectionResetError, ConnectionError, asyncio.CancelledError)
+_perf = time.perf_counter
+
+
+class _Committed(Exception):
+    """Internal: a stream failed after bytes reached the client (not retryable)."""
+
+
+class Ingress:
+    """Request handling state shared by the routes; build with `build_ingress_app`."""
+
+    def __init__(
+        self,
+        config: IngressConfig,
+        source: CandidateSource,
+        forwarder: Forwarder,
+        auth: Authenticator | None = None,
+        usage_sink: UsageSink | None = None,
+        metrics: IngressMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if config.auth_enabled and auth is None:
+            raise ValueError("auth_enabled needs an Authenticator (or auth_enabled=False: demo)")
+        self.config = config
+        self.source = source
+        self.forwarder = forwarder
+        self.auth = auth if config.auth_enabled else None
+        self.usage_sink = usage_sink
+        self.metrics = metrics if metrics is not None else IngressMetrics()
+        self.policy = make_policy(config.policy, rng)
+        self.router = Router(self.policy)
+        self._capture = usage_sink is not None or config.trace_hook is not None
+        self._retry_after = {"Retry-After": str(config.retry_after_s)}
+
+    # -- routes --------------------------------------------------------------------------
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/chat/completions", streamable=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/completions", streamable=True)
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/embeddings", streamable=False)
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        if self.auth is not None:
+            who = await self._authenticate(request)
+            if isinstance(who, web.Response):
+                return who
+        return web.Response(body=orjson.dumps(self.catalog()), content_type="application/json")
+
+    def catalog(self) -> dict[str, Any]:
+        """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
+        entries: dict[str, dict[str, Any]] = {}
+        for c in self.source.all_candidates():
+            e = entries.get(c.model.id)
+            if e is None:
+                e = entries[c.model.id] = {
+                    "id": c.model.id, "object": "model", "created": 0, "owned_by": "llmfabric",
+                    "aliases": set(), "providers": set(), "nodes": [], "gpus": set(),
+                    "quantizations": set(), "max_context": 0,
+                }
+            e["aliases"].update(c.model.aliases)
+            e["providers"].add(c.provider_id)
+            e["nodes"].append(c.session_id)
+            e["gpus"].add(c.hardware.gpu_model)
+            e["quantizations"].add(c.model.quantization)
+            e["max_context"] = max(e["max_context"], c.model.max_context)
+        data = []
+        for mid in sorted(entries):
+            e = entries[mid]
+            for k in ("aliases", "providers", "gpus", "quantizations"):
+                e[k] = sorted(e[k])
+            e["nodes"] = sorted(set(e["nodes"]))
+            e["serving"] = len(e["nodes"])
+            data.append(e)
+        return {"object": "list", "data": data}
+
+    # -- helpers -------------------------------------------------------------------------
+
+    async def _authenticate(self, request: web.Request) -> Principal | web.Response:
+        if self.auth is None:
+            raise RuntimeError("authentication is switched off")
+        header = request.headers.get("Authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not token:
+            return error_response(
+                401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"
+            )
+        principal = await self.auth.authenticate(token)
+        if principal is None:
+            return error_response(
+                401, "invalid or revoked API key; create one with `llmfabric keys create`",
+                "invalid_api_key",
+            )
+        return principal
+
+    async def _read_body(self, request: web.Request) -> bytes | web.Response:
+        limit = self.config.max_body_bytes
+        cl = request.content_length
+        if cl is not None and cl > limit:
+            return self._too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        async for data in request.content.iter_any():
+            size += len(data)
+            if size > limit:
+                return self._too_large(limit)
+            parts.append(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    @staticmethod
+    def _too_large(limit: int) -> web.Response:
+        return error_response(
+            400, f"request body is larger than the limit of {limit} bytes", "request_too_large"
+        )
+
+    def _prefix(self, doc: Mapping[str, Any]) -> str:
+        n = self.config.prefix_chars
+        msgs = doc.get("messages")
+        if isinstance(msgs, list):
+            out: list[str] = []
+            size = 0
+            for m in msgs:
+                content = m.get("content") if isinstance(m, dict) else None
+                if isinstance(content, list):
+                    content = "".join(
+                        p.get("text", "") for p in content if isinstance(p, dict)
+                    )
+                if isinstance(content, str):
+                    out.append(content)
+                    size += len(content)
+                    if size >= n:
+                        break
+            return "\x1e".join(out)[:n]
+        for key in ("prompt", "input"):
+            v = doc.get(key)
+            if isinstance(v, list) and v:
+                v = v[0]
+            if isinstance(v, str):
+                return v[:n]
+        return ""
+
+    # -- the request path ----------------------------------------------------------------
+
+    async def _handle(
+        self, request: web.Request, path: str, streamable: bool
+    ) -> web.StreamResponse:
+        t0 = _perf()
+        started = time.time() if self.config.trace_hook is not None else 0.0
+        principal: Principal | None = None
+        if self.auth is not None:
+            who = await self._authenticate(request)
+            if isinstance(who, web.Response):
+                return who
+            principal = who
+            wait = self.auth.check_rate(principal)
+            if wait is not None:
+                secs = max(1, math.ceil(wait))
+                return error_response(
+                    429, f"rate limit exceeded for this key; retry after {secs} s",
+                    "rate_limit_exceeded", headers={"Retry-After": str(secs)},
+                )
+        body = await self._read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            return error_response(400, f"request body is not valid JSON: {e}", "invalid_json")
+        if not isinstance(doc, dict):
+            return error_response(400, "request body must be a JSON object", "invalid_json")
+        model = doc.get("model")
+        if not isinstance(model, str) or not model:
+            return error_response(400, "'model' is required (a string)", "missing_model", "model")
+        stream = streamable and doc.get("stream") is True
+        meta = doc.get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            return error_response(400, "'metadata' must be an object", "invalid_metadata",
+                                  "metadata")
+        header = request.headers.get("X-Fabric-Providers")
+        prefix = self._prefix(doc) if self.policy.needs_prefix else ""
+        if meta or header is not None or prefix:
+            try:
+                rreq = route_request(model, providers_header=header, metadata=meta,
+                                     prefix=prefix, stream=stream)
+            except InvalidConstraintError as e:
+                return error_response(400, str(e), "invalid_constraint", "metadata")
+        else:
+            rreq = RouteRequest(model, stream=stream)
+
+        candidates = self.source.candidates(model)
+        if not candidates:
+            if not self.source.is_known(model):
+                self.metrics.observe_request(model, 404, 0.0)
+                return error_response(
+                    404, f"the model {model!r} does not exist on this fabric; "
+                    "GET /v1/models lists the served models", "model_not_found", "model",
+                )
+            return self._no_route(model, NoRoute(NoRouteReason.NO_CANDIDATES, 0, 0))
+
+        modified = False
+        if meta and any(k in meta for k in FABRIC_METADATA_KEYS):
+            rest = {k: v for k, v in meta.items() if k not in FABRIC_METADATA_KEYS}
+            if rest:
+                doc["metadata"] = rest
+            else:
+                del doc["metadata"]
+            modified = True
+        strip_usage = False
+        if stream and self._capture and self.config.inject_stream_usage:
+            so = doc.get("stream_options")
+            if not (isinstance(so, dict) and so.get("include_usage")):
+                doc["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                         "include_usage": True}
+                strip_usage = modified = True
+        if modified:
+            body = orjson.dumps(doc)
+
+        tried: list[str] = []
+        last_error = ""
+        for attempt in range(1 + self.config.max_retries):
+            decision = self.router.route(rreq, candidates, tried, attempt)
+            if isinstance(decision, NoRoute):
+                if attempt == 0:
+                    return self._no_route(model, decision)
+                break
+            cand = decision.candidate
+            tried.append(cand.session_id)
+            self.metrics.observe_routed(cand.session_id)
+            self.policy.on_request_start(cand)
+            ok = False
+            try:
+                if stream:
+                    resp, usage, ttft = await self._attempt_stream(
+                        request, cand, path, body, strip_usage
+                    )
+                else:
+                    resp, usage, ttft = await self._attempt_once(cand, path, body)
+                ok = resp.status < 500
+            except UpstreamError as e:
+                last_error = str(e)
+                self.metrics.observe_failed_attempt(
+                    cand.session_id, model, retried=attempt < self.config.max_retries
+                )
+                continue
+            except _Committed as e:
+                self.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
+                resp, usage, ttft = e.args[0], e.args[1], e.args[2]
+            finally:
+                self.policy.on_request_end(cand, ok)
+            self._finish(path, model, principal, cand, resp.status, stream, len(tried),
+                         t0, started, ttft, usage)
+            return resp
+        self.metrics.observe_request(model, 502, _perf() - t0)
+        self._trace(path, model, principal, None, 502, stream, len(tried), t0, started, None,
+                    None)
+        return error_response(
+            502, f"all {len(tried)} candidate node(s) for model {model!r} failed"
+            f" (last error: {last_error}); retry later", "upstream_failed",
+        )
+
+    def _no_route(self, model: str, nr: NoRoute) -> web.Response:
+        self.metrics.observe_request(model, 503, 0.0)
+        return error_response(503, nr.message(model), str(nr.reason), headers=self._retry_after)
+
+    async def _attempt_once(
+        self, cand: Candidate, path: str, body: bytes
+    ) -> tuple[web.StreamResponse, tuple[int, int] | None, float | None]:
+        t = self.config.timeouts
+        t_send = _perf()
+        try:
+            async with asyncio.timeout(t.total):
+                up = await self.forwarder.open(cand, path, body, t)
+                try:
+                    if up.status in RETRYABLE_STATUS:
+                        raise UpstreamError(f"node {cand.session_id} answered {up.status}")
+                    data = await up.read()
+                finally:
+                    await up.aclose()
+        except TimeoutError as e:
+            raise UpstreamError(f"node {cand.session_id} timed out after {t.total} s") from e
+        resp = web.Response(
+            body=data, status=up.status,
+            headers={"Content-Type": up.content_type, "X-Fabric-Node": cand.session_id},
+        )
+        usage = usage_from_body(data) if self._capture and up.status == 200 else None
+        return resp, usage, _perf() - t_send
+
+    async def _attempt_stream(
+        self, request: web.Request, cand: Candidate, path: str, body: bytes, strip_usage: bool
+    ) -> tuple[web.StreamResponse, tuple[int, int] | None, float | None]:
+        t = self.config.timeouts
+        t_send = _perf()
+        up: Upstream | None = None
+        try:
+            async with asyncio.timeout(t.first_byte):
+                up = await self.forwarder.open(cand, path, body, t)
+                if up.status in RETRYABLE_STATUS:
+                    raise UpstreamError(f"node {cand.session_id} answered {up.status}")
+                if up.status != 200:  # a client error from the engine: pass it through
+                    data = await up.read()
+                    await up.aclose()
+                    passed = web.Response(
+                        body=data, status=up.status,
+                        headers={"Content-Type": up.content_type,
+                                 "X-Fabric-Node": cand.session_id},
+                    )
+                    return passed, None, None
+                it = up.chunks().__aiter__()
+                try:
+                    first = await it.__anext__()
+                except StopAsyncIteration:
+                    raise UpstreamError(f"node {cand.session_id} sent an empty stream") from None
+        except TimeoutError as e:
+            if up is not None:
+                await up.aclose()
+            raise UpstreamError(
+                f"node {cand.session_id} sent no byte within {t.first_byte} s"
+            ) from e
+        except (UpstreamError, aiohttp.ClientError, OSError) as e:
+            if up is not None:
+                await up.aclose()
+            if isinstance(e, UpstreamError):
+                raise
+            raise UpstreamError(f"node {cand.session_id}: {e!r}") from e
+        except BaseException:
+            if up is not None:
+                await up.aclose()
+            raise
+        ttft = _perf() - t_send
+        self.metrics.observe_ttft(cand.model.id, ttft)
+
+        # Committed: from here on bytes reach the client, so no retry is possible.
+        resp = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": up.content_type, "Cache-Control": "no-cache",
+                     "X-Fabric-Node": cand.session_id},
+        )
+        scanner = StreamUsageScanner(strip_usage) if self._capture else None
+        failed: BaseException | None = None
+        try:
+            await resp.prepare(request)
+            out = scanner.feed(first) if scanner is not None else first
+            if out:
+                await resp.write(out)
+            try:
+                async with asyncio.timeout(t.total):
+                    async for data in it:
+                        if scanner is not None:
+                            data = scanner.feed(data)
+                            if not data:
+                                continue
+                        await resp.write(data)
+            except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
+                failed = e
+                msg = f"node {cand.session_id} failed mid-stream: {e!r}"
+                await resp.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
+            if scanner is not None:
+                rest = scanner.flush()
+                if rest:
+                    await resp.write(rest)
+            await resp.write_eof()
+        except _CLIENT_GONE:
+            pass  # the client went away; nothing to send
+        finally:
+            await up.aclose()
+        usage = scanner.usage if scanner is not None else None
+        if failed is not None:
+            raise _Committed(resp, usage, ttft)
+        return resp, usage, ttft
+
+    def _finish(
+        self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,
+        stream: bool, attempts: int, t0: float, started: float, ttft: float | None,
+        usage: tuple[int, int] | None,
+    ) -> None:
+        e2e = _perf() - t0
+        self.metrics.observe_request(model, status, e2e)
+        if usage is not None and principal is not None and self.usage_sink is not None:
+            self.usage_sink.record(principal.id, model, usage[0], usage[1])
+        if self.config.trace_hook is not None:
+            self._trace(path, model, principal, cand.session_id, status, stream, attempts, t0,
+                        started, ttft, usage)
+
+    def _trace(
+        self, path: str, model: str, principal: Principal | None, node: str | None,
+        status: int, stream: bool, attempts: int, t0: float, started: float,
+        ttft: float | None, usage: tuple[int, int] | None,
+    ) -> None:
+        hook = self.config.trace_hook
+        if hook is None:
+            return
+        with contextlib.suppress(Exception):  # a broken hook must never fail a request
+            hook(TraceEvent(
+                path=path, model=model, key_id=principal.id if principal else None, node=node,
+                status=status, stream=stream, attempts=attempts, started_at=started,
+                ttft_s=ttft, e2e_s=_perf() - t0,
+                prompt_tokens=usage[0] if usage else None,
+                completion_tokens=usage[1] if usage else None,
+            ))
+
+
+INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
+
+
+def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
+    """Mount the OpenAI routes on an existing app (the node does this)."""
+    app.router.add_post("/v1/chat/completions", ingress.chat_completions)
+    app.router.add_post("/v1/completions", ingress.completions)
+    app.router.add_post("/v1/embeddings", ingress.embeddings)
+    app.router.add_get("/v1/models", ingress.models)
+
+
+def build_ingress_app(
+    config: IngressConfig,
+    candidate_source: CandidateSource,
+    forwarder: Forwarder,
+    auth: Authenticator | None = None,
+    usage_sink: UsageSink | None = None,
+    metrics: IngressMetrics | None = None,
+    *,
+    serve_metrics: bool = True,
+    rng: random.Random | None = None,
+) -> web.Application:
+    """A standalone ingress app. It owns `forwarder` (closed on app cleanup)."""
+    ingress = Ingress(config, candidate_source, forwarder, auth, usage_sink, metrics, rng)
+    app = web.Application(client_max_size=config.max_body_bytes + 1)
+    app[INGRESS_KEY] = ingress
+    add_ingress_routes(app, ingress)
+    if serve_metrics:
+        app.router.add_get("/metrics", metrics_handler(ingress.metrics))
+
+    async def close_forwarder(_: web.Application) -> None:
+        await forwarder.aclose()
+
+    app.on_cleanup.append(close_forwarder)
+    return app

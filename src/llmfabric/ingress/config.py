@@ -1,0 +1,54 @@
+"""Ingress configuration (frozen) and the optional trace hook's event type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmfabric.routing.policies import DEFAULT_POLICY
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Per-phase limits in seconds for one attempt on one candidate."""
+
+    connect: float = 5.0  # TCP connect to the candidate
+    first_byte: float = 300.0  # request sent -> response headers and first body chunk
+    idle: float = 120.0  # between two body chunks of a stream
+    total: float = 1800.0  # the whole attempt
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One finished request, handed to `IngressConfig.trace_hook` (if set)."""
+
+    path: str
+    model: str
+    key_id: str | None
+    node: str | None  # session id that served (None if none did)
+    status: int
+    stream: bool
+    attempts: int
+    started_at: float  # time.time() at arrival
+    ttft_s: float | None  # first response byte (stream) or full response (non-stream)
+    e2e_s: float
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+TraceHook = Callable[[TraceEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class IngressConfig:
+    node_id: str = "ingress"  # this ingress's session id (for logs; X-Fabric-Node names servers)
+    policy: str = DEFAULT_POLICY
+    max_retries: int = 2  # extra candidates tried after the first fails
+    max_body_bytes: int = 8 * 1024 * 1024
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    auth_enabled: bool = True  # False only for the local demo
+    retry_after_s: int = 2  # Retry-After on 503
+    # Ask engines for usage on streams whose client did not, and strip that chunk again.
+    inject_stream_usage: bool = True
+    prefix_chars: int = 512  # prompt prefix length used by prefix_affinity
+    trace_hook: TraceHook | None = None

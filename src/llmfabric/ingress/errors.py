@@ -1,0 +1,58 @@
+"""The ingress's exception hierarchy and OpenAI-shaped error responses."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+
+class IngressError(Exception):
+    """Base class for ingress errors."""
+
+
+class UpstreamError(IngressError):
+    """An attempt on one candidate failed before any byte reached the client (retryable)."""
+
+
+class ConfigError(IngressError, ValueError):
+    """Invalid ingress configuration or command-line arguments."""
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
+}
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _TYPES.get(status, "server_error"),
+                "param": param,
+                "code": code,
+            }
+        }
+    )
+
+
+def error_response(
+    status: int,
+    message: str,
+    code: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return web.Response(
+        body=error_body(status, message, code, param),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )

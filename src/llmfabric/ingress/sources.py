@@ -1,0 +1,66 @@
+"""Candidate sources: a static list (standalone ingress, tests) and the registry replica."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from llmfabric.registry.records import NodeRecord
+from llmfabric.routing.candidates import Candidate, candidates_by_model, model_is_known
+
+RecordsFn = Callable[[], Iterable[tuple[NodeRecord, bool]]]
+
+
+class StaticCandidateSource:
+    """A fixed set of candidates, indexed by model id and alias once."""
+
+    def __init__(self, candidates: Iterable[Candidate]) -> None:
+        self._all = tuple(candidates)
+        self._by_model: dict[str, list[Candidate]] = {}
+        for c in self._all:
+            for name in (c.model.id, *c.model.aliases):
+                self._by_model.setdefault(name, []).append(c)
+
+    def candidates(self, model: str) -> Sequence[Candidate]:
+        return self._by_model.get(model, ())
+
+    def is_known(self, model: str) -> bool:
+        return model in self._by_model
+
+    def all_candidates(self) -> Sequence[Candidate]:
+        return self._all
+
+
+class RecordsCandidateSource:
+    """Backed by a callable returning (record, suspected) pairs from the live replica.
+
+    The index is rebuilt at most once per `version()` change when a version callable is given
+    (e.g. the replica's merge counter); without one it is rebuilt on every lookup.
+    """
+
+    def __init__(self, records: RecordsFn, version: Callable[[], int] | None = None) -> None:
+        self._records = records
+        self._version = version
+        self._seen: int | None = None
+        self._index: dict[str, list[Candidate]] = {}
+
+    def _fresh(self) -> dict[str, list[Candidate]]:
+        if self._version is None:
+            return candidates_by_model(self._records())
+        v = self._version()
+        if v != self._seen:
+            self._index = candidates_by_model(self._records())
+            self._seen = v
+        return self._index
+
+    def candidates(self, model: str) -> Sequence[Candidate]:
+        return self._fresh().get(model, ())
+
+    def is_known(self, model: str) -> bool:
+        return model_is_known(model, self._records())
+
+    def all_candidates(self) -> Sequence[Candidate]:
+        seen: dict[tuple[str, str], Candidate] = {}
+        for bucket in self._fresh().values():
+            for c in bucket:
+                seen.setdefault((c.session_id, c.model.id), c)
+        return list(seen.values())
