@@ -1,0 +1,191 @@
+"""Ingress behaviours on real sockets in one event loop: rate limits and usage with the real
+accounts store (SQLite), mid-stream failures, engine errors passed through, auth switched off,
+and simulated engines (`llmfabric engine sim` subprocesses) behind the ingress."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from aiohttp import web
+
+from llmfabric.accounts.ratelimit import RateLimiter
+from llmfabric.accounts.store import AccountStore
+from llmfabric.clock import SystemClock
+from llmfabric.ingress import (
+    HttpForwarder,
+    IngressConfig,
+    StaticCandidateSource,
+    TraceEvent,
+    build_ingress_app,
+)
+from llmfabric.ingress.accounts_auth import AccountsAuth
+from llmfabric.registry.records import Hardware, LoadHints, ServedModel
+from llmfabric.routing import Candidate
+
+from .test_ingress_support import Backend, free_port, serve
+
+MSG: list[Any] = [{"role": "user", "content": "hi"}]
+
+
+def cand(sid: str, port: int, model: str = "m", provider: str = "p") -> Candidate:
+    return Candidate(sid, f"peer-{sid}", provider, f"127.0.0.1:{port}", (), Hardware("H100", 1),
+                     ServedModel(model), LoadHints())
+
+
+class CutBackend(Backend):
+    """Streams two chunks, then drops the connection."""
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        if body.get("model") == "bad":
+            return web.json_response(
+                {"error": {"message": "max_tokens too big", "type": "invalid_request_error",
+                           "param": "max_tokens", "code": None}}, status=400)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(2):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": f"p{i}"}}]}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+
+@contextlib.asynccontextmanager
+async def running(app: web.Application) -> AsyncIterator[str]:
+    port = free_port()
+    runner = await serve(app, port)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_rate_limit_429_and_usage_ledger_with_real_accounts(tmp_path: Path) -> None:
+    backend_port = free_port()
+    b = await serve(Backend("A").app(), backend_port)
+    store = await AccountStore.open(f"sqlite:///{tmp_path / 'acc.db'}", background=False)
+    try:
+        key, plaintext = await store.create_key("test", "alice", requests_per_min=2)
+        auth = AccountsAuth(store, RateLimiter(SystemClock()))
+        app = build_ingress_app(IngressConfig(), StaticCandidateSource([cand("n1", backend_port)]),
+                                HttpForwarder(), auth=auth, usage_sink=auth)
+        async with running(app) as url:
+            c = openai.AsyncOpenAI(base_url=url, api_key=plaintext, max_retries=0)
+            await c.chat.completions.create(model="m", messages=MSG)
+            async for _ in await c.chat.completions.create(model="m", messages=MSG, stream=True):
+                pass
+            with pytest.raises(openai.RateLimitError) as e:
+                await c.chat.completions.create(model="m", messages=MSG)
+            assert int(e.value.response.headers["Retry-After"]) >= 1
+            await store.revoke(key.id, by=None)
+            with pytest.raises(openai.AuthenticationError):
+                await c.chat.completions.create(model="m", messages=MSG)
+            await c.close()
+        rows = await store.usage(key_id=key.id)
+        assert [(r.model, r.requests, r.prompt_tokens, r.completion_tokens) for r in rows] == [
+            ("m", 2, 14, 8)
+        ]
+    finally:
+        await store.aclose()
+        await b.cleanup()
+
+
+async def test_mid_stream_failure_is_reported_and_engine_errors_pass_through() -> None:
+    backend_port = free_port()
+    b = await serve(CutBackend("cut").app(), backend_port)
+    events: list[TraceEvent] = []
+    source = StaticCandidateSource([cand("n1", backend_port), cand("n1", backend_port, "bad")])
+    app = build_ingress_app(IngressConfig(auth_enabled=False, trace_hook=events.append),
+                            source, HttpForwarder())
+    try:
+        async with running(app) as url:
+            c = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+            got: list[str] = []
+            with pytest.raises(openai.APIError, match="failed mid-stream"):
+                async for ch in await c.chat.completions.create(model="m", messages=MSG,
+                                                                 stream=True):
+                    got.append(ch.choices[0].delta.content or "")
+            assert got == ["p0", "p1"]  # what was streamed before the failure reached the client
+            with pytest.raises(openai.BadRequestError) as e:  # engine 400: passed through as is
+                await c.chat.completions.create(model="bad", messages=MSG)
+            assert e.value.param == "max_tokens" and e.value.status_code == 400
+            assert e.value.response.headers["X-Fabric-Node"] == "n1"
+            await c.close()
+    finally:
+        await b.cleanup()
+    assert [(ev.model, ev.status, ev.node, ev.stream) for ev in events] == [
+        ("m", 200, "n1", True), ("bad", 400, "n1", False)
+    ]
+
+
+def _spawn_sim(model: str, gpu: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from llmfabric.cli.main import main; main()", "engine", "sim",
+         "--model", model, "--gpu", gpu, "--port", str(port), "--speed", "50"],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+async def _wait_http(port: int, within: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"engine on port {port} did not start")
+
+
+@pytest.mark.skipif(
+    not (Path(__file__).parents[2] / "src/llmfabric/cli/engine.py").exists(),
+    reason="the simulated engine CLI is not in this checkout",
+)
+async def test_simulated_engines_behind_the_ingress(tmp_path: Path) -> None:
+    ports = [free_port(), free_port()]
+    procs = [_spawn_sim("sim-7b", gpu, port, tmp_path / f"e{i}.log")
+             for i, (gpu, port) in enumerate(zip(("H100-SXM", "A100-80GB"), ports, strict=True))]
+    try:
+        await asyncio.gather(*(_wait_http(p) for p in ports))
+        source = StaticCandidateSource(
+            [cand("h100", ports[0], "sim-7b", "uni-a"), cand("a100", ports[1], "sim-7b", "uni-b")]
+        )
+        events: list[TraceEvent] = []
+        app = build_ingress_app(IngressConfig(auth_enabled=False, trace_hook=events.append),
+                                source, HttpForwarder())
+        async with running(app) as url:
+            c = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
+            r = await c.chat.completions.create(model="sim-7b", messages=MSG, max_tokens=8)
+            assert r.usage is not None and r.usage.completion_tokens > 0
+            chunks = [ch async for ch in await c.chat.completions.create(
+                model="sim-7b", messages=MSG, max_tokens=8, stream=True,
+                extra_headers={"X-Fabric-Providers": "uni-b"})]
+            assert all(ch.choices for ch in chunks) and len(chunks) >= 2
+            await c.close()
+        assert events[-1].node == "a100" and events[-1].completion_tokens
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
