@@ -1,0 +1,210 @@
+"""Read a trace file of any known format in chunks, without loading it all into memory.
+
+CSV is streamed with `pyarrow.csv.open_csv`, Parquet with `ParquetFile.iter_batches`, JSONL line
+by line with orjson. `iter_batches` yields lists of at most `chunk_rows` TraceRecords and calls
+`progress(bytes_done, bytes_total)` after each chunk (rows of Parquet files stand for bytes).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from llmfabric.traces.errors import TraceFormatError, UnknownTraceFormatError
+from llmfabric.traces.formats import FORMATS, adapter_for, format_from_columns
+from llmfabric.traces.schema import TraceRecord
+
+Progress = Callable[[int, int], None]
+DEFAULT_CHUNK_ROWS = 65_536
+
+_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_CSV_SUFFIXES = (".csv",)
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def container_of(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in _JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix in _CSV_SUFFIXES:
+        return "csv"
+    if suffix in _PARQUET_SUFFIXES:
+        return "parquet"
+    raise UnknownTraceFormatError(
+        f"{path}: unknown file type {suffix!r}; traces must be .csv, .jsonl/.json or .parquet"
+    )
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The trace format of `path`, guessed from its header / first row."""
+    p = Path(path)
+    container = container_of(p)
+    first: dict[str, Any] | None = None
+    if container == "jsonl":
+        with p.open("rb") as fh:
+            for line in fh:
+                if line.strip():
+                    first = _json_row(line, p)
+                    break
+        columns = list(first or {})
+    elif container == "csv":
+        import pyarrow.csv as pacsv
+
+        reader = pacsv.open_csv(p, read_options=pacsv.ReadOptions(block_size=1 << 16))
+        batch = reader.read_next_batch()
+        columns = list(batch.schema.names)
+        rows = batch.slice(0, 1).to_pylist()
+        first = {k: str(v) for k, v in rows[0].items()} if rows else None
+    else:
+        import pyarrow.parquet as pq
+
+        columns = list(pq.ParquetFile(p).schema_arrow.names)
+    return format_from_columns(columns, first)
+
+
+def _json_row(line: bytes, path: Path) -> dict[str, Any]:
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise TraceFormatError(f"{path}: a line is not valid JSON ({exc})") from exc
+    if not isinstance(row, dict):
+        raise TraceFormatError(f"{path}: each line must be a JSON object")
+    return row
+
+
+class _CountingReader(io.RawIOBase):
+    """A read-only file wrapper that counts the bytes handed out (for progress on CSV)."""
+
+    def __init__(self, fh: io.BufferedReader) -> None:
+        self._fh = fh
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._fh.readinto(buffer)
+        self.count += n or 0
+        return n or 0
+
+
+def iter_batches(
+    path: str | os.PathLike[str],
+    fmt: str = "auto",
+    *,
+    model: str | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    progress: Progress | None = None,
+) -> Iterator[list[TraceRecord]]:
+    """Yield the trace's records in chunks of at most `chunk_rows`.
+
+    `fmt` is one of `FORMATS` or "auto"; `model` overrides the model of every record (traces
+    without a model column use the file's stem otherwise).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"trace file {p} does not exist")
+    if chunk_rows < 1:
+        raise ValueError("chunk_rows must be at least 1")
+    if fmt == "auto":
+        fmt = detect_format(p)
+    elif fmt not in FORMATS:
+        raise UnknownTraceFormatError(f"unknown format {fmt!r}; use auto or one of {FORMATS}")
+    adapt = adapter_for(fmt, default_model=p.stem, model=model)
+    container = container_of(p)
+    if container == "jsonl":
+        yield from _jsonl_batches(p, adapt, chunk_rows, progress)
+    elif container == "csv":
+        yield from _csv_batches(p, adapt, chunk_rows, progress)
+    else:
+        yield from _parquet_batches(p, adapt, chunk_rows, progress)
+
+
+def iter_records(
+    path: str | os.PathLike[str], fmt: str = "auto", **kwargs: Any
+) -> Iterator[TraceRecord]:
+    """Every record of the trace, one at a time (same arguments as `iter_batches`)."""
+    for batch in iter_batches(path, fmt, **kwargs):
+        yield from batch
+
+
+def _jsonl_batches(
+    p: Path, adapt: Callable[[dict[str, Any]], TraceRecord], chunk: int, progress: Progress | None
+) -> Iterator[list[TraceRecord]]:
+    total = p.stat().st_size
+    done = 0
+    batch: list[TraceRecord] = []
+    with p.open("rb") as fh:
+        for line in fh:
+            done += len(line)
+            if not line.strip():
+                continue
+            batch.append(adapt(_json_row(line, p)))
+            if len(batch) >= chunk:
+                yield batch
+                batch = []
+                if progress:
+                    progress(done, total)
+    if batch:
+        yield batch
+    if progress:
+        progress(total, total)
+
+
+def _csv_batches(
+    p: Path, adapt: Callable[[dict[str, Any]], TraceRecord], chunk: int, progress: Progress | None
+) -> Iterator[list[TraceRecord]]:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    total = p.stat().st_size
+    # Read every column as text: adapters convert, so odd timestamps (7 fractional digits,
+    # offsets) never trip pyarrow's inference, and types are stable from chunk to chunk.
+    with p.open("rb") as raw:
+        header = raw.readline().decode("utf-8-sig")
+    column_names = next(csv.reader([header]), [])
+    convert = pacsv.ConvertOptions(
+        column_types={n: pa.string() for n in column_names}, strings_can_be_null=True
+    )
+    with p.open("rb") as fh:
+        counter = _CountingReader(fh)
+        reader = pacsv.open_csv(
+            io.BufferedReader(counter),
+            read_options=pacsv.ReadOptions(block_size=1 << 20),
+            convert_options=convert,
+        )
+        batch: list[TraceRecord] = []
+        for record_batch in reader:
+            for row in record_batch.to_pylist():
+                batch.append(adapt(row))
+                if len(batch) >= chunk:
+                    yield batch
+                    batch = []
+            if progress:
+                progress(min(counter.count, total), total)
+        if batch:
+            yield batch
+    if progress:
+        progress(total, total)
+
+
+def _parquet_batches(
+    p: Path, adapt: Callable[[dict[str, Any]], TraceRecord], chunk: int, progress: Progress | None
+) -> Iterator[list[TraceRecord]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(p)
+    total = pf.metadata.num_rows
+    done = 0
+    for record_batch in pf.iter_batches(batch_size=chunk):
+        rows = record_batch.to_pylist()
+        done += len(rows)
+        yield [adapt(row) for row in rows]
+        if progress:
+            progress(done, total)

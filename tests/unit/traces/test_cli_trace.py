@@ -1,0 +1,33 @@
+"""`llmfabric trace analyze FILE --out DIR` end to end through click."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from llmfabric.cli.main import cli
+
+
+def test_trace_analyze_command(native_trace: Callable[[str], Path], tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = CliRunner().invoke(
+        cli,
+        ["trace", "analyze", str(native_trace("csv")), "--out", str(out), "--quiet", "--bin", "60"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "6 requests, 2 models" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["models"]["a"]["prefix_reuse_ratio"] == 0.5
+    assert summary["trace"]["bin_s"] == 60.0
+    assert (out / "report.md").exists() and (out / "lengths.png").exists()
+
+
+def test_trace_analyze_reports_bad_files(tmp_path: Path) -> None:
+    bad = tmp_path / "x.jsonl"
+    bad.write_text('{"foo": 1}\n')
+    result = CliRunner().invoke(cli, ["trace", "analyze", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code != 0
+    assert "pass the format" in result.output
