@@ -1,2 +1,127 @@
 """Serving simulator: hardware/model specs, roofline operator costs, discrete-event serving.
+
+No GPU needed, no wall clock, no I/O except reading spec/trace files you name.
+
+Files -> concepts
+- hardware.py     GPUSpec table (dense FLOP/s per dtype, HBM, interconnect, price), forgiving
+                  name lookup `get_gpu`, user GPUs from YAML `load_gpus_yaml`.
+- models.py       ModelSpec presets and Hugging Face config.json parsing (`get_model`).
+- operators.py    per-layer FLOPs/bytes of every operator (LLM-Viewer style), per GPU under TP.
+- calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements.
+- costs.py        roofline step costs, tabulated per deployment: `prefill_time`,
+                  `decode_step_time`, `cost_model` -> StepCostModel.
+- parallel.py     alpha-beta links, ring all-reduce, KV transfer, `Deployment` (pipeline stages
+                  of (GPU, TP, layers), non-uniform splits for mixed GPUs).
+- memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
+- workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
+- engine.py       one replica: vLLM-style continuous batching at iteration granularity
+                  (admission, chunked prefill, preemption by recompute), closed-form stretches.
+- routers.py      router policies by name (ROUTERS): round_robin, random, least_outstanding,
+                  least_work, power_of_two.
+- serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,
+                  `max_sustainable_rate`.
+- results.py      ServingResult (TTFT/TPOT/E2E per request, throughput, SLO attainment,
+                  utilisation over time), SLO.
+- errors.py       SimError hierarchy.
+
+Stable API (used by engines/ and scheduler/):
+
+    gpu = get_gpu("H100-SXM"); model = get_model("llama-3.1-8b")
+    prefill_time(model, gpu, tp, n_tokens, batch=1, *, pp=1) -> seconds
+    decode_step_time(model, gpu, tp, batch_size, mean_context, *, pp=1) -> seconds
+    cost_model(model, gpu, tp=1, pp=1) -> StepCostModel   # cached; .decode_step_time(b, S)...
+    fits(model, gpu, tp=1, pp=1, *, min_kv_tokens=None) -> bool
+    plan_memory(model, gpu, tp=1, pp=1) -> MemoryPlan   # weight/KV bytes, kv_capacity_tokens
+    max_kv_tokens(model, gpu, tp=1, pp=1) -> int;  weight_bytes(model) -> float
+    simulate_replica(model, gpu, tp, workload, *, pp=1, config=EngineConfig(), slo=None)
+        -> ServingResult (mean_e2e_s, mean_ttft_s, mean_tpot_s, throughput_rps,
+           slo_attainment, p99_*, per-request arrays, utilisation)
+    simulate_cluster([ReplicaSpec.of(model, gpu, tp), ...], workload, router=...)
+    simulate_disaggregated(prefill_specs, decode_specs, workload, link, kv_bits=4)
+    max_sustainable_rate(model, gpu, tp, input_tokens, output_tokens, SLO(...)) -> req/s
+    poisson(rate, duration, input_tokens, output_tokens, seed) -> Workload (also gamma,
+        on_off, replay, load_trace)
 """
+
+from llmfabric.sim.calibration import DEFAULT_EFFICIENCY, Efficiency, efficiency_for
+from llmfabric.sim.costs import StepCostModel, cost_model, decode_step_time, prefill_time
+from llmfabric.sim.engine import EngineConfig
+from llmfabric.sim.errors import (
+    InfeasibleError,
+    SimError,
+    SpecError,
+    UnknownGPUError,
+    UnknownModelError,
+    WorkloadError,
+)
+from llmfabric.sim.hardware import GPUSpec, get_gpu, load_gpus_yaml, register_gpu
+from llmfabric.sim.memory import MemoryPlan, fits, max_kv_tokens, plan_memory, weight_bytes
+from llmfabric.sim.models import ModelSpec, get_model, model_from_hf_config, register_model
+from llmfabric.sim.parallel import (
+    Deployment,
+    Link,
+    Stage,
+    allreduce_time,
+    kv_transfer_time,
+    make_deployment,
+)
+from llmfabric.sim.results import SLO, ServingResult
+from llmfabric.sim.routers import ROUTERS
+from llmfabric.sim.serving import (
+    ReplicaSpec,
+    max_sustainable_rate,
+    simulate_cluster,
+    simulate_disaggregated,
+    simulate_replica,
+)
+from llmfabric.sim.workload import Workload, gamma, load_trace, on_off, poisson, replay
+
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "ROUTERS",
+    "SLO",
+    "Deployment",
+    "Efficiency",
+    "EngineConfig",
+    "GPUSpec",
+    "InfeasibleError",
+    "Link",
+    "MemoryPlan",
+    "ModelSpec",
+    "ReplicaSpec",
+    "ServingResult",
+    "SimError",
+    "SpecError",
+    "Stage",
+    "StepCostModel",
+    "UnknownGPUError",
+    "UnknownModelError",
+    "Workload",
+    "WorkloadError",
+    "allreduce_time",
+    "cost_model",
+    "decode_step_time",
+    "efficiency_for",
+    "fits",
+    "gamma",
+    "get_gpu",
+    "get_model",
+    "kv_transfer_time",
+    "load_gpus_yaml",
+    "load_trace",
+    "make_deployment",
+    "max_kv_tokens",
+    "max_sustainable_rate",
+    "model_from_hf_config",
+    "on_off",
+    "plan_memory",
+    "poisson",
+    "prefill_time",
+    "register_gpu",
+    "register_model",
+    "replay",
+    "simulate_cluster",
+    "simulate_disaggregated",
+    "simulate_replica",
+    "weight_bytes",
+]

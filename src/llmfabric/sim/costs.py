@@ -1,0 +1,253 @@
+"""Roofline step costs for one replica, cached per deployment.
+
+`StepCostModel` turns the operator accounting of `operators.py` into seconds for an engine
+iteration. Everything that depends only on the number of tokens in the step is tabulated once
+(numpy) for m = 0..table_tokens, so the serving loop pays a list index per step:
+
+    step(m tokens, n sampled sequences, decode context S, prefill chunks)
+      = LIN[m] + HEAD[n] + G*S + Q*n_decode + sum_chunks attn_prefill(chunk, prefix) + overhead
+
+LIN covers all layers' linear operators (sharded), TP all-reduces (alpha-beta over the stage's
+link) and activation transfers between pipeline stages; HEAD is embedding-independent LM head
+work; G/Q are decode-attention coefficients (per cached token / per sequence). Pipeline stages
+run one after another for a single batch (latency = sum of stages).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmfabric.sim.calibration import Efficiency, efficiency_for
+from llmfabric.sim.errors import SpecError
+from llmfabric.sim.hardware import GPUSpec, get_gpu
+from llmfabric.sim.models import ModelSpec, get_model
+from llmfabric.sim.operators import (
+    FloatArray,
+    LinearOp,
+    OpCost,
+    attention_decode_ops,
+    attention_prefill_ops,
+    embedding_op,
+    layer_linear_ops,
+    lm_head_op,
+    tp_allreduce_bytes_per_token,
+)
+from llmfabric.sim.parallel import Deployment, allreduce_time, make_deployment
+
+DEFAULT_TABLE_TOKENS = 16384
+
+
+def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16) -> float:
+    """Roofline time of one operator: max(compute, memory) + kernel overhead."""
+    peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
+    return max(op.flops / peak, op.bytes / (gpu.mem_bw * eff.memory)) + eff.kernel_overhead_s
+
+
+def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: Efficiency,
+                  dtype_bits: int) -> FloatArray:
+    total = np.zeros_like(m)
+    bw = gpu.mem_bw * eff.memory
+    for op in ops:
+        peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
+        compute = op.flops_per_token * m / peak
+        memory = (op.weights_touched(m) + op.act_bytes_per_token * m) / bw
+        total += np.maximum(compute, memory) + eff.kernel_overhead_s
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class _StageCoeffs:
+    gpu: GPUSpec
+    eff: Efficiency
+    tp: int
+    n_layers: int
+    dtype_bits: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepCostModel:
+    """Per-iteration cost of one replica. Build with `cost_model(...)` (cached)."""
+
+    deployment: Deployment
+    lin: FloatArray  # seconds for m tokens through all layers (+ comm), index m
+    head: FloatArray  # seconds for the LM head of n sequences, index n
+    decode_per_context_token: float  # G
+    decode_per_sequence: float  # Q
+    step_overhead_s: float
+    stages: tuple[_StageCoeffs, ...]
+    # per stage: (layers, s/score-pair matmul, s/pair softmax, s/query token, s/cached token)
+    attn_coeffs: tuple[tuple[float, float, float, float, float], ...]
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.deployment.model
+
+    def linear_time(self, m: int) -> float:
+        if m < len(self.lin):
+            return float(self.lin[m])
+        return float(_lin_table(self.deployment, self.stages, np.array([float(m)]))[0])
+
+    def head_time(self, n: int) -> float:
+        if n < len(self.head):
+            return float(self.head[n])
+        return float(_head_table(self.deployment, self.stages, np.array([float(n)]))[0])
+
+    def attention_prefill_time(self, chunk: int, prefix: int = 0) -> float:
+        """Attention (score, softmax, value) of one sequence's prefill chunk, all layers.
+        Kernel launch overheads are already in `lin` (once per layer per step)."""
+        if chunk <= 0:
+            return 0.0
+        pairs = chunk * (prefix + (chunk + 1) * 0.5)
+        total = 0.0
+        for n_layers, c_mm, c_vec, c_q, c_kv in self.attn_coeffs:
+            mem = c_q * chunk + c_kv * (prefix + chunk)
+            mm = c_mm * pairs
+            total += n_layers * (2.0 * (mm if mm > mem else mem) + c_vec * pairs)
+        return total
+
+    def decode_step_time(self, batch: int, total_context: float) -> float:
+        """One decode iteration: `batch` sequences, `total_context` cached tokens in all."""
+        if batch <= 0:
+            return 0.0
+        return (self.linear_time(batch) + self.head_time(batch)
+                + self.decode_per_sequence * batch
+                + self.decode_per_context_token * total_context + self.step_overhead_s)
+
+    def prefill_time(self, prompt_lens: list[int] | tuple[int, ...]) -> float:
+        """One prefill-only iteration over whole prompts (no cached prefix)."""
+        if not prompt_lens:
+            return 0.0
+        m = sum(prompt_lens)
+        attn = 0.0
+        for p in prompt_lens:
+            attn += self.attention_prefill_time(p)
+        return self.linear_time(m) + self.head_time(len(prompt_lens)) + attn + self.step_overhead_s
+
+    def mixed_step_time(self, n_decode: int, decode_context: float,
+                        chunks: list[tuple[int, int]], n_sampled: int) -> float:
+        """A chunked-prefill iteration: `n_decode` decoding sequences plus prefill `chunks`
+        (chunk tokens, cached prefix) of which `n_sampled` finish their prompt this step."""
+        m = n_decode + sum(c for c, _ in chunks)
+        if m <= 0:
+            return 0.0
+        attn = sum(self.attention_prefill_time(c, p) for c, p in chunks)
+        return (self.linear_time(m) + self.head_time(n_decode + n_sampled) + attn
+                + self.decode_per_sequence * n_decode
+                + self.decode_per_context_token * decode_context + self.step_overhead_s)
+
+
+def _lin_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], m: FloatArray) -> FloatArray:
+    model = dep.model
+    total = np.zeros_like(m)
+    ar_bytes = tp_allreduce_bytes_per_token(model) / 2  # per all-reduce
+    for i, st in enumerate(stages):
+        layer = _linear_times(layer_linear_ops(model, st.tp), m, st.gpu, st.eff, st.dtype_bits)
+        total += layer * st.n_layers
+        if st.tp > 1:
+            link = dep.stage_tp_link(dep.stages[i])
+            ar = allreduce_time(ar_bytes, st.tp, link) - allreduce_time(0.0, st.tp, link)
+            total += 2 * st.n_layers * (allreduce_time(0.0, st.tp, link) + ar * m)
+        if i == 0:
+            total += _linear_times((embedding_op(model),), m, st.gpu, st.eff, st.dtype_bits)
+    if dep.pp > 1:
+        link = dep.stage_pp_link()
+        act = model.hidden * model.act_bits / 8
+        total += (dep.pp - 1) * (link.latency_s + act * m / link.bandwidth)
+    return total
+
+
+def _head_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], n: FloatArray) -> FloatArray:
+    last = stages[-1]
+    head = _linear_times((lm_head_op(dep.model, last.tp),), n, last.gpu, last.eff,
+                         last.dtype_bits)
+    head[n <= 0] = 0.0
+    if last.tp > 1:  # gather of vocab-sharded logits
+        link = dep.stage_tp_link(dep.stages[-1])
+        per_seq = 4 * dep.model.vocab / last.tp
+        gather = allreduce_time(per_seq, last.tp, link) - allreduce_time(0.0, last.tp, link)
+        head += np.where(n > 0, (allreduce_time(0.0, last.tp, link) + gather * n) / 2, 0.0)
+    return head
+
+
+def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
+                     table_tokens: int = DEFAULT_TABLE_TOKENS) -> StepCostModel:
+    """Tabulate the step costs of `dep`; `efficiency` overrides the per-GPU calibration."""
+    model = dep.model
+    bits = min(model.weight_bits, model.act_bits) if model.weight_bits >= 8 else model.act_bits
+    stages = tuple(
+        _StageCoeffs(s.gpu, efficiency or efficiency_for(s.gpu), s.tp, s.n_layers, bits)
+        for s in dep.stages
+    )
+    m = np.arange(table_tokens + 1, dtype=np.float64)
+    lin = _lin_table(dep, stages, m)
+    # attention kernels (score, softmax, value) launch once per layer per step
+    lin[1:] += sum(3 * st.eff.kernel_overhead_s * st.n_layers for st in stages)
+    lin[0] = 0.0
+    head = _head_table(dep, stages, m)
+    g = 0.0
+    q = 0.0
+    probe = 1_000_000.0
+    for st in stages:
+        ops = attention_decode_ops(model, st.tp, 1, probe)
+        ops0 = attention_decode_ops(model, st.tp, 1, 0.0)
+        bw = st.gpu.mem_bw * st.eff.memory
+        for op, op0 in zip(ops, ops0, strict=True):
+            peak = (st.gpu.flops(bits) * st.eff.compute if op.tensor
+                    else st.gpu.fp32_flops * st.eff.vector)
+            per_tok = max((op.flops - op0.flops) / probe / peak,
+                          (op.bytes - op0.bytes) / probe / bw)
+            g += per_tok * st.n_layers
+            q += (op0.bytes / bw) * st.n_layers
+    step_overhead = max(st.eff.step_overhead_s for st in stages)
+    coeffs = []
+    for st in stages:
+        s1 = attention_prefill_ops(model, st.tp, 1, 0)  # pairs = 1, 1 query, 1 cached token
+        s2 = attention_prefill_ops(model, st.tp, 1, 1)  # pairs = 2, 1 query, 2 cached tokens
+        bw = st.gpu.mem_bw * st.eff.memory
+        per_pair = s2[0].flops - s1[0].flops
+        per_cached = s2[0].bytes - s1[0].bytes
+        per_query = s1[0].bytes - per_cached
+        coeffs.append((float(st.n_layers),
+                       per_pair / (st.gpu.flops(bits) * st.eff.compute),
+                       (s2[1].flops - s1[1].flops) / (st.gpu.fp32_flops * st.eff.vector),
+                       per_query / bw, per_cached / bw))
+    return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs))
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(dep: Deployment, efficiency: Efficiency | None) -> StepCostModel:
+    return build_cost_model(dep, efficiency)
+
+
+def cost_model(model: ModelSpec | str, gpu: GPUSpec | str, tp: int = 1, pp: int = 1,
+               efficiency: Efficiency | None = None) -> StepCostModel:
+    """The (cached) step cost model of `model` on `pp` stages of `tp` x `gpu`."""
+    if tp < 1 or pp < 1:
+        raise SpecError("tp and pp must be >= 1")
+    return _cached(make_deployment(get_model(model), get_gpu(gpu), tp, pp), efficiency)
+
+
+def cost_model_for(dep: Deployment, efficiency: Efficiency | None = None) -> StepCostModel:
+    return _cached(dep, efficiency)
+
+
+def prefill_time(model: ModelSpec | str, gpu: GPUSpec | str, tp: int, n_tokens: int,
+                 batch: int = 1, *, pp: int = 1, efficiency: Efficiency | None = None) -> float:
+    """Seconds for one prefill iteration of `batch` prompts of `n_tokens` tokens each."""
+    if n_tokens < 1 or batch < 1:
+        raise SpecError("prefill_time needs n_tokens >= 1 and batch >= 1")
+    return cost_model(model, gpu, tp, pp, efficiency).prefill_time([n_tokens] * batch)
+
+
+def decode_step_time(model: ModelSpec | str, gpu: GPUSpec | str, tp: int, batch_size: int,
+                     mean_context: float, *, pp: int = 1,
+                     efficiency: Efficiency | None = None) -> float:
+    """Seconds for one decode iteration of `batch_size` sequences averaging `mean_context`
+    cached tokens (the time between two output tokens of each sequence)."""
+    if batch_size < 1 or mean_context < 0:
+        raise SpecError("decode_step_time needs batch_size >= 1 and mean_context >= 0")
+    cm = cost_model(model, gpu, tp, pp, efficiency)
+    return cm.decode_step_time(batch_size, batch_size * mean_context)

@@ -1,0 +1,334 @@
+"""One engine replica as a discrete-event model of vLLM-style continuous batching.
+
+The replica advances one ITERATION (batch step) at a time and, when nothing can change the
+batch (no admissible request, no finish, no arrival, KV not exhausted), a whole STRETCH of
+decode steps in closed form: step i of a stretch costs a + G * (S + i*B) (B sequences, S
+cached tokens), so k steps cost k*a + G*(k*S + B*k*(k-1)/2). Finishes are kept in a heap keyed
+by the global decode-step counter, so no per-token events exist.
+
+Scheduling (vLLM V0 default; V1 with `chunked_prefill=True`):
+- FCFS admission while `max_num_seqs`, the token budget `max_batched_tokens` and free KV
+  blocks (minus a watermark) allow; without chunked prefill a step runs either prompts or
+  decodes; with it, every step carries all decodes plus prompt chunks up to the budget;
+- preemption by recompute: when the next step's KV does not fit, the most recently admitted
+  sequence is evicted and re-queued at the head with prompt = prompt + generated tokens;
+- KV is counted in tokens with half a block of fragmentation per sequence.
+Roles: "both" (default), "prefill" (hands each request off after its first token), "decode"
+(receives requests whose KV was transferred; they join without prefill compute).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from llmfabric.sim.costs import StepCostModel
+from llmfabric.sim.errors import SpecError
+
+Role = Literal["both", "prefill", "decode"]
+INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    chunked_prefill: bool = False
+    block_size: int = 16
+    watermark: float = 0.01
+    gpu_memory_utilization: float = 0.9
+    kv_capacity_tokens: int | None = None  # None: from the memory plan
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
+            raise SpecError("max_num_seqs, max_batched_tokens and block_size must be >= 1")
+        if not 0 <= self.watermark < 1 or not 0 < self.gpu_memory_utilization <= 1:
+            raise SpecError("watermark must be in [0, 1) and gpu_memory_utilization in (0, 1]")
+
+
+class RequestBook:
+    """Per-request outcome columns shared by the replicas of one simulation."""
+
+    __slots__ = ("arrival", "finish", "first_token", "input_tokens", "output_tokens",
+                 "preemptions", "replica", "truncated")
+
+    def __init__(self, arrival: list[float], input_tokens: list[int],
+                 output_tokens: list[int]) -> None:
+        n = len(arrival)
+        self.arrival = arrival
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.first_token = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.preemptions = [0] * n
+        self.replica = [-1] * n
+        self.truncated = [False] * n
+
+
+# waiting entry: (rid, tokens to compute, tokens already cached, decode steps left, emit first)
+_Wait = tuple[int, int, int, int, bool]
+
+
+class Replica:
+    """Mutable simulation state of one replica. Drive it with `submit` and `advance_to`."""
+
+    def __init__(self, index: int, cost: StepCostModel, config: EngineConfig,
+                 kv_capacity_tokens: int, book: RequestBook, role: Role = "both",
+                 on_prefilled: Callable[[int, float, int], None] | None = None) -> None:
+        if kv_capacity_tokens < config.block_size:
+            raise SpecError(
+                f"replica {index}: KV capacity {kv_capacity_tokens} tokens is below one block; "
+                "use more GPUs (tp/pp), a smaller model or quantized weights/KV"
+            )
+        self.index = index
+        self.cost = cost
+        self.config = config
+        self.role = role
+        self.book = book
+        self.on_prefilled = on_prefilled
+        self.capacity = kv_capacity_tokens * (1.0 - config.watermark)
+        self.now = 0.0
+        self.gstep = 0
+        self.ctx = 0  # S: cached tokens of running sequences
+        self.waiting: deque[_Wait] = deque()
+        self.queued_tokens = 0
+        self.running: dict[int, tuple[int, int, int]] = {}  # rid -> (admit gstep, ctx0, finish)
+        self.heap: list[tuple[int, int]] = []
+        self.prefilling: list[list[int]] = []  # chunked: [rid, total, done, steps_left, emit]
+        self.prefill_reserved = 0
+        self.busy_start: list[float] = []
+        self.busy_end: list[float] = []
+        self.busy_tokens: list[int] = []
+        self.preemptions = 0
+        n = config.max_num_seqs + 1
+        if n <= len(cost.lin):
+            dec = cost.lin[:n] + cost.head[:n] + cost.decode_per_sequence * np.arange(n)
+            self._dec_a: list[float] = [float(x) + cost.step_overhead_s for x in dec]
+        else:
+            self._dec_a = [cost.decode_step_time(b, 0.0) for b in range(n)]
+        self._g = cost.decode_per_context_token
+        self._frag = config.block_size / 2.0
+
+    # --- views for routers -------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.prefilling)
+
+    @property
+    def kv_free_tokens(self) -> float:
+        return self.capacity - self._usage()
+
+    def _usage(self) -> float:
+        return self.ctx + self.prefill_reserved + self._frag * (
+            len(self.running) + len(self.prefilling))
+
+    # --- input ------------------------------------------------------------------------
+    def submit(self, rid: int, prompt: int, output: int, kv_ready: bool = False) -> None:
+        """Queue a request at the replica's current time (call `advance_to(t)` first)."""
+        self.book.replica[rid] = self.index
+        if kv_ready:
+            entry: _Wait = (rid, 0, prompt, output - 1, False)
+        else:
+            entry = (rid, prompt, 0, output - 1, True)
+        if prompt + 1 + self._frag > self.capacity:
+            self.book.truncated[rid] = True  # can never fit: rejected like an over-long prompt
+            return
+        self.waiting.append(entry)
+        self.queued_tokens += entry[1]
+
+    # --- time -------------------------------------------------------------------------
+    def advance_to(self, t: float) -> None:
+        """Run iterations while the replica's clock is before `t` (the last may end after)."""
+        while self.now < t:
+            if not self._step(t):
+                self.now = t
+                return
+
+    def drain(self) -> None:
+        while self._step(INF):
+            pass
+
+    def _step(self, t_limit: float) -> bool:
+        """One iteration or stretch; False if idle."""
+        if self.config.chunked_prefill:
+            if (self.waiting or self.prefilling) and self._chunked_step():
+                return True
+        elif self.waiting and self._prefill_step():
+            return True
+        if self.running:
+            self._decode_stretch(t_limit)
+            return True
+        return False
+
+    def _admissible(self, entry: _Wait, extra: int) -> bool:
+        need = entry[1] + entry[2] + self._frag
+        return self._usage() + extra + need <= self.capacity
+
+    def _prefill_step(self) -> bool:
+        cfg = self.config
+        batch: list[_Wait] = []
+        tokens = 0
+        reserved = 0.0
+        seats = cfg.max_num_seqs - len(self.running)
+        while self.waiting and len(batch) < seats:
+            entry = self.waiting[0]
+            if batch and tokens + entry[1] > cfg.max_batched_tokens:
+                break
+            if not self._admissible(entry, int(reserved)):
+                break
+            self.waiting.popleft()
+            self.queued_tokens -= entry[1]
+            batch.append(entry)
+            tokens += entry[1]
+            reserved += entry[1] + entry[2] + self._frag
+        if not batch:
+            return False
+        lens = [e[1] for e in batch if e[1] > 0]
+        if lens:
+            start = self.now
+            self.now += self.cost.prefill_time(lens)
+            self._record(start, tokens)
+        for rid, comp, cached, steps_left, emit in batch:
+            self._join(rid, comp + cached, steps_left, emit and comp > 0)
+        return True
+
+    def _join(self, rid: int, ctx: int, steps_left: int, emit: bool) -> None:
+        book = self.book
+        if emit:
+            book.first_token[rid] = self.now
+        if self.role == "prefill":
+            book.finish[rid] = self.now
+            if self.on_prefilled is not None:
+                self.on_prefilled(rid, self.now, ctx)
+            return
+        if steps_left <= 0:
+            book.finish[rid] = self.now
+            return
+        finish = self.gstep + steps_left
+        self.running[rid] = (self.gstep, ctx, finish)
+        self.ctx += ctx
+        heapq.heappush(self.heap, (finish, rid))
+
+    def _chunked_step(self) -> bool:
+        cfg = self.config
+        budget = cfg.max_batched_tokens - len(self.running)
+        seats = cfg.max_num_seqs - len(self.running) - len(self.prefilling)
+        while self.waiting and seats > 0:
+            entry = self.waiting[0]
+            if not self._admissible(entry, 0):
+                break
+            self.waiting.popleft()
+            self.queued_tokens -= entry[1]
+            seats -= 1
+            rid, comp, cached, steps_left, emit = entry
+            if comp == 0:
+                self._join(rid, cached, steps_left, False)
+                continue
+            self.prefilling.append([rid, comp, 0, steps_left, 1 if emit else 0])
+            self.prefill_reserved += comp
+        if not self.prefilling:
+            return False
+        chunks: list[tuple[int, int]] = []
+        done: list[list[int]] = []
+        for item in self.prefilling:
+            if budget <= 0:
+                break
+            c = min(item[1] - item[2], budget)
+            chunks.append((c, item[2]))
+            item[2] += c
+            budget -= c
+            if item[2] >= item[1]:
+                done.append(item)
+        if not chunks:
+            return False
+        n_dec = len(self.running)
+        start = self.now
+        self.now += self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done))
+        self._record(start, n_dec + sum(c for c, _ in chunks))
+        if n_dec:
+            self.gstep += 1
+            self.ctx += n_dec
+            self._pop_finished()
+        for item in done:
+            self.prefilling.remove(item)
+            self.prefill_reserved -= item[1]
+            self._join(item[0], item[1], item[3], bool(item[4]))
+        return True
+
+    def _decode_stretch(self, t_limit: float) -> None:
+        b = len(self.running)
+        while self.ctx + b + self._frag * b > self.capacity - self.prefill_reserved:
+            if b == 1:
+                self._truncate_last()
+                return
+            self._preempt_newest()
+            b = len(self.running)
+        k = self.heap[0][0] - self.gstep
+        k_mem = int((self.capacity - self.prefill_reserved - self._frag * b - self.ctx) // b)
+        if k_mem < k:
+            k = max(1, k_mem)
+        a = self._dec_a[b]
+        g = self._g
+        s = self.ctx
+        if t_limit < INF:
+            gap = t_limit - self.now
+            if gap <= a + g * s:
+                k = 1
+            else:
+                qa = 0.5 * g * b
+                qb = a + g * s - qa
+                if qa > 0:
+                    k_t = (-qb + math.sqrt(qb * qb + 4.0 * qa * gap)) / (2.0 * qa)
+                else:
+                    k_t = gap / qb
+                k_t = max(1, math.ceil(k_t - 1e-9))
+                if k_t < k:
+                    k = k_t
+        start = self.now
+        self.now += k * a + g * (k * s + b * k * (k - 1) * 0.5)
+        self._record(start, b * k)
+        self.gstep += k
+        self.ctx += k * b
+        self._pop_finished()
+
+    def _pop_finished(self) -> None:
+        heap = self.heap
+        running = self.running
+        finish = self.book.finish
+        while heap and heap[0][0] <= self.gstep:
+            f, rid = heapq.heappop(heap)
+            entry = running.get(rid)
+            if entry is None or entry[2] != f:
+                continue  # stale: preempted
+            del running[rid]
+            self.ctx -= entry[1] + (self.gstep - entry[0])
+            finish[rid] = self.now
+
+    def _preempt_newest(self) -> None:
+        rid, (admit, ctx0, fin) = self.running.popitem()
+        ctx = ctx0 + (self.gstep - admit)
+        self.ctx -= ctx
+        self.preemptions += 1
+        self.book.preemptions[rid] += 1
+        entry: _Wait = (rid, ctx, 0, fin - self.gstep - 1, False)
+        self.waiting.appendleft(entry)
+        self.queued_tokens += ctx
+
+    def _truncate_last(self) -> None:
+        rid, (admit, ctx0, _fin) = self.running.popitem()
+        self.ctx -= ctx0 + (self.gstep - admit)
+        self.book.truncated[rid] = True
+        self.book.finish[rid] = self.now
+
+    def _record(self, start: float, tokens: int) -> None:
+        self.busy_start.append(start)
+        self.busy_end.append(self.now)
+        self.busy_tokens.append(tokens)
+
+

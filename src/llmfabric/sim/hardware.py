@@ -1,0 +1,251 @@
+"""GPU specs: peak dense FLOP/s per dtype, HBM bandwidth and size, interconnect, price.
+
+Every built-in row cites its spec source in docs/simulator.md (table "GPU specs"). Figures are
+DENSE tensor-core peaks (no 2:4 sparsity). GeForce cards are given with FP32 accumulation, the
+mode inference engines use. Bandwidths are bytes/s; intra-node bandwidth is per GPU, one
+direction. Users add or override GPUs in YAML with `load_gpus_yaml`/`register_gpu`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmfabric.sim.errors import SpecError, UnknownGPUError
+
+TERA = 1e12
+GB = 1e9
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """One accelerator. FLOP/s are dense peaks; 0 means the dtype is not supported natively."""
+
+    name: str
+    fp32_flops: float
+    fp16_flops: float  # fp16 / bf16 tensor core, dense
+    fp8_flops: float
+    int8_flops: float
+    mem_bw: float  # HBM/GDDR bytes/s
+    mem_bytes: float
+    interconnect: str  # "nvlink", "pcie", "xgmi", "nvlink-c2c"
+    intra_node_bw: float  # bytes/s per GPU, one direction
+    intra_node_latency_s: float = 5e-6
+    inter_node_bw: float = 25 * GB  # typical: 200 Gb/s InfiniBand/RoCE per GPU
+    inter_node_latency_s: float = 10e-6
+    price_per_hour: float | None = None
+    aliases: tuple[str, ...] = ()
+
+    def flops(self, dtype_bits: int) -> float:
+        """Peak dense matmul FLOP/s for operands of `dtype_bits` (falls back to a wider dtype)."""
+        if dtype_bits <= 8:
+            best = self.fp8_flops if self.fp8_flops > 0 else self.int8_flops
+            return best if best > 0 else self.fp16_flops
+        if dtype_bits <= 16:
+            return self.fp16_flops if self.fp16_flops > 0 else self.fp32_flops
+        return self.fp32_flops
+
+
+def _g(
+    name: str,
+    fp32: float,
+    fp16: float,
+    fp8: float,
+    int8: float,
+    bw_gbs: float,
+    mem_gb: float,
+    link: str,
+    link_gbs: float,
+    price: float | None,
+    *aliases: str,
+    inter_gbs: float = 25.0,
+) -> GPUSpec:
+    return GPUSpec(
+        name=name,
+        fp32_flops=fp32 * TERA,
+        fp16_flops=fp16 * TERA,
+        fp8_flops=fp8 * TERA,
+        int8_flops=int8 * TERA,
+        mem_bw=bw_gbs * GB,
+        mem_bytes=mem_gb * GB,
+        interconnect=link,
+        intra_node_bw=link_gbs * GB,
+        intra_node_latency_s=2e-6 if link.startswith("nvlink") or link == "xgmi" else 5e-6,
+        inter_node_bw=inter_gbs * GB,
+        price_per_hour=price,
+        aliases=aliases,
+    )
+
+
+# name, fp32, fp16/bf16, fp8, int8 (TFLOP/s dense), HBM GB/s, memory GB, link, link GB/s per
+# direction, indicative on-demand $/h (None: not offered by the cited price list), aliases.
+BUILTIN_GPUS: tuple[GPUSpec, ...] = (
+    _g("A100-40GB", 19.5, 312, 0, 624, 1555, 40, "nvlink", 300, 1.29,
+       "a100-40", "a100-sxm4-40gb", "a100_40gb"),
+    _g("A100-80GB", 19.5, 312, 0, 624, 2039, 80, "nvlink", 300, 1.79,
+       "a100", "a100-80", "a100-sxm", "a100_sxm", "a100-sxm4-80gb", "a100_80gb"),
+    _g("H100-SXM", 67, 989, 1979, 1979, 3350, 80, "nvlink", 450, 2.99,
+       "h100", "h100-sxm5", "h100_sxm", "h100-80gb-hbm3"),
+    _g("H100-PCIe", 51, 756, 1513, 1513, 2000, 80, "pcie", 64, 2.49,
+       "h100-pcie-80gb", "h100_pcie"),
+    _g("H200", 67, 989, 1979, 1979, 4800, 141, "nvlink", 450, None,
+       "h200-sxm", "h200_sxm", "h200-141gb"),
+    _g("GH200", 67, 989, 1979, 1979, 4000, 96, "nvlink-c2c", 450, 1.49,
+       "gh200-96gb", "gh200_480gb", "grace-hopper"),
+    _g("L40S", 91.6, 362, 733, 733, 864, 48, "pcie", 32, None, "l40s-48gb"),
+    _g("L40", 90.5, 181, 362, 362, 864, 48, "pcie", 32, None, "l40-48gb"),
+    _g("A40", 37.4, 149.7, 0, 299.3, 696, 48, "pcie", 32, None, "a40-48gb"),
+    _g("RTX-A6000", 38.7, 154.8, 0, 309.7, 768, 48, "pcie", 32, 0.80,
+       "a6000", "rtx a6000", "rtx-a6000-48gb"),
+    _g("RTX-A5000", 27.8, 111.1, 0, 222.2, 768, 24, "pcie", 32, None, "a5000", "rtx a5000"),
+    _g("RTX-3090", 35.6, 71, 0, 284, 936, 24, "pcie", 32, None,
+       "3090", "rtx3090", "geforce rtx 3090", inter_gbs=1.25),
+    _g("RTX-3090-Ti", 40, 80, 0, 320, 1008, 24, "pcie", 32, None,
+       "3090ti", "3090-ti", "rtx3090ti", "geforce rtx 3090 ti", inter_gbs=1.25),
+    _g("RTX-4090", 82.6, 165.2, 330.3, 660.6, 1008, 24, "pcie", 32, None,
+       "4090", "rtx4090", "geforce rtx 4090", inter_gbs=1.25),
+    _g("V100-SXM2-32GB", 15.7, 125, 0, 0, 900, 32, "nvlink", 150, None,
+       "v100", "v100-32gb", "v100-sxm2", "tesla v100"),
+    _g("MI300X", 163.4, 1307.4, 2614.9, 2614.9, 5300, 192, "xgmi", 448, None,
+       "mi300", "amd mi300x", "instinct mi300x"),
+)
+
+
+def _norm(name: str) -> str:
+    """Canonical lookup key: lower case, no spaces/underscores/dashes, no vendor prefix."""
+    key = name.strip().lower()
+    key = re.sub(r"^(nvidia|amd|geforce|tesla|instinct)[\s_-]+", "", key)
+    key = re.sub(r"^(nvidia|amd|geforce|tesla|instinct)[\s_-]+", "", key)
+    return re.sub(r"[\s_\-]+", "", key)
+
+
+class GPUCatalog:
+    """Name -> GPUSpec with forgiving, case-insensitive lookup (names and aliases)."""
+
+    __slots__ = ("_by_key", "_specs")
+
+    def __init__(self, specs: Iterable[GPUSpec] = ()) -> None:
+        self._specs: dict[str, GPUSpec] = {}
+        self._by_key: dict[str, str] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: GPUSpec) -> None:
+        """Add or replace a GPU (a user row with a built-in name overrides the built-in)."""
+        self._specs[spec.name] = spec
+        for key in (spec.name, *spec.aliases):
+            self._by_key[_norm(key)] = spec.name
+
+    def get(self, name: str | GPUSpec) -> GPUSpec:
+        if isinstance(name, GPUSpec):
+            return name
+        key = _norm(name)
+        if key in self._by_key:
+            return self._specs[self._by_key[key]]
+        matches = sorted({v for k, v in self._by_key.items() if k.startswith(key)})
+        if len(matches) == 1:
+            return self._specs[matches[0]]
+        hint = f" Did you mean one of {matches}?" if matches else ""
+        raise UnknownGPUError(
+            f"unknown GPU {name!r}.{hint} Known: {', '.join(self.names())}. "
+            "Add your own with llmfabric.sim.load_gpus_yaml(path)."
+        )
+
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def specs(self) -> list[GPUSpec]:
+        return list(self._specs.values())
+
+
+DEFAULT_CATALOG = GPUCatalog(BUILTIN_GPUS)
+
+
+def get_gpu(name: str | GPUSpec) -> GPUSpec:
+    """Look up a GPU by name or alias, e.g. "H100-SXM", "h100", "a100-80gb", "RTX 4090"."""
+    return DEFAULT_CATALOG.get(name)
+
+
+def register_gpu(spec: GPUSpec) -> None:
+    DEFAULT_CATALOG.register(spec)
+
+
+_YAML_FIELDS = {
+    "fp32_tflops": ("fp32_flops", TERA),
+    "fp16_tflops": ("fp16_flops", TERA),
+    "bf16_tflops": ("fp16_flops", TERA),
+    "fp8_tflops": ("fp8_flops", TERA),
+    "int8_tops": ("int8_flops", TERA),
+    "int8_tflops": ("int8_flops", TERA),
+    "mem_bw_gbs": ("mem_bw", GB),
+    "memory_gb": ("mem_bytes", GB),
+    "intra_node_bw_gbs": ("intra_node_bw", GB),
+    "inter_node_bw_gbs": ("inter_node_bw", GB),
+    "intra_node_latency_us": ("intra_node_latency_s", 1e-6),
+    "inter_node_latency_us": ("inter_node_latency_s", 1e-6),
+    "price_per_hour": ("price_per_hour", 1.0),
+    "interconnect": ("interconnect", None),
+    "aliases": ("aliases", None),
+}
+
+
+def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = None) -> GPUSpec:
+    """Build a GPUSpec from YAML-style keys (units in the key names, see _YAML_FIELDS)."""
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key not in _YAML_FIELDS:
+            raise SpecError(f"GPU {name!r}: unknown key {key!r}; use one of {sorted(_YAML_FIELDS)}")
+        field, scale = _YAML_FIELDS[key]
+        if scale is None:
+            values[field] = tuple(raw) if field == "aliases" else str(raw)
+        else:
+            try:
+                values[field] = float(raw) * scale
+            except (TypeError, ValueError) as exc:
+                raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}") from exc
+    if base is not None:
+        return dataclasses.replace(base, name=name, **values)
+    required = ("fp16_flops", "mem_bw", "mem_bytes")
+    missing = [f for f in required if f not in values]
+    if missing:
+        raise SpecError(
+            f"GPU {name!r}: missing {missing}; give fp16_tflops, mem_bw_gbs and memory_gb "
+            "(or `base: <known gpu>` to start from a built-in)"
+        )
+    values.setdefault("fp32_flops", values["fp16_flops"] / 8)
+    values.setdefault("fp8_flops", 0.0)
+    values.setdefault("int8_flops", 0.0)
+    values.setdefault("interconnect", "pcie")
+    values.setdefault("intra_node_bw", 32 * GB)
+    return GPUSpec(name=name, **values)
+
+
+def load_gpus_yaml(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[GPUSpec]:
+    """Register the GPUs of a YAML file: `{gpus: {NAME: {base: H100, mem_bw_gbs: ...}}}`."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"cannot read GPU file {path}: {exc}") from exc
+    gpus = doc.get("gpus") if isinstance(doc, dict) else None
+    if not isinstance(gpus, dict):
+        raise SpecError(f"{path}: expected a mapping `gpus: {{NAME: {{...}}}}`")
+    out = []
+    for name, body in gpus.items():
+        if not isinstance(body, dict):
+            raise SpecError(f"{path}: GPU {name!r} must be a mapping")
+        body = dict(body)
+        base_name = body.pop("base", None)
+        base = catalog.get(str(base_name)) if base_name is not None else None
+        spec = gpu_from_mapping(str(name), body, base)
+        if base is not None and "aliases" not in body:
+            spec = dataclasses.replace(spec, aliases=())
+        catalog.register(spec)
+        out.append(spec)
+    return out
