@@ -1,0 +1,183 @@
+"""`llmfabric ingress`: a standalone OpenAI-compatible ingress in front of static backends.
+
+A node started with `--ingress` mounts the same routes over its live registry replica (the node
+wires `llmfabric.ingress.add_ingress_routes`); this command serves a fixed list of backends,
+which is also what the ingress benchmark measures. `--workers N` runs N processes sharing the
+port through SO_REUSEPORT (Linux), each with its own event loop (uvloop when installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import signal
+from dataclasses import dataclass
+
+import click
+from aiohttp import web
+
+from llmfabric.ingress.config import IngressConfig, Timeouts
+from llmfabric.ingress.errors import ConfigError
+from llmfabric.registry.records import Hardware, LoadHints, ServedModel
+from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.policies import POLICIES
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    model: str
+    addr: str  # host:port
+    provider: str
+    gpu: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str
+    port: int
+    backends: tuple[Backend, ...]
+    policy: str
+    max_retries: int
+    max_body_bytes: int
+    auth: bool
+    db_url: str | None
+    forward_prefix: str
+    timeouts: Timeouts
+
+
+def parse_backend(spec: str) -> Backend:
+    """MODEL=HOST:PORT[@PROVIDER][#GPU], e.g. llama=127.0.0.1:8000@uni-a#H100."""
+    model, sep, rest = spec.partition("=")
+    if not sep or not model or not rest:
+        raise ConfigError(f"--backend {spec!r}: expected MODEL=HOST:PORT[@PROVIDER][#GPU]")
+    rest, _, gpu = rest.partition("#")
+    addr, _, provider = rest.partition("@")
+    addr = addr.removeprefix("http://").rstrip("/")
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--backend {spec!r}: {addr!r} is not HOST:PORT")
+    return Backend(model, addr, provider or "local", gpu or "unknown")
+
+
+def candidates(backends: tuple[Backend, ...]) -> list[Candidate]:
+    return [
+        Candidate(
+            session_id=f"static-{i}-{b.addr}", peer_id="", provider_id=b.provider,
+            http_addr=b.addr, relays=(), hardware=Hardware(gpu_model=b.gpu, gpu_count=1),
+            model=ServedModel(b.model), load=LoadHints(),
+        )
+        for i, b in enumerate(backends)
+    ]
+
+
+async def run_ingress(settings: Settings, reuse_port: bool) -> None:
+    from llmfabric.ingress import HttpForwarder, StaticCandidateSource, build_ingress_app
+
+    store = None
+    auth = None
+    if settings.auth:
+        from llmfabric.accounts.bootstrap import default_db_url
+        from llmfabric.accounts.ratelimit import RateLimiter
+        from llmfabric.accounts.store import AccountStore
+        from llmfabric.clock import SystemClock
+        from llmfabric.ingress.accounts_auth import AccountsAuth
+
+        store = await AccountStore.open(settings.db_url or default_db_url())
+        auth = AccountsAuth(store, RateLimiter(SystemClock()))
+    config = IngressConfig(
+        policy=settings.policy, max_retries=settings.max_retries,
+        max_body_bytes=settings.max_body_bytes, auth_enabled=settings.auth,
+        timeouts=settings.timeouts,
+    )
+    app = build_ingress_app(
+        config, StaticCandidateSource(candidates(settings.backends)),
+        HttpForwarder(settings.forward_prefix), auth=auth, usage_sink=auth,
+    )
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None,
+                       backlog=2048)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        if store is not None:
+            await store.aclose()
+
+
+def _run(settings: Settings, reuse_port: bool) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(run_ingress(settings, reuse_port))
+
+
+@click.command("ingress")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option("--backend", "backends", multiple=True, required=True,
+              help="MODEL=HOST:PORT[@PROVIDER][#GPU] of an OpenAI-compatible engine (repeat)")
+@click.option("--policy", type=click.Choice(sorted(POLICIES)), default="random",
+              show_default=True)
+@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=8.0,
+              show_default=True)
+@click.option("--no-auth", is_flag=True, help="accept requests without API keys (demo only)")
+@click.option("--db", "db_url", default=None, help="accounts database (default: $LLMFABRIC_DB "
+              "or ~/.llmfabric/accounts.db)")
+@click.option("--forward-prefix", default="", help="path prefix on backends (use "
+              "/v1/fabric/forward when backends are llmfabric nodes)")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="processes sharing the port via SO_REUSEPORT")
+@click.option("--connect-timeout", type=float, default=5.0, show_default=True)
+@click.option("--first-byte-timeout", type=float, default=300.0, show_default=True)
+@click.option("--idle-timeout", type=float, default=120.0, show_default=True)
+@click.option("--total-timeout", type=float, default=1800.0, show_default=True)
+def command(
+    host: str, port: int, backends: tuple[str, ...], policy: str, max_retries: int,
+    max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
+    connect_timeout: float, first_byte_timeout: float, idle_timeout: float,
+    total_timeout: float,
+) -> None:
+    """Serve the OpenAI API (chat, completions, embeddings, models) over static backends."""
+    try:
+        parsed = tuple(parse_backend(b) for b in backends)
+    except ConfigError as e:
+        raise click.BadParameter(str(e)) from e
+    settings = Settings(
+        host=host, port=port, backends=parsed, policy=policy, max_retries=max_retries,
+        max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
+        forward_prefix=forward_prefix,
+        timeouts=Timeouts(connect_timeout, first_byte_timeout, idle_timeout, total_timeout),
+    )
+    if no_auth:
+        click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",
+                   err=True)
+    click.echo(f"llmfabric ingress on http://{host}:{port}/v1 ({workers} worker(s), "
+               f"{len(parsed)} backend(s), policy {policy})", err=True)
+    if workers == 1:
+        _run(settings, reuse_port=False)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_run, args=(settings, True), daemon=True)
+             for _ in range(workers - 1)]
+    for p in procs:
+        p.start()
+    try:
+        _run(settings, reuse_port=True)
+    finally:
+        for p in procs:
+            if p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.terminate()
+        for p in procs:
+            p.join(timeout=10)
