@@ -1,0 +1,147 @@
+// DOM helpers. Every piece of data enters the page as a Text node or an attribute value;
+// nothing here parses HTML, so data from the fabric cannot inject markup.
+
+/**
+ * Build an element. `attrs` keys: `class`, `text`, `on` ({event: handler}), `dataset`,
+ * boolean properties (`disabled`, `checked`, `hidden`, ...) and any other attribute.
+ * Children may be nodes, strings/numbers (inserted as text), arrays, null or false.
+ */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === 'class') el.className = value;
+    else if (key === 'text') el.textContent = String(value);
+    else if (key === 'on') {
+      for (const [ev, fn] of Object.entries(value)) el.addEventListener(ev, fn);
+    } else if (key === 'dataset') Object.assign(el.dataset, value);
+    else if (key === 'value') el.value = value;
+    else if (value === true) el.setAttribute(key, '');
+    else el.setAttribute(key, String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** Build an SVG element (same rules as h). */
+export function s(tag, attrs = {}, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === 'text') el.textContent = String(value);
+    else if (key === 'on') {
+      for (const [ev, fn] of Object.entries(value)) el.addEventListener(ev, fn);
+    } else el.setAttribute(key, String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+/** Replace all children of `el`. */
+export function mount(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+  return el;
+}
+
+let uid = 0;
+/** A unique id for label/aria wiring. */
+export function nextId(prefix = 'f') {
+  uid += 1;
+  return `${prefix}-${uid}`;
+}
+
+/** A labelled form control: returns [wrapper, control]. */
+export function field(label, control, hint) {
+  const id = control.id || nextId('ctl');
+  control.id = id;
+  let hintEl = null;
+  if (hint) {
+    hintEl = h('small', { class: 'hint', id: `${id}-hint` }, hint);
+    control.setAttribute('aria-describedby', hintEl.id);
+  }
+  return [h('div', { class: 'field' }, h('label', { for: id }, label), control, hintEl), control];
+}
+
+/** A notice box: kind is 'info' | 'error' | 'empty' | 'success'. */
+export function notice(kind, ...children) {
+  const role = kind === 'error' ? 'alert' : null;
+  return h('div', { class: `notice ${kind}`, role }, ...children);
+}
+
+/** Wrap a table so it scrolls horizontally on narrow screens. */
+export function tableWrap(label, table) {
+  return h('div', { class: 'table-wrap', role: 'region', 'aria-label': label, tabindex: '0' }, table);
+}
+
+export function badge(text, kind = '') {
+  return h('span', { class: `badge ${kind}`.trim() }, text);
+}
+
+export function chip(text) {
+  return h('span', { class: 'chip' }, text);
+}
+
+/** Tell screen readers about something that changed (polite). */
+export function announce(message) {
+  const el = document.getElementById('announcer');
+  if (!el) return;
+  el.textContent = '';
+  window.setTimeout(() => { el.textContent = message; }, 30);
+}
+
+// ---- formatting -------------------------------------------------------------------------
+
+export function fmtInt(n) {
+  if (n === null || n === undefined || Number.isNaN(Number(n))) return '–';
+  return Number(n).toLocaleString('en-US', { maximumFractionDigits: 0 });
+}
+
+export function fmtNum(n, digits = 1) {
+  if (n === null || n === undefined || Number.isNaN(Number(n))) return '–';
+  return Number(n).toLocaleString('en-US', { maximumFractionDigits: digits });
+}
+
+/** 131072 -> "128k", 4096 -> "4k", 1000 -> "1000". */
+export function fmtContext(tokens) {
+  const n = Number(tokens) || 0;
+  if (n >= 1024 && n % 1024 === 0) return `${n / 1024}k`;
+  return fmtInt(n);
+}
+
+/** Seconds since `unixSeconds` as "3 s ago" / "5 min ago" / "2 h ago". */
+export function fmtAgo(unixSeconds, nowMs = Date.now()) {
+  if (!unixSeconds) return 'never';
+  const d = Math.max(0, nowMs / 1000 - Number(unixSeconds));
+  if (d < 1.5) return 'just now';
+  if (d < 90) return `${Math.round(d)} s ago`;
+  if (d < 5400) return `${Math.round(d / 60)} min ago`;
+  if (d < 172800) return `${Math.round(d / 3600)} h ago`;
+  return `${Math.round(d / 86400)} d ago`;
+}
+
+export function fmtTime(unixSeconds) {
+  if (!unixSeconds) return '–';
+  const d = new Date(Number(unixSeconds) * 1000);
+  return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, ' UTC');
+}
+
+/** First characters of a long id, for display (the full id goes into a title). */
+export function shortId(id, n = 10) {
+  const str = String(id ?? '');
+  return str.length > n ? `${str.slice(0, n)}…` : str;
+}
+
+/** Cheap structural fingerprint so polling pages re-render only when data changed. */
+export function fingerprint(value) {
+  return JSON.stringify(value);
+}
