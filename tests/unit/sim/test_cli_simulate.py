@@ -1,0 +1,38 @@
+"""`llmfabric simulate` through click's runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from llmfabric.cli.main import cli
+
+
+def test_simulate_json() -> None:
+    res = CliRunner().invoke(cli, ["simulate", "--model", "llama-3.1-8b", "--gpu", "H100",
+                                   "--tp", "2", "--rate", "4", "--duration", "30", "--input",
+                                   "512", "--output", "64", "--slo-ttft", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["gpu"] == "H100-SXM" and data["tp"] == 2
+    assert data["n_completed"] == data["requests"] > 0
+    assert 0 < data["mean_ttft_s"] < data["mean_e2e_s"]
+    assert data["slo_attainment"] == 1.0
+
+
+def test_simulate_table_and_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,input_tokens,output_tokens\n0,100,10\n0.5,200,20\n1.0,300,30\n")
+    res = CliRunner().invoke(cli, ["simulate", "--model", "qwen3-1.7b", "--gpu", "rtx 4090",
+                                   "--trace", str(trace)])
+    assert res.exit_code == 0, res.output
+    assert "TTFT" in res.output and "3 / 0" in res.output
+
+
+def test_simulate_infeasible_is_a_clear_error() -> None:
+    res = CliRunner().invoke(cli, ["simulate", "--model", "llama-3.1-70b", "--gpu", "A100",
+                                   "--duration", "5"])
+    assert res.exit_code != 0
+    assert "does not fit" in res.output
