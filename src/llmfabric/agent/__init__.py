@@ -1,2 +1,50 @@
 """Node agent: engine subprocess supervision, readiness and health, hardware discovery.
+
+Files:
+  supervisor.py  EngineSupervisor(SupervisorConfig): spawn in its own process group with logs
+                 to a file, wait for /v1/models, health loop, DOWN/FATAL events, stop/drain;
+                 EngineState, EngineEvent, EngineInfo
+  command.py     parse_engine_command: engine kind and base URL from the command line
+  probe.py       EngineProbe protocol and HttpProbe (/v1/models, /health)
+  logwatch.py    LogWatcher and DEFAULT_FATAL_PATTERNS (NCCL timeout, CUDA error, ...)
+  hardware.py    discover_hardware: NVML / nvidia-smi / CPU, with flag overrides
+  inflight.py    InflightTracker: begin/end, close + drained(timeout), load hints
+  errors.py      AgentError hierarchy
 """
+
+from llmfabric.agent.command import EngineCommand, parse_engine_command
+from llmfabric.agent.errors import (
+    AgentError,
+    Draining,
+    EngineCommandError,
+    EngineNotReady,
+    EngineStartError,
+)
+from llmfabric.agent.hardware import discover_hardware
+from llmfabric.agent.inflight import InflightTracker
+from llmfabric.agent.logwatch import DEFAULT_FATAL_PATTERNS
+from llmfabric.agent.supervisor import (
+    EngineEvent,
+    EngineInfo,
+    EngineState,
+    EngineSupervisor,
+    SupervisorConfig,
+)
+
+__all__ = [
+    "DEFAULT_FATAL_PATTERNS",
+    "AgentError",
+    "Draining",
+    "EngineCommand",
+    "EngineCommandError",
+    "EngineEvent",
+    "EngineInfo",
+    "EngineNotReady",
+    "EngineStartError",
+    "EngineState",
+    "EngineSupervisor",
+    "InflightTracker",
+    "SupervisorConfig",
+    "discover_hardware",
+    "parse_engine_command",
+]

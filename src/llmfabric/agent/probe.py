@@ -1,0 +1,68 @@
+"""HTTP probes of an engine's OpenAI server: readiness (/v1/models) and health (/health).
+
+vLLM, SGLang, llama.cpp's server and the sim engine all answer both. /v1/models gives the
+served model ids and, on vLLM and the sim engine, `max_model_len`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import aiohttp
+
+
+class ProbeError(Exception):
+    """The engine did not answer as a ready OpenAI server."""
+
+
+class EngineProbe(Protocol):
+    async def models(self, base_url: str, timeout_s: float) -> list[dict[str, Any]]:
+        """The /v1/models `data` list; raises ProbeError."""
+        ...
+
+    async def health(self, base_url: str, timeout_s: float) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+class HttpProbe:
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=4, force_close=True)
+            )
+        return self._session
+
+    async def models(self, base_url: str, timeout_s: float) -> list[dict[str, Any]]:
+        try:
+            async with self._http().get(
+                f"{base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
+                if r.status != 200:
+                    raise ProbeError(f"/v1/models answered {r.status}")
+                body = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ProbeError(f"/v1/models: {exc!r}") from exc
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            raise ProbeError("/v1/models answered without a data list")
+        return [d for d in data if isinstance(d, dict) and isinstance(d.get("id"), str)]
+
+    async def health(self, base_url: str, timeout_s: float) -> bool:
+        try:
+            async with self._http().get(
+                f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
+                if r.status == 404:  # engines without /health: readiness route instead
+                    await self.models(base_url, timeout_s)
+                    return True
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError, ProbeError):
+            return False
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()

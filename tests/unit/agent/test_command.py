@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import pytest
+
+from llmfabric.agent.command import parse_engine_command
+from llmfabric.agent.errors import EngineCommandError
+from llmfabric.agent.supervisor import quantization_of, served_models
+
+
+@pytest.mark.parametrize(
+    ("argv", "kind", "url"),
+    [
+        (["vllm", "serve", "meta-llama/Llama-3.1-8B"], "vllm", "http://127.0.0.1:8000"),
+        (["vllm", "serve", "m", "--port", "9001", "--host", "0.0.0.0"], "vllm",
+         "http://127.0.0.1:9001"),
+        (["python", "-m", "vllm.entrypoints.openai.api_server", "--port=8123"], "vllm",
+         "http://127.0.0.1:8123"),
+        (["python3", "-m", "sglang.launch_server", "--model-path", "m"], "sglang",
+         "http://127.0.0.1:30000"),
+        (["/opt/bin/llama-server", "-m", "x.gguf", "--host", "10.0.0.5"], "llama.cpp",
+         "http://10.0.0.5:8080"),
+        (["llmfabric", "engine", "sim", "--model", "m", "--port", "7000"], "sim",
+         "http://127.0.0.1:7000"),
+        (["/usr/bin/python3", "-m", "llmfabric.cli.engine", "sim", "--port", "7001"], "sim",
+         "http://127.0.0.1:7001"),
+        (["vllm", "serve", "m", "--host", "::1", "--port", "1"], "vllm", "http://[::1]:1"),
+    ],
+)
+def test_kind_and_url(argv: list[str], kind: str, url: str) -> None:
+    cmd = parse_engine_command(argv)
+    assert (cmd.kind, cmd.base_url) == (kind, url)
+
+
+def test_explicit_url_wins_and_errors() -> None:
+    cmd = parse_engine_command(["./my-server"], "http://127.0.0.1:5000/v1/")
+    assert (cmd.kind, cmd.base_url) == ("unknown", "http://127.0.0.1:5000")
+    with pytest.raises(EngineCommandError, match="--engine-url"):
+        parse_engine_command(["./my-server"])
+    with pytest.raises(EngineCommandError, match="--engine-url"):
+        parse_engine_command(["llmfabric", "engine", "sim", "--model", "m"])
+    with pytest.raises(EngineCommandError, match="--process"):
+        parse_engine_command([])
+    with pytest.raises(EngineCommandError, match="not a number"):
+        parse_engine_command(["vllm", "serve", "m", "--port", "abc"])
+
+
+def test_quantization_and_models() -> None:
+    assert quantization_of(["vllm", "serve", "m", "--quantization", "awq"]) == ("awq-int4", 4)
+    assert quantization_of(["vllm", "serve", "m", "-q", "fp8"]) == ("fp8", 8)
+    assert quantization_of(["vllm", "serve", "m"]) == ("bf16", 16)
+    models = served_models([{"id": "a", "max_model_len": 32768}, {"id": "b"}],
+                           ["vllm", "serve", "--quantization=gptq"], 4096)
+    assert [(m.id, m.max_context, m.quant_bits) for m in models] == [
+        ("a", 32768, 4), ("b", 4096, 4)]
