@@ -95,6 +95,11 @@ class PeerConnection:
         return task
 
     @property
+    def busy(self) -> bool:
+        """True while requests are in flight on either h2 session."""
+        return self.client.open_streams > 0 or self.server.open_streams > 0
+
+    @property
     def is_open(self) -> bool:
         return not self._closing
 
@@ -208,6 +213,10 @@ class PeerConnection:
         self.server.fail(err)
         with contextlib.suppress(Exception):
             self._writer.close()
+        current = asyncio.current_task()
+        for t in self._tasks:
+            if t is not current:
+                t.cancel()
         self.closed.set()
         self.owner.on_closed(self)
 

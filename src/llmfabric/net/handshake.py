@@ -134,6 +134,8 @@ async def client_handshake(
     writer: asyncio.StreamWriter,
     cfg: HandshakeConfig,
     expected_peer: str | None,
+    *,
+    probe: bool = False,
 ) -> tuple[str, FramedReader]:
     """Run the dialler's side on an established TLS stream; return (server peer id, reader)."""
     ssl_obj = writer.get_extra_info("ssl_object")
@@ -177,6 +179,7 @@ async def client_handshake(
                     "nonce": client_nonce,
                     "sig": sig,
                     "proof": cfg.admission.prove(ctx),
+                    "probe": probe,
                 }
             ),
         )
@@ -199,8 +202,10 @@ async def client_handshake(
 
 async def server_handshake(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cfg: HandshakeConfig
-) -> tuple[str, FramedReader]:
-    """Run the listener's side; return (authenticated client peer id, reader)."""
+) -> tuple[str, FramedReader, bool]:
+    """Run the listener's side; return (authenticated client peer id, reader, is a probe).
+
+    A probe (dial-back check) only proves the identity; the connection is not kept."""
     fr = FramedReader(reader, FrameDecoder())
     server_nonce = os.urandom(NONCE_LEN)
     me = cfg.key.peer_id
@@ -250,4 +255,4 @@ async def server_handshake(
     writer.write(encode_frame(FrameType.ACCEPT, _pack({"proof": cfg.admission.prove(sctx)})))
     await writer.drain()
     await _expect(fr, FrameType.CONFIRM, cfg)
-    return client_id, fr
+    return client_id, fr, auth.get("probe") is True

@@ -159,7 +159,6 @@ class RelayService:
         target = dict(headers)[RELAY_TO]
         out = self.t.connection(target)
         if not self.t.config.relay or out is None:
-            body.abort()
             reason = "not a relay" if not self.t.config.relay else f"{target} is not connected"
             return HandlerResponse(502, ((RELAY_ERROR, reason),), reason.encode())
         hdrs = (

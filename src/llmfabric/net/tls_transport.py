@@ -205,7 +205,13 @@ class TlsTransport:
             except NetError:
                 continue
             hdrs = (*headers, (RELAY_TO, peer_id))
-            status, rh, stream, _ = await rconn.client.request(method, path, relay_id, hdrs, body)
+            try:
+                status, rh, stream, _ = await rconn.client.request(
+                    method, path, relay_id, hdrs, body
+                )
+            except RequestFailed as exc:
+                direct_error = exc
+                continue
             if status == 502 and any(k == RELAY_ERROR for k, _ in rh):
                 stream.abort()
                 continue
@@ -316,7 +322,7 @@ class TlsTransport:
             return
         set_nodelay(writer)
         try:
-            peer, framed = await server_handshake(reader, writer, self._hs)
+            peer, framed, probe = await server_handshake(reader, writer, self._hs)
         except HandshakeRefused as exc:
             self.stats.handshakes_refused[exc.code] += 1
             log.info("refused an inbound connection: %s", exc.reason)
@@ -326,7 +332,15 @@ class TlsTransport:
             self.stats.handshakes_refused["closed"] += 1
             await _close_writer(writer)
             return
+        except asyncio.CancelledError:
+            # Transport closing mid-handshake. End quietly: asyncio's server callback logs
+            # an error for a cancelled connection task otherwise.
+            writer.close()
+            return
         self.stats.handshakes_ok += 1
+        if probe:
+            await _close_writer(writer)
+            return
         self._register(
             PeerConnection(
                 self,
@@ -339,7 +353,9 @@ class TlsTransport:
             )
         )
 
-    async def _open(self, addr: str, expected: str | None) -> PeerConnection:
+    async def _open(
+        self, addr: str, expected: str | None, *, probe: bool = False
+    ) -> PeerConnection:
         if self._closing:
             raise PeerUnreachable("transport is closing")
         try:
@@ -356,7 +372,7 @@ class TlsTransport:
             raise PeerUnreachable(f"cannot connect to {addr}: {exc or type(exc).__name__}") from exc
         set_nodelay(writer)
         try:
-            peer, framed = await client_handshake(reader, writer, self._hs, expected)
+            peer, framed = await client_handshake(reader, writer, self._hs, expected, probe=probe)
         except HandshakeRefused as exc:
             self.stats.handshakes_refused[exc.code] += 1
             await _close_writer(writer)
@@ -380,8 +396,7 @@ class TlsTransport:
 
     async def probe(self, addr: str, expected: str) -> None:
         """Dial `addr`, check it answers as `expected`, close. Raises NetError on failure."""
-        conn = await self._open(addr, expected)
-        conn.start()
+        conn = await self._open(addr, expected, probe=True)
         await conn.aclose()
 
     async def connect(self, addr: str, expected_peer: str | None = None) -> str:
@@ -426,22 +441,32 @@ class TlsTransport:
         old = self._conns.get(conn.peer_id)
         if old is not None and old.is_open:
             # Both sides dialled at once: keep the connection dialled by the lower peer id.
-            if self._dialler(conn) < self._dialler(old) or self._dialler(conn) == self._dialler(
-                old
-            ):
+            if self._dialler(conn) <= self._dialler(old):
                 self._conns[conn.peer_id] = conn
-                self.spawn(old.aclose())
+                self.spawn(self._retire(old))
                 return conn
-            self.spawn(conn.aclose())
+            self.spawn(self._retire(conn))
             return old
         self._conns[conn.peer_id] = conn
         return conn
+
+    async def _retire(self, conn: PeerConnection, grace: float = 60.0) -> None:
+        """Close a duplicate connection once its in-flight requests are done (or after
+        `grace` seconds); it keeps delivering what arrives meanwhile."""
+        deadline = self.clock.now() + grace
+        while conn.is_open and conn.busy and self.clock.now() < deadline:
+            await self.clock.sleep(0.5)
+        await conn.aclose()
 
     def _dialler(self, conn: PeerConnection) -> str:
         return self.local_id if conn.dialled else conn.peer_id
 
     def on_closed(self, conn: PeerConnection) -> None:
-        self._all_conns.discard(conn)
+        if conn not in self._all_conns:  # a dial-back probe, never registered
+            return
+        if not self._closing:  # finish closing (await the socket) in the background
+            task = self.spawn(conn.aclose())
+            task.add_done_callback(lambda _t: self._all_conns.discard(conn))
         if self._conns.get(conn.peer_id) is conn:
             del self._conns[conn.peer_id]
         self.relay.on_closed(conn)
