@@ -41,8 +41,8 @@ function compact(n) {
  * @returns {HTMLElement} a figure holding the svg and its legend
  */
 export function stackedBarChart({ categories, series, value, title, unit }) {
-  const width = 720;
-  const height = 280;
+  const width = 960;
+  const height = 300;
   const m = { top: 16, right: 12, bottom: 42, left: 56 };
   const iw = width - m.left - m.right;
   const ih = height - m.top - m.bottom;

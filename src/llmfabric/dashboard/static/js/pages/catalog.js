@@ -2,7 +2,7 @@
 // context, refreshed live; search and filters.
 
 import { h, mount, notice, tableWrap, badge, chip, fmtContext, shortId, fingerprint } from '../dom.js';
-import { get, listOf } from '../api.js';
+import { get, listOf, ApiError } from '../api.js';
 import { pageHeader, filterSelect, searchBox, liveStatus, errorNotice, includesText } from './common.js';
 
 const POLL_MS = 2000;
@@ -10,6 +10,25 @@ const POLL_MS = 2000;
 function statusOf(model) {
   if (model.serving > 0) return 'serving';
   return 'unavailable';
+}
+
+/** The fabric's model view; a standalone ingress without it has /v1/models (same fields). */
+async function loadModels() {
+  try {
+    return listOf(await get('/v1/fabric/models'), 'models');
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.status !== 404) throw err;
+    return listOf(await get('/v1/models'), 'data');
+  }
+}
+
+async function loadNodes() {
+  try {
+    return listOf(await get('/v1/fabric/nodes'), 'nodes');
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) return [];
+    throw err;
+  }
 }
 
 function render(view, ctx, params) {
@@ -112,10 +131,8 @@ function render(view, ctx, params) {
 
   ctx.every(POLL_MS, async () => {
     try {
-      const [mb, nb] = await Promise.all([get('/v1/fabric/models'), get('/v1/fabric/nodes')]);
+      const [nextModels, nextNodes] = await Promise.all([loadModels(), loadNodes()]);
       if (!ctx.alive) return;
-      const nextModels = listOf(mb, 'models');
-      const nextNodes = listOf(nb, 'nodes');
       mount(errorBox);
       live.ok(`Live · updated ${new Date().toLocaleTimeString()}`);
       const sig = fingerprint([nextModels, nextNodes.map((n) => [n.session_id, n.state, n.suspected])]);

@@ -51,6 +51,8 @@ function render(view, ctx) {
     totals, chartBox, tableBox);
 
   let rows = null;
+  let keyNames = new Map();
+  const keyLabel = (id) => (keyNames.get(id) ? `${keyNames.get(id)} (${id.slice(0, 6)}…)` : id);
 
   function draw() {
     if (rows === null) return;
@@ -71,7 +73,7 @@ function render(view, ctx) {
       return;
     }
     const m = metric.value;
-    const seriesOf = (r) => (groupBy.value === 'key' ? r.key_id : r.model);
+    const seriesOf = (r) => (groupBy.value === 'key' ? keyLabel(r.key_id) : r.model);
     const dayList = shown.map((r) => r.day).sort();
     const today = new Date().toISOString().slice(0, 10);
     const lastDay = dayList[dayList.length - 1] > today ? dayList[dayList.length - 1] : today;
@@ -94,7 +96,7 @@ function render(view, ctx) {
         h('thead', {}, h('tr', {}, ['Day', 'Key', ...(admin ? ['Owner'] : []), 'Model', 'Requests', 'Prompt', 'Completion', 'Total']
           .map((c, i) => h('th', { scope: 'col', class: i >= (admin ? 4 : 3) ? 'num' : null }, c)))),
         h('tbody', {}, sorted.map((r) => h('tr', {},
-          h('td', { class: 'nowrap' }, r.day), h('td', {}, h('code', {}, r.key_id)),
+          h('td', { class: 'nowrap' }, r.day), h('td', {}, keyNames.get(r.key_id) || '', ' ', h('code', { class: 'muted small' }, r.key_id)),
           admin ? h('td', {}, r.owner) : null, h('td', {}, r.model),
           h('td', { class: 'num' }, fmtInt(r.requests)), h('td', { class: 'num' }, fmtInt(r.prompt_tokens)),
           h('td', { class: 'num' }, fmtInt(r.completion_tokens)), h('td', { class: 'num' }, fmtInt(r.total_tokens ?? (r.prompt_tokens + r.completion_tokens)))))),
@@ -105,8 +107,12 @@ function render(view, ctx) {
 
   async function load() {
     try {
-      const body = await get('/v1/fabric/usage');
+      const [body, keysBody] = await Promise.all([
+        get('/v1/fabric/usage'),
+        get('/v1/fabric/keys').catch(() => null),
+      ]);
       if (!ctx.alive) return;
+      keyNames = new Map(listOf(keysBody, 'keys').map((k) => [k.id, k.name]));
       rows = listOf(body, 'usage').map((r) => ({
         ...r, total_tokens: r.total_tokens ?? ((Number(r.prompt_tokens) || 0) + (Number(r.completion_tokens) || 0)),
       }));
