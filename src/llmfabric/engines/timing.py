@@ -1,8 +1,9 @@
 """How long the simulated engine takes: prefill of a prompt and one decode step of a batch.
 
-`timing_for(gpu, model, tp)` returns a RooflineTiming built from llmfabric.sim's GPU and
-model specs when both names are known there (memory-bound decode: weights + KV cache read per
-step; compute-bound prefill), else a TableTiming keyed by GPU class. Both model continuous
+`timing_for(gpu, model, tp)` returns, when llmfabric.sim knows both names, its calibrated
+step cost model (SimCostTiming), or failing that a RooflineTiming from its specs
+(memory-bound decode: weights + KV cache read per step; compute-bound prefill); else a
+TableTiming keyed by GPU class. Both model continuous
 batching the way vLLM behaves: one decode step serves every running sequence, so per-token
 time grows slowly with the number of concurrent streams.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,28 @@ class RooflineTiming:
         return _STEP_OVERHEAD_S + max(memory, compute)
 
 
+class SimCostTiming:
+    """llmfabric.sim's calibrated per-iteration cost model (sim.costs.StepCostModel)."""
+
+    def __init__(self, cost_model: Any) -> None:
+        self._cm = cost_model
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        return float(self._cm.prefill_time([max(1, prompt_tokens)]))
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        return float(self._cm.decode_step_time(max(1, batch), float(max(0, context_tokens))))
+
+
 def timing_for(gpu: str, model: str, tp: int = 1) -> TimingModel:
-    """The best timing model available for this GPU and model name."""
+    """The best timing model available for this GPU and model name: llmfabric.sim's step
+    cost model, else our own roofline from its specs, else the per-GPU table."""
+    try:
+        from llmfabric.sim.costs import cost_model
+
+        return SimCostTiming(cost_model(model, gpu, tp=max(1, tp)))
+    except Exception as exc:
+        log.info("sim engine: no sim cost model for %s/%s (%s)", gpu, model, exc)
     try:
         from llmfabric.sim.hardware import get_gpu
         from llmfabric.sim.models import get_model
