@@ -54,6 +54,7 @@ class NodeConfig(BaseModel):
     network: str = "default"
     network_secret: str | None = None
     membership_cert: pathlib.Path | None = None
+    operator_key: str | None = None  # base64 operator public key, with membership_cert
     # Engine supervision (empty process = a bare node the scheduler may fill).
     process: tuple[str, ...] = ()
     engine_url: str | None = None
@@ -69,6 +70,8 @@ class NodeConfig(BaseModel):
     max_retries: int = 2
     db: str | None = None
     auth: bool = True
+    admin_key_file: pathlib.Path | None = None
+    dashboard: bool = True
     max_body_bytes: int = 4 * 1024 * 1024
 
     @field_validator("listen", "http_listen")

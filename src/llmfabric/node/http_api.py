@@ -32,7 +32,7 @@ def json_response(body: Any, status: int = 200) -> web.Response:
 def add_node_routes(
     app: web.Application,
     replica: ReplicaReader,
-    metrics: CollectorRegistry,
+    metrics: list[CollectorRegistry],
     refresh_metrics: Callable[[], None] | None = None,
 ) -> None:
     def self_view() -> dict[str, Any] | None:
@@ -67,7 +67,7 @@ def add_node_routes(
     async def prometheus(_: web.Request) -> web.Response:
         if refresh_metrics is not None:
             refresh_metrics()
-        resp = web.Response(body=generate_latest(metrics))
+        resp = web.Response(body=b"".join(generate_latest(r) for r in metrics))
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 

@@ -1,0 +1,181 @@
+"""`llmfabric start`: run a node; with `--process CMD...` it also supervises an engine.
+
+    llmfabric start --bootstrap host:7946 --network-secret S --process vllm serve M --port 8000
+
+Settings come from defaults < `--config FILE` (YAML) < env vars (LLMFABRIC_*) < flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pathlib
+import signal
+import sys
+from typing import Any
+
+import click
+
+from llmfabric.node.config import ConfigError, NodeConfig, build_config, load_config_file
+
+
+def _labels(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not key=value")
+        out[key] = value
+    return out
+
+
+def node_options(fn: Any) -> Any:
+    """Options shared by `start` and `ingress` (a node with the ingress role)."""
+    options = [
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False,
+                     path_type=pathlib.Path), help="YAML file with any of these options"),
+        click.option("--home", type=click.Path(file_okay=False, path_type=pathlib.Path),
+                     envvar="LLMFABRIC_HOME", help="state dir (keys, logs, db) [~/.llmfabric]"),
+        click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
+                     help="host:port of a bootstrap peer (repeatable; env: comma-separated)"),
+        click.option("--listen", envvar="LLMFABRIC_LISTEN",
+                     help="peer (TLS) listener host:port [0.0.0.0:7946]"),
+        click.option("--http-listen", envvar="LLMFABRIC_HTTP_LISTEN",
+                     help="HTTP API host:port [127.0.0.1:8090]"),
+        click.option("--public-addr", envvar="LLMFABRIC_PUBLIC_ADDR",
+                     help="host:port other nodes should dial (behind port forwarding)"),
+        click.option("--relay", is_flag=True, default=None,
+                     help="relay for nodes that cannot be dialled"),
+        click.option("--provider", envvar="LLMFABRIC_PROVIDER",
+                     help="provider id shown to consumers [the node's peer id]"),
+        click.option("--label", "labels", multiple=True, callback=_labels,
+                     help="k=v site/cluster label (repeatable)"),
+        click.option("--tier", type=click.Choice(["stable", "transient"]), default=None),
+        click.option("--preset", type=click.Choice(["lan", "wan", "local"]), default=None,
+                     envvar="LLMFABRIC_PRESET", help="gossip/SWIM timing preset [lan]"),
+        click.option("--network", envvar="LLMFABRIC_NETWORK", help="network name [default]"),
+        click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
+                     help="pre-shared network secret (admission)"),
+        click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False,
+                     path_type=pathlib.Path), envvar="LLMFABRIC_MEMBERSHIP_CERT",
+                     help="operator-signed membership certificate (admission)"),
+        click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY",
+                     help="operator public key (base64) that signs membership certificates"),
+        click.option("--ingress", is_flag=True, default=None,
+                     help="serve the OpenAI API, accounts and dashboard on the HTTP port"),
+        click.option("--policy", help="ingress load-balancing policy [random]"),
+        click.option("--max-retries", type=int, help="ingress retries on other nodes [2]"),
+        click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),
+        click.option("--no-auth", "no_auth", is_flag=True, default=None,
+                     help="ingress without API keys (local demo only)"),
+        click.option("--engine-url", help="engine base URL [parsed from the command]"),
+        click.option("--ready-timeout", "ready_timeout_s", type=float,
+                     help="seconds to wait for the engine to load [900]"),
+        click.option("--health-interval", "health_interval_s", type=float),
+        click.option("--drain-timeout", "drain_timeout_s", type=float,
+                     help="seconds to drain in-flight requests on SIGTERM [30]"),
+        click.option("--gpu", help="override the GPU model (or 'cpu')"),
+        click.option("--gpu-count", type=int),
+        click.option("--gpu-memory", "gpu_memory_gb", type=float, help="GiB per GPU"),
+        click.option("-v", "--verbose", count=True),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def config_from_options(
+    options: dict[str, Any], process: tuple[str, ...] = (), **fixed: Any
+) -> NodeConfig:
+    opts = dict(options)
+    opts.pop("verbose", None)
+    config_file = opts.pop("config_file", None)
+    file_values = load_config_file(config_file) if config_file else {}
+    bootstrap: list[str] = []
+    for item in opts.pop("bootstrap", ()) or ():
+        bootstrap.extend(part.strip() for part in item.split(",") if part.strip())
+    if bootstrap:
+        opts["bootstrap"] = tuple(bootstrap)
+    if not opts.get("labels"):
+        opts.pop("labels", None)
+    no_auth = opts.pop("no_auth", None)
+    if no_auth:
+        opts["auth"] = False
+    if process:
+        opts["process"] = process
+    opts.update(fixed)
+    return build_config(file_values, opts)
+
+
+def setup_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_node(config: NodeConfig, *, banner: bool = True) -> int:
+    """Run a node until SIGTERM/SIGINT (graceful: drain, LEFT) or a fail-stop."""
+    from llmfabric.node.daemon import Node, NodeError
+
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+
+    async def main() -> int:
+        try:
+            node = Node(config)
+        except (NodeError, ConfigError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(node.stop()))
+        try:
+            await node.start()
+        except Exception:
+            await node.stop(drain=False)
+            raise
+        if banner:
+            _print_banner(node)
+        return await node.wait_stopped()
+
+    return asyncio.run(main())
+
+
+def _print_banner(node: Any) -> None:
+    cfg = node.config
+    click.echo(f"llmfabric node {node.session_id} (peer {node.key.peer_id})", err=True)
+    click.echo(f"  peer listener: {node.transport.listen_addr or 'none (outbound only)'}",
+               err=True)
+    click.echo(f"  http:          http://{node.http_addr}", err=True)
+    if cfg.ingress:
+        click.echo(f"  OpenAI API:    http://{node.http_addr}/v1", err=True)
+        click.echo(f"  dashboard:     http://{node.http_addr}/ui/", err=True)
+        if cfg.auth:
+            click.echo(f"  admin key in:  {cfg.admin_key_file or cfg.home / 'admin.key'}",
+                       err=True)
+    sys.stderr.flush()
+
+
+@click.command(
+    "start",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@node_options
+@click.option("--process", "process_flag", is_flag=True,
+              help="everything after it is the engine command to supervise")
+@click.argument("process", nargs=-1, type=click.UNPROCESSED)
+def command(process_flag: bool, process: tuple[str, ...], **options: Any) -> None:
+    """Start a node: it joins the fabric, advertises its hardware and, with --process, serves
+    the models of the engine command that follows (e.g. `--process vllm serve M`)."""
+    if process and not process_flag:
+        raise click.UsageError(f"unexpected arguments {' '.join(process)!r}; put the engine "
+                               "command after --process")
+    if process_flag and not process:
+        raise click.UsageError("--process needs the engine command after it")
+    setup_logging(options.get("verbose") or 0)
+    try:
+        config = config_from_options(options, process)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(run_node(config))

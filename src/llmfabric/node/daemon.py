@@ -1,0 +1,341 @@
+"""Node: one running llmfabric node, wired from its parts.
+
+    node = Node(config)
+    await node.start()      # key, transport, gossip, HTTP API; engine + SERVING if --process
+    await node.wait_stopped()   # until stop() (SIGTERM/SIGINT), fail-stop or eviction handling
+    await node.stop()       # drain, announce LEFT, stop the engine, close everything
+
+The data flow stays one way: the transport feeds gossip, gossip keeps the replica, the replica
+feeds the address book, routing and the read-only HTTP views. The node writes only its own
+record (through the GossipAgent's RecordOwner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import random
+import secrets
+from typing import Any
+
+from aiohttp import web
+
+from llmfabric.agent import EngineEvent, EngineState, InflightTracker
+from llmfabric.agent.hardware import discover_hardware
+from llmfabric.clock import Clock, SystemClock
+from llmfabric.gossip.agent import GossipAgent
+from llmfabric.gossip.config import preset
+from llmfabric.identity import NodeKey
+from llmfabric.net import TlsTransport, TransportConfig
+from llmfabric.node.admission import admission_from_config
+from llmfabric.node.config import NodeConfig, parse_hostport
+from llmfabric.node.engine_link import EngineLink
+from llmfabric.node.http_api import add_node_routes
+from llmfabric.node.ingress_link import IngressLink
+from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.replica_reader import AgentReplicaReader
+from llmfabric.registry.records import Lifecycle, NodeMeta
+from llmfabric.registry.replica import Change
+
+log = logging.getLogger(__name__)
+
+
+class NodeError(RuntimeError):
+    """The node cannot start or keep running; the message says what to fix."""
+
+
+def forward_token(network_secret: str) -> str:
+    """Token nodes of one PSK network accept on their HTTP engine-proxy route."""
+    return hmac.new(network_secret.encode(), b"llmfabric-forward-v1", hashlib.sha256).hexdigest()
+
+
+class Node:
+    def __init__(
+        self, config: NodeConfig, *, clock: Clock | None = None, rng: random.Random | None = None
+    ) -> None:
+        if not config.has_credential():
+            raise NodeError(
+                "a node joins only with a credential: pass --network-secret (or env "
+                "LLMFABRIC_NETWORK_SECRET) or --membership-cert FILE with --operator-key KEY"
+            )
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.key, _ = NodeKey.load_or_create(config.home)
+        self.transport = TlsTransport(
+            self.key,
+            admission_from_config(config),
+            self._transport_config(),
+            clock=self.clock,
+            rng=self.rng,
+        )
+        self.inflight = InflightTracker()
+        self.metrics = NodeMetrics()
+        self.agent: GossipAgent | None = None
+        self.engine: EngineLink | None = None
+        self.ingress: IngressLink | None = None
+        self._runner: web.AppRunner | None = None
+        self._http_addr = ""
+        self._stopped = asyncio.Event()
+        self._exit_code = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._seeds: list[str] = []
+        self._stopping = False
+
+    # ---- properties ---------------------------------------------------------------------
+    @property
+    def session_id(self) -> str:
+        return self._agent.session_id
+
+    @property
+    def http_addr(self) -> str:
+        return self._http_addr
+
+    @property
+    def exit_code(self) -> int:
+        return self._exit_code
+
+    @property
+    def _agent(self) -> GossipAgent:
+        if self.agent is None:
+            raise NodeError("the node is not started")
+        return self.agent
+
+    def _transport_config(self) -> TransportConfig:
+        host, port = parse_hostport(self.config.listen)
+        return TransportConfig(
+            host=host, port=port, public_addr=self.config.public_addr, relay=self.config.relay
+        )
+
+    # ---- start --------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.transport.start()
+        self.agent = self._new_agent()
+        reader = AgentReplicaReader(lambda: self._agent, self.clock)
+        app = web.Application(client_max_size=self.config.max_body_bytes + 1)
+        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
+        if self.config.ingress:
+            self.ingress = await IngressLink.create(self.config, reader, self.transport, self.rng)
+            self.ingress.mount(app)
+            self.metrics.add_registry(self.ingress.metrics_registry)
+        if self.config.process:
+            self.engine = EngineLink(self.config, self.clock, self.inflight)
+            proxy_token = (
+                forward_token(self.config.network_secret) if self.config.network_secret else None
+            )
+            self.engine.mount(app, proxy_token)
+            self.transport.set_request_handler(self.engine.handle_peer_request)
+        await self._serve_http(app)
+        self._agent.update_self(self._meta())
+        await self._agent.start()
+        self._spawn(self._join(), "join")
+        if self.engine is not None:
+            self._spawn(self._run_engine(self.engine), "engine")
+
+    def _new_agent(self) -> GossipAgent:
+        agent = GossipAgent(
+            self.transport,
+            self.clock,
+            self.key,
+            self._meta(),
+            config=preset(self.config.preset),
+            seeds=self._seeds,
+            rng=self.rng,
+        )
+        agent.add_listener(self._on_change)
+        agent.on_evicted(self._on_evicted)
+        return agent
+
+    async def _serve_http(self, app: web.Application) -> None:
+        host, port = parse_hostport(self.config.http_listen, default_host="127.0.0.1")
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        bound_port = sockets[0].getsockname()[1] if sockets else port
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self._http_addr = f"{shown}:{bound_port}"
+
+    def _meta(self, **changes: Any) -> NodeMeta:
+        base = self.agent.record.meta if self.agent is not None else None
+        roles = tuple(
+            r for r, on in (("ingress", self.config.ingress), ("relay", self.config.relay)) if on
+        )
+        hardware = (
+            base.hardware
+            if base is not None
+            else discover_hardware(
+                gpu=self.config.gpu,
+                gpu_count=self.config.gpu_count,
+                gpu_memory_gb=self.config.gpu_memory_gb,
+            )
+        )
+        meta = NodeMeta(
+            provider_id=self.config.provider or self.key.peer_id,
+            peer_addrs=self.transport.advertised_addrs if self._dialable() else (),
+            http_addr=self._http_addr,
+            relays=self.transport.relays,
+            hardware=hardware,
+            engine=base.engine if base is not None else "",
+            models=base.models if base is not None else (),
+            load=base.load if base is not None else NodeMeta().load,
+            labels=tuple(sorted(self.config.labels.items())),
+            tier=self.config.tier,
+            roles=roles,
+        )
+        return NodeMeta(**{**{f: getattr(meta, f) for f in meta.__slots__}, **changes})
+
+    def _dialable(self) -> bool:
+        return self.transport.listen_addr is not None and not self.transport.relays
+
+    # ---- joining the fabric -------------------------------------------------------------
+    async def _join(self) -> None:
+        if not self.config.bootstrap:
+            return
+        peers = await self.transport.bootstrap(list(self.config.bootstrap))
+        self._seeds[:] = [p for p in peers if p != self.key.peer_id]
+        agent = self._agent
+        agent.seeds[:] = self._seeds
+        agent._contact_seeds()
+        if self.transport.listen_addr is None or not await self._reachable(peers):
+            await self._use_relays(peers)
+
+    async def _reachable(self, peers: list[str]) -> bool:
+        for peer in peers:
+            with contextlib.suppress(Exception):
+                if await self.transport.check_reachability(peer):
+                    return True
+        log.warning("no bootstrap peer could dial us back; falling back to relays")
+        return False
+
+    async def _use_relays(self, bootstrap_peers: list[str]) -> None:
+        """Keep outbound connections to relay-role peers (the bootstrap peers until the
+        registry tells us which peers relay)."""
+        relay_ids = [
+            v.record.peer_id
+            for v in self._agent.nodes.all(include_left=False)
+            if "relay" in v.record.meta.roles
+        ]
+        self.transport.use_relays(relay_ids or bootstrap_peers)
+        await self.transport.wait_relayed(1, timeout=30.0)
+        self._agent.update_self(self._meta(peer_addrs=(), relays=self.transport.relays))
+
+    def _on_change(self, change: Change) -> None:
+        view = self._agent.nodes.get(change.session_id) if self.agent is not None else None
+        if view is None or view.record.peer_id == self.key.peer_id:
+            return
+        meta = view.record.meta
+        if view.record.state is Lifecycle.LEFT:
+            return
+        self.transport.add_peer(view.record.peer_id, meta.peer_addrs, meta.relays)
+
+    def _on_evicted(self) -> None:
+        # A false eviction (partition, long pause): rejoin under a new session id.
+        if not self._stopping:
+            log.warning("this session was evicted by the fabric; rejoining with a new session")
+            self._spawn(self._rejoin(), "rejoin")
+
+    async def _rejoin(self) -> None:
+        old = self._agent
+        meta = old.record.meta
+        state = old.record.state
+        await old.aclose()
+        self.agent = self._new_agent()
+        self.agent.update_self(meta)
+        if state is Lifecycle.SERVING:
+            self.agent.set_state(Lifecycle.SERVING)
+        await self.agent.start()
+
+    # ---- engine -------------------------------------------------------------------------
+    async def _run_engine(self, engine: EngineLink) -> None:
+        try:
+            info = await engine.start()
+        except Exception as exc:
+            log.error("the engine did not become ready: %s", exc)
+            self._agent.set_state(Lifecycle.DOWN)
+            self._exit_code = 3
+            self._stopped.set()
+            return
+        self._agent.update_self(self._meta(engine=info.kind, models=info.models))
+        self._agent.set_state(Lifecycle.SERVING)
+        engine.supervisor.on_state_change(self._on_engine_event)
+        self._spawn(self._publish_load(), "load")
+
+    def _on_engine_event(self, event: EngineEvent) -> None:
+        if self._stopping:
+            return
+        if event.state is EngineState.DOWN:
+            log.error("engine down: %s", event.reason)
+            if self._agent.record.state < Lifecycle.DOWN:
+                self._agent.set_state(Lifecycle.DOWN)
+        elif event.state is EngineState.FATAL:
+            log.error("fatal engine failure, fail-stop: %s", event.log_line or event.reason)
+            self._exit_code = 4
+            self._spawn(self.stop(drain=False), "fail-stop")
+
+    async def _publish_load(self) -> None:
+        """Refresh load hints in the record when they change (at most every 2 s)."""
+        last = -1
+        while not self._stopping:
+            await self.clock.sleep(2.0)
+            now = self.inflight.inflight
+            if now != last and self._agent.record.state is Lifecycle.SERVING:
+                last = now
+                self._agent.update_self(self._meta(load=self.inflight.load_hints()))
+
+    # ---- stop ---------------------------------------------------------------------------
+    async def wait_stopped(self) -> int:
+        await self._stopped.wait()
+        return self._exit_code
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Stop taking requests, drain in-flight ones, announce LEFT, stop the engine."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        agent = self.agent
+        try:
+            if agent is not None and agent.record.state < Lifecycle.DOWN:
+                agent.set_state(Lifecycle.DOWN)  # ingresses stop routing to us
+            if drain:
+                await self.inflight.drained(self.config.drain_timeout_s)
+            if agent is not None:
+                await agent.leave()
+            if self.engine is not None:
+                await self.engine.aclose(self.config.drain_timeout_s if drain else 2.0)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if agent is not None:
+                await agent.aclose()
+            if self.ingress is not None:
+                await self.ingress.aclose()
+            if self._runner is not None:
+                await self._runner.cleanup()
+            await self.transport.aclose()
+            self._stopped.set()
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"node-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("node task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _refresh_metrics(self) -> None:
+        if self.agent is not None:
+            self.metrics.refresh(self.agent, self.transport, self.inflight)
+
+
+def random_secret() -> str:
+    return secrets.token_urlsafe(24)

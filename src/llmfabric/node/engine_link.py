@@ -1,0 +1,111 @@
+"""The node's engine: supervision (agent/) plus the proxy that serves forwarded requests.
+
+Forwarded inference requests reach the engine two ways: over the authenticated peer network
+(any admitted node, through relays too) and, for PSK networks, over the node's HTTP port with
+a forward token derived from the network secret (the fast direct path). Both count in-flight
+requests so SIGTERM can drain them, and both refuse new work (503, retried elsewhere by the
+ingress) once draining started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+from aiohttp import web
+
+from llmfabric.agent import EngineInfo, EngineSupervisor, InflightTracker, SupervisorConfig
+from llmfabric.clock import Clock
+from llmfabric.ingress.engine_proxy import EngineProxy
+from llmfabric.ingress.errors import UpstreamError
+from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.net import HandlerResponse, PeerRequest
+from llmfabric.node.config import NodeConfig
+
+_JSON = (("content-type", "application/json"),)
+
+
+def _error(status: int, message: str, code: str) -> HandlerResponse:
+    body = orjson.dumps(
+        {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    )
+    return HandlerResponse(status, _JSON, body)
+
+
+class EngineLink:
+    def __init__(self, config: NodeConfig, clock: Clock, inflight: InflightTracker) -> None:
+        self.config = config
+        self.inflight = inflight
+        logs = config.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.supervisor = EngineSupervisor(
+            SupervisorConfig(
+                command=config.process,
+                log_path=logs / "engine.log",
+                engine_url=config.engine_url,
+                ready_timeout_s=config.ready_timeout_s,
+                health_interval_s=config.health_interval_s,
+                failures_to_down=config.health_failures,
+            ),
+            clock=clock,
+        )
+        self.proxy: EngineProxy | None = None
+        self._token: str | None = None
+
+    async def start(self) -> EngineInfo:
+        info = await self.supervisor.start()
+        self.proxy = EngineProxy(
+            info.base_url, max_body_bytes=self.config.max_body_bytes, forward_token=self._token
+        )
+        return info
+
+    def mount(self, app: web.Application, token: str | None) -> None:
+        """Serve the HTTP forward route (only when a forward token can be derived)."""
+        if token is None:
+            return
+        self._token = token
+        app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self._handle_http)
+
+    async def _handle_http(self, request: web.Request) -> web.StreamResponse:
+        if self.proxy is None or not self.inflight.accepting:
+            return web.Response(
+                body=_error(503, "this node is not serving", "node_not_serving").body,
+                status=503, content_type="application/json",
+            )
+        self.inflight.begin()
+        try:
+            return await self.proxy.handle(request)
+        finally:
+            self.inflight.end()
+
+    async def handle_peer_request(self, request: PeerRequest) -> HandlerResponse:
+        if not request.path.startswith(FORWARD_PREFIX + "/v1/"):
+            return _error(404, f"{request.path} is not served to peers", "not_found")
+        if self.proxy is None or not self.inflight.accepting:
+            return _error(503, "this node is not serving", "node_not_serving")
+        body = await request.read()
+        if len(body) > self.config.max_body_bytes:
+            return _error(400, "request body too large", "request_too_large")
+        self.inflight.begin()
+        try:
+            upstream = await self.proxy.open(request.path.removeprefix(FORWARD_PREFIX), body)
+        except UpstreamError as exc:
+            self.inflight.end()
+            return _error(502, str(exc), "engine_unreachable")
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.chunks():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                self.inflight.end()
+
+        return HandlerResponse(
+            upstream.status, (("content-type", upstream.content_type),), relay()
+        )
+
+    async def aclose(self, drain_timeout_s: float) -> None:
+        await self.supervisor.stop(drain_timeout_s)
+        if self.proxy is not None:
+            await self.proxy.aclose()

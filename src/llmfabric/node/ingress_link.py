@@ -1,0 +1,104 @@
+"""The ingress role of a node: OpenAI routes over the live replica, accounts, dashboard."""
+
+from __future__ import annotations
+
+import random
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from llmfabric.accounts.bootstrap import ensure_admin_key
+from llmfabric.accounts.http import add_account_routes
+from llmfabric.accounts.ratelimit import RateLimiter
+from llmfabric.accounts.store import AccountStore
+from llmfabric.clock import SystemClock
+from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.ingress import (
+    FORWARD_PREFIX,
+    ChoosingForwarder,
+    HttpForwarder,
+    Ingress,
+    IngressConfig,
+    PeerForwarder,
+    RecordsCandidateSource,
+    add_ingress_routes,
+)
+from llmfabric.ingress.accounts_auth import AccountsAuth
+from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
+from llmfabric.ingress.protocols import Forwarder
+from llmfabric.net import TlsTransport
+from llmfabric.node.config import NodeConfig
+from llmfabric.node.replica_reader import AgentReplicaReader
+
+
+class IngressLink:
+    def __init__(
+        self,
+        ingress: Ingress,
+        store: AccountStore | None,
+        forwarder: Forwarder,
+        dashboard: bool,
+    ) -> None:
+        self.ingress = ingress
+        self.store = store
+        self.forwarder = forwarder
+        self.dashboard = dashboard
+        self.admin_key: str | None = None
+
+    @classmethod
+    async def create(
+        cls,
+        config: NodeConfig,
+        reader: AgentReplicaReader,
+        transport: TlsTransport,
+        rng: random.Random,
+    ) -> IngressLink:
+        from llmfabric.node.daemon import forward_token
+
+        store: AccountStore | None = None
+        auth: AccountsAuth | None = None
+        admin_key: str | None = None
+        if config.auth:
+            store = await AccountStore.open(config.db or str(config.home / "accounts.db"))
+            auth = AccountsAuth(store, RateLimiter(SystemClock()))
+            key_file = config.admin_key_file or config.home / "admin.key"
+            _, admin_key = await ensure_admin_key(store, key_file)
+        peer = PeerForwarder(transport)  # type: ignore[arg-type]
+        direct: Forwarder = peer
+        if config.network_secret:
+            token = forward_token(config.network_secret)
+            direct = HttpForwarder(FORWARD_PREFIX, extra_headers={FORWARD_TOKEN_HEADER: token})
+        forwarder = ChoosingForwarder(direct, peer)
+        ingress = Ingress(
+            IngressConfig(
+                node_id="ingress",
+                policy=config.policy,
+                max_retries=config.max_retries,
+                max_body_bytes=config.max_body_bytes,
+                auth_enabled=config.auth,
+            ),
+            RecordsCandidateSource(reader.records_with_suspicion, reader.version),
+            forwarder,
+            auth,
+            auth,
+            rng=rng,
+        )
+        link = cls(ingress, store, forwarder, config.dashboard)
+        link.admin_key = admin_key
+        return link
+
+    @property
+    def metrics_registry(self) -> CollectorRegistry:
+        return self.ingress.metrics.registry
+
+    def mount(self, app: web.Application) -> None:
+        add_ingress_routes(app, self.ingress)
+        if self.store is not None:
+            add_account_routes(app, self.store)
+        if self.dashboard:
+            add_dashboard_routes(app)
+
+    async def aclose(self) -> None:
+        await self.forwarder.aclose()
+        if self.store is not None:
+            await self.store.aclose()

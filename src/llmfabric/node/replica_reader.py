@@ -1,0 +1,69 @@
+"""Adapts the GossipAgent's replica to the read-only views the HTTP API and ingress need."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from llmfabric.clock import Clock
+from llmfabric.gossip.agent import GossipAgent
+from llmfabric.node.views import ObservedRecord
+from llmfabric.registry.records import NodeRecord
+
+
+class AgentReplicaReader:
+    """Reads whatever agent is current (it changes when an evicted node rejoins)."""
+
+    def __init__(self, agent: Callable[[], GossipAgent], clock: Clock) -> None:
+        self._agent = agent
+        self._clock = clock
+
+    @property
+    def session_id(self) -> str:
+        return self._agent().session_id
+
+    def observed(self) -> list[ObservedRecord]:
+        # last_seen is local monotonic time in the replica; the API shows wall time.
+        offset = self._clock.wall() - self._clock.now()
+        return [
+            ObservedRecord(
+                dataclasses.replace(v.record, state=v.state), v.suspected, v.last_seen + offset
+            )
+            for v in self._agent().nodes.all()
+        ]
+
+    def records_with_suspicion(self) -> list[tuple[NodeRecord, bool]]:
+        """(record with its effective lifecycle, suspected) for the routing candidate source."""
+        return [
+            (dataclasses.replace(v.record, state=v.state), v.suspected)
+            for v in self._agent().nodes.all(include_left=False)
+        ]
+
+    def version(self) -> int:
+        return self._agent().replica.applied
+
+    def raw_records(self) -> list[dict[str, Any]]:
+        out = []
+        for sid, entry in sorted(self._agent().replica.entries.items()):
+            rec = entry.record
+            out.append(
+                {
+                    "session_id": sid,
+                    "record": None
+                    if rec is None
+                    else {
+                        "body": rec.body.hex(),
+                        "signature": rec.signature.hex(),
+                        "peer_id": rec.record.peer_id,
+                        "state": rec.record.state.name,
+                        "incarnation": rec.record.incarnation,
+                        "version": rec.record.version,
+                    },
+                    "suspects": [
+                        {"author": f.author, "incarnation": f.incarnation} for f in entry.suspects
+                    ],
+                    "evicted": entry.evict is not None,
+                }
+            )
+        return out
