@@ -146,6 +146,9 @@ def test_chat_streams_an_answer_and_names_the_serving_node(
     page.locator(f'option[value="{QWEN}"]').wait_for(state="attached")
     page.get_by_label("Model").select_option(QWEN)
     page.get_by_label("Max tokens").fill("24")
+    stop = page.get_by_role("button", name="Stop")
+    assert not stop.is_visible(), "Stop shows only while an answer streams"
+
     # Count how often the answer's text changes while it streams in.
     page.evaluate("""() => {
         window.__updates = 0;
@@ -256,7 +259,7 @@ def test_every_page_labels_its_controls_and_fits_a_phone(
             assert overflow <= 1, f"{name}: the page is {overflow}px wider than a phone"
             current = page.locator(f'.nav a[data-page="{name}"]').get_attribute("aria-current")
             assert current == "page"
-        shot(page, "phone-chat")
+            shot(page, f"phone-{name}")
         page.goto(f"{fabric.ui}#/nodes")
         page.locator("#nodes-table").wait_for()
         shot(page, "phone-nodes")
@@ -345,3 +348,26 @@ def test_zz_killing_a_node_changes_its_row_within_seconds(
     llama = page.locator(f'#catalog-table tr[data-model="{LLAMA}"]')
     llama.wait_for()
     assert "Serving · 1" in llama.inner_text()
+
+
+def test_chat_stop_aborts_a_streaming_answer(page: Any, fabric: Any, sign_in: Any) -> None:
+    sign_in(page)
+    page.goto(f"{fabric.ui}#/chat?model={LLAMA}")
+    page.get_by_label("Max tokens").fill("4000")
+    page.get_by_label("Message").fill("write a long essay")
+    page.get_by_label("Message").press("Enter")
+    answer = page.locator(".msg.assistant").last
+    page.wait_for_function(
+        "() => (document.querySelector('.msg.assistant:last-child .text')"
+        "?.textContent || '').split(' ').length > 5"
+    )
+    page.get_by_role("button", name="Stop").click()
+    page.wait_for_function("() => !document.getElementById('transcript').hasAttribute('aria-busy')")
+    assert "stopped" in answer.locator(".meta").inner_text()
+    assert len(answer.locator(".text").inner_text().split()) < 4000
+    assert not page.get_by_role("button", name="Stop").is_visible()
+    # the playground is usable again right away
+    page.get_by_label("Max tokens").fill("8")
+    page.get_by_label("Message").fill("short one")
+    page.get_by_role("button", name="Send").click()
+    page.locator(".msg.assistant").nth(1).locator(".served-by").wait_for()
