@@ -139,3 +139,41 @@ async def test_relay_connection_is_re_established_after_the_relay_restarts():
         async with relay2:
             await wait_for(lambda: nated.relays == (relay_id,), within=10)
             assert relay2.relay.clients == (nated.local_id,)
+
+
+async def test_after_a_failed_direct_dial_requests_go_straight_to_the_relay():
+    relay = TlsTransport(NodeKey.generate(), adm(), TransportConfig(relay=True))
+    nated = TlsTransport(NodeKey.generate(), adm(), TransportConfig(host=None))
+    public = TlsTransport(NodeKey.generate(), adm(), TransportConfig(host=None))
+
+    async def ok(req):
+        return HandlerResponse(204)
+
+    attempts = []
+
+    async def black_hole(reader, writer):  # stands in for an address that never answers TLS
+        attempts.append(1)
+        writer.close()
+
+    hole = await asyncio.start_server(black_hole, "127.0.0.1", 0)
+    hole_addr = f"127.0.0.1:{hole.sockets[0].getsockname()[1]}"
+    async with relay, nated, public, hole:
+        nated.set_request_handler(ok)
+        relay_id = await nated.connect_bootstrap(relay.listen_addr)
+        nated.use_relays([relay_id])
+        await nated.wait_relayed(1, timeout=5)
+        public.add_peer(relay_id, relay.advertised_addrs)
+        public.add_peer(nated.local_id, [hole_addr], [relay_id])
+        for _ in range(3):
+            resp = await public.request(nated.local_id, "GET", "/")
+            assert resp.status == 204 and resp.via == relay_id
+            await resp.aclose()
+            public.add_peer(nated.local_id, [hole_addr], [relay_id])  # record refresh
+        # One direct attempt, then the relay only: no connect timeout paid per request.
+        assert len(attempts) == 1
+        assert relay.stats.requests_relayed == 3
+        # New addresses in the record: direct dialling is tried again.
+        public.add_peer(nated.local_id, [hole_addr, "127.0.0.1:1"], [relay_id])
+        resp = await public.request(nated.local_id, "GET", "/")
+        await resp.aclose()
+        assert len(attempts) == 2

@@ -11,6 +11,7 @@ from llmfabric.net import (
     HandlerResponse,
     HandshakeRefused,
     PeerUnreachable,
+    RequestFailed,
     TlsTransport,
     TransportConfig,
 )
@@ -247,3 +248,27 @@ async def test_simultaneous_dials_settle_on_one_connection():
         await wait_for(lambda: a.connection(b.local_id) is not None)
         a.send(b.local_id, b"after-race")
         await wait_for(lambda: got == [b"after-race"])
+
+
+async def test_request_timeout_and_unreachable_peer_errors():
+    a = TlsTransport(NodeKey.generate(), psk())
+    b = TlsTransport(NodeKey.generate(), psk())
+    never = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def stuck(req):
+        try:
+            await never.wait()
+        finally:
+            cancelled.set()
+        return HandlerResponse(200)
+
+    async with a, b:
+        b.set_request_handler(stuck)
+        await a.connect_bootstrap(b.listen_addr)
+        with pytest.raises(RequestFailed, match=r"within 0\.2s"):
+            await a.request(b.local_id, "GET", "/", timeout=0.2)
+        async with asyncio.timeout(5):  # the caller's reset cancels the handler
+            await cancelled.wait()
+        with pytest.raises(PeerUnreachable, match="no addresses known"):
+            await a.request(NodeKey.generate().peer_id, "GET", "/")

@@ -36,6 +36,8 @@ class ConnectionOwner(Protocol):
         self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
     ) -> None: ...
 
+    def on_stream_reset(self, conn: PeerConnection, sid: int) -> None: ...
+
     def on_closed(self, conn: PeerConnection) -> None: ...
 
 
@@ -79,6 +81,7 @@ class PeerConnection:
             emit=lambda b: self.send_frame(FrameType.H2_TO_CLIENT, b),
             drain=self.drain,
             on_request=lambda sid, h, body: owner.on_request(self, sid, h, body),
+            on_reset=lambda sid: owner.on_stream_reset(self, sid),
         )
 
     def start(self) -> None:

@@ -44,7 +44,13 @@ class _Stream:
 
 class H2Endpoint:
     def __init__(
-        self, *, client_side: bool, emit: Emit, drain: Drain, on_request: OnRequest | None = None
+        self,
+        *,
+        client_side: bool,
+        emit: Emit,
+        drain: Drain,
+        on_request: OnRequest | None = None,
+        on_reset: Callable[[int], None] | None = None,
     ) -> None:
         config = h2.config.H2Configuration(
             client_side=client_side, header_encoding="utf-8", validate_inbound_headers=True
@@ -53,6 +59,7 @@ class H2Endpoint:
         self._emit = emit
         self._drain = drain
         self._on_request = on_request
+        self._on_reset = on_reset
         self._streams: dict[int, _Stream] = {}
         self._closed: BaseException | None = None
 
@@ -107,6 +114,8 @@ class H2Endpoint:
                 self._maybe_forget(ev.stream_id)
         elif isinstance(ev, h2.events.StreamReset):
             st = self._streams.pop(ev.stream_id, None)
+            if self._on_reset is not None:
+                self._on_reset(ev.stream_id)
             if st is not None:
                 st.reset = True
                 err = RequestFailed(f"stream reset by peer (code {ev.error_code})")

@@ -50,7 +50,7 @@ from llmfabric.net.messages import (
 )
 from llmfabric.net.relay import RelayService
 from llmfabric.net.stats import NetStats
-from llmfabric.net.transport import MessageHandler, PeerId
+from llmfabric.net.transport import MessageHandler, PeerId, Transport
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class TransportConfig:
     handshake_timeout: float = 10.0
     keepalive: float = 15.0
     max_pending_per_peer: int = 64  # datagrams queued while a connection is being set up
+    direct_retry_after: float = 30.0  # after a failed direct dial, use relays for this long
     backoff_base: float = 0.5
     backoff_cap: float = 30.0
 
@@ -103,6 +104,8 @@ class TlsTransport:
         self._all_conns: set[PeerConnection] = set()
         self._dialing: dict[str, asyncio.Future[PeerConnection]] = {}
         self._pending: dict[str, list[bytes]] = {}
+        self._serving: dict[tuple[int, int], asyncio.Task[Any]] = {}
+        self._direct_failed: dict[str, float] = {}  # peer -> clock time to retry direct dial
         self._tasks: set[asyncio.Task[Any]] = set()
         self._handler: MessageHandler | None = None
         self._request_handler: RequestHandler | None = None
@@ -224,7 +227,16 @@ class TlsTransport:
     def on_request(
         self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
     ) -> None:
-        self.spawn(self._serve(conn, sid, headers, body))
+        key = (id(conn), sid)
+        task = self.spawn(self._serve(conn, sid, headers, body))
+        self._serving[key] = task
+        task.add_done_callback(lambda _t: self._serving.pop(key, None))
+
+    def on_stream_reset(self, conn: PeerConnection, sid: int) -> None:
+        """The caller gave up on a request: cancel its handler."""
+        task = self._serving.pop((id(conn), sid), None)
+        if task is not None:
+            task.cancel()
 
     async def _serve(
         self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
@@ -307,7 +319,10 @@ class TlsTransport:
     def add_peer(self, peer_id: str, addrs: Iterable[str] = (), relays: Iterable[str] = ()) -> None:
         """Set where `peer_id` is reached (from its registry record: peer_addrs, relays)."""
         if peer_id != self.local_id:
+            before = self.book.get(peer_id).addrs
             self.book.set(peer_id, addrs, relays)
+            if self.book.get(peer_id).addrs != before:  # new addresses: try direct again
+                self._direct_failed.pop(peer_id, None)
 
     def remove_peer(self, peer_id: str) -> None:
         self.book.remove(peer_id)
@@ -480,16 +495,26 @@ class TlsTransport:
         if fut is None:
             fut = asyncio.ensure_future(self._dial(peer))
             self._dialing[peer] = fut
-            fut.add_done_callback(lambda _f: self._dialing.pop(peer, None))
+            fut.add_done_callback(lambda f: self._dial_done(peer, f))
         return await asyncio.shield(fut)
 
+    def _dial_done(self, peer: str, fut: asyncio.Future[PeerConnection]) -> None:
+        self._dialing.pop(peer, None)
+        if not fut.cancelled():
+            fut.exception()  # retrieved here; awaiting callers get it too
+
     async def _dial(self, peer: str) -> PeerConnection:
+        book = self.book.get(peer)
+        if book.relays and self._direct_failed.get(peer, float("-inf")) > self.clock.now():
+            raise PeerUnreachable(f"direct dial to {peer} failed recently; using its relays")
         errors: list[str] = []
-        for addr in self.book.get(peer).addrs:
+        for addr in book.addrs:
             try:
                 return self._register(await self._open(addr, peer))
             except NetError as exc:
                 errors.append(f"{addr}: {exc}")
+        if book.relays:  # do not pay the connect timeout on every request to a NATed peer
+            self._direct_failed[peer] = self.clock.now() + self.config.direct_retry_after
         raise PeerUnreachable(
             f"no direct address reaches {peer}: {'; '.join(errors) or 'no addresses known'}"
         )
@@ -561,6 +586,10 @@ class TlsTransport:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _conforms(t: TlsTransport) -> Transport:
+    return t  # mypy checks that TlsTransport implements the Transport protocol
 
 
 def _discard_from(tasks: set[asyncio.Task[Any]]) -> Any:
