@@ -1,0 +1,67 @@
+import json
+import stat
+
+from click.testing import CliRunner
+
+from llmfabric.cli.keys import command, keys_group
+from llmfabric.identity import MembershipCert, NodeKey
+from llmfabric.identity.admission import decode_public_key
+
+
+def run(*args: str):
+    return CliRunner().invoke(command, list(args), catch_exceptions=False)
+
+
+def test_keys_init_creates_then_shows_the_same_peer_id(tmp_path):
+    first = run("init", "--home", str(tmp_path), "--json")
+    assert first.exit_code == 0
+    info = json.loads(first.output)
+    assert info["created"] is True
+    assert stat.S_IMODE((tmp_path / "node.key").stat().st_mode) == 0o600
+    second = json.loads(run("init", "--home", str(tmp_path), "--json").output)
+    assert second["created"] is False and second["peer_id"] == info["peer_id"]
+    assert NodeKey.load(tmp_path / "node.key").peer_id == info["peer_id"]
+
+
+def test_sign_node_writes_a_certificate_the_operator_key_verifies(tmp_path):
+    op = json.loads(run("operator-init", "--home", str(tmp_path), "--json").output)
+    node = NodeKey.generate()
+    out = tmp_path / "member.json"
+    res = run(
+        "sign-node",
+        node.peer_id,
+        "--network",
+        "lab",
+        "--out",
+        str(out),
+        "--expires",
+        "2",
+        "--home",
+        str(tmp_path),
+    )
+    assert res.exit_code == 0, res.output
+    cert = MembershipCert.load(out)
+    cert.verify(
+        decode_public_key(op["public_key"]),
+        peer_id=node.peer_id,
+        network="lab",
+        now=cert.expires_at - 86400,
+    )
+
+
+def test_sign_node_errors_are_clear(tmp_path):
+    peer = NodeKey.generate().peer_id
+    res = CliRunner().invoke(
+        command, ["sign-node", peer, "--out", str(tmp_path / "x"), "--home", str(tmp_path)]
+    )
+    assert res.exit_code != 0 and "operator-init" in res.output
+    run("operator-init", "--home", str(tmp_path))
+    res = CliRunner().invoke(
+        command, ["sign-node", "not-a-peer", "--out", str(tmp_path / "x"), "--home", str(tmp_path)]
+    )
+    assert res.exit_code != 0 and "multibase" in res.output
+
+
+def test_group_is_extensible():
+    assert command is keys_group
+    assert {"init", "operator-init", "sign-node"} <= set(keys_group.commands)
