@@ -128,12 +128,14 @@ async def test_sigterm_lets_inflight_stream_finish(tmp_path: pathlib.Path) -> No
     info = await sup.start()
     body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "x"}],
             "max_tokens": 60, "stream": True}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{info.base_url}/v1/chat/completions", json=body) as r:
-            first = await r.content.readline()
-            assert first.startswith(b"data: ")
-            stopping = asyncio.create_task(sup.stop(drain_timeout_s=20))
-            rest = await r.content.read()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{info.base_url}/v1/chat/completions", json=body) as r,
+    ):
+        first = await r.content.readline()
+        assert first.startswith(b"data: ")
+        stopping = asyncio.create_task(sup.stop(drain_timeout_s=20))
+        rest = await r.content.read()
     assert rest.rstrip().endswith(b"data: [DONE]")
     assert rest.count(b'"content"') == 60  # every token arrived after SIGTERM
     assert await stopping == 0
