@@ -1,7 +1,11 @@
 """Efficiency factors that turn roofline peaks into achievable times, per GPU.
 
-time(op) = max(FLOPs / (peak x compute), bytes / (bandwidth x memory)) + kernel_overhead_s,
-plus `step_overhead_s` once per engine iteration (scheduler, sampling, launch gaps).
+time(op) = R(FLOPs / (peak x compute), bytes / (bandwidth x memory)) + kernel_overhead_s,
+where R is the roofline combiner: max(c, m) when `roofline_p` is 0, else the smooth
+(c^p + m^p)^(1/p), which is slower near the ridge point as real kernels are. Attention runs
+as ONE fused (FlashAttention-style) kernel per layer: matmul FLOPs at `attention` x peak, Q/K/V/O
+bytes at `memory` x bandwidth, plus `attention_overhead_s`; softmax is overlapped in it.
+`step_overhead_s` is paid once per engine iteration (scheduler, sampling, launch gaps).
 
 The per-GPU rows below were fitted by `benchmarks/sim_accuracy.py --fit` on HALF of the measured
 rows (even row index of the measurement table) and are reported on ALL rows; see
@@ -12,6 +16,10 @@ row of their architecture sibling, listed in `_SIBLINGS`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import GPUSpec
@@ -21,17 +29,32 @@ from llmfabric.sim.hardware import GPUSpec
 class Efficiency:
     compute: float = 0.70  # fraction of peak tensor FLOP/s reached by large GEMMs
     memory: float = 0.80  # fraction of peak HBM bandwidth reached by streaming kernels
-    vector: float = 0.50  # fraction of fp32 peak for norms/softmax/activations
+    vector: float = 0.50  # fraction of fp32 peak for norms/rope/activations
+    attention: float = 0.50  # fraction of tensor peak reached by fused attention matmuls
     kernel_overhead_s: float = 4e-6  # per kernel launch/tail
+    attention_overhead_s: float = 1e-5  # per fused attention kernel
     step_overhead_s: float = 2e-4  # per engine iteration
+    roofline_p: float = 0.0  # 0: max(compute, memory); p > 0: (c^p + m^p)^(1/p)
 
     def __post_init__(self) -> None:
-        for name in ("compute", "memory", "vector"):
+        for name in ("compute", "memory", "vector", "attention"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise SpecError(f"efficiency {name} must be in (0, 1], got {value}")
-        if self.kernel_overhead_s < 0 or self.step_overhead_s < 0:
+        if min(self.kernel_overhead_s, self.attention_overhead_s, self.step_overhead_s) < 0:
             raise SpecError("overheads must be >= 0 seconds")
+        if self.roofline_p < 0:
+            raise SpecError("roofline_p must be >= 0 (0 means max)")
+
+
+T = TypeVar("T", float, npt.NDArray[np.float64])
+
+
+def roofline(compute_s: T, memory_s: T, p: float) -> T:
+    """Combine compute and memory time: max (p == 0) or the p-norm (p > 0)."""
+    if p <= 0:
+        return np.maximum(compute_s, memory_s)  # type: ignore[no-any-return]
+    return (compute_s**p + memory_s**p) ** (1.0 / p)  # type: ignore[no-any-return]
 
 
 DEFAULT_EFFICIENCY = Efficiency()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmfabric.sim.calibration import Efficiency, efficiency_for
+from llmfabric.sim.calibration import Efficiency, efficiency_for, roofline
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
@@ -29,7 +29,6 @@ from llmfabric.sim.operators import (
     LinearOp,
     OpCost,
     attention_decode_ops,
-    attention_prefill_ops,
     embedding_op,
     layer_linear_ops,
     lm_head_op,
@@ -41,9 +40,21 @@ DEFAULT_TABLE_TOKENS = 16384
 
 
 def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16) -> float:
-    """Roofline time of one operator: max(compute, memory) + kernel overhead."""
+    """Roofline time of one operator: R(compute, memory) + kernel overhead."""
     peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
-    return max(op.flops / peak, op.bytes / (gpu.mem_bw * eff.memory)) + eff.kernel_overhead_s
+    return float(roofline(op.flops / peak, op.bytes / (gpu.mem_bw * eff.memory),
+                          eff.roofline_p)) + eff.kernel_overhead_s
+
+
+def attention_time(ops: tuple[OpCost, ...], gpu: GPUSpec, eff: Efficiency,
+                   dtype_bits: int = 16) -> float:
+    """One fused attention kernel: matmul FLOPs at the attention efficiency, all bytes moved,
+    softmax overlapped, plus the attention kernel overhead."""
+    mm = sum(op.flops for op in ops if op.tensor)
+    moved = sum(op.bytes for op in ops)
+    compute = mm / (gpu.flops(dtype_bits) * eff.attention)
+    return float(roofline(compute, moved / (gpu.mem_bw * eff.memory), eff.roofline_p)) + (
+        eff.attention_overhead_s)
 
 
 def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: Efficiency,
@@ -54,7 +65,7 @@ def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: E
         peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
         compute = op.flops_per_token * m / peak
         memory = (op.weights_touched(m) + op.act_bytes_per_token * m) / bw
-        total += np.maximum(compute, memory) + eff.kernel_overhead_s
+        total += roofline(compute, memory, eff.roofline_p) + eff.kernel_overhead_s
     return total
 
 
@@ -78,7 +89,7 @@ class StepCostModel:
     decode_per_sequence: float  # Q
     step_overhead_s: float
     stages: tuple[_StageCoeffs, ...]
-    # per stage: (layers, s/score-pair matmul, s/pair softmax, s/query token, s/cached token)
+    # per stage: (layers, s per attended pair, s per query token, s per cached token, p)
     attn_coeffs: tuple[tuple[float, float, float, float, float], ...]
 
     @property
@@ -102,10 +113,13 @@ class StepCostModel:
             return 0.0
         pairs = chunk * (prefix + (chunk + 1) * 0.5)
         total = 0.0
-        for n_layers, c_mm, c_vec, c_q, c_kv in self.attn_coeffs:
+        for n_layers, c_mm, c_q, c_kv, p in self.attn_coeffs:
             mem = c_q * chunk + c_kv * (prefix + chunk)
             mm = c_mm * pairs
-            total += n_layers * (2.0 * (mm if mm > mem else mem) + c_vec * pairs)
+            if p <= 0:
+                total += n_layers * (mm if mm > mem else mem)
+            else:
+                total += n_layers * (mm**p + mem**p) ** (1.0 / p)
         return total
 
     def decode_step_time(self, batch: int, total_context: float) -> float:
@@ -183,37 +197,27 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
     )
     m = np.arange(table_tokens + 1, dtype=np.float64)
     lin = _lin_table(dep, stages, m)
-    # attention kernels (score, softmax, value) launch once per layer per step
-    lin[1:] += sum(3 * st.eff.kernel_overhead_s * st.n_layers for st in stages)
+    # one fused attention kernel (FlashAttention) per layer per step
+    lin[1:] += sum(st.eff.attention_overhead_s * st.n_layers for st in stages)
     lin[0] = 0.0
     head = _head_table(dep, stages, m)
     g = 0.0
     q = 0.0
-    probe = 1_000_000.0
-    for st in stages:
-        ops = attention_decode_ops(model, st.tp, 1, probe)
-        ops0 = attention_decode_ops(model, st.tp, 1, 0.0)
-        bw = st.gpu.mem_bw * st.eff.memory
-        for op, op0 in zip(ops, ops0, strict=True):
-            peak = (st.gpu.flops(bits) * st.eff.compute if op.tensor
-                    else st.gpu.fp32_flops * st.eff.vector)
-            per_tok = max((op.flops - op0.flops) / probe / peak,
-                          (op.bytes - op0.bytes) / probe / bw)
-            g += per_tok * st.n_layers
-            q += (op0.bytes / bw) * st.n_layers
-    step_overhead = max(st.eff.step_overhead_s for st in stages)
     coeffs = []
     for st in stages:
-        s1 = attention_prefill_ops(model, st.tp, 1, 0)  # pairs = 1, 1 query, 1 cached token
-        s2 = attention_prefill_ops(model, st.tp, 1, 1)  # pairs = 2, 1 query, 2 cached tokens
+        # decode: 1 query per sequence; score+value FLOPs and K/V bytes per cached token
+        one = attention_decode_ops(model, st.tp, 1, 1.0)
+        zero = attention_decode_ops(model, st.tp, 1, 0.0)
+        peak = st.gpu.flops(bits) * st.eff.attention
         bw = st.gpu.mem_bw * st.eff.memory
-        per_pair = s2[0].flops - s1[0].flops
-        per_cached = s2[0].bytes - s1[0].bytes
-        per_query = s1[0].bytes - per_cached
-        coeffs.append((float(st.n_layers),
-                       per_pair / (st.gpu.flops(bits) * st.eff.compute),
-                       (s2[1].flops - s1[1].flops) / (st.gpu.fp32_flops * st.eff.vector),
-                       per_query / bw, per_cached / bw))
+        mm_tok = sum(a.flops - b.flops for a, b in zip(one, zero, strict=True) if a.tensor)
+        kv_tok = sum(a.bytes - b.bytes for a, b in zip(one, zero, strict=True))
+        q_seq = sum(b.bytes for b in zero)
+        g += st.n_layers * float(roofline(mm_tok / peak, kv_tok / bw, st.eff.roofline_p))
+        q += st.n_layers * q_seq / bw
+        coeffs.append((float(st.n_layers), mm_tok / peak, q_seq / bw, kv_tok / bw,
+                       st.eff.roofline_p))
+    step_overhead = max(st.eff.step_overhead_s for st in stages)
     return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs))
 
 

@@ -66,14 +66,15 @@ def layer_linear_ops(model: ModelSpec, tp: int = 1) -> tuple[LinearOp, ...]:
     q = _ceil_div(model.q_dim, tp)
     kv = _ceil_div(model.kv_dim, tp) if model.n_kv_heads >= tp else model.head_dim
     f = _ceil_div(model.ffn_hidden, tp)
+    # vLLM's layer: fused residual-add + RMSNorm, fused QKV GEMM, rotary embedding, output
+    # projection, fused add + norm, fused gate/up GEMM, SiLU-and-mul, down projection.
+    qkv = q + 2 * kv
     ops = [
-        LinearOp("input_norm", 4 * h, h * wb, 2 * h * ab, tensor=False),
-        LinearOp("q_proj", 2 * h * q, h * q * wb, (h + q) * ab),
-        LinearOp("k_proj", 2 * h * kv, h * kv * wb, (h + kv) * ab),
-        LinearOp("v_proj", 2 * h * kv, h * kv * wb, (h + kv) * ab),
+        LinearOp("input_norm", 5 * h, h * wb, 4 * h * ab, tensor=False),
+        LinearOp("qkv_proj", 2 * h * qkv, h * qkv * wb, (h + qkv) * ab),
+        LinearOp("rope", 3 * (q + kv), 0.0, 2 * (q + kv) * ab, tensor=False),
         LinearOp("o_proj", 2 * q * h, q * h * wb, (q + h) * ab),
-        LinearOp("residual_add_attn", h, 0.0, 3 * h * ab, tensor=False),
-        LinearOp("post_attn_norm", 4 * h, h * wb, 2 * h * ab, tensor=False),
+        LinearOp("post_attn_norm", 5 * h, h * wb, 4 * h * ab, tensor=False),
     ]
     k = model.experts_per_token
     e = model.n_experts
@@ -86,7 +87,6 @@ def layer_linear_ops(model: ModelSpec, tp: int = 1) -> tuple[LinearOp, ...]:
                         (f * in_mats + f) * k * ab, tensor=False))
     ops.append(LinearOp("mlp_down", 2 * f * h * k, f * h * wb * e, (f + h) * k * ab,
                         moe_experts=e, moe_top_k=k))
-    ops.append(LinearOp("residual_add_mlp", h, 0.0, 3 * h * ab, tensor=False))
     return tuple(ops)
 
 

@@ -22,5 +22,5 @@ def unit_gpu() -> GPUSpec:
 
 @pytest.fixture
 def ideal() -> Efficiency:
-    return Efficiency(compute=1.0, memory=1.0, vector=1.0, kernel_overhead_s=0.0,
-                      step_overhead_s=0.0)
+    return Efficiency(compute=1.0, memory=1.0, vector=1.0, attention=1.0,
+                      kernel_overhead_s=0.0, attention_overhead_s=0.0, step_overhead_s=0.0)

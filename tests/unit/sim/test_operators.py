@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmfabric.sim import Efficiency, GPUSpec, ModelSpec
-from llmfabric.sim.costs import build_cost_model, op_time
+from llmfabric.sim.costs import attention_time, build_cost_model, op_time
 from llmfabric.sim.operators import (
     OpCost,
     attention_decode_ops,
@@ -22,12 +22,11 @@ def _ops(model: ModelSpec, tp: int, m: int) -> dict[str, OpCost]:
 
 def test_linear_ops_hand_computed(tiny: ModelSpec) -> None:
     ops = _ops(tiny, 1, 10)
-    # q: 2*m*h*q_dim; bytes: weights h*q*2 + activations m*(h+q)*2
-    assert ops["q_proj"] == OpCost("q_proj", 2 * 10 * 64 * 64, 64 * 64 * 2 + 10 * 128 * 2)
-    assert ops["k_proj"].flops == 2 * 10 * 64 * 32
-    assert ops["k_proj"].bytes == 64 * 32 * 2 + 10 * (64 + 32) * 2
-    assert ops["v_proj"] == ops["k_proj"].__class__("v_proj", ops["k_proj"].flops,
-                                                     ops["k_proj"].bytes)
+    # fused QKV: 2*m*h*(q_dim + 2*kv_dim); bytes: weights h*(q+2kv)*2 + activations m*(h+q+2kv)*2
+    qkv = 64 + 2 * 32
+    assert ops["qkv_proj"] == OpCost("qkv_proj", 2 * 10 * 64 * qkv,
+                                     64 * qkv * 2 + 10 * (64 + qkv) * 2)
+    assert ops["rope"].flops == 3 * 10 * (64 + 32) and not ops["rope"].tensor
     assert ops["o_proj"].flops == 2 * 10 * 64 * 64
     assert ops["mlp_gate_up"].flops == 2 * 10 * 64 * 128 * 2
     assert ops["mlp_gate_up"].bytes == 64 * 128 * 2 * 2 + 10 * (64 + 256) * 2
@@ -38,7 +37,7 @@ def test_linear_ops_hand_computed(tiny: ModelSpec) -> None:
 
 def test_tensor_parallel_shards_matmuls(tiny: ModelSpec) -> None:
     one, two = _ops(tiny, 1, 10), _ops(tiny, 2, 10)
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "mlp_gate_up", "mlp_down"):
+    for name in ("qkv_proj", "o_proj", "mlp_gate_up", "mlp_down"):
         assert two[name].flops == one[name].flops / 2
     assert two["input_norm"] == one["input_norm"]  # replicated
 
@@ -67,6 +66,16 @@ def test_roofline_is_max_of_compute_and_memory(unit_gpu: GPUSpec, ideal: Efficie
     assert op_time(OpCost("v", 1e11, 0, tensor=False), unit_gpu, ideal) == pytest.approx(1.0)
     slow = Efficiency(compute=0.5, memory=0.5, kernel_overhead_s=0.25, step_overhead_s=0)
     assert op_time(OpCost("m", 1e3, 3e9), unit_gpu, slow) == pytest.approx(6.25)
+    smooth = Efficiency(compute=1.0, memory=1.0, kernel_overhead_s=0.0, roofline_p=2.0)
+    assert op_time(OpCost("x", 3e12, 4e9), unit_gpu, smooth) == pytest.approx(5.0)
+
+
+def test_fused_attention_time(unit_gpu: GPUSpec, ideal: Efficiency) -> None:
+    ops = (OpCost("s", 1e12, 1e9), OpCost("softmax", 5e11, 0, tensor=False),
+           OpCost("v", 1e12, 2e9))
+    assert attention_time(ops, unit_gpu, ideal) == pytest.approx(3.0)  # bytes dominate
+    half = Efficiency(attention=0.5, memory=1.0, attention_overhead_s=0.5)
+    assert attention_time(ops, unit_gpu, half) == pytest.approx(4.5)  # 2e12 / 0.5e12 + 0.5
 
 
 def test_cost_model_decode_matches_operator_sum(tiny: ModelSpec, unit_gpu: GPUSpec,
@@ -76,8 +85,8 @@ def test_cost_model_decode_matches_operator_sum(tiny: ModelSpec, unit_gpu: GPUSp
     expected = 0.0
     for op in layer_linear_ops(tiny):
         expected += tiny.n_layers * op_time(op.cost(batch), unit_gpu, ideal)
-    for op in attention_decode_ops(tiny, 1, batch, ctx):
-        expected += tiny.n_layers * op_time(op, unit_gpu, ideal)
+    expected += tiny.n_layers * attention_time(attention_decode_ops(tiny, 1, batch, ctx),
+                                               unit_gpu, ideal)
     expected += op_time(lm_head_op(tiny).cost(batch), unit_gpu, ideal)
     expected += 2 * 64 * 2 * batch / 1e9  # embedding activations
     assert cm.decode_step_time(batch, ctx) == pytest.approx(expected, rel=1e-9)
@@ -90,8 +99,8 @@ def test_cost_model_prefill_matches_operator_sum(tiny: ModelSpec, unit_gpu: GPUS
     expected = 0.0
     for op in layer_linear_ops(tiny):
         expected += tiny.n_layers * op_time(op.cost(n), unit_gpu, ideal)
-    for op in attention_prefill_ops(tiny, 1, n, 0):
-        expected += tiny.n_layers * op_time(op, unit_gpu, ideal)
+    expected += tiny.n_layers * attention_time(attention_prefill_ops(tiny, 1, n, 0), unit_gpu,
+                                               ideal)
     expected += op_time(lm_head_op(tiny).cost(1), unit_gpu, ideal)
     expected += 2 * 64 * 2 * n / 1e9
     assert cm.prefill_time([n]) == pytest.approx(expected, rel=1e-9)
