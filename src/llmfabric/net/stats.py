@@ -19,6 +19,7 @@ DROP_REASONS = (
     "unknown_type",  # frame type from a newer peer, skipped
     "no_handler",  # no message handler installed
     "closed",  # transport closing
+    "untrusted_relay",  # relayed datagram from a node that is not one of our relays
 )
 
 
