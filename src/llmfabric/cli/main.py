@@ -50,3 +50,7 @@ def cli() -> None:
 
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The whole path with real processes: ingress node -> gossip replica -> routing -> forward over
+the fabric -> node agent -> simulated engine, driven by the official openai SDK."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFabric]:
+    root: pathlib.Path = tmp_path_factory.mktemp("fabric")
+    with LocalFabric(root) as fab:
+        fab.start_ingress()
+        fab.add_node(EngineSpec("llama-3.1-8b", "H100-SXM", provider="uni-a", speed=20))
+        fab.add_node(EngineSpec("llama-3.1-8b", "A100-80GB", provider="uni-b", speed=20))
+        fab.add_node(EngineSpec("qwen3-1.7b", "L40S", provider="uni-b", speed=20))
+        fab.wait_serving({"llama-3.1-8b": 2, "qwen3-1.7b": 1}, timeout=90)
+        yield fab
+
+
+def _client(fabric: LocalFabric, key: str | None = None) -> openai.OpenAI:
+    assert fabric.ingress is not None
+    return openai.OpenAI(
+        base_url=fabric.ingress.http_url + "/v1", api_key=key or fabric.admin_key(),
+        max_retries=0,
+    )
+
+
+def test_models_lists_the_fabric_catalog(fabric: LocalFabric) -> None:
+    ids = {m.id for m in _client(fabric).models.list()}
+    assert {"llama-3.1-8b", "qwen3-1.7b"} <= ids
+
+
+def test_chat_completion_is_served_by_a_fabric_node(fabric: LocalFabric) -> None:
+    raw = _client(fabric).chat.completions.with_raw_response.create(
+        model="qwen3-1.7b", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
+    reply = raw.parse()
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    served_by = raw.headers.get("x-fabric-node")
+    nodes = fabric.ingress.get_json("/v1/fabric/nodes")["nodes"]  # type: ignore[union-attr]
+    qwen_nodes = {n["session_id"] for n in nodes if any(m["id"] == "qwen3-1.7b"
+                                                         for m in n["models"])}
+    assert served_by in qwen_nodes
+
+
+def test_streaming_passes_chunks_and_usage(fabric: LocalFabric) -> None:
+    stream = _client(fabric).chat.completions.create(
+        model="llama-3.1-8b", messages=[{"role": "user", "content": "count"}], max_tokens=12,
+        stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+
+
+def test_trusted_provider_filter_is_honoured(fabric: LocalFabric) -> None:
+    nodes = fabric.ingress.get_json("/v1/fabric/nodes")["nodes"]  # type: ignore[union-attr]
+    uni_a = {n["session_id"] for n in nodes if n["provider_id"] == "uni-a"}
+    client = _client(fabric)
+    for _ in range(6):
+        raw = client.chat.completions.with_raw_response.create(
+            model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_headers={"X-Fabric-Providers": "uni-a"},
+        )
+        assert raw.headers.get("x-fabric-node") in uni_a
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(
+            model="qwen3-1.7b", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_headers={"X-Fabric-Providers": "uni-a"},
+        )
+    assert err.value.status_code == 503
+
+
+def test_bad_key_and_unknown_model(fabric: LocalFabric) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        _client(fabric, key="lf-not-a-key").models.list()
+    with pytest.raises(openai.NotFoundError):
+        _client(fabric).chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
+
+
+def test_node_api_is_read_only(fabric: LocalFabric) -> None:
+    import urllib.error
+    import urllib.request
+
+    assert fabric.ingress is not None
+    for path in ("/v1/fabric/nodes", "/v1/fabric/models", "/v1/fabric/self"):
+        req = urllib.request.Request(fabric.ingress.http_url + path, data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert err.value.code == 405
+    providers = fabric.ingress.get_json("/v1/fabric/providers")["providers"]
+    assert {"uni-a", "uni-b"} <= {p["id"] for p in providers}
