@@ -231,10 +231,12 @@ def test_registry_inspector_shows_raw_records_read_only(page: Any, fabric: Any, 
     shot(page, "registry")
 
 
-def test_every_page_labels_its_controls_and_fits_a_phone(
+def test_every_page_labels_its_controls_and_fits_a_phone_in_dark_mode(
     browser: Any, fabric: Any, shot: Any
 ) -> None:
-    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    ctx = browser.new_context(
+        viewport={"width": 390, "height": 844}, is_mobile=True, color_scheme="dark"
+    )
     page = ctx.new_page()
     page.goto(f"{fabric.ui}#/keys")
     page.get_by_label("API key", exact=True).fill(fabric.admin_key)

@@ -12,8 +12,8 @@ export function pageHeader(title, subtitle, ...actions) {
 export function filterSelect(label, allLabel) {
   const select = h('select', { 'aria-label': label });
   const wrap = h('label', { class: 'filter' }, h('span', {}, label), select);
-  let known = '';
-  return {
+  let known = null;
+  const api = {
     el: wrap,
     select,
     get value() { return select.value; },
@@ -27,6 +27,8 @@ export function filterSelect(label, allLabel) {
       select.value = values.includes(keep) ? keep : '';
     },
   };
+  api.setOptions([]);
+  return api;
 }
 
 export function searchBox(label, placeholder) {
