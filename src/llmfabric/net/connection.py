@@ -75,6 +75,7 @@ class PeerConnection:
             client_side=True,
             emit=lambda b: self.send_frame(FrameType.H2_TO_SERVER, b),
             drain=self.drain,
+            on_dead=self._h2_dead,
         )
         self.server = H2Endpoint(
             client_side=False,
@@ -82,7 +83,12 @@ class PeerConnection:
             drain=self.drain,
             on_request=lambda sid, h, body: owner.on_request(self, sid, h, body),
             on_reset=lambda sid: owner.on_stream_reset(self, sid),
+            on_dead=self._h2_dead,
         )
+
+    def _h2_dead(self) -> None:
+        self.owner.stats.drop("garbled")
+        self._begin_close()
 
     def start(self) -> None:
         set_nodelay(self._writer)

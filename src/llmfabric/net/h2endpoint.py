@@ -51,6 +51,7 @@ class H2Endpoint:
         drain: Drain,
         on_request: OnRequest | None = None,
         on_reset: Callable[[int], None] | None = None,
+        on_dead: Callable[[], None] | None = None,
     ) -> None:
         config = h2.config.H2Configuration(
             client_side=client_side, header_encoding="utf-8", validate_inbound_headers=True
@@ -60,6 +61,7 @@ class H2Endpoint:
         self._drain = drain
         self._on_request = on_request
         self._on_reset = on_reset
+        self._on_dead = on_dead  # the session failed: the carrying connection must close
         self._streams: dict[int, _Stream] = {}
         self._closed: BaseException | None = None
 
@@ -85,6 +87,8 @@ class H2Endpoint:
         except h2.exceptions.ProtocolError as exc:
             self._flush()
             self.fail(RequestFailed(f"HTTP/2 protocol error from peer: {exc}"))
+            if self._on_dead is not None:
+                self._on_dead()
             return
         for ev in events:
             self._handle(ev)
@@ -128,13 +132,12 @@ class H2Endpoint:
                 st.window.set()
         elif isinstance(ev, h2.events.ConnectionTerminated):
             self.fail(RequestFailed(f"peer ended the HTTP/2 session (code {ev.error_code})"))
+            if self._on_dead is not None:
+                self._on_dead()
 
     def _maybe_forget(self, sid: int) -> None:
-        try:
-            closed = self._conn._get_stream_by_id(sid).closed
-        except (h2.exceptions.StreamClosedError, KeyError):
-            closed = True
-        if closed:
+        stream = self._conn.streams.get(sid)
+        if stream is None or stream.closed:
             self._streams.pop(sid, None)
 
     def _body_stream(self, sid: int) -> BodyStream:
@@ -266,9 +269,12 @@ class H2Endpoint:
         while view:
             if st.reset or self._closed is not None:
                 return False
-            window = min(
-                self._conn.local_flow_control_window(sid), self._conn.max_outbound_frame_size
-            )
+            try:
+                window = min(
+                    self._conn.local_flow_control_window(sid), self._conn.max_outbound_frame_size
+                )
+            except h2.exceptions.ProtocolError:  # the stream closed under us
+                return False
             if window <= 0:
                 st.window.clear()
                 await st.window.wait()
