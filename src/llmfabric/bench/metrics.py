@@ -6,7 +6,8 @@ ttft, tpot, itl, e2el: mean_<m>_ms, median_<m>_ms, std_<m>_ms, p<P>_<m>_ms (P fr
 `percentiles`, 99 by default). TPOT is per request (latency - TTFT) / (output tokens - 1) over
 requests with >= 2 tokens; ITL pools every inter-chunk gap; e2el is end-to-end latency.
 Ours: num_requests (sent), slo_attainment (share of SENT requests meeting every SLO set; failed
-requests miss), errors (count per kind), and the SLO thresholds themselves.
+requests miss), errors_by_kind (count per kind; `errors` is the per-request list that
+`detailed` adds, as in vLLM), and the SLO thresholds themselves.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def summarize(
     result.update(_stats("tpot", [t for o in ok if (t := o.tpot_s) is not None], percentiles))
     result.update(_stats("itl", [x for o in ok for x in o.itls_s], percentiles))
     result.update(_stats("e2el", [o.latency_s for o in ok if o.latency_s is not None], percentiles))
-    result["errors"] = dict(
+    result["errors_by_kind"] = dict(
         sorted(Counter(o.error or "unknown" for o in outcomes if not o.ok).items())
     )
     return result

@@ -68,7 +68,7 @@ def to_markdown(result: dict[str, Any], title: str = "Serving benchmark") -> str
         cells = [result.get(f"{s}_{name}_ms") for s in ("mean", "median", "std")]
         cells += [result.get(f"{p}_{name}_ms") for p in pkeys]
         lines.append(f"| {label} | " + " | ".join(_cell(c) for c in cells) + " |")
-    errors = result.get("errors") or {}
+    errors = result.get("errors_by_kind") or {}
     lines += ["", "Errors: " + (", ".join(f"{k}: {v}" for k, v in errors.items()) or "none"), ""]
     return "\n".join(lines)
 
