@@ -54,7 +54,10 @@ class H2Endpoint:
         on_dead: Callable[[], None] | None = None,
     ) -> None:
         config = h2.config.H2Configuration(
-            client_side=client_side, header_encoding="utf-8", validate_inbound_headers=True
+            client_side=client_side,
+            header_encoding="utf-8",
+            validate_inbound_headers=True,
+            validate_outbound_headers=False,  # we build them; saves ~10% per request
         )
         self._conn = h2.connection.H2Connection(config=config)
         self._emit = emit
