@@ -1,0 +1,83 @@
+"""`llmfabric status --node URL`: the fabric as one node's replica sees it (rich tables)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+_STATE_STYLE = {"JOIN": "cyan", "SERVING": "green", "DOWN": "red", "LEFT": "dim"}
+
+
+def _get(base: str, path: str, timeout: float) -> Any:
+    try:
+        with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
+
+
+def _ago(ts: float) -> str:
+    secs = max(0.0, time.time() - ts)
+    return f"{secs:.0f}s" if secs < 120 else f"{secs / 60:.0f}m"
+
+
+def nodes_table(nodes: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"Nodes ({len(nodes)})")
+    for col in ("session", "state", "provider", "hardware", "engine", "models", "load",
+                "labels", "reach", "seen"):
+        table.add_column(col)
+    for n in nodes:
+        state = n["state"] + (" (suspected)" if n["suspected"] else "")
+        hw = n["hardware"]
+        gpus = (f"{hw['gpu_count']}x {hw['gpu_model']}" if hw["gpu_count"] else hw["gpu_model"])
+        reach = "relay " + ",".join(r[:10] for r in n["relays"]) if n["relays"] else (
+            ",".join(n["peer_addrs"]) or "-")
+        table.add_row(
+            n["session_id"][:8],
+            f"[{_STATE_STYLE.get(n['state'], '')}]{state}[/]",
+            n["provider_id"][:14],
+            gpus,
+            n["engine"] or "-",
+            ", ".join(m["id"] for m in n["models"]) or "-",
+            str(n["load"]["inflight"]),
+            ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-",
+            reach,
+            _ago(n["last_seen"]),
+        )
+    return table
+
+
+def models_table(models: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"Models ({len(models)})")
+    for col in ("model", "serving", "nodes", "providers", "gpus", "quantization", "context"):
+        table.add_column(col)
+    for m in models:
+        table.add_row(
+            m["id"], str(m["serving"]), str(len(m["nodes"])), ", ".join(m["providers"]),
+            ", ".join(m["gpus"]), ", ".join(m["quantizations"]), str(m["max_context"]),
+        )
+    return table
+
+
+@click.command("status")
+@click.option("--node", "node_url", default="http://127.0.0.1:8090", show_default=True,
+              envvar="LLMFABRIC_NODE", help="HTTP URL of any node")
+@click.option("--json", "as_json", is_flag=True, help="print the raw JSON views")
+@click.option("--timeout", type=float, default=5.0, show_default=True)
+def command(node_url: str, as_json: bool, timeout: float) -> None:
+    """Show nodes and models from one node's local replica."""
+    nodes = _get(node_url, "/v1/fabric/nodes", timeout)["nodes"]
+    models = _get(node_url, "/v1/fabric/models", timeout)["models"]
+    if as_json:
+        click.echo(json.dumps({"nodes": nodes, "models": models}, indent=2))
+        return
+    console = Console()
+    console.print(nodes_table(nodes))
+    console.print(models_table(models))
