@@ -73,6 +73,7 @@ def test_auto_bin_keeps_at_most_100_bins() -> None:
     assert auto_bin(5 * 86_400) == 21_600.0
 
 
+@pytest.mark.slow
 def test_analyze_trace_writes_summary_figures_and_report(
     native_trace: Callable[[str], Path], tmp_path: Path
 ) -> None:

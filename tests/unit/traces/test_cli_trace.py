@@ -15,14 +15,24 @@ def test_trace_analyze_command(native_trace: Callable[[str], Path], tmp_path: Pa
     out = tmp_path / "report"
     result = CliRunner().invoke(
         cli,
-        ["trace", "analyze", str(native_trace("csv")), "--out", str(out), "--quiet", "--bin", "60"],
+        [
+            "trace",
+            "analyze",
+            str(native_trace("csv")),
+            "--out",
+            str(out),
+            "--quiet",
+            "--bin",
+            "60",
+            "--no-plots",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "6 requests, 2 models" in result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["models"]["a"]["prefix_reuse_ratio"] == 0.5
     assert summary["trace"]["bin_s"] == 60.0
-    assert (out / "report.md").exists() and (out / "lengths.png").exists()
+    assert (out / "report.md").exists() and not (out / "lengths.png").exists()
 
 
 def test_trace_analyze_reports_bad_files(tmp_path: Path) -> None:
