@@ -1,18 +1,14 @@
 """Fixtures for the dashboard's browser tests: a running fabric and Debian's chromium.
 
-The fabric is a subprocess: `standin_fabric.py` (the real ingress, accounts, node views and
-dashboard in front of simulated-engine subprocesses). Screenshots go to
-artifacts/screenshots/ at the repository root (gitignored).
+The fabric is `llmfabric.node.local_fabric.LocalFabric`: an
+ingress node and serving nodes as real `llmfabric start` processes with simulated engines,
+on loopback. Screenshots go to artifacts/screenshots/ at the repository root (gitignored).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,16 +30,31 @@ SCREENSHOTS = REPO / "artifacts" / "screenshots"
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+# name -> (model, gpu, provider); "ingress" is the bootstrap/ingress node (no engine).
+NODES = {
+    "h100": ("llama-3.1-8b", "H100-SXM", "uni-a"),
+    "a100": ("llama-3.1-8b", "A100-80GB", "uni-b"),
+    "l40s": ("qwen3-1.7b", "L40S", "uni-b"),
+}
+
+
 @dataclass
 class Fabric:
+    """A running local fabric: one ingress node and three serving nodes, real processes."""
+
+    local: Any  # llmfabric.node.local_fabric.LocalFabric
     url: str
     admin_key: str
-    nodes: dict[str, int]  # session id -> pid of the process that kills the node
-    proc: subprocess.Popen[bytes]
+    sessions: dict[str, str]  # node name ("ingress", "h100", ...) -> session id
+    processes: dict[str, Any]  # node name -> NodeProcess
 
     @property
     def ui(self) -> str:
         return f"{self.url}/ui/"
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a node and its engine, as a crashed host."""
+        self.processes[name].kill_hard()
 
 
 def _need_chromium() -> None:
@@ -52,43 +63,24 @@ def _need_chromium() -> None:
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 
-def _start_standin(tmp: pathlib.Path) -> Fabric:
-    for mod in ("llmfabric.ingress.app", "llmfabric.accounts.http", "llmfabric.engines.sim_server"):
-        pytest.importorskip(mod, reason=f"{mod} is needed to assemble a fabric")
-    log = open(tmp / "fabric.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "standin_fabric.py"), "--dir", str(tmp)],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(timeout=10)
-        raise RuntimeError(
-            f"the fabric exited: see {tmp / 'fabric.log'}:\n"
-            + (tmp / "fabric.log").read_text(errors="replace")[-3000:]
-        )
-    ready: dict[str, Any] = json.loads(line)
-    return Fabric(ready["url"], ready["admin_key"], dict(ready["nodes"]), proc)
-
-
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
     _need_chromium()
-    tmp = tmp_path_factory.mktemp("fabric")
-    fab = _start_standin(tmp)
-    try:
-        yield fab
-    finally:
-        if fab.proc.poll() is None:
-            fab.proc.send_signal(signal.SIGTERM)
-            try:
-                fab.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(fab.proc.pid, signal.SIGKILL)
-                fab.proc.wait(timeout=5)
+    from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+
+    root = tmp_path_factory.mktemp("fabric")
+    with LocalFabric(root) as local:
+        ingress = local.start_ingress()
+        processes = {"ingress": ingress}
+        for name, (model, gpu, provider) in NODES.items():
+            spec = EngineSpec(model, gpu, provider=provider, site=f"site-{provider}", speed=8)
+            processes[name] = local.add_node(spec, name)
+        local.wait_serving({"llama-3.1-8b": 2, "qwen3-1.7b": 1}, timeout=90)
+        sessions = {
+            name: str(proc.get_json("/v1/fabric/self")["session_id"])
+            for name, proc in processes.items()
+        }
+        yield Fabric(local, ingress.http_url, local.admin_key(), sessions, processes)
 
 
 @pytest.fixture(scope="module")

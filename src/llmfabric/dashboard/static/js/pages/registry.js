@@ -43,6 +43,7 @@ function render(view, ctx) {
     results);
 
   let records = null;
+  let providers = new Map();
   let texts = [];
 
   function draw() {
@@ -54,11 +55,15 @@ function render(view, ctx) {
     if (shown.length === 0) { mount(results, notice('empty', 'No record contains that text.')); return; }
     const wasOpen = new Set([...results.querySelectorAll('details[open]')].map((d) => d.dataset.idx));
     mount(results, h('ul', { class: 'records' }, shown.map(([r, text]) => {
-      const [kind, id, st, prov] = summarize(r);
+      const [kind, id, st, ownProv] = summarize(r);
+      const prov = ownProv || providers.get(id) || '';
+      const suspects = Array.isArray(r.suspects) ? r.suspects.length : 0;
       const idx = String(records.indexOf(r));
       return h('li', {}, h('details', { dataset: { idx, session: id }, open: wasOpen.has(idx) },
         h('summary', {}, badge(kind, 'muted'), ' ', h('code', { title: id }, shortId(id, 16) || '(no id)'),
           st ? [' ', badge(st, st === 'SERVING' ? 'ok' : st === 'DOWN' ? 'bad' : 'info')] : null,
+          suspects ? [' ', badge(`suspected by ${suspects}`, 'warn')] : null,
+          r.evicted ? [' ', badge('evicted', 'bad')] : null,
           prov ? h('span', { class: 'muted' }, ` · ${prov}`) : null),
         h('pre', { class: 'json', tabindex: '0', 'aria-label': `Record ${id}` }, text)));
     })));
@@ -66,9 +71,13 @@ function render(view, ctx) {
 
   async function load() {
     try {
-      const body = await get('/v1/fabric/records');
+      const [body, nodesBody] = await Promise.all([
+        get('/v1/fabric/records'),
+        get('/v1/fabric/nodes').catch(() => null),
+      ]);
       if (!ctx.alive) return;
       records = listOf(body, 'records');
+      providers = new Map(listOf(nodesBody, 'nodes').map((n) => [n.session_id, n.provider_id]));
       texts = records.map((r) => JSON.stringify(r, null, 2));
       live.ok(`Loaded ${new Date().toLocaleTimeString()}`);
       draw();
