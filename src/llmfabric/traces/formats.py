@@ -5,7 +5,8 @@ Formats (names accepted by `load.iter_batches(fmt=...)`):
   Swiss AI serving trace (timestamp, model, input/output token counts, sampling parameters,
   16-token bucket hash ids). Column aliases are accepted (`prompt_tokens`, `completion_tokens`,
   `model_id`, `created_at`, `latency_ms`, sampling parameters as one `sampling_params` dict or
-  JSON string, or as separate `temperature`/`top_p`/`max_tokens`/... columns).
+  JSON string, or as separate `temperature`/`top_p`/`max_tokens`/... columns). Numeric
+  timestamps above 1e11 are taken as Unix milliseconds.
 - `burstgpt`: BurstGPT CSV (`Timestamp` seconds from start, `Model`, `Request tokens`,
   `Response tokens`, `Total tokens`, `Log Type`).
 - `azure2023`, `azure2024`: Azure LLM inference traces (`TIMESTAMP` date-time, `ContextTokens`,
@@ -75,6 +76,14 @@ def parse_timestamp(value: Any) -> float:
     return moment.timestamp()
 
 
+# Numbers above this are Unix milliseconds (1e11 s is year 5138; 1e11 ms is 1973).
+_MS_THRESHOLD = 1e11
+
+
+def _seconds(value: float) -> float:
+    return value / 1000.0 if value > _MS_THRESHOLD else value
+
+
 def _first(row: Mapping[str, Any], keys: tuple[str, ...], what: str) -> Any:
     for key in keys:
         if key in row and row[key] is not None:
@@ -136,7 +145,7 @@ def native_adapter(model: str | None = None) -> Adapter:
         elif row.get("latency_ms") is not None:
             latency = float(row["latency_ms"]) / 1000.0
         return TraceRecord(
-            timestamp=parse_timestamp(_first(row, _TIMESTAMP_KEYS, "timestamp")),
+            timestamp=_seconds(parse_timestamp(_first(row, _TIMESTAMP_KEYS, "timestamp"))),
             model=model or str(_first(row, _MODEL_KEYS, "model")),
             input_tokens=_int(_first(row, _INPUT_KEYS, "input token"), "input tokens"),
             output_tokens=_int(_first(row, _OUTPUT_KEYS, "output token"), "output tokens"),

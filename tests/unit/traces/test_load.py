@@ -82,6 +82,15 @@ def test_swissai_aliases(tmp_path: Path, writers: Any) -> None:
     assert rec.latency_s == 1.5
 
 
+def test_native_millisecond_timestamps(tmp_path: Path, writers: Any) -> None:
+    path = writers.jsonl(
+        tmp_path / "ms.jsonl",
+        [{"timestamp": 1735689630500, "model": "m", "input_tokens": 1, "output_tokens": 1}],
+    )
+    (rec,) = list(iter_records(path))
+    assert rec.timestamp == 1735689630.5
+
+
 def test_burstgpt(tmp_path: Path, writers: Any) -> None:
     cols = ["Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"]
     rows = [
