@@ -272,3 +272,16 @@ async def test_request_timeout_and_unreachable_peer_errors():
             await cancelled.wait()
         with pytest.raises(PeerUnreachable, match="no addresses known"):
             await a.request(NodeKey.generate().peer_id, "GET", "/")
+
+
+async def test_advertised_addresses_never_include_a_wildcard():
+    wild = TlsTransport(NodeKey.generate(), psk(), TransportConfig(host="0.0.0.0"))
+    public = TlsTransport(
+        NodeKey.generate(), psk(), TransportConfig(host="0.0.0.0", public_addr="10.9.9.9:7000")
+    )
+    silent = TlsTransport(NodeKey.generate(), psk(), TransportConfig(host=None))
+    async with wild, public, silent:
+        assert wild.listen_addr is not None and wild.listen_addr.startswith("0.0.0.0:")
+        assert all(not a.startswith(("0.0.0.0", "127.")) for a in wild.advertised_addrs)
+        assert public.advertised_addrs == ("10.9.9.9:7000",)
+        assert silent.advertised_addrs == () and silent.listen_addr is None

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import socket
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,7 @@ class TlsTransport:
         self._server_ctx = server_ssl_context(key, self._cert)
         self._server: asyncio.Server | None = None
         self._bound: str | None = None
+        self._guessed: tuple[str, ...] | None = None
         self._conns: dict[str, PeerConnection] = {}
         self._all_conns: set[PeerConnection] = set()
         self._dialing: dict[str, asyncio.Future[PeerConnection]] = {}
@@ -300,6 +302,8 @@ class TlsTransport:
         sock = self._server.sockets[0].getsockname()
         host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
         self._bound = f"{host}:{sock[1]}"
+        if sock[0] in ("0.0.0.0", "::"):
+            self._guessed = await _host_addrs(int(sock[1]))
 
     @property
     def listen_addr(self) -> str | None:
@@ -311,7 +315,11 @@ class TlsTransport:
         """Addresses to publish in NodeMeta.peer_addrs (empty when not listening)."""
         if self.config.public_addr:
             return (self.config.public_addr,)
-        return (self._bound,) if self._bound else ()
+        if self._bound is None:
+            return ()
+        if self._guessed is not None:  # wildcard listen: this host's non-loopback addresses
+            return self._guessed
+        return (self._bound,)
 
     def connected_peers(self) -> tuple[str, ...]:
         return tuple(p for p, c in self._conns.items() if c.is_open)
@@ -586,6 +594,22 @@ class TlsTransport:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def _host_addrs(port: int) -> tuple[str, ...]:
+    """Non-loopback IPv4 addresses of this host's name (for a wildcard listener); set
+    TransportConfig.public_addr when they are wrong (NAT, several interfaces)."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await with_timeout(
+            SystemClock(),
+            loop.getaddrinfo(socket.gethostname(), port, family=socket.AF_INET),
+            2.0,
+        )
+    except (OSError, TimeoutError):
+        return ()
+    addrs = {str(info[4][0]) for info in infos}
+    return tuple(f"{a}:{port}" for a in sorted(addrs) if not a.startswith("127."))
 
 
 def _conforms(t: TlsTransport) -> Transport:
