@@ -189,3 +189,26 @@ async def test_simulated_engines_behind_the_ingress(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+async def test_pooled_connections_closed_by_the_node_are_replaced() -> None:
+    """The engine drops idle keep-alive connections; the ingress must not fail a request."""
+    backend_port = free_port()
+    runner = web.AppRunner(Backend("A").app(), access_log=None, keepalive_timeout=0.05)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", backend_port).start()
+    app = build_ingress_app(IngressConfig(auth_enabled=False, max_retries=0),
+                            StaticCandidateSource([cand("n1", backend_port)]), HttpForwarder())
+    try:
+        async with running(app) as url:
+            c = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
+            for _ in range(3):
+                r = await c.chat.completions.create(model="m", messages=MSG)
+                assert r.choices[0].message.content == "hello from A"
+                chunks = [ch async for ch in await c.chat.completions.create(
+                    model="m", messages=MSG, stream=True)]
+                assert len(chunks) == 4
+                await asyncio.sleep(0.2)  # longer than the engine's keep-alive
+            await c.close()
+    finally:
+        await runner.cleanup()

@@ -7,7 +7,9 @@ Files:
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.
 - protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
-- forward_http.py: `HttpForwarder` (direct, pooled keep-alive) and `FORWARD_PREFIX`.
+- forward_raw.py: `RawHttpForwarder` = `HttpForwarder`, the default direct forwarder (lean
+  HTTP/1.1 client, pooled keep-alive connections, TCP_NODELAY).
+- forward_http.py: `AiohttpForwarder` (aiohttp client) and `FORWARD_PREFIX`.
 - forward_peer.py: `PeerForwarder` (peer request API, relays) and `ChoosingForwarder`.
 - engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
   local engine, streamed).
@@ -22,13 +24,17 @@ from llmfabric.ingress.app import Ingress, add_ingress_routes, build_ingress_app
 from llmfabric.ingress.config import IngressConfig, Timeouts, TraceEvent
 from llmfabric.ingress.engine_proxy import EngineProxy, add_engine_proxy_routes
 from llmfabric.ingress.errors import ConfigError, IngressError, UpstreamError
-from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpForwarder
+from llmfabric.ingress.forward_http import FORWARD_PREFIX, AiohttpForwarder
 from llmfabric.ingress.forward_peer import ChoosingForwarder, PeerForwarder
+from llmfabric.ingress.forward_raw import RawHttpForwarder
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.sources import RecordsCandidateSource, StaticCandidateSource
 
+HttpForwarder = RawHttpForwarder  # the default direct forwarder
+
 __all__ = [
     "FORWARD_PREFIX",
+    "AiohttpForwarder",
     "ChoosingForwarder",
     "ConfigError",
     "EngineProxy",
@@ -38,6 +44,7 @@ __all__ = [
     "IngressError",
     "IngressMetrics",
     "PeerForwarder",
+    "RawHttpForwarder",
     "RecordsCandidateSource",
     "StaticCandidateSource",
     "Timeouts",

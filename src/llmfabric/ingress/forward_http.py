@@ -1,4 +1,8 @@
-"""Direct forwarding: one pooled aiohttp ClientSession, keep-alive, TCP_NODELAY, bytes unparsed."""
+"""Direct forwarding through aiohttp's client (pooled keep-alive, TCP_NODELAY, bytes unparsed).
+
+The default direct forwarder is the leaner `RawHttpForwarder` (forward_raw.py); this one is
+kept for callers that want to share an aiohttp ClientSession (proxies, TLS, tracing).
+"""
 
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ class HttpUpstream:
         self._resp.release()
 
 
-class HttpForwarder:
+class AiohttpForwarder:
     """POSTs to `http://{candidate.http_addr}{path_prefix}{path}`.
 
     `path_prefix` is "" when candidates are engines themselves (standalone ingress, benchmark)
