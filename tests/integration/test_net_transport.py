@@ -51,6 +51,7 @@ async def test_datagrams_flow_both_ways_over_one_connection():
         assert got_b == [(a.local_id, f"a{i}".encode()) for i in range(5)]
         assert a.connected_peers() == (b.local_id,) and b.connected_peers() == (a.local_id,)
         assert a.stats.connections_opened == 1 and b.stats.connections_opened == 1
+        assert a.stats.datagrams_sent == 5 and b.stats.datagrams_received == 5
     assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
 
 

@@ -125,20 +125,23 @@ class PeerConnection:
         return self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT
 
     def send_datagram(self, payload: bytes) -> bool:
-        if self._closing:
-            return False
-        if self._buffer_full():
-            self.owner.stats.drop("queue_full")
-            return True
-        return self.send_frame(FrameType.DGRAM, payload)
+        """Write a DGRAM frame; False (and counted) when dropped: closed or buffer full."""
+        return self._send_dgram(FrameType.DGRAM, payload)
 
     def send_routed(self, ftype: int, peer: str, payload: bytes) -> bool:
+        return self._send_dgram(ftype, encode_routed(peer, payload))
+
+    def _send_dgram(self, ftype: int, payload: bytes) -> bool:
+        stats = self.owner.stats
         if self._closing:
+            stats.drop("unreachable")
             return False
         if self._buffer_full():
-            self.owner.stats.drop("queue_full")
-            return True
-        return self.send_frame(ftype, encode_routed(peer, payload))
+            stats.drop("queue_full")
+            return False
+        self.send_frame(ftype, payload)
+        stats.datagrams_sent += 1
+        return True
 
     async def drain(self) -> None:
         if self._closing:

@@ -129,8 +129,7 @@ class TlsTransport:
             return
         conn = self._conns.get(peer)
         if conn is not None and conn.is_open:
-            conn.send_datagram(payload)
-            self.stats.datagrams_sent += 1
+            conn.send_datagram(payload)  # counts a drop itself
             return
         book = self.book.get(peer)
         if not book.addrs and not book.relays:
@@ -155,15 +154,10 @@ class TlsTransport:
                 return
             conn, ftype, via_peer = relay_conn, FrameType.RELAY_DGRAM, peer
         for payload in self._pending.pop(peer, []):
-            ok = (
+            if via_peer is None:
                 conn.send_datagram(payload)
-                if via_peer is None
-                else conn.send_routed(ftype, via_peer, payload)
-            )
-            if ok:
-                self.stats.datagrams_sent += 1
             else:
-                self.stats.drop("unreachable")
+                conn.send_routed(ftype, via_peer, payload)
 
     # -- requests ----------------------------------------------------------------------------
     def set_request_handler(self, handler: RequestHandler) -> None:
@@ -583,9 +577,8 @@ class TlsTransport:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
-        for peer, queue in self._pending.items():
+        for queue in self._pending.values():
             self.stats.drop("closed", len(queue))
-            del peer
         self._pending.clear()
 
     async def __aenter__(self) -> TlsTransport:
