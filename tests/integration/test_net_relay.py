@@ -129,16 +129,20 @@ async def test_relay_connection_is_re_established_after_the_relay_restarts():
         adm(),
         TransportConfig(host=None, backoff_base=0.05, backoff_cap=0.2),
     )
+    changes: list[tuple[str, ...]] = []
+    nated.on_relays_changed(changes.append)
     async with nated:
         relay_id = await nated.connect_bootstrap(relay.listen_addr)
         nated.use_relays([relay_id])
         await nated.wait_relayed(1, timeout=5)
         await relay.aclose()
         await wait_for(lambda: nated.relays == ())
+        assert changes == [(relay_id,), ()]
         relay2 = TlsTransport(key, adm(), TransportConfig(port=port, relay=True))
         async with relay2:
             await wait_for(lambda: nated.relays == (relay_id,), within=10)
             assert relay2.relay.clients == (nated.local_id,)
+            assert changes == [(relay_id,), (), (relay_id,)]
 
 
 async def test_after_a_failed_direct_dial_requests_go_straight_to_the_relay():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -51,6 +51,8 @@ class RelayService:
         self._clients: set[str] = set()  # (relay role) peers registered with us
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
+        self.listener: Callable[[tuple[str, ...]], None] | None = None
+        self._last_reported: tuple[str, ...] = ()
 
     # -- client side -------------------------------------------------------------------------
     @property
@@ -77,6 +79,17 @@ class RelayService:
             if relay_id not in self._loops and relay_id != self.t.local_id:
                 self._loops[relay_id] = self.t.spawn(self._maintain(relay_id))
 
+    def _notify(self) -> None:
+        self._changed.set()
+        now = self.relays
+        if now != self._last_reported:
+            self._last_reported = now
+            if self.listener is not None:
+                try:
+                    self.listener(now)
+                except Exception:
+                    log.exception("relay listener failed")
+
     async def wait_registered(self, count: int = 1) -> None:
         while len(self._my_relays) < count:
             self._changed.clear()
@@ -92,7 +105,7 @@ class RelayService:
                 if resp.status != 200:
                     raise NetError(f"relay {relay_id} refused: {text.decode(errors='replace')}")
                 self._my_relays.add(relay_id)
-                self._changed.set()
+                self._notify()
                 backoff.reset()
                 log.info("registered with relay %s", relay_id)
                 await conn.closed.wait()
@@ -100,14 +113,14 @@ class RelayService:
             except NetError as exc:
                 log.info("relay %s unavailable: %s", relay_id, exc)
             self._my_relays.discard(relay_id)
-            self._changed.set()
+            self._notify()
             await self.t.clock.sleep(backoff.next_delay())
 
     def on_closed(self, conn: PeerConnection) -> None:
         if self.t.connection(conn.peer_id) is None:
             self._my_relays.discard(conn.peer_id)
             self._clients.discard(conn.peer_id)
-            self._changed.set()
+            self._notify()
 
     async def check_reachability(self, via: str, addr: str | None = None) -> bool:
         """Ask peer `via` to dial `addr` (default: our advertised address) and answer."""

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import random
 import socket
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -550,6 +550,11 @@ class TlsTransport:
     def relays(self) -> tuple[str, ...]:
         """Relay peer ids that currently reach this node (publish as NodeMeta.relays)."""
         return self.relay.relays
+
+    def on_relays_changed(self, callback: Callable[[tuple[str, ...]], None] | None) -> None:
+        """Call `callback(relays)` whenever the set of relays reaching this node changes
+        (e.g. to republish the node's record)."""
+        self.relay.listener = callback
 
     # -- lifecycle ---------------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
