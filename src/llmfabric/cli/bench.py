@@ -258,7 +258,7 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
         "model_id": opts["model"] or specs[0].model,
         "num_prompts": len(specs),
         "request_rate": opts["request_rate"] if arrival_name in ("poisson", "gamma") else None,
-        "burstiness": opts["burstiness"] if arrival_name == "gamma" else 1.0,
+        "burstiness": {"gamma": opts["burstiness"], "poisson": 1.0}.get(arrival_name),
         "max_concurrency": opts["max_concurrency"],
         "arrival": arrival_name,
     }
