@@ -132,6 +132,8 @@ def sign_in(fabric: Fabric) -> Callable[..., None]:
 
     def do(page: Any, key: str | None = None) -> None:
         page.goto(f"{fabric.ui}#/keys")
+        page.evaluate("sessionStorage.clear()")  # sign out whoever was signed in
+        page.reload()
         page.get_by_label("API key", exact=True).fill(key or fabric.admin_key)
         page.get_by_role("button", name="Sign in").click()
         page.get_by_role("heading", name="Create a key").wait_for()

@@ -91,6 +91,8 @@ def test_key_created_in_ui_works_from_the_openai_sdk_and_revoking_it_fails_the_s
     secret = page.locator("#new-key-secret").input_value()
     assert re.fullmatch(r"lf-[0-9a-f]{16}-[A-Za-z0-9_-]{43}", secret)
     key_id = secret.split("-")[1]
+    snippet = page.locator("pre.snippet").inner_text()
+    assert f"OPENAI_BASE_URL={fabric.url}/v1" in snippet and secret in snippet
     row = page.locator(f'#keys-table tr[data-key-id="{key_id}"]')
     row.wait_for()
     assert "sdk-test" in row.inner_text() and secret not in row.inner_text()
@@ -138,7 +140,14 @@ def test_non_admin_sees_only_own_keys_and_a_bad_key_is_refused(
     rows.first.wait_for()
     assert rows.count() == 1 and "alice-laptop" in rows.first.inner_text()
     assert page.locator("#session").inner_text().startswith("Signed in: alice")
-    assert page.get_by_label("Owner").count() == 0 or not page.get_by_label("Owner").is_visible()
+    assert not page.get_by_label("Owner").first.is_visible()
+
+    sign_in(page)  # the admin sees every owner's keys and can filter by owner
+    page.locator("#keys-table tbody tr").nth(1).wait_for()
+    page.get_by_role("combobox", name="Owner").select_option("alice")
+    rows = page.locator("#keys-table tbody tr")
+    rows.first.wait_for()
+    assert rows.count() == 1 and "alice-laptop" in rows.first.inner_text()
 
 
 def test_markup_in_data_is_shown_as_text(page: Any, fabric: Any, sign_in: Any) -> None:

@@ -2,8 +2,8 @@
 // Admin keys see and manage every owner's keys.
 
 import { h, mount, notice, tableWrap, badge, field, fmtTime, fmtInt, announce } from '../dom.js';
-import { get, post, del, listOf, ApiError } from '../api.js';
-import { pageHeader, errorNotice } from './common.js';
+import { get, post, del, listOf, ApiError, apiBase } from '../api.js';
+import { pageHeader, errorNotice, filterSelect } from './common.js';
 import { keyIdOf } from '../keyid.js';
 
 /** The one-time secret in a create response, whatever the field is called. */
@@ -67,6 +67,8 @@ function render(view, ctx) {
   const secretBox = h('div');
   const createError = h('div');
   const showRevoked = h('input', { type: 'checkbox', id: 'show-revoked' });
+  const ownerFilter = filterSelect('Owner', 'All owners');
+  ownerFilter.el.hidden = true;
   let keys = null;
 
   // ---- create ------------------------------------------------------------------------------
@@ -127,6 +129,9 @@ function render(view, ctx) {
       h('h2', { id: 'secret-title' }, `New key “${rec.name || ''}” created`),
       h('p', {}, h('strong', {}, 'Copy it now: it is shown only once. '), 'The fabric keeps only a hash of it.'),
       h('div', { class: 'copy-row' }, out, copy, copied),
+      h('p', { class: 'small' }, 'Use it with any OpenAI client:'),
+      h('pre', { class: 'snippet', tabindex: '0', 'aria-label': 'Example environment for OpenAI clients' },
+        `export OPENAI_BASE_URL=${window.location.origin}${apiBase()}/v1\nexport OPENAI_API_KEY=${secret}`),
       h('div', { class: 'actions' }, h('button', { type: 'button', class: 'secondary',
         on: { click: () => { mount(secretBox); nameInput.focus(); } } }, 'Done, I saved it')));
     mount(secretBox, panel);
@@ -138,7 +143,8 @@ function render(view, ctx) {
   // ---- list ----------------------------------------------------------------------------------
   function draw() {
     if (keys === null) return;
-    const shown = keys.filter((k) => showRevoked.checked || k.active !== false);
+    const shown = keys.filter((k) => (showRevoked.checked || k.active !== false)
+      && (!ownerFilter.value || k.owner === ownerFilter.value));
     if (keys.length === 0 || shown.length === 0) {
       mount(listBox, notice('empty', keys.length === 0 ? 'No keys yet.' : 'No active keys. Tick “Show revoked” to see the others.'));
       return;
@@ -196,6 +202,8 @@ function render(view, ctx) {
       if (!ctx.alive) return;
       keys = listOf(body, 'keys').slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
       adminOnly.hidden = !isAdmin();
+      ownerFilter.setOptions([...new Set(keys.map((k) => k.owner))].sort());
+      ownerFilter.el.hidden = !isAdmin();
       draw();
     } catch (err) {
       if (!ctx.alive) return;
@@ -205,6 +213,7 @@ function render(view, ctx) {
   }
 
   showRevoked.addEventListener('change', draw);
+  ownerFilter.select.addEventListener('input', draw);
   mount(view,
     pageHeader('API keys', isAdmin() ? 'You are an admin: you see and manage every owner’s keys.'
       : 'Your keys for the OpenAI-compatible endpoint.'),
@@ -212,7 +221,8 @@ function render(view, ctx) {
     createForm,
     h('section', { class: 'card', 'aria-labelledby': 'list-title' },
       h('div', { class: 'row-between' }, h('h2', { id: 'list-title' }, 'Keys'),
-        h('div', { class: 'field check' }, showRevoked, h('label', { for: 'show-revoked' }, 'Show revoked'))),
+        h('div', { class: 'actions' }, ownerFilter.el,
+          h('div', { class: 'field check' }, showRevoked, h('label', { for: 'show-revoked' }, 'Show revoked')))),
       listBox));
   load();
 }
