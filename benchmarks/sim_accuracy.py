@@ -430,6 +430,7 @@ def main() -> None:
         "rows": len(rows),
         "mape_abs": float(err.mean()),
         "mape_abs_holdout": float(err[holdout].mean()),
+        "mape_abs_set_balanced": float(np.mean([r["mape"] for r in per_set])),
         "max_speedup_err": speed_stats["max_speedup_err"],
         "targets": {"mape_abs": 0.10, "max_speedup_err": 0.06},
         "speedup": speed_stats,
