@@ -6,8 +6,12 @@ also learns addresses from bootstrap connections.
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from llmfabric.clock import SystemClock, with_timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +53,19 @@ class AddressBook:
 
     def peers(self) -> tuple[str, ...]:
         return tuple(self._peers)
+
+
+async def host_addrs(port: int) -> tuple[str, ...]:
+    """Non-loopback IPv4 addresses of this host's name (for a wildcard listener); set
+    TransportConfig.public_addr when they are wrong (NAT, several interfaces)."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await with_timeout(
+            SystemClock(),
+            loop.getaddrinfo(socket.gethostname(), port, family=socket.AF_INET),
+            2.0,
+        )
+    except (OSError, TimeoutError):
+        return ()
+    addrs = {str(info[4][0]) for info in infos}
+    return tuple(f"{a}:{port}" for a in sorted(addrs) if not a.startswith("127."))

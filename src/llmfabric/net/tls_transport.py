@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import socket
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +27,9 @@ from llmfabric.clock import Clock, SystemClock, with_timeout
 from llmfabric.identity.admission import Admission
 from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.identity.keys import NodeKey
-from llmfabric.net.addressbook import AddressBook, parse_addr
+from llmfabric.net.addressbook import AddressBook, host_addrs, parse_addr
 from llmfabric.net.backoff import Backoff
+from llmfabric.net.bootstrap import run_bootstrap
 from llmfabric.net.connection import PeerConnection, set_nodelay
 from llmfabric.net.errors import HandshakeRefused, NetError, PeerUnreachable, RequestFailed
 from llmfabric.net.framing import FrameType
@@ -297,7 +297,7 @@ class TlsTransport:
         host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
         self._bound = f"{host}:{sock[1]}"
         if sock[0] in ("0.0.0.0", "::"):
-            self._guessed = await _host_addrs(int(sock[1]))
+            self._guessed = await host_addrs(int(sock[1]))
 
     @property
     def listen_addr(self) -> str | None:
@@ -430,23 +430,7 @@ class TlsTransport:
         """Connect to every reachable bootstrap address; while none answers, retry after
         exponential backoff with full jitter (clock + rng injected). Returns the peer ids."""
         backoff = Backoff(self.config.backoff_base, self.config.backoff_cap, self.rng)
-        rounds = 0
-        while True:
-            got: list[str] = []
-            errors: list[str] = []
-            for addr in addrs:
-                try:
-                    got.append(await self.connect_bootstrap(addr))
-                except NetError as exc:
-                    errors.append(f"{addr}: {exc}")
-            if got:
-                return got
-            rounds += 1
-            if max_rounds is not None and rounds >= max_rounds:
-                raise PeerUnreachable(f"no bootstrap peer reachable: {'; '.join(errors)}")
-            delay = backoff.next_delay()
-            log.info("no bootstrap peer reachable, retrying in %.2fs: %s", delay, errors)
-            await self.clock.sleep(delay)
+        return await run_bootstrap(self.connect_bootstrap, addrs, self.clock, backoff, max_rounds)
 
     def _register(self, conn: PeerConnection) -> PeerConnection:
         if self._closing:
@@ -592,22 +576,6 @@ class TlsTransport:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-async def _host_addrs(port: int) -> tuple[str, ...]:
-    """Non-loopback IPv4 addresses of this host's name (for a wildcard listener); set
-    TransportConfig.public_addr when they are wrong (NAT, several interfaces)."""
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await with_timeout(
-            SystemClock(),
-            loop.getaddrinfo(socket.gethostname(), port, family=socket.AF_INET),
-            2.0,
-        )
-    except (OSError, TimeoutError):
-        return ()
-    addrs = {str(info[4][0]) for info in infos}
-    return tuple(f"{a}:{port}" for a in sorted(addrs) if not a.startswith("127."))
 
 
 def _conforms(t: TlsTransport) -> Transport:
