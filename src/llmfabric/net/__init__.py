@@ -10,7 +10,8 @@ Files (one concept each; see docs/network.md for the protocol):
 - h2endpoint.py: an HTTP/2 session (sans-IO h2) carried in frames; two per connection.
 - messages.py: `PeerRequest`, `PeerResponse`, `HandlerResponse`.
 - relay.py: dial-back reachability check, relay client (persistent outbound) and server.
-- addressbook.py: peer id -> direct addresses and relays.
+- addressbook.py: peer id -> direct addresses and relays; `parse_addr`, `host_addrs`.
+- bootstrap.py: `run_bootstrap`, the retry loop over bootstrap addresses (injected clock).
 - backoff.py: exponential backoff with full jitter.
 - stats.py: `NetStats` counters (bytes, datagrams, drops by reason, refused handshakes).
 - errors.py: `NetError` > PeerUnreachable, HandshakeRefused, RequestFailed, FrameError.
