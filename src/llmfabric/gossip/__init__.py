@@ -1,2 +1,12 @@
-"""Dissemination of registry deltas: push-pull anti-entropy and piggybacked updates.
+"""Dissemination of registry deltas: rumours piggybacked on SWIM and pushed to a fanout, plus
+push-pull anti-entropy; and `GossipAgent`, the object a node process runs.
+
+Files:
+- agent.py: `GossipAgent` (start/aclose, update_self/set_state/leave, views, listeners,
+  on_evicted, stats): wires replica + dissemination + anti-entropy + SWIM to a Transport.
+- config.py: `GossipConfig`, presets `local`/`lan`/`wan` (`preset(name)`), Lifeguard formulas.
+- wire.py: versioned msgpack envelope, `MsgKind` (append-only), validated `decode`.
+- broadcast.py: `BroadcastQueue`, transmit-limited queue of fresh changes.
+- antientropy.py: `AntiEntropy`, root hash -> bucket hashes -> digests -> deltas.
+- stats.py: `AgentStats` counters (messages, bytes, drops and rejections by reason).
 """

@@ -1,2 +1,9 @@
-"""SWIM failure detection: probes, indirect probes, Lifeguard suspicion, refutation, eviction.
+"""SWIM failure detection with Lifeguard: probes, 3 indirect probe paths, suspicion,
+refutation (by the agent, with a higher incarnation) and eviction.
+
+Files:
+- swim.py: `Prober` (shuffled round-robin probes, indirect probes via PING_REQ, ack relay).
+- suspicion.py: `SuspicionTracker`, Lifeguard timeouts shrinking with confirmations.
+- health.py: `LocalHealth`, Lifeguard's local health multiplier.
+The agent that runs them over a Transport is llmfabric.gossip.agent.GossipAgent.
 """

@@ -1,0 +1,383 @@
+"""GossipAgent: one node session's registry replica, kept in sync by gossip and SWIM.
+
+    agent = GossipAgent(transport, clock, node_key, meta, config=preset("lan"), seeds=[...])
+    await agent.start()                       # publishes our JOIN record, contacts the seeds
+    agent.set_state(Lifecycle.SERVING)        # or update_self(meta) on any metadata change
+    agent.nodes.routable(); agent.models.sessions("llama-3-8b")   # local reads
+    agent.add_listener(lambda change: ...)    # every replica change (registry.replica.Change)
+    agent.on_evicted(lambda: ...)             # we were evicted: restart under a new session
+    await agent.leave()                       # LEFT, pushed to several peers before returning
+    await agent.aclose()
+
+It talks only to the Transport (best-effort datagrams addressed by peer id) and the Clock.
+Messages: SWIM probes carry piggybacked fresh changes; fresh changes are also pushed at once
+to `fanout` random members (and re-sent on each gossip tick until their retransmit limit);
+anti-entropy repairs whatever rumours missed. See docs/registry.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Coroutine, Hashable, Sequence
+from typing import Any
+
+from llmfabric.clock import Clock
+from llmfabric.gossip.antientropy import AntiEntropy
+from llmfabric.gossip.broadcast import BroadcastQueue
+from llmfabric.gossip.config import PRESETS, GossipConfig
+from llmfabric.gossip.stats import AgentStats
+from llmfabric.gossip.wire import (
+    Ack,
+    Gossip,
+    Message,
+    Ping,
+    PingReq,
+    SyncBuckets,
+    SyncDeltas,
+    SyncDigest,
+    SyncRoot,
+    WireError,
+    WireItem,
+    decode,
+    encode,
+)
+from llmfabric.membership.suspicion import SuspicionTracker
+from llmfabric.membership.swim import Member, Prober
+from llmfabric.net.transport import PeerId, Transport
+from llmfabric.registry.codec import SignedRecord
+from llmfabric.registry.errors import InvalidRecord
+from llmfabric.registry.facts import Fact, FactKind, make_fact
+from llmfabric.registry.owner import RecordOwner
+from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
+from llmfabric.registry.replica import ITEM_RECORD, Change, Listener, Replica, item_parts
+from llmfabric.registry.signing import Signer
+from llmfabric.registry.views import ModelRegistry, NodeRegistry
+
+log = logging.getLogger(__name__)
+
+
+class GossipAgent:
+    def __init__(
+        self,
+        transport: Transport,
+        clock: Clock,
+        signer: Signer,
+        meta: NodeMeta | None = None,
+        *,
+        config: GossipConfig | None = None,
+        seeds: Sequence[PeerId] = (),
+        rng: random.Random | None = None,
+        admit: Callable[[PeerId], bool] | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        self.transport = transport
+        self.clock = clock
+        self.config = config or PRESETS["lan"]
+        self.seeds = [s for s in seeds if s != transport.local_id]
+        self.rng = rng or random.Random()
+        self.stats = AgentStats()
+        self.owner = RecordOwner(signer, meta or NodeMeta(), wall=clock.wall(),
+                                 session_id=session_id)
+        self.replica = Replica(clock, self.config.gc, buckets=self.config.buckets, admit=admit)
+        self.nodes = NodeRegistry(self.replica)
+        self.models = ModelRegistry(self.replica)
+        self.queue = BroadcastQueue()
+        self.suspicion = SuspicionTracker(clock, self.config)
+        self.anti_entropy = AntiEntropy(self.replica, self._send, self.config.max_message_bytes)
+        self.prober = Prober(
+            clock, self.config, self.rng, local_peer=transport.local_id,
+            members=self.members, send=self._send, piggyback=self._piggyback,
+            on_suspect=self._suspect,
+        )
+        self.evicted = False
+        self._evicted_cbs: list[Callable[[], None]] = []
+        self._members_cache: list[Member] | None = None
+        self._self_check_scheduled = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = False
+        self.replica.add_listener(self._on_change)
+
+    # ---- identity and views ---------------------------------------------------------------
+    @property
+    def session_id(self) -> str:
+        return self.owner.session_id
+
+    @property
+    def peer_id(self) -> PeerId:
+        return self.transport.local_id
+
+    @property
+    def record(self) -> NodeRecord:
+        return self.owner.record
+
+    def members(self) -> list[Member]:
+        """Sessions we probe and gossip with: every known non-LEFT session but our own."""
+        if self._members_cache is None:
+            self._members_cache = [
+                Member(sid, e.record.record.peer_id)
+                for sid, e in self.replica.entries.items()
+                if e.record is not None and e.state is not Lifecycle.LEFT
+                and sid != self.session_id
+            ]
+        return self._members_cache
+
+    def member_peers(self) -> list[PeerId]:
+        return sorted({m.peer_id for m in self.members()} - {self.peer_id})
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(change)` on every change of the local replica."""
+        self.replica.add_listener(listener)
+
+    def on_evicted(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once if the fabric evicts this session (restart with a new one)."""
+        self._evicted_cbs.append(callback)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self.transport.set_handler(self._on_message)
+        self._publish(self.owner.current)
+        self._contact_seeds()
+        for name, coro in (
+            ("probe", self.prober.run),
+            ("gossip", self._gossip_loop),
+            ("sync", self._sync_loop),
+            ("suspicion", self._suspicion_loop),
+            ("maintenance", self._maintenance_loop),
+        ):
+            self._tasks.append(asyncio.get_running_loop().create_task(
+                self._guard(name, coro), name=f"gossip-{name}"))
+
+    async def aclose(self) -> None:
+        self._running = False
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    def update_self(self, meta: NodeMeta) -> NodeRecord:
+        """Publish new metadata (models, load, addresses, ...) for our session."""
+        self._publish(self.owner.update_meta(meta, wall=self.clock.wall()))
+        return self.record
+
+    def set_state(self, state: Lifecycle) -> NodeRecord:
+        """Move our lifecycle forward (JOIN -> SERVING -> DOWN -> LEFT)."""
+        self._publish(self.owner.set_state(state, wall=self.clock.wall()))
+        return self.record
+
+    async def leave(self) -> None:
+        """Announce LEFT: push it to up to 2*fanout members directly, then one gossip tick."""
+        rec = self.owner.set_state(Lifecycle.LEFT, wall=self.clock.wall())
+        self._publish(rec)
+        peers = self.member_peers()
+        self.rng.shuffle(peers)
+        for p in peers[: 2 * self.config.fanout]:
+            self._send(p, Gossip((item_parts(rec),)))
+        self.prober.paused = True
+        await self.clock.sleep(self.config.gossip_interval_s)
+        self._flush()
+
+    # ---- outgoing -----------------------------------------------------------------------
+    def _send(self, peer: PeerId, msg: Message) -> None:
+        if peer == self.peer_id:
+            return
+        data = encode(msg, self.session_id)
+        kind = type(msg).__name__
+        if len(data) > self.config.max_message_bytes:
+            self.stats.dropped["oversized_out"] += 1
+            return
+        self.stats.msgs_out[kind] += 1
+        self.stats.bytes_out += len(data)
+        self.transport.send(peer, data)
+
+    def _limit(self) -> int:
+        return self.config.retransmit_limit(len(self.members()) + 1)
+
+    def _piggyback(self) -> tuple[WireItem, ...]:
+        if not self.queue:
+            return ()
+        return tuple(self.queue.take(self.config.piggyback_bytes, self._limit()))
+
+    def _flush(self) -> None:
+        """Send queued fresh changes to `fanout` random members."""
+        if not self.queue:
+            return
+        peers = self.member_peers()
+        if not peers:
+            peers = list(self.seeds)
+        self.rng.shuffle(peers)
+        budget = self.config.max_message_bytes - 512
+        for p in peers[: self.config.fanout]:
+            items = self.queue.take(budget, self._limit())
+            if not items:
+                break
+            self._send(p, Gossip(tuple(items)))
+
+    def _enqueue(self, item: SignedRecord | Fact) -> None:
+        key: Hashable = ("r", item.session_id) if isinstance(item, SignedRecord) else (
+            "f", item.signature)
+        self.queue.push(key, item_parts(item))
+
+    def _publish(self, item: SignedRecord | Fact) -> None:
+        self.replica.apply(item)
+        self._enqueue(item)
+        self._flush()
+
+    def _contact_seeds(self) -> None:
+        own = (item_parts(self.owner.current),)
+        for s in self.seeds:
+            self._send(s, Gossip(own))
+            self.anti_entropy.start(s)
+
+    # ---- incoming -----------------------------------------------------------------------
+    def _on_message(self, peer: PeerId, data: bytes) -> None:
+        if not self._running:
+            return
+        self.stats.bytes_in += len(data)
+        try:
+            _, msg = decode(data, self.config.max_message_bytes)
+        except WireError as exc:
+            self.stats.dropped[exc.reason] += 1
+            return
+        self.stats.msgs_in[type(msg).__name__] += 1
+        match msg:
+            case Ping():
+                fresh = self._ingest(msg.items, rumour=True)
+                if msg.target_session == self.session_id and not self.evicted:
+                    self._send(peer, Ack(msg.seq, self._piggyback()))
+            case Ack():
+                fresh = self._ingest(msg.items, rumour=True)
+                self.prober.on_ack(msg.seq)
+            case PingReq():
+                fresh = False
+                self.prober.on_ping_req(peer, msg)
+            case Gossip():
+                fresh = self._ingest(msg.items, rumour=True)
+            case SyncRoot():
+                fresh = False
+                self.anti_entropy.on_root(peer, msg)
+            case SyncBuckets():
+                fresh = False
+                self.anti_entropy.on_buckets(peer, msg)
+            case SyncDigest():
+                fresh = False
+                self.anti_entropy.on_digest(peer, msg)
+            case SyncDeltas():
+                fresh = self._ingest(msg.items, rumour=False)
+                self.anti_entropy.on_deltas(peer, msg)
+        if fresh:
+            self._flush()
+
+    def _ingest(self, items: tuple[WireItem, ...], *, rumour: bool) -> bool:
+        fresh = False
+        for kind, body, sig in items:
+            try:
+                change = self.replica.ingest(kind, body, sig)
+            except InvalidRecord as exc:
+                self.stats.rejected[exc.reason] += 1
+                continue
+            if change is not None and rumour:
+                key: Hashable = ("r", change.session_id) if kind == ITEM_RECORD else ("f", sig)
+                self.queue.push(key, (kind, body, sig))
+                fresh = True
+        return fresh
+
+    def _on_change(self, change: Change) -> None:
+        self._members_cache = None
+        self.suspicion.observe(change.after)
+        if change.session_id == self.session_id and not self._self_check_scheduled:
+            self._self_check_scheduled = True
+            try:
+                asyncio.get_running_loop().call_soon(self._check_self)
+            except RuntimeError:  # no loop (replica used synchronously): check now
+                self._check_self()
+
+    def _check_self(self) -> None:
+        self._self_check_scheduled = False
+        entry = self.replica.entries.get(self.session_id)
+        if entry is None:
+            return
+        if entry.evicted:
+            if not self.evicted:
+                self.evicted = True
+                self.prober.paused = True
+                log.warning("session %s was evicted by %s", self.session_id,
+                            entry.evict.author if entry.evict else "?")
+                for cb in list(self._evicted_cbs):
+                    cb()
+            return
+        if entry.suspected and self.owner.record.state is not Lifecycle.LEFT:
+            self.stats.refutations += 1
+            self.prober.health.bad()
+            self._publish(self.owner.refute(entry.max_suspect_incarnation,
+                                            wall=self.clock.wall()))
+
+    # ---- membership decisions -----------------------------------------------------------
+    def _suspect(self, member: Member) -> None:
+        entry = self.replica.entries.get(member.session_id)
+        if entry is None or entry.state is Lifecycle.LEFT or self.evicted:
+            return
+        if any(f.author == self.peer_id and f.incarnation >= entry.incarnation
+               for f in entry.suspects):
+            return
+        self.stats.suspicions_raised += 1
+        self._publish(make_fact(self.owner.signer, FactKind.SUSPECT, member.session_id,
+                                entry.incarnation, self.clock.wall()))
+
+    def _evict_due(self) -> None:
+        if self.evicted:
+            return
+        for entry in self.suspicion.due(self.replica.entries, len(self.members()) + 1):
+            if entry.session_id == self.session_id:
+                continue
+            self.stats.evictions_issued += 1
+            self._publish(make_fact(self.owner.signer, FactKind.EVICT, entry.session_id,
+                                    entry.incarnation, self.clock.wall()))
+
+    # ---- loops --------------------------------------------------------------------------
+    async def _guard(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        while True:
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.stats.loop_errors += 1
+                log.exception("gossip %s loop failed; restarting it", name)
+                await self.clock.sleep(self.config.gossip_interval_s)
+
+    async def _gossip_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.gossip_interval_s)
+            self._flush()
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.sync_interval_s * self.rng.uniform(0.8, 1.2))
+            peers = self.member_peers()
+            if not peers:
+                self._contact_seeds()
+                continue
+            self.anti_entropy.start(self.rng.choice(peers))
+
+    async def _suspicion_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.probe_interval_s / 4)
+            self._evict_due()
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.gc_interval_s)
+            self.replica.collect()
+            rec = self.owner.record
+            if (rec.state is not Lifecycle.LEFT and not self.evicted and self.clock.wall()
+                    - rec.updated_at > self.config.gc.refresh_interval_s):
+                self._publish(self.owner.refresh(wall=self.clock.wall()))

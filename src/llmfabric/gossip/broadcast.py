@@ -1,0 +1,43 @@
+"""The queue of fresh changes to disseminate, each sent at most `limit` times (memberlist's
+TransmitLimitedQueue). A newer item under the same key (same session record, same author's
+fact) replaces the older one. Least-sent items go first; items are packed up to a byte budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from llmfabric.gossip.wire import WireItem, item_size
+
+
+class BroadcastQueue:
+    def __init__(self) -> None:
+        self._items: dict[Hashable, tuple[int, int, WireItem]] = {}  # key -> (sent, seq, item)
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, key: Hashable, item: WireItem) -> None:
+        self._seq += 1
+        self._items[key] = (0, self._seq, item)
+
+    def take(self, budget: int, limit: int) -> list[WireItem]:
+        """Items that fit in `budget` bytes, least-sent and newest first; count the send."""
+        out: list[WireItem] = []
+        used = 0
+        for key, (sent, seq, item) in sorted(self._items.items(),
+                                             key=lambda kv: (kv[1][0], -kv[1][1])):
+            size = item_size(item)
+            if used + size > budget:
+                continue
+            used += size
+            out.append(item)
+            if sent + 1 >= limit:
+                del self._items[key]
+            else:
+                self._items[key] = (sent + 1, seq, item)
+        return out
+
+    def clear(self) -> None:
+        self._items.clear()

@@ -1,0 +1,35 @@
+"""Counters of one gossip agent: messages and bytes by kind, drops and rejections by reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class AgentStats:
+    msgs_out: Counter[str] = field(default_factory=Counter)
+    msgs_in: Counter[str] = field(default_factory=Counter)
+    bytes_out: int = 0
+    bytes_in: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)  # undecodable messages, by reason
+    rejected: Counter[str] = field(default_factory=Counter)  # forged/invalid items, by reason
+    suspicions_raised: int = 0
+    evictions_issued: int = 0
+    refutations: int = 0
+    loop_errors: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "msgs_out": dict(self.msgs_out),
+            "msgs_in": dict(self.msgs_in),
+            "bytes_out": self.bytes_out,
+            "bytes_in": self.bytes_in,
+            "dropped": dict(self.dropped),
+            "rejected": dict(self.rejected),
+            "suspicions_raised": self.suspicions_raised,
+            "evictions_issued": self.evictions_issued,
+            "refutations": self.refutations,
+            "loop_errors": self.loop_errors,
+        }

@@ -1,0 +1,156 @@
+"""SWIM probing with indirect probes and Lifeguard local health.
+
+Each period (probe_interval * LHM) the prober picks the next member from a shuffled
+round-robin list and pings it. If no ack arrives within probe_timeout * LHM it asks
+`indirect_probes` (k = 3) other members to ping the target on its behalf (three independent
+paths). Only if no ack comes back by the end of the period is the target reported through
+`on_suspect` (the agent turns that into a signed SUSPECT fact). Nothing irreversible happens
+here: eviction is decided later from the replicated suspicion (see membership.suspicion).
+
+The prober is pure logic over injected callbacks, the clock and a seeded rng; it never touches
+sockets. Helpers answer PING_REQ by pinging the target with their own sequence number and
+relaying the ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmfabric.clock import Clock, with_timeout
+from llmfabric.gossip.config import GossipConfig
+from llmfabric.gossip.wire import Ack, Message, Ping, PingReq, WireItem
+from llmfabric.membership.health import LocalHealth
+from llmfabric.net.transport import PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    session_id: str
+    peer_id: PeerId
+
+
+@dataclass(slots=True)
+class ProbeStats:
+    probes: int = 0
+    acks: int = 0
+    indirect: int = 0
+    failures: int = 0
+    ping_reqs_served: int = 0
+
+
+class Prober:
+    def __init__(
+        self,
+        clock: Clock,
+        config: GossipConfig,
+        rng: random.Random,
+        *,
+        local_peer: PeerId,
+        members: Callable[[], list[Member]],
+        send: Callable[[PeerId, Message], None],
+        piggyback: Callable[[], tuple[WireItem, ...]],
+        on_suspect: Callable[[Member], None],
+    ) -> None:
+        self._clock = clock
+        self._cfg = config
+        self._rng = rng
+        self._local_peer = local_peer
+        self._members = members
+        self._send = send
+        self._piggyback = piggyback
+        self._on_suspect = on_suspect
+        self.health = LocalHealth(config.max_health)
+        self.stats = ProbeStats()
+        self._seq = 0
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._relays: dict[int, tuple[PeerId, int, float]] = {}  # our seq -> (asker, seq, until)
+        self._order: list[Member] = []
+        self.paused = False
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) % (1 << 62)
+        return self._seq
+
+    def _next_target(self) -> Member | None:
+        current = set(self._members())
+        while self._order:
+            m = self._order.pop()
+            if m in current:
+                return m
+        if not current:
+            return None
+        self._order = sorted(current, key=lambda m: (m.session_id, m.peer_id))
+        self._rng.shuffle(self._order)
+        return self._order.pop()
+
+    async def run(self) -> None:
+        """Probe forever, one member per period; cancel the task to stop."""
+        while True:
+            start = self._clock.now()
+            period = self.health.scale(self._cfg.probe_interval_s)
+            target = None if self.paused else self._next_target()
+            if target is not None:
+                await self.probe(target, period)
+            await self._clock.sleep(max(0.0, start + period - self._clock.now()))
+
+    async def probe(self, target: Member, period: float | None = None) -> bool:
+        """Ping `target` directly, then through k helpers; True if any ack came back."""
+        period = period if period is not None else self.health.scale(self._cfg.probe_interval_s)
+        timeout = self.health.scale(self._cfg.probe_timeout_s)
+        seq = self._next_seq()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = fut
+        self.stats.probes += 1
+        try:
+            self._send(target.peer_id, Ping(seq, target.session_id, self._piggyback()))
+            if await self._wait(fut, timeout):
+                self.health.good()
+                self.stats.acks += 1
+                return True
+            helpers = [m for m in {m.peer_id for m in self._members()}
+                       if m not in (target.peer_id, self._local_peer)]
+            self._rng.shuffle(helpers)
+            for h in sorted(helpers[: self._cfg.indirect_probes]):
+                self.stats.indirect += 1
+                self._send(h, PingReq(seq, target.peer_id, target.session_id))
+            if await self._wait(fut, max(period - timeout, timeout)):
+                self.stats.acks += 1
+                return True
+            self.health.bad()
+            self.stats.failures += 1
+            self._on_suspect(target)
+            return False
+        finally:
+            self._pending.pop(seq, None)
+
+    async def _wait(self, fut: asyncio.Future[None], seconds: float) -> bool:
+        if fut.done():
+            return True
+        try:
+            await with_timeout(self._clock, asyncio.shield(fut), seconds)
+        except TimeoutError:
+            return fut.done()
+        return True
+
+    # ---- incoming -----------------------------------------------------------------------
+    def on_ack(self, seq: int) -> None:
+        fut = self._pending.get(seq)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+            return
+        relay = self._relays.pop(seq, None)
+        if relay is not None and relay[2] >= self._clock.now():
+            self._send(relay[0], Ack(relay[1], ()))
+
+    def on_ping_req(self, asker: PeerId, req: PingReq) -> None:
+        now = self._clock.now()
+        for s, (_, _, until) in list(self._relays.items()):
+            if until < now:
+                del self._relays[s]
+        seq = self._next_seq()
+        self._relays[seq] = (asker, req.seq, now + self._cfg.probe_interval_s * 2)
+        self.stats.ping_reqs_served += 1
+        self._send(req.target_peer, Ping(seq, req.target_session, ()))

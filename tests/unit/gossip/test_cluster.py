@@ -1,0 +1,126 @@
+"""Gossip + SWIM on virtual time over the in-memory network."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from llmfabric.registry.records import Lifecycle
+
+from .conftest import Cluster
+
+
+async def test_join_propagates_and_replicas_converge(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(delay=(0.001, 0.005))
+    for _ in range(8):
+        await c.add()
+    assert await c.clock.run_until(
+        lambda: all(len(a.nodes.routable()) == 8 for a in c.agents), within=10)
+    assert await c.clock.run_until(c.converged, within=10)
+    sids = {a.session_id for a in c.agents}
+    for a in c.agents:
+        assert {v.session_id for v in a.models.sessions("alias")} == sids
+
+
+async def test_dead_node_is_suspected_then_evicted(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(delay=(0.001, 0.003))
+    for _ in range(6):
+        await c.add()
+    assert await c.clock.run_until(lambda: c.converged() and all(
+        len(a.nodes.routable()) == 6 for a in c.agents), within=10)
+    victim = c.agents[3]
+    await c.kill(victim)
+    others = [a for a in c.agents if a is not victim]
+
+    def not_routable() -> bool:
+        return all(victim.session_id not in {v.session_id for v in a.nodes.routable()}
+                   for a in others)
+
+    assert await c.clock.run_until(not_routable, within=5)
+    # nothing irreversible yet: suspected, not LEFT
+    assert all(a.nodes.get(victim.session_id).state is Lifecycle.SERVING  # type: ignore[union-attr]
+               for a in others)
+    _lo, hi = c.config.suspicion_bounds(6)
+    assert await c.clock.run_until(lambda: all(
+        a.nodes.get(victim.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
+        for a in others), within=hi + 5)
+    assert sum(a.stats.evictions_issued for a in others) >= 1
+    assert all(a.stats.loop_errors == 0 for a in others)
+
+
+async def test_suspected_live_node_refutes(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(delay=(0.001, 0.003))
+    for _ in range(5):
+        await c.add()
+    assert await c.clock.run_until(lambda: c.converged() and all(
+        len(a.nodes.routable()) == 5 for a in c.agents), within=10)
+    target, accuser = c.agents[2], c.agents[0]
+    inc0 = target.record.incarnation
+    m = next(m for m in accuser.members() if m.session_id == target.session_id)
+    accuser._suspect(m)  # a false suspicion (e.g. after lost acks)
+    assert await c.clock.run_until(lambda: target.record.incarnation > inc0, within=3)
+    assert await c.clock.run_until(lambda: all(
+        not a.nodes.get(target.session_id).suspected for a in c.agents), within=3)  # type: ignore[union-attr]
+    await c.clock.advance(c.config.suspicion_bounds(5)[1] + 2)
+    assert all(a.nodes.get(target.session_id).state is Lifecycle.SERVING  # type: ignore[union-attr]
+               for a in c.agents)
+    assert not target.evicted and target.stats.refutations >= 1
+
+
+async def test_partition_heals_and_nothing_is_lost(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(delay=(0.001, 0.003))
+    for _ in range(6):
+        await c.add()
+    assert await c.clock.run_until(c.converged, within=10)
+    left, right = c.agents[:3], c.agents[3:]
+    c.net.partition([a.peer_id for a in left], [a.peer_id for a in right])
+    # each side keeps writing while cut off; less than the suspicion timeout so no evictions
+    for i, a in enumerate(c.agents):
+        a.update_self(a.record.meta.__class__(provider_id=f"changed{i}"))
+    await c.clock.advance(1.0)
+    assert not c.converged()
+    c.net.heal()
+    assert await c.clock.run_until(c.converged, within=20)
+    for a in c.agents:
+        for b in c.agents:
+            assert a.nodes.get(b.session_id).record.meta.provider_id == b.record.meta.provider_id  # type: ignore[union-attr]
+
+
+async def test_graceful_leave_reaches_everyone(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(delay=(0.001, 0.003))
+    for _ in range(6):
+        await c.add()
+    assert await c.clock.run_until(c.converged, within=10)
+    leaver = c.agents[4]
+    leaving = asyncio.get_running_loop().create_task(leaver.leave())
+    await c.clock.advance(c.config.gossip_interval_s * 2)
+    await leaving
+    await leaver.aclose()
+    c.net.kill(leaver.peer_id)
+    assert await c.clock.run_until(lambda: all(
+        a.nodes.get(leaver.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
+        for a in c.agents if a is not leaver), within=2)
+    assert sum(a.stats.evictions_issued for a in c.agents) == 0
+
+
+async def test_evicted_node_is_told(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(delay=(0.001, 0.003))
+    for _ in range(4):
+        await c.add()
+    assert await c.clock.run_until(c.converged, within=10)
+    victim = c.agents[1]
+    told: list[bool] = []
+    victim.on_evicted(lambda: told.append(True))
+    c.net.partition([victim.peer_id])  # cut off long enough to be evicted
+    hi = c.config.suspicion_bounds(4)[1]
+    assert await c.clock.run_until(lambda: all(
+        a.nodes.get(victim.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
+        for a in c.agents if a is not victim), within=hi + 5)
+    c.net.heal()
+    assert await c.clock.run_until(lambda: victim.evicted, within=10)
+    assert told == [True]
+    # its refreshed record cannot bring the session back
+    victim.update_self(victim.record.meta)
+    await c.clock.advance(3)
+    assert all(a.nodes.get(victim.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
+               for a in c.agents)
