@@ -407,3 +407,46 @@ def test_chat_stop_aborts_a_streaming_answer(page: Any, fabric: Any, sign_in: An
     page.get_by_label("Message").fill("short one")
     page.get_by_role("button", name="Send").click()
     page.locator(".msg.assistant").nth(1).locator(".served-by").wait_for()
+
+
+def test_sse_parser_gives_the_same_events_for_any_chunking(page: Any, fabric: Any) -> None:
+    page.goto(fabric.ui)
+    mismatches = page.evaluate("""async () => {
+        const { SseParser } = await import('./js/sse.js');
+        const stream = 'data: {"id":1,"x":"a b"}\\r\\n\\r\\n: keep-alive\\n\\nevent: usage\\n'
+          + 'data: {"usage":{"prompt_tokens":3}}\\n\\n'
+          + 'data: line1\\ndata: line2\\r\\rdata: [DONE]\\n\\n';
+        const parseAll = (pieces) => {
+          const p = new SseParser();
+          const out = [];
+          for (const piece of pieces) out.push(...p.push(piece));
+          out.push(...p.end());
+          return JSON.stringify(out);
+        };
+        const whole = parseAll([stream]);
+        let seed = 12345;
+        const rand = () => {
+          seed = (seed * 1103515245 + 12345) % 2147483648;
+          return seed / 2147483648;
+        };
+        const bad = [];
+        for (let trial = 0; trial < 300; trial++) {
+          const pieces = [];
+          let i = 0;
+          while (i < stream.length) {
+            const n = 1 + Math.floor(rand() * 12);
+            pieces.push(stream.slice(i, i + n));
+            i += n;
+          }
+          if (parseAll(pieces) !== whole) bad.push(pieces);
+        }
+        return { whole: JSON.parse(whole), bad: bad.slice(0, 2) };
+    }""")
+    assert mismatches["bad"] == []
+    assert [e["data"] for e in mismatches["whole"]] == [
+        '{"id":1,"x":"a b"}',
+        '{"usage":{"prompt_tokens":3}}',
+        "line1\nline2",
+        "[DONE]",
+    ]
+    assert mismatches["whole"][1]["event"] == "usage"

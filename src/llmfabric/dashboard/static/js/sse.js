@@ -30,7 +30,9 @@ export class SseParser {
   /** Flush at end of stream: a final event without its blank line still counts. */
   end() {
     const out = [];
-    if (this.buffer) this.line(this.buffer, out);
+    // a trailing lone "\r" was held back in case "\n" followed; at the end it is a line end
+    const rest = this.buffer.endsWith('\r') ? this.buffer.slice(0, -1) : this.buffer;
+    if (rest) this.line(rest, out);
     this.buffer = '';
     this.line('', out);
     return out;
