@@ -1,0 +1,213 @@
+"""Many real nodes on loopback, spread over worker processes, for the gossip benchmarks.
+
+Each worker process runs an asyncio loop hosting some `llmfabric.node.Node`s (real TLS
+transport, gossip, SWIM and HTTP API; only the engine is left out) and answers commands from
+the coordinator over a pipe. Observation hooks record, in wall-clock time, when each node's
+replica first saw a session or a model, and bytes sent by the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pathlib
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+SECRET = "benchmark-network-secret-0123456789"
+
+
+@dataclass
+class _Hosted:
+    node: Any  # llmfabric.node.daemon.Node
+    seen_session: dict[str, float]
+    seen_model: dict[str, float]
+    routable: set[str]
+
+
+def _attach(node: Any) -> _Hosted:
+    from llmfabric.registry.records import Lifecycle
+
+    hosted = _Hosted(node, {}, {}, set())
+    agent = node.agent
+
+    def on_change(change: Any) -> None:
+        now = time.time()
+        sid = change.session_id
+        hosted.seen_session.setdefault(sid, now)
+        entry = change.after
+        rec = entry.record.record if entry.record is not None else None
+        if rec is None:
+            return
+        if entry.state is Lifecycle.SERVING:
+            for m in rec.meta.models:
+                hosted.seen_model.setdefault(m.id, now)
+
+    agent.add_listener(on_change)
+    return hosted
+
+
+async def _start_node(root: pathlib.Path, preset: str, bootstrap: list[str], i: int) -> _Hosted:
+    from llmfabric.node.config import build_config
+    from llmfabric.node.daemon import Node
+
+    cfg = build_config({}, {
+        "home": root / f"n{i}", "listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0",
+        "preset": preset, "network_secret": SECRET, "bootstrap": tuple(bootstrap),
+        "relay": not bootstrap, "gpu": "cpu",
+    })
+    node = Node(cfg)
+    await node.start()
+    return _attach(node)
+
+
+async def _serve(conn: mpc.Connection, preset: str) -> None:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="lf-bench-"))
+    hosted: dict[str, _Hosted] = {}  # name -> node
+    counter = 0
+    while True:
+        cmd, args = await asyncio.to_thread(conn.recv)
+        try:
+            if cmd == "start":
+                names = []
+                for _ in range(args["count"]):
+                    h = await _start_node(root, preset, args["bootstrap"], counter)
+                    counter += 1
+                    name = h.node.session_id
+                    hosted[name] = h
+                    names.append((name, h.node.transport.listen_addr))
+                conn.send(("ok", names))
+            elif cmd == "register":
+                h = hosted[args["name"]]
+                from llmfabric.registry.records import Lifecycle, ServedModel
+
+                agent = h.node.agent
+                t0 = time.time()
+                agent.update_self(h.node._meta(engine="sim",
+                                               models=(ServedModel(id=args["model"]),)))
+                agent.set_state(Lifecycle.SERVING)
+                conn.send(("ok", t0))
+            elif cmd == "seen":
+                out = {}
+                for name, h in hosted.items():
+                    key = args["key"]
+                    table = h.seen_session if args["kind"] == "session" else h.seen_model
+                    out[name] = table.get(key)
+                conn.send(("ok", out))
+            elif cmd == "routable":
+                out = {}
+                for name, h in hosted.items():
+                    out[name] = [v.session_id for v in h.node.agent.nodes.routable()]
+                conn.send(("ok", out))
+            elif cmd == "known":
+                conn.send(("ok", {n: len(h.node.agent.nodes.all(include_left=False))
+                                  for n, h in hosted.items()}))
+            elif cmd == "bytes":
+                conn.send(("ok", {n: h.node.transport.stats.bytes_sent
+                                  for n, h in hosted.items()}))
+            elif cmd == "stop":
+                for h in hosted.values():
+                    await h.node.stop(drain=False)
+                conn.send(("ok", None))
+                return
+            else:
+                conn.send(("error", f"unknown command {cmd}"))
+        except Exception as exc:  # report to the coordinator instead of dying silently
+            conn.send(("error", repr(exc)))
+
+
+def _worker_main(conn: mpc.Connection, preset: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    asyncio.run(_serve(conn, preset))
+
+
+class Worker:
+    def __init__(self, preset: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, preset), daemon=True)
+        self.proc.start()
+        self.names: list[str] = []
+
+    def call(self, cmd: str, timeout: float = 120.0, **args: Any) -> Any:
+        self.conn.send((cmd, args))
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"worker did not answer {cmd} within {timeout}s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"worker failed {cmd}: {value}")
+        return value
+
+    def start(self, count: int, bootstrap: list[str]) -> list[tuple[str, str]]:
+        got: list[tuple[str, str]] = self.call("start", count=count, bootstrap=bootstrap)
+        self.names.extend(n for n, _ in got)
+        return got
+
+    def kill9(self) -> None:
+        if self.proc.pid is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(10)
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(TimeoutError, RuntimeError, EOFError, OSError):
+                self.call("stop", timeout=60)
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.kill9()
+
+
+class Fleet:
+    """`nodes` real nodes over `workers` processes; node 0 (worker 0) is the bootstrap."""
+
+    def __init__(self, nodes: int, workers: int, preset: str) -> None:
+        self.preset = preset
+        self.workers = [Worker(preset) for _ in range(workers)]
+        first = self.workers[0].start(1, [])
+        self.bootstrap_addr = first[0][1]
+        per = [(nodes - 1) // workers + (1 if i < (nodes - 1) % workers else 0)
+               for i in range(workers)]
+        for w, count in zip(self.workers, per, strict=True):
+            if count:
+                w.start(count, [self.bootstrap_addr])
+
+    @property
+    def size(self) -> int:
+        return sum(len(w.names) for w in self.workers)
+
+    def gather(self, cmd: str, **args: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for w in self.workers:
+            if w.proc.is_alive():
+                out.update(w.call(cmd, **args))
+        return out
+
+    def wait_converged(self, timeout: float) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            known = self.gather("known")
+            if known and min(known.values()) >= self.size:
+                return time.monotonic() - start
+            time.sleep(0.25)
+        raise TimeoutError(f"fleet of {self.size} did not converge in {timeout}s")
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    return {
+        "p50_ms": float(np.percentile(arr, 50) * 1000),
+        "p95_ms": float(np.percentile(arr, 95) * 1000),
+        "p100_ms": float(arr.max() * 1000),
+    }

@@ -1,0 +1,96 @@
+"""How fast a join and a model registration reach every replica, and what gossip costs.
+
+Real nodes (TLS transport, gossip, SWIM, HTTP API) on loopback, several per worker process.
+For a join event (a new node starts) and a registration event (a node starts SERVING a model)
+it reports p50/p95/p100 milliseconds until each other node's replica has it, and the bytes
+each node sends per second while idle and while those events spread.
+
+    python benchmarks/gossip_convergence.py --nodes 128 --json benchmarks/results/gossip.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from _common import write_results
+from _fleet import Fleet, percentiles
+from rich.console import Console
+
+
+def wait_seen(fleet: Fleet, kind: str, key: str, t0: float, exclude: str,
+              timeout: float) -> tuple[list[float], int]:
+    deadline = time.monotonic() + timeout
+    seen: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        seen = {n: t for n, t in fleet.gather("seen", kind=kind, key=key).items() if n != exclude}
+        if seen and all(t is not None for t in seen.values()):
+            break
+        time.sleep(0.1)
+    got = [t - t0 for t in seen.values() if t is not None]
+    return got, sum(1 for t in seen.values() if t is None)
+
+
+def total_bytes(fleet: Fleet) -> int:
+    return sum(fleet.gather("bytes").values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=4, help="worker processes hosting nodes")
+    ap.add_argument("--preset", default="lan", choices=["local", "lan", "wan"])
+    ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--json", type=pathlib.Path, default=None)
+    args = ap.parse_args()
+    console = Console(stderr=True)
+    with console.status(f"starting {args.nodes - 1} nodes on {args.workers} workers"):
+        fleet = Fleet(args.nodes - 1, args.workers, args.preset)
+    try:
+        with console.status("waiting for the replicas to converge"):
+            converge_s = fleet.wait_converged(timeout=120)
+        with console.status(f"measuring idle traffic for {args.idle_seconds}s"):
+            time.sleep(2.0)  # let the start-up rumours die down
+            b0, t_idle = total_bytes(fleet), time.monotonic()
+            time.sleep(args.idle_seconds)
+            idle = (total_bytes(fleet) - b0) / (time.monotonic() - t_idle) / fleet.size
+
+        b_active, t_active = total_bytes(fleet), time.monotonic()
+        t0 = time.time()
+        [(new_name, _)] = fleet.workers[-1].start(1, [fleet.bootstrap_addr])
+        join, join_missing = wait_seen(fleet, "session", new_name, t0, new_name, 15.0)
+
+        target = fleet.workers[0].names[-1]
+        t1 = fleet.workers[0].call("register", name=target, model="bench-model")
+        reg, reg_missing = wait_seen(fleet, "model", "bench-model", t1, target, 15.0)
+        active = (total_bytes(fleet) - b_active) / (time.monotonic() - t_active) / fleet.size
+    finally:
+        fleet.close()
+
+    result = {
+        "nodes": args.nodes,
+        "workers": args.workers,
+        "preset": args.preset,
+        "initial_convergence_s": converge_s,
+        "join": {**percentiles(join), "missing": join_missing},
+        "register": {**percentiles(reg), "missing": reg_missing},
+        "idle_bytes_per_node_s": idle,
+        "active_bytes_per_node_s": active,
+    }
+    rows = [
+        {"event": "join", **result["join"]},  # type: ignore[dict-item]
+        {"event": "register", **result["register"]},  # type: ignore[dict-item]
+    ]
+    notes = (f"{args.nodes} nodes over {args.workers} worker processes on loopback, preset "
+             f"`{args.preset}`. Idle: {idle:.0f} B/s per node; during the events: "
+             f"{active:.0f} B/s per node (bytes sent by the transport, TLS included).")
+    write_results(args.json, result, "Gossip convergence", rows, notes)
+
+
+if __name__ == "__main__":
+    main()
