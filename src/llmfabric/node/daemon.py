@@ -205,11 +205,15 @@ class Node:
         if self.transport.listen_addr is None or not await self._reachable(peers):
             await self._use_relays(peers)
 
-    async def _reachable(self, peers: list[str]) -> bool:
-        for peer in peers:
-            with contextlib.suppress(Exception):
-                if await self.transport.check_reachability(peer):
-                    return True
+    async def _reachable(self, peers: list[str], attempts: int = 3) -> bool:
+        """Dial-back through the bootstrap peers; a busy peer gets a few tries before we
+        conclude we sit behind NAT (relaying everything would be the costlier mistake)."""
+        for attempt in range(attempts):
+            for peer in peers:
+                with contextlib.suppress(Exception):
+                    if await self.transport.check_reachability(peer):
+                        return True
+            await self.clock.sleep(0.5 * 2**attempt * (0.5 + self.rng.random()))
         log.warning("no bootstrap peer could dial us back; falling back to relays")
         return False
 
