@@ -130,6 +130,8 @@ class Node:
             self.transport.set_request_handler(self.engine.handle_peer_request)
         await self._serve_http(app)
         self._agent.update_self(self._meta())
+        # Relays come and go (a relay restarts): republish how we can be reached.
+        self.transport.on_relays_changed(lambda _relays: self._republish())
         await self._agent.start()
         self._spawn(self._join(), "join")
         if self.engine is not None:
@@ -227,7 +229,11 @@ class Node:
         ]
         self.transport.use_relays(relay_ids or bootstrap_peers)
         await self.transport.wait_relayed(1, timeout=30.0)
-        self._agent.update_self(self._meta(peer_addrs=(), relays=self.transport.relays))
+        self._republish()
+
+    def _republish(self) -> None:
+        if self.agent is not None and not self._stopping:
+            self.agent.update_self(self._meta())
 
     def _on_change(self, change: Change) -> None:
         view = self._agent.nodes.get(change.session_id) if self.agent is not None else None
