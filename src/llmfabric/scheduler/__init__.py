@@ -1,2 +1,22 @@
-"""Placement: CP-SAT solver, baselines (memP, greedy), fleet controller.
+"""Placement: CP-SAT over allocation and parallelism, baselines (memP, greedy), fleet controller.
+
+Files -> concepts
+- problem.py     inputs: Pool (identical nodes of one GPU type), Cluster, ModelLoad, Workload,
+                 FixedGroup (running replicas), Problem.
+- perf.py        the PerformanceModel protocol the scheduler is built against; Estimate.
+- simadapter.py  SimPerformance: PerformanceModel backed by `llmfabric.sim` (benchmarks, CLI).
+- standin.py     AnalyticStandIn: closed-form stand-in PerformanceModel for unit tests only.
+- options.py     PlacementOptions (objective, load units, time limit, formulation, ...).
+- tables.py      candidates (model, pool, TP) and their precomputed estimate tables.
+- placement.py   Group, Placement, capacity rule, optimal load split, evaluate().
+- levels.py      per-replica load-level DP (the level formulation for fixed replica counts).
+- cpsat.py       the CP-SAT model (levels or table formulation; latency/throughput/cost).
+- baselines.py   memP, greedy fill, local search.
+- exhaustive.py  exhaustive enumerator for small instances (tests check CP-SAT against it).
+- policies.py    POLICIES by name (cpsat, memp, greedy, exhaustive) and plan().
+- packing.py     replicas -> concrete nodes and GPU ids.
+- decisions.py   Assign/Release decisions, command templates, Executor, LoggingExecutor.
+- controller.py  pure decide() over registry records + workload, FleetController loop.
+- spec.py        cluster/workload YAML loading (pydantic at the boundary).
+- errors.py      SchedulerError hierarchy.
 """

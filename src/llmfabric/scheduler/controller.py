@@ -1,0 +1,212 @@
+"""The fleet controller: registry inventory + workload statistics -> placement -> decisions.
+
+`decide()` is pure: given the registry records, the observed workload, the previous state and
+the time, it says whether to re-plan (idle nodes appeared, or the workload drifted beyond a
+threshold) and returns the decisions and the next state. Running nodes are kept (their
+replicas enter the plan as fixed capacity) unless `reclaim` is set. `FleetController` runs it
+in a loop on an injected clock and hands decisions to an Executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from llmfabric.clock import Clock
+from llmfabric.registry.records import Lifecycle, NodeRecord
+from llmfabric.scheduler.decisions import Assign, Decision, Executor, Release
+from llmfabric.scheduler.errors import SchedulerError
+from llmfabric.scheduler.options import PlacementOptions
+from llmfabric.scheduler.packing import pack
+from llmfabric.scheduler.perf import PerformanceModel
+from llmfabric.scheduler.placement import Group, Placement
+from llmfabric.scheduler.policies import get_policy
+from llmfabric.scheduler.problem import TP_DEGREES, Cluster, FixedGroup, Pool, Problem, Workload
+
+log = logging.getLogger("llmfabric.scheduler.controller")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    policy: str = "cpsat"
+    template: str = "sim"
+    drift_threshold: float = 0.25  # relative change of a model's arrival rate that re-plans
+    min_rate: float = 0.1  # rates below this count as this much when measuring drift
+    reclaim: bool = False  # re-plan running nodes too (the paper's default: no)
+    exclusive_nodes: bool = True  # one engine (one model) per node
+    pending_timeout_s: float = 600.0  # an assigned node still idle after this is free again
+    interval_s: float = 10.0
+    options: PlacementOptions = field(default_factory=PlacementOptions)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    reference: Workload | None = None  # the workload the last plan was made for
+    seen_idle: frozenset[str] = frozenset()  # idle sessions the last plan already considered
+    pending: tuple[tuple[str, float], ...] = ()  # (session id, deadline) assigned, not started
+
+
+def is_idle(rec: NodeRecord) -> bool:
+    m = rec.meta
+    return (rec.state == Lifecycle.JOIN and m.engine == "" and not m.models
+            and m.hardware.gpu_count > 0)
+
+
+def is_serving(rec: NodeRecord) -> bool:
+    return rec.state == Lifecycle.SERVING and bool(rec.meta.models)
+
+
+def _tp_of(gpus: int) -> int:
+    return max(t for t in TP_DEGREES if t <= max(1, gpus))
+
+
+def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: ControllerConfig,
+              exclude: Iterable[str] = ()) -> tuple[Cluster, tuple[FixedGroup, ...], list[str]]:
+    """Pools of idle nodes (plus running ones when reclaiming), fixed groups, and notes."""
+    skip = set(exclude)
+    notes: list[str] = []
+    by_shape: dict[tuple[str, int, str], list[str]] = {}
+    fixed: dict[tuple[str, str, int], list[str]] = {}
+    for rec in records:
+        if rec.session_id in skip:
+            continue
+        hw = rec.meta.hardware
+        free = is_idle(rec) or (config.reclaim and is_serving(rec))
+        if not free and not is_serving(rec):
+            continue
+        try:
+            gpu = perf.gpu(hw.gpu_model).name
+        except (SchedulerError, KeyError, ValueError):
+            notes.append(f"node {rec.session_id}: GPU {hw.gpu_model!r} unknown to the "
+                         "performance model; left out")
+            continue
+        if free:
+            by_shape.setdefault((gpu, hw.gpu_count, hw.interconnect), []).append(rec.session_id)
+        else:
+            for sm in rec.meta.models:
+                fixed.setdefault((sm.id, gpu, _tp_of(hw.gpu_count)), []).append(rec.session_id)
+    pools = tuple(
+        Pool(f"{gpu}x{count}", gpu, len(sids), count, interconnect=link,
+             exclusive_nodes=config.exclusive_nodes, session_ids=tuple(sorted(sids)))
+        for (gpu, count, link), sids in sorted(by_shape.items()))
+    groups = tuple(FixedGroup(m, g, tp, len(sids), tuple(sorted(sids)))
+                   for (m, g, tp), sids in sorted(fixed.items()))
+    return Cluster(pools), groups, notes
+
+
+def drifted(ref: Workload | None, now: Workload, config: ControllerConfig) -> list[str]:
+    """Models whose arrival rate moved more than the threshold since `ref`."""
+    if ref is None:
+        return [m.model for m in now.loads if m.arrival_rate > 0]
+    out = []
+    for load in now.loads:
+        old = ref.get(load.model)
+        base = max(old.arrival_rate if old else 0.0, config.min_rate)
+        if abs(load.arrival_rate - (old.arrival_rate if old else 0.0)) / base > \
+                config.drift_threshold:
+            out.append(load.model)
+    return out
+
+
+def assignments(cluster: Cluster, placement: Placement, template: str) -> list[Assign]:
+    """Pack each pool's groups onto its nodes; one Assign per identical (node set, engine)."""
+    merged: dict[tuple[str, str, int, int, tuple[int, ...]], list[str]] = {}
+    for pool in cluster.pools:
+        groups = [g for g in placement.groups if g.pool == pool.name]
+        per_node: dict[tuple[int, str, int], list[int]] = {}
+        for slot in pack(pool, groups):
+            per_node.setdefault((slot.node, slot.model, slot.tp), []).extend(slot.gpu_ids)
+        for (node, model, tp), ids in per_node.items():
+            sid = pool.session_ids[node] if pool.session_ids else f"{pool.name}/{node}"
+            key = (model, pool.gpu_type, tp, len(ids) // tp, tuple(sorted(ids)))
+            merged.setdefault(key, []).append(sid)
+    return [Assign(model, gpu, tp, dp, tuple(sorted(sids)), template, ids)
+            for (model, gpu, tp, dp, ids), sids in sorted(merged.items())]
+
+
+def decide(records: list[NodeRecord], workload: Workload, state: ControllerState, now: float,
+           perf: PerformanceModel, config: ControllerConfig
+           ) -> tuple[list[Decision], ControllerState, Placement | None]:
+    """One controller round. Pure: no I/O, no clock reads."""
+    by_id = {r.session_id: r for r in records}
+    # pending: still idle and within the deadline; started or expired ones drop out
+    pending = tuple((sid, dl) for sid, dl in state.pending
+                    if sid in by_id and is_idle(by_id[sid]) and dl > now)
+    pending_ids = {sid for sid, _ in pending}
+    idle = frozenset(r.session_id for r in records if is_idle(r) and r.session_id not in
+                     pending_ids)
+    fresh = idle - state.seen_idle
+    moved = drifted(state.reference, workload, config)
+    state = replace(state, pending=pending)
+    if not fresh and not moved:
+        return [], state, None
+    if not idle and not config.reclaim:
+        return [], replace(state, reference=workload), None
+    loaded = Workload(tuple(m for m in workload.loads if m.arrival_rate > 0))
+    cluster, fixed, notes = inventory(records, perf, config, exclude=pending_ids)
+    for note in notes:
+        log.warning(note)
+    if not cluster.pools or not loaded.loads:
+        return [], replace(state, reference=workload, seen_idle=idle), None
+    placement = get_policy(config.policy)(Problem(cluster, loaded, fixed), perf, config.options)
+    decisions: list[Decision] = []
+    if config.reclaim:
+        keep = {(g.model, g.pool) for g in placement.groups}
+        for pool in cluster.pools:
+            for sid in pool.session_ids:
+                rec = by_id[sid]
+                if is_serving(rec):
+                    decisions += [Release(sid, sm.id, "reclaimed by the placement")
+                                  for sm in rec.meta.models if (sm.id, pool.name) not in keep]
+    assigns = assignments(cluster, placement, config.template)
+    if config.reclaim:  # a node keeps its engine when the plan gives it the same model
+        assigns = [a for a in assigns if not all(
+            is_serving(by_id[s]) and any(sm.id == a.model for sm in by_id[s].meta.models)
+            for s in a.session_ids)]
+    decisions += assigns
+    started = {sid for a in assigns for sid in a.session_ids}
+    deadline = now + config.pending_timeout_s
+    new_state = ControllerState(
+        reference=workload, seen_idle=idle - started,
+        pending=pending + tuple((sid, deadline) for sid in sorted(started)))
+    return decisions, new_state, placement
+
+
+class FleetController:
+    """Runs `decide` every `interval_s` of the injected clock and applies the decisions."""
+
+    def __init__(self, records: Callable[[], Iterable[NodeRecord]],
+                 workload: Callable[[], Workload], executor: Executor, perf: PerformanceModel,
+                 clock: Clock, config: ControllerConfig | None = None) -> None:
+        self._records = records
+        self._workload = workload
+        self._executor = executor
+        self._perf = perf
+        self._clock = clock
+        self.config = config or ControllerConfig()
+        self.state = ControllerState()
+        self.last_placement: Placement | None = None
+
+    async def step(self) -> list[Decision]:
+        decisions, self.state, placement = decide(
+            list(self._records()), self._workload(), self.state, self._clock.now(), self._perf,
+            self.config)
+        if placement is not None:
+            self.last_placement = placement
+        for d in decisions:
+            await self._executor.apply(d)
+        return decisions
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except SchedulerError as e:  # a bad round must not stop the loop
+                log.error("placement round failed: %s", e)
+            await self._clock.sleep(self.config.interval_s)
+
+
+__all__ = ["Assign", "ControllerConfig", "ControllerState", "Decision", "FleetController",
+           "Group", "Release", "decide", "inventory"]

@@ -1,0 +1,61 @@
+"""Level assignment: for fixed replica counts, the best per-replica load levels of one model.
+
+The exact counterpart of the CP-SAT level formulation restricted to given replica counts: a
+knapsack DP over covered load units (capped at the model's total), one replica at a time,
+each replica idle or at one level. Used for the solver's hint and by the exhaustive enumerator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from llmfabric.scheduler.tables import Tables
+
+_INF = np.iinfo(np.int64).max // 4
+
+
+def split_levels(tables: Tables, chosen: Mapping[int, int], model: str
+                 ) -> tuple[int, dict[int, list[int]], int]:
+    """(value, {candidate: replicas per level}, unserved units) minimizing latency units."""
+    units = tables.u
+    levels = tables.levels
+    items = [(i, r) for i, r in sorted(chosen.items())
+             if r > 0 and tables.candidates[i].model == model]
+    best = np.full(units + 1, _INF, dtype=np.int64)
+    best[0] = 0
+    steps: list[tuple[int, np.ndarray, np.ndarray]] = []  # (candidate, level idx+1 or 0, prev)
+    for i, r in items:
+        costs = tables.lvl_lat[i]
+        for _ in range(r):
+            new = best.copy()  # idle replica
+            choice = np.zeros(units + 1, dtype=np.int64)
+            prev = np.arange(units + 1, dtype=np.int64)
+            for k, lv in enumerate(levels):
+                cand = np.full(units + 1, _INF, dtype=np.int64)
+                cand[lv:] = best[: units + 1 - lv] + costs[k]
+                src = np.arange(units + 1, dtype=np.int64) - lv
+                tail = best[units - lv:]  # every c >= units - lv lands on `units`
+                j = int(np.argmin(tail))
+                if tail[j] + costs[k] < cand[units]:
+                    cand[units] = tail[j] + costs[k]
+                    src[units] = units - lv + j
+                better = cand < new
+                new = np.where(better, cand, new)
+                choice = np.where(better, k + 1, choice)
+                prev = np.where(better, src, prev)
+            best = new
+            steps.append((i, choice, prev))
+    pen = tables.level_pen(model)
+    totals = best + (units - np.arange(units + 1, dtype=np.int64)) * pen
+    c = int(np.argmin(totals))
+    value = int(totals[c])
+    counts: dict[int, list[int]] = {i: [0] * len(levels) for i, _ in items}
+    unserved = units - c
+    for i, choice, prev in reversed(steps):
+        k = int(choice[c])
+        if k:
+            counts[i][k - 1] += 1
+        c = int(prev[c])
+    return value, counts, unserved

@@ -1,0 +1,91 @@
+"""Cluster and workload files (YAML) -> Cluster / Workload. Pydantic only here, at the edge.
+
+cluster.yaml:
+    pools:
+      - {gpu: A100-80GB, nodes: 3, gpus_per_node: 8}
+      - {name: gh200, gpu: GH200, nodes: 8, gpus_per_node: 4, cost_per_gpu_hour: 1.5}
+workload.yaml:
+    models:
+      - {model: Llama-2-13b, rate: 110, mean_in: 600, mean_out: 64, std_in: 200, std_out: 30}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llmfabric.scheduler.errors import SpecError
+from llmfabric.scheduler.problem import Cluster, ModelLoad, Pool, Workload
+
+
+class _PoolIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    gpu: str
+    nodes: int = Field(ge=0)
+    gpus_per_node: int = Field(ge=1, le=64)
+    interconnect: str = "nvlink"
+    cost_per_gpu_hour: float = Field(default=0.0, ge=0)
+    exclusive_nodes: bool = False
+
+
+class _ClusterIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pools: list[_PoolIn]
+
+
+class _LoadIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    rate: float = Field(ge=0)
+    mean_in: float = Field(ge=0)
+    mean_out: float = Field(ge=1)
+    std_in: float = Field(default=0.0, ge=0)
+    std_out: float = Field(default=0.0, ge=0)
+    slo_e2e_s: float = Field(default=0.0, ge=0)
+
+
+class _WorkloadIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    models: list[_LoadIn]
+
+
+def _read(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path} is not valid YAML: {e}") from None
+
+
+def cluster_from_dict(data: Any, source: str = "cluster") -> Cluster:
+    try:
+        spec = _ClusterIn.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(f"{source}: {e}") from None
+    return Cluster(tuple(Pool(p.name or p.gpu, p.gpu, p.nodes, p.gpus_per_node,
+                              interconnect=p.interconnect, cost_per_gpu_hour=p.cost_per_gpu_hour,
+                              exclusive_nodes=p.exclusive_nodes) for p in spec.pools))
+
+
+def workload_from_dict(data: Any, source: str = "workload") -> Workload:
+    try:
+        spec = _WorkloadIn.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(f"{source}: {e}") from None
+    return Workload(tuple(ModelLoad(m.model, m.rate, m.mean_in, m.mean_out, m.std_in, m.std_out,
+                                    m.slo_e2e_s) for m in spec.models))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    p = Path(path)
+    return cluster_from_dict(_read(p), str(p))
+
+
+def load_workload(path: str | Path) -> Workload:
+    p = Path(path)
+    return workload_from_dict(_read(p), str(p))

@@ -1,0 +1,213 @@
+"""Candidates and their precomputed tables: what the solver, the enumerator and the baselines share.
+
+A candidate is (model, pool, TP). For every replica count r and load share q/Q of the model's
+arrival rate it gets integer table entries, computed from the performance model at the
+per-replica rate lambda*q/(Q*r):
+  lat[r][q]  = mean-latency contribution, in units of 0.1 ms of the workload's mean E2E latency
+               (weight lambda*q/Q/Lambda times the replica's mean E2E latency);
+  good[r][q] = goodput in 0.01 req/s (served requests/s; 0 where the model's SLO is missed).
+Rates are sampled on a log grid and interpolated (or queried exactly), then cached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from llmfabric.scheduler.errors import InfeasibleError, SpecError
+from llmfabric.scheduler.options import PlacementOptions
+from llmfabric.scheduler.perf import Estimate, PerformanceModel
+from llmfabric.scheduler.problem import ModelLoad, Pool, Problem
+
+LAT_SCALE = 1e4  # table units per second of mean latency
+LVL_SCALE = 1e7  # level-formulation units per second of mean latency (finer: many small terms)
+GOOD_SCALE = 100.0  # table units per req/s
+
+
+def level_grid(count: int, units: int) -> list[int]:
+    """About `count` log-spaced per-replica load levels in 1..units (integers, ascending)."""
+    out = sorted({max(1, round(units ** (k / (count - 1)))) for k in range(count)})
+    return [v for v in out if v <= units]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    index: int
+    model: str
+    pool: str  # pool name, or "" for a fixed (already running) group
+    gpu_type: str
+    tp: int
+    r_min: int
+    r_max: int
+    price_cents_per_hour: int  # per replica
+
+    @property
+    def fixed(self) -> bool:
+        return self.pool == ""
+
+
+class RateCurve:
+    """Estimates of one (model, GPU type, TP) replica as a function of its arrival rate."""
+
+    def __init__(self, perf: PerformanceModel, load: ModelLoad, gpu_type: str, tp: int,
+                 grid: list[float] | None) -> None:
+        """`grid`: the rates to query (interpolating between them); None = query every rate."""
+        self._perf, self._load, self._gpu, self._tp = perf, load, gpu_type, tp
+        self._exact: dict[float, Estimate] = {}
+        self.xs: list[float] = sorted(set(grid)) if grid else []
+        self.points: list[Estimate] = [self._query(x) for x in self.xs]
+
+    def _query(self, rate: float) -> Estimate:
+        est = self._exact.get(rate)
+        if est is None:
+            ld = self._load
+            est = self._perf.estimate(ld.model, self._gpu, self._tp, rate, ld.mean_in, ld.mean_out)
+            self._exact[rate] = est
+        return est
+
+    def at(self, rate: float) -> tuple[float, float]:
+        """(mean E2E latency s, throughput req/s) of one replica at `rate`."""
+        if not self.xs:
+            est = self._query(rate)
+            return est.mean_e2e_s, est.throughput_rps
+        if rate <= self.xs[0] or rate >= self.xs[-1]:
+            est = self._query(rate)
+            return est.mean_e2e_s, est.throughput_rps
+        i = bisect.bisect_right(self.xs, rate) - 1
+        x0, x1 = math.log(self.xs[i]), math.log(self.xs[i + 1])
+        f = (math.log(rate) - x0) / (x1 - x0)
+        a, b = self.points[i], self.points[i + 1]
+        lat = a.mean_e2e_s + f * (b.mean_e2e_s - a.mean_e2e_s)
+        thr = a.throughput_rps + f * (b.throughput_rps - a.throughput_rps)
+        return lat, min(thr, rate)
+
+
+@dataclass(slots=True)
+class Tables:
+    problem: Problem
+    options: PlacementOptions
+    candidates: list[Candidate]
+    lat: list[list[int]]  # per candidate, flattened [r * (Q + 1) + q]
+    good: list[list[int]]
+    unserved_unit: dict[str, int]  # model -> latency units charged per unserved load unit
+    loads: dict[str, ModelLoad]
+    curves: dict[tuple[str, str, int], RateCurve] = field(default_factory=dict)
+    # Level formulation: per-replica load levels (units of arrival_rate / options.level_units)
+    # and, per candidate, one replica's latency units and goodput units at each level.
+    levels: list[int] = field(default_factory=list)
+    lvl_lat: list[list[int]] = field(default_factory=list)
+    lvl_good: list[list[int]] = field(default_factory=list)
+
+    @property
+    def q(self) -> int:
+        return self.options.load_units
+
+    def idx(self, r: int, q: int) -> int:
+        return r * (self.q + 1) + q
+
+    @property
+    def u(self) -> int:
+        return self.options.level_units
+
+    def level_pen(self, model: str) -> int:
+        """Latency units charged per unserved level unit of `model`."""
+        load, total = self.loads[model], sum(m.arrival_rate for m in self.loads.values())
+        return round(LVL_SCALE * load.arrival_rate / self.u / total
+                     * self.options.unserved_latency_s)
+
+    def by_model(self) -> dict[str, list[Candidate]]:
+        out: dict[str, list[Candidate]] = {m: [] for m in self.loads}
+        for c in self.candidates:
+            out[c.model].append(c)
+        return out
+
+    def by_pool(self) -> dict[str, list[Candidate]]:
+        out: dict[str, list[Candidate]] = {p.name: [] for p in self.problem.cluster.pools}
+        for c in self.candidates:
+            if not c.fixed:
+                out[c.pool].append(c)
+        return out
+
+
+def _price(perf: PerformanceModel, pool: Pool) -> float:
+    if pool.cost_per_gpu_hour > 0:
+        return pool.cost_per_gpu_hour
+    return perf.gpu(pool.gpu_type).cost_per_hour
+
+
+def build_tables(problem: Problem, perf: PerformanceModel, options: PlacementOptions) -> Tables:
+    """Enumerate memory-feasible candidates and fill their tables."""
+    loads = {m.model: m for m in problem.workload.loads if m.arrival_rate > 0}
+    if not loads:
+        raise InfeasibleError("the workload has no model with arrival_rate > 0; nothing to place")
+    total = sum(m.arrival_rate for m in loads.values())
+    qn = options.load_units
+    cands: list[Candidate] = []
+    for load in loads.values():
+        for pool in problem.cluster.pools:
+            if pool.nodes == 0:
+                continue
+            price = _price(perf, pool)
+            for tp in pool.tp_options():
+                if not _fits(perf, load, pool, tp):
+                    continue
+                per_node = pool.gpus_per_node // tp
+                rmax = pool.nodes * per_node
+                cands.append(Candidate(len(cands), load.model, pool.name, pool.gpu_type, tp, 0,
+                                       rmax, round(100 * price * tp)))
+        for fx in problem.fixed:
+            if fx.model == load.model and fx.replicas > 0:
+                cands.append(Candidate(len(cands), load.model, "", fx.gpu_type, fx.tp,
+                                       fx.replicas, fx.replicas, 0))
+    tables = Tables(problem, options, cands, [], [], {}, loads)
+    tables.levels = level_grid(options.curve_samples or 24, options.level_units)
+    cap_s = options.unserved_latency_s
+    for model, load in loads.items():
+        tables.unserved_unit[model] = round(LAT_SCALE * load.arrival_rate / qn / total * cap_s)
+    for c in cands:
+        load = loads[c.model]
+        key = (c.model, c.gpu_type, c.tp)
+        curve = tables.curves.get(key)
+        if curve is None:
+            rmax_all = max(x.r_max for x in cands if (x.model, x.gpu_type, x.tp) == key)
+            grid: list[float] | None = None
+            if options.curve_samples is not None:
+                lam = load.arrival_rate
+                grid = [lam * lv / tables.options.level_units for lv in tables.levels]
+                lo = lam / (qn * max(1, rmax_all))
+                if lo < grid[0]:
+                    grid.insert(0, lo)
+            curve = RateCurve(perf, load, c.gpu_type, c.tp, grid)
+            tables.curves[key] = curve
+        lat = [0] * ((c.r_max + 1) * (qn + 1))
+        good = [0] * len(lat)
+        for r in range(1, c.r_max + 1):
+            for q in range(1, qn + 1):
+                share = load.arrival_rate * q / qn
+                e2e, thr = curve.at(share / r)
+                e2e = min(e2e, cap_s) if math.isfinite(e2e) else cap_s
+                lat[tables.idx(r, q)] = round(LAT_SCALE * share / total * e2e)
+                ok = load.slo_e2e_s <= 0 or e2e <= load.slo_e2e_s
+                good[tables.idx(r, q)] = round(GOOD_SCALE * r * thr) if ok else 0
+        tables.lat.append(lat)
+        tables.good.append(good)
+        lvl_lat, lvl_good = [], []
+        for lv in tables.levels:
+            rate = load.arrival_rate * lv / tables.options.level_units
+            e2e, thr = curve.at(rate)
+            e2e = min(e2e, cap_s) if math.isfinite(e2e) else cap_s
+            lvl_lat.append(round(LVL_SCALE * rate / total * e2e))
+            ok = load.slo_e2e_s <= 0 or e2e <= load.slo_e2e_s
+            lvl_good.append(round(GOOD_SCALE * thr) if ok else 0)
+        tables.lvl_lat.append(lvl_lat)
+        tables.lvl_good.append(lvl_good)
+    return tables
+
+
+def _fits(perf: PerformanceModel, load: ModelLoad, pool: Pool, tp: int) -> bool:
+    try:
+        return perf.fits(load.model, pool.gpu_type, tp, load.mean_in, load.mean_out)
+    except KeyError as e:
+        raise SpecError(f"the performance model does not know {e}; check the names in the "
+                        "cluster and workload files") from None
