@@ -40,15 +40,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import write_results
 
-from llmfabric.sim import Efficiency, GPUSpec, ModelSpec, get_gpu, get_model
+from llmfabric.sim import (
+    Efficiency,
+    GPUSpec,
+    ModelSpec,
+    ServingResult,
+    get_gpu,
+    get_model,
+    simulate_closed_loop,
+)
 from llmfabric.sim.calibration import _SIBLINGS, DEFAULT_EFFICIENCY, efficiency_for, roofline
 from llmfabric.sim.operators import (
     OpCost,
     attention_decode_ops,
     attention_prefill_ops,
-    embedding_op,
     layer_linear_ops,
-    lm_head_op,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -184,42 +190,56 @@ def aic_rows(root: Path) -> list[Row]:
     return rows
 
 
-def decode_step_ops(model: ModelSpec, batch: int, context: float) -> tuple[list[tuple[OpCost,
-                                                                                    float]],
-                                                                          float]:
-    """All operators of one decode iteration (TP=1): the same sum the cost model tabulates."""
-    ops = [(op.cost(batch), float(model.n_layers)) for op in layer_linear_ops(model, 1)]
-    ops.append((fused(attention_decode_ops(model, 1, batch, batch * context)),
-                float(model.n_layers)))
-    ops.append((lm_head_op(model).cost(batch), 1.0))
-    ops.append((embedding_op(model).cost(batch), 1.0))
-    kernels = model.n_layers * len(layer_linear_ops(model, 1)) + 2
-    return ops, float(kernels)
+@dataclass
+class Published:
+    id: str
+    metric: str
+    gpu: str
+    model: str
+    tp: int
+    concurrency: int
+    input_tokens: int
+    output_tokens: int
+    measured: float  # seconds for tpot, a ratio for throughput_gain_vs_c1
+    source: str
+    predicted: float = 0.0
 
 
-def published_rows() -> list[Row]:
-    rows = []
+def published_rows() -> list[Published]:
+    out = []
     with (HERE / "data/published_latency.csv").open() as fh:
         for r in csv.DictReader(fh):
-            if r["metric"] != "tpot" or int(r["tp"]) != 1:
-                continue
-            model = get_model(r["model"])
-            ctx = int(r["input_tokens"]) + int(r["output_tokens"]) / 2
-            ops, kernels = decode_step_ops(model, int(r["batch"]), ctx)
-            rows.append(Row("published", get_gpu(r["gpu"]).name,
-                            f"{model.name}|b{r['batch']}|ctx{ctx:.0f}", f"published|{model.name}",
-                            float(r["measured_ms"]) / 1e3, ops, kernels, 1,
-                            r["source"], fold="holdout", attn_kernels=model.n_layers))
-    return rows
+            scale = 1e-3 if r["unit"] == "ms" else 1.0
+            out.append(Published(r["id"], r["metric"], get_gpu(r["gpu"]).name,
+                                 get_model(r["model"]).name, int(r["tp"]),
+                                 int(r["concurrency"]), int(r["input_tokens"]),
+                                 int(r["output_tokens"]), float(r["measured"]) * scale,
+                                 r["source"]))
+    return out
+
+
+def predict_published(rows: list[Published], effs: dict[str, Efficiency]) -> None:
+    """Closed-loop serving simulations as `vllm bench serve --max-concurrency C` runs them."""
+    for p in rows:
+        eff = effs.get(p.gpu) or efficiency_for(get_gpu(p.gpu))
+
+        def run(c: int, p: Published = p, eff: Efficiency = eff) -> ServingResult:
+            return simulate_closed_loop(p.model, p.gpu, p.tp, c, 20 * c, p.input_tokens,
+                                        p.output_tokens, efficiency=eff)
+
+        if p.metric == "tpot":
+            p.predicted = float(np.median(run(p.concurrency).tpot_s))
+        elif p.metric == "throughput_gain_vs_c1":
+            p.predicted = run(p.concurrency).output_tokens_per_s / run(1).output_tokens_per_s
+        else:
+            raise SystemExit(f"unknown metric {p.metric!r} in published_latency.csv")
 
 
 def assign_folds(rows: list[Row]) -> None:
     """Half of the configurations (by a stable hash of set + configuration, so one
     configuration is in the same fold on every GPU) are FIT rows, the rest HOLDOUT."""
     for row in rows:
-        if row.set != "published":
-            row.fold = "fit" if zlib.crc32(f"{row.set}|{row.key}".encode()) % 2 == 0 else (
-                "holdout")
+        row.fold = "fit" if zlib.crc32(f"{row.set}|{row.key}".encode()) % 2 == 0 else "holdout"
 
 
 class JointFit:
@@ -237,7 +257,7 @@ class JointFit:
         self.fit = np.array([r.fold == "fit" for r in rows])
         by_key: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
         for i, r in enumerate(rows):
-            if r.set not in ("published", "aic_gemm"):  # GEMM shapes disagree (see docs)
+            if r.set != "aic_gemm":  # single GEMM shapes disagree between sources (docs)
                 by_key[(r.set, r.key)][r.gpu] = i
         gid: dict[tuple[str, str, str], int] = {}
         ga, ia, ib = [], [], []
@@ -336,7 +356,8 @@ GRID = {
 }
 
 
-def speedup_stats(rows: list[Row]) -> tuple[list[dict[str, object]], dict[str, float]]:
+def speedup_stats(rows: list[Row], published: list[Published]
+                  ) -> tuple[list[dict[str, object]], dict[str, float]]:
     by_key: dict[tuple[str, str], dict[str, Row]] = defaultdict(dict)
     for r in rows:
         by_key[(r.set, r.key)][r.gpu] = r
@@ -357,13 +378,12 @@ def speedup_stats(rows: list[Row]) -> tuple[list[dict[str, object]], dict[str, f
         table.append({"group": group, "gpu_a": a, "gpu_b": b, "configs": len(pairs),
                       "measured_speedup_b_over_a": meas, "predicted_speedup_b_over_a": pred,
                       "error": abs(pred / meas - 1)})
-    # published: cross-source pair (different engines/versions; shown, not in the max)
-    pub = [r for r in rows if r.set == "published" and "|b1|" in r.key]
-    if len(pub) == 2 and pub[0].gpu != pub[1].gpu:
-        a, b = pub
-        meas = a.measured_s / b.measured_s
-        pred = a.predicted_s / b.predicted_s
-        table.append({"group": "published|llama-3.1-8b|tpot b=1 (cross-source)", "gpu_a": a.gpu,
+    tpots = [p for p in published if p.metric == "tpot" and p.concurrency == 1]
+    if len(tpots) == 2 and tpots[0].gpu != tpots[1].gpu:
+        a, b = tpots
+        meas = a.measured / b.measured
+        pred = a.predicted / b.predicted
+        table.append({"group": "published|llama-3.1-8b|tpot c=1 (cross-source)", "gpu_a": a.gpu,
                       "gpu_b": b.gpu, "configs": 1, "measured_speedup_b_over_a": meas,
                       "predicted_speedup_b_over_a": pred, "error": abs(pred / meas - 1)})
     errs = np.array(pair_err) if pair_err else np.zeros(1)
@@ -395,16 +415,17 @@ def main() -> None:
     root = shared_data()
     if not (root / "operator-profiles").is_dir():
         sys.exit(f"shared data not found at {root}; set LLMFABRIC_SHARED_DATA")
-    rows = vidur_rows(root) + aic_rows(root) + published_rows()
+    rows = vidur_rows(root) + aic_rows(root)
+    published = published_rows()
     assign_folds(rows)
     names = sorted({r.gpu for r in rows})
-    effs = {n: efficiency_for(get_gpu(n)) for n in names}
+    effs = {n: efficiency_for(get_gpu(n)) for n in set(names) | {p.gpu for p in published}}
     fitted: dict[str, dict[str, float]] = {}
     if args.fit:
         measured = sorted({r.gpu for r in rows if r.fold == "fit"})
-        joint = JointFit([r for r in rows if r.gpu in measured], measured, args.speedup_weight)
+        joint = JointFit(rows, measured, args.speedup_weight)
         effs.update(joint.fit_all({n: DEFAULT_EFFICIENCY for n in measured}))
-        for n in names:  # unmeasured GPUs (published only) use their sibling's row
+        for n in list(effs):  # unmeasured GPUs (published only) use their sibling's row
             sibling = _SIBLINGS.get(n)
             if n not in measured and sibling in measured:
                 effs[n] = effs[sibling]
@@ -412,6 +433,7 @@ def main() -> None:
     everything = JointFit(rows, names)
     for r, p in zip(rows, everything.predict(effs), strict=True):
         r.predicted_s = float(p)
+    predict_published(published, effs)
     err = np.array([abs(r.predicted_s / r.measured_s - 1) for r in rows])
     holdout = np.array([r.fold == "holdout" for r in rows])
     per_set = []
@@ -421,27 +443,31 @@ def main() -> None:
                         "holdout_mape": float(err[[i for i in idx if holdout[i]]].mean())
                         if any(holdout[i] for i in idx) else float("nan"),
                         "p90_ape": float(np.percentile(e, 90))})
-    speed_table, speed_stats = speedup_stats(rows)
-    published = [{"id": r.key, "gpu": r.gpu, "measured_ms": r.measured_s * 1e3,
-                  "predicted_ms": r.predicted_s * 1e3,
-                  "error": r.predicted_s / r.measured_s - 1} for r in rows
-                 if r.set == "published"]
+    speed_table, speed_stats = speedup_stats(rows, published)
+    pub_table = [{"id": p.id, "metric": p.metric, "gpu": p.gpu, "concurrency": p.concurrency,
+                  "measured": p.measured * (1e3 if p.metric == "tpot" else 1),
+                  "predicted": p.predicted * (1e3 if p.metric == "tpot" else 1),
+                  "error": p.predicted / p.measured - 1} for p in published]
+    pub_lat = [abs(p.predicted / p.measured - 1) for p in published if p.metric == "tpot"]
+    all_err = np.concatenate([err, np.array(pub_lat)])  # published latencies are holdout too
+    all_holdout = np.concatenate([err[holdout], np.array(pub_lat)])
     payload = {
-        "rows": len(rows),
-        "mape_abs": float(err.mean()),
-        "mape_abs_holdout": float(err[holdout].mean()),
+        "rows": int(all_err.size),
+        "mape_abs": float(all_err.mean()),
+        "mape_abs_holdout": float(all_holdout.mean()),
         "mape_abs_set_balanced": float(np.mean([r["mape"] for r in per_set])),
         "max_speedup_err": speed_stats["max_speedup_err"],
         "targets": {"mape_abs": 0.10, "max_speedup_err": 0.06},
         "speedup": speed_stats,
         "per_set": per_set,
         "speedup_groups": speed_table,
-        "published": published,
+        "published": pub_table,
+        "published_tpot_mape": float(np.mean(pub_lat)) if pub_lat else None,
         "efficiency": fitted or {g: dataclasses.asdict(efficiency_for(get_gpu(g)))
                                  for g in names},
         "fitted_now": bool(args.fit),
     }
-    notes = (f"rows={len(rows)}  MAPE(all)={payload['mape_abs']:.3f}  "
+    notes = (f"rows={all_err.size}  MAPE(all)={payload['mape_abs']:.3f}  "
              f"MAPE(holdout)={payload['mape_abs_holdout']:.3f}  "
              f"max grouped speedup error={speed_stats['max_speedup_err']:.3f} (model-level "
              f"groups {speed_stats['max_speedup_err_model_level']:.3f}, single GEMM shapes "
@@ -451,7 +477,7 @@ def main() -> None:
              f"{speed_stats['pair_speedup_err_p90']:.3f}/"
              f"{speed_stats['pair_speedup_err_max']:.3f}\n\n"
              "## Speedup groups\n\n" + _md(speed_table) + "\n## Published rows\n\n" +
-             _md(published) + "\n## Per set and GPU\n")
+             _md(pub_table) + "\n## Per set and GPU\n")
     write_results(args.json, payload, "Simulator accuracy", per_set, notes=notes)
 
 

@@ -19,7 +19,7 @@ Files -> concepts
 - routers.py      router policies by name (ROUTERS): round_robin, random, least_outstanding,
                   least_work, power_of_two.
 - serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,
-                  `max_sustainable_rate`.
+                  `simulate_closed_loop`, `max_sustainable_rate`.
 - results.py      ServingResult (TTFT/TPOT/E2E per request, throughput, SLO attainment,
                   utilisation over time), SLO.
 - errors.py       SimError hierarchy.
@@ -38,6 +38,7 @@ Stable API (used by engines/ and scheduler/):
            slo_attainment, p99_*, per-request arrays, utilisation)
     simulate_cluster([ReplicaSpec.of(model, gpu, tp), ...], workload, router=...)
     simulate_disaggregated(prefill_specs, decode_specs, workload, link, kv_bits=4)
+    simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens)
     max_sustainable_rate(model, gpu, tp, input_tokens, output_tokens, SLO(...)) -> req/s
     poisson(rate, duration, input_tokens, output_tokens, seed) -> Workload (also gamma,
         on_off, replay, load_trace)
@@ -70,6 +71,7 @@ from llmfabric.sim.routers import ROUTERS
 from llmfabric.sim.serving import (
     ReplicaSpec,
     max_sustainable_rate,
+    simulate_closed_loop,
     simulate_cluster,
     simulate_disaggregated,
     simulate_replica,
@@ -120,6 +122,7 @@ __all__ = [
     "register_gpu",
     "register_model",
     "replay",
+    "simulate_closed_loop",
     "simulate_cluster",
     "simulate_disaggregated",
     "simulate_replica",

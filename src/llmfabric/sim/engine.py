@@ -154,6 +154,11 @@ class Replica:
         while self._step(INF):
             pass
 
+    def step(self) -> bool:
+        """Run one iteration or decode stretch (a stretch ends at the next finish); False if
+        idle. For closed-loop drivers that react to each completion."""
+        return self._step(INF)
+
     def _step(self, t_limit: float) -> bool:
         """One iteration or stretch; False if idle."""
         if self.config.chunked_prefill:

@@ -19,6 +19,7 @@ from llmfabric.sim import (
     on_off,
     poisson,
     replay,
+    simulate_closed_loop,
     simulate_cluster,
     simulate_disaggregated,
     simulate_replica,
@@ -152,3 +153,14 @@ def test_deterministic() -> None:
     a = simulate_cluster([ReplicaSpec.of(M, "H100")] * 3, wl, router="random", seed=1)
     b = simulate_cluster([ReplicaSpec.of(M, "H100")] * 3, wl, router="random", seed=1)
     assert np.array_equal(a.e2e_s, b.e2e_s)
+
+
+def test_closed_loop_keeps_concurrency_and_batching_pays() -> None:
+    one = simulate_closed_loop(M, "A100-40GB", 1, 1, 10, 1024, 64)
+    eight = simulate_closed_loop(M, "A100-40GB", 1, 8, 80, 1024, 64)
+    assert one.n_completed == 10 and eight.n_completed == 80
+    # a client sends its next request only after the previous one finished
+    for i in range(1, 10):
+        assert one.arrival_s[i] >= one.arrival_s[i - 1] + one.e2e_s[i - 1] - 1e-12
+    assert 4 < eight.output_tokens_per_s / one.output_tokens_per_s < 8
+    assert eight.mean_tpot_s > one.mean_tpot_s
