@@ -313,6 +313,7 @@ class Node:
         try:
             if agent is not None and agent.record.state < Lifecycle.DOWN:
                 agent.set_state(Lifecycle.DOWN)  # ingresses stop routing to us
+            self.inflight.close()  # stragglers get 503 and are retried elsewhere
             if drain:
                 await self.inflight.drained(self.config.drain_timeout_s)
             if agent is not None:
