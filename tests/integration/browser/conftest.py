@@ -1,14 +1,23 @@
 """Fixtures for the dashboard's browser tests: a running fabric and Debian's chromium.
 
-The fabric is `llmfabric.node.local_fabric.LocalFabric`: an
-ingress node and serving nodes as real `llmfabric start` processes with simulated engines,
-on loopback. Screenshots go to artifacts/screenshots/ at the repository root (gitignored).
+The fabric is a running `llmfabric demo` subprocess (or, in a checkout without it,
+`llmfabric.node.local_fabric.LocalFabric`): an ingress node and three serving nodes as real
+`llmfabric start` processes with simulated engines, on loopback. Screenshots go to
+artifacts/screenshots/ at the repository root (gitignored).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,19 +51,14 @@ NODES = {
 class Fabric:
     """A running local fabric: one ingress node and three serving nodes, real processes."""
 
-    local: Any  # llmfabric.node.local_fabric.LocalFabric
     url: str
     admin_key: str
     sessions: dict[str, str]  # node name ("ingress", "h100", ...) -> session id
-    processes: dict[str, Any]  # node name -> NodeProcess
+    kill: Callable[[str], None]  # SIGKILL a node by name, as a crashed host
 
     @property
     def ui(self) -> str:
         return f"{self.url}/ui/"
-
-    def kill(self, name: str) -> None:
-        """SIGKILL a node and its engine, as a crashed host."""
-        self.processes[name].kill_hard()
 
 
 def _need_chromium() -> None:
@@ -63,24 +67,127 @@ def _need_chromium() -> None:
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
-    _need_chromium()
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return json.loads(resp.read())
+
+
+def _sessions_by_name(url: str) -> dict[str, str]:
+    """Name the fabric's nodes the way the tests do, from the ingress's node view."""
+    out: dict[str, str] = {}
+    for n in _get_json(f"{url}/v1/fabric/nodes")["nodes"]:
+        if "ingress" in n["roles"]:
+            out["ingress"] = n["session_id"]
+        for name, (model, gpu, provider) in NODES.items():
+            if (n["provider_id"], n["hardware"]["gpu_model"]) == (provider, gpu) and any(
+                m["id"] == model for m in n["models"]
+            ):
+                out[name] = n["session_id"]
+    return out
+
+
+def _node_pids(state_dir: pathlib.Path) -> dict[str, int]:
+    """http address -> pid of every `llmfabric start` process whose --home is under state_dir."""
+    pids: dict[str, int] = {}
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "start" in args and "--home" in args and "--http-listen" in args:
+            home = args[args.index("--home") + 1]
+            if home.startswith(str(state_dir)):
+                pids[args[args.index("--http-listen") + 1]] = int(proc.name)
+    return pids
+
+
+def _demo_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
+    """`llmfabric demo` as a subprocess, with the tests' three serving nodes."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    state = tmp / "state"
+    nodes = [f"--node={model}@{gpu}@{provider}" for model, gpu, provider in NODES.values()]
+    log_path = tmp / "demo.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llmfabric.cli.main",
+                "demo",
+                "--port",
+                str(port),
+                "--dir",
+                str(state),
+                "--speed",
+                "8",
+                *nodes,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 150
+        while "demo is running" not in log_path.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "llmfabric demo did not start:\n" + log_path.read_text(errors="replace")[-3000:]
+                )
+            time.sleep(0.2)
+        admin_key = (state / "ingress" / "admin.key").read_text().strip()
+        sessions = _sessions_by_name(url)
+        addrs = {
+            n["session_id"]: n["http_addr"] for n in _get_json(f"{url}/v1/fabric/nodes")["nodes"]
+        }
+
+        def kill(name: str) -> None:
+            pid = _node_pids(state)[addrs[sessions[name]]]
+            os.kill(pid, signal.SIGKILL)
+
+        yield Fabric(url, admin_key, sessions, kill)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # the demo stops every node and engine it started
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _local_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
+    """The same fabric through LocalFabric, for checkouts without `llmfabric demo`."""
     from llmfabric.node.local_fabric import EngineSpec, LocalFabric
 
-    root = tmp_path_factory.mktemp("fabric")
-    with LocalFabric(root) as local:
+    with LocalFabric(tmp) as local:
         ingress = local.start_ingress()
         processes = {"ingress": ingress}
         for name, (model, gpu, provider) in NODES.items():
-            spec = EngineSpec(model, gpu, provider=provider, site=f"site-{provider}", speed=8)
+            spec = EngineSpec(model, gpu, provider=provider, speed=8)
             processes[name] = local.add_node(spec, name)
         local.wait_serving({"llama-3.1-8b": 2, "qwen3-1.7b": 1}, timeout=90)
-        sessions = {
-            name: str(proc.get_json("/v1/fabric/self")["session_id"])
-            for name, proc in processes.items()
-        }
-        yield Fabric(local, ingress.http_url, local.admin_key(), sessions, processes)
+
+        def kill(name: str) -> None:
+            processes[name].kill_hard()
+
+        yield Fabric(ingress.http_url, local.admin_key(), _sessions_by_name(ingress.http_url), kill)
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
+    """`llmfabric demo` when this checkout has it (LLMFABRIC_DASHBOARD_FABRIC=local: no)."""
+    _need_chromium()
+    tmp = tmp_path_factory.mktemp("fabric")
+    use_demo = importlib.util.find_spec("llmfabric.cli.demo") is not None
+    if os.environ.get("LLMFABRIC_DASHBOARD_FABRIC", "") == "local":
+        use_demo = False
+    yield from (_demo_fabric(tmp) if use_demo else _local_fabric(tmp))
 
 
 @pytest.fixture(scope="module")
