@@ -7,6 +7,7 @@ owner record seen yet) are not shown. LEFT entries are shown until GC compacts t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from llmfabric.registry.entry import Entry
@@ -17,8 +18,10 @@ from llmfabric.registry.replica import Replica
 @dataclass(frozen=True, slots=True)
 class NodeView:
     session_id: str
-    record: NodeRecord  # the owner's latest record (its `state` may lag `state` below)
-    state: Lifecycle  # effective lifecycle: LEFT if evicted
+    # The owner's latest record, except that `record.state` is the effective lifecycle (LEFT
+    # once evicted) so that code reading NodeRecord.state never routes to an evicted session.
+    record: NodeRecord
+    state: Lifecycle  # effective lifecycle, same as record.state
     suspected: bool
     suspicions: int  # distinct members whose unrefuted suspicion we hold
     last_seen: float  # local monotonic time of the last change we merged for it
@@ -31,8 +34,11 @@ class NodeView:
 def view_of(entry: Entry, last_seen: float) -> NodeView | None:
     if entry.record is None:
         return None
+    rec = entry.record.record
+    if rec.state is not entry.state:
+        rec = dataclasses.replace(rec, state=entry.state)
     return NodeView(
-        entry.session_id, entry.record.record, entry.state, entry.suspected,
+        entry.session_id, rec, entry.state, entry.suspected,
         len(entry.suspects), last_seen,
     )
 

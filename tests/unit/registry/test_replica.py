@@ -159,3 +159,14 @@ def test_session_ids_are_bound_to_keys() -> None:
     assert a != new_session_id(OWNER.public_bytes)
     assert a[16:] == new_session_id(OWNER.public_bytes)[16:]
     assert a[16:] != new_session_id(OTHER.public_bytes)[16:]
+
+
+def test_views_report_the_effective_state_of_an_evicted_session() -> None:
+    clock = FakeClock()
+    rep = Replica(clock)
+    own = _owner(clock)
+    rep.apply(own.set_state(Lifecycle.SERVING, wall=clock.wall()))
+    rep.apply(make_fact(OTHER, FactKind.EVICT, own.session_id, 0, clock.wall()))
+    v = NodeRegistry(rep).get(own.session_id)
+    assert v is not None and v.state is Lifecycle.LEFT and v.record.state is Lifecycle.LEFT
+    assert NodeRegistry(rep).routable() == [] and ModelRegistry(rep).sessions("llama") == []
