@@ -137,9 +137,17 @@ PRE_BATCH = (1, 2, 4, 8)
 PRE_ISL = (128, 512, 1024, 2048, 4096, 8192)
 
 
-def fused(ops: tuple[OpCost, ...]) -> OpCost:
-    """Attention as one fused kernel: matmul FLOPs and all bytes (as costs.attention_time)."""
-    return OpCost("attention", sum(o.flops for o in ops if o.tensor), sum(o.bytes for o in ops))
+@dataclass(frozen=True, slots=True)
+class FusedAttention(OpCost):
+    """Attention as one fused kernel (as costs.attention_time); `floor_flops` x the key floor
+    is added to the matmul FLOPs in prefill."""
+
+    floor_flops: float = 0.0
+
+
+def fused(ops: tuple[OpCost, ...], floor_flops: float = 0.0) -> OpCost:
+    return FusedAttention("attention", sum(o.flops for o in ops if o.tensor),
+                          sum(o.bytes for o in ops), True, floor_flops)
 
 
 def aic_rows(root: Path) -> list[Row]:
@@ -183,7 +191,7 @@ def aic_rows(root: Path) -> list[Row]:
             if (b, s, nh, nkv, d) not in pre:
                 continue
             spec = ModelSpec("attn", 1, nh * d, nh, nkv, d, 4 * nh * d, 1000)
-            ops = [(fused(attention_prefill_ops(spec, 1, s, 0)), float(b))]
+            ops = [(fused(attention_prefill_ops(spec, 1, s, 0), 4.0 * nh * d * s), float(b))]
             rows.append(Row("aic_prefill_attn", gpu, f"h{nh}/{nkv}|b{b}|isl{s}",
                             f"aic_prefill_attn|h{nh}", float(np.median(pre[(b, s, nh, nkv, d)]))
                             / 1e3, ops, 0, 0, src, attn_kernels=1))
@@ -313,9 +321,10 @@ class Predictor:
     def __init__(self, rows: list[Row], gpu: GPUSpec) -> None:
         self.rows = rows
         self.gpu = gpu
-        f, b, t, a, mult, idx = [], [], [], [], [], []
+        f, b, t, a, mult, idx, qf = [], [], [], [], [], [], []
         for i, row in enumerate(rows):
             for op, m in row.ops:
+                qf.append(getattr(op, "floor_flops", 0.0))
                 f.append(op.flops)
                 b.append(op.bytes)
                 t.append(op.tensor)
@@ -324,7 +333,7 @@ class Predictor:
                 idx.append(i)
         self.f, self.b = np.array(f), np.array(b)
         self.t, self.a = np.array(t), np.array(a)
-        self.mult, self.idx = np.array(mult), np.array(idx)
+        self.mult, self.idx, self.qf = np.array(mult), np.array(idx), np.array(qf)
         self.kernels = np.array([r.kernels for r in rows])
         self.attn_kernels = np.array([r.attn_kernels for r in rows])
         self.steps = np.array([r.steps for r in rows])
@@ -334,7 +343,8 @@ class Predictor:
         g = self.gpu
         peak = np.where(self.t, g.flops(16) * eff.compute, g.fp32_flops * eff.vector)
         peak = np.where(self.a, g.flops(16) * eff.attention, peak)
-        op_t = roofline(self.f / peak, self.b / (g.mem_bw * eff.memory), eff.roofline_p)
+        flops = self.f + self.qf * eff.attention_key_floor
+        op_t = roofline(flops / peak, self.b / (g.mem_bw * eff.memory), eff.roofline_p)
         total = np.bincount(self.idx, weights=op_t * self.mult, minlength=len(self.rows))
         return (total + self.kernels * eff.kernel_overhead_s
                 + self.attn_kernels * eff.attention_overhead_s
@@ -353,6 +363,7 @@ GRID = {
     "kernel_overhead_s": np.linspace(0.0, 3e-5, 61),
     "attention_overhead_s": np.linspace(0.0, 3e-5, 61),
     "roofline_p": np.array([0.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]),
+    "attention_key_floor": np.linspace(0.0, 1024.0, 65),
 }
 
 

@@ -4,7 +4,9 @@ time(op) = R(FLOPs / (peak x compute), bytes / (bandwidth x memory)) + kernel_ov
 where R is the roofline combiner: max(c, m) when `roofline_p` is 0, else the smooth
 (c^p + m^p)^(1/p), which is slower near the ridge point as real kernels are. Attention runs
 as ONE fused (FlashAttention-style) kernel per layer: matmul FLOPs at `attention` x peak, Q/K/V/O
-bytes at `memory` x bandwidth, plus `attention_overhead_s`; softmax is overlapped in it.
+bytes at `memory` x bandwidth, plus `attention_overhead_s`; softmax is overlapped in it. In
+prefill each query row also pays for `attention_key_floor` extra keys (the per-query-tile
+prologue/epilogue of FlashAttention kernels, which dominates short prompts).
 `step_overhead_s` is paid once per engine iteration (scheduler, sampling, launch gaps).
 
 The per-GPU rows below were fitted by `benchmarks/sim_accuracy.py --fit` on HALF of the measured
@@ -33,6 +35,7 @@ class Efficiency:
     attention: float = 0.50  # fraction of tensor peak reached by fused attention matmuls
     kernel_overhead_s: float = 4e-6  # per kernel launch/tail
     attention_overhead_s: float = 1e-5  # per fused attention kernel
+    attention_key_floor: float = 200.0  # prefill: extra keys of work per query row
     step_overhead_s: float = 2e-4  # per engine iteration
     roofline_p: float = 0.0  # 0: max(compute, memory); p > 0: (c^p + m^p)^(1/p)
 
@@ -45,6 +48,8 @@ class Efficiency:
             raise SpecError("overheads must be >= 0 seconds")
         if self.roofline_p < 0:
             raise SpecError("roofline_p must be >= 0 (0 means max)")
+        if self.attention_key_floor < 0:
+            raise SpecError("attention_key_floor must be >= 0 tokens")
 
 
 T = TypeVar("T", float, npt.NDArray[np.float64])
@@ -66,12 +71,15 @@ DEFAULT_EFFICIENCY = Efficiency()
 CALIBRATED: dict[str, Efficiency] = {
     "A100-80GB": Efficiency(compute=0.74, memory=0.76, vector=0.0316, attention=0.52,
                             kernel_overhead_s=4.5e-6, attention_overhead_s=1.75e-5,
-                            roofline_p=3.0),
-    "H100-SXM": Efficiency(compute=0.74, memory=0.86, vector=0.0158, attention=0.56,
+                            attention_key_floor=144.0, roofline_p=3.0),
+    "H100-SXM": Efficiency(compute=0.74, memory=0.86, vector=0.0158, attention=0.58,
                            kernel_overhead_s=4.0e-6, attention_overhead_s=1.25e-5,
-                           roofline_p=4.0),
-    "A40": Efficiency(compute=0.76, memory=0.76, vector=0.01, attention=0.50,
-                      kernel_overhead_s=3.0e-6, attention_overhead_s=1.0e-5, roofline_p=3.0),
+                           attention_key_floor=288.0, roofline_p=4.0),
+    # A40: linear operators fitted; no attention measurements, so its attention factors are
+    # copied from the A100 row (same Ampere generation).
+    "A40": Efficiency(compute=0.76, memory=0.76, vector=0.01, attention=0.52,
+                      kernel_overhead_s=3.0e-6, attention_overhead_s=1.75e-5,
+                      attention_key_floor=144.0, roofline_p=3.0),
 }
 
 # GPUs without measurements borrow the row of a measured GPU of the same architecture.

@@ -47,10 +47,11 @@ def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16) -> 
 
 
 def attention_time(ops: tuple[OpCost, ...], gpu: GPUSpec, eff: Efficiency,
-                   dtype_bits: int = 16) -> float:
-    """One fused attention kernel: matmul FLOPs at the attention efficiency, all bytes moved,
+                   dtype_bits: int = 16, floor_flops: float = 0.0) -> float:
+    """One fused attention kernel: matmul FLOPs (+ `floor_flops` x the key floor, i.e. the
+    FLOPs of one key for every query row) at the attention efficiency, all bytes moved,
     softmax overlapped, plus the attention kernel overhead."""
-    mm = sum(op.flops for op in ops if op.tensor)
+    mm = sum(op.flops for op in ops if op.tensor) + floor_flops * eff.attention_key_floor
     moved = sum(op.bytes for op in ops)
     compute = mm / (gpu.flops(dtype_bits) * eff.attention)
     return float(roofline(compute, moved / (gpu.mem_bw * eff.memory), eff.roofline_p)) + (
@@ -89,8 +90,9 @@ class StepCostModel:
     decode_per_sequence: float  # Q
     step_overhead_s: float
     stages: tuple[_StageCoeffs, ...]
-    # per stage: (layers, s per attended pair, s per query token, s per cached token, p)
-    attn_coeffs: tuple[tuple[float, float, float, float, float], ...]
+    # per stage: (layers, s per attended pair, s per query token, s per cached token, p,
+    # key floor per query)
+    attn_coeffs: tuple[tuple[float, float, float, float, float, float], ...]
 
     @property
     def model(self) -> ModelSpec:
@@ -113,9 +115,9 @@ class StepCostModel:
             return 0.0
         pairs = chunk * (prefix + (chunk + 1) * 0.5)
         total = 0.0
-        for n_layers, c_mm, c_q, c_kv, p in self.attn_coeffs:
+        for n_layers, c_mm, c_q, c_kv, p, floor in self.attn_coeffs:
             mem = c_q * chunk + c_kv * (prefix + chunk)
-            mm = c_mm * pairs
+            mm = c_mm * (pairs + floor * chunk)
             if p <= 0:
                 total += n_layers * (mm if mm > mem else mem)
             else:
@@ -216,7 +218,7 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         g += st.n_layers * float(roofline(mm_tok / peak, kv_tok / bw, st.eff.roofline_p))
         q += st.n_layers * q_seq / bw
         coeffs.append((float(st.n_layers), mm_tok / peak, q_seq / bw, kv_tok / bw,
-                       st.eff.roofline_p))
+                       st.eff.roofline_p, st.eff.attention_key_floor))
     step_overhead = max(st.eff.step_overhead_s for st in stages)
     return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs))
 
