@@ -83,7 +83,7 @@ function render(view, ctx, params) {
     mount(results, tableWrap('Models', h('table', { class: 'data', id: 'catalog-table' },
       h('caption', { class: 'visually-hidden' }, 'Models in the fabric'),
       h('thead', {}, h('tr', {},
-        ['Model', 'Status', 'Serving nodes', 'GPUs', 'Providers', 'Quantization', 'Context']
+        ['Model', 'Status', 'Nodes', 'GPUs', 'Providers', 'Quantization', 'Context']
           .map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', {}, shown.map(row)))));
   };
