@@ -16,10 +16,15 @@ from llmfabric.sim.errors import SpecError
 
 
 class Router(Protocol):
+    # False: the choice ignores replica state, so only the chosen replica must be advanced
+    needs_state: bool
+
     def pick(self, replicas: Sequence[Replica], rid: int, input_tokens: int) -> int: ...
 
 
 class RoundRobin:
+    needs_state = False
+
     def __init__(self, seed: int = 0) -> None:
         self._next = 0
 
@@ -30,6 +35,8 @@ class RoundRobin:
 
 
 class RandomRouter:
+    needs_state = False
+
     def __init__(self, seed: int = 0) -> None:
         self._rng = np.random.default_rng(seed)
         self._buf: list[float] = []
@@ -42,6 +49,8 @@ class RandomRouter:
 
 class LeastOutstanding:
     """Fewest queued + running requests (ties: lowest index)."""
+
+    needs_state = True
 
     def __init__(self, seed: int = 0) -> None:
         pass
@@ -59,6 +68,8 @@ class LeastWork:
     """Least estimated work: queued prompt tokens per unit speed plus running context,
     normalised by each replica's decode cost (heterogeneous-aware)."""
 
+    needs_state = True
+
     def __init__(self, seed: int = 0) -> None:
         pass
 
@@ -74,6 +85,8 @@ class LeastWork:
 
 class PowerOfTwo:
     """Two random replicas, the one with fewer outstanding requests."""
+
+    needs_state = True
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = np.random.default_rng(seed)

@@ -76,6 +76,12 @@ def _dispatch(replicas: list[Replica], times: Sequence[float], rids: Sequence[in
             if only.now < t:
                 only.advance_to(t)
             only.submit(rid, p, o, kv_ready)
+    elif not policy.needs_state:
+        for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
+            chosen = replicas[policy.pick(replicas, rid, p)]
+            if chosen.now < t:
+                chosen.advance_to(t)
+            chosen.submit(rid, p, o, kv_ready)
     else:
         for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
             for r in replicas:

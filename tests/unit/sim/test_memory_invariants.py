@@ -12,6 +12,7 @@ from llmfabric.sim import (
     ModelSpec,
     cost_model,
     decode_step_time,
+    efficiency_for,
     fits,
     get_gpu,
     get_model,
@@ -70,8 +71,9 @@ def test_more_bandwidth_never_slows_decode(batch: int, ctx: int, scale: float, m
                                            gpu: str) -> None:
     base = get_gpu(gpu)
     faster = dataclasses.replace(base, name=base.name + "-fast", mem_bw=base.mem_bw * scale)
-    t0 = decode_step_time(model, base, 1, batch, ctx)
-    t1 = decode_step_time(model, faster, 1, batch, ctx)
+    eff = efficiency_for(base)  # same kernels, only the bandwidth differs
+    t0 = decode_step_time(model, base, 1, batch, ctx, efficiency=eff)
+    t1 = decode_step_time(model, faster, 1, batch, ctx, efficiency=eff)
     assert t1 <= t0 + 1e-15
 
 

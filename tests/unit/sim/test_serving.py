@@ -164,3 +164,15 @@ def test_closed_loop_keeps_concurrency_and_batching_pays() -> None:
         assert one.arrival_s[i] >= one.arrival_s[i - 1] + one.e2e_s[i - 1] - 1e-12
     assert 4 < eight.output_tokens_per_s / one.output_tokens_per_s < 8
     assert eight.mean_tpot_s > one.mean_tpot_s
+
+
+def test_round_robin_assignment_and_lazy_advance_match_eager() -> None:
+    wl = poisson(30, 20, 512, 128, seed=8)
+    specs = [ReplicaSpec.of(M, "H100")] * 3
+    rr = simulate_cluster(specs, wl, router="round_robin")
+    assert np.array_equal(rr.replica, np.arange(len(wl)) % 3)
+    # each replica alone on its share of the workload gives the same per-request latency
+    for i in range(3):
+        share = wl.subset(np.arange(len(wl)) % 3 == i)
+        alone = simulate_cluster([specs[i]], share)
+        assert np.allclose(alone.e2e_s, rr.e2e_s[rr.replica == i])
