@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Callable, Coroutine, Hashable, Sequence
@@ -57,6 +58,19 @@ from llmfabric.registry.signing import Signer
 from llmfabric.registry.views import ModelRegistry, NodeRegistry
 
 log = logging.getLogger(__name__)
+
+
+def is_minor(change: Change) -> bool:
+    """A change that only refreshes load hints (or the timestamp) of a record: same lifecycle,
+    incarnation and facts. Such changes get `minor_transmits` sends instead of a full rumour."""
+    b, a = change.before, change.after
+    if b is None or b.record is None or a.record is None:
+        return False
+    rb, ra = b.record.record, a.record.record
+    return (
+        b.state is a.state and rb.incarnation == ra.incarnation and b.suspects == a.suspects
+        and b.evict == a.evict and dataclasses.replace(rb.meta, load=ra.meta.load) == ra.meta
+    )
 
 
 class GossipAgent:
@@ -220,15 +234,26 @@ class GossipAgent:
                 break
             self._send(p, Gossip(tuple(items)))
 
-    def _enqueue(self, item: SignedRecord | Fact) -> None:
+    def _enqueue(self, item: SignedRecord | Fact, change: Change | None) -> None:
         key: Hashable = ("r", item.session_id) if isinstance(item, SignedRecord) else (
             "f", item.signature)
-        self.queue.push(key, item_parts(item))
+        self.queue.push(key, item_parts(item), self._limit_for(change))
+
+    def _limit_for(self, change: Change | None) -> int:
+        return self.config.minor_transmits if change is not None and is_minor(change) else 0
 
     def _publish(self, item: SignedRecord | Fact) -> None:
-        self.replica.apply(item)
-        self._enqueue(item)
+        change = self.replica.apply(item)
+        self._enqueue(item, change)
         self._flush()
+
+    def contact_seeds(self, seeds: Sequence[PeerId] | None = None) -> None:
+        """Replace the seed list (if given) and push our record + a sync round to each seed.
+
+        The agent also does this by itself every sync interval while it knows no member."""
+        if seeds is not None:
+            self.seeds[:] = [s for s in seeds if s != self.peer_id]
+        self._contact_seeds()
 
     def _contact_seeds(self) -> None:
         own = (item_parts(self.owner.current),)
@@ -285,7 +310,7 @@ class GossipAgent:
                 continue
             if change is not None and rumour:
                 key: Hashable = ("r", change.session_id) if kind == ITEM_RECORD else ("f", sig)
-                self.queue.push(key, (kind, body, sig))
+                self.queue.push(key, (kind, body, sig), self._limit_for(change))
                 fresh = True
         return fresh
 

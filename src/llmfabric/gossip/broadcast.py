@@ -12,31 +12,33 @@ from llmfabric.gossip.wire import WireItem, item_size
 
 class BroadcastQueue:
     def __init__(self) -> None:
-        self._items: dict[Hashable, tuple[int, int, WireItem]] = {}  # key -> (sent, seq, item)
+        # key -> (sent, seq, item, own limit or 0 for the caller's limit)
+        self._items: dict[Hashable, tuple[int, int, WireItem, int]] = {}
         self._seq = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def push(self, key: Hashable, item: WireItem) -> None:
+    def push(self, key: Hashable, item: WireItem, limit: int = 0) -> None:
+        """Queue `item`; `limit` > 0 caps its sends below the queue-wide limit."""
         self._seq += 1
-        self._items[key] = (0, self._seq, item)
+        self._items[key] = (0, self._seq, item, limit)
 
     def take(self, budget: int, limit: int) -> list[WireItem]:
         """Items that fit in `budget` bytes, least-sent and newest first; count the send."""
         out: list[WireItem] = []
         used = 0
-        for key, (sent, seq, item) in sorted(self._items.items(),
-                                             key=lambda kv: (kv[1][0], -kv[1][1])):
+        for key, (sent, seq, item, own) in sorted(self._items.items(),
+                                                  key=lambda kv: (kv[1][0], -kv[1][1])):
             size = item_size(item)
             if used + size > budget:
                 continue
             used += size
             out.append(item)
-            if sent + 1 >= limit:
+            if sent + 1 >= (min(own, limit) if own else limit):
                 del self._items[key]
             else:
-                self._items[key] = (sent + 1, seq, item)
+                self._items[key] = (sent + 1, seq, item, own)
         return out
 
     def clear(self) -> None:

@@ -28,6 +28,9 @@ class GossipConfig:
     gossip_interval_s: float = 0.2
     fanout: int = 3
     retransmit_mult: int = 4
+    # Sends per node for a minor change (only load hints differ, same lifecycle/incarnation):
+    # one eager push to the fanout, anti-entropy repairs the few nodes it misses.
+    minor_transmits: int = 3
     piggyback_bytes: int = 1_200
     max_message_bytes: int = 60_000
     # anti-entropy (push-pull of root hash -> bucket hashes -> digests -> deltas)

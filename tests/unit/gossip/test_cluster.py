@@ -124,3 +124,28 @@ async def test_evicted_node_is_told(make_cluster: Callable[..., Cluster]) -> Non
     await c.clock.advance(3)
     assert all(a.nodes.get(victim.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
                for a in c.agents)
+
+
+async def test_load_hint_updates_are_minor_but_still_converge(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    import dataclasses
+
+    from llmfabric.gossip.agent import is_minor
+    from llmfabric.registry.records import LoadHints
+
+    c = make_cluster(delay=(0.001, 0.003))
+    for _ in range(8):
+        await c.add()
+    assert await c.clock.run_until(c.converged, within=10)
+    a = c.agents[3]
+    changes = []
+    a.add_listener(changes.append)
+    a.update_self(dataclasses.replace(a.record.meta, load=LoadHints(inflight=5)))
+    assert is_minor(changes[-1])
+    a.update_self(dataclasses.replace(a.record.meta, provider_id="other"))
+    assert not is_minor(changes[-1])
+    a.update_self(dataclasses.replace(a.record.meta, load=LoadHints(inflight=7)))
+    assert await c.clock.run_until(lambda: all(
+        b.nodes.get(a.session_id).record.meta.load.inflight == 7  # type: ignore[union-attr]
+        for b in c.agents), within=10)
