@@ -143,11 +143,13 @@ class FusedAttention(OpCost):
     is added to the matmul FLOPs in prefill."""
 
     floor_flops: float = 0.0
+    floor_bytes: float = 0.0
 
 
-def fused(ops: tuple[OpCost, ...], floor_flops: float = 0.0) -> OpCost:
+def fused(ops: tuple[OpCost, ...], floor_flops: float = 0.0, floor_bytes: float = 0.0
+          ) -> OpCost:
     return FusedAttention("attention", sum(o.flops for o in ops if o.tensor),
-                          sum(o.bytes for o in ops), True, floor_flops)
+                          sum(o.bytes for o in ops), True, floor_flops, floor_bytes)
 
 
 def aic_rows(root: Path) -> list[Row]:
@@ -177,7 +179,9 @@ def aic_rows(root: Path) -> list[Row]:
             if (b, s, nh, nkv, d) not in dec:
                 continue
             spec = ModelSpec("attn", 1, nh * d, nh, nkv, d, 4 * nh * d, 1000)
-            ops = [(fused(attention_decode_ops(spec, 1, b, b * (s + 1.0))), 1.0)]
+            kv_token = 2.0 * nkv * d * 2  # K and V, BF16
+            ops = [(fused(attention_decode_ops(spec, 1, b, b * (s + 1.0)),
+                          floor_bytes=b * kv_token), 1.0)]
             rows.append(Row("aic_decode_attn", gpu, f"h{nh}/{nkv}|b{b}|s{s}",
                             f"aic_decode_attn|h{nh}", float(np.median(dec[(b, s, nh, nkv, d)]))
                             / 1e3, ops, 0, 0, src, attn_kernels=1))
@@ -301,7 +305,7 @@ class JointFit:
         err = np.abs(self._speed(pred) / self.meas_speed - 1)
         return mape + self.speedup_weight * float(err.mean())
 
-    def fit_all(self, start: dict[str, Efficiency], sweeps: int = 4) -> dict[str, Efficiency]:
+    def fit_all(self, start: dict[str, Efficiency], sweeps: int = 10) -> dict[str, Efficiency]:
         effs = dict(start)
         best = self.objective(effs)
         for _ in range(sweeps):
@@ -321,10 +325,11 @@ class Predictor:
     def __init__(self, rows: list[Row], gpu: GPUSpec) -> None:
         self.rows = rows
         self.gpu = gpu
-        f, b, t, a, mult, idx, qf = [], [], [], [], [], [], []
+        f, b, t, a, mult, idx, qf, qb = [], [], [], [], [], [], [], []
         for i, row in enumerate(rows):
             for op, m in row.ops:
                 qf.append(getattr(op, "floor_flops", 0.0))
+                qb.append(getattr(op, "floor_bytes", 0.0))
                 f.append(op.flops)
                 b.append(op.bytes)
                 t.append(op.tensor)
@@ -333,7 +338,8 @@ class Predictor:
                 idx.append(i)
         self.f, self.b = np.array(f), np.array(b)
         self.t, self.a = np.array(t), np.array(a)
-        self.mult, self.idx, self.qf = np.array(mult), np.array(idx), np.array(qf)
+        self.mult, self.idx = np.array(mult), np.array(idx)
+        self.qf, self.qb = np.array(qf), np.array(qb)
         self.kernels = np.array([r.kernels for r in rows])
         self.attn_kernels = np.array([r.attn_kernels for r in rows])
         self.steps = np.array([r.steps for r in rows])
@@ -344,7 +350,8 @@ class Predictor:
         peak = np.where(self.t, g.flops(16) * eff.compute, g.fp32_flops * eff.vector)
         peak = np.where(self.a, g.flops(16) * eff.attention, peak)
         flops = self.f + self.qf * eff.attention_key_floor
-        op_t = roofline(flops / peak, self.b / (g.mem_bw * eff.memory), eff.roofline_p)
+        moved = self.b + self.qb * eff.decode_key_floor
+        op_t = roofline(flops / peak, moved / (g.mem_bw * eff.memory), eff.roofline_p)
         total = np.bincount(self.idx, weights=op_t * self.mult, minlength=len(self.rows))
         return (total + self.kernels * eff.kernel_overhead_s
                 + self.attn_kernels * eff.attention_overhead_s

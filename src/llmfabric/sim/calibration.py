@@ -6,7 +6,8 @@ where R is the roofline combiner: max(c, m) when `roofline_p` is 0, else the smo
 as ONE fused (FlashAttention-style) kernel per layer: matmul FLOPs at `attention` x peak, Q/K/V/O
 bytes at `memory` x bandwidth, plus `attention_overhead_s`; softmax is overlapped in it. In
 prefill each query row also pays for `attention_key_floor` extra keys (the per-query-tile
-prologue/epilogue of FlashAttention kernels, which dominates short prompts).
+prologue/epilogue of FlashAttention kernels, which dominates short prompts); in decode every
+sequence reads `decode_key_floor` extra tokens' worth of KV (per-sequence split/reduce work).
 `step_overhead_s` is paid once per engine iteration (scheduler, sampling, launch gaps).
 
 The per-GPU rows below were fitted by `benchmarks/sim_accuracy.py --fit` on HALF of the measured
@@ -36,6 +37,7 @@ class Efficiency:
     kernel_overhead_s: float = 4e-6  # per kernel launch/tail
     attention_overhead_s: float = 1e-5  # per fused attention kernel
     attention_key_floor: float = 200.0  # prefill: extra keys of work per query row
+    decode_key_floor: float = 0.0  # decode: extra cached tokens read per sequence (optional)
     step_overhead_s: float = 2e-4  # per engine iteration
     roofline_p: float = 0.0  # 0: max(compute, memory); p > 0: (c^p + m^p)^(1/p)
 
@@ -48,8 +50,8 @@ class Efficiency:
             raise SpecError("overheads must be >= 0 seconds")
         if self.roofline_p < 0:
             raise SpecError("roofline_p must be >= 0 (0 means max)")
-        if self.attention_key_floor < 0:
-            raise SpecError("attention_key_floor must be >= 0 tokens")
+        if self.attention_key_floor < 0 or self.decode_key_floor < 0:
+            raise SpecError("attention_key_floor and decode_key_floor must be >= 0 tokens")
 
 
 T = TypeVar("T", float, npt.NDArray[np.float64])
@@ -69,17 +71,17 @@ DEFAULT_EFFICIENCY = Efficiency()
 # effective factor for elementwise kernels (the profiled norms/activations are unfused PyTorch
 # kernels), not a hardware utilisation. Keys are GPUSpec names.
 CALIBRATED: dict[str, Efficiency] = {
-    "A100-80GB": Efficiency(compute=0.74, memory=0.76, vector=0.0316, attention=0.52,
+    "A100-80GB": Efficiency(compute=0.74, memory=0.76, vector=0.0355, attention=0.58,
                             kernel_overhead_s=4.5e-6, attention_overhead_s=1.75e-5,
-                            attention_key_floor=144.0, roofline_p=3.0),
-    "H100-SXM": Efficiency(compute=0.74, memory=0.86, vector=0.0158, attention=0.58,
-                           kernel_overhead_s=4.0e-6, attention_overhead_s=1.25e-5,
-                           attention_key_floor=288.0, roofline_p=4.0),
+                            attention_key_floor=208.0, roofline_p=3.0),
+    "H100-SXM": Efficiency(compute=0.74, memory=0.86, vector=0.0158, attention=0.66,
+                           kernel_overhead_s=4.0e-6, attention_overhead_s=1.2e-5,
+                           attention_key_floor=416.0, roofline_p=4.0),
     # A40: linear operators fitted; no attention measurements, so its attention factors are
     # copied from the A100 row (same Ampere generation).
-    "A40": Efficiency(compute=0.76, memory=0.76, vector=0.01, attention=0.52,
+    "A40": Efficiency(compute=0.76, memory=0.76, vector=0.01, attention=0.58,
                       kernel_overhead_s=3.0e-6, attention_overhead_s=1.75e-5,
-                      attention_key_floor=144.0, roofline_p=3.0),
+                      attention_key_floor=208.0, roofline_p=3.0),
 }
 
 # GPUs without measurements borrow the row of a measured GPU of the same architecture.

@@ -47,12 +47,14 @@ def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16) -> 
 
 
 def attention_time(ops: tuple[OpCost, ...], gpu: GPUSpec, eff: Efficiency,
-                   dtype_bits: int = 16, floor_flops: float = 0.0) -> float:
-    """One fused attention kernel: matmul FLOPs (+ `floor_flops` x the key floor, i.e. the
-    FLOPs of one key for every query row) at the attention efficiency, all bytes moved,
-    softmax overlapped, plus the attention kernel overhead."""
+                   dtype_bits: int = 16, floor_flops: float = 0.0,
+                   floor_bytes: float = 0.0) -> float:
+    """One fused attention kernel: matmul FLOPs (+ `floor_flops` x the prefill key floor: the
+    FLOPs of one key for every query row) at the attention efficiency, all bytes moved
+    (+ `floor_bytes` x the decode key floor: one token's KV for every sequence), softmax
+    overlapped, plus the attention kernel overhead."""
     mm = sum(op.flops for op in ops if op.tensor) + floor_flops * eff.attention_key_floor
-    moved = sum(op.bytes for op in ops)
+    moved = sum(op.bytes for op in ops) + floor_bytes * eff.decode_key_floor
     compute = mm / (gpu.flops(dtype_bits) * eff.attention)
     return float(roofline(compute, moved / (gpu.mem_bw * eff.memory), eff.roofline_p)) + (
         eff.attention_overhead_s)
@@ -216,7 +218,7 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         kv_tok = sum(a.bytes - b.bytes for a, b in zip(one, zero, strict=True))
         q_seq = sum(b.bytes for b in zero)
         g += st.n_layers * float(roofline(mm_tok / peak, kv_tok / bw, st.eff.roofline_p))
-        q += st.n_layers * q_seq / bw
+        q += st.n_layers * (q_seq + st.eff.decode_key_floor * kv_tok) / bw
         coeffs.append((float(st.n_layers), mm_tok / peak, q_seq / bw, kv_tok / bw,
                        st.eff.roofline_p, st.eff.attention_key_floor))
     step_overhead = max(st.eff.step_overhead_s for st in stages)
