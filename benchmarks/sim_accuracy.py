@@ -8,17 +8,23 @@ Measurements (sources in benchmarks/data/measurement_sources.csv):
   default ../shared/data): vidur per-layer linear operators (A100, H100, A40), aiconfigurator
   GEMMs and decode/prefill attention kernels (A100, H100), each aggregated into one
   "measured" row per configuration;
-- published end-to-end TPOTs in benchmarks/data/published_latency.csv.
+- published end-to-end TPOTs and a throughput gain in benchmarks/data/published_latency.csv.
 
 Predictions use the shipped library (`llmfabric.sim`, per-GPU `efficiency_for`). Calibration
-protocol: rows with an even index within their (set, GPU) are the FIT half, odd rows the
-HOLDOUT half; `--fit` fits (compute, memory, vector, kernel overhead) per GPU on the fit half
-only; the report covers ALL rows and the holdout half separately. Published rows are never fitted.
+protocol: a stable hash of (set, configuration) puts half of the configurations in the FIT half
+(the same configuration is in the same half on every GPU), the rest in the HOLDOUT half;
+`--fit` fits the Efficiency factors (compute, memory, vector, attention, kernel and
+attention overheads, attention key floor, roofline p) of every measured GPU on the fit half only,
+minimising MAPE + W x mean model-level speedup error (W = --speedup-weight); the report covers
+ALL rows and the holdout half separately. Published rows are never fitted; they are predicted
+by closed-loop serving simulations of the published benchmark set-ups.
 
 Reported: MAPE of absolute latency, and GPU-to-GPU speedup errors: for every configuration
 measured on several GPUs, |predicted speedup / measured speedup - 1|; `max_speedup_err` is
-the maximum over (set, model/shape, phase) groups whose speedup is the ratio of summed
-latencies (the figure a scheduler consumes); per-configuration pair statistics are listed too.
+the maximum over ALL (set, model/shape, phase) groups whose speedup is the ratio of summed
+latencies, single GEMM shapes included; `speedup.max_speedup_err_model_level` leaves out the
+single-GEMM-shape groups (whole models' per-layer work and attention: the figure a scheduler
+consumes); per-configuration pair statistics are listed too.
 """
 
 from __future__ import annotations
