@@ -176,3 +176,19 @@ def test_round_robin_assignment_and_lazy_advance_match_eager() -> None:
         share = wl.subset(np.arange(len(wl)) % 3 == i)
         alone = simulate_cluster([specs[i]], share)
         assert np.allclose(alone.e2e_s, rr.e2e_s[rr.replica == i])
+
+
+def test_mixed_gpu_pipeline_replica_serves() -> None:
+    from llmfabric.sim import make_deployment, plan_memory
+    from llmfabric.sim.memory import memory_plan
+
+    dep = make_deployment("llama-2-70b", ["H100", "A100-80GB"], tp=[2, 2])
+    plan = memory_plan(dep)
+    assert plan.fits and plan.kv_capacity_tokens > 0
+    assert plan.kv_capacity_tokens != plan_memory("llama-2-70b", "H100", tp=2, pp=2
+                                                  ).kv_capacity_tokens
+    wl = poisson(2, 10, 512, 64, seed=3)
+    res = simulate_cluster([ReplicaSpec(dep)], wl)
+    assert res.n_completed == len(wl)
+    same = simulate_cluster([ReplicaSpec.of("llama-2-70b", "H100", tp=2, pp=2)], wl)
+    assert res.mean_tpot_s > same.mean_tpot_s  # the A100 stage is slower
