@@ -84,7 +84,9 @@ def command(model: str, gpu: str, tp: int, pp: int, replicas: int, router: str, 
         rep = sim.ReplicaSpec.of(spec, gpu_spec, tp, pp, config)
         result = sim.simulate_cluster([rep] * replicas, workload, router=router,
                                       slo=None if slo.empty else slo, seed=seed)
-        plan = sim.plan_memory(spec, gpu_spec, tp, pp)
+        from llmfabric.sim.memory import memory_plan
+
+        plan = memory_plan(rep.deployment, max_batched_tokens=max_batched_tokens)
     except sim.SimError as exc:
         raise click.ClickException(str(exc)) from exc
 
