@@ -88,8 +88,8 @@ PRESETS: dict[str, GossipConfig] = {
         probe_timeout_s=0.2, suspicion_mult=4.0,
     ),
     "lan": GossipConfig(
-        gossip_interval_s=0.1, fanout=3, sync_interval_s=2.0, probe_interval_s=0.8,
-        probe_timeout_s=0.3, suspicion_mult=4.0,
+        gossip_interval_s=0.1, fanout=3, sync_interval_s=2.0, probe_interval_s=0.6,
+        probe_timeout_s=0.25, suspicion_mult=4.0,
     ),
     "wan": GossipConfig(
         gossip_interval_s=0.5, fanout=4, sync_interval_s=10.0, probe_interval_s=3.0,

@@ -110,8 +110,8 @@ class Prober:
                 self.health.good()
                 self.stats.acks += 1
                 return True
-            helpers = [m for m in {m.peer_id for m in self._members()}
-                       if m not in (target.peer_id, self._local_peer)]
+            helpers = sorted({m.peer_id for m in self._members()}
+                             - {target.peer_id, self._local_peer})
             self._rng.shuffle(helpers)
             for h in sorted(helpers[: self._cfg.indirect_probes]):
                 self.stats.indirect += 1

@@ -4,8 +4,9 @@
 `MemTransport`s by peer id. Every message may be lost, duplicated, delayed (a fixed delay,
 a (low, high) uniform range or a callable `rng -> seconds`), or given extra random delay
 (reordering). `partition(groups...)` cuts the network into groups that cannot talk;
-`heal()` reconnects; `kill(peer)` silences a peer (like kill -9) and `revive(peer)` brings it
-back. Everything random draws from one seeded `random.Random`, so runs are reproducible.
+`cut(a, b)` breaks one link; `heal()` reconnects; `kill(peer)` silences a peer (like kill -9)
+and `revive(peer)` brings it back. Everything random draws from one seeded `random.Random`,
+so runs are reproducible.
 
 Deliveries are batched on `quantum`-second ticks so that thousands of in-flight messages
 need only a handful of clock timers.
@@ -67,6 +68,7 @@ class MemNet:
         self._peers: dict[PeerId, MemTransport] = {}
         self._dead: set[PeerId] = set()
         self._group: dict[PeerId, int] = {}
+        self._cut: set[frozenset[PeerId]] = set()
         self._batches: dict[float, list[tuple[PeerId, PeerId, bytes]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent: Counter[PeerId] = Counter()
@@ -91,7 +93,13 @@ class MemNet:
         self._group = {p: i + 1 for i, g in enumerate(groups) for p in g}
 
     def heal(self) -> None:
+        """Undo partitions and link cuts."""
         self._group = {}
+        self._cut.clear()
+
+    def cut(self, a: PeerId, b: PeerId) -> None:
+        """Cut the link between `a` and `b` (both ways); other paths stay up."""
+        self._cut.add(frozenset((a, b)))
 
     def kill(self, peer_id: PeerId) -> None:
         self._dead.add(peer_id)
@@ -103,6 +111,7 @@ class MemNet:
         return (
             a not in self._dead and b not in self._dead and b in self._peers
             and self._group.get(a, 0) == self._group.get(b, 0)
+            and (not self._cut or frozenset((a, b)) not in self._cut)
         )
 
     # ---- delivery -----------------------------------------------------------------------

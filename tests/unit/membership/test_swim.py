@@ -1,0 +1,83 @@
+"""SWIM pieces: Lifeguard timeouts, local health, and the indirect probe paths."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmfabric.gossip.agent import GossipAgent
+from llmfabric.gossip.config import PRESETS, GossipConfig
+from llmfabric.identity.keys import NodeKey
+from llmfabric.membership.health import LocalHealth
+from llmfabric.registry.records import Lifecycle
+from llmfabric.testing.fake_clock import FakeClock
+from llmfabric.testing.memnet import MemNet
+
+
+@given(st.integers(1, 1000), st.integers(0, 20))
+def test_lifeguard_timeout_shrinks_with_confirmations_within_bounds(n: int, c: int) -> None:
+    cfg = GossipConfig()
+    lo, hi = cfg.suspicion_bounds(n)
+    t, t_more = cfg.suspicion_timeout(n, c), cfg.suspicion_timeout(n, c + 1)
+    assert lo <= t_more <= t <= hi
+    assert cfg.suspicion_timeout(n, 1) == pytest.approx(hi)
+    assert cfg.suspicion_timeout(n, cfg.expected_confirmations + 1) == pytest.approx(lo)
+
+
+def test_local_health_is_bounded_and_scales() -> None:
+    h = LocalHealth(max_score=3)
+    for _ in range(10):
+        h.bad()
+    assert h.score == 3 and h.scale(1.0) == 4.0
+    for _ in range(10):
+        h.good()
+    assert h.score == 0 and h.scale(1.0) == 1.0
+
+
+@pytest.fixture
+async def trio() -> AsyncIterator[tuple[FakeClock, MemNet, list[GossipAgent]]]:
+    clock = FakeClock()
+    net = MemNet(clock, seed=1, delay=(0.001, 0.003))
+    agents: list[GossipAgent] = []
+    for i in range(5):
+        key = NodeKey.generate()
+        a = GossipAgent(net.transport(key.peer_id), clock, key, config=PRESETS["local"],
+                        seeds=[agents[0].peer_id] if agents else [], rng=random.Random(i))
+        await a.start()
+        a.set_state(Lifecycle.SERVING)
+        agents.append(a)
+    assert await clock.run_until(
+        lambda: len({a.replica.root() for a in agents}) == 1, within=10)
+    yield clock, net, agents
+    for a in agents:
+        await a.aclose()
+    await net.aclose()
+
+
+async def test_a_broken_direct_link_is_bridged_by_indirect_probes(
+    trio: tuple[FakeClock, MemNet, list[GossipAgent]],
+) -> None:
+    clock, net, agents = trio
+    a, t = agents[0], agents[1]
+    net.cut(a.peer_id, t.peer_id)
+    await clock.advance(60.0)
+    assert a.prober.stats.indirect > 0  # the direct pings did fail
+    assert a.stats.suspicions_raised == 0  # but the helpers' paths carried the acks
+    assert all(x.nodes.get(t.session_id).routable for x in agents)  # type: ignore[union-attr]
+
+
+async def test_all_paths_broken_means_suspicion(
+    trio: tuple[FakeClock, MemNet, list[GossipAgent]],
+) -> None:
+    clock, net, agents = trio
+    t = agents[1]
+    for x in agents:
+        if x is not t:
+            net.cut(x.peer_id, t.peer_id)
+    assert await clock.run_until(lambda: any(
+        x.nodes.get(t.session_id).suspected for x in agents if x is not t),  # type: ignore[union-attr]
+        within=10)
