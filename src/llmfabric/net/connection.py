@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Coroutine
 from typing import Any, Protocol
@@ -21,6 +22,8 @@ from llmfabric.net.h2endpoint import H2Endpoint
 from llmfabric.net.handshake import FramedReader
 from llmfabric.net.messages import BodyStream, Headers
 from llmfabric.net.stats import NetStats
+
+log = logging.getLogger(__name__)
 
 WRITE_BUFFER_LIMIT = 4 << 20
 COALESCE_LIMIT = 256 << 10
@@ -102,8 +105,14 @@ class PeerConnection:
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("connection task for %s failed", self.peer_id, exc_info=exc)
+            self._begin_close()
 
     @property
     def busy(self) -> bool:

@@ -33,13 +33,24 @@ OnRequest = Callable[[int, Headers, BodyStream], None]
 
 
 class _Stream:
+    """One open stream. Only a stream this side opened (client role) has a `response` future,
+    and `request()` always awaits it; a served stream has none, so a reset or a lost
+    connection never leaves a future whose exception nobody retrieves."""
+
     __slots__ = ("body", "reset", "response", "window")
 
-    def __init__(self, body: BodyStream) -> None:
+    def __init__(self, body: BodyStream, response: asyncio.Future[Headers] | None) -> None:
         self.body = body
         self.window = asyncio.Event()
-        self.response: asyncio.Future[Headers] = asyncio.get_running_loop().create_future()
+        self.response = response
         self.reset = False
+
+    def fail(self, err: BaseException) -> None:
+        self.reset = True
+        self.body.push(err)
+        self.window.set()
+        if self.response is not None and not self.response.done():
+            self.response.set_exception(err)
 
 
 class H2Endpoint:
@@ -101,12 +112,12 @@ class H2Endpoint:
         st: _Stream | None
         if isinstance(ev, h2.events.RequestReceived) and self._on_request is not None:
             sid = ev.stream_id
-            new = _Stream(self._body_stream(sid))
+            new = _Stream(self._body_stream(sid), None)
             self._streams[sid] = new
             self._on_request(sid, _headers(ev.headers), new.body)
         elif isinstance(ev, h2.events.ResponseReceived):
             st = self._streams.get(ev.stream_id)
-            if st is not None and not st.response.done():
+            if st is not None and st.response is not None and not st.response.done():
                 st.response.set_result(_headers(ev.headers))
         elif isinstance(ev, h2.events.DataReceived):
             st = self._streams.get(ev.stream_id)
@@ -124,12 +135,7 @@ class H2Endpoint:
             if self._on_reset is not None:
                 self._on_reset(ev.stream_id)
             if st is not None:
-                st.reset = True
-                err = RequestFailed(f"stream reset by peer (code {ev.error_code})")
-                st.body.push(err)
-                st.window.set()
-                if not st.response.done():
-                    st.response.set_exception(err)
+                st.fail(RequestFailed(f"stream reset by peer (code {ev.error_code})"))
         elif isinstance(ev, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             for st in self._streams.values():
                 st.window.set()
@@ -163,11 +169,7 @@ class H2Endpoint:
             return
         self._closed = err
         for st in self._streams.values():
-            st.body.push(err)
-            st.reset = True
-            st.window.set()
-            if not st.response.done():
-                st.response.set_exception(err)
+            st.fail(err)
         self._streams.clear()
 
     def reset_stream(self, sid: int, code: int = h2.errors.ErrorCodes.CANCEL) -> None:
@@ -194,7 +196,8 @@ class H2Endpoint:
         if self._closed is not None:
             raise RequestFailed(f"connection closed: {self._closed}")
         sid = self._conn.get_next_available_stream_id()
-        st = _Stream(self._body_stream(sid))
+        response: asyncio.Future[Headers] = asyncio.get_running_loop().create_future()
+        st = _Stream(self._body_stream(sid), response)
         self._streams[sid] = st
         hdrs = [
             (":method", method),
@@ -208,16 +211,15 @@ class H2Endpoint:
         self._flush()
         sender: asyncio.Task[None] | None = None
         if not empty:
-            sender = asyncio.ensure_future(self.send_body(sid, body))
+            sender = asyncio.ensure_future(self._send_request_body(sid, body))
+            sender.add_done_callback(_consume_exc)  # before anything can fail
         try:
-            resp = await st.response
+            resp = await response
         except BaseException:
             if sender is not None:
                 sender.cancel()
             self.reset_stream(sid)
             raise
-        if sender is not None:
-            sender.add_done_callback(_consume_exc)
         status = 0
         rest: list[tuple[str, str]] = []
         for k, v in resp:
@@ -226,6 +228,19 @@ class H2Endpoint:
             elif not k.startswith(":"):
                 rest.append((k, v))
         return status, tuple(rest), st.body, sid
+
+    async def _send_request_body(self, sid: int, body: Body) -> None:
+        """Send a request body; if the caller's body iterator fails, reset the stream so
+        the peer (and our waiting caller) learn it at once."""
+        try:
+            await self.send_body(sid, body)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            st = self._streams.get(sid)
+            self.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            if st is not None:
+                st.fail(RequestFailed(f"sending the request body failed: {exc!r}"))
 
     # -- server side -------------------------------------------------------------------------
     async def respond(self, sid: int, status: int, headers: Headers, body: Body) -> None:
