@@ -19,6 +19,7 @@ import json
 import signal
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from llmfabric.ingress import FORWARD_PREFIX
+from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
+from llmfabric.node.daemon import forward_token
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
 
 pytestmark = pytest.mark.slow
@@ -131,6 +135,26 @@ def _sim_control(s: Serving, body: dict[str, object]) -> None:
     )
     with urllib.request.urlopen(req, timeout=5) as resp:
         assert resp.status == 200
+
+
+def _forward_direct(fab: LocalFabric, s: Serving) -> int:
+    """Status of a request sent straight to the node's forward route, as an ingress would."""
+    req = urllib.request.Request(
+        s.node.http_url + FORWARD_PREFIX + "/v1/chat/completions",
+        data=json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        ).encode(),
+        headers={
+            "Content-Type": "application/json",
+            FORWARD_TOKEN_HEADER: forward_token(fab.secret),
+        },
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
 
 
 # ---- 1. churn ---------------------------------------------------------------------------
@@ -297,7 +321,7 @@ def test_sigterm_drains_a_stream_then_leaves(fabric: tuple[LocalFabric, list[Ser
     alive = _alive(serving, fab)
     assert len(alive) >= 2
     victim = alive[0]
-    tokens = 400  # ~2 s at this speed: the SIGTERM lands mid-stream
+    tokens = 600  # > 1 s at this speed: the SIGTERM lands mid-stream
     client = _client(fab)
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL,
@@ -311,7 +335,19 @@ def test_sigterm_drains_a_stream_then_leaves(fabric: tuple[LocalFabric, list[Ser
     assert raw.headers.get("x-fabric-node") == victim.session_id
     it = iter(raw.parse())
     first = [next(it) for _ in range(3)]
+    assert _forward_direct(fab, victim) == 200  # the route an ingress forwards to takes work
     victim.node.signal(signal.SIGTERM)
+    # Draining: the node announces DOWN and refuses new forwarded work (503, which an ingress
+    # that has not seen DOWN yet retries elsewhere) while the stream goes on.
+    _eventually(
+        lambda: victim.node.get_json("/healthz")["state"] != "SERVING", 5, "the node drains"
+    )
+    assert _forward_direct(fab, victim) == 503
+    for i in range(3):
+        other = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": f"during drain {i}"}], max_tokens=2
+        )
+        assert other.headers.get("x-fabric-node") != victim.session_id
     rest = list(it)
     assert rest, "the stream was still in flight when SIGTERM arrived"
     chunks = first + rest
