@@ -51,6 +51,7 @@ from llmfabric.net.messages import (
 )
 from llmfabric.net.relay import RelayService
 from llmfabric.net.stats import NetStats
+from llmfabric.net.tlsstream import open_tls, start_tls_server
 from llmfabric.net.transport import MessageHandler, PeerId, Transport
 
 log = logging.getLogger(__name__)
@@ -290,8 +291,8 @@ class TlsTransport:
         """Start listening (unless config.host is None)."""
         if self.config.host is None or self._server is not None:
             return
-        self._server = await asyncio.start_server(
-            self._on_accept, self.config.host, self.config.port, ssl=self._server_ctx
+        self._server = await start_tls_server(
+            self._on_accept, self.config.host, self.config.port, self._server_ctx
         )
         sock = self._server.sockets[0].getsockname()
         host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
@@ -382,7 +383,7 @@ class TlsTransport:
         try:
             reader, writer = await with_timeout(
                 self.clock,
-                asyncio.open_connection(host, port, ssl=self._client_ctx, server_hostname=""),
+                open_tls(host, port, self._client_ctx),
                 self.config.connect_timeout,
             )
         except (OSError, TimeoutError) as exc:

@@ -1,0 +1,72 @@
+"""TLS streams with a small receive buffer: `open_tls` and `start_tls_server`.
+
+asyncio's TLS layer (`asyncio.sslproto.SSLProtocol`) gives every connection a 256 KiB receive
+buffer, zero-filled (so resident) at creation. A node keeps one connection per peer, and
+gossip/SWIM eventually connect every node to every other, so with 127 peers that buffer alone
+was ~32 MiB per node (measured 327 KiB RSS per connection end in total; see
+docs/network.md#memory-per-connection). A TLS record carries at most 16 KiB of plaintext, so a
+buffer of a few records loses nothing on our small frames and little on bulk streams.
+
+These helpers build the same StreamReader/StreamWriter pair as `asyncio.open_connection` /
+`asyncio.start_server(ssl=...)`, with `SSLProtocol.max_size` (the documented-by-source class
+attribute that sizes that buffer and each plaintext read) lowered in a subclass. Only the
+public constructor arguments of SSLProtocol (stable since Python 3.11) are used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.sslproto
+import ssl
+from collections.abc import Awaitable, Callable
+
+TLS_READ_BUFFER = 32 * 1024  # two full TLS records
+STREAM_LIMIT = 64 * 1024  # StreamReader buffer limit (asyncio's default)
+
+ClientConnected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class _CompactSSLProtocol(asyncio.sslproto.SSLProtocol):
+    max_size = TLS_READ_BUFFER
+
+
+async def open_tls(
+    host: str, port: int, ctx: ssl.SSLContext
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Like `asyncio.open_connection(host, port, ssl=ctx, server_hostname="")` (no SNI)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=STREAM_LIMIT, loop=loop)
+    opened: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
+
+    def connected(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        opened.set_result(w)
+
+    handshake: asyncio.Future[None] = loop.create_future()
+
+    def factory() -> asyncio.BaseProtocol:
+        # Made only once TCP is connected: the TLS protocol owns a transport object that
+        # must see connection_lost (else it warns "unclosed transport" when collected).
+        app = asyncio.StreamReaderProtocol(reader, connected, loop=loop)
+        return _CompactSSLProtocol(loop, app, ctx, handshake, server_side=False)
+
+    raw, _ = await loop.create_connection(factory, host, port)
+    try:
+        await handshake
+    except BaseException:
+        raw.abort()
+        raise
+    return reader, opened.result()
+
+
+async def start_tls_server(
+    on_connect: ClientConnected, host: str, port: int, ctx: ssl.SSLContext
+) -> asyncio.Server:
+    """Like `asyncio.start_server(on_connect, host, port, ssl=ctx)`."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> asyncio.BaseProtocol:
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT, loop=loop)
+        app = asyncio.StreamReaderProtocol(reader, on_connect, loop=loop)
+        return _CompactSSLProtocol(loop, app, ctx, None, server_side=True)  # type: ignore[arg-type]
+
+    return await loop.create_server(factory, host, port)
