@@ -40,7 +40,7 @@ from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 
 # Upstream statuses worth another candidate (overloaded, failing or gone engines).
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_CLIENT_GONE = (ConnectionResetError, ConnectionError, asyncio.CancelledError)
+_CLIENT_GONE = (ConnectionResetError, ConnectionError)
 _perf = time.perf_counter
 
 
