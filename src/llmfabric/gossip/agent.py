@@ -104,8 +104,9 @@ class GossipAgent:
         self.prober = Prober(
             clock, self.config, self.rng, local_peer=transport.local_id,
             members=self.members, send=self._send, piggyback=self._piggyback,
-            on_suspect=self._suspect,
+            on_suspect=self._suspect, heard_from=self._heard_from,
         )
+        self._last_heard: dict[str, float] = {}  # sender session -> when we last heard it
         self.evicted = False
         self._evicted_cbs: list[Callable[[], None]] = []
         self._members_cache: list[Member] | None = None
@@ -267,10 +268,12 @@ class GossipAgent:
             return
         self.stats.bytes_in += len(data)
         try:
-            _, msg = decode(data, self.config.max_message_bytes)
+            sender, msg = decode(data, self.config.max_message_bytes)
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
             return
+        if sender:
+            self._last_heard[sender] = self.clock.now()
         self.stats.msgs_in[type(msg).__name__] += 1
         match msg:
             case Ping():
@@ -345,6 +348,9 @@ class GossipAgent:
                                             wall=self.clock.wall()))
 
     # ---- membership decisions -----------------------------------------------------------
+    def _heard_from(self, member: Member) -> float:
+        return self._last_heard.get(member.session_id, float("-inf"))
+
     def _suspect(self, member: Member) -> None:
         entry = self.replica.entries.get(member.session_id)
         if entry is None or entry.state is Lifecycle.LEFT or self.evicted:

@@ -4,7 +4,10 @@ Each period (probe_interval * LHM) the prober picks the next member from a shuff
 round-robin list and pings it. If no ack arrives within probe_timeout * LHM it asks
 `indirect_probes` (k = 3) other members to ping the target on its behalf (three independent
 paths). Only if no ack comes back by the end of the period is the target reported through
-`on_suspect` (the agent turns that into a signed SUSPECT fact). Nothing irreversible happens
+`on_suspect` (the agent turns that into a signed SUSPECT fact), and not even then if any other
+message from the target session arrived during the probe (it is alive, the ack was lost) or if
+our own timers fired late (our event loop is starved; Lifeguard's point: the slow node should
+not accuse others; it raises its local health score instead). Nothing irreversible happens
 here: eviction is decided later from the replicated suspicion (see membership.suspicion).
 
 The prober is pure logic over injected callbacks, the clock and a seeded rng; it never touches
@@ -39,6 +42,8 @@ class ProbeStats:
     indirect: int = 0
     failures: int = 0
     ping_reqs_served: int = 0
+    spared_heard: int = 0  # no ack, but other traffic from the peer arrived during the probe
+    spared_lag: int = 0  # no ack, but our own timers fired late: we are the slow one
 
 
 class Prober:
@@ -53,6 +58,7 @@ class Prober:
         send: Callable[[PeerId, Message], None],
         piggyback: Callable[[], tuple[WireItem, ...]],
         on_suspect: Callable[[Member], None],
+        heard_from: Callable[[Member], float] | None = None,
     ) -> None:
         self._clock = clock
         self._cfg = config
@@ -62,6 +68,7 @@ class Prober:
         self._send = send
         self._piggyback = piggyback
         self._on_suspect = on_suspect
+        self._heard_from = heard_from
         self.health = LocalHealth(config.max_health)
         self.stats = ProbeStats()
         self._seq = 0
@@ -104,6 +111,7 @@ class Prober:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[seq] = fut
         self.stats.probes += 1
+        started = self._clock.now()
         try:
             self._send(target.peer_id, Ping(seq, target.session_id, self._piggyback()))
             if await self._wait(fut, timeout):
@@ -116,11 +124,20 @@ class Prober:
             for h in sorted(helpers[: self._cfg.indirect_probes]):
                 self.stats.indirect += 1
                 self._send(h, PingReq(seq, target.peer_id, target.session_id))
-            if await self._wait(fut, max(period - timeout, timeout)):
+            indirect_wait = max(period - timeout, timeout)
+            if await self._wait(fut, indirect_wait):
                 self.stats.acks += 1
                 return True
             self.health.bad()
             self.stats.failures += 1
+            if self._heard_from is not None and self._heard_from(target) >= started:
+                self.stats.spared_heard += 1
+                return False
+            overrun = (self._clock.now() - started) - (timeout + indirect_wait)
+            if overrun > max(0.05, 0.5 * timeout):
+                # Our timers fired this late: the event loop is starved, not the target dead.
+                self.stats.spared_lag += 1
+                return False
             self._on_suspect(target)
             return False
         finally:

@@ -149,3 +149,34 @@ async def test_load_hint_updates_are_minor_but_still_converge(
     assert await c.clock.run_until(lambda: all(
         b.nodes.get(a.session_id).record.meta.load.inflight == 7  # type: ignore[union-attr]
         for b in c.agents), within=10)
+
+
+async def test_restarted_node_old_session_is_evicted_new_one_serves(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    import random
+
+    from llmfabric.gossip.agent import GossipAgent
+    from llmfabric.identity.keys import NodeKey
+
+    c = make_cluster(delay=(0.001, 0.003))
+    key = NodeKey.generate()
+    for _ in range(4):
+        await c.add()
+    old = GossipAgent(c.net.transport(key.peer_id), c.clock, key, config=c.config,
+                      seeds=[c.agents[0].peer_id], rng=random.Random(1))
+    await old.start()
+    old.set_state(Lifecycle.SERVING)
+    assert await c.clock.run_until(lambda: all(
+        a.nodes.get(old.session_id) is not None for a in c.agents), within=5)
+    await old.aclose()  # crash, then restart with the same key (same peer id), new session
+    new = GossipAgent(c.net.transport(key.peer_id), c.clock, key, config=c.config,
+                      seeds=[c.agents[0].peer_id], rng=random.Random(2))
+    await new.start()
+    new.set_state(Lifecycle.SERVING)
+    c.agents.append(new)
+    hi = c.config.suspicion_bounds(6)[1]
+    assert await c.clock.run_until(lambda: all(
+        a.nodes.get(old.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
+        and a.nodes.get(new.session_id).routable  # type: ignore[union-attr]
+        for a in c.agents), within=hi + 5)
