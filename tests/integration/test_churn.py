@@ -271,6 +271,10 @@ def test_sigkill_two_nodes_under_load(fabric: tuple[LocalFabric, list[Serving]])
     _eventually(excluded, 15, "the killed nodes are suspected or gone on the ingress")
     assert killed.isdisjoint(_routable(fab))
     assert _serving_count(fab) == N_NODES - len(killed)
+    # ... and the OpenAI catalog the SDK sees no longer lists them as providers of the model.
+    [entry] = [m for m in _client(fab).models.list() if m.id == MODEL]
+    listed = set((entry.model_extra or {}).get("nodes", []))
+    assert listed == {s.session_id for s in serving} - killed
 
 
 # ---- 2. engine crash --------------------------------------------------------------------
