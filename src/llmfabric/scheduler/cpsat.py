@@ -28,7 +28,7 @@ from ortools.sat.python import cp_model
 from llmfabric.scheduler.errors import SolverError
 from llmfabric.scheduler.levels import split_levels
 from llmfabric.scheduler.options import PlacementOptions
-from llmfabric.scheduler.placement import Group, Placement
+from llmfabric.scheduler.placement import Group, Placement, split_load
 from llmfabric.scheduler.problem import Problem
 from llmfabric.scheduler.tables import GOOD_SCALE, LAT_SCALE, LVL_SCALE, Tables
 
@@ -49,7 +49,7 @@ def formulation(tables: Tables) -> str:
     if chosen != "auto":
         return chosen
     tuples = sum((c.r_max - c.r_min + 1) * (tables.q + 1) for c in tables.candidates)
-    return "table" if tuples <= tables.options.table_max_tuples else "levels"
+    return "table" if tuples <= tables.options.table_max_tuples else "convex"
 
 
 class _Model:
@@ -57,7 +57,8 @@ class _Model:
         self.t = tables
         self.m = cp_model.CpModel()
         t, m = tables, self.m
-        self.levels = formulation(tables) == "levels"
+        self.form = formulation(tables)
+        self.levels = self.form in ("levels", "convex")  # both count load in level units
         with_good = options.objective != "latency"
         self.r: list[cp_model.IntVar] = []
         self.y: list[cp_model.IntVar] = []
@@ -65,6 +66,8 @@ class _Model:
         lat_terms: list[Expr] = []
         good_by_model: dict[str, list[Expr]] = {k: [] for k in t.loads}
         self.n: list[list[cp_model.IntVar]] = []
+        self.w: list[cp_model.IntVar] = []
+        self.cost: list[cp_model.IntVar] = []
         for c in t.candidates:
             r = m.new_int_var(c.r_min, c.r_max, f"r{c.index}")
             y = m.new_bool_var(f"y{c.index}")
@@ -72,7 +75,27 @@ class _Model:
             m.add(r == 0).only_enforce_if(y.negated())
             self.r.append(r)
             self.y.append(y)
-            if self.levels:
+            if self.form == "convex":
+                u_all = t.u
+                w = m.new_int_var(0, u_all, f"w{c.index}")
+                m.add(w <= u_all * y)
+                cuts = t.hull[c.index]
+                hi = max(0, max(a * u_all + b * rr for a, b in cuts
+                                for rr in (max(1, c.r_min), c.r_max)))
+                cost = m.new_int_var(0, hi, f"c{c.index}")
+                for a, b in cuts:
+                    m.add(cost >= a * w + b * r)
+                self.w.append(w)
+                self.cost.append(cost)
+                self.load.append(w)
+                lat_terms.append(cost)
+                if with_good:
+                    good = m.new_int_var(0, t.good_cap[c.index] * c.r_max, f"good{c.index}")
+                    m.add(good <= t.good_cap[c.index] * r)
+                    rate_units = GOOD_SCALE * t.loads[c.model].arrival_rate / u_all
+                    m.add(good * u_all <= round(rate_units * u_all) * w)
+                    good_by_model[c.model].append(good)
+            elif self.form == "levels":
                 ns = [m.new_int_var(0, c.r_max, f"n{c.index}_{k}") for k in range(len(t.levels))]
                 m.add(sum(ns) <= r)
                 self.n.append(ns)
@@ -161,6 +184,20 @@ class _Model:
         for c in t.candidates:
             self.m.add_hint(self.r[c.index], chosen.get(c.index, c.r_min))
             self.m.add_hint(self.y[c.index], chosen.get(c.index, c.r_min) > 0)
+        if self.form == "convex":
+            for model in t.loads:
+                units: dict[int, int] = {}
+                units.update(split_load(t, chosen, model)[1])
+                taken = 0
+                for c in t.by_model()[model]:
+                    w = units.get(c.index, 0) * t.u // t.q if chosen.get(c.index, 0) else 0
+                    taken += w
+                    self.m.add_hint(self.w[c.index], w)
+                    r = chosen.get(c.index, c.r_min)
+                    self.m.add_hint(self.cost[c.index],
+                                    max(0, max(a * w + b * r for a, b in t.hull[c.index])))
+                self.m.add_hint(self.unserved[model], max(0, t.u - taken))
+            return
         if not self.levels:
             return
         for model in t.loads:
@@ -241,8 +278,11 @@ def _phases(mdl: _Model, options: PlacementOptions, t0: float) -> _Solved:
         units = {c.index: int(solver.value(mdl.load[c.index])) for c in t.candidates}
         lat_scale = LVL_SCALE if mdl.levels else LAT_SCALE
         scale = {"latency": lat_scale, "goodput": GOOD_SCALE, "cost": 100.0}[name]
-        solved = _Solved(replicas, units, _STATUS[status], obj / scale, bnd / scale,
-                         abs(obj - bnd) / max(abs(obj), 1e-9))
+        gap = abs(obj - bnd) / max(abs(obj), 1e-9)
+        name_ = _STATUS[status]
+        if status == cp_model.OPTIMAL and gap > 1e-9:
+            name_ = "OPTIMAL_WITHIN_GAP"  # stopped at options.gap_limit
+        solved = _Solved(replicas, units, name_, obj / scale, bnd / scale, gap)
         if i + 1 < len(phases):  # keep this phase's optimum while optimizing the next
             m.add(expr >= round(obj)) if maximize else m.add(expr <= round(obj))
             m.clear_hints()  # type: ignore[no-untyped-call]
@@ -256,6 +296,9 @@ def _phases(mdl: _Model, options: PlacementOptions, t0: float) -> _Solved:
 def _big(tables: Tables) -> int:
     lat = sum(max(row) for row in tables.lat) + sum(
         max(row) * c.r_max for row, c in zip(tables.lvl_lat, tables.candidates, strict=True))
+    lat += sum(max(0, max(a * tables.u + b * rr for a, b in cuts
+                          for rr in (max(1, c.r_min), c.r_max)))
+               for cuts, c in zip(tables.hull, tables.candidates, strict=True))
     pen = sum(max(tables.unserved_unit[m] * tables.q, tables.level_pen(m) * tables.u)
               for m in tables.loads)
     return lat + pen + round(GOOD_SCALE * sum(ld.arrival_rate for ld in tables.loads.values())) + 1
@@ -264,7 +307,7 @@ def _big(tables: Tables) -> int:
 def _placement(tables: Tables, s: _Solved, solve_s: float, notes: list[str]) -> Placement:
     groups: list[Group] = []
     unserved: list[tuple[str, float]] = []
-    full = tables.u if formulation(tables) == "levels" else tables.q
+    full = tables.u if formulation(tables) in ("levels", "convex") else tables.q
     for model, cands in tables.by_model().items():
         taken = sum(s.units[c.index] for c in cands if s.replicas[c.index] > 0)
         denom = max(full, taken)

@@ -11,7 +11,7 @@ import itertools
 
 from llmfabric.scheduler.baselines import Choice
 from llmfabric.scheduler.errors import SpecError
-from llmfabric.scheduler.levels import split_levels
+from llmfabric.scheduler.levels import split_convex, split_levels
 from llmfabric.scheduler.placement import capacity_ok, split_load
 from llmfabric.scheduler.tables import Tables
 
@@ -20,8 +20,9 @@ def exhaustive(tables: Tables, max_combinations: int = 2_000_000, scorer: str = 
                ) -> tuple[int, Choice]:
     """(latency units, choice) of the coverage-first optimum (latency objective only).
 
-    `scorer`: "table" (equal split per group, the table formulation's units) or "levels"
-    (per-replica load levels, the level formulation's units)."""
+    `scorer`: "table" (equal split per group, the table formulation's units), "levels"
+    (per-replica load levels) or "convex" (convex-envelope cuts), each in its
+    formulation's units."""
     slots: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (model, pool) -> [(cand, r)]
     fixed: Choice = {}
     for c in tables.candidates:
@@ -56,7 +57,9 @@ def exhaustive(tables: Tables, max_combinations: int = 2_000_000, scorer: str = 
         models_with = {tables.candidates[i].model for i, r in chosen.items() if r}
         coverable = {c.model for c in tables.candidates}
         uncovered = len(coverable - models_with)
-        if scorer == "levels":
+        if scorer == "convex":
+            value = sum(split_convex(tables, chosen, m)[0] for m in tables.loads)
+        elif scorer == "levels":
             value = sum(split_levels(tables, chosen, m)[0] for m in tables.loads)
         else:
             value = sum(split_load(tables, chosen, m)[0] for m in tables.loads)

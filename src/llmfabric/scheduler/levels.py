@@ -59,3 +59,29 @@ def split_levels(tables: Tables, chosen: Mapping[int, int], model: str
             counts[i][k - 1] += 1
         c = int(prev[c])
     return value, counts, unserved
+
+
+def split_convex(tables: Tables, chosen: Mapping[int, int], model: str) -> tuple[int, int]:
+    """(value, unserved units) of the convex formulation for fixed replica counts: each
+    candidate takes w units at cost max(0, max_j a_j*w + b_j*r); a DP over covered units."""
+    units = tables.u
+    w = np.arange(units + 1, dtype=np.int64)
+    best = np.full(units + 1, _INF, dtype=np.int64)
+    best[0] = 0
+    for i, r in sorted(chosen.items()):
+        if r <= 0 or tables.candidates[i].model != model:
+            continue
+        cost = np.zeros(units + 1, dtype=np.int64)
+        for a, b in tables.hull[i]:
+            cost = np.maximum(cost, a * w + b * r)
+        new = np.full(units + 1, _INF, dtype=np.int64)
+        for c in range(units + 1):
+            if best[c] >= _INF:
+                continue
+            dest = np.minimum(units, c + w)
+            np.minimum.at(new, dest, best[c] + cost)
+        best = new
+    pen = tables.level_pen(model)
+    totals = best + (units - w) * pen
+    c = int(np.argmin(totals))
+    return int(totals[c]), units - c

@@ -8,7 +8,7 @@ from typing import Literal
 from llmfabric.scheduler.errors import SpecError
 
 Objective = Literal["latency", "throughput", "cost"]
-Formulation = Literal["auto", "levels", "table"]
+Formulation = Literal["auto", "convex", "levels", "table"]
 OBJECTIVES: tuple[Objective, ...] = ("latency", "throughput", "cost")
 
 
@@ -24,6 +24,8 @@ class PlacementOptions:
     over (replicas, load share), exact for equal splits but slow to presolve past a few
     dozen GPUs. `level_units`: a model's arrival rate in level units (per-replica load
     levels are log-spaced integers up to it).
+    `workers`: CP-SAT workers; with fewer than 8 its LP-bounding workers do not run, so the
+    gap closes slowly (8 is fine on 2 cores: workers interleave).
     `unserved_latency_s`: the latency charged to load that no replica takes (and the cap on
     any estimate), so an overloaded cluster still has a finite, comparable objective.
     """
@@ -35,7 +37,9 @@ class PlacementOptions:
     curve_samples: int | None = 24
     unserved_latency_s: float = 1000.0
     one_tp_per_pool: bool = True
-    gap_limit: float = 0.005  # stop when within this relative gap of the bound (0 = prove)
+    # Stop when within this relative gap of the bound (0 = prove optimality). The level grid's
+    # own discretization error is larger than the default.
+    gap_limit: float = 0.02
     formulation: Formulation = "auto"
     table_max_tuples: int = 2_500
     level_units: int = 1000
@@ -50,8 +54,9 @@ class PlacementOptions:
             raise SpecError("time_limit_s must be > 0 and workers >= 1")
         if self.curve_samples is not None and self.curve_samples < 2:
             raise SpecError("curve_samples must be >= 2 (or None for exact estimates)")
-        if self.formulation not in ("auto", "levels", "table"):
-            raise SpecError(f"formulation must be auto, levels or table, got {self.formulation!r}")
+        if self.formulation not in ("auto", "convex", "levels", "table"):
+            raise SpecError("formulation must be auto, convex, levels or table, got "
+                            f"{self.formulation!r}")
         if not 2 <= self.level_units <= 100_000:
             raise SpecError(f"level_units must be in 2..100000, got {self.level_units}")
         if self.unserved_latency_s <= 0:

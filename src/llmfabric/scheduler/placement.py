@@ -49,6 +49,7 @@ class Placement:
     build_s: float = 0.0
     unserved: tuple[tuple[str, float], ...] = ()  # (model, fraction of its load not placed)
     notes: tuple[str, ...] = field(default=())
+    stages: tuple[tuple[str, float], ...] = ()  # (stage, seconds): warm start, cpsat, polish
 
     def allocation(self) -> dict[str, dict[str, int]]:
         """Allocation matrix A: model -> GPU type -> GPUs (new groups only)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Protocol
 
 from llmfabric.scheduler.baselines import Choice, greedy, improve, memp, score
@@ -54,9 +55,12 @@ def cpsat_policy(problem: Problem, perf: PerformanceModel, options: PlacementOpt
     t, build_s = _tables(problem, perf, options, tables)
     t0 = time.perf_counter()
     start = improve(t, greedy(t))
+    t1 = time.perf_counter()
     placed = solve_cpsat(problem, t, options, hint=start)
+    t2 = time.perf_counter()
     if options.objective != "latency":
-        return _with_times(placed, time.perf_counter() - t0, build_s)
+        return replace(placed, solve_s=t2 - t0, build_s=build_s,
+                       stages=(("warm_start", t1 - t0), ("cpsat", t2 - t1)))
     chosen = _replicas_of(t, placed)
     polished = improve(t, chosen)
     notes = placed.notes
@@ -66,8 +70,9 @@ def cpsat_policy(problem: Problem, perf: PerformanceModel, options: PlacementOpt
         polished = start
         notes += ("the warm start scored better under the exact equal-split objective",)
     final = placement_from_choice(t, polished, "cpsat", placed.status, 0.0, build_s)
-    return Placement("cpsat", final.groups, final.objective, placed.status, placed.bound,
-                     placed.gap, time.perf_counter() - t0, build_s, final.unserved, notes)
+    t3 = time.perf_counter()
+    return replace(final, bound=placed.bound, gap=placed.gap, solve_s=t3 - t0, notes=notes,
+                   stages=(("warm_start", t1 - t0), ("cpsat", t2 - t1), ("polish", t3 - t2)))
 
 
 def _replicas_of(t: Tables, p: Placement) -> Choice:
@@ -77,11 +82,6 @@ def _replicas_of(t: Tables, p: Placement) -> Choice:
         if not g.fixed:
             chosen[index[(g.model, g.pool, g.tp)]] = g.replicas
     return chosen
-
-
-def _with_times(p: Placement, solve_s: float, build_s: float) -> Placement:
-    return Placement(p.policy, p.groups, p.objective, p.status, p.bound, p.gap, solve_s, build_s,
-                     p.unserved, p.notes)
 
 
 def memp_policy(problem: Problem, perf: PerformanceModel, options: PlacementOptions,

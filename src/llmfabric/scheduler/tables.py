@@ -12,6 +12,7 @@ Rates are sampled on a log grid and interpolated (or queried exactly), then cach
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from llmfabric.scheduler.perf import Estimate, PerformanceModel
 from llmfabric.scheduler.problem import ModelLoad, Pool, Problem
 
 LAT_SCALE = 1e4  # table units per second of mean latency
-LVL_SCALE = 1e7  # level-formulation units per second of mean latency (finer: many small terms)
+LVL_SCALE = 1e7  # level/convex-formulation units per second of mean latency (finer)
 GOOD_SCALE = 100.0  # table units per req/s
 
 
@@ -98,6 +99,11 @@ class Tables:
     levels: list[int] = field(default_factory=list)
     lvl_lat: list[list[int]] = field(default_factory=list)
     lvl_good: list[list[int]] = field(default_factory=list)
+    # Convex formulation: per candidate, the lower convex envelope of one replica's latency
+    # cost h(w) (w in level units of load) as cuts cost >= a*w + b*r, and the most goodput
+    # one replica gives within the SLO (GOOD_SCALE units).
+    hull: list[list[tuple[int, int]]] = field(default_factory=list)
+    good_cap: list[int] = field(default_factory=list)
 
     @property
     def q(self) -> int:
@@ -202,7 +208,37 @@ def build_tables(problem: Problem, perf: PerformanceModel, options: PlacementOpt
             lvl_good.append(round(GOOD_SCALE * thr) if ok else 0)
         tables.lvl_lat.append(lvl_lat)
         tables.lvl_good.append(lvl_good)
+        pts = [(0.0, 0.0)]
+        for lv in tables.levels:
+            rate = load.arrival_rate * lv / tables.options.level_units
+            e2e, _ = curve.at(rate)
+            e2e = min(e2e, cap_s) if math.isfinite(e2e) else cap_s
+            pts.append((float(lv), LVL_SCALE * rate / total * e2e))
+        tables.hull.append(hull_cuts(pts))
+        tables.good_cap.append(max(lvl_good, default=0))
     return tables
+
+
+def hull_cuts(points: list[tuple[float, float]]) -> list[tuple[int, int]]:
+    """Cuts (a, b) with y >= a*x + b along the lower convex envelope of `points` (x ascending
+    from (0, 0)); a is rounded up and b down so the cuts never pass above the envelope's
+    vertices by more than rounding."""
+    hull: list[tuple[float, float]] = []
+    for p in sorted(points):
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (x2 - x1) * (p[1] - y1) - (y2 - y1) * (p[0] - x1) <= 0:
+                hull.pop()  # hull[-1] lies on or above the segment hull[-2] -> p
+            else:
+                break
+        hull.append(p)
+    cuts = []
+    for (x1, y1), (x2, y2) in itertools.pairwise(hull):
+        if x2 <= x1:
+            continue
+        a = (y2 - y1) / (x2 - x1)
+        cuts.append((round(a), round(y1 - a * x1)))
+    return cuts or [(0, 0)]
 
 
 def _fits(perf: PerformanceModel, load: ModelLoad, pool: Pool, tp: int) -> bool:

@@ -48,3 +48,26 @@ def test_level_formulation_matches_enumeration(seed: int) -> None:
     solved = solve_cpsat(pr, tables, opts)
     assert solved.status == "OPTIMAL"
     assert round(solved.objective * LVL_SCALE) == best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_convex_formulation_matches_enumeration(seed: int) -> None:
+    opts = PlacementOptions(formulation="convex", level_units=40, curve_samples=8, workers=2,
+                            time_limit_s=30, gap_limit=0.0)
+    pr = _instance(seed)
+    tables = build_tables(pr, AnalyticStandIn(), opts)
+    best, _ = exhaustive(tables, scorer="convex")
+    solved = solve_cpsat(pr, tables, opts)
+    assert solved.status == "OPTIMAL"
+    assert round(solved.objective * LVL_SCALE) == best
+
+
+def test_hull_cuts_lie_below_the_points() -> None:
+    from llmfabric.scheduler.tables import hull_cuts
+
+    pts = [(0.0, 0.0), (1.0, 5.0), (2.0, 7.0), (4.0, 20.0), (8.0, 100.0)]
+    cuts = hull_cuts(pts)
+    for x, y in pts:
+        assert max(a * x + b for a, b in cuts) <= y + 1.0  # rounding slack
+    # convex envelope: (1, 5) is above the chord from (0, 0) to (2, 7), so it is not a vertex
+    assert max(a * 1 + b for a, b in cuts) < 5.0

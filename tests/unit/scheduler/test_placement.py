@@ -57,7 +57,7 @@ def test_cpsat_beats_or_matches_baselines_and_respects_capacity(perf: AnalyticSt
             assert math.isclose(shares + unserved, 1.0, abs_tol=1e-9)
     assert results["cpsat"].objective <= results["memp"].objective + 1e-9
     assert results["cpsat"].objective <= results["greedy"].objective + 1e-9
-    assert results["cpsat"].status in ("OPTIMAL", "FEASIBLE")
+    assert results["cpsat"].status in ("OPTIMAL", "OPTIMAL_WITHIN_GAP", "FEASIBLE")
     ev = {k: evaluate(pr, perf, p) for k, p in results.items()}
     assert ev["cpsat"].mean_latency_s <= ev["memp"].mean_latency_s * 1.05
 

@@ -1,0 +1,116 @@
+"""`llmfabric plan`: place models on a heterogeneous cluster (rich table, or --json).
+
+    llmfabric plan --cluster examples/cluster-table1.yaml --workload examples/workload-table1.yaml
+    llmfabric plan --cluster C --workload W --policy memp --compare --json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def placement_json(placement: Any, evaluation: Any) -> dict[str, Any]:
+    def num(v: float) -> float | None:
+        return None if isinstance(v, float) and (math.isnan(v) or math.isinf(v)) else v
+
+    return {
+        "policy": placement.policy,
+        "status": placement.status,
+        "objective": num(placement.objective),
+        "bound": num(placement.bound),
+        "gap": num(placement.gap),
+        "solve_s": placement.solve_s,
+        "build_s": placement.build_s,
+        "allocation": placement.allocation(),
+        "groups": [{"model": g.model, "pool": g.pool, "gpu": g.gpu_type, "tp": g.tp,
+                    "dp": g.replicas, "gpus": g.gpus, "load_share": g.load_share,
+                    "running": g.fixed} for g in placement.groups],
+        "unserved": dict(placement.unserved),
+        "notes": list(placement.notes),
+        "throughput_rps": num(evaluation.throughput_rps),
+        "mean_latency_s": num(evaluation.mean_latency_s),
+        "offered_rps": evaluation.offered_rps,
+        "cost_per_hour": evaluation.cost_per_hour,
+        "per_model": {m: {"mean_latency_s": num(lat), "throughput_rps": thr}
+                      for m, lat, thr in evaluation.per_model},
+    }
+
+
+def _table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"placement: {doc['policy']} ({doc['status']})")
+    for col in ("model", "GPU", "TP", "DP", "GPUs", "load share"):
+        t.add_column(col, justify="left" if col in ("model", "GPU") else "right")
+    for g in doc["groups"]:
+        name = g["gpu"] + (" (running)" if g["running"] else "")
+        t.add_row(g["model"], name, str(g["tp"]), str(g["dp"]), str(g["gpus"]),
+                  f"{g['load_share']:.0%}")
+    console.print(t)
+    lat = doc["mean_latency_s"]
+    console.print(
+        f"mean E2E latency {lat:.3f} s, throughput {doc['throughput_rps']:.2f} of "
+        f"{doc['offered_rps']:.2f} req/s offered; solve {doc['solve_s']:.2f} s "
+        f"(+{doc['build_s']:.2f} s estimating), gap {doc['gap']}" if lat is not None else
+        "nothing placed")
+    for m, frac in doc["unserved"].items():
+        console.print(f"[yellow]{m}: {frac:.0%} of its load has no replica[/yellow]")
+    for note in doc["notes"]:
+        console.print(f"note: {note}")
+
+
+@click.command(name="plan")
+@click.option("--cluster", "cluster_path", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="cluster YAML (pools of GPUs, see docs/scheduler.md)")
+@click.option("--workload", "workload_path", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="workload YAML (per-model rate and token lengths)")
+@click.option("--policy", default="cpsat", show_default=True,
+              type=click.Choice(["cpsat", "memp", "greedy", "exhaustive"]))
+@click.option("--objective", default="latency", show_default=True,
+              type=click.Choice(["latency", "throughput", "cost"]))
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="CP-SAT time limit, seconds")
+@click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--compare", is_flag=True, help="also place with memp and greedy and compare")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+def command(cluster_path: Path, workload_path: Path, policy: str, objective: str,
+            time_limit: float, workers: int, compare: bool, as_json: bool) -> None:
+    """Choose GPUs and TP/DP per model (CP-SAT over simulator estimates)."""
+    from llmfabric.scheduler.errors import SchedulerError
+    from llmfabric.scheduler.options import PlacementOptions
+    from llmfabric.scheduler.placement import evaluate
+    from llmfabric.scheduler.policies import get_policy
+    from llmfabric.scheduler.problem import Problem
+    from llmfabric.scheduler.simadapter import SimPerformance
+    from llmfabric.scheduler.spec import load_cluster, load_workload
+    from llmfabric.scheduler.tables import build_tables
+
+    try:
+        problem = Problem(load_cluster(cluster_path), load_workload(workload_path))
+        perf = SimPerformance.for_workload(problem.workload)
+        options = PlacementOptions(objective=objective,  # type: ignore[arg-type]
+                                   time_limit_s=time_limit, workers=workers)
+        tables = build_tables(problem, perf, options)
+        names = [policy] + ([p for p in ("memp", "greedy") if p != policy] if compare else [])
+        docs = []
+        for name in names:
+            placement = get_policy(name)(problem, perf, options, tables)
+            docs.append(placement_json(placement, evaluate(problem, perf, placement)))
+    except SchedulerError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        out: Any = docs[0] if len(docs) == 1 else {d["policy"]: d for d in docs}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    for doc in docs:
+        _table(doc)

@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import asyncio
+
+from llmfabric.registry.records import Hardware, Lifecycle, NodeMeta, NodeRecord, ServedModel
+from llmfabric.scheduler.controller import (
+    ControllerConfig,
+    ControllerState,
+    FleetController,
+    decide,
+    drifted,
+    inventory,
+)
+from llmfabric.scheduler.decisions import Assign, LoggingExecutor, Release, render
+from llmfabric.scheduler.options import PlacementOptions
+from llmfabric.scheduler.problem import ModelLoad, Workload
+from llmfabric.scheduler.standin import AnalyticStandIn
+from llmfabric.testing.fake_clock import FakeClock
+
+CFG = ControllerConfig(options=PlacementOptions(workers=2, time_limit_s=10))
+
+
+def _node(sid: str, gpu: str = "A100-80GB", count: int = 4, state: Lifecycle = Lifecycle.JOIN,
+          engine: str = "", models: tuple[str, ...] = ()) -> NodeRecord:
+    meta = NodeMeta(hardware=Hardware(gpu, count, 80.0, "nvlink"), engine=engine,
+                    models=tuple(ServedModel(m) for m in models))
+    return NodeRecord(sid, f"peer-{sid}", b"k", state, 0, 1, 0.0, meta)
+
+
+WL = Workload((ModelLoad("Llama-2-13b", 10, 600, 128), ModelLoad("Llama-2-7b", 5, 300, 100)))
+
+
+def test_idle_nodes_get_whole_node_assignments() -> None:
+    perf = AnalyticStandIn()
+    records = [_node("a"), _node("b"), _node("c", "GH200"),
+               _node("busy", state=Lifecycle.SERVING, engine="vllm", models=("Llama-2-13b",)),
+               _node("cpu", "cpu", 0)]
+    decisions, state, placement = decide(records, WL, ControllerState(), 0.0, perf, CFG)
+    assert placement is not None
+    assigns = [d for d in decisions if isinstance(d, Assign)]
+    assert assigns and not [d for d in decisions if isinstance(d, Release)]
+    nodes = [s for a in assigns for s in a.session_ids]
+    assert len(nodes) == len(set(nodes))  # exclusive: one engine per node
+    assert set(nodes) <= {"a", "b", "c"}  # never the running or the CPU node
+    for a in assigns:
+        assert a.tp * a.dp == len(a.gpu_ids) and a.template == "sim"
+    assert {a.model for a in assigns} == {"Llama-2-13b", "Llama-2-7b"}
+    assert {sid for sid, _ in state.pending} == set(nodes)
+    # Nothing changed: the next round does nothing.
+    again, _state2, p2 = decide(records, WL, state, 1.0, perf, CFG)
+    assert again == [] and p2 is None
+
+
+def test_running_replicas_are_fixed_capacity() -> None:
+    perf = AnalyticStandIn()
+    records = [_node("busy", state=Lifecycle.SERVING, engine="vllm", models=("Llama-2-13b",)),
+               _node("idle")]
+    cluster, fixed, notes = inventory(records, perf, CFG)
+    assert [p.session_ids for p in cluster.pools] == [("idle",)]
+    assert fixed[0].model == "Llama-2-13b" and fixed[0].tp == 4 and fixed[0].session_ids == (
+        "busy",)
+    assert notes == []
+
+
+def test_unknown_gpu_is_left_out_with_a_note() -> None:
+    _, _, notes = inventory([_node("x", "TPU-v9")], AnalyticStandIn(), CFG)
+    assert notes and "TPU-v9" in notes[0]
+
+
+def test_drift_triggers_a_new_plan_and_pending_expires() -> None:
+    perf = AnalyticStandIn()
+    records = [_node("a"), _node("b")]
+    d1, st, _ = decide(records, WL, ControllerState(), 0.0, perf, CFG)
+    assert d1
+    # The assigned nodes never start: after the timeout they are idle again and re-planned.
+    d2, st2, _ = decide(records, WL, st, CFG.pending_timeout_s + 1, perf, CFG)
+    assert d2 and {s for a in d2 if isinstance(a, Assign) for s in a.session_ids} == {"a", "b"}
+    # Drift alone, with all capacity busy, records the new reference and decides nothing.
+    started = [_node("a", state=Lifecycle.SERVING, engine="sim", models=("Llama-2-13b",)),
+               _node("b", state=Lifecycle.SERVING, engine="sim", models=("Llama-2-7b",))]
+    busier = Workload((ModelLoad("Llama-2-13b", 30, 600, 128), ModelLoad("Llama-2-7b", 5, 300,
+                                                                          100)))
+    assert drifted(WL, busier, CFG) == ["Llama-2-13b"]
+    assert drifted(WL, WL, CFG) == []
+    d3, st3, p3 = decide(started, busier, st2, 10.0, perf, CFG)
+    assert d3 == [] and p3 is None and st3.reference == busier
+
+
+def test_reclaim_releases_running_nodes_when_configured() -> None:
+    perf = AnalyticStandIn()
+    cfg = ControllerConfig(reclaim=True, options=CFG.options)
+    records = [_node("a", state=Lifecycle.SERVING, engine="sim", models=("Qwen3-1.7B",)),
+               _node("b", state=Lifecycle.SERVING, engine="sim", models=("Qwen3-1.7B",))]
+    wl = Workload((ModelLoad("Llama-2-13b", 10, 600, 128),))
+    decisions, _, _ = decide(records, wl, ControllerState(), 0.0, perf, cfg)
+    released = {d.session_id for d in decisions if isinstance(d, Release)}
+    assigned = {s for d in decisions if isinstance(d, Assign) for s in d.session_ids}
+    assert released and released <= {"a", "b"} and assigned
+
+
+def test_render_templates() -> None:
+    a = Assign("Llama-2-13b", "A100-80GB", 2, 2, ("s",), "vllm", (0, 1, 2, 3))
+    assert render(a, 9000) == ["vllm", "serve", "Llama-2-13b", "--tensor-parallel-size", "2",
+                               "--data-parallel-size", "2", "--port", "9000"]
+    sim = Assign("Llama-2-13b", "A100-80GB", 4, 1, ("s",), "sim", (0, 1, 2, 3))
+    assert render(sim, 1)[:3] == ["llmfabric", "engine", "sim"]
+
+
+async def test_loop_runs_on_virtual_time() -> None:
+    clock = FakeClock()
+    records = [_node("a")]
+    ex = LoggingExecutor()
+    ctl = FleetController(lambda: records, lambda: WL, ex, AnalyticStandIn(), clock,
+                          ControllerConfig(interval_s=5, options=CFG.options))
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    await clock.advance(0)
+    assert len(ex.applied) >= 1 and ctl.last_placement is not None
+    first = len(ex.applied)
+    records.append(_node("b", "GH200"))  # a new idle node appears
+    await clock.advance(5)
+    assert len(ex.applied) > first
+    assert any("b" in d.session_ids for d in ex.applied if isinstance(d, Assign))
+    stop.set()
+    await clock.advance(5)
+    await asyncio.wait_for(task, 1)
