@@ -1,0 +1,127 @@
+"""The whole fabric across a NAT: a provider node with outbound-only connectivity joins an
+ingress + relay node, publishes its model, and the ingress serves OpenAI requests from it
+through the relay (the ingress cannot dial the node).
+
+    [pub] 10.202.1.2 --- 10.202.1.1 [router] 192.168.202.1 --- 192.168.202.2 [priv]
+    ingress + bootstrap + relay      MASQUERADE                 llmfabric start --process sim
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import secrets
+import sys
+import time
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "llmfabric.cli.main"]
+INGRESS_PEER = "10.202.1.2:7946"
+INGRESS_HTTP = "10.202.1.2:8080"
+
+_CLIENT = """
+import json, sys, urllib.request, urllib.error
+url, body = sys.argv[1], sys.argv[2]
+req = urllib.request.Request(url, data=body.encode() or None,
+                             headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=20) as r:
+        print(json.dumps({"status": r.status, "node": r.headers.get("X-Fabric-Node"),
+                          "body": json.loads(r.read())}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"status": e.code, "node": None, "body": e.read().decode()}))
+except OSError as e:
+    print(json.dumps({"status": 0, "node": None, "body": str(e)}))
+"""
+
+
+def _call(netlab: Any, ns: str, url: str, body: str = "") -> dict[str, Any]:
+    out = netlab.run(ns, sys.executable, "-c", _CLIENT, url, body, check=False, timeout=40)
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _build_nat(netlab: Any) -> tuple[str, str]:
+    pub, router, priv = netlab.ns("pub"), netlab.ns("rtr"), netlab.ns("prv")
+    _, r_pub = netlab.link(pub, "10.202.1.2/24", router, "10.202.1.1/24")
+    r_priv, _ = netlab.link(router, "192.168.202.1/24", priv, "192.168.202.2/24")
+    netlab.run(priv, "ip", "route", "add", "default", "via", "192.168.202.1")
+    netlab.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    netlab.run(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "192.168.202.0/24",
+               "-o", r_pub, "-j", "MASQUERADE")
+    netlab.run(router, "iptables", "-A", "FORWARD", "-i", r_pub, "-o", r_priv, "-m",
+               "conntrack", "--ctstate", "NEW", "-j", "DROP")
+    return pub, priv
+
+
+def test_ingress_serves_a_nated_provider_through_the_relay(
+    netlab: Any, tmp_path: pathlib.Path
+) -> None:
+    pub, priv = _build_nat(netlab)
+    secret = secrets.token_urlsafe(24)
+    common = ["--network-secret", secret, "--preset", "local"]
+    netlab.popen(pub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
+                       INGRESS_PEER, "--http-listen", INGRESS_HTTP, "--ingress", "--relay",
+                       "--no-auth", *common], str(tmp_path / "ingress.log"))
+    netlab.popen(priv, [*CLI, "start", "--home", str(tmp_path / "prov"), "--listen",
+                        "192.168.202.2:7946", "--http-listen", "127.0.0.1:8090",
+                        "--bootstrap", INGRESS_PEER, "--provider", "behind-nat", *common,
+                        "--process", *CLI, "engine", "sim", "--model", "qwen3-1.7b",
+                        "--gpu", "L40S", "--port", "18001", "--speed", "20"],
+                 str(tmp_path / "prov.log"))
+
+    base = f"http://{INGRESS_HTTP}"
+    node: dict[str, Any] | None = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        nodes = _call(netlab, pub, base + "/v1/fabric/nodes")
+        if nodes["status"] == 200:
+            for n in nodes["body"]["nodes"]:
+                if n["provider_id"] == "behind-nat" and n["state"] == "SERVING" and n["relays"]:
+                    node = n
+        if node is not None:
+            break
+        time.sleep(0.5)
+    logs = {p.name: p.read_text()[-3000:] for p in tmp_path.glob("*.log")}
+    assert node is not None, logs
+    assert node["peer_addrs"] == []  # it advertises no direct address: relay only
+
+    body = json.dumps({"model": "qwen3-1.7b", "max_tokens": 5,
+                       "messages": [{"role": "user", "content": "hello across the NAT"}]})
+    reply = _call(netlab, pub, base + "/v1/chat/completions", body)
+    assert reply["status"] == 200, (reply, logs)
+    assert reply["node"] == node["session_id"]
+    assert reply["body"]["usage"]["completion_tokens"] == 5
+
+    # The node really is unreachable directly from the public side.
+    direct = _call(netlab, pub, "http://192.168.202.2:8090/healthz")
+    assert direct["status"] == 0
+
+
+def test_a_node_with_the_wrong_secret_never_joins(netlab: Any, tmp_path: pathlib.Path) -> None:
+    pub, priv = _build_nat(netlab)
+    netlab.popen(pub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
+                       INGRESS_PEER, "--http-listen", INGRESS_HTTP, "--ingress", "--relay",
+                       "--no-auth", "--network-secret", secrets.token_urlsafe(24),
+                       "--preset", "local"], str(tmp_path / "ingress.log"))
+    intruder_log = tmp_path / "intruder.log"
+    netlab.popen(priv, [*CLI, "start", "--home", str(tmp_path / "intruder"), "--listen",
+                        "192.168.202.2:7946", "--bootstrap", INGRESS_PEER, "--provider",
+                        "intruder", "--network-secret", secrets.token_urlsafe(24),
+                        "--preset", "local", "-v"], str(intruder_log))
+    base = f"http://{INGRESS_HTTP}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        nodes = _call(netlab, pub, base + "/v1/fabric/nodes")
+        if nodes["status"] == 200:
+            assert all(n["provider_id"] != "intruder" for n in nodes["body"]["nodes"])
+        time.sleep(0.5)
+    metrics = netlab.run(pub, sys.executable, "-c", "import urllib.request,sys;"
+                         f"print(urllib.request.urlopen('{base}/metrics').read().decode())")
+    refused = [line for line in metrics.splitlines()
+               if line.startswith("llmfabric_net_handshakes_refused")]
+    assert refused and any(float(line.rsplit(" ", 1)[1]) > 0 for line in refused), metrics
