@@ -56,6 +56,7 @@ async def test_bootstrap_backs_off_then_connects_when_the_peer_comes_up():
         keepalive=3600,
         connect_timeout=123.0,
         handshake_timeout=124.0,
+        idle_close_s=None,  # no idle-reaper timer among the recorded sleeps
     )
     node = TlsTransport(NodeKey.generate(), adm(), cfg, clock=clock, rng=random.Random(7))
     boot = TlsTransport(NodeKey.generate(), adm(), TransportConfig(port=port))

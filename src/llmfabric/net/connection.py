@@ -25,7 +25,7 @@ from llmfabric.net.stats import NetStats
 
 log = logging.getLogger(__name__)
 
-WRITE_BUFFER_LIMIT = 4 << 20
+WRITE_BUFFER_LIMIT = 1 << 20  # per connection; datagrams over it are dropped (queue_full)
 COALESCE_LIMIT = 256 << 10
 
 
@@ -72,6 +72,7 @@ class PeerConnection:
         self._clock = clock
         self._keepalive = keepalive
         self._last_rx = clock.now()
+        self.last_used = self._last_rx  # last datagram/request frame either way (not pings)
         self._closing = False
         self._out = bytearray()
         self.closed = asyncio.Event()
@@ -127,6 +128,8 @@ class PeerConnection:
     def send_frame(self, ftype: int, payload: bytes) -> bool:
         if self._closing:
             return False
+        if ftype < FrameType.PING:  # keep-alive frames do not make a connection "used"
+            self.last_used = self._clock.now()
         data = encode_frame(ftype, payload)
         # Coalesce the frames of one loop iteration into one TLS write (fewer records and
         # syscalls: a request is several small h2 frames).
@@ -204,6 +207,8 @@ class PeerConnection:
 
     def _dispatch(self, ftype: int, payload: bytes) -> None:
         stats = self.owner.stats
+        if ftype < FrameType.PING:
+            self.last_used = self._last_rx
         if ftype == FrameType.DGRAM:
             stats.datagrams_received += 1
             self.owner.on_datagram(self.peer_id, payload, None)

@@ -23,7 +23,7 @@ from llmfabric.net.errors import RequestFailed
 from llmfabric.net.messages import Body, BodyStream, Headers
 
 STREAM_WINDOW = 1 << 20
-CONNECTION_WINDOW = 1 << 24
+CONNECTION_WINDOW = 1 << 22  # 4 streams at a full window; bounds what a peer may buffer here
 MAX_EMIT = 256 * 1024
 
 Emit = Callable[[bytes], object]

@@ -62,6 +62,10 @@ class RelayService:
     def is_my_relay(self, peer: str) -> bool:
         return peer in self._my_relays
 
+    def is_protected(self, peer: str) -> bool:
+        """A relay registration connection (either end): never closed for idleness."""
+        return peer in self._loops or peer in self._clients
+
     def relays_of(self, peer: str) -> tuple[str, ...]:
         return self.t.book.get(peer).relays
 

@@ -33,6 +33,8 @@ class NetStats:
     requests_served: int = 0
     requests_relayed: int = 0
     connections_opened: int = 0
+    connections_idle_closed: int = 0  # closed after TransportConfig.idle_close_s of silence
+    connections_evicted: int = 0  # closed to stay under TransportConfig.max_connections
     handshakes_ok: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     handshakes_refused: Counter[str] = field(default_factory=Counter)

@@ -75,6 +75,13 @@ class TransportConfig:
     direct_retry_after: float = 30.0  # after a failed direct dial, use relays for this long
     backoff_base: float = 0.5
     backoff_cap: float = 30.0
+    # Close a connection after this long without datagrams or requests either way (pings do
+    # not count); None keeps connections open. Never closes one with requests in flight or
+    # a relay registration connection. A later send dials again.
+    idle_close_s: float | None = 45.0
+    # Open connections above this: close the least recently used idle one (same exemptions;
+    # when every connection is exempt the cap is exceeded rather than breaking a request).
+    max_connections: int | None = 64
 
 
 class TlsTransport:
@@ -113,6 +120,7 @@ class TlsTransport:
         self._handler: MessageHandler | None = None
         self._request_handler: RequestHandler | None = None
         self._closing = False
+        self._reaper: asyncio.Task[None] | None = None
         self.relay = RelayService(self)
 
     # -- Transport protocol ------------------------------------------------------------------
@@ -440,6 +448,7 @@ class TlsTransport:
         self.stats.connections_opened += 1
         self._all_conns.add(conn)
         conn.start()
+        self._start_reaper()
         old = self._conns.get(conn.peer_id)
         if old is not None and old.is_open:
             # Both sides dialled at once: keep the connection dialled by the lower peer id.
@@ -450,7 +459,43 @@ class TlsTransport:
             self.spawn(self._retire(conn))
             return old
         self._conns[conn.peer_id] = conn
+        self._enforce_cap(keep=conn)
         return conn
+
+    # -- idle connections --------------------------------------------------------------------
+    def _evictable(self, conn: PeerConnection) -> bool:
+        return conn.is_open and not conn.busy and not self.relay.is_protected(conn.peer_id)
+
+    def _enforce_cap(self, keep: PeerConnection) -> None:
+        """Over `max_connections`: close least recently used idle connections."""
+        cap = self.config.max_connections
+        if cap is None:
+            return
+        open_conns = [c for c in self._conns.values() if c.is_open]
+        excess = len(open_conns) - cap
+        if excess <= 0:
+            return
+        victims = sorted(
+            (c for c in open_conns if c is not keep and self._evictable(c)),
+            key=lambda c: c.last_used,
+        )
+        for conn in victims[:excess]:
+            self.stats.connections_evicted += 1
+            self.spawn(conn.aclose())
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None and self.config.idle_close_s is not None and not self._closing:
+            self._reaper = self.spawn(self._reap_idle(self.config.idle_close_s))
+
+    async def _reap_idle(self, idle_s: float) -> None:
+        """Close connections idle for `idle_s` (checked every idle_s / 4)."""
+        while True:
+            await self.clock.sleep(idle_s / 4)
+            cutoff = self.clock.now() - idle_s
+            for conn in list(self._conns.values()):
+                if conn.last_used <= cutoff and self._evictable(conn):
+                    self.stats.connections_idle_closed += 1
+                    self.spawn(conn.aclose())
 
     async def _retire(self, conn: PeerConnection, grace: float = 60.0) -> None:
         """Close a duplicate connection once its in-flight requests are done (or after
