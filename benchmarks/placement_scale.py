@@ -4,8 +4,8 @@
 
 Cluster: 32 A100-80GB (4x8), 32 H100-SXM (4x8), 32 GH200 (8x4), 32 L40S (8x4). Models:
 Llama-2-7b, Llama-3.1-8b, Llama-2-13b, CodeLlama-34b, Llama-3.1-70b, Poisson, mixed lengths.
-Reports the simulator estimation time separately from the solve (CP-SAT, including its
-greedy + local-search warm start and the polish), the CP-SAT status and relative gap, and the
+Reports the simulator estimation time separately from the solve (the whole cpsat policy:
+CP-SAT plus the local-search polish; and CP-SAT alone), the CP-SAT status and relative gap, and the
 greedy and memP times and objectives from the same tables, over --repeats runs (median).
 For scale: ThunderServe reports 21-54 s of tabu search for 16-32 GPUs.
 """
@@ -81,8 +81,8 @@ def main() -> None:
     rows = [{"policy": k, "median wall (s)": med[k], "status": last[k].status,
              "gap": last[k].gap, "objective: mean E2E (s)": last[k].objective}
             for k in runs]
-    notes = (f"solve_s is the whole cpsat policy (greedy + local-search warm start, CP-SAT, "
-             f"polish); CP-SAT alone: {payload['cpsat_only_s']:.2f} s median. "
+    notes = (f"solve_s is the whole cpsat policy (CP-SAT in the convex formulation, then the "
+             f"local-search polish); CP-SAT alone: {payload['cpsat_only_s']:.2f} s median. "
              f"{CLUSTER.gpus} GPUs in {len(CLUSTER.gpu_types())} types, "
              f"{len(WORKLOAD.loads)} models, {len(tables.candidates)} (model, pool, TP) "
              f"candidates. Simulator estimates: {perf.calls} points in {build_s:.1f} s (once, "

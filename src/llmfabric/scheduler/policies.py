@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from llmfabric.scheduler.baselines import Choice, greedy, improve, memp, score
-from llmfabric.scheduler.cpsat import solve_cpsat
+from llmfabric.scheduler.cpsat import formulation, solve_cpsat
 from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.exhaustive import exhaustive
 from llmfabric.scheduler.options import PlacementOptions
@@ -49,12 +49,14 @@ def placement_from_choice(tables: Tables, chosen: Choice, policy: str, status: s
 
 def cpsat_policy(problem: Problem, perf: PerformanceModel, options: PlacementOptions,
                  tables: Tables | None = None) -> Placement:
-    """CP-SAT from a greedy + local-search hint, then a local polish of its replica counts
-    under the exact equal-split objective (the level grid is an approximation). The status,
-    bound and gap are CP-SAT's, for its own (discretized) model."""
+    """CP-SAT (warm-started by greedy + local search except in the convex formulation), then
+    a local polish of its replica counts under the exact equal-split objective (the rate grid
+    and envelope are approximations). Status, bound and gap are CP-SAT's, for its model."""
     t, build_s = _tables(problem, perf, options, tables)
     t0 = time.perf_counter()
-    start = improve(t, greedy(t))
+    # The convex formulation's LP is tight enough that CP-SAT needs no warm start; the others
+    # start from greedy + local search.
+    start = None if formulation(t) == "convex" else improve(t, greedy(t))
     t1 = time.perf_counter()
     placed = solve_cpsat(problem, t, options, hint=start)
     t2 = time.perf_counter()
@@ -66,7 +68,7 @@ def cpsat_policy(problem: Problem, perf: PerformanceModel, options: PlacementOpt
     notes = placed.notes
     if polished != chosen:
         notes += ("replica counts polished by local search after CP-SAT",)
-    if score(t, start) < score(t, polished):
+    if start is not None and score(t, start) < score(t, polished):
         polished = start
         notes += ("the warm start scored better under the exact equal-split objective",)
     final = placement_from_choice(t, polished, "cpsat", placed.status, 0.0, build_s)
