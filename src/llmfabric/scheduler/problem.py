@@ -21,7 +21,6 @@ class Pool:
     gpu_type: str
     nodes: int
     gpus_per_node: int
-    memory_gb: float = 0.0  # per GPU; 0 = take it from the performance model
     interconnect: str = "nvlink"
     cost_per_gpu_hour: float = 0.0
     exclusive_nodes: bool = False

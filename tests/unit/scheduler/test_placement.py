@@ -130,3 +130,30 @@ def test_options_are_validated() -> None:
         PlacementOptions(load_units=0)
     with pytest.raises(SpecError):
         plan(_problem(), AnalyticStandIn(), FAST, "nope")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000))
+def test_split_load_is_the_best_split(seed: int) -> None:
+    """The DP split equals brute force over every way to give Q units to the groups."""
+    import itertools
+    import random
+
+    from llmfabric.scheduler.placement import split_load
+    from llmfabric.scheduler.tables import build_tables
+
+    rng = random.Random(seed)
+    cluster = Cluster((Pool("a", "A100-80GB", 1, 4), Pool("g", "GH200", 1, 2),
+                       Pool("l", "L40S", 1, 2)))
+    wl = Workload((ModelLoad("Llama-2-7b", rng.uniform(1, 60), 300, 100),))
+    opts = PlacementOptions(load_units=6, curve_samples=None)
+    t = build_tables(Problem(cluster, wl), AnalyticStandIn(), opts)
+    chosen = {c.index: rng.randint(0, c.r_max) for c in t.candidates if c.tp == 1}
+    value, units, unserved = split_load(t, chosen, "Llama-2-7b")
+    live = [i for i, r in chosen.items() if r > 0]
+    brute = min(
+        sum(t.lat[i][t.idx(chosen[i], q)] for i, q in zip(live, qs, strict=True))
+        + (t.q - sum(qs)) * t.unserved_unit["Llama-2-7b"]
+        for qs in itertools.product(range(t.q + 1), repeat=len(live)) if sum(qs) <= t.q)
+    assert value == brute
+    assert sum(units.get(i, 0) for i in live) + unserved == t.q
