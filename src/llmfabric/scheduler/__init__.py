@@ -9,8 +9,9 @@ Files -> concepts
 - options.py     PlacementOptions (objective, load units, time limit, formulation, ...).
 - tables.py      candidates (model, pool, TP) and their precomputed estimate tables.
 - placement.py   Group, Placement, capacity rule, optimal load split, evaluate().
-- levels.py      per-replica load-level DP (the level formulation for fixed replica counts).
-- cpsat.py       the CP-SAT model (levels or table formulation; latency/throughput/cost).
+- levels.py      exact load-split DPs of the level and convex formulations (fixed replicas).
+- cpsat.py       the CP-SAT model (convex, table or level formulation; latency/throughput/
+                 cost objectives).
 - baselines.py   memP, greedy fill, local search.
 - exhaustive.py  exhaustive enumerator for small instances (tests check CP-SAT against it).
 - policies.py    POLICIES by name (cpsat, memp, greedy, exhaustive) and plan().

@@ -1,14 +1,17 @@
 """CP-SAT placement: allocation and parallelism chosen jointly from precomputed estimates.
 
 Per candidate g = (model, pool, TP): replicas r_g (the DP degree of that group) and y_g (the
-group exists). The estimates enter in one of two formulations (`PlacementOptions.formulation`):
+group exists). The estimates enter in one of three formulations (`formulation()`):
 
-- levels (default): integer n_{g,k} = replicas of g running at per-replica load level k (a
-  log-spaced grid of the model's rate); the model's load is covered by sum_k level_k * n_{g,k}
-  plus unserved units, and latency/goodput are linear in n with the precomputed estimates as
-  coefficients. Linear, so it presolves and proves optimality fast at 100+ GPUs.
-- table: a table constraint (r_g, q_g, lat_g, good_g) over every replica count and load share
-  q/Q (split equally among the r replicas). Exact for equal splits; slow past ~50 GPUs.
+- convex (default above small sizes): w_g = load units the group takes; with h(x) the cost
+  of one replica at load x (its latency times its rate) replaced by the lower convex envelope
+  max_j (a_j x + b_j), r replicas sharing w cost r*h(w/r) = max_j (a_j w + b_j r), i.e. a few
+  linear cuts per candidate (the perspective of h). Tight LP: 128 GPUs solve in ~2 s.
+- table (default for small instances): a table constraint (r_g, q_g, lat_g[, good_g]) over
+  every replica count and load share q/Q split equally among the r replicas. Exact for equal
+  splits; its expansion makes presolve slow past ~50 GPUs.
+- levels: integer n_{g,k} = replicas of g at per-replica load level k; linear, but its LP
+  bound closes slowly. Kept for comparison.
 
 Constraints: C1/C3 per pool, replicas x TP pack into the nodes (`placement.capacity_ok`);
 C2 candidates exist only where weights + KV fit (`tables.build_tables`); one TP degree per

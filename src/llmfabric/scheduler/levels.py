@@ -1,8 +1,9 @@
-"""Level assignment: for fixed replica counts, the best per-replica load levels of one model.
+"""Exact load splits for fixed replica counts in the level and convex formulations.
 
-The exact counterpart of the CP-SAT level formulation restricted to given replica counts: a
-knapsack DP over covered load units (capped at the model's total), one replica at a time,
-each replica idle or at one level. Used for the solver's hint and by the exhaustive enumerator.
+The counterparts of the CP-SAT level and convex formulations restricted to given replica
+counts: knapsack DPs over covered load units (capped at the model's total). `split_levels`
+gives each replica a level (or none); `split_convex` gives each group a load under its
+envelope cuts. Used for the solver's hint and by the exhaustive enumerator.
 """
 
 from __future__ import annotations
