@@ -5,10 +5,11 @@ round-robin list and pings it. If no ack arrives within probe_timeout * LHM it a
 `indirect_probes` (k = 3) other members to ping the target on its behalf (three independent
 paths). Only if no ack comes back by the end of the period is the target reported through
 `on_suspect` (the agent turns that into a signed SUSPECT fact), and not even then if any other
-message from the target session arrived during the probe (it is alive, the ack was lost) or if
-our own timers fired late (our event loop is starved; Lifeguard's point: the slow node should
-not accuse others; it raises its local health score instead). Nothing irreversible happens
-here: eviction is decided later from the replicated suspicion (see membership.suspicion).
+message from the target session arrived during the probe (it is alive, the ack was lost). If our
+own timers fired late (our event loop is starved, so an ack may be sitting unread: Lifeguard's
+point that the slow node should not accuse others) the target gets one more direct ping first.
+Nothing irreversible happens here: eviction is decided later from the replicated suspicion
+(see membership.suspicion).
 
 The prober is pure logic over injected callbacks, the clock and a seeded rng; it never touches
 sockets. Helpers answer PING_REQ by pinging the target with their own sequence number and
@@ -43,7 +44,7 @@ class ProbeStats:
     failures: int = 0
     ping_reqs_served: int = 0
     spared_heard: int = 0  # no ack, but other traffic from the peer arrived during the probe
-    spared_lag: int = 0  # no ack, but our own timers fired late: we are the slow one
+    spared_lag: int = 0  # our own timers fired late (starved loop): one more ping was sent
 
 
 class Prober:
@@ -135,9 +136,16 @@ class Prober:
                 return False
             overrun = (self._clock.now() - started) - (timeout + indirect_wait)
             if overrun > max(0.05, 0.5 * timeout):
-                # Our timers fired this late: the event loop is starved, not the target dead.
+                # Our timers fired late: our event loop is starved, so the ack may be sitting
+                # unread. Give the target one more direct ping before accusing it.
                 self.stats.spared_lag += 1
-                return False
+                self._send(target.peer_id, Ping(seq, target.session_id, ()))
+                if await self._wait(fut, 2 * timeout):
+                    self.stats.acks += 1
+                    return True
+                if self._heard_from is not None and self._heard_from(target) >= started:
+                    self.stats.spared_heard += 1
+                    return False
             self._on_suspect(target)
             return False
         finally:
