@@ -3,18 +3,22 @@
 Files (one concept each; see docs/network.md for the protocol):
 - transport.py: the `Transport` Protocol gossip/membership use (send / set_handler / local_id).
 - tls_transport.py: `TlsTransport` + `TransportConfig`, the real implementation: listener,
-  dialling with peer-id pinning, datagrams, the peer request API, bootstrap with backoff.
+  dialling with peer-id pinning, datagrams, the peer request API, bootstrap with backoff,
+  idle-connection reaping and the open-connection cap.
 - handshake.py: TLS contexts and the application handshake (client signature, admission).
+- tlsstream.py: TLS stream open/serve with a small receive buffer (memory per connection).
 - framing.py: versioned length-prefixed frames, `FrameDecoder`.
 - connection.py: `PeerConnection`, one authenticated connection: dispatch, keep-alive.
 - h2endpoint.py: an HTTP/2 session (sans-IO h2) carried in frames; two per connection.
 - messages.py: `PeerRequest`, `PeerResponse`, `HandlerResponse`.
-- relay.py: dial-back reachability check, relay client (persistent outbound) and server.
+- relay.py: dial-back reachability check (`Reachability`), relay client (persistent
+  outbound) and server.
 - addressbook.py: peer id -> direct addresses and relays; `parse_addr`, `host_addrs`.
 - bootstrap.py: `run_bootstrap`, the retry loop over bootstrap addresses (injected clock).
 - backoff.py: exponential backoff with full jitter.
 - stats.py: `NetStats` counters (bytes, datagrams, drops by reason, refused handshakes).
-- errors.py: `NetError` > PeerUnreachable, HandshakeRefused, RequestFailed, FrameError.
+- errors.py: `NetError` > PeerUnreachable, HandshakeRefused, RequestFailed (> PeerClosed),
+  FrameError.
 - selftest.py: a small node process (`python -m llmfabric.net.selftest`) for e2e tests.
 """
 
@@ -22,10 +26,12 @@ from llmfabric.net.errors import (
     FrameError,
     HandshakeRefused,
     NetError,
+    PeerClosed,
     PeerUnreachable,
     RequestFailed,
 )
 from llmfabric.net.messages import HandlerResponse, PeerRequest, PeerResponse
+from llmfabric.net.relay import Reachability
 from llmfabric.net.stats import NetStats
 from llmfabric.net.tls_transport import TlsTransport, TransportConfig
 from llmfabric.net.transport import Transport
@@ -36,9 +42,11 @@ __all__ = [
     "HandshakeRefused",
     "NetError",
     "NetStats",
+    "PeerClosed",
     "PeerRequest",
     "PeerResponse",
     "PeerUnreachable",
+    "Reachability",
     "RequestFailed",
     "TlsTransport",
     "Transport",

@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from llmfabric.clock import Clock
-from llmfabric.net.errors import FrameError, RequestFailed
+from llmfabric.net.errors import FrameError, PeerClosed, RequestFailed
 from llmfabric.net.framing import FrameType, decode_routed, encode_frame, encode_routed
 from llmfabric.net.h2endpoint import H2Endpoint
 from llmfabric.net.handshake import FramedReader
@@ -25,6 +25,9 @@ from llmfabric.net.stats import NetStats
 
 log = logging.getLogger(__name__)
 
+# CLOSE payload meaning "I had no open streams": the receiver's unanswered requests were never
+# seen and may be retried (PeerClosed). An empty CLOSE promises nothing.
+CLOSE_IDLE = b"idle"
 WRITE_BUFFER_LIMIT = 1 << 20  # per connection; datagrams over it are dropped (queue_full)
 COALESCE_LIMIT = 256 << 10
 
@@ -231,6 +234,8 @@ class PeerConnection:
             self.send_frame(FrameType.PONG, payload)
         elif ftype == FrameType.PONG:
             pass
+        elif ftype == FrameType.CLOSE and payload == CLOSE_IDLE:
+            self._begin_close(PeerClosed(f"{self.peer_id} closed the idle connection first"))
         elif ftype in (FrameType.CLOSE, FrameType.REFUSE):
             self._begin_close()
         else:
@@ -247,12 +252,21 @@ class PeerConnection:
             self.send_frame(FrameType.PING, b"")
 
     # -- closing -----------------------------------------------------------------------------
-    def _begin_close(self) -> None:
+    def close_if_idle(self) -> bool:
+        """Close now unless requests are in flight (checked and closed in one step, so no
+        request can slip in between); the peer learns its unanswered requests were unseen."""
+        if self._closing or self.busy:
+            return False
+        self.send_frame(FrameType.CLOSE, CLOSE_IDLE)
+        self._begin_close()
+        return True
+
+    def _begin_close(self, err: RequestFailed | None = None) -> None:
         if self._closing:
             return
         self._flush_out()
         self._closing = True
-        err = RequestFailed(f"connection to {self.peer_id} closed")
+        err = err or RequestFailed(f"connection to {self.peer_id} closed")
         self.client.fail(err)
         self.server.fail(err)
         with contextlib.suppress(Exception):

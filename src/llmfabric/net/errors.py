@@ -24,6 +24,11 @@ class RequestFailed(NetError):
     """A peer request failed after the connection was set up (reset, timeout, closed)."""
 
 
+class PeerClosed(RequestFailed):
+    """The peer closed an idle connection (idle timeout or its connection cap) before it saw
+    this request, so the request was not processed and is safe to send again."""
+
+
 class FrameError(NetError):
     """Invalid bytes on a peer connection; the connection is closed."""
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -37,6 +38,14 @@ log = logging.getLogger(__name__)
 DIALBACK_PATH = "/_llmfabric/dialback"
 REGISTER_PATH = "/_llmfabric/relay/register"
 MAX_INTERNAL_BODY = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Reachability:
+    """Outcome of a dial-back check: `ok`, and in `reason` what happened (for logs)."""
+
+    ok: bool
+    reason: str
 
 
 def _json_like(obj: dict[str, Any]) -> bytes:
@@ -104,7 +113,9 @@ class RelayService:
         while True:
             try:
                 conn = await self.t._ensure_conn(relay_id)
-                resp = await self.t.request(relay_id, "POST", REGISTER_PATH, (), b"", timeout=10)
+                resp = await self.t.request(
+                    relay_id, "POST", REGISTER_PATH, (), b"", timeout=self.t.config.internal_timeout
+                )
                 text = await resp.read()
                 if resp.status != 200:
                     raise NetError(f"relay {relay_id} refused: {text.decode(errors='replace')}")
@@ -126,21 +137,33 @@ class RelayService:
             self._clients.discard(conn.peer_id)
             self._notify()
 
-    async def check_reachability(self, via: str, addr: str | None = None) -> bool:
-        """Ask peer `via` to dial `addr` (default: our advertised address) and answer."""
+    async def check_reachability(self, via: str, addr: str | None = None) -> Reachability:
+        """Ask peer `via` to dial `addr` (default: our advertised address) and answer.
+        Never raises NetError: a failure is `Reachability(False, reason)`."""
         target = addr or next(iter(self.t.advertised_addrs), None)
         if target is None:
-            return False
-        resp = await self.t.request(via, "POST", DIALBACK_PATH, (), _json_like({"addr": target}))
-        async with resp:
-            data = await resp.read()
-        if resp.status != 200:
-            return False
+            return Reachability(False, "this node does not listen: no address to dial back")
+        body = _json_like({"addr": target})
         try:
-            ok = msgpack.unpackb(data, raw=False).get("ok") is True
+            resp = await self.t.request(
+                via, "POST", DIALBACK_PATH, (), body, timeout=self.t.config.internal_timeout
+            )
+            async with resp:
+                data = await resp.read()
+        except NetError as exc:
+            return Reachability(False, f"dial-back request to {via} failed: {exc}")
+        if resp.status != 200:
+            text = data[:200].decode(errors="replace")
+            return Reachability(False, f"{via} answered {resp.status}: {text}")
+        try:
+            answer = msgpack.unpackb(data, raw=False)
+            ok = answer.get("ok") is True
+            reason = str(answer.get("reason", ""))
         except Exception:
-            return False
-        return ok
+            return Reachability(False, f"{via} sent an undecodable dial-back answer")
+        if ok:
+            return Reachability(True, f"{via} dialled {target} and reached us")
+        return Reachability(False, f"{via} could not dial {target}: {reason or 'no reason'}")
 
     # -- server side -------------------------------------------------------------------------
     async def handle_internal(

@@ -31,7 +31,13 @@ from llmfabric.net.addressbook import AddressBook, host_addrs, parse_addr
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.bootstrap import run_bootstrap
 from llmfabric.net.connection import PeerConnection, set_nodelay
-from llmfabric.net.errors import HandshakeRefused, NetError, PeerUnreachable, RequestFailed
+from llmfabric.net.errors import (
+    HandshakeRefused,
+    NetError,
+    PeerClosed,
+    PeerUnreachable,
+    RequestFailed,
+)
 from llmfabric.net.framing import FrameType
 from llmfabric.net.handshake import (
     HandshakeConfig,
@@ -49,7 +55,7 @@ from llmfabric.net.messages import (
     PeerResponse,
     RequestHandler,
 )
-from llmfabric.net.relay import RelayService
+from llmfabric.net.relay import Reachability, RelayService
 from llmfabric.net.stats import NetStats
 from llmfabric.net.tlsstream import open_tls, start_tls_server
 from llmfabric.net.transport import MessageHandler, PeerId, Transport
@@ -60,6 +66,7 @@ INTERNAL_PREFIX = "/_llmfabric/"
 RELAY_TO = "x-llmfabric-relay-to"
 ORIGIN = "x-llmfabric-origin"
 RELAY_ERROR = "x-llmfabric-relay-error"
+RETIRE_QUIET = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +75,12 @@ class TransportConfig:
     port: int = 0  # 0: any free port
     public_addr: str | None = None  # advertised "host:port" (default: the bound address)
     relay: bool = False  # serve as a relay for nodes that cannot be dialled
-    connect_timeout: float = 5.0
-    handshake_timeout: float = 10.0
+    connect_timeout: float = 5.0  # TCP connect only
+    handshake_timeout: float = 10.0  # TLS handshake; then, separately, the peer handshake
+    # Limit for the transport's own requests (dial-back, relay registration). Generous: the
+    # answering peer may be CPU-starved, and the dial-back includes its probe dial
+    # (connect + 2 handshakes).
+    internal_timeout: float = 60.0
     keepalive: float = 15.0
     max_pending_per_peer: int = 64  # datagrams queued while a connection is being set up
     direct_retry_after: float = 30.0  # after a failed direct dial, use relays for this long
@@ -205,7 +216,7 @@ class TlsTransport:
         except NetError as exc:
             direct_error = exc
         else:
-            status, rh, stream, _ = await conn.client.request(method, path, peer_id, headers, body)
+            status, rh, stream = await self._send_on(conn, method, path, headers, body)
             return PeerResponse(status, rh, stream, peer_id, None)
         for relay_id in self.relay.relays_of(peer_id):
             try:
@@ -214,10 +225,8 @@ class TlsTransport:
                 continue
             hdrs = (*headers, (RELAY_TO, peer_id))
             try:
-                status, rh, stream, _ = await rconn.client.request(
-                    method, path, relay_id, hdrs, body
-                )
-            except RequestFailed as exc:
+                status, rh, stream = await self._send_on(rconn, method, path, hdrs, body)
+            except NetError as exc:
                 direct_error = exc
                 continue
             if status == 502 and any(k == RELAY_ERROR for k, _ in rh):
@@ -228,6 +237,24 @@ class TlsTransport:
             f"cannot reach {peer_id}: direct: {direct_error}; relays tried: "
             f"{list(self.relay.relays_of(peer_id)) or 'none known'}"
         )
+
+    async def _send_on(
+        self, conn: PeerConnection, method: str, path: str, headers: Headers, body: Body
+    ) -> tuple[int, Headers, BodyStream]:
+        try:
+            status, rh, stream, _ = await conn.client.request(
+                method, path, conn.peer_id, headers, body
+            )
+        except PeerClosed:
+            # The peer closed this idle connection before it saw the request: nothing was
+            # processed, so send it once more on a fresh connection (bytes bodies only).
+            if not isinstance(body, bytes):
+                raise
+            conn = await self._ensure_conn(conn.peer_id)
+            status, rh, stream, _ = await conn.client.request(
+                method, path, conn.peer_id, headers, body
+            )
+        return status, rh, stream
 
     def on_request(
         self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
@@ -389,10 +416,13 @@ class TlsTransport:
         except ValueError as exc:
             raise PeerUnreachable(str(exc)) from exc
         try:
-            reader, writer = await with_timeout(
+            reader, writer = await open_tls(
+                host,
+                port,
+                self._client_ctx,
                 self.clock,
-                open_tls(host, port, self._client_ctx),
                 self.config.connect_timeout,
+                self.config.handshake_timeout,
             )
         except (OSError, TimeoutError) as exc:
             raise PeerUnreachable(f"cannot connect to {addr}: {exc or type(exc).__name__}") from exc
@@ -480,8 +510,8 @@ class TlsTransport:
             key=lambda c: c.last_used,
         )
         for conn in victims[:excess]:
-            self.stats.connections_evicted += 1
-            self.spawn(conn.aclose())
+            if conn.close_if_idle():
+                self.stats.connections_evicted += 1
 
     def _start_reaper(self) -> None:
         if self._reaper is None and self.config.idle_close_s is not None and not self._closing:
@@ -493,15 +523,19 @@ class TlsTransport:
             await self.clock.sleep(idle_s / 4)
             cutoff = self.clock.now() - idle_s
             for conn in list(self._conns.values()):
-                if conn.last_used <= cutoff and self._evictable(conn):
+                if conn.last_used <= cutoff and self._evictable(conn) and conn.close_if_idle():
                     self.stats.connections_idle_closed += 1
-                    self.spawn(conn.aclose())
 
     async def _retire(self, conn: PeerConnection, grace: float = 60.0) -> None:
-        """Close a duplicate connection once its in-flight requests are done (or after
-        `grace` seconds); it keeps delivering what arrives meanwhile."""
+        """Close a duplicate connection once it has been quiet for RETIRE_QUIET seconds with
+        nothing in flight (or after `grace` seconds); it keeps delivering what arrives
+        meanwhile. The quiet time lets requests the peer sent on it before it saw the other
+        connection arrive and finish instead of being cut off."""
         deadline = self.clock.now() + grace
-        while conn.is_open and conn.busy and self.clock.now() < deadline:
+        while conn.is_open and self.clock.now() < deadline:
+            quiet = self.clock.now() - conn.last_used >= RETIRE_QUIET
+            if quiet and conn.close_if_idle():
+                break
             await self.clock.sleep(0.5)
         await conn.aclose()
 
@@ -559,7 +593,16 @@ class TlsTransport:
     async def check_reachability(self, via: str, addr: str | None = None) -> bool:
         """Ask peer `via` to dial us back at `addr` (default: our advertised address).
 
-        True only when `via` connected and we answered with our peer id."""
+        True only when `via` connected and we answered with our peer id. Never raises a
+        NetError (an unreachable or busy `via` is False); the reason is logged, and
+        `reachability()` returns it."""
+        result = await self.reachability(via, addr)
+        if not result.ok:
+            log.info("dial-back check failed: %s", result.reason)
+        return result.ok
+
+    async def reachability(self, via: str, addr: str | None = None) -> Reachability:
+        """Like `check_reachability`, with the reason: `Reachability(ok, reason)`."""
         return await self.relay.check_reachability(via, addr)
 
     def use_relays(self, relay_ids: Sequence[str]) -> None:

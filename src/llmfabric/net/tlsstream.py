@@ -20,6 +20,8 @@ import asyncio.sslproto
 import ssl
 from collections.abc import Awaitable, Callable
 
+from llmfabric.clock import Clock, with_timeout
+
 TLS_READ_BUFFER = 32 * 1024  # two full TLS records
 STREAM_LIMIT = 64 * 1024  # StreamReader buffer limit (asyncio's default)
 
@@ -31,9 +33,17 @@ class _CompactSSLProtocol(asyncio.sslproto.SSLProtocol):
 
 
 async def open_tls(
-    host: str, port: int, ctx: ssl.SSLContext
+    host: str,
+    port: int,
+    ctx: ssl.SSLContext,
+    clock: Clock,
+    connect_timeout: float,
+    tls_timeout: float,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Like `asyncio.open_connection(host, port, ssl=ctx, server_hostname="")` (no SNI)."""
+    """Like `asyncio.open_connection(host, port, ssl=ctx, server_hostname="")` (no SNI), with
+    separate limits for the TCP connect and the TLS handshake: an unreachable address fails
+    fast, while a busy (CPU-starved) peer gets the longer handshake time to answer.
+    Raises OSError, ssl.SSLError or TimeoutError."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=STREAM_LIMIT, loop=loop)
     opened: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
@@ -49,9 +59,9 @@ async def open_tls(
         app = asyncio.StreamReaderProtocol(reader, connected, loop=loop)
         return _CompactSSLProtocol(loop, app, ctx, handshake, server_side=False)
 
-    raw, _ = await loop.create_connection(factory, host, port)
+    raw, _ = await with_timeout(clock, loop.create_connection(factory, host, port), connect_timeout)
     try:
-        await handshake
+        await with_timeout(clock, handshake, tls_timeout)
     except BaseException:
         raw.abort()
         raise
