@@ -81,3 +81,74 @@ async def test_all_paths_broken_means_suspicion(
     assert await clock.run_until(lambda: any(
         x.nodes.get(t.session_id).suspected for x in agents if x is not t),  # type: ignore[union-attr]
         within=10)
+
+
+class _LaggyClock(FakeClock):
+    """Every sleep overshoots by `lag` seconds, like a starved event loop."""
+
+    lag = 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds + self.lag)
+
+
+def _prober(clock: FakeClock, heard: dict[str, float]) -> tuple[object, list[object], list[str]]:
+    from llmfabric.membership.swim import Member, Prober
+
+    sent: list[object] = []
+    suspected: list[str] = []
+    members = [Member("target", "pt"), Member("h1", "p1"), Member("h2", "p2")]
+    p = Prober(clock, PRESETS["local"], random.Random(0), local_peer="me",
+               members=lambda: members, send=lambda peer, msg: sent.append((peer, msg)),
+               piggyback=lambda: (), on_suspect=lambda m: suspected.append(m.session_id),
+               heard_from=lambda m: heard.get(m.session_id, float("-inf")))
+    return p, sent, suspected
+
+
+async def test_prober_suspects_a_silent_target_after_direct_and_indirect_paths() -> None:
+    import asyncio
+
+    from llmfabric.gossip.wire import Ping, PingReq
+    from llmfabric.membership.swim import Member
+
+    clock = FakeClock()
+    p, sent, suspected = _prober(clock, {})
+    task = asyncio.get_running_loop().create_task(p.probe(Member("target", "pt")))  # type: ignore[attr-defined]
+    await clock.advance(1.0)
+    assert await task is False and suspected == ["target"]
+    kinds = [type(m).__name__ for _, m in sent]
+    assert kinds == ["Ping", "PingReq", "PingReq"]  # direct, then every other member's path
+    assert isinstance(sent[0][1], Ping) and isinstance(sent[1][1], PingReq)
+
+
+async def test_prober_spares_a_target_it_heard_from() -> None:
+    import asyncio
+
+    from llmfabric.membership.swim import Member
+
+    clock = FakeClock()
+    heard: dict[str, float] = {}
+    p, _, suspected = _prober(clock, heard)
+    task = asyncio.get_running_loop().create_task(p.probe(Member("target", "pt")))  # type: ignore[attr-defined]
+    await clock.advance(0.1)
+    heard["target"] = clock.now()  # e.g. its own ping to us arrived, our ack was lost
+    await clock.advance(1.0)
+    assert await task is False and suspected == []
+
+
+async def test_a_starved_prober_pings_again_before_accusing() -> None:
+    import asyncio
+
+    from llmfabric.membership.swim import Member
+
+    clock = _LaggyClock()
+    clock.lag = 0.3
+    p, sent, suspected = _prober(clock, {})
+    task = asyncio.get_running_loop().create_task(p.probe(Member("target", "pt")))  # type: ignore[attr-defined]
+    await clock.advance(1.2)  # 0.2 s ack timeout + 0.3 s indirect wait, each 0.3 s late
+    # the second direct ping went out; an ack to it clears the target
+    assert [type(m).__name__ for _, m in sent].count("Ping") == 2
+    p.on_ack(sent[0][1].seq)  # type: ignore[attr-defined, union-attr]
+    await clock.advance(1.0)
+    assert await task is True and suspected == []
+    assert p.stats.spared_lag == 1  # type: ignore[attr-defined]
