@@ -23,7 +23,7 @@ then min latency); cost (max goodput, then min $/h, i.e. cost per token at the s
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ortools.sat.python import cp_model
@@ -42,6 +42,8 @@ _STATUS = {
     cp_model.MODEL_INVALID: "MODEL_INVALID",
     cp_model.UNKNOWN: "UNKNOWN",
 }
+
+_RANK = ["FEASIBLE", "OPTIMAL_WITHIN_GAP", "OPTIMAL"]  # weakest first
 
 Expr = Any  # cp_model linear expressions (their stubs do not mix with int sums)
 
@@ -220,6 +222,7 @@ class _Solved:
     objective: float
     bound: float
     gap: float
+    secondary: str = ""  # "name=value" of a lexicographic second phase
 
 
 def solve_cpsat(problem: Problem, tables: Tables, options: PlacementOptions,
@@ -285,7 +288,12 @@ def _phases(mdl: _Model, options: PlacementOptions, t0: float) -> _Solved:
         name_ = _STATUS[status]
         if status == cp_model.OPTIMAL and gap > 1e-9:
             name_ = "OPTIMAL_WITHIN_GAP"  # stopped at options.gap_limit
-        solved = _Solved(replicas, units, name_, obj / scale, bnd / scale, gap)
+        if solved is None:  # the first (primary) phase's value, bound and gap are reported
+            solved = _Solved(replicas, units, name_, obj / scale, bnd / scale, gap)
+        else:
+            solved = replace(solved, replicas=replicas, units=units,
+                             status=min(solved.status, name_, key=_RANK.index),
+                             secondary=f"then {name}: {obj / scale:.6g}")
         if i + 1 < len(phases):  # keep this phase's optimum while optimizing the next
             m.add(expr >= round(obj)) if maximize else m.add(expr <= round(obj))
             m.clear_hints()  # type: ignore[no-untyped-call]
@@ -320,5 +328,7 @@ def _placement(tables: Tables, s: _Solved, solve_s: float, notes: list[str]) -> 
                                     s.units[c.index] / denom))
         if taken < full:
             unserved.append((model, (full - taken) / full))
+    if s.secondary:
+        notes = [*notes, f"objective is the first phase; {s.secondary}"]
     return Placement("cpsat", tuple(groups), s.objective, s.status, s.bound, s.gap, solve_s,
                      unserved=tuple(unserved), notes=tuple(notes))
