@@ -219,6 +219,16 @@ def unpack_limited(data: bytes, max_len: int) -> Any:
         raise InvalidRecord("garbled", f"not msgpack: {type(exc).__name__}") from None
 
 
+def peek_record_header(body: bytes) -> tuple[str, tuple[int, int, int]]:
+    """(session id, order key) of a record body without decoding its metadata (unverified)."""
+    d = unpack_limited(body, MAX_BODY_BYTES)
+    if not isinstance(d, dict):
+        raise _fail("a record is a map")
+    return (_str(d.get("s"), "session_id", 64),
+            (_int(d.get("st"), "state", 0, 3), _int(d.get("i"), "incarnation"),
+             _int(d.get("v"), "version")))
+
+
 def decode_record_body(body: bytes) -> NodeRecord:
     """Decode (without verifying) a record body; raise InvalidRecord on bad shape."""
     d = _map(unpack_limited(body, MAX_BODY_BYTES), "record")

@@ -26,15 +26,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from llmfabric.clock import Clock
-from llmfabric.registry.codec import (
-    SignedRecord,
-    decode_record_body,
-    unpack_limited,
-    verify_record,
-)
-from llmfabric.registry.entry import Entry, entry_of, merge
+from llmfabric.registry.codec import SignedRecord, peek_record_header, verify_record
+from llmfabric.registry.entry import Entry, entry_of, items_of, merge
 from llmfabric.registry.errors import InvalidRecord, RegistryError
-from llmfabric.registry.facts import MAX_FACT_BYTES, Fact, verify_fact
+from llmfabric.registry.facts import Fact, verify_fact
 
 Item = SignedRecord | Fact
 ITEM_RECORD = 1
@@ -101,6 +96,7 @@ class Replica:
         self._bucket_xor = [0] * buckets
         self._listeners: list[Listener] = []
         self.rejected: Counter[str] = Counter()
+        self._sigs: set[bytes] = set()  # signatures of every item held in `entries`
         self.applied = 0
 
     # ---- listeners ----------------------------------------------------------------------
@@ -145,36 +141,20 @@ class Replica:
 
     def ingest(self, kind: int, body: bytes, signature: bytes) -> Change | None:
         """Verify and merge an item in wire form. Raises InvalidRecord if it is forged."""
+        if signature in self._sigs:
+            return None  # an item we hold already (a different body cannot carry its signature)
         if kind == ITEM_RECORD:
-            rec = decode_record_body(body)  # cheap: decide whether it matters before verifying
-            cur = self.entries.get(rec.session_id)
-            if cur is not None and cur.record is not None:
-                if cur.record.signature == signature:
-                    return None
-                if (rec.order_key(), signature) < (
+            sid, order = peek_record_header(body)  # decide whether it matters before verifying
+            cur = self.entries.get(sid)
+            if cur is not None and cur.record is not None and (order, signature) < (
                     cur.record.record.order_key(), cur.record.signature):
-                    return None  # older than what we have: merge would ignore it
+                return None  # older than what we have: merge would ignore it
             item: Item = verify_record(body, signature)
         elif kind == ITEM_FACT:
-            cur = self.entries.get(self._fact_session(body))
-            if cur is not None and (
-                (cur.evict is not None and cur.evict.signature == signature)
-                or any(f.signature == signature for f in cur.suspects)
-            ):
-                return None
             item = verify_fact(body, signature)
         else:
             raise InvalidRecord("schema", f"unknown item kind {kind}")
         return self.apply(item)
-
-    @staticmethod
-    def _fact_session(body: bytes) -> str:
-        try:
-            d = unpack_limited(body, MAX_FACT_BYTES)
-        except InvalidRecord:
-            return ""
-        sid = d.get("s") if isinstance(d, dict) else None
-        return sid if isinstance(sid, str) else ""
 
     def _store(self, before: Entry | None, after: Entry) -> Change | None:
         sid = after.session_id
@@ -184,6 +164,9 @@ class Replica:
             self.tombstones[sid] = left_at
             return None
         self._set_digest(sid, after.digest())
+        if before is not None:
+            self._sigs.difference_update(it.signature for it in items_of(before))
+        self._sigs.update(it.signature for it in items_of(after))
         self.entries[sid] = after
         self.last_seen[sid] = self._clock.now()
         self.applied += 1
@@ -225,7 +208,9 @@ class Replica:
     # ---- GC -----------------------------------------------------------------------------
     def _drop(self, sid: str) -> None:
         self._set_digest(sid, None)
-        self.entries.pop(sid, None)
+        old = self.entries.pop(sid, None)
+        if old is not None:
+            self._sigs.difference_update(it.signature for it in items_of(old))
         self.last_seen.pop(sid, None)
 
     def collect(self) -> int:
