@@ -4,7 +4,8 @@ real node-side engine proxies and mock engines on loopback sockets."""
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterator, Mapping
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,8 @@ class _PeerResp:
         return self.up.status
 
     @property
-    def headers(self) -> Mapping[str, str]:
-        return {"content-type": self.up.content_type}
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        return (("content-type", self.up.content_type),)
 
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self.up.chunks()
@@ -66,8 +67,9 @@ class FakePeerNetwork:
         self.proxies: dict[str, EngineProxy] = {}
         self.calls = 0
 
-    async def request(self, peer_id: str, method: str, path: str, headers: Mapping[str, str],
-                      body: bytes, *, timeout: float | None = None) -> _PeerResp:  # noqa: ASYNC109
+    async def request(self, peer_id: str, method: str, path: str,
+                      headers: Sequence[tuple[str, str]], body: bytes, *,
+                      timeout: float = 30.0) -> _PeerResp:  # noqa: ASYNC109
         self.calls += 1
         assert path.startswith(FORWARD_PREFIX)
         return _PeerResp(await self.proxies[peer_id].open(path[len(FORWARD_PREFIX):], body))
@@ -176,6 +178,11 @@ def test_streaming_is_relayed_and_usage_is_accounted_but_hidden(fabric: Fabric) 
     assert all(ch.choices for ch in chunks)  # the injected usage-only chunk was stripped
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
     assert text.startswith(("A-0", "B-0"))
+    # Usage is recorded just after the last byte went out, which may be after the client saw it.
+    deadline = time.monotonic() + 5
+    while fabric.keys.usage.get(("key1", "m"), [0, 0, 0])[2] == before[2]:
+        assert time.monotonic() < deadline, "usage of the stream was never recorded"
+        time.sleep(0.01)
     after = fabric.keys.usage[("key1", "m")]
     assert after[0] - before[0] == 7 and after[1] - before[1] == 4
     # The engine was asked for usage on the client's behalf.

@@ -7,7 +7,8 @@ with `.status`, `.headers`, `async for chunk in resp.iter_chunks()` and `aclose(
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
@@ -16,13 +17,15 @@ from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Forwarder, Upstream
 from llmfabric.routing.candidates import Candidate
 
+_JSON_HEADERS = (("content-type", "application/json"),)
+
 
 class PeerResponse(Protocol):
     @property
     def status(self) -> int: ...
 
     @property
-    def headers(self) -> Mapping[str, str]: ...
+    def headers(self) -> Sequence[tuple[str, str]]: ...
 
     def iter_chunks(self) -> AsyncIterator[bytes]: ...
 
@@ -35,18 +38,19 @@ class PeerRequester(Protocol):
         peer_id: str,
         method: str,
         path: str,
-        headers: Mapping[str, str],
+        headers: Sequence[tuple[str, str]],
         body: bytes,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 (the transport's signature)
+        timeout: float = ...,  # noqa: ASYNC109 (the transport's signature)
     ) -> PeerResponse: ...
 
 
 class PeerUpstream:
-    __slots__ = ("_resp",)
+    __slots__ = ("_idle", "_resp")
 
-    def __init__(self, resp: PeerResponse) -> None:
+    def __init__(self, resp: PeerResponse, idle: float) -> None:
         self._resp = resp
+        self._idle = idle
 
     @property
     def status(self) -> int:
@@ -54,22 +58,26 @@ class PeerUpstream:
 
     @property
     def content_type(self) -> str:
-        for k, v in self._resp.headers.items():
+        for k, v in self._resp.headers:
             if k.lower() == "content-type":
                 return v
         return "application/json"
 
     async def read(self) -> bytes:
-        parts: list[bytes] = []
-        try:
-            async for chunk in self._resp.iter_chunks():
-                parts.append(chunk)
-        except (OSError, TimeoutError, ConnectionError) as e:
-            raise UpstreamError(f"reading the relayed response failed: {e!r}") from e
-        return b"".join(parts)
+        return b"".join([chunk async for chunk in self.chunks()])
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self._resp.iter_chunks():
+        it = self._resp.iter_chunks().__aiter__()
+        while True:
+            try:
+                async with asyncio.timeout(self._idle):
+                    chunk = await it.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise
+            except Exception as e:  # the transport's own errors (stream reset, relay gone)
+                raise UpstreamError(f"the relayed response broke off: {e!r}") from e
             yield chunk
 
     async def aclose(self) -> None:
@@ -91,7 +99,7 @@ class PeerForwarder:
                 candidate.peer_id,
                 "POST",
                 self._prefix + path,
-                {"content-type": "application/json"},
+                _JSON_HEADERS,
                 body,
                 timeout=timeouts.first_byte,
             )
@@ -99,7 +107,7 @@ class PeerForwarder:
             raise
         except Exception as e:  # the transport's own errors: unreachable peer, relay down, ...
             raise UpstreamError(f"peer {candidate.peer_id}: {e!r}") from e
-        return PeerUpstream(resp)
+        return PeerUpstream(resp, timeouts.idle)
 
     async def aclose(self) -> None:
         return None
