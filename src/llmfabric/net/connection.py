@@ -17,7 +17,13 @@ from typing import Any, Protocol
 
 from llmfabric.clock import Clock
 from llmfabric.net.errors import FrameError, PeerClosed, RequestFailed
-from llmfabric.net.framing import FrameType, decode_routed, encode_frame, encode_routed
+from llmfabric.net.framing import (
+    FrameType,
+    append_frame,
+    decode_routed,
+    encode_frame,
+    encode_routed,
+)
 from llmfabric.net.h2endpoint import H2Endpoint
 from llmfabric.net.handshake import FramedReader
 from llmfabric.net.messages import BodyStream, Headers
@@ -30,6 +36,8 @@ log = logging.getLogger(__name__)
 CLOSE_IDLE = b"idle"
 WRITE_BUFFER_LIMIT = 1 << 20  # per connection; datagrams over it are dropped (queue_full)
 COALESCE_LIMIT = 256 << 10
+_PING = int(FrameType.PING)  # frame types below this are traffic (keep-alive is not)
+_DGRAM = int(FrameType.DGRAM)
 
 
 class ConnectionOwner(Protocol):
@@ -78,6 +86,8 @@ class PeerConnection:
         self.last_used = self._last_rx  # last datagram/request frame either way (not pings)
         self._closing = False
         self._out = bytearray()
+        self._out_base = 0  # TLS stream's buffered bytes when this iteration's batch began
+        self._touched = False  # a traffic frame was sent since the last flush
         self.closed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self.client = H2Endpoint(
@@ -128,36 +138,39 @@ class PeerConnection:
         return not self._closing
 
     # -- writing -----------------------------------------------------------------------------
+    # Frames written in one loop iteration are appended to `_out` and go to the TLS stream
+    # as ONE write at the end of the iteration (one TLS record and syscall for many small
+    # datagrams or h2 frames). The TLS stream's own buffer is read once per iteration too.
     def send_frame(self, ftype: int, payload: bytes) -> bool:
         if self._closing:
             return False
-        if ftype < FrameType.PING:  # keep-alive frames do not make a connection "used"
-            self.last_used = self._clock.now()
-        data = encode_frame(ftype, payload)
-        # Coalesce the frames of one loop iteration into one TLS write (fewer records and
-        # syscalls: a request is several small h2 frames).
-        if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush_out)
-        self._out += data
-        self.owner.stats.bytes_sent += len(data)
-        if len(self._out) >= COALESCE_LIMIT:
+        out = self._out
+        if not out:
+            self._start_batch()
+        if ftype < _PING:  # keep-alive frames do not make a connection "used"
+            self._touched = True
+        self.owner.stats.bytes_sent += append_frame(out, ftype, payload)
+        if len(out) >= COALESCE_LIMIT:
             self._flush_out()
         return True
 
+    def _start_batch(self) -> None:
+        self._out_base = self._writer.transport.get_write_buffer_size()
+        asyncio.get_running_loop().call_soon(self._flush_out)
+
     def _flush_out(self) -> None:
+        if self._touched:
+            self._touched = False
+            self.last_used = self._clock.now()
         if self._out and not self._closing:
             # On a broken connection the read loop notices and closes it.
             with contextlib.suppress(ConnectionError, OSError, RuntimeError):
                 self._writer.write(bytes(self._out))
         self._out.clear()
 
-    def _buffer_full(self) -> bool:
-        buffered = self._writer.transport.get_write_buffer_size() + len(self._out)
-        return buffered > WRITE_BUFFER_LIMIT
-
     def send_datagram(self, payload: bytes) -> bool:
         """Write a DGRAM frame; False (and counted) when dropped: closed or buffer full."""
-        return self._send_dgram(FrameType.DGRAM, payload)
+        return self._send_dgram(_DGRAM, payload)
 
     def send_routed(self, ftype: int, peer: str, payload: bytes) -> bool:
         return self._send_dgram(ftype, encode_routed(peer, payload))
@@ -167,11 +180,17 @@ class PeerConnection:
         if self._closing:
             stats.drop("unreachable")
             return False
-        if self._buffer_full():
+        out = self._out
+        if not out:
+            self._start_batch()
+        if self._out_base + len(out) > WRITE_BUFFER_LIMIT:
             stats.drop("queue_full")
             return False
-        self.send_frame(ftype, payload)
+        self._touched = True
+        stats.bytes_sent += append_frame(out, ftype, payload)
         stats.datagrams_sent += 1
+        if len(out) >= COALESCE_LIMIT:
+            self._flush_out()
         return True
 
     async def drain(self) -> None:
@@ -210,9 +229,9 @@ class PeerConnection:
 
     def _dispatch(self, ftype: int, payload: bytes) -> None:
         stats = self.owner.stats
-        if ftype < FrameType.PING:
+        if ftype < _PING:
             self.last_used = self._last_rx
-        if ftype == FrameType.DGRAM:
+        if ftype == _DGRAM:
             stats.datagrams_received += 1
             self.owner.on_datagram(self.peer_id, payload, None)
         elif ftype == FrameType.H2_TO_SERVER:

@@ -13,8 +13,8 @@ so the connection is closed).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from llmfabric.net.errors import FrameError, GarbledFrame, OversizedFrame, WrongVersion
 
@@ -39,14 +39,21 @@ class FrameType(IntEnum):
     CLOSE = 13
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
+    # A tuple, not a dataclass: one is made per received frame on the datagram hot path.
     type: int
     payload: bytes
 
 
 def encode_frame(ftype: int, payload: bytes = b"", *, version: int = VERSION) -> bytes:
     return HEADER.pack(version, ftype, len(payload)) + payload
+
+
+def append_frame(out: bytearray, ftype: int, payload: bytes) -> int:
+    """Append one frame to `out` without building it separately; returns its size."""
+    out += HEADER.pack(VERSION, ftype, len(payload))
+    out += payload
+    return HEADER.size + len(payload)
 
 
 class FrameDecoder:
@@ -68,21 +75,31 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[Frame]:
         if self._failed is not None:
             raise type(self._failed)(f"decoder failed earlier: {self._failed}")
-        self._buf += data
+        # Parse straight from `data` when nothing is carried over (the usual case: a read
+        # ends on a frame boundary), so each payload is copied once; keep only the tail.
+        if self._buf:
+            self._buf += data
+            buf = bytes(self._buf)
+            self._buf.clear()
+        else:
+            buf = data if type(data) is bytes else bytes(data)
         frames: list[Frame] = []
-        while len(self._buf) >= HEADER.size:
-            version, ftype, length = HEADER.unpack_from(self._buf)
+        pos, n, hsize, unpack = 0, len(buf), HEADER.size, HEADER.unpack_from
+        while n - pos >= hsize:
+            version, ftype, length = unpack(buf, pos)
             if version != VERSION:
                 self._fail(WrongVersion(f"frame version {version}, this node speaks {VERSION}"))
             if ftype == 0:
                 self._fail(GarbledFrame("frame type 0 is invalid"))
             if length > self.max_payload:
                 self._fail(OversizedFrame(f"frame of {length} bytes > limit {self.max_payload}"))
-            end = HEADER.size + length
-            if len(self._buf) < end:
+            end = pos + hsize + length
+            if end > n:
                 break
-            frames.append(Frame(ftype, bytes(self._buf[HEADER.size : end])))
-            del self._buf[:end]
+            frames.append(Frame(ftype, buf[pos + hsize : end]))
+            pos = end
+        if pos < n:
+            self._buf += buf[pos:]
         return frames
 
     def _fail(self, err: FrameError) -> None:
@@ -118,6 +135,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "FrameType",
+    "append_frame",
     "decode_routed",
     "encode_frame",
     "encode_routed",
