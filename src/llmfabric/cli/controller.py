@@ -1,16 +1,20 @@
-"""`llmfabric controller`: the fleet controller loop, reading the registry through a node.
+"""`llmfabric controller`: the fleet controller loop.
 
-    llmfabric controller --node http://127.0.0.1:8080 --workload workload.yaml --once
+    llmfabric controller --bootstrap host:7946 --network-secret S --workload w.yaml
+    llmfabric controller --node http://127.0.0.1:8080 --workload w.yaml --once   # dry run
 
-It polls the node's read-only /v1/fabric/nodes view, plans for idle (bare, JOIN) nodes and
-prints/logs each decision with the engine command it implies. This command is a dry run: the
-executor that sends assignments to node agents is wired by the node package.
+With `--bootstrap` (and a credential) the controller joins the fabric as a member, reads its own
+replica, and sends each assignment to the node agent over the authenticated peer protocol; the
+node (started with --accept-assignments) renders the engine command from its own template and
+moves to SERVING. With only `--node URL` it polls that node's read-only /v1/fabric/nodes and
+logs the decisions it would take.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -62,8 +66,20 @@ async def _fetch(url: str) -> list[NodeRecord]:
 
 
 @click.command(name="controller")
-@click.option("--node", "node_url", required=True,
-              help="HTTP address of any node, e.g. http://127.0.0.1:8080")
+@click.option("--node", "node_url", default=None,
+              help="dry run: HTTP address of any node, e.g. http://127.0.0.1:8080")
+@click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
+              help="join the fabric through this peer and execute the decisions")
+@click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET")
+@click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              envvar="LLMFABRIC_MEMBERSHIP_CERT")
+@click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path),
+              envvar="LLMFABRIC_HOME", help="state dir of the controller's own node key")
+@click.option("--listen", default="0.0.0.0:0", show_default=True,
+              help="peer listener of the controller's node")
+@click.option("--preset", type=click.Choice(["lan", "wan", "local"]), default="lan",
+              show_default=True)
 @click.option("--workload", "workload_path", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="workload YAML (until ingress statistics are wired in)")
@@ -76,44 +92,100 @@ async def _fetch(url: str) -> list[NodeRecord]:
               help="relative arrival-rate change that triggers a new plan")
 @click.option("--reclaim", is_flag=True, help="also re-plan nodes that are already serving")
 @click.option("--once", is_flag=True, help="one round; print the decisions as JSON and exit")
-def command(node_url: str, workload_path: Path, template: str, policy: str, interval: float,
-            drift: float, reclaim: bool, once: bool) -> None:
-    """Fill idle nodes with models (dry run: decisions are logged, not executed)."""
+@click.option("--settle", type=float, default=3.0, show_default=True,
+              help="with --bootstrap: seconds to let the replica fill before planning")
+def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: str | None,
+            membership_cert: Path | None, operator_key: str | None, home: Path | None,
+            listen: str, preset: str, workload_path: Path, template: str, policy: str,
+            interval: float, drift: float, reclaim: bool, once: bool, settle: float) -> None:
+    """Fill idle nodes with models: plan with the placement policy, then assign."""
     from llmfabric.clock import SystemClock
     from llmfabric.scheduler.controller import ControllerConfig, FleetController
-    from llmfabric.scheduler.decisions import LoggingExecutor
+    from llmfabric.scheduler.decisions import Executor, LoggingExecutor
     from llmfabric.scheduler.errors import SchedulerError
     from llmfabric.scheduler.simadapter import SimPerformance
     from llmfabric.scheduler.spec import load_workload
 
+    if not node_url and not bootstrap:
+        raise click.UsageError("give --bootstrap (execute) or --node URL (dry run)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         workload = load_workload(workload_path)
     except SchedulerError as e:
         raise click.ClickException(str(e)) from None
     latest: list[NodeRecord] = []
-    executor = LoggingExecutor()
     config = ControllerConfig(policy=policy, template=template, drift_threshold=drift,
                               reclaim=reclaim, interval_s=interval)
     clock = SystemClock()
-    ctl = FleetController(lambda: latest, lambda: workload, executor,
-                          SimPerformance.for_workload(workload), clock, config)
+    perf = SimPerformance.for_workload(workload)
 
-    async def main() -> None:
+    async def loop(ctl: FleetController, refresh: Any) -> None:
         while True:
             try:
-                latest[:] = await _fetch(node_url)
+                await refresh()
                 decisions = await ctl.step()
-            except SchedulerError as e:
+            except (SchedulerError, RuntimeError) as e:
                 logging.error("placement round failed: %s", e)
                 decisions = []
             except OSError as e:
-                raise click.ClickException(f"cannot read {node_url}: {e}") from None
+                raise click.ClickException(f"cannot read the registry: {e}") from None
             if once:
                 sys.stdout.write(json.dumps(
                     [{"kind": type(d).__name__, **asdict(d)} for d in decisions], indent=2) + "\n")
                 return
             await clock.sleep(interval)
 
+    async def dry_run() -> None:
+        assert node_url is not None
+        executor: Executor = LoggingExecutor()
+        ctl = FleetController(lambda: latest, lambda: workload, executor, perf, clock, config)
+
+        async def refresh() -> None:
+            latest[:] = await _fetch(node_url)
+
+        await loop(ctl, refresh)
+
+    async def in_fabric() -> None:
+        from llmfabric.node.config import ConfigError, build_config
+        from llmfabric.node.daemon import Node, NodeError
+        from llmfabric.node.executor import PeerExecutor
+
+        overrides: dict[str, Any] = {
+            "bootstrap": tuple(b for item in bootstrap for b in item.split(",") if b),
+            "network_secret": network_secret, "membership_cert": membership_cert,
+            "operator_key": operator_key, "listen": listen, "http_listen": "127.0.0.1:0",
+            "preset": preset, "gpu": "cpu", "home": home,
+        }
+        try:
+            node = Node(build_config({}, overrides))
+        except (ConfigError, NodeError) as e:
+            raise click.ClickException(str(e)) from None
+        await node.start()
+        try:
+            await clock.sleep(settle)
+            agent = node.agent
+            assert agent is not None
+
+            def records() -> list[NodeRecord]:
+                # Bare nodes are capacity only when they accept assignments.
+                return [dataclasses.replace(v.record, state=v.state)
+                        for v in agent.nodes.all(include_left=False)
+                        if not v.suspected and (v.record.meta.engine
+                                                or "assignable" in v.record.meta.roles)]
+
+            def peer_of(sid: str) -> str | None:
+                view = agent.nodes.get(sid)
+                return None if view is None else view.record.peer_id
+
+            executor = PeerExecutor(node.transport, peer_of)
+            ctl = FleetController(records, lambda: workload, executor, perf, clock, config)
+
+            async def refresh() -> None:
+                return None
+
+            await loop(ctl, refresh)
+        finally:
+            await node.stop(drain=False)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+        asyncio.run(in_fabric() if bootstrap else dry_run())

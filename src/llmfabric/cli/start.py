@@ -69,6 +69,10 @@ def node_options(fn: Any) -> Any:
         click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
+        click.option("--accept-assignments", is_flag=True, default=None,
+                     help="let the fleet controller start an engine on this bare node"),
+        click.option("--controller", "controllers", multiple=True,
+                     help="peer id allowed to send assignments (repeatable; default: any member)"),
         click.option("--engine-url", help="engine base URL [parsed from the command]"),
         click.option("--ready-timeout", "ready_timeout_s", type=float,
                      help="seconds to wait for the engine to load [900]"),
@@ -97,8 +101,9 @@ def config_from_options(
         bootstrap.extend(part.strip() for part in item.split(",") if part.strip())
     if bootstrap:
         opts["bootstrap"] = tuple(bootstrap)
-    if not opts.get("labels"):
-        opts.pop("labels", None)
+    for name in ("labels", "controllers"):
+        if not opts.get(name):
+            opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)
     if no_auth:
         opts["auth"] = False

@@ -62,6 +62,8 @@ class NodeConfig(BaseModel):
     health_interval_s: float = 2.0
     health_failures: int = 3
     drain_timeout_s: float = 30.0
+    accept_assignments: bool = False  # start engines the fleet controller assigns
+    controllers: tuple[str, ...] = ()  # peer ids allowed to assign (empty: any member)
     gpu: str | None = None
     gpu_count: int | None = None
     gpu_memory_gb: float | None = None

@@ -19,8 +19,10 @@ import hmac
 import logging
 import random
 import secrets
+import socket
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from llmfabric.agent import EngineEvent, EngineState, InflightTracker
@@ -29,13 +31,16 @@ from llmfabric.clock import Clock, SystemClock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.identity import NodeKey
-from llmfabric.net import TlsTransport, TransportConfig
+from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.node.admission import admission_from_config
+from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import NodeConfig, parse_hostport
-from llmfabric.node.engine_link import EngineLink
+from llmfabric.node.engine_link import EngineLink, error_response
 from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Change
@@ -84,6 +89,7 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seeds: list[str] = []
         self._stopping = False
+        self._forward_token: str | None = None
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -121,13 +127,14 @@ class Node:
             self.ingress = await IngressLink.create(self.config, reader, self.transport, self.rng)
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
+        self._forward_token = (
+            forward_token(self.config.network_secret) if self.config.network_secret else None
+        )
+        if self._forward_token is not None:  # the fast direct path (PSK networks only)
+            app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self._forward_http)
+        self.transport.set_request_handler(PeerApi(lambda: self.engine, self._assign).handle)
         if self.config.process:
-            self.engine = EngineLink(self.config, self.clock, self.inflight)
-            proxy_token = (
-                forward_token(self.config.network_secret) if self.config.network_secret else None
-            )
-            self.engine.mount(app, proxy_token)
-            self.transport.set_request_handler(self.engine.handle_peer_request)
+            self.engine = self._engine_link(self.config)
         await self._serve_http(app)
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
@@ -166,7 +173,13 @@ class Node:
     def _meta(self, **changes: Any) -> NodeMeta:
         base = self.agent.record.meta if self.agent is not None else None
         roles = tuple(
-            r for r, on in (("ingress", self.config.ingress), ("relay", self.config.relay)) if on
+            r
+            for r, on in (
+                ("ingress", self.config.ingress),
+                ("relay", self.config.relay),
+                ("assignable", self.config.accept_assignments),
+            )
+            if on
         )
         hardware = (
             base.hardware
@@ -262,6 +275,45 @@ class Node:
         await self.agent.start()
 
     # ---- engine -------------------------------------------------------------------------
+    def _engine_link(self, config: NodeConfig, env: dict[str, str] | None = None) -> EngineLink:
+        return EngineLink(config, self.clock, self.inflight,
+                          forward_token=self._forward_token, env=env)
+
+    async def _forward_http(self, request: web.Request) -> web.StreamResponse:
+        if self.engine is None:
+            return web.json_response(
+                {"error": {"message": "this node serves no engine", "type": "unavailable",
+                           "param": None, "code": "node_not_serving"}}, status=503)
+        return await self.engine.handle_http(request)
+
+    async def _assign(self, peer: str, body: bytes) -> HandlerResponse:
+        """Start an engine for a controller's assignment (bare nodes that accept them)."""
+        if not self.config.accept_assignments:
+            return error_response(403, "this node does not accept assignments (start it with "
+                                  "--accept-assignments)", "assignments_disabled")
+        if self.config.controllers and peer not in self.config.controllers:
+            return error_response(403, f"peer {peer} is not an allowed controller",
+                                  "not_a_controller")
+        if self.engine is not None or self._stopping:
+            return error_response(409, "this node already runs an engine", "busy")
+        try:
+            assignment = parse_assignment(body)
+        except AssignmentError as exc:
+            return error_response(400, str(exc), "invalid_assignment")
+        argv = engine_command(assignment, free_local_port())
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, assignment.gpu_ids))}
+        if not assignment.gpu_ids:
+            env = {}
+        self.engine = self._engine_link(
+            self.config.model_copy(update={"process": tuple(argv), "engine_url": None}), env
+        )
+        log.info("assignment from %s: %s", peer, " ".join(argv))
+        self._spawn(self._run_engine(self.engine), "engine")
+        return HandlerResponse(
+            202, (("content-type", "application/json"),),
+            orjson.dumps({"session_id": self.session_id, "command": argv}),
+        )
+
     async def _run_engine(self, engine: EngineLink) -> None:
         try:
             info = await engine.start()
@@ -350,3 +402,10 @@ class Node:
 
 def random_secret() -> str:
     return secrets.token_urlsafe(24)
+
+
+def free_local_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -25,7 +25,7 @@ from llmfabric.node.config import NodeConfig
 _JSON = (("content-type", "application/json"),)
 
 
-def _error(status: int, message: str, code: str) -> HandlerResponse:
+def error_response(status: int, message: str, code: str) -> HandlerResponse:
     body = orjson.dumps(
         {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
     )
@@ -33,7 +33,15 @@ def _error(status: int, message: str, code: str) -> HandlerResponse:
 
 
 class EngineLink:
-    def __init__(self, config: NodeConfig, clock: Clock, inflight: InflightTracker) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        clock: Clock,
+        inflight: InflightTracker,
+        *,
+        forward_token: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.config = config
         self.inflight = inflight
         logs = config.home / "logs"
@@ -46,11 +54,12 @@ class EngineLink:
                 ready_timeout_s=config.ready_timeout_s,
                 health_interval_s=config.health_interval_s,
                 failures_to_down=config.health_failures,
+                env=env,
             ),
             clock=clock,
         )
         self.proxy: EngineProxy | None = None
-        self._token: str | None = None
+        self._token = forward_token
 
     async def start(self) -> EngineInfo:
         info = await self.supervisor.start()
@@ -59,17 +68,10 @@ class EngineLink:
         )
         return info
 
-    def mount(self, app: web.Application, token: str | None) -> None:
-        """Serve the HTTP forward route (only when a forward token can be derived)."""
-        if token is None:
-            return
-        self._token = token
-        app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self._handle_http)
-
-    async def _handle_http(self, request: web.Request) -> web.StreamResponse:
+    async def handle_http(self, request: web.Request) -> web.StreamResponse:
         if self.proxy is None or not self.inflight.accepting:
             return web.Response(
-                body=_error(503, "this node is not serving", "node_not_serving").body,
+                body=error_response(503, "this node is not serving", "node_not_serving").body,
                 status=503, content_type="application/json",
             )
         self.inflight.begin()
@@ -80,18 +82,18 @@ class EngineLink:
 
     async def handle_peer_request(self, request: PeerRequest) -> HandlerResponse:
         if not request.path.startswith(FORWARD_PREFIX + "/v1/"):
-            return _error(404, f"{request.path} is not served to peers", "not_found")
+            return error_response(404, f"{request.path} is not served to peers", "not_found")
         if self.proxy is None or not self.inflight.accepting:
-            return _error(503, "this node is not serving", "node_not_serving")
+            return error_response(503, "this node is not serving", "node_not_serving")
         body = await request.read()
         if len(body) > self.config.max_body_bytes:
-            return _error(400, "request body too large", "request_too_large")
+            return error_response(400, "request body too large", "request_too_large")
         self.inflight.begin()
         try:
             upstream = await self.proxy.open(request.path.removeprefix(FORWARD_PREFIX), body)
         except UpstreamError as exc:
             self.inflight.end()
-            return _error(502, str(exc), "engine_unreachable")
+            return error_response(502, str(exc), "engine_unreachable")
 
         async def relay() -> AsyncIterator[bytes]:
             try:

@@ -63,7 +63,7 @@ class IngressLink:
             auth = AccountsAuth(store, RateLimiter(SystemClock()))
             key_file = config.admin_key_file or config.home / "admin.key"
             _, admin_key = await ensure_admin_key(store, key_file)
-        peer = PeerForwarder(transport)  # type: ignore[arg-type]
+        peer = PeerForwarder(transport)
         direct: Forwarder = peer
         if config.network_secret:
             token = forward_token(config.network_secret)

@@ -1,0 +1,81 @@
+"""Engine assignments from the fleet controller, carried over the authenticated peer protocol.
+
+The controller sends data (model, template name, parallelism, GPU ids), never a command line:
+the node renders the command from its own template table, so an admitted peer cannot make a
+node run arbitrary programs. Nodes accept assignments only when started with
+`--accept-assignments`, optionally only from listed controller peer ids.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
+
+ASSIGN_PATH = "/_fabric/v1/assign"
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+_GPU_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class AssignmentError(ValueError):
+    """The assignment is malformed; the message says which field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    model: str
+    gpu_type: str
+    tp: int
+    dp: int
+    template: str
+    gpu_ids: tuple[int, ...]
+
+    @classmethod
+    def from_decision(cls, decision: Assign) -> Assignment:
+        return cls(decision.model, decision.gpu_type, decision.tp, decision.dp,
+                   decision.template, decision.gpu_ids)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+def parse_assignment(body: bytes) -> Assignment:
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise AssignmentError("the assignment body is not JSON") from None
+    if not isinstance(data, dict):
+        raise AssignmentError("the assignment must be a JSON object")
+    model, gpu, template = data.get("model"), data.get("gpu_type"), data.get("template")
+    tp, dp, gpu_ids = data.get("tp"), data.get("dp", 1), data.get("gpu_ids", [])
+    if not isinstance(model, str) or not _MODEL_RE.match(model):
+        raise AssignmentError("model must be a model id (letters, digits, . _ : / @ + -)")
+    if not isinstance(gpu, str) or not _GPU_RE.match(gpu):
+        raise AssignmentError("gpu_type must be a GPU name like H100-SXM")
+    if template not in TEMPLATES:
+        raise AssignmentError(f"template must be one of {sorted(TEMPLATES)}")
+    if not isinstance(tp, int) or tp not in (1, 2, 4, 8):
+        raise AssignmentError("tp must be 1, 2, 4 or 8")
+    if not isinstance(dp, int) or not 1 <= dp <= 64:
+        raise AssignmentError("dp must be an integer in 1..64")
+    if not isinstance(gpu_ids, list) or not all(
+        isinstance(i, int) and 0 <= i < 64 for i in gpu_ids
+    ):
+        raise AssignmentError("gpu_ids must be a list of GPU indexes")
+    return Assignment(model, gpu, tp, dp, str(template), tuple(gpu_ids))
+
+
+def engine_command(assignment: Assignment, port: int) -> list[str]:
+    """The argv this node runs for `assignment`, from its own template table."""
+    decision = Assign(assignment.model, assignment.gpu_type, assignment.tp, assignment.dp, (),
+                      assignment.template, assignment.gpu_ids)
+    argv = render(decision, port)
+    if argv and argv[0] == "llmfabric" and shutil.which("llmfabric") is None:
+        argv = [sys.executable, "-m", "llmfabric", *argv[1:]]
+    return argv

@@ -1,0 +1,65 @@
+"""Issue 5's loop end to end: bare nodes join with their (simulated) GPUs, the fleet controller
+joins the fabric, plans, sends assignments over the peer protocol, the nodes start engines
+from their own templates and serve through the ingress."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from llmfabric.node.local_fabric import LocalFabric
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = "models:\n  - {model: qwen3-1.7b, rate: 2, mean_in: 200, mean_out: 20}\n"
+
+
+@pytest.fixture
+def fabric(tmp_path: pathlib.Path) -> Iterator[LocalFabric]:
+    with LocalFabric(tmp_path / "fabric") as fab:
+        fab.start_ingress()
+        gpu = ("--gpu", "L40S", "--gpu-count", "1", "--gpu-memory", "48")
+        fab.add_bare_node("idle-a", "--accept-assignments", *gpu)
+        fab.add_bare_node("closed", *gpu)  # does not accept assignments
+        for node in fab.nodes:
+            fab.wait_http(node)
+        yield fab
+
+
+def test_controller_fills_idle_nodes_over_the_peer_protocol(
+    fabric: LocalFabric, tmp_path: pathlib.Path
+) -> None:
+    assert fabric.ingress is not None
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    result = subprocess.run(
+        [sys.executable, "-m", "llmfabric.cli.main", "controller",
+         "--bootstrap", fabric.ingress.peer_addr, "--network-secret", fabric.secret,
+         "--preset", "local", "--home", str(tmp_path / "ctl"), "--listen", "127.0.0.1:0",
+         "--workload", str(workload), "--template", "sim", "--policy", "greedy", "--once"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    decisions = json.loads(result.stdout)
+    assigned = {sid for d in decisions if d["kind"] == "Assign" for sid in d["session_ids"]}
+    assert assigned, result.stderr
+    # A node that does not accept assignments is not capacity.
+    closed_sid = fabric.nodes[2].get_json("/v1/fabric/self")["session_id"]
+    assert closed_sid not in assigned
+    assert "failed" not in result.stderr
+    fabric.wait_serving({"qwen3-1.7b": 1}, timeout=60)
+    idle_a = fabric.nodes[1].get_json("/v1/fabric/self")
+    assert idle_a["state"] == "SERVING" and idle_a["engine"] == "sim"
+    client = openai.OpenAI(base_url=fabric.ingress.http_url + "/v1",
+                           api_key=fabric.admin_key(), max_retries=0)
+    reply = client.chat.completions.create(
+        model="qwen3-1.7b", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens == 3
+    assert fabric.nodes[2].get_json("/v1/fabric/self")["state"] == "JOIN"
