@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFabric]:
     root: pathlib.Path = tmp_path_factory.mktemp("fabric")
     with LocalFabric(root) as fab:
-        fab.start_ingress()
+        fab.start_ingress("--record-trace", str(root / "trace.jsonl"))
         fab.add_node(EngineSpec("llama-3.1-8b", "H100-SXM", provider="uni-a", speed=20))
         fab.add_node(EngineSpec("llama-3.1-8b", "A100-80GB", provider="uni-b", speed=20))
         fab.add_node(EngineSpec("qwen3-1.7b", "L40S", provider="uni-b", speed=20))
@@ -103,3 +103,43 @@ def test_node_api_is_read_only(fabric: LocalFabric) -> None:
         assert err.value.code == 405
     providers = fabric.ingress.get_json("/v1/fabric/providers")["providers"]
     assert {"uni-a", "uni-b"} <= {p["id"] for p in providers}
+
+
+def test_ingress_records_an_anonymized_trace_with_per_key_opt_out(fabric: LocalFabric) -> None:
+    import json
+    import time
+    import urllib.request
+
+    assert fabric.ingress is not None
+    secret_prompt = "my secret prompt about the quarterly numbers " * 4
+    def new_key(record: bool) -> str:
+        assert fabric.ingress is not None
+        req = urllib.request.Request(
+            fabric.ingress.http_url + "/v1/fabric/keys",
+            data=json.dumps({"name": f"k{record}", "record_trace": record}).encode(),
+            headers={"Authorization": f"Bearer {fabric.admin_key()}",
+                     "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            key: str = json.loads(resp.read())["key"]
+            return key
+
+    traced_key, private_key = new_key(True), new_key(False)
+    trace = fabric.root / "trace.jsonl"
+    before = trace.read_text().count("\n") if trace.exists() else 0
+    _client(fabric, key=traced_key).chat.completions.create(
+        model="qwen3-1.7b", messages=[{"role": "user", "content": secret_prompt}],
+        max_tokens=3, temperature=0.5,
+    )
+    _client(fabric, key=private_key).chat.completions.create(
+        model="qwen3-1.7b", messages=[{"role": "user", "content": "opted out"}], max_tokens=3,
+    )
+    time.sleep(0.5)
+    rows = [json.loads(line) for line in trace.read_text().splitlines()[before:]]
+    assert len(rows) == 1, rows  # the opted-out key left no row
+    row = rows[0]
+    assert row["model"] == "qwen3-1.7b"
+    assert row["output_tokens"] == 3 and row["input_tokens"] > 0
+    assert row["hash_ids"], row
+    assert row["sampling_params"].get("temperature") == 0.5
+    assert "secret" not in trace.read_text() and "quarterly" not in trace.read_text()

@@ -67,6 +67,8 @@ def node_options(fn: Any) -> Any:
         click.option("--policy", help="ingress load-balancing policy [random]"),
         click.option("--max-retries", type=int, help="ingress retries on other nodes [2]"),
         click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),
+        click.option("--record-trace", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+                     help="ingress: append an anonymized trace (JSONL) of served requests"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
         click.option("--accept-assignments", is_flag=True, default=None,

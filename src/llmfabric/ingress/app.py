@@ -293,11 +293,11 @@ class Ingress:
             finally:
                 self.policy.on_request_end(cand, ok)
             self._finish(path, model, principal, cand, resp.status, stream, len(tried),
-                         t0, started, ttft, usage)
+                         t0, started, ttft, usage, doc)
             return resp
         self.metrics.observe_request(model, 502, _perf() - t0)
         self._trace(path, model, principal, None, 502, stream, len(tried), t0, started, None,
-                    None)
+                    None, doc)
         return error_response(
             502, f"all {len(tried)} candidate node(s) for model {model!r} failed"
             f" (last error: {last_error}); retry later", "upstream_failed",
@@ -416,7 +416,7 @@ class Ingress:
     def _finish(
         self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,
         stream: bool, attempts: int, t0: float, started: float, ttft: float | None,
-        usage: tuple[int, int] | None,
+        usage: tuple[int, int] | None, doc: dict[str, Any],
     ) -> None:
         e2e = _perf() - t0
         self.metrics.observe_request(model, status, e2e)
@@ -424,12 +424,12 @@ class Ingress:
             self.usage_sink.record(principal.id, model, usage[0], usage[1])
         if self.config.trace_hook is not None:
             self._trace(path, model, principal, cand.session_id, status, stream, attempts, t0,
-                        started, ttft, usage)
+                        started, ttft, usage, doc)
 
     def _trace(
         self, path: str, model: str, principal: Principal | None, node: str | None,
         status: int, stream: bool, attempts: int, t0: float, started: float,
-        ttft: float | None, usage: tuple[int, int] | None,
+        ttft: float | None, usage: tuple[int, int] | None, doc: dict[str, Any],
     ) -> None:
         hook = self.config.trace_hook
         if hook is None:
@@ -441,6 +441,8 @@ class Ingress:
                 ttft_s=ttft, e2e_s=_perf() - t0,
                 prompt_tokens=usage[0] if usage else None,
                 completion_tokens=usage[1] if usage else None,
+                request=doc,
+                opted_out=getattr(principal, "record_trace", True) is False,
             ))
 
 

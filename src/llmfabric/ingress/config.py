@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmfabric.routing.policies import DEFAULT_POLICY
 
@@ -34,6 +35,9 @@ class TraceEvent:
     e2e_s: float
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # The parsed request body (for anonymized trace recording; never logged as is).
+    request: Mapping[str, Any] | None = None
+    opted_out: bool = False  # the caller's key opted out of trace recording
 
 
 TraceHook = Callable[[TraceEvent], None]

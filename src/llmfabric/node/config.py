@@ -73,6 +73,7 @@ class NodeConfig(BaseModel):
     db: str | None = None
     auth: bool = True
     admin_key_file: pathlib.Path | None = None
+    record_trace: pathlib.Path | None = None  # anonymized JSONL trace of served requests
     dashboard: bool = True
     max_body_bytes: int = 4 * 1024 * 1024
 

@@ -29,6 +29,8 @@ from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
 from llmfabric.node.config import NodeConfig
 from llmfabric.node.replica_reader import AgentReplicaReader
+from llmfabric.node.trace_link import IngressTraceHook, load_or_create_salt
+from llmfabric.traces import TraceRecorder
 
 
 class IngressLink:
@@ -44,6 +46,7 @@ class IngressLink:
         self.forwarder = forwarder
         self.dashboard = dashboard
         self.admin_key: str | None = None
+        self.trace_hook: IngressTraceHook | None = None
 
     @classmethod
     async def create(
@@ -69,6 +72,10 @@ class IngressLink:
             token = forward_token(config.network_secret)
             direct = HttpForwarder(FORWARD_PREFIX, extra_headers={FORWARD_TOKEN_HEADER: token})
         forwarder = ChoosingForwarder(direct, peer)
+        trace_hook: IngressTraceHook | None = None
+        if config.record_trace is not None:
+            salt = load_or_create_salt(config.home / "trace.salt")
+            trace_hook = IngressTraceHook(TraceRecorder(config.record_trace, salt))
         ingress = Ingress(
             IngressConfig(
                 node_id="ingress",
@@ -76,6 +83,7 @@ class IngressLink:
                 max_retries=config.max_retries,
                 max_body_bytes=config.max_body_bytes,
                 auth_enabled=config.auth,
+                trace_hook=trace_hook,
             ),
             RecordsCandidateSource(reader.records_with_suspicion, reader.version),
             forwarder,
@@ -84,6 +92,7 @@ class IngressLink:
             rng=rng,
         )
         link = cls(ingress, store, forwarder, config.dashboard)
+        link.trace_hook = trace_hook
         link.admin_key = admin_key
         return link
 
@@ -99,6 +108,8 @@ class IngressLink:
             add_dashboard_routes(app)
 
     async def aclose(self) -> None:
+        if self.trace_hook is not None:
+            self.trace_hook.close()
         await self.forwarder.aclose()
         if self.store is not None:
             await self.store.aclose()
