@@ -48,7 +48,7 @@ from llmfabric.gossip.wire import (
 from llmfabric.membership.suspicion import SuspicionTracker
 from llmfabric.membership.swim import Member, Prober
 from llmfabric.net.transport import PeerId, Transport
-from llmfabric.registry.codec import SignedRecord
+from llmfabric.registry.codec import SignedRecord, peek_record_header
 from llmfabric.registry.errors import InvalidRecord
 from llmfabric.registry.facts import Fact, FactKind, make_fact
 from llmfabric.registry.owner import RecordOwner
@@ -315,7 +315,19 @@ class GossipAgent:
                 key: Hashable = ("r", change.session_id) if kind == ITEM_RECORD else ("f", sig)
                 self.queue.push(key, (kind, body, sig), self._limit_for(change))
                 fresh = True
+            elif change is None and rumour and self.queue:
+                self._heard_again(kind, body, sig)
         return fresh
+
+    def _heard_again(self, kind: int, body: bytes, sig: bytes) -> None:
+        if kind != ITEM_RECORD:
+            self.queue.heard_again(("f", sig), sig)
+            return
+        try:
+            sid, _ = peek_record_header(body)
+        except InvalidRecord:
+            return
+        self.queue.heard_again(("r", sid), sig)
 
     def _on_change(self, change: Change) -> None:
         self._members_cache = None

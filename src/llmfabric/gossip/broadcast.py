@@ -1,6 +1,7 @@
 """The queue of fresh changes to disseminate, each sent at most `limit` times (memberlist's
 TransmitLimitedQueue). A newer item under the same key (same session record, same author's
 fact) replaces the older one. Least-sent items go first; items are packed up to a byte budget.
+Hearing an item again from a peer counts as a send, so saturated rumours stop early.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class BroadcastQueue:
         used = 0
         for key, (sent, seq, item, own) in sorted(self._items.items(),
                                                   key=lambda kv: (kv[1][0], -kv[1][1])):
+            if sent >= (min(own, limit) if own else limit):
+                del self._items[key]  # used up by duplicates heard from peers
+                continue
             size = item_size(item)
             if used + size > budget:
                 continue
@@ -40,6 +44,15 @@ class BroadcastQueue:
             else:
                 self._items[key] = (sent + 1, seq, item, own)
         return out
+
+    def heard_again(self, key: Hashable, signature: bytes) -> None:
+        """A peer sent us an item we already queue: count it as one send (Demers et al.'s
+        feedback rumour mongering), so a rumour everybody already has dies out sooner."""
+        cur = self._items.get(key)
+        if cur is None or cur[2][2] != signature:
+            return
+        sent, seq, item, own = cur
+        self._items[key] = (sent + 1, seq, item, own)
 
     def clear(self) -> None:
         self._items.clear()

@@ -27,7 +27,7 @@ class GossipConfig:
     # dissemination (rumour mongering of fresh changes)
     gossip_interval_s: float = 0.2
     fanout: int = 3
-    retransmit_mult: int = 4
+    retransmit_mult: int = 3
     # Sends per node for a minor change (only load hints differ, same lifecycle/incarnation):
     # one eager push to the fanout, anti-entropy repairs the few nodes it misses.
     minor_transmits: int = 3
@@ -85,11 +85,11 @@ class GossipConfig:
 PRESETS: dict[str, GossipConfig] = {
     "local": GossipConfig(
         gossip_interval_s=0.05, fanout=3, sync_interval_s=1.0, probe_interval_s=0.5,
-        probe_timeout_s=0.2, suspicion_mult=4.0,
+        probe_timeout_s=0.2, suspicion_mult=8.0,
     ),
     "lan": GossipConfig(
         gossip_interval_s=0.1, fanout=3, sync_interval_s=2.0, probe_interval_s=0.6,
-        probe_timeout_s=0.25, suspicion_mult=4.0,
+        probe_timeout_s=0.25, suspicion_mult=8.0,
     ),
     "wan": GossipConfig(
         gossip_interval_s=0.5, fanout=4, sync_interval_s=10.0, probe_interval_s=3.0,

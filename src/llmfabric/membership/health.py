@@ -1,9 +1,9 @@
 """Lifeguard's local health multiplier (LHM).
 
-A node that misses acks, or has to refute suspicions of itself, is probably the slow one (CPU
-starved, congested link). Its score rises (to `max_score`) and it stretches its own probe
-interval and ack timeout by (score + 1), so it stops accusing healthy peers; successful probes
-bring the score back down.
+A node that misses acks, has to refute suspicions of itself, or whose own probe timer fires
+late is probably the slow one (CPU starved, congested link). Its score rises (to `max_score`)
+and it stretches its own probe interval and ack timeout by (score + 1), so it stops accusing
+healthy peers; successful probes bring the score back down.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ class ProbeStats:
     ping_reqs_served: int = 0
     spared_heard: int = 0  # no ack, but other traffic from the peer arrived during the probe
     spared_lag: int = 0  # our own timers fired late (starved loop): one more ping was sent
+    loop_lag: int = 0  # probe periods that started late (each raises the local health score)
 
 
 class Prober:
@@ -102,7 +103,11 @@ class Prober:
             target = None if self.paused else self._next_target()
             if target is not None:
                 await self.probe(target, period)
-            await self._clock.sleep(max(0.0, start + period - self._clock.now()))
+            wake = max(start + period, self._clock.now())
+            await self._clock.sleep(wake - self._clock.now())
+            if self._clock.now() - wake > self._lag_threshold():
+                self.stats.loop_lag += 1
+                self.health.bad()  # our own loop is late: probe less eagerly for a while
 
     async def probe(self, target: Member, period: float | None = None) -> bool:
         """Ping `target` directly, then through k helpers; True if any ack came back."""
@@ -135,7 +140,7 @@ class Prober:
                 self.stats.spared_heard += 1
                 return False
             overrun = (self._clock.now() - started) - (timeout + indirect_wait)
-            if overrun > max(0.05, 0.5 * timeout):
+            if overrun > self._lag_threshold():
                 # Our timers fired late: our event loop is starved, so the ack may be sitting
                 # unread. Give the target one more direct ping before accusing it.
                 self.stats.spared_lag += 1
@@ -150,6 +155,9 @@ class Prober:
             return False
         finally:
             self._pending.pop(seq, None)
+
+    def _lag_threshold(self) -> float:
+        return max(0.05, 0.5 * self._cfg.probe_timeout_s)
 
     async def _wait(self, fut: asyncio.Future[None], seconds: float) -> bool:
         if fut.done():
