@@ -62,10 +62,12 @@ class FrameDecoder:
     def __init__(self, max_payload: int = MAX_PAYLOAD) -> None:
         self.max_payload = max_payload
         self._buf = bytearray()
+        self._need = 0  # bytes the carried-over partial frame needs before parsing again
         self._failed: FrameError | None = None
 
     def reset(self) -> None:
         self._buf.clear()
+        self._need = 0
         self._failed = None
 
     @property
@@ -79,6 +81,8 @@ class FrameDecoder:
         # ends on a frame boundary), so each payload is copied once; keep only the tail.
         if self._buf:
             self._buf += data
+            if len(self._buf) < self._need:  # a large frame still arriving: just collect
+                return []
             buf = bytes(self._buf)
             self._buf.clear()
         else:
@@ -100,6 +104,7 @@ class FrameDecoder:
             pos = end
         if pos < n:
             self._buf += buf[pos:]
+            self._need = end - pos if n - pos >= hsize else hsize
         return frames
 
     def _fail(self, err: FrameError) -> None:

@@ -55,6 +55,8 @@ async def open_tls(
         opened.set_result(w)
 
     handshake: asyncio.Future[None] = loop.create_future()
+    # Whatever happens to the awaiting task, the handshake outcome is retrieved.
+    handshake.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def factory() -> asyncio.BaseProtocol:
         # Made only once TCP is connected: the TLS protocol owns a transport object that
