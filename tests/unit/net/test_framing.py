@@ -85,3 +85,15 @@ def test_routed_garbage_raises_garbled_only(data):
     with contextlib.suppress(GarbledFrame):
         peer, rest = decode_routed(data)
         assert peer and len(rest) <= len(data)
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096])
+def test_large_frame_in_small_reads_then_more_frames_in_the_same_read(step):
+    big = bytes(range(256)) * 40
+    wire = encode_frame(FrameType.H2_TO_SERVER, big) + encode_frame(FrameType.DGRAM, b"after")
+    dec = FrameDecoder()
+    got: list[Frame] = []
+    for i in range(0, len(wire), step):
+        got.extend(dec.feed(wire[i : i + step]))
+    assert got == [Frame(FrameType.H2_TO_SERVER, big), Frame(FrameType.DGRAM, b"after")]
+    assert all(type(f.payload) is bytes for f in got) and dec.buffered == 0
