@@ -77,6 +77,7 @@ class Prober:
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._relays: dict[int, tuple[PeerId, int, float]] = {}  # our seq -> (asker, seq, until)
         self._order: list[Member] = []
+        self._in_round: set[Member] = set()
         self.paused = False
 
     def _next_seq(self) -> int:
@@ -84,7 +85,14 @@ class Prober:
         return self._seq
 
     def _next_target(self) -> Member | None:
-        current = set(self._members())
+        members = self._members()
+        current = set(members)
+        # Members that joined during this round go in at random positions (as memberlist does),
+        # so a fresh node is probed within about one round, not after the next reshuffle.
+        for m in members:
+            if m not in self._in_round:
+                self._in_round.add(m)
+                self._order.insert(self._rng.randint(0, len(self._order)), m)
         while self._order:
             m = self._order.pop()
             if m in current:
@@ -93,6 +101,7 @@ class Prober:
             return None
         self._order = sorted(current, key=lambda m: (m.session_id, m.peer_id))
         self._rng.shuffle(self._order)
+        self._in_round = set(current)
         return self._order.pop()
 
     async def run(self) -> None:

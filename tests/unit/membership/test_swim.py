@@ -152,3 +152,18 @@ async def test_a_starved_prober_pings_again_before_accusing() -> None:
     await clock.advance(1.0)
     assert await task is True and suspected == []
     assert p.stats.spared_lag == 1  # type: ignore[attr-defined]
+
+
+def test_round_robin_covers_everyone_and_takes_in_newcomers() -> None:
+    from llmfabric.membership.swim import Member, Prober
+
+    members = [Member(f"s{i}", f"p{i}") for i in range(6)]
+    p = Prober(FakeClock(), PRESETS["local"], random.Random(3), local_peer="me",
+               members=lambda: members, send=lambda peer, msg: None, piggyback=lambda: (),
+               on_suspect=lambda m: None)
+    first = [p._next_target() for _ in range(6)]
+    assert sorted(m.session_id for m in first if m) == [f"s{i}" for i in range(6)]
+    p._next_target()  # a new round has started
+    members.append(Member("new", "pn"))
+    upcoming = [p._next_target() for _ in range(6)]  # the rest of this round
+    assert Member("new", "pn") in upcoming
