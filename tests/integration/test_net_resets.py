@@ -4,6 +4,7 @@ collected). The loop's exception handler records every such report and the test 
 
 import asyncio
 import gc
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import HandlerResponse, RequestFailed, TlsTransport
+from llmfabric.net.addressbook import parse_addr
+from llmfabric.net.framing import FrameType, encode_frame
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
@@ -82,3 +85,27 @@ async def test_resets_and_closed_connections_leave_no_unretrieved_exceptions(loo
             await pending
     reports = await _collect(loop_errors)
     assert not [r for r in reports if "never retrieved" in r], reports
+
+
+async def test_closing_while_refusing_a_connection_reports_nothing_to_the_loop(loop_errors):
+    a = TlsTransport(NodeKey.generate(), psk())
+    await a.start()
+    host, port = parse_addr(a.listen_addr or "")
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+    try:
+        writer.write(encode_frame(FrameType.AUTH, b"\xc1garbled"))
+        await writer.drain()
+        writer.transport.pause_reading()  # never answer the server's TLS close
+        # The server refuses and waits (up to 1 s) for a TLS close this client never sends;
+        # closing the transport now cancels that wait.
+        async with asyncio.timeout(5):
+            while not a.stats.handshakes_refused["garbled"]:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        await a.aclose()
+    finally:
+        writer.transport.abort()
+    reports = await _collect(loop_errors)
+    assert not reports, reports

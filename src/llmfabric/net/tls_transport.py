@@ -75,12 +75,13 @@ class TransportConfig:
     port: int = 0  # 0: any free port
     public_addr: str | None = None  # advertised "host:port" (default: the bound address)
     relay: bool = False  # serve as a relay for nodes that cannot be dialled
-    connect_timeout: float = 5.0  # TCP connect only
-    handshake_timeout: float = 10.0  # TLS handshake; then, separately, the peer handshake
-    # Limit for the transport's own requests (dial-back, relay registration). Generous: the
-    # answering peer may be CPU-starved, and the dial-back includes its probe dial
-    # (connect + 2 handshakes).
-    internal_timeout: float = 60.0
+    connect_timeout: float = 5.0  # TCP connect only (the kernel answers it, not the peer)
+    # The TLS handshake, and then each peer-handshake message, must arrive within this. A
+    # CPU-starved peer (event loop lagging by seconds) is slow here, so it is generous.
+    handshake_timeout: float = 20.0
+    # Limit for the transport's own requests (dial-back, relay registration). The dial-back
+    # includes the answering peer's probe dial (connect + TLS + peer handshake).
+    internal_timeout: float = 90.0
     keepalive: float = 15.0
     max_pending_per_peer: int = 64  # datagrams queued while a connection is being set up
     direct_retry_after: float = 30.0  # after a failed direct dial, use relays for this long
@@ -373,6 +374,14 @@ class TlsTransport:
         if self._closing:
             writer.close()
             return
+        try:
+            await self._accept(reader, writer)
+        except asyncio.CancelledError:
+            # Transport closing mid-handshake (or while closing a refused connection). End
+            # quietly: asyncio's server callback fails on a cancelled connection task.
+            writer.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         set_nodelay(writer)
         try:
             peer, framed, probe = await server_handshake(reader, writer, self._hs)
@@ -384,11 +393,6 @@ class TlsTransport:
         except (ConnectionError, OSError, TimeoutError):
             self.stats.handshakes_refused["closed"] += 1
             await _close_writer(writer)
-            return
-        except asyncio.CancelledError:
-            # Transport closing mid-handshake. End quietly: asyncio's server callback logs
-            # an error for a cancelled connection task otherwise.
-            writer.close()
             return
         self.stats.handshakes_ok += 1
         if probe:
