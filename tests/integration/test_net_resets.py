@@ -94,7 +94,7 @@ async def test_closing_while_refusing_a_connection_reports_nothing_to_the_loop(l
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+    _reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
     try:
         writer.write(encode_frame(FrameType.AUTH, b"\xc1garbled"))
         await writer.drain()
