@@ -79,7 +79,7 @@ async def test_busy_and_relay_connections_are_never_reaped():
 
 
 async def test_connection_cap_evicts_the_least_recently_used_idle_connection():
-    cfg = TransportConfig(max_connections=2, idle_close_s=None)
+    cfg = TransportConfig(max_connections=2, idle_close_s=None, evict_min_idle_s=0.2)
     hub = TlsTransport(NodeKey.generate(), psk(), cfg)
     peers = [TlsTransport(NodeKey.generate(), psk()) for _ in range(4)]
     release = asyncio.Event()
@@ -98,13 +98,17 @@ async def test_connection_cap_evicts_the_least_recently_used_idle_connection():
         await wait_for(lambda: hub.connection(p0) is not None)
         hub.send(p1, b"x")
         await wait_for(lambda: hub.connection(p1) is not None)
+        await asyncio.sleep(0.3)  # p1 idle long enough to be evicted
         hub.send(p2, b"x")  # third connection: p1 is idle, p0 busy -> p1 goes
         await wait_for(lambda: set(hub.connected_peers()) == {p0, p2})
         assert hub.stats.connections_evicted == 1
-        await asyncio.sleep(0.01)
-        hub.send(p2, b"x")  # p2 is now the most recently used
-        hub.send(p3, b"x")  # p0 still busy, p2 the only idle one -> evicted
-        await wait_for(lambda: set(hub.connected_peers()) == {p0, p3})
+        hub.send(p3, b"x")  # p2 was used just now: kept, the cap is exceeded for a while
+        await wait_for(lambda: hub.connection(p3) is not None)
+        assert set(hub.connected_peers()) == {p0, p2, p3}
+        await asyncio.sleep(0.3)
+        hub.send(p1, b"x")  # 4 open, cap 2: the two idle ones (p2, p3) go, busy p0 stays
+        await wait_for(lambda: set(hub.connected_peers()) == {p0, p1})
+        assert hub.stats.connections_evicted == 3
         release.set()
         resp = await busy
         assert resp.status == 200
