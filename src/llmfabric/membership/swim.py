@@ -7,7 +7,8 @@ paths). Only if no ack comes back by the end of the period is the target reporte
 `on_suspect` (the agent turns that into a signed SUSPECT fact), and not even then if any other
 message from the target session arrived during the probe (it is alive, the ack was lost). If our
 own timers fired late (our event loop is starved, so an ack may be sitting unread: Lifeguard's
-point that the slow node should not accuse others) the target gets one more direct ping first.
+point that the slow node should not accuse others) the target gets one more direct ping first,
+and while our local health score is above half its maximum we accuse nobody.
 Nothing irreversible happens here: eviction is decided later from the replicated suspicion
 (see membership.suspicion).
 
@@ -46,6 +47,7 @@ class ProbeStats:
     spared_heard: int = 0  # no ack, but other traffic from the peer arrived during the probe
     spared_lag: int = 0  # our own timers fired late (starved loop): one more ping was sent
     loop_lag: int = 0  # probe periods that started late (each raises the local health score)
+    spared_unhealthy: int = 0  # no accusation while our own health score is above half its max
 
 
 class Prober:
@@ -160,6 +162,11 @@ class Prober:
                 if self._heard_from is not None and self._heard_from(target) >= started:
                     self.stats.spared_heard += 1
                     return False
+            if self.health.score > self._cfg.max_health // 2:
+                # We keep failing probes and running late: most likely we are the sick one.
+                # Accusing others now would only add refutation traffic to an overloaded node.
+                self.stats.spared_unhealthy += 1
+                return False
             self._on_suspect(target)
             return False
         finally:

@@ -167,3 +167,17 @@ def test_round_robin_covers_everyone_and_takes_in_newcomers() -> None:
     members.append(Member("new", "pn"))
     upcoming = [p._next_target() for _ in range(6)]  # the rest of this round
     assert Member("new", "pn") in upcoming
+
+
+async def test_an_unhealthy_prober_accuses_nobody() -> None:
+    import asyncio
+
+    from llmfabric.membership.swim import Member
+
+    clock = FakeClock()
+    p, _, suspected = _prober(clock, {})
+    p.health.score = 5  # type: ignore[attr-defined]  # above half of max_health = 8
+    task = asyncio.get_running_loop().create_task(p.probe(Member("target", "pt")))  # type: ignore[attr-defined]
+    await clock.advance(10.0)
+    assert await task is False and suspected == []
+    assert p.stats.spared_unhealthy == 1  # type: ignore[attr-defined]
