@@ -214,9 +214,7 @@ class Node:
             return
         peers = await self.transport.bootstrap(list(self.config.bootstrap))
         self._seeds[:] = [p for p in peers if p != self.key.peer_id]
-        agent = self._agent
-        agent.seeds[:] = self._seeds
-        agent._contact_seeds()
+        self._agent.contact_seeds(self._seeds)
         if self.transport.listen_addr is None or not await self._reachable(peers):
             await self._use_relays(peers)
 
@@ -340,11 +338,13 @@ class Node:
             self._exit_code = 4
             self._spawn(self.stop(drain=False), "fail-stop")
 
-    async def _publish_load(self) -> None:
-        """Refresh load hints in the record when they change (at most every 2 s)."""
+    async def _publish_load(self, interval_s: float = 10.0) -> None:
+        """Refresh the load hint in the record when it changed, at most every `interval_s`:
+        every record change is gossiped to the whole fabric, so load stays a coarse hint and
+        routing policies track their own in-flight counts."""
         last = -1
         while not self._stopping:
-            await self.clock.sleep(2.0)
+            await self.clock.sleep(interval_s)
             now = self.inflight.inflight
             if now != last and self._agent.record.state is Lifecycle.SERVING:
                 last = now
