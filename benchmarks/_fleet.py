@@ -166,16 +166,23 @@ class Worker:
 class Fleet:
     """`nodes` real nodes over `workers` processes; node 0 (worker 0) is the bootstrap."""
 
-    def __init__(self, nodes: int, workers: int, preset: str) -> None:
+    def __init__(self, nodes: int, workers: int, preset: str, batch: int = 8,
+                 pause_s: float = 0.5) -> None:
         self.preset = preset
         self.workers = [Worker(preset) for _ in range(workers)]
         first = self.workers[0].start(1, [])
         self.bootstrap_addr = first[0][1]
         per = [(nodes - 1) // workers + (1 if i < (nodes - 1) % workers else 0)
                for i in range(workers)]
-        for w, count in zip(self.workers, per, strict=True):
-            if count:
-                w.start(count, [self.bootstrap_addr])
+        # Nodes join in small waves, as Slurm jobs do, not all in one instant: a start-up
+        # storm on 2 shared cores would only measure the machine's overload.
+        while any(per):
+            for i, w in enumerate(self.workers):
+                take = min(batch, per[i])
+                if take:
+                    w.start(take, [self.bootstrap_addr])
+                    per[i] -= take
+            time.sleep(pause_s)
 
     @property
     def size(self) -> int:

@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4, help="worker processes hosting nodes")
     ap.add_argument("--preset", default="lan", choices=["local", "lan", "wan"])
     ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--settle", type=float, default=10.0,
+                    help="seconds after convergence before measuring (start-up rumours die)")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args()
     console = Console(stderr=True)
@@ -55,7 +57,7 @@ def main() -> None:
         with console.status("waiting for the replicas to converge"):
             converge_s = fleet.wait_converged(timeout=120)
         with console.status(f"measuring idle traffic for {args.idle_seconds}s"):
-            time.sleep(2.0)  # let the start-up rumours die down
+            time.sleep(args.settle)  # let the start-up rumours die down
             b0, t_idle = total_bytes(fleet), time.monotonic()
             time.sleep(args.idle_seconds)
             idle = (total_bytes(fleet) - b0) / (time.monotonic() - t_idle) / fleet.size
