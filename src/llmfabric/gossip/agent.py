@@ -273,7 +273,15 @@ class GossipAgent:
             self.stats.dropped[exc.reason] += 1
             return
         if sender:
-            self._last_heard[sender] = self.clock.now()
+            now = self.clock.now()
+            self._last_heard[sender] = now
+            entry = self.replica.entries.get(sender)
+            # "Last seen" in the views means last heard from, not last changed; only the
+            # session's own (authenticated) peer can refresh it.
+            if entry is not None and entry.record is not None and (
+                entry.record.record.peer_id == peer
+            ):
+                self.replica.last_seen[sender] = now
         self.stats.msgs_in[type(msg).__name__] += 1
         match msg:
             case Ping():

@@ -180,3 +180,17 @@ async def test_restarted_node_old_session_is_evicted_new_one_serves(
         a.nodes.get(old.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
         and a.nodes.get(new.session_id).routable  # type: ignore[union-attr]
         for a in c.agents), within=hi + 5)
+
+
+async def test_last_seen_follows_messages_not_only_record_changes(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    c = make_cluster("local")
+    a = await c.add()
+    b = await c.add()
+    assert await c.clock.run_until(c.converged, within=10.0)
+    await c.clock.advance(30.0)  # no record changes, only probes and syncs
+    view = a.nodes.get(b.session_id)
+    assert view is not None
+    assert c.clock.now() - view.last_seen < 5.0
+    assert view.record.version == b.record.version  # nothing changed, yet b was heard from
