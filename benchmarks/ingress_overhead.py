@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmfabric.node.ports import free_port
+
 N_CHUNKS = 64
 CHUNK_GAP_S = 0.001
 MODEL = "mock"
@@ -276,10 +278,6 @@ def _pct(xs: list[float], q: float) -> float:
 # Processes: start, wait, CPU accounting, stop
 # --------------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(port: int, within: float, path: str = "/v1/models",

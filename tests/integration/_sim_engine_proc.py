@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from llmfabric.node.ports import free_port
 
 
 def sim_command(port: int, *extra: str, model: str = "llama-3.1-8b") -> list[str]:

@@ -30,10 +30,11 @@ from llmfabric.ingress import (
     build_ingress_app,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
+from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 
-from .test_ingress_support import Backend, free_port, serve
+from .test_ingress_support import Backend, serve
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 

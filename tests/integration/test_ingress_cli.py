@@ -15,8 +15,9 @@ import pytest
 
 from llmfabric.cli.ingress import parse_backend
 from llmfabric.ingress.errors import ConfigError
+from llmfabric.node.ports import free_port
 
-from .test_ingress_support import Backend, free_port, serve
+from .test_ingress_support import Backend, serve
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 

@@ -26,12 +26,12 @@ from llmfabric.ingress import (
 )
 from llmfabric.ingress.accounts_auth import StaticKeys
 from llmfabric.ingress.forward_http import HttpUpstream
+from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle, NodeRecord
 
 from .test_ingress_support import (
     Backend,
     LoopThread,
-    free_port,
     raw_request,
     record,
     serve,

@@ -26,12 +26,6 @@ from llmfabric.registry.records import (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Backend:
     """An OpenAI-compatible mock engine. mode: "ok" or "fail500"."""

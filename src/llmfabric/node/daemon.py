@@ -19,7 +19,6 @@ import hmac
 import logging
 import random
 import secrets
-import socket
 from typing import Any
 
 import orjson
@@ -41,6 +40,7 @@ from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.ports import free_port
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Change
@@ -298,7 +298,7 @@ class Node:
             assignment = parse_assignment(body)
         except AssignmentError as exc:
             return error_response(400, str(exc), "invalid_assignment")
-        argv = engine_command(assignment, free_local_port())
+        argv = engine_command(assignment, free_port())
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, assignment.gpu_ids))}
         if not assignment.gpu_ids:
             env = {}
@@ -402,10 +402,3 @@ class Node:
 
 def random_secret() -> str:
     return secrets.token_urlsafe(24)
-
-
-def free_local_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

@@ -11,7 +11,6 @@ import os
 import pathlib
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,7 @@ from typing import Any
 
 import orjson
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from llmfabric.node.ports import free_port
 
 
 @dataclass(frozen=True, slots=True)
