@@ -89,13 +89,16 @@ class TransportConfig:
     backoff_cap: float = 30.0
     # Close a connection after this long without datagrams or requests either way (pings do
     # not count); None keeps connections open. Never closes one with requests in flight or
-    # a relay registration connection. A later send dials again (~3 ms CPU for both sides).
-    idle_close_s: float | None = 60.0
+    # a relay registration connection. A later send dials again (~3 ms CPU for both sides,
+    # and a delay: a SWIM probe that must dial first may miss its timeout). 60 s caused
+    # false evictions in a 128-node fleet on 2 cores (docs/network.md); 300 s closes only
+    # connections to peers this node really stopped talking to.
+    idle_close_s: float | None = 300.0
     # Open connections above this: close the least recently used one idle for at least
     # `evict_min_idle_s` (same exemptions). When none qualifies the cap is exceeded: cutting
     # connections in active use would only trade memory for a handshake per message.
-    max_connections: int | None = 128
-    evict_min_idle_s: float = 5.0
+    max_connections: int | None = 512
+    evict_min_idle_s: float = 30.0
 
 
 class TlsTransport:
