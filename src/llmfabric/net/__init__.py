@@ -2,9 +2,11 @@
 
 Files (one concept each; see docs/network.md for the protocol):
 - transport.py: the `Transport` Protocol gossip/membership use (send / set_handler / local_id).
-- tls_transport.py: `TlsTransport` + `TransportConfig`, the real implementation: listener,
-  dialling with peer-id pinning, datagrams, the peer request API, bootstrap with backoff,
-  idle-connection reaping and the open-connection cap.
+- config.py: `TransportConfig` (listen address, timeouts, queues, idle closing, the cap).
+- tls_transport.py: `TlsTransport`, the real implementation: listener, dialling with
+  peer-id pinning, datagrams, the peer request API, bootstrap with backoff.
+- limits.py: `ConnectionLimits`, idle-connection closing and the open-connection cap.
+- serving.py: `serve_request`, one incoming request (relay origin, internal paths, handler).
 - handshake.py: TLS contexts and the application handshake (client signature, admission).
 - tlsstream.py: TLS stream open/serve with a small receive buffer (memory per connection).
 - framing.py: versioned length-prefixed frames, `FrameDecoder`.
@@ -22,6 +24,7 @@ Files (one concept each; see docs/network.md for the protocol):
 - selftest.py: a small node process (`python -m llmfabric.net.selftest`) for e2e tests.
 """
 
+from llmfabric.net.config import TransportConfig
 from llmfabric.net.errors import (
     FrameError,
     HandshakeRefused,
@@ -33,7 +36,7 @@ from llmfabric.net.errors import (
 from llmfabric.net.messages import HandlerResponse, PeerRequest, PeerResponse
 from llmfabric.net.relay import Reachability
 from llmfabric.net.stats import NetStats
-from llmfabric.net.tls_transport import TlsTransport, TransportConfig
+from llmfabric.net.tls_transport import TlsTransport
 from llmfabric.net.transport import Transport
 
 __all__ = [

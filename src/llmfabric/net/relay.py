@@ -194,7 +194,7 @@ class RelayService:
     async def forward(
         self, conn: PeerConnection, method: str, path: str, headers: Headers, body: BodyStream
     ) -> HandlerResponse:
-        from llmfabric.net.tls_transport import ORIGIN, RELAY_ERROR, RELAY_TO
+        from llmfabric.net.serving import ORIGIN, RELAY_ERROR, RELAY_TO
 
         target = dict(headers)[RELAY_TO]
         out = self.t.connection(target)

@@ -27,9 +27,10 @@ from typing import Any
 from llmfabric.identity.admission import PskAdmission
 from llmfabric.identity.keys import NodeKey
 from llmfabric.net.addressbook import parse_addr
+from llmfabric.net.config import TransportConfig
 from llmfabric.net.errors import NetError
 from llmfabric.net.messages import HandlerResponse, PeerRequest
-from llmfabric.net.tls_transport import TlsTransport, TransportConfig
+from llmfabric.net.tls_transport import TlsTransport
 
 
 def _transport(args: argparse.Namespace, *, listen: str | None, relay: bool) -> TlsTransport:

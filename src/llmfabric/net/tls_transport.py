@@ -20,7 +20,6 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from llmfabric.clock import Clock, SystemClock, with_timeout
@@ -30,6 +29,7 @@ from llmfabric.identity.keys import NodeKey
 from llmfabric.net.addressbook import AddressBook, host_addrs, parse_addr
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.bootstrap import run_bootstrap
+from llmfabric.net.config import TransportConfig as TransportConfig
 from llmfabric.net.connection import PeerConnection, set_nodelay
 from llmfabric.net.errors import (
     HandshakeRefused,
@@ -46,59 +46,23 @@ from llmfabric.net.handshake import (
     server_handshake,
     server_ssl_context,
 )
+from llmfabric.net.limits import ConnectionLimits
 from llmfabric.net.messages import (
     Body,
     BodyStream,
-    HandlerResponse,
     Headers,
-    PeerRequest,
     PeerResponse,
     RequestHandler,
 )
 from llmfabric.net.relay import Reachability, RelayService
+from llmfabric.net.serving import RELAY_ERROR, RELAY_TO, serve_request
 from llmfabric.net.stats import NetStats
 from llmfabric.net.tlsstream import open_tls, start_tls_server
 from llmfabric.net.transport import MessageHandler, PeerId, Transport
 
 log = logging.getLogger(__name__)
 
-INTERNAL_PREFIX = "/_llmfabric/"
-RELAY_TO = "x-llmfabric-relay-to"
-ORIGIN = "x-llmfabric-origin"
-RELAY_ERROR = "x-llmfabric-relay-error"
 RETIRE_QUIET = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class TransportConfig:
-    host: str | None = "127.0.0.1"  # listen address; None: never listen (outbound only)
-    port: int = 0  # 0: any free port
-    public_addr: str | None = None  # advertised "host:port" (default: the bound address)
-    relay: bool = False  # serve as a relay for nodes that cannot be dialled
-    connect_timeout: float = 5.0  # TCP connect only (the kernel answers it, not the peer)
-    # The TLS handshake, and then each peer-handshake message, must arrive within this. A
-    # CPU-starved peer (event loop lagging by seconds) is slow here, so it is generous.
-    handshake_timeout: float = 20.0
-    # Limit for the transport's own requests (dial-back, relay registration). The dial-back
-    # includes the answering peer's probe dial (connect + TLS + peer handshake).
-    internal_timeout: float = 90.0
-    keepalive: float = 15.0
-    max_pending_per_peer: int = 64  # datagrams queued while a connection is being set up
-    direct_retry_after: float = 30.0  # after a failed direct dial, use relays for this long
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
-    # Close a connection after this long without datagrams or requests either way (pings do
-    # not count); None keeps connections open. Never closes one with requests in flight or
-    # a relay registration connection. A later send dials again (~3 ms CPU for both sides,
-    # and a delay: a SWIM probe that must dial first may miss its timeout). 60 s caused
-    # false evictions in a 128-node fleet on 2 cores (docs/network.md); 300 s closes only
-    # connections to peers this node really stopped talking to.
-    idle_close_s: float | None = 300.0
-    # Open connections above this: close the least recently used one idle for at least
-    # `evict_min_idle_s` (same exemptions). When none qualifies the cap is exceeded: cutting
-    # connections in active use would only trade memory for a handshake per message.
-    max_connections: int | None = 512
-    evict_min_idle_s: float = 30.0
 
 
 class TlsTransport:
@@ -137,8 +101,8 @@ class TlsTransport:
         self._handler: MessageHandler | None = None
         self._request_handler: RequestHandler | None = None
         self._closing = False
-        self._reaper: asyncio.Task[None] | None = None
         self.relay = RelayService(self)
+        self.limits = ConnectionLimits(self)
 
     # -- Transport protocol ------------------------------------------------------------------
     @property
@@ -266,7 +230,7 @@ class TlsTransport:
         self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
     ) -> None:
         key = (id(conn), sid)
-        task = self.spawn(self._serve(conn, sid, headers, body))
+        task = self.spawn(serve_request(self, conn, sid, headers, body))
         self._serving[key] = task
         task.add_done_callback(lambda _t: self._serving.pop(key, None))
 
@@ -275,41 +239,6 @@ class TlsTransport:
         task = self._serving.pop((id(conn), sid), None)
         if task is not None:
             task.cancel()
-
-    async def _serve(
-        self, conn: PeerConnection, sid: int, headers: Headers, body: BodyStream
-    ) -> None:
-        pseudo = {k: v for k, v in headers if k.startswith(":")}
-        plain = tuple((k, v) for k, v in headers if not k.startswith(":"))
-        method, path = pseudo.get(":method", "GET"), pseudo.get(":path", "/")
-        origin, via = conn.peer_id, None
-        claimed = dict(plain).get(ORIGIN)
-        if claimed is not None and self.relay.is_my_relay(conn.peer_id):
-            origin, via = claimed, conn.peer_id
-        plain = tuple((k, v) for k, v in plain if k != ORIGIN)
-        try:
-            if path.startswith(INTERNAL_PREFIX):
-                resp = await self.relay.handle_internal(conn, method, path, body)
-            elif any(k == RELAY_TO for k, _ in plain):
-                resp = await self.relay.forward(conn, method, path, plain, body)
-            elif self._request_handler is None:
-                resp = HandlerResponse(404, (), b"no request handler on this node")
-            else:
-                self.stats.requests_served += 1
-                resp = await self._request_handler(
-                    PeerRequest(origin, method, path, plain, body, via)
-                )
-        except asyncio.CancelledError:
-            conn.server.reset_stream(sid)
-            raise
-        except Exception as exc:
-            log.exception("request handler failed for %s %s", method, path)
-            resp = HandlerResponse(500, (), f"handler error: {exc}".encode())
-        try:
-            await conn.server.respond(sid, resp.status, resp.headers, resp.body)
-        except Exception:
-            log.exception("streaming the response to %s failed", conn.peer_id)
-            conn.server.reset_stream(sid)
 
     # -- datagrams in ------------------------------------------------------------------------
     def on_datagram(self, src: str, payload: bytes, via: str | None) -> None:
@@ -487,7 +416,7 @@ class TlsTransport:
         self.stats.connections_opened += 1
         self._all_conns.add(conn)
         conn.start()
-        self._start_reaper()
+        self.limits.start()
         old = self._conns.get(conn.peer_id)
         if old is not None and old.is_open:
             # Both sides dialled at once: keep the connection dialled by the lower peer id.
@@ -498,47 +427,8 @@ class TlsTransport:
             self.spawn(self._retire(conn))
             return old
         self._conns[conn.peer_id] = conn
-        self._enforce_cap(keep=conn)
+        self.limits.enforce_cap(keep=conn)
         return conn
-
-    # -- idle connections --------------------------------------------------------------------
-    def _evictable(self, conn: PeerConnection) -> bool:
-        return conn.is_open and not conn.busy and not self.relay.is_protected(conn.peer_id)
-
-    def _enforce_cap(self, keep: PeerConnection) -> None:
-        """Over `max_connections`: close least recently used idle connections."""
-        cap = self.config.max_connections
-        if cap is None:
-            return
-        open_conns = [c for c in self._conns.values() if c.is_open]
-        excess = len(open_conns) - cap
-        if excess <= 0:
-            return
-        cutoff = self.clock.now() - self.config.evict_min_idle_s
-        victims = sorted(
-            (
-                c
-                for c in open_conns
-                if c is not keep and c.last_used <= cutoff and self._evictable(c)
-            ),
-            key=lambda c: c.last_used,
-        )
-        for conn in victims[:excess]:
-            if conn.close_if_idle():
-                self.stats.connections_evicted += 1
-
-    def _start_reaper(self) -> None:
-        if self._reaper is None and self.config.idle_close_s is not None and not self._closing:
-            self._reaper = self.spawn(self._reap_idle(self.config.idle_close_s))
-
-    async def _reap_idle(self, idle_s: float) -> None:
-        """Close connections idle for `idle_s` (checked every idle_s / 4)."""
-        while True:
-            await self.clock.sleep(idle_s / 4)
-            cutoff = self.clock.now() - idle_s
-            for conn in list(self._conns.values()):
-                if conn.last_used <= cutoff and self._evictable(conn) and conn.close_if_idle():
-                    self.stats.connections_idle_closed += 1
 
     async def _retire(self, conn: PeerConnection, grace: float = 60.0) -> None:
         """Close a duplicate connection once it has been quiet for RETIRE_QUIET seconds with
