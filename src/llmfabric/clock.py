@@ -46,10 +46,19 @@ async def with_timeout(clock: Clock, awaitable: Awaitable[T], seconds: float) ->
         done, _ = await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
+        # The task may have failed in the same instant: retrieve it so asyncio does not
+        # report "exception was never retrieved".
+        task.add_done_callback(_consume)
         raise
     finally:
         timer.cancel()
     if task in done:
         return task.result()
     task.cancel()
+    task.add_done_callback(_consume)
     raise TimeoutError(f"timed out after {seconds:.3f}s")
+
+
+def _consume(task: asyncio.Future[T]) -> None:
+    if not task.cancelled():
+        task.exception()

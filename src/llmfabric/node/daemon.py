@@ -13,7 +13,6 @@ record (through the GossipAgent's RecordOwner).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -221,13 +220,16 @@ class Node:
     async def _reachable(self, peers: list[str], attempts: int = 3) -> bool:
         """Dial-back through the bootstrap peers; a busy peer gets a few tries before we
         conclude we sit behind NAT (relaying everything would be the costlier mistake)."""
+        reasons: list[str] = []
         for attempt in range(attempts):
             for peer in peers:
-                with contextlib.suppress(Exception):
-                    if await self.transport.check_reachability(peer):
-                        return True
+                result = await self.transport.reachability(peer)
+                if result.ok:
+                    return True
+                reasons.append(f"{peer[:12]}: {result.reason}")
             await self.clock.sleep(0.5 * 2**attempt * (0.5 + self.rng.random()))
-        log.warning("no bootstrap peer could dial us back; falling back to relays")
+        log.warning("no bootstrap peer could dial us back (%s); falling back to relays",
+                    "; ".join(reasons[-len(peers):]))
         return False
 
     async def _use_relays(self, bootstrap_peers: list[str]) -> None:

@@ -46,3 +46,29 @@ async def test_run_until_stops_when_predicate_holds() -> None:
     assert await clock.run_until(lambda: bool(box), within=2.0)
     assert 0.5 <= clock.now() < 0.6
     await task
+
+
+async def test_with_timeout_retrieves_the_abandoned_tasks_exception() -> None:
+    import gc
+
+    clock = FakeClock()
+    reports: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, ctx: reports.append(ctx))
+
+    async def fails_when_cancelled() -> None:
+        try:
+            await clock.sleep(10.0)
+        except asyncio.CancelledError:
+            raise ValueError("cleanup failed") from None
+
+    waiter = asyncio.create_task(with_timeout(clock, fails_when_cancelled(), 1.0))
+    await clock.advance(1.5)
+    with pytest.raises(TimeoutError):
+        await waiter
+    del waiter  # its TimeoutError's traceback would keep the abandoned task alive
+    await clock.settle()
+    gc.collect()
+    await clock.settle()
+    loop.set_exception_handler(None)
+    assert not [r for r in reports if "never retrieved" in str(r.get("message"))]
