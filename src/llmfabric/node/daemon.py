@@ -13,11 +13,11 @@ record (through the GossipAgent's RecordOwner).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
 import random
-import secrets
 from typing import Any
 
 import orjson
@@ -202,7 +202,7 @@ class Node:
             tier=self.config.tier,
             roles=roles,
         )
-        return NodeMeta(**{**{f: getattr(meta, f) for f in meta.__slots__}, **changes})
+        return dataclasses.replace(meta, **changes)
 
     def _dialable(self) -> bool:
         return self.transport.listen_addr is not None and not self.transport.relays
@@ -400,7 +400,3 @@ class Node:
     def _refresh_metrics(self) -> None:
         if self.agent is not None:
             self.metrics.refresh(self.agent, self.transport, self.inflight)
-
-
-def random_secret() -> str:
-    return secrets.token_urlsafe(24)
