@@ -14,7 +14,6 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   dashboard/   web UI
   sim/         roofline operator costs and discrete-event serving simulator
   scheduler/   placement solver, baselines, fleet controller
-  launch/      Slurm and Kubernetes launchers
   traces/      trace loaders and workload characterization
   bench/       load generator client
   engines/     simulated engine

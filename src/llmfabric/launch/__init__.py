@@ -1,2 +1,0 @@
-"""Slurm (sbatch) and Kubernetes launchers and templates.
-"""
