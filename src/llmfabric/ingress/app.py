@@ -13,15 +13,15 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from llmfabric.ingress.config import IngressConfig, TraceEvent
-from llmfabric.ingress.errors import UpstreamError, error_body, error_response
+from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.protocols import (
     Authenticator,
@@ -46,6 +46,58 @@ _perf = time.perf_counter
 
 class _Committed(Exception):
     """Internal: a stream failed after bytes reached the client (not retryable)."""
+
+
+class StreamSink(Protocol):
+    """Where a committed stream goes (one per request, used at most once).
+
+    `write` raises ConnectionError when the client is gone; the request path then stops.
+    """
+
+    async def start(self, content_type: str, node: str) -> None: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def end(self) -> None: ...
+
+
+BodyReader = Callable[[], Awaitable["bytes | Reply"]]
+
+
+class _WebSink:
+    """StreamSink over an aiohttp request (the node's app and `build_ingress_app`)."""
+
+    __slots__ = ("request", "response")
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    async def start(self, content_type: str, node: str) -> None:
+        self.response = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": content_type, "Cache-Control": "no-cache",
+                     "X-Fabric-Node": node},
+        )
+        await self.response.prepare(self.request)
+
+    async def write(self, data: bytes) -> None:
+        if self.response is not None:
+            await self.response.write(data)
+
+    async def end(self) -> None:
+        if self.response is not None:
+            await self.response.write_eof()
+
+
+def web_response(reply: Reply) -> web.Response:
+    """A `Reply` as an aiohttp response."""
+    headers = {"Content-Type": reply.content_type}
+    if reply.node:
+        headers["X-Fabric-Node"] = reply.node
+    if reply.headers:
+        headers.update(reply.headers)
+    return web.Response(body=reply.body, status=reply.status, headers=headers)
 
 
 class Ingress:
@@ -86,11 +138,28 @@ class Ingress:
         return await self._handle(request, "/v1/embeddings", streamable=False)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
+        return web_response(await self.models_reply(request.headers.get("Authorization", "")))
+
+    async def models_reply(self, authorization: str) -> Reply:
+        """GET /v1/models, transport-agnostic."""
         if self.auth is not None:
-            who = await self._authenticate(request)
-            if isinstance(who, web.Response):
+            who = await self._authenticate(authorization)
+            if isinstance(who, Reply):
                 return who
-        return web.Response(body=orjson.dumps(self.catalog()), content_type="application/json")
+        return Reply(200, orjson.dumps(self.catalog()))
+
+    async def _handle(
+        self, request: web.Request, path: str, streamable: bool
+    ) -> web.StreamResponse:
+        sink = _WebSink(request)
+        h = request.headers
+        reply = await self.serve(
+            path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
+            lambda: self._read_body(request), sink,
+        )
+        if reply is None:
+            return sink.response if sink.response is not None else web.StreamResponse()
+        return web_response(reply)
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
@@ -121,24 +190,23 @@ class Ingress:
 
     # -- helpers -------------------------------------------------------------------------
 
-    async def _authenticate(self, request: web.Request) -> Principal | web.Response:
+    async def _authenticate(self, header: str) -> Principal | Reply:
         if self.auth is None:
             raise RuntimeError("authentication is switched off")
-        header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header[:7].lower() == "bearer " else ""
         if not token:
-            return error_response(
+            return error_reply(
                 401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"
             )
         principal = await self.auth.authenticate(token)
         if principal is None:
-            return error_response(
+            return error_reply(
                 401, "invalid or revoked API key; create one with `llmfabric keys create`",
                 "invalid_api_key",
             )
         return principal
 
-    async def _read_body(self, request: web.Request) -> bytes | web.Response:
+    async def _read_body(self, request: web.Request) -> bytes | Reply:
         limit = self.config.max_body_bytes
         cl = request.content_length
         if cl is not None and cl > limit:
@@ -153,8 +221,8 @@ class Ingress:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     @staticmethod
-    def _too_large(limit: int) -> web.Response:
-        return error_response(
+    def _too_large(limit: int) -> Reply:
+        return error_reply(
             400, f"request body is larger than the limit of {limit} bytes", "request_too_large"
         )
 
@@ -186,49 +254,52 @@ class Ingress:
 
     # -- the request path ----------------------------------------------------------------
 
-    async def _handle(
-        self, request: web.Request, path: str, streamable: bool
-    ) -> web.StreamResponse:
+    async def serve(
+        self, path: str, streamable: bool, authorization: str, providers: str | None,
+        body_in: bytes | BodyReader, sink: StreamSink,
+    ) -> Reply | None:
+        """One OpenAI POST, transport-agnostic: a complete `Reply`, or None when the
+        response was streamed into `sink` (status 200)."""
         t0 = _perf()
         started = time.time() if self.config.trace_hook is not None else 0.0
         principal: Principal | None = None
         if self.auth is not None:
-            who = await self._authenticate(request)
-            if isinstance(who, web.Response):
+            who = await self._authenticate(authorization)
+            if isinstance(who, Reply):
                 return who
             principal = who
             wait = self.auth.check_rate(principal)
             if wait is not None:
                 secs = max(1, math.ceil(wait))
-                return error_response(
+                return error_reply(
                     429, f"rate limit exceeded for this key; retry after {secs} s",
                     "rate_limit_exceeded", headers={"Retry-After": str(secs)},
                 )
-        body = await self._read_body(request)
-        if isinstance(body, web.Response):
+        body = body_in if isinstance(body_in, bytes) else await body_in()
+        if isinstance(body, Reply):
             return body
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            return error_response(400, f"request body is not valid JSON: {e}", "invalid_json")
+            return error_reply(400, f"request body is not valid JSON: {e}", "invalid_json")
         if not isinstance(doc, dict):
-            return error_response(400, "request body must be a JSON object", "invalid_json")
+            return error_reply(400, "request body must be a JSON object", "invalid_json")
         model = doc.get("model")
         if not isinstance(model, str) or not model:
-            return error_response(400, "'model' is required (a string)", "missing_model", "model")
+            return error_reply(400, "'model' is required (a string)", "missing_model", "model")
         stream = streamable and doc.get("stream") is True
         meta = doc.get("metadata")
         if meta is not None and not isinstance(meta, dict):
-            return error_response(400, "'metadata' must be an object", "invalid_metadata",
+            return error_reply(400, "'metadata' must be an object", "invalid_metadata",
                                   "metadata")
-        header = request.headers.get("X-Fabric-Providers")
+        header = providers
         prefix = self._prefix(doc) if self.policy.needs_prefix else ""
         if meta or header is not None or prefix:
             try:
                 rreq = route_request(model, providers_header=header, metadata=meta,
                                      prefix=prefix, stream=stream)
             except InvalidConstraintError as e:
-                return error_response(400, str(e), "invalid_constraint", "metadata")
+                return error_reply(400, str(e), "invalid_constraint", "metadata")
         else:
             rreq = RouteRequest(model, stream=stream)
 
@@ -236,7 +307,7 @@ class Ingress:
         if not candidates:
             if not self.source.is_known(model):
                 self.metrics.observe_request(model, 404, 0.0)
-                return error_response(
+                return error_reply(
                     404, f"the model {model!r} does not exist on this fabric; "
                     "GET /v1/models lists the served models", "model_not_found", "model",
                 )
@@ -276,11 +347,12 @@ class Ingress:
             try:
                 if stream:
                     resp, usage, ttft = await self._attempt_stream(
-                        request, cand, path, body, strip_usage
+                        sink, cand, path, body, strip_usage
                     )
                 else:
                     resp, usage, ttft = await self._attempt_once(cand, path, body)
-                ok = resp.status < 500
+                status = resp.status if resp is not None else 200
+                ok = status < 500
             except UpstreamError as e:
                 last_error = str(e)
                 self.metrics.observe_failed_attempt(
@@ -289,27 +361,28 @@ class Ingress:
                 continue
             except _Committed as e:
                 self.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
-                resp, usage, ttft = e.args[0], e.args[1], e.args[2]
+                resp, usage, ttft = None, e.args[0], e.args[1]
+                status = 200
             finally:
                 self.policy.on_request_end(cand, ok)
-            self._finish(path, model, principal, cand, resp.status, stream, len(tried),
+            self._finish(path, model, principal, cand, status, stream, len(tried),
                          t0, started, ttft, usage, doc)
             return resp
         self.metrics.observe_request(model, 502, _perf() - t0)
         self._trace(path, model, principal, None, 502, stream, len(tried), t0, started, None,
                     None, doc)
-        return error_response(
+        return error_reply(
             502, f"all {len(tried)} candidate node(s) for model {model!r} failed"
             f" (last error: {last_error}); retry later", "upstream_failed",
         )
 
-    def _no_route(self, model: str, nr: NoRoute) -> web.Response:
+    def _no_route(self, model: str, nr: NoRoute) -> Reply:
         self.metrics.observe_request(model, 503, 0.0)
-        return error_response(503, nr.message(model), str(nr.reason), headers=self._retry_after)
+        return error_reply(503, nr.message(model), str(nr.reason), headers=self._retry_after)
 
     async def _attempt_once(
         self, cand: Candidate, path: str, body: bytes
-    ) -> tuple[web.StreamResponse, tuple[int, int] | None, float | None]:
+    ) -> tuple[Reply, tuple[int, int] | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
         try:
@@ -323,16 +396,13 @@ class Ingress:
                     await up.aclose()
         except TimeoutError as e:
             raise UpstreamError(f"node {cand.session_id} timed out after {t.total} s") from e
-        resp = web.Response(
-            body=data, status=up.status,
-            headers={"Content-Type": up.content_type, "X-Fabric-Node": cand.session_id},
-        )
+        resp = Reply(up.status, data, up.content_type, cand.session_id)
         usage = usage_from_body(data) if self._capture and up.status == 200 else None
         return resp, usage, _perf() - t_send
 
     async def _attempt_stream(
-        self, request: web.Request, cand: Candidate, path: str, body: bytes, strip_usage: bool
-    ) -> tuple[web.StreamResponse, tuple[int, int] | None, float | None]:
+        self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool
+    ) -> tuple[Reply | None, tuple[int, int] | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
         up: Upstream | None = None
@@ -344,12 +414,7 @@ class Ingress:
                 if up.status != 200:  # a client error from the engine: pass it through
                     data = await up.read()
                     await up.aclose()
-                    passed = web.Response(
-                        body=data, status=up.status,
-                        headers={"Content-Type": up.content_type,
-                                 "X-Fabric-Node": cand.session_id},
-                    )
-                    return passed, None, None
+                    return Reply(up.status, data, up.content_type, cand.session_id), None, None
                 it = up.chunks().__aiter__()
                 try:
                     first = await it.__anext__()
@@ -375,18 +440,13 @@ class Ingress:
         self.metrics.observe_ttft(cand.model.id, ttft)
 
         # Committed: from here on bytes reach the client, so no retry is possible.
-        resp = web.StreamResponse(
-            status=200,
-            headers={"Content-Type": up.content_type, "Cache-Control": "no-cache",
-                     "X-Fabric-Node": cand.session_id},
-        )
         scanner = StreamUsageScanner(strip_usage) if self._capture else None
         failed: BaseException | None = None
         try:
-            await resp.prepare(request)
+            await sink.start(up.content_type, cand.session_id)
             out = scanner.feed(first) if scanner is not None else first
             if out:
-                await resp.write(out)
+                await sink.write(out)
             try:
                 async with asyncio.timeout(t.total):
                     async for data in it:
@@ -394,24 +454,24 @@ class Ingress:
                             data = scanner.feed(data)
                             if not data:
                                 continue
-                        await resp.write(data)
+                        await sink.write(data)
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
                 failed = e
                 msg = f"node {cand.session_id} failed mid-stream: {e!r}"
-                await resp.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
+                await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
             if scanner is not None:
                 rest = scanner.flush()
                 if rest:
-                    await resp.write(rest)
-            await resp.write_eof()
+                    await sink.write(rest)
+            await sink.end()
         except _CLIENT_GONE:
             pass  # the client went away; nothing to send
         finally:
             await up.aclose()
         usage = scanner.usage if scanner is not None else None
         if failed is not None:
-            raise _Committed(resp, usage, ttft)
-        return resp, usage, ttft
+            raise _Committed(usage, ttft)
+        return None, usage, ttft
 
     def _finish(
         self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,

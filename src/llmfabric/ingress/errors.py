@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import orjson
 from aiohttp import web
 
@@ -28,6 +30,27 @@ _TYPES = {
     503: "server_error",
     504: "server_error",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A complete response, independent of the HTTP server that sends it."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    node: str = ""  # X-Fabric-Node when set
+    headers: dict[str, str] | None = None  # extra headers (Retry-After)
+
+
+def error_reply(
+    status: int,
+    message: str,
+    code: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    return Reply(status, error_body(status, message, code, param), headers=headers)
 
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:
