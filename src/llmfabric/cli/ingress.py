@@ -44,6 +44,7 @@ class Settings:
     db_url: str | None
     forward_prefix: str
     timeouts: Timeouts
+    server: str = "fast"  # "fast" (httptools front) or "aiohttp"
 
 
 def parse_backend(spec: str) -> Backend:
@@ -72,7 +73,8 @@ def candidates(backends: tuple[Backend, ...]) -> list[Candidate]:
 
 
 async def run_ingress(settings: Settings, reuse_port: bool) -> None:
-    from llmfabric.ingress import HttpForwarder, StaticCandidateSource, build_ingress_app
+    from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource, build_ingress_app
+    from llmfabric.ingress.fast_front import FastFront
 
     store = None
     auth = None
@@ -90,19 +92,29 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
         max_body_bytes=settings.max_body_bytes, auth_enabled=settings.auth,
         timeouts=settings.timeouts,
     )
-    app = build_ingress_app(
-        config, StaticCandidateSource(candidates(settings.backends)),
-        HttpForwarder(settings.forward_prefix), auth=auth, usage_sink=auth,
-    )
+    source = StaticCandidateSource(candidates(settings.backends))
+    forwarder = HttpForwarder(settings.forward_prefix)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if settings.server == "fast":
+        front = FastFront(Ingress(config, source, forwarder, auth=auth, usage_sink=auth))
+        try:
+            await front.start(settings.host, settings.port, reuse_port=reuse_port)
+            await stop.wait()
+        finally:
+            await front.aclose()
+            await forwarder.aclose()
+            if store is not None:
+                await store.aclose()
+        return
+    app = build_ingress_app(config, source, forwarder, auth=auth, usage_sink=auth)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None,
                        backlog=2048)
     await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
@@ -138,6 +150,8 @@ def _run(settings: Settings, reuse_port: bool) -> None:
               "/v1/fabric/forward when backends are llmfabric nodes)")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="processes sharing the port via SO_REUSEPORT")
+@click.option("--server", type=click.Choice(["fast", "aiohttp"]), default="fast",
+              show_default=True, help="HTTP server: the lean httptools front or aiohttp")
 @click.option("--connect-timeout", type=float, default=5.0, show_default=True)
 @click.option("--first-byte-timeout", type=float, default=300.0, show_default=True)
 @click.option("--idle-timeout", type=float, default=120.0, show_default=True)
@@ -145,7 +159,7 @@ def _run(settings: Settings, reuse_port: bool) -> None:
 def command(
     host: str, port: int, backends: tuple[str, ...], policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
-    connect_timeout: float, first_byte_timeout: float, idle_timeout: float,
+    server: str, connect_timeout: float, first_byte_timeout: float, idle_timeout: float,
     total_timeout: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models) over static backends."""
@@ -156,7 +170,7 @@ def command(
     settings = Settings(
         host=host, port=port, backends=parsed, policy=policy, max_retries=max_retries,
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
-        forward_prefix=forward_prefix,
+        forward_prefix=forward_prefix, server=server,
         timeouts=Timeouts(connect_timeout, first_byte_timeout, idle_timeout, total_timeout),
     )
     if no_auth:
