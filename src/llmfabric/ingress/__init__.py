@@ -1,9 +1,13 @@
 """OpenAI-compatible HTTP front: auth, routing, streaming proxy, forwarding.
 
 Files:
-- app.py: `Ingress` (the request path), `build_ingress_app(config, candidate_source,
+- app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core,
+  `StreamSink` where streams go), `build_ingress_app(config, candidate_source,
   forwarder, auth, usage_sink, metrics)` for a standalone app, `add_ingress_routes(app,
   ingress)` to mount the routes in a node's app.
+- fast_front.py: `FastFront(ingress)`, a lean HTTP/1.1 server (asyncio.Protocol + httptools)
+  for the OpenAI routes and /metrics; `await front.start(host, port, reuse_port=...)`,
+  `await front.aclose()`. The default of `llmfabric ingress`.
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.
 - protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
@@ -17,7 +21,8 @@ Files:
 - accounts_auth.py: adapters from llmfabric.accounts (AccountStore, RateLimiter) and
   `StaticKeys` for tests/benchmarks.
 - metrics.py: `IngressMetrics` (own CollectorRegistry) and `metrics_handler`.
-- errors.py: `IngressError`, `UpstreamError`, `ConfigError`, OpenAI error bodies.
+- errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
+  OpenAI error bodies.
 """
 
 from llmfabric.ingress.app import Ingress, add_ingress_routes, build_ingress_app
