@@ -313,3 +313,18 @@ def test_client_disconnect_mid_stream_stops_the_upstream(
     # The front keeps serving.
     assert _client(f).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}]).choices
+
+
+def test_expect_100_continue(front: tuple[Front, SlowStream]) -> None:
+    f, _ = front
+    with _connect(f) as s:
+        s.sendall(_post("/v1/chat/completions", b"", "Expect: 100-continue\r\n")
+                  .replace(b"Content-Length: 0", b"Content-Length: %d" % len(CHAT)))
+        buf = bytearray()
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(65536)
+        assert bytes(buf).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        del buf[:25]
+        s.sendall(CHAT)
+        status, _, body = _read_response(s, buf)
+        assert status == 200 and b"hello from b0" in body

@@ -41,8 +41,8 @@ _MAX_HEADER_VALUE = 16 * 1024
 
 
 class _Request:
-    __slots__ = ("auth", "body", "close", "error", "keep_alive", "method", "parts", "providers",
-                 "size", "url", "version")
+    __slots__ = ("auth", "body", "close", "error", "expect", "keep_alive", "method", "parts",
+                 "providers", "size", "url", "version")
 
     def __init__(self) -> None:
         self.url = b""
@@ -56,6 +56,7 @@ class _Request:
         self.version = "1.1"
         self.error: Reply | None = None  # answer this instead, then close
         self.close = False
+        self.expect = False  # Expect: 100-continue
 
 
 class FastFront:
@@ -199,6 +200,8 @@ class _Connection(asyncio.Protocol):
             cur.auth = value.decode("latin-1")
         elif n == b"x-fabric-providers":
             cur.providers = value.decode("latin-1")
+        elif n == b"expect":
+            cur.expect = value.lower() == b"100-continue"
         elif n == b"content-length":
             try:
                 declared = int(value)
@@ -219,6 +222,10 @@ class _Connection(asyncio.Protocol):
             cur.auth = ""
         if cur.size > self.max_body:  # a declared Content-Length over the limit
             self._too_large(cur)
+        elif cur.expect and self.task is None and not self.queue and self.transport:
+            # curl sends this for larger bodies; nothing else is pending, so it cannot
+            # interleave with another response.
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _too_large(self, cur: _Request) -> None:
         """Answer 400 now; the rest of the body is discarded and the connection closes."""
