@@ -59,6 +59,15 @@ class BodyStream:
         return self._done
 
 
+def find_header(headers: Headers, name: str, default: str | None = None) -> str | None:
+    """The first value of header `name` (h2 header names arrive lower-cased)."""
+    name = name.lower()
+    for k, v in headers:
+        if k == name:
+            return v
+    return default
+
+
 @dataclass(slots=True)
 class PeerRequest:
     """An incoming request. `peer_id` is the authenticated origin (through a relay: the relay
@@ -72,11 +81,7 @@ class PeerRequest:
     via: str | None = None
 
     def header(self, name: str, default: str | None = None) -> str | None:
-        name = name.lower()
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return default
+        return find_header(self.headers, name, default)
 
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self.body.iter_chunks()
@@ -110,11 +115,7 @@ class PeerResponse:
     _closed: bool = field(default=False)
 
     def header(self, name: str, default: str | None = None) -> str | None:
-        name = name.lower()
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return default
+        return find_header(self.headers, name, default)
 
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self._body.iter_chunks()
