@@ -136,8 +136,14 @@ def _run(settings: Settings, reuse_port: bool) -> None:
 @click.command("ingress")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
-@click.option("--backend", "backends", multiple=True, required=True,
+@click.option("--backend", "backends", multiple=True,
               help="MODEL=HOST:PORT[@PROVIDER][#GPU] of an OpenAI-compatible engine (repeat)")
+@click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
+              help="fabric mode: join through this peer (no --backend; routes over the registry)")
+@click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
+              help="fabric mode: the network's pre-shared secret")
+@click.option("--listen", default="0.0.0.0:7946", show_default=True,
+              help="fabric mode: peer (TLS) listener")
 @click.option("--policy", type=click.Choice(sorted(POLICIES)), default="random",
               show_default=True)
 @click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
@@ -157,12 +163,22 @@ def _run(settings: Settings, reuse_port: bool) -> None:
 @click.option("--idle-timeout", type=float, default=120.0, show_default=True)
 @click.option("--total-timeout", type=float, default=1800.0, show_default=True)
 def command(
-    host: str, port: int, backends: tuple[str, ...], policy: str, max_retries: int,
+    host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
+    network_secret: str | None, listen: str, policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
     server: str, connect_timeout: float, first_byte_timeout: float, idle_timeout: float,
     total_timeout: float,
 ) -> None:
-    """Serve the OpenAI API (chat, completions, embeddings, models) over static backends."""
+    """Serve the OpenAI API (chat, completions, embeddings, models): over static backends
+    (--backend), or as a fabric ingress node (--network-secret [--bootstrap]): the same as
+    `llmfabric start --ingress --relay --tier stable`, with the dashboard and API keys."""
+    if not backends:
+        if not network_secret:
+            raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
+                                   "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
+        _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
+                            no_auth, db_url, max_body_mb)
+        return
     try:
         parsed = tuple(parse_backend(b) for b in backends)
     except ConfigError as e:
@@ -195,3 +211,25 @@ def command(
                     p.terminate()
         for p in procs:
             p.join(timeout=10)
+
+
+def _run_fabric_ingress(
+    host: str, port: int, bootstrap: tuple[str, ...], network_secret: str, listen: str,
+    policy: str, max_retries: int, no_auth: bool, db_url: str | None, max_body_mb: float,
+) -> None:
+    from llmfabric.cli.start import run_node, setup_logging
+    from llmfabric.node.config import ConfigError as NodeConfigError
+    from llmfabric.node.config import build_config
+
+    setup_logging(0)
+    try:
+        config = build_config({}, {
+            "ingress": True, "relay": True, "tier": "stable", "http_listen": f"{host}:{port}",
+            "listen": listen, "network_secret": network_secret, "policy": policy,
+            "max_retries": max_retries, "auth": not no_auth, "db": db_url,
+            "max_body_bytes": int(max_body_mb * 1024 * 1024),
+            "bootstrap": tuple(b for item in bootstrap for b in item.split(",") if b),
+        })
+    except NodeConfigError as e:
+        raise click.ClickException(str(e)) from e
+    raise SystemExit(run_node(config))
