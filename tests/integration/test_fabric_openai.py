@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+from llmfabric.node.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +19,10 @@ pytestmark = pytest.mark.slow
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFabric]:
     root: pathlib.Path = tmp_path_factory.mktemp("fabric")
     with LocalFabric(root) as fab:
-        fab.start_ingress("--record-trace", str(root / "trace.jsonl"))
+        api_port = free_port()
+        fab.start_ingress("--record-trace", str(root / "trace.jsonl"),
+                          "--api-listen", f"127.0.0.1:{api_port}")
+        fab.api_port = api_port  # type: ignore[attr-defined]
         fab.add_node(EngineSpec("llama-3.1-8b", "H100-SXM", provider="uni-a", speed=20))
         fab.add_node(EngineSpec("llama-3.1-8b", "A100-80GB", provider="uni-b", speed=20))
         fab.add_node(EngineSpec("qwen3-1.7b", "L40S", provider="uni-b", speed=20))
@@ -143,3 +147,18 @@ def test_ingress_records_an_anonymized_trace_with_per_key_opt_out(fabric: LocalF
     assert row["hash_ids"], row
     assert row["sampling_params"].get("temperature") == 0.5
     assert "secret" not in trace.read_text() and "quarterly" not in trace.read_text()
+
+
+def test_the_fast_api_port_serves_the_same_fabric(fabric: LocalFabric) -> None:
+    port = fabric.api_port  # type: ignore[attr-defined]
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=fabric.admin_key(),
+                           max_retries=0)
+    stream = client.chat.completions.create(
+        model="qwen3-1.7b", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="lf-bad",
+                      max_retries=0).models.list()

@@ -65,6 +65,9 @@ def node_options(fn: Any) -> Any:
         click.option("--ingress", is_flag=True, default=None,
                      help="serve the OpenAI API, accounts and dashboard on the HTTP port"),
         click.option("--policy", help="ingress load-balancing policy [random]"),
+        click.option("--api-listen", envvar="LLMFABRIC_API_LISTEN",
+                     help="ingress: also serve the OpenAI API on this host:port with the lean "
+                          "HTTP/1.1 front (faster than the shared HTTP port)"),
         click.option("--max-retries", type=int, help="ingress retries on other nodes [2]"),
         click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),
         click.option("--record-trace", type=click.Path(dir_okay=False, path_type=pathlib.Path),
@@ -157,6 +160,8 @@ def _print_banner(node: Any) -> None:
     click.echo(f"  http:          http://{node.http_addr}", err=True)
     if cfg.ingress:
         click.echo(f"  OpenAI API:    http://{node.http_addr}/v1", err=True)
+        if node.ingress is not None and node.ingress.api_addr:
+            click.echo(f"  fast API:      http://{node.ingress.api_addr}/v1", err=True)
         click.echo(f"  dashboard:     http://{node.http_addr}/ui/", err=True)
         if cfg.auth:
             click.echo(f"  admin key in:  {cfg.admin_key_file or cfg.home / 'admin.key'}",

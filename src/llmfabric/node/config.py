@@ -74,13 +74,15 @@ class NodeConfig(BaseModel):
     auth: bool = True
     admin_key_file: pathlib.Path | None = None
     record_trace: pathlib.Path | None = None  # anonymized JSONL trace of served requests
+    api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front
     dashboard: bool = True
     max_body_bytes: int = 4 * 1024 * 1024
 
-    @field_validator("listen", "http_listen")
+    @field_validator("listen", "http_listen", "api_listen")
     @classmethod
-    def _hostport(cls, value: str) -> str:
-        parse_hostport(value)
+    def _hostport(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_hostport(value)
         return value
 
     @field_validator("bootstrap")

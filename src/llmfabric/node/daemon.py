@@ -126,6 +126,8 @@ class Node:
             self.ingress = await IngressLink.create(self.config, reader, self.transport, self.rng)
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
+            if self.config.api_listen:
+                await self.ingress.start_front(self.config.api_listen)
         self._forward_token = (
             forward_token(self.config.network_secret) if self.config.network_secret else None
         )

@@ -25,9 +25,10 @@ from llmfabric.ingress import (
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
+from llmfabric.ingress.fast_front import FastFront
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
-from llmfabric.node.config import NodeConfig
+from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import IngressTraceHook, load_or_create_salt
 from llmfabric.traces import TraceRecorder
@@ -47,6 +48,8 @@ class IngressLink:
         self.dashboard = dashboard
         self.admin_key: str | None = None
         self.trace_hook: IngressTraceHook | None = None
+        self.front: FastFront | None = None
+        self.api_addr = ""
 
     @classmethod
     async def create(
@@ -107,7 +110,16 @@ class IngressLink:
         if self.dashboard:
             add_dashboard_routes(app)
 
+    async def start_front(self, listen: str) -> None:
+        """The same request core on the lean HTTP/1.1 front, on its own port."""
+        host, port = parse_hostport(listen, default_host="127.0.0.1")
+        self.front = FastFront(self.ingress, serve_metrics=False)
+        bound = await self.front.start(host, port)
+        self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
+
     async def aclose(self) -> None:
+        if self.front is not None:
+            await self.front.aclose()
         if self.trace_hook is not None:
             self.trace_hook.close()
         await self.forwarder.aclose()
