@@ -151,7 +151,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
         from llmfabric.node.executor import PeerExecutor
 
         overrides: dict[str, Any] = {
-            "bootstrap": tuple(b for item in bootstrap for b in item.split(",") if b),
+            "bootstrap": bootstrap,
             "network_secret": network_secret, "membership_cert": membership_cert,
             "operator_key": operator_key, "listen": listen, "http_listen": "127.0.0.1:0",
             "preset": preset, "gpu": "cpu", "home": home,

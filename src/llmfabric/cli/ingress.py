@@ -228,7 +228,7 @@ def _run_fabric_ingress(
             "listen": listen, "network_secret": network_secret, "policy": policy,
             "max_retries": max_retries, "auth": not no_auth, "db": db_url,
             "max_body_bytes": int(max_body_mb * 1024 * 1024),
-            "bootstrap": tuple(b for item in bootstrap for b in item.split(",") if b),
+            "bootstrap": bootstrap,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

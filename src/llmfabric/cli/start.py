@@ -101,11 +101,8 @@ def config_from_options(
     opts.pop("verbose", None)
     config_file = opts.pop("config_file", None)
     file_values = load_config_file(config_file) if config_file else {}
-    bootstrap: list[str] = []
-    for item in opts.pop("bootstrap", ()) or ():
-        bootstrap.extend(part.strip() for part in item.split(",") if part.strip())
-    if bootstrap:
-        opts["bootstrap"] = tuple(bootstrap)
+    if not opts.get("bootstrap"):
+        opts.pop("bootstrap", None)
     for name in ("labels", "controllers"):
         if not opts.get(name):
             opts.pop(name, None)

@@ -88,9 +88,11 @@ class NodeConfig(BaseModel):
     @field_validator("bootstrap")
     @classmethod
     def _bootstrap(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for addr in value:
+        # Entries may be comma-separated lists (env vars, config files): "a:1,b:2".
+        addrs = tuple(part.strip() for item in value for part in item.split(",") if part.strip())
+        for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")
-        return value
+        return addrs
 
     def has_credential(self) -> bool:
         return bool(self.network_secret) or self.membership_cert is not None

@@ -29,6 +29,7 @@ from llmfabric.clock import Clock, SystemClock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.identity import NodeKey
+from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.node.admission import admission_from_config
@@ -283,9 +284,7 @@ class Node:
 
     async def _forward_http(self, request: web.Request) -> web.StreamResponse:
         if self.engine is None:
-            return web.json_response(
-                {"error": {"message": "this node serves no engine", "type": "unavailable",
-                           "param": None, "code": "node_not_serving"}}, status=503)
+            return http_error(503, "this node serves no engine", "node_not_serving")
         return await self.engine.handle_http(request)
 
     async def _assign(self, peer: str, body: bytes) -> HandlerResponse:

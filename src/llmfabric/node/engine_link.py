@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import orjson
 from aiohttp import web
 
 from llmfabric.agent import EngineInfo, EngineSupervisor, InflightTracker, SupervisorConfig
 from llmfabric.clock import Clock
 from llmfabric.ingress.engine_proxy import EngineProxy
-from llmfabric.ingress.errors import UpstreamError
+from llmfabric.ingress.errors import UpstreamError, error_body
+from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.config import NodeConfig
@@ -26,10 +26,8 @@ _JSON = (("content-type", "application/json"),)
 
 
 def error_response(status: int, message: str, code: str) -> HandlerResponse:
-    body = orjson.dumps(
-        {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    )
-    return HandlerResponse(status, _JSON, body)
+    """An OpenAI-shaped error for the peer protocol (same body as the HTTP routes send)."""
+    return HandlerResponse(status, _JSON, error_body(status, message, code))
 
 
 class EngineLink:
@@ -70,10 +68,7 @@ class EngineLink:
 
     async def handle_http(self, request: web.Request) -> web.StreamResponse:
         if self.proxy is None or not self.inflight.accepting:
-            return web.Response(
-                body=error_response(503, "this node is not serving", "node_not_serving").body,
-                status=503, content_type="application/json",
-            )
+            return http_error(503, "this node is not serving", "node_not_serving")
         self.inflight.begin()
         try:
             return await self.proxy.handle(request)

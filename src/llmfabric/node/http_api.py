@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from llmfabric.ingress.errors import error_response
 from llmfabric.node.views import ObservedRecord, model_views, node_view, provider_views
 
 
@@ -49,7 +50,8 @@ def add_node_routes(
     async def get_self(_: web.Request) -> web.Response:
         me = self_view()
         if me is None:
-            return json_response(_error("this node has not published its record yet", 503), 503)
+            return error_response(503, "this node has not published its record yet",
+                                  "not_published")
         return json_response(me)
 
     async def nodes(_: web.Request) -> web.Response:
@@ -79,7 +81,3 @@ def add_node_routes(
     app.router.add_get("/v1/fabric/providers", providers)
     app.router.add_get("/v1/fabric/records", records)
 
-
-def _error(message: str, status: int) -> dict[str, Any]:
-    kind = "unavailable" if status == 503 else "invalid_request_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}

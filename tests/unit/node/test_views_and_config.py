@@ -70,3 +70,10 @@ def test_flags_override_file_and_errors_name_the_field(tmp_path: pathlib.Path) -
     cfg_file.write_text("- not a mapping\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config_file(cfg_file)
+
+
+def test_bootstrap_entries_may_be_comma_separated() -> None:
+    cfg = build_config({"bootstrap": ["a:1,b:2", " c:3 "]}, {})
+    assert cfg.bootstrap == ("a:1", "b:2", "c:3")
+    with pytest.raises(ConfigError, match="bootstrap"):
+        build_config({}, {"bootstrap": ("a:1,nope",)})
