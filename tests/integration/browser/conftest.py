@@ -55,6 +55,17 @@ class Fabric:
     admin_key: str
     sessions: dict[str, str]  # node name ("ingress", "h100", ...) -> session id
     kill: Callable[[str], None]  # SIGKILL a node by name, as a crashed host
+    engine_port: Callable[[str], int]  # the simulated engine's port of a serving node, by name
+
+    def engine_control(self, name: str, command: dict[str, Any]) -> None:
+        """POST a fault/speed command to a node's simulated engine (/sim/control)."""
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.engine_port(name)}/sim/control",
+            data=json.dumps(command).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200
 
     @property
     def ui(self) -> str:
@@ -86,9 +97,9 @@ def _sessions_by_name(url: str) -> dict[str, str]:
     return out
 
 
-def _node_pids(state_dir: pathlib.Path) -> dict[str, int]:
-    """http address -> pid of every `llmfabric start` process whose --home is under state_dir."""
-    pids: dict[str, int] = {}
+def _node_processes(state_dir: pathlib.Path) -> dict[str, tuple[int, list[str]]]:
+    """http address -> (pid, argv) of every `llmfabric start` whose --home is under state_dir."""
+    found: dict[str, tuple[int, list[str]]] = {}
     for proc in pathlib.Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -99,8 +110,8 @@ def _node_pids(state_dir: pathlib.Path) -> dict[str, int]:
         if "start" in args and "--home" in args and "--http-listen" in args:
             home = args[args.index("--home") + 1]
             if home.startswith(str(state_dir)):
-                pids[args[args.index("--http-listen") + 1]] = int(proc.name)
-    return pids
+                found[args[args.index("--http-listen") + 1]] = (int(proc.name), args)
+    return found
 
 
 def _demo_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
@@ -147,10 +158,15 @@ def _demo_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
         }
 
         def kill(name: str) -> None:
-            pid = _node_pids(state)[addrs[sessions[name]]]
+            pid, _ = _node_processes(state)[addrs[sessions[name]]]
             os.kill(pid, signal.SIGKILL)
 
-        yield Fabric(url, admin_key, sessions, kill)
+        def engine_port(name: str) -> int:
+            _, args = _node_processes(state)[addrs[sessions[name]]]
+            engine = args[args.index("--process") :]
+            return int(engine[engine.index("--port") + 1])
+
+        yield Fabric(url, admin_key, sessions, kill, engine_port)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # the demo stops every node and engine it started
@@ -176,7 +192,13 @@ def _local_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
         def kill(name: str) -> None:
             processes[name].kill_hard()
 
-        yield Fabric(ingress.http_url, local.admin_key(), _sessions_by_name(ingress.http_url), kill)
+        def engine_port(name: str) -> int:
+            port = processes[name].engine_port
+            assert port is not None, f"{name} runs no engine"
+            return port
+
+        sessions = _sessions_by_name(ingress.http_url)
+        yield Fabric(ingress.http_url, local.admin_key(), sessions, kill, engine_port)
 
 
 @pytest.fixture(scope="module")
