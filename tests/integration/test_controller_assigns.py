@@ -8,6 +8,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import openai
@@ -63,3 +64,42 @@ def test_controller_fills_idle_nodes_over_the_peer_protocol(
     )
     assert reply.usage is not None and reply.usage.completion_tokens == 3
     assert fabric.nodes[2].get_json("/v1/fabric/self")["state"] == "JOIN"
+
+
+def test_controller_plans_for_the_demand_the_ingress_observes(tmp_path: pathlib.Path) -> None:
+    """No workload file: the ingress publishes what it routes, the controller reads it from
+    its replica and fills the idle node with the model that has demand."""
+    from llmfabric.node.local_fabric import EngineSpec
+
+    with LocalFabric(tmp_path / "fabric") as fab:
+        ingress = fab.start_ingress("--demand-interval", "0.5")
+        fab.add_node(EngineSpec("qwen3-1.7b", "L40S", speed=50), "serving")
+        fab.add_bare_node("idle", "--accept-assignments", "--gpu", "L40S", "--gpu-count", "1",
+                          "--gpu-memory", "48")
+        fab.wait_serving({"qwen3-1.7b": 1}, timeout=60)
+        client = openai.OpenAI(base_url=ingress.http_url + "/v1", api_key=fab.admin_key(),
+                               max_retries=0)
+        for _ in range(12):
+            client.chat.completions.create(
+                model="qwen3-1.7b", messages=[{"role": "user", "content": "hello there"}],
+                max_tokens=5)
+        deadline = time.monotonic() + 30
+        demand: list[dict[str, float]] = []
+        while not demand and time.monotonic() < deadline:
+            time.sleep(0.3)
+            demand = ingress.get_json("/v1/fabric/self").get("demand", [])
+        assert [d["model"] for d in demand] == ["qwen3-1.7b"]
+        assert demand[0]["rate"] > 0 and demand[0]["mean_out"] == 5.0
+        result = subprocess.run(
+            [sys.executable, "-m", "llmfabric.cli.main", "controller",
+             "--bootstrap", ingress.peer_addr, "--network-secret", fab.secret,
+             "--preset", "local", "--home", str(tmp_path / "ctl"), "--listen", "127.0.0.1:0",
+             "--template", "sim", "--once"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        decisions = json.loads(result.stdout)
+        idle_sid = fab.nodes[2].get_json("/v1/fabric/self")["session_id"]
+        assigns = [d for d in decisions if d["kind"] == "Assign"]
+        assert [(d["model"], d["session_ids"]) for d in assigns] == [
+            ("qwen3-1.7b", [idle_sid])], result.stderr

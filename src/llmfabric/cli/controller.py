@@ -1,6 +1,6 @@
 """`llmfabric controller`: the fleet controller loop.
 
-    llmfabric controller --bootstrap host:7946 --network-secret S --workload w.yaml
+    llmfabric controller --bootstrap host:7946 --network-secret S
     llmfabric controller --node http://127.0.0.1:8080 --workload w.yaml --once   # dry run
 
 With `--bootstrap` (and a credential) the controller joins the fabric as a member, reads its own
@@ -8,6 +8,10 @@ replica, and sends each assignment to the node agent over the authenticated peer
 node (started with --accept-assignments) renders the engine command from its own template and
 moves to SERVING. With only `--node URL` it polls that node's read-only /v1/fabric/nodes and
 logs the decisions it would take.
+
+The workload is, by default, what the fabric's ingress nodes observe: each publishes its recent
+per-model request rate and token lengths in its record (scheduler.observed); `--workload FILE`
+plans for a fixed workload instead.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import click
 from llmfabric.registry.records import (
     Hardware,
     Lifecycle,
+    ModelDemand,
     NodeMeta,
     NodeRecord,
     ServedModel,
@@ -45,13 +50,22 @@ def record_from_view(view: dict[str, Any]) -> NodeRecord | None:
                               float(hw.get("gpu_memory_gb", 0.0)),
                               str(hw.get("interconnect", "none"))),
             engine=str(view.get("engine", "")),
-            models=tuple(ServedModel(str(m["id"])) for m in view.get("models", [])),
+            models=tuple(ServedModel(str(m["id"]), tuple(str(a) for a in m.get("aliases", [])))
+                         for m in view.get("models", [])),
+            roles=tuple(str(r) for r in view.get("roles", [])),
+            demand=tuple(ModelDemand(str(d["model"]), float(d["rate"]), float(d["mean_in"]),
+                                     float(d["mean_out"])) for d in view.get("demand", [])),
         )
         return NodeRecord(str(view["session_id"]), str(view.get("peer_id", "")), b"",
                           Lifecycle[str(view["state"])], int(view.get("incarnation", 0)),
                           int(view.get("version", 0)), float(view.get("updated_at", 0.0)), meta)
     except (KeyError, ValueError, TypeError):
         return None
+
+
+def _capacity(rec: NodeRecord) -> bool:
+    """Serving nodes, and bare nodes that accept assignments, are the controller's fleet."""
+    return bool(rec.meta.engine) or "assignable" in rec.meta.roles
 
 
 async def _fetch(url: str) -> list[NodeRecord]:
@@ -80,9 +94,9 @@ async def _fetch(url: str) -> list[NodeRecord]:
               help="peer listener of the controller's node")
 @click.option("--preset", type=click.Choice(["lan", "wan", "local"]), default="lan",
               show_default=True)
-@click.option("--workload", "workload_path", required=True,
+@click.option("--workload", "workload_path", default=None,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="workload YAML (until ingress statistics are wired in)")
+              help="plan for this workload YAML [default: the demand the ingress nodes observe]")
 @click.option("--template", type=click.Choice(["sim", "vllm", "sglang"]), default="sim",
               show_default=True)
 @click.option("--policy", type=click.Choice(["cpsat", "greedy", "memp"]), default="cpsat",
@@ -96,28 +110,50 @@ async def _fetch(url: str) -> list[NodeRecord]:
               help="with --bootstrap: seconds to let the replica fill before planning")
 def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: str | None,
             membership_cert: Path | None, operator_key: str | None, home: Path | None,
-            listen: str, preset: str, workload_path: Path, template: str, policy: str,
+            listen: str, preset: str, workload_path: Path | None, template: str, policy: str,
             interval: float, drift: float, reclaim: bool, once: bool, settle: float) -> None:
     """Fill idle nodes with models: plan with the placement policy, then assign."""
     from llmfabric.clock import SystemClock
     from llmfabric.scheduler.controller import ControllerConfig, FleetController
     from llmfabric.scheduler.decisions import Executor, LoggingExecutor
     from llmfabric.scheduler.errors import SchedulerError
+    from llmfabric.scheduler.observed import observed_workload
+    from llmfabric.scheduler.problem import Workload
     from llmfabric.scheduler.simadapter import SimPerformance
     from llmfabric.scheduler.spec import load_workload
 
     if not node_url and not bootstrap:
         raise click.UsageError("give --bootstrap (execute) or --node URL (dry run)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    try:
-        workload = load_workload(workload_path)
-    except SchedulerError as e:
-        raise click.ClickException(str(e)) from None
+    fixed: Workload | None = None
+    if workload_path is not None:
+        try:
+            fixed = load_workload(workload_path)
+        except SchedulerError as e:
+            raise click.ClickException(str(e)) from None
     latest: list[NodeRecord] = []
     config = ControllerConfig(policy=policy, template=template, drift_threshold=drift,
                               reclaim=reclaim, interval_s=interval)
     clock = SystemClock()
-    perf = SimPerformance.for_workload(workload)
+    perf = SimPerformance.for_workload(fixed) if fixed is not None else SimPerformance()
+    warned: set[str] = set()
+
+    def knows(model: str) -> bool:
+        try:
+            perf.params_b(model)
+        except SchedulerError:
+            return False
+        return True
+
+    def workload_of(records: list[NodeRecord]) -> Workload:
+        if fixed is not None:
+            return fixed
+        observed, notes = observed_workload(records, known=knows)
+        for note in notes:
+            if note not in warned:  # once per model, not every round
+                warned.add(note)
+                logging.warning(note)
+        return observed
 
     async def loop(ctl: FleetController, refresh: Any) -> None:
         while True:
@@ -138,7 +174,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
     async def dry_run() -> None:
         assert node_url is not None
         executor: Executor = LoggingExecutor()
-        ctl = FleetController(lambda: latest, lambda: workload, executor, perf, clock, config)
+        ctl = FleetController(lambda: [r for r in latest if _capacity(r)],
+                              lambda: workload_of(latest), executor, perf, clock, config)
 
         async def refresh() -> None:
             latest[:] = await _fetch(node_url)
@@ -166,19 +203,21 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             agent = node.agent
             assert agent is not None
 
+            def live() -> list[NodeRecord]:
+                return [dataclasses.replace(v.record, state=v.state)
+                        for v in agent.nodes.all(include_left=False) if not v.suspected]
+
             def records() -> list[NodeRecord]:
                 # Bare nodes are capacity only when they accept assignments.
-                return [dataclasses.replace(v.record, state=v.state)
-                        for v in agent.nodes.all(include_left=False)
-                        if not v.suspected and (v.record.meta.engine
-                                                or "assignable" in v.record.meta.roles)]
+                return [r for r in live() if _capacity(r)]
 
             def peer_of(sid: str) -> str | None:
                 view = agent.nodes.get(sid)
                 return None if view is None else view.record.peer_id
 
             executor = PeerExecutor(node.transport, peer_of)
-            ctl = FleetController(records, lambda: workload, executor, perf, clock, config)
+            ctl = FleetController(records, lambda: workload_of(live()), executor, perf, clock,
+                                  config)
 
             async def refresh() -> None:
                 return None

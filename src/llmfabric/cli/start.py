@@ -72,6 +72,9 @@ def node_options(fn: Any) -> Any:
         click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),
         click.option("--record-trace", type=click.Path(dir_okay=False, path_type=pathlib.Path),
                      help="ingress: append an anonymized trace (JSONL) of served requests"),
+        click.option("--demand-interval", "demand_interval_s", type=float,
+                     help="ingress: seconds between updates of the observed per-model demand "
+                          "published for the fleet controller [15]"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
         click.option("--accept-assignments", is_flag=True, default=None,

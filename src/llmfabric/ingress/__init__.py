@@ -20,6 +20,8 @@ Files:
 - usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`).
 - accounts_auth.py: adapters from llmfabric.accounts (AccountStore, RateLimiter) and
   `StaticKeys` for tests/benchmarks.
+- demand.py: `DemandMeter`, the per-model request rate and mean token lengths this ingress
+  observes over a sliding window (published in the node's record for the fleet controller).
 - metrics.py: `IngressMetrics` (own CollectorRegistry) and `metrics_handler`.
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
   OpenAI error bodies.

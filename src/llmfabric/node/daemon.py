@@ -29,6 +29,8 @@ from llmfabric.clock import Clock, SystemClock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.identity import NodeKey
+from llmfabric.ingress.demand import DemandMeter
+from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
@@ -124,7 +126,9 @@ class Node:
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
         if self.config.ingress:
-            self.ingress = await IngressLink.create(self.config, reader, self.transport, self.rng)
+            self.ingress = await IngressLink.create(
+                self.config, reader, self.transport, self.rng, self.clock
+            )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
             if self.config.api_listen:
@@ -143,6 +147,8 @@ class Node:
         self.transport.on_relays_changed(lambda _relays: self._republish())
         await self._agent.start()
         self._spawn(self._join(), "join")
+        if self.ingress is not None:
+            self._spawn(self._publish_demand(self.ingress.demand), "demand")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
 
@@ -201,6 +207,7 @@ class Node:
             engine=base.engine if base is not None else "",
             models=base.models if base is not None else (),
             load=base.load if base is not None else NodeMeta().load,
+            demand=base.demand if base is not None else (),
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
@@ -352,6 +359,15 @@ class Node:
             if now != last and self._agent.record.state is Lifecycle.SERVING:
                 last = now
                 self._agent.update_self(self._meta(load=self.inflight.load_hints()))
+
+    async def _publish_demand(self, meter: DemandMeter) -> None:
+        """Publish the ingress's observed per-model workload (the fleet controller's input)
+        when it moved materially, at most every `demand_interval_s`."""
+        while not self._stopping:
+            await self.clock.sleep(self.config.demand_interval_s)
+            snapshot = meter.snapshot()
+            if not self._stopping and demand_moved(self._agent.record.meta.demand, snapshot):
+                self._agent.update_self(self._meta(demand=snapshot))
 
     # ---- stop ---------------------------------------------------------------------------
     async def wait_stopped(self) -> int:

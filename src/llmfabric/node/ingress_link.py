@@ -11,7 +11,7 @@ from llmfabric.accounts.bootstrap import ensure_admin_key
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
-from llmfabric.clock import SystemClock
+from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.ingress import (
     FORWARD_PREFIX,
@@ -24,13 +24,15 @@ from llmfabric.ingress import (
     add_ingress_routes,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
+from llmfabric.ingress.config import TraceEvent
+from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
 from llmfabric.ingress.fast_front import FastFront
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
-from llmfabric.node.trace_link import IngressTraceHook, load_or_create_salt
+from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
 from llmfabric.traces import TraceRecorder
 
 
@@ -41,8 +43,10 @@ class IngressLink:
         store: AccountStore | None,
         forwarder: Forwarder,
         dashboard: bool,
+        demand: DemandMeter,
     ) -> None:
         self.ingress = ingress
+        self.demand = demand
         self.store = store
         self.forwarder = forwarder
         self.dashboard = dashboard
@@ -58,6 +62,7 @@ class IngressLink:
         reader: AgentReplicaReader,
         transport: TlsTransport,
         rng: random.Random,
+        clock: Clock | None = None,
     ) -> IngressLink:
         from llmfabric.node.daemon import forward_token
 
@@ -79,6 +84,16 @@ class IngressLink:
         if config.record_trace is not None:
             salt = load_or_create_salt(config.home / "trace.salt")
             trace_hook = IngressTraceHook(TraceRecorder(config.record_trace, salt))
+        demand = DemandMeter(clock or SystemClock())
+
+        def on_finished(event: TraceEvent) -> None:
+            # Demand counts every generation request a provider could have served; client
+            # errors (4xx) are not load.
+            if event.path in TRACED_PATHS and not 400 <= event.status < 500:
+                demand.record(event.model, event.prompt_tokens, event.completion_tokens)
+            if trace_hook is not None:
+                trace_hook(event)
+
         ingress = Ingress(
             IngressConfig(
                 node_id="ingress",
@@ -86,7 +101,7 @@ class IngressLink:
                 max_retries=config.max_retries,
                 max_body_bytes=config.max_body_bytes,
                 auth_enabled=config.auth,
-                trace_hook=trace_hook,
+                trace_hook=on_finished,
             ),
             RecordsCandidateSource(reader.records_with_suspicion, reader.version),
             forwarder,
@@ -94,7 +109,7 @@ class IngressLink:
             auth,
             rng=rng,
         )
-        link = cls(ingress, store, forwarder, config.dashboard)
+        link = cls(ingress, store, forwarder, config.dashboard, demand)
         link.trace_hook = trace_hook
         link.admin_key = admin_key
         return link

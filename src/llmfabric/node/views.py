@@ -47,6 +47,7 @@ def node_view(obs: ObservedRecord) -> dict[str, Any]:
         "labels": dict(meta.labels),
         "tier": meta.tier,
         "roles": list(meta.roles),
+        "demand": [asdict(d) for d in meta.demand],
         "http_addr": meta.http_addr,
         "peer_addrs": list(meta.peer_addrs),
         "relays": list(meta.relays),

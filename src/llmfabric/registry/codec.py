@@ -19,6 +19,7 @@ from llmfabric.registry.records import (
     Hardware,
     Lifecycle,
     LoadHints,
+    ModelDemand,
     ModelRole,
     NodeMeta,
     NodeRecord,
@@ -178,6 +179,15 @@ def _load(d: dict[str, Any]) -> LoadHints:
     )
 
 
+def _demand(d: dict[str, Any]) -> ModelDemand:
+    rate = _float(d.get("rate", 0.0), "demand rate")
+    mean_in = _float(d.get("mean_in", 0.0), "demand mean_in")
+    mean_out = _float(d.get("mean_out", 0.0), "demand mean_out")
+    if not all(0.0 <= x < 1e12 for x in (rate, mean_in, mean_out)):
+        raise _fail("demand rate and token means must be finite and >= 0")
+    return ModelDemand(_str(d.get("model"), "demand model"), rate, mean_in, mean_out)
+
+
 def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for p in _list(v, "labels"):
@@ -202,6 +212,7 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         labels=_pairs(d.get("labels", [])),
         tier=_str(d.get("tier", m.tier), "tier"),
         roles=_strs(d.get("roles", []), "roles"),
+        demand=tuple(_demand(_map(x, "demand")) for x in _list(d.get("demand", []), "demand")),
     )
 
 

@@ -55,6 +55,17 @@ class LoadHints:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelDemand:
+    """What one ingress saw for one model over its recent window: the fleet controller sums
+    these over all ingress nodes to get the fabric's observed workload."""
+
+    model: str  # the name callers asked for (an id or an alias)
+    rate: float  # requests per second
+    mean_in: float  # prompt tokens (0: no usage reported yet)
+    mean_out: float  # completion tokens (0: no usage reported yet)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeMeta:
     provider_id: str = ""
     # Where the node can be dialled: "host:port" of its peer (TLS) listener and of its HTTP API.
@@ -69,6 +80,7 @@ class NodeMeta:
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs: site, cluster, ...
     tier: str = "transient"  # "stable" (long-lived, e.g. ingress) or "transient" (Slurm job)
     roles: tuple[str, ...] = ()  # "ingress", "relay", "bootstrap"
+    demand: tuple[ModelDemand, ...] = ()  # ingress nodes only: observed per-model workload
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

@@ -18,6 +18,7 @@ Files -> concepts
 - packing.py     replicas -> concrete nodes and GPU ids.
 - decisions.py   Assign/Release decisions, command templates, Executor, LoggingExecutor.
 - controller.py  pure decide() over registry records + workload, FleetController loop.
+- observed.py    the observed workload: ingress nodes' published demand summed from records.
 - spec.py        cluster/workload YAML loading (pydantic at the boundary).
 - errors.py      SchedulerError hierarchy.
 """

@@ -1,0 +1,56 @@
+"""The controller's observed workload: ingress demand summed from the replica's records."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmfabric.identity.keys import NodeKey
+from llmfabric.registry.records import Lifecycle, ModelDemand, NodeMeta, NodeRecord, ServedModel
+from llmfabric.registry.signing import new_session_id
+from llmfabric.scheduler.observed import DEFAULT_MEAN_IN, DEFAULT_MEAN_OUT, observed_workload
+
+
+def _record(meta: NodeMeta, state: Lifecycle = Lifecycle.JOIN) -> NodeRecord:
+    key = NodeKey.generate()
+    return NodeRecord(new_session_id(key.public_bytes), key.peer_id, key.public_bytes, state,
+                      0, 1, 0.0, meta)
+
+
+def _ingress(*demand: ModelDemand, state: Lifecycle = Lifecycle.JOIN) -> NodeRecord:
+    return _record(NodeMeta(roles=("ingress",), demand=demand), state)
+
+
+def test_rates_add_up_and_lengths_average_by_rate() -> None:
+    serving = _record(NodeMeta(engine="sim", models=(ServedModel("llama-3.1-8b",
+                                                                 aliases=("llama",)),)),
+                      Lifecycle.SERVING)
+    records = [
+        serving,
+        _ingress(ModelDemand("llama", 3.0, 400.0, 100.0)),
+        _ingress(ModelDemand("llama-3.1-8b", 1.0, 800.0, 200.0),
+                 ModelDemand("qwen3-1.7b", 0.5, 0.0, 0.0)),
+        _ingress(ModelDemand("llama", 50.0, 1.0, 1.0), state=Lifecycle.DOWN),  # gone: ignored
+    ]
+    workload, notes = observed_workload(records)
+    assert notes == []
+    llama = workload.get("llama-3.1-8b")
+    assert llama is not None
+    assert llama.arrival_rate == pytest.approx(4.0)
+    assert llama.mean_in == pytest.approx(500.0) and llama.mean_out == pytest.approx(125.0)
+    qwen = workload.get("qwen3-1.7b")  # no usage seen yet: default lengths
+    assert qwen is not None and qwen.arrival_rate == 0.5
+    assert (qwen.mean_in, qwen.mean_out) == (DEFAULT_MEAN_IN, DEFAULT_MEAN_OUT)
+
+
+def test_models_the_performance_model_cannot_price_are_left_out_with_a_note() -> None:
+    workload, notes = observed_workload(
+        [_ingress(ModelDemand("mystery-9000", 2.0, 10.0, 10.0),
+                  ModelDemand("qwen3-1.7b", 1.0, 10.0, 10.0))],
+        known=lambda m: m != "mystery-9000")
+    assert [m.model for m in workload.loads] == ["qwen3-1.7b"]
+    assert len(notes) == 1 and "mystery-9000" in notes[0]
+
+
+def test_no_ingress_demand_means_an_empty_workload() -> None:
+    workload, notes = observed_workload([_record(NodeMeta(engine="sim"))])
+    assert workload.loads == () and notes == []
