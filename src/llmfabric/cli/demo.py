@@ -81,7 +81,8 @@ def command(
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console,
                       transient=True) as progress:
             task = progress.add_task("starting the ingress node", total=None)
-            ingress = fabric.start_ingress()
+            # A small local fabric: show the observed demand in the catalog within seconds.
+            ingress = fabric.start_ingress("--demand-interval", "2")
             for spec in specs:
                 progress.update(task, description=f"starting {spec.model} on {spec.gpu}")
                 fabric.add_node(spec)

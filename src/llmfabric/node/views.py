@@ -59,7 +59,9 @@ def _routable(obs: ObservedRecord) -> bool:
 
 
 def model_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
-    """One entry per model id over nodes that are not LEFT; `serving` counts routable nodes."""
+    """One entry per model id over nodes that are not LEFT; `serving` counts routable nodes,
+    `demand_rps` the requests/s the live ingress nodes observe for it."""
+    observed = list(observed)
     models: dict[str, dict[str, Any]] = {}
     for obs in observed:
         rec = obs.record
@@ -79,13 +81,32 @@ def model_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
             entry["max_context"] = max(entry["max_context"], m.max_context)
             if _routable(obs):
                 entry["serving"] += 1
+    for model_id, rate in _demand_by_model(observed, models).items():
+        models[model_id]["demand_rps"] = round(rate, 3)
     out = []
     for entry in sorted(models.values(), key=lambda e: e["id"]):
+        entry.setdefault("demand_rps", 0.0)
         for key in ("aliases", "providers", "gpus", "quantizations"):
             entry[key] = sorted(entry[key])
         entry["nodes"] = sorted(entry["nodes"])
         out.append(entry)
     return out
+
+
+def _demand_by_model(observed: Iterable[ObservedRecord], models: dict[str, dict[str, Any]]
+                     ) -> dict[str, float]:
+    """Requests/s the live ingress nodes observe per catalog model (aliases folded in)."""
+    canonical = {alias: mid for mid, e in models.items() for alias in e["aliases"]}
+    canonical.update({mid: mid for mid in models})
+    rates: dict[str, float] = {}
+    for obs in observed:
+        if obs.record.state >= Lifecycle.DOWN:
+            continue
+        for d in obs.record.meta.demand:
+            model_id = canonical.get(d.model)
+            if model_id is not None:
+                rates[model_id] = rates.get(model_id, 0.0) + d.rate
+    return rates
 
 
 def provider_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:

@@ -463,3 +463,18 @@ def test_sse_parser_gives_the_same_events_for_any_chunking(page: Any, fabric: An
         "[DONE]",
     ]
     assert mismatches["whole"][1]["event"] == "usage"
+
+
+def test_catalog_shows_the_demand_the_ingress_observed(page: Any, fabric: Any) -> None:
+    # The chat tests above sent llama requests through the ingress; it publishes the rate it
+    # observed in its record (every 2 s in the demo) and the catalog shows it.
+    page.goto(fabric.ui)
+    cell = page.locator(f'#catalog-table tr[data-model="{LLAMA}"] td.demand')
+    cell.wait_for()
+    page.wait_for_function(
+        f"""() => (document.querySelector('#catalog-table tr[data-model="{LLAMA}"] td.demand')
+            ?.textContent || '').endsWith('req/s')""",
+        timeout=30_000,
+    )
+    rate = float(cell.inner_text().split()[0])
+    assert rate > 0

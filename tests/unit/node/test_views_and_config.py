@@ -4,7 +4,14 @@ import pytest
 
 from llmfabric.node.config import ConfigError, build_config, load_config_file, parse_hostport
 from llmfabric.node.views import ObservedRecord, model_views, node_view, provider_views
-from llmfabric.registry.records import Hardware, Lifecycle, NodeMeta, NodeRecord, ServedModel
+from llmfabric.registry.records import (
+    Hardware,
+    Lifecycle,
+    ModelDemand,
+    NodeMeta,
+    NodeRecord,
+    ServedModel,
+)
 
 
 def _rec(sid: str, state: Lifecycle, provider: str, gpu: str, *models: str) -> NodeRecord:
@@ -34,6 +41,24 @@ def test_model_view_counts_only_routable_nodes_and_skips_left() -> None:
     providers = {p["id"]: p for p in provider_views(observed)}
     assert set(providers) == {"p1", "p2"}
     assert providers["p2"]["nodes"] == 2
+
+
+def test_model_view_sums_the_demand_live_ingresses_observe() -> None:
+    def ingress(sid: str, state: Lifecycle, *demand: ModelDemand) -> ObservedRecord:
+        meta = NodeMeta(roles=("ingress",), demand=demand)
+        return ObservedRecord(NodeRecord(sid, "p" + sid, b"k", state, 0, 1, 0.0, meta), False, 1)
+
+    observed = [
+        ObservedRecord(_rec("s1", Lifecycle.SERVING, "p1", "H100", "m", "n"), False, 1.0),
+        ingress("i1", Lifecycle.SERVING, ModelDemand("m", 1.5, 10, 5), ModelDemand("N", 0.5, 1, 1)),
+        ingress("i2", Lifecycle.JOIN, ModelDemand("m", 0.25, 10, 5),
+                ModelDemand("gone-model", 9.0, 1, 1)),  # not in the catalog: not shown
+        ingress("i3", Lifecycle.DOWN, ModelDemand("m", 100.0, 10, 5)),  # stale: ignored
+    ]
+    views = {v["id"]: v for v in model_views(iter(observed))}
+    assert set(views) == {"m", "n"}
+    assert views["m"]["demand_rps"] == 1.75
+    assert views["n"]["demand_rps"] == 0.5  # asked for by its alias
 
 
 def test_node_view_flattens_record() -> None:

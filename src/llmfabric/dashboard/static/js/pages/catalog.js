@@ -1,7 +1,7 @@
 // Catalog: every model with its serving nodes, GPU types, providers, quantization and
 // context, refreshed live; search and filters.
 
-import { h, mount, notice, tableWrap, badge, chip, fmtContext, shortId, fingerprint } from '../dom.js';
+import { h, mount, notice, tableWrap, badge, chip, fmtContext, fmtNum, shortId, fingerprint } from '../dom.js';
 import { get, listOf, ApiError } from '../api.js';
 import { pageHeader, filterSelect, searchBox, liveStatus, errorNotice, includesText } from './common.js';
 
@@ -83,7 +83,7 @@ function render(view, ctx, params) {
     mount(results, tableWrap('Models', h('table', { class: 'data', id: 'catalog-table' },
       h('caption', { class: 'visually-hidden' }, 'Models in the fabric'),
       h('thead', {}, h('tr', {},
-        ['Model', 'Status', 'Nodes', 'GPUs', 'Providers', 'Quantization', 'Context']
+        ['Model', 'Status', 'Nodes', 'GPUs', 'Providers', 'Quantization', 'Context', 'Demand']
           .map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', {}, shown.map(row)))));
   };
@@ -103,7 +103,9 @@ function render(view, ctx, params) {
       h('td', {}, (m.gpus || []).map(chip)),
       h('td', {}, (m.providers || []).map(chip)),
       h('td', {}, (m.quantizations || []).map(chip)),
-      h('td', { class: 'num' }, fmtContext(m.max_context)));
+      h('td', { class: 'num' }, fmtContext(m.max_context)),
+      h('td', { class: 'num demand', title: 'Requests per second the ingress nodes observed over the last 5 minutes' },
+        m.demand_rps > 0 ? `${fmtNum(m.demand_rps, m.demand_rps < 10 ? 2 : 0)} req/s` : '—'));
   };
 
   const nodeItem = (sid) => {
