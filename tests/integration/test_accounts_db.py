@@ -1,4 +1,6 @@
-"""Accounts on a real SQLite file: hashing at rest, durability of the ledger, many writers."""
+"""Accounts on a real database: hashing at rest, durability of the ledger, many writer
+processes, the keys CLI. Most checks run on both backends (`accounts_db`: a SQLite file and a
+fresh Postgres database); the file-level check is SQLite's own."""
 
 from __future__ import annotations
 
@@ -30,8 +32,17 @@ async def test_plaintext_never_reaches_disk(tmp_path: pathlib.Path) -> None:
             assert await store.authenticate(plain) == key
 
 
-async def test_usage_flushed_by_background_task_and_on_close(tmp_path: pathlib.Path) -> None:
-    db = str(tmp_path / "acc.db")
+async def test_plaintext_never_stored(accounts_db: str) -> None:
+    async with await AccountStore.open(accounts_db) as store:
+        keys = [await store.create_key(f"k{i}", "alice") for i in range(3)]
+        stored = repr(await store._db.fetchall("SELECT * FROM api_keys"))
+    for key, plain in keys:
+        assert key.id in stored
+        assert plain not in stored and plain[20:] not in stored
+
+
+async def test_usage_flushed_by_background_task_and_on_close(accounts_db: str) -> None:
+    db = accounts_db
     store = await AccountStore.open(db, flush_interval_s=0.05)
     key, _ = await store.create_key("k", "alice")
     store.record_usage(key.id, "m", 3, 4)
@@ -69,8 +80,8 @@ _WRITER = textwrap.dedent(
 )
 
 
-async def test_concurrent_writer_processes_add_up(tmp_path: pathlib.Path) -> None:
-    db = str(tmp_path / "acc.db")
+async def test_concurrent_writer_processes_add_up(accounts_db: str) -> None:
+    db = accounts_db
     async with await AccountStore.open(db) as store:
         key, _ = await store.create_key("k", "alice")
     procs = [
@@ -93,18 +104,20 @@ async def test_concurrent_writer_processes_add_up(tmp_path: pathlib.Path) -> Non
     assert (row.requests, row.prompt_tokens, row.completion_tokens) == (1200, 1200, 2400)
 
 
-def test_cli_create_list_revoke(tmp_path: pathlib.Path) -> None:
+def test_cli_create_list_revoke(tmp_path: pathlib.Path, accounts_db: str) -> None:
     import json
 
     cmds = {c.name: c for c in API_KEY_COMMANDS}
     runner = CliRunner()
-    env = {"LLMFABRIC_HOME": str(tmp_path)}
+    # A SQLite accounts_db is <tmp_path>/accounts.db: the default under LLMFABRIC_HOME.
+    sqlite = not accounts_db.startswith("postgresql://")
+    env = {"LLMFABRIC_HOME": str(tmp_path), "LLMFABRIC_DB": None if sqlite else accounts_db}
     out = runner.invoke(cmds["create"], ["--name", "app", "--owner", "bob", "--rpm", "5",
                                          "--json"], env=env)
     assert out.exit_code == 0, out.output
     created = json.loads(out.output)
     assert created["key"].startswith("lf-") and created["requests_per_min"] == 5
-    assert (tmp_path / "accounts.db").exists()
+    assert (tmp_path / "accounts.db").exists() == sqlite
     listed = runner.invoke(cmds["list"], ["--json"], env=env)
     assert [k["id"] for k in json.loads(listed.output)] == [created["id"]]
     assert created["key"] not in listed.output

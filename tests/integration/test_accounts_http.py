@@ -1,4 +1,5 @@
-"""The account routes on a real aiohttp server, called over loopback."""
+"""The account routes on a real aiohttp server, called over loopback (on SQLite and on
+Postgres: the `accounts_db` fixture)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from llmfabric.accounts.http import add_account_routes
 
 
 @pytest.fixture
-async def server(tmp_path: pathlib.Path) -> AsyncIterator[tuple[str, AccountStore, str]]:
-    store = await AccountStore.open(str(tmp_path / "acc.db"))
+async def server(
+    tmp_path: pathlib.Path, accounts_db: str
+) -> AsyncIterator[tuple[str, AccountStore, str]]:
+    store = await AccountStore.open(accounts_db)
     _, admin = await ensure_admin_key(store, tmp_path / "admin.key")
     app = web.Application()
     add_account_routes(app, store)

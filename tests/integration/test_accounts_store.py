@@ -1,6 +1,11 @@
+"""AccountStore behaviour, the same checks on both backends: a SQLite file and a fresh
+Postgres database (the `accounts_db` fixture in conftest.py; the Postgres runs skip where no
+server can be started)."""
+
 from __future__ import annotations
 
 import pathlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -15,8 +20,8 @@ from llmfabric.testing.fake_clock import FakeClock
 
 
 @pytest.fixture
-async def store(tmp_path: pathlib.Path):  # type: ignore[no-untyped-def]
-    s = await AccountStore.open(str(tmp_path / "a.db"), clock=FakeClock(), background=False)
+async def store(accounts_db: str) -> AsyncIterator[AccountStore]:
+    s = await AccountStore.open(accounts_db, clock=FakeClock(), background=False)
     yield s
     await s.aclose()
 
@@ -47,7 +52,10 @@ async def test_revoke_permissions(store: AccountStore) -> None:
 async def test_list_and_validation(store: AccountStore) -> None:
     await store.create_key("a", "alice")
     await store.create_key("b", "bob")
-    assert [k.owner for k in await store.list_keys()] == ["alice", "bob"]
+    # Both were created at the same (fake) instant: ties are ordered by id, on both backends.
+    listed = await store.list_keys()
+    assert [k.owner for k in listed] == [k.owner for k in sorted(listed, key=lambda k: k.id)]
+    assert sorted(k.owner for k in listed) == ["alice", "bob"]
     assert [k.name for k in await store.list_keys(owner="bob")] == ["b"]
     with pytest.raises(InvalidRequest):
         await store.create_key(" ", "x")
@@ -55,8 +63,8 @@ async def test_list_and_validation(store: AccountStore) -> None:
         await store.create_key("x", "y", tokens_per_min=0)
 
 
-async def test_other_process_changes_seen(tmp_path: pathlib.Path) -> None:
-    db = str(tmp_path / "a.db")
+async def test_other_process_changes_seen(accounts_db: str) -> None:
+    db = accounts_db
     ingress = await AccountStore.open(db, background=False)
     cli = await AccountStore.open(db, background=False)
     try:
@@ -71,9 +79,9 @@ async def test_other_process_changes_seen(tmp_path: pathlib.Path) -> None:
         await cli.aclose()
 
 
-async def test_usage_aggregates_per_key_model_day(tmp_path: pathlib.Path) -> None:
+async def test_usage_aggregates_per_key_model_day(accounts_db: str) -> None:
     clock = FakeClock(wall_start=1_700_000_000.0)  # 2023-11-14 UTC
-    async with await AccountStore.open(str(tmp_path / "u.db"), clock=clock) as s:
+    async with await AccountStore.open(accounts_db, clock=clock) as s:
         await _usage_checks(s, clock)
 
 

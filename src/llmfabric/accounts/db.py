@@ -9,15 +9,20 @@ never blocks on disk I/O.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import logging
 import os
 import pathlib
 import sqlite3
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from llmfabric.accounts.errors import BackendUnavailable, InvalidRequest
 
 Params = Sequence[Any]
+log = logging.getLogger(__name__)
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS api_keys (
@@ -105,45 +110,114 @@ class SQLiteBackend:
 
 
 class PostgresBackend:
-    """Postgres through psycopg 3 (optional extra `llmfabric[postgres]`)."""
+    """Postgres through psycopg 3 (optional extra `llmfabric[postgres]`).
 
-    def __init__(self, conn: Any) -> None:
+    One autocommit connection shared by every task of the process, used one call at a time
+    (an asyncio.Lock; the store's hot path never waits on it: keys are cached and usage is
+    flushed in batches). A connection the server dropped (restart, idle kill) is replaced on
+    the next call; reads and the store's idempotent key writes are retried once on the new
+    connection, a failed batch is not (the ledger puts its rows back for the next flush).
+    """
+
+    _SCHEMA_LOCK = 0x6C66_6163  # advisory lock id: concurrent openers create tables in turn
+
+    def __init__(self, url: str, conn: Any) -> None:
+        self._url = url
         self._conn = conn
         self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, url: str) -> PostgresBackend:
-        try:
-            import psycopg
-        except ImportError as exc:
-            raise BackendUnavailable(
-                "a postgresql:// URL needs psycopg: pip install 'llmfabric[postgres]'"
-            ) from exc
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        backend = cls(conn)
-        for stmt in SCHEMA:
-            await backend.execute(stmt)
+        backend = cls(url, await _pg_connect(url))
+        async with backend._lock, backend._conn.transaction():
+            await backend._conn.execute("SELECT pg_advisory_xact_lock(%s)", (cls._SCHEMA_LOCK,))
+            for stmt in SCHEMA:
+                await backend._conn.execute(stmt)
         return backend
 
-    @staticmethod
-    def _sql(sql: str) -> str:
-        return sql.replace("?", "%s")
+    async def _ready(self) -> Any:
+        if self._conn.closed or self._conn.broken:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            self._conn = await _pg_connect(self._url)
+        return self._conn
+
+    async def _retrying(self, call: Any) -> Any:
+        """Run `call(conn)`; if the connection turns out dead, once more on a fresh one."""
+        import psycopg
+
+        async with self._lock:
+            conn = await self._ready()
+            try:
+                return await call(conn)
+            except psycopg.OperationalError:
+                if not (conn.closed or conn.broken):
+                    raise
+                log.warning("accounts: lost the Postgres connection; reconnecting")
+            return await call(await self._ready())
 
     async def execute(self, sql: str, params: Params = ()) -> None:
-        async with self._lock:
-            await self._conn.execute(self._sql(sql), tuple(params))
+        async def run(conn: Any) -> None:
+            await conn.execute(_pg_sql(sql), tuple(params))
+
+        await self._retrying(run)
 
     async def executemany(self, sql: str, rows: Sequence[Params]) -> None:
-        async with self._lock, self._conn.transaction(), self._conn.cursor() as cur:
-            await cur.executemany(self._sql(sql), [tuple(r) for r in rows])
+        async with self._lock:
+            conn = await self._ready()
+            async with conn.transaction(), conn.cursor() as cur:
+                await cur.executemany(_pg_sql(sql), [tuple(r) for r in rows])
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        async with self._lock:
-            cur = await self._conn.execute(self._sql(sql), tuple(params))
+        async def run(conn: Any) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(_pg_sql(sql), tuple(params))
             return list(await cur.fetchall())
 
+        result: list[tuple[Any, ...]] = await self._retrying(run)
+        return result
+
     async def aclose(self) -> None:
-        await self._conn.close()
+        async with self._lock:
+            await self._conn.close()
+
+
+@functools.lru_cache(maxsize=256)
+def _pg_sql(sql: str) -> str:
+    """`?` placeholders to psycopg's `%s` (a literal `%` becomes `%%`)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for error messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+async def _pg_connect(url: str) -> Any:
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError as exc:
+        raise BackendUnavailable(
+            "a postgresql:// URL needs psycopg: pip install 'llmfabric[postgres]'"
+        ) from exc
+    try:
+        extra: dict[str, Any] = (
+            {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": 10}
+        )
+    except psycopg.ProgrammingError as exc:
+        raise InvalidRequest(f"bad Postgres URL {_redact(url)!r}: {exc}") from exc
+    try:
+        return await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+    except psycopg.OperationalError as exc:
+        raise BackendUnavailable(
+            f"cannot connect to Postgres at {_redact(url)}: {str(exc).strip()}; check that the "
+            "server is running and that the URL's host, port, user, password and database "
+            "are right (the database must exist: createdb NAME)"
+        ) from exc
 
 
 async def open_backend(url: str) -> Backend:

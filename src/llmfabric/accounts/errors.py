@@ -20,7 +20,8 @@ class InvalidRequest(AccountsError):
 
 
 class BackendUnavailable(AccountsError):
-    """The database URL names a backend whose driver is not installed."""
+    """The database cannot be used: its driver is not installed or its server cannot be
+    reached (a wrong URL, or the server is down)."""
 
 
 class RateLimited(AccountsError):

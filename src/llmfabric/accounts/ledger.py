@@ -8,6 +8,8 @@ its rows back, so nothing is lost short of a crash.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ class UsageLedger:
         self._backend = backend
         self._wall = wall
         self._pending: dict[tuple[str, str, str], _Counts] = {}
+        self._writing: asyncio.Future[int] | None = None
 
     @property
     def pending_rows(self) -> int:
@@ -52,15 +55,33 @@ class UsageLedger:
         c.completion += max(0, int(completion_tokens))
 
     async def flush(self) -> int:
-        """Write pending rows; returns how many (key, model, day) rows were written."""
+        """Write pending rows; returns how many (key, model, day) rows were written.
+
+        One write at a time, and a write once started is never cancelled halfway: it runs in
+        its own task under asyncio.shield, so a caller cancelled mid-flush (a shutdown, a
+        dropped HTTP client) cannot leave a batch both committed and put back, which the next
+        flush would count twice. A write that fails puts its rows back for the next flush."""
+        while self._writing is not None and not self._writing.done():
+            with contextlib.suppress(Exception):  # its failure put its rows back: retried below
+                await asyncio.shield(self._writing)
         if not self._pending:
             return 0
         batch, self._pending = self._pending, {}
-        rows = [(k, m, d, c.requests, c.prompt, c.completion) for (k, m, d), c in batch.items()]
+        self._writing = asyncio.ensure_future(self._write(batch))
+        self._writing.add_done_callback(_retrieve)
+        return await asyncio.shield(self._writing)
+
+    async def _write(self, batch: dict[tuple[str, str, str], _Counts]) -> int:
+        # In key order, so concurrent flushes (other processes sharing a Postgres database)
+        # lock the same rows in the same order and cannot deadlock.
+        rows = [
+            (k, m, d, c.requests, c.prompt, c.completion)
+            for (k, m, d), c in sorted(batch.items())
+        ]
         try:
             await self._backend.executemany(_UPSERT, rows)
         except BaseException:
-            for key, c in batch.items():  # put them back in front of anything newer
+            for key, c in batch.items():  # put them back, added to anything newer
                 cur = self._pending.setdefault(key, _Counts())
                 cur.requests += c.requests
                 cur.prompt += c.prompt
@@ -92,3 +113,10 @@ class UsageLedger:
             UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]))
             for r in await self._backend.fetchall(sql, params)
         ]
+
+
+def _retrieve(fut: asyncio.Future[int]) -> None:
+    """Mark a write's failure as seen: the caller that started it may have been cancelled
+    (the rows are back in the ledger; the next flush retries them)."""
+    if not fut.cancelled():
+        fut.exception()

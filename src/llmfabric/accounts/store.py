@@ -202,10 +202,10 @@ class AccountStore:
 
     async def list_keys(self, owner: str | None = None) -> list[ApiKey]:
         if owner is None:
-            rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys ORDER BY created_at")
+            rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys ORDER BY created_at, id")
         else:
             rows = await self._db.fetchall(
-                f"SELECT {_COLS} FROM api_keys WHERE owner = ? ORDER BY created_at", (owner,)
+                f"SELECT {_COLS} FROM api_keys WHERE owner = ? ORDER BY created_at, id", (owner,)
             )
         return [_row_to_key(r)[1] for r in rows]
 
