@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
@@ -124,6 +124,9 @@ class Ingress:
         self.policy = make_policy(config.policy, rng)
         self.router = Router(self.policy)
         self._capture = usage_sink is not None or config.trace_hook is not None
+        # A forwarder that enforces every Timeouts phase itself (RawHttpForwarder) saves the
+        # asyncio.timeout contexts around each attempt.
+        self._own_timeouts = getattr(forwarder, "enforces_timeouts", False) is True
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
 
     # -- routes --------------------------------------------------------------------------
@@ -385,56 +388,61 @@ class Ingress:
     ) -> tuple[Reply, tuple[int, int] | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
-        try:
-            async with asyncio.timeout(t.total):
-                up = await self.forwarder.open(cand, path, body, t)
-                try:
-                    if up.status in RETRYABLE_STATUS:
-                        raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-                    data = await up.read()
-                finally:
-                    await up.aclose()
-        except TimeoutError as e:
-            raise UpstreamError(f"node {cand.session_id} timed out after {t.total} s") from e
-        resp = Reply(up.status, data, up.content_type, cand.session_id)
-        usage = usage_from_body(data) if self._capture and up.status == 200 else None
+        if self._own_timeouts:
+            status, data, ctype = await self._exchange_once(cand, path, body)
+        else:
+            try:
+                async with asyncio.timeout(t.total):
+                    status, data, ctype = await self._exchange_once(cand, path, body)
+            except TimeoutError as e:
+                raise UpstreamError(
+                    f"node {cand.session_id} timed out after {t.total} s") from e
+        resp = Reply(status, data, ctype, cand.session_id)
+        usage = usage_from_body(data) if self._capture and status == 200 else None
         return resp, usage, _perf() - t_send
+
+    async def _exchange_once(
+        self, cand: Candidate, path: str, body: bytes
+    ) -> tuple[int, bytes, str]:
+        up = await self.forwarder.open(cand, path, body, self.config.timeouts)
+        try:
+            if up.status in RETRYABLE_STATUS:
+                raise UpstreamError(f"node {cand.session_id} answered {up.status}")
+            data = await up.read()
+        finally:
+            await up.aclose()
+        return up.status, data, up.content_type
 
     async def _attempt_stream(
         self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool
     ) -> tuple[Reply | None, tuple[int, int] | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
-        up: Upstream | None = None
+        opened: list[Upstream] = []
         try:
-            async with asyncio.timeout(t.first_byte):
-                up = await self.forwarder.open(cand, path, body, t)
-                if up.status in RETRYABLE_STATUS:
-                    raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-                if up.status != 200:  # a client error from the engine: pass it through
-                    data = await up.read()
-                    await up.aclose()
-                    return Reply(up.status, data, up.content_type, cand.session_id), None, None
-                it = up.chunks().__aiter__()
-                try:
-                    first = await it.__anext__()
-                except StopAsyncIteration:
-                    raise UpstreamError(f"node {cand.session_id} sent an empty stream") from None
+            if self._own_timeouts:
+                got = await self._open_stream(cand, path, body, opened)
+            else:
+                async with asyncio.timeout(t.first_byte):
+                    got = await self._open_stream(cand, path, body, opened)
+            if isinstance(got, Reply):
+                return got, None, None
+            up, it, first = got
         except TimeoutError as e:
-            if up is not None:
-                await up.aclose()
+            for u in opened:
+                await u.aclose()
             raise UpstreamError(
                 f"node {cand.session_id} sent no byte within {t.first_byte} s"
             ) from e
         except (UpstreamError, aiohttp.ClientError, OSError) as e:
-            if up is not None:
-                await up.aclose()
+            for u in opened:
+                await u.aclose()
             if isinstance(e, UpstreamError):
                 raise
             raise UpstreamError(f"node {cand.session_id}: {e!r}") from e
         except BaseException:
-            if up is not None:
-                await up.aclose()
+            for u in opened:
+                await u.aclose()
             raise
         ttft = _perf() - t_send
         self.metrics.observe_ttft(cand.model.id, ttft)
@@ -472,6 +480,27 @@ class Ingress:
         if failed is not None:
             raise _Committed(usage, ttft)
         return None, usage, ttft
+
+    async def _open_stream(
+        self, cand: Candidate, path: str, body: bytes, opened: list[Upstream]
+    ) -> Reply | tuple[Upstream, AsyncIterator[bytes], bytes]:
+        """Open the upstream (appended to `opened` for cleanup) and read its first chunk; a
+        complete Reply for a non-200 client error from the engine."""
+        up = await self.forwarder.open(cand, path, body, self.config.timeouts)
+        opened.append(up)
+        if up.status in RETRYABLE_STATUS:
+            raise UpstreamError(f"node {cand.session_id} answered {up.status}")
+        if up.status != 200:  # a client error from the engine: pass it through
+            data = await up.read()
+            opened.clear()
+            await up.aclose()
+            return Reply(up.status, data, up.content_type, cand.session_id)
+        it = up.chunks().__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            raise UpstreamError(f"node {cand.session_id} sent an empty stream") from None
+        return up, it, first
 
     def _finish(
         self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,

@@ -1,10 +1,15 @@
 """Direct forwarding over a lean HTTP/1.1 client: pooled keep-alive connections, TCP_NODELAY.
 
-The request is written as one buffer (prebuilt head + body); the response head is parsed for
-status, Content-Type, Content-Length / chunked and Connection only; the body is relayed as
-bytes. aiohttp's client does much more per request (headers objects, cookie jar, tracing,
-redirect handling), which was half of the ingress's CPU per request in profiles; this keeps the
-hot path short. A connection goes back to the pool only when its response was read to the end.
+Each upstream connection is an `asyncio.Protocol` whose bytes go straight into httptools'
+`HttpResponseParser` (llhttp): no StreamReader, no per-read coroutine. The request is written
+as one buffer (prebuilt head + body); of the response head only the status, Content-Type and
+keep-alive are kept; body bytes (de-chunked by llhttp) are queued as they arrive and handed
+to the caller unchanged. A caller waits only when nothing is queued yet, with one timer
+(`loop.call_at`) per wait for the phase limit (`Timeouts`: connect, first byte, idle between
+chunks, and the whole attempt's total), so the ingress needs no `asyncio.timeout` around
+calls into this forwarder (`enforces_timeouts = True`). Reading from the node pauses while
+more than `_HIGH_WATER` bytes wait for a slow client. A connection goes back to the pool only
+when its response was read to the end and nothing followed it.
 """
 
 from __future__ import annotations
@@ -12,61 +17,220 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections import deque
 from collections.abc import AsyncIterator
+from typing import cast
+
+import httptools
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError
 from llmfabric.routing.candidates import Candidate
 
-_MAX_HEAD = 64 * 1024
-_READ_SIZE = 64 * 1024
+_HIGH_WATER = 256 * 1024  # queued body bytes before reading from the node pauses
+_LOW_WATER = 64 * 1024
 
 
-class _Conn:
-    __slots__ = ("reader", "writer")
+class _Timeout(Exception):
+    """Internal: a phase limit passed while waiting for the node."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
 
-    def usable(self) -> bool:
-        return not self.writer.is_closing() and not self.reader.at_eof()
+class _UpConn(asyncio.Protocol):
+    """One keep-alive connection to a node; serves one request at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[None] | None = None
+        self.lost = False  # the connection is gone (closed by either side)
+        self.reusable = True  # False once anything unexpected happened
+        self.reading_paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.active = False  # a request is in flight
+        self.messages = 0  # responses begun since the request was sent
+        self.status = 0
+        self.content_type = "application/json"
+        self.head_done = False
+        self.complete = False
+        self.framed = False  # Content-Length or chunked: the end is known without EOF
+        self.body: deque[bytes] = deque()
+        self.queued = 0
+        self.error: UpstreamError | None = None
+        self.any_body = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.active or self.complete:
+            self.reusable = False  # bytes nobody asked for: this connection is out of step
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self.reusable = False
+            self.error = UpstreamError(f"malformed response from the node: {e}")
+            self.close()
+        self._wake()
+        if self.queued > _HIGH_WATER and not self.reading_paused and self.transport:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.reusable = False
+        if self.active and not self.complete and self.error is None:
+            if self.head_done and not self.framed:
+                self.complete = True  # a close-delimited body ends here
+            elif self.head_done or self.messages:
+                self.error = UpstreamError(
+                    f"the node closed the connection mid-response ({exc!r})"
+                    if exc else "the node closed the connection mid-response")
+        self._wake()
+
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.messages += 1
+        if self.messages > 1:
+            self.reusable = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = name.lower()
+        if n == b"content-type":
+            self.content_type = value.strip().decode("latin-1")
+        elif n == b"content-length" or (n == b"transfer-encoding"
+                                        and b"chunked" in value.lower()):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        p = self.parser
+        self.status = p.get_status_code()
+        if not p.should_keep_alive():
+            self.reusable = False
+        if self.status in (204, 304):
+            self.framed = True
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.messages == 1:
+            self.body.append(body)
+            self.queued += len(body)
+            self.any_body = True
+
+    def on_message_complete(self) -> None:
+        if self.messages == 1:
+            self.complete = True
+
+    # -- waiting -------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    async def wait(self, deadline: float) -> None:
+        """Wait for the next event from the node (bytes, end, error) until `deadline`."""
+        loop = self.loop
+        fut = loop.create_future()
+        self.waiter = fut
+        timer = loop.call_at(deadline, _expire, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            if self.waiter is fut:
+                self.waiter = None
+
+    def take(self) -> bytes:
+        data = self.body.popleft()
+        self.queued -= len(data)
+        if self.reading_paused and self.queued <= _LOW_WATER and self.transport is not None:
+            self.reading_paused = False
+            self.transport.resume_reading()
+        return data
 
     def close(self) -> None:
-        self.writer.close()
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.close()
+
+    def usable(self) -> bool:
+        return self.reusable and not self.lost
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(_Timeout())
 
 
 class RawUpstream:
-    __slots__ = (
-        "_chunked",
-        "_conn",
-        "_done",
-        "_forwarder",
-        "_idle",
-        "_keep",
-        "_key",
-        "_length",
-        "content_type",
-        "status",
-    )
+    """One response from a node (see `Upstream`); `aclose()` must always be called."""
 
-    def __init__(
-        self, forwarder: RawHttpForwarder, key: str, conn: _Conn, status: int,
-        content_type: str, length: int | None, chunked: bool, keep: bool, idle: float,
-    ) -> None:
+    __slots__ = ("_conn", "_deadline", "_first", "_forwarder", "_idle", "_key", "_timeouts",
+                 "content_type", "status")
+
+    def __init__(self, forwarder: RawHttpForwarder, key: str, conn: _UpConn,
+                 timeouts: Timeouts, deadline: float, first: float) -> None:
         self._forwarder = forwarder
         self._key = key
-        self._conn: _Conn | None = conn
-        self.status = status
-        self.content_type = content_type
-        self._length = length
-        self._chunked = chunked
-        self._keep = keep
-        self._idle = idle
-        self._done = length == 0
+        self._conn: _UpConn | None = conn
+        self._timeouts = timeouts
+        self._deadline = deadline  # the whole attempt's end (Timeouts.total)
+        self._first = first  # the first body byte's deadline (Timeouts.first_byte)
+        self._idle = timeouts.idle
+        self.status = conn.status
+        self.content_type = conn.content_type
+
+    async def _next(self, conn: _UpConn) -> bytes | None:
+        """The next queued body bytes, None at the end; raises UpstreamError."""
+        while True:
+            if conn.body:
+                return conn.take()
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete:
+                return None
+            if conn.lost:
+                raise UpstreamError("the node closed the connection mid-response")
+            now = conn.loop.time()
+            if conn.any_body:
+                limit, what = now + self._idle, f"no data for {self._idle} s"
+            else:
+                limit, what = self._first, f"no byte within {self._timeouts.first_byte} s"
+            if self._deadline < limit:
+                limit, what = self._deadline, f"timed out after {self._timeouts.total} s"
+            try:
+                await conn.wait(limit)
+            except _Timeout:
+                conn.reusable = False
+                conn.close()
+                raise UpstreamError(f"the node sent {what}") from None
 
     async def read(self) -> bytes:
-        parts = [chunk async for chunk in self._iter()]
+        conn = self._conn
+        if conn is None:
+            return b""
+        if conn.complete and len(conn.body) == 1:  # the whole response came at once
+            return conn.take()
+        parts: list[bytes] = []
+        while (data := await self._next(conn)) is not None:
+            parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def chunks(self) -> AsyncIterator[bytes]:
@@ -74,58 +238,27 @@ class RawUpstream:
 
     async def _iter(self) -> AsyncIterator[bytes]:
         conn = self._conn
-        if conn is None or self._done:
+        if conn is None:
             return
-        r = conn.reader
-        idle = self._idle
-        try:
-            if self._length is not None:
-                left = self._length
-                while left > 0:
-                    async with asyncio.timeout(idle):
-                        data = await r.read(min(left, _READ_SIZE))
-                    if not data:
-                        raise UpstreamError("the node closed the connection mid-response")
-                    left -= len(data)
-                    yield data
-            elif self._chunked:
-                while True:
-                    async with asyncio.timeout(idle):
-                        line = await r.readuntil(b"\r\n")
-                        size = int(line.split(b";", 1)[0], 16)
-                        if size == 0:
-                            await r.readuntil(b"\r\n")  # (no trailers from engines)
-                            break
-                        data = await r.readexactly(size + 2)
-                    yield data[:-2]
-            else:  # delimited by the end of the connection
-                self._keep = False
-                while True:
-                    async with asyncio.timeout(idle):
-                        data = await r.read(_READ_SIZE)
-                    if not data:
-                        break
-                    yield data
-            self._done = True
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-            self._keep = False
-            raise UpstreamError(f"malformed or truncated response from the node: {e!r}") from e
-        except OSError as e:
-            self._keep = False
-            raise UpstreamError(f"connection to the node failed mid-response: {e!r}") from e
+        while (data := await self._next(conn)) is not None:
+            yield data
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._done and self._keep and conn.usable():
+        if conn.complete and not conn.body and conn.usable():
+            conn._reset()
             self._forwarder._release(self._key, conn)
         else:
+            conn.reusable = False
             conn.close()
 
 
 class RawHttpForwarder:
     """POSTs to `http://{candidate.http_addr}{path_prefix}{path}` (see HttpForwarder)."""
+
+    enforces_timeouts = True  # every Timeouts phase is enforced here (see module doc)
 
     def __init__(
         self,
@@ -138,7 +271,7 @@ class RawHttpForwarder:
         self._max_idle = max_idle_per_node
         extra = "".join(f"{k}: {v}\r\n" for k, v in (extra_headers or {}).items())
         self._extra = extra.encode("latin-1")
-        self._idle: dict[str, list[_Conn]] = {}
+        self._idle: dict[str, list[_UpConn]] = {}
         self._heads: dict[tuple[str, str], bytes] = {}
         self._closed = False
 
@@ -156,27 +289,26 @@ class RawHttpForwarder:
             self._heads[key] = head
         return head
 
-    def _release(self, addr: str, conn: _Conn) -> None:
-        pool = self._idle.setdefault(addr, [])
+    def _release(self, addr: str, conn: _UpConn) -> None:
+        pool = self._idle.get(addr)
+        if pool is None:
+            pool = self._idle[addr] = []
         if self._closed or len(pool) >= self._max_idle:
             conn.close()
         else:
             pool.append(conn)
 
-    async def _connect(self, addr: str, connect_s: float) -> _Conn:
+    async def _connect(self, addr: str, connect_s: float) -> _UpConn:
         host, _, port = addr.rpartition(":")
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_s):
-                reader, writer = await asyncio.open_connection(
-                    host.strip("[]"), int(port), limit=_MAX_HEAD
+                _, conn = await loop.create_connection(
+                    lambda: _UpConn(loop), host.strip("[]"), int(port)
                 )
         except (OSError, TimeoutError, ValueError) as e:
             raise UpstreamError(f"cannot connect to {addr}: {e!r}") from e
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Conn(reader, writer)
+        return conn
 
     async def open(
         self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
@@ -184,78 +316,63 @@ class RawHttpForwarder:
         addr = candidate.http_addr
         if not addr:
             raise UpstreamError(f"node {candidate.session_id} has no HTTP address")
-        request = self._head(addr, path) + str(len(body)).encode() + b"\r\n\r\n" + body
+        request = self._head(addr, path) + b"%d\r\n\r\n" % len(body) + body
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeouts.total
         pool = self._idle.get(addr)
         while pool:
             conn = pool.pop()
             if not conn.usable():
                 conn.close()
                 continue
-            try:
-                return await self._exchange(addr, conn, request, timeouts)
-            except _StaleConnection:
-                continue  # the node closed this idle connection before reading: use another
-        conn = await self._connect(addr, timeouts.connect)
-        try:
-            return await self._exchange(addr, conn, request, timeouts)
-        except _StaleConnection as e:
-            raise UpstreamError(f"{addr} closed the connection without answering") from e
+            up = await self._exchange(addr, conn, request, timeouts, deadline, stale_ok=True)
+            if up is not None:
+                return up
+            # the node closed this idle connection before answering: use another
+        conn = await self._connect(addr, min(timeouts.connect, deadline - loop.time()))
+        up = await self._exchange(addr, conn, request, timeouts, deadline, stale_ok=False)
+        if up is None:  # (stale_ok=False raises instead)
+            raise UpstreamError(f"{addr} closed the connection without answering")
+        return up
 
     async def _exchange(
-        self, addr: str, conn: _Conn, request: bytes, timeouts: Timeouts
-    ) -> RawUpstream:
-        try:
-            conn.writer.write(request)
-            async with asyncio.timeout(timeouts.first_byte):
-                head = await conn.reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as e:
+        self, addr: str, conn: _UpConn, request: bytes, timeouts: Timeouts, deadline: float,
+        stale_ok: bool,
+    ) -> RawUpstream | None:
+        """Send the request and wait for the response head; None when a pooled connection
+        turned out closed before any response byte (safe to resend elsewhere)."""
+        t = conn.transport
+        if t is None or t.is_closing():
             conn.close()
-            if not e.partial:
-                raise _StaleConnection() from e
-            raise UpstreamError(f"{addr} sent a truncated response head") from e
-        except (ConnectionResetError, BrokenPipeError) as e:
-            conn.close()
-            raise _StaleConnection() from e
-        except TimeoutError as e:
-            conn.close()
-            raise UpstreamError(
-                f"{addr} sent no response within {timeouts.first_byte} s"
-            ) from e
-        except (OSError, asyncio.LimitOverrunError) as e:
-            conn.close()
-            raise UpstreamError(f"{addr}: {e!r}") from e
-        try:
-            return self._parse(addr, conn, head, timeouts.idle)
-        except (ValueError, IndexError) as e:
-            conn.close()
-            raise UpstreamError(f"{addr} sent a malformed response head") from e
-
-    def _parse(self, addr: str, conn: _Conn, head: bytes, idle: float) -> RawUpstream:
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        content_type = "application/json"
-        length: int | None = None
-        chunked = False
-        keep = lines[0].startswith(b"HTTP/1.1")
-        for line in lines[1:]:
-            if not line:
-                continue
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"content-type":
-                content_type = value.strip().decode("latin-1")
-            elif name == b"connection":
-                v = value.strip().lower()
-                keep = v != b"close" and (keep or v == b"keep-alive")
-        if chunked:
-            length = None
-        elif length is None and status in (204, 304):
-            length = 0
-        return RawUpstream(self, addr, conn, status, content_type, length, chunked, keep, idle)
+            if stale_ok:
+                return None
+            raise UpstreamError(f"{addr} closed the connection without answering")
+        conn.active = True
+        t.write(request)
+        loop = conn.loop
+        first = min(loop.time() + timeouts.first_byte, deadline)
+        while not conn.head_done:
+            if conn.error is not None:
+                conn.close()
+                raise UpstreamError(f"{addr}: {conn.error}")
+            if conn.lost:
+                if conn.messages == 0:
+                    if stale_ok:
+                        return None
+                    raise UpstreamError(f"{addr} closed the connection without answering")
+                raise UpstreamError(f"{addr} sent a truncated response head")
+            try:
+                await conn.wait(first)
+            except _Timeout:
+                conn.reusable = False
+                conn.close()
+                raise UpstreamError(
+                    f"{addr} sent no response within {timeouts.first_byte} s") from None
+            except BaseException:
+                conn.reusable = False
+                conn.close()
+                raise
+        return RawUpstream(self, addr, conn, timeouts, deadline, first)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -263,7 +380,3 @@ class RawHttpForwarder:
             for conn in pool:
                 conn.close()
         self._idle.clear()
-
-
-class _StaleConnection(Exception):
-    pass

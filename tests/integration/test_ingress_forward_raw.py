@@ -1,0 +1,331 @@
+"""RawHttpForwarder on real loopback sockets against scripted HTTP/1.1 servers: Content-Length
+and chunked responses, keep-alive reuse only after a complete response, nodes closing
+mid-response or while idle, close-delimited bodies, per-phase timeouts and large bodies read
+slowly (reading from the node pauses and resumes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts, UpstreamError
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.forward_raw import RawHttpForwarder
+from llmfabric.registry.records import Hardware, LoadHints, ServedModel
+from llmfabric.routing import Candidate
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
+FAST = Timeouts(connect=2.0, first_byte=2.0, idle=2.0, total=5.0)
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%b"
+            b"\r\n%b" % (len(body), extra, body))
+
+
+def chunked(*parts: bytes) -> bytes:
+    out = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+           b"Transfer-Encoding: chunked\r\n\r\n")
+    for p in parts:
+        out += b"%x\r\n%b\r\n" % (len(p), p)
+    return out + b"0\r\n\r\n"
+
+
+class Server:
+    """Answers each request with `script(reader, writer, body)`; the script returns whether
+    the connection stays open. Counts connections and requests."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await r.readexactly(length)
+                self.requests.append(body)
+                if not await self.script(r, w, body):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    @property
+    def cand(self) -> Candidate:
+        return Candidate("n1", "peer-n1", "p", f"127.0.0.1:{self.port}", (), Hardware("H100", 1),
+                         ServedModel("m"), LoadHints())
+
+
+@contextlib.asynccontextmanager
+async def forwarder() -> AsyncIterator[RawHttpForwarder]:
+    f = RawHttpForwarder()
+    try:
+        yield f
+    finally:
+        await f.aclose()
+
+
+async def fetch(f: RawHttpForwarder, c: Candidate, body: bytes = b"{}",
+                t: Timeouts = FAST) -> tuple[int, str, bytes]:
+    up = await f.open(c, "/v1/chat/completions", body, t)
+    try:
+        return up.status, up.content_type, await up.read()
+    finally:
+        await up.aclose()
+
+
+async def test_content_length_response_and_keep_alive_reuse() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(ok(b'{"echo":' + body + b"}"))
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        for i in range(3):
+            status, ctype, data = await fetch(f, s.cand, b'{"i":%d}' % i)
+            assert (status, ctype) == (200, "application/json")
+            assert data == b'{"echo":{"i":%d}}' % i
+        assert s.connections == 1  # one pooled keep-alive connection served all three
+
+
+async def test_chunked_response_is_dechunked_chunk_by_chunk_then_reused() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        head, _, rest = chunked(b"data: a\n\n", b"data: bb\n\n").partition(b"\r\n\r\n")
+        w.write(head + b"\r\n\r\n")
+        await w.drain()
+        for piece in (rest[:5], rest[5:12], rest[12:]):  # chunk framing split across writes
+            await asyncio.sleep(0.01)
+            w.write(piece)
+            await w.drain()
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        for _ in range(2):
+            up = await f.open(s.cand, "/v1/chat/completions", b"{}", FAST)
+            assert up.content_type == "text/event-stream"
+            got = [c async for c in up.chunks()]
+            await up.aclose()
+            assert b"".join(got) == b"data: a\n\ndata: bb\n\n"
+        assert s.connections == 1
+
+
+async def test_pipelined_responses_on_one_connection_are_not_confused() -> None:
+    """Two complete responses back to back: the second request gets its own answer."""
+    n = 0
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        nonlocal n
+        n += 1
+        w.write(ok(b'{"n":%d}' % n) if n % 2 else chunked(b'{"n":', b"%d}" % n))
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        bodies = [(await fetch(f, s.cand))[2] for _ in range(4)]
+        assert bodies == [b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}']
+        assert s.connections == 1
+
+
+async def test_node_closing_mid_response_raises_and_the_connection_is_dropped() -> None:
+    calls = 0
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+            await w.drain()
+            return False  # close mid-body
+        w.write(ok(b"{}"))
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        up = await f.open(s.cand, "/v1/completions", b"{}", FAST)
+        with pytest.raises(UpstreamError, match="mid-response"):
+            await up.read()
+        await up.aclose()
+        assert (await fetch(f, s.cand))[2] == b"{}"
+        assert s.connections == 2
+
+
+async def test_truncated_chunked_stream_raises() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(chunked(b"data: 1\n\n", b"data: 2\n\n")[:-20])
+        await w.drain()
+        return False
+
+    async with Server(script) as s, forwarder() as f:
+        up = await f.open(s.cand, "/v1/completions", b"{}", FAST)
+        got: list[bytes] = []
+        with pytest.raises(UpstreamError):
+            async for c in up.chunks():
+                got.append(c)
+        await up.aclose()
+        assert got and got[0] == b"data: 1\n\n"
+
+
+async def test_close_delimited_body_is_read_to_eof_and_not_reused() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n")
+        await w.drain()
+        w.write(b'{"a":')
+        await w.drain()
+        await asyncio.sleep(0.01)
+        w.write(b"1}")
+        return False
+
+    async with Server(script) as s, forwarder() as f:
+        assert (await fetch(f, s.cand))[2] == b'{"a":1}'
+        assert (await fetch(f, s.cand))[2] == b'{"a":1}'
+        assert s.connections == 2
+
+
+async def test_no_reuse_after_a_partially_read_response() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        head, _, rest = chunked(b"one", b"two").partition(b"\r\n\r\n")
+        w.write(head + b"\r\n\r\n" + rest[:8])  # the first chunk only, for now
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(rest[8:])
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        up = await f.open(s.cand, "/v1/chat/completions", b"{}", FAST)
+        it = up.chunks().__aiter__()
+        assert await it.__anext__() == b"one"
+        await up.aclose()  # abandoned mid-response (client went away)
+        await asyncio.sleep(0.1)
+        assert (await fetch(f, s.cand))[2] == b"onetwo"
+        assert s.connections == 2
+
+
+async def test_idle_connection_closed_by_the_node_is_replaced_transparently() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(ok(b"{}"))
+        await w.drain()
+        return False  # close right after each answer (without saying Connection: close)
+
+    async with Server(script) as s, forwarder() as f:
+        for _ in range(3):
+            assert (await fetch(f, s.cand))[0] == 200
+            await asyncio.sleep(0.02)
+        assert s.connections == 3
+
+
+async def test_extra_bytes_after_a_response_prevent_reuse() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(ok(b"{}") + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        for _ in range(2):
+            assert (await fetch(f, s.cand))[2] == b"{}"
+            await asyncio.sleep(0.02)
+        assert s.connections == 2
+
+
+async def test_first_byte_idle_and_total_timeouts() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        if body == b"silent":
+            await asyncio.sleep(1)
+        elif body == b"stall":
+            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            await w.drain()
+            await asyncio.sleep(1)
+        else:  # trickle: a chunk every 50 ms, forever
+            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(40):
+                w.write(b"1\r\nx\r\n")
+                await w.drain()
+                await asyncio.sleep(0.05)
+        return False
+
+    t = Timeouts(connect=1.0, first_byte=0.2, idle=0.2, total=0.5)
+    async with Server(script) as s, forwarder() as f:
+        with pytest.raises(UpstreamError, match="no response within"):
+            await fetch(f, s.cand, b"silent", t)
+        with pytest.raises(UpstreamError, match="no data for"):
+            await fetch(f, s.cand, b"stall", t)
+        with pytest.raises(UpstreamError, match="timed out after"):
+            await fetch(f, s.cand, b"trickle", t)
+
+
+async def test_connect_failure_is_an_upstream_error() -> None:
+    async with Server(lambda r, w, b: asyncio.sleep(0, True)) as s:
+        port = s.port
+    async with forwarder() as f:
+        c = Candidate("n1", "p", "p", f"127.0.0.1:{port}", (), Hardware("H100", 1),
+                      ServedModel("m"), LoadHints())
+        with pytest.raises(UpstreamError, match="cannot connect"):
+            await fetch(f, c)
+
+
+async def test_large_body_read_slowly_arrives_intact() -> None:
+    big = bytes(range(256)) * 8192  # 2 MiB, more than the pause threshold
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
+        for i in range(0, len(big), 65536):
+            w.write(big[i:i + 65536])
+            await w.drain()
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        for _ in range(2):
+            up = await f.open(s.cand, "/v1/completions", b"{}", FAST)
+            await asyncio.sleep(0.1)  # let the node fill our buffer: reading pauses
+            got = bytearray()
+            async for c in up.chunks():
+                got += c
+                await asyncio.sleep(0)
+            await up.aclose()
+            assert bytes(got) == big
+        assert s.connections == 1
+
+
+async def test_ingress_retries_a_node_that_closes_before_answering() -> None:
+    """Through Ingress.serve: the first node drops every request, the second answers."""
+
+    async def drop(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        return False
+
+    async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(ok(b'{"usage":{"prompt_tokens":3,"completion_tokens":2}}'))
+        return True
+
+    async with Server(drop) as bad, Server(answer) as good, forwarder() as f:
+        c_bad = Candidate("bad", "p", "p", f"127.0.0.1:{bad.port}", (), Hardware("H100", 1),
+                          ServedModel("m"), LoadHints())
+        c_good = Candidate("good", "p", "p", f"127.0.0.1:{good.port}", (), Hardware("H100", 1),
+                           ServedModel("m"), LoadHints())
+        ing = Ingress(IngressConfig(auth_enabled=False, max_retries=2, timeouts=FAST,
+                                    policy="round_robin"),
+                      StaticCandidateSource([c_bad, c_good]), f)
+        for _ in range(4):
+            reply = await ing.serve("/v1/chat/completions", True, "", None, b'{"model":"m"}',
+                                    sink=None)  # type: ignore[arg-type]
+            assert reply is not None
+            assert (reply.status, reply.node) == (200, "good")
+        assert bad.requests  # the bad node was tried (and dropped the request) first
