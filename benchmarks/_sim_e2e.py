@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmfabric.sim import Efficiency, GPUSpec, ModelSpec
-from llmfabric.sim.costs import attention_time, op_time
+from llmfabric.sim.costs import attention_time, decode_serial_kv_bytes, op_time
 from llmfabric.sim.operators import (
     attention_decode_ops,
     attention_prefill_ops,
@@ -218,6 +218,7 @@ def sim_tables(spec: ModelSpec, tp: int, gpu: GPUSpec, eff: Efficiency) -> OpTab
     h, kv, d = per_gpu_heads(spec, tp)
     shard = ModelSpec("shard", 1, h * d, h, kv, d, spec.ffn_hidden, spec.vocab)
     kv_token = 2.0 * kv * d * spec.kv_bits / 8
+    serial = decode_serial_kv_bytes(shard, 1)  # > 0 for multi-head (group size 1) shards
 
     def linear(m: FloatArray) -> FloatArray:
         return np.array([sum(op_time(op.cost(int(x)), gpu, eff) for op in ops) for x in m])
@@ -229,7 +230,8 @@ def sim_tables(spec: ModelSpec, tp: int, gpu: GPUSpec, eff: Efficiency) -> OpTab
 
     def decode(b: int, keys: FloatArray) -> FloatArray:
         return np.array([attention_time(attention_decode_ops(shard, 1, b, b * float(n)), gpu,
-                                        eff, floor_bytes=b * kv_token) for n in keys])
+                                        eff, floor_bytes=b * kv_token,
+                                        serial_bytes=float(n) * serial) for n in keys])
 
     return OpTables(linear, prefill, decode)
 

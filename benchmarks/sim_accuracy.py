@@ -61,6 +61,7 @@ from llmfabric.sim import (
     simulate_closed_loop,
 )
 from llmfabric.sim.calibration import _SIBLINGS, DEFAULT_EFFICIENCY, efficiency_for, roofline
+from llmfabric.sim.costs import decode_serial_kv_bytes
 from llmfabric.sim.operators import (
     OpCost,
     attention_decode_ops,
@@ -142,6 +143,8 @@ GEMM_SHAPES = {  # (n, k) of Llama-style projections
 }
 GEMM_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 ATTN_HEADS = ((32, 8, 128), (64, 8, 128))
+# decode also covers multi-head (group size 1) shards: FlashAttention-2 does not split their KV
+DEC_HEADS = (*ATTN_HEADS, (8, 8, 128), (4, 4, 128))
 DEC_BATCH = (1, 4, 16, 64, 256)
 DEC_STEP = (127, 511, 2047, 8191)
 PRE_BATCH = (1, 2, 4, 8)
@@ -155,12 +158,14 @@ class FusedAttention(OpCost):
 
     floor_flops: float = 0.0
     floor_bytes: float = 0.0
+    serial_bytes: float = 0.0  # K/V bytes one block streams in a non-split MHA decode kernel
 
 
-def fused(ops: tuple[OpCost, ...], floor_flops: float = 0.0, floor_bytes: float = 0.0
-          ) -> OpCost:
+def fused(ops: tuple[OpCost, ...], floor_flops: float = 0.0, floor_bytes: float = 0.0,
+          serial_bytes: float = 0.0) -> OpCost:
     return FusedAttention("attention", sum(o.flops for o in ops if o.tensor),
-                          sum(o.bytes for o in ops), True, floor_flops, floor_bytes)
+                          sum(o.bytes for o in ops), True, floor_flops, floor_bytes,
+                          serial_bytes)
 
 
 def aic_rows(root: Path) -> list[Row]:
@@ -186,13 +191,14 @@ def aic_rows(root: Path) -> list[Row]:
                 k2 = (int(r["batch_size"]), int(r["step"]), int(r["num_heads"]),  # type: ignore[call-overload]
                       int(r["num_key_value_heads"]), int(r["head_dim"]))  # type: ignore[call-overload]
                 dec[k2].append(float(r["latency"]))  # type: ignore[arg-type]
-        for (nh, nkv, d), b, s in itertools.product(ATTN_HEADS, DEC_BATCH, DEC_STEP):
+        for (nh, nkv, d), b, s in itertools.product(DEC_HEADS, DEC_BATCH, DEC_STEP):
             if (b, s, nh, nkv, d) not in dec:
                 continue
             spec = ModelSpec("attn", 1, nh * d, nh, nkv, d, 4 * nh * d, 1000)
             kv_token = 2.0 * nkv * d * 2  # K and V, BF16
             ops = [(fused(attention_decode_ops(spec, 1, b, b * (s + 1.0)),
-                          floor_bytes=b * kv_token), 1.0)]
+                          floor_bytes=b * kv_token,
+                          serial_bytes=(s + 1.0) * decode_serial_kv_bytes(spec, 1)), 1.0)]
             rows.append(Row("aic_decode_attn", gpu, f"h{nh}/{nkv}|b{b}|s{s}",
                             f"aic_decode_attn|h{nh}", float(np.median(dec[(b, s, nh, nkv, d)]))
                             / 1e3, ops, 0, 0, src, attn_kernels=1))
@@ -316,12 +322,14 @@ class JointFit:
         err = np.abs(self._speed(pred) / self.meas_speed - 1)
         return mape + self.speedup_weight * float(err.mean())
 
-    def fit_all(self, start: dict[str, Efficiency], sweeps: int = 10) -> dict[str, Efficiency]:
+    def fit_all(self, start: dict[str, Efficiency], sweeps: int = 10,
+                params: tuple[str, ...] | None = None) -> dict[str, Efficiency]:
         effs = dict(start)
         best = self.objective(effs)
+        grid = {k: v for k, v in GRID.items() if params is None or k in params}
         for _ in range(sweeps):
             for n in self.names:
-                for name, values in GRID.items():
+                for name, values in grid.items():
                     for v in values:
                         cand = {**effs, n: dataclasses.replace(effs[n], **{name: float(v)})}
                         score = self.objective(cand)
@@ -336,11 +344,12 @@ class Predictor:
     def __init__(self, rows: list[Row], gpu: GPUSpec) -> None:
         self.rows = rows
         self.gpu = gpu
-        f, b, t, a, mult, idx, qf, qb = [], [], [], [], [], [], [], []
+        f, b, t, a, mult, idx, qf, qb, qs = [], [], [], [], [], [], [], [], []
         for i, row in enumerate(rows):
             for op, m in row.ops:
                 qf.append(getattr(op, "floor_flops", 0.0))
                 qb.append(getattr(op, "floor_bytes", 0.0))
+                qs.append(getattr(op, "serial_bytes", 0.0))
                 f.append(op.flops)
                 b.append(op.bytes)
                 t.append(op.tensor)
@@ -350,7 +359,7 @@ class Predictor:
         self.f, self.b = np.array(f), np.array(b)
         self.t, self.a = np.array(t), np.array(a)
         self.mult, self.idx = np.array(mult), np.array(idx)
-        self.qf, self.qb = np.array(qf), np.array(qb)
+        self.qf, self.qb, self.qs = np.array(qf), np.array(qb), np.array(qs)
         self.kernels = np.array([r.kernels for r in rows])
         self.attn_kernels = np.array([r.attn_kernels for r in rows])
         self.steps = np.array([r.steps for r in rows])
@@ -362,7 +371,10 @@ class Predictor:
         peak = np.where(self.a, g.flops(16) * eff.attention, peak)
         flops = self.f + self.qf * eff.attention_key_floor
         moved = self.b + self.qb * eff.decode_key_floor
-        op_t = roofline(flops / peak, moved / (g.mem_bw * eff.memory), eff.roofline_p)
+        mem_t = moved / (g.mem_bw * eff.memory)
+        if eff.decode_cta_bw > 0:  # non-split MHA decode: one block streams a sequence's KV
+            mem_t = np.maximum(mem_t, self.qs / eff.decode_cta_bw)
+        op_t = roofline(flops / peak, mem_t, eff.roofline_p)
         total = np.bincount(self.idx, weights=op_t * self.mult, minlength=len(self.rows))
         return (total + self.kernels * eff.kernel_overhead_s
                 + self.attn_kernels * eff.attention_overhead_s
@@ -382,6 +394,7 @@ GRID = {
     "attention_overhead_s": np.linspace(0.0, 3e-5, 61),
     "roofline_p": np.array([0.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]),
     "attention_key_floor": np.linspace(0.0, 1024.0, 65),
+    "decode_cta_bw": np.concatenate([[0.0], np.geomspace(5e9, 2e11, 81)]),
 }
 
 
@@ -440,6 +453,9 @@ def main() -> None:
                     help="fit efficiency factors per GPU on the fit half and use them")
     ap.add_argument("--speedup-weight", type=float, default=0.3,
                     help="--fit objective: MAPE + W x mean speedup error of fit groups")
+    ap.add_argument("--fit-params", default="",
+                    help="with --fit: comma-separated Efficiency fields to fit, starting from "
+                         "the SHIPPED calibration (default: all fields, from the defaults)")
     args = ap.parse_args()
     root = shared_data()
     if not (root / "operator-profiles").is_dir():
@@ -453,7 +469,11 @@ def main() -> None:
     if args.fit:
         measured = sorted({r.gpu for r in rows if r.fold == "fit"})
         joint = JointFit(rows, measured, args.speedup_weight)
-        effs.update(joint.fit_all({n: DEFAULT_EFFICIENCY for n in measured}))
+        only = tuple(p for p in args.fit_params.split(",") if p) or None
+        if only and not set(only) <= set(GRID):
+            sys.exit(f"--fit-params: unknown field(s); choose from {', '.join(GRID)}")
+        start = {n: (effs[n] if only else DEFAULT_EFFICIENCY) for n in measured}
+        effs.update(joint.fit_all(start, params=only))
         for n in list(effs):  # unmeasured GPUs (published only) use their sibling's row
             sibling = _SIBLINGS.get(n)
             if n not in measured and sibling in measured:

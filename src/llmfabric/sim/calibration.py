@@ -9,6 +9,13 @@ prefill each query row also pays for `attention_key_floor` extra keys (the per-q
 prologue/epilogue of FlashAttention kernels, which dominates short prompts); in decode every
 sequence reads `decode_key_floor` extra tokens' worth of KV (per-sequence split/reduce work).
 `step_overhead_s` is paid once per engine iteration (scheduler, sampling, launch gaps).
+`decode_cta_bw` (bytes/s, 0 = off) models decode attention kernels that do NOT split the KV
+sequence across thread blocks: FlashAttention-2's varlen/paged forward (vLLM's kernel on
+Ampere/Ada) applies split-KV only in its GQA decode path ("seqlenq_ngroups_swapped", query heads
+> KV heads), so multi-head-attention decode runs one thread block per (sequence, head), each
+streaming its sequence's K/V alone at about `decode_cta_bw`; the kernel then takes at least
+keys x (K+V bytes of one head) / decode_cta_bw however few blocks there are. FlashAttention-3
+(Hopper) splits in every case (0 for H100).
 
 The per-GPU rows below were fitted by `benchmarks/sim_accuracy.py --fit` on HALF of the measured
 rows (even row index of the measurement table) and are reported on ALL rows; see
@@ -40,6 +47,7 @@ class Efficiency:
     decode_key_floor: float = 0.0  # decode: extra cached tokens read per sequence (optional)
     step_overhead_s: float = 2e-4  # per engine iteration
     roofline_p: float = 0.0  # 0: max(compute, memory); p > 0: (c^p + m^p)^(1/p)
+    decode_cta_bw: float = 0.0  # MHA decode without split-KV: bytes/s of one block; 0 = splits
 
     def __post_init__(self) -> None:
         for name in ("compute", "memory", "vector", "attention"):
@@ -50,6 +58,8 @@ class Efficiency:
             raise SpecError("overheads must be >= 0 seconds")
         if self.roofline_p < 0:
             raise SpecError("roofline_p must be >= 0 (0 means max)")
+        if self.decode_cta_bw < 0:
+            raise SpecError("decode_cta_bw must be >= 0 bytes/s (0: the kernel splits the KV)")
         if self.attention_key_floor < 0 or self.decode_key_floor < 0:
             raise SpecError("attention_key_floor and decode_key_floor must be >= 0 tokens")
 
@@ -73,15 +83,16 @@ DEFAULT_EFFICIENCY = Efficiency()
 CALIBRATED: dict[str, Efficiency] = {
     "A100-80GB": Efficiency(compute=0.74, memory=0.76, vector=0.0355, attention=0.58,
                             kernel_overhead_s=4.5e-6, attention_overhead_s=1.75e-5,
-                            attention_key_floor=208.0, roofline_p=3.0),
+                            attention_key_floor=208.0, roofline_p=3.0,
+                            decode_cta_bw=2.63e10),
     "H100-SXM": Efficiency(compute=0.74, memory=0.86, vector=0.0158, attention=0.66,
                            kernel_overhead_s=4.0e-6, attention_overhead_s=1.2e-5,
                            attention_key_floor=416.0, roofline_p=4.0),
     # A40: linear operators fitted; no attention measurements, so its attention factors are
-    # copied from the A100 row (same Ampere generation).
+    # copied from the A100 row (same Ampere generation, same FlashAttention-2 decode kernel).
     "A40": Efficiency(compute=0.76, memory=0.76, vector=0.01, attention=0.58,
                       kernel_overhead_s=3.0e-6, attention_overhead_s=1.75e-5,
-                      attention_key_floor=208.0, roofline_p=3.0),
+                      attention_key_floor=208.0, roofline_p=3.0, decode_cta_bw=2.63e10),
 }
 
 # GPUs without measurements borrow the row of a measured GPU of the same architecture.

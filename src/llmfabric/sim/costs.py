@@ -15,6 +15,7 @@ run one after another for a single batch (latency = sum of stages).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from llmfabric.sim.operators import (
     OpCost,
     attention_decode_ops,
     embedding_op,
+    heads_per_gpu,
     layer_linear_ops,
     lm_head_op,
     tp_allreduce_bytes_per_token,
@@ -37,6 +39,7 @@ from llmfabric.sim.operators import (
 from llmfabric.sim.parallel import Deployment, allreduce_time, make_deployment
 
 DEFAULT_TABLE_TOKENS = 16384
+DECODE_BATCH_TABLE = 4096  # G(B) is tabulated up to this batch; larger batches use G
 
 
 def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16) -> float:
@@ -48,16 +51,29 @@ def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16) -> 
 
 def attention_time(ops: tuple[OpCost, ...], gpu: GPUSpec, eff: Efficiency,
                    dtype_bits: int = 16, floor_flops: float = 0.0,
-                   floor_bytes: float = 0.0) -> float:
+                   floor_bytes: float = 0.0, serial_bytes: float = 0.0) -> float:
     """One fused attention kernel: matmul FLOPs (+ `floor_flops` x the prefill key floor: the
     FLOPs of one key for every query row) at the attention efficiency, all bytes moved
     (+ `floor_bytes` x the decode key floor: one token's KV for every sequence), softmax
-    overlapped, plus the attention kernel overhead."""
+    overlapped, plus the attention kernel overhead. `serial_bytes`: the K/V bytes ONE thread
+    block streams when the kernel does not split the KV sequence (MHA decode, see
+    `Efficiency.decode_cta_bw`); the memory time is at least serial_bytes / decode_cta_bw."""
     mm = sum(op.flops for op in ops if op.tensor) + floor_flops * eff.attention_key_floor
     moved = sum(op.bytes for op in ops) + floor_bytes * eff.decode_key_floor
     compute = mm / (gpu.flops(dtype_bits) * eff.attention)
-    return float(roofline(compute, moved / (gpu.mem_bw * eff.memory), eff.roofline_p)) + (
-        eff.attention_overhead_s)
+    memory = moved / (gpu.mem_bw * eff.memory)
+    if eff.decode_cta_bw > 0 and serial_bytes > 0:
+        memory = max(memory, serial_bytes / eff.decode_cta_bw)
+    return float(roofline(compute, memory, eff.roofline_p)) + eff.attention_overhead_s
+
+
+def decode_serial_kv_bytes(model: ModelSpec, tp: int) -> float:
+    """K/V bytes per cached token that one thread block of a non-split decode kernel streams
+    (one KV head), or 0 when the shard has grouped queries (the kernel splits the KV then)."""
+    nh, nkv = heads_per_gpu(model, tp)
+    if nh > nkv:
+        return 0.0
+    return 2.0 * model.head_dim * model.kv_bits / 8
 
 
 def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: Efficiency,
@@ -88,13 +104,22 @@ class StepCostModel:
     deployment: Deployment
     lin: FloatArray  # seconds for m tokens through all layers (+ comm), index m
     head: FloatArray  # seconds for the LM head of n sequences, index n
-    decode_per_context_token: float  # G
+    decode_per_context_token: float  # G (for a large batch)
     decode_per_sequence: float  # Q
     step_overhead_s: float
     stages: tuple[_StageCoeffs, ...]
     # per stage: (layers, s per attended pair, s per query token, s per cached token, p,
     # key floor per query)
     attn_coeffs: tuple[tuple[float, float, float, float, float, float], ...]
+    # G(B) for B = 0..len-1 decoding sequences (differs from G only for non-split MHA decode)
+    decode_context_by_batch: FloatArray = dataclasses.field(
+        default_factory=lambda: np.zeros(0))
+
+    def decode_context_coeff(self, batch: int) -> float:
+        """Seconds per cached token of a decode step with `batch` sequences (G(B))."""
+        if batch < len(self.decode_context_by_batch):
+            return float(self.decode_context_by_batch[batch])
+        return self.decode_per_context_token
 
     @property
     def model(self) -> ModelSpec:
@@ -132,7 +157,7 @@ class StepCostModel:
             return 0.0
         return (self.linear_time(batch) + self.head_time(batch)
                 + self.decode_per_sequence * batch
-                + self.decode_per_context_token * total_context + self.step_overhead_s)
+                + self.decode_context_coeff(batch) * total_context + self.step_overhead_s)
 
     def prefill_time(self, prompt_lens: list[int] | tuple[int, ...]) -> float:
         """One prefill-only iteration over whole prompts (no cached prefix)."""
@@ -154,7 +179,7 @@ class StepCostModel:
         attn = sum(self.attention_prefill_time(c, p) for c, p in chunks)
         return (self.linear_time(m) + self.head_time(n_decode + n_sampled) + attn
                 + self.decode_per_sequence * n_decode
-                + self.decode_per_context_token * decode_context + self.step_overhead_s)
+                + self.decode_context_coeff(n_decode) * decode_context + self.step_overhead_s)
 
 
 def _lin_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], m: FloatArray) -> FloatArray:
@@ -208,6 +233,8 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
     g = 0.0
     q = 0.0
     coeffs = []
+    batches = np.arange(DECODE_BATCH_TABLE + 1, dtype=np.float64)
+    g_by_batch = np.zeros_like(batches)
     for st in stages:
         # decode: 1 query per sequence; score+value FLOPs and K/V bytes per cached token
         one = attention_decode_ops(model, st.tp, 1, 1.0)
@@ -218,11 +245,18 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         kv_tok = sum(a.bytes - b.bytes for a, b in zip(one, zero, strict=True))
         q_seq = sum(b.bytes for b in zero)
         g += st.n_layers * float(roofline(mm_tok / peak, kv_tok / bw, st.eff.roofline_p))
+        serial = decode_serial_kv_bytes(model, st.tp)
+        mem_b = np.full_like(batches, kv_tok / bw)
+        if serial > 0 and st.eff.decode_cta_bw > 0:  # one block per (sequence, head)
+            mem_b = np.maximum(mem_b, serial / st.eff.decode_cta_bw / np.maximum(batches, 1.0))
+        mm_b: FloatArray = np.full_like(batches, mm_tok / peak)
+        g_by_batch += st.n_layers * roofline(mm_b, mem_b, st.eff.roofline_p)
         q += st.n_layers * (q_seq + st.eff.decode_key_floor * kv_tok) / bw
         coeffs.append((float(st.n_layers), mm_tok / peak, q_seq / bw, kv_tok / bw,
                        st.eff.roofline_p, st.eff.attention_key_floor))
     step_overhead = max(st.eff.step_overhead_s for st in stages)
-    return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs))
+    g_by_batch[0] = 0.0
+    return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs), g_by_batch)
 
 
 @functools.lru_cache(maxsize=256)

@@ -112,7 +112,7 @@ class Replica:
             self._dec_a: list[float] = [float(x) + cost.step_overhead_s for x in dec]
         else:
             self._dec_a = [cost.decode_step_time(b, 0.0) for b in range(n)]
-        self._g = cost.decode_per_context_token
+        self._g = [cost.decode_context_coeff(b) for b in range(n)]  # G(B)
         self._frag = config.block_size / 2.0
 
     # --- views for routers -------------------------------------------------------------
@@ -279,7 +279,7 @@ class Replica:
         if k_mem < k:
             k = max(1, k_mem)
         a = self._dec_a[b]
-        g = self._g
+        g = self._g[b]
         s = self.ctx
         if t_limit < INF:
             gap = t_limit - self.now

@@ -108,6 +108,11 @@ def _heads(model: ModelSpec, tp: int) -> tuple[int, int]:
     return _ceil_div(model.n_heads, tp), max(1, _ceil_div(model.n_kv_heads, tp))
 
 
+def heads_per_gpu(model: ModelSpec, tp: int) -> tuple[int, int]:
+    """(query heads, KV heads) of one GPU's shard under tensor parallelism `tp`."""
+    return _heads(model, tp)
+
+
 def attention_prefill_ops(model: ModelSpec, tp: int, chunk: int, prefix: int = 0
                           ) -> tuple[OpCost, OpCost, OpCost]:
     """Causal attention of `chunk` new tokens that also see `prefix` cached tokens, one layer.
