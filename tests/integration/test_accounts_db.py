@@ -5,10 +5,14 @@ fresh Postgres database); the file-level check is SQLite's own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
+import sqlite3
 import sys
 import textwrap
+from collections.abc import Iterator
 
+import pytest
 from click.testing import CliRunner
 
 from llmfabric.accounts import AccountStore
@@ -60,6 +64,48 @@ async def test_usage_flushed_by_background_task_and_on_close(accounts_db: str) -
     async with await AccountStore.open(db) as reopened:
         (row,) = await reopened.usage(key_id=key.id)
     assert (row.requests, row.prompt_tokens, row.completion_tokens) == (101, 103, 104)
+
+
+@contextlib.contextmanager
+def _write_lock(url: str) -> Iterator[None]:
+    """Hold the ledger table's write lock from another connection while the block runs."""
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, connect_timeout=10) as pg:
+            pg.execute("LOCK TABLE usage_daily IN EXCLUSIVE MODE")
+            yield
+            pg.commit()
+        return
+    lite = sqlite3.connect(url, isolation_level=None, timeout=10)
+    try:
+        lite.execute("BEGIN IMMEDIATE")
+        yield
+        lite.execute("COMMIT")
+    finally:
+        lite.close()
+
+
+async def test_flush_cancelled_mid_write_counts_once(accounts_db: str) -> None:
+    """A flush whose caller is cancelled while the write waits on a lock (a shutdown, a
+    dropped HTTP client) still writes its batch exactly once."""
+    store = await AccountStore.open(accounts_db, background=False)
+    key, _ = await store.create_key("k", "alice")
+    store.record_usage(key.id, "m", 1, 2)
+    await store.flush()
+    store.record_usage(key.id, "m", 10, 20)
+    with _write_lock(accounts_db):
+        flush = asyncio.create_task(store.flush())
+        await asyncio.sleep(0.2)  # the write is waiting for the lock now (or soon)
+        assert not flush.done()
+        flush.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flush
+    store.record_usage(key.id, "m", 100, 200)
+    await store.aclose()  # waits for the write in flight, then flushes the rest
+    async with await AccountStore.open(accounts_db) as reopened:
+        (row,) = await reopened.usage(key_id=key.id)
+    assert (row.requests, row.prompt_tokens, row.completion_tokens) == (3, 111, 222)
 
 
 _WRITER = textwrap.dedent(
