@@ -23,6 +23,9 @@ ensure_system_packages() {
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
     command -v iptables >/dev/null 2>&1 || missing+=(iptables)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    # The Postgres accounts tests start a throwaway server with initdb/pg_ctl.
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null 2>&1 \
+        || missing+=(postgresql)
     if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing system packages: ${missing[*]}" >&2
         apt-get update -qq >/dev/null 2>&1 || true
