@@ -3,7 +3,8 @@
 Files:
   models.py     ApiKey, UsageRow (frozen value types; never the secret)
   keyfmt.py     key plaintext format `lf-<id>-<secret>`, SHA-256 hashing, constant-time match
-  db.py         Backend interface; SQLite (worker thread) and Postgres (psycopg) backends
+  db.py         Backend interface; SQLite (worker thread) and Postgres (psycopg 3: one shared
+                connection behind a lock, reconnects when dropped) backends
   store.py      AccountStore: create/authenticate (cached)/list/get/revoke keys, usage API
   ledger.py     UsageLedger: in-memory aggregation per key/model/day, batched additive upserts
   ratelimit.py  RateLimiter: requests/min and tokens/min token buckets on an injected clock

@@ -1,7 +1,8 @@
 """Database backends behind one tiny async interface: SQLite (WAL, default) and Postgres.
 
 SQL is written once with `?` placeholders and portable syntax (INSERT ... ON CONFLICT DO
-UPDATE works on SQLite >= 3.24 and Postgres); the Postgres backend rewrites placeholders.
+UPDATE works on SQLite >= 3.24 and Postgres); the Postgres backend rewrites placeholders
+(`?` -> `%s`, a literal `%` -> `%%`).
 SQLite calls run in a worker thread (asyncio.to_thread), one at a time, so the event loop
 never blocks on disk I/O.
 """
