@@ -331,6 +331,16 @@ def collect(vidur_root: Path, vidur_gpus: dict[str, GPUSpec], attention: dict[st
     return out
 
 
+def max_by_model(rows: list[dict[str, object]]) -> dict[str, float]:
+    """Largest end-to-end speedup error of each model (all TPs, configs and GPU pairs)."""
+    out: dict[str, float] = {}
+    for r in rows:
+        if r["composition"] == "end-to-end":
+            key = str(r["model"])
+            out[key] = max(out.get(key, 0.0), float(r["error"]))  # type: ignore[arg-type]
+    return out
+
+
 def summary(rows: list[dict[str, object]], paper_labels: Iterable[str]) -> dict[str, float]:
     """Maxima and means of the speedup errors: end-to-end (all / paper configs), linear-only."""
     paper = set(paper_labels)

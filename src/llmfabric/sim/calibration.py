@@ -77,9 +77,10 @@ def roofline(compute_s: T, memory_s: T, p: float) -> T:
 DEFAULT_EFFICIENCY = Efficiency()
 
 # Fitted by `benchmarks/sim_accuracy.py --fit` (speedup weight 0.3) on the FIT half of the
-# measured rows; see docs/simulator.md for the protocol and the resulting errors. `vector` is an
-# effective factor for elementwise kernels (the profiled norms/activations are unfused PyTorch
-# kernels), not a hardware utilisation. Keys are GPUSpec names.
+# measured rows; `decode_cta_bw` was fitted alone afterwards (`--fit --fit-params decode_cta_bw`,
+# other factors as shipped); see docs/simulator.md for the protocol and the resulting errors.
+# `vector` is an effective factor for elementwise kernels (the profiled norms/activations are
+# unfused PyTorch kernels), not a hardware utilisation. Keys are GPUSpec names.
 CALIBRATED: dict[str, Efficiency] = {
     "A100-80GB": Efficiency(compute=0.74, memory=0.76, vector=0.0355, attention=0.58,
                             kernel_overhead_s=4.5e-6, attention_overhead_s=1.75e-5,
