@@ -19,7 +19,6 @@ import urllib.parse
 from typing import Any
 
 import openai
-import psycopg
 import pytest
 
 from llmfabric.accounts import AccountStore, BackendUnavailable
@@ -27,6 +26,7 @@ from llmfabric.node.ports import free_port
 
 from .test_ingress_support import Backend, serve
 
+psycopg = pytest.importorskip("psycopg", reason="pip install -e '.[dev]' (psycopg)")
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
 
