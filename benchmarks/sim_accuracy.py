@@ -176,7 +176,8 @@ def aic_rows(root: Path) -> list[Row]:
         gemm: dict[tuple[int, int, int], list[float]] = defaultdict(list)
         for r in _read_parquet(base / "gemm/gemm_perf.parquet"):
             if r["gemm_dtype"] == "bfloat16":
-                gemm[(int(r["m"]), int(r["n"]), int(r["k"]))].append(float(r["latency"]))  # type: ignore[arg-type]
+                gemm[(int(r["m"]), int(r["n"]), int(r["k"]))].append(  # type: ignore[call-overload]
+                    float(r["latency"]))  # type: ignore[arg-type]
         for label, (n, k) in GEMM_SHAPES.items():
             for m in GEMM_M:
                 if (m, n, k) not in gemm:
@@ -306,7 +307,7 @@ class JointFit:
     def _speed(self, values: np.ndarray) -> np.ndarray:
         num = np.bincount(self.gid, weights=values[self.ia], minlength=self.n_groups)
         den = np.bincount(self.gid, weights=values[self.ib], minlength=self.n_groups)
-        return num / den  # type: ignore[no-any-return]
+        return num / den
 
     def predict(self, effs: dict[str, Efficiency]) -> np.ndarray:
         out = np.zeros(len(self.rows))
@@ -422,11 +423,11 @@ def speedup_stats(rows: list[Row], published: list[Published]
                       "error": abs(pred / meas - 1)})
     tpots = [p for p in published if p.metric == "tpot" and p.concurrency == 1]
     if len(tpots) == 2 and tpots[0].gpu != tpots[1].gpu:
-        a, b = tpots
-        meas = a.measured / b.measured
-        pred = a.predicted / b.predicted
-        table.append({"group": "published|llama-3.1-8b|tpot c=1 (cross-source)", "gpu_a": a.gpu,
-                      "gpu_b": b.gpu, "configs": 1, "measured_speedup_b_over_a": meas,
+        pa, pb = tpots
+        meas = pa.measured / pb.measured
+        pred = pa.predicted / pb.predicted
+        table.append({"group": "published|llama-3.1-8b|tpot c=1 (cross-source)", "gpu_a": pa.gpu,
+                      "gpu_b": pb.gpu, "configs": 1, "measured_speedup_b_over_a": meas,
                       "predicted_speedup_b_over_a": pred, "error": abs(pred / meas - 1)})
     errs = np.array(pair_err) if pair_err else np.zeros(1)
     grouped = [float(t["error"]) for t in table  # type: ignore[arg-type]

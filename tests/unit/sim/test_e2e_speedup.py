@@ -113,7 +113,8 @@ def test_a_biased_gpu_shows_up_as_speedup_error() -> None:
     assert errs[("A40", "H100-SXM")] == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.skipif(not PROFILES.is_dir(), reason="shared operator profiles not present")
+@pytest.mark.skipif(not ((PROFILES / "vidur").is_dir() and (PROFILES / "aiconfigurator").is_dir()),
+                    reason="shared operator profiles not present")
 def test_measured_compositions_of_a_gqa_model() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
