@@ -127,6 +127,7 @@ class Ingress:
         # A forwarder that enforces every Timeouts phase itself (RawHttpForwarder) saves the
         # asyncio.timeout contexts around each attempt.
         self._own_timeouts = getattr(forwarder, "enforces_timeouts", False) is True
+        self._plain_requests: dict[tuple[str, bool], RouteRequest] = {}
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
 
     # -- routes --------------------------------------------------------------------------
@@ -304,7 +305,12 @@ class Ingress:
             except InvalidConstraintError as e:
                 return error_reply(400, str(e), "invalid_constraint", "metadata")
         else:
-            rreq = RouteRequest(model, stream=stream)
+            plain = self._plain_requests.get((model, stream))  # (frozen dataclass inits cost)
+            if plain is None:
+                if len(self._plain_requests) > 4096:
+                    self._plain_requests.clear()
+                plain = self._plain_requests[(model, stream)] = RouteRequest(model, stream=stream)
+            rreq = plain
 
         candidates = self.source.candidates(model)
         if not candidates:

