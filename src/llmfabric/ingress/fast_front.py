@@ -80,7 +80,7 @@ class FastFront:
         """Listen on host:port (0 picks a port); returns the bound port."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, reuse_port=reuse_port or None,
+            lambda: _Connection(self, loop), host, port, reuse_port=reuse_port or None,
             backlog=backlog,
         )
         return int(self._server.sockets[0].getsockname()[1])
@@ -130,7 +130,8 @@ def _head(status: int, content_type: str, node: str, extra: dict[str, str] | Non
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, front: FastFront) -> None:
+    def __init__(self, front: FastFront, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop  # (asyncio.get_running_loop() costs a getpid syscall on 3.11)
         self.front = front
         self.ingress = front.ingress
         self.max_body = front.max_body
@@ -271,7 +272,7 @@ class _Connection(asyncio.Protocol):
     def _enqueue(self, req: _Request) -> None:
         self.queue.append(req)
         if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._run())
+            self.task = self.loop.create_task(self._run())
         elif len(self.queue) >= _MAX_QUEUED and not self.reading_paused and self.transport:
             self.reading_paused = True
             self.transport.pause_reading()
@@ -357,7 +358,7 @@ class _Connection(asyncio.Protocol):
         self.parsing = False
         if t.can_write_eof():
             t.write_eof()
-            asyncio.get_running_loop().call_later(2.0, t.close)
+            self.loop.call_later(2.0, t.close)
         else:
             t.close()
 
@@ -374,7 +375,7 @@ class _Connection(asyncio.Protocol):
 
     async def wait_writable(self) -> None:
         if self.write_paused and not self.closed:
-            self.drain = asyncio.get_running_loop().create_future()
+            self.drain = self.loop.create_future()
             await self.drain
         if self.closed:
             raise ConnectionResetError("the client closed the connection")
@@ -382,7 +383,7 @@ class _Connection(asyncio.Protocol):
     # -- idle timeout --------------------------------------------------------------------
 
     def _arm_idle(self) -> None:
-        self.idle_handle = asyncio.get_running_loop().call_later(
+        self.idle_handle = self.loop.call_later(
             self.front.idle_timeout_s, self._check_idle
         )
 

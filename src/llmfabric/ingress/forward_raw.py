@@ -46,6 +46,8 @@ class _UpConn(asyncio.Protocol):
         self.lost = False  # the connection is gone (closed by either side)
         self.reusable = True  # False once anything unexpected happened
         self.reading_paused = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -91,6 +93,9 @@ class _UpConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.reusable = False
         if self.active and not self.complete and self.error is None:
             if self.head_done and not self.framed:
@@ -145,17 +150,30 @@ class _UpConn(asyncio.Protocol):
                 w.set_result(None)
 
     async def wait(self, deadline: float) -> None:
-        """Wait for the next event from the node (bytes, end, error) until `deadline`."""
-        loop = self.loop
-        fut = loop.create_future()
+        """Wait for the next event from the node (bytes, end, error) until `deadline`.
+
+        One timer per connection, re-armed lazily: a wait only moves the deadline unless the
+        armed timer would fire too late (no TimerHandle per chunk)."""
+        fut = self.loop.create_future()
         self.waiter = fut
-        timer = loop.call_at(deadline, _expire, fut)
-        try:
-            await fut
-        finally:
-            timer.cancel()
-            if self.waiter is fut:
-                self.waiter = None
+        self.deadline = deadline
+        timer = self.timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+        await fut
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        w = self.waiter
+        if w is None or w.done():
+            return  # nobody waits: the next wait arms a new timer
+        if self.loop.time() + 0.001 >= self.deadline:  # (timers may fire a tick early)
+            self.waiter = None
+            w.set_exception(_Timeout())
+        else:
+            self.timer = self.loop.call_at(self.deadline, self._on_timer)
 
     def take(self) -> bytes:
         data = self.body.popleft()
@@ -172,11 +190,6 @@ class _UpConn(asyncio.Protocol):
 
     def usable(self) -> bool:
         return self.reusable and not self.lost
-
-
-def _expire(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_exception(_Timeout())
 
 
 class RawUpstream:
@@ -317,9 +330,9 @@ class RawHttpForwarder:
         if not addr:
             raise UpstreamError(f"node {candidate.session_id} has no HTTP address")
         request = self._head(addr, path) + b"%d\r\n\r\n" % len(body) + body
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeouts.total
         pool = self._idle.get(addr)
+        loop = pool[-1].loop if pool else asyncio.get_running_loop()
+        deadline = loop.time() + timeouts.total
         while pool:
             conn = pool.pop()
             if not conn.usable():
