@@ -44,7 +44,12 @@ import numpy as np
 import numpy.typing as npt
 
 from llmfabric.sim import Efficiency, GPUSpec, ModelSpec
-from llmfabric.sim.costs import attention_time, decode_serial_kv_bytes, op_time
+from llmfabric.sim.costs import (
+    attention_time,
+    decode_extra_waves,
+    decode_serial_kv_bytes,
+    op_time,
+)
 from llmfabric.sim.operators import (
     attention_decode_ops,
     attention_prefill_ops,
@@ -212,8 +217,12 @@ def per_gpu_heads(spec: ModelSpec, tp: int) -> tuple[int, int, int]:
 # ---------------------------------------------------------------- simulator tables
 
 
-def sim_tables(spec: ModelSpec, tp: int, gpu: GPUSpec, eff: Efficiency) -> OpTables:
-    """The simulator's own per-layer operator costs for the same composition."""
+def sim_tables(spec: ModelSpec, tp: int, gpu: GPUSpec, eff: Efficiency,
+               warm_l2: bool = True) -> OpTables:
+    """The simulator's own per-layer operator costs for the same composition. `warm_l2`
+    (default): under the conditions of the measurements being composed, which repeat one
+    kernel (aiconfigurator) or one layer (vidur) on the same data, so a working set that fits
+    in L2 is cache-resident (`costs.memory_bandwidth`); False: serving (cold) costs."""
     ops = layer_linear_ops(spec, tp)
     h, kv, d = per_gpu_heads(spec, tp)
     shard = ModelSpec("shard", 1, h * d, h, kv, d, spec.ffn_hidden, spec.vocab)
@@ -221,17 +230,26 @@ def sim_tables(spec: ModelSpec, tp: int, gpu: GPUSpec, eff: Efficiency) -> OpTab
     serial = decode_serial_kv_bytes(shard, 1)  # > 0 for multi-head (group size 1) shards
 
     def linear(m: FloatArray) -> FloatArray:
-        return np.array([sum(op_time(op.cost(int(x)), gpu, eff) for op in ops) for x in m])
+        out = []
+        for x in m:
+            costs = [op.cost(int(x)) for op in ops]
+            layer = sum(c.bytes for c in costs)  # the profiler repeats the whole layer
+            out.append(sum(op_time(c, gpu, eff, warm_l2=warm_l2, working_set=layer)
+                           for c in costs))
+        return np.array(out)
 
     def prefill(k: int, isl: int) -> float:
-        one = attention_time(attention_prefill_ops(shard, 1, isl, 0), gpu, eff,
-                             floor_flops=4.0 * h * d * isl)
+        pre = attention_prefill_ops(shard, 1, isl, 0)
+        one = attention_time(pre, gpu, eff, floor_flops=4.0 * h * d * isl, warm_l2=warm_l2,
+                             working_set=k * sum(o.bytes for o in pre))
         return k * (one - eff.attention_overhead_s) + eff.attention_overhead_s
 
     def decode(b: int, keys: FloatArray) -> FloatArray:
         return np.array([attention_time(attention_decode_ops(shard, 1, b, b * float(n)), gpu,
                                         eff, floor_bytes=b * kv_token,
-                                        serial_bytes=float(n) * serial) for n in keys])
+                                        serial_bytes=float(n) * serial, warm_l2=warm_l2,
+                                        extra_waves=decode_extra_waves(gpu, b, kv))
+                         for n in keys])
 
     return OpTables(linear, prefill, decode)
 
@@ -284,13 +302,13 @@ def speedup_rows(latencies: list[Latency]) -> list[dict[str, object]]:
 def collect(vidur_root: Path, vidur_gpus: dict[str, GPUSpec], attention: dict[str, AttentionData],
             effs: dict[str, Efficiency], configs: Iterable[tuple[int, int, int]],
             tps: Iterable[int] = (1, 2, 4, 8), budget: int = DEFAULT_BUDGET,
-            models: Iterable[str] | None = None) -> list[Latency]:
+            models: Iterable[str] | None = None, warm_l2: bool = True) -> list[Latency]:
     """Measured and predicted latencies of every (vidur model, TP, config, GPU) that the data
     covers and that fits in the GPU's memory: an end-to-end composition where the GPU has
     attention measurements for the shard's heads, and always a linear-only one.
 
     vidur_gpus: vidur directory name -> GPU; attention: GPU name -> its aiconfigurator data;
-    models: vidur model directory names to keep (default: all)."""
+    models: vidur model directory names to keep (default: all); warm_l2: see `sim_tables`."""
     out: list[Latency] = []
     keep = set(models) if models is not None else None
     tps = tuple(tps)
@@ -309,7 +327,7 @@ def collect(vidur_root: Path, vidur_gpus: dict[str, GPUSpec], attention: dict[st
                     spec, lin = vidur_linear_table(path, tp)
                 except MissingMeasurement:
                     continue
-                sim = sim_tables(spec, tp, gpu, effs[gpu.name])
+                sim = sim_tables(spec, tp, gpu, effs[gpu.name], warm_l2)
                 measured = OpTables(lin)
                 if gpu.name in attention:
                     try:

@@ -5,11 +5,14 @@ iteration. Everything that depends only on the number of tokens in the step is t
 (numpy) for m = 0..table_tokens, so the serving loop pays a list index per step:
 
     step(m tokens, n sampled sequences, decode context S, prefill chunks)
-      = LIN[m] + HEAD[n] + G*S + Q*n_decode + sum_chunks attn_prefill(chunk, prefix) + overhead
+      = LIN[m] + HEAD[n] + G(B)*S + Q*B + W(B) + sum_chunks attn_prefill(chunk, prefix)
+        + overhead      (B = n_decode)
 
 LIN covers all layers' linear operators (sharded), TP all-reduces (alpha-beta over the stage's
 link) and activation transfers between pipeline stages; HEAD is embedding-independent LM head
-work; G/Q are decode-attention coefficients (per cached token / per sequence). Pipeline stages
+work; G/Q are decode-attention coefficients (per cached token / per sequence); W(B) is the
+decode-attention latency of thread-block waves beyond the first (a function of B only, so decode
+stretches keep their closed form). Pipeline stages
 run one after another for a single batch (latency = sum of stages).
 """
 
@@ -42,29 +45,63 @@ DEFAULT_TABLE_TOKENS = 16384
 DECODE_BATCH_TABLE = 4096  # G(B) is tabulated up to this batch; larger batches use G
 
 
-def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16) -> float:
-    """Roofline time of one operator: R(compute, memory) + kernel overhead."""
+def memory_bandwidth(gpu: GPUSpec, eff: Efficiency, working_set: float = 0.0,
+                     warm_l2: bool = False) -> float:
+    """Achieved bytes/s of a streaming read. Serving (the default) reads from HBM at
+    `mem_bw x memory`. `warm_l2=True` models a microbenchmark that repeats one kernel (or one
+    layer) on the same data: when its `working_set` fits in the GPU's L2 cache, the data is
+    still L2-resident from the previous repetition and reads run `l2_speedup` times faster.
+    In serving the same bytes were last touched a whole model step earlier (GBs of other
+    weights and KV in between), so they are not resident and the engine never passes it."""
+    bw = gpu.mem_bw * eff.memory
+    if warm_l2 and 0.0 < working_set <= gpu.l2_bytes:
+        return bw * eff.l2_speedup
+    return bw
+
+
+def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16, *,
+            warm_l2: bool = False, working_set: float | None = None) -> float:
+    """Roofline time of one operator: R(compute, memory) + kernel overhead. `warm_l2`: see
+    `memory_bandwidth` (`working_set` defaults to the operator's own bytes)."""
     peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
-    return float(roofline(op.flops / peak, op.bytes / (gpu.mem_bw * eff.memory),
-                          eff.roofline_p)) + eff.kernel_overhead_s
+    ws = op.bytes if working_set is None else working_set
+    bw = memory_bandwidth(gpu, eff, ws, warm_l2)
+    return float(roofline(op.flops / peak, op.bytes / bw, eff.roofline_p)) + eff.kernel_overhead_s
 
 
 def attention_time(ops: tuple[OpCost, ...], gpu: GPUSpec, eff: Efficiency,
                    dtype_bits: int = 16, floor_flops: float = 0.0,
-                   floor_bytes: float = 0.0, serial_bytes: float = 0.0) -> float:
+                   floor_bytes: float = 0.0, serial_bytes: float = 0.0, *,
+                   warm_l2: bool = False, working_set: float | None = None,
+                   extra_waves: int = 0) -> float:
     """One fused attention kernel: matmul FLOPs (+ `floor_flops` x the prefill key floor: the
     FLOPs of one key for every query row) at the attention efficiency, all bytes moved
     (+ `floor_bytes` x the decode key floor: one token's KV for every sequence), softmax
     overlapped, plus the attention kernel overhead. `serial_bytes`: the K/V bytes ONE thread
     block streams when the kernel does not split the KV sequence (MHA decode, see
-    `Efficiency.decode_cta_bw`); the memory time is at least serial_bytes / decode_cta_bw."""
+    `Efficiency.decode_cta_bw`); the memory time is at least serial_bytes x waves /
+    decode_cta_bw.
+    `warm_l2`: a microbenchmark repeating this kernel on the same Q/K/V (`memory_bandwidth`;
+    `working_set` defaults to the bytes of `ops`). `extra_waves`: thread-block waves beyond the
+    first (decode, `decode_extra_waves`), each costing `decode_wave_s`."""
     mm = sum(op.flops for op in ops if op.tensor) + floor_flops * eff.attention_key_floor
-    moved = sum(op.bytes for op in ops) + floor_bytes * eff.decode_key_floor
+    data = sum(op.bytes for op in ops)
+    moved = data + floor_bytes * eff.decode_key_floor
     compute = mm / (gpu.flops(dtype_bits) * eff.attention)
-    memory = moved / (gpu.mem_bw * eff.memory)
-    if eff.decode_cta_bw > 0 and serial_bytes > 0:
-        memory = max(memory, serial_bytes / eff.decode_cta_bw)
-    return float(roofline(compute, memory, eff.roofline_p)) + eff.attention_overhead_s
+    ws = data if working_set is None else working_set
+    memory = moved / memory_bandwidth(gpu, eff, ws, warm_l2)
+    if eff.decode_cta_bw > 0 and serial_bytes > 0:  # each wave of blocks streams in turn
+        memory = max(memory, serial_bytes * (1 + extra_waves) / eff.decode_cta_bw)
+    return (float(roofline(compute, memory, eff.roofline_p)) + eff.attention_overhead_s
+            + eff.decode_wave_s * extra_waves)
+
+
+def decode_extra_waves(gpu: GPUSpec, batch: int, kv_heads: int) -> int:
+    """Waves beyond the first of a decode attention kernel that runs one thread block per
+    (sequence, KV head) on `gpu.sm_count` SMs (0 when the SM count is unknown)."""
+    if gpu.sm_count <= 0 or batch <= 0:
+        return 0
+    return max(0, -(-(batch * kv_heads) // gpu.sm_count) - 1)
 
 
 def decode_serial_kv_bytes(model: ModelSpec, tp: int) -> float:
@@ -114,12 +151,20 @@ class StepCostModel:
     # G(B) for B = 0..len-1 decoding sequences (differs from G only for non-split MHA decode)
     decode_context_by_batch: FloatArray = dataclasses.field(
         default_factory=lambda: np.zeros(0))
+    # W(B): decode attention wave latency of B decoding sequences, all layers (index B)
+    decode_wave_by_batch: FloatArray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def decode_context_coeff(self, batch: int) -> float:
         """Seconds per cached token of a decode step with `batch` sequences (G(B))."""
         if batch < len(self.decode_context_by_batch):
             return float(self.decode_context_by_batch[batch])
         return self.decode_per_context_token
+
+    def decode_wave_time(self, batch: int) -> float:
+        """Seconds of decode-attention thread-block waves beyond the first (W(B), all layers)."""
+        if batch < len(self.decode_wave_by_batch):
+            return float(self.decode_wave_by_batch[batch])
+        return _wave_time(self.deployment.model, self.stages, batch)
 
     @property
     def model(self) -> ModelSpec:
@@ -156,7 +201,7 @@ class StepCostModel:
         if batch <= 0:
             return 0.0
         return (self.linear_time(batch) + self.head_time(batch)
-                + self.decode_per_sequence * batch
+                + self.decode_per_sequence * batch + self.decode_wave_time(batch)
                 + self.decode_context_coeff(batch) * total_context + self.step_overhead_s)
 
     def prefill_time(self, prompt_lens: list[int] | tuple[int, ...]) -> float:
@@ -178,7 +223,7 @@ class StepCostModel:
             return 0.0
         attn = sum(self.attention_prefill_time(c, p) for c, p in chunks)
         return (self.linear_time(m) + self.head_time(n_decode + n_sampled) + attn
-                + self.decode_per_sequence * n_decode
+                + self.decode_per_sequence * n_decode + self.decode_wave_time(n_decode)
                 + self.decode_context_coeff(n_decode) * decode_context + self.step_overhead_s)
 
 
@@ -199,6 +244,15 @@ def _lin_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], m: FloatArray)
         link = dep.stage_pp_link()
         act = model.hidden * model.act_bits / 8
         total += (dep.pp - 1) * (link.latency_s + act * m / link.bandwidth)
+    return total
+
+
+def _wave_time(model: ModelSpec, stages: tuple[_StageCoeffs, ...], batch: int) -> float:
+    total = 0.0
+    for st in stages:
+        if st.eff.decode_wave_s > 0:
+            waves = decode_extra_waves(st.gpu, batch, heads_per_gpu(model, st.tp)[1])
+            total += st.n_layers * st.eff.decode_wave_s * waves
     return total
 
 
@@ -248,7 +302,10 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         serial = decode_serial_kv_bytes(model, st.tp)
         mem_b = np.full_like(batches, kv_tok / bw)
         if serial > 0 and st.eff.decode_cta_bw > 0:  # one block per (sequence, head)
-            mem_b = np.maximum(mem_b, serial / st.eff.decode_cta_bw / np.maximum(batches, 1.0))
+            nkv = heads_per_gpu(model, st.tp)[1]
+            waves = np.array([1 + decode_extra_waves(st.gpu, int(b), nkv) for b in batches])
+            mem_b = np.maximum(mem_b, serial * waves / st.eff.decode_cta_bw
+                               / np.maximum(batches, 1.0))
         mm_b: FloatArray = np.full_like(batches, mm_tok / peak)
         g_by_batch += st.n_layers * roofline(mm_b, mem_b, st.eff.roofline_p)
         q += st.n_layers * (q_seq + st.eff.decode_key_floor * kv_tok) / bw
@@ -256,7 +313,9 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
                        st.eff.roofline_p, st.eff.attention_key_floor))
     step_overhead = max(st.eff.step_overhead_s for st in stages)
     g_by_batch[0] = 0.0
-    return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs), g_by_batch)
+    waves = np.array([_wave_time(model, stages, int(b)) for b in batches])
+    return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs), g_by_batch,
+                         waves)
 
 
 @functools.lru_cache(maxsize=256)

@@ -109,7 +109,8 @@ class Replica:
         n = config.max_num_seqs + 1
         if n <= len(cost.lin):
             dec = cost.lin[:n] + cost.head[:n] + cost.decode_per_sequence * np.arange(n)
-            self._dec_a: list[float] = [float(x) + cost.step_overhead_s for x in dec]
+            self._dec_a: list[float] = [float(x) + cost.decode_wave_time(b)
+                                        + cost.step_overhead_s for b, x in enumerate(dec)]
         else:
             self._dec_a = [cost.decode_step_time(b, 0.0) for b in range(n)]
         self._g = [cost.decode_context_coeff(b) for b in range(n)]  # G(B)

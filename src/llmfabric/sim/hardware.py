@@ -42,6 +42,8 @@ class GPUSpec:
     inter_node_latency_s: float = 10e-6
     price_per_hour: float | None = None
     aliases: tuple[str, ...] = ()
+    l2_bytes: float = 0.0  # last-level on-chip cache (L2; MI300X: Infinity Cache); 0 = unknown
+    sm_count: int = 0  # streaming multiprocessors (AMD: compute units); 0 = unknown
 
     def flops(self, dtype_bits: int) -> float:
         """Peak dense matmul FLOP/s for operands of `dtype_bits` (falls back to a wider dtype)."""
@@ -66,6 +68,8 @@ def _g(
     price: float | None,
     *aliases: str,
     inter_gbs: float = 25.0,
+    l2_mb: float = 0.0,
+    sms: int = 0,
 ) -> GPUSpec:
     return GPUSpec(
         name=name,
@@ -81,40 +85,46 @@ def _g(
         inter_node_bw=inter_gbs * GB,
         price_per_hour=price,
         aliases=aliases,
+        l2_bytes=l2_mb * 1e6,
+        sm_count=sms,
     )
 
 
 # name, fp32, fp16/bf16, fp8, int8 (TFLOP/s dense), HBM GB/s, memory GB, link, link GB/s per
-# direction, indicative on-demand $/h (None: not offered by the cited price list), aliases.
+# direction, indicative on-demand $/h (None: not offered by the cited price list), aliases;
+# l2_mb: L2 (last-level on-chip) cache in MB (1e6 bytes) as the same sources state it; sms:
+# streaming multiprocessors (MI300X: compute units), same sources.
 BUILTIN_GPUS: tuple[GPUSpec, ...] = (
     _g("A100-40GB", 19.5, 312, 0, 624, 1555, 40, "nvlink", 300, 1.29,
-       "a100-40", "a100-sxm4-40gb", "a100_40gb"),
+       "a100-40", "a100-sxm4-40gb", "a100_40gb", l2_mb=40, sms=108),
     _g("A100-80GB", 19.5, 312, 0, 624, 2039, 80, "nvlink", 300, 1.79,
-       "a100", "a100-80", "a100-sxm", "a100_sxm", "a100-sxm4-80gb", "a100_80gb"),
+       "a100", "a100-80", "a100-sxm", "a100_sxm", "a100-sxm4-80gb", "a100_80gb",
+       l2_mb=40, sms=108),
     _g("H100-SXM", 67, 989, 1979, 1979, 3350, 80, "nvlink", 450, 2.99,
-       "h100", "h100-sxm5", "h100_sxm", "h100-80gb-hbm3"),
+       "h100", "h100-sxm5", "h100_sxm", "h100-80gb-hbm3", l2_mb=50, sms=132),
     _g("H100-PCIe", 51, 756, 1513, 1513, 2000, 80, "pcie", 64, 2.49,
-       "h100-pcie-80gb", "h100_pcie"),
+       "h100-pcie-80gb", "h100_pcie", l2_mb=50, sms=114),
     _g("H200", 67, 989, 1979, 1979, 4800, 141, "nvlink", 450, None,
-       "h200-sxm", "h200_sxm", "h200-141gb"),
+       "h200-sxm", "h200_sxm", "h200-141gb", l2_mb=50, sms=132),
     _g("GH200", 67, 989, 1979, 1979, 4000, 96, "nvlink-c2c", 450, 1.49,
-       "gh200-96gb", "gh200_480gb", "grace-hopper"),
-    _g("L40S", 91.6, 362, 733, 733, 864, 48, "pcie", 32, None, "l40s-48gb"),
-    _g("L40", 90.5, 181, 362, 362, 864, 48, "pcie", 32, None, "l40-48gb"),
-    _g("A40", 37.4, 149.7, 0, 299.3, 696, 48, "pcie", 32, None, "a40-48gb"),
+       "gh200-96gb", "gh200_480gb", "grace-hopper", l2_mb=50, sms=132),
+    _g("L40S", 91.6, 362, 733, 733, 864, 48, "pcie", 32, None, "l40s-48gb", l2_mb=96, sms=142),
+    _g("L40", 90.5, 181, 362, 362, 864, 48, "pcie", 32, None, "l40-48gb", l2_mb=96, sms=142),
+    _g("A40", 37.4, 149.7, 0, 299.3, 696, 48, "pcie", 32, None, "a40-48gb", l2_mb=6, sms=84),
     _g("RTX-A6000", 38.7, 154.8, 0, 309.7, 768, 48, "pcie", 32, 0.80,
-       "a6000", "rtx a6000", "rtx-a6000-48gb"),
-    _g("RTX-A5000", 27.8, 111.1, 0, 222.2, 768, 24, "pcie", 32, None, "a5000", "rtx a5000"),
+       "a6000", "rtx a6000", "rtx-a6000-48gb", l2_mb=6, sms=84),
+    _g("RTX-A5000", 27.8, 111.1, 0, 222.2, 768, 24, "pcie", 32, None, "a5000", "rtx a5000",
+       l2_mb=6, sms=64),
     _g("RTX-3090", 35.6, 71, 0, 284, 936, 24, "pcie", 32, None,
-       "3090", "rtx3090", "geforce rtx 3090", inter_gbs=1.25),
+       "3090", "rtx3090", "geforce rtx 3090", inter_gbs=1.25, l2_mb=6, sms=82),
     _g("RTX-3090-Ti", 40, 80, 0, 320, 1008, 24, "pcie", 32, None,
-       "3090ti", "3090-ti", "rtx3090ti", "geforce rtx 3090 ti", inter_gbs=1.25),
+       "3090ti", "3090-ti", "rtx3090ti", "geforce rtx 3090 ti", inter_gbs=1.25, l2_mb=6, sms=84),
     _g("RTX-4090", 82.6, 165.2, 330.3, 660.6, 1008, 24, "pcie", 32, None,
-       "4090", "rtx4090", "geforce rtx 4090", inter_gbs=1.25),
+       "4090", "rtx4090", "geforce rtx 4090", inter_gbs=1.25, l2_mb=72, sms=128),
     _g("V100-SXM2-32GB", 15.7, 125, 0, 0, 900, 32, "nvlink", 150, None,
-       "v100", "v100-32gb", "v100-sxm2", "tesla v100"),
+       "v100", "v100-32gb", "v100-sxm2", "tesla v100", l2_mb=6, sms=80),
     _g("MI300X", 163.4, 1307.4, 2614.9, 2614.9, 5300, 192, "xgmi", 448, None,
-       "mi300", "amd mi300x", "instinct mi300x"),
+       "mi300", "amd mi300x", "instinct mi300x", l2_mb=256, sms=304),
 )
 
 
@@ -190,6 +200,8 @@ _YAML_FIELDS = {
     "inter_node_bw_gbs": ("inter_node_bw", GB),
     "intra_node_latency_us": ("intra_node_latency_s", 1e-6),
     "inter_node_latency_us": ("inter_node_latency_s", 1e-6),
+    "l2_mb": ("l2_bytes", 1e6),
+    "sm_count": ("sm_count", 1),
     "price_per_hour": ("price_per_hour", 1.0),
     "interconnect": ("interconnect", None),
     "aliases": ("aliases", None),
@@ -207,7 +219,8 @@ def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = 
             values[field] = tuple(raw) if field == "aliases" else str(raw)
         else:
             try:
-                values[field] = float(raw) * scale
+                value = float(raw) * scale
+                values[field] = int(value) if field == "sm_count" else value
             except (TypeError, ValueError) as exc:
                 raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}") from exc
     if base is not None:
