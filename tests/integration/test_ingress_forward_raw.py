@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -29,9 +30,7 @@ def ok(body: bytes, extra: bytes = b"") -> bytes:
 def chunked(*parts: bytes) -> bytes:
     out = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
            b"Transfer-Encoding: chunked\r\n\r\n")
-    for p in parts:
-        out += b"%x\r\n%b\r\n" % (len(p), p)
-    return out + b"0\r\n\r\n"
+    return out + b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
 
 
 class Server:
@@ -329,3 +328,165 @@ async def test_ingress_retries_a_node_that_closes_before_answering() -> None:
             assert reply is not None
             assert (reply.status, reply.node) == (200, "good")
         assert bad.requests  # the bad node was tried (and dropped the request) first
+
+
+def sse_stream(n: int, size: int = 40) -> list[bytes]:
+    return [b"data: " + (b"%04d" % i) * (size // 4) + b"\n\n" for i in range(n)]
+
+
+async def test_relay_pushes_chunks_in_order_and_the_connection_is_reused() -> None:
+    parts = sse_stream(50)
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        head, _, rest = chunked(*parts).partition(b"\r\n\r\n")
+        w.write(head + b"\r\n\r\n")
+        for i in range(0, len(rest), 97):  # framing split at odd places
+            w.write(rest[i:i + 97])
+            await w.drain()
+            await asyncio.sleep(0.001)
+        return True
+
+    async def writable() -> None:
+        raise AssertionError("never blocked")
+
+    got: list[bytes] = []
+    async with Server(script) as s, forwarder() as f:
+        for _ in range(2):
+            up = await f.open(s.cand, "/v1/chat/completions", b"{}", FAST)
+            got.clear()
+            await up.relay(lambda d: got.append(d) is None, writable)
+            await up.aclose()
+            assert b"".join(got) == b"".join(parts)
+        assert s.connections == 1
+
+
+async def test_relay_pauses_for_a_full_client_and_loses_nothing() -> None:
+    parts = sse_stream(400, 4000)  # ~1.6 MB
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(chunked(*parts))
+        await w.drain()
+        return True
+
+    got: list[bytes] = []
+    waits = 0
+
+    def push(d: bytes) -> bool:
+        got.append(d)
+        return len(got) % 7 != 0  # "full" every 7th push
+
+    async def writable() -> None:
+        nonlocal waits
+        waits += 1
+        await asyncio.sleep(0.001)
+
+    async with Server(script) as s, forwarder() as f:
+        up = await f.open(s.cand, "/v1/chat/completions", b"{}", FAST)
+        await up.relay(push, writable)
+        await up.aclose()
+        assert b"".join(got) == b"".join(parts)
+        assert waits > 10
+
+
+async def test_relay_reports_a_node_closing_mid_stream_and_a_gone_client() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(chunked(*sse_stream(3))[:-30])  # cut inside the last chunk
+        await w.drain()
+        await asyncio.sleep(0.05)
+        return False
+
+    async def writable() -> None:
+        return None
+
+    async with Server(script) as s, forwarder() as f:
+        up = await f.open(s.cand, "/v1/chat/completions", b"{}", FAST)
+        got: list[bytes] = []
+        with pytest.raises(UpstreamError, match="mid-response"):
+            await up.relay(lambda d: got.append(d) is None, writable)
+        await up.aclose()
+        assert got[:2] == sse_stream(3)[:2]
+
+        def gone(d: bytes) -> bool:
+            raise ConnectionResetError("the client closed the connection")
+
+        up = await f.open(s.cand, "/v1/chat/completions", b"{}", FAST)
+        with pytest.raises(ConnectionResetError):
+            await up.relay(gone, writable)
+        await up.aclose()
+        assert s.connections == 2  # neither connection went back to the pool
+
+
+async def test_relay_idle_timeout() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await w.drain()
+        w.write(b"3\r\ndef\r\n")
+        await w.drain()
+        await asyncio.sleep(1)
+        return False
+
+    async def writable() -> None:
+        return None
+
+    t = Timeouts(connect=1.0, first_byte=0.5, idle=0.2, total=5.0)
+    async with Server(script) as s, forwarder() as f:
+        up = await f.open(s.cand, "/v1/chat/completions", b"{}", t)
+        got: list[bytes] = []
+        with pytest.raises(UpstreamError, match="no data for"):
+            await up.relay(lambda d: got.append(d) is None, writable)
+        await up.aclose()
+        assert b"".join(got) == b"abcdef"
+
+
+async def test_fast_front_relays_a_stream_to_a_slow_client_and_reports_a_cut() -> None:
+    """End to end through FastFront: a big stream to a client that reads slowly arrives
+    intact; a stream the node cuts ends with an error event and a proper chunked end."""
+    from llmfabric.ingress.fast_front import FastFront
+
+    big = sse_stream(2000, 4000)  # 8 MB: more than the kernel's socket buffers hold
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        if b"cut" in body:
+            w.write(chunked(*sse_stream(2))[:-5])
+            await w.drain()
+            return False
+        w.write(chunked(*big, b"data: [DONE]\n\n"))
+        await w.drain()
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        ing = Ingress(IngressConfig(auth_enabled=False, max_retries=0, timeouts=FAST),
+                      StaticCandidateSource([s.cand]), f)
+        front = FastFront(ing)
+        port = await front.start("127.0.0.1", 0)
+        try:
+            for model in (b"ok", b"cut"):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # (no autotuning)
+                sock.connect(("127.0.0.1", port))
+                r, w = await asyncio.open_connection(sock=sock)
+                body = b'{"model":"m","stream":true,"x":"%b"}' % model
+                w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d"
+                        b"\r\n\r\n%b" % (len(body), body))
+                head = await r.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head
+                await asyncio.sleep(0.2)  # not reading: the ingress's buffers fill up
+                data = bytearray()
+                n = 0
+                while True:  # de-chunk, slowly
+                    size = int((await r.readuntil(b"\r\n"))[:-2], 16)
+                    chunk = await r.readexactly(size + 2)
+                    if size == 0:
+                        break
+                    data += chunk[:-2]
+                    n += 1
+                    if model == b"ok" and n % 200 == 0:
+                        await asyncio.sleep(0.01)
+                w.close()
+                if model == b"ok":
+                    assert bytes(data) == b"".join(big) + b"data: [DONE]\n\n"
+                else:
+                    assert bytes(data).startswith(b"".join(sse_stream(2))[:40])
+                    assert b"upstream_failed" in data and b"failed mid-stream" in data
+        finally:
+            await front.aclose()

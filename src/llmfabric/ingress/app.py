@@ -461,14 +461,32 @@ class Ingress:
             out = scanner.feed(first) if scanner is not None else first
             if out:
                 await sink.write(out)
+            relay = getattr(up, "relay", None)
+            write_now = getattr(sink, "write_now", None)
             try:
                 async with asyncio.timeout(t.total):
-                    async for data in it:
+                    if relay is not None and write_now is not None:
+                        # Bytes go from the node's socket callback straight to the client.
+                        close_it = getattr(it, "aclose", None)
+                        if close_it is not None:
+                            await close_it()  # (finalized now, not by the loop's GC hook)
                         if scanner is not None:
-                            data = scanner.feed(data)
-                            if not data:
-                                continue
-                        await sink.write(data)
+                            feed = scanner.feed
+
+                            def push(data: bytes) -> bool:
+                                out = feed(data)
+                                return write_now(out) if out else True
+
+                            await relay(push, sink.wait_writable)  # type: ignore[attr-defined]
+                        else:
+                            await relay(write_now, sink.wait_writable)  # type: ignore[attr-defined]
+                    else:
+                        async for data in it:
+                            if scanner is not None:
+                                data = scanner.feed(data)
+                                if not data:
+                                    continue
+                            await sink.write(data)
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
                 failed = e
                 msg = f"node {cand.session_id} failed mid-stream: {e!r}"

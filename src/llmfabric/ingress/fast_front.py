@@ -429,6 +429,19 @@ class _Sink:
         if self.conn.write_paused:
             await self.conn.wait_writable()
 
+    def write_now(self, data: bytes) -> bool:
+        """Write without waiting; False when the client's buffer is over its high-water mark
+        (then await `wait_writable()` before writing more)."""
+        t = self._transport()
+        if self.chunked:
+            t.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            t.write(data)
+        return not self.conn.write_paused
+
+    async def wait_writable(self) -> None:
+        await self.conn.wait_writable()
+
     async def end(self) -> None:
         t = self._transport()
         if self.chunked:

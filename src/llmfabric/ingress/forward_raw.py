@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import socket
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import cast
 
 import httptools
@@ -62,6 +62,12 @@ class _UpConn(asyncio.Protocol):
         self.queued = 0
         self.error: UpstreamError | None = None
         self.any_body = False
+        # Relay mode (RawUpstream.relay): body bytes go to `push` inside on_body.
+        self.push: Callable[[bytes], bool] | None = None
+        self.push_error: BaseException | None = None
+        self.blocked = False  # push said the client is full: reading paused, bytes queue
+        self.idle = 0.0
+        self.total_deadline = 0.0
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -83,7 +89,10 @@ class _UpConn(asyncio.Protocol):
             self.reusable = False
             self.error = UpstreamError(f"malformed response from the node: {e}")
             self.close()
-        self._wake()
+        if self.push is None or self.blocked or self.complete or self.error is not None:
+            self._wake()  # (in relay mode plain body bytes need no wake-up)
+        elif self.push_error is not None:
+            self._wake()
         if self.queued > _HIGH_WATER and not self.reading_paused and self.transport:
             self.reading_paused = True
             self.transport.pause_reading()
@@ -131,10 +140,25 @@ class _UpConn(asyncio.Protocol):
         self.head_done = True
 
     def on_body(self, body: bytes) -> None:
-        if self.messages == 1:
-            self.body.append(body)
-            self.queued += len(body)
-            self.any_body = True
+        if self.messages != 1:
+            return
+        self.any_body = True
+        push = self.push
+        if push is not None and not self.blocked and self.push_error is None:
+            self.deadline = min(self.loop.time() + self.idle, self.total_deadline)
+            try:
+                if push(body):
+                    return
+            except BaseException as e:  # the client is gone (or a bug): the relay raises it
+                self.push_error = e
+                return
+            self.blocked = True  # the client's buffer is full: stop reading from the node
+            if not self.reading_paused and self.transport is not None:
+                self.reading_paused = True
+                self.transport.pause_reading()
+            return
+        self.body.append(body)
+        self.queued += len(body)
 
     def on_message_complete(self) -> None:
         if self.messages == 1:
@@ -174,6 +198,11 @@ class _UpConn(asyncio.Protocol):
             w.set_exception(_Timeout())
         else:
             self.timer = self.loop.call_at(self.deadline, self._on_timer)
+
+    def resume(self) -> None:
+        if self.reading_paused and self.queued <= _LOW_WATER and self.transport is not None:
+            self.reading_paused = False
+            self.transport.resume_reading()
 
     def take(self) -> bytes:
         data = self.body.popleft()
@@ -248,6 +277,57 @@ class RawUpstream:
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._iter()
+
+    async def relay(
+        self, push: Callable[[bytes], bool], writable: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Hand the rest of the body to `push` as it arrives, from the protocol callback
+        itself (no task wake-up per chunk). `push` returns False when the client's buffer is
+        full: reading from the node then pauses until `writable()` returns. Raises
+        UpstreamError (node failure or timeout) or what `push`/`writable` raised."""
+        conn = self._conn
+        if conn is None:
+            return
+        conn.idle = self._idle
+        conn.total_deadline = self._deadline
+        conn.blocked = False
+        while conn.body:  # what was already queued
+            if not push(conn.take()):
+                await writable()
+        conn.deadline = min(conn.loop.time() + self._idle, self._deadline)
+        conn.push = push
+        try:
+            while True:
+                if conn.push_error is not None:
+                    raise conn.push_error
+                if conn.blocked:
+                    await writable()
+                    conn.blocked = False
+                    while conn.body:  # bytes that arrived while the client was full
+                        if not push(conn.take()):
+                            conn.blocked = True
+                            break
+                    if not conn.blocked:
+                        conn.deadline = min(conn.loop.time() + self._idle, self._deadline)
+                        conn.resume()
+                    continue
+                if conn.error is not None:
+                    raise conn.error
+                if conn.complete:
+                    return
+                if conn.lost:
+                    raise UpstreamError("the node closed the connection mid-response")
+                try:
+                    await conn.wait(conn.deadline)
+                except _Timeout:
+                    conn.reusable = False
+                    conn.close()
+                    what = (f"timed out after {self._timeouts.total} s"
+                            if conn.loop.time() + 0.001 >= self._deadline
+                            else f"no data for {self._idle} s")
+                    raise UpstreamError(f"the node sent {what}") from None
+        finally:
+            conn.push = None
 
     async def _iter(self) -> AsyncIterator[bytes]:
         conn = self._conn
