@@ -3,13 +3,14 @@
 No GPU needed, no wall clock, no I/O except reading spec/trace files you name.
 
 Files -> concepts
-- hardware.py     GPUSpec table (dense FLOP/s per dtype, HBM, interconnect, price), forgiving
-                  name lookup `get_gpu`, user GPUs from YAML `load_gpus_yaml`.
+- hardware.py     GPUSpec table (dense FLOP/s per dtype, HBM, L2, SMs, interconnect, price),
+                  forgiving name lookup `get_gpu`, user GPUs from YAML `load_gpus_yaml`.
 - models.py       ModelSpec presets and Hugging Face config.json parsing (`get_model`).
 - operators.py    per-layer FLOPs/bytes of every operator (LLM-Viewer style), per GPU under TP.
 - calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements.
 - costs.py        roofline step costs, tabulated per deployment: `prefill_time`,
-                  `decode_step_time`, `cost_model` -> StepCostModel.
+                  `decode_step_time`, `cost_model` -> StepCostModel (decode attention wave
+                  latency W(B); warm-L2 reads only for predicting microbenchmarks).
 - parallel.py     alpha-beta links, ring all-reduce, KV transfer, `Deployment` (pipeline stages
                   of (GPU, TP, layers), non-uniform splits for mixed GPUs).
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
