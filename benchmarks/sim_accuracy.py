@@ -378,6 +378,9 @@ class Predictor:
         self.attn_kernels = np.array([r.attn_kernels for r in rows])
         self.steps = np.array([r.steps for r in rows])
         self.waves = np.array([r.waves for r in rows])
+        # rows whose decode kernel does not split the KV (multi-head shards): one kernel
+        self.nosplit = np.array([any(getattr(op, "serial_bytes", 0.0) > 0 for op, _ in r.ops)
+                                 for r in rows], dtype=bool)
         self.measured = np.array([r.measured_s for r in rows])
         # every measurement repeats its kernel/layer: reads are L2-resident when they fit
         self.op_waves = np.array([rows[i].waves for i in idx])
@@ -395,9 +398,12 @@ class Predictor:
             mem_t = np.maximum(mem_t, self.qs * (1.0 + self.op_waves) / eff.decode_cta_bw)
         op_t = roofline(flops / peak, mem_t, eff.roofline_p)
         total = np.bincount(self.idx, weights=op_t * self.mult, minlength=len(self.rows))
-        return (total + self.kernels * eff.kernel_overhead_s
-                + self.attn_kernels * eff.attention_overhead_s
-                + self.waves * eff.decode_wave_s + self.steps * eff.step_overhead_s)
+        attn_overhead: np.ndarray = np.where(self.nosplit & (eff.decode_cta_bw > 0),
+                                             eff.nosplit_overhead_s(), eff.attention_overhead_s)
+        out: np.ndarray = (total + self.kernels * eff.kernel_overhead_s
+                           + self.attn_kernels * attn_overhead
+                           + self.waves * eff.decode_wave_s + self.steps * eff.step_overhead_s)
+        return out
 
     def mape(self, eff: Efficiency, mask: np.ndarray | None = None) -> float:
         err = np.abs(self.predict(eff) / self.measured - 1)
@@ -416,6 +422,7 @@ GRID = {
     "decode_cta_bw": np.concatenate([[0.0], np.geomspace(5e9, 2e11, 81)]),
     "l2_speedup": np.linspace(1.0, 4.0, 61),
     "decode_wave_s": np.linspace(0.0, 1e-5, 41),
+    "decode_nosplit_overhead_s": np.linspace(0.0, 3e-5, 61),
 }
 
 

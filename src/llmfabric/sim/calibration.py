@@ -24,6 +24,9 @@ so decode stretches keep their closed form (it joins the per-step constant).
 `l2_speedup`: reads whose working set is still resident in L2 from the previous repetition of a
 MICROBENCHMARK run this many times faster than HBM (`costs.memory_bandwidth`); used only to
 predict such measurements (the serving engine's reads are cold).
+`decode_nosplit_overhead_s`: a split-KV decode kernel is followed by a combine kernel that merges
+the partial softmax results; a non-split kernel (above) is a single kernel, so its fixed latency
+is lower than `attention_overhead_s` (A100 kernel data: ~11 us vs ~18.7 us at 2+ sequences).
 
 The per-GPU rows below were fitted by `benchmarks/sim_accuracy.py --fit` on HALF of the measured
 rows (even row index of the measurement table) and are reported on ALL rows; see
@@ -58,6 +61,9 @@ class Efficiency:
     decode_cta_bw: float = 0.0  # MHA decode without split-KV: bytes/s of one block; 0 = splits
     l2_speedup: float = 1.0  # warm-cache reads: memory time / this when the data is L2-resident
     decode_wave_s: float = 0.0  # decode attention: seconds per thread-block wave beyond the first
+    # fixed latency of a decode attention kernel that does NOT split the KV (no combine kernel);
+    # None: the same as attention_overhead_s
+    decode_nosplit_overhead_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("compute", "memory", "vector", "attention"):
@@ -70,12 +76,21 @@ class Efficiency:
             raise SpecError("roofline_p must be >= 0 (0 means max)")
         if self.decode_cta_bw < 0:
             raise SpecError("decode_cta_bw must be >= 0 bytes/s (0: the kernel splits the KV)")
+        if self.decode_nosplit_overhead_s is not None and self.decode_nosplit_overhead_s < 0:
+            raise SpecError("decode_nosplit_overhead_s must be >= 0 seconds (or None)")
         if self.decode_wave_s < 0:
             raise SpecError("decode_wave_s must be >= 0 seconds")
         if self.l2_speedup < 1:
             raise SpecError("l2_speedup must be >= 1 (1: an L2-resident read is no faster)")
         if self.attention_key_floor < 0 or self.decode_key_floor < 0:
             raise SpecError("attention_key_floor and decode_key_floor must be >= 0 tokens")
+
+
+    def nosplit_overhead_s(self) -> float:
+        """Fixed latency of a non-split decode attention kernel (see decode_cta_bw)."""
+        if self.decode_nosplit_overhead_s is None:
+            return self.attention_overhead_s
+        return self.decode_nosplit_overhead_s
 
 
 T = TypeVar("T", float, npt.NDArray[np.float64])
@@ -95,14 +110,16 @@ DEFAULT_EFFICIENCY = Efficiency()
 # other factors as shipped); `l2_speedup` and `decode_wave_s` were fitted together afterwards
 # (`--fit --fit-params decode_wave_s,l2_speedup`) and kept where they improved the HOLDOUT half:
 # on H100 only (A100's fitted 1.75 us per wave made its holdout decode rows worse, see
-# docs/simulator.md); see docs/simulator.md for the protocol and the resulting errors.
+# docs/simulator.md). Last, `decode_nosplit_overhead_s` and `decode_cta_bw` were refitted together
+# (`--fit --fit-params decode_nosplit_overhead_s,decode_cta_bw`; A100 only, as only it runs
+# non-split kernels); see docs/simulator.md for the protocol and the resulting errors.
 # `vector` is an effective factor for elementwise kernels (the profiled norms/activations are
 # unfused PyTorch kernels), not a hardware utilisation. Keys are GPUSpec names.
 CALIBRATED: dict[str, Efficiency] = {
     "A100-80GB": Efficiency(compute=0.74, memory=0.76, vector=0.0355, attention=0.58,
                             kernel_overhead_s=4.5e-6, attention_overhead_s=1.75e-5,
                             attention_key_floor=208.0, roofline_p=3.0,
-                            decode_cta_bw=2.63e10),
+                            decode_cta_bw=2.187e10, decode_nosplit_overhead_s=8.5e-6),
     "H100-SXM": Efficiency(compute=0.74, memory=0.86, vector=0.0158, attention=0.66,
                            kernel_overhead_s=4.0e-6, attention_overhead_s=1.2e-5,
                            attention_key_floor=416.0, roofline_p=4.0,
@@ -111,7 +128,8 @@ CALIBRATED: dict[str, Efficiency] = {
     # copied from the A100 row (same Ampere generation, same FlashAttention-2 decode kernel).
     "A40": Efficiency(compute=0.76, memory=0.76, vector=0.01, attention=0.58,
                       kernel_overhead_s=3.0e-6, attention_overhead_s=1.75e-5,
-                      attention_key_floor=208.0, roofline_p=3.0, decode_cta_bw=2.63e10),
+                      attention_key_floor=208.0, roofline_p=3.0, decode_cta_bw=2.187e10,
+                      decode_nosplit_overhead_s=8.5e-6),
 }
 
 # GPUs without measurements borrow the row of a measured GPU of the same architecture.

@@ -92,7 +92,9 @@ def attention_time(ops: tuple[OpCost, ...], gpu: GPUSpec, eff: Efficiency,
     memory = moved / memory_bandwidth(gpu, eff, ws, warm_l2)
     if eff.decode_cta_bw > 0 and serial_bytes > 0:  # each wave of blocks streams in turn
         memory = max(memory, serial_bytes * (1 + extra_waves) / eff.decode_cta_bw)
-    return (float(roofline(compute, memory, eff.roofline_p)) + eff.attention_overhead_s
+    nosplit = eff.decode_cta_bw > 0 and serial_bytes > 0
+    overhead = eff.nosplit_overhead_s() if nosplit else eff.attention_overhead_s
+    return (float(roofline(compute, memory, eff.roofline_p)) + overhead
             + eff.decode_wave_s * extra_waves)
 
 
@@ -153,6 +155,9 @@ class StepCostModel:
         default_factory=lambda: np.zeros(0))
     # W(B): decode attention wave latency of B decoding sequences, all layers (index B)
     decode_wave_by_batch: FloatArray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    # decode-only steps of non-split kernels: their fixed latency minus the attention overhead
+    # that `lin` carries for every step (all layers; <= 0)
+    decode_overhead_adjust_s: float = 0.0
 
     def decode_context_coeff(self, batch: int) -> float:
         """Seconds per cached token of a decode step with `batch` sequences (G(B))."""
@@ -202,7 +207,8 @@ class StepCostModel:
             return 0.0
         return (self.linear_time(batch) + self.head_time(batch)
                 + self.decode_per_sequence * batch + self.decode_wave_time(batch)
-                + self.decode_context_coeff(batch) * total_context + self.step_overhead_s)
+                + self.decode_context_coeff(batch) * total_context + self.step_overhead_s
+                + self.decode_overhead_adjust_s)
 
     def prefill_time(self, prompt_lens: list[int] | tuple[int, ...]) -> float:
         """One prefill-only iteration over whole prompts (no cached prefix)."""
@@ -222,6 +228,8 @@ class StepCostModel:
         if m <= 0:
             return 0.0
         attn = sum(self.attention_prefill_time(c, p) for c, p in chunks)
+        if not chunks:  # decode only: the decode kernel's own fixed latency
+            attn += self.decode_overhead_adjust_s
         return (self.linear_time(m) + self.head_time(n_decode + n_sampled) + attn
                 + self.decode_per_sequence * n_decode + self.decode_wave_time(n_decode)
                 + self.decode_context_coeff(n_decode) * decode_context + self.step_overhead_s)
@@ -314,8 +322,11 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
     step_overhead = max(st.eff.step_overhead_s for st in stages)
     g_by_batch[0] = 0.0
     waves = np.array([_wave_time(model, stages, int(b)) for b in batches])
+    adjust = sum(st.n_layers * (st.eff.nosplit_overhead_s() - st.eff.attention_overhead_s)
+                 for st in stages
+                 if st.eff.decode_cta_bw > 0 and decode_serial_kv_bytes(model, st.tp) > 0)
     return StepCostModel(dep, lin, head, g, q, step_overhead, stages, tuple(coeffs), g_by_batch,
-                         waves)
+                         waves, float(adjust))
 
 
 @functools.lru_cache(maxsize=256)

@@ -110,7 +110,8 @@ class Replica:
         if n <= len(cost.lin):
             dec = cost.lin[:n] + cost.head[:n] + cost.decode_per_sequence * np.arange(n)
             self._dec_a: list[float] = [float(x) + cost.decode_wave_time(b)
-                                        + cost.step_overhead_s for b, x in enumerate(dec)]
+                                        + cost.step_overhead_s + cost.decode_overhead_adjust_s
+                                        for b, x in enumerate(dec)]
         else:
             self._dec_a = [cost.decode_step_time(b, 0.0) for b in range(n)]
         self._g = [cost.decode_context_coeff(b) for b in range(n)]  # G(B)

@@ -120,6 +120,8 @@ def test_shipped_rows() -> None:
     h100, a100 = CALIBRATED["H100-SXM"], CALIBRATED["A100-80GB"]
     assert h100.l2_speedup > 1 and h100.decode_wave_s > 0
     assert a100.l2_speedup == 1.0 and a100.decode_wave_s == 0.0  # did not help its holdout
+    assert a100.nosplit_overhead_s() < a100.attention_overhead_s  # no combine kernel
+    assert h100.decode_nosplit_overhead_s is None  # FlashAttention-3 always splits
     assert get_gpu("H100-SXM").l2_bytes == 50e6 and get_gpu("H100-SXM").sm_count == 132
     assert get_gpu("A100").l2_bytes == 40e6 and get_gpu("A100").sm_count == 108
 
@@ -156,3 +158,51 @@ def test_a_warm_read_is_never_slower_than_a_cold_one(n_bytes: float, speedup: fl
     eff = dataclasses.replace(efficiency_for(g), l2_speedup=speedup)
     op = OpCost("x", 1e6, n_bytes)
     assert op_time(op, g, eff, warm_l2=True) <= op_time(op, g, eff) + 1e-15
+
+
+def test_non_split_kernel_has_its_own_fixed_latency(tiny: ModelSpec, sm_gpu: GPUSpec,
+                                                     ideal: Efficiency) -> None:
+    ops = (OpCost("attn", 0.0, 1.0),)
+    eff = dataclasses.replace(ideal, attention_overhead_s=17e-6, decode_cta_bw=1e10,
+                              decode_nosplit_overhead_s=8e-6)
+    assert eff.nosplit_overhead_s() == 8e-6
+    assert dataclasses.replace(eff, decode_nosplit_overhead_s=None).nosplit_overhead_s() == 17e-6
+    # non-split (serial bytes, block bandwidth on): the single kernel's 8 us
+    assert attention_time(ops, sm_gpu, eff, serial_bytes=1e5) == pytest.approx(10e-6 + 8e-6)
+    # split (no serial bytes): kernel + combine, the 17 us attention overhead
+    assert attention_time(ops, sm_gpu, eff) == pytest.approx(1.0 / 1e9 + 17e-6)
+    with pytest.raises(SpecError, match="decode_nosplit_overhead_s"):
+        Efficiency(decode_nosplit_overhead_s=-1e-6)
+
+
+def test_step_costs_use_the_non_split_latency_for_decode_only(
+        tiny: ModelSpec, sm_gpu: GPUSpec, ideal: Efficiency) -> None:
+    mha = dataclasses.replace(tiny, name="tiny-mha", n_kv_heads=tiny.n_heads)
+    eff = dataclasses.replace(ideal, attention_overhead_s=17e-6, decode_cta_bw=1e10,
+                              decode_nosplit_overhead_s=8e-6)
+    cm = build_cost_model(make_deployment(mha, sm_gpu, 1, 1), eff, table_tokens=64)
+    assert cm.decode_overhead_adjust_s == pytest.approx(2 * (8e-6 - 17e-6))  # 2 layers
+    ref = build_cost_model(make_deployment(mha, sm_gpu, 1, 1),
+                           dataclasses.replace(eff, decode_nosplit_overhead_s=None),
+                           table_tokens=64)
+    assert ref.decode_overhead_adjust_s == 0.0
+    assert cm.decode_step_time(3, 300.0) == pytest.approx(
+        ref.decode_step_time(3, 300.0) - 18e-6)
+    # decode-only chunked step: the same; with a prefill chunk: the varlen kernel's overhead
+    assert cm.mixed_step_time(3, 300.0, [], 0) == pytest.approx(cm.decode_step_time(3, 300.0))
+    assert cm.mixed_step_time(3, 300.0, [(8, 0)], 1) == pytest.approx(
+        ref.mixed_step_time(3, 300.0, [(8, 0)], 1))
+    gqa = build_cost_model(make_deployment(tiny, sm_gpu, 1, 1), eff, table_tokens=64)
+    assert gqa.decode_overhead_adjust_s == 0.0  # grouped queries: the kernel splits
+
+
+def test_engine_stretch_on_a_non_split_gpu() -> None:
+    """A100 (non-split multi-head decode for llama-2-7b): the closed-form stretch still equals
+    the per-step sum with the non-split latency and the per-wave streaming."""
+    batch, prompt, out = 5, 300, 30
+    res = simulate_replica("llama-2-7b", "A100", 1, replay([(0.0, prompt, out)] * batch))
+    cm = cost_model("llama-2-7b", "A100", 1)
+    assert cm.decode_overhead_adjust_s < 0
+    expected = cm.prefill_time([prompt] * batch) + sum(
+        cm.decode_step_time(batch, batch * (prompt + j)) for j in range(out - 1))
+    assert float(res.e2e_s.max()) == pytest.approx(expected, rel=1e-9)
