@@ -490,3 +490,35 @@ async def test_fast_front_relays_a_stream_to_a_slow_client_and_reports_a_cut() -
                     assert b"upstream_failed" in data and b"failed mid-stream" in data
         finally:
             await front.aclose()
+
+
+async def test_fast_front_keep_alive_connection_served_by_one_task_then_idle_closed() -> None:
+    """Requests with pauses between them reuse one client connection (its task waits for the
+    next request); the idle timeout then closes it and nothing is left behind."""
+    from llmfabric.ingress.fast_front import FastFront
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(ok(b'{"n":1}'))
+        return True
+
+    async with Server(script) as s, forwarder() as f:
+        ing = Ingress(IngressConfig(auth_enabled=False, timeouts=FAST),
+                      StaticCandidateSource([s.cand]), f)
+        front = FastFront(ing, idle_timeout_s=0.3)
+        port = await front.start("127.0.0.1", 0)
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            body = b'{"model":"m"}'
+            for _ in range(3):
+                w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+                        % (len(body), body))
+                head = await r.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200") and b"X-Fabric-Node: n1" in head
+                assert await r.readexactly(7) == b'{"n":1}'
+                await asyncio.sleep(0.05)
+            assert len(front._conns) == 1
+            assert await asyncio.wait_for(r.read(), 3) == b""  # closed by the idle timeout
+            w.close()
+            assert not front._conns
+        finally:
+            await front.aclose()

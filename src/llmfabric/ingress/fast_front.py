@@ -140,6 +140,8 @@ class _Connection(asyncio.Protocol):
         self.queue: deque[_Request] = deque()
         self.cur: _Request | None = None
         self.task: asyncio.Task[None] | None = None
+        self.more: asyncio.Future[None] | None = None  # the idle task waits on this
+        self.busy = False  # a request is being served
         self.header_name = b""
         self.parsing = True  # False after a fatal error: further bytes are ignored
         self.reading_paused = False
@@ -163,6 +165,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.front._conns.discard(self)
+        self._wake_runner()
         if self.idle_handle is not None:
             self.idle_handle.cancel()
         self._wake_writer()
@@ -225,7 +228,7 @@ class _Connection(asyncio.Protocol):
             cur.auth = ""
         if cur.size > self.max_body:  # a declared Content-Length over the limit
             self._too_large(cur)
-        elif cur.expect and self.task is None and not self.queue and self.transport:
+        elif cur.expect and not self.busy and not self.queue and self.transport:
             # curl sends this for larger bodies; nothing else is pending, so it cannot
             # interleave with another response.
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -273,13 +276,29 @@ class _Connection(asyncio.Protocol):
         self.queue.append(req)
         if self.task is None:
             self.task = self.loop.create_task(self._run())
+        elif self.more is not None:
+            self._wake_runner()
         elif len(self.queue) >= _MAX_QUEUED and not self.reading_paused and self.transport:
             self.reading_paused = True
             self.transport.pause_reading()
 
+    def _wake_runner(self) -> None:
+        more, self.more = self.more, None
+        if more is not None and not more.done():
+            more.set_result(None)
+
     async def _run(self) -> None:
+        """One task per connection for its whole life: serves queued requests in order,
+        then waits for the next one (cheaper than a task per request)."""
         try:
-            while self.queue and not self.closed:
+            while not self.closed:
+                if not self.queue:
+                    self.busy = False
+                    self.last_active = time.monotonic()
+                    self.more = self.loop.create_future()
+                    await self.more
+                    continue
+                self.busy = True
                 req = self.queue.popleft()
                 if self.reading_paused and len(self.queue) < _MAX_QUEUED // 2:
                     self.reading_paused = False
@@ -294,6 +313,7 @@ class _Connection(asyncio.Protocol):
                 self.transport.abort()
         finally:
             self.task = None
+            self.busy = False
             self.last_active = time.monotonic()
 
     async def _serve(self, req: _Request) -> bool:
@@ -391,7 +411,7 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             return
         idle_for = time.monotonic() - self.last_active
-        if self.task is None and not self.queue and idle_for >= self.front.idle_timeout_s:
+        if not self.busy and not self.queue and idle_for >= self.front.idle_timeout_s:
             self._close()
             return
         self._arm_idle()
