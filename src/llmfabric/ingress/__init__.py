@@ -12,7 +12,9 @@ Files:
 - protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
 - forward_raw.py: `RawHttpForwarder` = `HttpForwarder`, the default direct forwarder (lean
-  HTTP/1.1 client, pooled keep-alive connections, TCP_NODELAY).
+  HTTP/1.1 client: asyncio.Protocol + httptools per pooled keep-alive connection,
+  TCP_NODELAY, every `Timeouts` phase enforced with one timer per connection,
+  `RawUpstream.relay(push, writable)` for streams relayed from the socket callback).
 - forward_http.py: `AiohttpForwarder` (aiohttp client) and `FORWARD_PREFIX`.
 - forward_peer.py: `PeerForwarder` (peer request API, relays) and `ChoosingForwarder`.
 - engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
@@ -22,7 +24,8 @@ Files:
   `StaticKeys` for tests/benchmarks.
 - demand.py: `DemandMeter`, the per-model request rate and mean token lengths this ingress
   observes over a sliding window (published in the node's record for the fleet controller).
-- metrics.py: `IngressMetrics` (own CollectorRegistry) and `metrics_handler`.
+- metrics.py: `IngressMetrics` (plain counters, collected into its own CollectorRegistry)
+  and `metrics_handler`.
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
   OpenAI error bodies.
 """
