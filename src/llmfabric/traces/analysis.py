@@ -90,6 +90,24 @@ def auto_bin(span_s: float, max_bins: int = 100) -> float:
     return _AUTO_BINS[-1]
 
 
+def _timeline(
+    minute_tokens: dict[int, int], first_minute: int, mean_tpm: float
+) -> list[tuple[float, float]]:
+    """(hours since first_minute, TPM / mean TPM) for the active minutes, with a 0 point at
+    each edge of an idle gap so a line drawn through the points drops to 0 while idle
+    (and the series stays at most three times the active minutes long)."""
+    points: list[tuple[float, float]] = []
+    prev: int | None = None
+    for m, tok in sorted(minute_tokens.items()):
+        if prev is not None and m - prev > 1:
+            points.append(((prev + 1 - first_minute) / 60.0, 0.0))
+            if m - prev > 2:
+                points.append(((m - 1 - first_minute) / 60.0, 0.0))
+        points.append(((m - first_minute) / 60.0, tok / mean_tpm))
+        prev = m
+    return points
+
+
 def _rebin(per_minute: dict[int, list[int]], bin_s: float) -> dict[int, list[int]]:
     out: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for minute, (a, b) in per_minute.items():
@@ -223,10 +241,7 @@ class TraceAnalyzer:
             rpeak = max(s.minute_requests.values()) / mean_rpm
             first_minute = min(s.minute_tokens)
             if name in by_requests[: self.timeline_models] and mean_tpm > 0:
-                timelines[name] = [
-                    ((m - first_minute) / 60.0, tok / mean_tpm)
-                    for m, tok in sorted(s.minute_tokens.items())
-                ]
+                timelines[name] = _timeline(s.minute_tokens, first_minute, mean_tpm)
             reuse = s.reused_tokens / s.hashed_tokens if s.hashed_tokens else None
             lat = percentiles(s.latencies) if len(s.latencies) else None
             models[name] = {

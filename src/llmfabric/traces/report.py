@@ -1,10 +1,11 @@
 """`analyze_trace`: run the characterization over a file and write DIR/ (PNGs, JSON, report.md).
 
 Files written:
-- `summary.json`: `{"trace": {...}, "models": {MODEL: {"requests", "input_tokens": {"p50",
-  "p95", "p99"}, "output_tokens": {...}, "burstiness_peak", "prefix_reuse_ratio", ...}}}`
-  (null where the trace lacks the data: no hash ids -> prefix_reuse_ratio null, no latency ->
-  latency_s null);
+- `summary.json`: one entry per model, `{MODEL: {"requests", "input_tokens": {"p50", "p95",
+  "p99"}, "output_tokens": {...}, "burstiness_peak", "prefix_reuse_ratio", ...}}` (null where
+  the trace lacks the data: no hash ids -> prefix_reuse_ratio null, no latency -> latency_s
+  null);
+- `trace.json`: the whole trace: records, models, tokens, time bin and reuse history;
 - one PNG + one JSON per figure: tiers, burstiness, burstiness_timeline, lengths,
   output_ratio, prefix_reuse (when hash ids exist), latency (when latencies exist);
 - `report.md` linking them with the headline numbers.
@@ -61,7 +62,8 @@ def analyze_trace(
     for batch in iter_batches(path, fmt, model=model, chunk_rows=chunk_rows, progress=progress):
         analyzer.add(batch)
     ch = analyzer.finish()
-    _write_json(out / "summary.json", {"trace": ch.trace, "models": ch.models})
+    _write_json(out / "summary.json", ch.models)
+    _write_json(out / "trace.json", ch.trace)
     figures: list[tuple[str, str, Any]] = [
         ("tiers", "Token usage per model, ranked (tiers of the power law)", ch.tiers),
         (
@@ -164,7 +166,8 @@ def _markdown(
         f"# Workload characterization of `{source}`",
         "",
         f"{ch.trace['records']} requests, {ch.trace['models']} models, "
-        f"{ch.trace['total_tokens']} tokens. Numbers: [summary.json](summary.json).",
+        f"{ch.trace['total_tokens']} tokens. Numbers per model: [summary.json](summary.json); "
+        "the whole trace: [trace.json](trace.json).",
         "",
         "| model | tier | requests | input p50/p95/p99 | output p50/p95/p99 | burstiness peak "
         "| prefix reuse |",

@@ -39,6 +39,11 @@ def test_hand_numbers_in_every_container(
     assert a["burstiness_peak"] == pytest.approx(120 / (256 / 3))
     assert a["request_burstiness_peak"] == pytest.approx(2 / (4 / 3))
     assert b["burstiness_peak"] == pytest.approx(1.0)
+    # a's timeline (hours): minutes 0, 1 and 3 active; idle minute 2 drops to 0
+    mean = 256 / 3
+    assert _flat(ch.burstiness_timelines["a"]) == pytest.approx(
+        [0.0, 120 / mean, 1 / 60, 36 / mean, 2 / 60, 0.0, 3 / 60, 100 / mean]
+    )
     # reuse: r1 0/20, r2 16/40 (block 1), r3 32/36 (blocks 1, 3) -> 48/96
     assert a["prefix_reuse_ratio"] == pytest.approx(0.5)
     assert b["prefix_reuse_ratio"] is None
@@ -66,6 +71,15 @@ def test_reuse_over_lifetime_series(native_trace: Callable[[str], Path]) -> None
     assert _flat(ch.prefix_reuse["a"]) == pytest.approx([0.0, 16 / 60, 60.0, 32 / 36])
 
 
+def test_timeline_drops_to_zero_at_both_edges_of_a_long_gap() -> None:
+    from llmfabric.traces.analysis import _timeline
+
+    # active minutes 10 and 20: zeros at minute 11 and minute 19 only
+    assert _flat(_timeline({10: 50, 20: 150}, 10, 100.0)) == pytest.approx(
+        [0.0, 0.5, 1 / 60, 0.0, 9 / 60, 0.0, 10 / 60, 1.5]
+    )
+
+
 def test_auto_bin_keeps_at_most_100_bins() -> None:
     assert auto_bin(3_000) == 60.0
     assert auto_bin(100 * 60 + 1) == 300.0
@@ -80,7 +94,8 @@ def test_analyze_trace_writes_summary_figures_and_report(
     out = tmp_path / "out"
     analyze_trace(native_trace("jsonl"), out)
     summary = json.loads((out / "summary.json").read_text())
-    a = summary["models"]["a"]
+    assert set(summary) == {"a", "b-thinking"}  # one entry per model, nothing else
+    a = summary["a"]
     for key in (
         "requests",
         "input_tokens",
@@ -90,7 +105,7 @@ def test_analyze_trace_writes_summary_figures_and_report(
     ):
         assert key in a
     assert set(a["input_tokens"]) == {"p50", "p95", "p99"}
-    assert summary["models"]["b-thinking"]["prefix_reuse_ratio"] is None
+    assert summary["b-thinking"]["prefix_reuse_ratio"] is None
     report = (out / "report.md").read_text()
     for fig in (
         "tiers",
@@ -116,7 +131,7 @@ def test_trace_without_hashes_or_latency_reports_null(tmp_path: Path) -> None:
     out = tmp_path / "out"
     analyze_trace(path, out, plots_enabled=False)
     summary = json.loads((out / "summary.json").read_text())
-    model = summary["models"]["azure_conv"]
+    model = summary["azure_conv"]
     assert model["requests"] == 2
     assert model["prefix_reuse_ratio"] is None and model["latency_s"] is None
     assert model["input_tokens"]["p50"] == pytest.approx(385.0)

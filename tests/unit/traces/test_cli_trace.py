@@ -30,8 +30,8 @@ def test_trace_analyze_command(native_trace: Callable[[str], Path], tmp_path: Pa
     assert result.exit_code == 0, result.output
     assert "6 requests, 2 models" in result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["models"]["a"]["prefix_reuse_ratio"] == 0.5
-    assert summary["trace"]["bin_s"] == 60.0
+    assert summary["a"]["prefix_reuse_ratio"] == 0.5
+    assert json.loads((out / "trace.json").read_text())["bin_s"] == 60.0
     assert (out / "report.md").exists() and not (out / "lengths.png").exists()
 
 
