@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmfabric.registry.records import Hardware
+from llmfabric.routing.gpus import catalog_name
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +93,21 @@ def gpus_from_nvml() -> list[GpuInfo]:
 
 
 def normalize_gpu_name(name: str) -> tuple[str, str]:
-    """(catalog name, interconnect) for a driver-reported name; unknown names pass through."""
+    """(catalog name, interconnect) for a driver-reported name; unknown names pass through.
+
+    Only exact catalog names and aliases count (case, spaces, dashes and a vendor prefix
+    ignored; routing.gpus does the same): no prefix guessing, so "NVIDIA H20" stays "H20"
+    instead of becoming the catalog's H200.
+    """
     raw = name.strip()
     short = raw.removeprefix("NVIDIA ").strip()
-    try:
+    catalog = catalog_name(raw)
+    if catalog is not None:
         from llmfabric.sim.hardware import get_gpu
 
-        for candidate in (raw, short, short.replace(" ", "-")):
-            try:
-                spec = get_gpu(candidate)
-                return spec.name, spec.interconnect
-            except Exception:
-                continue
-    except ImportError:
-        pass
+        return catalog, get_gpu(catalog).interconnect
+    log.warning("GPU %r is not in llmfabric's GPU catalog; published as %r", raw,
+                short.replace(" ", "-"))
     return short.replace(" ", "-"), "pcie"
 
 

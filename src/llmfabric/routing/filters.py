@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.gpus import gpu_matches
 from llmfabric.routing.request import RouteRequest
 
 
@@ -15,13 +16,9 @@ def trust_filter(candidates: Sequence[Candidate], allow: frozenset[str] | None) 
     return [c for c in candidates if c.provider_id in allow]
 
 
-def gpu_matches(gpu_model: str, wanted: tuple[str, ...]) -> bool:
-    g = gpu_model.lower()
-    return any(w.lower() in g for w in wanted)
-
-
 def qos_filter(candidates: Sequence[Candidate], req: RouteRequest) -> list[Candidate]:
-    """Apply `min_quant_bits`, `gpu` and `min_context` constraints."""
+    """Apply `min_quant_bits`, `gpu` (routing.gpus: exact catalog name or family token, never a
+    substring) and `min_context` constraints."""
     out = list(candidates)
     if req.min_quant_bits is not None:
         bits = req.min_quant_bits

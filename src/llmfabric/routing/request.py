@@ -21,7 +21,7 @@ class RouteRequest:
     model: str
     providers: frozenset[str] | None = None  # None: any provider; else the allowlist
     min_quant_bits: int | None = None
-    gpus: tuple[str, ...] = ()  # accepted GPU classes (case-insensitive substrings)
+    gpus: tuple[str, ...] = ()  # accepted GPUs: catalog names/aliases or family tokens
     min_context: int | None = None
     prefix: str = ""  # prompt prefix, for prefix-affinity routing
     stream: bool = False
