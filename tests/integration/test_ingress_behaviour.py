@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
@@ -29,7 +31,10 @@ from llmfabric.ingress import (
     TraceEvent,
     build_ingress_app,
 )
-from llmfabric.ingress.accounts_auth import AccountsAuth
+from llmfabric.ingress.accounts_auth import AccountsAuth, StaticPrincipal
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.protocols import Principal
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
@@ -213,3 +218,90 @@ async def test_pooled_connections_closed_by_the_node_are_replaced() -> None:
             await c.close()
     finally:
         await runner.cleanup()
+
+
+class _OneKeyLimited:
+    """Authenticator: "sk-ok" passes, "sk-limited" is always over its rate limit."""
+
+    async def authenticate(self, token: str) -> StaticPrincipal | None:
+        return StaticPrincipal(token) if token in ("sk-ok", "sk-limited") else None
+
+    def check_rate(self, principal: Principal) -> float | None:
+        return 7.0 if principal.id == "sk-limited" else None
+
+
+def _counts(text: str, family: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(sorted(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) if fam.name == family
+            for s in fam.samples if s.name == family + "_total"}
+
+
+@pytest.mark.parametrize("server", ["aiohttp", "fast"])
+async def test_every_answered_request_is_counted_in_metrics(server: str) -> None:
+    backend_port, dead = free_port(), free_port()
+    b = await serve(Backend("A").app(), backend_port)
+    source = StaticCandidateSource([cand("n1", backend_port), cand("nd", dead, "gone")])
+    config = IngressConfig(max_body_bytes=4096, max_retries=0)
+    front: FastFront | None = None
+    runner: web.AppRunner | None = None
+    if server == "fast":
+        front = FastFront(Ingress(config, source, HttpForwarder(), auth=_OneKeyLimited()))
+        port = await front.start("127.0.0.1", 0)
+    else:
+        port = free_port()
+        runner = await serve(build_ingress_app(config, source, HttpForwarder(),
+                                               auth=_OneKeyLimited()), port)
+    url = f"http://127.0.0.1:{port}"
+    ok = {"Authorization": "Bearer sk-ok"}
+    chat = url + "/v1/chat/completions"
+    sent: list[tuple[dict[str, str], bytes]] = [
+        (ok, b'{"model": "m", "messages": []}'),                        # 200
+        ({}, b'{"model": "m"}'),                                         # 401 no key
+        ({"Authorization": "Bearer nope"}, b'{"model": "m"}'),           # 401 bad key
+        ({"Authorization": "Bearer sk-limited"}, b'{"model": "m"}'),     # 429
+        (ok, b"{not json"),                                              # 400 invalid_json
+        (ok, b'{"messages": []}'),                                       # 400 missing_model
+        (ok, b'{"model": "m", "metadata": {"min_context": "x"}}'),     # 400 constraint
+        (ok, b'{"model": "m", "x": "' + b"y" * 5000 + b'"}'),           # 400 too large
+        (ok, b'{"model": "nope"}'),                                      # 404
+        (ok, b'{"model": "m", "metadata": {"gpu": "B200"}}'),           # 503 filtered
+        (ok, b'{"model": "gone"}'),                                      # 502
+    ]
+    statuses = []
+    try:
+        async with aiohttp.ClientSession() as s:
+            for headers, body in sent:
+                async with s.post(chat, data=body, headers=headers) as r:
+                    await r.read()
+                    statuses.append(r.status)
+            async with s.get(url + "/metrics") as r:
+                text = await r.text()
+    finally:
+        if front is not None:
+            await front.aclose()
+        if runner is not None:
+            await runner.cleanup()
+        await b.cleanup()
+    assert statuses == [200, 401, 401, 429, 400, 400, 400, 400, 404, 503, 502]
+    req = _counts(text, "llmfabric_ingress_requests")
+    assert sum(req.values()) == len(sent)
+    assert req[(("model", "m"), ("status", "200"))] == 1
+    assert req[(("model", ""), ("status", "401"))] == 2
+    assert req[(("model", ""), ("status", "429"))] == 1
+    assert req[(("model", ""), ("status", "400"))] == 3  # refused before a model was known
+    assert req[(("model", "m"), ("status", "400"))] == 1
+    assert req[(("model", "nope"), ("status", "404"))] == 1
+    assert req[(("model", "m"), ("status", "503"))] == 1
+    assert req[(("model", "gone"), ("status", "502"))] == 1
+    errs = _counts(text, "llmfabric_ingress_errors")
+    assert errs == {
+        (("code", "invalid_api_key"), ("status", "401")): 2,
+        (("code", "rate_limit_exceeded"), ("status", "429")): 1,
+        (("code", "invalid_json"), ("status", "400")): 1,
+        (("code", "missing_model"), ("status", "400")): 1,
+        (("code", "invalid_constraint"), ("status", "400")): 1,
+        (("code", "request_too_large"), ("status", "400")): 1,
+        (("code", "model_not_found"), ("status", "404")): 1,
+        (("code", "filtered"), ("status", "503")): 1,
+        (("code", "upstream_failed"), ("status", "502")): 1,
+    }

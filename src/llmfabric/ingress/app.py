@@ -31,6 +31,7 @@ from llmfabric.ingress.protocols import (
     Upstream,
     UsageSink,
 )
+from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.usage import StreamUsageScanner, usage_from_body
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError
@@ -167,30 +168,7 @@ class Ingress:
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
-        entries: dict[str, dict[str, Any]] = {}
-        for c in self.source.all_candidates():
-            e = entries.get(c.model.id)
-            if e is None:
-                e = entries[c.model.id] = {
-                    "id": c.model.id, "object": "model", "created": 0, "owned_by": "llmfabric",
-                    "aliases": set(), "providers": set(), "nodes": [], "gpus": set(),
-                    "quantizations": set(), "max_context": 0,
-                }
-            e["aliases"].update(c.model.aliases)
-            e["providers"].add(c.provider_id)
-            e["nodes"].append(c.session_id)
-            e["gpus"].add(c.hardware.gpu_model)
-            e["quantizations"].add(c.model.quantization)
-            e["max_context"] = max(e["max_context"], c.model.max_context)
-        data = []
-        for mid in sorted(entries):
-            e = entries[mid]
-            for k in ("aliases", "providers", "gpus", "quantizations"):
-                e[k] = sorted(e[k])
-            e["nodes"] = sorted(set(e["nodes"]))
-            e["serving"] = len(e["nodes"])
-            data.append(e)
-        return {"object": "list", "data": data}
+        return merged_catalog(self.source.all_candidates())
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -270,32 +248,35 @@ class Ingress:
         if self.auth is not None:
             who = await self._authenticate(authorization)
             if isinstance(who, Reply):
+                self.metrics.observe_error("", 401, "invalid_api_key")
                 return who
             principal = who
             wait = self.auth.check_rate(principal)
             if wait is not None:
                 secs = max(1, math.ceil(wait))
-                return error_reply(
-                    429, f"rate limit exceeded for this key; retry after {secs} s",
+                return self._refuse(
+                    "", 429, f"rate limit exceeded for this key; retry after {secs} s",
                     "rate_limit_exceeded", headers={"Retry-After": str(secs)},
                 )
         body = body_in if isinstance(body_in, bytes) else await body_in()
         if isinstance(body, Reply):
+            self.metrics.observe_error("", body.status, "request_too_large")
             return body
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            return error_reply(400, f"request body is not valid JSON: {e}", "invalid_json")
+            return self._refuse("", 400, f"request body is not valid JSON: {e}", "invalid_json")
         if not isinstance(doc, dict):
-            return error_reply(400, "request body must be a JSON object", "invalid_json")
+            return self._refuse("", 400, "request body must be a JSON object", "invalid_json")
         model = doc.get("model")
         if not isinstance(model, str) or not model:
-            return error_reply(400, "'model' is required (a string)", "missing_model", "model")
+            return self._refuse("", 400, "'model' is required (a string)", "missing_model",
+                                "model")
         stream = streamable and doc.get("stream") is True
         meta = doc.get("metadata")
         if meta is not None and not isinstance(meta, dict):
-            return error_reply(400, "'metadata' must be an object", "invalid_metadata",
-                                  "metadata")
+            return self._refuse(model, 400, "'metadata' must be an object", "invalid_metadata",
+                                "metadata")
         header = providers
         prefix = self._prefix(doc) if self.policy.needs_prefix else ""
         if meta or header is not None or prefix:
@@ -303,7 +284,7 @@ class Ingress:
                 rreq = route_request(model, providers_header=header, metadata=meta,
                                      prefix=prefix, stream=stream)
             except InvalidConstraintError as e:
-                return error_reply(400, str(e), "invalid_constraint", "metadata")
+                return self._refuse(model, 400, str(e), "invalid_constraint", "metadata")
         else:
             plain = self._plain_requests.get((model, stream))  # (frozen dataclass inits cost)
             if plain is None:
@@ -315,9 +296,8 @@ class Ingress:
         candidates = self.source.candidates(model)
         if not candidates:
             if not self.source.is_known(model):
-                self.metrics.observe_request(model, 404, 0.0)
-                return error_reply(
-                    404, f"the model {model!r} does not exist on this fabric; "
+                return self._refuse(
+                    model, 404, f"the model {model!r} does not exist on this fabric; "
                     "GET /v1/models lists the served models", "model_not_found", "model",
                 )
             return self._no_route(model, NoRoute(NoRouteReason.NO_CANDIDATES, 0, 0))
@@ -377,17 +357,23 @@ class Ingress:
             self._finish(path, model, principal, cand, status, stream, len(tried),
                          t0, started, ttft, usage, doc)
             return resp
-        self.metrics.observe_request(model, 502, _perf() - t0)
         self._trace(path, model, principal, None, 502, stream, len(tried), t0, started, None,
                     None, doc)
-        return error_reply(
-            502, f"all {len(tried)} candidate node(s) for model {model!r} failed"
+        return self._refuse(
+            model, 502, f"all {len(tried)} candidate node(s) for model {model!r} failed"
             f" (last error: {last_error}); retry later", "upstream_failed",
         )
 
     def _no_route(self, model: str, nr: NoRoute) -> Reply:
-        self.metrics.observe_request(model, 503, 0.0)
-        return error_reply(503, nr.message(model), str(nr.reason), headers=self._retry_after)
+        return self._refuse(model, 503, nr.message(model), str(nr.reason),
+                            headers=self._retry_after)
+
+    def _refuse(self, model: str, status: int, message: str, code: str,
+                param: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+        """An error the ingress answers itself, counted by status and code ("" model: refused
+        before the body named one)."""
+        self.metrics.observe_error(model, status, code)
+        return error_reply(status, message, code, param, headers)
 
     async def _attempt_once(
         self, cand: Candidate, path: str, body: bytes

@@ -21,6 +21,7 @@ from collections import deque
 from typing import cast
 
 import httptools
+import orjson
 
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
@@ -319,6 +320,8 @@ class _Connection(asyncio.Protocol):
     async def _serve(self, req: _Request) -> bool:
         keep = req.keep_alive and not req.close
         if req.error is not None:
+            err = orjson.loads(req.error.body).get("error", {})
+            self.ingress.metrics.observe_error("", req.error.status, str(err.get("code")))
             self._send(req.error, False, head_only=False)
             self._linger_close()
             return True  # (closing already)

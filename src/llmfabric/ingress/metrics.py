@@ -42,6 +42,7 @@ class IngressMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.requests: dict[tuple[str, str], int] = {}  # (model, status) -> count
+        self.errors: dict[tuple[str, str], int] = {}  # (status, code) -> answered by us
         self.retries: dict[str, int] = {}  # model -> attempts retried on another candidate
         self.routed: dict[str, int] = {}  # node -> attempts routed to it
         self.failed_attempts: dict[str, int] = {}  # node -> attempts that failed
@@ -58,6 +59,15 @@ class IngressMetrics:
             if h is None:
                 h = self.e2e[model] = _Hist()
             h.observe(e2e_s)
+
+    def observe_error(self, model: str, status: int, code: str) -> None:
+        """A request the ingress answered with its own error (400/401/404/429/502/503...):
+        counted in requests_total ("" model when refused before the body named one) and by
+        its OpenAI error code in errors_total."""
+        self.observe_request(model, status, 0.0)
+        key = (str(status), code)
+        e = self.errors
+        e[key] = e.get(key, 0) + 1
 
     def observe_ttft(self, model: str, seconds: float) -> None:
         h = self.ttft.get(model)
@@ -84,6 +94,12 @@ class IngressMetrics:
                                 labels=("model", "status"))
         for (model, status), n in sorted(self.requests.items()):
             c.add_metric((model, status), n)
+        yield c
+        c = CounterMetricFamily("llmfabric_ingress_errors",
+                                "Errors the ingress answered itself, by HTTP status and code",
+                                labels=("status", "code"))
+        for (status, code), n in sorted(self.errors.items()):
+            c.add_metric((status, code), n)
         yield c
         for name, doc, hists in (
             ("llmfabric_ingress_e2e_seconds", "End-to-end request latency", self.e2e),

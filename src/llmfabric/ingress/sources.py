@@ -1,8 +1,10 @@
-"""Candidate sources: a static list (standalone ingress, tests) and the registry replica."""
+"""Candidate sources: a static list (standalone ingress, tests) and the registry replica;
+`merged_catalog` turns candidates into the `GET /v1/models` list."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from llmfabric.registry.records import NodeRecord
 from llmfabric.routing.candidates import Candidate, candidates_by_model, model_is_known
@@ -64,3 +66,31 @@ class RecordsCandidateSource:
             for c in bucket:
                 seen.setdefault((c.session_id, c.model.id), c)
         return list(seen.values())
+
+
+def merged_catalog(candidates: Iterable[Candidate]) -> dict[str, Any]:
+    """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
+    entries: dict[str, dict[str, Any]] = {}
+    for c in candidates:
+        e = entries.get(c.model.id)
+        if e is None:
+            e = entries[c.model.id] = {
+                "id": c.model.id, "object": "model", "created": 0, "owned_by": "llmfabric",
+                "aliases": set(), "providers": set(), "nodes": [], "gpus": set(),
+                "quantizations": set(), "max_context": 0,
+            }
+        e["aliases"].update(c.model.aliases)
+        e["providers"].add(c.provider_id)
+        e["nodes"].append(c.session_id)
+        e["gpus"].add(c.hardware.gpu_model)
+        e["quantizations"].add(c.model.quantization)
+        e["max_context"] = max(e["max_context"], c.model.max_context)
+    data = []
+    for mid in sorted(entries):
+        e = entries[mid]
+        for k in ("aliases", "providers", "gpus", "quantizations"):
+            e[k] = sorted(e[k])
+        e["nodes"] = sorted(set(e["nodes"]))
+        e["serving"] = len(e["nodes"])
+        data.append(e)
+    return {"object": "list", "data": data}
