@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pathlib
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
     """The node configuration is invalid; the message names the field and what to change."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for localhost and loopback IPs (127.0.0.0/8, ::1); wildcards are not loopback."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def default_home() -> pathlib.Path:
@@ -60,8 +79,12 @@ class NodeConfig(BaseModel):
     engine_url: str | None = None
     ready_timeout_s: float = 900.0
     health_interval_s: float = 2.0
-    health_failures: int = 3
-    drain_timeout_s: float = 30.0
+    health_failures: int = Field(default=3, ge=1)
+    # SIGTERM: DOWN at once, drain up to drain_timeout_s, LEFT, engine stop up to
+    # engine_stop_timeout_s; the defaults fit inside Slurm's default KillWait (30 s).
+    drain_timeout_s: float = Field(default=20.0, ge=0)
+    engine_stop_timeout_s: float = Field(default=5.0, ge=0)
+    aliases: dict[str, str] = Field(default_factory=dict)  # alias -> served model id
     accept_assignments: bool = False  # start engines the fleet controller assigns
     controllers: tuple[str, ...] = ()  # peer ids allowed to assign (empty: any member)
     gpu: str | None = None
@@ -70,6 +93,11 @@ class NodeConfig(BaseModel):
     # Ingress options.
     policy: str = "random"
     max_retries: int = 2
+    # Per-attempt forwarding timeouts (llmfabric.ingress.Timeouts), seconds.
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    first_byte_timeout_s: float = Field(default=300.0, gt=0)
+    idle_timeout_s: float = Field(default=120.0, gt=0)
+    total_timeout_s: float = Field(default=1800.0, gt=0)
     db: str | None = None
     auth: bool = True
     admin_key_file: pathlib.Path | None = None
@@ -79,6 +107,9 @@ class NodeConfig(BaseModel):
     api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front
     dashboard: bool = True
     max_body_bytes: int = 4 * 1024 * 1024
+    # HTTP address other hosts use for the direct forwarding path (docs/node.md); default:
+    # derived from the bound HTTP host and the advertised peer address.
+    public_http_addr: str | None = None
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
@@ -87,14 +118,43 @@ class NodeConfig(BaseModel):
             parse_hostport(value)
         return value
 
-    @field_validator("bootstrap")
+    @field_validator("bootstrap", mode="before")
     @classmethod
-    def _bootstrap(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        # Entries may be comma-separated lists (env vars, config files): "a:1,b:2".
+    def _bootstrap(cls, value: Any) -> Any:
+        # Entries may be comma-separated lists (env vars, config files): "a:1,b:2", also as
+        # one string instead of a list.
+        if isinstance(value, str):
+            value = (value,)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            return value  # the type check names the problem
         addrs = tuple(part.strip() for item in value for part in item.split(",") if part.strip())
         for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")
         return addrs
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        for alias, model in value.items():
+            if not alias.strip() or not model.strip():
+                raise ValueError(f"alias {alias!r}={model!r}: give ALIAS=MODEL, both non-empty")
+        return value
+
+    @model_validator(mode="after")
+    def _auth_off_only_on_loopback(self) -> NodeConfig:
+        if self.ingress and not self.auth:
+            for addr in (self.http_listen, self.api_listen):
+                if addr is None:
+                    continue
+                host, _ = parse_hostport(addr, default_host="127.0.0.1")
+                if not is_loopback_host(host):
+                    raise ValueError(
+                        f"auth can be switched off (--no-auth) only for a local demo, but the "
+                        f"API would listen on {addr}, which is not a loopback address: listen "
+                        "on 127.0.0.1 (--http-listen/--api-listen 127.0.0.1:PORT) or keep API "
+                        "keys on (drop --no-auth; `llmfabric keys create` makes keys)"
+                    )
+        return self
 
     def has_credential(self) -> bool:
         return bool(self.network_secret) or self.membership_cert is not None
@@ -119,7 +179,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Node
         return NodeConfig(**merged)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
             for err in exc.errors()
         )
         raise ConfigError(f"invalid node configuration: {problems}") from None
