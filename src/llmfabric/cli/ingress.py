@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import click
 from aiohttp import web
 
+from llmfabric.cli.start import ingress_timeout_options
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import ConfigError
+from llmfabric.node.config import is_loopback_host
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import POLICIES
@@ -158,27 +160,30 @@ def _run(settings: Settings, reuse_port: bool) -> None:
               help="processes sharing the port via SO_REUSEPORT")
 @click.option("--server", type=click.Choice(["fast", "aiohttp"]), default="fast",
               show_default=True, help="HTTP server: the lean httptools front or aiohttp")
-@click.option("--connect-timeout", type=float, default=5.0, show_default=True)
-@click.option("--first-byte-timeout", type=float, default=300.0, show_default=True)
-@click.option("--idle-timeout", type=float, default=120.0, show_default=True)
-@click.option("--total-timeout", type=float, default=1800.0, show_default=True)
+@ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
     network_secret: str | None, listen: str, policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
-    server: str, connect_timeout: float, first_byte_timeout: float, idle_timeout: float,
-    total_timeout: float,
+    server: str, connect_timeout_s: float, first_byte_timeout_s: float, idle_timeout_s: float,
+    total_timeout_s: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models): over static backends
     (--backend), or as a fabric ingress node (--network-secret [--bootstrap]): the same as
     `llmfabric start --ingress --relay --tier stable`, with the dashboard and API keys."""
+    timeouts = Timeouts(connect_timeout_s, first_byte_timeout_s, idle_timeout_s,
+                        total_timeout_s)
     if not backends:
         if not network_secret:
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
                                    "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
-                            no_auth, db_url, max_body_mb)
+                            no_auth, db_url, max_body_mb, timeouts)
         return
+    if no_auth and not is_loopback_host(host):
+        raise click.UsageError(
+            f"--no-auth is for local demos only, but --host {host} is not a loopback address: "
+            "use --host 127.0.0.1, or keep API keys on (`llmfabric keys create`)")
     try:
         parsed = tuple(parse_backend(b) for b in backends)
     except ConfigError as e:
@@ -186,8 +191,7 @@ def command(
     settings = Settings(
         host=host, port=port, backends=parsed, policy=policy, max_retries=max_retries,
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
-        forward_prefix=forward_prefix, server=server,
-        timeouts=Timeouts(connect_timeout, first_byte_timeout, idle_timeout, total_timeout),
+        forward_prefix=forward_prefix, server=server, timeouts=timeouts,
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",
@@ -216,6 +220,7 @@ def command(
 def _run_fabric_ingress(
     host: str, port: int, bootstrap: tuple[str, ...], network_secret: str, listen: str,
     policy: str, max_retries: int, no_auth: bool, db_url: str | None, max_body_mb: float,
+    timeouts: Timeouts,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -228,7 +233,9 @@ def _run_fabric_ingress(
             "listen": listen, "network_secret": network_secret, "policy": policy,
             "max_retries": max_retries, "auth": not no_auth, "db": db_url,
             "max_body_bytes": int(max_body_mb * 1024 * 1024),
-            "bootstrap": bootstrap,
+            "bootstrap": bootstrap, "connect_timeout_s": timeouts.connect,
+            "first_byte_timeout_s": timeouts.first_byte, "idle_timeout_s": timeouts.idle,
+            "total_timeout_s": timeouts.total,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

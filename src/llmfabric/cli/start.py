@@ -13,11 +13,16 @@ import logging
 import pathlib
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from llmfabric.node.config import ConfigError, NodeConfig, build_config, load_config_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+# Slurm's default KillWait: SIGKILL follows SIGTERM after this many seconds.
+SLURM_KILL_WAIT_S = 30.0
 
 
 def _labels(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -28,6 +33,45 @@ def _labels(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> d
             raise click.BadParameter(f"{item!r} is not key=value")
         out[key] = value
     return out
+
+
+def _aliases(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        alias, sep, model = item.partition("=")
+        if not sep or not alias.strip() or not model.strip():
+            raise click.BadParameter(f"{item!r} is not ALIAS=MODEL (e.g. llama=meta-llama/"
+                                     "Llama-3.1-8B-Instruct)")
+        out[alias.strip()] = model.strip()
+    return out
+
+
+# Per-phase forwarding timeouts of one attempt (llmfabric.ingress.Timeouts): ONE definition
+# for `start --ingress` and `ingress`; defaults come from NodeConfig.
+_TIMEOUTS = (
+    ("--connect-timeout", "connect_timeout_s", "TCP connect to a node"),
+    ("--first-byte-timeout", "first_byte_timeout_s",
+     "request sent -> response head (and a stream's first chunk)"),
+    ("--idle-timeout", "idle_timeout_s", "gap between two chunks of a stream"),
+    ("--total-timeout", "total_timeout_s", "one whole attempt"),
+)
+
+
+def ingress_timeout_options(*, with_defaults: bool) -> Callable[[F], F]:
+    """Add the four timeout options; `with_defaults=False` leaves unset ones to the config
+    file/NodeConfig (values: seconds > 0)."""
+
+    def decorate(fn: F) -> F:
+        for flag, dest, what in reversed(_TIMEOUTS):
+            default = NodeConfig.model_fields[dest].default
+            fn = click.option(
+                flag, dest, type=click.FloatRange(min=0, min_open=True),
+                default=default if with_defaults else None,
+                help=f"ingress: seconds for {what} [{default:g}]",
+            )(fn)
+        return fn
+
+    return decorate
 
 
 def node_options(fn: Any) -> Any:
@@ -68,7 +112,8 @@ def node_options(fn: Any) -> Any:
         click.option("--api-listen", envvar="LLMFABRIC_API_LISTEN",
                      help="ingress: also serve the OpenAI API on this host:port with the lean "
                           "HTTP/1.1 front (faster than the shared HTTP port)"),
-        click.option("--max-retries", type=int, help="ingress retries on other nodes [2]"),
+        click.option("--max-retries", type=click.IntRange(min=0),
+                     help="ingress retries on other nodes [2]"),
         click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),
         click.option("--record-trace", type=click.Path(dir_okay=False, path_type=pathlib.Path),
                      help="ingress: append an anonymized trace (JSONL) of served requests"),
@@ -82,16 +127,27 @@ def node_options(fn: Any) -> Any:
         click.option("--controller", "controllers", multiple=True,
                      help="peer id allowed to send assignments (repeatable; default: any member)"),
         click.option("--engine-url", help="engine base URL [parsed from the command]"),
+        click.option("--alias", "aliases", multiple=True, callback=_aliases,
+                     metavar="ALIAS=MODEL",
+                     help="also serve the engine's MODEL under ALIAS (repeatable)"),
         click.option("--ready-timeout", "ready_timeout_s", type=float,
                      help="seconds to wait for the engine to load [900]"),
-        click.option("--health-interval", "health_interval_s", type=float),
-        click.option("--drain-timeout", "drain_timeout_s", type=float,
-                     help="seconds to drain in-flight requests on SIGTERM [30]"),
+        click.option("--health-interval", "health_interval_s",
+                     type=click.FloatRange(min=0, min_open=True),
+                     help="seconds between engine health checks [2]"),
+        click.option("--health-failures", "health_failures", type=click.IntRange(min=1),
+                     help="consecutive failed health checks that mark the node DOWN [3]"),
+        click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0),
+                     help="SIGTERM: seconds to drain in-flight requests before LEFT [20]"),
+        click.option("--engine-stop-timeout", "engine_stop_timeout_s",
+                     type=click.FloatRange(min=0),
+                     help="SIGTERM: seconds the engine gets to exit before SIGKILL [5]"),
         click.option("--gpu", help="override the GPU model (or 'cpu')"),
         click.option("--gpu-count", type=int),
         click.option("--gpu-memory", "gpu_memory_gb", type=float, help="GiB per GPU"),
         click.option("-v", "--verbose", count=True),
     ]
+    fn = ingress_timeout_options(with_defaults=False)(fn)  # (listed after the others)
     for option in reversed(options):
         fn = option(fn)
     return fn
@@ -106,7 +162,7 @@ def config_from_options(
     file_values = load_config_file(config_file) if config_file else {}
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
-    for name in ("labels", "controllers"):
+    for name in ("labels", "controllers", "aliases"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)
@@ -123,9 +179,27 @@ def setup_logging(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def warn_config(config: NodeConfig) -> None:
+    """Loud warnings for settings that are legal but risky."""
+    if config.ingress and not config.auth:
+        bar = "!" * 78
+        click.echo(f"{bar}\n!! WARNING: API keys are OFF (--no-auth). Anyone who can reach "
+                   f"{config.http_listen}\n!! can use every engine of this fabric. Local demo "
+                   f"only.\n{bar}", err=True)
+        logging.getLogger("llmfabric.node").warning("authentication is switched off")
+    stop = config.drain_timeout_s + config.engine_stop_timeout_s
+    if config.process and stop > SLURM_KILL_WAIT_S - 2:
+        click.echo(f"warning: drain ({config.drain_timeout_s:g} s) + engine stop "
+                   f"({config.engine_stop_timeout_s:g} s) may exceed Slurm's default KillWait "
+                   f"({SLURM_KILL_WAIT_S:g} s): SIGKILL could cut the node off before it "
+                   "announces LEFT; lower them or raise KillWait", err=True)
+
+
 def run_node(config: NodeConfig, *, banner: bool = True) -> int:
     """Run a node until SIGTERM/SIGINT (graceful: drain, LEFT) or a fail-stop."""
     from llmfabric.node.daemon import Node, NodeError
+
+    warn_config(config)
 
     with contextlib.suppress(ImportError):
         import uvloop

@@ -329,6 +329,8 @@ class Ingress:
                     return self._no_route(model, decision)
                 break
             cand = decision.candidate
+            # Asked by alias: the engine knows the model by its id.
+            send = body if cand.model.id == model else orjson.dumps({**doc, "model": cand.model.id})
             tried.append(cand.session_id)
             self.metrics.observe_routed(cand.session_id)
             self.policy.on_request_start(cand)
@@ -336,10 +338,10 @@ class Ingress:
             try:
                 if stream:
                     resp, usage, ttft = await self._attempt_stream(
-                        sink, cand, path, body, strip_usage
+                        sink, cand, path, send, strip_usage
                     )
                 else:
-                    resp, usage, ttft = await self._attempt_once(cand, path, body)
+                    resp, usage, ttft = await self._attempt_once(cand, path, send)
                 status = resp.status if resp is not None else 200
                 ok = status < 500
             except UpstreamError as e:

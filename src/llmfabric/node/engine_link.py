@@ -9,7 +9,9 @@ ingress) once draining started.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
@@ -21,8 +23,35 @@ from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.config import NodeConfig
+from llmfabric.registry.records import ServedModel
 
+log = logging.getLogger(__name__)
 _JSON = (("content-type", "application/json"),)
+
+
+def with_aliases(
+    models: tuple[ServedModel, ...], aliases: Mapping[str, str]
+) -> tuple[ServedModel, ...]:
+    """The served models with each ALIAS added to the MODEL it names (`--alias ALIAS=MODEL`).
+
+    An alias naming a model the engine does not serve, or equal to another served model's
+    id, is skipped with an error in the log (the node still serves its models)."""
+    ids = {m.id for m in models}
+    extra: dict[str, list[str]] = {}
+    for alias, model in aliases.items():
+        if model not in ids:
+            log.error("--alias %s=%s: the engine serves no model %r (it serves %s); alias "
+                      "ignored", alias, model, model, ", ".join(sorted(ids)) or "none")
+        elif alias in ids:
+            log.error("--alias %s=%s: %r is already a served model id; alias ignored",
+                      alias, model, alias)
+        else:
+            extra.setdefault(model, []).append(alias)
+    return tuple(
+        dataclasses.replace(m, aliases=tuple(dict.fromkeys((*m.aliases, *extra[m.id]))))
+        if m.id in extra else m
+        for m in models
+    )
 
 
 def error_response(status: int, message: str, code: str) -> HandlerResponse:
@@ -61,6 +90,9 @@ class EngineLink:
 
     async def start(self) -> EngineInfo:
         info = await self.supervisor.start()
+        if self.config.aliases:
+            info = dataclasses.replace(
+                info, models=with_aliases(info.models, self.config.aliases))
         self.proxy = EngineProxy(
             info.base_url, max_body_bytes=self.config.max_body_bytes, forward_token=self._token
         )
@@ -103,6 +135,8 @@ class EngineLink:
         )
 
     async def aclose(self, drain_timeout_s: float) -> None:
-        await self.supervisor.stop(drain_timeout_s)
+        """Stop the engine: SIGTERM, SIGKILL after at most `engine_stop_timeout_s` (requests
+        were drained before; a longer grace would risk Slurm's SIGKILL of the whole node)."""
+        await self.supervisor.stop(min(drain_timeout_s, self.config.engine_stop_timeout_s))
         if self.proxy is not None:
             await self.proxy.aclose()

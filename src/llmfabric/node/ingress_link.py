@@ -24,7 +24,7 @@ from llmfabric.ingress import (
     add_ingress_routes,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
-from llmfabric.ingress.config import TraceEvent
+from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
 from llmfabric.ingress.fast_front import FastFront
@@ -101,6 +101,8 @@ class IngressLink:
                 max_retries=config.max_retries,
                 max_body_bytes=config.max_body_bytes,
                 auth_enabled=config.auth,
+                timeouts=Timeouts(config.connect_timeout_s, config.first_byte_timeout_s,
+                                  config.idle_timeout_s, config.total_timeout_s),
                 trace_hook=on_finished,
             ),
             RecordsCandidateSource(reader.records_with_suspicion, reader.version),

@@ -39,9 +39,11 @@ class _Up:
 class _Recorder:
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.bodies: list[bytes] = []
 
     async def open(self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts) -> _Up:
         self.sent.append(candidate.session_id)
+        self.bodies.append(body)
         return _Up()
 
     async def aclose(self) -> None:
@@ -93,3 +95,30 @@ def test_error_body_has_openai_shape() -> None:
     doc = orjson.loads(error_body(503, "nobody", "no_candidates"))
     assert doc == {"error": {"message": "nobody", "type": "server_error", "param": None,
                              "code": "no_candidates"}}
+
+
+async def test_a_request_by_alias_reaches_the_engine_under_the_model_id() -> None:
+    import orjson
+
+    fwd = _Recorder()
+    src = StaticCandidateSource([cand("a", model=ServedModel("llama-3.1-8b", aliases=("l",)))])
+    ing = Ingress(IngressConfig(auth_enabled=False), src, fwd)
+    for name in ("l", "llama-3.1-8b"):
+        body = orjson.dumps({"model": name, "messages": [], "metadata": {"tag": "x"}})
+        reply = await ing.serve("/v1/chat/completions", True, "", None, body, _NoSink())
+        assert reply is not None and reply.status == 200
+    sent = [orjson.loads(b) for b in fwd.bodies]
+    assert sent == [{"model": "llama-3.1-8b", "messages": [], "metadata": {"tag": "x"}}] * 2
+    assert fwd.bodies[1] == orjson.dumps(  # by id: relayed byte for byte
+        {"model": "llama-3.1-8b", "messages": [], "metadata": {"tag": "x"}})
+
+
+class _NoSink:
+    async def start(self, content_type: str, node: str) -> None:
+        raise AssertionError("not a stream")
+
+    async def write(self, data: bytes) -> None:
+        raise AssertionError("not a stream")
+
+    async def end(self) -> None:
+        raise AssertionError("not a stream")

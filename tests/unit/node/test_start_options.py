@@ -1,0 +1,145 @@
+"""`llmfabric start` / `llmfabric ingress` options reach NodeConfig; --no-auth is refused off
+loopback; aliases attach to served models."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from llmfabric.cli import ingress as ingress_cli
+from llmfabric.cli import start as start_cli
+from llmfabric.node.config import ConfigError, NodeConfig, build_config, is_loopback_host
+from llmfabric.node.engine_link import with_aliases
+from llmfabric.registry.records import ServedModel
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
+    """Capture the config `run_node` would run instead of starting a node."""
+    seen: list[NodeConfig] = []
+
+    def fake_run_node(config: NodeConfig, *, banner: bool = True) -> int:
+        start_cli.warn_config(config)
+        seen.append(config)
+        return 0
+
+    monkeypatch.setattr(start_cli, "run_node", fake_run_node)
+    return seen
+
+
+def _start(args: list[str], tmp_path: pathlib.Path) -> Any:
+    return CliRunner().invoke(
+        start_cli.command, ["--home", str(tmp_path), "--network-secret", "s", *args],
+        catch_exceptions=False,
+    )
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])
+def test_loopback_hosts(host: str) -> None:
+    assert is_loopback_host(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.0.0.5", "example.org", "[::]"])
+def test_not_loopback_hosts(host: str) -> None:
+    assert not is_loopback_host(host)
+
+
+def test_no_auth_is_refused_when_the_api_listens_beyond_loopback(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    for extra in (["--http-listen", "0.0.0.0:8090"],
+                  ["--http-listen", "10.1.2.3:8090"],
+                  ["--api-listen", "0.0.0.0:8091"]):
+        res = _start(["--ingress", "--no-auth", *extra], tmp_path)
+        assert res.exit_code != 0, extra
+        assert "only for a local demo" in res.output and "not a loopback" in res.output
+    assert started == []
+    # The same through a config file (no flag to forget): auth: false + a public address.
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("ingress: true\nauth: false\nhttp_listen: 0.0.0.0:8090\n")
+    assert _start(["--config", str(cfg)], tmp_path).exit_code != 0
+    with pytest.raises(ConfigError, match="not a loopback"):
+        build_config({}, {"ingress": True, "auth": False, "http_listen": "[::]:8090"})
+    # Auth on: any address is fine; a provider-only node has no API to protect.
+    assert build_config({}, {"ingress": True, "http_listen": "0.0.0.0:8090"}).auth
+    assert not build_config({}, {"auth": False, "http_listen": "0.0.0.0:8090"}).auth
+
+
+def test_no_auth_on_loopback_starts_with_a_loud_warning(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    res = _start(["--ingress", "--no-auth", "--http-listen", "127.0.0.1:0"], tmp_path)
+    assert res.exit_code == 0, res.output
+    assert started[-1].auth is False
+    assert "WARNING: API keys are OFF" in res.output
+
+
+def test_standalone_ingress_refuses_no_auth_off_loopback() -> None:
+    res = CliRunner().invoke(ingress_cli.command, [
+        "--host", "0.0.0.0", "--no-auth", "--backend", "m=127.0.0.1:9"])
+    assert res.exit_code == 2 and "not a loopback" in res.output
+
+
+def test_start_exposes_health_timeouts_and_aliases(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    res = _start([
+        "--ingress", "--health-failures", "5", "--health-interval", "0.5",
+        "--ready-timeout", "60", "--drain-timeout", "10", "--engine-stop-timeout", "3",
+        "--connect-timeout", "1.5", "--first-byte-timeout", "20", "--idle-timeout", "7",
+        "--total-timeout", "90", "--alias", "llama=llama-3.1-8b", "--alias", "q=qwen3-1.7b",
+    ], tmp_path)
+    assert res.exit_code == 0, res.output
+    c = started[-1]
+    assert (c.health_failures, c.health_interval_s, c.ready_timeout_s) == (5, 0.5, 60)
+    assert (c.drain_timeout_s, c.engine_stop_timeout_s) == (10, 3)
+    assert (c.connect_timeout_s, c.first_byte_timeout_s, c.idle_timeout_s,
+            c.total_timeout_s) == (1.5, 20, 7, 90)
+    assert c.aliases == {"llama": "llama-3.1-8b", "q": "qwen3-1.7b"}
+    for bad in (["--alias", "nomodel"], ["--alias", "=m"], ["--health-failures", "0"],
+                ["--connect-timeout", "0"]):
+        assert _start(bad, tmp_path).exit_code == 2, bad
+
+
+def test_unset_flags_leave_config_file_values(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("idle_timeout_s: 9\nhealth_failures: 4\naliases: {l: llama-3.1-8b}\n")
+    assert _start(["--config", str(cfg), "--connect-timeout", "2"], tmp_path).exit_code == 0
+    c = started[-1]
+    assert (c.idle_timeout_s, c.connect_timeout_s, c.health_failures) == (9, 2, 4)
+    assert c.total_timeout_s == NodeConfig.model_fields["total_timeout_s"].default
+    assert c.aliases == {"l": "llama-3.1-8b"}
+
+
+def test_fabric_mode_ingress_passes_its_timeouts(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    res = CliRunner().invoke(ingress_cli.command, [
+        "--network-secret", "s", "--port", "18090", "--no-auth", "--idle-timeout", "4",
+        "--first-byte-timeout", "30"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert (started[-1].idle_timeout_s, started[-1].first_byte_timeout_s) == (4, 30)
+
+
+def test_default_sigterm_budget_fits_slurm_kill_wait() -> None:
+    c = NodeConfig()
+    assert c.drain_timeout_s + c.engine_stop_timeout_s < start_cli.SLURM_KILL_WAIT_S - 2
+
+
+def test_slow_stop_settings_are_warned_about(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    res = _start(["--drain-timeout", "30", "--process", "true"], tmp_path)
+    assert res.exit_code == 0 and "KillWait" in res.output
+
+
+def test_aliases_attach_to_the_models_they_name(caplog: pytest.LogCaptureFixture) -> None:
+    models = (ServedModel("a", aliases=("x",)), ServedModel("b"))
+    got = with_aliases(models, {"y": "a", "x": "a", "bee": "b", "nope": "c", "b": "a"})
+    assert [(m.id, m.aliases) for m in got] == [("a", ("x", "y")), ("b", ("bee",))]
+    assert "serves no model 'c'" in caplog.text and "already a served model id" in caplog.text
