@@ -25,9 +25,11 @@ INGRESS_HTTP = "10.202.1.2:8080"
 
 _CLIENT = """
 import json, sys, urllib.request, urllib.error
-url, body = sys.argv[1], sys.argv[2]
-req = urllib.request.Request(url, data=body.encode() or None,
-                             headers={"Content-Type": "application/json"})
+url, body, key = sys.argv[1], sys.argv[2], sys.argv[3]
+headers = {"Content-Type": "application/json"}
+if key:
+    headers["Authorization"] = "Bearer " + key
+req = urllib.request.Request(url, data=body.encode() or None, headers=headers)
 try:
     with urllib.request.urlopen(req, timeout=20) as r:
         print(json.dumps({"status": r.status, "node": r.headers.get("X-Fabric-Node"),
@@ -39,8 +41,8 @@ except OSError as e:
 """
 
 
-def _call(netlab: Any, ns: str, url: str, body: str = "") -> dict[str, Any]:
-    out = netlab.run(ns, sys.executable, "-c", _CLIENT, url, body, check=False, timeout=40)
+def _call(netlab: Any, ns: str, url: str, body: str = "", key: str = "") -> dict[str, Any]:
+    out = netlab.run(ns, sys.executable, "-c", _CLIENT, url, body, key, check=False, timeout=40)
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -66,7 +68,7 @@ def test_ingress_serves_a_nated_provider_through_the_relay(
     common = ["--network-secret", secret, "--preset", "local"]
     netlab.popen(pub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
                        INGRESS_PEER, "--http-listen", INGRESS_HTTP, "--ingress", "--relay",
-                       "--no-auth", *common], str(tmp_path / "ingress.log"))
+                       *common], str(tmp_path / "ingress.log"))
     netlab.popen(priv, [*CLI, "start", "--home", str(tmp_path / "prov"), "--listen",
                         "192.168.202.2:7946", "--http-listen", "127.0.0.1:8090",
                         "--bootstrap", INGRESS_PEER, "--provider", "behind-nat", *common,
@@ -92,7 +94,8 @@ def test_ingress_serves_a_nated_provider_through_the_relay(
 
     body = json.dumps({"model": "qwen3-1.7b", "max_tokens": 5,
                        "messages": [{"role": "user", "content": "hello across the NAT"}]})
-    reply = _call(netlab, pub, base + "/v1/chat/completions", body)
+    admin_key = (tmp_path / "ingress" / "admin.key").read_text().strip()
+    reply = _call(netlab, pub, base + "/v1/chat/completions", body, admin_key)
     assert reply["status"] == 200, (reply, logs)
     assert reply["node"] == node["session_id"]
     assert reply["body"]["usage"]["completion_tokens"] == 5
@@ -106,7 +109,7 @@ def test_a_node_with_the_wrong_secret_never_joins(netlab: Any, tmp_path: pathlib
     pub, priv = _build_nat(netlab)
     netlab.popen(pub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
                        INGRESS_PEER, "--http-listen", INGRESS_HTTP, "--ingress", "--relay",
-                       "--no-auth", "--network-secret", secrets.token_urlsafe(24),
+                       "--network-secret", secrets.token_urlsafe(24),
                        "--preset", "local"], str(tmp_path / "ingress.log"))
     intruder_log = tmp_path / "intruder.log"
     netlab.popen(priv, [*CLI, "start", "--home", str(tmp_path / "intruder"), "--listen",

@@ -16,6 +16,11 @@ class UpstreamError(IngressError):
     """An attempt on one candidate failed before any byte reached the client (retryable)."""
 
 
+class UpstreamConnectError(UpstreamError):
+    """The connection to the candidate could not be opened: nothing was sent to it, so the
+    request may go to the same node by another path (the peer network)."""
+
+
 class ConfigError(IngressError, ValueError):
     """Invalid ingress configuration or command-line arguments."""
 

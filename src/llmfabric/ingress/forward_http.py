@@ -12,7 +12,7 @@ import aiohttp
 from yarl import URL
 
 from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.errors import UpstreamError
+from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.routing.candidates import Candidate
 
 # Path prefix under which a node accepts forwarded inference requests (see engine_proxy.py).
@@ -115,6 +115,8 @@ class AiohttpForwarder:
                 timeout=self._timeout(timeouts),
                 allow_redirects=False,
             )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+            raise UpstreamConnectError(f"{candidate.http_addr}: {e!r}") from e
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise UpstreamError(f"{candidate.http_addr}: {e!r}") from e
         return HttpUpstream(resp)

@@ -8,11 +8,12 @@ with `.status`, `.headers`, `async for chunk in resp.iter_chunks()` and `aclose(
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.errors import UpstreamError
+from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Forwarder, Upstream
 from llmfabric.routing.candidates import Candidate
@@ -114,18 +115,53 @@ class PeerForwarder:
 
 
 class ChoosingForwarder:
-    """Direct HTTP when the candidate is dialable, the peer network when it sits behind relays."""
+    """Direct HTTP when the candidate is dialable, the peer network when it sits behind relays.
 
-    def __init__(self, direct: Forwarder, peer: Forwarder | None) -> None:
+    A published HTTP address may be unreachable from here (a node that advertises a wrong or
+    private address). When the direct connection cannot even be opened (nothing was sent),
+    the same request goes through the peer network (authenticated TLS, relays), and that
+    address is skipped for `direct_retry_after_s` so later requests do not pay the connect
+    timeout again."""
+
+    def __init__(
+        self,
+        direct: Forwarder,
+        peer: Forwarder | None,
+        *,
+        direct_retry_after_s: float = 30.0,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._direct = direct
         self._peer = peer
+        self._retry_after = direct_retry_after_s
+        self._now = now
+        self._direct_failed: dict[str, float] = {}  # http_addr -> when to try it again
 
     async def open(
         self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
     ) -> Upstream:
-        if self._peer is not None and (candidate.relays or not candidate.http_addr):
-            return await self._peer.open(candidate, path, body, timeouts)
-        return await self._direct.open(candidate, path, body, timeouts)
+        peer = self._peer
+        addr = candidate.http_addr
+        if peer is not None and (candidate.relays or not addr):
+            return await peer.open(candidate, path, body, timeouts)
+        if peer is None or not candidate.peer_id:
+            return await self._direct.open(candidate, path, body, timeouts)
+        if self._direct_failed:
+            until = self._direct_failed.get(addr)
+            if until is not None:
+                if until > self._now():
+                    return await peer.open(candidate, path, body, timeouts)
+                del self._direct_failed[addr]
+        try:
+            return await self._direct.open(candidate, path, body, timeouts)
+        except UpstreamConnectError as exc:
+            if len(self._direct_failed) > 4096:
+                self._direct_failed.clear()
+            self._direct_failed[addr] = self._now() + self._retry_after
+            try:
+                return await peer.open(candidate, path, body, timeouts)
+            except UpstreamError as peer_exc:
+                raise UpstreamError(f"direct: {exc}; peer network: {peer_exc}") from peer_exc
 
     async def aclose(self) -> None:
         await self._direct.aclose()

@@ -24,7 +24,7 @@ from typing import cast
 import httptools
 
 from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.errors import UpstreamError
+from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.routing.candidates import Candidate
 
 _HIGH_WATER = 256 * 1024  # queued body bytes before reading from the node pauses
@@ -400,7 +400,7 @@ class RawHttpForwarder:
                     lambda: _UpConn(loop), host.strip("[]"), int(port)
                 )
         except (OSError, TimeoutError, ValueError) as e:
-            raise UpstreamError(f"cannot connect to {addr}: {e!r}") from e
+            raise UpstreamConnectError(f"cannot connect to {addr}: {e!r}") from e
         return conn
 
     async def open(

@@ -16,6 +16,7 @@ Files (one concept each; see docs/network.md for the protocol):
 - relay.py: dial-back reachability check (`Reachability`), relay client (persistent
   outbound) and server.
 - addressbook.py: peer id -> direct addresses and relays; `parse_addr`, `host_addrs`.
+- httpaddr.py: `published_http_addr`, the HTTP address a node may publish (reachability rule).
 - bootstrap.py: `run_bootstrap`, the retry loop over bootstrap addresses (injected clock).
 - backoff.py: exponential backoff with full jitter.
 - stats.py: `NetStats` counters (bytes, datagrams, drops by reason, refused handshakes).

@@ -107,6 +107,9 @@ class NodeConfig(BaseModel):
     api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front
     dashboard: bool = True
     max_body_bytes: int = 4 * 1024 * 1024
+    # HTTP address other hosts use for the direct forwarding path (docs/node.md); default:
+    # derived from the bound HTTP host and the advertised peer address.
+    public_http_addr: str | None = None
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
@@ -115,10 +118,15 @@ class NodeConfig(BaseModel):
             parse_hostport(value)
         return value
 
-    @field_validator("bootstrap")
+    @field_validator("bootstrap", mode="before")
     @classmethod
-    def _bootstrap(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        # Entries may be comma-separated lists (env vars, config files): "a:1,b:2".
+    def _bootstrap(cls, value: Any) -> Any:
+        # Entries may be comma-separated lists (env vars, config files): "a:1,b:2", also as
+        # one string instead of a list.
+        if isinstance(value, str):
+            value = (value,)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            return value  # the type check names the problem
         addrs = tuple(part.strip() for item in value for part in item.split(",") if part.strip())
         for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")

@@ -34,9 +34,10 @@ from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
+from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.node.admission import admission_from_config
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
-from llmfabric.node.config import NodeConfig, parse_hostport
+from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine_link import EngineLink, error_response
 from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ingress_link import IngressLink
@@ -68,6 +69,11 @@ class Node:
                 "a node joins only with a credential: pass --network-secret (or env "
                 "LLMFABRIC_NETWORK_SECRET) or --membership-cert FILE with --operator-key KEY"
             )
+        if config.public_http_addr is not None:
+            try:
+                parse_hostport(config.public_http_addr)
+            except ConfigError as exc:
+                raise NodeError(f"public_http_addr: {exc}") from None
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
@@ -85,7 +91,8 @@ class Node:
         self.engine: EngineLink | None = None
         self.ingress: IngressLink | None = None
         self._runner: web.AppRunner | None = None
-        self._http_addr = ""
+        self._http_addr = ""  # where this host reaches our HTTP API (banner, tests)
+        self._http_bind: tuple[str, int] | None = None  # bound (host, port)
         self._stopped = asyncio.Event()
         self._exit_code = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -175,8 +182,17 @@ class Node:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         bound_port = sockets[0].getsockname()[1] if sockets else port
-        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self._http_bind = (host, bound_port)
+        shown = "127.0.0.1" if is_wildcard(host) else host
         self._http_addr = f"{shown}:{bound_port}"
+
+    def _published_http_addr(self, peer_addrs: tuple[str, ...]) -> str:
+        """The HTTP address other nodes may dial directly: reachable from wherever our peer
+        addresses are (net/httpaddr.py; docs/node.md)."""
+        if self._http_bind is None:
+            return ""
+        host, port = self._http_bind
+        return published_http_addr(host, port, peer_addrs, self.config.public_http_addr)
 
     def _meta(self, **changes: Any) -> NodeMeta:
         base = self.agent.record.meta if self.agent is not None else None
@@ -198,10 +214,11 @@ class Node:
                 gpu_memory_gb=self.config.gpu_memory_gb,
             )
         )
+        peer_addrs = self.transport.advertised_addrs if self._dialable() else ()
         meta = NodeMeta(
             provider_id=self.config.provider or self.key.peer_id,
-            peer_addrs=self.transport.advertised_addrs if self._dialable() else (),
-            http_addr=self._http_addr,
+            peer_addrs=peer_addrs,
+            http_addr=self._published_http_addr(peer_addrs),
             relays=self.transport.relays,
             hardware=hardware,
             engine=base.engine if base is not None else "",
