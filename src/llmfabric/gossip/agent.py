@@ -86,16 +86,20 @@ class GossipAgent:
         rng: random.Random | None = None,
         admit: Callable[[PeerId], bool] | None = None,
         session_id: str | None = None,
+        stats: AgentStats | None = None,
     ) -> None:
         self.transport = transport
         self.clock = clock
         self.config = config or PRESETS["lan"]
         self.seeds = [s for s in seeds if s != transport.local_id]
         self.rng = rng or random.Random()
-        self.stats = AgentStats()
+        # A node passes the same stats to the agent of its next session (after an eviction),
+        # so its counters stay monotonic (Prometheus counters).
+        self.stats = stats if stats is not None else AgentStats()
         self.owner = RecordOwner(signer, meta or NodeMeta(), wall=clock.wall(),
                                  session_id=session_id)
-        self.replica = Replica(clock, self.config.gc, buckets=self.config.buckets, admit=admit)
+        self.replica = Replica(clock, self.config.gc, buckets=self.config.buckets, admit=admit,
+                               rejected=self.stats.rejected)
         self.nodes = NodeRegistry(self.replica)
         self.models = ModelRegistry(self.replica)
         self.queue = BroadcastQueue()

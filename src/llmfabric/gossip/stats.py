@@ -14,7 +14,10 @@ class AgentStats:
     bytes_out: int = 0
     bytes_in: int = 0
     dropped: Counter[str] = field(default_factory=Counter)  # undecodable messages, by reason
-    rejected: Counter[str] = field(default_factory=Counter)  # forged/invalid items, by reason
+    # Items refused, by reason: forged or invalid (`signature`, `peer_id`, `session`, `schema`,
+    # `garbled`, `oversized`) and the replica's own refusals (`tombstoned`, `stale`, `future`,
+    # `bad_timestamp`, `not_admitted`).
+    rejected: Counter[str] = field(default_factory=Counter)
     suspicions_raised: int = 0
     evictions_issued: int = 0
     refutations: int = 0

@@ -28,6 +28,7 @@ from llmfabric.agent.hardware import discover_hardware
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
+from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
@@ -87,6 +88,9 @@ class Node:
         )
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
+        # One set of gossip counters for the node's life: the agent of a later session (after
+        # an eviction) keeps counting into it, so exported counters never go back.
+        self.gossip_stats = AgentStats()
         self.agent: GossipAgent | None = None
         self.engine: EngineLink | None = None
         self.ingress: IngressLink | None = None
@@ -168,6 +172,7 @@ class Node:
             config=preset(self.config.preset),
             seeds=self._seeds,
             rng=self.rng,
+            stats=self.gossip_stats,
         )
         agent.add_listener(self._on_change)
         agent.on_evicted(self._on_evicted)

@@ -1,13 +1,62 @@
-"""Prometheus metrics of a node: gossip, transport and request counters, read on scrape."""
+"""Prometheus metrics of a node: gossip, transport and request counters, read on scrape.
+
+Counts (bytes, drops, refusals) are exported as Prometheus counters (`*_total`), read from
+objects that live as long as the node: the transport's `NetStats` and the gossip
+`AgentStats` the node hands to the agent of every session it runs (a node evicted by the
+fabric rejoins with a new agent; its counters must not reset, or `rate()` would break).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from llmfabric.agent import InflightTracker
 from llmfabric.gossip.agent import GossipAgent
-from llmfabric.net import TlsTransport
+from llmfabric.gossip.stats import AgentStats
+from llmfabric.net import NetStats, TlsTransport
 from llmfabric.registry.records import Lifecycle
+
+
+def _family(
+    name: str, doc: str, label: str, values: Mapping[str, int | float]
+) -> CounterMetricFamily:
+    fam = CounterMetricFamily(name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        fam.add_metric([key], value)
+    return fam
+
+
+class _Counters(Collector):
+    """Counter families read from the node's long-lived stats objects at scrape time."""
+
+    def __init__(self) -> None:
+        self.gossip: AgentStats | None = None
+        self.net: NetStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        g, n = self.gossip, self.net
+        if g is not None:
+            yield _family("llmfabric_gossip_bytes", "Gossip bytes", "direction",
+                          {"out": g.bytes_out, "in": g.bytes_in})
+            yield _family("llmfabric_gossip_dropped", "Dropped gossip messages", "reason",
+                          g.dropped)
+            yield _family("llmfabric_gossip_rejected",
+                          "Refused registry items (forged, invalid, stale, tombstoned, "
+                          "future or bad timestamps, not admitted)", "reason", g.rejected)
+            yield _family("llmfabric_membership_events", "SWIM decisions of this node",
+                          "event", {"suspicion_raised": g.suspicions_raised,
+                                    "eviction_issued": g.evictions_issued,
+                                    "refutation": g.refutations})
+        if n is not None:
+            yield _family("llmfabric_net_bytes", "Transport bytes (frames, TLS excluded)",
+                          "direction", {"out": n.bytes_sent, "in": n.bytes_received})
+            yield _family("llmfabric_net_dropped", "Transport drops", "reason", n.dropped)
+            yield _family("llmfabric_net_handshakes_refused", "Refused handshakes", "reason",
+                          n.handshakes_refused)
 
 
 class NodeMetrics:
@@ -18,20 +67,10 @@ class NodeMetrics:
         self.nodes = Gauge("llmfabric_registry_nodes", "Sessions in the replica by state",
                            ["state"], registry=r)
         self.suspected = Gauge("llmfabric_registry_suspected", "Suspected sessions", registry=r)
-        self.gossip_bytes = Gauge("llmfabric_gossip_bytes", "Gossip bytes", ["direction"],
-                                  registry=r)
-        self.gossip_dropped = Gauge("llmfabric_gossip_dropped", "Dropped gossip messages",
-                                    ["reason"], registry=r)
-        self.gossip_rejected = Gauge("llmfabric_gossip_rejected", "Rejected registry items",
-                                     ["reason"], registry=r)
-        self.net_bytes = Gauge("llmfabric_net_bytes", "Transport bytes", ["direction"],
-                               registry=r)
-        self.net_dropped = Gauge("llmfabric_net_dropped", "Transport drops", ["reason"],
-                                 registry=r)
-        self.handshakes_refused = Gauge("llmfabric_net_handshakes_refused",
-                                        "Refused handshakes", ["reason"], registry=r)
         self.inflight = Gauge("llmfabric_inflight_requests", "Requests being served",
                               registry=r)
+        self._counters = _Counters()
+        r.register(self._counters)
 
     def add_registry(self, registry: CollectorRegistry) -> None:
         self.registries.append(registry)
@@ -43,18 +82,6 @@ class NodeMetrics:
         for state in Lifecycle:
             self.nodes.labels(state.name).set(sum(1 for v in views if v.state is state))
         self.suspected.set(sum(1 for v in views if v.suspected))
-        stats = agent.stats
-        self.gossip_bytes.labels("out").set(stats.bytes_out)
-        self.gossip_bytes.labels("in").set(stats.bytes_in)
-        for reason, n in stats.dropped.items():
-            self.gossip_dropped.labels(reason).set(n)
-        for reason, n in stats.rejected.items():
-            self.gossip_rejected.labels(reason).set(n)
-        net = transport.stats
-        self.net_bytes.labels("out").set(net.bytes_sent)
-        self.net_bytes.labels("in").set(net.bytes_received)
-        for reason, n in net.dropped.items():
-            self.net_dropped.labels(reason).set(n)
-        for reason, n in net.handshakes_refused.items():
-            self.handshakes_refused.labels(reason).set(n)
+        self._counters.gossip = agent.stats
+        self._counters.net = transport.stats
         self.inflight.set(tracker.inflight)

@@ -16,10 +16,19 @@ agree on it up to clock skew):
    than `retention_s + tombstone_ttl_s >= max_record_age_s` and cannot resurrect it.
    Bound: an evicted owner that stays partitioned away and keeps refreshing for longer than
    retention + tombstone TTL can reappear (as a fresh SERVING entry that SWIM then probes).
+4. Items whose timestamp is not finite, or later than our wall clock + `max_clock_skew_s`
+   (1 h), are refused too: a member could otherwise sign an EVICT or LEFT with
+   `issued_at = inf` (or the year 3000) whose entry and tombstone would never be collected.
+   The bound only delays GC by at most that much; a node whose clock runs ahead by more
+   is not admitted to other replicas (counted as `future`) until its clock is fixed.
+
+Every refusal is counted in `rejected[reason]` (`tombstoned`, `stale`, `future`,
+`bad_timestamp`, `not_admitted`); pass a shared Counter to keep counting across replicas.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -42,8 +51,12 @@ class GcConfig:
     tombstone_ttl_s: float = 6 * 24 * 3600.0
     max_record_age_s: float = 3 * 24 * 3600.0
     refresh_interval_s: float = 3600.0
+    # Items stamped later than our wall clock + this are refused (clock skew tolerance).
+    max_clock_skew_s: float = 3600.0
 
     def __post_init__(self) -> None:
+        if not 0 < self.max_clock_skew_s < math.inf:
+            raise RegistryError("max_clock_skew_s must be a positive number of seconds")
         if self.max_record_age_s > self.retention_s + self.tombstone_ttl_s:
             raise RegistryError(
                 "max_record_age_s must be <= retention_s + tombstone_ttl_s, or a dropped "
@@ -82,6 +95,7 @@ class Replica:
         *,
         buckets: int = 32,
         admit: Callable[[str], bool] | None = None,
+        rejected: Counter[str] | None = None,
     ) -> None:
         if not 1 <= buckets <= 256:
             raise RegistryError("buckets must be in 1..256")
@@ -95,7 +109,9 @@ class Replica:
         self._digests: dict[str, bytes] = {}
         self._bucket_xor = [0] * buckets
         self._listeners: list[Listener] = []
-        self.rejected: Counter[str] = Counter()
+        # Refusals by reason; a Counter passed in keeps counting across replicas (a node that
+        # rejoins under a new session gets a new replica, its metrics must not reset).
+        self.rejected: Counter[str] = rejected if rejected is not None else Counter()
         self._sigs: set[bytes] = set()  # signatures of every item held in `entries`
         self.applied = 0
 
@@ -116,8 +132,15 @@ class Replica:
             self._reject("tombstoned")
             return False
         stamp = item.record.updated_at if isinstance(item, SignedRecord) else item.issued_at
-        if stamp < self._clock.wall() - self.gc_config.max_record_age_s:
+        if not math.isfinite(stamp):
+            self._reject("bad_timestamp")
+            return False
+        wall = self._clock.wall()
+        if stamp < wall - self.gc_config.max_record_age_s:
             self._reject("stale")
+            return False
+        if stamp > wall + self.gc_config.max_clock_skew_s:
+            self._reject("future")
             return False
         who = item.record.peer_id if isinstance(item, SignedRecord) else item.author
         if self._admit is not None and not self._admit(who):

@@ -1,0 +1,83 @@
+"""Node metrics: drop and refusal counts are Prometheus counters that keep counting across
+the agents of successive sessions (a node evicted by the fabric rejoins with a new agent),
+and the replica's own refusal reasons are exported."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+
+from llmfabric.gossip.agent import GossipAgent
+from llmfabric.gossip.stats import AgentStats
+from llmfabric.identity.keys import NodeKey
+from llmfabric.net import NetStats
+from llmfabric.node.config import build_config
+from llmfabric.node.daemon import Node
+from llmfabric.node.metrics import NodeMetrics
+from llmfabric.registry.facts import FactKind, make_fact
+from llmfabric.registry.replica import item_parts
+from llmfabric.testing.fake_clock import FakeClock
+from llmfabric.testing.memnet import MemNet
+
+
+def _sample(text: str, name: str, label: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} {label} not in\n{text}")
+
+
+def _scrape(metrics: NodeMetrics, agent: GossipAgent, net: NetStats) -> str:
+    metrics.refresh(agent, SimpleNamespace(stats=net),  # type: ignore[arg-type]
+                    SimpleNamespace(inflight=0))  # type: ignore[arg-type]
+    return generate_latest(metrics.registry).decode()
+
+
+def _refuse_inf_evict(agent: GossipAgent, clock: FakeClock) -> None:
+    evil = make_fact(NodeKey.generate(), FactKind.EVICT, agent.session_id, 0, math.inf)
+    agent._ingest((item_parts(evil),), rumour=True)
+
+
+async def test_counters_survive_the_replacement_of_the_agent() -> None:
+    clock = FakeClock()
+    net = MemNet(clock)
+    key = NodeKey.generate()
+    stats, metrics, netstats = AgentStats(), NodeMetrics(), NetStats()
+    first = GossipAgent(net.transport(key.peer_id), clock, key, stats=stats)
+    _refuse_inf_evict(first, clock)
+    first.stats.dropped["garbled"] += 3
+    text = _scrape(metrics, first, netstats)
+    assert re.search(r"# TYPE llmfabric_gossip_rejected(_total)? counter", text)
+    assert _sample(text, "llmfabric_gossip_rejected_total", 'reason="bad_timestamp"') == 1
+    assert _sample(text, "llmfabric_gossip_dropped_total", 'reason="garbled"') == 3
+    # evicted: the node starts a new agent (new session, new replica) with the same stats
+    second = GossipAgent(net.transport(key.peer_id), clock, key, stats=stats)
+    _refuse_inf_evict(second, clock)
+    text = _scrape(metrics, second, netstats)
+    assert _sample(text, "llmfabric_gossip_rejected_total", 'reason="bad_timestamp"') == 2
+    assert _sample(text, "llmfabric_gossip_dropped_total", 'reason="garbled"') == 3
+    await net.aclose()
+
+
+def test_transport_counts_are_counters_too() -> None:
+    clock = FakeClock()
+    key = NodeKey.generate()
+    agent = GossipAgent(MemNet(clock).transport(key.peer_id), clock, key)
+    netstats = NetStats()
+    netstats.drop("unreachable", 2)
+    netstats.handshakes_refused["admission"] += 1
+    text = _scrape(NodeMetrics(), agent, netstats)
+    assert re.search(r"# TYPE llmfabric_net_dropped(_total)? counter", text)
+    assert _sample(text, "llmfabric_net_dropped_total", 'reason="unreachable"') == 2
+    assert _sample(text, "llmfabric_net_handshakes_refused_total", 'reason="admission"') == 1
+
+
+def test_the_node_hands_one_stats_object_to_every_agent(tmp_path: pathlib.Path) -> None:
+    node = Node(build_config({}, {"home": tmp_path, "network_secret": "s" * 24, "gpu": "cpu",
+                                  "listen": "127.0.0.1:0"}))
+    assert node._new_agent().stats is node.gossip_stats
+    assert node._new_agent().stats is node.gossip_stats
