@@ -3,7 +3,8 @@
 
 - SIGKILL two nodes under steady load: no non-streaming request fails; only streams already
   committed to a killed node may fail; the killed nodes leave the routing candidates.
-- An engine crash takes its node out of the candidates (time measured and printed).
+- An engine crash takes its node out of the candidates within 3 s (the issue asks for ~2 s;
+  the margin is for the shared 2-core test machine), and a SIGKILLed node within 5 s.
 - SIGTERM drains an in-flight stream, then the node announces LEFT and exits 0.
 - A fatal engine log line (NCCL timeout) makes the node fail-stop.
 
@@ -39,6 +40,8 @@ N_NODES = 6
 SPEED = 4.0  # simulated engines run 4x faster than the H100 timing model
 STREAM_TOKENS = 150
 CALL_TOKENS = 8
+CRASH_EXCLUDE_S = 3.0  # engine crash -> out of the ingress's candidates (issue: ~2 s)
+KILL_DETECT_S = 5.0  # SIGKILL -> suspected by SWIM (local preset) and out of the candidates
 
 
 @dataclass(slots=True)
@@ -62,12 +65,7 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFabr
     with LocalFabric(tmp_path_factory.mktemp("churn")) as fab:
         fab.start_ingress()
         nodes = [
-            fab.add_node(
-                EngineSpec(MODEL, "H100-SXM", provider=f"p{i}", speed=SPEED),
-                None,
-                "--drain-timeout",
-                "20",
-            )
+            fab.add_node(EngineSpec(MODEL, "H100-SXM", provider=f"p{i}", speed=SPEED))
             for i in range(N_NODES)
         ]
         fab.wait_serving({MODEL: N_NODES}, timeout=120)
@@ -234,7 +232,7 @@ def test_sigkill_two_nodes_under_load(fabric: tuple[LocalFabric, list[Serving]])
             victim.node.kill_hard()
             with contextlib.suppress(AssertionError):  # asserted below, after the load
                 sid = victim.session_id
-                _eventually(lambda: sid not in _routable(fab), 8.0, "")  # noqa: B023
+                _eventually(lambda: sid not in _routable(fab), KILL_DETECT_S, "")  # noqa: B023
                 detected.append(time.monotonic() - killed_at)
     finally:
         for w in workers:
@@ -253,6 +251,8 @@ def test_sigkill_two_nodes_under_load(fabric: tuple[LocalFabric, list[Serving]])
         f"SIGKILL -> excluded in {[round(d, 2) for d in detected]} s"
     )
     assert len(calls) > 100 and len(streams) > 10, "the load did not run"
+    # Each SIGKILLed node left the ingress's routing candidates (suspected) within the bound.
+    assert len(detected) == len(victims), f"not excluded within {KILL_DETECT_S} s: {detected}"
     assert failed_calls == [], [o.error for o in failed_calls[:5]]
     for o in failed_streams:  # only streams already committed to a node we killed
         assert o.node in killed and o.chunks > 0, o
@@ -292,7 +292,7 @@ def test_engine_crash_excludes_the_node(fabric: tuple[LocalFabric, list[Serving]
     def gone() -> bool:
         return victim.session_id not in _routable(fab) and _serving_count(fab) == before - 1
 
-    _eventually(gone, 10, "the node with the crashed engine is excluded")
+    _eventually(gone, CRASH_EXCLUDE_S, "the node with the crashed engine is excluded")
     elapsed = time.monotonic() - t0
     print(f"\nengine crash -> excluded on the ingress in {elapsed:.3f} s")
     state = _nodes(fab)[victim.session_id]["state"]
@@ -360,6 +360,7 @@ def test_sigterm_drains_a_stream_then_leaves(fabric: tuple[LocalFabric, list[Ser
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == tokens
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
 
+    # Default drain/engine-stop timeouts: the node is gone within Slurm's KillWait (30 s).
     code = victim.node.proc.wait(timeout=30)
     assert code == 0, fab.tail(victim.node)
     _eventually(
