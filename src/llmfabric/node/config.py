@@ -110,6 +110,8 @@ class NodeConfig(BaseModel):
     # HTTP address other hosts use for the direct forwarding path (docs/node.md); default:
     # derived from the bound HTTP host and the advertised peer address.
     public_http_addr: str | None = None
+    # A node that cannot be dialled keeps registrations with at least this many relays.
+    min_relays: int = Field(default=1, ge=1)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
