@@ -9,4 +9,6 @@ Files:
 - broadcast.py: `BroadcastQueue`, transmit-limited queue of fresh changes.
 - antientropy.py: `AntiEntropy`, root hash -> bucket hashes -> digests -> deltas.
 - stats.py: `AgentStats` counters (messages, bytes, drops and rejections by reason).
+- rebootstrap.py: `Rebootstrapper`, dials the bootstrap addresses again (backoff) while the
+  node is cut off from the fabric (no live member, or no live seed).
 """

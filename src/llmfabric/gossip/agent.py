@@ -47,6 +47,7 @@ from llmfabric.gossip.wire import (
 )
 from llmfabric.membership.suspicion import SuspicionTracker
 from llmfabric.membership.swim import Member, Prober
+from llmfabric.net.backoff import Backoff
 from llmfabric.net.transport import PeerId, Transport
 from llmfabric.registry.codec import SignedRecord, peek_record_header
 from llmfabric.registry.errors import InvalidRecord
@@ -145,6 +146,15 @@ class GossipAgent:
 
     def member_peers(self) -> list[PeerId]:
         return sorted({m.peer_id for m in self.members()} - {self.peer_id})
+
+    def live_peers(self) -> set[PeerId]:
+        """Peers with a session that is neither LEFT nor suspected (our own peer excluded)."""
+        return {
+            e.record.record.peer_id
+            for sid, e in self.replica.entries.items()
+            if e.record is not None and e.state is not Lifecycle.LEFT and not e.suspected
+            and sid != self.session_id
+        } - {self.peer_id}
 
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(change)` on every change of the local replica."""
@@ -415,12 +425,24 @@ class GossipAgent:
             self._flush()
 
     async def _sync_loop(self) -> None:
+        # Alone (no member known): re-contact the seeds after exponentially growing gaps
+        # (full jitter, capped), not every round: a seed id may be stale for good (its host
+        # restarted with a new key); the node re-dials bootstrap addresses for that
+        # (gossip.rebootstrap).
+        alone = Backoff(self.config.sync_interval_s, self.config.rebootstrap_cap_s, self.rng)
+        next_contact = 0.0
         while True:
             await self.clock.sleep(self.config.sync_interval_s * self.rng.uniform(0.8, 1.2))
             peers = self.member_peers()
             if not peers:
-                self._contact_seeds()
+                now = self.clock.now()
+                if now >= next_contact:
+                    self.stats.seed_contacts += 1
+                    self._contact_seeds()
+                    next_contact = now + alone.next_delay()
                 continue
+            alone.reset()
+            next_contact = 0.0
             self.anti_entropy.start(self.rng.choice(peers))
 
     async def _suspicion_loop(self) -> None:

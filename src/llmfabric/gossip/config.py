@@ -47,10 +47,17 @@ class GossipConfig:
     # registry GC and the owner's refresh
     gc: GcConfig = field(default_factory=GcConfig)
     gc_interval_s: float = 60.0
+    # Cut off from the fabric (no live member, or none of the bootstrap peers live) for this
+    # long: dial the bootstrap addresses again (a bootstrap host may have restarted with a
+    # new key), then retry after exponential backoff with full jitter up to the cap. The cap
+    # also bounds the gaps between re-contacts of known seed peers while we know no member.
+    rebootstrap_after_s: float = 5.0
+    rebootstrap_cap_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("gossip_interval_s", "sync_interval_s", "probe_interval_s",
-                     "probe_timeout_s", "gc_interval_s"):
+                     "probe_timeout_s", "gc_interval_s", "rebootstrap_after_s",
+                     "rebootstrap_cap_s"):
             if not getattr(self, name) > 0:
                 raise GossipConfigError(f"{name} must be > 0")
         if self.probe_timeout_s >= self.probe_interval_s:
@@ -85,7 +92,7 @@ class GossipConfig:
 PRESETS: dict[str, GossipConfig] = {
     "local": GossipConfig(
         gossip_interval_s=0.05, fanout=3, sync_interval_s=1.0, probe_interval_s=0.5,
-        probe_timeout_s=0.2, suspicion_mult=8.0,
+        probe_timeout_s=0.2, suspicion_mult=8.0, rebootstrap_after_s=2.0, rebootstrap_cap_s=10.0,
     ),
     "lan": GossipConfig(
         gossip_interval_s=0.1, fanout=3, sync_interval_s=2.0, probe_interval_s=0.6,
@@ -93,7 +100,8 @@ PRESETS: dict[str, GossipConfig] = {
     ),
     "wan": GossipConfig(
         gossip_interval_s=0.5, fanout=4, sync_interval_s=10.0, probe_interval_s=3.0,
-        probe_timeout_s=1.5, suspicion_mult=6.0,
+        probe_timeout_s=1.5, suspicion_mult=6.0, rebootstrap_after_s=30.0,
+        rebootstrap_cap_s=300.0,
     ),
 }
 

@@ -22,6 +22,8 @@ class AgentStats:
     evictions_issued: int = 0
     refutations: int = 0
     loop_errors: int = 0
+    seed_contacts: int = 0  # re-contacts of the seed peers while no member was known
+    rebootstraps: int = 0  # bootstrap addresses dialled again while cut off (rebootstrap.py)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -35,4 +37,6 @@ class AgentStats:
             "evictions_issued": self.evictions_issued,
             "refutations": self.refutations,
             "loop_errors": self.loop_errors,
+            "seed_contacts": self.seed_contacts,
+            "rebootstraps": self.rebootstraps,
         }

@@ -15,6 +15,8 @@ Files (one concept each; see docs/network.md for the protocol):
 - messages.py: `PeerRequest`, `PeerResponse`, `HandlerResponse`.
 - relay.py: dial-back reachability check (`Reachability`), relay client (persistent
   outbound) and server.
+- relaykeeper.py: `RelayKeeper`, keeps a NATed node registered with >= N live relays
+  (re-selects when one leaves or never answers; backoff).
 - addressbook.py: peer id -> direct addresses and relays; `parse_addr`, `host_addrs`.
 - httpaddr.py: `published_http_addr`, the HTTP address a node may publish (reachability rule).
 - bootstrap.py: `run_bootstrap`, the retry loop over bootstrap addresses (injected clock).

@@ -92,6 +92,24 @@ class RelayService:
             if relay_id not in self._loops and relay_id != self.t.local_id:
                 self._loops[relay_id] = self.t.spawn(self._maintain(relay_id))
 
+    @property
+    def in_use(self) -> tuple[str, ...]:
+        """Relays we keep (or try to keep) a registration with, registered or not."""
+        return tuple(sorted(self._loops))
+
+    def drop(self, relay_ids: Sequence[str]) -> None:
+        """Stop keeping a registration with these relays (they left, or never answer)."""
+        changed = False
+        for relay_id in relay_ids:
+            task = self._loops.pop(relay_id, None)
+            if task is not None:
+                task.cancel()
+            if relay_id in self._my_relays:
+                self._my_relays.discard(relay_id)
+                changed = True
+        if changed:
+            self._notify()
+
     def _notify(self) -> None:
         self._changed.set()
         now = self.relays

@@ -298,7 +298,10 @@ class TlsTransport:
                 self._direct_failed.pop(peer_id, None)
 
     def remove_peer(self, peer_id: str) -> None:
+        """Forget where `peer_id` is reached (it left the fabric); an open connection stays
+        until it closes or idles out."""
         self.book.remove(peer_id)
+        self._direct_failed.pop(peer_id, None)
 
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -513,6 +516,15 @@ class TlsTransport:
         """Keep persistent outbound connections to these relays (their addresses must be in
         the address book, e.g. from `connect`/`bootstrap`/`add_peer`) and re-connect them."""
         self.relay.use(relay_ids)
+
+    def drop_relays(self, relay_ids: Sequence[str]) -> None:
+        """Stop keeping registrations with these relays (see `use_relays`)."""
+        self.relay.drop(relay_ids)
+
+    @property
+    def relays_in_use(self) -> tuple[str, ...]:
+        """Relays we keep, or keep trying to keep, a registration with."""
+        return self.relay.in_use
 
     async def wait_relayed(
         self,

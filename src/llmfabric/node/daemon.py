@@ -28,6 +28,7 @@ from llmfabric.agent.hardware import discover_hardware
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
+from llmfabric.gossip.rebootstrap import Rebootstrapper
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
@@ -35,7 +36,9 @@ from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
+from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
+from llmfabric.net.relaykeeper import RelayKeeper
 from llmfabric.node.admission import admission_from_config
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
@@ -101,6 +104,7 @@ class Node:
         self._exit_code = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seeds: list[str] = []
+        self._relay_keeper: RelayKeeper | None = None
         self._stopping = False
         self._forward_token: str | None = None
 
@@ -155,7 +159,7 @@ class Node:
         await self._serve_http(app)
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
-        self.transport.on_relays_changed(lambda _relays: self._republish())
+        self.transport.on_relays_changed(self._relays_changed)
         await self._agent.start()
         self._spawn(self._join(), "join")
         if self.ingress is not None:
@@ -246,8 +250,22 @@ class Node:
         peers = await self.transport.bootstrap(list(self.config.bootstrap))
         self._seeds[:] = [p for p in peers if p != self.key.peer_id]
         self._agent.contact_seeds(self._seeds)
+        # Cut off later (a bootstrap host restarted with a new key, a long partition): dial
+        # the bootstrap addresses again, with backoff (gossip/rebootstrap.py).
+        cfg = preset(self.config.preset)
+        rebootstrap = Rebootstrapper(
+            self.clock, lambda: self._agent, self._redial,
+            backoff=Backoff(cfg.sync_interval_s, cfg.rebootstrap_cap_s, self.rng),
+            after_s=cfg.rebootstrap_after_s, check_interval_s=cfg.sync_interval_s,
+        )
+        self._spawn(rebootstrap.run(), "rebootstrap")
         if self.transport.listen_addr is None or not await self._reachable(peers):
-            await self._use_relays(peers)
+            self._use_relays(peers)
+
+    async def _redial(self) -> list[str]:
+        peers = await self.transport.bootstrap(list(self.config.bootstrap), max_rounds=1)
+        self._seeds[:] = [p for p in peers if p != self.key.peer_id]
+        return list(self._seeds)
 
     async def _reachable(self, peers: list[str], attempts: int = 3) -> bool:
         """Dial-back through the bootstrap peers; a busy peer gets a few tries before we
@@ -264,17 +282,38 @@ class Node:
                     "; ".join(reasons[-len(peers):]))
         return False
 
-    async def _use_relays(self, bootstrap_peers: list[str]) -> None:
-        """Keep outbound connections to relay-role peers (the bootstrap peers until the
-        registry tells us which peers relay)."""
-        relay_ids = [
-            v.record.peer_id
-            for v in self._agent.nodes.all(include_left=False)
-            if "relay" in v.record.meta.roles
-        ]
-        self.transport.use_relays(relay_ids or bootstrap_peers)
-        await self.transport.wait_relayed(1, timeout=30.0)
+    def _use_relays(self, bootstrap_peers: list[str]) -> None:
+        """Keep >= min_relays registrations with relay-role peers for as long as we run
+        (the bootstrap peers until the registry lists a relay; net/relaykeeper.py)."""
+        tcfg = self.transport.config
+        self._relay_keeper = RelayKeeper(
+            self.transport, self.clock, Backoff(tcfg.backoff_base, tcfg.backoff_cap, self.rng),
+            candidates=self._relay_candidates, gone=self._relay_gone,
+            fallback=lambda: bootstrap_peers, want=self.config.min_relays,
+        )
+        self._spawn(self._relay_keeper.run(), "relays")
+
+    def _relay_candidates(self) -> list[str]:
+        """Dialable relay-role peers that are neither LEFT nor suspected, shuffled."""
+        peers = list(dict.fromkeys(
+            v.record.peer_id for v in self._agent.nodes.all(include_left=False)
+            if not v.suspected and "relay" in v.record.meta.roles and v.record.meta.peer_addrs
+            and v.record.peer_id != self.key.peer_id
+        ))
+        self.rng.shuffle(peers)
+        return peers
+
+    def _relay_gone(self, peer_id: str) -> bool:
+        """The registry knows the peer left (or that it does not relay); unknown is not gone
+        (a bootstrap peer before the first sync)."""
+        views = self._agent.nodes.by_peer(peer_id)
+        live = [v for v in views if v.state is not Lifecycle.LEFT]
+        return bool(views) and not any("relay" in v.record.meta.roles for v in live)
+
+    def _relays_changed(self, _relays: tuple[str, ...]) -> None:
         self._republish()
+        if self._relay_keeper is not None:
+            self._relay_keeper.poke()  # a registration was lost: re-select now
 
     def _republish(self) -> None:
         if self.agent is not None and not self._stopping:
@@ -286,8 +325,22 @@ class Node:
             return
         meta = view.record.meta
         if view.record.state is Lifecycle.LEFT:
+            self._forget_peer(view.record.peer_id)
+            if self._relay_keeper is not None:
+                self._relay_keeper.poke()
             return
         self.transport.add_peer(view.record.peer_id, meta.peer_addrs, meta.relays)
+
+    def _forget_peer(self, peer_id: str) -> None:
+        """A session left: drop its peer from the address book (Slurm jobs come and go; the
+        book must not grow with churn), unless another live session of that peer (a restart
+        with the same key) still needs its addresses."""
+        for other in self._agent.nodes.all(include_left=False):
+            if other.record.peer_id == peer_id:
+                meta = other.record.meta
+                self.transport.add_peer(peer_id, meta.peer_addrs, meta.relays)
+                return
+        self.transport.remove_peer(peer_id)
 
     def _on_evicted(self) -> None:
         # A false eviction (partition, long pause): rejoin under a new session id.
@@ -348,10 +401,12 @@ class Node:
         try:
             info = await engine.start()
         except Exception as exc:
-            log.error("the engine did not become ready: %s", exc)
-            self._agent.set_state(Lifecycle.DOWN)
-            self._exit_code = 3
-            self._stopped.set()
+            log.error(
+                "the engine did not become ready: %s (engine log: %s); announcing LEFT and "
+                "exiting with status 3", exc, self.config.home / "logs" / "engine.log")
+            if self._exit_code == 0:
+                self._exit_code = 3
+            await self.stop(drain=False)  # DOWN, LEFT, engine stopped, transport closed
             return
         self._agent.update_self(self._meta(engine=info.kind, models=info.models))
         self._agent.set_state(Lifecycle.SERVING)
@@ -414,8 +469,10 @@ class Node:
             if self.engine is not None:
                 await self.engine.aclose(self.config.drain_timeout_s if drain else 2.0)
         finally:
+            current = asyncio.current_task()  # stop() may run in one of our own tasks
             for task in list(self._tasks):
-                task.cancel()
+                if task is not current:
+                    task.cancel()
             if agent is not None:
                 await agent.aclose()
             if self.ingress is not None:
