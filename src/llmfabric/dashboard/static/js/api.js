@@ -81,7 +81,7 @@ export async function request(method, path, { body, headers, signal, auth = true
     resp = await fetch(`${apiBase()}${path}`, init);
   } catch (err) {
     if (err && err.name === 'AbortError') throw err;
-    throw new ApiError(0, 'Cannot reach the ingress: is the fabric running? Retrying…', 'network');
+    throw new ApiError(0, 'Cannot reach the ingress: is the fabric running?', 'network');
   }
   if (!resp.ok) throw await errorFrom(resp);
   if (resp.status === 204) return null;

@@ -71,6 +71,7 @@ let current = null; // {name, stop: () => void}
 function makeContext(name) {
   const timers = new Set();
   const controllers = new Set();
+  const sessionListeners = new Set();
   let alive = true;
   return {
     session,
@@ -88,6 +89,15 @@ function makeContext(name) {
       };
       tick();
     },
+    /** Call fn() when the signed-in key's record (session.me) becomes known or changes. */
+    onSession(fn) {
+      sessionListeners.add(fn);
+    },
+    sessionChanged() {
+      for (const fn of sessionListeners) {
+        try { fn(); } catch (err) { console.warn(`${name}: session update failed`, err); }
+      }
+    },
     /** An AbortController aborted when the page is left. */
     controller() {
       const c = new AbortController();
@@ -96,20 +106,54 @@ function makeContext(name) {
     },
     stop() {
       alive = false;
+      sessionListeners.clear();
       for (const t of timers) window.clearTimeout(t);
       for (const c of controllers) c.abort();
     },
   };
 }
 
-function parseHash() {
-  const raw = (window.location.hash || '').replace(/^#\/?/, '');
-  const [name, query = ''] = raw.split('?');
+/**
+ * The page a location hash names. Routes are "#/page?query" ("#page" too, and "" for the
+ * default page); unknown "#/..." routes show the default page. Any other hash ("#view", the
+ * skip link's target) is an in-page anchor, not a route: null.
+ */
+export function parseHash(hash) {
+  const raw = (hash || '').replace(/^#/, '');
+  const [path, query = ''] = raw.split('?');
+  const name = path.replace(/^\//, '');
+  if (raw && !raw.startsWith('/') && !PAGES[name]) return null;
   return { name: PAGES[name] ? name : DEFAULT_PAGE, params: new URLSearchParams(query) };
 }
 
+let routedHash = '';
+
+/** Focus the main region (the skip link's target) without changing the page. */
+function focusMain() {
+  const view = document.getElementById('view');
+  view.focus({ preventScroll: true });
+  view.scrollIntoView({ block: 'start' });
+}
+
+function onHashChange() {
+  if (parseHash(window.location.hash) === null) {
+    // An in-page anchor (e.g. "#view" followed without the click handler): keep the page,
+    // focus the target and put the page's own address back.
+    const target = document.getElementById(window.location.hash.slice(1));
+    window.history.replaceState(null, '', routedHash || window.location.pathname);
+    if (target) {
+      if (!target.hasAttribute('tabindex')) target.setAttribute('tabindex', '-1');
+      target.focus();
+    }
+    return;
+  }
+  route();
+}
+
 function route() {
-  const { name, params } = parseHash();
+  const parsed = parseHash(window.location.hash);
+  const { name, params } = parsed || { name: DEFAULT_PAGE, params: new URLSearchParams() };
+  routedHash = parsed ? window.location.hash : '';
   if (current) current.stop();
   const page = PAGES[name];
   const view = document.getElementById('view');
@@ -134,9 +178,16 @@ let routed = false;
 
 async function start() {
   renderSession();
-  window.addEventListener('hashchange', route);
+  window.addEventListener('hashchange', onHashChange);
+  // The skip link's "#view" is not a route: focus the main region and leave the hash alone.
+  document.querySelector('.skip-link')?.addEventListener('click', (e) => {
+    e.preventDefault();
+    focusMain();
+  });
   route();
   if (session.key) {
+    // The page is already drawn; once the key's record is known (admin or not) the page
+    // hears about it and shows what depends on it (the owner column, the admin fields).
     try {
       const { me } = await whoAmI(session.key);
       session.me = me;
@@ -148,6 +199,7 @@ async function start() {
       }
     }
     renderSession();
+    if (current) current.sessionChanged();
   }
 }
 

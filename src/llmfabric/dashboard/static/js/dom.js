@@ -53,6 +53,86 @@ export function mount(el, ...children) {
   return el;
 }
 
+/**
+ * Make the children of `el` look like `children` while keeping every existing node that
+ * still fits: text changes in place, attributes are synced, and elements with a `data-key`
+ * are matched by key (anywhere among their siblings), the others by position. Live pages
+ * redraw through this so that keyboard focus, selection and scroll positions inside them
+ * survive a refresh. Event listeners are not copied: use it for markup whose listeners
+ * (if any) do not depend on the data.
+ */
+export function patch(el, ...children) {
+  const next = document.createElement('div');
+  append(next, children);
+  const active = document.activeElement;
+  const hadFocus = active && active !== document.body && el.contains(active);
+  morphChildren(el, next);
+  // A moved row can lose focus in some browsers: give it back if its element survived.
+  if (hadFocus && document.activeElement !== active && active.isConnected && el.contains(active)) {
+    active.focus({ preventScroll: true });
+  }
+  return el;
+}
+
+/** Give `el` a `data-key` for patch(): keyed siblings are only ever matched by key. */
+export function keyed(key, el) {
+  el.setAttribute('data-key', key);
+  return el;
+}
+
+function keyOf(node) {
+  return node.nodeType === Node.ELEMENT_NODE ? node.getAttribute('data-key') : null;
+}
+
+function sameKind(a, b) {
+  return a.nodeType === b.nodeType && a.nodeName === b.nodeName && keyOf(a) === keyOf(b);
+}
+
+function morph(cur, next) {
+  if (cur.nodeType !== Node.ELEMENT_NODE) {
+    if (cur.nodeValue !== next.nodeValue) cur.nodeValue = next.nodeValue;
+    return;
+  }
+  for (const { name } of [...cur.attributes]) {
+    if (!next.hasAttribute(name)) cur.removeAttribute(name);
+  }
+  for (const { name, value } of [...next.attributes]) {
+    if (cur.getAttribute(name) !== value) cur.setAttribute(name, value);
+  }
+  morphChildren(cur, next);
+}
+
+function morphChildren(cur, next) {
+  const keyed = new Map();
+  for (const child of cur.childNodes) {
+    const key = keyOf(child);
+    if (key !== null) keyed.set(key, child);
+  }
+  let cursor = cur.firstChild;
+  for (const child of [...next.childNodes]) {
+    const key = keyOf(child);
+    let match = null;
+    if (key !== null) {
+      match = keyed.get(key) || null;
+      keyed.delete(key);
+    } else if (cursor && keyOf(cursor) === null) {
+      match = cursor;
+    }
+    if (match && sameKind(match, child)) {
+      if (match === cursor) cursor = cursor.nextSibling;
+      else cur.insertBefore(match, cursor);
+      morph(match, child);
+    } else {
+      cur.insertBefore(child, cursor);
+    }
+  }
+  while (cursor) {
+    const after = cursor.nextSibling;
+    cur.removeChild(cursor);
+    cursor = after;
+  }
+}
+
 let uid = 0;
 /** A unique id for label/aria wiring. */
 export function nextId(prefix = 'f') {

@@ -1,7 +1,7 @@
 // Catalog: every model with its serving nodes, GPU types, providers, quantization and
 // context, refreshed live; search and filters.
 
-import { h, mount, notice, tableWrap, badge, chip, fmtContext, fmtNum, shortId, fingerprint } from '../dom.js';
+import { h, mount, patch, keyed, notice, tableWrap, badge, chip, fmtContext, fmtNum, shortId, fingerprint } from '../dom.js';
 import { get, listOf, ApiError } from '../api.js';
 import { pageHeader, filterSelect, searchBox, liveStatus, errorNotice, includesText } from './common.js';
 
@@ -66,31 +66,33 @@ function render(view, ctx, params) {
       && (!quant.value || (m.quantizations || []).includes(quant.value))
       && (!status.value || statusOf(m) === status.value));
     const serving = models.filter((m) => m.serving > 0).length;
-    summary.textContent = `${models.length} model${models.length === 1 ? '' : 's'}, ${serving} serving`
+    const said = `${models.length} model${models.length === 1 ? '' : 's'}, ${serving} serving`
       + (shown.length !== models.length ? ` · ${shown.length} shown` : '');
+    if (summary.textContent !== said) summary.textContent = said; // a live region: only real changes
+    // patch, not mount: focus and horizontal scroll inside the table survive each refresh
     if (models.length === 0) {
-      mount(results, notice('empty',
+      patch(results, keyed('no-models', notice('empty',
         h('strong', {}, 'No models are served yet. '),
         'Start a node with ', h('code', {}, 'llmfabric start --process vllm serve MODEL'),
-        ' or run ', h('code', {}, 'llmfabric demo'), '; models appear here within seconds.'));
+        ' or run ', h('code', {}, 'llmfabric demo'), '; models appear here within seconds.')));
       return;
     }
     if (shown.length === 0) {
-      mount(results, notice('empty', 'No model matches these filters. ',
-        h('button', { type: 'button', class: 'link', on: { click: clear } }, 'Clear filters')));
+      patch(results, keyed('no-match', notice('empty', 'No model matches these filters. ',
+        h('button', { type: 'button', class: 'link', on: { click: clear } }, 'Clear filters'))));
       return;
     }
-    mount(results, tableWrap('Models', h('table', { class: 'data', id: 'catalog-table' },
+    patch(results, keyed('table', tableWrap('Models', h('table', { class: 'data', id: 'catalog-table' },
       h('caption', { class: 'visually-hidden' }, 'Models in the fabric'),
       h('thead', {}, h('tr', {},
         ['Model', 'Status', 'Nodes', 'GPUs', 'Providers', 'Quantization', 'Context', 'Demand']
           .map((c) => h('th', { scope: 'col' }, c)))),
-      h('tbody', {}, shown.map(row)))));
+      h('tbody', {}, shown.map(row))))));
   };
 
   const row = (m) => {
     const st = statusOf(m);
-    return h('tr', { dataset: { model: m.id, status: st } },
+    return h('tr', { dataset: { key: m.id, model: m.id, status: st } },
       h('th', { scope: 'row' },
         h('div', { class: 'model-id' }, m.id),
         (m.aliases || []).length ? h('div', { class: 'muted small' }, `aka ${m.aliases.join(', ')}`) : null,
@@ -112,7 +114,7 @@ function render(view, ctx, params) {
     const n = nodesById.get(sid);
     const state = n ? (n.suspected && n.state === 'SERVING' ? 'suspected' : n.state) : 'unknown';
     const label = n ? `${n.hardware?.gpu_count || 0}× ${n.hardware?.gpu_model || '?'}` : '';
-    return h('li', {},
+    return h('li', { dataset: { key: sid } },
       h('a', { href: `#/nodes?q=${encodeURIComponent(sid)}`, title: sid,
         class: `node-chip state-${state.toLowerCase()}` },
       h('span', { class: 'dot', 'aria-hidden': 'true' }),
@@ -136,7 +138,7 @@ function render(view, ctx, params) {
       const [nextModels, nextNodes] = await Promise.all([loadModels(), loadNodes()]);
       if (!ctx.alive) return;
       mount(errorBox);
-      live.ok(`Live · updated ${new Date().toLocaleTimeString()}`);
+      live.ok();
       const sig = fingerprint([nextModels, nextNodes.map((n) => [n.session_id, n.state, n.suspected])]);
       if (sig === lastSig) return;
       lastSig = sig;
@@ -149,7 +151,7 @@ function render(view, ctx, params) {
     } catch (err) {
       if (!ctx.alive) return;
       live.error(err);
-      if (models === null) mount(results, errorNotice(err, 'the catalog'));
+      if (models === null) patch(results, keyed('error', errorNotice(err, 'load the catalog', { retrying: true })));
     }
   });
 }

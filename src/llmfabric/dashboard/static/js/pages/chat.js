@@ -1,7 +1,7 @@
 // Chat playground: pick a model, optionally restrict providers (X-Fabric-Providers), and
 // stream an answer from the same OpenAI endpoint consumers use; shows which node served.
 
-import { h, mount, notice, field, fmtNum, fmtInt, shortId, announce } from '../dom.js';
+import { h, mount, notice, field, fmtNum, fmtInt, shortId } from '../dom.js';
 import { get, listOf, rawFetch, errorFrom, ApiError } from '../api.js';
 import { readChatStream } from '../sse.js';
 import { pageHeader } from './common.js';
@@ -21,7 +21,10 @@ function render(view, ctx, params) {
   const [maxField, maxInput] = field('Max tokens', h('input', { type: 'number', min: '1', max: '32768', step: '1', value: '256' }));
   const [tempField, tempInput] = field('Temperature', h('input', { type: 'number', min: '0', max: '2', step: '0.1', value: '0.7' }));
   const [sysField, sysInput] = field('System prompt (optional)', h('textarea', { rows: '2', placeholder: 'You are a helpful assistant.' }));
-  const transcript = h('ol', { class: 'transcript', id: 'transcript', 'aria-label': 'Conversation' });
+  // A log (polite live region): a new message is read out once; while an answer streams the
+  // log is aria-busy, so screen readers wait and read the finished answer, not every token.
+  const transcript = h('ol', { class: 'transcript', id: 'transcript', role: 'log', 'aria-live': 'polite',
+    'aria-relevant': 'additions text', 'aria-label': 'Conversation' });
   const prompt = h('textarea', { id: 'chat-input', rows: '3', placeholder: 'Ask something…', required: true,
     'aria-describedby': 'chat-input-hint' });
   const send = h('button', { type: 'submit', id: 'chat-send' }, 'Send');
@@ -91,12 +94,18 @@ function render(view, ctx, params) {
     const history = state.messages.filter((m) => !m.error).map((m) => ({ role: m.role, content: m.content }));
     const messages = [...(sysInput.value.trim() ? [{ role: 'system', content: sysInput.value.trim() }] : []),
       ...history, { role: 'user', content: text }];
-    state.messages.push({ role: 'user', content: text });
+    // Append (not redraw): a redrawn log would read the whole conversation out again.
+    if (state.messages.length === 0) mount(transcript);
+    const question = { role: 'user', content: text };
+    state.messages.push(question);
+    transcript.append(messageItem(question));
     const answer = { role: 'assistant', content: '', model: state.model, pending: true };
     state.messages.push(answer);
     prompt.value = '';
-    drawTranscript();
-    const item = transcript.lastElementChild;
+    transcript.setAttribute('aria-busy', 'true');
+    const item = messageItem(answer);
+    transcript.append(item);
+    transcript.scrollTop = transcript.scrollHeight;
     const textEl = item.querySelector('.text');
     const metaEl = item.querySelector('.meta');
     const body = { model: state.model, messages, stream: true, stream_options: { include_usage: true } };
@@ -107,7 +116,6 @@ function render(view, ctx, params) {
     controller = ctx.controller();
     send.disabled = true;
     stop.hidden = false;
-    transcript.setAttribute('aria-busy', 'true');
     const t0 = performance.now();
     let tFirst = null;
     try {
@@ -125,7 +133,6 @@ function render(view, ctx, params) {
       const secs = (performance.now() - (tFirst ?? t0)) / 1000;
       const outTokens = result.usage?.completion_tokens;
       if (outTokens && secs > 0) answer.tokPerS = outTokens / secs;
-      announce('Answer complete');
     } catch (err) {
       if (err && err.name === 'AbortError') {
         answer.stopped = true;

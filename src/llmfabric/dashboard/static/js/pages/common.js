@@ -36,25 +36,51 @@ export function searchBox(label, placeholder) {
   return { el: h('label', { class: 'filter grow' }, h('span', {}, label), input), input };
 }
 
-/** A line that says when data was last refreshed, or that the last refresh failed. */
-export function liveStatus() {
-  const el = h('p', { class: 'live-status muted', role: 'status' });
+/**
+ * A line that says when data was last refreshed, or that the last refresh failed.
+ *
+ * Only the state ("Live", "Update failed: …", "Live again") is a live region, so screen
+ * readers hear a change of state once; the visible time of the last update sits outside it
+ * and changes silently on every poll.
+ */
+export function liveStatus(label = 'Live') {
+  const state = h('span', { class: 'live-state', role: 'status' });
+  const time = h('span', { class: 'live-time' });
+  const pulse = h('span', { class: 'pulse', 'aria-hidden': 'true' });
+  const el = h('p', { class: 'live-status muted' }, pulse, state, time);
+  let failed = false;
+  let lastOk = null;
+  const say = (text) => { if (state.textContent !== text) state.textContent = text; };
   return {
     el,
-    ok(text) {
+    /** A refresh succeeded (at `when`). */
+    ok(when = new Date()) {
       el.className = 'live-status muted';
-      mount(el, h('span', { class: 'pulse', 'aria-hidden': 'true' }), text);
+      pulse.hidden = false;
+      say(failed ? `${label} again` : label);
+      failed = false;
+      lastOk = when;
+      time.textContent = `· updated ${when.toLocaleTimeString()}`;
     },
-    error(err) {
+    /** A refresh failed; `retrying` says whether the page tries again by itself. */
+    error(err, retrying = true) {
       el.className = 'live-status error-text';
-      mount(el, `Update failed: ${err.message || err}. Showing the last data received.`);
+      pulse.hidden = true;
+      failed = true;
+      say(`Update failed: ${err.message || err}. Showing the last data received${retrying ? '; retrying' : ''}.`);
+      time.textContent = lastOk ? `· last update ${lastOk.toLocaleTimeString()}` : '';
     },
   };
 }
 
-export function errorNotice(err, what) {
+/**
+ * An error box for a failed request: "Could not <action> (HTTP 503). <message>".
+ * `retrying`: the page polls and will try again by itself (said so; one-shot actions are not).
+ */
+export function errorNotice(err, action, { retrying = false } = {}) {
   const status = err && err.status ? ` (HTTP ${err.status})` : '';
-  return notice('error', h('strong', {}, `Could not load ${what}${status}. `), err.message || String(err));
+  return notice('error', h('strong', {}, `Could not ${action}${status}. `), err.message || String(err),
+    retrying ? ' Retrying…' : '');
 }
 
 export function includesText(haystacks, needle) {

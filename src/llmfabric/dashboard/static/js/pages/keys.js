@@ -102,7 +102,7 @@ function render(view, ctx) {
       createForm.reset();
       await load();
     } catch (err) {
-      mount(createError, errorNotice(err, 'a new key'));
+      mount(createError, errorNotice(err, 'create the key'));
     } finally {
       createButton.disabled = false;
     }
@@ -201,22 +201,32 @@ function render(view, ctx) {
       const body = await get('/v1/fabric/keys');
       if (!ctx.alive) return;
       keys = listOf(body, 'keys').slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
-      adminOnly.hidden = !isAdmin();
       ownerFilter.setOptions([...new Set(keys.map((k) => k.owner))].sort());
-      ownerFilter.el.hidden = !isAdmin();
+      showRole();
       draw();
     } catch (err) {
       if (!ctx.alive) return;
       if (err instanceof ApiError && err.status === 401) { ctx.signOut(); return; }
-      mount(listBox, errorNotice(err, 'your keys'));
+      mount(listBox, errorNotice(err, 'load the keys'));
     }
   }
+
+  const subtitle = () => (isAdmin() ? 'You are an admin: you see and manage every owner’s keys.'
+    : 'Your keys for the OpenAI-compatible endpoint.');
+  const header = pageHeader('API keys', subtitle());
+  /** Show what depends on being an admin; session.me may arrive after the first draw. */
+  function showRole() {
+    adminOnly.hidden = !isAdmin();
+    ownerFilter.el.hidden = !isAdmin();
+    const sub = header.querySelector('p');
+    if (sub) sub.textContent = subtitle();
+  }
+  ctx.onSession(() => { showRole(); draw(); });
 
   showRevoked.addEventListener('change', draw);
   ownerFilter.select.addEventListener('input', draw);
   mount(view,
-    pageHeader('API keys', isAdmin() ? 'You are an admin: you see and manage every owner’s keys.'
-      : 'Your keys for the OpenAI-compatible endpoint.'),
+    header,
     secretBox,
     createForm,
     h('section', { class: 'card', 'aria-labelledby': 'list-title' },

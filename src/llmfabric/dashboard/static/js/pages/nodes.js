@@ -1,7 +1,7 @@
 // Nodes: lifecycle, hardware, labels, load, last seen and relay path of every node this
 // ingress's replica knows, polled about once a second.
 
-import { h, mount, notice, tableWrap, badge, chip, fmtAgo, fmtNum, fmtInt, shortId, fingerprint, announce } from '../dom.js';
+import { h, mount, patch, keyed, notice, tableWrap, badge, chip, fmtAgo, fmtNum, fmtInt, shortId, announce } from '../dom.js';
 import { get, listOf } from '../api.js';
 import { pageHeader, filterSelect, searchBox, liveStatus, errorNotice, includesText } from './common.js';
 
@@ -58,16 +58,16 @@ function render(view, ctx, params) {
     results);
 
   let nodes = null;
-  let lastSig = '';
   const prevState = new Map();
-  const seenCells = [];
 
   const draw = () => {
     if (nodes === null) return;
     const byState = { JOIN: 0, SERVING: 0, suspected: 0, DOWN: 0, LEFT: 0 };
     for (const n of nodes) byState[displayState(n)] = (byState[displayState(n)] || 0) + 1;
-    mount(counts, Object.entries(byState).map(([k, v]) =>
-      h('li', { class: `stat state-${k.toLowerCase()}`, dataset: { state: k } },
+    // patch, not mount, everywhere below: this redraws every second, and keyboard focus and
+    // the table's horizontal scroll must survive it
+    patch(counts, Object.entries(byState).map(([k, v]) =>
+      h('li', { class: `stat state-${k.toLowerCase()}`, dataset: { key: k, state: k } },
         h('span', { class: 'stat-value' }, fmtInt(v)), h('span', { class: 'stat-label' }, k))));
     const q = search.input.value.trim();
     const shown = nodes.filter((n) =>
@@ -76,30 +76,27 @@ function render(view, ctx, params) {
         ...(n.models || []).map((m) => m.id)], q)
       && (!state.value || displayState(n) === state.value)
       && (!provider.value || n.provider_id === provider.value));
-    seenCells.length = 0;
     if (nodes.length === 0) {
-      mount(results, notice('empty', h('strong', {}, 'No nodes yet. '),
-        'Nodes appear here as soon as they join the fabric (', h('code', {}, 'llmfabric start'), ').'));
+      patch(results, keyed('no-nodes', notice('empty', h('strong', {}, 'No nodes yet. '),
+        'Nodes appear here as soon as they join the fabric (', h('code', {}, 'llmfabric start'), ').')));
       return;
     }
     if (shown.length === 0) {
-      mount(results, notice('empty', 'No node matches these filters.'));
+      patch(results, keyed('no-match', notice('empty', 'No node matches these filters.')));
       return;
     }
-    mount(results, tableWrap('Nodes', h('table', { class: 'data', id: 'nodes-table' },
+    patch(results, keyed('table', tableWrap('Nodes', h('table', { class: 'data', id: 'nodes-table' },
       h('caption', { class: 'visually-hidden' }, 'Nodes and their lifecycle state'),
       h('thead', {}, h('tr', {},
         ['Node', 'State', 'Provider', 'Hardware', 'Engine · models', 'Labels', 'Load', 'Last seen', 'Path']
           .map((c) => h('th', { scope: 'col' }, c)))),
-      h('tbody', {}, shown.map(row)))));
+      h('tbody', {}, shown.map(row))))));
   };
 
   const row = (n) => {
     const ds = displayState(n);
-    const seen = h('td', { class: 'nowrap', title: new Date((n.last_seen || 0) * 1000).toISOString() }, fmtAgo(n.last_seen));
-    seenCells.push([seen, n.last_seen]);
     const load = n.load || {};
-    return h('tr', { dataset: { session: n.session_id, state: ds }, class: `state-${ds.toLowerCase()}` },
+    return h('tr', { dataset: { key: n.session_id, session: n.session_id, state: ds }, class: `state-${ds.toLowerCase()}` },
       h('th', { scope: 'row' },
         h('code', { title: n.session_id }, shortId(n.session_id, 12)),
         h('div', { class: 'muted small', title: `peer ${n.peer_id}` }, `peer ${shortId(n.peer_id, 12)}`),
@@ -110,13 +107,15 @@ function render(view, ctx, params) {
       h('td', {}, n.provider_id || h('span', { class: 'muted' }, '–')),
       h('td', {}, hardwareText(n.hardware)),
       h('td', {}, h('div', {}, n.engine || h('span', { class: 'muted' }, 'bare node')),
-        (n.models || []).map((m) => h('div', { class: 'small' }, h('span', { class: 'model-id' }, m.id),
+        (n.models || []).map((m) => h('div', { class: 'small' },
+          h('a', { class: 'model-id', href: `#/catalog?q=${encodeURIComponent(m.id)}`,
+            'aria-label': `${m.id} in the catalog` }, m.id),
           h('span', { class: 'muted' }, ` ${m.quantization} · ${m.role}`)))),
       h('td', {}, Object.entries(n.labels || {}).map(([k, v]) => chip(`${k}=${v}`))),
-      h('td', { class: 'nowrap' },
+      h('td', { class: 'nowrap load' },
         h('div', {}, `${fmtInt(load.inflight)} in flight`),
         h('div', { class: 'muted small' }, `${fmtInt(load.queued)} queued · ${fmtNum(load.tokens_per_s, 0)} tok/s`)),
-      seen,
+      h('td', { class: 'nowrap seen', title: new Date((n.last_seen || 0) * 1000).toISOString() }, fmtAgo(n.last_seen)),
       h('td', {}, pathCell(n)));
   };
 
@@ -132,32 +131,20 @@ function render(view, ctx, params) {
           || String(a.provider_id).localeCompare(String(b.provider_id))
           || String(a.session_id).localeCompare(String(b.session_id)));
       mount(errorBox);
-      live.ok(`Live · updated ${new Date().toLocaleTimeString()}`);
+      live.ok();
       for (const n of next) {
         const was = prevState.get(n.session_id);
         const now = displayState(n);
         if (was && was !== now) announce(`Node ${shortId(n.session_id, 8)} is now ${now}`);
         prevState.set(n.session_id, now);
       }
-      const sig = fingerprint(next.map((n) => ({ ...n, last_seen: 0, updated_at: 0 })));
-      if (sig !== lastSig) {
-        lastSig = sig;
-        nodes = next;
-        provider.setOptions([...new Set(nodes.map((n) => n.provider_id).filter(Boolean))].sort());
-        draw();
-      } else {
-        nodes = next;
-        const byId = new Map(next.map((n) => [n.session_id, n]));
-        for (const [cell] of seenCells) {
-          const sid = cell.parentElement?.dataset.session;
-          const n = byId.get(sid);
-          if (n) cell.textContent = fmtAgo(n.last_seen);
-        }
-      }
+      nodes = next;
+      provider.setOptions([...new Set(nodes.map((n) => n.provider_id).filter(Boolean))].sort());
+      draw(); // patches only what changed ("last seen" ticks every second)
     } catch (err) {
       if (!ctx.alive) return;
       live.error(err);
-      if (nodes === null) mount(results, errorNotice(err, 'the nodes'));
+      if (nodes === null) patch(results, keyed('error', errorNotice(err, 'load the nodes', { retrying: true })));
     }
   });
 }

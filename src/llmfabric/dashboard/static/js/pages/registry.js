@@ -1,6 +1,6 @@
 // Registry inspector: the raw signed records and third-party facts of this replica, read-only.
 
-import { h, mount, notice, badge, shortId } from '../dom.js';
+import { h, mount, patch, notice, badge, shortId } from '../dom.js';
 import { get, listOf } from '../api.js';
 import { pageHeader, searchBox, errorNotice, includesText, liveStatus } from './common.js';
 
@@ -25,7 +25,7 @@ export function summarize(rec) {
 function render(view, ctx) {
   const search = searchBox('Search', 'any text in the records…');
   const auto = h('input', { type: 'checkbox', id: 'registry-auto' });
-  const live = liveStatus();
+  const live = liveStatus('Loaded');
   const refresh = h('button', { type: 'button', class: 'secondary', on: { click: () => load() } }, 'Refresh');
   const count = h('p', { class: 'summary', 'aria-live': 'polite' });
   const results = h('div', { class: 'results' }, h('p', { class: 'muted' }, 'Loading records…'));
@@ -79,12 +79,12 @@ function render(view, ctx) {
       records = listOf(body, 'records');
       providers = new Map(listOf(nodesBody, 'nodes').map((n) => [n.session_id, n.provider_id]));
       texts = records.map((r) => JSON.stringify(r, null, 2));
-      live.ok(`Loaded ${new Date().toLocaleTimeString()}`);
+      live.ok();
       draw();
     } catch (err) {
       if (!ctx.alive) return;
-      live.error(err);
-      if (records === null) mount(results, errorNotice(err, 'the registry records'));
+      live.error(err, auto.checked);
+      if (records === null) patch(results, errorNotice(err, 'load the registry records', { retrying: auto.checked }));
     }
   }
 

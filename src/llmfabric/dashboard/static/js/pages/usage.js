@@ -122,10 +122,11 @@ function render(view, ctx) {
     } catch (err) {
       if (!ctx.alive) return;
       if (err instanceof ApiError && err.status === 401) { ctx.signOut(); return; }
-      mount(chartBox, errorNotice(err, 'usage'));
+      mount(chartBox, errorNotice(err, 'load usage'));
     }
   }
 
+  ctx.onSession(draw); // the Owner column needs session.me, which may arrive after the first draw
   for (const el of [metric, groupBy, range, keyFilter.select, modelFilter.select]) el.addEventListener('input', draw);
   load();
 }
