@@ -3,7 +3,8 @@
 The fabric is a running `llmfabric demo` subprocess (or, in a checkout without it,
 `llmfabric.node.local_fabric.LocalFabric`): an ingress node and three serving nodes as real
 `llmfabric start` processes with simulated engines, on loopback. Screenshots go to
-artifacts/screenshots/ at the repository root (gitignored).
+artifacts/screenshots/ at the repository root (gitignored): the ones the tests take, and
+FAILED-<test>.png of the page of every test that fails.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -224,10 +226,29 @@ def browser(fabric: Fabric) -> Iterator[Any]:
             b.close()
 
 
-@pytest.fixture
-def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A fresh page (own sessionStorage) that fails the test on any JavaScript error."""
-    context = browser.new_context(viewport={"width": 1360, "height": 860})
+# Set on a test item when its call phase failed, so page fixtures can screenshot the page.
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+
+
+def failure_shot_path(nodeid: str) -> pathlib.Path:
+    """artifacts/screenshots/FAILED-<test name and parameters>.png for a test's node id."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeid.split("::")[-1]).strip("-")
+    return SCREENSHOTS / f"FAILED-{name}.png"
+
+
+def _open_page(browser: Any, request: pytest.FixtureRequest, **context_args: Any) -> Iterator[Any]:
+    """A page in a fresh context (own sessionStorage) that fails the test on any JavaScript
+    error and, when the test failed, leaves a screenshot of itself in artifacts/screenshots/."""
+    failure_shot_path(request.node.nodeid).unlink(missing_ok=True)  # from an earlier run
+    context = browser.new_context(**context_args)
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -239,7 +260,31 @@ def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
         real = [e for e in errors if "401" not in e and "Failed to load resource" not in e]
         assert not real, f"JavaScript errors on the page: {real}"
     finally:
+        if request.node.stash.get(FAILED, False):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            try:
+                pg.screenshot(path=str(failure_shot_path(request.node.nodeid)), full_page=True)
+            except Exception as exc:  # the page may be what broke; keep the real failure
+                print(f"no failure screenshot: {exc}", file=sys.stderr)
         context.close()
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A desktop-sized page; see _open_page."""
+    yield from _open_page(browser, request, viewport={"width": 1360, "height": 860})
+
+
+@pytest.fixture
+def phone_page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A 390 px wide phone page in dark mode; see _open_page."""
+    yield from _open_page(
+        browser,
+        request,
+        viewport={"width": 390, "height": 844},
+        is_mobile=True,
+        color_scheme="dark",
+    )
 
 
 @pytest.fixture
