@@ -178,6 +178,7 @@ class GossipAgent:
             ("sync", self._sync_loop),
             ("suspicion", self._suspicion_loop),
             ("maintenance", self._maintenance_loop),
+            ("reconnect", self._reconnect_loop),
         ):
             self._tasks.append(asyncio.get_running_loop().create_task(
                 self._guard(name, coro), name=f"gossip-{name}"))
@@ -449,6 +450,30 @@ class GossipAgent:
         while True:
             await self.clock.sleep(self.config.probe_interval_s / 4)
             self._evict_due()
+
+    def reconnect_candidates(self) -> list[PeerId]:
+        """Peers with a session evicted (failed, not left) within the reconnect window and
+        no session that is a member now: after a long partition both sides evicted each
+        other and nobody would ever contact the other side again."""
+        wall = self.clock.wall()
+        members = {m.peer_id for m in self.members()} | {self.peer_id}
+        out = set()
+        for e in self.replica.entries.values():
+            if e.evict is None or e.record is None or e.record.record.state is Lifecycle.LEFT:
+                continue
+            if wall - e.evict.issued_at <= self.config.reconnect_window_s:
+                out.add(e.record.record.peer_id)
+        return sorted(out - members)
+
+    async def _reconnect_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.reconnect_interval_s * self.rng.uniform(0.8, 1.2))
+            peers = [] if self.evicted else self.reconnect_candidates()
+            if peers:
+                peer = self.rng.choice(peers)
+                self.stats.reconnects += 1
+                self._send(peer, Gossip((item_parts(self.owner.current),)))
+                self.anti_entropy.start(peer)
 
     async def _maintenance_loop(self) -> None:
         while True:

@@ -53,11 +53,18 @@ class GossipConfig:
     # also bounds the gaps between re-contacts of known seed peers while we know no member.
     rebootstrap_after_s: float = 5.0
     rebootstrap_cap_s: float = 60.0
+    # Every reconnect interval, one peer whose session was evicted (it failed; it did not
+    # leave) within the reconnect window and that has no live session gets a sync attempt:
+    # after a partition longer than the suspicion timeout each side has evicted the other,
+    # and nobody would ever contact the other side again (Serf's reconnect). Costs one dial
+    # per interval per node when the peer is really dead.
+    reconnect_interval_s: float = 15.0
+    reconnect_window_s: float = 6 * 3600.0
 
     def __post_init__(self) -> None:
         for name in ("gossip_interval_s", "sync_interval_s", "probe_interval_s",
                      "probe_timeout_s", "gc_interval_s", "rebootstrap_after_s",
-                     "rebootstrap_cap_s"):
+                     "rebootstrap_cap_s", "reconnect_interval_s", "reconnect_window_s"):
             if not getattr(self, name) > 0:
                 raise GossipConfigError(f"{name} must be > 0")
         if self.probe_timeout_s >= self.probe_interval_s:
@@ -93,6 +100,7 @@ PRESETS: dict[str, GossipConfig] = {
     "local": GossipConfig(
         gossip_interval_s=0.05, fanout=3, sync_interval_s=1.0, probe_interval_s=0.5,
         probe_timeout_s=0.2, suspicion_mult=8.0, rebootstrap_after_s=2.0, rebootstrap_cap_s=10.0,
+        reconnect_interval_s=2.0,
     ),
     "lan": GossipConfig(
         gossip_interval_s=0.1, fanout=3, sync_interval_s=2.0, probe_interval_s=0.6,
@@ -101,7 +109,7 @@ PRESETS: dict[str, GossipConfig] = {
     "wan": GossipConfig(
         gossip_interval_s=0.5, fanout=4, sync_interval_s=10.0, probe_interval_s=3.0,
         probe_timeout_s=1.5, suspicion_mult=6.0, rebootstrap_after_s=30.0,
-        rebootstrap_cap_s=300.0,
+        rebootstrap_cap_s=300.0, reconnect_interval_s=60.0,
     ),
 }
 

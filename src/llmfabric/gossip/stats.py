@@ -24,6 +24,7 @@ class AgentStats:
     loop_errors: int = 0
     seed_contacts: int = 0  # re-contacts of the seed peers while no member was known
     rebootstraps: int = 0  # bootstrap addresses dialled again while cut off (rebootstrap.py)
+    reconnects: int = 0  # sync attempts with peers of evicted sessions (partition healing)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -39,4 +40,5 @@ class AgentStats:
             "loop_errors": self.loop_errors,
             "seed_contacts": self.seed_contacts,
             "rebootstraps": self.rebootstraps,
+            "reconnects": self.reconnects,
         }

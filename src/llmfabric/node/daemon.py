@@ -105,6 +105,7 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seeds: list[str] = []
         self._relay_keeper: RelayKeeper | None = None
+        self._evicted_peers: set[str] = set()  # addresses kept while reconnects may help
         self._stopping = False
         self._forward_token: str | None = None
 
@@ -162,6 +163,7 @@ class Node:
         self.transport.on_relays_changed(self._relays_changed)
         await self._agent.start()
         self._spawn(self._join(), "join")
+        self._spawn(self._sweep_evicted_peers(), "forget-evicted")
         if self.ingress is not None:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
         if self.engine is not None:
@@ -325,11 +327,30 @@ class Node:
             return
         meta = view.record.meta
         if view.record.state is Lifecycle.LEFT:
-            self._forget_peer(view.record.peer_id)
+            entry = change.after
+            if entry.evict is not None and (
+                    entry.record is None or entry.record.record.state is not Lifecycle.LEFT):
+                # Evicted, not left: the agent may try to reconnect to it (a partition can
+                # heal); its addresses go when it stops being a reconnect candidate.
+                self._evicted_peers.add(view.record.peer_id)
+            else:
+                self._forget_peer(view.record.peer_id)
             if self._relay_keeper is not None:
                 self._relay_keeper.poke()
             return
         self.transport.add_peer(view.record.peer_id, meta.peer_addrs, meta.relays)
+
+    async def _sweep_evicted_peers(self, interval_s: float = 60.0) -> None:
+        """Forget evicted peers once the agent no longer tries to reconnect to them."""
+        while True:
+            await self.clock.sleep(interval_s)
+            if not self._evicted_peers or self.agent is None:
+                continue
+            keep = set(self.agent.reconnect_candidates())
+            for peer in list(self._evicted_peers):
+                if peer not in keep:
+                    self._evicted_peers.discard(peer)
+                    self._forget_peer(peer)
 
     def _forget_peer(self, peer_id: str) -> None:
         """A session left: drop its peer from the address book (Slurm jobs come and go; the

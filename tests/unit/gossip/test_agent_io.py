@@ -9,6 +9,7 @@ from collections.abc import Callable
 from llmfabric.gossip.wire import Gossip, encode
 from llmfabric.identity.keys import NodeKey
 from llmfabric.registry.codec import RECORD_DOMAIN, encode_body
+from llmfabric.registry.facts import FactKind, make_fact
 from llmfabric.registry.owner import RecordOwner
 from llmfabric.registry.records import Lifecycle, NodeMeta
 
@@ -32,11 +33,22 @@ async def test_garbage_and_forgeries_are_dropped_and_counted(
     body = encode_body(rec)
     evil.send(a.peer_id, encode(Gossip(((1, body, k1.sign(RECORD_DOMAIN + body)),)), "x"))
     evil.send(a.peer_id, encode(Gossip(((1, body, b"\x00" * 64),)), "x"))
+    # a valid body (peer id, session and key all match) with a zeroed and with a wrong
+    # signature: only the signature check can refuse these
+    honest = RecordOwner(k1, NodeMeta(provider_id="honest"), wall=c.clock.wall()).current
+    wrong = k2.sign(RECORD_DOMAIN + honest.body)
+    for sig in (b"\x00" * 64, wrong):
+        evil.send(a.peer_id, encode(Gossip(((1, honest.body, sig),)), "x"))
+    fact = make_fact(k1, FactKind.SUSPECT, b.session_id, 0, c.clock.wall())
+    evil.send(a.peer_id, encode(Gossip(((2, fact.body, b"\x00" * 64),)), "x"))
     await c.clock.advance(1.0)
     assert a.stats.dropped["garbled"] >= 2 and a.stats.dropped["version"] == 1
     assert a.stats.dropped["oversized"] == 1
     assert a.stats.rejected["peer_id"] == 2
+    assert a.stats.rejected["signature"] == 3
     assert rec.session_id not in a.replica.entries
+    assert honest.session_id not in a.replica.entries
+    assert not a.nodes.get(b.session_id).suspected  # type: ignore[union-attr]
     # and it keeps working
     b.set_state(Lifecycle.DOWN)
     assert await c.clock.run_until(
