@@ -94,17 +94,15 @@ async def _serve(conn: mpc.Connection, preset: str) -> None:
                 agent.set_state(Lifecycle.SERVING)
                 conn.send(("ok", t0))
             elif cmd == "seen":
-                out = {}
+                out: dict[str, Any] = {}
                 for name, h in hosted.items():
                     key = args["key"]
                     table = h.seen_session if args["kind"] == "session" else h.seen_model
                     out[name] = table.get(key)
                 conn.send(("ok", out))
             elif cmd == "routable":
-                out = {}
-                for name, h in hosted.items():
-                    out[name] = [v.session_id for v in h.node.agent.nodes.routable()]
-                conn.send(("ok", out))
+                conn.send(("ok", {name: [v.session_id for v in h.node.agent.nodes.routable()]
+                                  for name, h in hosted.items()}))
             elif cmd == "known":
                 conn.send(("ok", {n: len(h.node.agent.nodes.all(include_left=False))
                                   for n, h in hosted.items()}))
@@ -209,12 +207,21 @@ class Fleet:
             w.stop()
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float], missing: int = 0) -> dict[str, Any]:
+    """p50/p95/p100 in ms over every replica that should have seen the event: a replica that
+    never saw it counts as infinitely late (a failure, never silently dropped), so a
+    percentile that falls on a miss is None (JSON null) and `missing` says how many."""
+    import math
+
     import numpy as np
 
-    arr = np.asarray(values, dtype=float)
-    return {
-        "p50_ms": float(np.percentile(arr, 50) * 1000),
-        "p95_ms": float(np.percentile(arr, 95) * 1000),
-        "p100_ms": float(arr.max() * 1000),
-    }
+    total = len(values) + missing
+    out: dict[str, Any] = {"observed": len(values), "missing": missing}
+    if total == 0:
+        return {**out, "p50_ms": None, "p95_ms": None, "p100_ms": None}
+    arr = np.sort(np.asarray(values + [math.inf] * missing, dtype=float))
+    for name, q in (("p50_ms", 50), ("p95_ms", 95), ("p100_ms", 100)):
+        # nearest rank: a real observation or a miss, never an interpolation across one
+        v = float(arr[max(0, math.ceil(q / 100 * total) - 1)])
+        out[name] = v * 1000 if math.isfinite(v) else None
+    return out
