@@ -7,9 +7,13 @@ Files -> concepts
 - simadapter.py  SimPerformance: PerformanceModel backed by `llmfabric.sim` (benchmarks, CLI).
 - standin.py     AnalyticStandIn: closed-form stand-in PerformanceModel for unit tests only.
 - options.py     PlacementOptions (objective, load units, time limit, formulation, ...).
+- curves.py      RateCurve: one replica's estimates vs rate, its capacity, and the overload
+                 rule (load above capacity is unserved, charged the penalty).
 - tables.py      candidates (model, pool, TP) and their precomputed estimate tables.
-- placement.py   Group, Placement, capacity rule, optimal load split, evaluate().
-- levels.py      exact load-split DPs of the level and convex formulations (fixed replicas).
+- placement.py   Group, Placement, capacity rule, table load split, evaluate().
+- levels.py      exact load splits of the level and convex formulations (fixed replicas),
+                 and the continuous envelope split.
+- split.py       the objective every policy is scored by (the resolved formulation's model).
 - cpsat.py       the CP-SAT model (convex, table or level formulation; latency/throughput/
                  cost objectives).
 - baselines.py   memP, greedy fill, local search.

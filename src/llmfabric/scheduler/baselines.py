@@ -1,7 +1,7 @@
 """Baselines: memP (the paper's comparison, after HexGen) and a greedy marginal-gain fill.
 
 Both choose replica counts only; the load split over the chosen groups is the same DP the
-solver's result is judged by (`placement.split_load`), so comparisons isolate the allocation.
+solver's result is judged by (`split.model_split`), so comparisons isolate the allocation.
 """
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 
 from llmfabric.scheduler.perf import PerformanceModel
-from llmfabric.scheduler.placement import capacity_ok, split_load
+from llmfabric.scheduler.placement import capacity_ok
 from llmfabric.scheduler.problem import Pool
+from llmfabric.scheduler.split import model_value
 from llmfabric.scheduler.tables import Candidate, Tables
 
 Choice = dict[int, int]  # candidate index -> replicas
+_EPS = 1e-9  # seconds of mean latency: smaller changes are noise
 
 
 def _pool_used(tables: Tables, chosen: Choice, pool: str) -> list[tuple[int, int]]:
@@ -74,14 +76,15 @@ def uncovered(tables: Tables, chosen: Choice) -> int:
     return len(coverable - have)
 
 
-def score(tables: Tables, chosen: Choice) -> tuple[int, int]:
-    """(uncovered models, latency units): the coverage-first order every policy uses."""
+def score(tables: Tables, chosen: Choice) -> tuple[int, float]:
+    """(uncovered models, objective s): the coverage-first order every policy uses."""
     return uncovered(tables, chosen), objective_of(tables, chosen)
 
 
-def objective_of(tables: Tables, chosen: Choice) -> int:
-    """Latency units of `chosen` with the best load split (unserved load at its penalty)."""
-    return sum(split_load(tables, chosen, m)[0] for m in tables.loads)
+def objective_of(tables: Tables, chosen: Choice) -> float:
+    """Mean latency (s) of `chosen` with the best load split (unserved load at its penalty),
+    on the model of the formulation the tables resolve to (`split.model_split`)."""
+    return sum(model_value(tables, chosen, m) for m in tables.loads)
 
 
 def greedy(tables: Tables) -> Choice:
@@ -92,7 +95,7 @@ def greedy(tables: Tables) -> Choice:
     """
     chosen = _fixed(tables)
     pools = {p.name: p for p in tables.problem.cluster.pools}
-    base = {m: split_load(tables, chosen, m)[0] for m in tables.loads}
+    base = {m: model_value(tables, chosen, m) for m in tables.loads}
 
     def allowed(c: Candidate) -> bool:
         if c.fixed or chosen.get(c.index, 0) >= c.r_max:
@@ -103,10 +106,10 @@ def greedy(tables: Tables) -> Choice:
             return False
         return _fits_more(tables, chosen, pools[c.pool], c, 1)
 
-    def gain(c: Candidate) -> int:
+    def gain(c: Candidate) -> float:
         trial = dict(chosen)
         trial[c.index] = trial.get(c.index, 0) + 1
-        return base[c.model] - split_load(tables, trial, c.model)[0]
+        return base[c.model] - model_value(tables, trial, c.model)
 
     by_model = tables.by_model()
     for model in sorted(tables.loads, key=lambda m: -tables.loads[m].arrival_rate):
@@ -116,19 +119,19 @@ def greedy(tables: Tables) -> Choice:
         if options:
             c = max(options, key=lambda c: (gain(c) / c.tp, -c.index))
             chosen[c.index] = chosen.get(c.index, 0) + 1
-            base[model] = split_load(tables, chosen, model)[0]
+            base[model] = model_value(tables, chosen, model)
     while True:
         best: tuple[float, int] | None = None
         for c in tables.candidates:
             if allowed(c):
                 g = gain(c)
-                if g > 0 and (best is None or g / c.tp > best[0]):
+                if g > _EPS and (best is None or g / c.tp > best[0]):
                     best = (g / c.tp, c.index)
         if best is None:
             return chosen
         c = tables.candidates[best[1]]
         chosen[c.index] = chosen.get(c.index, 0) + 1
-        base[c.model] = split_load(tables, chosen, c.model)[0]
+        base[c.model] = model_value(tables, chosen, c.model)
 
 
 def improve(tables: Tables, chosen: Choice, max_rounds: int = 200) -> Choice:
@@ -136,7 +139,7 @@ def improve(tables: Tables, chosen: Choice, max_rounds: int = 200) -> Choice:
     lowers the objective. Pair gains are estimated from single-move gains, then checked."""
     chosen = dict(chosen)
     pools = {p.name: p for p in tables.problem.cluster.pools}
-    value = {m: split_load(tables, chosen, m)[0] for m in tables.loads}
+    value = {m: model_value(tables, chosen, m) for m in tables.loads}
 
     def ok(trial: Choice, c: Candidate) -> bool:
         if trial.get(c.index, 0) > c.r_max:
@@ -147,18 +150,18 @@ def improve(tables: Tables, chosen: Choice, max_rounds: int = 200) -> Choice:
             return False
         return capacity_ok(pools[c.pool], _pool_used(tables, trial, c.pool))
 
-    def delta(trial: Choice, models: set[str]) -> int:
-        return sum(split_load(tables, trial, m)[0] - value[m] for m in models)
+    def delta(trial: Choice, models: set[str]) -> float:
+        return sum(model_value(tables, trial, m) - value[m] for m in models)
 
     for _ in range(max_rounds):
-        removals: list[tuple[int, int]] = []  # (delta, candidate)
+        removals: list[tuple[float, int]] = []  # (delta, candidate)
         for i, r in chosen.items():
             c = tables.candidates[i]
             if r > 0 and not c.fixed:
                 trial = dict(chosen)
                 trial[i] = r - 1
                 removals.append((delta(trial, {c.model}), i))
-        adds: list[tuple[int, int]] = []
+        adds: list[tuple[float, int]] = []
         for c in tables.candidates:
             if c.fixed or chosen.get(c.index, 0) >= c.r_max:
                 continue
@@ -169,18 +172,18 @@ def improve(tables: Tables, chosen: Choice, max_rounds: int = 200) -> Choice:
         adds.sort()
         applied = False
         for da, a in adds[:16]:
-            if da >= 0:
+            if da >= -_EPS:
                 break
             ca = tables.candidates[a]
             trial = dict(chosen)
             trial[a] = trial.get(a, 0) + 1
-            moves: list[tuple[int, Choice]] = []
+            moves: list[tuple[float, Choice]] = []
             if ok(trial, ca):  # free capacity: just add
                 moves.append((da, trial))
             else:  # free room in the pool by removing its cheapest replicas
                 t2, total = dict(trial), da
                 for dr, rm in removals:
-                    if total >= 0:
+                    if total >= -_EPS:
                         break
                     crm = tables.candidates[rm]
                     if crm.pool != ca.pool or rm == a or t2.get(rm, 0) <= 0:
@@ -188,7 +191,7 @@ def improve(tables: Tables, chosen: Choice, max_rounds: int = 200) -> Choice:
                     t2[rm] -= 1
                     total += dr
                     if ok(t2, ca):
-                        if total < 0:
+                        if total < -_EPS:
                             moves.append((total, t2))
                         break
             for _, t2 in sorted(moves, key=lambda x: x[0]):
@@ -197,10 +200,10 @@ def improve(tables: Tables, chosen: Choice, max_rounds: int = 200) -> Choice:
                 models = {tables.candidates[i].model for i in set(t2) | set(chosen)
                           if t2.get(i, 0) != chosen.get(i, 0)}
                 d = delta(t2, models)
-                if d < 0:
+                if d < -_EPS:
                     chosen = {i: r for i, r in t2.items() if r > 0 or tables.candidates[i].fixed}
                     for m in models:
-                        value[m] = split_load(tables, chosen, m)[0]
+                        value[m] = model_value(tables, chosen, m)
                     applied = True
                     break
             if applied:

@@ -29,11 +29,11 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from llmfabric.scheduler.errors import SolverError
-from llmfabric.scheduler.levels import split_levels
+from llmfabric.scheduler.levels import split_envelope, split_levels
 from llmfabric.scheduler.options import PlacementOptions
-from llmfabric.scheduler.placement import Group, Placement, split_load
+from llmfabric.scheduler.placement import Placement, groups_from
 from llmfabric.scheduler.problem import Problem
-from llmfabric.scheduler.tables import GOOD_SCALE, LAT_SCALE, LVL_SCALE, Tables
+from llmfabric.scheduler.tables import GOOD_SCALE, LAT_SCALE, LVL_SCALE, Tables, formulation
 
 _STATUS = {
     cp_model.OPTIMAL: "OPTIMAL",
@@ -46,15 +46,6 @@ _STATUS = {
 _RANK = ["FEASIBLE", "OPTIMAL_WITHIN_GAP", "OPTIMAL"]  # weakest first
 
 Expr = Any  # cp_model linear expressions (their stubs do not mix with int sums)
-
-
-def formulation(tables: Tables) -> str:
-    """The formulation `tables.options.formulation` resolves to for these tables."""
-    chosen = tables.options.formulation
-    if chosen != "auto":
-        return chosen
-    tuples = sum((c.r_max - c.r_min + 1) * (tables.q + 1) for c in tables.candidates)
-    return "table" if tuples <= tables.options.table_max_tuples else "convex"
 
 
 class _Model:
@@ -191,11 +182,10 @@ class _Model:
             self.m.add_hint(self.y[c.index], chosen.get(c.index, c.r_min) > 0)
         if self.form == "convex":
             for model in t.loads:
-                units: dict[int, int] = {}
-                units.update(split_load(t, chosen, model)[1])
+                units = split_envelope(t, chosen, model)[1]
                 taken = 0
                 for c in t.by_model()[model]:
-                    w = units.get(c.index, 0) * t.u // t.q if chosen.get(c.index, 0) else 0
+                    w = int(units.get(c.index, 0.0)) if chosen.get(c.index, 0) else 0
                     taken += w
                     self.m.add_hint(self.w[c.index], w)
                     r = chosen.get(c.index, c.r_min)
@@ -316,19 +306,21 @@ def _big(tables: Tables) -> int:
 
 
 def _placement(tables: Tables, s: _Solved, solve_s: float, notes: list[str]) -> Placement:
-    groups: list[Group] = []
-    unserved: list[tuple[str, float]] = []
     full = tables.u if formulation(tables) in ("levels", "convex") else tables.q
+    shares: dict[int, float] = {}
+    unserved: dict[str, float] = {}
     for model, cands in tables.by_model().items():
         taken = sum(s.units[c.index] for c in cands if s.replicas[c.index] > 0)
         denom = max(full, taken)
         for c in cands:
             if s.replicas[c.index] > 0:
-                groups.append(Group(c.model, c.pool, c.gpu_type, c.tp, s.replicas[c.index],
-                                    s.units[c.index] / denom))
+                shares[c.index] = s.units[c.index] / denom
         if taken < full:
-            unserved.append((model, (full - taken) / full))
+            unserved[model] = (full - taken) / full
+    groups, overflow = groups_from(tables, s.replicas, shares)
+    for model, extra in overflow.items():
+        unserved[model] = unserved.get(model, 0.0) + extra
     if s.secondary:
         notes = [*notes, f"objective is the first phase; {s.secondary}"]
-    return Placement("cpsat", tuple(groups), s.objective, s.status, s.bound, s.gap, solve_s,
-                     unserved=tuple(unserved), notes=tuple(notes))
+    return Placement("cpsat", groups, s.objective, s.status, s.bound, s.gap, solve_s,
+                     unserved=tuple(sorted(unserved.items())), notes=tuple(notes))

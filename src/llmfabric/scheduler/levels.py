@@ -8,6 +8,7 @@ envelope cuts. Used for the solver's hint and by the exhaustive enumerator.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import numpy as np
@@ -86,3 +87,32 @@ def split_convex(tables: Tables, chosen: Mapping[int, int], model: str) -> tuple
     totals = best + (units - w) * pen
     c = int(np.argmin(totals))
     return int(totals[c]), units - c
+
+
+def split_envelope(tables: Tables, chosen: Mapping[int, int], model: str
+                   ) -> tuple[float, dict[int, float], float]:
+    """(value, {candidate: load units}, unserved units) of the best continuous split of
+    `model`'s load over groups priced by their convex envelopes (`tables.hull_pts`): r
+    replicas sharing w units cost r * env(w / r). The cost is convex and piecewise linear, so
+    filling segments in order of slope is exact (the convex formulation's value, without its
+    integer rounding); load whose cheapest slope is the unserved penalty stays unserved."""
+    units = float(tables.u)
+    pen = float(tables.level_pen(model))
+    segments: list[tuple[float, float, int]] = []  # (slope, length in units, candidate)
+    for i, r in chosen.items():
+        if r <= 0 or tables.candidates[i].model != model:
+            continue
+        pts = tables.hull_pts[i]
+        for (x1, y1), (x2, y2) in itertools.pairwise(pts):
+            segments.append(((y2 - y1) / (x2 - x1), r * (x2 - x1), i))
+    segments.sort()
+    left, value = units, 0.0
+    taken: dict[int, float] = {}
+    for slope, length, i in segments:
+        if left <= 0 or slope >= pen:
+            break
+        w = min(length, left)
+        taken[i] = taken.get(i, 0.0) + w
+        value += slope * w
+        left -= w
+    return value + left * pen, taken, left

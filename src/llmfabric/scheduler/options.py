@@ -28,6 +28,9 @@ class PlacementOptions:
     gap closes slowly (8 is fine on 2 cores: workers interleave).
     `unserved_latency_s`: the latency charged to load that no replica takes (and the cap on
     any estimate), so an overloaded cluster still has a finite, comparable objective.
+    `max_utilization`: the share of a replica's service rate (its completion rate when
+    overloaded) the planner lets it take; load above that counts as unserved
+    (`curves.RateCurve`). Below 1 so that planned queues stay bounded.
     """
 
     objective: Objective = "latency"
@@ -36,6 +39,7 @@ class PlacementOptions:
     workers: int = 8
     curve_samples: int | None = 24
     unserved_latency_s: float = 1000.0
+    max_utilization: float = 0.9
     one_tp_per_pool: bool = True
     # Stop when within this relative gap of the bound (0 = prove optimality). The level grid's
     # own discretization error is larger than the default.
@@ -61,3 +65,5 @@ class PlacementOptions:
             raise SpecError(f"level_units must be in 2..100000, got {self.level_units}")
         if self.unserved_latency_s <= 0:
             raise SpecError("unserved_latency_s must be > 0")
+        if not 0 < self.max_utilization <= 1:
+            raise SpecError(f"max_utilization must be in (0, 1], got {self.max_utilization}")

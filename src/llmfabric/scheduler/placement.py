@@ -50,6 +50,10 @@ class Placement:
     unserved: tuple[tuple[str, float], ...] = ()  # (model, fraction of its load not placed)
     notes: tuple[str, ...] = field(default=())
     stages: tuple[tuple[str, float], ...] = ()  # (stage, seconds): warm start, cpsat, polish
+    # Which stage produced the returned groups ("cpsat", "cpsat+polish", "warm start"), and
+    # the solver's own status for its model (the `status` above describes what is returned).
+    source: str = ""
+    solver_status: str = ""
 
     def allocation(self) -> dict[str, dict[str, int]]:
         """Allocation matrix A: model -> GPU type -> GPUs (new groups only)."""
@@ -131,33 +135,55 @@ def split_load(tables: Tables, chosen: Mapping[int, int], model: str,
     return int(best[qn]), units, u
 
 
-def groups_from(tables: Tables, chosen: Mapping[int, int], units: Mapping[int, int]
-                ) -> tuple[Group, ...]:
+def groups_from(tables: Tables, chosen: Mapping[int, int], shares: Mapping[int, float]
+                ) -> tuple[tuple[Group, ...], dict[str, float]]:
+    """Groups with the load shares they serve, and per model the share left unserved.
+
+    A group's share is clipped at its capacity (replicas x one replica's sustainable rate):
+    the excess is what the tables priced as unserved (`curves.RateCurve.cost`), so it is
+    reported as unserved rather than routed into a queue that would only grow."""
     out: list[Group] = []
+    overflow: dict[str, float] = {}
     for i, r in sorted(chosen.items()):
         if r <= 0:
             continue
         c: Candidate = tables.candidates[i]
-        out.append(Group(c.model, c.pool, c.gpu_type, c.tp, r, units.get(i, 0) / tables.q))
-    return tuple(out)
+        share = shares.get(i, 0.0)
+        served = min(share, capacity_share(tables, c, r))
+        if share - served > 1e-12:
+            overflow[c.model] = overflow.get(c.model, 0.0) + share - served
+        out.append(Group(c.model, c.pool, c.gpu_type, c.tp, r, served))
+    return tuple(out), overflow
+
+
+def capacity_share(tables: Tables, c: Candidate, replicas: int) -> float:
+    """The share of `c.model`'s arrival rate that `replicas` replicas of `c` sustain."""
+    curve = tables.curves.get((c.model, c.gpu_type, c.tp))
+    mu = curve.capacity if curve is not None else math.inf
+    rate = tables.loads[c.model].arrival_rate
+    return math.inf if math.isinf(mu) else replicas * mu / rate
 
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     mean_latency_s: float  # over the load placed on replicas
-    throughput_rps: float  # completed requests per second, all models
+    throughput_rps: float  # served (completed) requests per second, all models
     offered_rps: float
     unserved_rps: float  # load no replica takes
     per_model: tuple[tuple[str, float, float], ...]  # (model, mean latency s, throughput rps)
     cost_per_hour: float = 0.0
+    # The planner's objective at exact rates: mean E2E over ALL offered requests, every
+    # request not served (unplaced, or beyond a replica's capacity) charged the penalty.
+    objective_s: float = math.nan
 
 
-def evaluate(problem: Problem, perf: PerformanceModel, placement: Placement) -> Evaluation:
+def evaluate(problem: Problem, perf: PerformanceModel, placement: Placement,
+             unserved_latency_s: float = 1000.0) -> Evaluation:
     """Judge a placement with the performance model at each group's exact per-replica rate."""
     wl = {m.model: m for m in problem.workload.loads}
     prices = {p.name: p.cost_per_gpu_hour or perf.gpu(p.gpu_type).cost_per_hour
               for p in problem.cluster.pools}
-    lat_w = thr = placed = cost = 0.0
+    lat_w = thr = placed = cost = served_lat = 0.0
     per: dict[str, list[float]] = {}
     for g in placement.groups:
         load = wl[g.model]
@@ -167,15 +193,19 @@ def evaluate(problem: Problem, perf: PerformanceModel, placement: Placement) -> 
             continue
         est = perf.estimate(g.model, g.gpu_type, g.tp, rate / g.replicas, load.mean_in,
                             load.mean_out)
-        served = est.throughput_rps * g.replicas
-        lat_w += rate * est.mean_e2e_s
+        served = min(est.throughput_rps * g.replicas, rate)
+        e2e = est.mean_e2e_s if math.isfinite(est.mean_e2e_s) else unserved_latency_s
+        lat_w += rate * e2e
+        served_lat += served * min(e2e, unserved_latency_s)
         thr += served
         placed += rate
         acc = per.setdefault(g.model, [0.0, 0.0, 0.0])
-        acc[0] += rate * est.mean_e2e_s
+        acc[0] += rate * e2e
         acc[1] += served
         acc[2] += rate
     offered = problem.workload.total_rate
     per_model = tuple((m, a[0] / a[2] if a[2] else math.nan, a[1]) for m, a in sorted(per.items()))
+    objective = ((served_lat + (offered - thr) * unserved_latency_s) / offered if offered
+                 else math.nan)
     return Evaluation(lat_w / placed if placed else math.nan, thr, offered, offered - placed,
-                      per_model, cost)
+                      per_model, cost, objective)

@@ -4,21 +4,24 @@ A candidate is (model, pool, TP). For every replica count r and load share q/Q o
 arrival rate it gets integer table entries, computed from the performance model at the
 per-replica rate lambda*q/(Q*r):
   lat[r][q]  = mean-latency contribution, in units of 0.1 ms of the workload's mean E2E latency
-               (weight lambda*q/Q/Lambda times the replica's mean E2E latency);
+               (r * h(x) / Lambda with h the replica's latency cost at per-replica rate x,
+               `curves.RateCurve.cost`: served requests at their latency, load above the
+               replica's capacity at the unserved penalty);
   good[r][q] = goodput in 0.01 req/s (served requests/s; 0 where the model's SLO is missed).
+The level and convex formulations get the same costs at log-spaced per-replica load levels,
+plus the capacity point, and their lower convex envelope (cuts and vertices).
 Rates are sampled on a log grid and interpolated (or queried exactly), then cached.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
-import math
 from dataclasses import dataclass, field
 
+from llmfabric.scheduler.curves import RateCurve
 from llmfabric.scheduler.errors import InfeasibleError, SpecError
 from llmfabric.scheduler.options import PlacementOptions
-from llmfabric.scheduler.perf import Estimate, PerformanceModel
+from llmfabric.scheduler.perf import PerformanceModel
 from llmfabric.scheduler.problem import ModelLoad, Pool, Problem
 
 LAT_SCALE = 1e4  # table units per second of mean latency
@@ -48,42 +51,6 @@ class Candidate:
         return self.pool == ""
 
 
-class RateCurve:
-    """Estimates of one (model, GPU type, TP) replica as a function of its arrival rate."""
-
-    def __init__(self, perf: PerformanceModel, load: ModelLoad, gpu_type: str, tp: int,
-                 grid: list[float] | None) -> None:
-        """`grid`: the rates to query (interpolating between them); None = query every rate."""
-        self._perf, self._load, self._gpu, self._tp = perf, load, gpu_type, tp
-        self._exact: dict[float, Estimate] = {}
-        self.xs: list[float] = sorted(set(grid)) if grid else []
-        self.points: list[Estimate] = [self._query(x) for x in self.xs]
-
-    def _query(self, rate: float) -> Estimate:
-        est = self._exact.get(rate)
-        if est is None:
-            ld = self._load
-            est = self._perf.estimate(ld.model, self._gpu, self._tp, rate, ld.mean_in, ld.mean_out)
-            self._exact[rate] = est
-        return est
-
-    def at(self, rate: float) -> tuple[float, float]:
-        """(mean E2E latency s, throughput req/s) of one replica at `rate`."""
-        if not self.xs:
-            est = self._query(rate)
-            return est.mean_e2e_s, est.throughput_rps
-        if rate <= self.xs[0] or rate >= self.xs[-1]:
-            est = self._query(rate)
-            return est.mean_e2e_s, est.throughput_rps
-        i = bisect.bisect_right(self.xs, rate) - 1
-        x0, x1 = math.log(self.xs[i]), math.log(self.xs[i + 1])
-        f = (math.log(rate) - x0) / (x1 - x0)
-        a, b = self.points[i], self.points[i + 1]
-        lat = a.mean_e2e_s + f * (b.mean_e2e_s - a.mean_e2e_s)
-        thr = a.throughput_rps + f * (b.throughput_rps - a.throughput_rps)
-        return lat, min(thr, rate)
-
-
 @dataclass(slots=True)
 class Tables:
     problem: Problem
@@ -103,6 +70,7 @@ class Tables:
     # cost h(w) (w in level units of load) as cuts cost >= a*w + b*r, and the most goodput
     # one replica gives within the SLO (GOOD_SCALE units).
     hull: list[list[tuple[int, int]]] = field(default_factory=list)
+    hull_pts: list[list[tuple[float, float]]] = field(default_factory=list)  # its vertices
     good_cap: list[int] = field(default_factory=list)
 
     @property
@@ -184,45 +152,54 @@ def build_tables(problem: Problem, perf: PerformanceModel, options: PlacementOpt
                 lo = lam / (qn * max(1, rmax_all))
                 if lo < grid[0]:
                     grid.insert(0, lo)
-            curve = RateCurve(perf, load, c.gpu_type, c.tp, grid)
+            curve = RateCurve(perf, load, c.gpu_type, c.tp, grid, options.max_utilization)
             tables.curves[key] = curve
         lat = [0] * ((c.r_max + 1) * (qn + 1))
         good = [0] * len(lat)
+        slo = load.slo_e2e_s
         for r in range(1, c.r_max + 1):
             for q in range(1, qn + 1):
-                share = load.arrival_rate * q / qn
-                e2e, thr = curve.at(share / r)
-                e2e = min(e2e, cap_s) if math.isfinite(e2e) else cap_s
-                lat[tables.idx(r, q)] = round(LAT_SCALE * share / total * e2e)
-                ok = load.slo_e2e_s <= 0 or e2e <= load.slo_e2e_s
-                good[tables.idx(r, q)] = round(GOOD_SCALE * r * thr) if ok else 0
+                x = load.arrival_rate * q / qn / r  # per-replica rate
+                h, served = curve.cost(x, cap_s)
+                lat[tables.idx(r, q)] = round(LAT_SCALE * r * h / total)
+                good[tables.idx(r, q)] = round(GOOD_SCALE * r * served) if _meets(
+                    curve, x, slo) else 0
         tables.lat.append(lat)
         tables.good.append(good)
         lvl_lat, lvl_good = [], []
-        for lv in tables.levels:
-            rate = load.arrival_rate * lv / tables.options.level_units
-            e2e, thr = curve.at(rate)
-            e2e = min(e2e, cap_s) if math.isfinite(e2e) else cap_s
-            lvl_lat.append(round(LVL_SCALE * rate / total * e2e))
-            ok = load.slo_e2e_s <= 0 or e2e <= load.slo_e2e_s
-            lvl_good.append(round(GOOD_SCALE * thr) if ok else 0)
-        tables.lvl_lat.append(lvl_lat)
-        tables.lvl_good.append(lvl_good)
         pts = [(0.0, 0.0)]
         for lv in tables.levels:
             rate = load.arrival_rate * lv / tables.options.level_units
-            e2e, _ = curve.at(rate)
-            e2e = min(e2e, cap_s) if math.isfinite(e2e) else cap_s
-            pts.append((float(lv), LVL_SCALE * rate / total * e2e))
+            h, served = curve.cost(rate, cap_s)
+            lvl_lat.append(round(LVL_SCALE * h / total))
+            lvl_good.append(round(GOOD_SCALE * served) if _meets(curve, rate, slo) else 0)
+            pts.append((float(lv), LVL_SCALE * h / total))
+        mu = curve.capacity
+        good_cap = max(lvl_good, default=0)
+        if 0 < mu < load.arrival_rate:  # the capacity kink is a vertex of the envelope
+            mu_lv = mu * tables.options.level_units / load.arrival_rate
+            pts.append((mu_lv, LVL_SCALE * curve.cost(mu, cap_s)[0] / total))
+            if _meets(curve, mu, slo):
+                good_cap = max(good_cap, round(GOOD_SCALE * mu))
+        tables.lvl_lat.append(lvl_lat)
+        tables.lvl_good.append(lvl_good)
+        tables.hull_pts.append(lower_hull(pts))
         tables.hull.append(hull_cuts(pts))
-        tables.good_cap.append(max(lvl_good, default=0))
+        tables.good_cap.append(good_cap)
     return tables
 
 
-def hull_cuts(points: list[tuple[float, float]]) -> list[tuple[int, int]]:
-    """Cuts (a, b) with y >= a*x + b along the lower convex envelope of `points` (x ascending
-    from (0, 0)); a is rounded up and b down so the cuts never pass above the envelope's
-    vertices by more than rounding."""
+def formulation(tables: Tables) -> str:
+    """The formulation `tables.options.formulation` resolves to for these tables."""
+    chosen = tables.options.formulation
+    if chosen != "auto":
+        return chosen
+    tuples = sum((c.r_max - c.r_min + 1) * (tables.q + 1) for c in tables.candidates)
+    return "table" if tuples <= tables.options.table_max_tuples else "convex"
+
+
+def lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Vertices of the lower convex envelope of `points` (x ascending)."""
     hull: list[tuple[float, float]] = []
     for p in sorted(points):
         while len(hull) >= 2:
@@ -231,14 +208,25 @@ def hull_cuts(points: list[tuple[float, float]]) -> list[tuple[int, int]]:
                 hull.pop()  # hull[-1] lies on or above the segment hull[-2] -> p
             else:
                 break
+        if hull and p[0] <= hull[-1][0]:
+            continue  # same x: the lower point came first
         hull.append(p)
+    return hull
+
+
+def hull_cuts(points: list[tuple[float, float]]) -> list[tuple[int, int]]:
+    """Cuts (a, b) with y >= a*x + b along the lower convex envelope of `points` (x ascending
+    from (0, 0)), rounded to integers for CP-SAT (off the envelope by at most rounding)."""
     cuts = []
-    for (x1, y1), (x2, y2) in itertools.pairwise(hull):
-        if x2 <= x1:
-            continue
+    for (x1, y1), (x2, y2) in itertools.pairwise(lower_hull(points)):
         a = (y2 - y1) / (x2 - x1)
         cuts.append((round(a), round(y1 - a * x1)))
     return cuts or [(0, 0)]
+
+
+def _meets(curve: RateCurve, rate: float, slo_s: float) -> bool:
+    """Whether the requests a replica serves at `rate` meet the model's E2E SLO (if any)."""
+    return slo_s <= 0 or curve.served(rate)[0] <= slo_s
 
 
 def _fits(perf: PerformanceModel, load: ModelLoad, pool: Pool, tp: int) -> bool:

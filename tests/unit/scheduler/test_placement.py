@@ -44,10 +44,14 @@ def test_capacity_rule_matches_packing(size: int, nodes: int, exclusive: bool,
         assert len(slots) == sum(n for _, n in items)
 
 
-def test_cpsat_beats_or_matches_baselines_and_respects_capacity(perf: AnalyticStandIn) -> None:
+def test_every_policy_respects_capacity_and_accounts_for_all_load(
+        perf: AnalyticStandIn) -> None:
+    """Packing and load accounting for every policy. (Whether CP-SAT beats the baselines is
+    tested on the solver stage alone, in test_cpsat_stage.py: the policy returns the best of
+    CP-SAT and its greedy warm start, so a policy-level comparison would prove little.)"""
     pr = _problem()
-    results = {name: plan(pr, perf, FAST, name) for name in ("cpsat", "memp", "greedy")}
-    for p in results.values():
+    for name in ("cpsat", "memp", "greedy"):
+        p = plan(pr, perf, FAST, name)
         for pool in pr.cluster.pools:
             used = [(g.tp, g.replicas) for g in p.groups if g.pool == pool.name]
             assert capacity_ok(pool, used)
@@ -55,11 +59,10 @@ def test_cpsat_beats_or_matches_baselines_and_respects_capacity(perf: AnalyticSt
             shares = sum(g.load_share for g in p.groups if g.model == model)
             unserved = dict(p.unserved).get(model, 0.0)
             assert math.isclose(shares + unserved, 1.0, abs_tol=1e-9)
-    assert results["cpsat"].objective <= results["memp"].objective + 1e-9
-    assert results["cpsat"].objective <= results["greedy"].objective + 1e-9
-    assert results["cpsat"].status in ("OPTIMAL", "OPTIMAL_WITHIN_GAP", "FEASIBLE")
-    ev = {k: evaluate(pr, perf, p) for k, p in results.items()}
-    assert ev["cpsat"].mean_latency_s <= ev["memp"].mean_latency_s * 1.05
+        ev = evaluate(pr, perf, p)
+        assert math.isclose(ev.unserved_rps + sum(
+            m.arrival_rate * g.load_share for m in pr.workload.loads for g in p.groups
+            if g.model == m.model), pr.workload.total_rate, rel_tol=1e-9)
 
 
 def test_memory_constraint_keeps_70b_off_single_gpus(perf: AnalyticStandIn) -> None:
