@@ -35,7 +35,6 @@ def _attach(node: Any) -> _Hosted:
     from llmfabric.registry.records import Lifecycle
 
     hosted = _Hosted(node, {}, {}, set())
-    agent = node.agent
 
     def on_change(change: Any) -> None:
         now = time.time()
@@ -49,7 +48,17 @@ def _attach(node: Any) -> _Hosted:
             for m in rec.meta.models:
                 hosted.seen_model.setdefault(m.id, now)
 
-    agent.add_listener(on_change)
+    node.agent.add_listener(on_change)
+    # A node evicted by the fabric (a false eviction under CPU starvation) rejoins with a new
+    # agent: keep observing it, or its replica would silently stop counting.
+    new_agent = node._new_agent
+
+    def observed_new_agent() -> Any:
+        agent = new_agent()
+        agent.add_listener(on_change)
+        return agent
+
+    node._new_agent = observed_new_agent
     return hosted
 
 
@@ -106,6 +115,19 @@ async def _serve(conn: mpc.Connection, preset: str) -> None:
             elif cmd == "known":
                 conn.send(("ok", {n: len(h.node.agent.nodes.all(include_left=False))
                                   for n, h in hosted.items()}))
+            elif cmd == "stats":  # gossip counters summed over this worker's nodes
+                total: dict[str, float] = {}
+                for h in hosted.values():
+                    st = h.node.gossip_stats
+                    for k, v in st.msgs_out.items():
+                        total[f"msgs_out.{k}"] = total.get(f"msgs_out.{k}", 0) + v
+                    for k in ("bytes_out", "suspicions_raised", "evictions_issued",
+                              "refutations", "rebootstraps", "reconnects", "seed_contacts"):
+                        total[k] = total.get(k, 0) + getattr(st, k)
+                    ts = h.node.transport.stats
+                    total["connections_opened"] = (total.get("connections_opened", 0)
+                                                   + ts.connections_opened)
+                conn.send(("ok", {"total": total}))
             elif cmd == "bytes":
                 conn.send(("ok", {n: h.node.transport.stats.bytes_sent
                                   for n, h in hosted.items()}))
@@ -192,6 +214,15 @@ class Fleet:
             if w.proc.is_alive():
                 out.update(w.call(cmd, **args))
         return out
+
+    def stats(self) -> dict[str, float]:
+        """Gossip counters summed over every node of every live worker."""
+        total: dict[str, float] = {}
+        for w in self.workers:
+            if w.proc.is_alive():
+                for k, v in w.call("stats")["total"].items():
+                    total[k] = total.get(k, 0) + v
+        return total
 
     def wait_converged(self, timeout: float) -> float:
         start = time.monotonic()

@@ -65,9 +65,14 @@ def main() -> None:
                 converge_s = None
         with console.status(f"measuring idle traffic for {args.idle_seconds}s"):
             time.sleep(args.settle)  # let the start-up rumours die down
+            s0 = fleet.stats()
             b0, t_idle = total_bytes(fleet), time.monotonic()
             time.sleep(args.idle_seconds)
             idle = (total_bytes(fleet) - b0) / (time.monotonic() - t_idle) / fleet.size
+            s1 = fleet.stats()
+            # what the fleet did while idle: messages by kind, suspicions, refutations, ...
+            idle_events = {k: v - s0.get(k, 0) for k, v in sorted(s1.items())
+                           if v - s0.get(k, 0)}
 
         b_active, t_active = total_bytes(fleet), time.monotonic()
         t0 = time.time()
@@ -78,6 +83,7 @@ def main() -> None:
         t1 = fleet.workers[0].call("register", name=target, model="bench-model")
         reg, reg_missing = wait_seen(fleet, "model", "bench-model", t1, target, 15.0)
         active = (total_bytes(fleet) - b_active) / (time.monotonic() - t_active) / fleet.size
+        totals = fleet.stats()  # the whole run, start-up included
     finally:
         fleet.close()
 
@@ -93,6 +99,8 @@ def main() -> None:
         "idle_bytes_per_node_s": idle,
         "active_bytes_per_node_s": active,
         "bytes_counted": "transport frames (payload + frame header), TLS and TCP/IP excluded",
+        "idle_events": idle_events,
+        "run_totals": {k: v for k, v in totals.items() if not k.startswith("msgs_out")},
     }
     rows = [
         {"event": "join", **join_p},
