@@ -103,3 +103,60 @@ def test_controller_plans_for_the_demand_the_ingress_observes(tmp_path: pathlib.
         assigns = [d for d in decisions if d["kind"] == "Assign"]
         assert [(d["model"], d["session_ids"]) for d in assigns] == [
             ("qwen3-1.7b", [idle_sid])], result.stderr
+
+
+WORKLOAD_7B = "models:\n  - {model: llama-2-7b, rate: 2, mean_in: 200, mean_out: 20}\n"
+
+
+def _controller(fab: LocalFabric, home: pathlib.Path, workload: pathlib.Path,
+                *extra: str) -> subprocess.CompletedProcess[str]:
+    assert fab.ingress is not None
+    return subprocess.run(
+        [sys.executable, "-m", "llmfabric.cli.main", "controller",
+         "--bootstrap", fab.ingress.peer_addr, "--network-secret", fab.secret,
+         "--preset", "local", "--home", str(home), "--listen", "127.0.0.1:0",
+         "--workload", str(workload), "--template", "sim", "--policy", "greedy", "--once",
+         *extra],
+        capture_output=True, text=True, timeout=180,
+    )
+
+
+def test_reclaim_releases_the_engine_over_the_peer_protocol_then_reassigns(
+    fabric: LocalFabric, tmp_path: pathlib.Path
+) -> None:
+    """--reclaim: the controller releases a node serving a model the plan no longer wants
+    (drain, stop the engine, back to a bare JOIN session) and assigns it the new model; no
+    409 busy. The node's peer id stays; its session is new."""
+    assert fabric.ingress is not None
+    first = tmp_path / "qwen.yaml"
+    first.write_text(WORKLOAD)
+    result = _controller(fabric, tmp_path / "ctl", first)
+    assert result.returncode == 0, result.stderr
+    fabric.wait_serving({"qwen3-1.7b": 1}, timeout=60)
+    node = fabric.nodes[1]
+    before = node.get_json("/v1/fabric/self")
+    assert before["state"] == "SERVING"
+
+    second = tmp_path / "7b.yaml"
+    second.write_text(WORKLOAD_7B)
+    result = _controller(fabric, tmp_path / "ctl", second, "--reclaim")
+    assert result.returncode == 0, result.stderr
+    decisions = json.loads(result.stdout)
+    kinds = [(d["kind"], d["model"]) for d in decisions]
+    assert kinds == [("Release", "qwen3-1.7b"), ("Assign", "llama-2-7b")], result.stderr
+    assert decisions[0]["session_id"] == before["session_id"]
+    assert decisions[1]["session_ids"] == [before["session_id"]]
+    assert "failed" not in result.stderr and "busy" not in result.stderr, result.stderr
+    fabric.wait_serving({"llama-2-7b": 1}, timeout=60)
+    after = node.get_json("/v1/fabric/self")
+    assert after["state"] == "SERVING" and after["engine"] == "sim"
+    assert [m["id"] for m in after["models"]] == ["llama-2-7b"]
+    assert after["session_id"] != before["session_id"]
+    assert after["peer_id"] == before["peer_id"]
+    client = openai.OpenAI(base_url=fabric.ingress.http_url + "/v1",
+                           api_key=fabric.admin_key(), max_retries=0)
+    reply = client.chat.completions.create(
+        model="llama-2-7b", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert reply.usage is not None and reply.usage.completion_tokens == 3
+    # the old session left: the ingress no longer lists qwen3-1.7b as served anywhere
+    assert fabric.serving_models().get("qwen3-1.7b", 0) == 0

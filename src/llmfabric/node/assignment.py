@@ -1,9 +1,11 @@
-"""Engine assignments from the fleet controller, carried over the authenticated peer protocol.
+"""Engine assignments and releases from the fleet controller, over the authenticated peer
+protocol.
 
 The controller sends data (model, template name, parallelism, GPU ids), never a command line:
 the node renders the command from its own template table, so an admitted peer cannot make a
-node run arbitrary programs. Nodes accept assignments only when started with
-`--accept-assignments`, optionally only from listed controller peer ids.
+node run arbitrary programs. A release names the model the controller believes the node
+serves (so a stale release cannot stop a different engine). Nodes accept either only when
+started with `--accept-assignments`, optionally only from listed controller peer ids.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import orjson
 from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
 
 ASSIGN_PATH = "/_fabric/v1/assign"
+RELEASE_PATH = "/_fabric/v1/release"
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 _GPU_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -79,3 +82,29 @@ def engine_command(assignment: Assignment, port: int) -> list[str]:
     if argv and argv[0] == "llmfabric" and shutil.which("llmfabric") is None:
         argv = [sys.executable, "-m", "llmfabric", *argv[1:]]
     return argv
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    """Stop the engine serving `model` and return to a bare (assignable) node."""
+
+    model: str
+    reason: str = ""
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+def parse_release(body: bytes) -> ReleaseRequest:
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise AssignmentError("the release body is not JSON") from None
+    if not isinstance(data, dict):
+        raise AssignmentError("the release must be a JSON object")
+    model, reason = data.get("model"), data.get("reason", "")
+    if not isinstance(model, str) or not _MODEL_RE.match(model):
+        raise AssignmentError("model must be a model id (letters, digits, . _ : / @ + -)")
+    if not isinstance(reason, str):
+        raise AssignmentError("reason must be a string")
+    return ReleaseRequest(model, reason[:200])

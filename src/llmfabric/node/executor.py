@@ -6,14 +6,20 @@ import logging
 from collections.abc import Callable
 
 from llmfabric.net import NetError, TlsTransport
-from llmfabric.node.assignment import ASSIGN_PATH, Assignment
-from llmfabric.scheduler.decisions import Assign, Decision
+from llmfabric.node.assignment import ASSIGN_PATH, RELEASE_PATH, Assignment, ReleaseRequest
+from llmfabric.scheduler.decisions import Assign, Decision, Release
 
 log = logging.getLogger(__name__)
 
+# A release drains the node's requests (20 s by default) and stops its engine (5 s) before it
+# answers, so the next assignment finds the node bare.
+RELEASE_TIMEOUT_S = 90.0
+ASSIGN_TIMEOUT_S = 30.0
+
 
 class PeerExecutor:
-    """`apply(Assign)` POSTs the assignment to every node in it (by session -> peer id).
+    """`apply(Assign)` POSTs the assignment to every node in it (by session -> peer id);
+    `apply(Release)` POSTs a release and waits until the node is bare again.
 
     A refusal or an unreachable node is logged and kept in `failures`, never raised: the other
     nodes of the decision still get theirs, and the controller re-plans on its next round."""
@@ -25,32 +31,47 @@ class PeerExecutor:
         self.failures: list[str] = []
 
     async def apply(self, decision: Decision) -> None:
-        if not isinstance(decision, Assign):
-            log.warning("release of %s is not carried out: engines are stopped through the "
-                        "cluster manager (%s)", decision.session_id, decision.reason)
+        if isinstance(decision, Release):
+            body = ReleaseRequest(decision.model, decision.reason).to_json()
+            status = await self._post(decision.session_id, RELEASE_PATH, body,
+                                      RELEASE_TIMEOUT_S, f"release of {decision.model}")
+            if status == 200:
+                log.info("released %s on %s (%s)", decision.model, decision.session_id,
+                         decision.reason)
             return
         body = Assignment.from_decision(decision).to_json()
-        failures: list[str] = []
         for sid in decision.session_ids:
-            peer = self._peer_of(sid)
-            if peer is None:
-                failures.append(f"{sid}: not in the registry")
-                continue
-            try:
-                resp = await self._transport.request(
-                    peer, "POST", ASSIGN_PATH, (("content-type", "application/json"),), body,
-                    timeout=30.0,
-                )
-                async with resp:
-                    answer = (await resp.read()).decode(errors="replace")
-            except NetError as exc:
-                failures.append(f"{sid}: {exc}")
-                continue
-            self.results.append((sid, resp.status, answer))
-            if resp.status != 202:
-                failures.append(f"{sid}: {resp.status} {answer[:200]}")
-            else:
+            status = await self._post(sid, ASSIGN_PATH, body, ASSIGN_TIMEOUT_S,
+                                      f"assignment of {decision.model}")
+            if status == 202:
                 log.info("assigned %s (tp=%d) to %s", decision.model, decision.tp, sid)
-        for failure in failures:
-            log.error("assignment of %s failed: %s", decision.model, failure)
-        self.failures.extend(failures)
+
+    async def _post(self, sid: str, path: str, body: bytes, limit_s: float, what: str
+                    ) -> int | None:
+        """POST to the node of session `sid`; its status, or None if it was not reached.
+        Anything but 200/202 is a failure (logged and kept)."""
+        peer = self._peer_of(sid)
+        if peer is None:
+            self._fail(what, f"{sid}: not in the registry")
+            return None
+        try:
+            resp = await self._transport.request(
+                peer, "POST", path, (("content-type", "application/json"),), body,
+                timeout=limit_s,
+            )
+            async with resp:
+                answer = (await resp.read()).decode(errors="replace")
+        except NetError as exc:
+            self._fail(what, f"{sid}: {exc}")
+            return None
+        self.results.append((sid, resp.status, answer))
+        if resp.status not in (200, 202):
+            self._fail(what, f"{sid}: {resp.status} {answer[:200]}")
+        return resp.status
+
+    def _fail(self, what: str, failure: str) -> None:
+        log.error("%s failed: %s", what, failure)
+        self.failures.append(failure)
+
+
+__all__ = ["Assign", "PeerExecutor"]

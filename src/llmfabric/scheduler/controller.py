@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 from llmfabric.clock import Clock
 from llmfabric.registry.records import Lifecycle, NodeRecord
@@ -58,6 +59,11 @@ def is_serving(rec: NodeRecord) -> bool:
     return rec.state == Lifecycle.SERVING and bool(rec.meta.models)
 
 
+def is_reclaimable(rec: NodeRecord) -> bool:
+    """A serving node the controller may release and reassign: it accepts assignments."""
+    return is_serving(rec) and "assignable" in rec.meta.roles
+
+
 def _tp_of(gpus: int) -> int:
     return max(t for t in TP_DEGREES if t <= max(1, gpus))
 
@@ -73,7 +79,7 @@ def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: Con
         if rec.session_id in skip:
             continue
         hw = rec.meta.hardware
-        free = is_idle(rec) or (config.reclaim and is_serving(rec))
+        free = is_idle(rec) or (config.reclaim and is_reclaimable(rec))
         if not free and not is_serving(rec):
             continue
         try:
@@ -110,20 +116,50 @@ def drifted(ref: Workload | None, now: Workload, config: ControllerConfig) -> li
     return out
 
 
-def assignments(cluster: Cluster, placement: Placement, template: str) -> list[Assign]:
-    """Pack each pool's groups onto its nodes; one Assign per identical (node set, engine)."""
+def assignments(cluster: Cluster, placement: Placement, template: str,
+                current: Mapping[str, str] | None = None) -> list[Assign]:
+    """Pack each pool's groups onto its nodes; one Assign per identical (node set, engine).
+
+    `current` (session id -> the model it serves) keeps running nodes on their model where the
+    plan allows: a pool's nodes are identical, so packed node slots are matched first to the
+    nodes that already serve that slot's model, then to bare nodes."""
     merged: dict[tuple[str, str, int, int, tuple[int, ...]], list[str]] = {}
     for pool in cluster.pools:
         groups = [g for g in placement.groups if g.pool == pool.name]
         per_node: dict[tuple[int, str, int], list[int]] = {}
         for slot in pack(pool, groups):
             per_node.setdefault((slot.node, slot.model, slot.tp), []).extend(slot.gpu_ids)
+        models_of: dict[int, set[str]] = {}
+        for node, model, _ in per_node:
+            models_of.setdefault(node, set()).add(model)
+        sids = list(pool.session_ids) or [f"{pool.name}/{i}" for i in range(pool.nodes)]
+        sid_of = _match_nodes(sids, models_of, current or {})
         for (node, model, tp), ids in per_node.items():
-            sid = pool.session_ids[node] if pool.session_ids else f"{pool.name}/{node}"
             key = (model, pool.gpu_type, tp, len(ids) // tp, tuple(sorted(ids)))
-            merged.setdefault(key, []).append(sid)
+            merged.setdefault(key, []).append(sid_of[node])
     return [Assign(model, gpu, tp, dp, tuple(sorted(sids)), template, ids)
             for (model, gpu, tp, dp, ids), sids in sorted(merged.items())]
+
+
+def _match_nodes(sids: list[str], models_of: Mapping[int, set[str]],
+                 current: Mapping[str, str]) -> dict[int, str]:
+    """Node index -> session id: nodes keep their model first, then bare nodes fill in."""
+    free = list(sids)
+    out: dict[int, str] = {}
+    for node in sorted(models_of):
+        keep = next((s for s in free if current.get(s) in models_of[node]), None)
+        if keep is not None:
+            out[node] = keep
+            free.remove(keep)
+    free.sort(key=lambda s: s in current)  # bare nodes before running ones (stable)
+    for node in [n for n in sorted(models_of) if n not in out] + [
+            n for n in range(len(sids)) if n not in models_of]:
+        out[node] = free.pop(0)
+    return out
+
+
+def _serves(rec: NodeRecord, model: str) -> bool:
+    return is_serving(rec) and any(sm.id == model for sm in rec.meta.models)
 
 
 def decide(records: list[NodeRecord], workload: Workload, state: ControllerState, now: float,
@@ -151,20 +187,26 @@ def decide(records: list[NodeRecord], workload: Workload, state: ControllerState
     if not cluster.pools or not loaded.loads:
         return [], replace(state, reference=workload, seen_idle=idle), None
     placement = get_policy(config.policy)(Problem(cluster, loaded, fixed), perf, config.options)
+    current = {sid: rec.meta.models[0].id for sid, rec in by_id.items() if is_serving(rec)}
+    assigns = assignments(cluster, placement, config.template,
+                          current if config.reclaim else None)
     decisions: list[Decision] = []
     if config.reclaim:
-        keep = {(g.model, g.pool) for g in placement.groups}
+        # Release every reclaimed node whose model the plan changes (or does not use), before
+        # any assignment; a node the plan keeps on its model keeps its engine.
+        target: dict[str, set[str]] = {}
+        for a in assigns:
+            for sid in a.session_ids:
+                target.setdefault(sid, set()).add(a.model)
         for pool in cluster.pools:
             for sid in pool.session_ids:
-                rec = by_id[sid]
-                if is_serving(rec):
-                    decisions += [Release(sid, sm.id, "reclaimed by the placement")
-                                  for sm in rec.meta.models if (sm.id, pool.name) not in keep]
-    assigns = assignments(cluster, placement, config.template)
-    if config.reclaim:  # a node keeps its engine when the plan gives it the same model
-        assigns = [a for a in assigns if not all(
-            is_serving(by_id[s]) and any(sm.id == a.model for sm in by_id[s].meta.models)
-            for s in a.session_ids)]
+                decisions += [Release(sid, sm.id, "reclaimed by the placement")
+                              for sm in by_id[sid].meta.models if is_serving(by_id[sid])
+                              and sm.id not in target.get(sid, set())]
+        kept = [replace(a, session_ids=tuple(s for s in a.session_ids
+                                             if not _serves(by_id[s], a.model)))
+                for a in assigns]
+        assigns = [a for a in kept if a.session_ids]
     decisions += assigns
     started = {sid for a in assigns for sid in a.session_ids}
     deadline = now + config.pending_timeout_s
@@ -174,25 +216,55 @@ def decide(records: list[NodeRecord], workload: Workload, state: ControllerState
     return decisions, new_state, placement
 
 
+T = TypeVar("T")
+
+
+class Offload(Protocol):
+    """Runs a blocking function away from the event loop (asyncio.to_thread, a process...)."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Awaitable[T]: ...
+
+
+async def _inline(fn: Callable[[], T], /) -> T:
+    return fn()
+
+
+INLINE: Offload = _inline  # run the plan on the loop (virtual-time tests)
+
+
 class FleetController:
-    """Runs `decide` every `interval_s` of the injected clock and applies the decisions."""
+    """Runs `decide` every `interval_s` of the injected clock and applies the decisions.
+
+    Planning is CPU-bound for seconds (simulator estimates, then CP-SAT up to its time limit),
+    so `decide` runs off the event loop, in a worker thread by default (`offload`): the
+    loop keeps answering membership probes and gossip meanwhile, and the controller's node is
+    not suspected mid-plan. The clock is read on the loop, before the plan starts; `decide`
+    itself reads no clock. One plan at a time (rounds are sequential)."""
 
     def __init__(self, records: Callable[[], Iterable[NodeRecord]],
                  workload: Callable[[], Workload], executor: Executor, perf: PerformanceModel,
-                 clock: Clock, config: ControllerConfig | None = None) -> None:
+                 clock: Clock, config: ControllerConfig | None = None,
+                 offload: Offload | None = None) -> None:
         self._records = records
         self._workload = workload
         self._executor = executor
         self._perf = perf
         self._clock = clock
+        self._offload: Offload = offload or asyncio.to_thread
         self.config = config or ControllerConfig()
         self.state = ControllerState()
         self.last_placement: Placement | None = None
+        self.planning = False  # a plan is being computed off the loop
 
     async def step(self) -> list[Decision]:
-        decisions, self.state, placement = decide(
-            list(self._records()), self._workload(), self.state, self._clock.now(), self._perf,
-            self.config)
+        records, workload = list(self._records()), self._workload()
+        state, now, perf, config = self.state, self._clock.now(), self._perf, self.config
+        self.planning = True
+        try:
+            decisions, self.state, placement = await self._offload(
+                lambda: decide(records, workload, state, now, perf, config))
+        finally:
+            self.planning = False
         if placement is not None:
             self.last_placement = placement
         for d in decisions:
@@ -208,5 +280,5 @@ class FleetController:
             await self._clock.sleep(self.config.interval_s)
 
 
-__all__ = ["Assign", "ControllerConfig", "ControllerState", "Decision", "FleetController",
-           "Group", "Release", "decide", "inventory"]
+__all__ = ["INLINE", "Assign", "ControllerConfig", "ControllerState", "Decision",
+           "FleetController", "Group", "Offload", "Release", "decide", "inventory"]

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
+from llmfabric.clock import SystemClock
 from llmfabric.registry.records import Hardware, Lifecycle, NodeMeta, NodeRecord, ServedModel
 from llmfabric.scheduler.controller import (
+    INLINE,
     ControllerConfig,
     ControllerState,
     FleetController,
@@ -13,6 +16,7 @@ from llmfabric.scheduler.controller import (
 )
 from llmfabric.scheduler.decisions import Assign, LoggingExecutor, Release, render
 from llmfabric.scheduler.options import PlacementOptions
+from llmfabric.scheduler.perf import Estimate
 from llmfabric.scheduler.problem import ModelLoad, Workload
 from llmfabric.scheduler.standin import AnalyticStandIn
 from llmfabric.testing.fake_clock import FakeClock
@@ -21,9 +25,10 @@ CFG = ControllerConfig(options=PlacementOptions(workers=2, time_limit_s=10))
 
 
 def _node(sid: str, gpu: str = "A100-80GB", count: int = 4, state: Lifecycle = Lifecycle.JOIN,
-          engine: str = "", models: tuple[str, ...] = ()) -> NodeRecord:
+          engine: str = "", models: tuple[str, ...] = (),
+          roles: tuple[str, ...] = ("assignable",)) -> NodeRecord:
     meta = NodeMeta(hardware=Hardware(gpu, count, 80.0, "nvlink"), engine=engine,
-                    models=tuple(ServedModel(m) for m in models))
+                    models=tuple(ServedModel(m) for m in models), roles=roles)
     return NodeRecord(sid, f"peer-{sid}", b"k", state, 0, 1, 0.0, meta)
 
 
@@ -90,12 +95,60 @@ def test_reclaim_releases_running_nodes_when_configured() -> None:
     perf = AnalyticStandIn()
     cfg = ControllerConfig(reclaim=True, options=CFG.options)
     records = [_node("a", state=Lifecycle.SERVING, engine="sim", models=("Qwen3-1.7B",)),
-               _node("b", state=Lifecycle.SERVING, engine="sim", models=("Qwen3-1.7B",))]
+               _node("b", state=Lifecycle.SERVING, engine="sim", models=("Qwen3-1.7B",)),
+               # serving but not accepting assignments: the controller cannot release it
+               _node("own", state=Lifecycle.SERVING, engine="vllm", models=("Qwen3-1.7B",),
+                     roles=())]
     wl = Workload((ModelLoad("Llama-2-13b", 10, 600, 128),))
     decisions, _, _ = decide(records, wl, ControllerState(), 0.0, perf, cfg)
     released = {d.session_id for d in decisions if isinstance(d, Release)}
     assigned = {s for d in decisions if isinstance(d, Assign) for s in d.session_ids}
-    assert released and released <= {"a", "b"} and assigned
+    assert released and released <= {"a", "b"} and assigned <= {"a", "b"}
+    # every released node is released before it is assigned
+    order = [d.session_id if isinstance(d, Release) else d.session_ids for d in decisions]
+    for sid in assigned & released:
+        first_assign = next(i for i, o in enumerate(order) if isinstance(o, tuple) and sid in o)
+        assert order.index(sid) < first_assign
+
+
+def test_drift_alone_replans_idle_capacity_the_last_plan_left_unused() -> None:
+    """No new idle node: only the workload moved. A node the last plan saw (and left idle)
+    gets a plan again once a model's rate drifts past the threshold, not before."""
+    perf = AnalyticStandIn()
+    records = [_node("a", state=Lifecycle.SERVING, engine="sim", models=("Llama-2-13b",)),
+               _node("c", "GH200")]
+    seen = ControllerState(reference=WL, seen_idle=frozenset({"c"}))
+    same = Workload((ModelLoad("Llama-2-13b", 11, 600, 128), ModelLoad("Llama-2-7b", 5, 300,
+                                                                        100)))
+    d0, st0, p0 = decide(records, same, seen, 5.0, perf, CFG)  # +10 %: below the threshold
+    assert d0 == [] and p0 is None and st0.reference == WL
+    busier = Workload((ModelLoad("Llama-2-13b", 40, 600, 128), ModelLoad("Llama-2-7b", 5, 300,
+                                                                          100)))
+    d1, st1, p1 = decide(records, busier, seen, 5.0, perf, CFG)
+    assert p1 is not None and st1.reference == busier
+    assert [s for d in d1 if isinstance(d, Assign) for s in d.session_ids] == ["c"]
+    assert any(g.fixed and g.model == "Llama-2-13b" for g in p1.groups)  # "a" takes load too
+
+
+def test_drift_alone_replans_running_nodes_when_reclaiming() -> None:
+    perf = AnalyticStandIn()
+    cfg = ControllerConfig(reclaim=True, options=CFG.options)
+    records = [_node(s, state=Lifecycle.SERVING, engine="sim", models=("Llama-2-7b",))
+               for s in ("a", "b", "c")]
+    state = ControllerState(reference=Workload((ModelLoad("Llama-2-7b", 20, 300, 100),)))
+    steady = Workload((ModelLoad("Llama-2-7b", 21, 300, 100),))
+    assert decide(records, steady, state, 1.0, perf, cfg)[0] == []
+    moved = Workload((ModelLoad("Llama-2-7b", 2, 300, 100), ModelLoad("Llama-2-13b", 30, 600,
+                                                                        128)))
+    decisions, _, placement = decide(records, moved, state, 1.0, perf, cfg)
+    assert placement is not None
+    assert {d.model for d in decisions if isinstance(d, Assign)} == {"Llama-2-13b"}
+    assert {d.model for d in decisions if isinstance(d, Release)} == {"Llama-2-7b"}
+    # exactly the nodes that change model are released; a node the plan keeps on
+    # Llama-2-7b keeps its engine (nodes of a pool are interchangeable)
+    released = {d.session_id for d in decisions if isinstance(d, Release)}
+    assigned = {s for d in decisions if isinstance(d, Assign) for s in d.session_ids}
+    assert released == assigned and 1 <= len(released) < 3  # 7b still has load: kept
 
 
 def test_render_templates() -> None:
@@ -111,7 +164,7 @@ async def test_loop_runs_on_virtual_time() -> None:
     records = [_node("a")]
     ex = LoggingExecutor()
     ctl = FleetController(lambda: records, lambda: WL, ex, AnalyticStandIn(), clock,
-                          ControllerConfig(interval_s=5, options=CFG.options))
+                          ControllerConfig(interval_s=5, options=CFG.options), offload=INLINE)
     stop = asyncio.Event()
     task = asyncio.create_task(ctl.run(stop))
     await clock.advance(0)
@@ -124,3 +177,40 @@ async def test_loop_runs_on_virtual_time() -> None:
     stop.set()
     await clock.advance(5)
     await asyncio.wait_for(task, 1)
+
+
+class _BlockingPerf(AnalyticStandIn):
+    """Estimates block (in the planning thread) until the test lets them go."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+        self.entered = threading.Event()
+
+    def estimate(self, model: str, gpu_type: str, tp: int, arrival_rate: float,
+                 mean_in: float, mean_out: float) -> Estimate:
+        self.entered.set()
+        if not self.gate.wait(10):
+            raise RuntimeError("the test never released the planner")
+        return super().estimate(model, gpu_type, tp, arrival_rate, mean_in, mean_out)
+
+
+async def test_the_event_loop_keeps_serving_while_a_plan_is_computed() -> None:
+    """decide() runs off the loop: while it is stuck in the performance model, other tasks
+    (membership probes, gossip) still run; the plan lands once it finishes."""
+    gate = threading.Event()
+    perf = _BlockingPerf(gate)
+    ex = LoggingExecutor()
+    ctl = FleetController(lambda: [_node("a")], lambda: WL, ex, perf, SystemClock(), CFG)
+    step = asyncio.create_task(ctl.step())
+    entered = await asyncio.to_thread(perf.entered.wait, 10)
+    assert entered
+    assert ctl.planning
+    ticks = 0
+    for _ in range(20):  # the loop is free: a task that needs it keeps running
+        await asyncio.sleep(0.001)
+        ticks += 1
+    assert ticks == 20 and not step.done()
+    gate.set()
+    decisions = await asyncio.wait_for(step, 30)
+    assert decisions and ex.applied == decisions and not ctl.planning

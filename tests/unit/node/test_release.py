@@ -1,0 +1,92 @@
+"""The release request (`/_fabric/v1/release`): parsing, dispatch and the node's refusals.
+The full drain -> stop -> new bare session path runs against real nodes in
+tests/integration/test_controller_assigns.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from llmfabric.net import HandlerResponse, PeerRequest
+from llmfabric.net.messages import BodyStream
+from llmfabric.node.assignment import RELEASE_PATH, AssignmentError, ReleaseRequest, parse_release
+from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.release import release_engine
+from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
+
+
+def _request(path: str, method: str = "POST", body: bytes = b"{}") -> PeerRequest:
+    stream = BodyStream(ack=lambda _n: None, on_abort=lambda: None)
+    stream.push((body, len(body)))
+    stream.push(None)
+    return PeerRequest("peer-x", method, path, (), stream)
+
+
+def test_parse_release() -> None:
+    r = parse_release(b'{"model": "qwen3-1.7b", "reason": "reclaimed"}')
+    assert r == ReleaseRequest("qwen3-1.7b", "reclaimed")
+    assert parse_release(r.to_json()) == r
+    for bad in (b"nope", b"[]", b'{"model": "--all"}', b'{"model": "m", "reason": 3}'):
+        with pytest.raises(AssignmentError):
+            parse_release(bad)
+
+
+async def test_peer_api_routes_releases_only_when_a_handler_is_given() -> None:
+    async def assign(peer: str, body: bytes) -> HandlerResponse:
+        return HandlerResponse(202, (), b"")
+
+    async def release(peer: str, body: bytes) -> HandlerResponse:
+        return HandlerResponse(200, (), peer.encode() + body)
+
+    without = PeerApi(lambda: None, assign)
+    assert (await without.handle(_request(RELEASE_PATH))).status == 404
+    api = PeerApi(lambda: None, assign, release)
+    ok = await api.handle(_request(RELEASE_PATH, body=b'{"model": "m"}'))
+    assert ok.status == 200 and ok.body == b'peer-x{"model": "m"}'
+    assert (await api.handle(_request(RELEASE_PATH, method="GET"))).status == 405
+
+
+_ENGINE = object()
+
+
+def _node(state: Lifecycle = Lifecycle.SERVING, models: tuple[str, ...] = ("qwen3-1.7b",),
+          accept: bool = True, controllers: tuple[str, ...] = (), engine: Any = _ENGINE,
+          ) -> Any:
+    meta = NodeMeta(engine="sim", models=tuple(ServedModel(m, ("alias",)) for m in models))
+    agent = SimpleNamespace(session_id="s1", record=SimpleNamespace(state=state, meta=meta))
+    config = SimpleNamespace(accept_assignments=accept, controllers=controllers,
+                             drain_timeout_s=1.0)
+    return SimpleNamespace(config=config, agent=agent, engine=engine, _stopping=False)
+
+
+async def _status(node: Any, body: dict[str, Any], peer: str = "ctl") -> tuple[int, Any]:
+    resp = await release_engine(node, peer, orjson.dumps(body))
+    assert isinstance(resp.body, bytes)
+    return resp.status, orjson.loads(resp.body)
+
+
+@pytest.mark.parametrize(
+    ("node", "status", "code"),
+    [
+        (_node(accept=False), 403, "assignments_disabled"),
+        (_node(controllers=("other",)), 403, "not_a_controller"),
+        (_node(state=Lifecycle.JOIN), 409, "not_serving"),  # engine still starting
+        (_node(models=("llama-2-7b",)), 409, "model_mismatch"),  # a stale release
+    ],
+)
+async def test_refusals_leave_the_engine_running(node: Any, status: int, code: str) -> None:
+    engine = node.engine
+    got, doc = await _status(node, {"model": "qwen3-1.7b"})
+    assert got == status and doc["error"]["code"] == code
+    assert node.engine is engine and node.agent.record.state in (Lifecycle.SERVING,
+                                                                  Lifecycle.JOIN)
+
+
+async def test_bad_body_and_bare_node() -> None:
+    got, doc = await _status(_node(), {"reason": "no model"})
+    assert got == 400 and doc["error"]["code"] == "invalid_release"
+    got, doc = await _status(_node(engine=None), {"model": "qwen3-1.7b"})
+    assert got == 200 and doc == {"released": False, "session_id": "s1"}
