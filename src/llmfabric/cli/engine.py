@@ -21,6 +21,8 @@ def command() -> None:
 @click.option("--gpu", default="H100-SXM", show_default=True, help="simulated GPU type")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="tensor-parallel degree")
+@click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="data-parallel replicas (each with its own batch) behind the one API")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), required=True)
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0,
@@ -43,7 +45,7 @@ def command() -> None:
 @click.option("--log-line", default="", help="print this line to stdout after --log-after s")
 @click.option("--log-after", type=click.FloatRange(min=0), default=0.0)
 @click.option("--ignore-sigterm", is_flag=True, help="ignore SIGTERM (tests SIGKILL escalation)")
-def sim(models: tuple[str, ...], gpu: str, tp: int, host: str, port: int, speed: float,
+def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: int, speed: float,
         slow: float, max_model_len: int | None, startup_delay: float,
         crash_after_requests: int, hang_after_requests: int, fail_after_requests: int,
         fail_status: int, exit_after: float, log_line: str, log_after: float,
@@ -54,7 +56,7 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, host: str, port: int, speed:
     "reset"} (see docs/agent.md).
     """
     config = SimEngineConfig(
-        models=models, gpu=gpu, tp=tp, host=host, port=port, speed=speed, slow=slow,
+        models=models, gpu=gpu, tp=tp, dp=dp, host=host, port=port, speed=speed, slow=slow,
         max_model_len=max_model_len, startup_delay_s=startup_delay,
         crash_after_requests=crash_after_requests, hang_after_requests=hang_after_requests,
         fail_after_requests=fail_after_requests, fail_status=fail_status,

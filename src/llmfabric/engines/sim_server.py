@@ -23,6 +23,7 @@ from llmfabric.clock import Clock, SystemClock
 from llmfabric.engines import protocol as p
 from llmfabric.engines import text
 from llmfabric.engines.batcher import Batcher
+from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
 from llmfabric.engines.timing import model_max_context, timing_for
 
@@ -35,6 +36,7 @@ class SimEngineConfig:
     models: tuple[str, ...]
     gpu: str = "H100-SXM"
     tp: int = 1
+    dp: int = 1  # data-parallel replicas behind the one API (engines/dp.py)
     host: str = "127.0.0.1"
     port: int = 8000
     speed: float = 1.0
@@ -70,8 +72,11 @@ class SimEngine:
             raise ValueError("the simulated engine needs at least one model")
         self.config = config
         self.clock: Clock = clock or SystemClock()
-        self.batchers = {
-            m: Batcher(timing_for(config.gpu, m, config.tp), self.clock, config.speed)
+        self.batchers: dict[str, Batcher | DataParallel] = {
+            m: DataParallel([Batcher(timing_for(config.gpu, m, config.tp), self.clock,
+                                     config.speed) for _ in range(config.dp)])
+            if config.dp > 1 else Batcher(timing_for(config.gpu, m, config.tp), self.clock,
+                                          config.speed)
             for m in config.models
         }
         for b in self.batchers.values():

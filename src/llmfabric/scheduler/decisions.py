@@ -44,7 +44,7 @@ TEMPLATES: dict[str, str] = {
             "--port {port}",
     "sglang": "python -m sglang.launch_server --model-path {model} --tp {tp} --dp {dp} "
               "--port {port}",
-    "sim": "llmfabric engine sim --model {model} --gpu {gpu} --tp {tp} --port {port}",
+    "sim": "llmfabric engine sim --model {model} --gpu {gpu} --tp {tp} --dp {dp} --port {port}",
 }
 
 

@@ -20,8 +20,8 @@ def test_parse_and_render_a_valid_assignment() -> None:
     a = parse_assignment(orjson.dumps(GOOD))
     assert a == Assignment("qwen3-1.7b", "L40S", 1, 1, "sim", (0,))
     argv = engine_command(a, 9001)
-    assert argv[-8:] == ["--model", "qwen3-1.7b", "--gpu", "L40S", "--tp", "1", "--port",
-                         "9001"]
+    assert argv[-10:] == ["--model", "qwen3-1.7b", "--gpu", "L40S", "--tp", "1", "--dp", "1",
+                          "--port", "9001"]
     assert parse_assignment(a.to_json()) == a
 
 

@@ -157,6 +157,10 @@ def test_render_templates() -> None:
                                "--data-parallel-size", "2", "--port", "9000"]
     sim = Assign("Llama-2-13b", "A100-80GB", 4, 1, ("s",), "sim", (0, 1, 2, 3))
     assert render(sim, 1)[:3] == ["llmfabric", "engine", "sim"]
+    # the simulated engine gets the DP degree too: dp replicas, as many as the plan counted
+    sim_dp = Assign("Llama-2-7b", "A100-80GB", 1, 4, ("s",), "sim", (0, 1, 2, 3))
+    argv = render(sim_dp, 1)
+    assert argv[argv.index("--tp") + 1] == "1" and argv[argv.index("--dp") + 1] == "4"
 
 
 async def test_loop_runs_on_virtual_time() -> None:
