@@ -24,5 +24,6 @@ Files -> concepts
 - controller.py  pure decide() over registry records + workload, FleetController loop.
 - observed.py    the observed workload: ingress nodes' published demand summed from records.
 - spec.py        cluster/workload YAML loading (pydantic at the boundary).
+- tracewl.py     a Workload from a request trace (per-model rate, length mean and spread).
 - errors.py      SchedulerError hierarchy.
 """
