@@ -28,13 +28,14 @@ class _Hosted:
     node: Any  # llmfabric.node.daemon.Node
     seen_session: dict[str, float]
     seen_model: dict[str, float]
+    seen_gone: dict[str, float]  # session -> when it first stopped being routable here
     routable: set[str]
 
 
 def _attach(node: Any) -> _Hosted:
     from llmfabric.registry.records import Lifecycle
 
-    hosted = _Hosted(node, {}, {}, set())
+    hosted = _Hosted(node, {}, {}, {}, set())
 
     def on_change(change: Any) -> None:
         now = time.time()
@@ -47,6 +48,10 @@ def _attach(node: Any) -> _Hosted:
         if entry.state is Lifecycle.SERVING:
             for m in rec.meta.models:
                 hosted.seen_model.setdefault(m.id, now)
+            if entry.suspected:
+                hosted.seen_gone.setdefault(sid, now)
+        elif entry.state is not Lifecycle.JOIN:
+            hosted.seen_gone.setdefault(sid, now)
 
     node.agent.add_listener(on_change)
     # A node evicted by the fabric (a false eviction under CPU starvation) rejoins with a new
@@ -106,9 +111,16 @@ async def _serve(conn: mpc.Connection, preset: str) -> None:
                 out: dict[str, Any] = {}
                 for name, h in hosted.items():
                     key = args["key"]
-                    table = h.seen_session if args["kind"] == "session" else h.seen_model
+                    table = {"session": h.seen_session, "model": h.seen_model,
+                             "gone": h.seen_gone}[args["kind"]]
                     out[name] = table.get(key)
                 conn.send(("ok", out))
+            elif cmd == "routes_to":  # cheap: one lookup per node, not the whole view list
+                routes: dict[str, bool] = {}
+                for name, h in hosted.items():
+                    view = h.node.agent.nodes.get(args["session"])
+                    routes[name] = view is not None and view.routable
+                conn.send(("ok", routes))
             elif cmd == "routable":
                 conn.send(("ok", {name: [v.session_id for v in h.node.agent.nodes.routable()]
                                   for name, h in hosted.items()}))

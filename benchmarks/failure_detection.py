@@ -34,6 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     fleet = Fleet(args.nodes, args.workers, args.preset)
     times: list[float] = []
+    phases: list[dict[str, float | None]] = []  # per trial: first and last replica to drop it
     missed = 0
     incomplete = 0  # trials where not every live node routed to the victim before the kill
     try:
@@ -47,8 +48,8 @@ def main() -> None:
                 deadline = time.monotonic() + 30
                 ready = False
                 while time.monotonic() < deadline:  # every live node routes to it
-                    routable = fleet.gather("routable")
-                    if all(name in r for r in routable.values()):
+                    routes = fleet.gather("routes_to", session=name)
+                    if all(routes.values()):
                         ready = True
                         break
                     time.sleep(0.1)
@@ -61,8 +62,8 @@ def main() -> None:
                 victim.kill9()
                 gone = None
                 while time.monotonic() - t_kill < args.timeout:
-                    routable = fleet.gather("routable")
-                    if all(name not in r for r in routable.values()):
+                    routes = fleet.gather("routes_to", session=name)
+                    if not any(routes.values()):
                         gone = time.monotonic() - t_kill
                         break
                     time.sleep(0.05)
@@ -70,6 +71,13 @@ def main() -> None:
                     missed += 1
                 else:
                     times.append(gone)
+                # when each replica dropped it (wall clock), from the replicas' own listeners
+                t_kill_wall = time.time() - (time.monotonic() - t_kill)
+                marks = [t - t_kill_wall for t in fleet.gather(
+                    "seen", kind="gone", key=name).values() if t is not None]
+                phases.append({"first_ms": min(marks) * 1000 if marks else None,
+                               "p50_ms": statistics.median(marks) * 1000 if marks else None,
+                               "last_ms": max(marks) * 1000 if marks else None})
                 progress.advance(task)
                 time.sleep(1.0)
     finally:
@@ -90,6 +98,9 @@ def main() -> None:
         "max_ms": max(times) * 1000 if times and not missed else None,
         "max_observed_ms": max(times) * 1000 if times else None,
         "samples_ms": [t * 1000 for t in times],
+        # per measured trial, from the replicas' own change listeners: the first replica to
+        # stop routing to the victim (a prober's suspicion) and the median and last one
+        "phases": phases,
     }
     notes = (f"{args.nodes} live nodes over {args.workers} worker processes, preset "
              f"`{args.preset}`; polling resolution 50 ms plus one round of queries. A trial "

@@ -19,6 +19,7 @@ class AgentStats:
     # `bad_timestamp`, `not_admitted`).
     rejected: Counter[str] = field(default_factory=Counter)
     suspicions_raised: int = 0
+    suspicions_spared: int = 0  # not raised: K confirmations already stood (Lifeguard cap)
     evictions_issued: int = 0
     refutations: int = 0
     loop_errors: int = 0
@@ -35,6 +36,7 @@ class AgentStats:
             "dropped": dict(self.dropped),
             "rejected": dict(self.rejected),
             "suspicions_raised": self.suspicions_raised,
+            "suspicions_spared": self.suspicions_spared,
             "evictions_issued": self.evictions_issued,
             "refutations": self.refutations,
             "loop_errors": self.loop_errors,

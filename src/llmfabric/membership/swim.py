@@ -106,6 +106,15 @@ class Prober:
         self._in_round = set(current)
         return self._order.pop()
 
+    def probe_next(self, targets: list[Member]) -> None:
+        """Probe these members in the coming periods, ahead of the rest of the round (the
+        transport lost its connection to them: the process may have died)."""
+        for m in targets:
+            self._in_round.add(m)
+            if m in self._order:
+                self._order.remove(m)
+            self._order.append(m)  # _next_target pops from the end
+
     async def run(self) -> None:
         """Probe forever, one member per period; cancel the task to stop."""
         while True:

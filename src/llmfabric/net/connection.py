@@ -85,6 +85,9 @@ class PeerConnection:
         self._last_rx = clock.now()
         self.last_used = self._last_rx  # last datagram/request frame either way (not pings)
         self._closing = False
+        # The connection ended without a CLOSE frame from the peer and without us closing it
+        # (EOF, reset, keep-alive silence): the peer's process may have died (kill -9).
+        self.lost = False
         self._out = bytearray()
         self._out_base = 0  # TLS stream's buffered bytes when this iteration's batch began
         self._touched = False  # a traffic frame was sent since the last flush
@@ -213,6 +216,7 @@ class PeerConnection:
                     self._dispatch(frame.type, frame.payload)
                 data = await self._framed.reader.read(65536)
                 if not data:
+                    self.lost = not self._closing
                     break
                 stats.bytes_received += len(data)
                 self._last_rx = self._clock.now()
@@ -223,7 +227,7 @@ class PeerConnection:
         except FrameError as exc:
             stats.drop(exc.code)
         except (ConnectionError, OSError):
-            pass
+            self.lost = not self._closing
         finally:
             self._begin_close()
 
@@ -266,6 +270,7 @@ class PeerConnection:
             if self._closing:
                 return
             if self._clock.now() - self._last_rx > 3 * self._keepalive:
+                self.lost = True
                 self._begin_close()  # peer silent for 3 intervals: dead
                 return
             self.send_frame(FrameType.PING, b"")

@@ -100,6 +100,7 @@ class TlsTransport:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._handler: MessageHandler | None = None
         self._request_handler: RequestHandler | None = None
+        self._peer_lost: Callable[[str], None] | None = None
         self._closing = False
         self.relay = RelayService(self)
         self.limits = ConnectionLimits(self)
@@ -449,15 +450,27 @@ class TlsTransport:
     def _dialler(self, conn: PeerConnection) -> str:
         return self.local_id if conn.dialled else conn.peer_id
 
+    def on_peer_lost(self, callback: Callable[[str], None] | None) -> None:
+        """Call `callback(peer_id)` when the connection in use with a peer ends without the
+        peer closing it (EOF or reset without a CLOSE frame, or keep-alive silence): its
+        process may have died, so membership can probe it now instead of in its turn."""
+        self._peer_lost = callback
+
     def on_closed(self, conn: PeerConnection) -> None:
         if conn not in self._all_conns:  # a dial-back probe, never registered
             return
         if not self._closing:  # finish closing (await the socket) in the background
             task = self.spawn(conn.aclose())
             task.add_done_callback(lambda _t: self._all_conns.discard(conn))
-        if self._conns.get(conn.peer_id) is conn:
+        current = self._conns.get(conn.peer_id) is conn
+        if current:
             del self._conns[conn.peer_id]
         self.relay.on_closed(conn)
+        if current and conn.lost and not self._closing and self._peer_lost is not None:
+            try:
+                self._peer_lost(conn.peer_id)
+            except Exception:
+                log.exception("peer-lost callback failed for %s", conn.peer_id)
 
     async def _ensure_conn(self, peer: str) -> PeerConnection:
         """An open connection to `peer`: the existing one, or dial its known addresses."""

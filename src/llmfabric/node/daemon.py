@@ -48,6 +48,7 @@ from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.ports import free_port
+from llmfabric.node.release import release_engine
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Change
@@ -154,13 +155,17 @@ class Node:
         )
         if self._forward_token is not None:  # the fast direct path (PSK networks only)
             app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self._forward_http)
-        self.transport.set_request_handler(PeerApi(lambda: self.engine, self._assign).handle)
+        self.transport.set_request_handler(PeerApi(
+            lambda: self.engine, self._assign, lambda p, b: release_engine(self, p, b)).handle)
         if self.config.process:
             self.engine = self._engine_link(self.config)
         await self._serve_http(app)
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
         self.transport.on_relays_changed(self._relays_changed)
+        # A connection lost without a CLOSE (kill -9, crash): probe that peer at once.
+        self.transport.on_peer_lost(
+            lambda peer: self.agent.probe_soon(peer) if self.agent is not None else None)
         await self._agent.start()
         self._spawn(self._join(), "join")
         self._spawn(self._sweep_evicted_peers(), "forget-evicted")

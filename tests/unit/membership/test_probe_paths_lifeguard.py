@@ -98,3 +98,39 @@ async def test_k_confirmations_reach_the_minimum_and_a_refutation_clears() -> No
     assert sid not in tracker.since
     await clock.advance(lo)
     assert tracker.due(rep.entries, n) == []
+
+
+def test_probe_next_puts_lost_peers_ahead_of_the_round() -> None:
+    clock = FakeClock()
+    members = [Member(f"s{i}", f"p{i}") for i in range(20)]
+    p = Prober(clock, PRESETS["local"], random.Random(1), local_peer="me",
+               members=lambda: members, send=lambda peer, msg: None,
+               piggyback=lambda: (), on_suspect=lambda m: None)
+    first = p._next_target()
+    assert first is not None
+    lost = [m for m in members if m != first][7]
+    p.probe_next([lost])
+    assert p._next_target() == lost  # not in its round-robin turn: next
+    seen = {p._next_target() for _ in range(len(members) - 2)}
+    assert lost not in seen and len(seen) == len(members) - 2  # the round goes on
+
+
+async def test_no_more_suspicions_once_k_confirmations_stand() -> None:
+    from llmfabric.gossip.agent import GossipAgent
+    from llmfabric.testing.memnet import MemNet
+
+    clock = FakeClock()
+    net = MemNet(clock)
+    target, me = NodeKey.generate(), NodeKey.generate()
+    agent = GossipAgent(net.transport(me.peer_id), clock, me, config=PRESETS["local"])
+    victim = RecordOwner(target, NodeMeta(), wall=clock.wall())
+    agent.replica.apply(victim.current)
+    k = agent.config.expected_confirmations
+    for _ in range(k + 1):
+        agent.replica.apply(make_fact(NodeKey.generate(), FactKind.SUSPECT,
+                                      victim.session_id, 0, clock.wall()))
+    agent._suspect(Member(victim.session_id, target.peer_id))
+    entry = agent.replica.entries[victim.session_id]
+    assert len(entry.suspects) == k + 1 and agent.stats.suspicions_spared == 1
+    assert agent.stats.suspicions_raised == 0
+    await net.aclose()

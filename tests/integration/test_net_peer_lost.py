@@ -1,0 +1,56 @@
+"""The transport reports a peer whose connection ended without a CLOSE (its process died):
+membership probes that peer at once. A graceful close or an idle close is not reported."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmfabric.identity import NodeKey, PskAdmission
+from llmfabric.net import TlsTransport, TransportConfig
+
+pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
+
+
+def psk() -> PskAdmission:
+    return PskAdmission("test", b"s" * 32)
+
+
+async def wait_for(pred: object, within: float = 5.0) -> None:
+    async with asyncio.timeout(within):
+        while not pred():  # type: ignore[operator]  # noqa: ASYNC110 - real sockets
+            await asyncio.sleep(0.01)
+
+
+async def test_a_connection_cut_without_close_reports_the_peer_lost() -> None:
+    a = TlsTransport(NodeKey.generate(), psk())
+    b = TlsTransport(NodeKey.generate(), psk())
+    lost: list[str] = []
+    async with a, b:
+        a.on_peer_lost(lost.append)
+        await a.connect_bootstrap(b.listen_addr)  # type: ignore[arg-type]
+        await wait_for(lambda: b.connection(a.local_id) is not None)
+        conn = b.connection(a.local_id)
+        assert conn is not None
+        conn._writer.transport.abort()  # b's process "dies": RST, no CLOSE frame
+        await wait_for(lambda: lost == [b.local_id])
+        assert a.connection(b.local_id) is None
+
+
+async def test_graceful_and_idle_closes_are_not_reported() -> None:
+    a = TlsTransport(NodeKey.generate(), psk())
+    b = TlsTransport(NodeKey.generate(), psk(), TransportConfig(idle_close_s=0.4))
+    lost: list[str] = []
+    async with a:
+        a.on_peer_lost(lost.append)
+        async with b:
+            await a.connect_bootstrap(b.listen_addr)  # type: ignore[arg-type]
+            await wait_for(lambda: a.connection(b.local_id) is None, within=10)  # idle close
+            assert b.stats.connections_idle_closed >= 1
+            await a.connect_bootstrap(b.listen_addr)  # type: ignore[arg-type]
+            await wait_for(lambda: b.connection(a.local_id) is not None)
+        # b shut down gracefully (CLOSE frame)
+        await wait_for(lambda: a.connection(b.local_id) is None)
+        await asyncio.sleep(0.1)
+    assert lost == []
