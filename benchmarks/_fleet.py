@@ -133,12 +133,13 @@ async def _serve(conn: mpc.Connection, preset: str) -> None:
                     st = h.node.gossip_stats
                     for k, v in st.msgs_out.items():
                         total[f"msgs_out.{k}"] = total.get(f"msgs_out.{k}", 0) + v
-                    for k in ("bytes_out", "suspicions_raised", "evictions_issued",
-                              "refutations", "rebootstraps", "reconnects", "seed_contacts"):
+                    for k in ("bytes_out", "suspicions_raised", "suspicions_spared",
+                              "evictions_issued", "refutations", "rebootstraps", "reconnects",
+                              "seed_contacts"):
                         total[k] = total.get(k, 0) + getattr(st, k)
                     ts = h.node.transport.stats
-                    total["connections_opened"] = (total.get("connections_opened", 0)
-                                                   + ts.connections_opened)
+                    for k in ("connections_opened", "peers_lost"):
+                        total[k] = total.get(k, 0) + getattr(ts, k)
                 conn.send(("ok", {"total": total}))
             elif cmd == "bytes":
                 conn.send(("ok", {n: h.node.transport.stats.bytes_sent

@@ -22,6 +22,8 @@ from _common import write_results
 from _fleet import Fleet, percentiles
 from rich.console import Console
 
+from llmfabric.gossip.config import PRESETS
+
 
 def wait_seen(fleet: Fleet, kind: str, key: str, t0: float, exclude: str,
               timeout: float) -> tuple[list[float], int]:
@@ -43,6 +45,17 @@ def total_bytes(fleet: Fleet) -> int:
     return sum(fleet.gather("bytes").values())
 
 
+def idle_window(fleet: Fleet, seconds: float) -> tuple[float, dict[str, float]]:
+    """Bytes per node per second over `seconds` with no events, and what the fleet did
+    meanwhile (messages by kind, suspicions, refutations, connection set-ups, ...)."""
+    s0 = fleet.stats()
+    b0, t0 = total_bytes(fleet), time.monotonic()
+    time.sleep(seconds)
+    rate = (total_bytes(fleet) - b0) / (time.monotonic() - t0) / fleet.size
+    s1 = fleet.stats()
+    return rate, {k: v - s0.get(k, 0) for k, v in sorted(s1.items()) if v - s0.get(k, 0)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=32)
@@ -50,7 +63,10 @@ def main() -> None:
     ap.add_argument("--preset", default="lan", choices=["local", "lan", "wan"])
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=10.0,
-                    help="seconds after convergence before measuring (start-up rumours die)")
+                    help="seconds after convergence before the first idle window")
+    ap.add_argument("--steady-settle", type=float, default=None,
+                    help="seconds after convergence before the steady-state idle window "
+                         "[one SWIM probe round: nodes x probe interval]")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args()
     console = Console(stderr=True)
@@ -63,16 +79,17 @@ def main() -> None:
             except TimeoutError as exc:  # reported, and the events are measured anyway
                 console.print(f"[red]{exc}")
                 converge_s = None
+        converged_at = time.monotonic()
+        steady_settle = (args.steady_settle if args.steady_settle is not None
+                         else args.nodes * PRESETS[args.preset].probe_interval_s)
         with console.status(f"measuring idle traffic for {args.idle_seconds}s"):
-            time.sleep(args.settle)  # let the start-up rumours die down
-            s0 = fleet.stats()
-            b0, t_idle = total_bytes(fleet), time.monotonic()
-            time.sleep(args.idle_seconds)
-            idle = (total_bytes(fleet) - b0) / (time.monotonic() - t_idle) / fleet.size
-            s1 = fleet.stats()
-            # what the fleet did while idle: messages by kind, suspicions, refutations, ...
-            idle_events = {k: v - s0.get(k, 0) for k, v in sorted(s1.items())
-                           if v - s0.get(k, 0)}
+            # Two windows: soon after start-up (every node is still in its first SWIM probe
+            # round, opening TLS connections to peers it has not met), and the steady state
+            # after one full probe round (what an idle fabric costs).
+            time.sleep(args.settle)
+            idle_start, start_events = idle_window(fleet, args.idle_seconds)
+            time.sleep(max(0.0, converged_at + steady_settle - time.monotonic()))
+            idle, idle_events = idle_window(fleet, args.idle_seconds)
 
         b_active, t_active = total_bytes(fleet), time.monotonic()
         t0 = time.time()
@@ -96,7 +113,10 @@ def main() -> None:
         "join": join_p,
         "register": reg_p,
         "wait_s": 15.0,  # how long a replica had before it counted as missing
-        "idle_bytes_per_node_s": idle,
+        "idle_bytes_per_node_s": idle,  # steady state: after one full probe round
+        "idle_steady_after_s": steady_settle,
+        "idle_after_start_bytes_per_node_s": idle_start,  # `--settle` s after convergence
+        "idle_after_start_events": start_events,
         "active_bytes_per_node_s": active,
         "bytes_counted": "transport frames (payload + frame header), TLS and TCP/IP excluded",
         "idle_events": idle_events,
@@ -107,7 +127,9 @@ def main() -> None:
         {"event": "register", **reg_p},
     ]
     notes = (f"{args.nodes} nodes over {args.workers} worker processes on loopback, preset "
-             f"`{args.preset}`. Idle: {idle:.0f} B/s per node; during the events: "
+             f"`{args.preset}`. Idle: {idle:.0f} B/s per node in the steady state ("
+             f"{steady_settle:.0f} s after convergence, one probe round), {idle_start:.0f} B/s "
+             f"{args.settle:.0f} s after convergence; during the events: "
              f"{active:.0f} B/s per node (bytes of the transport's frames: payload + 6-byte "
              "frame header; TLS record overhead and TCP/IP headers are not counted). A replica "
              "that had not seen an event after 15 s counts as missing (its latency as "

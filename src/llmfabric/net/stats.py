@@ -35,6 +35,7 @@ class NetStats:
     connections_opened: int = 0
     connections_idle_closed: int = 0  # closed after TransportConfig.idle_close_s of silence
     connections_evicted: int = 0  # closed to stay under TransportConfig.max_connections
+    peers_lost: int = 0  # connections in use that ended without a CLOSE (on_peer_lost)
     handshakes_ok: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     handshakes_refused: Counter[str] = field(default_factory=Counter)

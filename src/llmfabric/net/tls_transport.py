@@ -466,6 +466,8 @@ class TlsTransport:
         if current:
             del self._conns[conn.peer_id]
         self.relay.on_closed(conn)
+        if current and conn.lost and not self._closing:
+            self.stats.peers_lost += 1
         if current and conn.lost and not self._closing and self._peer_lost is not None:
             try:
                 self._peer_lost(conn.peer_id)
