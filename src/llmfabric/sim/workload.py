@@ -5,7 +5,9 @@ Generators are seeded and return a `Workload` (numpy arrays sorted by arrival):
 - `gamma(rate, cv, duration, ...)`: Gamma inter-arrivals with coefficient of variation `cv`
   (cv > 1 is burstier than Poisson);
 - `on_off(rate_on, on_s, off_s, duration, ...)`: Poisson bursts separated by silences;
-- `replay(rows)` / `load_trace(path)`: a list of (time_s, input_tokens, output_tokens).
+- `replay(rows)`: a list of (time_s, input_tokens, output_tokens);
+- `load_trace(path)`: a trace file, read by `llmfabric.traces` (the one parser per format:
+  Azure, Mooncake, BurstGPT, llmfabric) or in the simulator's own seconds format (`time_s`).
 Lengths are an int (fixed) or a sequence of ints sampled uniformly (an empirical distribution).
 """
 
@@ -138,9 +140,11 @@ def replay(rows: Iterable[tuple[float, int, int]]) -> Workload:
     return Workload(times, arr[:, 1].astype(np.int64), arr[:, 2].astype(np.int64))
 
 
-_TIME_KEYS = ("time_s", "timestamp_s", "arrival_s", "time", "timestamp", "TIMESTAMP")
-_IN_KEYS = ("input_tokens", "input_length", "ContextTokens", "prompt_tokens", "input")
-_OUT_KEYS = ("output_tokens", "output_length", "GeneratedTokens", "completion_tokens", "output")
+# The simulator's own replay format: the time column says its unit (seconds).
+SIM_TIME_KEYS = ("time_s", "arrival_s")
+_SIM_IN_KEYS = ("input_tokens", "prompt_tokens", "input")
+_SIM_OUT_KEYS = ("output_tokens", "completion_tokens", "output")
+SIM_FORMAT = "sim"
 
 
 def _pick(row: dict[str, object], keys: Sequence[str], path: Path) -> object:
@@ -150,41 +154,70 @@ def _pick(row: dict[str, object], keys: Sequence[str], path: Path) -> object:
     raise WorkloadError(f"{path}: a row lacks one of the columns {list(keys)}")
 
 
-def _time_value(raw: object, key_hint: str) -> float:
-    if isinstance(raw, (int, float)):
-        value = float(raw)
-    else:
-        text = str(raw)
-        try:
-            value = float(text)
-        except ValueError:
-            micros = np.datetime64(text.replace(" ", "T")[:26]).astype("datetime64[us]")
-            return float(micros.astype(np.int64)) / 1e6
-    return value / 1000.0 if key_hint == "timestamp" and value > 1e5 else value
+def _read_rows(p: Path) -> list[dict[str, object]]:
+    if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        rows: list[dict[str, object]] = [json.loads(line) for line in p.read_text().splitlines()
+                                         if line.strip()]
+        return rows
+    with p.open(newline="") as fh:
+        return list(csv.DictReader(fh))
 
 
-def load_trace(path: str | Path, limit: int | None = None) -> Workload:
-    """Read a CSV or JSONL trace: columns time (s; `timestamp` in ms as in Mooncake traces, or
-    an ISO date as in the Azure trace), input tokens, output tokens. Zero output lengths are
-    clamped to 1."""
-    p = Path(path)
+def _columns(p: Path) -> set[str]:
+    """Column names of a CSV header or of the first JSONL object."""
+    with p.open(newline="") as fh:
+        if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+            for line in fh:
+                if line.strip():
+                    first = json.loads(line)
+                    return set(first) if isinstance(first, dict) else set()
+            return set()
+        return set(next(csv.reader(fh), []))
+
+
+def _sim_rows(p: Path, limit: int | None) -> list[tuple[float, int, int]]:
+    raw = _read_rows(p)[:limit]
+    return [(float(str(_pick(r, SIM_TIME_KEYS, p))), int(float(str(_pick(r, _SIM_IN_KEYS, p)))),
+             int(float(str(_pick(r, _SIM_OUT_KEYS, p))))) for r in raw]
+
+
+def _trace_rows(p: Path, fmt: str, limit: int | None) -> list[tuple[float, int, int]]:
+    """Rows through `llmfabric.traces` (one parser per format; units decided by the format)."""
+    from llmfabric.traces import TraceError, iter_records
+
+    rows: list[tuple[float, int, int]] = []
     try:
-        if p.suffix in (".jsonl", ".json"):
-            raw_rows: list[dict[str, object]] = [
-                json.loads(line) for line in p.read_text().splitlines() if line.strip()
-            ]
-        else:
-            with p.open(newline="") as fh:
-                raw_rows = list(csv.DictReader(fh))
+        # `model` fills traces without a model column; the simulator ignores it
+        for rec in iter_records(p, fmt, model="trace"):
+            if limit is not None and len(rows) >= limit:
+                break
+            rows.append((rec.timestamp, rec.input_tokens, rec.output_tokens))
+    except TraceError as exc:
+        raise WorkloadError(f"{p}: {exc}; or use the simulator's format: columns "
+                            f"{SIM_TIME_KEYS[0]} (seconds), input_tokens, output_tokens") from exc
+    except ImportError as exc:  # CSV/Parquet traces are read with pyarrow
+        raise WorkloadError(f"reading {p} needs pyarrow: pip install 'llmfabric[traces]' "
+                            f"({exc})") from exc
+    return rows
+
+
+def load_trace(path: str | Path, limit: int | None = None, fmt: str = "auto") -> Workload:
+    """Read a trace of `limit` requests at most (default all). Formats (`fmt`, "auto" detects
+    from the columns, once per file):
+    - "sim": the simulator's own replay format, CSV or JSONL with columns `time_s` (or
+      `arrival_s`), seconds, `input_tokens`, `output_tokens`;
+    - every format `llmfabric.traces` reads (Azure 2023/2024 with ISO dates, Mooncake JSONL
+      with `timestamp` in ms, BurstGPT, the llmfabric/Swiss AI schema); the time unit is the
+      format's, never guessed per row.
+    Arrivals are shifted so the first request arrives at 0; zero output lengths are clamped to
+    1 and zero input lengths to 1."""
+    p = Path(path)
+    if limit is not None and limit < 0:
+        raise WorkloadError("limit must be >= 0")
+    try:
+        if fmt == "auto":
+            fmt = SIM_FORMAT if _columns(p) & set(SIM_TIME_KEYS) else "auto"
+        rows = _sim_rows(p, limit) if fmt == SIM_FORMAT else _trace_rows(p, fmt, limit)
     except (OSError, ValueError) as exc:
         raise WorkloadError(f"cannot read trace {p}: {exc}") from exc
-    if limit is not None:
-        raw_rows = raw_rows[:limit]
-    rows = []
-    for row in raw_rows:
-        key = next((k for k in _TIME_KEYS if k in row), "time_s")
-        t = _time_value(_pick(row, _TIME_KEYS, p), key)
-        i = max(1, int(float(str(_pick(row, _IN_KEYS, p)))))
-        o = max(1, int(float(str(_pick(row, _OUT_KEYS, p)))))
-        rows.append((t, i, o))
-    return replay(rows)
+    return replay((t, max(1, i), max(1, o)) for t, i, o in rows)

@@ -1,4 +1,5 @@
-"""Trace loading: CSV with ISO dates (Azure), JSONL with ms timestamps (Mooncake), errors."""
+"""Trace loading: the simulator's seconds format, Azure CSV (ISO dates), Mooncake JSONL
+(timestamps in ms, decided once for the format, never per row), errors."""
 
 from __future__ import annotations
 
@@ -33,11 +34,44 @@ def test_mooncake_style_jsonl_ms(tmp_path: Path) -> None:
     assert wl.arrival_s.tolist() == [0.0, 250.0]
 
 
+def test_mooncake_small_timestamps_are_still_ms(tmp_path: Path) -> None:
+    """The unit belongs to the format: 3000 and 99000 are ms in a Mooncake trace even though
+    they are small numbers (a per-row "> 1e5 means ms" guess read them as seconds)."""
+    f = tmp_path / "m.jsonl"
+    f.write_text('{"timestamp": 3000, "input_length": 10, "output_length": 5}\n'
+                 '{"timestamp": 99000, "input_length": 20, "output_length": 6}\n'
+                 '{"timestamp": 102000, "input_length": 30, "output_length": 7}\n')
+    wl = load_trace(f)
+    assert wl.arrival_s.tolist() == pytest.approx([0.0, 96.0, 99.0])
+
+
+def test_sim_format_is_seconds_and_explicit_format_wins(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"time_s": 0.5, "input_tokens": 10, "output_tokens": 5}\n'
+                 '{"time_s": 250000, "input_tokens": 20, "output_tokens": 0}\n')
+    wl = load_trace(f)
+    assert wl.arrival_s.tolist() == [0.0, 249999.5]  # seconds, whatever the magnitude
+    assert wl.output_tokens.tolist() == [5, 1]
+    g = tmp_path / "native.csv"  # the llmfabric schema: timestamp in seconds
+    g.write_text("timestamp,input_tokens,output_tokens\n10,5,5\n130,6,6\n")
+    assert load_trace(g).arrival_s.tolist() == [0.0, 120.0]
+    assert load_trace(g, fmt="llmfabric").duration_s == 120.0
+    assert len(load_trace(g, limit=1)) == 1
+
+
 def test_missing_columns_and_bad_rows(tmp_path: Path) -> None:
     f = tmp_path / "bad.csv"
     f.write_text("when,foo\n1,2\n")
     with pytest.raises(WorkloadError, match="columns"):
         load_trace(f)
+    with pytest.raises(WorkloadError, match="unknown"):
+        load_trace(f, fmt="nonsense")
+    with pytest.raises(WorkloadError):
+        load_trace(tmp_path / "missing.csv")
+    g = tmp_path / "short.csv"
+    g.write_text("time_s,input_tokens\n0,5\n")
+    with pytest.raises(WorkloadError, match="output_tokens"):
+        load_trace(g)
     with pytest.raises(WorkloadError):
         replay([(0.0, 0, 5)])
 
@@ -49,3 +83,13 @@ def test_shared_traces_load() -> None:
     for wl in (azure, mooncake):
         assert len(wl) == 2000 and np.all(np.diff(wl.arrival_s) >= 0)
         assert wl.mean_input() > 100
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
+def test_mooncake_conversation_trace_lasts_about_an_hour() -> None:
+    """12,031 requests whose last timestamp is 3,536,999 ms: the replay lasts 3,537 s (the
+    per-row unit guess made it 99,000 s: its first 291 rows, <= 99,000 ms, read as seconds)."""
+    wl = load_trace(TRACES / "conversation_trace.jsonl")
+    assert len(wl) == 12031
+    assert wl.duration_s == pytest.approx(3536.999)
+    assert wl.rate == pytest.approx(12031 / 3536.999)
