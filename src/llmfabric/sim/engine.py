@@ -10,8 +10,12 @@ Scheduling (vLLM V0 default; V1 with `chunked_prefill=True`):
 - FCFS admission while `max_num_seqs`, the token budget `max_batched_tokens` and free KV
   blocks (minus a watermark) allow; without chunked prefill a step runs either prompts or
   decodes; with it, every step carries all decodes plus prompt chunks up to the budget;
-- preemption by recompute: when the next step's KV does not fit, the most recently admitted
-  sequence is evicted and re-queued at the head with prompt = prompt + generated tokens;
+- preemption by recompute: before every step that adds KV (a decode stretch, or a chunked
+  step carrying decodes), while the step's new tokens do not fit, the most recently admitted
+  sequence is evicted and re-queued at the head with prompt = prompt + generated tokens (a
+  sequence still prefilling counts as newer than every decoding one; its reserved prompt is
+  released); with chunked prefill a prompt is admitted only if one step of the running
+  decodes still fits after it. So the KV in use never exceeds the capacity (`kv_peak_tokens`);
 - KV is counted in tokens with half a block of fragmentation per sequence.
 Roles: "both" (default), "prefill" (hands each request off after its first token), "decode"
 (receives requests whose KV was transferred; they join without prefill compute).
@@ -106,6 +110,7 @@ class Replica:
         self.busy_end: list[float] = []
         self.busy_tokens: list[int] = []
         self.preemptions = 0
+        self.kv_peak_tokens = 0.0  # most KV tokens in use (incl. reservations) at any step end
         n = config.max_num_seqs + 1
         if n <= len(cost.lin):
             dec = cost.lin[:n] + cost.head[:n] + cost.decode_per_sequence * np.arange(n)
@@ -224,11 +229,10 @@ class Replica:
 
     def _chunked_step(self) -> bool:
         cfg = self.config
-        budget = cfg.max_batched_tokens - len(self.running)
         seats = cfg.max_num_seqs - len(self.running) - len(self.prefilling)
         while self.waiting and seats > 0:
             entry = self.waiting[0]
-            if not self._admissible(entry, 0):
+            if not self._admissible(entry, len(self.running)):  # + this step's decode tokens
                 break
             self.waiting.popleft()
             self.queued_tokens -= entry[1]
@@ -241,6 +245,11 @@ class Replica:
             self.prefill_reserved += comp
         if not self.prefilling:
             return False
+        if self.running and not self._make_room(len(self.running)):
+            return True  # the last sequence could never grow: truncated; state changed
+        if not self.prefilling:
+            return False  # every prompt was preempted to make room for the decodes
+        budget = cfg.max_batched_tokens - len(self.running)
         chunks: list[tuple[int, int]] = []
         done: list[list[int]] = []
         for item in self.prefilling:
@@ -261,6 +270,7 @@ class Replica:
         if n_dec:
             self.gstep += 1
             self.ctx += n_dec
+            self._note_peak()
             self._pop_finished()
         for item in done:
             self.prefilling.remove(item)
@@ -269,15 +279,11 @@ class Replica:
         return True
 
     def _decode_stretch(self, t_limit: float) -> None:
+        if not self._make_room(len(self.running)):
+            return
         b = len(self.running)
-        while self.ctx + b + self._frag * b > self.capacity - self.prefill_reserved:
-            if b == 1:
-                self._truncate_last()
-                return
-            self._preempt_newest()
-            b = len(self.running)
         k = self.heap[0][0] - self.gstep
-        k_mem = int((self.capacity - self.prefill_reserved - self._frag * b - self.ctx) // b)
+        k_mem = int((self.capacity - self._usage()) // b)
         if k_mem < k:
             k = max(1, k_mem)
         a = self._dec_a[b]
@@ -302,6 +308,7 @@ class Replica:
         self._record(start, b * k)
         self.gstep += k
         self.ctx += k * b
+        self._note_peak()
         self._pop_finished()
 
     def _pop_finished(self) -> None:
@@ -316,6 +323,36 @@ class Replica:
             del running[rid]
             self.ctx -= entry[1] + (self.gstep - entry[0])
             finish[rid] = self.now
+
+    def _make_room(self, new_tokens: int) -> bool:
+        """Preempt the newest sequences until `new_tokens` more KV tokens fit: prompts still
+        prefilling first (admitted last), then decoding sequences, newest first. False when a
+        single decoding sequence alone cannot grow (it is truncated: finished as it stands)."""
+        while self._usage() + new_tokens > self.capacity:
+            if self.prefilling:
+                self._preempt_prefilling()
+            elif len(self.running) > 1:
+                self._preempt_newest()
+                new_tokens = len(self.running)
+            elif self.running:
+                self._truncate_last()
+                return False
+            else:
+                break
+        return True
+
+    def _note_peak(self) -> None:
+        usage = self._usage()
+        if usage > self.kv_peak_tokens:
+            self.kv_peak_tokens = usage
+
+    def _preempt_prefilling(self) -> None:
+        rid, total, _done, steps_left, emit = self.prefilling.pop()
+        self.prefill_reserved -= total
+        self.preemptions += 1
+        self.book.preemptions[rid] += 1
+        self.waiting.appendleft((rid, total, 0, steps_left, bool(emit)))
+        self.queued_tokens += total
 
     def _preempt_newest(self) -> None:
         rid, (admit, ctx0, fin) = self.running.popitem()
