@@ -48,6 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _sim_comm as comm
 import _sim_e2e as e2e
 from _common import write_results
 
@@ -61,6 +62,7 @@ from llmfabric.sim import (
     simulate_closed_loop,
 )
 from llmfabric.sim.calibration import _SIBLINGS, DEFAULT_EFFICIENCY, efficiency_for, roofline
+from llmfabric.sim.collectives import allreduce_model
 from llmfabric.sim.costs import decode_extra_waves, decode_serial_kv_bytes
 from llmfabric.sim.operators import (
     OpCost,
@@ -533,6 +535,8 @@ def main() -> None:
         root / "operator-profiles/vidur/compute", {d: get_gpu(g) for d, g in VIDUR_GPUS.items()},
         attention_sets(root), effs, e2e.PAPER_CONFIGS + e2e.EXTRA_CONFIGS, warm_l2=False))
     cold_stats = e2e.summary(cold_table, paper_labels)
+    allreduce = comm.report({d: get_gpu(g) for d, g in AIC_GPUS.items()}, allreduce_model,
+                            root / "operator-profiles/aiconfigurator", _read_parquet, args.fit)
     pub_table = [{"id": p.id, "metric": p.metric, "gpu": p.gpu, "concurrency": p.concurrency,
                   "measured": p.measured * (1e3 if p.metric == "tpot" else 1),
                   "predicted": p.predicted * (1e3 if p.metric == "tpot" else 1),
@@ -562,6 +566,7 @@ def main() -> None:
         "speedup_groups": speed_table,
         "published": pub_table,
         "published_tpot_mape": float(np.mean(pub_lat)) if pub_lat else None,
+        "allreduce": allreduce,
         "efficiency": fitted or {g: dataclasses.asdict(efficiency_for(get_gpu(g)))
                                  for g in names},
         "fitted_now": bool(args.fit),
@@ -592,10 +597,25 @@ def main() -> None:
              f"{speed_stats['pair_speedup_err_max']:.3f}\n\n"
              "## End-to-end speedups (composed from measured operators)\n\n" +
              _md([{c: r[c] for c in e2e_cols} for r in e2e_table]) +
+             "\n## TP all-reduce (aiconfigurator, MAPE)\n\n" + _md(_allreduce_rows(allreduce)) +
              "\n## Speedup groups (single operators)\n\n" + _md(speed_table) +
              "\n## Published rows\n\n" +
              _md(pub_table) + "\n## Per set and GPU\n")
     write_results(args.json, payload, "Simulator accuracy", per_set, notes=notes)
+
+
+def _allreduce_rows(report: dict[str, dict[str, object]]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for gpu, entry in report.items():
+        for model in ("ring_formula", "shipped", "fitted_now"):
+            ev = entry.get(model)
+            if isinstance(ev, dict) and "evaluation" in ev:
+                ev = ev["evaluation"]
+            if not isinstance(ev, dict):
+                continue
+            rows.append({"gpu": gpu, "model": model, **{k: round(float(v), 4)
+                                                         for k, v in ev.items()}})
+    return rows
 
 
 def attention_sets(root: Path) -> dict[str, e2e.AttentionData]:

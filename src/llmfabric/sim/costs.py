@@ -8,12 +8,13 @@ iteration. Everything that depends only on the number of tokens in the step is t
       = LIN[m] + HEAD[n] + G(B)*S + Q*B + W(B) + sum_chunks attn_prefill(chunk, prefix)
         + overhead      (B = n_decode)
 
-LIN covers all layers' linear operators (sharded), TP all-reduces (alpha-beta over the stage's
-link) and activation transfers between pipeline stages; HEAD is embedding-independent LM head
-work; G/Q are decode-attention coefficients (per cached token / per sequence); W(B) is the
-decode-attention latency of thread-block waves beyond the first (a function of B only, so decode
-stretches keep their closed form). Pipeline stages
-run one after another for a single batch (latency = sum of stages).
+LIN covers all layers' linear operators (sharded), TP all-reduces (`collectives`: fitted
+alpha-beta regimes per GPU class, the ring formula over the stage's link otherwise) and
+activation transfers between pipeline stages; HEAD is embedding-independent LM head work;
+G/Q are decode-attention coefficients (per cached token / per sequence); W(B) is the
+decode-attention latency of thread-block waves beyond the first (a function of B only, so
+decode stretches keep their closed form). Pipeline stages run one after another for a single
+batch (latency = sum of stages).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from llmfabric.sim.operators import (
     lm_head_op,
     tp_allreduce_bytes_per_token,
 )
-from llmfabric.sim.parallel import Deployment, allreduce_time, make_deployment
+from llmfabric.sim.parallel import Deployment, make_deployment
 
 DEFAULT_TABLE_TOKENS = 16384
 DECODE_BATCH_TABLE = 4096  # G(B) is tabulated up to this batch; larger batches use G
@@ -243,9 +244,8 @@ def _lin_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], m: FloatArray)
         layer = _linear_times(layer_linear_ops(model, st.tp), m, st.gpu, st.eff, st.dtype_bits)
         total += layer * st.n_layers
         if st.tp > 1:
-            link = dep.stage_tp_link(dep.stages[i])
-            ar = allreduce_time(ar_bytes, st.tp, link) - allreduce_time(0.0, st.tp, link)
-            total += 2 * st.n_layers * (allreduce_time(0.0, st.tp, link) + ar * m)
+            total += 2 * st.n_layers * dep.stage_allreduce(dep.stages[i]).times(ar_bytes * m,
+                                                                                 st.tp)
         if i == 0:
             total += _linear_times((embedding_op(model),), m, st.gpu, st.eff, st.dtype_bits)
     if dep.pp > 1:
@@ -269,11 +269,10 @@ def _head_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], n: FloatArray
     head = _linear_times((lm_head_op(dep.model, last.tp),), n, last.gpu, last.eff,
                          last.dtype_bits)
     head[n <= 0] = 0.0
-    if last.tp > 1:  # gather of vocab-sharded logits
-        link = dep.stage_tp_link(dep.stages[-1])
+    if last.tp > 1:  # gather of vocab-sharded logits: about half an all-reduce
         per_seq = 4 * dep.model.vocab / last.tp
-        gather = allreduce_time(per_seq, last.tp, link) - allreduce_time(0.0, last.tp, link)
-        head += np.where(n > 0, (allreduce_time(0.0, last.tp, link) + gather * n) / 2, 0.0)
+        gather = dep.stage_allreduce(dep.stages[-1]).times(per_seq * n, last.tp) / 2
+        head += np.where(n > 0, gather, 0.0)
     return head
 
 

@@ -1,7 +1,9 @@
 """Communication costs (alpha-beta / Hockney model) and parallel layouts.
 
 - `Link`: latency alpha (s) + bandwidth beta (bytes/s, one direction).
-- Ring all-reduce over n ranks: 2(n-1) alpha + 2(n-1)/n * bytes / beta (HeroServe eq. 11).
+- Ring all-reduce over n ranks: 2(n-1) alpha + 2(n-1)/n * bytes / beta (HeroServe eq. 11);
+  a stage's TP all-reduce on its GPU's own link uses the fitted `collectives` model instead
+  (`Deployment.stage_allreduce`).
 - KV transfer between a prefill and a decode replica: alpha + bytes / beta (ThunderServe eq. 1),
   optionally with 4-bit KV compression as ThunderServe does.
 - `Deployment`: one replica = pipeline stages, each (GPU, TP degree, number of layers); stages
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmfabric.sim.collectives import AllReduceModel, allreduce_model, ring_model
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
@@ -105,6 +108,13 @@ class Deployment:
 
     def stage_tp_link(self, stage: Stage) -> Link:
         return self.tp_link or intra_node_link(stage.gpu)
+
+    def stage_allreduce(self, stage: Stage) -> AllReduceModel:
+        """The TP all-reduce cost of `stage`: the ring formula over `tp_link` when one is
+        given, else the GPU's fitted model (`collectives.allreduce_model`)."""
+        if self.tp_link is not None:
+            return ring_model(self.tp_link.bandwidth, self.tp_link.latency_s)
+        return allreduce_model(stage.gpu)
 
     def stage_pp_link(self) -> Link:
         if self.pp_link is not None:
