@@ -23,7 +23,11 @@ extra wave on A100, ~4 us on H100, for MHA and GQA shards alike). It depends on 
 so decode stretches keep their closed form (it joins the per-step constant).
 `l2_speedup`: reads whose working set is still resident in L2 from the previous repetition of a
 MICROBENCHMARK run this many times faster than HBM (`costs.memory_bandwidth`); used only to
-predict such measurements (the serving engine's reads are cold).
+predict such measurements (the serving engine's reads are cold). Residency is partial and
+smooth (`l2_hit_fraction`): the share of a working set W served from L2 is
+1 / (1 + (W / C)^k) with C = `l2_usable_fraction` x L2 (the working set half of which still
+hits: not all of L2 holds one kernel's data between repetitions) and k = `l2_sharpness`
+(0: a hard threshold at C).
 `decode_nosplit_overhead_s`: a split-KV decode kernel is followed by a combine kernel that merges
 the partial softmax results; a non-split kernel (above) is a single kernel, so its fixed latency
 is lower than `attention_overhead_s` (A100 kernel data: ~11 us vs ~18.7 us at 2+ sequences).
@@ -60,6 +64,8 @@ class Efficiency:
     roofline_p: float = 0.0  # 0: max(compute, memory); p > 0: (c^p + m^p)^(1/p)
     decode_cta_bw: float = 0.0  # MHA decode without split-KV: bytes/s of one block; 0 = splits
     l2_speedup: float = 1.0  # warm-cache reads: memory time / this when the data is L2-resident
+    l2_usable_fraction: float = 1.0  # C / L2: working set of which half is served from L2
+    l2_sharpness: float = 0.0  # k of the residency curve 1/(1+(W/C)^k); 0 = hard threshold
     decode_wave_s: float = 0.0  # decode attention: seconds per thread-block wave beyond the first
     # fixed latency of a decode attention kernel that does NOT split the KV (no combine kernel);
     # None: the same as attention_overhead_s
@@ -82,6 +88,8 @@ class Efficiency:
             raise SpecError("decode_wave_s must be >= 0 seconds")
         if self.l2_speedup < 1:
             raise SpecError("l2_speedup must be >= 1 (1: an L2-resident read is no faster)")
+        if not 0 < self.l2_usable_fraction <= 1 or self.l2_sharpness < 0:
+            raise SpecError("l2_usable_fraction must be in (0, 1] and l2_sharpness >= 0")
         if self.attention_key_floor < 0 or self.decode_key_floor < 0:
             raise SpecError("attention_key_floor and decode_key_floor must be >= 0 tokens")
 
@@ -103,6 +111,31 @@ def roofline(compute_s: T, memory_s: T, p: float) -> T:
     return (compute_s**p + memory_s**p) ** (1.0 / p)  # type: ignore[no-any-return]
 
 
+def l2_hit_fraction(working_set: T, l2_bytes: float, eff: Efficiency) -> T:
+    """Share of a repeated kernel's working set still in L2 from its previous repetition:
+    1 / (1 + (W / C)^k), C = l2_usable_fraction x L2 (k = 0: 1 if W <= C else 0); 0 when the
+    working set or the L2 size is unknown (<= 0)."""
+    ws = np.asarray(working_set, dtype=np.float64)
+    cap = eff.l2_usable_fraction * l2_bytes
+    if cap <= 0:
+        out = np.zeros_like(ws)
+    elif eff.l2_sharpness <= 0:
+        out = ((ws > 0) & (ws <= cap)).astype(np.float64)
+    else:
+        ratio = np.maximum(ws, 0.0) / cap
+        out = np.where(ws > 0, 1.0 / (1.0 + ratio**eff.l2_sharpness), 0.0)
+    if isinstance(working_set, np.ndarray):
+        return out
+    return float(out)
+
+
+def warm_read_factor(working_set: T, l2_bytes: float, eff: Efficiency) -> T:
+    """Memory time of a warm (repeated) read over that of a cold one: the resident share runs
+    `l2_speedup` times faster, the rest at the HBM rate."""
+    hit = l2_hit_fraction(working_set, l2_bytes, eff)
+    return 1.0 - hit * (1.0 - 1.0 / eff.l2_speedup)
+
+
 DEFAULT_EFFICIENCY = Efficiency()
 
 # Fitted by `benchmarks/sim_accuracy.py --fit` (speedup weight 0.3) on the FIT half of the
@@ -112,7 +145,12 @@ DEFAULT_EFFICIENCY = Efficiency()
 # on H100 only (A100's fitted 1.75 us per wave made its holdout decode rows worse, see
 # docs/simulator.md). Last, `decode_nosplit_overhead_s` and `decode_cta_bw` were refitted together
 # (`--fit --fit-params decode_nosplit_overhead_s,decode_cta_bw`; A100 only, as only it runs
-# non-split kernels); see docs/simulator.md for the protocol and the resulting errors.
+# non-split kernels); see docs/simulator.md for the protocol and the resulting errors. With the
+# L2 sizes in binary units (50 MiB on H100) the hard L2 threshold was replaced by the smooth
+# residency curve: `l2_speedup`, `l2_usable_fraction` and `l2_sharpness` were fitted together
+# (`--fit --fit-params l2_speedup,l2_usable_fraction,l2_sharpness`, the last two on their joint
+# grid): H100 1.75, 0.91, 12 (the same with and without reference-data rule R1); the A100 and
+# A40 stay at 1.0 (no L2 effect in their data).
 # `vector` is an effective factor for elementwise kernels (the profiled norms/activations are
 # unfused PyTorch kernels), not a hardware utilisation. Keys are GPUSpec names.
 CALIBRATED: dict[str, Efficiency] = {
@@ -123,7 +161,8 @@ CALIBRATED: dict[str, Efficiency] = {
     "H100-SXM": Efficiency(compute=0.74, memory=0.86, vector=0.0158, attention=0.66,
                            kernel_overhead_s=4.0e-6, attention_overhead_s=1.2e-5,
                            attention_key_floor=416.0, roofline_p=4.0,
-                           l2_speedup=1.75, decode_wave_s=2.25e-6),
+                           l2_speedup=1.75, l2_usable_fraction=0.91, l2_sharpness=12.0,
+                           decode_wave_s=2.25e-6),
     # A40: linear operators fitted; no attention measurements, so its attention factors are
     # copied from the A100 row (same Ampere generation, same FlashAttention-2 decode kernel).
     "A40": Efficiency(compute=0.76, memory=0.76, vector=0.01, attention=0.58,

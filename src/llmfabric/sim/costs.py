@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmfabric.sim.calibration import Efficiency, efficiency_for, roofline
+from llmfabric.sim.calibration import Efficiency, efficiency_for, roofline, warm_read_factor
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
@@ -50,13 +50,14 @@ def memory_bandwidth(gpu: GPUSpec, eff: Efficiency, working_set: float = 0.0,
                      warm_l2: bool = False) -> float:
     """Achieved bytes/s of a streaming read. Serving (the default) reads from HBM at
     `mem_bw x memory`. `warm_l2=True` models a microbenchmark that repeats one kernel (or one
-    layer) on the same data: when its `working_set` fits in the GPU's L2 cache, the data is
-    still L2-resident from the previous repetition and reads run `l2_speedup` times faster.
-    In serving the same bytes were last touched a whole model step earlier (GBs of other
-    weights and KV in between), so they are not resident and the engine never passes it."""
+    layer) on the same data: the share of its `working_set` still L2-resident from the
+    previous repetition (`calibration.l2_hit_fraction`, smooth in the working set) is read
+    `l2_speedup` times faster. In serving the same bytes were last touched a whole model step
+    earlier (GBs of other weights and KV in between), so they are not resident and the engine
+    never passes it."""
     bw = gpu.mem_bw * eff.memory
-    if warm_l2 and 0.0 < working_set <= gpu.l2_bytes:
-        return bw * eff.l2_speedup
+    if warm_l2 and eff.l2_speedup > 1.0:
+        return bw / warm_read_factor(working_set, gpu.l2_bytes, eff)
     return bw
 
 

@@ -22,6 +22,7 @@ from llmfabric.sim.errors import SpecError, UnknownGPUError
 TERA = 1e12
 GB = 1e9
 GIB = 1024**3
+MIB = 1024**2  # cache sizes: the vendors' "MB" of an on-chip cache is 2^20 bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,15 +86,16 @@ def _g(
         inter_node_bw=inter_gbs * GB,
         price_per_hour=price,
         aliases=aliases,
-        l2_bytes=l2_mb * 1e6,
+        l2_bytes=l2_mb * MIB,
         sm_count=sms,
     )
 
 
 # name, fp32, fp16/bf16, fp8, int8 (TFLOP/s dense), HBM GB/s, memory GB, link, link GB/s per
 # direction, indicative on-demand $/h (None: not offered by the cited price list), aliases;
-# l2_mb: L2 (last-level on-chip) cache in MB (1e6 bytes) as the same sources state it; sms:
-# streaming multiprocessors (MI300X: compute units), same sources.
+# l2_mb: L2 (last-level on-chip) cache in "MB" as the same sources state it, which for caches
+# is 2^20 bytes (CUDA reports 52,428,800 bytes for the H100's "50 MB" and 41,943,040 for the
+# A100's "40 MB", docs/simulator.md); sms: streaming multiprocessors (MI300X: compute units).
 BUILTIN_GPUS: tuple[GPUSpec, ...] = (
     _g("A100-40GB", 19.5, 312, 0, 624, 1555, 40, "nvlink", 300, 1.29,
        "a100-40", "a100-sxm4-40gb", "a100_40gb", l2_mb=40, sms=108),
@@ -200,7 +202,8 @@ _YAML_FIELDS = {
     "inter_node_bw_gbs": ("inter_node_bw", GB),
     "intra_node_latency_us": ("intra_node_latency_s", 1e-6),
     "inter_node_latency_us": ("inter_node_latency_s", 1e-6),
-    "l2_mb": ("l2_bytes", 1e6),
+    "l2_mb": ("l2_bytes", MIB),  # as vendors write cache sizes: 2^20 bytes
+    "l2_mib": ("l2_bytes", MIB),
     "sm_count": ("sm_count", 1),
     "price_per_hour": ("price_per_hour", 1.0),
     "interconnect": ("interconnect", None),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from llmfabric.sim import (
     replay,
     simulate_replica,
 )
-from llmfabric.sim.calibration import CALIBRATED
+from llmfabric.sim.calibration import CALIBRATED, l2_hit_fraction, warm_read_factor
 from llmfabric.sim.costs import (
     attention_time,
     build_cost_model,
@@ -122,8 +123,10 @@ def test_shipped_rows() -> None:
     assert a100.l2_speedup == 1.0 and a100.decode_wave_s == 0.0  # did not help its holdout
     assert a100.nosplit_overhead_s() < a100.attention_overhead_s  # no combine kernel
     assert h100.decode_nosplit_overhead_s is None  # FlashAttention-3 always splits
-    assert get_gpu("H100-SXM").l2_bytes == 50e6 and get_gpu("H100-SXM").sm_count == 132
-    assert get_gpu("A100").l2_bytes == 40e6 and get_gpu("A100").sm_count == 108
+    # cache "MB" are 2^20 bytes: CUDA reports 52,428,800 (H100) and 41,943,040 (A100)
+    assert get_gpu("H100-SXM").l2_bytes == 52_428_800 and get_gpu("H100-SXM").sm_count == 132
+    assert get_gpu("A100").l2_bytes == 41_943_040 and get_gpu("A100").sm_count == 108
+    assert 0 < h100.l2_usable_fraction < 1 and h100.l2_sharpness > 0  # smooth residency
 
 
 def test_validation_and_yaml_keys() -> None:
@@ -132,7 +135,41 @@ def test_validation_and_yaml_keys() -> None:
     with pytest.raises(SpecError, match="decode_wave_s"):
         Efficiency(decode_wave_s=-1e-6)
     g = gpu_from_mapping("x", {"l2_mb": 24, "sm_count": 58}, base=get_gpu("L40S"))
-    assert g.l2_bytes == 24e6 and g.sm_count == 58 and isinstance(g.sm_count, int)
+    assert g.l2_bytes == 24 * 2**20 and g.sm_count == 58 and isinstance(g.sm_count, int)
+    assert gpu_from_mapping("y", {"l2_mib": 6}, base=g).l2_bytes == 6 * 2**20
+    with pytest.raises(SpecError, match="l2_usable_fraction"):
+        Efficiency(l2_usable_fraction=0.0)
+    with pytest.raises(SpecError, match="l2_sharpness"):
+        Efficiency(l2_sharpness=-1.0)
+
+
+def test_smooth_l2_residency_by_hand(sm_gpu: GPUSpec, ideal: Efficiency) -> None:
+    """h(W) = 1 / (1 + (W / C)^k), C = fraction x L2 (1 MB here); the resident share is read
+    l2_speedup times faster: memory time x (1 - h (1 - 1/s))."""
+    eff = dataclasses.replace(ideal, l2_speedup=2.0, l2_usable_fraction=0.5, l2_sharpness=4.0)
+    assert l2_hit_fraction(5e5, sm_gpu.l2_bytes, eff) == pytest.approx(0.5)  # W = C
+    assert l2_hit_fraction(1e6, sm_gpu.l2_bytes, eff) == pytest.approx(1 / 17)  # (W/C)^4 = 16
+    assert l2_hit_fraction(2.5e5, sm_gpu.l2_bytes, eff) == pytest.approx(16 / 17)
+    assert l2_hit_fraction(0.0, sm_gpu.l2_bytes, eff) == 0.0
+    assert warm_read_factor(5e5, sm_gpu.l2_bytes, eff) == pytest.approx(0.75)
+    assert memory_bandwidth(sm_gpu, eff, 5e5, warm_l2=True) == pytest.approx(1e9 / 0.75)
+    assert memory_bandwidth(sm_gpu, eff, 5e5, warm_l2=False) == 1e9  # serving: cold
+    hard = dataclasses.replace(eff, l2_sharpness=0.0)  # threshold at C
+    assert l2_hit_fraction(5e5, sm_gpu.l2_bytes, hard) == 1.0
+    assert l2_hit_fraction(5e5 + 1, sm_gpu.l2_bytes, hard) == 0.0
+    ws = np.array([1e5, 4e5, 6e5, 2e6])
+    np.testing.assert_allclose(l2_hit_fraction(ws, sm_gpu.l2_bytes, eff),
+                               [1 / (1 + (w / 5e5) ** 4) for w in ws])
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.floats(1.0, 1e9), b=st.floats(1.0, 1e9), frac=st.floats(0.05, 1.0),
+       k=st.floats(0.0, 32.0))
+def test_residency_never_grows_with_the_working_set(a: float, b: float, frac: float,
+                                                    k: float) -> None:
+    eff = Efficiency(l2_speedup=2.0, l2_usable_fraction=frac, l2_sharpness=k)
+    small, large = min(a, b), max(a, b)
+    assert l2_hit_fraction(large, 5e7, eff) <= l2_hit_fraction(small, 5e7, eff) + 1e-12
 
 
 GPUS = ["A100-80GB", "H100-SXM", "L40S", "RTX-4090", "MI300X", "V100"]
