@@ -137,8 +137,11 @@ def interp_strict(x: FloatArray, xs: FloatArray, ys: FloatArray, what: str) -> F
     return np.interp(x, xs, ys)
 
 
-def vidur_linear_table(path: Path, tp: int) -> tuple[ModelSpec, Callable[[FloatArray], FloatArray]]:
-    """Per-layer linear-operator latency (s) of one vidur mlp.csv at one TP shard."""
+def vidur_linear_table(path: Path, tp: int, replace: dict[int, float] | None = None
+                       ) -> tuple[ModelSpec, Callable[[FloatArray], FloatArray]]:
+    """Per-layer linear-operator latency (s) of one vidur mlp.csv at one TP shard; `replace`:
+    token count -> seconds that replace measured points (reference-data rule R1,
+    `_sim_datarule.py`)."""
     with path.open() as fh:
         data = [r for r in csv.DictReader(fh) if int(r["num_tensor_parallel_workers"]) == tp]
     if not data:
@@ -147,6 +150,9 @@ def vidur_linear_table(path: Path, tp: int) -> tuple[ModelSpec, Callable[[FloatA
     for r in data:
         by_m.setdefault(int(r["num_tokens"]),
                         sum(float(r[f"time_stats.{o}.median"]) for o in VIDUR_OPS) / 1e3)
+    for m, seconds in (replace or {}).items():
+        if m in by_m:
+            by_m[m] = seconds
     xs = np.array(sorted(by_m), dtype=np.float64)
     ys = np.array([by_m[int(m)] for m in xs])
     r0 = data[0]
@@ -302,13 +308,17 @@ def speedup_rows(latencies: list[Latency]) -> list[dict[str, object]]:
 def collect(vidur_root: Path, vidur_gpus: dict[str, GPUSpec], attention: dict[str, AttentionData],
             effs: dict[str, Efficiency], configs: Iterable[tuple[int, int, int]],
             tps: Iterable[int] = (1, 2, 4, 8), budget: int = DEFAULT_BUDGET,
-            models: Iterable[str] | None = None, warm_l2: bool = True) -> list[Latency]:
+            models: Iterable[str] | None = None, warm_l2: bool = True,
+            replacements: dict[tuple[str, str, int, int], float] | None = None
+            ) -> list[Latency]:
     """Measured and predicted latencies of every (vidur model, TP, config, GPU) that the data
     covers and that fits in the GPU's memory: an end-to-end composition where the GPU has
     attention measurements for the shard's heads, and always a linear-only one.
 
     vidur_gpus: vidur directory name -> GPU; attention: GPU name -> its aiconfigurator data;
-    models: vidur model directory names to keep (default: all); warm_l2: see `sim_tables`."""
+    models: vidur model directory names to keep (default: all); warm_l2: see `sim_tables`;
+    replacements: (GPU, vidur model directory, tp, m) -> per-layer linear seconds replacing
+    measured points (reference-data rule R1, `_sim_datarule.py`)."""
     out: list[Latency] = []
     keep = set(models) if models is not None else None
     tps = tuple(tps)
@@ -324,7 +334,9 @@ def collect(vidur_root: Path, vidur_gpus: dict[str, GPUSpec], attention: dict[st
                 continue
             for tp in tps:
                 try:
-                    spec, lin = vidur_linear_table(path, tp)
+                    repl = {k[3]: v for k, v in (replacements or {}).items()
+                            if k[:3] == (gpu.name, path.parent.name, tp)}
+                    spec, lin = vidur_linear_table(path, tp, repl)
                 except MissingMeasurement:
                     continue
                 sim = sim_tables(spec, tp, gpu, effs[gpu.name], warm_l2)
