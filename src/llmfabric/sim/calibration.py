@@ -185,9 +185,12 @@ _SIBLINGS: dict[str, str] = {
 
 
 def efficiency_for(gpu: GPUSpec) -> Efficiency:
-    if gpu.name in CALIBRATED:
-        return CALIBRATED[gpu.name]
-    sibling = _SIBLINGS.get(gpu.name)
-    if sibling is not None and sibling in CALIBRATED:
-        return CALIBRATED[sibling]
+    """The fitted factors of `gpu`: its own row, its architecture sibling's, or (a GPU built on
+    a built-in `base:` in YAML) those of the built-in it was derived from; else the defaults."""
+    for name in (gpu.name, gpu.calibration_of):
+        if name in CALIBRATED:
+            return CALIBRATED[name]
+        sibling = _SIBLINGS.get(name)
+        if sibling is not None and sibling in CALIBRATED:
+            return CALIBRATED[sibling]
     return DEFAULT_EFFICIENCY

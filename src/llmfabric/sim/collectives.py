@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmfabric.sim.errors import SpecError
-from llmfabric.sim.hardware import GPUSpec
+from llmfabric.sim.hardware import GPUSpec, builtin_gpu
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -97,9 +97,22 @@ FITTED: dict[str, AllReduceModel] = {
 _SIBLINGS: dict[str, str] = {"A100-40GB": "A100-80GB", "H200": "H100-SXM", "GH200": "H100-SXM"}
 
 
+def _fitted_row(name: str) -> AllReduceModel | None:
+    return FITTED.get(name) or FITTED.get(_SIBLINGS.get(name, ""))
+
+
 def fitted_allreduce(gpu: GPUSpec) -> AllReduceModel | None:
-    """The measured all-reduce model of `gpu` (or of its NVLink sibling), else None."""
-    return FITTED.get(gpu.name) or FITTED.get(_SIBLINGS.get(gpu.name, ""))
+    """The measured all-reduce model of `gpu` (or of its NVLink sibling); a GPU derived from a
+    built-in (YAML `base:`) uses the built-in's model only while it keeps the built-in's link
+    (interconnect and bandwidth): a different link is priced by the ring formula. Else None."""
+    own = _fitted_row(gpu.name)
+    if own is not None or not gpu.calibration_of:
+        return own
+    base = builtin_gpu(gpu.calibration_of)
+    if base is None or (base.interconnect, base.intra_node_bw) != (gpu.interconnect,
+                                                                   gpu.intra_node_bw):
+        return None
+    return _fitted_row(base.name)
 
 
 def allreduce_model(gpu: GPUSpec) -> AllReduceModel:

@@ -36,7 +36,7 @@ class GPUSpec:
     int8_flops: float
     mem_bw: float  # HBM/GDDR bytes/s
     mem_bytes: float
-    interconnect: str  # "nvlink", "pcie", "xgmi", "nvlink-c2c"
+    interconnect: str  # GPU-to-GPU link: "nvlink", "pcie", "xgmi"
     intra_node_bw: float  # bytes/s per GPU, one direction
     intra_node_latency_s: float = 5e-6
     inter_node_bw: float = 25 * GB  # typical: 200 Gb/s InfiniBand/RoCE per GPU
@@ -45,6 +45,9 @@ class GPUSpec:
     aliases: tuple[str, ...] = ()
     l2_bytes: float = 0.0  # last-level on-chip cache (L2; MI300X: Infinity Cache); 0 = unknown
     sm_count: int = 0  # streaming multiprocessors (AMD: compute units); 0 = unknown
+    # the built-in GPU whose fitted calibration (efficiency factors, all-reduce) this one uses
+    # when it has none of its own: set for YAML GPUs built on `base:`; "" = none
+    calibration_of: str = ""
 
     def flops(self, dtype_bits: int) -> float:
         """Peak dense matmul FLOP/s for operands of `dtype_bits` (falls back to a wider dtype)."""
@@ -108,7 +111,7 @@ BUILTIN_GPUS: tuple[GPUSpec, ...] = (
        "h100-pcie-80gb", "h100_pcie", l2_mb=50, sms=114),
     _g("H200", 67, 989, 1979, 1979, 4800, 141, "nvlink", 450, None,
        "h200-sxm", "h200_sxm", "h200-141gb", l2_mb=50, sms=132),
-    _g("GH200", 67, 989, 1979, 1979, 4000, 96, "nvlink-c2c", 450, 1.49,
+    _g("GH200", 67, 989, 1979, 1979, 4000, 96, "nvlink", 450, 1.49,
        "gh200-96gb", "gh200_480gb", "grace-hopper", l2_mb=50, sms=132),
     _g("L40S", 91.6, 362, 733, 733, 864, 48, "pcie", 32, None, "l40s-48gb", l2_mb=96, sms=142),
     _g("L40", 90.5, 181, 362, 362, 864, 48, "pcie", 32, None, "l40-48gb", l2_mb=96, sms=142),
@@ -128,6 +131,11 @@ BUILTIN_GPUS: tuple[GPUSpec, ...] = (
     _g("MI300X", 163.4, 1307.4, 2614.9, 2614.9, 5300, 192, "xgmi", 448, None,
        "mi300", "amd mi300x", "instinct mi300x", l2_mb=256, sms=304),
 )
+
+
+def builtin_gpu(name: str) -> GPUSpec | None:
+    """The built-in row named `name` (exact GPUSpec name), whatever the catalog overrides."""
+    return next((g for g in BUILTIN_GPUS if g.name == name), None)
 
 
 def _norm(name: str) -> str:
@@ -208,6 +216,7 @@ _YAML_FIELDS = {
     "price_per_hour": ("price_per_hour", 1.0),
     "interconnect": ("interconnect", None),
     "aliases": ("aliases", None),
+    "calibration": ("calibration_of", None),  # a built-in GPU name: use its fitted factors
 }
 
 
@@ -226,7 +235,14 @@ def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = 
                 values[field] = int(value) if field == "sm_count" else value
             except (TypeError, ValueError) as exc:
                 raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}") from exc
+    if "calibration_of" in values:  # YAML `calibration:` names a built-in (forgiving lookup)
+        try:
+            values["calibration_of"] = GPUCatalog(BUILTIN_GPUS).get(values["calibration_of"]).name
+        except UnknownGPUError as exc:
+            raise SpecError(f"GPU {name!r}: calibration must name a built-in GPU ({exc})") from exc
     if base is not None:
+        # a GPU derived from a built-in keeps that built-in's fitted calibration
+        values.setdefault("calibration_of", base.calibration_of or base.name)
         return dataclasses.replace(base, name=name, **values)
     required = ("fp16_flops", "mem_bw", "mem_bytes")
     missing = [f for f in required if f not in values]

@@ -16,6 +16,8 @@ from llmfabric.sim import (
     load_gpus_yaml,
     model_from_hf_config,
 )
+from llmfabric.sim.calibration import CALIBRATED, DEFAULT_EFFICIENCY, efficiency_for
+from llmfabric.sim.collectives import FITTED, allreduce_model, fitted_allreduce, ring_model
 from llmfabric.sim.hardware import BUILTIN_GPUS, GPUCatalog
 
 REQUIRED_GPUS = ["A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "GH200", "L40S",
@@ -66,6 +68,45 @@ def test_yaml_gpu_from_base_and_from_scratch(tmp_path: Path) -> None:
     slow = catalog.get("h100-slow")
     assert slow.mem_bw == 1000e9 and slow.fp16_flops == get_gpu("H100").fp16_flops
     assert catalog.get("mine").mem_bytes == 16e9
+
+
+def test_yaml_gpu_on_a_base_inherits_its_calibration(tmp_path: Path) -> None:
+    """A GPU built on `base: H100-SXM` uses the H100's fitted efficiency factors (they are
+    fractions of its own peaks) and, while it keeps the H100's NVLink, its fitted all-reduce;
+    a different link is priced by the ring formula. `calibration:` names a row explicitly."""
+    f = tmp_path / "gpus.yaml"
+    f.write_text(
+        "gpus:\n"
+        "  H100-NVL-ish:\n    base: H100-SXM\n    mem_bw_gbs: 3900\n    memory_gb: 94\n"
+        "  H100-bridge:\n    base: H100-SXM\n    interconnect: pcie\n"
+        "    intra_node_bw_gbs: 64\n"
+        "  Own:\n    fp16_tflops: 300\n    mem_bw_gbs: 2000\n    memory_gb: 80\n"
+        "    calibration: a100\n"
+        "  Plain:\n    fp16_tflops: 300\n    mem_bw_gbs: 2000\n    memory_gb: 80\n"
+    )
+    catalog = GPUCatalog(BUILTIN_GPUS)
+    load_gpus_yaml(f, catalog)
+    nvl, bridge = catalog.get("H100-NVL-ish"), catalog.get("H100-bridge")
+    assert nvl.calibration_of == "H100-SXM" and nvl.mem_bw == 3900e9
+    assert efficiency_for(nvl) is CALIBRATED["H100-SXM"]
+    assert efficiency_for(bridge) is CALIBRATED["H100-SXM"]
+    assert fitted_allreduce(nvl) is FITTED["H100-SXM"]
+    assert fitted_allreduce(bridge) is None  # PCIe, not the H100's NVLink: ring formula
+    assert allreduce_model(bridge) == ring_model(64e9, bridge.intra_node_latency_s)
+    assert efficiency_for(catalog.get("Own")) is CALIBRATED["A100-80GB"]
+    assert efficiency_for(catalog.get("Plain")) is DEFAULT_EFFICIENCY
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus:\n  X:\n    base: H100\n    calibration: tpu-v9\n")
+    with pytest.raises(SpecError, match="calibration"):
+        load_gpus_yaml(bad, GPUCatalog(BUILTIN_GPUS))
+
+
+def test_gh200_gpus_talk_over_nvlink_4() -> None:
+    """GH200's NVLink-C2C (900 GB/s) links its Grace CPU to its Hopper GPU; GPU to GPU
+    (NVL2, NVLink Switch systems) goes over the Hopper's NVLink 4 ports: 900 GB/s both
+    directions, 450 GB/s each way, as on H100 SXM."""
+    gh200, h100 = get_gpu("GH200"), get_gpu("H100-SXM")
+    assert gh200.interconnect == "nvlink" and gh200.intra_node_bw == h100.intra_node_bw == 450e9
 
 
 def test_yaml_rejects_unknown_keys(tmp_path: Path) -> None:
