@@ -34,10 +34,17 @@ def _fmt(value: float, scale: float = 1.0, unit: str = "") -> str:
               show_default=True, help="mean arrival rate, requests/s")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=600.0,
               show_default=True, help="seconds of arrivals")
-@click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default="poisson",
-              show_default=True)
+@click.option("--arrival", type=click.Choice(["poisson", "gamma", "on_off"]), default="poisson",
+              show_default=True,
+              help="poisson; gamma (burstiness --cv); on_off: Poisson bursts of --on-s seconds "
+                   "separated by --off-s silent seconds (replay a file with --trace)")
 @click.option("--cv", type=click.FloatRange(min=0, min_open=True), default=2.0,
               show_default=True, help="coefficient of variation for --arrival gamma")
+@click.option("--on-s", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="burst length for --arrival on_off, seconds")
+@click.option("--off-s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="silence between bursts for --arrival on_off, seconds; --rate stays the "
+                   "MEAN rate, so bursts run at rate x (on + off) / on")
 @click.option("--input", "input_tokens", type=click.IntRange(min=1), default=512,
               show_default=True, help="prompt tokens per request")
 @click.option("--output", "output_tokens", type=click.IntRange(min=1), default=256,
@@ -46,6 +53,9 @@ def _fmt(value: float, scale: float = 1.0, unit: str = "") -> str:
               default=None, help="replay a CSV/JSONL trace (time, input, output) instead")
 @click.option("--trace-limit", type=click.IntRange(min=1), default=None,
               help="replay only the first N requests of --trace")
+@click.option("--trace-format", default="auto", show_default=True,
+              help="format of --trace: auto, sim (time_s seconds), or a llmfabric.traces "
+                   "format (azure2023, azure2024, mooncake, burstgpt, llmfabric)")
 @click.option("--chunked-prefill/--no-chunked-prefill", default=False, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--max-batched-tokens", type=click.IntRange(min=1), default=8192,
@@ -58,8 +68,9 @@ def _fmt(value: float, scale: float = 1.0, unit: str = "") -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 def command(model: str, gpu: str, tp: int, pp: int, replicas: int, router: str, rate: float,
-            duration: float, arrival: str, cv: float, input_tokens: int, output_tokens: int,
-            trace: Path | None, trace_limit: int | None, chunked_prefill: bool,
+            duration: float, arrival: str, cv: float, on_s: float, off_s: float,
+            input_tokens: int, output_tokens: int, trace: Path | None,
+            trace_limit: int | None, trace_format: str, chunked_prefill: bool,
             max_num_seqs: int, max_batched_tokens: int, slo_ttft: float | None,
             slo_tpot: float | None, slo_e2e: float | None, gpus_yaml: Path | None, seed: int,
             as_json: bool) -> None:
@@ -72,9 +83,12 @@ def command(model: str, gpu: str, tp: int, pp: int, replicas: int, router: str, 
         spec = sim.get_model(model)
         gpu_spec = sim.get_gpu(gpu)
         if trace is not None:
-            workload = sim.load_trace(trace, limit=trace_limit)
+            workload = sim.load_trace(trace, limit=trace_limit, fmt=trace_format)
         elif arrival == "gamma":
             workload = sim.gamma(rate, cv, duration, input_tokens, output_tokens, seed)
+        elif arrival == "on_off":
+            workload = sim.on_off(rate * (on_s + off_s) / on_s, on_s, off_s, duration,
+                                  input_tokens, output_tokens, seed)
         else:
             workload = sim.poisson(rate, duration, input_tokens, output_tokens, seed)
         config = sim.EngineConfig(max_num_seqs=max_num_seqs,

@@ -36,3 +36,34 @@ def test_simulate_infeasible_is_a_clear_error() -> None:
                                    "--duration", "5"])
     assert res.exit_code != 0
     assert "does not fit" in res.output
+
+
+def test_simulate_on_off_bursts_keep_the_mean_rate() -> None:
+    """--arrival on_off: bursts of --on-s seconds at rate x (on + off) / on, silences of
+    --off-s seconds; the same arrivals as sim.on_off."""
+    from llmfabric import sim
+
+    args = ["simulate", "--model", "qwen3-1.7b", "--gpu", "H100", "--rate", "4", "--duration",
+            "60", "--input", "128", "--output", "16", "--arrival", "on_off", "--on-s", "5",
+            "--off-s", "15", "--json"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    expected = sim.on_off(16.0, 5.0, 15.0, 60.0, 128, 16, 0)
+    assert data["requests"] == len(expected) > 0
+    assert 0.5 * 4 * 60 < data["requests"] < 1.5 * 4 * 60
+    assert all(t % 20.0 < 5.0 for t in expected.arrival_s)  # only inside the bursts
+
+
+def test_simulate_trace_format_option(tmp_path: Path) -> None:
+    trace = tmp_path / "m.jsonl"  # Mooncake: timestamp in ms
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 4}\n'
+                     '{"timestamp": 3000, "input_length": 120, "output_length": 4}\n')
+    res = CliRunner().invoke(cli, ["simulate", "--model", "qwen3-1.7b", "--gpu", "H100",
+                                   "--trace", str(trace), "--trace-format", "mooncake",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["requests"] == 2
+    bad = CliRunner().invoke(cli, ["simulate", "--model", "qwen3-1.7b", "--gpu", "H100",
+                                   "--trace", str(trace), "--trace-format", "nope"])
+    assert bad.exit_code != 0 and "unknown" in bad.output
