@@ -279,11 +279,15 @@ class Replica:
         return True
 
     def _decode_stretch(self, t_limit: float) -> None:
-        if not self._make_room(len(self.running)):
-            return
         b = len(self.running)
+        used = self._usage()
+        if used + b > self.capacity:
+            if not self._make_room(b):
+                return
+            b = len(self.running)
+            used = self._usage()
         k = self.heap[0][0] - self.gstep
-        k_mem = int((self.capacity - self._usage()) // b)
+        k_mem = int((self.capacity - used) // b)
         if k_mem < k:
             k = max(1, k_mem)
         a = self._dec_a[b]
@@ -308,7 +312,9 @@ class Replica:
         self._record(start, b * k)
         self.gstep += k
         self.ctx += k * b
-        self._note_peak()
+        used += k * b  # the peak of the stretch: before its finished sequences leave
+        if used > self.kv_peak_tokens:
+            self.kv_peak_tokens = used
         self._pop_finished()
 
     def _pop_finished(self) -> None:
