@@ -89,6 +89,11 @@ def node_options(fn: Any) -> Any:
                      help="HTTP API host:port [127.0.0.1:8090]"),
         click.option("--public-addr", envvar="LLMFABRIC_PUBLIC_ADDR",
                      help="host:port other nodes should dial (behind port forwarding)"),
+        click.option("--public-http-addr", envvar="LLMFABRIC_PUBLIC_HTTP_ADDR",
+                     help="host:port ingresses use for the direct HTTP path to this node "
+                          "[derived from the HTTP listener and the peer address]"),
+        click.option("--min-relays", type=click.IntRange(min=1),
+                     help="relays a node that cannot be dialled keeps registered [1]"),
         click.option("--relay", is_flag=True, default=None,
                      help="relay for nodes that cannot be dialled"),
         click.option("--provider", envvar="LLMFABRIC_PROVIDER",

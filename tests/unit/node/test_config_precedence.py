@@ -13,7 +13,8 @@ from llmfabric.cli import start as start_cli
 from llmfabric.node.config import NodeConfig
 
 ENV_VARS = ("LLMFABRIC_PROVIDER", "LLMFABRIC_PRESET", "LLMFABRIC_BOOTSTRAP",
-            "LLMFABRIC_PUBLIC_ADDR", "LLMFABRIC_NETWORK_SECRET", "LLMFABRIC_HOME")
+            "LLMFABRIC_PUBLIC_ADDR", "LLMFABRIC_NETWORK_SECRET", "LLMFABRIC_HOME",
+            "LLMFABRIC_PUBLIC_HTTP_ADDR")
 
 
 @pytest.fixture
@@ -72,3 +73,16 @@ def test_bootstrap_as_one_comma_separated_string_in_a_config_file(
     res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), "--network-secret",
                                                  "s" * 20, "--config", str(cfg)])
     assert res.exit_code != 0 and "bootstrap" in res.output
+
+
+def test_public_http_addr_and_min_relays_from_flags_and_env(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    _start(tmp_path, [], {})
+    assert started[-1].public_http_addr is None and started[-1].min_relays == 1
+    _start(tmp_path, ["--min-relays", "2"], {"LLMFABRIC_PUBLIC_HTTP_ADDR": "gw.example:18090"})
+    c = started[-1]
+    assert (c.public_http_addr, c.min_relays) == ("gw.example:18090", 2)
+    res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), "--network-secret",
+                                                 "s" * 20, "--min-relays", "0"])
+    assert res.exit_code != 0 and "min-relays" in res.output
