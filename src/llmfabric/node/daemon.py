@@ -120,6 +120,11 @@ class Node:
         return self._http_addr
 
     @property
+    def stopping(self) -> bool:
+        """SIGTERM (or a fail-stop) began: no new work."""
+        return self._stopping
+
+    @property
     def exit_code(self) -> int:
         return self._exit_code
 
@@ -376,14 +381,19 @@ class Node:
 
     async def _rejoin(self) -> None:
         old = self._agent
-        meta = old.record.meta
         state = old.record.state
         await old.aclose()
+        await self.new_session(old.record.meta, serving=state is Lifecycle.SERVING)
+
+    async def new_session(self, meta: NodeMeta, *, serving: bool = False) -> GossipAgent:
+        """Continue under a fresh session id (the previous agent is closed): after a false
+        eviction, or to become bare again after a release (node/release.py)."""
         self.agent = self._new_agent()
         self.agent.update_self(meta)
-        if state is Lifecycle.SERVING:
+        if serving:
             self.agent.set_state(Lifecycle.SERVING)
         await self.agent.start()
+        return self.agent
 
     # ---- engine -------------------------------------------------------------------------
     def _engine_link(self, config: NodeConfig, env: dict[str, str] | None = None) -> EngineLink:
@@ -493,7 +503,7 @@ class Node:
             if agent is not None:
                 await agent.leave()
             if self.engine is not None:
-                await self.engine.aclose(self.config.drain_timeout_s if drain else 2.0)
+                await self.engine.aclose(None if drain else 2.0)
         finally:
             current = asyncio.current_task()  # stop() may run in one of our own tasks
             for task in list(self._tasks):

@@ -134,9 +134,11 @@ class EngineLink:
             upstream.status, (("content-type", upstream.content_type),), relay()
         )
 
-    async def aclose(self, drain_timeout_s: float) -> None:
-        """Stop the engine: SIGTERM, SIGKILL after at most `engine_stop_timeout_s` (requests
-        were drained before; a longer grace would risk Slurm's SIGKILL of the whole node)."""
-        await self.supervisor.stop(min(drain_timeout_s, self.config.engine_stop_timeout_s))
+    async def aclose(self, stop_timeout_s: float | None = None) -> None:
+        """Stop the engine: SIGTERM, SIGKILL after `stop_timeout_s` (default and cap:
+        `engine_stop_timeout_s`; requests were drained before, and a longer grace would risk
+        Slurm's SIGKILL of the whole node)."""
+        limit = self.config.engine_stop_timeout_s
+        await self.supervisor.stop(limit if stop_timeout_s is None else min(stop_timeout_s, limit))
         if self.proxy is not None:
             await self.proxy.aclose()

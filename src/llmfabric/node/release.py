@@ -54,7 +54,7 @@ async def release_engine(node: Node, peer: str, body: bytes) -> HandlerResponse:
     except AssignmentError as exc:
         return error_response(400, str(exc), "invalid_release")
     agent, engine = node.agent, node.engine
-    if agent is None or node._stopping:
+    if agent is None or node.stopping:
         return error_response(409, "this node is stopping", "stopping")
     if engine is None:
         return _ok({"released": False, "session_id": agent.session_id})
@@ -70,15 +70,12 @@ async def release_engine(node: Node, peer: str, body: bytes) -> HandlerResponse:
     log.info("release of %s requested by %s (%s): draining", req.model, peer, req.reason)
     agent.set_state(Lifecycle.DOWN)  # ingresses stop routing here
     drained = await node.inflight.drained(cfg.drain_timeout_s)
-    await engine.aclose(cfg.drain_timeout_s)
+    await engine.aclose()
     node.engine = None
     meta = dataclasses.replace(record.meta, engine="", models=(), load=LoadHints())
     await agent.leave()
     await agent.aclose()
-    fresh = node._new_agent()
-    node.agent = fresh
-    fresh.update_self(meta)
-    await fresh.start()
+    fresh = await node.new_session(meta)
     log.info("released %s; bare again as session %s (was %s)", req.model, fresh.session_id,
              old_session)
     return _ok({"released": True, "drained": drained, "previous_session_id": old_session,

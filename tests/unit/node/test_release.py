@@ -59,7 +59,7 @@ def _node(state: Lifecycle = Lifecycle.SERVING, models: tuple[str, ...] = ("qwen
     agent = SimpleNamespace(session_id="s1", record=SimpleNamespace(state=state, meta=meta))
     config = SimpleNamespace(accept_assignments=accept, controllers=controllers,
                              drain_timeout_s=1.0)
-    return SimpleNamespace(config=config, agent=agent, engine=engine, _stopping=False)
+    return SimpleNamespace(config=config, agent=agent, engine=engine, stopping=False)
 
 
 async def _status(node: Any, body: dict[str, Any], peer: str = "ctl") -> tuple[int, Any]:
