@@ -20,7 +20,7 @@ from aiohttp import web
 from llmfabric.cli.start import ingress_timeout_options
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import ConfigError
-from llmfabric.node.config import is_loopback_host
+from llmfabric.net.httpaddr import is_loopback
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import POLICIES
@@ -180,7 +180,7 @@ def command(
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
                             no_auth, db_url, max_body_mb, timeouts)
         return
-    if no_auth and not is_loopback_host(host):
+    if no_auth and not is_loopback(host):
         raise click.UsageError(
             f"--no-auth is for local demos only, but --host {host} is not a loopback address: "
             "use --host 127.0.0.1, or keep API keys on (`llmfabric keys create`)")

@@ -390,7 +390,6 @@ class GossipAgent:
         if self._running and not self.evicted:
             self.prober.probe_next([m for m in self.members() if m.peer_id == peer])
 
-
     def _heard_from(self, member: Member) -> float:
         return self._last_heard.get(member.session_id, float("-inf"))
 

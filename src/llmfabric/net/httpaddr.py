@@ -29,8 +29,9 @@ def is_wildcard(host: str) -> bool:
 
 
 def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 and "localhost" (names other than localhost are not resolved)."""
-    host = host.strip("[]")
+    """127.0.0.0/8, ::1 and "localhost" (names other than localhost are not resolved);
+    wildcards are not loopback."""
+    host = host.strip().strip("[]")
     if host.lower() == "localhost":
         return True
     try:

@@ -468,11 +468,11 @@ class TlsTransport:
         self.relay.on_closed(conn)
         if current and conn.lost and not self._closing:
             self.stats.peers_lost += 1
-        if current and conn.lost and not self._closing and self._peer_lost is not None:
-            try:
-                self._peer_lost(conn.peer_id)
-            except Exception:
-                log.exception("peer-lost callback failed for %s", conn.peer_id)
+            if self._peer_lost is not None:
+                try:
+                    self._peer_lost(conn.peer_id)
+                except Exception:
+                    log.exception("peer-lost callback failed for %s", conn.peer_id)
 
     async def _ensure_conn(self, peer: str) -> PeerConnection:
         """An open connection to `peer`: the existing one, or dial its known addresses."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import pathlib
 from typing import Any, Literal
@@ -17,20 +16,11 @@ from pydantic import (
     model_validator,
 )
 
+from llmfabric.net.httpaddr import is_loopback
+
 
 class ConfigError(ValueError):
     """The node configuration is invalid; the message names the field and what to change."""
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for localhost and loopback IPs (127.0.0.0/8, ::1); wildcards are not loopback."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def default_home() -> pathlib.Path:
@@ -149,7 +139,7 @@ class NodeConfig(BaseModel):
                 if addr is None:
                     continue
                 host, _ = parse_hostport(addr, default_host="127.0.0.1")
-                if not is_loopback_host(host):
+                if not is_loopback(host):
                     raise ValueError(
                         f"auth can be switched off (--no-auth) only for a local demo, but the "
                         f"API would listen on {addr}, which is not a loopback address: listen "

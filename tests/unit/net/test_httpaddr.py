@@ -36,8 +36,12 @@ def test_published_http_addr_follows_the_reachability_rule(
     assert published_http_addr(bound, 8090, peer_addrs, explicit) == expected
 
 
-def test_loopback_detection() -> None:
-    assert is_loopback("127.0.0.1") and is_loopback("127.8.0.1") and is_loopback("[::1]")
-    assert is_loopback("LOCALHOST")
-    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1")
-    assert not is_loopback("node1")
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "127.8.0.1", "localhost", "LOCALHOST", "::1", "[::1]", " 127.0.0.1 "])
+def test_loopback_hosts(host: str) -> None:
+    assert is_loopback(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "[::]", "10.0.0.1", "example.org", "node1"])
+def test_not_loopback_hosts(host: str) -> None:
+    assert not is_loopback(host)

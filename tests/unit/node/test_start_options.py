@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from llmfabric.cli import ingress as ingress_cli
 from llmfabric.cli import start as start_cli
-from llmfabric.node.config import ConfigError, NodeConfig, build_config, is_loopback_host
+from llmfabric.node.config import ConfigError, NodeConfig, build_config
 from llmfabric.node.engine_link import with_aliases
 from llmfabric.registry.records import ServedModel
 
@@ -35,16 +35,6 @@ def _start(args: list[str], tmp_path: pathlib.Path) -> Any:
         start_cli.command, ["--home", str(tmp_path), "--network-secret", "s", *args],
         catch_exceptions=False,
     )
-
-
-@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])
-def test_loopback_hosts(host: str) -> None:
-    assert is_loopback_host(host)
-
-
-@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.0.0.5", "example.org", "[::]"])
-def test_not_loopback_hosts(host: str) -> None:
-    assert not is_loopback_host(host)
 
 
 def test_no_auth_is_refused_when_the_api_listens_beyond_loopback(
