@@ -15,6 +15,8 @@ Files (one concept each; see docs/network.md for the protocol):
 - messages.py: `PeerRequest`, `PeerResponse`, `HandlerResponse`.
 - relay.py: dial-back reachability check (`Reachability`), relay client (persistent
   outbound) and server.
+- relay_methods.py: `RelayMethods`, the transport's dial-back and relay API (mixed into
+  `TlsTransport`).
 - relaykeeper.py: `RelayKeeper`, keeps a NATed node registered with >= N live relays
   (re-selects when one leaves or never answers; backoff).
 - addressbook.py: peer id -> direct addresses and relays; `parse_addr`, `host_addrs`.

@@ -54,7 +54,8 @@ from llmfabric.net.messages import (
     PeerResponse,
     RequestHandler,
 )
-from llmfabric.net.relay import Reachability, RelayService
+from llmfabric.net.relay import RelayService
+from llmfabric.net.relay_methods import RelayMethods
 from llmfabric.net.serving import RELAY_ERROR, RELAY_TO, serve_request
 from llmfabric.net.stats import NetStats
 from llmfabric.net.tlsstream import open_tls, start_tls_server
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 RETIRE_QUIET = 2.0
 
 
-class TlsTransport:
+class TlsTransport(RelayMethods):
     def __init__(
         self,
         key: NodeKey,
@@ -510,55 +511,6 @@ class TlsTransport:
     def connection(self, peer: str) -> PeerConnection | None:
         conn = self._conns.get(peer)
         return conn if conn is not None and conn.is_open else None
-
-    # -- reachability and relays ------------------------------------------------------------
-    async def check_reachability(self, via: str, addr: str | None = None) -> bool:
-        """Ask peer `via` to dial us back at `addr` (default: our advertised address).
-
-        True only when `via` connected and we answered with our peer id. Never raises a
-        NetError (an unreachable or busy `via` is False); the reason is logged, and
-        `reachability()` returns it."""
-        result = await self.reachability(via, addr)
-        if not result.ok:
-            log.info("dial-back check failed: %s", result.reason)
-        return result.ok
-
-    async def reachability(self, via: str, addr: str | None = None) -> Reachability:
-        """Like `check_reachability`, with the reason: `Reachability(ok, reason)`."""
-        return await self.relay.check_reachability(via, addr)
-
-    def use_relays(self, relay_ids: Sequence[str]) -> None:
-        """Keep persistent outbound connections to these relays (their addresses must be in
-        the address book, e.g. from `connect`/`bootstrap`/`add_peer`) and re-connect them."""
-        self.relay.use(relay_ids)
-
-    def drop_relays(self, relay_ids: Sequence[str]) -> None:
-        """Stop keeping registrations with these relays (see `use_relays`)."""
-        self.relay.drop(relay_ids)
-
-    @property
-    def relays_in_use(self) -> tuple[str, ...]:
-        """Relays we keep, or keep trying to keep, a registration with."""
-        return self.relay.in_use
-
-    async def wait_relayed(
-        self,
-        count: int = 1,
-        timeout: float = 30.0,  # noqa: ASYNC109 - runs on the injected clock
-    ) -> tuple[str, ...]:
-        """Wait until at least `count` relays accepted our registration; return them."""
-        await with_timeout(self.clock, self.relay.wait_registered(count), timeout)
-        return self.relays
-
-    @property
-    def relays(self) -> tuple[str, ...]:
-        """Relay peer ids that currently reach this node (publish as NodeMeta.relays)."""
-        return self.relay.relays
-
-    def on_relays_changed(self, callback: Callable[[tuple[str, ...]], None] | None) -> None:
-        """Call `callback(relays)` whenever the set of relays reaching this node changes
-        (e.g. to republish the node's record)."""
-        self.relay.listener = callback
 
     # -- lifecycle ---------------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
