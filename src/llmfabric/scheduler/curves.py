@@ -113,10 +113,6 @@ class RateCurve:
             return (self._served_at(mu)[0], mu) if mu > 0 else (math.inf, 0.0)
         return self._served_at(rate)
 
-    def at(self, rate: float) -> tuple[float, float]:
-        """Alias of `served` (kept for callers of the earlier interface)."""
-        return self.served(rate)
-
     def cost(self, rate: float, penalty_s: float) -> tuple[float, float]:
         """(latency-seconds per second h(rate), served req/s): served requests at their
         latency (capped at `penalty_s`), the excess over capacity at `penalty_s` each."""
