@@ -1,11 +1,15 @@
-"""Tiny helpers shared by benchmark scripts: write `--json OUT` and a markdown table beside it."""
+"""Tiny helpers shared by benchmark scripts: write `--json OUT` and a markdown table beside it,
+percentiles, and a closed-loop HTTP/1.1 client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import socket
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +51,60 @@ def write_results(out: Path | None, payload: Mapping[str, Any], title: str,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(_clean(payload), indent=2) + "\n")
     out.with_suffix(".md").write_text(md)
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (`q` in 0..1); NaN for no samples."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# One request on a keep-alive connection: (HTTP status, latency s, first byte s, keep open).
+Exchange = Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                    Awaitable[tuple[int, float, float, bool]]]
+
+
+async def closed_loop(port: int, concurrency: int, exchange: Exchange,
+                      more: Callable[[], bool]) -> tuple[list[tuple[float, float]], int]:
+    """`concurrency` clients on 127.0.0.1:`port`, each sending `exchange` back to back on one
+    keep-alive connection (reopened after an error or a close) while `more()`. Returns
+    (latency, first byte) of every 200 answer and the number of errors."""
+    ok: list[tuple[float, float]] = []
+    errors = 0
+
+    async def client() -> None:
+        nonlocal errors
+        reader: asyncio.StreamReader | None = None
+        writer: asyncio.StreamWriter | None = None
+        while more():
+            try:
+                if writer is None or reader is None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                status, total, first, keep = await asyncio.wait_for(exchange(reader, writer), 30)
+                if status == 200:
+                    ok.append((total, first))
+                else:
+                    errors += 1
+                if not keep:
+                    writer.close()
+                    writer = None
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+                errors += 1
+                if writer is not None:
+                    writer.close()
+                writer = None
+                await asyncio.sleep(0.01)
+        if writer is not None:
+            writer.close()
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return ok, errors
+
+
+def until(deadline: float) -> Callable[[], bool]:
+    """`more` for `closed_loop`: true until time.perf_counter() reaches `deadline`."""
+    return lambda: time.perf_counter() < deadline

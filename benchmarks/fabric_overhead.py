@@ -30,7 +30,6 @@ import json
 import os
 import random
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results
+from _common import closed_loop, pct, until, write_results
 
 MODEL = "qwen3-1.7b"
 GPU = "GH200"
@@ -101,50 +100,13 @@ async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 async def load(port: int, req: bytes, concurrency: int, duration: float) -> dict[str, Any]:
-    e2e: list[float] = []
-    ttft: list[float] = []
-    errors = 0
-    deadline = time.perf_counter() + duration
-
-    async def worker() -> None:
-        nonlocal errors
-        reader: asyncio.StreamReader | None = None
-        writer: asyncio.StreamWriter | None = None
-        while time.perf_counter() < deadline:
-            try:
-                if writer is None or reader is None:
-                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                    sock = writer.get_extra_info("socket")
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                status, total, first, keep = await asyncio.wait_for(one(reader, writer, req), 30)
-                if status == 200:
-                    e2e.append(total)
-                    ttft.append(first)
-                else:
-                    errors += 1
-                if not keep:
-                    writer.close()
-                    writer = None
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
-                errors += 1
-                if writer is not None:
-                    writer.close()
-                writer = None
-                await asyncio.sleep(0.01)
-        if writer is not None:
-            writer.close()
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return {"n": len(e2e), "errors": errors,
+    ok, errors = await closed_loop(port, concurrency, lambda r, w: one(r, w, req),
+                                   until(time.perf_counter() + duration))
+    e2e = [total for total, _ in ok]
+    ttft = [first for _, first in ok]
+    return {"n": len(ok), "errors": errors,
             "e2e_p50_ms": pct(e2e, 0.5) * 1e3, "e2e_p95_ms": pct(e2e, 0.95) * 1e3,
             "ttft_p50_ms": pct(ttft, 0.5) * 1e3, "ttft_p95_ms": pct(ttft, 0.95) * 1e3}
-
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 # --------------------------------------------------------------------------------------------

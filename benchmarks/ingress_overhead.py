@@ -36,6 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import closed_loop, pct
+
 from llmfabric.node.ports import free_port
 
 N_CHUNKS = 64
@@ -211,50 +215,27 @@ async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: 
 async def _loadgen(port: int, concurrency: int, duration: float, max_requests: int,
                    stream: bool, token: str) -> dict[str, Any]:
     req = _request_bytes(port, stream, token)
-    totals: list[float] = []
-    ttfbs: list[float] = []
     delays: list[int] | None = [] if stream else None
-    errors = 0
     deadline = time.perf_counter() + duration
     budget = [max_requests]
 
-    async def worker() -> None:
-        nonlocal errors
-        reader = writer = None
-        while time.perf_counter() < deadline and budget[0] > 0:
-            budget[0] -= 1
-            try:
-                if writer is None:
-                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                    sock = writer.get_extra_info("socket")
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                assert reader is not None
-                total, ttfb, keep, status = await asyncio.wait_for(
-                    _one(reader, writer, req, delays), timeout=30)
-                if status != 200:
-                    errors += 1
-                else:
-                    totals.append(total)
-                    ttfbs.append(ttfb)
-                if not keep:
-                    writer.close()
-                    writer = None
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
-                errors += 1
-                if writer is not None:
-                    writer.close()
-                writer = None
-                await asyncio.sleep(0.01)
-        if writer is not None:
-            writer.close()
+    def more() -> bool:
+        budget[0] -= 1
+        return time.perf_counter() < deadline and budget[0] >= 0
+
+    async def exchange(reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> tuple[int, float, float, bool]:
+        total, ttfb, keep, status = await _one(reader, writer, req, delays)
+        return status, total, ttfb, keep
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    ok, errors = await closed_loop(port, concurrency, exchange, more)
     elapsed = time.perf_counter() - t0
-    return {"n": len(totals), "errors": errors, "elapsed": elapsed,
-            "p50": _pct(totals, 0.5), "p99": _pct(totals, 0.99),
-            "ttfb_p50": _pct(ttfbs, 0.5),
-            "chunk_delay_p50_us": _pct([d / 1e3 for d in delays], 0.5) if delays else None}
+    totals = [total for total, _ in ok]
+    return {"n": len(ok), "errors": errors, "elapsed": elapsed,
+            "p50": pct(totals, 0.5), "p99": pct(totals, 0.99),
+            "ttfb_p50": pct([first for _, first in ok], 0.5),
+            "chunk_delay_p50_us": pct([d / 1e3 for d in delays], 0.5) if delays else None}
 
 
 def run_loadgen_process(port: int, concurrency: int, duration: float, max_requests: int,
@@ -266,12 +247,6 @@ def run_loadgen_process(port: int, concurrency: int, duration: float, max_reques
         result: dict[str, Any] = json.loads(Path(f.name).read_text())
     return result
 
-
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,8 +665,8 @@ def run(args: argparse.Namespace) -> None:
             if name != "direct" and rs:
                 result["routers"][name] = added(direct, median_rounds(rs))
     finally:
-        for p in procs:
-            stop(p)
+        for proc in procs:
+            stop(proc)
         shutil.rmtree(work, ignore_errors=True)
     result["direct"] = {k: (round(v, 4) if isinstance(v, float) else v)
                         for k, v in result["direct"].items()}

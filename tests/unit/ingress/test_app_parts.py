@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from llmfabric.ingress import (
@@ -15,6 +13,8 @@ from llmfabric.ingress.errors import error_body
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 
+from ._fakes import OkUpstream
+
 
 def cand(sid: str, addr: str = "127.0.0.1:1", relays: tuple[str, ...] = (),
          model: ServedModel | None = None, provider: str = "p") -> Candidate:
@@ -22,29 +22,16 @@ def cand(sid: str, addr: str = "127.0.0.1:1", relays: tuple[str, ...] = (),
                      model or ServedModel("m", aliases=("mm",)), LoadHints())
 
 
-class _Up:
-    status = 200
-    content_type = "application/json"
-
-    async def read(self) -> bytes:
-        return b"{}"
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        yield b"{}"
-
-    async def aclose(self) -> None:
-        return None
-
-
 class _Recorder:
     def __init__(self) -> None:
         self.sent: list[str] = []
         self.bodies: list[bytes] = []
 
-    async def open(self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts) -> _Up:
+    async def open(self, candidate: Candidate, path: str, body: bytes,
+                   timeouts: Timeouts) -> OkUpstream:
         self.sent.append(candidate.session_id)
         self.bodies.append(body)
-        return _Up()
+        return OkUpstream()
 
     async def aclose(self) -> None:
         return None

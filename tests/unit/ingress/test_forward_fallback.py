@@ -4,8 +4,6 @@ the peer network, and the address is skipped for a while."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from llmfabric.ingress import ChoosingForwarder, Timeouts, UpstreamError
@@ -13,24 +11,12 @@ from llmfabric.ingress.errors import UpstreamConnectError
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 
+from ._fakes import OkUpstream
+
 
 def cand(sid: str, addr: str = "10.0.0.9:8090") -> Candidate:
     return Candidate(sid, f"peer-{sid}", "p", addr, (), Hardware("A100", 1), ServedModel("m"),
                      LoadHints())
-
-
-class _Up:
-    status = 200
-    content_type = "application/json"
-
-    async def read(self) -> bytes:
-        return b"{}"
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        yield b"{}"
-
-    async def aclose(self) -> None:
-        return None
 
 
 class _Fwd:
@@ -38,11 +24,12 @@ class _Fwd:
         self.sent: list[str] = []
         self.fail = fail
 
-    async def open(self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts) -> _Up:
+    async def open(self, candidate: Candidate, path: str, body: bytes,
+                   timeouts: Timeouts) -> OkUpstream:
         self.sent.append(candidate.session_id)
         if self.fail is not None:
             raise self.fail("boom")
-        return _Up()
+        return OkUpstream()
 
     async def aclose(self) -> None:
         return None
