@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from llmfabric.gossip.agent import GossipAgent
 from llmfabric.registry.records import Lifecycle
 
 from .conftest import Cluster
@@ -194,3 +195,55 @@ async def test_last_seen_follows_messages_not_only_record_changes(
     assert view is not None
     assert c.clock.now() - view.last_seen < 5.0
     assert view.record.version == b.record.version  # nothing changed, yet b was heard from
+
+
+async def test_cached_member_list_follows_joins_leaves_and_evictions(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """members()/member_peers() are cached between membership changes; after every kind of
+    change they must equal a recomputation from the replica (and survive other changes)."""
+    import dataclasses
+
+    from llmfabric.registry.records import LoadHints
+
+    c = make_cluster(delay=(0.001, 0.003))
+
+    def fresh(a: GossipAgent) -> set[str]:
+        return {sid for sid, e in a.replica.entries.items()
+                if e.record is not None and e.state is not Lifecycle.LEFT
+                and sid != a.session_id}
+
+    def consistent() -> bool:
+        return all({m.session_id for m in a.members()} == fresh(a)
+                   and a.member_peers() == sorted({m.peer_id for m in a.members()})
+                   for a in c.live())
+
+    for _ in range(5):
+        await c.add()
+    assert await c.clock.run_until(c.converged, within=10)
+    assert consistent() and all(len(a.members()) == 4 for a in c.agents)
+    c.agents[0].member_peers().clear()  # callers get their own list
+    assert len(c.agents[0].member_peers()) == 4
+    c.agents[2].update_self(dataclasses.replace(c.agents[2].record.meta,
+                                                load=LoadHints(inflight=3)))
+    await c.clock.advance(1)
+    assert consistent()
+    late = await c.add()  # a join
+    assert await c.clock.run_until(lambda: all(len(a.members()) == 5 for a in c.agents),
+                                   within=10)
+    assert consistent()
+    leaving = asyncio.get_running_loop().create_task(late.leave())  # a graceful leave
+    await c.clock.advance(c.config.gossip_interval_s * 2)
+    await leaving
+    await late.aclose()
+    c.net.kill(late.peer_id)
+    assert await c.clock.run_until(lambda: all(len(a.members()) == 4 for a in c.live()),
+                                   within=5)
+    assert consistent()
+    victim = c.agents[1]  # an eviction
+    await c.kill(victim)
+    hi = c.config.suspicion_bounds(5)[1]
+    assert await c.clock.run_until(lambda: all(
+        victim.session_id not in {m.session_id for m in a.members()} for a in c.live()),
+        within=hi + 5)
+    assert consistent()
