@@ -2,7 +2,11 @@
 
 Every item (signed record or fact) goes through `Replica.ingest` (wire bytes: verified) or
 `Replica.apply` (already verified). An item that would not change the replica is dropped
-before its signature is checked, so duplicates cost a merge, not an Ed25519 verify.
+before its signature is checked, so duplicates cost a merge, not an Ed25519 verify: an item
+we hold is known by its signature, an older record by its header, and a fact that was verified
+but changed nothing (a suspicion already refuted, the fifth SUSPECT) by a bounded cache of
+such facts. Measured at 128 nodes on 2 cores: half of all fact verifications while a change
+spread were facts verified before that changed nothing.
 
 GC (all on the local wall clock; `left_at` comes from the signed LEFT evidence, so replicas
 agree on it up to clock skew):
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -43,6 +47,7 @@ from llmfabric.registry.facts import Fact, verify_fact
 Item = SignedRecord | Fact
 ITEM_RECORD = 1
 ITEM_FACT = 2
+IDLE_FACTS_MAX = 4096  # ~1 MB at most: bodies are ~200 bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,8 @@ class Replica:
         # rejoins under a new session gets a new replica, its metrics must not reset).
         self.rejected: Counter[str] = rejected if rejected is not None else Counter()
         self._sigs: set[bytes] = set()  # signatures of every item held in `entries`
+        # Facts verified that changed nothing, by signature (LRU): merged again unverified.
+        self._idle_facts: OrderedDict[bytes, Fact] = OrderedDict()
         self.applied = 0
 
     # ---- listeners ----------------------------------------------------------------------
@@ -166,18 +173,24 @@ class Replica:
         """Verify and merge an item in wire form. Raises InvalidRecord if it is forged."""
         if signature in self._sigs:
             return None  # an item we hold already (a different body cannot carry its signature)
-        if kind == ITEM_RECORD:
-            sid, order = peek_record_header(body)  # decide whether it matters before verifying
-            cur = self.entries.get(sid)
-            if cur is not None and cur.record is not None and (order, signature) < (
-                    cur.record.record.order_key(), cur.record.signature):
-                return None  # older than what we have: merge would ignore it
-            item: Item = verify_record(body, signature)
-        elif kind == ITEM_FACT:
-            item = verify_fact(body, signature)
-        else:
+        if kind == ITEM_FACT:
+            fact = self._idle_facts.pop(signature, None)
+            if fact is None or fact.body != body:
+                fact = verify_fact(body, signature)
+            change = self.apply(fact)  # a fact that did not matter before may matter now
+            if change is None:  # remember it, most recent last: no verify next time
+                self._idle_facts[signature] = fact
+                if len(self._idle_facts) > IDLE_FACTS_MAX:
+                    self._idle_facts.popitem(last=False)
+            return change
+        if kind != ITEM_RECORD:
             raise InvalidRecord("schema", f"unknown item kind {kind}")
-        return self.apply(item)
+        sid, order = peek_record_header(body)  # decide whether it matters before verifying
+        cur = self.entries.get(sid)
+        if cur is not None and cur.record is not None and (order, signature) < (
+                cur.record.record.order_key(), cur.record.signature):
+            return None  # older than what we have: merge would ignore it
+        return self.apply(verify_record(body, signature))
 
     def _store(self, before: Entry | None, after: Entry) -> Change | None:
         sid = after.session_id

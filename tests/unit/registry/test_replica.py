@@ -170,3 +170,41 @@ def test_views_report_the_effective_state_of_an_evicted_session() -> None:
     v = NodeRegistry(rep).get(own.session_id)
     assert v is not None and v.state is Lifecycle.LEFT and v.record.state is Lifecycle.LEFT
     assert NodeRegistry(rep).routable() == [] and ModelRegistry(rep).sessions("llama") == []
+
+
+async def test_a_fact_that_changed_nothing_is_not_verified_again_but_still_merged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmfabric.registry import replica as replica_mod
+
+    calls: list[bytes] = []
+    real = replica_mod.verify_fact
+
+    def counting(body: bytes, sig: bytes):  # type: ignore[no-untyped-def]
+        calls.append(sig)
+        return real(body, sig)
+
+    monkeypatch.setattr(replica_mod, "verify_fact", counting)
+    clock = FakeClock()
+    rep = Replica(clock)
+    own = _owner(clock)
+    rep.apply(own.set_state(Lifecycle.SERVING, wall=clock.wall()))
+    rep.apply(own.refute(0, wall=clock.wall()))  # incarnation 1: a SUSPECT of 0 is stale
+    stale = make_fact(OTHER, FactKind.SUSPECT, own.session_id, 0, clock.wall())
+    for _ in range(5):  # gossip delivers it again and again
+        assert rep.ingest(ITEM_FACT, stale.body, stale.signature) is None
+    assert calls == [stale.signature]
+    # a forged body under a remembered signature is still verified, and refused
+    forged = make_fact(THIRD, FactKind.EVICT, own.session_id, 1, clock.wall()).body
+    with pytest.raises(InvalidRecord):
+        rep.ingest(ITEM_FACT, forged, stale.signature)
+    assert not rep.entries[own.session_id].evicted
+    # a fact refused for now (stamped an hour and more ahead) applies once the clock gets
+    # there, without a second verify
+    ahead = make_fact(OTHER, FactKind.EVICT, own.session_id, 1, clock.wall() + 7200)
+    assert rep.ingest(ITEM_FACT, ahead.body, ahead.signature) is None
+    assert rep.rejected["future"] == 1
+    await clock.advance(7200)
+    assert rep.ingest(ITEM_FACT, ahead.body, ahead.signature) is not None
+    assert rep.entries[own.session_id].evicted
+    assert calls.count(ahead.signature) == 1
