@@ -248,7 +248,6 @@ def run_loadgen_process(port: int, concurrency: int, duration: float, max_reques
     return result
 
 
-
 # --------------------------------------------------------------------------------------------
 # Processes: start, wait, CPU accounting, stop
 # --------------------------------------------------------------------------------------------
