@@ -162,7 +162,7 @@ Target = tuple[int, str, dict[str, str]]  # port, path, extra headers
 
 
 def start_fabric(root: Path, speed: float) -> tuple[Any, dict[str, Target]]:
-    from llmfabric.node.daemon import forward_token
+    from llmfabric.node.admission import forward_token
     from llmfabric.node.local_fabric import EngineSpec, LocalFabric
     from llmfabric.node.ports import free_port
 

@@ -30,7 +30,7 @@ import pytest
 
 from llmfabric.ingress import FORWARD_PREFIX
 from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
-from llmfabric.node.daemon import forward_token
+from llmfabric.node.admission import forward_token
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
 
 pytestmark = pytest.mark.slow

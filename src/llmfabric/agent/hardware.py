@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmfabric.registry.records import Hardware
-from llmfabric.routing.gpus import catalog_name
+from llmfabric.sim.gpu_names import catalog_name
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def normalize_gpu_name(name: str) -> tuple[str, str]:
     """(catalog name, interconnect) for a driver-reported name; unknown names pass through.
 
     Only exact catalog names and aliases count (case, spaces, dashes and a vendor prefix
-    ignored; routing.gpus does the same): no prefix guessing, so "NVIDIA H20" stays "H20"
+    ignored; sim.gpu_names): no prefix guessing, so "NVIDIA H20" stays "H20"
     instead of becoming the catalog's H200.
     """
     raw = name.strip()

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmfabric.clock import Clock, with_timeout
-from llmfabric.gossip.config import GossipConfig
-from llmfabric.gossip.wire import Ack, Message, Ping, PingReq, WireItem
 from llmfabric.membership.health import LocalHealth
+from llmfabric.membership.messages import Ack, Ping, PingReq, SwimMessage, WireItem
+from llmfabric.membership.params import ProbeParams
 from llmfabric.net.transport import PeerId
 
 
@@ -54,12 +54,12 @@ class Prober:
     def __init__(
         self,
         clock: Clock,
-        config: GossipConfig,
+        config: ProbeParams,
         rng: random.Random,
         *,
         local_peer: PeerId,
         members: Callable[[], list[Member]],
-        send: Callable[[PeerId, Message], None],
+        send: Callable[[PeerId, SwimMessage], None],
         piggyback: Callable[[], tuple[WireItem, ...]],
         on_suspect: Callable[[Member], None],
         heard_from: Callable[[Member], float] | None = None,

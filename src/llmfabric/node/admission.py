@@ -1,6 +1,10 @@
-"""The node's admission credential from its configuration."""
+"""The node's admission credential from its configuration, and the forward token derived
+from a network secret."""
 
 from __future__ import annotations
+
+import hashlib
+import hmac
 
 from llmfabric.identity import Admission, CertAdmission, MembershipCert, PskAdmission
 from llmfabric.identity.admission import decode_public_key
@@ -20,3 +24,8 @@ def admission_from_config(config: NodeConfig) -> Admission:
         cert = MembershipCert.load(config.membership_cert)
         return CertAdmission(decode_public_key(config.operator_key), cert)
     raise ConfigError("no admission credential: set --network-secret or --membership-cert")
+
+
+def forward_token(network_secret: str) -> str:
+    """Token nodes of one PSK network accept on their HTTP engine-proxy route."""
+    return hmac.new(network_secret.encode(), b"llmfabric-forward-v1", hashlib.sha256).hexdigest()

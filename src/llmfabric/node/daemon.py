@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import hmac
 import logging
 import random
 from typing import Any
@@ -39,7 +37,7 @@ from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.relaykeeper import RelayKeeper
-from llmfabric.node.admission import admission_from_config
+from llmfabric.node.admission import admission_from_config, forward_token
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine_link import EngineLink, error_response
@@ -58,11 +56,6 @@ log = logging.getLogger(__name__)
 
 class NodeError(RuntimeError):
     """The node cannot start or keep running; the message says what to fix."""
-
-
-def forward_token(network_secret: str) -> str:
-    """Token nodes of one PSK network accept on their HTTP engine-proxy route."""
-    return hmac.new(network_secret.encode(), b"llmfabric-forward-v1", hashlib.sha256).hexdigest()
 
 
 class Node:

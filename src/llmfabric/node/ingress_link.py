@@ -30,6 +30,7 @@ from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
 from llmfabric.ingress.fast_front import FastFront
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
+from llmfabric.node.admission import forward_token
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
@@ -64,8 +65,6 @@ class IngressLink:
         rng: random.Random,
         clock: Clock | None = None,
     ) -> IngressLink:
-        from llmfabric.node.daemon import forward_token
-
         store: AccountStore | None = None
         auth: AccountsAuth | None = None
         admin_key: str | None = None

@@ -6,9 +6,8 @@ Pure core: no sockets, no clocks. Files:
 - request.py: `RouteRequest` (model, allowlist, QoS, prompt prefix) and `route_request(...)`
   parsing `X-Fabric-Providers` and the body's `metadata`.
 - filters.py: `trust_filter` (never admits a provider outside the allowlist), `qos_filter`,
-  `eligible`.
-- gpus.py: GPU names as the `metadata.gpu` constraint compares them (`gpu_matches`: the same
-  catalog GPU or exactly its family token, never a substring).
+  `eligible`; GPU names compare through sim.gpu_names (`gpu_matches`: the same catalog GPU or
+  exactly its family token, never a substring).
 - policies.py: the `Policy` Protocol and `POLICIES` (random, round_robin, weighted,
   least_outstanding, prefix_affinity); `make_policy(name, rng)`.
 - router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`.

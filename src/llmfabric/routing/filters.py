@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.gpus import gpu_matches
 from llmfabric.routing.request import RouteRequest
+from llmfabric.sim.gpu_names import gpu_matches
 
 
 def trust_filter(candidates: Sequence[Candidate], allow: frozenset[str] | None) -> list[Candidate]:
@@ -17,7 +17,7 @@ def trust_filter(candidates: Sequence[Candidate], allow: frozenset[str] | None) 
 
 
 def qos_filter(candidates: Sequence[Candidate], req: RouteRequest) -> list[Candidate]:
-    """Apply `min_quant_bits`, `gpu` (routing.gpus: exact catalog name or family token, never a
+    """Apply `min_quant_bits`, `gpu` (sim.gpu_names: exact catalog name or family token, never a
     substring) and `min_context` constraints."""
     out = list(candidates)
     if req.min_quant_bits is not None:

@@ -5,6 +5,8 @@ No GPU needed, no wall clock, no I/O except reading spec/trace files you name.
 Files -> concepts
 - hardware.py     GPUSpec table (dense FLOP/s per dtype, HBM, L2, SMs, interconnect, price),
                   forgiving name lookup `get_gpu`, user GPUs from YAML `load_gpus_yaml`.
+- gpu_names.py    GPU names as routing and the agent compare/publish them (`catalog_name`,
+                  `gpu_matches`: exact catalog name/alias or family token, never a substring).
 - models.py       ModelSpec presets and Hugging Face config.json parsing (`get_model`).
 - operators.py    per-layer FLOPs/bytes of every operator (LLM-Viewer style), per GPU under TP.
 - calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements.
