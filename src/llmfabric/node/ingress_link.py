@@ -20,7 +20,6 @@ from llmfabric.ingress import (
     Ingress,
     IngressConfig,
     PeerForwarder,
-    RecordsCandidateSource,
     add_ingress_routes,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
@@ -34,6 +33,7 @@ from llmfabric.node.admission import forward_token
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
+from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.traces import TraceRecorder
 
 
@@ -104,7 +104,7 @@ class IngressLink:
                                   config.idle_timeout_s, config.total_timeout_s),
                 trace_hook=on_finished,
             ),
-            RecordsCandidateSource(reader.records_with_suspicion, reader.version),
+            ReplicaCandidateSource(reader.replica),
             forwarder,
             auth,
             auth,

@@ -10,6 +10,7 @@ from llmfabric.clock import Clock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.node.views import ObservedRecord
 from llmfabric.registry.records import NodeRecord
+from llmfabric.registry.replica import Replica
 
 
 class AgentReplicaReader:
@@ -39,6 +40,10 @@ class AgentReplicaReader:
             (dataclasses.replace(v.record, state=v.state), v.suspected)
             for v in self._agent().nodes.all(include_left=False)
         ]
+
+    def replica(self) -> Replica:
+        """The current agent's replica (routing.replica_source follows its changes)."""
+        return self._agent().replica
 
     def version(self) -> int:
         return self._agent().replica.applied

@@ -3,6 +3,10 @@
 Pure core: no sockets, no clocks. Files:
 - candidates.py: `Candidate` and `candidates_for(model, records_with_suspicion)` (SERVING, not
   suspected, id or alias matches), `candidates_by_model`, `model_is_known`.
+- index.py: `CandidateIndex`, the routing index (model id/alias -> candidates sorted by session
+  id) updated per session change in O(names of that session); equals `candidates_by_model`.
+- replica_source.py: `ReplicaCandidateSource`, a candidate source that follows a live replica's
+  change listener (no rebuild per change; one build per replica followed).
 - request.py: `RouteRequest` (model, allowlist, QoS, prompt prefix) and `route_request(...)`
   parsing `X-Fabric-Providers` and the body's `metadata`.
 - filters.py: `trust_filter` (never admits a provider outside the allowlist), `qos_filter`,

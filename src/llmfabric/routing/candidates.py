@@ -80,15 +80,17 @@ def model_is_known(
 def candidates_by_model(
     records_with_suspicion: Iterable[tuple[NodeRecord, bool]],
 ) -> dict[str, list[Candidate]]:
-    """Every routable candidate indexed under its model id and each alias (one pass)."""
+    """Every routable candidate indexed under its model id and each alias (one pass; a
+    session appears once per name, under the first of its served models that claims it)."""
     index: dict[str, list[Candidate]] = {}
     for record, suspected in records_with_suspicion:
         if not routable(record, suspected):
             continue
+        claimed: set[str] = set()
         for served in record.meta.models:
             cand = Candidate.from_record(record, served, suspected)
             for name in (served.id, *served.aliases):
-                bucket = index.setdefault(name, [])
-                if not any(c.session_id == cand.session_id for c in bucket):
-                    bucket.append(cand)
+                if name not in claimed:
+                    claimed.add(name)
+                    index.setdefault(name, []).append(cand)
     return index
