@@ -110,6 +110,7 @@ class GossipAgent:
             clock, self.config, self.rng, local_peer=transport.local_id,
             members=self.members, send=self._send, piggyback=self._piggyback,
             on_suspect=self._suspect, heard_from=self._heard_from,
+            members_version=lambda: self._members_version,
         )
         self._last_heard: dict[str, float] = {}  # sender session -> when we last heard it
         self.evicted = False
@@ -118,6 +119,7 @@ class GossipAgent:
         # recomputing it on every change (load hints, suspicions) cost ~15% of a 128-node
         # fleet's CPU while a change spread (`_on_change`).
         self._members_cache: list[Member] | None = None
+        self._members_version = 0  # bumped with every invalidation of the cache
         self._peers_cache: list[PeerId] | None = None
         self._self_check_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -362,6 +364,7 @@ class GossipAgent:
     def _on_change(self, change: Change) -> None:
         if _membership_changed(change):
             self._members_cache = self._peers_cache = None
+            self._members_version += 1
         self.suspicion.observe(change.after)
         if change.session_id == self.session_id and not self._self_check_scheduled:
             self._self_check_scheduled = True
