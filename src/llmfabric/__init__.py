@@ -19,6 +19,7 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   engines/     simulated engine
   cli/         the `llmfabric` command
   testing/     fakes shipped for tests and benchmarks (fake clock, in-memory network)
+  __main__     `python -m llmfabric` runs the CLI
 """
 
 __version__ = "0.1.0"

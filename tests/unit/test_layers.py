@@ -6,7 +6,8 @@ runtime edge). A layer is a first-level package (or module: clock, __main__). Ru
 - a module imports only its own layer or a layer of a LOWER rank (siblings of the same rank
   stay independent of each other: agent does not import routing);
 - no import cycle between modules, inside a layer either;
-- every layer has a rank (a new package must be placed in the order on purpose).
+- every layer has a rank (a new package must be placed in the order on purpose);
+- every package's __init__ docstring names each of its modules and subpackages.
 """
 
 from __future__ import annotations
@@ -189,3 +190,14 @@ def test_checks_catch_an_upward_import_and_a_cycle(tmp_path: pathlib.Path) -> No
         "(gossip, rank 4)"
     ]
     assert cycles(g) == [["llmfabric.gossip.config", "llmfabric.membership.swim"]]
+
+
+def test_every_package_docstring_maps_all_its_files() -> None:
+    missing = {}
+    for init in sorted((SRC / ROOT).rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = [p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        names += [p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()]
+        if gone := sorted(n for n in names if n not in doc):
+            missing[str(init.parent.relative_to(SRC))] = gone
+    assert missing == {}

@@ -1,4 +1,4 @@
 """The `llmfabric` CLI: main.py holds the lazy group; one module per command group
-(start, status, keys, ingress, demo, engine, simulate, plan, controller, trace, bench), each
-exporting `command`.
+(start, status, keys, ingress, demo, engine, simulate, plan, controller, trace, bench; API
+keys in apikeys.py), each exporting `command`.
 """

@@ -5,6 +5,7 @@ Files:
                  /v1/chat/completions, /v1/completions, /v1/embeddings, /sim/*), serve()
   protocol.py    OpenAI request validation (pydantic) and response/stream chunk builders
   batcher.py     Batcher: continuous batching (shared decode steps, queued prefills)
+  dp.py          data parallelism: `dp` independent replicas of one model behind one engine
   timing.py      TimingModel protocol; RooflineTiming from llmfabric.sim specs; TableTiming
   text.py        deterministic pseudo-word tokens, approximate token counts, embeddings
   faults.py      FaultState and crash(): crash / hang / slow / fail / log on demand

@@ -13,6 +13,7 @@ Files -> concepts
 - costs.py        roofline step costs, tabulated per deployment: `prefill_time`,
                   `decode_step_time`, `cost_model` -> StepCostModel (decode attention wave
                   latency W(B); warm-L2 reads only for predicting microbenchmarks).
+- collectives.py  tensor-parallel all-reduce cost, fitted on measured collectives per GPU class.
 - parallel.py     alpha-beta links, ring all-reduce, KV transfer, `Deployment` (pipeline stages
                   of (GPU, TP, layers), non-uniform splits for mixed GPUs).
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
