@@ -13,6 +13,9 @@ Files -> concepts
                   latency W(B); warm-L2 reads only for predicting microbenchmarks).
 - parallel.py     alpha-beta links, ring all-reduce, KV transfer, `Deployment` (pipeline stages
                   of (GPU, TP, layers), non-uniform splits for mixed GPUs).
+- topology.py     network graph (GPUs, switches; NVLink/PCIe/Ethernet/WAN edges with capacity
+                  and latency; YAML), shortest/widest paths, `pair_link`, `bandwidth_matrix`;
+                  generators `fat_tree_tracks` (HeroServe) and `cloud_instances` (ThunderServe).
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
 - workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
