@@ -16,6 +16,8 @@ Files -> concepts
 - topology.py     network graph (GPUs, switches; NVLink/PCIe/Ethernet/WAN edges with capacity
                   and latency; YAML), shortest/widest paths, `pair_link`, `bandwidth_matrix`;
                   generators `fat_tree_tracks` (HeroServe) and `cloud_instances` (ThunderServe).
+- linkmatrix.py   LinkMatrix: one Link per (prefill, decode) replica pair or GPU pair; CSV
+                  loader (GB/s or Gbps), `from_topology`, `reduce` to replica pairs.
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
 - workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
