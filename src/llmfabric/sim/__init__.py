@@ -11,13 +11,17 @@ Files -> concepts
 - costs.py        roofline step costs, tabulated per deployment: `prefill_time`,
                   `decode_step_time`, `cost_model` -> StepCostModel (decode attention wave
                   latency W(B); warm-L2 reads only for predicting microbenchmarks).
-- parallel.py     alpha-beta links, ring all-reduce, KV transfer, `Deployment` (pipeline stages
-                  of (GPU, TP, layers), non-uniform splits for mixed GPUs).
+- parallel.py     alpha-beta links, ring all-reduce, KV transfer (quantization metadata;
+                  per-stage `kv_transfer_time_staged`), `Deployment` (pipeline stages of
+                  (GPU, TP, layers), per-stage all-reduce models, per-boundary PP links),
+                  `balanced_layer_split` (water-filled under layer caps).
 - topology.py     network graph (GPUs, switches; NVLink/PCIe/Ethernet/WAN edges with capacity
                   and latency; YAML), shortest/widest paths, `pair_link`, `bandwidth_matrix`;
                   generators `fat_tree_tracks` (HeroServe) and `cloud_instances` (ThunderServe).
 - linkmatrix.py   LinkMatrix: one Link per (prefill, decode) replica pair or GPU pair; CSV
                   loader (GB/s or Gbps), `from_topology`, `reduce` to replica pairs.
+- layersplit.py   memory-aware layer splits: per-stage layer caps that keep KV room,
+                  `memory_aware_layers` / `memory_aware_deployment`.
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
 - workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity

@@ -245,14 +245,13 @@ def _lin_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], m: FloatArray)
         layer = _linear_times(layer_linear_ops(model, st.tp), m, st.gpu, st.eff, st.dtype_bits)
         total += layer * st.n_layers
         if st.tp > 1:
-            total += 2 * st.n_layers * dep.stage_allreduce(dep.stages[i]).times(ar_bytes * m,
-                                                                                 st.tp)
+            total += 2 * st.n_layers * dep.stage_allreduce(i).times(ar_bytes * m, st.tp)
         if i == 0:
             total += _linear_times((embedding_op(model),), m, st.gpu, st.eff, st.dtype_bits)
-    if dep.pp > 1:
-        link = dep.stage_pp_link()
-        act = model.hidden * model.act_bits / 8
-        total += (dep.pp - 1) * (link.latency_s + act * m / link.bandwidth)
+    act = model.hidden * model.act_bits / 8
+    for boundary in range(dep.pp - 1):
+        link = dep.stage_pp_link(boundary)
+        total += link.latency_s + act * m / link.bandwidth
     return total
 
 
@@ -272,7 +271,7 @@ def _head_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], n: FloatArray
     head[n <= 0] = 0.0
     if last.tp > 1:  # gather of vocab-sharded logits: about half an all-reduce
         per_seq = 4 * dep.model.vocab / last.tp
-        gather = dep.stage_allreduce(dep.stages[-1]).times(per_seq * n, last.tp) / 2
+        gather = dep.stage_allreduce(dep.pp - 1).times(per_seq * n, last.tp) / 2
         head += np.where(n > 0, gather, 0.0)
     return head
 
