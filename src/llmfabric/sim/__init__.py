@@ -25,7 +25,10 @@ Files -> concepts
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
 - workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
-                  (admission, chunked prefill, preemption by recompute), closed-form stretches.
+                  (admission, chunked prefill, preemption by recompute), closed-form stretches;
+                  drain-free `Replica.set_role`, `pause`/`resume`.
+- pipeline.py     pipelined PP (`EngineConfig.pp_microbatch`): per-stage step costs, micro-batches
+                  overlapping across stages (step = PP x slowest stage; one sequence: the sum).
 - routers.py      router policies by name (ROUTERS): round_robin, random, least_outstanding,
                   least_work, power_of_two.
 - serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,

@@ -19,6 +19,11 @@ Scheduling (vLLM V0 default; V1 with `chunked_prefill=True`):
 - KV is counted in tokens with half a block of fragmentation per sequence.
 Roles: "both" (default), "prefill" (hands each request off after its first token), "decode"
 (receives requests whose KV was transferred; they join without prefill compute).
+`set_role` flips the role mid-run without draining (requests already on the replica finish
+in the role they arrived under); `pause`/`resume` freeze a replica's progress (its requests
+keep their KV), e.g. while its GPUs serve a merged group (Flying Serving).
+Pipeline parallelism: `EngineConfig.pp_microbatch=True` prices PP steps with micro-batches
+overlapping across stages (`pipeline.PipelineCost`); by default stages run one after another.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 
 from llmfabric.sim.costs import StepCostModel
 from llmfabric.sim.errors import SpecError
+from llmfabric.sim.pipeline import PipelineCost
 
 Role = Literal["both", "prefill", "decode"]
 INF = float("inf")
@@ -48,6 +54,7 @@ class EngineConfig:
     watermark: float = 0.01
     gpu_memory_utilization: float = 0.9
     kv_capacity_tokens: int | None = None  # None: from the memory plan
+    pp_microbatch: bool = False  # PP: overlap micro-batches across stages (vLLM); else serial
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
@@ -121,6 +128,10 @@ class Replica:
             self._dec_a = [cost.decode_step_time(b, 0.0) for b in range(n)]
         self._g = [cost.decode_context_coeff(b) for b in range(n)]  # G(B)
         self._frag = config.block_size / 2.0
+        self._pipe = (PipelineCost(cost) if config.pp_microbatch and cost.deployment.pp > 1
+                      else None)
+        self._old_role: dict[int, Role] = {}  # rid -> role it arrived under (after set_role)
+        self.paused = False
 
     # --- views for routers -------------------------------------------------------------
     @property
@@ -149,9 +160,48 @@ class Replica:
         self.waiting.append(entry)
         self.queued_tokens += entry[1]
 
+    # --- role and pause hooks ---------------------------------------------------------
+    def set_role(self, role: Role, at_t: float | None = None, *,
+                 on_prefilled: Callable[[int, float, int], None] | None = None) -> None:
+        """Serve as `role` from `at_t` on (the replica first advances there). Drain-free:
+        requests already queued, prefilling or running finish in the role they arrived
+        under. `on_prefilled`: the hand-off callback a new prefill role reports to."""
+        if role not in ("both", "prefill", "decode"):
+            raise SpecError(f"unknown role {role!r}")
+        if at_t is not None and self.now < at_t:
+            self.advance_to(at_t)
+        if on_prefilled is not None:
+            self.on_prefilled = on_prefilled
+        if role == self.role:
+            return
+        old = self.role
+        for entry in self.waiting:
+            self._old_role.setdefault(entry[0], old)
+        for item in self.prefilling:
+            self._old_role.setdefault(item[0], old)
+        for rid in self.running:
+            self._old_role.setdefault(rid, old)
+        self.role = role
+
+    def pause(self, at_t: float | None = None) -> None:
+        """Stop computing from `at_t` on (after advancing there); requests keep their KV and
+        new ones queue until `resume`."""
+        if at_t is not None and self.now < at_t:
+            self.advance_to(at_t)
+        self.paused = True
+
+    def resume(self, at_t: float | None = None) -> None:
+        """Compute again from `at_t` (default: the replica's clock)."""
+        if at_t is not None and self.now < at_t:
+            self.now = at_t
+        self.paused = False
+
     # --- time -------------------------------------------------------------------------
     def advance_to(self, t: float) -> None:
         """Run iterations while the replica's clock is before `t` (the last may end after)."""
+        if self.paused:
+            self.now = max(self.now, t)
+            return
         while self.now < t:
             if not self._step(t):
                 self.now = t
@@ -167,7 +217,9 @@ class Replica:
         return self._step(INF)
 
     def _step(self, t_limit: float) -> bool:
-        """One iteration or stretch; False if idle."""
+        """One iteration or stretch; False if idle (or paused)."""
+        if self.paused:
+            return False
         if self.config.chunked_prefill:
             if (self.waiting or self.prefilling) and self._chunked_step():
                 return True
@@ -204,7 +256,8 @@ class Replica:
         lens = [e[1] for e in batch if e[1] > 0]
         if lens:
             start = self.now
-            self.now += self.cost.prefill_time(lens)
+            pipe = self._pipe
+            self.now += pipe.prefill_time(lens) if pipe else self.cost.prefill_time(lens)
             self._record(start, tokens)
         for rid, comp, cached, steps_left, emit in batch:
             self._join(rid, comp + cached, steps_left, emit and comp > 0)
@@ -214,7 +267,8 @@ class Replica:
         book = self.book
         if emit:
             book.first_token[rid] = self.now
-        if self.role == "prefill":
+        role = self._old_role.pop(rid, self.role) if self._old_role else self.role
+        if role == "prefill":
             book.finish[rid] = self.now
             if self.on_prefilled is not None:
                 self.on_prefilled(rid, self.now, ctx)
@@ -265,7 +319,9 @@ class Replica:
             return False
         n_dec = len(self.running)
         start = self.now
-        self.now += self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done))
+        pipe = self._pipe
+        self.now += (pipe.mixed_step_time(n_dec, self.ctx, chunks, len(done)) if pipe
+                     else self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done)))
         self._record(start, n_dec + sum(c for c, _ in chunks))
         if n_dec:
             self.gstep += 1
@@ -290,9 +346,12 @@ class Replica:
         k_mem = int((self.capacity - used) // b)
         if k_mem < k:
             k = max(1, k_mem)
-        a = self._dec_a[b]
-        g = self._g[b]
         s = self.ctx
+        if self._pipe is None:
+            a = self._dec_a[b]
+            g = self._g[b]
+        else:
+            a, g = self._pipe.decode_coeffs(b, s)
         if t_limit < INF:
             gap = t_limit - self.now
             if gap <= a + g * s:
