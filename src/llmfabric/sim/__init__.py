@@ -29,6 +29,8 @@ Files -> concepts
                   drain-free `Replica.set_role`, `pause`/`resume`.
 - pipeline.py     pipelined PP (`EngineConfig.pp_microbatch`): per-stage step costs, micro-batches
                   overlapping across stages (step = PP x slowest stage; one sequence: the sum).
+- pdrouting.py    PDRouting(x, y): fixed prefill/decode fractions by smooth weighted round
+                  robin (seeded, deterministic); KV link resolution and per-link FIFO contention.
 - routers.py      router policies by name (ROUTERS): round_robin, random, least_outstanding,
                   least_work, power_of_two.
 - serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,
@@ -50,7 +52,9 @@ Stable API (used by engines/ and scheduler/):
         -> ServingResult (mean_e2e_s, mean_ttft_s, mean_tpot_s, throughput_rps,
            slo_attainment, p99_*, per-request arrays, utilisation)
     simulate_cluster([ReplicaSpec.of(model, gpu, tp), ...], workload, router=...)
-    simulate_disaggregated(prefill_specs, decode_specs, workload, link, kv_bits=4)
+    simulate_disaggregated(prefill_specs, decode_specs, workload, link | LinkMatrix, *,
+        routing=PDRouting(x, y), kv_bits=4, kv_group=64, link_contention=False)
+    Topology / fat_tree_tracks / cloud_instances (sim.topology): pair_link, bandwidth_matrix
     simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens)
     max_sustainable_rate(model, gpu, tp, input_tokens, output_tokens, SLO(...)) -> req/s
     poisson(rate, duration, input_tokens, output_tokens, seed) -> Workload (also gamma,
@@ -69,6 +73,7 @@ from llmfabric.sim.errors import (
     WorkloadError,
 )
 from llmfabric.sim.hardware import GPUSpec, get_gpu, load_gpus_yaml, register_gpu
+from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.memory import MemoryPlan, fits, max_kv_tokens, plan_memory, weight_bytes
 from llmfabric.sim.models import ModelSpec, get_model, model_from_hf_config, register_model
 from llmfabric.sim.parallel import (
@@ -76,9 +81,13 @@ from llmfabric.sim.parallel import (
     Link,
     Stage,
     allreduce_time,
+    balanced_layer_split,
+    kv_transfer_bytes,
     kv_transfer_time,
+    kv_transfer_time_staged,
     make_deployment,
 )
+from llmfabric.sim.pdrouting import PDRouting
 from llmfabric.sim.results import SLO, ServingResult
 from llmfabric.sim.routers import ROUTERS
 from llmfabric.sim.serving import (
@@ -89,6 +98,7 @@ from llmfabric.sim.serving import (
     simulate_disaggregated,
     simulate_replica,
 )
+from llmfabric.sim.topology import Topology, cloud_instances, fat_tree_tracks
 from llmfabric.sim.workload import Workload, gamma, load_trace, on_off, poisson, replay
 
 __all__ = [
@@ -101,27 +111,35 @@ __all__ = [
     "GPUSpec",
     "InfeasibleError",
     "Link",
+    "LinkMatrix",
     "MemoryPlan",
     "ModelSpec",
+    "PDRouting",
     "ReplicaSpec",
     "ServingResult",
     "SimError",
     "SpecError",
     "Stage",
     "StepCostModel",
+    "Topology",
     "UnknownGPUError",
     "UnknownModelError",
     "Workload",
     "WorkloadError",
     "allreduce_time",
+    "balanced_layer_split",
+    "cloud_instances",
     "cost_model",
     "decode_step_time",
     "efficiency_for",
+    "fat_tree_tracks",
     "fits",
     "gamma",
     "get_gpu",
     "get_model",
+    "kv_transfer_bytes",
     "kv_transfer_time",
+    "kv_transfer_time_staged",
     "load_gpus_yaml",
     "load_trace",
     "make_deployment",
