@@ -23,7 +23,8 @@ Files -> concepts
 - layersplit.py   memory-aware layer splits: per-stage layer caps that keep KV room,
                   `memory_aware_layers` / `memory_aware_deployment`.
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
-- workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
+- workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace; prefix groups
+                  (`with_prefixes`) for prefix-aware routing.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
                   (admission, chunked prefill, preemption by recompute), closed-form stretches;
                   drain-free `Replica.set_role`, `pause`/`resume`.
@@ -31,8 +32,10 @@ Files -> concepts
                   overlapping across stages (step = PP x slowest stage; one sequence: the sum).
 - pdrouting.py    PDRouting(x, y): fixed prefill/decode fractions by smooth weighted round
                   robin (seeded, deterministic); KV link resolution and per-link FIFO contention.
-- routers.py      router policies by name (ROUTERS): round_robin, random, least_outstanding,
-                  least_work, power_of_two.
+- routers.py      router policies by name (ROUTERS); names shared with routing.policies mean
+                  the same policy (random, round_robin, weighted, least_outstanding = power of
+                  two choices, prefix_affinity); plus prefix_bounded_load (eps), prefix_hash,
+                  join_shortest_queue, least_work, power_of_two.
 - serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,
                   `simulate_closed_loop`, `max_sustainable_rate`.
 - results.py      ServingResult (TTFT/TPOT/E2E per request, throughput, SLO attainment,

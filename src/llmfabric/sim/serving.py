@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,10 +75,18 @@ def _replicas(specs: Sequence[ReplicaSpec], book: RequestBook, offset: int = 0) 
     return out
 
 
+def _router_options(workload: Workload,
+                    options: Mapping[str, object] | None) -> dict[str, object]:
+    opts: dict[str, object] = dict(options or {})
+    if workload.prefix_id is not None:
+        opts.setdefault("prefixes", workload.prefix_id.tolist())
+    return opts
+
+
 def _dispatch(replicas: list[Replica], times: Sequence[float], rids: Sequence[int],
               prompts: Sequence[int], outputs: Sequence[int], router: str, seed: int,
-              kv_ready: bool = False) -> None:
-    policy = make_router(router, seed)
+              kv_ready: bool = False, options: Mapping[str, object] | None = None) -> None:
+    policy = make_router(router, seed, **(options or {}))
     if len(replicas) == 1:
         only = replicas[0]
         for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
@@ -119,8 +127,11 @@ def _book(workload: Workload) -> RequestBook:
 
 def simulate_cluster(replicas: Sequence[ReplicaSpec], workload: Workload,
                      router: str = "least_outstanding", slo: SLO | None = None,
-                     seed: int = 0) -> ServingResult:
-    """Replicas (possibly heterogeneous) behind one router policy (see routers.ROUTERS)."""
+                     seed: int = 0, router_options: Mapping[str, object] | None = None
+                     ) -> ServingResult:
+    """Replicas (possibly heterogeneous) behind one router policy (see routers.ROUTERS;
+    `router_options`, e.g. {"eps": 0.1}, go to it; prefix routers read
+    `workload.prefix_id`)."""
     if not replicas:
         raise SpecError("simulate_cluster needs at least one replica")
     if any(r.role != "both" for r in replicas):
@@ -131,7 +142,7 @@ def simulate_cluster(replicas: Sequence[ReplicaSpec], workload: Workload,
         _require_kv(reps, int((workload.input_tokens + workload.output_tokens).min()),
                     "request (prompt + output)")
     _dispatch(reps, book.arrival, range(len(workload)), book.input_tokens, book.output_tokens,
-              router, seed)
+              router, seed, options=_router_options(workload, router_options))
     return _result(workload, book, reps, slo)
 
 
@@ -165,7 +176,8 @@ def simulate_disaggregated(prefill: Sequence[ReplicaSpec], decode: Sequence[Repl
                            kv_group: int | None = None, link_contention: bool = False,
                            stage_link: Callable[[int, int, int, int], Link] | None = None,
                            router: str = "least_outstanding", slo: SLO | None = None,
-                           seed: int = 0) -> ServingResult:
+                           seed: int = 0, router_options: Mapping[str, object] | None = None
+                           ) -> ServingResult:
     """Prefill replicas hand each request's KV cache to decode replicas over `link`: one
     alpha-beta Link for every pair, or a LinkMatrix with one per (prefill, decode) pair.
 
@@ -203,6 +215,7 @@ def simulate_disaggregated(prefill: Sequence[ReplicaSpec], decode: Sequence[Repl
         _require_kv(dec, int((workload.input_tokens + workload.output_tokens).min()),
                     "request (prompt + output)")
     picks = routing.start(seed) if routing is not None else None
+    opts = _router_options(workload, router_options)
     if picks is not None:
         for t, rid, p in zip(book.arrival, range(len(workload)), book.input_tokens,
                              strict=True):
@@ -214,11 +227,11 @@ def simulate_disaggregated(prefill: Sequence[ReplicaSpec], decode: Sequence[Repl
             r.drain()
     else:
         _dispatch(pre, book.arrival, range(len(workload)), book.input_tokens,
-                  [1] * len(workload), router, seed)
+                  [1] * len(workload), router, seed, options=opts)
     for rid in range(len(workload)):  # prefill marks finish; decode overwrites it
         if book.output_tokens[rid] > 1:
             book.finish[rid] = math.nan
-    policy = make_router(router, seed)
+    policy = make_router(router, seed, **opts)
 
     def pick_decode(i: int, rid: int, ctx: int, t: float) -> int:
         if picks is not None:
