@@ -145,3 +145,26 @@ def test_per_boundary_pp_links_and_stage_allreduce(tiny: ModelSpec) -> None:
         2 * (planned.time(ar_bytes * m, 2) - default_ar), rel=1e-6)
     with pytest.raises(SpecError):
         Deployment(tiny, stages, stage_allreduces=(planned,))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=4),
+       st.lists(st.integers(1, 20), min_size=1, max_size=4),
+       st.floats(1e8, 1e11), st.floats(0, 1e-2), st.integers(1, 5000))
+def test_staged_transfer_over_one_link_ships_the_largest_overlap(
+        a: list[int], b: list[int], bw: float, lat: float, n: int) -> None:
+    total = sum(a)
+    if sum(b) != total:
+        b = [*b[:-1], b[-1] + total - sum(b)] if sum(b) < total else [total]
+    model = ModelSpec(name="law", n_layers=total, hidden=256, n_heads=8, n_kv_heads=2,
+                      head_dim=32, ffn_hidden=512, vocab=1000)
+    g = get_gpu("A100-80GB")
+    pre = Deployment(model, tuple(Stage(g, 1, x) for x in a))
+    dec = Deployment(model, tuple(Stage(g, 1, x) for x in b))
+    link = Link(bw, lat)
+    ra, rb = pre.layer_ranges(), dec.layer_ranges()
+    biggest = max(min(x1, y1) - max(x0, y0) for x0, x1 in ra for y0, y1 in rb)
+    got = kv_transfer_time_staged(pre, dec, n, lambda p, d: link, bits=4)
+    per_layer = kv_transfer_bytes(model, n, bits=4) / total
+    assert got == pytest.approx(lat + biggest * per_layer / bw)
+    assert got <= kv_transfer_time(model, n, link, bits=4) * (1 + 1e-12)
