@@ -95,19 +95,34 @@ class LeastWork:
 
 class PowerOfTwo:
     """Power of two choices: two distinct random replicas, the one with fewer outstanding
-    requests (ties: the first drawn). The fabric's `least_outstanding` policy."""
+    requests (ties: the first drawn). The fabric's `least_outstanding` policy. `probe(n)`
+    draws the pair in advance, so a driver needs to bring only those two replicas up to
+    date before `pick`."""
 
     needs_state = True
 
     def __init__(self, seed: int = 0, **options: object) -> None:
         self._rng = np.random.default_rng(seed)
+        self._buf: list[float] = []
+        self._probed: tuple[int, int] | None = None
+
+    def probe(self, n: int) -> tuple[int, int]:
+        if len(self._buf) < 2:
+            self._buf = self._rng.random(8192).tolist()
+        a = int(self._buf.pop() * n)
+        b = int(self._buf.pop() * (n - 1))
+        if b >= a:
+            b += 1
+        self._probed = (a, b)
+        return self._probed
 
     def pick(self, replicas: Sequence[Replica], rid: int, input_tokens: int) -> int:
         n = len(replicas)
         if n == 1:
             return 0
-        a, b = self._rng.choice(n, 2, replace=False)
-        return int(a if replicas[a].outstanding <= replicas[b].outstanding else b)
+        pair, self._probed = self._probed, None
+        a, b = pair if pair is not None else self.probe(n)
+        return a if replicas[a].outstanding <= replicas[b].outstanding else b
 
 
 # The fabric's GPU-class weights (routing.policies.DEFAULT_GPU_WEIGHTS; a test keeps the two

@@ -31,7 +31,7 @@ from llmfabric.sim.parallel import (
 )
 from llmfabric.sim.pdrouting import KVLinks, PDRouting
 from llmfabric.sim.results import SLO, ServingResult, build_result
-from llmfabric.sim.routers import make_router
+from llmfabric.sim.routers import PowerOfTwo, make_router
 from llmfabric.sim.workload import Workload, poisson, replay
 
 
@@ -99,6 +99,13 @@ def _dispatch(replicas: list[Replica], times: Sequence[float], rids: Sequence[in
             if chosen.now < t:
                 chosen.advance_to(t)
             chosen.submit(rid, p, o, kv_ready)
+    elif isinstance(policy, PowerOfTwo):  # only the two probed replicas must be current
+        n = len(replicas)
+        for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
+            for i in policy.probe(n):
+                if replicas[i].now < t:
+                    replicas[i].advance_to(t)
+            replicas[policy.pick(replicas, rid, p)].submit(rid, p, o, kv_ready)
     else:
         for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
             for r in replicas:
