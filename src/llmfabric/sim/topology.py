@@ -107,12 +107,20 @@ class Topology:
     """GPUs, switches and full-duplex edges. Build with `add_gpu`, `add_switch`, `add_edge`
     (or a generator / `from_yaml`), then ask for paths and links."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: Iterable[GPUNode | SwitchNode] = (),
+                 edges: Iterable[Edge] = ()) -> None:
         self._gpus: dict[NodeId, GPUNode] = {}
         self._switches: dict[NodeId, SwitchNode] = {}
         self._adj: dict[NodeId, list[Edge]] = {}
         self._edges: list[Edge] = []
         self._cache: dict[tuple[str, float], dict[tuple[NodeId, NodeId], Route]] = {}
+        for node in nodes:
+            if isinstance(node, GPUNode):
+                self.add_gpu(node.id, node.gpu_type, node.host)
+            else:
+                self.add_switch(node.id, node.aggregator_slots)
+        for e in edges:
+            self.add_edge(e.a, e.b, e.kind, bytes_per_s=e.capacity, latency_s=e.latency_s)
 
     # --- building ---------------------------------------------------------------------
     def _add_node(self, node_id: NodeId) -> None:

@@ -125,6 +125,13 @@ def test_cloud_instances_seeded_and_bounded() -> None:
     assert a.pair_link(0, 8).latency_s == pytest.approx(1e-3 + 10e-6)
 
 
+def test_constructor_from_nodes_and_edges() -> None:
+    t = _diamond()
+    nodes = [t.gpu("a"), t.gpu("b"), t.switch("s1"), t.switch("s2")]
+    u = Topology(nodes, t.edges)
+    assert u.gpus() == ["a", "b"] and u.pair_link("a", "b") == t.pair_link("a", "b")
+
+
 def test_yaml_round_trip(tmp_path: Path) -> None:
     t = fat_tree_tracks(servers=2, gpus_per_server=2, tracks=2, aggregator_slots=4)
     path = tmp_path / "topo.yaml"
