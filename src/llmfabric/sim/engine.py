@@ -175,12 +175,11 @@ class Replica:
         if role == self.role:
             return
         old = self.role
-        for entry in self.waiting:
-            self._old_role.setdefault(entry[0], old)
-        for item in self.prefilling:
-            self._old_role.setdefault(item[0], old)
-        for rid in self.running:
-            self._old_role.setdefault(rid, old)
+        live = [e[0] for e in self.waiting] + [it[0] for it in self.prefilling]
+        live += list(self.running)
+        # entries of requests that left since the last flip are dropped (finished decodes
+        # never pass _join again)
+        self._old_role = {rid: self._old_role.get(rid, old) for rid in live}
         self.role = role
 
     def pause(self, at_t: float | None = None) -> None:

@@ -156,3 +156,28 @@ def test_pipelining_never_beats_perfect_overlap(batch: int, mean_ctx: int,
     assert piped >= serial / pp * (1 - 1e-9)
     if batch == 1:
         assert piped == pytest.approx(serial, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 12), st.floats(0.0, 2.0), st.booleans())
+def test_role_flip_loses_and_duplicates_nothing(n_before: int, n_after: int, flip_t: float,
+                                                chunked: bool) -> None:
+    # prefill -> decode: everything that arrived before the flip is handed off exactly once,
+    # everything after (KV already here) is decoded here to the end
+    n = n_before + n_after
+    handoffs: list[tuple[int, float, int]] = []
+    book = RequestBook([0.0] * n, [800] * n, [12] * n)
+    rep = Replica(0, cost_model("llama-3.1-8b", "H100", 1, 1),
+                  EngineConfig(max_num_seqs=4, chunked_prefill=chunked,
+                               max_batched_tokens=1024),
+                  50_000, book, "prefill", lambda rid, t, ctx: handoffs.append((rid, t, ctx)))
+    for rid in range(n_before):
+        rep.submit(rid, 800, 12)
+    rep.set_role("decode", at_t=flip_t)
+    for rid in range(n_before, n):
+        rep.submit(rid, 800, 12, kv_ready=True)
+    rep.drain()
+    assert sorted(h[0] for h in handoffs) == list(range(n_before))
+    for rid in range(n_before, n):
+        assert not math.isnan(book.finish[rid]) and not book.truncated[rid]
+    assert rep.outstanding == 0 and not rep._old_role
