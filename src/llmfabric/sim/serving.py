@@ -256,19 +256,19 @@ def simulate_disaggregated(prefill: Sequence[ReplicaSpec], decode: Sequence[Repl
                 lambda sp, sd: stage_link(i, j, sp, sd), kv_bits, kv_group)
         return kv_transfer_time(model, ctx, links.of(i, j), kv_bits, kv_group)
 
-    # events: (time, rid, kind 0 = KV ready at prefill i, 1 = KV arrived at decode j, i, j)
+    # events: (time, rid, kind 0 = KV ready at prefill i / 1 = KV arrived at decode j, i, j,
+    # cached tokens)
     pick_at_ready = links.per_pair or picks is not None or stage_link is not None
-    events: list[tuple[float, int, int, int, int]] = [
-        (t, rid, 0, book.replica[rid], -1) for t, rid, _ in ready]
+    events: list[tuple[float, int, int, int, int, int]] = [
+        (t, rid, 0, book.replica[rid], -1, ctx) for t, rid, ctx in ready]
     heapq.heapify(events)
     while events:
-        t, rid, kind, i, j = heapq.heappop(events)
-        ctx = book.input_tokens[rid]
+        t, rid, kind, i, j, ctx = heapq.heappop(events)
         if kind == 0:
             jj = pick_decode(i, rid, ctx, t) if pick_at_ready else None
             duration = transfer(i, jj, ctx)
             begin = links.start(i, jj, t, duration)
-            heapq.heappush(events, (begin + duration, rid, 1, i, -1 if jj is None else jj))
+            heapq.heappush(events, (begin + duration, rid, 1, i, -1 if jj is None else jj, ctx))
             continue
         if j < 0:
             j = pick_decode(i, rid, ctx, t)
