@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmfabric.sim import Link, SpecError
 from llmfabric.sim.linkmatrix import LinkMatrix
@@ -84,3 +87,20 @@ def test_from_topology_and_reduce_to_replica_pairs() -> None:
         gpu.reduce([[0, 1]], [[1, 2]])
     cross = LinkMatrix.from_topology(topo, rows=[0, 1], cols=[2, 3])
     assert cross[1, 0] == topo.pair_link(1, 2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.sampled_from(["src", "dst", "gbs", "gbps", "GB/s", "0",
+                                                     "1", "2", "-1", "nan", "inf", "1e400",
+                                                     "latency_ms", "x", ""]),
+                                   st.text(max_size=4)), max_size=5), max_size=6))
+def test_hostile_csv_raises_spec_errors_only(tmp_path_factory: pytest.TempPathFactory,
+                                             rows: list[list[str]]) -> None:
+    p = tmp_path_factory.mktemp("csv") / "m.csv"
+    with p.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    try:
+        m = LinkMatrix.from_csv(p)
+    except SpecError:
+        return
+    assert np.all(m.bandwidth[np.isfinite(m.bandwidth)] > 0)

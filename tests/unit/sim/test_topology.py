@@ -203,3 +203,23 @@ def test_path_laws(t: Topology, n_bytes: float) -> None:
                     assert cost(a, b) <= cost(a, c) + cost(c, b) + 1e-12
                     assert wp[(a, b)].bottleneck >= min(wp[(a, c)].bottleneck,
                                                         wp[(c, b)].bottleneck) * (1 - 1e-12)
+
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True),
+                    st.text(max_size=5))
+_entry = st.dictionaries(st.sampled_from(["id", "type", "host", "a", "b", "kind", "gbps", "gbs",
+                                          "bytes_per_s", "latency_s", "latency_us",
+                                          "aggregator_slots"]), _scalar, max_size=7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(_scalar, st.lists(_entry, max_size=3),
+                 st.fixed_dictionaries({}, optional={"gpus": st.lists(_entry, max_size=3),
+                                                     "switches": st.lists(_entry, max_size=3),
+                                                     "edges": st.lists(_entry, max_size=4)})))
+def test_hostile_topology_documents_raise_spec_errors_only(doc: object) -> None:
+    try:
+        t = Topology.from_dict(doc)
+    except SpecError:
+        return
+    t.bandwidth_matrix()  # whatever was accepted is a usable graph
