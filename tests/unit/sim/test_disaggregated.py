@@ -171,3 +171,38 @@ def test_a_replica_that_cannot_hold_one_request_is_an_error() -> None:
     mid = ReplicaSpec.of(M, "H100", config=EngineConfig(kv_capacity_tokens=2400))
     res = simulate_cluster([mid], wl)
     assert res.n_completed == 1
+
+
+def test_cloud_topology_to_plan_run_end_to_end() -> None:
+    # ThunderServe's sim mode in small: GPUs of a seeded cloud, replicas as GPU groups, the
+    # GPU-pair matrix reduced to replica pairs, fixed routing, 4-bit KV, contention on
+    from llmfabric.sim.topology import cloud_instances
+
+    cloud = cloud_instances([("A40", 2), ("A40", 2), ("RTX-A6000", 2)], seed=1)
+    gpu_links = LinkMatrix.from_topology(cloud)
+    prefill_groups = [[0, 1]]
+    decode_groups = [[2, 3], [4, 5]]  # both on other instances: WAN links of different speed
+    links = gpu_links.reduce(prefill_groups, decode_groups)
+    assert links[0, 0].bandwidth != links[0, 1].bandwidth
+    fast_j = int(np.argmax([links[0, j].bandwidth for j in range(2)]))
+    pre = [ReplicaSpec.of(M, "A40", 2)]
+    dec = [ReplicaSpec.of(M, "A40", 2)] * 2  # the same decoders: only the link differs
+    wl = poisson(3, 40, 1500, 60, seed=4)
+    to = [[0.0, 0.0]]
+    to[0][fast_j] = 1.0
+    fast = simulate_disaggregated(pre, dec, wl, links, routing=PDRouting([1], to), kv_bits=4)
+    to = [[0.0, 0.0]]
+    to[0][1 - fast_j] = 1.0
+    slow = simulate_disaggregated(pre, dec, wl, links, routing=PDRouting([1], to), kv_bits=4)
+    assert fast.n_completed == slow.n_completed == len(wl)
+    gap = kv_transfer_time(get_model(M), 1500, links[0, 1 - fast_j], 4) - kv_transfer_time(
+        get_model(M), 1500, links[0, fast_j], 4)
+    assert gap > 0
+    # every KV arrives `gap` later, so the decoder sees the same stream shifted by gap
+    assert slow.e2e_s - fast.e2e_s == pytest.approx(np.full(len(wl), gap), rel=1e-6)
+    busy = simulate_disaggregated(pre, dec, wl, links, routing=PDRouting([1], [[1, 1]]),
+                                  kv_bits=4, link_contention=True)
+    free = simulate_disaggregated(pre, dec, wl, links, routing=PDRouting([1], [[1, 1]]),
+                                  kv_bits=4)
+    assert busy.mean_e2e_s >= free.mean_e2e_s
+    assert busy.mean_ttft_s == free.mean_ttft_s  # contention is after the first token
