@@ -346,11 +346,11 @@ class Replica:
         if k_mem < k:
             k = max(1, k_mem)
         s = self.ctx
-        if self._pipe is None:
-            a = self._dec_a[b]
-            g = self._g[b]
-        else:
-            a, g = self._pipe.decode_coeffs(b, s)
+        a = self._dec_a[b]
+        g = self._g[b]
+        if self._pipe is not None:  # pipelined PP: swap the GPU part, keep the rest of a
+            pa, g = self._pipe.decode_coeffs(b, s)
+            a += pa - self.cost.decode_step_time(b, 0.0)
         if t_limit < INF:
             gap = t_limit - self.now
             if gap <= a + g * s:
