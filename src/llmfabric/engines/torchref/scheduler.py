@@ -243,8 +243,8 @@ class FlyingScheduler:
         self._transitions()
         self._admit()
         batches = {g: [r for r in self._active() if r.home == g] for g in self.groups}
-        if not any(batches.values()):
-            return False
+        if not any(batches.values()) and self._unrecorded is None:
+            return False  # (a new layout is still sent to every engine, work or not)
         self.step_no += 1
         plans: dict[int, StepPlan] = {}
         for g, reqs in batches.items():

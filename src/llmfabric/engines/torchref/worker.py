@@ -13,6 +13,7 @@ the connection; logits travel as numpy arrays):
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -67,6 +68,10 @@ class StepResult:
 
 
 def worker_main(address: str, rank: int) -> None:
+    # the coordinator owns shutdown: a signal to the process group must not kill an engine
+    # mid-collective; a worker exits on "stop" or when the coordinator's connection closes
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     host, port = address.rsplit(":", 1)
     key = bytes.fromhex(os.environ.pop("LLMFABRIC_TORCHREF_KEY", ""))
     conn = Client((host, int(port)), authkey=key)
