@@ -9,7 +9,8 @@ Files:
   blocks.py     BlockAllocator: the scheduler's free lists of KV blocks (no torch)
   comm.py       Communicator Pool: every aligned gloo group built at start-up
   model.py      the Llama forward over a ragged batch with paged KV, at any width
-  worker.py     one engine process: executes step plans (Entry, StepPlan, StepResult)
+  plans.py      Entry, StepPlan, StepResult, WorkerSpec: what crosses to an engine
+  worker.py     one engine process: executes step plans
   scheduler.py  FlyingScheduler: Algorithm 1, the three transition methods, admission
   engine.py     FlyingEngine: starts the workers, steps manually or in a thread
   server.py     the OpenAI-compatible aiohttp server with /dtp_switch and /dtp_status

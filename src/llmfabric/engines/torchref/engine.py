@@ -25,8 +25,8 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from llmfabric.engines.torchref.config import ModelConfig
+from llmfabric.engines.torchref.plans import StepPlan, StepResult, WorkerSpec
 from llmfabric.engines.torchref.scheduler import FlyingScheduler, Request
-from llmfabric.engines.torchref.worker import StepPlan, StepResult, WorkerSpec
 from llmfabric.scheduler.switching import Method, SwitchPolicy
 
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from llmfabric.engines.torchref.config import ModelConfig
 from llmfabric.engines.torchref.kvpool import KVPool
+from llmfabric.engines.torchref.plans import Entry
 from llmfabric.engines.torchref.weights import LayerWeights, Weights
-from llmfabric.engines.torchref.worker import Entry
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ import numpy as np
 
 from llmfabric.engines.torchref.blocks import BlockAllocator
 from llmfabric.engines.torchref.config import EOS
-from llmfabric.engines.torchref.worker import Entry, StepPlan, StepResult
+from llmfabric.engines.torchref.plans import Entry, StepPlan, StepResult
 from llmfabric.scheduler.switching import (
     Bind,
     Method,
