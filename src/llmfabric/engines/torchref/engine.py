@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
@@ -108,13 +109,25 @@ class FlyingEngine:
                      f"{host}:{port}", str(rank)], env=env, stdin=subprocess.DEVNULL))
             conns: dict[int, Connection] = {}
             deadline = time.monotonic() + opts.start_timeout_s
-            listener._listener._socket.settimeout(opts.start_timeout_s)  # type: ignore[attr-defined]
+            # accept in 1 s slices so a worker that dies while starting fails the start now
+            listener._listener._socket.settimeout(1.0)  # type: ignore[attr-defined]
             while len(conns) < opts.dp:
                 if time.monotonic() > deadline:
                     raise EngineFailure("engines did not connect in time")
-                conn = listener.accept()
-                hello = conn.recv()
-                rank = int(hello[1])
+                dead = [(r, p.returncode) for r, p in enumerate(self.procs)
+                        if p.poll() is not None]
+                if dead:
+                    raise EngineFailure(f"engine {dead[0][0]} exited with {dead[0][1]} "
+                                        "while starting")
+                try:
+                    conn = listener.accept()
+                    hello = conn.recv()
+                except (TimeoutError, AuthenticationError, EOFError, OSError):
+                    continue  # nothing yet, or not one of ours (wrong key)
+                rank = hello[1] if isinstance(hello, tuple) and len(hello) == 2 else -1
+                if not isinstance(rank, int) or not 0 <= rank < opts.dp or rank in conns:
+                    conn.close()
+                    continue
                 conn.send(WorkerSpec(rank, opts.dp, store.port, opts.config, self.widths,
                                      opts.n_blocks, opts.block_tokens, opts.threads))
                 conns[rank] = conn
