@@ -191,3 +191,84 @@ def test_fabric_serves_the_torch_engine_while_it_switches(tmp_path: pathlib.Path
         assert usage is not None and usage.completion_tokens == 600
         st = _get(eport, "/dtp_status")
         assert st["width"] == 1 and st["switches"] >= 2
+
+
+def test_concurrent_requests_survive_every_transition(engine_port: int) -> None:
+    client = _sdk(engine_port)
+    _post(engine_port, "/dtp_switch", {"width": 1})
+    _wait_status(engine_port, lambda s: s["width"] == 1 and not s["pending"]["bind"])
+    prompts = [f"request {i}: " + "abc" * i for i in range(8)]
+
+    def complete(prompt: str) -> str:
+        out = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=48,
+                                        extra_body={"ignore_eos": True})
+        return out.choices[0].text
+
+    refs = [complete(p) for p in prompts]
+    got: dict[int, str] = {}
+    threads = [threading.Thread(target=lambda i=i: got.update({i: complete(prompts[i])}))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for width, method in ((2, "sequential"), (1, "hard-preempt"), (2, "soft-preempt"),
+                          (1, "soft-preempt"), (2, "hard-preempt"), (1, "sequential")):
+        _post(engine_port, "/dtp_switch", {"width": width, "method": method})
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=120)
+    assert [got[i] for i in range(8)] == refs
+    st = _wait_status(engine_port, lambda s: s["width"] == 1 and s["running"] == 0)
+    assert st["paused"] == 0 and st["waiting"] == 0
+    assert all(e["kv_pool"]["free_blocks"] == e["kv_pool"]["total_blocks"]
+               for e in st["engines"])
+
+
+def test_a_client_that_disconnects_frees_its_kv(engine_port: int) -> None:
+    stream = _sdk(engine_port).completions.create(
+        model="tiny-llama", prompt="abandoned", max_tokens=1500, stream=True,
+        extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    for _ in range(3):
+        next(chunks)
+    assert _get(engine_port, "/dtp_status")["running"] == 1
+    stream.close()
+    st = _wait_status(engine_port, lambda s: s["running"] == 0)
+    assert all(e["kv_pool"]["free_blocks"] == e["kv_pool"]["total_blocks"]
+               for e in st["engines"])
+
+
+def test_priority_policy_and_fail_stop_when_an_engine_dies(tmp_path: pathlib.Path) -> None:
+    port = free_port()
+    log = tmp_path / "engine.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*ENGINE, "--switch-policy", "priority", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        _ready(port, proc)
+        client = _sdk(port)
+        plain = client.completions.create(model="tiny-llama", prompt="p", max_tokens=4)
+        assert _get(port, "/dtp_status")["switches"] == 0 and plain.choices[0].text is not None
+        client.completions.create(model="tiny-llama", prompt="urgent", max_tokens=4,
+                                  extra_body={"priority": 5})
+        st = _wait_status(port, lambda s: s["switches"] >= 2 and s["width"] == 1)
+        assert st["last_switch"]["after"] == [[0], [1]]  # bound for it, then released
+        os.kill(st["engines"][1]["pid"], 9)
+        assert proc.wait(timeout=30) == 1  # fail-stop: the node agent sees the exit
+        assert "engine failure" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _ready(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            _get(port, "/v1/models")
+            return True
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError("engine exited while starting") from None
+            time.sleep(0.2)
+    raise RuntimeError("engine not ready")

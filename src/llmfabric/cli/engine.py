@@ -77,10 +77,16 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
 @click.option("--widths", default="1,2", show_default=True,
               help="allowed TP widths (powers of two dividing --dp)")
 @click.option("--switch-policy", type=click.Choice(
-    ["none", "load_threshold", "hysteresis", "priority", "context_length"]), default="none",
-              show_default=True, help="automatic switching (none: only POST /dtp_switch)")
+    ["none", "load_threshold", "hysteresis", "priority", "context_length", "scheduled"]),
+              default="none", show_default=True,
+              help="automatic switching (none: only POST /dtp_switch)")
+@click.option("--mu-tp", type=click.FloatRange(min=0, min_open=True), default=8.0,
+              show_default=True, help="hysteresis: the TP group's service rate (requests/s)")
+@click.option("--schedule", default="",
+              help="scheduled: switch times as T:WIDTH,... (seconds after start), e.g. 5:2,10:1")
 @click.option("--method", type=click.Choice(["sequential", "soft", "hard"]), default="hard",
-              show_default=True, help="transition method for policy binds and /dtp_switch")
+              show_default=True,
+              help="transition method of policy binds and of a /dtp_switch naming none")
 @click.option("--kv-blocks", type=click.IntRange(min=1), default=256, show_default=True,
               help="KV blocks per engine (each holds --block-tokens tokens at width 1)")
 @click.option("--block-tokens", type=click.IntRange(min=1), default=16, show_default=True)
@@ -91,8 +97,8 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), required=True)
 def torch_engine(config_spec: str, seed: int | None, dp: int, widths: str, switch_policy: str,
-                 method: str, kv_blocks: int, block_tokens: int, threads: int,
-                 served_model_name: str | None, host: str, port: int) -> None:
+                 mu_tp: float, schedule: str, method: str, kv_blocks: int, block_tokens: int,
+                 threads: int, served_model_name: str | None, host: str, port: int) -> None:
     """Serve a small Llama model on CPU from DP engine processes that bind into TP groups
     and back online (Flying Serving; needs the extra llmfabric[torch]).
 
@@ -118,9 +124,19 @@ def torch_engine(config_spec: str, seed: int | None, dp: int, widths: str, switc
     meth: Method = "sequential" if method == "sequential" else \
         "soft" if method == "soft" else "hard"
     policy = None
-    if switch_policy != "none":
-        policy = make_policy(switch_policy, method=meth) if switch_policy != "priority" \
-            else make_policy(switch_policy)
+    if switch_policy == "priority":
+        policy = make_policy("priority")
+    elif switch_policy == "hysteresis":
+        policy = make_policy("hysteresis", mu_tp=mu_tp, method=meth)
+    elif switch_policy == "scheduled":
+        try:
+            times = [(float(t), int(w)) for t, w in
+                     (item.split(":") for item in schedule.split(",") if item.strip())]
+        except ValueError as exc:
+            raise click.BadParameter("use T:WIDTH,...", param_hint="--schedule") from exc
+        policy = make_policy("scheduled", times=times, method=meth)
+    elif switch_policy != "none":
+        policy = make_policy(switch_policy, method=meth)
     options = EngineOptions(config=cfg, dp=dp, widths=width_set, n_blocks=kv_blocks,
                             block_tokens=block_tokens, threads=threads, policy=policy,
                             method=meth)
@@ -132,8 +148,10 @@ def torch_engine(config_spec: str, seed: int | None, dp: int, widths: str, switc
             cfg.check_width(w)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--widths") from exc
-    asyncio.run(serve_torch(options, ServerConfig(host=host, port=port,
-                                                  model_name=served_model_name)))
+    code = asyncio.run(serve_torch(options, ServerConfig(host=host, port=port,
+                                                         model_name=served_model_name)))
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":  # python -m llmfabric.cli.engine sim ...

@@ -43,7 +43,7 @@ class SwitchState:
     running: tuple[int, ...]
     free_kv: tuple[int, ...]
     widths: tuple[int, ...] = (1, 2)
-    now: float = 0.0
+    now: float = 0.0  # seconds since the engine started
     mode_since: float = 0.0
     arrival_rate: float = 0.0  # EWMA requests/s
     pending: tuple[Pending, ...] = ()

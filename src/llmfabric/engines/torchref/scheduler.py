@@ -119,7 +119,8 @@ class FlyingScheduler:
         self.pending_bind: dict[Group, Method] = {}
         self.pending_release: dict[Group, Method] = {}
         self.switches: list[SwitchRecord] = []
-        self.mode_since = clock()
+        self.started = clock()
+        self.mode_since = self.started
         self.step_no = 0
         self.last_results: dict[int, StepResult] = {}
         self.inbox: collections.deque[Callable[[], None]] = collections.deque()
@@ -216,7 +217,8 @@ class FlyingScheduler:
             waiting=tuple(len(q) for q in self.queues),
             running=tuple(self._active_on(e) for e in range(self.n)),
             free_kv=tuple(a.free * self.block_tokens for a in self.alloc),
-            widths=self.widths, now=now, mode_since=self.mode_since,
+            widths=self.widths, now=now - self.started,
+            mode_since=self.mode_since - self.started,
             arrival_rate=self._rate,
             pending=tuple(Pending(r.total, r.priority, r.engine) for r in queued[:16]),
             running_priority=max((r.priority for r in self.running), default=0),
@@ -404,7 +406,8 @@ class FlyingScheduler:
             "width": self.width,
             "widths": list(self.widths),
             "groups": [list(g) for g in self.groups],
-            "mode_since": self.mode_since,
+            "mode_since": self.mode_since,  # the engine's monotonic clock
+            "uptime_s": self.clock() - self.started,
             "switches": len(self.switches),
             "pending": {"bind": [[list(g), m] for g, m in self.pending_bind.items()],
                         "release": [[list(g), m] for g, m in self.pending_release.items()]},

@@ -120,7 +120,7 @@ class TorchServer:
         if not isinstance(body, dict):
             return _error(400, "body must be a JSON object")
         width = body.get("width")
-        method = METHOD_NAMES.get(str(body.get("method", "hard-preempt")))
+        method = METHOD_NAMES.get(str(body.get("method", self.engine.options.method)))
         if not isinstance(width, int) or isinstance(width, bool) or \
                 width not in self.engine.widths:
             return _error(400, f"width must be one of {list(self.engine.widths)}",
@@ -311,8 +311,9 @@ class TorchServer:
         return resp
 
 
-async def serve(options: EngineOptions, config: ServerConfig) -> None:
-    """Start the engines, then serve until SIGTERM/SIGINT."""
+async def serve(options: EngineOptions, config: ServerConfig) -> int:
+    """Start the engines, then serve until SIGTERM/SIGINT (exit status 0) or until an engine
+    process dies (status 1: fail-stop, as a crashed vLLM would, so the node agent sees it)."""
     loop = asyncio.get_running_loop()
     engine = FlyingEngine(options)
     print(f"INFO: llmfabric torch engine: {options.config.name} "
@@ -330,10 +331,26 @@ async def serve(options: EngineOptions, config: ServerConfig) -> None:
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    status = 0
+
+    async def watch() -> None:
+        nonlocal status
+        while not stop.is_set():
+            dead = [r for r, pr in enumerate(engine.procs) if pr.poll() is not None]
+            if dead or engine.failure is not None:
+                print(f"ERROR: engine failure ({engine.failure or f'engine {dead[0]} exited'})"
+                      "; shutting down", flush=True)
+                status = 1
+                stop.set()
+            await asyncio.sleep(0.5)
+
+    watcher = asyncio.create_task(watch())
     try:
         await stop.wait()
         print("INFO: Shutting down", flush=True)
     finally:
+        watcher.cancel()
         with contextlib.suppress(Exception):
             await runner.cleanup()
         await loop.run_in_executor(None, engine.close)
+    return status
