@@ -182,10 +182,13 @@ class FlyingEngine:
         return self.sched.step()
 
     def run_until_done(self, requests: list[Request], max_steps: int = 100_000) -> None:
+        idle = 0
         for _ in range(max_steps):
             if all(r.finish is not None for r in requests):
                 return
-            self.sched.step()
+            idle = 0 if self.sched.step() else idle + 1
+            if idle >= 3:  # nothing can run: paused under a bound group, or waiting for one
+                raise RuntimeError("requests cannot progress in the current layout")
         raise RuntimeError("requests did not finish")
 
     def switch(self, width: int, method: Method | None = None) -> None:
