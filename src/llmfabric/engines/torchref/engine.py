@@ -88,6 +88,7 @@ class FlyingEngine:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.failure: BaseException | None = None
+        self._snapshot: dict[str, Any] | None = None
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -209,15 +210,25 @@ class FlyingEngine:
         sched = self.sched
         try:
             while not self._stop.is_set():
-                if not sched.step():
+                worked = sched.step()
+                self._snapshot = self._status()
+                if not worked:
                     self._wake.wait(0.02)
                     self._wake.clear()
         except BaseException as exc:  # a dead engine: fail every request, stop stepping
             self.failure = exc
             for r in list(sched.running) + [r for q in sched.queues for r in q]:
                 r.sink(("error", f"engine failure: {exc}"))
+            self._snapshot = self._status()
 
     def status(self) -> dict[str, Any]:
+        """/dtp_status. With the loop running, the snapshot its thread took after its latest
+        step (at most ~20 ms old), so no other thread reads the scheduler mid-step."""
+        if self._thread is not None and self._snapshot is not None:
+            return self._snapshot
+        return self._status()
+
+    def _status(self) -> dict[str, Any]:
         sched = self.sched
         out = sched.status()
         engines = []
@@ -240,4 +251,5 @@ class FlyingEngine:
         out["process_groups_created"] = max((e["process_groups_created"] for e in engines),
                                             default=0)
         out["healthy"] = self.failure is None and all(p.poll() is None for p in self.procs)
+        out["error"] = None if self.failure is None else str(self.failure)
         return out

@@ -202,14 +202,22 @@ class TorchServer:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
-        def sink(ev: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, ev)
+        def sink(ev: Event) -> None:  # called on the scheduler's thread
+            with contextlib.suppress(RuntimeError):  # the event loop is closing
+                loop.call_soon_threadsafe(events.put_nowait, ev)
 
         r = Request(prompt, max_tokens, sink=sink, temperature=float(temperature or 0.0),
                     seed=seed, ignore_eos=req.ignore_eos, priority=priority,
                     prompt_logprobs=echo and extra.get("logprobs") is not None)
         sched = self.engine.sched
-        self.engine.post(lambda: sched.add(r))
+
+        def admit() -> None:
+            try:
+                sched.add(r)
+            except ValueError as exc:  # checked above; the scheduler stays the authority
+                sink(("error", str(exc)))
+
+        self.engine.post(admit)
         if self.engine.failure is not None:
             return _error(503, "engine failed", "engine_failure", type_="server_error")
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
