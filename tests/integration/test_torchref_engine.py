@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 from llmfabric.engines.torchref.config import PRESETS, ByteTokenizer
 from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
 from llmfabric.engines.torchref.scheduler import Request
-from llmfabric.scheduler.switching import Method, context_length, priority
+from llmfabric.scheduler.switching import Method, context_length, hysteresis, priority
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -202,3 +202,38 @@ def test_priority_policy_hard_preempts_and_dp_resumes(engine: FlyingEngine) -> N
     assert urgent.home == (0, 1) and a.finish is None
     engine.run_until_done([a])
     assert engine.sched.width == 1 and a.output == base.output
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_hysteresis_policy_drives_the_engine_on_its_clock(engine: FlyingEngine) -> None:
+    sched = engine.sched
+    real_clock = sched.clock
+    clock = FakeClock(real_clock())
+    sched.clock = clock
+    try:
+        sched.mode_since = clock.now
+        sched.policy = hysteresis(mu_tp=8.0, dwell_s=2.0)
+        engine.step()
+        assert sched.width == 1  # within the dwell time of the last switch
+        clock.now += 3.0
+        engine.step()  # idle and past the dwell: bind
+        assert sched.width == 2 and sched.switches[-1].after == ((0, 1),)
+        burst = [engine.submit(TOK.encode(f"burst {i}"), 8, ignore_eos=True)
+                 for i in range(8)]
+        engine.step()
+        assert sched.width == 2 and all(r.home == (0, 1) for r in burst)  # dwell holds
+        clock.now += 3.0
+        more = [engine.submit(TOK.encode(f"more {i}"), 8, ignore_eos=True) for i in range(8)]
+        engine.run_until_done(burst)  # 8 waiting >= 3W: release after the TP work drains
+        engine.run_until_done(more)
+        assert sched.width == 1 and {r.home for r in more} == {(0,), (1,)}
+    finally:
+        sched.policy = None
+        sched.clock = real_clock

@@ -308,7 +308,7 @@ class FlyingScheduler:
         times = [r.mode_at for r in results if r.mode_at is not None]
         cutover = max(times) - min(times) if times else None
         self.switches.append(SwitchRecord(requested, self.step_no, before, after, cutover,
-                                          time.monotonic() - requested))
+                                          self.clock() - requested))
         del self.switches[:-256]
 
     def _transitions(self) -> None:
