@@ -237,3 +237,47 @@ def test_hysteresis_policy_drives_the_engine_on_its_clock(engine: FlyingEngine) 
     finally:
         sched.policy = None
         sched.clock = real_clock
+
+
+def check_invariants(engine: FlyingEngine) -> None:
+    sched = engine.sched
+    queued = [r for q in sched.queues for r in q]
+    assert not set(map(id, queued)) & set(map(id, sched.running))
+    for e, alloc in enumerate(sched.alloc):
+        held = [b for r in sched.running for b in r.tables.get(e, [])]
+        assert len(held) == len(set(held)) and alloc.free + len(held) == alloc.n_blocks
+    assert sorted(x for g in sched.groups for x in g) == list(range(sched.n))
+    for r in sched.running:
+        assert r.home is not None and set(r.tables) == set(r.home)
+        if r.home not in sched.groups:
+            assert len(r.home) == 1  # only DP requests are ever paused
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_switches_keep_every_invariant_and_every_output(engine: FlyingEngine,
+                                                                seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    prompts = [f"random {seed}-{i} " + "q" * int(rng.integers(1, 40)) for i in range(10)]
+    lengths = [int(rng.integers(4, 30)) for _ in prompts]
+    refs = {p: run(engine, p, n).output for p, n in zip(prompts, lengths, strict=True)}
+    reqs: list[Request] = []
+    pending = list(zip(prompts, lengths, strict=True))
+    methods: list[Method] = ["sequential", "soft", "hard"]
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.15 and pending:
+            p, n = pending.pop()
+            reqs.append(engine.submit(TOK.encode(p), n, ignore_eos=True))
+        elif op < 0.25:
+            engine.switch(int(rng.choice([1, 2])), methods[int(rng.integers(0, 3))])
+        else:
+            engine.step()
+        check_invariants(engine)
+        if not pending and all(r.finish is not None for r in reqs):
+            break
+    to_width(engine, 1)  # paused DP requests resume
+    engine.run_until_done(reqs)
+    check_invariants(engine)
+    assert len(reqs) == len(prompts)
+    assert {TOK.decode(r.prompt): r.output for r in reqs} == refs
+    assert all(a.free == a.n_blocks for a in engine.sched.alloc)

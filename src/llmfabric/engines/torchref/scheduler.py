@@ -188,6 +188,10 @@ class FlyingScheduler:
     def switch_to(self, width: int, method: Method) -> None:
         if width not in self.widths:
             raise ValueError(f"width {width} not among the allowed widths {self.widths}")
+        # the latest target wins: transitions still waiting for an earlier one are dropped
+        self.pending_bind.clear()
+        self.pending_release.clear()
+        self._switch_requested_at = None
         for action in actions_for_width(self.observe(), width, method):
             if isinstance(action, Bind):
                 self.request_bind(action.engines, action.method)
