@@ -13,7 +13,13 @@ pytest.importorskip("torch")
 from llmfabric.engines.torchref.config import PRESETS, ByteTokenizer
 from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
 from llmfabric.engines.torchref.scheduler import Request
-from llmfabric.scheduler.switching import Method, context_length, hysteresis, priority
+from llmfabric.scheduler.switching import (
+    Method,
+    context_length,
+    hysteresis,
+    make_policy,
+    priority,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -253,13 +259,23 @@ def check_invariants(engine: FlyingEngine) -> None:
             assert len(r.home) == 1  # only DP requests are ever paused
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_random_switches_keep_every_invariant_and_every_output(engine: FlyingEngine,
-                                                                seed: int) -> None:
+@pytest.mark.parametrize(("seed", "policy"), [(1, None), (2, None), (3, "priority"),
+                                             (4, "context_length"), (5, "load_threshold")])
+def test_random_switches_keep_every_invariant_and_every_output(
+        engine: FlyingEngine, seed: int, policy: str | None) -> None:
     rng = np.random.default_rng(seed)
     prompts = [f"random {seed}-{i} " + "q" * int(rng.integers(1, 40)) for i in range(10)]
     lengths = [int(rng.integers(4, 30)) for _ in prompts]
-    refs = {p: run(engine, p, n).output for p, n in zip(prompts, lengths, strict=True)}
+    if policy == "context_length":  # two requests no single engine can hold
+        prompts += [f"wide {seed}-{i} " + "w" * 400 for i in range(2)]
+        lengths += [150, 150]
+    refs = {}
+    for p, n in zip(prompts, lengths, strict=True):
+        if len(p) + 1 + n > BLOCKS * BLOCK_TOKENS:
+            to_width(engine, 2)
+        refs[p] = run(engine, p, n).output
+        to_width(engine, 1)
+    engine.sched.policy = None if policy is None else make_policy(policy)
     reqs: list[Request] = []
     pending = list(zip(prompts, lengths, strict=True))
     methods: list[Method] = ["sequential", "soft", "hard"]
@@ -267,7 +283,8 @@ def test_random_switches_keep_every_invariant_and_every_output(engine: FlyingEng
         op = rng.random()
         if op < 0.15 and pending:
             p, n = pending.pop()
-            reqs.append(engine.submit(TOK.encode(p), n, ignore_eos=True))
+            reqs.append(engine.submit(TOK.encode(p), n, ignore_eos=True,
+                                      priority=int(rng.integers(0, 2))))
         elif op < 0.25:
             engine.switch(int(rng.choice([1, 2])), methods[int(rng.integers(0, 3))])
         else:
@@ -275,7 +292,9 @@ def test_random_switches_keep_every_invariant_and_every_output(engine: FlyingEng
         check_invariants(engine)
         if not pending and all(r.finish is not None for r in reqs):
             break
-    to_width(engine, 1)  # paused DP requests resume
+    if policy != "context_length":
+        engine.sched.policy = None
+        to_width(engine, 1)  # paused DP requests resume
     engine.run_until_done(reqs)
     check_invariants(engine)
     assert len(reqs) == len(prompts)
