@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
 from llmfabric.engines.torchref.config import ModelConfig
@@ -68,9 +68,27 @@ class ProcessExecutor:
         return msg
 
     def execute(self, plans: dict[int, StepPlan]) -> list[StepResult]:
-        for rank in sorted(plans):
-            self.conns[rank].send(("step", plans[rank]))
-        return [self._recv(rank)[1] for rank in sorted(plans)]
+        try:
+            for rank in sorted(plans):
+                self.conns[rank].send(("step", plans[rank]))
+        except OSError as exc:
+            raise EngineFailure(f"engine connection lost: {exc}") from exc
+        results: dict[int, StepResult] = {}
+        waiting = {self.conns[r]: r for r in plans}
+        while waiting:
+            # wait on every engine at once: one that fails leaves its TP peers stuck in a
+            # collective, so a failure anywhere must end the step, not only the next rank's
+            ready = wait(list(waiting), timeout=1.0)
+            for obj in ready:
+                rank = next(r for c, r in waiting.items() if c is obj)
+                del waiting[self.conns[rank]]
+                results[rank] = self._recv(rank)[1]
+            if not ready:
+                dead = [r for r, p in enumerate(self.procs) if p.poll() is not None]
+                if dead:
+                    raise EngineFailure(f"engine {dead[0]} exited with "
+                                        f"{self.procs[dead[0]].returncode}")
+        return [results[r] for r in sorted(plans)]
 
 
 class FlyingEngine:

@@ -12,6 +12,7 @@ the connection; logits travel as numpy arrays):
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
@@ -56,7 +57,9 @@ def _run(spec: WorkerSpec, conn: Connection) -> None:
 
     torch.set_num_threads(spec.threads)
     store = TCPStore("127.0.0.1", spec.store_port, None, False)
-    dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=spec.world)
+    # a peer that died leaves collectives waiting: fail them in a minute, not gloo's 30
+    dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=spec.world,
+                            timeout=datetime.timedelta(seconds=60))
     comms = CommunicatorPool(spec.world, spec.widths)
     weights = init_weights(spec.config)
     manager = WeightsManager(spec.config, weights)
