@@ -410,7 +410,8 @@ class FlyingScheduler:
             "width": self.width,
             "widths": list(self.widths),
             "groups": [list(g) for g in self.groups],
-            "mode_since": self.mode_since,  # the engine's monotonic clock
+            "mode_since": time.time() - (self.clock() - self.mode_since),  # Unix time
+            "mode_age_s": self.clock() - self.mode_since,
             "uptime_s": self.clock() - self.started,
             "switches": len(self.switches),
             "pending": {"bind": [[list(g), m] for g, m in self.pending_bind.items()],
