@@ -238,7 +238,10 @@ class FlyingScheduler:
     def step(self) -> bool:
         """Run one agreed step on every engine; False when there was nothing to run."""
         while self.inbox:
-            self.inbox.popleft()()
+            try:
+                self.inbox.popleft()()
+            except ValueError as exc:  # a bad command must not stop the engine
+                print(f"WARNING: torch engine: ignored command: {exc}", flush=True)
         self._drop_cancelled()
         if self.policy is not None:
             for action in self.policy(self.observe()):
