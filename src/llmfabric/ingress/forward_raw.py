@@ -265,13 +265,24 @@ class RawUpstream:
                 raise UpstreamError(f"the node sent {what}") from None
 
     async def read(self) -> bytes:
+        return await self.read_capped(1 << 62)
+
+    async def read_capped(self, limit: int) -> bytes:
+        """The whole body; UpstreamError once it grows past `limit` bytes (an endless or
+        huge body from a hostile node cannot exhaust the ingress's memory)."""
         conn = self._conn
         if conn is None:
             return b""
-        if conn.complete and len(conn.body) == 1:  # the whole response came at once
-            return conn.take()
+        if conn.complete and len(conn.body) == 1 and conn.queued <= limit:
+            return conn.take()  # the whole response came at once
         parts: list[bytes] = []
+        size = 0
         while (data := await self._next(conn)) is not None:
+            size += len(data)
+            if size > limit:
+                conn.reusable = False
+                conn.close()
+                raise UpstreamError(f"the node's response is larger than {limit} bytes")
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
