@@ -102,6 +102,9 @@ class NodeConfig(BaseModel):
     public_http_addr: str | None = None
     # A node that cannot be dialled keeps registrations with at least this many relays.
     min_relays: int = Field(default=1, ge=1)
+    # The data plane's HTTPS listener (direct path; same host as http_listen; 0 = any port,
+    # told to ingresses in the signed session answer).
+    dataplane_port: int = Field(default=0, ge=0, le=65535)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import hmac
 import logging
 import random
 from typing import Any
@@ -33,8 +31,6 @@ from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
-from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
@@ -42,6 +38,7 @@ from llmfabric.net.relaykeeper import RelayKeeper
 from llmfabric.node.admission import admission_from_config
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
+from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.engine_link import EngineLink, error_response
 from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ingress_link import IngressLink
@@ -58,11 +55,6 @@ log = logging.getLogger(__name__)
 
 class NodeError(RuntimeError):
     """The node cannot start or keep running; the message says what to fix."""
-
-
-def forward_token(network_secret: str) -> str:
-    """Token nodes of one PSK network accept on their HTTP engine-proxy route."""
-    return hmac.new(network_secret.encode(), b"llmfabric-forward-v1", hashlib.sha256).hexdigest()
 
 
 class Node:
@@ -108,7 +100,11 @@ class Node:
         self._relay_keeper: RelayKeeper | None = None
         self._evicted_peers: set[str] = set()  # addresses kept while reconnects may help
         self._stopping = False
-        self._forward_token: str | None = None
+        # The data plane: session keys with ingresses, the pinned HTTPS listener, sealed
+        # peer requests (docs/network.md "Data plane").
+        self.dataplane = DataPlaneServer(
+            self.key, lambda: self.engine, self._is_member,
+            max_body_bytes=config.max_body_bytes)
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -149,22 +145,19 @@ class Node:
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
         if self.config.ingress:
             self.ingress = await IngressLink.create(
-                self.config, reader, self.transport, self.rng, self.clock
+                self.config, reader, self.transport, self.rng, self.clock, key=self.key
             )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
             if self.config.api_listen:
                 await self.ingress.start_front(self.config.api_listen)
-        self._forward_token = (
-            forward_token(self.config.network_secret) if self.config.network_secret else None
-        )
-        if self._forward_token is not None:  # the fast direct path (PSK networks only)
-            app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self._forward_http)
         self.transport.set_request_handler(PeerApi(
-            lambda: self.engine, self._assign, lambda p, b: release_engine(self, p, b)).handle)
+            self.dataplane, self._assign, lambda p, b: release_engine(self, p, b)).handle)
         if self.config.process:
             self.engine = self._engine_link(self.config)
         await self._serve_http(app)
+        if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
+            await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
         self.transport.on_relays_changed(self._relays_changed)
@@ -397,13 +390,13 @@ class Node:
 
     # ---- engine -------------------------------------------------------------------------
     def _engine_link(self, config: NodeConfig, env: dict[str, str] | None = None) -> EngineLink:
-        return EngineLink(config, self.clock, self.inflight,
-                          forward_token=self._forward_token, env=env)
+        return EngineLink(config, self.clock, self.inflight, env=env)
 
-    async def _forward_http(self, request: web.Request) -> web.StreamResponse:
-        if self.engine is None:
-            return http_error(503, "this node serves no engine", "node_not_serving")
-        return await self.engine.handle_http(request)
+    def _is_member(self, peer_id: str) -> bool:
+        """A live session of `peer_id` is in our registry replica (relayed session offers:
+        the relay's word on the origin proves nothing)."""
+        return self.agent is not None and any(
+            v.state is not Lifecycle.LEFT for v in self.agent.nodes.by_peer(peer_id))
 
     async def _assign(self, peer: str, body: bytes) -> HandlerResponse:
         """Start an engine for a controller's assignment (bare nodes that accept them)."""
@@ -515,6 +508,7 @@ class Node:
                 await self.ingress.aclose()
             if self._runner is not None:
                 await self._runner.cleanup()
+            await self.dataplane.aclose()
             await self.transport.aclose()
             self._stopped.set()
 

@@ -13,23 +13,28 @@ from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.identity import NodeKey
 from llmfabric.ingress import (
     FORWARD_PREFIX,
     ChoosingForwarder,
-    HttpForwarder,
     Ingress,
     IngressConfig,
-    PeerForwarder,
+    RawHttpForwarder,
     RecordsCandidateSource,
     add_ingress_routes,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.demand import DemandMeter
-from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
 from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.forward_secure import (
+    DataPlaneSessions,
+    PinnedHttpsForwarder,
+    SealedPeerForwarder,
+)
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
+from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
@@ -63,9 +68,9 @@ class IngressLink:
         transport: TlsTransport,
         rng: random.Random,
         clock: Clock | None = None,
+        *,
+        key: NodeKey,
     ) -> IngressLink:
-        from llmfabric.node.daemon import forward_token
-
         store: AccountStore | None = None
         auth: AccountsAuth | None = None
         admin_key: str | None = None
@@ -74,12 +79,13 @@ class IngressLink:
             auth = AccountsAuth(store, RateLimiter(SystemClock()))
             key_file = config.admin_key_file or config.home / "admin.key"
             _, admin_key = await ensure_admin_key(store, key_file)
-        peer = PeerForwarder(transport)
-        direct: Forwarder = peer
-        if config.network_secret:
-            token = forward_token(config.network_secret)
-            direct = HttpForwarder(FORWARD_PREFIX, extra_headers={FORWARD_TOKEN_HEADER: token})
-        forwarder = ChoosingForwarder(direct, peer)
+        # The data plane: direct = HTTPS pinned to the provider's node key, else sealed over
+        # the peer network (relays); each request authorized with a per-pair session key.
+        sessions = DataPlaneSessions(key, transport)
+        forwarder = ChoosingForwarder(
+            PinnedHttpsForwarder(sessions, RawHttpForwarder(FORWARD_PREFIX,
+                                                            ssl=client_ssl_context())),
+            SealedPeerForwarder(sessions, transport))
         trace_hook: IngressTraceHook | None = None
         if config.record_trace is not None:
             salt = load_or_create_salt(config.home / "trace.salt")
