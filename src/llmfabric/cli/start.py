@@ -106,6 +106,22 @@ def node_options(fn: Any) -> Any:
         click.option("--network", envvar="LLMFABRIC_NETWORK", help="network name [default]"),
         click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
                      help="pre-shared network secret (admission)"),
+        click.option("--network-secret-file", type=click.Path(dir_okay=False,
+                     path_type=pathlib.Path), envvar="LLMFABRIC_NETWORK_SECRET_FILE",
+                     help="read the network secret from this file (mode 0600; line 2: the "
+                          "previous secret during a rotation); re-read on SIGHUP"),
+        click.option("--network-secret-previous",
+                     envvar="LLMFABRIC_NETWORK_SECRET_PREVIOUS",
+                     help="rotation: the previous network secret, still accepted"),
+        click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+                     help="serve the HTTP listeners (API, dashboard, --api-listen) over TLS "
+                          "with this PEM certificate (reloaded on SIGHUP)"),
+        click.option("--tls-key", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+                     help="the PEM private key for --tls-cert"),
+        click.option("--allow-engine-public-bind", is_flag=True, default=None,
+                     help="let the engine command bind a non-loopback address"),
+        click.option("--dataplane-port", type=click.IntRange(0, 65535),
+                     help="port of the data-plane HTTPS listener (direct path) [any free]"),
         click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False,
                      path_type=pathlib.Path), envvar="LLMFABRIC_MEMBERSHIP_CERT",
                      help="operator-signed membership certificate (admission)"),
@@ -219,6 +235,7 @@ def run_node(config: NodeConfig, *, banner: bool = True) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(node.stop()))
+        loop.add_signal_handler(signal.SIGHUP, node.reload)  # TLS certificate, secret file
         try:
             await node.start()
         except Exception:

@@ -62,6 +62,10 @@ class NodeConfig(BaseModel):
     preset: Literal["lan", "wan", "local"] = "lan"
     network: str = "default"
     network_secret: str | None = None
+    # The secret from a file (mode 0600): line 1 the secret, optional line 2 the previous
+    # one (accepted during a rotation); re-read on SIGHUP.
+    network_secret_file: pathlib.Path | None = None
+    network_secret_previous: str | None = None
     membership_cert: pathlib.Path | None = None
     operator_key: str | None = None  # base64 operator public key, with membership_cert
     # Engine supervision (empty process = a bare node the scheduler may fill).
@@ -105,6 +109,11 @@ class NodeConfig(BaseModel):
     # The data plane's HTTPS listener (direct path; same host as http_listen; 0 = any port,
     # told to ingresses in the signed session answer).
     dataplane_port: int = Field(default=0, ge=0, le=65535)
+    # TLS for the HTTP listeners (HTTP API/dashboard and --api-listen); reloaded on SIGHUP.
+    tls_cert: pathlib.Path | None = None
+    tls_key: pathlib.Path | None = None
+    # Let the engine command bind a non-loopback address (node/engine_bind.py).
+    allow_engine_public_bind: bool = False
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
@@ -151,8 +160,15 @@ class NodeConfig(BaseModel):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _tls_pair(self) -> NodeConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        return self
+
     def has_credential(self) -> bool:
-        return bool(self.network_secret) or self.membership_cert is not None
+        return (bool(self.network_secret) or self.network_secret_file is not None
+                or self.membership_cert is not None)
 
 
 def load_config_file(path: pathlib.Path) -> dict[str, Any]:

@@ -35,10 +35,12 @@ from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.relaykeeper import RelayKeeper
-from llmfabric.node.admission import admission_from_config
+from llmfabric.net.server_tls import ServerTls
+from llmfabric.node.admission import admission_from_config, read_secret_file
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.dataplane_server import DataPlaneServer
+from llmfabric.node.engine_bind import EngineBindError, loopback_engine_command
 from llmfabric.node.engine_link import EngineLink, error_response
 from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ingress_link import IngressLink
@@ -71,13 +73,23 @@ class Node:
                 parse_hostport(config.public_http_addr)
             except ConfigError as exc:
                 raise NodeError(f"public_http_addr: {exc}") from None
+        if config.process:
+            try:
+                config = config.model_copy(update={"process": loopback_engine_command(
+                    config.process, allow_public=config.allow_engine_public_bind)})
+            except EngineBindError as exc:
+                raise NodeError(str(exc)) from None
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
         self.key, _ = NodeKey.load_or_create(config.home)
+        # TLS for the HTTP listeners (--tls-cert/--tls-key), reloaded by reload().
+        self.tls = (ServerTls(config.tls_cert, config.tls_key)
+                    if config.tls_cert is not None and config.tls_key is not None else None)
+        self.admission = admission_from_config(config)
         self.transport = TlsTransport(
             self.key,
-            admission_from_config(config),
+            self.admission,
             self._transport_config(),
             clock=self.clock,
             rng=self.rng,
@@ -150,7 +162,8 @@ class Node:
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
             if self.config.api_listen:
-                await self.ingress.start_front(self.config.api_listen)
+                await self.ingress.start_front(
+                    self.config.api_listen, ssl=self.tls.context if self.tls else None)
         self.transport.set_request_handler(PeerApi(
             self.dataplane, self._assign, lambda p, b: release_engine(self, p, b)).handle)
         if self.config.process:
@@ -191,7 +204,8 @@ class Node:
         host, port = parse_hostport(self.config.http_listen, default_host="127.0.0.1")
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True,
+                           ssl_context=self.tls.context if self.tls else None)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -412,7 +426,8 @@ class Node:
             assignment = parse_assignment(body)
         except AssignmentError as exc:
             return error_response(400, str(exc), "invalid_assignment")
-        argv = engine_command(assignment, free_port())
+        argv = loopback_engine_command(engine_command(assignment, free_port()),
+                                       allow_public=self.config.allow_engine_public_bind)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, assignment.gpu_ids))}
         if not assignment.gpu_ids:
             env = {}
@@ -474,6 +489,24 @@ class Node:
             snapshot = meter.snapshot()
             if not self._stopping and demand_moved(self._agent.record.meta.demand, snapshot):
                 self._agent.update_self(self._meta(demand=snapshot))
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the TLS certificate and the network secret file (a rotation:
+        handshakes from now on prove and accept the new pair). A broken file is logged and
+        the previous values stay."""
+        if self.tls is not None:
+            try:
+                self.tls.reload()
+                log.warning("reloaded the TLS certificate %s", self.tls.cert)
+            except (OSError, ValueError) as exc:
+                log.error("TLS reload failed, keeping the previous certificate: %s", exc)
+        path = self.config.network_secret_file
+        if path is not None and hasattr(self.admission, "set_secrets"):
+            try:
+                self.admission.set_secrets(*read_secret_file(path))
+                log.warning("reloaded the network secret from %s", path)
+            except (ConfigError, ValueError) as exc:
+                log.error("network secret reload failed, keeping the previous one: %s", exc)
 
     # ---- stop ---------------------------------------------------------------------------
     async def wait_stopped(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from ssl import SSLContext
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -133,11 +134,12 @@ class IngressLink:
         if self.dashboard:
             add_dashboard_routes(app)
 
-    async def start_front(self, listen: str) -> None:
-        """The same request core on the lean HTTP/1.1 front, on its own port."""
+    async def start_front(self, listen: str, ssl: SSLContext | None = None) -> None:
+        """The same request core on the lean HTTP/1.1 front, on its own port (HTTPS with
+        `ssl`)."""
         host, port = parse_hostport(listen, default_host="127.0.0.1")
         self.front = FastFront(self.ingress, serve_metrics=False)
-        bound = await self.front.start(host, port)
+        bound = await self.front.start(host, port, ssl=ssl)
         self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
 
     async def aclose(self) -> None:
