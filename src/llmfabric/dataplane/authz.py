@@ -11,6 +11,7 @@ requests rather than forget one and allow a replay). All checks are O(1) plus on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -79,19 +80,33 @@ class Verified:
 
 
 class ProviderSessions:
-    """The provider's sessions (LRU-bounded) and replay cache."""
+    """The provider's sessions (bounded: at most `per_peer` per ingress, so a member that
+    keeps opening sessions evicts only its own, and `max_sessions` in all, oldest first) and
+    the replay cache."""
 
-    def __init__(self, *, max_sessions: int = 4096, max_ahead_s: float = 120.0,
-                 replay: ReplayCache | None = None) -> None:
+    def __init__(self, *, max_sessions: int = 4096, per_peer: int = 4,
+                 max_ahead_s: float = 120.0, replay: ReplayCache | None = None) -> None:
         self.max_sessions = max_sessions
+        self.per_peer = per_peer
         self.max_ahead_s = max_ahead_s
         self.replay = replay or ReplayCache()
         self._sessions: OrderedDict[bytes, SessionKey] = OrderedDict()
+        self._by_peer: dict[str, deque[bytes]] = {}
 
     def add(self, s: SessionKey) -> None:
+        mine = self._by_peer.setdefault(s.peer_id, deque())
+        while len(mine) >= self.per_peer:
+            self._sessions.pop(mine.popleft(), None)
+        mine.append(s.kid)
         self._sessions[s.kid] = s
         while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+            _, old = self._sessions.popitem(last=False)
+            theirs = self._by_peer.get(old.peer_id)
+            if theirs is not None:
+                with contextlib.suppress(ValueError):
+                    theirs.remove(old.kid)
+                if not theirs:
+                    del self._by_peer[old.peer_id]
 
     def __len__(self) -> int:
         return len(self._sessions)
