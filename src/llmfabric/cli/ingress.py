@@ -164,8 +164,9 @@ def _run(settings: Settings, reuse_port: bool) -> None:
 @click.option("--no-auth", is_flag=True, help="accept requests without API keys (demo only)")
 @click.option("--db", "db_url", default=None, help="accounts database (default: $LLMFABRIC_DB "
               "or ~/.llmfabric/accounts.db)")
-@click.option("--forward-prefix", default="", help="path prefix on backends (use "
-              "/v1/fabric/forward when backends are llmfabric nodes)")
+@click.option("--forward-prefix", default="", help="path prefix on backends (llmfabric "
+              "nodes take forwarded requests only on their encrypted data plane: to route "
+              "to nodes, run a fabric ingress with --network-secret instead)")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="processes sharing the port via SO_REUSEPORT")
 @click.option("--server", type=click.Choice(["fast", "aiohttp"]), default="fast",
