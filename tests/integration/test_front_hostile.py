@@ -360,3 +360,30 @@ def test_an_abandoned_stream_is_billed_from_what_was_relayed(env: Env) -> None:
     assert 10 <= row[1] <= env.hostile.slow_sent
     assert env.hostile.slow_sent < 400  # the upstream was stopped too
     honest_call(env)
+
+
+def test_connection_cap_per_process(env: Env) -> None:
+    """A second front on the same ingress with a process-wide cap of 3: the 4th connection
+    gets 503 and is closed; once one closes, a new one is served again."""
+    small = FastFront(env.front.ingress, limits=FrontLimits(max_connections=3))
+
+    async def start() -> int:
+        return await small.start("127.0.0.1", 0)
+
+    port = env.lt.call(start)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+    try:
+        time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            assert _status(_read_all(extra)) == 503
+        assert small.refused_connections == 1
+        held.pop().close()
+        time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as again:
+            again.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                          + KEY.encode() + b"\r\nConnection: close\r\n\r\n")
+            assert _status(_read_all(again)) == 200
+    finally:
+        for s in held:
+            s.close()
+        env.lt.call(small.aclose)
