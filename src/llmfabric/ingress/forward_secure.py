@@ -151,10 +151,11 @@ class PinnedHttpsForwarder:
 class SealedUpstream:
     """A response read from sealed frames (see dataplane/sealing.py)."""
 
-    __slots__ = ("_frames", "_it", "_opener", "_resp", "content_type", "status")
+    __slots__ = ("_frames", "_idle", "_it", "_opener", "_resp", "content_type", "status")
 
-    def __init__(self, resp: PeerResponse, opener: FrameOpener) -> None:
+    def __init__(self, resp: PeerResponse, opener: FrameOpener, idle: float = 120.0) -> None:
         self._resp = resp
+        self._idle = idle
         self._opener = opener
         self._it = resp.iter_chunks().__aiter__()
         self._frames: list[tuple[int, bytes]] = []
@@ -189,9 +190,9 @@ class SealedUpstream:
     async def read(self) -> bytes:
         return b"".join([c async for c in self.chunks()])
 
-    async def chunks(self, idle: float = 120.0) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         while True:
-            kind, data = await self._frame(idle)
+            kind, data = await self._frame(self._idle)
             if kind == END:
                 return
             if kind == DATA and data:
@@ -233,7 +234,7 @@ class SealedPeerForwarder:
                     raise UpstreamError(f"peer {peer} refused the request: {data[:200]!r}")
                 self._sessions.drop(peer, s)
                 continue
-            up = SealedUpstream(resp, FrameOpener(s.key, rid))
+            up = SealedUpstream(resp, FrameOpener(s.key, rid), timeouts.idle)
             try:
                 await up.start(timeouts.first_byte)
             except BaseException:

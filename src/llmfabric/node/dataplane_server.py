@@ -30,6 +30,7 @@ from llmfabric.net.handshake import server_ssl_context
 from llmfabric.node.engine_link import EngineLink, error_response
 
 _MSGPACK = (("content-type", "application/msgpack"),)
+_FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
 
 
 class DataPlaneServer:
@@ -103,11 +104,12 @@ class DataPlaneServer:
         async def frames() -> AsyncIterator[bytes]:
             yield sealer.head(status, ctype)
             if isinstance(inner, bytes):
-                if inner:
-                    yield sealer.frame(DATA, inner)
+                for i in range(0, len(inner), _FRAME_DATA):
+                    yield sealer.frame(DATA, inner[i : i + _FRAME_DATA])
             else:
                 async for chunk in inner:
-                    yield sealer.frame(DATA, chunk)
+                    for i in range(0, len(chunk), _FRAME_DATA):  # (frames stay < MAX_FRAME)
+                        yield sealer.frame(DATA, chunk[i : i + _FRAME_DATA])
             yield sealer.frame(END, b"")
 
         return HandlerResponse(200, (("content-type", SEALED_TYPE),), frames())
