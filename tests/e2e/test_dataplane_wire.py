@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import pathlib
 import secrets
+import struct
 import subprocess
 import sys
 import time
@@ -35,12 +36,13 @@ RELAY_PEER = "10.203.2.2:7946"
 INGRESS_HTTP = "10.203.1.2:8080"
 
 _CAPTURE = """
-import socket, sys
+import socket, struct, sys
 out = open(sys.argv[1], "wb")
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(3))
 s.bind((sys.argv[2], 0))
 while True:
-    out.write(s.recv(65535))
+    frame = s.recv(65535)
+    out.write(struct.pack(">I", len(frame)) + frame)
     out.flush()
 """
 
@@ -93,7 +95,7 @@ async def main(secret, peer_addr, host):
                                               "Content-Type": "application/json"},
                                      ssl=ctx) as r:
                     out.append([r.status, await r.text()])
-        print(json.dumps(out))
+        print(json.dumps({"https_port": s.https_port, "results": out}))
 
 asyncio.run(main(*sys.argv[1:4]))
 """
@@ -120,6 +122,24 @@ def lab() -> Any:
         yield lab
     finally:
         lab.close()
+
+
+def _tcp_payload_to(capture: bytes, port: int) -> int:
+    """Bytes of TCP payload sent to `port` in a capture of length-prefixed Ethernet frames."""
+    total, i = 0, 0
+    while i + 4 <= len(capture):
+        (n,) = struct.unpack_from(">I", capture, i)
+        frame = capture[i + 4 : i + 4 + n]
+        i += 4 + n
+        if len(frame) < 34 or frame[12:14] != b"\x08\x00" or frame[23] != 6:
+            continue
+        ihl = (frame[14] & 0x0F) * 4
+        ip_len = struct.unpack_from(">H", frame, 16)[0]
+        tcp = frame[14 + ihl :]
+        if len(tcp) < 20 or struct.unpack_from(">H", tcp, 2)[0] != port:
+            continue
+        total += ip_len - ihl - (tcp[12] >> 4) * 4
+    return total
 
 
 def _call(lab: NetLab, ns: str, url: str, key: str, body: str = "",
@@ -212,11 +232,15 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
     for name, data in provider_side.items():
         for prompt in prompts.values():
             assert prompt.encode() not in data, f"{prompt} in cleartext on {name}"
+    # The direct provider's request went over its data-plane HTTPS port (not the sealed peer
+    # path): TCP segments with payload to that port were captured on its link.
+    replay = lab.run(ing, sys.executable, "-c", _REPLAY, secret, "10.203.3.2:7946",
+                     "10.203.3.2", check=False, timeout=60)
+    doc = json.loads(replay.strip().splitlines()[-1])
+    assert _tcp_payload_to(provider_side[f"{dprv}-{dprv_if}.bin"], doc["https_port"]) > 0
     loopback = next(data for name, data in wire.items() if name.endswith("-lo.bin"))
     assert all(p.encode() in loopback for p in prompts.values()), "the capture sees nothing"
 
-    replay = lab.run(ing, sys.executable, "-c", _REPLAY, secret, "10.203.3.2:7946",
-                     "10.203.3.2", check=False, timeout=60)
-    results = json.loads(replay.strip().splitlines()[-1])
+    results = doc["results"]  # (the member's request, then the same bytes again)
     assert results[0][0] == 200, results
     assert results[1][0] == 401 and "replayed" in results[1][1], results
