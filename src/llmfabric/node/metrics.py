@@ -36,6 +36,7 @@ class _Counters(Collector):
     def __init__(self) -> None:
         self.gossip: AgentStats | None = None
         self.net: NetStats | None = None
+        self.dataplane_refused: Mapping[str, int] | None = None
 
     def collect(self) -> Iterator[Metric]:
         g, n = self.gossip, self.net
@@ -57,6 +58,11 @@ class _Counters(Collector):
             yield _family("llmfabric_net_dropped", "Transport drops", "reason", n.dropped)
             yield _family("llmfabric_net_handshakes_refused", "Refused handshakes", "reason",
                           n.handshakes_refused)
+        if self.dataplane_refused is not None:
+            yield _family("llmfabric_dataplane_refused",
+                          "Forwarded requests refused by this provider's data plane "
+                          "(replayed, bad_mac, expired, unknown_session, ...)", "reason",
+                          self.dataplane_refused)
 
 
 class NodeMetrics:
@@ -71,6 +77,10 @@ class NodeMetrics:
                               registry=r)
         self._counters = _Counters()
         r.register(self._counters)
+
+    def watch_dataplane(self, refused: Mapping[str, int]) -> None:
+        """Export the data plane's refusal counts (a dict the server keeps updating)."""
+        self._counters.dataplane_refused = refused
 
     def add_registry(self, registry: CollectorRegistry) -> None:
         self.registries.append(registry)
