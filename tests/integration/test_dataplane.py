@@ -279,3 +279,19 @@ async def test_control_requests_must_be_signed_by_the_controller() -> None:
         status, text = await post((json_h, (SIGNED_HEADER, signed)))  # replayed
         assert status == 401 and b"replayed" in text
         await asyncio.sleep(0)
+
+
+async def test_session_exchanges_are_rate_limited_per_peer() -> None:
+    engine = EchoEngine()
+    prov, dp = await _provider(engine, set())
+    dp.exchanges_per_min = 3
+    ing_key = NodeKey.generate()
+    ing = TlsTransport(ing_key, adm(), TransportConfig(host=None))
+    async with prov, ing:
+        await dp.start_https("127.0.0.1", 0)
+        await ing.connect_bootstrap(prov.listen_addr)
+        for _ in range(3):
+            await DataPlaneSessions(ing_key, ing).get(prov.local_id, 5)
+        with pytest.raises(UpstreamError, match="429"):
+            await DataPlaneSessions(ing_key, ing).get(prov.local_id, 5)
+        assert dp.refused == {"session_rate": 1}

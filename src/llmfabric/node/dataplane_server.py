@@ -54,16 +54,39 @@ class DataPlaneServer:
         self.https_port = 0
         self._runner: web.AppRunner | None = None
         self.refused: dict[str, int] = {}  # refusals by code (metrics, tests)
+        # Session exchanges cost ~1 ms CPU: at most `exchanges_per_min` per peer and minute
+        # (an ingress needs one per hour; a provider restart costs one more).
+        self.exchanges_per_min = 20
+        self._exchanges: dict[str, tuple[float, int]] = {}  # peer -> (window start, count)
 
     def _refuse(self, exc: AuthzError) -> None:
         self.refused[exc.code] = self.refused.get(exc.code, 0) + 1
 
     # -- session exchange (peer protocol) --------------------------------------------------
 
+    def _exchange_allowed(self, key: str) -> bool:
+        now = self._now()
+        start, count = self._exchanges.get(key, (now, 0))
+        if now - start >= 60.0:
+            start, count = now, 0
+        if count >= self.exchanges_per_min:
+            return False
+        if len(self._exchanges) > 10_000:
+            self._exchanges.clear()
+        self._exchanges[key] = (start, count + 1)
+        return True
+
     async def handle_session(self, request: PeerRequest) -> HandlerResponse:
         body = await request.read()
         if len(body) > MAX_MESSAGE:
             return error_response(400, "session offer too large", "request_too_large")
+        # Counted per requesting peer before any signature work (through a relay: the origin
+        # the relay names; a lying relay can spread its own exchanges over invented names,
+        # but it is an admitted member, and the per-peer session cap still holds).
+        if not self._exchange_allowed(request.peer_id):
+            self._refuse(AuthzError("session_rate", ""))
+            return error_response(429, "too many data-plane session exchanges; retry in a "
+                                  "minute", "session_rate")
         try:
             reply, session = answer(self.key, body, self._now(), ttl_s=self._ttl,
                                     https_port=self.https_port)
