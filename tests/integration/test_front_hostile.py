@@ -387,3 +387,20 @@ def test_connection_cap_per_process(env: Env) -> None:
         for s in held:
             s.close()
         env.lt.call(small.aclose)
+
+
+def test_expect_continue_waits_for_the_key(env: Env) -> None:
+    """No `100 Continue` invites the body of a request whose key is unknown; a valid key
+    gets it and is served."""
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\nAuthorization: Bearer %b\r\n\r\n")
+    with _connect(env) as s:
+        s.sendall(head % (len(_chat()), b"sk-nope"))
+        raw = _read_all(s)
+    assert _status(raw) == 401 and b"100 Continue" not in raw
+    with _connect(env) as s:
+        s.sendall(head % (len(_chat()), KEY.encode()))
+        s.settimeout(5)
+        assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(_chat())
+        assert _status(s.recv(65536)) == 200

@@ -331,7 +331,12 @@ class _Connection(asyncio.Protocol):
         if (self.ingress.auth is not None and cur.method == b"POST"
                 and not self._key_precheck(cur)):
             return
-        if cur.expect and not self.busy and not self.queue and self.transport:
+        if cur.expect and not cur.auth_wait:
+            self._continue()
+
+    def _continue(self) -> None:
+        """100 Continue for the request being read (sent only once its key is known valid)."""
+        if not self.busy and not self.queue and self.transport and not self.closed:
             # curl sends this for larger bodies; nothing else is pending, so it cannot
             # interleave with another response.
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -367,6 +372,8 @@ class _Connection(asyncio.Protocol):
                 memo.clear()
             memo[token] = time.monotonic() + self.front.limits.auth_memo_s
             self._pause_for_auth(False)
+            if cur is self.cur and cur.expect:
+                self._continue()
             return
         if self.closed:
             return
@@ -579,13 +586,14 @@ class _Connection(asyncio.Protocol):
         now = time.monotonic()
         lim = self.front.limits
         cur = self.cur
-        if cur is not None and self.parsing:
+        if cur is not None and self.parsing and not (self.reading_paused or self.auth_paused):
+            # (while we are the ones not reading, the client cannot be slow)
             if not cur.head_done:
                 if now - cur.started >= lim.header_timeout_s:
                     self._fail(408, f"the request head did not arrive within "
                                f"{lim.header_timeout_s} s", "request_timeout")
                     return
-            elif not cur.auth_wait and now - self.last_active >= lim.body_timeout_s:
+            elif now - self.last_active >= lim.body_timeout_s:
                 self._fail(408, f"no request body bytes for {lim.body_timeout_s} s",
                            "request_timeout")
                 return
