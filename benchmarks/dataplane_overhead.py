@@ -179,8 +179,20 @@ def main() -> None:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--requests", type=int, default=2000, help="per path and kind")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-uvloop", action="store_true",
+                    help="plain asyncio (nodes use uvloop when it is installed)")
     args = ap.parse_args()
+    loop_kind = "asyncio"
+    if not args.no_uvloop:
+        try:
+            import uvloop
+
+            uvloop.install()
+            loop_kind = "uvloop"
+        except ImportError:
+            pass
     out = asyncio.run(run(args))
+    out["meta"]["loop"] = loop_kind
     args.json.write_text(json.dumps(out, indent=2))
     rows = ["| path | request p50 (ms) | p99 (ms) |", "|---|---|---|"]
     for key in ("plain-plain", "secure-plain", "plain-stream", "secure-stream"):
@@ -191,7 +203,7 @@ def main() -> None:
                 f"requests), {out['added_p50_ms_stream']:.3f} ms (16-chunk streams). "
                 f"authorize {m['authorize_us']:.1f} us, verify {m['verify_us']:.1f} us, one "
                 f"session exchange {m['session_exchange_cpu_us']:.0f} us CPU (both sides). "
-                f"Load average {out['meta']['loadavg']}.")
+                f"Load average {out['meta']['loadavg']}, {loop_kind}.")
     text = "\n".join(rows) + "\n"
     args.json.with_suffix(".md").write_text(text)
     print(text)
