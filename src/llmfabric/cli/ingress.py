@@ -48,6 +48,7 @@ class Settings:
     forward_prefix: str
     timeouts: Timeouts
     server: str = "fast"  # "fast" (httptools front) or "aiohttp"
+    front_limits: tuple[tuple[str, str], ...] = ()  # FrontLimits overrides (--front-limit)
     tls_cert: pathlib.Path | None = None  # HTTPS when both are set (reloaded on SIGHUP)
     tls_key: pathlib.Path | None = None
 
@@ -110,7 +111,10 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
         tls = ServerTls(settings.tls_cert, settings.tls_key)
         loop.add_signal_handler(signal.SIGHUP, tls.reload)
     if settings.server == "fast":
-        front = FastFront(Ingress(config, source, forwarder, auth=auth, usage_sink=auth))
+        from llmfabric.ingress.front_limits import front_limits
+
+        front = FastFront(Ingress(config, source, forwarder, auth=auth, usage_sink=auth),
+                          limits=front_limits(dict(settings.front_limits)))
         try:
             await front.start(settings.host, settings.port, reuse_port=reuse_port,
                               ssl=tls.context if tls else None)
@@ -171,6 +175,9 @@ def _run(settings: Settings, reuse_port: bool) -> None:
               help="processes sharing the port via SO_REUSEPORT")
 @click.option("--server", type=click.Choice(["fast", "aiohttp"]), default="fast",
               show_default=True, help="HTTP server: the lean httptools front or aiohttp")
+@click.option("--front-limit", "front_limit", multiple=True, metavar="KEY=VALUE",
+              help="a limit of the fast front (repeatable), e.g. header_timeout_s=10 "
+              "(docs/ingress.md 'Front limits')")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False,
               path_type=pathlib.Path), help="serve HTTPS with this PEM certificate "
               "(reloaded on SIGHUP)")
@@ -181,7 +188,8 @@ def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
     network_secret: str | None, listen: str, policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
-    server: str, tls_cert: pathlib.Path | None, tls_key: pathlib.Path | None,
+    server: str, front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
+    tls_key: pathlib.Path | None,
     connect_timeout_s: float, first_byte_timeout_s: float, idle_timeout_s: float,
     total_timeout_s: float,
 ) -> None:
@@ -192,6 +200,13 @@ def command(
                         total_timeout_s)
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    from llmfabric.ingress.front_limits import front_limits
+
+    limits = tuple((k, v) for k, _, v in (item.partition("=") for item in front_limit))
+    try:
+        front_limits(dict(limits))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--front-limit") from exc
     if not backends:
         if not network_secret:
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
@@ -212,6 +227,7 @@ def command(
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
         forward_prefix=forward_prefix, server=server, timeouts=timeouts,
         tls_cert=tls_cert, tls_key=tls_key,
+        front_limits=limits,
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",

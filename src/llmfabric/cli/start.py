@@ -120,6 +120,11 @@ def node_options(fn: Any) -> Any:
                      help="the PEM private key for --tls-cert"),
         click.option("--allow-engine-public-bind", is_flag=True, default=None,
                      help="let the engine command bind a non-loopback address"),
+        click.option("--front-limit", "front_limits", multiple=True, callback=_labels,
+                     metavar="KEY=VALUE",
+                     help="a limit of the --api-listen front (repeatable), e.g. "
+                          "header_timeout_s=10, max_connections_per_client=64 "
+                          "(docs/ingress.md 'Front limits')"),
         click.option("--dataplane-port", type=click.IntRange(0, 65535),
                      help="port of the data-plane HTTPS listener (direct path) [any free]"),
         click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False,
@@ -183,7 +188,7 @@ def config_from_options(
     file_values = load_config_file(config_file) if config_file else {}
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
-    for name in ("labels", "controllers", "aliases"):
+    for name in ("labels", "controllers", "aliases", "front_limits"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)

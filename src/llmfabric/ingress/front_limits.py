@@ -9,6 +9,8 @@ room to spare; `docs/ingress.md` ("Front limits") lists them.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -35,6 +37,22 @@ class FrontLimits:
         for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+
+
+def front_limits(values: Mapping[str, object]) -> FrontLimits:
+    """FrontLimits with `values` (field name -> number or numeric string) over the defaults;
+    ValueError names an unknown field or a bad value (`--front-limit KEY=VALUE`)."""
+    fields = {f.name: f.type for f in dataclasses.fields(FrontLimits)}
+    changes: dict[str, float | int] = {}
+    for key, raw in values.items():
+        if key not in fields:
+            raise ValueError(f"unknown front limit {key!r} (known: {', '.join(fields)})")
+        try:
+            number = float(str(raw))
+            changes[key] = int(number) if fields[key] in (int, "int") else number
+        except ValueError:
+            raise ValueError(f"front limit {key}={raw!r} is not a number") from None
+    return dataclasses.replace(FrontLimits(), **changes)  # type: ignore[arg-type]
 
 
 def safe_header_value(value: str) -> str:

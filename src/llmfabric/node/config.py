@@ -114,6 +114,8 @@ class NodeConfig(BaseModel):
     tls_key: pathlib.Path | None = None
     # Let the engine command bind a non-loopback address (node/engine_bind.py).
     allow_engine_public_bind: bool = False
+    # Limits of the lean front (--api-listen): FrontLimits field -> value over the defaults.
+    front_limits: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
@@ -135,6 +137,14 @@ class NodeConfig(BaseModel):
         for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")
         return addrs
+
+    @field_validator("front_limits")
+    @classmethod
+    def _front_limits(cls, value: dict[str, float]) -> dict[str, float]:
+        from llmfabric.ingress.front_limits import front_limits
+
+        front_limits(value)  # raises ValueError naming the bad key
+        return value
 
     @field_validator("aliases")
     @classmethod

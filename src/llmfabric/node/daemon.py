@@ -31,6 +31,7 @@ from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
+from llmfabric.ingress.front_limits import front_limits
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
@@ -164,7 +165,8 @@ class Node:
             self.metrics.add_registry(self.ingress.metrics_registry)
             if self.config.api_listen:
                 await self.ingress.start_front(
-                    self.config.api_listen, ssl=self.tls.context if self.tls else None)
+                    self.config.api_listen, ssl=self.tls.context if self.tls else None,
+                    limits=front_limits(self.config.front_limits))
         self.transport.set_request_handler(PeerApi(
             self.dataplane, self._assign, lambda p, b: release_engine(self, p, b)).handle)
         if self.config.process:

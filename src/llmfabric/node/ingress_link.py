@@ -33,6 +33,7 @@ from llmfabric.ingress.forward_secure import (
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
+from llmfabric.ingress.front_limits import FrontLimits
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
 from llmfabric.net.handshake import client_ssl_context
@@ -134,11 +135,12 @@ class IngressLink:
         if self.dashboard:
             add_dashboard_routes(app)
 
-    async def start_front(self, listen: str, ssl: SSLContext | None = None) -> None:
+    async def start_front(self, listen: str, ssl: SSLContext | None = None,
+                          limits: FrontLimits | None = None) -> None:
         """The same request core on the lean HTTP/1.1 front, on its own port (HTTPS with
         `ssl`)."""
         host, port = parse_hostport(listen, default_host="127.0.0.1")
-        self.front = FastFront(self.ingress, serve_metrics=False)
+        self.front = FastFront(self.ingress, serve_metrics=False, limits=limits)
         bound = await self.front.start(host, port, ssl=ssl)
         self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
 
