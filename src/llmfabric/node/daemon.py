@@ -118,7 +118,7 @@ class Node:
         self.dataplane = DataPlaneServer(
             self.key, lambda: self.engine, self._is_member,
             max_body_bytes=config.max_body_bytes)
-        self.metrics.watch_dataplane(self.dataplane.refused)
+        self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
 
     # ---- properties ---------------------------------------------------------------------
     @property

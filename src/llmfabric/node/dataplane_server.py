@@ -54,6 +54,7 @@ class DataPlaneServer:
         self.https_port = 0
         self._runner: web.AppRunner | None = None
         self.refused: dict[str, int] = {}  # refusals by code (metrics, tests)
+        self.served: dict[str, int] = {"https": 0, "sealed": 0}  # authorized requests by path
         # Session exchanges cost ~1 ms CPU: at most `exchanges_per_min` per peer and minute
         # (an ingress needs one per hour; a provider restart costs one more).
         self.exchanges_per_min = 20
@@ -117,6 +118,7 @@ class DataPlaneServer:
         except AuthzError as exc:
             self._refuse(exc)
             return error_response(401, str(exc), exc.code)
+        self.served["sealed"] += 1
         resp = await engine.serve_body(request.path, body)
         sealer = Sealer(ok.session.key, ok.rid)
         status = resp.status
@@ -152,6 +154,7 @@ class DataPlaneServer:
         except AuthzError as exc:
             self._refuse(exc)
             return http_error(401, str(exc), exc.code)
+        self.served["https"] += 1
         return await engine.handle_http(request)
 
     async def start_https(self, host: str, port: int) -> int:
