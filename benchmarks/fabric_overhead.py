@@ -7,14 +7,15 @@ This measures what a consumer of a running fabric pays: real `llmfabric start` p
 loopback (an ingress node with API keys on, and a provider node supervising `llmfabric engine
 sim`, Qwen3-1.7B on a simulated GH200 as in the paper), the same requests sent to
 - `direct`: the engine itself (no fabric),
-- `provider`: the provider node's forward route (`/v1/fabric/forward/...`, the second hop
-  alone, with the network's forward token),
 - `fabric`: the ingress node's HTTP port (aiohttp) -> provider node -> engine,
 - `fabric-fast`: the ingress node's `--api-listen` lean front -> provider node -> engine,
-interleaved in rounds (medians of the rounds), at concurrency 1 and 16 (closed loop, keep-alive
-connections, one asyncio client). Streamed chat requests (256-token prompt, 16 output tokens,
-`ignore_eos`) give TTFT (first non-empty content chunk) and end-to-end time; non-streamed ones
-give request latency. Reported: p50/p95 and the ADDED time vs `direct` for each path.
+(the provider's forward route is no longer measured alone: it is HTTPS pinned to the node
+key with a per-request authorization only an ingress holding a data-plane session can make;
+docs/network.md "Data plane"), interleaved in rounds (medians of the rounds), at concurrency
+1 and 16 (closed loop, keep-alive connections, one asyncio client). Streamed chat requests
+(256-token prompt, 16 output tokens, `ignore_eos`) give TTFT (first non-empty content chunk)
+and end-to-end time; non-streamed ones give request latency. Reported: p50/p95 and the ADDED
+time vs `direct` for each path.
 
 Routing lookup: the ingress's candidate lookup + policy pick (`RecordsCandidateSource`
 .candidates + `Router.route`, what runs per request on the local replica), timed in-process on
@@ -162,7 +163,6 @@ Target = tuple[int, str, dict[str, str]]  # port, path, extra headers
 
 
 def start_fabric(root: Path, speed: float) -> tuple[Any, dict[str, Target]]:
-    from llmfabric.node.daemon import forward_token
     from llmfabric.node.local_fabric import EngineSpec, LocalFabric
     from llmfabric.node.ports import free_port
 
@@ -175,8 +175,6 @@ def start_fabric(root: Path, speed: float) -> tuple[Any, dict[str, Target]]:
     assert node.engine_port is not None
     targets: dict[str, Target] = {
         "direct": (node.engine_port, "/v1/chat/completions", {}),
-        "provider": (node.http_port, "/v1/fabric/forward/v1/chat/completions",
-                     {"X-Fabric-Forward-Token": forward_token(fab.secret)}),
         "fabric": (ingress.http_port, "/v1/chat/completions", key),
         "fabric-fast": (api_port, "/v1/chat/completions", key),
     }

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from llmfabric.ingress import FORWARD_PREFIX
-from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
-from llmfabric.node.daemon import forward_token
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+
+from ._dataplane_client import forward_status
 
 pytestmark = pytest.mark.slow
 
@@ -136,23 +135,11 @@ def _sim_control(s: Serving, body: dict[str, object]) -> None:
 
 
 def _forward_direct(fab: LocalFabric, s: Serving) -> int:
-    """Status of a request sent straight to the node's forward route, as an ingress would."""
-    req = urllib.request.Request(
-        s.node.http_url + FORWARD_PREFIX + "/v1/chat/completions",
-        data=json.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
-        ).encode(),
-        headers={
-            "Content-Type": "application/json",
-            FORWARD_TOKEN_HEADER: forward_token(fab.secret),
-        },
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
+    """Status of a request sent straight to the node's data plane, as an ingress would."""
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    ).encode()
+    return forward_status(fab.secret, s.node.peer_addr, "/v1/chat/completions", body)
 
 
 # ---- 1. churn ---------------------------------------------------------------------------

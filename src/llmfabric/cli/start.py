@@ -106,6 +106,27 @@ def node_options(fn: Any) -> Any:
         click.option("--network", envvar="LLMFABRIC_NETWORK", help="network name [default]"),
         click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
                      help="pre-shared network secret (admission)"),
+        click.option("--network-secret-file", type=click.Path(dir_okay=False,
+                     path_type=pathlib.Path), envvar="LLMFABRIC_NETWORK_SECRET_FILE",
+                     help="read the network secret from this file (mode 0600; line 2: the "
+                          "previous secret during a rotation); re-read on SIGHUP"),
+        click.option("--network-secret-previous",
+                     envvar="LLMFABRIC_NETWORK_SECRET_PREVIOUS",
+                     help="rotation: the previous network secret, still accepted"),
+        click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+                     help="serve the HTTP listeners (API, dashboard, --api-listen) over TLS "
+                          "with this PEM certificate (reloaded on SIGHUP)"),
+        click.option("--tls-key", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+                     help="the PEM private key for --tls-cert"),
+        click.option("--allow-engine-public-bind", is_flag=True, default=None,
+                     help="let the engine command bind a non-loopback address"),
+        click.option("--front-limit", "front_limits", multiple=True, callback=_labels,
+                     metavar="KEY=VALUE",
+                     help="a limit of the --api-listen front (repeatable), e.g. "
+                          "header_timeout_s=10, max_connections_per_client=64 "
+                          "(docs/ingress.md 'Front limits')"),
+        click.option("--dataplane-port", type=click.IntRange(0, 65535),
+                     help="port of the data-plane HTTPS listener (direct path) [any free]"),
         click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False,
                      path_type=pathlib.Path), envvar="LLMFABRIC_MEMBERSHIP_CERT",
                      help="operator-signed membership certificate (admission)"),
@@ -167,7 +188,7 @@ def config_from_options(
     file_values = load_config_file(config_file) if config_file else {}
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
-    for name in ("labels", "controllers", "aliases"):
+    for name in ("labels", "controllers", "aliases", "front_limits"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)
@@ -219,6 +240,7 @@ def run_node(config: NodeConfig, *, banner: bool = True) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(node.stop()))
+        loop.add_signal_handler(signal.SIGHUP, node.reload)  # TLS certificate, secret file
         try:
             await node.start()
         except Exception:

@@ -77,28 +77,43 @@ def _psk_mac(secret: bytes, ctx: AdmissionContext) -> bytes:
 
 
 class PskAdmission:
-    """Admission by a network pre-shared secret (at least 16 bytes)."""
+    """Admission by a network pre-shared secret (at least 16 bytes).
+
+    Rotation without stopping the fabric: a node may hold the new secret and the previous
+    one. It then proves with both (two MACs) and accepts a proof made with either, so nodes
+    that already moved and nodes that have not yet still admit each other; once every node
+    holds the new secret, the previous one is dropped. `set_secrets` swaps them in place
+    (the node re-reads its secret file on SIGHUP); handshakes after the swap use them."""
 
     kind = "psk"
 
-    def __init__(self, network: str, secret: bytes) -> None:
-        if len(secret) < 16:
-            raise AdmissionError("the network secret must have at least 16 bytes; use a random one")
+    def __init__(self, network: str, secret: bytes, previous: bytes | None = None) -> None:
         self._network = network
-        self._secret = secret
+        self.set_secrets(secret, previous)
+
+    def set_secrets(self, secret: bytes, previous: bytes | None = None) -> None:
+        for s in (secret, previous or secret):
+            if len(s) < 16:
+                raise AdmissionError(
+                    "the network secret must have at least 16 bytes; use a random one")
+        self._secrets = (secret, previous) if previous and previous != secret else (secret,)
 
     @property
     def network(self) -> str:
         return self._network
 
     def prove(self, ctx: AdmissionContext) -> bytes:
-        return _psk_mac(self._secret, ctx)
+        return b"".join(_psk_mac(s, ctx) for s in self._secrets)
 
     def check(self, proof: bytes, ctx: AdmissionContext) -> None:
-        if not hmac.compare_digest(proof, _psk_mac(self._secret, ctx)):
-            raise AdmissionError(
-                "pre-shared secret proof does not match: the peer uses another network secret"
-            )
+        if len(proof) in (32, 64):
+            for i in range(0, len(proof), 32):
+                for s in self._secrets:
+                    if hmac.compare_digest(proof[i : i + 32], _psk_mac(s, ctx)):
+                        return
+        raise AdmissionError(
+            "pre-shared secret proof does not match: the peer uses another network secret"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
+from llmfabric.ingress.front_limits import safe_header_value
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.protocols import (
     Authenticator,
@@ -32,7 +33,7 @@ from llmfabric.ingress.protocols import (
     UsageSink,
 )
 from llmfabric.ingress.sources import merged_catalog
-from llmfabric.ingress.usage import StreamUsageScanner, usage_from_body
+from llmfabric.ingress.usage import StreamUsageScanner, relayed_usage, usage_from_body
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError
 from llmfabric.routing.policies import make_policy
@@ -77,8 +78,8 @@ class _WebSink:
     async def start(self, content_type: str, node: str) -> None:
         self.response = web.StreamResponse(
             status=200,
-            headers={"Content-Type": content_type, "Cache-Control": "no-cache",
-                     "X-Fabric-Node": node},
+            headers={"Content-Type": safe_header_value(content_type),
+                     "Cache-Control": "no-cache", "X-Fabric-Node": safe_header_value(node)},
         )
         await self.response.prepare(self.request)
 
@@ -93,11 +94,11 @@ class _WebSink:
 
 def web_response(reply: Reply) -> web.Response:
     """A `Reply` as an aiohttp response."""
-    headers = {"Content-Type": reply.content_type}
+    headers = {"Content-Type": safe_header_value(reply.content_type)}
     if reply.node:
-        headers["X-Fabric-Node"] = reply.node
+        headers["X-Fabric-Node"] = safe_header_value(reply.node)
     if reply.headers:
-        headers.update(reply.headers)
+        headers.update((k, safe_header_value(v)) for k, v in reply.headers.items())
     return web.Response(body=reply.body, status=reply.status, headers=headers)
 
 
@@ -402,7 +403,7 @@ class Ingress:
         try:
             if up.status in RETRYABLE_STATUS:
                 raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-            data = await up.read()
+            data = await _read_capped(up, self.config.max_response_bytes)
         finally:
             await up.aclose()
         return up.status, data, up.content_type
@@ -442,8 +443,10 @@ class Ingress:
         self.metrics.observe_ttft(cand.model.id, ttft)
 
         # Committed: from here on bytes reach the client, so no retry is possible.
-        scanner = StreamUsageScanner(strip_usage) if self._capture else None
+        scanner = (StreamUsageScanner(strip_usage, self.config.max_sse_line_bytes)
+                   if self._capture else None)
         failed: BaseException | None = None
+        gone = False
         try:
             await sink.start(up.content_type, cand.session_id)
             out = scanner.feed(first) if scanner is not None else first
@@ -485,10 +488,12 @@ class Ingress:
                     await sink.write(rest)
             await sink.end()
         except _CLIENT_GONE:
-            pass  # the client went away; nothing to send
+            gone = True  # the client went away; nothing to send
         finally:
             await up.aclose()
         usage = scanner.usage if scanner is not None else None
+        if usage is None and scanner is not None and (gone or failed is not None):
+            usage = relayed_usage(len(body), scanner.events)  # bill what was relayed
         if failed is not None:
             raise _Committed(usage, ttft)
         return None, usage, ttft
@@ -545,6 +550,22 @@ class Ingress:
                 request=doc,
                 opted_out=getattr(principal, "record_trace", True) is False,
             ))
+
+
+async def _read_capped(up: Upstream, limit: int) -> bytes:
+    """The upstream's whole body, failing (UpstreamError) past `limit` bytes."""
+    capped = getattr(up, "read_capped", None)
+    if capped is not None:
+        data: bytes = await capped(limit)
+        return data
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in up.chunks():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamError(f"the node's response is larger than {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)

@@ -4,6 +4,12 @@ Streams are relayed line-aligned (a partial trailing line waits for its end), an
 that contains a non-null `"usage": {` is ever JSON-parsed: normally one per stream, the last.
 When the ingress injected `stream_options.include_usage` (the client did not ask for it), that
 usage-only chunk (`"choices": []`) is removed before the client sees it.
+
+Usage is a claim by the provider, not a fact: token counts are clamped to [0, MAX_TOKENS]
+(a `2**64-1` or a negative count must not reach the ledger). A line longer than the line cap
+(an engine that never sends a newline) is passed through unscanned instead of held, so the
+ingress never buffers more than one capped line per stream. `events` counts the `data:`
+events relayed, so a stream the client abandoned can still be billed (`relayed_usage`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from typing import Any
 import orjson
 
 _MARKERS = (b'"usage":{', b'"usage": {')
+MAX_TOKENS = 10_000_000  # per field and request: above any model's context
+MAX_SSE_LINE = 4 * 1024 * 1024  # default line cap (bytes) before lines pass unscanned
 
 
 def _has_usage(data: bytes) -> bool:
@@ -23,9 +31,17 @@ def _tokens(usage: Any) -> tuple[int, int] | None:
     if not isinstance(usage, dict):
         return None
     p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(p, int):
+    if not isinstance(p, int) or isinstance(p, bool):
         return None
-    return p, c if isinstance(c, int) else 0
+    if not isinstance(c, int) or isinstance(c, bool):
+        c = 0
+    return min(max(p, 0), MAX_TOKENS), min(max(c, 0), MAX_TOKENS)
+
+
+def relayed_usage(prompt_bytes: int, events: int) -> tuple[int, int]:
+    """What to bill for a stream that ended before its usage chunk (the client went away,
+    the provider broke off): ~4 bytes per prompt token, one token per relayed event."""
+    return min(max(1, prompt_bytes // 4), MAX_TOKENS), min(max(events, 0), MAX_TOKENS)
 
 
 def usage_from_body(body: bytes) -> tuple[int, int] | None:
@@ -42,12 +58,14 @@ def usage_from_body(body: bytes) -> tuple[int, int] | None:
 class StreamUsageScanner:
     """Feed upstream SSE bytes; get back the bytes to send on (line-aligned)."""
 
-    __slots__ = ("_carry", "_strip", "usage")
+    __slots__ = ("_carry", "_max_line", "_strip", "events", "usage")
 
-    def __init__(self, strip_usage_chunk: bool) -> None:
+    def __init__(self, strip_usage_chunk: bool, max_line: int = MAX_SSE_LINE) -> None:
         self._strip = strip_usage_chunk
+        self._max_line = max_line
         self._carry = b""
         self.usage: tuple[int, int] | None = None
+        self.events = 0  # `data:` events passed on
 
     def feed(self, data: bytes) -> bytes:
         if self._carry:
@@ -55,11 +73,14 @@ class StreamUsageScanner:
             self._carry = b""
         cut = data.rfind(b"\n")
         if cut < 0:
+            if len(data) > self._max_line:
+                return data  # an overlong line: relayed as is, never held
             self._carry = data
             return b""
         if cut != len(data) - 1:
             self._carry = data[cut + 1 :]
             data = data[: cut + 1]
+        self.events += data.count(b"data:")
         if _has_usage(data):
             data = self._take_usage(data)
         return data

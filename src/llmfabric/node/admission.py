@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+import stat
+
 from llmfabric.identity import Admission, CertAdmission, MembershipCert, PskAdmission
 from llmfabric.identity.admission import decode_public_key
 from llmfabric.node.config import ConfigError, NodeConfig
@@ -9,8 +13,13 @@ from llmfabric.node.config import ConfigError, NodeConfig
 
 def admission_from_config(config: NodeConfig) -> Admission:
     """PSK when a network secret is set, else an operator-signed membership certificate."""
+    if config.network_secret_file is not None:
+        secret, previous = read_secret_file(config.network_secret_file)
+        return PskAdmission(config.network, secret, previous)
     if config.network_secret:
-        return PskAdmission(config.network, config.network_secret.encode())
+        prev = config.network_secret_previous
+        return PskAdmission(config.network, config.network_secret.encode(),
+                            prev.encode() if prev else None)
     if config.membership_cert is not None:
         if not config.operator_key:
             raise ConfigError(
@@ -20,3 +29,19 @@ def admission_from_config(config: NodeConfig) -> Admission:
         cert = MembershipCert.load(config.membership_cert)
         return CertAdmission(decode_public_key(config.operator_key), cert)
     raise ConfigError("no admission credential: set --network-secret or --membership-cert")
+
+
+def read_secret_file(path: pathlib.Path) -> tuple[bytes, bytes | None]:
+    """(secret, previous or None) from a file: line 1 the secret, optional line 2 the
+    previous secret (still accepted during a rotation). Refused when others can read it."""
+    try:
+        mode = os.stat(path).st_mode
+        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    except OSError as exc:
+        raise ConfigError(f"cannot read the network secret file {path}: {exc.strerror}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"the network secret file {path} is readable by others: chmod 600 it")
+    if not lines or len(lines) > 2:
+        raise ConfigError(f"{path}: put the network secret on line 1 and, during a rotation, "
+                          "the previous one on line 2")
+    return lines[0].encode(), lines[1].encode() if len(lines) == 2 else None

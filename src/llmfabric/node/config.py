@@ -62,6 +62,10 @@ class NodeConfig(BaseModel):
     preset: Literal["lan", "wan", "local"] = "lan"
     network: str = "default"
     network_secret: str | None = None
+    # The secret from a file (mode 0600): line 1 the secret, optional line 2 the previous
+    # one (accepted during a rotation); re-read on SIGHUP.
+    network_secret_file: pathlib.Path | None = None
+    network_secret_previous: str | None = None
     membership_cert: pathlib.Path | None = None
     operator_key: str | None = None  # base64 operator public key, with membership_cert
     # Engine supervision (empty process = a bare node the scheduler may fill).
@@ -102,6 +106,16 @@ class NodeConfig(BaseModel):
     public_http_addr: str | None = None
     # A node that cannot be dialled keeps registrations with at least this many relays.
     min_relays: int = Field(default=1, ge=1)
+    # The data plane's HTTPS listener (direct path; same host as http_listen; 0 = any port,
+    # told to ingresses in the signed session answer).
+    dataplane_port: int = Field(default=0, ge=0, le=65535)
+    # TLS for the HTTP listeners (HTTP API/dashboard and --api-listen); reloaded on SIGHUP.
+    tls_cert: pathlib.Path | None = None
+    tls_key: pathlib.Path | None = None
+    # Let the engine command bind a non-loopback address (node/engine_bind.py).
+    allow_engine_public_bind: bool = False
+    # Limits of the lean front (--api-listen): FrontLimits field -> value over the defaults.
+    front_limits: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
@@ -123,6 +137,14 @@ class NodeConfig(BaseModel):
         for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")
         return addrs
+
+    @field_validator("front_limits")
+    @classmethod
+    def _front_limits(cls, value: dict[str, float]) -> dict[str, float]:
+        from llmfabric.ingress.front_limits import front_limits
+
+        front_limits(value)  # raises ValueError naming the bad key
+        return value
 
     @field_validator("aliases")
     @classmethod
@@ -148,8 +170,15 @@ class NodeConfig(BaseModel):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _tls_pair(self) -> NodeConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        return self
+
     def has_credential(self) -> bool:
-        return bool(self.network_secret) or self.membership_cert is not None
+        return (bool(self.network_secret) or self.network_secret_file is not None
+                or self.membership_cert is not None)
 
 
 def load_config_file(path: pathlib.Path) -> dict[str, Any]:

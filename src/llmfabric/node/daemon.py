@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import hmac
 import logging
 import random
 from typing import Any
@@ -33,15 +31,17 @@ from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
-from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.front_limits import front_limits
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.relaykeeper import RelayKeeper
-from llmfabric.node.admission import admission_from_config
+from llmfabric.net.server_tls import ServerTls
+from llmfabric.node.admission import admission_from_config, read_secret_file
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
+from llmfabric.node.dataplane_server import DataPlaneServer
+from llmfabric.node.engine_bind import EngineBindError, loopback_engine_command
 from llmfabric.node.engine_link import EngineLink, error_response
 from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ingress_link import IngressLink
@@ -60,11 +60,6 @@ class NodeError(RuntimeError):
     """The node cannot start or keep running; the message says what to fix."""
 
 
-def forward_token(network_secret: str) -> str:
-    """Token nodes of one PSK network accept on their HTTP engine-proxy route."""
-    return hmac.new(network_secret.encode(), b"llmfabric-forward-v1", hashlib.sha256).hexdigest()
-
-
 class Node:
     def __init__(
         self, config: NodeConfig, *, clock: Clock | None = None, rng: random.Random | None = None
@@ -79,13 +74,23 @@ class Node:
                 parse_hostport(config.public_http_addr)
             except ConfigError as exc:
                 raise NodeError(f"public_http_addr: {exc}") from None
+        if config.process:
+            try:
+                config = config.model_copy(update={"process": loopback_engine_command(
+                    config.process, allow_public=config.allow_engine_public_bind)})
+            except EngineBindError as exc:
+                raise NodeError(str(exc)) from None
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
         self.key, _ = NodeKey.load_or_create(config.home)
+        # TLS for the HTTP listeners (--tls-cert/--tls-key), reloaded by reload().
+        self.tls = (ServerTls(config.tls_cert, config.tls_key)
+                    if config.tls_cert is not None and config.tls_key is not None else None)
+        self.admission = admission_from_config(config)
         self.transport = TlsTransport(
             self.key,
-            admission_from_config(config),
+            self.admission,
             self._transport_config(),
             clock=self.clock,
             rng=self.rng,
@@ -108,7 +113,12 @@ class Node:
         self._relay_keeper: RelayKeeper | None = None
         self._evicted_peers: set[str] = set()  # addresses kept while reconnects may help
         self._stopping = False
-        self._forward_token: str | None = None
+        # The data plane: session keys with ingresses, the pinned HTTPS listener, sealed
+        # peer requests (docs/network.md "Data plane").
+        self.dataplane = DataPlaneServer(
+            self.key, lambda: self.engine, self._is_member,
+            max_body_bytes=config.max_body_bytes)
+        self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -149,22 +159,21 @@ class Node:
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
         if self.config.ingress:
             self.ingress = await IngressLink.create(
-                self.config, reader, self.transport, self.rng, self.clock
+                self.config, reader, self.transport, self.rng, self.clock, key=self.key
             )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
             if self.config.api_listen:
-                await self.ingress.start_front(self.config.api_listen)
-        self._forward_token = (
-            forward_token(self.config.network_secret) if self.config.network_secret else None
-        )
-        if self._forward_token is not None:  # the fast direct path (PSK networks only)
-            app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self._forward_http)
+                await self.ingress.start_front(
+                    self.config.api_listen, ssl=self.tls.context if self.tls else None,
+                    limits=front_limits(self.config.front_limits))
         self.transport.set_request_handler(PeerApi(
-            lambda: self.engine, self._assign, lambda p, b: release_engine(self, p, b)).handle)
+            self.dataplane, self._assign, lambda p, b: release_engine(self, p, b)).handle)
         if self.config.process:
             self.engine = self._engine_link(self.config)
         await self._serve_http(app)
+        if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
+            await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
         self.transport.on_relays_changed(self._relays_changed)
@@ -198,7 +207,8 @@ class Node:
         host, port = parse_hostport(self.config.http_listen, default_host="127.0.0.1")
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True,
+                           ssl_context=self.tls.context if self.tls else None)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -397,13 +407,13 @@ class Node:
 
     # ---- engine -------------------------------------------------------------------------
     def _engine_link(self, config: NodeConfig, env: dict[str, str] | None = None) -> EngineLink:
-        return EngineLink(config, self.clock, self.inflight,
-                          forward_token=self._forward_token, env=env)
+        return EngineLink(config, self.clock, self.inflight, env=env)
 
-    async def _forward_http(self, request: web.Request) -> web.StreamResponse:
-        if self.engine is None:
-            return http_error(503, "this node serves no engine", "node_not_serving")
-        return await self.engine.handle_http(request)
+    def _is_member(self, peer_id: str) -> bool:
+        """A live session of `peer_id` is in our registry replica (relayed session offers:
+        the relay's word on the origin proves nothing)."""
+        return self.agent is not None and any(
+            v.state is not Lifecycle.LEFT for v in self.agent.nodes.by_peer(peer_id))
 
     async def _assign(self, peer: str, body: bytes) -> HandlerResponse:
         """Start an engine for a controller's assignment (bare nodes that accept them)."""
@@ -419,7 +429,8 @@ class Node:
             assignment = parse_assignment(body)
         except AssignmentError as exc:
             return error_response(400, str(exc), "invalid_assignment")
-        argv = engine_command(assignment, free_port())
+        argv = loopback_engine_command(engine_command(assignment, free_port()),
+                                       allow_public=self.config.allow_engine_public_bind)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, assignment.gpu_ids))}
         if not assignment.gpu_ids:
             env = {}
@@ -482,6 +493,24 @@ class Node:
             if not self._stopping and demand_moved(self._agent.record.meta.demand, snapshot):
                 self._agent.update_self(self._meta(demand=snapshot))
 
+    def reload(self) -> None:
+        """SIGHUP: re-read the TLS certificate and the network secret file (a rotation:
+        handshakes from now on prove and accept the new pair). A broken file is logged and
+        the previous values stay."""
+        if self.tls is not None:
+            try:
+                self.tls.reload()
+                log.warning("reloaded the TLS certificate %s", self.tls.cert)
+            except (OSError, ValueError) as exc:
+                log.error("TLS reload failed, keeping the previous certificate: %s", exc)
+        path = self.config.network_secret_file
+        if path is not None and hasattr(self.admission, "set_secrets"):
+            try:
+                self.admission.set_secrets(*read_secret_file(path))
+                log.warning("reloaded the network secret from %s", path)
+            except (ConfigError, ValueError) as exc:
+                log.error("network secret reload failed, keeping the previous one: %s", exc)
+
     # ---- stop ---------------------------------------------------------------------------
     async def wait_stopped(self) -> int:
         await self._stopped.wait()
@@ -515,6 +544,7 @@ class Node:
                 await self.ingress.aclose()
             if self._runner is not None:
                 await self._runner.cleanup()
+            await self.dataplane.aclose()
             await self.transport.aclose()
             self._stopped.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from ssl import SSLContext
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -13,23 +14,29 @@ from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.identity import NodeKey
 from llmfabric.ingress import (
     FORWARD_PREFIX,
     ChoosingForwarder,
-    HttpForwarder,
     Ingress,
     IngressConfig,
-    PeerForwarder,
+    RawHttpForwarder,
     RecordsCandidateSource,
     add_ingress_routes,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.demand import DemandMeter
-from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
 from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.forward_secure import (
+    DataPlaneSessions,
+    PinnedHttpsForwarder,
+    SealedPeerForwarder,
+)
+from llmfabric.ingress.front_limits import FrontLimits
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
+from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
@@ -63,9 +70,9 @@ class IngressLink:
         transport: TlsTransport,
         rng: random.Random,
         clock: Clock | None = None,
+        *,
+        key: NodeKey,
     ) -> IngressLink:
-        from llmfabric.node.daemon import forward_token
-
         store: AccountStore | None = None
         auth: AccountsAuth | None = None
         admin_key: str | None = None
@@ -74,12 +81,13 @@ class IngressLink:
             auth = AccountsAuth(store, RateLimiter(SystemClock()))
             key_file = config.admin_key_file or config.home / "admin.key"
             _, admin_key = await ensure_admin_key(store, key_file)
-        peer = PeerForwarder(transport)
-        direct: Forwarder = peer
-        if config.network_secret:
-            token = forward_token(config.network_secret)
-            direct = HttpForwarder(FORWARD_PREFIX, extra_headers={FORWARD_TOKEN_HEADER: token})
-        forwarder = ChoosingForwarder(direct, peer)
+        # The data plane: direct = HTTPS pinned to the provider's node key, else sealed over
+        # the peer network (relays); each request authorized with a per-pair session key.
+        sessions = DataPlaneSessions(key, transport)
+        forwarder = ChoosingForwarder(
+            PinnedHttpsForwarder(sessions, RawHttpForwarder(FORWARD_PREFIX,
+                                                            ssl=client_ssl_context())),
+            SealedPeerForwarder(sessions, transport))
         trace_hook: IngressTraceHook | None = None
         if config.record_trace is not None:
             salt = load_or_create_salt(config.home / "trace.salt")
@@ -127,11 +135,13 @@ class IngressLink:
         if self.dashboard:
             add_dashboard_routes(app)
 
-    async def start_front(self, listen: str) -> None:
-        """The same request core on the lean HTTP/1.1 front, on its own port."""
+    async def start_front(self, listen: str, ssl: SSLContext | None = None,
+                          limits: FrontLimits | None = None) -> None:
+        """The same request core on the lean HTTP/1.1 front, on its own port (HTTPS with
+        `ssl`)."""
         host, port = parse_hostport(listen, default_host="127.0.0.1")
-        self.front = FastFront(self.ingress, serve_metrics=False)
-        bound = await self.front.start(host, port)
+        self.front = FastFront(self.ingress, serve_metrics=False, limits=limits)
+        bound = await self.front.start(host, port, ssl=ssl)
         self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
 
     async def aclose(self) -> None:
