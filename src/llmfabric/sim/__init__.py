@@ -46,6 +46,7 @@ Stable API (used by engines/ and scheduler/):
 """
 
 from llmfabric.sim.calibration import DEFAULT_EFFICIENCY, Efficiency, efficiency_for
+from llmfabric.sim.closedloop import ClosedLoopResult, simulate_closed_loop
 from llmfabric.sim.costs import StepCostModel, cost_model, decode_step_time, prefill_time
 from llmfabric.sim.engine import EngineConfig
 from llmfabric.sim.errors import (
@@ -67,12 +68,12 @@ from llmfabric.sim.parallel import (
     kv_transfer_time,
     make_deployment,
 )
+from llmfabric.sim.profiles import PROFILES, EngineProfile, get_profile
 from llmfabric.sim.results import SLO, ServingResult
 from llmfabric.sim.routers import ROUTERS
 from llmfabric.sim.serving import (
     ReplicaSpec,
     max_sustainable_rate,
-    simulate_closed_loop,
     simulate_cluster,
     simulate_disaggregated,
     simulate_replica,
@@ -81,11 +82,14 @@ from llmfabric.sim.workload import Workload, gamma, load_trace, on_off, poisson,
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
+    "PROFILES",
     "ROUTERS",
     "SLO",
+    "ClosedLoopResult",
     "Deployment",
     "Efficiency",
     "EngineConfig",
+    "EngineProfile",
     "GPUSpec",
     "InfeasibleError",
     "Link",
@@ -109,6 +113,7 @@ __all__ = [
     "gamma",
     "get_gpu",
     "get_model",
+    "get_profile",
     "kv_transfer_time",
     "load_gpus_yaml",
     "load_trace",

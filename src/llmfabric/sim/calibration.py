@@ -177,6 +177,10 @@ _SIBLINGS: dict[str, str] = {
     "H100-PCIe": "H100-SXM",
     "H200": "H100-SXM",
     "GH200": "H100-SXM",
+    # no Blackwell measurements: B200/GB200 use the H100's fitted factors (the e2e benchmark
+    # holds the B200 out entirely, so its error there measures this borrowing)
+    "B200": "H100-SXM",
+    "GB200": "H100-SXM",
     "RTX-A6000": "A40",
     "RTX-A5000": "A40",
     "RTX-3090": "A40",

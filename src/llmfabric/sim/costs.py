@@ -281,7 +281,8 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
                      table_tokens: int = DEFAULT_TABLE_TOKENS) -> StepCostModel:
     """Tabulate the step costs of `dep`; `efficiency` overrides the per-GPU calibration."""
     model = dep.model
-    bits = min(model.weight_bits, model.act_bits) if model.weight_bits >= 8 else model.act_bits
+    bits = model.matmul_bits
+    attn_bits = max(bits, 8)  # FP4 GEMMs; attention runs FP8 at the narrowest
     stages = tuple(
         _StageCoeffs(s.gpu, efficiency or efficiency_for(s.gpu), s.tp, s.n_layers, bits)
         for s in dep.stages
@@ -301,7 +302,7 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         # decode: 1 query per sequence; score+value FLOPs and K/V bytes per cached token
         one = attention_decode_ops(model, st.tp, 1, 1.0)
         zero = attention_decode_ops(model, st.tp, 1, 0.0)
-        peak = st.gpu.flops(bits) * st.eff.attention
+        peak = st.gpu.flops(attn_bits) * st.eff.attention
         bw = st.gpu.mem_bw * st.eff.memory
         mm_tok = sum(a.flops - b.flops for a, b in zip(one, zero, strict=True) if a.tensor)
         kv_tok = sum(a.bytes - b.bytes for a, b in zip(one, zero, strict=True))

@@ -28,12 +28,13 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from llmfabric.sim.costs import StepCostModel
 from llmfabric.sim.errors import SpecError
+from llmfabric.sim.profiles import get_profile
 
 Role = Literal["both", "prefill", "decode"]
 INF = float("inf")
@@ -48,12 +49,29 @@ class EngineConfig:
     watermark: float = 0.01
     gpu_memory_utilization: float = 0.9
     kv_capacity_tokens: int | None = None  # None: from the memory plan
+    # engine CPU time around the GPU (engine profiles): per iteration, and per running
+    # sequence per iteration; both depend on the batch only, so stretches stay closed form
+    step_cpu_s: float = 0.0
+    step_cpu_per_seq_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
             raise SpecError("max_num_seqs, max_batched_tokens and block_size must be >= 1")
         if not 0 <= self.watermark < 1 or not 0 < self.gpu_memory_utilization <= 1:
             raise SpecError("watermark must be in [0, 1) and gpu_memory_utilization in (0, 1]")
+        if not self.step_cpu_s >= 0 or not self.step_cpu_per_seq_s >= 0:
+            raise SpecError("step_cpu_s and step_cpu_per_seq_s must be >= 0 seconds")
+
+    @classmethod
+    def for_engine(cls, name: str, **overrides: Any) -> EngineConfig:
+        """The defaults of a real engine ("vllm", "sglang", "trtllm": `profiles.PROFILES`),
+        with `overrides` of any field, e.g. `EngineConfig.for_engine("sglang",
+        max_num_seqs=512)`."""
+        return cls(**{**get_profile(name).config_kwargs(), **overrides})
+
+    def cpu_time(self, n_seqs: int) -> float:
+        """Engine CPU seconds of one iteration over `n_seqs` sequences."""
+        return self.step_cpu_s + self.step_cpu_per_seq_s * n_seqs
 
 
 class RequestBook:
@@ -116,9 +134,11 @@ class Replica:
             dec = cost.lin[:n] + cost.head[:n] + cost.decode_per_sequence * np.arange(n)
             self._dec_a: list[float] = [float(x) + cost.decode_wave_time(b)
                                         + cost.step_overhead_s + cost.decode_overhead_adjust_s
+                                        + config.cpu_time(b)
                                         for b, x in enumerate(dec)]
         else:
-            self._dec_a = [cost.decode_step_time(b, 0.0) for b in range(n)]
+            self._dec_a = [cost.decode_step_time(b, 0.0) + config.cpu_time(b)
+                           for b in range(n)]
         self._g = [cost.decode_context_coeff(b) for b in range(n)]  # G(B)
         self._frag = config.block_size / 2.0
 
@@ -166,6 +186,11 @@ class Replica:
         idle. For closed-loop drivers that react to each completion."""
         return self._step(INF)
 
+    def step_until(self, t: float) -> bool:
+        """As `step`, but a decode stretch also ends at the first step ending at or after `t`
+        (drivers with timed inputs: the step that spans `t` is the last one run)."""
+        return self._step(t)
+
     def _step(self, t_limit: float) -> bool:
         """One iteration or stretch; False if idle."""
         if self.config.chunked_prefill:
@@ -204,7 +229,7 @@ class Replica:
         lens = [e[1] for e in batch if e[1] > 0]
         if lens:
             start = self.now
-            self.now += self.cost.prefill_time(lens)
+            self.now += self.cost.prefill_time(lens) + cfg.cpu_time(len(lens))
             self._record(start, tokens)
         for rid, comp, cached, steps_left, emit in batch:
             self._join(rid, comp + cached, steps_left, emit and comp > 0)
@@ -265,7 +290,8 @@ class Replica:
             return False
         n_dec = len(self.running)
         start = self.now
-        self.now += self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done))
+        self.now += (self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done))
+                     + cfg.cpu_time(n_dec + len(chunks)))
         self._record(start, n_dec + sum(c for c, _ in chunks))
         if n_dec:
             self.gstep += 1

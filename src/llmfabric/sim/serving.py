@@ -168,40 +168,6 @@ def simulate_disaggregated(prefill: Sequence[ReplicaSpec], decode: Sequence[Repl
     return _result(workload, book, pre + dec, slo)
 
 
-def simulate_closed_loop(model: ModelSpec | str, gpu: GPUSpec | str, tp: int, concurrency: int,
-                         n_requests: int, input_tokens: int, output_tokens: int, *, pp: int = 1,
-                         config: EngineConfig | None = None, slo: SLO | None = None,
-                         efficiency: Efficiency | None = None) -> ServingResult:
-    """`concurrency` clients, each sending its next request the moment the previous one
-    completes (as `vllm bench serve --max-concurrency C --request-rate inf`), until
-    `n_requests` have been sent. Arrival times in the result are the send times."""
-    if concurrency < 1 or n_requests < 1:
-        raise SpecError("closed loop needs concurrency >= 1 and n_requests >= 1")
-    dep = make_deployment(get_model(model), get_gpu(gpu), tp, pp)
-    spec = ReplicaSpec(dep, config or EngineConfig(), efficiency)
-    arrival = [0.0] * n_requests
-    book = RequestBook(arrival, [input_tokens] * n_requests, [output_tokens] * n_requests)
-    (rep,) = _replicas([spec], book)
-    finish = book.finish
-    outstanding: set[int] = set()
-    sent = 0
-    while True:
-        while sent < n_requests and len(outstanding) < concurrency:
-            arrival[sent] = rep.now
-            rep.submit(sent, input_tokens, output_tokens)
-            outstanding.add(sent)
-            sent += 1
-        progressed = rep.step()
-        outstanding = {rid for rid in outstanding
-                       if math.isnan(finish[rid]) and not book.truncated[rid]}
-        if not progressed and sent >= n_requests:
-            break
-    times = np.asarray(arrival, dtype=np.float64)
-    wl = Workload(times, np.full(n_requests, input_tokens, dtype=np.int64),
-                  np.full(n_requests, output_tokens, dtype=np.int64))
-    return _result(wl, book, [rep], slo)
-
-
 def max_sustainable_rate(model: ModelSpec | str, gpu: GPUSpec | str, tp: int,
                          input_tokens: int, output_tokens: int, slo: SLO, *, pp: int = 1,
                          attainment: float = 0.9, config: EngineConfig | None = None,
