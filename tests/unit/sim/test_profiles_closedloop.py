@@ -1,0 +1,133 @@
+"""Engine profiles, engine CPU time, the jittered closed loop and Blackwell/FP4 specs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from llmfabric.sim import (
+    PROFILES,
+    EngineConfig,
+    SpecError,
+    cost_model,
+    get_gpu,
+    get_model,
+    get_profile,
+    replay,
+    simulate_closed_loop,
+    simulate_replica,
+)
+
+pytestmark = pytest.mark.unit
+M = "llama-3.1-8b"
+
+
+def test_for_engine_takes_the_profile_and_overrides() -> None:
+    sg = EngineConfig.for_engine("SGLang")
+    assert not sg.chunked_prefill and sg.max_num_seqs == PROFILES["sglang"].max_num_seqs
+    v = EngineConfig.for_engine("vllm", max_num_seqs=512)
+    assert v.chunked_prefill and v.max_num_seqs == 512 and v.max_batched_tokens == 8192
+    assert EngineConfig.for_engine("tensorrt-llm") == EngineConfig.for_engine("trtllm")
+    assert all(p.max_num_seqs > 256 for p in PROFILES.values())  # no fixed 256 cap
+    with pytest.raises(SpecError, match="unknown engine profile"):
+        EngineConfig.for_engine("tgi")
+    with pytest.raises(SpecError):
+        EngineConfig(step_cpu_s=-1.0)
+
+
+def test_cpu_time_is_per_step_plus_per_sequence() -> None:
+    cfg = EngineConfig(step_cpu_s=1e-3, step_cpu_per_seq_s=1e-5)
+    assert cfg.cpu_time(10) == pytest.approx(1.1e-3)
+    assert cfg.cpu_time(0) == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_engine_cpu_time_adds_once_per_iteration(chunked: bool) -> None:
+    """One request of 64 output tokens runs 64 iterations (one prefill, 63 decodes), each
+    with one sequence: its E2E grows by exactly 64 x (step + per-sequence CPU)."""
+    wl = replay([(0.0, 300, 64)])
+    base = simulate_replica(M, "H100", 1, wl, config=EngineConfig(chunked_prefill=chunked))
+    cpu = EngineConfig(chunked_prefill=chunked, step_cpu_s=2e-3, step_cpu_per_seq_s=1e-4)
+    slow = simulate_replica(M, "H100", 1, wl, config=cpu)
+    assert slow.e2e_s[0] - base.e2e_s[0] == pytest.approx(64 * 2.1e-3, rel=1e-9)
+    assert slow.ttft_s[0] - base.ttft_s[0] == pytest.approx(2.1e-3, rel=1e-9)
+
+
+def test_prefill_first_clients_without_jitter_stay_in_lockstep() -> None:
+    res = simulate_closed_loop(M, "H100", 1, 16, 96, 1024, 64, engine_profile="sglang",
+                               jitter_s=0.0, request_overhead_s=0.0)
+    assert res.steady_ttft_s == pytest.approx(res.first_wave_ttft_s, rel=1e-9)
+    assert res.n_completed == 96
+
+
+def test_jitter_desynchronizes_clients_and_is_seeded() -> None:
+    """Prefill-first clients in lockstep pay the whole first-wave queue in every wave; with
+    a client delay comparable to a request's life they drift apart."""
+    kw = {"engine_profile": "sglang", "request_overhead_s": 0.0}
+    still = simulate_closed_loop(M, "H100", 1, 32, 320, 1024, 128, jitter_s=0.0, **kw)
+    drift = simulate_closed_loop(M, "H100", 1, 32, 320, 1024, 128, jitter_s=0.3, seed=3, **kw)
+    again = simulate_closed_loop(M, "H100", 1, 32, 320, 1024, 128, jitter_s=0.3, seed=3, **kw)
+    other = simulate_closed_loop(M, "H100", 1, 32, 320, 1024, 128, jitter_s=0.3, seed=4, **kw)
+    assert drift.steady_ttft_s < 0.7 * still.steady_ttft_s
+    assert drift.steady_ttft_s < drift.first_wave_ttft_s
+    np.testing.assert_array_equal(drift.ttft_s, again.ttft_s)
+    assert not np.array_equal(drift.ttft_s, other.ttft_s)
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_closed_loop_never_exceeds_its_concurrency(profile: str) -> None:
+    c = 12
+    res = simulate_closed_loop(M, "H100", 1, c, 90, 700, 40, engine_profile=profile,
+                               jitter_s=0.02, seed=1)
+    start, end = res.arrival_s, res.arrival_s + res.e2e_s
+    assert np.all(np.isfinite(end))
+    for t in start:  # requests in flight at each send (the one sent at t included)
+        assert int(np.sum((start <= t) & (end > t))) <= c
+    assert res.n_completed == 90 and res.concurrency == c
+    # the steady state excludes exactly the first wave
+    assert res.steady_ttft_s == pytest.approx(float(np.mean(res.ttft_s[c:])))
+    assert res.first_wave_ttft_s == pytest.approx(float(np.mean(res.ttft_s[:c])))
+
+
+def test_front_end_latency_is_inside_ttft() -> None:
+    a = simulate_closed_loop(M, "H100", 1, 1, 5, 512, 16, jitter_s=0.0, request_overhead_s=0.0)
+    b = simulate_closed_loop(M, "H100", 1, 1, 5, 512, 16, jitter_s=0.0,
+                             request_overhead_s=0.05)
+    np.testing.assert_allclose(b.ttft_s - a.ttft_s, 0.05, rtol=1e-9)
+    np.testing.assert_allclose(b.tpot_s, a.tpot_s, rtol=1e-12)
+    with pytest.raises(SpecError):
+        simulate_closed_loop(M, "H100", 1, 1, 5, 512, 16, jitter_s=-1.0)
+
+
+def test_profile_config_is_used_and_config_overrides_it() -> None:
+    prof = dataclasses.replace(get_profile("vllm"), step_cpu_s=0.0, client_jitter_s=0.0)
+    slow = dataclasses.replace(prof, step_cpu_s=5e-3)
+    a = simulate_closed_loop(M, "H100", 1, 1, 3, 256, 32, engine_profile=prof)
+    b = simulate_closed_loop(M, "H100", 1, 1, 3, 256, 32, engine_profile=slow)
+    assert b.steady_tpot_s - a.steady_tpot_s == pytest.approx(5e-3, rel=1e-6)
+    c = simulate_closed_loop(M, "H100", 1, 1, 3, 256, 32, engine_profile=slow,
+                             config=EngineConfig(**prof.config_kwargs()))
+    assert c.steady_tpot_s == pytest.approx(a.steady_tpot_s, rel=1e-12)
+
+
+def test_blackwell_specs_and_fp4_gemms() -> None:
+    b200, gb200 = get_gpu("b200_sxm"), get_gpu("GB200")
+    assert b200.name == "B200" and gb200.name == "GB200"
+    assert b200.fp4_flops == 9000e12 and b200.fp8_flops == 4500e12
+    assert b200.flops(4) == 9000e12 and b200.flops(8) == 4500e12 and b200.flops(16) == 2250e12
+    assert get_gpu("H100").flops(4) == get_gpu("H100").fp8_flops  # no FP4: next wider
+    assert b200.mem_bw == 8000e9 and gb200.mem_bytes == 186e9
+    base = get_model("llama-3.1-70b")
+    fp8 = base.with_quantization(8, 8, gemm_bits=8)
+    fp4 = base.with_quantization(4, 8, gemm_bits=4)
+    w4 = base.with_quantization(weight_bits=4)  # weight-only: dequantized to BF16 GEMMs
+    assert (fp8.matmul_bits, fp4.matmul_bits, w4.matmul_bits, base.matmul_bits) == (8, 4, 16, 16)
+    with pytest.raises(SpecError):
+        base.with_quantization(gemm_bits=6)
+    # a large prefill is compute-bound: FP4 < FP8 < BF16 on a B200
+    t = [cost_model(m, "B200", 1).prefill_time([8192]) for m in (fp4, fp8, base)]
+    assert t[0] < t[1] < t[2]
+    # memory: FP8 KV holds twice the tokens of BF16 KV per byte
+    assert fp8.kv_bytes_per_token() * 2 == base.kv_bytes_per_token()
