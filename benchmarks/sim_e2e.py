@@ -47,8 +47,9 @@ HOLDOUT_MODELS = ("meta-llama/Llama-3.1-8B-Instruct",)
 FIT_PARAMS: dict[str, tuple[float, ...]] = {
     "step_cpu_s": (0.0, 0.5e-3, 1e-3, 2e-3, 3e-3, 5e-3),
     "step_cpu_per_seq_s": (0.0, 5e-6, 1e-5, 2e-5, 4e-5, 8e-5),
-    "request_overhead_s": (0.0, 0.01, 0.02, 0.05, 0.1),
-    "client_jitter_s": (0.0, 0.01, 0.03, 0.1, 0.3, 1.0),
+    "request_overhead_s": (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12),
+    "output_jitter_tokens": (0.0, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0),
+    "client_jitter_s": (0.0, 0.01, 0.03, 0.1),
 }
 
 

@@ -5,9 +5,10 @@ the default batch limits (max running sequences, token budget per step), the mem
 the engine claims, and the CPU cost of the engine around the GPU: a fixed cost per iteration
 and a cost per running sequence per iteration (scheduling, input preparation, sampling,
 detokenization), plus the serving front end's latency per request (tokenization, HTTP,
-streaming: inside TTFT) and the desynchronization of closed-loop clients (`client_jitter_s`:
-the mean of an exponential delay between a completion and that client's next send; real
-clients drift apart, identical simulated ones would stay in lockstep).
+streaming: inside TTFT) and the desynchronization of closed-loop clients
+(`output_jitter_tokens`: outputs drawn uniformly from OSL -/+ this many tokens, so clients
+finish a few steps apart; `client_jitter_s`: the mean of an exponential delay between a
+completion and that client's next send; see `closedloop`).
 
 Batch limits are the engines' documented defaults (sources beside each profile); the KV cache
 bounds the batch further at run time (the replica admits only what fits), so no profile caps
@@ -37,6 +38,7 @@ class EngineProfile:
     step_cpu_per_seq_s: float  # per running sequence per iteration
     request_overhead_s: float  # front end: from the client's send to the engine's queue
     client_jitter_s: float  # mean closed-loop client delay after a completion (not in TTFT)
+    output_jitter_tokens: float  # closed-loop outputs uniform in OSL -/+ this (mean kept)
     source: str
 
     def config_kwargs(self) -> dict[str, Any]:
@@ -56,7 +58,7 @@ PROFILES: dict[str, EngineProfile] = {
     "vllm": EngineProfile(
         "vllm", chunked_prefill=True, max_num_seqs=1024, max_batched_tokens=8192,
         gpu_memory_utilization=0.9, step_cpu_s=1.0e-3, step_cpu_per_seq_s=0.0,
-        request_overhead_s=0.0, client_jitter_s=0.02,
+        request_overhead_s=0.0, client_jitter_s=0.02, output_jitter_tokens=0.0,
         source="vllm/engine/arg_utils.py defaults (>= 70 GiB GPUs); v1 scheduler"),
     # SGLang (0.4-0.5): prefill-first; a prefill batch of waiting prompts (chunked_prefill_size
     # 8192 on 80 GB GPUs) runs without the decodes (enable_mixed_chunk off by default);
@@ -65,7 +67,7 @@ PROFILES: dict[str, EngineProfile] = {
     "sglang": EngineProfile(
         "sglang", chunked_prefill=False, max_num_seqs=4096, max_batched_tokens=8192,
         gpu_memory_utilization=0.88, step_cpu_s=1.0e-3, step_cpu_per_seq_s=0.0,
-        request_overhead_s=0.0, client_jitter_s=0.0,
+        request_overhead_s=0.0, client_jitter_s=0.0, output_jitter_tokens=0.0,
         source="sglang/srt/server_args.py defaults; scheduler prefill-first, no mixed chunk"),
     # TensorRT-LLM (trtllm-serve, PyTorch backend): in-flight batching mixes context and
     # generation requests in one step; max_num_tokens 8192, max_batch_size 2048,
@@ -73,7 +75,7 @@ PROFILES: dict[str, EngineProfile] = {
     "trtllm": EngineProfile(
         "trtllm", chunked_prefill=True, max_num_seqs=2048, max_batched_tokens=8192,
         gpu_memory_utilization=0.9, step_cpu_s=1.0e-3, step_cpu_per_seq_s=0.0,
-        request_overhead_s=0.0, client_jitter_s=0.02,
+        request_overhead_s=0.0, client_jitter_s=0.02, output_jitter_tokens=0.0,
         source="tensorrt_llm/llmapi/llm_args.py defaults; in-flight batching"),
 }
 

@@ -131,3 +131,21 @@ def test_blackwell_specs_and_fp4_gemms() -> None:
     assert t[0] < t[1] < t[2]
     # memory: FP8 KV holds twice the tokens of BF16 KV per byte
     assert fp8.kv_bytes_per_token() * 2 == base.kv_bytes_per_token()
+
+
+def test_output_jitter_keeps_outputs_within_bounds_and_breaks_clusters() -> None:
+    """Outputs are drawn from OSL -/+ k tokens (seeded); clients then finish whole steps
+    apart, so chunked-prefill clusters dissolve and the steady TTFT falls."""
+    kw = {"engine_profile": "vllm", "jitter_s": 0.0, "request_overhead_s": 0.0}
+    lock = simulate_closed_loop(M, "H100", 1, 32, 256, 2048, 128, output_jitter_tokens=0.0,
+                                **kw)
+    drift = simulate_closed_loop(M, "H100", 1, 32, 256, 2048, 128, output_jitter_tokens=6.0,
+                                 seed=2, **kw)
+    outs = np.rint((drift.e2e_s - drift.ttft_s) / drift.tpot_s) + 1
+    assert outs.min() >= 122 and outs.max() <= 134 and len(set(outs.tolist())) > 5
+    assert abs(outs.mean() - 128) < 1.0
+    lock_outs = np.rint((lock.e2e_s - lock.ttft_s) / lock.tpot_s) + 1
+    assert set(lock_outs.tolist()) == {128.0}
+    assert drift.steady_ttft_s < 0.7 * lock.steady_ttft_s
+    with pytest.raises(SpecError):
+        simulate_closed_loop(M, "H100", 1, 2, 4, 64, 8, output_jitter_tokens=-1.0)
