@@ -98,10 +98,11 @@ def _objective(summary: dict[str, Any]) -> float:
     return float(block["ttft_mape"] + block["tpot_mape"])
 
 
-def fit_profiles(rows: list[e2e.E2ERow], waves: int) -> dict[str, EngineProfile]:
+def fit_profiles(rows: list[e2e.E2ERow], waves: int,
+                 backends: list[str] | None = None) -> dict[str, EngineProfile]:
     """Coordinate descent per backend over FIT_PARAMS on the given (fit) rows."""
     fitted = dict(PROFILES)
-    for backend in sorted({r.backend for r in rows}):
+    for backend in backends or sorted({r.backend for r in rows}):
         mine = [r for r in rows if r.backend == backend]
         prof = PROFILES[backend]
 
@@ -135,6 +136,8 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=e2e.DEFAULT_WAVES,
                     help="requests per client in each closed loop")
     ap.add_argument("--fit", action="store_true", help="refit the profiles on the fit rows")
+    ap.add_argument("--fit-backends", default=None,
+                    help="comma-separated backends to refit (default: all)")
     args = ap.parse_args()
     path = args.csv or shared_data() / "e2e" / "serving_e2e_calibration.csv"
     if not path.is_file():
@@ -142,7 +145,8 @@ def main() -> None:
     rows = e2e.read_rows(path)
     profiles = None
     if args.fit:
-        profiles = fit_profiles([r for r in rows if fold(r) == "fit"], args.waves)
+        only = args.fit_backends.split(",") if args.fit_backends else None
+        profiles = fit_profiles([r for r in rows if fold(r) == "fit"], args.waves, only)
     t0 = time.perf_counter()
     out = e2e.replay(rows, waves=args.waves, profiles=profiles)
     wall = time.perf_counter() - t0

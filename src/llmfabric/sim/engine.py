@@ -53,12 +53,20 @@ class EngineConfig:
     # sequence per iteration; both depend on the batch only, so stretches stay closed form
     step_cpu_s: float = 0.0
     step_cpu_per_seq_s: float = 0.0
+    # admit a request only if the KV of its whole output fits beside every admitted sequence's
+    # remaining output (TensorRT-LLM's GUARANTEED_NO_EVICT): queues instead of preempting
+    no_evict: bool = False
+    # > 0: the KV cache takes this share of the memory left after weights and the runtime
+    # reserve (TensorRT-LLM's free_gpu_memory_fraction) instead of gpu_memory_utilization
+    kv_fraction_of_free: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
             raise SpecError("max_num_seqs, max_batched_tokens and block_size must be >= 1")
         if not 0 <= self.watermark < 1 or not 0 < self.gpu_memory_utilization <= 1:
             raise SpecError("watermark must be in [0, 1) and gpu_memory_utilization in (0, 1]")
+        if not 0 <= self.kv_fraction_of_free <= 1:
+            raise SpecError("kv_fraction_of_free must be in [0, 1] (0: gpu_memory_utilization)")
         if not self.step_cpu_s >= 0 or not self.step_cpu_per_seq_s >= 0:
             raise SpecError("step_cpu_s and step_cpu_per_seq_s must be >= 0 seconds")
 
@@ -163,7 +171,8 @@ class Replica:
             entry: _Wait = (rid, 0, prompt, output - 1, False)
         else:
             entry = (rid, prompt, 0, output - 1, True)
-        if prompt + 1 + self._frag > self.capacity:
+        longest = prompt + (output if self.config.no_evict else 1)
+        if longest + self._frag > self.capacity:
             self.book.truncated[rid] = True  # can never fit: rejected like an over-long prompt
             return
         self.waiting.append(entry)
@@ -205,6 +214,8 @@ class Replica:
 
     def _admissible(self, entry: _Wait, extra: int) -> bool:
         need = entry[1] + entry[2] + self._frag
+        if self.config.no_evict:  # reserve the remaining output of everything admitted
+            need += entry[3] + self._future_tokens()
         return self._usage() + extra + need <= self.capacity
 
     def _prefill_step(self) -> bool:
@@ -223,7 +234,7 @@ class Replica:
             self.queued_tokens -= entry[1]
             batch.append(entry)
             tokens += entry[1]
-            reserved += entry[1] + entry[2] + self._frag
+            reserved += entry[1] + entry[2] + self._frag + (entry[3] if cfg.no_evict else 0)
         if not batch:
             return False
         lens = [e[1] for e in batch if e[1] > 0]
@@ -372,6 +383,12 @@ class Replica:
             else:
                 break
         return True
+
+    def _future_tokens(self) -> int:
+        """KV tokens the admitted sequences will still add (their remaining decode steps)."""
+        g = self.gstep
+        return (sum(fin - g for _, _, fin in self.running.values())
+                + sum(item[3] for item in self.prefilling))
 
     def _note_peak(self) -> None:
         usage = self._usage()

@@ -36,6 +36,8 @@ class EngineProfile:
     gpu_memory_utilization: float
     step_cpu_s: float  # per iteration
     step_cpu_per_seq_s: float  # per running sequence per iteration
+    no_evict: bool  # reserve each request's whole output KV at admission (queue, not preempt)
+    kv_fraction_of_free: float  # > 0: KV = this share of memory free after weights (TRT-LLM)
     request_overhead_s: float  # front end: from the client's send to the engine's queue
     client_jitter_s: float  # mean closed-loop client delay after a completion (not in TTFT)
     output_jitter_tokens: float  # closed-loop outputs uniform in OSL -/+ this (mean kept)
@@ -44,7 +46,8 @@ class EngineProfile:
     def config_kwargs(self) -> dict[str, Any]:
         """The `EngineConfig` fields this profile sets."""
         keys = ("chunked_prefill", "max_num_seqs", "max_batched_tokens",
-                "gpu_memory_utilization", "step_cpu_s", "step_cpu_per_seq_s")
+                "gpu_memory_utilization", "step_cpu_s", "step_cpu_per_seq_s", "no_evict",
+                "kv_fraction_of_free")
         values = asdict(self)
         return {k: values[k] for k in keys}
 
@@ -57,8 +60,9 @@ PROFILES: dict[str, EngineProfile] = {
     # gpu_memory_utilization 0.9.
     "vllm": EngineProfile(
         "vllm", chunked_prefill=True, max_num_seqs=1024, max_batched_tokens=8192,
-        gpu_memory_utilization=0.9, step_cpu_s=1.0e-3, step_cpu_per_seq_s=0.0,
-        request_overhead_s=0.0, client_jitter_s=0.02, output_jitter_tokens=0.0,
+        gpu_memory_utilization=0.9, step_cpu_s=1.0e-3, step_cpu_per_seq_s=4.0e-5, no_evict=False,
+        kv_fraction_of_free=0.0,
+        request_overhead_s=0.01, client_jitter_s=0.0, output_jitter_tokens=5.0,
         source="vllm/engine/arg_utils.py defaults (>= 70 GiB GPUs); v1 scheduler"),
     # SGLang (0.4-0.5): prefill-first; a prefill batch of waiting prompts (chunked_prefill_size
     # 8192 on 80 GB GPUs) runs without the decodes (enable_mixed_chunk off by default);
@@ -66,16 +70,19 @@ PROFILES: dict[str, EngineProfile] = {
     # mem_fraction_static ~0.88 on 80 GB GPUs (sglang/srt/server_args.py).
     "sglang": EngineProfile(
         "sglang", chunked_prefill=False, max_num_seqs=4096, max_batched_tokens=8192,
-        gpu_memory_utilization=0.88, step_cpu_s=1.0e-3, step_cpu_per_seq_s=0.0,
-        request_overhead_s=0.0, client_jitter_s=0.0, output_jitter_tokens=0.0,
+        gpu_memory_utilization=0.88, step_cpu_s=0.0, step_cpu_per_seq_s=1.0e-5, no_evict=False,
+        kv_fraction_of_free=0.0,
+        request_overhead_s=0.03, client_jitter_s=0.0, output_jitter_tokens=0.0,
         source="sglang/srt/server_args.py defaults; scheduler prefill-first, no mixed chunk"),
     # TensorRT-LLM (trtllm-serve, PyTorch backend): in-flight batching mixes context and
     # generation requests in one step; max_num_tokens 8192, max_batch_size 2048,
-    # kv_cache free_gpu_memory_fraction 0.9 (tensorrt_llm/llmapi/llm_args.py).
+    # kv_cache free_gpu_memory_fraction 0.9; capacity scheduler GUARANTEED_NO_EVICT (a request
+    # is admitted only with KV for its whole output) (tensorrt_llm/llmapi/llm_args.py).
     "trtllm": EngineProfile(
         "trtllm", chunked_prefill=True, max_num_seqs=2048, max_batched_tokens=8192,
-        gpu_memory_utilization=0.9, step_cpu_s=1.0e-3, step_cpu_per_seq_s=0.0,
-        request_overhead_s=0.0, client_jitter_s=0.02, output_jitter_tokens=0.0,
+        gpu_memory_utilization=0.9, step_cpu_s=0.5e-3, step_cpu_per_seq_s=8.0e-5, no_evict=True,
+        kv_fraction_of_free=0.9,
+        request_overhead_s=0.0, client_jitter_s=0.03, output_jitter_tokens=2.0,
         source="tensorrt_llm/llmapi/llm_args.py defaults; in-flight batching"),
 }
 

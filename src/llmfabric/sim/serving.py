@@ -46,7 +46,8 @@ def _kv_capacity(spec: ReplicaSpec) -> int:
     cfg = spec.config
     if cfg.kv_capacity_tokens is not None:
         return cfg.kv_capacity_tokens
-    plan = memory_plan(spec.deployment, gpu_memory_utilization=cfg.gpu_memory_utilization,
+    util = 1.0 if cfg.kv_fraction_of_free > 0 else cfg.gpu_memory_utilization
+    plan = memory_plan(spec.deployment, gpu_memory_utilization=util,
                        max_batched_tokens=cfg.max_batched_tokens, block_size=cfg.block_size)
     if not plan.fits:
         dep = spec.deployment
@@ -55,6 +56,9 @@ def _kv_capacity(spec: ReplicaSpec) -> int:
             f"{plan.weight_bytes_per_gpu / 1e9:.1f} GB of weights per GPU leave no KV space; "
             "raise tp/pp, pick a larger GPU or quantize"
         )
+    if cfg.kv_fraction_of_free > 0:  # a share of what weights and runtime leave free
+        blocks = int(plan.kv_capacity_tokens * cfg.kv_fraction_of_free) // cfg.block_size
+        return blocks * cfg.block_size
     return plan.kv_capacity_tokens
 
 

@@ -149,3 +149,36 @@ def test_output_jitter_keeps_outputs_within_bounds_and_breaks_clusters() -> None
     assert drift.steady_ttft_s < 0.7 * lock.steady_ttft_s
     with pytest.raises(SpecError):
         simulate_closed_loop(M, "H100", 1, 2, 4, 64, 8, output_jitter_tokens=-1.0)
+
+
+def test_no_evict_admission_queues_instead_of_preempting() -> None:
+    """Capacity for about two whole requests (2 x (100 + 200 + 8) tokens at a 1 % watermark):
+    plain admission over-admits and preempts as outputs grow; GUARANTEED_NO_EVICT admission
+    runs at most two at once and never preempts."""
+    wl = replay([(0.0, 100, 200)] * 6)
+    cap = 640  # 633.6 usable: two requests' full 616 tokens fit, a third never
+    plain = simulate_replica(M, "H100", 1, wl, config=EngineConfig(kv_capacity_tokens=cap))
+    safe = simulate_replica(M, "H100", 1, wl,
+                            config=EngineConfig(kv_capacity_tokens=cap, no_evict=True))
+    assert plain.preemptions > 0 and safe.preemptions == 0
+    assert safe.n_completed == 6
+    first, done = safe.ttft_s, safe.e2e_s  # arrivals at 0: times since t = 0
+    for t in first:
+        assert int(np.sum((first <= t) & (done > t))) <= 2
+    assert EngineConfig.for_engine("trtllm").no_evict
+    too_long = simulate_replica(M, "H100", 1, replay([(0.0, 100, 600)]),
+                                config=EngineConfig(kv_capacity_tokens=cap, no_evict=True))
+    assert too_long.n_rejected == 1  # its whole output can never fit: rejected, not stuck
+
+
+def test_kv_share_of_free_memory_is_hand_computed() -> None:
+    """TensorRT-LLM sizes its KV cache as a share of the memory left after the weights."""
+    from llmfabric.sim import plan_memory
+    from llmfabric.sim.serving import ReplicaSpec, _kv_capacity
+
+    full = plan_memory("llama-3.1-8b", "H100", 1, gpu_memory_utilization=1.0)
+    spec = ReplicaSpec.of("llama-3.1-8b", "H100", 1,
+                          config=EngineConfig(kv_fraction_of_free=0.5))
+    assert _kv_capacity(spec) == int(full.kv_capacity_tokens * 0.5) // 16 * 16
+    with pytest.raises(SpecError):
+        EngineConfig(kv_fraction_of_free=1.5)
