@@ -84,6 +84,15 @@ PROFILES: dict[str, EngineProfile] = {
         kv_fraction_of_free=0.9,
         request_overhead_s=0.0, client_jitter_s=0.03, output_jitter_tokens=2.0,
         source="tensorrt_llm/llmapi/llm_args.py defaults; in-flight batching"),
+    # The engine model before engine profiles (`EngineConfig()` defaults: vLLM V0-style
+    # prefill-first, 256 sequences, no CPU terms) with identical clients that never drift:
+    # the baseline of the e2e benchmark and the set-up of sim_accuracy's published rows.
+    "plain": EngineProfile(
+        "plain", chunked_prefill=False, max_num_seqs=256, max_batched_tokens=8192,
+        gpu_memory_utilization=0.9, step_cpu_s=0.0, step_cpu_per_seq_s=0.0, no_evict=False,
+        kv_fraction_of_free=0.0,
+        request_overhead_s=0.0, client_jitter_s=0.0, output_jitter_tokens=0.0,
+        source="llmfabric's EngineConfig() defaults"),
 }
 
 _ALIASES = {"vllm-v1": "vllm", "sgl": "sglang", "sg-lang": "sglang", "tensorrt-llm": "trtllm",
