@@ -16,11 +16,18 @@ Files -> concepts
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
 - workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
-                  (admission, chunked prefill, preemption by recompute), closed-form stretches.
+                  (admission, chunked prefill, preemption by recompute, no-evict admission,
+                  engine CPU time per step), closed-form stretches; `EngineConfig.for_engine`.
+- profiles.py     engine profiles by name (vllm, sglang, trtllm, plain): scheduling policy,
+                  batch limits, KV memory, fitted CPU / front-end / client-drift terms.
+- closedloop.py   `simulate_closed_loop`: concurrency-bound clients that drift apart (seeded),
+                  ClosedLoopResult with steady-state (first wave excluded) TTFT/TPOT.
+- e2e.py          replay measured end-to-end rows (CSV) through closed loops: predicted vs
+                  measured TTFT/TPOT, MAPE overall / per GPU / per backend.
 - routers.py      router policies by name (ROUTERS): round_robin, random, least_outstanding,
                   least_work, power_of_two.
 - serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,
-                  `simulate_closed_loop`, `max_sustainable_rate`.
+                  `max_sustainable_rate`.
 - results.py      ServingResult (TTFT/TPOT/E2E per request, throughput, SLO attainment,
                   utilisation over time), SLO.
 - errors.py       SimError hierarchy.
@@ -39,7 +46,9 @@ Stable API (used by engines/ and scheduler/):
            slo_attainment, p99_*, per-request arrays, utilisation)
     simulate_cluster([ReplicaSpec.of(model, gpu, tp), ...], workload, router=...)
     simulate_disaggregated(prefill_specs, decode_specs, workload, link, kv_bits=4)
-    simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens)
+    simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens,
+                         engine_profile="vllm") -> ClosedLoopResult (steady_ttft_s, ...)
+    EngineConfig.for_engine("sglang", **overrides);  e2e.replay("rows.csv") -> dict
     max_sustainable_rate(model, gpu, tp, input_tokens, output_tokens, SLO(...)) -> req/s
     poisson(rate, duration, input_tokens, output_tokens, seed) -> Workload (also gamma,
         on_off, replay, load_trace)
