@@ -131,16 +131,18 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
         result = sim.simulate_cluster([rep] * replicas, workload, router=router,
                                       slo=None if slo.empty else slo, seed=seed)
         from llmfabric.sim.memory import memory_plan
+        from llmfabric.sim.serving import _kv_capacity
 
         plan = memory_plan(rep.deployment, max_batched_tokens=config.max_batched_tokens,
                            gpu_memory_utilization=config.gpu_memory_utilization)
+        kv_tokens = _kv_capacity(rep)  # as the replicas size it (profiles may differ)
     except sim.SimError as exc:
         raise click.ClickException(str(exc)) from exc
 
     summary: dict[str, Any] = {
         "model": spec.name, "gpu": gpu_spec.name, "tp": tp, "pp": pp, "replicas": replicas,
         "router": router, "requests": len(workload),
-        "kv_capacity_tokens": plan.kv_capacity_tokens,
+        "kv_capacity_tokens": kv_tokens,
         "weight_gb_per_gpu": plan.weight_bytes_per_gpu / 1e9,
         "mean_utilisation": float(result.utilisation.busy_fraction.mean())
         if result.utilisation.busy_fraction.size else 0.0,
@@ -173,7 +175,7 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
         ("SLO attainment", _fmt(result.slo_attainment, 100, " %")),
         ("preemptions", f"{result.preemptions:,}"),
         ("mean GPU busy", _fmt(summary["mean_utilisation"], 100, " %")),
-        ("KV capacity / replica", f"{plan.kv_capacity_tokens:,} tokens"),
+        ("KV capacity / replica", f"{kv_tokens:,} tokens"),
         ("weights / GPU", _fmt(plan.weight_bytes_per_gpu, 1e-9, " GB")),
     ]
     for name, value in rows:

@@ -66,6 +66,8 @@ def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16, *,
     """Roofline time of one operator: R(compute, memory) + kernel overhead. `warm_l2`: see
     `memory_bandwidth` (`working_set` defaults to the operator's own bytes)."""
     peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
+    if op.tensor and dtype_bits <= 8:
+        peak *= eff.low_precision_compute
     ws = op.bytes if working_set is None else working_set
     bw = memory_bandwidth(gpu, eff, ws, warm_l2)
     return float(roofline(op.flops / peak, op.bytes / bw, eff.roofline_p)) + eff.kernel_overhead_s
@@ -121,8 +123,11 @@ def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: E
                   dtype_bits: int) -> FloatArray:
     total = np.zeros_like(m)
     bw = gpu.mem_bw * eff.memory
+    tensor_peak = gpu.flops(dtype_bits) * eff.compute
+    if dtype_bits <= 8:
+        tensor_peak *= eff.low_precision_compute
     for op in ops:
-        peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
+        peak = tensor_peak if op.tensor else gpu.fp32_flops * eff.vector
         compute = op.flops_per_token * m / peak
         memory = (op.weights_touched(m) + op.act_bytes_per_token * m) / bw
         total += roofline(compute, memory, eff.roofline_p) + eff.kernel_overhead_s

@@ -80,9 +80,9 @@ PROFILES: dict[str, EngineProfile] = {
     # is admitted only with KV for its whole output) (tensorrt_llm/llmapi/llm_args.py).
     "trtllm": EngineProfile(
         "trtllm", chunked_prefill=True, max_num_seqs=2048, max_batched_tokens=8192,
-        gpu_memory_utilization=0.9, step_cpu_s=0.5e-3, step_cpu_per_seq_s=8.0e-5, no_evict=True,
+        gpu_memory_utilization=0.9, step_cpu_s=0.5e-3, step_cpu_per_seq_s=4.0e-5, no_evict=True,
         kv_fraction_of_free=0.9,
-        request_overhead_s=0.0, client_jitter_s=0.03, output_jitter_tokens=2.0,
+        request_overhead_s=0.0, client_jitter_s=0.03, output_jitter_tokens=3.0,
         source="tensorrt_llm/llmapi/llm_args.py defaults; in-flight batching"),
     # The engine model before engine profiles (`EngineConfig()` defaults: vLLM V0-style
     # prefill-first, 256 sequences, no CPU terms) with identical clients that never drift:

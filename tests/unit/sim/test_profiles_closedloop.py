@@ -30,7 +30,9 @@ def test_for_engine_takes_the_profile_and_overrides() -> None:
     v = EngineConfig.for_engine("vllm", max_num_seqs=512)
     assert v.chunked_prefill and v.max_num_seqs == 512 and v.max_batched_tokens == 8192
     assert EngineConfig.for_engine("tensorrt-llm") == EngineConfig.for_engine("trtllm")
-    assert all(p.max_num_seqs > 256 for p in PROFILES.values())  # no fixed 256 cap
+    real = [p for name, p in PROFILES.items() if name != "plain"]
+    assert all(p.max_num_seqs > 256 for p in real)  # no fixed 256 cap
+    assert EngineConfig.for_engine("plain") == EngineConfig()  # the engine before profiles
     with pytest.raises(SpecError, match="unknown engine profile"):
         EngineConfig.for_engine("tgi")
     with pytest.raises(SpecError):
@@ -182,3 +184,23 @@ def test_kv_share_of_free_memory_is_hand_computed() -> None:
     assert _kv_capacity(spec) == int(full.kv_capacity_tokens * 0.5) // 16 * 16
     with pytest.raises(SpecError):
         EngineConfig(kv_fraction_of_free=1.5)
+
+
+def test_fp8_gemms_reach_a_fitted_share_of_the_bf16_efficiency() -> None:
+    """A compute-bound GEMM at FP8 runs at peak(FP8) x compute x low_precision_compute: on the
+    H100 (FP8 peak = 2 x BF16) it takes 1 / (2 x 0.61) of the BF16 time, not half."""
+    from llmfabric.sim import efficiency_for
+    from llmfabric.sim.costs import op_time
+    from llmfabric.sim.operators import OpCost
+
+    gpu = get_gpu("H100")
+    eff = dataclasses.replace(efficiency_for(gpu), kernel_overhead_s=0.0)
+    assert eff.low_precision_compute == pytest.approx(0.61)
+    big = OpCost("gemm", 2.0 * 8192 * 8192 * 8192, 1.0)  # compute-bound: bytes negligible
+    ratio = op_time(big, gpu, eff, 8) / op_time(big, gpu, eff, 16)
+    assert ratio == pytest.approx(gpu.fp16_flops / (gpu.fp8_flops * 0.61), rel=1e-6)
+    plain = dataclasses.replace(eff, low_precision_compute=1.0)
+    assert op_time(big, gpu, plain, 8) / op_time(big, gpu, plain, 16) == pytest.approx(0.5,
+                                                                                         rel=1e-3)
+    with pytest.raises(SpecError):
+        dataclasses.replace(eff, low_precision_compute=0.0)
