@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmfabric.sim import (
     PROFILES,
@@ -204,3 +206,30 @@ def test_fp8_gemms_reach_a_fitted_share_of_the_bf16_efficiency() -> None:
                                                                                          rel=1e-3)
     with pytest.raises(SpecError):
         dataclasses.replace(eff, low_precision_compute=0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(reqs=st.lists(st.tuples(st.floats(0, 10, allow_nan=False), st.integers(1, 2500),
+                               st.integers(1, 400)), min_size=1, max_size=30),
+       cap=st.sampled_from([2048, 6000, 20000]), chunked=st.booleans())
+def test_no_evict_never_preempts_and_stays_within_the_kv(reqs: list[tuple[float, int, int]],
+                                                         cap: int, chunked: bool) -> None:
+    from llmfabric.sim.engine import Replica, RequestBook
+
+    wl = replay(reqs)
+    book = RequestBook(wl.arrival_s.tolist(), wl.input_tokens.tolist(),
+                       wl.output_tokens.tolist())
+    cfg = EngineConfig(kv_capacity_tokens=cap, no_evict=True, chunked_prefill=chunked)
+    rep = Replica(0, cost_model("qwen3-1.7b", "L40S"), cfg, cap, book)
+    for rid, (t, p, o) in enumerate(zip(book.arrival, book.input_tokens, book.output_tokens,
+                                        strict=True)):
+        rep.advance_to(t)
+        rep.submit(rid, p, o)
+    rep.drain()
+    assert rep.preemptions == 0
+    assert rep.kv_peak_tokens <= rep.capacity + 1e-9
+    for rid in range(len(wl)):
+        fits = book.input_tokens[rid] + book.output_tokens[rid] + 8 <= rep.capacity
+        assert book.truncated[rid] != fits  # rejected exactly when its whole output can't fit
+        if fits:
+            assert book.finish[rid] >= book.first_token[rid] >= book.arrival[rid]
