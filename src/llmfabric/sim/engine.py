@@ -16,7 +16,11 @@ Scheduling (vLLM V0 default; V1 with `chunked_prefill=True`):
   sequence still prefilling counts as newer than every decoding one; its reserved prompt is
   released); with chunked prefill a prompt is admitted only if one step of the running
   decodes still fits after it. So the KV in use never exceeds the capacity (`kv_peak_tokens`);
-- KV is counted in tokens with half a block of fragmentation per sequence.
+- KV is counted in tokens with half a block of fragmentation per sequence;
+- engine profiles (`profiles.py`, `EngineConfig.for_engine`) add the engine's CPU time per
+  iteration (`step_cpu_s` + `step_cpu_per_seq_s` x sequences) and, with `no_evict`,
+  TensorRT-LLM's admission (a request only with KV for its whole remaining output: no
+  preemption, the queue waits instead).
 Roles: "both" (default), "prefill" (hands each request off after its first token), "decode"
 (receives requests whose KV was transferred; they join without prefill compute).
 """
