@@ -102,6 +102,10 @@ class NodeConfig(BaseModel):
     public_http_addr: str | None = None
     # A node that cannot be dialled keeps registrations with at least this many relays.
     min_relays: int = Field(default=1, ge=1)
+    # Walltime: Unix time the allocation ends (None: detected inside a Slurm job, else
+    # unbounded); the node drains this long before it (launch/allocation.py).
+    alloc_end: float | None = Field(default=None, gt=0)
+    drain_lead_s: float = Field(default=120.0, ge=0)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import os
 import random
 from typing import Any
 
@@ -35,6 +36,7 @@ from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
@@ -50,6 +52,7 @@ from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.ports import free_port
 from llmfabric.node.release import release_engine
 from llmfabric.node.replica_reader import AgentReplicaReader
+from llmfabric.node.walltime import WalltimeWatch
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Change
 
@@ -109,6 +112,7 @@ class Node:
         self._evicted_peers: set[str] = set()  # addresses kept while reconnects may help
         self._stopping = False
         self._forward_token: str | None = None
+        self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -165,6 +169,8 @@ class Node:
         if self.config.process:
             self.engine = self._engine_link(self.config)
         await self._serve_http(app)
+        if self._alloc_end is None:
+            self._alloc_end = await asyncio.to_thread(allocation_end, dict(os.environ))
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
         self.transport.on_relays_changed(self._relays_changed)
@@ -178,6 +184,18 @@ class Node:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
+        if self._alloc_end is not None:
+            self._spawn(self._walltime(self._alloc_end).run(), "walltime")
+
+    def _walltime(self, end: float) -> WalltimeWatch:
+        def moved(new_end: float) -> None:
+            self._alloc_end = new_end
+            self._republish()
+
+        env = dict(os.environ)
+        refresh = None if self.config.alloc_end is not None else (lambda: allocation_end(env))
+        return WalltimeWatch(self.clock, end, self.config.drain_lead_s, drain=self.stop,
+                             republish=moved, refresh=refresh)
 
     def _new_agent(self) -> GossipAgent:
         agent = GossipAgent(
@@ -249,6 +267,8 @@ class Node:
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
+            alloc_end=self._alloc_end or 0.0,
+            drain_lead_s=self.config.drain_lead_s if self._alloc_end else 0.0,
         )
         return dataclasses.replace(meta, **changes)
 
