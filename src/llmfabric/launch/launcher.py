@@ -1,0 +1,113 @@
+"""The Slurm launcher: observe (squeue, sbatch --test-only, the fabric's records), decide
+(launch/capacity.py, pure), execute (sbatch --parsable, scancel) on an injected clock.
+
+Jobs are ours when their name is the profile's job name (`llmfabric-<name>`). A job's node is
+found in the registry by its `slurm_job` label (the sbatch script sets it). Slurm commands
+block, so observing and executing run in a worker thread; the loop keeps the node's gossip
+and membership answering meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from llmfabric.clock import Clock
+from llmfabric.launch.capacity import (
+    CancelJob,
+    CapacityConfig,
+    CapacityDecision,
+    CapacityState,
+    JobView,
+    SubmitJobs,
+    decide,
+)
+from llmfabric.launch.errors import LaunchError
+from llmfabric.launch.profile import SlurmProfile
+from llmfabric.launch.sbatch import render_sbatch
+from llmfabric.launch.slurm import Slurm
+from llmfabric.registry.records import Lifecycle, NodeRecord
+
+log = logging.getLogger("llmfabric.launch")
+
+
+def capacity_config(profile: SlurmProfile) -> CapacityConfig:
+    c = profile.controller
+    if c is None:
+        raise LaunchError("the profile has no `controller:` section (model, capacity_rps): "
+                          "the launcher needs it to size the fleet")
+    return CapacityConfig(capacity_rps=c.capacity_rps, min_jobs=c.min_jobs,
+                          max_jobs=c.max_jobs, startup_s=c.startup_s,
+                          lead_s=float(profile.signal_lead), idle_s=c.idle_s)
+
+
+def job_views(queued: Iterable[tuple[str, str, float | None]],
+              records: Iterable[NodeRecord]) -> list[JobView]:
+    """(job id, state, end) from squeue, joined with the records labelled with that job."""
+    by_job: dict[str, NodeRecord] = {}
+    for rec in records:
+        job = rec.meta.label("slurm_job")
+        if job and rec.state < Lifecycle.DOWN:
+            by_job[job] = rec
+    out = []
+    for job_id, state, end in queued:
+        node = by_job.get(job_id)
+        out.append(JobView(job_id, state, end,
+                           serving=node is not None and node.state is Lifecycle.SERVING,
+                           inflight=node.meta.load.inflight if node is not None else 0))
+    return out
+
+
+class SlurmLauncher:
+    def __init__(self, slurm: Slurm, profile: SlurmProfile, clock: Clock,
+                 demand: Callable[[], float], records: Callable[[], Iterable[NodeRecord]],
+                 *, source: str = "", interval_s: float = 30.0) -> None:
+        self.slurm = slurm
+        self.profile = profile
+        self.script = render_sbatch(profile, source=source)
+        self.clock = clock
+        self.config = capacity_config(profile)
+        self._demand = demand
+        self._records = records
+        self.interval_s = interval_s
+        self.state = CapacityState()
+        self.applied: list[CapacityDecision] = []
+
+    def _observe(self) -> tuple[list[tuple[str, str, float | None]], float]:
+        queued = [(j.job_id, j.state, j.end)
+                  for j in self.slurm.queue(name=self.profile.job_name)]
+        start = self.slurm.test_start(self.script)
+        wait = max(0.0, start - self.clock.wall()) if start is not None else 0.0
+        return queued, wait
+
+    async def step(self) -> list[CapacityDecision]:
+        queued, wait = await asyncio.to_thread(self._observe)
+        jobs = job_views(queued, self._records())
+        now = self.clock.wall()
+        decisions, self.state = decide(self._demand(), jobs, wait, now, self.state,
+                                       self.config)
+        for d in decisions:
+            await asyncio.to_thread(self._apply, d, now)
+        return decisions
+
+    def _apply(self, decision: CapacityDecision, now: float) -> None:
+        if isinstance(decision, SubmitJobs):
+            for _ in range(decision.count):
+                job = self.slurm.submit(self.script)
+                log.info("submitted Slurm job %s: %s", job, decision.reason)
+                self.state = CapacityState(self.state.surplus_since,
+                                           (*self.state.submitted, (job, now)))
+        elif isinstance(decision, CancelJob):
+            self.slurm.cancel(decision.job_id, signal=None if decision.pending else "TERM")
+            log.info("cancelled Slurm job %s%s: %s", decision.job_id,
+                     " (queued)" if decision.pending else " (draining)", decision.reason)
+        self.applied.append(decision)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except LaunchError as exc:  # Slurm briefly unreachable: try again next round
+                log.error("launcher round failed: %s", exc)
+            await self.clock.sleep(self.interval_s)
