@@ -59,7 +59,7 @@ class QueuedJob:
     job_id: str
     name: str
     state: str  # PENDING, RUNNING, COMPLETING, ...
-    start: float | None  # actual start (running) or Slurm's estimate (pending)
+    start: float | None  # actual start (running), Slurm's estimate (pending: = squeue --start)
     end: float | None  # when the time limit ends it (running), else None
     reason: str
     nodes: str
@@ -155,20 +155,6 @@ class Slurm:
                 return []
             raise SlurmError(one_line_error(err, f"squeue exited with status {code}"))
         return parse_squeue(out)
-
-    def start_estimates(self, job_ids: Sequence[str]) -> dict[str, float]:
-        """Slurm's expected start of pending jobs (`squeue --start`)."""
-        if not job_ids:
-            return {}
-        code, out, _ = self.run(["squeue", "--start", "-h", "-o", "%i|%S", "-j",
-                                 ",".join(job_ids)], None)
-        est: dict[str, float] = {}
-        for line in out.splitlines() if code == 0 else []:
-            jid, _, start = line.strip().partition("|")
-            t = parse_time(start)
-            if t is not None:
-                est[jid] = t
-        return est
 
     def accounting(self, job_ids: Sequence[str]) -> list[FinishedJob]:
         """sacct for jobs that left the queue; SlurmError when accounting is off."""
