@@ -29,7 +29,14 @@ import shlex
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from llmfabric.launch.errors import ProfileError
 
@@ -178,6 +185,13 @@ class SlurmProfile(BaseModel):
     @classmethod
     def _lines(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_one_line(x, "entry") for x in v)
+
+    @model_validator(mode="after")
+    def _lead_inside_the_limit(self) -> SlurmProfile:
+        if self.signal_lead >= self.time_s:
+            raise ValueError(f"signal_lead ({self.signal_lead} s) must be shorter than the time "
+                             f"limit ({self.time_s} s): the node would drain as it starts")
+        return self
 
     @property
     def job_name(self) -> str:

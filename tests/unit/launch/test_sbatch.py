@@ -89,6 +89,8 @@ def test_profile_errors_name_the_field() -> None:
         parse_profile(base(memory="lots"))
     with pytest.raises(ProfileError, match="fabric"):
         parse_profile(base(fabric={"secret_file": "x"}))
+    with pytest.raises(ProfileError, match="signal_lead"):
+        parse_profile(base(time="2", signal_lead=120))
     with pytest.raises(ProfileError, match="surprise"):
         parse_profile(base(surprise=1))
 
