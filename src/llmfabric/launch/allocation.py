@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 
 from llmfabric.launch.errors import SlurmError
-from llmfabric.launch.slurm import Runner, Slurm, parse_time
+from llmfabric.launch.slurm import Runner, Slurm, parse_time, subprocess_runner
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def allocation_end(env: Mapping[str, str], runner: Runner | None = None) -> floa
     if raw.isdigit() and int(raw) > 0:
         return float(raw)
     try:
-        fields = Slurm(runner).job(job)
+        fields = Slurm(runner or subprocess_runner(timeout=10)).job(job)
     except SlurmError as exc:
         log.warning("cannot read the end of Slurm job %s (scontrol: %s); walltime unknown",
                     job, exc)

@@ -3,7 +3,8 @@ current (an operator may extend a Slurm job's time limit).
 
 Slurm's `--signal=B:TERM@lead` normally starts the drain (it may come up to a minute early);
 this watch is the node's own guarantee when the signal is late, missing (a profile without
-it) or the time limit changed. Times are Unix seconds on the injected clock's `wall()`.
+it) or the time limit changed (re-read every 5 minutes: one scontrol RPC per job, gentle on
+slurmctld). Times are Unix seconds on the injected clock's `wall()`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class WalltimeWatch:
                  drain: Callable[[], Awaitable[None]],
                  republish: Callable[[float], None],
                  refresh: Callable[[], float | None] | None = None,
-                 refresh_s: float = 60.0) -> None:
+                 refresh_s: float = 300.0) -> None:
         self.clock = clock
         self.end = end
         self.lead_s = lead_s

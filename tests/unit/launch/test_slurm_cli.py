@@ -73,3 +73,26 @@ def test_allocation_end_prefers_the_env_then_scontrol() -> None:
         {"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified")})) is None
     assert allocation_end({"SLURM_JOB_ID": "7"}, FakeRunner(
         {"scontrol": (0, SCONTROL.replace("2026-11-24T02:27:13", "Unknown"), "")})) is None
+
+
+def test_status_rows_join_the_queue_accounting_and_the_fabric() -> None:
+    from llmfabric.cli.slurm import job_rows
+
+    squeue = "12|llmfabric-sim|RUNNING|2026-11-24T02:25:13|2026-11-24T02:27:13|None|vm\n"
+    run = FakeRunner({"squeue": (0, squeue, ""),
+                      "sacct": (1, "", "Slurm accounting storage is disabled")})
+    nodes = [{"session_id": "s-old", "state": "LEFT", "labels": {"slurm_job": "12"},
+              "models": []},
+             {"session_id": "s-new", "state": "SERVING", "labels": {"slurm_job": "12"},
+              "models": [{"id": "m"}], "alloc_end": 5.0},
+             {"session_id": "other", "state": "SERVING", "labels": {}, "models": []}]
+    rows = job_rows(Slurm(run), ["12", "13"], None, nodes)
+    assert [r["job"] for r in rows] == ["12", "13"]
+    assert rows[0]["state"] == "RUNNING"
+    assert rows[0]["fabric"] == [{"session_id": "s-new", "state": "SERVING",
+                                  "suspected": False, "models": ["m"], "alloc_end": 5.0}]
+    assert rows[1]["state"] == "GONE" and "accounting storage is disabled" in rows[1]["note"]
+    done = FakeRunner({"squeue": (0, "", ""),
+                       "sacct": (0, "13|COMPLETED|0:0|00:01:02\n13.batch|COMPLETED|0:0|x\n", "")})
+    assert job_rows(Slurm(done), ["13"], None, None) == [
+        {"job": "13", "state": "COMPLETED", "exit": "0:0", "elapsed": "00:01:02"}]
