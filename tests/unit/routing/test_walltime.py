@@ -47,11 +47,22 @@ def test_long_requests_avoid_nodes_ending_soon() -> None:
 
 
 def test_sim_rate_prices_known_models_and_falls_back() -> None:
-    est = sim_rate(fallback=fixed_rate(per_token_s=1.0, overhead_s=0))
+    est = sim_rate(fallback=fixed_rate(per_token_s=1.0, overhead_s=0), background=False)
     known = est(cand("a"), 1000)
     assert 5 < known < 1000  # a decode step on an L40S is well under a second
     assert est(cand("b", model="no-such-model"), 1000) == 1000.0
     assert est(cand("c", gpu="H100-SXM"), 1000) < known  # faster GPU, shorter estimate
+
+
+def test_background_estimates_answer_with_the_fallback_until_ready() -> None:
+    import time
+
+    est = sim_rate(fallback=fixed_rate(per_token_s=1.0, overhead_s=0))
+    assert est(cand("a"), 1000) == 1000.0  # not computed yet: the fallback, no waiting
+    deadline = time.monotonic() + 30
+    while est(cand("a"), 1000) == 1000.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert est(cand("a"), 1000) < 1000.0
 
 
 @given(end=st.floats(0, 1e10), lead=st.floats(0, 1e5), expected=st.floats(0, 1e6),
