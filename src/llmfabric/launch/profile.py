@@ -81,6 +81,11 @@ class Container(BaseModel):
     def _image(cls, v: str) -> str:
         return _one_line(v, "container.image")
 
+    @field_validator("mounts", "args")
+    @classmethod
+    def _words(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_one_line(x, "value") for x in v)
+
 
 class Fabric(BaseModel):
     """How the job's node joins the fabric."""
@@ -103,6 +108,25 @@ class Fabric(BaseModel):
     @classmethod
     def _bootstrap(cls, v: Any) -> Any:
         return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+
+    @field_validator("bootstrap", "args")
+    @classmethod
+    def _words(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_one_line(x, "value") for x in v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            _one_line(key + value, "label")
+            if "=" in key or not key:
+                raise ValueError(f"label key {key!r} must be non-empty and hold no '='")
+        return v
+
+    @field_validator("network", "provider", "llmfabric", "listen", "http_listen")
+    @classmethod
+    def _line(cls, v: str | None) -> str | None:
+        return None if v is None else _one_line(v, "value")
 
 
 class Controller(BaseModel):
@@ -145,6 +169,17 @@ class SlurmProfile(BaseModel):
     @classmethod
     def _engine(cls, v: Any) -> Any:
         return shlex.split(v) if isinstance(v, str) else v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_lines(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # sbatch refuses scripts with \r (DOS line breaks); a newline has no place in argv.
+        return tuple(_one_line(x, "engine argument") for x in v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return {k: _one_line(x, f"env {k}") for k, x in v.items()}
 
     @field_validator("name")
     @classmethod

@@ -78,6 +78,10 @@ def test_hostile_values_are_quoted_or_refused() -> None:
                                                  "secret_file": "$(cat /etc/shadow)"})))
     with pytest.raises(ProfileError, match="one line"):
         parse_profile(base(partition="gpu\n#SBATCH --account=other"))
+    for bad in ({"engine": ["serve", "a\rb"]}, {"env": {"X": "1\n2"}},
+                {"fabric": {"bootstrap": ["a:1"], "secret_file": "/s", "labels": {"k": "v\n"}}}):
+        with pytest.raises(ProfileError, match="one line"):
+            parse_profile(base(**bad))
     with pytest.raises(ProfileError, match="sbatch option"):
         parse_profile(base(sbatch=["exclusive"]))
 
