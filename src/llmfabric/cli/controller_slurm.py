@@ -33,7 +33,7 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
                  interval: float, once: bool, settle: float) -> None:
     try:
         profile = load_profile(profile_path)
-        capacity_config(profile)
+        capacity = capacity_config(profile)  # may run the simulator once
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
     assert profile.controller is not None
@@ -70,7 +70,8 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
                 return load.arrival_rate if load is not None else 0.0
 
             launcher = SlurmLauncher(Slurm(), profile, clock, demand, live,
-                                     source=str(profile_path), interval_s=interval)
+                                     source=str(profile_path), interval_s=interval,
+                                     capacity=capacity)
             if once:
                 decisions = await launcher.step()
                 sys.stdout.write(json.dumps(

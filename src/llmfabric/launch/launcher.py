@@ -32,12 +32,40 @@ from llmfabric.registry.records import Lifecycle, NodeRecord
 log = logging.getLogger("llmfabric.launch")
 
 
+def simulated_capacity_rps(model: str, gpu: str, gpus: int, mean_in: float,
+                           mean_out: float) -> float:
+    """Requests/s one replica of `model` sustains on `gpus` GPUs of type `gpu` (TP = the
+    largest power of two <= gpus): the planner's capacity, 0.9 x the simulated service rate
+    (scheduler/curves.py). A few simulator runs: call it once, at start."""
+    from llmfabric.scheduler.curves import RateCurve
+    from llmfabric.scheduler.errors import SchedulerError
+    from llmfabric.scheduler.problem import ModelLoad
+    from llmfabric.scheduler.simadapter import SimPerformance
+
+    perf = SimPerformance()
+    tp = max(t for t in (1, 2, 4, 8) if t <= max(1, gpus))
+    try:
+        curve = RateCurve(perf, ModelLoad(model, 1000.0, mean_in, mean_out),
+                          perf.gpu(gpu).name, tp, None)
+    except (SchedulerError, KeyError, ValueError) as exc:
+        raise LaunchError(f"cannot estimate the capacity of {model} on {gpus} x {gpu}: {exc}; "
+                          "give controller.capacity_rps") from None
+    if not 0 < curve.capacity < 1e9:
+        raise LaunchError(f"the simulator found no finite capacity for {model} on {gpus} x "
+                          f"{gpu}; give controller.capacity_rps")
+    return float(curve.capacity)
+
+
 def capacity_config(profile: SlurmProfile) -> CapacityConfig:
     c = profile.controller
     if c is None:
         raise LaunchError("the profile has no `controller:` section (model, capacity_rps): "
                           "the launcher needs it to size the fleet")
-    return CapacityConfig(capacity_rps=c.capacity_rps, min_jobs=c.min_jobs,
+    capacity = c.capacity_rps
+    if capacity is None:
+        assert c.gpu is not None  # the profile's validator requires one of the two
+        capacity = simulated_capacity_rps(c.model, c.gpu, profile.gpus, c.mean_in, c.mean_out)
+    return CapacityConfig(capacity_rps=capacity, min_jobs=c.min_jobs,
                           max_jobs=c.max_jobs, startup_s=c.startup_s,
                           lead_s=float(profile.signal_lead), idle_s=c.idle_s)
 
@@ -62,12 +90,13 @@ def job_views(queued: Iterable[tuple[str, str, float | None]],
 class SlurmLauncher:
     def __init__(self, slurm: Slurm, profile: SlurmProfile, clock: Clock,
                  demand: Callable[[], float], records: Callable[[], Iterable[NodeRecord]],
-                 *, source: str = "", interval_s: float = 30.0) -> None:
+                 *, source: str = "", interval_s: float = 30.0,
+                 capacity: CapacityConfig | None = None) -> None:
         self.slurm = slurm
         self.profile = profile
         self.script = render_sbatch(profile, source=source)
         self.clock = clock
-        self.config = capacity_config(profile)
+        self.config = capacity or capacity_config(profile)
         self._demand = demand
         self._records = records
         self.interval_s = interval_s

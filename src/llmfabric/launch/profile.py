@@ -134,11 +134,23 @@ class Controller(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     model: str  # the model the engine serves (demand for it drives submissions)
-    capacity_rps: float = Field(gt=0)  # requests/s one job sustains
+    capacity_rps: float | None = Field(default=None, gt=0)  # requests/s one job sustains
+    # Without capacity_rps: the simulator's capacity of one replica of `model` on the job's
+    # GPUs (`gpu`: a simulator catalog name, e.g. H100-SXM) at these mean lengths.
+    gpu: str | None = None
+    mean_in: float = Field(default=512.0, ge=1)
+    mean_out: float = Field(default=128.0, ge=1)
     min_jobs: int = Field(default=0, ge=0)
     max_jobs: int = Field(default=4, ge=1)
     startup_s: float = Field(default=300.0, ge=0)  # submit -> SERVING once running
     idle_s: float = Field(default=300.0, ge=0)  # surplus this long -> cancel a job
+
+    @model_validator(mode="after")
+    def _capacity_source(self) -> Controller:
+        if self.capacity_rps is None and self.gpu is None:
+            raise ValueError("give capacity_rps (requests/s one job sustains) or gpu (the "
+                             "simulator then estimates it)")
+        return self
 
 
 class SlurmProfile(BaseModel):

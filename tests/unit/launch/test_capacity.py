@@ -88,3 +88,25 @@ def test_never_plans_beyond_max_jobs_and_never_cancels_when_short(
             assert future < needed_jobs(demand, CFG)
         else:
             assert future > needed_jobs(demand, CFG)
+
+
+def test_the_simulator_sizes_a_job_when_the_profile_gives_no_capacity() -> None:
+    import pytest
+
+    from llmfabric.launch.errors import LaunchError, ProfileError
+    from llmfabric.launch.launcher import capacity_config
+    from llmfabric.launch.profile import SlurmProfile, parse_profile
+
+    def prof(gpus: int, **ctl: object) -> SlurmProfile:
+        return parse_profile({"engine": "e", "gpus": gpus,
+                              "fabric": {"bootstrap": ["h:1"], "secret_file": "/s"},
+                              "controller": {"model": "llama-3.1-8b", **ctl}})
+
+    one = capacity_config(prof(1, gpu="H100-SXM")).capacity_rps
+    four = capacity_config(prof(4, gpu="H100-SXM")).capacity_rps
+    assert 0 < one < four  # TP 4 serves more than one GPU
+    assert capacity_config(prof(1, capacity_rps=3.0)).capacity_rps == 3.0
+    with pytest.raises(LaunchError, match="capacity_rps"):
+        capacity_config(prof(1, gpu="no-such-gpu"))
+    with pytest.raises(ProfileError, match="capacity_rps"):
+        prof(1)
