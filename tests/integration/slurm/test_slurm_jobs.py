@@ -181,8 +181,11 @@ def test_job_serves_publishes_its_end_and_leaves_at_its_time_limit(
     assert "Traceback" not in out, out[-2000:]
 
 
-def test_cancel_under_load_drains_with_no_failed_request(
-        slurm: SlurmCluster, fabric: LocalFabric, tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("how", ["llmfabric slurm cancel", "plain scancel"])
+def test_cancel_under_load_with_no_failed_request(
+        slurm: SlurmCluster, fabric: LocalFabric, tmp_path: pathlib.Path, how: str) -> None:
+    """Graceful (only the node gets SIGTERM: it drains) and a plain `scancel` (every process,
+    the engine too, gets SIGTERM: requests it drops are retried on another node)."""
     assert fabric.ingress is not None
     job = submit(slurm, write_profile(tmp_path, fabric, time="10"))
     node = wait_for("the job's node SERVING", lambda: [
@@ -190,8 +193,11 @@ def test_cancel_under_load_drains_with_no_failed_request(
     with Load(fabric.ingress.http_url + "/v1", fabric.admin_key()) as load:
         wait_for("requests on the job's node", lambda: load.nodes.get(node["session_id"]),
                  30, slurm, job)
-        done = cli(slurm, "slurm", "cancel", job)
-        assert done.returncode == 0 and "draining" in done.stdout, done.stderr
+        if how == "plain scancel":
+            assert slurm.run("scancel", job).returncode == 0
+        else:
+            done = cli(slurm, "slurm", "cancel", job)
+            assert done.returncode == 0 and "draining" in done.stdout, done.stderr
         wait_for("the job to end", lambda: not in_queue(slurm, job), 60, slurm, job)
     assert load.failures == [], load.failures[:3]
     assert {n["state"] for n in job_nodes(fabric, job)} == {"LEFT"}
