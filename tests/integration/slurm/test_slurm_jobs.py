@@ -60,10 +60,11 @@ def write_profile(tmp: pathlib.Path, fabric: LocalFabric, **over: Any) -> pathli
     return path
 
 
-@pytest.fixture
-def fabric(tmp_path: pathlib.Path) -> Iterator[LocalFabric]:
-    """An ingress and one node outside Slurm that stays (the fleet's steady part)."""
-    with LocalFabric(tmp_path / "fabric") as fab:
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFabric]:
+    """An ingress and one node outside Slurm that stays (the fleet's steady part); shared by
+    this module's tests (each looks only at its own job's nodes)."""
+    with LocalFabric(tmp_path_factory.mktemp("fabric")) as fab:
         fab.start_ingress()
         fab.add_node(EngineSpec(MODEL, "L40S", speed=50), "anchor")
         fab.wait_serving({MODEL: 1}, timeout=60)
@@ -155,6 +156,8 @@ def test_job_serves_publishes_its_end_and_leaves_at_its_time_limit(
     row = json.loads(status.stdout)[0]
     assert row["state"] == "RUNNING" and row["fabric"][0]["state"] == "SERVING"
     assert row["fabric"][0]["session_id"] == node["session_id"]
+    table = cli(slurm, "slurm", "status", job, "--node", fabric.ingress.http_url).stdout
+    assert table.split()[:2] == [job, "RUNNING"] and f"SERVING {MODEL}" in table, table
 
     client = openai.OpenAI(base_url=fabric.ingress.http_url + "/v1",
                            api_key=fabric.admin_key(), max_retries=0)
