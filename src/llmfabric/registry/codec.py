@@ -72,11 +72,20 @@ def _canon(value: Any) -> Any:
     return value
 
 
+# Optional NodeMeta fields left out of the body while unset: records of nodes that do not use
+# them keep their size and bytes (older nodes write the same body).
+_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s")
+
+
 def encode_body(record: NodeRecord) -> bytes:
+    meta = _canon(record.meta)
+    for key in _OMIT_WHEN_ZERO:
+        if not meta[key]:
+            del meta[key]
     body = {
         "i": record.incarnation,
         "k": record.public_key,
-        "m": _canon(record.meta),
+        "m": meta,
         "p": record.peer_id,
         "s": record.session_id,
         "st": int(record.state),

@@ -16,7 +16,8 @@ KEY = NodeKey.generate()
 
 
 def _signed(**fields: object) -> tuple[bytes, bytes]:
-    owner = RecordOwner(KEY, NodeMeta(provider_id="p"), wall=0.0)
+    owner = RecordOwner(KEY, NodeMeta(provider_id="p", alloc_end=1.0, drain_lead_s=1.0),
+                        wall=0.0)
     body = msgpack.unpackb(encode_body(owner.record), raw=False)
     for name, value in fields.items():
         if value is None:
@@ -32,6 +33,12 @@ def test_round_trip() -> None:
     signed = sign_record(KEY, owner.record)
     meta = verify_record(signed.body, signed.signature).record.meta
     assert (meta.alloc_end, meta.drain_lead_s) == (1_800_000_000.5, 120.0)
+
+
+def test_unset_fields_stay_out_of_the_body() -> None:
+    owner = RecordOwner(KEY, NodeMeta(provider_id="p"), wall=0.0)
+    meta = msgpack.unpackb(encode_body(owner.record), raw=False)["m"]
+    assert "alloc_end" not in meta and "drain_lead_s" not in meta
 
 
 def test_an_older_body_decodes_as_unbounded() -> None:
