@@ -75,7 +75,7 @@ def _fabric_nodes(url: str) -> list[dict[str, Any]]:
 def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,
              nodes: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """squeue (+ sacct for jobs that left the queue) joined with the fabric's records."""
-    queued = slurm.queue(job_ids, name=name if not job_ids else None)
+    queued = slurm.queue(job_ids, name=name if not job_ids else None, mine=not job_ids)
     rows: dict[str, dict[str, Any]] = {
         j.job_id: {"job": j.job_id, "name": j.name, "state": j.state, "start": j.start,
                    "end": j.end, "reason": j.reason, "host": j.nodes} for j in queued}
@@ -102,7 +102,7 @@ def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,
 @command.command()
 @click.argument("job_ids", nargs=-1)
 @click.option("--profile", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
-              help="all queued jobs of this profile (by job name)")
+              help="all your queued jobs of this profile (by job name)")
 @click.option("--node", "node_url", help="a node's HTTP address, e.g. http://ingress:8090: "
               "join each job with the fabric's view of its node")
 @click.option("--json", "as_json", is_flag=True)

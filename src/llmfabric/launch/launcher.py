@@ -105,7 +105,7 @@ class SlurmLauncher:
 
     def _observe(self) -> tuple[list[tuple[str, str, float | None]], float]:
         queued = [(j.job_id, j.state, j.end)
-                  for j in self.slurm.queue(name=self.profile.job_name)]
+                  for j in self.slurm.queue(name=self.profile.job_name, mine=True)]
         start = self.slurm.test_start(self.script)
         wait = max(0.0, start - self.clock.wall()) if start is not None else 0.0
         return queued, wait

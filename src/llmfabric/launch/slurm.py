@@ -143,8 +143,11 @@ class Slurm:
             return None
         return parse_test_only(err)
 
-    def queue(self, job_ids: Sequence[str] = (), name: str | None = None) -> list[QueuedJob]:
-        argv = ["squeue", "-h", "-o", _SQUEUE_FORMAT]
+    def queue(self, job_ids: Sequence[str] = (), name: str | None = None,
+              mine: bool = False) -> list[QueuedJob]:
+        """Jobs in the queue: these ids, or by job name; `mine`: only the caller's (another
+        operator's launcher may use the same profile name)."""
+        argv = ["squeue", "-h", "-o", _SQUEUE_FORMAT, *(["--me"] if mine else [])]
         if job_ids:
             argv += ["-j", ",".join(job_ids)]
         if name:

@@ -41,6 +41,7 @@ class FakeSlurm:
             at = iso(self.clock.wall() + 60)
             return 0, "", f"sbatch: Job 9 to start at {at} using 1 processors on nodes n1\n"
         if argv[0] == "squeue":
+            assert "--me" in argv  # never another user's jobs of the same name
             rows = [f"{j}|llmfabric-sim|{v['state']}|N/A|"
                     f"{iso(v['end']) if v['end'] else 'N/A'}|None|n1"
                     for j, v in self.jobs.items()]
