@@ -1,6 +1,6 @@
 """`llmfabric controller --launcher slurm` on a REAL Slurm: no job while nobody asks, a job
-(only max_jobs of them) once the ingress observes demand beyond the fleet's capacity, and
-the job's node joins and serves."""
+once the ingress observes demand beyond the fleet's capacity, the job's node joins and serves,
+and a replacement is submitted ahead of the job's allocation end (pre-launch)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ def test_controller_launches_a_job_when_demand_rises(
 
         fab.add_node(EngineSpec(MODEL, "L40S", speed=50), "anchor")
         fab.wait_serving({MODEL: 1}, timeout=60)
-        profile = write_profile(tmp_path, fab, time="5", controller={
-            "model": MODEL, "capacity_rps": 0.5, "max_jobs": 1, "startup_s": 30,
+        # 2-minute jobs that drain 45 s before their end; a replacement needs 50 s to serve:
+        # a job is due for replacement 25 s after it starts.
+        profile = write_profile(tmp_path, fab, time="2", controller={
+            "model": MODEL, "capacity_rps": 0.5, "max_jobs": 1, "startup_s": 50,
             "idle_s": 600})
         log = (tmp_path / "controller.log").open("w")
         ctl = subprocess.Popen(
@@ -67,10 +69,15 @@ def test_controller_launches_a_job_when_demand_rises(
                 time.sleep(0.5)
             else:
                 raise AssertionError("the launched job's node never served")
-            time.sleep(3)
-            assert our_jobs(slurm) == jobs, "max_jobs=1: no second job"
             text = (tmp_path / "controller.log").read_text()
             assert f"submitted Slurm job {jobs[0]}" in text and "needs" in text
+            assert "replacing" not in text
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(our_jobs(slurm)) < 2:
+                time.sleep(0.5)
+            assert len(our_jobs(slurm)) == 2 and jobs[0] in our_jobs(slurm), "pre-launch"
+            text = (tmp_path / "controller.log").read_text()
+            assert "before a new job could serve: replacing" in text, text[-2000:]
         finally:
             ctl.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
