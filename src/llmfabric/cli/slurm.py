@@ -10,6 +10,7 @@ A rejected submission prints Slurm's reason on one line and exits with status 1.
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 import sys
@@ -51,10 +52,21 @@ def render(profile: pathlib.Path) -> None:
 @_PROFILE
 @click.option("--count", type=click.IntRange(min=1, max=64), default=1, show_default=True,
               help="submit this many jobs")
-def submit(profile: pathlib.Path, count: int) -> None:
+@click.option("--test-only", is_flag=True,
+              help="submit nothing: print when Slurm would start the job (sbatch --test-only)")
+def submit(profile: pathlib.Path, count: int, test_only: bool) -> None:
     """Submit PROFILE's job with `sbatch --parsable`; prints each job id."""
     _, script = _load(profile)
     slurm = Slurm()
+    if test_only:
+        try:
+            start = slurm.test_start(script, strict=True)
+        except LaunchError as exc:
+            raise click.ClickException(f"sbatch rejected the job: {exc}") from None
+        when = (datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds")
+                if start is not None else "unknown")
+        click.echo(f"would start at {when}")
+        return
     for _ in range(count):
         try:
             job_id = slurm.submit(script)

@@ -135,11 +135,14 @@ class Slurm:
             raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")
         return job_id
 
-    def test_start(self, script: str) -> float | None:
-        """When a job of this script would start (`sbatch --test-only`), None if unknown."""
+    def test_start(self, script: str, *, strict: bool = False) -> float | None:
+        """When a job of this script would start (`sbatch --test-only`), None if unknown
+        (`strict`: a refusal raises SlurmError instead)."""
         try:
             _, err = self._call(["sbatch", "--test-only"], script)
         except SlurmError:
+            if strict:
+                raise
             return None
         return parse_test_only(err)
 

@@ -216,3 +216,6 @@ def test_a_bad_partition_is_one_clear_error_line(
     assert "Invalid partition" in lines[0] and "sbatch rejected the job" in lines[0]
     assert "Traceback" not in done.stderr
     assert os.environ.get("SLURM_CONF") is None  # the fixture never leaks into this process
+    probe = cli(slurm, "slurm", "submit", "--test-only", str(write_profile(tmp_path, fabric)))
+    assert probe.returncode == 0 and probe.stdout.startswith("would start at 20"), probe
+    assert not slurm.run("squeue", "-h").stdout.strip()  # nothing was submitted
