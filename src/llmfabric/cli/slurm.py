@@ -78,10 +78,17 @@ def submit(profile: pathlib.Path, count: int, test_only: bool) -> None:
 def _fabric_nodes(url: str) -> list[dict[str, Any]]:
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/v1/fabric/nodes", timeout=10) as resp:
-            nodes: list[dict[str, Any]] = json.loads(resp.read())["nodes"]
-    except (OSError, ValueError, KeyError) as exc:
+            nodes = json.loads(resp.read())["nodes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise click.ClickException(f"cannot read the fabric's nodes from {url}: {exc}") from None
-    return nodes
+    if not isinstance(nodes, list):
+        raise click.ClickException(f"{url} answered no list of nodes")
+    # Only well-formed entries: the answer comes from the network.
+    return [n for n in nodes if isinstance(n, dict) and isinstance(n.get("labels"), dict)
+            and isinstance(n.get("session_id"), str) and isinstance(n.get("state"), str)
+            and isinstance(n.get("models", []), list)
+            and all(isinstance(m, dict) and isinstance(m.get("id"), str)
+                    for m in n.get("models", []))]
 
 
 def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,

@@ -96,3 +96,20 @@ def test_status_rows_join_the_queue_accounting_and_the_fabric() -> None:
                        "sacct": (0, "13|COMPLETED|0:0|00:01:02\n13.batch|COMPLETED|0:0|x\n", "")})
     assert job_rows(Slurm(done), ["13"], None, None) == [
         {"job": "13", "state": "COMPLETED", "exit": "0:0", "elapsed": "00:01:02"}]
+
+
+def test_status_ignores_malformed_fabric_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import json as _json
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    body = {"nodes": [{"session_id": "ok", "state": "SERVING", "labels": {"slurm_job": "1"},
+                       "models": [{"id": "m"}]},
+                      {"session_id": "bad", "state": "SERVING", "labels": ["slurm_job"]},
+                      {"session_id": 7, "state": "SERVING", "labels": {}},
+                      {"session_id": "bad2", "state": "JOIN", "labels": {}, "models": [3]},
+                      "junk"]}
+    monkeypatch.setattr(cli_slurm.urllib.request, "urlopen",
+                        lambda *a, **k: io.BytesIO(_json.dumps(body).encode()))
+    assert [n["session_id"] for n in cli_slurm._fabric_nodes("http://x")] == ["ok"]
