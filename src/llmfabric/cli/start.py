@@ -168,6 +168,11 @@ def node_options(fn: Any) -> Any:
         click.option("--engine-stop-timeout", "engine_stop_timeout_s",
                      type=click.FloatRange(min=0),
                      help="SIGTERM: seconds the engine gets to exit before SIGKILL [5]"),
+        click.option("--alloc-end", "alloc_end", type=click.FloatRange(min=0, min_open=True),
+                     help="Unix time this node's allocation ends [in a Slurm job: the job's "
+                          "end; else none]"),
+        click.option("--drain-lead", "drain_lead_s", type=click.FloatRange(min=0),
+                     help="seconds before the allocation end to drain and leave [120]"),
         click.option("--gpu", help="override the GPU model (or 'cpu')"),
         click.option("--gpu-count", type=int),
         click.option("--gpu-memory", "gpu_memory_gb", type=float, help="GiB per GPU"),

@@ -39,6 +39,7 @@ from llmfabric.routing.errors import InvalidConstraintError
 from llmfabric.routing.policies import make_policy
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
+from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
 
 # Upstream statuses worth another candidate (overloaded, failing or gone engines).
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -131,6 +132,7 @@ class Ingress:
         self._own_timeouts = getattr(forwarder, "enforces_timeouts", False) is True
         self._plain_requests: dict[tuple[str, bool], RouteRequest] = {}
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
+        self._duration = sim_rate()  # request duration estimate for walltime routing
 
     # -- routes --------------------------------------------------------------------------
 
@@ -295,6 +297,9 @@ class Ingress:
             rreq = plain
 
         candidates = self.source.candidates(model)
+        if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
+            candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
+                                         self._duration)
         if not candidates:
             if not self.source.is_known(model):
                 return self._refuse(

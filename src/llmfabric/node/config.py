@@ -116,6 +116,10 @@ class NodeConfig(BaseModel):
     allow_engine_public_bind: bool = False
     # Limits of the lean front (--api-listen): FrontLimits field -> value over the defaults.
     front_limits: dict[str, float] = Field(default_factory=dict)
+    # Walltime: Unix time the allocation ends (None: detected inside a Slurm job, else
+    # unbounded); the node drains this long before it (launch/allocation.py).
+    alloc_end: float | None = Field(default=None, gt=0)
+    drain_lead_s: float = Field(default=120.0, ge=0)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod

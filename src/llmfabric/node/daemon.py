@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 from typing import Any
 
@@ -32,6 +33,7 @@ from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.front_limits import front_limits
+from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
@@ -50,6 +52,7 @@ from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.ports import free_port
 from llmfabric.node.release import release_engine
 from llmfabric.node.replica_reader import AgentReplicaReader
+from llmfabric.node.walltime import WalltimeWatch
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Change
 
@@ -119,6 +122,7 @@ class Node:
             self.key, lambda: self.engine, self._is_member,
             max_body_bytes=config.max_body_bytes)
         self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
+        self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -174,6 +178,8 @@ class Node:
         await self._serve_http(app)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
+        if self._alloc_end is None:
+            self._alloc_end = await asyncio.to_thread(allocation_end, dict(os.environ))
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
         self.transport.on_relays_changed(self._relays_changed)
@@ -187,6 +193,18 @@ class Node:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
+        if self._alloc_end is not None:
+            self._spawn(self._walltime(self._alloc_end).run(), "walltime")
+
+    def _walltime(self, end: float) -> WalltimeWatch:
+        def moved(new_end: float) -> None:
+            self._alloc_end = new_end
+            self._republish()
+
+        env = dict(os.environ)
+        refresh = None if self.config.alloc_end is not None else (lambda: allocation_end(env))
+        return WalltimeWatch(self.clock, end, self.config.drain_lead_s, drain=self.stop,
+                             republish=moved, refresh=refresh)
 
     def _new_agent(self) -> GossipAgent:
         agent = GossipAgent(
@@ -259,6 +277,8 @@ class Node:
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
+            alloc_end=self._alloc_end or 0.0,
+            drain_lead_s=self.config.drain_lead_s if self._alloc_end else 0.0,
         )
         return dataclasses.replace(meta, **changes)
 

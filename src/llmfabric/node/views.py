@@ -48,6 +48,8 @@ def node_view(obs: ObservedRecord) -> dict[str, Any]:
         "tier": meta.tier,
         "roles": list(meta.roles),
         "demand": [asdict(d) for d in meta.demand],
+        "alloc_end": meta.alloc_end,
+        "drain_lead_s": meta.drain_lead_s,
         "http_addr": meta.http_addr,
         "peer_addrs": list(meta.peer_addrs),
         "relays": list(meta.relays),

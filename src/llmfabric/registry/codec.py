@@ -72,11 +72,20 @@ def _canon(value: Any) -> Any:
     return value
 
 
+# Optional NodeMeta fields left out of the body while unset: records of nodes that do not use
+# them keep their size and bytes (older nodes write the same body).
+_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s")
+
+
 def encode_body(record: NodeRecord) -> bytes:
+    meta = _canon(record.meta)
+    for key in _OMIT_WHEN_ZERO:
+        if not meta[key]:
+            del meta[key]
     body = {
         "i": record.incarnation,
         "k": record.public_key,
-        "m": _canon(record.meta),
+        "m": meta,
         "p": record.peer_id,
         "s": record.session_id,
         "st": int(record.state),
@@ -188,6 +197,13 @@ def _demand(d: dict[str, Any]) -> ModelDemand:
     return ModelDemand(_str(d.get("model"), "demand model"), rate, mean_in, mean_out)
 
 
+def _bounded(v: Any, name: str) -> float:
+    x = _float(v, name)
+    if not 0.0 <= x < 1e12:
+        raise _fail(f"{name} must be finite and >= 0")
+    return x
+
+
 def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for p in _list(v, "labels"):
@@ -213,6 +229,8 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         tier=_str(d.get("tier", m.tier), "tier"),
         roles=_strs(d.get("roles", []), "roles"),
         demand=tuple(_demand(_map(x, "demand")) for x in _list(d.get("demand", []), "demand")),
+        alloc_end=_bounded(d.get("alloc_end", 0.0), "alloc_end"),
+        drain_lead_s=_bounded(d.get("drain_lead_s", 0.0), "drain_lead_s"),
     )
 
 

@@ -81,6 +81,11 @@ class NodeMeta:
     tier: str = "transient"  # "stable" (long-lived, e.g. ingress) or "transient" (Slurm job)
     roles: tuple[str, ...] = ()  # "ingress", "relay", "bootstrap"
     demand: tuple[ModelDemand, ...] = ()  # ingress nodes only: observed per-model workload
+    # Walltime (launch/allocation.py): Unix time the node's allocation (Slurm job) ends, 0 if
+    # unbounded; the node drains `drain_lead_s` before it, and routing sends it no request
+    # expected to outlast that moment (routing/walltime.py).
+    alloc_end: float = 0.0
+    drain_lead_s: float = 0.0
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

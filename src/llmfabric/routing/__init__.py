@@ -11,6 +11,8 @@ Pure core: no sockets, no clocks. Files:
   catalog GPU or exactly its family token, never a substring).
 - policies.py: the `Policy` Protocol and `POLICIES` (random, round_robin, weighted,
   least_outstanding, prefix_affinity); `make_policy(name, rng)`.
+- walltime.py: `walltime_filter` (prefer nodes whose allocation outlasts the request, from
+  max_tokens and the simulator's per-token time), `requested_tokens`, `sim_rate`, `fixed_rate`.
 - router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`.
 - errors.py: `RoutingError`, `UnknownPolicyError`, `InvalidConstraintError`.
 """

@@ -28,6 +28,8 @@ class Candidate:
     load: LoadHints
     labels: tuple[tuple[str, str], ...] = ()
     suspected: bool = False
+    alloc_end: float = 0.0  # walltime (routing/walltime.py); 0: unbounded
+    drain_lead_s: float = 0.0
 
     @staticmethod
     def from_record(record: NodeRecord, model: ServedModel, suspected: bool = False) -> Candidate:
@@ -43,6 +45,8 @@ class Candidate:
             load=meta.load,
             labels=meta.labels,
             suspected=suspected,
+            alloc_end=meta.alloc_end,
+            drain_lead_s=meta.drain_lead_s,
         )
 
 
