@@ -25,7 +25,7 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-DIM, LAYERS, HEADS, KV_HEADS, FFN, CTX = 64, 2, 4, 2, 128, 2048
+DIM, LAYERS, HEADS, KV_HEADS, FFN, CTX = 128, 2, 2, 1, 256, 2048  # head_dim 64 (vLLM CPU)
 
 
 def corpus(n: int = 3000) -> list[str]:

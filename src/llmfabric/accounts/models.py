@@ -57,6 +57,7 @@ class UsageRow:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    estimated_requests: int = 0  # of `requests`, those whose tokens the ingress estimated
 
     @property
     def total_tokens(self) -> int:
