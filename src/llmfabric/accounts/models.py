@@ -73,4 +73,5 @@ class UsageRow:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "estimated_requests": self.estimated_requests,
         }
