@@ -455,7 +455,9 @@ class Ingress:
         self.metrics.observe_ttft(cand.model.id, ttft)
 
         # Committed: from here on bytes reach the client, so no retry is possible.
-        scanner = StreamUsageScanner(strip_usage, want_chunk) if self._capture else None
+        # (also without a usage sink: a client that asked for usage gets its chunk)
+        scanner = (StreamUsageScanner(strip_usage, want_chunk)
+                   if self._capture or want_chunk else None)
         usage: Usage | None = None
         failed: BaseException | None = None
         try:
