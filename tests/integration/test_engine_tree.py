@@ -111,3 +111,34 @@ def test_engine_exit_reaps_children_restarts_then_leaves(
         assert "will not be restarted" in fabric.tail(node, 80)
     finally:
         _cleanup(tuple(all_pids))
+
+
+def test_hung_engine_is_killed_and_restarted(
+        fabric: LocalFabric, tmp_path: pathlib.Path) -> None:
+    """No exit, just silence (/health stops answering): DOWN after the failed checks, the
+    hung tree is killed, and the engine restarts under a new session."""
+    import urllib.request
+
+    node, pids_file = tree_node(fabric, tmp_path, "hangs", "--health-interval", "0.5",
+                                "--health-failures", "2")
+    fabric.wait_serving({"tree-m": 1})
+    first = read_pids(pids_file)
+    session = node.get_json("/v1/fabric/self")["session_id"]
+    time.sleep(1.5)
+    all_pids: list[int] = list(first)
+    try:
+        assert node.engine_port is not None
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{node.engine_port}/sim/control", data=b'{"action": "hang"}',
+            headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status == 200
+        second = read_pids(pids_file, timeout=60, old=first)
+        all_pids += second
+        assert gone_within(first, 5.0) == [], "the hung engine's tree was not killed"
+        fabric.wait_serving({"tree-m": 1})
+        me = node.get_json("/v1/fabric/self")
+        assert me["session_id"] != session and me["engine_restarts"] == 1
+        assert "consecutive health checks failed" in fabric.tail(node, 80)
+    finally:
+        _cleanup(tuple(all_pids))
