@@ -32,7 +32,10 @@ from llmfabric.node.ports import free_port
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _engines import install, tiny_model
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# The first test of a module pays the engine install on a fresh machine (vLLM ~5 min, the
+# llama.cpp build ~5.5 min on 2 idle cores, much longer on a loaded one) and two engine
+# starts: the suite's 300 s per-test limit does not fit that.
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(3000)]
 CTX = 1024
 
 
