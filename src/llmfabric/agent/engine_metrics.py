@@ -36,7 +36,12 @@ class EngineLoad:
 
 def parse_prometheus(text: str, max_lines: int = 100_000) -> dict[str, float]:
     """metric name -> sum over its samples (comments, bad lines, NaN/inf skipped)."""
-    out: dict[str, float] = {}
+    return {name: sum(values) for name, values in parse_samples(text, max_lines).items()}
+
+
+def parse_samples(text: str, max_lines: int = 100_000) -> dict[str, list[float]]:
+    """metric name -> its sample values, one per label set (e.g. one per DP engine)."""
+    out: dict[str, list[float]] = {}
     for i, line in enumerate(text.splitlines()):
         if i >= max_lines:
             break
@@ -59,8 +64,11 @@ def parse_prometheus(text: str, max_lines: int = 100_000) -> dict[str, float]:
         except ValueError:
             continue
         if math.isfinite(value):
-            out[name] = out.get(name, 0.0) + value
+            out.setdefault(name, []).append(value)
     return out
+
+
+_RATIOS = ("_perc", "_ratio", "_usage", "_hit_rate")
 
 
 def _count(v: float | None) -> int:
@@ -79,8 +87,15 @@ def _first(m: dict[str, float], *names: str) -> float | None:
 
 
 def load_from_metrics(fmt: str, text: str) -> EngineLoad | None:
-    """The engine's load from its Prometheus text; None when none of its metrics appear."""
-    m = parse_prometheus(text)
+    """The engine's load from its Prometheus text; None when none of its metrics appear.
+
+    Request counts add up over label sets (data-parallel engines behind one server); ratios
+    (KV-cache use, hit rates) are averaged."""
+    samples = parse_samples(text)
+    m = {name: sum(values) for name, values in samples.items()}
+    for name, values in samples.items():
+        if name.endswith(_RATIOS):
+            m[name] = sum(values) / len(values)
     if fmt == "vllm":
         running = _first(m, "vllm:num_requests_running")
         if running is None:

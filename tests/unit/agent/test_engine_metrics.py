@@ -93,3 +93,12 @@ def test_parser_never_raises(text: str) -> None:
     for fmt in ("vllm", "sglang", "llama.cpp", "tgi"):
         got = load_from_metrics(fmt, text)
         assert got is None or (got.running >= 0 and 0.0 <= got.kv_usage <= 1.0)
+
+
+def test_data_parallel_engines_add_requests_and_average_ratios() -> None:
+    text = ('vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 3\n'
+            'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_waiting{engine="1"} 0\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 0.8\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n')
+    got = load_from_metrics("vllm", text)
+    assert got is not None and (got.running, got.waiting) == (5, 1)
+    assert abs(got.kv_usage - 0.6) < 1e-9  # the mean, not a clamped sum of 1.2
