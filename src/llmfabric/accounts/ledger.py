@@ -18,12 +18,13 @@ from llmfabric.accounts.db import Backend
 from llmfabric.accounts.models import UsageRow
 
 _UPSERT = """INSERT INTO usage_daily
-    (key_id, model, day, requests, prompt_tokens, completion_tokens)
-VALUES (?, ?, ?, ?, ?, ?)
+    (key_id, model, day, requests, prompt_tokens, completion_tokens, estimated_requests)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (key_id, model, day) DO UPDATE SET
     requests = usage_daily.requests + excluded.requests,
     prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens"""
+    completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens,
+    estimated_requests = usage_daily.estimated_requests + excluded.estimated_requests"""
 
 
 def utc_day(unix_s: float) -> str:
@@ -35,6 +36,7 @@ class _Counts:
     requests: int = 0
     prompt: int = 0
     completion: int = 0
+    estimated: int = 0  # requests whose tokens the ingress counted (the engine reported none)
 
 
 class UsageLedger:
@@ -48,9 +50,11 @@ class UsageLedger:
     def pending_rows(self) -> int:
         return len(self._pending)
 
-    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+               estimated: bool = False) -> None:
         c = self._pending.setdefault((key_id, model, utc_day(self._wall())), _Counts())
         c.requests += 1
+        c.estimated += int(estimated)
         c.prompt += max(0, int(prompt_tokens))
         c.completion += max(0, int(completion_tokens))
 
@@ -75,7 +79,7 @@ class UsageLedger:
         # In key order, so concurrent flushes (other processes sharing a Postgres database)
         # lock the same rows in the same order and cannot deadlock.
         rows = [
-            (k, m, d, c.requests, c.prompt, c.completion)
+            (k, m, d, c.requests, c.prompt, c.completion, c.estimated)
             for (k, m, d), c in sorted(batch.items())
         ]
         try:
@@ -86,6 +90,7 @@ class UsageLedger:
                 cur.requests += c.requests
                 cur.prompt += c.prompt
                 cur.completion += c.completion
+                cur.estimated += c.estimated
             raise
         return len(rows)
 
@@ -104,13 +109,14 @@ class UsageLedger:
             params.append(since_day)
         sql = (
             "SELECT u.key_id, COALESCE(k.owner, ''), u.model, u.day, u.requests, "
-            "u.prompt_tokens, u.completion_tokens FROM usage_daily u "
+            "u.prompt_tokens, u.completion_tokens, u.estimated_requests FROM usage_daily u "
             "LEFT JOIN api_keys k ON k.id = u.key_id"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY u.day, u.key_id, u.model"
         )
         return [
-            UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]))
+            UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]),
+                     int(r[7]))
             for r in await self._backend.fetchall(sql, params)
         ]
 

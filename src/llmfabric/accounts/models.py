@@ -57,6 +57,7 @@ class UsageRow:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    estimated_requests: int = 0  # of `requests`, those whose tokens the ingress estimated
 
     @property
     def total_tokens(self) -> int:
@@ -72,4 +73,5 @@ class UsageRow:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "estimated_requests": self.estimated_requests,
         }

@@ -233,10 +233,12 @@ class AccountStore:
     # -- usage --------------------------------------------------------------------------
 
     def record_usage(
-        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int
+        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+        estimated: bool = False,
     ) -> None:
-        """Count one request's tokens. Never blocks: written by the next periodic flush."""
-        self._ledger.record(key_id, model, prompt_tokens, completion_tokens)
+        """Count one request's tokens (`estimated`: the ingress counted them). Never blocks:
+        written by the next periodic flush."""
+        self._ledger.record(key_id, model, prompt_tokens, completion_tokens, estimated)
 
     async def flush(self) -> int:
         """Write pending usage now; returns the number of rows written."""

@@ -153,6 +153,20 @@ def node_options(fn: Any) -> Any:
         click.option("--controller", "controllers", multiple=True,
                      help="peer id allowed to send assignments (repeatable; default: any member)"),
         click.option("--engine-url", help="engine base URL [parsed from the command]"),
+        click.option("--engine", "engine_kind", metavar="KIND",
+                     help="engine kind: vllm, sglang, llama.cpp, llama-cpp-python, tgi, torch, "
+                          "sim, openai (any OpenAI-compatible server) [detected from the "
+                          "command]"),
+        click.option("--model-id", "model_ids", multiple=True,
+                     help="a model id the engine serves but does not list on /v1/models "
+                          "(repeatable)"),
+        click.option("--on-engine-exit", "on_engine_exit",
+                     type=click.Choice(["restart", "leave"]),
+                     help="when the engine's main process exits: restart it (with backoff, "
+                          "up to --engine-restarts times, then leave) or leave at once "
+                          "[restart]"),
+        click.option("--engine-restarts", "engine_restarts", type=click.IntRange(min=0),
+                     help="engine restarts before the node leaves [3]"),
         click.option("--alias", "aliases", multiple=True, callback=_aliases,
                      metavar="ALIAS=MODEL",
                      help="also serve the engine's MODEL under ALIAS (repeatable)"),
@@ -193,7 +207,7 @@ def config_from_options(
     file_values = load_config_file(config_file) if config_file else {}
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
-    for name in ("labels", "controllers", "aliases", "front_limits"):
+    for name in ("labels", "controllers", "aliases", "front_limits", "model_ids"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)
@@ -208,6 +222,9 @@ def config_from_options(
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The engine's start (a model load of minutes) is reported without -v: starting,
+    # still waiting after N s, ready after N s with its models (agent/supervisor.py).
+    logging.getLogger("llmfabric.agent.supervisor").setLevel(min(level, logging.INFO))
 
 
 def warn_config(config: NodeConfig) -> None:

@@ -35,8 +35,9 @@ class AccountsAuth:
             return e.retry_after_s
         return None
 
-    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self._store.record_usage(key_id, model, prompt_tokens, completion_tokens)
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+               estimated: bool = False) -> None:
+        self._store.record_usage(key_id, model, prompt_tokens, completion_tokens, estimated)
         if self._limiter is not None:
             self._limiter.add_tokens(key_id, prompt_tokens + completion_tokens)
 
@@ -48,7 +49,8 @@ class StaticPrincipal:
 
 class StaticKeys:
     """A fixed table token -> key id (tests, benchmarks); no rate limits. Records usage in
-    memory: `usage[(key_id, model)] = [prompt_tokens, completion_tokens, requests]`."""
+    memory: `usage[(key_id, model)] = [prompt_tokens, completion_tokens, requests,
+    estimated requests]`."""
 
     def __init__(self, tokens: Mapping[str, str]) -> None:
         self._keys = {t: StaticPrincipal(k) for t, k in tokens.items()}
@@ -60,8 +62,10 @@ class StaticKeys:
     def check_rate(self, principal: Principal) -> float | None:
         return None
 
-    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        row = self.usage.setdefault((key_id, model), [0, 0, 0])
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+               estimated: bool = False) -> None:
+        row = self.usage.setdefault((key_id, model), [0, 0, 0, 0])
         row[0] += prompt_tokens
         row[1] += completion_tokens
         row[2] += 1
+        row[3] += int(estimated)

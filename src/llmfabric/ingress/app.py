@@ -33,7 +33,14 @@ from llmfabric.ingress.protocols import (
     UsageSink,
 )
 from llmfabric.ingress.sources import merged_catalog
-from llmfabric.ingress.usage import StreamUsageScanner, relayed_usage, usage_from_body
+from llmfabric.ingress.usage import (
+    StreamUsageScanner,
+    Usage,
+    estimate_completion_from_body,
+    estimate_prompt_tokens,
+    relayed_usage,
+    usage_from_body,
+)
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError
 from llmfabric.routing.policies import make_policy
@@ -317,12 +324,13 @@ class Ingress:
                 del doc["metadata"]
             modified = True
         strip_usage = False
-        if stream and self._capture and self.config.inject_stream_usage:
-            so = doc.get("stream_options")
-            if not (isinstance(so, dict) and so.get("include_usage")):
-                doc["stream_options"] = {**(so if isinstance(so, dict) else {}),
-                                         "include_usage": True}
-                strip_usage = modified = True
+        so = doc.get("stream_options")
+        # The client asked for a usage chunk: sent by the ingress if the engine sends none.
+        want_chunk = bool(stream and isinstance(so, dict) and so.get("include_usage"))
+        if stream and self._capture and self.config.inject_stream_usage and not want_chunk:
+            doc["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                     "include_usage": True}
+            strip_usage = modified = True
         if modified:
             body = orjson.dumps(doc)
 
@@ -344,10 +352,10 @@ class Ingress:
             try:
                 if stream:
                     resp, usage, ttft = await self._attempt_stream(
-                        sink, cand, path, send, strip_usage
+                        sink, cand, path, send, strip_usage, want_chunk, doc
                     )
                 else:
-                    resp, usage, ttft = await self._attempt_once(cand, path, send)
+                    resp, usage, ttft = await self._attempt_once(cand, path, send, doc)
                 status = resp.status if resp is not None else 200
                 ok = status < 500
             except UpstreamError as e:
@@ -384,8 +392,8 @@ class Ingress:
         return error_reply(status, message, code, param, headers)
 
     async def _attempt_once(
-        self, cand: Candidate, path: str, body: bytes
-    ) -> tuple[Reply, tuple[int, int] | None, float | None]:
+        self, cand: Candidate, path: str, body: bytes, doc: dict[str, Any]
+    ) -> tuple[Reply, Usage | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
         if self._own_timeouts:
@@ -398,7 +406,12 @@ class Ingress:
                 raise UpstreamError(
                     f"node {cand.session_id} timed out after {t.total} s") from e
         resp = Reply(status, data, ctype, cand.session_id)
-        usage = usage_from_body(data) if self._capture and status == 200 else None
+        usage = None
+        if self._capture and status == 200:
+            got = usage_from_body(data)
+            # No usage from the engine: counted here and marked estimated (usage.py).
+            usage = Usage(*got) if got is not None else Usage(
+                estimate_prompt_tokens(doc), estimate_completion_from_body(data), True)
         return resp, usage, _perf() - t_send
 
     async def _exchange_once(
@@ -414,8 +427,9 @@ class Ingress:
         return up.status, data, up.content_type
 
     async def _attempt_stream(
-        self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool
-    ) -> tuple[Reply | None, tuple[int, int] | None, float | None]:
+        self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool,
+        want_chunk: bool, doc: dict[str, Any],
+    ) -> tuple[Reply | None, Usage | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
         opened: list[Upstream] = []
@@ -448,8 +462,10 @@ class Ingress:
         self.metrics.observe_ttft(cand.model.id, ttft)
 
         # Committed: from here on bytes reach the client, so no retry is possible.
-        scanner = (StreamUsageScanner(strip_usage, self.config.max_sse_line_bytes)
-                   if self._capture else None)
+        # (also without a usage sink: a client that asked for usage gets its chunk)
+        scanner = (StreamUsageScanner(strip_usage, want_chunk, self.config.max_sse_line_bytes)
+                   if self._capture or want_chunk else None)
+        usage: Usage | None = None
         failed: BaseException | None = None
         gone = False
         try:
@@ -489,16 +505,20 @@ class Ingress:
                 await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
             if scanner is not None:
                 rest = scanner.flush()
-                if rest:
-                    await sink.write(rest)
+                usage, tail = scanner.finish(estimate_prompt_tokens(doc), cand.model.id,
+                                             path.endswith("/chat/completions"))
+                if rest or tail:
+                    await sink.write(rest + tail)
             await sink.end()
         except _CLIENT_GONE:
             gone = True  # the client went away; nothing to send
         finally:
             await up.aclose()
-        usage = scanner.usage if scanner is not None else None
-        if usage is None and scanner is not None and (gone or failed is not None):
-            usage = relayed_usage(len(body), scanner.events)  # bill what was relayed
+        if usage is None and scanner is not None:
+            if scanner.usage is not None:
+                usage = Usage(*scanner.usage)  # (the client went away before the end)
+            elif gone or failed is not None:  # bill what was relayed, marked estimated
+                usage = Usage(*relayed_usage(len(body), scanner.events), True)
         if failed is not None:
             raise _Committed(usage, ttft)
         return None, usage, ttft
@@ -527,12 +547,13 @@ class Ingress:
     def _finish(
         self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,
         stream: bool, attempts: int, t0: float, started: float, ttft: float | None,
-        usage: tuple[int, int] | None, doc: dict[str, Any],
+        usage: Usage | None, doc: dict[str, Any],
     ) -> None:
         e2e = _perf() - t0
         self.metrics.observe_request(model, status, e2e)
         if usage is not None and principal is not None and self.usage_sink is not None:
-            self.usage_sink.record(principal.id, model, usage[0], usage[1])
+            self.usage_sink.record(principal.id, model, usage[0], usage[1],
+                                   estimated=usage.estimated)
         if self.config.trace_hook is not None:
             self._trace(path, model, principal, cand.session_id, status, stream, attempts, t0,
                         started, ttft, usage, doc)
@@ -540,7 +561,7 @@ class Ingress:
     def _trace(
         self, path: str, model: str, principal: Principal | None, node: str | None,
         status: int, stream: bool, attempts: int, t0: float, started: float,
-        ttft: float | None, usage: tuple[int, int] | None, doc: dict[str, Any],
+        ttft: float | None, usage: Usage | None, doc: dict[str, Any],
     ) -> None:
         hook = self.config.trace_hook
         if hook is None:

@@ -71,6 +71,12 @@ class NodeConfig(BaseModel):
     # Engine supervision (empty process = a bare node the scheduler may fill).
     process: tuple[str, ...] = ()
     engine_url: str | None = None
+    engine_kind: str | None = None  # `--engine KIND` (agent/engines.py); None: detected
+    model_ids: tuple[str, ...] = ()  # served model ids the engine does not list
+    # The engine's main process exited: "restart" it (up to engine_restarts times, with
+    # backoff, each under a new session) then leave, or "leave" at once (exit status 5).
+    on_engine_exit: Literal["restart", "leave"] = "restart"
+    engine_restarts: int = Field(default=3, ge=0)
     ready_timeout_s: float = 900.0
     health_interval_s: float = 2.0
     health_failures: int = Field(default=3, ge=1)
@@ -149,6 +155,23 @@ class NodeConfig(BaseModel):
 
         front_limits(value)  # raises ValueError naming the bad key
         return value
+
+    @field_validator("network_secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode()) < 16:
+            raise ValueError("the network secret must have at least 16 bytes; use a random "
+                             "one, e.g. `openssl rand -hex 16`")
+        return value
+
+    @field_validator("engine_kind")
+    @classmethod
+    def _engine_kind(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from llmfabric.agent.engines import kind_named
+
+        return kind_named(value).name
 
     @field_validator("aliases")
     @classmethod

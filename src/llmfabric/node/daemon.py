@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -53,7 +54,7 @@ from llmfabric.node.ports import free_port
 from llmfabric.node.release import release_engine
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.walltime import WalltimeWatch
-from llmfabric.registry.records import Lifecycle, NodeMeta
+from llmfabric.registry.records import Lifecycle, LoadHints, NodeMeta
 from llmfabric.registry.replica import Change
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class Node:
             max_body_bytes=config.max_body_bytes)
         self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
         self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
+        self._engine_restarts = 0
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -160,7 +162,8 @@ class Node:
         self.agent = self._new_agent()
         reader = AgentReplicaReader(lambda: self._agent, self.clock)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
-        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
+        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
+                        self._local_view)
         if self.config.ingress:
             self.ingress = await IngressLink.create(
                 self.config, reader, self.transport, self.rng, self.clock, key=self.key
@@ -477,32 +480,95 @@ class Node:
             return
         self._agent.update_self(self._meta(engine=info.kind, models=info.models))
         self._agent.set_state(Lifecycle.SERVING)
-        engine.supervisor.on_state_change(self._on_engine_event)
+        engine.supervisor.on_state_change(lambda ev: self._on_engine_event(engine, ev))
         self._spawn(self._publish_load(), "load")
 
-    def _on_engine_event(self, event: EngineEvent) -> None:
-        if self._stopping:
+    def _local_view(self) -> dict[str, Any]:
+        engine = self.engine
+        return {"engine_process": engine.local_view() if engine is not None else None,
+                "engine_restarts": self._engine_restarts}
+
+    def _on_engine_event(self, engine: EngineLink, event: EngineEvent) -> None:
+        if self._stopping or engine is not self.engine:
             return
         if event.state is EngineState.DOWN:
             log.error("engine down: %s", event.reason)
             if self._agent.record.state < Lifecycle.DOWN:
                 self._agent.set_state(Lifecycle.DOWN)
+            self._spawn(self._after_engine_down(engine), "engine-down")
         elif event.state is EngineState.FATAL:
             log.error("fatal engine failure, fail-stop: %s", event.log_line or event.reason)
             self._exit_code = 4
             self._spawn(self.stop(drain=False), "fail-stop")
 
+    async def _after_engine_down(self, engine: EngineLink) -> None:
+        """The engine exited (its tree is already killed) or stopped answering: restart it
+        under a new session with backoff, or leave (`on_engine_exit`, `engine_restarts`)."""
+        await engine.aclose(2.0)  # a hung engine is killed; an exited one is reaped
+        cfg = self.config
+        while not self._stopping:
+            if cfg.on_engine_exit == "leave" or self._engine_restarts >= cfg.engine_restarts:
+                log.error("the engine is gone and will not be restarted (%s); announcing LEFT "
+                          "and exiting with status 5",
+                          "--on-engine-exit leave" if cfg.on_engine_exit == "leave" else
+                          f"{self._engine_restarts} restarts used")
+                if self._exit_code == 0:
+                    self._exit_code = 5
+                await self.stop(drain=False)
+                return
+            self._engine_restarts += 1
+            delay = min(30.0, 2.0 ** (self._engine_restarts - 1))
+            delay *= 0.75 + 0.5 * self.rng.random()
+            log.warning("restarting the engine in %.1f s (restart %d of %d)", delay,
+                        self._engine_restarts, cfg.engine_restarts)
+            await self.clock.sleep(delay)
+            if self.stopping:  # (SIGTERM while we waited)
+                return
+            # Same command and environment (an assigned engine keeps its GPUs).
+            env = engine.supervisor.config.env
+            fresh = self._engine_link(engine.config, dict(env) if env else None)
+            self.engine = fresh
+            try:
+                info = await fresh.start()
+            except Exception as exc:
+                log.error("engine restart failed: %s", exc)
+                continue
+            old = self._agent
+            meta = old.record.meta
+            await old.leave()  # the DOWN session ends; the engine serves under a new one
+            await old.aclose()
+            await self.new_session(dataclasses.replace(meta, engine=info.kind,
+                                                       models=info.models), serving=True)
+            fresh.supervisor.on_state_change(functools.partial(self._on_engine_event, fresh))
+            log.info("engine restarted; serving again as session %s", self.session_id)
+            return
+
     async def _publish_load(self, interval_s: float = 10.0) -> None:
         """Refresh the load hint in the record when it changed, at most every `interval_s`:
         every record change is gossiped to the whole fabric, so load stays a coarse hint and
-        routing policies track their own in-flight counts."""
-        last = -1
+        routing policies track their own in-flight counts. The engine's own metrics (queue,
+        running, KV-cache use, prefix hits; agent/engine_metrics.py) ride along, rounded so
+        noise does not cause gossip."""
+        last: LoadHints | None = None
         while not self._stopping:
             await self.clock.sleep(interval_s)
-            now = self.inflight.inflight
-            if now != last and self._agent.record.state is Lifecycle.SERVING:
-                last = now
-                self._agent.update_self(self._meta(load=self.inflight.load_hints()))
+            engine = self.engine
+            if engine is None or self._agent.record.state is not Lifecycle.SERVING:
+                continue
+            hints = self.inflight.load_hints()
+            try:
+                eload = await engine.supervisor.load()
+            except Exception:
+                log.exception("reading the engine's metrics failed")
+                eload = None
+            if eload is not None:
+                hints = dataclasses.replace(
+                    hints, queued=eload.waiting, running=eload.running,
+                    kv_usage=round(eload.kv_usage, 2),
+                    prefix_hit_rate=round(eload.prefix_hit_rate or 0.0, 2))
+            if hints != last and not self._stopping:
+                last = hints
+                self._agent.update_self(self._meta(load=hints))
 
     async def _publish_demand(self, meter: DemandMeter) -> None:
         """Publish the ingress's observed per-model workload (the fleet controller's input)

@@ -35,11 +35,15 @@ def add_node_routes(
     replica: ReplicaReader,
     metrics: list[CollectorRegistry],
     refresh_metrics: Callable[[], None] | None = None,
+    local_view: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     def self_view() -> dict[str, Any] | None:
         for obs in replica.observed():
             if obs.record.session_id == replica.session_id:
-                return node_view(obs)
+                view = node_view(obs)
+                if local_view is not None:  # facts only this node has (the engine's pid)
+                    view.update(local_view())
+                return view
         return None
 
     async def healthz(_: web.Request) -> web.Response:

@@ -153,6 +153,15 @@ class LocalFabric:
         ]
         return self._spawn(name, args, engine_port=engine_port)
 
+    def add_process_node(self, command: Sequence[str], name: str | None = None, *extra: str,
+                         engine_port: int | None = None) -> NodeProcess:
+        """A node supervising any engine `command` (a real vLLM, llama.cpp, ...)."""
+        if self.ingress is None:
+            raise RuntimeError("start_ingress() first: it is the bootstrap peer")
+        name = name or f"node{len(self.nodes)}"
+        args = ["--bootstrap", self.ingress.peer_addr, *extra, "--process", *command]
+        return self._spawn(name, args, engine_port=engine_port)
+
     def add_bare_node(self, name: str | None = None, *extra: str) -> NodeProcess:
         if self.ingress is None:
             raise RuntimeError("start_ingress() first: it is the bootstrap peer")

@@ -185,6 +185,10 @@ def _load(d: dict[str, Any]) -> LoadHints:
         inflight=_int(d.get("inflight", 0), "inflight"),
         queued=_int(d.get("queued", 0), "queued"),
         tokens_per_s=_float(d.get("tokens_per_s", 0.0), "tokens_per_s"),
+        running=_int(d.get("running", 0), "running"),
+        kv_usage=min(1.0, max(0.0, _float(d.get("kv_usage", 0.0), "kv_usage"))),
+        prefix_hit_rate=min(1.0, max(0.0, _float(d.get("prefix_hit_rate", 0.0),
+                                                 "prefix_hit_rate"))),
     )
 
 

@@ -49,9 +49,12 @@ class ServedModel:
 
 @dataclass(frozen=True, slots=True)
 class LoadHints:
-    inflight: int = 0
-    queued: int = 0
+    inflight: int = 0  # requests the node's proxy has in flight
+    queued: int = 0  # requests waiting in the engine's queue (engine metrics)
     tokens_per_s: float = 0.0
+    running: int = 0  # requests the engine is running (engine metrics)
+    kv_usage: float = 0.0  # fraction of the engine's KV cache in use, 0..1
+    prefix_hit_rate: float = 0.0  # engine prefix-cache hit rate, 0..1
 
 
 @dataclass(frozen=True, slots=True)
