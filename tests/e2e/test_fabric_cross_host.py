@@ -118,11 +118,14 @@ def test_the_ingress_reaches_providers_on_another_host(
     assert _get(netlab, ing, f"http://{PROVIDER_IP}:8091/healthz")["status"] == 200
 
     admin_key = (tmp_path / "ingress" / "admin.key").read_text().strip()
-    out = netlab.run(ing, sys.executable, "-c", _SDK, base + "/v1", admin_key, MODEL, *providers,
-                     check=False, timeout=120)
+    # X-Fabric-Providers names keys on a PSK network (the peer id), not --provider names.
+    keys = {name: seen[name]["peer_id"] for name in providers}
+    out = netlab.run(ing, sys.executable, "-c", _SDK, base + "/v1", admin_key, MODEL,
+                     *keys.values(), check=False, timeout=120)
     try:
-        replies = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        by_key = json.loads(out.strip().splitlines()[-1])
+        replies = {name: by_key[key] for name, key in keys.items()}
+    except (ValueError, IndexError, KeyError):
         raise AssertionError((out, logs())) from None
     for name in providers:
         assert replies[name]["node"] == seen[name]["session_id"], (name, replies, logs())

@@ -39,7 +39,12 @@ from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.relaykeeper import RelayKeeper
-from llmfabric.node.admission import admission_from_config
+from llmfabric.node.admission import (
+    admission_from_config,
+    own_certificate,
+    provider_verifier,
+    record_policy,
+)
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine_link import EngineLink, error_response
@@ -90,6 +95,10 @@ class Node:
             clock=self.clock,
             rng=self.rng,
         )
+        # Who a record's provider really is (certificate or key fingerprint), for the
+        # replica's record policy and the ingress allowlist (registry.provider).
+        self.providers = provider_verifier(config, self.clock.wall)
+        self._own_cert = own_certificate(config)
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
         # One set of gossip counters for the node's life: the agent of a later session (after
@@ -149,7 +158,8 @@ class Node:
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
         if self.config.ingress:
             self.ingress = await IngressLink.create(
-                self.config, reader, self.transport, self.rng, self.clock
+                self.config, reader, self.transport, self.rng, self.clock,
+                identify=self.providers.identity,
             )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
@@ -189,6 +199,7 @@ class Node:
             seeds=self._seeds,
             rng=self.rng,
             stats=self.gossip_stats,
+            policy=record_policy(self.providers),
         )
         agent.add_listener(self._on_change)
         agent.on_evicted(self._on_evicted)
@@ -249,6 +260,7 @@ class Node:
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
+            cert=self._own_cert,
         )
         return dataclasses.replace(meta, **changes)
 

@@ -33,6 +33,8 @@ from llmfabric.net import TlsTransport
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
+from llmfabric.registry.provider import key_fingerprint_identity
+from llmfabric.routing.candidates import Identify
 from llmfabric.traces import TraceRecorder
 
 
@@ -63,6 +65,7 @@ class IngressLink:
         transport: TlsTransport,
         rng: random.Random,
         clock: Clock | None = None,
+        identify: Identify = key_fingerprint_identity,
     ) -> IngressLink:
         from llmfabric.node.daemon import forward_token
 
@@ -105,7 +108,7 @@ class IngressLink:
                                   config.idle_timeout_s, config.total_timeout_s),
                 trace_hook=on_finished,
             ),
-            RecordsCandidateSource(reader.records_with_suspicion, reader.version),
+            RecordsCandidateSource(reader.records_with_suspicion, reader.version, identify),
             forwarder,
             auth,
             auth,

@@ -36,6 +36,7 @@ RECORD_DOMAIN = b"llmfabric/record/v1\x00"
 MAX_BODY_BYTES = 16 * 1024
 MAX_STR = 512
 MAX_ITEMS = 256
+MAX_CERT = 4096  # a membership certificate naming up to a few dozen models
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +214,7 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         tier=_str(d.get("tier", m.tier), "tier"),
         roles=_strs(d.get("roles", []), "roles"),
         demand=tuple(_demand(_map(x, "demand")) for x in _list(d.get("demand", []), "demand")),
+        cert=_str(d.get("cert", m.cert), "cert", MAX_CERT),
     )
 
 

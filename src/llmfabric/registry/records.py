@@ -81,6 +81,10 @@ class NodeMeta:
     tier: str = "transient"  # "stable" (long-lived, e.g. ingress) or "transient" (Slurm job)
     roles: tuple[str, ...] = ()  # "ingress", "relay", "bootstrap"
     demand: tuple[ModelDemand, ...] = ()  # ingress nodes only: observed per-model workload
+    # The operator-signed membership certificate (JSON) on certificate networks: binds this
+    # key to a provider identity, the models it may publish and its session cap
+    # (identity.provider). "" on PSK networks, where a provider is its key fingerprint.
+    cert: str = ""
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

@@ -185,7 +185,9 @@ async def test_a_thousand_sessions_under_one_key_are_capped(make_cluster: MakeCl
     await c.clock.advance(10.0)
     cap = 8  # TrustConfig().max_sessions_per_peer
     for a in honest:
-        mine = [v for v in a.nodes.all() if v.record.peer_id == att.key.peer_id]
+        # at most `cap` at once (the attacker answers no probe: those get evicted, and later
+        # copies may take their place, never more than `cap` alive together)
+        mine = [v for v in a.nodes.all(include_left=False) if v.record.peer_id == att.key.peer_id]
         assert len(mine) <= cap
         cands = a.models.sessions("m")
         assert sum(v.record.peer_id == att.key.peer_id for v in cands) <= cap
@@ -208,3 +210,64 @@ async def test_a_forged_record_for_an_honest_session_never_enters(
         sign_record(att.key, rec)
     await c.clock.advance(2.0)
     assert _nobody_evicted(honest) and _all_routable(honest)
+
+
+async def test_a_member_posing_as_another_provider_gets_none_of_its_traffic(
+    make_cluster: MakeCluster,
+) -> None:
+    """A certificate network: `my-lab`'s node holds a certificate naming my-lab; the attacker,
+    certified as `evil`, claims provider_id my-lab with 500 sessions serving the model."""
+    import random
+
+    from llmfabric.identity.admission import sign_membership
+    from llmfabric.ingress.sources import RecordsCandidateSource
+    from llmfabric.registry.provider import CertRecordPolicy, ProviderVerifier
+    from llmfabric.routing import Router, make_policy, route_request
+    from llmfabric.routing.router import NoRoute
+
+    c = make_cluster(delay=(0.001, 0.003))
+    operator = NodeKey.generate()
+    verifier = ProviderVerifier(operator.public_bytes, "net", c.clock.wall)
+    model = (ServedModel("m"),)
+
+    def cert(key: NodeKey, provider: str) -> str:
+        return sign_membership(operator, key.peer_id, "net", c.clock.wall() + 86400,
+                               provider=provider).to_json()
+
+    for i in range(4):
+        key = NodeKey.generate()
+        name = "my-lab" if i == 1 else f"uni-{i}"
+        agent = GossipAgent(c.net.transport(key.peer_id), c.clock, key,
+                            NodeMeta(provider_id=name, models=model, cert=cert(key, name)),
+                            config=c.config, seeds=[a.peer_id for a in c.agents[:1]],
+                            rng=random.Random(i), policy=CertRecordPolicy(verifier))
+        await agent.start()
+        agent.set_state(Lifecycle.SERVING)
+        c.agents.append(agent)
+    honest = list(c.agents)
+    assert await c.clock.run_until(lambda: all(
+        len(a.nodes.routable()) == 4 for a in honest), within=15)
+    att = Attacker(c, models=model)
+    meta = NodeMeta(provider_id="my-lab", models=model, cert=cert(att.key, "evil"))
+    att.send([item_parts(RecordOwner(att.key, meta, wall=c.clock.wall()).set_state(
+        Lifecycle.SERVING, wall=c.clock.wall())) for _ in range(500)])
+    # and a key the operator never certified, claiming my-lab too
+    stranger = Attacker(c, models=model)
+    stranger.owner = RecordOwner(stranger.key, dataclasses.replace(meta, cert=""),
+                                 wall=c.clock.wall())
+    stranger.join()
+    await c.clock.advance(5.0)
+    router = Router(make_policy("random", random.Random(0)))
+    req = route_request("m", providers_header="my-lab")
+    for a in honest:
+        source = RecordsCandidateSource(
+            lambda a=a: [(v.record, v.suspected) for v in a.nodes.all(include_left=False)],
+            identify=verifier.identity)
+        cands = source.candidates("m")
+        assert sum(x.peer_id == att.key.peer_id for x in cands) <= 8  # capped, not 500
+        assert not any(x.peer_id == stranger.key.peer_id for x in cands)  # no certificate
+        assert a.stats.rejected["cert"] >= 1
+        for attempt in range(20):
+            d = router.route(req, cands, [], attempt)
+            assert not isinstance(d, NoRoute)
+            assert d.candidate.peer_id == honest[1].peer_id
