@@ -60,6 +60,11 @@ async def test_key_lifecycle_and_permissions(server: tuple[str, AccountStore, st
                             json={"name": "second"})
         second = await r.json()
         assert r.status == 201 and second["owner"] == "alice"
+        # a limited key's keys inherit its limits, never more
+        assert second["tokens_per_min"] == 1000
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(alice["key"]),
+                            json={"name": "greedy", "tokens_per_min": 10**6})
+        assert r.status == 403 and "higher than" in (await r.json())["error"]["message"]
 
         # bad bodies -> 400 in OpenAI's shape
         for body in (b"{", b'{"name": ""}', b'{"name": "a", "requests_per_min": -1}',

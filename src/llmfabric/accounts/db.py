@@ -48,6 +48,11 @@ SCHEMA = (
         completion_tokens BIGINT NOT NULL DEFAULT 0,
         PRIMARY KEY (key_id, model, day)
     )""",
+    """CREATE TABLE IF NOT EXISTS owner_limits (
+        owner TEXT PRIMARY KEY,
+        requests_per_min INTEGER,
+        tokens_per_min INTEGER
+    )""",
 )
 
 

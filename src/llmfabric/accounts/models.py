@@ -20,6 +20,10 @@ class ApiKey:
     requests_per_min: int | None = None  # None: unlimited
     tokens_per_min: int | None = None  # None: unlimited
     record_trace: bool = True
+    # The owner's aggregate limits (all its keys together; None: unlimited), filled in by the
+    # store from its owner-limit table when the key authenticates.
+    owner_requests_per_min: int | None = None
+    owner_tokens_per_min: int | None = None
 
     @property
     def active(self) -> bool:

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from llmfabric.accounts.policy import clamp_tokens
+
 _MARKERS = (b'"usage":{', b'"usage": {')
 
 
@@ -20,12 +22,14 @@ def _has_usage(data: bytes) -> bool:
 
 
 def _tokens(usage: Any) -> tuple[int, int] | None:
+    """Usage is the provider's claim: counts are clamped to [0, MAX_TOKENS_PER_REQUEST]
+    (a provider answering prompt_tokens = 2**64 - 1 or -5 bills a plausible amount)."""
     if not isinstance(usage, dict):
         return None
     p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(p, int):
+    if isinstance(p, bool) or not isinstance(p, int):
         return None
-    return p, c if isinstance(c, int) else 0
+    return clamp_tokens(p), clamp_tokens(c) if isinstance(c, int) else 0
 
 
 def usage_from_body(body: bytes) -> tuple[int, int] | None:
