@@ -127,6 +127,9 @@ def node_options(fn: Any) -> Any:
                           "published for the fleet controller [15]"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
+        click.option("--public-fleet-info", "public_fleet_info", is_flag=True, default=None,
+                     help="ingress: serve the fleet views (/v1/fabric/nodes, models, providers, "
+                          "...) without an API key [they need one]"),
         click.option("--accept-assignments", is_flag=True, default=None,
                      help="let the fleet controller start an engine on this bare node"),
         click.option("--controller", "controllers", multiple=True,

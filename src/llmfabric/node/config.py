@@ -90,6 +90,9 @@ class NodeConfig(BaseModel):
     total_timeout_s: float = Field(default=1800.0, gt=0)
     db: str | None = None
     auth: bool = True
+    # An ingress with API keys answers the fleet views (/v1/fabric/nodes, models, ...) only
+    # to a valid key unless this is set (a public catalog).
+    public_fleet_info: bool = False
     admin_key_file: pathlib.Path | None = None
     record_trace: pathlib.Path | None = None  # anonymized JSONL trace of served requests
     # How often the observed per-model demand may be republished in the record (scheduler input).

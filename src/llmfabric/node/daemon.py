@@ -48,7 +48,7 @@ from llmfabric.node.admission import (
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine_link import EngineLink, error_response
-from llmfabric.node.http_api import add_node_routes
+from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
@@ -155,7 +155,8 @@ class Node:
         self.agent = self._new_agent()
         reader = AgentReplicaReader(lambda: self._agent, self.clock)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
-        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
+        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
+                        fleet_auth=self._fleet_auth())
         if self.config.ingress:
             self.ingress = await IngressLink.create(
                 self.config, reader, self.transport, self.rng, self.clock,
@@ -188,6 +189,19 @@ class Node:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
+
+    def _fleet_auth(self) -> FleetAuth | None:
+        """On an ingress with API keys the fleet views need a key (unless the operator
+        opted into a public catalog with --public-fleet-info)."""
+        if not (self.config.ingress and self.config.auth) or self.config.public_fleet_info:
+            return None
+
+        async def valid(token: str | None) -> bool:
+            store = self.ingress.store if self.ingress is not None else None
+            return token is not None and store is not None and (
+                await store.authenticate(token)) is not None
+
+        return valid
 
     def _new_agent(self) -> GossipAgent:
         agent = GossipAgent(

@@ -56,7 +56,12 @@ class NodeProcess:
         return self.proc.poll() is None
 
     def get_json(self, path: str, timeout: float = 2.0) -> Any:
-        with urllib.request.urlopen(self.http_url + path, timeout=timeout) as resp:
+        # An ingress's fleet views need an API key: use its admin key when it has one.
+        key_file = self.home / "admin.key"
+        headers = ({"Authorization": f"Bearer {key_file.read_text().strip()}"}
+                   if key_file.exists() else {})
+        req = urllib.request.Request(self.http_url + path, headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return orjson.loads(resp.read())
 
     def signal(self, sig: signal.Signals) -> None:
