@@ -124,7 +124,9 @@ def test_ingress_records_an_anonymized_trace_with_per_key_opt_out(fabric: LocalF
         assert fabric.ingress is not None
         req = urllib.request.Request(
             fabric.ingress.http_url + "/v1/fabric/keys",
-            data=json.dumps({"name": f"k{record}", "record_trace": record}).encode(),
+            # owner "admin" is reserved for admin keys: name the user's owner
+            data=json.dumps({"name": f"k{record}", "owner": "trace-user",
+                             "record_trace": record}).encode(),
             headers={"Authorization": f"Bearer {fabric.admin_key()}",
                      "Content-Type": "application/json"},
         )

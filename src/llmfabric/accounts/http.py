@@ -109,6 +109,9 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
             return _err(400, f"invalid key request: {where}: {first['msg']}",
                         "invalid_request_error", "invalid_body")
         owner = body.owner or me.owner
+        if body.owner is None and me.admin and not body.admin:
+            return _err(400, "name the owner of the new key (owner 'admin' is reserved for "
+                        "admin keys)", "invalid_request_error", "invalid_body")
         if not me.admin and (owner != me.owner or body.admin):
             return _err(403, "only an admin may create admin keys or keys for other owners",
                         "permission_error", "forbidden")
