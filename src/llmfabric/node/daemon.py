@@ -153,7 +153,7 @@ class Node:
     async def start(self) -> None:
         await self.transport.start()
         self.agent = self._new_agent()
-        reader = AgentReplicaReader(lambda: self._agent, self.clock)
+        reader = AgentReplicaReader(lambda: self._agent, self.clock, self.providers.identity)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
                         fleet_auth=self._fleet_auth())
