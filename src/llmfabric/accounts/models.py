@@ -24,6 +24,9 @@ class ApiKey:
     # store from its owner-limit table when the key authenticates.
     owner_requests_per_min: int | None = None
     owner_tokens_per_min: int | None = None
+    # sha256(plaintext) hex, kept for publishing grants to other ingresses (accounts.grants);
+    # never in to_json
+    hash: str = ""
 
     @property
     def active(self) -> bool:

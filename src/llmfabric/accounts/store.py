@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from llmfabric.accounts import keyfmt
@@ -43,6 +44,7 @@ def _row_to_key(row: tuple[Any, ...]) -> tuple[str, ApiKey]:
         requests_per_min=None if row[7] is None else int(row[7]),
         tokens_per_min=None if row[8] is None else int(row[8]),
         record_trace=bool(row[9]),
+        hash=str(row[1]),
     )
 
 
@@ -70,6 +72,8 @@ class AccountStore:
         self._refresh_interval = refresh_interval_s
         self._keys: dict[str, tuple[str, ApiKey]] = {}  # id -> (hash, key)
         self._unknown: dict[str, float] = {}  # id -> clock.now() until which it stays unknown
+        # Keys other ingresses vouch for (accounts.grants.RemoteGrants.lookup), or None.
+        self.remote: Callable[[str], ApiKey | None] | None = None
         self._ledger = UsageLedger(backend, self._clock.wall)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -174,6 +178,10 @@ class AccountStore:
         self._owner_limits[owner] = (requests_per_min, tokens_per_min)
         self._keys = {i: (h, self._with_owner_limits(k)) for i, (h, k) in self._keys.items()}
 
+    def cached_keys(self) -> list[ApiKey]:
+        """Every key in the cache (what this ingress may publish as grants)."""
+        return [k for _, k in self._keys.values()]
+
     def owner_limits(self, owner: str) -> tuple[int | None, int | None]:
         return self._owner_limits.get(owner, (None, None))
 
@@ -211,6 +219,7 @@ class AccountStore:
             # creator's limits.
             await self.set_owner_limits(owner, by.requests_per_min, by.tokens_per_min)
         key_id, plaintext = keyfmt.new_key()
+        digest = keyfmt.hash_key(plaintext)
         key = ApiKey(
             id=key_id,
             name=name.strip(),
@@ -220,8 +229,8 @@ class AccountStore:
             requests_per_min=requests_per_min,
             tokens_per_min=tokens_per_min,
             record_trace=record_trace,
+            hash=digest,
         )
-        digest = keyfmt.hash_key(plaintext)
         await self._db.execute(
             f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
@@ -237,6 +246,11 @@ class AccountStore:
         if key_id is None:
             return None
         entry = self._keys.get(key_id)
+        if entry is None and self.remote is not None:
+            granted = self.remote(key_id)  # not cached: a revocation elsewhere is instant
+            if granted is not None:
+                ok = keyfmt.matches(plaintext, granted.hash)
+                return self._with_owner_limits(granted) if ok else None
         if entry is None:
             now = self._clock.now()
             if self._unknown.get(key_id, -1.0) > now:

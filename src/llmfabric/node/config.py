@@ -77,6 +77,9 @@ class NodeConfig(BaseModel):
     aliases: dict[str, str] = Field(default_factory=dict)  # alias -> served model id
     accept_assignments: bool = False  # start engines the fleet controller assigns
     controllers: tuple[str, ...] = ()  # peer ids allowed to assign (empty: any member)
+    # Ingress: also accept the API keys these ingresses publish (verified provider identities:
+    # peer ids on PSK networks); accounts/grants.py.
+    key_issuers: tuple[str, ...] = ()
     gpu: str | None = None
     gpu_count: int | None = None
     gpu_memory_gb: float | None = None

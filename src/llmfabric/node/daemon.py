@@ -187,6 +187,7 @@ class Node:
         self._spawn(self._sweep_evicted_peers(), "forget-evicted")
         if self.ingress is not None:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
+            self._spawn(self._publish_key_grants(self.ingress), "key-grants")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
 
@@ -271,6 +272,7 @@ class Node:
             models=base.models if base is not None else (),
             load=base.load if base is not None else NodeMeta().load,
             demand=base.demand if base is not None else (),
+            keys=base.keys if base is not None else (),
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
@@ -507,6 +509,15 @@ class Node:
             snapshot = meter.snapshot()
             if not self._stopping and demand_moved(self._agent.record.meta.demand, snapshot):
                 self._agent.update_self(self._meta(demand=snapshot))
+
+    async def _publish_key_grants(self, ingress: IngressLink) -> None:
+        """Publish our keys' grants (hashes only) when they change, so ingresses that trust us
+        as a key issuer accept them, and drop revoked ones within a second (accounts.grants)."""
+        while not self._stopping:
+            await self.clock.sleep(1.0)
+            grants = ingress.key_grants()
+            if not self._stopping and grants != self._agent.record.meta.keys:
+                self._agent.update_self(self._meta(keys=grants))
 
     # ---- stop ---------------------------------------------------------------------------
     async def wait_stopped(self) -> int:

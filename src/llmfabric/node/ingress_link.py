@@ -8,6 +8,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from llmfabric.accounts.bootstrap import ensure_admin_key
+from llmfabric.accounts.grants import RemoteGrants, grants_of
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
@@ -34,6 +35,7 @@ from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
 from llmfabric.registry.provider import key_fingerprint_identity
+from llmfabric.registry.records import KeyGrant
 from llmfabric.routing.candidates import Identify
 from llmfabric.traces import TraceRecorder
 
@@ -114,10 +116,18 @@ class IngressLink:
             auth,
             rng=rng,
         )
+        if store is not None and config.key_issuers:
+            store.remote = RemoteGrants(
+                lambda: [r for r, _ in reader.records_with_suspicion()], reader.version,
+                identify, config.key_issuers).lookup
         link = cls(ingress, store, forwarder, config.dashboard, demand)
         link.trace_hook = trace_hook
         link.admin_key = admin_key
         return link
+
+    def key_grants(self) -> tuple[KeyGrant, ...]:
+        """The grants this ingress publishes for its keys (accounts.grants)."""
+        return grants_of(self.store.cached_keys()) if self.store is not None else ()
 
     @property
     def metrics_registry(self) -> CollectorRegistry:

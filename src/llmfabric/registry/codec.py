@@ -17,6 +17,7 @@ import msgpack
 from llmfabric.registry.errors import InvalidRecord, NotOwner
 from llmfabric.registry.records import (
     Hardware,
+    KeyGrant,
     Lifecycle,
     LoadHints,
     ModelDemand,
@@ -189,6 +190,20 @@ def _demand(d: dict[str, Any]) -> ModelDemand:
     return ModelDemand(_str(d.get("model"), "demand model"), rate, mean_in, mean_out)
 
 
+def _grant(d: dict[str, Any]) -> KeyGrant:
+    revoked = _float(d.get("revoked_at", 0.0), "key revoked_at")
+    if not 0.0 <= revoked < 1e12:
+        raise _fail("key revoked_at must be a time")
+    return KeyGrant(
+        id=_str(d.get("id"), "key id", 32),
+        hash=_str(d.get("hash"), "key hash", 64),
+        owner=_str(d.get("owner"), "key owner", 200),
+        requests_per_min=_int(d.get("requests_per_min", 0), "key requests_per_min"),
+        tokens_per_min=_int(d.get("tokens_per_min", 0), "key tokens_per_min"),
+        revoked_at=revoked,
+    )
+
+
 def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for p in _list(v, "labels"):
@@ -215,6 +230,7 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         roles=_strs(d.get("roles", []), "roles"),
         demand=tuple(_demand(_map(x, "demand")) for x in _list(d.get("demand", []), "demand")),
         cert=_str(d.get("cert", m.cert), "cert", MAX_CERT),
+        keys=tuple(_grant(_map(x, "key")) for x in _list(d.get("keys", []), "keys")),
     )
 
 
