@@ -8,6 +8,8 @@ Files:
   store.py      AccountStore: create/authenticate (cached)/list/get/revoke keys, usage API
   ledger.py     UsageLedger: in-memory aggregation per key/model/day, batched additive upserts
   ratelimit.py  RateLimiter: requests/min and tokens/min token buckets (per key and per owner)
+  grants.py     key grants (hashes) an ingress publishes in its record; RemoteGrants for the
+                ingresses that trust it as a key issuer
   policy.py     what keys may do to grow their powers (limit inheritance, keys per owner,
                 reserved owner "admin") and usage clamping (clamp_tokens)
   bootstrap.py  ensure_admin_key (the admin key file an ingress or demo starts with),
