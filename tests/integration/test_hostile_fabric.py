@@ -103,3 +103,32 @@ def test_a_member_gossiping_evicts_for_everyone_evicts_nobody(fabric: LocalFabri
             max_tokens=2)
         served_by.add(raw.headers.get("x-fabric-node"))
     assert served_by <= before and len(served_by) >= 2
+
+
+def test_a_node_claiming_another_provider_s_name_gets_none_of_its_traffic(
+    fabric: LocalFabric,
+) -> None:
+    """A member starts a node with `--provider uni-0` (an honest provider's name) serving the
+    same model. On a PSK network a provider is its key: the allowlist that names uni-0's key
+    reaches only uni-0; the bare name reaches nobody."""
+    spoofer = fabric.add_node(EngineSpec(MODEL, "H100-SXM", provider="uni-0", speed=50),
+                              "spoofer")
+    fabric.wait_serving({MODEL: 4}, timeout=120)
+    spoofer_peer = spoofer.get_json("/v1/fabric/self")["peer_id"]
+    nodes = [n for n in _nodes(fabric) if n["state"] == "SERVING"]  # not the earlier attacker
+    claimed = {n["peer_id"] for n in nodes if n["provider_id"] == "uni-0"}
+    honest = {n["peer_id"] for n in nodes if n["provider_id"] == "uni-0"} - {spoofer_peer}
+    assert len(claimed) == 2 and len(honest) == 1
+    honest_sessions = {n["session_id"] for n in nodes if n["peer_id"] in honest}
+    client = openai.OpenAI(base_url=fabric.ingress.http_url + "/v1",  # type: ignore[union-attr]
+                           api_key=fabric.admin_key(), max_retries=0)
+    for i in range(10):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": f"only uni-0 {i}"}],
+            max_tokens=2, extra_headers={"X-Fabric-Providers": next(iter(honest))})
+        assert raw.headers.get("x-fabric-node") in honest_sessions
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "by name"}], max_tokens=2,
+            extra_headers={"X-Fabric-Providers": "uni-0"})
+    assert err.value.status_code == 503
