@@ -70,6 +70,10 @@ class AgentReplicaReader:
                         {"author": f.author, "incarnation": f.incarnation} for f in entry.suspects
                     ],
                     "evicted": entry.evict is not None,
+                    # EVICT facts held as evidence (an eviction needs a quorum of authors)
+                    "evicts": [
+                        {"author": f.author, "incarnation": f.incarnation} for f in entry.evicts
+                    ],
                 }
             )
         return out
