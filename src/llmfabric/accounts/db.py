@@ -49,6 +49,11 @@ SCHEMA = (
         estimated_requests BIGINT NOT NULL DEFAULT 0,
         PRIMARY KEY (key_id, model, day)
     )""",
+    """CREATE TABLE IF NOT EXISTS owner_limits (
+        owner TEXT PRIMARY KEY,
+        requests_per_min INTEGER,
+        tokens_per_min INTEGER
+    )""",
 )
 # Requests whose tokens the ingress counted itself (the engine reported none): databases
 # created before the column existed get it here.

@@ -20,6 +20,13 @@ class ApiKey:
     requests_per_min: int | None = None  # None: unlimited
     tokens_per_min: int | None = None  # None: unlimited
     record_trace: bool = True
+    # The owner's aggregate limits (all its keys together; None: unlimited), filled in by the
+    # store from its owner-limit table when the key authenticates.
+    owner_requests_per_min: int | None = None
+    owner_tokens_per_min: int | None = None
+    # sha256(plaintext) hex, kept for publishing grants to other ingresses (accounts.grants);
+    # never in to_json
+    hash: str = ""
 
     @property
     def active(self) -> bool:

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -72,8 +73,10 @@ async def _fetch(url: str) -> list[NodeRecord]:
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=10)
+    key = os.environ.get("LLMFABRIC_API_KEY")  # an ingress's fleet views need a key
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
-            url.rstrip("/") + "/v1/fabric/nodes") as resp:
+            url.rstrip("/") + "/v1/fabric/nodes", headers=headers) as resp:
         resp.raise_for_status()
         body = await resp.json()
     return [r for r in (record_from_view(v) for v in body.get("nodes", [])) if r is not None]

@@ -148,8 +148,14 @@ def node_options(fn: Any) -> Any:
                           "published for the fleet controller [15]"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
+        click.option("--public-fleet-info", "public_fleet_info", is_flag=True, default=None,
+                     help="ingress: serve the fleet views (/v1/fabric/nodes, models, providers, "
+                          "...) without an API key [they need one]"),
         click.option("--accept-assignments", is_flag=True, default=None,
                      help="let the fleet controller start an engine on this bare node"),
+        click.option("--key-issuer", "key_issuers", multiple=True,
+                     help="ingress: also accept the API keys this ingress publishes in the "
+                          "registry (its peer id, or its certificate's provider; repeatable)"),
         click.option("--controller", "controllers", multiple=True,
                      help="peer id allowed to send assignments (repeatable; default: any member)"),
         click.option("--engine-url", help="engine base URL [parsed from the command]"),
@@ -207,7 +213,7 @@ def config_from_options(
     file_values = load_config_file(config_file) if config_file else {}
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
-    for name in ("labels", "controllers", "aliases", "front_limits", "model_ids"):
+    for name in ("labels", "controllers", "aliases", "front_limits", "model_ids", "key_issuers"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)

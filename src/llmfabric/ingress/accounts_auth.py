@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from llmfabric.accounts.errors import RateLimited
 from llmfabric.accounts.models import ApiKey
+from llmfabric.accounts.policy import clamp_tokens
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.protocols import Principal
@@ -37,6 +38,9 @@ class AccountsAuth:
 
     def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
                estimated: bool = False) -> None:
+        # The provider's claim, clamped to plausible counts before it is billed or charged.
+        prompt_tokens, completion_tokens = clamp_tokens(prompt_tokens), clamp_tokens(
+            completion_tokens)
         self._store.record_usage(key_id, model, prompt_tokens, completion_tokens, estimated)
         if self._limiter is not None:
             self._limiter.add_tokens(key_id, prompt_tokens + completion_tokens)

@@ -131,6 +131,7 @@ class Ingress:
         self.auth = auth if config.auth_enabled else None
         self.usage_sink = usage_sink
         self.metrics = metrics if metrics is not None else IngressMetrics()
+        self.metrics.known_model = source.is_known  # unknown names: one "other" label
         self.policy = make_policy(config.policy, rng)
         self.router = Router(self.policy)
         self._capture = usage_sink is not None or config.trace_hook is not None

@@ -5,8 +5,8 @@ that contains a non-null `"usage": {` is ever JSON-parsed: normally one per stre
 When the ingress injected `stream_options.include_usage` (the client did not ask for it), that
 usage-only chunk (`"choices": []`) is removed before the client sees it.
 
-Usage is a claim by the provider, not a fact: token counts are clamped to [0, MAX_TOKENS]
-(a `2**64-1` or a negative count must not reach the ledger). A line longer than the line cap
+Usage is a claim by the provider, not a fact: token counts are clamped by
+accounts.policy.clamp_tokens (a `2**64-1` or a negative count must not reach the ledger). A line longer than the line cap
 (an engine that never sends a newline) is passed through unscanned instead of held, so the
 ingress never buffers more than one capped line per stream. `events` counts the `data:`
 events relayed, so a stream the client abandoned can still be billed (`relayed_usage`).
@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from llmfabric.accounts.policy import clamp_tokens
+
 _MARKERS = (b'"usage":{', b'"usage": {')
-MAX_TOKENS = 10_000_000  # per field and request: above any model's context
 MAX_SSE_LINE = 4 * 1024 * 1024  # default line cap (bytes) before lines pass unscanned
 
 
@@ -33,20 +34,22 @@ def _has_usage(data: bytes) -> bool:
 
 
 def _tokens(usage: Any) -> tuple[int, int] | None:
+    """Usage is the provider's claim: counts are clamped to [0, MAX_TOKENS_PER_REQUEST]
+    (a provider answering prompt_tokens = 2**64 - 1 or -5 bills a plausible amount)."""
     if not isinstance(usage, dict):
         return None
     p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(p, int) or isinstance(p, bool):
+    if isinstance(p, bool) or not isinstance(p, int):
         return None
-    if not isinstance(c, int) or isinstance(c, bool):
+    if isinstance(c, bool) or not isinstance(c, int):
         c = 0
-    return min(max(p, 0), MAX_TOKENS), min(max(c, 0), MAX_TOKENS)
+    return clamp_tokens(p), clamp_tokens(c)
 
 
 def relayed_usage(prompt_bytes: int, events: int) -> tuple[int, int]:
     """What to bill for a stream that ended before its usage chunk (the client went away,
     the provider broke off): ~4 bytes per prompt token, one token per relayed event."""
-    return min(max(1, prompt_bytes // 4), MAX_TOKENS), min(max(events, 0), MAX_TOKENS)
+    return clamp_tokens(max(1, prompt_bytes // 4)), clamp_tokens(events)
 
 
 def usage_from_body(body: bytes) -> tuple[int, int] | None:

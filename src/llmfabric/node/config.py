@@ -87,6 +87,9 @@ class NodeConfig(BaseModel):
     aliases: dict[str, str] = Field(default_factory=dict)  # alias -> served model id
     accept_assignments: bool = False  # start engines the fleet controller assigns
     controllers: tuple[str, ...] = ()  # peer ids allowed to assign (empty: any member)
+    # Ingress: also accept the API keys these ingresses publish (verified provider identities:
+    # peer ids on PSK networks); accounts/grants.py.
+    key_issuers: tuple[str, ...] = ()
     gpu: str | None = None
     gpu_count: int | None = None
     gpu_memory_gb: float | None = None
@@ -100,6 +103,9 @@ class NodeConfig(BaseModel):
     total_timeout_s: float = Field(default=1800.0, gt=0)
     db: str | None = None
     auth: bool = True
+    # An ingress with API keys answers the fleet views (/v1/fabric/nodes, models, ...) only
+    # to a valid key unless this is set (a public catalog).
+    public_fleet_info: bool = False
     admin_key_file: pathlib.Path | None = None
     record_trace: pathlib.Path | None = None  # anonymized JSONL trace of served requests
     # How often the observed per-model demand may be republished in the record (scheduler input).

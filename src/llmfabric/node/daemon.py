@@ -40,13 +40,19 @@ from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.relaykeeper import RelayKeeper
 from llmfabric.net.server_tls import ServerTls
-from llmfabric.node.admission import admission_from_config, read_secret_file
+from llmfabric.node.admission import (
+    admission_from_config,
+    own_certificate,
+    provider_verifier,
+    read_secret_file,
+    record_policy,
+)
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.engine_bind import EngineBindError, loopback_engine_command
 from llmfabric.node.engine_link import EngineLink, error_response
-from llmfabric.node.http_api import add_node_routes
+from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
@@ -99,6 +105,10 @@ class Node:
             clock=self.clock,
             rng=self.rng,
         )
+        # Who a record's provider really is (certificate or key fingerprint), for the
+        # replica's record policy and the ingress allowlist (registry.provider).
+        self.providers = provider_verifier(config, self.clock.wall)
+        self._own_cert = own_certificate(config)
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
         # One set of gossip counters for the node's life: the agent of a later session (after
@@ -160,13 +170,14 @@ class Node:
     async def start(self) -> None:
         await self.transport.start()
         self.agent = self._new_agent()
-        reader = AgentReplicaReader(lambda: self._agent, self.clock)
+        reader = AgentReplicaReader(lambda: self._agent, self.clock, self.providers.identity)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
-                        self._local_view)
+                        self._local_view, fleet_auth=self._fleet_auth())
         if self.config.ingress:
             self.ingress = await IngressLink.create(
-                self.config, reader, self.transport, self.rng, self.clock, key=self.key
+                self.config, reader, self.transport, self.rng, self.clock, key=self.key,
+                identify=self.providers.identity,
             )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
@@ -194,6 +205,7 @@ class Node:
         self._spawn(self._sweep_evicted_peers(), "forget-evicted")
         if self.ingress is not None:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
+            self._spawn(self._publish_key_grants(self.ingress), "key-grants")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
         if self._alloc_end is not None:
@@ -209,6 +221,19 @@ class Node:
         return WalltimeWatch(self.clock, end, self.config.drain_lead_s, drain=self.stop,
                              republish=moved, refresh=refresh)
 
+    def _fleet_auth(self) -> FleetAuth | None:
+        """On an ingress with API keys the fleet views need a key (unless the operator
+        opted into a public catalog with --public-fleet-info)."""
+        if not (self.config.ingress and self.config.auth) or self.config.public_fleet_info:
+            return None
+
+        async def valid(token: str | None) -> bool:
+            store = self.ingress.store if self.ingress is not None else None
+            return token is not None and store is not None and (
+                await store.authenticate(token)) is not None
+
+        return valid
+
     def _new_agent(self) -> GossipAgent:
         agent = GossipAgent(
             self.transport,
@@ -219,6 +244,7 @@ class Node:
             seeds=self._seeds,
             rng=self.rng,
             stats=self.gossip_stats,
+            policy=record_policy(self.providers),
         )
         agent.add_listener(self._on_change)
         agent.on_evicted(self._on_evicted)
@@ -277,11 +303,13 @@ class Node:
             models=base.models if base is not None else (),
             load=base.load if base is not None else NodeMeta().load,
             demand=base.demand if base is not None else (),
+            keys=base.keys if base is not None else (),
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
             alloc_end=self._alloc_end or 0.0,
             drain_lead_s=self.config.drain_lead_s if self._alloc_end else 0.0,
+            cert=self._own_cert,
         )
         return dataclasses.replace(meta, **changes)
 
@@ -596,6 +624,15 @@ class Node:
                 log.warning("reloaded the network secret from %s", path)
             except (ConfigError, ValueError) as exc:
                 log.error("network secret reload failed, keeping the previous one: %s", exc)
+
+    async def _publish_key_grants(self, ingress: IngressLink) -> None:
+        """Publish our keys' grants (hashes only) when they change, so ingresses that trust us
+        as a key issuer accept them, and drop revoked ones within a second (accounts.grants)."""
+        while not self._stopping:
+            await self.clock.sleep(1.0)
+            grants = ingress.key_grants()
+            if not self._stopping and grants != self._agent.record.meta.keys:
+                self._agent.update_self(self._meta(keys=grants))
 
     # ---- stop ---------------------------------------------------------------------------
     async def wait_stopped(self) -> int:

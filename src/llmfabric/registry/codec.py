@@ -17,6 +17,7 @@ import msgpack
 from llmfabric.registry.errors import InvalidRecord, NotOwner
 from llmfabric.registry.records import (
     Hardware,
+    KeyGrant,
     Lifecycle,
     LoadHints,
     ModelDemand,
@@ -36,6 +37,7 @@ RECORD_DOMAIN = b"llmfabric/record/v1\x00"
 MAX_BODY_BYTES = 16 * 1024
 MAX_STR = 512
 MAX_ITEMS = 256
+MAX_CERT = 4096  # a membership certificate naming up to a few dozen models
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,20 @@ def _bounded(v: Any, name: str) -> float:
     return x
 
 
+def _grant(d: dict[str, Any]) -> KeyGrant:
+    revoked = _float(d.get("revoked_at", 0.0), "key revoked_at")
+    if not 0.0 <= revoked < 1e12:
+        raise _fail("key revoked_at must be a time")
+    return KeyGrant(
+        id=_str(d.get("id"), "key id", 32),
+        hash=_str(d.get("hash"), "key hash", 64),
+        owner=_str(d.get("owner"), "key owner", 200),
+        requests_per_min=_int(d.get("requests_per_min", 0), "key requests_per_min"),
+        tokens_per_min=_int(d.get("tokens_per_min", 0), "key tokens_per_min"),
+        revoked_at=revoked,
+    )
+
+
 def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for p in _list(v, "labels"):
@@ -235,6 +251,8 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         demand=tuple(_demand(_map(x, "demand")) for x in _list(d.get("demand", []), "demand")),
         alloc_end=_bounded(d.get("alloc_end", 0.0), "alloc_end"),
         drain_lead_s=_bounded(d.get("drain_lead_s", 0.0), "drain_lead_s"),
+        cert=_str(d.get("cert", m.cert), "cert", MAX_CERT),
+        keys=tuple(_grant(_map(x, "key")) for x in _list(d.get("keys", []), "keys")),
     )
 
 

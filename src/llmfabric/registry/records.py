@@ -69,6 +69,20 @@ class ModelDemand:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyGrant:
+    """An API key an ingress vouches for, published in its record so that other ingresses
+    that trust it as a key issuer accept the key too. Only the key's hash travels, never the
+    secret; a revocation is the same grant with `revoked_at` set (accounts/grants.py)."""
+
+    id: str  # the public part of the key, "k" + 15 hex chars
+    hash: str  # sha256(plaintext), hex
+    owner: str
+    requests_per_min: int = 0  # 0: unlimited
+    tokens_per_min: int = 0  # 0: unlimited
+    revoked_at: float = 0.0  # 0: active
+
+
+@dataclass(frozen=True, slots=True)
 class NodeMeta:
     provider_id: str = ""
     # Where the node can be dialled: "host:port" of its peer (TLS) listener and of its HTTP API.
@@ -89,6 +103,13 @@ class NodeMeta:
     # expected to outlast that moment (routing/walltime.py).
     alloc_end: float = 0.0
     drain_lead_s: float = 0.0
+    # The operator-signed membership certificate (JSON) on certificate networks: binds this
+    # key to a provider identity, the models it may publish and its session cap
+    # (identity.provider). "" on PSK networks, where a provider is its key fingerprint.
+    cert: str = ""
+    # Ingress nodes that issue keys for the fabric (`--key-issuer` elsewhere): the latest
+    # grants and revocations, bounded (accounts/grants.py).
+    keys: tuple[KeyGrant, ...] = ()
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)
