@@ -6,8 +6,8 @@ When the ingress injected `stream_options.include_usage` (the client did not ask
 usage-only chunk (`"choices": []`) is removed before the client sees it.
 
 Usage is a claim by the provider, not a fact: token counts are clamped by
-accounts.policy.clamp_tokens (a `2**64-1` or a negative count must not reach the ledger). A line longer than the line cap
-(an engine that never sends a newline) is passed through unscanned instead of held, so the
+accounts.policy.clamp_tokens (a `2**64-1` or a negative count must not reach the ledger).
+A line longer than the line cap (an engine that never sends a newline) is passed through unscanned instead of held, so the
 ingress never buffers more than one capped line per stream. `events` counts the `data:`
 events relayed, so a stream the client abandoned can still be billed (`relayed_usage`).
 
