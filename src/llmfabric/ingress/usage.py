@@ -7,9 +7,10 @@ usage-only chunk (`"choices": []`) is removed before the client sees it.
 
 Usage is a claim by the provider, not a fact: token counts are clamped by
 accounts.policy.clamp_tokens (a `2**64-1` or a negative count must not reach the ledger).
-A line longer than the line cap (an engine that never sends a newline) is passed through unscanned instead of held, so the
-ingress never buffers more than one capped line per stream. `events` counts the `data:`
-events relayed, so a stream the client abandoned can still be billed (`relayed_usage`).
+A line longer than the line cap (an engine that never sends a newline) is passed through
+unscanned instead of held, so the ingress never buffers more than one capped line per stream.
+`events` counts the `data:` events relayed, so a stream the client abandoned can still be
+billed (`relayed_usage`).
 
 Engines that report no usage (UsageFallback, below): the ingress counts the tokens itself,
 marks them estimated, and emits the final usage chunk a client asked for.
