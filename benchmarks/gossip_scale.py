@@ -116,10 +116,9 @@ def verify_cost_s() -> float:
 def replica_memory_bytes(n: int) -> float:
     """Bytes one Replica holds for n signed SERVING records, each decoded separately."""
     clock = FakeClock()
-    key = NodeKey.generate()
     items = []
-    for i in range(n):
-        o = RecordOwner(key, meta_for(i), wall=clock.wall())
+    for i in range(n):  # a key per node: a replica admits only a few sessions per peer
+        o = RecordOwner(NodeKey.generate(), meta_for(i), wall=clock.wall())
         items.append(o.set_state(Lifecycle.SERVING, wall=clock.wall()))
     wire = [(it.body, it.signature) for it in items]
     del items
@@ -137,10 +136,9 @@ def replica_memory_bytes(n: int) -> float:
 def repair_bytes(n: int, buckets: int = 32) -> dict[str, int]:
     """Bytes of one anti-entropy round between two replicas of n records differing in one."""
     clock = FakeClock()
-    key = NodeKey.generate()
     a, b = Replica(clock, buckets=buckets), Replica(clock, buckets=buckets)
     for i in range(n):
-        o = RecordOwner(key, meta_for(i), wall=clock.wall())
+        o = RecordOwner(NodeKey.generate(), meta_for(i), wall=clock.wall())
         it = o.set_state(Lifecycle.SERVING, wall=clock.wall())
         a.apply(it)
         b.apply(it if i else o.update_meta(meta_for(i, extra=True), wall=clock.wall()))

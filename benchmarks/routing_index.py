@@ -65,10 +65,9 @@ def timed(fn: Callable[[], Any], reps: int) -> float:
 
 def one_size(n: int, changes: int) -> list[dict[str, Any]]:
     clock = FakeClock()
-    key = NodeKey.generate()  # one signer for all: signing cost is not what is measured
-    owners = []
+    owners = []  # a key per node: a replica admits only a few sessions per peer
     for i in range(n):
-        o = RecordOwner(key, meta_for(i), wall=clock.wall())
+        o = RecordOwner(NodeKey.generate(), meta_for(i), wall=clock.wall())
         o.set_state(Lifecycle.SERVING, wall=clock.wall())
         owners.append(o)
     initial = [o.current for o in owners]
@@ -78,7 +77,8 @@ def one_size(n: int, changes: int) -> list[dict[str, Any]]:
     # pre-signed changes, applied in order to a replica with and without the index listener
     loads: list[SignedRecord] = [owners[(7 * k) % n].update_meta(
         meta_for((7 * k) % n, load=k + 1), wall=clock.wall()) for k in range(changes)]
-    joins = [RecordOwner(key, meta_for(n + k), wall=clock.wall()) for k in range(changes)]
+    joins = [RecordOwner(NodeKey.generate(), meta_for(n + k), wall=clock.wall())
+             for k in range(changes)]
     join_items = [o.set_state(Lifecycle.SERVING, wall=clock.wall()) for o in joins]
     leaves = [owners[(11 * k + 3) % n].set_state(Lifecycle.LEFT, wall=clock.wall())
               for k in range(changes)]

@@ -19,6 +19,8 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   engines/     simulated engine
   cli/         the `llmfabric` command
   testing/     fakes shipped for tests and benchmarks (fake clock, in-memory network)
+  dataplane/   the encrypted, mutually authenticated data plane (ingress <-> provider)
+  launch/      Slurm and Kubernetes launchers, Slurm fleet sizing
   __main__     `python -m llmfabric` runs the CLI
 """
 

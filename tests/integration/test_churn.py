@@ -28,10 +28,9 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from llmfabric.ingress import FORWARD_PREFIX
-from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
-from llmfabric.node.admission import forward_token
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+
+from ._dataplane_client import forward_status
 
 pytestmark = pytest.mark.slow
 
@@ -69,9 +68,11 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFabr
             for i in range(N_NODES)
         ]
         fab.wait_serving({MODEL: N_NODES}, timeout=120)
+        # `provider` is what X-Fabric-Providers names: on a PSK network the key fingerprint
+        # (peer id), not the --provider name.
         serving = [
-            Serving(n, n.get_json("/v1/fabric/self")["session_id"], f"p{i}")
-            for i, n in enumerate(nodes)
+            Serving(n, (me := n.get_json("/v1/fabric/self"))["session_id"], me["peer_id"])
+            for n in nodes
         ]
         yield fab, serving
 
@@ -136,23 +137,11 @@ def _sim_control(s: Serving, body: dict[str, object]) -> None:
 
 
 def _forward_direct(fab: LocalFabric, s: Serving) -> int:
-    """Status of a request sent straight to the node's forward route, as an ingress would."""
-    req = urllib.request.Request(
-        s.node.http_url + FORWARD_PREFIX + "/v1/chat/completions",
-        data=json.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
-        ).encode(),
-        headers={
-            "Content-Type": "application/json",
-            FORWARD_TOKEN_HEADER: forward_token(fab.secret),
-        },
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
+    """Status of a request sent straight to the node's data plane, as an ingress would."""
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    ).encode()
+    return forward_status(fab.secret, s.node.peer_addr, "/v1/chat/completions", body)
 
 
 # ---- 1. churn ---------------------------------------------------------------------------

@@ -24,9 +24,9 @@ ROOT = "llmfabric"
 RANKS: dict[str, int] = {
     ROOT: 0, "clock": 0,
     "identity": 1, "traces": 1,
-    "net": 2, "registry": 2, "sim": 2, "accounts": 2,
-    "membership": 3, "testing": 3, "engines": 3, "bench": 3, "scheduler": 3, "dashboard": 3,
-    "gossip": 4, "agent": 4, "routing": 4,
+    "net": 2, "registry": 2, "sim": 2, "dataplane": 2,
+    "membership": 3, "testing": 3, "accounts": 3, "bench": 3, "scheduler": 3, "dashboard": 3,
+    "gossip": 4, "agent": 4, "routing": 4, "launch": 4, "engines": 4,
     "ingress": 5,
     "node": 6,
     "cli": 7,

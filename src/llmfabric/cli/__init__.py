@@ -1,4 +1,5 @@
 """The `llmfabric` CLI: main.py holds the lazy group; one module per command group
 (start, status, keys, ingress, demo, engine, simulate, plan, controller, trace, bench; API
-keys in apikeys.py), each exporting `command`.
+keys in apikeys.py; slurm, k8s and controller_slurm for the launchers), each exporting
+`command`.
 """

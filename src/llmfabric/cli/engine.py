@@ -1,4 +1,5 @@
-"""`llmfabric engine sim`: run the simulated OpenAI-compatible engine (a stand-in for vLLM)."""
+"""`llmfabric engine sim`: run the simulated OpenAI-compatible engine (a stand-in for vLLM);
+`llmfabric engine torch`: the CPU reference engine that switches DP <-> TP (engines/torchref)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,93 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
         ignore_sigterm=ignore_sigterm,
     )
     asyncio.run(serve(config))
+
+
+@command.command("torch")
+@click.option("--config", "config_spec", default="tiny-llama", show_default=True,
+              help="model preset (tiny-llama, micro-llama, small-llama) or a Hugging Face "
+              "config.json path (weights are seeded, the tokenizer is byte-level)")
+@click.option("--seed", type=int, default=None, help="weight seed [default: the preset's]")
+@click.option("--dp", type=click.IntRange(min=1), default=2, show_default=True,
+              help="engine processes, each with a full weight replica")
+@click.option("--widths", default="1,2", show_default=True,
+              help="allowed TP widths (powers of two dividing --dp)")
+@click.option("--switch-policy", type=click.Choice(
+    ["none", "load_threshold", "hysteresis", "priority", "context_length", "scheduled"]),
+              default="none", show_default=True,
+              help="automatic switching (none: only POST /dtp_switch)")
+@click.option("--mu-tp", type=click.FloatRange(min=0, min_open=True), default=8.0,
+              show_default=True, help="hysteresis: the TP group's service rate (requests/s)")
+@click.option("--schedule", default="",
+              help="scheduled: switch times as T:WIDTH,... (seconds after start), e.g. 5:2,10:1")
+@click.option("--method", type=click.Choice(["sequential", "soft", "hard"]), default="hard",
+              show_default=True,
+              help="transition method of policy binds and of a /dtp_switch naming none")
+@click.option("--kv-blocks", type=click.IntRange(min=1), default=256, show_default=True,
+              help="KV blocks per engine (each holds --block-tokens tokens at width 1)")
+@click.option("--block-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="torch threads per engine process")
+@click.option("--served-model-name", default=None, help="model id in the API [default: the "
+              "config's name]")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), required=True)
+def torch_engine(config_spec: str, seed: int | None, dp: int, widths: str, switch_policy: str,
+                 mu_tp: float, schedule: str, method: str, kv_blocks: int, block_tokens: int,
+                 threads: int, served_model_name: str | None, host: str, port: int) -> None:
+    """Serve a small Llama model on CPU from DP engine processes that bind into TP groups
+    and back online (Flying Serving; needs the extra llmfabric[torch]).
+
+    Besides the OpenAI routes: POST /dtp_switch {"width": 2, "method": "hard-preempt"} and
+    GET /dtp_status (docs/engines-torchref.md).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise click.ClickException("the torch engine needs PyTorch: pip install "
+                                   "'llmfabric[torch]'")
+    from llmfabric.engines.torchref.config import load_config
+    from llmfabric.engines.torchref.engine import EngineOptions
+    from llmfabric.engines.torchref.server import ServerConfig
+    from llmfabric.engines.torchref.server import serve as serve_torch
+    from llmfabric.scheduler.switching import Method, make_policy
+
+    try:
+        cfg = load_config(config_spec, seed)
+        width_set = tuple(sorted({int(w) for w in widths.split(",") if w.strip()} | {1}))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    meth: Method = "sequential" if method == "sequential" else \
+        "soft" if method == "soft" else "hard"
+    policy = None
+    if switch_policy == "priority":
+        policy = make_policy("priority")
+    elif switch_policy == "hysteresis":
+        policy = make_policy("hysteresis", mu_tp=mu_tp, method=meth)
+    elif switch_policy == "scheduled":
+        try:
+            times = [(float(t), int(w)) for t, w in
+                     (item.split(":") for item in schedule.split(",") if item.strip())]
+        except ValueError as exc:
+            raise click.BadParameter("use T:WIDTH,...", param_hint="--schedule") from exc
+        policy = make_policy("scheduled", times=times, method=meth)
+    elif switch_policy != "none":
+        policy = make_policy(switch_policy, method=meth)
+    options = EngineOptions(config=cfg, dp=dp, widths=width_set, n_blocks=kv_blocks,
+                            block_tokens=block_tokens, threads=threads, policy=policy,
+                            method=meth)
+    try:
+        from llmfabric.scheduler.switching import aligned_groups
+
+        aligned_groups(dp, width_set)
+        for w in width_set:
+            cfg.check_width(w)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--widths") from exc
+    code = asyncio.run(serve_torch(options, ServerConfig(host=host, port=port,
+                                                         model_name=served_model_name)))
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":  # python -m llmfabric.cli.engine sim ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import pathlib
 import signal
 from dataclasses import dataclass
 
@@ -47,6 +48,9 @@ class Settings:
     forward_prefix: str
     timeouts: Timeouts
     server: str = "fast"  # "fast" (httptools front) or "aiohttp"
+    front_limits: tuple[tuple[str, str], ...] = ()  # FrontLimits overrides (--front-limit)
+    tls_cert: pathlib.Path | None = None  # HTTPS when both are set (reloaded on SIGHUP)
+    tls_key: pathlib.Path | None = None
 
 
 def parse_backend(spec: str) -> Backend:
@@ -100,10 +104,20 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    tls = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        from llmfabric.net.server_tls import ServerTls
+
+        tls = ServerTls(settings.tls_cert, settings.tls_key)
+        loop.add_signal_handler(signal.SIGHUP, tls.reload)
     if settings.server == "fast":
-        front = FastFront(Ingress(config, source, forwarder, auth=auth, usage_sink=auth))
+        from llmfabric.ingress.front_limits import front_limits
+
+        front = FastFront(Ingress(config, source, forwarder, auth=auth, usage_sink=auth),
+                          limits=front_limits(dict(settings.front_limits)))
         try:
-            await front.start(settings.host, settings.port, reuse_port=reuse_port)
+            await front.start(settings.host, settings.port, reuse_port=reuse_port,
+                              ssl=tls.context if tls else None)
             await stop.wait()
         finally:
             await front.aclose()
@@ -115,7 +129,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None,
-                       backlog=2048)
+                       backlog=2048, ssl_context=tls.context if tls else None)
     await site.start()
     try:
         await stop.wait()
@@ -154,18 +168,29 @@ def _run(settings: Settings, reuse_port: bool) -> None:
 @click.option("--no-auth", is_flag=True, help="accept requests without API keys (demo only)")
 @click.option("--db", "db_url", default=None, help="accounts database (default: $LLMFABRIC_DB "
               "or ~/.llmfabric/accounts.db)")
-@click.option("--forward-prefix", default="", help="path prefix on backends (use "
-              "/v1/fabric/forward when backends are llmfabric nodes)")
+@click.option("--forward-prefix", default="", help="path prefix on backends (llmfabric "
+              "nodes take forwarded requests only on their encrypted data plane: to route "
+              "to nodes, run a fabric ingress with --network-secret instead)")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="processes sharing the port via SO_REUSEPORT")
 @click.option("--server", type=click.Choice(["fast", "aiohttp"]), default="fast",
               show_default=True, help="HTTP server: the lean httptools front or aiohttp")
+@click.option("--front-limit", "front_limit", multiple=True, metavar="KEY=VALUE",
+              help="a limit of the fast front (repeatable), e.g. header_timeout_s=10 "
+              "(docs/ingress.md 'Front limits')")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False,
+              path_type=pathlib.Path), help="serve HTTPS with this PEM certificate "
+              "(reloaded on SIGHUP)")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False,
+              path_type=pathlib.Path), help="the PEM private key for --tls-cert")
 @ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
     network_secret: str | None, listen: str, policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
-    server: str, connect_timeout_s: float, first_byte_timeout_s: float, idle_timeout_s: float,
+    server: str, front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
+    tls_key: pathlib.Path | None,
+    connect_timeout_s: float, first_byte_timeout_s: float, idle_timeout_s: float,
     total_timeout_s: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models): over static backends
@@ -173,12 +198,21 @@ def command(
     `llmfabric start --ingress --relay --tier stable`, with the dashboard and API keys."""
     timeouts = Timeouts(connect_timeout_s, first_byte_timeout_s, idle_timeout_s,
                         total_timeout_s)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    from llmfabric.ingress.front_limits import front_limits
+
+    limits = tuple((k, v) for k, _, v in (item.partition("=") for item in front_limit))
+    try:
+        front_limits(dict(limits))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--front-limit") from exc
     if not backends:
         if not network_secret:
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
                                    "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
-                            no_auth, db_url, max_body_mb, timeouts)
+                            no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key)
         return
     if no_auth and not is_loopback(host):
         raise click.UsageError(
@@ -192,11 +226,14 @@ def command(
         host=host, port=port, backends=parsed, policy=policy, max_retries=max_retries,
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
         forward_prefix=forward_prefix, server=server, timeouts=timeouts,
+        tls_cert=tls_cert, tls_key=tls_key,
+        front_limits=limits,
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",
                    err=True)
-    click.echo(f"llmfabric ingress on http://{host}:{port}/v1 ({workers} worker(s), "
+    scheme = "https" if tls_cert is not None else "http"
+    click.echo(f"llmfabric ingress on {scheme}://{host}:{port}/v1 ({workers} worker(s), "
                f"{len(parsed)} backend(s), policy {policy})", err=True)
     if workers == 1:
         _run(settings, reuse_port=False)
@@ -220,7 +257,8 @@ def command(
 def _run_fabric_ingress(
     host: str, port: int, bootstrap: tuple[str, ...], network_secret: str, listen: str,
     policy: str, max_retries: int, no_auth: bool, db_url: str | None, max_body_mb: float,
-    timeouts: Timeouts,
+    timeouts: Timeouts, tls_cert: pathlib.Path | None = None,
+    tls_key: pathlib.Path | None = None,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -235,7 +273,7 @@ def _run_fabric_ingress(
             "max_body_bytes": int(max_body_mb * 1024 * 1024),
             "bootstrap": bootstrap, "connect_timeout_s": timeouts.connect,
             "first_byte_timeout_s": timeouts.first_byte, "idle_timeout_s": timeouts.idle,
-            "total_timeout_s": timeouts.total,
+            "total_timeout_s": timeouts.total, "tls_cert": tls_cert, "tls_key": tls_key,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

@@ -1,4 +1,5 @@
-"""Engines we ship: the simulated OpenAI-compatible engine (`llmfabric engine sim`).
+"""Engines we ship: the simulated OpenAI-compatible engine (`llmfabric engine sim`) and the
+CPU reference engine that switches DP <-> TP online (`llmfabric engine torch`, torchref/).
 
 Files:
   sim_server.py  SimEngineConfig, SimEngine (aiohttp app: /health, /v1/models,
@@ -9,4 +10,5 @@ Files:
   timing.py      TimingModel protocol; RooflineTiming from llmfabric.sim specs; TableTiming
   text.py        deterministic pseudo-word tokens, approximate token counts, embeddings
   faults.py      FaultState and crash(): crash / hang / slow / fail / log on demand
+  torchref/      the torch engine (extra llmfabric[torch]; its __init__ maps its files)
 """

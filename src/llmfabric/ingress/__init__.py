@@ -17,6 +17,11 @@ Files:
   `RawUpstream.relay(push, writable)` for streams relayed from the socket callback).
 - forward_http.py: `AiohttpForwarder` (aiohttp client) and `FORWARD_PREFIX`.
 - forward_peer.py: `PeerForwarder` (peer request API, relays) and `ChoosingForwarder`.
+- forward_secure.py: the data plane's ingress side (llmfabric.dataplane): `DataPlaneSessions`
+  (a session key per provider), `PinnedHttpsForwarder` (direct: HTTPS pinned to the node key,
+  per-request `X-Fabric-Auth`), `SealedPeerForwarder` (sealed end to end through relays).
+- front_limits.py: `FrontLimits` (URL/head sizes, read timeouts, connection caps of the lean
+  front) and `safe_header_value` (no control characters in emitted headers).
 - engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
   local engine, streamed).
 - usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`).

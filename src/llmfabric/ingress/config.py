@@ -55,4 +55,8 @@ class IngressConfig:
     # Ask engines for usage on streams whose client did not, and strip that chunk again.
     inject_stream_usage: bool = True
     prefix_chars: int = 512  # prompt prefix length used by prefix_affinity
+    # An upstream's non-streamed body larger than this fails the attempt (502); a streamed
+    # SSE line longer than `max_sse_line_bytes` is relayed unscanned instead of held.
+    max_response_bytes: int = 64 * 1024 * 1024
+    max_sse_line_bytes: int = 4 * 1024 * 1024
     trace_hook: TraceHook | None = None

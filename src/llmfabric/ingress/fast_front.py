@@ -9,13 +9,21 @@ backpressure both ways (reading pauses while requests queue up; writers wait on 
 transport's high-water mark), and an idle timeout. Unknown paths answer an OpenAI-shaped 404,
 known paths with another method 405. Only the headers the core needs are kept
 (Authorization, X-Fabric-Providers).
+
+Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header
+and body read timeouts (408, slowloris), connection caps per process and per client address
+(503), and the API key is checked when the head is complete, before any body is buffered
+(no key -> 401 at once; an unknown key pauses reading until the store answered). Every
+header value we emit goes through `safe_header_value` (no CR/LF from session ids).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
+import ssl as ssl_module
 import time
 from collections import deque
 from typing import cast
@@ -25,6 +33,7 @@ import orjson
 
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
+from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
 
 _POST_ROUTES = {
     b"/v1/chat/completions": ("/v1/chat/completions", True),
@@ -34,18 +43,26 @@ _POST_ROUTES = {
 _REASONS = {
     200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
     404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
-    413: b"Payload Too Large", 429: b"Too Many Requests", 500: b"Internal Server Error",
+    413: b"Payload Too Large", 414: b"URI Too Long", 429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
     502: b"Bad Gateway", 503: b"Service Unavailable", 504: b"Gateway Timeout",
 }
 _MAX_QUEUED = 32  # pipelined requests buffered before reading pauses
 _MAX_HEADER_VALUE = 16 * 1024
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%b")
+
+
+class _Stop(Exception):
+    """Internal: a limit was hit inside a parser callback; the error is already queued."""
 
 
 class _Request:
-    __slots__ = ("auth", "body", "close", "error", "expect", "keep_alive", "method", "parts",
-                 "providers", "size", "url", "version")
+    __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "head_done",
+                 "headers", "keep_alive", "method", "parts", "providers", "size", "started",
+                 "url", "version")
 
-    def __init__(self) -> None:
+    def __init__(self, started: float = 0.0) -> None:
         self.url = b""
         self.method = b""
         self.auth = ""
@@ -58,31 +75,49 @@ class _Request:
         self.error: Reply | None = None  # answer this instead, then close
         self.close = False
         self.expect = False  # Expect: 100-continue
+        self.started = started  # monotonic time of the first byte (header timeout)
+        self.head_done = False
+        self.headers = 0  # header fields seen, and their bytes (in `size` until the body)
+        self.auth_wait = False  # reading paused until the key is known valid
 
 
 class FastFront:
     """Serves an `Ingress` (and optionally its /metrics) over a lean HTTP/1.1 server."""
 
     def __init__(
-        self, ingress: Ingress, *, serve_metrics: bool = True, idle_timeout_s: float = 75.0
+        self, ingress: Ingress, *, serve_metrics: bool = True,
+        idle_timeout_s: float | None = None, limits: FrontLimits | None = None,
     ) -> None:
+        limits = limits or FrontLimits()
+        if idle_timeout_s is not None:
+            limits = dataclasses.replace(limits, idle_timeout_s=idle_timeout_s)
+        self.limits = limits
         self.ingress = ingress
         self.serve_metrics = serve_metrics
-        self.idle_timeout_s = idle_timeout_s
+        self.idle_timeout_s = limits.idle_timeout_s
+        # Timers re-check each connection this often (a head or body stalled for its timeout
+        # is closed within 1.5x of it; no timer work per request).
+        self.check_period_s = min(limits.header_timeout_s, limits.body_timeout_s,
+                                  limits.idle_timeout_s) / 2
         self.max_body = ingress.config.max_body_bytes
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
+        self._per_client: dict[str, int] = {}  # open connections per client address
+        self._auth_memo: dict[str, float] = {}  # key -> until when it passes the pre-check
+        self.refused_connections = 0
         # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
         self._heads: dict[tuple[int, str, str, bool], bytes] = {}
 
     async def start(
-        self, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048
+        self, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> int:
-        """Listen on host:port (0 picks a port); returns the bound port."""
+        """Listen on host:port (0 picks a port); returns the bound port. With `ssl`, serve
+        HTTPS (reloading that context's certificate takes effect for new connections)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _Connection(self, loop), host, port, reuse_port=reuse_port or None,
-            backlog=backlog,
+            backlog=backlog, ssl=ssl,
         )
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -119,12 +154,13 @@ def _not_allowed(path: bytes, allow: str) -> Reply:
 def _head(status: int, content_type: str, node: str, extra: dict[str, str] | None,
           close: bool) -> bytearray:
     out = bytearray(b"HTTP/1.1 %d %s\r\nContent-Type: " % (status, _REASONS.get(status, b"OK")))
-    out += content_type.encode("latin-1")
+    out += safe_header_value(content_type).encode()
     if node:
-        out += b"\r\nX-Fabric-Node: " + node.encode("latin-1")
+        out += b"\r\nX-Fabric-Node: " + safe_header_value(node).encode()
     if extra:
         for k, v in extra.items():
-            out += b"\r\n" + k.encode("latin-1") + b": " + v.encode("latin-1")
+            out += (b"\r\n" + safe_header_value(k).encode() + b": "
+                    + safe_header_value(v).encode())
     if close:
         out += b"\r\nConnection: close"
     return out
@@ -151,21 +187,50 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.last_active = time.monotonic()
         self.idle_handle: asyncio.TimerHandle | None = None
+        self.client = ""  # the client's IP address (per-client connection cap)
+        self.counted = False  # holds a slot in the per-process and per-client counts
+        self.in_head = False  # a request head is being received
+        self.head_bytes = 0  # bytes received while in its head (after the first chunk)
+        self.auth_paused = False  # reading paused for the pre-body key check
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        sock = self.transport.get_extra_info("socket")
+        self.transport = t = cast(asyncio.Transport, transport)
+        front = self.front
+        peer = t.get_extra_info("peername")
+        self.client = ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        held = front._per_client.get(ip, 0)
+        lim = front.limits
+        if len(front._conns) >= lim.max_connections or held >= lim.max_connections_per_client:
+            # Over a cap (a flood): answer 503 and close without reading anything.
+            self.parsing = False
+            front.refused_connections += 1
+            body = error_reply(503, "too many connections; retry later",
+                               "too_many_connections").body
+            t.write(_BUSY % (len(body), body))
+            t.close()
+            return
+        front._per_client[ip] = held + 1
+        self.counted = True
+        sock = t.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.front._conns.add(self)
+        front._conns.add(self)
         self._arm_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.front._conns.discard(self)
+        front = self.front
+        front._conns.discard(self)
+        if self.counted:
+            self.counted = False
+            left = front._per_client.get(self.client, 1) - 1
+            if left > 0:
+                front._per_client[self.client] = left
+            else:
+                front._per_client.pop(self.client, None)
         self._wake_runner()
         if self.idle_handle is not None:
             self.idle_handle.cancel()
@@ -175,12 +240,24 @@ class _Connection(asyncio.Protocol):
         if not self.parsing:
             return
         self.last_active = time.monotonic()
+        if self.in_head:
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported", "unsupported_upgrade")
+        except httptools.HttpParserCallbackError as e:
+            if not isinstance(e.__context__, _Stop):
+                self._fail(400, f"malformed HTTP request: {e}", "bad_request")
         except httptools.HttpParserError as e:
             self._fail(400, f"malformed HTTP request: {e}", "bad_request")
+        else:
+            # A head that keeps coming (a huge header httptools would accumulate): the count
+            # is exact up to the chunk the head began in (at most one read more).
+            if self.in_head and self.head_bytes > self.front.limits.max_head_bytes:
+                self._fail(431, "the request head is larger than "
+                           f"{self.front.limits.max_head_bytes} bytes",
+                           "request_header_fields_too_large")
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -192,16 +269,32 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self.cur = _Request()
+        if not self.parsing:
+            raise _Stop
+        self.cur = _Request(time.monotonic())
+        self.in_head = True
+        self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
-        if self.cur is not None:
-            self.cur.url += url
+        cur = self.cur
+        if cur is not None:
+            cur.url += url
+            if len(cur.url) > self.front.limits.max_url_bytes:
+                self._fail(414, "the request URL is longer than "
+                           f"{self.front.limits.max_url_bytes} bytes", "uri_too_long")
+                raise _Stop
 
     def on_header(self, name: bytes, value: bytes) -> None:
         cur = self.cur
         if cur is None:
             return
+        cur.headers += 1
+        cur.size += len(name) + len(value) + 4
+        lim = self.front.limits
+        if cur.headers > lim.max_headers or cur.size + len(cur.url) > lim.max_head_bytes:
+            self._fail(431, f"the request head has more than {lim.max_headers} fields or "
+                       f"{lim.max_head_bytes} bytes", "request_header_fields_too_large")
+            raise _Stop
         n = name.lower()
         if n == b"authorization":
             cur.auth = value.decode("latin-1")
@@ -215,24 +308,100 @@ class _Connection(asyncio.Protocol):
             except ValueError:
                 declared = 0  # llhttp rejects it
             if declared > self.max_body:
-                cur.size = declared  # refused in on_headers_complete
+                cur.body = b"!"  # refused in on_headers_complete
 
     def on_headers_complete(self) -> None:
         cur = self.cur
+        self.in_head = False
         if cur is None:
             return
         p = self.parser
         cur.method = p.get_method()
         cur.keep_alive = p.should_keep_alive()
         cur.version = p.get_http_version()
+        cur.head_done = True
+        too_large = cur.body == b"!"  # a declared Content-Length over the limit
+        cur.body = b""
+        cur.size = 0  # from here on: body bytes
         if len(cur.auth) > _MAX_HEADER_VALUE:
             cur.auth = ""
-        if cur.size > self.max_body:  # a declared Content-Length over the limit
+        if too_large:
             self._too_large(cur)
-        elif cur.expect and not self.busy and not self.queue and self.transport:
+            return
+        if (self.ingress.auth is not None and cur.method == b"POST"
+                and not self._key_precheck(cur)):
+            return
+        if cur.expect and not cur.auth_wait:
+            self._continue()
+
+    def _continue(self) -> None:
+        """100 Continue for the request being read (sent only once its key is known valid)."""
+        if not self.busy and not self.queue and self.transport and not self.closed:
             # curl sends this for larger bodies; nothing else is pending, so it cannot
             # interleave with another response.
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _key_precheck(self, cur: _Request) -> bool:
+        """Before any body is buffered: no key -> 401 now; a key not seen valid recently ->
+        reading pauses until the store answered. False when the request was refused."""
+        header = cur.auth
+        token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not token:
+            self._refuse_early(cur, error_reply(
+                401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"))
+            return False
+        memo = self.front._auth_memo
+        until = memo.get(token)
+        if until is not None and until > time.monotonic():
+            return True
+        cur.auth_wait = True
+        self._pause_for_auth(True)
+        self.loop.create_task(self._check_key(cur, token))
+        return True
+
+    async def _check_key(self, cur: _Request, token: str) -> None:
+        auth = self.ingress.auth
+        try:
+            ok = auth is not None and await auth.authenticate(token) is not None
+        except Exception:
+            ok = False
+        cur.auth_wait = False
+        if ok:
+            memo = self.front._auth_memo
+            if len(memo) > 10_000:
+                memo.clear()
+            memo[token] = time.monotonic() + self.front.limits.auth_memo_s
+            self._pause_for_auth(False)
+            if cur is self.cur and cur.expect:
+                self._continue()
+            return
+        if self.closed:
+            return
+        refusal = error_reply(401, "invalid or revoked API key", "invalid_api_key")
+        if cur is self.cur:  # its body is still coming: refuse now, read no more of it
+            self._refuse_early(cur, refusal)
+        elif cur.error is None:
+            cur.error = refusal  # queued already (the body came with the head)
+            cur.close = True
+        self._pause_for_auth(False)
+
+    def _refuse_early(self, cur: _Request, reply: Reply) -> None:
+        cur.parts = []
+        cur.error = reply
+        cur.close = True
+        self.cur = None
+        self.parsing = False
+        self._enqueue(cur)
+
+    def _pause_for_auth(self, pause: bool) -> None:
+        t = self.transport
+        if t is None or self.closed or pause == self.auth_paused:
+            return
+        self.auth_paused = pause
+        if pause and not self.reading_paused:
+            t.pause_reading()
+        elif not pause and not self.reading_paused:
+            t.resume_reading()
 
     def _too_large(self, cur: _Request) -> None:
         """Answer 400 now; the rest of the body is discarded and the connection closes."""
@@ -281,7 +450,8 @@ class _Connection(asyncio.Protocol):
             self._wake_runner()
         elif len(self.queue) >= _MAX_QUEUED and not self.reading_paused and self.transport:
             self.reading_paused = True
-            self.transport.pause_reading()
+            if not self.auth_paused:
+                self.transport.pause_reading()
 
     def _wake_runner(self) -> None:
         more, self.more = self.more, None
@@ -303,7 +473,7 @@ class _Connection(asyncio.Protocol):
                 req = self.queue.popleft()
                 if self.reading_paused and len(self.queue) < _MAX_QUEUED // 2:
                     self.reading_paused = False
-                    if self.transport is not None:
+                    if self.transport is not None and not self.auth_paused:
                         self.transport.resume_reading()
                 keep = await self._serve(req)
                 if not keep:
@@ -406,15 +576,28 @@ class _Connection(asyncio.Protocol):
     # -- idle timeout --------------------------------------------------------------------
 
     def _arm_idle(self) -> None:
-        self.idle_handle = self.loop.call_later(
-            self.front.idle_timeout_s, self._check_idle
-        )
+        self.idle_handle = self.loop.call_later(self.front.check_period_s, self._check_idle)
 
     def _check_idle(self) -> None:
+        """Keep-alive idle, header and body read timeouts (one periodic timer, no per-request
+        timer work)."""
         if self.closed:
             return
-        idle_for = time.monotonic() - self.last_active
-        if not self.busy and not self.queue and idle_for >= self.front.idle_timeout_s:
+        now = time.monotonic()
+        lim = self.front.limits
+        cur = self.cur
+        if cur is not None and self.parsing and not (self.reading_paused or self.auth_paused):
+            # (while we are the ones not reading, the client cannot be slow)
+            if not cur.head_done:
+                if now - cur.started >= lim.header_timeout_s:
+                    self._fail(408, f"the request head did not arrive within "
+                               f"{lim.header_timeout_s} s", "request_timeout")
+                    return
+            elif now - self.last_active >= lim.body_timeout_s:
+                self._fail(408, f"no request body bytes for {lim.body_timeout_s} s",
+                           "request_timeout")
+                return
+        elif not self.busy and not self.queue and now - self.last_active >= lim.idle_timeout_s:
             self._close()
             return
         self._arm_idle()
@@ -441,7 +624,7 @@ class _Sink:
         return c.transport
 
     async def start(self, content_type: str, node: str) -> None:
-        self._transport()
+        self._transport()  # (_head drops control characters from both values)
         out = _head(200, content_type, node, None, not self.chunked)
         out += (b"\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
                 if self.chunked else b"\r\nCache-Control: no-cache\r\n\r\n")

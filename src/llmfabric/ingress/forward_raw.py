@@ -10,6 +10,10 @@ chunks, and the whole attempt's total), so the ingress needs no `asyncio.timeout
 calls into this forwarder (`enforces_timeouts = True`). Reading from the node pauses while
 more than `_HIGH_WATER` bytes wait for a slow client. A connection goes back to the pool only
 when its response was read to the end and nothing followed it.
+
+With an `ssl` context the connections are TLS; `open_to(..., pin=peer_id)` then accepts
+only a server whose (self-signed node) certificate derives that peer id, checked once per
+connection (pooled connections are keyed by address and pin).
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl as ssl_module
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import cast
 
 import httptools
 
+from llmfabric.identity.certs import cert_identity
+from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.routing.candidates import Candidate
@@ -265,13 +272,24 @@ class RawUpstream:
                 raise UpstreamError(f"the node sent {what}") from None
 
     async def read(self) -> bytes:
+        return await self.read_capped(1 << 62)
+
+    async def read_capped(self, limit: int) -> bytes:
+        """The whole body; UpstreamError once it grows past `limit` bytes (an endless or
+        huge body from a hostile node cannot exhaust the ingress's memory)."""
         conn = self._conn
         if conn is None:
             return b""
-        if conn.complete and len(conn.body) == 1:  # the whole response came at once
-            return conn.take()
+        if conn.complete and len(conn.body) == 1 and conn.queued <= limit:
+            return conn.take()  # the whole response came at once
         parts: list[bytes] = []
+        size = 0
         while (data := await self._next(conn)) is not None:
+            size += len(data)
+            if size > limit:
+                conn.reusable = False
+                conn.close()
+                raise UpstreamError(f"the node's response is larger than {limit} bytes")
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -359,7 +377,9 @@ class RawHttpForwarder:
         *,
         max_idle_per_node: int = 256,
         extra_headers: dict[str, str] | None = None,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
+        self._ssl = ssl
         self._prefix = path_prefix.encode()
         self._max_idle = max_idle_per_node
         extra = "".join(f"{k}: {v}\r\n" for k, v in (extra_headers or {}).items())
@@ -377,7 +397,6 @@ class RawHttpForwarder:
             head = (
                 b"POST " + self._prefix + path.encode() + b" HTTP/1.1\r\nHost: "
                 + addr.encode() + b"\r\nContent-Type: application/json\r\n" + self._extra
-                + b"Content-Length: "
             )
             self._heads[key] = head
         return head
@@ -391,16 +410,32 @@ class RawHttpForwarder:
         else:
             pool.append(conn)
 
-    async def _connect(self, addr: str, connect_s: float) -> _UpConn:
+    async def _connect(self, addr: str, connect_s: float, pin: str) -> _UpConn:
         host, _, port = addr.rpartition(":")
         loop = asyncio.get_running_loop()
+        tls = self._ssl
         try:
             async with asyncio.timeout(connect_s):
                 _, conn = await loop.create_connection(
-                    lambda: _UpConn(loop), host.strip("[]"), int(port)
+                    lambda: _UpConn(loop), host.strip("[]"), int(port), ssl=tls,
+                    server_hostname="llmfabric" if tls is not None else None,
                 )
         except (OSError, TimeoutError, ValueError) as e:
             raise UpstreamConnectError(f"cannot connect to {addr}: {e!r}") from e
+        if pin:
+            t = conn.transport
+            obj = t.get_extra_info("ssl_object") if t is not None else None
+            der = obj.getpeercert(binary_form=True) if obj is not None else None
+            try:
+                got = cert_identity(der)[0] if der else ""
+            except IdentityError:
+                got = ""
+            if got != pin:
+                conn.reusable = False
+                conn.close()
+                raise UpstreamConnectError(
+                    f"{addr} is not node {pin[:16]}... (its certificate names "
+                    f"{got[:16] or 'no node'}): refused")
         return conn
 
     async def open(
@@ -409,8 +444,18 @@ class RawHttpForwarder:
         addr = candidate.http_addr
         if not addr:
             raise UpstreamError(f"node {candidate.session_id} has no HTTP address")
-        request = self._head(addr, path) + b"%d\r\n\r\n" % len(body) + body
-        pool = self._idle.get(addr)
+        return await self.open_to(addr, path, body, timeouts)
+
+    async def open_to(
+        self, addr: str, path: str, body: bytes, timeouts: Timeouts, *, extra: bytes = b"",
+        pin: str = "",
+    ) -> RawUpstream:
+        """POST to `addr`; `extra`: more header lines (each ending in CRLF); `pin`: the
+        server's peer id (TLS only)."""
+        request = (self._head(addr, path) + extra
+                   + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        key = f"{addr}#{pin}" if pin else addr
+        pool = self._idle.get(key)
         loop = pool[-1].loop if pool else asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total
         while pool:
@@ -418,12 +463,12 @@ class RawHttpForwarder:
             if not conn.usable():
                 conn.close()
                 continue
-            up = await self._exchange(addr, conn, request, timeouts, deadline, stale_ok=True)
+            up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=True)
             if up is not None:
                 return up
             # the node closed this idle connection before answering: use another
-        conn = await self._connect(addr, min(timeouts.connect, deadline - loop.time()))
-        up = await self._exchange(addr, conn, request, timeouts, deadline, stale_ok=False)
+        conn = await self._connect(addr, min(timeouts.connect, deadline - loop.time()), pin)
+        up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=False)
         if up is None:  # (stale_ok=False raises instead)
             raise UpstreamError(f"{addr} closed the connection without answering")
         return up

@@ -21,6 +21,7 @@ Files (one concept each; see docs/network.md for the protocol):
   (re-selects when one leaves or never answers; backoff).
 - addressbook.py: peer id -> direct addresses and relays; `parse_addr`, `host_addrs`.
 - httpaddr.py: `published_http_addr`, the HTTP address a node may publish (reachability rule).
+- server_tls.py: `ServerTls`, TLS for the HTTP listeners from PEM files, reloaded in place.
 - bootstrap.py: `run_bootstrap`, the retry loop over bootstrap addresses (injected clock).
 - backoff.py: exponential backoff with full jitter.
 - stats.py: `NetStats` counters (bytes, datagrams, drops by reason, refused handshakes).

@@ -3,7 +3,8 @@ membership, the engine agent and (optionally) the ingress into one running node.
 
   daemon          Node: start/stop, sessions (rejoin after eviction), the HTTP servers
   config          NodeConfig: defaults < config file < env vars < flags, validated
-  admission       the admission credential from the config; the PSK forward token
+  admission       the admission credential from the config; `read_secret_file` (rotation),
+                  the provider verifier and record policy (registry.provider)
   engine_link     the node's engine: supervision (agent/) + the forwarded-request proxy
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
   trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
@@ -17,4 +18,8 @@ membership, the engine agent and (optionally) the ingress into one running node.
   metrics         Prometheus metrics of a node (gossip, transport, requests), read on scrape
   ports           a free loopback port (engines the node starts, local fabrics, tests)
   local_fabric    LocalFabric: real node processes on loopback (demo, multi-process tests)
+  dataplane_server  the provider side of the data plane: session exchange, pinned HTTPS
+                  listener, sealed peer requests (docs/network.md "Data plane")
+  engine_bind     engines on loopback unless --allow-engine-public-bind
+  walltime        drain `lead_s` before the allocation ends; keep the published end current
 """

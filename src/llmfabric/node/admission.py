@@ -1,20 +1,28 @@
-"""The node's admission credential from its configuration, and the forward token derived
-from a network secret."""
+"""The node's admission credential from its configuration, and the provider verifier that
+binds registry records to the identities routing allowlists match (registry.provider)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import os
+import pathlib
+import stat
+from collections.abc import Callable
 
 from llmfabric.identity import Admission, CertAdmission, MembershipCert, PskAdmission
 from llmfabric.identity.admission import decode_public_key
 from llmfabric.node.config import ConfigError, NodeConfig
+from llmfabric.registry.provider import CertRecordPolicy, ProviderVerifier
 
 
 def admission_from_config(config: NodeConfig) -> Admission:
     """PSK when a network secret is set, else an operator-signed membership certificate."""
+    if config.network_secret_file is not None:
+        secret, previous = read_secret_file(config.network_secret_file)
+        return PskAdmission(config.network, secret, previous)
     if config.network_secret:
-        return PskAdmission(config.network, config.network_secret.encode())
+        prev = config.network_secret_previous
+        return PskAdmission(config.network, config.network_secret.encode(),
+                            prev.encode() if prev else None)
     if config.membership_cert is not None:
         if not config.operator_key:
             raise ConfigError(
@@ -26,6 +34,37 @@ def admission_from_config(config: NodeConfig) -> Admission:
     raise ConfigError("no admission credential: set --network-secret or --membership-cert")
 
 
-def forward_token(network_secret: str) -> str:
-    """Token nodes of one PSK network accept on their HTTP engine-proxy route."""
-    return hmac.new(network_secret.encode(), b"llmfabric-forward-v1", hashlib.sha256).hexdigest()
+def read_secret_file(path: pathlib.Path) -> tuple[bytes, bytes | None]:
+    """(secret, previous or None) from a file: line 1 the secret, optional line 2 the
+    previous secret (still accepted during a rotation). Refused when others can read it."""
+    try:
+        mode = os.stat(path).st_mode
+        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    except OSError as exc:
+        raise ConfigError(f"cannot read the network secret file {path}: {exc.strerror}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"the network secret file {path} is readable by others: chmod 600 it")
+    if not lines or len(lines) > 2:
+        raise ConfigError(f"{path}: put the network secret on line 1 and, during a rotation, "
+                          "the previous one on line 2")
+    return lines[0].encode(), lines[1].encode() if len(lines) == 2 else None
+
+def provider_verifier(config: NodeConfig, wall: Callable[[], float]) -> ProviderVerifier:
+    """Certificates checked against the operator key on certificate networks; on PSK
+    networks (no operator key) a provider is its key fingerprint."""
+    operator = (decode_public_key(config.operator_key)
+                if config.membership_cert is not None and config.operator_key
+                and not config.network_secret else None)
+    return ProviderVerifier(operator, config.network, wall)
+
+
+def record_policy(verifier: ProviderVerifier) -> CertRecordPolicy | None:
+    """Records must carry a valid certificate only on certificate networks."""
+    return CertRecordPolicy(verifier) if verifier.operator_key is not None else None
+
+
+def own_certificate(config: NodeConfig) -> str:
+    """Our membership certificate (JSON) to publish in our record; "" on PSK networks."""
+    if config.membership_cert is None or config.network_secret:
+        return ""
+    return MembershipCert.load(config.membership_cert).to_json()

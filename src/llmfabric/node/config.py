@@ -62,11 +62,21 @@ class NodeConfig(BaseModel):
     preset: Literal["lan", "wan", "local"] = "lan"
     network: str = "default"
     network_secret: str | None = None
+    # The secret from a file (mode 0600): line 1 the secret, optional line 2 the previous
+    # one (accepted during a rotation); re-read on SIGHUP.
+    network_secret_file: pathlib.Path | None = None
+    network_secret_previous: str | None = None
     membership_cert: pathlib.Path | None = None
     operator_key: str | None = None  # base64 operator public key, with membership_cert
     # Engine supervision (empty process = a bare node the scheduler may fill).
     process: tuple[str, ...] = ()
     engine_url: str | None = None
+    engine_kind: str | None = None  # `--engine KIND` (agent/engines.py); None: detected
+    model_ids: tuple[str, ...] = ()  # served model ids the engine does not list
+    # The engine's main process exited: "restart" it (up to engine_restarts times, with
+    # backoff, each under a new session) then leave, or "leave" at once (exit status 5).
+    on_engine_exit: Literal["restart", "leave"] = "restart"
+    engine_restarts: int = Field(default=3, ge=0)
     ready_timeout_s: float = 900.0
     health_interval_s: float = 2.0
     health_failures: int = Field(default=3, ge=1)
@@ -77,6 +87,9 @@ class NodeConfig(BaseModel):
     aliases: dict[str, str] = Field(default_factory=dict)  # alias -> served model id
     accept_assignments: bool = False  # start engines the fleet controller assigns
     controllers: tuple[str, ...] = ()  # peer ids allowed to assign (empty: any member)
+    # Ingress: also accept the API keys these ingresses publish (verified provider identities:
+    # peer ids on PSK networks); accounts/grants.py.
+    key_issuers: tuple[str, ...] = ()
     gpu: str | None = None
     gpu_count: int | None = None
     gpu_memory_gb: float | None = None
@@ -90,6 +103,9 @@ class NodeConfig(BaseModel):
     total_timeout_s: float = Field(default=1800.0, gt=0)
     db: str | None = None
     auth: bool = True
+    # An ingress with API keys answers the fleet views (/v1/fabric/nodes, models, ...) only
+    # to a valid key unless this is set (a public catalog).
+    public_fleet_info: bool = False
     admin_key_file: pathlib.Path | None = None
     record_trace: pathlib.Path | None = None  # anonymized JSONL trace of served requests
     # How often the observed per-model demand may be republished in the record (scheduler input).
@@ -102,6 +118,20 @@ class NodeConfig(BaseModel):
     public_http_addr: str | None = None
     # A node that cannot be dialled keeps registrations with at least this many relays.
     min_relays: int = Field(default=1, ge=1)
+    # The data plane's HTTPS listener (direct path; same host as http_listen; 0 = any port,
+    # told to ingresses in the signed session answer).
+    dataplane_port: int = Field(default=0, ge=0, le=65535)
+    # TLS for the HTTP listeners (HTTP API/dashboard and --api-listen); reloaded on SIGHUP.
+    tls_cert: pathlib.Path | None = None
+    tls_key: pathlib.Path | None = None
+    # Let the engine command bind a non-loopback address (node/engine_bind.py).
+    allow_engine_public_bind: bool = False
+    # Limits of the lean front (--api-listen): FrontLimits field -> value over the defaults.
+    front_limits: dict[str, float] = Field(default_factory=dict)
+    # Walltime: Unix time the allocation ends (None: detected inside a Slurm job, else
+    # unbounded); the node drains this long before it (launch/allocation.py).
+    alloc_end: float | None = Field(default=None, gt=0)
+    drain_lead_s: float = Field(default=120.0, ge=0)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
@@ -123,6 +153,31 @@ class NodeConfig(BaseModel):
         for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")
         return addrs
+
+    @field_validator("front_limits")
+    @classmethod
+    def _front_limits(cls, value: dict[str, float]) -> dict[str, float]:
+        from llmfabric.ingress.front_limits import front_limits
+
+        front_limits(value)  # raises ValueError naming the bad key
+        return value
+
+    @field_validator("network_secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode()) < 16:
+            raise ValueError("the network secret must have at least 16 bytes; use a random "
+                             "one, e.g. `openssl rand -hex 16`")
+        return value
+
+    @field_validator("engine_kind")
+    @classmethod
+    def _engine_kind(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from llmfabric.agent.engines import kind_named
+
+        return kind_named(value).name
 
     @field_validator("aliases")
     @classmethod
@@ -148,8 +203,15 @@ class NodeConfig(BaseModel):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _tls_pair(self) -> NodeConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        return self
+
     def has_credential(self) -> bool:
-        return bool(self.network_secret) or self.membership_cert is not None
+        return (bool(self.network_secret) or self.network_secret_file is not None
+                or self.membership_cert is not None)
 
 
 def load_config_file(path: pathlib.Path) -> dict[str, Any]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
+import os
 import random
 from typing import Any
 
@@ -31,24 +33,34 @@ from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
-from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.front_limits import front_limits
+from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.relaykeeper import RelayKeeper
-from llmfabric.node.admission import admission_from_config, forward_token
+from llmfabric.net.server_tls import ServerTls
+from llmfabric.node.admission import (
+    admission_from_config,
+    own_certificate,
+    provider_verifier,
+    read_secret_file,
+    record_policy,
+)
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
+from llmfabric.node.dataplane_server import DataPlaneServer
+from llmfabric.node.engine_bind import EngineBindError, loopback_engine_command
 from llmfabric.node.engine_link import EngineLink, error_response
-from llmfabric.node.http_api import add_node_routes
+from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.ports import free_port
 from llmfabric.node.release import release_engine
 from llmfabric.node.replica_reader import AgentReplicaReader
-from llmfabric.registry.records import Lifecycle, NodeMeta
+from llmfabric.node.walltime import WalltimeWatch
+from llmfabric.registry.records import Lifecycle, LoadHints, NodeMeta
 from llmfabric.registry.replica import Change
 
 log = logging.getLogger(__name__)
@@ -72,17 +84,31 @@ class Node:
                 parse_hostport(config.public_http_addr)
             except ConfigError as exc:
                 raise NodeError(f"public_http_addr: {exc}") from None
+        if config.process:
+            try:
+                config = config.model_copy(update={"process": loopback_engine_command(
+                    config.process, allow_public=config.allow_engine_public_bind)})
+            except EngineBindError as exc:
+                raise NodeError(str(exc)) from None
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
         self.key, _ = NodeKey.load_or_create(config.home)
+        # TLS for the HTTP listeners (--tls-cert/--tls-key), reloaded by reload().
+        self.tls = (ServerTls(config.tls_cert, config.tls_key)
+                    if config.tls_cert is not None and config.tls_key is not None else None)
+        self.admission = admission_from_config(config)
         self.transport = TlsTransport(
             self.key,
-            admission_from_config(config),
+            self.admission,
             self._transport_config(),
             clock=self.clock,
             rng=self.rng,
         )
+        # Who a record's provider really is (certificate or key fingerprint), for the
+        # replica's record policy and the ingress allowlist (registry.provider).
+        self.providers = provider_verifier(config, self.clock.wall)
+        self._own_cert = own_certificate(config)
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
         # One set of gossip counters for the node's life: the agent of a later session (after
@@ -101,7 +127,14 @@ class Node:
         self._relay_keeper: RelayKeeper | None = None
         self._evicted_peers: set[str] = set()  # addresses kept while reconnects may help
         self._stopping = False
-        self._forward_token: str | None = None
+        # The data plane: session keys with ingresses, the pinned HTTPS listener, sealed
+        # peer requests (docs/network.md "Data plane").
+        self.dataplane = DataPlaneServer(
+            self.key, lambda: self.engine, self._is_member,
+            max_body_bytes=config.max_body_bytes)
+        self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
+        self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
+        self._engine_restarts = 0
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -137,27 +170,30 @@ class Node:
     async def start(self) -> None:
         await self.transport.start()
         self.agent = self._new_agent()
-        reader = AgentReplicaReader(lambda: self._agent, self.clock)
+        reader = AgentReplicaReader(lambda: self._agent, self.clock, self.providers.identity)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
-        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
+        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
+                        self._local_view, fleet_auth=self._fleet_auth())
         if self.config.ingress:
             self.ingress = await IngressLink.create(
-                self.config, reader, self.transport, self.rng, self.clock
+                self.config, reader, self.transport, self.rng, self.clock, key=self.key,
+                identify=self.providers.identity,
             )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
             if self.config.api_listen:
-                await self.ingress.start_front(self.config.api_listen)
-        self._forward_token = (
-            forward_token(self.config.network_secret) if self.config.network_secret else None
-        )
-        if self._forward_token is not None:  # the fast direct path (PSK networks only)
-            app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self._forward_http)
+                await self.ingress.start_front(
+                    self.config.api_listen, ssl=self.tls.context if self.tls else None,
+                    limits=front_limits(self.config.front_limits))
         self.transport.set_request_handler(PeerApi(
-            lambda: self.engine, self._assign, lambda p, b: release_engine(self, p, b)).handle)
+            self.dataplane, self._assign, lambda p, b: release_engine(self, p, b)).handle)
         if self.config.process:
             self.engine = self._engine_link(self.config)
         await self._serve_http(app)
+        if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
+            await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
+        if self._alloc_end is None:
+            self._alloc_end = await asyncio.to_thread(allocation_end, dict(os.environ))
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
         self.transport.on_relays_changed(self._relays_changed)
@@ -169,8 +205,34 @@ class Node:
         self._spawn(self._sweep_evicted_peers(), "forget-evicted")
         if self.ingress is not None:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
+            self._spawn(self._publish_key_grants(self.ingress), "key-grants")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
+        if self._alloc_end is not None:
+            self._spawn(self._walltime(self._alloc_end).run(), "walltime")
+
+    def _walltime(self, end: float) -> WalltimeWatch:
+        def moved(new_end: float) -> None:
+            self._alloc_end = new_end
+            self._republish()
+
+        env = dict(os.environ)
+        refresh = None if self.config.alloc_end is not None else (lambda: allocation_end(env))
+        return WalltimeWatch(self.clock, end, self.config.drain_lead_s, drain=self.stop,
+                             republish=moved, refresh=refresh)
+
+    def _fleet_auth(self) -> FleetAuth | None:
+        """On an ingress with API keys the fleet views need a key (unless the operator
+        opted into a public catalog with --public-fleet-info)."""
+        if not (self.config.ingress and self.config.auth) or self.config.public_fleet_info:
+            return None
+
+        async def valid(token: str | None) -> bool:
+            store = self.ingress.store if self.ingress is not None else None
+            return token is not None and store is not None and (
+                await store.authenticate(token)) is not None
+
+        return valid
 
     def _new_agent(self) -> GossipAgent:
         agent = GossipAgent(
@@ -182,6 +244,7 @@ class Node:
             seeds=self._seeds,
             rng=self.rng,
             stats=self.gossip_stats,
+            policy=record_policy(self.providers),
         )
         agent.add_listener(self._on_change)
         agent.on_evicted(self._on_evicted)
@@ -191,7 +254,8 @@ class Node:
         host, port = parse_hostport(self.config.http_listen, default_host="127.0.0.1")
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True,
+                           ssl_context=self.tls.context if self.tls else None)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -239,9 +303,13 @@ class Node:
             models=base.models if base is not None else (),
             load=base.load if base is not None else NodeMeta().load,
             demand=base.demand if base is not None else (),
+            keys=base.keys if base is not None else (),
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
+            alloc_end=self._alloc_end or 0.0,
+            drain_lead_s=self.config.drain_lead_s if self._alloc_end else 0.0,
+            cert=self._own_cert,
         )
         return dataclasses.replace(meta, **changes)
 
@@ -390,13 +458,13 @@ class Node:
 
     # ---- engine -------------------------------------------------------------------------
     def _engine_link(self, config: NodeConfig, env: dict[str, str] | None = None) -> EngineLink:
-        return EngineLink(config, self.clock, self.inflight,
-                          forward_token=self._forward_token, env=env)
+        return EngineLink(config, self.clock, self.inflight, env=env)
 
-    async def _forward_http(self, request: web.Request) -> web.StreamResponse:
-        if self.engine is None:
-            return http_error(503, "this node serves no engine", "node_not_serving")
-        return await self.engine.handle_http(request)
+    def _is_member(self, peer_id: str) -> bool:
+        """A live session of `peer_id` is in our registry replica (relayed session offers:
+        the relay's word on the origin proves nothing)."""
+        return self.agent is not None and any(
+            v.state is not Lifecycle.LEFT for v in self.agent.nodes.by_peer(peer_id))
 
     async def _assign(self, peer: str, body: bytes) -> HandlerResponse:
         """Start an engine for a controller's assignment (bare nodes that accept them)."""
@@ -412,7 +480,8 @@ class Node:
             assignment = parse_assignment(body)
         except AssignmentError as exc:
             return error_response(400, str(exc), "invalid_assignment")
-        argv = engine_command(assignment, free_port())
+        argv = loopback_engine_command(engine_command(assignment, free_port()),
+                                       allow_public=self.config.allow_engine_public_bind)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, assignment.gpu_ids))}
         if not assignment.gpu_ids:
             env = {}
@@ -439,32 +508,95 @@ class Node:
             return
         self._agent.update_self(self._meta(engine=info.kind, models=info.models))
         self._agent.set_state(Lifecycle.SERVING)
-        engine.supervisor.on_state_change(self._on_engine_event)
+        engine.supervisor.on_state_change(lambda ev: self._on_engine_event(engine, ev))
         self._spawn(self._publish_load(), "load")
 
-    def _on_engine_event(self, event: EngineEvent) -> None:
-        if self._stopping:
+    def _local_view(self) -> dict[str, Any]:
+        engine = self.engine
+        return {"engine_process": engine.local_view() if engine is not None else None,
+                "engine_restarts": self._engine_restarts}
+
+    def _on_engine_event(self, engine: EngineLink, event: EngineEvent) -> None:
+        if self._stopping or engine is not self.engine:
             return
         if event.state is EngineState.DOWN:
             log.error("engine down: %s", event.reason)
             if self._agent.record.state < Lifecycle.DOWN:
                 self._agent.set_state(Lifecycle.DOWN)
+            self._spawn(self._after_engine_down(engine), "engine-down")
         elif event.state is EngineState.FATAL:
             log.error("fatal engine failure, fail-stop: %s", event.log_line or event.reason)
             self._exit_code = 4
             self._spawn(self.stop(drain=False), "fail-stop")
 
+    async def _after_engine_down(self, engine: EngineLink) -> None:
+        """The engine exited (its tree is already killed) or stopped answering: restart it
+        under a new session with backoff, or leave (`on_engine_exit`, `engine_restarts`)."""
+        await engine.aclose(2.0)  # a hung engine is killed; an exited one is reaped
+        cfg = self.config
+        while not self._stopping:
+            if cfg.on_engine_exit == "leave" or self._engine_restarts >= cfg.engine_restarts:
+                log.error("the engine is gone and will not be restarted (%s); announcing LEFT "
+                          "and exiting with status 5",
+                          "--on-engine-exit leave" if cfg.on_engine_exit == "leave" else
+                          f"{self._engine_restarts} restarts used")
+                if self._exit_code == 0:
+                    self._exit_code = 5
+                await self.stop(drain=False)
+                return
+            self._engine_restarts += 1
+            delay = min(30.0, 2.0 ** (self._engine_restarts - 1))
+            delay *= 0.75 + 0.5 * self.rng.random()
+            log.warning("restarting the engine in %.1f s (restart %d of %d)", delay,
+                        self._engine_restarts, cfg.engine_restarts)
+            await self.clock.sleep(delay)
+            if self.stopping:  # (SIGTERM while we waited)
+                return
+            # Same command and environment (an assigned engine keeps its GPUs).
+            env = engine.supervisor.config.env
+            fresh = self._engine_link(engine.config, dict(env) if env else None)
+            self.engine = fresh
+            try:
+                info = await fresh.start()
+            except Exception as exc:
+                log.error("engine restart failed: %s", exc)
+                continue
+            old = self._agent
+            meta = old.record.meta
+            await old.leave()  # the DOWN session ends; the engine serves under a new one
+            await old.aclose()
+            await self.new_session(dataclasses.replace(meta, engine=info.kind,
+                                                       models=info.models), serving=True)
+            fresh.supervisor.on_state_change(functools.partial(self._on_engine_event, fresh))
+            log.info("engine restarted; serving again as session %s", self.session_id)
+            return
+
     async def _publish_load(self, interval_s: float = 10.0) -> None:
         """Refresh the load hint in the record when it changed, at most every `interval_s`:
         every record change is gossiped to the whole fabric, so load stays a coarse hint and
-        routing policies track their own in-flight counts."""
-        last = -1
+        routing policies track their own in-flight counts. The engine's own metrics (queue,
+        running, KV-cache use, prefix hits; agent/engine_metrics.py) ride along, rounded so
+        noise does not cause gossip."""
+        last: LoadHints | None = None
         while not self._stopping:
             await self.clock.sleep(interval_s)
-            now = self.inflight.inflight
-            if now != last and self._agent.record.state is Lifecycle.SERVING:
-                last = now
-                self._agent.update_self(self._meta(load=self.inflight.load_hints()))
+            engine = self.engine
+            if engine is None or self._agent.record.state is not Lifecycle.SERVING:
+                continue
+            hints = self.inflight.load_hints()
+            try:
+                eload = await engine.supervisor.load()
+            except Exception:
+                log.exception("reading the engine's metrics failed")
+                eload = None
+            if eload is not None:
+                hints = dataclasses.replace(
+                    hints, queued=eload.waiting, running=eload.running,
+                    kv_usage=round(eload.kv_usage, 2),
+                    prefix_hit_rate=round(eload.prefix_hit_rate or 0.0, 2))
+            if hints != last and not self._stopping:
+                last = hints
+                self._agent.update_self(self._meta(load=hints))
 
     async def _publish_demand(self, meter: DemandMeter) -> None:
         """Publish the ingress's observed per-model workload (the fleet controller's input)
@@ -474,6 +606,33 @@ class Node:
             snapshot = meter.snapshot()
             if not self._stopping and demand_moved(self._agent.record.meta.demand, snapshot):
                 self._agent.update_self(self._meta(demand=snapshot))
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the TLS certificate and the network secret file (a rotation:
+        handshakes from now on prove and accept the new pair). A broken file is logged and
+        the previous values stay."""
+        if self.tls is not None:
+            try:
+                self.tls.reload()
+                log.warning("reloaded the TLS certificate %s", self.tls.cert)
+            except (OSError, ValueError) as exc:
+                log.error("TLS reload failed, keeping the previous certificate: %s", exc)
+        path = self.config.network_secret_file
+        if path is not None and hasattr(self.admission, "set_secrets"):
+            try:
+                self.admission.set_secrets(*read_secret_file(path))
+                log.warning("reloaded the network secret from %s", path)
+            except (ConfigError, ValueError) as exc:
+                log.error("network secret reload failed, keeping the previous one: %s", exc)
+
+    async def _publish_key_grants(self, ingress: IngressLink) -> None:
+        """Publish our keys' grants (hashes only) when they change, so ingresses that trust us
+        as a key issuer accept them, and drop revoked ones within a second (accounts.grants)."""
+        while not self._stopping:
+            await self.clock.sleep(1.0)
+            grants = ingress.key_grants()
+            if not self._stopping and grants != self._agent.record.meta.keys:
+                self._agent.update_self(self._meta(keys=grants))
 
     # ---- stop ---------------------------------------------------------------------------
     async def wait_stopped(self) -> int:
@@ -508,6 +667,7 @@ class Node:
                 await self.ingress.aclose()
             if self._runner is not None:
                 await self._runner.cleanup()
+            await self.dataplane.aclose()
             await self.transport.aclose()
             self._stopped.set()
 

@@ -1,10 +1,10 @@
 """The node's engine: supervision (agent/) plus the proxy that serves forwarded requests.
 
-Forwarded inference requests reach the engine two ways: over the authenticated peer network
-(any admitted node, through relays too) and, for PSK networks, over the node's HTTP port with
-a forward token derived from the network secret (the fast direct path). Both count in-flight
-requests so SIGTERM can drain them, and both refuse new work (503, retried elsewhere by the
-ingress) once draining started.
+Forwarded inference requests reach the engine two ways, both on the encrypted data plane
+(node/dataplane_server.py checks their authorization first): sealed over the peer network
+(through relays too), and over the node's pinned-certificate HTTPS listener (the fast direct
+path). Both count in-flight requests so SIGTERM can drain them, and both refuse new work
+(503, retried elsewhere by the ingress) once draining started.
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ class EngineLink:
         clock: Clock,
         inflight: InflightTracker,
         *,
-        forward_token: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.config = config
@@ -82,11 +81,12 @@ class EngineLink:
                 health_interval_s=config.health_interval_s,
                 failures_to_down=config.health_failures,
                 env=env,
+                engine_kind=config.engine_kind,
+                model_ids=tuple(config.model_ids),
             ),
             clock=clock,
         )
         self.proxy: EngineProxy | None = None
-        self._token = forward_token
 
     async def start(self) -> EngineInfo:
         info = await self.supervisor.start()
@@ -94,8 +94,7 @@ class EngineLink:
             info = dataclasses.replace(
                 info, models=with_aliases(info.models, self.config.aliases))
         self.proxy = EngineProxy(
-            info.base_url, max_body_bytes=self.config.max_body_bytes, forward_token=self._token
-        )
+            info.base_url, max_body_bytes=self.config.max_body_bytes)
         return info
 
     async def handle_http(self, request: web.Request) -> web.StreamResponse:
@@ -112,12 +111,19 @@ class EngineLink:
             return error_response(404, f"{request.path} is not served to peers", "not_found")
         if self.proxy is None or not self.inflight.accepting:
             return error_response(503, "this node is not serving", "node_not_serving")
-        body = await request.read()
+        return await self.serve_body(request.path, await request.read())
+
+    async def serve_body(self, path: str, body: bytes) -> HandlerResponse:
+        """A forwarded request whose body was read (and authorized) already."""
+        if not path.startswith(FORWARD_PREFIX + "/v1/"):
+            return error_response(404, f"{path} is not served to peers", "not_found")
+        if self.proxy is None or not self.inflight.accepting:
+            return error_response(503, "this node is not serving", "node_not_serving")
         if len(body) > self.config.max_body_bytes:
             return error_response(400, "request body too large", "request_too_large")
         self.inflight.begin()
         try:
-            upstream = await self.proxy.open(request.path.removeprefix(FORWARD_PREFIX), body)
+            upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body)
         except UpstreamError as exc:
             self.inflight.end()
             return error_response(502, str(exc), "engine_unreachable")
@@ -133,6 +139,13 @@ class EngineLink:
         return HandlerResponse(
             upstream.status, (("content-type", upstream.content_type),), relay()
         )
+
+    def local_view(self) -> dict[str, object]:
+        """What only this node knows about its engine (`/v1/fabric/self` "engine_process")."""
+        sup = self.supervisor
+        return {"pid": sup.pid, "kind": sup.command.kind, "base_url": sup.command.base_url,
+                "state": sup.state.value, "exit_code": sup.exit_code,
+                "log": str(sup.config.log_path)}
 
     async def aclose(self, stop_timeout_s: float | None = None) -> None:
         """Stop the engine: SIGTERM, SIGKILL after `stop_timeout_s` (default and cap:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
+from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.net import NetError, TlsTransport
 from llmfabric.node.assignment import ASSIGN_PATH, RELEASE_PATH, Assignment, ReleaseRequest
 from llmfabric.scheduler.decisions import Assign, Decision, Release
@@ -55,8 +57,10 @@ class PeerExecutor:
             self._fail(what, f"{sid}: not in the registry")
             return None
         try:
+            signed = sign_control(self._transport.key, path, body, time.time())
             resp = await self._transport.request(
-                peer, "POST", path, (("content-type", "application/json"),), body,
+                peer, "POST", path,
+                (("content-type", "application/json"), (SIGNED_HEADER, signed)), body,
                 timeout=limit_s,
             )
             async with resp:

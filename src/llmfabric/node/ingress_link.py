@@ -3,36 +3,46 @@
 from __future__ import annotations
 
 import random
+from ssl import SSLContext
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from llmfabric.accounts.bootstrap import ensure_admin_key
+from llmfabric.accounts.grants import RemoteGrants, grants_of
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.identity import NodeKey
 from llmfabric.ingress import (
     FORWARD_PREFIX,
     ChoosingForwarder,
-    HttpForwarder,
     Ingress,
     IngressConfig,
-    PeerForwarder,
+    RawHttpForwarder,
     add_ingress_routes,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.demand import DemandMeter
-from llmfabric.ingress.engine_proxy import FORWARD_TOKEN_HEADER
 from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.forward_secure import (
+    DataPlaneSessions,
+    PinnedHttpsForwarder,
+    SealedPeerForwarder,
+)
+from llmfabric.ingress.front_limits import FrontLimits
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.net import TlsTransport
-from llmfabric.node.admission import forward_token
+from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
+from llmfabric.registry.provider import key_fingerprint_identity
+from llmfabric.registry.records import KeyGrant
+from llmfabric.routing.candidates import Identify
 from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.traces import TraceRecorder
 
@@ -64,6 +74,9 @@ class IngressLink:
         transport: TlsTransport,
         rng: random.Random,
         clock: Clock | None = None,
+        *,
+        key: NodeKey,
+        identify: Identify = key_fingerprint_identity,
     ) -> IngressLink:
         store: AccountStore | None = None
         auth: AccountsAuth | None = None
@@ -73,12 +86,13 @@ class IngressLink:
             auth = AccountsAuth(store, RateLimiter(SystemClock()))
             key_file = config.admin_key_file or config.home / "admin.key"
             _, admin_key = await ensure_admin_key(store, key_file)
-        peer = PeerForwarder(transport)
-        direct: Forwarder = peer
-        if config.network_secret:
-            token = forward_token(config.network_secret)
-            direct = HttpForwarder(FORWARD_PREFIX, extra_headers={FORWARD_TOKEN_HEADER: token})
-        forwarder = ChoosingForwarder(direct, peer)
+        # The data plane: direct = HTTPS pinned to the provider's node key, else sealed over
+        # the peer network (relays); each request authorized with a per-pair session key.
+        sessions = DataPlaneSessions(key, transport)
+        forwarder = ChoosingForwarder(
+            PinnedHttpsForwarder(sessions, RawHttpForwarder(FORWARD_PREFIX,
+                                                            ssl=client_ssl_context())),
+            SealedPeerForwarder(sessions, transport))
         trace_hook: IngressTraceHook | None = None
         if config.record_trace is not None:
             salt = load_or_create_salt(config.home / "trace.salt")
@@ -104,16 +118,24 @@ class IngressLink:
                                   config.idle_timeout_s, config.total_timeout_s),
                 trace_hook=on_finished,
             ),
-            ReplicaCandidateSource(reader.replica),
+            ReplicaCandidateSource(reader.replica, identify),
             forwarder,
             auth,
             auth,
             rng=rng,
         )
+        if store is not None and config.key_issuers:
+            store.remote = RemoteGrants(
+                lambda: [r for r, _ in reader.records_with_suspicion()], reader.version,
+                identify, config.key_issuers).lookup
         link = cls(ingress, store, forwarder, config.dashboard, demand)
         link.trace_hook = trace_hook
         link.admin_key = admin_key
         return link
+
+    def key_grants(self) -> tuple[KeyGrant, ...]:
+        """The grants this ingress publishes for its keys (accounts.grants)."""
+        return grants_of(self.store.cached_keys()) if self.store is not None else ()
 
     @property
     def metrics_registry(self) -> CollectorRegistry:
@@ -126,11 +148,13 @@ class IngressLink:
         if self.dashboard:
             add_dashboard_routes(app)
 
-    async def start_front(self, listen: str) -> None:
-        """The same request core on the lean HTTP/1.1 front, on its own port."""
+    async def start_front(self, listen: str, ssl: SSLContext | None = None,
+                          limits: FrontLimits | None = None) -> None:
+        """The same request core on the lean HTTP/1.1 front, on its own port (HTTPS with
+        `ssl`)."""
         host, port = parse_hostport(listen, default_host="127.0.0.1")
-        self.front = FastFront(self.ingress, serve_metrics=False)
-        bound = await self.front.start(host, port)
+        self.front = FastFront(self.ingress, serve_metrics=False, limits=limits)
+        bound = await self.front.start(host, port, ssl=ssl)
         self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
 
     async def aclose(self) -> None:

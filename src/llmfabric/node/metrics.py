@@ -36,6 +36,8 @@ class _Counters(Collector):
     def __init__(self) -> None:
         self.gossip: AgentStats | None = None
         self.net: NetStats | None = None
+        self.dataplane_refused: Mapping[str, int] | None = None
+        self.dataplane_served: Mapping[str, int] | None = None
 
     def collect(self) -> Iterator[Metric]:
         g, n = self.gossip, self.net
@@ -57,6 +59,16 @@ class _Counters(Collector):
             yield _family("llmfabric_net_dropped", "Transport drops", "reason", n.dropped)
             yield _family("llmfabric_net_handshakes_refused", "Refused handshakes", "reason",
                           n.handshakes_refused)
+        if self.dataplane_refused is not None:
+            yield _family("llmfabric_dataplane_refused",
+                          "Forwarded requests refused by this provider's data plane "
+                          "(replayed, bad_mac, expired, unknown_session, ...)", "reason",
+                          self.dataplane_refused)
+        if self.dataplane_served is not None:
+            yield _family("llmfabric_dataplane_requests",
+                          "Authorized forwarded requests this provider served, by path "
+                          "(https: direct, sealed: peer network / relays)", "path",
+                          self.dataplane_served)
 
 
 class NodeMetrics:
@@ -71,6 +83,12 @@ class NodeMetrics:
                               registry=r)
         self._counters = _Counters()
         r.register(self._counters)
+
+    def watch_dataplane(self, refused: Mapping[str, int],
+                        served: Mapping[str, int] | None = None) -> None:
+        """Export the data plane's counts (dicts the server keeps updating)."""
+        self._counters.dataplane_refused = refused
+        self._counters.dataplane_served = served
 
     def add_registry(self, registry: CollectorRegistry) -> None:
         self.registries.append(registry)

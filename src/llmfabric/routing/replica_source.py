@@ -18,15 +18,19 @@ from collections.abc import Callable, Sequence
 from llmfabric.registry.entry import Entry
 from llmfabric.registry.replica import Change, Replica
 from llmfabric.registry.views import view_of
-from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.candidates import Candidate, Identify, claimed_provider
 from llmfabric.routing.index import CandidateIndex
 
 
 class ReplicaCandidateSource:
-    def __init__(self, current_replica: Callable[[], Replica]) -> None:
+    def __init__(self, current_replica: Callable[[], Replica],
+                 identify: Identify = claimed_provider) -> None:
+        """`identify(record)` names the verified provider (registry.provider; the node passes
+        the same one as for RecordsCandidateSource)."""
         self._current = current_replica
+        self._identify = identify
         self._followed: Replica | None = None
-        self.index = CandidateIndex()
+        self.index = CandidateIndex(identify)
         self.rebuilds = 0  # full builds (one per replica followed)
 
     def _fresh(self) -> CandidateIndex:
@@ -34,7 +38,7 @@ class ReplicaCandidateSource:
         if replica is not self._followed:
             if self._followed is not None:
                 self._followed.remove_listener(self._on_change)
-            self.index = CandidateIndex()
+            self.index = CandidateIndex(self._identify)
             for entry in replica.entries.values():
                 self._apply(entry)
             replica.add_listener(self._on_change)

@@ -14,16 +14,40 @@ Files -> concepts
                   `decode_step_time`, `cost_model` -> StepCostModel (decode attention wave
                   latency W(B); warm-L2 reads only for predicting microbenchmarks).
 - collectives.py  tensor-parallel all-reduce cost, fitted on measured collectives per GPU class.
-- parallel.py     alpha-beta links, ring all-reduce, KV transfer, `Deployment` (pipeline stages
-                  of (GPU, TP, layers), non-uniform splits for mixed GPUs).
+- parallel.py     alpha-beta links, ring all-reduce, KV transfer (quantization metadata;
+                  per-stage `kv_transfer_time_staged`), `Deployment` (pipeline stages of
+                  (GPU, TP, layers), per-stage all-reduce models, per-boundary PP links),
+                  `balanced_layer_split` (water-filled under layer caps).
+- topology.py     network graph (GPUs, switches; NVLink/PCIe/Ethernet/WAN edges with capacity
+                  and latency; YAML), shortest/widest paths, `pair_link`, `bandwidth_matrix`;
+                  generators `fat_tree_tracks` (HeroServe) and `cloud_instances` (ThunderServe).
+- linkmatrix.py   LinkMatrix: one Link per (prefill, decode) replica pair or GPU pair; CSV
+                  loader (GB/s or Gbps), `from_topology`, `reduce` to replica pairs.
+- layersplit.py   memory-aware layer splits: per-stage layer caps that keep KV room,
+                  `memory_aware_layers` / `memory_aware_deployment`.
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
-- workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace.
+- workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace; prefix groups
+                  (`with_prefixes`) for prefix-aware routing.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
-                  (admission, chunked prefill, preemption by recompute), closed-form stretches.
-- routers.py      router policies by name (ROUTERS): round_robin, random, least_outstanding,
-                  least_work, power_of_two.
+                  (admission, chunked prefill, preemption by recompute, no-evict admission,
+                  engine CPU time per step), closed-form stretches; `EngineConfig.for_engine`;
+                  drain-free `Replica.set_role`, `pause`/`resume`.
+- pipeline.py     pipelined PP (`EngineConfig.pp_microbatch`): per-stage step costs, micro-batches
+                  overlapping across stages (step = PP x slowest stage; one sequence: the sum).
+- pdrouting.py    PDRouting(x, y): fixed prefill/decode fractions by smooth weighted round
+                  robin (seeded, deterministic); KV link resolution and per-link FIFO contention.
+- profiles.py     engine profiles by name (vllm, sglang, trtllm, plain): scheduling policy,
+                  batch limits, KV memory, fitted CPU / front-end / client-drift terms.
+- closedloop.py   `simulate_closed_loop`: concurrency-bound clients that drift apart (seeded),
+                  ClosedLoopResult with steady-state (first wave excluded) TTFT/TPOT.
+- e2e.py          replay measured end-to-end rows (CSV) through closed loops: predicted vs
+                  measured TTFT/TPOT, MAPE overall / per GPU / per backend.
+- routers.py      router policies by name (ROUTERS); names shared with routing.policies mean
+                  the same policy (random, round_robin, weighted, least_outstanding = power of
+                  two choices, prefix_affinity); plus prefix_bounded_load (eps), prefix_hash,
+                  join_shortest_queue, least_work, power_of_two.
 - serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,
-                  `simulate_closed_loop`, `max_sustainable_rate`.
+                  `max_sustainable_rate`.
 - results.py      ServingResult (TTFT/TPOT/E2E per request, throughput, SLO attainment,
                   utilisation over time), SLO.
 - errors.py       SimError hierarchy.
@@ -41,14 +65,19 @@ Stable API (used by engines/ and scheduler/):
         -> ServingResult (mean_e2e_s, mean_ttft_s, mean_tpot_s, throughput_rps,
            slo_attainment, p99_*, per-request arrays, utilisation)
     simulate_cluster([ReplicaSpec.of(model, gpu, tp), ...], workload, router=...)
-    simulate_disaggregated(prefill_specs, decode_specs, workload, link, kv_bits=4)
-    simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens)
+    simulate_disaggregated(prefill_specs, decode_specs, workload, link | LinkMatrix, *,
+        routing=PDRouting(x, y), kv_bits=4, kv_group=64, link_contention=False)
+    Topology / fat_tree_tracks / cloud_instances (sim.topology): pair_link, bandwidth_matrix
+    simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens,
+                         engine_profile="vllm") -> ClosedLoopResult (steady_ttft_s, ...)
+    EngineConfig.for_engine("sglang", **overrides);  e2e.replay("rows.csv") -> dict
     max_sustainable_rate(model, gpu, tp, input_tokens, output_tokens, SLO(...)) -> req/s
     poisson(rate, duration, input_tokens, output_tokens, seed) -> Workload (also gamma,
         on_off, replay, load_trace)
 """
 
 from llmfabric.sim.calibration import DEFAULT_EFFICIENCY, Efficiency, efficiency_for
+from llmfabric.sim.closedloop import ClosedLoopResult, simulate_closed_loop
 from llmfabric.sim.costs import StepCostModel, cost_model, decode_step_time, prefill_time
 from llmfabric.sim.engine import EngineConfig
 from llmfabric.sim.errors import (
@@ -60,6 +89,7 @@ from llmfabric.sim.errors import (
     WorkloadError,
 )
 from llmfabric.sim.hardware import GPUSpec, get_gpu, load_gpus_yaml, register_gpu
+from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.memory import MemoryPlan, fits, max_kv_tokens, plan_memory, weight_bytes
 from llmfabric.sim.models import ModelSpec, get_model, model_from_hf_config, register_model
 from llmfabric.sim.parallel import (
@@ -67,52 +97,69 @@ from llmfabric.sim.parallel import (
     Link,
     Stage,
     allreduce_time,
+    balanced_layer_split,
+    kv_transfer_bytes,
     kv_transfer_time,
+    kv_transfer_time_staged,
     make_deployment,
 )
+from llmfabric.sim.pdrouting import PDRouting
+from llmfabric.sim.profiles import PROFILES, EngineProfile, get_profile
 from llmfabric.sim.results import SLO, ServingResult
 from llmfabric.sim.routers import ROUTERS
 from llmfabric.sim.serving import (
     ReplicaSpec,
     max_sustainable_rate,
-    simulate_closed_loop,
     simulate_cluster,
     simulate_disaggregated,
     simulate_replica,
 )
+from llmfabric.sim.topology import Topology, cloud_instances, fat_tree_tracks
 from llmfabric.sim.workload import Workload, gamma, load_trace, on_off, poisson, replay
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
+    "PROFILES",
     "ROUTERS",
     "SLO",
+    "ClosedLoopResult",
     "Deployment",
     "Efficiency",
     "EngineConfig",
+    "EngineProfile",
     "GPUSpec",
     "InfeasibleError",
     "Link",
+    "LinkMatrix",
     "MemoryPlan",
     "ModelSpec",
+    "PDRouting",
     "ReplicaSpec",
     "ServingResult",
     "SimError",
     "SpecError",
     "Stage",
     "StepCostModel",
+    "Topology",
     "UnknownGPUError",
     "UnknownModelError",
     "Workload",
     "WorkloadError",
     "allreduce_time",
+    "balanced_layer_split",
+    "cloud_instances",
     "cost_model",
     "decode_step_time",
     "efficiency_for",
+    "fat_tree_tracks",
     "fits",
     "gamma",
     "get_gpu",
     "get_model",
+    "get_profile",
+    "kv_transfer_bytes",
     "kv_transfer_time",
+    "kv_transfer_time_staged",
     "load_gpus_yaml",
     "load_trace",
     "make_deployment",

@@ -94,7 +94,8 @@ FITTED: dict[str, AllReduceModel] = {
 }
 
 # Same GPU and the same NVLink generation/topology: the measured row applies.
-_SIBLINGS: dict[str, str] = {"A100-40GB": "A100-80GB", "H200": "H100-SXM", "GH200": "H100-SXM"}
+_SIBLINGS: dict[str, str] = {"A100-40GB": "A100-80GB", "H200": "H100-SXM", "GH200": "H100-SXM",
+             "B200": "H100-SXM", "GB200": "H100-SXM"}  # Blackwell: no data; H100 fit
 
 
 def _fitted_row(name: str) -> AllReduceModel | None:

@@ -53,6 +53,13 @@ def stage_kv_bytes_per_token(model: ModelSpec, tp: int, n_layers: int) -> float:
     return 2 * n_layers * kv_heads * model.head_dim * model.kv_bits / 8
 
 
+def stage_reserve_bytes(model: ModelSpec, tp: int, max_batched_tokens: int = 8192) -> float:
+    """Runtime reserve per GPU of a stage: CUDA context, NCCL buffers (tp > 1) and the
+    activations of one `max_batched_tokens` step."""
+    act = max_batched_tokens * (4 * model.hidden + 3 * model.ffn_hidden / tp) * 2
+    return RUNTIME_RESERVE_BYTES + (NCCL_RESERVE_BYTES if tp > 1 else 0.0) + act
+
+
 def memory_plan(dep: Deployment, *, gpu_memory_utilization: float = 0.9,
                 max_batched_tokens: int = 8192, block_size: int = 16,
                 min_kv_tokens: int | None = None) -> MemoryPlan:
@@ -63,8 +70,7 @@ def memory_plan(dep: Deployment, *, gpu_memory_utilization: float = 0.9,
     for i, st in enumerate(dep.stages):
         w = stage_weight_bytes(model, st.tp, st.n_layers, i == 0, i == dep.pp - 1)
         kv = stage_kv_bytes_per_token(model, st.tp, st.n_layers)
-        act = max_batched_tokens * (4 * model.hidden + 3 * model.ffn_hidden / st.tp) * 2
-        reserve = RUNTIME_RESERVE_BYTES + (NCCL_RESERVE_BYTES if st.tp > 1 else 0.0) + act
+        reserve = stage_reserve_bytes(model, st.tp, max_batched_tokens)
         free = st.gpu.mem_bytes * gpu_memory_utilization - w - reserve
         capacity = min(capacity, free / kv if kv > 0 else float("inf"))
         weights, kv_per_tok = max(weights, w), max(kv_per_tok, kv)

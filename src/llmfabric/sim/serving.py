@@ -7,8 +7,9 @@ These are the entry points for the scheduler (`simulate_replica`, `simulate_clus
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,11 +19,19 @@ from llmfabric.sim.costs import cost_model_for
 from llmfabric.sim.engine import EngineConfig, Replica, RequestBook, Role
 from llmfabric.sim.errors import InfeasibleError, SpecError
 from llmfabric.sim.hardware import GPUSpec, get_gpu
+from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.memory import memory_plan
 from llmfabric.sim.models import ModelSpec, get_model
-from llmfabric.sim.parallel import Deployment, Link, kv_transfer_time, make_deployment
+from llmfabric.sim.parallel import (
+    Deployment,
+    Link,
+    kv_transfer_time,
+    kv_transfer_time_staged,
+    make_deployment,
+)
+from llmfabric.sim.pdrouting import KVLinks, PDRouting
 from llmfabric.sim.results import SLO, ServingResult, build_result
-from llmfabric.sim.routers import make_router
+from llmfabric.sim.routers import PowerOfTwo, make_router
 from llmfabric.sim.workload import Workload, poisson, replay
 
 
@@ -46,7 +55,8 @@ def _kv_capacity(spec: ReplicaSpec) -> int:
     cfg = spec.config
     if cfg.kv_capacity_tokens is not None:
         return cfg.kv_capacity_tokens
-    plan = memory_plan(spec.deployment, gpu_memory_utilization=cfg.gpu_memory_utilization,
+    util = 1.0 if cfg.kv_fraction_of_free > 0 else cfg.gpu_memory_utilization
+    plan = memory_plan(spec.deployment, gpu_memory_utilization=util,
                        max_batched_tokens=cfg.max_batched_tokens, block_size=cfg.block_size)
     if not plan.fits:
         dep = spec.deployment
@@ -55,6 +65,9 @@ def _kv_capacity(spec: ReplicaSpec) -> int:
             f"{plan.weight_bytes_per_gpu / 1e9:.1f} GB of weights per GPU leave no KV space; "
             "raise tp/pp, pick a larger GPU or quantize"
         )
+    if cfg.kv_fraction_of_free > 0:  # a share of what weights and runtime leave free
+        blocks = int(plan.kv_capacity_tokens * cfg.kv_fraction_of_free) // cfg.block_size
+        return blocks * cfg.block_size
     return plan.kv_capacity_tokens
 
 
@@ -66,10 +79,18 @@ def _replicas(specs: Sequence[ReplicaSpec], book: RequestBook, offset: int = 0) 
     return out
 
 
+def _router_options(workload: Workload,
+                    options: Mapping[str, object] | None) -> dict[str, object]:
+    opts: dict[str, object] = dict(options or {})
+    if workload.prefix_id is not None:
+        opts.setdefault("prefixes", workload.prefix_id.tolist())
+    return opts
+
+
 def _dispatch(replicas: list[Replica], times: Sequence[float], rids: Sequence[int],
               prompts: Sequence[int], outputs: Sequence[int], router: str, seed: int,
-              kv_ready: bool = False) -> None:
-    policy = make_router(router, seed)
+              kv_ready: bool = False, options: Mapping[str, object] | None = None) -> None:
+    policy = make_router(router, seed, **(options or {}))
     if len(replicas) == 1:
         only = replicas[0]
         for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
@@ -82,6 +103,13 @@ def _dispatch(replicas: list[Replica], times: Sequence[float], rids: Sequence[in
             if chosen.now < t:
                 chosen.advance_to(t)
             chosen.submit(rid, p, o, kv_ready)
+    elif isinstance(policy, PowerOfTwo):  # only the two probed replicas must be current
+        n = len(replicas)
+        for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
+            for i in policy.probe(n):
+                if replicas[i].now < t:
+                    replicas[i].advance_to(t)
+            replicas[policy.pick(replicas, rid, p)].submit(rid, p, o, kv_ready)
     else:
         for t, rid, p, o in zip(times, rids, prompts, outputs, strict=True):
             for r in replicas:
@@ -110,16 +138,22 @@ def _book(workload: Workload) -> RequestBook:
 
 def simulate_cluster(replicas: Sequence[ReplicaSpec], workload: Workload,
                      router: str = "least_outstanding", slo: SLO | None = None,
-                     seed: int = 0) -> ServingResult:
-    """Replicas (possibly heterogeneous) behind one router policy (see routers.ROUTERS)."""
+                     seed: int = 0, router_options: Mapping[str, object] | None = None
+                     ) -> ServingResult:
+    """Replicas (possibly heterogeneous) behind one router policy (see routers.ROUTERS;
+    `router_options`, e.g. {"eps": 0.1}, go to it; prefix routers read
+    `workload.prefix_id`)."""
     if not replicas:
         raise SpecError("simulate_cluster needs at least one replica")
     if any(r.role != "both" for r in replicas):
         raise SpecError("use simulate_disaggregated for prefill/decode roles")
     book = _book(workload)
     reps = _replicas(replicas, book)
+    if len(workload):
+        _require_kv(reps, int((workload.input_tokens + workload.output_tokens).min()),
+                    "request (prompt + output)")
     _dispatch(reps, book.arrival, range(len(workload)), book.input_tokens, book.output_tokens,
-              router, seed)
+              router, seed, options=_router_options(workload, router_options))
     return _result(workload, book, reps, slo)
 
 
@@ -133,73 +167,122 @@ def simulate_replica(model: ModelSpec | str, gpu: GPUSpec | str, tp: int, worklo
     return simulate_cluster([spec], workload, slo=slo)
 
 
+def _require_kv(replicas: Sequence[Replica], need_tokens: int, what: str) -> None:
+    """Raise when a replica's KV cannot hold even the smallest request: it would complete
+    nothing (every request truncated), which is a layout error, not a result."""
+    for r in replicas:
+        if r.capacity < need_tokens + r.config.block_size / 2.0:
+            dep = r.cost.deployment
+            raise InfeasibleError(
+                f"replica {r.index} ({dep.model.name} on "
+                f"{[(s.gpu.name, s.tp, s.n_layers) for s in dep.stages]}) holds "
+                f"{int(r.capacity)} KV tokens, less than the smallest {what} "
+                f"({need_tokens} tokens): it would complete nothing. Add GPUs or memory, "
+                "split layers by memory (sim.layersplit), or quantize the KV cache")
+
+
 def simulate_disaggregated(prefill: Sequence[ReplicaSpec], decode: Sequence[ReplicaSpec],
-                           workload: Workload, link: Link, *, kv_bits: int | None = None,
+                           workload: Workload, link: Link | LinkMatrix, *,
+                           routing: PDRouting | None = None, kv_bits: int | None = None,
+                           kv_group: int | None = None, link_contention: bool = False,
+                           stage_link: Callable[[int, int, int, int], Link] | None = None,
                            router: str = "least_outstanding", slo: SLO | None = None,
-                           seed: int = 0) -> ServingResult:
-    """Prefill replicas hand each request's KV cache to decode replicas over `link`
-    (alpha-beta; `kv_bits=4` models ThunderServe's 4-bit KV transfer compression)."""
+                           seed: int = 0, router_options: Mapping[str, object] | None = None
+                           ) -> ServingResult:
+    """Prefill replicas hand each request's KV cache to decode replicas over `link`: one
+    alpha-beta Link for every pair, or a LinkMatrix with one per (prefill, decode) pair.
+
+    `routing`: fixed fractions (PDRouting: prefill by x, decode by y[prefill]; smooth weighted
+    round robin); None: `router` picks the prefill replica on arrival and the decode replica
+    (by its state) when the KV is ready (per-pair links) or arrives (one link).
+    `kv_bits`/`kv_group`: KV re-quantized for the transfer (4-bit, group 64 = 4.5 bits per
+    element incl. scale and minimum). `link_contention=True`: transfers on the same link
+    (pair) queue first come first served; default off (ThunderServe eq. 1).
+    `stage_link(i, j, stage_p, stage_d)`: per pipeline-stage links, the transfer then takes
+    `kv_transfer_time_staged` (stage pairs holding the same layers in parallel)."""
     if not prefill or not decode:
         raise SpecError("disaggregated serving needs >= 1 prefill and >= 1 decode replica")
+    if routing is not None and routing.shape != (len(prefill), len(decode)):
+        raise SpecError(f"PDRouting is {routing.shape} but there are {len(prefill)} prefill "
+                        f"and {len(decode)} decode replicas")
+    links = KVLinks(link, len(prefill), len(decode), link_contention)
     book = _book(workload)
-    handoffs: list[tuple[float, int, int]] = []
+    ready: list[tuple[float, int, int]] = []
     model = prefill[0].deployment.model
 
     def on_prefilled(rid: int, t: float, ctx: int) -> None:
         if book.output_tokens[rid] > 1:
-            handoffs.append((t + kv_transfer_time(model, ctx, link, kv_bits), rid, ctx))
+            ready.append((t, rid, ctx))
 
     pre = []
     for i, spec in enumerate(prefill):
         cost = cost_model_for(spec.deployment, spec.efficiency)
         pre.append(Replica(i, cost, spec.config, _kv_capacity(spec), book, "prefill",
                            on_prefilled))
-    _dispatch(pre, book.arrival, range(len(workload)), book.input_tokens,
-              [1] * len(workload), router, seed)
+    dec = _replicas([ReplicaSpec(s.deployment, s.config, s.efficiency, "decode")
+                     for s in decode], book, offset=len(prefill))
+    if len(workload):
+        _require_kv(pre, int(workload.input_tokens.min()) + 1, "prompt")
+        _require_kv(dec, int((workload.input_tokens + workload.output_tokens).min()),
+                    "request (prompt + output)")
+    picks = routing.start(seed) if routing is not None else None
+    opts = _router_options(workload, router_options)
+    if picks is not None:
+        for t, rid, p in zip(book.arrival, range(len(workload)), book.input_tokens,
+                             strict=True):
+            chosen = pre[picks.prefill()]
+            if chosen.now < t:
+                chosen.advance_to(t)
+            chosen.submit(rid, p, 1)
+        for r in pre:
+            r.drain()
+    else:
+        _dispatch(pre, book.arrival, range(len(workload)), book.input_tokens,
+                  [1] * len(workload), router, seed, options=opts)
     for rid in range(len(workload)):  # prefill marks finish; decode overwrites it
         if book.output_tokens[rid] > 1:
             book.finish[rid] = math.nan
-    handoffs.sort()
-    dec = _replicas([ReplicaSpec(s.deployment, s.config, s.efficiency, "decode")
-                     for s in decode], book, offset=len(prefill))
-    _dispatch(dec, [h[0] for h in handoffs], [h[1] for h in handoffs],
-              [h[2] for h in handoffs], [book.output_tokens[h[1]] for h in handoffs],
-              router, seed, kv_ready=True)
+    policy = make_router(router, seed, **opts)
+
+    def pick_decode(i: int, rid: int, ctx: int, t: float) -> int:
+        if picks is not None:
+            return picks.decode(i)
+        if policy.needs_state:
+            for r in dec:
+                if r.now < t:
+                    r.advance_to(t)
+        return policy.pick(dec, rid, ctx)
+
+    def transfer(i: int, j: int | None, ctx: int) -> float:
+        if stage_link is not None and j is not None:
+            return kv_transfer_time_staged(
+                prefill[i].deployment, decode[j].deployment, ctx,
+                lambda sp, sd: stage_link(i, j, sp, sd), kv_bits, kv_group)
+        return kv_transfer_time(model, ctx, links.of(i, j), kv_bits, kv_group)
+
+    # events: (time, rid, kind 0 = KV ready at prefill i / 1 = KV arrived at decode j, i, j,
+    # cached tokens)
+    pick_at_ready = links.per_pair or picks is not None or stage_link is not None
+    events: list[tuple[float, int, int, int, int, int]] = [
+        (t, rid, 0, book.replica[rid], -1, ctx) for t, rid, ctx in ready]
+    heapq.heapify(events)
+    while events:
+        t, rid, kind, i, j, ctx = heapq.heappop(events)
+        if kind == 0:
+            jj = pick_decode(i, rid, ctx, t) if pick_at_ready else None
+            duration = transfer(i, jj, ctx)
+            begin = links.start(i, jj, t, duration)
+            heapq.heappush(events, (begin + duration, rid, 1, i, -1 if jj is None else jj, ctx))
+            continue
+        if j < 0:
+            j = pick_decode(i, rid, ctx, t)
+        target = dec[j]
+        if target.now < t:
+            target.advance_to(t)
+        target.submit(rid, ctx, book.output_tokens[rid], kv_ready=True)
+    for r in dec:
+        r.drain()
     return _result(workload, book, pre + dec, slo)
-
-
-def simulate_closed_loop(model: ModelSpec | str, gpu: GPUSpec | str, tp: int, concurrency: int,
-                         n_requests: int, input_tokens: int, output_tokens: int, *, pp: int = 1,
-                         config: EngineConfig | None = None, slo: SLO | None = None,
-                         efficiency: Efficiency | None = None) -> ServingResult:
-    """`concurrency` clients, each sending its next request the moment the previous one
-    completes (as `vllm bench serve --max-concurrency C --request-rate inf`), until
-    `n_requests` have been sent. Arrival times in the result are the send times."""
-    if concurrency < 1 or n_requests < 1:
-        raise SpecError("closed loop needs concurrency >= 1 and n_requests >= 1")
-    dep = make_deployment(get_model(model), get_gpu(gpu), tp, pp)
-    spec = ReplicaSpec(dep, config or EngineConfig(), efficiency)
-    arrival = [0.0] * n_requests
-    book = RequestBook(arrival, [input_tokens] * n_requests, [output_tokens] * n_requests)
-    (rep,) = _replicas([spec], book)
-    finish = book.finish
-    outstanding: set[int] = set()
-    sent = 0
-    while True:
-        while sent < n_requests and len(outstanding) < concurrency:
-            arrival[sent] = rep.now
-            rep.submit(sent, input_tokens, output_tokens)
-            outstanding.add(sent)
-            sent += 1
-        progressed = rep.step()
-        outstanding = {rid for rid in outstanding
-                       if math.isnan(finish[rid]) and not book.truncated[rid]}
-        if not progressed and sent >= n_requests:
-            break
-    times = np.asarray(arrival, dtype=np.float64)
-    wl = Workload(times, np.full(n_requests, input_tokens, dtype=np.int64),
-                  np.full(n_requests, output_tokens, dtype=np.int64))
-    return _result(wl, book, [rep], slo)
 
 
 def max_sustainable_rate(model: ModelSpec | str, gpu: GPUSpec | str, tp: int,

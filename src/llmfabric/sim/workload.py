@@ -7,7 +7,9 @@ Generators are seeded and return a `Workload` (numpy arrays sorted by arrival):
 - `on_off(rate_on, on_s, off_s, duration, ...)`: Poisson bursts separated by silences;
 - `replay(rows)`: a list of (time_s, input_tokens, output_tokens);
 - `load_trace(path)`: a trace file, read by `llmfabric.traces` (the one parser per format:
-  Azure, Mooncake, BurstGPT, llmfabric) or in the simulator's own seconds format (`time_s`).
+  Azure, Mooncake, BurstGPT, llmfabric) or in the simulator's own seconds format (`time_s`);
+- `with_prefixes(wl, groups, skew, seed)`: tag requests with shared-prefix groups (Zipf
+  popularity) for the prefix-aware routers.
 Lengths are an int (fixed) or a sequence of ints sampled uniformly (an empirical distribution).
 """
 
@@ -34,11 +36,14 @@ class Workload:
     arrival_s: FloatArray
     input_tokens: IntArray
     output_tokens: IntArray
+    prefix_id: IntArray | None = None  # shared-prompt-prefix group per request (routers)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         if len(self.input_tokens) != n or len(self.output_tokens) != n:
             raise WorkloadError("arrival_s, input_tokens and output_tokens differ in length")
+        if self.prefix_id is not None and len(self.prefix_id) != n:
+            raise WorkloadError("prefix_id needs one entry per request")
         if n and (np.any(np.diff(self.arrival_s) < 0) or self.arrival_s[0] < 0):
             raise WorkloadError("arrival times must be >= 0 and sorted; use replay() to sort")
         if n and (self.input_tokens.min() < 1 or self.output_tokens.min() < 1):
@@ -62,7 +67,20 @@ class Workload:
         return float(self.output_tokens.mean()) if len(self) else 0.0
 
     def subset(self, mask: npt.NDArray[np.bool_]) -> Workload:
-        return Workload(self.arrival_s[mask], self.input_tokens[mask], self.output_tokens[mask])
+        return Workload(self.arrival_s[mask], self.input_tokens[mask], self.output_tokens[mask],
+                        None if self.prefix_id is None else self.prefix_id[mask])
+
+
+def with_prefixes(workload: Workload, groups: int, skew: float = 1.0,
+                  seed: int = 0) -> Workload:
+    """The same requests, each tagged with one of `groups` shared-prefix groups (system
+    prompts, conversations) drawn with Zipf popularity p(k) ~ 1/(k+1)^skew (0: uniform)."""
+    if groups < 1 or skew < 0:
+        raise WorkloadError("with_prefixes needs groups >= 1 and skew >= 0")
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, groups + 1, dtype=np.float64) ** skew
+    ids = rng.choice(groups, size=len(workload), p=p / p.sum()).astype(np.int64)
+    return Workload(workload.arrival_s, workload.input_tokens, workload.output_tokens, ids)
 
 
 def _lengths(spec: Lengths, n: int, rng: np.random.Generator) -> IntArray:

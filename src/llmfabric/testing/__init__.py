@@ -6,4 +6,5 @@ the logic under test.
   memnet      in-memory network with loss, delay, duplication, reordering, partitions and
               per-link latency (sites)
   poll        wait_until / wait_until_sync: the one polling helper for tests on real time
+  members     joined(): a key whose JOIN record is in a replica (so its facts are accepted)
 """

@@ -1,6 +1,10 @@
+import time
+
 import orjson
 import pytest
 
+from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
+from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
 from llmfabric.node.assignment import (
@@ -10,6 +14,7 @@ from llmfabric.node.assignment import (
     engine_command,
     parse_assignment,
 )
+from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.peer_api import PeerApi
 
 GOOD = {"model": "qwen3-1.7b", "gpu_type": "L40S", "tp": 1, "dp": 1, "template": "sim",
@@ -50,11 +55,17 @@ def test_non_object_bodies_are_refused(body: bytes) -> None:
         parse_assignment(body)
 
 
-def _request(path: str, method: str = "POST", body: bytes = b"{}") -> PeerRequest:
+CONTROLLER = NodeKey.generate()
+
+
+def _request(path: str, method: str = "POST", body: bytes = b"{}",
+             signer: NodeKey | None = CONTROLLER) -> PeerRequest:
     stream = BodyStream(ack=lambda _n: None, on_abort=lambda: None)
     stream.push((body, len(body)))
     stream.push(None)
-    return PeerRequest("peer-x", method, path, (), stream)
+    headers = (((SIGNED_HEADER, sign_control(signer, path, body, time.time())),)
+               if signer is not None else ())
+    return PeerRequest("peer-x", method, path, headers, stream)
 
 
 async def test_peer_api_dispatches_and_refuses_unknown_paths() -> None:
@@ -64,9 +75,13 @@ async def test_peer_api_dispatches_and_refuses_unknown_paths() -> None:
         seen.append((peer, body))
         return HandlerResponse(202, (), b"ok")
 
-    api = PeerApi(lambda: None, assign)
+    api = PeerApi(DataPlaneServer(NodeKey.generate(), lambda: None, lambda _p: False,
+                                  max_body_bytes=1024), assign)
     assert (await api.handle(_request(ASSIGN_PATH, body=b'{"a": 1}'))).status == 202
-    assert seen == [("peer-x", b'{"a": 1}')]
+    # The signer is the controller, whatever the connection (or a relay) says.
+    assert seen == [(CONTROLLER.peer_id, b'{"a": 1}')]
+    unsigned = await api.handle(_request(ASSIGN_PATH, body=b'{"a": 2}', signer=None))
+    assert unsigned.status == 401 and len(seen) == 1
     assert (await api.handle(_request(ASSIGN_PATH, method="GET"))).status == 405
     assert (await api.handle(_request("/etc/passwd"))).status == 404
     no_engine = await api.handle(_request("/v1/fabric/forward/v1/chat/completions"))

@@ -4,25 +4,38 @@ tests/integration/test_controller_assigns.py."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 
+from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
+from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
 from llmfabric.node.assignment import RELEASE_PATH, AssignmentError, ReleaseRequest, parse_release
+from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.release import release_engine
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
 
+CONTROLLER = NodeKey.generate()
+
+
+def _dataplane() -> DataPlaneServer:
+    return DataPlaneServer(NodeKey.generate(), lambda: None, lambda _p: False,
+                           max_body_bytes=1024)
+
 
 def _request(path: str, method: str = "POST", body: bytes = b"{}") -> PeerRequest:
+    """A control request signed by CONTROLLER, as the fleet controller's executor sends it."""
     stream = BodyStream(ack=lambda _n: None, on_abort=lambda: None)
     stream.push((body, len(body)))
     stream.push(None)
-    return PeerRequest("peer-x", method, path, (), stream)
+    signed = sign_control(CONTROLLER, path, body, time.time())
+    return PeerRequest("peer-x", method, path, ((SIGNED_HEADER, signed),), stream)
 
 
 def test_parse_release() -> None:
@@ -41,11 +54,11 @@ async def test_peer_api_routes_releases_only_when_a_handler_is_given() -> None:
     async def release(peer: str, body: bytes) -> HandlerResponse:
         return HandlerResponse(200, (), peer.encode() + body)
 
-    without = PeerApi(lambda: None, assign)
+    without = PeerApi(_dataplane(), assign)
     assert (await without.handle(_request(RELEASE_PATH))).status == 404
-    api = PeerApi(lambda: None, assign, release)
+    api = PeerApi(_dataplane(), assign, release)
     ok = await api.handle(_request(RELEASE_PATH, body=b'{"model": "m"}'))
-    assert ok.status == 200 and ok.body == b'peer-x{"model": "m"}'
+    assert ok.status == 200 and ok.body == CONTROLLER.peer_id.encode() + b'{"model": "m"}'
     assert (await api.handle(_request(RELEASE_PATH, method="GET"))).status == 405
 
 

@@ -151,3 +151,17 @@ def test_replica_source_follows_real_changes_without_rebuilding() -> None:
     assert switching.rebuilds == 2
     rejoined.apply(_owner(keys[3], clock, "m").current)  # the old replica no longer feeds it
     assert {c.session_id for c in switching.candidates("m")} == check_ids
+
+
+def test_an_alias_squatting_another_providers_model_id_is_flagged_and_reflagged() -> None:
+    own = make_record("s1", provider="alice", models=(ServedModel("llama"),))
+    squat = make_record("s2", provider="mallory", models=(ServedModel("tiny", aliases=("llama",)),))
+    index = CandidateIndex()
+    index.update("s2", squat, False)
+    assert [c.alias_conflict for c in index.candidates("llama")] == [False]  # nobody owns it
+    index.update("s1", own, False)
+    assert {c.session_id: c.alias_conflict for c in index.candidates("llama")} == {
+        "s1": False, "s2": True}
+    index.remove("s1")  # the owner left: the alias is no longer another provider's model id
+    assert [c.alias_conflict for c in index.candidates("llama")] == [False]
+    assert_equals_rebuild(index, {"s2": (squat, False)})

@@ -1,0 +1,364 @@
+"""`llmfabric engine torch`: the reference engine behind an OpenAI-compatible aiohttp server.
+
+Routes: GET /health, /v1/models, /metrics (Prometheus text: running, waiting, KV usage, width,
+switches), /dtp_status; POST /v1/chat/completions, /v1/completions (SSE streaming with
+`stream_options.include_usage`; completions take `echo` and `logprobs` for teacher-forced
+log-likelihoods), /dtp_switch {"width": w, "method": "sequential"|"soft-preempt"|
+"hard-preempt"}. Decoding is greedy unless `temperature` > 0 (seeded by `seed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+import pydantic
+from aiohttp import web
+
+from llmfabric.engines import protocol as p
+from llmfabric.engines.torchref.config import ByteTokenizer, StreamDecoder
+from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
+from llmfabric.engines.torchref.scheduler import Event, Request
+from llmfabric.scheduler.switching import METHODS, Method
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+METHOD_NAMES: dict[str, Method] = {"sequential": "sequential", "soft-preempt": "soft",
+                                   "hard-preempt": "hard", **{m: m for m in METHODS}}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str | None = None  # served model id (default: the config's name)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, code: str | None = None, param: str | None = None,
+           type_: str = "invalid_request_error") -> web.Response:
+    return _json(p.error_body(message, type_, code, param), status)
+
+
+class TorchServer:
+    def __init__(self, engine: FlyingEngine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.model = config.model_name or engine.options.config.name
+        self.tok = ByteTokenizer()
+        self.created = p.now_s()
+        self.completed = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/dtp_status", self.dtp_status)
+        app.router.add_post("/dtp_switch", self.dtp_switch)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        return app
+
+    # -- plain routes -------------------------------------------------------------------
+
+    async def health(self, _: web.Request) -> web.Response:
+        ok = self.engine.failure is None and all(pr.poll() is None for pr in self.engine.procs)
+        return web.Response(status=200 if ok else 503)
+
+    async def models(self, _: web.Request) -> web.Response:
+        return _json({"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": self.created,
+            "owned_by": "llmfabric-torchref", "root": self.model, "parent": None,
+            "max_model_len": self.engine.options.config.max_model_len}]})
+
+    async def dtp_status(self, _: web.Request) -> web.Response:
+        return _json(self.engine.status())
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        st = self.engine.status()
+        lines = [
+            "# TYPE llmfabric_torchref_requests_running gauge",
+            f"llmfabric_torchref_requests_running {st['running']}",
+            "# TYPE llmfabric_torchref_requests_waiting gauge",
+            f"llmfabric_torchref_requests_waiting {st['waiting']}",
+            "# TYPE llmfabric_torchref_requests_paused gauge",
+            f"llmfabric_torchref_requests_paused {st['paused']}",
+            "# TYPE llmfabric_torchref_width gauge",
+            f"llmfabric_torchref_width {st['width']}",
+            "# TYPE llmfabric_torchref_switches_total counter",
+            f"llmfabric_torchref_switches_total {st['switches']}",
+            "# TYPE llmfabric_torchref_kv_usage_ratio gauge",
+        ]
+        for e in st["engines"]:
+            kv = e["kv_pool"]
+            used = 1.0 - kv["free_blocks"] / kv["total_blocks"]
+            lines.append(f'llmfabric_torchref_kv_usage_ratio{{engine="{e["rank"]}"}} {used:.6f}')
+        # vLLM's names, so tools that read vLLM's /metrics read ours
+        used_all = [1.0 - e["kv_pool"]["free_blocks"] / e["kv_pool"]["total_blocks"]
+                    for e in st["engines"]]
+        lines += [
+            f'vllm:num_requests_running{{model_name="{self.model}"}} {st["running"]}',
+            f'vllm:num_requests_waiting{{model_name="{self.model}"}} {st["waiting"]}',
+            f'vllm:gpu_cache_usage_perc{{model_name="{self.model}"}} '
+            f"{sum(used_all) / max(1, len(used_all)):.6f}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def dtp_switch(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "body must be JSON")
+        if not isinstance(body, dict):
+            return _error(400, "body must be a JSON object")
+        width = body.get("width")
+        method = METHOD_NAMES.get(str(body.get("method", self.engine.options.method)))
+        if not isinstance(width, int) or isinstance(width, bool) or \
+                width not in self.engine.widths:
+            return _error(400, f"width must be one of {list(self.engine.widths)}",
+                          param="width")
+        if method is None:
+            return _error(400, "method must be sequential, soft-preempt or hard-preempt",
+                          param="method")
+        self.engine.post(lambda: self.engine.sched.switch_to(width, method))
+        return _json({"ok": True, "width": width, "method": method})
+
+    # -- generation ---------------------------------------------------------------------
+
+    async def _body(self, request: web.Request, cls: type[M]) -> M | web.Response:
+        try:
+            data = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "request body is not valid JSON", "invalid_json")
+        if not isinstance(data, dict):
+            return _error(400, "request body must be a JSON object", "invalid_json")
+        try:
+            req = cls.model_validate(data)
+        except pydantic.ValidationError as exc:
+            msg, param = p.validation_message(exc)
+            return _error(400, msg, "invalid_value", param)
+        if getattr(req, "model", "") != self.model:
+            return _error(404, f"The model `{getattr(req, 'model', '')}` does not exist.",
+                          "model_not_found", "model", "NotFoundError")
+        if getattr(req, "n", 1) != 1:
+            return _error(400, "only n=1 is supported", "invalid_value", "n")
+        return req
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        req = await self._body(request, p.ChatRequest)
+        if isinstance(req, web.Response):
+            return req
+        prompt = self.tok.chat_prompt([(m.role, m.text()) for m in req.messages])
+        return await self._generate(request, req, "chat", prompt, req.limit, False)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        req = await self._body(request, p.CompletionRequest)
+        if isinstance(req, web.Response):
+            return req
+        raw = req.prompt
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+            raw = raw[0]
+        if isinstance(raw, str):
+            prompt = self.tok.encode(raw)
+        elif isinstance(raw, list) and raw and all(
+                isinstance(x, int) and 0 <= x < self.engine.options.config.vocab_size
+                for x in raw):
+            prompt = [int(x) for x in raw]  # type: ignore[arg-type]
+        else:
+            return _error(400, "prompt must be one string or one list of token ids",
+                          "invalid_value", "prompt")
+        return await self._generate(request, req, "text", prompt, req.limit,
+                                    bool(getattr(req, "echo", False)))
+
+    async def _generate(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
+                        kind: str, prompt: list[int], limit: int | None, echo: bool
+                        ) -> web.StreamResponse:
+        max_len = self.engine.options.config.max_model_len
+        max_tokens = limit if limit is not None else max(1, max_len - len(prompt))
+        extra = req.model_extra or {}
+        temperature = extra.get("temperature")
+        seed = extra.get("seed")
+        priority = extra.get("priority", 0)
+        if temperature is not None and (not isinstance(temperature, int | float)
+                                        or not 0 <= temperature <= 2):
+            return _error(400, "temperature must be in [0, 2]", "invalid_value", "temperature")
+        if seed is not None and not isinstance(seed, int):
+            return _error(400, "seed must be an integer", "invalid_value", "seed")
+        if not isinstance(priority, int):
+            return _error(400, "priority must be an integer", "invalid_value", "priority")
+        try:
+            self.engine.sched.check(len(prompt), max_tokens)
+        except ValueError as exc:
+            return _error(400, str(exc), "context_length_exceeded",
+                          "messages" if kind == "chat" else "prompt")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(ev: Event) -> None:  # called on the scheduler's thread
+            with contextlib.suppress(RuntimeError):  # the event loop is closing
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        r = Request(prompt, max_tokens, sink=sink, temperature=float(temperature or 0.0),
+                    seed=seed, ignore_eos=req.ignore_eos, priority=priority,
+                    prompt_logprobs=echo and extra.get("logprobs") is not None)
+        sched = self.engine.sched
+
+        def admit() -> None:
+            try:
+                sched.add(r)
+            except ValueError as exc:  # checked above; the scheduler stays the authority
+                sink(("error", str(exc)))
+
+        self.engine.post(admit)
+        if self.engine.failure is not None:
+            return _error(503, "engine failed", "engine_failure", type_="server_error")
+        rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        created = p.now_s()
+        if req.stream:
+            return await self._stream(request, req, kind, rid, created, r, events)
+        dec = StreamDecoder()
+        parts: list[str] = []
+        try:
+            async for piece, finish in self._pieces(events, dec):
+                if finish is not None:
+                    break
+                parts.append(piece)
+        except RuntimeError as exc:
+            return _error(500, str(exc), "engine_failure", type_="server_error")
+        except asyncio.CancelledError:
+            self.engine.post(lambda: sched.cancel(r))
+            raise
+        self.completed += 1
+        text = "".join(parts)
+        usage_out = len(r.output)
+        if kind == "chat":
+            return _json(p.chat_completion(rid, created, req.model, text, r.finish or "stop",
+                                           len(prompt), usage_out))
+        body = p.text_completion(rid, created, req.model, text, r.finish or "stop",
+                                 len(prompt), usage_out)
+        if echo:
+            body["choices"][0]["text"] = self.tok.decode(prompt) + text
+            if r.token_logprobs is not None:
+                body["choices"][0]["logprobs"] = {
+                    "tokens": [self.tok.decode([t]) for t in prompt],
+                    "token_logprobs": [None, *r.token_logprobs],
+                    "text_offset": None, "top_logprobs": None}
+        return _json(body)
+
+    async def _pieces(self, events: asyncio.Queue[Event], dec: StreamDecoder
+                      ) -> AsyncIterator[tuple[str, str | None]]:
+        while True:
+            ev = await events.get()
+            if ev[0] == "token":
+                piece = dec.piece(int(ev[1]))
+                if piece:
+                    yield piece, None
+            elif ev[0] == "done":
+                tail = dec.flush()
+                if tail:
+                    yield tail, None
+                yield "", str(ev[1])
+                return
+            else:
+                raise RuntimeError(str(ev[1]))
+
+    async def _stream(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
+                      kind: str, rid: str, created: int, r: Request,
+                      events: asyncio.Queue[Event]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        usage = req.include_usage
+        model = req.model
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+        try:
+            if kind == "chat":
+                await send(p.chat_chunk(rid, created, model, {"role": "assistant",
+                                                              "content": ""}, None, usage))
+            finish = "stop"
+            try:
+                async for piece, fin in self._pieces(events, StreamDecoder()):
+                    if fin is not None:
+                        finish = fin
+                        break
+                    if kind == "chat":
+                        await send(p.chat_chunk(rid, created, model, {"content": piece},
+                                                None, usage))
+                    else:
+                        await send(p.text_chunk(rid, created, model, piece, None, usage))
+            except RuntimeError as exc:
+                await send(p.error_body(str(exc), "server_error", "engine_failure"))
+                await resp.write_eof()
+                return resp
+            if kind == "chat":
+                await send(p.chat_chunk(rid, created, model, {}, finish, usage))
+            else:
+                await send(p.text_chunk(rid, created, model, "", finish, usage))
+            if usage:
+                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+                await send(p.usage_chunk(rid, created, model, obj, len(r.prompt),
+                                         len(r.output)))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            sched = self.engine.sched
+            self.engine.post(lambda: sched.cancel(r))
+            raise
+        self.completed += 1
+        return resp
+
+
+async def serve(options: EngineOptions, config: ServerConfig) -> int:
+    """Start the engines, then serve until SIGTERM/SIGINT (exit status 0) or until an engine
+    process dies (status 1: fail-stop, as a crashed vLLM would, so the node agent sees it)."""
+    loop = asyncio.get_running_loop()
+    engine = FlyingEngine(options)
+    print(f"INFO: llmfabric torch engine: {options.config.name} "
+          f"({options.config.params():,} parameters), {options.dp} engines, widths "
+          f"{list(engine.widths)}, starting", flush=True)
+    await loop.run_in_executor(None, engine.start)
+    engine.start_loop()
+    server = TorchServer(engine, config)
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    print(f"INFO: Uvicorn running on http://{config.host}:{config.port} (Press CTRL+C to quit)",
+          flush=True)
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    status = 0
+
+    async def watch() -> None:
+        nonlocal status
+        while not stop.is_set():
+            dead = [r for r, pr in enumerate(engine.procs) if pr.poll() is not None]
+            if dead or engine.failure is not None:
+                print(f"ERROR: engine failure ({engine.failure or f'engine {dead[0]} exited'})"
+                      "; shutting down", flush=True)
+                status = 1
+                stop.set()
+            await asyncio.sleep(0.5)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await stop.wait()
+        print("INFO: Shutting down", flush=True)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+        await loop.run_in_executor(None, engine.close)
+    return status

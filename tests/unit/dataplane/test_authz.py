@@ -1,0 +1,104 @@
+"""Laws of the data plane's pieces in-process: the exchange only works with the right keys,
+an authorization verifies exactly once and only for its path and body, the replay cache is
+bounded and fails closed, sealing detects any change, sessions per peer are capped."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmfabric.dataplane.authz import AuthzError, ProviderSessions, ReplayCache, authorize
+from llmfabric.dataplane.exchange import ExchangeError, answer, finish, offer
+from llmfabric.dataplane.sealing import DATA, END, HEAD, FrameOpener, Sealer, open_body, seal_body
+from llmfabric.identity import NodeKey
+
+pytestmark = pytest.mark.unit
+
+ING, PROV, OTHER = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+
+
+def _pair(now: float = 1000.0):  # type: ignore[no-untyped-def]
+    sent = offer(ING, PROV.peer_id)
+    msg, provider_side = answer(PROV, sent.message, now, https_port=443)
+    return finish(sent, msg, now), provider_side
+
+
+def test_exchange_agrees_and_binds_identities() -> None:
+    ingress_side, provider_side = _pair()
+    assert ingress_side.key == provider_side.key and ingress_side.kid == provider_side.kid
+    assert provider_side.peer_id == ING.peer_id and ingress_side.peer_id == PROV.peer_id
+    sent = offer(ING, PROV.peer_id)
+    with pytest.raises(ExchangeError, match="another node"):
+        answer(OTHER, sent.message, 0.0)  # addressed to PROV
+    msg, _ = answer(PROV, sent.message, 0.0)
+    forged = offer(ING, OTHER.peer_id)  # an answer from PROV to an offer for OTHER
+    with pytest.raises(ExchangeError):
+        finish(forged, msg, 0.0)
+    tampered = bytearray(sent.message)
+    tampered[-5] ^= 1
+    with pytest.raises(ExchangeError):
+        answer(PROV, bytes(tampered), 0.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=2000), st.binary(min_size=1, max_size=64))
+def test_an_authorization_verifies_once_and_only_for_its_body(body: bytes, extra: bytes
+                                                              ) -> None:
+    s, ps = _pair(time.time())
+    sessions = ProviderSessions()
+    sessions.add(ps)
+    header, _ = authorize(s, b"/p", body, time.time())
+    with pytest.raises(AuthzError, match="does not match"):
+        sessions.verify(header.decode(), b"/p", body + extra, time.time())
+    with pytest.raises(AuthzError, match="does not match"):
+        sessions.verify(header.decode(), b"/q", body, time.time())
+    assert sessions.verify(header.decode(), b"/p", body, time.time()).peer_id == ING.peer_id
+    with pytest.raises(AuthzError, match="already received"):
+        sessions.verify(header.decode(), b"/p", body, time.time())
+
+
+def test_replay_cache_is_bounded_and_fails_closed() -> None:
+    cache = ReplayCache(max_entries=3)
+    for i in range(3):
+        cache.add(bytes([i]), exp=10.0, now=0.0)
+    with pytest.raises(AuthzError, match="too many"):
+        cache.add(b"x", exp=10.0, now=0.0)
+    cache.add(b"x", exp=20.0, now=11.0)  # the others expired: room again
+    assert len(cache) == 1
+    with pytest.raises(AuthzError, match="already"):
+        cache.add(b"x", exp=20.0, now=12.0)
+
+
+def test_sessions_per_peer_are_capped() -> None:
+    sessions = ProviderSessions(per_peer=2, max_sessions=100)
+    _, honest = _pair()
+    sessions.add(honest)
+    for _ in range(50):  # a member opening session after session
+        sent = offer(OTHER, PROV.peer_id)
+        sessions.add(answer(PROV, sent.message, 1000.0)[1])
+    assert len(sessions) == 3
+    assert sessions._sessions.get(honest.kid) is honest
+
+
+def test_sealing_detects_any_change() -> None:
+    key, rid = b"k" * 32, b"r" * 12
+    sealed = seal_body(key, rid, b"aad", b"hello")
+    assert open_body(key, rid, b"aad", sealed) == b"hello"
+    with pytest.raises(AuthzError):
+        open_body(key, rid, b"aad", sealed[:-1] + bytes([sealed[-1] ^ 1]))
+    with pytest.raises(AuthzError):
+        open_body(key, rid, b"other path", sealed)
+    sealer = Sealer(key, rid)
+    frames = [sealer.head(200, "text/event-stream"), sealer.frame(DATA, b"a"),
+              sealer.frame(DATA, b"b"), sealer.frame(END, b"")]
+    wire = b"".join(frames)
+    opener = FrameOpener(key, rid)
+    got = [opener.feed(wire[i:i + 7]) for i in range(0, len(wire), 7)]
+    kinds = [k for part in got for k, _ in part]
+    assert kinds == [HEAD, DATA, DATA, END] and opener.ended
+    reordered = frames[0] + frames[2] + frames[1]
+    with pytest.raises(AuthzError):
+        FrameOpener(key, rid).feed(reordered)

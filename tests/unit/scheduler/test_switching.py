@@ -1,0 +1,216 @@
+"""Flying Serving's switching policies: valid actions, no flapping under the dwell time, and
+no merge for a request that one engine can hold."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmfabric.scheduler.switching import (
+    SWITCH_POLICIES,
+    Action,
+    Bind,
+    Pending,
+    Release,
+    SwitchState,
+    actions_for_width,
+    aligned_groups,
+    context_length,
+    ewma_rate,
+    hysteresis,
+    load_threshold,
+    make_policy,
+    min_width,
+    priority,
+    scheduled,
+)
+
+pytestmark = pytest.mark.unit
+
+N_WIDTHS = st.sampled_from([(2, (1, 2)), (4, (1, 2)), (4, (1, 2, 4)), (8, (1, 2, 4, 8)),
+                            (8, (1, 4))])
+
+
+def apply(groups: tuple[tuple[int, ...], ...], actions: list[Action]
+          ) -> tuple[tuple[int, ...], ...]:
+    """Apply actions the way an engine does; asserts each is valid for the layout."""
+    out = list(groups)
+    for a in actions:
+        if isinstance(a, Release):
+            assert a.engines in out and len(a.engines) > 1
+            out.remove(a.engines)
+            out += [(e,) for e in a.engines]
+        else:
+            assert a.engines not in out
+            out = [g for g in out if not set(g) & set(a.engines)] + [a.engines]
+    assert sorted(e for g in out for e in g) == list(range(len(sorted(e for g in groups
+                                                                      for e in g))))
+    return tuple(sorted(out))
+
+
+@st.composite
+def states(draw: st.DrawFn) -> SwitchState:
+    n, widths = draw(N_WIDTHS)
+    w = draw(st.sampled_from(widths))
+    groups = tuple(tuple(range(k * w, (k + 1) * w)) for k in range(n // w)) if w > 1 \
+        else tuple((e,) for e in range(n))
+    ints = st.lists(st.integers(0, 20), min_size=n, max_size=n).map(tuple)
+    free = st.lists(st.integers(0, 4096), min_size=n, max_size=n).map(tuple)
+    pending = st.lists(st.builds(Pending, st.integers(1, 20000), st.integers(0, 3),
+                                 st.integers(0, n - 1)), max_size=4).map(tuple)
+    return SwitchState(width=w, groups=groups, waiting=draw(ints), running=draw(ints),
+                       free_kv=draw(free), widths=widths, now=draw(st.floats(0, 100)),
+                       mode_since=draw(st.floats(0, 100)),
+                       arrival_rate=draw(st.floats(0, 50)), pending=draw(pending),
+                       running_priority=draw(st.integers(0, 3)),
+                       running_wide=draw(st.integers(0, 2)))
+
+
+def test_aligned_groups_are_the_paper_set() -> None:
+    assert aligned_groups(4, (1, 2, 4)) == ((0, 1), (2, 3), (0, 1, 2, 3))
+    assert aligned_groups(2, (1,)) == ()
+    with pytest.raises(ValueError):
+        aligned_groups(4, (3,))
+    with pytest.raises(ValueError):
+        aligned_groups(2, (4,))
+
+
+@given(N_WIDTHS)
+def test_aligned_groups_are_fewer_than_2n_and_aligned(nw: tuple[int, tuple[int, ...]]) -> None:
+    n, widths = nw
+    groups = aligned_groups(n, widths)
+    assert len(groups) < 2 * n
+    for g in groups:
+        assert len(g) in widths and g[0] % len(g) == 0
+        assert g == tuple(range(g[0], g[0] + len(g))) and g[-1] < n
+
+
+@settings(max_examples=200)
+@given(states(), st.sampled_from(sorted(set(SWITCH_POLICIES) - {"scheduled"})))
+def test_every_policy_returns_applicable_aligned_actions(state: SwitchState, name: str) -> None:
+    allowed = set(aligned_groups(state.n, state.widths))
+    actions = make_policy(name)(state)
+    for a in actions:
+        assert a.engines in allowed
+    apply(state.groups, actions)
+
+
+@given(states(), st.data())
+def test_actions_for_width_reach_that_width(state: SwitchState, data: st.DataObject) -> None:
+    target = data.draw(st.sampled_from(state.widths))
+    after = apply(state.groups, actions_for_width(state, target))
+    assert {len(g) for g in after} == {target}
+    assert actions_for_width(replace(state, groups=after, width=target), target) == []
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0, 20), st.integers(0, 12)),
+                min_size=5, max_size=200),
+       st.floats(0.1, 5.0))
+def test_hysteresis_never_flaps_within_the_dwell_time(
+        obs: list[tuple[float, float, int]], dwell: float) -> None:
+    policy = hysteresis(mu_tp=8.0, dwell_s=dwell)
+    groups: tuple[tuple[int, ...], ...] = ((0,), (1,))
+    now, since, changes = 0.0, 0.0, []
+    for dt, rate, waiting in obs:
+        now += dt
+        width = max(len(g) for g in groups)
+        state = SwitchState(width, groups, (waiting, 0), (0, 0), (512, 512), (1, 2), now,
+                            since, rate)
+        after = apply(groups, policy(state))
+        if after != groups:
+            changes.append(now)
+            groups, since = after, now
+    assert all(b - a >= dwell for a, b in itertools.pairwise(changes))
+
+
+def test_hysteresis_thresholds() -> None:
+    base = SwitchState(1, ((0,), (1,)), (0, 0), (0, 0), (512, 512), (1, 2), now=10.0,
+                       mode_since=0.0, arrival_rate=1.0)
+    pol = hysteresis(mu_tp=8.0)
+    assert pol(base) == [Bind((0, 1), "hard")]  # 1 < 0.5 x 8 and nothing waits
+    assert pol(replace(base, arrival_rate=5.0)) == []  # between the thresholds
+    tp = replace(base, width=2, groups=((0, 1),))
+    assert pol(replace(tp, arrival_rate=7.0)) == [Release((0, 1))]  # 7 > 0.8 x 8
+    assert pol(replace(tp, waiting=(6, 0))) == [Release((0, 1))]  # 3W wait
+    assert pol(replace(tp, arrival_rate=7.0, mode_since=9.0)) == []  # within the dwell
+
+
+@settings(max_examples=300)
+@given(states())
+def test_context_length_never_merges_for_a_request_one_engine_holds(
+        state: SwitchState) -> None:
+    fits = [p for p in state.pending if p.tokens <= max(state.free_kv)]
+    dp = replace(state, width=1, groups=tuple((e,) for e in range(state.n)), pending=tuple(fits))
+    assert not [a for a in context_length()(dp) if isinstance(a, Bind)]
+
+
+@settings(max_examples=300)
+@given(states())
+def test_context_length_binds_the_smallest_group_that_holds_the_request(
+        state: SwitchState) -> None:
+    dp = replace(state, width=1, groups=tuple((e,) for e in range(state.n)))
+    big = [p for p in dp.pending if p.tokens > max(dp.free_kv)]
+    binds = [a for a in context_length()(dp) if isinstance(a, Bind)]
+    if not big:
+        assert not binds
+        return
+    head = big[0]
+    holding = [g for g in aligned_groups(dp.n, dp.widths)
+               if sum(dp.free_kv[e] for e in g) >= head.tokens]
+    if not holding:
+        assert not binds
+        return
+    assert len(binds) == 1
+    assert sum(dp.free_kv[e] for e in binds[0].engines) >= head.tokens
+    assert len(binds[0].engines) == min(len(g) for g in holding)
+
+
+def test_context_length_releases_when_no_wide_request_is_left() -> None:
+    tp = SwitchState(2, ((0, 1),), (0, 0), (0, 0), (512, 512), (1, 2))
+    assert context_length()(replace(tp, running_wide=1)) == []
+    assert context_length()(tp) == [Release((0, 1))]
+
+
+def test_load_threshold_is_the_repository_rule() -> None:
+    s = SwitchState(1, ((0,), (1,), (2,), (3,)), (2, 9, 9, 9), (0,) * 4, (0,) * 4, (1, 2, 4))
+    assert load_threshold(3)(s) == [Bind((0, 1, 2, 3), "hard")]
+    tp = replace(s, width=4, groups=((0, 1, 2, 3),), waiting=(3, 0, 0, 0))
+    assert load_threshold(3)(tp) == [Release((0, 1, 2, 3))]
+
+
+def test_priority_binds_hard_and_releases_when_done() -> None:
+    s = SwitchState(1, ((0,), (1,)), (1, 0), (1, 1), (512, 512), (1, 2),
+                    pending=(Pending(40, priority=2),))
+    assert priority(p_hi=1)(s) == [Bind((0, 1), "hard")]
+    assert priority(p_hi=3)(s) == []
+    tp = replace(s, width=2, groups=((0, 1),), pending=())
+    assert priority(p_hi=1)(replace(tp, running_priority=2)) == []
+    assert priority(p_hi=1)(tp) == [Release((0, 1))]
+
+
+def test_scheduled_follows_the_oracle_times() -> None:
+    pol = scheduled([(5.0, 2), (10.0, 1)])
+    s = SwitchState(1, ((0,), (1,)), (0, 0), (0, 0), (9, 9), (1, 2))
+    assert pol(replace(s, now=1.0)) == []
+    assert pol(replace(s, now=6.0)) == [Bind((0, 1), "hard")]
+    assert pol(replace(s, now=11.0, width=2, groups=((0, 1),))) == [Release((0, 1))]
+
+
+def test_min_width_and_ewma() -> None:
+    assert min_width(100, 512, (1, 2)) == 1
+    assert min_width(600, 512, (1, 2)) == 2
+    assert min_width(2000, 512, (1, 2)) is None
+    rate = 0.0
+    for _ in range(50):  # 5 s = one time constant at 10 requests/s
+        rate = ewma_rate(rate, 0.1, 1)
+    assert rate == pytest.approx(10.0 * (1 - 2.718281828 ** -1), rel=1e-6)
+    for _ in range(1000):
+        rate = ewma_rate(rate, 0.1, 1)
+    assert rate == pytest.approx(10.0, rel=1e-6)
+    with pytest.raises(ValueError):
+        make_policy("nope")

@@ -1,0 +1,106 @@
+"""LinkMatrix: construction, CSV loading in both forms and units, reduction to replica pairs."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmfabric.sim import Link, SpecError
+from llmfabric.sim.linkmatrix import LinkMatrix
+from llmfabric.sim.topology import cloud_instances
+
+
+def test_direct_and_uniform() -> None:
+    m = LinkMatrix([[1e9, 2e9, 3e9], [4e9, 5e9, 6e9]], 1e-3)
+    assert m.shape == (2, 3)
+    assert m.link(1, 2) == Link(6e9, 1e-3) and m[0, 0] == Link(1e9, 1e-3)
+    assert m.channel(0, 1) != m.channel(1, 0)
+    u = LinkMatrix.uniform(Link(5e9, 2e-5), 2, 2)
+    assert u[1, 0] == Link(5e9, 2e-5)
+    with pytest.raises(SpecError):
+        m.link(2, 0)
+    with pytest.raises(SpecError):
+        LinkMatrix([[0.0, 1e9]])
+    with pytest.raises(SpecError):
+        LinkMatrix([[1e9]], -1.0)
+    with pytest.raises(SpecError):
+        LinkMatrix([1e9, 2e9])
+
+
+def test_long_csv_gbps_symmetric_with_latency(tmp_path: Path) -> None:
+    p = tmp_path / "bw.csv"
+    p.write_text("src,dst,Gbps,latency_ms\n0,1,40,2\n0,2,8,1\n1,2,16,0.5\n2,1,80,0.5\n")
+    m = LinkMatrix.from_csv(p)
+    assert m.row_ids == [0, 1, 2]
+    assert m[0, 1] == Link(5e9, 2e-3) and m[1, 0] == Link(5e9, 2e-3)  # symmetric fill
+    assert m[1, 2].bandwidth == pytest.approx(2e9)
+    assert m[2, 1].bandwidth == pytest.approx(10e9)  # both directions given: kept apart
+    with pytest.raises(SpecError, match="itself"):
+        m.link(1, 1)
+
+
+def test_square_csv_gbs_and_round_trip(tmp_path: Path) -> None:
+    p = tmp_path / "sq.csv"
+    p.write_text("GB/s,a,b,c\na,0,10,3\nb,10,0,2.5\nc,3,2.5,0\n")
+    m = LinkMatrix.from_csv(p)
+    assert m.row_ids == ["a", "b", "c"] and m[0, 2].bandwidth == pytest.approx(3e9)
+    out = tmp_path / "out.csv"
+    m.to_csv(out)
+    back = LinkMatrix.from_csv(out)
+    assert np.allclose(back.bandwidth[~np.eye(3, dtype=bool)],
+                       m.bandwidth[~np.eye(3, dtype=bool)])
+
+
+@pytest.mark.parametrize("text", [
+    "src,dst,gbs\n0,1,10\n0,2,10\n",  # pair (1, 2) missing
+    "src,dst\n0,1\n",  # no bandwidth column
+    "src,dst,gbs,gbps\n0,1,1,8\n",  # two bandwidth columns
+    "src,dst,gbs\n0,1,-3\n",
+    "src,dst,gbs\n0,1,fast\n",
+    "gbs,a,b\na,0,1\n",  # square: one row short
+    "only a header\n",
+])
+def test_bad_csv(tmp_path: Path, text: str) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(SpecError):
+        LinkMatrix.from_csv(p)
+
+
+def test_from_topology_and_reduce_to_replica_pairs() -> None:
+    topo = cloud_instances([("RTX-A6000", 2), ("A40", 2)], inter_gbps=(8, 8), seed=0,
+                           efficiency=1.0)
+    gpu = LinkMatrix.from_topology(topo)
+    assert gpu.shape == (4, 4) and gpu[0, 1].bandwidth == pytest.approx(10e9)
+    assert gpu[0, 2].bandwidth == pytest.approx(1e9)  # 8 Gbit/s WAN
+    # replica (0, 1) on instance 0 -> replica (2,) and replica (3,) on instance 1
+    rep = gpu.reduce([[0, 1]], [[2], [3]])
+    assert rep.shape == (1, 2)
+    assert rep[0, 0].bandwidth == pytest.approx(1e9)
+    assert rep[0, 0].latency_s == pytest.approx(1e-3 + 2 * 5e-6)
+    with pytest.raises(SpecError):
+        gpu.reduce([[0, 1]], [[1, 2]])
+    cross = LinkMatrix.from_topology(topo, rows=[0, 1], cols=[2, 3])
+    assert cross[1, 0] == topo.pair_link(1, 2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.sampled_from(["src", "dst", "gbs", "gbps", "GB/s", "0",
+                                                     "1", "2", "-1", "nan", "inf", "1e400",
+                                                     "latency_ms", "x", ""]),
+                                   st.text(max_size=4)), max_size=5), max_size=6))
+def test_hostile_csv_raises_spec_errors_only(tmp_path_factory: pytest.TempPathFactory,
+                                             rows: list[list[str]]) -> None:
+    p = tmp_path_factory.mktemp("csv") / "m.csv"
+    with p.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    try:
+        m = LinkMatrix.from_csv(p)
+    except SpecError:
+        return
+    assert np.all(m.bandwidth[np.isfinite(m.bandwidth)] > 0)
