@@ -98,11 +98,12 @@ def _phase_candidates(problem: NetProblem, gpus: Sequence[NodeId]) -> list[tuple
 
 def candidates(problem: NetProblem) -> list[tuple[int, int, int, int]]:
     """P_all candidates: per phase P_tens in {1, 2, 4, 8, 16} dividing the heads, P_tens x
-    P_pipe >= N_min; pairs ordered by total GPUs then pipeline depth; the first max_candi."""
+    P_pipe >= N_min; pairs ordered by total GPUs (most first: H is the rate the GPU sets
+    sustain) then pipeline depth (shallowest first); the first max_candi."""
     pre = _phase_candidates(problem, problem.prefill_gpus)
     dec = _phase_candidates(problem, problem.decode_gpus)
     pairs = [(a, b, c, d) for a, b in pre for c, d in dec]
-    pairs.sort(key=lambda p: (p[0] * p[1] + p[2] * p[3], p[1] + p[3], p))
+    pairs.sort(key=lambda p: (-(p[0] * p[1] + p[2] * p[3]), p[1] + p[3], p))
     return pairs[:problem.max_candi]
 
 
