@@ -146,3 +146,12 @@ def command(model: str, gpu: str, tp: int, pp: int, replicas: int, router: str, 
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
+
+
+# Subcommands riding on `llmfabric simulate` (the serving command above still runs on its own).
+from llmfabric.cli.subcommands import with_subcommands  # noqa: E402
+
+command = with_subcommands(command, {
+    "collective": "llmfabric.cli.netplan:simulate_collective",
+    "net": "llmfabric.cli.netplan:simulate_net",
+})
