@@ -7,16 +7,21 @@ so every cluster gets exactly `size` points; with more points than k x size the 
 picks which stay out. Seeded restarts (k-means++-style seeding), lowest inertia wins.
 
 `perturb(groups, cost, rng, max_sweeps)`: pairwise swaps between groups, accepted when the
-larger of the two groups' new costs is below the old larger one, or it ties and the sum
-drops (the paper accepts when the chosen group improves, which can worsen its partner).
-A sweep tries every cross-group swap in a seeded order; it stops after a sweep without an
-improving swap or after `max_sweeps`.
+two groups' summed cost drops (T_n sums the groups' latencies, eq. 5), or it ties and their
+larger cost drops (the paper accepts when the chosen group improves, which can worsen its
+partner and T_n).
+Moves exchange one or two members between two groups (single exchanges alone leave
+2-for-2 local optima on 8 GPUs). A sweep tries up to `attempts_per_group` x #groups moves
+(COMPANIONS §3.4: 5),
+distinct, in a seeded order (all of them when there are fewer); it stops after a sweep
+without an improving swap or after `max_sweeps`.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +75,7 @@ def _seed_centres(points: FloatArray, k: int, rng: np.random.Generator) -> Float
 class Clustering:
     groups: list[list[int]]  # point indices per cluster, each sorted
     inertia: float
+    restarts: list[list[list[int]]] = field(default_factory=list)  # distinct, best first
 
 
 def constrained_kmeans(points: Sequence[Sequence[float]] | FloatArray, size: int, k: int,
@@ -82,6 +88,7 @@ def constrained_kmeans(points: Sequence[Sequence[float]] | FloatArray, size: int
         raise SpecError(f"cannot make {k} clusters of {size} from {len(pts)} points")
     rng = np.random.default_rng(seed)
     best: Clustering | None = None
+    seen: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(max(1, restarts)):
         centres = _seed_centres(pts, k, rng)
         label: list[int] = []
@@ -95,10 +102,12 @@ def constrained_kmeans(points: Sequence[Sequence[float]] | FloatArray, size: int
         inertia = float(sum(((pts[p] - centres[c]) ** 2).sum()
                             for p, c in enumerate(label) if c >= 0))
         groups = sorted(sorted(p for p, c in enumerate(label) if c == j) for j in range(k))
+        seen.setdefault(repr(groups), (inertia, groups))
         if best is None or inertia < best.inertia - 1e-12:
             best = Clustering(groups, inertia)
     assert best is not None
-    return best
+    ranked = [g for _, g in sorted(seen.values(), key=lambda x: x[0])]
+    return Clustering(best.groups, best.inertia, ranked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,25 +118,35 @@ class Perturbed:
 
 
 def perturb(groups: Sequence[Sequence[int]], cost: Callable[[Sequence[int]], float],
-            rng: np.random.Generator, max_sweeps: int = 5) -> Perturbed:
+            rng: np.random.Generator, max_sweeps: int = 5,
+            attempts_per_group: int = 5) -> Perturbed:
     """Improve a grouping by swapping members between two groups (see the module doc)."""
     gs = [list(g) for g in groups]
     costs = [cost(g) for g in gs]
     sweeps = swaps = 0
     while sweeps < max_sweeps:
         sweeps += 1
-        moves = [(a, i, b, j) for a in range(len(gs)) for b in range(a + 1, len(gs))
-                 for i in range(len(gs[a])) for j in range(len(gs[b]))]
-        order = rng.permutation(len(moves))
+        # one-for-one and two-for-two exchanges between two groups
+        moves: list[tuple[int, tuple[int, ...], int, tuple[int, ...]]] = []
+        for a in range(len(gs)):
+            for b in range(a + 1, len(gs)):
+                for r in (1, 2):
+                    if r > min(len(gs[a]), len(gs[b])) - (1 if r > 1 else 0):
+                        continue
+                    for ia in itertools.combinations(range(len(gs[a])), r):
+                        for jb in itertools.combinations(range(len(gs[b])), r):
+                            moves.append((a, ia, b, jb))
+        order = rng.permutation(len(moves))[:attempts_per_group * len(gs)]
         improved = False
         for m in order:
-            a, i, b, j = moves[int(m)]
+            a, ia, b, jb = moves[int(m)]
             ga, gb = list(gs[a]), list(gs[b])
-            ga[i], gb[j] = gb[j], ga[i]
+            for i, j in zip(ia, jb, strict=True):
+                ga[i], gb[j] = gb[j], ga[i]
             ca, cb = cost(ga), cost(gb)
-            old_max, new_max = max(costs[a], costs[b]), max(ca, cb)
-            if new_max < old_max - 1e-15 or (new_max <= old_max + 1e-15
-                                              and ca + cb < costs[a] + costs[b] - 1e-15):
+            old_sum, new_sum = costs[a] + costs[b], ca + cb
+            if new_sum < old_sum - 1e-15 or (new_sum <= old_sum + 1e-15
+                                              and max(ca, cb) < max(costs[a], costs[b]) - 1e-15):
                 gs[a], gs[b], costs[a], costs[b] = ga, gb, ca, cb
                 swaps += 1
                 improved = True

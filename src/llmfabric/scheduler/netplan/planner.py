@@ -399,10 +399,15 @@ def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
 # --- HeroServe's strategy ------------------------------------------------------------------
 def _group_cost(problem: NetProblem, nbytes: float, routes: Routes
                 ) -> Callable[[Sequence[NodeId]], float]:
+    memo: dict[tuple[NodeId, ...], float] = {}
+
     def cost(group: Sequence[NodeId]) -> float:
-        c = choose_scheme(problem.topology, group, nbytes, hop_latency=problem.hop_latency,
-                          routes=routes)
-        return min(c.t_ina, c.t_ring)
+        k = tuple(sorted(group, key=str))
+        if k not in memo:
+            c = choose_scheme(problem.topology, group, nbytes,
+                              hop_latency=problem.hop_latency, routes=routes)
+            memo[k] = min(c.t_ina, c.t_ring)
+        return memo[k]
     return cost
 
 
@@ -416,8 +421,9 @@ def host_order_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int,
 
 def heroserve_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_groups: int,
                      nbytes: float, routes: Routes) -> tuple[list[list[NodeId]], int]:
-    """Alg. 2: constrained k-means on the rows of the latency matrix, then perturbation;
-    the host-order grouping is perturbed too and the cheaper result kept."""
+    """Alg. 2: constrained k-means on the rows of the latency matrix, then perturbation of
+    every distinct restart's grouping and of the host-order grouping; the cheapest result
+    (sum of group latencies, eq. 5) is kept."""
     import numpy as np
 
     from llmfabric.scheduler.netplan.grouping import constrained_kmeans, perturb
@@ -427,8 +433,8 @@ def heroserve_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_gro
     feats = np.array([[routes.route(a, b).time(nbytes, problem.hop_latency) for b in gpus]
                       for a in gpus])
     km = constrained_kmeans(feats, tp, n_groups, seed=problem.seed, restarts=problem.restarts)
-    starts = [[[gpus[p] for p in grp] for grp in km.groups],
-              host_order_groups(problem, gpus, tp, n_groups)]
+    starts = [[[gpus[p] for p in grp] for grp in start] for start in km.restarts]
+    starts.append(host_order_groups(problem, gpus, tp, n_groups))
     cost = _group_cost(problem, nbytes, routes)
     best: tuple[float, list[list[NodeId]], int] | None = None
     index = {g: k for k, g in enumerate(gpus)}
