@@ -82,6 +82,11 @@ def key(group: Sequence[NodeId]) -> str:
 
 
 # --- candidate enumeration ----------------------------------------------------------------
+def used_gpus(n_gpus: int, tp: int, pp: int) -> int:
+    """GPUs a (tp, pp) layout occupies when replicated over n_gpus (whole instances)."""
+    return n_gpus // (tp * pp) * tp * pp
+
+
 def _phase_candidates(problem: NetProblem, gpus: Sequence[NodeId]) -> list[tuple[int, int]]:
     model = problem.model
     mem = max(get_gpu(problem.topology.gpu(g).gpu_type).mem_bytes for g in gpus)
@@ -93,17 +98,20 @@ def _phase_candidates(problem: NetProblem, gpus: Sequence[NodeId]) -> list[tuple
         for pp in range(1, min(MAX_PP, model.n_layers) + 1):
             if n_min <= tp * pp <= len(gpus):
                 out.append((tp, pp))
-    return sorted(out, key=lambda c: (c[0] * c[1], c[1]))
+    return out
 
 
 def candidates(problem: NetProblem) -> list[tuple[int, int, int, int]]:
     """P_all candidates: per phase P_tens in {1, 2, 4, 8, 16} dividing the heads, P_tens x
-    P_pipe >= N_min; pairs ordered by total GPUs (most first: H is the rate the GPU sets
-    sustain) then pipeline depth (shallowest first); the first max_candi."""
+    P_pipe >= N_min; pairs ordered by the GPUs their replicated instances occupy (most
+    first: H is the rate the GPU sets sustain), then pipeline depth, then TP (shallowest,
+    narrowest first); the first max_candi."""
     pre = _phase_candidates(problem, problem.prefill_gpus)
     dec = _phase_candidates(problem, problem.decode_gpus)
+    n_p, n_d = len(problem.prefill_gpus), len(problem.decode_gpus)
     pairs = [(a, b, c, d) for a, b in pre for c, d in dec]
-    pairs.sort(key=lambda p: (-(p[0] * p[1] + p[2] * p[3]), p[1] + p[3], p))
+    pairs.sort(key=lambda p: (-(used_gpus(n_p, p[0], p[1]) + used_gpus(n_d, p[2], p[3])),
+                              p[1] + p[3], p[0] + p[2], p))
     return pairs[:problem.max_candi]
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfabric.scheduler.netplan.planner import candidates, plan
+from llmfabric.scheduler.netplan.planner import candidates, plan, used_gpus
 from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
 from llmfabric.sim.costs import cost_model_for
 from llmfabric.sim.errors import SpecError
@@ -27,8 +27,9 @@ def test_candidates_respect_memory_and_order() -> None:
     p = make_testbed_problem()
     cands = candidates(p)
     assert 1 <= len(cands) <= 20
-    totals = [a * b + c * d for a, b, c, d in cands]
+    totals = [used_gpus(8, a, b) + used_gpus(8, c, d) for a, b, c, d in cands]
     assert totals == sorted(totals, reverse=True)
+    assert cands[0] == (8, 1, 8, 1)  # all 16 GPUs, no pipeline
     # OPT-66B (131 GB) at R_frac 0.8: >= 5 A100-40GB and >= 6 V100-32GB
     assert all(a * b >= 5 and c * d >= 6 for a, b, c, d in cands)
 
