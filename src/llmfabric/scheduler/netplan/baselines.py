@@ -2,7 +2,10 @@
 
 - DistServe: TP inside a server when it fits (GPUs in topology order, chunks of P_tens), PP
   across servers, NCCL ring for every group, KV over Ethernet-only shortest paths.
-- DS-SwitchML: DistServe's placement; every group aggregates synchronously at a core switch
+INA baselines aggregate only groups that span servers; a group inside one server all-reduces
+over NVLink with NCCL as in DistServe (no INA system sends intra-server traffic to a switch).
+
+- DS-SwitchML: DistServe's placement; every such group aggregates synchronously at a core switch
   (one not adjacent to any GPU) over Ethernet-only routes while the core's slot pool lasts,
   ring after that.
 - DS-ATP: DistServe's placement; best-effort INA at the access switch closest to the group
@@ -80,10 +83,16 @@ def distserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
     return _ring(problem, group, nbytes, routes)
 
 
+def _one_server(problem: NetProblem, group: Sequence[NodeId]) -> bool:
+    return len({problem.topology.gpu(g).host for g in group}) <= 1
+
+
 def switchml_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
                   free: dict[NodeId, int], routes: Routes) -> GroupComm:
     topo = problem.topology
     eth = ethernet_routes(topo)
+    if _one_server(problem, group):  # NCCL over NVLink inside a server, as DistServe
+        return _ring(problem, group, nbytes, routes)
     switch = None if len(group) <= 1 else nearest_switch(
         topo, group, nbytes, free_slots=free, hop_latency=problem.hop_latency, routes=eth,
         candidates=core_switches(topo))
@@ -99,7 +108,7 @@ def atp_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
              free: dict[NodeId, int], routes: Routes) -> GroupComm:
     topo = problem.topology
     eth = ethernet_routes(topo)
-    if len(group) <= 1:
+    if len(group) <= 1 or _one_server(problem, group):
         return _ring(problem, group, nbytes, routes)
     everywhere = {s: 1 for s in topo.switches()}
     switch = nearest_switch(topo, group, nbytes, free_slots=everywhere,

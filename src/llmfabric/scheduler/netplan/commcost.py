@@ -16,9 +16,9 @@ number replaces it per hop, and 0 gives the paper's pure-bandwidth form (its Fig
 - `t_pp` (eq. 6): stage i -> i+1 activations, min over senders of the max over receivers.
 - `t_kv` (eqs. 14-15): every prefill GPU sends the KV cells (layer, head shard) that a decode
   GPU holds, one after another; the slowest sender decides.
-- `choose_scheme`: the per-group choice of Algorithm 2 (closest switch with a free
-  aggregator slot, then the cheaper of INA and ring); `group_allreduce` turns the choice into
-  an `AllReduceModel` for `Deployment.stage_allreduces`.
+- `choose_scheme`: the per-group choice of Algorithm 2 (the switch with a free aggregator
+  slot where INA is fastest, then the cheaper of INA and ring); `group_allreduce` turns
+  the choice into an `AllReduceModel` for `Deployment.stage_allreduces`.
 """
 
 from __future__ import annotations
@@ -250,18 +250,26 @@ def choose_scheme(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
                   free_slots: Mapping[NodeId, int] | None = None,
                   hop_latency: float | None = None, t_agg: float = T_AGG_S,
                   routes: Routes | None = None) -> SchemeChoice:
-    """Algorithm 2's per-group choice: INA at the nearest switch with a free aggregator slot,
-    or ring, whichever is cheaper (ties: INA, as the paper's `T_ina > T_ring` test)."""
+    """Algorithm 2's per-group choice: INA at the switch with a free aggregator slot where the
+    group's whole INA (shared edges included) is fastest, or ring, whichever is cheaper
+    (ties: INA, as the paper's `T_ina > T_ring` test). Alg. 2 attaches the switch "with the
+    smallest delay to the group"; the INA time is that delay with NIC sharing counted."""
     r = _routes(topology, routes, nbytes)
     ring = t_ring(topology, group, nbytes, hop_latency=hop_latency, routes=r)
     if len(group) <= 1:
         return SchemeChoice("ring", None, float("inf"), ring)
-    switch = nearest_switch(topology, group, nbytes, free_slots=free_slots,
-                            hop_latency=hop_latency, routes=r)
-    if switch is None:
+    slots = free_slots if free_slots is not None else {
+        s: topology.switch(s).aggregator_slots for s in topology.switches()}
+    best: tuple[float, int, NodeId] | None = None
+    for k, s in enumerate(topology.switches()):
+        if slots.get(s, 0) < 1 or not all(r.reachable(g, s) for g in group):
+            continue
+        t = t_ina(topology, group, s, nbytes, hop_latency=hop_latency, t_agg=t_agg, routes=r)
+        if best is None or (t, k) < best[:2]:
+            best = (t, k, s)
+    if best is None:
         return SchemeChoice("ring", None, float("inf"), ring)
-    ina = t_ina(topology, group, switch, nbytes, hop_latency=hop_latency, t_agg=t_agg,
-                routes=r)
+    ina, _, switch = best
     return SchemeChoice("ring" if ina > ring else "ina", switch, ina, ring)
 
 

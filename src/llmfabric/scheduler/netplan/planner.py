@@ -169,7 +169,7 @@ def build_phase(problem: NetProblem, strategy: Strategy, gpus: Sequence[NodeId],
         start = 0
         for grp, spec, n in zip(chain, specs, layers, strict=True):
             comm = strategy.comm(problem, grp, nbytes, free, routes)
-            if comm.scheme == "ina" and comm.switch is not None:
+            if comm.switch is not None:  # the group holds an aggregator slot there
                 free[comm.switch] -= 1
             comms[key(grp)] = comm
             ars.append(comm.model)
@@ -458,14 +458,39 @@ def heroserve_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_gro
     return best[1], best[2]
 
 
+def hybrid_model(ina: AllReduceModel, ring: AllReduceModel, n: int) -> AllReduceModel | None:
+    """min(INA, ring) per message as one model: INA (the `custom` regime) below the bytes
+    where the two affine costs cross, ring above; None when n is not a size the custom
+    slot serves or INA never wins."""
+    from llmfabric.sim.collectives import CUSTOM_WORLD_SIZES
+
+    if n not in CUSTOM_WORLD_SIZES:
+        return None
+    a0, a1 = ina.time(0.0, n), ina.time(1e6, n) - ina.time(0.0, n)
+    r0, r1 = ring.time(0.0, n), ring.time(1e6, n) - ring.time(0.0, n)
+    if a0 >= r0:
+        return None
+    cross = math.inf if a1 <= r1 else (r0 - a0) / (a1 - r1) * 1e6
+    return AllReduceModel(ring.nccl, ina.nccl, cross)
+
+
 def heroserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
                    free: dict[NodeId, int], routes: Routes) -> GroupComm:
-    c = choose_scheme(problem.topology, group, nbytes, free_slots=free,
-                      hop_latency=problem.hop_latency, routes=routes)
-    model = group_allreduce(problem.topology, group, c.scheme, c.switch,
-                            hop_latency=problem.hop_latency, routes=routes)
-    return GroupComm(c.scheme, c.switch if c.scheme == "ina" else None, model, c.t_ina,
-                     c.t_ring)
+    """Algorithm 2's choice at the phase's message size; the model the simulator runs picks
+    INA or ring per message (the online scheduler re-picks the scheme per all-reduce,
+    §III-D), so a group with a switch slot holds it whenever INA wins small messages."""
+    topo, hop = problem.topology, problem.hop_latency
+    c = choose_scheme(topo, group, nbytes, free_slots=free, hop_latency=hop, routes=routes)
+    ring = group_allreduce(topo, group, "ring", None, hop_latency=hop, routes=routes)
+    if c.switch is None:
+        return GroupComm("ring", None, ring, c.t_ina, c.t_ring)
+    ina = group_allreduce(topo, group, "ina", c.switch, hop_latency=hop, routes=routes)
+    hybrid = hybrid_model(ina, ring, len(group))
+    if c.scheme == "ina":
+        return GroupComm("ina", c.switch, hybrid or ina, c.t_ina, c.t_ring)
+    if hybrid is not None:
+        return GroupComm("ring", c.switch, hybrid, c.t_ina, c.t_ring)
+    return GroupComm("ring", None, ring, c.t_ina, c.t_ring)
 
 
 HEROSERVE = Strategy("heroserve", heroserve_groups, heroserve_comm)

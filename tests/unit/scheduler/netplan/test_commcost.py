@@ -166,3 +166,28 @@ def test_all_pairs_matrix() -> None:
     assert p[("g0", "g3")].nodes == ("g0", "s", "g3")
     d2, _ = all_pairs(fig2(), MB, kinds={"ethernet"}, hop_latency=0)
     assert d2[0, 1] == pytest.approx(4 * 80e-6)  # a -> A -> C -> B -> m, no NVLink
+
+
+def test_hybrid_model_is_the_cheaper_scheme_per_message() -> None:
+    from llmfabric.scheduler.netplan.planner import hybrid_model
+
+    t = star()
+    group = ["g0", "g1", "g2", "g3"]
+    ina = group_allreduce(t, group, "ina", "s")
+    ring = group_allreduce(t, group, "ring", None)
+    hybrid = hybrid_model(ina, ring, 4)
+    assert hybrid is not None
+    for nbytes in (1e2, 1e3, 1e4, 1e5, 1e6, 1e7):
+        assert hybrid.time(nbytes, 4) == pytest.approx(
+            min(ina.time(nbytes, 4), ring.time(nbytes, 4)))
+    assert hybrid_model(ina, ring, 3) is None  # not a size the custom slot serves
+
+
+def test_choose_scheme_prefers_the_switch_where_ina_is_fastest() -> None:
+    # fig2: a's NIC is on A, b's and m's on B; INA at B lets a forward over NVLink
+    c = choose_scheme(fig2(), ["a", "b"], 1e3)
+    assert c.switch in {"A", "B", "C"}
+    t_by_switch = {s: t_ina(fig2(), ["a", "b"], s, 1e3) for s in ("A", "B", "C")}
+    assert c.t_ina == pytest.approx(min(t_by_switch.values()))
+    assert c.t_ina == pytest.approx(t_by_switch[c.switch])
+    assert t_by_switch["B"] < t_by_switch["C"]  # NVLink + 1 hop beats 2 hops each way
