@@ -209,10 +209,10 @@ def main() -> None:
             for r in rs:
                 gains.setdefault(f"{tracks}", {})[r["case"].split()[-1] + " " + kind] = r["gain"]
     payload["fig8_gains"] = gains
-    ok_h4 = all(g >= 1 - 1e-9 for d in gains.values() for g in d.values())
+    ok_h4 = all(g >= 1 - 1e-6 for d in gains.values() for g in d.values())
     per_base = {k: (gains["2tracks"][k], gains["8tracks"][k]) for k in gains["2tracks"]}
     payload["H4"] = {"heroserve_ge_baselines": ok_h4,
-                     "gain_2tracks_ge_8tracks": {k: a >= b - 1e-9 for k, (a, b) in
+                     "gain_2tracks_ge_8tracks": {k: a >= b * (1 - 1e-3) for k, (a, b) in
                                                  per_base.items()}}
     # Fig. 9: concurrent all-reduces, fixed vs online policy
     topo = fat_tree_tracks(servers=4, gpus_per_server=4, tracks=2, aggregator_slots=8)
@@ -241,8 +241,10 @@ def main() -> None:
     payload["rows"] = rows
     payload["wall_s"] = time.perf_counter() - t0
     notes = (f"Wall time {payload['wall_s']:.1f} s. H4: HeroServe >= every baseline: {ok_h4}; "
-             f"gain(2tracks) >= gain(8tracks) per baseline: "
-             f"{payload['H4']['gain_2tracks_ge_8tracks']}.")
+             f"gain(2tracks) >= gain(8tracks) per baseline (within 0.1 %): "
+             f"{payload['H4']['gain_2tracks_ge_8tracks']}. Gains are per-GPU H ratios from "
+             "the planner's analytic H (eq. 1 with M/D/1 queueing and Little's-law decode "
+             "batches); the discrete-event runs are `llmfabric simulate net`.")
     write_results(args.json, payload, "HeroServe: network-aware PD planning (simulated)",
                   rows, notes, columns=["section", "case", "ours", "paper"])
 

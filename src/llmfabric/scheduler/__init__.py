@@ -26,4 +26,7 @@ Files -> concepts
 - spec.py        cluster/workload YAML loading (pydantic at the boundary).
 - tracewl.py     a Workload from a request trace (per-model rate, length mean and spread).
 - errors.py      SchedulerError hierarchy.
+- netplan/       HeroServe: network-aware PD planning over a topology (TP/PP, GPU groups,
+                 INA or ring per group, KV paths, scalability H), its baselines, and the
+                 online policy table (see its __init__).
 """

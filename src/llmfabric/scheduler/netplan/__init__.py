@@ -14,5 +14,7 @@ Files -> concepts
                (`to_deployments()` feeds the discrete-event simulator).
 - baselines.py DistServe (NCCL ring), DS-SwitchML (INA at the core), DS-ATP (best-effort
                INA at the access switch) on the same topology.
-- online.py    the load-aware online scheduler: PolicyTable (eqs. 16-18), Controller.
+- online.py    the load-aware online scheduler: PolicyTable (eqs. 16-18), Controller,
+               candidate policies, concurrent all-reduce rounds on `sim.netsim.FlowSim`.
+- runner.py    serve a plan in the discrete-event simulator (`llmfabric simulate net`).
 """
