@@ -66,3 +66,19 @@ def test_model_too_big_raises() -> None:
     with pytest.raises(SpecError):
         plan(NetProblem.of(topo, "opt-66b", ["gpu0"], ["gpu1"], NetWorkload(1, 10, 10),
                            1.0, 1.0))
+
+
+@pytest.mark.parametrize("name,servers,tracks", [("testbed-2tracks", 4, 2),
+                                                  ("unit-2tracks", 6, 2),
+                                                  ("unit-8tracks", 16, 8)])
+def test_example_topologies_are_the_generator(name: str, servers: int, tracks: int) -> None:
+    got = Topology.from_yaml(TESTBED.parent / f"{name}.yaml").to_dict()
+    if name.startswith("testbed"):
+        want = fat_tree_tracks(servers=4, gpus_per_server=4, tracks=2, nic_gbps=100,
+                               nvlink_gbs=300, gpu_types=["A100-40GB"] * 2 + ["V100"] * 2,
+                               aggregator_slots=8)
+    else:
+        want = fat_tree_tracks(servers=servers, gpus_per_server=8, tracks=tracks,
+                               nic_gbps=100, nvlink_gbs=300, core=1, core_gbps=400,
+                               gpu_types="A100-80GB", aggregator_slots=8)
+    assert got == want.to_dict()
