@@ -77,3 +77,24 @@ def simulate_plan(inputs: Mapping[str, Any], system: str, rate: float, duration:
             out["allreduce_fixed_s"] = fixed.mean_s
             out["allreduce_online_s"] = adaptive.mean_s
     return out
+
+
+def sla_rate(plan: NetPlan, *, attainment: float = 0.9, duration: float = 60.0,
+             seed: int = 0, iters: int = 8) -> float:
+    """The paper's metric: the largest Poisson rate whose discrete-event run keeps
+    >= `attainment` of requests within both SLAs (bisection over [0, 2 H], H the planner's
+    analytic rate; 0 when even a trickle misses)."""
+    if not 0 < attainment <= 1 or iters < 1:
+        raise SpecError("need 0 < attainment <= 1 and iters >= 1")
+    hi = 2.0 * plan.H if plan.H > 0 else 1.0 / max(plan.T_pre, 1e-9)
+
+    def ok(rate: float) -> bool:
+        return serve(plan, rate, duration, seed=seed)["slo_attainment"] >= attainment
+
+    if ok(hi):
+        return hi
+    lo = 0.0
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

@@ -82,3 +82,14 @@ def test_example_topologies_are_the_generator(name: str, servers: int, tracks: i
                                nic_gbps=100, nvlink_gbs=300, core=1, core_gbps=400,
                                gpu_types="A100-80GB", aggregator_slots=8)
     assert got == want.to_dict()
+
+
+def test_sla_rate_meets_the_attainment_it_reports() -> None:
+    from llmfabric.scheduler.netplan.runner import serve, sla_rate
+
+    p = plan(make_testbed_problem())
+    rate = sla_rate(p, duration=20.0, iters=5)
+    assert 0 < rate <= 2 * p.H
+    assert serve(p, rate, 20.0)["slo_attainment"] >= 0.9
+    with pytest.raises(SpecError):
+        sla_rate(p, attainment=0.0)
