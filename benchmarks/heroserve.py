@@ -21,8 +21,9 @@ Sections (each row carries the paper's figure beside ours):
   counts imply; their port counts are not given). Targets (H4): HeroServe >= every
   baseline; its gain on 2tracks >= on 8tracks.
 - planner: run time and perturbation sweeps on the testbed (H6: <= 30 s on 2 cores, <= 5).
-- fig9: concurrent all-reduces of several TP groups on the flow simulator, fixed plan vs
-  the online policy table (printed).
+- fig9: concurrent all-reduces of three TP4 groups (each over two servers and both tracks
+  of the 4 x 4 testbed shape) on the flow simulator, each group's cheapest policy on an idle
+  network kept fixed vs the online policy table (printed).
 - fig10: prefill-side KV residency (summarization, OPT-175B, 0.07 req/s): each request's KV
   stays on the prefill GPUs for T_f; resident bytes = rate x KV bytes x T_f (printed).
 """
@@ -226,7 +227,9 @@ def main() -> None:
                                                  per_base.items()}}
     # Fig. 9: concurrent all-reduces, fixed vs online policy
     topo = fat_tree_tracks(servers=4, gpus_per_server=4, tracks=2, aggregator_slots=8)
-    groups = [[f"gpu{k}", f"gpu{k + 4}", f"gpu{k + 8}", f"gpu{k + 12}"] for k in range(3)]
+    # TP4 groups spanning two servers and both tracks: their rings and INA trees share NICs
+    groups = [["gpu0", "gpu1", "gpu4", "gpu5"], ["gpu8", "gpu9", "gpu12", "gpu13"],
+              ["gpu2", "gpu7", "gpu10", "gpu15"]]
     fig9 = {}
     for mb in (4, 16, 64):
         fixed = run_rounds(topo, groups, mb * 1e6, 6, online=False)

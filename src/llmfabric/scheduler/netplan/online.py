@@ -18,7 +18,8 @@ order (the broadcast of eq. 17), so the tables stay equal and the next choice ag
 an extra round. `candidate_policies` builds a group's rows from the topology.
 `run_rounds` is the Fig. 9-style experiment: several TP groups all-reduce at once, round
 after round, on `sim.netsim.FlowSim`, each with a fixed policy or with its table (reset from
-the previous round's measured link utilisation, then eq. 16).
+the previous round's measured link utilisation plus the expected delta of the picks groups
+made before it this round, then eq. 16).
 """
 
 from __future__ import annotations
@@ -236,6 +237,11 @@ def run_rounds(topology: Topology, groups: Sequence[Sequence[NodeId]], n_bytes: 
                 t.reset(util)
                 pick = t.choose(n_bytes)
                 t.apply(pick.id, n_bytes)
+                # the controller's broadcast reaches groups sharing links too: the next group
+                # sees this pick's expected extra utilisation on its links
+                extra = t.delta(pick, n_bytes)
+                for e in pick.links:
+                    util[e] = util.get(e, 0.0) + extra
             else:
                 pick = fixed[k]
             picks.append(pick)

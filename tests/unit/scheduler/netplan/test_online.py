@@ -104,3 +104,16 @@ def test_rounds_on_flow_simulator() -> None:
     assert len(res.per_round) == 3 and res.mean_s > 0
     # 2 x (P-1)/P x 4 MB over a 12.5 GB/s NIC is a floor for any ring round
     assert min(res.per_round) >= 1.5 * 4e6 / 12.5e9
+
+
+def test_online_spreads_groups_that_share_nics() -> None:
+    # TP4 groups over two servers and both tracks: fixed, all three keep the idle-network
+    # favourite (the ring) and collide; online, later groups see earlier picks' load
+    topo = fat_tree_tracks(servers=4, gpus_per_server=4, tracks=2, aggregator_slots=8)
+    groups = [["gpu0", "gpu1", "gpu4", "gpu5"], ["gpu8", "gpu9", "gpu12", "gpu13"],
+              ["gpu2", "gpu7", "gpu10", "gpu15"]]
+    fixed = run_rounds(topo, groups, 16e6, 4, online=False)
+    online = run_rounds(topo, groups, 16e6, 4, online=True)
+    assert len(set(fixed.choices[0])) == 1
+    assert len(set(online.choices[0])) > 1
+    assert online.mean_s < fixed.mean_s
