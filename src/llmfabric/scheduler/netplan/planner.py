@@ -121,7 +121,7 @@ class PhasePlan:
     instances: list[list[StageGPUs]]
     comms: dict[str, GroupComm]
     deployments: list[Deployment]
-    sweeps: int
+    sweeps: int  # most perturbation sweeps one grouping took (over phases, candidates)
 
 
 def _gpu_spec(problem: NetProblem, group: Sequence[NodeId]) -> GPUSpec:
@@ -165,7 +165,7 @@ def build_phase(problem: NetProblem, strategy: Strategy, gpus: Sequence[NodeId],
         chain = groups[i * pp:(i + 1) * pp]
         specs = [_gpu_spec(problem, grp) for grp in chain]
         layers = balanced_layer_split(model.n_layers, [s.mem_bw * tp for s in specs])
-        stages, ars = [], []
+        stages, ars, placed = [], [], []
         start = 0
         for grp, spec, n in zip(chain, specs, layers, strict=True):
             comm = strategy.comm(problem, grp, nbytes, free, routes)
@@ -174,11 +174,9 @@ def build_phase(problem: NetProblem, strategy: Strategy, gpus: Sequence[NodeId],
             comms[key(grp)] = comm
             ars.append(comm.model)
             stages.append(Stage(spec, tp, n))
-            instances_stage = StageGPUs(tuple(grp), (start, start + n))
+            placed.append(StageGPUs(tuple(grp), (start, start + n)))
             start += n
-            if len(instances) <= i:
-                instances.append([])
-            instances[i].append(instances_stage)
+        instances.append(placed)
         act = nbytes  # one activation message: the all-reduce message's size
         links = tuple(_boundary_link(problem, routes, chain[k], chain[k + 1], act)
                       for k in range(pp - 1))
@@ -268,11 +266,12 @@ class NetPlan:
     per_gpu_rate: float
     n_gpus: int
     candidates_tried: int
-    sweeps: int
+    sweeps: int  # most perturbation sweeps one grouping took (over phases, candidates)
     planner_s: float
     problem: NetProblem | None = field(default=None, repr=False)
     _pre: PhasePlan | None = field(default=None, repr=False)
     _dec: PhasePlan | None = field(default=None, repr=False)
+    _kv_routes: Routes | None = field(default=None, repr=False)
 
     @property
     def T_n_pre(self) -> float:
@@ -300,16 +299,12 @@ class NetPlan:
         if self._pre is None or self._dec is None or self.problem is None:
             raise SpecError("this plan carries no deployments (load it with its problem)")
         ps, ds = self._pre.instances[i][sp], self._dec.instances[j][sd]
-        return stage_pair_link(self.problem, ps, ds, self._kv_routes())
-
-    def _kv_routes(self) -> Routes:
-        assert self.problem is not None
-        if not hasattr(self, "_routes_cache"):
-            self._routes_cache = Routes(self.problem.topology, 1 << 20)
-        return self._routes_cache
+        if self._kv_routes is None:
+            self._kv_routes = Routes(self.problem.topology, 1 << 20)
+        return stage_pair_link(self.problem, ps, ds, self._kv_routes)
 
     def to_json(self) -> dict[str, Any]:
-        skip = {"problem", "_pre", "_dec", "_routes_cache"}
+        skip = {"problem", "_pre", "_dec", "_kv_routes"}
         doc = {k: v for k, v in self.__dict__.items() if k not in skip}
         doc.update(T_n_pre=self.T_n_pre, T_n_dec=self.T_n_dec)
         return doc
@@ -368,7 +363,7 @@ def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int
         {k: c.scheme for k, c in comms.items()},
         {k: c.switch for k, c in comms.items()}, paths,
         t_pre, t_c_pre, pr.step(b) + t_f, pr.step_c(b), t_f, h, h / n_gpus, n_gpus, 0,
-        pre.sweeps + dec.sweeps, 0.0, problem, pre, dec)
+        max(pre.sweeps, dec.sweeps), 0.0, problem, pre, dec, kv_routes)
     return plan
 
 

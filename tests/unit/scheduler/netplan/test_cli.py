@@ -51,3 +51,31 @@ def test_base_commands_still_run_without_subcommand() -> None:
     assert res.exit_code == 0 and "--cluster" in res.output and "plan net" in res.output
     res2 = CliRunner().invoke(cli, ["simulate", "net", "--help"])
     assert res2.exit_code == 0 and "--plan" in res2.output
+
+
+@pytest.mark.parametrize("text,value", [("1MB", 1e6), ("512KiB", 524288.0), ("4e6", 4e6),
+                                        ("0", 0.0), ("2 GB", 2e9)])
+def test_parse_bytes(text: str, value: float) -> None:
+    from llmfabric.cli.netplan import parse_bytes
+
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "MB", "-1MB", "1PB", "1e999", "nan", "1..2MB"])
+def test_parse_bytes_rejects(text: str) -> None:
+    import click
+
+    from llmfabric.cli.netplan import parse_bytes
+
+    with pytest.raises(click.BadParameter):
+        parse_bytes(text)
+
+
+def test_hostile_plan_file_is_a_clean_error(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    for content in ("[]", "{}", '{"inputs": {"topology": "/nonexistent"}}', "not json"):
+        bad.write_text(content)
+        res = CliRunner().invoke(cli, ["simulate", "net", "--plan", str(bad), "--rate", "1"])
+        assert res.exit_code != 0
+        assert "Traceback" not in res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
