@@ -18,8 +18,8 @@ order (the broadcast of eq. 17), so the tables stay equal and the next choice ag
 an extra round. `candidate_policies` builds a group's rows from the topology.
 `run_rounds` is the Fig. 9-style experiment: several TP groups all-reduce at once, round
 after round, on `sim.netsim.FlowSim`, each with a fixed policy or with its table (reset from
-the previous round's measured link utilisation plus the expected delta of the picks groups
-made before it this round, then eq. 16).
+the other groups' load: last round's measured utilisation of those still to pick, plus the
+expected delta of this round's earlier picks; then eq. 16).
 """
 
 from __future__ import annotations
@@ -229,34 +229,44 @@ def run_rounds(topology: Topology, groups: Sequence[Sequence[NodeId]], n_bytes: 
     times: list[float] = []
     worst: list[float] = []
     choices: list[tuple[str, ...]] = []
-    util: dict[DirectedEdge, float] = {}
+    # each group's link utilisation in the last round (its bytes over the round's span)
+    last: list[dict[DirectedEdge, float]] = [{} for _ in groups]
     for _ in range(rounds):
-        picks = []
+        picks: list[Policy] = []
         for k, t in enumerate(tables):
             if online:
+                # the load this group will share links with: groups still to pick, as
+                # measured last round, plus the expected delta of this round's earlier picks
+                # (the controller's broadcast reaching groups that share links); its own
+                # last round is over and does not count
+                util: dict[DirectedEdge, float] = {}
+                for other in range(k + 1, len(groups)):
+                    for e, u in last[other].items():
+                        util[e] = util.get(e, 0.0) + u
+                for other, prev in enumerate(picks):
+                    extra = tables[other].delta(prev, n_bytes)
+                    for e in prev.links:
+                        util[e] = util.get(e, 0.0) + extra
                 t.reset(util)
                 pick = t.choose(n_bytes)
                 t.apply(pick.id, n_bytes)
-                # the controller's broadcast reaches groups sharing links too: the next group
-                # sees this pick's expected extra utilisation on its links
-                extra = t.delta(pick, n_bytes)
-                for e in pick.links:
-                    util[e] = util.get(e, 0.0) + extra
             else:
                 pick = fixed[k]
             picks.append(pick)
         sim = FlowSim(topology)
-        ids = [[sim.add_flow(p, b, 0.0) for p, b in _flows(pick, len(g), n_bytes)]
-               for pick, g in zip(picks, groups, strict=True)]
+        flows = [_flows(pick, len(g), n_bytes) for pick, g in zip(picks, groups, strict=True)]
+        ids = [[sim.add_flow(p, b, 0.0) for p, b in fl] for fl in flows]
         res = sim.run()
         per_group = [max(res.finish[i] for i in fl) for fl in ids]
         times.extend(per_group)
         worst.append(max(per_group))
         choices.append(tuple(p.name for p in picks))
         span = max(per_group)
-        util = {}
-        if span > 0:
-            for seg in res.segments:
-                for e, u in seg.utilisation.items():
-                    util[e] = util.get(e, 0.0) + u * (seg.t1 - seg.t0) / span
+        for k, fl in enumerate(flows):
+            load: dict[DirectedEdge, float] = {}
+            if span > 0:
+                for path, b in fl:
+                    for e in itertools.pairwise(path):
+                        load[e] = load.get(e, 0.0) + b / (sim.capacity(e) * span)
+            last[k] = load
     return RoundsResult(sum(times) / len(times), tuple(worst), tuple(choices))

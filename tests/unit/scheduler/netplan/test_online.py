@@ -117,3 +117,11 @@ def test_online_spreads_groups_that_share_nics() -> None:
     assert len(set(fixed.choices[0])) == 1
     assert len(set(online.choices[0])) > 1
     assert online.mean_s < fixed.mean_s
+
+
+def test_a_lone_group_keeps_its_idle_network_choice() -> None:
+    topo = fat_tree_tracks(servers=4, gpus_per_server=4, tracks=2, aggregator_slots=8)
+    fixed = run_rounds(topo, [GROUP], 1e6, 4, online=False)
+    online = run_rounds(topo, [GROUP], 1e6, 4, online=True)
+    assert online.choices == fixed.choices
+    assert online.mean_s == pytest.approx(fixed.mean_s)
