@@ -1,5 +1,6 @@
 """The `llmfabric` CLI: main.py holds the lazy group; one module per command group
 (start, status, keys, ingress, demo, engine, simulate, plan, controller, trace, bench; API
 keys in apikeys.py; slurm, k8s and controller_slurm for the launchers), each exporting
-`command`.
+`command`. netplan.py: the HeroServe commands (`plan net`, `simulate collective|net`),
+registered through subcommands.py (a subcommand under a command that also runs on its own).
 """

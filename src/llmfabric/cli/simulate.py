@@ -258,3 +258,10 @@ def _nan_to_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_nan_to_none(v) for v in value]
     return value
+
+
+# HeroServe's network simulations ride on the `simulate` group (cli/netplan.py).
+from llmfabric.cli.netplan import simulate_collective, simulate_net  # noqa: E402
+
+command.add_command(simulate_collective)
+command.add_command(simulate_net)

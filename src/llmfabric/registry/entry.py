@@ -3,8 +3,11 @@
 State of a session on a replica (`Entry`):
 - `record`: the owner's highest signed record, ordered by (lifecycle, incarnation, version),
   ties (only possible if the owner equivocates) broken by signature bytes;
-- `suspects`: per author, its highest SUSPECT fact; only facts with incarnation >= the record's
-  incarnation count (lower ones are refuted and dropped);
+- `newest`: the owner's record with the highest incarnation, kept only when it is not `record`
+  (an owner that published a higher incarnation at a lower lifecycle);
+- `suspects`: per author, its highest SUSPECT fact; only facts with incarnation >= the highest
+  incarnation of any owner record seen (`refuted_below`) count (lower ones are refuted and
+  dropped);
 - `evicts`: EVICT facts, one per (author, incarnation): the evidence for an eviction;
 - `evict`: the EVICT fact that made the session LEFT on this replica, if any.
 
@@ -17,7 +20,7 @@ accumulate and the decision is a monotone function of them) and the effective li
 goes back. Once decided, `evict` is kept whatever arrives later (eviction is irreversible),
 and the entry's digest no longer depends on which EVICT facts a replica holds.
 Normalisation (dropping refuted suspicions, and all suspicions once LEFT) commutes with the
-join because the record incarnation and LEFT only ever grow.
+join because the highest record incarnation seen and LEFT only ever grow.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ class Entry:
     suspects: tuple[Fact, ...] = ()  # sorted by author, one per author, all unrefuted
     evict: Fact | None = None  # the decisive EVICT (quorum reached or the owner's own)
     evicts: tuple[Fact, ...] = ()  # sorted by author, one per author (the evidence)
+    # The owner's record with the highest incarnation, when that is not `record` (an owner that
+    # published a higher incarnation at a lower lifecycle): it refutes suspicions as well.
+    newest: SignedRecord | None = None
 
     @property
     def state(self) -> Lifecycle:
@@ -49,6 +55,14 @@ class Entry:
     @property
     def incarnation(self) -> int:
         return self.record.record.incarnation if self.record is not None else 0
+
+    @property
+    def refuted_below(self) -> int:
+        """Suspicions below this incarnation are refuted: the highest incarnation of any owner
+        record seen. It only grows, whatever order records arrive in (the record order puts
+        lifecycle first, so `incarnation` alone can fall back)."""
+        top = self.newest if self.newest is not None else self.record
+        return top.record.incarnation if top is not None else 0
 
     @property
     def suspected(self) -> bool:
@@ -82,6 +96,8 @@ class Entry:
         EVICT facts agree); undecided EVICT facts are part of the content."""
         h = hashlib.sha256(self.session_id.encode())
         h.update(self.record.signature if self.record is not None else b"-")
+        if self.newest is not None:
+            h.update(self.newest.signature)
         for f in self.suspects:
             h.update(f.signature)
         if self.evict is not None:
@@ -111,16 +127,33 @@ def decisive_evict(
 
 def _normalize(
     sid: str, record: SignedRecord | None, suspects: dict[str, Fact], evict: Fact | None,
-    evicts: dict[tuple[str, int], Fact], quorum: int,
+    evicts: dict[tuple[str, int], Fact], quorum: int, newest: SignedRecord | None = None,
 ) -> Entry:
+    # Refutation drops suspicions below the highest incarnation of ANY record seen, a
+    # quantity that only grows, so dropping commutes with the join (with the best record's
+    # incarnation it did not: a higher lifecycle at a lower incarnation could replace it).
+    newest = _newest_record(record, newest)
     evict = _best_evict(evict, decisive_evict(record, evicts, quorum))
     left = evict is not None or (record is not None and record.record.state is Lifecycle.LEFT)
     if left:
         kept: tuple[Fact, ...] = ()
     else:
-        inc = record.record.incarnation if record is not None else 0
+        inc = newest.record.incarnation if newest is not None else 0
         kept = tuple(suspects[a] for a in sorted(suspects) if suspects[a].incarnation >= inc)
-    return Entry(sid, record, kept, evict, tuple(evicts[k] for k in sorted(evicts)))
+    return Entry(sid, record, kept, evict, tuple(evicts[k] for k in sorted(evicts)),
+                 None if newest is None or record is None
+                 or newest.signature == record.signature else newest)
+
+
+def _newest_record(a: SignedRecord | None, b: SignedRecord | None) -> SignedRecord | None:
+    """The record with the highest (incarnation, merge order, signature): a join as well."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    ka = (a.record.incarnation, a.record.order_key(), a.signature)
+    kb = (b.record.incarnation, b.record.order_key(), b.signature)
+    return a if ka >= kb else b
 
 
 def _best_record(a: SignedRecord | None, b: SignedRecord | None) -> SignedRecord | None:
@@ -173,6 +206,7 @@ def merge(a: Entry, b: Entry, *, quorum: int = 1) -> Entry:
         _best_evict(a.evict, b.evict),
         _evict_set(a.evicts, b.evicts),
         quorum,
+        _newest_record(_newest_record(a.record, a.newest), _newest_record(b.record, b.newest)),
     )
 
 
@@ -191,7 +225,8 @@ def reconsider(entry: Entry, *, quorum: int) -> Entry:
     if entry.evict is not None or not entry.evicts:
         return entry
     return _normalize(entry.session_id, entry.record, {f.author: f for f in entry.suspects},
-                      None, {(f.author, f.incarnation): f for f in entry.evicts}, quorum)
+                      None, {(f.author, f.incarnation): f for f in entry.evicts}, quorum,
+                      entry.newest)
 
 
 def items_of(entry: Entry) -> list[SignedRecord | Fact]:
@@ -199,6 +234,8 @@ def items_of(entry: Entry) -> list[SignedRecord | Fact]:
     out: list[SignedRecord | Fact] = []
     if entry.record is not None:
         out.append(entry.record)
+    if entry.newest is not None:
+        out.append(entry.newest)
     out.extend(entry.suspects)
     out.extend(entry.evicts)
     if entry.evict is not None and entry.evict not in entry.evicts:

@@ -21,6 +21,8 @@ Files -> concepts
 - topology.py     network graph (GPUs, switches; NVLink/PCIe/Ethernet/WAN edges with capacity
                   and latency; YAML), shortest/widest paths, `pair_link`, `bandwidth_matrix`;
                   generators `fat_tree_tracks` (HeroServe) and `cloud_instances` (ThunderServe).
+- netsim.py       flow-level network simulator: flows on paths over full-duplex links, max-min
+                  fair sharing (progressive filling), event driven; link utilisation over time.
 - linkmatrix.py   LinkMatrix: one Link per (prefill, decode) replica pair or GPU pair; CSV
                   loader (GB/s or Gbps), `from_topology`, `reduce` to replica pairs.
 - layersplit.py   memory-aware layer splits: per-stage layer caps that keep KV room,

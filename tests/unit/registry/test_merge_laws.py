@@ -140,3 +140,15 @@ def test_the_owner_s_own_evict_decides_alone() -> None:
 
 def test_an_evict_without_the_record_decides_nothing() -> None:
     assert not _fact(FactKind.EVICT, 1, 0, 5.0).evicted
+
+
+def test_refutation_by_a_higher_incarnation_survives_a_higher_lifecycle() -> None:
+    """Found by hypothesis: a JOIN record at incarnation 1 refutes a suspicion at 0, then a
+    SERVING record at incarnation 0 wins the record order. Refutation must follow the highest
+    incarnation ever seen, or the suspicion's fate depends on delivery order."""
+    items = [_record(0, 0, 0, "a"), _fact(FactKind.SUSPECT, 0, 0, 5.0), _record(0, 1, 0, "a"),
+             _record(1, 0, 0, "a")]
+    first = reduce(merge, items)
+    assert not first.suspected and first.refuted_below == 1
+    for order in ([3, 1, 2, 0], [1, 3, 0, 2], [2, 3, 1, 0]):
+        assert reduce(merge, [items[i] for i in order]) == first
