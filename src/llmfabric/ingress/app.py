@@ -20,10 +20,12 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, MESSAGES, ApiRoutes, anthropic_auth
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.front_limits import safe_header_value
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.paths import PASSTHROUGH_PATHS
 from llmfabric.ingress.protocols import (
     Authenticator,
     CandidateSource,
@@ -42,6 +44,8 @@ from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 
 # Upstream statuses worth another candidate (overloaded, failing or gone engines).
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
+_USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 _perf = time.perf_counter
 
@@ -131,6 +135,7 @@ class Ingress:
         self._own_timeouts = getattr(forwarder, "enforces_timeouts", False) is True
         self._plain_requests: dict[tuple[str, bool], RouteRequest] = {}
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
+        self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
 
     # -- routes --------------------------------------------------------------------------
 
@@ -142,6 +147,19 @@ class Ingress:
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/embeddings", streamable=False)
+
+    async def api_route(self, request: web.Request) -> web.StreamResponse:
+        """The EXTRA_POST_PATHS routes (api_routes.py) on aiohttp."""
+        h = request.headers
+        auth = h.get("Authorization", "")
+        if request.path == MESSAGES:
+            auth = anthropic_auth(auth, h.get("x-api-key"))
+        sink = _WebSink(request)
+        reply = await self.api.serve(request.path, auth, h.get("X-Fabric-Providers"),
+                                     lambda: self._read_body(request), sink)
+        if reply is None:
+            return sink.response if sink.response is not None else web.StreamResponse()
+        return web_response(reply)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         return web_response(await self.models_reply(request.headers.get("Authorization", "")))
@@ -312,7 +330,8 @@ class Ingress:
                 del doc["metadata"]
             modified = True
         strip_usage = False
-        if stream and self._capture and self.config.inject_stream_usage:
+        if (stream and self._capture and self.config.inject_stream_usage
+                and path in _USAGE_INJECT_PATHS):
             so = doc.get("stream_options")
             if not (isinstance(so, dict) and so.get("include_usage")):
                 doc["stream_options"] = {**(so if isinstance(so, dict) else {}),
@@ -526,6 +545,8 @@ class Ingress:
     ) -> None:
         e2e = _perf() - t0
         self.metrics.observe_request(model, status, e2e)
+        if usage is None and status == 200 and path in PASSTHROUGH_PATHS:
+            usage = (0, 0)  # metered by request: a usage row without tokens
         if usage is not None and principal is not None and self.usage_sink is not None:
             self.usage_sink.record(principal.id, model, usage[0], usage[1])
         if self.config.trace_hook is not None:
@@ -577,6 +598,8 @@ def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     app.router.add_post("/v1/completions", ingress.completions)
     app.router.add_post("/v1/embeddings", ingress.embeddings)
     app.router.add_get("/v1/models", ingress.models)
+    for path in sorted(EXTRA_POST_PATHS):
+        app.router.add_post(path, ingress.api_route)
 
 
 def build_ingress_app(
