@@ -187,7 +187,7 @@ class Ingress:
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
-        return merged_catalog(self.source.all_candidates())
+        return merged_catalog(self.source.all_candidates(), self.api.native)
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import cast
 import httptools
 import orjson
 
-from llmfabric.ingress.api_routes import EXTRA_POST_PATHS
+from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
@@ -498,7 +498,10 @@ class _Connection(asyncio.Protocol):
         if req.error is not None:
             err = orjson.loads(req.error.body).get("error", {})
             self.ingress.metrics.observe_error("", req.error.status, str(err.get("code")))
-            self._send(req.error, False, head_only=False)
+            reply = req.error
+            if req.url.split(b"?", 1)[0] == b"/v1/messages":
+                reply = to_anthropic(reply)  # (refused before the body: key, size)
+            self._send(reply, False, head_only=False)
             self._linger_close()
             return True  # (closing already)
         head_only = req.method == b"HEAD"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from llmfabric.ingress.paths import PASSTHROUGH_PATHS
 from llmfabric.registry.records import NodeRecord
 from llmfabric.routing.candidates import Candidate, candidates_by_model, model_is_known
 
@@ -68,8 +69,12 @@ class RecordsCandidateSource:
         return list(seen.values())
 
 
-def merged_catalog(candidates: Iterable[Candidate]) -> dict[str, Any]:
-    """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
+def merged_catalog(candidates: Iterable[Candidate],
+                   native_responses: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware and
+    `capabilities`: the APIs the ingress routes for the model (the engine still validates:
+    an engine without embeddings answers that route 4xx) and how /v1/responses and
+    /v1/messages are served ("native": passed through, "translated": over chat)."""
     entries: dict[str, dict[str, Any]] = {}
     for c in candidates:
         e = entries.get(c.model.id)
@@ -92,5 +97,12 @@ def merged_catalog(candidates: Iterable[Candidate]) -> dict[str, Any]:
             e[k] = sorted(e[k])
         e["nodes"] = sorted(set(e["nodes"]))
         e["serving"] = len(e["nodes"])
+        e["max_model_len"] = e["max_context"]  # (vLLM's name for it)
+        native = "*" in native_responses or mid in native_responses
+        e["capabilities"] = {
+            "chat_completions": True, "completions": True, "embeddings": True,
+            "responses": "native" if native else "translated", "messages": "translated",
+            "passthrough": sorted(PASSTHROUGH_PATHS),
+        }
         data.append(e)
     return {"object": "list", "data": data}
