@@ -4,7 +4,8 @@
   unchanged to engines that serve it themselves (`IngressConfig.native_responses_models`).
 - `POST /v1/messages` (Anthropic): translated to chat completions (anthropic_api.py); the key
   may come in `x-api-key`; errors in Anthropic's shape.
-- the paths in paths.PASSTHROUGH_PATHS (rerank, score, tokenize, detokenize): relayed as is.
+- the paths in paths.PASSTHROUGH_ROUTES (rerank, score, tokenize, detokenize): relayed as
+  is (root paths travel under /v1/ through the fabric).
 
 All of them go through `Ingress.serve` (auth, rate limits, routing, retries, usage capture),
 so usage rows come from the engine's chat usage; only these routes pay for the translation.
@@ -26,7 +27,7 @@ from llmfabric.ingress.anthropic_api import (
 )
 from llmfabric.ingress.chat_stream import ChatStreamTranslator
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS
+from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS, PASSTHROUGH_ROUTES
 from llmfabric.ingress.responses_api import (
     ResponsesStream,
     TranslationError,
@@ -65,8 +66,8 @@ class ApiRoutes:
         """One request to an EXTRA_POST_PATHS path: a complete Reply, or None when the
         response was streamed into `sink`."""
         if path in PASSTHROUGH_PATHS:
-            return await self.ingress.serve(path, False, authorization, providers, body_in,
-                                            sink)
+            return await self.ingress.serve(PASSTHROUGH_ROUTES[path], False, authorization,
+                                            providers, body_in, sink)
         if isinstance(body_in, bytes):
             body = body_in
         else:  # the aiohttp front reads lazily; the key goes first

@@ -25,7 +25,7 @@ from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.front_limits import safe_header_value
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
-from llmfabric.ingress.paths import PASSTHROUGH_PATHS
+from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.protocols import (
     Authenticator,
     CandidateSource,
@@ -545,7 +545,7 @@ class Ingress:
     ) -> None:
         e2e = _perf() - t0
         self.metrics.observe_request(model, status, e2e)
-        if usage is None and status == 200 and path in PASSTHROUGH_PATHS:
+        if usage is None and status == 200 and path in METERED_BY_REQUEST:
             usage = (0, 0)  # metered by request: a usage row without tokens
         if usage is not None and principal is not None and self.usage_sink is not None:
             self.usage_sink.record(principal.id, model, usage[0], usage[1])

@@ -17,7 +17,7 @@ from yarl import URL
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
 from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
-from llmfabric.ingress.paths import FORWARDABLE_PATHS
+from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
 
@@ -40,7 +40,7 @@ class EngineProxy:
         self._token = forward_token
         self._own = session is None
         self._session = session
-        self._urls = {p: URL(self._base + p) for p in FORWARDABLE_PATHS}
+        self._urls = {p: URL(self._base + ENGINE_PATHS.get(p, p)) for p in FORWARDABLE_PATHS}
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -117,4 +117,3 @@ class EngineProxy:
 
 def add_engine_proxy_routes(app: web.Application, proxy: EngineProxy) -> None:
     app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", proxy.handle)
-    app.router.add_post(FORWARD_PREFIX + "/{tail:tokenize|detokenize|rerank|score}", proxy.handle)
