@@ -113,12 +113,24 @@ def quantization_of(argv: Sequence[str]) -> tuple[str, int]:
 def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: int
                   ) -> tuple[ServedModel, ...]:
     quant, bits = quantization_of(argv)
+    ids = {str(d["id"]) for d in data}
+    # vLLM lists each loaded LoRA adapter (--lora-modules) as an entry whose `parent` is
+    # the base model: advertised as that model's adapters, not as models of their own.
+    adapters: dict[str, list[str]] = {}
+    for d in data:
+        parent = d.get("parent")
+        if isinstance(parent, str) and parent in ids and parent != str(d["id"]):
+            adapters.setdefault(parent, []).append(str(d["id"]))
     out = []
     for d in data:
+        parent = d.get("parent")
+        if isinstance(parent, str) and parent in ids and parent != str(d["id"]):
+            continue
         ctx = d.get("max_model_len")
         out.append(ServedModel(
             id=str(d["id"]), quantization=quant, quant_bits=bits,
             max_context=int(ctx) if isinstance(ctx, int) and ctx > 0 else default_ctx,
+            adapters=tuple(adapters.get(str(d["id"]), ())),
         ))
     return tuple(out)
 

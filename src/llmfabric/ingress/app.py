@@ -350,7 +350,8 @@ class Ingress:
                 break
             cand = decision.candidate
             # Asked by alias: the engine knows the model by its id.
-            send = body if cand.model.id == model else orjson.dumps({**doc, "model": cand.model.id})
+            send = body if cand.model.id == model else orjson.dumps(
+                {**doc, "model": cand.model.engine_name(model)})  # (LoRA: the adapter's name)
             tried.append(cand.session_id)
             self.metrics.observe_routed(cand.session_id)
             self.policy.on_request_start(cand)

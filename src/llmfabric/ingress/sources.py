@@ -20,7 +20,7 @@ class StaticCandidateSource:
         self._all = tuple(candidates)
         self._by_model: dict[str, list[Candidate]] = {}
         for c in self._all:
-            for name in (c.model.id, *c.model.aliases):
+            for name in c.model.names():
                 self._by_model.setdefault(name, []).append(c)
 
     def candidates(self, model: str) -> Sequence[Candidate]:
@@ -82,9 +82,10 @@ def merged_catalog(candidates: Iterable[Candidate],
             e = entries[c.model.id] = {
                 "id": c.model.id, "object": "model", "created": 0, "owned_by": "llmfabric",
                 "aliases": set(), "providers": set(), "nodes": [], "gpus": set(),
-                "quantizations": set(), "max_context": 0,
+                "quantizations": set(), "max_context": 0, "adapters": set(),
             }
         e["aliases"].update(c.model.aliases)
+        e["adapters"].update(c.model.adapters)
         e["providers"].add(c.provider_id)
         e["nodes"].append(c.session_id)
         e["gpus"].add(c.hardware.gpu_model)
@@ -93,7 +94,7 @@ def merged_catalog(candidates: Iterable[Candidate],
     data = []
     for mid in sorted(entries):
         e = entries[mid]
-        for k in ("aliases", "providers", "gpus", "quantizations"):
+        for k in ("aliases", "providers", "gpus", "quantizations", "adapters"):
             e[k] = sorted(e[k])
         e["nodes"] = sorted(set(e["nodes"]))
         e["serving"] = len(e["nodes"])
@@ -102,7 +103,7 @@ def merged_catalog(candidates: Iterable[Candidate],
         e["capabilities"] = {
             "chat_completions": True, "completions": True, "embeddings": True,
             "responses": "native" if native else "translated", "messages": "translated",
-            "passthrough": sorted(PASSTHROUGH_PATHS),
+            "passthrough": sorted(PASSTHROUGH_PATHS), "lora_adapters": bool(e["adapters"]),
         }
         data.append(e)
     return {"object": "list", "data": data}

@@ -87,7 +87,7 @@ def candidates_by_model(
             continue
         for served in record.meta.models:
             cand = Candidate.from_record(record, served, suspected)
-            for name in (served.id, *served.aliases):
+            for name in served.names():
                 bucket = index.setdefault(name, [])
                 if not any(c.session_id == cand.session_id for c in bucket):
                     bucket.append(cand)
