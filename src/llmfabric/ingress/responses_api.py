@@ -193,6 +193,8 @@ def responses_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise TranslationError("'model' is required (a string)", "model", "missing_model")
+    if doc.get("n") not in (None, 1):
+        raise TranslationError("the Responses API returns one output; n must be 1", "n")
     chat: dict[str, Any] = {"model": model, "messages": _messages(doc)}
     for k in _PASS:
         if doc.get(k) is not None:
