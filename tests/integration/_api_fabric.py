@@ -93,6 +93,16 @@ class ScriptedEngine:
                 {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
             ]
             return await self._stream(request, model, chunks, "tool_calls", usage, None)
+        if body.get("stream") and body["messages"][-1].get("content") == "die mid-stream":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            first = {"id": "c4", "object": "chat.completion.chunk", "created": 1,
+                     "model": model, "choices": [{"index": 0, "delta": {"content": "par"},
+                                                  "finish_reason": None}]}
+            await resp.write(b"data: " + orjson.dumps(first) + b"\n\n")
+            assert request.transport is not None
+            request.transport.close()  # the engine dies after the first token
+            return resp
         text = '{"city": "Paris"}'
         lp = None
         if body.get("logprobs"):

@@ -160,3 +160,30 @@ def test_hostile_bodies_get_400_in_anthropics_shape(base: str, body: bytes) -> N
     assert r.status_code == 400, r.content
     doc = r.json()
     assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_over_the_limit_is_refused_in_anthropics_shape(base: str) -> None:
+    big = b'{"model": "llama-3.1-8b", "max_tokens": 5, "messages": [{"role": "user", ' \
+          b'"content": "' + b"x" * 70_000 + b'"}]}'
+    r = raw_request("POST", base + "/v1/messages", big,
+                    {"x-api-key": KEY, "Content-Type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["type"] == "error" and "larger than" in r.json()["error"]["message"]
+
+
+def test_missing_key_is_401_in_anthropics_shape(base: str) -> None:
+    r = raw_request("POST", base + "/v1/messages", b"{}", {"Content-Type": "application/json"})
+    assert r.status_code == 401
+    assert r.json()["error"]["type"] == "authentication_error"
+
+
+def test_an_engine_dying_mid_stream_raises_in_the_sdk(base: str) -> None:
+    stream = client(base).messages.create(
+        model=TOOLY, max_tokens=20, stream=True,
+        messages=[{"role": "user", "content": "die mid-stream"}])
+    seen: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as e:
+        for ev in stream:
+            seen.append(ev.type)
+    assert seen[:2] == ["message_start", "content_block_start"]
+    assert "mid-stream" in str(e.value)

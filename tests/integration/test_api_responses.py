@@ -203,3 +203,13 @@ def test_a_bad_body_without_a_key_is_401_first(base: str) -> None:
     r = raw_request("POST", base + "/v1/responses", b"{not json",
                     {"Content-Type": "application/json"})
     assert r.status_code == 401
+
+
+def test_an_engine_dying_mid_stream_ends_it_with_response_failed(base: str) -> None:
+    events = list(client(base).responses.create(model=TOOLY, input="die mid-stream",
+                                                stream=True))
+    assert [e.type for e in events][:2] == ["response.created", "response.in_progress"]
+    assert any(e.type == "response.output_text.delta" and e.delta == "par" for e in events)
+    last = events[-1]
+    assert last.type == "response.failed"
+    assert last.response.error is not None and "mid-stream" in last.response.error.message
