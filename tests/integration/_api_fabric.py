@@ -61,6 +61,21 @@ class ScriptedEngine:
             return web.json_response({"id": "rr", "model": body["model"], "results": [
                 {"index": i, "relevance_score": 1.0 / (i + 1)}
                 for i, _ in enumerate(body.get("documents", []))]})
+        if body.get("stream"):  # a native Responses event stream
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            done = {"id": "resp_native", "object": "response", "status": "completed",
+                    "model": body["model"], "output": [],
+                    "usage": {"input_tokens": 11, "output_tokens": 2, "total_tokens": 13}}
+            for ev in ({"type": "response.output_text.delta", "sequence_number": 0,
+                        "item_id": "m", "output_index": 0, "content_index": 0,
+                        "delta": "native", "logprobs": []},
+                       {"type": "response.completed", "sequence_number": 1,
+                        "response": done}):
+                await resp.write(b"event: " + ev["type"].encode() + b"\ndata: "  # type: ignore[attr-defined]
+                                 + orjson.dumps(ev) + b"\n\n")
+            await resp.write_eof()
+            return resp
         return web.json_response({  # a native Responses API reply
             "id": "resp_native", "object": "response", "created_at": 1, "status": "completed",
             "model": body["model"], "output": [{

@@ -213,3 +213,12 @@ def test_an_engine_dying_mid_stream_ends_it_with_response_failed(base: str) -> N
     last = events[-1]
     assert last.type == "response.failed"
     assert last.response.error is not None and "mid-stream" in last.response.error.message
+
+
+def test_native_streams_are_relayed_as_is_and_metered(fab: ApiFabric, base: str) -> None:
+    before = fab.usage(NATIVE)
+    events = list(client(base).responses.create(model=NATIVE, input="s", stream=True))
+    assert [e.type for e in events] == ["response.output_text.delta", "response.completed"]
+    sent = fab.scripted.last("/v1/responses")
+    assert sent == {"model": NATIVE, "input": "s", "stream": True}  # no stream_options added
+    assert wait_usage(fab, NATIVE, before) == [11, 2, 1]
