@@ -113,8 +113,8 @@ def _messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
             call = {"id": call_id, "type": "function",
                     "function": {"name": name, "arguments": args}}
             last = msgs[-1] if msgs else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)  # one assistant turn
             else:
                 msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -126,6 +126,8 @@ def _messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 if not isinstance(output, str):
                     raise TranslationError("function_call_output must be text", where)
             msgs.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        elif kind == "reasoning":
+            continue  # a replayed output item: chat engines take no reasoning input
         else:
             raise TranslationError(f"input item type {kind!r} is not supported", where)
     return msgs

@@ -171,3 +171,18 @@ def test_stop_reasons() -> None:
     assert stop_reason("length", None, None) == ("max_tokens", None)
     assert stop_reason("tool_calls", None, None) == ("tool_use", None)
     assert stop_reason("stop", "Z", ["X"]) == ("end_turn", None)  # not one the client sent
+
+
+def test_replaying_a_whole_output_as_input_is_accepted() -> None:
+    # The stateless pattern: input = previous input + previous response.output.
+    out = chat_to_response({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "checking",
+        "tool_calls": [{"id": "call_9", "function": {"name": "f", "arguments": "{}"}}]}}]},
+        {"model": "m"})
+    items = [{"role": "user", "content": "q"},
+             {"type": "reasoning", "id": "rs_1", "summary": []}, *out["output"],
+             {"type": "function_call_output", "call_id": "call_9", "output": "42"}]
+    chat = responses_to_chat({"model": "m", "input": items})
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "tool"]
+    assert chat["messages"][1]["content"] == "checking"
+    assert chat["messages"][1]["tool_calls"][0]["id"] == "call_9"
