@@ -280,8 +280,11 @@ def predict_published(rows: list[Published], effs: dict[str, Efficiency]) -> Non
         eff = effs.get(p.gpu) or efficiency_for(get_gpu(p.gpu))
 
         def run(c: int, p: Published = p, eff: Efficiency = eff) -> ServingResult:
+            # "plain": the engine model these rows were first predicted with (no engine CPU
+            # terms, identical clients); the fitted vLLM v1 profile is for vLLM 0.12 runs
             return simulate_closed_loop(p.model, p.gpu, p.tp, c, 20 * c, p.input_tokens,
-                                        p.output_tokens, efficiency=eff)
+                                        p.output_tokens, efficiency=eff,
+                                        engine_profile="plain")
 
         if p.metric == "tpot":
             p.predicted = float(np.median(run(p.concurrency).tpot_s))

@@ -164,7 +164,8 @@ class ApiFabric:
     scripted: ScriptedEngine
 
     def usage(self, model: str) -> list[int]:
-        return list(self.keys.usage.get(("k1", model), [0, 0, 0]))
+        """[prompt tokens, completion tokens, requests, estimated requests] of the key."""
+        return list(self.keys.usage.get(("k1", model), [0, 0, 0, 0]))
 
 
 def api_fabric() -> Iterator[ApiFabric]:

@@ -50,7 +50,7 @@ def test_create_is_translated_and_its_usage_recorded(fab: ApiFabric, base: str) 
     assert m.type == "message" and m.role == "assistant"
     assert m.content[0].type == "text" and m.content[0].text
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 6
-    assert wait_usage(fab, SIM, before) == [m.usage.input_tokens, 6, 1]
+    assert wait_usage(fab, SIM, before) == [m.usage.input_tokens, 6, 1, 0]
 
 
 def test_streaming_events_and_text_match_a_plain_create(fab: ApiFabric, base: str) -> None:
@@ -70,7 +70,7 @@ def test_streaming_events_and_text_match_a_plain_create(fab: ApiFabric, base: st
     assert md.type == "message_delta"
     assert md.delta.stop_reason == plain.stop_reason
     assert md.usage.output_tokens == plain.usage.output_tokens
-    assert wait_usage(fab, SIM, before)[1:] == [plain.usage.output_tokens, 1]
+    assert wait_usage(fab, SIM, before)[1:] == [plain.usage.output_tokens, 1, 0]
 
 
 def test_sdk_stream_helper(base: str) -> None:

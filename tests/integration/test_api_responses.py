@@ -56,7 +56,7 @@ def test_create_is_translated_and_its_usage_recorded(fab: ApiFabric, base: str) 
     assert r.output_text and r.output[0].type == "message"
     assert r.usage is not None and r.usage.output_tokens == 5
     delta = wait_usage(fab, SIM, before)
-    assert delta == [r.usage.input_tokens, 5, 1]
+    assert delta == [r.usage.input_tokens, 5, 1, 0]
 
 
 def test_streaming_events_carry_the_same_text_as_a_plain_create(fab: ApiFabric,
@@ -79,7 +79,7 @@ def test_streaming_events_carry_the_same_text_as_a_plain_create(fab: ApiFabric,
     assert final.output_text == deltas and final.usage is not None
     assert final.usage.output_tokens == plain.usage.output_tokens  # type: ignore[union-attr]
     delta = wait_usage(fab, SIM, before)
-    assert delta == [final.usage.input_tokens, final.usage.output_tokens, 1]
+    assert delta == [final.usage.input_tokens, final.usage.output_tokens, 1, 0]
 
 
 def test_sdk_stream_helper_collects_the_final_response(base: str) -> None:
@@ -158,7 +158,7 @@ def test_native_engines_get_the_request_unchanged(fab: ApiFabric, base: str) -> 
     assert r.id == "resp_native" and r.output_text == "native answer"
     assert fab.scripted.last("/v1/responses") == {
         "model": NATIVE, "input": "as is", "max_output_tokens": 9, "custom_field": [1, 2]}
-    assert wait_usage(fab, NATIVE, before) == [11, 2, 1]
+    assert wait_usage(fab, NATIVE, before) == [11, 2, 1, 0]
 
 
 def test_previous_response_id_is_refused_stateless(base: str) -> None:
@@ -221,4 +221,4 @@ def test_native_streams_are_relayed_as_is_and_metered(fab: ApiFabric, base: str)
     assert [e.type for e in events] == ["response.output_text.delta", "response.completed"]
     sent = fab.scripted.last("/v1/responses")
     assert sent == {"model": NATIVE, "input": "s", "stream": True}  # no stream_options added
-    assert wait_usage(fab, NATIVE, before) == [11, 2, 1]
+    assert wait_usage(fab, NATIVE, before) == [11, 2, 1, 0]

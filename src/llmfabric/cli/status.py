@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -16,8 +17,12 @@ _STATE_STYLE = {"JOIN": "cyan", "SERVING": "green", "DOWN": "red", "LEFT": "dim"
 
 
 def _get(base: str, path: str, timeout: float) -> Any:
+    # An ingress's fleet views need an API key (unless --public-fleet-info): $LLMFABRIC_API_KEY.
+    key = os.environ.get("LLMFABRIC_API_KEY")
+    req = urllib.request.Request(base.rstrip("/") + path,
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc

@@ -52,6 +52,7 @@ from llmfabric.net.transport import PeerId, Transport
 from llmfabric.registry.codec import SignedRecord, peek_record_header
 from llmfabric.registry.errors import InvalidRecord
 from llmfabric.registry.facts import Fact, FactKind, make_fact
+from llmfabric.registry.guard import RecordPolicy
 from llmfabric.registry.owner import RecordOwner
 from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
 from llmfabric.registry.replica import ITEM_RECORD, Change, Listener, Replica, item_parts
@@ -70,7 +71,8 @@ def is_minor(change: Change) -> bool:
     rb, ra = b.record.record, a.record.record
     return (
         b.state is a.state and rb.incarnation == ra.incarnation and b.suspects == a.suspects
-        and b.evict == a.evict and dataclasses.replace(rb.meta, load=ra.meta.load) == ra.meta
+        and b.evict == a.evict and b.evicts == a.evicts
+        and dataclasses.replace(rb.meta, load=ra.meta.load) == ra.meta
     )
 
 
@@ -88,6 +90,7 @@ class GossipAgent:
         admit: Callable[[PeerId], bool] | None = None,
         session_id: str | None = None,
         stats: AgentStats | None = None,
+        policy: RecordPolicy | None = None,
     ) -> None:
         self.transport = transport
         self.clock = clock
@@ -100,10 +103,11 @@ class GossipAgent:
         self.owner = RecordOwner(signer, meta or NodeMeta(), wall=clock.wall(),
                                  session_id=session_id)
         self.replica = Replica(clock, self.config.gc, buckets=self.config.buckets, admit=admit,
-                               rejected=self.stats.rejected)
+                               rejected=self.stats.rejected, trust=self.config.trust,
+                               policy=policy)
         self.nodes = NodeRegistry(self.replica)
         self.models = ModelRegistry(self.replica)
-        self.queue = BroadcastQueue()
+        self.queue = BroadcastQueue(self.config.max_queued)
         self.suspicion = SuspicionTracker(clock, self.config)
         self.anti_entropy = AntiEntropy(self.replica, self._send, self.config.max_message_bytes)
         self.prober = Prober(
@@ -294,16 +298,16 @@ class GossipAgent:
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
             return
-        if sender:
+        entry = self.replica.entries.get(sender) if sender else None
+        # Only the session's own (authenticated) peer can say it is alive: a member naming
+        # another session (or a made-up one) as sender changes nothing and fills no map.
+        if entry is not None and entry.record is not None and (
+            entry.record.record.peer_id == peer
+        ):
             now = self.clock.now()
             self._last_heard[sender] = now
-            entry = self.replica.entries.get(sender)
-            # "Last seen" in the views means last heard from, not last changed; only the
-            # session's own (authenticated) peer can refresh it.
-            if entry is not None and entry.record is not None and (
-                entry.record.record.peer_id == peer
-            ):
-                self.replica.last_seen[sender] = now
+            # "Last seen" in the views means last heard from, not last changed.
+            self.replica.last_seen[sender] = now
         self.stats.msgs_in[type(msg).__name__] += 1
         match msg:
             case Ping():
@@ -423,6 +427,9 @@ class GossipAgent:
         for entry in self.suspicion.due(self.replica.entries, len(self.members()) + 1):
             if entry.session_id == self.session_id:
                 continue
+            if any(f.author == self.peer_id and f.incarnation == entry.incarnation
+                   for f in entry.evicts):
+                continue  # ours is in; the others' timers supply the rest of the quorum
             self.stats.evictions_issued += 1
             self._publish(make_fact(self.owner.signer, FactKind.EVICT, entry.session_id,
                                     entry.incarnation, self.clock.wall()))
@@ -499,6 +506,8 @@ class GossipAgent:
         while True:
             await self.clock.sleep(self.config.gc_interval_s)
             self.replica.collect()
+            for sid in [s for s in self._last_heard if s not in self.replica.entries]:
+                del self._last_heard[sid]
             rec = self.owner.record
             if (rec.state is not Lifecycle.LEFT and not self.evicted and self.clock.wall()
                     - rec.updated_at > self.config.gc.refresh_interval_s):

@@ -7,8 +7,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from llmfabric.ingress.paths import PASSTHROUGH_PATHS
+from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import NodeRecord
-from llmfabric.routing.candidates import Candidate, candidates_by_model, model_is_known
+from llmfabric.routing.candidates import (
+    Candidate,
+    Identify,
+    candidates_by_model,
+    model_is_known,
+)
 
 RecordsFn = Callable[[], Iterable[tuple[NodeRecord, bool]]]
 
@@ -38,20 +44,26 @@ class RecordsCandidateSource:
 
     The index is rebuilt at most once per `version()` change when a version callable is given
     (e.g. the replica's merge counter); without one it is rebuilt on every lookup.
+    Provider identities come from `identify` (registry.provider): by default the key
+    fingerprint, never the record's free-text provider name.
     """
 
-    def __init__(self, records: RecordsFn, version: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, records: RecordsFn, version: Callable[[], int] | None = None,
+        identify: Identify = key_fingerprint_identity,
+    ) -> None:
         self._records = records
         self._version = version
+        self._identify = identify
         self._seen: int | None = None
         self._index: dict[str, list[Candidate]] = {}
 
     def _fresh(self) -> dict[str, list[Candidate]]:
         if self._version is None:
-            return candidates_by_model(self._records())
+            return candidates_by_model(self._records(), self._identify)
         v = self._version()
         if v != self._seen:
-            self._index = candidates_by_model(self._records())
+            self._index = candidates_by_model(self._records(), self._identify)
             self._seen = v
         return self._index
 

@@ -30,6 +30,9 @@ from llmfabric.gossip.wire import Ack, Message, Ping, PingReq, WireItem
 from llmfabric.membership.health import LocalHealth
 from llmfabric.net.transport import PeerId
 
+# Outstanding indirect probes we relay for others; a member flooding PING_REQs gets no more.
+MAX_RELAYS = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Member:
@@ -48,6 +51,7 @@ class ProbeStats:
     spared_lag: int = 0  # our own timers fired late (starved loop): one more ping was sent
     loop_lag: int = 0  # probe periods that started late (each raises the local health score)
     spared_unhealthy: int = 0  # no accusation while our own health score is above half its max
+    ping_reqs_refused: int = 0  # PING_REQs beyond MAX_RELAYS outstanding relays
 
 
 class Prober:
@@ -208,6 +212,9 @@ class Prober:
         for s, (_, _, until) in list(self._relays.items()):
             if until < now:
                 del self._relays[s]
+        if len(self._relays) >= MAX_RELAYS:  # a flood of PING_REQs: serve no more for now
+            self.stats.ping_reqs_refused += 1
+            return
         seq = self._next_seq()
         self._relays[seq] = (asker, req.seq, now + self._cfg.probe_interval_s * 2)
         self.stats.ping_reqs_served += 1

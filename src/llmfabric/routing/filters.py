@@ -10,9 +10,11 @@ from llmfabric.routing.request import RouteRequest
 
 
 def trust_filter(candidates: Sequence[Candidate], allow: frozenset[str] | None) -> list[Candidate]:
-    """Keep only candidates whose provider id is in the allowlist (None: no restriction)."""
+    """Keep only candidates whose (verified) provider id is in the allowlist (None: no
+    restriction). A candidate matched by an alias that is another provider's model id is
+    kept only when the allowlist names its provider (the caller asked for it)."""
     if allow is None:
-        return list(candidates)
+        return [c for c in candidates if not c.alias_conflict]
     return [c for c in candidates if c.provider_id in allow]
 
 

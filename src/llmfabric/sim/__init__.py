@@ -18,6 +18,8 @@ Files -> concepts
 - topology.py     network graph (GPUs, switches; NVLink/PCIe/Ethernet/WAN edges with capacity
                   and latency; YAML), shortest/widest paths, `pair_link`, `bandwidth_matrix`;
                   generators `fat_tree_tracks` (HeroServe) and `cloud_instances` (ThunderServe).
+- netsim.py       flow-level network simulator: flows on paths over full-duplex links, max-min
+                  fair sharing (progressive filling), event driven; link utilisation over time.
 - linkmatrix.py   LinkMatrix: one Link per (prefill, decode) replica pair or GPU pair; CSV
                   loader (GB/s or Gbps), `from_topology`, `reduce` to replica pairs.
 - layersplit.py   memory-aware layer splits: per-stage layer caps that keep KV room,
@@ -26,18 +28,25 @@ Files -> concepts
 - workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace; prefix groups
                   (`with_prefixes`) for prefix-aware routing.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
-                  (admission, chunked prefill, preemption by recompute), closed-form stretches;
+                  (admission, chunked prefill, preemption by recompute, no-evict admission,
+                  engine CPU time per step), closed-form stretches; `EngineConfig.for_engine`;
                   drain-free `Replica.set_role`, `pause`/`resume`.
 - pipeline.py     pipelined PP (`EngineConfig.pp_microbatch`): per-stage step costs, micro-batches
                   overlapping across stages (step = PP x slowest stage; one sequence: the sum).
 - pdrouting.py    PDRouting(x, y): fixed prefill/decode fractions by smooth weighted round
                   robin (seeded, deterministic); KV link resolution and per-link FIFO contention.
+- profiles.py     engine profiles by name (vllm, sglang, trtllm, plain): scheduling policy,
+                  batch limits, KV memory, fitted CPU / front-end / client-drift terms.
+- closedloop.py   `simulate_closed_loop`: concurrency-bound clients that drift apart (seeded),
+                  ClosedLoopResult with steady-state (first wave excluded) TTFT/TPOT.
+- e2e.py          replay measured end-to-end rows (CSV) through closed loops: predicted vs
+                  measured TTFT/TPOT, MAPE overall / per GPU / per backend.
 - routers.py      router policies by name (ROUTERS); names shared with routing.policies mean
                   the same policy (random, round_robin, weighted, least_outstanding = power of
                   two choices, prefix_affinity); plus prefix_bounded_load (eps), prefix_hash,
                   join_shortest_queue, least_work, power_of_two.
 - serving.py      `simulate_replica`, `simulate_cluster`, `simulate_disaggregated`,
-                  `simulate_closed_loop`, `max_sustainable_rate`.
+                  `max_sustainable_rate`.
 - results.py      ServingResult (TTFT/TPOT/E2E per request, throughput, SLO attainment,
                   utilisation over time), SLO.
 - errors.py       SimError hierarchy.
@@ -58,13 +67,16 @@ Stable API (used by engines/ and scheduler/):
     simulate_disaggregated(prefill_specs, decode_specs, workload, link | LinkMatrix, *,
         routing=PDRouting(x, y), kv_bits=4, kv_group=64, link_contention=False)
     Topology / fat_tree_tracks / cloud_instances (sim.topology): pair_link, bandwidth_matrix
-    simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens)
+    simulate_closed_loop(model, gpu, tp, concurrency, n_requests, input_tokens, output_tokens,
+                         engine_profile="vllm") -> ClosedLoopResult (steady_ttft_s, ...)
+    EngineConfig.for_engine("sglang", **overrides);  e2e.replay("rows.csv") -> dict
     max_sustainable_rate(model, gpu, tp, input_tokens, output_tokens, SLO(...)) -> req/s
     poisson(rate, duration, input_tokens, output_tokens, seed) -> Workload (also gamma,
         on_off, replay, load_trace)
 """
 
 from llmfabric.sim.calibration import DEFAULT_EFFICIENCY, Efficiency, efficiency_for
+from llmfabric.sim.closedloop import ClosedLoopResult, simulate_closed_loop
 from llmfabric.sim.costs import StepCostModel, cost_model, decode_step_time, prefill_time
 from llmfabric.sim.engine import EngineConfig
 from llmfabric.sim.errors import (
@@ -91,12 +103,12 @@ from llmfabric.sim.parallel import (
     make_deployment,
 )
 from llmfabric.sim.pdrouting import PDRouting
+from llmfabric.sim.profiles import PROFILES, EngineProfile, get_profile
 from llmfabric.sim.results import SLO, ServingResult
 from llmfabric.sim.routers import ROUTERS
 from llmfabric.sim.serving import (
     ReplicaSpec,
     max_sustainable_rate,
-    simulate_closed_loop,
     simulate_cluster,
     simulate_disaggregated,
     simulate_replica,
@@ -106,11 +118,14 @@ from llmfabric.sim.workload import Workload, gamma, load_trace, on_off, poisson,
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
+    "PROFILES",
     "ROUTERS",
     "SLO",
+    "ClosedLoopResult",
     "Deployment",
     "Efficiency",
     "EngineConfig",
+    "EngineProfile",
     "GPUSpec",
     "InfeasibleError",
     "Link",
@@ -140,6 +155,7 @@ __all__ = [
     "gamma",
     "get_gpu",
     "get_model",
+    "get_profile",
     "kv_transfer_bytes",
     "kv_transfer_time",
     "kv_transfer_time_staged",

@@ -66,6 +66,8 @@ def op_time(op: OpCost, gpu: GPUSpec, eff: Efficiency, dtype_bits: int = 16, *,
     """Roofline time of one operator: R(compute, memory) + kernel overhead. `warm_l2`: see
     `memory_bandwidth` (`working_set` defaults to the operator's own bytes)."""
     peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
+    if op.tensor and dtype_bits <= 8:
+        peak *= eff.low_precision_compute
     ws = op.bytes if working_set is None else working_set
     bw = memory_bandwidth(gpu, eff, ws, warm_l2)
     return float(roofline(op.flops / peak, op.bytes / bw, eff.roofline_p)) + eff.kernel_overhead_s
@@ -121,8 +123,11 @@ def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: E
                   dtype_bits: int) -> FloatArray:
     total = np.zeros_like(m)
     bw = gpu.mem_bw * eff.memory
+    tensor_peak = gpu.flops(dtype_bits) * eff.compute
+    if dtype_bits <= 8:
+        tensor_peak *= eff.low_precision_compute
     for op in ops:
-        peak = gpu.flops(dtype_bits) * eff.compute if op.tensor else gpu.fp32_flops * eff.vector
+        peak = tensor_peak if op.tensor else gpu.fp32_flops * eff.vector
         compute = op.flops_per_token * m / peak
         memory = (op.weights_touched(m) + op.act_bytes_per_token * m) / bw
         total += roofline(compute, memory, eff.roofline_p) + eff.kernel_overhead_s
@@ -280,7 +285,8 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
                      table_tokens: int = DEFAULT_TABLE_TOKENS) -> StepCostModel:
     """Tabulate the step costs of `dep`; `efficiency` overrides the per-GPU calibration."""
     model = dep.model
-    bits = min(model.weight_bits, model.act_bits) if model.weight_bits >= 8 else model.act_bits
+    bits = model.matmul_bits
+    attn_bits = max(bits, 8)  # FP4 GEMMs; attention runs FP8 at the narrowest
     stages = tuple(
         _StageCoeffs(s.gpu, efficiency or efficiency_for(s.gpu), s.tp, s.n_layers, bits)
         for s in dep.stages
@@ -300,7 +306,7 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         # decode: 1 query per sequence; score+value FLOPs and K/V bytes per cached token
         one = attention_decode_ops(model, st.tp, 1, 1.0)
         zero = attention_decode_ops(model, st.tp, 1, 0.0)
-        peak = st.gpu.flops(bits) * st.eff.attention
+        peak = st.gpu.flops(attn_bits) * st.eff.attention
         bw = st.gpu.mem_bw * st.eff.memory
         mm_tok = sum(a.flops - b.flops for a, b in zip(one, zero, strict=True) if a.tensor)
         kv_tok = sum(a.bytes - b.bytes for a, b in zip(one, zero, strict=True))

@@ -16,7 +16,11 @@ Scheduling (vLLM V0 default; V1 with `chunked_prefill=True`):
   sequence still prefilling counts as newer than every decoding one; its reserved prompt is
   released); with chunked prefill a prompt is admitted only if one step of the running
   decodes still fits after it. So the KV in use never exceeds the capacity (`kv_peak_tokens`);
-- KV is counted in tokens with half a block of fragmentation per sequence.
+- KV is counted in tokens with half a block of fragmentation per sequence;
+- engine profiles (`profiles.py`, `EngineConfig.for_engine`) add the engine's CPU time per
+  iteration (`step_cpu_s` + `step_cpu_per_seq_s` x sequences) and, with `no_evict`,
+  TensorRT-LLM's admission (a request only with KV for its whole remaining output: no
+  preemption, the queue waits instead).
 Roles: "both" (default), "prefill" (hands each request off after its first token), "decode"
 (receives requests whose KV was transferred; they join without prefill compute).
 `set_role` flips the role mid-run without draining (requests already on the replica finish
@@ -33,13 +37,14 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from llmfabric.sim.costs import StepCostModel
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.pipeline import PipelineCost
+from llmfabric.sim.profiles import get_profile
 
 Role = Literal["both", "prefill", "decode"]
 INF = float("inf")
@@ -55,12 +60,37 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_capacity_tokens: int | None = None  # None: from the memory plan
     pp_microbatch: bool = False  # PP: overlap micro-batches across stages (vLLM); else serial
+    # engine CPU time around the GPU (engine profiles): per iteration, and per running
+    # sequence per iteration; both depend on the batch only, so stretches stay closed form
+    step_cpu_s: float = 0.0
+    step_cpu_per_seq_s: float = 0.0
+    # admit a request only if the KV of its whole output fits beside every admitted sequence's
+    # remaining output (TensorRT-LLM's GUARANTEED_NO_EVICT): queues instead of preempting
+    no_evict: bool = False
+    # > 0: the KV cache takes this share of the memory left after weights and the runtime
+    # reserve (TensorRT-LLM's free_gpu_memory_fraction) instead of gpu_memory_utilization
+    kv_fraction_of_free: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
             raise SpecError("max_num_seqs, max_batched_tokens and block_size must be >= 1")
         if not 0 <= self.watermark < 1 or not 0 < self.gpu_memory_utilization <= 1:
             raise SpecError("watermark must be in [0, 1) and gpu_memory_utilization in (0, 1]")
+        if not 0 <= self.kv_fraction_of_free <= 1:
+            raise SpecError("kv_fraction_of_free must be in [0, 1] (0: gpu_memory_utilization)")
+        if not self.step_cpu_s >= 0 or not self.step_cpu_per_seq_s >= 0:
+            raise SpecError("step_cpu_s and step_cpu_per_seq_s must be >= 0 seconds")
+
+    @classmethod
+    def for_engine(cls, name: str, **overrides: Any) -> EngineConfig:
+        """The defaults of a real engine ("vllm", "sglang", "trtllm": `profiles.PROFILES`),
+        with `overrides` of any field, e.g. `EngineConfig.for_engine("sglang",
+        max_num_seqs=512)`."""
+        return cls(**{**get_profile(name).config_kwargs(), **overrides})
+
+    def cpu_time(self, n_seqs: int) -> float:
+        """Engine CPU seconds of one iteration over `n_seqs` sequences."""
+        return self.step_cpu_s + self.step_cpu_per_seq_s * n_seqs
 
 
 class RequestBook:
@@ -123,9 +153,11 @@ class Replica:
             dec = cost.lin[:n] + cost.head[:n] + cost.decode_per_sequence * np.arange(n)
             self._dec_a: list[float] = [float(x) + cost.decode_wave_time(b)
                                         + cost.step_overhead_s + cost.decode_overhead_adjust_s
+                                        + config.cpu_time(b)
                                         for b, x in enumerate(dec)]
         else:
-            self._dec_a = [cost.decode_step_time(b, 0.0) for b in range(n)]
+            self._dec_a = [cost.decode_step_time(b, 0.0) + config.cpu_time(b)
+                           for b in range(n)]
         self._g = [cost.decode_context_coeff(b) for b in range(n)]  # G(B)
         self._frag = config.block_size / 2.0
         self._pipe = (PipelineCost(cost) if config.pp_microbatch and cost.deployment.pp > 1
@@ -154,7 +186,8 @@ class Replica:
             entry: _Wait = (rid, 0, prompt, output - 1, False)
         else:
             entry = (rid, prompt, 0, output - 1, True)
-        if prompt + 1 + self._frag > self.capacity:
+        longest = prompt + (output if self.config.no_evict else 1)
+        if longest + self._frag > self.capacity:
             self.book.truncated[rid] = True  # can never fit: rejected like an over-long prompt
             return
         self.waiting.append(entry)
@@ -215,6 +248,11 @@ class Replica:
         idle. For closed-loop drivers that react to each completion."""
         return self._step(INF)
 
+    def step_until(self, t: float) -> bool:
+        """As `step`, but a decode stretch also ends at the first step ending at or after `t`
+        (drivers with timed inputs: the step that spans `t` is the last one run)."""
+        return self._step(t)
+
     def _step(self, t_limit: float) -> bool:
         """One iteration or stretch; False if idle (or paused)."""
         if self.paused:
@@ -231,6 +269,8 @@ class Replica:
 
     def _admissible(self, entry: _Wait, extra: int) -> bool:
         need = entry[1] + entry[2] + self._frag
+        if self.config.no_evict:  # reserve the remaining output of everything admitted
+            need += entry[3] + self._future_tokens()
         return self._usage() + extra + need <= self.capacity
 
     def _prefill_step(self) -> bool:
@@ -249,14 +289,15 @@ class Replica:
             self.queued_tokens -= entry[1]
             batch.append(entry)
             tokens += entry[1]
-            reserved += entry[1] + entry[2] + self._frag
+            reserved += entry[1] + entry[2] + self._frag + (entry[3] if cfg.no_evict else 0)
         if not batch:
             return False
         lens = [e[1] for e in batch if e[1] > 0]
         if lens:
             start = self.now
             pipe = self._pipe
-            self.now += pipe.prefill_time(lens) if pipe else self.cost.prefill_time(lens)
+            self.now += ((pipe.prefill_time(lens) if pipe else self.cost.prefill_time(lens))
+                         + cfg.cpu_time(len(lens)))
             self._record(start, tokens)
         for rid, comp, cached, steps_left, emit in batch:
             self._join(rid, comp + cached, steps_left, emit and comp > 0)
@@ -319,8 +360,9 @@ class Replica:
         n_dec = len(self.running)
         start = self.now
         pipe = self._pipe
-        self.now += (pipe.mixed_step_time(n_dec, self.ctx, chunks, len(done)) if pipe
-                     else self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done)))
+        self.now += ((pipe.mixed_step_time(n_dec, self.ctx, chunks, len(done)) if pipe
+                      else self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done)))
+                     + cfg.cpu_time(n_dec + len(chunks)))
         self._record(start, n_dec + sum(c for c, _ in chunks))
         if n_dec:
             self.gstep += 1
@@ -404,6 +446,12 @@ class Replica:
             else:
                 break
         return True
+
+    def _future_tokens(self) -> int:
+        """KV tokens the admitted sequences will still add (their remaining decode steps)."""
+        g = self.gstep
+        return (sum(fin - g for _, _, fin in self.running.values())
+                + sum(item[3] for item in self.prefilling))
 
     def _note_peak(self) -> None:
         usage = self._usage()

@@ -48,9 +48,12 @@ class GPUSpec:
     # the built-in GPU whose fitted calibration (efficiency factors, all-reduce) this one uses
     # when it has none of its own: set for YAML GPUs built on `base:`; "" = none
     calibration_of: str = ""
+    fp4_flops: float = 0.0  # FP4 (NVFP4/MXFP4) tensor core, dense; 0 = not native (Blackwell+)
 
     def flops(self, dtype_bits: int) -> float:
         """Peak dense matmul FLOP/s for operands of `dtype_bits` (falls back to a wider dtype)."""
+        if dtype_bits <= 4 and self.fp4_flops > 0:
+            return self.fp4_flops
         if dtype_bits <= 8:
             best = self.fp8_flops if self.fp8_flops > 0 else self.int8_flops
             return best if best > 0 else self.fp16_flops
@@ -74,6 +77,7 @@ def _g(
     inter_gbs: float = 25.0,
     l2_mb: float = 0.0,
     sms: int = 0,
+    fp4: float = 0.0,
 ) -> GPUSpec:
     return GPUSpec(
         name=name,
@@ -91,6 +95,7 @@ def _g(
         aliases=aliases,
         l2_bytes=l2_mb * MIB,
         sm_count=sms,
+        fp4_flops=fp4 * TERA,
     )
 
 
@@ -113,6 +118,16 @@ BUILTIN_GPUS: tuple[GPUSpec, ...] = (
        "h200-sxm", "h200_sxm", "h200-141gb", l2_mb=50, sms=132),
     _g("GH200", 67, 989, 1979, 1979, 4000, 96, "nvlink", 450, 1.49,
        "gh200-96gb", "gh200_480gb", "grace-hopper", l2_mb=50, sms=132),
+    # Blackwell. HGX B200 (1000 W) and the B200 of a GB200 NVL72 (1200 W): dense peaks from
+    # NVIDIA's HGX/DGX B200 and GB200 NVL72 datasheets (per-GPU = system figure / GPUs, halved
+    # for sparsity), tabulated per GPU at https://glennklockwood.com/garden/processors/B200;
+    # HBM3e 8 TB/s; B200 180 GB (HGX B200: 1,440 GB for 8 GPUs), GB200 186 GB (NVL72: 13.4 TB
+    # for 72); NVLink 5: 1.8 TB/s both directions = 900 GB/s each way; 148 SMs. L2 is left
+    # unknown (0): it is used only to predict warm-cache microbenchmarks.
+    _g("B200", 80, 2250, 4500, 4500, 8000, 180, "nvlink", 900, None,
+       "b200-sxm", "b200_sxm", "hgx-b200", "b200-180gb", sms=148, fp4=9000),
+    _g("GB200", 90, 2500, 5000, 5000, 8000, 186, "nvlink", 900, None,
+       "gb200-nvl72", "gb200_nvl72", "gb200-b200", sms=148, fp4=10000),
     _g("L40S", 91.6, 362, 733, 733, 864, 48, "pcie", 32, None, "l40s-48gb", l2_mb=96, sms=142),
     _g("L40", 90.5, 181, 362, 362, 864, 48, "pcie", 32, None, "l40-48gb", l2_mb=96, sms=142),
     _g("A40", 37.4, 149.7, 0, 299.3, 696, 48, "pcie", 32, None, "a40-48gb", l2_mb=6, sms=84),
@@ -202,6 +217,7 @@ _YAML_FIELDS = {
     "fp16_tflops": ("fp16_flops", TERA),
     "bf16_tflops": ("fp16_flops", TERA),
     "fp8_tflops": ("fp8_flops", TERA),
+    "fp4_tflops": ("fp4_flops", TERA),
     "int8_tops": ("int8_flops", TERA),
     "int8_tflops": ("int8_flops", TERA),
     "mem_bw_gbs": ("mem_bw", GB),

@@ -38,6 +38,9 @@ class ModelSpec:
     act_bits: int = 16
     max_context: int = 4096
     aliases: tuple[str, ...] = ()
+    # operand precision of the linear layers' GEMMs (W8A8 FP8: 8, NVFP4 W4A4: 4); 0 = derived:
+    # 8-bit weights run at the FP8/INT8 peak, narrower weights are dequantized to act_bits
+    gemm_bits: int = 0
 
     def __post_init__(self) -> None:
         for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
@@ -51,6 +54,15 @@ class ModelSpec:
         for field in ("weight_bits", "kv_bits", "act_bits"):
             if getattr(self, field) not in (4, 8, 16, 32):
                 raise SpecError(f"model {self.name!r}: {field} must be 4, 8, 16 or 32")
+        if self.gemm_bits not in (0, 4, 8, 16, 32):
+            raise SpecError(f"model {self.name!r}: gemm_bits must be 0 (derived), 4, 8, 16 or 32")
+
+    @property
+    def matmul_bits(self) -> int:
+        """Operand bits of the linear GEMMs (selects the tensor-core peak)."""
+        if self.gemm_bits:
+            return self.gemm_bits
+        return min(self.weight_bits, self.act_bits) if self.weight_bits >= 8 else self.act_bits
 
     @property
     def q_dim(self) -> int:
@@ -92,11 +104,16 @@ class ModelSpec:
         return 2 * self.n_layers * self.kv_dim * self.kv_bits / 8
 
     def with_quantization(self, weight_bits: int | None = None,
-                          kv_bits: int | None = None) -> ModelSpec:
+                          kv_bits: int | None = None,
+                          gemm_bits: int | None = None) -> ModelSpec:
+        """Weight/KV bytes (`weight_bits`, `kv_bits`) and, with `gemm_bits`, the GEMM operand
+        precision: `with_quantization(8, 8)` is FP8 weights and KV (W8A8: FP8 peak);
+        `with_quantization(4, 8, gemm_bits=4)` is NVFP4 (W4A4 at the FP4 peak)."""
         return dataclasses.replace(
             self,
             weight_bits=self.weight_bits if weight_bits is None else weight_bits,
             kv_bits=self.kv_bits if kv_bits is None else kv_bits,
+            gemm_bits=self.gemm_bits if gemm_bits is None else gemm_bits,
         )
 
 

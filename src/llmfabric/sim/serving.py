@@ -55,7 +55,8 @@ def _kv_capacity(spec: ReplicaSpec) -> int:
     cfg = spec.config
     if cfg.kv_capacity_tokens is not None:
         return cfg.kv_capacity_tokens
-    plan = memory_plan(spec.deployment, gpu_memory_utilization=cfg.gpu_memory_utilization,
+    util = 1.0 if cfg.kv_fraction_of_free > 0 else cfg.gpu_memory_utilization
+    plan = memory_plan(spec.deployment, gpu_memory_utilization=util,
                        max_batched_tokens=cfg.max_batched_tokens, block_size=cfg.block_size)
     if not plan.fits:
         dep = spec.deployment
@@ -64,6 +65,9 @@ def _kv_capacity(spec: ReplicaSpec) -> int:
             f"{plan.weight_bytes_per_gpu / 1e9:.1f} GB of weights per GPU leave no KV space; "
             "raise tp/pp, pick a larger GPU or quantize"
         )
+    if cfg.kv_fraction_of_free > 0:  # a share of what weights and runtime leave free
+        blocks = int(plan.kv_capacity_tokens * cfg.kv_fraction_of_free) // cfg.block_size
+        return blocks * cfg.block_size
     return plan.kv_capacity_tokens
 
 
@@ -279,40 +283,6 @@ def simulate_disaggregated(prefill: Sequence[ReplicaSpec], decode: Sequence[Repl
     for r in dec:
         r.drain()
     return _result(workload, book, pre + dec, slo)
-
-
-def simulate_closed_loop(model: ModelSpec | str, gpu: GPUSpec | str, tp: int, concurrency: int,
-                         n_requests: int, input_tokens: int, output_tokens: int, *, pp: int = 1,
-                         config: EngineConfig | None = None, slo: SLO | None = None,
-                         efficiency: Efficiency | None = None) -> ServingResult:
-    """`concurrency` clients, each sending its next request the moment the previous one
-    completes (as `vllm bench serve --max-concurrency C --request-rate inf`), until
-    `n_requests` have been sent. Arrival times in the result are the send times."""
-    if concurrency < 1 or n_requests < 1:
-        raise SpecError("closed loop needs concurrency >= 1 and n_requests >= 1")
-    dep = make_deployment(get_model(model), get_gpu(gpu), tp, pp)
-    spec = ReplicaSpec(dep, config or EngineConfig(), efficiency)
-    arrival = [0.0] * n_requests
-    book = RequestBook(arrival, [input_tokens] * n_requests, [output_tokens] * n_requests)
-    (rep,) = _replicas([spec], book)
-    finish = book.finish
-    outstanding: set[int] = set()
-    sent = 0
-    while True:
-        while sent < n_requests and len(outstanding) < concurrency:
-            arrival[sent] = rep.now
-            rep.submit(sent, input_tokens, output_tokens)
-            outstanding.add(sent)
-            sent += 1
-        progressed = rep.step()
-        outstanding = {rid for rid in outstanding
-                       if math.isnan(finish[rid]) and not book.truncated[rid]}
-        if not progressed and sent >= n_requests:
-            break
-    times = np.asarray(arrival, dtype=np.float64)
-    wl = Workload(times, np.full(n_requests, input_tokens, dtype=np.int64),
-                  np.full(n_requests, output_tokens, dtype=np.int64))
-    return _result(wl, book, [rep], slo)
 
 
 def max_sustainable_rate(model: ModelSpec | str, gpu: GPUSpec | str, tp: int,

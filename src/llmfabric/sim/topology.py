@@ -367,7 +367,7 @@ class Topology:
                 topo.add_edge(e["a"], e["b"], str(e["kind"]), gbps=_opt(e, "gbps"),
                               gbs=_opt(e, "gbs"), bytes_per_s=_opt(e, "bytes_per_s"),
                               latency_s=lat)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise SpecError(f"bad topology entry: {exc!r}") from None
         return topo
 

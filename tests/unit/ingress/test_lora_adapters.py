@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfabric.agent.supervisor import served_models
+from llmfabric.agent.facts import served_models
 from llmfabric.ingress.sources import StaticCandidateSource, merged_catalog
 from llmfabric.registry.codec import decode_record_body, encode_body
 from llmfabric.registry.records import (

@@ -1,0 +1,189 @@
+"""End-to-end serving fidelity: replay every measured row of the e2e calibration file.
+
+    .venv/bin/python benchmarks/sim_e2e.py --json results/sim_e2e.json     # (+ .md)
+    .venv/bin/python benchmarks/sim_e2e.py --fit      # refit the engine profiles' CPU terms
+
+Data: `e2e/serving_e2e_calibration.csv` in the shared data directory ($LLMFABRIC_SHARED_DATA,
+default ../shared/data; see its README for source and licence): real vLLM, SGLang and
+TensorRT-LLM runs at a fixed concurrency. Every row is replayed by `llmfabric.sim.e2e.replay`
+(the same method as `llmfabric simulate e2e`): a closed loop at the row's concurrency with the
+row's engine profile, steady-state means (first wave excluded).
+
+Split inside the file: HOLDOUT = every B200 and GB200 row (two whole GPUs) and every
+Llama-3.1-8B row (a whole model); FIT = the rest (H100: Qwen3-32B on all three engines,
+Llama-3.1-70B on vLLM). `--fit` fits only the engine profiles' CPU and client terms (per-step
+and per-sequence CPU time, front-end latency, client jitter) per backend on the FIT rows, by
+coordinate descent over a grid, and prints them; the shipped values live in
+`llmfabric/sim/profiles.py`. The GPU efficiency factors are NOT fitted here (they come from the
+operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
+
+Reported: TTFT and TPOT MAPE overall, on the fit and holdout rows, per GPU and per backend,
+and the GPU ordering (for every pair of rows that differ only in the GPU, does the simulator
+order the two GPUs as the measurement does, for TTFT and for TPOT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import write_results
+
+from llmfabric.sim import e2e
+from llmfabric.sim.profiles import PROFILES, EngineProfile
+
+HERE = Path(__file__).resolve().parent
+HOLDOUT_GPUS = ("b200_sxm", "gb200")
+HOLDOUT_MODELS = ("meta-llama/Llama-3.1-8B-Instruct",)
+FIT_PARAMS: dict[str, tuple[float, ...]] = {
+    "step_cpu_s": (0.0, 0.5e-3, 1e-3, 2e-3, 3e-3, 5e-3),
+    "step_cpu_per_seq_s": (0.0, 5e-6, 1e-5, 2e-5, 4e-5, 8e-5),
+    "request_overhead_s": (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12),
+    "output_jitter_tokens": (0.0, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0),
+    "client_jitter_s": (0.0, 0.01, 0.03, 0.1),
+}
+
+
+def shared_data() -> Path:
+    env = os.environ.get("LLMFABRIC_SHARED_DATA")
+    return Path(env) if env else HERE.parent.parent / "shared" / "data"
+
+
+def fold(row: e2e.E2ERow | dict[str, Any]) -> str:
+    gpu = row.gpu if isinstance(row, e2e.E2ERow) else row["gpu"]
+    model = row.model if isinstance(row, e2e.E2ERow) else row["model"]
+    return "holdout" if gpu in HOLDOUT_GPUS or model in HOLDOUT_MODELS else "fit"
+
+
+def gpu_ordering(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pairs of rows equal in everything but the GPU: is the faster GPU predicted faster?"""
+    keys = ("model", "backend", "precision", "gemm_quant", "tp", "isl", "osl", "concurrency")
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        if "error" not in r:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out: dict[str, Any] = {"pairs": 0, "ttft_right": 0, "tpot_right": 0, "wrong": []}
+    for rows in groups.values():
+        for a, b in itertools.combinations(rows, 2):
+            if a["gpu"] == b["gpu"]:
+                continue
+            out["pairs"] += 1
+            for metric in ("ttft", "tpot"):
+                meas = a[f"{metric}_ms"] - b[f"{metric}_ms"]
+                pred = a[f"pred_{metric}_ms"] - b[f"pred_{metric}_ms"]
+                if meas * pred > 0:
+                    out[f"{metric}_right"] += 1
+                else:
+                    out["wrong"].append({"metric": metric, **{k: a[k] for k in keys},
+                                         "gpus": [a["gpu"], b["gpu"]],
+                                         "measured_ms": [a[f"{metric}_ms"], b[f"{metric}_ms"]],
+                                         "predicted_ms": [a[f"pred_{metric}_ms"],
+                                                          b[f"pred_{metric}_ms"]]})
+    return out
+
+
+def _objective(summary: dict[str, Any]) -> float:
+    block = summary["all"]
+    if not block["n"]:
+        return math.inf
+    return float(block["ttft_mape"] + block["tpot_mape"])
+
+
+def fit_profiles(rows: list[e2e.E2ERow], waves: int,
+                 backends: list[str] | None = None) -> dict[str, EngineProfile]:
+    """Coordinate descent per backend over FIT_PARAMS on the given (fit) rows."""
+    fitted = dict(PROFILES)
+    for backend in backends or sorted({r.backend for r in rows}):
+        mine = [r for r in rows if r.backend == backend]
+        prof = PROFILES[backend]
+
+        def score(p: EngineProfile, mine: list[e2e.E2ERow] = mine,
+                  backend: str = backend) -> float:
+            return _objective(e2e.replay(mine, waves=waves, profiles={backend: p})["summary"])
+
+        best = score(prof)
+        for _sweep in range(2):
+            changed = False
+            for name, grid in FIT_PARAMS.items():
+                for value in grid:
+                    cand = dataclasses.replace(prof, **{name: value})
+                    s = score(cand)
+                    if s < best - 1e-9:
+                        best, prof, changed = s, cand, True
+            if not changed:
+                break
+        print(f"{backend}: objective {best:.2f} "
+              + ", ".join(f"{k}={getattr(prof, k)}" for k in FIT_PARAMS), flush=True)
+        fitted[backend] = prof
+    return fitted
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", type=Path, default=None, help="write JSON here (+ .md)")
+    ap.add_argument("--csv", type=Path, default=None,
+                    help="rows to replay (default: the shared calibration file)")
+    ap.add_argument("--waves", type=int, default=e2e.DEFAULT_WAVES,
+                    help="requests per client in each closed loop")
+    ap.add_argument("--fit", action="store_true", help="refit the profiles on the fit rows")
+    ap.add_argument("--fit-backends", default=None,
+                    help="comma-separated backends to refit (default: all)")
+    args = ap.parse_args()
+    path = args.csv or shared_data() / "e2e" / "serving_e2e_calibration.csv"
+    if not path.is_file():
+        sys.exit(f"e2e calibration data not found at {path}; set LLMFABRIC_SHARED_DATA")
+    rows = e2e.read_rows(path)
+    profiles = None
+    if args.fit:
+        only = args.fit_backends.split(",") if args.fit_backends else None
+        profiles = fit_profiles([r for r in rows if fold(r) == "fit"], args.waves, only)
+    t0 = time.perf_counter()
+    out = e2e.replay(rows, waves=args.waves, profiles=profiles)
+    wall = time.perf_counter() - t0
+    recs = out["rows"]
+    for r in recs:
+        r["fold"] = fold(r)
+    summary = out["summary"]
+    summary["fit"] = e2e.summarize([r for r in recs if r["fold"] == "fit"])["all"]
+    summary["holdout"] = e2e.summarize([r for r in recs if r["fold"] == "holdout"])
+    ordering = gpu_ordering(recs)
+    table = [{"rows": "all", **summary["all"]}, {"rows": "fit", **summary["fit"]},
+             {"rows": "holdout", **summary["holdout"]["all"]}]
+    table += [{"rows": f"gpu {g}", **v} for g, v in summary["by_gpu"].items()]
+    table += [{"rows": f"backend {b}", **v} for b, v in summary["by_backend"].items()]
+    table += [{"rows": f"holdout gpu {g}", **v}
+              for g, v in summary["holdout"]["by_gpu"].items()]
+    table += [{"rows": f"holdout backend {b}", **v}
+              for b, v in summary["holdout"]["by_backend"].items()]
+    payload = {
+        "ttft_mape_all": summary["all"]["ttft_mape"],
+        "tpot_mape_all": summary["all"]["tpot_mape"],
+        "ttft_mape_holdout": summary["holdout"]["all"]["ttft_mape"],
+        "tpot_mape_holdout": summary["holdout"]["all"]["tpot_mape"],
+        "target_mape_holdout": 10.0,
+        "gpu_ordering": ordering,
+        "profiles": {k: dataclasses.asdict(v) for k, v in (profiles or PROFILES).items()},
+        "split": {"holdout_gpus": HOLDOUT_GPUS, "holdout_models": HOLDOUT_MODELS},
+        "waves": args.waves, "wall_s": wall, "summary": summary, "rows": recs,
+    }
+    write_results(args.json, payload, "Simulator end-to-end serving fidelity", table,
+                  notes=f"{len(recs)} measured rows replayed in {wall:.1f} s; MAPE in percent. "
+                        f"Holdout: GPUs {', '.join(HOLDOUT_GPUS)} and "
+                        f"{', '.join(HOLDOUT_MODELS)}. GPU ordering: {ordering['ttft_right']}"
+                        f" / {ordering['pairs']} pairs right for TTFT, "
+                        f"{ordering['tpot_right']} / {ordering['pairs']} for TPOT.",
+                  columns=("rows", "n", "ttft_mape", "tpot_mape"))
+
+
+if __name__ == "__main__":
+    main()

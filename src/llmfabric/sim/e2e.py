@@ -1,0 +1,164 @@
+"""Replay measured end-to-end serving rows with the simulator: the one replay method.
+
+A row is one benchmark run: model, GPU, backend (engine), precision and GEMM quantization, TP,
+input/output lengths (ISL/OSL), a fixed number of concurrent clients, and the measured mean
+TTFT and TPOT in ms (the columns of `serving_e2e_calibration.csv`, docs/simulator.md). Each
+row is predicted by `simulate_closed_loop` at the row's concurrency with the row's engine
+profile for `waves` x concurrency requests; the prediction is the STEADY-STATE mean (first
+wave excluded), as a benchmark of many requests per client reports it.
+`replay` returns `{"rows": [...], "summary": {"all": {n, ttft_mape, tpot_mape},
+"by_gpu": {...}, "by_backend": {...}}}` (MAPE in percent); rows the simulator cannot run
+(unknown GPU or model, does not fit) carry an `error` and are left out of the MAPE.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmfabric.sim.closedloop import simulate_closed_loop
+from llmfabric.sim.errors import SimError, SpecError
+from llmfabric.sim.hardware import get_gpu
+from llmfabric.sim.models import ModelSpec, get_model
+from llmfabric.sim.profiles import EngineProfile, get_profile
+
+COLUMNS = ("model", "gpu", "backend", "backend_version", "precision", "gemm_quant", "tp",
+           "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
+DEFAULT_WAVES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class E2ERow:
+    model: str
+    gpu: str
+    backend: str
+    backend_version: str
+    precision: str
+    gemm_quant: str
+    tp: int
+    isl: int
+    osl: int
+    concurrency: int
+    ttft_ms: float
+    tpot_ms: float
+
+
+def _positive_int(raw: str, name: str, line: int) -> int:
+    try:
+        value = int(float(raw))
+    except ValueError as exc:
+        raise SpecError(f"row {line}: {name} must be an integer, got {raw!r}") from exc
+    if value < 1 or value != float(raw):
+        raise SpecError(f"row {line}: {name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _measured(raw: str, name: str, line: int) -> float:
+    if raw.strip() == "":
+        return math.nan  # a row to predict, without a measurement
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise SpecError(f"row {line}: {name} must be a number, got {raw!r}") from exc
+    if not (value > 0 and math.isfinite(value)):
+        raise SpecError(f"row {line}: {name} must be > 0 ms, got {raw!r}")
+    return value
+
+
+def read_rows(path: str | Path) -> list[E2ERow]:
+    """Rows of a CSV with the calibration file's columns (extra columns are ignored)."""
+    try:
+        with Path(path).open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise SpecError(f"{path}: missing columns {missing}; need {list(COLUMNS)}")
+            out = []
+            for line, r in enumerate(reader, start=2):
+                out.append(E2ERow(
+                    r["model"].strip(), r["gpu"].strip(), r["backend"].strip().lower(),
+                    r["backend_version"].strip(), r["precision"].strip().lower(),
+                    r["gemm_quant"].strip().lower(),
+                    _positive_int(r["tp"], "tp", line), _positive_int(r["isl"], "isl", line),
+                    _positive_int(r["osl"], "osl", line),
+                    _positive_int(r["concurrency"], "concurrency", line),
+                    _measured(r["ttft_ms"], "ttft_ms", line),
+                    _measured(r["tpot_ms"], "tpot_ms", line)))
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc}") from exc
+    except csv.Error as exc:
+        raise SpecError(f"{path}: not a valid CSV ({exc})") from exc
+    return out
+
+
+def model_for(row: E2ERow) -> ModelSpec:
+    """The row's model with its quantization: `gemm_quant` fp8 = FP8 weights, FP8 GEMMs and
+    FP8 KV cache; nvfp4 = 4-bit weights, FP4 GEMMs and FP8 KV (the NVIDIA ModelOpt
+    checkpoints these runs serve quantize the KV cache to FP8); empty = BF16."""
+    base = get_model(row.model)
+    quant = row.gemm_quant or row.precision
+    if quant in ("", "bf16", "fp16", "bfloat16", "float16"):
+        return base
+    if quant in ("fp8", "fp8_block", "w8a8"):
+        return base.with_quantization(weight_bits=8, kv_bits=8, gemm_bits=8)
+    if quant in ("nvfp4", "fp4", "mxfp4", "w4a4"):
+        return base.with_quantization(weight_bits=4, kv_bits=8, gemm_bits=4)
+    raise SpecError(f"unknown quantization {quant!r}; known: fp8, nvfp4 or empty (bf16)")
+
+
+def predict(row: E2ERow, *, waves: int = DEFAULT_WAVES, seed: int = 0,
+            profile: EngineProfile | None = None) -> tuple[float, float]:
+    """(TTFT ms, TPOT ms) of the row's set-up: steady-state means of a closed loop."""
+    res = simulate_closed_loop(model_for(row), get_gpu(row.gpu), row.tp, row.concurrency,
+                               waves * row.concurrency, row.isl, row.osl,
+                               engine_profile=profile or get_profile(row.backend), seed=seed)
+    return res.steady_ttft_s * 1e3, res.steady_tpot_s * 1e3
+
+
+def _ape(pred: float, meas: float) -> float:
+    return abs(pred / meas - 1.0) * 100.0
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """MAPE (percent) of the records that have a prediction and a measurement: all, by GPU,
+    by backend."""
+    def block(recs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        ok = [r for r in recs if "error" not in r and not math.isnan(r["ttft_ms"])
+              and not math.isnan(r["pred_ttft_ms"]) and not math.isnan(r["pred_tpot_ms"])]
+        n = len(ok)
+        return {"n": n,
+                "ttft_mape": sum(_ape(r["pred_ttft_ms"], r["ttft_ms"]) for r in ok) / n
+                if n else math.nan,
+                "tpot_mape": sum(_ape(r["pred_tpot_ms"], r["tpot_ms"]) for r in ok) / n
+                if n else math.nan}
+
+    by_gpu = {g: block(r for r in records if r["gpu"] == g)
+              for g in sorted({r["gpu"] for r in records})}
+    by_backend = {b: block(r for r in records if r["backend"] == b)
+                  for b in sorted({r["backend"] for r in records})}
+    return {"all": block(records), "by_gpu": by_gpu, "by_backend": by_backend}
+
+
+def replay(rows: str | Path | Sequence[E2ERow], *, waves: int = DEFAULT_WAVES, seed: int = 0,
+           profiles: dict[str, EngineProfile] | None = None) -> dict[str, Any]:
+    """Predict every row; see the module docstring for the JSON shape. `profiles` replaces
+    the engine profile of a backend (fitting)."""
+    if waves < 2:
+        raise SpecError("waves must be >= 2 (the first wave is excluded from the steady state)")
+    table = read_rows(rows) if isinstance(rows, (str, Path)) else list(rows)
+    records: list[dict[str, Any]] = []
+    for row in table:
+        rec: dict[str, Any] = {c: getattr(row, c) for c in COLUMNS}
+        try:
+            prof = (profiles or {}).get(row.backend) or get_profile(row.backend)
+            rec["pred_ttft_ms"], rec["pred_tpot_ms"] = predict(row, waves=waves, seed=seed,
+                                                               profile=prof)
+        except SimError as exc:
+            rec["pred_ttft_ms"] = rec["pred_tpot_ms"] = math.nan
+            rec["error"] = str(exc)
+        records.append(rec)
+    return {"rows": records, "summary": summarize(records)}

@@ -1,0 +1,149 @@
+"""`sim.e2e`: reading measured rows, quantization, MAPE, the replay's JSON shape, the CLI, and
+the calibration file itself (data-dependent: fails in CI when the data is missing)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmfabric.cli.main import cli
+from llmfabric.sim import SpecError, e2e, get_gpu
+
+pytestmark = pytest.mark.unit
+HEADER = ",".join(e2e.COLUMNS)
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _csv(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "rows.csv"
+    path.write_text("\n".join((HEADER, *lines)) + "\n")
+    return path
+
+
+def _row(**kw: object) -> e2e.E2ERow:
+    base: dict[str, object] = {
+        "model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "h100_sxm", "backend": "vllm",
+        "backend_version": "", "precision": "", "gemm_quant": "", "tp": 1, "isl": 512,
+        "osl": 64, "concurrency": 4, "ttft_ms": 50.0, "tpot_ms": 8.0}
+    base.update(kw)
+    return e2e.E2ERow(**base)  # type: ignore[arg-type]
+
+
+def test_read_rows_parses_and_rejects_hostile_input(tmp_path: Path) -> None:
+    ok = _csv(tmp_path, "Qwen/Qwen3-32B,h200_sxm,SGLang,0.5,fp8,fp8,2,1024,128,16,840.5,16.5")
+    (row,) = e2e.read_rows(ok)
+    assert (row.backend, row.gemm_quant, row.tp, row.concurrency) == ("sglang", "fp8", 2, 16)
+    assert row.ttft_ms == 840.5 and get_gpu(row.gpu).name == "H200"
+    bad = ("Qwen/Qwen3-32B,h100_sxm,vllm,,,,0,1024,128,16,1,1",  # tp 0
+           "Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,10.5,128,16,1,1",  # fractional isl
+           "Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,1024,128,16,-3,1",  # negative ttft
+           "Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,1024,128,16,nan,1")  # NaN ttft
+    for line in bad:
+        with pytest.raises(SpecError, match="row 2"):
+            e2e.read_rows(_csv(tmp_path, line))
+    (tmp_path / "short.csv").write_text("model,gpu\nx,y\n")
+    with pytest.raises(SpecError, match="missing columns"):
+        e2e.read_rows(tmp_path / "short.csv")
+    with pytest.raises(SpecError, match="cannot read"):
+        e2e.read_rows(tmp_path / "absent.csv")
+
+
+def test_quantization_of_a_row() -> None:
+    assert e2e.model_for(_row()).matmul_bits == 16
+    fp8 = e2e.model_for(_row(precision="fp8", gemm_quant="fp8"))
+    assert (fp8.weight_bits, fp8.kv_bits, fp8.matmul_bits) == (8, 8, 8)
+    fp4 = e2e.model_for(_row(precision="fp4", gemm_quant="nvfp4"))
+    assert (fp4.weight_bits, fp4.kv_bits, fp4.matmul_bits) == (4, 8, 4)
+    with pytest.raises(SpecError, match="unknown quantization"):
+        e2e.model_for(_row(gemm_quant="int3"))
+
+
+def test_summary_mape_is_hand_computed() -> None:
+    recs = [
+        {"gpu": "a", "backend": "x", "ttft_ms": 100.0, "pred_ttft_ms": 110.0,
+         "tpot_ms": 10.0, "pred_tpot_ms": 9.0},
+        {"gpu": "a", "backend": "y", "ttft_ms": 200.0, "pred_ttft_ms": 100.0,
+         "tpot_ms": 20.0, "pred_tpot_ms": 20.0},
+        {"gpu": "b", "backend": "x", "ttft_ms": 50.0, "pred_ttft_ms": math.nan,
+         "tpot_ms": 5.0, "pred_tpot_ms": math.nan, "error": "unknown GPU"},
+    ]
+    s = e2e.summarize(recs)
+    assert s["all"] == {"n": 2, "ttft_mape": pytest.approx(30.0), "tpot_mape": pytest.approx(5.0)}
+    assert s["by_gpu"]["a"]["n"] == 2 and s["by_gpu"]["b"]["n"] == 0
+    assert math.isnan(s["by_gpu"]["b"]["ttft_mape"])
+    assert s["by_backend"]["x"] == {"n": 1, "ttft_mape": pytest.approx(10.0),
+                                    "tpot_mape": pytest.approx(10.0)}
+
+
+def test_replay_shape_and_unknown_rows(tmp_path: Path) -> None:
+    path = _csv(tmp_path,
+                "meta-llama/Llama-3.1-8B-Instruct,h100_sxm,vllm,,,,1,512,32,4,60,9",
+                "meta-llama/Llama-3.1-8B-Instruct,b200_sxm,trtllm,,fp8,fp8,1,512,32,4,40,5",
+                "meta-llama/Llama-3.1-8B-Instruct,tpu_v9,vllm,,,,1,512,32,4,60,9")
+    out = e2e.replay(path, waves=3)
+    assert set(out) == {"rows", "summary"}
+    assert set(out["summary"]) == {"all", "by_gpu", "by_backend"}
+    assert set(out["summary"]["all"]) == {"n", "ttft_mape", "tpot_mape"}
+    rows = out["rows"]
+    assert len(rows) == 3 and "error" in rows[2] and "unknown GPU" in rows[2]["error"]
+    assert out["summary"]["all"]["n"] == 2
+    for r in rows[:2]:
+        assert r["pred_ttft_ms"] > 0 and r["pred_tpot_ms"] > 0
+    assert rows[1]["pred_tpot_ms"] < rows[0]["pred_tpot_ms"]  # B200 FP8 beats H100 BF16
+    assert e2e.replay(path, waves=3) == out  # deterministic
+    with pytest.raises(SpecError, match="waves"):
+        e2e.replay(path, waves=1)
+
+
+def test_cli_simulate_e2e_writes_the_json(tmp_path: Path) -> None:
+    path = _csv(tmp_path, "Qwen/Qwen3-32B,h100_sxm,sglang,,,,2,1024,64,8,500,15")
+    dest = tmp_path / "out.json"
+    res = CliRunner().invoke(cli, ["simulate", "e2e", str(path), "--json", str(dest),
+                                   "--waves", "3"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(dest.read_text())
+    assert data["summary"]["all"]["n"] == 1 and data["rows"][0]["backend"] == "sglang"
+    assert data["summary"]["by_gpu"]["h100_sxm"]["n"] == 1
+    assert "TTFT MAPE" in res.output
+
+
+def test_cli_closed_loop_prints_steady_and_first_wave() -> None:
+    args = ["simulate", "--model", "llama-3.1-8b", "--gpu", "H100", "--concurrency", "8",
+            "--input", "512", "--output", "32", "--engine-profile", "sglang"]
+    res = CliRunner().invoke(cli, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["engine_profile"] == "sglang" and data["n_completed"] == 80
+    assert data["steady_ttft_s"] > 0 and data["first_wave_ttft_s"] > 0
+    table = CliRunner().invoke(cli, args)
+    assert "TTFT steady state" in table.output and "TTFT first wave" in table.output
+    missing = CliRunner().invoke(cli, ["simulate", "--gpu", "H100"])
+    assert missing.exit_code != 0 and "--model and --gpu are required" in missing.output
+
+
+def _calibration_file() -> Path:
+    env = os.environ.get("LLMFABRIC_SHARED_DATA")
+    root = Path(env) if env else ROOT.parent / "shared" / "data"
+    path = root / "e2e" / "serving_e2e_calibration.csv"
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"e2e calibration data missing at {path} (set LLMFABRIC_SHARED_DATA)")
+        pytest.skip(f"e2e calibration data not at {path} (outside CI only)")
+    return path
+
+
+def test_every_calibration_row_is_simulated() -> None:
+    """Every GPU, model, backend and quantization in the file is known to the simulator."""
+    rows = e2e.read_rows(_calibration_file())
+    assert len(rows) >= 800
+    for key in sorted({(r.model, r.gpu, r.backend, r.gemm_quant) for r in rows}):
+        row = next(r for r in rows if (r.model, r.gpu, r.backend, r.gemm_quant) == key)
+        small = e2e.E2ERow(**{**{c: getattr(row, c) for c in e2e.COLUMNS},
+                              "concurrency": 2, "osl": 16})
+        ttft, tpot = e2e.predict(small, waves=2)
+        assert ttft > 0 and tpot > 0, key
