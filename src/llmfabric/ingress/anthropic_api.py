@@ -166,6 +166,8 @@ def messages_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
 
 def stop_reason(finish: str | None, matched: Any, stops: Any) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) from a chat finish_reason (+ vLLM's matched stop)."""
+    if not isinstance(finish, str):
+        finish = None
     if finish == "stop" and isinstance(matched, str) and isinstance(stops, list) \
             and matched in stops:
         return "stop_sequence", matched
@@ -190,7 +192,7 @@ def chat_to_message(chat: Any, req: dict[str, Any]) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if isinstance(msg.get("content"), str) and msg["content"]:
         content.append({"type": "text", "text": msg["content"]})
-    for tc in msg.get("tool_calls") or []:
+    for tc in _list_of(msg.get("tool_calls")):
         if isinstance(tc, dict) and isinstance(tc.get("function"), dict):
             fn = tc["function"]
             content.append({"type": "tool_use", "id": str(tc.get("id") or new_id("toolu")),
@@ -273,3 +275,7 @@ class MessagesStream(ChatStreamTranslator):
 
 def _dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
+
+
+def _list_of(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []

@@ -103,7 +103,8 @@ class ApiRoutes:
         return _translate(reply, ts, lambda d: chat_to_response(d, doc), RESPONSES)
 
     def _is_native(self, model: Any) -> bool:
-        return bool(self.native) and ("*" in self.native or model in self.native)
+        return bool(self.native) and isinstance(model, str) and (
+            "*" in self.native or model in self.native)
 
     # -- /v1/messages ----------------------------------------------------------------------
 
@@ -163,7 +164,7 @@ def _translate(reply: Reply | None, stream: ChatStreamTranslator | None,
         return to_anthropic(reply) if path == MESSAGES else reply
     try:
         out = convert(orjson.loads(reply.body))
-    except (ValueError, orjson.JSONDecodeError):
+    except (ValueError, TypeError, KeyError, AttributeError):  # (JSONDecodeError too)
         bad = error_reply(502, "the engine's reply could not be translated", "upstream_failed")
         return to_anthropic(bad) if path == MESSAGES else bad
     return Reply(200, orjson.dumps(out), "application/json", reply.node, reply.headers)

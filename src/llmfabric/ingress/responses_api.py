@@ -297,7 +297,7 @@ def chat_to_response(chat: Any, req: dict[str, Any]) -> dict[str, Any]:
     if isinstance(content, str) and (content or not msg.get("tool_calls")):
         items.append(message_item(new_id("msg"), content,
                                   lps if isinstance(lps, list) else None, "completed"))
-    for tc in msg.get("tool_calls") or []:
+    for tc in _list_of(msg.get("tool_calls")):
         if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict):
             continue
         fn = tc["function"]
@@ -414,3 +414,7 @@ class ResponsesStream(ChatStreamTranslator):
 
 def _dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
+
+
+def _list_of(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []

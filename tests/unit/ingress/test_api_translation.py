@@ -57,8 +57,18 @@ def test_any_request_body_is_translated_or_refused_cleanly(doc: Any) -> None:
         assert isinstance(out["messages"], list)
 
 
+chat_like = st.fixed_dictionaries({"choices": st.lists(st.fixed_dictionaries({}, optional={
+    "finish_reason": json_values, "stop_reason": json_values, "logprobs": json_values,
+    "message": st.fixed_dictionaries({}, optional={
+        "content": json_values, "tool_calls": json_values | st.lists(
+            json_values | st.fixed_dictionaries({"function": json_values},
+                                                optional={"id": json_values}), max_size=2)}),
+}), max_size=2)}, optional={"usage": json_values, "created": json_values,
+                            "model": json_values})
+
+
 @settings(max_examples=300, deadline=None)
-@given(json_values)
+@given(json_values | chat_like)
 def test_any_engine_reply_converts_or_raises_value_error(doc: Any) -> None:
     for convert in (chat_to_response, chat_to_message):
         with contextlib.suppress(ValueError):
