@@ -189,6 +189,7 @@ def test_unknown_model_and_bad_key(base: str) -> None:
     b'{"model": "llama-3.1-8b", "input": "x", "top_logprobs": 99}',
     b'{"model": "llama-3.1-8b", "input": "x", "tool_choice": {"type": "magic"}}',
     b'{"model": 5, "input": "x"}',
+    b'{"model": ["native-resp"], "input": "x"}',
     b'{"model": "llama-3.1-8b", "input": "x", "n": 3}',
 ])
 def test_hostile_bodies_get_400_in_openai_shape(base: str, body: bytes) -> None:
