@@ -223,3 +223,12 @@ def test_native_streams_are_relayed_as_is_and_metered(fab: ApiFabric, base: str)
     sent = fab.scripted.last("/v1/responses")
     assert sent == {"model": NATIVE, "input": "s", "stream": True}  # no stream_options added
     assert wait_usage(fab, NATIVE, before) == [11, 2, 1, 0]
+
+
+def test_stored_responses_do_not_exist(base: str) -> None:
+    c = client(base)
+    for call in (lambda: c.responses.retrieve("resp_1"), lambda: c.responses.delete("resp_1"),
+                 lambda: c.responses.cancel("resp_1")):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert "stateless" in str(e.value)

@@ -47,6 +47,13 @@ MESSAGES = "/v1/messages"
 EXTRA_POST_PATHS = frozenset({RESPONSES, MESSAGES, *PASSTHROUGH_PATHS})
 
 
+def not_stored() -> Reply:
+    """GET/DELETE /v1/responses/{id} (and cancel): nothing is stored (store=false)."""
+    return error_reply(404, "responses are not stored: this fabric is stateless (store=false "
+                       "semantics); keep the response you received and send the whole "
+                       "conversation in 'input'", "response_not_stored")
+
+
 def anthropic_auth(authorization: str, x_api_key: str | None) -> str:
     """Anthropic clients send `x-api-key`; the core expects a bearer header."""
     if not authorization and x_api_key:

@@ -20,7 +20,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, MESSAGES, ApiRoutes, anthropic_auth
+from llmfabric.ingress.api_routes import (
+    EXTRA_POST_PATHS,
+    MESSAGES,
+    ApiRoutes,
+    anthropic_auth,
+    not_stored,
+)
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.front_limits import safe_header_value
@@ -620,6 +626,10 @@ async def _read_capped(up: Upstream, limit: int) -> bytes:
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
 
 
+async def _not_stored(_: web.Request) -> web.StreamResponse:
+    return web_response(not_stored())
+
+
 def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     """Mount the OpenAI routes on an existing app (the node does this)."""
     app.router.add_post("/v1/chat/completions", ingress.chat_completions)
@@ -628,6 +638,7 @@ def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     app.router.add_get("/v1/models", ingress.models)
     for path in sorted(EXTRA_POST_PATHS):
         app.router.add_post(path, ingress.api_route)
+    app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
 
 
 def build_ingress_app(

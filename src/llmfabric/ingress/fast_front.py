@@ -32,7 +32,7 @@ from typing import cast
 import httptools
 import orjson
 
-from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, to_anthropic
+from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, not_stored, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
@@ -143,6 +143,8 @@ class FastFront:
             if method == b"POST":
                 return hit
             return _not_allowed(path, "POST")
+        if path.startswith(b"/v1/responses/"):
+            return not_stored()
         if path == b"/v1/models" or (path == b"/metrics" and self.serve_metrics):
             return None if method == b"GET" else _not_allowed(path, "GET")
         return error_reply(404, f"no route {path.decode('latin-1')!r}; the API is under /v1 "
