@@ -146,12 +146,21 @@ def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: 
     cmd_ctx = context_from_command(kind, argv) if kind is not None else None
     fallback = cmd_ctx or probed_ctx or (kind.default_context if kind else None) or default_ctx
     listed = {str(d["id"]): d for d in data if isinstance(d.get("id"), str)}
-    ids = list(model_ids) or list(listed)
+    # vLLM lists each loaded LoRA adapter (--lora-modules) as an entry whose `parent` is
+    # the base model: advertised as that model's adapters, not as models of their own.
+    adapters: dict[str, list[str]] = {}
+    for mid, d in listed.items():
+        parent = d.get("parent")
+        if isinstance(parent, str) and parent in listed and parent != mid:
+            adapters.setdefault(parent, []).append(mid)
+    lora = {a for names in adapters.values() for a in names}
+    ids = list(model_ids) or [mid for mid in listed if mid not in lora]
     out = []
     for mid in ids:
         ctx = listed.get(mid, {}).get("max_model_len")
         out.append(ServedModel(
             id=mid, quantization=quant, quant_bits=bits,
             max_context=int(ctx) if isinstance(ctx, int) and ctx > 0 else fallback,
+            adapters=tuple(adapters.get(mid, ())),
         ))
     return tuple(out)

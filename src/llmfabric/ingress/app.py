@@ -20,10 +20,18 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from llmfabric.ingress.api_routes import (
+    EXTRA_POST_PATHS,
+    MESSAGES,
+    ApiRoutes,
+    anthropic_auth,
+    not_stored,
+)
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.front_limits import safe_header_value
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.protocols import (
     Authenticator,
     CandidateSource,
@@ -50,6 +58,8 @@ from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filt
 
 # Upstream statuses worth another candidate (overloaded, failing or gone engines).
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
+_USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 _perf = time.perf_counter
 
@@ -141,6 +151,7 @@ class Ingress:
         self._plain_requests: dict[tuple[str, bool], RouteRequest] = {}
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._duration = sim_rate()  # request duration estimate for walltime routing
+        self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
 
     # -- routes --------------------------------------------------------------------------
 
@@ -152,6 +163,19 @@ class Ingress:
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/embeddings", streamable=False)
+
+    async def api_route(self, request: web.Request) -> web.StreamResponse:
+        """The EXTRA_POST_PATHS routes (api_routes.py) on aiohttp."""
+        h = request.headers
+        auth = h.get("Authorization", "")
+        if request.path == MESSAGES:
+            auth = anthropic_auth(auth, h.get("x-api-key"))
+        sink = _WebSink(request)
+        reply = await self.api.serve(request.path, auth, h.get("X-Fabric-Providers"),
+                                     lambda: self._read_body(request), sink)
+        if reply is None:
+            return sink.response if sink.response is not None else web.StreamResponse()
+        return web_response(reply)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         return web_response(await self.models_reply(request.headers.get("Authorization", "")))
@@ -179,7 +203,7 @@ class Ingress:
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
-        return merged_catalog(self.source.all_candidates())
+        return merged_catalog(self.source.all_candidates(), self.api.native)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -328,7 +352,8 @@ class Ingress:
         so = doc.get("stream_options")
         # The client asked for a usage chunk: sent by the ingress if the engine sends none.
         want_chunk = bool(stream and isinstance(so, dict) and so.get("include_usage"))
-        if stream and self._capture and self.config.inject_stream_usage and not want_chunk:
+        if (stream and self._capture and self.config.inject_stream_usage and not want_chunk
+                and path in _USAGE_INJECT_PATHS):
             doc["stream_options"] = {**(so if isinstance(so, dict) else {}),
                                      "include_usage": True}
             strip_usage = modified = True
@@ -345,7 +370,8 @@ class Ingress:
                 break
             cand = decision.candidate
             # Asked by alias: the engine knows the model by its id.
-            send = body if cand.model.id == model else orjson.dumps({**doc, "model": cand.model.id})
+            send = body if cand.model.id == model else orjson.dumps(
+                {**doc, "model": cand.model.engine_name(model)})  # (LoRA: the adapter's name)
             tried.append(cand.session_id)
             self.metrics.observe_routed(cand.session_id)
             self.policy.on_request_start(cand)
@@ -552,6 +578,8 @@ class Ingress:
     ) -> None:
         e2e = _perf() - t0
         self.metrics.observe_request(model, status, e2e)
+        if path in METERED_BY_REQUEST and usage is not None and usage.estimated:
+            usage = Usage(0, 0, True)  # no usage from the engine: metered by request
         if usage is not None and principal is not None and self.usage_sink is not None:
             self.usage_sink.record(principal.id, model, usage[0], usage[1],
                                    estimated=usage.estimated)
@@ -598,12 +626,19 @@ async def _read_capped(up: Upstream, limit: int) -> bytes:
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
 
 
+async def _not_stored(_: web.Request) -> web.StreamResponse:
+    return web_response(not_stored())
+
+
 def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     """Mount the OpenAI routes on an existing app (the node does this)."""
     app.router.add_post("/v1/chat/completions", ingress.chat_completions)
     app.router.add_post("/v1/completions", ingress.completions)
     app.router.add_post("/v1/embeddings", ingress.embeddings)
     app.router.add_get("/v1/models", ingress.models)
+    for path in sorted(EXTRA_POST_PATHS):
+        app.router.add_post(path, ingress.api_route)
+    app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
 
 
 def build_ingress_app(

@@ -40,6 +40,8 @@ def _tokens(usage: Any) -> tuple[int, int] | None:
     if not isinstance(usage, dict):
         return None
     p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if p is None and "input_tokens" in usage:  # the Responses API's names
+        p, c = usage.get("input_tokens"), usage.get("output_tokens")
     if isinstance(p, bool) or not isinstance(p, int):
         return None
     if isinstance(c, bool) or not isinstance(c, int):
@@ -155,7 +157,9 @@ class StreamUsageScanner:
                     out.append(line)
                     continue
                 if isinstance(doc, dict):
-                    got = _tokens(doc.get("usage"))
+                    resp = doc.get("response")  # (a Responses API response.completed event)
+                    got = _tokens(resp.get("usage") if isinstance(resp, dict)
+                                  else doc.get("usage"))
                     if got is not None:
                         self.usage = got
                     if self._strip and not doc.get("choices"):

@@ -179,6 +179,7 @@ def _model(d: dict[str, Any]) -> ServedModel:
         quant_bits=_int(d.get("quant_bits", 16), "quant_bits", 0, 64),
         max_context=_int(d.get("max_context", 4096), "max_context"),
         role=role,
+        adapters=_strs(d.get("adapters", []), "adapters"),
     )
 
 

@@ -42,9 +42,36 @@ class ServedModel:
     quant_bits: int = 16
     max_context: int = 4096
     role: ModelRole = ModelRole.BOTH
+    # LoRA adapters the engine has loaded (vLLM --lora-modules): requests name one as
+    # "adapter" or "base:adapter" and go only to nodes that have it.
+    adapters: tuple[str, ...] = ()
 
     def answers_to(self, name: str) -> bool:
-        return name == self.id or name in self.aliases
+        return name == self.id or name in self.aliases or (
+            bool(self.adapters) and self.adapter_of(name) is not None)
+
+    def adapter_of(self, name: str) -> str | None:
+        """The adapter a request for `name` asks for ("adapter" or "id:adapter"), if any."""
+        if name in self.adapters:
+            return name
+        for base in (self.id, *self.aliases):
+            if name.startswith(base) and name[len(base):len(base) + 1] == ":":
+                adapter = name[len(base) + 1:]
+                if adapter in self.adapters:
+                    return adapter
+        return None
+
+    def names(self) -> tuple[str, ...]:
+        """Every name this model answers to (id, aliases, adapters and base:adapter)."""
+        if not self.adapters:
+            return (self.id, *self.aliases)
+        return (self.id, *self.aliases, *self.adapters,
+                *(f"{b}:{a}" for b in (self.id, *self.aliases) for a in self.adapters))
+
+    def engine_name(self, name: str) -> str:
+        """The model name the engine expects for a request that asked for `name`."""
+        adapter = self.adapter_of(name) if self.adapters else None
+        return adapter if adapter is not None else self.id
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,7 +144,7 @@ def candidates_by_model(
         claimed: set[str] = set()  # a session appears once per name (its first model's)
         for served in record.meta.models:
             cand = Candidate.from_record(record, served, suspected, who)
-            for name in (served.id, *served.aliases):
+            for name in served.names():
                 if name not in claimed:
                     claimed.add(name)
                     flagged = _conflicted(name, served, who, owners)

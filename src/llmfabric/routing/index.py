@@ -32,7 +32,7 @@ from llmfabric.routing.candidates import Candidate, Identify, claimed_provider, 
 def _announced(record: NodeRecord) -> frozenset[str]:
     if record.state is Lifecycle.LEFT:
         return frozenset()
-    return frozenset(n for m in record.meta.models for n in (m.id, *m.aliases))
+    return frozenset(n for m in record.meta.models for n in m.names())
 
 
 class CandidateIndex:
@@ -161,7 +161,7 @@ class CandidateIndex:
             return out
         for served in record.meta.models:
             cand: Candidate | None = None
-            for name in (served.id, *served.aliases):
+            for name in served.names():
                 if name not in out:
                     cand = cand or Candidate.from_record(record, served, suspected, who)
                     flagged = self._conflicted(name, cand, who)
