@@ -74,8 +74,8 @@ def solve_routing(d: npt.ArrayLike, a: npt.ArrayLike, b: npt.ArrayLike,
 def proportional_routing(d: Array, a: Array, b: Array) -> Routing:
     """No orchestration (Fig. 12 ablation): X by prefill capacity, Y by decode capacity,
     blind to the links and to D; every request is dispatched."""
-    x = a / a.sum()
-    y = np.tile(b / b.sum(), (len(a), 1))
+    x = a / a.sum() if a.sum() > 0 else np.full(len(a), 1 / len(a))
+    y = np.tile(b / b.sum() if b.sum() > 0 else np.full(len(b), 1 / len(b)), (len(a), 1))
     z = x[:, None] * y
     return Routing(x, y, z, 0.0, float((z * d).sum()))
 
@@ -208,21 +208,29 @@ class PairModel:
             d[:, j] = ok.mean(axis=1) * p_dec[j]
         return d
 
+    def _rescore(self, r: Routing) -> Routing:
+        """The routing's attainment at the loads it implies (served requests only)."""
+        d = self.attainment(self.wl.rate * r.z.sum(axis=1), self.wl.rate * r.z.sum(axis=0))
+        return Routing(r.x, r.y, r.z, r.unserved, float((r.z * d).sum()))
+
     def route(self, orchestrate: bool = True, passes: int = 2) -> Routing:
-        """Capacity-proportional loads first, then the LP and re-solve at its loads."""
+        """Capacity-proportional loads first, then the LP, re-solved at the loads of its
+        previous answer; every candidate is scored at its own loads and the best returned
+        (the LP packs replicas up to their capacities, which can score below the
+        proportional start)."""
         rate = self.wl.rate
-        lam_pre = rate * self.a / self.a.sum()
-        lam_dec = rate * self.b / self.b.sum()
-        routing: Routing | None = None
+        start = proportional_routing(np.zeros((len(self.a), len(self.b))), self.a, self.b)
+        d = self.attainment(rate * start.z.sum(axis=1), rate * start.z.sum(axis=0))
+        best = self._rescore(start)
+        if not orchestrate:
+            return best
         for _ in range(passes + 1):
-            d = self.attainment(lam_pre, lam_dec)
-            if not orchestrate:
-                return proportional_routing(d, self.a, self.b)
             routing = solve_routing(d, self.a, self.b, rate)
             lam_pre = rate * routing.z.sum(axis=1)
             lam_dec = rate * routing.z.sum(axis=0)
-        assert routing is not None
-        # score the final routing at the loads it implies
-        d = self.attainment(lam_pre, lam_dec)
-        return Routing(routing.x, routing.y, routing.z, routing.unserved,
-                       float((routing.z * d).sum()))
+            d = self.attainment(lam_pre, lam_dec)
+            scored = Routing(routing.x, routing.y, routing.z, routing.unserved,
+                             float((routing.z * d).sum()))
+            if scored.attainment > best.attainment + 1e-12:
+                best = scored
+        return best
