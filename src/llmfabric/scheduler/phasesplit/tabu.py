@@ -6,6 +6,7 @@ The tabu list holds the last n_mem accepted SOLUTIONS. Deterministic for a seed.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable
 
@@ -15,7 +16,9 @@ from llmfabric.scheduler.errors import InfeasibleError
 from llmfabric.scheduler.phasesplit.config import ConfigSearch
 from llmfabric.scheduler.phasesplit.evaluate import Evaluated, evaluate_groups
 from llmfabric.scheduler.phasesplit.groups import (
+    Group,
     Solution,
+    canonical,
     early_ok,
     initial_solution,
     neighbour,
@@ -25,11 +28,31 @@ from llmfabric.scheduler.phasesplit.plan import PDPlan
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload, TabuOptions
 from llmfabric.sim.models import ModelSpec, get_model
 
+EXHAUSTIVE_START = 12
+
 
 def _score(ev: Evaluated | None) -> tuple[float, float]:
     if ev is None:
         return (-1.0, 0.0)
     return (ev.routing.attainment, -ev.routing.unserved)
+
+
+def _best_phases(sol: Solution, f: Callable[[Solution], Evaluated | None],
+                 feasible: Callable[[frozenset[int], str], bool]) -> Solution:
+    """The clustering start's best phase vector (exhaustive for <= 12 groups; else the
+    random phases drawn by initial_solution): random phases can start the walk far from
+    any good plan, and 2^12 LP solves are cheap next to the search."""
+    if len(sol) > EXHAUSTIVE_START:
+        return sol
+    best, best_score = sol, _score(f(sol))
+    for vec in itertools.product(("prefill", "decode"), repeat=len(sol)):
+        cand = canonical([Group(g.gpus, p) for g, p in zip(sol, vec, strict=True)])
+        if not early_ok(cand, feasible):
+            continue
+        sc = _score(f(cand))
+        if sc > best_score:
+            best, best_score = cand, sc
+    return best
 
 
 def to_plan(ev: Evaluated, cluster: CloudCluster, model: ModelSpec, workload: PDWorkload,
@@ -69,7 +92,8 @@ def tabu_search(cluster: CloudCluster, model: ModelSpec | str, workload: PDWorkl
                                          orchestrate=opts.orchestrate)
         return cache[key]
 
-    x = start if start is not None else initial_solution(cluster, feasible, rng)
+    x = start if start is not None else _best_phases(
+        initial_solution(cluster, feasible, rng), f, feasible)
     best_sol, best = x, f(x)
     if best is None:
         raise InfeasibleError("the initial solution holds no prefill/decode replica pair")
