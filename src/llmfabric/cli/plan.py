@@ -170,3 +170,40 @@ def command(cluster_path: Path, workload_path: Path | None, trace_path: Path | N
         return
     for doc in docs:
         _table(doc)
+
+
+# `plan SUB ...` runs a subcommand from its own module (ThunderServe: `plan pd`); any other
+# arguments are the placement command above, unchanged.
+SUBCOMMANDS: dict[str, str] = {"pd": "plan_pd"}
+placement_command = command
+placement_command.epilog = ("Subcommands: `llmfabric plan pd --help` (ThunderServe "
+                            "prefill/decode plan).")
+
+
+class _PlanCommand(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        import importlib
+
+        module = SUBCOMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        sub: click.Command = importlib.import_module(f"llmfabric.cli.{module}").command
+        return sub
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        if args and args[0] in SUBCOMMANDS:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        return placement_command.make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if ctx.command is not self:
+            return ctx.command.invoke(ctx)
+        return super().invoke(ctx)
+
+
+command = _PlanCommand(name="plan", help=(placement_command.help or "") +
+                       "\n\nSubcommands: `plan pd` (ThunderServe prefill/decode plan).")
