@@ -151,13 +151,14 @@ class PairModel:
                                / link.bandwidth)
         return t
 
-    def tpot(self, j: int, lam: float) -> float:
+    def decode_step(self, j: int, lam: float) -> float:
         """Decode step time at the Little's-law batch for arrival rate `lam` (inf: overload)."""
         r = self.dec[j]
-        if lam * self.wl.mean_out >= r.throughput_tps:
+        # past rho_max of its tokens/s a decode replica queues for KV seats far longer than
+        # any queueing formula here predicts (the simulator's prefill bursts): overload
+        if lam * self.wl.mean_out > MAX_UTILIZATION * r.throughput_tps:
             return float("inf")
-        b_max = min(MAX_NUM_SEQS, max(1, int(r.kv_capacity_tokens // self.ctx)))
-        batch = 1.0
+        b_max = self.b_max(j)
         step = r.decode_step_time(1, self.ctx)
         for _ in range(30):
             batch = max(1.0, lam * self.wl.mean_out * step)
@@ -169,43 +170,74 @@ class PairModel:
             step = new
         return step
 
-    def _tpot_share(self, j: int, lam: float, tpot: float) -> float:
-        """Share of requests on j meeting the TPOT deadline: the batch a request decodes in
-        is 1 + Poisson(Little's-law mean) (arrivals are Poisson), and a step of that batch
-        must meet the deadline."""
-        if not np.isfinite(tpot):
-            return 0.0
-        deadline = self.wl.slo.tpot_s
-        if deadline is None:
-            return 1.0
+    def b_max(self, j: int) -> int:
+        return min(MAX_NUM_SEQS, max(1, int(self.dec[j].kv_capacity_tokens // self.ctx)))
+
+    def slot_wait(self, j: int, lam: float, step: float) -> float:
+        """Mean wait for a decode seat (KV room for one more sequence): M/M/c with c = B_max
+        seats, each held for mean_out steps (Erlang C). Near saturation this dominates: a
+        replica at 97 % of its tokens/s queues requests for whole generations."""
+        if not np.isfinite(step):
+            return float("inf")
+        c = self.b_max(j)
+        service = self.wl.mean_out * step
+        offered = lam * service
+        if offered >= c:
+            return float("inf")
+        erlang_b = 1.0
+        for k in range(1, c + 1):
+            erlang_b = offered * erlang_b / (k + offered * erlang_b)
+        erlang_c = c * erlang_b / (c - offered * (1 - erlang_b))
+        return erlang_c * service / (c - offered)
+
+    def tpot(self, j: int, lam: float) -> float:
+        """Per-output-token time: the step at the Little's-law batch plus the seat wait spread
+        over the mean output (inf: overload)."""
+        step = self.decode_step(j, lam)
+        return step + self.slot_wait(j, lam, step) / self.wl.mean_out
+
+    def _batch_step_cdf(self, j: int, step: float, lam: float
+                        ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(step time of the batch a request decodes in, cumulative probability), batch =
+        1 + Poisson(Little's-law mean) (Poisson arrivals), sorted by step time."""
         r = self.dec[j]
-        mean = lam * self.wl.mean_out * tpot
+        mean = lam * self.wl.mean_out * step
         k = np.arange(0, MAX_NUM_SEQS + 1)
         log_pmf = k * np.log(max(mean, 1e-12)) - mean - np.array([math.lgamma(v + 1) for v in k])
-        pmf = np.exp(log_pmf)
-        steps = np.array([r.decode_step_time(int(v) + 1, self.ctx) for v in k[::8]])
-        ok = np.repeat(steps <= deadline, 8)[: len(k)]
-        return float(min(1.0, (pmf * ok).sum()))
+        coarse = np.array([r.decode_step_time(int(v) + 1, self.ctx) for v in k[::8]])
+        steps = np.maximum.accumulate(np.repeat(coarse, 8)[: len(k)])
+        return steps, np.cumsum(np.exp(log_pmf))
 
     def attainment(self, lam_pre: Array, lam_dec: Array) -> Array:
-        """D (m x n) at the given per-replica arrival rates."""
+        """D (m x n) at the given per-replica arrival rates. A request's TPOT is measured as
+        the simulator does, (finish - first token) / (out - 1): its KV transfer and seat wait
+        count, spread over its output."""
         slo = self.wl.slo
         m, n = len(self.pre), len(self.dec)
         rho = lam_pre * self.mean_s
         wait = np.where(rho < 1, rho * self.mean_s / (2 * np.maximum(1e-12, 1 - rho)), np.inf)
         ttft = wait[:, None] + self.prefill_s                       # m x S
-        tpot = np.array([self.tpot(j, float(lam_dec[j])) for j in range(n)])
         ok_pre = np.ones_like(ttft, dtype=bool) if slo.ttft_s is None else ttft <= slo.ttft_s
-        p_dec = np.array([self._tpot_share(j, float(lam_dec[j]), tpot[j]) for j in range(n)])
+        spread = np.maximum(self.outs - 1, 1)[None, :]
         d = np.zeros((m, n))
         for j in range(n):
-            if p_dec[j] <= 0:
+            lam = float(lam_dec[j])
+            step = self.decode_step(j, lam)
+            seat = self.slot_wait(j, lam, step)
+            if not (np.isfinite(step) and np.isfinite(seat)):
                 continue
-            e2e = ttft + self.kv_s[:, j, :] + self.outs[None, :] * tpot[j]
+            e2e = ttft + self.kv_s[:, j, :] + seat + self.outs[None, :] * step
             ok = ok_pre & np.isfinite(e2e)
             if slo.e2e_s is not None:
                 ok &= e2e <= slo.e2e_s
-            d[:, j] = ok.mean(axis=1) * p_dec[j]
+            p_tpot = np.ones_like(e2e)
+            if slo.tpot_s is not None:
+                steps, cdf = self._batch_step_cdf(j, step, lam)
+                room = slo.tpot_s - (self.kv_s[:, j, :] + seat) / spread
+                idx = np.searchsorted(steps, room, side="right")
+                p_tpot = np.where(idx > 0, cdf[np.maximum(idx - 1, 0)], 0.0)
+                p_tpot = np.where(self.outs[None, :] > 1, p_tpot, 1.0)
+            d[:, j] = (ok * p_tpot).mean(axis=1)
         return d
 
     def _rescore(self, r: Routing) -> Routing:
