@@ -113,6 +113,7 @@ class ConfigSearch:
         self.pipelined_pp, self.max_pp = pipelined_pp, max_pp
         self._groups: dict[tuple[frozenset[int], str], GroupConfig | None] = {}
         self._replicas: dict[tuple[object, ...], ReplicaConfig | None] = {}
+        self._routes: dict[tuple[str, tuple[Bucket, ...]], tuple[Bucket, ...]] = {}
         self.mean_in = workload.mean_in
         self.mean_out = workload.mean_out
         self._weights = weight_bytes(model)
@@ -178,6 +179,9 @@ class ConfigSearch:
         """The stage order with the cheapest activation path (ties: widest bottleneck)."""
         if len(combo) == 1:
             return tuple(combo)
+        key = (phase, tuple(combo))
+        if key in self._routes:
+            return self._routes[key]
         tokens = self.mean_in if phase == "prefill" else DECODE_ROUTE_BATCH
         act = tokens * self.model.hidden * self.model.act_bits / 8
         best: tuple[float, float, tuple[Bucket, ...]] | None = None
@@ -190,6 +194,7 @@ class ConfigSearch:
             if best is None or (cost, -neck) < best[:2]:
                 best = (cost, -neck, order)
         assert best is not None
+        self._routes[key] = best[2]
         return best[2]
 
     def _bucket_link(self, a: Bucket, b: Bucket, buckets: dict[Bucket, list[int]]) -> Link:
@@ -205,10 +210,10 @@ class ConfigSearch:
                  ) -> ReplicaConfig | None:
         order = self._route(combo, buckets, phase)
         links = tuple(self._bucket_link(a, b, buckets) for a, b in itertools.pairwise(order))
-        # links bucketed to sqrt(2) steps of bandwidth and 1 ms of latency: a replica's
+        # links bucketed to factor-2 steps of bandwidth and 1 ms of latency: a replica's
         # boundary links matter little next to its GPUs, and every bucket costs a model build
         key = (phase, tp, tuple(b[1] for b in order),
-               tuple((round(2 * math.log2(lk.bandwidth)) if math.isfinite(lk.bandwidth)
+               tuple((round(math.log2(lk.bandwidth)) if math.isfinite(lk.bandwidth)
                       else -1, round(lk.latency_s * 1e3)) for lk in links))
         template = self._replicas.get(key, None) if key in self._replicas else self._build(
             key, order, tp, phase, links)

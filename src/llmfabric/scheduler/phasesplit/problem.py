@@ -30,6 +30,8 @@ class CloudCluster:
     gpus: tuple[GPU, ...]
     bandwidth: npt.NDArray[np.float64]
     latency_s: npt.NDArray[np.float64]
+    _links: dict[tuple[tuple[int, ...], tuple[int, ...]], Link] = field(
+        default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.gpus)
@@ -66,10 +68,13 @@ class CloudCluster:
 
     def link(self, a: Sequence[int], b: Sequence[int]) -> Link:
         """The slowest link between two GPU sets (ThunderServe: beta = min bandwidth)."""
-        ia, ib = np.asarray(list(a)), np.asarray(list(b))
-        bw = self.bandwidth[np.ix_(ia, ib)]
-        lat = self.latency_s[np.ix_(ia, ib)]
-        return Link(float(bw.min()), float(lat.max()))
+        key = (tuple(a), tuple(b))
+        got = self._links.get(key)
+        if got is None:
+            ix = np.ix_(np.asarray(key[0]), np.asarray(key[1]))
+            got = Link(float(self.bandwidth[ix].min()), float(self.latency_s[ix].max()))
+            self._links[key] = got
+        return got
 
     def subset(self, keep: Sequence[int]) -> tuple[CloudCluster, dict[int, int]]:
         """The cluster restricted to `keep`, renumbered; returns the old -> new id map."""
