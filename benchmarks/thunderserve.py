@@ -2,10 +2,10 @@
 (Fig. 10), deployment structure (Table 3), the Fig. 12 ablations, and ThunderServe vs the
 colocated CP-SAT placement and the best fixed P:D split on the paper's 32-GPU cloud.
 
-    .venv/bin/python benchmarks/thunderserve.py --json results/thunderserve.json [--full]
+    .venv/bin/python benchmarks/thunderserve.py --json results/thunderserve.json [--steps N]
 
-Default run: tabu budgets cut to --steps (25) so it ends in ~2-3 minutes on 2 shared cores;
---full uses the paper's 100 steps. Targets are checks printed as ok/MISS, not assertions.
+Default: the paper's 100 tabu steps (--steps to cut it); about 1.5 minutes on 2 shared cores.
+Targets are checks printed as ok/MISS, not assertions.
 """
 
 from __future__ import annotations
@@ -84,11 +84,10 @@ def sim_att(plan: PDPlan, duration: float, **kw: Any) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--full", action="store_true", help="100 tabu steps (the paper's)")
-    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--steps", type=int, default=100, help="tabu steps (paper: 100)")
     ap.add_argument("--duration", type=float, default=300.0, help="simulated seconds")
     args = ap.parse_args()
-    steps = 100 if args.full else args.steps
+    steps = args.steps
     rows: list[dict[str, Any]] = []
     payload: dict[str, Any] = {"steps": steps, "model": MODEL, "slo": dataclasses.asdict(SLO)}
 
