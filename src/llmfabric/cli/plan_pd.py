@@ -2,7 +2,9 @@
 
     llmfabric plan pd --cluster examples/thunderserve/cloud32.yaml \\
         --links examples/thunderserve/bw32.csv --model llama-30b \\
-        --workload examples/thunderserve/coding.yaml [--compare] [--json]
+        --workload examples/thunderserve/coding.yaml [--compare] [--json] > plan.json
+    llmfabric plan pd --cluster ... --links ... --reschedule plan.json --lost-gpus 0-3 \
+        [--workload conversation.yaml]       # phase flips + new routing, no reload
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="GPU-pair bandwidth CSV (src,dst,gbps|gbs[,latency_ms] or a square matrix)")
 @click.option("--topology", "topology_path", type=_FILE, default=None,
               help="topology YAML instead of --cluster/--links (GPUs, switches, edges)")
-@click.option("--model", required=True, help="model name (sim.MODELS), e.g. llama-30b")
-@click.option("--workload", "workload_path", type=_FILE, required=True,
+@click.option("--model", default=None, help="model name (sim.MODELS), e.g. llama-30b")
+@click.option("--workload", "workload_path", type=_FILE, default=None,
               help="workload YAML: rate, mean_in, mean_out[, cv][, slo: {ttft_s, tpot_s}]")
+@click.option("--reschedule", "reschedule_path", type=_FILE, default=None,
+              help="lightweight rescheduling of a saved plan (--json output): phase flips and "
+                   "new routing only, no reload; with --lost-gpus and/or a new --workload")
+@click.option("--lost-gpus", default="", help="GPU ids lost, e.g. 0-3,9 (with --reschedule)")
 @click.option("--slo-ttft", type=click.FloatRange(min=0, min_open=True), default=None,
               help="TTFT deadline, s (overrides the workload's)")
 @click.option("--slo-tpot", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -45,7 +51,8 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="simulated seconds for the final plan's check")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def command(cluster_path: Path | None, links_path: Path | None, topology_path: Path | None,
-            model: str, workload_path: Path, slo_ttft: float | None, slo_tpot: float | None,
+            model: str | None, workload_path: Path | None, reschedule_path: Path | None,
+            lost_gpus: str, slo_ttft: float | None, slo_tpot: float | None,
             gpus_yaml: Path | None, steps: int, neighbors: int, tabu: int, seed: int,
             kv_bits: str, compare: bool, sim_duration: float, as_json: bool) -> None:
     """Plan prefill/decode groups, their parallelism and the X/Y routing (ThunderServe)."""
@@ -60,13 +67,24 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
         if gpus_yaml is not None:
             sim.load_gpus_yaml(gpus_yaml)
         cluster = load_cluster(cluster_path, links_path, topology_path)
-        workload = load_workload(workload_path, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-        spec = sim.get_model(model)
         bits = None if kv_bits == "16" else int(kv_bits)
         opts = TabuOptions(n_step=steps, n_neigh=neighbors, n_mem=tabu, seed=seed,
                            kv_bits=bits)
-        plan = tabu_search(cluster, spec, workload, opts)
+        workload = (load_workload(workload_path, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+                    if workload_path is not None else None)
+        if reschedule_path is not None:
+            plan, decisions = _reschedule(reschedule_path, cluster, workload, lost_gpus, opts)
+            workload = plan.workload
+            spec = plan.model
+        else:
+            if model is None or workload is None:
+                raise click.UsageError("give --model and --workload (or --reschedule PLAN)")
+            spec = sim.get_model(model)
+            plan = tabu_search(cluster, spec, workload, opts)
+            decisions = []
         doc: dict[str, Any] = plan.to_json()
+        if reschedule_path is not None:
+            doc["decisions"] = [{"type": type(d).__name__, **_fields(d)} for d in decisions]
         score = plan.evaluate(duration_s=sim_duration, seed=seed)
         doc["simulated"] = {"attainment": score.attainment,
                             "throughput_rps": score.throughput_rps,
@@ -91,6 +109,42 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
     _print(doc)
+
+
+def _fields(d: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(d).items()}
+
+
+def _lost(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        lo, _, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise click.BadParameter(f"not a GPU id or range: {part!r}",
+                                     param_hint="--lost-gpus") from None
+        if a < 0 or b < a or b - a > 4096:
+            raise click.BadParameter(f"bad range {part!r}", param_hint="--lost-gpus")
+        out += range(a, b + 1)
+    return out
+
+
+def _reschedule(path: Path, cluster: Any, workload: Any, lost: str, opts: Any
+                ) -> tuple[Any, list[Any]]:
+    from llmfabric.scheduler.errors import SpecError
+    from llmfabric.scheduler.phasesplit.plan import plan_from_json
+    from llmfabric.scheduler.phasesplit.reschedule import lightweight
+
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{path}: {e}") from None
+    plan = plan_from_json(saved, cluster)
+    return lightweight(plan, lost_gpus=_lost(lost), workload=workload, options=opts)
 
 
 def _print(doc: dict[str, Any]) -> None:
@@ -121,6 +175,8 @@ def _print(doc: dict[str, Any]) -> None:
                   f"attainment {doc['attainment']:.1%} (analytic), {s['attainment']:.1%} "
                   f"(simulated); throughput {s['throughput_rps']:.2f} req/s; "
                   f"search {doc['solve_s']:.1f} s; unserved {r['unserved']:.1%}")
+    for d in doc.get("decisions", []):
+        console.print(f"decision: {d}")
     if "compare" in doc:
         c = doc["compare"]
         f, k = c["best_fixed_split"], c["colocated_cpsat"]

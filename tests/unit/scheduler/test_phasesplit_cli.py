@@ -48,3 +48,28 @@ def test_plan_pd_rejects_mismatched_inputs(tmp_path):
 def test_plan_without_subcommand_is_still_the_placement():
     res = CliRunner().invoke(cli, ["plan", "--help"])
     assert res.exit_code == 0 and "--policy" in res.output and "plan pd" in res.output
+
+
+def test_plan_pd_reschedule_after_losing_an_instance(tmp_path):
+    base = ["plan", "pd", "--cluster", str(EX / "cloud32.yaml"), "--links",
+            str(EX / "bw32.csv"), "--sim-duration", "20", "--json"]
+    res = CliRunner().invoke(cli, [*base, "--model", "llama-30b", "--workload",
+                                   str(EX / "conversation.yaml"), "--steps", "2",
+                                   "--neighbors", "3"])
+    assert res.exit_code == 0, res.output
+    saved = tmp_path / "plan.json"
+    saved.write_text(res.output)
+    doc = json.loads(res.output)
+    lost = doc["groups"][0]["gpus"]
+    spec = f"{min(lost)}-{max(lost)}" if lost == list(range(min(lost), max(lost) + 1)) \
+        else ",".join(map(str, lost))
+    res = CliRunner().invoke(cli, [*base, "--reschedule", str(saved), "--lost-gpus", spec])
+    assert res.exit_code == 0, res.output
+    new = json.loads(res.output)
+    assert not set(lost) & {i for g in new["groups"] for i in g["gpus"]}
+    assert new["decisions"][-1]["type"] == "SetRouting"
+    # surviving groups keep their TP/PP and stages exactly (no reload)
+    old_layouts = {json.dumps(g["stages"]) for g in doc["groups"]}
+    assert all(json.dumps(g["stages"]) in old_layouts for g in new["groups"])
+    bad = CliRunner().invoke(cli, [*base, "--reschedule", str(saved), "--lost-gpus", "x-1"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output

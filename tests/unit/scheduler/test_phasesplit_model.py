@@ -115,3 +115,20 @@ def test_cluster_needs_links_or_a_topology(tmp_path):
     f.write_text("nodes: 5")
     with pytest.raises(SpecError):
         load_cluster(None, None, f)
+
+
+def test_a_saved_plan_round_trips(setup):
+    from llmfabric.scheduler.phasesplit.plan import plan_from_json
+
+    cluster, wl, _, _ = setup
+    plan = tabu_search(cluster, MODEL, wl, TabuOptions(n_step=2, n_neigh=3))
+    back = plan_from_json(plan.to_json(), cluster, workload=wl)
+    assert back.to_json()["groups"] == plan.to_json()["groups"]
+    assert back.evaluate(evaluator="analytic").attainment == pytest.approx(
+        plan.evaluate(evaluator="analytic").attainment)
+    broken = plan.to_json()
+    broken["groups"][0]["stages"][0][0]["type"] = "H100"
+    with pytest.raises(SpecError):
+        plan_from_json(broken, cluster)
+    with pytest.raises(SpecError):
+        plan_from_json({"model": "llama-30b"}, cluster)

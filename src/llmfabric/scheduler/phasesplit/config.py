@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
 from llmfabric.sim.costs import StepCostModel, cost_model_for
-from llmfabric.sim.errors import InfeasibleError
+from llmfabric.sim.errors import InfeasibleError, SimError
 from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.layersplit import memory_aware_layers
 from llmfabric.sim.memory import memory_plan, weight_bytes
@@ -264,3 +265,32 @@ def deduce_config(gpus: frozenset[int], phase: Phase, model: ModelSpec, cluster:
                   workload: PDWorkload, *, pipelined_pp: bool = True) -> GroupConfig | None:
     """Algorithm 2 for one group (None: the group cannot hold a replica)."""
     return ConfigSearch(cluster, model, workload, pipelined_pp=pipelined_pp).deduce(gpus, phase)
+
+
+def replica_from_stages(model: ModelSpec, cluster: CloudCluster, workload: PDWorkload,
+                        tp: int, stages: Sequence[StageConfig], *,
+                        pipelined_pp: bool = True) -> ReplicaConfig:
+    """Rebuild a replica from its stages (a saved plan): same GPUs, types and layers."""
+    if not stages or any(len(s.gpus) != tp for s in stages):
+        raise SpecError("every stage needs exactly tp GPUs")
+    for s in stages:
+        if any(not 0 <= g < len(cluster.gpus) or cluster.gpus[g].type != get_gpu(s.type).name
+               for g in s.gpus):
+            raise SpecError(f"stage GPUs {list(s.gpus)} are not {s.type} GPUs of this cluster")
+    links = tuple(cluster.link(a.gpus, b.gpus) for a, b in itertools.pairwise(stages))
+    try:
+        dep = Deployment(model, tuple(Stage(get_gpu(s.type), tp, s.layers) for s in stages),
+                         pp_links=links)
+    except SimError as e:
+        raise SpecError(str(e)) from None
+    plan = memory_plan(dep)
+    if not plan.fits:
+        raise SpecError(f"{model.name} does not fit on stages {[s.gpus for s in stages]}")
+    cost = cost_model_for(dep)
+    step: StepCostModel | PipelineCost = (
+        PipelineCost(cost) if pipelined_pp and dep.pp > 1 else cost)
+    ctx = workload.mean_in + workload.mean_out / 2
+    b_max = max(1, min(MAX_NUM_SEQS, int(plan.kv_capacity_tokens // ctx)))
+    return ReplicaConfig(tuple(stages), dep, int(plan.kv_capacity_tokens),
+                         cost.prefill_time([max(1, round(workload.mean_in))]),
+                         b_max / step.decode_step_time(b_max, b_max * ctx), step)

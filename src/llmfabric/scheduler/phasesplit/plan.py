@@ -117,3 +117,54 @@ def group_label(cluster: CloudCluster, gpus: Sequence[int]) -> str:
         types[cluster.gpus[gid].type] = types.get(cluster.gpus[gid].type, 0) + 1
     hosts = sorted({cluster.gpus[i].host for i in gpus})
     return " + ".join(f"{n}x{t}" for t, n in types.items()) + " @ " + ",".join(hosts)
+
+
+def plan_from_json(doc: Any, cluster: CloudCluster, *,
+                   workload: PDWorkload | None = None) -> PDPlan:
+    """A saved plan (`to_json`) on its cluster: groups, configs (rebuilt from the stages)
+    and routing; the workload is re-drawn from the saved means unless given."""
+    import numpy as np
+
+    from llmfabric.scheduler.errors import SpecError
+    from llmfabric.scheduler.phasesplit.config import StageConfig, replica_from_stages
+    from llmfabric.sim.models import get_model
+    from llmfabric.sim.results import SLO
+
+    try:
+        model = get_model(doc["model"])
+        wl = workload or PDWorkload.from_means(
+            float(doc["rate"]), float(doc["mean_in"]), float(doc["mean_out"]),
+            slo=SLO(**{k: v for k, v in doc["slo"].items() if v is not None}))
+        groups, configs = [], []
+        seen: set[int] = set()
+        for g in doc["groups"]:
+            gpus = frozenset(int(i) for i in g["gpus"])
+            if g["phase"] not in ("prefill", "decode") or gpus & seen:
+                raise SpecError("groups need a phase prefill|decode and disjoint GPUs")
+            seen |= gpus
+            tp = int(g["tp"])
+            reps = tuple(replica_from_stages(
+                model, cluster, wl, tp,
+                [StageConfig(tuple(int(i) for i in s["gpus"]), str(s["type"]),
+                             int(s["layers"])) for s in stages])
+                for stages in g["stages"])
+            if any(set(r.gpus) - gpus for r in reps):
+                raise SpecError("a replica uses GPUs outside its group")
+            groups.append(Group(gpus, str(g["phase"])))
+            configs.append(GroupConfig(tp, int(g["pp"]), reps))
+        r = doc["routing"]
+        x = np.asarray(r["x"], dtype=np.float64)
+        y = np.asarray(r["y"], dtype=np.float64)
+        unserved = float(r["unserved"])
+        routing = Routing(x, y, (1 - unserved) * x[:, None] * y, unserved,
+                          float(doc["attainment"]))
+        plan = PDPlan(tuple(groups), tuple(configs), routing, float(doc["attainment"]),
+                      float(doc["est_throughput_rps"]), cluster, model, wl,
+                      doc.get("kv_bits"), int(doc.get("kv_group", 64)),
+                      plan_id=str(doc.get("plan_id", "")))
+    except (KeyError, TypeError, ValueError) as e:
+        raise SpecError(f"not a saved PD plan: {e!r}") from None
+    if routing.y.shape != (plan.n_prefill, plan.n_decode) or \
+            routing.x.shape != (plan.n_prefill,):
+        raise SpecError("the routing does not match the plan's replicas")
+    return plan
