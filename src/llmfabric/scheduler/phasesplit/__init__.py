@@ -13,9 +13,11 @@ Files:
 - `evaluate.py`    scoring a solution (configs + routing) and the discrete-event simulator run
   of a plan (sim.simulate_disaggregated with PDRouting and per-stage links).
 - `tabu.py`        Algorithm 1: tabu_search(cluster, model, workload, options) -> PDPlan.
-- `plan.py`        PDPlan: JSON, replica specs for the simulator, evaluate() under another
-  workload.
+- `plan.py`        PDPlan: JSON (to_json / plan_from_json), replica specs for the simulator,
+  evaluate() under another workload.
 - `reschedule.py`  lightweight rescheduling: phase flips and new routing, no reload.
+- `baselines.py`   what ThunderServe is compared with: the best fixed P:D split over instance
+  groups and the colocated CP-SAT placement (simulated) on the same GPUs.
 - `inputs.py`      YAML/CSV loaders for the CLI (`llmfabric plan pd`).
 """
 
