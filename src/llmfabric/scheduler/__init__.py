@@ -26,4 +26,6 @@ Files -> concepts
 - spec.py        cluster/workload YAML loading (pydantic at the boundary).
 - tracewl.py     a Workload from a request trace (per-model rate, length mean and spread).
 - errors.py      SchedulerError hierarchy.
+- phasesplit/    ThunderServe: one model split into prefill/decode groups (tabu search,
+                 per-group TP/PP, routing LP, lightweight rescheduling); see its docstring.
 """
