@@ -142,12 +142,17 @@ def main() -> None:
                                 coloc.attainment, "throughput_rps": coloc.throughput_rps},
             "a40_prefill_share": a40, "3090ti_prefill_share": ti,
         }
+        p_gpus = sum(len(r.gpus) for r in plan.replicas("prefill"))
+        d_gpus = sum(len(r.gpus) for r in plan.replicas("decode"))
+        plans[name]["gpus_in_use"] = {"prefill": p_gpus, "decode": d_gpus}
         want = ">" if name == "coding" else "<"
         ok = plan.n_prefill > plan.n_decode if want == ">" else plan.n_prefill < plan.n_decode
         rows.append({"check": f"T7 {name}: #P {want} #D", "ours":
                      f"{plan.n_prefill}P/{plan.n_decode}D",
                      "paper": "8P/4D" if name == "coding" else "4P/8D",
                      "result": "ok" if ok else "MISS"})
+        rows.append({"check": f"T7 {name}: GPUs in use, prefill / decode (information)",
+                     "ours": f"{p_gpus} / {d_gpus}", "paper": "-", "result": "-"})
         rows.append({"check": f"T7 {name}: A40 share in prefill >= 3090Ti's",
                      "ours": f"{a40:.2f} vs {ti:.2f}", "paper": "A40 prefill, 3090Ti decode",
                      "result": "ok" if a40 >= ti else "MISS"})
