@@ -13,6 +13,7 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   accounts/    API keys, usage ledger, rate limits
   dashboard/   web UI
   sim/         roofline operator costs and discrete-event serving simulator
+  kvcompress/  2/3/4/8-bit KV quantization for the prefill -> decode hand-off
   scheduler/   placement solver, baselines, fleet controller
   traces/      trace loaders and workload characterization
   bench/       load generator client

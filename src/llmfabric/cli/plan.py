@@ -177,4 +177,5 @@ from llmfabric.cli.subcommands import with_subcommands  # noqa: E402
 
 command = with_subcommands(command, {
     "net": "llmfabric.cli.netplan:plan_net",
+    "pd": "llmfabric.cli.plan_pd:command",
 })

@@ -31,4 +31,6 @@ Files -> concepts
                  online policy table (see its __init__).
 - switching.py   Flying Serving's DP <-> TP switching policies (SwitchState -> Bind/Release,
                  SWITCH_POLICIES by name, aligned_groups); used by engines/torchref.
+- phasesplit/    ThunderServe: one model split into prefill/decode groups (tabu search,
+                 per-group TP/PP, routing LP, lightweight rescheduling); see its docstring.
 """
