@@ -90,16 +90,22 @@ def _site(lab: SiteLab, pub: str, n: int) -> tuple[str, str]:
     return rtr, compute
 
 
-def _get(lab: SiteLab, ns: str, url: str) -> Any:
-    out = lab.run(ns, sys.executable, "-c", "import sys,urllib.request;"
-                  "print(urllib.request.urlopen(sys.argv[1],timeout=10).read().decode())", url,
+def _get(lab: SiteLab, ns: str, url: str, key: str) -> Any:
+    """GET with the ingress's admin key (an ingress with API keys guards its fleet views)."""
+    out = lab.run(ns, sys.executable, "-c", "import sys,urllib.request as u;"
+                  "r=u.Request(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]});"
+                  "print(u.urlopen(r,timeout=10).read().decode())", url, key,
                   check=False, timeout=30)
     return json.loads(out) if out.strip() else None
 
 
-def _serving(lab: SiteLab, pub: str, provider: str) -> list[dict[str, Any]]:
+def _serving(lab: SiteLab, pub: str, provider: str, key_file: pathlib.Path
+             ) -> list[dict[str, Any]]:
     """Routable nodes of `provider` that publish a relay (they cannot be dialled: NAT)."""
-    body = _get(lab, pub, f"http://{PUBLIC}:8080/v1/fabric/nodes") or {"nodes": []}
+    if not key_file.exists():
+        return []
+    key = key_file.read_text().strip()
+    body = _get(lab, pub, f"http://{PUBLIC}:8080/v1/fabric/nodes", key) or {"nodes": []}
     return [n for n in body["nodes"] if n["provider_id"] == provider
             and n["state"] == "SERVING" and not n["suspected"] and n["relays"]]
 
@@ -133,6 +139,7 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
         if n == 2:
             rtr_b = rtr
     secret = secrets.token_urlsafe(24)
+    key_file = tmp_path / "ingress" / "admin.key"
     common = ["--network-secret", secret, "--preset", "lan"]
     lab.popen(pub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
                     f"{PUBLIC}:7946", "--http-listen", f"{PUBLIC}:8080", "--ingress", "--relay",
@@ -145,11 +152,11 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
             f"{PUBLIC}:7946", "--provider", site, "--label", f"site={site}", *common,
             "--process", *CLI, "engine", "sim", "--model", MODEL, "--gpu", "L40S",
             "--port", "18001", "--speed", "50"], str(tmp_path / f"{site}.log"))
-    a1 = _wait("site A serving", lambda: _serving(lab, pub, "site-a"), 60, tmp_path)[0]
-    _wait("site B serving", lambda: _serving(lab, pub, "site-b"), 60, tmp_path)
+    a1 = _wait("site A serving", lambda: _serving(lab, pub, "site-a", key_file), 60, tmp_path)[0]
+    _wait("site B serving", lambda: _serving(lab, pub, "site-b", key_file), 60, tmp_path)
     assert a1["peer_addrs"] == []  # outbound only: reached through the relay
 
-    key = (tmp_path / "ingress" / "admin.key").read_text().strip()
+    key = key_file.read_text().strip()
     out, stop = tmp_path / "requests.jsonl", tmp_path / "stop"
     lab.popen(pub, [sys.executable, "-c", _CLIENT, f"http://{PUBLIC}:8080/v1", key, str(out),
                     str(stop), MODEL], str(tmp_path / "client.log"))
@@ -161,7 +168,7 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
     cut_at = len(_records(out))
     lab.run(rtr_b, "iptables", "-I", "FORWARD", "1", "-j", "DROP")  # site B cut off
     try:
-        _wait("site B no longer routable", lambda: not _serving(lab, pub, "site-b"), 30,
+        _wait("site B no longer routable", lambda: not _serving(lab, pub, "site-b", key_file), 30,
               tmp_path)
         detected = len(_records(out))
         time.sleep(5)
@@ -170,7 +177,7 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
     finally:
         lab.run(rtr_b, "iptables", "-D", "FORWARD", "1")  # healed
     healed = len(_records(out))
-    _wait("site B serving again", lambda: _serving(lab, pub, "site-b"), 90, tmp_path)
+    _wait("site B serving again", lambda: _serving(lab, pub, "site-b", key_file), 90, tmp_path)
     _wait("requests served by site B after the heal", lambda: from_b(healed), 60, tmp_path)
     stop.write_text("")
     time.sleep(1)
