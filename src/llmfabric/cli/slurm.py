@@ -14,7 +14,6 @@ import datetime
 import json
 import pathlib
 import sys
-import urllib.request
 from typing import Any
 
 import click
@@ -76,10 +75,11 @@ def submit(profile: pathlib.Path, count: int, test_only: bool) -> None:
 
 
 def _fabric_nodes(url: str) -> list[dict[str, Any]]:
+    from llmfabric.cli.status import fleet_get
+
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/fabric/nodes", timeout=10) as resp:
-            nodes = json.loads(resp.read())["nodes"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        nodes = fleet_get(url, "/v1/fabric/nodes")["nodes"]
+    except (KeyError, TypeError) as exc:
         raise click.ClickException(f"cannot read the fabric's nodes from {url}: {exc}") from None
     if not isinstance(nodes, list):
         raise click.ClickException(f"{url} answered no list of nodes")

@@ -31,8 +31,11 @@ MODEL = "qwen3-1.7b"
 SRC = str(pathlib.Path(__file__).resolve().parents[3] / "src")
 
 
-def cli(slurm: SlurmCluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(slurm: SlurmCluster, *args: str, timeout: float = 60, api_key: str | None = None
+        ) -> subprocess.CompletedProcess[str]:
     env = {**slurm.env, "PYTHONPATH": SRC}
+    if api_key is not None:  # an ingress's fleet views need a key
+        env["LLMFABRIC_API_KEY"] = api_key
     return subprocess.run([sys.executable, "-m", "llmfabric.cli.main", *args], env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -151,12 +154,14 @@ def test_job_serves_publishes_its_end_and_leaves_at_its_time_limit(
         "EndTime=")[1].split()[0])
     assert end is not None and abs(node["alloc_end"] - end) < 2
     assert node["drain_lead_s"] == 45
-    status = cli(slurm, "slurm", "status", job, "--node", fabric.ingress.http_url, "--json")
+    status = cli(slurm, "slurm", "status", job, "--node", fabric.ingress.http_url, "--json",
+                 api_key=fabric.admin_key())
     assert status.returncode == 0, status.stderr
     row = json.loads(status.stdout)[0]
     assert row["state"] == "RUNNING" and row["fabric"][0]["state"] == "SERVING"
     assert row["fabric"][0]["session_id"] == node["session_id"]
-    table = cli(slurm, "slurm", "status", job, "--node", fabric.ingress.http_url).stdout
+    table = cli(slurm, "slurm", "status", job, "--node", fabric.ingress.http_url,
+                api_key=fabric.admin_key()).stdout
     assert table.split()[:2] == [job, "RUNNING"] and f"SERVING {MODEL}" in table, table
 
     client = openai.OpenAI(base_url=fabric.ingress.http_url + "/v1",
