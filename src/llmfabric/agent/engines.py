@@ -43,6 +43,9 @@ class EngineKind:
     # (llama-cpp-python: n_ctx=2048); None: unknown, the node's configured default is used.
     default_context: int | None = None
     props_path: str | None = None  # llama-server /props: default_generation_settings.n_ctx
+    # (quantization, bits) the engine always runs when its command says nothing: our
+    # simulated engine times bf16 weights; None: unknown ("auto").
+    default_precision: tuple[str, int] | None = None
 
 
 KINDS: dict[str, EngineKind] = {
@@ -65,7 +68,8 @@ KINDS: dict[str, EngineKind] = {
                    tokenize_format="tgi"),
         EngineKind("torch", None, metrics_path="/metrics", metrics_format="vllm",
                    context_flags=("--max-model-len",)),
-        EngineKind("sim", None, context_flags=("--max-model-len",)),
+        EngineKind("sim", None, context_flags=("--max-model-len",),
+                   default_precision=("bf16", 16)),
         EngineKind("openai", None),
     )
 }

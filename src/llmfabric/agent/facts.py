@@ -143,6 +143,8 @@ def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: 
     """ServedModels from /v1/models entries (or the declared `model_ids`), with precision
     and context from the engine or the command."""
     quant, bits = precision_of(argv)
+    if (quant, bits) == AUTO and kind is not None and kind.default_precision is not None:
+        quant, bits = kind.default_precision
     cmd_ctx = context_from_command(kind, argv) if kind is not None else None
     fallback = cmd_ctx or probed_ctx or (kind.default_context if kind else None) or default_ctx
     listed = {str(d["id"]): d for d in data if isinstance(d.get("id"), str)}

@@ -16,7 +16,7 @@ function render(view, ctx, params) {
   const providerBox = h('div', { class: 'checks' }, h('span', { class: 'muted small' }, 'Loading providers…'));
   const providerSet = h('fieldset', { class: 'providers' },
     h('legend', {}, 'Trusted providers'),
-    h('p', { class: 'hint', id: 'providers-hint' }, 'Tick none to allow any provider. Ticked: only those providers may see your prompt (sent as X-Fabric-Providers).'),
+    h('p', { class: 'hint', id: 'providers-hint' }, 'Tick none to allow any provider. Ticked: only those verified identities may see your prompt (sent as X-Fabric-Providers). A name is what a node claims; the identity beside it is what the fabric verified (its certificate, or its key fingerprint on networks joined with a shared secret).'),
     providerBox);
   const [maxField, maxInput] = field('Max tokens', h('input', { type: 'number', min: '1', max: '32768', step: '1', value: '256' }));
   const [tempField, tempInput] = field('Temperature', h('input', { type: 'number', min: '0', max: '2', step: '0.1', value: '0.7' }));
@@ -178,12 +178,17 @@ function render(view, ctx, params) {
       const providers = listOf(await get('/v1/fabric/providers'), 'providers');
       if (!ctx.alive) return;
       if (providers.length === 0) { mount(providerBox, h('span', { class: 'muted small' }, 'No providers known yet.')); return; }
-      mount(providerBox, providers.map((p) => {
-        const box = h('input', { type: 'checkbox', id: `prov-${p.id}`, value: p.id, checked: state.providers.has(p.id),
+      // One box per verified identity: a claimed name alone proves nothing (anyone can claim
+      // it), so the allowlist carries what the fabric verified for the nodes behind it.
+      const choices = providers.flatMap((p) => (p.verified || []).map((v) => ({ name: p.id, id: v })));
+      if (choices.length === 0) { mount(providerBox, h('span', { class: 'muted small' }, 'No verified providers yet.')); return; }
+      mount(providerBox, choices.map((c, i) => {
+        const box = h('input', { type: 'checkbox', id: `prov-${i}`, value: c.id, checked: state.providers.has(c.id),
           'aria-describedby': 'providers-hint',
-          on: { change: (e) => { if (e.target.checked) state.providers.add(p.id); else state.providers.delete(p.id); } } });
-        return h('div', { class: 'check' }, box, h('label', { for: box.id }, p.id,
-          h('span', { class: 'muted small' }, ` · ${p.nodes} node${p.nodes === 1 ? '' : 's'}`)));
+          on: { change: (e) => { if (e.target.checked) state.providers.add(c.id); else state.providers.delete(c.id); } } });
+        const short = c.id.length > 16 ? `${c.id.slice(0, 12)}…` : c.id;
+        return h('div', { class: 'check' }, box, h('label', { for: box.id, title: c.id }, c.name,
+          h('span', { class: 'muted small' }, ` · ${short}`)));
       }));
     } catch (err) {
       mount(providerBox, h('span', { class: 'error-text small' }, `Could not load providers: ${err.message}`));
