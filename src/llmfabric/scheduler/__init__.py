@@ -26,6 +26,7 @@ Files -> concepts
 - spec.py        cluster/workload YAML loading (pydantic at the boundary).
 - tracewl.py     a Workload from a request trace (per-model rate, length mean and spread).
 - errors.py      SchedulerError hierarchy.
-- switching.py   Flying Serving's DP <-> TP switching policies (SwitchState -> Bind/Release,
-                 SWITCH_POLICIES by name, aligned_groups); used by engines/torchref.
+- switching.py   re-exports Flying Serving's DP <-> TP switching policies (SwitchState ->
+                 Bind/Release, SWITCH_POLICIES by name, aligned_groups) from sim/switching.py,
+                 their home below sim/flying.py; used by engines/torchref.
 """
