@@ -258,3 +258,12 @@ def _nan_to_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_nan_to_none(v) for v in value]
     return value
+
+
+def _register_flying() -> None:
+    from llmfabric.cli.simulate_flying import flying_command
+
+    command.add_command(flying_command)
+
+
+_register_flying()

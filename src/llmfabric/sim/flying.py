@@ -9,7 +9,9 @@ back into their queues, prompt + generated tokens, and re-prefilled on resume). 
 model is that of TP = W x base_tp, scaled by `dtp_allreduce_penalty[W]`. Paused members do not
 advance. A `Release` folds the merged group's unfinished requests back onto its members
 (re-prefill of prompt + generated tokens: the repository's behaviour) and resumes them.
-Every switch costs `switch_latency_s` on the engines it touches.
+Every switch costs `switch_latency_s` on the engines it touches. A bound group whose batch is
+empty gives its engines back to the DP requests it paused (work-conserving resume: at once
+once it has served a request, after GIVE_BACK_S if it never got one).
 
 Methods: "hard" binds at once; "sequential" stops feeding the members and binds when they are
 idle; "soft" is simulated as "sequential" (its head start in DP mode is not modelled).
@@ -55,6 +57,10 @@ from llmfabric.sim.switching import (
 from llmfabric.sim.workload import Workload
 
 PreemptKV = Literal["keep", "recompute"]
+# a bound group that never got a request gives its engines back to the DP work it paused
+# after this long (so a policy that binds on an idle moment cannot starve paused requests)
+GIVE_BACK_S = 1.0
+MAX_DRAIN_TICKS = 200_000  # after the last arrival: stop (and reject what is left)
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -187,13 +193,14 @@ def burst_trace(low: tuple[float, float] = (2.0, 5.0), high: tuple[float, float]
 
 
 class _Group:
-    __slots__ = ("engines", "releasing", "replica", "rids")
+    __slots__ = ("engines", "replica", "rids", "served", "since")
 
-    def __init__(self, engines: tuple[int, ...], replica: Replica) -> None:
+    def __init__(self, engines: tuple[int, ...], replica: Replica, since: float) -> None:
+        self.since = since
         self.engines = engines
         self.replica = replica
-        self.rids: list[int] = []
-        self.releasing = False
+        self.rids: list[int] = []  # unfinished requests submitted to the merged batch
+        self.served = False  # it has taken a request (then an empty batch may give back)
 
 
 def _service_rate(cost: StepCostModel, mean_in: float, mean_out: float, batch: int = 32
@@ -265,6 +272,7 @@ class _Flying:
             rep, first = g.replica, g.engines[0]
             waiting[first] += len(rep.waiting)
             running[first] += len(rep.running) + len(rep.prefilling)
+            g.served = g.served or bool(g.rids)
             g.rids = self.unfinished(g.rids)
             for e in g.engines:
                 free[e] = int(rep.kv_free_tokens) // len(g.engines)
@@ -289,7 +297,11 @@ class _Flying:
         self.timeline.append(ModeChange(t, self.width(), tuple(sorted(self.groups))))
 
     def apply(self, t: float) -> None:
-        for act in self.policy(self.state(t)):
+        actions = self.policy(self.state(t))
+        wanted = {a.engines for a in actions if isinstance(a, Bind)}
+        for engines in [g for g in self.binding if g not in wanted]:
+            del self.binding[engines]  # the policy changed its mind before the drain ended
+        for act in actions:
             if isinstance(act, Release):
                 self.release(act.engines, t)
             elif isinstance(act, Bind):
@@ -303,6 +315,7 @@ class _Flying:
         # to the DP requests it paused (hard preempt: "resume DP with KV intact")
         for engines, g in list(self.groups.items()):
             if (g.replica.outstanding == 0 and not self.held
+                    and (g.served or t - g.since >= GIVE_BACK_S)
                     and any(self.dp[e].outstanding for e in engines)):
                 self.release(engines, t)
         for engines in [g for g in self.binding if all(self.dp[e].outstanding == 0
@@ -332,7 +345,7 @@ class _Flying:
         for m in members:
             m.pause(t)
         rep.resume(t + self.latency)
-        group = _Group(engines, rep)
+        group = _Group(engines, rep, t)
         for m in members:  # queued requests hold no KV yet: they move to the merged batch
             while m.waiting:
                 entry = m.waiting.popleft()
@@ -462,7 +475,7 @@ def simulate_flying(model: ModelSpec | str, gpu: GPUSpec | str, n_gpus: int, bas
     sw: list[int] = []
     sq: list[int] = []
     sr: list[float] = []
-    i, tick, idle_ticks, last = 0, 0.0, 0, 0.0
+    i, tick, idle_ticks, drain_ticks, last = 0, 0.0, 0, 0, 0.0
     while True:
         is_arrival = i < m and arrival[i] <= tick
         t = float(arrival[i]) if is_arrival else tick
@@ -483,10 +496,12 @@ def simulate_flying(model: ModelSpec | str, gpu: GPUSpec | str, n_gpus: int, bas
             tick += control_interval_s
             if i >= m:
                 idle_ticks = idle_ticks + 1 if fly.idle() or _stuck(fly) else 0
-                if fly.idle() or idle_ticks > 200:
+                drain_ticks += 1
+                if fly.idle() or idle_ticks > 200 or drain_ticks > MAX_DRAIN_TICKS:
                     break
-    for rid in fly.held:
-        book.truncated[rid] = True  # no group ever held it
+    for rid in range(m):  # held by no group, or cut off by MAX_DRAIN_TICKS
+        if math.isnan(book.finish[rid]):
+            book.truncated[rid] = True
     reps = [*fly.dp, *fly.retired, *(x.replica for x in fly.groups.values())]
     busy = [(r.busy_start, r.busy_end) for r in reps]
     result = build_result(arrival, inputs, outputs, np.array(book.first_token),

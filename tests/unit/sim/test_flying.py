@@ -176,3 +176,11 @@ def test_every_request_completes_or_is_rejected(rows: list[tuple[float, int, int
     tokens = np.array([i + o for _, i, o, _ in rows])
     assert s.n_rejected == int((tokens > 4 * 4096 * 0.99 - 8).sum()) or policy != "context_length"
     assert np.all(s.ttft_s[~np.isnan(s.ttft_s)] >= 0)
+
+
+def test_a_bind_on_an_idle_moment_cannot_starve_paused_work() -> None:
+    # theta=1: the policy binds whenever nothing waits, pausing a running DP request; the
+    # group gets no request, so it must give the engines back and the request must finish
+    res = simulate_flying(MODEL, GPU, 4, 1, _wl([(0.0, 64, 200)]), widths=(1, 2, 4),
+                          policy=make_policy("load_threshold", theta=1))
+    assert res.serving.n_completed == 1
