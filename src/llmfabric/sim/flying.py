@@ -13,8 +13,10 @@ Every switch costs `switch_latency_s` on the engines it touches. A bound group w
 empty gives its engines back to the DP requests it paused (work-conserving resume: at once
 once it has served a request, after GIVE_BACK_S if it never got one).
 
-Methods: "hard" binds at once; "sequential" stops feeding the members and binds when they are
-idle; "soft" is simulated as "sequential" (its head start in DP mode is not modelled).
+Methods: "hard" binds at once; "sequential" stops feeding the members and binds once the
+requests they held when the bind was asked have finished; "soft" binds at the same moment but
+keeps feeding the members meanwhile (new requests start in DP mode) and folds those requests
+into the merged batch at the bind (prompt + generated tokens re-prefilled under TP).
 
 Routing at each arrival: a request of priority >= `p_hi` (policy "priority" or a callable, when
 a wider width is allowed) or one
@@ -231,7 +233,8 @@ class _Flying:
         # the most one engine's KV can hold for one request (Replica.submit's own bound)
         self.one_engine = self.dp[0].capacity - config.block_size / 2.0
         self.groups: dict[tuple[int, ...], _Group] = {}
-        self.binding: dict[tuple[int, ...], Method] = {}  # sequential binds waiting to start
+        # sequential/soft binds waiting for the requests their members held when asked
+        self.binding: dict[tuple[int, ...], tuple[Method, list[int]]] = {}
         self.held: list[int] = []  # requests waiting at the driver for a bound group
         self.retired: list[Replica] = []
         self.timeline: list[ModeChange] = []
@@ -309,8 +312,9 @@ class _Flying:
                     continue
                 if act.method == "hard":
                     self.bind(act.engines, t)
-                else:
-                    self.binding[act.engines] = act.method
+                elif act.engines not in self.binding:
+                    old = [r for e in act.engines for r in _rids(self.dp[e])]
+                    self.binding[act.engines] = (act.method, old)
         # work-conserving resume: a bound group with an empty batch gives its engines back
         # to the DP requests it paused (hard preempt: "resume DP with KV intact")
         for engines, g in list(self.groups.items()):
@@ -318,14 +322,14 @@ class _Flying:
                     and (g.served or t - g.since >= GIVE_BACK_S)
                     and any(self.dp[e].outstanding for e in engines)):
                 self.release(engines, t)
-        for engines in [g for g in self.binding if all(self.dp[e].outstanding == 0
-                                                      for e in g)]:
-            del self.binding[engines]
-            self.bind(engines, t)
+        for engines, (method, old) in list(self.binding.items()):
+            if not self.unfinished(old):
+                del self.binding[engines]
+                self.bind(engines, t, fold=method == "soft")
 
-    def bind(self, engines: tuple[int, ...], t: float) -> None:
+    def bind(self, engines: tuple[int, ...], t: float, fold: bool = False) -> None:
         members = [self.dp[e] for e in engines]
-        if self.preempt_kv == "recompute":
+        if self.preempt_kv == "recompute" or fold:
             for rep in members:
                 running = set(rep.running) | {it[0] for it in rep.prefilling}
                 for rid in running:
@@ -373,7 +377,7 @@ class _Flying:
         if self.needs_group(rid):
             self.held.append(rid)
             return
-        busy = {e for g in self.binding for e in g}
+        busy = {e for g, (m, _) in self.binding.items() if m == "sequential" for e in g}
         best: tuple[float, int] | None = None
         target: Replica | _Group | None = None
         for e, rep in enumerate(self.dp):
@@ -510,6 +514,11 @@ def simulate_flying(model: ModelSpec | str, gpu: GPUSpec | str, n_gpus: int, bas
                           sum(r.preemptions for r in reps), slo, busy)
     return FlyingResult(result, tuple(fly.timeline), prio, np.array(st), np.array(sw),
                         np.array(sq), np.array(sr))
+
+
+def _rids(rep: Replica) -> list[int]:
+    return ([e[0] for e in rep.waiting] + [it[0] for it in rep.prefilling]
+            + list(rep.running))
 
 
 def _stuck(fly: _Flying) -> bool:
