@@ -184,3 +184,23 @@ def test_a_bind_on_an_idle_moment_cannot_starve_paused_work() -> None:
     res = simulate_flying(MODEL, GPU, 4, 1, _wl([(0.0, 64, 200)]), widths=(1, 2, 4),
                           policy=make_policy("load_threshold", theta=1))
     assert res.serving.n_completed == 1
+
+
+def test_benchmark_sections_report_ours_beside_the_paper() -> None:
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[3] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        import flying as bench_flying  # benchmarks/flying.py
+    finally:
+        sys.path.remove(bench)
+    lc = bench_flying.long_context()
+    assert all(lc["checks"].values())  # F7 is exact: served merged, static DP cannot
+    assert {r["layout"] for r in lc["rows"]} == {"static_TP2", "static_TP4", "static_TP8",
+                                                  "flying_DP2xTP4"}
+    shape = bench_flying.dp_tp_shape(60.0, 0)
+    assert shape["checks"]["ttft_ratio_in_[1.3,2.6]"] and shape["checks"][
+        "tpot_ratio_in_[1.3,2.6]"]
+    assert [r["paper_ttft_ms"] for r in shape["rows"]] == [786, 367, 370]
