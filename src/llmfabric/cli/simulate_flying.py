@@ -143,7 +143,7 @@ def flying_command(model: str, gpu: str, n_gpus: int, base_tp: int, widths: str,
                                  f"policy {policy}, {res.switches} switches")
     summary = res.summary()
     if as_json:
-        sys.stdout.write(json.dumps(summary, default=float) + "\n")
+        sys.stdout.write(json.dumps(_finite(summary)) + "\n")
         return
     s = res.serving
     cls = res.class_stats()
@@ -155,3 +155,14 @@ def flying_command(model: str, gpu: str, n_gpus: int, base_tp: int, widths: str,
                    f"{c['p90_ttft_s'] * 1e3:,.1f} ms; TPOT {c['mean_tpot_s'] * 1e3:,.1f} ms")
     if plot is not None:
         click.echo(f"wrote {plot}")
+
+
+def _finite(value: Any) -> Any:
+    """NaN (e.g. no priority requests) as JSON null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -20,10 +20,11 @@ def test_flying_burst_run_writes_a_png(tmp_path: Path) -> None:
         "flying", "--model", "llama-3.1-8b", "--gpu", "H100", "--gpus", "4", "--base-tp", "1",
         "--widths", "1,2,4", "--arrival", "onoff", "--low", "1-2", "--high", "20-30",
         "--period", "20", "--burst", "5", "--duration", "40", "--input", "256",
-        "--output", "32", "--plot", str(png), "--json"])
+        "--output", "32", "--priority-share", "0", "--plot", str(png), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.splitlines()[0])
     assert out["n_completed"] == out["n_requests"] > 0
+    assert "NaN" not in res.output.splitlines()[0]  # strict JSON
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
