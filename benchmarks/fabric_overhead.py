@@ -1,6 +1,12 @@
 """Control-plane overhead of the deployed path (OpenTela §5, Fig. 5), in ONE run.
 
     python benchmarks/fabric_overhead.py --json OUT.json [--duration 3] [--rounds 3]
+        [--engine sim|vllm|llamacpp]
+
+`--engine vllm|llamacpp` puts a REAL engine behind the provider node (vLLM CPU or
+llama-cpp-python's server from scripts/install-engines.sh, serving the tiny Llama that
+tests/engine/tinymodel.py builds; no download): what the fabric adds in front of a real
+engine, same run, same requests (prompt of ~240 tokens of the tiny tokenizer, 16 outputs).
 
 `benchmarks/ingress_overhead.py` measures the standalone ingress in front of a mock backend.
 This measures what a consumer of a running fabric pays: real `llmfabric start` processes on
@@ -46,6 +52,7 @@ GPU = "GH200"
 PROMPT = "word " * 252  # ~256 prompt tokens with the chat template overhead (sim: chars/4 + 4)
 MAX_TOKENS = 16
 CONCURRENCY = (1, 16)
+IGNORE_EOS = True
 _CONTENT = re.compile(rb'"content": ?"[^"]')
 
 
@@ -54,8 +61,11 @@ _CONTENT = re.compile(rb'"content": ?"[^"]')
 # --------------------------------------------------------------------------------------------
 
 def request_bytes(port: int, path: str, stream: bool, headers: dict[str, str]) -> bytes:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
-                       "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": stream}).encode()
+    doc: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+                           "max_tokens": MAX_TOKENS, "stream": stream}
+    if IGNORE_EOS:
+        doc["ignore_eos"] = True
+    body = json.dumps(doc).encode()
     extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Content-Type: application/json\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
@@ -162,15 +172,46 @@ def lookup_us(n_nodes: int, policy: str, iters: int = 20000) -> dict[str, float]
 Target = tuple[int, str, dict[str, str]]  # port, path, extra headers
 
 
-def start_fabric(root: Path, speed: float) -> tuple[Any, dict[str, Target]]:
+REPO = Path(__file__).resolve().parents[1]
+
+
+def real_engine_command(engine: str, root: Path, port: int) -> list[str]:
+    """Install (cached) the engine, build the tiny model, return the engine command."""
+    import subprocess
+
+    subprocess.run([str(REPO / "scripts" / "install-engines.sh"), engine], check=True)
+    home = Path(os.environ.get("LLMFABRIC_ENGINES_HOME",
+                               Path.home() / ".cache" / "llmfabric-engines"))
+    venv = home / ("vllm-venv" if engine == "vllm" else "llamacpp-venv")
+    builder = [str(venv / "bin" / "python"), str(REPO / "tests" / "engine" / "tinymodel.py"),
+               str(root / "model")]
+    if engine == "vllm":
+        subprocess.run(builder, check=True)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        return [str(venv / "bin" / "vllm"), "serve", str(root / "model" / "hf"), "--port",
+                str(port), "--max-model-len", "1024", "--dtype", "float32",
+                "--served-model-name", MODEL]
+    subprocess.run([*builder, "--gguf"], check=True)
+    return [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model",
+            str(root / "model" / "tiny-f32.gguf"), "--port", str(port), "--n_ctx", "1024",
+            "--model_alias", MODEL]
+
+
+def start_fabric(root: Path, speed: float, engine: str = "sim"
+                 ) -> tuple[Any, dict[str, Target]]:
     from llmfabric.node.local_fabric import EngineSpec, LocalFabric
     from llmfabric.node.ports import free_port
 
     fab = LocalFabric(root)
     api_port = free_port()
     ingress = fab.start_ingress("--api-listen", f"127.0.0.1:{api_port}")
-    node = fab.add_node(EngineSpec(MODEL, GPU, provider="bench", speed=speed))
-    fab.wait_serving({MODEL: 1}, timeout=90)
+    if engine == "sim":
+        node = fab.add_node(EngineSpec(MODEL, GPU, provider="bench", speed=speed))
+    else:
+        port = free_port()
+        node = fab.add_process_node(real_engine_command(engine, root, port), "bench",
+                                    "--provider", "bench", engine_port=port)
+    fab.wait_serving({MODEL: 1}, timeout=600)
     key = {"Authorization": f"Bearer {fab.admin_key()}"}
     assert node.engine_port is not None
     targets: dict[str, Target] = {
@@ -240,21 +281,30 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--speed", type=float, default=1.0,
                     help="simulated engine speed-up (1: the GH200 timing model)")
+    ap.add_argument("--engine", choices=["sim", "vllm", "llamacpp"], default="sim",
+                    help="engine behind the provider node (real ones: see the docstring)")
     args = ap.parse_args()
+    global MODEL, PROMPT, GPU, IGNORE_EOS
+    if args.engine != "sim":
+        # The tiny model's tokenizer knows these words: ~240 prompt tokens; random weights
+        # rarely emit EOS, and llama-cpp-python has no ignore_eos.
+        MODEL, GPU, IGNORE_EOS = "tiny", "cpu", False
+        PROMPT = "the fabric routes requests to engines " * 40
     started = time.time()
     load_before = os.getloadavg()
     lookups = {f"{policy}_{n}": lookup_us(n, policy)
                for n in (8, 64, 512) for policy in ("random", "least_outstanding",
                                                      "prefix_affinity")}
     with tempfile.TemporaryDirectory(prefix="fabric-overhead-") as tmp:
-        fab, targets = start_fabric(Path(tmp), args.speed)
+        fab, targets = start_fabric(Path(tmp), args.speed, args.engine)
         try:
             paths = asyncio.run(measure(targets, args.duration, args.rounds))
         finally:
             fab.close()
     add = added(paths)
     payload = {
-        "config": {"model": MODEL, "gpu": GPU, "engine_speed": args.speed,
+        "config": {"model": MODEL, "gpu": GPU, "engine": args.engine,
+                   "engine_speed": args.speed,
                    "prompt_tokens": 256, "max_tokens": MAX_TOKENS, "duration_s": args.duration,
                    "rounds": args.rounds, "concurrency": list(CONCURRENCY),
                    "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
@@ -277,8 +327,11 @@ def main() -> None:
     lookup_rows = ", ".join(f"{k}: {v['lookup_pick_us']:.2f} us (rebuild "
                             f"{v['index_rebuild_us']:.0f} us)" for k, v in lookups.items())
     notes = (f"Added time vs the engine called directly (ms; p50/p95 of {args.rounds} "
-             f"interleaved rounds of {args.duration} s phases), Qwen3-1.7B on a simulated GH200, "
-             f"256-token prompts, {MAX_TOKENS} output tokens. Load average before "
+             f"interleaved rounds of {args.duration} s phases), "
+             + ("Qwen3-1.7B on a simulated GH200, 256-token prompts"
+                if args.engine == "sim" else f"real {args.engine} (CPU) serving a tiny Llama, "
+                "~240-token prompts") +
+             f", {MAX_TOKENS} output tokens. Load average before "
              f"{load_before[0]:.2f}. Routing lookup + pick per request: {lookup_rows}.")
     columns = ["path"] + [f"{m}_c{c}" for c in CONCURRENCY for m in (
         "ttft_p50_ms", "ttft_p95_ms", "p50_ms", "p95_ms")]

@@ -13,12 +13,16 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   accounts/    API keys, usage ledger, rate limits
   dashboard/   web UI
   sim/         roofline operator costs and discrete-event serving simulator
+  kvcompress/  2/3/4/8-bit KV quantization for the prefill -> decode hand-off
   scheduler/   placement solver, baselines, fleet controller
   traces/      trace loaders and workload characterization
   bench/       load generator client
   engines/     simulated engine
   cli/         the `llmfabric` command
   testing/     fakes shipped for tests and benchmarks (fake clock, in-memory network)
+  dataplane/   the encrypted, mutually authenticated data plane (ingress <-> provider)
+  launch/      Slurm and Kubernetes launchers, Slurm fleet sizing
+  __main__     `python -m llmfabric` runs the CLI
 """
 
 __version__ = "0.1.0"

@@ -35,7 +35,10 @@ MODEL = "qwen3-1.7b"
 _GET = """
 import json, sys, urllib.request
 try:
-    with urllib.request.urlopen(sys.argv[1], timeout=10) as r:
+    key = sys.argv[2] if len(sys.argv) > 2 else ""
+    req = urllib.request.Request(sys.argv[1],
+                                 headers={"Authorization": "Bearer " + key} if key else {})
+    with urllib.request.urlopen(req, timeout=10) as r:
         print(json.dumps({"status": r.status, "body": json.loads(r.read())}))
 except Exception as e:
     print(json.dumps({"status": 0, "body": repr(e)}))
@@ -68,8 +71,8 @@ def _routed(netlab: Any) -> tuple[str, str]:
     return ing, prv
 
 
-def _get(netlab: Any, ns: str, url: str) -> dict[str, Any]:
-    out = netlab.run(ns, sys.executable, "-c", _GET, url, check=False, timeout=30)
+def _get(netlab: Any, ns: str, url: str, key: str = "") -> dict[str, Any]:
+    out = netlab.run(ns, sys.executable, "-c", _GET, url, key, check=False, timeout=30)
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -100,7 +103,9 @@ def test_the_ingress_reaches_providers_on_another_host(
     seen: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and len(seen) < len(providers):
-        nodes = _get(netlab, ing, base + "/v1/fabric/nodes")
+        key_file = tmp_path / "ingress" / "admin.key"  # the fleet views need a key
+        key = key_file.read_text().strip() if key_file.exists() else ""
+        nodes = _get(netlab, ing, base + "/v1/fabric/nodes", key)
         if nodes["status"] == 200:
             seen = {n["provider_id"]: n for n in nodes["body"]["nodes"]
                     if n["provider_id"] in providers and n["state"] == "SERVING"}
@@ -118,11 +123,14 @@ def test_the_ingress_reaches_providers_on_another_host(
     assert _get(netlab, ing, f"http://{PROVIDER_IP}:8091/healthz")["status"] == 200
 
     admin_key = (tmp_path / "ingress" / "admin.key").read_text().strip()
-    out = netlab.run(ing, sys.executable, "-c", _SDK, base + "/v1", admin_key, MODEL, *providers,
-                     check=False, timeout=120)
+    # X-Fabric-Providers names keys on a PSK network (the peer id), not --provider names.
+    keys = {name: seen[name]["peer_id"] for name in providers}
+    out = netlab.run(ing, sys.executable, "-c", _SDK, base + "/v1", admin_key, MODEL,
+                     *keys.values(), check=False, timeout=120)
     try:
-        replies = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        by_key = json.loads(out.strip().splitlines()[-1])
+        replies = {name: by_key[key] for name, key in keys.items()}
+    except (ValueError, IndexError, KeyError):
         raise AssertionError((out, logs())) from None
     for name in providers:
         assert replies[name]["node"] == seen[name]["session_id"], (name, replies, logs())

@@ -47,6 +47,12 @@ def _call(netlab: Any, ns: str, url: str, body: str = "", key: str = "") -> dict
     return result
 
 
+def _admin(tmp_path: pathlib.Path) -> str:
+    """The ingress's admin key (its fleet views need a key), "" before it exists."""
+    f = tmp_path / "ingress" / "admin.key"
+    return f.read_text().strip() if f.exists() else ""
+
+
 def _build_nat(netlab: Any) -> tuple[str, str]:
     pub, router, priv = netlab.ns("pub"), netlab.ns("rtr"), netlab.ns("prv")
     _, r_pub = netlab.link(pub, "10.202.1.2/24", router, "10.202.1.1/24")
@@ -80,7 +86,7 @@ def test_ingress_serves_a_nated_provider_through_the_relay(
     node: dict[str, Any] | None = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        nodes = _call(netlab, pub, base + "/v1/fabric/nodes")
+        nodes = _call(netlab, pub, base + "/v1/fabric/nodes", "", _admin(tmp_path))
         if nodes["status"] == 200:
             for n in nodes["body"]["nodes"]:
                 if n["provider_id"] == "behind-nat" and n["state"] == "SERVING" and n["relays"]:
@@ -118,11 +124,14 @@ def test_a_node_with_the_wrong_secret_never_joins(netlab: Any, tmp_path: pathlib
                         "--preset", "local", "-v"], str(intruder_log))
     base = f"http://{INGRESS_HTTP}"
     deadline = time.monotonic() + 10
+    answered = 0
     while time.monotonic() < deadline:
-        nodes = _call(netlab, pub, base + "/v1/fabric/nodes")
+        nodes = _call(netlab, pub, base + "/v1/fabric/nodes", "", _admin(tmp_path))
         if nodes["status"] == 200:
+            answered += 1
             assert all(n["provider_id"] != "intruder" for n in nodes["body"]["nodes"])
         time.sleep(0.5)
+    assert answered  # the view was really read (it needs the admin key)
     metrics = netlab.run(pub, sys.executable, "-c", "import urllib.request,sys;"
                          f"print(urllib.request.urlopen('{base}/metrics').read().decode())")
     refused = [line for line in metrics.splitlines()

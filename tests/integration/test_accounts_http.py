@@ -60,13 +60,23 @@ async def test_key_lifecycle_and_permissions(server: tuple[str, AccountStore, st
                             json={"name": "second"})
         second = await r.json()
         assert r.status == 201 and second["owner"] == "alice"
+        # a limited key's keys inherit its limits, never more
+        assert second["tokens_per_min"] == 1000
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(alice["key"]),
+                            json={"name": "greedy", "tokens_per_min": 10**6})
+        assert r.status == 403 and "higher than" in (await r.json())["error"]["message"]
 
-        # bad bodies -> 400 in OpenAI's shape
+        # bad bodies -> 400 in OpenAI's shape (an admin must name the owner of a non-admin
+        # key: its own owner, "admin", is reserved for admin keys)
         for body in (b"{", b'{"name": ""}', b'{"name": "a", "requests_per_min": -1}',
-                     b'{"name": "a", "bogus": 1}'):
+                     b'{"name": "a", "bogus": 1}', b'{"name": "a"}'):
             r = await http.post(f"{base}/v1/fabric/keys", headers=auth(admin), data=body)
             assert r.status == 400
             assert set((await r.json())["error"]) == {"message", "type", "param", "code"}
+
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(admin),
+                            json={"name": "a", "owner": " ADMIN "})
+        assert r.status == 403 and "reserved" in (await r.json())["error"]["message"]
 
         # admin lists all; alice cannot list bob's
         r = await http.get(f"{base}/v1/fabric/keys", headers=auth(admin))

@@ -22,6 +22,12 @@ class ScriptedProbe:
         self.checks += 1
         return self.health_results.pop(0) if self.health_results else False
 
+    async def get_text(self, base_url: str, path: str, timeout_s: float) -> str | None:
+        return None
+
+    async def get_json(self, base_url: str, path: str, timeout_s: float) -> Any:
+        return None
+
     async def aclose(self) -> None:
         pass
 
@@ -37,7 +43,7 @@ async def test_failures_must_be_consecutive(tmp_path: pathlib.Path) -> None:
         clock=clock, probe=probe,
     )
     info = await sup.start()
-    assert [m.id for m in info.models] == ["m"] and info.kind == "unknown"
+    assert [m.id for m in info.models] == ["m"] and info.kind == "openai"
     await clock.advance(50.0)
     assert sup.state is EngineState.READY and probe.checks == 5
     await clock.advance(10.0)

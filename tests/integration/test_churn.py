@@ -68,9 +68,11 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFabr
             for i in range(N_NODES)
         ]
         fab.wait_serving({MODEL: N_NODES}, timeout=120)
+        # `provider` is what X-Fabric-Providers names: on a PSK network the key fingerprint
+        # (peer id), not the --provider name.
         serving = [
-            Serving(n, n.get_json("/v1/fabric/self")["session_id"], f"p{i}")
-            for i, n in enumerate(nodes)
+            Serving(n, (me := n.get_json("/v1/fabric/self"))["session_id"], me["peer_id"])
+            for n in nodes
         ]
         yield fab, serving
 

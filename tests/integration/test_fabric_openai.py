@@ -71,19 +71,23 @@ def test_streaming_passes_chunks_and_usage(fabric: LocalFabric) -> None:
 def test_trusted_provider_filter_is_honoured(fabric: LocalFabric) -> None:
     nodes = fabric.ingress.get_json("/v1/fabric/nodes")["nodes"]  # type: ignore[union-attr]
     uni_a = {n["session_id"] for n in nodes if n["provider_id"] == "uni-a"}
+    # On a PSK network a provider is its key fingerprint (the peer id): the allowlist names
+    # keys, never the free-text provider name a record claims.
+    uni_a_keys = ",".join(sorted({n["peer_id"] for n in nodes if n["provider_id"] == "uni-a"}))
     client = _client(fabric)
     for _ in range(6):
         raw = client.chat.completions.with_raw_response.create(
             model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-            extra_headers={"X-Fabric-Providers": "uni-a"},
+            extra_headers={"X-Fabric-Providers": uni_a_keys},
         )
         assert raw.headers.get("x-fabric-node") in uni_a
-    with pytest.raises(openai.APIStatusError) as err:
-        client.chat.completions.create(
-            model="qwen3-1.7b", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-            extra_headers={"X-Fabric-Providers": "uni-a"},
-        )
-    assert err.value.status_code == 503
+    for model, allow in (("qwen3-1.7b", uni_a_keys), ("llama-3.1-8b", "uni-a")):
+        with pytest.raises(openai.APIStatusError) as err:  # a claimed name matches nothing
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                extra_headers={"X-Fabric-Providers": allow},
+            )
+        assert err.value.status_code == 503
 
 
 def test_bad_key_and_unknown_model(fabric: LocalFabric) -> None:
@@ -120,7 +124,9 @@ def test_ingress_records_an_anonymized_trace_with_per_key_opt_out(fabric: LocalF
         assert fabric.ingress is not None
         req = urllib.request.Request(
             fabric.ingress.http_url + "/v1/fabric/keys",
-            data=json.dumps({"name": f"k{record}", "record_trace": record}).encode(),
+            # owner "admin" is reserved for admin keys: name the user's owner
+            data=json.dumps({"name": f"k{record}", "owner": "trace-user",
+                             "record_trace": record}).encode(),
             headers={"Authorization": f"Bearer {fabric.admin_key()}",
                      "Content-Type": "application/json"},
         )

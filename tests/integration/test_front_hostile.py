@@ -18,11 +18,11 @@ import orjson
 import pytest
 from aiohttp import web
 
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.accounts_auth import StaticKeys
 from llmfabric.ingress.fast_front import FastFront
 from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
-from llmfabric.ingress.usage import MAX_TOKENS
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
@@ -340,7 +340,7 @@ def test_absurd_usage_is_clamped(env: Env) -> None:
     status, _ = _post(env, _chat("usage"))
     assert status == 200
     row = env.keys.usage[("k1", "usage")]
-    assert row[0] == MAX_TOKENS and row[1] == 0
+    assert row[0] == MAX_TOKENS_PER_REQUEST and row[1] == 0
 
 
 def test_an_abandoned_stream_is_billed_from_what_was_relayed(env: Env) -> None:

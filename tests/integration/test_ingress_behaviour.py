@@ -290,7 +290,7 @@ async def test_every_answered_request_is_counted_in_metrics(server: str) -> None
     assert req[(("model", ""), ("status", "429"))] == 1
     assert req[(("model", ""), ("status", "400"))] == 3  # refused before a model was known
     assert req[(("model", "m"), ("status", "400"))] == 1
-    assert req[(("model", "nope"), ("status", "404"))] == 1
+    assert req[(("model", "other"), ("status", "404"))] == 1  # unknown: one bounded label
     assert req[(("model", "m"), ("status", "503"))] == 1
     assert req[(("model", "gone"), ("status", "502"))] == 1
     errs = _counts(text, "llmfabric_ingress_errors")

@@ -61,6 +61,8 @@ async def test_standalone_ingress_with_two_workers(tmp_path: Path) -> None:
         assert {r.choices[0].message.content for r in replies} == {"hello from A"}
         with pytest.raises(openai.NotFoundError):
             await c.chat.completions.create(model="zz", messages=MSG)
+        r = await c.responses.create(model="m", input="hi")  # translated to chat
+        assert r.output_text == "hello from A" and r.store is False
         await c.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -72,3 +74,12 @@ async def test_standalone_ingress_with_two_workers(tmp_path: Path) -> None:
         log.close()
         await runner.cleanup()
     assert proc.returncode == 0, (tmp_path / "ingress.log").read_text()
+
+
+def test_native_responses_needs_backends() -> None:
+    from click.testing import CliRunner
+
+    from llmfabric.cli.ingress import command
+
+    out = CliRunner().invoke(command, ["--network-secret", "s", "--native-responses", "m"])
+    assert out.exit_code == 2 and "--native-responses applies to --backend" in out.output

@@ -28,6 +28,7 @@ from llmfabric.ingress.accounts_auth import StaticKeys
 from llmfabric.ingress.forward_http import HttpUpstream
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle, NodeRecord
+from llmfabric.routing.candidates import claimed_provider
 
 from .test_ingress_support import (
     Backend,
@@ -119,7 +120,10 @@ def fabric() -> Iterator[Fabric]:
             record("nGhost", "uni-a", dead, ["ghost"], state=Lifecycle.DOWN),
             record("nR", "uni-r", "", ["relayed"], relays=("relay-1",)),
         ]
-        source = RecordsCandidateSource(lambda: [(r, False) for r in records])
+        # Hand-made records stand for verified ones: their provider names are the identities
+        # (a node verifies them with registry.provider; tests/unit/routing covers that).
+        source = RecordsCandidateSource(lambda: [(r, False) for r in records],
+                                        identify=claimed_provider)
         forwarder = ChoosingForwarder(HttpForwarder(FORWARD_PREFIX), PeerForwarder(peer))
         config = IngressConfig(node_id="ing", max_retries=2, max_body_bytes=64 * 1024)
         app = build_ingress_app(config, source, forwarder, auth=keys, usage_sink=keys,

@@ -8,6 +8,7 @@ import pytest
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
+from llmfabric.testing.poll import wait_until as wait_for
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
@@ -16,12 +17,6 @@ IDLE = 0.4
 
 def psk() -> PskAdmission:
     return PskAdmission("test", b"s" * 32)
-
-
-async def wait_for(pred, within: float = 5.0) -> None:
-    async with asyncio.timeout(within):
-        while not pred():  # noqa: ASYNC110 - polling state of real sockets
-            await asyncio.sleep(0.01)
 
 
 async def test_idle_connection_is_closed_on_both_sides_and_redialled_on_demand():

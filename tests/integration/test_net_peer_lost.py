@@ -9,18 +9,13 @@ import pytest
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import TlsTransport, TransportConfig
+from llmfabric.testing.poll import wait_until as wait_for
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
 
 def psk() -> PskAdmission:
     return PskAdmission("test", b"s" * 32)
-
-
-async def wait_for(pred: object, within: float = 5.0) -> None:
-    async with asyncio.timeout(within):
-        while not pred():  # type: ignore[operator]  # noqa: ASYNC110 - real sockets
-            await asyncio.sleep(0.01)
 
 
 async def test_a_connection_cut_without_close_reports_the_peer_lost() -> None:

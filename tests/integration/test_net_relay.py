@@ -11,18 +11,13 @@ from llmfabric.net import (
     TlsTransport,
     TransportConfig,
 )
+from llmfabric.testing.poll import wait_until as wait_for
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
 
 def adm() -> PskAdmission:
     return PskAdmission("test", b"r" * 32)
-
-
-async def wait_for(pred, within: float = 5.0) -> None:
-    async with asyncio.timeout(within):
-        while not pred():  # noqa: ASYNC110 - polling state of real sockets
-            await asyncio.sleep(0.01)
 
 
 async def test_request_and_datagrams_reach_a_node_that_only_dials_out():

@@ -17,6 +17,7 @@ from llmfabric.net import (
 )
 from llmfabric.net.addressbook import parse_addr
 from llmfabric.net.framing import FrameType, encode_frame
+from llmfabric.testing.poll import wait_until as wait_for
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
@@ -25,12 +26,6 @@ SECRET = b"s" * 32
 
 def psk(secret: bytes = SECRET, network: str = "test") -> PskAdmission:
     return PskAdmission(network, secret)
-
-
-async def wait_for(pred, within: float = 5.0) -> None:
-    async with asyncio.timeout(within):
-        while not pred():  # noqa: ASYNC110 - polling state of real sockets
-            await asyncio.sleep(0.01)
 
 
 async def test_datagrams_flow_both_ways_over_one_connection():

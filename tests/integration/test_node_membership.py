@@ -4,12 +4,12 @@ SIGKILL the others detect the dead node and stop listing it; a SIGTERM'd node le
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from llmfabric.node.local_fabric import LocalFabric, NodeProcess
+from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -19,15 +19,7 @@ def _views(node: NodeProcess) -> dict[str, dict[str, object]]:
 
 
 def _eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}")
+    wait_until_sync(check, timeout, what, interval=0.2, ignore=(OSError,))
 
 
 @pytest.fixture(scope="module")

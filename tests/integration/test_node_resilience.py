@@ -22,6 +22,7 @@ from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle
+from llmfabric.testing.poll import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,13 +59,7 @@ async def fab(tmp_path: pathlib.Path) -> AsyncIterator[Nodes]:
 
 
 async def eventually(check: Callable[[], bool], within: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while loop.time() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {within}s: {what}")
+    await wait_until(check, within, what, interval=0.1)
 
 
 def knows(node: Node, other: Node) -> bool:

@@ -7,7 +7,11 @@ Files:
                 connection behind a lock, reconnects when dropped) backends
   store.py      AccountStore: create/authenticate (cached)/list/get/revoke keys, usage API
   ledger.py     UsageLedger: in-memory aggregation per key/model/day, batched additive upserts
-  ratelimit.py  RateLimiter: requests/min and tokens/min token buckets on an injected clock
+  ratelimit.py  RateLimiter: requests/min and tokens/min token buckets (per key and per owner)
+  grants.py     key grants (hashes) an ingress publishes in its record; RemoteGrants for the
+                ingresses that trust it as a key issuer
+  policy.py     what keys may do to grow their powers (limit inheritance, keys per owner,
+                reserved owner "admin") and usage clamping (clamp_tokens)
   bootstrap.py  ensure_admin_key (the admin key file an ingress or demo starts with),
                 default paths ($LLMFABRIC_DB, $LLMFABRIC_HOME, ~/.llmfabric)
   http.py       add_account_routes: /v1/fabric/keys and /v1/fabric/usage for the ingress

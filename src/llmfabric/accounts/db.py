@@ -46,9 +46,18 @@ SCHEMA = (
         requests BIGINT NOT NULL DEFAULT 0,
         prompt_tokens BIGINT NOT NULL DEFAULT 0,
         completion_tokens BIGINT NOT NULL DEFAULT 0,
+        estimated_requests BIGINT NOT NULL DEFAULT 0,
         PRIMARY KEY (key_id, model, day)
     )""",
+    """CREATE TABLE IF NOT EXISTS owner_limits (
+        owner TEXT PRIMARY KEY,
+        requests_per_min INTEGER,
+        tokens_per_min INTEGER
+    )""",
 )
+# Requests whose tokens the ingress counted itself (the engine reported none): databases
+# created before the column existed get it here.
+ESTIMATED_COLUMN = "estimated_requests BIGINT NOT NULL DEFAULT 0"
 
 
 class Backend(Protocol):
@@ -80,6 +89,9 @@ class SQLiteBackend:
             conn.execute("PRAGMA busy_timeout=30000")
             for stmt in SCHEMA:
                 conn.execute(stmt)
+            cols = {row[1] for row in conn.execute("PRAGMA table_info(usage_daily)")}
+            if "estimated_requests" not in cols:
+                conn.execute(f"ALTER TABLE usage_daily ADD COLUMN {ESTIMATED_COLUMN}")
             return conn
 
         return cls(await asyncio.to_thread(connect))
@@ -134,6 +146,8 @@ class PostgresBackend:
             await backend._conn.execute("SELECT pg_advisory_xact_lock(%s)", (cls._SCHEMA_LOCK,))
             for stmt in SCHEMA:
                 await backend._conn.execute(stmt)
+            await backend._conn.execute(
+                f"ALTER TABLE usage_daily ADD COLUMN IF NOT EXISTS {ESTIMATED_COLUMN}")
         return backend
 
     async def _ready(self) -> Any:

@@ -6,6 +6,12 @@
                                           (the plaintext, shown this once)
     DELETE /v1/fabric/keys/{id}           revoke (own keys; admin any)
     GET    /v1/fabric/usage[?key_id=&owner=&since=YYYY-MM-DD]
+    PUT    /v1/fabric/owners/{owner}/limits {requests_per_min?, tokens_per_min?} (admin):
+                                          limits on all of an owner's keys together
+
+A non-admin key creates keys only for its own owner, never with higher limits than its own
+(unset limits inherit its own); owner "admin" is reserved for admin keys; an owner holds at
+most 100 active keys (accounts.policy).
 
 Every route needs `Authorization: Bearer <api key>`; errors use OpenAI's JSON error shape.
 """
@@ -34,6 +40,12 @@ class CreateKeyBody(pydantic.BaseModel):
     requests_per_min: int | None = pydantic.Field(default=None, gt=0)
     tokens_per_min: int | None = pydantic.Field(default=None, gt=0)
     record_trace: bool = True
+
+
+class OwnerLimitsBody(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    requests_per_min: int | None = pydantic.Field(default=None, gt=0)
+    tokens_per_min: int | None = pydantic.Field(default=None, gt=0)
 
 
 def error_body(message: str, type_: str, code: str, param: str | None = None) -> dict[str, Any]:
@@ -97,16 +109,21 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
             return _err(400, f"invalid key request: {where}: {first['msg']}",
                         "invalid_request_error", "invalid_body")
         owner = body.owner or me.owner
+        if body.owner is None and me.admin and not body.admin:
+            return _err(400, "name the owner of the new key (owner 'admin' is reserved for "
+                        "admin keys)", "invalid_request_error", "invalid_body")
         if not me.admin and (owner != me.owner or body.admin):
             return _err(403, "only an admin may create admin keys or keys for other owners",
                         "permission_error", "forbidden")
         try:
             key, plaintext = await store.create_key(
                 body.name, owner, admin=body.admin, requests_per_min=body.requests_per_min,
-                tokens_per_min=body.tokens_per_min, record_trace=body.record_trace,
+                tokens_per_min=body.tokens_per_min, record_trace=body.record_trace, by=me,
             )
         except InvalidRequest as exc:
             return _err(400, str(exc), "invalid_request_error", "invalid_body")
+        except PermissionDenied as exc:
+            return _err(403, str(exc), "permission_error", "forbidden")
         return _json({**key.to_json(), "key": plaintext}, 201)
 
     async def revoke_key(request: web.Request) -> web.Response:
@@ -140,6 +157,24 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
         rows = await store.usage(key_id=key_id, owner=owner, since_day=since)
         return _json({"object": "list", "data": [r.to_json() for r in rows]})
 
+    async def owner_limits(request: web.Request) -> web.Response:
+        me = await caller(request)
+        if isinstance(me, web.Response):
+            return me
+        if not me.admin:
+            return _err(403, "only an admin may set owner limits", "permission_error",
+                        "forbidden")
+        try:
+            body = OwnerLimitsBody.model_validate_json(await request.read())
+        except pydantic.ValidationError:
+            return _err(400, "limits must be positive integers or null", "invalid_request_error",
+                        "invalid_body")
+        owner = request.match_info["owner"]
+        await store.set_owner_limits(owner, body.requests_per_min, body.tokens_per_min)
+        return _json({"owner": owner, "requests_per_min": body.requests_per_min,
+                      "tokens_per_min": body.tokens_per_min})
+
+    app.router.add_put("/v1/fabric/owners/{owner}/limits", owner_limits)
     app.router.add_get("/v1/fabric/keys", list_keys)
     app.router.add_post("/v1/fabric/keys", create_key)
     app.router.add_delete("/v1/fabric/keys/{key_id}", revoke_key)

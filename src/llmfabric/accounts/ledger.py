@@ -4,6 +4,11 @@
 moves the aggregate into the database in one transaction of additive upserts, so several
 processes can share one database and counts from all of them add up. A failed flush puts
 its rows back, so nothing is lost short of a crash.
+
+Usage is a claim by the provider: counts are clamped (accounts.policy.clamp_tokens) and a
+row's running total never exceeds what a BIGINT column holds. If a batch fails but the
+database answers, the rows are written one by one and a row that still fails is quarantined
+(kept in `quarantined`, logged, not retried), so one bad row can never stop every later flush.
 """
 
 from __future__ import annotations
@@ -11,19 +16,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmfabric.accounts.db import Backend
 from llmfabric.accounts.models import UsageRow
+from llmfabric.accounts.policy import clamp_tokens
+
+log = logging.getLogger(__name__)
+ROW_MAX = 2**62  # a pending row's counters saturate here (the column is a signed 64-bit int)
+QUARANTINE_MAX = 1000
 
 _UPSERT = """INSERT INTO usage_daily
-    (key_id, model, day, requests, prompt_tokens, completion_tokens)
-VALUES (?, ?, ?, ?, ?, ?)
+    (key_id, model, day, requests, prompt_tokens, completion_tokens, estimated_requests)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (key_id, model, day) DO UPDATE SET
     requests = usage_daily.requests + excluded.requests,
     prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens"""
+    completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens,
+    estimated_requests = usage_daily.estimated_requests + excluded.estimated_requests"""
 
 
 def utc_day(unix_s: float) -> str:
@@ -35,6 +47,7 @@ class _Counts:
     requests: int = 0
     prompt: int = 0
     completion: int = 0
+    estimated: int = 0  # requests whose tokens the ingress counted (the engine reported none)
 
 
 class UsageLedger:
@@ -43,16 +56,21 @@ class UsageLedger:
         self._wall = wall
         self._pending: dict[tuple[str, str, str], _Counts] = {}
         self._writing: asyncio.Future[int] | None = None
+        # Rows the database refused on their own (while it accepted others), newest last.
+        self.quarantined: list[tuple[str, str, str, int, int, int, int]] = []
+        self.quarantined_total = 0
 
     @property
     def pending_rows(self) -> int:
         return len(self._pending)
 
-    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+               estimated: bool = False) -> None:
         c = self._pending.setdefault((key_id, model, utc_day(self._wall())), _Counts())
-        c.requests += 1
-        c.prompt += max(0, int(prompt_tokens))
-        c.completion += max(0, int(completion_tokens))
+        c.requests = min(ROW_MAX, c.requests + 1)
+        c.estimated = min(ROW_MAX, c.estimated + int(estimated))
+        c.prompt = min(ROW_MAX, c.prompt + clamp_tokens(prompt_tokens))
+        c.completion = min(ROW_MAX, c.completion + clamp_tokens(completion_tokens))
 
     async def flush(self) -> int:
         """Write pending rows; returns how many (key, model, day) rows were written.
@@ -75,19 +93,56 @@ class UsageLedger:
         # In key order, so concurrent flushes (other processes sharing a Postgres database)
         # lock the same rows in the same order and cannot deadlock.
         rows = [
-            (k, m, d, c.requests, c.prompt, c.completion)
+            (k, m, d, c.requests, c.prompt, c.completion, c.estimated)
             for (k, m, d), c in sorted(batch.items())
         ]
         try:
             await self._backend.executemany(_UPSERT, rows)
+        except Exception:
+            if not await self._reachable():
+                self._put_back(batch)
+                raise
+            return await self._write_one_by_one(rows)
         except BaseException:
-            for key, c in batch.items():  # put them back, added to anything newer
-                cur = self._pending.setdefault(key, _Counts())
-                cur.requests += c.requests
-                cur.prompt += c.prompt
-                cur.completion += c.completion
+            self._put_back(batch)
             raise
         return len(rows)
+
+    def _put_back(self, batch: dict[tuple[str, str, str], _Counts]) -> None:
+        for key, c in batch.items():  # added to anything newer
+            cur = self._pending.setdefault(key, _Counts())
+            cur.requests = min(ROW_MAX, cur.requests + c.requests)
+            cur.prompt = min(ROW_MAX, cur.prompt + c.prompt)
+            cur.completion = min(ROW_MAX, cur.completion + c.completion)
+            cur.estimated = min(ROW_MAX, cur.estimated + c.estimated)
+
+    async def _reachable(self) -> bool:
+        try:
+            await self._backend.fetchall("SELECT 1")
+        except Exception:
+            return False
+        return True
+
+    async def _write_one_by_one(self, rows: list[tuple[str, str, str, int, int, int, int]]
+                                ) -> int:
+        """The batch failed while the database answers: some row is bad (e.g. its stored
+        total would overflow). Write the rest; quarantine what fails on its own."""
+        written = 0
+        for i, row in enumerate(rows):
+            try:
+                await self._backend.executemany(_UPSERT, [row])
+                written += 1
+            except Exception as exc:
+                if not await self._reachable():  # the database went away meanwhile
+                    self._put_back({(r[0], r[1], r[2]): _Counts(r[3], r[4], r[5], r[6])
+                                    for r in rows[i:]})
+                    raise
+                log.error("accounts: usage row %s refused by the database (%s); quarantined",
+                          row[:3], type(exc).__name__)
+                self.quarantined.append(row)
+                self.quarantined_total += 1
+                del self.quarantined[:-QUARANTINE_MAX]
+        return written
 
     async def query(
         self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None
@@ -104,13 +159,14 @@ class UsageLedger:
             params.append(since_day)
         sql = (
             "SELECT u.key_id, COALESCE(k.owner, ''), u.model, u.day, u.requests, "
-            "u.prompt_tokens, u.completion_tokens FROM usage_daily u "
+            "u.prompt_tokens, u.completion_tokens, u.estimated_requests FROM usage_daily u "
             "LEFT JOIN api_keys k ON k.id = u.key_id"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY u.day, u.key_id, u.model"
         )
         return [
-            UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]))
+            UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]),
+                     int(r[7]))
             for r in await self._backend.fetchall(sql, params)
         ]
 

@@ -20,6 +20,13 @@ class ApiKey:
     requests_per_min: int | None = None  # None: unlimited
     tokens_per_min: int | None = None  # None: unlimited
     record_trace: bool = True
+    # The owner's aggregate limits (all its keys together; None: unlimited), filled in by the
+    # store from its owner-limit table when the key authenticates.
+    owner_requests_per_min: int | None = None
+    owner_tokens_per_min: int | None = None
+    # sha256(plaintext) hex, kept for publishing grants to other ingresses (accounts.grants);
+    # never in to_json
+    hash: str = ""
 
     @property
     def active(self) -> bool:
@@ -57,6 +64,7 @@ class UsageRow:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    estimated_requests: int = 0  # of `requests`, those whose tokens the ingress estimated
 
     @property
     def total_tokens(self) -> int:
@@ -72,4 +80,5 @@ class UsageRow:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "estimated_requests": self.estimated_requests,
         }

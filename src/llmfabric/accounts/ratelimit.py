@@ -4,7 +4,9 @@ Each limited key has two buckets holding at most one minute's allowance and refi
 limit/60 per second. `check()` (before a request) takes one request token and refuses while
 the token bucket is empty; `add_tokens()` (after the response, when usage is known) takes the
 tokens used, which may drive the bucket negative: the key then waits until it refills.
-State is in memory, per ingress process.
+An owner with aggregate limits (`ApiKey.owner_*`) has the same two buckets, shared by all its
+keys (keyed "owner:<name>"), checked together with the key's. State is in memory, per
+ingress process.
 """
 
 from __future__ import annotations
@@ -33,40 +35,56 @@ class RateLimiter:
         self._requests: dict[str, _Bucket] = {}
         self._tokens: dict[str, _Bucket] = {}
         self._token_limit: dict[str, int] = {}
+        self._owner_of: dict[str, str] = {}  # key id -> its owner's bucket name
 
     def check(self, key: ApiKey) -> None:
         """Admit one request of `key` or raise RateLimited(retry_after_s)."""
         now = self._clock.now()
-        tpm = key.tokens_per_min
-        if tpm is not None:
-            self._token_limit[key.id] = tpm
-            tb = self._tokens.setdefault(key.id, _Bucket(float(tpm), now))
-            tb.refill(now, tpm)
-            if tb.level <= 0.0:
-                raise RateLimited((1.0 - tb.level) * 60.0 / tpm, f"{tpm} tokens/min")
-        else:
-            self._token_limit.pop(key.id, None)
-            self._tokens.pop(key.id, None)
-        rpm = key.requests_per_min
-        if rpm is not None:
-            rb = self._requests.setdefault(key.id, _Bucket(float(rpm), now))
-            rb.refill(now, rpm)
-            if rb.level < 1.0:
-                raise RateLimited((1.0 - rb.level) * 60.0 / rpm, f"{rpm} requests/min")
-            rb.level -= 1.0
-        else:
-            self._requests.pop(key.id, None)
+        owner = "owner:" + key.owner
+        self._owner_of[key.id] = owner
+        self._check_tokens(key.id, key.tokens_per_min, now, "")
+        self._check_tokens(owner, key.owner_tokens_per_min, now, f" for owner {key.owner!r}")
+        self._check_requests(key.id, key.requests_per_min, now, "")
+        self._check_requests(owner, key.owner_requests_per_min, now, f" for owner {key.owner!r}")
+        for name, rpm in ((key.id, key.requests_per_min), (owner, key.owner_requests_per_min)):
+            if rpm is not None:
+                self._requests[name].level -= 1.0  # both passed: take one from each
+
+    def _check_tokens(self, name: str, tpm: int | None, now: float, what: str) -> None:
+        if tpm is None:
+            self._token_limit.pop(name, None)
+            self._tokens.pop(name, None)
+            return
+        self._token_limit[name] = tpm
+        tb = self._tokens.setdefault(name, _Bucket(float(tpm), now))
+        tb.refill(now, tpm)
+        if tb.level <= 0.0:
+            raise RateLimited((1.0 - tb.level) * 60.0 / tpm, f"{tpm} tokens/min{what}")
+
+    def _check_requests(self, name: str, rpm: int | None, now: float, what: str) -> None:
+        if rpm is None:
+            self._requests.pop(name, None)
+            return
+        rb = self._requests.setdefault(name, _Bucket(float(rpm), now))
+        rb.refill(now, rpm)
+        if rb.level < 1.0:
+            raise RateLimited((1.0 - rb.level) * 60.0 / rpm, f"{rpm} requests/min{what}")
 
     def add_tokens(self, key_id: str, n: int) -> None:
-        """Charge `n` tokens (prompt + completion) used by a finished request of `key_id`."""
-        tpm = self._token_limit.get(key_id)
-        bucket = self._tokens.get(key_id)
-        if tpm is None or bucket is None or n <= 0:
+        """Charge `n` tokens (prompt + completion) used by a finished request of `key_id`
+        (and of its owner)."""
+        if n <= 0:
             return
-        bucket.refill(self._clock.now(), tpm)
-        bucket.level -= n
+        for name in (key_id, self._owner_of.get(key_id)):
+            tpm = self._token_limit.get(name) if name is not None else None
+            bucket = self._tokens.get(name) if name is not None else None
+            if tpm is None or bucket is None:
+                continue
+            bucket.refill(self._clock.now(), tpm)
+            bucket.level -= n
 
     def forget(self, key_id: str) -> None:
         self._requests.pop(key_id, None)
         self._tokens.pop(key_id, None)
         self._token_limit.pop(key_id, None)
+        self._owner_of.pop(key_id, None)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from llmfabric.accounts import keyfmt
@@ -19,6 +21,7 @@ from llmfabric.accounts.db import Backend, open_backend
 from llmfabric.accounts.errors import InvalidRequest, KeyNotFound, PermissionDenied
 from llmfabric.accounts.ledger import UsageLedger
 from llmfabric.accounts.models import ApiKey, UsageRow
+from llmfabric.accounts.policy import MAX_KEYS_PER_OWNER, limits_for_new_key, normalize_owner
 from llmfabric.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ def _row_to_key(row: tuple[Any, ...]) -> tuple[str, ApiKey]:
         requests_per_min=None if row[7] is None else int(row[7]),
         tokens_per_min=None if row[8] is None else int(row[8]),
         record_trace=bool(row[9]),
+        hash=str(row[1]),
     )
 
 
@@ -57,13 +61,19 @@ class AccountStore:
         clock: Clock | None = None,
         flush_interval_s: float = 1.0,
         refresh_interval_s: float = 5.0,
+        max_keys_per_owner: int = MAX_KEYS_PER_OWNER,
     ) -> None:
         self._db = backend
+        self.max_keys_per_owner = max_keys_per_owner
+        # owner -> (requests_per_min, tokens_per_min), each None for unlimited
+        self._owner_limits: dict[str, tuple[int | None, int | None]] = {}
         self._clock: Clock = clock or SystemClock()
         self._flush_interval = flush_interval_s
         self._refresh_interval = refresh_interval_s
         self._keys: dict[str, tuple[str, ApiKey]] = {}  # id -> (hash, key)
         self._unknown: dict[str, float] = {}  # id -> clock.now() until which it stays unknown
+        # Keys other ingresses vouch for (accounts.grants.RemoteGrants.lookup), or None.
+        self.remote: Callable[[str], ApiKey | None] | None = None
         self._ledger = UsageLedger(backend, self._clock.wall)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -116,23 +126,64 @@ class AccountStore:
         while True:
             await self._clock.sleep(self._flush_interval)
             since_refresh += self._flush_interval
+            # Separately: a flush that keeps failing (database down) must not stop key
+            # refresh, or revocations made elsewhere would never be seen here.
             try:
                 await self._ledger.flush()
-                if since_refresh >= self._refresh_interval:
-                    since_refresh = 0.0
-                    await self.refresh()
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("accounts: flush/refresh failed; will retry")
+                log.exception("accounts: usage flush failed; rows kept, will retry")
+            if since_refresh >= self._refresh_interval:
+                since_refresh = 0.0
+                try:
+                    await self.refresh()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("accounts: key refresh failed; will retry")
 
     # -- keys ---------------------------------------------------------------------------
 
     async def refresh(self) -> None:
         """Reload the key cache from the database (picks up other processes' changes)."""
         rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys")
-        self._keys = {key.id: (h, key) for h, key in map(_row_to_key, rows)}
+        limits = await self._db.fetchall(
+            "SELECT owner, requests_per_min, tokens_per_min FROM owner_limits")
+        self._owner_limits = {
+            str(o): (None if r is None else int(r), None if t is None else int(t))
+            for o, r, t in limits}
+        self._keys = {key.id: (h, self._with_owner_limits(key))
+                      for h, key in map(_row_to_key, rows)}
         self._unknown.clear()
+
+    def _with_owner_limits(self, key: ApiKey) -> ApiKey:
+        rpm, tpm = self._owner_limits.get(key.owner, (None, None))
+        if (rpm, tpm) == (key.owner_requests_per_min, key.owner_tokens_per_min):
+            return key
+        return dataclasses.replace(key, owner_requests_per_min=rpm, owner_tokens_per_min=tpm)
+
+    async def set_owner_limits(
+        self, owner: str, requests_per_min: int | None, tokens_per_min: int | None
+    ) -> None:
+        """Limit all of `owner`'s keys together (None: unlimited); takes effect at once here,
+        at the next refresh in other processes."""
+        _check_limit("requests_per_min", requests_per_min)
+        _check_limit("tokens_per_min", tokens_per_min)
+        await self._db.execute(
+            "INSERT INTO owner_limits (owner, requests_per_min, tokens_per_min) VALUES (?, ?, ?)"
+            " ON CONFLICT (owner) DO UPDATE SET requests_per_min = excluded.requests_per_min,"
+            " tokens_per_min = excluded.tokens_per_min",
+            (owner, requests_per_min, tokens_per_min))
+        self._owner_limits[owner] = (requests_per_min, tokens_per_min)
+        self._keys = {i: (h, self._with_owner_limits(k)) for i, (h, k) in self._keys.items()}
+
+    def cached_keys(self) -> list[ApiKey]:
+        """Every key in the cache (what this ingress may publish as grants)."""
+        return [k for _, k in self._keys.values()]
+
+    def owner_limits(self, owner: str) -> tuple[int | None, int | None]:
+        return self._owner_limits.get(owner, (None, None))
 
     async def create_key(
         self,
@@ -143,13 +194,32 @@ class AccountStore:
         requests_per_min: int | None = None,
         tokens_per_min: int | None = None,
         record_trace: bool = True,
+        by: ApiKey | None = None,
     ) -> tuple[ApiKey, str]:
-        """Create a key; returns its record and the plaintext, which is never shown again."""
+        """Create a key; returns its record and the plaintext, which is never shown again.
+
+        `by` is the creating key (None: the local operator). A non-admin creator cannot
+        give the new key higher limits than its own (accounts.policy); the owner's active
+        keys are capped at `max_keys_per_owner`; owner "admin" is reserved for admin keys."""
         if not name.strip() or not owner.strip():
             raise InvalidRequest("a key needs a non-empty name and owner")
+        owner = normalize_owner(owner, admin=admin)
         _check_limit("requests_per_min", requests_per_min)
         _check_limit("tokens_per_min", tokens_per_min)
+        requests_per_min, tokens_per_min = limits_for_new_key(by, requests_per_min,
+                                                              tokens_per_min)
+        active = sum(1 for _, k in self._keys.values() if k.owner == owner and k.active)
+        if active >= self.max_keys_per_owner:
+            raise PermissionDenied(
+                f"owner {owner!r} already has {active} active keys (the cap is "
+                f"{self.max_keys_per_owner}); revoke unused keys first")
+        if (by is not None and not by.admin and owner not in self._owner_limits
+                and (by.requests_per_min is not None or by.tokens_per_min is not None)):
+            # More keys must not mean more allowance: the owner as a whole keeps the
+            # creator's limits.
+            await self.set_owner_limits(owner, by.requests_per_min, by.tokens_per_min)
         key_id, plaintext = keyfmt.new_key()
+        digest = keyfmt.hash_key(plaintext)
         key = ApiKey(
             id=key_id,
             name=name.strip(),
@@ -159,13 +229,14 @@ class AccountStore:
             requests_per_min=requests_per_min,
             tokens_per_min=tokens_per_min,
             record_trace=record_trace,
+            hash=digest,
         )
-        digest = keyfmt.hash_key(plaintext)
         await self._db.execute(
             f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
              requests_per_min, tokens_per_min, int(record_trace)),
         )
+        key = self._with_owner_limits(key)
         self._keys[key.id] = (digest, key)
         return key, plaintext
 
@@ -175,6 +246,11 @@ class AccountStore:
         if key_id is None:
             return None
         entry = self._keys.get(key_id)
+        if entry is None and self.remote is not None:
+            granted = self.remote(key_id)  # not cached: a revocation elsewhere is instant
+            if granted is not None:
+                ok = keyfmt.matches(plaintext, granted.hash)
+                return self._with_owner_limits(granted) if ok else None
         if entry is None:
             now = self._clock.now()
             if self._unknown.get(key_id, -1.0) > now:
@@ -185,7 +261,8 @@ class AccountStore:
                     self._unknown.clear()
                 self._unknown[key_id] = now + _NEGATIVE_TTL_S
                 return None
-            entry = _row_to_key(rows[0])
+            h, found = _row_to_key(rows[0])
+            entry = (h, self._with_owner_limits(found))
             self._keys[key_id] = entry
         digest, key = entry
         if not keyfmt.matches(plaintext, digest) or not key.active:
@@ -225,7 +302,7 @@ class AccountStore:
             "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
             (when, key_id),
         )
-        revoked = await self.get(key_id)
+        revoked = self._with_owner_limits(await self.get(key_id))
         entry = self._keys.get(key_id)
         self._keys[key_id] = (entry[0] if entry else "", revoked)
         return revoked
@@ -233,10 +310,12 @@ class AccountStore:
     # -- usage --------------------------------------------------------------------------
 
     def record_usage(
-        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int
+        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+        estimated: bool = False,
     ) -> None:
-        """Count one request's tokens. Never blocks: written by the next periodic flush."""
-        self._ledger.record(key_id, model, prompt_tokens, completion_tokens)
+        """Count one request's tokens (`estimated`: the ingress counted them). Never blocks:
+        written by the next periodic flush."""
+        self._ledger.record(key_id, model, prompt_tokens, completion_tokens, estimated)
 
     async def flush(self) -> int:
         """Write pending usage now; returns the number of rows written."""

@@ -2,10 +2,16 @@
 
 Files:
   supervisor.py  EngineSupervisor(SupervisorConfig): spawn in its own process group with logs
-                 to a file, wait for /v1/models, health loop, DOWN/FATAL events, stop/drain;
-                 EngineState, EngineEvent, EngineInfo
-  command.py     parse_engine_command: engine kind and base URL from the command line
-  probe.py       EngineProbe protocol and HttpProbe (/v1/models, /health)
+                 to a file, wait for /v1/models, health loop, DOWN/FATAL events, stop/drain,
+                 the engine's load from its metrics; EngineState, EngineEvent, EngineInfo
+  command.py     parse_engine_command: engine adapter and base URL from the command line
+  engines.py     EngineKind adapters (vllm, sglang, llama.cpp, llama-cpp-python, tgi, torch,
+                 sim, openai): detection, ports, health/metrics/tokenize routes, context flags
+  facts.py       served_models, precision_of (flags, GGUF header, config.json), --model-id
+  engine_metrics.py  Prometheus / llama.cpp /slots parsing into EngineLoad; PrefixRate
+  proctree.py    the engine's process tree: parent-death signal, /proc walk, kill_tree
+  watchdog.py    stdlib-only watchdog process: kills the tree when the node or engine dies
+  probe.py       EngineProbe protocol and HttpProbe (/v1/models, /health, GET text/JSON)
   logwatch.py    LogWatcher and DEFAULT_FATAL_PATTERNS (NCCL timeout, CUDA error, ...)
   hardware.py    discover_hardware: NVML / nvidia-smi / CPU, with flag overrides
   inflight.py    InflightTracker: begin/end, close + drained(timeout), load hints

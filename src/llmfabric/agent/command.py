@@ -1,81 +1,66 @@
 """What the agent learns from an engine command line: the engine kind and where it listens.
 
-Kind: vllm (`vllm serve`, `python -m vllm.entrypoints.openai.api_server`), sglang
-(`python -m sglang.launch_server`), llama.cpp (`llama-server`, `python -m llama_cpp.server`),
-sim (`llmfabric engine sim`, `python -m llmfabric.cli.engine sim`), else unknown.
+Kind: from the command (agent/engines.py `detect_kind`: vllm, sglang, llama.cpp,
+llama-cpp-python, tgi, torch, sim, else openai), or `--engine KIND`.
 URL: `--engine-url` if given; else `--host`/`--port` from the command (0.0.0.0/:: mean
-loopback for us); else the engine's default port: vllm 8000, sglang 30000, llama.cpp 8080.
-sim and unknown engines need --port in the command or an explicit engine URL.
+loopback for us); else the kind's default port (vllm 8000, sglang 30000, llama-server 8080,
+llama-cpp-python 8000, tgi 3000). torch, sim and openai engines need --port in the command or
+an explicit engine URL.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmfabric.agent.engines import EngineKind, detect_kind, flag_value, kind_named
 from llmfabric.agent.errors import EngineCommandError
 
-DEFAULT_PORTS: dict[str, int] = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
 _WILDCARDS = {"0.0.0.0", "::", "[::]", "", "*"}
 
 
 @dataclass(frozen=True, slots=True)
 class EngineCommand:
     argv: tuple[str, ...]
-    kind: str  # "vllm" | "sglang" | "llama.cpp" | "sim" | "unknown"
+    adapter: EngineKind
     base_url: str  # e.g. "http://127.0.0.1:8000" (no trailing slash, no /v1)
+
+    @property
+    def kind(self) -> str:
+        return self.adapter.name
 
 
 def engine_kind(argv: Sequence[str]) -> str:
-    names = [os.path.basename(a).lower() for a in argv[:4]]
-    joined = " ".join(names)
-    if "vllm" in joined:
-        return "vllm"
-    if "sglang" in joined:
-        return "sglang"
-    if "llama-server" in joined or "llama_cpp" in joined or "llama.cpp" in joined:
-        return "llama.cpp"
-    if "llmfabric.cli.engine" in argv or (
-        "engine" in argv and "sim" in argv and "llmfabric" in " ".join(argv[:4])
-    ):
-        return "sim"
-    return "unknown"
+    return detect_kind(argv).name
 
 
-def _flag(argv: Sequence[str], *names: str) -> str | None:
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                return argv[i + 1]
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-    return None
-
-
-def parse_engine_command(argv: Sequence[str], engine_url: str | None = None) -> EngineCommand:
+def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
+                         kind: str | None = None) -> EngineCommand:
     if not argv:
         raise EngineCommandError("no engine command given; put it after --process")
     args = tuple(argv)
-    kind = engine_kind(args)
+    try:
+        adapter = kind_named(kind) if kind else detect_kind(args)
+    except ValueError as exc:
+        raise EngineCommandError(str(exc)) from None
     if engine_url:
-        return EngineCommand(args, kind, engine_url.rstrip("/").removesuffix("/v1"))
-    port_s = _flag(args, "--port")
+        return EngineCommand(args, adapter, engine_url.rstrip("/").removesuffix("/v1"))
+    port_s = flag_value(args, "--port")
     if port_s is None:
-        if kind not in DEFAULT_PORTS:
+        if adapter.default_port is None:
             raise EngineCommandError(
-                f"cannot tell which port the {kind} engine listens on; add --port to its "
-                "command or pass --engine-url http://HOST:PORT"
+                f"cannot tell which port the {adapter.name} engine listens on; add --port to "
+                "its command or pass --engine-url http://HOST:PORT"
             )
-        port = DEFAULT_PORTS[kind]
+        port = adapter.default_port
     else:
         try:
             port = int(port_s)
         except ValueError:
             raise EngineCommandError(f"engine --port {port_s!r} is not a number") from None
-    host = _flag(args, "--host") or "127.0.0.1"
+    host = flag_value(args, "--host") or "127.0.0.1"
     if host in _WILDCARDS:
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return EngineCommand(args, kind, f"http://{host}:{port}")
+    return EngineCommand(args, adapter, f"http://{host}:{port}")

@@ -1,5 +1,10 @@
 """Hardware discovery: GPUs from NVML (pynvml, optional) or `nvidia-smi`, else CPU only.
 
+Only the GPUs this node may use count: CUDA_VISIBLE_DEVICES (indices or GPU UUIDs, also
+abbreviated ones; empty or -1 means none) filters what the driver reports, so a Slurm job
+given 2 of 8 GPUs advertises 2. The interconnect comes from `nvidia-smi topo -m`: "nvlink"
+when every pair of the visible GPUs is joined by NVLink (NV#), else "pcie"; one GPU: "none".
+
 `discover_hardware(gpu=..., gpu_count=..., gpu_memory_gb=...)` returns a registry Hardware;
 explicit values (the `--gpu`, `--gpu-count`, `--gpu-memory` flags) override what was found.
 GPU names are normalised to llmfabric.sim's catalog names when it knows them ("NVIDIA H100
@@ -19,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmfabric.registry.records import Hardware
-from llmfabric.routing.gpus import catalog_name
+from llmfabric.sim.gpu_names import catalog_name
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,8 @@ Runner = Callable[[Sequence[str]], str]
 class GpuInfo:
     name: str
     memory_gb: float
+    index: int | None = None
+    uuid: str = ""
 
 
 def _run(argv: Sequence[str]) -> str:
@@ -38,8 +45,11 @@ def _run(argv: Sequence[str]) -> str:
     ).stdout
 
 
+SMI_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader"]
+
+
 def parse_nvidia_smi(output: str) -> list[GpuInfo]:
-    """Parse `nvidia-smi --query-gpu=name,memory.total --format=csv,noheader` output."""
+    """Parse `nvidia-smi --query-gpu=[index,uuid,]name,memory.total --format=csv,noheader`."""
     gpus = []
     for line in output.splitlines():
         if not line.strip():
@@ -47,6 +57,12 @@ def parse_nvidia_smi(output: str) -> list[GpuInfo]:
         name, _, mem = line.rpartition(",")
         if not name:
             continue
+        index: int | None = None
+        uuid = ""
+        fields = [f.strip() for f in name.split(",")]
+        if len(fields) >= 3 and fields[0].isdigit() and fields[1].upper().startswith(
+                ("GPU-", "MIG-")):
+            index, uuid, name = int(fields[0]), fields[1], ",".join(fields[2:])
         parts = mem.split()
         try:
             value = float(parts[0])
@@ -54,19 +70,80 @@ def parse_nvidia_smi(output: str) -> list[GpuInfo]:
             continue
         unit = parts[1].lower() if len(parts) > 1 else "mib"
         gb = value * 1024**2 / 1e9 if unit == "mib" else value if unit == "gb" else value / 1e3
-        gpus.append(GpuInfo(name.strip(), round(gb, 1)))
+        gpus.append(GpuInfo(name.strip(), round(gb, 1), index, uuid))
     return gpus
+
+
+def visible_gpus(gpus: list[GpuInfo], cuda_visible: str | None) -> list[GpuInfo]:
+    """The GPUs CUDA_VISIBLE_DEVICES lets this node use, in its order (None: all).
+
+    CUDA stops at the first entry it cannot resolve, and so do we."""
+    if cuda_visible is None:
+        return gpus
+    out: list[GpuInfo] = []
+    for raw in cuda_visible.split(","):
+        item = raw.strip()
+        if not item or item.startswith("-"):
+            break
+        if item.isdigit():
+            match = [g for g in gpus if g.index == int(item)] or (
+                [gpus[int(item)]] if all(g.index is None for g in gpus)
+                and int(item) < len(gpus) else [])
+        else:
+            match = [g for g in gpus if g.uuid and g.uuid.lower().startswith(item.lower())]
+        if len(match) != 1 or match[0] in out:
+            break
+        out.append(match[0])
+    return out
+
+
+def parse_topology(output: str) -> dict[tuple[int, int], str]:
+    """`nvidia-smi topo -m` -> {(i, j): link} for GPU pairs ("NV12", "PIX", "SYS", ...)."""
+    rows = [line.split() for line in output.splitlines() if line.strip()]
+    if not rows:
+        return {}
+    header = [h for h in rows[0] if h.startswith("GPU")]
+    links: dict[tuple[int, int], str] = {}
+    for row in rows[1:]:
+        if not row or not row[0].startswith("GPU") or not row[0][3:].isdigit():
+            continue
+        i = int(row[0][3:])
+        for col, cell in zip(header, row[1:], strict=False):
+            if col[3:].isdigit() and int(col[3:]) != i:
+                links[(i, int(col[3:]))] = cell
+    return links
+
+
+def interconnect_of(links: dict[tuple[int, int], str], indices: list[int]) -> str:
+    """"nvlink" when every pair of `indices` has an NV# link, "pcie" otherwise; "none" for
+    fewer than two GPUs."""
+    if len(indices) < 2:
+        return "none"
+    pairs = [(a, b) for a in indices for b in indices if a != b]
+    if pairs and all(links.get(p, "").upper().startswith("NV") for p in pairs):
+        return "nvlink"
+    return "pcie"
 
 
 def gpus_from_nvidia_smi(run: Runner = _run) -> list[GpuInfo]:
     if shutil.which("nvidia-smi") is None and run is _run:
         return []
     try:
-        out = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
+        out = run(SMI_QUERY)
     except (OSError, subprocess.SubprocessError) as exc:
         log.info("nvidia-smi failed (%s); assuming no GPU", exc)
         return []
     return parse_nvidia_smi(out)
+
+
+def topology(run: Runner = _run) -> dict[tuple[int, int], str]:
+    if shutil.which("nvidia-smi") is None and run is _run:
+        return {}
+    try:
+        return parse_topology(run(["nvidia-smi", "topo", "-m"]))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.info("nvidia-smi topo -m failed (%s); interconnect from the GPU catalog", exc)
+        return {}
 
 
 def gpus_from_nvml() -> list[GpuInfo]:
@@ -83,7 +160,9 @@ def gpus_from_nvml() -> list[GpuInfo]:
                 name = nvml.nvmlDeviceGetName(h)
                 name = name.decode() if isinstance(name, bytes) else str(name)
                 mem = nvml.nvmlDeviceGetMemoryInfo(h).total
-                gpus.append(GpuInfo(name, round(float(mem) / 1e9, 1)))
+                uuid = nvml.nvmlDeviceGetUUID(h)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+                gpus.append(GpuInfo(name, round(float(mem) / 1e9, 1), i, uuid))
             return gpus
         finally:
             nvml.nvmlShutdown()
@@ -96,7 +175,7 @@ def normalize_gpu_name(name: str) -> tuple[str, str]:
     """(catalog name, interconnect) for a driver-reported name; unknown names pass through.
 
     Only exact catalog names and aliases count (case, spaces, dashes and a vendor prefix
-    ignored; routing.gpus does the same): no prefix guessing, so "NVIDIA H20" stays "H20"
+    ignored; sim.gpu_names): no prefix guessing, so "NVIDIA H20" stays "H20"
     instead of becoming the catalog's H200.
     """
     raw = name.strip()
@@ -125,12 +204,23 @@ def discover_hardware(
     gpu_memory_gb: float | None = None,
     run: Runner = _run,
     use_nvml: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Hardware:
     """The node's hardware, found or overridden. `gpu="cpu"` or `gpu_count=0` means CPU only."""
-    found = (gpus_from_nvml() if use_nvml else []) or gpus_from_nvidia_smi(run)
+    environ = os.environ if env is None else env
+    every = (gpus_from_nvml() if use_nvml else []) or gpus_from_nvidia_smi(run)
+    found = visible_gpus(every, environ.get("CUDA_VISIBLE_DEVICES"))
+    if every and not found:
+        log.info("CUDA_VISIBLE_DEVICES=%r hides all %d GPUs: advertising a CPU-only node",
+                 environ.get("CUDA_VISIBLE_DEVICES"), len(every))
     hw = Hardware(cpu_count=os.cpu_count() or 0, memory_gb=_memory_gb())
     if found:
         model, link = normalize_gpu_name(found[0].name)
+        if len(found) > 1:
+            links = topology(run)
+            indices = [g.index for g in found if g.index is not None]
+            if links and len(indices) == len(found):
+                link = interconnect_of(links, indices)
         hw = replace(
             hw,
             gpu_model=model,

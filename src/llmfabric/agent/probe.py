@@ -1,7 +1,10 @@
-"""HTTP probes of an engine's OpenAI server: readiness (/v1/models) and health (/health).
+"""HTTP probes of an engine's OpenAI server: readiness (/v1/models), health (/health), and
+plain GETs for its metrics (/metrics, /slots, /props).
 
-vLLM, SGLang, llama.cpp's server and the sim engine all answer both. /v1/models gives the
-served model ids and, on vLLM and the sim engine, `max_model_len`.
+vLLM, SGLang, llama-server, TGI and the sim engine answer /health; servers without it
+(llama-cpp-python) answer 404 and the readiness route is used instead. /v1/models gives the
+served model ids and, on vLLM and the sim engine, `max_model_len`. Answers are capped in
+size (`MAX_BODY`): an engine is not trusted to be small.
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
+MAX_BODY = 4 << 20
 
 class ProbeError(Exception):
     """The engine did not answer as a ready OpenAI server."""
@@ -21,6 +26,14 @@ class EngineProbe(Protocol):
         ...
 
     async def health(self, base_url: str, timeout_s: float) -> bool: ...
+
+    async def get_text(self, base_url: str, path: str, timeout_s: float) -> str | None:
+        """The body of a 200 answer to GET `path`, else None (never raises)."""
+        ...
+
+    async def get_json(self, base_url: str, path: str, timeout_s: float) -> Any:
+        """The JSON of a 200 answer to GET `path`, else None (never raises)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -62,6 +75,29 @@ class HttpProbe:
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError, ProbeError):
             return False
+
+    async def get_text(self, base_url: str, path: str, timeout_s: float) -> str | None:
+        try:
+            async with self._http().get(
+                f"{base_url}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
+                if r.status != 200:
+                    return None
+                data = await r.content.read(MAX_BODY + 1)
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        if len(data) > MAX_BODY:
+            return None
+        return data.decode("utf-8", errors="replace")
+
+    async def get_json(self, base_url: str, path: str, timeout_s: float) -> Any:
+        text = await self.get_text(base_url, path, timeout_s)
+        if text is None:
+            return None
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import pathlib
@@ -27,9 +28,22 @@ from enum import StrEnum
 from typing import Any
 
 from llmfabric.agent.command import EngineCommand, parse_engine_command
+from llmfabric.agent.engine_metrics import (
+    EngineLoad,
+    PrefixRate,
+    load_from_metrics,
+    load_from_slots,
+)
 from llmfabric.agent.errors import EngineNotReady, EngineStartError
+from llmfabric.agent.facts import served_models
 from llmfabric.agent.logwatch import DEFAULT_FATAL_PATTERNS, LogWatcher
 from llmfabric.agent.probe import EngineProbe, HttpProbe, ProbeError
+from llmfabric.agent.proctree import (
+    descendants,
+    engine_preexec,
+    kill_tree,
+    watchdog_command,
+)
 from llmfabric.clock import Clock, SystemClock, with_timeout
 from llmfabric.registry.records import ServedModel
 
@@ -83,44 +97,10 @@ class SupervisorConfig:
     cwd: str | None = None
     default_max_context: int = 4096
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-_QUANT: dict[str, tuple[str, int]] = {
-    "awq": ("awq-int4", 4), "awq_marlin": ("awq-int4", 4), "gptq": ("gptq-int4", 4),
-    "gptq_marlin": ("gptq-int4", 4), "fp8": ("fp8", 8), "int8": ("int8", 8),
-    "w8a8": ("int8", 8), "bitsandbytes": ("bnb-int4", 4), "gguf": ("gguf", 4),
-    "int4": ("int4", 4),
-}
-
-
-def quantization_of(argv: Sequence[str]) -> tuple[str, int]:
-    """(quantization, bits) from `--quantization X`/`-q X`/`--dtype`; default bf16."""
-    args = list(argv)
-    for i, a in enumerate(args):
-        value = None
-        if a in ("--quantization", "-q") and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith("--quantization="):
-            value = a.split("=", 1)[1]
-        if value and value.lower() in _QUANT:
-            return _QUANT[value.lower()]
-    for i, a in enumerate(args):
-        if a == "--dtype" and i + 1 < len(args) and args[i + 1] in ("float16", "half", "fp16"):
-            return "fp16", 16
-    return "bf16", 16
-
-
-def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: int
-                  ) -> tuple[ServedModel, ...]:
-    quant, bits = quantization_of(argv)
-    out = []
-    for d in data:
-        ctx = d.get("max_model_len")
-        out.append(ServedModel(
-            id=str(d["id"]), quantization=quant, quant_bits=bits,
-            max_context=int(ctx) if isinstance(ctx, int) and ctx > 0 else default_ctx,
-        ))
-    return tuple(out)
+    engine_kind: str | None = None  # `--engine KIND`; None: detected from the command
+    model_ids: tuple[str, ...] = ()  # `--model-id`: served ids the engine does not list
+    progress_interval_s: float = 15.0  # "still waiting for the engine" log lines
+    watchdog: bool = True  # kill the whole tree when the node or the main process dies
 
 
 class EngineSupervisor:
@@ -129,7 +109,8 @@ class EngineSupervisor:
         if config.failures_to_down < 1:
             raise ValueError("failures_to_down must be at least 1")
         self.config = config
-        self.command: EngineCommand = parse_engine_command(config.command, config.engine_url)
+        self.command: EngineCommand = parse_engine_command(
+            config.command, config.engine_url, config.engine_kind)
         self._clock: Clock = clock or SystemClock()
         self._probe: EngineProbe = probe or HttpProbe()
         self._state = EngineState.STARTING
@@ -142,6 +123,10 @@ class EngineSupervisor:
         self._state_changed = asyncio.Event()
         self.info: EngineInfo | None = None
         self.exit_code: int | None = None
+        self._watchdog: asyncio.subprocess.Process | None = None
+        self._known: dict[int, int] = {}  # descendants seen (pid -> start time)
+        self._prefix = PrefixRate()
+        self._started_at = 0.0
 
     # -- observation --------------------------------------------------------------------
 
@@ -223,10 +208,15 @@ class EngineSupervisor:
         offset = await asyncio.to_thread(self._prepare_log)
         logf = await asyncio.to_thread(cfg.log_path.open, "ab")
         env = {**os.environ, **(cfg.env or {})}
+        self._started_at = self._clock.now()
+        log.info("starting %s engine: %s", self.command.kind, " ".join(self.command.argv))
         try:
+            # Own process group (we signal the whole tree) + parent-death SIGKILL (a node
+            # killed with -9 takes its engine along): agent/proctree.py.
             self._proc = await asyncio.create_subprocess_exec(
                 *self.command.argv, stdout=logf, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env, cwd=cfg.cwd,
+                preexec_fn=engine_preexec(os.getpid()),
             )
         except OSError as exc:
             raise EngineStartError(
@@ -234,9 +224,12 @@ class EngineSupervisor:
             ) from exc
         finally:
             logf.close()
+        if cfg.watchdog:
+            await self._start_watchdog(self._proc.pid)
         self._watcher = LogWatcher(cfg.log_path, cfg.fatal_patterns, self._on_fatal,
                                    self._clock, start_offset=offset, interval_s=cfg.log_poll_s)
         self._tasks.append(asyncio.create_task(self._watch_exit(self._proc), name="engine-exit"))
+        self._tasks.append(asyncio.create_task(self._track_tree(self._proc), name="engine-tree"))
         self._tasks.append(asyncio.create_task(self._watcher.run(), name="engine-log"))
         try:
             info = await self._wait_ready(self._proc.pid)
@@ -249,6 +242,17 @@ class EngineSupervisor:
         self._tasks.append(asyncio.create_task(self._health_loop(), name="engine-health"))
         return info
 
+    async def _start_watchdog(self, engine_pid: int) -> None:
+        try:
+            self._watchdog = await asyncio.create_subprocess_exec(
+                *watchdog_command(engine_pid, os.getpid()), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:  # the process group and the parent-death signal still hold
+            log.warning("cannot start the engine watchdog (%s); grandchildren that leave the "
+                        "engine's process group may outlive a crash", exc)
+
     def _prepare_log(self) -> int:
         path = self.config.log_path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -260,7 +264,14 @@ class EngineSupervisor:
         cfg = self.config
         deadline = self._clock.now() + cfg.ready_timeout_s
         last = "no answer yet"
+        next_note = self._clock.now() + cfg.progress_interval_s
+        log.info("waiting for the %s engine at %s (timeout %.0f s; log: %s)",
+                 self.command.kind, self.command.base_url, cfg.ready_timeout_s, cfg.log_path)
         while True:
+            if self._clock.now() >= next_note:
+                next_note = self._clock.now() + cfg.progress_interval_s
+                log.info("still waiting for the engine after %.0f s (%s)",
+                         self._clock.now() - self._started_at, last)
             if self._state in (EngineState.DOWN, EngineState.FATAL):
                 reason = self._events[-1].reason if self._events else self._state.value
                 raise EngineStartError(
@@ -277,16 +288,56 @@ class EngineSupervisor:
             try:
                 data = await self._probe.models(self.command.base_url,
                                                 min(cfg.health_timeout_s, remaining))
-                if data:
+                if data or cfg.model_ids:
+                    adapter = self.command.adapter
+                    probed = await self._probed_context() if adapter.props_path else None
+                    models = served_models(data, self.command.argv, cfg.default_max_context,
+                                           adapter, probed, cfg.model_ids)
+                    log.info("engine ready after %.1f s: %s", self._clock.now() -
+                             self._started_at, ", ".join(f"{m.id} (context {m.max_context}, "
+                                                         f"{m.quantization})" for m in models))
                     return EngineInfo(
                         kind=self.command.kind, base_url=self.command.base_url,
-                        models=served_models(data, self.command.argv, cfg.default_max_context),
-                        pid=pid, log_path=cfg.log_path,
+                        models=models, pid=pid, log_path=cfg.log_path,
                     )
-                last = "/v1/models lists no model"
+                last = ("/v1/models lists no model (declare the served ids with --model-id)")
             except ProbeError as exc:
                 last = str(exc)
             await self._sleep_or_state(min(cfg.ready_poll_s, max(0.0, remaining)))
+
+    async def _probed_context(self) -> int | None:
+        """llama-server's running context from /props (default_generation_settings.n_ctx)."""
+        path = self.command.adapter.props_path
+        if path is None:
+            return None
+        body = await self._probe.get_json(self.command.base_url, path,
+                                          self.config.health_timeout_s)
+        settings = body.get("default_generation_settings") if isinstance(body, dict) else None
+        n = settings.get("n_ctx") if isinstance(settings, dict) else None
+        if n is None and isinstance(body, dict):
+            n = body.get("n_ctx")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    async def load(self) -> EngineLoad | None:
+        """The engine's own load (its /metrics, or llama-server's /slots); None if it tells
+        nothing. Prefix hit rates from cumulative counters are turned into a recent rate."""
+        adapter, url, timeout = self.command.adapter, self.command.base_url, \
+            self.config.health_timeout_s
+        got: EngineLoad | None = None
+        if adapter.metrics_path is not None:
+            text = await self._probe.get_text(url, adapter.metrics_path, timeout)
+            if text is not None:
+                got = load_from_metrics(adapter.metrics_format, text)
+        if got is None and adapter.slots_path is not None:
+            got = load_from_slots(await self._probe.get_json(url, adapter.slots_path, timeout))
+        if got is None:
+            return None
+        rate = self._prefix.update(got)
+        return dataclasses.replace(got, prefix_hit_rate=rate)
+
+    @property
+    def uptime_s(self) -> float:
+        return self._clock.now() - self._started_at
 
     async def _sleep_or_state(self, seconds: float) -> None:
         """Sleep, but wake early when the state changes (exit or fatal log line)."""
@@ -294,9 +345,19 @@ class EngineSupervisor:
         with contextlib.suppress(TimeoutError):
             await with_timeout(self._clock, self._state_changed.wait(), seconds)
 
+    async def _track_tree(self, proc: asyncio.subprocess.Process) -> None:
+        """Remember the engine's descendants (the watchdog does the same from outside)."""
+        while proc.returncode is None:
+            found = await asyncio.to_thread(descendants, proc.pid)
+            self._known.update(found)
+            await asyncio.sleep(1.0)
+
     async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         self.exit_code = code
+        # The main process is gone: its children (vLLM's EngineCore and workers hold the
+        # GPU) go with it, at once.
+        kill_tree(proc.pid, self._known.items())
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.scan()  # a fatal line printed just before exiting wins
@@ -338,8 +399,12 @@ class EngineSupervisor:
                 _signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
         if proc is not None:
-            _signal_group(proc.pid, signal.SIGKILL)  # stragglers left in the group
+            kill_tree(proc.pid, self._known.items())  # stragglers, in the group or not
             self.exit_code = proc.returncode
+        if self._watchdog is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._watchdog.kill()
+            await self._watchdog.wait()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -72,8 +73,10 @@ async def _fetch(url: str) -> list[NodeRecord]:
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=10)
+    key = os.environ.get("LLMFABRIC_API_KEY")  # an ingress's fleet views need a key
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
-            url.rstrip("/") + "/v1/fabric/nodes") as resp:
+            url.rstrip("/") + "/v1/fabric/nodes", headers=headers) as resp:
         resp.raise_for_status()
         body = await resp.json()
     return [r for r in (record_from_view(v) for v in body.get("nodes", [])) if r is not None]
@@ -108,11 +111,29 @@ async def _fetch(url: str) -> list[NodeRecord]:
 @click.option("--once", is_flag=True, help="one round; print the decisions as JSON and exit")
 @click.option("--settle", type=float, default=3.0, show_default=True,
               help="with --bootstrap: seconds to let the replica fill before planning")
+@click.option("--launcher", type=click.Choice(["assign", "slurm"]), default="assign",
+              show_default=True, help="assign: fill idle nodes; slurm: submit and cancel "
+              "Slurm jobs of --profile as demand moves (launch/capacity.py)")
+@click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), help="--launcher slurm: the job profile (with `controller:`)")
 def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: str | None,
             membership_cert: Path | None, operator_key: str | None, home: Path | None,
             listen: str, preset: str, workload_path: Path | None, template: str, policy: str,
-            interval: float, drift: float, reclaim: bool, once: bool, settle: float) -> None:
-    """Fill idle nodes with models: plan with the placement policy, then assign."""
+            interval: float, drift: float, reclaim: bool, once: bool, settle: float,
+            launcher: str, profile_path: Path | None) -> None:
+    """Fill idle nodes with models (plan, then assign), or with --launcher slurm grow and
+    shrink a fleet of Slurm jobs with the demand the ingress nodes observe."""
+    if launcher == "slurm":
+        from llmfabric.cli.controller_slurm import run_launcher
+
+        if profile_path is None or not bootstrap:
+            raise click.UsageError("--launcher slurm needs --profile and --bootstrap")
+        run_launcher(profile_path, {
+            "bootstrap": bootstrap, "network_secret": network_secret,
+            "membership_cert": membership_cert, "operator_key": operator_key,
+            "listen": listen, "http_listen": "127.0.0.1:0", "preset": preset, "gpu": "cpu",
+            "home": home}, interval, once, settle)
+        return
     from llmfabric.clock import SystemClock
     from llmfabric.scheduler.controller import ControllerConfig, FleetController
     from llmfabric.scheduler.decisions import Executor, LoggingExecutor

@@ -81,8 +81,9 @@ def command(
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console,
                       transient=True) as progress:
             task = progress.add_task("starting the ingress node", total=None)
-            # A small local fabric: show the observed demand in the catalog within seconds.
-            ingress = fabric.start_ingress("--demand-interval", "2")
+            # A small local fabric: show the observed demand in the catalog within seconds;
+            # the fleet views (printed below) are public on this loopback-only demo.
+            ingress = fabric.start_ingress("--demand-interval", "2", "--public-fleet-info")
             for spec in specs:
                 progress.update(task, description=f"starting {spec.model} on {spec.gpu}")
                 fabric.add_node(spec)

@@ -51,6 +51,7 @@ class Settings:
     front_limits: tuple[tuple[str, str], ...] = ()  # FrontLimits overrides (--front-limit)
     tls_cert: pathlib.Path | None = None  # HTTPS when both are set (reloaded on SIGHUP)
     tls_key: pathlib.Path | None = None
+    native_responses: tuple[str, ...] = ()  # models whose engines serve /v1/responses
 
 
 def parse_backend(spec: str) -> Backend:
@@ -96,7 +97,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     config = IngressConfig(
         policy=settings.policy, max_retries=settings.max_retries,
         max_body_bytes=settings.max_body_bytes, auth_enabled=settings.auth,
-        timeouts=settings.timeouts,
+        timeouts=settings.timeouts, native_responses_models=settings.native_responses,
     )
     source = StaticCandidateSource(candidates(settings.backends))
     forwarder = HttpForwarder(settings.forward_prefix)
@@ -183,17 +184,22 @@ def _run(settings: Settings, reuse_port: bool) -> None:
               "(reloaded on SIGHUP)")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False,
               path_type=pathlib.Path), help="the PEM private key for --tls-cert")
+@click.option("--native-responses", "native_responses", multiple=True, metavar="MODEL",
+              help="pass /v1/responses through unchanged for MODEL (repeat; '*' for all), "
+              "for engines that serve it (vLLM >= 0.10); other models get it translated "
+              "to chat completions")
 @ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
     network_secret: str | None, listen: str, policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
     server: str, front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
-    tls_key: pathlib.Path | None,
+    tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
     connect_timeout_s: float, first_byte_timeout_s: float, idle_timeout_s: float,
     total_timeout_s: float,
 ) -> None:
-    """Serve the OpenAI API (chat, completions, embeddings, models): over static backends
+    """Serve the OpenAI API (chat, completions, embeddings, models, responses; Anthropic's
+    /v1/messages; rerank/score/tokenize pass-through): over static backends
     (--backend), or as a fabric ingress node (--network-secret [--bootstrap]): the same as
     `llmfabric start --ingress --relay --tier stable`, with the dashboard and API keys."""
     timeouts = Timeouts(connect_timeout_s, first_byte_timeout_s, idle_timeout_s,
@@ -208,6 +214,9 @@ def command(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--front-limit") from exc
     if not backends:
+        if native_responses:
+            raise click.UsageError("--native-responses applies to --backend ingresses; a "
+                                   "fabric ingress translates /v1/responses to chat")
         if not network_secret:
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
                                    "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
@@ -227,7 +236,7 @@ def command(
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
         forward_prefix=forward_prefix, server=server, timeouts=timeouts,
         tls_cert=tls_cert, tls_key=tls_key,
-        front_limits=limits,
+        front_limits=limits, native_responses=native_responses,
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",

@@ -2,7 +2,8 @@
 
 - `keys init`: create (first time) or show this node's key and peer id.
 - `keys operator-init`: create or show the operator key (signs membership certificates).
-- `keys sign-node PEER_ID --network NET --out FILE [--expires DAYS]`: operator signs a node.
+- `keys sign-node PEER_ID --network NET --out FILE [--expires DAYS] [--provider NAME]
+  [--model M ...] [--max-sessions N]`: operator signs a node (and binds its identity).
 
 The group object is `keys_group` (also exported as `command`); other modules add
 subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py
@@ -89,11 +90,20 @@ def operator_init(home: pathlib.Path | None, as_json: bool) -> None:
 @click.option(
     "--expires", "days", type=float, default=30.0, show_default=True, help="validity in days"
 )
+@click.option("--provider", default="",
+              help="the provider identity this node belongs to: what X-Fabric-Providers and "
+                   "metadata.providers match [default: the node's peer id]")
+@click.option("--model", "models", multiple=True,
+              help="a model id or alias the node may publish (repeat; default: any)")
+@click.option("--max-sessions", type=click.IntRange(0, 1 << 20), default=0,
+              help="sessions the node may hold at once [default: the fabric's cap, 8]")
 @home_option
 def sign_node(
-    peer_id: str, network: str, out: pathlib.Path, days: float, home: pathlib.Path | None
+    peer_id: str, network: str, out: pathlib.Path, days: float, provider: str,
+    models: tuple[str, ...], max_sessions: int, home: pathlib.Path | None
 ) -> None:
-    """Sign a membership certificate admitting PEER_ID to NETWORK (operator key needed)."""
+    """Sign a membership certificate admitting PEER_ID to NETWORK (operator key needed),
+    optionally binding it to a provider identity, models and a session cap."""
     try:
         check_peer_id(peer_id)
         operator = NodeKey.load(default_home(home) / OPERATOR_KEY_FILE)
@@ -103,7 +113,8 @@ def sign_node(
         ) from exc
     if days <= 0:
         raise click.BadParameter("must be positive", param_hint="--expires")
-    cert = sign_membership(operator, peer_id, network, time.time() + days * 86400.0)
+    cert = sign_membership(operator, peer_id, network, time.time() + days * 86400.0,
+                           provider=provider, models=models, max_sessions=max_sessions)
     out.write_text(cert.to_json() + "\n")
     click.echo(f"membership certificate for {peer_id} on {network!r} written to {out}")
 

@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "controller": "controller",
     "trace": "trace",
     "bench": "bench",
+    "slurm": "slurm",
+    "k8s": "k8s",
 }
 
 

@@ -170,3 +170,12 @@ def command(cluster_path: Path, workload_path: Path | None, trace_path: Path | N
         return
     for doc in docs:
         _table(doc)
+
+
+# Subcommands riding on `llmfabric plan` (the placement command above still runs on its own).
+from llmfabric.cli.subcommands import with_subcommands  # noqa: E402
+
+command = with_subcommands(command, {
+    "net": "llmfabric.cli.netplan:plan_net",
+    "pd": "llmfabric.cli.plan_pd:command",
+})

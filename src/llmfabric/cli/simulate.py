@@ -264,6 +264,13 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
+# HeroServe's network simulations ride on the `simulate` group (cli/netplan.py).
+from llmfabric.cli.netplan import simulate_collective, simulate_net  # noqa: E402
+
+command.add_command(simulate_collective)
+command.add_command(simulate_net)
+
+
 def _register_flying() -> None:
     from llmfabric.cli.simulate_flying import flying_command
 

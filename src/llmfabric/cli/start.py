@@ -148,11 +148,31 @@ def node_options(fn: Any) -> Any:
                           "published for the fleet controller [15]"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
+        click.option("--public-fleet-info", "public_fleet_info", is_flag=True, default=None,
+                     help="ingress: serve the fleet views (/v1/fabric/nodes, models, providers, "
+                          "...) without an API key [they need one]"),
         click.option("--accept-assignments", is_flag=True, default=None,
                      help="let the fleet controller start an engine on this bare node"),
+        click.option("--key-issuer", "key_issuers", multiple=True,
+                     help="ingress: also accept the API keys this ingress publishes in the "
+                          "registry (its peer id, or its certificate's provider; repeatable)"),
         click.option("--controller", "controllers", multiple=True,
                      help="peer id allowed to send assignments (repeatable; default: any member)"),
         click.option("--engine-url", help="engine base URL [parsed from the command]"),
+        click.option("--engine", "engine_kind", metavar="KIND",
+                     help="engine kind: vllm, sglang, llama.cpp, llama-cpp-python, tgi, torch, "
+                          "sim, openai (any OpenAI-compatible server) [detected from the "
+                          "command]"),
+        click.option("--model-id", "model_ids", multiple=True,
+                     help="a model id the engine serves but does not list on /v1/models "
+                          "(repeatable)"),
+        click.option("--on-engine-exit", "on_engine_exit",
+                     type=click.Choice(["restart", "leave"]),
+                     help="when the engine's main process exits: restart it (with backoff, "
+                          "up to --engine-restarts times, then leave) or leave at once "
+                          "[restart]"),
+        click.option("--engine-restarts", "engine_restarts", type=click.IntRange(min=0),
+                     help="engine restarts before the node leaves [3]"),
         click.option("--alias", "aliases", multiple=True, callback=_aliases,
                      metavar="ALIAS=MODEL",
                      help="also serve the engine's MODEL under ALIAS (repeatable)"),
@@ -168,6 +188,11 @@ def node_options(fn: Any) -> Any:
         click.option("--engine-stop-timeout", "engine_stop_timeout_s",
                      type=click.FloatRange(min=0),
                      help="SIGTERM: seconds the engine gets to exit before SIGKILL [5]"),
+        click.option("--alloc-end", "alloc_end", type=click.FloatRange(min=0, min_open=True),
+                     help="Unix time this node's allocation ends [in a Slurm job: the job's "
+                          "end; else none]"),
+        click.option("--drain-lead", "drain_lead_s", type=click.FloatRange(min=0),
+                     help="seconds before the allocation end to drain and leave [120]"),
         click.option("--gpu", help="override the GPU model (or 'cpu')"),
         click.option("--gpu-count", type=int),
         click.option("--gpu-memory", "gpu_memory_gb", type=float, help="GiB per GPU"),
@@ -188,7 +213,7 @@ def config_from_options(
     file_values = load_config_file(config_file) if config_file else {}
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
-    for name in ("labels", "controllers", "aliases", "front_limits"):
+    for name in ("labels", "controllers", "aliases", "front_limits", "model_ids", "key_issuers"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)
@@ -203,6 +228,9 @@ def config_from_options(
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The engine's start (a model load of minutes) is reported without -v: starting,
+    # still waiting after N s, ready after N s with its models (agent/supervisor.py).
+    logging.getLogger("llmfabric.agent.supervisor").setLevel(min(level, logging.INFO))
 
 
 def warn_config(config: NodeConfig) -> None:

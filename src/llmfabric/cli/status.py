@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -15,9 +16,14 @@ from rich.table import Table
 _STATE_STYLE = {"JOIN": "cyan", "SERVING": "green", "DOWN": "red", "LEFT": "dim"}
 
 
-def _get(base: str, path: str, timeout: float) -> Any:
+def fleet_get(base: str, path: str, timeout: float = 10.0) -> Any:
+    """GET a node's JSON view. An ingress's fleet views need an API key (unless
+    --public-fleet-info): sent from $LLMFABRIC_API_KEY."""
+    key = os.environ.get("LLMFABRIC_API_KEY")
+    req = urllib.request.Request(base.rstrip("/") + path,
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
@@ -73,8 +79,8 @@ def models_table(models: list[dict[str, Any]]) -> Table:
 @click.option("--timeout", type=float, default=5.0, show_default=True)
 def command(node_url: str, as_json: bool, timeout: float) -> None:
     """Show nodes and models from one node's local replica."""
-    nodes = _get(node_url, "/v1/fabric/nodes", timeout)["nodes"]
-    models = _get(node_url, "/v1/fabric/models", timeout)["models"]
+    nodes = fleet_get(node_url, "/v1/fabric/nodes", timeout)["nodes"]
+    models = fleet_get(node_url, "/v1/fabric/models", timeout)["models"]
     if as_json:
         click.echo(json.dumps({"nodes": nodes, "models": models}, indent=2))
         return

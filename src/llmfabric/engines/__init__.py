@@ -6,7 +6,7 @@ Files:
                  /v1/chat/completions, /v1/completions, /v1/embeddings, /sim/*), serve()
   protocol.py    OpenAI request validation (pydantic) and response/stream chunk builders
   batcher.py     Batcher: continuous batching (shared decode steps, queued prefills)
-  dp.py          DataParallel: --dp batchers behind one API (least in progress first)
+  dp.py          data parallelism: `dp` independent replicas of one model behind one engine
   flying_dp.py   FlyingDataParallel (--flying): DP batchers binding into TP batchers under a
                  switching policy; /dtp_status, /dtp_switch
   timing.py      TimingModel protocol; RooflineTiming from llmfabric.sim specs; TableTiming

@@ -52,6 +52,7 @@ from llmfabric.net.transport import PeerId, Transport
 from llmfabric.registry.codec import SignedRecord, peek_record_header
 from llmfabric.registry.errors import InvalidRecord
 from llmfabric.registry.facts import Fact, FactKind, make_fact
+from llmfabric.registry.guard import RecordPolicy
 from llmfabric.registry.owner import RecordOwner
 from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
 from llmfabric.registry.replica import ITEM_RECORD, Change, Listener, Replica, item_parts
@@ -70,7 +71,8 @@ def is_minor(change: Change) -> bool:
     rb, ra = b.record.record, a.record.record
     return (
         b.state is a.state and rb.incarnation == ra.incarnation and b.suspects == a.suspects
-        and b.evict == a.evict and dataclasses.replace(rb.meta, load=ra.meta.load) == ra.meta
+        and b.evict == a.evict and b.evicts == a.evicts
+        and dataclasses.replace(rb.meta, load=ra.meta.load) == ra.meta
     )
 
 
@@ -88,6 +90,7 @@ class GossipAgent:
         admit: Callable[[PeerId], bool] | None = None,
         session_id: str | None = None,
         stats: AgentStats | None = None,
+        policy: RecordPolicy | None = None,
     ) -> None:
         self.transport = transport
         self.clock = clock
@@ -100,16 +103,18 @@ class GossipAgent:
         self.owner = RecordOwner(signer, meta or NodeMeta(), wall=clock.wall(),
                                  session_id=session_id)
         self.replica = Replica(clock, self.config.gc, buckets=self.config.buckets, admit=admit,
-                               rejected=self.stats.rejected)
+                               rejected=self.stats.rejected, trust=self.config.trust,
+                               policy=policy)
         self.nodes = NodeRegistry(self.replica)
         self.models = ModelRegistry(self.replica)
-        self.queue = BroadcastQueue()
+        self.queue = BroadcastQueue(self.config.max_queued)
         self.suspicion = SuspicionTracker(clock, self.config)
         self.anti_entropy = AntiEntropy(self.replica, self._send, self.config.max_message_bytes)
         self.prober = Prober(
             clock, self.config, self.rng, local_peer=transport.local_id,
             members=self.members, send=self._send, piggyback=self._piggyback,
             on_suspect=self._suspect, heard_from=self._heard_from,
+            members_version=lambda: self._members_version,
         )
         self._last_heard: dict[str, float] = {}  # sender session -> when we last heard it
         self.evicted = False
@@ -118,6 +123,7 @@ class GossipAgent:
         # recomputing it on every change (load hints, suspicions) cost ~15% of a 128-node
         # fleet's CPU while a change spread (`_on_change`).
         self._members_cache: list[Member] | None = None
+        self._members_version = 0  # bumped with every invalidation of the cache
         self._peers_cache: list[PeerId] | None = None
         self._self_check_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -140,11 +146,11 @@ class GossipAgent:
     def members(self) -> list[Member]:
         """Sessions we probe and gossip with: every known non-LEFT session but our own."""
         if self._members_cache is None:
+            own = self.session_id
             self._members_cache = [
                 Member(sid, e.record.record.peer_id)
                 for sid, e in self.replica.entries.items()
-                if e.record is not None and e.state is not Lifecycle.LEFT
-                and sid != self.session_id
+                if e.record is not None and e.state is not Lifecycle.LEFT and sid != own
             ]
         return self._members_cache
 
@@ -246,12 +252,13 @@ class GossipAgent:
         """Send queued fresh changes to `fanout` random members."""
         if not self.queue:
             return
-        peers = self.member_peers()
-        if not peers:
-            peers = list(self.seeds)
-        self.rng.shuffle(peers)
+        if self._peers_cache is None:
+            self.member_peers()
+        peers = self._peers_cache or self.seeds
+        # sample, not shuffle: O(fanout) per flush instead of O(members) (a flush follows
+        # every fresh item received)
         budget = self.config.max_message_bytes - 512
-        for p in peers[: self.config.fanout]:
+        for p in self.rng.sample(peers, min(self.config.fanout, len(peers))):
             items = self.queue.take(budget, self._limit())
             if not items:
                 break
@@ -294,16 +301,16 @@ class GossipAgent:
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
             return
-        if sender:
+        entry = self.replica.entries.get(sender) if sender else None
+        # Only the session's own (authenticated) peer can say it is alive: a member naming
+        # another session (or a made-up one) as sender changes nothing and fills no map.
+        if entry is not None and entry.record is not None and (
+            entry.record.record.peer_id == peer
+        ):
             now = self.clock.now()
             self._last_heard[sender] = now
-            entry = self.replica.entries.get(sender)
-            # "Last seen" in the views means last heard from, not last changed; only the
-            # session's own (authenticated) peer can refresh it.
-            if entry is not None and entry.record is not None and (
-                entry.record.record.peer_id == peer
-            ):
-                self.replica.last_seen[sender] = now
+            # "Last seen" in the views means last heard from, not last changed.
+            self.replica.last_seen[sender] = now
         self.stats.msgs_in[type(msg).__name__] += 1
         match msg:
             case Ping():
@@ -362,6 +369,7 @@ class GossipAgent:
     def _on_change(self, change: Change) -> None:
         if _membership_changed(change):
             self._members_cache = self._peers_cache = None
+            self._members_version += 1
         self.suspicion.observe(change.after)
         if change.session_id == self.session_id and not self._self_check_scheduled:
             self._self_check_scheduled = True
@@ -423,6 +431,9 @@ class GossipAgent:
         for entry in self.suspicion.due(self.replica.entries, len(self.members()) + 1):
             if entry.session_id == self.session_id:
                 continue
+            if any(f.author == self.peer_id and f.incarnation == entry.incarnation
+                   for f in entry.evicts):
+                continue  # ours is in; the others' timers supply the rest of the quorum
             self.stats.evictions_issued += 1
             self._publish(make_fact(self.owner.signer, FactKind.EVICT, entry.session_id,
                                     entry.incarnation, self.clock.wall()))
@@ -499,6 +510,8 @@ class GossipAgent:
         while True:
             await self.clock.sleep(self.config.gc_interval_s)
             self.replica.collect()
+            for sid in [s for s in self._last_heard if s not in self.replica.entries]:
+                del self._last_heard[sid]
             rec = self.owner.record
             if (rec.state is not Lifecycle.LEFT and not self.evicted and self.clock.wall()
                     - rec.updated_at > self.config.gc.refresh_interval_s):

@@ -2,6 +2,8 @@
 TransmitLimitedQueue). A newer item under the same key (same session record, same author's
 fact) replaces the older one. Least-sent items go first; items are packed up to a byte budget.
 Hearing an item again from a peer counts as a send, so saturated rumours stop early.
+The queue holds at most `max_items` (keys are chosen by whoever signs facts): past that the
+most-sent, then oldest, item is dropped; anti-entropy repairs what a dropped rumour missed.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from llmfabric.gossip.wire import WireItem, item_size
 
 
 class BroadcastQueue:
-    def __init__(self) -> None:
+    def __init__(self, max_items: int = 4096) -> None:
         # key -> (sent, seq, item, own limit or 0 for the caller's limit)
         self._items: dict[Hashable, tuple[int, int, WireItem, int]] = {}
         self._seq = 0
+        self.max_items = max_items
+        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -24,6 +28,10 @@ class BroadcastQueue:
         """Queue `item`; `limit` > 0 caps its sends below the queue-wide limit."""
         self._seq += 1
         self._items[key] = (0, self._seq, item, limit)
+        if len(self._items) > self.max_items:
+            victim = max(self._items, key=lambda k: (self._items[k][0], -self._items[k][1]))
+            del self._items[victim]
+            self.dropped += 1
 
     def take(self, budget: int, limit: int) -> list[WireItem]:
         """Items that fit in `budget` bytes, least-sent and newest first; count the send."""

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llmfabric.registry.guard import TrustConfig
 from llmfabric.registry.replica import GcConfig
 
 
@@ -46,6 +47,11 @@ class GossipConfig:
     max_health: int = 8
     # registry GC and the owner's refresh
     gc: GcConfig = field(default_factory=GcConfig)
+    # what the replica refuses from hostile members (eviction quorum, rate limits, caps)
+    trust: TrustConfig = field(default_factory=TrustConfig)
+    # Rumours queued at once; beyond it the most-sent (then oldest) are dropped: keys are
+    # chosen by whoever signs facts, anti-entropy repairs what the queue drops.
+    max_queued: int = 4096
     gc_interval_s: float = 60.0
     # Cut off from the fabric (no live member, or none of the bootstrap peers live) for this
     # long: dial the bootstrap addresses again (a bootstrap host may have restarted with a
@@ -72,6 +78,8 @@ class GossipConfig:
         if self.fanout < 1 or self.indirect_probes < 0 or self.retransmit_mult < 1:
             raise GossipConfigError("fanout and retransmit_mult must be >= 1, "
                                     "indirect_probes >= 0")
+        if self.max_queued < 16:
+            raise GossipConfigError("max_queued must be >= 16")
         if self.max_message_bytes < 2_000:
             raise GossipConfigError("max_message_bytes must be >= 2000")
 

@@ -14,11 +14,17 @@ from typing import Any
 
 import msgpack
 
+from llmfabric.membership.messages import Ack, Ping, PingReq, WireItem
+
 VERSION = 1
 MAX_MESSAGE_BYTES = 60_000
 ITEM_OVERHEAD = 8  # msgpack framing per item beyond body + signature
 
-WireItem = tuple[int, bytes, bytes]
+__all__ = [  # Ack, Ping, PingReq and WireItem are defined in membership.messages
+    "ITEM_OVERHEAD", "MAX_MESSAGE_BYTES", "VERSION", "Ack", "Gossip", "Message", "MsgKind",
+    "Ping", "PingReq", "SyncBuckets", "SyncDeltas", "SyncDigest", "SyncRoot", "WireError",
+    "WireItem", "decode", "encode", "item_size",
+]
 
 
 class MsgKind(IntEnum):  # append-only: never renumber or reuse
@@ -38,26 +44,6 @@ class WireError(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    seq: int
-    target_session: str
-    items: tuple[WireItem, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    seq: int
-    items: tuple[WireItem, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PingReq:
-    seq: int
-    target_peer: str
-    target_session: str
 
 
 @dataclass(frozen=True, slots=True)

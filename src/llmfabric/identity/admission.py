@@ -118,35 +118,53 @@ class PskAdmission:
 
 @dataclass(frozen=True, slots=True)
 class MembershipCert:
-    """The operator's signature over (peer id, network, expiry)."""
+    """The operator's signature over (peer id, network, expiry) and, optionally, the provider
+    the peer belongs to, the models it may publish and how many sessions it may hold.
+
+    The optional grants are signed only when set, so certificates without them verify
+    exactly as before they existed."""
 
     peer_id: str
     network: str
     expires_at: float  # Unix seconds
     operator_public_key: bytes  # raw Ed25519
     signature: bytes
+    provider: str = ""  # the provider identity routing allowlists match ("" = the peer id)
+    models: tuple[str, ...] = ()  # model ids and aliases it may publish (() = any)
+    max_sessions: int = 0  # sessions it may hold at once (0 = the fabric's default cap)
 
     @staticmethod
-    def signed_bytes(peer_id: str, network: str, expires_at: float) -> bytes:
-        body = json.dumps(
-            {"peer_id": peer_id, "network": network, "expires_at": round(expires_at, 3)},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+    def signed_bytes(
+        peer_id: str, network: str, expires_at: float, provider: str = "",
+        models: tuple[str, ...] = (), max_sessions: int = 0,
+    ) -> bytes:
+        fields: dict[str, object] = {
+            "peer_id": peer_id, "network": network, "expires_at": round(expires_at, 3)}
+        if provider:
+            fields["provider"] = provider
+        if models:
+            fields["models"] = list(models)
+        if max_sessions:
+            fields["max_sessions"] = max_sessions
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return _CERT_LABEL + body.encode()
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "v": 1,
-                "peer_id": self.peer_id,
-                "network": self.network,
-                "expires_at": round(self.expires_at, 3),
-                "operator": base64.b64encode(self.operator_public_key).decode(),
-                "signature": base64.b64encode(self.signature).decode(),
-            },
-            sort_keys=True,
-        )
+        obj: dict[str, object] = {
+            "v": 1,
+            "peer_id": self.peer_id,
+            "network": self.network,
+            "expires_at": round(self.expires_at, 3),
+            "operator": base64.b64encode(self.operator_public_key).decode(),
+            "signature": base64.b64encode(self.signature).decode(),
+        }
+        if self.provider:
+            obj["provider"] = self.provider
+        if self.models:
+            obj["models"] = list(self.models)
+        if self.max_sessions:
+            obj["max_sessions"] = self.max_sessions
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> MembershipCert:
@@ -154,12 +172,23 @@ class MembershipCert:
             obj = json.loads(text)
             if obj.get("v") != 1:
                 raise ValueError(f"unsupported membership certificate version {obj.get('v')!r}")
+            models = obj.get("models", [])
+            max_sessions = obj.get("max_sessions", 0)
+            if not (isinstance(models, list) and all(isinstance(m, str) for m in models)
+                    and len(models) <= 256):
+                raise ValueError("models must be a list of at most 256 strings")
+            if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or not (
+                    0 <= max_sessions <= 1 << 20):
+                raise ValueError("max_sessions must be an integer in [0, 2**20]")
             return cls(
                 peer_id=str(obj["peer_id"]),
                 network=str(obj["network"]),
                 expires_at=float(obj["expires_at"]),
                 operator_public_key=base64.b64decode(obj["operator"], validate=True),
                 signature=base64.b64decode(obj["signature"], validate=True),
+                provider=str(obj.get("provider", "")),
+                models=tuple(models),
+                max_sessions=max_sessions,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise AdmissionError(f"malformed membership certificate: {exc}") from exc
@@ -175,7 +204,8 @@ class MembershipCert:
         """Raise AdmissionError with the reason unless the certificate admits `peer_id`."""
         if self.operator_public_key != operator_public_key:
             raise AdmissionError("membership certificate is signed by another operator key")
-        message = self.signed_bytes(self.peer_id, self.network, self.expires_at)
+        message = self.signed_bytes(self.peer_id, self.network, self.expires_at, self.provider,
+                                    self.models, self.max_sessions)
         if not is_valid(operator_public_key, message, self.signature):
             raise AdmissionError("membership certificate signature is invalid (tampered?)")
         if self.peer_id != peer_id:
@@ -194,16 +224,23 @@ class MembershipCert:
 
 
 def sign_membership(
-    operator: NodeKey, peer_id: str, network: str, expires_at: float
+    operator: NodeKey, peer_id: str, network: str, expires_at: float, *,
+    provider: str = "", models: tuple[str, ...] = (), max_sessions: int = 0,
 ) -> MembershipCert:
-    """Operator side: certify that `peer_id` may join `network` until `expires_at`."""
-    signature = operator.sign(MembershipCert.signed_bytes(peer_id, network, expires_at))
+    """Operator side: certify that `peer_id` may join `network` until `expires_at` (as a
+    member of `provider`, publishing only `models`, with at most `max_sessions` sessions)."""
+    expires_at = round(expires_at, 3)
+    signature = operator.sign(MembershipCert.signed_bytes(
+        peer_id, network, expires_at, provider, models, max_sessions))
     return MembershipCert(
         peer_id=peer_id,
         network=network,
-        expires_at=round(expires_at, 3),
+        expires_at=expires_at,
         operator_public_key=operator.public_bytes,
         signature=signature,
+        provider=provider,
+        models=models,
+        max_sessions=max_sessions,
     )
 
 

@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP front: auth, routing, streaming proxy, forwarding.
+"""OpenAI-compatible HTTP front (plus the Responses and Anthropic Messages APIs): auth,
+routing, streaming proxy, forwarding.
 
 Files:
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core,
@@ -8,6 +9,15 @@ Files:
 - fast_front.py: `FastFront(ingress)`, a lean HTTP/1.1 server (asyncio.Protocol + httptools)
   for the OpenAI routes and /metrics; `await front.start(host, port, reuse_port=...)`,
   `await front.aclose()`. The default of `llmfabric ingress`.
+- api_routes.py: `ApiRoutes` (`Ingress.api`): POST /v1/responses, /v1/messages and the
+  pass-through paths over `Ingress.serve`; errors reshaped per API.
+- responses_api.py: the Responses API <-> chat completions (stateless, `store=false`),
+  `ResponsesStream` (its event stream); `TranslationError` (-> 400).
+- anthropic_api.py: Anthropic Messages <-> chat completions, `MessagesStream`,
+  `anthropic_error`.
+- chat_stream.py: `ChatStreamTranslator`, a StreamSink that parses chat SSE chunks for the
+  translated APIs' streams.
+- paths.py: the pass-through routes, forwarded paths and `FORWARDABLE_PATHS` (node side).
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.
 - protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).

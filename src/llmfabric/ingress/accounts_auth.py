@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from llmfabric.accounts.errors import RateLimited
 from llmfabric.accounts.models import ApiKey
+from llmfabric.accounts.policy import clamp_tokens
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.protocols import Principal
@@ -35,8 +36,12 @@ class AccountsAuth:
             return e.retry_after_s
         return None
 
-    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self._store.record_usage(key_id, model, prompt_tokens, completion_tokens)
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+               estimated: bool = False) -> None:
+        # The provider's claim, clamped to plausible counts before it is billed or charged.
+        prompt_tokens, completion_tokens = clamp_tokens(prompt_tokens), clamp_tokens(
+            completion_tokens)
+        self._store.record_usage(key_id, model, prompt_tokens, completion_tokens, estimated)
         if self._limiter is not None:
             self._limiter.add_tokens(key_id, prompt_tokens + completion_tokens)
 
@@ -48,7 +53,8 @@ class StaticPrincipal:
 
 class StaticKeys:
     """A fixed table token -> key id (tests, benchmarks); no rate limits. Records usage in
-    memory: `usage[(key_id, model)] = [prompt_tokens, completion_tokens, requests]`."""
+    memory: `usage[(key_id, model)] = [prompt_tokens, completion_tokens, requests,
+    estimated requests]`."""
 
     def __init__(self, tokens: Mapping[str, str]) -> None:
         self._keys = {t: StaticPrincipal(k) for t, k in tokens.items()}
@@ -60,8 +66,10 @@ class StaticKeys:
     def check_rate(self, principal: Principal) -> float | None:
         return None
 
-    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        row = self.usage.setdefault((key_id, model), [0, 0, 0])
+    def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+               estimated: bool = False) -> None:
+        row = self.usage.setdefault((key_id, model), [0, 0, 0, 0])
         row[0] += prompt_tokens
         row[1] += completion_tokens
         row[2] += 1
+        row[3] += int(estimated)

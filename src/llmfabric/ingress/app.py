@@ -20,10 +20,18 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from llmfabric.ingress.api_routes import (
+    EXTRA_POST_PATHS,
+    MESSAGES,
+    ApiRoutes,
+    anthropic_auth,
+    not_stored,
+)
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.front_limits import safe_header_value
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.protocols import (
     Authenticator,
     CandidateSource,
@@ -33,15 +41,25 @@ from llmfabric.ingress.protocols import (
     UsageSink,
 )
 from llmfabric.ingress.sources import merged_catalog
-from llmfabric.ingress.usage import StreamUsageScanner, relayed_usage, usage_from_body
+from llmfabric.ingress.usage import (
+    StreamUsageScanner,
+    Usage,
+    estimate_completion_from_body,
+    estimate_prompt_tokens,
+    relayed_usage,
+    usage_from_body,
+)
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError
 from llmfabric.routing.policies import make_policy
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
+from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
 
 # Upstream statuses worth another candidate (overloaded, failing or gone engines).
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
+_USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 _perf = time.perf_counter
 
@@ -123,6 +141,7 @@ class Ingress:
         self.auth = auth if config.auth_enabled else None
         self.usage_sink = usage_sink
         self.metrics = metrics if metrics is not None else IngressMetrics()
+        self.metrics.known_model = source.is_known  # unknown names: one "other" label
         self.policy = make_policy(config.policy, rng)
         self.router = Router(self.policy)
         self._capture = usage_sink is not None or config.trace_hook is not None
@@ -131,6 +150,8 @@ class Ingress:
         self._own_timeouts = getattr(forwarder, "enforces_timeouts", False) is True
         self._plain_requests: dict[tuple[str, bool], RouteRequest] = {}
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
+        self._duration = sim_rate()  # request duration estimate for walltime routing
+        self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
 
     # -- routes --------------------------------------------------------------------------
 
@@ -142,6 +163,19 @@ class Ingress:
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/embeddings", streamable=False)
+
+    async def api_route(self, request: web.Request) -> web.StreamResponse:
+        """The EXTRA_POST_PATHS routes (api_routes.py) on aiohttp."""
+        h = request.headers
+        auth = h.get("Authorization", "")
+        if request.path == MESSAGES:
+            auth = anthropic_auth(auth, h.get("x-api-key"))
+        sink = _WebSink(request)
+        reply = await self.api.serve(request.path, auth, h.get("X-Fabric-Providers"),
+                                     lambda: self._read_body(request), sink)
+        if reply is None:
+            return sink.response if sink.response is not None else web.StreamResponse()
+        return web_response(reply)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         return web_response(await self.models_reply(request.headers.get("Authorization", "")))
@@ -169,7 +203,7 @@ class Ingress:
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
-        return merged_catalog(self.source.all_candidates())
+        return merged_catalog(self.source.all_candidates(), self.api.native)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -295,6 +329,9 @@ class Ingress:
             rreq = plain
 
         candidates = self.source.candidates(model)
+        if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
+            candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
+                                         self._duration)
         if not candidates:
             if not self.source.is_known(model):
                 return self._refuse(
@@ -312,12 +349,14 @@ class Ingress:
                 del doc["metadata"]
             modified = True
         strip_usage = False
-        if stream and self._capture and self.config.inject_stream_usage:
-            so = doc.get("stream_options")
-            if not (isinstance(so, dict) and so.get("include_usage")):
-                doc["stream_options"] = {**(so if isinstance(so, dict) else {}),
-                                         "include_usage": True}
-                strip_usage = modified = True
+        so = doc.get("stream_options")
+        # The client asked for a usage chunk: sent by the ingress if the engine sends none.
+        want_chunk = bool(stream and isinstance(so, dict) and so.get("include_usage"))
+        if (stream and self._capture and self.config.inject_stream_usage and not want_chunk
+                and path in _USAGE_INJECT_PATHS):
+            doc["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                     "include_usage": True}
+            strip_usage = modified = True
         if modified:
             body = orjson.dumps(doc)
 
@@ -331,7 +370,8 @@ class Ingress:
                 break
             cand = decision.candidate
             # Asked by alias: the engine knows the model by its id.
-            send = body if cand.model.id == model else orjson.dumps({**doc, "model": cand.model.id})
+            send = body if cand.model.id == model else orjson.dumps(
+                {**doc, "model": cand.model.engine_name(model)})  # (LoRA: the adapter's name)
             tried.append(cand.session_id)
             self.metrics.observe_routed(cand.session_id)
             self.policy.on_request_start(cand)
@@ -339,10 +379,10 @@ class Ingress:
             try:
                 if stream:
                     resp, usage, ttft = await self._attempt_stream(
-                        sink, cand, path, send, strip_usage
+                        sink, cand, path, send, strip_usage, want_chunk, doc
                     )
                 else:
-                    resp, usage, ttft = await self._attempt_once(cand, path, send)
+                    resp, usage, ttft = await self._attempt_once(cand, path, send, doc)
                 status = resp.status if resp is not None else 200
                 ok = status < 500
             except UpstreamError as e:
@@ -379,8 +419,8 @@ class Ingress:
         return error_reply(status, message, code, param, headers)
 
     async def _attempt_once(
-        self, cand: Candidate, path: str, body: bytes
-    ) -> tuple[Reply, tuple[int, int] | None, float | None]:
+        self, cand: Candidate, path: str, body: bytes, doc: dict[str, Any]
+    ) -> tuple[Reply, Usage | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
         if self._own_timeouts:
@@ -393,7 +433,12 @@ class Ingress:
                 raise UpstreamError(
                     f"node {cand.session_id} timed out after {t.total} s") from e
         resp = Reply(status, data, ctype, cand.session_id)
-        usage = usage_from_body(data) if self._capture and status == 200 else None
+        usage = None
+        if self._capture and status == 200:
+            got = usage_from_body(data)
+            # No usage from the engine: counted here and marked estimated (usage.py).
+            usage = Usage(*got) if got is not None else Usage(
+                estimate_prompt_tokens(doc), estimate_completion_from_body(data), True)
         return resp, usage, _perf() - t_send
 
     async def _exchange_once(
@@ -409,8 +454,9 @@ class Ingress:
         return up.status, data, up.content_type
 
     async def _attempt_stream(
-        self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool
-    ) -> tuple[Reply | None, tuple[int, int] | None, float | None]:
+        self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool,
+        want_chunk: bool, doc: dict[str, Any],
+    ) -> tuple[Reply | None, Usage | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
         opened: list[Upstream] = []
@@ -443,8 +489,10 @@ class Ingress:
         self.metrics.observe_ttft(cand.model.id, ttft)
 
         # Committed: from here on bytes reach the client, so no retry is possible.
-        scanner = (StreamUsageScanner(strip_usage, self.config.max_sse_line_bytes)
-                   if self._capture else None)
+        # (also without a usage sink: a client that asked for usage gets its chunk)
+        scanner = (StreamUsageScanner(strip_usage, want_chunk, self.config.max_sse_line_bytes)
+                   if self._capture or want_chunk else None)
+        usage: Usage | None = None
         failed: BaseException | None = None
         gone = False
         try:
@@ -484,16 +532,20 @@ class Ingress:
                 await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
             if scanner is not None:
                 rest = scanner.flush()
-                if rest:
-                    await sink.write(rest)
+                usage, tail = scanner.finish(estimate_prompt_tokens(doc), cand.model.id,
+                                             path.endswith("/chat/completions"))
+                if rest or tail:
+                    await sink.write(rest + tail)
             await sink.end()
         except _CLIENT_GONE:
             gone = True  # the client went away; nothing to send
         finally:
             await up.aclose()
-        usage = scanner.usage if scanner is not None else None
-        if usage is None and scanner is not None and (gone or failed is not None):
-            usage = relayed_usage(len(body), scanner.events)  # bill what was relayed
+        if usage is None and scanner is not None:
+            if scanner.usage is not None:
+                usage = Usage(*scanner.usage)  # (the client went away before the end)
+            elif gone or failed is not None:  # bill what was relayed, marked estimated
+                usage = Usage(*relayed_usage(len(body), scanner.events), True)
         if failed is not None:
             raise _Committed(usage, ttft)
         return None, usage, ttft
@@ -522,12 +574,15 @@ class Ingress:
     def _finish(
         self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,
         stream: bool, attempts: int, t0: float, started: float, ttft: float | None,
-        usage: tuple[int, int] | None, doc: dict[str, Any],
+        usage: Usage | None, doc: dict[str, Any],
     ) -> None:
         e2e = _perf() - t0
         self.metrics.observe_request(model, status, e2e)
+        if path in METERED_BY_REQUEST and usage is not None and usage.estimated:
+            usage = Usage(0, 0, True)  # no usage from the engine: metered by request
         if usage is not None and principal is not None and self.usage_sink is not None:
-            self.usage_sink.record(principal.id, model, usage[0], usage[1])
+            self.usage_sink.record(principal.id, model, usage[0], usage[1],
+                                   estimated=usage.estimated)
         if self.config.trace_hook is not None:
             self._trace(path, model, principal, cand.session_id, status, stream, attempts, t0,
                         started, ttft, usage, doc)
@@ -535,7 +590,7 @@ class Ingress:
     def _trace(
         self, path: str, model: str, principal: Principal | None, node: str | None,
         status: int, stream: bool, attempts: int, t0: float, started: float,
-        ttft: float | None, usage: tuple[int, int] | None, doc: dict[str, Any],
+        ttft: float | None, usage: Usage | None, doc: dict[str, Any],
     ) -> None:
         hook = self.config.trace_hook
         if hook is None:
@@ -571,12 +626,19 @@ async def _read_capped(up: Upstream, limit: int) -> bytes:
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
 
 
+async def _not_stored(_: web.Request) -> web.StreamResponse:
+    return web_response(not_stored())
+
+
 def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     """Mount the OpenAI routes on an existing app (the node does this)."""
     app.router.add_post("/v1/chat/completions", ingress.chat_completions)
     app.router.add_post("/v1/completions", ingress.completions)
     app.router.add_post("/v1/embeddings", ingress.embeddings)
     app.router.add_get("/v1/models", ingress.models)
+    for path in sorted(EXTRA_POST_PATHS):
+        app.router.add_post(path, ingress.api_route)
+    app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
 
 
 def build_ingress_app(

@@ -60,3 +60,6 @@ class IngressConfig:
     max_response_bytes: int = 64 * 1024 * 1024
     max_sse_line_bytes: int = 4 * 1024 * 1024
     trace_hook: TraceHook | None = None
+    # Models whose engines serve POST /v1/responses themselves (vLLM >= 0.10): passed through
+    # unchanged; "*" for all. Others get the Responses API translated to chat completions.
+    native_responses_models: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """Node side: accept a forwarded inference request and proxy it to the local engine, streaming.
 
 The node mounts `add_engine_proxy_routes(app, proxy)`, which serves
-`POST /v1/fabric/forward/v1/{chat/completions,completions,embeddings}`; the peer request handler
+`POST /v1/fabric/forward/<path>` for the paths in paths.FORWARDABLE_PATHS; the peer request handler
 (requests arriving over the peer network / relays) calls `proxy.open(path, body)` and relays
 the returned Upstream's chunks itself.
 """
@@ -17,8 +17,8 @@ from yarl import URL
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
 from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
+from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
 
-FORWARDABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
 
 
@@ -40,7 +40,7 @@ class EngineProxy:
         self._token = forward_token
         self._own = session is None
         self._session = session
-        self._urls = {p: URL(self._base + p) for p in FORWARDABLE_PATHS}
+        self._urls = {p: URL(self._base + ENGINE_PATHS.get(p, p)) for p in FORWARDABLE_PATHS}
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -72,7 +72,7 @@ class EngineProxy:
             got = request.headers.get(FORWARD_TOKEN_HEADER, "")
             if not hmac.compare_digest(got.encode(), self._token.encode()):
                 return error_response(401, "missing or wrong forward token", "invalid_api_key")
-        path = "/v1/" + request.match_info["tail"]
+        path = request.path[len(FORWARD_PREFIX):]
         if path not in FORWARDABLE_PATHS:
             return error_response(404, f"{path} is not forwarded to engines", "not_found")
         if request.content_length is not None and request.content_length > self._max_body:

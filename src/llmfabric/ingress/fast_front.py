@@ -8,7 +8,8 @@ streamed responses written chunk by chunk with chunked transfer encoding, TCP_NO
 backpressure both ways (reading pauses while requests queue up; writers wait on the
 transport's high-water mark), and an idle timeout. Unknown paths answer an OpenAI-shaped 404,
 known paths with another method 405. Only the headers the core needs are kept
-(Authorization, X-Fabric-Providers).
+(Authorization, or Anthropic's x-api-key when there is none; X-Fabric-Providers).
+/v1/responses, /v1/messages and the pass-through paths go to `Ingress.api` (api_routes.py).
 
 Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header
 and body read timeouts (408, slowloris), connection caps per process and per client address
@@ -31,6 +32,7 @@ from typing import cast
 import httptools
 import orjson
 
+from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, not_stored, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
@@ -39,6 +41,7 @@ _POST_ROUTES = {
     b"/v1/chat/completions": ("/v1/chat/completions", True),
     b"/v1/completions": ("/v1/completions", True),
     b"/v1/embeddings": ("/v1/embeddings", False),
+    **{p.encode(): (p, True) for p in EXTRA_POST_PATHS},  # served by Ingress.api
 }
 _REASONS = {
     200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
@@ -140,10 +143,13 @@ class FastFront:
             if method == b"POST":
                 return hit
             return _not_allowed(path, "POST")
+        if path.startswith(b"/v1/responses/"):
+            return not_stored()
         if path == b"/v1/models" or (path == b"/metrics" and self.serve_metrics):
             return None if method == b"GET" else _not_allowed(path, "GET")
         return error_reply(404, f"no route {path.decode('latin-1')!r}; the API is under /v1 "
-                           "(chat/completions, completions, embeddings, models)", "not_found")
+                           "(chat/completions, completions, embeddings, responses, messages, "
+                           "models)", "not_found")
 
 
 def _not_allowed(path: bytes, allow: str) -> Reply:
@@ -298,6 +304,8 @@ class _Connection(asyncio.Protocol):
         n = name.lower()
         if n == b"authorization":
             cur.auth = value.decode("latin-1")
+        elif n == b"x-api-key" and not cur.auth:  # Anthropic clients' key header
+            cur.auth = "Bearer " + value.decode("latin-1")
         elif n == b"x-fabric-providers":
             cur.providers = value.decode("latin-1")
         elif n == b"expect":
@@ -492,7 +500,10 @@ class _Connection(asyncio.Protocol):
         if req.error is not None:
             err = orjson.loads(req.error.body).get("error", {})
             self.ingress.metrics.observe_error("", req.error.status, str(err.get("code")))
-            self._send(req.error, False, head_only=False)
+            reply = req.error
+            if req.url.split(b"?", 1)[0] == b"/v1/messages":
+                reply = to_anthropic(reply)  # (refused before the body: key, size)
+            self._send(reply, False, head_only=False)
             self._linger_close()
             return True  # (closing already)
         head_only = req.method == b"HEAD"
@@ -511,7 +522,11 @@ class _Connection(asyncio.Protocol):
             return keep
         path, streamable = hit
         sink = _Sink(self, chunked=req.version != "1.0")
-        out = await self.ingress.serve(path, streamable, req.auth, req.providers, req.body, sink)
+        if path in EXTRA_POST_PATHS:  # translated APIs and pass-through (api_routes.py)
+            out = await self.ingress.api.serve(path, req.auth, req.providers, req.body, sink)
+        else:
+            out = await self.ingress.serve(path, streamable, req.auth, req.providers, req.body,
+                                           sink)
         if out is not None:
             self._send(out, keep, False)
             return keep

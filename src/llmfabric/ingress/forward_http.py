@@ -13,6 +13,7 @@ from yarl import URL
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
+from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.routing.candidates import Candidate
 
 # Path prefix under which a node accepts forwarded inference requests (see engine_proxy.py).
@@ -91,6 +92,8 @@ class AiohttpForwarder:
         if url is None:
             if len(self._urls) > 4096:
                 self._urls.clear()
+            if not self._prefix:  # engines themselves: their own path for e.g. /v1/tokenize
+                path = ENGINE_PATHS.get(path, path)
             url = URL(f"http://{addr}{self._prefix}{path}", encoded=True)
             self._urls[key] = url
         return url

@@ -32,6 +32,7 @@ from llmfabric.identity.certs import cert_identity
 from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
+from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.routing.candidates import Candidate
 
 _HIGH_WATER = 256 * 1024  # queued body bytes before reading from the node pauses
@@ -395,7 +396,10 @@ class RawHttpForwarder:
             if len(self._heads) > 4096:
                 self._heads.clear()
             head = (
-                b"POST " + self._prefix + path.encode() + b" HTTP/1.1\r\nHost: "
+                # (engines themselves, no prefix: their own path for e.g. /v1/tokenize)
+                b"POST " + self._prefix
+                + (path if self._prefix else ENGINE_PATHS.get(path, path)).encode()
+                + b" HTTP/1.1\r\nHost: "
                 + addr.encode() + b"\r\nContent-Type: application/json\r\n" + self._extra
             )
             self._heads[key] = head

@@ -1,9 +1,14 @@
-"""Prometheus metrics of one ingress, in its own CollectorRegistry (never the global one)."""
+"""Prometheus metrics of one ingress, in its own CollectorRegistry (never the global one).
+
+Label values come from clients (model names) and from the registry (node session ids), so
+their number is bounded: a model the fabric does not know (`known_model`) is counted as
+"other", and past MAX_MODEL_LABELS models or MAX_NODE_LABELS nodes new values are too.
+"""
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +37,9 @@ class _Hist:
 
 
 _LE = [repr(float(b)) for b in _LATENCY_BUCKETS] + ["+Inf"]
+OTHER = "other"
+MAX_MODEL_LABELS = 256
+MAX_NODE_LABELS = 1024
 
 
 class IngressMetrics:
@@ -48,9 +56,31 @@ class IngressMetrics:
         self.failed_attempts: dict[str, int] = {}  # node -> attempts that failed
         self.e2e: dict[str, _Hist] = {}  # model -> end-to-end latency
         self.ttft: dict[str, _Hist] = {}  # model -> time to the first streamed byte
+        # Whether the fabric serves a model name (set by the ingress); None: any name counts.
+        self.known_model: Callable[[str], bool] | None = None
+        self._models: set[str] = {""}  # label values in use
+        self._nodes: set[str] = set()
         self.registry.register(_Collector(self))
 
+    def _model(self, model: str) -> str:
+        if model in self._models:
+            return model
+        if len(self._models) >= MAX_MODEL_LABELS or (
+                self.known_model is not None and not self.known_model(model)):
+            return OTHER
+        self._models.add(model)
+        return model
+
+    def _node(self, node: str) -> str:
+        if node in self._nodes:
+            return node
+        if len(self._nodes) >= MAX_NODE_LABELS:
+            return OTHER
+        self._nodes.add(node)
+        return node
+
     def observe_request(self, model: str, status: int, e2e_s: float) -> None:
+        model = self._model(model)
         key = (model, str(status))
         r = self.requests
         r[key] = r.get(key, 0) + 1
@@ -70,16 +100,19 @@ class IngressMetrics:
         e[key] = e.get(key, 0) + 1
 
     def observe_ttft(self, model: str, seconds: float) -> None:
+        model = self._model(model)
         h = self.ttft.get(model)
         if h is None:
             h = self.ttft[model] = _Hist()
         h.observe(seconds)
 
     def observe_routed(self, node: str) -> None:
+        node = self._node(node)
         r = self.routed
         r[node] = r.get(node, 0) + 1
 
     def observe_failed_attempt(self, node: str, model: str, retried: bool) -> None:
+        node, model = self._node(node), self._model(model)
         f = self.failed_attempts
         f[node] = f.get(node, 0) + 1
         if retried:

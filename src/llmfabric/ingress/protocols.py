@@ -42,9 +42,11 @@ class Authenticator(Protocol):
 
 class UsageSink(Protocol):
     def record(
-        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int
+        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+        estimated: bool = False,
     ) -> None:
-        """Count one request's tokens; must not block."""
+        """Count one request's tokens (`estimated`: counted by the ingress because the
+        engine reported none); must not block."""
         ...
 
 

@@ -6,8 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from llmfabric.ingress.paths import PASSTHROUGH_PATHS
+from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import NodeRecord
-from llmfabric.routing.candidates import Candidate, candidates_by_model, model_is_known
+from llmfabric.routing.candidates import (
+    Candidate,
+    Identify,
+    candidates_by_model,
+    model_is_known,
+)
 
 RecordsFn = Callable[[], Iterable[tuple[NodeRecord, bool]]]
 
@@ -19,7 +26,7 @@ class StaticCandidateSource:
         self._all = tuple(candidates)
         self._by_model: dict[str, list[Candidate]] = {}
         for c in self._all:
-            for name in (c.model.id, *c.model.aliases):
+            for name in c.model.names():
                 self._by_model.setdefault(name, []).append(c)
 
     def candidates(self, model: str) -> Sequence[Candidate]:
@@ -37,20 +44,26 @@ class RecordsCandidateSource:
 
     The index is rebuilt at most once per `version()` change when a version callable is given
     (e.g. the replica's merge counter); without one it is rebuilt on every lookup.
+    Provider identities come from `identify` (registry.provider): by default the key
+    fingerprint, never the record's free-text provider name.
     """
 
-    def __init__(self, records: RecordsFn, version: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, records: RecordsFn, version: Callable[[], int] | None = None,
+        identify: Identify = key_fingerprint_identity,
+    ) -> None:
         self._records = records
         self._version = version
+        self._identify = identify
         self._seen: int | None = None
         self._index: dict[str, list[Candidate]] = {}
 
     def _fresh(self) -> dict[str, list[Candidate]]:
         if self._version is None:
-            return candidates_by_model(self._records())
+            return candidates_by_model(self._records(), self._identify)
         v = self._version()
         if v != self._seen:
-            self._index = candidates_by_model(self._records())
+            self._index = candidates_by_model(self._records(), self._identify)
             self._seen = v
         return self._index
 
@@ -68,8 +81,12 @@ class RecordsCandidateSource:
         return list(seen.values())
 
 
-def merged_catalog(candidates: Iterable[Candidate]) -> dict[str, Any]:
-    """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
+def merged_catalog(candidates: Iterable[Candidate],
+                   native_responses: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware and
+    `capabilities`: the APIs the ingress routes for the model (the engine still validates:
+    an engine without embeddings answers that route 4xx) and how /v1/responses and
+    /v1/messages are served ("native": passed through, "translated": over chat)."""
     entries: dict[str, dict[str, Any]] = {}
     for c in candidates:
         e = entries.get(c.model.id)
@@ -77,9 +94,10 @@ def merged_catalog(candidates: Iterable[Candidate]) -> dict[str, Any]:
             e = entries[c.model.id] = {
                 "id": c.model.id, "object": "model", "created": 0, "owned_by": "llmfabric",
                 "aliases": set(), "providers": set(), "nodes": [], "gpus": set(),
-                "quantizations": set(), "max_context": 0,
+                "quantizations": set(), "max_context": 0, "adapters": set(),
             }
         e["aliases"].update(c.model.aliases)
+        e["adapters"].update(c.model.adapters)
         e["providers"].add(c.provider_id)
         e["nodes"].append(c.session_id)
         e["gpus"].add(c.hardware.gpu_model)
@@ -88,9 +106,16 @@ def merged_catalog(candidates: Iterable[Candidate]) -> dict[str, Any]:
     data = []
     for mid in sorted(entries):
         e = entries[mid]
-        for k in ("aliases", "providers", "gpus", "quantizations"):
+        for k in ("aliases", "providers", "gpus", "quantizations", "adapters"):
             e[k] = sorted(e[k])
         e["nodes"] = sorted(set(e["nodes"]))
         e["serving"] = len(e["nodes"])
+        e["max_model_len"] = e["max_context"]  # (vLLM's name for it)
+        native = "*" in native_responses or mid in native_responses
+        e["capabilities"] = {
+            "chat_completions": True, "completions": True, "embeddings": True,
+            "responses": "native" if native else "translated", "messages": "translated",
+            "passthrough": sorted(PASSTHROUGH_PATHS), "lora_adapters": bool(e["adapters"]),
+        }
         data.append(e)
     return {"object": "list", "data": data}

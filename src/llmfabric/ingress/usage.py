@@ -5,21 +5,28 @@ that contains a non-null `"usage": {` is ever JSON-parsed: normally one per stre
 When the ingress injected `stream_options.include_usage` (the client did not ask for it), that
 usage-only chunk (`"choices": []`) is removed before the client sees it.
 
-Usage is a claim by the provider, not a fact: token counts are clamped to [0, MAX_TOKENS]
-(a `2**64-1` or a negative count must not reach the ledger). A line longer than the line cap
-(an engine that never sends a newline) is passed through unscanned instead of held, so the
-ingress never buffers more than one capped line per stream. `events` counts the `data:`
-events relayed, so a stream the client abandoned can still be billed (`relayed_usage`).
+Usage is a claim by the provider, not a fact: token counts are clamped by
+accounts.policy.clamp_tokens (a `2**64-1` or a negative count must not reach the ledger).
+A line longer than the line cap (an engine that never sends a newline) is passed through
+unscanned instead of held, so the ingress never buffers more than one capped line per stream.
+`events` counts the `data:` events relayed, so a stream the client abandoned can still be
+billed (`relayed_usage`).
+
+Engines that report no usage (UsageFallback, below): the ingress counts the tokens itself,
+marks them estimated, and emits the final usage chunk a client asked for.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import time
+from typing import Any, NamedTuple
 
 import orjson
 
+from llmfabric.accounts.policy import clamp_tokens
+
 _MARKERS = (b'"usage":{', b'"usage": {')
-MAX_TOKENS = 10_000_000  # per field and request: above any model's context
 MAX_SSE_LINE = 4 * 1024 * 1024  # default line cap (bytes) before lines pass unscanned
 
 
@@ -28,20 +35,24 @@ def _has_usage(data: bytes) -> bool:
 
 
 def _tokens(usage: Any) -> tuple[int, int] | None:
+    """Usage is the provider's claim: counts are clamped to [0, MAX_TOKENS_PER_REQUEST]
+    (a provider answering prompt_tokens = 2**64 - 1 or -5 bills a plausible amount)."""
     if not isinstance(usage, dict):
         return None
     p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(p, int) or isinstance(p, bool):
+    if p is None and "input_tokens" in usage:  # the Responses API's names
+        p, c = usage.get("input_tokens"), usage.get("output_tokens")
+    if isinstance(p, bool) or not isinstance(p, int):
         return None
-    if not isinstance(c, int) or isinstance(c, bool):
+    if isinstance(c, bool) or not isinstance(c, int):
         c = 0
-    return min(max(p, 0), MAX_TOKENS), min(max(c, 0), MAX_TOKENS)
+    return clamp_tokens(p), clamp_tokens(c)
 
 
 def relayed_usage(prompt_bytes: int, events: int) -> tuple[int, int]:
     """What to bill for a stream that ended before its usage chunk (the client went away,
     the provider broke off): ~4 bytes per prompt token, one token per relayed event."""
-    return min(max(1, prompt_bytes // 4), MAX_TOKENS), min(max(events, 0), MAX_TOKENS)
+    return clamp_tokens(max(1, prompt_bytes // 4)), clamp_tokens(events)
 
 
 def usage_from_body(body: bytes) -> tuple[int, int] | None:
@@ -58,14 +69,21 @@ def usage_from_body(body: bytes) -> tuple[int, int] | None:
 class StreamUsageScanner:
     """Feed upstream SSE bytes; get back the bytes to send on (line-aligned)."""
 
-    __slots__ = ("_carry", "_max_line", "_strip", "events", "usage")
+    __slots__ = ("_carry", "_held_done", "_max_line", "_strip", "_want_chunk", "events",
+                 "pieces", "usage")
 
-    def __init__(self, strip_usage_chunk: bool, max_line: int = MAX_SSE_LINE) -> None:
+    def __init__(self, strip_usage_chunk: bool, want_usage_chunk: bool = False,
+                 max_line: int = MAX_SSE_LINE) -> None:
         self._strip = strip_usage_chunk
         self._max_line = max_line
         self._carry = b""
         self.usage: tuple[int, int] | None = None
         self.events = 0  # `data:` events passed on
+        # For engines that send no usage: content pieces seen, and `data: [DONE]` held back
+        # while the client asked for a usage chunk the engine has not sent.
+        self._want_chunk = want_usage_chunk
+        self._held_done = False
+        self.pieces = 0
 
     def feed(self, data: bytes) -> bytes:
         if self._carry:
@@ -83,13 +101,45 @@ class StreamUsageScanner:
         self.events += data.count(b"data:")
         if _has_usage(data):
             data = self._take_usage(data)
-        return data
+        return self._count(data)
 
     def flush(self) -> bytes:
         rest, self._carry = self._carry, b""
         if rest and _has_usage(rest):
             rest = self._take_usage(rest)
-        return rest
+        return self._count(rest) if rest else rest
+
+    def _count(self, data: bytes) -> bytes:
+        self.pieces += sum(data.count(p) for p in _PIECE) - sum(data.count(e) for e in _EMPTY)
+        if self._held_done and not data.strip():
+            return b""  # the blank line that ended the held [DONE] event
+        if self._want_chunk and self.usage is None and b"[DONE]" in data:
+            kept: list[bytes] = []
+            drop_blank = False
+            for line in data.splitlines(keepends=True):
+                text = line.strip()
+                if text in (b"data: [DONE]", b"data:[DONE]"):
+                    self._held_done = True
+                    drop_blank = True  # and the blank line that ends its event
+                    continue
+                if drop_blank and not text:
+                    drop_blank = False
+                    continue
+                drop_blank = False
+                kept.append(line)
+            data = b"".join(kept)
+        return data
+
+    def finish(self, prompt_estimate: int, model: str, chat: bool) -> tuple[Usage, bytes]:
+        """The request's usage (the engine's, else the ingress's estimate, marked so) and the
+        bytes still to send: the usage chunk the client asked for and the held `[DONE]`."""
+        if self.usage is not None:
+            usage = Usage(self.usage[0], self.usage[1])
+        else:
+            usage = Usage(prompt_estimate, max(0, self.pieces), True)
+        if not self._held_done:
+            return usage, b""
+        return usage, usage_chunk(usage, model, chat) + b"data: [DONE]\n\n"
 
     def _take_usage(self, data: bytes) -> bytes:
         lines = data.split(b"\n")
@@ -107,7 +157,9 @@ class StreamUsageScanner:
                     out.append(line)
                     continue
                 if isinstance(doc, dict):
-                    got = _tokens(doc.get("usage"))
+                    resp = doc.get("response")  # (a Responses API response.completed event)
+                    got = _tokens(resp.get("usage") if isinstance(resp, dict)
+                                  else doc.get("usage"))
                     if got is not None:
                         self.usage = got
                     if self._strip and not doc.get("choices"):
@@ -115,3 +167,70 @@ class StreamUsageScanner:
                         continue
             out.append(line)
         return b"\n".join(out)
+
+
+class Usage(NamedTuple):
+    """Tokens of one request; `estimated` when the ingress counted them itself."""
+
+    prompt: int
+    completion: int
+    estimated: bool = False
+
+
+# ---- the ingress's own count, for engines that report no usage --------------------------
+# (llama.cpp's servers in streams, some OpenAI-compatible servers). Documented estimate:
+# prompt = ceil(characters / 4) of every text in the prompt (message contents, `prompt`,
+# embedding `input`) + 4 per chat message (role and separators); completion = the streamed
+# content pieces (engines stream one token per event) or, for a whole body, ceil(characters
+# / 4) of the returned text. Such rows are marked estimated in the usage ledger.
+_PIECE = (b'"content":"', b'"content": "', b'"text":"', b'"text": "')
+_EMPTY = (b'"content":""', b'"content": ""', b'"text":""', b'"text": ""')
+
+
+def _chars(value: Any, depth: int = 0) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if depth > 4:
+        return 0
+    if isinstance(value, list):
+        return sum(_chars(v, depth + 1) for v in value[:10_000])
+    if isinstance(value, dict):
+        return _chars(value.get("text"), depth + 1) + _chars(value.get("content"), depth + 1)
+    return 0
+
+
+def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        return math.ceil(sum(_chars(m) for m in messages[:10_000]) / 4) + 4 * len(messages)
+    for key in ("prompt", "input"):
+        value = doc.get(key)
+        if isinstance(value, list) and value and all(isinstance(v, int) for v in value[:8]):
+            return len(value)  # already token ids
+        if value is not None:
+            return math.ceil(_chars(value) / 4)
+    return 0
+
+
+def estimate_completion_from_body(body: bytes) -> int:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return 0
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list):
+        return 0
+    chars = 0
+    for c in choices[:1000]:
+        if isinstance(c, dict):
+            chars += _chars(c.get("text")) + _chars(c.get("message"))
+    return math.ceil(chars / 4)
+
+
+def usage_chunk(usage: Usage, model: str, chat: bool) -> bytes:
+    """The final `choices: []` usage event OpenAI streams send for include_usage."""
+    doc: dict[str, Any] = {"id": "fabric-usage", "object": "chat.completion.chunk" if chat else
+           "text_completion", "created": int(time.time()), "model": model, "choices": [],
+           "usage": {"prompt_tokens": usage.prompt, "completion_tokens": usage.completion,
+                     "total_tokens": usage.prompt + usage.completion}}
+    return b"data: " + orjson.dumps(doc) + b"\n\n"

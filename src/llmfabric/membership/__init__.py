@@ -5,5 +5,9 @@ Files:
 - swim.py: `Prober` (shuffled round-robin probes, indirect probes via PING_REQ, ack relay).
 - suspicion.py: `SuspicionTracker`, Lifeguard timeouts shrinking with confirmations.
 - health.py: `LocalHealth`, Lifeguard's local health multiplier.
+- messages.py: the SWIM messages `Ping`, `Ack`, `PingReq` and `WireItem` (gossip.wire encodes
+  them in its envelope).
+- params.py: `ProbeParams`, `SuspicionParams`: what SWIM reads of the configuration
+  (gossip.config.GossipConfig satisfies them; membership never imports gossip).
 The agent that runs them over a Transport is llmfabric.gossip.agent.GossipAgent.
 """

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from llmfabric.clock import Clock
-from llmfabric.gossip.config import GossipConfig
+from llmfabric.membership.params import SuspicionParams
 from llmfabric.registry.entry import Entry
 from llmfabric.registry.records import Lifecycle
 
 
 class SuspicionTracker:
-    def __init__(self, clock: Clock, config: GossipConfig) -> None:
+    def __init__(self, clock: Clock, config: SuspicionParams) -> None:
         self._clock = clock
         self._cfg = config
         self.since: dict[str, float] = {}

@@ -25,10 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmfabric.clock import Clock, with_timeout
-from llmfabric.gossip.config import GossipConfig
-from llmfabric.gossip.wire import Ack, Message, Ping, PingReq, WireItem
 from llmfabric.membership.health import LocalHealth
+from llmfabric.membership.messages import Ack, Ping, PingReq, SwimMessage, WireItem
+from llmfabric.membership.params import ProbeParams
 from llmfabric.net.transport import PeerId
+
+# Outstanding indirect probes we relay for others; a member flooding PING_REQs gets no more.
+MAX_RELAYS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,22 +51,27 @@ class ProbeStats:
     spared_lag: int = 0  # our own timers fired late (starved loop): one more ping was sent
     loop_lag: int = 0  # probe periods that started late (each raises the local health score)
     spared_unhealthy: int = 0  # no accusation while our own health score is above half its max
+    ping_reqs_refused: int = 0  # PING_REQs beyond MAX_RELAYS outstanding relays
 
 
 class Prober:
     def __init__(
         self,
         clock: Clock,
-        config: GossipConfig,
+        config: ProbeParams,
         rng: random.Random,
         *,
         local_peer: PeerId,
         members: Callable[[], list[Member]],
-        send: Callable[[PeerId, Message], None],
+        send: Callable[[PeerId, SwimMessage], None],
         piggyback: Callable[[], tuple[WireItem, ...]],
         on_suspect: Callable[[Member], None],
         heard_from: Callable[[Member], float] | None = None,
+        members_version: Callable[[], int] | None = None,
     ) -> None:
+        """`members_version()`, when given, changes whenever `members()` may have: the prober
+        then rescans the member list only on a change, not on every probe (at N members a
+        rescan hashes N members; at 10,000 it dominated a node's idle CPU)."""
         self._clock = clock
         self._cfg = config
         self._rng = rng
@@ -73,6 +81,9 @@ class Prober:
         self._piggyback = piggyback
         self._on_suspect = on_suspect
         self._heard_from = heard_from
+        self._members_version = members_version
+        self._seen_version: int | None = None
+        self._current: set[Member] = set()
         self.health = LocalHealth(config.max_health)
         self.stats = ProbeStats()
         self._seq = 0
@@ -87,14 +98,19 @@ class Prober:
         return self._seq
 
     def _next_target(self) -> Member | None:
-        members = self._members()
-        current = set(members)
-        # Members that joined during this round go in at random positions (as memberlist does),
-        # so a fresh node is probed within about one round, not after the next reshuffle.
-        for m in members:
-            if m not in self._in_round:
-                self._in_round.add(m)
-                self._order.insert(self._rng.randint(0, len(self._order)), m)
+        version = None if self._members_version is None else self._members_version()
+        if version is None or version != self._seen_version:
+            self._seen_version = version
+            members = self._members()
+            self._current = set(members)
+            # Members that joined during this round go in at random positions (as memberlist
+            # does), so a fresh node is probed within about one round, not after the next
+            # reshuffle.
+            for m in members:
+                if m not in self._in_round:
+                    self._in_round.add(m)
+                    self._order.insert(self._rng.randint(0, len(self._order)), m)
+        current = self._current
         while self._order:
             m = self._order.pop()
             if m in current:
@@ -208,6 +224,9 @@ class Prober:
         for s, (_, _, until) in list(self._relays.items()):
             if until < now:
                 del self._relays[s]
+        if len(self._relays) >= MAX_RELAYS:  # a flood of PING_REQs: serve no more for now
+            self.stats.ping_reqs_refused += 1
+            return
         seq = self._next_seq()
         self._relays[seq] = (asker, req.seq, now + self._cfg.probe_interval_s * 2)
         self.stats.ping_reqs_served += 1

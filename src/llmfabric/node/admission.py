@@ -1,14 +1,17 @@
-"""The node's admission credential from its configuration."""
+"""The node's admission credential from its configuration, and the provider verifier that
+binds registry records to the identities routing allowlists match (registry.provider)."""
 
 from __future__ import annotations
 
 import os
 import pathlib
 import stat
+from collections.abc import Callable
 
 from llmfabric.identity import Admission, CertAdmission, MembershipCert, PskAdmission
 from llmfabric.identity.admission import decode_public_key
 from llmfabric.node.config import ConfigError, NodeConfig
+from llmfabric.registry.provider import CertRecordPolicy, ProviderVerifier
 
 
 def admission_from_config(config: NodeConfig) -> Admission:
@@ -45,3 +48,23 @@ def read_secret_file(path: pathlib.Path) -> tuple[bytes, bytes | None]:
         raise ConfigError(f"{path}: put the network secret on line 1 and, during a rotation, "
                           "the previous one on line 2")
     return lines[0].encode(), lines[1].encode() if len(lines) == 2 else None
+
+def provider_verifier(config: NodeConfig, wall: Callable[[], float]) -> ProviderVerifier:
+    """Certificates checked against the operator key on certificate networks; on PSK
+    networks (no operator key) a provider is its key fingerprint."""
+    operator = (decode_public_key(config.operator_key)
+                if config.membership_cert is not None and config.operator_key
+                and not config.network_secret else None)
+    return ProviderVerifier(operator, config.network, wall)
+
+
+def record_policy(verifier: ProviderVerifier) -> CertRecordPolicy | None:
+    """Records must carry a valid certificate only on certificate networks."""
+    return CertRecordPolicy(verifier) if verifier.operator_key is not None else None
+
+
+def own_certificate(config: NodeConfig) -> str:
+    """Our membership certificate (JSON) to publish in our record; "" on PSK networks."""
+    if config.membership_cert is None or config.network_secret:
+        return ""
+    return MembershipCert.load(config.membership_cert).to_json()

@@ -71,6 +71,12 @@ class NodeConfig(BaseModel):
     # Engine supervision (empty process = a bare node the scheduler may fill).
     process: tuple[str, ...] = ()
     engine_url: str | None = None
+    engine_kind: str | None = None  # `--engine KIND` (agent/engines.py); None: detected
+    model_ids: tuple[str, ...] = ()  # served model ids the engine does not list
+    # The engine's main process exited: "restart" it (up to engine_restarts times, with
+    # backoff, each under a new session) then leave, or "leave" at once (exit status 5).
+    on_engine_exit: Literal["restart", "leave"] = "restart"
+    engine_restarts: int = Field(default=3, ge=0)
     ready_timeout_s: float = 900.0
     health_interval_s: float = 2.0
     health_failures: int = Field(default=3, ge=1)
@@ -81,6 +87,9 @@ class NodeConfig(BaseModel):
     aliases: dict[str, str] = Field(default_factory=dict)  # alias -> served model id
     accept_assignments: bool = False  # start engines the fleet controller assigns
     controllers: tuple[str, ...] = ()  # peer ids allowed to assign (empty: any member)
+    # Ingress: also accept the API keys these ingresses publish (verified provider identities:
+    # peer ids on PSK networks); accounts/grants.py.
+    key_issuers: tuple[str, ...] = ()
     gpu: str | None = None
     gpu_count: int | None = None
     gpu_memory_gb: float | None = None
@@ -94,6 +103,9 @@ class NodeConfig(BaseModel):
     total_timeout_s: float = Field(default=1800.0, gt=0)
     db: str | None = None
     auth: bool = True
+    # An ingress with API keys answers the fleet views (/v1/fabric/nodes, models, ...) only
+    # to a valid key unless this is set (a public catalog).
+    public_fleet_info: bool = False
     admin_key_file: pathlib.Path | None = None
     record_trace: pathlib.Path | None = None  # anonymized JSONL trace of served requests
     # How often the observed per-model demand may be republished in the record (scheduler input).
@@ -116,6 +128,10 @@ class NodeConfig(BaseModel):
     allow_engine_public_bind: bool = False
     # Limits of the lean front (--api-listen): FrontLimits field -> value over the defaults.
     front_limits: dict[str, float] = Field(default_factory=dict)
+    # Walltime: Unix time the allocation ends (None: detected inside a Slurm job, else
+    # unbounded); the node drains this long before it (launch/allocation.py).
+    alloc_end: float | None = Field(default=None, gt=0)
+    drain_lead_s: float = Field(default=120.0, ge=0)
 
     @field_validator("listen", "http_listen", "api_listen")
     @classmethod
@@ -145,6 +161,23 @@ class NodeConfig(BaseModel):
 
         front_limits(value)  # raises ValueError naming the bad key
         return value
+
+    @field_validator("network_secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode()) < 16:
+            raise ValueError("the network secret must have at least 16 bytes; use a random "
+                             "one, e.g. `openssl rand -hex 16`")
+        return value
+
+    @field_validator("engine_kind")
+    @classmethod
+    def _engine_kind(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from llmfabric.agent.engines import kind_named
+
+        return kind_named(value).name
 
     @field_validator("aliases")
     @classmethod

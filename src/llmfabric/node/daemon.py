@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
+import os
 import random
 from typing import Any
 
@@ -32,25 +34,33 @@ from llmfabric.identity import NodeKey
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.front_limits import front_limits
+from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.relaykeeper import RelayKeeper
 from llmfabric.net.server_tls import ServerTls
-from llmfabric.node.admission import admission_from_config, read_secret_file
+from llmfabric.node.admission import (
+    admission_from_config,
+    own_certificate,
+    provider_verifier,
+    read_secret_file,
+    record_policy,
+)
 from llmfabric.node.assignment import AssignmentError, engine_command, parse_assignment
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.engine_bind import EngineBindError, loopback_engine_command
 from llmfabric.node.engine_link import EngineLink, error_response
-from llmfabric.node.http_api import add_node_routes
+from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.ports import free_port
 from llmfabric.node.release import release_engine
 from llmfabric.node.replica_reader import AgentReplicaReader
-from llmfabric.registry.records import Lifecycle, NodeMeta
+from llmfabric.node.walltime import WalltimeWatch
+from llmfabric.registry.records import Lifecycle, LoadHints, NodeMeta
 from llmfabric.registry.replica import Change
 
 log = logging.getLogger(__name__)
@@ -95,6 +105,10 @@ class Node:
             clock=self.clock,
             rng=self.rng,
         )
+        # Who a record's provider really is (certificate or key fingerprint), for the
+        # replica's record policy and the ingress allowlist (registry.provider).
+        self.providers = provider_verifier(config, self.clock.wall)
+        self._own_cert = own_certificate(config)
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
         # One set of gossip counters for the node's life: the agent of a later session (after
@@ -119,6 +133,8 @@ class Node:
             self.key, lambda: self.engine, self._is_member,
             max_body_bytes=config.max_body_bytes)
         self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
+        self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
+        self._engine_restarts = 0
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -154,12 +170,14 @@ class Node:
     async def start(self) -> None:
         await self.transport.start()
         self.agent = self._new_agent()
-        reader = AgentReplicaReader(lambda: self._agent, self.clock)
+        reader = AgentReplicaReader(lambda: self._agent, self.clock, self.providers.identity)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
-        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics)
+        add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
+                        self._local_view, fleet_auth=self._fleet_auth())
         if self.config.ingress:
             self.ingress = await IngressLink.create(
-                self.config, reader, self.transport, self.rng, self.clock, key=self.key
+                self.config, reader, self.transport, self.rng, self.clock, key=self.key,
+                identify=self.providers.identity,
             )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
@@ -174,6 +192,8 @@ class Node:
         await self._serve_http(app)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
+        if self._alloc_end is None:
+            self._alloc_end = await asyncio.to_thread(allocation_end, dict(os.environ))
         self._agent.update_self(self._meta())
         # Relays come and go (a relay restarts): republish how we can be reached.
         self.transport.on_relays_changed(self._relays_changed)
@@ -185,8 +205,34 @@ class Node:
         self._spawn(self._sweep_evicted_peers(), "forget-evicted")
         if self.ingress is not None:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
+            self._spawn(self._publish_key_grants(self.ingress), "key-grants")
         if self.engine is not None:
             self._spawn(self._run_engine(self.engine), "engine")
+        if self._alloc_end is not None:
+            self._spawn(self._walltime(self._alloc_end).run(), "walltime")
+
+    def _walltime(self, end: float) -> WalltimeWatch:
+        def moved(new_end: float) -> None:
+            self._alloc_end = new_end
+            self._republish()
+
+        env = dict(os.environ)
+        refresh = None if self.config.alloc_end is not None else (lambda: allocation_end(env))
+        return WalltimeWatch(self.clock, end, self.config.drain_lead_s, drain=self.stop,
+                             republish=moved, refresh=refresh)
+
+    def _fleet_auth(self) -> FleetAuth | None:
+        """On an ingress with API keys the fleet views need a key (unless the operator
+        opted into a public catalog with --public-fleet-info)."""
+        if not (self.config.ingress and self.config.auth) or self.config.public_fleet_info:
+            return None
+
+        async def valid(token: str | None) -> bool:
+            store = self.ingress.store if self.ingress is not None else None
+            return token is not None and store is not None and (
+                await store.authenticate(token)) is not None
+
+        return valid
 
     def _new_agent(self) -> GossipAgent:
         agent = GossipAgent(
@@ -198,6 +244,7 @@ class Node:
             seeds=self._seeds,
             rng=self.rng,
             stats=self.gossip_stats,
+            policy=record_policy(self.providers),
         )
         agent.add_listener(self._on_change)
         agent.on_evicted(self._on_evicted)
@@ -256,9 +303,13 @@ class Node:
             models=base.models if base is not None else (),
             load=base.load if base is not None else NodeMeta().load,
             demand=base.demand if base is not None else (),
+            keys=base.keys if base is not None else (),
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
+            alloc_end=self._alloc_end or 0.0,
+            drain_lead_s=self.config.drain_lead_s if self._alloc_end else 0.0,
+            cert=self._own_cert,
         )
         return dataclasses.replace(meta, **changes)
 
@@ -457,32 +508,95 @@ class Node:
             return
         self._agent.update_self(self._meta(engine=info.kind, models=info.models))
         self._agent.set_state(Lifecycle.SERVING)
-        engine.supervisor.on_state_change(self._on_engine_event)
+        engine.supervisor.on_state_change(lambda ev: self._on_engine_event(engine, ev))
         self._spawn(self._publish_load(), "load")
 
-    def _on_engine_event(self, event: EngineEvent) -> None:
-        if self._stopping:
+    def _local_view(self) -> dict[str, Any]:
+        engine = self.engine
+        return {"engine_process": engine.local_view() if engine is not None else None,
+                "engine_restarts": self._engine_restarts}
+
+    def _on_engine_event(self, engine: EngineLink, event: EngineEvent) -> None:
+        if self._stopping or engine is not self.engine:
             return
         if event.state is EngineState.DOWN:
             log.error("engine down: %s", event.reason)
             if self._agent.record.state < Lifecycle.DOWN:
                 self._agent.set_state(Lifecycle.DOWN)
+            self._spawn(self._after_engine_down(engine), "engine-down")
         elif event.state is EngineState.FATAL:
             log.error("fatal engine failure, fail-stop: %s", event.log_line or event.reason)
             self._exit_code = 4
             self._spawn(self.stop(drain=False), "fail-stop")
 
+    async def _after_engine_down(self, engine: EngineLink) -> None:
+        """The engine exited (its tree is already killed) or stopped answering: restart it
+        under a new session with backoff, or leave (`on_engine_exit`, `engine_restarts`)."""
+        await engine.aclose(2.0)  # a hung engine is killed; an exited one is reaped
+        cfg = self.config
+        while not self._stopping:
+            if cfg.on_engine_exit == "leave" or self._engine_restarts >= cfg.engine_restarts:
+                log.error("the engine is gone and will not be restarted (%s); announcing LEFT "
+                          "and exiting with status 5",
+                          "--on-engine-exit leave" if cfg.on_engine_exit == "leave" else
+                          f"{self._engine_restarts} restarts used")
+                if self._exit_code == 0:
+                    self._exit_code = 5
+                await self.stop(drain=False)
+                return
+            self._engine_restarts += 1
+            delay = min(30.0, 2.0 ** (self._engine_restarts - 1))
+            delay *= 0.75 + 0.5 * self.rng.random()
+            log.warning("restarting the engine in %.1f s (restart %d of %d)", delay,
+                        self._engine_restarts, cfg.engine_restarts)
+            await self.clock.sleep(delay)
+            if self.stopping:  # (SIGTERM while we waited)
+                return
+            # Same command and environment (an assigned engine keeps its GPUs).
+            env = engine.supervisor.config.env
+            fresh = self._engine_link(engine.config, dict(env) if env else None)
+            self.engine = fresh
+            try:
+                info = await fresh.start()
+            except Exception as exc:
+                log.error("engine restart failed: %s", exc)
+                continue
+            old = self._agent
+            meta = old.record.meta
+            await old.leave()  # the DOWN session ends; the engine serves under a new one
+            await old.aclose()
+            await self.new_session(dataclasses.replace(meta, engine=info.kind,
+                                                       models=info.models), serving=True)
+            fresh.supervisor.on_state_change(functools.partial(self._on_engine_event, fresh))
+            log.info("engine restarted; serving again as session %s", self.session_id)
+            return
+
     async def _publish_load(self, interval_s: float = 10.0) -> None:
         """Refresh the load hint in the record when it changed, at most every `interval_s`:
         every record change is gossiped to the whole fabric, so load stays a coarse hint and
-        routing policies track their own in-flight counts."""
-        last = -1
+        routing policies track their own in-flight counts. The engine's own metrics (queue,
+        running, KV-cache use, prefix hits; agent/engine_metrics.py) ride along, rounded so
+        noise does not cause gossip."""
+        last: LoadHints | None = None
         while not self._stopping:
             await self.clock.sleep(interval_s)
-            now = self.inflight.inflight
-            if now != last and self._agent.record.state is Lifecycle.SERVING:
-                last = now
-                self._agent.update_self(self._meta(load=self.inflight.load_hints()))
+            engine = self.engine
+            if engine is None or self._agent.record.state is not Lifecycle.SERVING:
+                continue
+            hints = self.inflight.load_hints()
+            try:
+                eload = await engine.supervisor.load()
+            except Exception:
+                log.exception("reading the engine's metrics failed")
+                eload = None
+            if eload is not None:
+                hints = dataclasses.replace(
+                    hints, queued=eload.waiting, running=eload.running,
+                    kv_usage=round(eload.kv_usage, 2),
+                    prefix_hit_rate=round(eload.prefix_hit_rate or 0.0, 2))
+            if hints != last and not self._stopping:
+                last = hints
+                self._agent.update_self(self._meta(load=hints))
 
     async def _publish_demand(self, meter: DemandMeter) -> None:
         """Publish the ingress's observed per-model workload (the fleet controller's input)
@@ -510,6 +624,15 @@ class Node:
                 log.warning("reloaded the network secret from %s", path)
             except (ConfigError, ValueError) as exc:
                 log.error("network secret reload failed, keeping the previous one: %s", exc)
+
+    async def _publish_key_grants(self, ingress: IngressLink) -> None:
+        """Publish our keys' grants (hashes only) when they change, so ingresses that trust us
+        as a key issuer accept them, and drop revoked ones within a second (accounts.grants)."""
+        while not self._stopping:
+            await self.clock.sleep(1.0)
+            grants = ingress.key_grants()
+            if not self._stopping and grants != self._agent.record.meta.keys:
+                self._agent.update_self(self._meta(keys=grants))
 
     # ---- stop ---------------------------------------------------------------------------
     async def wait_stopped(self) -> int:

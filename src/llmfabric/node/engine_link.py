@@ -81,6 +81,8 @@ class EngineLink:
                 health_interval_s=config.health_interval_s,
                 failures_to_down=config.health_failures,
                 env=env,
+                engine_kind=config.engine_kind,
+                model_ids=tuple(config.model_ids),
             ),
             clock=clock,
         )
@@ -137,6 +139,13 @@ class EngineLink:
         return HandlerResponse(
             upstream.status, (("content-type", upstream.content_type),), relay()
         )
+
+    def local_view(self) -> dict[str, object]:
+        """What only this node knows about its engine (`/v1/fabric/self` "engine_process")."""
+        sup = self.supervisor
+        return {"pid": sup.pid, "kind": sup.command.kind, "base_url": sup.command.base_url,
+                "state": sup.state.value, "exit_code": sup.exit_code,
+                "log": str(sup.config.log_path)}
 
     async def aclose(self, stop_timeout_s: float | None = None) -> None:
         """Stop the engine: SIGTERM, SIGKILL after `stop_timeout_s` (default and cap:

@@ -5,7 +5,7 @@ Every route here only reads the local replica; none can modify the registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -30,16 +30,27 @@ def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
+# Answers whether the bearer token (None: no Authorization header) may read the fleet views.
+FleetAuth = Callable[[str | None], Awaitable[bool]]
+
+
 def add_node_routes(
     app: web.Application,
     replica: ReplicaReader,
     metrics: list[CollectorRegistry],
     refresh_metrics: Callable[[], None] | None = None,
+    local_view: Callable[[], dict[str, Any]] | None = None,
+    fleet_auth: FleetAuth | None = None,
 ) -> None:
+    """The read-only node API (GET only: any other method gets 405). With `fleet_auth` (an
+    ingress with API keys, unless `--public-fleet-info`) the fleet views need a valid key."""
     def self_view() -> dict[str, Any] | None:
         for obs in replica.observed():
             if obs.record.session_id == replica.session_id:
-                return node_view(obs)
+                view = node_view(obs)
+                if local_view is not None:  # facts only this node has (the engine's pid)
+                    view.update(local_view())
+                return view
         return None
 
     async def healthz(_: web.Request) -> web.Response:
@@ -73,11 +84,29 @@ def add_node_routes(
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
+    def guarded(handler: Callable[[web.Request], Awaitable[web.Response]]
+                ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        if fleet_auth is None:
+            return handler
+
+        async def check(request: web.Request) -> web.Response:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            ok = scheme.lower() == "bearer" and bool(token.strip())
+            if not (ok and await fleet_auth(token.strip())):
+                resp = error_response(401, "the fleet views of an ingress need an API key "
+                                      "('Authorization: Bearer lf-...'), unless the operator "
+                                      "started it with --public-fleet-info", "invalid_api_key")
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return resp
+            return await handler(request)
+
+        return check
+
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", prometheus)
-    app.router.add_get("/v1/fabric/self", get_self)
-    app.router.add_get("/v1/fabric/nodes", nodes)
-    app.router.add_get("/v1/fabric/models", models)
-    app.router.add_get("/v1/fabric/providers", providers)
-    app.router.add_get("/v1/fabric/records", records)
+    app.router.add_get("/v1/fabric/self", guarded(get_self))
+    app.router.add_get("/v1/fabric/nodes", guarded(nodes))
+    app.router.add_get("/v1/fabric/models", guarded(models))
+    app.router.add_get("/v1/fabric/providers", guarded(providers))
+    app.router.add_get("/v1/fabric/records", guarded(records))
 

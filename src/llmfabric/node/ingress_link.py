@@ -9,6 +9,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from llmfabric.accounts.bootstrap import ensure_admin_key
+from llmfabric.accounts.grants import RemoteGrants, grants_of
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
@@ -21,7 +22,6 @@ from llmfabric.ingress import (
     Ingress,
     IngressConfig,
     RawHttpForwarder,
-    RecordsCandidateSource,
     add_ingress_routes,
 )
 from llmfabric.ingress.accounts_auth import AccountsAuth
@@ -40,6 +40,10 @@ from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
 from llmfabric.node.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
+from llmfabric.registry.provider import key_fingerprint_identity
+from llmfabric.registry.records import KeyGrant
+from llmfabric.routing.candidates import Identify
+from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.traces import TraceRecorder
 
 
@@ -72,6 +76,7 @@ class IngressLink:
         clock: Clock | None = None,
         *,
         key: NodeKey,
+        identify: Identify = key_fingerprint_identity,
     ) -> IngressLink:
         store: AccountStore | None = None
         auth: AccountsAuth | None = None
@@ -113,16 +118,24 @@ class IngressLink:
                                   config.idle_timeout_s, config.total_timeout_s),
                 trace_hook=on_finished,
             ),
-            RecordsCandidateSource(reader.records_with_suspicion, reader.version),
+            ReplicaCandidateSource(reader.replica, identify),
             forwarder,
             auth,
             auth,
             rng=rng,
         )
+        if store is not None and config.key_issuers:
+            store.remote = RemoteGrants(
+                lambda: [r for r, _ in reader.records_with_suspicion()], reader.version,
+                identify, config.key_issuers).lookup
         link = cls(ingress, store, forwarder, config.dashboard, demand)
         link.trace_hook = trace_hook
         link.admin_key = admin_key
         return link
+
+    def key_grants(self) -> tuple[KeyGrant, ...]:
+        """The grants this ingress publishes for its keys (accounts.grants)."""
+        return grants_of(self.store.cached_keys()) if self.store is not None else ()
 
     @property
     def metrics_registry(self) -> CollectorRegistry:

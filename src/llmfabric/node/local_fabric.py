@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from llmfabric.identity.admission import encode_public_key, sign_membership
+from llmfabric.identity.keys import NodeKey
 from llmfabric.node.ports import free_port
 
 
@@ -56,7 +58,12 @@ class NodeProcess:
         return self.proc.poll() is None
 
     def get_json(self, path: str, timeout: float = 2.0) -> Any:
-        with urllib.request.urlopen(self.http_url + path, timeout=timeout) as resp:
+        # An ingress's fleet views need an API key: use its admin key when it has one.
+        key_file = self.home / "admin.key"
+        headers = ({"Authorization": f"Bearer {key_file.read_text().strip()}"}
+                   if key_file.exists() else {})
+        req = urllib.request.Request(self.http_url + path, headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return orjson.loads(resp.read())
 
     def signal(self, sig: signal.Signals) -> None:
@@ -94,7 +101,13 @@ class LocalFabric:
         secret: str | None = None,
         python: str = sys.executable,
         ingress_http_port: int | None = None,
+        operator: NodeKey | None = None,
     ) -> None:
+        """With `operator`, the fabric is a certificate network: every node gets a membership
+        certificate signed by it (naming `cert_providers[name]` as its provider, if set)
+        instead of the network secret."""
+        self.operator = operator
+        self.cert_providers: dict[str, str] = {}
         self.root = root
         self.preset = preset
         self.auth = auth
@@ -119,7 +132,7 @@ class LocalFabric:
         cmd = [
             *self._cli(), "start", "--home", str(home),
             "--listen", f"127.0.0.1:{peer_port}", "--http-listen", f"127.0.0.1:{http_port}",
-            "--network-secret", self.secret, "--preset", self.preset, *args,
+            *self._credential(name, home), "--preset", self.preset, *args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with log_path.open("ab") as log:
@@ -128,6 +141,17 @@ class LocalFabric:
         node = NodeProcess(name, home, peer_port, http_port, proc, engine_port, log_path)
         self.nodes.append(node)
         return node
+
+    def _credential(self, name: str, home: pathlib.Path) -> list[str]:
+        if self.operator is None:
+            return ["--network-secret", self.secret]
+        key, _ = NodeKey.load_or_create(home)
+        cert = sign_membership(self.operator, key.peer_id, "default", time.time() + 86400,
+                               provider=self.cert_providers.get(name, ""))
+        path = home / "member.json"
+        path.write_text(cert.to_json())
+        return ["--membership-cert", str(path), "--operator-key",
+                encode_public_key(self.operator.public_bytes)]
 
     def start_ingress(self, *extra: str) -> NodeProcess:
         args = ["--ingress", "--relay", "--tier", "stable", "--provider", "fabric", *extra]
@@ -151,6 +175,15 @@ class LocalFabric:
             "engine", "sim", "--model", spec.model, "--gpu", spec.gpu,
             "--port", str(engine_port), "--speed", str(spec.speed),
         ]
+        return self._spawn(name, args, engine_port=engine_port)
+
+    def add_process_node(self, command: Sequence[str], name: str | None = None, *extra: str,
+                         engine_port: int | None = None) -> NodeProcess:
+        """A node supervising any engine `command` (a real vLLM, llama.cpp, ...)."""
+        if self.ingress is None:
+            raise RuntimeError("start_ingress() first: it is the bootstrap peer")
+        name = name or f"node{len(self.nodes)}"
+        args = ["--bootstrap", self.ingress.peer_addr, *extra, "--process", *command]
         return self._spawn(name, args, engine_port=engine_port)
 
     def add_bare_node(self, name: str | None = None, *extra: str) -> NodeProcess:

@@ -9,15 +9,21 @@ from typing import Any
 from llmfabric.clock import Clock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.node.views import ObservedRecord
+from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import NodeRecord
+from llmfabric.registry.replica import Replica
 
 
 class AgentReplicaReader:
     """Reads whatever agent is current (it changes when an evicted node rejoins)."""
 
-    def __init__(self, agent: Callable[[], GossipAgent], clock: Clock) -> None:
+    def __init__(
+        self, agent: Callable[[], GossipAgent], clock: Clock,
+        identify: Callable[[NodeRecord], str] = key_fingerprint_identity,
+    ) -> None:
         self._agent = agent
         self._clock = clock
+        self._identify = identify
 
     @property
     def session_id(self) -> str:
@@ -28,7 +34,8 @@ class AgentReplicaReader:
         offset = self._clock.wall() - self._clock.now()
         return [
             ObservedRecord(
-                dataclasses.replace(v.record, state=v.state), v.suspected, v.last_seen + offset
+                dataclasses.replace(v.record, state=v.state), v.suspected, v.last_seen + offset,
+                self._identify(v.record),
             )
             for v in self._agent().nodes.all()
         ]
@@ -39,6 +46,10 @@ class AgentReplicaReader:
             (dataclasses.replace(v.record, state=v.state), v.suspected)
             for v in self._agent().nodes.all(include_left=False)
         ]
+
+    def replica(self) -> Replica:
+        """The current agent's replica (routing.replica_source follows its changes)."""
+        return self._agent().replica
 
     def version(self) -> int:
         return self._agent().replica.applied
@@ -64,6 +75,10 @@ class AgentReplicaReader:
                         {"author": f.author, "incarnation": f.incarnation} for f in entry.suspects
                     ],
                     "evicted": entry.evict is not None,
+                    # EVICT facts held as evidence (an eviction needs a quorum of authors)
+                    "evicts": [
+                        {"author": f.author, "incarnation": f.incarnation} for f in entry.evicts
+                    ],
                 }
             )
         return out

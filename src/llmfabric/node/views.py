@@ -16,6 +16,9 @@ class ObservedRecord:
     record: NodeRecord
     suspected: bool
     last_seen: float
+    # The provider identity routing allowlists match (registry.provider): the certificate's
+    # provider, or the key fingerprint (peer id) on PSK networks; "" if unverifiable.
+    verified_provider: str = ""
 
 
 def node_view(obs: ObservedRecord) -> dict[str, Any]:
@@ -23,7 +26,8 @@ def node_view(obs: ObservedRecord) -> dict[str, Any]:
     return {
         "session_id": rec.session_id,
         "peer_id": rec.peer_id,
-        "provider_id": meta.provider_id,
+        "provider_id": meta.provider_id,  # claimed (free text): shown, never trusted
+        "verified_provider": obs.verified_provider,
         "state": rec.state.name,
         "suspected": obs.suspected,
         "incarnation": rec.incarnation,
@@ -48,6 +52,8 @@ def node_view(obs: ObservedRecord) -> dict[str, Any]:
         "tier": meta.tier,
         "roles": list(meta.roles),
         "demand": [asdict(d) for d in meta.demand],
+        "alloc_end": meta.alloc_end,
+        "drain_lead_s": meta.drain_lead_s,
         "http_addr": meta.http_addr,
         "peer_addrs": list(meta.peer_addrs),
         "relays": list(meta.relays),
@@ -117,12 +123,16 @@ def provider_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
             continue
         entry = providers.setdefault(
             rec.meta.provider_id,
-            {"id": rec.meta.provider_id, "nodes": 0, "models": set(), "gpus": set()},
+            {"id": rec.meta.provider_id, "nodes": 0, "models": set(), "gpus": set(),
+             "verified": set()},
         )
         entry["nodes"] += 1
+        if obs.verified_provider:  # what X-Fabric-Providers must name to reach these nodes
+            entry["verified"].add(obs.verified_provider)
         entry["models"].update(m.id for m in rec.meta.models)
         entry["gpus"].add(rec.meta.hardware.gpu_model)
     return [
-        {**e, "models": sorted(e["models"]), "gpus": sorted(e["gpus"])}
+        {**e, "models": sorted(e["models"]), "gpus": sorted(e["gpus"]),
+         "verified": sorted(e["verified"])}
         for e in sorted(providers.values(), key=lambda e: e["id"])
     ]

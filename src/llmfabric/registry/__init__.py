@@ -6,9 +6,14 @@ Files:
   (delegated to llmfabric.identity), session ids bound to the owner's key.
 - codec.py: canonical msgpack record bodies, `sign_record`, verified decoding, `SignedRecord`.
 - facts.py: SUSPECT / EVICT facts signed by their author (`make_fact`, `verify_fact`).
-- entry.py: `Entry` (one session's state) and `merge`, the semilattice join.
+- entry.py: `Entry` (one session's state) and `merge`, the semilattice join; an eviction
+  needs EVICT facts from a quorum of distinct authors (`decisive_evict`).
 - owner.py: `RecordOwner`, the only writer of a session's record (versions, incarnations).
 - replica.py: `Replica` (verified ingestion, change listeners, bucketed digests, GC).
+- guard.py: `TrustConfig` (eviction quorum, per-author fact rate limit, sessions per peer),
+  `RecordPolicy`, `AuthorLimiter`: what a replica refuses from hostile members.
+- provider.py: `ProviderVerifier` (verified provider identity of a record: membership
+  certificate or key fingerprint), `CertRecordPolicy`.
 - views.py: `NodeRegistry`, `ModelRegistry`, `NodeView` answered from the local replica.
 - errors.py: RegistryError > InvalidRecord (with a drop `reason`), NotOwner.
 See docs/registry.md for merge rules, facts and GC bounds.

@@ -17,6 +17,7 @@ import msgpack
 from llmfabric.registry.errors import InvalidRecord, NotOwner
 from llmfabric.registry.records import (
     Hardware,
+    KeyGrant,
     Lifecycle,
     LoadHints,
     ModelDemand,
@@ -36,6 +37,7 @@ RECORD_DOMAIN = b"llmfabric/record/v1\x00"
 MAX_BODY_BYTES = 16 * 1024
 MAX_STR = 512
 MAX_ITEMS = 256
+MAX_CERT = 4096  # a membership certificate naming up to a few dozen models
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +74,20 @@ def _canon(value: Any) -> Any:
     return value
 
 
+# Optional NodeMeta fields left out of the body while unset: records of nodes that do not use
+# them keep their size and bytes (older nodes write the same body).
+_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s")
+
+
 def encode_body(record: NodeRecord) -> bytes:
+    meta = _canon(record.meta)
+    for key in _OMIT_WHEN_ZERO:
+        if not meta[key]:
+            del meta[key]
     body = {
         "i": record.incarnation,
         "k": record.public_key,
-        "m": _canon(record.meta),
+        "m": meta,
         "p": record.peer_id,
         "s": record.session_id,
         "st": int(record.state),
@@ -168,6 +179,7 @@ def _model(d: dict[str, Any]) -> ServedModel:
         quant_bits=_int(d.get("quant_bits", 16), "quant_bits", 0, 64),
         max_context=_int(d.get("max_context", 4096), "max_context"),
         role=role,
+        adapters=_strs(d.get("adapters", []), "adapters"),
     )
 
 
@@ -176,6 +188,10 @@ def _load(d: dict[str, Any]) -> LoadHints:
         inflight=_int(d.get("inflight", 0), "inflight"),
         queued=_int(d.get("queued", 0), "queued"),
         tokens_per_s=_float(d.get("tokens_per_s", 0.0), "tokens_per_s"),
+        running=_int(d.get("running", 0), "running"),
+        kv_usage=min(1.0, max(0.0, _float(d.get("kv_usage", 0.0), "kv_usage"))),
+        prefix_hit_rate=min(1.0, max(0.0, _float(d.get("prefix_hit_rate", 0.0),
+                                                 "prefix_hit_rate"))),
     )
 
 
@@ -186,6 +202,27 @@ def _demand(d: dict[str, Any]) -> ModelDemand:
     if not all(0.0 <= x < 1e12 for x in (rate, mean_in, mean_out)):
         raise _fail("demand rate and token means must be finite and >= 0")
     return ModelDemand(_str(d.get("model"), "demand model"), rate, mean_in, mean_out)
+
+
+def _bounded(v: Any, name: str) -> float:
+    x = _float(v, name)
+    if not 0.0 <= x < 1e12:
+        raise _fail(f"{name} must be finite and >= 0")
+    return x
+
+
+def _grant(d: dict[str, Any]) -> KeyGrant:
+    revoked = _float(d.get("revoked_at", 0.0), "key revoked_at")
+    if not 0.0 <= revoked < 1e12:
+        raise _fail("key revoked_at must be a time")
+    return KeyGrant(
+        id=_str(d.get("id"), "key id", 32),
+        hash=_str(d.get("hash"), "key hash", 64),
+        owner=_str(d.get("owner"), "key owner", 200),
+        requests_per_min=_int(d.get("requests_per_min", 0), "key requests_per_min"),
+        tokens_per_min=_int(d.get("tokens_per_min", 0), "key tokens_per_min"),
+        revoked_at=revoked,
+    )
 
 
 def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
@@ -213,6 +250,10 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         tier=_str(d.get("tier", m.tier), "tier"),
         roles=_strs(d.get("roles", []), "roles"),
         demand=tuple(_demand(_map(x, "demand")) for x in _list(d.get("demand", []), "demand")),
+        alloc_end=_bounded(d.get("alloc_end", 0.0), "alloc_end"),
+        drain_lead_s=_bounded(d.get("drain_lead_s", 0.0), "drain_lead_s"),
+        cert=_str(d.get("cert", m.cert), "cert", MAX_CERT),
+        keys=tuple(_grant(_map(x, "key")) for x in _list(d.get("keys", []), "keys")),
     )
 
 

@@ -3,19 +3,30 @@
 State of a session on a replica (`Entry`):
 - `record`: the owner's highest signed record, ordered by (lifecycle, incarnation, version),
   ties (only possible if the owner equivocates) broken by signature bytes;
-- `suspects`: per author, its highest SUSPECT fact; only facts with incarnation >= the record's
-  incarnation count (lower ones are refuted and dropped);
-- `evict`: an EVICT fact, if any (the earliest by (issued_at, signature) is kept).
+- `newest`: the owner's record with the highest incarnation, kept only when it is not `record`
+  (an owner that published a higher incarnation at a lower lifecycle);
+- `suspects`: per author, its highest SUSPECT fact; only facts with incarnation >= the highest
+  incarnation of any owner record seen (`refuted_below`) count (lower ones are refuted and
+  dropped);
+- `evicts`: EVICT facts, one per (author, incarnation): the evidence for an eviction;
+- `evict`: the EVICT fact that made the session LEFT on this replica, if any.
 
-The effective lifecycle is LEFT if evicted, else the record's state. `merge` is the join of a
-semilattice (commutative, associative, idempotent) and the effective lifecycle never goes back.
+An EVICT fact alone proves nothing: any member can sign one. A session is evicted only when
+EVICT facts of one incarnation come from at least `quorum` distinct authors, or when one of
+them is signed by the owner's own key (`decisive_evict`). The quorum is a parameter of the
+join (the replica passes min(k, fleet size - 1), see registry.replica); for a fixed quorum
+`merge` is the join of a semilattice (commutative, associative, idempotent: EVICT facts only
+accumulate and the decision is a monotone function of them) and the effective lifecycle never
+goes back. Once decided, `evict` is kept whatever arrives later (eviction is irreversible),
+and the entry's digest no longer depends on which EVICT facts a replica holds.
 Normalisation (dropping refuted suspicions, and all suspicions once LEFT) commutes with the
-join because the record incarnation and LEFT only ever grow.
+join because the highest record incarnation seen and LEFT only ever grow.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 
 from llmfabric.registry.codec import SignedRecord
@@ -29,7 +40,11 @@ class Entry:
     session_id: str
     record: SignedRecord | None = None
     suspects: tuple[Fact, ...] = ()  # sorted by author, one per author, all unrefuted
-    evict: Fact | None = None
+    evict: Fact | None = None  # the decisive EVICT (quorum reached or the owner's own)
+    evicts: tuple[Fact, ...] = ()  # sorted by author, one per author (the evidence)
+    # The owner's record with the highest incarnation, when that is not `record` (an owner that
+    # published a higher incarnation at a lower lifecycle): it refutes suspicions as well.
+    newest: SignedRecord | None = None
 
     @property
     def state(self) -> Lifecycle:
@@ -40,6 +55,14 @@ class Entry:
     @property
     def incarnation(self) -> int:
         return self.record.record.incarnation if self.record is not None else 0
+
+    @property
+    def refuted_below(self) -> int:
+        """Suspicions below this incarnation are refuted: the highest incarnation of any owner
+        record seen. It only grows, whatever order records arrive in (the record order puts
+        lifecycle first, so `incarnation` alone can fall back)."""
+        top = self.newest if self.newest is not None else self.record
+        return top.record.incarnation if top is not None else 0
 
     @property
     def suspected(self) -> bool:
@@ -62,26 +85,75 @@ class Entry:
             times.append(self.record.record.updated_at)
         return min(times) if times else None
 
+    def evict_authors(self, incarnation: int) -> int:
+        """Distinct authors of EVICT facts at `incarnation`."""
+        return sum(1 for f in self.evicts if f.incarnation == incarnation)
+
     def digest(self) -> bytes:
-        """8-byte fingerprint of this entry's content (used by anti-entropy)."""
+        """8-byte fingerprint of this entry's content (used by anti-entropy).
+
+        A decided eviction is summarised (replicas that reached the quorum with different
+        EVICT facts agree); undecided EVICT facts are part of the content."""
         h = hashlib.sha256(self.session_id.encode())
         h.update(self.record.signature if self.record is not None else b"-")
+        if self.newest is not None:
+            h.update(self.newest.signature)
         for f in self.suspects:
             h.update(f.signature)
-        h.update(self.evict.signature if self.evict is not None else b"-")
+        if self.evict is not None:
+            h.update(b"evicted")
+        else:
+            for f in self.evicts:
+                h.update(f.signature)
         return h.digest()[:8]
 
 
+def decisive_evict(
+    record: SignedRecord | None, evicts: dict[tuple[str, int], Fact], quorum: int
+) -> Fact | None:
+    """The EVICT that decides the eviction, or None: the earliest (issued_at, signature) of
+    the facts signed by the owner's key or belonging to an incarnation with EVICT facts from
+    at least `quorum` distinct authors. Facts only accumulate, so this is monotone: once a
+    set decides, every larger set decides on the same or an earlier fact. Facts about a
+    session whose record we do not hold decide nothing (we cannot tell who the owner is)."""
+    if record is None or not evicts:
+        return None
+    key = record.record.public_key
+    per_inc = Counter(inc for _, inc in evicts)
+    ok = [f for f in evicts.values()
+          if f.author_key == key or per_inc[f.incarnation] >= max(1, quorum)]
+    return min(ok, key=lambda f: (f.issued_at, f.signature)) if ok else None
+
+
 def _normalize(
-    sid: str, record: SignedRecord | None, suspects: dict[str, Fact], evict: Fact | None
+    sid: str, record: SignedRecord | None, suspects: dict[str, Fact], evict: Fact | None,
+    evicts: dict[tuple[str, int], Fact], quorum: int, newest: SignedRecord | None = None,
 ) -> Entry:
+    # Refutation drops suspicions below the highest incarnation of ANY record seen, a
+    # quantity that only grows, so dropping commutes with the join (with the best record's
+    # incarnation it did not: a higher lifecycle at a lower incarnation could replace it).
+    newest = _newest_record(record, newest)
+    evict = _best_evict(evict, decisive_evict(record, evicts, quorum))
     left = evict is not None or (record is not None and record.record.state is Lifecycle.LEFT)
     if left:
         kept: tuple[Fact, ...] = ()
     else:
-        inc = record.record.incarnation if record is not None else 0
+        inc = newest.record.incarnation if newest is not None else 0
         kept = tuple(suspects[a] for a in sorted(suspects) if suspects[a].incarnation >= inc)
-    return Entry(sid, record, kept, evict)
+    return Entry(sid, record, kept, evict, tuple(evicts[k] for k in sorted(evicts)),
+                 None if newest is None or record is None
+                 or newest.signature == record.signature else newest)
+
+
+def _newest_record(a: SignedRecord | None, b: SignedRecord | None) -> SignedRecord | None:
+    """The record with the highest (incarnation, merge order, signature): a join as well."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    ka = (a.record.incarnation, a.record.order_key(), a.signature)
+    kb = (b.record.incarnation, b.record.order_key(), b.signature)
+    return a if ka >= kb else b
 
 
 def _best_record(a: SignedRecord | None, b: SignedRecord | None) -> SignedRecord | None:
@@ -102,32 +174,59 @@ def _best_evict(a: Fact | None, b: Fact | None) -> Fact | None:
     return a if (a.issued_at, a.signature) <= (b.issued_at, b.signature) else b
 
 
-def merge(a: Entry, b: Entry) -> Entry:
-    """The join of two entries of the same session."""
+def _evict_set(a: tuple[Fact, ...], b: tuple[Fact, ...]) -> dict[tuple[str, int], Fact]:
+    out = {(f.author, f.incarnation): f for f in a}
+    for f in b:
+        cur = out.get((f.author, f.incarnation))
+        # the earliest per key: what decisive_evict would pick, so decisions commute
+        if cur is None or (f.issued_at, f.signature) < (cur.issued_at, cur.signature):
+            out[(f.author, f.incarnation)] = f
+    return out
+
+
+def _per_author(a: tuple[Fact, ...], b: tuple[Fact, ...]) -> dict[str, Fact]:
+    out = {f.author: f for f in a}
+    for f in b:
+        cur = out.get(f.author)
+        if cur is None or f.order_key() > cur.order_key():
+            out[f.author] = f
+    return out
+
+
+def merge(a: Entry, b: Entry, *, quorum: int = 1) -> Entry:
+    """The join of two entries of the same session; an eviction needs `quorum` authors."""
     if a.session_id != b.session_id:
         raise RegistryError(f"cannot merge sessions {a.session_id} and {b.session_id}")
     if a == b:
         return a
-    suspects = {f.author: f for f in a.suspects}
-    for f in b.suspects:
-        cur = suspects.get(f.author)
-        if cur is None or f.order_key() > cur.order_key():
-            suspects[f.author] = f
     return _normalize(
         a.session_id,
         _best_record(a.record, b.record),
-        suspects,
+        _per_author(a.suspects, b.suspects),
         _best_evict(a.evict, b.evict),
+        _evict_set(a.evicts, b.evicts),
+        quorum,
+        _newest_record(_newest_record(a.record, a.newest), _newest_record(b.record, b.newest)),
     )
 
 
-def entry_of(item: SignedRecord | Fact) -> Entry:
+def entry_of(item: SignedRecord | Fact, *, quorum: int = 1) -> Entry:
     """The smallest entry holding one record or fact."""
     if isinstance(item, SignedRecord):
-        return _normalize(item.session_id, item, {}, None)
+        return _normalize(item.session_id, item, {}, None, {}, quorum)
     if item.kind is FactKind.EVICT:
-        return Entry(item.session_id, None, (), item)
-    return _normalize(item.session_id, None, {item.author: item}, None)
+        return Entry(item.session_id, None, (), None, (item,))  # decides nothing alone
+    return _normalize(item.session_id, None, {item.author: item}, None, {}, quorum)
+
+
+def reconsider(entry: Entry, *, quorum: int) -> Entry:
+    """`entry` normalised again under `quorum` (the replica's quorum dropped: the fleet
+    shrank, and pending EVICT facts may now be enough)."""
+    if entry.evict is not None or not entry.evicts:
+        return entry
+    return _normalize(entry.session_id, entry.record, {f.author: f for f in entry.suspects},
+                      None, {(f.author, f.incarnation): f for f in entry.evicts}, quorum,
+                      entry.newest)
 
 
 def items_of(entry: Entry) -> list[SignedRecord | Fact]:
@@ -135,7 +234,10 @@ def items_of(entry: Entry) -> list[SignedRecord | Fact]:
     out: list[SignedRecord | Fact] = []
     if entry.record is not None:
         out.append(entry.record)
+    if entry.newest is not None:
+        out.append(entry.newest)
     out.extend(entry.suspects)
-    if entry.evict is not None:
+    out.extend(entry.evicts)
+    if entry.evict is not None and entry.evict not in entry.evicts:
         out.append(entry.evict)
     return out

@@ -14,6 +14,8 @@ from llmfabric.registry.errors import RegistryError
 from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
 from llmfabric.registry.signing import Signer, new_session_id
 
+MAX_INCARNATION = 2**63 - 1  # the largest incarnation codec.py and facts.py decode
+
 
 class LifecycleError(RegistryError):
     """The lifecycle only moves forward; start a new session to serve again after DOWN/LEFT."""
@@ -69,7 +71,10 @@ class RecordOwner:
 
     def refute(self, suspected_incarnation: int, *, wall: float) -> SignedRecord:
         """Publish an incarnation above `suspected_incarnation` (no-op if already above)."""
-        inc = max(self._current.record.incarnation, suspected_incarnation + 1)
+        # Replicas refuse facts above our incarnation + 1 (registry.guard), so this grows by
+        # at most 2 per refutation; the clamp keeps it inside what every decoder accepts.
+        inc = min(MAX_INCARNATION,
+                  max(self._current.record.incarnation, suspected_incarnation + 1))
         return self._write(wall, incarnation=inc)
 
     def refresh(self, *, wall: float) -> SignedRecord:

@@ -42,16 +42,46 @@ class ServedModel:
     quant_bits: int = 16
     max_context: int = 4096
     role: ModelRole = ModelRole.BOTH
+    # LoRA adapters the engine has loaded (vLLM --lora-modules): requests name one as
+    # "adapter" or "base:adapter" and go only to nodes that have it.
+    adapters: tuple[str, ...] = ()
 
     def answers_to(self, name: str) -> bool:
-        return name == self.id or name in self.aliases
+        return name == self.id or name in self.aliases or (
+            bool(self.adapters) and self.adapter_of(name) is not None)
+
+    def adapter_of(self, name: str) -> str | None:
+        """The adapter a request for `name` asks for ("adapter" or "id:adapter"), if any."""
+        if name in self.adapters:
+            return name
+        for base in (self.id, *self.aliases):
+            if name.startswith(base) and name[len(base):len(base) + 1] == ":":
+                adapter = name[len(base) + 1:]
+                if adapter in self.adapters:
+                    return adapter
+        return None
+
+    def names(self) -> tuple[str, ...]:
+        """Every name this model answers to (id, aliases, adapters and base:adapter)."""
+        if not self.adapters:
+            return (self.id, *self.aliases)
+        return (self.id, *self.aliases, *self.adapters,
+                *(f"{b}:{a}" for b in (self.id, *self.aliases) for a in self.adapters))
+
+    def engine_name(self, name: str) -> str:
+        """The model name the engine expects for a request that asked for `name`."""
+        adapter = self.adapter_of(name) if self.adapters else None
+        return adapter if adapter is not None else self.id
 
 
 @dataclass(frozen=True, slots=True)
 class LoadHints:
-    inflight: int = 0
-    queued: int = 0
+    inflight: int = 0  # requests the node's proxy has in flight
+    queued: int = 0  # requests waiting in the engine's queue (engine metrics)
     tokens_per_s: float = 0.0
+    running: int = 0  # requests the engine is running (engine metrics)
+    kv_usage: float = 0.0  # fraction of the engine's KV cache in use, 0..1
+    prefix_hit_rate: float = 0.0  # engine prefix-cache hit rate, 0..1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +93,20 @@ class ModelDemand:
     rate: float  # requests per second
     mean_in: float  # prompt tokens (0: no usage reported yet)
     mean_out: float  # completion tokens (0: no usage reported yet)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGrant:
+    """An API key an ingress vouches for, published in its record so that other ingresses
+    that trust it as a key issuer accept the key too. Only the key's hash travels, never the
+    secret; a revocation is the same grant with `revoked_at` set (accounts/grants.py)."""
+
+    id: str  # the public part of the key, "k" + 15 hex chars
+    hash: str  # sha256(plaintext), hex
+    owner: str
+    requests_per_min: int = 0  # 0: unlimited
+    tokens_per_min: int = 0  # 0: unlimited
+    revoked_at: float = 0.0  # 0: active
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +125,18 @@ class NodeMeta:
     tier: str = "transient"  # "stable" (long-lived, e.g. ingress) or "transient" (Slurm job)
     roles: tuple[str, ...] = ()  # "ingress", "relay", "bootstrap"
     demand: tuple[ModelDemand, ...] = ()  # ingress nodes only: observed per-model workload
+    # Walltime (launch/allocation.py): Unix time the node's allocation (Slurm job) ends, 0 if
+    # unbounded; the node drains `drain_lead_s` before it, and routing sends it no request
+    # expected to outlast that moment (routing/walltime.py).
+    alloc_end: float = 0.0
+    drain_lead_s: float = 0.0
+    # The operator-signed membership certificate (JSON) on certificate networks: binds this
+    # key to a provider identity, the models it may publish and its session cap
+    # (identity.provider). "" on PSK networks, where a provider is its key fingerprint.
+    cert: str = ""
+    # Ingress nodes that issue keys for the fabric (`--key-issuer` elsewhere): the latest
+    # grants and revocations, bounded (accounts/grants.py).
+    keys: tuple[KeyGrant, ...] = ()
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

@@ -40,9 +40,11 @@ from dataclasses import dataclass
 
 from llmfabric.clock import Clock
 from llmfabric.registry.codec import SignedRecord, peek_record_header, verify_record
-from llmfabric.registry.entry import Entry, entry_of, items_of, merge
+from llmfabric.registry.entry import Entry, entry_of, items_of, merge, reconsider
 from llmfabric.registry.errors import InvalidRecord, RegistryError
-from llmfabric.registry.facts import Fact, verify_fact
+from llmfabric.registry.facts import Fact, FactKind, verify_fact
+from llmfabric.registry.guard import AuthorLimiter, RecordPolicy, TrustConfig
+from llmfabric.registry.records import Lifecycle
 
 Item = SignedRecord | Fact
 ITEM_RECORD = 1
@@ -55,7 +57,10 @@ class GcConfig:
     retention_s: float = 24 * 3600.0
     tombstone_ttl_s: float = 6 * 24 * 3600.0
     max_record_age_s: float = 3 * 24 * 3600.0
-    refresh_interval_s: float = 3600.0
+    # A refresh is a minor rumour every replica sends on `minor_transmits` times: at 10,000
+    # nodes a 1 h interval alone cost ~5 KB/s per node (benchmarks/gossip_scale.py); 6 h
+    # keeps it under 1 KB/s and still re-signs 12 times within max_record_age_s.
+    refresh_interval_s: float = 6 * 3600.0
     # Items stamped later than our wall clock + this are refused (clock skew tolerance).
     max_clock_skew_s: float = 3600.0
 
@@ -101,6 +106,8 @@ class Replica:
         buckets: int = 32,
         admit: Callable[[str], bool] | None = None,
         rejected: Counter[str] | None = None,
+        trust: TrustConfig | None = None,
+        policy: RecordPolicy | None = None,
     ) -> None:
         if not 1 <= buckets <= 256:
             raise RegistryError("buckets must be in 1..256")
@@ -108,6 +115,14 @@ class Replica:
         self.gc_config = gc or GcConfig()
         self.nbuckets = buckets
         self._admit = admit
+        self.trust = trust or TrustConfig()
+        self._policy = policy
+        self._fact_limiter = AuthorLimiter(self.trust.fact_rate_per_s, self.trust.fact_burst)
+        # peer id -> its sessions with a record (any state): who may author facts, and how
+        # many sessions a peer holds.
+        self._sessions_of: dict[str, set[str]] = {}
+        self._live_peers: int | None = None  # cached: peers with a non-LEFT session
+        self._quorum = self.trust.eviction_quorum  # the quorum decisions were last made with
         self.entries: dict[str, Entry] = {}
         self.tombstones: dict[str, float] = {}
         self.last_seen: dict[str, float] = {}
@@ -153,12 +168,73 @@ class Replica:
         if self._admit is not None and not self._admit(who):
             self._reject("not_admitted")
             return False
+        reason = (self._record_refusal(item, wall) if isinstance(item, SignedRecord)
+                  else self._fact_refusal(item))
+        if reason is not None:
+            self._reject(reason)
+            return False
         return True
+
+    def _record_refusal(self, item: SignedRecord, wall: float) -> str | None:
+        rec = item.record
+        if self._policy is not None:
+            reason = self._policy.refuse(rec, wall)
+            if reason is not None:
+                return reason
+        if item.session_id in self.entries or rec.state is Lifecycle.LEFT:
+            return None
+        cap = self.trust.max_sessions_per_peer
+        if self._policy is not None:
+            cap = min(cap, self._policy.max_sessions(rec) or cap)
+        live = sum(1 for sid in self._sessions_of.get(rec.peer_id, ())
+                   if self.entries[sid].state is not Lifecycle.LEFT)
+        return "sessions_per_peer" if live >= cap else None
+
+    def _fact_refusal(self, fact: Fact) -> str | None:
+        cur = self.entries.get(fact.session_id)
+        if cur is None or cur.record is None:
+            return "unknown_session"  # facts never create entries
+        if fact.author not in self._sessions_of:
+            return "unknown_author"
+        if fact.incarnation > cur.incarnation + 1:
+            return "incarnation"
+        if fact.kind is FactKind.EVICT and len(cur.evicts) >= self.trust.max_evicts_per_entry:
+            return "too_many_facts"
+        return None
+
+    # ---- eviction quorum ----------------------------------------------------------------
+    def live_peers(self) -> int:
+        """Distinct peers holding a session that is not LEFT (cached)."""
+        if self._live_peers is None:
+            self._live_peers = sum(
+                1 for sids in self._sessions_of.values()
+                if any(self.entries[s].state is not Lifecycle.LEFT for s in sids))
+        return self._live_peers
+
+    def quorum(self) -> int:
+        return self.trust.quorum_for(self.live_peers())
+
+    def _requorum(self) -> None:
+        """The fleet shrank below k + 1 peers: pending evictions may have enough authors now
+        (without this, the order in which replicas saw facts and departures would matter)."""
+        q = self.quorum()
+        if q >= self._quorum:
+            self._quorum = q
+            return
+        self._quorum = q
+        for e in list(self.entries.values()):
+            if e.evicts and e.evict is None:
+                new = reconsider(e, quorum=q)
+                if new != e:
+                    self._store(e, new)
+        if self._live_peers is None:  # those evictions shrank the fleet again
+            self._requorum()
 
     def _candidate(self, item: Item) -> tuple[Entry | None, Entry]:
         cur = self.entries.get(item.session_id)
-        one = entry_of(item)
-        return cur, (merge(cur, one) if cur is not None else one)
+        q = self.quorum()
+        one = entry_of(item, quorum=q)
+        return cur, (merge(cur, one, quorum=q) if cur is not None else one)
 
     def apply(self, item: Item) -> Change | None:
         """Merge an already verified item; return the change, or None if nothing changed."""
@@ -167,7 +243,14 @@ class Replica:
         cur, new = self._candidate(item)
         if new == cur:
             return None
-        return self._store(cur, new)
+        if isinstance(item, Fact) and not self._fact_limiter.allow(item.author,
+                                                                    self._clock.now()):
+            self._reject("rate_limited")  # only new facts cost tokens, not re-deliveries
+            return None
+        change = self._store(cur, new)
+        if self._live_peers is None:
+            self._requorum()
+        return change
 
     def ingest(self, kind: int, body: bytes, signature: bytes) -> Change | None:
         """Verify and merge an item in wire form. Raises InvalidRecord if it is forged."""
@@ -204,12 +287,30 @@ class Replica:
             self._sigs.difference_update(it.signature for it in items_of(before))
         self._sigs.update(it.signature for it in items_of(after))
         self.entries[sid] = after
+        self._index(before, after)
         self.last_seen[sid] = self._clock.now()
         self.applied += 1
         change = Change(sid, before, after)
         for listener in list(self._listeners):
             listener(change)
         return change
+
+    def _index(self, before: Entry | None, after: Entry | None) -> None:
+        """Keep `_sessions_of` and the live-peer count in step with `entries`."""
+        rec = (after or before)
+        if rec is None or rec.record is None:
+            return
+        peer = rec.record.record.peer_id
+        if after is not None and after.record is not None:
+            self._sessions_of.setdefault(peer, set()).add(after.session_id)
+        elif before is not None:
+            sids = self._sessions_of.get(peer, set())
+            sids.discard(before.session_id)
+            if not sids:
+                self._sessions_of.pop(peer, None)
+        if (before is None or before.record is None or after is None
+                or (before.state is Lifecycle.LEFT) != (after.state is Lifecycle.LEFT)):
+            self._live_peers = None
 
     # ---- digests ------------------------------------------------------------------------
     def bucket_of(self, session_id: str) -> int:
@@ -247,6 +348,7 @@ class Replica:
         old = self.entries.pop(sid, None)
         if old is not None:
             self._sigs.difference_update(it.signature for it in items_of(old))
+            self._index(old, None)
         self.last_seen.pop(sid, None)
 
     def collect(self) -> int:

@@ -1,16 +1,24 @@
 """Request routing: candidates from the local replica, trust/QoS filters, policies, retries.
 
 Pure core: no sockets, no clocks. Files:
-- candidates.py: `Candidate` and `candidates_for(model, records_with_suspicion)` (SERVING, not
-  suspected, id or alias matches), `candidates_by_model`, `model_is_known`.
+- candidates.py: `Candidate` and `candidates_for(model, records_with_suspicion, identify)`
+  (SERVING, not suspected, id or alias matches; `provider_id` is the verified identity from
+  `identify`, aliases squatting another provider's model id are flagged), `candidates_by_model`,
+  `model_is_known`.
+- index.py: `CandidateIndex`, the routing index (model id/alias -> candidates sorted by session
+  id) updated per session change in O(names of that session); equals `candidates_by_model`.
+- replica_source.py: `ReplicaCandidateSource`, a candidate source that follows a live replica's
+  change listener (no rebuild per change; one build per replica followed).
 - request.py: `RouteRequest` (model, allowlist, QoS, prompt prefix) and `route_request(...)`
   parsing `X-Fabric-Providers` and the body's `metadata`.
-- filters.py: `trust_filter` (never admits a provider outside the allowlist), `qos_filter`,
-  `eligible`.
-- gpus.py: GPU names as the `metadata.gpu` constraint compares them (`gpu_matches`: the same
-  catalog GPU or exactly its family token, never a substring).
+- filters.py: `trust_filter` (never admits a provider outside the allowlist, nor a flagged
+  alias unless the allowlist names its provider), `qos_filter`, `eligible`; GPU names compare
+  through sim.gpu_names (`gpu_matches`: the same catalog GPU or its family token, never a
+  substring).
 - policies.py: the `Policy` Protocol and `POLICIES` (random, round_robin, weighted,
   least_outstanding, prefix_affinity); `make_policy(name, rng)`.
+- walltime.py: `walltime_filter` (prefer nodes whose allocation outlasts the request, from
+  max_tokens and the simulator's per-token time), `requested_tokens`, `sim_rate`, `fixed_rate`.
 - router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`.
 - errors.py: `RoutingError`, `UnknownPolicyError`, `InvalidConstraintError`.
 """

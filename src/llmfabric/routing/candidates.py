@@ -1,8 +1,16 @@
-"""Routing candidates: the routable sessions for a model, built from the local replica only."""
+"""Routing candidates: the routable sessions for a model, built from the local replica only.
+
+`provider_id` of a candidate is the identity an `identify(record)` callable vouches for
+(registry.provider: the certificate's provider, or the key fingerprint on PSK networks);
+`claimed_provider` is the free-text name the record states, for display only. A candidate
+listed under an alias that is another provider's model id is flagged (`alias_conflict`):
+the trust filter drops it unless the request's allowlist names its provider.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from llmfabric.registry.records import (
@@ -28,14 +36,21 @@ class Candidate:
     load: LoadHints
     labels: tuple[tuple[str, str], ...] = ()
     suspected: bool = False
+    alloc_end: float = 0.0  # walltime (routing/walltime.py); 0: unbounded
+    drain_lead_s: float = 0.0
+    claimed_provider: str = ""  # what the record says (unverified, display only)
+    alias_conflict: bool = False  # matched by an alias that is another provider's model id
 
     @staticmethod
-    def from_record(record: NodeRecord, model: ServedModel, suspected: bool = False) -> Candidate:
+    def from_record(
+        record: NodeRecord, model: ServedModel, suspected: bool = False,
+        provider_id: str | None = None,
+    ) -> Candidate:
         meta = record.meta
         return Candidate(
             session_id=record.session_id,
             peer_id=record.peer_id,
-            provider_id=meta.provider_id,
+            provider_id=meta.provider_id if provider_id is None else provider_id,
             http_addr=meta.http_addr,
             relays=meta.relays,
             hardware=meta.hardware,
@@ -43,7 +58,37 @@ class Candidate:
             load=meta.load,
             labels=meta.labels,
             suspected=suspected,
+            alloc_end=meta.alloc_end,
+            drain_lead_s=meta.drain_lead_s,
+            claimed_provider=meta.provider_id,
         )
+
+
+Identify = Callable[[NodeRecord], str]
+
+
+def claimed_provider(record: NodeRecord) -> str:
+    """The record's own provider name: only for records an operator typed in (static
+    backends) or tests; registry records go through registry.provider."""
+    return record.meta.provider_id
+
+
+def _model_owners(
+    records: list[tuple[NodeRecord, bool]], identify: Identify
+) -> dict[str, set[str]]:
+    """Model id -> verified providers serving it under that id (non-LEFT records)."""
+    owners: dict[str, set[str]] = {}
+    for record, _ in records:
+        if record.state is Lifecycle.LEFT:
+            continue
+        who = identify(record)
+        for m in record.meta.models:
+            owners.setdefault(m.id, set()).add(who)
+    return owners
+
+
+def _conflicted(name: str, served: ServedModel, who: str, owners: dict[str, set[str]]) -> bool:
+    return name != served.id and bool(owners.get(name, set()) - {who})
 
 
 def routable(record: NodeRecord, suspected: bool) -> bool:
@@ -51,16 +96,23 @@ def routable(record: NodeRecord, suspected: bool) -> bool:
 
 
 def candidates_for(
-    model_name: str, records_with_suspicion: Iterable[tuple[NodeRecord, bool]]
+    model_name: str, records_with_suspicion: Iterable[tuple[NodeRecord, bool]],
+    identify: Identify = claimed_provider,
 ) -> list[Candidate]:
     """Sessions that are SERVING, not suspected, and serve `model_name` (by id or alias)."""
+    records = list(records_with_suspicion)
+    owners = _model_owners(records, identify)
     out: list[Candidate] = []
-    for record, suspected in records_with_suspicion:
+    for record, suspected in records:
         if not routable(record, suspected):
             continue
         for served in record.meta.models:
             if served.answers_to(model_name):
-                out.append(Candidate.from_record(record, served, suspected))
+                who = identify(record)
+                c = Candidate.from_record(record, served, suspected, who)
+                if _conflicted(model_name, served, who, owners):
+                    c = dataclasses.replace(c, alias_conflict=True)
+                out.append(c)
                 break
     return out
 
@@ -79,16 +131,23 @@ def model_is_known(
 
 def candidates_by_model(
     records_with_suspicion: Iterable[tuple[NodeRecord, bool]],
+    identify: Identify = claimed_provider,
 ) -> dict[str, list[Candidate]]:
-    """Every routable candidate indexed under its model id and each alias (one pass)."""
+    """Every routable candidate indexed under its model id and each alias."""
+    records = list(records_with_suspicion)
+    owners = _model_owners(records, identify)
     index: dict[str, list[Candidate]] = {}
-    for record, suspected in records_with_suspicion:
+    for record, suspected in records:
         if not routable(record, suspected):
             continue
+        who = identify(record)
+        claimed: set[str] = set()  # a session appears once per name (its first model's)
         for served in record.meta.models:
-            cand = Candidate.from_record(record, served, suspected)
-            for name in (served.id, *served.aliases):
-                bucket = index.setdefault(name, [])
-                if not any(c.session_id == cand.session_id for c in bucket):
-                    bucket.append(cand)
+            cand = Candidate.from_record(record, served, suspected, who)
+            for name in served.names():
+                if name not in claimed:
+                    claimed.add(name)
+                    flagged = _conflicted(name, served, who, owners)
+                    index.setdefault(name, []).append(
+                        dataclasses.replace(cand, alias_conflict=True) if flagged else cand)
     return index

@@ -5,19 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.gpus import gpu_matches
 from llmfabric.routing.request import RouteRequest
+from llmfabric.sim.gpu_names import gpu_matches
 
 
 def trust_filter(candidates: Sequence[Candidate], allow: frozenset[str] | None) -> list[Candidate]:
-    """Keep only candidates whose provider id is in the allowlist (None: no restriction)."""
+    """Keep only candidates whose (verified) provider id is in the allowlist (None: no
+    restriction). A candidate matched by an alias that is another provider's model id is
+    kept only when the allowlist names its provider (the caller asked for it)."""
     if allow is None:
-        return list(candidates)
+        return [c for c in candidates if not c.alias_conflict]
     return [c for c in candidates if c.provider_id in allow]
 
 
 def qos_filter(candidates: Sequence[Candidate], req: RouteRequest) -> list[Candidate]:
-    """Apply `min_quant_bits`, `gpu` (routing.gpus: exact catalog name or family token, never a
+    """Apply `min_quant_bits`, `gpu` (sim.gpu_names: exact catalog name or family token, never a
     substring) and `min_context` constraints."""
     out = list(candidates)
     if req.min_quant_bits is not None:

@@ -156,13 +156,27 @@ class LeastOutstandingPolicy(_Outstanding):
             return candidates[0]
         a, b = self._rng.sample(range(len(candidates)), 2)
         ca, cb = candidates[a], candidates[b]
-        la = (self.outstanding.get(ca.session_id, 0), ca.load.inflight + ca.load.queued)
-        lb = (self.outstanding.get(cb.session_id, 0), cb.load.inflight + cb.load.queued)
-        return ca if la <= lb else cb
+        return ca if self._pressure(ca) <= self._pressure(cb) else cb
+
+    def _pressure(self, c: Candidate) -> tuple[int, float, int]:
+        """Ours in flight + requests waiting in the engine's own queue (other ingresses'
+        too, from its metrics), then its KV-cache use, then what it runs."""
+        load = c.load
+        return (self.outstanding.get(c.session_id, 0) + load.queued, load.kv_usage,
+                load.inflight + load.running)
 
 
 def _hash64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+# An engine that queues requests while its KV cache is (nearly) full gains nothing from a
+# prefix hit: the request would wait for memory. The prefix walk passes it by.
+SATURATED_KV = 0.95
+
+
+def saturated(c: Candidate) -> bool:
+    return c.load.queued > 0 and c.load.kv_usage >= SATURATED_KV
 
 
 class PrefixAffinityPolicy(_Outstanding):
@@ -214,7 +228,7 @@ class PrefixAffinityPolicy(_Outstanding):
             if sid in seen:
                 continue
             seen.add(sid)
-            if self.outstanding.get(sid, 0) + 1 <= limit:
+            if self.outstanding.get(sid, 0) + 1 <= limit and not saturated(by_id[sid]):
                 return by_id[sid]
             if len(seen) == len(by_id):
                 break

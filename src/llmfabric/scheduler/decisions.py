@@ -83,3 +83,24 @@ class LoggingExecutor:
                      decision.dp, ",".join(decision.session_ids), decision.gpu_ids, cmd)
         else:
             log.info("release %s (%s): %s", decision.session_id, decision.model, decision.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class SetRole:
+    """Flip the serving role of running engines (ThunderServe lightweight rescheduling: a
+    routing change, no restart): `role` is "prefill", "decode" or "both". `gpu_ids` names the
+    planner's GPUs when the sessions are not known yet (the controller maps them)."""
+
+    session_ids: tuple[str, ...]
+    role: str
+    gpu_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SetRouting:
+    """Publish a prefill/decode routing plan: X over prefill replicas, Y[i] over decode
+    replicas for requests prefilled on i."""
+
+    plan_id: str
+    x: tuple[float, ...]
+    y: tuple[tuple[float, ...], ...]

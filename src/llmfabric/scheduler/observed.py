@@ -6,6 +6,12 @@ fleet controller reads the whole fabric's workload from its own replica, no cent
 Rates add up over ingress nodes; token means are averaged weighted by rate. Names callers used
 (aliases) are mapped to the served model id they answer to. A model whose ingresses saw no
 usage yet gets the default lengths.
+
+Demand is a claim by whoever signed the record, so it is bounded (tests play a member that
+publishes 10**11 req/s for its own model): only records that declare the ingress role count,
+one per peer (its latest record: more sessions of one key add nothing), each model's rate at
+most MAX_RATE_PER_INGRESS and token means at most MAX_MEAN_TOKENS; `trusted(record)` can
+restrict it further (e.g. to ingress nodes of verified providers).
 """
 
 from __future__ import annotations
@@ -17,6 +23,19 @@ from llmfabric.scheduler.problem import ModelLoad, Workload
 
 DEFAULT_MEAN_IN = 512.0
 DEFAULT_MEAN_OUT = 128.0
+MAX_RATE_PER_INGRESS = 10_000.0  # requests/s one ingress may claim for one model
+MAX_MEAN_TOKENS = 1_000_000.0
+
+
+def _one_ingress_record_per_peer(records: list[NodeRecord]) -> list[NodeRecord]:
+    latest: dict[str, NodeRecord] = {}
+    for rec in records:
+        if "ingress" not in rec.meta.roles:
+            continue
+        cur = latest.get(rec.peer_id)
+        if cur is None or (rec.updated_at, rec.session_id) > (cur.updated_at, cur.session_id):
+            latest[rec.peer_id] = rec
+    return [latest[p] for p in sorted(latest)]
 
 
 def _canonical_names(records: list[NodeRecord]) -> dict[str, str]:
@@ -37,23 +56,32 @@ def observed_workload(
     known: Callable[[str], bool] = lambda _model: True,
     default_in: float = DEFAULT_MEAN_IN,
     default_out: float = DEFAULT_MEAN_OUT,
+    trusted: Callable[[NodeRecord], bool] = lambda _record: True,
 ) -> tuple[Workload, list[str]]:
-    """(workload, notes): demand summed over live ingress records; models `known` rejects
-    (the performance model cannot price them) are left out with a note."""
+    """(workload, notes): demand summed over live ingress records (bounded, one per peer);
+    models `known` rejects (the performance model cannot price them) are left out with a
+    note."""
     recs = [r for r in records if r.state < Lifecycle.DOWN]
     canonical = _canonical_names(recs)
+    recs = [r for r in _one_ingress_record_per_peer(recs) if trusted(r)]
     rate: dict[str, float] = {}
     weighted_in: dict[str, float] = {}
     weighted_out: dict[str, float] = {}
     measured: dict[str, float] = {}  # rate of the entries that carried token means
     for rec in recs:
+        seen: set[str] = set()
         for d in rec.meta.demand:
             model = canonical.get(d.model, d.model)
-            rate[model] = rate.get(model, 0.0) + d.rate
-            if d.mean_out > 0:
-                measured[model] = measured.get(model, 0.0) + d.rate
-                weighted_in[model] = weighted_in.get(model, 0.0) + d.rate * d.mean_in
-                weighted_out[model] = weighted_out.get(model, 0.0) + d.rate * d.mean_out
+            if model in seen:
+                continue  # one entry per model and ingress (a record may repeat names)
+            seen.add(model)
+            r = min(d.rate, MAX_RATE_PER_INGRESS)
+            mean_in, mean_out = min(d.mean_in, MAX_MEAN_TOKENS), min(d.mean_out, MAX_MEAN_TOKENS)
+            rate[model] = rate.get(model, 0.0) + r
+            if mean_out > 0:
+                measured[model] = measured.get(model, 0.0) + r
+                weighted_in[model] = weighted_in.get(model, 0.0) + r * mean_in
+                weighted_out[model] = weighted_out.get(model, 0.0) + r * mean_out
     loads: list[ModelLoad] = []
     notes: list[str] = []
     for model in sorted(rate):

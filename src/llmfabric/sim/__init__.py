@@ -5,12 +5,15 @@ No GPU needed, no wall clock, no I/O except reading spec/trace files you name.
 Files -> concepts
 - hardware.py     GPUSpec table (dense FLOP/s per dtype, HBM, L2, SMs, interconnect, price),
                   forgiving name lookup `get_gpu`, user GPUs from YAML `load_gpus_yaml`.
+- gpu_names.py    GPU names as routing and the agent compare/publish them (`catalog_name`,
+                  `gpu_matches`: exact catalog name/alias or family token, never a substring).
 - models.py       ModelSpec presets and Hugging Face config.json parsing (`get_model`).
 - operators.py    per-layer FLOPs/bytes of every operator (LLM-Viewer style), per GPU under TP.
 - calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements.
 - costs.py        roofline step costs, tabulated per deployment: `prefill_time`,
                   `decode_step_time`, `cost_model` -> StepCostModel (decode attention wave
                   latency W(B); warm-L2 reads only for predicting microbenchmarks).
+- collectives.py  tensor-parallel all-reduce cost, fitted on measured collectives per GPU class.
 - parallel.py     alpha-beta links, ring all-reduce, KV transfer (quantization metadata;
                   per-stage `kv_transfer_time_staged`), `Deployment` (pipeline stages of
                   (GPU, TP, layers), per-stage all-reduce models, per-boundary PP links),
@@ -18,6 +21,8 @@ Files -> concepts
 - topology.py     network graph (GPUs, switches; NVLink/PCIe/Ethernet/WAN edges with capacity
                   and latency; YAML), shortest/widest paths, `pair_link`, `bandwidth_matrix`;
                   generators `fat_tree_tracks` (HeroServe) and `cloud_instances` (ThunderServe).
+- netsim.py       flow-level network simulator: flows on paths over full-duplex links, max-min
+                  fair sharing (progressive filling), event driven; link utilisation over time.
 - linkmatrix.py   LinkMatrix: one Link per (prefill, decode) replica pair or GPU pair; CSV
                   loader (GB/s or Gbps), `from_topology`, `reduce` to replica pairs.
 - layersplit.py   memory-aware layer splits: per-stage layer caps that keep KV room,

@@ -11,6 +11,10 @@ the data each rank sends and receives in a bandwidth-optimal all-reduce). With
 `base_s = 0` and `per_rank_s = 2 * link latency` this is the ring formula of HeroServe eq. 11
 (`parallel.allreduce_time`), which is what GPUs without measurements use.
 
+Network plans (HeroServe, `scheduler/netplan`) price a TP group's all-reduce over its routes:
+`ina_model` (in-network aggregation at a switch, eqs. 8-10) and `ring_over_path` (eq. 11);
+both are `AllReduceModel`s, so they plug into `Deployment.stage_allreduces` unchanged.
+
 vLLM runs its own one-/two-shot "custom all-reduce" over NVLink for messages below
 `custom_max_bytes` (8 MiB, vLLM's default) on 2, 4, 6 or 8 GPUs, and NCCL otherwise; the two
 behave differently (A100: ~5 us vs ~10-23 us for a small message at 2-8 GPUs), so a fitted GPU
@@ -23,7 +27,9 @@ all_reduce_perf, both BF16/FP16) and are reported on the HOLDOUT half (docs/simu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -120,3 +126,46 @@ def allreduce_model(gpu: GPUSpec) -> AllReduceModel:
     """All-reduce over `gpu`'s own intra-node link: fitted where measured, else the ring
     formula over the GPU's link bandwidth and latency."""
     return fitted_allreduce(gpu) or ring_model(gpu.intra_node_bw, gpu.intra_node_latency_s)
+
+
+class PathCost(Protocol):
+    """What a collective needs from one member's route (`topology.Route` satisfies it)."""
+
+    @property
+    def latency_s(self) -> float: ...
+
+    @property
+    def inverse_bw_sum(self) -> float: ...
+
+
+def ina_model(paths_up: Sequence[PathCost], paths_down: Sequence[PathCost],
+              t_agg: float = 1e-6) -> AllReduceModel:
+    """In-network aggregation (HeroServe eqs. 8-10) as an affine all-reduce model for a group
+    of len(paths_up) ranks: every rank sends its whole message up its path to the switch
+    (store and forward: sum over hops of bytes / B_e), the switch aggregates (`t_agg`) and
+    multicasts the sum down. t = t_agg + max latency up + max latency down + bytes x (max
+    s/byte up + max s/byte down), folded into an `AllReduceRegime` whose bus_bw makes the
+    NCCL-convention share 2(n-1)/n cancel: valid for exactly n = len(paths_up) ranks (the
+    maxima are taken separately, so it is exact when one rank is slowest on both terms and
+    an upper bound otherwise)."""
+    if not paths_up or len(paths_up) != len(paths_down):
+        raise SpecError("ina_model needs one up and one down path per rank (>= 1 rank)")
+    if t_agg < 0:
+        raise SpecError("t_agg must be >= 0")
+    n = len(paths_up)
+    base = t_agg + max(p.latency_s for p in paths_up) + max(p.latency_s for p in paths_down)
+    slope = max(p.inverse_bw_sum for p in paths_up) + max(p.inverse_bw_sum for p in paths_down)
+    if n == 1:
+        return AllReduceModel(AllReduceRegime(base, 0.0, 1e30))
+    if slope <= 0:
+        raise SpecError("ina_model paths need a positive per-byte time")
+    return AllReduceModel(AllReduceRegime(base, 0.0, 2.0 * (n - 1) / (n * slope)))
+
+
+def ring_over_path(path_bw: float, hop_latency: float) -> AllReduceModel:
+    """Ring all-reduce whose every step crosses a path of bottleneck `path_bw` (bytes/s) and
+    latency `hop_latency` (s): HeroServe eq. 11 with a per-step latency (0 = the paper's
+    form)."""
+    if not path_bw > 0 or hop_latency < 0:
+        raise SpecError("ring_over_path needs path_bw > 0 and hop_latency >= 0")
+    return ring_model(path_bw, hop_latency)

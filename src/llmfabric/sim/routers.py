@@ -126,7 +126,7 @@ class PowerOfTwo:
 
 
 # The fabric's GPU-class weights (routing.policies.DEFAULT_GPU_WEIGHTS; a test keeps the two
-# equal). sim/ may not import routing/: routing.gpus imports sim.hardware.
+# equal). sim/ may not import routing/, a higher layer (tests/unit/test_layers.py).
 GPU_CLASS_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("gh200", 5.0),
     ("h200", 5.0),

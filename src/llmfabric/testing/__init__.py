@@ -2,5 +2,9 @@
 the logic under test.
 
   fake_clock  FakeClock: virtual time driven by advance(); sleeps resolve in deadline order
-  memnet      in-memory network with loss, delay, duplication, reordering and partitions
+              (optionally batched within a `resolution`, for large simulations)
+  memnet      in-memory network with loss, delay, duplication, reordering, partitions and
+              per-link latency (sites)
+  poll        wait_until / wait_until_sync: the one polling helper for tests on real time
+  members     joined(): a key whose JOIN record is in a replica (so its facts are accepted)
 """

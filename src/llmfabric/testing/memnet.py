@@ -5,8 +5,9 @@
 a (low, high) uniform range or a callable `rng -> seconds`), or given extra random delay
 (reordering). `partition(groups...)` cuts the network into groups that cannot talk;
 `cut(a, b)` breaks one link; `heal()` reconnects; `kill(peer)` silences a peer (like kill -9)
-and `revive(peer)` brings it back. Everything random draws from one seeded `random.Random`,
-so runs are reproducible.
+and `revive(peer)` brings it back. `link_delay(src, dst) -> seconds`, when given, is added to
+every message's delay (sites: a fixed latency between two groups of peers). Everything random
+draws from one seeded `random.Random`, so runs are reproducible.
 
 Deliveries are batched on `quantum`-second ticks so that thousands of in-flight messages
 need only a handful of clock timers.
@@ -56,6 +57,7 @@ class MemNet:
         reorder: float = 0.0,
         reorder_extra: float = 0.05,
         quantum: float = 0.001,
+        link_delay: Callable[[PeerId, PeerId], float] | None = None,
     ) -> None:
         self.clock = clock
         self.rng = random.Random(seed)
@@ -65,6 +67,7 @@ class MemNet:
         self.reorder = reorder
         self.reorder_extra = reorder_extra
         self.quantum = quantum
+        self.link_delay = link_delay
         self._peers: dict[PeerId, MemTransport] = {}
         self._dead: set[PeerId] = set()
         self._group: dict[PeerId, int] = {}
@@ -139,6 +142,8 @@ class MemNet:
         copies = 2 if self.duplicate and self.rng.random() < self.duplicate else 1
         for _ in range(copies):
             d = self._sample_delay()
+            if self.link_delay is not None:
+                d += self.link_delay(src, dst)
             if d <= 0:
                 asyncio.get_running_loop().call_soon(self._deliver, src, dst, payload)
                 continue

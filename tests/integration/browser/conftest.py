@@ -184,7 +184,7 @@ def _local_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
     from llmfabric.node.local_fabric import EngineSpec, LocalFabric
 
     with LocalFabric(tmp) as local:
-        ingress = local.start_ingress()
+        ingress = local.start_ingress("--public-fleet-info")  # as `llmfabric demo` does
         processes = {"ingress": ingress}
         for name, (model, gpu, provider) in NODES.items():
             spec = EngineSpec(model, gpu, provider=provider, speed=8)

@@ -89,6 +89,7 @@ def test_key_created_in_ui_works_from_the_openai_sdk_and_revoking_it_fails_the_s
 ) -> None:
     sign_in(page)
     page.get_by_label("Name", exact=True).fill("sdk-test")
+    page.get_by_label("Owner", exact=True).fill("alice")  # an admin names the owner
     page.get_by_role("button", name="Create key").click()
     secret = page.locator("#new-key-secret").input_value()
     assert re.fullmatch(r"lf-[0-9a-f]{16}-[A-Za-z0-9_-]{43}", secret)
@@ -156,6 +157,7 @@ def test_markup_in_data_is_shown_as_text(page: Any, fabric: Any, sign_in: Any) -
     sign_in(page)
     evil = '<img src=x onerror="window.__pwned=1">'
     page.get_by_label("Name", exact=True).fill(evil)
+    page.get_by_label("Owner", exact=True).fill("alice")  # an admin names the owner
     page.get_by_role("button", name="Create key").click()
     page.locator("#new-key-secret").wait_for()
     cell = page.locator("#keys-table tbody th", has_text="<img")
@@ -699,6 +701,7 @@ def test_one_shot_actions_say_what_failed_without_promising_a_retry(
         lambda route: route.abort() if route.request.method == "POST" else route.continue_(),
     )
     page.get_by_label("Name", exact=True).fill("offline")
+    page.get_by_label("Owner", exact=True).fill("alice")  # an admin names the owner
     page.get_by_role("button", name="Create key").click()
     alert = page.get_by_role("alert").filter(has_text="Could not create the key")
     alert.wait_for()

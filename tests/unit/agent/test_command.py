@@ -4,7 +4,8 @@ import pytest
 
 from llmfabric.agent.command import parse_engine_command
 from llmfabric.agent.errors import EngineCommandError
-from llmfabric.agent.supervisor import quantization_of, served_models
+from llmfabric.agent.facts import precision_of as quantization_of
+from llmfabric.agent.facts import served_models
 
 
 @pytest.mark.parametrize(
@@ -33,7 +34,7 @@ def test_kind_and_url(argv: list[str], kind: str, url: str) -> None:
 
 def test_explicit_url_wins_and_errors() -> None:
     cmd = parse_engine_command(["./my-server"], "http://127.0.0.1:5000/v1/")
-    assert (cmd.kind, cmd.base_url) == ("unknown", "http://127.0.0.1:5000")
+    assert (cmd.kind, cmd.base_url) == ("openai", "http://127.0.0.1:5000")
     with pytest.raises(EngineCommandError, match="--engine-url"):
         parse_engine_command(["./my-server"])
     with pytest.raises(EngineCommandError, match="--engine-url"):
@@ -47,7 +48,8 @@ def test_explicit_url_wins_and_errors() -> None:
 def test_quantization_and_models() -> None:
     assert quantization_of(["vllm", "serve", "m", "--quantization", "awq"]) == ("awq-int4", 4)
     assert quantization_of(["vllm", "serve", "m", "-q", "fp8"]) == ("fp8", 8)
-    assert quantization_of(["vllm", "serve", "m"]) == ("bf16", 16)
+    # No flag and no readable model config: the engine decides; we do not claim bf16.
+    assert quantization_of(["vllm", "serve", "m"]) == ("auto", 16)
     models = served_models([{"id": "a", "max_model_len": 32768}, {"id": "b"}],
                            ["vllm", "serve", "--quantization=gptq"], 4096)
     assert [(m.id, m.max_context, m.quant_bits) for m in models] == [

@@ -41,3 +41,12 @@ def test_duplicates_heard_use_up_the_budget() -> None:
     q.heard_again("a", b"sig")
     assert len(q.take(1000, limit=3)) == 1
     assert q.take(1000, limit=3) == [] and len(q) == 0
+
+
+def test_the_queue_is_bounded_whatever_keys_an_attacker_picks() -> None:
+    q = BroadcastQueue(max_items=16)
+    for i in range(1000):
+        q.push(("f", i.to_bytes(8, "big")), (2, b"x", i.to_bytes(8, "big")))
+    assert len(q) == 16 and q.dropped == 1000 - 16
+    # the newest survive (all unsent: the oldest go first)
+    assert {it[2] for it in q.take(10**6, 3)} == {i.to_bytes(8, "big") for i in range(984, 1000)}

@@ -42,7 +42,9 @@ async def test_long_partition_on_a_lossy_network_heals_with_nothing_lost(
 
     for i, a in enumerate(first):
         rejoin_on_eviction(a, i)
-    left, right = first[:2], first[2:]
+    # Both sides hold at least k = 3 members: an eviction needs EVICT facts from 3 distinct
+    # authors, so a smaller minority side only suspects (test_hostile_members covers that).
+    left, right = first[:3], first[3:]
     c.net.partition([a.peer_id for a in left], [a.peer_id for a in right])
     written = {}
     for i, a in enumerate(first):  # both sides keep writing while cut off
@@ -73,3 +75,41 @@ async def test_long_partition_on_a_lossy_network_heals_with_nothing_lost(
             view = a.nodes.get(new.session_id)
             assert view is not None and view.state is Lifecycle.SERVING
     assert c.net.dropped  # the network really lost messages
+
+
+async def test_a_side_smaller_than_the_eviction_quorum_only_suspects_the_other(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """The documented false negative of the eviction quorum (k = 3): a 2-node minority
+    cannot evict the 4-node majority. It stops routing to it (suspected) and, once the
+    partition heals, the majority's sessions refute and are routed to again; the majority
+    (4 >= k) did evict the minority, whose nodes rejoin under new sessions."""
+    c = make_cluster(seed=7, delay=(0.001, 0.004))
+    for _ in range(6):
+        await c.add()
+    assert await c.clock.run_until(c.converged, within=30)
+    first = list(c.agents)
+    lo, hi = c.config.suspicion_bounds(len(first))
+    minority, majority = first[:2], first[2:]
+    evicted: list[GossipAgent] = []
+    for a in first:
+        a.on_evicted(lambda a=a: evicted.append(a))
+    c.net.partition([a.peer_id for a in minority], [a.peer_id for a in majority])
+    await c.clock.advance(hi + lo)
+    for a in minority:
+        for b in majority:
+            e = a.replica.entries[b.session_id]
+            assert e.suspected and not e.evicted  # out of routing, not evicted
+            assert b.session_id not in {v.session_id for v in a.nodes.routable()}
+    for a in majority:
+        for b in minority:
+            assert a.replica.entries[b.session_id].evicted
+    c.net.heal()
+
+    def majority_routed_again() -> bool:
+        return all({b.session_id for b in majority} <= {v.session_id for v in a.nodes.routable()}
+                   for a in majority)
+
+    assert await c.clock.run_until(majority_routed_again, within=60)
+    assert await c.clock.run_until(lambda: set(evicted) == set(minority), within=60)
+    assert not any(a.evicted for a in majority)

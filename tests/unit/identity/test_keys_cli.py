@@ -65,3 +65,17 @@ def test_sign_node_errors_are_clear(tmp_path):
 def test_group_is_extensible():
     assert command is keys_group
     assert {"init", "operator-init", "sign-node"} <= set(keys_group.commands)
+
+
+def test_sign_node_binds_a_provider_models_and_a_session_cap(tmp_path):
+    op = json.loads(run("operator-init", "--home", str(tmp_path), "--json").output)
+    node = NodeKey.generate()
+    out = tmp_path / "member.json"
+    res = run("sign-node", node.peer_id, "--network", "lab", "--out", str(out), "--provider",
+              "my-lab", "--model", "llama", "--model", "l3", "--max-sessions", "2",
+              "--home", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    cert = MembershipCert.load(out)
+    assert (cert.provider, cert.models, cert.max_sessions) == ("my-lab", ("llama", "l3"), 2)
+    cert.verify(decode_public_key(op["public_key"]), peer_id=node.peer_id, network="lab",
+                now=cert.expires_at - 86400)

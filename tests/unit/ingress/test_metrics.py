@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmfabric.ingress.metrics import IngressMetrics
@@ -46,3 +47,22 @@ def test_two_instances_have_separate_registries() -> None:
     a.observe_routed("x")
     assert ("llmfabric_ingress_routed_total", (("node", "x"),)) in samples(a)
     assert ("llmfabric_ingress_routed_total", (("node", "x"),)) not in samples(b)
+
+
+@pytest.mark.hostile
+def test_label_cardinality_is_bounded_whatever_names_clients_send() -> None:
+    from llmfabric.ingress.metrics import MAX_MODEL_LABELS, MAX_NODE_LABELS, OTHER
+
+    m = IngressMetrics()
+    m.known_model = lambda name: name in {"llama", "qwen"}
+    for i in range(5000):
+        m.observe_error(f"no-such-model-{i}", 404, "model_not_found")
+    m.observe_request("llama", 200, 0.1)
+    assert {model for model, _ in m.requests} == {OTHER, "llama"}
+    assert m.requests[(OTHER, "404")] == 5000
+    m.known_model = None  # even if every name were known, the number of labels is capped
+    for i in range(5000):
+        m.observe_request(f"m{i}", 200, 0.1)
+        m.observe_routed(f"node-{i}")
+    assert len({model for model, _ in m.requests}) <= MAX_MODEL_LABELS + 1
+    assert len(m.e2e) <= MAX_MODEL_LABELS + 1 and len(m.routed) <= MAX_NODE_LABELS + 1

@@ -17,6 +17,7 @@ from llmfabric.registry.owner import RecordOwner
 from llmfabric.registry.records import NodeMeta
 from llmfabric.registry.replica import Replica
 from llmfabric.testing.fake_clock import FakeClock
+from llmfabric.testing.members import joined
 
 
 async def test_exactly_k_ping_reqs_to_distinct_helpers_when_more_exist() -> None:
@@ -54,7 +55,7 @@ async def test_a_running_tracker_evicts_sooner_as_confirmations_arrive() -> None
     owner = RecordOwner(NodeKey.generate(), NodeMeta(), wall=clock.wall())
     rep.apply(owner.current)
     sid = owner.session_id
-    accusers = [NodeKey.generate() for _ in range(4)]
+    accusers = [joined(rep, clock.wall()) for _ in range(4)]
 
     def suspect(i: int) -> None:
         rep.apply(make_fact(accusers[i], FactKind.SUSPECT, sid, 0, clock.wall()))
@@ -91,7 +92,8 @@ async def test_k_confirmations_reach_the_minimum_and_a_refutation_clears() -> No
     rep.apply(owner.current)
     sid = owner.session_id
     for _ in range(cfg.expected_confirmations + 1):
-        rep.apply(make_fact(NodeKey.generate(), FactKind.SUSPECT, sid, 0, clock.wall()))
+        rep.apply(make_fact(joined(rep, clock.wall()), FactKind.SUSPECT, sid, 0,
+                            clock.wall()))
     assert tracker.timeout(rep.entries[sid], n) == lo
     await clock.advance(lo / 2)
     rep.apply(owner.refute(0, wall=clock.wall()))  # the owner answers: no eviction at all
@@ -127,7 +129,7 @@ async def test_no_more_suspicions_once_k_confirmations_stand() -> None:
     agent.replica.apply(victim.current)
     k = agent.config.expected_confirmations
     for _ in range(k + 1):
-        agent.replica.apply(make_fact(NodeKey.generate(), FactKind.SUSPECT,
+        agent.replica.apply(make_fact(joined(agent.replica, clock.wall()), FactKind.SUSPECT,
                                       victim.session_id, 0, clock.wall()))
     agent._suspect(Member(victim.session_id, target.peer_id))
     entry = agent.replica.entries[victim.session_id]

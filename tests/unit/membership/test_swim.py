@@ -181,3 +181,29 @@ async def test_an_unhealthy_prober_accuses_nobody() -> None:
     await clock.advance(10.0)
     assert await task is False and suspected == []
     assert p.stats.spared_unhealthy == 1  # type: ignore[attr-defined]
+
+
+def test_with_a_members_version_the_member_list_is_rescanned_only_on_a_change() -> None:
+    from llmfabric.membership.swim import Member, Prober
+
+    members = [Member(f"s{i}", f"p{i}") for i in range(6)]
+    version = [0]
+    reads = [0]
+
+    def current() -> list[Member]:
+        reads[0] += 1
+        return members
+
+    p = Prober(FakeClock(), PRESETS["local"], random.Random(3), local_peer="me",
+               members=current, send=lambda peer, msg: None, piggyback=lambda: (),
+               on_suspect=lambda m: None, members_version=lambda: version[0])
+    first = [p._next_target() for _ in range(12)]  # two full rounds
+    assert reads[0] == 1
+    assert sorted(m.session_id for m in first[:6] if m) == [f"s{i}" for i in range(6)]
+    assert sorted(m.session_id for m in first[6:] if m) == [f"s{i}" for i in range(6)]
+    members.append(Member("new", "pn"))
+    gone = members.pop(0)
+    version[0] += 1
+    upcoming = [p._next_target() for _ in range(6)]
+    assert reads[0] == 2
+    assert Member("new", "pn") in upcoming and gone not in upcoming

@@ -32,7 +32,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
 
 def _start(args: list[str], tmp_path: pathlib.Path) -> Any:
     return CliRunner().invoke(
-        start_cli.command, ["--home", str(tmp_path), "--network-secret", "s", *args],
+        start_cli.command, ["--home", str(tmp_path), "--network-secret", "s" * 16, *args],
         catch_exceptions=False,
     )
 
@@ -110,7 +110,7 @@ def test_fabric_mode_ingress_passes_its_timeouts(
     tmp_path: pathlib.Path, started: list[NodeConfig]
 ) -> None:
     res = CliRunner().invoke(ingress_cli.command, [
-        "--network-secret", "s", "--port", "18090", "--no-auth", "--idle-timeout", "4",
+        "--network-secret", "s" * 16, "--port", "18090", "--no-auth", "--idle-timeout", "4",
         "--first-byte-timeout", "30"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert (started[-1].idle_timeout_s, started[-1].first_byte_timeout_s) == (4, 30)
@@ -133,3 +133,27 @@ def test_aliases_attach_to_the_models_they_name(caplog: pytest.LogCaptureFixture
     got = with_aliases(models, {"y": "a", "x": "a", "bee": "b", "nope": "c", "b": "a"})
     assert [(m.id, m.aliases) for m in got] == [("a", ("x", "y")), ("b", ("bee",))]
     assert "serves no model 'c'" in caplog.text and "already a served model id" in caplog.text
+
+
+def test_bad_engine_flags_are_one_clear_line(tmp_path: pathlib.Path) -> None:
+    for args, needle in (
+        (["--network-secret", "short"], "at least 16 bytes"),
+        (["--network-secret", "s" * 16, "--engine", "bogus", "--process", "x"],
+         "unknown engine kind 'bogus'"),
+    ):
+        res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), *args])
+        assert res.exit_code != 0
+        assert needle in res.output and "Traceback" not in res.output
+
+
+def test_engine_policy_flags_reach_the_config(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    res = _start(["--engine", "llamacpp", "--model-id", "a", "--model-id", "b",
+                  "--on-engine-exit", "leave", "--engine-restarts", "0", "--process", "srv",
+                  "--port", "1"], tmp_path)
+    assert res.exit_code == 0, res.output
+    c = started[-1]
+    assert (c.engine_kind, c.model_ids, c.on_engine_exit, c.engine_restarts) == (
+        "llama.cpp", ("a", "b"), "leave", 0)
+    assert NodeConfig().on_engine_exit == "restart" and NodeConfig().engine_restarts == 3

@@ -98,3 +98,57 @@ def test_eviction_is_irreversible_even_by_a_higher_incarnation() -> None:
     later = merge(e, _record(1, 7, 9, "a"))
     assert later.state is Lifecycle.LEFT and later.evicted
     assert dataclasses.replace(later, evict=None).state is Lifecycle.SERVING
+
+
+def _merge2(a: Entry, b: Entry) -> Entry:
+    return merge(a, b, quorum=2)
+
+
+# An honest owner never lowers its incarnation as its lifecycle moves on (`records` above
+# allows that, and then a suspicion's fate depends on delivery order: pre-existing, rare).
+owner_records = st.builds(lambda s, v, p: _record(s, s, v, p), st.integers(0, 3),
+                          st.integers(0, 3), st.sampled_from(["a", "b"]))
+owner_singletons = st.one_of(owner_records, suspects, evicts)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(owner_singletons, min_size=1, max_size=8), st.randoms(use_true_random=False))
+def test_with_a_quorum_of_two_any_order_converges(items: list[Entry], rnd: object) -> None:
+    shuffled = list(items)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    a, b = reduce(_merge2, items), reduce(_merge2, shuffled)
+    assert a == b
+    assert _merge2(a, a) == a
+
+
+def test_one_evict_decides_nothing_under_a_quorum_of_two_but_two_authors_do() -> None:
+    e = _merge2(_record(1, 0, 1, "a"), _fact(FactKind.EVICT, 1, 0, 5.0))
+    assert e.state is Lifecycle.SERVING and not e.evicted and len(e.evicts) == 1
+    same_author_again = _merge2(e, _fact(FactKind.EVICT, 1, 0, 6.0))
+    assert not same_author_again.evicted  # one author, however many facts
+    other_incarnation = _merge2(e, _fact(FactKind.EVICT, 2, 1, 6.0))
+    assert not other_incarnation.evicted  # two authors, but not about the same incarnation
+    done = _merge2(e, _fact(FactKind.EVICT, 2, 0, 6.0))
+    assert done.evicted and done.state is Lifecycle.LEFT
+    assert _merge2(done, _record(1, 9, 9, "a")).evicted  # irreversible
+
+
+def test_the_owner_s_own_evict_decides_alone() -> None:
+    e = _merge2(_record(1, 0, 1, "a"), _fact(FactKind.EVICT, 0, 0, 5.0))
+    assert e.evicted
+
+
+def test_an_evict_without_the_record_decides_nothing() -> None:
+    assert not _fact(FactKind.EVICT, 1, 0, 5.0).evicted
+
+
+def test_refutation_by_a_higher_incarnation_survives_a_higher_lifecycle() -> None:
+    """Found by hypothesis: a JOIN record at incarnation 1 refutes a suspicion at 0, then a
+    SERVING record at incarnation 0 wins the record order. Refutation must follow the highest
+    incarnation ever seen, or the suspicion's fate depends on delivery order."""
+    items = [_record(0, 0, 0, "a"), _fact(FactKind.SUSPECT, 0, 0, 5.0), _record(0, 1, 0, "a"),
+             _record(1, 0, 0, "a")]
+    first = reduce(merge, items)
+    assert not first.suspected and first.refuted_below == 1
+    for order in ([3, 1, 2, 0], [1, 3, 0, 2], [2, 3, 1, 0]):
+        assert reduce(merge, [items[i] for i in order]) == first

@@ -13,15 +13,18 @@ from llmfabric.identity.keys import NodeKey
 from llmfabric.registry.codec import RECORD_DOMAIN, encode_body, sign_record
 from llmfabric.registry.errors import InvalidRecord, NotOwner
 from llmfabric.registry.facts import FactKind, make_fact
+from llmfabric.registry.guard import TrustConfig
 from llmfabric.registry.owner import LifecycleError, RecordOwner
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
 from llmfabric.registry.replica import ITEM_FACT, ITEM_RECORD, GcConfig, Replica, item_parts
 from llmfabric.registry.signing import new_session_id
 from llmfabric.registry.views import ModelRegistry, NodeRegistry
 from llmfabric.testing.fake_clock import FakeClock
+from llmfabric.testing.members import joined
 
 OWNER, OTHER, THIRD = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
 META = NodeMeta(provider_id="p1", models=(ServedModel("llama", aliases=("l3",)),))
+ONE = TrustConfig(eviction_quorum=1)  # one EVICT evicts (as in a 2-node fleet)
 
 
 def _owner(clock: FakeClock, key: NodeKey = OWNER) -> RecordOwner:
@@ -37,10 +40,15 @@ def test_valid_record_enters_and_views_answer() -> None:
     assert [v.session_id for v in nodes.routable()] == [own.session_id]
     assert [v.session_id for v in models.sessions("l3")] == [own.session_id]
     assert models.models() == {"llama": [own.session_id]}
-    # suspicion removes it from routing at once, refutation brings it back
+    # suspicion removes it from routing at once, refutation brings it back; a fact by a key
+    # that never joined is refused
     f = make_fact(OTHER, FactKind.SUSPECT, own.session_id, 0, clock.wall())
+    assert rep.ingest(ITEM_FACT, f.body, f.signature) is None
+    assert rep.rejected["unknown_author"] == 1 and len(nodes.routable()) == 1
+    joined(rep, clock.wall(), OTHER)
     rep.ingest(ITEM_FACT, f.body, f.signature)
-    assert nodes.routable() == [] and nodes.all()[0].suspected
+    view = nodes.get(own.session_id)
+    assert nodes.routable() == [] and view is not None and view.suspected
     rep.ingest(*item_parts(own.refute(0, wall=clock.wall())))
     assert len(nodes.routable()) == 1
 
@@ -163,9 +171,10 @@ def test_session_ids_are_bound_to_keys() -> None:
 
 def test_views_report_the_effective_state_of_an_evicted_session() -> None:
     clock = FakeClock()
-    rep = Replica(clock)
+    rep = Replica(clock, trust=ONE)
     own = _owner(clock)
     rep.apply(own.set_state(Lifecycle.SERVING, wall=clock.wall()))
+    joined(rep, clock.wall(), OTHER)
     rep.apply(make_fact(OTHER, FactKind.EVICT, own.session_id, 0, clock.wall()))
     v = NodeRegistry(rep).get(own.session_id)
     assert v is not None and v.state is Lifecycle.LEFT and v.record.state is Lifecycle.LEFT
@@ -186,9 +195,11 @@ async def test_a_fact_that_changed_nothing_is_not_verified_again_but_still_merge
 
     monkeypatch.setattr(replica_mod, "verify_fact", counting)
     clock = FakeClock()
-    rep = Replica(clock)
+    rep = Replica(clock, trust=ONE)
     own = _owner(clock)
     rep.apply(own.set_state(Lifecycle.SERVING, wall=clock.wall()))
+    joined(rep, clock.wall(), OTHER)
+    joined(rep, clock.wall(), THIRD)
     rep.apply(own.refute(0, wall=clock.wall()))  # incarnation 1: a SUSPECT of 0 is stale
     stale = make_fact(OTHER, FactKind.SUSPECT, own.session_id, 0, clock.wall())
     for _ in range(5):  # gossip delivers it again and again

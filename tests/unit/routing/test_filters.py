@@ -15,8 +15,8 @@ from llmfabric.routing import (
     make_policy,
     route_request,
 )
-from llmfabric.routing.gpus import gpu_matches, gpu_name
 from llmfabric.routing.router import NoRoute, NoRouteReason, RouteDecision
+from llmfabric.sim.gpu_names import gpu_matches, gpu_name
 from llmfabric.sim.hardware import BUILTIN_GPUS
 
 from .conftest import make_record

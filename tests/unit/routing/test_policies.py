@@ -84,3 +84,33 @@ def test_prefix_affinity_is_sticky_and_bounded() -> None:
         pol.on_request_end(first, ok=True)
     others = [c for c in cands if c != first]
     assert pol.pick([first, *others[1:]], req) == first
+
+
+def _with_load(c: Candidate, **load: float) -> Candidate:
+    import dataclasses
+
+    from llmfabric.registry.records import LoadHints
+
+    return dataclasses.replace(c, load=LoadHints(**load))  # type: ignore[arg-type]
+
+
+def test_least_outstanding_reads_the_engines_queue_and_kv_pressure() -> None:
+    pol = make_policy("least_outstanding", random.Random(5))
+    a, b = _cands(2)
+    # Equal in our own count: the engine with a queue (other ingresses' requests) loses.
+    queued = [_with_load(a, queued=4, running=8, kv_usage=0.9), b]
+    assert all(pol.pick(queued, RouteRequest("m")) == queued[1] for _ in range(20))
+    # No queue anywhere: the fuller KV cache loses.
+    kv = [_with_load(a, kv_usage=0.2), _with_load(b, kv_usage=0.7)]
+    assert all(pol.pick(kv, RouteRequest("m")) == kv[0] for _ in range(20))
+
+
+def test_prefix_affinity_passes_a_saturated_engine_by() -> None:
+    pol = make_policy("prefix_affinity", random.Random(0))
+    cands = _cands(4)
+    req = RouteRequest("m", prefix="You are a helpful assistant.")
+    first = pol.pick(cands, req)
+    hot = [_with_load(c, queued=3, kv_usage=0.97) if c == first else c for c in cands]
+    assert pol.pick(hot, req).session_id != first.session_id
+    warm = [_with_load(c, queued=0, kv_usage=0.97) if c == first else c for c in cands]
+    assert pol.pick(warm, req).session_id == first.session_id  # full but not queueing: stay

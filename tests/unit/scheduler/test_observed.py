@@ -54,3 +54,28 @@ def test_models_the_performance_model_cannot_price_are_left_out_with_a_note() ->
 def test_no_ingress_demand_means_an_empty_workload() -> None:
     workload, notes = observed_workload([_record(NodeMeta(engine="sim"))])
     assert workload.loads == () and notes == []
+
+
+@pytest.mark.hostile
+def test_fake_demand_is_bounded() -> None:
+    """A member claims 1e11 req/s for its model, from 8 sessions, some not even ingress."""
+    from llmfabric.scheduler.observed import MAX_RATE_PER_INGRESS
+
+    key = NodeKey.generate()
+    fake = [NodeRecord(new_session_id(key.public_bytes), key.peer_id, key.public_bytes,
+                       Lifecycle.SERVING, 0, 1, float(i),
+                       NodeMeta(roles=("ingress",), demand=(
+                           ModelDemand("evil-model", 1e11, 1e11, 1e11),
+                           ModelDemand("evil-model", 1e11, 1.0, 1.0))))
+            for i in range(8)]
+    not_ingress = _record(NodeMeta(demand=(ModelDemand("evil-model", 1e11, 1.0, 1.0),)))
+    honest = _ingress(ModelDemand("llama", 5.0, 100.0, 50.0))
+    workload, _ = observed_workload([*fake, not_ingress, honest])
+    evil = workload.get("evil-model")
+    assert evil is not None and evil.arrival_rate == MAX_RATE_PER_INGRESS  # one peer, capped
+    assert evil.mean_in <= 1e6 and evil.mean_out <= 1e6
+    llama = workload.get("llama")
+    assert llama is not None and llama.arrival_rate == 5.0
+    only_trusted, _ = observed_workload([*fake, honest],
+                                        trusted=lambda r: r.peer_id != key.peer_id)
+    assert [m.model for m in only_trusted.loads] == ["llama"]

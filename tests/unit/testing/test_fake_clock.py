@@ -72,3 +72,21 @@ async def test_with_timeout_retrieves_the_abandoned_tasks_exception() -> None:
     await clock.settle()
     loop.set_exception_handler(None)
     assert not [r for r in reports if "never retrieved" in str(r.get("message"))]
+
+
+async def test_resolution_fires_close_timers_together_in_deadline_order() -> None:
+    clock = FakeClock(resolution=0.01)
+    fired: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, delay: float) -> None:
+        await clock.sleep(delay)
+        fired.append((name, clock.now()))
+
+    tasks = [asyncio.create_task(sleeper(n, d))
+             for n, d in [("b", 1.005), ("a", 1.0), ("c", 1.02)]]
+    await clock.advance(2.0)
+    # a and b are within 10 ms of each other: b fires with a, at a's time; c later on its own
+    assert fired == [("a", 1.0), ("b", 1.0), ("c", 1.02)]
+    await asyncio.gather(*tasks)
+    with pytest.raises(ValueError, match="resolution"):
+        FakeClock(resolution=-1)

@@ -64,3 +64,17 @@ async def test_partition_kill_and_heal() -> None:
     await clock.advance(0.01)
     assert [d for _, d, _ in got["b"]] == [b"1", b"5"]
     await net.aclose()
+
+
+async def test_link_delay_adds_a_per_link_latency() -> None:
+    clock = FakeClock()
+    far = {("a", "c"), ("c", "a")}
+    net = MemNet(clock, delay=0.001, link_delay=lambda s, d: 0.03 if (s, d) in far else 0.0)
+    got = _wire(net, "a", "b", "c")
+    net.transport("a").send("b", b"near")
+    net.transport("a").send("c", b"far")
+    await clock.advance(0.02)
+    assert [d for _, d, _ in got["b"]] == [b"near"] and got["c"] == []
+    await clock.advance(0.02)
+    assert got["c"] == [("a", b"far", 0.031)]
+    await net.aclose()

@@ -75,7 +75,7 @@ function render(view, ctx) {
   const [nameField, nameInput] = field('Name', h('input', { type: 'text', required: true, maxlength: '100',
     placeholder: 'e.g. laptop, ci, notebook' }));
   const [ownerField, ownerInput] = field('Owner', h('input', { type: 'text', maxlength: '100' }),
-    'Admins may create keys for another owner; empty means yourself.');
+    'Admins: who the key is for (required; "admin" is reserved for admin keys).');
   const [rpmField, rpmInput] = field('Requests / min', h('input', { type: 'number', min: '1', step: '1', inputmode: 'numeric' }), 'Empty: unlimited');
   const [tpmField, tpmInput] = field('Tokens / min', h('input', { type: 'number', min: '1', step: '1', inputmode: 'numeric' }), 'Empty: unlimited');
   const adminBox = h('input', { type: 'checkbox', id: 'new-key-admin' });

@@ -1,8 +1,9 @@
-"""GPU names as routing compares them (the `metadata.gpu` QoS constraint).
+"""GPU names in one place, below routing and the agent: routing compares them for the
+`metadata.gpu` QoS constraint, the agent publishes discovered GPUs under their catalog name.
 
 Both sides are normalised the same way: lower case, a vendor prefix ("NVIDIA", "AMD",
 "GeForce", "Tesla", "Instinct") dropped, spaces, dashes and underscores ignored; a name that
-is a catalog name or alias of llmfabric.sim's GPU table (exactly: no prefix guessing) becomes
+is a catalog name or alias of the GPU table (sim.hardware) (exactly: no prefix guessing) becomes
 that catalog name. A wanted name then admits a node when
 
 - it names the same catalog GPU as the node ("H100-SXM", "h100 sxm5", "A100-40GB", "4090"), or
@@ -18,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+
+from llmfabric.sim.hardware import DEFAULT_CATALOG
 
 _VENDOR = re.compile(r"^(?:(?:nvidia|amd|geforce|tesla|instinct)(?:[\s_-]+|$))+")
 _SEP = re.compile(r"[\s_\-]+")
@@ -40,10 +43,6 @@ def tokens(name: str) -> tuple[str, ...]:
 
 
 def _catalog_index() -> dict[str, str]:
-    try:
-        from llmfabric.sim.hardware import DEFAULT_CATALOG
-    except ImportError:  # pragma: no cover - sim is part of the package
-        return {}
     index: dict[str, str] = {}
     for spec in DEFAULT_CATALOG.specs():
         for alias in (spec.name, *spec.aliases):

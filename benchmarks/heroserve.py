@@ -1,0 +1,266 @@
+"""HeroServe (network-aware PD planning) against its paper's figures, simulated.
+
+    .venv/bin/python benchmarks/heroserve.py --json results/heroserve.json
+
+Sections (each row carries the paper's figure beside ours):
+- fig1: share of a batch's latency spent in TP all-reduce, Llama-3-70B TP4 across servers
+  (one GPU per server) over 100GbE, batch 8, 1024 in / 64 out; three all-reduce models:
+  (a) ring over the 100GbE route with 1 us per hop (the topology's), (b) the same bandwidth
+  with the per-collective latency measured across DGX-A100 nodes (vidur a100_dgx, 2 ranks,
+  1 per node; intercept of a relative least-squares fit, unit-free), (c) the whole measured
+  cross-node regime (intercept and slope, `size` read as bytes). Targets (COMPANIONS H5):
+  >= 50 % on L40, >= 60 % on A100, A100 > L40.
+- fig2: 1 MB INA over two Ethernet hops vs NVLink to a mate whose NIC is on the
+  aggregating switch then one hop (paper: ~160 us vs ~90 us, 43 % lower).
+- testbed (Fig. 7): 2 x (4 x A100-40GB) + 2 x (4 x V100-32GB), OPT-66B, chatbot and
+  summarization; H (largest rate meeting both SLAs) per system, and the paper's metric, the
+  largest per-GPU Poisson rate whose discrete-event run keeps >= 90 % within both SLAs.
+- fig8: one unit of the large-scale clusters (2tracks: 6 x 8 A100-80GB on 2 access
+  switches; 8tracks: 16 x 8 on 8), OPT-175B, half the servers prefill; core uplinks of
+  400 Gbit/s per access switch (oversubscribed as the paper's 400/27 and 600/280 switch
+  counts imply; their port counts are not given). Targets (H4): HeroServe >= every
+  baseline; its gain on 2tracks >= on 8tracks.
+- planner: run time and perturbation sweeps on the testbed (H6: <= 30 s on 2 cores, <= 5).
+- fig9: concurrent all-reduces of three TP4 groups (each over two servers and both tracks
+  of the 4 x 4 testbed shape) on the flow simulator, each group's cheapest policy on an idle
+  network kept fixed vs the online policy table (printed).
+- fig10: prefill-side KV residency (summarization, OPT-175B, 0.07 req/s): each request's KV
+  stays on the prefill GPUs for T_f; resident bytes = rate x KV bytes x T_f (printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import write_results
+
+from llmfabric.scheduler.netplan.baselines import BASELINES
+from llmfabric.scheduler.netplan.commcost import ina_breakdown
+from llmfabric.scheduler.netplan.online import run_rounds
+from llmfabric.scheduler.netplan.planner import HEROSERVE, NetPlan, plan_with
+from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
+from llmfabric.scheduler.netplan.runner import sla_rate
+from llmfabric.sim.collectives import AllReduceModel, AllReduceRegime
+from llmfabric.sim.costs import build_cost_model
+from llmfabric.sim.models import get_model
+from llmfabric.sim.parallel import Deployment, kv_transfer_bytes, make_deployment
+from llmfabric.sim.topology import Topology, fat_tree_tracks
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("LLMFABRIC_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SYSTEMS = (HEROSERVE, *BASELINES)
+FREE = AllReduceModel(AllReduceRegime(0.0, 0.0, 1e30))
+
+
+# --- Fig. 1 ----------------------------------------------------------------------------------
+def measured_cross_node() -> tuple[float, float] | None:
+    """(intercept s, slope s/byte) of vidur's a100_dgx all-reduce, 2 ranks on 2 nodes."""
+    path = SHARED / "operator-profiles" / "vidur" / "network" / "a100_dgx" / "all_reduce.csv"
+    if not path.exists():
+        return None
+    rows = [r for r in csv.DictReader(path.open())
+            if r["num_workers"] == "2" and r["devices_per_node"] == "1"]
+    x = np.array([float(r["size"]) for r in rows])
+    y = np.array([float(r["time_stats.all_reduce.median"]) * 1e-3 for r in rows])
+    a = np.vstack([np.ones_like(x), x]).T / y[:, None]
+    (c0, c1), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+    return float(c0), float(c1)
+
+
+def batch_latency(dep: Deployment, batch: int = 8, k_in: int = 1024, k_out: int = 64) -> float:
+    cm = build_cost_model(dep)
+    t = cm.prefill_time([k_in] * batch)
+    for k in range(1, k_out):
+        t += cm.decode_step_time(batch, batch * (k_in + k))
+    return t
+
+
+def fig1() -> list[dict[str, Any]]:
+    fit = measured_cross_node()
+    topo = Topology()
+    topo.add_switch("tor")
+    for k in range(4):
+        topo.add_gpu(f"g{k}", "A100-80GB", f"server{k}")
+        topo.add_edge(f"g{k}", "tor", "ethernet", gbps=100, latency_s=1e-6)
+    from llmfabric.scheduler.netplan.commcost import group_allreduce
+
+    ring = group_allreduce(topo, [f"g{k}" for k in range(4)], "ring", None)
+    models = {"a: ring over 100GbE route (1 us/hop)": ring}
+    if fit is not None:
+        models["b: measured cross-node latency + 100GbE"] = AllReduceModel(
+            AllReduceRegime(fit[0], 0.0, 12.5e9))
+        models["c: measured cross-node regime"] = AllReduceModel(
+            AllReduceRegime(fit[0], 0.0, 1.0 / fit[1]))
+    rows = []
+    paper = {"L40": "> 65 %", "A100-80GB": "> 75 %"}
+    for gpu in ("L40", "A100-80GB"):
+        base = make_deployment("llama-3.1-70b", gpu, 4, 1)
+        compute = batch_latency(replace(base, stage_allreduces=(FREE,)))
+        for name, m in models.items():
+            total = batch_latency(replace(base, stage_allreduces=(m,)))
+            rows.append({"section": "fig1", "case": f"{gpu} {name}",
+                         "ours": f"{(total - compute) / total:.1%} all-reduce "
+                                 f"({total:.2f} s batch)",
+                         "paper": paper[gpu], "share": (total - compute) / total})
+    return rows
+
+
+# --- Fig. 2 ----------------------------------------------------------------------------------
+def fig2() -> list[dict[str, Any]]:
+    t = Topology()
+    for s in ("A", "B", "C"):
+        t.add_switch(s, 4)
+    t.add_gpu("a", "A100-80GB", "h0")
+    t.add_gpu("m", "A100-80GB", "h0")
+    t.add_gpu("b", "A100-80GB", "h1")
+    for x, y in (("a", "A"), ("m", "B"), ("b", "B"), ("A", "C"), ("B", "C")):
+        t.add_edge(x, y, "ethernet", gbps=100, latency_s=1e-6)
+    t.add_edge("a", "m", "nvlink", gbs=300, latency_s=2e-6)
+    core = ina_breakdown(t, ["a", "b"], "C", 1e6)
+    near = ina_breakdown(t, ["a", "b"], "B", 1e6)
+    return [{"section": "fig2", "case": "1 MB INA collect: 2 Ethernet hops (core)",
+             "ours": f"{core.collect_s * 1e6:.1f} us", "paper": "~160 us"},
+            {"section": "fig2", "case": "1 MB INA collect: NVLink + 1 hop (access)",
+             "ours": f"{near.collect_s * 1e6:.1f} us "
+                     f"({1 - near.collect_s / core.collect_s:.0%} lower)",
+             "paper": "~90 us (43 % lower)"}]
+
+
+# --- planning runs ---------------------------------------------------------------------------
+def plans(problem: NetProblem) -> dict[str, NetPlan]:
+    return {s.name: plan_with(problem, s) for s in SYSTEMS}
+
+
+def testbed_problem(kind: str) -> NetProblem:
+    topo = Topology.from_yaml(ROOT / "examples" / "heroserve" / "testbed-2tracks.yaml")
+    wl, sla = (("sharegpt", 2.5) if kind == "chatbot" else ("longbench", 15.0))
+    return NetProblem.of(topo, "opt-66b", "a100-*", "v100-*",
+                         NetWorkload.from_yaml(ROOT / "examples" / "heroserve" / f"{wl}.yaml"),
+                         sla, 0.15)
+
+
+def unit_problem(tracks: str, kind: str, rate: float = 1.0) -> NetProblem:
+    servers, n_tracks = (6, 2) if tracks == "2tracks" else (16, 8)
+    topo = fat_tree_tracks(servers=servers, gpus_per_server=8, tracks=n_tracks,
+                           nic_gbps=100, nvlink_gbs=300, core=1, core_gbps=400,
+                           gpu_types="A100-80GB", aggregator_slots=8)
+    gpus = topo.gpus()
+    half = len(gpus) // 2
+    wl = NetWorkload(rate, 512, 256) if kind == "chatbot" else NetWorkload(rate, 1792, 256)
+    sla = (4.0, 0.2) if kind == "chatbot" else (25.0, 0.2)
+    return NetProblem(topo, get_model("opt-175b"), tuple(gpus[:half]), tuple(gpus[half:]), wl,
+                      *sla, max_candi=8, restarts=3)
+
+
+def comparison_rows(section: str, case: str, ps: dict[str, NetPlan],
+                    paper: dict[str, str]) -> list[dict[str, Any]]:
+    hero = ps["heroserve"]
+    rows = []
+    for name, p in ps.items():
+        gain = hero.per_gpu_rate / p.per_gpu_rate if p.per_gpu_rate > 0 else float("inf")
+        rows.append({"section": section, "case": f"{case} {name}",
+                     "ours": f"H {p.H:.3g} req/s, {p.per_gpu_rate:.3g}/GPU, P_all {p.p_all}, "
+                             f"TPOT {p.T_dec * 1e3:.1f} ms; HeroServe x{gain:.2f}",
+                     "paper": paper.get(name, ""), "H": p.H, "per_gpu": p.per_gpu_rate,
+                     "gain": gain})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows = fig1() + fig2()
+    payload: dict[str, Any] = {"fig1": [r for r in rows if r["section"] == "fig1"]}
+    paper7 = {"chatbot": {"distserve": "x1.53", "ds-atp": "x1.42", "ds-switchml": "x1.33"},
+              "summarization": {"distserve": "x1.68", "ds-atp": "x1.58",
+                                "ds-switchml": "x1.35"}}
+    planner = []
+    for kind in ("chatbot", "summarization"):
+        problem = testbed_problem(kind)
+        ps = plans(problem)
+        planner.append({"kind": kind, "planner_s": ps["heroserve"].planner_s,
+                        "sweeps": ps["heroserve"].sweeps,
+                        "candidates": ps["heroserve"].candidates_tried})
+        rows += comparison_rows("testbed", kind, ps, paper7[kind])
+        # the paper's metric: max per-GPU rate at >= 90 % SLA attainment (discrete events)
+        sim_rates = {n: sla_rate(p, duration=60.0) / p.n_gpus for n, p in ps.items()}
+        payload.setdefault("testbed_sla_rate_per_gpu", {})[kind] = sim_rates
+        rows.append({"section": "testbed", "case": f"{kind} per-GPU rate at 90 % SLA (sim)",
+                     "ours": ", ".join(f"{n} {r:.3g}" for n, r in sim_rates.items())
+                             + f"; HeroServe x{sim_rates['heroserve'] / sim_rates['distserve']:.2f}"
+                             " vs DistServe",
+                     "paper": paper7[kind]["distserve"] + " vs DistServe"})
+    for p in planner:
+        rows.append({"section": "planner", "case": f"testbed {p['kind']}",
+                     "ours": f"{p['planner_s']:.2f} s, {p['sweeps']} sweeps, "
+                             f"{p['candidates']} candidates",
+                     "paper": "< 10 min; converges within 5 iterations"})
+    payload["planner"] = planner
+    gains: dict[str, dict[str, float]] = {}
+    paper8 = {"2tracks": "x1.12-1.94 vs baselines", "8tracks": "x1.09-1.83 vs baselines"}
+    for tracks in ("2tracks", "8tracks"):
+        for kind in ("chatbot", "summarization"):
+            ps = plans(unit_problem(tracks, kind))
+            rs = comparison_rows("fig8", f"{tracks} {kind}", ps,
+                                 {n: paper8[tracks] for n in ps if n != "heroserve"})
+            rows += rs
+            for r in rs:
+                gains.setdefault(f"{tracks}", {})[r["case"].split()[-1] + " " + kind] = r["gain"]
+    payload["fig8_gains"] = gains
+    ok_h4 = all(g >= 1 - 1e-6 for d in gains.values() for g in d.values())
+    per_base = {k: (gains["2tracks"][k], gains["8tracks"][k]) for k in gains["2tracks"]}
+    payload["H4"] = {"heroserve_ge_baselines": ok_h4,
+                     "gain_2tracks_ge_8tracks": {k: a >= b * (1 - 1e-3) for k, (a, b) in
+                                                 per_base.items()}}
+    # Fig. 9: concurrent all-reduces, fixed vs online policy
+    topo = fat_tree_tracks(servers=4, gpus_per_server=4, tracks=2, aggregator_slots=8)
+    # TP4 groups spanning two servers and both tracks: their rings and INA trees share NICs
+    groups = [["gpu0", "gpu1", "gpu4", "gpu5"], ["gpu8", "gpu9", "gpu12", "gpu13"],
+              ["gpu2", "gpu7", "gpu10", "gpu15"]]
+    fig9 = {}
+    for mb in (4, 16, 64):
+        fixed = run_rounds(topo, groups, mb * 1e6, 6, online=False)
+        online = run_rounds(topo, groups, mb * 1e6, 6, online=True)
+        fig9[mb] = (fixed.mean_s, online.mean_s)
+        rows.append({"section": "fig9", "case": f"{mb} MB x 3 groups, fixed vs online",
+                     "ours": f"{fixed.mean_s * 1e3:.2f} ms vs {online.mean_s * 1e3:.2f} ms "
+                             f"({fixed.mean_s / online.mean_s - 1:+.1%} throughput)",
+                     "paper": "+71.7 % vs DistServe, +20.1 % vs DS-SwitchML"})
+    payload["fig9"] = fig9
+    # Fig. 10: prefill-side KV residency
+    problem = unit_problem("2tracks", "summarization", rate=0.07)
+    kv = kv_transfer_bytes(problem.model, problem.workload.mean_in)
+    fig10 = {}
+    for name, p in plans(problem).items():
+        resident = problem.workload.rate * kv * p.T_f
+        fig10[name] = {"T_f_s": p.T_f, "resident_bytes": resident}
+        rows.append({"section": "fig10", "case": f"summarization 0.07 req/s {name}",
+                     "ours": f"T_f {p.T_f * 1e3:.1f} ms, {resident / 1e6:.1f} MB resident",
+                     "paper": "HeroServe lowest"})
+    payload["fig10"] = fig10
+    payload["rows"] = rows
+    payload["wall_s"] = time.perf_counter() - t0
+    notes = (f"Wall time {payload['wall_s']:.1f} s. H4: HeroServe >= every baseline: {ok_h4}; "
+             f"gain(2tracks) >= gain(8tracks) per baseline (within 0.1 %): "
+             f"{payload['H4']['gain_2tracks_ge_8tracks']}. Gains are per-GPU H ratios from "
+             "the planner's analytic H (eq. 1 with M/D/1 queueing and Little's-law decode "
+             "batches); the discrete-event runs are `llmfabric simulate net`.")
+    write_results(args.json, payload, "HeroServe: network-aware PD planning (simulated)",
+                  rows, notes, columns=["section", "case", "ours", "paper"])
+
+
+if __name__ == "__main__":
+    main()

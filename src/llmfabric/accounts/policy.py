@@ -1,0 +1,67 @@
+"""Rules that keep one key (or one owner) from growing its own powers, and usage plausible.
+
+- Owner names: stripped, 1..200 printable characters; "admin" (any case) is reserved for
+  admin keys, so no ordinary key can ever share an owner with the admin key (an owner's keys
+  may revoke each other).
+- A non-admin key creating a key: the new key's limits are at most the creator's own (an
+  unset limit inherits the creator's; asking for more is refused), and the owner's aggregate
+  limit is pinned to the creator's limits if it had none, so minting many keys does not
+  multiply the allowance.
+- Keys per owner are capped (`MAX_KEYS_PER_OWNER` active keys).
+- Usage is a claim by the provider: token counts are clamped to [0, MAX_TOKENS_PER_REQUEST]
+  before they reach a bucket or the ledger.
+"""
+
+from __future__ import annotations
+
+from llmfabric.accounts.errors import InvalidRequest, PermissionDenied
+from llmfabric.accounts.models import ApiKey
+
+RESERVED_OWNER = "admin"
+MAX_OWNER_LEN = 200
+MAX_KEYS_PER_OWNER = 100
+# No single request plausibly uses more (context windows are ~1e6 tokens): a provider that
+# claims more is clamped, so a ledger row (BIGINT) cannot overflow in 2**63 / 1e8 requests.
+MAX_TOKENS_PER_REQUEST = 100_000_000
+
+
+def clamp_tokens(n: object) -> int:
+    """A provider-reported token count as a plausible non-negative int (0 if not a number)."""
+    if isinstance(n, bool) or not isinstance(n, int | float) or n != n:
+        return 0
+    return int(min(max(n, 0), MAX_TOKENS_PER_REQUEST))
+
+
+def normalize_owner(owner: str, *, admin: bool) -> str:
+    """The stored form of an owner name; raise InvalidRequest/PermissionDenied if refused."""
+    name = owner.strip()
+    if not name or len(name) > MAX_OWNER_LEN or not name.isprintable():
+        raise InvalidRequest(
+            f"owner must be 1..{MAX_OWNER_LEN} printable characters, got {owner!r}")
+    if name.casefold() == RESERVED_OWNER and not admin:
+        raise PermissionDenied(
+            f"owner {RESERVED_OWNER!r} is reserved for admin keys; choose another owner name")
+    return name
+
+
+def inherited_limit(name: str, asked: int | None, creator: int | None) -> int | None:
+    """The limit a key created by a key with limit `creator` gets when it asks for `asked`."""
+    if creator is None:
+        return asked
+    if asked is None:
+        return creator
+    if asked > creator:
+        raise PermissionDenied(
+            f"{name}={asked} is higher than the creating key's own ({creator}); "
+            "ask an admin for a key with higher limits")
+    return asked
+
+
+def limits_for_new_key(
+    by: ApiKey | None, requests_per_min: int | None, tokens_per_min: int | None
+) -> tuple[int | None, int | None]:
+    """(requests_per_min, tokens_per_min) of a key created by `by` (None: the operator)."""
+    if by is None or by.admin:
+        return requests_per_min, tokens_per_min
+    return (inherited_limit("requests_per_min", requests_per_min, by.requests_per_min),
+            inherited_limit("tokens_per_min", tokens_per_min, by.tokens_per_min))

@@ -1,0 +1,129 @@
+"""Engine adapters: what the agent knows about each kind of inference server.
+
+One `EngineKind` per server: how to recognise its command line, its default port, its health
+route, where its load metrics are and how to read them (agent/engine_metrics.py), the flags
+that set its context length, and how to count tokens with it (the ingress's usage estimate
+for engines that report none). `detect_kind(argv)` picks one from the command; `--engine
+KIND` overrides (any OpenAI-compatible server: `openai`).
+
+| kind | recognised by | port | metrics | context flag | tokenize |
+|---|---|---|---|---|---|
+| vllm | `vllm serve`, `vllm.entrypoints` | 8000 | /metrics (vllm:) | --max-model-len | /tokenize |
+| sglang | `-m sglang.launch_server` | 30000 | /metrics (sglang:) | --context-length | - |
+| llama.cpp | `llama-server` | 8080 | /metrics (--metrics), /slots | -c, --ctx-size | /tokenize |
+| llama-cpp-python | `-m llama_cpp.server` | 8000 | - | --n_ctx | /extras/tokenize |
+| tgi | `text-generation-launcher` | 3000 | /metrics (tgi_) | --max-total-tokens | /tokenize |
+| torch | `llmfabric engine torch` | --port | /metrics (vllm-style) | --max-model-len | - |
+| sim | `llmfabric engine sim` | --port | - | --max-model-len | - |
+| openai | anything else | --port | - | - | - |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    name: str
+    default_port: int | None
+    health_path: str = "/health"
+    metrics_path: str | None = None  # Prometheus text
+    metrics_format: str = ""  # "vllm" | "sglang" | "llama.cpp" | "tgi"
+    slots_path: str | None = None  # llama.cpp per-slot state (fallback without --metrics)
+    context_flags: tuple[str, ...] = ()
+    # POST body shape for counting tokens: "vllm" {"model","prompt"} -> {"count"|"tokens"},
+    # "llama.cpp" {"content"} -> {"tokens"}, "llama-cpp-python" {"input"} -> {"count"|"tokens"},
+    # "tgi" {"inputs"} -> [tokens]
+    tokenize_path: str | None = None
+    tokenize_format: str = ""
+    # The engine's own default context when neither the command nor /v1/models tells it
+    # (llama-cpp-python: n_ctx=2048); None: unknown, the node's configured default is used.
+    default_context: int | None = None
+    props_path: str | None = None  # llama-server /props: default_generation_settings.n_ctx
+
+
+KINDS: dict[str, EngineKind] = {
+    k.name: k
+    for k in (
+        EngineKind("vllm", 8000, metrics_path="/metrics", metrics_format="vllm",
+                   context_flags=("--max-model-len",), tokenize_path="/tokenize",
+                   tokenize_format="vllm"),
+        EngineKind("sglang", 30000, metrics_path="/metrics", metrics_format="sglang",
+                   context_flags=("--context-length",)),
+        EngineKind("llama.cpp", 8080, metrics_path="/metrics", metrics_format="llama.cpp",
+                   slots_path="/slots", context_flags=("-c", "--ctx-size"),
+                   tokenize_path="/tokenize", tokenize_format="llama.cpp",
+                   props_path="/props"),
+        EngineKind("llama-cpp-python", 8000, health_path="/v1/models",
+                   context_flags=("--n_ctx", "--n-ctx"), tokenize_path="/extras/tokenize",
+                   tokenize_format="llama-cpp-python", default_context=2048),
+        EngineKind("tgi", 3000, metrics_path="/metrics", metrics_format="tgi",
+                   context_flags=("--max-total-tokens",), tokenize_path="/tokenize",
+                   tokenize_format="tgi"),
+        EngineKind("torch", None, metrics_path="/metrics", metrics_format="vllm",
+                   context_flags=("--max-model-len",)),
+        EngineKind("sim", None, context_flags=("--max-model-len",)),
+        EngineKind("openai", None),
+    )
+}
+# Accepted spellings of --engine.
+ALIASES = {"llamacpp": "llama.cpp", "llama-server": "llama.cpp", "llama_cpp": "llama-cpp-python",
+           "llama-cpp": "llama-cpp-python", "text-generation-inference": "tgi",
+           "unknown": "openai", "generic": "openai"}
+
+
+def kind_named(name: str) -> EngineKind:
+    """The adapter for `--engine NAME`; ValueError lists the known names."""
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in KINDS:
+        raise ValueError(f"unknown engine kind {name!r}; choose one of: {', '.join(KINDS)}")
+    return KINDS[key]
+
+
+def detect_kind(argv: Sequence[str]) -> EngineKind:
+    """The adapter for an engine command line (see the table above); `openai` if unknown."""
+    head = [os.path.basename(a).lower() for a in argv[:4]]
+    joined = " ".join(head)
+    if "llmfabric" in joined or "llmfabric.cli.engine" in argv:
+        if "torch" in argv[:5]:
+            return KINDS["torch"]
+        if "sim" in argv[:5]:
+            return KINDS["sim"]
+    if "vllm" in joined:
+        return KINDS["vllm"]
+    if "sglang" in joined:
+        return KINDS["sglang"]
+    if "llama_cpp.server" in joined or "llama_cpp" in joined:
+        return KINDS["llama-cpp-python"]
+    if "llama-server" in joined or "llama.cpp" in joined:
+        return KINDS["llama.cpp"]
+    if "text-generation-launcher" in joined or "text-generation-server" in joined:
+        return KINDS["tgi"]
+    return KINDS["openai"]
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the LAST occurrence of any of `names` (`--x V` or `--x=V`)."""
+    found = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def context_from_command(kind: EngineKind, argv: Sequence[str]) -> int | None:
+    """The context length the command sets (e.g. `--max-model-len 8192`, `-c 1024`)."""
+    value = flag_value(argv, *kind.context_flags) if kind.context_flags else None
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    return n if n > 0 else None

@@ -1,0 +1,166 @@
+"""Engine facts from the engine or its command line, never a default that lies.
+
+- precision: `--quantization/-q` (awq, gptq, fp8, ...); else `--dtype` (float32 -> fp32,
+  float16/half -> fp16, bfloat16 -> bf16); else a GGUF model file's own type (read from its
+  header: F32, F16, Q8_0, Q4_K_M, ...); else a local model directory's config.json
+  `torch_dtype`/`dtype`; else "auto" (the engine picks from the model; we do not know).
+- context: /v1/models `max_model_len` (vLLM, sim, torch), the command's context flag
+  (`--max-model-len`, `--context-length`, `-c`, `--n_ctx`, `--max-total-tokens`), llama-server's
+  /props, the engine's documented default (llama-cpp-python: 2048), else the node's default.
+- model ids: /v1/models, or `--model-id` (repeatable) for engines that list none.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import struct
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+from llmfabric.agent.engines import EngineKind, context_from_command, flag_value
+from llmfabric.registry.records import ServedModel
+
+_QUANT: dict[str, tuple[str, int]] = {
+    "awq": ("awq-int4", 4), "awq_marlin": ("awq-int4", 4), "gptq": ("gptq-int4", 4),
+    "gptq_marlin": ("gptq-int4", 4), "fp8": ("fp8", 8), "int8": ("int8", 8),
+    "w8a8": ("int8", 8), "bitsandbytes": ("bnb-int4", 4), "gguf": ("gguf", 4),
+    "int4": ("int4", 4),
+}
+_DTYPES: dict[str, tuple[str, int]] = {
+    "float32": ("fp32", 32), "fp32": ("fp32", 32), "f32": ("fp32", 32), "float": ("fp32", 32),
+    "float16": ("fp16", 16), "fp16": ("fp16", 16), "half": ("fp16", 16), "f16": ("fp16", 16),
+    "bfloat16": ("bf16", 16), "bf16": ("bf16", 16),
+}
+# GGUF `general.file_type` (llama.cpp's llama_ftype) -> (name, bits per weight, rounded).
+_GGUF_FTYPES: dict[int, tuple[str, int]] = {
+    0: ("fp32", 32), 1: ("fp16", 16), 2: ("gguf-q4_0", 4), 3: ("gguf-q4_1", 4),
+    7: ("gguf-q8_0", 8), 8: ("gguf-q5_0", 5), 9: ("gguf-q5_1", 5), 10: ("gguf-q2_k", 2),
+    11: ("gguf-q3_k_s", 3), 12: ("gguf-q3_k_m", 3), 13: ("gguf-q3_k_l", 3),
+    14: ("gguf-q4_k_s", 4), 15: ("gguf-q4_k_m", 4), 16: ("gguf-q5_k_s", 5),
+    17: ("gguf-q5_k_m", 5), 18: ("gguf-q6_k", 6), 32: ("bf16", 16),
+}
+AUTO = ("auto", 16)
+
+
+def _read(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise ValueError("truncated GGUF header")
+    return data
+
+
+def _gguf_skip_value(f: BinaryIO, vtype: int) -> Any:
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    if vtype in sizes:
+        raw = _read(f, sizes[vtype])
+        fmt = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+               10: "<Q", 11: "<q", 12: "<d"}[vtype]
+        return struct.unpack(fmt, raw)[0]
+    if vtype == 8:  # string
+        (n,) = struct.unpack("<Q", _read(f, 8))
+        if n > 1 << 26:
+            raise ValueError("GGUF string too long")
+        return _read(f, n)
+    if vtype == 9:  # array
+        (etype,) = struct.unpack("<I", _read(f, 4))
+        (count,) = struct.unpack("<Q", _read(f, 8))
+        if count > 1 << 24:
+            raise ValueError("GGUF array too long")
+        for _ in range(count):
+            _gguf_skip_value(f, etype)
+        return None
+    raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def gguf_file_type(path: pathlib.Path) -> int | None:
+    """`general.file_type` from a GGUF file's header (None when absent or not GGUF)."""
+    try:
+        with path.open("rb") as f:
+            if _read(f, 4) != b"GGUF":
+                return None
+            (version,) = struct.unpack("<I", _read(f, 4))
+            if version < 2:
+                return None
+            _tensors, kv_count = struct.unpack("<QQ", _read(f, 16))
+            for _ in range(min(kv_count, 100_000)):
+                (klen,) = struct.unpack("<Q", _read(f, 8))
+                key = _read(f, min(klen, 1 << 16)).decode(errors="replace")
+                (vtype,) = struct.unpack("<I", _read(f, 4))
+                value = _gguf_skip_value(f, vtype)
+                if key == "general.file_type" and isinstance(value, int):
+                    return value
+    except (OSError, ValueError, struct.error):
+        return None
+    return None
+
+
+def _model_arg(argv: Sequence[str]) -> str | None:
+    """The model path/name in the command (`-m`, `--model`, `--model-path`, `vllm serve M`)."""
+    for arg in argv:
+        if arg.lower().endswith(".gguf"):
+            return arg
+    value = flag_value(argv, "--model", "--model-path", "-m")  # (`python -m X` comes first)
+    if value is not None:
+        return value
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "serve" and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return None
+
+
+def precision_of(argv: Sequence[str]) -> tuple[str, int]:
+    """(quantization, bits) of what the engine runs (see the module docstring)."""
+    value = flag_value(argv, "--quantization", "-q")
+    if value and value.lower() in _QUANT:
+        return _QUANT[value.lower()]
+    dtype = flag_value(argv, "--dtype")
+    if dtype and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    model = _model_arg(argv)
+    if model:
+        path = pathlib.Path(model).expanduser()
+        if path.suffix.lower() == ".gguf":
+            ftype = gguf_file_type(path)
+            if ftype is not None and ftype in _GGUF_FTYPES:
+                return _GGUF_FTYPES[ftype]
+            return ("gguf", 4) if ftype is None else (f"gguf-ftype{ftype}", 4)
+        config = path / "config.json"
+        try:
+            doc = json.loads(config.read_text())
+        except (OSError, ValueError):
+            doc = None
+        if isinstance(doc, dict):
+            dt = doc.get("torch_dtype") or doc.get("dtype")
+            if isinstance(dt, str) and dt.lower() in _DTYPES:
+                return _DTYPES[dt.lower()]
+    return AUTO
+
+
+def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: int,
+                  kind: EngineKind | None = None, probed_ctx: int | None = None,
+                  model_ids: Sequence[str] = ()) -> tuple[ServedModel, ...]:
+    """ServedModels from /v1/models entries (or the declared `model_ids`), with precision
+    and context from the engine or the command."""
+    quant, bits = precision_of(argv)
+    cmd_ctx = context_from_command(kind, argv) if kind is not None else None
+    fallback = cmd_ctx or probed_ctx or (kind.default_context if kind else None) or default_ctx
+    listed = {str(d["id"]): d for d in data if isinstance(d.get("id"), str)}
+    # vLLM lists each loaded LoRA adapter (--lora-modules) as an entry whose `parent` is
+    # the base model: advertised as that model's adapters, not as models of their own.
+    adapters: dict[str, list[str]] = {}
+    for mid, d in listed.items():
+        parent = d.get("parent")
+        if isinstance(parent, str) and parent in listed and parent != mid:
+            adapters.setdefault(parent, []).append(mid)
+    lora = {a for names in adapters.values() for a in names}
+    ids = list(model_ids) or [mid for mid in listed if mid not in lora]
+    out = []
+    for mid in ids:
+        ctx = listed.get(mid, {}).get("max_model_len")
+        out.append(ServedModel(
+            id=mid, quantization=quant, quant_bits=bits,
+            max_context=int(ctx) if isinstance(ctx, int) and ctx > 0 else fallback,
+            adapters=tuple(adapters.get(mid, ())),
+        ))
+    return tuple(out)

@@ -1,0 +1,88 @@
+"""`llmfabric controller --launcher slurm --profile P`: grow and shrink a fleet of Slurm jobs.
+
+The controller joins the fabric as a bare CPU member (as the assigning controller does),
+reads the demand the ingress nodes publish for the profile's model from its own replica,
+and each round lets launch.SlurmLauncher observe the queue, decide (launch/capacity.py) and
+submit or cancel jobs of the profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import pathlib
+import signal
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from llmfabric.launch.errors import LaunchError
+from llmfabric.launch.launcher import SlurmLauncher, capacity_config
+from llmfabric.launch.profile import load_profile
+from llmfabric.launch.slurm import Slurm
+from llmfabric.registry.records import NodeRecord
+from llmfabric.scheduler.observed import observed_workload
+
+
+def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
+                 interval: float, once: bool, settle: float) -> None:
+    try:
+        profile = load_profile(profile_path)
+        capacity = capacity_config(profile)  # may run the simulator once
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    assert profile.controller is not None
+    model = profile.controller.model
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    async def main() -> None:
+        from llmfabric.clock import SystemClock
+        from llmfabric.node.config import ConfigError, build_config
+        from llmfabric.node.daemon import Node, NodeError
+
+        try:
+            node = Node(build_config({}, node_overrides))
+        except (ConfigError, NodeError) as exc:
+            raise click.ClickException(str(exc)) from None
+        await node.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        clock = SystemClock()
+        try:
+            await clock.sleep(settle)
+            agent = node.agent
+            assert agent is not None
+
+            def live() -> list[NodeRecord]:
+                return [dataclasses.replace(v.record, state=v.state)
+                        for v in agent.nodes.all(include_left=False) if not v.suspected]
+
+            def demand() -> float:
+                workload, _ = observed_workload(live())
+                load = workload.get(model)
+                return load.arrival_rate if load is not None else 0.0
+
+            launcher = SlurmLauncher(Slurm(), profile, clock, demand, live,
+                                     source=str(profile_path), interval_s=interval,
+                                     capacity=capacity)
+            if once:
+                decisions = await launcher.step()
+                sys.stdout.write(json.dumps(
+                    [{"kind": type(d).__name__, **asdict(d)} for d in decisions]) + "\n")
+                return
+            logging.info("launching %s jobs for %s (%g req/s each, %d..%d jobs)",
+                         profile.job_name, model, launcher.config.capacity_rps,
+                         launcher.config.min_jobs, launcher.config.max_jobs)
+            await launcher.run(stop)
+        finally:
+            await node.stop(drain=False)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

@@ -1,0 +1,220 @@
+"""HeroServe commands: `llmfabric plan net`, `llmfabric simulate collective`,
+`llmfabric simulate net` (registered as subcommands of `plan` and `simulate`).
+
+    llmfabric plan net --topology examples/heroserve/testbed-2tracks.yaml --model opt-66b \\
+        --prefill-gpus 'a100-*' --decode-gpus 'v100-*' \\
+        --workload examples/heroserve/sharegpt.yaml --sla-ttft 2.5 --sla-tpot 0.15 \\
+        --compare --out netplan.json
+    llmfabric simulate collective --topology T.yaml --group gpu0,gpu1,gpu4,gpu5 --bytes 1MB
+    llmfabric simulate net --plan netplan.json --rate 2 [--online]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024, "mib": 1024 ** 2,
+          "gib": 1024 ** 3}
+
+
+def parse_bytes(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise click.BadParameter(f"{text!r}: give a size like 1MB, 512KiB or 4e6")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(value) or value < 0:
+        raise click.BadParameter(f"{text!r}: a size must be finite and >= 0")
+    return value
+
+
+def _num(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _num(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_num(x) for x in v]
+    return v
+
+
+def _plan_doc(plan: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = _num(plan.to_json())
+    return doc
+
+
+def _print_plans(plans: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title="network plans (H = largest rate meeting both SLAs)")
+    for col in ("system", "P_all (tp,pp | tp,pp)", "GPUs", "T_pre s", "T_dec s", "T_f s",
+                "H req/s", "per GPU", "schemes"):
+        t.add_column(col)
+    for p in plans:
+        schemes = sorted({f"{s}@{p.ina_switch[k]}" if s == "ina" else s
+                          for k, s in p.schemes.items()})
+        a, b, c, d = p.p_all
+        t.add_row(p.system, f"{a},{b} | {c},{d}", str(p.n_gpus), f"{p.T_pre:.4f}",
+                  f"{p.T_dec:.4f}", f"{p.T_f:.4f}", f"{p.H:.3f}", f"{p.per_gpu_rate:.4f}",
+                  ", ".join(schemes))
+    console.print(t)
+    best = plans[0]
+    for i, inst in enumerate(best.prefill_groups):
+        console.print(f"prefill instance {i}: " + " | ".join(",".join(map(str, g)) for g in inst))
+    for i, inst in enumerate(best.decode_groups):
+        console.print(f"decode instance {i}: " + " | ".join(",".join(map(str, g)) for g in inst))
+    console.print(f"planner {best.planner_s:.2f} s, {best.candidates_tried} candidates, "
+                  f"{best.sweeps} perturbation sweeps")
+
+
+def _problem(topology: str, model: str, prefill: str, decode: str, workload: str,
+             sla_ttft: float, sla_tpot: float, max_candidates: int, seed: int,
+             hop_latency: float | None) -> Any:
+    from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
+    from llmfabric.sim.topology import Topology
+
+    return NetProblem.of(Topology.from_yaml(topology), model, prefill, decode,
+                         NetWorkload.from_yaml(workload), sla_ttft, sla_tpot,
+                         max_candi=max_candidates, seed=seed, hop_latency=hop_latency)
+
+
+@click.command(name="net")
+@click.option("--topology", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="topology YAML (gpus, switches with aggregator_slots, edges)")
+@click.option("--model", required=True, help="model name (e.g. opt-66b)")
+@click.option("--prefill-gpus", required=True,
+              help="comma list of GPU ids or globs over ids and GPU types ('a100-*')")
+@click.option("--decode-gpus", required=True, help="as --prefill-gpus")
+@click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="YAML {rate, mean_in, mean_out}")
+@click.option("--sla-ttft", type=click.FloatRange(min=0, min_open=True), required=True)
+@click.option("--sla-tpot", type=click.FloatRange(min=0, min_open=True), required=True)
+@click.option("--max-candidates", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--hop-latency", type=click.FloatRange(min=0), default=None,
+              help="seconds per hop instead of the edges' latencies (0 = the paper's form)")
+@click.option("--compare", is_flag=True, help="also plan DistServe, DS-SwitchML, DS-ATP")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the plan (with its inputs) as JSON for `simulate net --plan`")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+def plan_net(topology: str, model: str, prefill_gpus: str, decode_gpus: str, workload: str,
+             sla_ttft: float, sla_tpot: float, max_candidates: int, seed: int,
+             hop_latency: float | None, compare: bool, out: Path | None,
+             as_json: bool) -> None:
+    """HeroServe: plan TP/PP, GPU groups, INA or ring per group and KV paths over a topology,
+    maximising the sustainable rate H under TTFT/TPOT SLAs."""
+    from llmfabric.scheduler.netplan.baselines import BASELINES
+    from llmfabric.scheduler.netplan.planner import HEROSERVE, plan_with
+    from llmfabric.sim.errors import SimError
+
+    try:
+        problem = _problem(topology, model, prefill_gpus, decode_gpus, workload, sla_ttft,
+                           sla_tpot, max_candidates, seed, hop_latency)
+        plans = [plan_with(problem, s) for s in ((HEROSERVE, *BASELINES) if compare
+                                                 else (HEROSERVE,))]
+    except SimError as exc:
+        raise click.ClickException(str(exc)) from None
+    inputs = {"topology": str(Path(topology).resolve()), "model": model,
+              "prefill_gpus": prefill_gpus, "decode_gpus": decode_gpus,
+              "workload": str(Path(workload).resolve()), "sla_ttft": sla_ttft,
+              "sla_tpot": sla_tpot, "max_candidates": max_candidates, "seed": seed,
+              "hop_latency": hop_latency}
+    doc = {"inputs": inputs, "plan": _plan_doc(plans[0]),
+           "compare": [_plan_doc(p) for p in plans[1:]]}
+    if out is not None:
+        out.write_text(json.dumps(doc, indent=1))
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        _print_plans(plans)
+
+
+@click.command(name="collective")
+@click.option("--topology", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--group", required=True, help="comma list of GPU ids")
+@click.option("--bytes", "size", default="1MB", show_default=True,
+              help="message per member (1MB, 512KiB, 4e6)")
+@click.option("--hop-latency", type=click.FloatRange(min=0), default=None,
+              help="seconds per hop instead of the edges' latencies (0 = the paper's form)")
+@click.option("--json", "as_json", is_flag=True)
+def simulate_collective(topology: str, group: str, size: str, hop_latency: float | None,
+                        as_json: bool) -> None:
+    """All-reduce of one TP group: ring and INA at every switch (HeroServe eqs. 8-11)."""
+    from llmfabric.scheduler.netplan.commcost import choose_scheme, ina_breakdown, t_ring
+    from llmfabric.sim.errors import SimError
+    from llmfabric.sim.topology import Topology
+
+    nbytes = parse_bytes(size)
+    try:
+        topo = Topology.from_yaml(topology)
+        members = [g.strip() for g in group.split(",") if g.strip()]
+        ids = {str(g): g for g in topo.gpus()}
+        members_ids = [ids.get(m, m) for m in members]
+        ring = t_ring(topo, members_ids, nbytes, hop_latency=hop_latency)
+        ina = {}
+        for s in topo.switches():
+            b = ina_breakdown(topo, members_ids, s, nbytes, hop_latency=hop_latency)
+            ina[str(s)] = {"collect_s": b.collect_s, "agg_s": b.agg_s,
+                           "distribute_s": b.distribute_s, "total_s": b.total_s,
+                           "slots": topo.switch(s).aggregator_slots}
+        choice = choose_scheme(topo, members_ids, nbytes, hop_latency=hop_latency)
+    except SimError as exc:
+        raise click.ClickException(str(exc)) from None
+    doc = {"group": members, "bytes": nbytes, "ring_s": ring, "ina": ina,
+           "choice": {"scheme": choice.scheme, "switch": choice.switch,
+                      "t_ina": _num(choice.t_ina), "t_ring": choice.t_ring}}
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+        return
+    click.echo(f"all-reduce of {nbytes:.4g} B over {len(members)} GPUs")
+    click.echo(f"  ring: {ring * 1e6:.2f} us")
+    for s, row in ina.items():
+        click.echo(f"  INA at {s} ({row['slots']} slots): {row['total_s'] * 1e6:.2f} us "
+                   f"(collect {row['collect_s'] * 1e6:.2f}, distribute "
+                   f"{row['distribute_s'] * 1e6:.2f})")
+    click.echo(f"  choice: {choice.scheme}" + (f" at {choice.switch}"
+                                                if choice.scheme == "ina" else ""))
+
+
+@click.command(name="net")
+@click.option("--plan", "plan_path", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSON written by `llmfabric plan net --out`")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), required=True)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=120.0,
+              show_default=True)
+@click.option("--arrival", type=click.Choice(["poisson", "onoff"]), default="poisson",
+              show_default=True)
+@click.option("--system", default="heroserve", show_default=True,
+              type=click.Choice(["heroserve", "distserve", "ds-switchml", "ds-atp"]))
+@click.option("--online", is_flag=True,
+              help="also run the decode groups' all-reduces on the flow simulator, fixed "
+                   "plan vs the online policy table")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def simulate_net(plan_path: Path, rate: float, duration: float, arrival: str, system: str,
+                 online: bool, seed: int, as_json: bool) -> None:
+    """Serve a planned PD deployment in the discrete-event simulator at RATE req/s."""
+    from llmfabric.scheduler.netplan.runner import simulate_plan
+    from llmfabric.sim.errors import SimError
+
+    try:
+        doc = json.loads(plan_path.read_text())
+        out = simulate_plan(doc["inputs"], system, rate, duration, arrival=arrival,
+                            online=online, seed=seed)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise click.ClickException(f"bad plan file {plan_path}: {exc!r}") from None
+    except SimError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(_num(out), indent=1))
+        return
+    for k, v in out.items():
+        click.echo(f"{k}: {v}")

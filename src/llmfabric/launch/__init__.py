@@ -1,0 +1,20 @@
+"""Launchers: run providers as Slurm jobs or Kubernetes workloads, and size a Slurm fleet.
+
+Files -> concepts
+- profile.py     SlurmProfile (YAML): partition, account, GPUs, CPUs, memory, time, modules,
+                 container (Apptainer/Enroot/Pyxis), engine command, fabric bootstrap and
+                 secret FILE, signal lead, controller sizing; `load_profile`, `time_limit_s`.
+- sbatch.py      `render_sbatch(profile)`: the sbatch script (`--signal=B:TERM@lead`, the
+                 secret read from its file, `exec llmfabric start ... --process ENGINE`).
+- slurm.py       `Slurm`: sbatch/squeue/sacct/scancel/scontrol through an injected runner,
+                 parsers of their output, one-line SlurmErrors.
+- allocation.py  `allocation_end(env)`: when the node's Slurm allocation ends (walltime).
+- capacity.py    pure fleet sizing: demand, jobs and nodes -> SubmitJobs/CancelJob decisions
+                 (pre-launch replacements ahead of allocation ends, cancel idle jobs).
+- launcher.py    `SlurmLauncher`: observes the queue, runs `capacity.decide` on a clock,
+                 executes its decisions with sbatch/scancel.
+- k8s.py         `render_k8s(profile)`: ingress/bootstrap/relay Deployment + Service and
+                 provider Deployments (GPU requests, secret from a Secret, probes, preStop
+                 drain, grace period).
+- errors.py      LaunchError, ProfileError, SlurmError.
+"""

@@ -1,0 +1,40 @@
+"""When does this node's allocation end? (walltime awareness)
+
+Inside a Slurm job: `SLURM_JOB_END_TIME` (Slurm >= 23.02 sets it), else `scontrol show job`'s
+EndTime (older Slurm, and after an operator changed the time limit). Outside a job: an
+explicit value (`llmfabric start --alloc-end`) or none. The node publishes the end in its
+registry record (NodeMeta.alloc_end) and drains `drain_lead` seconds ahead of it; routing
+stops sending it requests that would outlast it (routing/walltime.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from llmfabric.launch.errors import SlurmError
+from llmfabric.launch.slurm import Runner, Slurm, parse_time, subprocess_runner
+
+log = logging.getLogger(__name__)
+
+
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    return job if job and job.isdigit() else None
+
+
+def allocation_end(env: Mapping[str, str], runner: Runner | None = None) -> float | None:
+    """Unix time the current Slurm allocation ends, or None (not in a job, or no limit)."""
+    job = slurm_job_id(env)
+    if job is None:
+        return None
+    raw = env.get("SLURM_JOB_END_TIME", "")
+    if raw.isdigit() and int(raw) > 0:
+        return float(raw)
+    try:
+        fields = Slurm(runner or subprocess_runner(timeout=10)).job(job)
+    except SlurmError as exc:
+        log.warning("cannot read the end of Slurm job %s (scontrol: %s); walltime unknown",
+                    job, exc)
+        return None
+    return parse_time(fields.get("EndTime", ""))

@@ -1,0 +1,15 @@
+"""Errors of the launchers; every message says what to change."""
+
+from __future__ import annotations
+
+
+class LaunchError(Exception):
+    """Base class of launcher errors."""
+
+
+class ProfileError(LaunchError):
+    """A launch profile (YAML) is invalid; the message names the field."""
+
+
+class SlurmError(LaunchError):
+    """A Slurm command failed or answered something we cannot read (one line, from Slurm)."""

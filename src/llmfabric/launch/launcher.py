@@ -1,0 +1,142 @@
+"""The Slurm launcher: observe (squeue, sbatch --test-only, the fabric's records), decide
+(launch/capacity.py, pure), execute (sbatch --parsable, scancel) on an injected clock.
+
+Jobs are ours when their name is the profile's job name (`llmfabric-<name>`). A job's node is
+found in the registry by its `slurm_job` label (the sbatch script sets it). Slurm commands
+block, so observing and executing run in a worker thread; the loop keeps the node's gossip
+and membership answering meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from llmfabric.clock import Clock
+from llmfabric.launch.capacity import (
+    CancelJob,
+    CapacityConfig,
+    CapacityDecision,
+    CapacityState,
+    JobView,
+    SubmitJobs,
+    decide,
+)
+from llmfabric.launch.errors import LaunchError
+from llmfabric.launch.profile import SlurmProfile
+from llmfabric.launch.sbatch import render_sbatch
+from llmfabric.launch.slurm import Slurm
+from llmfabric.registry.records import Lifecycle, NodeRecord
+
+log = logging.getLogger("llmfabric.launch")
+
+
+def simulated_capacity_rps(model: str, gpu: str, gpus: int, mean_in: float,
+                           mean_out: float) -> float:
+    """Requests/s one replica of `model` sustains on `gpus` GPUs of type `gpu` (TP = the
+    largest power of two <= gpus): the planner's capacity, 0.9 x the simulated service rate
+    (scheduler/curves.py). A few simulator runs: call it once, at start."""
+    from llmfabric.scheduler.curves import RateCurve
+    from llmfabric.scheduler.errors import SchedulerError
+    from llmfabric.scheduler.problem import ModelLoad
+    from llmfabric.scheduler.simadapter import SimPerformance
+
+    perf = SimPerformance()
+    tp = max(t for t in (1, 2, 4, 8) if t <= max(1, gpus))
+    try:
+        curve = RateCurve(perf, ModelLoad(model, 1000.0, mean_in, mean_out),
+                          perf.gpu(gpu).name, tp, None)
+    except (SchedulerError, KeyError, ValueError) as exc:
+        raise LaunchError(f"cannot estimate the capacity of {model} on {gpus} x {gpu}: {exc}; "
+                          "give controller.capacity_rps") from None
+    if not 0 < curve.capacity < 1e9:
+        raise LaunchError(f"the simulator found no finite capacity for {model} on {gpus} x "
+                          f"{gpu}; give controller.capacity_rps")
+    return float(curve.capacity)
+
+
+def capacity_config(profile: SlurmProfile) -> CapacityConfig:
+    c = profile.controller
+    if c is None:
+        raise LaunchError("the profile has no `controller:` section (model, capacity_rps): "
+                          "the launcher needs it to size the fleet")
+    capacity = c.capacity_rps
+    if capacity is None:
+        assert c.gpu is not None  # the profile's validator requires one of the two
+        capacity = simulated_capacity_rps(c.model, c.gpu, profile.gpus, c.mean_in, c.mean_out)
+    return CapacityConfig(capacity_rps=capacity, min_jobs=c.min_jobs,
+                          max_jobs=c.max_jobs, startup_s=c.startup_s,
+                          lead_s=float(profile.signal_lead), idle_s=c.idle_s)
+
+
+def job_views(queued: Iterable[tuple[str, str, float | None]],
+              records: Iterable[NodeRecord]) -> list[JobView]:
+    """(job id, state, end) from squeue, joined with the records labelled with that job."""
+    by_job: dict[str, NodeRecord] = {}
+    for rec in records:
+        job = rec.meta.label("slurm_job")
+        if job and rec.state < Lifecycle.DOWN:
+            by_job[job] = rec
+    out = []
+    for job_id, state, end in queued:
+        node = by_job.get(job_id)
+        out.append(JobView(job_id, state, end,
+                           serving=node is not None and node.state is Lifecycle.SERVING,
+                           inflight=node.meta.load.inflight if node is not None else 0))
+    return out
+
+
+class SlurmLauncher:
+    def __init__(self, slurm: Slurm, profile: SlurmProfile, clock: Clock,
+                 demand: Callable[[], float], records: Callable[[], Iterable[NodeRecord]],
+                 *, source: str = "", interval_s: float = 30.0,
+                 capacity: CapacityConfig | None = None) -> None:
+        self.slurm = slurm
+        self.profile = profile
+        self.script = render_sbatch(profile, source=source)
+        self.clock = clock
+        self.config = capacity or capacity_config(profile)
+        self._demand = demand
+        self._records = records
+        self.interval_s = interval_s
+        self.state = CapacityState()
+        self.applied: list[CapacityDecision] = []
+
+    def _observe(self) -> tuple[list[tuple[str, str, float | None]], float]:
+        queued = [(j.job_id, j.state, j.end)
+                  for j in self.slurm.queue(name=self.profile.job_name, mine=True)]
+        start = self.slurm.test_start(self.script)
+        wait = max(0.0, start - self.clock.wall()) if start is not None else 0.0
+        return queued, wait
+
+    async def step(self) -> list[CapacityDecision]:
+        queued, wait = await asyncio.to_thread(self._observe)
+        jobs = job_views(queued, self._records())
+        now = self.clock.wall()
+        decisions, self.state = decide(self._demand(), jobs, wait, now, self.state,
+                                       self.config)
+        for d in decisions:
+            await asyncio.to_thread(self._apply, d, now)
+        return decisions
+
+    def _apply(self, decision: CapacityDecision, now: float) -> None:
+        if isinstance(decision, SubmitJobs):
+            for _ in range(decision.count):
+                job = self.slurm.submit(self.script)
+                log.info("submitted Slurm job %s: %s", job, decision.reason)
+                self.state = CapacityState(self.state.surplus_since,
+                                           (*self.state.submitted, (job, now)))
+        elif isinstance(decision, CancelJob):
+            self.slurm.cancel(decision.job_id, signal=None if decision.pending else "TERM")
+            log.info("cancelled Slurm job %s%s: %s", decision.job_id,
+                     " (queued)" if decision.pending else " (draining)", decision.reason)
+        self.applied.append(decision)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except LaunchError as exc:  # Slurm briefly unreachable: try again next round
+                log.error("launcher round failed: %s", exc)
+            await self.clock.sleep(self.interval_s)

@@ -1,0 +1,84 @@
+"""What a replica refuses from members it does not trust: the registry's hostile-input limits.
+
+Any admitted member can sign facts and records, so a replica checks more than signatures:
+- a fact about a session whose record we do not hold is refused (`unknown_session`): facts
+  never create entries, so an attacker cannot fill the map with made-up session ids;
+- a fact's author must be a member we know (a peer with a record in the replica, any state;
+  `unknown_author`): a forwarder cannot vouch for keys that never joined;
+- a fact's incarnation is at most the record's + 1 (`incarnation`): a SUSPECT at 2**63-1
+  would otherwise be unrefutable;
+- new facts per author are rate limited by a token bucket (`rate_limited`); honest authors
+  issue about one SUSPECT per probe period and EVICTs only when suspicions time out;
+- at most `max_evicts_per_entry` EVICT facts per session (`too_many_facts`);
+- a peer holds at most `max_sessions_per_peer` non-LEFT sessions (`sessions_per_peer`);
+- an optional `RecordPolicy` (e.g. identity.provider.CertRecordPolicy: the record must carry
+  an operator-signed membership certificate naming its key) can refuse records.
+An eviction needs EVICT facts from `eviction_quorum` (k) distinct authors at one incarnation,
+capped by the fleet size (registry.entry.decisive_evict, `quorum_for`).
+All refusals happen at the gate, outside the CRDT join; an item refused now (rate limit,
+record not yet seen) is offered again by anti-entropy later.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmfabric.registry.errors import RegistryError
+from llmfabric.registry.records import NodeRecord
+
+MAX_TRACKED_AUTHORS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TrustConfig:
+    # Distinct authors whose EVICT facts (same incarnation) evict a session; capped by the
+    # number of other live peers, so a 2-node fleet can still evict a dead peer.
+    eviction_quorum: int = 3
+    max_sessions_per_peer: int = 8
+    # New facts accepted per author: `fact_burst` at once, then `fact_rate_per_s`.
+    fact_rate_per_s: float = 1.0
+    fact_burst: float = 256.0
+    max_evicts_per_entry: int = 64
+
+    def __post_init__(self) -> None:
+        if self.eviction_quorum < 1 or self.max_sessions_per_peer < 1:
+            raise RegistryError("eviction_quorum and max_sessions_per_peer must be >= 1")
+        if not (self.fact_rate_per_s > 0 and self.fact_burst >= 1):
+            raise RegistryError("fact_rate_per_s must be > 0 and fact_burst >= 1")
+        if self.max_evicts_per_entry < self.eviction_quorum:
+            raise RegistryError("max_evicts_per_entry must be >= eviction_quorum")
+
+    def quorum_for(self, live_peers: int) -> int:
+        """k capped by the fleet: at most the live peers other than the suspected one."""
+        return max(1, min(self.eviction_quorum, live_peers - 1))
+
+
+class RecordPolicy(Protocol):
+    """Decides whether a verified record may enter; the reason string is counted."""
+
+    def refuse(self, record: NodeRecord, now_wall: float) -> str | None: ...
+
+    def max_sessions(self, record: NodeRecord) -> int | None: ...
+
+
+class AuthorLimiter:
+    """A token bucket per author, for at most MAX_TRACKED_AUTHORS authors (LRU)."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def allow(self, author: str, now: float) -> bool:
+        tokens, last = self._buckets.pop(author, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - last) * self._rate)
+        ok = tokens >= 1.0
+        self._buckets[author] = (tokens - 1.0 if ok else tokens, now)
+        if len(self._buckets) > MAX_TRACKED_AUTHORS:
+            self._buckets.popitem(last=False)
+        return ok
+
+    def __len__(self) -> int:
+        return len(self._buckets)

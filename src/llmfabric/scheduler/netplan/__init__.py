@@ -1,0 +1,20 @@
+"""HeroServe: network-aware PD planning over heterogeneous links (COMPANIONS §3).
+
+Files -> concepts
+- paths.py     all-pairs Dijkstra routes over GPUs and switches (per-byte time + hop
+               latency), optionally restricted to edge kinds; `PathRoute` keeps its edges.
+- commcost.py  eqs. 5-15 in bytes: `t_ina`/`ina_breakdown`, `t_ring`, `t_pp`, `t_kv`,
+               `choose_scheme` (Alg. 2's per-group INA/ring choice), `group_allreduce`
+               (a group's cost as a `sim.collectives.AllReduceModel`).
+- grouping.py  equal-size constrained k-means on min-cost flow (seeded restarts) and the
+               pairwise-swap perturbation of Alg. 2.
+- problem.py   NetProblem / NetWorkload: topology, model, GPU sets, workload and SLAs.
+- planner.py   Alg. 1: candidate (TP, PP) enumeration, grouping, switches, schemes,
+               KV paths, SLA check and scalability H by bisection -> NetPlan
+               (`to_deployments()` feeds the discrete-event simulator).
+- baselines.py DistServe (NCCL ring), DS-SwitchML (INA at the core), DS-ATP (best-effort
+               INA at the access switch) on the same topology.
+- online.py    the load-aware online scheduler: PolicyTable (eqs. 16-18), Controller,
+               candidate policies, concurrent all-reduce rounds on `sim.netsim.FlowSim`.
+- runner.py    serve a plan in the discrete-event simulator (`llmfabric simulate net`).
+"""

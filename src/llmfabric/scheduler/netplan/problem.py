@@ -1,0 +1,104 @@
+"""What a network plan is asked for: topology, model, GPU sets, workload and SLAs."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmfabric.sim.errors import SpecError
+from llmfabric.sim.models import ModelSpec, get_model
+from llmfabric.sim.topology import NodeId, Topology
+
+
+@dataclass(frozen=True, slots=True)
+class NetWorkload:
+    """Poisson arrivals at `rate` req/s with mean prompt/output lengths (K_in, K_out)."""
+
+    rate: float
+    mean_in: float
+    mean_out: float
+
+    def __post_init__(self) -> None:
+        for v in (self.rate, self.mean_in, self.mean_out):
+            if not math.isfinite(v) or v < 0:
+                raise SpecError("a workload needs finite rate, mean_in, mean_out >= 0")
+        if self.mean_in < 1 or self.mean_out < 1:
+            raise SpecError("mean_in and mean_out must be >= 1 token")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> NetWorkload:
+        """`{rate, mean_in, mean_out}` (YAML)."""
+        try:
+            doc = yaml.safe_load(Path(path).read_text())
+            return cls(float(doc.get("rate", 1.0)), float(doc["mean_in"]),
+                       float(doc["mean_out"]))
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError,
+                AttributeError) as exc:
+            raise SpecError(f"bad workload {path}: {exc!r}") from None
+
+
+@dataclass(frozen=True)
+class NetProblem:
+    """HeroServe's planning problem (Table I). `hop_latency`: None = the edges' own latencies,
+    a number per hop, 0 = the paper's pure-bandwidth form. `m_ina`: aggregator slots one INA
+    group holds at its switch. `nominal_decode_batch`: the batch whose all-reduce message
+    (batch x hidden x 2 B) decides a decode group's scheme."""
+
+    topology: Topology
+    model: ModelSpec
+    prefill_gpus: tuple[NodeId, ...]
+    decode_gpus: tuple[NodeId, ...]
+    workload: NetWorkload
+    sla_pre: float
+    sla_dec: float
+    r_frac: float = 0.8
+    max_candi: int = 20
+    m_ina: int = 1
+    hop_latency: float | None = None
+    seed: int = 0
+    nominal_decode_batch: int = 16
+    max_sweeps: int = 5
+    restarts: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.prefill_gpus or not self.decode_gpus:
+            raise SpecError("a network plan needs prefill and decode GPUs")
+        if set(self.prefill_gpus) & set(self.decode_gpus):
+            raise SpecError("prefill and decode GPU sets overlap")
+        for g in (*self.prefill_gpus, *self.decode_gpus):
+            self.topology.gpu(g)
+        if not 0 < self.r_frac <= 1 or self.sla_pre <= 0 or self.sla_dec <= 0:
+            raise SpecError("need 0 < r_frac <= 1 and positive SLAs")
+        if self.max_candi < 1 or self.m_ina < 1 or self.nominal_decode_batch < 1:
+            raise SpecError("max_candi, m_ina and nominal_decode_batch must be >= 1")
+
+    @staticmethod
+    def of(topology: Topology, model: str | ModelSpec, prefill: Sequence[str] | str,
+           decode: Sequence[str] | str, workload: NetWorkload, sla_pre: float,
+           sla_dec: float, **kw: Any) -> NetProblem:
+        """Build from GPU id lists or glob patterns (`gpu[0-7]`, `a100-*` matched
+        case-insensitively against GPU ids and GPU types)."""
+        return NetProblem(topology, get_model(model), select_gpus(topology, prefill),
+                          select_gpus(topology, decode), workload, sla_pre, sla_dec, **kw)
+
+
+def select_gpus(topology: Topology, spec: Sequence[str] | str) -> tuple[NodeId, ...]:
+    """GPUs named by a comma list or a sequence of ids / globs over ids and GPU types."""
+    items = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    out: list[NodeId] = []
+    for g in topology.gpus():
+        node = topology.gpu(g)
+        for pat in items:
+            p = str(pat).lower()
+            if fnmatch.fnmatch(str(g).lower(), p) or fnmatch.fnmatch(node.gpu_type.lower(), p):
+                out.append(g)
+                break
+    if not out:
+        raise SpecError(f"no GPU matches {spec!r}")
+    return tuple(out)

@@ -1,0 +1,296 @@
+"""Per-group parallel configuration (ThunderServe Algorithm 2, App. B; COMPANIONS.md §1.3a).
+
+A stage is TP GPUs of one type on one host (TP never spans types or nodes). For each TP in
+{1, 2, 4, 8} (heads divisible) and PP from the smallest that holds the weights to one more
+(<= max_pp), replicas are built greedily: among the stage-bucket multisets still available,
+the best single replica is taken, its GPUs removed, and again, so a group hosts DP copies
+(Table 3's "8 x A40, TP=2, 4 prefill replicas"); leftovers idle. A replica's stage order comes
+from the route search (all orders of <= 4 stages: the bitmask DP's optimum, by enumeration),
+minimising sum of alpha + act_bytes / beta over the boundaries (beta = the minimum bandwidth
+between the two stages' GPUs). Layers: memory-aware split proportional to prefill FLOP/s x TP
+(prefill) or HBM bandwidth x TP (decode) under per-stage memory caps (sim.layersplit).
+The group's configuration maximises capacity: prefill requests/s (sum of 1/latency over its
+replicas), decode tokens/s (sum of B_max / t_decode(B_max)).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from llmfabric.scheduler.errors import SpecError
+from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
+from llmfabric.sim.costs import StepCostModel, cost_model_for
+from llmfabric.sim.errors import InfeasibleError, SimError
+from llmfabric.sim.hardware import get_gpu
+from llmfabric.sim.layersplit import memory_aware_layers
+from llmfabric.sim.memory import memory_plan, weight_bytes
+from llmfabric.sim.models import ModelSpec
+from llmfabric.sim.parallel import Deployment, Link, Stage
+from llmfabric.sim.pipeline import PipelineCost
+
+Phase = Literal["prefill", "decode", "both"]
+TP_CHOICES = (1, 2, 4, 8)
+MAX_NUM_SEQS = 256
+DECODE_ROUTE_BATCH = 32  # sequences whose activations cross a decode stage boundary
+
+
+@dataclass(frozen=True, slots=True)
+class StageConfig:
+    gpus: tuple[int, ...]
+    type: str
+    layers: int
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicaConfig:
+    """One pipeline: its stages in route order, its simulator deployment and capacities."""
+
+    stages: tuple[StageConfig, ...]
+    deployment: Deployment
+    kv_capacity_tokens: int
+    latency_s: float          # prefill of one mean prompt
+    throughput_tps: float     # decode tokens/s at B_max
+    step: StepCostModel | PipelineCost
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(g for s in self.stages for g in s.gpus)
+
+    def decode_step_time(self, batch: int, context_per_seq: float) -> float:
+        return self.step.decode_step_time(batch, batch * context_per_seq)
+
+    def prefill_time(self, n_tokens: int) -> float:
+        return self.step.prefill_time([n_tokens])
+
+
+@dataclass(frozen=True, eq=False)
+class GroupConfig:
+    tp: int
+    pp: int
+    replica_configs: tuple[ReplicaConfig, ...]
+
+    @property
+    def replicas(self) -> int:
+        return len(self.replica_configs)
+
+    @property
+    def stages(self) -> tuple[StageConfig, ...]:
+        return self.replica_configs[0].stages
+
+    @property
+    def latency_s(self) -> float:
+        return min(r.latency_s for r in self.replica_configs)
+
+    @property
+    def throughput_tps(self) -> float:
+        return sum(r.throughput_tps for r in self.replica_configs)
+
+    @property
+    def prefill_rps(self) -> float:
+        return sum(1.0 / r.latency_s for r in self.replica_configs)
+
+
+Bucket = tuple[str, str]  # (host, type)
+
+
+def _buckets(gpus: Sequence[int], cluster: CloudCluster) -> dict[Bucket, list[int]]:
+    out: dict[Bucket, list[int]] = {}
+    for g in sorted(gpus):
+        spec = cluster.gpus[g]
+        out.setdefault((spec.host, spec.type), []).append(g)
+    return out
+
+
+class ConfigSearch:
+    """Algorithm 2 with caches (by GPU set and phase; by stage types and links)."""
+
+    def __init__(self, cluster: CloudCluster, model: ModelSpec, workload: PDWorkload, *,
+                 pipelined_pp: bool = True, max_pp: int = 4) -> None:
+        self.cluster, self.model, self.workload = cluster, model, workload
+        self.pipelined_pp, self.max_pp = pipelined_pp, max_pp
+        self._groups: dict[tuple[frozenset[int], str], GroupConfig | None] = {}
+        self._replicas: dict[tuple[object, ...], ReplicaConfig | None] = {}
+        self._routes: dict[tuple[str, tuple[Bucket, ...]], tuple[Bucket, ...]] = {}
+        self.mean_in = workload.mean_in
+        self.mean_out = workload.mean_out
+        self._weights = weight_bytes(model)
+
+    def deduce(self, gpus: frozenset[int], phase: Phase) -> GroupConfig | None:
+        key = (gpus, phase)
+        if key not in self._groups:
+            self._groups[key] = self._deduce(gpus, phase)
+        return self._groups[key]
+
+    def _deduce(self, gpus: frozenset[int], phase: Phase) -> GroupConfig | None:
+        buckets = _buckets(list(gpus), self.cluster)
+        m = self.model
+        best: tuple[float, GroupConfig] | None = None
+        for tp in TP_CHOICES:
+            if m.n_heads % tp or (m.n_kv_heads % tp and tp % m.n_kv_heads):
+                continue
+            slots = {b: len(ids) // tp for b, ids in buckets.items() if len(ids) >= tp}
+            if not slots:
+                continue
+            first_ok: int | None = None
+            for pp in range(1, self.max_pp + 1):
+                if first_ok is not None and pp > first_ok + 1:
+                    break
+                cfg = self._greedy_replicas(buckets, slots, tp, pp, phase)
+                if cfg is None:
+                    continue
+                first_ok = pp if first_ok is None else first_ok
+                score = cfg.throughput_tps if phase == "decode" else cfg.prefill_rps
+                if best is None or score > best[0] * (1 + 1e-9):
+                    best = (score, cfg)
+        return best[1] if best else None
+
+    def _greedy_replicas(self, buckets: dict[Bucket, list[int]], slots: dict[Bucket, int],
+                         tp: int, pp: int, phase: Phase) -> GroupConfig | None:
+        free = dict(slots)
+        taken = {b: 0 for b in buckets}
+        reps: list[ReplicaConfig] = []
+        while sum(free.values()) >= pp:
+            best: tuple[float, ReplicaConfig, tuple[Bucket, ...]] | None = None
+            avail = sorted(b for b, n in free.items() if n > 0)
+            for combo in itertools.combinations_with_replacement(avail, pp):
+                if any(combo.count(b) > free[b] for b in set(combo)):
+                    continue
+                if sum(get_gpu(b[1]).mem_bytes * tp for b in combo) < self._weights:
+                    continue
+                rep = self._replica(combo, tp, phase, buckets, taken)
+                if rep is None:
+                    continue
+                score = rep.throughput_tps if phase == "decode" else 1.0 / rep.latency_s
+                if best is None or score > best[0] * (1 + 1e-9):
+                    best = (score, rep, combo)
+            if best is None:
+                break
+            reps.append(best[1])
+            for b in best[2]:
+                free[b] -= 1
+                taken[b] += 1
+        return GroupConfig(tp, pp, tuple(reps)) if reps else None
+
+    def _route(self, combo: Sequence[Bucket], buckets: dict[Bucket, list[int]], phase: Phase
+               ) -> tuple[Bucket, ...]:
+        """The stage order with the cheapest activation path (ties: widest bottleneck)."""
+        if len(combo) == 1:
+            return tuple(combo)
+        key = (phase, tuple(combo))
+        if key in self._routes:
+            return self._routes[key]
+        tokens = self.mean_in if phase == "prefill" else DECODE_ROUTE_BATCH
+        act = tokens * self.model.hidden * self.model.act_bits / 8
+        best: tuple[float, float, tuple[Bucket, ...]] | None = None
+        for order in sorted(set(itertools.permutations(combo))):
+            cost, neck = 0.0, math.inf
+            for a, b in itertools.pairwise(order):
+                link = self._bucket_link(a, b, buckets)
+                cost += link.latency_s + act / link.bandwidth
+                neck = min(neck, link.bandwidth)
+            if best is None or (cost, -neck) < best[:2]:
+                best = (cost, -neck, order)
+        assert best is not None
+        self._routes[key] = best[2]
+        return best[2]
+
+    def _bucket_link(self, a: Bucket, b: Bucket, buckets: dict[Bucket, list[int]]) -> Link:
+        if a == b:
+            ids = buckets[a]
+            if len(ids) == 1:
+                return Link(math.inf, 0.0)
+            return self.cluster.link(ids, ids[::-1])
+        return self.cluster.link(buckets[a], buckets[b])
+
+    def _replica(self, combo: Sequence[Bucket], tp: int, phase: Phase,
+                 buckets: dict[Bucket, list[int]], taken: dict[Bucket, int]
+                 ) -> ReplicaConfig | None:
+        order = self._route(combo, buckets, phase)
+        links = tuple(self._bucket_link(a, b, buckets) for a, b in itertools.pairwise(order))
+        # links bucketed to factor-2 steps of bandwidth and 1 ms of latency: a replica's
+        # boundary links matter little next to its GPUs, and every bucket costs a model build
+        key = (phase, tp, tuple(b[1] for b in order),
+               tuple((round(math.log2(lk.bandwidth)) if math.isfinite(lk.bandwidth)
+                      else -1, round(lk.latency_s * 1e3)) for lk in links))
+        template = self._replicas.get(key, None) if key in self._replicas else self._build(
+            key, order, tp, phase, links)
+        if template is None:
+            return None
+        # concrete GPUs: the next free TP-slots of each bucket, in route order
+        used = dict(taken)
+        stages = []
+        for b, st in zip(order, template.stages, strict=True):
+            start = used[b] * tp
+            stages.append(StageConfig(tuple(buckets[b][start:start + tp]), b[1], st.layers))
+            used[b] += 1
+        return ReplicaConfig(tuple(stages), template.deployment, template.kv_capacity_tokens,
+                             template.latency_s, template.throughput_tps, template.step)
+
+    def _build(self, key: tuple[object, ...], order: Sequence[Bucket], tp: int, phase: Phase,
+               links: tuple[Link, ...]) -> ReplicaConfig | None:
+        specs = [get_gpu(b[1]) for b in order]
+        tps = [tp] * len(order)
+        weights = [(g.fp16_flops if phase == "prefill" else g.mem_bw) * tp for g in specs]
+        rep: ReplicaConfig | None = None
+        try:
+            layers = memory_aware_layers(self.model, specs, tps, weights=weights)
+        except InfeasibleError:
+            layers = None
+        if layers is not None:
+            dep = Deployment(self.model, tuple(Stage(g, tp, n)
+                                               for g, n in zip(specs, layers, strict=True)),
+                             pp_links=links)
+            plan = memory_plan(dep)
+            ctx = self.mean_in + self.mean_out / 2
+            if plan.fits and plan.kv_capacity_tokens >= self.mean_in + self.mean_out:
+                cost = cost_model_for(dep)
+                step: StepCostModel | PipelineCost = (
+                    PipelineCost(cost) if self.pipelined_pp and dep.pp > 1 else cost)
+                latency = cost.prefill_time([max(1, round(self.mean_in))])
+                b_max = max(1, min(MAX_NUM_SEQS, int(plan.kv_capacity_tokens // ctx)))
+                tps_ = b_max / step.decode_step_time(b_max, b_max * ctx)
+                stages = tuple(StageConfig((), b[1], n)
+                               for b, n in zip(order, layers, strict=True))
+                rep = ReplicaConfig(stages, dep, int(plan.kv_capacity_tokens), latency, tps_,
+                                    step)
+        self._replicas[key] = rep
+        return rep
+
+
+def deduce_config(gpus: frozenset[int], phase: Phase, model: ModelSpec, cluster: CloudCluster,
+                  workload: PDWorkload, *, pipelined_pp: bool = True) -> GroupConfig | None:
+    """Algorithm 2 for one group (None: the group cannot hold a replica)."""
+    return ConfigSearch(cluster, model, workload, pipelined_pp=pipelined_pp).deduce(gpus, phase)
+
+
+def replica_from_stages(model: ModelSpec, cluster: CloudCluster, workload: PDWorkload,
+                        tp: int, stages: Sequence[StageConfig], *,
+                        pipelined_pp: bool = True) -> ReplicaConfig:
+    """Rebuild a replica from its stages (a saved plan): same GPUs, types and layers."""
+    if not stages or any(len(s.gpus) != tp for s in stages):
+        raise SpecError("every stage needs exactly tp GPUs")
+    for s in stages:
+        if any(not 0 <= g < len(cluster.gpus) or cluster.gpus[g].type != get_gpu(s.type).name
+               for g in s.gpus):
+            raise SpecError(f"stage GPUs {list(s.gpus)} are not {s.type} GPUs of this cluster")
+    links = tuple(cluster.link(a.gpus, b.gpus) for a, b in itertools.pairwise(stages))
+    try:
+        dep = Deployment(model, tuple(Stage(get_gpu(s.type), tp, s.layers) for s in stages),
+                         pp_links=links)
+    except SimError as e:
+        raise SpecError(str(e)) from None
+    plan = memory_plan(dep)
+    if not plan.fits:
+        raise SpecError(f"{model.name} does not fit on stages {[s.gpus for s in stages]}")
+    cost = cost_model_for(dep)
+    step: StepCostModel | PipelineCost = (
+        PipelineCost(cost) if pipelined_pp and dep.pp > 1 else cost)
+    ctx = workload.mean_in + workload.mean_out / 2
+    b_max = max(1, min(MAX_NUM_SEQS, int(plan.kv_capacity_tokens // ctx)))
+    return ReplicaConfig(tuple(stages), dep, int(plan.kv_capacity_tokens),
+                         cost.prefill_time([max(1, round(workload.mean_in))]),
+                         b_max / step.decode_step_time(b_max, b_max * ctx), step)

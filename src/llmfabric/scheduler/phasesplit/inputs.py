@@ -1,0 +1,108 @@
+"""Loaders for `llmfabric plan pd`: the cluster YAML (instances of GPUs), the workload YAML
+(rate, mean lengths, SLO), the GPU-pair link CSV or a topology YAML. Hostile documents raise
+SpecError with what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmfabric.scheduler.errors import SpecError
+from llmfabric.scheduler.phasesplit.problem import GPU, CloudCluster, PDWorkload
+from llmfabric.sim.errors import SimError
+from llmfabric.sim.hardware import get_gpu
+from llmfabric.sim.linkmatrix import LinkMatrix
+from llmfabric.sim.results import SLO
+from llmfabric.sim.topology import Topology
+
+
+def _read(path: str | Path) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(f"{path}: {e}") from None
+
+
+def _num(doc: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    v = doc.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+        raise SpecError(f"{where}: {key} must be a number")
+    return float(v)
+
+
+def load_gpus(path: str | Path) -> list[GPU]:
+    """instances: [{gpu: RTX-A6000, count: 4, host: a6000-0}, ...]; GPU ids 0.. in order."""
+    doc = _read(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list) or \
+            not doc["instances"]:
+        raise SpecError(f"{path}: expected `instances:` with a list of {{gpu, count, host}}")
+    gpus: list[GPU] = []
+    hosts: set[str] = set()
+    for k, inst in enumerate(doc["instances"]):
+        if not isinstance(inst, dict):
+            raise SpecError(f"{path}: instance {k} must be a mapping")
+        count = inst.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
+            raise SpecError(f"{path}: instance {k}: count must be an int in 1..64")
+        try:
+            gpu_type = get_gpu(str(inst.get("gpu"))).name
+        except SimError as e:
+            raise SpecError(f"{path}: instance {k}: {e}") from None
+        host = str(inst.get("host", f"inst{k}"))
+        if host in hosts:
+            raise SpecError(f"{path}: host {host!r} appears twice")
+        hosts.add(host)
+        gpus += [GPU(len(gpus) + i, gpu_type, host) for i in range(count)]
+    return gpus
+
+
+def load_cluster(cluster_path: str | Path | None, links_path: str | Path | None,
+                 topology_path: str | Path | None) -> CloudCluster:
+    if topology_path is not None:
+        if links_path is not None:
+            raise SpecError("give --links or --topology, not both")
+        try:
+            return CloudCluster.from_topology(Topology.from_yaml(topology_path))
+        except SimError as e:
+            raise SpecError(f"{topology_path}: {e}") from None
+    if cluster_path is None or links_path is None:
+        raise SpecError("give --cluster with --links, or --topology")
+    gpus = load_gpus(cluster_path)
+    try:
+        links = LinkMatrix.from_csv(links_path)
+    except SimError as e:
+        raise SpecError(f"{links_path}: {e}") from None
+    return CloudCluster.from_links(gpus, links)
+
+
+def load_workload(path: str | Path, *, slo_ttft: float | None = None,
+                  slo_tpot: float | None = None, rate: float | None = None) -> PDWorkload:
+    """rate, mean_in, mean_out[, cv, samples, seed][, slo: {ttft_s, tpot_s, e2e_s}]."""
+    doc = _read(path)
+    where = str(path)
+    if not isinstance(doc, dict):
+        raise SpecError(f"{where}: expected a mapping with rate, mean_in, mean_out")
+    slo_doc = doc.get("slo") or {}
+    if not isinstance(slo_doc, dict):
+        raise SpecError(f"{where}: slo must be a mapping")
+    slo_vals = {}
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        if slo_doc.get(key) is not None:
+            slo_vals[key] = _num(slo_doc, key, where)
+    if slo_ttft is not None:
+        slo_vals["ttft_s"] = slo_ttft
+    if slo_tpot is not None:
+        slo_vals["tpot_s"] = slo_tpot
+    try:
+        slo = SLO(**slo_vals)
+    except SimError as e:
+        raise SpecError(f"{where}: {e}") from None
+    samples = int(_num(doc, "samples", where, 256))
+    if not 1 <= samples <= 100_000:
+        raise SpecError(f"{where}: samples must be in 1..100000")
+    return PDWorkload.from_means(rate if rate is not None else _num(doc, "rate", where),
+                                 _num(doc, "mean_in", where), _num(doc, "mean_out", where),
+                                 cv=_num(doc, "cv", where, 0.5), slo=slo, n=samples,
+                                 seed=int(_num(doc, "seed", where, 0)))

@@ -1,0 +1,49 @@
+"""One polling helper for tests that wait on real time (sockets, subprocesses).
+
+Code on an injected clock needs none of this: advance a FakeClock (`run_until`). Real
+sockets and processes can only be polled:
+
+    await wait_until(lambda: b.connected(a.local_id), 5.0, "b dialled a")
+    wait_until_sync(lambda: port_open(p), 10.0, "the engine's port", ignore=(OSError,))
+
+Both raise AssertionError("not within Ns: WHAT") when the predicate stays false; exceptions
+of the `ignore` types count as false (a server that is not up yet refuses connections).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+def _holds(predicate: Callable[[], object], ignore: tuple[type[BaseException], ...]) -> bool:
+    try:
+        return bool(predicate())
+    except ignore:
+        return False
+
+
+async def wait_until(
+    predicate: Callable[[], object], within: float = 5.0, what: str = "", *,
+    interval: float = 0.01, ignore: tuple[type[BaseException], ...] = (),
+) -> None:
+    """Poll `predicate` every `interval` s on the running loop until it holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not _holds(predicate, ignore):
+        if loop.time() >= deadline:
+            raise AssertionError(f"not within {within}s: {what or predicate}")
+        await asyncio.sleep(interval)
+
+
+def wait_until_sync(
+    predicate: Callable[[], object], within: float = 5.0, what: str = "", *,
+    interval: float = 0.05, ignore: tuple[type[BaseException], ...] = (),
+) -> None:
+    """`wait_until` for synchronous tests (blocks the thread between polls)."""
+    deadline = time.monotonic() + within
+    while not _holds(predicate, ignore):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {within}s: {what or predicate}")
+        time.sleep(interval)

@@ -1,0 +1,91 @@
+"""`llmfabric controller --launcher slurm` on a REAL Slurm: no job while nobody asks, a job
+once the ingress observes demand beyond the fleet's capacity, the job's node joins and serves,
+and a replacement is submitted ahead of the job's allocation end (pre-launch)."""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+
+from llmfabric.node.local_fabric import LocalFabric
+
+from ._slurm_cluster import SlurmCluster
+from .test_slurm_jobs import MODEL, SRC, job_nodes, write_profile
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def our_jobs(slurm: SlurmCluster) -> list[str]:
+    out = slurm.run("squeue", "-h", "--name", "llmfabric-sim", "-o", "%i").stdout
+    return out.split()
+
+
+def test_controller_launches_a_job_when_demand_rises(
+        slurm: SlurmCluster, tmp_path: pathlib.Path) -> None:
+    with LocalFabric(tmp_path / "fabric") as fab:
+        ingress = fab.start_ingress("--demand-interval", "0.5")
+        from llmfabric.node.local_fabric import EngineSpec
+
+        fab.add_node(EngineSpec(MODEL, "L40S", speed=50), "anchor")
+        fab.wait_serving({MODEL: 1}, timeout=60)
+        # 2-minute jobs that drain 45 s before their end; a replacement needs 50 s to serve:
+        # a job is due for replacement 25 s after it starts.
+        profile = write_profile(tmp_path, fab, time="2", controller={
+            "model": MODEL, "capacity_rps": 0.5, "max_jobs": 1, "startup_s": 50,
+            "idle_s": 600})
+        log = (tmp_path / "controller.log").open("w")
+        ctl = subprocess.Popen(
+            [sys.executable, "-m", "llmfabric.cli.main", "controller", "--launcher", "slurm",
+             "--profile", str(profile), "--bootstrap", ingress.peer_addr,
+             "--network-secret", fab.secret, "--preset", "local", "--home",
+             str(tmp_path / "ctl"), "--listen", "127.0.0.1:0", "--interval", "1",
+             "--settle", "1"],
+            env={**slurm.env, "PYTHONPATH": SRC}, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            time.sleep(6)
+            assert our_jobs(slurm) == [], "no demand, no job"
+            client = openai.OpenAI(base_url=ingress.http_url + "/v1", api_key=fab.admin_key(),
+                                   max_retries=0)
+            for _ in range(25):  # ~2.5 req/s over the demand window's first bucket
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not our_jobs(slurm):
+                time.sleep(0.5)
+            jobs = our_jobs(slurm)
+            assert len(jobs) == 1, (tmp_path / "controller.log").read_text()[-2000:]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError, ValueError):
+                    if any(n["state"] == "SERVING" for n in job_nodes(fab, jobs[0])):
+                        break
+                time.sleep(0.5)
+            else:
+                raise AssertionError("the launched job's node never served")
+            text = (tmp_path / "controller.log").read_text()
+            assert f"submitted Slurm job {jobs[0]}" in text and "needs" in text
+            assert "replacing" not in text
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(our_jobs(slurm)) < 2:
+                time.sleep(0.5)
+            assert len(our_jobs(slurm)) == 2 and jobs[0] in our_jobs(slurm), "pre-launch"
+            text = (tmp_path / "controller.log").read_text()
+            assert "before a new job could serve: replacing" in text, text[-2000:]
+        finally:
+            ctl.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                ctl.wait(timeout=15)
+            if ctl.poll() is None:
+                ctl.kill()
+            for job in our_jobs(slurm):
+                slurm.run("scancel", "--signal=TERM", "--batch", job)
+            deadline = time.monotonic() + 30
+            while our_jobs(slurm) and time.monotonic() < deadline:
+                time.sleep(0.5)

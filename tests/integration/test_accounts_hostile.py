@@ -1,0 +1,183 @@
+"""Accounts under abuse: a provider claiming absurd usage, a key trying to grow its own
+powers, an owner trying to pass for the admin (on both backends: `accounts_db`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from llmfabric.accounts import AccountStore, PermissionDenied
+from llmfabric.accounts.errors import RateLimited
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
+from llmfabric.accounts.ratelimit import RateLimiter
+from llmfabric.ingress.accounts_auth import AccountsAuth
+from llmfabric.ingress.usage import StreamUsageScanner, usage_from_body
+from llmfabric.testing.fake_clock import FakeClock
+
+pytestmark = pytest.mark.hostile
+
+
+@pytest.fixture
+async def store(accounts_db: str) -> AsyncIterator[AccountStore]:
+    s = await AccountStore.open(accounts_db, clock=FakeClock(), background=False)
+    yield s
+    await s.aclose()
+
+
+def test_absurd_usage_claims_are_clamped_where_they_are_read() -> None:
+    body = b'{"usage": {"prompt_tokens": 18446744073709551615, "completion_tokens": -7}}'
+    assert usage_from_body(body) == (MAX_TOKENS_PER_REQUEST, 0)
+    scan = StreamUsageScanner(strip_usage_chunk=False)
+    scan.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 1e300, '
+              b'"completion_tokens": 99999999999999999999999}}\n\n')
+    assert scan.usage is None  # a float prompt count is not a usage report
+    scan.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 18446744073709551615, '
+              b'"completion_tokens": -1}}\n\n')
+    assert scan.usage == (MAX_TOKENS_PER_REQUEST, 0)
+    assert usage_from_body(b'{"usage": {"prompt_tokens": true}}') is None
+
+
+async def test_a_provider_claiming_2_64_tokens_breaks_neither_flush_nor_refresh(
+    store: AccountStore,
+) -> None:
+    key, plain = await store.create_key("app", "alice")
+    auth = AccountsAuth(store, RateLimiter(FakeClock()))
+    for _ in range(3):
+        auth.record(key.id, "m", 2**64 - 1, 2**64 - 1)  # what a hostile provider reports
+    auth.record(key.id, "m", 10, 5)
+    store.record_usage(key.id, "raw", 2**64 - 1, -1)  # even unclamped callers
+    assert await store.flush() == 2
+    rows = {r.model: r for r in await store.usage(key_id=key.id)}
+    assert rows["m"].prompt_tokens == 3 * MAX_TOKENS_PER_REQUEST + 10
+    assert rows["raw"].completion_tokens == 0 and rows["raw"].requests == 1
+    # the ledger keeps flushing and revocations made elsewhere are still seen
+    store.record_usage(key.id, "m", 1, 1)
+    assert await store.flush() == 1
+    await store.revoke(key.id, by=None)
+    await store.refresh()
+    assert await store.authenticate(plain) is None
+
+
+async def test_a_row_the_database_refuses_is_quarantined_and_the_rest_is_written(
+    store: AccountStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, _ = await store.create_key("app", "alice")
+    db = store._db
+    real = db.executemany
+
+    async def picky(sql: str, rows: list[tuple[object, ...]]) -> None:
+        if any(r[1] == "poison" for r in rows):
+            raise ValueError("refused")
+        await real(sql, rows)
+
+    monkeypatch.setattr(db, "executemany", picky)
+    for model in ("a", "poison", "b"):
+        store.record_usage(key.id, model, 1, 1)
+    assert await store.flush() == 2
+    ledger = store._ledger
+    assert [r[1] for r in ledger.quarantined] == ["poison"] and ledger.pending_rows == 0
+    store.record_usage(key.id, "a", 1, 1)  # later flushes are not stuck behind it
+    assert await store.flush() == 1
+    assert {r.model: r.requests for r in await store.usage(key_id=key.id)} == {"a": 2, "b": 1}
+
+
+async def test_a_database_that_is_down_keeps_every_row_for_later(
+    store: AccountStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, _ = await store.create_key("app", "alice")
+    db = store._db
+    real_many, real_fetch = db.executemany, db.fetchall
+
+    async def down(*args: object) -> None:
+        raise ConnectionError("database down")
+
+    monkeypatch.setattr(db, "executemany", down)
+    monkeypatch.setattr(db, "fetchall", down)
+    store.record_usage(key.id, "a", 3, 4)
+    with pytest.raises(ConnectionError):
+        await store._ledger.flush()
+    assert store._ledger.pending_rows == 1 and not store._ledger.quarantined
+    monkeypatch.setattr(db, "executemany", real_many)
+    monkeypatch.setattr(db, "fetchall", real_fetch)
+    assert await store.flush() == 1
+
+
+async def test_a_key_cannot_mint_keys_with_more_than_its_own_limits(store: AccountStore) -> None:
+    parent, parent_plain = await store.create_key("p", "alice", requests_per_min=10,
+                                                  tokens_per_min=1000)
+    child, child_plain = await store.create_key("c", "alice", by=parent)
+    assert (child.requests_per_min, child.tokens_per_min) == (10, 1000)
+    lower, _ = await store.create_key("l", "alice", requests_per_min=5, by=parent)
+    assert (lower.requests_per_min, lower.tokens_per_min) == (5, 1000)
+    with pytest.raises(PermissionDenied, match="higher than the creating key"):
+        await store.create_key("x", "alice", requests_per_min=11, by=parent)
+    # and more keys do not mean more allowance: the owner as a whole keeps 10 requests/min
+    assert store.owner_limits("alice") == (10, 1000)
+    limiter = RateLimiter(FakeClock())
+    plains = [parent_plain, child_plain]
+    for _ in range(5):
+        plains.append((await store.create_key("k", "alice", by=parent))[1])
+    admitted = 0
+    for i in range(40):  # round-robin over 7 keys of alice, each allowed 10/min on its own
+        k = await store.authenticate(plains[i % len(plains)])
+        assert k is not None and k.owner_requests_per_min == 10
+        try:
+            limiter.check(k)
+            admitted += 1
+        except RateLimited:
+            pass
+    assert admitted == 10
+
+
+async def test_keys_per_owner_are_capped(accounts_db: str) -> None:
+    from llmfabric.accounts.db import open_backend
+
+    store = AccountStore(await open_backend(accounts_db), clock=FakeClock(),
+                         max_keys_per_owner=3)
+    try:
+        await store.refresh()
+        first = [await store.create_key(f"k{i}", "bob") for i in range(3)]
+        with pytest.raises(PermissionDenied, match="active keys"):
+            await store.create_key("k3", "bob")
+        await store.revoke(first[0][0].id, by=None)
+        await store.create_key("k3", "bob")  # revoking frees a slot
+    finally:
+        await store.aclose()
+
+
+async def test_the_admin_owner_name_cannot_be_claimed(store: AccountStore) -> None:
+    for name in ("admin", " Admin ", "ADMIN"):
+        with pytest.raises(PermissionDenied, match="reserved"):
+            await store.create_key("mine", name)
+    admin, _ = await store.create_key("ops", "admin", admin=True)
+    assert admin.admin and admin.owner == "admin"
+    with pytest.raises(Exception, match="printable"):
+        await store.create_key("x", "bob\r\nX-Injected: 1")
+
+
+async def test_flush_task_survives_a_failing_flush_and_still_refreshes(
+    accounts_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    store = await AccountStore.open(accounts_db, clock=clock, flush_interval_s=1.0,
+                                    refresh_interval_s=2.0)
+    try:
+        key, plain = await store.create_key("app", "alice")
+
+        async def broken() -> int:
+            raise RuntimeError("flush keeps failing")
+
+        monkeypatch.setattr(store._ledger, "flush", broken)
+        # revoke behind the store's back (another process), then wait for its refresh
+        await store._db.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?",
+                                (clock.wall(), key.id))
+        assert await store.authenticate(plain) is not None  # cached until the refresh
+        await clock.advance(5.0)
+        await asyncio.sleep(0.05)
+        await clock.advance(1.0)
+        assert await store.authenticate(plain) is None
+    finally:
+        monkeypatch.undo()
+        await store.aclose()

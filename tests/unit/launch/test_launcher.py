@@ -1,0 +1,110 @@
+"""The launcher as executor: it observes a (fake, stateful) Slurm queue and the registry,
+applies `capacity.decide`'s decisions with sbatch/scancel, on a virtual clock."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from llmfabric.launch.launcher import SlurmLauncher, job_views
+from llmfabric.launch.profile import parse_profile
+from llmfabric.launch.slurm import Slurm
+from llmfabric.registry.records import Lifecycle, LoadHints, NodeMeta, NodeRecord
+from llmfabric.testing.fake_clock import FakeClock
+
+
+def iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).isoformat(timespec="seconds")
+
+
+class FakeSlurm:
+    """sbatch/squeue/scancel over an in-memory queue; jobs start when `start()` is called."""
+
+    def __init__(self, clock: FakeClock, time_limit_s: float) -> None:
+        self.clock = clock
+        self.limit = time_limit_s
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.cancelled: list[list[str]] = []
+        self.scripts: list[str] = []
+
+    def start(self, job: str) -> None:
+        self.jobs[job].update(state="RUNNING", end=self.clock.wall() + self.limit)
+
+    def __call__(self, argv: Sequence[str], stdin: str | None) -> tuple[int, str, str]:
+        if argv[:2] == ["sbatch", "--parsable"]:
+            job = str(100 + len(self.jobs))
+            self.jobs[job] = {"state": "PENDING", "end": None}
+            self.scripts.append(stdin or "")
+            return 0, f"{job}\n", ""
+        if argv[:2] == ["sbatch", "--test-only"]:
+            at = iso(self.clock.wall() + 60)
+            return 0, "", f"sbatch: Job 9 to start at {at} using 1 processors on nodes n1\n"
+        if argv[0] == "squeue":
+            assert "--me" in argv  # never another user's jobs of the same name
+            rows = [f"{j}|llmfabric-sim|{v['state']}|N/A|"
+                    f"{iso(v['end']) if v['end'] else 'N/A'}|None|n1"
+                    for j, v in self.jobs.items()]
+            return 0, "\n".join(rows) + "\n", ""
+        if argv[0] == "scancel":
+            self.cancelled.append(list(argv))
+            self.jobs.pop(argv[-1], None)
+            return 0, "", ""
+        return 1, "", f"unexpected {argv}"
+
+
+PROFILE = parse_profile({
+    "name": "sim", "time": "60", "signal_lead": 120, "engine": "llmfabric engine sim",
+    "fabric": {"bootstrap": ["i:7946"], "secret_file": "/s"},
+    "controller": {"model": "m", "capacity_rps": 1.0, "max_jobs": 3, "startup_s": 60,
+                   "idle_s": 300}})
+
+
+def node_of(job: str, inflight: int = 0) -> NodeRecord:
+    meta = NodeMeta(labels=(("slurm_job", job),), load=LoadHints(inflight=inflight))
+    return NodeRecord(f"s{job}", "p", b"", Lifecycle.SERVING, 0, 0, 0.0, meta)
+
+
+async def test_grows_replaces_and_shrinks_the_fleet() -> None:
+    clock = FakeClock(wall_start=datetime.datetime(2026, 11, 24, 3).timestamp())
+    fake = FakeSlurm(clock, 3600)
+    demand = [2.5]
+    records: list[NodeRecord] = []
+    launcher = SlurmLauncher(Slurm(fake), PROFILE, clock, lambda: demand[0], lambda: records)
+
+    assert [type(d).__name__ for d in await launcher.step()] == ["SubmitJobs"]
+    assert sorted(fake.jobs) == ["100", "101"]  # 2 a round at most
+    assert "--signal=B:TERM@120" in fake.scripts[0]
+    await launcher.step()
+    assert sorted(fake.jobs) == ["100", "101", "102"]  # 3 needed
+    assert await launcher.step() == []  # queued jobs count: no more submissions
+    for job in list(fake.jobs):
+        fake.start(job)
+    records[:] = [node_of(j) for j in fake.jobs]
+    assert await launcher.step() == []
+
+    # Allocations end in an hour; with a 60 s queue wait and 60 s startup, replacements go
+    # out once the drain moment (end - 120 s) is less than 120 s away.
+    await clock.advance(3600 - 120 - 121)
+    assert await launcher.step() == []
+    await clock.advance(2)
+    out = await launcher.step()
+    assert [type(d).__name__ for d in out] == ["SubmitJobs"] and "replacing" in out[0].reason
+
+    # Demand gone: after the idle hysteresis, queued replacements are cancelled first.
+    demand[0] = 0.0
+    before = len(fake.jobs)
+    await launcher.step()
+    await clock.advance(301)
+    await launcher.step()
+    assert len(fake.jobs) == before - 1 and fake.cancelled[-1] == ["scancel", "104"]
+
+
+def test_job_views_join_the_registry_by_label() -> None:
+    records = [node_of("7", inflight=2),
+               NodeRecord("x", "p", b"", Lifecycle.LEFT, 0, 0, 0.0,
+                          NodeMeta(labels=(("slurm_job", "8"),)))]
+    views = job_views([("7", "RUNNING", 1.0), ("8", "RUNNING", 2.0), ("9", "PENDING", None)],
+                      records)
+    assert [(v.job_id, v.serving, v.inflight) for v in views] == [
+        ("7", True, 2), ("8", False, 0), ("9", False, 0)]

@@ -1,0 +1,115 @@
+"""The Slurm client wrapper on Slurm's real output shapes (22.05), with a fake runner."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+
+import pytest
+
+from llmfabric.launch.allocation import allocation_end
+from llmfabric.launch.errors import SlurmError
+from llmfabric.launch.slurm import Slurm, parse_test_only, parse_time
+
+SCONTROL = ("JobId=7 JobName=llmfabric-sim UserId=root(0) JobState=RUNNING TimeLimit=00:02:00 "
+            "StartTime=2026-11-24T02:25:13 EndTime=2026-11-24T02:27:13 Deadline=N/A")
+
+
+class FakeRunner:
+    def __init__(self, answers: dict[str, tuple[int, str, str]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[list[str], str | None]] = []
+
+    def __call__(self, argv: Sequence[str], stdin: str | None) -> tuple[int, str, str]:
+        self.calls.append((list(argv), stdin))
+        return self.answers.get(argv[0], (0, "", ""))
+
+
+def local(text: str) -> float:
+    return datetime.datetime.fromisoformat(text).timestamp()
+
+
+def test_submit_parses_the_job_id_and_sends_the_script_on_stdin() -> None:
+    run = FakeRunner({"sbatch": (0, "1234;cluster\n", "")})
+    assert Slurm(run).submit("#!/bin/bash\n") == "1234"
+    assert run.calls == [(["sbatch", "--parsable"], "#!/bin/bash\n")]
+
+
+def test_a_rejected_submission_is_slurms_last_line() -> None:
+    err = ("sbatch: error: invalid partition specified: nope\n"
+           "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
+    with pytest.raises(SlurmError) as info:
+        Slurm(FakeRunner({"sbatch": (1, "", err)})).submit("x")
+    assert str(info.value) == "Batch job submission failed: Invalid partition name specified"
+
+
+def test_queue_rows_and_start_estimates() -> None:
+    out = ("12|llmfabric-sim|RUNNING|2026-11-24T02:25:13|2026-11-24T02:27:13|None|vm\n"
+           "13|llmfabric-sim|PENDING|2026-11-24T03:00:00|2026-11-24T03:02:00|Resources|\n")
+    jobs = Slurm(FakeRunner({"squeue": (0, out, "")})).queue(name="llmfabric-sim")
+    assert [(j.job_id, j.state) for j in jobs] == [("12", "RUNNING"), ("13", "PENDING")]
+    assert jobs[0].end == local("2026-11-24T02:27:13")
+    assert jobs[1].end is None and jobs[1].start == local("2026-11-24T03:00:00")
+    assert Slurm(FakeRunner({"squeue": (1, "", "slurm_load_jobs error: Invalid job id "
+                                              "specified")})).queue(["99"]) == []
+
+
+def test_test_only_start_estimate() -> None:
+    err = "sbatch: Job 2 to start at 2026-11-24T02:26:12 using 1 processors on nodes vm\n"
+    assert parse_test_only(err) == local("2026-11-24T02:26:12")
+    assert parse_test_only("sbatch: error: nope") is None
+    assert parse_time("N/A") is None and parse_time("Unknown") is None
+
+
+def test_allocation_end_prefers_the_env_then_scontrol() -> None:
+    run = FakeRunner({"scontrol": (0, SCONTROL, "")})
+    assert allocation_end({}, run) is None  # not in a job
+    assert allocation_end({"SLURM_JOB_ID": "7", "SLURM_JOB_END_TIME": "1800000000"},
+                          run) == 1800000000.0
+    assert run.calls == []
+    assert allocation_end({"SLURM_JOB_ID": "7"}, run) == local("2026-11-24T02:27:13")
+    assert run.calls[0][0] == ["scontrol", "show", "job", "-o", "7"]
+    assert allocation_end({"SLURM_JOB_ID": "7"}, FakeRunner(
+        {"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified")})) is None
+    assert allocation_end({"SLURM_JOB_ID": "7"}, FakeRunner(
+        {"scontrol": (0, SCONTROL.replace("2026-11-24T02:27:13", "Unknown"), "")})) is None
+
+
+def test_status_rows_join_the_queue_accounting_and_the_fabric() -> None:
+    from llmfabric.cli.slurm import job_rows
+
+    squeue = "12|llmfabric-sim|RUNNING|2026-11-24T02:25:13|2026-11-24T02:27:13|None|vm\n"
+    run = FakeRunner({"squeue": (0, squeue, ""),
+                      "sacct": (1, "", "Slurm accounting storage is disabled")})
+    nodes = [{"session_id": "s-old", "state": "LEFT", "labels": {"slurm_job": "12"},
+              "models": []},
+             {"session_id": "s-new", "state": "SERVING", "labels": {"slurm_job": "12"},
+              "models": [{"id": "m"}], "alloc_end": 5.0},
+             {"session_id": "other", "state": "SERVING", "labels": {}, "models": []}]
+    rows = job_rows(Slurm(run), ["12", "13"], None, nodes)
+    assert [r["job"] for r in rows] == ["12", "13"]
+    assert rows[0]["state"] == "RUNNING"
+    assert rows[0]["fabric"] == [{"session_id": "s-new", "state": "SERVING",
+                                  "suspected": False, "models": ["m"], "alloc_end": 5.0}]
+    assert rows[1]["state"] == "GONE" and "accounting storage is disabled" in rows[1]["note"]
+    done = FakeRunner({"squeue": (0, "", ""),
+                       "sacct": (0, "13|COMPLETED|0:0|00:01:02\n13.batch|COMPLETED|0:0|x\n", "")})
+    assert job_rows(Slurm(done), ["13"], None, None) == [
+        {"job": "13", "state": "COMPLETED", "exit": "0:0", "elapsed": "00:01:02"}]
+
+
+def test_status_ignores_malformed_fabric_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import json as _json
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    body = {"nodes": [{"session_id": "ok", "state": "SERVING", "labels": {"slurm_job": "1"},
+                       "models": [{"id": "m"}]},
+                      {"session_id": "bad", "state": "SERVING", "labels": ["slurm_job"]},
+                      {"session_id": 7, "state": "SERVING", "labels": {}},
+                      {"session_id": "bad2", "state": "JOIN", "labels": {}, "models": [3]},
+                      "junk"]}
+    monkeypatch.setattr(cli_slurm.urllib.request, "urlopen",
+                        lambda *a, **k: io.BytesIO(_json.dumps(body).encode()))
+    assert [n["session_id"] for n in cli_slurm._fabric_nodes("http://x")] == ["ok"]

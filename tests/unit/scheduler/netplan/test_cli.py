@@ -1,0 +1,81 @@
+"""`llmfabric plan net`, `simulate collective`, `simulate net` through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmfabric.cli.main import cli
+
+pytestmark = pytest.mark.unit
+
+EX = Path(__file__).parents[4] / "examples" / "heroserve"
+
+
+def test_simulate_collective_json() -> None:
+    res = CliRunner().invoke(cli, ["simulate", "collective", "--topology",
+                                   str(EX / "testbed-2tracks.yaml"), "--group",
+                                   "gpu0,gpu1,gpu4,gpu5", "--bytes", "1MB", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["bytes"] == 1e6 and set(doc["ina"]) == {"access0", "access1", "core0"}
+    assert doc["choice"]["scheme"] in {"ina", "ring"}
+    bad = CliRunner().invoke(cli, ["simulate", "collective", "--topology",
+                                   str(EX / "testbed-2tracks.yaml"), "--group", "gpu0,nope"])
+    assert bad.exit_code != 0 and "nope" in bad.output
+
+
+def test_plan_net_then_simulate_net(tmp_path: Path) -> None:
+    out = tmp_path / "netplan.json"
+    res = CliRunner().invoke(cli, [
+        "plan", "net", "--topology", str(EX / "testbed-2tracks.yaml"), "--model", "opt-66b",
+        "--prefill-gpus", "a100-*", "--decode-gpus", "v100-*", "--workload",
+        str(EX / "sharegpt.yaml"), "--sla-ttft", "2.5", "--sla-tpot", "0.15", "--compare",
+        "--json", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["plan"]["system"] == "heroserve" and len(doc["compare"]) == 3
+    assert json.loads(out.read_text()) == doc
+    sim = CliRunner().invoke(cli, ["simulate", "net", "--plan", str(out), "--rate", "1",
+                                   "--duration", "20", "--json"])
+    assert sim.exit_code == 0, sim.output
+    got = json.loads(sim.output)
+    assert got["n_completed"] > 0 and got["p_all"] == doc["plan"]["p_all"]
+
+
+def test_base_commands_still_run_without_subcommand() -> None:
+    res = CliRunner().invoke(cli, ["plan", "--help"])
+    assert res.exit_code == 0 and "--cluster" in res.output and "plan net" in res.output
+    res2 = CliRunner().invoke(cli, ["simulate", "net", "--help"])
+    assert res2.exit_code == 0 and "--plan" in res2.output
+
+
+@pytest.mark.parametrize("text,value", [("1MB", 1e6), ("512KiB", 524288.0), ("4e6", 4e6),
+                                        ("0", 0.0), ("2 GB", 2e9)])
+def test_parse_bytes(text: str, value: float) -> None:
+    from llmfabric.cli.netplan import parse_bytes
+
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "MB", "-1MB", "1PB", "1e999", "nan", "1..2MB"])
+def test_parse_bytes_rejects(text: str) -> None:
+    import click
+
+    from llmfabric.cli.netplan import parse_bytes
+
+    with pytest.raises(click.BadParameter):
+        parse_bytes(text)
+
+
+def test_hostile_plan_file_is_a_clean_error(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    for content in ("[]", "{}", '{"inputs": {"topology": "/nonexistent"}}', "not json"):
+        bad.write_text(content)
+        res = CliRunner().invoke(cli, ["simulate", "net", "--plan", str(bad), "--rate", "1"])
+        assert res.exit_code != 0
+        assert "Traceback" not in res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
