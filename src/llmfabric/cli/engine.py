@@ -46,11 +46,21 @@ def command() -> None:
 @click.option("--log-line", default="", help="print this line to stdout after --log-after s")
 @click.option("--log-after", type=click.FloatRange(min=0), default=0.0)
 @click.option("--ignore-sigterm", is_flag=True, help="ignore SIGTERM (tests SIGKILL escalation)")
+@click.option("--flying", is_flag=True,
+              help="Flying Serving: the --dp batchers bind into TP batchers online "
+                   "(GET /dtp_status, POST /dtp_switch)")
+@click.option("--widths", "flying_widths", default="1,2", show_default=True,
+              help="with --flying: allowed group widths (powers of two dividing --dp)")
+@click.option("--switch-policy", default=None,
+              type=click.Choice(["load_threshold", "hysteresis", "priority", "context_length",
+                                 "scheduled"]),
+              help="with --flying: switch automatically under this policy")
 def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: int, speed: float,
         slow: float, max_model_len: int | None, startup_delay: float,
         crash_after_requests: int, hang_after_requests: int, fail_after_requests: int,
         fail_status: int, exit_after: float, log_line: str, log_after: float,
-        ignore_sigterm: bool) -> None:
+        ignore_sigterm: bool, flying: bool, flying_widths: str,
+        switch_policy: str | None) -> None:
     """Serve MODEL(s) through an OpenAI-compatible API with simulated GPU timing.
 
     Misbehaviour on demand: POST /sim/control {"action": "crash"|"hang"|"slow"|"fail"|"log"|
@@ -62,7 +72,9 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
         crash_after_requests=crash_after_requests, hang_after_requests=hang_after_requests,
         fail_after_requests=fail_after_requests, fail_status=fail_status,
         exit_after_s=exit_after, log_line=log_line, log_after_s=log_after,
-        ignore_sigterm=ignore_sigterm,
+        ignore_sigterm=ignore_sigterm, flying=flying,
+        widths=tuple(int(w) for w in flying_widths.split(",") if w.strip()),
+        switch_policy=switch_policy,
     )
     asyncio.run(serve(config))
 

@@ -5,6 +5,8 @@
     llmfabric simulate --model qwen3-32b --gpu H100 --tp 2 --concurrency 64 \\
         --engine-profile sglang          # closed loop: steady-state and first-wave TTFT
     llmfabric simulate e2e ROWS.csv --json OUT   # replay measured end-to-end rows (MAPE)
+    llmfabric simulate flying --model llama-3.1-70b --gpu H200 --gpus 8 --base-tp 2 \\
+        --widths 1,2,4 --arrival onoff --plot t.png   # Flying Serving (cli/simulate_flying.py)
 """
 
 from __future__ import annotations
@@ -93,11 +95,13 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
             max_batched_tokens: int | None, slo_ttft: float | None, slo_tpot: float | None,
             slo_e2e: float | None, gpus_yaml: Path | None, seed: int, as_json: bool) -> None:
     """Simulate serving MODEL on GPU replicas (roofline costs + continuous batching).
-    Subcommand `e2e` replays measured end-to-end rows instead."""
+    Subcommand `e2e` replays measured end-to-end rows instead; `flying` simulates Flying
+    Serving (DP engines binding into TP groups online)."""
     if ctx.invoked_subcommand is not None:
         return
     if model is None or gpu is None:
-        raise click.UsageError("--model and --gpu are required (or use a subcommand: e2e)")
+        raise click.UsageError("--model and --gpu are required (or use a subcommand: e2e, "
+                               "flying)")
     from llmfabric import sim
 
     overrides: dict[str, Any] = {k: v for k, v in (
@@ -265,3 +269,12 @@ from llmfabric.cli.netplan import simulate_collective, simulate_net  # noqa: E40
 
 command.add_command(simulate_collective)
 command.add_command(simulate_net)
+
+
+def _register_flying() -> None:
+    from llmfabric.cli.simulate_flying import flying_command
+
+    command.add_command(flying_command)
+
+
+_register_flying()

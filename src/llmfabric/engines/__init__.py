@@ -7,6 +7,8 @@ Files:
   protocol.py    OpenAI request validation (pydantic) and response/stream chunk builders
   batcher.py     Batcher: continuous batching (shared decode steps, queued prefills)
   dp.py          data parallelism: `dp` independent replicas of one model behind one engine
+  flying_dp.py   FlyingDataParallel (--flying): DP batchers binding into TP batchers under a
+                 switching policy; /dtp_status, /dtp_switch
   timing.py      TimingModel protocol; RooflineTiming from llmfabric.sim specs; TableTiming
   text.py        deterministic pseudo-word tokens, approximate token counts, embeddings
   faults.py      FaultState and crash(): crash / hang / slow / fail / log on demand

@@ -53,6 +53,10 @@ class SimEngineConfig:
     log_after_s: float = 0.0
     ignore_sigterm: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    # Flying Serving (engines/flying_dp.py): DP batchers that bind into TP batchers
+    flying: bool = False
+    widths: tuple[int, ...] = (1, 2)
+    switch_policy: str | None = None  # a SWITCH_POLICIES name; None: only POST /dtp_switch
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -79,6 +83,8 @@ class SimEngine:
                                           config.speed)
             for m in config.models
         }
+        if config.flying:
+            self.batchers = {m: self._flying(m) for m in config.models}
         for b in self.batchers.values():
             b.slow = config.slow
         self.max_len = {m: config.max_model_len or model_max_context(m) for m in config.models}
@@ -102,7 +108,41 @@ class SimEngine:
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/sim/control", self.control)
         app.router.add_get("/sim/stats", self.stats)
+        if self.config.flying:
+            app.router.add_get("/dtp_status", self.dtp_status)
+            app.router.add_post("/dtp_switch", self.dtp_switch)
         return app
+
+    # -- Flying Serving -------------------------------------------------------------------
+
+    def _flying(self, model: str) -> Any:
+        from llmfabric.engines.flying_dp import FlyingDataParallel
+        from llmfabric.sim.switching import make_policy
+
+        cfg = self.config
+        policy = make_policy(cfg.switch_policy) if cfg.switch_policy else None
+        return FlyingDataParallel(
+            lambda w: Batcher(timing_for(cfg.gpu, model, cfg.tp * w), self.clock, cfg.speed),
+            cfg.dp, cfg.widths, policy, self.clock)
+
+    async def dtp_status(self, _: web.Request) -> web.Response:
+        return _json({m: b.status() for m, b in self.batchers.items()  # type: ignore[union-attr]
+                      } if len(self.batchers) > 1 else
+                     next(iter(self.batchers.values())).status())  # type: ignore[union-attr]
+
+    async def dtp_switch(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+            width = int(body["width"])
+            method = {"soft-preempt": "soft", "hard-preempt": "hard"}.get(
+                str(body.get("method", "sequential")), str(body.get("method", "sequential")))
+            if method not in ("sequential", "soft", "hard"):
+                raise ValueError(f"unknown method {method!r}")
+            for b in self.batchers.values():
+                b.switch(width, method)  # type: ignore[union-attr]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return _error(400, f"bad /dtp_switch body: {exc}")
+        return await self.dtp_status(request)
 
     @web.middleware
     async def _faults_mw(self, request: web.Request, handler: Handler) -> web.StreamResponse:

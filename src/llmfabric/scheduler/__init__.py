@@ -29,8 +29,9 @@ Files -> concepts
 - netplan/       HeroServe: network-aware PD planning over a topology (TP/PP, GPU groups,
                  INA or ring per group, KV paths, scalability H), its baselines, and the
                  online policy table (see its __init__).
-- switching.py   Flying Serving's DP <-> TP switching policies (SwitchState -> Bind/Release,
-                 SWITCH_POLICIES by name, aligned_groups); used by engines/torchref.
+- switching.py   re-exports Flying Serving's DP <-> TP switching policies (SwitchState ->
+                 Bind/Release, SWITCH_POLICIES by name, aligned_groups) from sim/switching.py,
+                 their home below sim/flying.py; used by engines/torchref.
 - phasesplit/    ThunderServe: one model split into prefill/decode groups (tabu search,
                  per-group TP/PP, routing LP, lightweight rescheduling); see its docstring.
 """

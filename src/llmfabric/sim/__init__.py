@@ -52,6 +52,12 @@ Files -> concepts
                   `max_sustainable_rate`.
 - results.py      ServingResult (TTFT/TPOT/E2E per request, throughput, SLO attainment,
                   utilisation over time), SLO.
+- switching.py    Flying Serving's pure DP <-> TP switching policies (SwitchState ->
+                  Bind/Release, SWITCH_POLICIES by name); re-exported by scheduler/switching.py;
+                  shared by flying.py, the simulated engine and engines/torchref.
+- flying.py       `simulate_flying` (DP engines binding into TP groups under a switching
+                  policy; FlyingResult with the mode timeline), `max_context_tokens`,
+                  `burst_trace` (low load alternating with bursts).
 - errors.py       SimError hierarchy.
 
 Stable API (used by engines/ and scheduler/):

@@ -228,6 +228,33 @@ class Replica:
             self.now = at_t
         self.paused = False
 
+    def take_all(self) -> list[tuple[int, int, int, int, bool]]:
+        """Remove every request (queued, prefilling, running) and return it as a queue entry
+        (rid, tokens to compute, 0, decode steps left, emit first token) whose KV must be
+        recomputed: prompt + tokens generated so far (Flying Serving's fold-back). Frees all
+        KV; for `requeue` on this or another replica."""
+        out = [(rid, comp + cached, 0, steps, emit)
+               for rid, comp, cached, steps, emit in self.waiting]
+        out += [(it[0], it[1], 0, it[3], bool(it[4])) for it in self.prefilling]
+        g = self.gstep
+        out += [(rid, ctx0 + (g - admit), 0, fin - g - 1, False)
+                for rid, (admit, ctx0, fin) in self.running.items()]
+        self.waiting.clear()
+        self.prefilling.clear()
+        self.running.clear()
+        self.heap.clear()
+        self.queued_tokens = self.ctx = self.prefill_reserved = 0
+        return out
+
+    def requeue(self, entry: tuple[int, int, int, int, bool], front: bool = False) -> None:
+        """Queue an entry from `take_all` (no capacity check: it fitted where it came from)."""
+        self.book.replica[entry[0]] = self.index
+        if front:
+            self.waiting.appendleft(entry)
+        else:
+            self.waiting.append(entry)
+        self.queued_tokens += entry[1]
+
     # --- time -------------------------------------------------------------------------
     def advance_to(self, t: float) -> None:
         """Run iterations while the replica's clock is before `t` (the last may end after)."""
