@@ -110,6 +110,8 @@ def test_status_ignores_malformed_fabric_entries(monkeypatch: pytest.MonkeyPatch
                       {"session_id": 7, "state": "SERVING", "labels": {}},
                       {"session_id": "bad2", "state": "JOIN", "labels": {}, "models": [3]},
                       "junk"]}
-    monkeypatch.setattr(cli_slurm.urllib.request, "urlopen",
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "urlopen",
                         lambda *a, **k: io.BytesIO(_json.dumps(body).encode()))
     assert [n["session_id"] for n in cli_slurm._fabric_nodes("http://x")] == ["ok"]
