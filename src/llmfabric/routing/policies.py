@@ -23,6 +23,7 @@ from typing import Protocol
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import UnknownPolicyError
 from llmfabric.routing.request import RouteRequest
+from llmfabric.sim.gpu_names import GPU_CLASS_WEIGHTS
 
 
 class Policy(Protocol):
@@ -94,20 +95,8 @@ class RoundRobinPolicy:
         return None
 
 
-# Relative capability of GPU classes (matched as case-insensitive substrings, first match wins).
-DEFAULT_GPU_WEIGHTS: tuple[tuple[str, float], ...] = (
-    ("gh200", 5.0),
-    ("h200", 5.0),
-    ("h100", 4.0),
-    ("a100", 2.0),
-    ("l40", 1.5),
-    ("a10", 1.0),
-    ("4090", 1.0),
-    ("3090", 0.7),
-    ("v100", 0.7),
-    ("t4", 0.3),
-    ("cpu", 0.1),
-)
+# Relative capability of GPU classes (sim.gpu_names: one table for routing and the simulator).
+DEFAULT_GPU_WEIGHTS = GPU_CLASS_WEIGHTS
 
 
 def gpu_weight(candidate: Candidate, table: Sequence[tuple[str, float]]) -> float:

@@ -22,6 +22,23 @@ from functools import lru_cache
 
 from llmfabric.sim.hardware import DEFAULT_CATALOG
 
+# Relative capability of GPU classes, matched as case-insensitive substrings of a GPU name,
+# first match wins: the fabric's `weighted` routing policy and the simulator's router of the
+# same name both read this one table.
+GPU_CLASS_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("gh200", 5.0),
+    ("h200", 5.0),
+    ("h100", 4.0),
+    ("a100", 2.0),
+    ("l40", 1.5),
+    ("a10", 1.0),
+    ("4090", 1.0),
+    ("3090", 0.7),
+    ("v100", 0.7),
+    ("t4", 0.3),
+    ("cpu", 0.1),
+)
+
 _VENDOR = re.compile(r"^(?:(?:nvidia|amd|geforce|tesla|instinct)(?:[\s_-]+|$))+")
 _SEP = re.compile(r"[\s_\-]+")
 

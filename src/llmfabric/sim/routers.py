@@ -22,6 +22,7 @@ import numpy as np
 
 from llmfabric.sim.engine import Replica
 from llmfabric.sim.errors import SpecError
+from llmfabric.sim.gpu_names import GPU_CLASS_WEIGHTS
 
 
 class Router(Protocol):
@@ -125,21 +126,6 @@ class PowerOfTwo:
         return a if replicas[a].outstanding <= replicas[b].outstanding else b
 
 
-# The fabric's GPU-class weights (routing.policies.DEFAULT_GPU_WEIGHTS; a test keeps the two
-# equal). sim/ may not import routing/, a higher layer (tests/unit/test_layers.py).
-GPU_CLASS_WEIGHTS: tuple[tuple[str, float], ...] = (
-    ("gh200", 5.0),
-    ("h200", 5.0),
-    ("h100", 4.0),
-    ("a100", 2.0),
-    ("l40", 1.5),
-    ("a10", 1.0),
-    ("4090", 1.0),
-    ("3090", 0.7),
-    ("v100", 0.7),
-    ("t4", 0.3),
-    ("cpu", 0.1),
-)
 
 
 def replica_gpu_weight(replica: Replica,

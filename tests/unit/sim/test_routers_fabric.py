@@ -8,11 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from llmfabric.routing.policies import DEFAULT_GPU_WEIGHTS, POLICIES
+from llmfabric.routing.policies import POLICIES
 from llmfabric.sim import EngineConfig, ReplicaSpec, SpecError, poisson, simulate_cluster
 from llmfabric.sim.costs import cost_model
 from llmfabric.sim.engine import Replica, RequestBook
-from llmfabric.sim.routers import GPU_CLASS_WEIGHTS, ROUTERS, make_router, replica_gpu_weight
+from llmfabric.sim.routers import ROUTERS, make_router, replica_gpu_weight
 from llmfabric.sim.workload import with_prefixes
 
 M = "llama-3.1-8b"
@@ -35,7 +35,6 @@ def _replicas(loads: list[int], gpus: list[tuple[str, int]] | None = None) -> li
 
 def test_every_fabric_policy_name_is_a_sim_router() -> None:
     assert set(POLICIES) <= set(ROUTERS)
-    assert GPU_CLASS_WEIGHTS == DEFAULT_GPU_WEIGHTS
     with pytest.raises(SpecError, match="least_outstanding"):
         make_router("fastest")
 
