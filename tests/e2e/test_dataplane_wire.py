@@ -218,7 +218,9 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
         prompts[provider] = prompt
         body = json.dumps({"model": "qwen3-1.7b", "max_tokens": 4,
                            "messages": [{"role": "user", "content": prompt}]})
-        reply = _call(lab, ing, base + "/v1/chat/completions", key, body, provider)
+        # the allowlist names verified identities (on a PSK network: the key fingerprint)
+        reply = _call(lab, ing, base + "/v1/chat/completions", key, body,
+                      nodes[provider]["verified_provider"])
         assert reply["status"] == 200, (reply, logs)
     time.sleep(1.0)
     for _, proc in captures:
