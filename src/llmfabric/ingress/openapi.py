@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from llmfabric.accounts.policy import MAX_RATE_LIMIT
 from llmfabric.ingress.paths import PASSTHROUGH_ROUTES
 
 OPENAPI_PATH = "/openapi.json"
@@ -31,6 +32,7 @@ _BOOL = {"type": "boolean"}
 _NUM = {"type": "number"}
 _ANY_OBJ: dict[str, Any] = {"type": "object", "additionalProperties": True}
 _POS_INT_OR_NULL = {"type": ["integer", "null"], "minimum": 1}
+_LIMIT = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_RATE_LIMIT}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -100,9 +102,9 @@ def _not_stored() -> dict[str, Any]:
 
 _KEY_FIELDS = {"name": {"type": "string", "minLength": 1, "maxLength": 200},
                "owner": {"type": ["string", "null"], "minLength": 1, "maxLength": 200},
-               "admin": _BOOL, "requests_per_min": _POS_INT_OR_NULL,
-               "tokens_per_min": _POS_INT_OR_NULL, "record_trace": _BOOL}
-_LIMIT_FIELDS = {"requests_per_min": _POS_INT_OR_NULL, "tokens_per_min": _POS_INT_OR_NULL}
+               "admin": _BOOL, "requests_per_min": _LIMIT, "tokens_per_min": _LIMIT,
+               "record_trace": _BOOL}
+_LIMIT_FIELDS = {"requests_per_min": _LIMIT, "tokens_per_min": _LIMIT}
 _ACCOUNT_ERRORS = (400, 401, 403, 404, 409, 429)
 
 _PUBLIC: dict[str, Any] = {"security": []}  # routes without a key
