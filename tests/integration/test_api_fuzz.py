@@ -7,6 +7,7 @@ CI runs the same examples every time."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ from .test_ingress_support import LoopThread, record, serve, wait_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostile]
 
-EXAMPLES = 25  # per operation
+# Per operation; a deeper local hunt: LLMFABRIC_FUZZ_EXAMPLES=500 (CI keeps the default).
+EXAMPLES = int(os.environ.get("LLMFABRIC_FUZZ_EXAMPLES", "25"))
 # The ingress serves the OpenAI routes, /metrics and /openapi.json; the node mounts the fleet
 # views, key admin and dashboard next to them (fuzzed on a second server, `node_api`).
 NODE_ROUTES = r"^/(v1/fabric/|ui|healthz)"
