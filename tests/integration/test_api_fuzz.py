@@ -128,13 +128,14 @@ class _Replica:
 class NodeApi:
     url: str
     admin_key: str
+    user_key: str  # a limited key of owner alice (the non-admin policy paths)
 
 
 @pytest.fixture(scope="module")
 def node_api() -> Iterator[NodeApi]:
     """The rest of a node's routes: fleet views behind keys, the key and usage admin routes
     over a real AccountStore (SQLite), the dashboard and /openapi.json; fuzzed with an
-    admin key, the most powerful caller."""
+    admin key (the most powerful caller) and with a limited user's key."""
     lt = LoopThread()
     port = free_port()
     held: dict[str, Any] = {}
@@ -142,6 +143,8 @@ def node_api() -> Iterator[NodeApi]:
     async def start() -> None:
         store = AccountStore(await open_backend("sqlite://:memory:"))
         _, held["key"] = await store.create_key("fuzz", "admin", admin=True)
+        _, held["user"] = await store.create_key("fuzz-user", "alice", requests_per_min=600,
+                                                 tokens_per_min=100_000)
 
         async def valid(token: str | None) -> bool:
             return token is not None and await store.authenticate(token) is not None
@@ -156,7 +159,7 @@ def node_api() -> Iterator[NodeApi]:
     lt.call(start)
     wait_port(port)
     try:
-        yield NodeApi(f"http://127.0.0.1:{port}", held["key"])
+        yield NodeApi(f"http://127.0.0.1:{port}", held["key"], held["user"])
     finally:
         async def stop() -> None:
             await held["runner"].cleanup()
@@ -165,11 +168,17 @@ def node_api() -> Iterator[NodeApi]:
         lt.stop()
 
 
+@pytest.fixture(params=["admin", "user"])
+def node_key(request: pytest.FixtureRequest, node_api: NodeApi) -> str:
+    return node_api.admin_key if request.param == "admin" else node_api.user_key
+
+
 @node_schema.parametrize()
 @_SETTINGS
-def test_no_server_errors_on_node_routes(case: schemathesis.Case, node_api: NodeApi) -> None:
-    resp = case.call(base_url=node_api.url,
-                     headers={"Authorization": f"Bearer {node_api.admin_key}"}, timeout=30)
+def test_no_server_errors_on_node_routes(case: schemathesis.Case, node_api: NodeApi,
+                                         node_key: str) -> None:
+    resp = case.call(base_url=node_api.url, headers={"Authorization": f"Bearer {node_key}"},
+                     timeout=30)
     assert resp.status_code < 500, (
         f"{case.method} {case.formatted_path} -> {resp.status_code}: {resp.text[:500]}\n"
         f"{case.as_curl_command()}")
