@@ -108,3 +108,29 @@ async def test_usage_route_scoped_to_owner(server: tuple[str, AccountStore, str]
         assert r.status == 400
         r = await http.get(f"{base}/v1/fabric/usage?owner=bob", headers=auth(a_plain))
         assert r.status == 403
+
+
+@pytest.mark.hostile
+async def test_limits_past_the_database_integer_are_refused_not_500(
+        server: tuple[str, AccountStore, str]) -> None:
+    """Found by tests/integration/test_api_fuzz.py: a limit of 2**63 reached the database
+    (OverflowError, 500); any limit past MAX_RATE_LIMIT is a 400 now, and nothing is stored."""
+    from llmfabric.accounts.policy import MAX_RATE_LIMIT
+
+    base, store, admin = server
+    async with aiohttp.ClientSession() as http:
+        for huge in (2**63, MAX_RATE_LIMIT + 1):
+            r = await http.put(f"{base}/v1/fabric/owners/bob/limits", headers=auth(admin),
+                               json={"requests_per_min": huge})
+            assert r.status == 400, await r.text()
+            assert (await r.json())["error"]["type"] == "invalid_request_error"
+            r = await http.post(f"{base}/v1/fabric/keys", headers=auth(admin),
+                                json={"name": "big", "owner": "bob", "tokens_per_min": huge})
+            assert r.status == 400, await r.text()
+        assert store.owner_limits("bob") == (None, None)
+        r = await http.put(f"{base}/v1/fabric/owners/bob/limits", headers=auth(admin),
+                           json={"requests_per_min": MAX_RATE_LIMIT})
+        assert r.status == 200
+        assert store.owner_limits("bob") == (MAX_RATE_LIMIT, None)
+        r = await http.get(f"{base}/v1/fabric/keys?owner=bob", headers=auth(admin))
+        assert (await r.json())["data"] == []

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from llmfabric.accounts.errors import InvalidRequest, KeyNotFound, PermissionDenied
 from llmfabric.accounts.models import ApiKey
+from llmfabric.accounts.policy import MAX_RATE_LIMIT
 from llmfabric.accounts.store import AccountStore
 
 _DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -37,15 +38,15 @@ class CreateKeyBody(pydantic.BaseModel):
     name: str = pydantic.Field(min_length=1, max_length=200)
     owner: str | None = pydantic.Field(default=None, min_length=1, max_length=200)
     admin: bool = False
-    requests_per_min: int | None = pydantic.Field(default=None, gt=0)
-    tokens_per_min: int | None = pydantic.Field(default=None, gt=0)
+    requests_per_min: int | None = pydantic.Field(default=None, gt=0, le=MAX_RATE_LIMIT)
+    tokens_per_min: int | None = pydantic.Field(default=None, gt=0, le=MAX_RATE_LIMIT)
     record_trace: bool = True
 
 
 class OwnerLimitsBody(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
-    requests_per_min: int | None = pydantic.Field(default=None, gt=0)
-    tokens_per_min: int | None = pydantic.Field(default=None, gt=0)
+    requests_per_min: int | None = pydantic.Field(default=None, gt=0, le=MAX_RATE_LIMIT)
+    tokens_per_min: int | None = pydantic.Field(default=None, gt=0, le=MAX_RATE_LIMIT)
 
 
 def error_body(message: str, type_: str, code: str, param: str | None = None) -> dict[str, Any]:

@@ -23,6 +23,10 @@ MAX_KEYS_PER_OWNER = 100
 # No single request plausibly uses more (context windows are ~1e6 tokens): a provider that
 # claims more is clamped, so a ledger row (BIGINT) cannot overflow in 2**63 / 1e8 requests.
 MAX_TOKENS_PER_REQUEST = 100_000_000
+# Largest requests/tokens per minute a key or owner may be given over HTTP: far past any real
+# limit, and it fits the limit columns (INTEGER: 32 bits on Postgres); larger values raised in
+# the database driver, a 500 the API fuzz test found.
+MAX_RATE_LIMIT = 2**31 - 1
 
 
 def clamp_tokens(n: object) -> int:

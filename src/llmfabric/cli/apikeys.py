@@ -15,8 +15,10 @@ from typing import TypeVar
 import click
 
 from llmfabric.accounts import AccountsError, AccountStore, default_db_url
+from llmfabric.accounts.policy import MAX_RATE_LIMIT
 
 T = TypeVar("T")
+_LIMIT = click.IntRange(min=1, max=MAX_RATE_LIMIT)  # the limit columns are 32-bit integers
 
 db_option = click.option(
     "--db",
@@ -52,9 +54,9 @@ def _when(ts: float | None) -> str:
 @click.option("--name", required=True, help="a label for the key, e.g. the application")
 @click.option("--owner", required=True, help="who the key belongs to (user or team)")
 @click.option("--admin", is_flag=True, help="the key may manage every owner's keys and usage")
-@click.option("--rpm", "requests_per_min", type=click.IntRange(min=1), default=None,
+@click.option("--rpm", "requests_per_min", type=_LIMIT, default=None,
               help="requests per minute [default: unlimited]")
-@click.option("--tpm", "tokens_per_min", type=click.IntRange(min=1), default=None,
+@click.option("--tpm", "tokens_per_min", type=_LIMIT, default=None,
               help="tokens per minute [default: unlimited]")
 @click.option("--no-trace", is_flag=True, help="do not record this key's requests in traces")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")

@@ -41,6 +41,8 @@ Files:
   observes over a sliding window (published in the node's record for the fleet controller).
 - metrics.py: `IngressMetrics` (plain counters, collected into its own CollectorRegistry)
   and `metrics_handler`.
+- openapi.py: `openapi_document()`, the OpenAPI 3.1 description of every route an ingress
+  node serves, and `add_openapi_route(app)` (GET /openapi.json).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
   OpenAI error bodies.
 """

@@ -31,6 +31,7 @@ from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.front_limits import safe_header_value
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.openapi import add_openapi_route
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.protocols import (
     Authenticator,
@@ -639,6 +640,7 @@ def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     for path in sorted(EXTRA_POST_PATHS):
         app.router.add_post(path, ingress.api_route)
     app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
+    add_openapi_route(app)
 
 
 def build_ingress_app(

@@ -36,6 +36,7 @@ from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, not_stored, to_anthro
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
+from llmfabric.ingress.openapi import OPENAPI_BODY
 
 _POST_ROUTES = {
     b"/v1/chat/completions": ("/v1/chat/completions", True),
@@ -145,11 +146,14 @@ class FastFront:
             return _not_allowed(path, "POST")
         if path.startswith(b"/v1/responses/"):
             return not_stored()
+        if path == b"/openapi.json":
+            return (Reply(200, OPENAPI_BODY, "application/json") if method == b"GET"
+                    else _not_allowed(path, "GET"))
         if path == b"/v1/models" or (path == b"/metrics" and self.serve_metrics):
             return None if method == b"GET" else _not_allowed(path, "GET")
         return error_reply(404, f"no route {path.decode('latin-1')!r}; the API is under /v1 "
                            "(chat/completions, completions, embeddings, responses, messages, "
-                           "models)", "not_found")
+                           "models; the whole API: /openapi.json)", "not_found")
 
 
 def _not_allowed(path: bytes, allow: str) -> Reply:

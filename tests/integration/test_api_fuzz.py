@@ -1,0 +1,195 @@
+"""Schemathesis fuzzes every operation of /openapi.json against real servers: the ingress (the
+aiohttp app, as a node mounts it, and the lean front) in front of node engine proxies and the
+simulated engine, and the rest of a node's routes (fleet views, key and usage admin over a real
+AccountStore, dashboard). Whatever a client sends (schema-valid or not, with a valid key), no
+response is a 5xx and the servers stay up. Bounded (25 examples per operation) and seeded, so
+CI runs the same examples every time."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import requests
+import schemathesis
+from aiohttp import web
+from hypothesis import HealthCheck, settings
+
+from llmfabric.accounts.db import open_backend
+from llmfabric.accounts.http import add_account_routes
+from llmfabric.accounts.store import AccountStore
+from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.ingress.openapi import OPENAPI_PATH, add_openapi_route, openapi_document
+from llmfabric.node.http_api import add_node_routes
+from llmfabric.node.ports import free_port
+from llmfabric.node.views import ObservedRecord
+
+from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
+from .test_ingress_support import LoopThread, record, serve, wait_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.hostile]
+
+# Per operation; a deeper local hunt: LLMFABRIC_FUZZ_EXAMPLES=500 (CI keeps the default).
+EXAMPLES = int(os.environ.get("LLMFABRIC_FUZZ_EXAMPLES", "25"))
+# The ingress serves the OpenAI routes, /metrics and /openapi.json; the node mounts the fleet
+# views, key admin and dashboard next to them (fuzzed on a second server, `node_api`).
+NODE_ROUTES = r"^/(v1/fabric/|ui|healthz)"
+
+
+def _served_models(node: Any) -> None:
+    """Every `model` field may also name a model the fabric serves, so that examples get past
+    routing into the engines, the translations and the stream relays."""
+    if isinstance(node, dict):
+        props = node.get("properties")
+        if isinstance(props, dict) and props.get("model") == {"type": "string"}:
+            props["model"] = {"anyOf": [{"enum": [SIM, TOOLY, NATIVE]}, {"type": "string"}]}
+        for value in node.values():
+            _served_models(value)
+    elif isinstance(node, list):
+        for value in node:
+            _served_models(value)
+
+
+_DOC = openapi_document()
+_served_models(_DOC)
+
+
+def _seeded(doc: dict[str, Any]) -> Any:
+    """The same examples on every run (schemathesis draws its own seed otherwise)."""
+    loaded = schemathesis.openapi.from_dict(doc)
+    loaded.config.seed = 20261124
+    loaded.config.generation.update(deterministic=True, database="none")
+    return loaded
+
+
+schema = _seeded(_DOC).exclude(path_regex=NODE_ROUTES)
+node_schema = _seeded(openapi_document()).include(path_regex=NODE_ROUTES)
+_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+                     suppress_health_check=list(HealthCheck))
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[ApiFabric]:
+    yield from api_fabric()
+
+
+@pytest.fixture(params=["aiohttp", "lean"])
+def base_url(request: pytest.FixtureRequest, fabric: ApiFabric) -> str:
+    """Both fronts: the aiohttp app (a node's routes) and the lean front (llmfabric ingress)."""
+    return fabric.aio_url if request.param == "aiohttp" else fabric.fast_url
+
+
+@schema.parametrize()
+@_SETTINGS
+def test_no_server_errors(case: schemathesis.Case, base_url: str) -> None:
+    resp = case.call(base_url=base_url, headers={"Authorization": f"Bearer {KEY}"},
+                     timeout=30)
+    assert resp.status_code < 500, (
+        f"{case.method} {case.formatted_path} -> {resp.status_code}: {resp.text[:500]}\n"
+        f"{case.as_curl_command()}")
+
+
+def test_ingress_still_serves_after_fuzz(base_url: str) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with requests.Session() as client:
+        doc = client.get(base_url + OPENAPI_PATH, timeout=10)
+        assert doc.status_code == 200 and doc.json() == openapi_document()
+        models = client.get(base_url + "/v1/models", headers=auth, timeout=10)
+        assert models.status_code == 200
+        chat = client.post(base_url + "/v1/chat/completions", headers=auth, timeout=10,
+                           json={"model": "llama-3.1-8b", "max_tokens": 4,
+                                 "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["choices"][0]["message"]["content"]
+
+
+class _Replica:
+    """Two served records, as a node's replica reader shows them."""
+
+    session_id = "nSim"
+
+    def __init__(self) -> None:
+        self.records = [record("nSim", "uni-a", "127.0.0.1:1", [SIM]),
+                        record("nScr", "uni-b", "127.0.0.1:2", [TOOLY, NATIVE])]
+
+    def observed(self) -> list[ObservedRecord]:
+        return [ObservedRecord(r, False, time.time(), r.meta.provider_id) for r in self.records]
+
+    def raw_records(self) -> list[dict[str, Any]]:
+        return [{"session_id": r.session_id, "record": None, "suspects": []}
+                for r in self.records]
+
+
+@dataclass
+class NodeApi:
+    url: str
+    admin_key: str
+    user_key: str  # a limited key of owner alice (the non-admin policy paths)
+
+
+@pytest.fixture(scope="module")
+def node_api() -> Iterator[NodeApi]:
+    """The rest of a node's routes: fleet views behind keys, the key and usage admin routes
+    over a real AccountStore (SQLite), the dashboard and /openapi.json; fuzzed with an
+    admin key (the most powerful caller) and with a limited user's key."""
+    lt = LoopThread()
+    port = free_port()
+    held: dict[str, Any] = {}
+
+    async def start() -> None:
+        store = AccountStore(await open_backend("sqlite://:memory:"))
+        _, held["key"] = await store.create_key("fuzz", "admin", admin=True)
+        _, held["user"] = await store.create_key("fuzz-user", "alice", requests_per_min=600,
+                                                 tokens_per_min=100_000)
+
+        async def valid(token: str | None) -> bool:
+            return token is not None and await store.authenticate(token) is not None
+
+        app = web.Application()
+        add_node_routes(app, _Replica(), [], fleet_auth=valid)
+        add_account_routes(app, store)
+        add_dashboard_routes(app)
+        add_openapi_route(app)
+        held["store"], held["runner"] = store, await serve(app, port)
+
+    lt.call(start)
+    wait_port(port)
+    try:
+        yield NodeApi(f"http://127.0.0.1:{port}", held["key"], held["user"])
+    finally:
+        async def stop() -> None:
+            await held["runner"].cleanup()
+            await held["store"].aclose()
+        lt.call(stop)
+        lt.stop()
+
+
+@pytest.fixture(params=["admin", "user"])
+def node_key(request: pytest.FixtureRequest, node_api: NodeApi) -> str:
+    return node_api.admin_key if request.param == "admin" else node_api.user_key
+
+
+@node_schema.parametrize()
+@_SETTINGS
+def test_no_server_errors_on_node_routes(case: schemathesis.Case, node_api: NodeApi,
+                                         node_key: str) -> None:
+    resp = case.call(base_url=node_api.url, headers={"Authorization": f"Bearer {node_key}"},
+                     timeout=30)
+    assert resp.status_code < 500, (
+        f"{case.method} {case.formatted_path} -> {resp.status_code}: {resp.text[:500]}\n"
+        f"{case.as_curl_command()}")
+
+
+def test_node_routes_still_serve_after_fuzz(node_api: NodeApi) -> None:
+    auth = {"Authorization": f"Bearer {node_api.admin_key}"}
+    with requests.Session() as client:
+        nodes = client.get(node_api.url + "/v1/fabric/nodes", headers=auth, timeout=10)
+        assert nodes.status_code == 200
+        assert {n["session_id"] for n in nodes.json()["nodes"]} == {"nSim", "nScr"}
+        keys = client.get(node_api.url + "/v1/fabric/keys", headers=auth, timeout=10)
+        assert keys.status_code == 200 and keys.json()["data"]
+        assert client.get(node_api.url + "/healthz", timeout=10).status_code == 200
