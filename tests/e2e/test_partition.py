@@ -123,8 +123,10 @@ def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
     finally:
         lab.run(ns["b"], "iptables", "-F", chain)  # healed
     healed = {side: len(_records(o)) for side, o in outs.items()}
+    healed_at = time.monotonic()
 
     after = _wait("the registry converged after the heal", converged, 60, tmp_path)
+    print(f"registry converged {time.monotonic() - healed_at:.1f} s after the heal")
     time.sleep(3)  # requests sent before the convergence finish (first-byte timeout 3 s)
     settled = {side: len(_records(o)) for side, o in outs.items()}
     time.sleep(5)
