@@ -1,0 +1,164 @@
+"""A real partition: two sides of one fabric, each an ingress with a simulated provider and a
+closed-loop openai client, cut apart with iptables DROP for 30 s under load and healed.
+
+    [A] 10.205.0.1 ----------------- 10.205.0.2 [B]
+    ingress A (admin key A)           ingress B (admin key B, bootstraps A)
+    provider pa (sim engine)          provider pb (sim engine)
+    client -> ingress A               client -> ingress B
+
+Asserts: (1) not one request failed on either side before or during the cut (each side kept
+serving through its local provider); between the heal and the registry's convergence a few 5xx
+are tolerated and printed (every node is evicted by the other side and rejoins: a known gap,
+docs/security.md, "Partitions"), none after it; (2) after the heal both ingresses list the same
+live sessions, every provider SERVING and unsuspected (the other side's nodes came back, under
+their old session or a new one); (3) no usage row was lost: each ingress's ledger counts
+exactly the requests its client saw succeed. Namespaces and the iptables chain are named
+`part<tag>...` (removed at the end).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import netns_skip_reason
+from .test_multisite import _CLIENT, CLI, MODEL, SiteLab, _get, _records, _wait
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+IPS = {"a": "10.205.0.1", "b": "10.205.0.2"}
+CUT_S = 30.0
+
+
+class PartLab(SiteLab):
+    """NetLab with this test's namespace prefix."""
+
+    def ns(self, role: str) -> str:
+        name = f"part{self.tag}{role}"
+        self.run_host("ip", "netns", "add", name)
+        self.namespaces.append(name)
+        self.run(name, "ip", "link", "set", "lo", "up")
+        return name
+
+
+@pytest.fixture
+def lab() -> Iterator[PartLab]:
+    reason = netns_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    lab = PartLab()
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+def _key(home: pathlib.Path) -> str:
+    path = home / "admin.key"
+    return path.read_text().strip() if path.exists() else ""
+
+
+def _live(lab: PartLab, ns: str, side: str, key: str) -> dict[str, str]:
+    """{session_id: provider_id} of the unsuspected SERVING nodes ingress `side` lists."""
+    body = _get(lab, ns, f"http://{IPS[side]}:8080/v1/fabric/nodes", key) or {"nodes": []}
+    return {n["session_id"]: n["provider_id"] for n in body.get("nodes", [])
+            if n["state"] == "SERVING" and not n["suspected"]}
+
+
+def _usage_requests(lab: PartLab, ns: str, side: str, key: str) -> int | None:
+    body = _get(lab, ns, f"http://{IPS[side]}:8080/v1/fabric/usage", key)
+    if not isinstance(body, dict):
+        return None
+    return sum(int(row["requests"]) for row in body["data"])
+
+
+def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
+        lab: PartLab, tmp_path: pathlib.Path) -> None:
+    ns = {"a": lab.ns("a"), "b": lab.ns("b")}
+    _, veth_b = lab.link(ns["a"], f"{IPS['a']}/24", ns["b"], f"{IPS['b']}/24")
+    common = ["--network-secret", secrets.token_urlsafe(24), "--preset", "local"]
+    homes = {side: tmp_path / f"ingress-{side}" for side in IPS}
+    for side, ip in IPS.items():
+        join = [] if side == "a" else ["--bootstrap", f"{IPS['a']}:7946"]
+        lab.popen(ns[side], [*CLI, "start", "--home", str(homes[side]), "--listen",
+                             f"{ip}:7946", "--http-listen", f"{ip}:8080", "--ingress",
+                             "--provider", f"ing-{side}", "--first-byte-timeout", "3",
+                             "--connect-timeout", "2", *join, *common],
+                  str(tmp_path / f"ingress-{side}.log"))
+        lab.popen(ns[side], [*CLI, "start", "--home", str(tmp_path / f"p{side}"), "--listen",
+                             f"{ip}:7950", "--bootstrap", f"{ip}:7946", "--provider",
+                             f"p{side}", *common, "--process", *CLI, "engine", "sim",
+                             "--model", MODEL, "--gpu", "L40S", "--port", "18001",
+                             "--speed", "50"], str(tmp_path / f"p{side}.log"))
+    providers = {"pa", "pb"}
+
+    def converged() -> dict[str, str] | None:
+        views = [_live(lab, ns[s], s, _key(homes[s])) for s in IPS]
+        ok = views[0] == views[1] and providers <= set(views[0].values())
+        return views[0] if ok else None
+
+    before = _wait("both ingresses see both providers", converged, 90, tmp_path)
+
+    outs = {side: tmp_path / f"requests-{side}.jsonl" for side in IPS}
+    stop = tmp_path / "stop"
+    for side in IPS:
+        lab.popen(ns[side], [sys.executable, "-c", _CLIENT, f"http://{IPS[side]}:8080/v1",
+                             _key(homes[side]), str(outs[side]), str(stop), MODEL],
+                  str(tmp_path / f"client-{side}.log"))
+    _wait("both clients served", lambda: all(_records(o) for o in outs.values()), 30, tmp_path)
+
+    chain = f"part{lab.tag}"
+    lab.run(ns["b"], "iptables", "-N", chain)
+    lab.run(ns["b"], "iptables", "-A", chain, "-j", "DROP")
+    lab.run(ns["b"], "iptables", "-I", "INPUT", "1", "-i", veth_b, "-j", chain)
+    lab.run(ns["b"], "iptables", "-I", "OUTPUT", "1", "-o", veth_b, "-j", chain)
+    cut = {side: len(_records(o)) for side, o in outs.items()}
+    try:
+        time.sleep(CUT_S)
+    finally:
+        lab.run(ns["b"], "iptables", "-F", chain)  # healed
+    healed = {side: len(_records(o)) for side, o in outs.items()}
+    healed_at = time.monotonic()
+
+    after = _wait("the registry converged after the heal", converged, 60, tmp_path)
+    print(f"registry converged {time.monotonic() - healed_at:.1f} s after the heal")
+    time.sleep(3)  # requests sent before the convergence finish (first-byte timeout 3 s)
+    settled = {side: len(_records(o)) for side, o in outs.items()}
+    time.sleep(5)
+    stop.write_text("")
+    time.sleep(3)  # the clients finish their last request; the ledger flushes every second
+
+    records = {side: _records(o) for side, o in outs.items()}
+    for side in IPS:
+        rec = records[side]
+        # (1) each side kept serving through the cut (its local provider): not one failure
+        # before the cut or during it.
+        during = rec[cut[side]:healed[side]]
+        assert during, (side, "no requests during the cut")
+        failed = [r for r in rec[:healed[side]] if "error" in r]
+        assert failed == [], (side, failed[:3])
+        # At the heal each side's evictions of the other side arrive and every node rejoins
+        # under a new session (docs/security.md, "Partitions"): until the registry converged an
+        # ingress may answer 503/502 (a known gap, measured here). Once converged: none.
+        blips = [r for r in rec[healed[side]:settled[side]] if "error" in r]
+        assert all("Error code: 50" in r["error"] for r in blips), (side, blips[:3])
+        assert len(rec) > settled[side], (side, "no requests after the convergence")
+        late = [r for r in rec[settled[side]:] if "error" in r]
+        assert late == [], (side, late[:3])
+        print(f"side {side}: {len(rec)} requests, {len(during)} during the cut, "
+              f"{len(blips)} failed between the heal and the convergence")
+    # (2) every provider is live on both ingresses (same sessions), the other side's included.
+    assert {"pa", "pb"} <= set(after.values()) and {"pa", "pb"} <= set(before.values())
+    # (3) no usage row lost: each ledger counts exactly its client's successful requests.
+    for side in IPS:
+        ok = sum(1 for r in records[side] if "error" not in r)
+        usage = _wait(f"usage of ingress {side}",
+                      lambda s=side: _usage_requests(lab, ns[s], s, _key(homes[s])), 10,
+                      tmp_path)
+        assert usage == ok, (side, usage, ok)
+
