@@ -41,7 +41,10 @@ PUBLIC = "10.204.0.1"
 _CLIENT = """
 import json, pathlib, sys, time, openai
 base, key, out, stop, model = sys.argv[1:6]
-client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=30)
+# max_retries=1: the SDK honours one 503 + Retry-After (the fabric's documented "retry later",
+# e.g. while every candidate is briefly suspected on a starved machine); anything else, or a
+# second failure, is a failed request.
+client = openai.OpenAI(base_url=base, api_key=key, max_retries=1, timeout=30)
 t0 = time.monotonic()
 with open(out, "a") as f:
     while not pathlib.Path(stop).exists():
