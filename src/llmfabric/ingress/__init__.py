@@ -2,10 +2,11 @@
 routing, streaming proxy, forwarding.
 
 Files:
-- app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core,
-  `StreamSink` where streams go), `build_ingress_app(config, candidate_source,
-  forwarder, auth, usage_sink, metrics)` for a standalone app, `add_ingress_routes(app,
-  ingress)` to mount the routes in a node's app.
+- app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
+- web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
+  metrics)` for a standalone aiohttp app, `add_ingress_routes(app, ingress)` to mount the
+  routes in a node's app.
+- web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
 - fast_front.py: `FastFront(ingress)`, a lean HTTP/1.1 server (asyncio.Protocol + httptools)
   for the OpenAI routes and /metrics; `await front.start(host, port, reuse_port=...)`,
   `await front.aclose()`. The default of `llmfabric ingress`.
@@ -19,7 +20,8 @@ Files:
   translated APIs' streams.
 - paths.py: the pass-through routes, forwarded paths and `FORWARDABLE_PATHS` (node side).
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.
-- protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`.
+- protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`,
+  `StreamSink` (where a committed stream goes), `BodyReader`, `read_capped(upstream, limit)`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
 - forward_raw.py: `RawHttpForwarder` = `HttpForwarder`, the default direct forwarder (lean
   HTTP/1.1 client: asyncio.Protocol + httptools per pooled keep-alive connection,
@@ -47,7 +49,7 @@ Files:
   OpenAI error bodies.
 """
 
-from llmfabric.ingress.app import Ingress, add_ingress_routes, build_ingress_app
+from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig, Timeouts, TraceEvent
 from llmfabric.ingress.engine_proxy import EngineProxy, add_engine_proxy_routes
 from llmfabric.ingress.errors import ConfigError, IngressError, UpstreamError
@@ -56,6 +58,7 @@ from llmfabric.ingress.forward_peer import ChoosingForwarder, PeerForwarder
 from llmfabric.ingress.forward_raw import RawHttpForwarder
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.sources import RecordsCandidateSource, StaticCandidateSource
+from llmfabric.ingress.web_app import add_ingress_routes, build_ingress_app
 
 HttpForwarder = RawHttpForwarder  # the default direct forwarder
 

@@ -14,7 +14,7 @@ A body that cannot be translated is answered 400 after the key was checked (401 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,6 +28,7 @@ from llmfabric.ingress.anthropic_api import (
 from llmfabric.ingress.chat_stream import ChatStreamTranslator
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS, PASSTHROUGH_ROUTES
+from llmfabric.ingress.protocols import BodyReader, StreamSink
 from llmfabric.ingress.responses_api import (
     ResponsesStream,
     TranslationError,
@@ -37,9 +38,8 @@ from llmfabric.ingress.responses_api import (
 )
 
 if TYPE_CHECKING:  # (app.py builds ApiRoutes; no runtime import back)
-    from llmfabric.ingress.app import Ingress, StreamSink
+    from llmfabric.ingress.app import Ingress
 
-BodyReader = Callable[[], Awaitable["bytes | Reply"]]
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"

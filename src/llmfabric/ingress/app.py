@@ -13,33 +13,32 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from llmfabric.ingress.api_routes import (
-    EXTRA_POST_PATHS,
     MESSAGES,
     ApiRoutes,
     anthropic_auth,
-    not_stored,
 )
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
-from llmfabric.ingress.front_limits import safe_header_value
-from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
-from llmfabric.ingress.openapi import add_openapi_route
+from llmfabric.ingress.metrics import IngressMetrics
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.protocols import (
     Authenticator,
+    BodyReader,
     CandidateSource,
     Forwarder,
     Principal,
+    StreamSink,
     Upstream,
     UsageSink,
+    read_capped,
 )
 from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.usage import (
@@ -50,6 +49,7 @@ from llmfabric.ingress.usage import (
     relayed_usage,
     usage_from_body,
 )
+from llmfabric.ingress.web_sink import WebSink, web_response
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError
 from llmfabric.routing.policies import make_policy
@@ -67,58 +67,6 @@ _perf = time.perf_counter
 
 class _Committed(Exception):
     """Internal: a stream failed after bytes reached the client (not retryable)."""
-
-
-class StreamSink(Protocol):
-    """Where a committed stream goes (one per request, used at most once).
-
-    `write` raises ConnectionError when the client is gone; the request path then stops.
-    """
-
-    async def start(self, content_type: str, node: str) -> None: ...
-
-    async def write(self, data: bytes) -> None: ...
-
-    async def end(self) -> None: ...
-
-
-BodyReader = Callable[[], Awaitable["bytes | Reply"]]
-
-
-class _WebSink:
-    """StreamSink over an aiohttp request (the node's app and `build_ingress_app`)."""
-
-    __slots__ = ("request", "response")
-
-    def __init__(self, request: web.Request) -> None:
-        self.request = request
-        self.response: web.StreamResponse | None = None
-
-    async def start(self, content_type: str, node: str) -> None:
-        self.response = web.StreamResponse(
-            status=200,
-            headers={"Content-Type": safe_header_value(content_type),
-                     "Cache-Control": "no-cache", "X-Fabric-Node": safe_header_value(node)},
-        )
-        await self.response.prepare(self.request)
-
-    async def write(self, data: bytes) -> None:
-        if self.response is not None:
-            await self.response.write(data)
-
-    async def end(self) -> None:
-        if self.response is not None:
-            await self.response.write_eof()
-
-
-def web_response(reply: Reply) -> web.Response:
-    """A `Reply` as an aiohttp response."""
-    headers = {"Content-Type": safe_header_value(reply.content_type)}
-    if reply.node:
-        headers["X-Fabric-Node"] = safe_header_value(reply.node)
-    if reply.headers:
-        headers.update((k, safe_header_value(v)) for k, v in reply.headers.items())
-    return web.Response(body=reply.body, status=reply.status, headers=headers)
 
 
 class Ingress:
@@ -171,7 +119,7 @@ class Ingress:
         auth = h.get("Authorization", "")
         if request.path == MESSAGES:
             auth = anthropic_auth(auth, h.get("x-api-key"))
-        sink = _WebSink(request)
+        sink = WebSink(request)
         reply = await self.api.serve(request.path, auth, h.get("X-Fabric-Providers"),
                                      lambda: self._read_body(request), sink)
         if reply is None:
@@ -192,7 +140,7 @@ class Ingress:
     async def _handle(
         self, request: web.Request, path: str, streamable: bool
     ) -> web.StreamResponse:
-        sink = _WebSink(request)
+        sink = WebSink(request)
         h = request.headers
         reply = await self.serve(
             path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
@@ -449,7 +397,7 @@ class Ingress:
         try:
             if up.status in RETRYABLE_STATUS:
                 raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-            data = await _read_capped(up, self.config.max_response_bytes)
+            data = await read_capped(up, self.config.max_response_bytes)
         finally:
             await up.aclose()
         return up.status, data, up.content_type
@@ -606,64 +554,3 @@ class Ingress:
                 request=doc,
                 opted_out=getattr(principal, "record_trace", True) is False,
             ))
-
-
-async def _read_capped(up: Upstream, limit: int) -> bytes:
-    """The upstream's whole body, failing (UpstreamError) past `limit` bytes."""
-    capped = getattr(up, "read_capped", None)
-    if capped is not None:
-        data: bytes = await capped(limit)
-        return data
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in up.chunks():
-        size += len(chunk)
-        if size > limit:
-            raise UpstreamError(f"the node's response is larger than {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
-
-
-async def _not_stored(_: web.Request) -> web.StreamResponse:
-    return web_response(not_stored())
-
-
-def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
-    """Mount the OpenAI routes on an existing app (the node does this)."""
-    app.router.add_post("/v1/chat/completions", ingress.chat_completions)
-    app.router.add_post("/v1/completions", ingress.completions)
-    app.router.add_post("/v1/embeddings", ingress.embeddings)
-    app.router.add_get("/v1/models", ingress.models)
-    for path in sorted(EXTRA_POST_PATHS):
-        app.router.add_post(path, ingress.api_route)
-    app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
-    add_openapi_route(app)
-
-
-def build_ingress_app(
-    config: IngressConfig,
-    candidate_source: CandidateSource,
-    forwarder: Forwarder,
-    auth: Authenticator | None = None,
-    usage_sink: UsageSink | None = None,
-    metrics: IngressMetrics | None = None,
-    *,
-    serve_metrics: bool = True,
-    rng: random.Random | None = None,
-) -> web.Application:
-    """A standalone ingress app. It owns `forwarder` (closed on app cleanup)."""
-    ingress = Ingress(config, candidate_source, forwarder, auth, usage_sink, metrics, rng)
-    app = web.Application(client_max_size=config.max_body_bytes + 1)
-    app[INGRESS_KEY] = ingress
-    add_ingress_routes(app, ingress)
-    if serve_metrics:
-        app.router.add_get("/metrics", metrics_handler(ingress.metrics))
-
-    async def close_forwarder(_: web.Application) -> None:
-        await forwarder.aclose()
-
-    app.on_cleanup.append(close_forwarder)
-    return app

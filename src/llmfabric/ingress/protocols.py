@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
+from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.routing.candidates import Candidate
 
 
@@ -75,3 +76,35 @@ class Forwarder(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class StreamSink(Protocol):
+    """Where a committed stream goes (one per request, used at most once).
+
+    `write` raises ConnectionError when the client is gone; the request path then stops.
+    """
+
+    async def start(self, content_type: str, node: str) -> None: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def end(self) -> None: ...
+
+
+BodyReader = Callable[[], Awaitable["bytes | Reply"]]
+
+
+async def read_capped(up: Upstream, limit: int) -> bytes:
+    """The upstream's whole body, failing (UpstreamError) past `limit` bytes."""
+    capped = getattr(up, "read_capped", None)
+    if capped is not None:
+        data: bytes = await capped(limit)
+        return data
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in up.chunks():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamError(f"the node's response is larger than {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
