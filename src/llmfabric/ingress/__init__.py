@@ -10,6 +10,8 @@ Files:
 - fast_front.py: `FastFront(ingress)`, a lean HTTP/1.1 server (asyncio.Protocol + httptools)
   for the OpenAI routes and /metrics; `await front.start(host, port, reuse_port=...)`,
   `await front.aclose()`. The default of `llmfabric ingress`.
+- fast_wire.py: the lean front's response bytes: `response_head`, `ResponseSink` (chunked or
+  close-delimited streams), `not_allowed` (405).
 - api_routes.py: `ApiRoutes` (`Ingress.api`): POST /v1/responses, /v1/messages and the
   pass-through paths over `Ingress.serve`; errors reshaped per API.
 - responses_api.py: the Responses API <-> chat completions (stateless, `store=false`),

@@ -35,7 +35,8 @@ import orjson
 from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, not_stored, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
+from llmfabric.ingress.fast_wire import ResponseSink, not_allowed, response_head
+from llmfabric.ingress.front_limits import FrontLimits
 from llmfabric.ingress.openapi import OPENAPI_BODY
 
 _POST_ROUTES = {
@@ -43,13 +44,6 @@ _POST_ROUTES = {
     b"/v1/completions": ("/v1/completions", True),
     b"/v1/embeddings": ("/v1/embeddings", False),
     **{p.encode(): (p, True) for p in EXTRA_POST_PATHS},  # served by Ingress.api
-}
-_REASONS = {
-    200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
-    404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
-    413: b"Payload Too Large", 414: b"URI Too Long", 429: b"Too Many Requests",
-    431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
-    502: b"Bad Gateway", 503: b"Service Unavailable", 504: b"Gateway Timeout",
 }
 _MAX_QUEUED = 32  # pipelined requests buffered before reading pauses
 _MAX_HEADER_VALUE = 16 * 1024
@@ -143,37 +137,17 @@ class FastFront:
         if hit is not None:
             if method == b"POST":
                 return hit
-            return _not_allowed(path, "POST")
+            return not_allowed(path, "POST")
         if path.startswith(b"/v1/responses/"):
             return not_stored()
         if path == b"/openapi.json":
             return (Reply(200, OPENAPI_BODY, "application/json") if method == b"GET"
-                    else _not_allowed(path, "GET"))
+                    else not_allowed(path, "GET"))
         if path == b"/v1/models" or (path == b"/metrics" and self.serve_metrics):
-            return None if method == b"GET" else _not_allowed(path, "GET")
+            return None if method == b"GET" else not_allowed(path, "GET")
         return error_reply(404, f"no route {path.decode('latin-1')!r}; the API is under /v1 "
                            "(chat/completions, completions, embeddings, responses, messages, "
                            "models; the whole API: /openapi.json)", "not_found")
-
-
-def _not_allowed(path: bytes, allow: str) -> Reply:
-    return error_reply(405, f"{path.decode('latin-1')} accepts {allow} only",
-                       "method_not_allowed", headers={"Allow": allow})
-
-
-def _head(status: int, content_type: str, node: str, extra: dict[str, str] | None,
-          close: bool) -> bytearray:
-    out = bytearray(b"HTTP/1.1 %d %s\r\nContent-Type: " % (status, _REASONS.get(status, b"OK")))
-    out += safe_header_value(content_type).encode()
-    if node:
-        out += b"\r\nX-Fabric-Node: " + safe_header_value(node).encode()
-    if extra:
-        for k, v in extra.items():
-            out += (b"\r\n" + safe_header_value(k).encode() + b": "
-                    + safe_header_value(v).encode())
-    if close:
-        out += b"\r\nConnection: close"
-    return out
 
 
 class _Connection(asyncio.Protocol):
@@ -525,7 +499,7 @@ class _Connection(asyncio.Protocol):
             self._send(reply, keep, head_only)
             return keep
         path, streamable = hit
-        sink = _Sink(self, chunked=req.version != "1.0")
+        sink = ResponseSink(self, chunked=req.version != "1.0")
         if path in EXTRA_POST_PATHS:  # translated APIs and pass-through (api_routes.py)
             out = await self.ingress.api.serve(path, req.auth, req.providers, req.body, sink)
         else:
@@ -541,7 +515,7 @@ class _Connection(asyncio.Protocol):
         if t is None or self.closed:
             return
         if reply.headers:
-            head = bytes(_head(reply.status, reply.content_type, reply.node, reply.headers,
+            head = bytes(response_head(reply.status, reply.content_type, reply.node, reply.headers,
                                not keep) + b"\r\nContent-Length: ")
         else:
             heads = self.front._heads
@@ -551,7 +525,7 @@ class _Connection(asyncio.Protocol):
                 if len(heads) > 1024:
                     heads.clear()
                 cached = heads[key] = bytes(
-                    _head(reply.status, reply.content_type, reply.node, None, not keep)
+                    response_head(reply.status, reply.content_type, reply.node, None, not keep)
                     + b"\r\nContent-Length: ")
             head = cached
         t.write(b"%b%d\r\n\r\n%b" % (head, len(reply.body), b"" if head_only else reply.body))
@@ -620,61 +594,3 @@ class _Connection(asyncio.Protocol):
             self._close()
             return
         self._arm_idle()
-
-
-class _Sink:
-    """StreamSink writing a chunked (HTTP/1.1) or close-delimited (HTTP/1.0) response.
-
-    The response head waits for the first body bytes so that both leave in one write (one
-    syscall and one segment fewer before the first token)."""
-
-    __slots__ = ("chunked", "complete", "conn", "head")
-
-    def __init__(self, conn: _Connection, chunked: bool) -> None:
-        self.conn = conn
-        self.chunked = chunked
-        self.complete = False
-        self.head = b""
-
-    def _transport(self) -> asyncio.Transport:
-        c = self.conn
-        if c.closed or c.transport is None:
-            raise ConnectionResetError("the client closed the connection")
-        return c.transport
-
-    async def start(self, content_type: str, node: str) -> None:
-        self._transport()  # (_head drops control characters from both values)
-        out = _head(200, content_type, node, None, not self.chunked)
-        out += (b"\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
-                if self.chunked else b"\r\nCache-Control: no-cache\r\n\r\n")
-        self.head = bytes(out)
-
-    async def write(self, data: bytes) -> None:
-        if not self.write_now(data):
-            await self.conn.wait_writable()
-
-    def write_now(self, data: bytes) -> bool:
-        """Write without waiting; False when the client's buffer is over its high-water mark
-        (then await `wait_writable()` before writing more)."""
-        t = self._transport()
-        if not data:  # (an empty chunk would end the chunked body)
-            return not self.conn.write_paused
-        if self.chunked:
-            data = b"%b%x\r\n%b\r\n" % (self.head, len(data), data)
-        elif self.head:
-            data = self.head + data
-        self.head = b""
-        t.write(data)
-        return not self.conn.write_paused
-
-    async def wait_writable(self) -> None:
-        await self.conn.wait_writable()
-
-    async def end(self) -> None:
-        t = self._transport()
-        if self.chunked:
-            t.write(self.head + b"0\r\n\r\n")
-        elif self.head:
-            t.write(self.head)
-        self.head = b""
-        self.complete = True
