@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -221,22 +220,16 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
         await node.start()
         try:
             await clock.sleep(settle)
-            agent = node.agent
-            assert agent is not None
+            from llmfabric.node.replica_reader import current_session_reader
 
-            def live() -> list[NodeRecord]:
-                return [dataclasses.replace(v.record, state=v.state)
-                        for v in agent.nodes.all(include_left=False) if not v.suspected]
+            reader = current_session_reader(node)
+            live = reader.live_records
 
             def records() -> list[NodeRecord]:
                 # Bare nodes are capacity only when they accept assignments.
                 return [r for r in live() if _capacity(r)]
 
-            def peer_of(sid: str) -> str | None:
-                view = agent.nodes.get(sid)
-                return None if view is None else view.record.peer_id
-
-            executor = PeerExecutor(node.transport, peer_of)
+            executor = PeerExecutor(node.transport, reader.peer_of)
             ctl = FleetController(records, lambda: workload_of(live()), executor, perf, clock,
                                   config)
 

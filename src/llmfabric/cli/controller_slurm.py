@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import pathlib
@@ -25,7 +24,7 @@ from llmfabric.launch.errors import LaunchError
 from llmfabric.launch.launcher import SlurmLauncher, capacity_config
 from llmfabric.launch.profile import load_profile
 from llmfabric.launch.slurm import Slurm
-from llmfabric.registry.records import NodeRecord
+from llmfabric.node.replica_reader import current_session_reader
 from llmfabric.scheduler.observed import observed_workload
 
 
@@ -57,12 +56,7 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
         clock = SystemClock()
         try:
             await clock.sleep(settle)
-            agent = node.agent
-            assert agent is not None
-
-            def live() -> list[NodeRecord]:
-                return [dataclasses.replace(v.record, state=v.state)
-                        for v in agent.nodes.all(include_left=False) if not v.suspected]
+            live = current_session_reader(node).live_records
 
             def demand() -> float:
                 workload, _ = observed_workload(live())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmfabric.clock import Clock
 from llmfabric.gossip.agent import GossipAgent
@@ -12,6 +12,9 @@ from llmfabric.node.views import ObservedRecord
 from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import NodeRecord
 from llmfabric.registry.replica import Replica
+
+if TYPE_CHECKING:  # (the daemon builds readers; no runtime import back)
+    from llmfabric.node.daemon import Node
 
 
 class AgentReplicaReader:
@@ -46,6 +49,14 @@ class AgentReplicaReader:
             (dataclasses.replace(v.record, state=v.state), v.suspected)
             for v in self._agent().nodes.all(include_left=False)
         ]
+
+    def live_records(self) -> list[NodeRecord]:
+        """Records (effective lifecycle) of the non-LEFT, unsuspected sessions."""
+        return [r for r, suspected in self.records_with_suspicion() if not suspected]
+
+    def peer_of(self, session_id: str) -> str | None:
+        view = self._agent().nodes.get(session_id)
+        return None if view is None else view.record.peer_id
 
     def replica(self) -> Replica:
         """The current agent's replica (routing.replica_source follows its changes)."""
@@ -82,3 +93,15 @@ class AgentReplicaReader:
                 }
             )
         return out
+
+
+def current_session_reader(node: Node, clock: Clock | None = None) -> AgentReplicaReader:
+    """The fleet as the node's CURRENT session sees it (the controllers' view): an eviction
+    and rejoin replace the node's agent, so it is looked up on every read, never captured."""
+    def agent() -> GossipAgent:
+        current = node.agent
+        if current is None:
+            raise RuntimeError("the node has no session (it is stopping)")
+        return current
+
+    return AgentReplicaReader(agent, clock if clock is not None else node.clock)
