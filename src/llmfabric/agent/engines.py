@@ -11,11 +11,17 @@ KIND` overrides (any OpenAI-compatible server: `openai`).
 | vllm | `vllm serve`, `vllm.entrypoints` | 8000 | /metrics (vllm:) | --max-model-len | /tokenize |
 | sglang | `-m sglang.launch_server` | 30000 | /metrics (sglang:) | --context-length | - |
 | llama.cpp | `llama-server` | 8080 | /metrics (--metrics), /slots | -c, --ctx-size | /tokenize |
-| llama-cpp-python | `-m llama_cpp.server` | 8000 | - | --n_ctx | /extras/tokenize |
+| llama-cpp-python | `-m llama_cpp.server` | 8000 | - | --n_ctx | /extras/tokenize/count |
 | tgi | `text-generation-launcher` | 3000 | /metrics (tgi_) | --max-total-tokens | /tokenize |
 | torch | `llmfabric engine torch` | --port | /metrics (vllm-style) | --max-model-len | - |
 | sim | `llmfabric engine sim` | --port | - | --max-model-len | - |
 | openai | anything else | --port | - | - | - |
+
+`counts_stream_usage`: the engine sends no usage in streams (llama.cpp's servers), so the
+node counts a stream's tokens itself (node/stream_usage.py). `tokenize_interrupts`: a
+tokenize call while a stream runs cuts that stream short (llama-cpp-python's default
+`interrupt_requests`: a request waiting for its model lock ends the running one), so the node
+calls it only when the engine is otherwise idle.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ class EngineKind:
     metrics_format: str = ""  # "vllm" | "sglang" | "llama.cpp" | "tgi"
     slots_path: str | None = None  # llama.cpp per-slot state (fallback without --metrics)
     context_flags: tuple[str, ...] = ()
-    # POST body shape for counting tokens: "vllm" {"model","prompt"} -> {"count"|"tokens"},
-    # "llama.cpp" {"content"} -> {"tokens"}, "llama-cpp-python" {"input"} -> {"count"|"tokens"},
-    # "tgi" {"inputs"} -> [tokens]
+    # POST body shape for counting tokens (agent/tokenize.py): "vllm" {"model","prompt"} ->
+    # {"count"}, "llama.cpp" {"content"} -> {"tokens"}, "llama-cpp-python" {"input"} ->
+    # {"count"}, "tgi" {"inputs"} -> [tokens]
     tokenize_path: str | None = None
     tokenize_format: str = ""
+    counts_stream_usage: bool = False  # the node counts streams' tokens (engine sends none)
+    tokenize_interrupts: bool = False  # a tokenize call ends a running stream
     # The engine's own default context when neither the command nor /v1/models tells it
     # (llama-cpp-python: n_ctx=2048); None: unknown, the node's configured default is used.
     default_context: int | None = None
@@ -59,10 +67,11 @@ KINDS: dict[str, EngineKind] = {
         EngineKind("llama.cpp", 8080, metrics_path="/metrics", metrics_format="llama.cpp",
                    slots_path="/slots", context_flags=("-c", "--ctx-size"),
                    tokenize_path="/tokenize", tokenize_format="llama.cpp",
-                   props_path="/props"),
+                   props_path="/props", counts_stream_usage=True),
         EngineKind("llama-cpp-python", 8000, health_path="/v1/models",
-                   context_flags=("--n_ctx", "--n-ctx"), tokenize_path="/extras/tokenize",
-                   tokenize_format="llama-cpp-python", default_context=2048),
+                   context_flags=("--n_ctx", "--n-ctx"),
+                   tokenize_path="/extras/tokenize/count", tokenize_format="llama-cpp-python",
+                   default_context=2048, counts_stream_usage=True, tokenize_interrupts=True),
         EngineKind("tgi", 3000, metrics_path="/metrics", metrics_format="tgi",
                    context_flags=("--max-total-tokens",), tokenize_path="/tokenize",
                    tokenize_format="tgi"),

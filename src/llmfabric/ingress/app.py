@@ -492,7 +492,7 @@ class Ingress:
             await up.aclose()
         if usage is None and scanner is not None:
             if scanner.usage is not None:
-                usage = Usage(*scanner.usage)  # (the client went away before the end)
+                usage = Usage(*scanner.usage, scanner.estimated)  # (client gone before the end)
             elif gone or failed is not None:  # bill what was relayed, marked estimated
                 usage = Usage(*relayed_usage(len(body), scanner.events), True)
         if failed is not None:

@@ -3,12 +3,14 @@
 The node mounts `add_engine_proxy_routes(app, proxy)`, which serves
 `POST /v1/fabric/forward/<path>` for the paths in paths.FORWARDABLE_PATHS; the peer request handler
 (requests arriving over the peer network / relays) calls `proxy.open(path, body)` and relays
-the returned Upstream's chunks itself.
+the returned Upstream's chunks itself. `around` (the node's node/stream_usage.py) wraps each
+call to the engine: it sees the request and may rewrite the response's stream.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -18,8 +20,11 @@ from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
 from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
 from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
+from llmfabric.ingress.protocols import Upstream
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
+Opener = Callable[[str, bytes], Awaitable[Upstream]]
+Around = Callable[[str, bytes, Opener], Awaitable[Upstream]]
 
 
 class EngineProxy:
@@ -31,6 +36,7 @@ class EngineProxy:
         max_body_bytes: int = 8 * 1024 * 1024,
         forward_token: str | None = None,
         session: aiohttp.ClientSession | None = None,
+        around: Around | None = None,
     ) -> None:
         """`engine_base_url` like "http://127.0.0.1:8000" (without /v1). If `forward_token` is
         set, HTTP callers must send it in X-Fabric-Forward-Token."""
@@ -40,7 +46,12 @@ class EngineProxy:
         self._token = forward_token
         self._own = session is None
         self._session = session
+        self._around = around
         self._urls = {p: URL(self._base + ENGINE_PATHS.get(p, p)) for p in FORWARDABLE_PATHS}
+
+    def session(self) -> aiohttp.ClientSession:
+        """The proxy's connection pool to the engine (also for the node's tokenize calls)."""
+        return self._get_session()
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -51,8 +62,13 @@ class EngineProxy:
             )
         return self._session
 
-    async def open(self, path: str, body: bytes) -> HttpUpstream:
+    async def open(self, path: str, body: bytes) -> Upstream:
         """POST to the engine; raises UpstreamError if the engine cannot be reached."""
+        if self._around is not None:
+            return await self._around(path, body, self._open)
+        return await self._open(path, body)
+
+    async def _open(self, path: str, body: bytes) -> Upstream:
         url = self._urls.get(path)
         if url is None:
             raise UpstreamError(f"path {path!r} cannot be forwarded to an engine")

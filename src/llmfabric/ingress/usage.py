@@ -12,8 +12,10 @@ unscanned instead of held, so the ingress never buffers more than one capped lin
 `events` counts the `data:` events relayed, so a stream the client abandoned can still be
 billed (`relayed_usage`).
 
-Engines that report no usage (UsageFallback, below): the ingress counts the tokens itself,
-marks them estimated, and emits the final usage chunk a client asked for.
+Engines that report no usage: the node counts a stream's tokens with the engine's tokenizer
+where it can (node/stream_usage.py) and sends a usage chunk marked `"estimated": true`;
+otherwise the ingress counts them itself (the estimate below). Either way the row is marked
+estimated, and the final usage chunk a client asked for is sent.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ def usage_from_body(body: bytes) -> tuple[int, int] | None:
 class StreamUsageScanner:
     """Feed upstream SSE bytes; get back the bytes to send on (line-aligned)."""
 
-    __slots__ = ("_carry", "_held_done", "_max_line", "_strip", "_want_chunk", "events",
-                 "pieces", "usage")
+    __slots__ = ("_carry", "_held_done", "_max_line", "_strip", "_want_chunk", "estimated",
+                 "events", "pieces", "usage")
 
     def __init__(self, strip_usage_chunk: bool, want_usage_chunk: bool = False,
                  max_line: int = MAX_SSE_LINE) -> None:
@@ -78,6 +80,7 @@ class StreamUsageScanner:
         self._max_line = max_line
         self._carry = b""
         self.usage: tuple[int, int] | None = None
+        self.estimated = False  # the usage chunk said `"estimated": true` (a node counted)
         self.events = 0  # `data:` events passed on
         # For engines that send no usage: content pieces seen, and `data: [DONE]` held back
         # while the client asked for a usage chunk the engine has not sent.
@@ -134,7 +137,7 @@ class StreamUsageScanner:
         """The request's usage (the engine's, else the ingress's estimate, marked so) and the
         bytes still to send: the usage chunk the client asked for and the held `[DONE]`."""
         if self.usage is not None:
-            usage = Usage(self.usage[0], self.usage[1])
+            usage = Usage(self.usage[0], self.usage[1], self.estimated)
         else:
             usage = Usage(prompt_estimate, max(0, self.pieces), True)
         if not self._held_done:
@@ -158,10 +161,11 @@ class StreamUsageScanner:
                     continue
                 if isinstance(doc, dict):
                     resp = doc.get("response")  # (a Responses API response.completed event)
-                    got = _tokens(resp.get("usage") if isinstance(resp, dict)
-                                  else doc.get("usage"))
+                    claim = resp.get("usage") if isinstance(resp, dict) else doc.get("usage")
+                    got = _tokens(claim)
                     if got is not None:
                         self.usage = got
+                        self.estimated = isinstance(claim, dict) and claim.get("estimated") is True
                     if self._strip and not doc.get("choices"):
                         drop_blank = True
                         continue
@@ -227,10 +231,16 @@ def estimate_completion_from_body(body: bytes) -> int:
     return math.ceil(chars / 4)
 
 
-def usage_chunk(usage: Usage, model: str, chat: bool) -> bytes:
-    """The final `choices: []` usage event OpenAI streams send for include_usage."""
+def usage_chunk(usage: Usage, model: str, chat: bool, mark_estimated: bool = False) -> bytes:
+    """The final `choices: []` usage event OpenAI streams send for include_usage;
+    `mark_estimated` adds `"estimated": true` to the usage (a node's count, see
+    node/stream_usage.py: the ingress keeps such rows marked)."""
+    counts: dict[str, Any] = {"prompt_tokens": usage.prompt,
+                              "completion_tokens": usage.completion,
+                              "total_tokens": usage.prompt + usage.completion}
+    if mark_estimated:
+        counts["estimated"] = True
     doc: dict[str, Any] = {"id": "fabric-usage", "object": "chat.completion.chunk" if chat else
            "text_completion", "created": int(time.time()), "model": model, "choices": [],
-           "usage": {"prompt_tokens": usage.prompt, "completion_tokens": usage.completion,
-                     "total_tokens": usage.prompt + usage.completion}}
+           "usage": counts}
     return b"data: " + orjson.dumps(doc) + b"\n\n"

@@ -13,16 +13,19 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
 
+import aiohttp
 from aiohttp import web
 
 from llmfabric.agent import EngineInfo, EngineSupervisor, InflightTracker, SupervisorConfig
+from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.clock import Clock
-from llmfabric.ingress.engine_proxy import EngineProxy
+from llmfabric.ingress.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.config import NodeConfig
+from llmfabric.node.stream_usage import StreamUsageCounter
 from llmfabric.registry.records import ServedModel
 
 log = logging.getLogger(__name__)
@@ -87,15 +90,31 @@ class EngineLink:
             clock=clock,
         )
         self.proxy: EngineProxy | None = None
+        self.usage_counter: StreamUsageCounter | None = None
 
     async def start(self) -> EngineInfo:
         info = await self.supervisor.start()
         if self.config.aliases:
             info = dataclasses.replace(
                 info, models=with_aliases(info.models, self.config.aliases))
-        self.proxy = EngineProxy(
-            info.base_url, max_body_bytes=self.config.max_body_bytes)
+        self.proxy = EngineProxy(info.base_url, max_body_bytes=self.config.max_body_bytes,
+                                 around=self._usage_counter(info.base_url))
         return info
+
+    def _usage_counter(self, base_url: str) -> Around | None:
+        """For engines that send no usage in streams: the node counts (stream_usage.py)."""
+        kind = self.supervisor.command.adapter
+        if not kind.counts_stream_usage:
+            return None
+        tokenizer = None
+        if kind.tokenize_path is not None:
+            tokenizer = EngineTokenizer(kind, base_url, lambda: self._session())
+        self.usage_counter = StreamUsageCounter(kind, tokenizer)
+        return self.usage_counter.open
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self.proxy is not None  # (tokenize calls come after start)
+        return self.proxy.session()
 
     async def handle_http(self, request: web.Request) -> web.StreamResponse:
         if self.proxy is None or not self.inflight.accepting:
