@@ -8,6 +8,7 @@ Files:
   engines.py     EngineKind adapters (vllm, sglang, llama.cpp, llama-cpp-python, tgi, torch,
                  sim, openai): detection, ports, health/metrics/tokenize routes, context flags
   facts.py       served_models, precision_of (flags, GGUF header, config.json), --model-id
+  tokenize.py    EngineTokenizer: token counts from the engine's own /tokenize route
   engine_metrics.py  Prometheus / llama.cpp /slots parsing into EngineLoad; PrefixRate
   proctree.py    the engine's process tree: parent-death signal, /proc walk, kill_tree
   watchdog.py    stdlib-only watchdog process: kills the tree when the node or engine dies

@@ -37,7 +37,7 @@ Files:
 - front_limits.py: `FrontLimits` (URL/head sizes, read timeouts, connection caps of the lean
   front) and `safe_header_value` (no control characters in emitted headers).
 - engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
-  local engine, streamed).
+  local engine, streamed; `around` lets the node wrap each engine call).
 - usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`).
 - accounts_auth.py: adapters from llmfabric.accounts (AccountStore, RateLimiter) and
   `StaticKeys` for tests/benchmarks.

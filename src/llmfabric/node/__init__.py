@@ -6,6 +6,8 @@ membership, the engine agent and (optionally) the ingress into one running node.
   admission       the admission credential from the config; `read_secret_file` (rotation),
                   the provider verifier and record policy (registry.provider)
   engine_link     the node's engine: supervision (agent/) + the forwarded-request proxy
+  stream_usage    counts a stream's tokens when the engine sends no usage (the engine's
+                  tokenizer; a usage chunk marked estimated before [DONE])
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
   trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
   replica_reader  the current agent's replica as the views, routing and the API read it
