@@ -159,6 +159,46 @@ def test_usage_is_never_missing(real: Setup) -> None:
         assert sum(row["estimated_requests"] for row in rows) >= 1
 
 
+def test_stream_usage_is_the_engines_own_count(real: Setup) -> None:
+    """A stream's usage, in the client's usage chunk and in the ledger, equals what the
+    engine reports for the same request unstreamed. llama.cpp's server reports none in
+    streams: the node counts the prompt with the engine's tokenizer and the completion from
+    its token events (not characters / 4, not the non-empty pieces), marked estimated."""
+    assert real.fab.ingress is not None
+    base, admin = real.fab.ingress.http_url, real.fab.admin_key()
+    status, created, _ = http("POST", base + "/v1/fabric/keys", admin,
+                              {"name": "usage-check", "owner": "usage-check"})
+    assert status == 201, created
+    client = openai.OpenAI(base_url=base + "/v1", api_key=created["key"], max_retries=0,
+                           timeout=120)
+    prompt = "hello fabric, how are you today? the quick brown fox"
+    kw: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": 20,
+                          "temperature": 0, "seed": 1}
+    whole = client.completions.create(**kw)
+    assert whole.usage is not None
+    truth = (whole.usage.prompt_tokens, whole.usage.completion_tokens)
+    assert truth[0] != -(-len(prompt) // 4)  # (the old estimate would not pass this test)
+    chunks = list(client.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == truth
+    plain = list(client.completions.create(**kw, stream=True))  # usage injected, stripped
+    assert all(ch.usage is None for ch in plain)
+    real.requests += 3
+    deadline = time.monotonic() + 10
+    while True:
+        _, doc, _ = http("GET", f"{base}/v1/fabric/usage?key_id={created['id']}", admin)
+        rows = doc["data"]
+        if sum(r["requests"] for r in rows) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    [row] = rows
+    assert (row["requests"], row["prompt_tokens"], row["completion_tokens"]) == (
+        3, 3 * truth[0], 3 * truth[1])
+    assert row["estimated_requests"] == (2 if real.kind == "llama-cpp-python" else 0)
+
+
 def test_engine_killed_children_reaped_no_failed_request(real: Setup) -> None:
     pid = real.a.get_json("/v1/fabric/self")["engine_process"]["pid"]
     tree = (pid, *descendants(pid))

@@ -68,7 +68,7 @@ KINDS: dict[str, EngineKind] = {
                    slots_path="/slots", context_flags=("-c", "--ctx-size"),
                    tokenize_path="/tokenize", tokenize_format="llama.cpp",
                    props_path="/props", counts_stream_usage=True),
-        EngineKind("llama-cpp-python", 8000, health_path="/v1/models",
+        EngineKind("llama-cpp-python", 8000,
                    context_flags=("--n_ctx", "--n-ctx"),
                    tokenize_path="/extras/tokenize/count", tokenize_format="llama-cpp-python",
                    default_context=2048, counts_stream_usage=True, tokenize_interrupts=True),

@@ -2,7 +2,8 @@
 plain GETs for its metrics (/metrics, /slots, /props).
 
 vLLM, SGLang, llama-server, TGI and the sim engine answer /health; servers without it
-(llama-cpp-python) answer 404 and the readiness route is used instead. /v1/models gives the
+(llama-cpp-python) answer 404, which proves their HTTP server is up (their /v1/models may
+wait for the model, see `health`). /v1/models gives the
 served model ids and, on vLLM and the sim engine, `max_model_len`. Answers are capped in
 size (`MAX_BODY`): an engine is not trusted to be small.
 """
@@ -69,10 +70,11 @@ class HttpProbe:
             async with self._http().get(
                 f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as r:
-                if r.status == 404:  # engines without /health: readiness route instead
-                    await self.models(base_url, timeout_s)
-                    return True
-                return r.status == 200
+                # 404: a server without /health (llama-cpp-python) answered, so it is up.
+                # Not /v1/models instead: llama-cpp-python serves it under its model lock,
+                # so a check cuts a running stream short (its default interrupt_requests)
+                # or waits for the whole generation (and times out).
+                return r.status in (200, 404)
         except (aiohttp.ClientError, TimeoutError, ProbeError):
             return False
 

@@ -31,10 +31,12 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import orjson
 
 from llmfabric.agent.engines import EngineKind
 from llmfabric.agent.tokenize import EngineTokenizer
+from llmfabric.ingress.errors import UpstreamError
 from llmfabric.ingress.protocols import Upstream
 from llmfabric.ingress.usage import Usage, estimate_prompt_tokens, usage_chunk
 
@@ -256,10 +258,17 @@ class CountingUpstream:
                 yield data
             return
         tally = StreamTally()
-        async for data in self._up.chunks():
-            out = tally.feed(data)
-            if out:
-                yield out
+        try:
+            async for data in self._up.chunks():
+                out = tally.feed(data)
+                if out:
+                    yield out
+        except (aiohttp.ClientError, TimeoutError, UpstreamError):
+            # The engine finished ([DONE] held) and then broke the connection (llama-cpp-
+            # python cancels an interrupted stream right after its [DONE]): the answer is
+            # complete, so finish it; before [DONE] the relay fails as it would unwrapped.
+            if not tally.held_done:
+                raise
         rest = tally.flush()
         if rest:
             yield rest

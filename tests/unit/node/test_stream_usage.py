@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -56,6 +57,8 @@ class FakeEngine:
         self.calls_during_stream = 0
         self.arrivals: list[str] = []
         self.with_usage = False
+        self.break_after_done = False
+        self.break_early = False
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -86,8 +89,16 @@ class FakeEngine:
             if self.with_usage:
                 await resp.write(sse({"choices": [], "usage": {
                     "prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16}}))
+            if self.break_early:
+                assert request.transport is not None
+                request.transport.close()  # broken before the end: no [DONE]
+                return resp
             await resp.write(b"data: [DO")
             await resp.write(b"NE]\n\n")
+            if self.break_after_done:  # llama-cpp-python after an interrupt
+                await asyncio.sleep(0.05)
+                assert request.transport is not None
+                request.transport.close()
         finally:
             self.streams_running -= 1
         return resp
@@ -260,6 +271,18 @@ async def test_the_ingress_keeps_a_nodes_count_marked_estimated() -> None:
         assert usage == (5, len(WORDS), True)
         assert tail == b""  # the node's chunk is the one the client gets
         assert (b'"estimated":true' in relayed) is not strip
+
+
+async def test_a_connection_broken_after_done_still_ends_the_stream() -> None:
+    engine = FakeEngine()
+    engine.break_after_done = True
+    async with Node(engine, LLAMA_PY) as node:
+        out = await node.stream("/v1/completions", PROMPT)
+        assert out.endswith(b"data: [DONE]\n\n")
+        assert events(out)[-1]["usage"]["completion_tokens"] == len(WORDS)
+        engine.break_after_done, engine.break_early = False, True
+        with pytest.raises(aiohttp.ClientError):  # a broken stream stays broken
+            await node.stream("/v1/completions", PROMPT)
 
 
 def test_token_count_believes_only_plausible_answers() -> None:
