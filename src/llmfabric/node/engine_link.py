@@ -109,7 +109,7 @@ class EngineLink:
         tokenizer = None
         if kind.tokenize_path is not None:
             tokenizer = EngineTokenizer(kind, base_url, lambda: self._session())
-        self.usage_counter = StreamUsageCounter(kind, tokenizer)
+        self.usage_counter = StreamUsageCounter(kind, tokenizer, self.supervisor.command.argv)
         return self.usage_counter.open
 
     def _session(self) -> aiohttp.ClientSession:

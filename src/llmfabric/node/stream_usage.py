@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
 import orjson
 
-from llmfabric.agent.engines import EngineKind
+from llmfabric.agent.engines import EngineKind, flag_value
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.ingress.errors import UpstreamError
 from llmfabric.ingress.protocols import Upstream
@@ -150,9 +150,14 @@ class StreamTally:
 class StreamUsageCounter:
     """Wraps the engine proxy's `open` (EngineProxy(around=...)) for one engine."""
 
-    def __init__(self, kind: EngineKind, tokenizer: EngineTokenizer | None) -> None:
+    def __init__(self, kind: EngineKind, tokenizer: EngineTokenizer | None,
+                 argv: Sequence[str] = ()) -> None:
         self.kind = kind
         self.tokenizer = tokenizer
+        # llama-cpp-python run with `--interrupt_requests False` waits instead of cutting
+        self.interrupts = kind.tokenize_interrupts and (
+            (flag_value(argv, "--interrupt_requests") or "true").lower()
+            not in ("false", "0", "no", "off"))
         self._active = 0  # requests open on the engine through this node
         self._gate = asyncio.Event()  # cleared while an interrupting tokenize call runs
         self._gate.set()
@@ -178,8 +183,8 @@ class StreamUsageCounter:
         """(prompt tokens, counted by the engine's tokenizer)."""
         tok = self.tokenizer
         n: int | None = None
-        if tok is not None and (not self.kind.tokenize_interrupts or self._active <= 1):
-            if self.kind.tokenize_interrupts:
+        if tok is not None and (not self.interrupts or self._active <= 1):
+            if self.interrupts:
                 self._gate.clear()  # new requests wait: they would be cut by our call
             try:
                 n = await self._count(tok, doc)

@@ -236,6 +236,20 @@ async def test_no_tokenize_call_cuts_another_stream_on_an_interrupting_engine() 
     assert events(await slow)[-1]["usage"]["prompt_tokens"] == 5
 
 
+async def test_an_engine_told_not_to_interrupt_counts_with_others_in_flight() -> None:
+    engine = FakeEngine()
+    async with Node(engine, LLAMA_PY) as node:
+        node.counter = StreamUsageCounter(LLAMA_PY, node.tokenizer,
+                                          ["python", "-m", "llama_cpp.server",
+                                           "--interrupt_requests", "False"])
+        node.proxy._around = node.counter.open
+        slow = asyncio.create_task(node.stream("/v1/completions", {**PROMPT, "slow": True}))
+        await asyncio.sleep(0.05)
+        fast = await node.stream("/v1/completions", PROMPT)
+        await slow
+    assert events(fast)[-1]["usage"]["prompt_tokens"] == 5
+
+
 async def test_new_requests_wait_while_an_interrupting_tokenize_runs() -> None:
     engine = FakeEngine()
     engine.tokenize_mode = "held"
