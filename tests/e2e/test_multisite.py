@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import platform
 import secrets
 import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,8 +85,8 @@ def lab() -> Iterator[SiteLab]:
         lab.close()
 
 
-def _site(lab: SiteLab, pub: str, n: int) -> tuple[str, str]:
-    """A site behind NAT: returns (router ns, compute ns)."""
+def _site(lab: SiteLab, pub: str, n: int) -> tuple[str, str, str | None]:
+    """A site behind NAT: returns (router ns, compute ns, why it has no netem delay)."""
     rtr, compute = lab.ns(f"r{n}"), lab.ns(f"c{n}")
     _, uplink = lab.link(pub, f"10.204.{n}.1/30", rtr, f"10.204.{n}.2/30")
     down, _ = lab.link(rtr, f"192.168.4{n}.1/24", compute, f"192.168.4{n}.2/24")
@@ -95,14 +97,32 @@ def _site(lab: SiteLab, pub: str, n: int) -> tuple[str, str]:
             "-o", uplink, "-j", "MASQUERADE")
     lab.run(rtr, "iptables", "-A", "FORWARD", "-i", uplink, "-o", down, "-m", "conntrack",
             "--ctstate", "NEW", "-j", "DROP")
-    # 20 ms between the site and the ingress where the kernel has netem (sch_netem, loaded on
-    # demand if it is only unloaded); some (this VM's among them: no modules at all) do not:
-    # then the sites are only NATed, the cut/heal is the same.
-    if shutil.which("modprobe"):
+    return rtr, compute, _delay(lab, rtr, uplink)
+
+
+def _delay(lab: SiteLab, rtr: str, dev: str) -> str | None:
+    """20 ms of netem delay from the site towards the ingress; None when applied, else why
+    not. Kernels without sch_netem (this VM's among them: no modules at all) cannot: then
+    the sites are only NATed, the cut/heal is the same, and the test says so in a warning
+    (LLMFABRIC_REQUIRE_NETEM=1 makes it a failure)."""
+    if shutil.which("modprobe"):  # (loaded on demand where it is only unloaded)
         subprocess.run(["modprobe", "sch_netem"], capture_output=True, timeout=30)
-    lab.run(rtr, "tc", "qdisc", "add", "dev", uplink, "root", "netem", "delay", "20ms",
-            check=False)
-    return rtr, compute
+    res = subprocess.run(["ip", "netns", "exec", rtr, "tc", "qdisc", "add", "dev", dev, "root",
+                          "netem", "delay", "20ms"], capture_output=True, text=True, timeout=30)
+    if res.returncode != 0:
+        return (f"`tc qdisc add ... netem delay 20ms` failed on kernel {platform.release()}: "
+                f"{res.stderr.strip() or res.returncode} (no sch_netem?)")
+    shown = lab.run(rtr, "tc", "qdisc", "show", "dev", dev)
+    assert "netem" in shown and "delay 20" in shown, shown
+    return None
+
+
+def _connect_s(lab: SiteLab, ns: str, host: str, port: int) -> float:
+    """Seconds one TCP connect from `ns` takes (one round trip)."""
+    out = lab.run(ns, sys.executable, "-c", "import socket,sys,time;t=time.monotonic();"
+                  "socket.create_connection((sys.argv[1],int(sys.argv[2])),10).close();"
+                  "print(time.monotonic()-t)", host, str(port), timeout=30)
+    return float(out.strip())
 
 
 def _vllm() -> pathlib.Path:
@@ -165,11 +185,18 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
     lab.run(pub, "ip", "addr", "add", f"{PUBLIC}/32", "dev", "lo")
     rtr_b = ""
     computes = {}
+    no_delay: list[str] = []
     for n in (1, 2):
-        rtr, compute = _site(lab, pub, n)
+        rtr, compute, why = _site(lab, pub, n)
         computes[n] = compute
+        no_delay += [why] if why else []
         if n == 2:
             rtr_b = rtr
+    if no_delay:
+        msg = f"multisite: NO 20 ms netem delay between the sites and the ingress: {no_delay[0]}"
+        if os.environ.get("LLMFABRIC_REQUIRE_NETEM") == "1":
+            pytest.fail(msg)
+        warnings.warn(msg, pytest.PytestWarning, stacklevel=1)
     secret = secrets.token_urlsafe(24)
     key_file = tmp_path / "ingress" / "admin.key"
     common = ["--network-secret", secret, "--preset", "lan"]
@@ -193,6 +220,8 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
     a1 = _wait("site A's vLLM serving", lambda: _serving(lab, pub, "site-a", key_file), 240,
                tmp_path)[0]
     assert a1["peer_addrs"] == []  # outbound only: reached through the relay
+    if not no_delay:  # the delay is really there: a site's round trip to the ingress
+        assert min(_connect_s(lab, computes[n], PUBLIC, 8080) for n in (1, 2)) >= 0.019
     # the ingress sees the real engine's facts on A (its context and precision, not defaults)
     assert (a1["engine"], b1["engine"]) == ("vllm", "sim")
     assert [(m["id"], m["max_context"], m["quantization"]) for m in a1["models"]] == [
