@@ -47,7 +47,8 @@ def vllm_command(venv: pathlib.Path, model: pathlib.Path, port: int) -> list[str
 
 def llamacpp_command(venv: pathlib.Path, model: pathlib.Path, port: int) -> list[str]:
     return [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(model),
-            "--port", str(port), "--n_ctx", str(CTX), "--model_alias", "tiny"]
+            "--port", str(port), "--n_ctx", str(CTX), "--model_alias", "tiny",
+            "--embedding", "True"]  # (it serves /v1/embeddings next to generation)
 
 
 def http(method: str, url: str, key: str, body: Any = None) -> tuple[int, Any, Any]:
@@ -124,6 +125,29 @@ def test_models_chat_completions(real: Setup) -> None:
     done = client.completions.create(model="tiny", prompt="the quick brown", max_tokens=6)
     assert isinstance(done.choices[0].text, str)
     real.requests += 2
+
+
+def test_embeddings_where_the_engine_serves_them(real: Setup) -> None:
+    """llama-cpp-python (`--embedding True`) serves embeddings through the fabric; vLLM runs
+    the model for generation: it serves them or refuses with a 4xx that reaches the client
+    with the engine's message (never a 5xx, a hang or a retry storm)."""
+    assert real.fab.ingress is not None
+    if real.kind == "llama-cpp-python":
+        got = real.client().embeddings.create(model="tiny", input="hello fabric",
+                                              encoding_format="float")
+        assert len(got.data) == 1 and got.data[0].embedding
+        real.requests += 1
+        return
+    status, doc, _ = http("POST", real.fab.ingress.http_url + "/v1/embeddings",
+                          real.fab.admin_key(), {"model": "tiny", "input": "hello fabric"})
+    print("vLLM /v1/embeddings:", status, str(doc)[:300])
+    if status == 200:
+        assert doc["data"][0]["embedding"], doc
+        real.requests += 1
+        return
+    assert 400 <= status < 500, (status, doc)
+    error = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+    assert error.get("message"), doc
 
 
 def test_streams_with_and_without_usage(real: Setup) -> None:
