@@ -165,7 +165,7 @@ class StreamUsageCounter:
         self.tokenized = 0  # ... whose prompt the engine's tokenizer counted
 
     async def open(self, path: str, body: bytes, opener: Opener) -> Upstream:
-        if not self._gate.is_set():
+        while not self._gate.is_set():  # (re-checked: another call may start meanwhile)
             await self._gate.wait()  # (a tokenize call of a millisecond or so)
         doc = wanted(path, body)
         self._active += 1
