@@ -130,7 +130,7 @@ def test_models_chat_completions(real: Setup) -> None:
 def test_embeddings_where_the_engine_serves_them(real: Setup) -> None:
     """llama-cpp-python (`--embedding True`) serves embeddings through the fabric; vLLM runs
     the model for generation: it serves them or refuses with a 4xx that reaches the client
-    with the engine's message (never a 5xx, a hang or a retry storm)."""
+    with the engine's message (never a 5xx, a hang or a retry on every provider)."""
     assert real.fab.ingress is not None
     if real.kind == "llama-cpp-python":
         got = real.client().embeddings.create(model="tiny", input="hello fabric",
@@ -140,14 +140,15 @@ def test_embeddings_where_the_engine_serves_them(real: Setup) -> None:
         return
     status, doc, _ = http("POST", real.fab.ingress.http_url + "/v1/embeddings",
                           real.fab.admin_key(), {"model": "tiny", "input": "hello fabric"})
-    print("vLLM /v1/embeddings:", status, str(doc)[:300])
     if status == 200:
         assert doc["data"][0]["embedding"], doc
         real.requests += 1
         return
+    # vLLM's generate runner mounts no /v1/embeddings: its own 404 {"detail": "Not Found"}
+    # passes through (the fabric does not know which routes an engine mounts)
     assert 400 <= status < 500, (status, doc)
     error = doc.get("error") if isinstance(doc.get("error"), dict) else doc
-    assert error.get("message"), doc
+    assert error.get("message") or error.get("detail"), doc
 
 
 def test_streams_with_and_without_usage(real: Setup) -> None:
