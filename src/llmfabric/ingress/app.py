@@ -53,6 +53,7 @@ from llmfabric.ingress.web_sink import WebSink, web_response
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError
 from llmfabric.routing.policies import make_policy
+from llmfabric.routing.prefix import routing_keys
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
@@ -93,6 +94,7 @@ class Ingress:
         self.metrics.known_model = source.is_known  # unknown names: one "other" label
         self.policy = make_policy(config.policy, rng)
         self.router = Router(self.policy)
+        self._needs_blocks = getattr(self.policy, "needs_blocks", False) is True
         self._capture = usage_sink is not None or config.trace_hook is not None
         # A forwarder that enforces every Timeouts phase itself (RawHttpForwarder) saves the
         # asyncio.timeout contexts around each attempt.
@@ -263,10 +265,13 @@ class Ingress:
                                 "metadata")
         header = providers
         prefix = self._prefix(doc) if self.policy.needs_prefix else ""
-        if meta or header is not None or prefix:
+        # Block keys and conversation key for the cache/session policies (routing/prefix.py).
+        blocks, session = routing_keys(doc) if self._needs_blocks else ((), "")
+        if meta or header is not None or prefix or blocks or session:
             try:
                 rreq = route_request(model, providers_header=header, metadata=meta,
-                                     prefix=prefix, stream=stream)
+                                     prefix=prefix, stream=stream, blocks=blocks,
+                                     session=session)
             except InvalidConstraintError as e:
                 return self._refuse(model, 400, str(e), "invalid_constraint", "metadata")
         else:

@@ -13,7 +13,7 @@ from typing import Any
 from llmfabric.routing.errors import InvalidConstraintError
 
 # Keys of the request body's `metadata` object that routing consumes.
-FABRIC_METADATA_KEYS = ("providers", "min_quant_bits", "gpu", "min_context")
+FABRIC_METADATA_KEYS = ("providers", "min_quant_bits", "gpu", "min_context", "session_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,10 @@ class RouteRequest:
     min_context: int | None = None
     prefix: str = ""  # prompt prefix, for prefix-affinity routing
     stream: bool = False
+    # For prefix_bounded / session / cache_aware (routing/prefix.py): chain-hash keys of the
+    # prompt's leading blocks, and the conversation key (body `user` or metadata.session_id).
+    blocks: tuple[int, ...] = ()
+    session: str = ""
 
 
 def _split_names(value: Any, what: str) -> frozenset[str]:
@@ -72,6 +76,8 @@ def route_request(
     metadata: Mapping[str, Any] | None = None,
     prefix: str = "",
     stream: bool = False,
+    blocks: tuple[int, ...] = (),
+    session: str = "",
 ) -> RouteRequest:
     """Build a RouteRequest; raises InvalidConstraintError for malformed constraints."""
     min_bits = min_ctx = None
@@ -91,4 +97,6 @@ def route_request(
         min_context=min_ctx,
         prefix=prefix,
         stream=stream,
+        blocks=blocks,
+        session=session,
     )
