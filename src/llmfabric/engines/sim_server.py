@@ -247,7 +247,7 @@ class SimEngine:
         return req
 
     def _plan(self, model: str, prompt_tokens: int, limit: int | None, ignore_eos: bool,
-              seed: int) -> tuple[int, str] | web.Response:
+              seed: int, offset: int = 0) -> tuple[int, str] | web.Response:
         max_len = self.max_len[model]
         if prompt_tokens >= max_len:
             return _error(400, f"This model's maximum context length is {max_len} tokens. "
@@ -259,7 +259,7 @@ class SimEngine:
                           f"However, you requested {prompt_tokens + limit} tokens "
                           f"({prompt_tokens} in the prompt, {limit} for the completion).",
                           code="context_length_exceeded", param="max_tokens")
-        natural = text.natural_length(seed)
+        natural = max(1, text.natural_length(seed) - offset)  # (a continuation: what is left)
         if limit is None:
             return min(natural, room), "stop" if natural <= room else "length"
         if ignore_eos or limit <= natural:
@@ -270,10 +270,18 @@ class SimEngine:
         req = await self._body(request, p.ChatRequest)
         if isinstance(req, web.Response):
             return req
-        prompt_text = "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
+        msgs = req.messages
+        offset = 0
+        if req.continue_final_message and len(msgs) > 1 and msgs[-1].role == "assistant":
+            # Continue the answer to the earlier messages from the token after the prefix:
+            # the same text an uninterrupted run would have produced (one word per token).
+            offset = len(msgs[-1].text().split())
+            msgs = msgs[:-1]
+        prompt_text = "\n".join(f"{m.role}: {m.text()}" for m in msgs)
         prompt_tokens = sum(text.count_tokens(m.text()) + text.CHAT_MESSAGE_OVERHEAD
                             for m in req.messages)
-        return await self._generate(request, req, "chat", prompt_text, prompt_tokens, req.limit)
+        return await self._generate(request, req, "chat", prompt_text, prompt_tokens, req.limit,
+                                    offset)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = await self._body(request, p.CompletionRequest)
@@ -294,10 +302,10 @@ class SimEngine:
         return await self._generate(request, req, "text", prompt_text, prompt_tokens, req.limit)
 
     async def _generate(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
-                        kind: str, prompt_text: str, prompt_tokens: int, limit: int | None
-                        ) -> web.StreamResponse:
+                        kind: str, prompt_text: str, prompt_tokens: int, limit: int | None,
+                        offset: int = 0) -> web.StreamResponse:
         seed = text.seed_of(prompt_text)
-        plan = self._plan(req.model, prompt_tokens, limit, req.ignore_eos, seed)
+        plan = self._plan(req.model, prompt_tokens, limit, req.ignore_eos, seed, offset)
         if isinstance(plan, web.Response):
             return plan
         n_tokens, finish = plan
@@ -311,8 +319,8 @@ class SimEngine:
         tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens)
         if req.stream:
             return await self._stream(request, req, kind, rid, created, seed, tokens,
-                                      prompt_tokens, n_tokens, finish)
-        parts = [text.token_text(seed, i) async for i in tokens]
+                                      prompt_tokens, n_tokens, finish, offset)
+        parts = [text.token_text(seed, i + offset) async for i in tokens]
         self.completed += 1
         build = p.chat_completion if kind == "chat" else p.text_completion
         return _json(build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
@@ -320,7 +328,8 @@ class SimEngine:
 
     async def _stream(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
                       kind: str, rid: str, created: int, seed: int, tokens: AsyncIterator[int],
-                      prompt_tokens: int, n_tokens: int, finish: str) -> web.StreamResponse:
+                      prompt_tokens: int, n_tokens: int, finish: str, offset: int = 0
+                      ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -336,7 +345,7 @@ class SimEngine:
                 await send(p.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
                                         None, with_usage))
             async for i in tokens:
-                piece = text.token_text(seed, i)
+                piece = text.token_text(seed, i + offset)
                 sent += 1
                 if kind == "chat":
                     await send(p.chat_chunk(rid, created, model, {"content": piece}, None,

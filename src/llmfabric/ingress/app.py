@@ -26,6 +26,12 @@ from llmfabric.ingress.api_routes import (
     anthropic_auth,
 )
 from llmfabric.ingress.config import IngressConfig, TraceEvent
+from llmfabric.ingress.continuation import (
+    RecordingScanner,
+    RelayRecorder,
+    continuation_wanted,
+    continue_stream,
+)
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.metrics import IngressMetrics
 from llmfabric.ingress.paths import METERED_BY_REQUEST
@@ -68,6 +74,11 @@ _perf = time.perf_counter
 
 class _Committed(Exception):
     """Internal: a stream failed after bytes reached the client (not retryable)."""
+
+
+class _Resumable(Exception):
+    """Internal: a stream failed after bytes reached the client; continuation may resume it
+    (ingress/continuation.py). The sink is still open."""
 
 
 class Ingress:
@@ -282,6 +293,8 @@ class Ingress:
                 plain = self._plain_requests[(model, stream)] = RouteRequest(model, stream=stream)
             rreq = plain
 
+        recorder = (RelayRecorder() if stream and continuation_wanted(
+            doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
         candidates = self.source.candidates(model)
         if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
             candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
@@ -329,11 +342,11 @@ class Ingress:
             tried.append(cand.session_id)
             self.metrics.observe_routed(cand.session_id)
             self.policy.on_request_start(cand)
-            ok = False
+            ok = ended = False
             try:
                 if stream:
                     resp, usage, ttft = await self._attempt_stream(
-                        sink, cand, path, send, strip_usage, want_chunk, doc
+                        sink, cand, path, send, strip_usage, want_chunk, doc, recorder
                     )
                 else:
                     resp, usage, ttft = await self._attempt_once(cand, path, send, doc)
@@ -349,8 +362,18 @@ class Ingress:
                 self.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
                 resp, usage, ttft = None, e.args[0], e.args[1]
                 status = 200
+            except _Resumable as e:
+                # The node failed mid-stream: end its attempt, continue on another node.
+                self.metrics.observe_failed_attempt(cand.session_id, model, retried=True)
+                ended = True
+                self.policy.on_request_end(cand, False)
+                assert recorder is not None
+                usage, cand = await continue_stream(self, sink, recorder, doc, rreq, candidates,
+                                                    tried, path, want_chunk, cand, e.args[1])
+                resp, ttft, status = None, e.args[0], 200
             finally:
-                self.policy.on_request_end(cand, ok)
+                if not ended:
+                    self.policy.on_request_end(cand, ok)
             self._finish(path, model, principal, cand, status, stream, len(tried),
                          t0, started, ttft, usage, doc)
             return resp
@@ -409,7 +432,7 @@ class Ingress:
 
     async def _attempt_stream(
         self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool,
-        want_chunk: bool, doc: dict[str, Any],
+        want_chunk: bool, doc: dict[str, Any], recorder: RelayRecorder | None = None,
     ) -> tuple[Reply | None, Usage | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
@@ -444,11 +467,14 @@ class Ingress:
 
         # Committed: from here on bytes reach the client, so no retry is possible.
         # (also without a usage sink: a client that asked for usage gets its chunk)
-        scanner = (StreamUsageScanner(strip_usage, want_chunk, self.config.max_sse_line_bytes)
-                   if self._capture or want_chunk else None)
+        usage_scan = (StreamUsageScanner(strip_usage, want_chunk, self.config.max_sse_line_bytes)
+                      if self._capture or want_chunk else None)
+        scanner: StreamUsageScanner | RecordingScanner | None = usage_scan
         usage: Usage | None = None
         failed: BaseException | None = None
         gone = False
+        if recorder is not None:  # (continuation: whole events only, recorded)
+            scanner = RecordingScanner(usage_scan, recorder)
         try:
             await sink.start(up.content_type, cand.session_id)
             out = scanner.feed(first) if scanner is not None else first
@@ -483,6 +509,8 @@ class Ingress:
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
                 failed = e
                 msg = f"node {cand.session_id} failed mid-stream: {e!r}"
+                if recorder is not None:  # the sink stays open for the continuation
+                    raise _Resumable(ttft, msg) from e
                 await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
             if scanner is not None:
                 rest = scanner.flush()

@@ -13,7 +13,8 @@ from typing import Any
 from llmfabric.routing.errors import InvalidConstraintError
 
 # Keys of the request body's `metadata` object that routing consumes.
-FABRIC_METADATA_KEYS = ("providers", "min_quant_bits", "gpu", "min_context", "session_id")
+FABRIC_METADATA_KEYS = (
+    "providers", "min_quant_bits", "gpu", "min_context", "session_id", "continuation")
 
 
 @dataclass(frozen=True, slots=True)
