@@ -68,6 +68,21 @@ def test_chat_non_streaming_and_streaming_agree(client: openai.OpenAI) -> None:
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continue_final_message_goes_on_where_the_prefix_stops(client: openai.OpenAI) -> None:
+    """vLLM's continue_final_message: the sim engine continues an assistant prefix with the
+    text an uninterrupted run gives (what the ingress's stream continuation relies on)."""
+    msgs: list[dict[str, str]] = [{"role": "user", "content": "a story"}]
+    full = client.chat.completions.create(model=MODEL, messages=msgs)  # type: ignore[arg-type]
+    whole = full.choices[0].message.content or ""
+    words = whole.split(" ")
+    head = " ".join(words[:5])
+    rest = client.chat.completions.create(
+        model=MODEL, messages=[*msgs, {"role": "assistant", "content": head}],  # type: ignore[list-item]
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert head + (rest.choices[0].message.content or "") == whole
+    assert rest.choices[0].finish_reason == full.choices[0].finish_reason == "stop"
+
+
 def test_natural_stop_without_max_tokens(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}])
     assert r.choices[0].finish_reason == "stop"
