@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -199,6 +200,7 @@ class ContinuationRelay:
         self.text: list[str] = []
         self.finished = False
         self.done = False
+        self.first_out_at = 0.0  # perf_counter() of the first bytes written to the client
 
     def feed(self, data: bytes) -> bytes:
         data = self._carry + data
@@ -285,6 +287,7 @@ async def resume_stream(
     Returns (merged usage or None, the candidate that finished, "") or (None, None, why not);
     on failure the caller writes the error event and ends the stream."""
     why = ""
+    t_cut = time.perf_counter()
     for _ in range(1 + host.config.max_retries):
         first, body, why_not = plan_continuation(doc, recorder)
         if body is None:
@@ -306,8 +309,15 @@ async def resume_stream(
         finally:
             host.policy.on_request_end(cand, ok)
         if ok:
+            log.warning("a stream cut after %d tokens continued on node %s (%s): next "
+                        "bytes %.0f ms after the cut", first.tokens, cand.session_id,
+                        why_cut(tried), (relay.first_out_at - t_cut) * 1000)
             return relay.usage, cand, ""
     return None, None, why
+
+
+def why_cut(tried: Sequence[str]) -> str:
+    return f"tried {', '.join(t[:8] for t in tried)}"
 
 
 async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorder,
@@ -324,6 +334,8 @@ async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorde
                 if out:
                     out = recorder.feed(out)
                     if out:
+                        if not relay.first_out_at:
+                            relay.first_out_at = time.perf_counter()
                         await sink.write(out)
     finally:
         await up.aclose()

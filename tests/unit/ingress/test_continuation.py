@@ -69,7 +69,7 @@ def test_plan_continuation_appends_the_assistant_prefix_and_cuts_the_limit() -> 
     rec.feed(STREAM)
     doc = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10,
            "stream": True}
-    first, body, why = plan_continuation(doc, rec)
+    _, body, why = plan_continuation(doc, rec)
     assert why == "" and body is not None
     assert body["messages"][-1] == {"role": "assistant", "content": "Hello world"}
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
