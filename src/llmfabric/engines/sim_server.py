@@ -3,7 +3,9 @@
 Routes (as vLLM's OpenAI server): GET /health, GET /v1/models (with max_model_len),
 POST /v1/chat/completions, /v1/completions (both with SSE streaming), /v1/embeddings;
 plus POST /sim/control (faults.py) and GET /sim/stats. Tokens come out at the pace of the
-timing model (timing.py) under continuous batching (batcher.py), divided by `speed`.
+timing model (timing.py) under continuous batching (batcher.py), divided by `speed`. Prefix
+caching (on by default): the prompt's leading 16-token blocks found in an LRU of the model's
+KV capacity are not prefilled again; `/sim/stats` counts hit and queried prompt tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from llmfabric.engines.batcher import Batcher
 from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
 from llmfabric.engines.timing import model_max_context, timing_for
+from llmfabric.sim.errors import SpecError
+from llmfabric.sim.memory import max_kv_tokens
+from llmfabric.sim.prefix_cache import BlockLRU
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -52,11 +57,21 @@ class SimEngineConfig:
     log_line: str = ""
     log_after_s: float = 0.0
     ignore_sigterm: bool = False
+    prefix_cache: bool = True  # automatic prefix caching, as vLLM V1 by default
     extra: dict[str, str] = field(default_factory=dict)
     # Flying Serving (engines/flying_dp.py): DP batchers that bind into TP batchers
     flying: bool = False
     widths: tuple[int, ...] = (1, 2)
     switch_policy: str | None = None  # a SWITCH_POLICIES name; None: only POST /dtp_switch
+
+
+def kv_capacity_blocks(gpu: str, model: str, tp: int) -> int:
+    """The engine's KV capacity in 16-token blocks (the simulator's memory plan), or 4,096
+    blocks for a model or GPU the simulator does not know."""
+    try:
+        return max(1, max_kv_tokens(model, gpu, tp) // text.BLOCK_TOKENS)
+    except (SpecError, KeyError, ValueError):
+        return 4096
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -96,6 +111,11 @@ class SimEngine:
         )
         self.created = p.now_s()
         self.completed = 0
+        # Prefix caching (sim/prefix_cache.py): an LRU over 16-token blocks holding the
+        # engine's KV capacity; a hit skips those tokens' prefill.
+        self.prefix_caches = ({m: BlockLRU(kv_capacity_blocks(config.gpu, m, config.tp))
+                               for m in config.models} if config.prefix_cache else {})
+        self.prefix_hits = self.prefix_queries = 0  # tokens, as vLLM's counters
 
     # -- app ----------------------------------------------------------------------------
 
@@ -182,6 +202,8 @@ class SimEngine:
             "active": {m: b.active for m, b in self.batchers.items()},
             "hung": self.faults.hung,
             "fail_status": self.faults.fail_status,
+            "prefix_cache_hits": self.prefix_hits,  # prompt tokens served from the cache
+            "prefix_cache_queries": self.prefix_queries,
         })
 
     async def control(self, request: web.Request) -> web.Response:
@@ -316,7 +338,8 @@ class SimEngine:
                           "simulated_failure")
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
         created = p.now_s()
-        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens)
+        cached = self._cached_tokens(req.model, prompt_text, prompt_tokens)
+        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens, cached)
         if req.stream:
             return await self._stream(request, req, kind, rid, created, seed, tokens,
                                       prompt_tokens, n_tokens, finish, offset)
@@ -325,6 +348,18 @@ class SimEngine:
         build = p.chat_completion if kind == "chat" else p.text_completion
         return _json(build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
                            len(parts)))
+
+    def _cached_tokens(self, model: str, prompt_text: str, prompt_tokens: int) -> int:
+        """Prompt tokens the prefix cache holds (then the prompt's blocks become recent)."""
+        lru = self.prefix_caches.get(model)
+        if lru is None:
+            return 0
+        ids = text.block_ids(prompt_text)
+        hit = min(prompt_tokens - 1, lru.match(ids) * text.BLOCK_TOKENS)
+        lru.insert(ids)
+        self.prefix_hits += max(0, hit)
+        self.prefix_queries += prompt_tokens
+        return max(0, hit)
 
     async def _stream(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
                       kind: str, rid: str, created: int, seed: int, tokens: AsyncIterator[int],
