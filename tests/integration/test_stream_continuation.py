@@ -136,3 +136,29 @@ def test_opting_out_ends_the_cut_stream_with_an_error(
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
     assert len(pieces) < TOKENS
+
+
+def test_nodes_publish_a_sketch_of_the_prompts_they_served(
+        fabric: tuple[LocalFabric, list[Serving]]) -> None:
+    """Real processes: after serving prompts, a node's record (as the ingress sees it) carries
+    a prefix-cache sketch (republished with the load hint, every 10 s at most)."""
+    fab, serving = fabric
+    client = _client(fab)
+    for i in range(6):
+        client.chat.completions.create(
+            model=MODEL, max_tokens=2,
+            messages=[{"role": "user", "content": f"document {i}: " + "lantern " * 200}])
+    assert fab.ingress is not None
+    ingress = fab.ingress
+    live = {s.session_id for s in serving}
+
+    def sketches() -> dict[str, int]:
+        nodes = ingress.get_json("/v1/fabric/nodes")["nodes"]
+        return {n["session_id"]: n["prefix_cache"]["bytes"] for n in nodes
+                if n["session_id"] in live}
+
+    deadline = time.monotonic() + 30
+    while not any(sketches().values()):
+        assert time.monotonic() < deadline, sketches()
+        time.sleep(0.5)
+    assert set(sketches().values()) <= {0, 512}
