@@ -1,8 +1,8 @@
 """Churn and failure handling with real processes: an ingress node and six serving nodes
 (`llmfabric start` + simulated engine each) on loopback, driven by the official openai SDK.
 
-- SIGKILL two nodes under steady load: no non-streaming request fails; only streams already
-  committed to a killed node may fail; the killed nodes leave the routing candidates.
+- SIGKILL two nodes under steady load: no request fails, streaming or not (a stream committed
+  to a killed node continues on another); the killed nodes leave the routing candidates.
 - An engine crash takes its node out of the candidates within 3 s (the issue asks for ~2 s;
   the margin is for the shared 2-core test machine), and a SIGKILLed node within 5 s.
 - SIGTERM drains an in-flight stream, then the node announces LEFT and exits 0.
@@ -233,8 +233,11 @@ def test_sigkill_two_nodes_under_load(fabric: tuple[LocalFabric, list[Serving]])
     failed_calls = [o for o in calls if not o.ok]
     failed_streams = [o for o in streams if not o.ok]
     killed = {v.session_id for v in victims}
+    assert fab.ingress is not None
+    continued = fab.ingress.log_path.read_text(errors="replace").count("continued on node")
     print(
-        f"\nchurn: {len(calls)} non-streaming ({len(failed_calls)} failed), "
+        f"\nchurn: {continued} stream(s) continued after a kill; "
+        f"{len(calls)} non-streaming ({len(failed_calls)} failed), "
         f"{len(streams)} streams ({len(failed_streams)} failed: "
         f"{[(o.node, o.chunks, o.error[:80]) for o in failed_streams[:10]]}); "
         f"SIGKILL -> excluded in {[round(d, 2) for d in detected]} s"
@@ -243,8 +246,9 @@ def test_sigkill_two_nodes_under_load(fabric: tuple[LocalFabric, list[Serving]])
     # Each SIGKILLed node left the ingress's routing candidates (suspected) within the bound.
     assert len(detected) == len(victims), f"not excluded within {KILL_DETECT_S} s: {detected}"
     assert failed_calls == [], [o.error for o in failed_calls[:5]]
-    for o in failed_streams:  # only streams already committed to a node we killed
-        assert o.node in killed and o.chunks > 0, o
+    # Streams committed to a killed node continue on another (ingress/continuation.py).
+    assert failed_streams == [], [(o.node in killed, o.chunks, o.error[:80])
+                                  for o in failed_streams[:5]]
     # Requests were spread: every node served some before or after the kills.
     served = {o.node for o in outcomes if o.ok}
     assert {s.session_id for s in serving} <= served

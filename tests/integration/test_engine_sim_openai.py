@@ -68,6 +68,39 @@ def test_chat_non_streaming_and_streaming_agree(client: openai.OpenAI) -> None:
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continue_final_message_goes_on_where_the_prefix_stops(client: openai.OpenAI) -> None:
+    """vLLM's continue_final_message: the sim engine continues an assistant prefix with the
+    text an uninterrupted run gives (what the ingress's stream continuation relies on)."""
+    msgs: list[dict[str, str]] = [{"role": "user", "content": "a story"}]
+    full = client.chat.completions.create(model=MODEL, messages=msgs)  # type: ignore[arg-type]
+    whole = full.choices[0].message.content or ""
+    words = whole.split(" ")
+    head = " ".join(words[:5])
+    rest = client.chat.completions.create(
+        model=MODEL, messages=[*msgs, {"role": "assistant", "content": head}],  # type: ignore[list-item]
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert head + (rest.choices[0].message.content or "") == whole
+    assert rest.choices[0].finish_reason == full.choices[0].finish_reason == "stop"
+
+
+def test_prefix_cache_counts_a_repeated_prompt(client: openai.OpenAI,
+                                               engine: tuple[str, pathlib.Path]) -> None:
+    def stats() -> dict[str, int]:
+        with urllib.request.urlopen(f"{engine[0]}/sim/stats", timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    doc = "a long shared document about river harbors " * 40  # 1,760 chars: 27 blocks
+    before = stats()
+    for q in ("first question", "second question"):
+        client.chat.completions.create(
+            model=MODEL, max_tokens=2,
+            messages=[{"role": "system", "content": doc}, {"role": "user", "content": q}])
+    after = stats()
+    assert after["prefix_cache_queries"] > before["prefix_cache_queries"]
+    # The second prompt found the shared document's blocks cached.
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] >= 25 * 16
+
+
 def test_natural_stop_without_max_tokens(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}])
     assert r.choices[0].finish_reason == "stop"

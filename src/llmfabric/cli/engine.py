@@ -46,6 +46,9 @@ def command() -> None:
 @click.option("--log-line", default="", help="print this line to stdout after --log-after s")
 @click.option("--log-after", type=click.FloatRange(min=0), default=0.0)
 @click.option("--ignore-sigterm", is_flag=True, help="ignore SIGTERM (tests SIGKILL escalation)")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="automatic prefix caching: cached 16-token prompt blocks (an LRU of the "
+                   "KV capacity) are not prefilled again")
 @click.option("--flying", is_flag=True,
               help="Flying Serving: the --dp batchers bind into TP batchers online "
                    "(GET /dtp_status, POST /dtp_switch)")
@@ -59,7 +62,7 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
         slow: float, max_model_len: int | None, startup_delay: float,
         crash_after_requests: int, hang_after_requests: int, fail_after_requests: int,
         fail_status: int, exit_after: float, log_line: str, log_after: float,
-        ignore_sigterm: bool, flying: bool, flying_widths: str,
+        ignore_sigterm: bool, prefix_cache: bool, flying: bool, flying_widths: str,
         switch_policy: str | None) -> None:
     """Serve MODEL(s) through an OpenAI-compatible API with simulated GPU timing.
 
@@ -72,7 +75,7 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
         crash_after_requests=crash_after_requests, hang_after_requests=hang_after_requests,
         fail_after_requests=fail_after_requests, fail_status=fail_status,
         exit_after_s=exit_after, log_line=log_line, log_after_s=log_after,
-        ignore_sigterm=ignore_sigterm, flying=flying,
+        ignore_sigterm=ignore_sigterm, prefix_cache=prefix_cache, flying=flying,
         widths=tuple(int(w) for w in flying_widths.split(",") if w.strip()),
         switch_policy=switch_policy,
     )

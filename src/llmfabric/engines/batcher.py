@@ -51,13 +51,16 @@ class Batcher:
     def _scaled(self, seconds: float) -> float:
         return seconds * self.slow / self.speed
 
-    async def generate(self, prompt_tokens: int, max_new_tokens: int) -> AsyncIterator[int]:
+    async def generate(self, prompt_tokens: int, max_new_tokens: int,
+                       cached_tokens: int = 0) -> AsyncIterator[int]:
         """Yield token indices 0..max_new_tokens-1, each when the engine would produce it."""
         if max_new_tokens <= 0:
             return
         async with self._prefill_lock:
             await self._gate.wait()
-            await self._clock.sleep(self._scaled(self._timing.prefill_s(prompt_tokens)))
+            # (prefix-cache hits: only the uncached tail of the prompt is prefilled)
+            todo = max(1, prompt_tokens - cached_tokens)
+            await self._clock.sleep(self._scaled(self._timing.prefill_s(todo)))
         yield 0
         seq = _Seq(context=prompt_tokens + 1)
         self._running.add(seq)

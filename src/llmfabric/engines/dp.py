@@ -46,11 +46,13 @@ class DataParallel:
     def _scaled(self, seconds: float) -> float:
         return self.replicas[0]._scaled(seconds)
 
-    async def generate(self, prompt_tokens: int, max_new_tokens: int) -> AsyncIterator[int]:
+    async def generate(self, prompt_tokens: int, max_new_tokens: int,
+                       cached_tokens: int = 0) -> AsyncIterator[int]:
         i = min(range(len(self.replicas)), key=self._load.__getitem__)
         self._load[i] += 1
         try:
-            async for token in self.replicas[i].generate(prompt_tokens, max_new_tokens):
+            replica = self.replicas[i]
+            async for token in replica.generate(prompt_tokens, max_new_tokens, cached_tokens):
                 yield token
         finally:
             self._load[i] -= 1

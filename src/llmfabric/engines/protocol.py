@@ -53,6 +53,8 @@ class ChatMessage(_Base):
 class ChatRequest(_Generation):
     messages: list[ChatMessage] = pydantic.Field(min_length=1)
     max_completion_tokens: int | None = pydantic.Field(default=None, ge=1)
+    # vLLM extension: the last (assistant) message is a prefix the model continues.
+    continue_final_message: bool = False
 
     @property
     def limit(self) -> int | None:

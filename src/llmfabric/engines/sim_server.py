@@ -3,7 +3,9 @@
 Routes (as vLLM's OpenAI server): GET /health, GET /v1/models (with max_model_len),
 POST /v1/chat/completions, /v1/completions (both with SSE streaming), /v1/embeddings;
 plus POST /sim/control (faults.py) and GET /sim/stats. Tokens come out at the pace of the
-timing model (timing.py) under continuous batching (batcher.py), divided by `speed`.
+timing model (timing.py) under continuous batching (batcher.py), divided by `speed`. Prefix
+caching (on by default): the prompt's leading 16-token blocks found in an LRU of the model's
+KV capacity are not prefilled again; `/sim/stats` counts hit and queried prompt tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from llmfabric.engines.batcher import Batcher
 from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
 from llmfabric.engines.timing import model_max_context, timing_for
+from llmfabric.sim.errors import SpecError
+from llmfabric.sim.memory import max_kv_tokens
+from llmfabric.sim.prefix_cache import BlockLRU
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -52,11 +57,21 @@ class SimEngineConfig:
     log_line: str = ""
     log_after_s: float = 0.0
     ignore_sigterm: bool = False
+    prefix_cache: bool = True  # automatic prefix caching, as vLLM V1 by default
     extra: dict[str, str] = field(default_factory=dict)
     # Flying Serving (engines/flying_dp.py): DP batchers that bind into TP batchers
     flying: bool = False
     widths: tuple[int, ...] = (1, 2)
     switch_policy: str | None = None  # a SWITCH_POLICIES name; None: only POST /dtp_switch
+
+
+def kv_capacity_blocks(gpu: str, model: str, tp: int) -> int:
+    """The engine's KV capacity in 16-token blocks (the simulator's memory plan), or 4,096
+    blocks for a model or GPU the simulator does not know."""
+    try:
+        return max(1, max_kv_tokens(model, gpu, tp) // text.BLOCK_TOKENS)
+    except (SpecError, KeyError, ValueError):
+        return 4096
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -96,6 +111,11 @@ class SimEngine:
         )
         self.created = p.now_s()
         self.completed = 0
+        # Prefix caching (sim/prefix_cache.py): an LRU over 16-token blocks holding the
+        # engine's KV capacity; a hit skips those tokens' prefill.
+        self.prefix_caches = ({m: BlockLRU(kv_capacity_blocks(config.gpu, m, config.tp))
+                               for m in config.models} if config.prefix_cache else {})
+        self.prefix_hits = self.prefix_queries = 0  # tokens, as vLLM's counters
 
     # -- app ----------------------------------------------------------------------------
 
@@ -182,6 +202,8 @@ class SimEngine:
             "active": {m: b.active for m, b in self.batchers.items()},
             "hung": self.faults.hung,
             "fail_status": self.faults.fail_status,
+            "prefix_cache_hits": self.prefix_hits,  # prompt tokens served from the cache
+            "prefix_cache_queries": self.prefix_queries,
         })
 
     async def control(self, request: web.Request) -> web.Response:
@@ -247,7 +269,7 @@ class SimEngine:
         return req
 
     def _plan(self, model: str, prompt_tokens: int, limit: int | None, ignore_eos: bool,
-              seed: int) -> tuple[int, str] | web.Response:
+              seed: int, offset: int = 0) -> tuple[int, str] | web.Response:
         max_len = self.max_len[model]
         if prompt_tokens >= max_len:
             return _error(400, f"This model's maximum context length is {max_len} tokens. "
@@ -259,7 +281,7 @@ class SimEngine:
                           f"However, you requested {prompt_tokens + limit} tokens "
                           f"({prompt_tokens} in the prompt, {limit} for the completion).",
                           code="context_length_exceeded", param="max_tokens")
-        natural = text.natural_length(seed)
+        natural = max(1, text.natural_length(seed) - offset)  # (a continuation: what is left)
         if limit is None:
             return min(natural, room), "stop" if natural <= room else "length"
         if ignore_eos or limit <= natural:
@@ -270,10 +292,18 @@ class SimEngine:
         req = await self._body(request, p.ChatRequest)
         if isinstance(req, web.Response):
             return req
-        prompt_text = "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
+        msgs = req.messages
+        offset = 0
+        if req.continue_final_message and len(msgs) > 1 and msgs[-1].role == "assistant":
+            # Continue the answer to the earlier messages from the token after the prefix:
+            # the same text an uninterrupted run would have produced (one word per token).
+            offset = len(msgs[-1].text().split())
+            msgs = msgs[:-1]
+        prompt_text = "\n".join(f"{m.role}: {m.text()}" for m in msgs)
         prompt_tokens = sum(text.count_tokens(m.text()) + text.CHAT_MESSAGE_OVERHEAD
                             for m in req.messages)
-        return await self._generate(request, req, "chat", prompt_text, prompt_tokens, req.limit)
+        return await self._generate(request, req, "chat", prompt_text, prompt_tokens, req.limit,
+                                    offset)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = await self._body(request, p.CompletionRequest)
@@ -294,10 +324,10 @@ class SimEngine:
         return await self._generate(request, req, "text", prompt_text, prompt_tokens, req.limit)
 
     async def _generate(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
-                        kind: str, prompt_text: str, prompt_tokens: int, limit: int | None
-                        ) -> web.StreamResponse:
+                        kind: str, prompt_text: str, prompt_tokens: int, limit: int | None,
+                        offset: int = 0) -> web.StreamResponse:
         seed = text.seed_of(prompt_text)
-        plan = self._plan(req.model, prompt_tokens, limit, req.ignore_eos, seed)
+        plan = self._plan(req.model, prompt_tokens, limit, req.ignore_eos, seed, offset)
         if isinstance(plan, web.Response):
             return plan
         n_tokens, finish = plan
@@ -308,19 +338,33 @@ class SimEngine:
                           "simulated_failure")
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
         created = p.now_s()
-        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens)
+        cached = self._cached_tokens(req.model, prompt_text, prompt_tokens)
+        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens, cached)
         if req.stream:
             return await self._stream(request, req, kind, rid, created, seed, tokens,
-                                      prompt_tokens, n_tokens, finish)
-        parts = [text.token_text(seed, i) async for i in tokens]
+                                      prompt_tokens, n_tokens, finish, offset)
+        parts = [text.token_text(seed, i + offset) async for i in tokens]
         self.completed += 1
         build = p.chat_completion if kind == "chat" else p.text_completion
         return _json(build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
                            len(parts)))
 
+    def _cached_tokens(self, model: str, prompt_text: str, prompt_tokens: int) -> int:
+        """Prompt tokens the prefix cache holds (then the prompt's blocks become recent)."""
+        lru = self.prefix_caches.get(model)
+        if lru is None:
+            return 0
+        ids = text.block_ids(prompt_text)
+        hit = min(prompt_tokens - 1, lru.match(ids) * text.BLOCK_TOKENS)
+        lru.insert(ids)
+        self.prefix_hits += max(0, hit)
+        self.prefix_queries += prompt_tokens
+        return max(0, hit)
+
     async def _stream(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
                       kind: str, rid: str, created: int, seed: int, tokens: AsyncIterator[int],
-                      prompt_tokens: int, n_tokens: int, finish: str) -> web.StreamResponse:
+                      prompt_tokens: int, n_tokens: int, finish: str, offset: int = 0
+                      ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -336,7 +380,7 @@ class SimEngine:
                 await send(p.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
                                         None, with_usage))
             async for i in tokens:
-                piece = text.token_text(seed, i)
+                piece = text.token_text(seed, i + offset)
                 sent += 1
                 if kind == "chat":
                     await send(p.chat_chunk(rid, created, model, {"content": piece}, None,

@@ -26,6 +26,12 @@ from llmfabric.ingress.api_routes import (
     anthropic_auth,
 )
 from llmfabric.ingress.config import IngressConfig, TraceEvent
+from llmfabric.ingress.continuation import (
+    RecordingScanner,
+    RelayRecorder,
+    continuation_wanted,
+    continue_stream,
+)
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.metrics import IngressMetrics
 from llmfabric.ingress.paths import METERED_BY_REQUEST
@@ -53,6 +59,7 @@ from llmfabric.ingress.web_sink import WebSink, web_response
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError
 from llmfabric.routing.policies import make_policy
+from llmfabric.routing.prefix import routing_keys
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
@@ -67,6 +74,11 @@ _perf = time.perf_counter
 
 class _Committed(Exception):
     """Internal: a stream failed after bytes reached the client (not retryable)."""
+
+
+class _Resumable(Exception):
+    """Internal: a stream failed after bytes reached the client; continuation may resume it
+    (ingress/continuation.py). The sink is still open."""
 
 
 class Ingress:
@@ -93,6 +105,7 @@ class Ingress:
         self.metrics.known_model = source.is_known  # unknown names: one "other" label
         self.policy = make_policy(config.policy, rng)
         self.router = Router(self.policy)
+        self._needs_blocks = getattr(self.policy, "needs_blocks", False) is True
         self._capture = usage_sink is not None or config.trace_hook is not None
         # A forwarder that enforces every Timeouts phase itself (RawHttpForwarder) saves the
         # asyncio.timeout contexts around each attempt.
@@ -263,10 +276,13 @@ class Ingress:
                                 "metadata")
         header = providers
         prefix = self._prefix(doc) if self.policy.needs_prefix else ""
-        if meta or header is not None or prefix:
+        # Block keys and conversation key for the cache/session policies (routing/prefix.py).
+        blocks, session = routing_keys(doc) if self._needs_blocks else ((), "")
+        if meta or header is not None or prefix or blocks or session:
             try:
                 rreq = route_request(model, providers_header=header, metadata=meta,
-                                     prefix=prefix, stream=stream)
+                                     prefix=prefix, stream=stream, blocks=blocks,
+                                     session=session)
             except InvalidConstraintError as e:
                 return self._refuse(model, 400, str(e), "invalid_constraint", "metadata")
         else:
@@ -277,6 +293,8 @@ class Ingress:
                 plain = self._plain_requests[(model, stream)] = RouteRequest(model, stream=stream)
             rreq = plain
 
+        recorder = (RelayRecorder() if stream and continuation_wanted(
+            doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
         candidates = self.source.candidates(model)
         if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
             candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
@@ -324,11 +342,11 @@ class Ingress:
             tried.append(cand.session_id)
             self.metrics.observe_routed(cand.session_id)
             self.policy.on_request_start(cand)
-            ok = False
+            ok = ended = False
             try:
                 if stream:
                     resp, usage, ttft = await self._attempt_stream(
-                        sink, cand, path, send, strip_usage, want_chunk, doc
+                        sink, cand, path, send, strip_usage, want_chunk, doc, recorder
                     )
                 else:
                     resp, usage, ttft = await self._attempt_once(cand, path, send, doc)
@@ -344,8 +362,18 @@ class Ingress:
                 self.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
                 resp, usage, ttft = None, e.args[0], e.args[1]
                 status = 200
+            except _Resumable as e:
+                # The node failed mid-stream: end its attempt, continue on another node.
+                self.metrics.observe_failed_attempt(cand.session_id, model, retried=True)
+                ended = True
+                self.policy.on_request_end(cand, False)
+                assert recorder is not None
+                usage, cand = await continue_stream(self, sink, recorder, doc, rreq, candidates,
+                                                    tried, path, want_chunk, cand, e.args[1])
+                resp, ttft, status = None, e.args[0], 200
             finally:
-                self.policy.on_request_end(cand, ok)
+                if not ended:
+                    self.policy.on_request_end(cand, ok)
             self._finish(path, model, principal, cand, status, stream, len(tried),
                          t0, started, ttft, usage, doc)
             return resp
@@ -404,7 +432,7 @@ class Ingress:
 
     async def _attempt_stream(
         self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool,
-        want_chunk: bool, doc: dict[str, Any],
+        want_chunk: bool, doc: dict[str, Any], recorder: RelayRecorder | None = None,
     ) -> tuple[Reply | None, Usage | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
@@ -439,11 +467,14 @@ class Ingress:
 
         # Committed: from here on bytes reach the client, so no retry is possible.
         # (also without a usage sink: a client that asked for usage gets its chunk)
-        scanner = (StreamUsageScanner(strip_usage, want_chunk, self.config.max_sse_line_bytes)
-                   if self._capture or want_chunk else None)
+        usage_scan = (StreamUsageScanner(strip_usage, want_chunk, self.config.max_sse_line_bytes)
+                      if self._capture or want_chunk else None)
+        scanner: StreamUsageScanner | RecordingScanner | None = usage_scan
         usage: Usage | None = None
         failed: BaseException | None = None
         gone = False
+        if recorder is not None:  # (continuation: whole events only, recorded)
+            scanner = RecordingScanner(usage_scan, recorder)
         try:
             await sink.start(up.content_type, cand.session_id)
             out = scanner.feed(first) if scanner is not None else first
@@ -478,6 +509,8 @@ class Ingress:
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
                 failed = e
                 msg = f"node {cand.session_id} failed mid-stream: {e!r}"
+                if recorder is not None:  # the sink stays open for the continuation
+                    raise _Resumable(ttft, msg) from e
                 await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
             if scanner is not None:
                 rest = scanner.flush()

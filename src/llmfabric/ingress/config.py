@@ -63,3 +63,6 @@ class IngressConfig:
     # Models whose engines serve POST /v1/responses themselves (vLLM >= 0.10): passed through
     # unchanged; "*" for all. Others get the Responses API translated to chat completions.
     native_responses_models: tuple[str, ...] = ()
+    # A chat stream whose node fails after the first byte continues on another node
+    # (ingress/continuation.py); a request opts out with metadata.continuation = false.
+    continue_streams: bool = True

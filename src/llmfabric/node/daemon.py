@@ -304,6 +304,7 @@ class Node:
             load=base.load if base is not None else NodeMeta().load,
             demand=base.demand if base is not None else (),
             keys=base.keys if base is not None else (),
+            prefix_cache=base.prefix_cache if base is not None else b"",
             labels=tuple(sorted(self.config.labels.items())),
             tier=self.config.tier,
             roles=roles,
@@ -594,9 +595,15 @@ class Node:
                     hints, queued=eload.waiting, running=eload.running,
                     kv_usage=round(eload.kv_usage, 2),
                     prefix_hit_rate=round(eload.prefix_hit_rate or 0.0, 2))
-            if hints != last and not self._stopping:
+            changes: dict[str, Any] = {}
+            if hints != last:
+                changes["load"] = hints
+            served = engine.served_prefixes  # the prefix-cache sketch (routing/cache_summary)
+            if served.due(self.clock.now()):
+                changes["prefix_cache"] = served.published(self.clock.now())
+            if changes and not self._stopping:
                 last = hints
-                self._agent.update_self(self._meta(load=hints))
+                self._agent.update_self(self._meta(**changes))
 
     async def _publish_demand(self, meter: DemandMeter) -> None:
         """Publish the ingress's observed per-model workload (the fleet controller's input)

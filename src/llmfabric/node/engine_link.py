@@ -27,6 +27,7 @@ from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.config import NodeConfig
 from llmfabric.node.stream_usage import StreamUsageCounter
 from llmfabric.registry.records import ServedModel
+from llmfabric.routing.cache_summary import ServedPrefixes, observe_prompt
 
 log = logging.getLogger(__name__)
 _JSON = (("content-type", "application/json"),)
@@ -91,6 +92,7 @@ class EngineLink:
         )
         self.proxy: EngineProxy | None = None
         self.usage_counter: StreamUsageCounter | None = None
+        self.served_prefixes = ServedPrefixes()  # published as the record's prefix_cache
 
     async def start(self) -> EngineInfo:
         info = await self.supervisor.start()
@@ -121,6 +123,7 @@ class EngineLink:
             return http_error(503, "this node is not serving", "node_not_serving")
         self.inflight.begin()
         try:
+            observe_prompt(self.served_prefixes, request.path, await request.read())
             return await self.proxy.handle(request)
         finally:
             self.inflight.end()
@@ -141,6 +144,7 @@ class EngineLink:
         if len(body) > self.config.max_body_bytes:
             return error_response(400, "request body too large", "request_too_large")
         self.inflight.begin()
+        observe_prompt(self.served_prefixes, path, body)
         try:
             upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body)
         except UpstreamError as exc:

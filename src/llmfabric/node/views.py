@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from llmfabric.registry.cache_sketch import sketch_fill
 from llmfabric.registry.records import Lifecycle, NodeRecord
 
 
@@ -48,6 +49,9 @@ def node_view(obs: ObservedRecord) -> dict[str, Any]:
             for m in meta.models
         ],
         "load": asdict(meta.load),
+        # The gossiped prefix-cache sketch (registry/cache_sketch.py): size and bits set.
+        "prefix_cache": {"bytes": len(meta.prefix_cache),
+                         "fill": round(sketch_fill(meta.prefix_cache), 4)},
         "labels": dict(meta.labels),
         "tier": meta.tier,
         "roles": list(meta.roles),

@@ -5,6 +5,8 @@ Files:
 - signing.py: `Signer` protocol (NodeKey satisfies it), Ed25519 verify, peer-id derivation
   (delegated to llmfabric.identity), session ids bound to the owner's key.
 - codec.py: canonical msgpack record bodies, `sign_record`, verified decoding, `SignedRecord`.
+- cache_sketch.py: the prefix-cache summary a record carries (`NodeMeta.prefix_cache`): a
+  bounded Bloom filter of prefix-block keys, `build_sketch`, `matched_blocks`, validation.
 - facts.py: SUSPECT / EVICT facts signed by their author (`make_fact`, `verify_fact`).
 - entry.py: `Entry` (one session's state) and `merge`, the semilattice join; an eviction
   needs EVICT facts from a quorum of distinct authors (`decisive_evict`).

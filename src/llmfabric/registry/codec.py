@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from llmfabric.registry.cache_sketch import sketch_problem
 from llmfabric.registry.errors import InvalidRecord, NotOwner
 from llmfabric.registry.records import (
     Hardware,
@@ -76,7 +77,7 @@ def _canon(value: Any) -> Any:
 
 # Optional NodeMeta fields left out of the body while unset: records of nodes that do not use
 # them keep their size and bytes (older nodes write the same body).
-_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s")
+_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s", "prefix_cache")
 
 
 def encode_body(record: NodeRecord) -> bytes:
@@ -254,7 +255,17 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         drain_lead_s=_bounded(d.get("drain_lead_s", 0.0), "drain_lead_s"),
         cert=_str(d.get("cert", m.cert), "cert", MAX_CERT),
         keys=tuple(_grant(_map(x, "key")) for x in _list(d.get("keys", []), "keys")),
+        prefix_cache=_sketch(d.get("prefix_cache", b"")),
     )
+
+
+def _sketch(v: Any) -> bytes:
+    if not isinstance(v, bytes):
+        raise _fail("prefix_cache must be bytes")
+    problem = sketch_problem(v)
+    if problem is not None:
+        raise _fail(problem)
+    return v
 
 
 def unpack_limited(data: bytes, max_len: int) -> Any:

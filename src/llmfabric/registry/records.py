@@ -137,6 +137,9 @@ class NodeMeta:
     # Ingress nodes that issue keys for the fabric (`--key-issuer` elsewhere): the latest
     # grants and revocations, bounded (accounts/grants.py).
     keys: tuple[KeyGrant, ...] = ()
+    # Bloom filter of the prefix blocks the node's engine holds or recently served
+    # (registry/cache_sketch.py); b"" when the node publishes none.
+    prefix_cache: bytes = b""
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

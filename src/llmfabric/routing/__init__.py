@@ -16,7 +16,13 @@ Pure core: no sockets, no clocks. Files:
   through sim.gpu_names (`gpu_matches`: the same catalog GPU or its family token, never a
   substring).
 - policies.py: the `Policy` Protocol and `POLICIES` (random, round_robin, weighted,
-  least_outstanding, prefix_affinity); `make_policy(name, rng)`.
+  least_outstanding, prefix_affinity, prefix_bounded, session, cache_aware);
+  `make_policy(name, rng)`.
+- prefix.py: `block_keys` (chain hashes of prompt blocks), `prompt_text`, `session_key`,
+  `bounded_limit`, and the prefix_bounded / session / cache_aware policies (bounded loads;
+  `explain` gives a `PrefixPick`); cache_aware reads the records' prefix-cache sketches.
+- cache_summary.py: `ServedPrefixes`, a node's LRU of the prefix blocks it served, published as
+  its record's sketch when it moved enough (bounded bytes per second).
 - walltime.py: `walltime_filter` (prefer nodes whose allocation outlasts the request, from
   max_tokens and the simulator's per-token time), `requested_tokens`, `sim_rate`, `fixed_rate`.
 - router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`.

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from llmfabric.registry.cache_sketch import usable_sketch
 from llmfabric.registry.records import (
     Hardware,
     Lifecycle,
@@ -40,6 +41,7 @@ class Candidate:
     drain_lead_s: float = 0.0
     claimed_provider: str = ""  # what the record says (unverified, display only)
     alias_conflict: bool = False  # matched by an alias that is another provider's model id
+    prefix_cache: bytes = b""  # the record's prefix-cache sketch, b"" if none or over-full
 
     @staticmethod
     def from_record(
@@ -61,6 +63,7 @@ class Candidate:
             alloc_end=meta.alloc_end,
             drain_lead_s=meta.drain_lead_s,
             claimed_provider=meta.provider_id,
+            prefix_cache=usable_sketch(meta.prefix_cache) if meta.prefix_cache else b"",
         )
 
 

@@ -9,6 +9,8 @@ empty sequence (the Router checks) and returns one of the candidates given.
 - least_outstanding: power of two choices on this ingress's in-flight count per session.
 - prefix_affinity: consistent hashing of the prompt prefix (so engines' prefix caches hit),
   with a bounded-load fallback to the next session on the ring.
+- prefix_bounded, session, cache_aware: block-level prefix, conversation and gossiped
+  cache-sketch affinity under a (1 + eps) x average bound (routing/prefix.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Protocol
 
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import UnknownPolicyError
+from llmfabric.routing.prefix import CacheAwarePolicy, PrefixBoundedPolicy, SessionAffinityPolicy
 from llmfabric.routing.request import RouteRequest
 from llmfabric.sim.gpu_names import GPU_CLASS_WEIGHTS
 
@@ -232,6 +235,9 @@ POLICIES: Mapping[str, PolicyFactory] = {
     "weighted": WeightedPolicy,
     "least_outstanding": LeastOutstandingPolicy,
     "prefix_affinity": PrefixAffinityPolicy,
+    "prefix_bounded": PrefixBoundedPolicy,
+    "session": SessionAffinityPolicy,
+    "cache_aware": CacheAwarePolicy,
 }
 
 DEFAULT_POLICY = "random"

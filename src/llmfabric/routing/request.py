@@ -13,7 +13,8 @@ from typing import Any
 from llmfabric.routing.errors import InvalidConstraintError
 
 # Keys of the request body's `metadata` object that routing consumes.
-FABRIC_METADATA_KEYS = ("providers", "min_quant_bits", "gpu", "min_context")
+FABRIC_METADATA_KEYS = (
+    "providers", "min_quant_bits", "gpu", "min_context", "session_id", "continuation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,10 @@ class RouteRequest:
     min_context: int | None = None
     prefix: str = ""  # prompt prefix, for prefix-affinity routing
     stream: bool = False
+    # For prefix_bounded / session / cache_aware (routing/prefix.py): chain-hash keys of the
+    # prompt's leading blocks, and the conversation key (body `user` or metadata.session_id).
+    blocks: tuple[int, ...] = ()
+    session: str = ""
 
 
 def _split_names(value: Any, what: str) -> frozenset[str]:
@@ -72,6 +77,8 @@ def route_request(
     metadata: Mapping[str, Any] | None = None,
     prefix: str = "",
     stream: bool = False,
+    blocks: tuple[int, ...] = (),
+    session: str = "",
 ) -> RouteRequest:
     """Build a RouteRequest; raises InvalidConstraintError for malformed constraints."""
     min_bits = min_ctx = None
@@ -91,4 +98,6 @@ def route_request(
         min_context=min_ctx,
         prefix=prefix,
         stream=stream,
+        blocks=blocks,
+        session=session,
     )

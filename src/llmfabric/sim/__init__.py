@@ -30,6 +30,8 @@ Files -> concepts
 - memory.py       weight/KV bytes, KV capacity, `fits`, `max_kv_tokens`, `plan_memory`.
 - workload.py     arrivals: poisson, gamma (bursty), on_off, replay, load_trace; prefix groups
                   (`with_prefixes`) for prefix-aware routing.
+- prefix_cache.py BlockLRU (prefix cache over chain-named KV blocks, the engine's capacity)
+                  and PrefixEngine (FCFS prefill that skips cached blocks) for routing studies.
 - engine.py       one replica: vLLM-style continuous batching at iteration granularity
                   (admission, chunked prefill, preemption by recompute, no-evict admission,
                   engine CPU time per step), closed-form stretches; `EngineConfig.for_engine`;

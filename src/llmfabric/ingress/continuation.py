@@ -1,0 +1,404 @@
+"""Mid-stream continuation: a chat stream whose node dies or stalls after the first byte goes
+on from another node, into the same client response.
+
+While a chat stream is relayed, `RelayRecorder` keeps the bytes the client got (bounded) and
+holds back any incomplete SSE event, so the client only ever sees whole events. When the
+upstream fails, `plan_continuation` reads what was relayed: the text so far, the stream's id,
+and whether it can be continued (one choice, no tool calls, not finished, under the byte
+bound). The continuation request is the original one plus an assistant message holding that
+text, with vLLM's `continue_final_message` (and `add_generation_prompt: false`), the token
+limit reduced by what was relayed, and usage requested. `ContinuationRelay` passes its events
+on with the original id and creation time, drops its opening role-only chunk, and merges
+usage: completion tokens of both parts, and as prompt tokens the continuation's less the
+relayed completion tokens: the original prompt plus the template tokens of the added assistant
+message (a few, engine-specific), close to what an uninterrupted stream would have reported.
+
+Off per request with `metadata.continuation: false` (or IngressConfig.continue_streams);
+routes other than chat completions (and the Responses/Messages translations that ride on it)
+get the old behaviour: an error event, then the end of the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from llmfabric.ingress.config import IngressConfig, Timeouts
+from llmfabric.ingress.errors import UpstreamError, error_body
+from llmfabric.ingress.protocols import Forwarder, StreamSink
+from llmfabric.ingress.usage import StreamUsageScanner, Usage, estimate_prompt_tokens
+from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.policies import Policy
+from llmfabric.routing.request import RouteRequest
+from llmfabric.routing.router import NoRoute, Router
+
+log = logging.getLogger(__name__)
+
+CONTINUABLE_PATHS = frozenset({"/v1/chat/completions"})
+MAX_RECORDED_BYTES = 4 * 1024 * 1024  # past this a stream is not continued (clean error)
+_EVENT_END = b"\n\n"
+
+
+def continuation_wanted(doc: Mapping[str, Any], path: str, enabled: bool) -> bool:
+    """Whether this streamed request gets continuation (before any byte is relayed)."""
+    if not enabled or path not in CONTINUABLE_PATHS:
+        return False
+    meta = doc.get("metadata")
+    if isinstance(meta, dict) and meta.get("continuation") in (False, "false", "off", "0"):
+        return False
+    n = doc.get("n", 1)
+    return n in (1, None)
+
+
+class RelayRecorder:
+    """The client-bound bytes of one stream, cut at whole SSE events."""
+
+    __slots__ = ("_held", "_parts", "overflow", "size")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._held = b""
+        self.size = 0
+        self.overflow = False
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to send now (whole events); an incomplete tail waits for its end."""
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        cut = data.rfind(_EVENT_END)
+        if cut < 0:
+            if len(data) > MAX_RECORDED_BYTES:  # never an event: pass through, stop recording
+                self.overflow = True
+                return data
+            self._held = data
+            return b""
+        end = cut + len(_EVENT_END)
+        if end != len(data):
+            self._held = data[end:]
+            data = data[:end]
+        if not self.overflow:
+            self.size += len(data)
+            if self.size > MAX_RECORDED_BYTES:
+                self.overflow = True
+                self._parts.clear()
+            else:
+                self._parts.append(data)
+        return data
+
+    def flush(self) -> bytes:
+        """At a normal end: whatever was held back."""
+        rest, self._held = self._held, b""
+        return rest
+
+    def recorded(self) -> bytes:
+        return b"".join(self._parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """What the client has of a chat stream."""
+
+    text: str
+    tokens: int  # content chunks relayed (one token each from vLLM and the sim engine)
+    id: str
+    created: int
+    finished: bool  # a finish_reason, [DONE] or an error event was relayed
+    blocked: str  # why it cannot be continued ("" if it can)
+
+
+def read_relayed(data: bytes) -> Relayed:
+    text: list[str] = []
+    tokens = 0
+    rid, created = "", 0
+    finished = False
+    blocked = ""
+    for line in data.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            finished = True
+            continue
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            blocked = "an event the ingress cannot read was relayed"
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "error" in obj:
+            finished = True
+        rid = rid or str(obj.get("id", ""))
+        created = created or int(obj.get("created", 0) or 0)
+        for ch in obj.get("choices") or ():
+            if not isinstance(ch, dict):
+                continue
+            if ch.get("index", 0) != 0:
+                blocked = "more than one choice"
+            delta = ch.get("delta") or {}
+            if isinstance(delta, dict):
+                if delta.get("tool_calls"):
+                    blocked = "tool calls were streamed"
+                piece = delta.get("content")
+                if isinstance(piece, str) and piece:
+                    text.append(piece)
+                    tokens += 1
+            if ch.get("finish_reason") is not None:
+                finished = True
+    return Relayed("".join(text), tokens, rid, created, finished, blocked)
+
+
+def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder
+                      ) -> tuple[Relayed, dict[str, Any] | None, str]:
+    """(what was relayed, the continuation request body or None, why not)."""
+    if recorder.overflow:
+        return Relayed("", 0, "", 0, False, "too long"), None, (
+            f"more than {MAX_RECORDED_BYTES} bytes were relayed")
+    got = read_relayed(recorder.recorded())
+    if got.blocked:
+        return got, None, got.blocked
+    if got.finished:
+        return got, None, "the stream had ended"
+    msgs = doc.get("messages")
+    if not isinstance(msgs, list):
+        return got, None, "no messages"
+    body: dict[str, Any] = {
+        **doc,
+        "messages": [*msgs, {"role": "assistant", "content": got.text}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for key in ("max_tokens", "max_completion_tokens"):
+        limit = doc.get(key)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            if limit - got.tokens < 1:
+                return got, None, "the token limit was reached"
+            body[key] = limit - got.tokens
+    return got, body, ""
+
+
+class ContinuationRelay:
+    """Re-shapes the continuation's SSE events into the client's stream."""
+
+    def __init__(self, first: Relayed, want_usage_chunk: bool) -> None:
+        self.first = first
+        self.want_usage_chunk = want_usage_chunk
+        self._carry = b""
+        self._opened = False
+        self.usage: tuple[int, int] | None = None  # merged (prompt, completion)
+        self.tokens = 0  # content chunks of the continuation
+        self.text: list[str] = []
+        self.finished = False
+        self.done = False
+        self.first_out_at = 0.0  # perf_counter() of the first bytes written to the client
+
+    def feed(self, data: bytes) -> bytes:
+        data = self._carry + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._carry = data
+            return b""
+        self._carry = data[cut + 1:]
+        out: list[bytes] = []
+        for line in data[:cut].split(b"\n"):
+            event = self._line(line)
+            if event:
+                out.append(event)
+        return b"".join(out)
+
+    def _line(self, line: bytes) -> bytes:
+        if not line.startswith(b"data:"):
+            return b""
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return b"data: [DONE]\n\n"
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return b""
+        if not isinstance(obj, dict):
+            return b""
+        if self.first.id:
+            obj["id"] = self.first.id
+        if self.first.created:
+            obj["created"] = self.first.created
+        usage = obj.get("usage")
+        choices = obj.get("choices") or []
+        if isinstance(usage, dict) and not choices:
+            prompt = int(usage.get("prompt_tokens", 0) or 0)
+            comp = int(usage.get("completion_tokens", 0) or 0)
+            merged = (max(0, prompt - self.first.tokens), comp + self.first.tokens)
+            self.usage = merged
+            if not self.want_usage_chunk:
+                return b""
+            obj["usage"] = {**usage, "prompt_tokens": merged[0],
+                            "completion_tokens": merged[1],
+                            "total_tokens": merged[0] + merged[1]}
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+        if not self.want_usage_chunk and "usage" in obj:
+            del obj["usage"]
+        for ch in choices:
+            if not isinstance(ch, dict):
+                continue
+            delta = ch.get("delta")
+            if isinstance(delta, dict):
+                if not self._opened and "role" in delta and not delta.get("content"):
+                    self._opened = True
+                    if ch.get("finish_reason") is None:
+                        return b""  # the client had its role chunk from the first node
+                delta.pop("role", None)
+                piece = delta.get("content")
+                if isinstance(piece, str) and piece:
+                    self.text.append(piece)
+                    self.tokens += 1
+            if ch.get("finish_reason") is not None:
+                self.finished = True
+        self._opened = True
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class ResumeHost(Protocol):
+    """What the continuation loop needs of the ingress (app.Ingress)."""
+
+    router: Router
+    forwarder: Forwarder
+    policy: Policy
+    config: IngressConfig
+
+
+async def resume_stream(
+    host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
+    rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
+    want_usage_chunk: bool, timeouts: Timeouts,
+) -> tuple[tuple[int, int] | None, Candidate | None, str]:
+    """Continue a failed chat stream on other candidates until one finishes it.
+
+    Returns (merged usage or None, the candidate that finished, "") or (None, None, why not);
+    on failure the caller writes the error event and ends the stream."""
+    why = ""
+    t_cut = time.perf_counter()
+    for _ in range(1 + host.config.max_retries):
+        first, body, why_not = plan_continuation(doc, recorder)
+        if body is None:
+            return None, None, why_not
+        decision = host.router.route(rreq, candidates, tried, len(tried))
+        if isinstance(decision, NoRoute):
+            return None, None, why or "no other node can continue it"
+        cand = decision.candidate
+        tried.append(cand.session_id)
+        send = orjson.dumps({**body, "model": cand.model.engine_name(rreq.model)})
+        relay = ContinuationRelay(first, want_usage_chunk)
+        host.policy.on_request_start(cand)
+        ok = False
+        try:
+            ok = await _relay_from(host, sink, recorder, relay, cand, path, send, timeouts)
+        except (aiohttp.ClientError, TimeoutError, UpstreamError, OSError) as e:
+            why = f"node {cand.session_id} failed: {e!r}"
+            log.warning("stream continuation on %s failed: %r", cand.session_id, e)
+        finally:
+            host.policy.on_request_end(cand, ok)
+        if ok:
+            log.warning("a stream cut after %d tokens continued on node %s (%s): next "
+                        "bytes %.0f ms after the cut", first.tokens, cand.session_id,
+                        why_cut(tried), (relay.first_out_at - t_cut) * 1000)
+            return relay.usage, cand, ""
+    return None, None, why
+
+
+def why_cut(tried: Sequence[str]) -> str:
+    return f"tried {', '.join(t[:8] for t in tried)}"
+
+
+async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorder,
+                      relay: ContinuationRelay, cand: Candidate, path: str, body: bytes,
+                      t: Timeouts) -> bool:
+    async with asyncio.timeout(t.first_byte):
+        up = await host.forwarder.open(cand, path, body, t)
+    try:
+        if up.status != 200:
+            raise UpstreamError(f"node {cand.session_id} answered {up.status}")
+        async with asyncio.timeout(t.total):
+            async for chunk in up.chunks():
+                out = relay.feed(chunk)
+                if out:
+                    out = recorder.feed(out)
+                    if out:
+                        if not relay.first_out_at:
+                            relay.first_out_at = time.perf_counter()
+                        await sink.write(out)
+    finally:
+        await up.aclose()
+    if not relay.finished:
+        raise UpstreamError(f"node {cand.session_id} ended the stream early")
+    if not relay.done:
+        await sink.write(recorder.feed(b"data: [DONE]\n\n"))
+    return True
+
+
+class RecordingScanner:
+    """The stream usage scanner (or none) followed by a RelayRecorder: what the ingress relays
+    while continuation is on (same interface as StreamUsageScanner)."""
+
+    def __init__(self, inner: StreamUsageScanner | None, recorder: RelayRecorder) -> None:
+        self.inner = inner
+        self.recorder = recorder
+
+    @property
+    def usage(self) -> tuple[int, int] | None:
+        return self.inner.usage if self.inner is not None else None
+
+    @property
+    def events(self) -> int:
+        return self.inner.events if self.inner is not None else 0
+
+    def feed(self, data: bytes) -> bytes:
+        if self.inner is not None:
+            data = self.inner.feed(data)
+        return self.recorder.feed(data) if data else b""
+
+    def flush(self) -> bytes:
+        rest = self.inner.flush() if self.inner is not None else b""
+        out = self.recorder.feed(rest) if rest else b""
+        return out + self.recorder.flush()
+
+    def finish(self, prompt_estimate: int, model: str, chat: bool) -> tuple[Usage | None, bytes]:
+        if self.inner is None:
+            return None, b""
+        return self.inner.finish(prompt_estimate, model, chat)
+
+
+_CLIENT_GONE = (ConnectionResetError, ConnectionError)
+
+
+async def continue_stream(
+    host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
+    rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
+    want_usage_chunk: bool, failed: Candidate, why: str,
+) -> tuple[Usage, Candidate]:
+    """Continue a stream whose node failed after the first byte and end it; when no node can,
+    end it with an error event as before. Returns the usage to bill and who served last."""
+    try:
+        got, by, why_not = await resume_stream(host, sink, recorder, doc, rreq, candidates,
+                                               tried, path, want_usage_chunk,
+                                               host.config.timeouts)
+        if by is None:
+            msg = f"{why}; not continued: {why_not}"
+            await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
+        await sink.end()
+    except _CLIENT_GONE:
+        got, by = None, None
+    if got is not None:
+        return Usage(*got), by or failed
+    relayed = read_relayed(recorder.recorded())  # bill what was relayed, estimated
+    return Usage(estimate_prompt_tokens(dict(doc)), relayed.tokens, True), by or failed

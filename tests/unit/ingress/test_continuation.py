@@ -1,0 +1,112 @@
+"""Continuation pieces: whole events only, reading what was relayed, the continuation request,
+and re-shaping the continuation's events into the client's stream."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmfabric.ingress.continuation import (
+    MAX_RECORDED_BYTES,
+    ContinuationRelay,
+    RelayRecorder,
+    continuation_wanted,
+    plan_continuation,
+    read_relayed,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+def _ev(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None, rid: str = "c1") -> bytes:
+    return _ev({"id": rid, "created": 7, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+STREAM = (_chunk({"role": "assistant", "content": ""}) + _chunk({"content": "Hello"})
+          + _chunk({"content": " world"}))
+
+
+@given(st.lists(st.integers(1, len(STREAM)), max_size=8))
+def test_the_recorder_passes_whole_events_only_and_loses_nothing(cuts: list[int]) -> None:
+    rec = RelayRecorder()
+    out = b""
+    pos = 0
+    for c in sorted(set(cuts)):
+        sent = rec.feed(STREAM[pos:c])
+        assert sent == b"" or sent.endswith(b"\n\n")
+        out += sent
+        pos = c
+    out += rec.feed(STREAM[pos:]) + rec.flush()
+    assert out == STREAM and rec.recorded() == STREAM
+
+
+def test_an_overlong_stream_is_not_recorded() -> None:
+    rec = RelayRecorder()
+    big = _chunk({"content": "x" * (MAX_RECORDED_BYTES + 10)})
+    assert rec.feed(big) == big
+    assert rec.overflow
+    _, body, why = plan_continuation({"messages": []}, rec)
+    assert body is None and "bytes" in why
+
+
+def test_read_relayed() -> None:
+    got = read_relayed(STREAM)
+    assert (got.text, got.tokens, got.id, got.created, got.finished, got.blocked) == (
+        "Hello world", 2, "c1", 7, False, "")
+    assert read_relayed(STREAM + _chunk({}, "stop")).finished
+    assert read_relayed(STREAM + b"data: [DONE]\n\n").finished
+    assert read_relayed(_chunk({"tool_calls": [{"index": 0}]})).blocked
+
+
+def test_plan_continuation_appends_the_assistant_prefix_and_cuts_the_limit() -> None:
+    rec = RelayRecorder()
+    rec.feed(STREAM)
+    doc = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10,
+           "stream": True}
+    _, body, why = plan_continuation(doc, rec)
+    assert why == "" and body is not None
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hello world"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["max_tokens"] == 8 and body["stream_options"] == {"include_usage": True}
+    assert doc["messages"] == [{"role": "user", "content": "hi"}]  # not mutated
+    _, none, why = plan_continuation({**doc, "max_tokens": 2}, rec)
+    assert none is None and "limit" in why
+
+
+def test_the_continuation_keeps_the_id_drops_its_role_chunk_and_merges_usage() -> None:
+    rec = RelayRecorder()
+    rec.feed(STREAM)
+    first = read_relayed(rec.recorded())
+    relay = ContinuationRelay(first, want_usage_chunk=True)
+    cont = (_chunk({"role": "assistant", "content": ""}, rid="c2") + _chunk({"content": "!"},
+            rid="c2") + _chunk({}, "stop", rid="c2")
+            + _ev({"id": "c2", "created": 9, "choices": [],
+                   "usage": {"prompt_tokens": 30, "completion_tokens": 1, "total_tokens": 31}})
+            + b"data: [DONE]\n\n")
+    out = b"".join(relay.feed(cont[i:i + 7]) for i in range(0, len(cont), 7))
+    events = [e for e in out.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    objs = [orjson.loads(e[6:]) for e in events[:-1]]
+    assert {o["id"] for o in objs} == {"c1"} and {o["created"] for o in objs} == {7}
+    assert objs[0]["choices"][0]["delta"] == {"content": "!"}
+    assert objs[-1]["usage"] == {"prompt_tokens": 28, "completion_tokens": 3,
+                                 "total_tokens": 31}
+    assert relay.finished and relay.done and relay.usage == (28, 3)
+    quiet = ContinuationRelay(first, want_usage_chunk=False)
+    assert b"usage" not in quiet.feed(cont) and quiet.usage == (28, 3)
+
+
+def test_who_gets_continuation() -> None:
+    doc = {"messages": []}
+    assert continuation_wanted(doc, CHAT, True)
+    assert not continuation_wanted(doc, CHAT, False)
+    assert not continuation_wanted(doc, "/v1/completions", True)
+    assert not continuation_wanted({"n": 2}, CHAT, True)
+    for off in (False, "false", "off"):
+        assert not continuation_wanted({"metadata": {"continuation": off}}, CHAT, True)
