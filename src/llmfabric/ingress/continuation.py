@@ -362,6 +362,10 @@ class RecordingScanner:
     def events(self) -> int:
         return self.inner.events if self.inner is not None else 0
 
+    @property
+    def estimated(self) -> bool:
+        return self.inner.estimated if self.inner is not None else False
+
     def feed(self, data: bytes) -> bytes:
         if self.inner is not None:
             data = self.inner.feed(data)
