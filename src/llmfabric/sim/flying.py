@@ -236,6 +236,8 @@ class _Flying:
         # sequential/soft binds waiting for the requests their members held when asked
         self.binding: dict[tuple[int, ...], tuple[Method, list[int]]] = {}
         self.held: list[int] = []  # requests waiting at the driver for a bound group
+        self.seen: set[int] = set()  # held requests the policy has observed
+        self.bind_asked = False  # the policy's last call asked for (or kept) a group
         self.retired: list[Replica] = []
         self.timeline: list[ModeChange] = []
         self.mode_since = 0.0
@@ -301,7 +303,9 @@ class _Flying:
 
     def apply(self, t: float) -> None:
         actions = self.policy(self.state(t))
+        self.seen = set(self.held)
         wanted = {a.engines for a in actions if isinstance(a, Bind)}
+        self.bind_asked = bool(wanted)
         for engines in [g for g in self.binding if g not in wanted]:
             del self.binding[engines]  # the policy changed its mind before the drain ended
         for act in actions:
@@ -392,10 +396,37 @@ class _Flying:
         if target is None:
             self.held.append(rid)
         elif isinstance(target, _Group):
-            target.replica.submit(rid, prompt, output)
+            self.submit(target.replica, rid, prompt, output)
             target.rids.append(rid)
         else:
-            target.submit(rid, prompt, output)
+            self.submit(target, rid, prompt, output)
+
+    def urgent(self, rid: int) -> bool:
+        return self.p_hi is not None and bool(self.prio[rid] >= self.p_hi)
+
+    def submit(self, rep: Replica, rid: int, prompt: int, output: int) -> None:
+        """Queue a request; a priority one goes ahead of every normal request still waiting
+        (FIFO among priority requests), as the torch engine admits them."""
+        before = len(rep.waiting)
+        rep.submit(rid, prompt, output)
+        if not self.urgent(rid) or len(rep.waiting) == before:
+            return
+        entry = rep.waiting.pop()
+        ahead = 0
+        while ahead < len(rep.waiting) and self.urgent(rep.waiting[ahead][0]):
+            ahead += 1
+        rep.waiting.insert(ahead, entry)
+
+    def route_dp(self, rid: int, prompt: int, output: int) -> bool:
+        """A priority request the policy forms no group for runs on the least-loaded free
+        DP engine, ahead of its normal queue (False: every engine is bound or binding)."""
+        busy = {e for g in self.binding for e in g}
+        free = [(rep.outstanding, e) for e, rep in enumerate(self.dp)
+                if e not in busy and self.owner(e) is None]
+        if not free:
+            return False
+        self.submit(self.dp[min(free)[1]], rid, prompt, output)
+        return True
 
     def dispatch_held(self, inputs: npt.NDArray[np.int64], outputs: npt.NDArray[np.int64]
                       ) -> None:
@@ -408,10 +439,15 @@ class _Flying:
             fits = [g for g in self.groups.values()
                     if g.replica.capacity - self.config.block_size / 2.0 >= self.tokens[rid]]
             if not fits:
-                keep.append(rid)
+                # the policy saw it and forms no group: a priority request that one engine
+                # holds runs in DP (priority admission) instead of waiting for one
+                if (rid not in self.seen or self.bind_asked or self.groups or self.binding
+                        or self.tokens[rid] > self.one_engine
+                        or not self.route_dp(rid, int(inputs[rid]), int(outputs[rid]))):
+                    keep.append(rid)
                 continue
             g = min(fits, key=lambda g: (g.replica.outstanding / len(g.engines), g.engines))
-            g.replica.submit(rid, int(inputs[rid]), int(outputs[rid]))
+            self.submit(g.replica, rid, int(inputs[rid]), int(outputs[rid]))
             g.rids.append(rid)
         self.held = keep + self.held
 
@@ -486,10 +522,10 @@ def simulate_flying(model: ModelSpec | str, gpu: GPUSpec | str, n_gpus: int, bas
         fly.advance(t)
         fly.rate = ewma_rate(fly.rate, t - last, 1 if is_arrival else 0)
         last = t if t > last else last
-        fly.apply(t)
-        if is_arrival:
+        if is_arrival:  # routed first, so the policy sees a held arrival at once
             fly.route(i, int(inputs[i]), int(outputs[i]))
             i += 1
+        fly.apply(t)
         fly.dispatch_held(inputs, outputs)
         if not is_arrival:
             st.append(t)
