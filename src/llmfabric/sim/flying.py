@@ -458,15 +458,17 @@ class _Flying:
 
 def _default_policy(name: str, method: Method, model: ModelSpec, gpu: GPUSpec, base_tp: int,
                     n: int, widths: tuple[int, ...], workload: Workload,
-                    options: dict[str, object]) -> SwitchPolicy:
+                    options: dict[str, object], config: EngineConfig) -> SwitchPolicy:
     opts = dict(options)
     if name != "priority":
         opts.setdefault("method", method)
-    if name == "hysteresis" and "mu_tp" not in opts:
+    if name in ("hysteresis", "priority") and "mu_tp" not in opts:
         w = max(x for x in widths if n % x == 0)
         cost = cost_model_for(make_deployment(model, gpu, w * base_tp))
+        # priority: the rate past which the widest group's queue grows (a full batch)
+        batch = config.max_num_seqs if name == "priority" else 32
         opts["mu_tp"] = _service_rate(cost, max(1.0, workload.mean_input()),
-                                      max(1.0, workload.mean_output()))
+                                      max(1.0, workload.mean_output()), batch)
     return make_policy(name, **opts)
 
 
@@ -502,7 +504,7 @@ def simulate_flying(model: ModelSpec | str, gpu: GPUSpec | str, n_gpus: int, bas
         raise SpecError("priority needs one entry per request")
     pol = (policy if not isinstance(policy, str) else
            _default_policy(policy, method, spec, g, base_tp, n, widths_t, workload,
-                           policy_options or {}))
+                           policy_options or {}, cfg))
     arrival = workload.arrival_s.astype(np.float64)
     inputs = workload.input_tokens.astype(np.int64)
     outputs = workload.output_tokens.astype(np.int64)

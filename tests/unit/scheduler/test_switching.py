@@ -4,6 +4,7 @@ no merge for a request that one engine can hold."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
@@ -26,6 +27,7 @@ from llmfabric.scheduler.switching import (
     make_policy,
     min_width,
     priority,
+    rate_bounds,
     scheduled,
 )
 
@@ -227,10 +229,10 @@ def test_hysteresis_never_releases_on_a_rate_within_its_noise(
     keeps up, and a release would re-prefill its whole batch."""
     w = max(x for x in state.widths if state.n % x == 0)
     calm = replace(state, waiting=(3 * w - 1, *(0 for _ in state.waiting[1:])))
-    rate = calm.arrival_rate
+    rate, err = rate_bounds(calm, window)
     pol = hysteresis(mu_tp=mu_tp, rate_window_s=window)
     releases = [a for a in pol(calm) if isinstance(a, Release)]
-    if rate - 2.0 * (rate / (2.0 * window)) ** 0.5 <= 0.8 * mu_tp:
+    if rate - 2.0 * err <= 0.8 * mu_tp:
         assert not releases
     elif calm.width > 1 and calm.now - calm.mode_since >= 2.0:
         assert releases  # a confident overload does split it
@@ -245,9 +247,9 @@ def _prio_state(waiting: tuple[int, ...], **kw: object) -> SwitchState:
 
 def test_priority_width_follows_the_backlog() -> None:
     pol = priority()
-    assert pol(_prio_state((0, 0, 0, 3))) == [Bind((0, 1, 2, 3), "hard")]  # idle: widest
+    assert pol(_prio_state((0, 0, 3, 4))) == [Bind((0, 1, 2, 3), "hard")]  # < 2 each: widest
     # a backlog: the narrowest group, on the engines holding the least work
-    assert pol(_prio_state((3, 3, 0, 1))) == [Bind((2, 3), "hard")]
+    assert pol(_prio_state((5, 5, 0, 3))) == [Bind((2, 3), "hard")]
     assert pol(_prio_state((5, 5, 5, 5))) == []  # saturated: no group, DP priority admission
     assert priority(width="widest")(_prio_state((5, 5, 5, 5))) == [Bind((0, 1, 2, 3), "hard")]
     assert priority(width=2)(_prio_state((0, 0, 0, 0))) == [Bind((0, 1), "hard")]
@@ -260,8 +262,10 @@ def test_priority_width_follows_the_backlog() -> None:
 def test_priority_narrows_a_wide_group_only_after_the_dwell() -> None:
     wide = _prio_state((8, 0, 0, 0), width=4, groups=((0, 1, 2, 3),), running_priority=1)
     assert priority()(replace(wide, mode_since=9.0)) == []  # 1 s since the bind
-    assert priority()(wide) == [Release((0, 1, 2, 3))]  # backlog 2 per engine: go narrower
-    assert priority()(replace(wide, waiting=(2, 0, 0, 0))) == []  # backlog 0.5: keep it
+    # backlog 2 per engine: narrower, in one step (away from the engine holding the queue)
+    assert priority()(wide) == [Release((0, 1, 2, 3)), Bind((2, 3), "hard")]
+    assert priority()(replace(wide, waiting=(16, 0, 0, 0))) == [Release((0, 1, 2, 3))]
+    assert priority()(replace(wide, waiting=(4, 0, 0, 0))) == []  # backlog 1: keep it
 
 
 @settings(max_examples=300)
@@ -273,6 +277,37 @@ def test_priority_binds_only_for_priority_work_and_within_the_allowed_widths(
     binds = [a for a in actions if isinstance(a, Bind)]
     assert len(binds) <= 1
     if binds:
-        assert urgent and state.width == 1 and binds[0].method == "hard"
+        assert binds[0].method == "hard" and (urgent or state.running_priority >= 1)
+        assert state.width == 1 or len(binds[0].engines) < state.width  # only ever narrower
     if [a for a in actions if isinstance(a, Release)] and (urgent or state.running_priority):
         assert state.now - state.mode_since >= dwell  # a narrowing waits for the dwell
+
+
+@settings(max_examples=100)
+@given(st.floats(0.5, 50.0), st.floats(0.2, 20.0), st.floats(1.0, 10.0))
+def test_rate_bounds_remove_the_start_up_bias_of_the_ewma(
+        rate: float, seconds: float, tau: float) -> None:
+    """An EWMA started at 0 reads low for the first few tau; the corrected estimate of a
+    steady stream is its rate from the first second on, and its error shrinks with time."""
+    dt = 0.01
+    ewma, t = 0.0, 0.0
+    while t < seconds - 1e-9:
+        ewma = ewma_rate(ewma, dt, 0, tau) + rate * -math.expm1(-dt / tau)  # a fluid stream
+        t += dt
+    state = SwitchState(1, ((0,), (1,)), (0, 0), (0, 0), (0, 0), now=t, arrival_rate=ewma)
+    est, err = rate_bounds(state, tau)
+    assert est == pytest.approx(rate, rel=1e-6)
+    later = rate_bounds(replace(state, now=t + tau, arrival_rate=rate), tau)[1]
+    assert 0 < later < err or math.isclose(later, err, rel_tol=1e-3)
+
+
+def test_priority_keeps_the_widest_group_only_while_it_keeps_up() -> None:
+    pol = priority(mu_tp=10.0)  # the widest group serves 10 requests/s at a full batch
+    calm = _prio_state((0, 0, 0, 0), now=100.0, arrival_rate=7.0)
+    assert pol(calm) == [Bind((0, 1, 2, 3), "hard")]
+    # 9 > 0.8 x 10: everything on TP8 would queue; the narrowest group, the rest stay DP
+    assert pol(replace(calm, arrival_rate=9.0)) == [Bind((0, 1), "hard")]
+    wide = replace(calm, width=4, groups=((0, 1, 2, 3),), running_priority=1, pending=())
+    # a bound group narrows only on a confident overload (two standard errors: 2 x 0.95)
+    assert pol(replace(wide, arrival_rate=9.0)) == []
+    assert pol(replace(wide, arrival_rate=12.0)) == [Release((0, 1, 2, 3)), Bind((0, 1), "hard")]
