@@ -22,8 +22,10 @@ Routing at each arrival: a request of priority >= `p_hi` (policy "priority" or a
 a wider width is allowed) or one
 too large for every single engine's KV waits at the driver for a bound group that holds it;
 everything else goes to the least-outstanding target among free DP engines and bound groups
-(a merged engine is a continuous batcher: normal requests join it). With no wider width
-allowed, a request larger than an engine's KV is rejected (static DP).
+(a merged engine is a continuous batcher: normal requests join it). A priority request queues
+ahead of the normal ones; one the policy has seen without forming a group (a saturated
+cluster) runs in DP on the least loaded engine. With no wider width allowed, a request larger
+than an engine's KV is rejected (static DP).
 """
 
 from __future__ import annotations
