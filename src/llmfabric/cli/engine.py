@@ -87,6 +87,9 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
               help="model preset (tiny-llama, micro-llama, small-llama) or a Hugging Face "
               "config.json path (weights are seeded, the tokenizer is byte-level)")
 @click.option("--seed", type=int, default=None, help="weight seed [default: the preset's]")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="trained weights for --config (python -m llmfabric.engines.torchref.train"
+              " --out FILE) instead of seeded ones")
 @click.option("--dp", type=click.IntRange(min=1), default=2, show_default=True,
               help="engine processes, each with a full weight replica")
 @click.option("--widths", default="1,2", show_default=True,
@@ -111,7 +114,8 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
               "config's name]")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), required=True)
-def torch_engine(config_spec: str, seed: int | None, dp: int, widths: str, switch_policy: str,
+def torch_engine(config_spec: str, seed: int | None, checkpoint: str | None, dp: int,
+                 widths: str, switch_policy: str,
                  mu_tp: float, schedule: str, method: str, kv_blocks: int, block_tokens: int,
                  threads: int, served_model_name: str | None, host: str, port: int) -> None:
     """Serve a small Llama model on CPU from DP engine processes that bind into TP groups
@@ -133,6 +137,14 @@ def torch_engine(config_spec: str, seed: int | None, dp: int, widths: str, switc
 
     try:
         cfg = load_config(config_spec, seed)
+        if checkpoint:  # checked here, before any engine process starts
+            import pathlib
+            from dataclasses import replace
+
+            from llmfabric.engines.torchref.weights import init_weights
+
+            cfg = replace(cfg, checkpoint=str(pathlib.Path(checkpoint).resolve()))
+            init_weights(cfg)
         width_set = tuple(sorted({int(w) for w in widths.split(",") if w.strip()} | {1}))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc

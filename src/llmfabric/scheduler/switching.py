@@ -9,6 +9,7 @@ from llmfabric.sim.switching import (
     Bind,
     Method,
     Pending,
+    PriorityWidth,
     Release,
     SwitchPolicy,
     SwitchState,
@@ -22,11 +23,13 @@ from llmfabric.sim.switching import (
     make_policy,
     min_width,
     priority,
+    rate_bounds,
     scheduled,
     segment,
 )
 
-__all__ = ["METHODS", "SWITCH_POLICIES", "Action", "Bind", "Method", "Pending", "Release",
+__all__ = ["METHODS", "SWITCH_POLICIES", "Action", "Bind", "Method", "Pending", "PriorityWidth",
+           "Release",
            "SwitchPolicy", "SwitchState", "actions_for_width", "aligned_groups",
            "context_length", "ewma_rate", "fits_width", "hysteresis", "load_threshold",
-           "make_policy", "min_width", "priority", "scheduled", "segment"]
+           "make_policy", "min_width", "priority", "rate_bounds", "scheduled", "segment"]

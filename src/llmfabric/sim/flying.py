@@ -22,8 +22,10 @@ Routing at each arrival: a request of priority >= `p_hi` (policy "priority" or a
 a wider width is allowed) or one
 too large for every single engine's KV waits at the driver for a bound group that holds it;
 everything else goes to the least-outstanding target among free DP engines and bound groups
-(a merged engine is a continuous batcher: normal requests join it). With no wider width
-allowed, a request larger than an engine's KV is rejected (static DP).
+(a merged engine is a continuous batcher: normal requests join it). A priority request queues
+ahead of the normal ones; one the policy has seen without forming a group (a saturated
+cluster) runs in DP on the least loaded engine. With no wider width allowed, a request larger
+than an engine's KV is rejected (static DP).
 """
 
 from __future__ import annotations
@@ -236,6 +238,8 @@ class _Flying:
         # sequential/soft binds waiting for the requests their members held when asked
         self.binding: dict[tuple[int, ...], tuple[Method, list[int]]] = {}
         self.held: list[int] = []  # requests waiting at the driver for a bound group
+        self.seen: set[int] = set()  # held requests the policy has observed
+        self.bind_asked = False  # the policy's last call asked for (or kept) a group
         self.retired: list[Replica] = []
         self.timeline: list[ModeChange] = []
         self.mode_since = 0.0
@@ -301,7 +305,9 @@ class _Flying:
 
     def apply(self, t: float) -> None:
         actions = self.policy(self.state(t))
+        self.seen = set(self.held)
         wanted = {a.engines for a in actions if isinstance(a, Bind)}
+        self.bind_asked = bool(wanted)
         for engines in [g for g in self.binding if g not in wanted]:
             del self.binding[engines]  # the policy changed its mind before the drain ended
         for act in actions:
@@ -392,10 +398,37 @@ class _Flying:
         if target is None:
             self.held.append(rid)
         elif isinstance(target, _Group):
-            target.replica.submit(rid, prompt, output)
+            self.submit(target.replica, rid, prompt, output)
             target.rids.append(rid)
         else:
-            target.submit(rid, prompt, output)
+            self.submit(target, rid, prompt, output)
+
+    def urgent(self, rid: int) -> bool:
+        return self.p_hi is not None and bool(self.prio[rid] >= self.p_hi)
+
+    def submit(self, rep: Replica, rid: int, prompt: int, output: int) -> None:
+        """Queue a request; a priority one goes ahead of every normal request still waiting
+        (FIFO among priority requests), as the torch engine admits them."""
+        before = len(rep.waiting)
+        rep.submit(rid, prompt, output)
+        if not self.urgent(rid) or len(rep.waiting) == before:
+            return
+        entry = rep.waiting.pop()
+        ahead = 0
+        while ahead < len(rep.waiting) and self.urgent(rep.waiting[ahead][0]):
+            ahead += 1
+        rep.waiting.insert(ahead, entry)
+
+    def route_dp(self, rid: int, prompt: int, output: int) -> bool:
+        """A priority request the policy forms no group for runs on the least-loaded free
+        DP engine, ahead of its normal queue (False: every engine is bound or binding)."""
+        busy = {e for g in self.binding for e in g}
+        free = [(rep.outstanding, e) for e, rep in enumerate(self.dp)
+                if e not in busy and self.owner(e) is None]
+        if not free:
+            return False
+        self.submit(self.dp[min(free)[1]], rid, prompt, output)
+        return True
 
     def dispatch_held(self, inputs: npt.NDArray[np.int64], outputs: npt.NDArray[np.int64]
                       ) -> None:
@@ -408,10 +441,15 @@ class _Flying:
             fits = [g for g in self.groups.values()
                     if g.replica.capacity - self.config.block_size / 2.0 >= self.tokens[rid]]
             if not fits:
-                keep.append(rid)
+                # the policy saw it and forms no group: a priority request that one engine
+                # holds runs in DP (priority admission) instead of waiting for one
+                if (rid not in self.seen or self.bind_asked or self.groups or self.binding
+                        or self.tokens[rid] > self.one_engine
+                        or not self.route_dp(rid, int(inputs[rid]), int(outputs[rid]))):
+                    keep.append(rid)
                 continue
             g = min(fits, key=lambda g: (g.replica.outstanding / len(g.engines), g.engines))
-            g.replica.submit(rid, int(inputs[rid]), int(outputs[rid]))
+            self.submit(g.replica, rid, int(inputs[rid]), int(outputs[rid]))
             g.rids.append(rid)
         self.held = keep + self.held
 
@@ -422,15 +460,17 @@ class _Flying:
 
 def _default_policy(name: str, method: Method, model: ModelSpec, gpu: GPUSpec, base_tp: int,
                     n: int, widths: tuple[int, ...], workload: Workload,
-                    options: dict[str, object]) -> SwitchPolicy:
+                    options: dict[str, object], config: EngineConfig) -> SwitchPolicy:
     opts = dict(options)
     if name != "priority":
         opts.setdefault("method", method)
-    if name == "hysteresis" and "mu_tp" not in opts:
+    if name in ("hysteresis", "priority") and "mu_tp" not in opts:
         w = max(x for x in widths if n % x == 0)
         cost = cost_model_for(make_deployment(model, gpu, w * base_tp))
+        # priority: the rate past which the widest group's queue grows (a full batch)
+        batch = config.max_num_seqs if name == "priority" else 32
         opts["mu_tp"] = _service_rate(cost, max(1.0, workload.mean_input()),
-                                      max(1.0, workload.mean_output()))
+                                      max(1.0, workload.mean_output()), batch)
     return make_policy(name, **opts)
 
 
@@ -466,7 +506,7 @@ def simulate_flying(model: ModelSpec | str, gpu: GPUSpec | str, n_gpus: int, bas
         raise SpecError("priority needs one entry per request")
     pol = (policy if not isinstance(policy, str) else
            _default_policy(policy, method, spec, g, base_tp, n, widths_t, workload,
-                           policy_options or {}))
+                           policy_options or {}, cfg))
     arrival = workload.arrival_s.astype(np.float64)
     inputs = workload.input_tokens.astype(np.int64)
     outputs = workload.output_tokens.astype(np.int64)
@@ -486,10 +526,10 @@ def simulate_flying(model: ModelSpec | str, gpu: GPUSpec | str, n_gpus: int, bas
         fly.advance(t)
         fly.rate = ewma_rate(fly.rate, t - last, 1 if is_arrival else 0)
         last = t if t > last else last
-        fly.apply(t)
-        if is_arrival:
+        if is_arrival:  # routed first, so the policy sees a held arrival at once
             fly.route(i, int(inputs[i]), int(outputs[i]))
             i += 1
+        fly.apply(t)
         fly.dispatch_held(inputs, outputs)
         if not is_arrival:
             st.append(t)

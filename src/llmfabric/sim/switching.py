@@ -132,9 +132,11 @@ def load_threshold(theta: int = 3, method: Method = "hard") -> SwitchPolicy:
 
 
 def hysteresis(mu_tp: float = 8.0, dwell_s: float = 2.0, low: float = 0.5, high: float = 0.8,
-               method: Method = "hard") -> SwitchPolicy:
+               method: Method = "hard", rate_window_s: float = 5.0) -> SwitchPolicy:
     """Default policy. TP when the arrival rate is under `low` x mu_TP and fewer than W wait;
-    DP when it exceeds `high` x mu_TP or 3W wait; no change within `dwell_s` of the last one.
+    DP when it exceeds `high` x mu_TP by two standard errors of the rate estimate (an EWMA
+    over `rate_window_s`, as `ewma_rate` keeps it), or when 3W wait; no change within
+    `dwell_s` of the last one.
     `mu_tp` is the TP group's service rate in requests/s (from the cost model)."""
 
     def policy(state: SwitchState) -> list[Action]:
@@ -142,26 +144,79 @@ def hysteresis(mu_tp: float = 8.0, dwell_s: float = 2.0, low: float = 0.5, high:
             return []
         w = _widest(state)
         waiting = sum(state.waiting)
-        if state.width == 1 and state.arrival_rate < low * mu_tp and waiting < w:
+        rate, err = rate_bounds(state, rate_window_s)
+        if state.width == 1 and rate < low * mu_tp and waiting < w:
             return actions_for_width(state, w, method)
-        if state.width > 1 and (state.arrival_rate > high * mu_tp or waiting >= 3 * w):
+        # overload only when the rate clears high x mu_TP by two standard errors of its
+        # estimate: a spike of a calm stream must not split a group that keeps up, since a
+        # release re-prefills the group's whole batch
+        overloaded = rate - 2.0 * err > high * mu_tp
+        if state.width > 1 and (overloaded or waiting >= 3 * w):
             return _release_all(state)
         return []
 
     return policy
 
 
-def priority(p_hi: int = 1) -> SwitchPolicy:
-    """A request of priority >= p_hi hard-preempts the widest aligned group; released once no
-    such request runs or waits."""
+PriorityWidth = int | Literal["auto", "widest"]
+
+
+def priority(p_hi: int = 1, width: PriorityWidth = "auto", busy: float = 2.0,
+             saturated: float = 4.0, dwell_s: float = 2.0, mu_tp: float | None = None,
+             high: float = 0.8, rate_window_s: float = 5.0, confidence: float = 2.0
+             ) -> SwitchPolicy:
+    """A request of priority >= p_hi hard-preempts an aligned group; released once no such
+    request runs or waits. `width` "auto" sizes the group by the backlog b (requests waiting
+    per engine) and the arrival rate: b < `busy` and the rate under `high` x `mu_tp` (the
+    widest group's service rate at a full batch, requests/s; None: not checked): the widest
+    (every request then runs on it, and it keeps up: TP for the priority request costs no
+    throughput; a continuous batcher admits a flood into its batch, so the rate shows an
+    overload that the queue does not; narrowing a bound group on the rate needs it two
+    standard errors above, as in `hysteresis`); `busy` <= b < `saturated`: the narrowest wider
+    than one engine (the others keep serving DP); b >= `saturated`: no group (every engine's
+    throughput is needed; priority requests jump the DP queues instead). A bound group wider
+    than the current choice is released once `dwell_s` has passed since the last change, and
+    the narrower group bound in the same step (observed after the release, the requests it
+    folds back would read as a backlog). An int or "widest" fixes the width."""
+
+    if not (width in ("auto", "widest") or (isinstance(width, int) and width > 1
+                                              and not width & (width - 1))):
+        raise ValueError(f"priority width must be 'auto', 'widest' or a power of two > 1, "
+                         f"not {width!r}")
+    if not 0 < busy <= saturated:
+        raise ValueError("need 0 < busy <= saturated")
+
+    def choose(state: SwitchState, margin: float = 0.0) -> int:
+        wider = sorted(w for w in state.widths if w > 1 and state.n % w == 0)
+        if not wider:
+            return 1
+        if width == "widest":
+            return wider[-1]
+        if width != "auto":
+            return width if width in wider else 1
+        backlog = sum(state.waiting) / state.n
+        rate, err = rate_bounds(state, rate_window_s)
+        keeps_up = mu_tp is None or rate - margin * err < high * mu_tp
+        if backlog < busy and keeps_up:
+            return wider[-1]
+        return wider[0] if backlog < saturated else 1
+
+    def bind(state: SwitchState, want: int) -> list[Action]:
+        """Bind the aligned group of `want` engines that holds the least work."""
+        groups = [segment(k * want, want) for k in range(state.n // want)]
+        g = min(groups, key=lambda g: (sum(state.waiting[e] + state.running[e] for e in g), g))
+        return [Bind(g, "hard")]
 
     def policy(state: SwitchState) -> list[Action]:
         urgent = any(p.priority >= p_hi for p in state.pending)
-        if urgent and state.width == 1:
-            return actions_for_width(state, _widest(state), "hard")
-        if not urgent and state.running_priority < p_hi and state.width > 1:
-            return _release_all(state)
-        return []
+        want = choose(state, confidence if state.width > 1 else 0.0)
+        if state.width > 1:
+            if not urgent and state.running_priority < p_hi:
+                return _release_all(state)
+            if want < state.width and state.now - state.mode_since >= dwell_s:
+                return _release_all(state) + (bind(state, want) if want > 1 else [])
+            return []
+        return bind(state, want) if urgent and want > 1 else []
 
     return policy
 
@@ -241,3 +296,15 @@ def ewma_rate(prev: float, dt: float, arrivals: int, tau_s: float = 5.0) -> floa
         return prev
     a = 1.0 - math.exp(-dt / tau_s)
     return prev + a * (arrivals / dt - prev)
+
+
+def rate_bounds(state: SwitchState, tau_s: float = 5.0) -> tuple[float, float]:
+    """The arrival rate and one standard error, from the EWMA in `state` (`ewma_rate` over
+    `tau_s`, started at 0 when the engine started): divided by 1 - exp(-t / tau) so that it
+    is unbiased in the first seconds; for a Poisson stream of rate r its variance is then
+    r / 2 tau x (1 + exp(-t / tau)) / (1 - exp(-t / tau))."""
+    seen = -math.expm1(-state.now / tau_s)  # 1 - exp(-t / tau), exact for small t
+    if seen <= 1e-9:  # (almost) no history yet: the raw estimate, unbounded error
+        return max(state.arrival_rate, 0.0), math.inf
+    rate = max(state.arrival_rate, 0.0) / seen
+    return rate, math.sqrt(rate / (2.0 * tau_s) * (2.0 - seen) / seen)

@@ -4,6 +4,7 @@ no merge for a request that one engine can hold."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
@@ -26,6 +27,7 @@ from llmfabric.scheduler.switching import (
     make_policy,
     min_width,
     priority,
+    rate_bounds,
     scheduled,
 )
 
@@ -135,7 +137,9 @@ def test_hysteresis_thresholds() -> None:
     assert pol(base) == [Bind((0, 1), "hard")]  # 1 < 0.5 x 8 and nothing waits
     assert pol(replace(base, arrival_rate=5.0)) == []  # between the thresholds
     tp = replace(base, width=2, groups=((0, 1),))
-    assert pol(replace(tp, arrival_rate=7.0)) == [Release((0, 1))]  # 7 > 0.8 x 8
+    # 7 > 0.8 x 8, but within two standard errors of a 5 s EWMA (2 sqrt(7 / 10) = 1.7)
+    assert pol(replace(tp, arrival_rate=7.0)) == []
+    assert pol(replace(tp, arrival_rate=9.0)) == [Release((0, 1))]  # 9 - 1.9 > 6.4
     assert pol(replace(tp, waiting=(6, 0))) == [Release((0, 1))]  # 3W wait
     assert pol(replace(tp, arrival_rate=7.0, mode_since=9.0)) == []  # within the dwell
 
@@ -214,3 +218,96 @@ def test_min_width_and_ewma() -> None:
     assert rate == pytest.approx(10.0, rel=1e-6)
     with pytest.raises(ValueError):
         make_policy("nope")
+
+
+@settings(max_examples=300)
+@given(states(), st.floats(0.5, 20.0), st.floats(1.0, 30.0))
+def test_hysteresis_never_releases_on_a_rate_within_its_noise(
+        state: SwitchState, mu_tp: float, window: float) -> None:
+    """A rate estimate within two standard errors of high x mu_TP (the EWMA of a calm
+    Poisson stream spikes that far) never splits a group while fewer than 3W wait: the group
+    keeps up, and a release would re-prefill its whole batch."""
+    w = max(x for x in state.widths if state.n % x == 0)
+    calm = replace(state, waiting=(3 * w - 1, *(0 for _ in state.waiting[1:])))
+    rate, err = rate_bounds(calm, window)
+    pol = hysteresis(mu_tp=mu_tp, rate_window_s=window)
+    releases = [a for a in pol(calm) if isinstance(a, Release)]
+    if rate - 2.0 * err <= 0.8 * mu_tp:
+        assert not releases
+    elif calm.width > 1 and calm.now - calm.mode_since >= 2.0:
+        assert releases  # a confident overload does split it
+
+
+def _prio_state(waiting: tuple[int, ...], **kw: object) -> SwitchState:
+    n = len(waiting)
+    return replace(SwitchState(1, tuple((e,) for e in range(n)), waiting, (0,) * n,
+                               (512,) * n, (1, 2, 4), now=10.0,
+                               pending=(Pending(40, priority=1),)), **kw)
+
+
+def test_priority_width_follows_the_backlog() -> None:
+    pol = priority()
+    assert pol(_prio_state((0, 0, 3, 4))) == [Bind((0, 1, 2, 3), "hard")]  # < 2 each: widest
+    # a backlog: the narrowest group, on the engines holding the least work
+    assert pol(_prio_state((5, 5, 0, 3))) == [Bind((2, 3), "hard")]
+    assert pol(_prio_state((5, 5, 5, 5))) == []  # saturated: no group, DP priority admission
+    assert priority(width="widest")(_prio_state((5, 5, 5, 5))) == [Bind((0, 1, 2, 3), "hard")]
+    assert priority(width=2)(_prio_state((0, 0, 0, 0))) == [Bind((0, 1), "hard")]
+    with pytest.raises(ValueError):
+        priority(width=3)
+    with pytest.raises(ValueError):
+        priority(busy=5.0, saturated=4.0)
+
+
+def test_priority_narrows_a_wide_group_only_after_the_dwell() -> None:
+    wide = _prio_state((8, 0, 0, 0), width=4, groups=((0, 1, 2, 3),), running_priority=1)
+    assert priority()(replace(wide, mode_since=9.0)) == []  # 1 s since the bind
+    # backlog 2 per engine: narrower, in one step (away from the engine holding the queue)
+    assert priority()(wide) == [Release((0, 1, 2, 3)), Bind((2, 3), "hard")]
+    assert priority()(replace(wide, waiting=(16, 0, 0, 0))) == [Release((0, 1, 2, 3))]
+    assert priority()(replace(wide, waiting=(4, 0, 0, 0))) == []  # backlog 1: keep it
+
+
+@settings(max_examples=300)
+@given(states(), st.floats(0.1, 5.0))
+def test_priority_binds_only_for_priority_work_and_within_the_allowed_widths(
+        state: SwitchState, dwell: float) -> None:
+    actions = priority(dwell_s=dwell)(state)
+    urgent = any(p.priority >= 1 for p in state.pending)
+    binds = [a for a in actions if isinstance(a, Bind)]
+    assert len(binds) <= 1
+    if binds:
+        assert binds[0].method == "hard" and (urgent or state.running_priority >= 1)
+        assert state.width == 1 or len(binds[0].engines) < state.width  # only ever narrower
+    if [a for a in actions if isinstance(a, Release)] and (urgent or state.running_priority):
+        assert state.now - state.mode_since >= dwell  # a narrowing waits for the dwell
+
+
+@settings(max_examples=100)
+@given(st.floats(0.5, 50.0), st.floats(0.2, 20.0), st.floats(1.0, 10.0))
+def test_rate_bounds_remove_the_start_up_bias_of_the_ewma(
+        rate: float, seconds: float, tau: float) -> None:
+    """An EWMA started at 0 reads low for the first few tau; the corrected estimate of a
+    steady stream is its rate from the first second on, and its error shrinks with time."""
+    dt = 0.01
+    ewma, t = 0.0, 0.0
+    while t < seconds - 1e-9:
+        ewma = ewma_rate(ewma, dt, 0, tau) + rate * -math.expm1(-dt / tau)  # a fluid stream
+        t += dt
+    state = SwitchState(1, ((0,), (1,)), (0, 0), (0, 0), (0, 0), now=t, arrival_rate=ewma)
+    est, err = rate_bounds(state, tau)
+    assert est == pytest.approx(rate, rel=1e-6)
+    later = rate_bounds(replace(state, now=t + tau, arrival_rate=rate), tau)[1]
+    assert 0 < later < err or math.isclose(later, err, rel_tol=1e-3)
+
+
+def test_priority_keeps_the_widest_group_only_while_it_keeps_up() -> None:
+    pol = priority(mu_tp=10.0)  # the widest group serves 10 requests/s at a full batch
+    calm = _prio_state((0, 0, 0, 0), now=100.0, arrival_rate=7.0)
+    assert pol(calm) == [Bind((0, 1, 2, 3), "hard")]
+    # 9 > 0.8 x 10: everything on TP8 would queue; the narrowest group, the rest stay DP
+    assert pol(replace(calm, arrival_rate=9.0)) == [Bind((0, 1), "hard")]
+    wide = replace(calm, width=4, groups=((0, 1, 2, 3),), running_priority=1, pending=())
+    # a bound group narrows only on a confident overload (two standard errors: 2 x 0.95)
+    assert pol(replace(wide, arrival_rate=9.0)) == []
+    assert pol(replace(wide, arrival_rate=12.0)) == [Release((0, 1, 2, 3)), Bind((0, 1), "hard")]

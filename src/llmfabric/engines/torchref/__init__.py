@@ -14,6 +14,8 @@ Files:
   scheduler.py  FlyingScheduler: Algorithm 1, the three transition methods, admission
   engine.py     FlyingEngine: starts the workers, steps manually or in a thread
   server.py     the OpenAI-compatible aiohttp server with /dtp_switch and /dtp_status
+  train.py      trains a tiny checkpoint on CPU in seconds (the engine's maths, whole
+                sequences); `python -m llmfabric.engines.torchref.train --out m.pt`
 
 Only engine.py's workers, model.py, weights.py, kvpool.py and comm.py import torch.
 """

@@ -27,6 +27,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     max_model_len: int = 2048
     seed: int = 0
+    checkpoint: str = ""  # a file from train.py (torch.save of named tensors); "": seeded
 
     @property
     def head_dim(self) -> int:

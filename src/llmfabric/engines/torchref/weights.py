@@ -11,6 +11,7 @@ Embedding, norms and LM head stay replicated. Q, K and V are separate matrices, 
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,16 @@ class Weights:
 
 
 def init_weights(cfg: ModelConfig) -> Weights:
-    """Seeded random weights: identical bytes in every process for the same config."""
+    """Seeded random weights, identical bytes in every process for the same config; or the
+    trained checkpoint that `cfg.checkpoint` names."""
+    if cfg.checkpoint:
+        try:
+            state = torch.load(cfg.checkpoint, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+            raise ValueError(f"{cfg.checkpoint}: not a readable checkpoint ({exc})") from exc
+        if not isinstance(state, dict):
+            raise ValueError(f"{cfg.checkpoint}: not a checkpoint of named tensors")
+        return weights_from_state(cfg, state)
     gen = torch.Generator().manual_seed(cfg.seed)
     h, kv, f, hd = cfg.hidden, cfg.kv_dim, cfg.intermediate, cfg.head_dim
 
@@ -61,6 +71,55 @@ def init_weights(cfg: ModelConfig) -> Weights:
     )
     embed = torch.randn(cfg.vocab_size, h, generator=gen)
     return Weights(embed=embed, layers=layers, norm=norm(), lm_head=mat(cfg.vocab_size, h))
+
+
+_LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+
+
+def weights_to_state(weights: Weights) -> dict[str, torch.Tensor]:
+    """Named tensors (what a checkpoint file holds): embed, norm, lm_head, layers.i.field."""
+    out = {"embed": weights.embed, "norm": weights.norm, "lm_head": weights.lm_head}
+    for i, lw in enumerate(weights.layers):
+        out.update({f"layers.{i}.{name}": getattr(lw, name) for name in _LAYER_FIELDS})
+    return out
+
+
+def weights_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Weights:
+    """Weights from named tensors, each checked against the shape `cfg` implies."""
+    template = weights_to_state(_shapes(cfg))
+    if set(state) != set(template):
+        missing, extra = sorted(set(template) - set(state)), sorted(set(state) - set(template))
+        raise ValueError(f"checkpoint does not match {cfg.name}: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}")
+    for name, want in template.items():
+        got = state[name]
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+            raise ValueError(f"checkpoint tensor {name}: shape "
+                             f"{getattr(got, 'shape', None)}, {cfg.name} needs "
+                             f"{tuple(want.shape)}")
+    return assemble_weights(cfg, {k: v.detach().to(torch.float32).contiguous()
+                                  for k, v in state.items()})
+
+
+def assemble_weights(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Weights:
+    """Weights over these very tensors (no copy, no check: gradients reach them)."""
+    layers = tuple(LayerWeights(**{f: state[f"layers.{i}.{f}"] for f in _LAYER_FIELDS},
+                                heads=cfg.heads, kv_heads=cfg.kv_heads)
+                   for i in range(cfg.layers))
+    return Weights(state["embed"], layers, state["norm"], state["lm_head"])
+
+
+def _shapes(cfg: ModelConfig) -> Weights:
+    """Weights of the right shapes (meta tensors: no memory)."""
+    h, kv, f, hd = cfg.hidden, cfg.kv_dim, cfg.intermediate, cfg.head_dim
+
+    def m(*shape: int) -> torch.Tensor:
+        return torch.empty(*shape, device="meta")
+
+    layers = tuple(LayerWeights(m(h), m(cfg.heads * hd, h), m(kv, h), m(kv, h),
+                                m(h, cfg.heads * hd), m(h), m(f, h), m(f, h), m(h, f),
+                                cfg.heads, cfg.kv_heads) for _ in range(cfg.layers))
+    return Weights(m(cfg.vocab_size, h), layers, m(h), m(cfg.vocab_size, h))
 
 
 class WeightsManager:
