@@ -38,9 +38,19 @@ class _Counters(Collector):
         self.net: NetStats | None = None
         self.dataplane_refused: Mapping[str, int] | None = None
         self.dataplane_served: Mapping[str, int] | None = None
+        self.task_failures: Mapping[str, int] | None = None
+        self.gossip_loops: AgentStats | None = None
 
     def collect(self) -> Iterator[Metric]:
         g, n = self.gossip, self.net
+        if self.task_failures is not None:
+            failures = dict(self.task_failures)
+            if self.gossip_loops is not None:
+                failures["gossip"] = self.gossip_loops.loop_errors
+            yield _family("llmfabric_node_task_failures",
+                          "Background task failures (each logged with its traceback; the "
+                          "supervisor restarts the task or takes the node down)", "task",
+                          failures)
         if g is not None:
             yield _family("llmfabric_gossip_bytes", "Gossip bytes", "direction",
                           {"out": g.bytes_out, "in": g.bytes_in})
@@ -89,6 +99,11 @@ class NodeMetrics:
         """Export the data plane's counts (dicts the server keeps updating)."""
         self._counters.dataplane_refused = refused
         self._counters.dataplane_served = served
+
+    def watch_tasks(self, failures: Mapping[str, int], gossip: AgentStats) -> None:
+        """Export the supervisor's task failures (and the gossip loops' own restarts)."""
+        self._counters.task_failures = failures
+        self._counters.gossip_loops = gossip
 
     def add_registry(self, registry: CollectorRegistry) -> None:
         self.registries.append(registry)

@@ -17,8 +17,8 @@ from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
 from llmfabric.node.assignment import RELEASE_PATH, AssignmentError, ReleaseRequest, parse_release
 from llmfabric.node.dataplane_server import DataPlaneServer
+from llmfabric.node.engine_role import release_engine
 from llmfabric.node.peer_api import PeerApi
-from llmfabric.node.release import release_engine
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
 
 CONTROLLER = NodeKey.generate()
