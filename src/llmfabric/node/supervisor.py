@@ -134,6 +134,8 @@ class NodeSupervisor(Generic[S, E]):
         as one operation: announce LEFT for the old session if `leave_old`, start the new
         one, make it current, then close the old one (and a replaced engine still owned).
         `expect`: refuse with SessionChanged unless it is still the current session."""
+        if self._stopping:  # (before the lock too: a change in flight may hold it long)
+            raise SupervisorStopped("the node is stopping")
         async with self._lock:
             if self._stopping:
                 raise SupervisorStopped("the node is stopping")
