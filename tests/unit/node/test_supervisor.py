@@ -4,6 +4,7 @@ stop() that is idempotent, races a session change, and leaves nothing running.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 
 import pytest
@@ -86,7 +87,7 @@ async def test_a_crashing_loop_restarts_with_backoff_then_takes_the_node_down() 
     await clock.advance(500.0)
     assert len(runs) == 4  # the first run and three restarts
     assert sup.failures["publisher"] == 4
-    gaps = [b - a - 5.0 for a, b in zip(runs, runs[1:], strict=False)]
+    gaps = [b - a - 5.0 for a, b in itertools.pairwise(runs)]
     for gap, base in zip(gaps, (10.0, 20.0, 40.0), strict=True):  # exponential, jittered
         assert 0.75 * base <= gap <= 1.25 * base
     assert [name for name, _ in downs.calls] == ["publisher"]  # down once, with the cause
