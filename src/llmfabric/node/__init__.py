@@ -8,8 +8,8 @@ Lifecycle (who owns what)
                   loop; session changes as one operation, restart policies, stop()
   peering         joining (bootstrap, re-bootstrap, dial-back, relays) and the address book
   engine_role     the engine over its life: start, load hints, restart, assign, release
-  engine_link     one engine: supervision (agent/) + the forwarded-request proxy
-  engine_bind     engines on loopback unless --allow-engine-public-bind
+  engine_link     one engine: supervision (agent/) + the forwarded-request proxy; engines
+                  bind loopback unless --allow-engine-public-bind
   walltime        drain `lead_s` before the allocation ends; keep the published end current
 
 Configuration and credentials
@@ -23,14 +23,14 @@ What the node serves
   replica_reader  the current session's replica as the views, routing, the API and the
                   controllers read it
   metrics         Prometheus metrics of a node (gossip, transport, requests, task failures)
-  peer_api        what the node answers on the peer protocol (assign, release, engine)
+  peer_api        what the node answers on the peer protocol (session exchange, sealed
+                  requests, assign, release); assignment and release bodies (both sides)
   dataplane_server  the provider side of the data plane: session exchange, pinned HTTPS
                   listener, sealed peer requests (docs/network.md "Data plane")
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
   trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 
 The fleet controller's side
-  assignment      engine assignments and releases (parse, command line)
   executor        the fleet controller's executor: decisions -> peer-protocol calls
 
 Tools

@@ -49,8 +49,7 @@ from llmfabric.node.admission import (
 )
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.engine_bind import EngineBindError, loopback_engine_command
-from llmfabric.node.engine_link import EngineLink
+from llmfabric.node.engine_link import EngineBindError, EngineLink, loopback_engine_command
 from llmfabric.node.engine_role import EngineRole
 from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink

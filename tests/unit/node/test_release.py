@@ -15,10 +15,15 @@ from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
-from llmfabric.node.assignment import RELEASE_PATH, AssignmentError, ReleaseRequest, parse_release
 from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.engine_role import release_engine
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.peer_api import (
+    RELEASE_PATH,
+    AssignmentError,
+    PeerApi,
+    ReleaseRequest,
+    parse_release,
+)
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
 
 CONTROLLER = NodeKey.generate()
