@@ -195,6 +195,8 @@ class Node:
             )
             self.ingress.mount(app)
             self.metrics.add_registry(self.ingress.metrics_registry)
+            if self.ingress.store is not None:
+                self.metrics.watch_failures("accounts", self.ingress.store.failures)
             if self.config.api_listen:
                 await self.ingress.start_front(
                     self.config.api_listen, ssl=self.tls.context if self.tls else None,

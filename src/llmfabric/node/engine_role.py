@@ -94,6 +94,13 @@ class EngineRole:
         node.supervisor.loop("load", self._publish_load)
 
     def _on_event(self, engine: EngineLink, event: EngineEvent) -> None:
+        try:
+            self._handle_event(engine, event)
+        except Exception:  # (called by the engine supervisor, which would only log it)
+            self.node.supervisor.failures["engine-events"] += 1
+            log.exception("handling the engine event %s failed", event.state.value)
+
+    def _handle_event(self, engine: EngineLink, event: EngineEvent) -> None:
         node = self.node
         if node.stopping or engine is not node.engine:
             return

@@ -40,6 +40,7 @@ class _Counters(Collector):
         self.dataplane_served: Mapping[str, int] | None = None
         self.task_failures: Mapping[str, int] | None = None
         self.gossip_loops: AgentStats | None = None
+        self.more_failures: dict[str, Mapping[str, int]] = {}  # prefix -> failures by kind
 
     def collect(self) -> Iterator[Metric]:
         g, n = self.gossip, self.net
@@ -47,6 +48,8 @@ class _Counters(Collector):
             failures = dict(self.task_failures)
             if self.gossip_loops is not None:
                 failures["gossip"] = self.gossip_loops.loop_errors
+            for prefix, more in self.more_failures.items():
+                failures.update({f"{prefix}-{kind}": n for kind, n in more.items()})
             yield _family("llmfabric_node_task_failures",
                           "Background task failures (each logged with its traceback; the "
                           "supervisor restarts the task or takes the node down)", "task",
@@ -107,6 +110,10 @@ class NodeMetrics:
         """Export the supervisor's task failures (and the gossip loops' own restarts)."""
         self._counters.task_failures = failures
         self._counters.gossip_loops = gossip
+
+    def watch_failures(self, prefix: str, failures: Mapping[str, int]) -> None:
+        """Export another part's background failures as tasks `prefix-kind`."""
+        self._counters.more_failures[prefix] = failures
 
     def add_registry(self, registry: CollectorRegistry) -> None:
         self.registries.append(registry)
