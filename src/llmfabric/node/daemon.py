@@ -284,12 +284,13 @@ class Node:
     async def change_session(
         self, meta: NodeMeta, *, serving: bool = False, leave_old: bool = False,
         engine: EngineLink | _Keep | None = KEEP, expect: GossipAgent | None = None,
+        engine_stop_timeout_s: float | None = 2.0,
     ) -> GossipAgent:
         """Continue under a fresh session with `meta` (and `engine` unless KEEP): one
         operation of the supervisor (a false eviction, an engine restart, a release)."""
         return await self.supervisor.change_session(
             lambda: self._new_agent(meta, serving=serving), leave_old=leave_old,
-            engine=engine, expect=expect)
+            engine=engine, expect=expect, engine_stop_timeout_s=engine_stop_timeout_s)
 
     def _on_evicted(self, agent: GossipAgent) -> None:
         # A false eviction (partition, long pause): rejoin under a new session id.

@@ -233,10 +233,10 @@ async def release_engine(node: Node, peer: str, body: bytes) -> HandlerResponse:
     log.info("release of %s requested by %s (%s): draining", req.model, peer, req.reason)
     agent.set_state(Lifecycle.DOWN)  # ingresses stop routing here
     drained = await node.inflight.drained(node.config.drain_timeout_s)
-    await node.supervisor.close_engine(engine)
     meta = dataclasses.replace(record.meta, engine="", models=(), load=LoadHints())
-    try:
-        fresh = await node.change_session(meta, leave_old=True, engine=None, expect=agent)
+    try:  # one step: stop the engine, LEFT, a new bare session (unless it changed meanwhile)
+        fresh = await node.change_session(meta, leave_old=True, engine=None, expect=agent,
+                                          engine_stop_timeout_s=None)
     except SupervisorStopped:
         return error_response(409, "this node is stopping", "stopping")
     except SessionChanged:

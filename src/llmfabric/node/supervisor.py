@@ -129,10 +129,12 @@ class NodeSupervisor(Generic[S, E]):
     async def change_session(
         self, make: Callable[[], S], *, leave_old: bool = False,
         engine: E | _Keep | None = KEEP, expect: S | None = None,
+        engine_stop_timeout_s: float | None = 2.0,
     ) -> S:
         """Replace the current session by `make()` (and the engine by `engine` unless KEEP),
-        as one operation: announce LEFT for the old session if `leave_old`, start the new
-        one, make it current, then close the old one (and a replaced engine still owned).
+        as one operation: stop a replaced engine still owned (before anything else, so its
+        GPUs are free when the new session shows), announce LEFT for the old session if
+        `leave_old`, start the new one, make it current, then close the old one.
         `expect`: refuse with SessionChanged unless it is still the current session."""
         if self._stopping:  # (before the lock too: a change in flight may hold it long)
             raise SupervisorStopped("the node is stopping")
@@ -142,21 +144,21 @@ class NodeSupervisor(Generic[S, E]):
             old = self._session
             if expect is not None and old is not expect:
                 raise SessionChanged("the session changed meanwhile")
+            replaced = self._engine
+            if engine is not KEEP and replaced is not None and replaced is not engine:
+                await self.close_engine(replaced, engine_stop_timeout_s)
             fresh = make()
             self._sessions.append(fresh)
             if old is not None and leave_old:
                 await old.leave()
             await fresh.start()
             self._session = fresh  # the swap: readers move to the started session
-            replaced = self._engine
             if engine is not KEEP:
                 self._engine = engine
                 if engine is not None:
                     self.own_engine(engine)
             if old is not None:
                 await self._close_session(old)
-            if engine is not KEEP and replaced is not None and replaced is not engine:
-                await self.close_engine(replaced, 2.0)
             return fresh
 
     def install_engine(self, engine: E) -> None:
