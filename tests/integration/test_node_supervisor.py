@@ -77,3 +77,26 @@ async def test_stop_racing_session_changes_leaves_no_agent_running(
     for agent in (first, *made):
         assert not agent._running and not agent._tasks, agent.session_id
     assert node.agent is not None and node.agent.record.state is Lifecycle.LEFT
+
+
+async def test_an_evicted_session_rejoins_as_one_change(tmp_path: pathlib.Path) -> None:
+    """The gossip agent reports an eviction (its callbacks, as SWIM would call them): the
+    node continues under a new session with the same metadata, the old agent closed."""
+    node = _node(tmp_path / "n")
+    await node.start()
+    try:
+        evicted = node.session
+        for callback in evicted._evicted_cbs:
+            callback()
+            callback()  # reported twice: one rejoin
+        for _ in range(200):
+            if node.session is not evicted:
+                break
+            await asyncio.sleep(0.01)
+        fresh = node.session
+        assert fresh is not evicted and fresh.session_id != evicted.session_id
+        assert fresh._running and not evicted._running
+        assert fresh.record.meta.http_addr == evicted.record.meta.http_addr != ""
+        assert not node.supervisor.failures and not node.stopping
+    finally:
+        await node.stop(drain=False)
