@@ -194,8 +194,8 @@ class NodeSupervisor(Generic[S, E]):
         if self._stopping:
             log.debug("node task %s not started: stopping", name)
             return
-        task = self._tasks.get(name)
-        if task is not None and not task.done():
+        self._tasks = {n: t for n, t in self._tasks.items() if not t.done()}  # (finished)
+        if name in self._tasks:
             return
         self._tasks[name] = asyncio.get_running_loop().create_task(
             self._supervise(name, run, policy), name=f"node-{name}")
