@@ -57,7 +57,7 @@ from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.peering import Peering
 from llmfabric.node.replica_reader import AgentReplicaReader
-from llmfabric.node.supervisor import KEEP, ONE_SHOT, NodeSupervisor, SessionChanged, _Keep
+from llmfabric.node.supervisor import KEEP, ONE_SHOT, Keep, NodeSupervisor, SessionChanged
 from llmfabric.node.walltime import WalltimeWatch
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Listener
@@ -283,7 +283,7 @@ class Node:
 
     async def change_session(
         self, meta: NodeMeta, *, serving: bool = False, leave_old: bool = False,
-        engine: EngineLink | _Keep | None = KEEP, expect: GossipAgent | None = None,
+        engine: EngineLink | Keep | None = KEEP, expect: GossipAgent | None = None,
         engine_stop_timeout_s: float | None = 2.0,
     ) -> GossipAgent:
         """Continue under a fresh session with `meta` (and `engine` unless KEEP): one

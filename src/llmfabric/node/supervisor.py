@@ -60,11 +60,11 @@ class SessionChanged(RuntimeError):
     """The session changed while the caller was deciding (a release raced a restart)."""
 
 
-class _Keep(enum.Enum):
+class Keep(enum.Enum):
     KEEP = "keep"
 
 
-KEEP = _Keep.KEEP  # change_session(engine=KEEP): the engine stays as it is
+KEEP = Keep.KEEP  # change_session(engine=KEEP): the engine stays as it is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +128,7 @@ class NodeSupervisor(Generic[S, E]):
     # ---- sessions and the engine ----------------------------------------------------------
     async def change_session(
         self, make: Callable[[], S], *, leave_old: bool = False,
-        engine: E | _Keep | None = KEEP, expect: S | None = None,
+        engine: E | Keep | None = KEEP, expect: S | None = None,
         engine_stop_timeout_s: float | None = 2.0,
     ) -> S:
         """Replace the current session by `make()` (and the engine by `engine` unless KEEP),
