@@ -81,7 +81,8 @@ class EngineRole:
         node = self.node
         try:
             info = await engine.start()
-        except Exception as exc:
+        except Exception as exc:  # any reason: the node leaves with status 3 either way
+            node.supervisor.failures["engine-start"] += 1
             log.error(
                 "the engine did not become ready: %s (engine log: %s); announcing LEFT and "
                 "exiting with status 3", exc, node.config.home / "logs" / "engine.log")
@@ -141,7 +142,8 @@ class EngineRole:
             node.supervisor.own_engine(fresh)  # stop() stops it even mid-start
             try:
                 info = await fresh.start()
-            except Exception as exc:
+            except Exception as exc:  # any reason: counted, then the next attempt or leave
+                node.supervisor.failures["engine-restart"] += 1
                 log.error("engine restart failed: %s", exc)
                 await node.supervisor.close_engine(fresh, 2.0)
                 continue
