@@ -95,8 +95,8 @@ async def _serve(conn: mpc.Connection, preset: str) -> None:
 
                 agent = h.node.agent
                 t0 = time.time()
-                agent.update_self(h.node._meta(engine="sim",
-                                               models=(ServedModel(id=args["model"]),)))
+                agent.update_self(h.node.meta(engine="sim",
+                                              models=(ServedModel(id=args["model"]),)))
                 agent.set_state(Lifecycle.SERVING)
                 conn.send(("ok", t0))
             elif cmd == "seen":
