@@ -53,17 +53,9 @@ def _attach(node: Any) -> _Hosted:
         elif entry.state is not Lifecycle.JOIN:
             hosted.seen_gone.setdefault(sid, now)
 
-    node.agent.add_listener(on_change)
     # A node evicted by the fabric (a false eviction under CPU starvation) rejoins with a new
     # agent: keep observing it, or its replica would silently stop counting.
-    new_agent = node._new_agent
-
-    def observed_new_agent() -> Any:
-        agent = new_agent()
-        agent.add_listener(on_change)
-        return agent
-
-    node._new_agent = observed_new_agent
+    node.add_session_listener(on_change)
     return hosted
 
 
@@ -103,8 +95,8 @@ async def _serve(conn: mpc.Connection, preset: str) -> None:
 
                 agent = h.node.agent
                 t0 = time.time()
-                agent.update_self(h.node._meta(engine="sim",
-                                               models=(ServedModel(id=args["model"]),)))
+                agent.update_self(h.node.meta(engine="sim",
+                                              models=(ServedModel(id=args["model"]),)))
                 agent.set_state(Lifecycle.SERVING)
                 conn.send(("ok", t0))
             elif cmd == "seen":

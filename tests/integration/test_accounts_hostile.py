@@ -178,6 +178,7 @@ async def test_flush_task_survives_a_failing_flush_and_still_refreshes(
         await asyncio.sleep(0.05)
         await clock.advance(1.0)
         assert await store.authenticate(plain) is None
+        assert store.failures["usage_flush"] >= 1 and not store.failures["key_refresh"]
     finally:
         monkeypatch.undo()
         await store.aclose()

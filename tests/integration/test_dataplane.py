@@ -30,9 +30,8 @@ from llmfabric.ingress.forward_secure import (
 )
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
-from llmfabric.node.assignment import ASSIGN_PATH
 from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.peer_api import ASSIGN_PATH, PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

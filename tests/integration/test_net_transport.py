@@ -215,7 +215,7 @@ async def test_closing_a_response_early_cancels_the_stream_on_the_server():
         await resp.aclose()
 
 
-async def test_handler_error_becomes_500_and_missing_handler_404():
+async def test_handler_errors_become_500_or_a_dropped_message_and_are_counted():
     a = TlsTransport(NodeKey.generate(), psk())
     b = TlsTransport(NodeKey.generate(), psk())
 
@@ -230,6 +230,18 @@ async def test_handler_error_becomes_500_and_missing_handler_404():
         b.set_request_handler(broken)
         resp = await a.request(b.local_id, "GET", "/")
         assert resp.status == 500 and b"boom" in await resp.read()
+        await resp.aclose()
+        assert b.stats.errors == {"request_handler": 1}  # logged and counted (/metrics)
+
+        def broken_message(peer, msg):
+            raise ValueError("a bug in the message handler")
+
+        b.set_handler(broken_message)
+        a.send(b.local_id, b"one")
+        await wait_for(lambda: b.stats.errors["message_handler"] == 1)
+        b.set_handler(lambda p, m: None)  # the transport survived the bug
+        resp = await a.request(b.local_id, "GET", "/")
+        assert resp.status == 500
         await resp.aclose()
 
 

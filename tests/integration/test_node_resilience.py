@@ -81,6 +81,7 @@ async def test_a_failed_engine_start_leaves_cleanly_and_peers_forget_it(fab: Nod
     assert peer in boot.transport.book
     code = await asyncio.wait_for(failing.wait_stopped(), 30)
     assert code == 3 and failing.exit_code == 3
+    assert failing.supervisor.failures == {"engine-start": 1}  # counted (/metrics)
     assert failing.transport._closing  # stop() ran: the transport is closed
     assert boot.agent is not None
     await eventually(lambda: boot.agent.replica.entries[sid].state is Lifecycle.LEFT,  # type: ignore[union-attr]

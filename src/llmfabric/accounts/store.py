@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,9 @@ class AccountStore:
         self._ledger = UsageLedger(backend, self._clock.wall)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Background failures by kind (usage_flush, key_refresh), each logged with its
+        # traceback; a node exports them (llmfabric_node_task_failures_total).
+        self.failures: Counter[str] = Counter()
 
     @classmethod
     async def open(
@@ -133,6 +137,7 @@ class AccountStore:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                self.failures["usage_flush"] += 1
                 log.exception("accounts: usage flush failed; rows kept, will retry")
             if since_refresh >= self._refresh_interval:
                 since_refresh = 0.0
@@ -141,6 +146,7 @@ class AccountStore:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
+                    self.failures["key_refresh"] += 1
                     log.exception("accounts: key refresh failed; will retry")
 
     # -- keys ---------------------------------------------------------------------------

@@ -248,9 +248,10 @@ def discover_hardware(
 
 
 def _catalog_memory(model: str) -> float:
-    try:
-        from llmfabric.sim.hardware import get_gpu
+    from llmfabric.sim.errors import SimError
+    from llmfabric.sim.hardware import get_gpu
 
+    try:
         return round(float(get_gpu(model).mem_bytes) / 1e9, 1)
-    except Exception:
+    except SimError:  # a GPU the catalog does not know: memory unknown
         return 0.0

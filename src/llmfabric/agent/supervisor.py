@@ -116,6 +116,7 @@ class EngineSupervisor:
         self._state = EngineState.STARTING
         self._events: list[EngineEvent] = []
         self._callbacks: list[Callable[[EngineEvent], None]] = []
+        self.callback_errors = 0  # state callbacks that raised (each logged with its traceback)
         self._queues: list[asyncio.Queue[EngineEvent]] = []
         self._proc: asyncio.subprocess.Process | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -191,6 +192,7 @@ class EngineSupervisor:
             try:
                 cb(ev)
             except Exception:
+                self.callback_errors += 1
                 log.exception("engine state callback failed")
         for q in self._queues:
             q.put_nowait(ev)

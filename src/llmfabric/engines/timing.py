@@ -146,9 +146,10 @@ def timing_for(gpu: str, model: str, tp: int = 1) -> TimingModel:
 
 def model_max_context(model: str, default: int = 4096) -> int:
     """The model's context length from llmfabric.sim's presets, else `default`."""
-    try:
-        from llmfabric.sim.models import get_model
+    from llmfabric.sim.errors import SimError
+    from llmfabric.sim.models import get_model
 
+    try:
         return int(get_model(model).max_context)
-    except Exception:
+    except (SimError, OSError, ValueError):  # unknown name, unreadable config.json
         return default

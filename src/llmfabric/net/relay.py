@@ -119,6 +119,7 @@ class RelayService:
                 try:
                     self.listener(now)
                 except Exception:
+                    self.t.stats.errors["relay_listener"] += 1
                     log.exception("relay listener failed")
 
     async def wait_registered(self, count: int = 1) -> None:

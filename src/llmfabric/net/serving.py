@@ -48,10 +48,12 @@ async def serve_request(
         conn.server.reset_stream(sid)
         raise
     except Exception as exc:
+        t.stats.errors["request_handler"] += 1
         log.exception("request handler failed for %s %s", method, path)
         resp = HandlerResponse(500, (), f"handler error: {exc}".encode())
     try:
         await conn.server.respond(sid, resp.status, resp.headers, resp.body)
     except Exception:
+        t.stats.errors["response_stream"] += 1
         log.exception("streaming the response to %s failed", conn.peer_id)
         conn.server.reset_stream(sid)

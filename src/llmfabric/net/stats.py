@@ -39,6 +39,9 @@ class NetStats:
     handshakes_ok: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     handshakes_refused: Counter[str] = field(default_factory=Counter)
+    # Exceptions caught at a boundary so one bug does not take the transport down (a request
+    # or message handler, a callback), by where; each is logged with its traceback.
+    errors: Counter[str] = field(default_factory=Counter)
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] += n

@@ -253,6 +253,7 @@ class TlsTransport(RelayMethods):
         try:
             self._handler(src, payload)
         except Exception:
+            self.stats.errors["message_handler"] += 1
             log.exception("message handler failed on a message from %s", src)
 
     def on_relay_datagram(self, conn: PeerConnection, dst: str, payload: bytes) -> None:
@@ -473,6 +474,7 @@ class TlsTransport(RelayMethods):
                 try:
                     self._peer_lost(conn.peer_id)
                 except Exception:
+                    self.stats.errors["peer_lost_callback"] += 1
                     log.exception("peer-lost callback failed for %s", conn.peer_id)
 
     async def _ensure_conn(self, peer: str) -> PeerConnection:

@@ -124,7 +124,7 @@ class NodeConfig(BaseModel):
     # TLS for the HTTP listeners (HTTP API/dashboard and --api-listen); reloaded on SIGHUP.
     tls_cert: pathlib.Path | None = None
     tls_key: pathlib.Path | None = None
-    # Let the engine command bind a non-loopback address (node/engine_bind.py).
+    # Let the engine command bind a non-loopback address (node/engine_link.py).
     allow_engine_public_bind: bool = False
     # Limits of the lean front (--api-listen): FrontLimits field -> value over the defaults.
     front_limits: dict[str, float] = Field(default_factory=dict)

@@ -38,9 +38,22 @@ class _Counters(Collector):
         self.net: NetStats | None = None
         self.dataplane_refused: Mapping[str, int] | None = None
         self.dataplane_served: Mapping[str, int] | None = None
+        self.task_failures: Mapping[str, int] | None = None
+        self.gossip_loops: AgentStats | None = None
+        self.more_failures: dict[str, Mapping[str, int]] = {}  # prefix -> failures by kind
 
     def collect(self) -> Iterator[Metric]:
         g, n = self.gossip, self.net
+        if self.task_failures is not None:
+            failures = dict(self.task_failures)
+            if self.gossip_loops is not None:
+                failures["gossip"] = self.gossip_loops.loop_errors
+            for prefix, more in self.more_failures.items():
+                failures.update({f"{prefix}-{kind}": n for kind, n in more.items()})
+            yield _family("llmfabric_node_task_failures",
+                          "Background task failures (each logged with its traceback; the "
+                          "supervisor restarts the task or takes the node down)", "task",
+                          failures)
         if g is not None:
             yield _family("llmfabric_gossip_bytes", "Gossip bytes", "direction",
                           {"out": g.bytes_out, "in": g.bytes_in})
@@ -59,6 +72,9 @@ class _Counters(Collector):
             yield _family("llmfabric_net_dropped", "Transport drops", "reason", n.dropped)
             yield _family("llmfabric_net_handshakes_refused", "Refused handshakes", "reason",
                           n.handshakes_refused)
+            yield _family("llmfabric_net_errors",
+                          "Exceptions the transport caught at a boundary (a handler or "
+                          "callback raised; each logged with its traceback)", "where", n.errors)
         if self.dataplane_refused is not None:
             yield _family("llmfabric_dataplane_refused",
                           "Forwarded requests refused by this provider's data plane "
@@ -89,6 +105,15 @@ class NodeMetrics:
         """Export the data plane's counts (dicts the server keeps updating)."""
         self._counters.dataplane_refused = refused
         self._counters.dataplane_served = served
+
+    def watch_tasks(self, failures: Mapping[str, int], gossip: AgentStats) -> None:
+        """Export the supervisor's task failures (and the gossip loops' own restarts)."""
+        self._counters.task_failures = failures
+        self._counters.gossip_loops = gossip
+
+    def watch_failures(self, prefix: str, failures: Mapping[str, int]) -> None:
+        """Export another part's background failures as tasks `prefix-kind`."""
+        self._counters.more_failures[prefix] = failures
 
     def add_registry(self, registry: CollectorRegistry) -> None:
         self.registries.append(registry)

@@ -8,21 +8,125 @@ The peer protocol is authenticated (TLS + admission), but a request that came th
 relay names its origin only by the relay's word: forwarded requests carry their own
 authorization, and control requests must be signed by the controller's key
 (dataplane/control.py); the signer, not the connection, is the controller.
+
+Assignments and releases (their bodies are parsed and built here, for both sides): the
+controller sends data (model, template name, parallelism, GPU ids), never a command line:
+the node renders the command from its own template table, so an admitted peer cannot make a
+node run arbitrary programs. A release names the model the controller believes the node
+serves (so a stale release cannot stop a different engine). Nodes accept either only when
+started with `--accept-assignments`, optionally only from listed controller peer ids.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
 
 from llmfabric.dataplane.authz import AuthzError, ReplayCache
 from llmfabric.dataplane.control import SIGNED_HEADER, verify_control
 from llmfabric.dataplane.exchange import SESSION_PATH
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
-from llmfabric.node.assignment import ASSIGN_PATH, RELEASE_PATH
 from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.engine_link import error_response
+from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
+
+ASSIGN_PATH = "/_fabric/v1/assign"
+RELEASE_PATH = "/_fabric/v1/release"
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+_GPU_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class AssignmentError(ValueError):
+    """The assignment is malformed; the message says which field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    model: str
+    gpu_type: str
+    tp: int
+    dp: int
+    template: str
+    gpu_ids: tuple[int, ...]
+
+    @classmethod
+    def from_decision(cls, decision: Assign) -> Assignment:
+        return cls(decision.model, decision.gpu_type, decision.tp, decision.dp,
+                   decision.template, decision.gpu_ids)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+def parse_assignment(body: bytes) -> Assignment:
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise AssignmentError("the assignment body is not JSON") from None
+    if not isinstance(data, dict):
+        raise AssignmentError("the assignment must be a JSON object")
+    model, gpu, template = data.get("model"), data.get("gpu_type"), data.get("template")
+    tp, dp, gpu_ids = data.get("tp"), data.get("dp", 1), data.get("gpu_ids", [])
+    if not isinstance(model, str) or not _MODEL_RE.match(model):
+        raise AssignmentError("model must be a model id (letters, digits, . _ : / @ + -)")
+    if not isinstance(gpu, str) or not _GPU_RE.match(gpu):
+        raise AssignmentError("gpu_type must be a GPU name like H100-SXM")
+    if template not in TEMPLATES:
+        raise AssignmentError(f"template must be one of {sorted(TEMPLATES)}")
+    if not isinstance(tp, int) or tp not in (1, 2, 4, 8):
+        raise AssignmentError("tp must be 1, 2, 4 or 8")
+    if not isinstance(dp, int) or not 1 <= dp <= 64:
+        raise AssignmentError("dp must be an integer in 1..64")
+    if not isinstance(gpu_ids, list) or not all(
+        isinstance(i, int) and 0 <= i < 64 for i in gpu_ids
+    ):
+        raise AssignmentError("gpu_ids must be a list of GPU indexes")
+    return Assignment(model, gpu, tp, dp, str(template), tuple(gpu_ids))
+
+
+def engine_command(assignment: Assignment, port: int) -> list[str]:
+    """The argv this node runs for `assignment`, from its own template table."""
+    decision = Assign(assignment.model, assignment.gpu_type, assignment.tp, assignment.dp, (),
+                      assignment.template, assignment.gpu_ids)
+    argv = render(decision, port)
+    if argv and argv[0] == "llmfabric" and shutil.which("llmfabric") is None:
+        argv = [sys.executable, "-m", "llmfabric", *argv[1:]]
+    return argv
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    """Stop the engine serving `model` and return to a bare (assignable) node."""
+
+    model: str
+    reason: str = ""
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+def parse_release(body: bytes) -> ReleaseRequest:
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise AssignmentError("the release body is not JSON") from None
+    if not isinstance(data, dict):
+        raise AssignmentError("the release must be a JSON object")
+    model, reason = data.get("model"), data.get("reason", "")
+    if not isinstance(model, str) or not _MODEL_RE.match(model):
+        raise AssignmentError("model must be a model id (letters, digits, . _ : / @ + -)")
+    if not isinstance(reason, str):
+        raise AssignmentError("reason must be a string")
+    return ReleaseRequest(model, reason[:200])
+
 
 MAX_ASSIGNMENT_BYTES = 16 * 1024
 

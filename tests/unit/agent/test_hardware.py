@@ -113,3 +113,17 @@ def test_cuda_visible_devices_respected() -> None:
     # CUDA stops at the first index it cannot resolve
     stop = discover_hardware(run=run, use_nvml=False, env={"CUDA_VISIBLE_DEVICES": "3,99,4"})
     assert stop.gpu_count == 1
+
+
+def test_unknown_names_fall_back_and_bugs_are_not_swallowed(tmp_path) -> None:
+    """Unknown GPUs and models fall back to a default (narrow excepts, not `Exception`)."""
+    from llmfabric.agent.hardware import _catalog_memory
+    from llmfabric.engines.timing import model_max_context
+
+    assert _catalog_memory("no-such-gpu-9000") == 0.0
+    assert _catalog_memory("H100-SXM") > 0
+    assert model_max_context("no-such-model-xyz", default=1234) == 1234
+    assert model_max_context("llama-3.1-8b") > 4096
+    broken = tmp_path / "config.json"
+    broken.write_text("{not json")
+    assert model_max_context(str(broken), default=77) == 77

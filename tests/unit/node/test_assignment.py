@@ -7,15 +7,15 @@ from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
-from llmfabric.node.assignment import (
+from llmfabric.node.dataplane_server import DataPlaneServer
+from llmfabric.node.peer_api import (
     ASSIGN_PATH,
     Assignment,
     AssignmentError,
+    PeerApi,
     engine_command,
     parse_assignment,
 )
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import PeerApi
 
 GOOD = {"model": "qwen3-1.7b", "gpu_type": "L40S", "tp": 1, "dp": 1, "template": "sim",
         "gpu_ids": [0]}

@@ -81,3 +81,27 @@ def test_the_node_hands_one_stats_object_to_every_agent(tmp_path: pathlib.Path) 
                                   "listen": "127.0.0.1:0"}))
     assert node._new_agent().stats is node.gossip_stats
     assert node._new_agent().stats is node.gossip_stats
+
+
+def test_background_failures_are_counters_by_task() -> None:
+    """The supervisor's task failures, the gossip loops' restarts and the transport's caught
+    handler errors: every background failure is counted, by where it happened."""
+    from collections import Counter
+
+    clock = FakeClock()
+    key = NodeKey.generate()
+    agent = GossipAgent(MemNet(clock).transport(key.peer_id), clock, key)
+    agent.stats.loop_errors = 2
+    failures: Counter[str] = Counter({"publisher": 3})
+    metrics = NodeMetrics()
+    metrics.watch_tasks(failures, agent.stats)
+    netstats = NetStats()
+    netstats.errors["request_handler"] += 1
+    text = _scrape(metrics, agent, netstats)
+    assert re.search(r"# TYPE llmfabric_node_task_failures(_total)? counter", text)
+    assert _sample(text, "llmfabric_node_task_failures_total", 'task="publisher"') == 3
+    assert _sample(text, "llmfabric_node_task_failures_total", 'task="gossip"') == 2
+    assert _sample(text, "llmfabric_net_errors_total", 'where="request_handler"') == 1
+    failures["rejoin"] += 1  # read at scrape time: later failures show up
+    text = generate_latest(metrics.registry).decode()
+    assert _sample(text, "llmfabric_node_task_failures_total", 'task="rejoin"') == 1

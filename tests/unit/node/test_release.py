@@ -15,10 +15,15 @@ from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
-from llmfabric.node.assignment import RELEASE_PATH, AssignmentError, ReleaseRequest, parse_release
 from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import PeerApi
-from llmfabric.node.release import release_engine
+from llmfabric.node.engine_role import release_engine
+from llmfabric.node.peer_api import (
+    RELEASE_PATH,
+    AssignmentError,
+    PeerApi,
+    ReleaseRequest,
+    parse_release,
+)
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
 
 CONTROLLER = NodeKey.generate()
@@ -103,3 +108,81 @@ async def test_bad_body_and_bare_node() -> None:
     assert got == 400 and doc["error"]["code"] == "invalid_release"
     got, doc = await _status(_node(engine=None), {"model": "qwen3-1.7b"})
     assert got == 200 and doc == {"released": False, "session_id": "s1"}
+
+
+class _Agent:
+    """A session as release_engine and the supervisor use it."""
+
+    def __init__(self, sid: str, meta: NodeMeta) -> None:
+        self.session_id = sid
+        self.record = SimpleNamespace(state=Lifecycle.SERVING, meta=meta)
+        self.closed = False
+
+    def set_state(self, state: Lifecycle) -> None:
+        self.record.state = state
+
+    async def start(self) -> None: ...
+
+    async def leave(self) -> None:
+        self.record.state = Lifecycle.LEFT
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    async def aclose(self, stop_timeout_s: float | None = None) -> None:
+        self.stopped = True
+
+
+async def _supervised_node(*, race: bool = False) -> Any:
+    """A node whose sessions and engine a real NodeSupervisor owns; with `race`, another
+    session change lands while the release drains."""
+    import random
+
+    from llmfabric.node.supervisor import NodeSupervisor
+    from llmfabric.testing.fake_clock import FakeClock
+
+    meta = NodeMeta(engine="sim", models=(ServedModel("qwen3-1.7b", ()),))
+    sup: NodeSupervisor[_Agent, _Engine] = NodeSupervisor(
+        FakeClock(), random.Random(0), take_down=lambda name, exc: None)
+    await sup.change_session(lambda: _Agent("s1", meta))
+    sup.install_engine(_Engine())
+    count = iter(range(2, 10))
+
+    async def change_session(meta: NodeMeta, **kw: Any) -> _Agent:
+        return await sup.change_session(lambda: _Agent(f"s{next(count)}", meta), **kw)
+
+    async def drained(_timeout: float) -> bool:
+        if race:  # e.g. an eviction's rejoin while the release waited for requests
+            await change_session(meta)
+        return True
+
+    config = SimpleNamespace(accept_assignments=True, controllers=(), drain_timeout_s=1.0)
+    return SimpleNamespace(
+        config=config, supervisor=sup, stopping=False, change_session=change_session,
+        inflight=SimpleNamespace(drained=drained))
+
+
+async def test_a_release_is_one_session_change_and_leaves_a_bare_node() -> None:
+    node = await _supervised_node()
+    node.agent, node.engine = node.supervisor.session, node.supervisor.engine
+    old, engine = node.agent, node.engine
+    got, doc = await _status(node, {"model": "qwen3-1.7b"})
+    assert got == 200 and doc["released"] and doc["previous_session_id"] == "s1"
+    assert node.supervisor.engine is None and engine.stopped
+    fresh = node.supervisor.session
+    assert doc["session_id"] == fresh.session_id == "s2" and fresh.record.meta.models == ()
+    assert old.record.state is Lifecycle.LEFT and old.closed and not fresh.closed
+
+
+async def test_a_release_racing_another_session_change_is_refused_not_misapplied() -> None:
+    node = await _supervised_node(race=True)
+    node.agent, node.engine = node.supervisor.session, node.supervisor.engine
+    got, doc = await _status(node, {"model": "qwen3-1.7b"})
+    assert got == 409 and doc["error"]["code"] == "session_changed"
+    assert node.supervisor.session.session_id == "s2"  # the other change stands
+    assert not node.supervisor.engine.stopped  # and its engine was not stopped under it
