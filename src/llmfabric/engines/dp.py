@@ -46,11 +46,12 @@ class DataParallel:
     def _scaled(self, seconds: float) -> float:
         return self.replicas[0]._scaled(seconds)
 
-    async def generate(self, prompt_tokens: int, max_new_tokens: int) -> AsyncIterator[int]:
+    async def generate(self, prompt_tokens: int, max_new_tokens: int, prefilled: bool = False
+                       ) -> AsyncIterator[int]:
         i = min(range(len(self.replicas)), key=self._load.__getitem__)
         self._load[i] += 1
         try:
-            async for token in self.replicas[i].generate(prompt_tokens, max_new_tokens):
+            async for token in self.replicas[i].generate(prompt_tokens, max_new_tokens, prefilled):
                 yield token
         finally:
             self._load[i] -= 1

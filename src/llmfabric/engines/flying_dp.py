@@ -82,7 +82,8 @@ class FlyingDataParallel:
     def _all(self) -> list[Batcher]:
         return [*self.engines, *self.tp.values()]
 
-    async def generate(self, prompt_tokens: int, max_new_tokens: int) -> AsyncIterator[int]:
+    async def generate(self, prompt_tokens: int, max_new_tokens: int, prefilled: bool = False
+                       ) -> AsyncIterator[int]:
         self._ensure_loop()
         self._arrivals += 1
         e = min(range(self.dp), key=lambda i: (self._load[i] / len(self._group_of(i)), i))
@@ -91,7 +92,7 @@ class FlyingDataParallel:
         for m in group:
             self._load[m] += 1
         try:
-            async for token in batcher.generate(prompt_tokens, max_new_tokens):
+            async for token in batcher.generate(prompt_tokens, max_new_tokens, prefilled):
                 yield token
         finally:
             for m in group:

@@ -1,9 +1,11 @@
 """The simulated engine: an OpenAI-compatible aiohttp server that stands in for vLLM.
 
-Routes (as vLLM's OpenAI server): GET /health, GET /v1/models (with max_model_len),
-POST /v1/chat/completions, /v1/completions (both with SSE streaming), /v1/embeddings;
-plus POST /sim/control (faults.py) and GET /sim/stats. Tokens come out at the pace of the
-timing model (timing.py) under continuous batching (batcher.py), divided by `speed`.
+Routes (as vLLM's OpenAI server): GET /health, GET /v1/models (with max_model_len and the
+prefill/decode `role`), POST /v1/chat/completions, /v1/completions (both with SSE streaming,
+and vLLM's disaggregated `kv_transfer_params`: pd_role.py), /v1/embeddings; plus POST
+/sim/control (faults.py), GET /sim/stats and GET/POST /sim/role (the role flip). Tokens come
+out at the pace of the timing model (timing.py) under continuous batching (batcher.py),
+divided by `speed`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from llmfabric.engines import text
 from llmfabric.engines.batcher import Batcher
 from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
+from llmfabric.engines.pd_role import KVLink, PDRequestError, PDRole, parse_handoff, phase_of
 from llmfabric.engines.timing import model_max_context, timing_for
 
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -57,6 +60,10 @@ class SimEngineConfig:
     flying: bool = False
     widths: tuple[int, ...] = (1, 2)
     switch_policy: str | None = None  # a SWITCH_POLICIES name; None: only POST /dtp_switch
+    # ThunderServe roles (pd_role.py): prefill / decode / both, KV bits on the wire, KV link
+    role: str = "both"
+    kv_bits: int | None = None
+    kv_link: KVLink = field(default_factory=KVLink)
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -96,6 +103,7 @@ class SimEngine:
         )
         self.created = p.now_s()
         self.completed = 0
+        self.pd = PDRole(config.role, self.clock, config.kv_link, config.kv_bits)
 
     # -- app ----------------------------------------------------------------------------
 
@@ -108,6 +116,8 @@ class SimEngine:
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/sim/control", self.control)
         app.router.add_get("/sim/stats", self.stats)
+        app.router.add_get("/sim/role", self.get_role)
+        app.router.add_post("/sim/role", self.set_role)
         if self.config.flying:
             app.router.add_get("/dtp_status", self.dtp_status)
             app.router.add_post("/dtp_switch", self.dtp_switch)
@@ -170,6 +180,7 @@ class SimEngine:
                 "root": m,
                 "parent": None,
                 "max_model_len": self.max_len[m],
+                "role": self.pd.role,
             }
             for m in self.config.models
         ]
@@ -182,7 +193,21 @@ class SimEngine:
             "active": {m: b.active for m, b in self.batchers.items()},
             "hung": self.faults.hung,
             "fail_status": self.faults.fail_status,
+            "pd": self.pd.stats(),
         })
+
+    async def get_role(self, _: web.Request) -> web.Response:
+        return _json(self.pd.stats())
+
+    async def set_role(self, request: web.Request) -> web.Response:
+        """Flip the role (lightweight rescheduling): a routing change, nothing reloads."""
+        try:
+            body = orjson.loads(await request.read())
+            self.pd.set_role(str(body["role"]) if isinstance(body, dict) else "")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return _error(400, f"bad /sim/role body (want {{\"role\": \"prefill\"|\"decode\""
+                          f"|\"both\"}}): {exc}")
+        return _json(self.pd.stats())
 
     async def control(self, request: web.Request) -> web.Response:
         try:
@@ -301,6 +326,15 @@ class SimEngine:
         if isinstance(plan, web.Response):
             return plan
         n_tokens, finish = plan
+        try:
+            phase = phase_of(req.model_extra)
+            handoff = parse_handoff(req.model_extra or {}, prompt_tokens) \
+                if phase == "decode" else None
+        except PDRequestError as exc:
+            return _error(400, str(exc), code="invalid_value", param="kv_transfer_params")
+        refused = self.pd.refusal(phase) if phase is not None else None
+        if refused is not None:  # retryable: the ingress takes this phase elsewhere
+            return _error(503, refused, "server_error", "wrong_role")
         self.faults.count_request()
         await self.faults.wait_while_hung()
         if self.faults.fail_status:
@@ -308,7 +342,18 @@ class SimEngine:
                           "simulated_failure")
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
         created = p.now_s()
-        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens)
+        if handoff is not None:  # the KV arrives instead of being computed here
+            await self.pd.receive(handoff)
+        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens,
+                                                   prefilled=handoff is not None)
+        if phase == "prefill":
+            parts = [text.token_text(seed, i) async for i in tokens]
+            self.completed += 1
+            build = p.chat_completion if kind == "chat" else p.text_completion
+            reply = build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
+                          len(parts))
+            reply["kv_transfer_params"] = self.pd.handle(req.model, prompt_tokens)
+            return _json(reply)
         if req.stream:
             return await self._stream(request, req, kind, rid, created, seed, tokens,
                                       prompt_tokens, n_tokens, finish)

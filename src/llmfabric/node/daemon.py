@@ -55,6 +55,7 @@ from llmfabric.node.engine_link import EngineLink, error_response
 from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.pd_roles import follow_roles
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.ports import free_port
 from llmfabric.node.release import release_engine
@@ -510,6 +511,10 @@ class Node:
         self._agent.set_state(Lifecycle.SERVING)
         engine.supervisor.on_state_change(lambda ev: self._on_engine_event(engine, ev))
         self._spawn(self._publish_load(), "load")
+        self._spawn(follow_roles(
+            self.clock, lambda: self.engine, lambda: self._agent.record.meta.models,
+            lambda models: self._agent.update_self(self._meta(models=models)),
+            lambda: self._stopping), "roles")
 
     def _local_view(self) -> dict[str, Any]:
         engine = self.engine
