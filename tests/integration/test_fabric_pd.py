@@ -3,8 +3,9 @@ processes, 2 prefill + 2 decode simulated engines behind one ingress, the offici
 
 Requests run in two phases (prefill on a P node returns a KV handle, the decode on a D node
 streams the answer); a decode node killed while its requests wait for their KV costs those
-requests a retry on the other decode node, not an error; a prefill node flipped to decode
-(no restart) republishes its role and takes decodes."""
+requests a retry on the other decode node, not an error; the ThunderServe controller sees the
+node gone and its lightweight reschedule flips a prefill node to decode (no restart), whose
+node republishes its role and takes decodes."""
 
 from __future__ import annotations
 
@@ -19,13 +20,25 @@ from typing import Any
 import openai
 import pytest
 
+from llmfabric import sim
+from llmfabric.cli.controller import record_from_view
+from llmfabric.clock import SystemClock
 from llmfabric.node.local_fabric import LocalFabric, NodeProcess
+from llmfabric.node.pd_executor import RoleFlipExecutor
 from llmfabric.node.ports import free_port
+from llmfabric.registry.records import NodeRecord
+from llmfabric.scheduler.decisions import SetRole
+from llmfabric.scheduler.phasesplit.controller import PDBinding, PDController
+from llmfabric.scheduler.phasesplit.groups import Group, canonical
+from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload, TabuOptions
+from llmfabric.scheduler.phasesplit.tabu import tabu_search
+from llmfabric.sim.topology import cloud_instances
 
 pytestmark = pytest.mark.slow
 
 MODEL = "llama-3.1-8b"
 MSG = [{"role": "user", "content": "explain prefill and decode"}]
+sessions: dict[str, str] = {}
 KV_LATENCY_MS = 1500  # each KV handoff waits this long: a window to kill a decode node in
 
 
@@ -85,6 +98,38 @@ async def _stream(c: openai.AsyncOpenAI, n: int = 12) -> str:
     return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
 
+def _session(node: NodeProcess) -> str:
+    return str(node.get_json("/v1/fabric/self")["session_id"])
+
+
+def _controller(fab: LocalFabric, nodes: dict[str, NodeProcess]
+                ) -> tuple[PDController, RoleFlipExecutor]:
+    """ThunderServe's plan for these four one-A40 nodes (2P + 2D, decode-heavy workload), the
+    planner's GPU i bound to the i-th node, records read from the ingress's fleet view."""
+    topo = cloud_instances([("A40", 1)] * 4, inter_gbps=(10, 40), seed=1)
+    wl = PDWorkload.from_means(8, 300, 600, slo=sim.SLO(ttft_s=2.0, tpot_s=0.1))
+    start = canonical([Group(frozenset({0}), "prefill"), Group(frozenset({1}), "prefill"),
+                       Group(frozenset({2}), "decode"), Group(frozenset({3}), "decode")])
+    plan = tabu_search(CloudCluster.from_topology(topo), sim.get_model(MODEL), wl,
+                       TabuOptions(n_step=0), start=start)
+    order = ("p1", "p2", "d1", "d2")
+    binding = PDBinding({sessions[k]: (i,) for i, k in enumerate(order)})
+    executor = RoleFlipExecutor({sessions[k]: f"http://127.0.0.1:{nodes[k].engine_port}"
+                                 for k in order})
+
+    def records() -> list[tuple[NodeRecord, bool]]:
+        assert fab.ingress is not None
+        views = fab.ingress.get_json("/v1/fabric/nodes")["nodes"]
+        out = []
+        for v in views:
+            rec = record_from_view({**v, "suspected": False})
+            if rec is not None:
+                out.append((rec, bool(v["suspected"])))
+        return out
+
+    return PDController(plan, binding, records, lambda: None, executor, SystemClock()), executor
+
+
 def _pd(node: NodeProcess) -> dict[str, Any]:
     assert node.engine_port is not None
     return dict(_engine(node.engine_port, "/sim/stats")["pd"])
@@ -116,6 +161,7 @@ async def test_a_decode_node_killed_mid_request_costs_a_retry_then_a_flip_restor
     fabric: tuple[LocalFabric, dict[str, NodeProcess]],
 ) -> None:
     fab, nodes = fabric
+    sessions.update({k: _session(n) for k, n in nodes.items()})
     d2_before = _pd(nodes["d2"])["decodes"]
     assert nodes["d1"].engine_port is not None
     d1_before = _engine(nodes["d1"].engine_port, "/sim/stats")["requests"]
@@ -129,11 +175,17 @@ async def test_a_decode_node_killed_mid_request_costs_a_retry_then_a_flip_restor
         assert _pd(nodes["d2"])["decodes"] - d2_before == 10  # d1's went to d2 (retried)
         # more requests while d1 is dead: served by d2 alone
         assert all(await asyncio.gather(*(_stream(c, 4) for _ in range(3))))
-        # lightweight rescheduling: p2 flips to decode, no restart; its node republishes
-        assert nodes["p2"].engine_port is not None
-        flipped = _engine(nodes["p2"].engine_port, "/sim/role", {"role": "decode"})
-        assert flipped["role"] == "decode" and flipped["flips"] == 1
-        deadline = time.monotonic() + 30
+        # the controller sees d1 gone and reschedules: p2 flips to decode (no restart), its
+        # node republishes the role, the ingress routes decodes to it
+        ctl, executor = _controller(fab, nodes)
+        deadline = time.monotonic() + 60
+        while not executor.applied:
+            assert time.monotonic() < deadline, "the controller never rescheduled"
+            await ctl.step()
+            await asyncio.sleep(0.5)
+        flips = [d for d in executor.applied if isinstance(d, SetRole)]
+        assert [(d.session_ids, d.role) for d in flips] == [((sessions["p2"],), "decode")]
+        assert _engine(nodes["p2"].engine_port, "/sim/role")["flips"] == 1
         while sorted(_roles(fab).values()) != ["decode", "decode", "prefill"]:
             assert time.monotonic() < deadline, _roles(fab)
             await asyncio.sleep(0.2)

@@ -21,6 +21,8 @@ membership, the engine agent and (optionally) the ingress into one running node.
   dataplane_server  the provider side of the data plane: session exchange, pinned HTTPS
                   listener, sealed peer requests (docs/network.md "Data plane")
   engine_bind     engines on loopback unless --allow-engine-public-bind
+  pd_executor     lightweight-rescheduling decisions: role flips at the engines, routing
+                  plans into in-process PD routers
   pd_roles        keep the record's prefill/decode roles current after a role flip
   walltime        drain `lead_s` before the allocation ends; keep the published end current
 """

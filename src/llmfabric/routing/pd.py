@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from llmfabric.registry.records import ModelRole
 from llmfabric.routing.candidates import Candidate
+from llmfabric.scheduler.decisions import SetRouting
 
 MAX_PLAN_REPLICAS = 1024
 _MAX_ID_CHARS = 128
@@ -55,6 +56,32 @@ class PDPlanTable:
         for w in (*self.x, *(v for row in self.y for v in row)):
             if not (math.isfinite(w) and w >= 0):
                 raise PlanError("plan weights must be finite and >= 0")
+
+    @staticmethod
+    def from_routing(decision: SetRouting) -> PDPlanTable:
+        """The controller's SetRouting (replica weights plus the sessions they enter through)
+        as a table; replicas entered through the same session add up."""
+        if not decision.prefill_sessions or not decision.decode_sessions:
+            raise PlanError("this SetRouting names no sessions (the controller had no binding)")
+        if len(decision.prefill_sessions) != len(decision.x) or any(
+                len(row) != len(decision.decode_sessions) for row in decision.y):
+            raise PlanError("SetRouting's sessions do not match its X/Y shapes")
+        pre = tuple(dict.fromkeys(s for s in decision.prefill_sessions if s))
+        dec = tuple(dict.fromkeys(s for s in decision.decode_sessions if s))
+        if not pre or not dec:
+            raise PlanError("SetRouting names no live session on one side")
+        x = [0.0] * len(pre)
+        y = [[0.0] * len(dec) for _ in pre]
+        for i, (ps, xi) in enumerate(zip(decision.prefill_sessions, decision.x, strict=True)):
+            if not ps:
+                continue
+            a = pre.index(ps)
+            x[a] += xi
+            for j, ds in enumerate(decision.decode_sessions):
+                if ds:
+                    y[a][dec.index(ds)] += decision.y[i][j] * xi
+        rows = tuple(tuple(v / s if (s := sum(row)) > 0 else 0.0 for v in row) for row in y)
+        return PDPlanTable(decision.plan_id or "plan", pre, dec, tuple(x), rows)
 
     def prefill_weight(self, session_id: str) -> float:
         try:

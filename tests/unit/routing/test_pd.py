@@ -88,3 +88,18 @@ def test_malformed_plans_are_refused(kw: dict[str, object]) -> None:
                                "x": (0.5, 0.5), "y": ((1.0,), (1.0,))}
     with pytest.raises(PlanError):
         PDPlanTable(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_controller_routing_decision_becomes_a_session_table() -> None:
+    from llmfabric.scheduler.decisions import SetRouting
+
+    d = SetRouting("plan-2", (0.5, 0.3, 0.2), ((1.0, 0.0), (0.0, 1.0), (0.5, 0.5)),
+                   prefill_sessions=("n2", "n2", "n3"), decode_sessions=("n0", "n1"))
+    t = PDPlanTable.from_routing(d)
+    assert t.prefill == ("n2", "n3") and t.decode == ("n0", "n1")
+    assert t.x == pytest.approx((0.8, 0.2))
+    assert t.y[0] == pytest.approx((0.5 / 0.8, 0.3 / 0.8)) and t.y[1] == pytest.approx((0.5, 0.5))
+    with pytest.raises(PlanError):
+        PDPlanTable.from_routing(SetRouting("p", (1.0,), ((1.0,),)))  # no sessions bound
+    with pytest.raises(PlanError):
+        PDPlanTable.from_routing(SetRouting("p", (1.0,), ((1.0,),), ("a", "b"), ("c",)))
