@@ -117,6 +117,9 @@ class PDPath:
         for attempt in range(1 + retries):
             cand = self.router.pick_decode(pools, pre.session_id, d_tried)
             if cand is None:
+                if not d_tried:  # no decode node left at all: serve it colocated
+                    self.fallbacks += 1
+                    return FALLBACK
                 break
             d_tried.append(cand.session_id)
             send = orjson.dumps({**decode_doc, "model": cand.model.engine_name(model)})
