@@ -2,8 +2,10 @@
 
 A role flip (`POST /sim/role`, or the controller's SetRole) changes no process, so nothing
 restarts and no new session begins: the node re-reads the engine's /v1/models every
-`interval_s` and republishes its models only when a role changed (each record change is
-gossiped to the whole fabric). Engines that report no role stay "both".
+`interval_s` while it serves a prefill or decode role (every `idle_interval_s` while all its
+models are "both", the common case that never flips) and republishes its models only when a
+role changed (each record change is gossiped to the whole fabric). Engines that report no
+role stay "both".
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ async def follow_roles(
     clock: Clock, engine: Callable[[], EngineLink | None],
     models: Callable[[], tuple[ServedModel, ...]],
     publish: Callable[[tuple[ServedModel, ...]], object], stopping: Callable[[], bool],
-    interval_s: float = 2.0,
+    interval_s: float = 2.0, idle_interval_s: float = 15.0,
 ) -> None:
     """Loop: read the engine's roles, publish the models when one changed."""
     while not stopping():
-        await clock.sleep(interval_s)
+        disaggregated = any(m.role != ModelRole.BOTH for m in models())
+        await clock.sleep(interval_s if disaggregated else idle_interval_s)
         link = engine()
         if link is None or stopping():
             continue

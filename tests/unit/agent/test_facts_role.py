@@ -30,3 +30,47 @@ def test_with_roles_changes_only_what_the_engine_reports() -> None:
     flipped = with_roles(models, {"a": ModelRole.DECODE, "zzz": ModelRole.PREFILL})
     assert [m.role for m in flipped] == [ModelRole.DECODE, ModelRole.BOTH]
     assert flipped[0].id == "a" and with_roles(flipped, {"a": ModelRole.DECODE}) == flipped
+
+
+async def test_follow_roles_republishes_a_flip_once_on_the_fake_clock() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from llmfabric.node.pd_roles import follow_roles
+    from llmfabric.testing.fake_clock import FakeClock
+
+    clock = FakeClock()
+    reported = {"m": ModelRole.PREFILL}
+    calls: list[float] = []
+
+    async def model_roles() -> dict[str, ModelRole]:
+        calls.append(clock.now())
+        return dict(reported)
+
+    link = SimpleNamespace(supervisor=SimpleNamespace(model_roles=model_roles))
+    state = {"models": (ServedModel("m", role=ModelRole.PREFILL),), "stop": False}
+    published: list[tuple[ServedModel, ...]] = []
+
+    def publish(models: tuple[ServedModel, ...]) -> None:
+        published.append(models)
+        state["models"] = models
+
+    task = asyncio.create_task(follow_roles(
+        clock, lambda: link, lambda: state["models"], publish,  # type: ignore[arg-type,return-value]
+        lambda: bool(state["stop"]), interval_s=2.0, idle_interval_s=15.0))
+    await clock.advance(5.0)
+    assert published == [] and calls == [2.0, 4.0]
+    reported["m"] = ModelRole.DECODE  # the flip
+    await clock.advance(4.0)
+    assert [m[0].role for m in published] == [ModelRole.DECODE]
+    reported["m"] = ModelRole.BOTH
+    await clock.advance(2.0)
+    assert published[-1][0].role == ModelRole.BOTH
+    n = len(calls)
+    await clock.advance(13.0)  # all "both": the slow poll (next at t = 25)
+    assert len(calls) == n
+    await clock.advance(2.0)
+    assert len(calls) == n + 1 and len(published) == 2
+    state["stop"] = True
+    await clock.advance(20.0)
+    await asyncio.wait_for(task, 2)
