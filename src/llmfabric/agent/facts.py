@@ -8,6 +8,9 @@
   (`--max-model-len`, `--context-length`, `-c`, `--n_ctx`, `--max-total-tokens`), llama-server's
   /props, the engine's documented default (llama-cpp-python: 2048), else the node's default.
 - model ids: /v1/models, or `--model-id` (repeatable) for engines that list none.
+- prefill/decode role (ThunderServe): the /v1/models entry's `role` (the sim engine), else
+  vLLM's `--kv-transfer-config` `kv_role` (kv_producer -> prefill, kv_consumer -> decode,
+  kv_both -> both), else both; anything else is ignored (both), never trusted as text.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from llmfabric.agent.engines import EngineKind, context_from_command, flag_value
-from llmfabric.registry.records import ServedModel
+from llmfabric.registry.records import ModelRole, ServedModel
 
 _QUANT: dict[str, tuple[str, int]] = {
     "awq": ("awq-int4", 4), "awq_marlin": ("awq-int4", 4), "gptq": ("gptq-int4", 4),
@@ -137,6 +140,27 @@ def precision_of(argv: Sequence[str]) -> tuple[str, int]:
     return AUTO
 
 
+_KV_ROLES = {"kv_producer": ModelRole.PREFILL, "kv_consumer": ModelRole.DECODE,
+             "kv_both": ModelRole.BOTH}
+
+
+def role_of(entry: dict[str, Any], argv: Sequence[str]) -> ModelRole:
+    """The prefill/decode role an engine serves a model in (see the module docstring)."""
+    got = entry.get("role")
+    if isinstance(got, str) and got in {r.value for r in ModelRole}:
+        return ModelRole(got)
+    config = flag_value(argv, "--kv-transfer-config")
+    if config:
+        try:
+            doc = json.loads(config)
+        except ValueError:
+            doc = None
+        kv_role = doc.get("kv_role") if isinstance(doc, dict) else None
+        if isinstance(kv_role, str) and kv_role in _KV_ROLES:
+            return _KV_ROLES[kv_role]
+    return ModelRole.BOTH
+
+
 def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: int,
                   kind: EngineKind | None = None, probed_ctx: int | None = None,
                   model_ids: Sequence[str] = ()) -> tuple[ServedModel, ...]:
@@ -164,5 +188,6 @@ def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: 
             id=mid, quantization=quant, quant_bits=bits,
             max_context=int(ctx) if isinstance(ctx, int) and ctx > 0 else fallback,
             adapters=tuple(adapters.get(mid, ())),
+            role=role_of(listed.get(mid, {}), argv),
         ))
     return tuple(out)

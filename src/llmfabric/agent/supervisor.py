@@ -35,7 +35,7 @@ from llmfabric.agent.engine_metrics import (
     load_from_slots,
 )
 from llmfabric.agent.errors import EngineNotReady, EngineStartError
-from llmfabric.agent.facts import served_models
+from llmfabric.agent.facts import role_of, served_models
 from llmfabric.agent.logwatch import DEFAULT_FATAL_PATTERNS, LogWatcher
 from llmfabric.agent.probe import EngineProbe, HttpProbe, ProbeError
 from llmfabric.agent.proctree import (
@@ -45,7 +45,7 @@ from llmfabric.agent.proctree import (
     watchdog_command,
 )
 from llmfabric.clock import Clock, SystemClock, with_timeout
-from llmfabric.registry.records import ServedModel
+from llmfabric.registry.records import ModelRole, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +319,17 @@ class EngineSupervisor:
         if n is None and isinstance(body, dict):
             n = body.get("n_ctx")
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    async def model_roles(self) -> dict[str, ModelRole] | None:
+        """Each served model's prefill/decode role as the engine reports it now (a role flip,
+        ThunderServe's lightweight rescheduling, changes it without a restart); None if the
+        engine does not answer."""
+        try:
+            data = await self._probe.models(self.command.base_url, self.config.health_timeout_s)
+        except ProbeError:
+            return None
+        return {str(d["id"]): role_of(d, self.command.argv) for d in data
+                if isinstance(d, dict) and isinstance(d.get("id"), str)}
 
     async def load(self) -> EngineLoad | None:
         """The engine's own load (its /metrics, or llama-server's /slots); None if it tells

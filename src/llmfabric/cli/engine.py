@@ -7,6 +7,7 @@ import asyncio
 
 import click
 
+from llmfabric.engines.pd_role import ROLES, KVLink
 from llmfabric.engines.sim_server import SimEngineConfig, serve
 
 
@@ -58,12 +59,24 @@ def command() -> None:
               type=click.Choice(["load_threshold", "hysteresis", "priority", "context_length",
                                  "scheduled"]),
               help="with --flying: switch automatically under this policy")
+@click.option("--role", type=click.Choice(ROLES), default="both", show_default=True,
+              help="prefill/decode disaggregation (vLLM's kv_transfer_params protocol): the "
+              "phase this engine takes; every role also serves plain requests; flip it "
+              "with POST /sim/role")
+@click.option("--kv-bits", type=click.Choice(["2", "3", "4", "8", "16"]), default="16",
+              show_default=True, help="bits per KV element on the prefill->decode wire "
+              "(KIVI groups of 64 with fp16 scale/minimum below 16)")
+@click.option("--kv-gbps", type=click.FloatRange(min=0, min_open=True), default=40.0,
+              show_default=True, help="bandwidth of the link the KV arrives over (decode)")
+@click.option("--kv-latency-ms", type=click.FloatRange(0, 60000, max_open=True), default=1.0,
+              show_default=True, help="latency of that link")
 def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: int, speed: float,
         slow: float, max_model_len: int | None, startup_delay: float,
         crash_after_requests: int, hang_after_requests: int, fail_after_requests: int,
         fail_status: int, exit_after: float, log_line: str, log_after: float,
         ignore_sigterm: bool, prefix_cache: bool, flying: bool, flying_widths: str,
-        switch_policy: str | None) -> None:
+        switch_policy: str | None, role: str, kv_bits: str, kv_gbps: float,
+        kv_latency_ms: float) -> None:
     """Serve MODEL(s) through an OpenAI-compatible API with simulated GPU timing.
 
     Misbehaviour on demand: POST /sim/control {"action": "crash"|"hang"|"slow"|"fail"|"log"|
@@ -77,7 +90,9 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
         exit_after_s=exit_after, log_line=log_line, log_after_s=log_after,
         ignore_sigterm=ignore_sigterm, prefix_cache=prefix_cache, flying=flying,
         widths=tuple(int(w) for w in flying_widths.split(",") if w.strip()),
-        switch_policy=switch_policy,
+        switch_policy=switch_policy, role=role,
+        kv_bits=None if kv_bits == "16" else int(kv_bits),
+        kv_link=KVLink(kv_gbps, kv_latency_ms / 1000),
     )
     asyncio.run(serve(config))
 

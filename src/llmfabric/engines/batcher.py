@@ -52,21 +52,24 @@ class Batcher:
         return seconds * self.slow / self.speed
 
     async def generate(self, prompt_tokens: int, max_new_tokens: int,
-                       cached_tokens: int = 0) -> AsyncIterator[int]:
-        """Yield token indices 0..max_new_tokens-1, each when the engine would produce it."""
+                       cached_tokens: int = 0, prefilled: bool = False) -> AsyncIterator[int]:
+        """Yield token indices 0..max_new_tokens-1, each when the engine would produce it.
+        `cached_tokens`: prefix-cache hits, only the uncached tail of the prompt is prefilled.
+        `prefilled`: the prompt's KV came from a prefill engine (PD disaggregation), so
+        there is no prefill here and the first token takes one decode step."""
         if max_new_tokens <= 0:
             return
-        async with self._prefill_lock:
-            await self._gate.wait()
-            # (prefix-cache hits: only the uncached tail of the prompt is prefilled)
-            todo = max(1, prompt_tokens - cached_tokens)
-            await self._clock.sleep(self._scaled(self._timing.prefill_s(todo)))
-        yield 0
         seq = _Seq(context=prompt_tokens + 1)
+        if not prefilled:
+            async with self._prefill_lock:
+                await self._gate.wait()
+                todo = max(1, prompt_tokens - cached_tokens)
+                await self._clock.sleep(self._scaled(self._timing.prefill_s(todo)))
+            yield 0
         self._running.add(seq)
         self._ensure_loop()
         try:
-            for i in range(1, max_new_tokens):
+            for i in range(0 if prefilled else 1, max_new_tokens):
                 await seq.ready.get()
                 yield i
         finally:

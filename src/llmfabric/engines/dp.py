@@ -47,12 +47,13 @@ class DataParallel:
         return self.replicas[0]._scaled(seconds)
 
     async def generate(self, prompt_tokens: int, max_new_tokens: int,
-                       cached_tokens: int = 0) -> AsyncIterator[int]:
+                       cached_tokens: int = 0, prefilled: bool = False) -> AsyncIterator[int]:
         i = min(range(len(self.replicas)), key=self._load.__getitem__)
         self._load[i] += 1
         try:
             replica = self.replicas[i]
-            async for token in replica.generate(prompt_tokens, max_new_tokens, cached_tokens):
+            async for token in replica.generate(prompt_tokens, max_new_tokens, cached_tokens,
+                                                prefilled):
                 yield token
         finally:
             self._load[i] -= 1

@@ -83,7 +83,7 @@ class FlyingDataParallel:
         return [*self.engines, *self.tp.values()]
 
     async def generate(self, prompt_tokens: int, max_new_tokens: int,
-                       cached_tokens: int = 0) -> AsyncIterator[int]:
+                       cached_tokens: int = 0, prefilled: bool = False) -> AsyncIterator[int]:
         self._ensure_loop()
         self._arrivals += 1
         e = min(range(self.dp), key=lambda i: (self._load[i] / len(self._group_of(i)), i))
@@ -92,7 +92,8 @@ class FlyingDataParallel:
         for m in group:
             self._load[m] += 1
         try:
-            async for token in batcher.generate(prompt_tokens, max_new_tokens, cached_tokens):
+            async for token in batcher.generate(prompt_tokens, max_new_tokens, cached_tokens,
+                                                prefilled):
                 yield token
         finally:
             for m in group:

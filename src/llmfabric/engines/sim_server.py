@@ -1,11 +1,13 @@
 """The simulated engine: an OpenAI-compatible aiohttp server that stands in for vLLM.
 
-Routes (as vLLM's OpenAI server): GET /health, GET /v1/models (with max_model_len),
-POST /v1/chat/completions, /v1/completions (both with SSE streaming), /v1/embeddings;
-plus POST /sim/control (faults.py) and GET /sim/stats. Tokens come out at the pace of the
-timing model (timing.py) under continuous batching (batcher.py), divided by `speed`. Prefix
-caching (on by default): the prompt's leading 16-token blocks found in an LRU of the model's
-KV capacity are not prefilled again; `/sim/stats` counts hit and queried prompt tokens.
+Routes (as vLLM's OpenAI server): GET /health, GET /v1/models (with max_model_len and the
+prefill/decode `role`), POST /v1/chat/completions, /v1/completions (both with SSE streaming,
+and vLLM's disaggregated `kv_transfer_params`: pd_role.py), /v1/embeddings; plus POST
+/sim/control (faults.py), GET /sim/stats and GET/POST /sim/role (the role flip). Tokens come
+out at the pace of the timing model (timing.py) under continuous batching (batcher.py),
+divided by `speed`. Prefix caching (on by default): the prompt's leading 16-token blocks
+found in an LRU of the model's KV capacity are not prefilled again; `/sim/stats` counts hit
+and queried prompt tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from llmfabric.engines import text
 from llmfabric.engines.batcher import Batcher
 from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
+from llmfabric.engines.pd_role import KVLink, PDRequestError, PDRole, parse_handoff, phase_of
 from llmfabric.engines.timing import model_max_context, timing_for
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.memory import max_kv_tokens
@@ -63,6 +66,10 @@ class SimEngineConfig:
     flying: bool = False
     widths: tuple[int, ...] = (1, 2)
     switch_policy: str | None = None  # a SWITCH_POLICIES name; None: only POST /dtp_switch
+    # ThunderServe roles (pd_role.py): prefill / decode / both, KV bits on the wire, KV link
+    role: str = "both"
+    kv_bits: int | None = None
+    kv_link: KVLink = field(default_factory=KVLink)
 
 
 def kv_capacity_blocks(gpu: str, model: str, tp: int) -> int:
@@ -116,6 +123,7 @@ class SimEngine:
         self.prefix_caches = ({m: BlockLRU(kv_capacity_blocks(config.gpu, m, config.tp))
                                for m in config.models} if config.prefix_cache else {})
         self.prefix_hits = self.prefix_queries = 0  # tokens, as vLLM's counters
+        self.pd = PDRole(config.role, self.clock, config.kv_link, config.kv_bits)
 
     # -- app ----------------------------------------------------------------------------
 
@@ -128,6 +136,8 @@ class SimEngine:
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/sim/control", self.control)
         app.router.add_get("/sim/stats", self.stats)
+        app.router.add_get("/sim/role", self.get_role)
+        app.router.add_post("/sim/role", self.set_role)
         if self.config.flying:
             app.router.add_get("/dtp_status", self.dtp_status)
             app.router.add_post("/dtp_switch", self.dtp_switch)
@@ -190,6 +200,7 @@ class SimEngine:
                 "root": m,
                 "parent": None,
                 "max_model_len": self.max_len[m],
+                "role": self.pd.role,
             }
             for m in self.config.models
         ]
@@ -204,7 +215,21 @@ class SimEngine:
             "fail_status": self.faults.fail_status,
             "prefix_cache_hits": self.prefix_hits,  # prompt tokens served from the cache
             "prefix_cache_queries": self.prefix_queries,
+            "pd": self.pd.stats(),
         })
+
+    async def get_role(self, _: web.Request) -> web.Response:
+        return _json(self.pd.stats())
+
+    async def set_role(self, request: web.Request) -> web.Response:
+        """Flip the role (lightweight rescheduling): a routing change, nothing reloads."""
+        try:
+            body = orjson.loads(await request.read())
+            self.pd.set_role(str(body["role"]) if isinstance(body, dict) else "")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return _error(400, f"bad /sim/role body (want {{\"role\": \"prefill\"|\"decode\""
+                          f"|\"both\"}}): {exc}")
+        return _json(self.pd.stats())
 
     async def control(self, request: web.Request) -> web.Response:
         try:
@@ -331,6 +356,15 @@ class SimEngine:
         if isinstance(plan, web.Response):
             return plan
         n_tokens, finish = plan
+        try:
+            phase = phase_of(req.model_extra)
+            handoff = parse_handoff(req.model_extra or {}, prompt_tokens) \
+                if phase == "decode" else None
+        except PDRequestError as exc:
+            return _error(400, str(exc), code="invalid_value", param="kv_transfer_params")
+        refused = self.pd.refusal(phase) if phase is not None else None
+        if refused is not None:  # retryable: the ingress takes this phase elsewhere
+            return _error(503, refused, "server_error", "wrong_role")
         self.faults.count_request()
         await self.faults.wait_while_hung()
         if self.faults.fail_status:
@@ -339,7 +373,18 @@ class SimEngine:
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
         created = p.now_s()
         cached = self._cached_tokens(req.model, prompt_text, prompt_tokens)
-        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens, cached)
+        if handoff is not None:  # the KV arrives instead of being computed here
+            await self.pd.receive(handoff)
+        tokens = self.batchers[req.model].generate(prompt_tokens, n_tokens, cached,
+                                                   prefilled=handoff is not None)
+        if phase == "prefill":
+            parts = [text.token_text(seed, i + offset) async for i in tokens]
+            self.completed += 1
+            build = p.chat_completion if kind == "chat" else p.text_completion
+            reply = build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
+                          len(parts))
+            reply["kv_transfer_params"] = self.pd.handle(req.model, prompt_tokens)
+            return _json(reply)
         if req.stream:
             return await self._stream(request, req, kind, rid, created, seed, tokens,
                                       prompt_tokens, n_tokens, finish, offset)

@@ -3,6 +3,8 @@ routing, streaming proxy, forwarding.
 
 Files:
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
+- pd_path.py: `PDPath`, the two-phase request of prefill/decode disaggregation (prefill with
+  vLLM's `kv_transfer_params`, then the decode carrying the KV handle; retries per phase).
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
   metrics)` for a standalone aiohttp app, `add_ingress_routes(app, ingress)` to mount the
   routes in a node's app.

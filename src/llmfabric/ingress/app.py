@@ -35,6 +35,7 @@ from llmfabric.ingress.continuation import (
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
 from llmfabric.ingress.metrics import IngressMetrics
 from llmfabric.ingress.paths import METERED_BY_REQUEST
+from llmfabric.ingress.pd_path import FALLBACK, PDPath
 from llmfabric.ingress.protocols import (
     Authenticator,
     BodyReader,
@@ -114,6 +115,7 @@ class Ingress:
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._duration = sim_rate()  # request duration estimate for walltime routing
         self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
+        self.pd = PDPath(self, _Committed, rng)  # prefill/decode disaggregation (pd_path.py)
 
     # -- routes --------------------------------------------------------------------------
 
@@ -326,6 +328,12 @@ class Ingress:
             strip_usage = modified = True
         if modified:
             body = orjson.dumps(doc)
+        pools = self.pd.pools(rreq, candidates) if path in _USAGE_INJECT_PATHS else None
+        if pools is not None:  # nodes with prefill/decode roles: the two-phase request
+            got = await self.pd.serve(pools, path, model, principal, doc, stream, strip_usage,
+                                      want_chunk, sink, t0, started)
+            if got is not FALLBACK:
+                return got  # type: ignore[return-value]
 
         tried: list[str] = []
         last_error = ""

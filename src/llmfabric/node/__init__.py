@@ -13,6 +13,7 @@ Lifecycle (who owns what)
   stream_usage    counts a stream's tokens when the engine sends no usage (the engine's
                   tokenizer; a usage chunk marked estimated before [DONE])
   walltime        drain `lead_s` before the allocation ends; keep the published end current
+  pd_roles        keep the record's prefill/decode roles current after a role flip
 
 Configuration and credentials
   config          NodeConfig: defaults < config file < env vars < flags, validated
@@ -34,6 +35,8 @@ What the node serves
 
 The fleet controller's side
   executor        the fleet controller's executor: decisions -> peer-protocol calls
+  pd_executor     lightweight-rescheduling decisions: role flips at the engines, routing
+                  plans into in-process PD routers
 
 Tools
   ports           a free loopback port (engines the node starts, local fabrics, tests)

@@ -33,6 +33,7 @@ import orjson
 from llmfabric.agent import EngineEvent, EngineState
 from llmfabric.net import HandlerResponse
 from llmfabric.node.engine_link import EngineLink, error_response, loopback_engine_command
+from llmfabric.node.pd_roles import follow_roles
 from llmfabric.node.peer_api import (
     AssignmentError,
     engine_command,
@@ -93,6 +94,10 @@ class EngineRole:
         agent.set_state(Lifecycle.SERVING)
         engine.supervisor.on_state_change(lambda ev: self._on_event(engine, ev))
         node.supervisor.loop("load", self._publish_load)
+        node.supervisor.loop("roles", lambda: follow_roles(  # prefill/decode role flips
+            node.clock, lambda: node.engine, lambda: node.session.record.meta.models,
+            lambda models: node.session.update_self(node.meta(models=models)),
+            lambda: node.stopping))
 
     def _on_event(self, engine: EngineLink, event: EngineEvent) -> None:
         try:

@@ -25,6 +25,10 @@ Pure core: no sockets, no clocks. Files:
   its record's sketch when it moved enough (bounded bytes per second).
 - walltime.py: `walltime_filter` (prefer nodes whose allocation outlasts the request, from
   max_tokens and the simulator's per-token time), `requested_tokens`, `sim_rate`, `fixed_rate`.
+- pd.py: prefill/decode disaggregation (ThunderServe): `split(candidates)` into prefill /
+  decode / both pools by the records' roles (None: no live pair, route as usual),
+  `PDPlanTable` (the planner's X/Y over sessions, validated), `PDRouter.pick_prefill` /
+  `pick_decode` (plan weights renormalised over live, untried nodes).
 - router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`.
 - errors.py: `RoutingError`, `UnknownPolicyError`, `InvalidConstraintError`.
 """

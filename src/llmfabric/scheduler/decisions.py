@@ -99,8 +99,12 @@ class SetRole:
 @dataclass(frozen=True, slots=True)
 class SetRouting:
     """Publish a prefill/decode routing plan: X over prefill replicas, Y[i] over decode
-    replicas for requests prefilled on i."""
+    replicas for requests prefilled on i. `prefill_sessions`/`decode_sessions` name the
+    session each replica is entered through when the controller knows them (routing/pd.py's
+    PDPlanTable keys its weights by session)."""
 
     plan_id: str
     x: tuple[float, ...]
     y: tuple[tuple[float, ...], ...]
+    prefill_sessions: tuple[str, ...] = ()
+    decode_sessions: tuple[str, ...] = ()

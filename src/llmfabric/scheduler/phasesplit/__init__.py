@@ -16,6 +16,9 @@ Files:
 - `plan.py`        PDPlan: JSON (to_json / plan_from_json), replica specs for the simulator,
   evaluate() under another workload.
 - `reschedule.py`  lightweight rescheduling: phase flips and new routing, no reload.
+- `controller.py`  when it runs in the fleet: node loss (DOWN/LEFT/gone/suspected) or a 25 %
+  workload drift; pure `pd_decide`, `PDController` on an injected clock, decisions bound to
+  sessions (`PDBinding`).
 - `baselines.py`   what ThunderServe is compared with: the best fixed P:D split over instance
   groups and the colocated CP-SAT placement (simulated) on the same GPUs.
 - `inputs.py`      YAML/CSV loaders for the CLI (`llmfabric plan pd`).

@@ -150,8 +150,15 @@ class TabuOptions:
     kv_group: int = 64
     orchestrate: bool = True   # False: routing proportional to capacity (Fig. 12 ablation)
     max_pp: int = 4
+    # The simulator for the final plan: the `final_sim_top` best solutions by the analytic
+    # evaluator (the start always among them) re-scored by the discrete-event simulator on
+    # `final_sim_s` of arrivals (seed + 1: not the trace plans are judged on); 0: off.
+    final_sim_top: int = 0
+    final_sim_s: float = 120.0
 
     def __post_init__(self) -> None:
+        if self.final_sim_top < 0 or not self.final_sim_s > 0:
+            raise SpecError("final_sim_top >= 0 and final_sim_s > 0")
         if self.n_step < 0 or self.n_neigh < 1 or self.n_mem < 0:
             raise SpecError("n_step >= 0, n_neigh >= 1 and n_mem >= 0")
         if self.evaluator not in ("analytic", "sim"):

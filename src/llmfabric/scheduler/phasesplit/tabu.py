@@ -14,7 +14,7 @@ import numpy as np
 
 from llmfabric.scheduler.errors import InfeasibleError
 from llmfabric.scheduler.phasesplit.config import ConfigSearch
-from llmfabric.scheduler.phasesplit.evaluate import Evaluated, evaluate_groups
+from llmfabric.scheduler.phasesplit.evaluate import Evaluated, evaluate_groups, simulate
 from llmfabric.scheduler.phasesplit.groups import (
     Group,
     Solution,
@@ -94,6 +94,7 @@ def tabu_search(cluster: CloudCluster, model: ModelSpec | str, workload: PDWorkl
 
     x = start if start is not None else _best_phases(
         initial_solution(cluster, feasible, rng), f, feasible)
+    x0 = x
     best_sol, best = x, f(x)
     if best is None:
         raise InfeasibleError("the initial solution holds no prefill/decode replica pair")
@@ -127,5 +128,29 @@ def tabu_search(cluster: CloudCluster, model: ModelSpec | str, workload: PDWorkl
         if progress is not None:
             progress(step, trace[-1])
     assert best is not None and best_sol is not None
+    if opts.final_sim_top > 0:
+        best = _simulated_best(best, cache.get(solution_key(x0)), cache, cluster, spec,
+                               workload, opts)
     return to_plan(best, cluster, spec, workload, opts, tuple(trace),
                    time.perf_counter() - t0)
+
+
+def _simulated_best(best: Evaluated, start: Evaluated | None,
+                    cache: dict[frozenset[tuple[frozenset[int], str]], Evaluated | None],
+                    cluster: CloudCluster, spec: ModelSpec, workload: PDWorkload,
+                    opts: TabuOptions) -> Evaluated:
+    """The analytic top `final_sim_top` (plus the start) re-scored by the simulator: the
+    analytic evaluator saturates near full attainment and is optimistic under load, so its
+    choice among near-equal plans is noise; ties keep the analytic order."""
+    ranked = sorted((ev for ev in cache.values() if ev is not None), key=_score, reverse=True)
+    pool = [best, *(e for e in ranked if e is not best)][:opts.final_sim_top]
+    if start is not None and all(e is not start for e in pool):
+        pool.append(start)
+    scored = []
+    for k, ev in enumerate(pool):
+        sim = simulate(ev.prefill, ev.decode, ev.routing, cluster, workload,
+                       kv_bits=opts.kv_bits,
+                       kv_group=opts.kv_group, pipelined_pp=opts.pipelined_pp,
+                       duration_s=opts.final_sim_s, seed=opts.seed + 1)
+        scored.append((sim.attainment, -k, ev))
+    return max(scored, key=lambda t: (t[0], t[1]))[2]

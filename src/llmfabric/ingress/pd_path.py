@@ -1,0 +1,161 @@
+"""The two-phase request of prefill/decode disaggregation (ThunderServe; COMPANIONS.md §1.6).
+
+As vLLM's disaggregated proxy does: (1) the prefill call, not streamed, with `max_tokens=1`
+and `kv_transfer_params = {"do_remote_decode": true}`, on a prefill node; its answer carries
+the KV handle in `kv_transfer_params`; (2) the client's own request plus that handle on a
+decode node, whose answer (streamed or not) is relayed to the client unchanged by the
+ingress's ordinary attempt code. Each phase retries on another node of its side (a failed,
+refusing or vanished node); a decode node lost before its first byte costs only a retry (any
+decode node can pull the KV the handle names), one lost mid-stream ends the stream with an
+error event as in the colocated path. Prefill that finds no working node hands the request
+back to the colocated path (`FALLBACK`), where every role serves plain requests.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from llmfabric.ingress.errors import Reply, UpstreamError
+from llmfabric.ingress.protocols import Principal, StreamSink
+from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.filters import eligible
+from llmfabric.routing.pd import PDRouter, PDSplit, split
+from llmfabric.routing.request import RouteRequest
+
+if TYPE_CHECKING:
+    from llmfabric.ingress.app import Ingress
+
+FALLBACK: Final = object()  # no prefill node worked: route the request colocated
+_perf = time.perf_counter
+
+
+def prefill_body(doc: dict[str, Any], model: str) -> bytes:
+    """The prefill call: one token, not streamed, asking for a remote decode."""
+    out = {k: v for k, v in doc.items()
+           if k not in ("stream", "stream_options", "max_completion_tokens")}
+    out.update(model=model, max_tokens=1, stream=False,
+               kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})
+    return orjson.dumps(out)
+
+
+def handle_of(reply: Reply) -> dict[str, Any] | None:
+    """The KV handle in a prefill answer (None: the engine did not prefill for a remote
+    decode, so it cannot take part)."""
+    try:
+        doc = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        return None
+    params = doc.get("kv_transfer_params") if isinstance(doc, dict) else None
+    if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
+        return None
+    return params
+
+
+class PDPath:
+    """Runs two-phase requests for an Ingress (its attempt, metrics and trace code)."""
+
+    def __init__(self, ingress: Ingress, committed: type[Exception],
+                 rng: random.Random | None = None) -> None:
+        self.ing = ingress
+        self.committed = committed  # the ingress's "failed after bytes reached the client"
+        self.router = PDRouter(rng)
+        self.requests = 0
+        self.prefill_retries = 0
+        self.decode_retries = 0
+        self.fallbacks = 0
+
+    def pools(self, rreq: RouteRequest, candidates: Sequence[Candidate]) -> PDSplit | None:
+        """The prefill/decode pools among the request's eligible candidates, if any."""
+        if not any(c.model.role != "both" for c in candidates):
+            return None  # the common case: nobody disaggregates this model
+        return split(eligible(candidates, rreq))
+
+    async def serve(
+        self, pools: PDSplit, path: str, model: str, principal: Principal | None,
+        doc: dict[str, Any], stream: bool, strip_usage: bool, want_chunk: bool,
+        sink: StreamSink, t0: float, started: float,
+    ) -> Reply | object | None:
+        ing = self.ing
+        retries = ing.config.max_retries
+        self.requests += 1
+        tried: list[str] = []
+        handle: dict[str, Any] | None = None
+        pre: Candidate | None = None
+        for _ in range(1 + retries):
+            pre = self.router.pick_prefill(pools, tried)
+            if pre is None:
+                break
+            tried.append(pre.session_id)
+            ing.metrics.observe_routed(pre.session_id)
+            body = prefill_body(doc, pre.model.engine_name(model))
+            try:
+                reply, _, _ = await ing._attempt_once(pre, path, body, doc)
+            except UpstreamError:
+                self.prefill_retries += 1
+                ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
+                continue
+            if reply.status != 200:  # the engine refused the request itself (4xx)
+                ing._finish(path, model, principal, pre, reply.status, stream, len(tried),
+                            t0, started, None, None, doc)
+                return reply
+            handle = handle_of(reply)
+            if handle is not None:
+                break
+            self.prefill_retries += 1
+        if handle is None or pre is None:
+            self.fallbacks += 1
+            return FALLBACK
+
+        decode_doc = {**doc, "kv_transfer_params": handle}
+        last_error = ""
+        d_tried: list[str] = []
+        for attempt in range(1 + retries):
+            cand = self.router.pick_decode(pools, pre.session_id, d_tried)
+            if cand is None:
+                if not d_tried:  # no decode node left at all: serve it colocated
+                    self.fallbacks += 1
+                    return FALLBACK
+                break
+            d_tried.append(cand.session_id)
+            send = orjson.dumps({**decode_doc, "model": cand.model.engine_name(model)})
+            ing.metrics.observe_routed(cand.session_id)
+            ing.policy.on_request_start(cand)
+            ok = False
+            try:
+                if stream:
+                    resp, usage, ttft = await ing._attempt_stream(
+                        sink, cand, path, send, strip_usage, want_chunk, doc)
+                else:
+                    resp, usage, ttft = await ing._attempt_once(cand, path, send, doc)
+                status = resp.status if resp is not None else 200
+                ok = status < 500
+            except UpstreamError as e:
+                last_error = str(e)
+                self.decode_retries += 1
+                ing.metrics.observe_failed_attempt(cand.session_id, model,
+                                                   retried=attempt < retries)
+                continue
+            except self.committed as e:
+                ing.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
+                resp, usage, ttft = None, e.args[0], e.args[1]
+                status = 200
+            finally:
+                ing.policy.on_request_end(cand, ok)
+            ing._finish(path, model, principal, cand, status, stream,
+                        len(tried) + len(d_tried), t0, started, ttft, usage, doc)
+            return resp
+        ing._trace(path, model, principal, None, 502, stream, len(tried) + len(d_tried), t0,
+                   started, None, None, doc)
+        return ing._refuse(
+            model, 502, f"the prefill on node {pre.session_id} worked but all "
+            f"{len(d_tried)} decode node(s) for model {model!r} failed (last error: "
+            f"{last_error or 'none left'}); retry later", "upstream_failed")
+
+    def stats(self) -> dict[str, int]:
+        return {"requests": self.requests, "prefill_retries": self.prefill_retries,
+                "decode_retries": self.decode_retries, "fallbacks": self.fallbacks}

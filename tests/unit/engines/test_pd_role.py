@@ -1,0 +1,174 @@
+"""Prefill/decode roles of the simulated engine: the vLLM-style two-call protocol, the role
+gate, KV handles (hostile ones refused), the KV link time, and the role flip."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmfabric.engines.batcher import Batcher
+from llmfabric.engines.pd_role import (
+    KVLink,
+    PDRequestError,
+    PDRole,
+    kv_bytes,
+    parse_handoff,
+    phase_of,
+)
+from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
+from llmfabric.engines.timing import TableTiming
+from llmfabric.testing.fake_clock import FakeClock
+
+MODEL = "llama-3.1-8b"
+MSG = [{"role": "user", "content": "tell me about disaggregated serving"}]
+Client = TestClient[web.Request, web.Application]
+
+
+async def _client(role: str, **kw: Any) -> Client:
+    engine = SimEngine(SimEngineConfig(models=(MODEL,), role=role, speed=200.0, **kw))
+    client: Client = TestClient(TestServer(engine.app()))
+    await client.start_server()
+    return client
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[tuple[Client, Client]]:
+    pre = await _client("prefill")
+    dec = await _client("decode", kv_bits=4, kv_link=KVLink(gbps=400.0, latency_s=0.0))
+    yield pre, dec
+    await pre.close()
+    await dec.close()
+
+
+async def _prefill(client: Client, max_tokens: int = 8) -> dict[str, Any]:
+    r = await client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True}})
+    assert r.status == 200, await r.text()
+    return dict(await r.json())
+
+
+async def test_two_calls_prefill_then_decode_stream_the_whole_answer(
+    engines: tuple[Client, Client],
+) -> None:
+    pre, dec = engines
+    first = await _prefill(pre)
+    params = first["kv_transfer_params"]
+    assert params["do_remote_prefill"] is True and params["kv_bits"] == 16
+    assert params["kv_tokens"] == first["usage"]["prompt_tokens"]
+    assert first["usage"]["completion_tokens"] == 1
+    # the same request, plain (colocated), for the expected text
+    plain = await (await dec.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "max_tokens": 6, "ignore_eos": True})).json()
+    r = await dec.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "max_tokens": 6, "ignore_eos": True, "stream": True,
+        "kv_transfer_params": params})
+    assert r.status == 200
+    events = [orjson.loads(line[6:]) for line in (await r.text()).splitlines()
+              if line.startswith("data: {")]
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    assert text == plain["choices"][0]["message"]["content"]
+    stats = await (await dec.get("/sim/stats")).json()
+    assert stats["pd"]["decodes"] == 1 and stats["pd"]["kv_bytes_in"] == params["kv_bytes"]
+    pstats = await (await pre.get("/sim/role")).json()
+    assert pstats["prefills"] == 1 and pstats["kv_bytes_out"] == params["kv_bytes"]
+
+
+async def test_roles_refuse_the_other_phase_with_a_retryable_503_and_flip(
+    engines: tuple[Client, Client],
+) -> None:
+    pre, dec = engines
+    r = await dec.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "kv_transfer_params": {"do_remote_decode": True}})
+    assert r.status == 503 and (await r.json())["error"]["code"] == "wrong_role"
+    params = (await _prefill(pre))["kv_transfer_params"]
+    r = await pre.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "kv_transfer_params": params})
+    assert r.status == 503
+    # every role serves plain requests (vLLM kv_both): the colocated fallback
+    assert (await pre.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "max_tokens": 3})).status == 200
+    listed = await (await pre.get("/v1/models")).json()
+    assert listed["data"][0]["role"] == "prefill"
+    flip = await pre.post("/sim/role", json={"role": "decode"})
+    assert flip.status == 200 and (await flip.json())["flips"] == 1
+    assert (await (await pre.get("/v1/models")).json())["data"][0]["role"] == "decode"
+    r = await pre.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "kv_transfer_params": params})
+    assert r.status == 200
+    for bad in (b"{", b"[]", b'{"role": "leader"}', b"{}"):
+        assert (await pre.post("/sim/role", data=bad)).status == 400
+
+
+@pytest.mark.parametrize("mutate", [
+    {"kv_tokens": 3}, {"kv_bytes": -1}, {"kv_bytes": 1 << 50}, {"kv_bits": 5},
+    {"remote_engine_id": ""}, {"remote_request_id": "x" * 500}, {"kv_tokens": True},
+    {"do_remote_decode": True},
+])
+async def test_a_forged_or_foreign_handle_is_a_400(
+    engines: tuple[Client, Client], mutate: dict[str, Any],
+) -> None:
+    pre, dec = engines
+    params = {**(await _prefill(pre))["kv_transfer_params"], **mutate}
+    r = await dec.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "kv_transfer_params": params})
+    assert r.status == 400, await r.text()
+    r = await dec.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "kv_transfer_params": "yes"})
+    assert r.status == 400
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.dictionaries(st.sampled_from(["do_remote_decode", "do_remote_prefill",
+                                        "remote_engine_id", "remote_request_id", "kv_tokens",
+                                        "kv_bytes", "kv_bits"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 41),
+                                 st.text(max_size=200), st.lists(st.integers(), max_size=3))))
+def test_any_params_parse_or_raise_only_pd_request_error(params: dict[str, Any]) -> None:
+    extra = {"kv_transfer_params": params}
+    try:
+        if phase_of(extra) == "decode":
+            h = parse_handoff(extra, 7)
+            assert h.tokens == 7 and 0 <= h.n_bytes <= 1 << 40
+    except PDRequestError:
+        pass
+
+
+def test_kv_bytes_4bit_is_the_kivi_ratio_and_the_link_is_alpha_beta() -> None:
+    fp16, q4 = kv_bytes(MODEL, 1024, None), kv_bytes(MODEL, 1024, 4)
+    assert fp16 == 32 * 8 * 128 * 2 * 2 * 1024  # llama-3.1-8b: 32 layers, 8 KV heads x 128
+    assert fp16 / q4 == pytest.approx(16 / 4.5, rel=1e-3)  # 4 bits + 4 bytes per 64
+    assert kv_bytes("unknown-model", 64, None) == 64 * 131072
+    link = KVLink(gbps=8.0, latency_s=0.002)
+    assert link.transfer_s(10**9) == pytest.approx(1.002)
+    with pytest.raises(ValueError):
+        KVLink(gbps=0)
+    with pytest.raises(ValueError):
+        PDRole("leader", FakeClock())
+    with pytest.raises(ValueError):
+        PDRole("both", FakeClock(), kv_bits=5)
+
+
+async def test_a_prefilled_sequence_skips_the_prefill_and_joins_the_decode_batch() -> None:
+    timing = TableTiming(prefill_base_s=1.0, prefill_per_token_s=0.0, step_base_s=0.01,
+                         step_per_seq_s=0.0, step_per_ctx_token_s=0.0)
+    clock = FakeClock()
+    b = Batcher(timing, clock)
+    got = []
+
+    async def run() -> None:
+        async for i in b.generate(100, 3, prefilled=True):
+            got.append((i, round(clock.now(), 3)))
+
+    task = asyncio.create_task(run())
+    await clock.run_until(task.done, within=5.0, step=0.001)
+    assert got == [(0, 0.01), (1, 0.02), (2, 0.03)]  # no 1 s prefill
+    assert b.active == 0
