@@ -78,6 +78,11 @@ class AccountStore:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def backend(self) -> Backend:
+        """The database (for tables kept beside the keys: accounts.budgets)."""
+        return self._db
+
     @classmethod
     async def open(
         cls,

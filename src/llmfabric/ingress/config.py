@@ -63,3 +63,6 @@ class IngressConfig:
     # Models whose engines serve POST /v1/responses themselves (vLLM >= 0.10): passed through
     # unchanged; "*" for all. Others get the Responses API translated to chat completions.
     native_responses_models: tuple[str, ...] = ()
+    # Request traces kept in memory for GET /v1/fabric/traces (the dashboard's waterfall);
+    # 0: no tracing at all (no spans, no traceparent sent on).
+    keep_traces: int = 200

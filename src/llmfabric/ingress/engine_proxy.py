@@ -18,8 +18,18 @@ from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
 from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
 from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
+from llmfabric.ingress.tracecontext import HEADER, new_span_id, parse_traceparent
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
+_JSON = {"Content-Type": "application/json"}
+
+
+def engine_headers(traceparent: str | bytes | None) -> dict[str, str]:
+    """The engine request's headers: JSON, and the next hop of a valid trace context."""
+    tp = parse_traceparent(traceparent)
+    if tp is None:
+        return _JSON
+    return {**_JSON, HEADER: tp.child(new_span_id()).header()}
 
 
 class EngineProxy:
@@ -51,15 +61,18 @@ class EngineProxy:
             )
         return self._session
 
-    async def open(self, path: str, body: bytes) -> HttpUpstream:
-        """POST to the engine; raises UpstreamError if the engine cannot be reached."""
+    async def open(self, path: str, body: bytes, traceparent: str | bytes | None = None
+                   ) -> HttpUpstream:
+        """POST to the engine; raises UpstreamError if the engine cannot be reached.
+        `traceparent`: the ingress's, as received; a valid one goes on to the engine as the
+        parent of this node's hop (a new span id), anything else is dropped."""
         url = self._urls.get(path)
         if url is None:
             raise UpstreamError(f"path {path!r} cannot be forwarded to an engine")
         t = self._t
         try:
             resp = await self._get_session().post(
-                url, data=body, headers={"Content-Type": "application/json"},
+                url, data=body, headers=engine_headers(traceparent),
                 timeout=aiohttp.ClientTimeout(total=t.total, sock_connect=t.connect,
                                               sock_read=t.idle),
             )
@@ -81,7 +94,7 @@ class EngineProxy:
         if len(body) > self._max_body:
             return error_response(400, "request body too large", "request_too_large")
         try:
-            up = await self.open(path, body)
+            up = await self.open(path, body, request.headers.get(HEADER))
         except UpstreamError as e:
             return error_response(502, str(e), "engine_unreachable")
         try:

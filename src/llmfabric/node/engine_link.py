@@ -111,9 +111,11 @@ class EngineLink:
             return error_response(404, f"{request.path} is not served to peers", "not_found")
         if self.proxy is None or not self.inflight.accepting:
             return error_response(503, "this node is not serving", "node_not_serving")
-        return await self.serve_body(request.path, await request.read())
+        return await self.serve_body(request.path, await request.read(),
+                                     request.header("traceparent"))
 
-    async def serve_body(self, path: str, body: bytes) -> HandlerResponse:
+    async def serve_body(self, path: str, body: bytes, traceparent: str | None = None
+                         ) -> HandlerResponse:
         """A forwarded request whose body was read (and authorized) already."""
         if not path.startswith(FORWARD_PREFIX + "/v1/"):
             return error_response(404, f"{path} is not served to peers", "not_found")
@@ -123,7 +125,8 @@ class EngineLink:
             return error_response(400, "request body too large", "request_too_large")
         self.inflight.begin()
         try:
-            upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body)
+            upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body,
+                                             traceparent)
         except UpstreamError as exc:
             self.inflight.end()
             return error_response(502, str(exc), "engine_unreachable")
