@@ -125,7 +125,9 @@ class FairQueue:
         self.mean_hold_s += 0.1 * (held - self.mean_hold_s)
         self.inflight -= 1
         while self.inflight < self.capacity and self._waiting:
-            owner = min(self._waiting, key=lambda o: self.counters.get(o, 0.0))
+            # lowest counter first; on a tie, the owner with fewer requests waiting
+            owner = min(self._waiting,
+                        key=lambda o: (self.counters.get(o, 0.0), len(self._waiting[o])))
             q = self._waiting[owner]
             w = q.popleft()
             if not q:
