@@ -8,8 +8,8 @@ header this module formatted itself ever leaves the ingress.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from random import getrandbits as _rand
 
 HEADER = "traceparent"
 # Version 00 is exactly 55 characters; later versions may append "-..." fields. Anything
@@ -71,14 +71,10 @@ def parse_traceparent(value: str | bytes | None) -> TraceParent | None:
 
 
 def new_trace_id() -> str:
-    while True:
-        t = os.urandom(16).hex()
-        if t != _ZERO_TRACE:
-            return t
+    """128 random bits (not all zero). Python's PRNG, not os.urandom: ids must be unique,
+    not secret, and a syscall per span would cost more than the rest of the trace."""
+    return f"{_rand(128) or 1:032x}"
 
 
 def new_span_id() -> str:
-    while True:
-        s = os.urandom(8).hex()
-        if s != _ZERO_SPAN:
-            return s
+    return f"{_rand(64) or 1:016x}"

@@ -48,8 +48,8 @@ class Span:
 class RequestTrace:
     """The spans of one request, times relative to its start (monotonic clock)."""
 
-    __slots__ = ("_attempt", "_cursor", "_fb", "_t0", "attrs", "downstream", "parent",
-                 "root_id", "spans", "started_unix", "trace_id")
+    __slots__ = ("_attempt", "_cursor", "_end", "_fb", "_t0", "attrs", "downstream", "parent",
+                 "root_id", "spans", "started_unix", "status", "trace_id")
 
     def __init__(self, parent: TraceParent | None, now_unix: float) -> None:
         self.parent = parent  # the client's span, when it sent a valid traceparent
@@ -62,6 +62,8 @@ class RequestTrace:
         self.downstream = ""  # the traceparent the current attempt sends to its node
         self._attempt: Span | None = None
         self._fb: float | None = None
+        self.status = 0  # set when finished
+        self._end: float | None = None
 
     def _now(self) -> float:
         return _perf() - self._t0
@@ -112,7 +114,8 @@ class RequestTrace:
 
     def root(self, status: int) -> Span:
         return Span("ingress.request", self.root_id,
-                    self.parent.span_id if self.parent is not None else "", 0.0, self._now(),
+                    self.parent.span_id if self.parent is not None else "", 0.0,
+                    self._end if self._end is not None else self._now(),
                     {**self.attrs, "status": status})
 
     def to_json(self, status: int) -> dict[str, Any]:
@@ -157,22 +160,24 @@ class Tracer:
                  wall: Callable[[], float] = time.time) -> None:
         self.exporter = exporter
         self._wall = wall
-        self._ring: deque[dict[str, Any]] = deque(maxlen=max(1, keep))
+        self._ring: deque[RequestTrace] = deque(maxlen=max(1, keep))
 
     def begin(self, traceparent: str | bytes | None) -> RequestTrace:
         return RequestTrace(parse_traceparent(traceparent), self._wall())
 
     def finish(self, trace: RequestTrace, status: int) -> None:
-        doc = trace.to_json(status)
-        self._ring.append(doc)
+        """Keep the finished trace (turned into JSON only when read or exported)."""
+        trace.status = status
+        trace._end = trace._now()
+        self._ring.append(trace)
         if self.exporter is not None:
-            self.exporter.submit(doc)
+            self.exporter.submit(trace.to_json(status))
 
     def recent(self, limit: int = 50) -> list[dict[str, Any]]:
         """The newest `limit` traces, newest first."""
         out = list(self._ring)[-max(0, limit):] if limit > 0 else []
         out.reverse()
-        return out
+        return [t.to_json(t.status) for t in out]
 
 
 class HeaderSink(Protocol):
