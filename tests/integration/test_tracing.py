@@ -83,7 +83,7 @@ async def chain(auth: AccountsAuth | None = None) -> AsyncIterator[dict[str, Any
     front = FastFront(ingress)
     f_port = await front.start("127.0.0.1", 0)
     try:
-        yield {"engine": engine, "node_seen": node_seen, "ingress": ingress,
+        yield {"engine": engine, "node_seen": node_seen, "ingress": ingress, "proxy": proxy,
                "urls": [f"http://127.0.0.1:{i_port}", f"http://127.0.0.1:{f_port}"]}
     finally:
         await front.aclose()
@@ -243,3 +243,45 @@ def test_export_is_off_by_default() -> None:
         exporter_from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "file:///etc/passwd"})
     t = exporter_from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://c:4318/custom"})
     assert t is not None and t.url == "https://c:4318/custom"
+
+
+class Collected:
+    """An exporter that keeps what it is given (the node's spans)."""
+
+    def __init__(self) -> None:
+        self.traces: list[dict[str, Any]] = []
+
+    def submit(self, trace: dict[str, Any]) -> None:
+        self.traces.append(trace)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_the_node_reports_its_own_hop_as_a_child_of_the_attempt() -> None:
+    async with chain() as c, aiohttp.ClientSession() as http:
+        node_spans = Collected()
+        c["proxy"].exporter = node_spans
+        for stream in (False, True):
+            async with http.post(f"{c['urls'][1]}/v1/chat/completions",
+                                 json={**CHAT, "stream": stream},
+                                 headers={"traceparent": CLIENT_TP}) as r:
+                assert r.status == 200
+                await r.read()
+        async with http.post(f"{c['urls'][1]}/v1/chat/completions", json=CHAT,
+                             headers={"traceparent": "garbage"}) as r:
+            assert r.status == 200
+        async with http.get(f"{c['urls'][0]}/v1/fabric/traces?limit=3") as r:
+            traces = (await r.json())["data"][::-1]
+        c["proxy"].exporter = None
+    assert len(node_spans.traces) == 3  # the garbage header became a fresh, valid trace
+    for ingress_trace, node_trace, at_engine in zip(
+            traces, node_spans.traces, c["engine"].traceparents, strict=True):
+        [span] = node_trace["spans"]
+        [attempt] = [s for s in ingress_trace["spans"] if s["name"] == "attempt"]
+        tp = parse_traceparent(at_engine)
+        assert tp is not None and node_trace["trace_id"] == ingress_trace["trace_id"]
+        assert span["name"] == "node.engine" and span["parent_id"] == attempt["span_id"]
+        assert span["span_id"] == tp.span_id  # the engine's parent is the node's hop
+        assert span["attrs"]["status"] == 200 and span["attrs"]["first_byte_ms"] >= 0
+        assert 0 <= span["attrs"]["first_byte_ms"] <= span["end_ms"]

@@ -50,6 +50,8 @@ Files:
   `downstream_header()` / `downstream_pairs()` (what forwarders send on as `traceparent`).
 - otlp.py: `OtlpExporter` (OTLP/HTTP JSON, batched, bounded, off by default),
   `exporter_from_env` (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).
+- node_spans.py: `TracedUpstream`, the provider node's `node.engine` span of a traced
+  request (exported when the node has an OTLP exporter).
 - trace_routes.py: `traces_handler` (GET /v1/fabric/traces, admin keys).
 - tenancy.py: `TenancyGate` (budget reservation + fair-queue slot per request; 429 with the
   real wait), `reservation(doc)`.

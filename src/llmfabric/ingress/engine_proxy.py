@@ -9,6 +9,7 @@ the returned Upstream's chunks itself.
 from __future__ import annotations
 
 import hmac
+import time
 
 import aiohttp
 from aiohttp import web
@@ -17,19 +18,20 @@ from yarl import URL
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
 from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
+from llmfabric.ingress.node_spans import TracedUpstream
+from llmfabric.ingress.otlp import OtlpExporter
 from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
-from llmfabric.ingress.tracecontext import HEADER, new_span_id, parse_traceparent
+from llmfabric.ingress.tracecontext import HEADER, TraceParent, new_span_id, parse_traceparent
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
 _JSON = {"Content-Type": "application/json"}
 
 
-def engine_headers(traceparent: str | bytes | None) -> dict[str, str]:
-    """The engine request's headers: JSON, and the next hop of a valid trace context."""
-    tp = parse_traceparent(traceparent)
+def engine_headers(tp: TraceParent | None, hop: str) -> dict[str, str]:
+    """The engine request's headers: JSON, and the trace context with this node's hop."""
     if tp is None:
         return _JSON
-    return {**_JSON, HEADER: tp.child(new_span_id()).header()}
+    return {**_JSON, HEADER: tp.child(hop).header()}
 
 
 class EngineProxy:
@@ -51,6 +53,8 @@ class EngineProxy:
         self._own = session is None
         self._session = session
         self._urls = {p: URL(self._base + ENGINE_PATHS.get(p, p)) for p in FORWARDABLE_PATHS}
+        # Where this node's `node.engine` spans go (otlp.exporter_from_env); None: nowhere.
+        self.exporter: OtlpExporter | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -62,7 +66,7 @@ class EngineProxy:
         return self._session
 
     async def open(self, path: str, body: bytes, traceparent: str | bytes | None = None
-                   ) -> HttpUpstream:
+                   ) -> HttpUpstream | TracedUpstream:
         """POST to the engine; raises UpstreamError if the engine cannot be reached.
         `traceparent`: the ingress's, as received; a valid one goes on to the engine as the
         parent of this node's hop (a new span id), anything else is dropped."""
@@ -70,14 +74,19 @@ class EngineProxy:
         if url is None:
             raise UpstreamError(f"path {path!r} cannot be forwarded to an engine")
         t = self._t
+        tp = parse_traceparent(traceparent)
+        hop = new_span_id() if tp is not None else ""
+        t0, wall = time.perf_counter(), time.time()
         try:
             resp = await self._get_session().post(
-                url, data=body, headers=engine_headers(traceparent),
+                url, data=body, headers=engine_headers(tp, hop),
                 timeout=aiohttp.ClientTimeout(total=t.total, sock_connect=t.connect,
                                               sock_read=t.idle),
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise UpstreamError(f"the local engine at {self._base} is unreachable: {e!r}") from e
+        if tp is not None and self.exporter is not None:
+            return TracedUpstream(HttpUpstream(resp), self.exporter, tp, hop, path, t0, wall)
         return HttpUpstream(resp)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -123,6 +132,9 @@ class EngineProxy:
             await up.aclose()
 
     async def aclose(self) -> None:
+        if self.exporter is not None:
+            await self.exporter.aclose()
+            self.exporter = None
         if self._session is not None and self._own:
             await self._session.close()
         self._session = None

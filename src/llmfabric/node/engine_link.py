@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
@@ -21,6 +22,7 @@ from llmfabric.ingress.engine_proxy import EngineProxy
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.otlp import exporter_from_env
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.config import NodeConfig
 from llmfabric.registry.records import ServedModel
@@ -95,6 +97,7 @@ class EngineLink:
                 info, models=with_aliases(info.models, self.config.aliases))
         self.proxy = EngineProxy(
             info.base_url, max_body_bytes=self.config.max_body_bytes)
+        self.proxy.exporter = exporter_from_env(os.environ)  # node spans: OTEL_* (otlp.py)
         return info
 
     async def handle_http(self, request: web.Request) -> web.StreamResponse:
