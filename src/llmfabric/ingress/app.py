@@ -532,6 +532,8 @@ class Ingress:
                 usage = Usage(*scanner.usage)  # (the client went away before the end)
             elif gone or failed is not None:  # bill what was relayed, marked estimated
                 usage = Usage(*relayed_usage(len(body), scanner.events), True)
+        if usage is not None:  # (time per output token: first byte to the stream's end)
+            self.metrics.observe_tpot(cand.model.id, _perf() - t_send - ttft, usage[1])
         if failed is not None:
             raise _Committed(usage, ttft)
         return None, usage, ttft
@@ -569,8 +571,7 @@ class Ingress:
         if self.gate is not None:
             self.gate.used(usage)
         if usage is not None:
-            self.metrics.observe_usage(model, str(getattr(principal, "owner", "")), usage[0],
-                                       usage[1], e2e - ttft if stream and ttft else None)
+            self.metrics.observe_usage(model, getattr(principal, "owner", ""), *usage[:2])
         if usage is not None and principal is not None and self.usage_sink is not None:
             self.usage_sink.record(principal.id, model, usage[0], usage[1],
                                    estimated=usage.estimated)

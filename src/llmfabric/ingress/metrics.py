@@ -126,17 +126,20 @@ class IngressMetrics:
         self._owners.add(owner)
         return owner
 
-    def observe_usage(self, model: str, owner: str, prompt: int, completion: int,
-                      stream_s: float | None) -> None:
-        """A finished request's tokens; `stream_s` (first byte to end of a stream) gives its
-        mean time per output token."""
-        model, owner = self._model(model), self._owner(owner)
+    def observe_usage(self, model: str, owner: str, prompt: int, completion: int) -> None:
+        """A finished request's tokens, by model and owner."""
+        model, owner = self._model(model), self._owner(str(owner))
         t = self.tokens
         for kind, n in (("prompt", prompt), ("completion", completion)):
             if n > 0:
                 key = (model, owner, kind)
                 t[key] = t.get(key, 0) + n
-        if stream_s is not None and completion > 1:
+
+    def observe_tpot(self, model: str, stream_s: float, completion: int) -> None:
+        """A stream's mean time per output token: `stream_s` (first byte to end) over the
+        tokens after the first."""
+        if completion > 1:
+            model = self._model(model)
             h = self.tpot.get(model)
             if h is None:
                 h = self.tpot[model] = _Hist()

@@ -33,7 +33,8 @@ def _families() -> dict[str, str]:
     im = IngressMetrics()
     im.observe_request("m", 200, 0.1)
     im.observe_ttft("m", 0.05)
-    im.observe_usage("m", "alice", 10, 5, 0.2)
+    im.observe_usage("m", "alice", 10, 5)
+    im.observe_tpot("m", 0.2, 5)
     nm = NodeMetrics()
     nm._counters.gossip = AgentStats()
     nm._counters.net = NetStats()
@@ -94,10 +95,27 @@ def test_metric_names_follow_prometheus_conventions() -> None:
 def test_labels_are_bounded() -> None:
     im = IngressMetrics()
     for i in range(MAX_OWNER_LABELS + 50):
-        im.observe_usage("m", f"owner-{i}", 1, 1, None)
+        im.observe_usage("m", f"owner-{i}", 1, 1)
     owners = {o for (_, o, _) in im.tokens}
     assert len(owners) <= MAX_OWNER_LABELS + 1 and OTHER in owners
     text = im.render().decode()
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             assert set(s.labels) <= _BOUNDED_LABELS, (fam.name, s.labels)
+
+
+def test_time_per_output_token_and_tokens_per_owner() -> None:
+    im = IngressMetrics()
+    im.observe_tpot("m", 0.2, 5)  # 4 tokens after the first in 0.2 s
+    im.observe_tpot("m", 0.2, 1)  # one token: no inter-token time
+    im.observe_usage("m", "alice", 10, 5)
+    im.observe_usage("m", "alice", 0, 3)
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(im.render().decode()) for s in fam.samples}
+    assert got[("llmfabric_ingress_time_per_output_token_seconds_count", (("model", "m"),))] == 1
+    assert got[("llmfabric_ingress_time_per_output_token_seconds_sum", (("model", "m"),))] == (
+        pytest.approx(0.05))
+    assert got[("llmfabric_ingress_tokens_total",
+                (("kind", "completion"), ("model", "m"), ("owner", "alice")))] == 8
+    assert ("llmfabric_ingress_tokens_total",
+            (("kind", "prompt"), ("model", "m"), ("owner", "alice"))) in got
