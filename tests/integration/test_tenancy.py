@@ -242,3 +242,55 @@ async def test_usage_export_csv_and_json_by_owner_and_range(tmp_path: Path) -> N
         for r in reversed(runners):
             await r.cleanup()
         await store.aclose()
+
+
+async def test_a_spend_budget_refuses_once_the_priced_usage_reaches_it(tmp_path: Path) -> None:
+    store, engine, app, port, runners = await _fabric(tmp_path)
+    engine.open.set()
+    try:
+        _, admin = await store.create_key("root", "admin", admin=True)
+        _, bob = await store.create_key("app", "bob")
+        ingress: Ingress = app[INGRESS_KEY]
+        parts = await attach_tenancy(ingress, store)
+        add_tenancy_routes(app, store, parts.budgets)
+        runners.append(await serve(app, port))
+        base = f"http://127.0.0.1:{port}/v1/fabric"
+        adm = {"Authorization": f"Bearer {admin}"}
+        async with aiohttp.ClientSession() as http:
+            # $1000 / $3000 per million: one request (7 + 4 tokens) costs 0.019 USD
+            async with http.put(f"{base}/prices/m", headers=adm, json={
+                    "prompt_usd_per_mtok": 1000, "completion_usd_per_mtok": 3000}) as r:
+                assert r.status == 200
+            for bad in ({"prompt_usd_per_mtok": -1, "completion_usd_per_mtok": 1},
+                        {"prompt_usd_per_mtok": "NaN", "completion_usd_per_mtok": 1},
+                        {"prompt_usd_per_mtok": 1}):
+                async with http.put(f"{base}/prices/m", headers=adm, json=bad) as r:
+                    assert r.status == 400
+            async with http.put(f"{base}/prices/m", json={}, headers={
+                    "Authorization": f"Bearer {bob}"}) as r:
+                assert r.status == 403
+            async with http.put(f"{base}/budgets/owner/bob", headers=adm,
+                                json={"usd": 0.05, "period": "month"}) as r:
+                assert r.status == 200 and (await r.json())["usd"] == 0.05
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=bob,
+                                    max_retries=0)
+        ok = 0
+        with pytest.raises(openai.RateLimitError) as e:
+            for _ in range(10):
+                await client.chat.completions.create(model="m", messages=MSG, max_tokens=4)
+                ok += 1
+        await client.close()
+        assert ok == 2  # 0.019 + 0.019 spent; a third's reservation would pass 0.05
+        assert e.value.code == "insufficient_quota" and "$0.05" in str(e.value)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/budgets", headers=adm) as r:
+                [row] = (await r.json())["data"]
+            assert row["unit"] == "usd" and row["spent"] == 2 * 19_000 and row["held"] == 0
+            async with http.get(f"{base}/prices", headers=adm) as r:
+                assert (await r.json())["data"] == [
+                    {"model": "m", "prompt_usd_per_mtok": 1000.0,
+                     "completion_usd_per_mtok": 3000.0}]
+    finally:
+        for r in reversed(runners):
+            await r.cleanup()
+        await store.aclose()

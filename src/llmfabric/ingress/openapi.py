@@ -174,9 +174,24 @@ def openapi_document() -> dict[str, Any]:
                  "parameters": [{"name": n, "in": "path", "required": True, "schema": _STR}
                                 for n in ("scope", "name")],
                  **({"requestBody": _closed_body(
-                     {"tokens": _INT, "period": {"enum": ["day", "month"]}}, ["tokens"])}
+                     {"tokens": _INT, "usd": {"type": "number"},
+                      "period": {"enum": ["day", "month"]}}, [])}
                     if op == "put" else {}),
                  "responses": {"200": _ok("the budget"), **_errors(*_ACCOUNT_ERRORS)}}
+            for op, what in (("put", "set"), ("delete", "remove"))},
+        "/v1/fabric/prices": {"get": {
+            "summary": "model prices (USD per million tokens) for spend budgets",
+            "responses": {"200": _ok("price list"), **_errors(*_ACCOUNT_ERRORS)}}},
+        "/v1/fabric/prices/{model}": {
+            op: {"summary": f"{what} a model's price (admin; model * for every other)",
+                 "parameters": [{"name": "model", "in": "path", "required": True,
+                                 "schema": _STR}],
+                 **({"requestBody": _closed_body(
+                     {"prompt_usd_per_mtok": {"type": "number"},
+                      "completion_usd_per_mtok": {"type": "number"}},
+                     ["prompt_usd_per_mtok", "completion_usd_per_mtok"])}
+                    if op == "put" else {}),
+                 "responses": {"200": _ok("the price"), **_errors(*_ACCOUNT_ERRORS)}}
             for op, what in (("put", "set"), ("delete", "remove"))},
         "/v1/fabric/traces": {"get": {
             "summary": "the last request traces of this ingress, newest first (admin)",

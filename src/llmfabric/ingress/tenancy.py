@@ -45,8 +45,8 @@ class Refusal(NamedTuple):
 class _Admitted:
     hold: Hold | None = None
     slot_since: float | None = None
-    used_tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    used: list[int] = field(default_factory=lambda: [0, 0])  # prompt, completion tokens
 
 
 _STATE: ContextVar[_Admitted | None] = ContextVar("llmfabric_tenancy", default=None)
@@ -55,6 +55,12 @@ _STATE: ContextVar[_Admitted | None] = ContextVar("llmfabric_tenancy", default=N
 def reservation(doc: Mapping[str, Any], default_completion: int = DEFAULT_COMPLETION_RESERVE
                 ) -> int:
     """The request's worst case in tokens: its prompt estimate plus its completion cap."""
+    return sum(reservation_parts(doc, default_completion))
+
+
+def reservation_parts(doc: Mapping[str, Any],
+                      default_completion: int = DEFAULT_COMPLETION_RESERVE) -> tuple[int, int]:
+    """(prompt estimate, completion cap) of a request, in tokens."""
     cap = default_completion
     for k in _MAX_TOKEN_FIELDS:
         v = doc.get(k)
@@ -64,7 +70,7 @@ def reservation(doc: Mapping[str, Any], default_completion: int = DEFAULT_COMPLE
     n = doc.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 128:
         cap *= n
-    return estimate_prompt_tokens(dict(doc)) + cap
+    return estimate_prompt_tokens(dict(doc)), cap
 
 
 def _owner(principal: Principal | None) -> tuple[str, str]:
@@ -89,9 +95,12 @@ class TenancyGate:
         state = _Admitted()
         _STATE.set(state)
         key_id, owner = _owner(principal)
-        cost = reservation(doc, self.default_completion)
+        prompt, completion = reservation_parts(doc, self.default_completion)
+        cost = prompt + completion
+        state.model = str(doc.get("model", ""))
         if self.budgets is not None and principal is not None:
-            got = self.budgets.reserve(key_id, owner, cost)
+            got = self.budgets.reserve(key_id, owner, cost, self.budgets.cost_micros(
+                state.model, prompt, completion))
             if isinstance(got, OverBudget):
                 return self._refused("budget_exceeded", got.message(), got.retry_after_s)
             state.hold = got
@@ -123,7 +132,8 @@ class TenancyGate:
     def used(self, usage: Usage | None) -> None:
         state = _STATE.get()
         if state is not None and usage is not None:
-            state.used_tokens += max(0, usage[0]) + max(0, usage[1])
+            state.used[0] += max(0, usage[0])
+            state.used[1] += max(0, usage[1])
 
     def settle(self) -> None:
         state = _STATE.get()
@@ -134,5 +144,6 @@ class TenancyGate:
             self.queue.release(state.slot_since)
             state.slot_since = None
         if state.hold is not None and self.budgets is not None:
-            self.budgets.settle(state.hold, state.used_tokens)
+            p, c = state.used
+            self.budgets.settle(state.hold, p + c, self.budgets.cost_micros(state.model, p, c))
             state.hold = None

@@ -20,6 +20,7 @@ from llmfabric.accounts.budgets import (
 )
 from llmfabric.accounts.db import open_backend
 from llmfabric.accounts.errors import InvalidRequest
+from llmfabric.accounts.prices import validate_price
 
 pytestmark = pytest.mark.unit
 
@@ -143,3 +144,40 @@ async def test_budget_store_persists_and_seeds_spending_from_the_ledger() -> Non
         assert await again.delete("owner", "alice") and not await again.delete("owner", "x")
     finally:
         await db.aclose()
+
+
+def test_spend_budgets_charge_each_model_at_its_price() -> None:
+    book = BudgetBook(lambda: NOON)
+    book.prices["big"] = validate_price("big", 10.0, 30.0)  # USD per million tokens
+    book.set(validate_budget("owner", "alice", None, "day", usd=0.01))  # 10_000 micro-USD
+    assert book.cost_micros("big", 100, 100) == 4000
+    assert book.cost_micros("unpriced", 10**6, 10**6) == 0
+    h = book.reserve("k", "alice", 200, book.cost_micros("big", 100, 100))
+    assert isinstance(h, Hold)
+    book.settle(h, 150, book.cost_micros("big", 100, 50))  # used less: 2500
+    h2 = book.reserve("k", "alice", 200, 7000)
+    assert isinstance(h2, Hold)
+    refused = book.reserve("k", "alice", 1, 600)  # 2500 spent + 7000 held + 600 > 10_000
+    assert isinstance(refused, OverBudget)
+    assert "spend budget" in refused.message() and "$0.01" in refused.message()
+    row = book.status()[0]
+    assert row["usd"] == 0.01 and row["spent"] == 2500 and row["held"] == 7000
+    # "*" prices every model without a price of its own
+    book.prices["*"] = validate_price("*", 1.0, 1.0)
+    assert book.cost_micros("unpriced", 10**6, 0) == 10**6
+
+
+@pytest.mark.parametrize("prompt,completion", [
+    (-1, 1), (1, float("nan")), (float("inf"), 1), (True, 1), ("1", 1), (1, 2e6), (None, 1)])
+def test_hostile_prices_are_refused(prompt: object, completion: object) -> None:
+    with pytest.raises(InvalidRequest):
+        validate_price("m", prompt, completion)
+
+
+@pytest.mark.parametrize("kw", [{"usd": -1.0}, {"usd": float("nan")}, {"usd": 1e10},
+                                {"usd": True}])
+def test_hostile_spend_budgets_are_refused(kw: dict[str, object]) -> None:
+    with pytest.raises(InvalidRequest):
+        validate_budget("owner", "x", None, "day", **kw)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest):  # tokens and usd together
+        validate_budget("owner", "x", 5, "day", usd=1.0)
