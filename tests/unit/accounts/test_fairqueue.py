@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
 
@@ -114,3 +116,45 @@ async def test_a_cancelled_waiter_leaves_no_slot_behind() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError):
         FairQueue(0, now=Clock())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.lists(st.tuples(st.sampled_from(["a", "b", "c", "release",
+                                                              "cancel"]),
+                                             st.integers(1, 50)), max_size=40))
+def test_slots_are_never_oversubscribed_and_every_waiter_is_served(
+        capacity: int, ops: list[tuple[str, int]]) -> None:
+    """Law: whatever the interleaving of arrivals, releases and cancellations, at most
+    `capacity` requests hold a slot, and once everything is released every request that was
+    not cancelled got its slot."""
+
+    async def run() -> None:
+        q = FairQueue(capacity, max_waiting_per_owner=1000, now=Clock())
+        holders: list[asyncio.Task[float | QueueRefused]] = []
+        for op, cost in ops:
+            if op == "release":
+                done = [t for t in holders if t.done() and not t.cancelled()]
+                if done:
+                    holders.remove(done[0])
+                    q.release(0.0)
+            elif op == "cancel":
+                waiting = [t for t in holders if not t.done()]
+                if waiting:
+                    waiting[0].cancel()
+                    holders.remove(waiting[0])
+            else:
+                holders.append(asyncio.create_task(q.acquire(op, cost)))
+            await _settle()
+            assert 0 <= q.inflight <= capacity
+            granted = sum(1 for t in holders if t.done() and not t.cancelled())
+            assert granted == q.inflight
+        while holders:
+            await _settle()
+            done = [t for t in holders if t.done()]
+            assert done, "a waiter was never served"
+            holders.remove(done[0])
+            assert isinstance(done[0].result(), float)
+            q.release(0.0)
+        assert q.inflight == 0 and q.waiting() == 0
+
+    asyncio.run(run())
