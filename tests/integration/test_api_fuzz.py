@@ -19,9 +19,11 @@ import schemathesis
 from aiohttp import web
 from hypothesis import HealthCheck, settings
 
+from llmfabric.accounts.budgets import BudgetBook, BudgetStore
 from llmfabric.accounts.db import open_backend
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.store import AccountStore
+from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.ingress.openapi import OPENAPI_PATH, add_openapi_route, openapi_document
 from llmfabric.node.http_api import add_node_routes
@@ -152,6 +154,9 @@ def node_api() -> Iterator[NodeApi]:
         app = web.Application()
         add_node_routes(app, _Replica(), [], fleet_auth=valid)
         add_account_routes(app, store)
+        budgets = BudgetStore(store.backend, BudgetBook(time.time))
+        await budgets.load()
+        add_tenancy_routes(app, store, budgets)
         add_dashboard_routes(app)
         add_openapi_route(app)
         held["store"], held["runner"] = store, await serve(app, port)

@@ -82,6 +82,11 @@ class AccountStore:
         # traceback; a node exports them (llmfabric_node_task_failures_total).
         self.failures: Counter[str] = Counter()
 
+    @property
+    def backend(self) -> Backend:
+        """The database (for tables kept beside the keys: accounts.budgets)."""
+        return self._db
+
     @classmethod
     async def open(
         cls,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import pathlib
 import signal
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ def candidates(backends: tuple[Backend, ...]) -> list[Candidate]:
 async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource, build_ingress_app
     from llmfabric.ingress.fast_front import FastFront
+    from llmfabric.ingress.tenancy_setup import attach_tenancy
+    from llmfabric.ingress.web_app import INGRESS_KEY
 
     store = None
     auth = None
@@ -114,19 +117,22 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     if settings.server == "fast":
         from llmfabric.ingress.front_limits import front_limits
 
-        front = FastFront(Ingress(config, source, forwarder, auth=auth, usage_sink=auth),
-                          limits=front_limits(dict(settings.front_limits)))
+        ingress = Ingress(config, source, forwarder, auth=auth, usage_sink=auth)
+        tenancy = await attach_tenancy(ingress, store, env=os.environ)  # budgets, OTLP
+        front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)))
         try:
             await front.start(settings.host, settings.port, reuse_port=reuse_port,
                               ssl=tls.context if tls else None)
             await stop.wait()
         finally:
             await front.aclose()
+            await tenancy.aclose()
             await forwarder.aclose()
             if store is not None:
                 await store.aclose()
         return
     app = build_ingress_app(config, source, forwarder, auth=auth, usage_sink=auth)
+    tenancy = await attach_tenancy(app[INGRESS_KEY], store, env=os.environ)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None,
@@ -136,6 +142,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
+        await tenancy.aclose()
         if store is not None:
             await store.aclose()
 

@@ -120,13 +120,14 @@ def sign_node(
 
 
 def _attach_api_key_commands() -> None:
-    try:
-        module = importlib.import_module("llmfabric.cli.apikeys")
-    except ImportError:
-        return
-    for cmd in getattr(module, "API_KEY_COMMANDS", []):
-        if cmd.name not in keys_group.commands:
-            keys_group.add_command(cmd)
+    for name in ("llmfabric.cli.apikeys", "llmfabric.cli.usage_export"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for cmd in getattr(module, "API_KEY_COMMANDS", []):
+            if cmd.name not in keys_group.commands:
+                keys_group.add_command(cmd)
 
 
 _attach_api_key_commands()

@@ -146,6 +146,9 @@ def node_options(fn: Any) -> Any:
         click.option("--demand-interval", "demand_interval_s", type=float,
                      help="ingress: seconds between updates of the observed per-model demand "
                           "published for the fleet controller [15]"),
+        click.option("--max-inflight", "max_inflight", type=click.IntRange(min=1),
+                     help="ingress: requests in flight at most; more wait in per-owner fair "
+                          "queues (429 + Retry-After past fair_queue_max_wait_s) [no limit]"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
         click.option("--public-fleet-info", "public_fleet_info", is_flag=True, default=None,

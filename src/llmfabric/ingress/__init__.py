@@ -48,6 +48,20 @@ Files:
   `StaticKeys` for tests/benchmarks.
 - demand.py: `DemandMeter`, the per-model request rate and mean token lengths this ingress
   observes over a sliding window (published in the node's record for the fleet controller).
+- tracecontext.py: W3C `traceparent` parsing/formatting (`parse_traceparent`, hostile input
+  -> None: a new trace starts).
+- tracing.py: `Tracer` (ring of the last N traces), `RequestTrace` (spans: auth, queue,
+  route, attempt -> forward/stream), `traced(...)` (run by the fronts), `current_trace()`,
+  `downstream_header()` / `downstream_pairs()` (what forwarders send on as `traceparent`).
+- otlp.py: `OtlpExporter` (OTLP/HTTP JSON, batched, bounded, off by default),
+  `exporter_from_env` (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).
+- node_spans.py: `TracedUpstream`, the provider node's `node.engine` span of a traced
+  request (exported when the node has an OTLP exporter).
+- trace_routes.py: `traces_handler` (GET /v1/fabric/traces, admin keys).
+- tenancy.py: `TenancyGate` (budget reservation + fair-queue slot per request; 429 with the
+  real wait), `reservation(doc)`.
+- tenancy_setup.py: `attach_tenancy(ingress, store, max_inflight=, env=)` (budgets, fair
+  queue, OTLP exporter from settings) -> `TenancyParts`.
 - metrics.py: `IngressMetrics` (plain counters, collected into its own CollectorRegistry)
   and `metrics_handler`.
 - openapi.py: `openapi_document()`, the OpenAPI 3.1 description of every route an ingress

@@ -48,6 +48,8 @@ from llmfabric.ingress.protocols import (
     read_capped,
 )
 from llmfabric.ingress.sources import merged_catalog
+from llmfabric.ingress.tenancy import TenancyGate
+from llmfabric.ingress.tracing import Tracer, current_trace, traced
 from llmfabric.ingress.usage import (
     StreamUsageScanner,
     Usage,
@@ -116,6 +118,8 @@ class Ingress:
         self._duration = sim_rate()  # request duration estimate for walltime routing
         self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
         self.pd = PDPath(self, _Committed, rng)  # prefill/decode disaggregation (pd_path.py)
+        self.tracer = Tracer(config.keep_traces) if config.keep_traces > 0 else None
+        self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy.py)
 
     # -- routes --------------------------------------------------------------------------
 
@@ -135,8 +139,9 @@ class Ingress:
         if request.path == MESSAGES:
             auth = anthropic_auth(auth, h.get("x-api-key"))
         sink = WebSink(request)
-        reply = await self.api.serve(request.path, auth, h.get("X-Fabric-Providers"),
-                                     lambda: self._read_body(request), sink)
+        reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.api.serve(
+            request.path, auth, h.get("X-Fabric-Providers"), lambda: self._read_body(request),
+            sink))
         if reply is None:
             return sink.response if sink.response is not None else web.StreamResponse()
         return web_response(reply)
@@ -157,13 +162,16 @@ class Ingress:
     ) -> web.StreamResponse:
         sink = WebSink(request)
         h = request.headers
-        reply = await self.serve(
+        reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.serve(
             path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
             lambda: self._read_body(request), sink,
-        )
+        ))
         if reply is None:
             return sink.response if sink.response is not None else web.StreamResponse()
         return web_response(reply)
+
+    def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
+        self.gate, self._capture = gate, self._capture or gate is not None
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
@@ -241,7 +249,19 @@ class Ingress:
     ) -> Reply | None:
         """One OpenAI POST, transport-agnostic: a complete `Reply`, or None when the
         response was streamed into `sink` (status 200)."""
+        if (gate := self.gate) is None:
+            return await self._serve(path, streamable, authorization, providers, body_in, sink)
+        try:  # (however it ends, the request's queue slot and budget hold are settled)
+            return await self._serve(path, streamable, authorization, providers, body_in, sink)
+        finally:
+            gate.settle()
+
+    async def _serve(
+        self, path: str, streamable: bool, authorization: str, providers: str | None,
+        body_in: bytes | BodyReader, sink: StreamSink,
+    ) -> Reply | None:
         t0 = _perf()
+        tr = current_trace()
         started = time.time() if self.config.trace_hook is not None else 0.0
         principal: Principal | None = None
         if self.auth is not None:
@@ -257,6 +277,8 @@ class Ingress:
                     "", 429, f"rate limit exceeded for this key; retry after {secs} s",
                     "rate_limit_exceeded", headers={"Retry-After": str(secs)},
                 )
+        if tr is not None:
+            tr.phase("auth", key_id=principal.id if principal is not None else None)
         body = body_in if isinstance(body_in, bytes) else await body_in()
         if isinstance(body, Reply):
             self.metrics.observe_error("", body.status, "request_too_large")
@@ -294,6 +316,11 @@ class Ingress:
                     self._plain_requests.clear()
                 plain = self._plain_requests[(model, stream)] = RouteRequest(model, stream=stream)
             rreq = plain
+        if tr is not None:
+            tr.attrs.update(model=model, stream=stream)
+        if self.gate is not None and (  # budgets and fair queueing (tenancy.py)
+                refused := await self.gate.admit(principal, doc)) is not None:
+            return self._refuse(model, *refused)
 
         recorder = (RelayRecorder() if stream and continuation_wanted(
             doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
@@ -344,6 +371,9 @@ class Ingress:
                     return self._no_route(model, decision)
                 break
             cand = decision.candidate
+            if tr is not None:
+                tr.phase("route", policy=self.config.policy, candidates=len(candidates))
+                tr.open_attempt(cand.session_id, attempt)
             # Asked by alias: the engine knows the model by its id.
             send = body if cand.model.id == model else orjson.dumps(
                 {**doc, "model": cand.model.engine_name(model)})  # (LoRA: the adapter's name)
@@ -362,6 +392,8 @@ class Ingress:
                 ok = status < 500
             except UpstreamError as e:
                 last_error = str(e)
+                if tr is not None:
+                    tr.close_attempt(None, last_error)
                 self.metrics.observe_failed_attempt(
                     cand.session_id, model, retried=attempt < self.config.max_retries
                 )
@@ -382,6 +414,8 @@ class Ingress:
             finally:
                 if not ended:
                     self.policy.on_request_end(cand, ok)
+            if tr is not None:
+                tr.close_attempt(status)
             self._finish(path, model, principal, cand, status, stream, len(tried),
                          t0, started, ttft, usage, doc)
             return resp
@@ -472,6 +506,9 @@ class Ingress:
             raise
         ttft = _perf() - t_send
         self.metrics.observe_ttft(cand.model.id, ttft)
+        tr = current_trace()
+        if tr is not None:
+            tr.first_byte()
 
         # Committed: from here on bytes reach the client, so no retry is possible.
         # (also without a usage sink: a client that asked for usage gets its chunk)
@@ -536,6 +573,8 @@ class Ingress:
                 usage = Usage(*scanner.usage, scanner.estimated)  # (client gone before the end)
             elif gone or failed is not None:  # bill what was relayed, marked estimated
                 usage = Usage(*relayed_usage(len(body), scanner.events), True)
+        if usage is not None:  # (time per output token: first byte to the stream's end)
+            self.metrics.observe_tpot(cand.model.id, _perf() - t_send - ttft, usage[1])
         if failed is not None:
             raise _Committed(usage, ttft)
         return None, usage, ttft
@@ -570,6 +609,10 @@ class Ingress:
         self.metrics.observe_request(model, status, e2e)
         if path in METERED_BY_REQUEST and usage is not None and usage.estimated:
             usage = Usage(0, 0, True)  # no usage from the engine: metered by request
+        if self.gate is not None:
+            self.gate.used(usage)
+        if usage is not None:
+            self.metrics.observe_usage(model, getattr(principal, "owner", ""), *usage[:2])
         if usage is not None and principal is not None and self.usage_sink is not None:
             self.usage_sink.record(principal.id, model, usage[0], usage[1],
                                    estimated=usage.estimated)

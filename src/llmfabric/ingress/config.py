@@ -66,3 +66,6 @@ class IngressConfig:
     # A chat stream whose node fails after the first byte continues on another node
     # (ingress/continuation.py); a request opts out with metadata.continuation = false.
     continue_streams: bool = True
+    # Request traces kept in memory for GET /v1/fabric/traces (the dashboard's waterfall);
+    # 0: no tracing at all (no spans, no traceparent sent on).
+    keep_traces: int = 200

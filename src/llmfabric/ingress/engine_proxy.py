@@ -10,6 +10,7 @@ call to the engine: it sees the request and may rewrite the response's stream.
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -19,12 +20,23 @@ from yarl import URL
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
 from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
+from llmfabric.ingress.node_spans import TracedUpstream
+from llmfabric.ingress.otlp import OtlpExporter
 from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
 from llmfabric.ingress.protocols import Upstream
+from llmfabric.ingress.tracecontext import HEADER, TraceParent, new_span_id, parse_traceparent
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
 Opener = Callable[[str, bytes], Awaitable[Upstream]]
 Around = Callable[[str, bytes, Opener], Awaitable[Upstream]]
+_JSON = {"Content-Type": "application/json"}
+
+
+def engine_headers(tp: TraceParent | None, hop: str) -> dict[str, str]:
+    """The engine request's headers: JSON, and the trace context with this node's hop."""
+    if tp is None:
+        return _JSON
+    return {**_JSON, HEADER: tp.child(hop).header()}
 
 
 class EngineProxy:
@@ -48,6 +60,8 @@ class EngineProxy:
         self._session = session
         self._around = around
         self._urls = {p: URL(self._base + ENGINE_PATHS.get(p, p)) for p in FORWARDABLE_PATHS}
+        # Where this node's `node.engine` spans go (otlp.exporter_from_env); None: nowhere.
+        self.exporter: OtlpExporter | None = None
 
     def session(self) -> aiohttp.ClientSession:
         """The proxy's connection pool to the engine (also for the node's tokenize calls)."""
@@ -62,25 +76,36 @@ class EngineProxy:
             )
         return self._session
 
-    async def open(self, path: str, body: bytes) -> Upstream:
-        """POST to the engine; raises UpstreamError if the engine cannot be reached."""
+    async def open(self, path: str, body: bytes, traceparent: str | bytes | None = None
+                   ) -> Upstream:
+        """POST to the engine; raises UpstreamError if the engine cannot be reached.
+        `traceparent`: the ingress's, as received; a valid one goes on to the engine as the
+        parent of this node's hop (a new span id), anything else is dropped. `around` (the
+        node's stream usage counter) wraps the call when set."""
         if self._around is not None:
-            return await self._around(path, body, self._open)
-        return await self._open(path, body)
+            return await self._around(
+                path, body, lambda p, b: self._open(p, b, traceparent))
+        return await self._open(path, body, traceparent)
 
-    async def _open(self, path: str, body: bytes) -> Upstream:
+    async def _open(self, path: str, body: bytes, traceparent: str | bytes | None
+                    ) -> Upstream:
         url = self._urls.get(path)
         if url is None:
             raise UpstreamError(f"path {path!r} cannot be forwarded to an engine")
         t = self._t
+        tp = parse_traceparent(traceparent)
+        hop = new_span_id() if tp is not None else ""
+        t0, wall = time.perf_counter(), time.time()
         try:
             resp = await self._get_session().post(
-                url, data=body, headers={"Content-Type": "application/json"},
+                url, data=body, headers=engine_headers(tp, hop),
                 timeout=aiohttp.ClientTimeout(total=t.total, sock_connect=t.connect,
                                               sock_read=t.idle),
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise UpstreamError(f"the local engine at {self._base} is unreachable: {e!r}") from e
+        if tp is not None and self.exporter is not None:
+            return TracedUpstream(HttpUpstream(resp), self.exporter, tp, hop, path, t0, wall)
         return HttpUpstream(resp)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -97,7 +122,7 @@ class EngineProxy:
         if len(body) > self._max_body:
             return error_response(400, "request body too large", "request_too_large")
         try:
-            up = await self.open(path, body)
+            up = await self.open(path, body, request.headers.get(HEADER))
         except UpstreamError as e:
             return error_response(502, str(e), "engine_unreachable")
         try:
@@ -126,6 +151,9 @@ class EngineProxy:
             await up.aclose()
 
     async def aclose(self) -> None:
+        if self.exporter is not None:
+            await self.exporter.aclose()
+            self.exporter = None
         if self._session is not None and self._own:
             await self._session.close()
         self._session = None

@@ -38,6 +38,7 @@ from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.fast_wire import ResponseSink, not_allowed, response_head
 from llmfabric.ingress.front_limits import FrontLimits
 from llmfabric.ingress.openapi import OPENAPI_BODY
+from llmfabric.ingress.tracing import traced
 
 _POST_ROUTES = {
     b"/v1/chat/completions": ("/v1/chat/completions", True),
@@ -58,13 +59,14 @@ class _Stop(Exception):
 class _Request:
     __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "head_done",
                  "headers", "keep_alive", "method", "parts", "providers", "size", "started",
-                 "url", "version")
+                 "traceparent", "url", "version")
 
     def __init__(self, started: float = 0.0) -> None:
         self.url = b""
         self.method = b""
         self.auth = ""
         self.providers: str | None = None
+        self.traceparent: bytes | None = None
         self.parts: list[bytes] = []
         self.body = b""
         self.size = 0
@@ -286,6 +288,8 @@ class _Connection(asyncio.Protocol):
             cur.auth = "Bearer " + value.decode("latin-1")
         elif n == b"x-fabric-providers":
             cur.providers = value.decode("latin-1")
+        elif n == b"traceparent":
+            cur.traceparent = value
         elif n == b"expect":
             cur.expect = value.lower() == b"100-continue"
         elif n == b"content-length":
@@ -500,11 +504,11 @@ class _Connection(asyncio.Protocol):
             return keep
         path, streamable = hit
         sink = ResponseSink(self, chunked=req.version != "1.0")
-        if path in EXTRA_POST_PATHS:  # translated APIs and pass-through (api_routes.py)
-            out = await self.ingress.api.serve(path, req.auth, req.providers, req.body, sink)
-        else:
-            out = await self.ingress.serve(path, streamable, req.auth, req.providers, req.body,
-                                           sink)
+        ing = self.ingress  # (EXTRA_POST_PATHS: translated APIs and pass-through)
+        call = ((lambda: ing.api.serve(path, req.auth, req.providers, req.body, sink))
+                if path in EXTRA_POST_PATHS else
+                (lambda: ing.serve(path, streamable, req.auth, req.providers, req.body, sink)))
+        out = await traced(ing.tracer, req.traceparent, sink, call)
         if out is not None:
             self._send(out, keep, False)
             return keep

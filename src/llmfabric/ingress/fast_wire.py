@@ -56,9 +56,10 @@ class ResponseSink:
     The response head waits for the first body bytes so that both leave in one write (one
     syscall and one segment fewer before the first token)."""
 
-    __slots__ = ("chunked", "complete", "conn", "head")
+    __slots__ = ("chunked", "complete", "conn", "head", "headers")
 
     def __init__(self, conn: FrontConnection, chunked: bool) -> None:
+        self.headers: dict[str, str] | None = None  # extra response headers (X-Fabric-Trace)
         self.conn = conn
         self.chunked = chunked
         self.complete = False
@@ -72,7 +73,7 @@ class ResponseSink:
 
     async def start(self, content_type: str, node: str) -> None:
         self._transport()  # (_head drops control characters from both values)
-        out = response_head(200, content_type, node, None, not self.chunked)
+        out = response_head(200, content_type, node, self.headers, not self.chunked)
         out += (b"\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
                 if self.chunked else b"\r\nCache-Control: no-cache\r\n\r\n")
         self.head = bytes(out)

@@ -14,6 +14,7 @@ from yarl import URL
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.paths import ENGINE_PATHS
+from llmfabric.ingress.tracing import downstream_pairs
 from llmfabric.routing.candidates import Candidate
 
 # Path prefix under which a node accepts forwarded inference requests (see engine_proxy.py).
@@ -114,7 +115,8 @@ class AiohttpForwarder:
             resp = await self._get_session().post(
                 self._url(candidate.http_addr, path),
                 data=body,
-                headers=self._headers,
+                headers={**self._headers, **dict(tp)} if (tp := downstream_pairs())
+                else self._headers,
                 timeout=self._timeout(timeouts),
                 allow_redirects=False,
             )

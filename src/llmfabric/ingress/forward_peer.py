@@ -16,6 +16,7 @@ from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Forwarder, Upstream
+from llmfabric.ingress.tracing import downstream_pairs
 from llmfabric.routing.candidates import Candidate
 
 _JSON_HEADERS = (("content-type", "application/json"),)
@@ -100,7 +101,7 @@ class PeerForwarder:
                 candidate.peer_id,
                 "POST",
                 self._prefix + path,
-                _JSON_HEADERS,
+                _JSON_HEADERS + downstream_pairs(),
                 body,
                 timeout=timeouts.first_byte,
             )

@@ -33,6 +33,7 @@ from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.paths import ENGINE_PATHS
+from llmfabric.ingress.tracing import downstream_header
 from llmfabric.routing.candidates import Candidate
 
 _HIGH_WATER = 256 * 1024  # queued body bytes before reading from the node pauses
@@ -456,7 +457,7 @@ class RawHttpForwarder:
     ) -> RawUpstream:
         """POST to `addr`; `extra`: more header lines (each ending in CRLF); `pin`: the
         server's peer id (TLS only)."""
-        request = (self._head(addr, path) + extra
+        request = (self._head(addr, path) + extra + downstream_header()
                    + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         key = f"{addr}#{pin}" if pin else addr
         pool = self._idle.get(key)

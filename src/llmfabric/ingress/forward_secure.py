@@ -30,6 +30,7 @@ from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.ingress.forward_peer import PeerRequester, PeerResponse
 from llmfabric.ingress.forward_raw import RawHttpForwarder, RawUpstream
+from llmfabric.ingress.tracing import downstream_pairs
 from llmfabric.routing.candidates import Candidate
 
 _MSGPACK = (("content-type", "application/msgpack"),)
@@ -221,7 +222,7 @@ class SealedPeerForwarder:
             sealed = seal_body(s.key, rid, prefix + b"\n" + full.encode(), body)
             headers: Sequence[tuple[str, str]] = (
                 ("content-type", "application/octet-stream"),
-                (AUTH_HEADER.lower(), header.decode()))
+                (AUTH_HEADER.lower(), header.decode()), *downstream_pairs())
             try:
                 resp = await self._transport.request(peer, "POST", full, headers, sealed,
                                                      timeout=timeouts.first_byte)

@@ -13,7 +13,12 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -40,6 +45,7 @@ _LE = [repr(float(b)) for b in _LATENCY_BUCKETS] + ["+Inf"]
 OTHER = "other"
 MAX_MODEL_LABELS = 256
 MAX_NODE_LABELS = 1024
+MAX_OWNER_LABELS = 256
 
 
 class IngressMetrics:
@@ -56,6 +62,12 @@ class IngressMetrics:
         self.failed_attempts: dict[str, int] = {}  # node -> attempts that failed
         self.e2e: dict[str, _Hist] = {}  # model -> end-to-end latency
         self.ttft: dict[str, _Hist] = {}  # model -> time to the first streamed byte
+        self.tpot: dict[str, _Hist] = {}  # model -> mean time per output token of a stream
+        self.tokens: dict[tuple[str, str, str], int] = {}  # (model, owner, kind) -> tokens
+        self.queue_wait = _Hist()  # seconds admitted requests waited in the fair queue
+        self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy.py)
+        self.queue_depth: Callable[[], int] | None = None  # requests waiting (fair queue)
+        self._owners: set[str] = {""}
         # Whether the fabric serves a model name (set by the ingress); None: any name counts.
         self.known_model: Callable[[str], bool] | None = None
         self._models: set[str] = {""}  # label values in use
@@ -106,6 +118,39 @@ class IngressMetrics:
             h = self.ttft[model] = _Hist()
         h.observe(seconds)
 
+    def _owner(self, owner: str) -> str:
+        if owner in self._owners:
+            return owner
+        if len(self._owners) >= MAX_OWNER_LABELS:
+            return OTHER
+        self._owners.add(owner)
+        return owner
+
+    def observe_usage(self, model: str, owner: str, prompt: int, completion: int) -> None:
+        """A finished request's tokens, by model and owner."""
+        model, owner = self._model(model), self._owner(str(owner))
+        t = self.tokens
+        for kind, n in (("prompt", prompt), ("completion", completion)):
+            if n > 0:
+                key = (model, owner, kind)
+                t[key] = t.get(key, 0) + n
+
+    def observe_tpot(self, model: str, stream_s: float, completion: int) -> None:
+        """A stream's mean time per output token: `stream_s` (first byte to end) over the
+        tokens after the first."""
+        if completion > 1:
+            model = self._model(model)
+            h = self.tpot.get(model)
+            if h is None:
+                h = self.tpot[model] = _Hist()
+            h.observe(stream_s / (completion - 1))
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+
+    def observe_refusal(self, reason: str) -> None:
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
     def observe_routed(self, node: str) -> None:
         node = self._node(node)
         r = self.routed
@@ -137,6 +182,8 @@ class IngressMetrics:
         for name, doc, hists in (
             ("llmfabric_ingress_e2e_seconds", "End-to-end request latency", self.e2e),
             ("llmfabric_ingress_ttft_seconds", "Time to the first streamed byte", self.ttft),
+            ("llmfabric_ingress_time_per_output_token_seconds",
+             "Mean time per output token of each stream after its first byte (ITL)", self.tpot),
         ):
             h = HistogramMetricFamily(name, doc, labels=("model",))
             for model, hist in sorted(hists.items()):
@@ -157,6 +204,32 @@ class IngressMetrics:
             for key, n in sorted(counts.items()):
                 c.add_metric((key,), n)
             yield c
+        yield from self._tenancy_families()
+
+    def _tenancy_families(self) -> Iterator[Metric]:
+        c = CounterMetricFamily("llmfabric_ingress_tokens", "Tokens by model, owner and kind "
+                                "(prompt, completion)", labels=("model", "owner", "kind"))
+        for (model, owner, kind), n in sorted(self.tokens.items()):
+            c.add_metric((model, owner, kind), n)
+        yield c
+        c = CounterMetricFamily("llmfabric_ingress_admission_refusals",
+                                "Requests refused before routing: budget_exceeded, "
+                                "queue_full, queue_timeout", labels=("reason",))
+        for reason, n in sorted(self.refusals.items()):
+            c.add_metric((reason,), n)
+        yield c
+        h = HistogramMetricFamily("llmfabric_ingress_queue_seconds",
+                                  "Time admitted requests waited in the fair queue")
+        buckets, total = [], 0
+        for le, n in zip(_LE, self.queue_wait.counts, strict=True):
+            total += n
+            buckets.append((le, float(total)))
+        h.add_metric((), buckets, self.queue_wait.sum)
+        yield h
+        g = GaugeMetricFamily("llmfabric_ingress_queue_waiting",
+                              "Requests waiting in the fair queue now")
+        g.add_metric((), self.queue_depth() if self.queue_depth is not None else 0)
+        yield g
 
 
 class _Collector(Collector):

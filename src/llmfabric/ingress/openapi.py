@@ -160,6 +160,43 @@ def openapi_document() -> dict[str, Any]:
             "parameters": [{"name": "owner", "in": "path", "required": True, "schema": _STR}],
             "requestBody": _closed_body(_LIMIT_FIELDS, []),
             "responses": {"200": _ok("the limits"), **_errors(*_ACCOUNT_ERRORS)}}},
+        "/v1/fabric/usage/export": {"get": {
+            "summary": "usage rows as CSV or JSON (non-admin keys: their owner's)",
+            "parameters": [{"name": n, "in": "query", "schema": _STR}
+                           for n in ("format", "key_id", "owner", "model", "since", "until")],
+            "responses": {"200": _ok("CSV (text/csv) or JSON"),
+                          **_errors(*_ACCOUNT_ERRORS)}}},
+        "/v1/fabric/budgets": {"get": {
+            "summary": "token budgets with this period's spent and held tokens",
+            "responses": {"200": _ok("budget list"), **_errors(*_ACCOUNT_ERRORS)}}},
+        "/v1/fabric/budgets/{scope}/{name}": {
+            op: {"summary": f"{what} a key's or owner's token budget (admin)",
+                 "parameters": [{"name": n, "in": "path", "required": True, "schema": _STR}
+                                for n in ("scope", "name")],
+                 **({"requestBody": _closed_body(
+                     {"tokens": _INT, "usd": {"type": "number"},
+                      "period": {"enum": ["day", "month"]}}, [])}
+                    if op == "put" else {}),
+                 "responses": {"200": _ok("the budget"), **_errors(*_ACCOUNT_ERRORS)}}
+            for op, what in (("put", "set"), ("delete", "remove"))},
+        "/v1/fabric/prices": {"get": {
+            "summary": "model prices (USD per million tokens) for spend budgets",
+            "responses": {"200": _ok("price list"), **_errors(*_ACCOUNT_ERRORS)}}},
+        "/v1/fabric/prices/{model}": {
+            op: {"summary": f"{what} a model's price (admin; model * for every other)",
+                 "parameters": [{"name": "model", "in": "path", "required": True,
+                                 "schema": _STR}],
+                 **({"requestBody": _closed_body(
+                     {"prompt_usd_per_mtok": {"type": "number"},
+                      "completion_usd_per_mtok": {"type": "number"}},
+                     ["prompt_usd_per_mtok", "completion_usd_per_mtok"])}
+                    if op == "put" else {}),
+                 "responses": {"200": _ok("the price"), **_errors(*_ACCOUNT_ERRORS)}}
+            for op, what in (("put", "set"), ("delete", "remove"))},
+        "/v1/fabric/traces": {"get": {
+            "summary": "the last request traces of this ingress, newest first (admin)",
+            "parameters": [{"name": "limit", "in": "query", "schema": _INT}],
+            "responses": {"200": _ok("traces with their spans"), **_errors(400, 401, 403)}}},
         "/healthz": {"get": {**_PUBLIC, "summary": "liveness and this node's state",
                              "responses": {"200": _ok("ok")}}},
         "/metrics": {"get": {**_PUBLIC, "summary": "Prometheus metrics",

@@ -14,6 +14,7 @@ from llmfabric.ingress.config import IngressConfig
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.openapi import add_openapi_route
 from llmfabric.ingress.protocols import Authenticator, CandidateSource, Forwarder, UsageSink
+from llmfabric.ingress.trace_routes import traces_handler
 from llmfabric.ingress.web_sink import web_response
 
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
@@ -32,6 +33,7 @@ def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     for path in sorted(EXTRA_POST_PATHS):
         app.router.add_post(path, ingress.api_route)
     app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
+    app.router.add_get("/v1/fabric/traces", traces_handler(ingress))
     add_openapi_route(app)
 
 

@@ -12,11 +12,12 @@ from llmfabric.ingress.front_limits import safe_header_value
 class WebSink:
     """StreamSink over an aiohttp request (the node's app and `build_ingress_app`)."""
 
-    __slots__ = ("request", "response")
+    __slots__ = ("headers", "request", "response")
 
     def __init__(self, request: web.Request) -> None:
         self.request = request
         self.response: web.StreamResponse | None = None
+        self.headers: dict[str, str] | None = None  # extra response headers (X-Fabric-Trace)
 
     async def start(self, content_type: str, node: str) -> None:
         self.response = web.StreamResponse(
@@ -24,6 +25,9 @@ class WebSink:
             headers={"Content-Type": safe_header_value(content_type),
                      "Cache-Control": "no-cache", "X-Fabric-Node": safe_header_value(node)},
         )
+        if self.headers:
+            self.response.headers.update(
+                (k, safe_header_value(v)) for k, v in self.headers.items())
         await self.response.prepare(self.request)
 
     async def write(self, data: bytes) -> None:

@@ -108,6 +108,10 @@ class NodeConfig(BaseModel):
     public_fleet_info: bool = False
     admin_key_file: pathlib.Path | None = None
     record_trace: pathlib.Path | None = None  # anonymized JSONL trace of served requests
+    # Ingress: requests in flight at most; past it, fair queueing across owners
+    # (accounts/fairqueue.py). None: no queue.
+    max_inflight: int | None = Field(default=None, ge=1)
+    fair_queue_max_wait_s: float = Field(default=30.0, gt=0)
     # How often the observed per-model demand may be republished in the record (scheduler input).
     demand_interval_s: float = Field(default=15.0, gt=0)
     api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front

@@ -119,7 +119,7 @@ class DataPlaneServer:
             self._refuse(exc)
             return error_response(401, str(exc), exc.code)
         self.served["sealed"] += 1
-        resp = await engine.serve_body(request.path, body)
+        resp = await engine.serve_body(request.path, body, request.header("traceparent"))
         sealer = Sealer(ok.session.key, ok.rid)
         status = resp.status
         ctype = next((v for k, v in resp.headers if k.lower() == "content-type"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import aiohttp
@@ -31,6 +32,7 @@ from llmfabric.ingress.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.otlp import exporter_from_env
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.node.config import NodeConfig
@@ -141,6 +143,7 @@ class EngineLink:
                 info, models=with_aliases(info.models, self.config.aliases))
         self.proxy = EngineProxy(info.base_url, max_body_bytes=self.config.max_body_bytes,
                                  around=self._usage_counter(info.base_url))
+        self.proxy.exporter = exporter_from_env(os.environ)  # node spans: OTEL_* (otlp.py)
         return info
 
     def _usage_counter(self, base_url: str) -> Around | None:
@@ -173,9 +176,11 @@ class EngineLink:
             return error_response(404, f"{request.path} is not served to peers", "not_found")
         if self.proxy is None or not self.inflight.accepting:
             return error_response(503, "this node is not serving", "node_not_serving")
-        return await self.serve_body(request.path, await request.read())
+        return await self.serve_body(request.path, await request.read(),
+                                     request.header("traceparent"))
 
-    async def serve_body(self, path: str, body: bytes) -> HandlerResponse:
+    async def serve_body(self, path: str, body: bytes, traceparent: str | None = None
+                         ) -> HandlerResponse:
         """A forwarded request whose body was read (and authorized) already."""
         if not path.startswith(FORWARD_PREFIX + "/v1/"):
             return error_response(404, f"{path} is not served to peers", "not_found")
@@ -186,7 +191,8 @@ class EngineLink:
         self.inflight.begin()
         observe_prompt(self.served_prefixes, path, body)
         try:
-            upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body)
+            upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body,
+                                             traceparent)
         except UpstreamError as exc:
             self.inflight.end()
             return error_response(502, str(exc), "engine_unreachable")

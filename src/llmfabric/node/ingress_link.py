@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from ssl import SSLContext
 
@@ -13,6 +14,7 @@ from llmfabric.accounts.grants import RemoteGrants, grants_of
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
+from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.identity import NodeKey
@@ -35,6 +37,7 @@ from llmfabric.ingress.forward_secure import (
 )
 from llmfabric.ingress.front_limits import FrontLimits
 from llmfabric.ingress.protocols import Forwarder
+from llmfabric.ingress.tenancy_setup import TenancyParts, attach_tenancy
 from llmfabric.net import TlsTransport
 from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
@@ -63,6 +66,7 @@ class IngressLink:
         self.dashboard = dashboard
         self.admin_key: str | None = None
         self.trace_hook: IngressTraceHook | None = None
+        self.tenancy = TenancyParts()  # budgets, fair queue, OTLP exporter (tenancy_setup.py)
         self.front: FastFront | None = None
         self.api_addr = ""
 
@@ -129,6 +133,9 @@ class IngressLink:
                 lambda: [r for r, _ in reader.records_with_suspicion()], reader.version,
                 identify, config.key_issuers).lookup
         link = cls(ingress, store, forwarder, config.dashboard, demand)
+        link.tenancy = await attach_tenancy(
+            ingress, store, max_inflight=config.max_inflight,
+            max_wait_s=config.fair_queue_max_wait_s, env=os.environ)
         link.trace_hook = trace_hook
         link.admin_key = admin_key
         return link
@@ -145,6 +152,7 @@ class IngressLink:
         add_ingress_routes(app, self.ingress)
         if self.store is not None:
             add_account_routes(app, self.store)
+            add_tenancy_routes(app, self.store, self.tenancy.budgets)
         if self.dashboard:
             add_dashboard_routes(app)
 
@@ -162,6 +170,7 @@ class IngressLink:
             await self.front.aclose()
         if self.trace_hook is not None:
             self.trace_hook.close()
+        await self.tenancy.aclose()
         await self.forwarder.aclose()
         if self.store is not None:
             await self.store.aclose()

@@ -273,6 +273,47 @@ def test_usage_page_draws_a_chart_and_a_table(
     shot(page, "usage")
 
 
+def test_traces_page_draws_the_waterfall_of_a_request(
+    page: Any, fabric: Any, shot: Any, sign_in: Any
+) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    client = openai.OpenAI(base_url=f"{fabric.url}/v1", api_key=fabric.admin_key,
+                           default_headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    raw = client.chat.completions.with_raw_response.create(
+        model=LLAMA, messages=[{"role": "user", "content": "trace me"}], max_tokens=6)
+    assert raw.headers["X-Fabric-Trace"] == trace_id
+    plain = openai.OpenAI(base_url=f"{fabric.url}/v1", api_key=fabric.admin_key)
+    for _ in plain.chat.completions.create(
+            model=QWEN, messages=[{"role": "user", "content": "stream"}], max_tokens=6,
+            stream=True):
+        pass
+    sign_in(page)
+    page.goto(f"{fabric.ui}#/traces")
+    row = page.locator(f'#traces-table tr[data-trace="{trace_id}"]')
+    row.wait_for()
+    assert LLAMA in row.inner_text() and row.get_attribute("data-status") == "200"
+    row.get_by_role("button").click()
+    assert page.locator("#trace-id").inner_text() == trace_id
+    wf = page.locator("#waterfall")
+    names = wf.locator("g.wf-row").evaluate_all("els => els.map(e => e.dataset.span)")
+    assert names[0] == "ingress.request"
+    assert {"auth", "route", "attempt", "forward"} <= set(names)
+    assert "serving" not in names and "stream" not in names  # not a stream
+    # bars lie on one axis: every span starts at or after the root and ends within it
+    boxes = wf.locator("rect.wf-bar").evaluate_all(
+        "els => els.map(e => [e.x.baseVal.value, e.x.baseVal.value + e.width.baseVal.value])")
+    root_start, root_end = boxes[0]
+    assert all(root_start - 0.01 <= a <= b <= root_end + 1.01 for a, b in boxes)
+    assert "attempt 0" in (wf.text_content() or "")
+    shot(page, "traces")
+    # the newest trace, the stream, is first and has a stream phase
+    first = page.locator("#traces-table tbody tr").first
+    assert QWEN in first.inner_text()
+    first.get_by_role("button").click()
+    names = page.locator("#waterfall g.wf-row").evaluate_all("els => els.map(e => e.dataset.span)")
+    assert "stream" in names
+
+
 def test_registry_inspector_shows_raw_records_read_only(page: Any, fabric: Any, shot: Any) -> None:
     page.goto(f"{fabric.ui}#/registry")
     records = page.locator("ul.records > li")
@@ -299,6 +340,7 @@ READY = {
     "usage": "#usage-table, main .notice",
     "chat": ".providers input[type=checkbox], .providers .muted:not(:has-text('Loading'))",
     "registry": "ul.records, main .notice",
+    "traces": "#traces-table, main .notice",
 }
 
 

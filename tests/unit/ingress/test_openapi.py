@@ -13,6 +13,7 @@ from aiohttp import web
 from llmfabric.accounts.db import open_backend
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.store import AccountStore
+from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.ingress import FORWARD_PREFIX, HttpForwarder, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
@@ -52,6 +53,7 @@ async def _node_app() -> tuple[web.Application, AccountStore]:
     add_node_routes(app, _EmptyReplica(), [])
     store = AccountStore(await open_backend("sqlite://:memory:"))
     add_account_routes(app, store)
+    add_tenancy_routes(app, store, None)
     add_dashboard_routes(app)
     return app, store
 

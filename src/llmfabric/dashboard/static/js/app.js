@@ -9,8 +9,9 @@ import keys from './pages/keys.js';
 import usage from './pages/usage.js';
 import chat from './pages/chat.js';
 import registry from './pages/registry.js';
+import traces from './pages/traces.js';
 
-const PAGES = { catalog, nodes, keys, usage, chat, registry };
+const PAGES = { catalog, nodes, keys, usage, chat, registry, traces };
 const DEFAULT_PAGE = 'catalog';
 
 

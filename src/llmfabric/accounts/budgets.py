@@ -1,0 +1,258 @@
+"""Budgets per key and per owner, per UTC day or month, in tokens or in spend (USD, from
+the per-model prices in accounts/prices.py), enforced with reservations.
+
+A request reserves its worst case (prompt estimate + max_tokens) before it is forwarded and
+settles to what it really used when it ends. It is admitted only if what was spent plus
+what in-flight requests hold plus its own reservation fits the budget, so N concurrent
+requests can never together overspend a budget (the race that a check-then-record scheme
+loses). A refusal carries the real wait: the seconds until the period's budget renews.
+
+Pure state on an injected wall clock; `BudgetStore` persists budgets (table `budgets`) and
+seeds this period's spending from the usage ledger at start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmfabric.accounts.db import Backend
+from llmfabric.accounts.errors import InvalidRequest
+from llmfabric.accounts.prices import Price, price_of
+
+PERIODS = ("day", "month")
+SCOPES = ("key", "owner")
+UNITS = ("tokens", "usd")
+MAX_BUDGET_TOKENS = 10**15  # also the cap in micro-USD (a billion dollars)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    scope: str  # "key" or "owner"
+    name: str  # the key id or the owner name
+    limit: int  # allowed per period: tokens, or micro-USD for unit "usd"
+    period: str  # "day" or "month" (UTC)
+    unit: str = "tokens"
+
+    def show(self, amount: int) -> str:
+        return f"{amount} tokens" if self.unit == "tokens" else f"${amount / 1e6:.6g}"
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"scope": self.scope, "name": self.name,
+                                  "period": self.period, "unit": self.unit}
+        if self.unit == "tokens":
+            out["tokens"] = self.limit
+        else:
+            out["usd"] = self.limit / 1e6
+        return out
+
+
+def validate_budget(scope: str, name: str, tokens: int | None, period: str,
+                    usd: float | None = None) -> Budget:
+    """A budget of `tokens` or of `usd` (exactly one) per `period`."""
+    if scope not in SCOPES:
+        raise InvalidRequest(f"budget scope must be one of {SCOPES}, not {scope!r}")
+    if period not in PERIODS:
+        raise InvalidRequest(f"budget period must be one of {PERIODS}, not {period!r}")
+    if not name or len(name) > 200:
+        raise InvalidRequest("budget name must be 1..200 characters")
+    if (tokens is None) == (usd is None):
+        raise InvalidRequest("a budget is in tokens or in usd: give exactly one")
+    if usd is not None:
+        if isinstance(usd, bool) or not isinstance(usd, int | float) or not (
+                0 < usd * 1e6 <= MAX_BUDGET_TOKENS):
+            raise InvalidRequest("budget usd must be a positive amount (at most 1e9)")
+        return Budget(scope, name, max(1, round(usd * 1e6)), period, "usd")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not (
+            0 < tokens <= MAX_BUDGET_TOKENS):
+        raise InvalidRequest(f"budget tokens must be an integer in 1..{MAX_BUDGET_TOKENS}")
+    return Budget(scope, name, tokens, period)
+
+
+def period_of(period: str, unix_s: float) -> tuple[str, float]:
+    """(period id, unix seconds when the next period starts) for a UTC day or month."""
+    t = dt.datetime.fromtimestamp(unix_s, tz=dt.UTC)
+    if period == "day":
+        start = t.replace(hour=0, minute=0, second=0, microsecond=0)
+        return t.strftime("%Y-%m-%d"), (start + dt.timedelta(days=1)).timestamp()
+    start = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    nxt = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(
+        month=start.month + 1)
+    return t.strftime("%Y-%m"), nxt.timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class OverBudget:
+    budget: Budget
+    spent: int  # settled + held when refused
+    retry_after_s: float  # until the period renews
+
+    def message(self) -> str:
+        b = self.budget
+        what = "token budget" if b.unit == "tokens" else "spend budget"
+        return (f"the {b.period}ly {what} of {b.scope} {b.name!r} ({b.show(b.limit)}) is "
+                f"used up ({b.show(self.spent)} spent or reserved); it renews in "
+                f"{int(self.retry_after_s)} s")
+
+
+@dataclass(slots=True)
+class Hold:
+    """One admitted request's reservation: (budget key, amount, unit) per budget it counts
+    for."""
+
+    parts: list[tuple[tuple[str, str, str], int, str]]
+    settled: bool = False
+
+
+class BudgetBook:
+    def __init__(self, wall: Callable[[], float]) -> None:
+        self.wall = wall
+        self.budgets: dict[tuple[str, str], Budget] = {}
+        self.spent: dict[tuple[str, str, str], int] = {}  # (scope, name, period id) -> tokens
+        self.held: dict[tuple[str, str, str], int] = {}
+        self.prices: dict[str, Price] = {}  # model ("*": any other) -> price (spend budgets)
+
+    def set(self, budget: Budget) -> None:
+        self.budgets[(budget.scope, budget.name)] = budget
+
+    def remove(self, scope: str, name: str) -> bool:
+        return self.budgets.pop((scope, name), None) is not None
+
+    def _applicable(self, key_id: str, owner: str) -> list[Budget]:
+        out = []
+        for scope, name in (("key", key_id), ("owner", owner)):
+            b = self.budgets.get((scope, name))
+            if b is not None:
+                out.append(b)
+        return out
+
+    def reserve(self, key_id: str, owner: str, estimate: int, cost_micros: int = 0
+                ) -> Hold | OverBudget:
+        """Reserve `estimate` tokens (or `cost_micros` on spend budgets) on every budget of
+        the key and its owner, or refuse."""
+        budgets = self._applicable(key_id, owner)
+        if not budgets:
+            return Hold([])
+        now = self.wall()
+        parts: list[tuple[tuple[str, str, str], int, str]] = []
+        for b in budgets:
+            pid, renews = period_of(b.period, now)
+            k = (b.scope, b.name, pid)
+            used = self.spent.get(k, 0) + self.held.get(k, 0)
+            # A request larger than the whole budget may still run alone at a period's start.
+            need = min(max(0, estimate if b.unit == "tokens" else cost_micros), b.limit)
+            if used + need > b.limit or used >= b.limit:
+                return OverBudget(b, used, max(1.0, renews - now))
+            parts.append((k, need, b.unit))
+        for k, n, _ in parts:
+            self.held[k] = self.held.get(k, 0) + n
+        return Hold(parts)
+
+    def settle(self, hold: Hold, used_tokens: int, used_micros: int = 0) -> None:
+        """The request ended having used `used_tokens` costing `used_micros` (0 if it
+        failed): release the hold, charge what was used. Idempotent."""
+        if hold.settled:
+            return
+        hold.settled = True
+        for k, n, unit in hold.parts:
+            left = self.held.get(k, 0) - n
+            if left > 0:
+                self.held[k] = left
+            else:
+                self.held.pop(k, None)
+            used = used_tokens if unit == "tokens" else used_micros
+            self.spent[k] = self.spent.get(k, 0) + max(0, used)
+
+    def charge(self, scope: str, name: str, period_id: str, amount: int) -> None:
+        """Spending recorded elsewhere (the ledger at start), in the budget's unit."""
+        k = (scope, name, period_id)
+        self.spent[k] = self.spent.get(k, 0) + max(0, amount)
+
+    def cost_micros(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
+        price = price_of(self.prices, model)
+        return price.micros(prompt_tokens, completion_tokens) if price is not None else 0
+
+    def amount(self, unit: str, model: str, prompt_tokens: int, completion_tokens: int) -> int:
+        """Tokens, or their cost in micro-USD, for a budget of `unit`."""
+        if unit == "tokens":
+            return max(0, prompt_tokens) + max(0, completion_tokens)
+        return self.cost_micros(model, prompt_tokens, completion_tokens)
+
+    def status(self) -> list[dict[str, object]]:
+        now = self.wall()
+        out: list[dict[str, object]] = []
+        for b in sorted(self.budgets.values(), key=lambda b: (b.scope, b.name)):
+            pid, renews = period_of(b.period, now)
+            k = (b.scope, b.name, pid)
+            out.append({**b.to_json(), "period_id": pid, "spent": self.spent.get(k, 0),
+                        "held": self.held.get(k, 0), "renews_at": renews})
+        return out
+
+
+_TABLES = (
+    """CREATE TABLE IF NOT EXISTS budgets (
+    scope TEXT NOT NULL, name TEXT NOT NULL, amount BIGINT NOT NULL, period TEXT NOT NULL,
+    unit TEXT NOT NULL, PRIMARY KEY (scope, name))""",
+    """CREATE TABLE IF NOT EXISTS model_prices (
+    model TEXT PRIMARY KEY, prompt_usd_per_mtok DOUBLE PRECISION NOT NULL,
+    completion_usd_per_mtok DOUBLE PRECISION NOT NULL)""",
+)
+_UPSERT = """INSERT INTO budgets (scope, name, amount, period, unit) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (scope, name) DO UPDATE SET amount = excluded.amount, period = excluded.period,
+    unit = excluded.unit"""
+_UPSERT_PRICE = """INSERT INTO model_prices (model, prompt_usd_per_mtok,
+    completion_usd_per_mtok) VALUES (?, ?, ?)
+ON CONFLICT (model) DO UPDATE SET prompt_usd_per_mtok = excluded.prompt_usd_per_mtok,
+    completion_usd_per_mtok = excluded.completion_usd_per_mtok"""
+
+
+class BudgetStore:
+    """Budgets and model prices in the accounts database, mirrored in a `BudgetBook`."""
+
+    def __init__(self, backend: Backend, book: BudgetBook) -> None:
+        self._db = backend
+        self.book = book
+
+    async def load(self) -> None:
+        """Create the tables, read budgets and prices, and seed this period's spending from
+        the usage ledger (so a restarted ingress does not hand out a fresh budget)."""
+        for table in _TABLES:
+            await self._db.execute(table)
+        for model, pp, cp in await self._db.fetchall(
+                "SELECT model, prompt_usd_per_mtok, completion_usd_per_mtok FROM model_prices"):
+            self.book.prices[str(model)] = Price(float(pp), float(cp))
+        for scope, name, amount, period, unit in await self._db.fetchall(
+                "SELECT scope, name, amount, period, unit FROM budgets"):
+            self.book.set(Budget(str(scope), str(name), int(amount), str(period), str(unit)))
+        now = self.book.wall()
+        for b in list(self.book.budgets.values()):
+            pid, _ = period_of(b.period, now)
+            col = "u.key_id" if b.scope == "key" else "k.owner"
+            rows = await self._db.fetchall(
+                "SELECT u.model, COALESCE(SUM(u.prompt_tokens), 0), "
+                "COALESCE(SUM(u.completion_tokens), 0) FROM usage_daily u "
+                "LEFT JOIN api_keys k ON k.id = u.key_id "
+                f"WHERE {col} = ? AND u.day LIKE ? GROUP BY u.model", (b.name, pid + "%"))
+            for model, prompt, completion in rows:
+                self.book.charge(b.scope, b.name, pid, self.book.amount(
+                    b.unit, str(model), int(prompt), int(completion)))
+
+    async def put(self, budget: Budget) -> None:
+        await self._db.execute(_UPSERT, (budget.scope, budget.name, budget.limit,
+                                         budget.period, budget.unit))
+        self.book.set(budget)
+
+    async def delete(self, scope: str, name: str) -> bool:
+        await self._db.execute("DELETE FROM budgets WHERE scope = ? AND name = ?",
+                               (scope, name))
+        return self.book.remove(scope, name)
+
+    async def put_price(self, model: str, price: Price) -> None:
+        await self._db.execute(_UPSERT_PRICE, (model, price.prompt_usd_per_mtok,
+                                               price.completion_usd_per_mtok))
+        self.book.prices[model] = price
+
+    async def delete_price(self, model: str) -> bool:
+        await self._db.execute("DELETE FROM model_prices WHERE model = ?", (model,))
+        return self.book.prices.pop(model, None) is not None

@@ -1,0 +1,94 @@
+"""The ingress's tenancy gate: what a request reserves (hostile fields ignored), and that a
+request's hold and slot are settled exactly once whatever happens."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+
+from llmfabric.accounts.budgets import Budget, BudgetBook
+from llmfabric.accounts.fairqueue import FairQueue
+from llmfabric.ingress.accounts_auth import StaticPrincipal
+from llmfabric.ingress.tenancy import DEFAULT_COMPLETION_RESERVE, TenancyGate, reservation
+from llmfabric.ingress.usage import Usage
+from llmfabric.node.config import ConfigError, build_config
+
+pytestmark = pytest.mark.unit
+
+NOON = dt.datetime(2026, 3, 31, 12, 0, tzinfo=dt.UTC).timestamp()
+MSG = [{"role": "user", "content": "x" * 400}]
+
+
+def test_reservation_reads_the_completion_cap_and_ignores_hostile_values() -> None:
+    prompt = reservation({"messages": MSG}) - DEFAULT_COMPLETION_RESERVE
+    assert prompt > 100
+    assert reservation({"messages": MSG, "max_tokens": 10}) == prompt + 10
+    assert reservation({"messages": MSG, "max_completion_tokens": 7}) == prompt + 7
+    assert reservation({"input": "x" * 400, "max_output_tokens": 9}) == prompt - 4 + 9
+    assert reservation({"messages": MSG, "max_tokens": 10, "n": 3}) == prompt + 30
+    for bad in (True, -5, 0, "100", 1.5, None, [1]):
+        assert reservation({"messages": MSG, "max_tokens": bad}) == (
+            prompt + DEFAULT_COMPLETION_RESERVE)
+    for n in (True, 0, -1, 10**9, "2"):
+        assert reservation({"messages": MSG, "max_tokens": 10, "n": n}) == prompt + 10
+
+
+async def test_hold_and_slot_are_settled_once() -> None:
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("owner", "alice", 10_000, "day"))
+    queue = FairQueue(1, now=lambda: 0.0)
+    refused: list[str] = []
+    gate = TenancyGate(book, queue, on_refused=refused.append)
+    alice = StaticPrincipal("k1")
+
+    async def request(used: int, fail: bool = False) -> None:
+        try:
+            assert await gate.admit(alice, {"messages": MSG, "max_tokens": 100}) is None
+            assert queue.inflight == 1
+            if fail:
+                raise RuntimeError("engine died")
+            gate.used(Usage(used, 0))
+        finally:
+            gate.settle()
+            gate.settle()  # a second settle changes nothing
+
+    book.set(Budget("owner", "k1", 1000, "day"))
+    await request(50)
+    with pytest.raises(RuntimeError):
+        await request(999, fail=True)
+    [row] = [r for r in book.status() if r["name"] == "k1"]
+    assert row["spent"] == 50 and row["held"] == 0 and queue.inflight == 0
+    # a request refused by its budget holds no slot and nothing
+    book.set(Budget("owner", "k1", 60, "day"))  # 50 spent: no room for another
+    got = await gate.admit(alice, {"messages": MSG})
+    assert got is not None and got.status == 429 and got.code == "insufficient_quota"
+    assert int(got.headers["Retry-After"]) == 12 * 3600
+    gate.settle()
+    assert queue.inflight == 0 and refused == ["budget_exceeded"]
+
+
+async def test_concurrent_tasks_keep_their_own_state() -> None:
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("owner", "k1", 100_000, "day"))
+    gate = TenancyGate(book, None)
+
+    async def one(used: int) -> None:
+        try:
+            await gate.admit(StaticPrincipal("k1"), {"messages": MSG, "max_tokens": 10})
+            await asyncio.sleep(0)
+            gate.used(Usage(used, 1))
+        finally:
+            gate.settle()
+
+    await asyncio.gather(*(asyncio.create_task(one(i)) for i in range(1, 21)))
+    [row] = book.status()
+    assert row["spent"] == sum(range(1, 21)) + 20 and row["held"] == 0
+
+
+def test_node_config_takes_max_inflight() -> None:
+    assert build_config({}, {"max_inflight": 8}).max_inflight == 8
+    assert build_config({}, {}).max_inflight is None
+    with pytest.raises(ConfigError):
+        build_config({}, {"max_inflight": 0})
