@@ -6,13 +6,12 @@ closed-loop openai client, cut apart with iptables DROP for 30 s under load and 
     provider pa (sim engine)          provider pb (sim engine)
     client -> ingress A               client -> ingress B
 
-Asserts: (1) not one request failed on either side before or during the cut (each side kept
-serving through its local provider); between the heal and the registry's convergence a few 5xx
-are tolerated and printed (every node is evicted by the other side and rejoins: a known gap,
-docs/security.md, "Partitions"), none after it; (2) after the heal both ingresses list the same
-live sessions, every provider SERVING and unsuspected (the other side's nodes came back, under
-their old session or a new one); (3) no usage row was lost: each ingress's ledger counts
-exactly the requests its client saw succeed. Namespaces and the iptables chain are named
+Asserts: (1) not one request failed on either side, before, during or after the cut (each
+side kept serving through its local provider, and the heal evicts nobody: docs/security.md,
+"Partitions"); (2) after the heal both ingresses list the same live sessions, every provider
+SERVING and unsuspected, under the very sessions they had before the cut (nobody rejoined);
+(3) no usage row was lost: each ingress's ledger counts exactly the requests its client saw
+succeed. Namespaces and the iptables chain are named
 `part<tag>...` (removed at the end).
 """
 
@@ -136,24 +135,19 @@ def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
     records = {side: _records(o) for side, o in outs.items()}
     for side in IPS:
         rec = records[side]
-        # (1) each side kept serving through the cut (its local provider): not one failure
-        # before the cut or during it.
+        # (1) each side kept serving through the cut (its local provider) and through the
+        # heal: not one failure at any time.
         during = rec[cut[side]:healed[side]]
         assert during, (side, "no requests during the cut")
-        failed = [r for r in rec[:healed[side]] if "error" in r]
-        assert failed == [], (side, failed[:3])
-        # At the heal each side's evictions of the other side arrive and every node rejoins
-        # under a new session (docs/security.md, "Partitions"): until the registry converged an
-        # ingress may answer 503/502 (a known gap, measured here). Once converged: none.
-        blips = [r for r in rec[healed[side]:settled[side]] if "error" in r]
-        assert all("Error code: 50" in r["error"] for r in blips), (side, blips[:3])
         assert len(rec) > settled[side], (side, "no requests after the convergence")
-        late = [r for r in rec[settled[side]:] if "error" in r]
-        assert late == [], (side, late[:3])
+        failed = [r for r in rec if "error" in r]
+        assert failed == [], (side, len(failed), failed[:3])
         print(f"side {side}: {len(rec)} requests, {len(during)} during the cut, "
-              f"{len(blips)} failed between the heal and the convergence")
-    # (2) every provider is live on both ingresses (same sessions), the other side's included.
+              f"{len(rec) - healed[side]} after the heal, none failed")
+    # (2) every provider is live on both ingresses (same sessions), the other side's included,
+    # and under the sessions it had before the cut: nobody was evicted, nobody rejoined.
     assert {"pa", "pb"} <= set(after.values()) and {"pa", "pb"} <= set(before.values())
+    assert after == before, (before, after)
     # (3) no usage row lost: each ledger counts exactly its client's successful requests.
     for side in IPS:
         ok = sum(1 for r in records[side] if "error" not in r)
