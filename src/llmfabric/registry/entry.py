@@ -76,7 +76,9 @@ class Entry:
 
     @property
     def suspected(self) -> bool:
-        return bool(self.suspects)
+        """An unrefuted suspicion of a session that is not evicted (an evicted entry keeps its
+        suspicions, which its refutation may need, but is LEFT rather than suspected)."""
+        return bool(self.suspects) and self.evict is None
 
     @property
     def evicted(self) -> bool:
