@@ -50,6 +50,7 @@ from llmfabric.membership.swim import Member, Prober
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.transport import PeerId, Transport
 from llmfabric.registry.codec import SignedRecord, peek_record_header
+from llmfabric.registry.entry import Entry
 from llmfabric.registry.errors import InvalidRecord
 from llmfabric.registry.facts import Fact, FactKind, make_fact
 from llmfabric.registry.guard import RecordPolicy
@@ -383,6 +384,8 @@ class GossipAgent:
         entry = self.replica.entries.get(self.session_id)
         if entry is None:
             return
+        if entry.evicted and self._refute_eviction(entry):
+            return
         if entry.evicted:
             if not self.evicted:
                 self.evicted = True
@@ -397,6 +400,26 @@ class GossipAgent:
             self.prober.health.bad()
             self._publish(self.owner.refute(entry.max_suspect_incarnation,
                                             wall=self.clock.wall()))
+
+    def _refute_eviction(self, entry: Entry) -> bool:
+        """We are alive and heard of our own eviction (a false positive: a partition healed, a
+        long pause): publish a higher incarnation, which refutes it on every replica, and keep
+        our session instead of rejoining under a new one (registry.entry). Impossible once
+        we left, after our own EVICT, or at the largest incarnation; then we are evicted."""
+        ev = entry.evict
+        if (ev is None or not self._running or self.owner.record.state is Lifecycle.LEFT
+                or ev.author_key == self.owner.record.public_key):
+            return False
+        rec = self.owner.refute(max(ev.incarnation, entry.max_suspect_incarnation),
+                                wall=self.clock.wall())
+        if rec.record.incarnation <= ev.incarnation:
+            return False
+        self.stats.refutations += 1
+        self.stats.evictions_refuted += 1
+        log.warning("session %s was evicted by %s; alive, so refuted at incarnation %d",
+                    self.session_id, ev.author, rec.record.incarnation)
+        self._publish(rec)
+        return True
 
     # ---- membership decisions -----------------------------------------------------------
     def probe_soon(self, peer: PeerId) -> None:

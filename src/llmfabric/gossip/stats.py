@@ -22,6 +22,7 @@ class AgentStats:
     suspicions_spared: int = 0  # not raised: K confirmations already stood (Lifeguard cap)
     evictions_issued: int = 0
     refutations: int = 0
+    evictions_refuted: int = 0  # our own session was evicted while alive; we refuted it
     loop_errors: int = 0
     seed_contacts: int = 0  # re-contacts of the seed peers while no member was known
     rebootstraps: int = 0  # bootstrap addresses dialled again while cut off (rebootstrap.py)
@@ -39,6 +40,7 @@ class AgentStats:
             "suspicions_spared": self.suspicions_spared,
             "evictions_issued": self.evictions_issued,
             "refutations": self.refutations,
+            "evictions_refuted": self.evictions_refuted,
             "loop_errors": self.loop_errors,
             "seed_contacts": self.seed_contacts,
             "rebootstraps": self.rebootstraps,

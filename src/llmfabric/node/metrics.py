@@ -65,7 +65,8 @@ class _Counters(Collector):
             yield _family("llmfabric_membership_events", "SWIM decisions of this node",
                           "event", {"suspicion_raised": g.suspicions_raised,
                                     "eviction_issued": g.evictions_issued,
-                                    "refutation": g.refutations})
+                                    "refutation": g.refutations,
+                                    "eviction_refuted": g.evictions_refuted})
         if n is not None:
             yield _family("llmfabric_net_bytes", "Transport bytes (frames, TLS excluded)",
                           "direction", {"out": n.bytes_sent, "in": n.bytes_received})

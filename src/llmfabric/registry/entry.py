@@ -8,19 +8,29 @@ State of a session on a replica (`Entry`):
 - `suspects`: per author, its highest SUSPECT fact; only facts with incarnation >= the highest
   incarnation of any owner record seen (`refuted_below`) count (lower ones are refuted and
   dropped);
-- `evicts`: EVICT facts, one per (author, incarnation): the evidence for an eviction;
+- `evicts`: EVICT facts, one per (author, incarnation), with incarnation >= `refuted_below`:
+  the evidence for an eviction (refuted like suspicions);
 - `evict`: the EVICT fact that made the session LEFT on this replica, if any.
 
 An EVICT fact alone proves nothing: any member can sign one. A session is evicted only when
 EVICT facts of one incarnation come from at least `quorum` distinct authors, or when one of
 them is signed by the owner's own key (`decisive_evict`). The quorum is a parameter of the
 join (the replica passes min(k, fleet size - 1), see registry.replica); for a fixed quorum
-`merge` is the join of a semilattice (commutative, associative, idempotent: EVICT facts only
-accumulate and the decision is a monotone function of them) and the effective lifecycle never
-goes back. Once decided, `evict` is kept whatever arrives later (eviction is irreversible),
-and the entry's digest no longer depends on which EVICT facts a replica holds.
-Normalisation (dropping refuted suspicions, and all suspicions once LEFT) commutes with the
-join because the highest record incarnation seen and LEFT only ever grow.
+`merge` is the join of a semilattice (commutative, associative, idempotent).
+
+An eviction is a verdict about one incarnation, as a suspicion is (memberlist's rule for a
+dead member that comes back): a record of the owner at a higher incarnation refutes it, drops
+its evidence, and the session is live again. Only the owner can sign that record, and an
+honest owner does so exactly when it is alive and hears of its own eviction (a false positive:
+a partition, a pause), so it keeps its session instead of rejoining under a new one. Refuted
+evidence never counts again: without that, EVICT facts about an incarnation the owner had
+long refuted became decisive whenever the fleet shrank and the quorum cap fell with it, and
+one departure after a partition evicted every session in cascade (registry.replica
+`_requorum`). While not refuted, a decided `evict` is kept whatever arrives later, and the
+entry's digest no longer depends on which EVICT facts a replica holds. A LEFT record (the
+owner left) is final. Normalisation (dropping refuted suspicions and EVICT facts, and all
+suspicions once the owner's record is LEFT) commutes with the join because the highest
+record incarnation seen and the record order only ever grow.
 """
 
 from __future__ import annotations
@@ -66,7 +76,9 @@ class Entry:
 
     @property
     def suspected(self) -> bool:
-        return bool(self.suspects)
+        """An unrefuted suspicion of a session that is not evicted (an evicted entry keeps its
+        suspicions, which its refutation may need, but is LEFT rather than suspected)."""
+        return bool(self.suspects) and self.evict is None
 
     @property
     def evicted(self) -> bool:
@@ -133,12 +145,18 @@ def _normalize(
     # quantity that only grows, so dropping commutes with the join (with the best record's
     # incarnation it did not: a higher lifecycle at a lower incarnation could replace it).
     newest = _newest_record(record, newest)
+    inc = newest.record.incarnation if newest is not None else 0
+    # EVICT facts are evidence against one incarnation: the owner's higher incarnation
+    # refutes them exactly as it refutes suspicions (and a decided eviction with them).
+    evicts = {k: f for k, f in evicts.items() if f.incarnation >= inc}
+    if evict is not None and evict.incarnation < inc:
+        evict = None
     evict = _best_evict(evict, decisive_evict(record, evicts, quorum))
-    left = evict is not None or (record is not None and record.record.state is Lifecycle.LEFT)
-    if left:
+    # Suspicions go once the owner left (final); an eviction can still be refuted, and
+    # dropping them while evicted would make the result depend on delivery order.
+    if record is not None and record.record.state is Lifecycle.LEFT:
         kept: tuple[Fact, ...] = ()
     else:
-        inc = newest.record.incarnation if newest is not None else 0
         kept = tuple(suspects[a] for a in sorted(suspects) if suspects[a].incarnation >= inc)
     return Entry(sid, record, kept, evict, tuple(evicts[k] for k in sorted(evicts)),
                  None if newest is None or record is None

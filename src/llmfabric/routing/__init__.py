@@ -2,9 +2,9 @@
 
 Pure core: no sockets, no clocks. Files:
 - candidates.py: `Candidate` and `candidates_for(model, records_with_suspicion, identify)`
-  (SERVING, not suspected, id or alias matches; `provider_id` is the verified identity from
-  `identify`, aliases squatting another provider's model id are flagged), `candidates_by_model`,
-  `model_is_known`.
+  (SERVING, id or alias matches, suspected ones flagged as a fallback; `provider_id` is the
+  verified identity from `identify`, aliases squatting another provider's model id are
+  flagged), `candidates_by_model`, `model_is_known`.
 - index.py: `CandidateIndex`, the routing index (model id/alias -> candidates sorted by session
   id) updated per session change in O(names of that session); equals `candidates_by_model`.
 - replica_source.py: `ReplicaCandidateSource`, a candidate source that follows a live replica's
@@ -29,7 +29,8 @@ Pure core: no sockets, no clocks. Files:
   decode / both pools by the records' roles (None: no live pair, route as usual),
   `PDPlanTable` (the planner's X/Y over sessions, validated), `PDRouter.pick_prefill` /
   `pick_decode` (plan weights renormalised over live, untried nodes).
-- router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`.
+- router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`;
+  unsuspected candidates first, suspected ones only when no unsuspected one is eligible.
 - errors.py: `RoutingError`, `UnknownPolicyError`, `InvalidConstraintError`.
 """
 

@@ -95,19 +95,29 @@ def _conflicted(name: str, served: ServedModel, who: str, owners: dict[str, set[
 
 
 def routable(record: NodeRecord, suspected: bool) -> bool:
+    """A preferred candidate: SERVING and not suspected."""
     return record.state is Lifecycle.SERVING and not suspected
+
+
+def listed(record: NodeRecord) -> bool:
+    """A candidate at all: SERVING, suspected or not. A suspected candidate (flagged) is only
+    a fallback: the Router prefers unsuspected ones and routes to suspected ones only when
+    every eligible candidate is suspected (a wave of suspicions, e.g. a partition's heal,
+    would otherwise fail requests that the suspected node may well serve)."""
+    return record.state is Lifecycle.SERVING
 
 
 def candidates_for(
     model_name: str, records_with_suspicion: Iterable[tuple[NodeRecord, bool]],
     identify: Identify = claimed_provider,
 ) -> list[Candidate]:
-    """Sessions that are SERVING, not suspected, and serve `model_name` (by id or alias)."""
+    """Sessions that are SERVING and serve `model_name` (by id or alias); suspected ones are
+    flagged (`Candidate.suspected`), for the Router's fallback."""
     records = list(records_with_suspicion)
     owners = _model_owners(records, identify)
     out: list[Candidate] = []
     for record, suspected in records:
-        if not routable(record, suspected):
+        if not listed(record):
             continue
         for served in record.meta.models:
             if served.answers_to(model_name):
@@ -136,12 +146,13 @@ def candidates_by_model(
     records_with_suspicion: Iterable[tuple[NodeRecord, bool]],
     identify: Identify = claimed_provider,
 ) -> dict[str, list[Candidate]]:
-    """Every routable candidate indexed under its model id and each alias."""
+    """Every listed candidate (SERVING; suspected ones flagged) under its model id and each
+    alias."""
     records = list(records_with_suspicion)
     owners = _model_owners(records, identify)
     index: dict[str, list[Candidate]] = {}
     for record, suspected in records:
-        if not routable(record, suspected):
+        if not listed(record):
             continue
         who = identify(record)
         claimed: set[str] = set()  # a session appears once per name (its first model's)

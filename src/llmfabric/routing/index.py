@@ -1,4 +1,5 @@
-"""The routing index: model id/alias -> routable candidates, updated per session change.
+"""The routing index: model id/alias -> candidates (SERVING sessions; suspected ones flagged,
+for the Router's fallback: routing.candidates.listed), updated per session change.
 
 `CandidateIndex.update(session_id, record, suspected)` costs O(names the session announces *
 log(bucket size)) plus a memmove in the buckets it leaves or enters; nothing is rebuilt. A
@@ -26,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from llmfabric.registry.records import Lifecycle, NodeRecord
-from llmfabric.routing.candidates import Candidate, Identify, claimed_provider, routable
+from llmfabric.routing.candidates import Candidate, Identify, claimed_provider, listed
 
 
 def _announced(record: NodeRecord) -> frozenset[str]:
@@ -70,7 +71,7 @@ class CandidateIndex:
         return self._known[name] > 0
 
     def all_candidates(self) -> list[Candidate]:
-        """Every routable candidate once per (session, model id)."""
+        """Every candidate once per (session, model id)."""
         out: list[Candidate] = []
         for per_name in self._of_session.values():
             seen: set[str] = set()
@@ -84,7 +85,7 @@ class CandidateIndex:
         return sorted(self._buckets)
 
     def __len__(self) -> int:
-        """Routable sessions."""
+        """Sessions with candidates (SERVING, suspected or not)."""
         return len(self._of_session)
 
     # ---- writes -------------------------------------------------------------------------
@@ -157,7 +158,7 @@ class CandidateIndex:
                        ) -> dict[str, Candidate]:
         """name -> candidate of one session; the first served model claiming a name wins."""
         out: dict[str, Candidate] = {}
-        if not routable(record, suspected):
+        if not listed(record):
             return out
         for served in record.meta.models:
             cand: Candidate | None = None

@@ -1,4 +1,10 @@
-"""The Router: filters, exclusion of already-tried sessions, and the policy's pick, as data."""
+"""The Router: filters, exclusion of already-tried sessions, and the policy's pick, as data.
+
+Suspected candidates are a fallback: the policy picks among the unsuspected eligible ones,
+and among the suspected ones only when no unsuspected one is left (a suspicion is not an
+eviction: the node is probably alive, and a brief wave of suspicions, such as the one a
+partition's heal causes, should not fail requests; if it really is dead, the ingress's retry
+moves on to the next candidate)."""
 
 from __future__ import annotations
 
@@ -64,4 +70,7 @@ class Router:
             ok = [c for c in ok if c.session_id not in tried]
             if not ok:
                 return NoRoute(NoRouteReason.EXHAUSTED, len(candidates), n_eligible)
-        return RouteDecision(self.policy.pick(ok, request), self.policy.name, len(ok), attempt)
+        fresh = [c for c in ok if not c.suspected]
+        pool = fresh or ok
+        return RouteDecision(self.policy.pick(pool, request), self.policy.name, len(pool),
+                             attempt)

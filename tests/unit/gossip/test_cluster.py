@@ -104,7 +104,9 @@ async def test_graceful_leave_reaches_everyone(make_cluster: Callable[..., Clust
     assert sum(a.stats.evictions_issued for a in c.agents) == 0
 
 
-async def test_evicted_node_is_told(make_cluster: Callable[..., Cluster]) -> None:
+async def test_an_evicted_node_that_is_alive_refutes_and_keeps_its_session(
+    make_cluster: Callable[..., Cluster],
+) -> None:
     c = make_cluster(delay=(0.001, 0.003))
     for _ in range(4):
         await c.add()
@@ -118,13 +120,13 @@ async def test_evicted_node_is_told(make_cluster: Callable[..., Cluster]) -> Non
         a.nodes.get(victim.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
         for a in c.agents if a is not victim), within=hi + 5)
     c.net.heal()
-    assert await c.clock.run_until(lambda: victim.evicted, within=10)
-    assert told == [True]
-    # its refreshed record cannot bring the session back
-    victim.update_self(victim.record.meta)
-    await c.clock.advance(3)
-    assert all(a.nodes.get(victim.session_id).state is Lifecycle.LEFT  # type: ignore[union-attr]
-               for a in c.agents)
+    # it hears of its eviction, is alive, and publishes a higher incarnation: the same
+    # session is SERVING on every replica again, and nobody had to rejoin
+    assert await c.clock.run_until(lambda: c.converged() and all(
+        a.nodes.get(victim.session_id).state is Lifecycle.SERVING  # type: ignore[union-attr]
+        for a in c.agents), within=30)
+    assert told == [] and not victim.evicted
+    assert victim.stats.evictions_refuted >= 1 and victim.record.incarnation >= 1
 
 
 async def test_load_hint_updates_are_minor_but_still_converge(

@@ -1,8 +1,8 @@
-"""Lattice laws of the registry entry join, and lifecycle monotonicity (hypothesis)."""
+"""Lattice laws of the registry entry join, and lifecycle monotonicity (hypothesis): the
+lifecycle never goes back, except that the owner's higher incarnation refutes an eviction."""
 
 from __future__ import annotations
 
-import dataclasses
 from functools import reduce
 
 from hypothesis import given, settings
@@ -60,16 +60,20 @@ def test_idempotent(a: Entry) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(singletons, min_size=1, max_size=8))
-def test_lifecycle_never_goes_back_and_eviction_sticks(items: list[Entry]) -> None:
+def test_lifecycle_never_goes_back_and_eviction_sticks_until_refuted(items: list[Entry]) -> None:
     acc = items[0]
     for nxt in items[1:]:
         new = merge(acc, nxt)
-        assert new.state >= acc.state
         if acc.record is not None:
             assert new.record is not None
             assert new.record.record.order_key() >= acc.record.record.order_key()
-        if acc.evicted:
-            assert new.evicted and new.state is Lifecycle.LEFT
+        assert new.refuted_below >= acc.refuted_below
+        if acc.evict is not None and new.evict is None:
+            # only the owner's higher incarnation undoes an eviction (and its evidence)
+            assert new.refuted_below > acc.evict.incarnation
+            assert all(f.incarnation >= new.refuted_below for f in new.evicts)
+        else:
+            assert new.state >= acc.state
         acc = new
 
 
@@ -92,12 +96,19 @@ def test_refutation_drops_lower_suspicions() -> None:
     assert merge(refuted, _fact(FactKind.SUSPECT, 2, 1, 6.0)).suspected
 
 
-def test_eviction_is_irreversible_even_by_a_higher_incarnation() -> None:
+def test_an_eviction_is_refuted_by_the_owner_s_higher_incarnation() -> None:
     e = merge(_record(1, 0, 1, "a"), _fact(FactKind.EVICT, 1, 0, 5.0))
     assert e.state is Lifecycle.LEFT
-    later = merge(e, _record(1, 7, 9, "a"))
-    assert later.state is Lifecycle.LEFT and later.evicted
-    assert dataclasses.replace(later, evict=None).state is Lifecycle.SERVING
+    assert merge(e, _record(1, 0, 9, "a")).evicted  # a newer version of the same incarnation
+    later = merge(e, _record(1, 1, 9, "a"))
+    assert later.state is Lifecycle.SERVING and not later.evicted and later.evicts == ()
+    # a late copy of the refuted evidence does not come back
+    assert not merge(later, _fact(FactKind.EVICT, 2, 0, 6.0)).evicted
+    # evidence about the new incarnation does
+    assert merge(later, _fact(FactKind.EVICT, 2, 1, 6.0)).evicted
+    # a LEFT record (the owner left) is final
+    gone = merge(_record(3, 0, 1, "a"), _record(1, 5, 9, "a"))
+    assert gone.state is Lifecycle.LEFT
 
 
 def _merge2(a: Entry, b: Entry) -> Entry:
@@ -130,7 +141,8 @@ def test_one_evict_decides_nothing_under_a_quorum_of_two_but_two_authors_do() ->
     assert not other_incarnation.evicted  # two authors, but not about the same incarnation
     done = _merge2(e, _fact(FactKind.EVICT, 2, 0, 6.0))
     assert done.evicted and done.state is Lifecycle.LEFT
-    assert _merge2(done, _record(1, 9, 9, "a")).evicted  # irreversible
+    assert _merge2(done, _record(1, 0, 9, "a")).evicted  # until the owner refutes it
+    assert not _merge2(done, _record(1, 1, 9, "a")).evicted
 
 
 def test_the_owner_s_own_evict_decides_alone() -> None:

@@ -6,17 +6,17 @@ from llmfabric.routing import candidates_by_model, candidates_for, model_is_know
 from .conftest import make_record
 
 
-def test_only_serving_unsuspected_matching_sessions_are_candidates() -> None:
+def test_only_serving_matching_sessions_are_candidates_and_suspected_ones_are_flagged() -> None:
     recs = [
         (make_record("a"), False),
         (make_record("b", state=Lifecycle.JOIN), False),
         (make_record("c", state=Lifecycle.DOWN), False),
-        (make_record("d"), True),  # suspected
+        (make_record("d"), True),  # suspected: a flagged fallback candidate
         (make_record("e", models=(ServedModel("other"),)), False),
         (make_record("f", models=(ServedModel("x", aliases=("m",)),)), False),
     ]
-    got = sorted(c.session_id for c in candidates_for("m", recs))
-    assert got == ["a", "f"]
+    got = sorted((c.session_id, c.suspected) for c in candidates_for("m", recs))
+    assert got == [("a", False), ("d", True), ("f", False)]
     f = next(c for c in candidates_for("m", recs) if c.session_id == "f")
     assert f.model.id == "x"
     assert f.peer_id == "peer-f"

@@ -130,10 +130,11 @@ def test_replica_source_follows_real_changes_without_rebuilding() -> None:
     check()
     assert [c.load.inflight for c in source.candidates("m")
             if c.session_id == owners[0].session_id] == [3]
-    s = owners[1].session_id  # suspected by one member: not routable
+    s = owners[1].session_id  # suspected by one member: a flagged fallback candidate
     replica.apply(make_fact(keys[2], FactKind.SUSPECT, s, 1, clock.wall()))
     check()
-    assert s not in {c.session_id for c in source.candidates("m")} and source.is_known("m")
+    assert [c.suspected for c in source.candidates("m") if c.session_id == s] == [True]
+    assert source.is_known("m")
     replica.apply(make_fact(keys[2], FactKind.EVICT, owners[2].session_id, 1, clock.wall()))
     replica.apply(owners[3].set_state(Lifecycle.LEFT, wall=clock.wall()))
     check()
