@@ -20,16 +20,19 @@ Files:
   `anthropic_error`.
 - chat_stream.py: `ChatStreamTranslator`, a StreamSink that parses chat SSE chunks for the
   translated APIs' streams.
-- paths.py: the pass-through routes, forwarded paths and `FORWARDABLE_PATHS` (node side).
+- paths.py: the pass-through routes, forwarded paths, `FORWARD_PREFIX` (where a node takes
+  forwarded requests) and `FORWARDABLE_PATHS` (node side).
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.
-- protocols.py: `CandidateSource`, `Authenticator`, `UsageSink`, `Forwarder`, `Upstream`,
-  `StreamSink` (where a committed stream goes), `BodyReader`, `read_capped(upstream, limit)`.
+- protocols.py: every interface of the request path, capabilities included (no probing):
+  `CandidateSource`, `Authenticator`, `Principal` (`record_trace`), `UsageSink`, `Forwarder`
+  (`enforces_timeouts`), `Upstream` (`read_capped`, `socket_relay()`: a `SocketRelay` or
+  None), `StreamSink` (where a committed stream goes; `direct_writer()`: a `DirectWriter` or
+  None), `BodyReader`, `read_chunks_capped(chunks, limit)`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
 - forward_raw.py: `RawHttpForwarder` = `HttpForwarder`, the default direct forwarder (lean
   HTTP/1.1 client: asyncio.Protocol + httptools per pooled keep-alive connection,
   TCP_NODELAY, every `Timeouts` phase enforced with one timer per connection,
   `RawUpstream.relay(push, writable)` for streams relayed from the socket callback).
-- forward_http.py: `AiohttpForwarder` (aiohttp client) and `FORWARD_PREFIX`.
 - forward_peer.py: `PeerForwarder` (peer request API, relays) and `ChoosingForwarder`.
 - forward_secure.py: the data plane's ingress side (llmfabric.dataplane): `DataPlaneSessions`
   (a session key per provider), `PinnedHttpsForwarder` (direct: HTTPS pinned to the node key,
@@ -37,7 +40,7 @@ Files:
 - front_limits.py: `FrontLimits` (URL/head sizes, read timeouts, connection caps of the lean
   front) and `safe_header_value` (no control characters in emitted headers).
 - engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
-  local engine, streamed).
+  local engine, streamed; `HttpUpstream`, the engine's response over aiohttp's client).
 - usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`).
 - accounts_auth.py: adapters from llmfabric.accounts (AccountStore, RateLimiter) and
   `StaticKeys` for tests/benchmarks.
@@ -55,10 +58,10 @@ from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig, Timeouts, TraceEvent
 from llmfabric.ingress.engine_proxy import EngineProxy, add_engine_proxy_routes
 from llmfabric.ingress.errors import ConfigError, IngressError, UpstreamError
-from llmfabric.ingress.forward_http import FORWARD_PREFIX, AiohttpForwarder
 from llmfabric.ingress.forward_peer import ChoosingForwarder, PeerForwarder
 from llmfabric.ingress.forward_raw import RawHttpForwarder
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.sources import RecordsCandidateSource, StaticCandidateSource
 from llmfabric.ingress.web_app import add_ingress_routes, build_ingress_app
 
@@ -66,7 +69,6 @@ HttpForwarder = RawHttpForwarder  # the default direct forwarder
 
 __all__ = [
     "FORWARD_PREFIX",
-    "AiohttpForwarder",
     "ChoosingForwarder",
     "ConfigError",
     "EngineProxy",

@@ -9,6 +9,7 @@ the returned Upstream's chunks itself.
 from __future__ import annotations
 
 import hmac
+from collections.abc import AsyncGenerator
 
 import aiohttp
 from aiohttp import web
@@ -16,10 +17,47 @@ from yarl import URL
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
-from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
-from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
+from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
+from llmfabric.ingress.protocols import read_chunks_capped
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
+
+
+class HttpUpstream:
+    """The local engine's response (an `Upstream` over aiohttp's client)."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    @property
+    def content_type(self) -> str:
+        return self._resp.headers.get("Content-Type", "application/json")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamError(f"reading the response failed: {e!r}") from e
+
+    async def read_capped(self, limit: int) -> bytes:
+        return await read_chunks_capped(self.chunks(), limit)
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        # Raises aiohttp.ClientError / TimeoutError mid-stream; callers handle both.
+        async for data in self._resp.content.iter_any():
+            yield data
+
+    def socket_relay(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        self._resp.release()
 
 
 class EngineProxy:

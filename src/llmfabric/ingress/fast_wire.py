@@ -98,6 +98,9 @@ class ResponseSink:
     async def wait_writable(self) -> None:
         await self.conn.wait_writable()
 
+    def direct_writer(self) -> ResponseSink:
+        return self
+
     async def end(self) -> None:
         t = self._transport()
         if self.chunked:

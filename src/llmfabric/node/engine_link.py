@@ -20,7 +20,7 @@ from llmfabric.clock import Clock
 from llmfabric.ingress.engine_proxy import EngineProxy
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.config import NodeConfig
 from llmfabric.registry.records import ServedModel

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from llmfabric.dataplane.authz import AuthzError, ReplayCache
 from llmfabric.dataplane.control import SIGNED_HEADER, verify_control
 from llmfabric.dataplane.exchange import SESSION_PATH
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.assignment import ASSIGN_PATH, RELEASE_PATH
 from llmfabric.node.dataplane_server import DataPlaneServer
