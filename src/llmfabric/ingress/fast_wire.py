@@ -50,6 +50,29 @@ def response_head(status: int, content_type: str, node: str, extra: dict[str, st
     return out
 
 
+# Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
+HeadCache = dict[tuple[int, str, str, bool], bytes]
+
+
+def reply_bytes(heads: HeadCache, reply: Reply, keep: bool, head_only: bool) -> bytes:
+    """A complete response (`head_only`: without its body, for HEAD); heads without extra
+    headers are cached in `heads`."""
+    if reply.headers:
+        head = bytes(response_head(reply.status, reply.content_type, reply.node,
+                                   reply.headers, not keep) + b"\r\nContent-Length: ")
+    else:
+        key = (reply.status, reply.content_type, reply.node, keep)
+        cached = heads.get(key)
+        if cached is None:
+            if len(heads) > 1024:
+                heads.clear()
+            cached = heads[key] = bytes(
+                response_head(reply.status, reply.content_type, reply.node, None, not keep)
+                + b"\r\nContent-Length: ")
+        head = cached
+    return b"%b%d\r\n\r\n%b" % (head, len(reply.body), b"" if head_only else reply.body)
+
+
 class ResponseSink:
     """StreamSink writing a chunked (HTTP/1.1) or close-delimited (HTTP/1.0) response.
 

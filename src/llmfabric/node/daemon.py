@@ -254,12 +254,16 @@ class Node:
         host, port = parse_hostport(self.config.http_listen, default_host="127.0.0.1")
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True,
-                           ssl_context=self.tls.context if self.tls else None)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        bound_port = sockets[0].getsockname()[1] if sockets else port
+        ssl = self.tls.context if self.tls else None
+        if self.ingress is not None and self._runner.server is not None:
+            # The lean front takes the OpenAI routes; every other path goes to the app.
+            bound_port = await self.ingress.serve_http(
+                self._runner.server, host, port, ssl, front_limits(self.config.front_limits))
+        else:
+            site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=ssl)
+            await site.start()
+            sockets = getattr(site._server, "sockets", None) or []
+            bound_port = sockets[0].getsockname()[1] if sockets else port
         self._http_bind = (host, bound_port)
         shown = "127.0.0.1" if is_wildcard(host) else host
         self._http_addr = f"{shown}:{bound_port}"
