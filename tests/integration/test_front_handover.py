@@ -63,7 +63,8 @@ async def env() -> AsyncIterator[Env]:
     cand = Candidate("node-b0", "", "p", f"127.0.0.1:{engine_port}", (), Hardware("H100", 1),
                      ServedModel("m"), LoadHints())
     forwarder = HttpForwarder()
-    ingress = Ingress(IngressConfig(max_retries=0, auth_enabled=False), StaticCandidateSource([cand]), forwarder)
+    ingress = Ingress(IngressConfig(max_retries=0, auth_enabled=False),
+                      StaticCandidateSource([cand]), forwarder)
     hits: list[str] = []
     app = web.Application()
 
