@@ -5,6 +5,8 @@ on loopback: a mock engine and the node-like app on aiohttp, raw HTTP/1.1 client
 from __future__ import annotations
 
 import asyncio
+import pathlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -20,10 +22,12 @@ from llmfabric.ingress import (
     add_ingress_routes,
 )
 from llmfabric.ingress.fast_front import FastFront
+from llmfabric.net.server_tls import ServerTls
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 
 from .test_ingress_support import Backend, serve
+from .test_listener_tls import write_cert
 
 pytestmark = pytest.mark.integration
 
@@ -157,3 +161,25 @@ async def test_unknown_paths_without_a_fallback_answer_404(env: Env) -> None:
         writer.close()
     finally:
         await bare.aclose()
+
+
+async def test_a_tls_connection_is_handed_over_too(env: Env, tmp_path: pathlib.Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    write_cert(cert, key, "node")
+    tls = ServerTls(cert, key)
+    front = FastFront(env.front.ingress, serve_metrics=False, fallback=env.front.fallback)
+    port = await front.start("127.0.0.1", 0, ssl=tls.context)
+    try:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+        writer.write(_request("POST", "/v1/chat/completions", CHAT))
+        assert (await _response(reader))[0] == 200
+        writer.write(_request("GET", "/healthz") + _request("POST", "/v1/fabric/echo", b"tls"))
+        assert (await _response(reader))[0] == 200
+        status, _, got = await _response(reader)
+        assert (status, got) == (200, b"tls") and front.handed_over == 1
+        writer.close()
+    finally:
+        await front.aclose()

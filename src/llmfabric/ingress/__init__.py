@@ -1,17 +1,25 @@
 """OpenAI-compatible HTTP front (plus the Responses and Anthropic Messages APIs): auth,
-routing, streaming proxy, forwarding.
+routing, streaming proxy, forwarding. One data plane: one request core (`Ingress.serve`),
+one HTTP server for the OpenAI routes (the lean front), one upstream client
+(`RawHttpForwarder`, under the data plane's `PinnedHttpsForwarder` on a node).
 
 Files:
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
-  metrics)` for a standalone aiohttp app, `add_ingress_routes(app, ingress)` to mount the
-  routes in a node's app.
+  metrics)` for a standalone aiohttp app (`llmfabric ingress --server aiohttp`),
+  `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a
+  connection the front handed over).
 - web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
-- fast_front.py: `FastFront(ingress)`, a lean HTTP/1.1 server (asyncio.Protocol + httptools)
-  for the OpenAI routes and /metrics; `await front.start(host, port, reuse_port=...)`,
-  `await front.aclose()`. The default of `llmfabric ingress`.
-- fast_wire.py: the lean front's response bytes: `response_head`, `ResponseSink` (chunked or
-  close-delimited streams), `not_allowed` (405).
+- fast_front.py: `FastFront(ingress, fallback=...)`, the lean HTTP/1.1 server (asyncio.Protocol
+  + httptools) every ingress answers the OpenAI routes with: `llmfabric ingress` (and
+  /metrics), and a fabric node's HTTP port, where `fallback` (the node app's
+  `AppRunner.server`) takes over each connection whose request is another path (dashboard,
+  fleet API, accounts); `await front.start(host, port, ...)`, `await front.aclose()`.
+- fast_routes.py: which paths the front answers itself (`owned`, `route`).
+- fast_request.py: `FrontRequest`, the front's parse state of one request; `Stop`.
+- fast_wire.py: the lean front's response bytes: `response_head`, `reply_bytes` (a complete
+  response, heads cached), `ResponseSink` (chunked or close-delimited streams; its own
+  `DirectWriter`), `not_allowed` (405).
 - api_routes.py: `ApiRoutes` (`Ingress.api`): POST /v1/responses, /v1/messages and the
   pass-through paths over `Ingress.serve`; errors reshaped per API.
 - responses_api.py: the Responses API <-> chat completions (stateless, `store=false`),
