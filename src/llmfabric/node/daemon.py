@@ -30,7 +30,7 @@ from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.gossip.rebootstrap import Rebootstrapper
 from llmfabric.gossip.stats import AgentStats
-from llmfabric.identity import NodeKey
+from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.front_limits import front_limits
@@ -262,8 +262,7 @@ class Node:
         else:
             site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=ssl)
             await site.start()
-            sockets = getattr(site._server, "sockets", None) or []
-            bound_port = sockets[0].getsockname()[1] if sockets else port
+            bound_port = int(self._runner.addresses[0][1])
         self._http_bind = (host, bound_port)
         shown = "127.0.0.1" if is_wildcard(host) else host
         self._http_addr = f"{shown}:{bound_port}"
@@ -622,7 +621,7 @@ class Node:
             except (OSError, ValueError) as exc:
                 log.error("TLS reload failed, keeping the previous certificate: %s", exc)
         path = self.config.network_secret_file
-        if path is not None and hasattr(self.admission, "set_secrets"):
+        if path is not None and isinstance(self.admission, PskAdmission):  # (a secret file)
             try:
                 self.admission.set_secrets(*read_secret_file(path))
                 log.warning("reloaded the network secret from %s", path)

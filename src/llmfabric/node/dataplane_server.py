@@ -165,8 +165,7 @@ class DataPlaneServer:
         ctx = server_ssl_context(self.key, make_self_signed_cert(self.key))
         site = web.TCPSite(self._runner, host, port, ssl_context=ctx, reuse_address=True)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.https_port = int(sockets[0].getsockname()[1]) if sockets else port
+        self.https_port = int(self._runner.addresses[0][1])
         return self.https_port
 
     async def aclose(self) -> None:
