@@ -16,10 +16,9 @@ Files:
   `AppRunner.server`) takes over each connection whose request is another path (dashboard,
   fleet API, accounts); `await front.start(host, port, ...)`, `await front.aclose()`.
 - fast_routes.py: which paths the front answers itself (`owned`, `route`).
-- fast_request.py: `FrontRequest`, the front's parse state of one request; `Stop`.
-- fast_wire.py: the lean front's response bytes: `response_head`, `reply_bytes` (a complete
-  response, heads cached), `ResponseSink` (chunked or close-delimited streams; its own
-  `DirectWriter`), `not_allowed` (405).
+- fast_wire.py: the lean front's wire pieces: `FrontRequest` (what it keeps of a request while
+  reading it), `response_head`, `reply_bytes` (a complete response, heads cached),
+  `ResponseSink` (chunked or close-delimited streams; its own `DirectWriter`), `not_allowed`.
 - api_routes.py: `ApiRoutes` (`Ingress.api`): POST /v1/responses, /v1/messages and the
   pass-through paths over `Ingress.serve`; errors reshaped per API.
 - responses_api.py: the Responses API <-> chat completions (stateless, `store=false`),

@@ -39,9 +39,8 @@ import orjson
 from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.fast_request import FrontRequest, Stop
 from llmfabric.ingress.fast_routes import owned, route
-from llmfabric.ingress.fast_wire import HeadCache, ResponseSink, reply_bytes
+from llmfabric.ingress.fast_wire import FrontRequest, HeadCache, ResponseSink, Stop, reply_bytes
 from llmfabric.ingress.front_limits import FrontLimits
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
