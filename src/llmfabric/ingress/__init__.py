@@ -6,7 +6,7 @@ one HTTP server for the OpenAI routes (the lean front), one upstream client
 Files:
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
-  metrics)` for a standalone aiohttp app (`llmfabric ingress --server aiohttp`),
+  metrics)` for an aiohttp app over the same core (tests, embedding),
   `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a
   connection the front handed over).
 - web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
