@@ -13,7 +13,8 @@ This measures what a consumer of a running fabric pays: real `llmfabric start` p
 loopback (an ingress node with API keys on, and a provider node supervising `llmfabric engine
 sim`, Qwen3-1.7B on a simulated GH200 as in the paper), the same requests sent to
 - `direct`: the engine itself (no fabric),
-- `fabric`: the ingress node's HTTP port (aiohttp) -> provider node -> engine,
+- `fabric`: the ingress node's HTTP port (the lean front; other paths handed to aiohttp) ->
+  provider node -> engine,
 - `fabric-fast`: the ingress node's `--api-listen` lean front -> provider node -> engine,
 (the provider's forward route is no longer measured alone: it is HTTPS pinned to the node
 key with a per-request authorization only an ingress holding a data-plane session can make;

@@ -395,12 +395,10 @@ def nginx_cmd(work: Path, port: int, backends: list[int], workers: int) -> list[
     return [binary, "-p", str(work), "-c", str(conf), "-g", "daemon off;"]
 
 
-def llmfabric_cmd(port: int, backends: list[int], workers: int, auth_db: str | None,
-                  server: str | None = None) -> list[str]:
+def llmfabric_cmd(port: int, backends: list[int], workers: int, auth_db: str | None
+                  ) -> list[str]:
     cmd = [sys.executable, "-c", "from llmfabric.cli.main import main; main()", "ingress",
            "--port", str(port), "--workers", str(workers), "--max-retries", "1"]
-    if server:
-        cmd += ["--server", server]
     for p in backends:
         cmd += ["--backend", f"{MODEL}=127.0.0.1:{p}"]
     cmd += ["--db", auth_db] if auth_db else ["--no-auth"]
@@ -604,9 +602,6 @@ def run(args: argparse.Namespace) -> None:
                     db = str(work / "accounts.db")
                     token = make_key(db)
                     cmd = llmfabric_cmd(port, backends, args.workers, db)
-                elif name in ("llmfabric-aiohttp", "llmfabric-fast"):
-                    cmd = llmfabric_cmd(port, backends, args.workers, None,
-                                        name.removeprefix("llmfabric-"))
                 elif name == "nginx":
                     cmd = nginx_cmd(work / "nginx", port, backends, args.workers)
                 elif name == "vllm-router":

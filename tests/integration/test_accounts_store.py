@@ -36,6 +36,24 @@ async def test_create_authenticate_revoke(store: AccountStore) -> None:
     assert await store.authenticate(plain) is None
 
 
+async def test_a_verified_key_is_remembered_until_its_entry_changes(store: AccountStore) -> None:
+    key, plain = await store.create_key("app", "alice")
+    other, other_plain = await store.create_key("app2", "alice")
+    for _ in range(3):  # verified once, then remembered
+        assert (await store.authenticate(plain)) == key
+    assert (await store.authenticate(other_plain)) == other
+    forged = plain[:-1] + ("A" if plain[-1] != "A" else "B")  # same id, wrong secret
+    assert await store.authenticate(forged) is None
+    await store.set_owner_limits("alice", requests_per_min=5, tokens_per_min=None)
+    got = await store.authenticate(plain)  # the owner's new limits, not the remembered key
+    assert got is not None and got.owner_requests_per_min == 5
+    await store.revoke(key.id, by=None)
+    assert await store.authenticate(plain) is None
+    assert (await store.authenticate(other_plain)) is not None
+    await store.refresh()  # (every entry replaced: verified again)
+    assert await store.authenticate(plain) is None
+
+
 async def test_revoke_permissions(store: AccountStore) -> None:
     a, _ = await store.create_key("a", "alice")
     a2, _ = await store.create_key("a2", "alice")

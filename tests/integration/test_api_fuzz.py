@@ -25,13 +25,16 @@ from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.ingress import IngressConfig, RawHttpForwarder, StaticCandidateSource
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.fast_front import FastFront
 from llmfabric.ingress.openapi import OPENAPI_PATH, add_openapi_route, openapi_document
 from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ports import free_port
 from llmfabric.node.views import ObservedRecord
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
-from .test_ingress_support import LoopThread, record, serve, wait_port
+from .test_ingress_support import LoopThread, record, wait_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostile]
 
@@ -159,7 +162,16 @@ def node_api() -> Iterator[NodeApi]:
         add_tenancy_routes(app, store, budgets)
         add_dashboard_routes(app)
         add_openapi_route(app)
-        held["store"], held["runner"] = store, await serve(app, port)
+        # As on an ingress node's HTTP port: the lean front reads each request and hands
+        # these routes' connections to the app.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        assert runner.server is not None
+        front = FastFront(Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
+                                  RawHttpForwarder()), serve_metrics=False,
+                          fallback=runner.server)
+        await front.start("127.0.0.1", port)
+        held["store"], held["runner"], held["front"] = store, runner, front
 
     lt.call(start)
     wait_port(port)
@@ -167,6 +179,8 @@ def node_api() -> Iterator[NodeApi]:
         yield NodeApi(f"http://127.0.0.1:{port}", held["key"], held["user"])
     finally:
         async def stop() -> None:
+            await held["front"].aclose()
+            assert held["front"].handed_over > 0
             await held["runner"].cleanup()
             await held["store"].aclose()
         lt.call(stop)

@@ -51,6 +51,8 @@ def test_chat_completion_is_served_by_a_fabric_node(fabric: LocalFabric) -> None
     assert reply.choices[0].message.content
     assert reply.usage is not None and reply.usage.completion_tokens > 0
     served_by = raw.headers.get("x-fabric-node")
+    # The node's HTTP port: the lean front answered; the fleet API below is handed to aiohttp.
+    assert "aiohttp" not in raw.headers.get("server", "")
     nodes = fabric.ingress.get_json("/v1/fabric/nodes")["nodes"]  # type: ignore[union-attr]
     qwen_nodes = {n["session_id"] for n in nodes if any(m["id"] == "qwen3-1.7b"
                                                          for m in n["models"])}

@@ -25,7 +25,7 @@ from llmfabric.ingress import (
     build_ingress_app,
 )
 from llmfabric.ingress.accounts_auth import StaticKeys
-from llmfabric.ingress.forward_http import HttpUpstream
+from llmfabric.ingress.engine_proxy import HttpUpstream
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle, NodeRecord
 from llmfabric.routing.candidates import claimed_provider

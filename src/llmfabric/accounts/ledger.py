@@ -54,6 +54,8 @@ class UsageLedger:
     def __init__(self, backend: Backend, wall: Callable[[], float]) -> None:
         self._backend = backend
         self._wall = wall
+        self._day = ""  # utc_day of the last record, valid while the wall clock is in
+        self._day_span = (0.0, -1.0)  # [start, end) of that day
         self._pending: dict[tuple[str, str, str], _Counts] = {}
         self._writing: asyncio.Future[int] | None = None
         # Rows the database refused on their own (while it accepted others), newest last.
@@ -66,11 +68,24 @@ class UsageLedger:
 
     def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
                estimated: bool = False) -> None:
-        c = self._pending.setdefault((key_id, model, utc_day(self._wall())), _Counts())
+        row = (key_id, model, self._today())
+        c = self._pending.get(row)
+        if c is None:
+            c = self._pending[row] = _Counts()
         c.requests = min(ROW_MAX, c.requests + 1)
         c.estimated = min(ROW_MAX, c.estimated + int(estimated))
         c.prompt = min(ROW_MAX, c.prompt + clamp_tokens(prompt_tokens))
         c.completion = min(ROW_MAX, c.completion + clamp_tokens(completion_tokens))
+
+    def _today(self) -> str:
+        """utc_day(now), formatted once per day (a strftime per request was measurable)."""
+        now = self._wall()
+        start, end = self._day_span
+        if not start <= now < end:
+            self._day = utc_day(now)
+            start = now - now % 86400.0  # (UTC days are 86400 s: no leap seconds in POSIX)
+            self._day_span = (start, start + 86400.0)
+        return self._day
 
     async def flush(self) -> int:
         """Write pending rows; returns how many (key, model, day) rows were written.

@@ -31,6 +31,8 @@ MAX_RATE_LIMIT = 2**31 - 1
 
 def clamp_tokens(n: object) -> int:
     """A provider-reported token count as a plausible non-negative int (0 if not a number)."""
+    if type(n) is int and 0 <= n <= MAX_TOKENS_PER_REQUEST:
+        return n  # the common case, once per count on every request (bool is not int here)
     if isinstance(n, bool) or not isinstance(n, int | float) or n != n:
         return 0
     return int(min(max(n, 0), MAX_TOKENS_PER_REQUEST))

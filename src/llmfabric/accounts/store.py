@@ -72,6 +72,10 @@ class AccountStore:
         self._flush_interval = flush_interval_s
         self._refresh_interval = refresh_interval_s
         self._keys: dict[str, tuple[str, ApiKey]] = {}  # id -> (hash, key)
+        # Keys verified against their hash, by plaintext -> (id, the `_keys` entry then): a
+        # repeat skips the parse and the hash while that entry is still the one in `_keys`
+        # (a revocation or refresh replaces it).
+        self._verified: dict[str, tuple[str, tuple[str, ApiKey]]] = {}
         self._unknown: dict[str, float] = {}  # id -> clock.now() until which it stays unknown
         # Keys other ingresses vouch for (accounts.grants.RemoteGrants.lookup), or None.
         self.remote: Callable[[str], ApiKey | None] | None = None
@@ -253,6 +257,10 @@ class AccountStore:
 
     async def authenticate(self, plaintext: str) -> ApiKey | None:
         """The active key whose plaintext this is, else None. Cached: no I/O for known keys."""
+        seen = self._verified.get(plaintext)
+        if seen is not None and self._keys.get(seen[0]) is seen[1]:
+            key = seen[1][1]
+            return key if key.active else None
         key_id = keyfmt.parse_key_id(plaintext)
         if key_id is None:
             return None
@@ -278,6 +286,9 @@ class AccountStore:
         digest, key = entry
         if not keyfmt.matches(plaintext, digest) or not key.active:
             return None
+        if len(self._verified) > 10_000:
+            self._verified.clear()
+        self._verified[plaintext] = (key_id, entry)
         return key
 
     async def get(self, key_id: str) -> ApiKey:

@@ -17,7 +17,6 @@ import signal
 from dataclasses import dataclass
 
 import click
-from aiohttp import web
 
 from llmfabric.cli.start import ingress_timeout_options
 from llmfabric.ingress.config import IngressConfig, Timeouts
@@ -48,7 +47,6 @@ class Settings:
     db_url: str | None
     forward_prefix: str
     timeouts: Timeouts
-    server: str = "fast"  # "fast" (httptools front) or "aiohttp"
     front_limits: tuple[tuple[str, str], ...] = ()  # FrontLimits overrides (--front-limit)
     tls_cert: pathlib.Path | None = None  # HTTPS when both are set (reloaded on SIGHUP)
     tls_key: pathlib.Path | None = None
@@ -81,10 +79,10 @@ def candidates(backends: tuple[Backend, ...]) -> list[Candidate]:
 
 
 async def run_ingress(settings: Settings, reuse_port: bool) -> None:
-    from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource, build_ingress_app
+    from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
     from llmfabric.ingress.fast_front import FastFront
+    from llmfabric.ingress.front_limits import front_limits
     from llmfabric.ingress.tenancy_setup import attach_tenancy
-    from llmfabric.ingress.web_app import INGRESS_KEY
 
     store = None
     auth = None
@@ -114,35 +112,17 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
 
         tls = ServerTls(settings.tls_cert, settings.tls_key)
         loop.add_signal_handler(signal.SIGHUP, tls.reload)
-    if settings.server == "fast":
-        from llmfabric.ingress.front_limits import front_limits
-
-        ingress = Ingress(config, source, forwarder, auth=auth, usage_sink=auth)
-        tenancy = await attach_tenancy(ingress, store, env=os.environ)  # budgets, OTLP
-        front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)))
-        try:
-            await front.start(settings.host, settings.port, reuse_port=reuse_port,
-                              ssl=tls.context if tls else None)
-            await stop.wait()
-        finally:
-            await front.aclose()
-            await tenancy.aclose()
-            await forwarder.aclose()
-            if store is not None:
-                await store.aclose()
-        return
-    app = build_ingress_app(config, source, forwarder, auth=auth, usage_sink=auth)
-    tenancy = await attach_tenancy(app[INGRESS_KEY], store, env=os.environ)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None,
-                       backlog=2048, ssl_context=tls.context if tls else None)
-    await site.start()
+    ingress = Ingress(config, source, forwarder, auth=auth, usage_sink=auth)
+    tenancy = await attach_tenancy(ingress, store, env=os.environ)  # budgets, OTLP
+    front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)))
     try:
+        await front.start(settings.host, settings.port, reuse_port=reuse_port,
+                          ssl=tls.context if tls else None)
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await front.aclose()
         await tenancy.aclose()
+        await forwarder.aclose()
         if store is not None:
             await store.aclose()
 
@@ -181,8 +161,6 @@ def _run(settings: Settings, reuse_port: bool) -> None:
               "to nodes, run a fabric ingress with --network-secret instead)")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="processes sharing the port via SO_REUSEPORT")
-@click.option("--server", type=click.Choice(["fast", "aiohttp"]), default="fast",
-              show_default=True, help="HTTP server: the lean httptools front or aiohttp")
 @click.option("--front-limit", "front_limit", multiple=True, metavar="KEY=VALUE",
               help="a limit of the fast front (repeatable), e.g. header_timeout_s=10 "
               "(docs/ingress.md 'Front limits')")
@@ -200,7 +178,7 @@ def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
     network_secret: str | None, listen: str, policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
-    server: str, front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
+    front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
     connect_timeout_s: float, first_byte_timeout_s: float, idle_timeout_s: float,
     total_timeout_s: float,
@@ -241,7 +219,7 @@ def command(
     settings = Settings(
         host=host, port=port, backends=parsed, policy=policy, max_retries=max_retries,
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
-        forward_prefix=forward_prefix, server=server, timeouts=timeouts,
+        forward_prefix=forward_prefix, timeouts=timeouts,
         tls_cert=tls_cert, tls_key=tls_key,
         front_limits=limits, native_responses=native_responses,
     )

@@ -122,7 +122,8 @@ def node_options(fn: Any) -> Any:
                      help="let the engine command bind a non-loopback address"),
         click.option("--front-limit", "front_limits", multiple=True, callback=_labels,
                      metavar="KEY=VALUE",
-                     help="a limit of the --api-listen front (repeatable), e.g. "
+                     help="a limit of the lean front (HTTP port and --api-listen; "
+                          "repeatable), e.g. "
                           "header_timeout_s=10, max_connections_per_client=64 "
                           "(docs/ingress.md 'Front limits')"),
         click.option("--dataplane-port", type=click.IntRange(0, 65535),
@@ -133,11 +134,12 @@ def node_options(fn: Any) -> Any:
         click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY",
                      help="operator public key (base64) that signs membership certificates"),
         click.option("--ingress", is_flag=True, default=None,
-                     help="serve the OpenAI API, accounts and dashboard on the HTTP port"),
+                     help="serve the OpenAI API (lean front), accounts and dashboard "
+                          "(aiohttp) on the HTTP port"),
         click.option("--policy", help="ingress load-balancing policy [random]"),
         click.option("--api-listen", envvar="LLMFABRIC_API_LISTEN",
-                     help="ingress: also serve the OpenAI API on this host:port with the lean "
-                          "HTTP/1.1 front (faster than the shared HTTP port)"),
+                     help="ingress: also serve the OpenAI API on this host:port (the lean "
+                          "HTTP/1.1 front, OpenAI routes only)"),
         click.option("--max-retries", type=click.IntRange(min=0),
                      help="ingress retries on other nodes [2]"),
         click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),

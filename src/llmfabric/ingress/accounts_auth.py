@@ -49,6 +49,7 @@ class AccountsAuth:
 @dataclass(frozen=True, slots=True)
 class StaticPrincipal:
     id: str
+    record_trace: bool = True
 
 
 class StaticKeys:

@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
@@ -45,7 +45,6 @@ from llmfabric.ingress.protocols import (
     StreamSink,
     Upstream,
     UsageSink,
-    read_capped,
 )
 from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.tenancy import TenancyGate
@@ -112,7 +111,7 @@ class Ingress:
         self._capture = usage_sink is not None or config.trace_hook is not None
         # A forwarder that enforces every Timeouts phase itself (RawHttpForwarder) saves the
         # asyncio.timeout contexts around each attempt.
-        self._own_timeouts = getattr(forwarder, "enforces_timeouts", False) is True
+        self._own_timeouts = forwarder.enforces_timeouts
         self._plain_requests: dict[tuple[str, bool], RouteRequest] = {}
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._duration = sim_rate()  # request duration estimate for walltime routing
@@ -467,7 +466,7 @@ class Ingress:
         try:
             if up.status in RETRYABLE_STATUS:
                 raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-            data = await read_capped(up, self.config.max_response_bytes)
+            data = await up.read_capped(self.config.max_response_bytes)
         finally:
             await up.aclose()
         return up.status, data, up.content_type
@@ -525,15 +524,14 @@ class Ingress:
             out = scanner.feed(first) if scanner is not None else first
             if out:
                 await sink.write(out)
-            relay = getattr(up, "relay", None)
-            write_now = getattr(sink, "write_now", None)
+            relay = up.socket_relay()
+            direct = sink.direct_writer() if relay is not None else None
             try:
                 async with asyncio.timeout(t.total):
-                    if relay is not None and write_now is not None:
+                    if relay is not None and direct is not None:
                         # Bytes go from the node's socket callback straight to the client.
-                        close_it = getattr(it, "aclose", None)
-                        if close_it is not None:
-                            await close_it()  # (finalized now, not by the loop's GC hook)
+                        await it.aclose()  # (finalized now, not by the loop's GC hook)
+                        write_now = direct.write_now
                         if scanner is not None:
                             feed = scanner.feed
 
@@ -541,9 +539,9 @@ class Ingress:
                                 out = feed(data)
                                 return write_now(out) if out else True
 
-                            await relay(push, sink.wait_writable)  # type: ignore[attr-defined]
+                            await relay(push, direct.wait_writable)
                         else:
-                            await relay(write_now, sink.wait_writable)  # type: ignore[attr-defined]
+                            await relay(write_now, direct.wait_writable)
                     else:
                         async for data in it:
                             if scanner is not None:
@@ -581,7 +579,7 @@ class Ingress:
 
     async def _open_stream(
         self, cand: Candidate, path: str, body: bytes, opened: list[Upstream]
-    ) -> Reply | tuple[Upstream, AsyncIterator[bytes], bytes]:
+    ) -> Reply | tuple[Upstream, AsyncGenerator[bytes, None], bytes]:
         """Open the upstream (appended to `opened` for cleanup) and read its first chunk; a
         complete Reply for a non-200 client error from the engine."""
         up = await self.forwarder.open(cand, path, body, self.config.timeouts)
@@ -593,7 +591,7 @@ class Ingress:
             opened.clear()
             await up.aclose()
             return Reply(up.status, data, up.content_type, cand.session_id)
-        it = up.chunks().__aiter__()
+        it = up.chunks()
         try:
             first = await it.__anext__()
         except StopAsyncIteration:
@@ -636,5 +634,5 @@ class Ingress:
                 prompt_tokens=usage[0] if usage else None,
                 completion_tokens=usage[1] if usage else None,
                 request=doc,
-                opted_out=getattr(principal, "record_trace", True) is False,
+                opted_out=principal is not None and not principal.record_trace,
             ))

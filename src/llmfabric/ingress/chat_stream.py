@@ -45,6 +45,9 @@ class ChatStreamTranslator:
 
     # -- StreamSink ------------------------------------------------------------------------
 
+    def direct_writer(self) -> None:
+        return None  # (every chunk is parsed here)
+
     async def start(self, content_type: str, node: str) -> None:
         await self.inner.start("text/event-stream", node)
         self.started = True

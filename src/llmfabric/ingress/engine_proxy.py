@@ -18,11 +18,11 @@ from aiohttp import web
 from yarl import URL
 
 from llmfabric.ingress.config import Timeouts
+from llmfabric.ingress.engine_upstream import HttpUpstream
 from llmfabric.ingress.errors import UpstreamError, error_response
-from llmfabric.ingress.forward_http import FORWARD_PREFIX, HttpUpstream
 from llmfabric.ingress.node_spans import TracedUpstream
 from llmfabric.ingress.otlp import OtlpExporter
-from llmfabric.ingress.paths import ENGINE_PATHS, FORWARDABLE_PATHS
+from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
 from llmfabric.ingress.protocols import Upstream
 from llmfabric.ingress.tracecontext import HEADER, TraceParent, new_span_id, parse_traceparent
 

@@ -6,10 +6,13 @@ keep-alive, pipelined requests answered in order one at a time, Content-Length a
 request bodies (400 `request_too_large` past `max_body_bytes`, then the connection closes),
 streamed responses written chunk by chunk with chunked transfer encoding, TCP_NODELAY,
 backpressure both ways (reading pauses while requests queue up; writers wait on the
-transport's high-water mark), and an idle timeout. Unknown paths answer an OpenAI-shaped 404,
-known paths with another method 405. Only the headers the core needs are kept
-(Authorization, or Anthropic's x-api-key when there is none; X-Fabric-Providers).
-/v1/responses, /v1/messages and the pass-through paths go to `Ingress.api` (api_routes.py).
+transport's high-water mark), and an idle timeout. Known paths with another method answer
+405; unknown paths an OpenAI-shaped 404, or, with a `fallback` server (a fabric node's aiohttp
+app), the connection is handed over to it (fast_routes.py): the bytes of that request and all
+that follow go to the fallback's protocol, which serves the connection from then on. Only the
+headers the core needs are kept (Authorization, or Anthropic's x-api-key when there is none;
+X-Fabric-Providers). /v1/responses, /v1/messages and the pass-through paths go to
+`Ingress.api` (api_routes.py).
 
 Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header
 and body read timeouts (408, slowloris), connection caps per process and per client address
@@ -27,66 +30,36 @@ import socket
 import ssl as ssl_module
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import httptools
 import orjson
 
-from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, not_stored, to_anthropic
+from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.fast_wire import ResponseSink, not_allowed, response_head
+from llmfabric.ingress.fast_routes import owned, route
+from llmfabric.ingress.fast_wire import FrontRequest, HeadCache, ResponseSink, Stop, reply_bytes
 from llmfabric.ingress.front_limits import FrontLimits
-from llmfabric.ingress.openapi import OPENAPI_BODY
 from llmfabric.ingress.tracing import traced
 
-_POST_ROUTES = {
-    b"/v1/chat/completions": ("/v1/chat/completions", True),
-    b"/v1/completions": ("/v1/completions", True),
-    b"/v1/embeddings": ("/v1/embeddings", False),
-    **{p.encode(): (p, True) for p in EXTRA_POST_PATHS},  # served by Ingress.api
-}
+# Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
+FallbackFactory = Callable[[], asyncio.Protocol]
 _MAX_QUEUED = 32  # pipelined requests buffered before reading pauses
 _MAX_HEADER_VALUE = 16 * 1024
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
          b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%b")
 
 
-class _Stop(Exception):
-    """Internal: a limit was hit inside a parser callback; the error is already queued."""
-
-
-class _Request:
-    __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "head_done",
-                 "headers", "keep_alive", "method", "parts", "providers", "size", "started",
-                 "traceparent", "url", "version")
-
-    def __init__(self, started: float = 0.0) -> None:
-        self.url = b""
-        self.method = b""
-        self.auth = ""
-        self.providers: str | None = None
-        self.traceparent: bytes | None = None
-        self.parts: list[bytes] = []
-        self.body = b""
-        self.size = 0
-        self.keep_alive = True
-        self.version = "1.1"
-        self.error: Reply | None = None  # answer this instead, then close
-        self.close = False
-        self.expect = False  # Expect: 100-continue
-        self.started = started  # monotonic time of the first byte (header timeout)
-        self.head_done = False
-        self.headers = 0  # header fields seen, and their bytes (in `size` until the body)
-        self.auth_wait = False  # reading paused until the key is known valid
-
-
 class FastFront:
-    """Serves an `Ingress` (and optionally its /metrics) over a lean HTTP/1.1 server."""
+    """Serves an `Ingress` (and optionally its /metrics) over a lean HTTP/1.1 server; with
+    `fallback`, every other path goes to that server (see the module doc)."""
 
     def __init__(
         self, ingress: Ingress, *, serve_metrics: bool = True,
         idle_timeout_s: float | None = None, limits: FrontLimits | None = None,
+        fallback: FallbackFactory | None = None,
     ) -> None:
         limits = limits or FrontLimits()
         if idle_timeout_s is not None:
@@ -94,6 +67,8 @@ class FastFront:
         self.limits = limits
         self.ingress = ingress
         self.serve_metrics = serve_metrics
+        self.fallback = fallback
+        self.handed_over = 0  # connections given to the fallback server
         self.idle_timeout_s = limits.idle_timeout_s
         # Timers re-check each connection this often (a head or body stalled for its timeout
         # is closed within 1.5x of it; no timer work per request).
@@ -106,7 +81,7 @@ class FastFront:
         self._auth_memo: dict[str, float] = {}  # key -> until when it passes the pre-check
         self.refused_connections = 0
         # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
-        self._heads: dict[tuple[int, str, str, bool], bytes] = {}
+        self._heads: HeadCache = {}
 
     async def start(
         self, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048,
@@ -131,25 +106,9 @@ class FastFront:
             await self._server.wait_closed()
             self._server = None
 
-    def route(self, req: _Request) -> tuple[str, bool] | Reply | None:
+    def route(self, req: FrontRequest) -> tuple[str, bool] | Reply | None:
         """(path, streamable) for an OpenAI POST; a Reply for errors; None for GET routes."""
-        path = req.url.split(b"?", 1)[0]
-        method = req.method
-        hit = _POST_ROUTES.get(path)
-        if hit is not None:
-            if method == b"POST":
-                return hit
-            return not_allowed(path, "POST")
-        if path.startswith(b"/v1/responses/"):
-            return not_stored()
-        if path == b"/openapi.json":
-            return (Reply(200, OPENAPI_BODY, "application/json") if method == b"GET"
-                    else not_allowed(path, "GET"))
-        if path == b"/v1/models" or (path == b"/metrics" and self.serve_metrics):
-            return None if method == b"GET" else not_allowed(path, "GET")
-        return error_reply(404, f"no route {path.decode('latin-1')!r}; the API is under /v1 "
-                           "(chat/completions, completions, embeddings, responses, messages, "
-                           "models; the whole API: /openapi.json)", "not_found")
+        return route(req.url.split(b"?", 1)[0], req.method, self.serve_metrics)
 
 
 class _Connection(asyncio.Protocol):
@@ -160,8 +119,8 @@ class _Connection(asyncio.Protocol):
         self.max_body = front.max_body
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.queue: deque[_Request] = deque()
-        self.cur: _Request | None = None
+        self.queue: deque[FrontRequest] = deque()
+        self.cur: FrontRequest | None = None
         self.task: asyncio.Task[None] | None = None
         self.more: asyncio.Future[None] | None = None  # the idle task waits on this
         self.busy = False  # a request is being served
@@ -178,6 +137,12 @@ class _Connection(asyncio.Protocol):
         self.in_head = False  # a request head is being received
         self.head_bytes = 0  # bytes received while in its head (after the first chunk)
         self.auth_paused = False  # reading paused for the pre-body key check
+        # With a fallback: the bytes of the request being read, from its first byte (None:
+        # not tracked, e.g. it began inside a read after another request), and whether the
+        # current read began between two requests.
+        self.raw: list[bytes] | None = None
+        self.read_fresh = False
+        self.handing: list[bytes] | None = None  # bytes for the fallback, once decided
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -224,8 +189,16 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.parsing:
+            if self.handing is not None:
+                self.handing.append(data)
             return
         self.last_active = time.monotonic()
+        if self.front.fallback is not None:
+            self.read_fresh = fresh = self.cur is None
+            if fresh:
+                self.raw = [data]
+            elif self.raw is not None:
+                self.raw.append(data)
         if self.in_head:
             self.head_bytes += len(data)
         try:
@@ -233,7 +206,7 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported", "unsupported_upgrade")
         except httptools.HttpParserCallbackError as e:
-            if not isinstance(e.__context__, _Stop):
+            if not isinstance(e.__context__, Stop):
                 self._fail(400, f"malformed HTTP request: {e}", "bad_request")
         except httptools.HttpParserError as e:
             self._fail(400, f"malformed HTTP request: {e}", "bad_request")
@@ -256,10 +229,13 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if not self.parsing:
-            raise _Stop
-        self.cur = _Request(time.monotonic())
+            raise Stop
+        self.cur = FrontRequest(time.monotonic())
         self.in_head = True
         self.head_bytes = 0
+        if not self.read_fresh:
+            self.raw = None  # began inside a read: its first byte is unknown
+        self.read_fresh = False
 
     def on_url(self, url: bytes) -> None:
         cur = self.cur
@@ -268,7 +244,7 @@ class _Connection(asyncio.Protocol):
             if len(cur.url) > self.front.limits.max_url_bytes:
                 self._fail(414, "the request URL is longer than "
                            f"{self.front.limits.max_url_bytes} bytes", "uri_too_long")
-                raise _Stop
+                raise Stop
 
     def on_header(self, name: bytes, value: bytes) -> None:
         cur = self.cur
@@ -280,7 +256,7 @@ class _Connection(asyncio.Protocol):
         if cur.headers > lim.max_headers or cur.size + len(cur.url) > lim.max_head_bytes:
             self._fail(431, f"the request head has more than {lim.max_headers} fields or "
                        f"{lim.max_head_bytes} bytes", "request_header_fields_too_large")
-            raise _Stop
+            raise Stop
         n = name.lower()
         if n == b"authorization":
             cur.auth = value.decode("latin-1")
@@ -310,6 +286,11 @@ class _Connection(asyncio.Protocol):
         cur.keep_alive = p.should_keep_alive()
         cur.version = p.get_http_version()
         cur.head_done = True
+        if self.front.fallback is not None:
+            if not owned(cur.url.split(b"?", 1)[0], self.front.serve_metrics):
+                self._hand_over_later(cur)
+                raise Stop
+            self.raw = None
         too_large = cur.body == b"!"  # a declared Content-Length over the limit
         cur.body = b""
         cur.size = 0  # from here on: body bytes
@@ -324,6 +305,36 @@ class _Connection(asyncio.Protocol):
         if cur.expect and not cur.auth_wait:
             self._continue()
 
+    def _hand_over_later(self, cur: FrontRequest) -> None:
+        """Queue the hand-over of this connection to the fallback server (after the answers
+        to the requests before this one); from here on bytes are kept, not parsed."""
+        self.parsing = False
+        self.cur = None
+        if self.raw is None:  # pipelined inside one read behind another request
+            cur.error = error_reply(400, "send requests to paths other than the OpenAI API "
+                                    "on a new connection", "bad_request")
+            cur.close = True
+        else:
+            self.handing, self.raw = self.raw, None
+            cur.hand_over = True
+        self._enqueue(cur)
+
+    def _hand_over(self) -> None:
+        """Give the connection, with every byte from the request on, to a new protocol of
+        the fallback server; this one lets go of it."""
+        t, factory, data = self.transport, self.front.fallback, self.handing
+        self.handing = None
+        if t is None or factory is None or data is None or self.closed:
+            return
+        self.connection_lost(None)  # (our bookkeeping; asyncio will not call it any more)
+        self.front.handed_over += 1
+        proto = factory()
+        t.set_protocol(proto)
+        if self.reading_paused or self.auth_paused:
+            t.resume_reading()
+        proto.connection_made(t)
+        proto.data_received(b"".join(data))
+
     def _continue(self) -> None:
         """100 Continue for the request being read (sent only once its key is known valid)."""
         if not self.busy and not self.queue and self.transport and not self.closed:
@@ -331,7 +342,7 @@ class _Connection(asyncio.Protocol):
             # interleave with another response.
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def _key_precheck(self, cur: _Request) -> bool:
+    def _key_precheck(self, cur: FrontRequest) -> bool:
         """Before any body is buffered: no key -> 401 now; a key not seen valid recently ->
         reading pauses until the store answered. False when the request was refused."""
         header = cur.auth
@@ -349,7 +360,7 @@ class _Connection(asyncio.Protocol):
         self.loop.create_task(self._check_key(cur, token))
         return True
 
-    async def _check_key(self, cur: _Request, token: str) -> None:
+    async def _check_key(self, cur: FrontRequest, token: str) -> None:
         auth = self.ingress.auth
         try:
             ok = auth is not None and await auth.authenticate(token) is not None
@@ -375,7 +386,7 @@ class _Connection(asyncio.Protocol):
             cur.close = True
         self._pause_for_auth(False)
 
-    def _refuse_early(self, cur: _Request, reply: Reply) -> None:
+    def _refuse_early(self, cur: FrontRequest, reply: Reply) -> None:
         cur.parts = []
         cur.error = reply
         cur.close = True
@@ -393,7 +404,7 @@ class _Connection(asyncio.Protocol):
         elif not pause and not self.reading_paused:
             t.resume_reading()
 
-    def _too_large(self, cur: _Request) -> None:
+    def _too_large(self, cur: FrontRequest) -> None:
         """Answer 400 now; the rest of the body is discarded and the connection closes."""
         cur.parts = []
         cur.error = self.ingress._too_large(self.max_body)
@@ -426,13 +437,13 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, status: int, message: str, code: str) -> None:
         self.parsing = False
-        req = _Request()
+        req = FrontRequest()
         req.error = error_reply(status, message, code)
         req.close = True
         self.cur = None
         self._enqueue(req)
 
-    def _enqueue(self, req: _Request) -> None:
+    def _enqueue(self, req: FrontRequest) -> None:
         self.queue.append(req)
         if self.task is None:
             self.task = self.loop.create_task(self._run())
@@ -465,6 +476,9 @@ class _Connection(asyncio.Protocol):
                     self.reading_paused = False
                     if self.transport is not None and not self.auth_paused:
                         self.transport.resume_reading()
+                if req.hand_over:
+                    self._hand_over()
+                    return
                 keep = await self._serve(req)
                 if not keep:
                     self._close()
@@ -477,7 +491,7 @@ class _Connection(asyncio.Protocol):
             self.busy = False
             self.last_active = time.monotonic()
 
-    async def _serve(self, req: _Request) -> bool:
+    async def _serve(self, req: FrontRequest) -> bool:
         keep = req.keep_alive and not req.close
         if req.error is not None:
             err = orjson.loads(req.error.body).get("error", {})
@@ -516,23 +530,8 @@ class _Connection(asyncio.Protocol):
 
     def _send(self, reply: Reply, keep: bool, head_only: bool) -> None:
         t = self.transport
-        if t is None or self.closed:
-            return
-        if reply.headers:
-            head = bytes(response_head(reply.status, reply.content_type, reply.node, reply.headers,
-                               not keep) + b"\r\nContent-Length: ")
-        else:
-            heads = self.front._heads
-            key = (reply.status, reply.content_type, reply.node, keep)
-            cached = heads.get(key)
-            if cached is None:
-                if len(heads) > 1024:
-                    heads.clear()
-                cached = heads[key] = bytes(
-                    response_head(reply.status, reply.content_type, reply.node, None, not keep)
-                    + b"\r\nContent-Length: ")
-            head = cached
-        t.write(b"%b%d\r\n\r\n%b" % (head, len(reply.body), b"" if head_only else reply.body))
+        if t is not None and not self.closed:
+            t.write(reply_bytes(self.front._heads, reply, keep, head_only))
 
     def _close(self) -> None:
         t = self.transport

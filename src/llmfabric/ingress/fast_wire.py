@@ -1,5 +1,6 @@
-"""Response bytes of the lean front (fast_front.py): `response_head` (status line and the
-headers we emit, each through `safe_header_value`: no CR/LF from session ids) and
+"""The lean front's (fast_front.py) wire pieces: `FrontRequest`, what it keeps of a request
+while reading it, and `Stop`; the response bytes: `response_head` (status line and the headers
+we emit, each through `safe_header_value`: no CR/LF from session ids), `reply_bytes` and
 `ResponseSink`, the StreamSink writing a chunked (HTTP/1.1) or close-delimited (HTTP/1.0)
 response on a front connection; `not_allowed` (405 with Allow)."""
 
@@ -10,6 +11,38 @@ from typing import Protocol
 
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front_limits import safe_header_value
+
+
+class Stop(Exception):
+    """Internal: a limit was hit inside a parser callback; the error is already queued."""
+
+
+class FrontRequest:
+    """What the front keeps of a request while it is read (only what the core needs)."""
+
+    __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "hand_over",
+                 "head_done", "headers", "keep_alive", "method", "parts", "providers", "size",
+                 "started", "traceparent", "url", "version")
+
+    def __init__(self, started: float = 0.0) -> None:
+        self.url = b""
+        self.method = b""
+        self.auth = ""
+        self.providers: str | None = None
+        self.traceparent: bytes | None = None  # W3C trace context, as received (tracing.py)
+        self.parts: list[bytes] = []
+        self.body = b""
+        self.size = 0
+        self.keep_alive = True
+        self.version = "1.1"
+        self.error: Reply | None = None  # answer this instead, then close
+        self.close = False
+        self.expect = False  # Expect: 100-continue
+        self.started = started  # monotonic time of the first byte (header timeout)
+        self.head_done = False
+        self.headers = 0  # header fields seen, and their bytes (in `size` until the body)
+        self.auth_wait = False  # reading paused until the key is known valid
+        self.hand_over = False  # not ours: the connection goes to the fallback server
 
 
 class FrontConnection(Protocol):
@@ -48,6 +81,29 @@ def response_head(status: int, content_type: str, node: str, extra: dict[str, st
     if close:
         out += b"\r\nConnection: close"
     return out
+
+
+# Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
+HeadCache = dict[tuple[int, str, str, bool], bytes]
+
+
+def reply_bytes(heads: HeadCache, reply: Reply, keep: bool, head_only: bool) -> bytes:
+    """A complete response (`head_only`: without its body, for HEAD); heads without extra
+    headers are cached in `heads`."""
+    if reply.headers:
+        head = bytes(response_head(reply.status, reply.content_type, reply.node,
+                                   reply.headers, not keep) + b"\r\nContent-Length: ")
+    else:
+        key = (reply.status, reply.content_type, reply.node, keep)
+        cached = heads.get(key)
+        if cached is None:
+            if len(heads) > 1024:
+                heads.clear()
+            cached = heads[key] = bytes(
+                response_head(reply.status, reply.content_type, reply.node, None, not keep)
+                + b"\r\nContent-Length: ")
+        head = cached
+    return b"%b%d\r\n\r\n%b" % (head, len(reply.body), b"" if head_only else reply.body)
 
 
 class ResponseSink:
@@ -98,6 +154,9 @@ class ResponseSink:
 
     async def wait_writable(self) -> None:
         await self.conn.wait_writable()
+
+    def direct_writer(self) -> ResponseSink:
+        return self
 
     async def end(self) -> None:
         t = self._transport()

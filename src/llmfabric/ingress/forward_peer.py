@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
-from llmfabric.ingress.protocols import Forwarder, Upstream
+from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.ingress.protocols import Forwarder, Upstream, read_chunks_capped
 from llmfabric.ingress.tracing import downstream_pairs
 from llmfabric.routing.candidates import Candidate
 
@@ -68,7 +68,13 @@ class PeerUpstream:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def read_capped(self, limit: int) -> bytes:
+        return await read_chunks_capped(self.chunks(), limit)
+
+    def socket_relay(self) -> None:
+        return None
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         it = self._resp.iter_chunks().__aiter__()
         while True:
             try:
@@ -88,6 +94,8 @@ class PeerUpstream:
 
 class PeerForwarder:
     """Sends the request to the candidate's peer id over the transport (direct or relayed)."""
+
+    enforces_timeouts = False  # (the core bounds each attempt)
 
     def __init__(self, transport: PeerRequester, path_prefix: str = FORWARD_PREFIX) -> None:
         self._transport = transport
@@ -137,6 +145,8 @@ class ChoosingForwarder:
         self._retry_after = direct_retry_after_s
         self._now = now
         self._direct_failed: dict[str, float] = {}  # http_addr -> when to try it again
+        self.enforces_timeouts = direct.enforces_timeouts and (
+            peer is None or peer.enforces_timeouts)
 
     async def open(
         self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts

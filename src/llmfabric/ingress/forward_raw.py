@@ -23,7 +23,7 @@ import contextlib
 import socket
 import ssl as ssl_module
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import cast
 
 import httptools
@@ -33,6 +33,7 @@ from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.paths import ENGINE_PATHS
+from llmfabric.ingress.protocols import SocketRelay
 from llmfabric.ingress.tracing import downstream_header
 from llmfabric.routing.candidates import Candidate
 
@@ -295,8 +296,11 @@ class RawUpstream:
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncGenerator[bytes, None]:
         return self._iter()
+
+    def socket_relay(self) -> SocketRelay:
+        return self.relay
 
     async def relay(
         self, push: Callable[[bytes], bool], writable: Callable[[], Awaitable[None]]
@@ -349,7 +353,7 @@ class RawUpstream:
         finally:
             conn.push = None
 
-    async def _iter(self) -> AsyncIterator[bytes]:
+    async def _iter(self) -> AsyncGenerator[bytes, None]:
         conn = self._conn
         if conn is None:
             return

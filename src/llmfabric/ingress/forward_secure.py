@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 import orjson
 
@@ -27,9 +27,10 @@ from llmfabric.dataplane.sealing import DATA, END, HEAD, FrameOpener, seal_body
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.ingress.forward_peer import PeerRequester, PeerResponse
 from llmfabric.ingress.forward_raw import RawHttpForwarder, RawUpstream
+from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.ingress.protocols import read_chunks_capped
 from llmfabric.ingress.tracing import downstream_pairs
 from llmfabric.routing.candidates import Candidate
 
@@ -191,7 +192,13 @@ class SealedUpstream:
     async def read(self) -> bytes:
         return b"".join([c async for c in self.chunks()])
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def read_capped(self, limit: int) -> bytes:
+        return await read_chunks_capped(self.chunks(), limit)
+
+    def socket_relay(self) -> None:
+        return None
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         while True:
             kind, data = await self._frame(self._idle)
             if kind == END:
@@ -205,6 +212,8 @@ class SealedUpstream:
 
 class SealedPeerForwarder:
     """Peer path (direct peer connection or relays): sealed end to end."""
+
+    enforces_timeouts = False  # (the core bounds each attempt)
 
     def __init__(self, sessions: DataPlaneSessions, transport: PeerRequester) -> None:
         self._sessions = sessions

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +31,16 @@ class FrontLimits:
     auth_memo_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("max_url_bytes", "max_head_bytes", "max_headers", "max_connections",
-                     "max_connections_per_client"):
-            if getattr(self, name) < 1:
+        counts = {"max_url_bytes": self.max_url_bytes, "max_head_bytes": self.max_head_bytes,
+                  "max_headers": self.max_headers, "max_connections": self.max_connections,
+                  "max_connections_per_client": self.max_connections_per_client}
+        for name, count in counts.items():
+            if count < 1:
                 raise ValueError(f"{name} must be >= 1")
-        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
-            if getattr(self, name) <= 0:
+        spans = {"header_timeout_s": self.header_timeout_s,
+                 "body_timeout_s": self.body_timeout_s, "idle_timeout_s": self.idle_timeout_s}
+        for name, span in spans.items():
+            if span <= 0:
                 raise ValueError(f"{name} must be > 0")
 
 
@@ -43,7 +48,7 @@ def front_limits(values: Mapping[str, object]) -> FrontLimits:
     """FrontLimits with `values` (field name -> number or numeric string) over the defaults;
     ValueError names an unknown field or a bad value (`--front-limit KEY=VALUE`)."""
     fields = {f.name: f.type for f in dataclasses.fields(FrontLimits)}
-    changes: dict[str, float | int] = {}
+    changes: dict[str, Any] = {}  # (each value converted to its field's type)
     for key, raw in values.items():
         if key not in fields:
             raise ValueError(f"unknown front limit {key!r} (known: {', '.join(fields)})")
@@ -52,7 +57,7 @@ def front_limits(values: Mapping[str, object]) -> FrontLimits:
             changes[key] = int(number) if fields[key] in (int, "int") else number
         except ValueError:
             raise ValueError(f"front limit {key}={raw!r} is not a number") from None
-    return dataclasses.replace(FrontLimits(), **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(FrontLimits(), **changes)
 
 
 def safe_header_value(value: str) -> str:

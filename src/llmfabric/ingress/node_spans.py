@@ -8,9 +8,10 @@ time as its `forward` + `stream` phases.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
-from llmfabric.ingress.forward_http import HttpUpstream
+from llmfabric.ingress.engine_upstream import HttpUpstream
+from llmfabric.ingress.protocols import read_chunks_capped
 from llmfabric.ingress.tracecontext import TraceParent
 from llmfabric.ingress.tracing import TraceExporter
 
@@ -46,11 +47,17 @@ class TracedUpstream:
         self._first = self._first or _perf() - self._t0
         return data
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         async for data in self._up.chunks():
             if self._first is None:
                 self._first = _perf() - self._t0
             yield data
+
+    async def read_capped(self, limit: int) -> bytes:
+        return await read_chunks_capped(self.chunks(), limit)
+
+    def socket_relay(self) -> None:
+        return None
 
     async def aclose(self) -> None:
         await self._up.aclose()

@@ -7,6 +7,10 @@ accept forwarded /v1/ paths): a client's root path such as vLLM's `/tokenize` tr
 
 from __future__ import annotations
 
+# Path prefix under which a node accepts forwarded inference requests (its data plane:
+# node/dataplane_server.py, the peer API; served by engine_proxy.py).
+FORWARD_PREFIX = "/v1/fabric/forward"
+
 # Client path -> forwarded path, for the routes passed through unchanged to an engine that
 # serves them (vLLM, SGLang): routed by the body's model, authenticated, and metered by
 # request when no usage comes back.

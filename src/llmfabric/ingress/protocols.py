@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
@@ -30,6 +30,11 @@ class Principal(Protocol):
     @property
     def id(self) -> str: ...
 
+    @property
+    def record_trace(self) -> bool:
+        """False: the key's owner opted out of request traces."""
+        ...
+
 
 class Authenticator(Protocol):
     async def authenticate(self, token: str) -> Principal | None:
@@ -51,6 +56,15 @@ class UsageSink(Protocol):
         ...
 
 
+# Hands relayed bytes to the client; False when the client's buffer is full (then await the
+# writer's `wait_writable()` before pushing more).
+Push = Callable[[bytes], bool]
+Writable = Callable[[], Awaitable[None]]
+# Relays the rest of a response body from the socket callback into `push` (no task wake-up
+# per chunk); raises UpstreamError on a node failure or timeout.
+SocketRelay = Callable[[Push, Writable], Awaitable[None]]
+
+
 class Upstream(Protocol):
     """One response from a candidate. `aclose()` must always be called."""
 
@@ -62,12 +76,28 @@ class Upstream(Protocol):
 
     async def read(self) -> bytes: ...
 
-    def chunks(self) -> AsyncIterator[bytes]: ...
+    async def read_capped(self, limit: int) -> bytes:
+        """The whole body, failing (UpstreamError) past `limit` bytes (`read_chunks_capped`
+        for an upstream without a better way)."""
+        ...
+
+    def chunks(self) -> AsyncGenerator[bytes, None]: ...
+
+    def socket_relay(self) -> SocketRelay | None:
+        """The zero-task relay of the rest of the body (the lean upstream client), or None:
+        the core then iterates `chunks()`."""
+        ...
 
     async def aclose(self) -> None: ...
 
 
 class Forwarder(Protocol):
+    @property
+    def enforces_timeouts(self) -> bool:
+        """True when `open` and the upstream enforce every `Timeouts` phase themselves (the
+        core then saves its asyncio.timeout contexts around each attempt)."""
+        ...
+
     async def open(
         self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
     ) -> Upstream:
@@ -90,19 +120,30 @@ class StreamSink(Protocol):
 
     async def end(self) -> None: ...
 
+    def direct_writer(self) -> DirectWriter | None:
+        """A synchronous write path for `SocketRelay` (the lean front), or None."""
+        ...
+
+
+class DirectWriter(Protocol):
+    """A sink's synchronous write path: bytes go from the node's socket callback straight
+    to the client's transport."""
+
+    def write_now(self, data: bytes) -> bool:
+        """Write without waiting; False when the client's buffer is full."""
+        ...
+
+    async def wait_writable(self) -> None: ...
+
 
 BodyReader = Callable[[], Awaitable["bytes | Reply"]]
 
 
-async def read_capped(up: Upstream, limit: int) -> bytes:
-    """The upstream's whole body, failing (UpstreamError) past `limit` bytes."""
-    capped = getattr(up, "read_capped", None)
-    if capped is not None:
-        data: bytes = await capped(limit)
-        return data
+async def read_chunks_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """A whole body from its chunks, failing (UpstreamError) past `limit` bytes."""
     parts: list[bytes] = []
     size = 0
-    async for chunk in up.chunks():
+    async for chunk in chunks:
         size += len(chunk)
         if size > limit:
             raise UpstreamError(f"the node's response is larger than {limit} bytes")

@@ -71,7 +71,8 @@ def usage_from_body(body: bytes) -> tuple[int, int] | None:
 class StreamUsageScanner:
     """Feed upstream SSE bytes; get back the bytes to send on (line-aligned)."""
 
-    __slots__ = ("_carry", "_held_done", "_max_line", "_strip", "_want_chunk", "estimated",
+    __slots__ = ("_carry", "_drop_blank", "_held_done", "_max_line", "_strip", "_want_chunk",
+                 "estimated",
                  "events", "pieces", "usage")
 
     def __init__(self, strip_usage_chunk: bool, want_usage_chunk: bool = False,
@@ -79,6 +80,7 @@ class StreamUsageScanner:
         self._strip = strip_usage_chunk
         self._max_line = max_line
         self._carry = b""
+        self._drop_blank = False  # a stripped usage event's blank line is still to come
         self.usage: tuple[int, int] | None = None
         self.estimated = False  # the usage chunk said `"estimated": true` (a node counted)
         self.events = 0  # `data:` events passed on
@@ -92,17 +94,23 @@ class StreamUsageScanner:
         if self._carry:
             data = self._carry + data
             self._carry = b""
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            if len(data) > self._max_line:
-                return data  # an overlong line: relayed as is, never held
-            self._carry = data
-            return b""
-        if cut != len(data) - 1:
+        if self._drop_blank and data:
+            self._drop_blank = False
+            if data.startswith(b"\n"):
+                data = data[1:]
+            elif data.startswith(b"\r\n"):
+                data = data[2:]
+        if not data.endswith(b"\n"):  # (engines send whole events: the usual case skips this)
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                if len(data) > self._max_line:
+                    return data  # an overlong line: relayed as is, never held
+                self._carry = data
+                return b""
             self._carry = data[cut + 1 :]
             data = data[: cut + 1]
         self.events += data.count(b"data:")
-        if _has_usage(data):
+        if _MARKERS[0] in data or _MARKERS[1] in data:
             data = self._take_usage(data)
         return self._count(data)
 
@@ -113,7 +121,12 @@ class StreamUsageScanner:
         return self._count(rest) if rest else rest
 
     def _count(self, data: bytes) -> bytes:
-        self.pieces += sum(data.count(p) for p in _PIECE) - sum(data.count(e) for e in _EMPTY)
+        # Content pieces (for the estimate when the engine reports no usage), counted per
+        # chunk: the four spellings spelled out (this runs for every chunk of every stream).
+        c = data.count
+        self.pieces += (c(b'"content":"') + c(b'"content": "') + c(b'"text":"') + c(b'"text": "')
+                        - c(b'"content":""') - c(b'"content": ""') - c(b'"text":""')
+                        - c(b'"text": ""'))
         if self._held_done and not data.strip():
             return b""  # the blank line that ended the held [DONE] event
         if self._want_chunk and self.usage is None and b"[DONE]" in data:
@@ -145,7 +158,10 @@ class StreamUsageScanner:
         return usage, usage_chunk(usage, model, chat) + b"data: [DONE]\n\n"
 
     def _take_usage(self, data: bytes) -> bytes:
+        ends = data.endswith(b"\n")
         lines = data.split(b"\n")
+        if ends:
+            lines.pop()  # (the empty piece after the last newline)
         out: list[bytes] = []
         drop_blank = False
         for line in lines:
@@ -170,7 +186,10 @@ class StreamUsageScanner:
                         drop_blank = True
                         continue
             out.append(line)
-        return b"\n".join(out)
+        self._drop_blank = drop_blank  # the event's blank line comes with the next bytes
+        if not out:
+            return b""
+        return b"\n".join(out) + b"\n" if ends else b"\n".join(out)
 
 
 class Usage(NamedTuple):
@@ -187,8 +206,6 @@ class Usage(NamedTuple):
 # embedding `input`) + 4 per chat message (role and separators); completion = the streamed
 # content pieces (engines stream one token per event) or, for a whole body, ceil(characters
 # / 4) of the returned text. Such rows are marked estimated in the usage ledger.
-_PIECE = (b'"content":"', b'"content": "', b'"text":"', b'"text": "')
-_EMPTY = (b'"content":""', b'"content": ""', b'"text":""', b'"text": ""')
 
 
 def _chars(value: Any, depth: int = 0) -> int:

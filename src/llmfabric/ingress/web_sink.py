@@ -38,6 +38,9 @@ class WebSink:
         if self.response is not None:
             await self.response.write_eof()
 
+    def direct_writer(self) -> None:
+        return None  # (aiohttp writes through its own coroutines)
+
 
 def web_response(reply: Reply) -> web.Response:
     """A `Reply` as an aiohttp response."""

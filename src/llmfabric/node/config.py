@@ -130,7 +130,8 @@ class NodeConfig(BaseModel):
     tls_key: pathlib.Path | None = None
     # Let the engine command bind a non-loopback address (node/engine_link.py).
     allow_engine_public_bind: bool = False
-    # Limits of the lean front (--api-listen): FrontLimits field -> value over the defaults.
+    # Limits of the lean fronts (HTTP port of an ingress, --api-listen): FrontLimits field ->
+    # value over the defaults.
     front_limits: dict[str, float] = Field(default_factory=dict)
     # Walltime: Unix time the allocation ends (None: detected inside a Slurm job, else
     # unbounded); the node drains this long before it (launch/allocation.py).

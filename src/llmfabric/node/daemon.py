@@ -32,7 +32,7 @@ from llmfabric.clock import Clock, SystemClock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.gossip.stats import AgentStats
-from llmfabric.identity import NodeKey
+from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.ingress.demand import DemandMeter
 from llmfabric.ingress.demand import moved as demand_moved
 from llmfabric.ingress.front_limits import front_limits
@@ -255,12 +255,15 @@ class Node:
         host, port = parse_hostport(self.config.http_listen, default_host="127.0.0.1")
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True,
-                           ssl_context=self.tls.context if self.tls else None)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        bound_port = sockets[0].getsockname()[1] if sockets else port
+        ssl = self.tls.context if self.tls else None
+        if self.ingress is not None and self._runner.server is not None:
+            # The lean front takes the OpenAI routes; every other path goes to the app.
+            bound_port = await self.ingress.serve_http(
+                self._runner.server, host, port, ssl, front_limits(self.config.front_limits))
+        else:
+            site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=ssl)
+            await site.start()
+            bound_port = int(self._runner.addresses[0][1])
         self._http_bind = (host, bound_port)
         shown = "127.0.0.1" if is_wildcard(host) else host
         self._http_addr = f"{shown}:{bound_port}"
@@ -394,7 +397,7 @@ class Node:
             except (OSError, ValueError) as exc:
                 log.error("TLS reload failed, keeping the previous certificate: %s", exc)
         path = self.config.network_secret_file
-        if path is not None and hasattr(self.admission, "set_secrets"):
+        if path is not None and isinstance(self.admission, PskAdmission):  # (a secret file)
             try:
                 self.admission.set_secrets(*read_secret_file(path))
                 log.warning("reloaded the network secret from %s", path)

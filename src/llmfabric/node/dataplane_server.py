@@ -24,7 +24,7 @@ from llmfabric.dataplane.sealing import DATA, END, SEALED_TYPE, Sealer, open_bod
 from llmfabric.identity import NodeKey
 from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context
 from llmfabric.node.engine_link import EngineLink, error_response
@@ -165,8 +165,7 @@ class DataPlaneServer:
         ctx = server_ssl_context(self.key, make_self_signed_cert(self.key))
         site = web.TCPSite(self._runner, host, port, ssl_context=ctx, reuse_address=True)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.https_port = int(sockets[0].getsockname()[1]) if sockets else port
+        self.https_port = int(self._runner.addresses[0][1])
         return self.https_port
 
     async def aclose(self) -> None:

@@ -31,8 +31,8 @@ from llmfabric.clock import Clock
 from llmfabric.ingress.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.ingress.otlp import exporter_from_env
+from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.node.config import NodeConfig

@@ -1,4 +1,12 @@
-"""The ingress role of a node: OpenAI routes over the live replica, accounts, dashboard."""
+"""The ingress role of a node: OpenAI routes over the live replica, accounts, dashboard.
+
+One HTTP interface, two servers behind it: the node's HTTP port is the lean front
+(ingress/fast_front.py), which answers the OpenAI routes itself and hands every other
+connection (dashboard, fleet API, accounts, /metrics, /healthz) to the node's aiohttp app
+(`serve_http`). The aiohttp app mounts the OpenAI routes too, over the same `Ingress.serve`
+core, for requests that come later on a connection it was handed. `--api-listen` adds a
+front of its own port with the OpenAI routes only.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ from llmfabric.ingress import (
 from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.demand import DemandMeter
-from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.fast_front import FallbackFactory, FastFront
 from llmfabric.ingress.forward_secure import (
     DataPlaneSessions,
     PinnedHttpsForwarder,
@@ -67,7 +75,7 @@ class IngressLink:
         self.admin_key: str | None = None
         self.trace_hook: IngressTraceHook | None = None
         self.tenancy = TenancyParts()  # budgets, fair queue, OTLP exporter (tenancy_setup.py)
-        self.front: FastFront | None = None
+        self.fronts: list[FastFront] = []
         self.api_addr = ""
 
     @classmethod
@@ -156,18 +164,28 @@ class IngressLink:
         if self.dashboard:
             add_dashboard_routes(app)
 
+    async def serve_http(self, fallback: FallbackFactory, host: str, port: int,
+                         ssl: SSLContext | None = None, limits: FrontLimits | None = None
+                         ) -> int:
+        """The node's HTTP port: the lean front for the OpenAI routes, every other path
+        handed to `fallback` (the node app's `AppRunner.server`); returns the bound port."""
+        front = FastFront(self.ingress, serve_metrics=False, limits=limits, fallback=fallback)
+        self.fronts.append(front)
+        return await front.start(host, port, ssl=ssl)
+
     async def start_front(self, listen: str, ssl: SSLContext | None = None,
                           limits: FrontLimits | None = None) -> None:
-        """The same request core on the lean HTTP/1.1 front, on its own port (HTTPS with
-        `ssl`)."""
+        """The same request core on a lean front of its own port, OpenAI routes only (HTTPS
+        with `ssl`)."""
         host, port = parse_hostport(listen, default_host="127.0.0.1")
-        self.front = FastFront(self.ingress, serve_metrics=False, limits=limits)
-        bound = await self.front.start(host, port, ssl=ssl)
+        front = FastFront(self.ingress, serve_metrics=False, limits=limits)
+        self.fronts.append(front)
+        bound = await front.start(host, port, ssl=ssl)
         self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
 
     async def aclose(self) -> None:
-        if self.front is not None:
-            await self.front.aclose()
+        for front in self.fronts:
+            await front.aclose()
         if self.trace_hook is not None:
             self.trace_hook.close()
         await self.tenancy.aclose()

@@ -32,7 +32,7 @@ import orjson
 from llmfabric.dataplane.authz import AuthzError, ReplayCache
 from llmfabric.dataplane.control import SIGNED_HEADER, verify_control
 from llmfabric.dataplane.exchange import SESSION_PATH
-from llmfabric.ingress.forward_http import FORWARD_PREFIX
+from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.engine_link import error_response

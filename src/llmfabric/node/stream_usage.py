@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -37,7 +37,7 @@ import orjson
 from llmfabric.agent.engines import EngineKind, flag_value
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.protocols import Upstream
+from llmfabric.ingress.protocols import Upstream, read_chunks_capped
 from llmfabric.ingress.usage import Usage, estimate_prompt_tokens, usage_chunk
 
 COUNTED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -255,7 +255,7 @@ class CountingUpstream:
     async def read(self) -> bytes:
         return await self._up.read()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         doc = self._doc
         if (doc is None or self._up.status != 200
                 or not self._up.content_type.startswith("text/event-stream")):
@@ -287,6 +287,12 @@ class CountingUpstream:
                               model if isinstance(model, str) else "",
                               "messages" in doc, mark_estimated=True)
         yield b"data: [DONE]\n\n"
+
+    async def read_capped(self, limit: int) -> bytes:
+        return await read_chunks_capped(self.chunks(), limit)
+
+    def socket_relay(self) -> None:
+        return None  # (the count needs every chunk: never relayed from the socket)
 
     async def aclose(self) -> None:
         if not self._closed:

@@ -51,6 +51,22 @@ def test_unlimited_key_never_limited() -> None:
     rl.check(k)
 
 
+def test_lifted_limits_take_effect_at_once_and_come_back_fresh() -> None:
+    rl = RateLimiter(FakeClock())
+    limited = key(rpm=1, tpm=100)
+    rl.check(limited)
+    rl.add_tokens(limited.id, 10**6)  # deep in token debt
+    with pytest.raises(RateLimited):
+        rl.check(limited)
+    lifted = key()  # the same key, its limits removed
+    for _ in range(100):
+        rl.check(lifted)
+    rl.add_tokens(lifted.id, 10**6)  # not charged anywhere
+    rl.check(limited)  # limits back: full buckets, no old debt
+    with pytest.raises(RateLimited):
+        rl.check(limited)
+
+
 def test_keys_are_independent() -> None:
     rl = RateLimiter(FakeClock())
     a, b = key(rpm=1, kid="a"), key(rpm=1, kid="b")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 
 class OkUpstream:
@@ -14,8 +14,14 @@ class OkUpstream:
     async def read(self) -> bytes:
         return b"{}"
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def read_capped(self, limit: int) -> bytes:
+        return b"{}"
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         yield b"{}"
+
+    def socket_relay(self) -> None:
+        return None
 
     async def aclose(self) -> None:
         return None

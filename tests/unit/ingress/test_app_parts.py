@@ -23,6 +23,8 @@ def cand(sid: str, addr: str = "127.0.0.1:1", relays: tuple[str, ...] = (),
 
 
 class _Recorder:
+    enforces_timeouts = False
+
     def __init__(self) -> None:
         self.sent: list[str] = []
         self.bodies: list[bytes] = []
@@ -109,3 +111,6 @@ class _NoSink:
 
     async def end(self) -> None:
         raise AssertionError("not a stream")
+
+    def direct_writer(self) -> None:
+        return None

@@ -20,6 +20,8 @@ def cand(sid: str, addr: str = "10.0.0.9:8090") -> Candidate:
 
 
 class _Fwd:
+    enforces_timeouts = False
+
     def __init__(self, fail: type[Exception] | None = None) -> None:
         self.sent: list[str] = []
         self.fail = fail

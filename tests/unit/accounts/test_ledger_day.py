@@ -1,0 +1,39 @@
+"""The usage ledger formats the UTC day once per day: whatever order the wall clock's readings
+come in (NTP steps it back, days go by), every row lands on utc_day(now)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmfabric.accounts.ledger import UsageLedger, utc_day
+
+DAY = 86400.0
+MIDNIGHT = 1_700_006_400.0  # 2023-11-15 00:00:00 UTC
+
+
+class _NoBackend:
+    """record() never touches the database (only flush does)."""
+
+
+def test_records_either_side_of_midnight_are_two_rows() -> None:
+    now = [MIDNIGHT - 1.0]
+    ledger = UsageLedger(_NoBackend(), lambda: now[0])  # type: ignore[arg-type]
+    ledger.record("k", "m", 1, 1)
+    now[0] = MIDNIGHT
+    ledger.record("k", "m", 1, 1)
+    ledger.record("k", "m", 1, 1)
+    assert ledger.pending_rows == 2
+    now[0] = MIDNIGHT - 0.5  # the clock stepped back
+    ledger.record("k", "m", 1, 1)
+    assert ledger.pending_rows == 2
+
+
+@given(st.lists(st.floats(min_value=MIDNIGHT - 3 * DAY, max_value=MIDNIGHT + 3 * DAY),
+                min_size=1, max_size=30))
+def test_every_reading_gets_its_own_utc_day(readings: list[float]) -> None:
+    now = [0.0]
+    ledger = UsageLedger(_NoBackend(), lambda: now[0])  # type: ignore[arg-type]
+    for t in readings:
+        now[0] = t
+        assert ledger._today() == utc_day(t)
