@@ -39,7 +39,12 @@ ON CONFLICT (key_id, model, day) DO UPDATE SET
 
 
 def utc_day(unix_s: float) -> str:
-    return dt.datetime.fromtimestamp(unix_s, tz=dt.UTC).strftime("%Y-%m-%d")
+    """The UTC day of `unix_s` (floored: datetime's microsecond rounding would put a reading a
+    hair before midnight on the next day, and disagree with the ledger's day span)."""
+    return (_EPOCH + dt.timedelta(days=unix_s // 86400.0)).strftime("%Y-%m-%d")
+
+
+_EPOCH = dt.date(1970, 1, 1)
 
 
 @dataclass(slots=True)
@@ -82,8 +87,8 @@ class UsageLedger:
         now = self._wall()
         start, end = self._day_span
         if not start <= now < end:
-            self._day = utc_day(now)
             start = now - now % 86400.0  # (UTC days are 86400 s: no leap seconds in POSIX)
+            self._day = utc_day(start)
             self._day_span = (start, start + 86400.0)
         return self._day
 
