@@ -228,15 +228,54 @@ class PrefixHash(PrefixBoundedLoad):
     default_eps = math.inf
 
 
+class PrefixRemembered:
+    """The fabric's `prefix_bounded` (and `cache_aware`, whose sketches in a simulation with
+    one ingress say what that ingress's own memory says): a request follows the replica its
+    prefix group was last sent to while that replica is under the bound
+    ceil((1 + eps) x (total outstanding + 1) / n); otherwise, and for a group not seen yet,
+    the least loaded replica (ties: lowest index) takes it and is remembered."""
+
+    needs_state = True
+
+    def __init__(self, seed: int = 0, *, prefixes: Sequence[int] | None = None,
+                 eps: float = 0.25, **options: object) -> None:
+        if not eps >= 0:
+            raise SpecError("bounded-load eps must be >= 0 (inf: no bound)")
+        self._prefixes = prefixes
+        self._eps = float(eps)
+        self._last: dict[int, int] = {}
+
+    def pick(self, replicas: Sequence[Replica], rid: int, input_tokens: int) -> int:
+        n = len(replicas)
+        if n == 1:
+            return 0
+        group = (self._prefixes[rid] if self._prefixes is not None and rid < len(self._prefixes)
+                 else -1)
+        total = sum(r.outstanding for r in replicas)
+        limit = math.ceil((1.0 + self._eps) * (total + 1) / n)
+        last = self._last.get(group) if group >= 0 else None
+        if last is not None and last < n and replicas[last].outstanding + 1 <= limit:
+            return last
+        i = min(range(n), key=lambda k: replicas[k].outstanding)
+        if group >= 0:
+            self._last[group] = i
+        return i
+
+
 # Names shared with the fabric's routing policies (routing.policies.POLICIES) mean the same
 # policy: random, round_robin, weighted, least_outstanding (power of two choices on
-# outstanding requests), prefix_affinity. The rest are simulator-only.
+# outstanding requests), prefix_affinity, prefix_bounded and cache_aware (PrefixRemembered),
+# session (the conversation's ring owner under the bound: prefix groups stand for
+# conversations here). The rest are simulator-only.
 ROUTERS: dict[str, Callable[..., Router]] = {
     "round_robin": RoundRobin,
     "random": RandomRouter,
     "weighted": Weighted,
     "least_outstanding": PowerOfTwo,
     "prefix_affinity": PrefixAffinity,
+    "prefix_bounded": PrefixRemembered,
+    "cache_aware": PrefixRemembered,
+    "session": PrefixAffinity,
     "prefix_bounded_load": PrefixBoundedLoad,
     "prefix_hash": PrefixHash,
     "join_shortest_queue": JoinShortestQueue,

@@ -18,9 +18,10 @@ from llmfabric.sim.workload import with_prefixes
 M = "llama-3.1-8b"
 
 
-def _replicas(loads: list[int], gpus: list[tuple[str, int]] | None = None) -> list[Replica]:
+def _replicas(loads: list[int], gpus: list[tuple[str, int]] | None = None,
+              spare: int = 0) -> list[Replica]:
     gpus = gpus or [("H100", 1)] * len(loads)
-    total = sum(loads) + 1
+    total = sum(loads) + 1 + spare  # (spare: ids from sum(loads) on, for later submits)
     book = RequestBook([0.0] * total, [100] * total, [10] * total)
     out = []
     rid = 0
@@ -94,3 +95,21 @@ def test_prefix_routers_in_a_cluster_run() -> None:
         hashed.replica, minlength=4).max()
     sub = wl.subset(wl.arrival_s < 5)
     assert sub.prefix_id is not None and len(sub.prefix_id) == len(sub)
+
+
+
+@pytest.mark.parametrize("name", ["prefix_bounded", "cache_aware"])
+def test_prefix_bounded_follows_the_group_until_the_bound(name: str) -> None:
+    reps = _replicas([2, 2, 2, 2], spare=3)
+    router = make_router(name, prefixes=[7] * 20)
+    rid = 8
+    picks = []
+    for r in range(3):
+        i = router.pick(reps, r, 100)
+        picks.append(i)
+        reps[i].submit(rid, 100, 10)
+        rid += 1
+    # cold: least loaded (0); then followed while 3 + 1 <= ceil(1.25 * 10 / 4) = 4; then
+    # 4 + 1 > ceil(1.25 * 11 / 4) = 4: spills to the least loaded, which is remembered.
+    assert picks == [0, 0, 1]
+    assert router.pick(reps, 3, 100) == 1
