@@ -9,6 +9,7 @@ import pytest
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import TlsTransport, TransportConfig
+from llmfabric.testing.fake_clock import FakeClock
 from llmfabric.testing.poll import wait_until as wait_for
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
@@ -35,13 +36,17 @@ async def test_a_connection_cut_without_close_reports_the_peer_lost() -> None:
 
 async def test_graceful_and_idle_closes_are_not_reported() -> None:
     a = TlsTransport(NodeKey.generate(), psk())
-    b = TlsTransport(NodeKey.generate(), psk(), TransportConfig(idle_close_s=0.4))
+    clock = FakeClock()  # b's idle close runs on virtual time: no wall-time wait
+    b = TlsTransport(NodeKey.generate(), psk(), TransportConfig(idle_close_s=60.0),
+                     clock=clock)
     lost: list[str] = []
     async with a:
         a.on_peer_lost(lost.append)
         async with b:
             await a.connect_bootstrap(b.listen_addr)  # type: ignore[arg-type]
-            await wait_for(lambda: a.connection(b.local_id) is None, within=10)  # idle close
+            await wait_for(lambda: b.connection(a.local_id) is not None)
+            await clock.run_until(lambda: b.connection(a.local_id) is None, 120, step=5)
+            await wait_for(lambda: a.connection(b.local_id) is None)  # idle close
             assert b.stats.connections_idle_closed >= 1
             await a.connect_bootstrap(b.listen_addr)  # type: ignore[arg-type]
             await wait_for(lambda: b.connection(a.local_id) is not None)
