@@ -29,6 +29,6 @@ def test_missing_data_skips_outside_ci_and_fails_in_it(
     present, absent = tmp_path / "here.csv", tmp_path / "gone.csv"
     present.write_text("x\n")
     require_data(present)  # nothing to say
-    with pytest.raises(outcome, match="gone.csv"):
+    with pytest.raises(outcome, match=r"gone\.csv"):
         require_data(present, absent)
     assert in_ci() is (outcome is pytest.fail.Exception)
