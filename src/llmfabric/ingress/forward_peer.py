@@ -16,6 +16,7 @@ from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward_http import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Forwarder, Upstream
+from llmfabric.net.errors import NetError
 from llmfabric.routing.candidates import Candidate
 
 _JSON_HEADERS = (("content-type", "application/json"),)
@@ -77,7 +78,7 @@ class PeerUpstream:
                 return
             except TimeoutError:
                 raise
-            except Exception as e:  # the transport's own errors (stream reset, relay gone)
+            except NetError as e:  # the transport's own errors (stream reset, relay gone)
                 raise UpstreamError(f"the relayed response broke off: {e!r}") from e
             yield chunk
 
@@ -104,9 +105,7 @@ class PeerForwarder:
                 body,
                 timeout=timeouts.first_byte,
             )
-        except UpstreamError:
-            raise
-        except Exception as e:  # the transport's own errors: unreachable peer, relay down, ...
+        except NetError as e:  # unreachable peer, relay down, ... (a bug is no retryable 502)
             raise UpstreamError(f"peer {candidate.peer_id}: {e!r}") from e
         return PeerUpstream(resp, timeouts.idle)
 

@@ -119,7 +119,8 @@ class RelayService:
                 try:
                     self.listener(now)
                 except Exception:
-                    log.exception("relay listener failed")
+                    self.t.stats.error("relay_listener")
+                    log.exception("relay listener failed on relays %s", list(now))
 
     async def wait_registered(self, count: int = 1) -> None:
         while len(self._my_relays) < count:

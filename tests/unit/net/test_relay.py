@@ -117,6 +117,7 @@ def test_a_failing_relay_listener_is_logged_and_the_relays_still_change(
         svc._notify()
         svc.drop(["r1"])
     assert heard == [("r1",), ()] and svc.relays == ()
+    assert svc.t.stats.errors == {"relay_listener": 2}
     failures = [r for r in caplog.records if "relay listener failed" in r.getMessage()]
     assert len(failures) == 2 and all(r.exc_info for r in failures)
 
