@@ -4,6 +4,7 @@ membership probes that peer at once. A graceful close or an idle close is not re
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -32,6 +33,32 @@ async def test_a_connection_cut_without_close_reports_the_peer_lost() -> None:
         conn._writer.transport.abort()  # b's process "dies": RST, no CLOSE frame
         await wait_for(lambda: lost == [b.local_id])
         assert a.connection(b.local_id) is None
+
+
+async def test_a_failing_peer_lost_callback_is_logged_counted_and_survived(
+        caplog: pytest.LogCaptureFixture) -> None:
+    a = TlsTransport(NodeKey.generate(), psk())
+    b = TlsTransport(NodeKey.generate(), psk())
+    lost: list[str] = []
+
+    def callback(peer: str) -> None:
+        lost.append(peer)
+        raise RuntimeError("membership bug")
+
+    async with a, b:
+        a.on_peer_lost(callback)
+        with caplog.at_level(logging.ERROR, logger="llmfabric.net.tls_transport"):
+            await a.connect_bootstrap(b.listen_addr)  # type: ignore[arg-type]
+            await wait_for(lambda: b.connection(a.local_id) is not None)
+            conn = b.connection(a.local_id)
+            assert conn is not None
+            conn._writer.transport.abort()
+            await wait_for(lambda: lost == [b.local_id])
+        assert a.stats.errors == {"peer_lost_callback": 1}
+        [rec] = [r for r in caplog.records if "peer-lost callback failed" in r.getMessage()]
+        assert b.local_id in rec.getMessage() and rec.exc_info is not None
+        await a.connect_bootstrap(b.listen_addr)  # type: ignore[arg-type]  # still working
+        assert a.connection(b.local_id) is not None
 
 
 async def test_graceful_and_idle_closes_are_not_reported() -> None:
