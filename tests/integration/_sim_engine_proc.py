@@ -6,11 +6,11 @@ import contextlib
 import pathlib
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 
 from llmfabric.node.ports import free_port
+from llmfabric.testing.poll import wait_until_sync
 
 
 def sim_command(port: int, *extra: str, model: str = "llama-3.1-8b") -> list[str]:
@@ -27,15 +27,16 @@ def running_engine(log: pathlib.Path, *extra: str, model: str = "llama-3.1-8b"
                                 stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"sim engine did not start: {log.read_text()}") from None
-                time.sleep(0.05)
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"sim engine exited: {log.read_text()}")
+            with urllib.request.urlopen(f"{base}/health", timeout=1):
+                return True
+
+        try:
+            wait_until_sync(up, 30, "the sim engine", interval=0.05, ignore=(OSError,))
+        except AssertionError:
+            raise RuntimeError(f"sim engine did not start: {log.read_text()}") from None
         yield base, proc
     finally:
         if proc.poll() is None:

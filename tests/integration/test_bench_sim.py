@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from llmfabric.bench import (
     summarize,
     synthetic_workload,
 )
+from llmfabric.testing.poll import wait_until_sync
 
 from ._sim_engine_proc import free_port, running_engine
 
@@ -58,15 +58,16 @@ def ingress(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/v1/models", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ingress did not start: {log_path.read_text()}") from None
-                time.sleep(0.1)
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ingress exited: {log_path.read_text()}")
+            with urllib.request.urlopen(f"{base}/v1/models", timeout=1):
+                return True
+
+        try:
+            wait_until_sync(up, 30, "the ingress", interval=0.1, ignore=(OSError,))
+        except AssertionError:
+            raise RuntimeError(f"ingress did not start: {log_path.read_text()}") from None
         yield base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

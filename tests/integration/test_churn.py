@@ -29,6 +29,7 @@ import openai
 import pytest
 
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.testing.poll import wait_until_sync
 
 from ._dataplane_client import forward_status
 
@@ -109,15 +110,7 @@ def _serving_count(fab: LocalFabric) -> int:
 
 def _eventually(check: Callable[[], bool], timeout: float, what: str) -> float:
     """Poll `check` until true; returns the seconds it took."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if check():
-                return time.monotonic() - t0
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
+    return wait_until_sync(check, timeout, what, ignore=(OSError,))
 
 
 def _alive(serving: list[Serving], fab: LocalFabric) -> list[Serving]:

@@ -8,13 +8,13 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import openai
 import pytest
 
 from llmfabric.node.local_fabric import LocalFabric
+from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -83,11 +83,13 @@ def test_controller_plans_for_the_demand_the_ingress_observes(tmp_path: pathlib.
             client.chat.completions.create(
                 model="qwen3-1.7b", messages=[{"role": "user", "content": "hello there"}],
                 max_tokens=5)
-        deadline = time.monotonic() + 30
         demand: list[dict[str, float]] = []
-        while not demand and time.monotonic() < deadline:
-            time.sleep(0.3)
-            demand = ingress.get_json("/v1/fabric/self").get("demand", [])
+
+        def measured() -> bool:
+            demand[:] = ingress.get_json("/v1/fabric/self").get("demand", [])
+            return bool(demand)
+
+        wait_until_sync(measured, 30, "the ingress measures demand", interval=0.3)
         assert [d["model"] for d in demand] == ["qwen3-1.7b"]
         assert demand[0]["rate"] > 0 and demand[0]["mean_out"] == 5.0
         result = subprocess.run(

@@ -25,7 +25,8 @@ from llmfabric.ingress import (
     build_ingress_app,
 )
 from llmfabric.ingress.accounts_auth import StaticKeys
-from llmfabric.ingress.engine_proxy import HttpUpstream
+from llmfabric.ingress.engine_upstream import HttpUpstream
+from llmfabric.net.errors import PeerUnreachable
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle, NodeRecord
 from llmfabric.routing.candidates import claimed_provider
@@ -73,7 +74,10 @@ class FakePeerNetwork:
                       timeout: float = 30.0) -> _PeerResp:  # noqa: ASYNC109
         self.calls += 1
         assert path.startswith(FORWARD_PREFIX)
-        return _PeerResp(await self.proxies[peer_id].open(path[len(FORWARD_PREFIX):], body))
+        proxy = self.proxies.get(peer_id)
+        if proxy is None:  # what the real transport raises for a peer it cannot reach
+            raise PeerUnreachable(f"cannot reach {peer_id}")
+        return _PeerResp(await proxy.open(path[len(FORWARD_PREFIX):], body))
 
 
 @dataclass

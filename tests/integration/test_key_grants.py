@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen3-1.7b"
@@ -58,12 +58,7 @@ def _chat(node: NodeProcess, key: str) -> int:
 
 
 def _until(cond: Any, timeout: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s")
+    return wait_until_sync(cond, timeout, interval=0.1)
 
 
 def test_a_key_works_at_every_trusting_ingress_and_a_revocation_reaches_it_within_10s(

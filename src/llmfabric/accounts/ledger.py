@@ -139,7 +139,8 @@ class UsageLedger:
     async def _reachable(self) -> bool:
         try:
             await self._backend.fetchall("SELECT 1")
-        except Exception:
+        except Exception as exc:  # whatever the driver raises: the database is not there
+            log.warning("accounts: the usage database does not answer: %r", exc)
             return False
         return True
 

@@ -248,10 +248,9 @@ def discover_hardware(
 
 
 def _catalog_memory(model: str) -> float:
-    from llmfabric.sim.errors import SimError
+    """The catalog's memory for an exact catalog name or alias; 0.0 (unknown) otherwise: no
+    prefix guessing, which would give an H20 (96 GB) the H200's 141 GB."""
     from llmfabric.sim.hardware import get_gpu
 
-    try:
-        return round(float(get_gpu(model).mem_bytes) / 1e9, 1)
-    except SimError:  # a GPU the catalog does not know: memory unknown
-        return 0.0
+    name = catalog_name(model)
+    return round(float(get_gpu(name).mem_bytes) / 1e9, 1) if name is not None else 0.0

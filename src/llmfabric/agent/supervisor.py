@@ -372,8 +372,10 @@ class EngineSupervisor:
         # GPU) go with it, at once.
         kill_tree(proc.pid, self._known.items())
         if self._watcher is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self._watcher.scan()  # a fatal line printed just before exiting wins
+            except Exception:
+                log.exception("engine log scan after exit %s failed", code)
         if self._state is not EngineState.STOPPING:
             self._transition(EngineState.DOWN, f"engine exited with status {code}",
                              exit_code=code)

@@ -64,9 +64,9 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
     from llmfabric.scheduler.phasesplit.tabu import tabu_search
 
     try:
-        if gpus_yaml is not None:
-            sim.load_gpus_yaml(gpus_yaml)
-        cluster = load_cluster(cluster_path, links_path, topology_path)
+        catalog = (sim.load_gpus_yaml(gpus_yaml) if gpus_yaml is not None
+                   else sim.DEFAULT_CATALOG)
+        cluster = load_cluster(cluster_path, links_path, topology_path, catalog)
         bits = None if kv_bits == "16" else int(kv_bits)
         opts = TabuOptions(n_step=steps, n_neigh=neighbors, n_mem=tabu, seed=seed,
                            kv_bits=bits)

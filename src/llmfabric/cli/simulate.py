@@ -110,10 +110,10 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
     if engine_profile is None and concurrency is not None:
         engine_profile = "vllm"
     try:
-        if gpus_yaml is not None:
-            sim.load_gpus_yaml(gpus_yaml)
+        catalog = (sim.load_gpus_yaml(gpus_yaml) if gpus_yaml is not None
+                   else sim.DEFAULT_CATALOG)
         spec = sim.get_model(model)
-        gpu_spec = sim.get_gpu(gpu)
+        gpu_spec = sim.get_gpu(gpu, catalog)
         config = (sim.EngineConfig.for_engine(engine_profile, **overrides)
                   if engine_profile is not None else sim.EngineConfig(**overrides))
         if concurrency is not None:

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from llmfabric.clock import Clock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.net.backoff import Backoff
+from llmfabric.net.errors import NetError
 from llmfabric.net.transport import PeerId
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,12 @@ class Rebootstrapper:
         agent.stats.rebootstraps += 1
         try:
             peers = [p for p in await self._redial() if p != agent.peer_id]
-        except Exception as exc:  # the transport's errors: nothing answered
+        except (NetError, OSError, TimeoutError) as exc:  # nothing answered
             log.info("cut off from the fabric; bootstrap addresses did not answer: %s", exc)
+            return
+        except Exception:  # a bug in the redial: visible, counted, and retried later
+            agent.stats.loop_errors += 1
+            log.exception("re-bootstrap attempt %d failed", self.attempts)
             return
         if peers:
             log.warning("cut off from the fabric; bootstrapped again, seeds now %s",

@@ -17,6 +17,7 @@ from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Forwarder, Upstream, read_chunks_capped
 from llmfabric.ingress.tracing import downstream_pairs
+from llmfabric.net.errors import NetError
 from llmfabric.routing.candidates import Candidate
 
 _JSON_HEADERS = (("content-type", "application/json"),)
@@ -84,7 +85,7 @@ class PeerUpstream:
                 return
             except TimeoutError:
                 raise
-            except Exception as e:  # the transport's own errors (stream reset, relay gone)
+            except NetError as e:  # the transport's own errors (stream reset, relay gone)
                 raise UpstreamError(f"the relayed response broke off: {e!r}") from e
             yield chunk
 
@@ -113,9 +114,7 @@ class PeerForwarder:
                 body,
                 timeout=timeouts.first_byte,
             )
-        except UpstreamError:
-            raise
-        except Exception as e:  # the transport's own errors: unreachable peer, relay down, ...
+        except NetError as e:  # unreachable peer, relay down, ... (a bug is no retryable 502)
             raise UpstreamError(f"peer {candidate.peer_id}: {e!r}") from e
         return PeerUpstream(resp, timeouts.idle)
 

@@ -32,6 +32,7 @@ from llmfabric.ingress.forward_raw import RawHttpForwarder, RawUpstream
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import read_chunks_capped
 from llmfabric.ingress.tracing import downstream_pairs
+from llmfabric.net.errors import NetError
 from llmfabric.routing.candidates import Candidate
 
 _MSGPACK = (("content-type", "application/msgpack"),)
@@ -84,11 +85,11 @@ class DataPlaneSessions:
         try:
             resp = await self._transport.request(peer_id, "POST", SESSION_PATH, _MSGPACK,
                                                  sent.message, timeout=timeout_s)
-        except Exception as exc:
+        except NetError as exc:
             raise UpstreamConnectError(f"peer {peer_id}: no data-plane session: {exc!r}") from exc
         try:
             body = b"".join([c async for c in resp.iter_chunks()])
-        except Exception as exc:
+        except NetError as exc:
             raise UpstreamError(f"peer {peer_id}: session exchange broke off: {exc!r}") from exc
         finally:
             await resp.aclose()
@@ -173,7 +174,7 @@ class SealedUpstream:
                 raise UpstreamError("the sealed response was cut short") from None
             except TimeoutError:
                 raise UpstreamError(f"the node sent no data for {idle} s") from None
-            except Exception as e:
+            except NetError as e:
                 raise UpstreamError(f"the relayed response broke off: {e!r}") from e
             try:
                 self._frames.extend(self._opener.feed(chunk))
@@ -235,7 +236,7 @@ class SealedPeerForwarder:
             try:
                 resp = await self._transport.request(peer, "POST", full, headers, sealed,
                                                      timeout=timeouts.first_byte)
-            except Exception as e:
+            except NetError as e:
                 raise UpstreamError(f"peer {peer}: {e!r}") from e
             if resp.status == 401 and not attempt:
                 data = b"".join([c async for c in resp.iter_chunks()])

@@ -128,7 +128,9 @@ class PeerConnection:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("connection task for %s failed", self.peer_id, exc_info=exc)
+            self.owner.stats.error("connection_task")
+            log.error("connection task %s for %s failed", task.get_name(), self.peer_id,
+                      exc_info=exc)
             self._begin_close()
 
     @property

@@ -119,8 +119,8 @@ class RelayService:
                 try:
                     self.listener(now)
                 except Exception:
-                    self.t.stats.errors["relay_listener"] += 1
-                    log.exception("relay listener failed")
+                    self.t.stats.error("relay_listener")
+                    log.exception("relay listener failed on relays %s", list(now))
 
     async def wait_registered(self, count: int = 1) -> None:
         while len(self._my_relays) < count:

@@ -48,12 +48,13 @@ async def serve_request(
         conn.server.reset_stream(sid)
         raise
     except Exception as exc:
-        t.stats.errors["request_handler"] += 1
-        log.exception("request handler failed for %s %s", method, path)
+        t.stats.error("request_handler")
+        log.exception("request handler failed for %s %s from %s", method, path, origin)
         resp = HandlerResponse(500, (), f"handler error: {exc}".encode())
     try:
         await conn.server.respond(sid, resp.status, resp.headers, resp.body)
     except Exception:
-        t.stats.errors["response_stream"] += 1
-        log.exception("streaming the response to %s failed", conn.peer_id)
+        t.stats.error("respond")
+        log.exception("streaming the response to %s %s to %s failed", method, path,
+                      conn.peer_id)
         conn.server.reset_stream(sid)

@@ -39,12 +39,15 @@ class NetStats:
     handshakes_ok: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     handshakes_refused: Counter[str] = field(default_factory=Counter)
-    # Exceptions caught at a boundary so one bug does not take the transport down (a request
-    # or message handler, a callback), by where; each is logged with its traceback.
+    # failures caught (and logged) so the transport keeps running, by where: request_handler,
+    # respond, message_handler, peer_lost_callback, relay_listener, connection_task, task
     errors: Counter[str] = field(default_factory=Counter)
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] += n
+
+    def error(self, where: str) -> None:
+        self.errors[where] += 1
 
     def snapshot(self, at: float) -> StatsSnapshot:
         return StatsSnapshot(

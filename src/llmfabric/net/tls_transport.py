@@ -253,8 +253,9 @@ class TlsTransport(RelayMethods):
         try:
             self._handler(src, payload)
         except Exception:
-            self.stats.errors["message_handler"] += 1
-            log.exception("message handler failed on a message from %s", src)
+            self.stats.error("message_handler")
+            log.exception("message handler failed on a %d-byte message from %s%s", len(payload),
+                          src, f" via {via}" if via else "")
 
     def on_relay_datagram(self, conn: PeerConnection, dst: str, payload: bytes) -> None:
         self.relay.forward_datagram(conn, dst, payload)
@@ -474,7 +475,7 @@ class TlsTransport(RelayMethods):
                 try:
                     self._peer_lost(conn.peer_id)
                 except Exception:
-                    self.stats.errors["peer_lost_callback"] += 1
+                    self.stats.error("peer_lost_callback")
                     log.exception("peer-lost callback failed for %s", conn.peer_id)
 
     async def _ensure_conn(self, peer: str) -> PeerConnection:
@@ -518,7 +519,7 @@ class TlsTransport(RelayMethods):
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(_discard_from(self._tasks))
+        task.add_done_callback(_discard_from(self._tasks, self.stats))
         return task
 
     async def aclose(self) -> None:
@@ -556,13 +557,14 @@ def _conforms(t: TlsTransport) -> Transport:
     return t  # mypy checks that TlsTransport implements the Transport protocol
 
 
-def _discard_from(tasks: set[asyncio.Task[Any]]) -> Any:
+def _discard_from(tasks: set[asyncio.Task[Any]], stats: NetStats) -> Any:
     def cb(task: asyncio.Task[Any]) -> None:
         tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
             if not isinstance(exc, NetError):
-                log.error("background task failed", exc_info=exc)
+                stats.error("task")
+                log.error("background task %s failed", task.get_coro(), exc_info=exc)
 
     return cb
 

@@ -73,9 +73,8 @@ class _Counters(Collector):
             yield _family("llmfabric_net_dropped", "Transport drops", "reason", n.dropped)
             yield _family("llmfabric_net_handshakes_refused", "Refused handshakes", "reason",
                           n.handshakes_refused)
-            yield _family("llmfabric_net_errors",
-                          "Exceptions the transport caught at a boundary (a handler or "
-                          "callback raised; each logged with its traceback)", "where", n.errors)
+            yield _family("llmfabric_net_errors", "Transport failures caught and logged "
+                          "(handlers, callbacks, background tasks)", "where", n.errors)
         if self.dataplane_refused is not None:
             yield _family("llmfabric_dataplane_refused",
                           "Forwarded requests refused by this provider's data plane "

@@ -4,7 +4,8 @@ No GPU needed, no wall clock, no I/O except reading spec/trace files you name.
 
 Files -> concepts
 - hardware.py     GPUSpec table (dense FLOP/s per dtype, HBM, L2, SMs, interconnect, price),
-                  forgiving name lookup `get_gpu`, user GPUs from YAML `load_gpus_yaml`.
+                  immutable `GPUCatalog` with forgiving name lookup (`get_gpu`); user GPUs
+                  from YAML: `load_gpus_yaml` returns a new catalog to pass on explicitly.
 - gpu_names.py    GPU names as routing and the agent compare/publish them (`catalog_name`,
                   `gpu_matches`: exact catalog name/alias or family token, never a substring).
 - models.py       ModelSpec presets and Hugging Face config.json parsing (`get_model`).
@@ -98,10 +99,17 @@ from llmfabric.sim.errors import (
     UnknownModelError,
     WorkloadError,
 )
-from llmfabric.sim.hardware import GPUSpec, get_gpu, load_gpus_yaml, register_gpu
+from llmfabric.sim.hardware import (
+    DEFAULT_CATALOG,
+    GPUCatalog,
+    GPUSpec,
+    get_gpu,
+    load_gpus_yaml,
+    read_gpus_yaml,
+)
 from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.memory import MemoryPlan, fits, max_kv_tokens, plan_memory, weight_bytes
-from llmfabric.sim.models import ModelSpec, get_model, model_from_hf_config, register_model
+from llmfabric.sim.models import ModelSpec, get_model, model_from_hf_config
 from llmfabric.sim.parallel import (
     Deployment,
     Link,
@@ -128,6 +136,7 @@ from llmfabric.sim.topology import Topology, cloud_instances, fat_tree_tracks
 from llmfabric.sim.workload import Workload, gamma, load_trace, on_off, poisson, replay
 
 __all__ = [
+    "DEFAULT_CATALOG",
     "DEFAULT_EFFICIENCY",
     "PROFILES",
     "ROUTERS",
@@ -137,6 +146,7 @@ __all__ = [
     "Efficiency",
     "EngineConfig",
     "EngineProfile",
+    "GPUCatalog",
     "GPUSpec",
     "InfeasibleError",
     "Link",
@@ -180,8 +190,7 @@ __all__ = [
     "plan_memory",
     "poisson",
     "prefill_time",
-    "register_gpu",
-    "register_model",
+    "read_gpus_yaml",
     "replay",
     "simulate_closed_loop",
     "simulate_cluster",

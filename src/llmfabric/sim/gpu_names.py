@@ -11,16 +11,20 @@ that catalog name. A wanted name then admits a node when
   ("H100" admits H100-SXM and H100-PCIe, "A100" both A100s, "RTX" every RTX-* card).
 
 Never by substring: "H200" does not admit GH200 (family "GH200"), "L40" does not admit L40S,
-"A10" does not admit A100. Results are cached per name (a few distinct names per fabric).
+"A10" does not admit A100. Every function takes the GPU catalog explicitly (default: the
+built-in `DEFAULT_CATALOG`); catalogs are immutable, so results are cached per (name, catalog)
+and a user catalog (`load_gpus_yaml`) can never leave a stale entry behind.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from types import MappingProxyType
 
-from llmfabric.sim.hardware import DEFAULT_CATALOG
+from llmfabric.sim.hardware import DEFAULT_CATALOG, GPUCatalog
 
 # Relative capability of GPU classes, matched as case-insensitive substrings of a GPU name,
 # first match wins: the fabric's `weighted` routing policy and the simulator's router of the
@@ -59,40 +63,42 @@ def tokens(name: str) -> tuple[str, ...]:
     return tuple(t for t in _SEP.split(text) if t)
 
 
-def _catalog_index() -> dict[str, str]:
+@lru_cache(maxsize=16)
+def _catalog_index(catalog: GPUCatalog) -> Mapping[str, str]:
     index: dict[str, str] = {}
-    for spec in DEFAULT_CATALOG.specs():
+    for spec in catalog.specs():
         for alias in (spec.name, *spec.aliases):
             index["".join(tokens(alias))] = spec.name
-    return index
+    return MappingProxyType(index)
 
 
 @lru_cache(maxsize=1024)
-def catalog_name(name: str) -> str | None:
+def catalog_name(name: str, catalog: GPUCatalog = DEFAULT_CATALOG) -> str | None:
     """The catalog name for an exact catalog name or alias (normalised), else None."""
     key = "".join(tokens(name))
-    return _catalog_index().get(key) if key else None
+    return _catalog_index(catalog).get(key) if key else None
 
 
 @lru_cache(maxsize=1024)
-def gpu_name(name: str) -> GpuName:
-    cat = catalog_name(name)
+def gpu_name(name: str, catalog: GPUCatalog = DEFAULT_CATALOG) -> GpuName:
+    cat = catalog_name(name, catalog)
     toks = tokens(cat if cat is not None else name)
     return GpuName("".join(toks), toks[0] if toks else "", cat)
 
 
 @lru_cache(maxsize=4096)
-def gpu_admits(wanted: str, gpu_model: str) -> bool:
+def gpu_admits(wanted: str, gpu_model: str, catalog: GPUCatalog = DEFAULT_CATALOG) -> bool:
     """Does the constraint `wanted` admit a node whose GPU is `gpu_model`?"""
-    node = gpu_name(gpu_model)
+    node = gpu_name(gpu_model, catalog)
     if not node.key:
         return False
     want = tokens(wanted)
     if len(want) == 1 and want[0] == node.family:
         return True
-    return gpu_name(wanted).key == node.key
+    return gpu_name(wanted, catalog).key == node.key
 
 
-def gpu_matches(gpu_model: str, wanted: tuple[str, ...]) -> bool:
+def gpu_matches(gpu_model: str, wanted: tuple[str, ...],
+                catalog: GPUCatalog = DEFAULT_CATALOG) -> bool:
     """True when any of the wanted names admits `gpu_model` (see the module docstring)."""
-    return any(gpu_admits(w, gpu_model) for w in wanted)
+    return any(gpu_admits(w, gpu_model, catalog) for w in wanted)

@@ -3,7 +3,9 @@
 Every built-in row cites its spec source in docs/simulator.md (table "GPU specs"). Figures are
 DENSE tensor-core peaks (no 2:4 sparsity). GeForce cards are given with FP32 accumulation, the
 mode inference engines use. Bandwidths are bytes/s; intra-node bandwidth is per GPU, one
-direction. Users add or override GPUs in YAML with `load_gpus_yaml`/`register_gpu`.
+direction. Users add or override GPUs in YAML with `load_gpus_yaml`, which returns a NEW
+catalog: a `GPUCatalog` is immutable and passed explicitly to whoever needs it (the built-in
+`DEFAULT_CATALOG` is built once and never changes, so caches keyed on it stay true).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -162,21 +165,24 @@ def _norm(name: str) -> str:
 
 
 class GPUCatalog:
-    """Name -> GPUSpec with forgiving, case-insensitive lookup (names and aliases)."""
+    """Name -> GPUSpec with forgiving, case-insensitive lookup (names and aliases). Immutable:
+    `with_gpus` returns a new catalog, so a catalog can key a cache (by identity)."""
 
     __slots__ = ("_by_key", "_specs")
 
     def __init__(self, specs: Iterable[GPUSpec] = ()) -> None:
-        self._specs: dict[str, GPUSpec] = {}
-        self._by_key: dict[str, str] = {}
-        for spec in specs:
-            self.register(spec)
+        by_name: dict[str, GPUSpec] = {}
+        by_key: dict[str, str] = {}
+        for spec in specs:  # a later row with an earlier name overrides it (user over built-in)
+            by_name[spec.name] = spec
+            for key in (spec.name, *spec.aliases):
+                by_key[_norm(key)] = spec.name
+        self._specs: Mapping[str, GPUSpec] = MappingProxyType(by_name)
+        self._by_key: Mapping[str, str] = MappingProxyType(by_key)
 
-    def register(self, spec: GPUSpec) -> None:
-        """Add or replace a GPU (a user row with a built-in name overrides the built-in)."""
-        self._specs[spec.name] = spec
-        for key in (spec.name, *spec.aliases):
-            self._by_key[_norm(key)] = spec.name
+    def with_gpus(self, specs: Iterable[GPUSpec]) -> GPUCatalog:
+        """A new catalog: this one plus `specs` (a spec with a known name replaces it)."""
+        return GPUCatalog((*self._specs.values(), *specs))
 
     def get(self, name: str | GPUSpec) -> GPUSpec:
         if isinstance(name, GPUSpec):
@@ -203,13 +209,9 @@ class GPUCatalog:
 DEFAULT_CATALOG = GPUCatalog(BUILTIN_GPUS)
 
 
-def get_gpu(name: str | GPUSpec) -> GPUSpec:
+def get_gpu(name: str | GPUSpec, catalog: GPUCatalog = DEFAULT_CATALOG) -> GPUSpec:
     """Look up a GPU by name or alias, e.g. "H100-SXM", "h100", "a100-80gb", "RTX 4090"."""
-    return DEFAULT_CATALOG.get(name)
-
-
-def register_gpu(spec: GPUSpec) -> None:
-    DEFAULT_CATALOG.register(spec)
+    return catalog.get(name)
 
 
 _YAML_FIELDS = {
@@ -253,7 +255,7 @@ def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = 
                 raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}") from exc
     if "calibration_of" in values:  # YAML `calibration:` names a built-in (forgiving lookup)
         try:
-            values["calibration_of"] = GPUCatalog(BUILTIN_GPUS).get(values["calibration_of"]).name
+            values["calibration_of"] = DEFAULT_CATALOG.get(values["calibration_of"]).name
         except UnknownGPUError as exc:
             raise SpecError(f"GPU {name!r}: calibration must name a built-in GPU ({exc})") from exc
     if base is not None:
@@ -275,8 +277,9 @@ def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = 
     return GPUSpec(name=name, **values)
 
 
-def load_gpus_yaml(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[GPUSpec]:
-    """Register the GPUs of a YAML file: `{gpus: {NAME: {base: H100, mem_bw_gbs: ...}}}`."""
+def read_gpus_yaml(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[GPUSpec]:
+    """The GPUs of a YAML file `{gpus: {NAME: {base: H100, mem_bw_gbs: ...}}}`; a `base:` (and
+    a later row's base, which may name an earlier row) is looked up in `catalog`."""
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -284,16 +287,20 @@ def load_gpus_yaml(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> l
     gpus = doc.get("gpus") if isinstance(doc, dict) else None
     if not isinstance(gpus, dict):
         raise SpecError(f"{path}: expected a mapping `gpus: {{NAME: {{...}}}}`")
-    out = []
+    out: list[GPUSpec] = []
     for name, body in gpus.items():
         if not isinstance(body, dict):
             raise SpecError(f"{path}: GPU {name!r} must be a mapping")
         body = dict(body)
         base_name = body.pop("base", None)
-        base = catalog.get(str(base_name)) if base_name is not None else None
+        base = catalog.with_gpus(out).get(str(base_name)) if base_name is not None else None
         spec = gpu_from_mapping(str(name), body, base)
         if base is not None and "aliases" not in body:
             spec = dataclasses.replace(spec, aliases=())
-        catalog.register(spec)
         out.append(spec)
     return out
+
+
+def load_gpus_yaml(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> GPUCatalog:
+    """A new catalog: `catalog` plus the GPUs of a YAML file (see `read_gpus_yaml`)."""
+    return catalog.with_gpus(read_gpus_yaml(path, catalog))

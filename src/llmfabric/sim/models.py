@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from llmfabric.sim.errors import SpecError, UnknownModelError
@@ -159,15 +160,9 @@ def _norm(name: str) -> str:
     return re.sub(r"[\s_\-.]+", "", key)
 
 
-_BY_KEY: dict[str, ModelSpec] = {}
-for _spec in BUILTIN_MODELS:
-    for _k in (_spec.name, *_spec.aliases):
-        _BY_KEY[_norm(_k)] = _spec
-
-
-def register_model(spec: ModelSpec) -> None:
-    for key in (spec.name, *spec.aliases):
-        _BY_KEY[_norm(key)] = spec
+# immutable: a model outside the presets is a ModelSpec or a config.json path, passed as such
+_BY_KEY: Mapping[str, ModelSpec] = MappingProxyType(
+    {_norm(k): spec for spec in BUILTIN_MODELS for k in (spec.name, *spec.aliases)})
 
 
 def model_names() -> list[str]:

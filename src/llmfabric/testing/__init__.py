@@ -6,5 +6,7 @@ the logic under test.
   memnet      in-memory network with loss, delay, duplication, reordering, partitions and
               per-link latency (sites)
   poll        wait_until / wait_until_sync: the one polling helper for tests on real time
+  shared_data shared_data() / require_data(): the measured data directory, and the rule for
+              a missing file (skip outside CI, fail in CI)
   members     joined(): a key whose JOIN record is in a replica (so its facts are accepted)
 """

@@ -6,8 +6,9 @@ sockets and processes can only be polled:
     await wait_until(lambda: b.connected(a.local_id), 5.0, "b dialled a")
     wait_until_sync(lambda: port_open(p), 10.0, "the engine's port", ignore=(OSError,))
 
-Both raise AssertionError("not within Ns: WHAT") when the predicate stays false; exceptions
-of the `ignore` types count as false (a server that is not up yet refuses connections).
+Both return the seconds the wait took (tests that report detection times print it) and raise
+AssertionError("not within Ns: WHAT") when the predicate stays false; exceptions of the
+`ignore` types count as false (a server that is not up yet refuses connections).
 """
 
 from __future__ import annotations
@@ -27,23 +28,25 @@ def _holds(predicate: Callable[[], object], ignore: tuple[type[BaseException], .
 async def wait_until(
     predicate: Callable[[], object], within: float = 5.0, what: str = "", *,
     interval: float = 0.01, ignore: tuple[type[BaseException], ...] = (),
-) -> None:
+) -> float:
     """Poll `predicate` every `interval` s on the running loop until it holds."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
+    start = loop.time()
     while not _holds(predicate, ignore):
-        if loop.time() >= deadline:
+        if loop.time() - start >= within:
             raise AssertionError(f"not within {within}s: {what or predicate}")
         await asyncio.sleep(interval)
+    return loop.time() - start
 
 
 def wait_until_sync(
     predicate: Callable[[], object], within: float = 5.0, what: str = "", *,
     interval: float = 0.05, ignore: tuple[type[BaseException], ...] = (),
-) -> None:
+) -> float:
     """`wait_until` for synchronous tests (blocks the thread between polls)."""
-    deadline = time.monotonic() + within
+    start = time.monotonic()
     while not _holds(predicate, ignore):
-        if time.monotonic() >= deadline:
+        if time.monotonic() - start >= within:
             raise AssertionError(f"not within {within}s: {what or predicate}")
         time.sleep(interval)
+    return time.monotonic() - start

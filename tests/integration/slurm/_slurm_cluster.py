@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from llmfabric.node.ports import free_port
+from llmfabric.testing.poll import wait_until_sync
 
 PACKAGES = ("slurm-wlm", "munge")
 _START_TIMEOUT_S = 60.0
@@ -110,13 +111,12 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 
 
 def _wait(predicate: object, what: str, log: pathlib.Path) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.3)
-    tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
-    raise RuntimeError(f"{what} did not come up within {_START_TIMEOUT_S:g} s:\n{tail}")
+    try:
+        wait_until_sync(predicate, _START_TIMEOUT_S, what, interval=0.3)  # type: ignore[arg-type]
+    except AssertionError:
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+        raise RuntimeError(f"{what} did not come up within {_START_TIMEOUT_S:g} s:\n{tail}"
+                           ) from None
 
 
 def _kill_pidfile(path: pathlib.Path) -> None:

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from llmfabric.node.local_fabric import LocalFabric
+from llmfabric.testing.poll import wait_until_sync
 
 from ._slurm_cluster import SlurmCluster
 from .test_slurm_jobs import MODEL, SRC, job_nodes, write_profile
@@ -56,25 +57,18 @@ def test_controller_launches_a_job_when_demand_rises(
             for _ in range(25):  # ~2.5 req/s over the demand window's first bucket
                 client.chat.completions.create(
                     model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not our_jobs(slurm):
-                time.sleep(0.5)
+            with contextlib.suppress(AssertionError):  # asserted next, with the log
+                wait_until_sync(lambda: our_jobs(slurm), 60, interval=0.5)
             jobs = our_jobs(slurm)
             assert len(jobs) == 1, (tmp_path / "controller.log").read_text()[-2000:]
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                with contextlib.suppress(OSError, ValueError):
-                    if any(n["state"] == "SERVING" for n in job_nodes(fab, jobs[0])):
-                        break
-                time.sleep(0.5)
-            else:
-                raise AssertionError("the launched job's node never served")
+            wait_until_sync(
+                lambda: any(n["state"] == "SERVING" for n in job_nodes(fab, jobs[0])), 60,
+                "the launched job's node serves", interval=0.5, ignore=(OSError, ValueError))
             text = (tmp_path / "controller.log").read_text()
             assert f"submitted Slurm job {jobs[0]}" in text and "needs" in text
             assert "replacing" not in text
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and len(our_jobs(slurm)) < 2:
-                time.sleep(0.5)
+            with contextlib.suppress(AssertionError):  # asserted next
+                wait_until_sync(lambda: len(our_jobs(slurm)) >= 2, 60, interval=0.5)
             assert len(our_jobs(slurm)) == 2 and jobs[0] in our_jobs(slurm), "pre-launch"
             text = (tmp_path / "controller.log").read_text()
             assert "before a new job could serve: replacing" in text, text[-2000:]

@@ -5,14 +5,12 @@ serves through it, publishes its allocation end, drains and leaves at its time l
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +20,7 @@ import yaml
 
 from llmfabric.launch.slurm import parse_time
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+from llmfabric.testing.poll import wait_until_sync
 
 from ._slurm_cluster import SlurmCluster
 
@@ -82,15 +81,18 @@ def job_nodes(fabric: LocalFabric, job: str) -> list[dict[str, Any]]:
 
 def wait_for(what: str, predicate: Any, timeout: float, slurm: SlurmCluster,
              job: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            value = predicate()
-            if value:
-                return value
-        time.sleep(0.3)
-    out = slurm.run("squeue", "-j", job).stdout
-    raise AssertionError(f"{what} within {timeout} s; squeue: {out}")
+    got: list[Any] = [None]
+
+    def holds() -> Any:
+        got[0] = predicate()
+        return got[0]
+
+    try:
+        wait_until_sync(holds, timeout, what, interval=0.3, ignore=(OSError, ValueError, KeyError))
+    except AssertionError as exc:
+        out = slurm.run("squeue", "-j", job).stdout
+        raise AssertionError(f"{exc}; squeue: {out}") from None
+    return got[0]
 
 
 def in_queue(slurm: SlurmCluster, job: str) -> bool:

@@ -40,6 +40,9 @@ def test_overrides() -> None:
     assert (none.gpu_model, none.gpu_count) == ("cpu", 0)
     forced = discover_hardware(run=fake_run(""), use_nvml=False, gpu="A100-80GB", gpu_count=4)
     assert (forced.gpu_model, forced.gpu_count) == ("A100-80GB", 4)
+    assert forced.gpu_memory_gb == 80.0  # from the GPU catalog
+    unknown = discover_hardware(run=fake_run(""), use_nvml=False, gpu="NVIDIA H20")
+    assert (unknown.gpu_model, unknown.gpu_memory_gb) == ("H20", 0.0)  # not in the catalog
 
 
 def test_real_nvidia_smi_binary_on_path(tmp_path: pathlib.Path,

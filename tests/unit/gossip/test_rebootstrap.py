@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 from collections.abc import Callable, Sequence
+
+import pytest
 
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.rebootstrap import Rebootstrapper, cut_off
@@ -100,3 +103,40 @@ async def test_seed_recontacts_while_alone_back_off(make_cluster: Callable[..., 
     rounds = 300.0 / c.config.sync_interval_s
     # before: one re-contact per sync round (~300); now the gaps grow up to the cap
     assert 5 <= alone.stats.seed_contacts < rounds / 4, alone.stats.seed_contacts
+
+
+async def test_a_bug_in_the_redial_is_logged_counted_and_retried(
+    make_cluster: Callable[..., Cluster], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An unreachable bootstrap is routine (an info line); anything else the redial raises
+    is a bug: logged with its traceback, counted in the agent's loop_errors, and the keeper
+    goes on trying."""
+    c = make_cluster()
+    alone = await c.add(seeds=["gone-seed"])
+    calls: list[float] = []
+
+    async def broken() -> Sequence[str]:
+        calls.append(c.clock.now())
+        raise KeyError("a bug")
+
+    cfg = c.config
+    rb = Rebootstrapper(c.clock, lambda: alone, broken,
+                        backoff=Backoff(1.0, cfg.rebootstrap_cap_s, random.Random(7)),
+                        after_s=cfg.rebootstrap_after_s, check_interval_s=cfg.sync_interval_s)
+    task = asyncio.get_running_loop().create_task(rb.run())
+    with caplog.at_level(logging.INFO, logger="llmfabric.gossip.rebootstrap"):
+        await c.clock.advance(cfg.rebootstrap_after_s + 60.0)
+    task.cancel()
+    assert len(calls) >= 2 and alone.stats.loop_errors == len(calls)
+    bugs = [r for r in caplog.records if "re-bootstrap attempt" in r.getMessage()]
+    assert len(bugs) == len(calls) and all(r.exc_info for r in bugs)
+
+
+async def test_an_unreachable_bootstrap_is_no_error(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    alone = await c.add(seeds=["gone-seed"])
+    rb, calls = _keeper(c, alone, fail=True)
+    task = asyncio.get_running_loop().create_task(rb.run())
+    await c.clock.advance(c.config.rebootstrap_after_s + 60.0)
+    task.cancel()
+    assert calls and alone.stats.loop_errors == 0

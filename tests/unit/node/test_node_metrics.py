@@ -70,10 +70,12 @@ def test_transport_counts_are_counters_too() -> None:
     netstats = NetStats()
     netstats.drop("unreachable", 2)
     netstats.handshakes_refused["admission"] += 1
+    netstats.error("message_handler")
     text = _scrape(NodeMetrics(), agent, netstats)
     assert re.search(r"# TYPE llmfabric_net_dropped(_total)? counter", text)
     assert _sample(text, "llmfabric_net_dropped_total", 'reason="unreachable"') == 2
     assert _sample(text, "llmfabric_net_handshakes_refused_total", 'reason="admission"') == 1
+    assert _sample(text, "llmfabric_net_errors_total", 'where="message_handler"') == 1
 
 
 def test_the_node_hands_one_stats_object_to_every_agent(tmp_path: pathlib.Path) -> None:

@@ -19,6 +19,7 @@ from llmfabric.agent.tokenize import EngineTokenizer, token_count
 from llmfabric.ingress.engine_proxy import EngineProxy
 from llmfabric.ingress.usage import StreamUsageScanner, estimate_prompt_tokens
 from llmfabric.node.stream_usage import CHAT_MESSAGE_OVERHEAD, StreamTally, StreamUsageCounter
+from llmfabric.testing.poll import wait_until
 
 WORDS = ["alpha", " beta", "", " gamma", " delta"]  # "" : a token whose text is held back
 
@@ -227,7 +228,7 @@ async def test_no_tokenize_call_cuts_another_stream_on_an_interrupting_engine() 
     engine = FakeEngine()
     async with Node(engine, LLAMA_PY) as node:
         slow = asyncio.create_task(node.stream("/v1/completions", {**PROMPT, "slow": True}))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: engine.streams_running == 1, 10, "the slow stream runs")
         fast = await node.stream("/v1/completions", PROMPT)
         await slow
     assert engine.calls_during_stream == 0
@@ -244,7 +245,7 @@ async def test_an_engine_told_not_to_interrupt_counts_with_others_in_flight() ->
                                            "--interrupt_requests", "False"])
         node.proxy._around = node.counter.open
         slow = asyncio.create_task(node.stream("/v1/completions", {**PROMPT, "slow": True}))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: engine.streams_running == 1, 10, "the slow stream runs")
         fast = await node.stream("/v1/completions", PROMPT)
         await slow
     assert events(fast)[-1]["usage"]["prompt_tokens"] == 5
@@ -269,7 +270,7 @@ async def test_a_non_interrupting_engine_counts_with_others_in_flight() -> None:
     engine = FakeEngine()
     async with Node(engine, KINDS["llama.cpp"]) as node:
         slow = asyncio.create_task(node.stream("/v1/completions", {**PROMPT, "slow": True}))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: engine.streams_running == 1, 10, "the slow stream runs")
         fast = await node.stream("/v1/completions", PROMPT)
         await slow
     assert events(fast)[-1]["usage"]["prompt_tokens"] == 5

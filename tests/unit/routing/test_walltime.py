@@ -55,14 +55,12 @@ def test_sim_rate_prices_known_models_and_falls_back() -> None:
 
 
 def test_background_estimates_answer_with_the_fallback_until_ready() -> None:
-    import time
+    from llmfabric.testing.poll import wait_until_sync
 
     est = sim_rate(fallback=fixed_rate(per_token_s=1.0, overhead_s=0))
     assert est(cand("a"), 1000) == 1000.0  # not computed yet: the fallback, no waiting
-    deadline = time.monotonic() + 30
-    while est(cand("a"), 1000) == 1000.0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert est(cand("a"), 1000) < 1000.0
+    wait_until_sync(lambda: est(cand("a"), 1000) < 1000.0, 30, "the background estimate",
+                    interval=0.01)
 
 
 @given(end=st.floats(0, 1e10), lead=st.floats(0, 1e5), expected=st.floats(0, 1e6),

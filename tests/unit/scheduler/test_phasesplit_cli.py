@@ -73,3 +73,26 @@ def test_plan_pd_reschedule_after_losing_an_instance(tmp_path):
     assert all(json.dumps(g["stages"]) in old_layouts for g in new["groups"])
     bad = CliRunner().invoke(cli, [*base, "--reschedule", str(saved), "--lost-gpus", "x-1"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
+
+
+def test_plan_pd_plans_on_gpus_of_a_gpus_yaml(tmp_path):
+    """`--gpus-yaml` GPUs reach every lookup of the plan (cluster, configs, simulation)
+    through the catalog the command passes on, and leave the built-in catalog untouched."""
+    from llmfabric.sim import DEFAULT_CATALOG
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("gpus:\n  Big-A6000:\n    base: RTX-A6000\n    memory_gb: 96\n")
+    cloud = (EX / "cloud32.yaml").read_text().replace("gpu: RTX-A6000", "gpu: big-a6000")
+    cluster = tmp_path / "cloud.yaml"
+    cluster.write_text(cloud)
+    args = ["plan", "pd", "--cluster", str(cluster), "--links", str(EX / "bw32.csv"),
+            "--model", "llama-30b", "--workload", str(EX / "conversation.yaml"), "--steps",
+            "1", "--neighbors", "2", "--sim-duration", "10", "--json"]
+    res = CliRunner().invoke(cli, [*args, "--gpus-yaml", str(gpus)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert sorted(i for g in doc["groups"] for i in g["gpus"]) == list(range(32))
+    assert "Big-A6000" not in DEFAULT_CATALOG.names()
+    res = CliRunner().invoke(cli, args)  # without the file the name is unknown, cleanly
+    assert res.exit_code != 0 and "Big-A6000".lower() in res.output.lower()
+    assert "Traceback" not in res.output

@@ -1,10 +1,9 @@
-"""Shipped calibration against the measured operator profiles (skips without shared data)."""
+"""Shipped calibration against the measured operator profiles (without the shared data: skips
+outside CI, fails in CI)."""
 
 from __future__ import annotations
 
 import csv
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +12,9 @@ from llmfabric.sim import DEFAULT_EFFICIENCY, ModelSpec, efficiency_for, get_gpu
 from llmfabric.sim.calibration import CALIBRATED
 from llmfabric.sim.costs import op_time
 from llmfabric.sim.operators import layer_linear_ops
+from llmfabric.testing.shared_data import require_data, shared_data
 
-ROOT = Path(__file__).resolve().parents[3]
-DATA = Path(os.environ.get("LLMFABRIC_SHARED_DATA", ROOT.parent / "shared" / "data"))
-VIDUR = DATA / "operator-profiles" / "vidur" / "compute"
+VIDUR = shared_data("operator-profiles", "vidur", "compute")
 OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
        "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 
@@ -27,11 +25,11 @@ def test_siblings_borrow_calibrated_rows() -> None:
     assert efficiency_for(get_gpu("MI300X")) == DEFAULT_EFFICIENCY
 
 
-@pytest.mark.skipif(not VIDUR.is_dir(), reason="shared operator profiles not present")
 @pytest.mark.parametrize(("gdir", "gpu"), [("h100", "H100-SXM"), ("a100", "A100-80GB"),
                                            ("a40", "A40")])
 def test_layer_linear_time_matches_vidur_profiles(gdir: str, gpu: str) -> None:
     path = VIDUR / gdir / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    require_data(path)
     with path.open() as fh:
         rows = [r for r in csv.DictReader(fh) if r["num_tensor_parallel_workers"] == "1"]
     spec = ModelSpec("llama-2-7b-layer", 1, 4096, 32, 32, 128, 11008, 32000)

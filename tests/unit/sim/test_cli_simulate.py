@@ -67,3 +67,20 @@ def test_simulate_trace_format_option(tmp_path: Path) -> None:
     bad = CliRunner().invoke(cli, ["simulate", "--model", "qwen3-1.7b", "--gpu", "H100",
                                    "--trace", str(trace), "--trace-format", "nope"])
     assert bad.exit_code != 0 and "unknown" in bad.output
+
+
+def test_simulate_on_a_gpu_of_a_gpus_yaml(tmp_path: Path) -> None:
+    """`--gpus-yaml` GPUs are found through the catalog the command builds from the file; the
+    built-in catalog stays as it was, so a later run without the file does not know them."""
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("gpus:\n  H100-half:\n    base: H100-SXM\n    mem_bw_gbs: 1675\n")
+    args = ["simulate", "--model", "qwen3-1.7b", "--gpu", "h100-half", "--rate", "2",
+            "--duration", "20", "--input", "256", "--output", "32", "--json"]
+    res = CliRunner().invoke(cli, [*args, "--gpus-yaml", str(gpus)])
+    assert res.exit_code == 0, res.output
+    half = json.loads(res.output)
+    assert half["gpu"] == "H100-half"
+    full = json.loads(CliRunner().invoke(cli, [*args[:4], "H100-SXM", *args[5:]]).output)
+    assert half["mean_tpot_s"] > full["mean_tpot_s"]  # half the bandwidth: slower decode
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code != 0 and "unknown GPU 'h100-half'" in again.output

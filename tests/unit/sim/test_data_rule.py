@@ -4,16 +4,16 @@ must lie within aiconfigurator's cuBLAS band on the same GPU."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from llmfabric.testing.shared_data import require_data, shared_data
+
 ROOT = Path(__file__).resolve().parents[3]
-DATA = Path(os.environ.get("LLMFABRIC_SHARED_DATA", ROOT.parent / "shared" / "data"))
-PROFILES = DATA / "operator-profiles"
+PROFILES = shared_data("operator-profiles")
 
 
 def _load() -> ModuleType:
@@ -57,8 +57,8 @@ def test_flag_and_replace_from_large_to_small_m() -> None:
     assert R.flags_for("G", "M", 8, same, ratios) == [] and same[1] == 50e-6
 
 
-@pytest.mark.skipif(not PROFILES.is_dir(), reason="shared operator profiles not present")
 def test_shared_data_flags_one_point() -> None:
+    require_data(PROFILES / "vidur" / "compute", PROFILES / "aiconfigurator")
     pq = pytest.importorskip("pyarrow.parquet")
     flags = R.corrections(PROFILES / "vidur/compute", {"a100": "A100-80GB", "h100": "H100-SXM",
                                                         "a40": "A40"},

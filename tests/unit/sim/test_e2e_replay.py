@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from click.testing import CliRunner
 
 from llmfabric.cli.main import cli
 from llmfabric.sim import SpecError, e2e, get_gpu
+from llmfabric.testing.shared_data import require_data, shared_data
 
 pytestmark = pytest.mark.unit
 HEADER = ",".join(e2e.COLUMNS)
@@ -127,13 +127,8 @@ def test_cli_closed_loop_prints_steady_and_first_wave() -> None:
 
 
 def _calibration_file() -> Path:
-    env = os.environ.get("LLMFABRIC_SHARED_DATA")
-    root = Path(env) if env else ROOT.parent / "shared" / "data"
-    path = root / "e2e" / "serving_e2e_calibration.csv"
-    if not path.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"e2e calibration data missing at {path} (set LLMFABRIC_SHARED_DATA)")
-        pytest.skip(f"e2e calibration data not at {path} (outside CI only)")
+    path = shared_data("e2e", "serving_e2e_calibration.csv")
+    require_data(path)
     return path
 
 

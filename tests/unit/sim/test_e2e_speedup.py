@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -14,9 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmfabric.sim import ModelSpec, efficiency_for, get_gpu
+from llmfabric.testing.shared_data import require_data, shared_data
 
 ROOT = Path(__file__).resolve().parents[3]
-DATA = Path(os.environ.get("LLMFABRIC_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DATA = shared_data()
 PROFILES = DATA / "operator-profiles"
 
 
@@ -113,9 +113,8 @@ def test_a_biased_gpu_shows_up_as_speedup_error() -> None:
     assert errs[("A40", "H100-SXM")] == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.skipif(not ((PROFILES / "vidur").is_dir() and (PROFILES / "aiconfigurator").is_dir()),
-                    reason="shared operator profiles not present")
 def test_measured_compositions_of_a_gqa_model() -> None:
+    require_data(PROFILES / "vidur", PROFILES / "aiconfigurator")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import sim_accuracy

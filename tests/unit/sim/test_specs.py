@@ -18,7 +18,8 @@ from llmfabric.sim import (
 )
 from llmfabric.sim.calibration import CALIBRATED, DEFAULT_EFFICIENCY, efficiency_for
 from llmfabric.sim.collectives import FITTED, allreduce_model, fitted_allreduce, ring_model
-from llmfabric.sim.hardware import BUILTIN_GPUS, GPUCatalog
+from llmfabric.sim.gpu_names import catalog_name
+from llmfabric.sim.hardware import BUILTIN_GPUS, DEFAULT_CATALOG, GPUCatalog, read_gpus_yaml
 
 REQUIRED_GPUS = ["A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "GH200", "L40S",
                  "L40", "A40", "RTX-A6000", "RTX-A5000", "RTX-3090", "RTX-3090-Ti", "RTX-4090",
@@ -62,12 +63,31 @@ def test_yaml_gpu_from_base_and_from_scratch(tmp_path: Path) -> None:
         "  MyCard:\n    fp16_tflops: 100\n    mem_bw_gbs: 500\n    memory_gb: 16\n"
         "    aliases: [mine]\n"
     )
-    catalog = GPUCatalog(BUILTIN_GPUS)
-    specs = load_gpus_yaml(f, catalog)
-    assert [s.name for s in specs] == ["H100-slow", "MyCard"]
+    catalog = load_gpus_yaml(f)
+    assert catalog.names()[-2:] == ["H100-slow", "MyCard"]
     slow = catalog.get("h100-slow")
     assert slow.mem_bw == 1000e9 and slow.fp16_flops == get_gpu("H100").fp16_flops
     assert catalog.get("mine").mem_bytes == 16e9
+    assert get_gpu("mine", catalog) is catalog.get("mine")
+
+
+def test_loading_gpus_leaves_the_default_catalog_alone(tmp_path: Path) -> None:
+    """Catalogs are immutable: a YAML file gives a new catalog; the built-in one (and every
+    cache keyed on it, e.g. sim.gpu_names) never sees the user's GPUs."""
+    f = tmp_path / "gpus.yaml"
+    f.write_text("gpus:\n  H100-SXM:\n    base: H100-SXM\n    mem_bw_gbs: 1\n"
+                 "  Zcard:\n    base: H100-SXM\n    aliases: [zc]\n"
+                 "  Zcard-2:\n    base: zc\n    memory_gb: 7\n")
+    before = DEFAULT_CATALOG.specs()
+    catalog = load_gpus_yaml(f)
+    assert DEFAULT_CATALOG.specs() == before and get_gpu("H100-SXM").mem_bw == 3350e9
+    assert catalog.get("H100-SXM").mem_bw == 1e9  # a user row overrides a built-in name
+    assert catalog.get("Zcard-2").mem_bytes == 7e9  # a base may name an earlier row
+    assert [g.name for g in read_gpus_yaml(f)] == ["H100-SXM", "Zcard", "Zcard-2"]
+    with pytest.raises(UnknownGPUError):
+        get_gpu("Zcard")
+    assert catalog_name("zc") is None and catalog_name("zc", catalog) == "Zcard"
+    assert not hasattr(catalog, "register")
 
 
 def test_yaml_gpu_on_a_base_inherits_its_calibration(tmp_path: Path) -> None:
@@ -84,8 +104,7 @@ def test_yaml_gpu_on_a_base_inherits_its_calibration(tmp_path: Path) -> None:
         "    calibration: a100\n"
         "  Plain:\n    fp16_tflops: 300\n    mem_bw_gbs: 2000\n    memory_gb: 80\n"
     )
-    catalog = GPUCatalog(BUILTIN_GPUS)
-    load_gpus_yaml(f, catalog)
+    catalog = load_gpus_yaml(f, GPUCatalog(BUILTIN_GPUS))
     nvl, bridge = catalog.get("H100-NVL-ish"), catalog.get("H100-bridge")
     assert nvl.calibration_of == "H100-SXM" and nvl.mem_bw == 3900e9
     assert efficiency_for(nvl) is CALIBRATED["H100-SXM"]

@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from llmfabric.sim import WorkloadError, load_trace, replay
+from llmfabric.testing.shared_data import require_data, shared_data
 
-ROOT = Path(__file__).resolve().parents[3]
-TRACES = Path(os.environ.get("LLMFABRIC_SHARED_DATA", ROOT.parent / "shared" / "data")) / "traces"
+TRACES = shared_data("traces")
 
 
 def test_azure_style_csv(tmp_path: Path) -> None:
@@ -76,8 +75,8 @@ def test_missing_columns_and_bad_rows(tmp_path: Path) -> None:
         replay([(0.0, 0, 5)])
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
 def test_shared_traces_load() -> None:
+    require_data(TRACES / "AzureLLMInferenceTrace_conv.csv", TRACES / "conversation_trace.jsonl")
     azure = load_trace(TRACES / "AzureLLMInferenceTrace_conv.csv", limit=2000)
     mooncake = load_trace(TRACES / "conversation_trace.jsonl", limit=2000)
     for wl in (azure, mooncake):
@@ -85,10 +84,10 @@ def test_shared_traces_load() -> None:
         assert wl.mean_input() > 100
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
 def test_mooncake_conversation_trace_lasts_about_an_hour() -> None:
     """12,031 requests whose last timestamp is 3,536,999 ms: the replay lasts 3,537 s (the
     per-row unit guess made it 99,000 s: its first 291 rows, <= 99,000 ms, read as seconds)."""
+    require_data(TRACES / "conversation_trace.jsonl")
     wl = load_trace(TRACES / "conversation_trace.jsonl")
     assert len(wl) == 12031
     assert wl.duration_s == pytest.approx(3536.999)

@@ -12,8 +12,9 @@ from llmfabric.testing.poll import wait_until, wait_until_sync
 async def test_wait_until_returns_when_the_predicate_holds() -> None:
     flag: list[int] = []
     asyncio.get_running_loop().call_later(0.03, flag.append, 1)
-    await wait_until(lambda: flag, 2.0, "the flag")
+    took = await wait_until(lambda: flag, 2.0, "the flag")
     assert flag == [1]
+    assert 0.0 < took < 2.0  # the seconds it waited (tests report detection times with it)
 
 
 async def test_wait_until_names_what_never_happened() -> None:
@@ -38,7 +39,7 @@ async def test_ignored_errors_count_as_not_yet() -> None:
 
 def test_wait_until_sync() -> None:
     calls: list[int] = []
-    wait_until_sync(lambda: calls.append(1) or len(calls) >= 2, 2.0, interval=0.001)
-    assert len(calls) == 2
+    took = wait_until_sync(lambda: calls.append(1) or len(calls) >= 2, 2.0, interval=0.001)
+    assert len(calls) == 2 and 0.0 < took < 2.0
     with pytest.raises(AssertionError, match="not within"):
         wait_until_sync(lambda: False, 0.01, "never", interval=0.001)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from llmfabric.testing.shared_data import require_data, shared_data
 from llmfabric.traces import (
     TraceFormatError,
     UnknownTraceFormatError,
@@ -168,16 +168,12 @@ def test_errors_say_what_to_do(tmp_path: Path, writers: Any) -> None:
 
 
 def _shared_traces() -> Path:
-    default = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
-    return Path(os.environ.get("LLMFABRIC_SHARED_DATA", default)) / "traces"
+    return shared_data("traces")
 
 
-@pytest.mark.skipif(
-    not (_shared_traces() / "AzureLLMInferenceTrace_code.csv").exists(),
-    reason="shared Azure trace not present",
-)
 def test_real_azure_and_mooncake_traces_load() -> None:
     azure = _shared_traces() / "AzureLLMInferenceTrace_code.csv"
+    require_data(azure, _shared_traces() / "synthetic_trace.jsonl")
     assert detect_format(azure) == "azure2023"
     assert sum(len(b) for b in iter_batches(azure, chunk_rows=4096)) == 8819
     mooncake = _shared_traces() / "synthetic_trace.jsonl"

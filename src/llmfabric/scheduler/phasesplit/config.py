@@ -25,7 +25,6 @@ from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
 from llmfabric.sim.costs import StepCostModel, cost_model_for
 from llmfabric.sim.errors import InfeasibleError, SimError
-from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.layersplit import memory_aware_layers
 from llmfabric.sim.memory import memory_plan, weight_bytes
 from llmfabric.sim.models import ModelSpec
@@ -159,7 +158,7 @@ class ConfigSearch:
             for combo in itertools.combinations_with_replacement(avail, pp):
                 if any(combo.count(b) > free[b] for b in set(combo)):
                     continue
-                if sum(get_gpu(b[1]).mem_bytes * tp for b in combo) < self._weights:
+                if sum(self.cluster.gpu_spec(b[1]).mem_bytes * tp for b in combo) < self._weights:
                     continue
                 rep = self._replica(combo, tp, phase, buckets, taken)
                 if rep is None:
@@ -232,7 +231,7 @@ class ConfigSearch:
 
     def _build(self, key: tuple[object, ...], order: Sequence[Bucket], tp: int, phase: Phase,
                links: tuple[Link, ...]) -> ReplicaConfig | None:
-        specs = [get_gpu(b[1]) for b in order]
+        specs = [self.cluster.gpu_spec(b[1]) for b in order]
         tps = [tp] * len(order)
         weights = [(g.fp16_flops if phase == "prefill" else g.mem_bw) * tp for g in specs]
         rep: ReplicaConfig | None = None
@@ -274,13 +273,13 @@ def replica_from_stages(model: ModelSpec, cluster: CloudCluster, workload: PDWor
     if not stages or any(len(s.gpus) != tp for s in stages):
         raise SpecError("every stage needs exactly tp GPUs")
     for s in stages:
-        if any(not 0 <= g < len(cluster.gpus) or cluster.gpus[g].type != get_gpu(s.type).name
-               for g in s.gpus):
+        name = cluster.gpu_spec(s.type).name
+        if any(not 0 <= g < len(cluster.gpus) or cluster.gpus[g].type != name for g in s.gpus):
             raise SpecError(f"stage GPUs {list(s.gpus)} are not {s.type} GPUs of this cluster")
     links = tuple(cluster.link(a.gpus, b.gpus) for a, b in itertools.pairwise(stages))
     try:
-        dep = Deployment(model, tuple(Stage(get_gpu(s.type), tp, s.layers) for s in stages),
-                         pp_links=links)
+        dep = Deployment(model, tuple(Stage(cluster.gpu_spec(s.type), tp, s.layers)
+                                      for s in stages), pp_links=links)
     except SimError as e:
         raise SpecError(str(e)) from None
     plan = memory_plan(dep)

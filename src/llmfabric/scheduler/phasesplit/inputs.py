@@ -12,7 +12,7 @@ import yaml
 from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.phasesplit.problem import GPU, CloudCluster, PDWorkload
 from llmfabric.sim.errors import SimError
-from llmfabric.sim.hardware import get_gpu
+from llmfabric.sim.hardware import DEFAULT_CATALOG, GPUCatalog
 from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.results import SLO
 from llmfabric.sim.topology import Topology
@@ -32,8 +32,9 @@ def _num(doc: dict[str, Any], key: str, where: str, default: float | None = None
     return float(v)
 
 
-def load_gpus(path: str | Path) -> list[GPU]:
-    """instances: [{gpu: RTX-A6000, count: 4, host: a6000-0}, ...]; GPU ids 0.. in order."""
+def load_gpus(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[GPU]:
+    """instances: [{gpu: RTX-A6000, count: 4, host: a6000-0}, ...]; GPU ids 0.. in order;
+    GPU names are looked up in `catalog`."""
     doc = _read(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list) or \
             not doc["instances"]:
@@ -47,7 +48,7 @@ def load_gpus(path: str | Path) -> list[GPU]:
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
             raise SpecError(f"{path}: instance {k}: count must be an int in 1..64")
         try:
-            gpu_type = get_gpu(str(inst.get("gpu"))).name
+            gpu_type = catalog.get(str(inst.get("gpu"))).name
         except SimError as e:
             raise SpecError(f"{path}: instance {k}: {e}") from None
         host = str(inst.get("host", f"inst{k}"))
@@ -59,22 +60,25 @@ def load_gpus(path: str | Path) -> list[GPU]:
 
 
 def load_cluster(cluster_path: str | Path | None, links_path: str | Path | None,
-                 topology_path: str | Path | None) -> CloudCluster:
+                 topology_path: str | Path | None,
+                 catalog: GPUCatalog = DEFAULT_CATALOG) -> CloudCluster:
+    """The cluster of a topology YAML, or of a cluster YAML and a link CSV; its GPU types are
+    names of `catalog` (the built-in one, or one with the user's `--gpus-yaml` GPUs)."""
     if topology_path is not None:
         if links_path is not None:
             raise SpecError("give --links or --topology, not both")
         try:
-            return CloudCluster.from_topology(Topology.from_yaml(topology_path))
+            return CloudCluster.from_topology(Topology.from_yaml(topology_path), catalog)
         except SimError as e:
             raise SpecError(f"{topology_path}: {e}") from None
     if cluster_path is None or links_path is None:
         raise SpecError("give --cluster with --links, or --topology")
-    gpus = load_gpus(cluster_path)
+    gpus = load_gpus(cluster_path, catalog)
     try:
         links = LinkMatrix.from_csv(links_path)
     except SimError as e:
         raise SpecError(f"{links_path}: {e}") from None
-    return CloudCluster.from_links(gpus, links)
+    return CloudCluster.from_links(gpus, links, catalog)
 
 
 def load_workload(path: str | Path, *, slo_ttft: float | None = None,

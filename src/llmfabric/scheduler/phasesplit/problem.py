@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmfabric.scheduler.errors import SpecError
+from llmfabric.sim.hardware import DEFAULT_CATALOG, GPUCatalog, GPUSpec
 from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.parallel import Link
 from llmfabric.sim.results import SLO
@@ -30,6 +31,7 @@ class CloudCluster:
     gpus: tuple[GPU, ...]
     bandwidth: npt.NDArray[np.float64]
     latency_s: npt.NDArray[np.float64]
+    catalog: GPUCatalog = DEFAULT_CATALOG  # where the GPU types are looked up
     _links: dict[tuple[tuple[int, ...], tuple[int, ...]], Link] = field(
         default_factory=dict, repr=False)
 
@@ -49,7 +51,7 @@ class CloudCluster:
             raise SpecError("latencies must be finite and >= 0")
 
     @staticmethod
-    def from_topology(topo: Topology) -> CloudCluster:
+    def from_topology(topo: Topology, catalog: GPUCatalog = DEFAULT_CATALOG) -> CloudCluster:
         ids = topo.gpus()
         gpus = []
         for k, node in enumerate(ids):
@@ -57,14 +59,19 @@ class CloudCluster:
             gpus.append(GPU(k, g.gpu_type, g.host))
         links = LinkMatrix.from_topology(topo)
         return CloudCluster(tuple(gpus), _square(links.bandwidth, np.inf),
-                            _square(links.latency_s, 0.0))
+                            _square(links.latency_s, 0.0), catalog)
 
     @staticmethod
-    def from_links(gpus: Sequence[GPU], links: LinkMatrix) -> CloudCluster:
+    def from_links(gpus: Sequence[GPU], links: LinkMatrix,
+                   catalog: GPUCatalog = DEFAULT_CATALOG) -> CloudCluster:
         if links.shape != (len(gpus), len(gpus)):
             raise SpecError(f"the link matrix is {links.shape} but there are {len(gpus)} GPUs")
         return CloudCluster(tuple(gpus), _square(links.bandwidth, np.inf),
-                            _square(links.latency_s, 0.0))
+                            _square(links.latency_s, 0.0), catalog)
+
+    def gpu_spec(self, gpu_type: str) -> GPUSpec:
+        """The spec of a GPU type of this cluster (looked up in its catalog)."""
+        return self.catalog.get(gpu_type)
 
     def link(self, a: Sequence[int], b: Sequence[int]) -> Link:
         """The slowest link between two GPU sets (ThunderServe: beta = min bandwidth)."""
@@ -82,7 +89,7 @@ class CloudCluster:
         new = {old: k for k, old in enumerate(ids)}
         gpus = tuple(GPU(new[o], self.gpus[o].type, self.gpus[o].host) for o in ids)
         ix = np.ix_(ids, ids)
-        return CloudCluster(gpus, self.bandwidth[ix], self.latency_s[ix]), new
+        return CloudCluster(gpus, self.bandwidth[ix], self.latency_s[ix], self.catalog), new
 
 
 def _square(m: npt.NDArray[np.float64], diag: float) -> npt.NDArray[np.float64]:
