@@ -65,3 +65,38 @@ def embedding(text: str, dims: int) -> list[float]:
     v = rng.standard_normal(dims)
     v /= np.linalg.norm(v) or 1.0
     return [float(x) for x in v]
+
+
+_WORD_SET = frozenset(WORDS)
+_LONGEST_WORD = max(map(len, WORDS))
+
+
+def continued_prompt(prompt: str, max_tokens: int = 8192) -> tuple[str, int]:
+    """A completions prompt that ends with this engine's own output for an earlier prompt
+    (what a continuation sends: prompt + relayed text): (the earlier prompt, tokens already
+    generated), so the engine goes on as a language model would; else (prompt, 0).
+
+    Cost: one pass over the prompt plus a hash copy per candidate split (the trailing run of
+    pseudo-words, at most `max_tokens`); the longest matching tail wins."""
+    chunks = prompt.split(" ")
+    run = 0  # trailing chunks that are whole words: candidates for tokens 1..k-1
+    while run < min(len(chunks) - 1, max_tokens - 1) and chunks[-1 - run] in _WORD_SET:
+        run += 1
+    first = len(chunks) - 1 - run
+    head = " ".join(chunks[:first]) + (" " if first > 0 else "")
+    h = hashlib.sha256(head.encode())
+    pos = len(head)
+    for j in range(first, len(chunks)):  # token 0 glued to the end of chunk j; k descending
+        chunk, k = chunks[j], len(chunks) - j
+        for n in range(1, min(len(chunk), _LONGEST_WORD) + 1):
+            if chunk[-n:] not in _WORD_SET:
+                continue
+            c = h.copy()
+            c.update(chunk[:-n].encode())
+            seed = int.from_bytes(c.digest()[:8], "big")
+            if token_text(seed, 0) == chunk[-n:] and all(
+                    token_text(seed, i) == " " + chunks[j + i] for i in range(1, k)):
+                return prompt[:pos + len(chunk) - n], k
+        h.update((chunk + " ").encode())
+        pos += len(chunk) + 1
+    return prompt, 0

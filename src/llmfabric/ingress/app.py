@@ -106,6 +106,7 @@ class Ingress:
         self.usage_sink = usage_sink
         self.metrics = metrics if metrics is not None else IngressMetrics()
         self.metrics.known_model = source.is_known  # unknown names: one "other" label
+        self.metrics.candidates = source.all_candidates  # (prefix-cache hit gauges)
         self.policy = make_policy(config.policy, rng)
         self.router = Router(self.policy)
         self._needs_blocks = getattr(self.policy, "needs_blocks", False) is True

@@ -13,9 +13,13 @@ usage: completion tokens of both parts, and as prompt tokens the continuation's 
 relayed completion tokens: the original prompt plus the template tokens of the added assistant
 message (a few, engine-specific), close to what an uninterrupted stream would have reported.
 
+Legacy `/v1/completions` streams are continued the way a language model continues text: the
+new prompt is the original one (a single string) plus the relayed text, with the same limit
+cut and usage merge (the continuation's prompt less the relayed tokens is the original
+prompt). `echo`, `suffix`, `best_of` and token-id or batched prompts are not continued.
+
 Off per request with `metadata.continuation: false` (or IngressConfig.continue_streams);
-routes other than chat completions (and the Responses/Messages translations that ride on it)
-get the old behaviour: an error event, then the end of the stream.
+other routes get the old behaviour: an error event, then the end of the stream.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from llmfabric.routing.router import NoRoute, Router
 
 log = logging.getLogger(__name__)
 
-CONTINUABLE_PATHS = frozenset({"/v1/chat/completions"})
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+CONTINUABLE_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
 MAX_RECORDED_BYTES = 4 * 1024 * 1024  # past this a stream is not continued (clean error)
 _EVENT_END = b"\n\n"
 
@@ -54,7 +60,20 @@ def continuation_wanted(doc: Mapping[str, Any], path: str, enabled: bool) -> boo
     if isinstance(meta, dict) and meta.get("continuation") in (False, "false", "off", "0"):
         return False
     n = doc.get("n", 1)
+    if path == COMPLETIONS_PATH and _text_prompt(doc) is None:
+        return False
     return n in (1, None)
+
+
+def _text_prompt(doc: Mapping[str, Any]) -> str | None:
+    """A completions request's prompt when its text can simply be extended: one string (or a
+    list of one), no echo, suffix or best_of (the relayed text would not be the answer)."""
+    if doc.get("echo") or doc.get("suffix") or doc.get("best_of") not in (None, 1):
+        return None
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
 
 
 class RelayRecorder:
@@ -147,7 +166,7 @@ def read_relayed(data: bytes) -> Relayed:
             if isinstance(delta, dict):
                 if delta.get("tool_calls"):
                     blocked = "tool calls were streamed"
-                piece = delta.get("content")
+                piece = delta.get("content", ch.get("text"))  # chat, else completions
                 if isinstance(piece, str) and piece:
                     text.append(piece)
                     tokens += 1
@@ -156,7 +175,7 @@ def read_relayed(data: bytes) -> Relayed:
     return Relayed("".join(text), tokens, rid, created, finished, blocked)
 
 
-def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder
+def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder, path: str = CHAT_PATH
                       ) -> tuple[Relayed, dict[str, Any] | None, str]:
     """(what was relayed, the continuation request body or None, why not)."""
     if recorder.overflow:
@@ -167,17 +186,18 @@ def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder
         return got, None, got.blocked
     if got.finished:
         return got, None, "the stream had ended"
-    msgs = doc.get("messages")
-    if not isinstance(msgs, list):
-        return got, None, "no messages"
-    body: dict[str, Any] = {
-        **doc,
-        "messages": [*msgs, {"role": "assistant", "content": got.text}],
-        "continue_final_message": True,
-        "add_generation_prompt": False,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: dict[str, Any] = {**doc, "stream": True, "stream_options": {"include_usage": True}}
+    if path == COMPLETIONS_PATH:
+        prompt = _text_prompt(doc)
+        if prompt is None:
+            return got, None, "the prompt is not one text"
+        body["prompt"] = prompt + got.text
+    else:
+        msgs = doc.get("messages")
+        if not isinstance(msgs, list):
+            return got, None, "no messages"
+        body.update(messages=[*msgs, {"role": "assistant", "content": got.text}],
+                    continue_final_message=True, add_generation_prompt=False)
     for key in ("max_tokens", "max_completion_tokens"):
         limit = doc.get(key)
         if isinstance(limit, int) and not isinstance(limit, bool):
@@ -259,9 +279,11 @@ class ContinuationRelay:
                         return b""  # the client had its role chunk from the first node
                 delta.pop("role", None)
                 piece = delta.get("content")
-                if isinstance(piece, str) and piece:
-                    self.text.append(piece)
-                    self.tokens += 1
+            else:  # a completions choice
+                piece = ch.get("text")
+            if isinstance(piece, str) and piece:
+                self.text.append(piece)
+                self.tokens += 1
             if ch.get("finish_reason") is not None:
                 self.finished = True
         self._opened = True
@@ -282,14 +304,14 @@ async def resume_stream(
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
     want_usage_chunk: bool, timeouts: Timeouts,
 ) -> tuple[tuple[int, int] | None, Candidate | None, str]:
-    """Continue a failed chat stream on other candidates until one finishes it.
+    """Continue a failed chat or completions stream on other candidates until one finishes it.
 
     Returns (merged usage or None, the candidate that finished, "") or (None, None, why not);
     on failure the caller writes the error event and ends the stream."""
     why = ""
     t_cut = time.perf_counter()
     for _ in range(1 + host.config.max_retries):
-        first, body, why_not = plan_continuation(doc, recorder)
+        first, body, why_not = plan_continuation(doc, recorder, path)
         if body is None:
             return None, None, why_not
         decision = host.router.route(rreq, candidates, tried, len(tried))
