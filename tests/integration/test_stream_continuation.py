@@ -13,6 +13,7 @@ engine's prefix-cache counters on /metrics.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -162,6 +163,20 @@ def test_a_completions_stream_survives_its_node_being_killed(
     assert fab.ingress is not None
     assert sum("continued on node" in line
                for line in fab.ingress.log_path.read_text().splitlines()) == 2
+    # The trace shows both attempts: the cut one (with its error), then the continuation on
+    # another node (a span of its own, whose traceparent the continuing node received).
+    trace_id = raw.headers["x-fabric-trace"]
+    req = urllib.request.Request(fab.ingress.http_url + "/v1/fabric/traces?limit=20",
+                                 headers={"Authorization": f"Bearer {fab.admin_key()}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        [trace] = [t for t in json.loads(r.read())["data"] if t["trace_id"] == trace_id]
+    attempts = sorted((sp for sp in trace["spans"] if sp["name"] == "attempt"),
+                      key=lambda sp: sp["start_ms"])
+    assert [a["attrs"]["node"] == victim.session_id for a in attempts] == [True, False]
+    assert "failed mid-stream" in attempts[0]["attrs"]["error"]
+    assert attempts[1]["attrs"]["continuation"] is True
+    assert attempts[1]["attrs"]["status"] == 200
+    assert attempts[0]["end_ms"] <= attempts[1]["start_ms"]
 
 
 def test_opting_out_ends_the_cut_stream_with_an_error(

@@ -409,6 +409,8 @@ class Ingress:
                 ended = True
                 self.policy.on_request_end(cand, False)
                 assert recorder is not None
+                if tr is not None:  # (its continuations are attempts of their own)
+                    tr.close_attempt(None, e.args[1])
                 usage, cand = await continue_stream(self, sink, recorder, doc, rreq, candidates,
                                                     tried, path, want_chunk, cand, e.args[1])
                 resp, ttft, status = None, e.args[0], 200

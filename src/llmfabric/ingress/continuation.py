@@ -37,6 +37,7 @@ import orjson
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.protocols import Forwarder, StreamSink
+from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import StreamUsageScanner, Usage, estimate_prompt_tokens
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import Policy
@@ -322,6 +323,9 @@ async def resume_stream(
         send = orjson.dumps({**body, "model": cand.model.engine_name(rreq.model)})
         relay = ContinuationRelay(first, want_usage_chunk)
         host.policy.on_request_start(cand)
+        tr = current_trace()  # each continuation is an attempt span; its node joins the trace
+        if tr is not None:
+            tr.open_attempt(cand.session_id, len(tried) - 1, continuation=True)
         ok = False
         try:
             ok = await _relay_from(host, sink, recorder, relay, cand, path, send, timeouts)
@@ -330,6 +334,8 @@ async def resume_stream(
             log.warning("stream continuation on %s failed: %r", cand.session_id, e)
         finally:
             host.policy.on_request_end(cand, ok)
+            if tr is not None:
+                tr.close_attempt(200 if ok else None, "" if ok else why)
         if ok:
             log.warning("a stream cut after %d tokens continued on node %s (%s): next "
                         "bytes %.0f ms after the cut", first.tokens, cand.session_id,
@@ -347,6 +353,8 @@ async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorde
                       t: Timeouts) -> bool:
     async with asyncio.timeout(t.first_byte):
         up = await host.forwarder.open(cand, path, body, t)
+    if (tr := current_trace()) is not None:
+        tr.first_byte()
     try:
         if up.status != 200:
             raise UpstreamError(f"node {cand.session_id} answered {up.status}")
