@@ -4,14 +4,18 @@
 A node is SIGKILLed (with its engine) while it streams an answer; the client's one stream goes
 on from another node and ends with exactly the text an uninterrupted run of the deterministic
 simulated engine gives for the same prompt, no piece lost or repeated, and usage counting
-both parts (the prompt as the continuation's less the relayed tokens). With
-`metadata.continuation: false` the same cut ends the stream with an error.
+both parts (the prompt as the continuation's less the relayed tokens). The same holds for a
+legacy `/v1/completions` stream (continued with the relayed text appended to the prompt). With
+`metadata.continuation: false` the same cut ends the stream with an error. Nodes export their
+engine's prefix-cache counters on /metrics.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -38,8 +42,8 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFabr
     with LocalFabric(tmp_path_factory.mktemp("continuation")) as fab:
         fab.start_ingress()
         nodes = [fab.add_node(EngineSpec(MODEL, "H100-SXM", provider=f"p{i}", speed=SPEED))
-                 for i in range(3)]
-        fab.wait_serving({MODEL: 3}, timeout=120)
+                 for i in range(4)]
+        fab.wait_serving({MODEL: 4}, timeout=120)
         yield fab, [Serving(n, n.get_json("/v1/fabric/self")["session_id"]) for n in nodes]
 
 
@@ -122,6 +126,61 @@ def test_a_stream_survives_its_node_being_killed(
     serving.remove(victim)
 
 
+def test_a_completions_stream_survives_its_node_being_killed(
+        fabric: tuple[LocalFabric, list[Serving]]) -> None:
+    fab, serving = fabric
+    if len(serving) < 2:
+        pytest.skip("needs two live nodes")
+    client = _client(fab)
+    prompt = "Once upon a time, by the river,"
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt=prompt, max_tokens=TOKENS, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    node = raw.headers.get("x-fabric-node")
+    [victim] = [s for s in serving if s.session_id == node]
+    pieces: list[str] = []
+    ids = set()
+    usage = None
+    finish = None
+    for chunk in raw.parse():
+        ids.add(chunk.id)
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices:
+            pieces.append(chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason or finish
+        if len(pieces) == 10:
+            victim.node.kill_hard()
+    serving.remove(victim)
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=TOKENS,
+                                      extra_body={"ignore_eos": True})
+    got = "".join(pieces)
+    assert got == whole.choices[0].text
+    assert len(got.split()) == TOKENS and finish == "length" and len(ids) == 1
+    assert usage is not None and whole.usage is not None
+    assert usage.completion_tokens == TOKENS
+    assert usage.prompt_tokens == whole.usage.prompt_tokens  # (the sim counts its own words)
+    assert fab.ingress is not None
+    logged = [line for line in fab.ingress.log_path.read_text().splitlines()
+              if "continued on node" in line]
+    assert len(logged) == 2
+    print(f"\ncompletions stream continued: ingress: {logged[-1].split(': ')[-1]}")
+    # The trace shows both attempts: the cut one (with its error), then the continuation on
+    # another node (a span of its own, whose traceparent the continuing node received).
+    trace_id = raw.headers["x-fabric-trace"]
+    req = urllib.request.Request(fab.ingress.http_url + "/v1/fabric/traces?limit=20",
+                                 headers={"Authorization": f"Bearer {fab.admin_key()}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        [trace] = [t for t in json.loads(r.read())["data"] if t["trace_id"] == trace_id]
+    attempts = sorted((sp for sp in trace["spans"] if sp["name"] == "attempt"),
+                      key=lambda sp: sp["start_ms"])
+    assert [a["attrs"]["node"] == victim.session_id for a in attempts] == [True, False]
+    assert "failed mid-stream" in attempts[0]["attrs"]["error"]
+    assert attempts[1]["attrs"]["continuation"] is True
+    assert attempts[1]["attrs"]["status"] == 200
+    assert attempts[0]["end_ms"] <= attempts[1]["start_ms"]
+
+
 def test_opting_out_ends_the_cut_stream_with_an_error(
         fabric: tuple[LocalFabric, list[Serving]]) -> None:
     fab, serving = fabric
@@ -162,3 +221,37 @@ def test_nodes_publish_a_sketch_of_the_prompts_they_served(
         assert time.monotonic() < deadline, sketches()
         time.sleep(0.5)
     assert set(sketches().values()) <= {0, 512}
+
+
+
+def test_nodes_export_their_engines_prefix_cache_hits(
+        fabric: tuple[LocalFabric, list[Serving]]) -> None:
+    """Real processes: the node scrapes its engine's /metrics (the simulated engine speaks
+    vLLM's names) and exports the prefix-cache counters and hit rate under llmfabric_engine_*
+    (read with the load hint, every 10 s)."""
+    fab, serving = fabric
+    client = _client(fab)
+    for _ in range(4):
+        client.chat.completions.create(
+            model=MODEL, max_tokens=2,
+            messages=[{"role": "user", "content": "shared preamble " + "harbor " * 200}])
+    live = [s for s in serving if s.node.alive()]
+
+    def samples() -> dict[str, float]:
+        got: dict[str, float] = {}
+        for s in live:
+            with urllib.request.urlopen(s.node.http_url + "/metrics", timeout=5) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("llmfabric_engine_prefix_cache_"):
+                        name, _, value = line.partition(" ")
+                        got[name] = got.get(name, 0.0) + float(value)
+        return got
+
+    deadline = time.monotonic() + 30
+    while samples().get("llmfabric_engine_prefix_cache_hits_total", 0.0) <= 0:
+        assert time.monotonic() < deadline, samples()
+        time.sleep(1.0)
+    got = samples()
+    assert got["llmfabric_engine_prefix_cache_queries_total"] >= (
+        got["llmfabric_engine_prefix_cache_hits_total"])
+    assert "llmfabric_engine_prefix_cache_hit_ratio" in got

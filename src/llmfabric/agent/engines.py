@@ -14,7 +14,7 @@ KIND` overrides (any OpenAI-compatible server: `openai`).
 | llama-cpp-python | `-m llama_cpp.server` | 8000 | - | --n_ctx | /extras/tokenize/count |
 | tgi | `text-generation-launcher` | 3000 | /metrics (tgi_) | --max-total-tokens | /tokenize |
 | torch | `llmfabric engine torch` | --port | /metrics (vllm-style) | --max-model-len | - |
-| sim | `llmfabric engine sim` | --port | - | --max-model-len | - |
+| sim | `llmfabric engine sim` | --port | /metrics (vllm-style) | --max-model-len | - |
 | openai | anything else | --port | - | - | - |
 
 `counts_stream_usage`: the engine sends no usage in streams (llama.cpp's servers), so the
@@ -77,7 +77,8 @@ KINDS: dict[str, EngineKind] = {
                    tokenize_format="tgi"),
         EngineKind("torch", None, metrics_path="/metrics", metrics_format="vllm",
                    context_flags=("--max-model-len",)),
-        EngineKind("sim", None, context_flags=("--max-model-len",),
+        EngineKind("sim", None, metrics_path="/metrics", metrics_format="vllm",
+                   context_flags=("--max-model-len",),
                    default_precision=("bf16", 16)),
         EngineKind("openai", None),
     )

@@ -7,7 +7,9 @@ and vLLM's disaggregated `kv_transfer_params`: pd_role.py), /v1/embeddings; plus
 out at the pace of the timing model (timing.py) under continuous batching (batcher.py),
 divided by `speed`. Prefix caching (on by default): the prompt's leading 16-token blocks
 found in an LRU of the model's KV capacity are not prefilled again; `/sim/stats` counts hit
-and queried prompt tokens.
+and queried prompt tokens, and GET /metrics gives them (and the running requests) under vLLM's
+names. A completions prompt that ends with the engine's own answer to an earlier prompt (a
+stream continued on another node) goes on with the rest of that answer (text.continued_prompt).
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class SimEngine:
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/sim/control", self.control)
         app.router.add_get("/sim/stats", self.stats)
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/sim/role", self.get_role)
         app.router.add_post("/sim/role", self.set_role)
         if self.config.flying:
@@ -217,6 +220,17 @@ class SimEngine:
             "prefix_cache_queries": self.prefix_queries,
             "pd": self.pd.stats(),
         })
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        """vLLM's metric names, so the node reads load and prefix-cache hits as from vLLM."""
+        running = sum(b.active for b in self.batchers.values())
+        body = (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {running}\n"
+                "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+                "# TYPE vllm:prefix_cache_queries counter\n"
+                f"vllm:prefix_cache_queries_total {self.prefix_queries}\n"
+                "# TYPE vllm:prefix_cache_hits counter\n"
+                f"vllm:prefix_cache_hits_total {self.prefix_hits}\n")
+        return web.Response(text=body, content_type="text/plain")
 
     async def get_role(self, _: web.Request) -> web.Response:
         return _json(self.pd.stats())
@@ -346,7 +360,15 @@ class SimEngine:
         else:
             return _error(400, "the simulated engine takes one prompt per request",
                           code="invalid_value", param="prompt")
-        return await self._generate(request, req, "text", prompt_text, prompt_tokens, req.limit)
+        offset = 0
+        if isinstance(prompt, str) or isinstance(prompt[0], str):
+            # A prompt ending with this engine's own answer to an earlier prompt (a stream
+            # continued elsewhere) goes on with the rest of that answer, as an LM would.
+            prompt_text, offset = text.continued_prompt(prompt_text)
+            if offset:
+                prompt_tokens = text.count_tokens(prompt_text) + offset
+        return await self._generate(request, req, "text", prompt_text, prompt_tokens, req.limit,
+                                    offset)
 
     async def _generate(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
                         kind: str, prompt_text: str, prompt_tokens: int, limit: int | None,

@@ -11,6 +11,7 @@ Natural completion length (when max_tokens allows it) is 16 to 79 tokens, from t
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
 
@@ -65,3 +66,46 @@ def embedding(text: str, dims: int) -> list[float]:
     v = rng.standard_normal(dims)
     v /= np.linalg.norm(v) or 1.0
     return [float(x) for x in v]
+
+
+_WORD_SET = frozenset(WORDS)
+_LONGEST_WORD = max(map(len, WORDS))
+
+
+def continued_prompt(prompt: str, max_tokens: int = 1024) -> tuple[str, int]:
+    """A completions prompt that ends with this engine's own output for an earlier prompt
+    (what a continuation sends: prompt + relayed text): (the earlier prompt, tokens already
+    generated), so the engine goes on as a language model would; else (prompt, 0).
+
+    Cost: the prompt's tail is split (not the whole prompt), and the head is hashed only when
+    some split is a candidate, then one hash copy per candidate (the trailing run of
+    pseudo-words, at most `max_tokens`); the longest matching tail wins."""
+    limit = 64
+    while True:
+        parts = prompt.rsplit(" ", limit)  # parts[0] is the rest when the split was cut
+        run = 0  # trailing chunks that are whole words: candidates for tokens 1..k-1
+        while run < min(len(parts) - 1, max_tokens - 1) and parts[-1 - run] in _WORD_SET:
+            run += 1
+        if run < len(parts) - 1 or len(parts) <= limit or limit >= max_tokens:
+            break
+        limit *= 4
+    first = len(parts) - 1 - run
+    pos = sum(map(len, parts[:first])) + first  # where chunk `first` starts
+    h: Any = None
+    for j in range(first, len(parts)):  # token 0 glued to the end of chunk j; k descending
+        chunk, k = parts[j], len(parts) - j
+        for n in range(1, min(len(chunk), _LONGEST_WORD) + 1):
+            if chunk[-n:] not in _WORD_SET:
+                continue
+            if h is None:
+                h = hashlib.sha256(prompt[:pos].encode())
+            c = h.copy()
+            c.update(chunk[:-n].encode())
+            seed = int.from_bytes(c.digest()[:8], "big")
+            if token_text(seed, 0) == chunk[-n:] and all(
+                    token_text(seed, i) == " " + parts[j + i] for i in range(1, k)):
+                return prompt[:pos + len(chunk) - n], k
+        if h is not None:
+            h.update((chunk + " ").encode())
+        pos += len(chunk) + 1
+    return prompt, 0

@@ -29,9 +29,10 @@ Files:
   `anthropic_error`.
 - chat_stream.py: `ChatStreamTranslator`, a StreamSink that parses chat SSE chunks for the
   translated APIs' streams.
-- continuation.py: mid-stream continuation of chat streams: `RelayRecorder` (whole SSE
-  events, recorded), `plan_continuation` (the relayed text as an assistant prefix,
-  `continue_final_message`), `ContinuationRelay` (one id, merged usage), `continue_stream`.
+- continuation.py: mid-stream continuation of chat and completions streams: `RelayRecorder`
+  (whole SSE events, recorded), `plan_continuation` (the relayed text as an assistant prefix
+  with `continue_final_message`, or appended to a completions prompt), `ContinuationRelay`
+  (one id, merged usage), `continue_stream`.
 - paths.py: the pass-through routes, forwarded paths, `FORWARD_PREFIX` (where a node takes
   forwarded requests) and `FORWARDABLE_PATHS` (node side).
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.

@@ -105,6 +105,7 @@ class Ingress:
         self.usage_sink = usage_sink
         self.metrics = metrics if metrics is not None else IngressMetrics()
         self.metrics.known_model = source.is_known  # unknown names: one "other" label
+        self.metrics.candidates = source.all_candidates  # (prefix-cache hit gauges)
         self.policy = make_policy(config.policy, rng)
         self.router = Router(self.policy)
         self._needs_blocks = getattr(self.policy, "needs_blocks", False) is True
@@ -407,6 +408,8 @@ class Ingress:
                 ended = True
                 self.policy.on_request_end(cand, False)
                 assert recorder is not None
+                if tr is not None:  # (its continuations are attempts of their own)
+                    tr.close_attempt(None, e.args[1])
                 usage, cand = await continue_stream(self, sink, recorder, doc, rreq, candidates,
                                                     tried, path, want_chunk, cand, e.args[1])
                 resp, ttft, status = None, e.args[0], 200

@@ -13,9 +13,13 @@ usage: completion tokens of both parts, and as prompt tokens the continuation's 
 relayed completion tokens: the original prompt plus the template tokens of the added assistant
 message (a few, engine-specific), close to what an uninterrupted stream would have reported.
 
+Legacy `/v1/completions` streams are continued the way a language model continues text: the
+new prompt is the original one (a single string) plus the relayed text, with the same limit
+cut and usage merge (the continuation's prompt less the relayed tokens is the original
+prompt). `echo`, `suffix`, `best_of` and token-id or batched prompts are not continued.
+
 Off per request with `metadata.continuation: false` (or IngressConfig.continue_streams);
-routes other than chat completions (and the Responses/Messages translations that ride on it)
-get the old behaviour: an error event, then the end of the stream.
+other routes get the old behaviour: an error event, then the end of the stream.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import orjson
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.protocols import Forwarder, StreamSink
+from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import StreamUsageScanner, Usage, estimate_prompt_tokens
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import Policy
@@ -41,7 +46,9 @@ from llmfabric.routing.router import NoRoute, Router
 
 log = logging.getLogger(__name__)
 
-CONTINUABLE_PATHS = frozenset({"/v1/chat/completions"})
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+CONTINUABLE_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
 MAX_RECORDED_BYTES = 4 * 1024 * 1024  # past this a stream is not continued (clean error)
 _EVENT_END = b"\n\n"
 
@@ -54,7 +61,20 @@ def continuation_wanted(doc: Mapping[str, Any], path: str, enabled: bool) -> boo
     if isinstance(meta, dict) and meta.get("continuation") in (False, "false", "off", "0"):
         return False
     n = doc.get("n", 1)
+    if path == COMPLETIONS_PATH and _text_prompt(doc) is None:
+        return False
     return n in (1, None)
+
+
+def _text_prompt(doc: Mapping[str, Any]) -> str | None:
+    """A completions request's prompt when its text can simply be extended: one string (or a
+    list of one), no echo, suffix or best_of (the relayed text would not be the answer)."""
+    if doc.get("echo") or doc.get("suffix") or doc.get("best_of") not in (None, 1):
+        return None
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
 
 
 class RelayRecorder:
@@ -147,7 +167,7 @@ def read_relayed(data: bytes) -> Relayed:
             if isinstance(delta, dict):
                 if delta.get("tool_calls"):
                     blocked = "tool calls were streamed"
-                piece = delta.get("content")
+                piece = delta.get("content", ch.get("text"))  # chat, else completions
                 if isinstance(piece, str) and piece:
                     text.append(piece)
                     tokens += 1
@@ -156,7 +176,7 @@ def read_relayed(data: bytes) -> Relayed:
     return Relayed("".join(text), tokens, rid, created, finished, blocked)
 
 
-def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder
+def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder, path: str = CHAT_PATH
                       ) -> tuple[Relayed, dict[str, Any] | None, str]:
     """(what was relayed, the continuation request body or None, why not)."""
     if recorder.overflow:
@@ -167,17 +187,18 @@ def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder
         return got, None, got.blocked
     if got.finished:
         return got, None, "the stream had ended"
-    msgs = doc.get("messages")
-    if not isinstance(msgs, list):
-        return got, None, "no messages"
-    body: dict[str, Any] = {
-        **doc,
-        "messages": [*msgs, {"role": "assistant", "content": got.text}],
-        "continue_final_message": True,
-        "add_generation_prompt": False,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: dict[str, Any] = {**doc, "stream": True, "stream_options": {"include_usage": True}}
+    if path == COMPLETIONS_PATH:
+        prompt = _text_prompt(doc)
+        if prompt is None:
+            return got, None, "the prompt is not one text"
+        body["prompt"] = prompt + got.text
+    else:
+        msgs = doc.get("messages")
+        if not isinstance(msgs, list):
+            return got, None, "no messages"
+        body.update(messages=[*msgs, {"role": "assistant", "content": got.text}],
+                    continue_final_message=True, add_generation_prompt=False)
     for key in ("max_tokens", "max_completion_tokens"):
         limit = doc.get(key)
         if isinstance(limit, int) and not isinstance(limit, bool):
@@ -259,9 +280,11 @@ class ContinuationRelay:
                         return b""  # the client had its role chunk from the first node
                 delta.pop("role", None)
                 piece = delta.get("content")
-                if isinstance(piece, str) and piece:
-                    self.text.append(piece)
-                    self.tokens += 1
+            else:  # a completions choice
+                piece = ch.get("text")
+            if isinstance(piece, str) and piece:
+                self.text.append(piece)
+                self.tokens += 1
             if ch.get("finish_reason") is not None:
                 self.finished = True
         self._opened = True
@@ -282,14 +305,14 @@ async def resume_stream(
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
     want_usage_chunk: bool, timeouts: Timeouts,
 ) -> tuple[tuple[int, int] | None, Candidate | None, str]:
-    """Continue a failed chat stream on other candidates until one finishes it.
+    """Continue a failed chat or completions stream on other candidates until one finishes it.
 
     Returns (merged usage or None, the candidate that finished, "") or (None, None, why not);
     on failure the caller writes the error event and ends the stream."""
     why = ""
     t_cut = time.perf_counter()
     for _ in range(1 + host.config.max_retries):
-        first, body, why_not = plan_continuation(doc, recorder)
+        first, body, why_not = plan_continuation(doc, recorder, path)
         if body is None:
             return None, None, why_not
         decision = host.router.route(rreq, candidates, tried, len(tried))
@@ -300,6 +323,9 @@ async def resume_stream(
         send = orjson.dumps({**body, "model": cand.model.engine_name(rreq.model)})
         relay = ContinuationRelay(first, want_usage_chunk)
         host.policy.on_request_start(cand)
+        tr = current_trace()  # each continuation is an attempt span; its node joins the trace
+        if tr is not None:
+            tr.open_attempt(cand.session_id, len(tried) - 1, continuation=True)
         ok = False
         try:
             ok = await _relay_from(host, sink, recorder, relay, cand, path, send, timeouts)
@@ -308,6 +334,8 @@ async def resume_stream(
             log.warning("stream continuation on %s failed: %r", cand.session_id, e)
         finally:
             host.policy.on_request_end(cand, ok)
+            if tr is not None:
+                tr.close_attempt(200 if ok else None, "" if ok else why)
         if ok:
             log.warning("a stream cut after %d tokens continued on node %s (%s): next "
                         "bytes %.0f ms after the cut", first.tokens, cand.session_id,
@@ -325,6 +353,8 @@ async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorde
                       t: Timeouts) -> bool:
     async with asyncio.timeout(t.first_byte):
         up = await host.forwarder.open(cand, path, body, t)
+    if (tr := current_trace()) is not None:
+        tr.first_byte()
     try:
         if up.status != 200:
             raise UpstreamError(f"node {cand.session_id} answered {up.status}")

@@ -8,7 +8,7 @@ their number is bounded: a model the fabric does not know (`known_model`) is cou
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +21,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+
+from llmfabric.routing.candidates import Candidate
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -67,6 +69,9 @@ class IngressMetrics:
         self.queue_wait = _Hist()  # seconds admitted requests waited in the fair queue
         self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy.py)
         self.queue_depth: Callable[[], int] | None = None  # requests waiting (fair queue)
+        # The routable candidates (their gossiped load hints carry each engine's prefix-cache
+        # hit rate), read at scrape time only.
+        self.candidates: Callable[[], Sequence[Candidate]] | None = None
         self._owners: set[str] = {""}
         # Whether the fabric serves a model name (set by the ingress); None: any name counts.
         self.known_model: Callable[[str], bool] | None = None
@@ -229,6 +234,25 @@ class IngressMetrics:
         g = GaugeMetricFamily("llmfabric_ingress_queue_waiting",
                               "Requests waiting in the fair queue now")
         g.add_metric((), self.queue_depth() if self.queue_depth is not None else 0)
+        yield g
+        yield from self._cache_families()
+
+    def _cache_families(self) -> Iterator[Metric]:
+        """The cache hit estimate: each serving node's engine prefix-cache hit rate, as its
+        load hint gossips it (rounded to 0.01, republished at most every 10 s), and the
+        fabric's mean over nodes."""
+        g = GaugeMetricFamily("llmfabric_ingress_node_prefix_cache_hit_ratio",
+                              "Engine prefix-cache hit rate of each serving node (0..1, from "
+                              "its gossiped load hint)", labels=("node",))
+        rates: dict[str, float] = {}
+        for c in self.candidates() if self.candidates is not None else ():
+            rates.setdefault(c.session_id, c.load.prefix_hit_rate)
+        for node, rate in sorted(rates.items())[:MAX_NODE_LABELS]:
+            g.add_metric((node,), rate)
+        yield g
+        g = GaugeMetricFamily("llmfabric_ingress_prefix_cache_hit_ratio",
+                              "Mean engine prefix-cache hit rate over serving nodes (0..1)")
+        g.add_metric((), sum(rates.values()) / len(rates) if rates else 0.0)
         yield g
 
 

@@ -79,10 +79,10 @@ class RequestTrace:
                        now - self._t0, attrs))
         self._cursor = now
 
-    def open_attempt(self, node: str, attempt: int) -> None:
+    def open_attempt(self, node: str, attempt: int, **attrs: Any) -> None:
         now = self._now()
         span = Span("attempt", new_span_id(), self.root_id, now, now,
-                    {"node": node, "attempt": attempt})
+                    {"node": node, "attempt": attempt, **attrs})
         self._attempt, self._fb = span, None
         flags = self.parent.flags if self.parent is not None else 1
         self.downstream = f"00-{self.trace_id}-{span.span_id}-{flags:02x}"

@@ -179,6 +179,7 @@ class EngineRole:
                 node.supervisor.failures["engine-metrics"] += 1
                 log.exception("reading the engine's metrics failed")
                 eload = None
+            node.metrics.observe_engine(eload)  # (llmfabric_engine_* on the node's /metrics)
             if eload is not None:
                 hints = dataclasses.replace(
                     hints, queued=eload.waiting, running=eload.running,

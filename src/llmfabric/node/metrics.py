@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmfabric.agent import InflightTracker
+from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.net import NetStats, TlsTransport
@@ -41,8 +42,11 @@ class _Counters(Collector):
         self.task_failures: Mapping[str, int] | None = None
         self.gossip_loops: AgentStats | None = None
         self.more_failures: dict[str, Mapping[str, int]] = {}  # prefix -> failures by kind
+        self.engine: EngineLoad | None = None  # the engine's last scraped load
 
     def collect(self) -> Iterator[Metric]:
+        if self.engine is not None:
+            yield from _engine_families(self.engine)
         g, n = self.gossip, self.net
         if self.task_failures is not None:
             failures = dict(self.task_failures)
@@ -87,6 +91,36 @@ class _Counters(Collector):
                           self.dataplane_served)
 
 
+def _engine_families(e: EngineLoad) -> Iterator[Metric]:
+    """The engine's own load and prefix-cache hits (agent/engine_metrics.py), under names that
+    do not depend on the engine kind."""
+    for name, doc, value in (
+        ("llmfabric_engine_requests_running", "Requests the engine is running", e.running),
+        ("llmfabric_engine_requests_waiting", "Requests waiting in the engine's queue",
+         e.waiting),
+        ("llmfabric_engine_kv_cache_usage_ratio", "Fraction of the engine's KV cache in use",
+         e.kv_usage),
+    ):
+        g = GaugeMetricFamily(name, doc)
+        g.add_metric((), value)
+        yield g
+    if e.prefix_hit_rate is not None:
+        g = GaugeMetricFamily("llmfabric_engine_prefix_cache_hit_ratio",
+                              "Recent prefix-cache hit rate of the engine (0..1)")
+        g.add_metric((), e.prefix_hit_rate)
+        yield g
+    if e.prefix_hits is not None and e.prefix_queries is not None:
+        for name, doc, value in (
+            ("llmfabric_engine_prefix_cache_hits", "Prompt tokens the engine served from its "
+             "prefix cache", e.prefix_hits),
+            ("llmfabric_engine_prefix_cache_queries", "Prompt tokens the engine looked up in "
+             "its prefix cache", e.prefix_queries),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric((), value)
+            yield c
+
+
 class NodeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -114,6 +148,10 @@ class NodeMetrics:
     def watch_failures(self, prefix: str, failures: Mapping[str, int]) -> None:
         """Export another part's background failures as tasks `prefix-kind`."""
         self._counters.more_failures[prefix] = failures
+
+    def observe_engine(self, load: EngineLoad | None) -> None:
+        """The engine's load as last scraped (None: it told nothing; the gauges go away)."""
+        self._counters.engine = load
 
     def add_registry(self, registry: CollectorRegistry) -> None:
         self.registries.append(registry)

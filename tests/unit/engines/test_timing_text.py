@@ -3,6 +3,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmfabric.engines import text
 from llmfabric.engines.timing import (
@@ -70,3 +72,27 @@ def test_embeddings_unit_and_deterministic() -> None:
     assert len(v) == 64 and math.isclose(float(np.linalg.norm(v)), 1.0, rel_tol=1e-9)
     assert v == text.embedding("x", 64)
     assert v != text.embedding("y", 64)
+
+
+@given(st.text(st.characters(exclude_categories=("Cs",)), max_size=60), st.integers(0, 200))
+def test_a_prompt_ending_with_its_own_answer_is_continued(prompt: str, k: int) -> None:
+    """What a continued completions stream sends (prompt + relayed text) is recognised: the
+    engine goes on from token k of the answer to the original prompt, as an LM would."""
+    seed = text.seed_of(prompt)
+    answer = "".join(text.token_text(seed, i) for i in range(k))
+    got, offset = text.continued_prompt(prompt + answer)
+    if k:
+        assert offset >= k and got == (prompt + answer)[:len(got)]
+        # (a longer tail may match when the prompt itself ends with its prefix's answer)
+        rest = (prompt + answer)[len(got):]
+        g = text.seed_of(got)
+        assert rest == "".join(text.token_text(g, i) for i in range(offset))
+    else:
+        assert (prompt + answer)[len(got):] == "".join(
+            text.token_text(text.seed_of(got), i) for i in range(offset))
+
+
+def test_an_ordinary_prompt_is_not_a_continuation() -> None:
+    assert text.continued_prompt("write a poem about the sea") == (
+        "write a poem about the sea", 0)
+    assert text.continued_prompt("") == ("", 0)

@@ -17,6 +17,7 @@ from llmfabric.ingress.continuation import (
 )
 
 CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
 
 
 def _ev(obj: object) -> bytes:
@@ -106,7 +107,49 @@ def test_who_gets_continuation() -> None:
     doc = {"messages": []}
     assert continuation_wanted(doc, CHAT, True)
     assert not continuation_wanted(doc, CHAT, False)
-    assert not continuation_wanted(doc, "/v1/completions", True)
+    assert continuation_wanted({"prompt": "once"}, COMPLETIONS, True)
+    assert continuation_wanted({"prompt": ["once"]}, COMPLETIONS, True)
+    for not_one_text in ({"prompt": [1, 2]}, {"prompt": ["a", "b"]},
+                         {"prompt": "a", "echo": True}, {"prompt": "a", "suffix": "z"},
+                         {"prompt": "a", "best_of": 2}):
+        assert not continuation_wanted(not_one_text, COMPLETIONS, True)
+    assert not continuation_wanted(doc, "/v1/embeddings", True)
     assert not continuation_wanted({"n": 2}, CHAT, True)
     for off in (False, "false", "off"):
         assert not continuation_wanted({"metadata": {"continuation": off}}, CHAT, True)
+
+
+def _text(piece: str, finish: str | None = None, rid: str = "cmpl-1") -> bytes:
+    return _ev({"id": rid, "created": 5, "object": "text_completion",
+                "choices": [{"index": 0, "text": piece, "logprobs": None,
+                             "finish_reason": finish}]})
+
+
+def test_a_completions_stream_continues_with_the_relayed_text_appended_to_the_prompt() -> None:
+    rec = RelayRecorder()
+    rec.feed(_text("Once") + _text(" upon") + _text(" a"))
+    doc = {"model": "m", "prompt": ["Tell: "], "max_tokens": 10, "stream": True}
+    first, body, why = plan_continuation(doc, rec, COMPLETIONS)
+    assert why == "" and body is not None
+    assert (first.text, first.tokens, first.id) == ("Once upon a", 3, "cmpl-1")
+    assert body["prompt"] == "Tell: Once upon a" and body["max_tokens"] == 7
+    assert "messages" not in body and "continue_final_message" not in body
+    assert body["stream_options"] == {"include_usage": True}
+    assert doc["prompt"] == ["Tell: "]  # not mutated
+    _, none, why = plan_continuation({**doc, "echo": True}, rec, COMPLETIONS)
+    assert none is None and "one text" in why
+    ended = RelayRecorder()
+    ended.feed(_text("Once") + _text("", "stop"))
+    assert plan_continuation(doc, ended, COMPLETIONS)[1] is None
+
+    relay = ContinuationRelay(first, want_usage_chunk=True)
+    cont = (_text(" time", rid="cmpl-2") + _text(" there", "length", rid="cmpl-2")
+            + _ev({"id": "cmpl-2", "choices": [],
+                   "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}})
+            + b"data: [DONE]\n\n")
+    out = b"".join(relay.feed(cont[i:i + 5]) for i in range(0, len(cont), 5))
+    objs = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e and e != b"data: [DONE]"]
+    assert {o["id"] for o in objs} == {"cmpl-1"}
+    assert [o["choices"][0]["text"] for o in objs[:2]] == [" time", " there"]
+    assert relay.text == [" time", " there"] and relay.finished and relay.done
+    assert relay.usage == (6, 5)  # the continuation's prompt less the 3 relayed tokens

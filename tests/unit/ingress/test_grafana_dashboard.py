@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.ingress.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
 from llmfabric.net.stats import NetStats
 from llmfabric.node.metrics import NodeMetrics
+from llmfabric.registry.records import LoadHints
 
 pytestmark = pytest.mark.unit
 
@@ -39,6 +42,7 @@ def _families() -> dict[str, str]:
     nm._counters.gossip = AgentStats()
     nm._counters.net = NetStats()
     nm.watch_dataplane({"bad_mac": 0}, {"https": 0})
+    nm.observe_engine(EngineLoad(1, 0, 0.5, 0.25, 100.0, 400.0))
     out: dict[str, str] = {}
     for reg in (im.registry, nm.registry):
         for fam in text_string_to_metric_families(generate_latest(reg).decode()):
@@ -73,7 +77,9 @@ def test_dashboard_parses_and_every_query_names_exported_metrics() -> None:
     # the panels people ask for are there
     for wanted in ("llmfabric_ingress_ttft_seconds_bucket",
                    "llmfabric_ingress_time_per_output_token_seconds_bucket",
-                   "llmfabric_ingress_queue_seconds_bucket", "llmfabric_ingress_tokens_total"):
+                   "llmfabric_ingress_queue_seconds_bucket", "llmfabric_ingress_tokens_total",
+                   "llmfabric_engine_prefix_cache_hits_total",
+                   "llmfabric_ingress_node_prefix_cache_hit_ratio"):
         assert wanted in queried
 
 
@@ -119,3 +125,37 @@ def test_time_per_output_token_and_tokens_per_owner() -> None:
                 (("kind", "completion"), ("model", "m"), ("owner", "alice")))] == 8
     assert ("llmfabric_ingress_tokens_total",
             (("kind", "prompt"), ("model", "m"), ("owner", "alice"))) in got
+
+
+def test_the_cache_hit_estimate_is_exported_by_node_and_ingress() -> None:
+    """The engine's prefix-cache counters and recent rate on the node; each serving node's
+    gossiped rate (and their mean) on the ingress, read from the candidates at scrape time."""
+    nm = NodeMetrics()
+    nm.observe_engine(EngineLoad(2, 1, 0.5, 0.25, 100.0, 400.0))
+
+    def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    got = samples(generate_latest(nm.registry).decode())
+    assert got[("llmfabric_engine_prefix_cache_hits_total", ())] == 100
+    assert got[("llmfabric_engine_prefix_cache_queries_total", ())] == 400
+    assert got[("llmfabric_engine_prefix_cache_hit_ratio", ())] == 0.25
+    assert got[("llmfabric_engine_requests_waiting", ())] == 1
+    nm.observe_engine(EngineLoad(2))  # an engine that says nothing of its cache
+    got = samples(generate_latest(nm.registry).decode())
+    assert not any(name.startswith("llmfabric_engine_prefix") for name, _ in got)
+
+    im = IngressMetrics()
+    load = {"a": LoadHints(prefix_hit_rate=0.5), "b": LoadHints(prefix_hit_rate=0.1)}
+    im.candidates = lambda: [_Cand(n, h) for n, h in load.items()] + [_Cand("a", load["a"])]
+    got = samples(im.render().decode())
+    assert got[("llmfabric_ingress_node_prefix_cache_hit_ratio", (("node", "a"),))] == 0.5
+    assert got[("llmfabric_ingress_node_prefix_cache_hit_ratio", (("node", "b"),))] == 0.1
+    assert got[("llmfabric_ingress_prefix_cache_hit_ratio", ())] == pytest.approx(0.3)
+
+
+@dataclass(frozen=True)
+class _Cand:
+    session_id: str
+    load: LoadHints
