@@ -332,6 +332,7 @@ class Node:
             demand=base.demand if base is not None else (),
             keys=base.keys if base is not None else (),
             prefix_cache=base.prefix_cache if base is not None else b"",
+            pd_plan=base.pd_plan if base is not None else b"",
             labels=tuple(sorted(cfg.labels.items())),
             tier=cfg.tier,
             roles=roles,
