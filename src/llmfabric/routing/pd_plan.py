@@ -28,6 +28,7 @@ from llmfabric.routing.pd import PDPlanTable, PlanError
 MAX_PLAN_ITEM_BYTES = 8 * 1024
 _VERSION = 1
 _MAX_MODEL_CHARS = 200
+_MAX_SESSION_CHARS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +57,10 @@ def encode_plan(item: PlanItem) -> bytes:
 
 
 def _strs(v: Any, name: str) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise PlanError(f"{name} must be a list of session ids")
+    if not isinstance(v, list) or not all(
+            isinstance(s, str) and 0 < len(s) <= _MAX_SESSION_CHARS for s in v):
+        raise PlanError(f"{name} must be a list of session ids (1-{_MAX_SESSION_CHARS} "
+                        "characters)")
     return tuple(v)
 
 
@@ -73,8 +76,7 @@ def decode_plan(data: bytes) -> PlanItem:
     if not isinstance(data, bytes) or not 0 < len(data) <= MAX_PLAN_ITEM_BYTES:
         raise PlanError(f"a plan item must have 1-{MAX_PLAN_ITEM_BYTES} bytes")
     try:
-        doc = msgpack.unpackb(data, raw=False, strict_map_key=True,
-                              max_buffer_size=MAX_PLAN_ITEM_BYTES)
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=True)  # (size checked above)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise PlanError(f"the plan item is not msgpack: {exc}") from None
     if not isinstance(doc, dict) or doc.get("v") != _VERSION:
