@@ -119,7 +119,7 @@ class PeerPDExecutor:
             self._fail(what, f"{sid}: not in the registry")
             return None
         try:
-            signed = sign_control(self._transport.key, ROLE_PATH, body, self._wall())
+            signed = sign_control(self._transport.key, ROLE_PATH, body, time.time())
             resp = await self._transport.request(
                 peer, "POST", ROLE_PATH,
                 (("content-type", "application/json"), (SIGNED_HEADER, signed)), body,
