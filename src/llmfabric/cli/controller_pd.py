@@ -99,11 +99,7 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
                 plan, binding, reader.records_with_suspicion,
                 lambda: observed_pd_workload(reader.live_records(), model, plan), executor,
                 clock, PDControllerConfig(drift_threshold=drift, interval_s=interval))
-            runner = asyncio.create_task(ctl.run(stop))
-            await stop.wait()
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
+            await ctl.run(stop)  # (SIGTERM/SIGINT set stop; a bug ends the process loudly)
         finally:
             await node.stop(drain=False)
 
