@@ -252,3 +252,27 @@ async def test_a_node_refuses_a_flip_signed_by_another_controller(plan: PDPlan) 
     assert executor.results[0][1] == 403 and "not_a_controller" in executor.results[0][2]
     await executor.apply(SetRole(("gone",), "decode"))  # not in the registry: logged
     assert len(executor.failures) == 2
+
+
+def test_controller_cli_checks_its_pd_options(tmp_path: Any, plan: PDPlan) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from llmfabric.cli.controller import command
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_json()))
+    runner = CliRunner()
+    got = runner.invoke(command, ["--pd-plan", str(path)])
+    assert got.exit_code == 2 and "--pd-plan needs --bootstrap" in got.output
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("instances:\n  - {gpu: A40, count: 2, host: h0}\n")
+    got = runner.invoke(command, ["--pd-plan", str(path), "--pd-cluster", str(cluster),
+                                  "--bootstrap", "127.0.0.1:1"])
+    assert got.exit_code == 1 and str(path) in got.output  # the plan needs 4 GPUs
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    got = runner.invoke(command, ["--pd-plan", str(bad), "--pd-cluster", str(cluster),
+                                  "--bootstrap", "127.0.0.1:1"])
+    assert got.exit_code == 1 and "bad.json" in got.output
