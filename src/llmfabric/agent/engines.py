@@ -54,6 +54,9 @@ class EngineKind:
     # (quantization, bits) the engine always runs when its command says nothing: our
     # simulated engine times bf16 weights; None: unknown ("auto").
     default_precision: tuple[str, int] | None = None
+    # POST {"role": "prefill"|"decode"|"both"} flips the engine's prefill/decode role without
+    # a restart (ThunderServe's lightweight rescheduling); None: the engine cannot flip.
+    role_path: str | None = None
 
 
 KINDS: dict[str, EngineKind] = {
@@ -79,7 +82,7 @@ KINDS: dict[str, EngineKind] = {
                    context_flags=("--max-model-len",)),
         EngineKind("sim", None, metrics_path="/metrics", metrics_format="vllm",
                    context_flags=("--max-model-len",),
-                   default_precision=("bf16", 16)),
+                   default_precision=("bf16", 16), role_path="/sim/role"),
         EngineKind("openai", None),
     )
 }

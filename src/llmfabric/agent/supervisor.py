@@ -331,6 +331,24 @@ class EngineSupervisor:
         return {str(d["id"]): role_of(d, self.command.argv) for d in data
                 if isinstance(d, dict) and isinstance(d.get("id"), str)}
 
+    async def set_role(self, role: ModelRole) -> None:
+        """Flip the engine's prefill/decode role (no restart). Raises ProbeError when the
+        engine cannot flip roles or refused."""
+        path = self.command.adapter.role_path
+        if path is None:
+            raise ProbeError(f"a {self.command.kind} engine cannot flip roles")
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as http, http.post(
+                    self.command.base_url + path, json={"role": str(role)}) as resp:
+                if resp.status != 200:
+                    raise ProbeError(f"{path} answered {resp.status}: "
+                                     f"{(await resp.text())[:200]}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ProbeError(f"{path}: {exc!r}") from exc
+
     async def load(self) -> EngineLoad | None:
         """The engine's own load (its /metrics, or llama-server's /slots); None if it tells
         nothing. Prefix hit rates from cumulative counters are turned into a recent rate."""

@@ -2,6 +2,8 @@
 
     llmfabric controller --bootstrap host:7946 --network-secret S
     llmfabric controller --node http://127.0.0.1:8080 --workload w.yaml --once   # dry run
+    llmfabric controller --bootstrap host:7946 --network-secret S --pd-plan plan.json \
+        --pd-cluster cloud.yaml --pd-links bw.csv       # prefill/decode (controller_pd.py)
 
 With `--bootstrap` (and a credential) the controller joins the fabric as a member, reads its own
 replica, and sends each assignment to the node agent over the authenticated peer protocol; the
@@ -115,13 +117,39 @@ async def _fetch(url: str) -> list[NodeRecord]:
               "Slurm jobs of --profile as demand moves (launch/capacity.py)")
 @click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), help="--launcher slurm: the job profile (with `controller:`)")
+@click.option("--pd-plan", "pd_plan", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), help="run the prefill/decode controller for this saved plan "
+              "(`llmfabric plan pd --json`): role flips and routing plans, no assignments")
+@click.option("--pd-cluster", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="--pd-plan: the cluster YAML the plan was made for")
+@click.option("--pd-links", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="--pd-plan: its GPU-pair bandwidth CSV")
+@click.option("--pd-topology", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="--pd-plan: its topology YAML (instead of --pd-cluster/--pd-links)")
+@click.option("--pd-model", default=None,
+              help="--pd-plan: the model id nodes serve [default: the plan's model]")
 def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: str | None,
             membership_cert: Path | None, operator_key: str | None, home: Path | None,
             listen: str, preset: str, workload_path: Path | None, template: str, policy: str,
             interval: float, drift: float, reclaim: bool, once: bool, settle: float,
-            launcher: str, profile_path: Path | None) -> None:
+            launcher: str, profile_path: Path | None, pd_plan: Path | None,
+            pd_cluster: Path | None, pd_links: Path | None, pd_topology: Path | None,
+            pd_model: str | None) -> None:
     """Fill idle nodes with models (plan, then assign), or with --launcher slurm grow and
-    shrink a fleet of Slurm jobs with the demand the ingress nodes observe."""
+    shrink a fleet of Slurm jobs with the demand the ingress nodes observe, or with --pd-plan
+    keep a prefill/decode plan current (role flips, routing plans; ThunderServe)."""
+    if pd_plan is not None:
+        from llmfabric.cli.controller_pd import run_pd_controller
+
+        if not bootstrap:
+            raise click.UsageError("--pd-plan needs --bootstrap (the controller joins the "
+                                   "fabric)")
+        run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, pd_model, {
+            "bootstrap": bootstrap, "network_secret": network_secret,
+            "membership_cert": membership_cert, "operator_key": operator_key,
+            "listen": listen, "http_listen": "127.0.0.1:0", "preset": preset, "gpu": "cpu",
+            "home": home}, interval, drift, once, settle)
+        return
     if launcher == "slurm":
         from llmfabric.cli.controller_slurm import run_launcher
 

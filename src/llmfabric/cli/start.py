@@ -162,7 +162,9 @@ def node_options(fn: Any) -> Any:
                      help="ingress: also accept the API keys this ingress publishes in the "
                           "registry (its peer id, or its certificate's provider; repeatable)"),
         click.option("--controller", "controllers", multiple=True,
-                     help="peer id allowed to send assignments (repeatable; default: any member)"),
+                     help="peer id allowed to send assignments, releases and role flips "
+                          "(repeatable; default: any member); on an ingress also the PD "
+                          "controller whose routing plans it follows (default: none)"),
         click.option("--engine-url", help="engine base URL [parsed from the command]"),
         click.option("--engine", "engine_kind", metavar="KIND",
                      help="engine kind: vllm, sglang, llama.cpp, llama-cpp-python, tgi, torch, "

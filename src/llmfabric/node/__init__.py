@@ -14,6 +14,8 @@ Lifecycle (who owns what)
                   tokenizer; a usage chunk marked estimated before [DONE])
   walltime        drain `lead_s` before the allocation ends; keep the published end current
   pd_roles        keep the record's prefill/decode roles current after a role flip
+  pd_flip         the PD controller's signed role flip (/_fabric/v1/role): flip the engine
+                  through its adapter, republish the roles at once
 
 Configuration and credentials
   config          NodeConfig: defaults < config file < env vars < flags, validated
@@ -35,8 +37,9 @@ What the node serves
 
 The fleet controller's side
   executor        the fleet controller's executor: decisions -> peer-protocol calls
-  pd_executor     lightweight-rescheduling decisions: role flips at the engines, routing
-                  plans into in-process PD routers
+  pd_executor     lightweight-rescheduling decisions: PeerPDExecutor (role flips over the
+                  peer protocol, routing plans into the controller's record) and
+                  RoleFlipExecutor (engines' /sim/role, in-process PD routers)
 
 Tools
   ports           a free loopback port (engines the node starts, local fabrics, tests)

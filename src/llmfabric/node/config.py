@@ -86,7 +86,9 @@ class NodeConfig(BaseModel):
     engine_stop_timeout_s: float = Field(default=5.0, ge=0)
     aliases: dict[str, str] = Field(default_factory=dict)  # alias -> served model id
     accept_assignments: bool = False  # start engines the fleet controller assigns
-    controllers: tuple[str, ...] = ()  # peer ids allowed to assign (empty: any member)
+    # Peer ids allowed to assign, release and flip roles (empty: any member); an ingress
+    # follows PD routing plans only from these (empty: none; routing/pd_plan.py).
+    controllers: tuple[str, ...] = ()
     # Ingress: also accept the API keys these ingresses publish (verified provider identities:
     # peer ids on PSK networks); accounts/grants.py.
     key_issuers: tuple[str, ...] = ()

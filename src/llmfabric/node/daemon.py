@@ -54,6 +54,7 @@ from llmfabric.node.engine_role import EngineRole
 from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.pd_flip import flip_role
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.peering import Peering
 from llmfabric.node.replica_reader import AgentReplicaReader
@@ -202,7 +203,8 @@ class Node:
                     self.config.api_listen, ssl=self.tls.context if self.tls else None,
                     limits=front_limits(self.config.front_limits))
         self.transport.set_request_handler(PeerApi(
-            self.dataplane, self.engines.assign, self.engines.release).handle)
+            self.dataplane, self.engines.assign, self.engines.release,
+            lambda peer, body: flip_role(self, peer, body)).handle)
         await self._serve_http(app)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
@@ -333,6 +335,7 @@ class Node:
             demand=base.demand if base is not None else (),
             keys=base.keys if base is not None else (),
             prefix_cache=base.prefix_cache if base is not None else b"",
+            pd_plan=base.pd_plan if base is not None else b"",
             labels=tuple(sorted(cfg.labels.items())),
             tier=cfg.tier,
             roles=roles,

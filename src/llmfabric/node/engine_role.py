@@ -57,7 +57,7 @@ def _json(status: int, doc: dict[str, object]) -> HandlerResponse:
     return HandlerResponse(status, (("content-type", "application/json"),), orjson.dumps(doc))
 
 
-def _refuse_controller(node: Node, peer: str) -> HandlerResponse | None:
+def refuse_controller(node: Node, peer: str) -> HandlerResponse | None:
     cfg = node.config
     if not cfg.accept_assignments:
         return error_response(403, "this node does not accept assignments (start it with "
@@ -199,7 +199,7 @@ class EngineRole:
     async def assign(self, peer: str, body: bytes) -> HandlerResponse:
         """Start an engine for a controller's assignment (bare nodes that accept them)."""
         node = self.node
-        refused = _refuse_controller(node, peer)
+        refused = refuse_controller(node, peer)
         if refused is not None:
             return refused
         if node.engine is not None or node.stopping:
@@ -223,7 +223,7 @@ class EngineRole:
 
 async def release_engine(node: Node, peer: str, body: bytes) -> HandlerResponse:
     """Handle one release request from `peer` (see the module docstring)."""
-    refused = _refuse_controller(node, peer)
+    refused = refuse_controller(node, peer)
     if refused is not None:
         return refused
     try:

@@ -54,6 +54,7 @@ from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_cr
 from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import KeyGrant
 from llmfabric.routing.candidates import Identify
+from llmfabric.routing.pd_plan import PlanFeed
 from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.traces import TraceRecorder
 
@@ -140,6 +141,10 @@ class IngressLink:
             store.remote = RemoteGrants(
                 lambda: [r for r, _ in reader.records_with_suspicion()], reader.version,
                 identify, config.key_issuers).lookup
+        if config.controllers:  # PD routing plans signed by these controllers (pd_plan.py)
+            ingress.pd.router.set_feed(PlanFeed(
+                lambda: [r for r, _ in reader.records_with_suspicion()], reader.version,
+                config.controllers))
         link = cls(ingress, store, forwarder, config.dashboard, demand)
         link.tenancy = await attach_tenancy(
             ingress, store, max_inflight=config.max_inflight,

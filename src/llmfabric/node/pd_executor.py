@@ -1,22 +1,28 @@
 """Carry out lightweight-rescheduling decisions (scheduler/phasesplit/controller.py).
 
-SetRole: POST the new role to each named session's engine (`/sim/role` of the simulated
-engine; a routing change, nothing restarts); the node then republishes its role
-(pd_roles.py) and every ingress's pd routing follows. SetRouting: the plan's X/Y, keyed by
-session, installed in the PD routers of in-process ingresses (`routing.pd.PDRouter`).
-Missing: carrying SetRole over the peer protocol and SetRouting as a signed registry fact, so
-a controller on another host reaches engines and ingresses it cannot dial directly; until then
-the controller must reach the engines' role endpoints (`role_urls`).
+Across the fabric (`PeerPDExecutor`, what `llmfabric controller --pd-plan` runs): SetRole is
+a signed `RoleRequest` to each named session's node over the peer protocol (node/pd_flip.py:
+the node flips its engine and republishes its role); SetRouting becomes the plan item of the
+controller's own record (routing/pd_plan.py), which every ingress trusting this controller
+installs in its PD router.
+
+In one process (`RoleFlipExecutor`, tests and embedding): SetRole POSTs the new role to each
+session's engine (`/sim/role`), SetRouting installs the table in in-process routers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
-from llmfabric.routing.pd import PDPlanTable, PDRouter
+from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
+from llmfabric.net import NetError, TlsTransport
+from llmfabric.node.peer_api import ROLE_PATH, RoleRequest
+from llmfabric.routing.pd import PDPlanTable, PDRouter, PlanError
+from llmfabric.routing.pd_plan import PlanItem, encode_plan
 from llmfabric.scheduler.decisions import SetRole, SetRouting
 
 log = logging.getLogger(__name__)
@@ -60,3 +66,74 @@ class RoleFlipExecutor:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise PDExecutionError(f"cannot flip {sid} at {url}: {exc!r}") from exc
                 log.info("session %s now serves as %s", sid, d.role)
+
+
+ROLE_TIMEOUT_S = 15.0
+
+
+class PeerPDExecutor:
+    """SetRole over the peer protocol, SetRouting into the controller's record.
+
+    `publish(item_bytes)` writes the controller's record (NodeMeta.pd_plan). A refused or
+    unreachable flip is logged and kept in `failures`, not raised: the other flips still go
+    out, the routing is still published, and the controller's next loss or drift re-plans."""
+
+    def __init__(self, transport: TlsTransport, peer_of: Callable[[str], str | None],
+                 model: str, publish: Callable[[bytes], object],
+                 wall: Callable[[], float] = time.time) -> None:
+        self._transport = transport
+        self._peer_of = peer_of
+        self.model = model
+        self._publish = publish
+        self._wall = wall
+        self.plan_id = ""
+        self.applied: list[SetRole | SetRouting] = []
+        self.results: list[tuple[str, int, str]] = []  # (session id, status, answer)
+        self.failures: list[str] = []
+
+    async def apply(self, decision: SetRole | SetRouting) -> None:
+        if isinstance(decision, SetRole):
+            if not decision.session_ids:
+                self._fail(f"flip to {decision.role}", f"no session holds GPUs "
+                           f"{list(decision.gpu_ids)}")
+            body = RoleRequest(self.model, decision.role, self.plan_id).to_json()
+            for sid in decision.session_ids:
+                if await self._post(sid, body, f"flip to {decision.role}") == 200:
+                    log.info("session %s now serves %s as %s", sid, self.model, decision.role)
+        else:
+            try:
+                table = PDPlanTable.from_routing(decision)
+                item = encode_plan(PlanItem(self.model, self._wall(), table))
+            except PlanError as exc:
+                self._fail(f"routing plan {decision.plan_id}", str(exc))
+                return
+            self.plan_id = table.plan_id
+            self._publish(item)
+            log.info("published routing plan %s (%d prefill x %d decode sessions)",
+                     table.plan_id, len(table.prefill), len(table.decode))
+        self.applied.append(decision)
+
+    async def _post(self, sid: str, body: bytes, what: str) -> int | None:
+        peer = self._peer_of(sid)
+        if peer is None:
+            self._fail(what, f"{sid}: not in the registry")
+            return None
+        try:
+            signed = sign_control(self._transport.key, ROLE_PATH, body, time.time())
+            resp = await self._transport.request(
+                peer, "POST", ROLE_PATH,
+                (("content-type", "application/json"), (SIGNED_HEADER, signed)), body,
+                timeout=ROLE_TIMEOUT_S)
+            async with resp:
+                answer = (await resp.read()).decode(errors="replace")
+        except NetError as exc:
+            self._fail(what, f"{sid}: {exc}")
+            return None
+        self.results.append((sid, resp.status, answer))
+        if resp.status != 200:
+            self._fail(what, f"{sid}: {resp.status} {answer[:200]}")
+        return resp.status
+
+    def _fail(self, what: str, failure: str) -> None:
+        log.error("%s failed: %s", what, failure)
+        self.failures.append(failure)

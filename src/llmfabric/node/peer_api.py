@@ -4,6 +4,7 @@
   /v1/fabric/forward/v1/...    sealed forwarded inference requests -> the local engine
   /_fabric/v1/assign           engine assignments from the fleet controller
   /_fabric/v1/release          releases (stop the engine, become bare) from the controller
+  /_fabric/v1/role             prefill/decode role flips from the PD controller (node/pd_flip.py)
 The peer protocol is authenticated (TLS + admission), but a request that came through a
 relay names its origin only by the relay's word: forwarded requests carry their own
 authorization, and control requests must be signed by the controller's key
@@ -40,6 +41,8 @@ from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
 
 ASSIGN_PATH = "/_fabric/v1/assign"
 RELEASE_PATH = "/_fabric/v1/release"
+ROLE_PATH = "/_fabric/v1/role"
+_ROLES = ("prefill", "decode", "both")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 _GPU_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -128,6 +131,35 @@ def parse_release(body: bytes) -> ReleaseRequest:
     return ReleaseRequest(model, reason[:200])
 
 
+@dataclass(frozen=True, slots=True)
+class RoleRequest:
+    """Serve `model` in `role` from now on (a routing change: the engine keeps running)."""
+
+    model: str
+    role: str
+    plan_id: str = ""
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+def parse_role_request(body: bytes) -> RoleRequest:
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise AssignmentError("the role request body is not JSON") from None
+    if not isinstance(data, dict):
+        raise AssignmentError("the role request must be a JSON object")
+    model, role, plan_id = data.get("model"), data.get("role"), data.get("plan_id", "")
+    if not isinstance(model, str) or not _MODEL_RE.match(model):
+        raise AssignmentError("model must be a model id (letters, digits, . _ : / @ + -)")
+    if role not in _ROLES:
+        raise AssignmentError(f"role must be one of {', '.join(_ROLES)}")
+    if not isinstance(plan_id, str) or len(plan_id) > 128:
+        raise AssignmentError("plan_id must be a string of at most 128 characters")
+    return RoleRequest(model, str(role), plan_id)
+
+
 MAX_ASSIGNMENT_BYTES = 16 * 1024
 
 Handler = Callable[[str, bytes], Awaitable[HandlerResponse]]  # (peer id, body) -> answer
@@ -139,12 +171,14 @@ class PeerApi:
         dataplane: DataPlaneServer,
         assign: Handler,
         release: Handler | None = None,
+        role: Handler | None = None,
         *,
         now: Callable[[], float] = time.time,
     ) -> None:
         self._dataplane = dataplane
         self._assign = assign
         self._release = release
+        self._role = role
         self._now = now
         self._control_replay = ReplayCache(max_entries=10_000)
 
@@ -157,6 +191,8 @@ class PeerApi:
             return await self._control(request, self._assign, "an assignment")
         if request.path == RELEASE_PATH and self._release is not None:
             return await self._control(request, self._release, "a release")
+        if request.path == ROLE_PATH and self._role is not None:
+            return await self._control(request, self._role, "a role flip")
         return error_response(404, f"{request.path} is not served to peers", "not_found")
 
     async def _control(self, request: PeerRequest, handler: Handler, what: str

@@ -77,7 +77,8 @@ def _canon(value: Any) -> Any:
 
 # Optional NodeMeta fields left out of the body while unset: records of nodes that do not use
 # them keep their size and bytes (older nodes write the same body).
-_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s", "prefix_cache")
+_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s", "prefix_cache", "pd_plan")
+MAX_PD_PLAN = 8 * 1024  # the PD plan item (routing/pd_plan.py parses what is inside)
 
 
 def encode_body(record: NodeRecord) -> bytes:
@@ -256,7 +257,14 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         cert=_str(d.get("cert", m.cert), "cert", MAX_CERT),
         keys=tuple(_grant(_map(x, "key")) for x in _list(d.get("keys", []), "keys")),
         prefix_cache=_sketch(d.get("prefix_cache", b"")),
+        pd_plan=_opaque(d.get("pd_plan", b""), "pd_plan", MAX_PD_PLAN),
     )
+
+
+def _opaque(v: Any, name: str, max_len: int) -> bytes:
+    if not isinstance(v, bytes) or len(v) > max_len:
+        raise _fail(f"{name} must be at most {max_len} bytes")
+    return v
 
 
 def _sketch(v: Any) -> bytes:

@@ -140,6 +140,9 @@ class NodeMeta:
     # Bloom filter of the prefix blocks the node's engine holds or recently served
     # (registry/cache_sketch.py); b"" when the node publishes none.
     prefix_cache: bytes = b""
+    # The PD controller only: its latest prefill/decode routing plan, an opaque bounded item
+    # (routing/pd_plan.py validates it; ingresses trust it only from their --controller peers).
+    pd_plan: bytes = b""
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from llmfabric.registry.records import ModelRole
@@ -144,20 +144,31 @@ def _open(pool: Iterable[Candidate], tried: Iterable[str]) -> list[Candidate]:
 
 
 class PDRouter:
-    """Picks the prefill node, then the decode node, of one request (seeded rng)."""
+    """Picks the prefill node, then the decode node, of one request (seeded rng). The plan is
+    the one set in-process (`set_plan`), or else what the feed reads from the registry (the
+    controller's signed plan item, routing/pd_plan.py)."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()
         self.plan: PDPlanTable | None = None
+        self.feed: Callable[[], PDPlanTable | None] | None = None
 
     def set_plan(self, plan: PDPlanTable | None) -> None:
         self.plan = plan
+
+    def set_feed(self, feed: Callable[[], PDPlanTable | None] | None) -> None:
+        self.feed = feed
+
+    def current(self) -> PDPlanTable | None:
+        if self.plan is not None or self.feed is None:
+            return self.plan
+        return self.feed()
 
     def pick_prefill(self, pools: PDSplit, tried: Iterable[str] = ()) -> Candidate | None:
         cands = _open(pools.prefill, tried) or _open(pools.both, tried)
         if not cands:
             return None
-        plan = self.plan
+        plan = self.current()
         weights = [plan.prefill_weight(c.session_id) if plan else 1.0 for c in cands]
         return _weighted(cands, weights, self.rng)
 
@@ -166,7 +177,7 @@ class PDRouter:
         cands = _open(pools.decode, tried) or _open(pools.both, tried)
         if not cands:
             return None
-        plan = self.plan
+        plan = self.current()
         weights = [plan.decode_weight(prefill_session, c.session_id) if plan else 1.0
                    for c in cands]
         return _weighted(cands, weights, self.rng)

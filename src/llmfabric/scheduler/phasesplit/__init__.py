@@ -19,6 +19,8 @@ Files:
 - `controller.py`  when it runs in the fleet: node loss (DOWN/LEFT/gone/suspected) or a 25 %
   workload drift; pure `pd_decide`, `PDController` on an injected clock, decisions bound to
   sessions (`PDBinding`).
+- `binding.py`     plan GPUs -> live sessions from the registry (`--label pd.gpus=0-3`, else
+  role + GPU type), and the PD workload the ingresses observe (`observed_pd_workload`).
 - `baselines.py`   what ThunderServe is compared with: the best fixed P:D split over instance
   groups and the colocated CP-SAT placement (simulated) on the same GPUs.
 - `inputs.py`      YAML/CSV loaders for the CLI (`llmfabric plan pd`).

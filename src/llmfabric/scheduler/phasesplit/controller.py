@@ -26,7 +26,7 @@ from typing import Protocol
 
 from llmfabric.clock import Clock
 from llmfabric.registry.records import Lifecycle, NodeRecord
-from llmfabric.scheduler.decisions import SetRole
+from llmfabric.scheduler.decisions import SetRole, SetRouting
 from llmfabric.scheduler.errors import SchedulerError
 from llmfabric.scheduler.phasesplit.plan import PDPlan
 from llmfabric.scheduler.phasesplit.problem import PDWorkload
@@ -109,6 +109,16 @@ def bind_decisions(decisions: list[RescheduleDecision], plan: PDPlan, binding: P
     return out
 
 
+def current_routing(plan: PDPlan, binding: PDBinding) -> SetRouting:
+    """The plan's own X/Y as a session-keyed SetRouting (published when the controller
+    starts, before any reschedule)."""
+    routing = SetRouting(plan.plan_id or "plan", tuple(float(v) for v in plan.routing.x),
+                         tuple(tuple(float(v) for v in row) for row in plan.routing.y))
+    bound = bind_decisions([routing], plan, binding)[0]
+    assert isinstance(bound, SetRouting)
+    return bound
+
+
 def pd_decide(records: list[tuple[NodeRecord, bool]], workload: PDWorkload | None,
               state: PDControllerState, now: float, binding: PDBinding,
               config: PDControllerConfig) -> tuple[list[RescheduleDecision], PDControllerState]:
@@ -155,4 +165,6 @@ class PDController:
                 await self.step()
             except SchedulerError as e:  # e.g. too little left: a full re-plan is needed
                 log.error("lightweight reschedule failed: %s", e)
+            except (ValueError, RuntimeError) as e:  # an executor's failure: the next round
+                log.error("applying the reschedule failed: %s", e)
             await self._clock.sleep(self.config.interval_s)

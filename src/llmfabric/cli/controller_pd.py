@@ -1,0 +1,107 @@
+"""`llmfabric controller --pd-plan plan.json`: ThunderServe's lightweight rescheduling.
+
+The controller joins the fabric as a bare CPU member (as the assigning controller does),
+loads a saved plan (`llmfabric plan pd --json`, with the same cluster inputs), binds the
+plan's GPUs to the live sessions serving the model (scheduler/phasesplit/binding.py:
+`--label pd.gpus=...` on a node, else role + GPU type), publishes the plan's routing as the
+signed plan item of its own record, and then each round runs `pd_decide`: a node of the plan
+DOWN, LEFT, gone or suspected, or the ingresses' observed workload drifting past `--drift`,
+flips phases (signed `/_fabric/v1/role` requests to the nodes over the peer protocol) and
+publishes the new routing. Ingresses follow plans only from controllers they list with
+`--controller PEER_ID`; nodes flip only for controllers they accept (`--accept-assignments`,
+`--controller`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Path | None,
+                      topology_path: Path | None, model_id: str | None,
+                      node_overrides: dict[str, Any], interval: float, drift: float,
+                      once: bool, settle: float) -> None:
+    from llmfabric import sim
+    from llmfabric.scheduler.errors import SchedulerError
+    from llmfabric.scheduler.phasesplit.inputs import load_cluster
+    from llmfabric.scheduler.phasesplit.plan import plan_from_json
+
+    try:
+        cluster = load_cluster(cluster_path, links_path, topology_path)
+        plan = plan_from_json(json.loads(plan_path.read_text()), cluster)
+    except (OSError, ValueError, KeyError, SchedulerError, sim.SimError) as exc:
+        raise click.ClickException(f"{plan_path}: {exc}") from None
+    model = model_id or plan.model.name
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    async def main() -> None:
+        from llmfabric.clock import SystemClock
+        from llmfabric.node.config import ConfigError, build_config
+        from llmfabric.node.daemon import Node, NodeError
+        from llmfabric.node.pd_executor import PeerPDExecutor
+        from llmfabric.node.replica_reader import current_session_reader
+        from llmfabric.scheduler.phasesplit.binding import bind_sessions, observed_pd_workload
+        from llmfabric.scheduler.phasesplit.controller import (
+            PDController,
+            PDControllerConfig,
+            current_routing,
+        )
+
+        try:
+            node = Node(build_config({}, node_overrides))
+        except (ConfigError, NodeError) as exc:
+            raise click.ClickException(str(exc)) from None
+        await node.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        clock = SystemClock()
+        try:
+            await clock.sleep(settle)
+            reader = current_session_reader(node)
+            try:
+                binding = bind_sessions(plan, reader.live_records(), model)
+            except SchedulerError as exc:
+                raise click.ClickException(str(exc)) from None
+            if not binding.gpus:
+                raise click.ClickException(f"no live node serves {model!r}; nothing to bind "
+                                           "the plan to")
+            unbound = sorted(set(range(len(plan.cluster.gpus)))
+                             - {g for ids in binding.gpus.values() for g in ids})
+            if unbound:
+                logging.warning("plan GPUs %s have no live session (no matching node)",
+                                unbound)
+
+            def publish(item: bytes) -> None:
+                node.session.update_self(node.meta(pd_plan=item))
+
+            executor = PeerPDExecutor(node.transport, reader.peer_of, model, publish)
+            await executor.apply(current_routing(plan, binding))
+            if once:
+                sys.stdout.write(json.dumps({
+                    "controller": node.key.peer_id, "plan_id": plan.plan_id, "model": model,
+                    "binding": {s: list(g) for s, g in binding.gpus.items()},
+                    "unbound_gpus": unbound, "failures": executor.failures}, indent=2) + "\n")
+                return
+            logging.info("PD controller %s: plan %s for %s, %d sessions bound",
+                         node.key.peer_id, plan.plan_id, model, len(binding.gpus))
+            ctl = PDController(
+                plan, binding, reader.records_with_suspicion,
+                lambda: observed_pd_workload(reader.live_records(), model, plan), executor,
+                clock, PDControllerConfig(drift_threshold=drift, interval_s=interval))
+            await ctl.run(stop)  # (SIGTERM/SIGINT set stop; a bug ends the process loudly)
+        finally:
+            await node.stop(drain=False)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
