@@ -98,3 +98,17 @@ def test_lockstep_steady_ttft_is_non_decreasing_in_concurrency(c: int, more: int
         return simulate_closed_loop(M, "H100", 1, n, 3 * n, isl, 16, engine_profile="sglang",
                                     jitter_s=0.0, output_jitter_tokens=0.0).steady_ttft_s
     assert steady(c) <= steady(c + more) + 1e-12
+
+
+def test_b200_memory_is_the_cuda_reported_total() -> None:
+    """nvidia-smi reports 183,359 MiB for a B200 (the datasheet's "180 GB" are GiB): 70B FP8
+    at TP 1 then holds 64 requests of 1024 + 8192 tokens in KV, as the measured run did
+    (TTFT 0.35-0.38 s, no queue), which 180e9 bytes would not."""
+    from llmfabric.sim.memory import plan_memory
+
+    b200 = get_gpu("B200")
+    assert b200.mem_bytes == 183359 * 1024**2
+    fp8 = e2e.model_for(_row(model="meta-llama/Llama-3.1-70B-Instruct", gemm_quant="fp8"))
+    plan = plan_memory(fp8, "B200", 1)
+    assert plan.kv_capacity_tokens >= 64 * (1024 + 8192)
+    assert get_gpu("H100").mem_bytes == 80e9  # unchanged: the fit rows prefer it (docs)
