@@ -18,8 +18,13 @@ coordinate descent over a grid, and prints them; the shipped values live in
 operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
 
 Reported: TTFT and TPOT MAPE overall, on the fit and holdout rows, per GPU and per backend,
-and the GPU ordering (for every pair of rows that differ only in the GPU, does the simulator
-order the two GPUs as the measurement does, for TTFT and for TPOT).
+the GPU ordering (for every pair of rows that differ only in the GPU, does the simulator
+order the two GPUs as the measurement does, for TTFT and for TPOT), and a `breakdown` of
+where the error is (MAPE and median predicted/measured ratio per set-up, concurrency,
+ISL/OSL and TP, fit and holdout apart; the worst TTFT rows). Each row's prediction averages
+`--runs` closed loops (default 4) with independent client drift: how clients cluster
+differs from draw to draw, and a fit against one draw fits its clusters
+(docs/simulator.md "Second pass").
 """
 
 from __future__ import annotations
