@@ -18,8 +18,13 @@ coordinate descent over a grid, and prints them; the shipped values live in
 operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
 
 Reported: TTFT and TPOT MAPE overall, on the fit and holdout rows, per GPU and per backend,
-and the GPU ordering (for every pair of rows that differ only in the GPU, does the simulator
-order the two GPUs as the measurement does, for TTFT and for TPOT).
+the GPU ordering (for every pair of rows that differ only in the GPU, does the simulator
+order the two GPUs as the measurement does, for TTFT and for TPOT), and a `breakdown` of
+where the error is (MAPE and median predicted/measured ratio per set-up, concurrency,
+ISL/OSL and TP, fit and holdout apart; the worst TTFT rows). Each row's prediction averages
+`--runs` closed loops (default 4) with independent client drift: how clients cluster
+differs from draw to draw, and a fit against one draw fits its clusters
+(docs/simulator.md "Second pass").
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ FIT_PARAMS: dict[str, tuple[float, ...]] = {
     "step_cpu_s": (0.0, 0.5e-3, 1e-3, 2e-3, 3e-3, 5e-3),
     "step_cpu_per_seq_s": (0.0, 5e-6, 1e-5, 2e-5, 4e-5, 8e-5),
     "request_overhead_s": (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12),
-    "output_jitter_tokens": (0.0, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0),
-    "client_jitter_s": (0.0, 0.01, 0.03, 0.1),
+    "output_jitter_tokens": (0.0, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 40.0, 60.0, 100.0,
+                             150.0, 250.0),
+    "client_jitter_s": (0.0, 0.01, 0.03, 0.1, 0.3, 1.0),
 }
 
 
@@ -91,6 +97,44 @@ def gpu_ordering(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _short(model: str) -> str:
+    return model.rsplit("/", 1)[-1]
+
+
+BREAKDOWN_KEYS: dict[str, tuple[str, ...]] = {
+    "set_up": ("fold", "gpu", "backend", "model", "gemm_quant"),
+    "concurrency": ("fold", "concurrency"),
+    "isl_osl": ("fold", "isl", "osl"),
+    "tp": ("fold", "tp"),
+}
+
+
+def breakdown(records: list[dict[str, Any]], worst: int = 15) -> dict[str, Any]:
+    """Where the error is: MAPE and the median predicted/measured ratio (bias) per group
+    (set-up, concurrency, ISL/OSL, TP; fit and holdout apart) and the worst TTFT rows."""
+    ok = [r for r in records if "error" not in r and not math.isnan(r["pred_ttft_ms"])]
+    out: dict[str, Any] = {}
+    for name, keys in BREAKDOWN_KEYS.items():
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for r in ok:
+            groups.setdefault(tuple(_short(r[k]) if k == "model" else r[k] for k in keys),
+                              []).append(r)
+        rows = []
+        for key in sorted(groups, key=lambda k: tuple(str(x) for x in k)):
+            g = groups[key]
+            ratios = {m: sorted(x[f"pred_{m}_ms"] / x[f"{m}_ms"] for x in g)
+                      for m in ("ttft", "tpot")}
+            rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
+                         **{f"{m}_mape": 100.0 * sum(abs(v - 1) for v in ratios[m]) / len(g)
+                            for m in ratios},
+                         **{f"{m}_median_ratio": ratios[m][len(g) // 2] for m in ratios}})
+        out[name] = rows
+    ranked = sorted(ok, key=lambda r: -abs(r["pred_ttft_ms"] / r["ttft_ms"] - 1))
+    out["worst_ttft"] = [{k: r[k] for k in (*e2e.COLUMNS, "pred_ttft_ms", "pred_tpot_ms",
+                                            "fold")} for r in ranked[:worst]]
+    return out
+
+
 def _objective(summary: dict[str, Any]) -> float:
     block = summary["all"]
     if not block["n"]:
@@ -98,9 +142,12 @@ def _objective(summary: dict[str, Any]) -> float:
     return float(block["ttft_mape"] + block["tpot_mape"])
 
 
-def fit_profiles(rows: list[e2e.E2ERow], waves: int,
-                 backends: list[str] | None = None) -> dict[str, EngineProfile]:
-    """Coordinate descent per backend over FIT_PARAMS on the given (fit) rows."""
+def fit_profiles(rows: list[e2e.E2ERow], waves: int, backends: list[str] | None = None,
+                 runs: int = e2e.DEFAULT_RUNS,
+                 params: list[str] | None = None) -> dict[str, EngineProfile]:
+    """Coordinate descent per backend over FIT_PARAMS (or the named subset) on the given
+    (fit) rows."""
+    grids = {k: v for k, v in FIT_PARAMS.items() if params is None or k in params}
     fitted = dict(PROFILES)
     for backend in backends or sorted({r.backend for r in rows}):
         mine = [r for r in rows if r.backend == backend]
@@ -108,12 +155,13 @@ def fit_profiles(rows: list[e2e.E2ERow], waves: int,
 
         def score(p: EngineProfile, mine: list[e2e.E2ERow] = mine,
                   backend: str = backend) -> float:
-            return _objective(e2e.replay(mine, waves=waves, profiles={backend: p})["summary"])
+            return _objective(e2e.replay(mine, waves=waves, profiles={backend: p},
+                                         runs=runs)["summary"])
 
         best = score(prof)
         for _sweep in range(2):
             changed = False
-            for name, grid in FIT_PARAMS.items():
+            for name, grid in grids.items():
                 for value in grid:
                     cand = dataclasses.replace(prof, **{name: value})
                     s = score(cand)
@@ -138,6 +186,10 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="refit the profiles on the fit rows")
     ap.add_argument("--fit-backends", default=None,
                     help="comma-separated backends to refit (default: all)")
+    ap.add_argument("--fit-params", default=None,
+                    help="comma-separated profile terms to refit (default: all of FIT_PARAMS)")
+    ap.add_argument("--runs", type=int, default=e2e.DEFAULT_RUNS,
+                    help="closed loops (seeds) averaged per row")
     args = ap.parse_args()
     path = args.csv or shared_data() / "e2e" / "serving_e2e_calibration.csv"
     if not path.is_file():
@@ -146,9 +198,11 @@ def main() -> None:
     profiles = None
     if args.fit:
         only = args.fit_backends.split(",") if args.fit_backends else None
-        profiles = fit_profiles([r for r in rows if fold(r) == "fit"], args.waves, only)
+        names = args.fit_params.split(",") if args.fit_params else None
+        profiles = fit_profiles([r for r in rows if fold(r) == "fit"], args.waves, only,
+                                args.runs, names)
     t0 = time.perf_counter()
-    out = e2e.replay(rows, waves=args.waves, profiles=profiles)
+    out = e2e.replay(rows, waves=args.waves, profiles=profiles, runs=args.runs)
     wall = time.perf_counter() - t0
     recs = out["rows"]
     for r in recs:
@@ -172,9 +226,10 @@ def main() -> None:
         "tpot_mape_holdout": summary["holdout"]["all"]["tpot_mape"],
         "target_mape_holdout": 10.0,
         "gpu_ordering": ordering,
+        "breakdown": breakdown(recs),
         "profiles": {k: dataclasses.asdict(v) for k, v in (profiles or PROFILES).items()},
         "split": {"holdout_gpus": HOLDOUT_GPUS, "holdout_models": HOLDOUT_MODELS},
-        "waves": args.waves, "wall_s": wall, "summary": summary, "rows": recs,
+        "waves": args.waves, "runs": args.runs, "wall_s": wall, "summary": summary, "rows": recs,
     }
     write_results(args.json, payload, "Simulator end-to-end serving fidelity", table,
                   notes=f"{len(recs)} measured rows replayed in {wall:.1f} s; MAPE in percent. "

@@ -232,7 +232,10 @@ def _closed_loop(spec: Any, gpu_spec: Any, tp: int, pp: int, profile: str, confi
 @click.option("--waves", type=click.IntRange(min=2), default=8, show_default=True,
               help="requests per client in each closed loop (the first is excluded)")
 @click.option("--seed", type=int, default=0, show_default=True)
-def e2e_command(rows: Path, json_out: Path | None, waves: int, seed: int) -> None:
+@click.option("--runs", type=click.IntRange(min=1), default=4, show_default=True,
+              help="closed loops per row (seeds seed, seed+1, ...), averaged: client "
+                   "clustering differs from draw to draw")
+def e2e_command(rows: Path, json_out: Path | None, waves: int, seed: int, runs: int) -> None:
     """Replay measured end-to-end rows (CSV with the columns model, gpu, backend,
     backend_version, precision, gemm_quant, tp, isl, osl, concurrency, ttft_ms, tpot_ms):
     predicted TTFT/TPOT next to the measured ones, MAPE overall, per GPU and per backend."""
@@ -240,7 +243,7 @@ def e2e_command(rows: Path, json_out: Path | None, waves: int, seed: int) -> Non
     from llmfabric.sim import e2e
 
     try:
-        out = e2e.replay(rows, waves=waves, seed=seed)
+        out = e2e.replay(rows, waves=waves, seed=seed, runs=runs)
     except sim.SimError as exc:
         raise click.ClickException(str(exc)) from exc
     text = json.dumps(_nan_to_none(out), indent=2) + "\n"

@@ -99,13 +99,36 @@ FITTED: dict[str, AllReduceModel] = {
                                custom=AllReduceRegime(4.10e-6, 0.188e-6, 245e9)),
 }
 
-# Same GPU and the same NVLink generation/topology: the measured row applies.
+# GPUs without measurements borrow a measured row: same NVLink generation (A100-40GB, H200,
+# GH200: the row applies as is) or a newer one (Blackwell: NVLink 5, twice NVLink 4's
+# per-GPU bandwidth), whose bus bandwidths are scaled by the ratio of the GPUs' link
+# bandwidths (`scaled_regime`); the latency terms (kernel launch, barrier) are kept.
 _SIBLINGS: dict[str, str] = {"A100-40GB": "A100-80GB", "H200": "H100-SXM", "GH200": "H100-SXM",
-             "B200": "H100-SXM", "GB200": "H100-SXM"}  # Blackwell: no data; H100 fit
+             "B200": "H100-SXM", "GB200": "H100-SXM"}
+
+
+def scaled_regime(regime: AllReduceRegime, link_ratio: float) -> AllReduceRegime:
+    """`regime` on a link `link_ratio` times as fast: bandwidth-bound part scaled, latency
+    kept (a bandwidth-optimal all-reduce moves the same bytes over a faster link)."""
+    if not link_ratio > 0:
+        raise SpecError("link_ratio must be > 0")
+    return AllReduceRegime(regime.base_s, regime.per_rank_s, regime.bus_bw * link_ratio)
 
 
 def _fitted_row(name: str) -> AllReduceModel | None:
-    return FITTED.get(name) or FITTED.get(_SIBLINGS.get(name, ""))
+    own = FITTED.get(name)
+    if own is not None or name not in _SIBLINGS:
+        return own
+    row = FITTED.get(_SIBLINGS[name])
+    mine, theirs = builtin_gpu(name), builtin_gpu(_SIBLINGS[name])
+    if row is None or mine is None or theirs is None:
+        return row
+    ratio = mine.intra_node_bw / theirs.intra_node_bw
+    if ratio == 1.0:
+        return row
+    return AllReduceModel(scaled_regime(row.nccl, ratio),
+                          None if row.custom is None else scaled_regime(row.custom, ratio),
+                          row.custom_max_bytes)
 
 
 def fitted_allreduce(gpu: GPUSpec) -> AllReduceModel | None:

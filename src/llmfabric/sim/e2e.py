@@ -5,7 +5,10 @@ input/output lengths (ISL/OSL), a fixed number of concurrent clients, and the me
 TTFT and TPOT in ms (the columns of `serving_e2e_calibration.csv`, docs/simulator.md). Each
 row is predicted by `simulate_closed_loop` at the row's concurrency with the row's engine
 profile for `waves` x concurrency requests; the prediction is the STEADY-STATE mean (first
-wave excluded), as a benchmark of many requests per client reports it.
+wave excluded), as a benchmark of many requests per client reports it, averaged over `runs`
+closed loops with independent client drift (seeds `seed` .. `seed + runs - 1`): how clients
+cluster is chaotic (one seed's steady TTFT can be off the mean of many by tens of percent at
+the same set-up), and a fit against one seed fits that seed's clusters, not the engine.
 `replay` returns `{"rows": [...], "summary": {"all": {n, ttft_mape, tpot_mape},
 "by_gpu": {...}, "by_backend": {...}}}` (MAPE in percent); rows the simulator cannot run
 (unknown GPU or model, does not fit) carry an `error` and are left out of the MAPE.
@@ -29,6 +32,7 @@ from llmfabric.sim.profiles import EngineProfile, get_profile
 COLUMNS = ("model", "gpu", "backend", "backend_version", "precision", "gemm_quant", "tp",
            "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
 DEFAULT_WAVES = 8
+DEFAULT_RUNS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +115,21 @@ def model_for(row: E2ERow) -> ModelSpec:
 
 
 def predict(row: E2ERow, *, waves: int = DEFAULT_WAVES, seed: int = 0,
-            profile: EngineProfile | None = None) -> tuple[float, float]:
-    """(TTFT ms, TPOT ms) of the row's set-up: steady-state means of a closed loop."""
-    res = simulate_closed_loop(model_for(row), get_gpu(row.gpu), row.tp, row.concurrency,
-                               waves * row.concurrency, row.isl, row.osl,
-                               engine_profile=profile or get_profile(row.backend), seed=seed)
-    return res.steady_ttft_s * 1e3, res.steady_tpot_s * 1e3
+            profile: EngineProfile | None = None, runs: int = 1) -> tuple[float, float]:
+    """(TTFT ms, TPOT ms) of the row's set-up: steady-state means of a closed loop, averaged
+    over `runs` loops with seeds `seed`, `seed + 1`, ..."""
+    if runs < 1:
+        raise SpecError("runs must be >= 1")
+    model, gpu = model_for(row), get_gpu(row.gpu)
+    prof = profile or get_profile(row.backend)
+    ttft = tpot = 0.0
+    for k in range(runs):
+        res = simulate_closed_loop(model, gpu, row.tp, row.concurrency,
+                                   waves * row.concurrency, row.isl, row.osl,
+                                   engine_profile=prof, seed=seed + k)
+        ttft += res.steady_ttft_s
+        tpot += res.steady_tpot_s
+    return ttft / runs * 1e3, tpot / runs * 1e3
 
 
 def _ape(pred: float, meas: float) -> float:
@@ -144,11 +157,14 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def replay(rows: str | Path | Sequence[E2ERow], *, waves: int = DEFAULT_WAVES, seed: int = 0,
-           profiles: dict[str, EngineProfile] | None = None) -> dict[str, Any]:
+           profiles: dict[str, EngineProfile] | None = None,
+           runs: int = DEFAULT_RUNS) -> dict[str, Any]:
     """Predict every row; see the module docstring for the JSON shape. `profiles` replaces
-    the engine profile of a backend (fitting)."""
+    the engine profile of a backend (fitting); `runs` closed loops per row are averaged."""
     if waves < 2:
         raise SpecError("waves must be >= 2 (the first wave is excluded from the steady state)")
+    if runs < 1:
+        raise SpecError("runs must be >= 1")
     table = read_rows(rows) if isinstance(rows, (str, Path)) else list(rows)
     records: list[dict[str, Any]] = []
     for row in table:
@@ -156,7 +172,7 @@ def replay(rows: str | Path | Sequence[E2ERow], *, waves: int = DEFAULT_WAVES, s
         try:
             prof = (profiles or {}).get(row.backend) or get_profile(row.backend)
             rec["pred_ttft_ms"], rec["pred_tpot_ms"] = predict(row, waves=waves, seed=seed,
-                                                               profile=prof)
+                                                               profile=prof, runs=runs)
         except SimError as exc:
             rec["pred_ttft_ms"] = rec["pred_tpot_ms"] = math.nan
             rec["error"] = str(exc)

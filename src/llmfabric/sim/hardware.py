@@ -81,6 +81,7 @@ def _g(
     l2_mb: float = 0.0,
     sms: int = 0,
     fp4: float = 0.0,
+    cuda_mib: float = 0.0,
 ) -> GPUSpec:
     return GPUSpec(
         name=name,
@@ -89,7 +90,7 @@ def _g(
         fp8_flops=fp8 * TERA,
         int8_flops=int8 * TERA,
         mem_bw=bw_gbs * GB,
-        mem_bytes=mem_gb * GB,
+        mem_bytes=cuda_mib * MIB if cuda_mib > 0 else mem_gb * GB,
         interconnect=link,
         intra_node_bw=link_gbs * GB,
         intra_node_latency_s=2e-6 if link.startswith("nvlink") or link == "xgmi" else 5e-6,
@@ -127,8 +128,11 @@ BUILTIN_GPUS: tuple[GPUSpec, ...] = (
     # HBM3e 8 TB/s; B200 180 GB (HGX B200: 1,440 GB for 8 GPUs), GB200 186 GB (NVL72: 13.4 TB
     # for 72); NVLink 5: 1.8 TB/s both directions = 900 GB/s each way; 148 SMs. L2 is left
     # unknown (0): it is used only to predict warm-cache microbenchmarks.
+    # Memory: the datasheet's "180 GB" is what CUDA reports in GiB (nvidia-smi: 183,359 MiB =
+    # 192.3e9 bytes), not 180e9 bytes; `cuda_mib` is that reported total (the KV cache of a
+    # long-output run near the limit depends on those 12 GB).
     _g("B200", 80, 2250, 4500, 4500, 8000, 180, "nvlink", 900, None,
-       "b200-sxm", "b200_sxm", "hgx-b200", "b200-180gb", sms=148, fp4=9000),
+       "b200-sxm", "b200_sxm", "hgx-b200", "b200-180gb", sms=148, fp4=9000, cuda_mib=183359),
     _g("GB200", 90, 2500, 5000, 5000, 8000, 186, "nvlink", 900, None,
        "gb200-nvl72", "gb200_nvl72", "gb200-b200", sms=148, fp4=10000),
     _g("L40S", 91.6, 362, 733, 733, 864, 48, "pcie", 32, None, "l40s-48gb", l2_mb=96, sms=142),

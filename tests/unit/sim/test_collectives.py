@@ -14,6 +14,7 @@ from llmfabric.sim.collectives import (
     allreduce_model,
     fitted_allreduce,
     ring_model,
+    scaled_regime,
 )
 from llmfabric.sim.costs import build_cost_model
 from llmfabric.sim.operators import tp_allreduce_bytes_per_token
@@ -65,6 +66,30 @@ def test_siblings_and_unmeasured_gpus() -> None:
     assert fitted_allreduce(get_gpu("L40S")) is None
     l40s = get_gpu("L40S")
     assert allreduce_model(l40s) == ring_model(l40s.intra_node_bw, l40s.intra_node_latency_s)
+
+
+def test_blackwell_borrows_hopper_fit_scaled_by_its_nvlink_bandwidth() -> None:
+    h100, b200 = fitted_allreduce(get_gpu("H100-SXM")), fitted_allreduce(get_gpu("B200"))
+    assert h100 is not None and b200 is not None and b200.custom is not None
+    assert h100.custom is not None
+    ratio = get_gpu("B200").intra_node_bw / get_gpu("H100-SXM").intra_node_bw
+    assert ratio == 2.0  # NVLink 5 (900 GB/s per direction) vs NVLink 4 (450)
+    assert b200.nccl == AllReduceRegime(h100.nccl.base_s, h100.nccl.per_rank_s,
+                                        h100.nccl.bus_bw * 2)
+    assert b200.custom.bus_bw == h100.custom.bus_bw * 2
+    # big messages: ~half the time; tiny ones: the same latency
+    big, tiny = 128e6, 1.0
+    latency = h100.nccl.base_s + 7 * h100.nccl.per_rank_s
+    assert b200.time(big, 8) - latency == pytest.approx((h100.time(big, 8) - latency) / 2)
+    assert b200.time(tiny, 8) == pytest.approx(h100.time(tiny, 8), rel=0.01)
+    assert fitted_allreduce(get_gpu("GB200")) == b200
+
+
+def test_scaled_regime_keeps_latency_and_rejects_bad_ratios() -> None:
+    r = AllReduceRegime(5e-6, 1e-6, 100e9)
+    assert scaled_regime(r, 3.0) == AllReduceRegime(5e-6, 1e-6, 300e9)
+    with pytest.raises(SpecError):
+        scaled_regime(r, 0.0)
 
 
 def test_cost_model_uses_the_fitted_model_unless_a_tp_link_is_given() -> None:
