@@ -146,6 +146,10 @@ def node_options(fn: Any) -> Any:
         click.option("--demand-interval", "demand_interval_s", type=float,
                      help="ingress: seconds between updates of the observed per-model demand "
                           "published for the fleet controller [15]"),
+        click.option("--link-probe-interval", "link_probe_interval_s",
+                     type=click.FloatRange(min=0),
+                     help="seconds between rounds of link probes (RTT, throughput) to a few "
+                          "peers, read by `plan net --from-fabric`; 0 = off [60]"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
         click.option("--public-fleet-info", "public_fleet_info", is_flag=True, default=None,

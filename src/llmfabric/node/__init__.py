@@ -24,4 +24,6 @@ membership, the engine agent and (optionally) the ingress into one running node.
                   listener, sealed peer requests (docs/network.md "Data plane")
   engine_bind     engines on loopback unless --allow-engine-public-bind
   walltime        drain `lead_s` before the allocation ends; keep the published end current
+  link_service    link measurements on the peer protocol: probe sink, link tables,
+                  /v1/fabric/links (the measured matrix for `plan net --from-fabric`)
 """

@@ -54,6 +54,7 @@ from llmfabric.node.engine_bind import EngineBindError, loopback_engine_command
 from llmfabric.node.engine_link import EngineLink, error_response
 from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
+from llmfabric.node.link_service import LinkService
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.peer_api import PeerApi
 from llmfabric.node.ports import free_port
@@ -135,6 +136,9 @@ class Node:
         self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
         self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
         self._engine_restarts = 0
+        # Pairwise link measurements to peers (RTT, throughput), read by planners.
+        self.links = LinkService(self.transport, self.clock, self._live_peers,
+                                 interval_s=config.link_probe_interval_s, rng=self.rng)
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -173,7 +177,8 @@ class Node:
         reader = AgentReplicaReader(lambda: self._agent, self.clock, self.providers.identity)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
-                        self._local_view, fleet_auth=self._fleet_auth())
+                        self._local_view, fleet_auth=self._fleet_auth(),
+                        links=self.links.fabric)
         if self.config.ingress:
             self.ingress = await IngressLink.create(
                 self.config, reader, self.transport, self.rng, self.clock, key=self.key,
@@ -186,7 +191,8 @@ class Node:
                     self.config.api_listen, ssl=self.tls.context if self.tls else None,
                     limits=front_limits(self.config.front_limits))
         self.transport.set_request_handler(PeerApi(
-            self.dataplane, self._assign, lambda p, b: release_engine(self, p, b)).handle)
+            self.dataplane, self._assign, lambda p, b: release_engine(self, p, b),
+            links=self.links).handle)
         if self.config.process:
             self.engine = self._engine_link(self.config)
         await self._serve_http(app)
@@ -203,6 +209,7 @@ class Node:
         await self._agent.start()
         self._spawn(self._join(), "join")
         self._spawn(self._sweep_evicted_peers(), "forget-evicted")
+        self._spawn(self.links.run(), "link-probe")
         if self.ingress is not None:
             self._spawn(self._publish_demand(self.ingress.demand), "demand")
             self._spawn(self._publish_key_grants(self.ingress), "key-grants")
@@ -460,6 +467,14 @@ class Node:
     # ---- engine -------------------------------------------------------------------------
     def _engine_link(self, config: NodeConfig, env: dict[str, str] | None = None) -> EngineLink:
         return EngineLink(config, self.clock, self.inflight, env=env)
+
+    def _live_peers(self) -> list[str]:
+        """Peers of live, unsuspected sessions other than ours (link probe targets)."""
+        if self.agent is None:
+            return []
+        return list(dict.fromkeys(
+            v.record.peer_id for v in self.agent.nodes.all(include_left=False)
+            if not v.suspected and v.record.peer_id != self.key.peer_id))
 
     def _is_member(self, peer_id: str) -> bool:
         """A live session of `peer_id` is in our registry replica (relayed session offers:

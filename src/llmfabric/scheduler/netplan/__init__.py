@@ -16,5 +16,7 @@ Files -> concepts
                INA at the access switch) on the same topology.
 - online.py    the load-aware online scheduler: PolicyTable (eqs. 16-18), Controller,
                candidate policies, concurrent all-reduce rounds on `sim.netsim.FlowSim`.
+- from_fabric.py  the topology from a live fabric's measured links (/v1/fabric/nodes +
+               /v1/fabric/links) for `plan net --from-fabric URL`.
 - runner.py    serve a plan in the discrete-event simulator (`llmfabric simulate net`).
 """
