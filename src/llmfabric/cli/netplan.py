@@ -88,20 +88,20 @@ def _problem(topology: Any, model: str, prefill: str, decode: str, workload: str
 
 
 def _fabric_topology(url: str, api_key: str | None, assume_gpu: str | None,
-                     save: Path | None, quiet: bool) -> Any:
-    """The topology measured by a live fabric (scheduler/netplan/from_fabric.py)."""
+                     save: Path | None) -> Any:
+    """The topology measured by a live fabric (scheduler/netplan/from_fabric.py); what
+    was measured and what was left out goes to stderr (stdout may be --json)."""
     from llmfabric.scheduler.netplan.from_fabric import fetch_fabric, parse_assume_gpu, summary
 
     ft = fetch_fabric(url, api_key=api_key,
                       assume_gpu=parse_assume_gpu(assume_gpu) if assume_gpu else None)
     if save is not None:
         ft.topology.to_yaml(save)
-    if not quiet:
-        for line in ft.skipped:
-            click.echo(f"left out: {line}", err=True)
-        for e in summary(ft):
-            click.echo(f"measured {e['a']} <-> {e['b']}: RTT {e['rtt_ms']} ms, "
-                       f"{e['gbps']} Gbit/s ({e['samples']} probes)", err=True)
+    for line in ft.skipped:
+        click.echo(f"left out: {line}", err=True)
+    for e in summary(ft):
+        click.echo(f"measured {e['a']} <-> {e['b']}: RTT {e['rtt_ms']} ms, "
+                   f"{e['gbps']} Gbit/s ({e['samples']} probes)", err=True)
     return ft.topology
 
 
@@ -151,7 +151,7 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
     try:
         topo: Any = topology
         if from_fabric is not None:
-            topo = _fabric_topology(from_fabric, api_key, assume_gpu, save_topology, as_json)
+            topo = _fabric_topology(from_fabric, api_key, assume_gpu, save_topology)
         problem = _problem(topo, model, prefill_gpus, decode_gpus, workload, sla_ttft,
                            sla_tpot, max_candidates, seed, hop_latency)
         plans = [plan_with(problem, s) for s in ((HEROSERVE, *BASELINES) if compare
