@@ -4,7 +4,8 @@ Reads two views of one node (docs/http-api.md): `/v1/fabric/nodes` (each node's 
 record) and `/v1/fabric/links` (each node's link table, measured by probes over the peer
 protocol; node/link_service.py). Builds one host per node that has GPUs:
 
-    GPU `<host>-g<k>` --(nvlink when the record says so, else pcie)-- host switch `<host>`
+    GPU `<host>-g<k>` --(ethernet at PCIe speed: the way to the node's NIC)-- host `<host>`
+    GPU <-> GPU of one node: nvlink when the record says so (else through the host switch)
     host switch --(ethernet: the measured link, both directions' minimum)-- host switch
 
 with host = `n` + the first 8 characters of the node's peer id. The host switch carries no
@@ -29,7 +30,7 @@ from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.topology import Topology
 
 NVLINK_GBS = 300.0  # GB/s between GPUs of one node with interconnect "nvlink"
-PCIE_GBS = 25.0  # GB/s GPU <-> host otherwise
+PCIE_GBS = 25.0  # GB/s GPU <-> its node's NIC
 INTRA_LATENCY_S = 2e-6
 MAX_GPUS_PER_NODE = 64
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -97,8 +98,8 @@ def build_topology(nodes_doc: Any, links_doc: Any, *,
         ids = [f"{host}-g{k}" for k in range(count)]
         for gid in ids:
             topo.add_gpu(gid, gpu_type, host)
-            topo.add_edge(gid, host, "nvlink" if nvlink else "pcie",
-                          gbs=NVLINK_GBS if nvlink else PCIE_GBS, latency_s=INTRA_LATENCY_S)
+            # "ethernet" so that the baselines' Ethernet-only routes (--compare) exist too
+            topo.add_edge(gid, host, "ethernet", gbs=PCIE_GBS, latency_s=INTRA_LATENCY_S)
         if nvlink:
             for a in range(count):
                 for b in range(a + 1, count):
