@@ -150,7 +150,10 @@ def node_api() -> Iterator[NodeApi]:
             return token is not None and await store.authenticate(token) is not None
 
         app = web.Application()
-        add_node_routes(app, _Replica(), [], fleet_auth=valid)
+        async def links() -> dict[str, Any]:
+            return {"self": "", "nodes": []}
+
+        add_node_routes(app, _Replica(), [], fleet_auth=valid, links=links)
         add_account_routes(app, store)
         add_dashboard_routes(app)
         add_openapi_route(app)
