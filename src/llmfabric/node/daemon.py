@@ -138,6 +138,7 @@ class Node:
         self._engine_restarts = 0
         # Pairwise link measurements to peers (RTT, throughput), read by planners.
         self.links = LinkService(self.transport, self.clock, self._live_peers,
+                                 probe_targets=self._direct_peers,
                                  interval_s=config.link_probe_interval_s, rng=self.rng)
 
     # ---- properties ---------------------------------------------------------------------
@@ -475,6 +476,16 @@ class Node:
         return list(dict.fromkeys(
             v.record.peer_id for v in self.agent.nodes.all(include_left=False)
             if not v.suspected and v.record.peer_id != self.key.peer_id))
+
+    def _direct_peers(self) -> list[str]:
+        """Live peers we reach without a relay (both sides dialable): the link probe
+        targets. A relayed pair is not measured: probes would load the relay."""
+        if self.agent is None or not self._dialable():
+            return []
+        return list(dict.fromkeys(
+            v.record.peer_id for v in self.agent.nodes.all(include_left=False)
+            if not v.suspected and v.record.peer_id != self.key.peer_id
+            and v.record.meta.peer_addrs))
 
     def _is_member(self, peer_id: str) -> bool:
         """A live session of `peer_id` is in our registry replica (relayed session offers:

@@ -47,11 +47,15 @@ class LinkService:
     """Probes peers (`run`), answers probes and table requests, assembles the fabric view."""
 
     def __init__(self, transport: TlsTransport, clock: Clock, peers: Callable[[], list[str]],
-                 *, interval_s: float = 60.0, rng: random.Random | None = None) -> None:
+                 *, probe_targets: Callable[[], list[str]] | None = None,
+                 interval_s: float = 60.0, rng: random.Random | None = None) -> None:
+        """`peers`: whose tables the fabric view collects; `probe_targets` (default: the
+        same): whom to probe (the node leaves out peers reached only through relays, so
+        probes do not load relays)."""
         self.transport = transport
         self.peers = peers
         self.table = LinkTable()
-        self.prober = LinkProber(clock, self.probe, peers, self.table,
+        self.prober = LinkProber(clock, self.probe, probe_targets or peers, self.table,
                                  interval_s=max(interval_s, 1e-3), rng=rng)
         self.enabled = interval_s > 0
 
