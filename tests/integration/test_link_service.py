@@ -75,3 +75,20 @@ async def test_an_oversized_probe_is_refused() -> None:
         with pytest.raises(NetError, match="413"):
             await sa.probe(b.local_id, MAX_PROBE_BYTES + 1)
         await sa.probe(b.local_id, MAX_PROBE_BYTES)  # the limit itself is fine
+
+
+async def test_the_fabric_view_is_collected_once_per_ttl() -> None:
+    a, b = _transport(), _transport()
+    async with a, b:
+        await a.connect_bootstrap(b.listen_addr)
+        sa = _service(a, [b.local_id])
+        asked = 0
+
+        async def count(request: PeerRequest) -> HandlerResponse:
+            nonlocal asked
+            asked += 1
+            return HandlerResponse(200, (), b'{"links": []}')
+
+        b.set_request_handler(count)
+        views = [await sa.fabric() for _ in range(5)]
+        assert asked == 1 and all(v == views[0] for v in views)

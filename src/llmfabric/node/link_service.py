@@ -36,6 +36,9 @@ MAX_TABLE_BYTES = 64 * 1024  # a peer's answer; MAX_LINKS entries need ~5 KB
 MAX_FABRIC_PEERS = 128  # peers asked for their tables per /v1/fabric/links request
 PROBE_TIMEOUT_S = 10.0
 FETCH_TIMEOUT_S = 5.0
+# A fabric view is reused this long, and concurrent requests share one collection: an HTTP
+# caller cannot turn requests into a storm of peer requests.
+FABRIC_VIEW_TTL_S = 5.0
 _JSON = (("content-type", "application/json"),)
 
 
@@ -53,7 +56,10 @@ class LinkService:
         same): whom to probe (the node leaves out peers reached only through relays, so
         probes do not load relays)."""
         self.transport = transport
+        self.clock = clock
         self.peers = peers
+        self._view: tuple[float, dict[str, Any]] | None = None
+        self._collecting = asyncio.Lock()
         self.table = LinkTable()
         self.prober = LinkProber(clock, self.probe, probe_targets or peers, self.table,
                                  interval_s=max(interval_s, 1e-3), rng=rng)
@@ -117,7 +123,16 @@ class LinkService:
 
     async def fabric(self) -> dict[str, Any]:
         """This node's table and each live peer's (an unreachable or malformed one is an
-        entry with "error"): the measured link matrix of the fabric as this node sees it."""
+        entry with "error"): the measured link matrix of the fabric as this node sees it.
+        Cached for FABRIC_VIEW_TTL_S; one collection at a time."""
+        async with self._collecting:
+            if self._view is not None and self.clock.now() - self._view[0] < FABRIC_VIEW_TTL_S:
+                return self._view[1]
+            view = await self._collect()
+            self._view = (self.clock.now(), view)
+            return view
+
+    async def _collect(self) -> dict[str, Any]:
         peers = [p for p in dict.fromkeys(self.peers()) if p != self.peer_id]
         fetched = await asyncio.gather(*(self._fetch(p) for p in peers[:MAX_FABRIC_PEERS]))
         return {"self": self.peer_id, "nodes": [self.own(), *fetched]}
