@@ -116,3 +116,20 @@ def test_cpu_nodes_plan_with_an_assumed_gpu_and_bad_views_are_refused() -> None:
         build_topology({"nodes": "x"}, {"nodes": []})
     with pytest.raises(SpecError):
         build_topology({"nodes": []}, [])
+
+
+def test_a_fabric_node_carries_no_transit_traffic() -> None:
+    from llmfabric.scheduler.netplan.paths import Routes
+
+    good = {"rtt_s": 0.001, "samples": 1, "measured_at": 1.0}
+    a, b, c = PEERS[:3]
+    nodes = {"nodes": [_node(a, 1), _node(b, 1), _node(c, 1)]}
+    links = {"nodes": [{"peer": a, "links": [{**good, "peer": b, "bytes_per_s": 1e6},
+                                             {**good, "peer": c, "bytes_per_s": 1e10}]},
+                       {"peer": c, "links": [{**good, "peer": b, "bytes_per_s": 1e10}]}]}
+    topo = build_topology(nodes, links).topology
+    ha, hb, hc = (host_name(p) for p in (a, b, c))
+    route = Routes(topo, 1 << 20).route(f"{ha}-g0", f"{hb}-g0")
+    # the slow direct link, not the 10 GB/s detour through node c (nodes do not forward)
+    assert route.nodes == (f"{ha}-g0", ha, hb, f"{hb}-g0")
+    assert hc not in Routes(topo, 1 << 20).route(f"{hb}-g0", f"{ha}-g0").nodes

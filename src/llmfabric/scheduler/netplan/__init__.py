@@ -2,7 +2,8 @@
 
 Files -> concepts
 - paths.py     all-pairs Dijkstra routes over GPUs and switches (per-byte time + hop
-               latency), optionally restricted to edge kinds; `PathRoute` keeps its edges.
+               latency), optionally restricted to edge kinds; `PathRoute` keeps its edges;
+               a host switch (a fabric node's NIC) carries no transit traffic.
 - commcost.py  eqs. 5-15 in bytes: `t_ina`/`ina_breakdown`, `t_ring`, `t_pp`, `t_kv`,
                `choose_scheme` (Alg. 2's per-group INA/ring choice), `group_allreduce`
                (a group's cost as a `sim.collectives.AllReduceModel`).
