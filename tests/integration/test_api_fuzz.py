@@ -155,7 +155,10 @@ def node_api() -> Iterator[NodeApi]:
             return token is not None and await store.authenticate(token) is not None
 
         app = web.Application()
-        add_node_routes(app, _Replica(), [], fleet_auth=valid)
+        async def links() -> dict[str, Any]:
+            return {"self": "", "nodes": []}
+
+        add_node_routes(app, _Replica(), [], fleet_auth=valid, links=links)
         add_account_routes(app, store)
         budgets = BudgetStore(store.backend, BudgetBook(time.time))
         await budgets.load()

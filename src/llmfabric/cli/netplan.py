@@ -5,6 +5,7 @@
         --prefill-gpus 'a100-*' --decode-gpus 'v100-*' \\
         --workload examples/heroserve/sharegpt.yaml --sla-ttft 2.5 --sla-tpot 0.15 \\
         --compare --out netplan.json
+    llmfabric plan net --from-fabric http://127.0.0.1:8090 --model opt-66b ...   # measured
     llmfabric simulate collective --topology T.yaml --group gpu0,gpu1,gpu4,gpu5 --bytes 1MB
     llmfabric simulate net --plan netplan.json --rate 2 [--online]
 """
@@ -74,20 +75,48 @@ def _print_plans(plans: list[Any]) -> None:
                   f"{best.sweeps} perturbation sweeps")
 
 
-def _problem(topology: str, model: str, prefill: str, decode: str, workload: str,
+def _problem(topology: Any, model: str, prefill: str, decode: str, workload: str,
              sla_ttft: float, sla_tpot: float, max_candidates: int, seed: int,
              hop_latency: float | None) -> Any:
     from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
     from llmfabric.sim.topology import Topology
 
-    return NetProblem.of(Topology.from_yaml(topology), model, prefill, decode,
+    topo = topology if isinstance(topology, Topology) else Topology.from_yaml(topology)
+    return NetProblem.of(topo, model, prefill, decode,
                          NetWorkload.from_yaml(workload), sla_ttft, sla_tpot,
                          max_candi=max_candidates, seed=seed, hop_latency=hop_latency)
 
 
+def _fabric_topology(url: str, api_key: str | None, assume_gpu: str | None,
+                     save: Path | None) -> Any:
+    """The topology measured by a live fabric (scheduler/netplan/from_fabric.py); what
+    was measured and what was left out goes to stderr (stdout may be --json)."""
+    from llmfabric.scheduler.netplan.from_fabric import fetch_fabric, parse_assume_gpu, summary
+
+    ft = fetch_fabric(url, api_key=api_key,
+                      assume_gpu=parse_assume_gpu(assume_gpu) if assume_gpu else None)
+    if save is not None:
+        ft.topology.to_yaml(save)
+    for line in ft.skipped:
+        click.echo(f"left out: {line}", err=True)
+    for e in summary(ft):
+        click.echo(f"measured {e['a']} <-> {e['b']}: RTT {e['rtt_ms']} ms, "
+                   f"{e['gbps']} Gbit/s ({e['samples']} probes)", err=True)
+    return ft.topology
+
+
 @click.command(name="net")
-@click.option("--topology", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--topology", type=click.Path(exists=True, dir_okay=False),
               help="topology YAML (gpus, switches with aggregator_slots, edges)")
+@click.option("--from-fabric", "from_fabric", metavar="URL",
+              help="instead of --topology: a live node's HTTP URL; its /v1/fabric/nodes and "
+                   "the links its peers measured (/v1/fabric/links) make the topology")
+@click.option("--api-key", envvar="LLMFABRIC_API_KEY",
+              help="with --from-fabric: a key for an ingress's fleet views")
+@click.option("--assume-gpu", metavar="TYPE[:N]",
+              help="with --from-fabric: GPUs of nodes whose record names none (CPU fabrics)")
+@click.option("--save-topology", type=click.Path(dir_okay=False, path_type=Path),
+              help="with --from-fabric: also write the measured topology as YAML")
 @click.option("--model", required=True, help="model name (e.g. opt-66b)")
 @click.option("--prefill-gpus", required=True,
               help="comma list of GPU ids or globs over ids and GPU types ('a100-*')")
@@ -104,24 +133,34 @@ def _problem(topology: str, model: str, prefill: str, decode: str, workload: str
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the plan (with its inputs) as JSON for `simulate net --plan`")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
-def plan_net(topology: str, model: str, prefill_gpus: str, decode_gpus: str, workload: str,
+def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
+             assume_gpu: str | None, save_topology: Path | None, model: str,
+             prefill_gpus: str, decode_gpus: str, workload: str,
              sla_ttft: float, sla_tpot: float, max_candidates: int, seed: int,
              hop_latency: float | None, compare: bool, out: Path | None,
              as_json: bool) -> None:
-    """HeroServe: plan TP/PP, GPU groups, INA or ring per group and KV paths over a topology,
-    maximising the sustainable rate H under TTFT/TPOT SLAs."""
+    """HeroServe: plan TP/PP, GPU groups, INA or ring per group and KV paths over a topology
+    (a YAML file, or the links a live fabric measured), maximising the sustainable rate H
+    under TTFT/TPOT SLAs."""
     from llmfabric.scheduler.netplan.baselines import BASELINES
     from llmfabric.scheduler.netplan.planner import HEROSERVE, plan_with
     from llmfabric.sim.errors import SimError
 
+    if (topology is None) == (from_fabric is None):
+        raise click.UsageError("give exactly one of --topology FILE and --from-fabric URL")
     try:
-        problem = _problem(topology, model, prefill_gpus, decode_gpus, workload, sla_ttft,
+        topo: Any = topology
+        if from_fabric is not None:
+            topo = _fabric_topology(from_fabric, api_key, assume_gpu, save_topology)
+        problem = _problem(topo, model, prefill_gpus, decode_gpus, workload, sla_ttft,
                            sla_tpot, max_candidates, seed, hop_latency)
         plans = [plan_with(problem, s) for s in ((HEROSERVE, *BASELINES) if compare
                                                  else (HEROSERVE,))]
     except SimError as exc:
         raise click.ClickException(str(exc)) from None
-    inputs = {"topology": str(Path(topology).resolve()), "model": model,
+    where = (str(Path(topology).resolve()) if topology is not None
+             else str(save_topology.resolve()) if save_topology is not None else from_fabric)
+    inputs = {"topology": where, "model": model,
               "prefill_gpus": prefill_gpus, "decode_gpus": decode_gpus,
               "workload": str(Path(workload).resolve()), "sla_ttft": sla_ttft,
               "sla_tpot": sla_tpot, "max_candidates": max_candidates, "seed": seed,

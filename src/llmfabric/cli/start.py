@@ -151,6 +151,10 @@ def node_options(fn: Any) -> Any:
         click.option("--max-inflight", "max_inflight", type=click.IntRange(min=1),
                      help="ingress: requests in flight at most; more wait in per-owner fair "
                           "queues (429 + Retry-After past fair_queue_max_wait_s) [no limit]"),
+        click.option("--link-probe-interval", "link_probe_interval_s",
+                     type=click.FloatRange(min=0),
+                     help="seconds between rounds of link probes (RTT, throughput) to a few "
+                          "peers, read by `plan net --from-fabric`; 0 = off [60]"),
         click.option("--no-auth", "no_auth", is_flag=True, default=None,
                      help="ingress without API keys (local demo only)"),
         click.option("--public-fleet-info", "public_fleet_info", is_flag=True, default=None,

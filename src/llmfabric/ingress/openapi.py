@@ -139,6 +139,7 @@ def openapi_document() -> dict[str, Any]:
         "/v1/fabric/models": _fleet("models and who serves them"),
         "/v1/fabric/providers": _fleet("providers (identities) and their nodes"),
         "/v1/fabric/records": _fleet("the raw signed records"),
+        "/v1/fabric/links": _fleet("measured link tables of this node and its peers"),
         "/v1/fabric/keys": {
             "get": {"summary": "own keys; an admin sees all (or one owner's)",
                     "parameters": [{"name": "owner", "in": "query", "schema": _STR}],

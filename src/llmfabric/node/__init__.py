@@ -32,6 +32,8 @@ What the node serves
                   requests, assign, release); assignment and release bodies (both sides)
   dataplane_server  the provider side of the data plane: session exchange, pinned HTTPS
                   listener, sealed peer requests (docs/network.md "Data plane")
+  link_service    link measurements on the peer protocol: probe sink, link tables,
+                  /v1/fabric/links (the measured matrix for `plan net --from-fabric`)
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
   trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 

@@ -116,6 +116,8 @@ class NodeConfig(BaseModel):
     fair_queue_max_wait_s: float = Field(default=30.0, gt=0)
     # How often the observed per-model demand may be republished in the record (scheduler input).
     demand_interval_s: float = Field(default=15.0, gt=0)
+    # Seconds between rounds of link probes to peers (node/link_service.py); 0 = off.
+    link_probe_interval_s: float = Field(default=60.0, ge=0)
     api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front
     dashboard: bool = True
     max_body_bytes: int = 4 * 1024 * 1024

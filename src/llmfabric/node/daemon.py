@@ -53,6 +53,7 @@ from llmfabric.node.engine_link import EngineBindError, EngineLink, loopback_eng
 from llmfabric.node.engine_role import EngineRole
 from llmfabric.node.http_api import FleetAuth, add_node_routes
 from llmfabric.node.ingress_link import IngressLink
+from llmfabric.node.link_service import LinkService
 from llmfabric.node.metrics import NodeMetrics
 from llmfabric.node.pd_flip import flip_role
 from llmfabric.node.peer_api import PeerApi
@@ -139,6 +140,10 @@ class Node:
             max_body_bytes=config.max_body_bytes)
         self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
         self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
+        # Pairwise link measurements to peers (RTT, throughput), read by planners.
+        self.links = LinkService(self.transport, self.clock, self._live_peers,
+                                 probe_targets=self._direct_peers,
+                                 interval_s=config.link_probe_interval_s, rng=self.rng)
 
     # ---- what others read ----------------------------------------------------------------
     @property
@@ -188,7 +193,8 @@ class Node:
         reader = AgentReplicaReader(lambda: self.session, self.clock, self.providers.identity)
         app = web.Application(client_max_size=self.config.max_body_bytes + 1)
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
-                        self._local_view, fleet_auth=self._fleet_auth())
+                        self._local_view, fleet_auth=self._fleet_auth(),
+                        links=self.links.fabric)
         if self.config.ingress:
             self.ingress = await IngressLink.create(
                 self.config, reader, self.transport, self.rng, self.clock, key=self.key,
@@ -204,7 +210,7 @@ class Node:
                     limits=front_limits(self.config.front_limits))
         self.transport.set_request_handler(PeerApi(
             self.dataplane, self.engines.assign, self.engines.release,
-            lambda peer, body: flip_role(self, peer, body)).handle)
+            lambda peer, body: flip_role(self, peer, body), links=self.links).handle)
         await self._serve_http(app)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
@@ -218,6 +224,7 @@ class Node:
         loop = self.supervisor.loop
         loop("join", self.peering.join)
         loop("forget-evicted", self.peering.sweep_evicted_peers)
+        loop("link-probe", self.links.run)
         if self.ingress is not None:
             ingress = self.ingress
             loop("demand", lambda: self._publish_demand(ingress.demand))
@@ -321,8 +328,7 @@ class Node:
                                       ("assignable", cfg.accept_assignments)) if on)
         hardware = base.hardware if base is not None else discover_hardware(
             gpu=cfg.gpu, gpu_count=cfg.gpu_count, gpu_memory_gb=cfg.gpu_memory_gb)
-        dialable = self.transport.listen_addr is not None and not self.transport.relays
-        peer_addrs = self.transport.advertised_addrs if dialable else ()
+        peer_addrs = self.transport.advertised_addrs if self._dialable() else ()
         meta = NodeMeta(
             provider_id=cfg.provider or self.key.peer_id,
             peer_addrs=peer_addrs,
@@ -356,6 +362,27 @@ class Node:
     def _republish(self) -> None:
         if self.agent is not None and not self.stopping:
             self.agent.update_self(self.meta())
+
+    def _dialable(self) -> bool:
+        return self.transport.listen_addr is not None and not self.transport.relays
+
+    def _live_peers(self) -> list[str]:
+        """Peers of live, unsuspected sessions other than ours (link probe targets)."""
+        if self.agent is None:
+            return []
+        return list(dict.fromkeys(
+            v.record.peer_id for v in self.agent.nodes.all(include_left=False)
+            if not v.suspected and v.record.peer_id != self.key.peer_id))
+
+    def _direct_peers(self) -> list[str]:
+        """Live peers we reach without a relay (both sides dialable): the link probe
+        targets. A relayed pair is not measured: probes would load the relay."""
+        if self.agent is None or not self._dialable():
+            return []
+        return list(dict.fromkeys(
+            v.record.peer_id for v in self.agent.nodes.all(include_left=False)
+            if not v.suspected and v.record.peer_id != self.key.peer_id
+            and v.record.meta.peer_addrs))
 
     def _is_member(self, peer_id: str) -> bool:
         """A live session of `peer_id` is in our registry replica (relayed session offers:

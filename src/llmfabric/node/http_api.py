@@ -41,6 +41,7 @@ def add_node_routes(
     refresh_metrics: Callable[[], None] | None = None,
     local_view: Callable[[], dict[str, Any]] | None = None,
     fleet_auth: FleetAuth | None = None,
+    links: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> None:
     """The read-only node API (GET only: any other method gets 405). With `fleet_auth` (an
     ingress with API keys, unless `--public-fleet-info`) the fleet views need a valid key."""
@@ -109,4 +110,9 @@ def add_node_routes(
     app.router.add_get("/v1/fabric/models", guarded(models))
     app.router.add_get("/v1/fabric/providers", guarded(providers))
     app.router.add_get("/v1/fabric/records", guarded(records))
+    if links is not None:  # the measured link matrix (node/link_service.py)
+        async def get_links(_: web.Request) -> web.Response:
+            return json_response(await links())
+
+        app.router.add_get("/v1/fabric/links", guarded(get_links))
 

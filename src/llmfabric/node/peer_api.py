@@ -5,6 +5,7 @@
   /_fabric/v1/assign           engine assignments from the fleet controller
   /_fabric/v1/release          releases (stop the engine, become bare) from the controller
   /_fabric/v1/role             prefill/decode role flips from the PD controller (node/pd_flip.py)
+  /_fabric/v1/link-probe, /_fabric/v1/links   link measurements (node/link_service.py)
 The peer protocol is authenticated (TLS + admission), but a request that came through a
 relay names its origin only by the relay's word: forwarded requests carry their own
 authorization, and control requests must be signed by the controller's key
@@ -37,6 +38,7 @@ from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.node.dataplane_server import DataPlaneServer
 from llmfabric.node.engine_link import error_response
+from llmfabric.node.link_service import LinkService
 from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
 
 ASSIGN_PATH = "/_fabric/v1/assign"
@@ -174,12 +176,14 @@ class PeerApi:
         role: Handler | None = None,
         *,
         now: Callable[[], float] = time.time,
+        links: LinkService | None = None,
     ) -> None:
         self._dataplane = dataplane
         self._assign = assign
         self._release = release
         self._role = role
         self._now = now
+        self._links = links
         self._control_replay = ReplayCache(max_entries=10_000)
 
     async def handle(self, request: PeerRequest) -> HandlerResponse:
@@ -193,6 +197,8 @@ class PeerApi:
             return await self._control(request, self._release, "a release")
         if request.path == ROLE_PATH and self._role is not None:
             return await self._control(request, self._role, "a role flip")
+        if self._links is not None and self._links.handles(request.path):
+            return await self._links.handle(request)
         return error_response(404, f"{request.path} is not served to peers", "not_found")
 
     async def _control(self, request: PeerRequest, handler: Handler, what: str

@@ -45,12 +45,16 @@ def _template(path: str) -> str:
     return re.sub(r"\{[^}]*\}", "{}", path)
 
 
+async def _no_links() -> dict[str, object]:
+    return {"self": "", "nodes": []}
+
+
 async def _node_app() -> tuple[web.Application, AccountStore]:
     """The routes a node with an ingress, API keys and the dashboard mounts (daemon.py +
     IngressLink.mount), on the standalone ingress app."""
     app = build_ingress_app(_CONFIG, StaticCandidateSource([]),
                             HttpForwarder(FORWARD_PREFIX), serve_metrics=False)
-    add_node_routes(app, _EmptyReplica(), [])
+    add_node_routes(app, _EmptyReplica(), [], links=_no_links)
     store = AccountStore(await open_backend("sqlite://:memory:"))
     add_account_routes(app, store)
     add_tenancy_routes(app, store, None)

@@ -2,10 +2,13 @@
 
 Files -> concepts
 - paths.py     all-pairs Dijkstra routes over GPUs and switches (per-byte time + hop
-               latency), optionally restricted to edge kinds; `PathRoute` keeps its edges.
+               latency), optionally restricted to edge kinds; `PathRoute` keeps its edges;
+               a host switch (a fabric node's NIC) carries no transit traffic.
 - commcost.py  eqs. 5-15 in bytes: `t_ina`/`ina_breakdown`, `t_ring`, `t_pp`, `t_kv`,
                `choose_scheme` (Alg. 2's per-group INA/ring choice), `group_allreduce`
                (a group's cost as a `sim.collectives.AllReduceModel`).
+- chaining.py  which TP groups form each pipeline instance: greedy on eq. 6 boundary
+               costs + swaps, never worse than topology order (HeroServe only).
 - grouping.py  equal-size constrained k-means on min-cost flow (seeded restarts) and the
                pairwise-swap perturbation of Alg. 2.
 - problem.py   NetProblem / NetWorkload: topology, model, GPU sets, workload and SLAs.
@@ -16,5 +19,7 @@ Files -> concepts
                INA at the access switch) on the same topology.
 - online.py    the load-aware online scheduler: PolicyTable (eqs. 16-18), Controller,
                candidate policies, concurrent all-reduce rounds on `sim.netsim.FlowSim`.
+- from_fabric.py  the topology from a live fabric's measured links (/v1/fabric/nodes +
+               /v1/fabric/links) for `plan net --from-fabric URL`.
 - runner.py    serve a plan in the discrete-event simulator (`llmfabric simulate net`).
 """

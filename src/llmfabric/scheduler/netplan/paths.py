@@ -6,6 +6,12 @@ collection) and switch -> GPU (distribution), and the baselines need Ethernet-on
 Dijkstra from every node on the time of an `n_bytes` message, sum over edges of latency +
 n_bytes / capacity, and keeps each route's edges, so a caller can price it with its own
 per-hop latency (`PathRoute.time`) and see which directed edges it loads.
+
+A switch whose id is a host name (`host_switch`: a measured fabric's node NIC, built by
+from_fabric.py) carries no transit traffic: a route enters it only from its own GPUs or as
+the first hop out of its host, and leaves it towards its GPUs only, unless it is the
+source's own. Fabric nodes do not forward packets between other nodes, so a slow measured
+pair must not be priced at a faster detour through a third node.
 """
 
 from __future__ import annotations
@@ -72,6 +78,8 @@ class Routes:
         self.kinds = None if kinds is None else frozenset(kinds)
         self._nodes = topology.gpus() + topology.switches()
         self._order = {n: k for k, n in enumerate(self._nodes)}
+        switches = set(topology.switches())
+        self._no_transit = {topology.gpu(g).host for g in topology.gpus()} & switches
         self._prev: dict[NodeId, dict[NodeId, tuple[NodeId, Edge]]] = {}
 
     def _tree(self, src: NodeId) -> dict[NodeId, tuple[NodeId, Edge]]:
@@ -82,15 +90,20 @@ class Routes:
         prev: dict[NodeId, tuple[NodeId, Edge]] = {}
         heap: list[tuple[float, int, NodeId]] = [(0.0, self._order[src], src)]
         done: set[NodeId] = set()
+        gpus = set(self.topology.gpus())
+        own = self.topology.gpu(src).host if src in gpus else src
         while heap:
             d, _, u = heapq.heappop(heap)
             if u in done:
                 continue
             done.add(u)
+            gpu_only = u in self._no_transit and u != own  # another node's NIC: no transit
             for e in self.topology.neighbours(u):
                 if self.kinds is not None and e.kind not in self.kinds:
                     continue
                 v = e.other(u)
+                if gpu_only and v not in gpus:
+                    continue
                 nd = d + e.latency_s + self.n_bytes / e.capacity
                 if v not in dist or nd < dist[v] - 1e-15:
                     dist[v] = nd

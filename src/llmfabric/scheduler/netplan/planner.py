@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmfabric.scheduler.netplan.chaining import chain_by_links
 from llmfabric.scheduler.netplan.commcost import (
     StageGPUs,
     choose_scheme,
@@ -65,6 +66,9 @@ class GroupComm:
 GroupFn = Callable[[NetProblem, Sequence[NodeId], int, int, float, Routes],
                    tuple[list[list[NodeId]], int]]
 CommFn = Callable[[NetProblem, Sequence[NodeId], float, dict[NodeId, int], Routes], GroupComm]
+# (problem, groups in topology order, P_pp, activation bytes, routes) -> groups reordered so
+# that each run of P_pp groups is one instance (None: topology order).
+ChainFn = Callable[[NetProblem, Sequence[list[NodeId]], int, float, Routes], list[list[NodeId]]]
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class Strategy:
     group: GroupFn
     comm: CommFn
     kv_kinds: frozenset[str] | None = None
+    chain: ChainFn | None = None
 
 
 def key(group: Sequence[NodeId]) -> str:
@@ -156,6 +161,8 @@ def build_phase(problem: NetProblem, strategy: Strategy, gpus: Sequence[NodeId],
     groups, sweeps = strategy.group(problem, fit, tp, n_inst * pp, nbytes, routes)
     index = {g: k for k, g in enumerate(problem.topology.gpus())}
     groups.sort(key=lambda grp: min(index[g] for g in grp))
+    if strategy.chain is not None:
+        groups = strategy.chain(problem, groups, pp, nbytes, routes)
     free = {s: problem.topology.switch(s).aggregator_slots // problem.m_ina
             for s in problem.topology.switches()}
     comms: dict[str, GroupComm] = {}
@@ -488,7 +495,7 @@ def heroserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
     return GroupComm("ring", None, ring, c.t_ina, c.t_ring)
 
 
-HEROSERVE = Strategy("heroserve", heroserve_groups, heroserve_comm)
+HEROSERVE = Strategy("heroserve", heroserve_groups, heroserve_comm, chain=chain_by_links)
 
 
 def plan(problem: NetProblem) -> NetPlan:
