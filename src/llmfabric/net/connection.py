@@ -83,6 +83,8 @@ class PeerConnection:
         self._clock = clock
         self._keepalive = keepalive
         self._last_rx = clock.now()
+        self.rx_reads = 0  # reads that returned bytes (a probe's evidence of life)
+        self._probing = False
         self.last_used = self._last_rx  # last datagram/request frame either way (not pings)
         self._closing = False
         # The connection ended without a CLOSE frame from the peer and without us closing it
@@ -220,6 +222,7 @@ class PeerConnection:
                     break
                 stats.bytes_received += len(data)
                 self._last_rx = self._clock.now()
+                self.rx_reads += 1
                 for frame in self._framed.decoder.feed(data):
                     self._dispatch(frame.type, frame.payload)
                     if self._closing:
@@ -274,6 +277,27 @@ class PeerConnection:
                 self._begin_close()  # peer silent for 3 intervals: dead
                 return
             self.send_frame(FrameType.PING, b"")
+
+    def probe(self, within: float) -> None:
+        """A request on this connection got no answer in time: send a PING, and if nothing at
+        all arrives within `within` seconds, the connection is dead without a FIN (a
+        partition, a host gone): close it now rather than after 3 keep-alive intervals, so
+        later requests dial again instead of queueing on it. One probe at a time."""
+        if self._closing or self._probing:
+            return
+        self._probing = True
+        self.send_frame(FrameType.PING, b"")
+        self.spawn(self._probe_wait(self.rx_reads, within))
+
+    async def _probe_wait(self, reads: int, within: float) -> None:
+        try:
+            await self._clock.sleep(within)
+        finally:
+            self._probing = False
+        if not self._closing and self.rx_reads == reads:
+            self.lost = True
+            self.owner.stats.drop("probe_unanswered")
+            self._begin_close()
 
     # -- closing -----------------------------------------------------------------------------
     def close_if_idle(self) -> bool:

@@ -217,6 +217,11 @@ class TlsTransport(RelayMethods):
             status, rh, stream, _ = await conn.client.request(
                 method, path, conn.peer_id, headers, body
             )
+        except asyncio.CancelledError:
+            # The caller's timeout (or the caller) gave up waiting: make sure the connection
+            # is not silently dead, or every later request would wait on it too.
+            conn.probe(self.config.probe_timeout)
+            raise
         except PeerClosed:
             # The peer closed this idle connection before it saw the request: nothing was
             # processed, so send it once more on a fresh connection (bytes bodies only).
