@@ -140,10 +140,10 @@ class Lab:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.hole is not None:  # first: a TLS goodbye into a black hole waits long
+            await self.hole.aclose()
         await self.ing.aclose()
         await self.prov.aclose()
-        if self.hole is not None:
-            await self.hole.aclose()
 
     async def served(self, t: Timeouts) -> bytes:
         up = await self.sealed.open(cand(self.prov.local_id), PATH, BODY, t)
@@ -273,3 +273,33 @@ async def test_a_node_cut_off_on_both_paths_keeps_its_direct_address_first() -> 
                 with pytest.raises(UpstreamError, match=r"direct: .*peer network"):
                     await fwd.open(c, PATH, BODY, t)
         assert direct.tries == 2
+
+
+async def test_an_answer_that_goes_silent_on_a_dead_connection_fails_before_idle() -> None:
+    # The head came, then the partition: the idle limit (60 s here, 120 s by default) is
+    # the node's allowance for a slow engine, not for a dead connection. The connection,
+    # with a request waiting on it, probes itself and closes when nothing at all arrives.
+    async with Lab(probe_s=0.3) as lab:
+        assert lab.hole is not None
+        lab.engine.stall = True
+        t = Timeouts(connect=1, first_byte=1, idle=60, total=60)
+        up = await lab.sealed.open(cand(lab.prov.local_id), PATH, BODY, t)
+        lab.hole.cut()
+        async with asyncio.timeout(NEVER_S):
+            with pytest.raises(UpstreamError, match=r"broke off|cut short"):
+                await up.read()
+        await up.aclose()
+        assert lab.ing.stats.dropped["probe_unanswered"] == 1
+
+
+async def test_a_slow_engine_on_a_live_connection_is_not_mistaken_for_a_dead_one() -> None:
+    async with Lab(probe_s=0.2) as lab:
+        lab.engine.stall = True
+        t = Timeouts(connect=1, first_byte=1, idle=1.5, total=60)
+        up = await lab.sealed.open(cand(lab.prov.local_id), PATH, BODY, t)
+        conn = lab.ing.connection(lab.prov.local_id)
+        with pytest.raises(UpstreamError, match=r"no data for 1\.5 s"):  # idle, no sooner
+            await up.read()
+        await up.aclose()
+        assert lab.ing.connection(lab.prov.local_id) is conn
+        assert lab.ing.stats.dropped["probe_unanswered"] == 0

@@ -213,6 +213,7 @@ class TlsTransport(RelayMethods):
     async def _send_on(
         self, conn: PeerConnection, method: str, path: str, headers: Headers, body: Body
     ) -> tuple[int, Headers, BodyStream]:
+        conn.watch()
         try:
             status, rh, stream, _ = await conn.client.request(
                 method, path, conn.peer_id, headers, body
@@ -352,6 +353,7 @@ class TlsTransport(RelayMethods):
                 dialled=False,
                 clock=self.clock,
                 keepalive=self.config.keepalive,
+                probe=self.config.probe_timeout,
             )
         )
 
@@ -397,6 +399,7 @@ class TlsTransport(RelayMethods):
             dialled=True,
             clock=self.clock,
             keepalive=self.config.keepalive,
+            probe=self.config.probe_timeout,
         )
 
     async def probe(self, addr: str, expected: str) -> None:
