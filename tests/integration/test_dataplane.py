@@ -52,7 +52,7 @@ class EchoEngine:
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    async def serve_body(self, path: str, body: bytes) -> HandlerResponse:
+    async def serve_body(self, path: str, body: bytes, *_: object) -> HandlerResponse:
         self.bodies.append(body)
 
         async def gen() -> AsyncIterator[bytes]:

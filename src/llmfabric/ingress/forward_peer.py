@@ -49,11 +49,15 @@ class PeerRequester(Protocol):
 
 
 class PeerUpstream:
-    __slots__ = ("_idle", "_resp")
+    """A relayed response: each wait for a chunk ends at `idle` seconds or at the attempt's
+    `deadline` (loop time), whichever is first."""
 
-    def __init__(self, resp: PeerResponse, idle: float) -> None:
+    __slots__ = ("_deadline", "_idle", "_resp")
+
+    def __init__(self, resp: PeerResponse, idle: float, deadline: float | None = None) -> None:
         self._resp = resp
         self._idle = idle
+        self._deadline = deadline
 
     @property
     def status(self) -> int:
@@ -78,8 +82,11 @@ class PeerUpstream:
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         it = self._resp.iter_chunks().__aiter__()
         while True:
+            until = asyncio.get_running_loop().time() + self._idle
+            if self._deadline is not None:
+                until = min(until, self._deadline)
             try:
-                async with asyncio.timeout(self._idle):
+                async with asyncio.timeout_at(until):
                     chunk = await it.__anext__()
             except StopAsyncIteration:
                 return
@@ -105,6 +112,7 @@ class PeerForwarder:
     async def open(
         self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
     ) -> PeerUpstream:
+        deadline = asyncio.get_running_loop().time() + timeouts.total
         try:
             resp = await self._transport.request(
                 candidate.peer_id,
@@ -112,14 +120,23 @@ class PeerForwarder:
                 self._prefix + path,
                 _JSON_HEADERS + downstream_pairs(),
                 body,
-                timeout=timeouts.first_byte,
+                timeout=min(timeouts.first_byte, timeouts.total),
             )
         except NetError as e:  # unreachable peer, relay down, ... (a bug is no retryable 502)
             raise UpstreamError(f"peer {candidate.peer_id}: {e!r}") from e
-        return PeerUpstream(resp, timeouts.idle)
+        return PeerUpstream(resp, timeouts.idle, deadline)
 
     async def aclose(self) -> None:
         return None
+
+
+def _rest_of(timeouts: Timeouts, elapsed: float) -> Timeouts:
+    """The budget left to the peer-path fallback after `elapsed` seconds on the direct path:
+    the response must still begin within connect + first_byte of the attempt's start, and
+    the attempt end within `total` (a fallback is the same attempt, not a new one)."""
+    head = max(timeouts.connect + timeouts.first_byte - elapsed, 0.001)
+    return Timeouts(connect=min(timeouts.connect, head), first_byte=head, idle=timeouts.idle,
+                    total=max(timeouts.total - elapsed, 0.001))
 
 
 class ChoosingForwarder:
@@ -129,7 +146,11 @@ class ChoosingForwarder:
     private address). When the direct connection cannot even be opened (nothing was sent),
     the same request goes through the peer network (authenticated TLS, relays), and that
     address is skipped for `direct_retry_after_s` so later requests do not pay the connect
-    timeout again."""
+    timeout again (only when the peer network did answer: when neither path does, the node is
+    down or cut off, and after a partition heals its direct address is what works). The
+    fallback is part of the same attempt: it gets what is left of connect + first_byte and
+    of total, so a node that answers on neither path costs no more than one candidate's
+    limits before the ingress tries the next."""
 
     def __init__(
         self,
@@ -162,16 +183,21 @@ class ChoosingForwarder:
                 if until > self._now():
                     return await peer.open(candidate, path, body, timeouts)
                 del self._direct_failed[addr]
+        started = time.monotonic()
         try:
             return await self._direct.open(candidate, path, body, timeouts)
         except UpstreamConnectError as exc:
+            rest = _rest_of(timeouts, time.monotonic() - started)
+            try:
+                up = await peer.open(candidate, path, body, rest)
+            except UpstreamError as peer_exc:
+                # Neither path answers: the node is down or cut off (a partition), not
+                # misadvertised; its direct address is tried first again next time.
+                raise UpstreamError(f"direct: {exc}; peer network: {peer_exc}") from peer_exc
             if len(self._direct_failed) > 4096:
                 self._direct_failed.clear()
             self._direct_failed[addr] = self._now() + self._retry_after
-            try:
-                return await peer.open(candidate, path, body, timeouts)
-            except UpstreamError as peer_exc:
-                raise UpstreamError(f"direct: {exc}; peer network: {peer_exc}") from peer_exc
+            return up
 
     async def aclose(self) -> None:
         await self._direct.aclose()

@@ -81,14 +81,21 @@ class DataPlaneSessions:
         return await asyncio.shield(fut)
 
     async def _exchange(self, peer_id: str, timeout_s: float) -> SessionKey:
+        # `timeout_s` bounds the whole exchange, the answer's body included: a connection
+        # that goes silent after the head (a partition) must not hold the request.
         sent = offer(self._key, peer_id)
+        deadline = asyncio.get_running_loop().time() + timeout_s
         try:
             resp = await self._transport.request(peer_id, "POST", SESSION_PATH, _MSGPACK,
                                                  sent.message, timeout=timeout_s)
         except NetError as exc:
             raise UpstreamConnectError(f"peer {peer_id}: no data-plane session: {exc!r}") from exc
         try:
-            body = b"".join([c async for c in resp.iter_chunks()])
+            async with asyncio.timeout_at(deadline):
+                body = b"".join([c async for c in resp.iter_chunks()])
+        except TimeoutError:
+            raise UpstreamConnectError(
+                f"peer {peer_id}: no data-plane session answer within {timeout_s} s") from None
         except NetError as exc:
             raise UpstreamError(f"peer {peer_id}: session exchange broke off: {exc!r}") from exc
         finally:
@@ -152,13 +159,17 @@ class PinnedHttpsForwarder:
 
 
 class SealedUpstream:
-    """A response read from sealed frames (see dataplane/sealing.py)."""
+    """A response read from sealed frames (see dataplane/sealing.py). Each wait for a frame
+    ends at `idle` seconds or at the attempt's `deadline` (loop time), whichever is first."""
 
-    __slots__ = ("_frames", "_idle", "_it", "_opener", "_resp", "content_type", "status")
+    __slots__ = ("_deadline", "_frames", "_idle", "_it", "_opener", "_resp", "content_type",
+                 "status")
 
-    def __init__(self, resp: PeerResponse, opener: FrameOpener, idle: float = 120.0) -> None:
+    def __init__(self, resp: PeerResponse, opener: FrameOpener, idle: float = 120.0,
+                 deadline: float | None = None) -> None:
         self._resp = resp
         self._idle = idle
+        self._deadline = deadline
         self._opener = opener
         self._it = resp.iter_chunks().__aiter__()
         self._frames: list[tuple[int, bytes]] = []
@@ -167,12 +178,19 @@ class SealedUpstream:
 
     async def _frame(self, idle: float) -> tuple[int, bytes]:
         while not self._frames:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + idle
+            if self._deadline is not None and self._deadline < until:
+                until = self._deadline
             try:
-                async with asyncio.timeout(idle):
+                async with asyncio.timeout_at(until):
                     chunk = await self._it.__anext__()
             except StopAsyncIteration:
                 raise UpstreamError("the sealed response was cut short") from None
             except TimeoutError:
+                if self._deadline is not None and until >= self._deadline:
+                    raise UpstreamError("the node's answer ran past the attempt's total "
+                                        "time limit") from None
                 raise UpstreamError(f"the node sent no data for {idle} s") from None
             except NetError as e:
                 raise UpstreamError(f"the relayed response broke off: {e!r}") from e
@@ -212,7 +230,13 @@ class SealedUpstream:
 
 
 class SealedPeerForwarder:
-    """Peer path (direct peer connection or relays): sealed end to end."""
+    """Peer path (direct peer connection or relays): sealed end to end. Every `Timeouts`
+    phase is enforced here, as on the direct path: the session exchange within `connect`,
+    the head frame within `first_byte` of sending, `idle` between frames, and `total` for
+    the whole attempt, so a peer connection that went silent (a partition: no FIN, packets
+    dropped) fails the attempt in time for the ingress to try the next candidate."""
+
+    enforces_timeouts = True
 
     enforces_timeouts = False  # (the core bounds each attempt)
 
@@ -225,29 +249,47 @@ class SealedPeerForwarder:
     ) -> SealedUpstream:
         peer = candidate.peer_id
         full = FORWARD_PREFIX + path
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeouts.total
+
+        def left(limit: float) -> float:
+            rest = deadline - loop.time()
+            if rest <= 0:
+                raise UpstreamError(f"peer {peer}: no answer within the attempt's total "
+                                    f"time limit ({timeouts.total} s)")
+            return min(limit, rest)
+
         for attempt in range(2):
-            s = self._sessions.cached(peer) or await self._sessions.get(peer, timeouts.connect)
+            s = (self._sessions.cached(peer)
+                 or await self._sessions.get(peer, left(timeouts.connect)))
             header, rid = authorize(s, full.encode(), b"", time.time())
             prefix = header[: header.rindex(b".")]
             sealed = seal_body(s.key, rid, prefix + b"\n" + full.encode(), body)
             headers: Sequence[tuple[str, str]] = (
                 ("content-type", "application/octet-stream"),
                 (AUTH_HEADER.lower(), header.decode()), *downstream_pairs())
+            first_by = min(loop.time() + timeouts.first_byte, deadline)
             try:
                 resp = await self._transport.request(peer, "POST", full, headers, sealed,
-                                                     timeout=timeouts.first_byte)
+                                                     timeout=left(timeouts.first_byte))
             except NetError as e:
                 raise UpstreamError(f"peer {peer}: {e!r}") from e
             if resp.status == 401 and not attempt:
-                data = b"".join([c async for c in resp.iter_chunks()])
-                await resp.aclose()
+                try:
+                    async with asyncio.timeout_at(first_by):
+                        data = b"".join([c async for c in resp.iter_chunks()])
+                except TimeoutError:
+                    raise UpstreamError(f"peer {peer} sent no answer within "
+                                        f"{timeouts.first_byte} s") from None
+                finally:
+                    await resp.aclose()
                 if not _session_refused(401, data):
                     raise UpstreamError(f"peer {peer} refused the request: {data[:200]!r}")
                 self._sessions.drop(peer, s)
                 continue
-            up = SealedUpstream(resp, FrameOpener(s.key, rid), timeouts.idle)
+            up = SealedUpstream(resp, FrameOpener(s.key, rid), timeouts.idle, deadline)
             try:
-                await up.start(timeouts.first_byte)
+                await up.start(max(first_by - loop.time(), 0.0))
             except BaseException:
                 await up.aclose()
                 raise

@@ -20,6 +20,11 @@ class TransportConfig:
     # includes the answering peer's probe dial (connect + TLS + peer handshake).
     internal_timeout: float = 90.0
     keepalive: float = 15.0
+    # A request that timed out on a connection makes it send a PING; a connection that then
+    # receives nothing at all for this long is closed as dead (no FIN: a partition) instead
+    # of after 3 keep-alive intervals. Generous: a CPU-starved peer answers late, and closing
+    # a live connection fails the requests in flight on it.
+    probe_timeout: float = 5.0
     max_pending_per_peer: int = 64  # datagrams queued while a connection is being set up
     direct_retry_after: float = 30.0  # after a failed direct dial, use relays for this long
     backoff_base: float = 0.5

@@ -74,6 +74,7 @@ class PeerConnection:
         dialled: bool,
         clock: Clock,
         keepalive: float = 15.0,
+        probe: float | None = None,
     ) -> None:
         self.owner = owner
         self.peer_id = peer_id
@@ -82,7 +83,11 @@ class PeerConnection:
         self._writer = writer
         self._clock = clock
         self._keepalive = keepalive
+        self._probe = probe  # see `watch`
         self._last_rx = clock.now()
+        self.rx_reads = 0  # reads that returned bytes (a probe's evidence of life)
+        self._probing = False
+        self._watching = False
         self.last_used = self._last_rx  # last datagram/request frame either way (not pings)
         self._closing = False
         # The connection ended without a CLOSE frame from the peer and without us closing it
@@ -222,6 +227,7 @@ class PeerConnection:
                     break
                 stats.bytes_received += len(data)
                 self._last_rx = self._clock.now()
+                self.rx_reads += 1
                 for frame in self._framed.decoder.feed(data):
                     self._dispatch(frame.type, frame.payload)
                     if self._closing:
@@ -276,6 +282,46 @@ class PeerConnection:
                 self._begin_close()  # peer silent for 3 intervals: dead
                 return
             self.send_frame(FrameType.PING, b"")
+
+    def watch(self) -> None:
+        """A request of ours is about to wait on this connection: while any does, silence
+        longer than `probe` makes the connection probe itself, so a dead one (the answer's
+        head came, then the partition) fails its requests in seconds, not 3 keep-alives."""
+        if self._probe is not None and not self._watching and not self._closing:
+            self._watching = True
+            self.spawn(self._watch_loop(self._probe))
+
+    async def _watch_loop(self, probe: float) -> None:
+        try:
+            while True:
+                await self._clock.sleep(probe / 2)
+                if self._closing or self.client.open_streams == 0:
+                    return
+                if self._clock.now() - self._last_rx >= probe:
+                    self.probe(probe)
+        finally:
+            self._watching = False
+
+    def probe(self, within: float) -> None:
+        """A request on this connection got no answer in time: send a PING, and if nothing at
+        all arrives within `within` seconds, the connection is dead without a FIN (a
+        partition, a host gone): close it now rather than after 3 keep-alive intervals, so
+        later requests dial again instead of queueing on it. One probe at a time."""
+        if self._closing or self._probing:
+            return
+        self._probing = True
+        self.send_frame(FrameType.PING, b"")
+        self.spawn(self._probe_wait(self.rx_reads, within))
+
+    async def _probe_wait(self, reads: int, within: float) -> None:
+        try:
+            await self._clock.sleep(within)
+        finally:
+            self._probing = False
+        if not self._closing and self.rx_reads == reads:
+            self.lost = True
+            self.owner.stats.drop("probe_unanswered")
+            self._begin_close()
 
     # -- closing -----------------------------------------------------------------------------
     def close_if_idle(self) -> bool:

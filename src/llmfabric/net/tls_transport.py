@@ -213,10 +213,16 @@ class TlsTransport(RelayMethods):
     async def _send_on(
         self, conn: PeerConnection, method: str, path: str, headers: Headers, body: Body
     ) -> tuple[int, Headers, BodyStream]:
+        conn.watch()
         try:
             status, rh, stream, _ = await conn.client.request(
                 method, path, conn.peer_id, headers, body
             )
+        except asyncio.CancelledError:
+            # The caller's timeout (or the caller) gave up waiting: make sure the connection
+            # is not silently dead, or every later request would wait on it too.
+            conn.probe(self.config.probe_timeout)
+            raise
         except PeerClosed:
             # The peer closed this idle connection before it saw the request: nothing was
             # processed, so send it once more on a fresh connection (bytes bodies only).
@@ -348,6 +354,7 @@ class TlsTransport(RelayMethods):
                 dialled=False,
                 clock=self.clock,
                 keepalive=self.config.keepalive,
+                probe=self.config.probe_timeout,
             )
         )
 
@@ -393,6 +400,7 @@ class TlsTransport(RelayMethods):
             dialled=True,
             clock=self.clock,
             keepalive=self.config.keepalive,
+            probe=self.config.probe_timeout,
         )
 
     async def probe(self, addr: str, expected: str) -> None:
