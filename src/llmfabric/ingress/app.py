@@ -59,9 +59,9 @@ from llmfabric.ingress.usage import (
 )
 from llmfabric.ingress.web_sink import WebSink, web_response
 from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.errors import InvalidConstraintError
+from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
 from llmfabric.routing.policies import make_policy
-from llmfabric.routing.prefix import routing_keys
+from llmfabric.routing.prefix import SESSION_HEADER, routing_keys, session_header
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
@@ -141,7 +141,7 @@ class Ingress:
         sink = WebSink(request)
         reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.api.serve(
             request.path, auth, h.get("X-Fabric-Providers"), lambda: self._read_body(request),
-            sink))
+            sink, h.get(SESSION_HEADER)))
         if reply is None:
             return sink.response if sink.response is not None else web.StreamResponse()
         return web_response(reply)
@@ -164,7 +164,7 @@ class Ingress:
         h = request.headers
         reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.serve(
             path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
-            lambda: self._read_body(request), sink,
+            lambda: self._read_body(request), sink, h.get(SESSION_HEADER),
         ))
         if reply is None:
             return sink.response if sink.response is not None else web.StreamResponse()
@@ -245,20 +245,22 @@ class Ingress:
 
     async def serve(
         self, path: str, streamable: bool, authorization: str, providers: str | None,
-        body_in: bytes | BodyReader, sink: StreamSink,
+        body_in: bytes | BodyReader, sink: StreamSink, session_id: str | None = None,
     ) -> Reply | None:
         """One OpenAI POST, transport-agnostic: a complete `Reply`, or None when the
-        response was streamed into `sink` (status 200)."""
+        response was streamed into `sink` (status 200). `session_id`: the X-Session-Id
+        header as received (validated here)."""
+        args = (path, streamable, authorization, providers, body_in, sink, session_id)
         if (gate := self.gate) is None:
-            return await self._serve(path, streamable, authorization, providers, body_in, sink)
+            return await self._serve(*args)
         try:  # (however it ends, the request's queue slot and budget hold are settled)
-            return await self._serve(path, streamable, authorization, providers, body_in, sink)
+            return await self._serve(*args)
         finally:
             gate.settle()
 
     async def _serve(
         self, path: str, streamable: bool, authorization: str, providers: str | None,
-        body_in: bytes | BodyReader, sink: StreamSink,
+        body_in: bytes | BodyReader, sink: StreamSink, session_id: str | None,
     ) -> Reply | None:
         t0 = _perf()
         tr = current_trace()
@@ -300,8 +302,11 @@ class Ingress:
                                 "metadata")
         header = providers
         prefix = self._prefix(doc) if self.policy.needs_prefix else ""
-        # Block keys and conversation key for the cache/session policies (routing/prefix.py).
-        blocks, session = routing_keys(doc) if self._needs_blocks else ((), "")
+        try:  # Block keys and conversation key for the cache/session policies (prefix.py).
+            sid = session_header(session_id)
+        except InvalidSessionIdError as e:
+            return self._refuse(model, 400, str(e), "invalid_session_id", SESSION_HEADER)
+        blocks, session = routing_keys(doc, sid) if self._needs_blocks else ((), "")
         if meta or header is not None or prefix or blocks or session:
             try:
                 rreq = route_request(model, providers_header=header, metadata=meta,
