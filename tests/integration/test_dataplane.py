@@ -27,6 +27,7 @@ from llmfabric.ingress.forward_secure import (
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
+from llmfabric.ingress.node_hop import NodeHop
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
@@ -52,14 +53,17 @@ class EchoEngine:
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    async def serve_body(self, path: str, body: bytes, *_: object) -> HandlerResponse:
+    async def serve_body(self, path: str, body: bytes, traceparent: str | None = None
+                         ) -> HandlerResponse:
         self.bodies.append(body)
 
         async def gen() -> AsyncIterator[bytes]:
             for i in range(3):
                 yield b"data: " + orjson.dumps({"i": i, "echo": body.decode()}) + b"\n\n"
 
-        return HandlerResponse(200, (("content-type", "text/event-stream"),), gen())
+        # (as EngineLink does for a traced request: its time, passed on outside the seal)
+        return HandlerResponse(200, (("content-type", "text/event-stream"),
+                                     ("x-fabric-node-time", "1.5")), gen())
 
     async def handle_http(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -88,7 +92,7 @@ class Spy:
 class SpiedResponse:
     def __init__(self, spy: Spy, resp: Any, flip: bool) -> None:
         self.spy, self.resp, self.flip = spy, resp, flip
-        self.status, self.headers = resp.status, resp.headers
+        self.status, self.headers, self.via = resp.status, resp.headers, resp.via
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         async for c in self.resp.iter_chunks():
@@ -239,6 +243,7 @@ async def test_relayed_path_is_sealed_end_to_end(flip: bool) -> None:
             return
         up = await fwd.open(c, PATH, body(), T)
         assert up.status == 200 and up.content_type == "text/event-stream"
+        assert up.hop == NodeHop(1.5, relay_id)  # (what the trace shows: node time, via relay)
         got = b"".join([x async for x in up.chunks()])
         await up.aclose()
         assert got.count(b"data: ") == 3 and PROMPT.encode() in got

@@ -46,6 +46,7 @@ KEY = "sk-good"
 @dataclass
 class _PeerResp:
     up: HttpUpstream
+    via: str | None = "relay-1"  # (the FakePeerNetwork stands for a relayed path)
 
     @property
     def status(self) -> int:

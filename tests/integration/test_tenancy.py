@@ -103,7 +103,7 @@ async def test_concurrent_requests_cannot_overspend_a_budget(tmp_path: Path) -> 
                 async with http.put(f"{base}/v1/fabric/budgets/owner/alice", json=bad,
                                     headers={"Authorization": f"Bearer {admin}"}) as r:
                     assert r.status == 400
-            async with http.put(f"{base}/v1/fabric/budgets/team/x", json={"tokens": 5},
+            async with http.put(f"{base}/v1/fabric/budgets/group/x", json={"tokens": 5},
                                 headers={"Authorization": f"Bearer {admin}"}) as r:
                 assert r.status == 400
 
@@ -290,6 +290,73 @@ async def test_a_spend_budget_refuses_once_the_priced_usage_reaches_it(tmp_path:
                 assert (await r.json())["data"] == [
                     {"model": "m", "prompt_usd_per_mtok": 1000.0,
                      "completion_usd_per_mtok": 3000.0}]
+    finally:
+        for r in reversed(runners):
+            await r.cleanup()
+        await store.aclose()
+
+
+async def test_a_team_budget_binds_every_owner_in_the_team(tmp_path: Path) -> None:
+    store, engine, app, port, runners = await _fabric(tmp_path)
+    engine.open.set()
+    try:
+        _, admin = await store.create_key("root", "admin", admin=True)
+        _, alice = await store.create_key("app", "alice")
+        _, bob = await store.create_key("app", "bob")
+        _, carol = await store.create_key("app", "carol")
+        ingress: Ingress = app[INGRESS_KEY]
+        parts = await attach_tenancy(ingress, store)
+        add_tenancy_routes(app, store, parts.budgets)
+        runners.append(await serve(app, port))
+        base = f"http://127.0.0.1:{port}"
+        adm = {"Authorization": f"Bearer {admin}"}
+        per_request = reservation({"model": "m", "messages": MSG, "max_tokens": 100})
+        async with aiohttp.ClientSession() as http:
+            for owner in ("alice", "bob"):
+                async with http.put(f"{base}/v1/fabric/teams/{owner}", headers=adm,
+                                    json={"team": "nlp"}) as r:
+                    assert r.status == 200 and await r.json() == {"owner": owner, "team": "nlp"}
+            for bad in ({"team": ""}, {"team": "x" * 201}, {"team": "a", "more": 1}, {}):
+                async with http.put(f"{base}/v1/fabric/teams/carol", headers=adm,
+                                    json=bad) as r:
+                    assert r.status == 400
+            async with http.put(f"{base}/v1/fabric/teams/carol", json={"team": "nlp"},
+                                headers={"Authorization": f"Bearer {carol}"}) as r:
+                assert r.status == 403  # only an admin groups owners
+            async with http.put(f"{base}/v1/fabric/budgets/team/nlp", headers=adm,
+                                json={"tokens": per_request + 11, "period": "day"}) as r:
+                assert r.status == 200 and (await r.json())["scope"] == "team"
+            # (a request reserves `per_request`, then settles to the 7 + 4 tokens it used:
+            # the first two fit, the third's reservation would pass the budget)
+
+            async def chat(key: str) -> int:
+                async with http.post(f"{base}/v1/chat/completions", json={
+                        "model": "m", "messages": MSG, "max_tokens": 100},
+                        headers={"Authorization": f"Bearer {key}"}) as r:
+                    body = await r.json()
+                    if r.status == 429:
+                        assert body["error"]["code"] == "insufficient_quota"
+                        assert "team 'nlp'" in body["error"]["message"]
+                        assert int(r.headers["Retry-After"]) >= 1
+                    return r.status
+
+            # alice and bob share the team's budget: two requests in all, then refusals
+            assert [await chat(alice), await chat(bob), await chat(alice), await chat(bob)] == [
+                200, 200, 429, 429]
+            assert await chat(carol) == 200  # not in the team
+            async with http.get(f"{base}/v1/fabric/budgets",
+                                headers={"Authorization": f"Bearer {bob}"}) as r:
+                [row] = (await r.json())["data"]  # bob sees his team's budget
+            assert row["scope"] == "team" and row["spent"] == 2 * 11
+            async with http.get(f"{base}/v1/fabric/teams",
+                                headers={"Authorization": f"Bearer {bob}"}) as r:
+                assert (await r.json())["data"] == [{"owner": "bob", "team": "nlp"}]
+            async with http.delete(f"{base}/v1/fabric/teams/bob", headers=adm) as r:
+                assert r.status == 200
+            async with http.delete(f"{base}/v1/fabric/teams/bob", headers=adm) as r:
+                assert r.status == 404
+            assert await chat(bob) == 200  # out of the team: its budget no longer binds him
+            assert await chat(alice) == 429
     finally:
         for r in reversed(runners):
             await r.cleanup()

@@ -123,6 +123,13 @@ async def test_traceparent_crosses_every_hop_on_both_fronts() -> None:
         names = [s["name"] for s in spans]
         assert {"auth", "route", "forward"} <= set(names)
         assert ("stream" in names) == bool(root["attrs"]["stream"])
+        # The node's hop (X-Fabric-Node-Time) sits under the attempt's forward span,
+        # inside it (clamped at the ingress), on both fronts and both kinds of request.
+        [forward] = [s for s in spans if s["name"] == "forward"]
+        [node] = [s for s in spans if s["name"] == "node"]
+        assert node["parent_id"] == forward["span_id"]
+        assert forward["start_ms"] <= node["start_ms"] <= node["end_ms"] <= forward["end_ms"]
+        assert node["attrs"]["reported_ms"] >= 0 and "via" not in attempt["attrs"]
         for s in spans:
             assert 0 <= s["start_ms"] <= s["end_ms"] <= root["end_ms"] + 0.001
 

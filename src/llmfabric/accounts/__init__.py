@@ -15,13 +15,13 @@ Files:
   bootstrap.py  ensure_admin_key (the admin key file an ingress or demo starts with),
                 default paths ($LLMFABRIC_DB, $LLMFABRIC_HOME, ~/.llmfabric)
   http.py       add_account_routes: /v1/fabric/keys and /v1/fabric/usage for the ingress
-  budgets.py    BudgetBook: token or spend (USD) budgets per key/owner per UTC day/month,
-                enforced with reservations (no overspend by concurrent requests);
-                BudgetStore (tables budgets, model_prices)
+  budgets.py    BudgetBook: token or spend (USD) budgets per key/owner/team per UTC
+                day/month, enforced with reservations (no overspend by concurrent
+                requests); BudgetStore (tables budgets, owner_teams, model_prices)
   prices.py     Price: USD per million prompt/completion tokens per model (spend budgets)
   fairqueue.py  FairQueue: per-owner fair queueing (virtual token counters) past a capacity
   export.py     usage export (ExportFilter, CSV/JSON rendering)
-  tenancy_http.py add_tenancy_routes: /v1/fabric/budgets, /v1/fabric/prices and
+  tenancy_http.py add_tenancy_routes: /v1/fabric/budgets, /v1/fabric/teams, /v1/fabric/prices and
                 /v1/fabric/usage/export
   errors.py     AccountsError hierarchy (RateLimited carries retry_after_s)
 """

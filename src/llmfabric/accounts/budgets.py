@@ -1,4 +1,6 @@
-"""Budgets per key and per owner, per UTC day or month, in tokens or in spend (USD, from
+"""Budgets per key, per owner and per team (a named group of owners: each owner belongs to
+at most one, so a key counts against its own, its owner's and its owner's team's budget),
+per UTC day or month, in tokens or in spend (USD, from
 the per-model prices in accounts/prices.py), enforced with reservations.
 
 A request reserves its worst case (prompt estimate + max_tokens) before it is forwarded and
@@ -8,7 +10,8 @@ requests can never together overspend a budget (the race that a check-then-recor
 loses). A refusal carries the real wait: the seconds until the period's budget renews.
 
 Pure state on an injected wall clock; `BudgetStore` persists budgets (table `budgets`) and
-seeds this period's spending from the usage ledger at start.
+team memberships (table `owner_teams`) and seeds this period's spending from the usage
+ledger at start.
 """
 
 from __future__ import annotations
@@ -22,15 +25,15 @@ from llmfabric.accounts.errors import InvalidRequest
 from llmfabric.accounts.prices import Price, price_of
 
 PERIODS = ("day", "month")
-SCOPES = ("key", "owner")
+SCOPES = ("key", "owner", "team")
 UNITS = ("tokens", "usd")
 MAX_BUDGET_TOKENS = 10**15  # also the cap in micro-USD (a billion dollars)
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    scope: str  # "key" or "owner"
-    name: str  # the key id or the owner name
+    scope: str  # "key", "owner" or "team"
+    name: str  # the key id, the owner name or the team name
     limit: int  # allowed per period: tokens, or micro-USD for unit "usd"
     period: str  # "day" or "month" (UTC)
     unit: str = "tokens"
@@ -112,6 +115,7 @@ class BudgetBook:
         self.spent: dict[tuple[str, str, str], int] = {}  # (scope, name, period id) -> tokens
         self.held: dict[tuple[str, str, str], int] = {}
         self.prices: dict[str, Price] = {}  # model ("*": any other) -> price (spend budgets)
+        self.teams: dict[str, str] = {}  # owner -> its team (owners without one: absent)
 
     def set(self, budget: Budget) -> None:
         self.budgets[(budget.scope, budget.name)] = budget
@@ -121,7 +125,10 @@ class BudgetBook:
 
     def _applicable(self, key_id: str, owner: str) -> list[Budget]:
         out = []
-        for scope, name in (("key", key_id), ("owner", owner)):
+        team = self.teams.get(owner)
+        for scope, name in (("key", key_id), ("owner", owner), ("team", team)):
+            if name is None:
+                continue
             b = self.budgets.get((scope, name))
             if b is not None:
                 out.append(b)
@@ -130,7 +137,7 @@ class BudgetBook:
     def reserve(self, key_id: str, owner: str, estimate: int, cost_micros: int = 0
                 ) -> Hold | OverBudget:
         """Reserve `estimate` tokens (or `cost_micros` on spend budgets) on every budget of
-        the key and its owner, or refuse."""
+        the key, its owner and the owner's team, or refuse."""
         budgets = self._applicable(key_id, owner)
         if not budgets:
             return Hold([])
@@ -190,7 +197,17 @@ class BudgetBook:
         return out
 
 
+def validate_team(owner: str, team: str) -> tuple[str, str]:
+    """An owner's team membership: both names 1..200 characters."""
+    for what, name in (("owner", owner), ("team", team)):
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise InvalidRequest(f"{what} name must be 1..200 characters")
+    return owner, team
+
+
 _TABLES = (
+    """CREATE TABLE IF NOT EXISTS owner_teams (
+    owner TEXT PRIMARY KEY, team TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS budgets (
     scope TEXT NOT NULL, name TEXT NOT NULL, amount BIGINT NOT NULL, period TEXT NOT NULL,
     unit TEXT NOT NULL, PRIMARY KEY (scope, name))""",
@@ -201,6 +218,13 @@ _TABLES = (
 _UPSERT = """INSERT INTO budgets (scope, name, amount, period, unit) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (scope, name) DO UPDATE SET amount = excluded.amount, period = excluded.period,
     unit = excluded.unit"""
+_UPSERT_TEAM = """INSERT INTO owner_teams (owner, team) VALUES (?, ?)
+ON CONFLICT (owner) DO UPDATE SET team = excluded.team"""
+_SPENT_BY = {  # which ledger rows count for a budget of each scope
+    "key": "u.key_id = ?",
+    "owner": "k.owner = ?",
+    "team": "k.owner IN (SELECT owner FROM owner_teams WHERE team = ?)",
+}
 _UPSERT_PRICE = """INSERT INTO model_prices (model, prompt_usd_per_mtok,
     completion_usd_per_mtok) VALUES (?, ?, ?)
 ON CONFLICT (model) DO UPDATE SET prompt_usd_per_mtok = excluded.prompt_usd_per_mtok,
@@ -222,18 +246,22 @@ class BudgetStore:
         for model, pp, cp in await self._db.fetchall(
                 "SELECT model, prompt_usd_per_mtok, completion_usd_per_mtok FROM model_prices"):
             self.book.prices[str(model)] = Price(float(pp), float(cp))
+        for owner, team in await self._db.fetchall("SELECT owner, team FROM owner_teams"):
+            self.book.teams[str(owner)] = str(team)
         for scope, name, amount, period, unit in await self._db.fetchall(
                 "SELECT scope, name, amount, period, unit FROM budgets"):
             self.book.set(Budget(str(scope), str(name), int(amount), str(period), str(unit)))
         now = self.book.wall()
         for b in list(self.book.budgets.values()):
             pid, _ = period_of(b.period, now)
-            col = "u.key_id" if b.scope == "key" else "k.owner"
+            if b.scope not in _SPENT_BY:
+                continue  # (a row no version of this code wrote)
             rows = await self._db.fetchall(
                 "SELECT u.model, COALESCE(SUM(u.prompt_tokens), 0), "
                 "COALESCE(SUM(u.completion_tokens), 0) FROM usage_daily u "
                 "LEFT JOIN api_keys k ON k.id = u.key_id "
-                f"WHERE {col} = ? AND u.day LIKE ? GROUP BY u.model", (b.name, pid + "%"))
+                f"WHERE {_SPENT_BY[b.scope]} AND u.day LIKE ? GROUP BY u.model",
+                (b.name, pid + "%"))
             for model, prompt, completion in rows:
                 self.book.charge(b.scope, b.name, pid, self.book.amount(
                     b.unit, str(model), int(prompt), int(completion)))
@@ -247,6 +275,16 @@ class BudgetStore:
         await self._db.execute("DELETE FROM budgets WHERE scope = ? AND name = ?",
                                (scope, name))
         return self.book.remove(scope, name)
+
+    async def put_team(self, owner: str, team: str) -> None:
+        """Put `owner` in `team` (moving it out of any other). What the owner spent before
+        counts for its new team from the next start on (the ledger has no team column)."""
+        await self._db.execute(_UPSERT_TEAM, validate_team(owner, team))
+        self.book.teams[owner] = team
+
+    async def delete_team(self, owner: str) -> bool:
+        await self._db.execute("DELETE FROM owner_teams WHERE owner = ?", (owner,))
+        return self.book.teams.pop(owner, None) is not None
 
     async def put_price(self, model: str, price: Price) -> None:
         await self._db.execute(_UPSERT_PRICE, (model, price.prompt_usd_per_mtok,

@@ -1,13 +1,19 @@
 """HTTP routes for budgets and usage export that the ingress mounts (docs/accounts.md):
 
     GET    /v1/fabric/budgets                 budgets with this period's spent and held
-                                              amounts (admin: all; others: own key's, owner's)
-    PUT    /v1/fabric/budgets/{scope}/{name}  {tokens | usd, period: day|month} (admin)
+                                              amounts (admin: all; others: own key's,
+                                              owner's, owner's team's)
+    PUT    /v1/fabric/budgets/{scope}/{name}  {tokens | usd, period: day|month} (admin;
+                                              scope: key | owner | team)
     DELETE /v1/fabric/budgets/{scope}/{name}  (admin)
     GET    /v1/fabric/prices                  model prices for spend budgets
     PUT    /v1/fabric/prices/{model}          {prompt_usd_per_mtok, completion_usd_per_mtok}
                                               (admin; model "*": every unpriced model)
     DELETE /v1/fabric/prices/{model}          (admin)
+    GET    /v1/fabric/teams                   owner -> team (admin: all; others: own)
+    PUT    /v1/fabric/teams/{owner}           {team} (admin): the owner's keys also count
+                                              against the team's budgets
+    DELETE /v1/fabric/teams/{owner}           (admin)
     GET    /v1/fabric/usage/export?format=csv|json&key_id=&owner=&model=&since=&until=
                                               (non-admin keys: their owner's rows only)
 """
@@ -32,6 +38,11 @@ class BudgetBody(pydantic.BaseModel):
     tokens: int | None = pydantic.Field(default=None, gt=0)
     usd: float | None = pydantic.Field(default=None, gt=0, allow_inf_nan=False)
     period: str = "day"
+
+
+class TeamBody(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    team: str = pydantic.Field(min_length=1, max_length=200)
 
 
 class PriceBody(pydantic.BaseModel):
@@ -66,8 +77,10 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
             return me
         rows = budgets.book.status() if budgets is not None else []
         if not me.admin:
-            rows = [r for r in rows if (r["scope"], r["name"]) in (("key", me.id),
-                                                                   ("owner", me.owner))]
+            mine = {("key", me.id), ("owner", me.owner)}
+            if budgets is not None and me.owner in budgets.book.teams:
+                mine.add(("team", budgets.book.teams[me.owner]))
+            rows = [r for r in rows if (r["scope"], r["name"]) in mine]
         return _json({"object": "list", "enforced": budgets is not None, "data": rows})
 
     async def admin_budget(request: web.Request, *names: str) -> web.Response | tuple[str, ...]:
@@ -163,6 +176,41 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
             return _err(404, f"no price for model {got[0]!r}", "price_not_found")
         return _json({"model": got[0], "deleted": True})
 
+    async def list_teams(request: web.Request) -> web.Response:
+        me = await caller(request)
+        if isinstance(me, web.Response):
+            return me
+        teams = budgets.book.teams if budgets is not None else {}
+        rows = [{"owner": o, "team": t} for o, t in sorted(teams.items())
+                if me.admin or o == me.owner]
+        return _json({"object": "list", "data": rows})
+
+    async def put_team(request: web.Request) -> web.Response:
+        got = await admin_budget(request, "owner")
+        if isinstance(got, web.Response):
+            return got
+        assert budgets is not None
+        try:
+            body = TeamBody.model_validate_json(await request.read())
+            await budgets.put_team(got[0], body.team)
+        except pydantic.ValidationError:
+            return _err(400, "a team membership is {team: 1..200 characters}", "invalid_body")
+        except InvalidRequest as exc:
+            return _err(400, str(exc), "invalid_body")
+        return _json({"owner": got[0], "team": body.team})
+
+    async def delete_team(request: web.Request) -> web.Response:
+        got = await admin_budget(request, "owner")
+        if isinstance(got, web.Response):
+            return got
+        assert budgets is not None
+        if not await budgets.delete_team(got[0]):
+            return _err(404, f"owner {got[0]!r} is in no team", "team_not_found")
+        return _json({"owner": got[0], "deleted": True})
+
+    app.router.add_get("/v1/fabric/teams", list_teams)
+    app.router.add_put("/v1/fabric/teams/{owner}", put_team)
+    app.router.add_delete("/v1/fabric/teams/{owner}", delete_team)
     app.router.add_get("/v1/fabric/prices", list_prices)
     app.router.add_put("/v1/fabric/prices/{model}", put_price)
     app.router.add_delete("/v1/fabric/prices/{model}", delete_price)

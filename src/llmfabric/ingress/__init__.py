@@ -5,6 +5,9 @@ one HTTP server for the OpenAI routes (the lean front), one upstream client
 
 Files:
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
+- stream_attempt.py: `attempt_stream` (one streamed attempt: open, first chunk, relay into
+  the sink with usage scanning), `Committed` / `Resumable` (how a cut stream ended),
+  `RETRYABLE_STATUS`.
 - pd_path.py: `PDPath`, the two-phase request of prefill/decode disaggregation (prefill with
   vLLM's `kv_transfer_params`, then the decode carrying the KV handle; retries per phase).
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
@@ -64,10 +67,13 @@ Files:
 - tracecontext.py: W3C `traceparent` parsing/formatting (`parse_traceparent`, hostile input
   -> None: a new trace starts).
 - tracing.py: `Tracer` (ring of the last N traces), `RequestTrace` (spans: auth, queue,
-  route, attempt -> forward/stream), `traced(...)` (run by the fronts), `current_trace()`,
-  `downstream_header()` / `downstream_pairs()` (what forwarders send on as `traceparent`).
+  route, attempt -> forward (-> node) / stream; `via=relay`), `traced(...)` (run by the
+  fronts), `current_trace()`, `downstream_header()` / `downstream_pairs()` (what forwarders
+  send on as `traceparent`).
 - otlp.py: `OtlpExporter` (OTLP/HTTP JSON, batched, bounded, off by default),
   `exporter_from_env` (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).
+- node_hop.py: `NodeHop` (`Upstream.hop`: the node's reported time, the relay passed),
+  `X-Fabric-Node-Time` (`parse_node_time`, validated; `node_time_value`, the node side).
 - node_spans.py: `TracedUpstream`, the provider node's `node.engine` span of a traced
   request (exported when the node has an OTLP exporter).
 - trace_routes.py: `traces_handler` (GET /v1/fabric/traces, admin keys).

@@ -69,12 +69,13 @@ class ApiRoutes:
         self.native = frozenset(ingress.config.native_responses_models)
 
     async def serve(self, path: str, authorization: str, providers: str | None,
-                    body_in: bytes | BodyReader, sink: StreamSink) -> Reply | None:
+                    body_in: bytes | BodyReader, sink: StreamSink,
+                    session_id: str | None = None) -> Reply | None:
         """One request to an EXTRA_POST_PATHS path: a complete Reply, or None when the
-        response was streamed into `sink`."""
+        response was streamed into `sink`. `session_id`: the X-Session-Id header."""
         if path in PASSTHROUGH_PATHS:
             return await self.ingress.serve(PASSTHROUGH_ROUTES[path], False, authorization,
-                                            providers, body_in, sink)
+                                            providers, body_in, sink, session_id)
         if isinstance(body_in, bytes):
             body = body_in
         else:  # the aiohttp front reads lazily; the key goes first
@@ -86,19 +87,19 @@ class ApiRoutes:
                 return self._shape(path, got)
             body = got
         if path == RESPONSES:
-            return await self._responses(authorization, providers, body, sink)
-        return await self._messages(authorization, providers, body, sink)
+            return await self._responses(authorization, providers, body, sink, session_id)
+        return await self._messages(authorization, providers, body, sink, session_id)
 
     # -- /v1/responses ---------------------------------------------------------------------
 
     async def _responses(self, authorization: str, providers: str | None, body: bytes,
-                         sink: StreamSink) -> Reply | None:
+                         sink: StreamSink, session_id: str | None) -> Reply | None:
         try:
             doc = _object(body)
             refuse_stateful(doc)
             if self._is_native(doc.get("model")):
                 return await self.ingress.serve(NATIVE_RESPONSES_PATH, True, authorization,
-                                                providers, body, sink)
+                                                providers, body, sink, session_id)
             chat = responses_to_chat(doc)
         except TranslationError as e:
             return await self._refused(authorization, RESPONSES, 400, str(e), e.code, e.param)
@@ -106,7 +107,7 @@ class ApiRoutes:
         ts = ResponsesStream(sink, doc, self.ingress.config.max_sse_line_bytes) if stream \
             else None
         reply = await self.ingress.serve(CHAT, True, authorization, providers,
-                                         orjson.dumps(chat), ts or sink)
+                                         orjson.dumps(chat), ts or sink, session_id)
         return _translate(reply, ts, lambda d: chat_to_response(d, doc), RESPONSES)
 
     def _is_native(self, model: Any) -> bool:
@@ -116,7 +117,7 @@ class ApiRoutes:
     # -- /v1/messages ----------------------------------------------------------------------
 
     async def _messages(self, authorization: str, providers: str | None, body: bytes,
-                        sink: StreamSink) -> Reply | None:
+                        sink: StreamSink, session_id: str | None) -> Reply | None:
         try:
             doc = _object(body)
             chat = messages_to_chat(doc)
@@ -126,7 +127,7 @@ class ApiRoutes:
         ms = MessagesStream(sink, doc, self.ingress.config.max_sse_line_bytes) if stream \
             else None
         reply = await self.ingress.serve(CHAT, True, authorization, providers,
-                                         orjson.dumps(chat), ms or sink)
+                                         orjson.dumps(chat), ms or sink, session_id)
         return _translate(reply, ms, lambda d: chat_to_message(d, doc), MESSAGES)
 
     # -- errors ----------------------------------------------------------------------------

@@ -13,10 +13,9 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -27,12 +26,11 @@ from llmfabric.ingress.api_routes import (
 )
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.continuation import (
-    RecordingScanner,
     RelayRecorder,
     continuation_wanted,
     continue_stream,
 )
-from llmfabric.ingress.errors import Reply, UpstreamError, error_body, error_reply
+from llmfabric.ingress.errors import Reply, UpstreamError, error_reply
 from llmfabric.ingress.metrics import IngressMetrics
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.pd_path import FALLBACK, PDPath
@@ -43,44 +41,35 @@ from llmfabric.ingress.protocols import (
     Forwarder,
     Principal,
     StreamSink,
-    Upstream,
     UsageSink,
 )
 from llmfabric.ingress.sources import merged_catalog
+from llmfabric.ingress.stream_attempt import (
+    RETRYABLE_STATUS,
+    Committed,
+    Resumable,
+    attempt_stream,
+)
 from llmfabric.ingress.tenancy import TenancyGate
 from llmfabric.ingress.tracing import Tracer, current_trace, traced
 from llmfabric.ingress.usage import (
-    StreamUsageScanner,
     Usage,
     estimate_completion_from_body,
     estimate_prompt_tokens,
-    relayed_usage,
     usage_from_body,
 )
 from llmfabric.ingress.web_sink import WebSink, web_response
 from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.errors import InvalidConstraintError
+from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
 from llmfabric.routing.policies import make_policy
-from llmfabric.routing.prefix import routing_keys
+from llmfabric.routing.prefix import SESSION_HEADER, routing_keys, session_header
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
 
-# Upstream statuses worth another candidate (overloaded, failing or gone engines).
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
 _USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-_CLIENT_GONE = (ConnectionResetError, ConnectionError)
 _perf = time.perf_counter
-
-
-class _Committed(Exception):
-    """Internal: a stream failed after bytes reached the client (not retryable)."""
-
-
-class _Resumable(Exception):
-    """Internal: a stream failed after bytes reached the client; continuation may resume it
-    (ingress/continuation.py). The sink is still open."""
 
 
 class Ingress:
@@ -117,7 +106,7 @@ class Ingress:
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._duration = sim_rate()  # request duration estimate for walltime routing
         self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
-        self.pd = PDPath(self, _Committed, rng)  # prefill/decode disaggregation (pd_path.py)
+        self.pd = PDPath(self, Committed, rng)  # prefill/decode disaggregation (pd_path.py)
         self.tracer = Tracer(config.keep_traces) if config.keep_traces > 0 else None
         self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy.py)
 
@@ -141,7 +130,7 @@ class Ingress:
         sink = WebSink(request)
         reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.api.serve(
             request.path, auth, h.get("X-Fabric-Providers"), lambda: self._read_body(request),
-            sink))
+            sink, h.get(SESSION_HEADER)))
         if reply is None:
             return sink.response if sink.response is not None else web.StreamResponse()
         return web_response(reply)
@@ -164,7 +153,7 @@ class Ingress:
         h = request.headers
         reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.serve(
             path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
-            lambda: self._read_body(request), sink,
+            lambda: self._read_body(request), sink, h.get(SESSION_HEADER),
         ))
         if reply is None:
             return sink.response if sink.response is not None else web.StreamResponse()
@@ -245,20 +234,22 @@ class Ingress:
 
     async def serve(
         self, path: str, streamable: bool, authorization: str, providers: str | None,
-        body_in: bytes | BodyReader, sink: StreamSink,
+        body_in: bytes | BodyReader, sink: StreamSink, session_id: str | None = None,
     ) -> Reply | None:
         """One OpenAI POST, transport-agnostic: a complete `Reply`, or None when the
-        response was streamed into `sink` (status 200)."""
+        response was streamed into `sink` (status 200). `session_id`: the X-Session-Id
+        header as received (validated here)."""
+        args = (path, streamable, authorization, providers, body_in, sink, session_id)
         if (gate := self.gate) is None:
-            return await self._serve(path, streamable, authorization, providers, body_in, sink)
+            return await self._serve(*args)
         try:  # (however it ends, the request's queue slot and budget hold are settled)
-            return await self._serve(path, streamable, authorization, providers, body_in, sink)
+            return await self._serve(*args)
         finally:
             gate.settle()
 
     async def _serve(
         self, path: str, streamable: bool, authorization: str, providers: str | None,
-        body_in: bytes | BodyReader, sink: StreamSink,
+        body_in: bytes | BodyReader, sink: StreamSink, session_id: str | None,
     ) -> Reply | None:
         t0 = _perf()
         tr = current_trace()
@@ -300,8 +291,11 @@ class Ingress:
                                 "metadata")
         header = providers
         prefix = self._prefix(doc) if self.policy.needs_prefix else ""
-        # Block keys and conversation key for the cache/session policies (routing/prefix.py).
-        blocks, session = routing_keys(doc) if self._needs_blocks else ((), "")
+        try:  # Block keys and conversation key for the cache/session policies (prefix.py).
+            sid = session_header(session_id)
+        except InvalidSessionIdError as e:
+            return self._refuse(model, 400, str(e), "invalid_session_id", SESSION_HEADER)
+        blocks, session = routing_keys(doc, sid) if self._needs_blocks else ((), "")
         if meta or header is not None or prefix or blocks or session:
             try:
                 rreq = route_request(model, providers_header=header, metadata=meta,
@@ -383,8 +377,8 @@ class Ingress:
             ok = ended = False
             try:
                 if stream:
-                    resp, usage, ttft = await self._attempt_stream(
-                        sink, cand, path, send, strip_usage, want_chunk, doc, recorder
+                    resp, usage, ttft = await attempt_stream(
+                        self, sink, cand, path, send, strip_usage, want_chunk, doc, recorder
                     )
                 else:
                     resp, usage, ttft = await self._attempt_once(cand, path, send, doc)
@@ -398,11 +392,11 @@ class Ingress:
                     cand.session_id, model, retried=attempt < self.config.max_retries
                 )
                 continue
-            except _Committed as e:
+            except Committed as e:
                 self.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
                 resp, usage, ttft = None, e.args[0], e.args[1]
                 status = 200
-            except _Resumable as e:
+            except Resumable as e:
                 # The node failed mid-stream: end its attempt, continue on another node.
                 self.metrics.observe_failed_attempt(cand.session_id, model, retried=True)
                 ended = True
@@ -466,6 +460,8 @@ class Ingress:
         self, cand: Candidate, path: str, body: bytes
     ) -> tuple[int, bytes, str]:
         up = await self.forwarder.open(cand, path, body, self.config.timeouts)
+        if (tr := current_trace()) is not None:
+            tr.upstream(up.hop)  # (the node's reported time, the relay passed)
         try:
             if up.status in RETRYABLE_STATUS:
                 raise UpstreamError(f"node {cand.session_id} answered {up.status}")
@@ -473,133 +469,6 @@ class Ingress:
         finally:
             await up.aclose()
         return up.status, data, up.content_type
-
-    async def _attempt_stream(
-        self, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool,
-        want_chunk: bool, doc: dict[str, Any], recorder: RelayRecorder | None = None,
-    ) -> tuple[Reply | None, Usage | None, float | None]:
-        t = self.config.timeouts
-        t_send = _perf()
-        opened: list[Upstream] = []
-        try:
-            if self._own_timeouts:
-                got = await self._open_stream(cand, path, body, opened)
-            else:
-                async with asyncio.timeout(t.first_byte):
-                    got = await self._open_stream(cand, path, body, opened)
-            if isinstance(got, Reply):
-                return got, None, None
-            up, it, first = got
-        except TimeoutError as e:
-            for u in opened:
-                await u.aclose()
-            raise UpstreamError(
-                f"node {cand.session_id} sent no byte within {t.first_byte} s"
-            ) from e
-        except (UpstreamError, aiohttp.ClientError, OSError) as e:
-            for u in opened:
-                await u.aclose()
-            if isinstance(e, UpstreamError):
-                raise
-            raise UpstreamError(f"node {cand.session_id}: {e!r}") from e
-        except BaseException:
-            for u in opened:
-                await u.aclose()
-            raise
-        ttft = _perf() - t_send
-        self.metrics.observe_ttft(cand.model.id, ttft)
-        tr = current_trace()
-        if tr is not None:
-            tr.first_byte()
-
-        # Committed: from here on bytes reach the client, so no retry is possible.
-        # (also without a usage sink: a client that asked for usage gets its chunk)
-        usage_scan = (StreamUsageScanner(strip_usage, want_chunk, self.config.max_sse_line_bytes)
-                      if self._capture or want_chunk else None)
-        scanner: StreamUsageScanner | RecordingScanner | None = usage_scan
-        usage: Usage | None = None
-        failed: BaseException | None = None
-        gone = False
-        if recorder is not None:  # (continuation: whole events only, recorded)
-            scanner = RecordingScanner(usage_scan, recorder)
-        try:
-            await sink.start(up.content_type, cand.session_id)
-            out = scanner.feed(first) if scanner is not None else first
-            if out:
-                await sink.write(out)
-            relay = up.socket_relay()
-            direct = sink.direct_writer() if relay is not None else None
-            try:
-                async with asyncio.timeout(t.total):
-                    if relay is not None and direct is not None:
-                        # Bytes go from the node's socket callback straight to the client.
-                        await it.aclose()  # (finalized now, not by the loop's GC hook)
-                        write_now = direct.write_now
-                        if scanner is not None:
-                            feed = scanner.feed
-
-                            def push(data: bytes) -> bool:
-                                out = feed(data)
-                                return write_now(out) if out else True
-
-                            await relay(push, direct.wait_writable)
-                        else:
-                            await relay(write_now, direct.wait_writable)
-                    else:
-                        async for data in it:
-                            if scanner is not None:
-                                data = scanner.feed(data)
-                                if not data:
-                                    continue
-                            await sink.write(data)
-            except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
-                failed = e
-                msg = f"node {cand.session_id} failed mid-stream: {e!r}"
-                if recorder is not None:  # the sink stays open for the continuation
-                    raise _Resumable(ttft, msg) from e
-                await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
-            if scanner is not None:
-                rest = scanner.flush()
-                usage, tail = scanner.finish(estimate_prompt_tokens(doc), cand.model.id,
-                                             path.endswith("/chat/completions"))
-                if rest or tail:
-                    await sink.write(rest + tail)
-            await sink.end()
-        except _CLIENT_GONE:
-            gone = True  # the client went away; nothing to send
-        finally:
-            await up.aclose()
-        if usage is None and scanner is not None:
-            if scanner.usage is not None:
-                usage = Usage(*scanner.usage, scanner.estimated)  # (client gone before the end)
-            elif gone or failed is not None:  # bill what was relayed, marked estimated
-                usage = Usage(*relayed_usage(len(body), scanner.events), True)
-        if usage is not None:  # (time per output token: first byte to the stream's end)
-            self.metrics.observe_tpot(cand.model.id, _perf() - t_send - ttft, usage[1])
-        if failed is not None:
-            raise _Committed(usage, ttft)
-        return None, usage, ttft
-
-    async def _open_stream(
-        self, cand: Candidate, path: str, body: bytes, opened: list[Upstream]
-    ) -> Reply | tuple[Upstream, AsyncGenerator[bytes, None], bytes]:
-        """Open the upstream (appended to `opened` for cleanup) and read its first chunk; a
-        complete Reply for a non-200 client error from the engine."""
-        up = await self.forwarder.open(cand, path, body, self.config.timeouts)
-        opened.append(up)
-        if up.status in RETRYABLE_STATUS:
-            raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-        if up.status != 200:  # a client error from the engine: pass it through
-            data = await up.read()
-            opened.clear()
-            await up.aclose()
-            return Reply(up.status, data, up.content_type, cand.session_id)
-        it = up.chunks()
-        try:
-            first = await it.__anext__()
-        except StopAsyncIteration:
-            raise UpstreamError(f"node {cand.session_id} sent an empty stream") from None
-        return up, it, first
 
     def _finish(
         self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,

@@ -354,6 +354,7 @@ async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorde
     async with asyncio.timeout(t.first_byte):
         up = await host.forwarder.open(cand, path, body, t)
     if (tr := current_trace()) is not None:
+        tr.upstream(up.hop)
         tr.first_byte()
     try:
         if up.status != 200:

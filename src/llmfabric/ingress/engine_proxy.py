@@ -20,6 +20,7 @@ from yarl import URL
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.engine_upstream import HttpUpstream
 from llmfabric.ingress.errors import UpstreamError, error_response
+from llmfabric.ingress.node_hop import NODE_TIME_HEADER, node_time_value
 from llmfabric.ingress.node_spans import TracedUpstream
 from llmfabric.ingress.otlp import OtlpExporter
 from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
@@ -109,6 +110,7 @@ class EngineProxy:
         return HttpUpstream(resp)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.perf_counter()
         if self._token is not None:
             got = request.headers.get(FORWARD_TOKEN_HEADER, "")
             if not hmac.compare_digest(got.encode(), self._token.encode()):
@@ -121,19 +123,20 @@ class EngineProxy:
         body = await request.read()
         if len(body) > self._max_body:
             return error_response(400, "request body too large", "request_too_large")
+        traceparent = request.headers.get(HEADER)
         try:
-            up = await self.open(path, body, request.headers.get(HEADER))
+            up = await self.open(path, body, traceparent)
         except UpstreamError as e:
             return error_response(502, str(e), "engine_unreachable")
+        headers = {"Content-Type": up.content_type}
+        if traceparent is not None:  # a traced request: the ingress shows this node's hop
+            headers[NODE_TIME_HEADER] = node_time_value(arrived)
         try:
             if not up.content_type.startswith("text/event-stream"):
                 data = await up.read()
-                return web.Response(body=data, status=up.status,
-                                    headers={"Content-Type": up.content_type})
-            resp = web.StreamResponse(
-                status=up.status,
-                headers={"Content-Type": up.content_type, "Cache-Control": "no-cache"},
-            )
+                return web.Response(body=data, status=up.status, headers=headers)
+            headers["Cache-Control"] = "no-cache"
+            resp = web.StreamResponse(status=up.status, headers=headers)
             await resp.prepare(request)
             try:
                 async for chunk in up.chunks():

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 import aiohttp
 
 from llmfabric.ingress.errors import UpstreamError
+from llmfabric.ingress.node_hop import NO_HOP, NodeHop
 from llmfabric.ingress.protocols import read_chunks_capped
 
 
@@ -43,6 +44,10 @@ class HttpUpstream:
 
     def socket_relay(self) -> None:
         return None
+
+    @property
+    def hop(self) -> NodeHop:
+        return NO_HOP  # (the engine itself: no hop past it)
 
     async def aclose(self) -> None:
         self._resp.release()

@@ -11,8 +11,8 @@ transport's high-water mark), and an idle timeout. Known paths with another meth
 app), the connection is handed over to it (fast_routes.py): the bytes of that request and all
 that follow go to the fallback's protocol, which serves the connection from then on. Only the
 headers the core needs are kept (Authorization, or Anthropic's x-api-key when there is none;
-X-Fabric-Providers). /v1/responses, /v1/messages and the pass-through paths go to
-`Ingress.api` (api_routes.py).
+X-Fabric-Providers, X-Session-Id, traceparent). /v1/responses, /v1/messages and the
+pass-through paths go to `Ingress.api` (api_routes.py).
 
 Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header
 and body read timeouts (408, slowloris), connection caps per process and per client address
@@ -264,6 +264,8 @@ class _Connection(asyncio.Protocol):
             cur.auth = "Bearer " + value.decode("latin-1")
         elif n == b"x-fabric-providers":
             cur.providers = value.decode("latin-1")
+        elif n == b"x-session-id":  # (validated by the core: routing/prefix.py)
+            cur.session_id = value.decode("latin-1")
         elif n == b"traceparent":
             cur.traceparent = value
         elif n == b"expect":
@@ -519,9 +521,9 @@ class _Connection(asyncio.Protocol):
         path, streamable = hit
         sink = ResponseSink(self, chunked=req.version != "1.0")
         ing = self.ingress  # (EXTRA_POST_PATHS: translated APIs and pass-through)
-        call = ((lambda: ing.api.serve(path, req.auth, req.providers, req.body, sink))
-                if path in EXTRA_POST_PATHS else
-                (lambda: ing.serve(path, streamable, req.auth, req.providers, req.body, sink)))
+        a, p, b, s = req.auth, req.providers, req.body, req.session_id
+        call = ((lambda: ing.api.serve(path, a, p, b, sink, s)) if path in EXTRA_POST_PATHS
+                else (lambda: ing.serve(path, streamable, a, p, b, sink, s)))
         out = await traced(ing.tracer, req.traceparent, sink, call)
         if out is not None:
             self._send(out, keep, False)
@@ -575,8 +577,7 @@ class _Connection(asyncio.Protocol):
         self.idle_handle = self.loop.call_later(self.front.check_period_s, self._check_idle)
 
     def _check_idle(self) -> None:
-        """Keep-alive idle, header and body read timeouts (one periodic timer, no per-request
-        timer work)."""
+        """Keep-alive idle, header and body read timeouts (one periodic timer per connection)."""
         if self.closed:
             return
         now = time.monotonic()
@@ -584,12 +585,11 @@ class _Connection(asyncio.Protocol):
         cur = self.cur
         if cur is not None and self.parsing and not (self.reading_paused or self.auth_paused):
             # (while we are the ones not reading, the client cannot be slow)
-            if not cur.head_done:
-                if now - cur.started >= lim.header_timeout_s:
-                    self._fail(408, f"the request head did not arrive within "
-                               f"{lim.header_timeout_s} s", "request_timeout")
-                    return
-            elif now - self.last_active >= lim.body_timeout_s:
+            if not cur.head_done and now - cur.started >= lim.header_timeout_s:
+                self._fail(408, f"the request head did not arrive within "
+                           f"{lim.header_timeout_s} s", "request_timeout")
+                return
+            if cur.head_done and now - self.last_active >= lim.body_timeout_s:
                 self._fail(408, f"no request body bytes for {lim.body_timeout_s} s",
                            "request_timeout")
                 return

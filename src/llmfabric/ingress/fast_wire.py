@@ -21,14 +21,15 @@ class FrontRequest:
     """What the front keeps of a request while it is read (only what the core needs)."""
 
     __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "hand_over",
-                 "head_done", "headers", "keep_alive", "method", "parts", "providers", "size",
-                 "started", "traceparent", "url", "version")
+                 "head_done", "headers", "keep_alive", "method", "parts", "providers",
+                 "session_id", "size", "started", "traceparent", "url", "version")
 
     def __init__(self, started: float = 0.0) -> None:
         self.url = b""
         self.method = b""
         self.auth = ""
         self.providers: str | None = None
+        self.session_id: str | None = None  # X-Session-Id (validated by the core)
         self.traceparent: bytes | None = None  # W3C trace context, as received (tracing.py)
         self.parts: list[bytes] = []
         self.body = b""

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
+from llmfabric.ingress.node_hop import NodeHop, parse_node_time
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Forwarder, Upstream, read_chunks_capped
 from llmfabric.ingress.tracing import downstream_pairs
@@ -29,6 +30,11 @@ class PeerResponse(Protocol):
 
     @property
     def headers(self) -> Sequence[tuple[str, str]]: ...
+
+    @property
+    def via(self) -> str | None:
+        """The relay's peer id when the response came through one (None: direct)."""
+        ...
 
     def iter_chunks(self) -> AsyncIterator[bytes]: ...
 
@@ -79,6 +85,10 @@ class PeerUpstream:
     def socket_relay(self) -> None:
         return None
 
+    @property
+    def hop(self) -> NodeHop:
+        return peer_hop(self._resp)
+
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         it = self._resp.iter_chunks().__aiter__()
         while True:
@@ -98,6 +108,12 @@ class PeerUpstream:
 
     async def aclose(self) -> None:
         await self._resp.aclose()
+
+
+def peer_hop(resp: PeerResponse) -> NodeHop:
+    """The node's reported time and the relay a peer-network response came through."""
+    raw = next((v for k, v in resp.headers if k.lower() == "x-fabric-node-time"), None)
+    return NodeHop(parse_node_time(raw), resp.via or "")
 
 
 class PeerForwarder:

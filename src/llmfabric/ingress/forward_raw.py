@@ -32,6 +32,7 @@ from llmfabric.identity.certs import cert_identity
 from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
+from llmfabric.ingress.node_hop import NO_HOP, NodeHop, parse_node_time
 from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.ingress.protocols import SocketRelay
 from llmfabric.ingress.tracing import downstream_header
@@ -65,6 +66,7 @@ class _UpConn(asyncio.Protocol):
         self.messages = 0  # responses begun since the request was sent
         self.status = 0
         self.content_type = "application/json"
+        self.node_time = b""  # X-Fabric-Node-Time as received (node_hop.py)
         self.head_done = False
         self.complete = False
         self.framed = False  # Content-Length or chunked: the end is known without EOF
@@ -136,6 +138,8 @@ class _UpConn(asyncio.Protocol):
         n = name.lower()
         if n == b"content-type":
             self.content_type = value.strip().decode("latin-1")
+        elif n == b"x-fabric-node-time":
+            self.node_time = value
         elif n == b"content-length" or (n == b"transfer-encoding"
                                         and b"chunked" in value.lower()):
             self.framed = True
@@ -234,8 +238,8 @@ class _UpConn(asyncio.Protocol):
 class RawUpstream:
     """One response from a node (see `Upstream`); `aclose()` must always be called."""
 
-    __slots__ = ("_conn", "_deadline", "_first", "_forwarder", "_idle", "_key", "_timeouts",
-                 "content_type", "status")
+    __slots__ = ("_conn", "_deadline", "_first", "_forwarder", "_idle", "_key", "_node_time",
+                 "_timeouts", "content_type", "status")
 
     def __init__(self, forwarder: RawHttpForwarder, key: str, conn: _UpConn,
                  timeouts: Timeouts, deadline: float, first: float) -> None:
@@ -248,6 +252,7 @@ class RawUpstream:
         self._idle = timeouts.idle
         self.status = conn.status
         self.content_type = conn.content_type
+        self._node_time = conn.node_time
 
     async def _next(self, conn: _UpConn) -> bytes | None:
         """The next queued body bytes, None at the end; raises UpstreamError."""
@@ -301,6 +306,10 @@ class RawUpstream:
 
     def socket_relay(self) -> SocketRelay:
         return self.relay
+
+    @property
+    def hop(self) -> NodeHop:
+        return NodeHop(parse_node_time(self._node_time)) if self._node_time else NO_HOP
 
     async def relay(
         self, push: Callable[[bytes], bool], writable: Callable[[], Awaitable[None]]

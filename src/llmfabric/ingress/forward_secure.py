@@ -27,8 +27,9 @@ from llmfabric.dataplane.sealing import DATA, END, HEAD, FrameOpener, seal_body
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward_peer import PeerRequester, PeerResponse
+from llmfabric.ingress.forward_peer import PeerRequester, PeerResponse, peer_hop
 from llmfabric.ingress.forward_raw import RawHttpForwarder, RawUpstream
+from llmfabric.ingress.node_hop import NodeHop
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import read_chunks_capped
 from llmfabric.ingress.tracing import downstream_pairs
@@ -216,6 +217,10 @@ class SealedUpstream:
 
     def socket_relay(self) -> None:
         return None
+
+    @property
+    def hop(self) -> NodeHop:
+        return peer_hop(self._resp)  # (outside the seal: timing only, clamped by the trace)
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         while True:

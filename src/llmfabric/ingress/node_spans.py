@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from llmfabric.ingress.engine_upstream import HttpUpstream
+from llmfabric.ingress.node_hop import NodeHop
 from llmfabric.ingress.protocols import read_chunks_capped
 from llmfabric.ingress.tracecontext import TraceParent
 from llmfabric.ingress.tracing import TraceExporter
@@ -58,6 +59,10 @@ class TracedUpstream:
 
     def socket_relay(self) -> None:
         return None
+
+    @property
+    def hop(self) -> NodeHop:
+        return self._up.hop
 
     async def aclose(self) -> None:
         await self._up.aclose()

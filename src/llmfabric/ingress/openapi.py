@@ -171,7 +171,7 @@ def openapi_document() -> dict[str, Any]:
             "summary": "token budgets with this period's spent and held tokens",
             "responses": {"200": _ok("budget list"), **_errors(*_ACCOUNT_ERRORS)}}},
         "/v1/fabric/budgets/{scope}/{name}": {
-            op: {"summary": f"{what} a key's or owner's token budget (admin)",
+            op: {"summary": f"{what} a key's, owner's or team's budget (admin)",
                  "parameters": [{"name": n, "in": "path", "required": True, "schema": _STR}
                                 for n in ("scope", "name")],
                  **({"requestBody": _closed_body(
@@ -179,6 +179,18 @@ def openapi_document() -> dict[str, Any]:
                       "period": {"enum": ["day", "month"]}}, [])}
                     if op == "put" else {}),
                  "responses": {"200": _ok("the budget"), **_errors(*_ACCOUNT_ERRORS)}}
+            for op, what in (("put", "set"), ("delete", "remove"))},
+        "/v1/fabric/teams": {"get": {
+            "summary": "team memberships: owner -> team (non-admin keys: their owner's)",
+            "responses": {"200": _ok("membership list"), **_errors(*_ACCOUNT_ERRORS)}}},
+        "/v1/fabric/teams/{owner}": {
+            op: {"summary": f"{what} an owner's team (admin): its keys also count against "
+                            "the team's budgets",
+                 "parameters": [{"name": "owner", "in": "path", "required": True,
+                                 "schema": _STR}],
+                 **({"requestBody": _closed_body({"team": _STR}, ["team"])}
+                    if op == "put" else {}),
+                 "responses": {"200": _ok("the membership"), **_errors(*_ACCOUNT_ERRORS)}}
             for op, what in (("put", "set"), ("delete", "remove"))},
         "/v1/fabric/prices": {"get": {
             "summary": "model prices (USD per million tokens) for spend budgets",

@@ -22,6 +22,7 @@ import orjson
 
 from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.ingress.protocols import Principal, StreamSink
+from llmfabric.ingress.stream_attempt import attempt_stream
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.filters import eligible
 from llmfabric.routing.pd import PDRouter, PDSplit, split
@@ -128,8 +129,8 @@ class PDPath:
             ok = False
             try:
                 if stream:
-                    resp, usage, ttft = await ing._attempt_stream(
-                        sink, cand, path, send, strip_usage, want_chunk, doc)
+                    resp, usage, ttft = await attempt_stream(
+                        ing, sink, cand, path, send, strip_usage, want_chunk, doc)
                 else:
                     resp, usage, ttft = await ing._attempt_once(cand, path, send, doc)
                 status = resp.status if resp is not None else 200

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import Reply, UpstreamError
+from llmfabric.ingress.node_hop import NodeHop
 from llmfabric.routing.candidates import Candidate
 
 
@@ -86,6 +87,12 @@ class Upstream(Protocol):
     def socket_relay(self) -> SocketRelay | None:
         """The zero-task relay of the rest of the body (the lean upstream client), or None:
         the core then iterates `chunks()`."""
+        ...
+
+    @property
+    def hop(self) -> NodeHop:
+        """The node's reported time and the relay passed (node_hop.py); `NO_HOP` when the
+        upstream knows neither (the trace then shows no node span)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -1,6 +1,7 @@
 """Per-request traces of an ingress: spans for auth, queue, each routing decision and
-attempt (forward to first byte, stream to end), kept in a ring of the last N and optionally
-handed to an exporter (otlp.py).
+attempt (forward to first byte, stream to end; under forward the node's own time as it
+reported it, clamped, node_hop.py; an attempt through a relay carries via=relay), kept in a
+ring of the last N and optionally handed to an exporter (otlp.py).
 
 The front that owns the client connection starts a trace (`traced`), which puts the
 `RequestTrace` in a context variable; the request core marks phases on `current_trace()` and
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from llmfabric.ingress.errors import Reply
+from llmfabric.ingress.node_hop import NodeHop
 from llmfabric.ingress.tracecontext import (
     TraceParent,
     new_span_id,
@@ -48,8 +50,8 @@ class Span:
 class RequestTrace:
     """The spans of one request, times relative to its start (monotonic clock)."""
 
-    __slots__ = ("_attempt", "_cursor", "_end", "_fb", "_t0", "attrs", "downstream", "parent",
-                 "root_id", "spans", "started_unix", "status", "trace_id")
+    __slots__ = ("_attempt", "_cursor", "_end", "_fb", "_head", "_t0", "attrs", "downstream",
+                 "parent", "root_id", "spans", "started_unix", "status", "trace_id")
 
     def __init__(self, parent: TraceParent | None, now_unix: float) -> None:
         self.parent = parent  # the client's span, when it sent a valid traceparent
@@ -62,6 +64,7 @@ class RequestTrace:
         self.downstream = ""  # the traceparent the current attempt sends to its node
         self._attempt: Span | None = None
         self._fb: float | None = None
+        self._head: tuple[float, float] | None = None  # (response head at, node's seconds)
         self.status = 0  # set when finished
         self._end: float | None = None
 
@@ -83,9 +86,32 @@ class RequestTrace:
         now = self._now()
         span = Span("attempt", new_span_id(), self.root_id, now, now,
                     {"node": node, "attempt": attempt, **attrs})
-        self._attempt, self._fb = span, None
+        self._attempt, self._fb, self._head = span, None, None
         flags = self.parent.flags if self.parent is not None else 1
         self.downstream = f"00-{self.trace_id}-{span.span_id}-{flags:02x}"
+
+    def upstream(self, hop: NodeHop) -> None:
+        """The attempt's response head arrived with what it says about the hop past us."""
+        a = self._attempt
+        if a is None:
+            return
+        if hop.relay:
+            a.attrs.update(via="relay", relay=hop.relay)
+        if hop.node_ms is not None:
+            self._head = (self._now(), hop.node_ms / 1000)
+
+    def _forward(self, a: Span, end: float) -> None:
+        fwd = Span("forward", new_span_id(), a.span_id, a.start_s, end, {})
+        self._add(fwd)
+        if self._head is None:
+            return
+        at, node_s = self._head
+        # The node's word, clamped: it ends when its head reached us and cannot start
+        # before the attempt did (a node cannot stretch or move the waterfall).
+        start = max(a.start_s, at - node_s)
+        self._add(Span("node", new_span_id(), fwd.span_id, start, at,
+                       {"reported_ms": round(node_s * 1000, 3),
+                        "clamped": start > at - node_s}))
 
     def first_byte(self) -> None:
         """The attempt's node answered: the forward phase ends, the stream phase starts."""
@@ -93,7 +119,7 @@ class RequestTrace:
         if a is None:
             return
         self._fb = now = self._now()
-        self._add(Span("forward", new_span_id(), a.span_id, a.start_s, now, {}))
+        self._forward(a, now)
 
     def close_attempt(self, status: int | None, error: str = "") -> None:
         a = self._attempt
@@ -104,7 +130,7 @@ class RequestTrace:
         if error:
             a.attrs["error"] = error[:300]
         if self._fb is None:
-            self._add(Span("forward", new_span_id(), a.span_id, a.start_s, now, {}))
+            self._forward(a, now)
         else:
             self._add(Span("stream", new_span_id(), a.span_id, self._fb, now, {}))
         self._add(a)

@@ -24,6 +24,7 @@ from llmfabric.dataplane.sealing import DATA, END, SEALED_TYPE, Sealer, open_bod
 from llmfabric.identity import NodeKey
 from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.ingress.errors import error_response as http_error
+from llmfabric.ingress.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context
@@ -137,7 +138,8 @@ class DataPlaneServer:
                         yield sealer.frame(DATA, chunk[i : i + _FRAME_DATA])
             yield sealer.frame(END, b"")
 
-        return HandlerResponse(200, (("content-type", SEALED_TYPE),), frames())
+        timed = tuple((k, v) for k, v in resp.headers if k == NODE_TIME_HEADER.lower())
+        return HandlerResponse(200, (("content-type", SEALED_TYPE), *timed), frames())
 
     # -- the pinned HTTPS listener (direct path) -------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import aiohttp
@@ -31,6 +32,7 @@ from llmfabric.clock import Clock
 from llmfabric.ingress.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
+from llmfabric.ingress.node_hop import NODE_TIME_HEADER, node_time_value
 from llmfabric.ingress.otlp import exporter_from_env
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
@@ -181,7 +183,9 @@ class EngineLink:
 
     async def serve_body(self, path: str, body: bytes, traceparent: str | None = None
                          ) -> HandlerResponse:
-        """A forwarded request whose body was read (and authorized) already."""
+        """A forwarded request whose body was read (and authorized) already (a traced one
+        answers with this node's time, node_hop.py)."""
+        arrived = time.perf_counter()
         if not path.startswith(FORWARD_PREFIX + "/v1/"):
             return error_response(404, f"{path} is not served to peers", "not_found")
         if self.proxy is None or not self.inflight.accepting:
@@ -205,9 +209,10 @@ class EngineLink:
                 await upstream.aclose()
                 self.inflight.end()
 
-        return HandlerResponse(
-            upstream.status, (("content-type", upstream.content_type),), relay()
-        )
+        headers: tuple[tuple[str, str], ...] = (("content-type", upstream.content_type),)
+        if traceparent is not None:
+            headers += ((NODE_TIME_HEADER.lower(), node_time_value(arrived)),)
+        return HandlerResponse(upstream.status, headers, relay())
 
     def local_view(self) -> dict[str, object]:
         """What only this node knows about its engine (`/v1/fabric/self` "engine_process")."""

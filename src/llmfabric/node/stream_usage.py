@@ -37,6 +37,7 @@ import orjson
 from llmfabric.agent.engines import EngineKind, flag_value
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.ingress.errors import UpstreamError
+from llmfabric.ingress.node_hop import NodeHop
 from llmfabric.ingress.protocols import Upstream, read_chunks_capped
 from llmfabric.ingress.usage import Usage, estimate_prompt_tokens, usage_chunk
 
@@ -293,6 +294,10 @@ class CountingUpstream:
 
     def socket_relay(self) -> None:
         return None  # (the count needs every chunk: never relayed from the socket)
+
+    @property
+    def hop(self) -> NodeHop:
+        return self._up.hop
 
     async def aclose(self) -> None:
         if not self._closed:

@@ -19,6 +19,7 @@ Pure core: no sockets, no clocks. Files:
   least_outstanding, prefix_affinity, prefix_bounded, session, cache_aware);
   `make_policy(name, rng)`.
 - prefix.py: `block_keys` (chain hashes of prompt blocks), `prompt_text`, `session_key`,
+  `session_header` (the validated X-Session-Id: header > metadata.session_id > user),
   `bounded_limit`, and the prefix_bounded / session / cache_aware policies (bounded loads;
   `explain` gives a `PrefixPick`); cache_aware reads the records' prefix-cache sketches.
 - cache_summary.py: `ServedPrefixes`, a node's LRU of the prefix blocks it served, published as

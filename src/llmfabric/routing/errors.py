@@ -13,3 +13,7 @@ class UnknownPolicyError(RoutingError, ValueError):
 
 class InvalidConstraintError(RoutingError, ValueError):
     """A trust or QoS constraint in a request that cannot be understood (e.g. a non-integer)."""
+
+
+class InvalidSessionIdError(RoutingError, ValueError):
+    """An `X-Session-Id` header that cannot be a conversation key (routing/prefix.py)."""

@@ -11,8 +11,8 @@ Such a candidate always exists: if all n were at the limit they would hold more 
   engine's prefix cache likely holds it) when that match covers more than `match_threshold`
   of the prompt; else (cold, or only a shared system prompt matches) the least loaded, ties
   in consistent-hash ring order; past the bound, the next in that order.
-- session: the ring owner of the conversation key (body `user` or `metadata.session_id`);
-  requests without one route as prefix_bounded.
+- session: the ring owner of the conversation key (the `X-Session-Id` header, else body
+  `metadata.session_id`, else `user`); requests without one route as prefix_bounded.
 - cache_aware: scores candidates by the leading blocks their gossiped sketch
   (registry/cache_sketch.py) or this ingress's own memory says they hold, minus load and a
   relay-hop cost; cold prompts go to the least loaded. Works across ingresses and clusters
@@ -34,12 +34,14 @@ from typing import Any
 
 from llmfabric.registry.cache_sketch import matched_blocks
 from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.errors import InvalidSessionIdError
 from llmfabric.routing.request import RouteRequest
 
 BLOCK_CHARS = 256  # ~64 tokens: small enough that a system prompt fills whole blocks
 MAX_BLOCKS = 64  # keys per request (16 KiB of prompt): deeper prefixes add little
 DEFAULT_EPS = 0.25
 MAX_SESSION_CHARS = 256
+SESSION_HEADER = "X-Session-Id"
 RELAY_COST = 0.1  # score lost for a candidate reached through a relay (one more hop)
 
 
@@ -92,8 +94,28 @@ def prompt_text(doc: Mapping[str, Any], limit: int = BLOCK_CHARS * MAX_BLOCKS) -
     return ""
 
 
-def session_key(doc: Mapping[str, Any]) -> str:
-    """The conversation a request belongs to: metadata.session_id, else the `user` field."""
+def session_header(value: str | None) -> str:
+    """The `X-Session-Id` header as a conversation key ("" when absent or blank). At most
+    MAX_SESSION_CHARS printable ASCII characters: anything else (control characters,
+    non-ASCII, oversized) raises InvalidSessionIdError rather than being truncated, so two
+    different hostile values never silently share (or split) a session."""
+    if not value:
+        return ""
+    sid = value.strip(" \t")  # (HTTP optional whitespace only)
+    if len(sid) > MAX_SESSION_CHARS:
+        raise InvalidSessionIdError(
+            f"{SESSION_HEADER} is longer than {MAX_SESSION_CHARS} characters")
+    if not (sid.isascii() and sid.isprintable()):
+        raise InvalidSessionIdError(
+            f"{SESSION_HEADER} must be printable ASCII (no control or non-ASCII characters)")
+    return sid
+
+
+def session_key(doc: Mapping[str, Any], header: str = "") -> str:
+    """The conversation a request belongs to: `header` (a valid X-Session-Id, see
+    `session_header`), else metadata.session_id, else the `user` field."""
+    if header:
+        return header
     meta = doc.get("metadata")
     if isinstance(meta, dict):
         sid = meta.get("session_id")
@@ -103,9 +125,10 @@ def session_key(doc: Mapping[str, Any]) -> str:
     return user[:MAX_SESSION_CHARS] if isinstance(user, str) else ""
 
 
-def routing_keys(doc: Mapping[str, Any]) -> tuple[tuple[int, ...], str]:
-    """(block keys of the prompt, conversation key) of a parsed request body."""
-    return block_keys(prompt_text(doc)), session_key(doc)
+def routing_keys(doc: Mapping[str, Any], header: str = "") -> tuple[tuple[int, ...], str]:
+    """(block keys of the prompt, conversation key) of a parsed request body (`header`: a
+    valid X-Session-Id, which takes precedence)."""
+    return block_keys(prompt_text(doc)), session_key(doc, header)
 
 
 def bounded_limit(in_flight: int, n: int, eps: float) -> int:

@@ -297,8 +297,10 @@ def test_traces_page_draws_the_waterfall_of_a_request(
     wf = page.locator("#waterfall")
     names = wf.locator("g.wf-row").evaluate_all("els => els.map(e => e.dataset.span)")
     assert names[0] == "ingress.request"
-    assert {"auth", "route", "attempt", "forward"} <= set(names)
+    assert {"auth", "route", "attempt", "forward", "node"} <= set(names)
     assert "serving" not in names and "stream" not in names  # not a stream
+    # the node's own hop (X-Fabric-Node-Time) is drawn right under its attempt's forward
+    assert names.index("node") == names.index("forward") + 1
     # bars lie on one axis: every span starts at or after the root and ends within it
     boxes = wf.locator("rect.wf-bar").evaluate_all(
         "els => els.map(e => [e.x.baseVal.value, e.x.baseVal.value + e.width.baseVal.value])")

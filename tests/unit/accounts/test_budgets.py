@@ -110,7 +110,7 @@ def test_spent_plus_held_never_exceeds_the_budget_before_settlement(
 
 
 @pytest.mark.parametrize("args", [
-    ("team", "x", 10, "day"), ("key", "x", 0, "day"), ("key", "x", 10, "week"),
+    ("group", "x", 10, "day"), ("key", "x", 0, "day"), ("key", "x", 10, "week"),
     ("key", "", 10, "day"), ("key", "x", True, "day"), ("owner", "x" * 201, 10, "month"),
 ])
 def test_invalid_budgets_are_refused(args: tuple[str, str, int, str]) -> None:
@@ -181,3 +181,58 @@ def test_hostile_spend_budgets_are_refused(kw: dict[str, object]) -> None:
         validate_budget("owner", "x", None, "day", **kw)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest):  # tokens and usd together
         validate_budget("owner", "x", 5, "day", usd=1.0)
+
+
+def test_a_teams_budget_counts_every_key_of_its_owners() -> None:
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("team", "nlp", 1000, "day"))
+    book.set(Budget("owner", "alice", 700, "day"))
+    book.teams.update(alice="nlp", bob="nlp")
+    a = book.reserve("ka", "alice", 600)  # alice's key: her budget and her team's
+    assert isinstance(a, Hold) and {k[:2] for k, _, _ in a.parts} == {
+        ("owner", "alice"), ("team", "nlp")}
+    refused = book.reserve("kb", "bob", 500)  # bob has no budget of his own: the team's binds
+    assert isinstance(refused, OverBudget) and refused.budget.scope == "team"
+    assert "team 'nlp'" in refused.message()
+    assert isinstance(book.reserve("kb", "bob", 400), Hold)
+    assert isinstance(book.reserve("kc", "carol", 10**6), Hold)  # in no team: not counted
+    book.settle(a, 100)
+    [team] = [r for r in book.status() if r["scope"] == "team"]
+    assert team["spent"] == 100 and team["held"] == 400
+
+
+async def test_team_memberships_persist_and_seed_the_teams_spending() -> None:
+    import time
+
+    from llmfabric.accounts.store import AccountStore
+
+    db = await open_backend("sqlite://:memory:")
+    try:
+        store = AccountStore(db)
+        await store.refresh()
+        ka, _ = await store.create_key("app", "alice")
+        kb, _ = await store.create_key("app", "bob")
+        kc, _ = await store.create_key("app", "carol")
+        today = period_of("day", dt.datetime.now(dt.UTC).timestamp())[0]
+        for key, tokens in ((ka, 30), (kb, 40), (kc, 1000)):
+            await db.execute(
+                "INSERT INTO usage_daily (key_id, model, day, requests, prompt_tokens, "
+                "completion_tokens, estimated_requests) VALUES (?, 'm', ?, 1, ?, 0, 0)",
+                (key.id, today, tokens))
+        bs = BudgetStore(db, BudgetBook(time.time))
+        await bs.load()
+        await bs.put(Budget("team", "nlp", 100, "day"))
+        await bs.put_team("alice", "nlp")
+        await bs.put_team("bob", "nlp")
+        with pytest.raises(InvalidRequest):
+            await bs.put_team("alice", "")
+        again = BudgetStore(db, BudgetBook(time.time))
+        await again.load()  # a restarted ingress: alice's and bob's use, not carol's
+        assert again.book.teams == {"alice": "nlp", "bob": "nlp"}
+        [row] = again.book.status()
+        assert row["scope"] == "team" and row["spent"] == 70
+        assert isinstance(again.book.reserve(kb.id, "bob", 31), OverBudget)
+        assert await again.delete_team("bob") and not await again.delete_team("bob")
+        assert isinstance(again.book.reserve(kb.id, "bob", 31), Hold)  # no longer counted
+    finally:
+        await db.aclose()

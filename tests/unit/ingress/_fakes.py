@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
+from llmfabric.ingress.node_hop import NO_HOP
+
 
 class OkUpstream:
     """An upstream response that answers 200 with an empty JSON object."""
 
     status = 200
     content_type = "application/json"
+    hop = NO_HOP
 
     async def read(self) -> bytes:
         return b"{}"

@@ -23,6 +23,7 @@ class Resp:
 
     status: int = 200
     headers: Sequence[tuple[str, str]] = (("content-type", "text/event-stream"),)
+    via: str | None = None
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         yield b"data: 1\n\n"

@@ -1,12 +1,17 @@
 """W3C traceparent: valid headers parse and round-trip; anything else (malformed, oversized,
-forbidden values) is refused so a new trace starts; spans of a RequestTrace nest."""
+forbidden values) is refused so a new trace starts; spans of a RequestTrace nest, the node's
+reported hop included (validated, clamped)."""
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmfabric.ingress.node_hop import NO_HOP, NodeHop, node_time_value, parse_node_time
 from llmfabric.ingress.tracecontext import MAX_HEADER_CHARS, TraceParent, parse_traceparent
 from llmfabric.ingress.tracing import RequestTrace, Tracer
 
@@ -106,3 +111,56 @@ def test_tracer_ring_keeps_the_newest() -> None:
     assert [t["trace_id"] for t in tracer.recent(10)] == ids[:1:-1]
     assert [t["trace_id"] for t in tracer.recent(1)] == ids[-1:]
     assert tracer.recent(0) == []
+
+
+def _attempt_with(hop: NodeHop) -> dict[str, Any]:
+    tr = RequestTrace(None, 1000.0)
+    tr.open_attempt("node-1", 0)
+    tr.upstream(hop)
+    tr.first_byte()
+    tr.close_attempt(200)
+    return tr.to_json(200)
+
+
+def test_the_nodes_hop_is_a_clamped_child_of_forward() -> None:
+    doc = _attempt_with(NodeHop(node_ms=1e9))  # a node claiming 11 days
+    by = {s["name"]: s for s in doc["spans"]}
+    fwd, node = by["forward"], by["node"]
+    assert node["parent_id"] == fwd["span_id"] and by["attempt"]["span_id"] == fwd["parent_id"]
+    assert node["start_ms"] == fwd["start_ms"] and node["end_ms"] <= fwd["end_ms"]
+    assert node["attrs"] == {"reported_ms": 1e9, "clamped": True}
+    short = {s["name"]: s for s in _attempt_with(NodeHop(node_ms=0.0))["spans"]}
+    assert short["node"]["attrs"] == {"reported_ms": 0.0, "clamped": False}
+    assert short["forward"]["start_ms"] <= short["node"]["start_ms"] == short["node"]["end_ms"]
+
+
+def test_no_report_no_node_span_and_relays_mark_the_attempt() -> None:
+    plain = _attempt_with(NO_HOP)
+    assert "node" not in {s["name"] for s in plain["spans"]}
+    [attempt] = [s for s in plain["spans"] if s["name"] == "attempt"]
+    assert "via" not in attempt["attrs"]
+    relayed = _attempt_with(NodeHop(relay="relay-peer-7"))
+    [attempt] = [s for s in relayed["spans"] if s["name"] == "attempt"]
+    assert attempt["attrs"]["via"] == "relay" and attempt["attrs"]["relay"] == "relay-peer-7"
+
+
+@pytest.mark.parametrize("raw", ["12.5", b"0", "0.000", " 3 "])
+def test_node_time_accepts_small_finite_decimals(raw: str | bytes) -> None:
+    assert parse_node_time(raw) == float(raw)
+
+
+@pytest.mark.parametrize("raw", [None, "", "-1", "nan", "inf", "1e400", "x", "1" * 40, b"\xff"])
+def test_node_time_drops_anything_else(raw: str | bytes | None) -> None:
+    assert parse_node_time(raw) is None
+
+
+@given(st.one_of(st.text(max_size=40), st.binary(max_size=40)))
+def test_node_time_never_raises(raw: str | bytes) -> None:
+    got = parse_node_time(raw)
+    assert got is None or (math.isfinite(got) and got >= 0)
+
+
+def test_node_time_value_formats_milliseconds() -> None:
+    assert node_time_value(1.0, now=1.0125) == "12.500"
+    assert node_time_value(2.0, now=1.0) == "0.000"  # (never negative)
+    assert parse_node_time(node_time_value(1.0, now=3.0)) == 2000.0

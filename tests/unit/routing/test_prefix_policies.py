@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from llmfabric.registry.cache_sketch import build_sketch
 from llmfabric.routing import Candidate, candidates_for, make_policy
+from llmfabric.routing.errors import InvalidSessionIdError
 from llmfabric.routing.prefix import (
+    MAX_SESSION_CHARS,
     CacheAwarePolicy,
     PrefixBoundedPolicy,
     SessionAffinityPolicy,
@@ -19,6 +21,7 @@ from llmfabric.routing.prefix import (
     bounded_limit,
     prompt_text,
     routing_keys,
+    session_header,
     session_key,
 )
 from llmfabric.routing.request import RouteRequest, route_request
@@ -153,3 +156,16 @@ def test_bounded_load_is_never_exceeded(policy: type, n: int, eps: float,
             assert got.limit == bounded_limit(total, n, eps)
         else:
             pol.on_request_end(live.pop(doc % len(live)), ok=True)
+
+
+def test_session_header_takes_precedence_and_is_validated() -> None:
+    doc = {"user": "alice", "metadata": {"session_id": "conv-9"}}
+    assert session_key(doc, session_header("hdr-1")) == "hdr-1"
+    assert session_key(doc, session_header(None)) == "conv-9"
+    assert session_key(doc, session_header("   ")) == "conv-9"
+    assert session_header(" padded ") == "padded"
+    assert session_header("x" * MAX_SESSION_CHARS) == "x" * MAX_SESSION_CHARS
+    for bad in ("x" * (MAX_SESSION_CHARS + 1), "café", "a\r\nb", "a\x00b", "\u2028"):
+        with pytest.raises(InvalidSessionIdError):
+            session_header(bad)
+    assert routing_keys(doc, "hdr-2")[1] == "hdr-2"

@@ -1,6 +1,7 @@
 // Traces: the ingress's last requests (GET /v1/fabric/traces, admin keys) and, for the one
 // selected, a waterfall of its spans: auth, queue, route, each attempt (forward to the first
-// byte, then the stream), drawn in SVG on one time axis.
+// byte, with the node's own time under it as the node reported it, then the stream; an
+// attempt through a relay says so), drawn in SVG on one time axis.
 
 import { h, s, mount, notice, tableWrap, fmtNum, fmtTime, shortId } from '../dom.js';
 import { get, ApiError } from '../api.js';
@@ -32,8 +33,19 @@ export function waterfallRows(spans) {
 
 function spanLabel(sp) {
   const a = sp.attrs || {};
-  if (sp.name === 'attempt') return `attempt ${a.attempt ?? ''} → ${shortId(String(a.node || ''), 12)}`;
+  if (sp.name === 'attempt') {
+    const via = a.via === 'relay' ? ' via relay' : '';
+    return `attempt ${a.attempt ?? ''} → ${shortId(String(a.node || ''), 12)}${via}`;
+  }
+  if (sp.name === 'node') return a.clamped ? 'node (clamped)' : 'node';
   return sp.name;
+}
+
+function spanNote(sp) {
+  const a = sp.attrs || {};
+  if (sp.name === 'node' && a.reported_ms != null) return ` (the node reported ${fmtNum(a.reported_ms, 1)} ms)`;
+  if (sp.name === 'attempt' && a.relay) return ` (through relay ${a.relay})`;
+  return '';
 }
 
 export function waterfall(trace) {
@@ -51,7 +63,7 @@ export function waterfall(trace) {
     const w = Math.max(1, x(span.end_ms) - x(span.start_ms));
     const failed = (span.attrs && (span.attrs.error || (span.attrs.status ?? 0) >= 500));
     svg.append(s('g', { class: `wf-row wf-${span.name.replace(/[^a-z]/g, '')}${failed ? ' wf-failed' : ''}`, 'data-span': span.name },
-      s('title', { text: `${span.name}: ${fmtNum(span.start_ms, 1)}–${fmtNum(span.end_ms, 1)} ms${span.attrs && span.attrs.error ? ` (${span.attrs.error})` : ''}` }),
+      s('title', { text: `${span.name}: ${fmtNum(span.start_ms, 1)}–${fmtNum(span.end_ms, 1)} ms${span.attrs && span.attrs.error ? ` (${span.attrs.error})` : ''}${spanNote(span)}` }),
       s('text', { x: 4 + depth * 10, y: y + 14, class: 'wf-label', text: spanLabel(span) }),
       s('rect', { x: x(span.start_ms), y: y + 3, width: w, height: ROW - 8, rx: 2, class: 'wf-bar' }),
       s('text', { x: x(span.start_ms) + w + 4, y: y + 14, class: 'wf-ms', text: `${fmtNum(span.end_ms - span.start_ms, 1)} ms` })));

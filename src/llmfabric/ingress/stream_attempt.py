@@ -1,0 +1,174 @@
+"""One streamed attempt of the request core (`Ingress.serve`): open the candidate's
+upstream, read its first chunk (a retryable failure before then raises UpstreamError), then
+relay the stream into the client's sink, scanning usage (and recording whole events when the
+stream may be continued), and tell how it ended: `Committed` (bytes reached the client, no
+retry) or `Resumable` (continuation.py may finish it on another node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from llmfabric.ingress.continuation import RecordingScanner, RelayRecorder
+from llmfabric.ingress.errors import Reply, UpstreamError, error_body
+from llmfabric.ingress.protocols import StreamSink, Upstream
+from llmfabric.ingress.tracing import current_trace
+from llmfabric.ingress.usage import (
+    StreamUsageScanner,
+    Usage,
+    estimate_prompt_tokens,
+    relayed_usage,
+)
+from llmfabric.routing.candidates import Candidate
+
+if TYPE_CHECKING:
+    from llmfabric.ingress.app import Ingress
+
+# Upstream statuses worth another candidate (overloaded, failing or gone engines).
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_CLIENT_GONE = (ConnectionResetError, ConnectionError)
+_perf = time.perf_counter
+
+
+class Committed(Exception):
+    """A stream failed after bytes reached the client (not retryable): args (usage, ttft)."""
+
+
+class Resumable(Exception):
+    """A stream failed after bytes reached the client; continuation may resume it
+    (continuation.py). The sink is still open: args (ttft, why)."""
+
+
+async def attempt_stream(
+    ing: Ingress, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool,
+    want_chunk: bool, doc: dict[str, Any], recorder: RelayRecorder | None = None,
+) -> tuple[Reply | None, Usage | None, float | None]:
+    t = ing.config.timeouts
+    t_send = _perf()
+    opened: list[Upstream] = []
+    try:
+        if ing._own_timeouts:
+            got = await _open_stream(ing, cand, path, body, opened)
+        else:
+            async with asyncio.timeout(t.first_byte):
+                got = await _open_stream(ing, cand, path, body, opened)
+        if isinstance(got, Reply):
+            return got, None, None
+        up, it, first = got
+    except TimeoutError as e:
+        for u in opened:
+            await u.aclose()
+        raise UpstreamError(
+            f"node {cand.session_id} sent no byte within {t.first_byte} s"
+        ) from e
+    except (UpstreamError, aiohttp.ClientError, OSError) as e:
+        for u in opened:
+            await u.aclose()
+        if isinstance(e, UpstreamError):
+            raise
+        raise UpstreamError(f"node {cand.session_id}: {e!r}") from e
+    except BaseException:
+        for u in opened:
+            await u.aclose()
+        raise
+    ttft = _perf() - t_send
+    ing.metrics.observe_ttft(cand.model.id, ttft)
+    tr = current_trace()
+    if tr is not None:
+        tr.first_byte()
+
+    # Committed: from here on bytes reach the client, so no retry is possible.
+    # (also without a usage sink: a client that asked for usage gets its chunk)
+    usage_scan = (StreamUsageScanner(strip_usage, want_chunk, ing.config.max_sse_line_bytes)
+                  if ing._capture or want_chunk else None)
+    scanner: StreamUsageScanner | RecordingScanner | None = usage_scan
+    usage: Usage | None = None
+    failed: BaseException | None = None
+    gone = False
+    if recorder is not None:  # (continuation: whole events only, recorded)
+        scanner = RecordingScanner(usage_scan, recorder)
+    try:
+        await sink.start(up.content_type, cand.session_id)
+        out = scanner.feed(first) if scanner is not None else first
+        if out:
+            await sink.write(out)
+        relay = up.socket_relay()
+        direct = sink.direct_writer() if relay is not None else None
+        try:
+            async with asyncio.timeout(t.total):
+                if relay is not None and direct is not None:
+                    # Bytes go from the node's socket callback straight to the client.
+                    await it.aclose()  # (finalized now, not by the loop's GC hook)
+                    write_now = direct.write_now
+                    if scanner is not None:
+                        feed = scanner.feed
+
+                        def push(data: bytes) -> bool:
+                            out = feed(data)
+                            return write_now(out) if out else True
+
+                        await relay(push, direct.wait_writable)
+                    else:
+                        await relay(write_now, direct.wait_writable)
+                else:
+                    async for data in it:
+                        if scanner is not None:
+                            data = scanner.feed(data)
+                            if not data:
+                                continue
+                        await sink.write(data)
+        except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
+            failed = e
+            msg = f"node {cand.session_id} failed mid-stream: {e!r}"
+            if recorder is not None:  # the sink stays open for the continuation
+                raise Resumable(ttft, msg) from e
+            await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")
+        if scanner is not None:
+            rest = scanner.flush()
+            usage, tail = scanner.finish(estimate_prompt_tokens(doc), cand.model.id,
+                                         path.endswith("/chat/completions"))
+            if rest or tail:
+                await sink.write(rest + tail)
+        await sink.end()
+    except _CLIENT_GONE:
+        gone = True  # the client went away; nothing to send
+    finally:
+        await up.aclose()
+    if usage is None and scanner is not None:
+        if scanner.usage is not None:
+            usage = Usage(*scanner.usage, scanner.estimated)  # (client gone before the end)
+        elif gone or failed is not None:  # bill what was relayed, marked estimated
+            usage = Usage(*relayed_usage(len(body), scanner.events), True)
+    if usage is not None:  # (time per output token: first byte to the stream's end)
+        ing.metrics.observe_tpot(cand.model.id, _perf() - t_send - ttft, usage[1])
+    if failed is not None:
+        raise Committed(usage, ttft)
+    return None, usage, ttft
+
+async def _open_stream(
+    ing: Ingress, cand: Candidate, path: str, body: bytes, opened: list[Upstream]
+) -> Reply | tuple[Upstream, AsyncGenerator[bytes, None], bytes]:
+    """Open the upstream (appended to `opened` for cleanup) and read its first chunk; a
+    complete Reply for a non-200 client error from the engine."""
+    up = await ing.forwarder.open(cand, path, body, ing.config.timeouts)
+    opened.append(up)
+    if (tr := current_trace()) is not None:
+        tr.upstream(up.hop)  # (the node's reported time, the relay passed)
+    if up.status in RETRYABLE_STATUS:
+        raise UpstreamError(f"node {cand.session_id} answered {up.status}")
+    if up.status != 200:  # a client error from the engine: pass it through
+        data = await up.read()
+        opened.clear()
+        await up.aclose()
+        return Reply(up.status, data, up.content_type, cand.session_id)
+    it = up.chunks()
+    try:
+        first = await it.__anext__()
+    except StopAsyncIteration:
+        raise UpstreamError(f"node {cand.session_id} sent an empty stream") from None
+    return up, it, first
