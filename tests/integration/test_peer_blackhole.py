@@ -243,6 +243,8 @@ async def test_a_live_but_slow_peer_answers_the_probe_and_keeps_its_connection()
 class _DirectDown:
     """A direct path whose connect times out (the node's host is cut off)."""
 
+    enforces_timeouts = True  # (the Forwarder capability: it never waits past its phases)
+
     def __init__(self, connect_s: float) -> None:
         self.connect_s = connect_s
         self.tries = 0
