@@ -11,12 +11,14 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from llmfabric.agent.proctree import alive
 from llmfabric.node.local_fabric import LocalFabric, NodeProcess
 from llmfabric.node.ports import free_port
+from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HERE = pathlib.Path(__file__).parent
@@ -65,6 +67,35 @@ def gone_within(pids: tuple[int, ...], seconds: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def serving_again(fab: LocalFabric, node: NodeProcess, old_session: str,
+                  within: float = 60.0) -> dict[str, Any]:
+    """The node's own view once it serves under a session other than `old_session` and the
+    ingress routes to that new session.
+
+    Neither new engine pids nor `wait_serving({model: 1})` mean that: the pids are written
+    when the new engine is spawned, long before it is ready and the node changes session,
+    and the ingress may still count the OLD session as serving until the DOWN reaches it by
+    gossip (seconds on a loaded machine)."""
+    me: dict[str, Any] = {}
+
+    def node_serves_anew() -> bool:
+        me.clear()
+        me.update(node.get_json("/v1/fabric/self", timeout=10.0))
+        return bool(me["session_id"] != old_session and me["state"] == "SERVING")
+
+    def ingress_routes_to_it() -> bool:
+        assert fab.ingress is not None
+        nodes = fab.ingress.get_json("/v1/fabric/nodes", timeout=10.0)["nodes"]
+        return any(n["session_id"] == me["session_id"] and n["state"] == "SERVING"
+                   and not n["suspected"] for n in nodes)
+
+    wait_until_sync(node_serves_anew, within, f"{node.name} serving under a new session",
+                    interval=0.2, ignore=(OSError, ValueError))
+    wait_until_sync(ingress_routes_to_it, within, "the ingress routing to the new session",
+                    interval=0.2, ignore=(OSError, ValueError))
+    return me
+
+
 def _cleanup(pids: tuple[int, ...]) -> None:
     for p in pids:  # only if the test failed: never leave sleepers behind
         if alive(p):
@@ -76,7 +107,7 @@ def test_sigkill_of_the_node_takes_the_whole_engine_tree(
     node, pids_file = tree_node(fabric, tmp_path, "victim")
     fabric.wait_serving({"tree-m": 1})
     pids = read_pids(pids_file)
-    assert node.get_json("/v1/fabric/self")["engine_process"]["pid"] == pids[0]
+    assert node.get_json("/v1/fabric/self", timeout=10.0)["engine_process"]["pid"] == pids[0]
     assert all(alive(p) for p in pids)
     time.sleep(1.5)  # the supervisor and the watchdog have seen the escaped child
     try:
@@ -92,7 +123,7 @@ def test_engine_exit_reaps_children_restarts_then_leaves(
     node, pids_file = tree_node(fabric, tmp_path, "flaky", "--engine-restarts", "1")
     fabric.wait_serving({"tree-m": 1})
     first = read_pids(pids_file)
-    session = node.get_json("/v1/fabric/self")["session_id"]
+    session = node.get_json("/v1/fabric/self", timeout=10.0)["session_id"]
     time.sleep(1.5)
     all_pids: list[int] = list(first)
     try:
@@ -100,9 +131,7 @@ def test_engine_exit_reaps_children_restarts_then_leaves(
         assert gone_within(first, 2.0) == [], "children outlived their engine by > 2 s"
         second = read_pids(pids_file, old=first)  # restarted (backoff ~1 s)
         all_pids += second
-        fabric.wait_serving({"tree-m": 1})
-        me = node.get_json("/v1/fabric/self")
-        assert me["session_id"] != session and me["state"] == "SERVING"
+        me = serving_again(fabric, node, session)
         assert me["engine_process"]["pid"] == second[0] and me["engine_restarts"] == 1
         time.sleep(1.5)
         os.kill(second[0], signal.SIGKILL)  # restarts used up: the node leaves
@@ -123,7 +152,7 @@ def test_hung_engine_is_killed_and_restarted(
                                 "--health-failures", "2")
     fabric.wait_serving({"tree-m": 1})
     first = read_pids(pids_file)
-    session = node.get_json("/v1/fabric/self")["session_id"]
+    session = node.get_json("/v1/fabric/self", timeout=10.0)["session_id"]
     time.sleep(1.5)
     all_pids: list[int] = list(first)
     try:
@@ -136,9 +165,8 @@ def test_hung_engine_is_killed_and_restarted(
         second = read_pids(pids_file, timeout=60, old=first)
         all_pids += second
         assert gone_within(first, 5.0) == [], "the hung engine's tree was not killed"
-        fabric.wait_serving({"tree-m": 1})
-        me = node.get_json("/v1/fabric/self")
-        assert me["session_id"] != session and me["engine_restarts"] == 1
+        me = serving_again(fabric, node, session)
+        assert me["engine_process"]["pid"] == second[0] and me["engine_restarts"] == 1
         assert "consecutive health checks failed" in fabric.tail(node, 80)
     finally:
         _cleanup(tuple(all_pids))

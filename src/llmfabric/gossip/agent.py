@@ -2,6 +2,7 @@
 
     agent = GossipAgent(transport, clock, node_key, meta, config=preset("lan"), seeds=[...])
     await agent.start()                       # publishes our JOIN record, contacts the seeds
+                                              # (nothing is sent before start)
     agent.set_state(Lifecycle.SERVING)        # or update_self(meta) on any metadata change
     agent.nodes.routable(); agent.models.sessions("llama-3-8b")   # local reads
     agent.add_listener(lambda change: ...)    # every replica change (registry.replica.Change)
@@ -251,7 +252,11 @@ class GossipAgent:
 
     def _flush(self) -> None:
         """Send queued fresh changes to `fanout` random members."""
-        if not self.queue:
+        # Not before start() (nor after aclose()): a session built to replace another may
+        # set its state (SERVING) before it is started and made current; peers must not
+        # route to it while its node still shows (and answers for) the old session. What
+        # is queued goes out when start() publishes.
+        if not self._running or not self.queue:
             return
         if self._peers_cache is None:
             self.member_peers()

@@ -11,7 +11,9 @@ awaited by `stop()`.
 Sessions (GossipAgents) and the engine are replaced in ONE operation, `change_session`,
 under a lock: the new session is started before it becomes current, so readers (the HTTP
 views, routing, controllers) see either the old session or the started new one, never
-none; the old one is closed after the swap. Every session and engine the supervisor was
+none; the old one is closed after the swap. A session sends nothing before it is started
+(GossipAgent), and nothing is awaited between its start and the swap: peers cannot hear of
+the new session while this node still shows the old one. Every session and engine the supervisor was
 given stays owned until closed, so `stop()` (idempotent, safe to call while a release or a
 rejoin is in flight) closes all of them and leaves nothing running.
 """
