@@ -123,6 +123,11 @@ class BudgetBook:
     def remove(self, scope: str, name: str) -> bool:
         return self.budgets.pop((scope, name), None) is not None
 
+    def applies(self, key_id: str, owner: str) -> bool:
+        """Whether any budget counts for this key or its owner (checked per request)."""
+        b = self.budgets
+        return bool(b) and (("key", key_id) in b or ("owner", owner) in b)
+
     def _applicable(self, key_id: str, owner: str) -> list[Budget]:
         out = []
         team = self.teams.get(owner)

@@ -73,18 +73,27 @@ class UsageLedger:
 
     def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
                estimated: bool = False) -> None:
-        row = (key_id, model, self._today())
+        now = self._wall()
+        start, end = self._day_span
+        row = (key_id, model, self._day if start <= now < end else self._today(now))
         c = self._pending.get(row)
         if c is None:
             c = self._pending[row] = _Counts()
-        c.requests = min(ROW_MAX, c.requests + 1)
-        c.estimated = min(ROW_MAX, c.estimated + int(estimated))
-        c.prompt = min(ROW_MAX, c.prompt + clamp_tokens(prompt_tokens))
-        c.completion = min(ROW_MAX, c.completion + clamp_tokens(completion_tokens))
+        # Saturating adds (each counter stops at ROW_MAX), spelled out: this runs per request.
+        if (v := c.requests + 1) > ROW_MAX:
+            v = ROW_MAX
+        c.requests = v
+        if estimated and (v := c.estimated + 1) <= ROW_MAX:
+            c.estimated = v
+        if (v := c.prompt + clamp_tokens(prompt_tokens)) > ROW_MAX:
+            v = ROW_MAX
+        c.prompt = v
+        if (v := c.completion + clamp_tokens(completion_tokens)) > ROW_MAX:
+            v = ROW_MAX
+        c.completion = v
 
-    def _today(self) -> str:
+    def _today(self, now: float) -> str:
         """utc_day(now), formatted once per day (a strftime per request was measurable)."""
-        now = self._wall()
         start, end = self._day_span
         if not start <= now < end:
             start = now - now % 86400.0  # (UTC days are 86400 s: no leap seconds in POSIX)

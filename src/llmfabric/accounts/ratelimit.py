@@ -84,9 +84,10 @@ class RateLimiter:
     def add_tokens(self, key_id: str, n: int) -> None:
         """Charge `n` tokens (prompt + completion) used by a finished request of `key_id`
         (and of its owner)."""
-        if n <= 0:
-            return
-        for name in (key_id, self._owner_of.get(key_id)):
+        owner = self._owner_of.get(key_id)
+        if n <= 0 or owner is None:
+            return  # (only a key limited at its last check() has buckets: none to charge)
+        for name in (key_id, owner):
             tpm = self._token_limit.get(name) if name is not None else None
             bucket = self._tokens.get(name) if name is not None else None
             if tpm is None or bucket is None:

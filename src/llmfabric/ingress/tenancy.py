@@ -70,7 +70,7 @@ def reservation_parts(doc: Mapping[str, Any],
     n = doc.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 128:
         cap *= n
-    return estimate_prompt_tokens(dict(doc)), cap
+    return estimate_prompt_tokens(doc if isinstance(doc, dict) else dict(doc)), cap
 
 
 def _owner(principal: Principal | None) -> tuple[str, str]:
@@ -92,14 +92,24 @@ class TenancyGate:
 
     async def admit(self, principal: Principal | None, doc: Mapping[str, Any]
                     ) -> Refusal | None:
+        key_id, owner = _owner(principal)
+        book = self.budgets
+        if self.queue is None and (principal is None or book is None
+                                   or not book.applies(key_id, owner)):
+            # Nothing to reserve or queue for (the common case: no budget set for this key
+            # or its owner): no state, so used() and settle() are no-ops. A budget set later
+            # applies from the key's next request on, as it always did.
+            _STATE.set(None)
+            if (tr := current_trace()) is not None:
+                tr.phase("queue")
+            return None
         state = _Admitted()
         _STATE.set(state)
-        key_id, owner = _owner(principal)
         prompt, completion = reservation_parts(doc, self.default_completion)
         cost = prompt + completion
         state.model = str(doc.get("model", ""))
-        if self.budgets is not None and principal is not None:
-            got = self.budgets.reserve(key_id, owner, cost, self.budgets.cost_micros(
+        if book is not None and principal is not None and book.applies(key_id, owner):
+            got = book.reserve(key_id, owner, cost, book.cost_micros(
                 state.model, prompt, completion))
             if isinstance(got, OverBudget):
                 return self._refused("budget_exceeded", got.message(), got.retry_after_s)

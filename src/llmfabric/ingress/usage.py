@@ -26,10 +26,15 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from llmfabric.accounts.policy import clamp_tokens
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST, clamp_tokens
 
 _MARKERS = (b'"usage":{', b'"usage": {')
 MAX_SSE_LINE = 4 * 1024 * 1024  # default line cap (bytes) before lines pass unscanned
+
+
+# Content-piece markers and their empty forms, in the four spellings engines use.
+_PIECES = ((b'"content":"', b'"content":""'), (b'"content": "', b'"content": ""'),
+           (b'"text":"', b'"text":""'), (b'"text": "', b'"text": ""'))
 
 
 def _has_usage(data: bytes) -> bool:
@@ -59,13 +64,21 @@ def relayed_usage(prompt_bytes: int, events: int) -> tuple[int, int]:
 
 def usage_from_body(body: bytes) -> tuple[int, int] | None:
     """(prompt_tokens, completion_tokens) from a non-streamed response body, if present."""
-    if not _has_usage(body):
+    if _MARKERS[0] not in body and _MARKERS[1] not in body:
         return None
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return _tokens(doc.get("usage")) if isinstance(doc, dict) else None
+    if type(doc) is not dict:
+        return None
+    usage = doc.get("usage")
+    if type(usage) is dict:  # the usual shape, answered without _tokens' general checks
+        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if (type(p) is int and type(c) is int and 0 <= p <= MAX_TOKENS_PER_REQUEST
+                and 0 <= c <= MAX_TOKENS_PER_REQUEST):
+            return p, c
+    return _tokens(usage)
 
 
 class StreamUsageScanner:
@@ -123,10 +136,14 @@ class StreamUsageScanner:
     def _count(self, data: bytes) -> bytes:
         # Content pieces (for the estimate when the engine reports no usage), counted per
         # chunk: the four spellings spelled out (this runs for every chunk of every stream).
+        # An empty piece (`"content":""`) contains its spelling's marker, so a spelling
+        # absent from the chunk (three of the four, usually) needs no second count.
         c = data.count
-        self.pieces += (c(b'"content":"') + c(b'"content": "') + c(b'"text":"') + c(b'"text": "')
-                        - c(b'"content":""') - c(b'"content": ""') - c(b'"text":""')
-                        - c(b'"text": ""'))
+        n = 0
+        for marker, empty in _PIECES:
+            if k := c(marker):
+                n += k - c(empty)
+        self.pieces += n
         if self._held_done and not data.strip():
             return b""  # the blank line that ended the held [DONE] event
         if self._want_chunk and self.usage is None and b"[DONE]" in data:

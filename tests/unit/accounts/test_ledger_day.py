@@ -34,6 +34,7 @@ def test_records_either_side_of_midnight_are_two_rows() -> None:
 def test_every_reading_gets_its_own_utc_day(readings: list[float]) -> None:
     now = [0.0]
     ledger = UsageLedger(_NoBackend(), lambda: now[0])  # type: ignore[arg-type]
-    for t in readings:
+    for i, t in enumerate(readings):
         now[0] = t
-        assert ledger._today() == utc_day(t)
+        ledger.record(f"k{i}", "m", 1, 1)  # (a row of its own: its day is the reading's)
+        assert [day for key, _, day in ledger._pending if key == f"k{i}"] == [utc_day(t)]
