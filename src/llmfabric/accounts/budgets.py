@@ -124,9 +124,15 @@ class BudgetBook:
         return self.budgets.pop((scope, name), None) is not None
 
     def applies(self, key_id: str, owner: str) -> bool:
-        """Whether any budget counts for this key or its owner (checked per request)."""
+        """Whether any budget counts for this key, its owner or the owner's team (checked
+        per request: the ingress keeps no budget state for a request when none does)."""
         b = self.budgets
-        return bool(b) and (("key", key_id) in b or ("owner", owner) in b)
+        if not b:
+            return False
+        if ("key", key_id) in b or ("owner", owner) in b:
+            return True
+        team = self.teams.get(owner)
+        return team is not None and ("team", team) in b
 
     def _applicable(self, key_id: str, owner: str) -> list[Budget]:
         out = []

@@ -236,3 +236,12 @@ async def test_team_memberships_persist_and_seed_the_teams_spending() -> None:
         assert isinstance(again.book.reserve(kb.id, "bob", 31), Hold)  # no longer counted
     finally:
         await db.aclose()
+
+
+def test_a_team_budget_applies_to_every_owner_in_the_team() -> None:
+    book = BudgetBook(lambda: 0.0)
+    book.teams["alice"] = "nlp"
+    assert not book.applies("k1", "alice")
+    book.set(Budget("team", "nlp", 100, "day"))
+    assert book.applies("k1", "alice")  # (the ingress's fast path must not skip it)
+    assert not book.applies("k2", "carol")  # not in the team
