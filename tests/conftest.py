@@ -5,6 +5,13 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline by default: a deadline is a timing assertion, and on a loaded 2-core
+# machine (CI, or engines starting beside the suite) a slow example is not a wrong one. Tests
+# that set their own settings(deadline=...) keep theirs.
+settings.register_profile("llmfabric", deadline=None)
+settings.load_profile("llmfabric")
 
 _TIERS = ("unit", "integration", "e2e")
 
