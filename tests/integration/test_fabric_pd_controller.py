@@ -32,12 +32,16 @@ from .test_fabric_pd import MODEL, MSG, _engine, _pd
 
 pytestmark = pytest.mark.slow
 
+# (name, role); the node at index i holds the plan's GPU i (`--label pd.gpus=i`): unlabelled
+# nodes of one role and GPU type bind in session-id order, which is random per run, so the
+# plan's GPU 0 (X = 1) would land on p2 about half the time and the test's p1/p2 checks fail.
 ROLES = (("p1", "prefill"), ("p2", "prefill"), ("d1", "decode"), ("d2", "decode"))
 
 
 def _write_plan(root: pathlib.Path) -> list[str]:
     """Four one-A40 hosts, GPUs 0, 1 prefill and 2, 3 decode; the plan's X sends every
-    prefill to GPU 0 (p1), so routing by the plan is visible. Returns the CLI's plan args."""
+    prefill to GPU 0 (p1, by its label), so routing by the plan is visible. Returns the CLI's
+    plan args."""
     cluster = root / "cluster.yaml"
     cluster.write_text("instances:\n" + "".join(
         f"  - {{gpu: A40, count: 1, host: h{i}}}\n" for i in range(4)))
@@ -70,12 +74,12 @@ def fabric(tmp_path_factory: pytest.TempPathFactory
             "--bootstrap", ingress.peer_addr, "--ingress", "--provider", "fabric",
             "--no-auth", "--controller", ctl_id])
         nodes: dict[str, NodeProcess] = {}
-        for name, role in ROLES:
+        for gpu, (name, role) in enumerate(ROLES):
             port = free_port()
             nodes[name] = fab._spawn(name, [
                 "--bootstrap", ingress.peer_addr, "--provider", "pd", "--gpu", "A40",
                 "--gpu-count", "1", "--on-engine-exit", "leave", "--accept-assignments",
-                "--controller", ctl_id,
+                "--controller", ctl_id, "--label", f"pd.gpus={gpu}",
                 "--process", *fab._cli(), "engine", "sim", "--model", MODEL, "--gpu", "A40",
                 "--port", str(port), "--speed", "20", "--role", role, "--kv-bits", "4",
                 "--kv-gbps", "10", "--kv-latency-ms", "200",
@@ -138,7 +142,8 @@ async def test_a_controller_process_flips_over_the_peer_protocol_and_ingresses_f
             after = _prefills(nodes)
             if after["p2"] == before["p2"]:
                 break
-            assert time.monotonic() < deadline, "the trusting ingress never used the plan"
+            assert time.monotonic() < deadline, (
+                f"the trusting ingress never used the plan: prefills {before} -> {after}")
             before = after
         assert after["p1"] - before["p1"] == 6
         # the ingress that lists no controller ignores the plan: both prefill nodes work
