@@ -261,7 +261,7 @@ def _open_page(browser: Any, request: pytest.FixtureRequest, **context_args: Any
         assert not real, f"JavaScript errors on the page: {real}"
     finally:
         try:
-            finish_routes(pg, context)
+            finish_routes(pg, context, wait=not request.node.stash.get(FAILED, False))
         finally:
             if request.node.stash.get(FAILED, False):
                 SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -272,7 +272,7 @@ def _open_page(browser: Any, request: pytest.FixtureRequest, **context_args: Any
             context.close()
 
 
-def finish_routes(pg: Any, context: Any) -> None:
+def finish_routes(pg: Any, context: Any, wait: bool = True) -> None:
     """Remove the page's and context's route handlers once those still running have finished.
 
     The dashboard polls every second, so a test's route handler (say one in `route.fetch()`)
@@ -281,10 +281,13 @@ def finish_routes(pg: Any, context: Any) -> None:
     sync API raises a handler's error at the next API call on the connection, which is the
     next test's `browser.new_context()`: an error at the setup of an innocent test. Waiting
     here lets the handler finish against a live context, and a handler's own error (a real
-    one) is raised now, in the teardown of the test that routed.
+    one) is raised now, in the teardown of the test that routed. After a failed test
+    (`wait=False`) a route it held back may never be answered, so nothing is waited for and
+    the errors of handlers cut off by the close are dropped: the failure is reported already.
     """
-    pg.unroute_all(behavior="wait")
-    context.unroute_all(behavior="wait")
+    behavior = "wait" if wait else "ignoreErrors"
+    pg.unroute_all(behavior=behavior)
+    context.unroute_all(behavior=behavior)
 
 
 @pytest.fixture

@@ -482,6 +482,39 @@ def test_chat_stop_aborts_a_streaming_answer(page: Any, fabric: Any, sign_in: An
     page.locator(".msg.assistant").nth(1).locator(".served-by").wait_for()
 
 
+def test_a_message_sent_before_the_model_list_arrives_waits_for_it(
+    page: Any, fabric: Any, sign_in: Any
+) -> None:
+    # Enter right after opening the playground (as a loaded machine makes the tests do) used
+    # to say "No model to talk to" while the model list was still on its way.
+    sign_in(page)
+    held: list[Any] = []
+    page.route("**/v1/fabric/models", lambda route: held.append(route))  # released below
+    try:
+        page.goto(f"{fabric.ui}#/chat?model={QWEN}")
+        for _ in range(1000):  # Playwright's own waits run the handlers; time.sleep would not
+            if held:
+                break
+            page.wait_for_timeout(10)
+        assert held, "the playground never asked for the model list"
+        page.get_by_label("Max tokens").fill("8")
+        page.get_by_label("Message").fill("hello before the list")
+        page.get_by_label("Message").press("Enter")
+        page.get_by_label("Message").press("Enter")  # twice: still one message
+        assert page.locator(".msg").count() == 0, "sent before the model was known"
+    finally:
+        for route in held:
+            route.continue_()
+        page.unroute("**/v1/fabric/models")
+    answer = page.locator(".msg.assistant")
+    answer.locator(".served-by").wait_for()
+    page.wait_for_function("() => !document.getElementById('transcript').hasAttribute('aria-busy')")
+    assert answer.count() == 1
+    assert answer.locator(".who").text_content() == QWEN
+    assert not page.get_by_role("alert").filter(has_text="No model").count()
+    assert page.get_by_label("Message").input_value() == ""
+
+
 def test_sse_parser_gives_the_same_events_for_any_chunking(page: Any, fabric: Any) -> None:
     page.goto(fabric.ui)
     mismatches = page.evaluate("""async () => {
