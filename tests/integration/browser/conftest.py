@@ -260,13 +260,34 @@ def _open_page(browser: Any, request: pytest.FixtureRequest, **context_args: Any
         real = [e for e in errors if "401" not in e and "Failed to load resource" not in e]
         assert not real, f"JavaScript errors on the page: {real}"
     finally:
-        if request.node.stash.get(FAILED, False):
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            try:
-                pg.screenshot(path=str(failure_shot_path(request.node.nodeid)), full_page=True)
-            except Exception as exc:  # the page may be what broke; keep the real failure
-                print(f"no failure screenshot: {exc}", file=sys.stderr)
-        context.close()
+        try:
+            finish_routes(pg, context, wait=not request.node.stash.get(FAILED, False))
+        finally:
+            if request.node.stash.get(FAILED, False):
+                SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+                try:
+                    pg.screenshot(path=str(failure_shot_path(request.node.nodeid)), full_page=True)
+                except Exception as exc:  # the page may be what broke; keep the real failure
+                    print(f"no failure screenshot: {exc}", file=sys.stderr)
+            context.close()
+
+
+def finish_routes(pg: Any, context: Any, wait: bool = True) -> None:
+    """Remove the page's and context's route handlers once those still running have finished.
+
+    The dashboard polls every second, so a test's route handler (say one in `route.fetch()`)
+    may still be running when the test ends. Closing the context first disposes the context's
+    fetched responses, and the handler then fails ("Response has been disposed"); Playwright's
+    sync API raises a handler's error at the next API call on the connection, which is the
+    next test's `browser.new_context()`: an error at the setup of an innocent test. Waiting
+    here lets the handler finish against a live context, and a handler's own error (a real
+    one) is raised now, in the teardown of the test that routed. After a failed test
+    (`wait=False`) a route it held back may never be answered, so nothing is waited for and
+    the errors of handlers cut off by the close are dropped: the failure is reported already.
+    """
+    behavior = "wait" if wait else "ignoreErrors"
+    pg.unroute_all(behavior=behavior)
+    context.unroute_all(behavior=behavior)
 
 
 @pytest.fixture
@@ -313,3 +334,9 @@ def sign_in(fabric: Fabric) -> Callable[..., None]:
         page.get_by_role("heading", name="Create a key").wait_for()
 
     return do
+
+
+@pytest.fixture
+def routes_finisher() -> Callable[[Any, Any], None]:
+    """finish_routes, the page fixtures' last step before closing the context."""
+    return finish_routes

@@ -6,8 +6,10 @@ module: it SIGKILLs one of the two llama nodes, so nothing after it could rely o
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import re
+import threading
 import time
 from typing import Any
 
@@ -480,6 +482,39 @@ def test_chat_stop_aborts_a_streaming_answer(page: Any, fabric: Any, sign_in: An
     page.locator(".msg.assistant").nth(1).locator(".served-by").wait_for()
 
 
+def test_a_message_sent_before_the_model_list_arrives_waits_for_it(
+    page: Any, fabric: Any, sign_in: Any
+) -> None:
+    # Enter right after opening the playground (as a loaded machine makes the tests do) used
+    # to say "No model to talk to" while the model list was still on its way.
+    sign_in(page)
+    held: list[Any] = []
+    page.route("**/v1/fabric/models", lambda route: held.append(route))  # released below
+    try:
+        page.goto(f"{fabric.ui}#/chat?model={QWEN}")
+        for _ in range(1000):  # Playwright's own waits run the handlers; time.sleep would not
+            if held:
+                break
+            page.wait_for_timeout(10)
+        assert held, "the playground never asked for the model list"
+        page.get_by_label("Max tokens").fill("8")
+        page.get_by_label("Message").fill("hello before the list")
+        page.get_by_label("Message").press("Enter")
+        page.get_by_label("Message").press("Enter")  # twice: still one message
+        assert page.locator(".msg").count() == 0, "sent before the model was known"
+    finally:
+        for route in held:
+            route.continue_()
+        page.unroute("**/v1/fabric/models")
+    answer = page.locator(".msg.assistant")
+    answer.locator(".served-by").wait_for()
+    page.wait_for_function("() => !document.getElementById('transcript').hasAttribute('aria-busy')")
+    assert answer.count() == 1
+    assert answer.locator(".who").text_content() == QWEN
+    assert not page.get_by_role("alert").filter(has_text="No model").count()
+    assert page.get_by_label("Message").input_value() == ""
+
+
 def test_sse_parser_gives_the_same_events_for_any_chunking(page: Any, fabric: Any) -> None:
     page.goto(fabric.ui)
     mismatches = page.evaluate("""async () => {
@@ -709,6 +744,61 @@ def test_catalog_redraws_keep_keyboard_focus(page: Any, fabric: Any) -> None:
         f"() => parseFloat(document.querySelector('{demand}').textContent) >= window.__first + 2"
     )
     assert page.evaluate("document.activeElement.__mark") == "kept", "focus was lost"
+
+
+class _SlowJson(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with a JSON object, 0.3 s late: a route.fetch() that stays in flight."""
+
+    def do_GET(self) -> None:
+        time.sleep(0.3)
+        body = b'{"nodes": []}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_closing_a_page_lets_its_route_handlers_in_flight_finish(
+    browser: Any, fabric: Any, routes_finisher: Any
+) -> None:
+    # A handler still in route.fetch() when its context closed used to fail ("Response has
+    # been disposed") and Playwright raised that at the next API call: the setup of the next
+    # test. The page fixtures' teardown (routes_finisher, then close) must let it finish.
+    slow = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowJson)
+    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    started: list[str] = []
+    finished: list[str] = []
+
+    def handle(route: Any) -> None:
+        started.append(route.request.url)
+        resp = route.fetch(url=f"http://127.0.0.1:{slow.server_address[1]}/")
+        route.fulfill(response=resp, json=resp.json())
+        finished.append(route.request.url)
+
+    try:
+        context = browser.new_context()
+        pg = context.new_page()
+        pg.route("**/v1/fabric/nodes", handle)
+        pg.goto(f"{fabric.ui}#/nodes")  # the nodes page polls every second
+        for _ in range(1000):  # Playwright's own waits run the handlers; time.sleep would not
+            if started:
+                break
+            pg.wait_for_timeout(10)
+        assert started, "the page never asked for the nodes"
+        routes_finisher(pg, context)  # the handler is now in its 0.3 s fetch
+        context.close()
+        assert finished == started, "a route handler was cut off by the close"
+        # and the connection holds no handler error for whoever calls next
+        other = browser.new_context()
+        other.new_page().evaluate("1 + 1")
+        other.close()
+    finally:
+        slow.shutdown()
+        slow.server_close()
 
 
 def test_reloading_the_keys_page_as_admin_shows_the_admin_view(

@@ -36,6 +36,10 @@ function render(view, ctx, params) {
   } } }, 'Clear');
   const errorBox = h('div');
   let controller = null;
+  // The model list's load. A message sent before it arrives (Enter right after opening the
+  // page) waits for it instead of being told there is no model to talk to.
+  let modelsLoaded = false;
+  let waitingForModels = false;
 
   const composer = h('form', { class: 'composer', on: { submit: (e) => { e.preventDefault(); sendMessage(); } } },
     h('label', { for: 'chat-input', class: 'visually-hidden' }, 'Message'),
@@ -86,6 +90,12 @@ function render(view, ctx, params) {
   }
 
   async function sendMessage() {
+    if (!modelsLoaded) {
+      if (waitingForModels) return; // sent twice while waiting: once is enough
+      waitingForModels = true;
+      try { await modelsReady; } finally { waitingForModels = false; }
+      if (!ctx.alive) return;
+    }
     mount(errorBox);
     const text = prompt.value.trim();
     if (!text) { prompt.focus(); return; }
@@ -155,7 +165,7 @@ function render(view, ctx, params) {
     }
   }
 
-  async function loadChoices() {
+  async function loadModels() {
     try {
       let models;
       try {
@@ -174,6 +184,9 @@ function render(view, ctx, params) {
       mount(modelSelect, h('option', { value: '' }, 'Could not load models'));
       mount(errorBox, notice('error', `Could not load the model list: ${err.message}`));
     }
+  }
+
+  async function loadProviders() {
     try {
       const providers = listOf(await get('/v1/fabric/providers'), 'providers');
       if (!ctx.alive) return;
@@ -196,7 +209,8 @@ function render(view, ctx, params) {
   }
 
   drawTranscript();
-  loadChoices();
+  const modelsReady = loadModels().finally(() => { modelsLoaded = true; });
+  loadProviders();
   prompt.focus();
 }
 
