@@ -268,10 +268,13 @@ def test_no_provider_left_is_503_with_retry_after_then_restart(real: Setup) -> N
     # (until the ingress learns B is DOWN, a request may still reach B and fail with 502)
     assert set(seen) <= {200, 502, 503}, seen
     deadline = time.monotonic() + 300  # (fab.wait_serving would object to A's exit 5)
-    while real.fab.serving_models().get("tiny", 0) < 1:
+    while True:  # B shows its new session, and the ingress routes to it
         assert time.monotonic() < deadline and real.b.alive(), real.fab.tail(real.b)
+        after = real.b.get_json("/v1/fabric/self")
+        if (after["session_id"] != before["session_id"]
+                and real.fab.serving_models().get("tiny", 0) >= 1):
+            break
         time.sleep(0.5)
-    after = real.b.get_json("/v1/fabric/self")
     assert after["engine_restarts"] == 1 and after["session_id"] != before["session_id"]
     assert after["engine_process"]["pid"] != before["engine_process"]["pid"]
 
