@@ -107,7 +107,8 @@ class Ingress:
         self._duration = sim_rate()  # request duration estimate for walltime routing
         self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
         self.pd = PDPath(self, Committed, rng)  # prefill/decode disaggregation (pd_path.py)
-        self.tracer = Tracer(config.keep_traces) if config.keep_traces > 0 else None
+        self.tracer = (Tracer(config.keep_traces, rate_per_s=config.trace_rate_per_s)
+                       if config.keep_traces > 0 else None)
         self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy.py)
 
     # -- routes --------------------------------------------------------------------------

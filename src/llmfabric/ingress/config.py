@@ -69,3 +69,7 @@ class IngressConfig:
     # Request traces kept in memory for GET /v1/fabric/traces (the dashboard's waterfall);
     # 0: no tracing at all (no spans, no traceparent sent on).
     keep_traces: int = 200
+    # New traces started per second at most (a rate-limiting sampler: a trace costs ~15 us of
+    # CPU, a third of a loaded worker's budget per request); requests past it, within the
+    # same second, run untraced. A request whose client sent a `traceparent` is always traced.
+    trace_rate_per_s: int = 100

@@ -7,6 +7,9 @@ The front that owns the client connection starts a trace (`traced`), which puts 
 `RequestTrace` in a context variable; the request core marks phases on `current_trace()` and
 the forwarders send `downstream_header()` as the next hop's `traceparent`. When the ingress
 has no tracer nothing is created and the core pays one context-variable read per request.
+New traces are rate-limited (`Tracer.admit`: at most `rate_per_s` per second, the rest run
+untraced, as a Jaeger rate-limiting sampler does); a request that brought its own
+`traceparent` is always traced (parent-based).
 """
 
 from __future__ import annotations
@@ -183,10 +186,29 @@ class Tracer:
     """Keeps the last `keep` finished traces; hands each to `exporter` when one is set."""
 
     def __init__(self, keep: int = 200, exporter: TraceExporter | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, rate_per_s: int = 100,
+                 mono: Callable[[], float] = time.monotonic) -> None:
         self.exporter = exporter
         self._wall = wall
         self._ring: deque[RequestTrace] = deque(maxlen=max(1, keep))
+        self._rate = max(0, rate_per_s)
+        self._mono = mono
+        self._window_end = 0.0
+        self._left = 0
+        self.unsampled = 0  # requests run untraced because the rate was used up
+
+    def admit(self) -> bool:
+        """Whether a request without a client `traceparent` starts a trace: at most
+        `rate_per_s` in each one-second window."""
+        now = self._mono()
+        if now >= self._window_end:
+            self._window_end = now + 1.0
+            self._left = self._rate
+        if self._left > 0:
+            self._left -= 1
+            return True
+        self.unsampled += 1
+        return False
 
     def begin(self, traceparent: str | bytes | None) -> RequestTrace:
         return RequestTrace(parse_traceparent(traceparent), self._wall())
@@ -215,7 +237,7 @@ async def traced(tracer: Tracer | None, traceparent: str | bytes | None, sink: H
     """Run one request under a new trace (plainly without a tracer): `sink` (a stream's
     response) and the returned Reply carry X-Fabric-Trace; the trace is finished with the
     response's status."""
-    if tracer is None:
+    if tracer is None or (not traceparent and not tracer.admit()):
         return await call()
     tr = tracer.begin(traceparent)
     sink.headers = {TRACE_HEADER: tr.trace_id}
