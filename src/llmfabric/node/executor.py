@@ -19,6 +19,18 @@ RELEASE_TIMEOUT_S = 90.0
 ASSIGN_TIMEOUT_S = 30.0
 
 
+async def post_signed_control(transport: TlsTransport, peer: str, path: str, body: bytes,
+                              timeout_s: float) -> tuple[int, str]:
+    """POST a control request signed by this node's key (dataplane/control.py) to `peer`;
+    (status, answer text). Raises NetError when the peer cannot be reached."""
+    signed = sign_control(transport.key, path, body, time.time())
+    resp = await transport.request(
+        peer, "POST", path, (("content-type", "application/json"), (SIGNED_HEADER, signed)),
+        body, timeout=timeout_s)
+    async with resp:
+        return resp.status, (await resp.read()).decode(errors="replace")
+
+
 class PeerExecutor:
     """`apply(Assign)` POSTs the assignment to every node in it (by session -> peer id);
     `apply(Release)` POSTs a release and waits until the node is bare again.
@@ -57,25 +69,19 @@ class PeerExecutor:
             self._fail(what, f"{sid}: not in the registry")
             return None
         try:
-            signed = sign_control(self._transport.key, path, body, time.time())
-            resp = await self._transport.request(
-                peer, "POST", path,
-                (("content-type", "application/json"), (SIGNED_HEADER, signed)), body,
-                timeout=limit_s,
-            )
-            async with resp:
-                answer = (await resp.read()).decode(errors="replace")
+            status, answer = await post_signed_control(self._transport, peer, path, body,
+                                                       limit_s)
         except NetError as exc:
             self._fail(what, f"{sid}: {exc}")
             return None
-        self.results.append((sid, resp.status, answer))
-        if resp.status not in (200, 202):
-            self._fail(what, f"{sid}: {resp.status} {answer[:200]}")
-        return resp.status
+        self.results.append((sid, status, answer))
+        if status not in (200, 202):
+            self._fail(what, f"{sid}: {status} {answer[:200]}")
+        return status
 
     def _fail(self, what: str, failure: str) -> None:
         log.error("%s failed: %s", what, failure)
         self.failures.append(failure)
 
 
-__all__ = ["Assign", "PeerExecutor"]
+__all__ = ["Assign", "PeerExecutor", "post_signed_control"]

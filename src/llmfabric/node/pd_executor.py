@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
-from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.net import NetError, TlsTransport
+from llmfabric.node.executor import post_signed_control
 from llmfabric.node.peer_api import ROLE_PATH, RoleRequest
 from llmfabric.routing.pd import PDPlanTable, PDRouter, PlanError
 from llmfabric.routing.pd_plan import PlanItem, encode_plan
@@ -119,20 +119,15 @@ class PeerPDExecutor:
             self._fail(what, f"{sid}: not in the registry")
             return None
         try:
-            signed = sign_control(self._transport.key, ROLE_PATH, body, time.time())
-            resp = await self._transport.request(
-                peer, "POST", ROLE_PATH,
-                (("content-type", "application/json"), (SIGNED_HEADER, signed)), body,
-                timeout=ROLE_TIMEOUT_S)
-            async with resp:
-                answer = (await resp.read()).decode(errors="replace")
+            status, answer = await post_signed_control(self._transport, peer, ROLE_PATH, body,
+                                                       ROLE_TIMEOUT_S)
         except NetError as exc:
             self._fail(what, f"{sid}: {exc}")
             return None
-        self.results.append((sid, resp.status, answer))
-        if resp.status != 200:
-            self._fail(what, f"{sid}: {resp.status} {answer[:200]}")
-        return resp.status
+        self.results.append((sid, status, answer))
+        if status != 200:
+            self._fail(what, f"{sid}: {status} {answer[:200]}")
+        return status
 
     def _fail(self, what: str, failure: str) -> None:
         log.error("%s failed: %s", what, failure)
