@@ -415,7 +415,8 @@ def _group_cost(problem: NetProblem, nbytes: float, routes: Routes
         k = tuple(sorted(group, key=str))
         if k not in memo:
             c = choose_scheme(problem.topology, group, nbytes,
-                              hop_latency=problem.hop_latency, routes=routes)
+                              hop_latency=problem.hop_latency, routes=routes,
+                              net_s=problem.net_collective_s)
             memo[k] = min(c.t_ina, c.t_ring)
         return memo[k]
     return cost
@@ -481,12 +482,15 @@ def heroserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
     """Algorithm 2's choice at the phase's message size; the model the simulator runs picks
     INA or ring per message (the online scheduler re-picks the scheme per all-reduce,
     §III-D), so a group with a switch slot holds it whenever INA wins small messages."""
-    topo, hop = problem.topology, problem.hop_latency
-    c = choose_scheme(topo, group, nbytes, free_slots=free, hop_latency=hop, routes=routes)
-    ring = group_allreduce(topo, group, "ring", None, hop_latency=hop, routes=routes)
+    topo, hop, net = problem.topology, problem.hop_latency, problem.net_collective_s
+    c = choose_scheme(topo, group, nbytes, free_slots=free, hop_latency=hop, routes=routes,
+                      net_s=net)
+    ring = group_allreduce(topo, group, "ring", None, hop_latency=hop, routes=routes,
+                           net_s=net)
     if c.switch is None:
         return GroupComm("ring", None, ring, c.t_ina, c.t_ring)
-    ina = group_allreduce(topo, group, "ina", c.switch, hop_latency=hop, routes=routes)
+    ina = group_allreduce(topo, group, "ina", c.switch, hop_latency=hop, routes=routes,
+                          net_s=net)
     hybrid = hybrid_model(ina, ring, len(group))
     if c.scheme == "ina":
         return GroupComm("ina", c.switch, hybrid or ina, c.t_ina, c.t_ring)
