@@ -16,8 +16,8 @@ groups into pipeline stages (layers split by memory bandwidth x TP), and price i
   b = lambda_d K_out step(b) (Little) that fits the KV memory with step(b) + T_f <= SLA_dec;
   bisection.
 
-The best candidate by H (ties: fewer GPUs, then order) is the plan. Everything is seeded:
-the same problem gives the same plan.
+The best candidate by H (ties: fewer GPUs, then lower T_pre + T_dec, then order) is the
+plan. Everything is seeded: the same problem gives the same plan.
 """
 
 from __future__ import annotations
@@ -382,6 +382,19 @@ def _first_kv_sends(problem: NetProblem, pre: PhasePlan, dec: PhasePlan
     return {k: [z for z, _ in v] for k, v in sends.items()}
 
 
+def _better(a: NetPlan, b: NetPlan) -> bool:
+    """Larger H; at equal H (within 1e-9) fewer GPUs, then lower latency T_pre + T_dec (the
+    paper's second goal, "minimizing the average token generation latency", §III-A: when
+    decode memory binds H, prefill layouts tie on H but not on TTFT); then earlier."""
+    if a.H > b.H * (1 + 1e-9):
+        return True
+    if a.H < b.H * (1 - 1e-9):
+        return False
+    if a.n_gpus != b.n_gpus:
+        return a.n_gpus < b.n_gpus
+    return a.T_pre + a.T_dec < (b.T_pre + b.T_dec) * (1 - 1e-9)
+
+
 def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
     """Algorithm 1 under `strategy`: the candidate with the largest H."""
     t0 = time.perf_counter()
@@ -395,8 +408,7 @@ def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
         if plan is None:
             continue
         sweeps = max(sweeps, plan.sweeps)
-        if best is None or plan.H > best.H * (1 + 1e-9) or (
-                plan.H >= best.H * (1 - 1e-9) and plan.n_gpus < best.n_gpus):
+        if best is None or _better(plan, best):
             best = plan
     if best is None:
         raise SpecError("no (TP, PP) candidate fits the model on the given GPUs")
