@@ -77,14 +77,15 @@ def _print_plans(plans: list[Any]) -> None:
 
 def _problem(topology: Any, model: str, prefill: str, decode: str, workload: str,
              sla_ttft: float, sla_tpot: float, max_candidates: int, seed: int,
-             hop_latency: float | None) -> Any:
+             hop_latency: float | None, net_latency: float | None = None) -> Any:
     from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
     from llmfabric.sim.topology import Topology
 
     topo = topology if isinstance(topology, Topology) else Topology.from_yaml(topology)
     return NetProblem.of(topo, model, prefill, decode,
                          NetWorkload.from_yaml(workload), sla_ttft, sla_tpot,
-                         max_candi=max_candidates, seed=seed, hop_latency=hop_latency)
+                         max_candi=max_candidates, seed=seed, hop_latency=hop_latency,
+                         **({} if net_latency is None else {"net_collective_s": net_latency}))
 
 
 def _fabric_topology(url: str, api_key: str | None, assume_gpu: str | None,
@@ -129,6 +130,9 @@ def _fabric_topology(url: str, api_key: str | None, assume_gpu: str | None,
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--hop-latency", type=click.FloatRange(min=0), default=None,
               help="seconds per hop instead of the edges' latencies (0 = the paper's form)")
+@click.option("--net-latency", type=click.FloatRange(min=0), default=None,
+              help="fixed seconds per all-reduce through the NICs (default: the planner's, "
+                   "measured on DGX-A100 nodes; 0 with --hop-latency 0 = the paper's form)")
 @click.option("--compare", is_flag=True, help="also plan DistServe, DS-SwitchML, DS-ATP")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the plan (with its inputs) as JSON for `simulate net --plan`")
@@ -137,8 +141,8 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
              assume_gpu: str | None, save_topology: Path | None, model: str,
              prefill_gpus: str, decode_gpus: str, workload: str,
              sla_ttft: float, sla_tpot: float, max_candidates: int, seed: int,
-             hop_latency: float | None, compare: bool, out: Path | None,
-             as_json: bool) -> None:
+             hop_latency: float | None, net_latency: float | None, compare: bool,
+             out: Path | None, as_json: bool) -> None:
     """HeroServe: plan TP/PP, GPU groups, INA or ring per group and KV paths over a topology
     (a YAML file, or the links a live fabric measured), maximising the sustainable rate H
     under TTFT/TPOT SLAs."""
@@ -153,7 +157,7 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
         if from_fabric is not None:
             topo = _fabric_topology(from_fabric, api_key, assume_gpu, save_topology)
         problem = _problem(topo, model, prefill_gpus, decode_gpus, workload, sla_ttft,
-                           sla_tpot, max_candidates, seed, hop_latency)
+                           sla_tpot, max_candidates, seed, hop_latency, net_latency)
         plans = [plan_with(problem, s) for s in ((HEROSERVE, *BASELINES) if compare
                                                  else (HEROSERVE,))]
     except SimError as exc:
@@ -164,7 +168,7 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
               "prefill_gpus": prefill_gpus, "decode_gpus": decode_gpus,
               "workload": str(Path(workload).resolve()), "sla_ttft": sla_ttft,
               "sla_tpot": sla_tpot, "max_candidates": max_candidates, "seed": seed,
-              "hop_latency": hop_latency}
+              "hop_latency": hop_latency, "net_latency": problem.net_collective_s}
     doc = {"inputs": inputs, "plan": _plan_doc(plans[0]),
            "compare": [_plan_doc(p) for p in plans[1:]]}
     if out is not None:
@@ -182,11 +186,19 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
               help="message per member (1MB, 512KiB, 4e6)")
 @click.option("--hop-latency", type=click.FloatRange(min=0), default=None,
               help="seconds per hop instead of the edges' latencies (0 = the paper's form)")
+@click.option("--net-latency", type=click.FloatRange(min=0), default=None,
+              help="fixed seconds per all-reduce through the NICs (default: the planner's, "
+                   "measured on DGX-A100 nodes; 0 with --hop-latency 0 = the paper's form)")
 @click.option("--json", "as_json", is_flag=True)
 def simulate_collective(topology: str, group: str, size: str, hop_latency: float | None,
-                        as_json: bool) -> None:
+                        net_latency: float | None, as_json: bool) -> None:
     """All-reduce of one TP group: ring and INA at every switch (HeroServe eqs. 8-11)."""
-    from llmfabric.scheduler.netplan.commcost import choose_scheme, ina_breakdown, t_ring
+    from llmfabric.scheduler.netplan.commcost import (
+        NET_COLLECTIVE_S,
+        choose_scheme,
+        ina_breakdown,
+        t_ring,
+    )
     from llmfabric.sim.errors import SimError
     from llmfabric.sim.topology import Topology
 
@@ -196,14 +208,16 @@ def simulate_collective(topology: str, group: str, size: str, hop_latency: float
         members = [g.strip() for g in group.split(",") if g.strip()]
         ids = {str(g): g for g in topo.gpus()}
         members_ids = [ids.get(m, m) for m in members]
-        ring = t_ring(topo, members_ids, nbytes, hop_latency=hop_latency)
+        net = NET_COLLECTIVE_S if net_latency is None else net_latency
+        ring = t_ring(topo, members_ids, nbytes, hop_latency=hop_latency, net_s=net)
         ina = {}
         for s in topo.switches():
-            b = ina_breakdown(topo, members_ids, s, nbytes, hop_latency=hop_latency)
+            b = ina_breakdown(topo, members_ids, s, nbytes, hop_latency=hop_latency, net_s=net)
             ina[str(s)] = {"collect_s": b.collect_s, "agg_s": b.agg_s,
-                           "distribute_s": b.distribute_s, "total_s": b.total_s,
+                           "distribute_s": b.distribute_s, "net_s": b.net_s,
+                           "total_s": b.total_s,
                            "slots": topo.switch(s).aggregator_slots}
-        choice = choose_scheme(topo, members_ids, nbytes, hop_latency=hop_latency)
+        choice = choose_scheme(topo, members_ids, nbytes, hop_latency=hop_latency, net_s=net)
     except SimError as exc:
         raise click.ClickException(str(exc)) from None
     doc = {"group": members, "bytes": nbytes, "ring_s": ring, "ina": ina,

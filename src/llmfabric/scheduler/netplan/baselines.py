@@ -28,6 +28,7 @@ from llmfabric.scheduler.netplan.commcost import (
     nearest_switch,
     t_ina,
     t_ring,
+    with_base,
 )
 from llmfabric.scheduler.netplan.paths import Routes
 from llmfabric.scheduler.netplan.planner import (
@@ -72,9 +73,10 @@ def _host_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_groups:
 def _ring(problem: NetProblem, group: Sequence[NodeId], nbytes: float, routes: Routes
           ) -> GroupComm:
     ring = t_ring(problem.topology, group, nbytes, hop_latency=problem.hop_latency,
-                  routes=routes)
+                  routes=routes, net_s=problem.net_collective_s)
     model = group_allreduce(problem.topology, group, "ring", None,
-                            hop_latency=problem.hop_latency, routes=routes)
+                            hop_latency=problem.hop_latency, routes=routes,
+                            net_s=problem.net_collective_s)
     return GroupComm("ring", None, model, float("inf"), ring)
 
 
@@ -99,8 +101,9 @@ def switchml_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
     if switch is None:
         return _ring(problem, group, nbytes, routes)
     model = group_allreduce(topo, group, "ina", switch, hop_latency=problem.hop_latency,
-                            routes=eth)
-    ina = t_ina(topo, group, switch, nbytes, hop_latency=problem.hop_latency, routes=eth)
+                            routes=eth, net_s=problem.net_collective_s)
+    ina = t_ina(topo, group, switch, nbytes, hop_latency=problem.hop_latency, routes=eth,
+                net_s=problem.net_collective_s)
     return GroupComm("ina", switch, model, ina, float("nan"))
 
 
@@ -127,7 +130,7 @@ def atp_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
         up = [PricedPath(p.latency_s + extra_lat, p.inverse_bw_sum + extra_inv) for p in up]
         down = [PricedPath(p.latency_s + extra_lat, p.inverse_bw_sum + extra_inv)
                 for p in down]
-    model = ina_model(up, down, T_AGG_S)
+    model = with_base(ina_model(up, down, T_AGG_S), problem.net_collective_s)
     ina = model.time(nbytes, len(group))
     return GroupComm("ina", switch if not fallback else None, model, ina, float("nan"),
                      fallback)

@@ -16,6 +16,13 @@ number replaces it per hop, and 0 gives the paper's pure-bandwidth form (its Fig
 - `t_pp` (eq. 6): stage i -> i+1 activations, min over senders of the max over receivers.
 - `t_kv` (eqs. 14-15): every prefill GPU sends the KV cells (layer, head shard) that a decode
   GPU holds, one after another; the slowest sender decides.
+- `net_s` (every all-reduce function; 0 = the paper's form): a fixed cost per collective
+  that leaves the server (INA always; a ring whose members sit on more than one host): the
+  NIC/RDMA proxy path's latency, which the per-hop latencies miss. Measured on DGX-A100
+  (`../shared/data` vidur a100_dgx all_reduce, messages <= 64 KB, per-size minima): 20-33
+  us within a node for 2-8 ranks, 41-74 us across two nodes for 2-16 ranks; the cross-node
+  excess over the intra-node line is 15-38 us, mean 31 us: `NET_COLLECTIVE_S` = 30 us.
+  Both schemes pay it (no INA measurement says otherwise), so it never favours one.
 - `choose_scheme`: the per-group choice of Algorithm 2 (the switch with a free aggregator
   slot where INA is fastest, then the cheaper of INA and ring); `group_allreduce` turns
   the choice into an `AllReduceModel` for `Deployment.stage_allreduces`.
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from llmfabric.scheduler.netplan.paths import DirectedEdge, PathRoute, Routes
@@ -36,6 +43,7 @@ from llmfabric.sim.parallel import kv_transfer_bytes
 from llmfabric.sim.topology import NodeId, Topology
 
 T_AGG_S = 1e-6  # switch aggregation time (paper: ~1 us on Tofino)
+NET_COLLECTIVE_S = 30e-6  # fixed cost of a collective through the NICs (module docstring)
 Scheme = Literal["ina", "ring"]
 
 
@@ -55,10 +63,11 @@ class InaBreakdown:
     collect_s: float
     agg_s: float
     distribute_s: float
+    net_s: float = 0.0  # the fixed cost of going through the NICs (`NET_COLLECTIVE_S`)
 
     @property
     def total_s(self) -> float:
-        return self.collect_s + self.agg_s + self.distribute_s
+        return self.collect_s + self.agg_s + self.distribute_s + self.net_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,27 +119,39 @@ def ina_paths(topology: Topology, group: Sequence[NodeId], switch: NodeId, *,
     return up, down
 
 
+def _check_net(net_s: float) -> None:
+    if not 0 <= net_s < float("inf"):
+        raise SpecError("net_s must be a finite number of seconds >= 0")
+
+
+def crosses_servers(topology: Topology, group: Sequence[NodeId]) -> bool:
+    """Whether the group's members sit on more than one host (a ring then uses the NICs)."""
+    return len({topology.gpu(g).host for g in group}) > 1
+
+
 def ina_breakdown(topology: Topology, group: Sequence[NodeId], switch: NodeId, nbytes: float,
                   *, hop_latency: float | None = None, t_agg: float = T_AGG_S,
-                  routes: Routes | None = None) -> InaBreakdown:
-    """Collect / aggregate / distribute seconds of one INA all-reduce of `nbytes` per member."""
+                  routes: Routes | None = None, net_s: float = 0.0) -> InaBreakdown:
+    """Collect / aggregate / distribute seconds of one INA all-reduce of `nbytes` per member
+    (+ `net_s`, the fixed cost of going through the NICs)."""
     if nbytes < 0:
         raise SpecError("nbytes must be >= 0")
+    _check_net(net_s)
     if len(group) <= 1:
         _check_group(topology, group)
         return InaBreakdown(0.0, 0.0, 0.0)
     up, down = ina_paths(topology, group, switch, hop_latency=hop_latency, routes=routes,
                          n_bytes=nbytes)
     return InaBreakdown(max(p.time(nbytes) for p in up), t_agg,
-                        max(p.time(nbytes) for p in down))
+                        max(p.time(nbytes) for p in down), net_s)
 
 
 def t_ina(topology: Topology, group: Sequence[NodeId], switch: NodeId, nbytes: float, *,
           hop_latency: float | None = None, t_agg: float = T_AGG_S,
-          routes: Routes | None = None) -> float:
-    """Seconds of one whole INA all-reduce (eq. 8: collect + aggregate + distribute)."""
+          routes: Routes | None = None, net_s: float = 0.0) -> float:
+    """Seconds of one whole INA all-reduce (eq. 8: collect + aggregate + distribute, + net_s)."""
     return ina_breakdown(topology, group, switch, nbytes, hop_latency=hop_latency,
-                         t_agg=t_agg, routes=routes).total_s
+                         t_agg=t_agg, routes=routes, net_s=net_s).total_s
 
 
 def ring_order(topology: Topology, group: Sequence[NodeId]) -> list[NodeId]:
@@ -156,16 +177,20 @@ def ring_link(topology: Topology, group: Sequence[NodeId], *,
 
 
 def t_ring(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
-           hop_latency: float | None = None, routes: Routes | None = None) -> float:
-    """Seconds of one ring all-reduce of `nbytes` per member (eq. 11 + per-step latency)."""
+           hop_latency: float | None = None, routes: Routes | None = None,
+           net_s: float = 0.0) -> float:
+    """Seconds of one ring all-reduce of `nbytes` per member (eq. 11 + per-step latency, +
+    `net_s` when the members span servers)."""
     if nbytes < 0:
         raise SpecError("nbytes must be >= 0")
+    _check_net(net_s)
     p = len(_check_group(topology, group))
     if p <= 1:
         return 0.0
     bw, lat = ring_link(topology, group, hop_latency=hop_latency, routes=routes,
                         n_bytes=nbytes)
-    return 2 * (p - 1) * lat + 2 * (p - 1) * (nbytes / p) / bw
+    net = net_s if crosses_servers(topology, group) else 0.0
+    return net + 2 * (p - 1) * lat + 2 * (p - 1) * (nbytes / p) / bw
 
 
 def t_pp(topology: Topology, src_group: Sequence[NodeId], dst_group: Sequence[NodeId],
@@ -249,13 +274,13 @@ def nearest_switch(topology: Topology, group: Sequence[NodeId], nbytes: float, *
 def choose_scheme(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
                   free_slots: Mapping[NodeId, int] | None = None,
                   hop_latency: float | None = None, t_agg: float = T_AGG_S,
-                  routes: Routes | None = None) -> SchemeChoice:
+                  routes: Routes | None = None, net_s: float = 0.0) -> SchemeChoice:
     """Algorithm 2's per-group choice: INA at the switch with a free aggregator slot where the
     group's whole INA (shared edges included) is fastest, or ring, whichever is cheaper
     (ties: INA, as the paper's `T_ina > T_ring` test). Alg. 2 attaches the switch "with the
     smallest delay to the group"; the INA time is that delay with NIC sharing counted."""
     r = _routes(topology, routes, nbytes)
-    ring = t_ring(topology, group, nbytes, hop_latency=hop_latency, routes=r)
+    ring = t_ring(topology, group, nbytes, hop_latency=hop_latency, routes=r, net_s=net_s)
     if len(group) <= 1:
         return SchemeChoice("ring", None, float("inf"), ring)
     slots = free_slots if free_slots is not None else {
@@ -264,7 +289,8 @@ def choose_scheme(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
     for k, s in enumerate(topology.switches()):
         if slots.get(s, 0) < 1 or not all(r.reachable(g, s) for g in group):
             continue
-        t = t_ina(topology, group, s, nbytes, hop_latency=hop_latency, t_agg=t_agg, routes=r)
+        t = t_ina(topology, group, s, nbytes, hop_latency=hop_latency, t_agg=t_agg, routes=r,
+                  net_s=net_s)
         if best is None or (t, k) < best[:2]:
             best = (t, k, s)
     if best is None:
@@ -275,14 +301,26 @@ def choose_scheme(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
 
 def group_allreduce(topology: Topology, group: Sequence[NodeId], scheme: Scheme,
                     switch: NodeId | None, *, hop_latency: float | None = None,
-                    t_agg: float = T_AGG_S, routes: Routes | None = None) -> AllReduceModel:
-    """The group's all-reduce as an `AllReduceModel` (for `Deployment.stage_allreduces`)."""
+                    t_agg: float = T_AGG_S, routes: Routes | None = None,
+                    net_s: float = 0.0) -> AllReduceModel:
+    """The group's all-reduce as an `AllReduceModel` (for `Deployment.stage_allreduces`);
+    `net_s` joins the base latency as in `t_ina` / `t_ring`."""
+    _check_net(net_s)
     if scheme == "ina":
         if switch is None:
             raise SpecError("an INA group needs a switch")
         up, down = ina_paths(topology, group, switch, hop_latency=hop_latency, routes=routes)
-        return ina_model(up, down, t_agg)
+        return with_base(ina_model(up, down, t_agg), net_s if len(group) > 1 else 0.0)
     if len(group) <= 1:
         return ring_over_path(1e30, 0.0)
     bw, lat = ring_link(topology, group, hop_latency=hop_latency, routes=routes)
-    return ring_over_path(bw, lat)
+    net = net_s if crosses_servers(topology, group) else 0.0
+    return with_base(ring_over_path(bw, lat), net)
+
+
+def with_base(model: AllReduceModel, extra_s: float) -> AllReduceModel:
+    """`model` with `extra_s` more fixed latency per all-reduce (NCCL regime; planned groups
+    carry no custom regime)."""
+    if extra_s == 0.0:
+        return model
+    return replace(model, nccl=replace(model.nccl, base_s=model.nccl.base_s + extra_s))

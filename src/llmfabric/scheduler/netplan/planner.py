@@ -16,8 +16,8 @@ groups into pipeline stages (layers split by memory bandwidth x TP), and price i
   b = lambda_d K_out step(b) (Little) that fits the KV memory with step(b) + T_f <= SLA_dec;
   bisection.
 
-The best candidate by H (ties: fewer GPUs, then order) is the plan. Everything is seeded:
-the same problem gives the same plan.
+The best candidate by H (ties: fewer GPUs, then lower T_pre + T_dec, then order) is the
+plan. Everything is seeded: the same problem gives the same plan.
 """
 
 from __future__ import annotations
@@ -382,6 +382,19 @@ def _first_kv_sends(problem: NetProblem, pre: PhasePlan, dec: PhasePlan
     return {k: [z for z, _ in v] for k, v in sends.items()}
 
 
+def _better(a: NetPlan, b: NetPlan) -> bool:
+    """Larger H; at equal H (within 1e-9) fewer GPUs, then lower latency T_pre + T_dec (the
+    paper's second goal, "minimizing the average token generation latency", §III-A: when
+    decode memory binds H, prefill layouts tie on H but not on TTFT); then earlier."""
+    if a.H > b.H * (1 + 1e-9):
+        return True
+    if a.H < b.H * (1 - 1e-9):
+        return False
+    if a.n_gpus != b.n_gpus:
+        return a.n_gpus < b.n_gpus
+    return a.T_pre + a.T_dec < (b.T_pre + b.T_dec) * (1 - 1e-9)
+
+
 def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
     """Algorithm 1 under `strategy`: the candidate with the largest H."""
     t0 = time.perf_counter()
@@ -395,8 +408,7 @@ def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
         if plan is None:
             continue
         sweeps = max(sweeps, plan.sweeps)
-        if best is None or plan.H > best.H * (1 + 1e-9) or (
-                plan.H >= best.H * (1 - 1e-9) and plan.n_gpus < best.n_gpus):
+        if best is None or _better(plan, best):
             best = plan
     if best is None:
         raise SpecError("no (TP, PP) candidate fits the model on the given GPUs")
@@ -415,7 +427,8 @@ def _group_cost(problem: NetProblem, nbytes: float, routes: Routes
         k = tuple(sorted(group, key=str))
         if k not in memo:
             c = choose_scheme(problem.topology, group, nbytes,
-                              hop_latency=problem.hop_latency, routes=routes)
+                              hop_latency=problem.hop_latency, routes=routes,
+                              net_s=problem.net_collective_s)
             memo[k] = min(c.t_ina, c.t_ring)
         return memo[k]
     return cost
@@ -481,12 +494,15 @@ def heroserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
     """Algorithm 2's choice at the phase's message size; the model the simulator runs picks
     INA or ring per message (the online scheduler re-picks the scheme per all-reduce,
     §III-D), so a group with a switch slot holds it whenever INA wins small messages."""
-    topo, hop = problem.topology, problem.hop_latency
-    c = choose_scheme(topo, group, nbytes, free_slots=free, hop_latency=hop, routes=routes)
-    ring = group_allreduce(topo, group, "ring", None, hop_latency=hop, routes=routes)
+    topo, hop, net = problem.topology, problem.hop_latency, problem.net_collective_s
+    c = choose_scheme(topo, group, nbytes, free_slots=free, hop_latency=hop, routes=routes,
+                      net_s=net)
+    ring = group_allreduce(topo, group, "ring", None, hop_latency=hop, routes=routes,
+                           net_s=net)
     if c.switch is None:
         return GroupComm("ring", None, ring, c.t_ina, c.t_ring)
-    ina = group_allreduce(topo, group, "ina", c.switch, hop_latency=hop, routes=routes)
+    ina = group_allreduce(topo, group, "ina", c.switch, hop_latency=hop, routes=routes,
+                          net_s=net)
     hybrid = hybrid_model(ina, ring, len(group))
     if c.scheme == "ina":
         return GroupComm("ina", c.switch, hybrid or ina, c.t_ina, c.t_ring)

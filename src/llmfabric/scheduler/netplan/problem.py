@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from llmfabric.scheduler.netplan.commcost import NET_COLLECTIVE_S
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.topology import NodeId, Topology
@@ -48,7 +49,9 @@ class NetProblem:
     """HeroServe's planning problem (Table I). `hop_latency`: None = the edges' own latencies,
     a number per hop, 0 = the paper's pure-bandwidth form. `m_ina`: aggregator slots one INA
     group holds at its switch. `nominal_decode_batch`: the batch whose all-reduce message
-    (batch x hidden x 2 B) decides a decode group's scheme."""
+    (batch x hidden x 2 B) decides a decode group's scheme. `net_collective_s`: the fixed
+    cost of an all-reduce through the NICs (`commcost.NET_COLLECTIVE_S`, measured; 0 with
+    hop_latency=0 gives the paper's form)."""
 
     topology: Topology
     model: ModelSpec
@@ -65,6 +68,7 @@ class NetProblem:
     nominal_decode_batch: int = 16
     max_sweeps: int = 5
     restarts: int = 10
+    net_collective_s: float = NET_COLLECTIVE_S
 
     def __post_init__(self) -> None:
         if not self.prefill_gpus or not self.decode_gpus:
@@ -77,6 +81,8 @@ class NetProblem:
             raise SpecError("need 0 < r_frac <= 1 and positive SLAs")
         if self.max_candi < 1 or self.m_ina < 1 or self.nominal_decode_batch < 1:
             raise SpecError("max_candi, m_ina and nominal_decode_batch must be >= 1")
+        if not 0 <= self.net_collective_s < math.inf:
+            raise SpecError("net_collective_s must be a finite number of seconds >= 0")
 
     @staticmethod
     def of(topology: Topology, model: str | ModelSpec, prefill: Sequence[str] | str,

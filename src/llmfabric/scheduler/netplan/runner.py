@@ -33,7 +33,9 @@ def problem_from_inputs(inputs: Mapping[str, Any]) -> NetProblem:
                          float(inputs["sla_ttft"]), float(inputs["sla_tpot"]),
                          max_candi=int(inputs.get("max_candidates", 20)),
                          seed=int(inputs.get("seed", 0)),
-                         hop_latency=inputs.get("hop_latency"))
+                         hop_latency=inputs.get("hop_latency"),
+                         **({} if inputs.get("net_latency") is None
+                            else {"net_collective_s": float(inputs["net_latency"])}))
 
 
 def serve(plan: NetPlan, rate: float, duration: float, *, arrival: str = "poisson",

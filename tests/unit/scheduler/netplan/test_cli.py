@@ -79,3 +79,27 @@ def test_hostile_plan_file_is_a_clean_error(tmp_path: Path) -> None:
         assert res.exit_code != 0
         assert "Traceback" not in res.output
         assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+def test_simulate_collective_net_latency() -> None:
+    """The NIC cost joins a cross-server group's ring and INA once; 0 removes it."""
+    from llmfabric.scheduler.netplan.commcost import NET_COLLECTIVE_S
+
+    def run(*extra: str) -> dict:  # type: ignore[type-arg]
+        res = CliRunner().invoke(cli, ["simulate", "collective", "--topology",
+                                       str(EX / "testbed-2tracks.yaml"), "--group",
+                                       "gpu0,gpu1,gpu4,gpu5", "--bytes", "1MB", "--json",
+                                       *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)  # type: ignore[no-any-return]
+
+    default, off, more = run(), run("--net-latency", "0"), run("--net-latency", "1e-4")
+    assert default["ring_s"] - off["ring_s"] == pytest.approx(NET_COLLECTIVE_S, rel=1e-9)
+    assert more["ring_s"] - off["ring_s"] == pytest.approx(1e-4, rel=1e-9)
+    for s, row in default["ina"].items():
+        assert row["net_s"] == NET_COLLECTIVE_S and off["ina"][s]["net_s"] == 0
+        assert row["total_s"] - off["ina"][s]["total_s"] == pytest.approx(NET_COLLECTIVE_S)
+    bad = CliRunner().invoke(cli, ["simulate", "collective", "--topology",
+                                   str(EX / "testbed-2tracks.yaml"), "--group", "gpu0,gpu4",
+                                   "--net-latency", "-1"])
+    assert bad.exit_code != 0

@@ -191,3 +191,54 @@ def test_choose_scheme_prefers_the_switch_where_ina_is_fastest() -> None:
     assert c.t_ina == pytest.approx(min(t_by_switch.values()))
     assert c.t_ina == pytest.approx(t_by_switch[c.switch])
     assert t_by_switch["B"] < t_by_switch["C"]  # NVLink + 1 hop beats 2 hops each way
+
+
+def two_hosts() -> Topology:
+    """a0, a1 on host A (NVLink 300 GB/s, 2 us), b0 on host B; each GPU's NIC on switch s
+    at 100 Gbps / 1 us."""
+    t = Topology()
+    t.add_switch("s", 1)
+    for g, h in (("a0", "A"), ("a1", "A"), ("b0", "B")):
+        t.add_gpu(g, "A100-40GB", h)
+        t.add_edge(g, "s", "ethernet", bytes_per_s=E, latency_s=1e-6)
+    t.add_edge("a0", "a1", "nvlink", bytes_per_s=300e9, latency_s=2e-6)
+    return t
+
+
+def test_net_collective_cost_joins_collectives_through_the_nics() -> None:
+    t = two_hosts()
+    net = 30e-6
+    # ring a0 -> a1 -> b0 -> a0: bottleneck 12.5 GB/s, slowest hop 2 us (NVLink a0-a1 and
+    # the two-hop routes through s both 2 us); + net once, as the members span two hosts
+    base = 4 * 2e-6 + 4 * (MB / 3) / E
+    assert t_ring(t, ["a0", "a1", "b0"], MB) == pytest.approx(base, rel=1e-12)
+    assert t_ring(t, ["a0", "a1", "b0"], MB, net_s=net) == pytest.approx(base + net,
+                                                                          rel=1e-12)
+    # inside one host the ring never reaches a NIC: no net cost
+    inside = 2 * 2e-6 + 2 * (MB / 2) / 300e9
+    assert t_ring(t, ["a0", "a1"], MB, net_s=net) == pytest.approx(inside, rel=1e-12)
+    # INA always goes through the NICs: collect 1 us + 80 us, 1 us aggregation, distribute
+    b = ina_breakdown(t, ["a0", "b0"], "s", MB, net_s=net)
+    assert (b.collect_s, b.agg_s, b.net_s) == pytest.approx((81e-6, 1e-6, net))
+    assert b.total_s == pytest.approx(163e-6 + net, rel=1e-12)
+    assert t_ina(t, ["a0", "b0"], "s", MB, net_s=net) == pytest.approx(163e-6 + net)
+    # the models the simulator runs carry the same cost
+    for scheme, sw, expect in (("ring", None, base + net), ("ina", "s", None)):
+        m = group_allreduce(t, ["a0", "a1", "b0"], scheme, sw, net_s=net)  # type: ignore[arg-type]
+        want = expect if expect is not None else t_ina(t, ["a0", "a1", "b0"], "s", MB,
+                                                       net_s=net)
+        assert m.time(MB, 3) == pytest.approx(want, rel=1e-9)
+    m_in = group_allreduce(t, ["a0", "a1"], "ring", None, net_s=net)
+    assert m_in.time(MB, 2) == pytest.approx(inside, rel=1e-9)
+    # a cost both schemes pay never flips the choice
+    for nbytes in (1e3, MB, 64 * MB):
+        c0 = choose_scheme(t, ["a0", "a1", "b0"], nbytes)
+        c1 = choose_scheme(t, ["a0", "a1", "b0"], nbytes, net_s=net)
+        assert (c0.scheme, c0.switch) == (c1.scheme, c1.switch)
+        assert c1.t_ring == pytest.approx(c0.t_ring + net, rel=1e-12)
+        assert c1.t_ina == pytest.approx(c0.t_ina + net, rel=1e-12)
+    for bad in (-1e-6, float("inf"), float("nan")):
+        with pytest.raises(SpecError):
+            t_ring(t, ["a0", "b0"], MB, net_s=bad)
+        with pytest.raises(SpecError):
+            group_allreduce(t, ["a0", "b0"], "ina", "s", net_s=bad)

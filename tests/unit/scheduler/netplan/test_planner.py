@@ -93,3 +93,49 @@ def test_sla_rate_meets_the_attainment_it_reports() -> None:
     assert serve(p, rate, 20.0)["slo_attainment"] >= 0.9
     with pytest.raises(SpecError):
         sla_rate(p, attainment=0.0)
+
+
+def test_net_collective_cost_reaches_every_system_alike() -> None:
+    from dataclasses import replace
+
+    from llmfabric.scheduler.netplan.baselines import atp_comm, distserve_comm, switchml_comm
+    from llmfabric.scheduler.netplan.commcost import NET_COLLECTIVE_S
+    from llmfabric.scheduler.netplan.paths import Routes
+    from llmfabric.scheduler.netplan.planner import heroserve_comm
+
+    p1 = make_testbed_problem()
+    assert p1.net_collective_s == NET_COLLECTIVE_S == 30e-6
+    p0 = replace(p1, net_collective_s=0.0)
+    routes = Routes(p1.topology, 1 << 20)
+    across = ["gpu0", "gpu1", "gpu4", "gpu5"]  # two A100 servers
+    inside = ["gpu0", "gpu1", "gpu2", "gpu3"]  # one
+    for comm in (heroserve_comm, distserve_comm, switchml_comm, atp_comm):
+        for group, extra in ((across, NET_COLLECTIVE_S), (inside, 0.0)):
+            for nbytes in (16 * 9216 * 2.0, 512 * 9216 * 2.0):  # decode and prefill messages
+                slots = {s: 8 for s in p1.topology.switches()}
+                with_net = comm(p1, group, nbytes, dict(slots), routes)
+                without = comm(p0, group, nbytes, dict(slots), routes)
+                assert with_net.scheme == without.scheme
+                assert (with_net.model.time(nbytes, 4) - without.model.time(nbytes, 4)
+                        == pytest.approx(extra, rel=1e-9, abs=1e-15))
+    with pytest.raises(SpecError):
+        make_testbed_problem(net_collective_s=-1e-6)
+
+
+def test_equal_h_prefers_lower_latency() -> None:
+    """Testbed summarization: decode memory binds H, so prefill layouts tie on H; the plan
+    takes the tied candidate with the fewest GPUs and then the lowest T_pre + T_dec."""
+    from llmfabric.scheduler.netplan.paths import Routes
+    from llmfabric.scheduler.netplan.planner import HEROSERVE, evaluate
+
+    p = NetProblem.of(Topology.from_yaml(TESTBED), "opt-66b", "a100-*", "v100-*",
+                      NetWorkload(0.5, 1792, 256), 15.0, 0.15)
+    routes = Routes(p.topology, 1 << 20)
+    every = [e for c in candidates(p) if (e := evaluate(p, HEROSERVE, c, routes, routes))]
+    top = max(e.H for e in every)
+    tied = [e for e in every if top - e.H <= top * 1e-9]
+    fewest = min(e.n_gpus for e in tied)
+    tied = [e for e in tied if e.n_gpus == fewest]
+    assert len({e.T_pre for e in tied}) > 1  # the case this test is about
+    chosen = plan(p)
+    assert chosen.p_all == min(tied, key=lambda e: e.T_pre + e.T_dec).p_all
