@@ -1,0 +1,142 @@
+"""Mid-stream continuation through a relay, with real processes on loopback.
+
+Two sites that cannot dial each other and a public relay (the seed): the ingress and a
+provider join through the relay and each advertise a peer address nobody answers on (their
+dial-back fails, so each keeps an outbound connection to the relay and publishes it). No
+connection ever links that provider with the ingress, so every request to it goes through
+the relay (a provider that could dial the ingress would be reached over its own outbound
+connection). A second provider joins through the ingress and is reached directly.
+The official openai SDK streams through the ingress; the relayed node is SIGKILLed while it
+streams. The client's one stream goes on from the direct node and ends with exactly the text
+of an uninterrupted run of the deterministic simulated engine, under one id, with no error,
+usage counting both parts; the trace shows the first attempt went via the relay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+
+pytestmark = pytest.mark.slow
+
+MODEL = "llama-3.1-8b"
+TOKENS = 100
+
+
+@pytest.fixture(scope="module")
+def fabric(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LocalFabric, NodeProcess, NodeProcess, NodeProcess]]:
+    with LocalFabric(tmp_path_factory.mktemp("relay-continuation")) as fab:
+        relay = fab.add_bare_node("relay", "--relay", "--tier", "stable")  # the seed
+        fab.wait_http(relay)
+        ingress = fab.start_ingress(
+            "--bootstrap", relay.peer_addr, "--public-addr", "127.0.0.1:1", relay=False
+        )
+        nated = fab.add_node(
+            EngineSpec(MODEL, "H100-SXM", provider="nated", speed=1.0),
+            "nated",
+            "--public-addr",
+            "127.0.0.1:1",
+            bootstrap=relay,
+        )
+        direct = fab.add_node(EngineSpec(MODEL, "H100-SXM", provider="direct", speed=1.0), "direct")
+        fab.wait_serving({MODEL: 2}, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:  # the NATed node's record names the relay it registered with
+            nodes = {n["provider_id"]: n for n in ingress.get_json("/v1/fabric/nodes")["nodes"]}
+            if nodes.get("nated", {}).get("relays") and nodes.get("fabric", {}).get("relays"):
+                break
+            assert time.monotonic() < deadline, (nodes.get("nated"), nodes.get("fabric"))
+            time.sleep(0.3)
+        yield fab, relay, nated, direct
+
+
+def _get(fab: LocalFabric, path: str) -> dict[str, object]:
+    assert fab.ingress is not None
+    req = urllib.request.Request(
+        fab.ingress.http_url + path, headers={"Authorization": f"Bearer {fab.admin_key()}"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as r:
+        out: dict[str, object] = json.loads(r.read())
+        return out
+
+
+def test_a_relayed_stream_survives_its_node_being_killed(
+    fabric: tuple[LocalFabric, NodeProcess, NodeProcess, NodeProcess],
+) -> None:
+    fab, relay, nated, direct = fabric
+    assert fab.ingress is not None
+    client = openai.OpenAI(
+        base_url=fab.ingress.http_url + "/v1", api_key=fab.admin_key(), max_retries=0, timeout=60
+    )
+    nated_sid = nated.get_json("/v1/fabric/self")["session_id"]
+    relay_peer = relay.get_json("/v1/fabric/self")["peer_id"]
+    prompt = "tell me a long story about otters crossing a river"
+    # The ingress picks a node at random: ask until a stream lands on the relayed one.
+    for _ in range(40):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=TOKENS,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        if raw.headers.get("x-fabric-node") == nated_sid:
+            break
+        for _chunk in raw.parse():  # drain the stream served by the direct node
+            pass
+    else:
+        pytest.fail("no stream was routed to the relayed node in 40 tries")
+    pieces: list[str] = []
+    ids: set[str] = set()
+    usage = None
+    finish = None
+    for chunk in raw.parse():
+        ids.add(chunk.id)
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices:
+            if chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            finish = chunk.choices[0].finish_reason or finish
+        if len(pieces) == 10 and nated.alive():
+            nated.kill_hard()  # the node and its engine die mid-stream
+    assert not nated.alive()
+    whole = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=TOKENS,
+        extra_body={"ignore_eos": True},
+    )
+    got = "".join(pieces)
+    assert got == whole.choices[0].message.content
+    assert len(got.split()) == TOKENS and finish == "length" and len(ids) == 1
+    assert usage is not None and whole.usage is not None
+    assert usage.completion_tokens == TOKENS
+    assert whole.usage.prompt_tokens <= usage.prompt_tokens <= whole.usage.prompt_tokens + 16
+    # The trace: the first attempt went to the relayed node via the relay and broke off
+    # mid-stream; the continuation went to the direct node.
+    trace_id = raw.headers["x-fabric-trace"]
+    data = _get(fab, "/v1/fabric/traces?limit=50")["data"]
+    assert isinstance(data, list)
+    [trace] = [t for t in data if t["trace_id"] == trace_id]
+    attempts = sorted(
+        (sp for sp in trace["spans"] if sp["name"] == "attempt"), key=lambda sp: sp["start_ms"]
+    )
+    assert len(attempts) == 2, attempts
+    first, second = attempts
+    assert first["attrs"]["node"] == nated_sid
+    assert first["attrs"]["via"] == "relay" and first["attrs"]["relay"] == relay_peer
+    assert "failed mid-stream" in first["attrs"]["error"]
+    assert second["attrs"]["node"] == direct.get_json("/v1/fabric/self")["session_id"]
+    assert second["attrs"]["continuation"] is True and second["attrs"]["status"] == 200
+    assert second["attrs"].get("via", "direct") != "relay"
