@@ -9,15 +9,18 @@ connection). A second provider joins through the ingress and is reached directly
 The official openai SDK streams through the ingress; the relayed node is SIGKILLed while it
 streams. The client's one stream goes on from the direct node and ends with exactly the text
 of an uninterrupted run of the deterministic simulated engine, under one id, with no error,
-usage counting both parts; the trace shows the first attempt went via the relay.
+usage counting both parts; the trace shows the first attempt went via the relay. The same
+holds when the relay itself is killed mid-stream (a second relayed provider, then the relay).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import openai
 import pytest
@@ -30,33 +33,46 @@ MODEL = "llama-3.1-8b"
 TOKENS = 100
 
 
+@dataclass(slots=True)
+class Fab:
+    fab: LocalFabric
+    relay: NodeProcess
+    direct: NodeProcess
+
+
+def _relayed_node(fab: LocalFabric, relay: NodeProcess, name: str) -> NodeProcess:
+    """A provider that joins through the relay and cannot be dialled (its record names the
+    relay before this returns)."""
+    node = fab.add_node(
+        EngineSpec(MODEL, "H100-SXM", provider=name, speed=1.0),
+        name,
+        "--public-addr",
+        "127.0.0.1:1",
+        bootstrap=relay,
+    )
+    assert fab.ingress is not None
+    deadline = time.monotonic() + 90
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            nodes = {n["provider_id"]: n for n in fab.ingress.get_json("/v1/fabric/nodes")["nodes"]}
+            me = nodes.get(name, {})
+            if me.get("state") == "SERVING" and me.get("relays") and nodes["fabric"]["relays"]:
+                return node
+        assert time.monotonic() < deadline, fab.tail(node)
+        time.sleep(0.3)
+
+
 @pytest.fixture(scope="module")
-def fabric(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[LocalFabric, NodeProcess, NodeProcess, NodeProcess]]:
+def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fab]:
     with LocalFabric(tmp_path_factory.mktemp("relay-continuation")) as fab:
         relay = fab.add_bare_node("relay", "--relay", "--tier", "stable")  # the seed
         fab.wait_http(relay)
-        ingress = fab.start_ingress(
+        fab.start_ingress(
             "--bootstrap", relay.peer_addr, "--public-addr", "127.0.0.1:1", relay=False
         )
-        nated = fab.add_node(
-            EngineSpec(MODEL, "H100-SXM", provider="nated", speed=1.0),
-            "nated",
-            "--public-addr",
-            "127.0.0.1:1",
-            bootstrap=relay,
-        )
         direct = fab.add_node(EngineSpec(MODEL, "H100-SXM", provider="direct", speed=1.0), "direct")
-        fab.wait_serving({MODEL: 2}, timeout=120)
-        deadline = time.monotonic() + 60
-        while True:  # the NATed node's record names the relay it registered with
-            nodes = {n["provider_id"]: n for n in ingress.get_json("/v1/fabric/nodes")["nodes"]}
-            if nodes.get("nated", {}).get("relays") and nodes.get("fabric", {}).get("relays"):
-                break
-            assert time.monotonic() < deadline, (nodes.get("nated"), nodes.get("fabric"))
-            time.sleep(0.3)
-        yield fab, relay, nated, direct
+        fab.wait_serving({MODEL: 1}, timeout=120)
+        yield Fab(fab, relay, direct)
 
 
 def _get(fab: LocalFabric, path: str) -> dict[str, object]:
@@ -69,17 +85,16 @@ def _get(fab: LocalFabric, path: str) -> dict[str, object]:
         return out
 
 
-def test_a_relayed_stream_survives_its_node_being_killed(
-    fabric: tuple[LocalFabric, NodeProcess, NodeProcess, NodeProcess],
-) -> None:
-    fab, relay, nated, direct = fabric
+def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> None:
+    """Stream `prompt` from `victim` (a relayed provider), SIGKILL `kill` after 10 pieces,
+    and check what the client got and what the trace says."""
+    fab = f.fab
     assert fab.ingress is not None
     client = openai.OpenAI(
         base_url=fab.ingress.http_url + "/v1", api_key=fab.admin_key(), max_retries=0, timeout=60
     )
-    nated_sid = nated.get_json("/v1/fabric/self")["session_id"]
-    relay_peer = relay.get_json("/v1/fabric/self")["peer_id"]
-    prompt = "tell me a long story about otters crossing a river"
+    victim_sid = victim.get_json("/v1/fabric/self")["session_id"]
+    relay_peer = f.relay.get_json("/v1/fabric/self")["peer_id"]
     # The ingress picks a node at random: ask until a stream lands on the relayed one.
     for _ in range(40):
         raw = client.chat.completions.with_raw_response.create(
@@ -90,9 +105,9 @@ def test_a_relayed_stream_survives_its_node_being_killed(
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
         )
-        if raw.headers.get("x-fabric-node") == nated_sid:
+        if raw.headers.get("x-fabric-node") == victim_sid:
             break
-        for _chunk in raw.parse():  # drain the stream served by the direct node
+        for _chunk in raw.parse():  # drain a stream served by another node
             pass
     else:
         pytest.fail("no stream was routed to the relayed node in 40 tries")
@@ -108,9 +123,9 @@ def test_a_relayed_stream_survives_its_node_being_killed(
             if chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
             finish = chunk.choices[0].finish_reason or finish
-        if len(pieces) == 10 and nated.alive():
-            nated.kill_hard()  # the node and its engine die mid-stream
-    assert not nated.alive()
+        if len(pieces) == 10 and kill.alive():
+            kill.kill_hard()  # dies mid-stream
+    assert not kill.alive()
     whole = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": prompt}],
@@ -132,11 +147,21 @@ def test_a_relayed_stream_survives_its_node_being_killed(
     attempts = sorted(
         (sp for sp in trace["spans"] if sp["name"] == "attempt"), key=lambda sp: sp["start_ms"]
     )
-    assert len(attempts) == 2, attempts
-    first, second = attempts
-    assert first["attrs"]["node"] == nated_sid
+    first, last = attempts[0], attempts[-1]
+    assert first["attrs"]["node"] == victim_sid
     assert first["attrs"]["via"] == "relay" and first["attrs"]["relay"] == relay_peer
     assert "failed mid-stream" in first["attrs"]["error"]
-    assert second["attrs"]["node"] == direct.get_json("/v1/fabric/self")["session_id"]
-    assert second["attrs"]["continuation"] is True and second["attrs"]["status"] == 200
-    assert second["attrs"].get("via", "direct") != "relay"
+    assert last["attrs"]["node"] == f.direct.get_json("/v1/fabric/self")["session_id"]
+    assert last["attrs"]["continuation"] is True and last["attrs"]["status"] == 200
+    assert last["attrs"].get("via", "direct") != "relay"
+
+
+def test_a_relayed_stream_survives_its_node_being_killed(fabric: Fab) -> None:
+    nated = _relayed_node(fabric.fab, fabric.relay, "nated")
+    _cut_stream(fabric, nated, nated, "tell me a long story about otters crossing a river")
+
+
+def test_a_relayed_stream_survives_its_relay_being_killed(fabric: Fab) -> None:
+    """Last in the module: it leaves the fabric without its relay."""
+    nated = _relayed_node(fabric.fab, fabric.relay, "nated2")
+    _cut_stream(fabric, nated, fabric.relay, "a long story about herons, please")
