@@ -16,6 +16,7 @@ holds when the relay itself is killed mid-stream (a second relayed provider, the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 import urllib.request
@@ -115,7 +116,10 @@ def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> 
     ids: set[str] = set()
     usage = None
     finish = None
+    arrivals: list[float] = []  # after the kill
     for chunk in raw.parse():
+        if arrivals or not kill.alive():
+            arrivals.append(time.monotonic())
         ids.add(chunk.id)
         if chunk.usage is not None:
             usage = chunk.usage
@@ -125,7 +129,15 @@ def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> 
             finish = chunk.choices[0].finish_reason or finish
         if len(pieces) == 10 and kill.alive():
             kill.kill_hard()  # dies mid-stream
+            arrivals.append(time.monotonic())
     assert not kill.alive()
+    # The cut's added latency: the longest wait between two chunks after the kill (the
+    # client drains what it had buffered first) over the median one.
+    gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
+    print(
+        f"\nkilled {kill.name} mid-stream: the client waited "
+        f"{(gaps[-1] - gaps[len(gaps) // 2]) * 1000:.0f} ms more than between two chunks"
+    )
     whole = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": prompt}],
