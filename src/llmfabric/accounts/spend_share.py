@@ -164,6 +164,8 @@ class RemoteSpend:
                 item = decode_spend(rec.meta.spend)
             except SpendError:
                 if rec.signature not in self._bad:
+                    if len(self._bad) > 4096:  # (bounded: hostile records churn)
+                        self._bad.clear()
                     self._bad.add(rec.signature)
                     self.refused += 1
                 continue
