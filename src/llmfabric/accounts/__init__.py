@@ -18,6 +18,9 @@ Files:
   budgets.py    BudgetBook: token or spend (USD) budgets per key/owner/team per UTC
                 day/month, enforced with reservations (no overspend by concurrent
                 requests); BudgetStore (tables budgets, owner_teams, model_prices)
+  spend_share.py budgets across ingresses: the bounded spend item (hashed budget names,
+                period-scoped totals) an ingress publishes in its record, RemoteSpend (the
+                other ingresses' newest items, summed) and SpendPublisher
   prices.py     Price: USD per million prompt/completion tokens per model (spend budgets)
   fairqueue.py  FairQueue: per-owner fair queueing (virtual token counters) past a capacity
   export.py     usage export (ExportFilter, CSV/JSON rendering)

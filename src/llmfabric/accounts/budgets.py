@@ -12,6 +12,10 @@ loses). A refusal carries the real wait: the seconds until the period's budget r
 Pure state on an injected wall clock; `BudgetStore` persists budgets (table `budgets`) and
 team memberships (table `owner_teams`) and seeds this period's spending from the usage
 ledger at start.
+
+Across ingresses (accounts/spend_share.py): the book keeps apart what THIS ingress spent
+(`own`: settled here, plus its own ledger at start) so it can publish it, and adds what the
+other ingresses published (`remote`, clamped to the budget's limit) when it admits.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmfabric.accounts.db import Backend
+from llmfabric.accounts.db import Backend, PostgresBackend
 from llmfabric.accounts.errors import InvalidRequest
 from llmfabric.accounts.prices import Price, price_of
 
@@ -116,6 +120,17 @@ class BudgetBook:
         self.held: dict[tuple[str, str, str], int] = {}
         self.prices: dict[str, Price] = {}  # model ("*": any other) -> price (spend budgets)
         self.teams: dict[str, str] = {}  # owner -> its team (owners without one: absent)
+        # What this ingress itself spent (published to the others, spend_share.py) and what
+        # the others published: (scope, name, period id) -> amount, or None (alone).
+        self.own: dict[tuple[str, str, str], int] = {}
+        self.remote: Callable[[tuple[str, str, str]], int] | None = None
+
+    def others(self, k: tuple[str, str, str], limit: int) -> int:
+        """The other ingresses' published spending on budget key `k`, clamped to the
+        budget's limit (a hostile ingress can exhaust a budget, never grow one)."""
+        if self.remote is None:
+            return 0
+        return min(max(0, self.remote(k)), limit)
 
     def set(self, budget: Budget) -> None:
         self.budgets[(budget.scope, budget.name)] = budget
@@ -157,7 +172,7 @@ class BudgetBook:
         for b in budgets:
             pid, renews = period_of(b.period, now)
             k = (b.scope, b.name, pid)
-            used = self.spent.get(k, 0) + self.held.get(k, 0)
+            used = self.spent.get(k, 0) + self.held.get(k, 0) + self.others(k, b.limit)
             # A request larger than the whole budget may still run alone at a period's start.
             need = min(max(0, estimate if b.unit == "tokens" else cost_micros), b.limit)
             if used + need > b.limit or used >= b.limit:
@@ -179,13 +194,29 @@ class BudgetBook:
                 self.held[k] = left
             else:
                 self.held.pop(k, None)
-            used = used_tokens if unit == "tokens" else used_micros
-            self.spent[k] = self.spent.get(k, 0) + max(0, used)
+            used = max(0, used_tokens if unit == "tokens" else used_micros)
+            self.spent[k] = self.spent.get(k, 0) + used
+            self.own[k] = self.own.get(k, 0) + used
 
-    def charge(self, scope: str, name: str, period_id: str, amount: int) -> None:
-        """Spending recorded elsewhere (the ledger at start), in the budget's unit."""
+    def charge(self, scope: str, name: str, period_id: str, amount: int,
+               own: bool = False) -> None:
+        """Spending recorded elsewhere (the ledger at start), in the budget's unit; `own`:
+        spent at this ingress (its private ledger), so it is published too."""
         k = (scope, name, period_id)
         self.spent[k] = self.spent.get(k, 0) + max(0, amount)
+        if own:
+            self.own[k] = self.own.get(k, 0) + max(0, amount)
+
+    def own_now(self) -> dict[tuple[str, str, str], int]:
+        """This ingress's spending on the budgets it has, in their current periods."""
+        now = self.wall()
+        out: dict[tuple[str, str, str], int] = {}
+        for b in self.budgets.values():
+            k = (b.scope, b.name, period_of(b.period, now)[0])
+            n = self.own.get(k, 0)
+            if n > 0:
+                out[k] = n
+        return out
 
     def cost_micros(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
         price = price_of(self.prices, model)
@@ -204,7 +235,8 @@ class BudgetBook:
             pid, renews = period_of(b.period, now)
             k = (b.scope, b.name, pid)
             out.append({**b.to_json(), "period_id": pid, "spent": self.spent.get(k, 0),
-                        "held": self.held.get(k, 0), "renews_at": renews})
+                        "held": self.held.get(k, 0), "elsewhere": self.others(k, b.limit),
+                        "renews_at": renews})
         return out
 
 
@@ -263,6 +295,9 @@ class BudgetStore:
                 "SELECT scope, name, amount, period, unit FROM budgets"):
             self.book.set(Budget(str(scope), str(name), int(amount), str(period), str(unit)))
         now = self.book.wall()
+        # A private (SQLite) ledger holds only what this ingress spent: it is ours to
+        # publish; a shared (Postgres) one already holds every ingress's spending.
+        own = not isinstance(self._db, PostgresBackend)
         for b in list(self.book.budgets.values()):
             pid, _ = period_of(b.period, now)
             if b.scope not in _SPENT_BY:
@@ -275,7 +310,7 @@ class BudgetStore:
                 (b.name, pid + "%"))
             for model, prompt, completion in rows:
                 self.book.charge(b.scope, b.name, pid, self.book.amount(
-                    b.unit, str(model), int(prompt), int(completion)))
+                    b.unit, str(model), int(prompt), int(completion)), own=own)
 
     async def put(self, budget: Budget) -> None:
         await self._db.execute(_UPSERT, (budget.scope, budget.name, budget.limit,

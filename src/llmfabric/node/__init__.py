@@ -3,7 +3,8 @@ membership, the engine agent and (optionally) the ingress into one running node.
 
 Lifecycle (who owns what)
   daemon          Node: builds the parts, start/stop, when sessions change (eviction ->
-                  rejoin), what the node publishes (demand, key grants), the HTTP servers
+                  rejoin), what the node publishes (demand, key grants, spend), the HTTP
+                  servers
   supervisor      NodeSupervisor: the one owner of sessions, the engine and every background
                   loop; session changes as one operation, restart policies, stop()
   peering         joining (bootstrap, re-bootstrap, dial-back, relays) and the address book

@@ -229,6 +229,8 @@ class Node:
             ingress = self.ingress
             loop("demand", lambda: self._publish_demand(ingress.demand))
             loop("key-grants", lambda: self._publish_key_grants(ingress))
+            if ingress.spend is not None:
+                loop("spend", lambda: self._publish_spend(ingress))
         if self.config.process:
             self.engines.start(EngineLink(self.config, self.clock, self.inflight))
         if self._alloc_end is not None:
@@ -342,6 +344,7 @@ class Node:
             keys=base.keys if base is not None else (),
             prefix_cache=base.prefix_cache if base is not None else b"",
             pd_plan=base.pd_plan if base is not None else b"",
+            spend=base.spend if base is not None else b"",
             labels=tuple(sorted(cfg.labels.items())),
             tier=cfg.tier,
             roles=roles,
@@ -415,6 +418,16 @@ class Node:
             grants = ingress.key_grants()
             if not self.stopping and grants != self.session.record.meta.keys:
                 self.session.update_self(self.meta(keys=grants))
+
+    async def _publish_spend(self, ingress: IngressLink) -> None:
+        """Publish what this ingress spent on its budgets when it changed, every second at
+        most, so the other ingresses count it (accounts.spend_share)."""
+        while not self.stopping and ingress.spend is not None:
+            await self.clock.sleep(1.0)
+            item = ingress.spend.next()
+            if (item is not None and not self.stopping
+                    and item != self.session.record.meta.spend):
+                self.session.update_self(self.meta(spend=item))
 
     def reload(self) -> None:
         """SIGHUP: re-read the TLS certificate and the network secret file (a rotation:

@@ -153,24 +153,30 @@ class LocalFabric:
         return ["--membership-cert", str(path), "--operator-key",
                 encode_public_key(self.operator.public_bytes)]
 
-    def start_ingress(self, *extra: str) -> NodeProcess:
-        args = ["--ingress", "--relay", "--tier", "stable", "--provider", "fabric", *extra]
+    def start_ingress(self, *extra: str, relay: bool = True) -> NodeProcess:
+        """The bootstrap ingress; `relay=False` leaves relaying to other nodes (a relayed
+        node then reaches the ingress only through them)."""
+        args = ["--ingress", *(["--relay"] if relay else []), "--tier", "stable",
+                "--provider", "fabric", *extra]
         if not self.auth:
             args.append("--no-auth")
         self.ingress = self._spawn("ingress", args, http_port=self.ingress_http_port)
         self.wait_http(self.ingress)
         return self.ingress
 
-    def add_node(self, spec: EngineSpec, name: str | None = None, *extra: str) -> NodeProcess:
+    def add_node(self, spec: EngineSpec, name: str | None = None, *extra: str,
+                 bootstrap: NodeProcess | None = None) -> NodeProcess:
+        """A serving node; it joins through `bootstrap` (default: the ingress)."""
         if self.ingress is None:
             raise RuntimeError("start_ingress() first: it is the bootstrap peer")
+        boot = bootstrap or self.ingress
         engine_port = free_port()
         name = name or f"node{len(self.nodes)}"
         gpu_args = ["--gpu", spec.gpu, "--gpu-count", "1"]
         if spec.gpu_memory_gb is not None:
             gpu_args += ["--gpu-memory", str(spec.gpu_memory_gb)]
         args = [
-            "--bootstrap", self.ingress.peer_addr, "--provider", spec.provider,
+            "--bootstrap", boot.peer_addr, "--provider", spec.provider,
             "--label", f"site={spec.site}", *gpu_args, *extra, "--process", *self._cli(),
             "engine", "sim", "--model", spec.model, "--gpu", spec.gpu,
             "--port", str(engine_port), "--speed", str(spec.speed),
@@ -186,11 +192,13 @@ class LocalFabric:
         args = ["--bootstrap", self.ingress.peer_addr, *extra, "--process", *command]
         return self._spawn(name, args, engine_port=engine_port)
 
-    def add_bare_node(self, name: str | None = None, *extra: str) -> NodeProcess:
-        if self.ingress is None:
-            raise RuntimeError("start_ingress() first: it is the bootstrap peer")
+    def add_bare_node(self, name: str | None = None, *extra: str,
+                      bootstrap: NodeProcess | None = None) -> NodeProcess:
+        """A node without an engine; it joins through `bootstrap` (default: the ingress;
+        with neither, it is the seed that later nodes join through)."""
+        boot = bootstrap or self.ingress
         name = name or f"node{len(self.nodes)}"
-        return self._spawn(name, ["--bootstrap", self.ingress.peer_addr, *extra])
+        return self._spawn(name, [*(["--bootstrap", boot.peer_addr] if boot else []), *extra])
 
     # ---- waiting ------------------------------------------------------------------------
     def wait_http(self, node: NodeProcess, timeout: float = 30.0) -> None:

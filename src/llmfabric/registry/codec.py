@@ -77,8 +77,9 @@ def _canon(value: Any) -> Any:
 
 # Optional NodeMeta fields left out of the body while unset: records of nodes that do not use
 # them keep their size and bytes (older nodes write the same body).
-_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s", "prefix_cache", "pd_plan")
+_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s", "prefix_cache", "pd_plan", "spend")
 MAX_PD_PLAN = 8 * 1024  # the PD plan item (routing/pd_plan.py parses what is inside)
+MAX_SPEND = 2 * 1024  # an ingress's spend item (accounts/spend_share.py parses it)
 
 
 def encode_body(record: NodeRecord) -> bytes:
@@ -258,6 +259,7 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         keys=tuple(_grant(_map(x, "key")) for x in _list(d.get("keys", []), "keys")),
         prefix_cache=_sketch(d.get("prefix_cache", b"")),
         pd_plan=_opaque(d.get("pd_plan", b""), "pd_plan", MAX_PD_PLAN),
+        spend=_opaque(d.get("spend", b""), "spend", MAX_SPEND),
     )
 
 

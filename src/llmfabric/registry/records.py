@@ -143,6 +143,9 @@ class NodeMeta:
     # The PD controller only: its latest prefill/decode routing plan, an opaque bounded item
     # (routing/pd_plan.py validates it; ingresses trust it only from their --controller peers).
     pd_plan: bytes = b""
+    # Ingress nodes with budgets: their spending this period per budget (hashed names),
+    # an opaque bounded item (accounts/spend_share.py validates it).
+    spend: bytes = b""
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)
