@@ -23,6 +23,7 @@ PREFACE_LEN = 24  # b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", which h2 itself checks
 
 _HEADERS, _PUSH_PROMISE, _CONTINUATION = 0x1, 0x5, 0x9
 _END_HEADERS = 0x4
+_HEADER_KINDS = frozenset((_HEADERS, _PUSH_PROMISE, _CONTINUATION))
 
 
 class H2LimitError(Exception):
@@ -46,32 +47,42 @@ class FrameGate:
         if self._skip:
             i = min(self._skip, n)
             self._skip -= i
-        while i < n:
-            if self._left:
-                step = min(self._left, n - i)
-                self._left -= step
-                i += step
-                continue
-            need = 9 - len(self._head)
-            head = self._head + data[i : i + need] if self._head else data[i : i + 9]
-            i += len(head) - len(self._head)
+        if self._left:  # the rest of a frame begun in an earlier feed
+            if self._left >= n - i:
+                self._left -= n - i
+                return
+            i += self._left
+            self._left = 0
+        if self._head:  # a header split across feeds
+            head = self._head + data[i : i + 9 - len(self._head)]
             if len(head) < 9:
                 self._head = head
                 return
+            i += 9 - len(self._head)
             self._head = b""
-            length = int.from_bytes(head[:3], "big")
-            if length > MAX_FRAME:
+            i += self._frame(head, 0)
+        while i + 9 <= n:  # (the common case: whole headers, indexed in place)
+            i += 9 + self._frame(data, i)
+        if i > n:
+            self._left = i - n
+        elif i < n:
+            self._head = data[i:]
+
+    def _frame(self, buf: bytes, j: int) -> int:
+        """Check the frame header at buf[j : j + 9]; return its body length."""
+        length = buf[j] << 16 | buf[j + 1] << 8 | buf[j + 2]
+        if length > MAX_FRAME:
+            raise H2LimitError(
+                f"HTTP/2 frame of {length} bytes from the peer is over our "
+                f"SETTINGS_MAX_FRAME_SIZE ({MAX_FRAME})"
+            )
+        kind = buf[j + 3]
+        if kind in _HEADER_KINDS:
+            self._block = length if kind != _CONTINUATION else self._block + length
+            if self._block > MAX_HEADER_BLOCK:
                 raise H2LimitError(
-                    f"HTTP/2 frame of {length} bytes from the peer is over our "
-                    f"SETTINGS_MAX_FRAME_SIZE ({MAX_FRAME})"
+                    f"HTTP/2 header block over {MAX_HEADER_BLOCK} bytes from the peer"
                 )
-            kind = head[3]
-            if kind in (_HEADERS, _PUSH_PROMISE, _CONTINUATION):
-                self._block = length if kind != _CONTINUATION else self._block + length
-                if self._block > MAX_HEADER_BLOCK:
-                    raise H2LimitError(
-                        f"HTTP/2 header block over {MAX_HEADER_BLOCK} bytes from the peer"
-                    )
-                if head[4] & _END_HEADERS:
-                    self._block = 0
-            self._left = length
+            if buf[j + 4] & _END_HEADERS:
+                self._block = 0
+        return length
