@@ -54,6 +54,28 @@ async def test_a_verified_key_is_remembered_until_its_entry_changes(store: Accou
     assert await store.authenticate(plain) is None
 
 
+async def test_the_sync_lookup_answers_only_what_authenticate_verified(
+        store: AccountStore) -> None:
+    """authenticate_cached (the ingress's per-request fast path) never answers a key that
+    authenticate() would refuse: unknown, forged, not yet verified, revoked, or changed."""
+    key, plain = await store.create_key("app", "alice")
+    forged = plain[:-1] + ("A" if plain[-1] != "A" else "B")
+    assert store.authenticate_cached(plain) is None  # not verified yet: ask authenticate()
+    assert await store.authenticate(forged) is None
+    assert store.authenticate_cached(forged) is None
+    assert store.authenticate_cached("not-a-key") is None
+    assert (await store.authenticate(plain)) == key
+    assert store.authenticate_cached(plain) == key
+    await store.set_owner_limits("alice", requests_per_min=5, tokens_per_min=None)
+    assert store.authenticate_cached(plain) is None  # its entry changed: verified again
+    got = await store.authenticate(plain)
+    assert got is not None and store.authenticate_cached(plain) == got
+    await store.revoke(key.id, by=None)
+    assert store.authenticate_cached(plain) is None
+    assert await store.authenticate(plain) is None
+    assert store.authenticate_cached(plain) is None
+
+
 async def test_revoke_permissions(store: AccountStore) -> None:
     a, _ = await store.create_key("a", "alice")
     a2, _ = await store.create_key("a2", "alice")

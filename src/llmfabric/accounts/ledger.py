@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from llmfabric.accounts.db import Backend
 from llmfabric.accounts.models import UsageRow
-from llmfabric.accounts.policy import clamp_tokens
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST, clamp_tokens
 
 log = logging.getLogger(__name__)
 ROW_MAX = 2**62  # a pending row's counters saturate here (the column is a signed 64-bit int)
@@ -79,16 +79,21 @@ class UsageLedger:
         c = self._pending.get(row)
         if c is None:
             c = self._pending[row] = _Counts()
+        if not (type(prompt_tokens) is int and type(completion_tokens) is int
+                and 0 <= prompt_tokens <= MAX_TOKENS_PER_REQUEST
+                and 0 <= completion_tokens <= MAX_TOKENS_PER_REQUEST):  # (one test, usually)
+            prompt_tokens, completion_tokens = (clamp_tokens(prompt_tokens),
+                                                clamp_tokens(completion_tokens))
         # Saturating adds (each counter stops at ROW_MAX), spelled out: this runs per request.
         if (v := c.requests + 1) > ROW_MAX:
             v = ROW_MAX
         c.requests = v
         if estimated and (v := c.estimated + 1) <= ROW_MAX:
             c.estimated = v
-        if (v := c.prompt + clamp_tokens(prompt_tokens)) > ROW_MAX:
+        if (v := c.prompt + prompt_tokens) > ROW_MAX:
             v = ROW_MAX
         c.prompt = v
-        if (v := c.completion + clamp_tokens(completion_tokens)) > ROW_MAX:
+        if (v := c.completion + completion_tokens) > ROW_MAX:
             v = ROW_MAX
         c.completion = v
 

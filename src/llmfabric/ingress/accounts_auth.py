@@ -12,7 +12,7 @@ from typing import Any
 
 from llmfabric.accounts.errors import RateLimited
 from llmfabric.accounts.models import ApiKey
-from llmfabric.accounts.policy import clamp_tokens
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST, clamp_tokens
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.protocols import Principal
@@ -24,7 +24,9 @@ class AccountsAuth:
     def __init__(self, store: AccountStore, limiter: RateLimiter | None = None) -> None:
         self._store = store
         self._limiter = limiter
-        self._record_usage = store.record_usage  # (bound once: this runs per request)
+        self._record_usage = store.usage_recorder  # (bound once: this runs per request)
+        # A verified key's principal without a coroutine, None: await authenticate().
+        self.cached = store.authenticate_cached
 
     def authenticate(self, token: str) -> Coroutine[Any, Any, ApiKey | None]:
         # The store's coroutine itself: one coroutine frame less per request.
@@ -41,9 +43,13 @@ class AccountsAuth:
 
     def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,
                estimated: bool = False) -> None:
-        # The provider's claim, clamped to plausible counts before it is billed or charged.
-        prompt_tokens, completion_tokens = clamp_tokens(prompt_tokens), clamp_tokens(
-            completion_tokens)
+        # The provider's claim, clamped to plausible counts before it is billed or charged
+        # (one chained test for the usual in-range ints; bool and float are clamped).
+        if not (type(prompt_tokens) is int and type(completion_tokens) is int
+                and 0 <= prompt_tokens <= MAX_TOKENS_PER_REQUEST
+                and 0 <= completion_tokens <= MAX_TOKENS_PER_REQUEST):
+            prompt_tokens, completion_tokens = (clamp_tokens(prompt_tokens),
+                                                clamp_tokens(completion_tokens))
         self._record_usage(key_id, model, prompt_tokens, completion_tokens, estimated)
         if self._limiter is not None:
             self._limiter.add_tokens(key_id, prompt_tokens + completion_tokens)

@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -91,6 +91,9 @@ class Ingress:
         self.source = source
         self.forwarder = forwarder
         self.auth = auth if config.auth_enabled else None
+        # A sync look-up of verified keys (AccountsAuth.cached), tried before authenticate().
+        self._auth_cached: Callable[[str], Principal | None] | None = getattr(
+            self.auth, "cached", None)
         self.usage_sink = usage_sink
         self.metrics = metrics if metrics is not None else IngressMetrics()
         self.metrics.known_model = source.is_known  # unknown names: one "other" label
@@ -257,11 +260,15 @@ class Ingress:
         started = time.time() if self.config.trace_hook is not None else 0.0
         principal: Principal | None = None
         if self.auth is not None:
-            who = await self._authenticate(authorization)
-            if isinstance(who, Reply):
-                self.metrics.observe_error("", 401, "invalid_api_key")
-                return who
-            principal = who
+            cached = self._auth_cached  # (a known key: no coroutine)
+            principal = (cached(authorization[7:].strip()) if cached is not None
+                         and authorization[:7].lower() == "bearer " else None)
+            if principal is None:
+                who = await self._authenticate(authorization)
+                if isinstance(who, Reply):
+                    self.metrics.observe_error("", 401, "invalid_api_key")
+                    return who
+                principal = who
             wait = self.auth.check_rate(principal)
             if wait is not None:
                 secs = max(1, math.ceil(wait))
@@ -313,8 +320,8 @@ class Ingress:
             rreq = plain
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
-        if self.gate is not None and (  # budgets and fair queueing (tenancy.py)
-                refused := await self.gate.admit(principal, doc)) is not None:
+        if (gate := self.gate) is not None and not gate.admit_at_once(principal) and (
+                refused := await gate.admit(principal, doc)) is not None:  # (tenancy.py)
             return self._refuse(model, *refused)
 
         recorder = (RelayRecorder() if stream and continuation_wanted(

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmfabric.net.tcp_keepalive import KeepAlive
 from llmfabric.routing.policies import DEFAULT_POLICY
 
 
@@ -17,6 +18,17 @@ class Timeouts:
     first_byte: float = 300.0  # request sent -> response headers and first body chunk
     idle: float = 120.0  # between two body chunks of a stream
     total: float = 1800.0  # the whole attempt
+    # Dead-peer detection on direct connections (net/tcp_keepalive.py), independent of
+    # `idle`: a node that vanished without closing (no FIN/RST) is noticed after
+    # keepalive_idle + keepalive_interval * keepalive_count seconds of silence (11 s), and
+    # its stream then continues on another node like any stream cut mid-way.
+    keepalive_idle: float = 5.0
+    keepalive_interval: float = 2.0
+    keepalive_count: int = 3
+
+    @property
+    def keepalive(self) -> KeepAlive:
+        return KeepAlive(self.keepalive_idle, self.keepalive_interval, self.keepalive_count)
 
 
 @dataclass(frozen=True, slots=True)

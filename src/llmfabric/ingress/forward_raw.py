@@ -9,7 +9,9 @@ to the caller unchanged. A caller waits only when nothing is queued yet, with on
 chunks, and the whole attempt's total), so the ingress needs no `asyncio.timeout` around
 calls into this forwarder (`enforces_timeouts = True`). Reading from the node pauses while
 more than `_HIGH_WATER` bytes wait for a slow client. A connection goes back to the pool only
-when its response was read to the end and nothing followed it.
+when its response was read to the end and nothing followed it. Every connection has TCP
+keepalive and TCP_USER_TIMEOUT on (`Timeouts.keepalive`, net/tcp_keepalive.py): a node that
+vanishes without closing fails its stream within seconds, whatever `idle` allows.
 
 With an `ssl` context the connections are TLS; `open_to(..., pin=peer_id)` then accepts
 only a server whose (self-signed node) certificate derives that peer id, checked once per
@@ -36,6 +38,7 @@ from llmfabric.ingress.node_hop import NO_HOP, NodeHop, parse_node_time
 from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.ingress.protocols import SocketRelay
 from llmfabric.ingress.tracing import downstream_header
+from llmfabric.net.tcp_keepalive import KeepAlive, set_keepalive
 from llmfabric.routing.candidates import Candidate
 
 _HIGH_WATER = 256 * 1024  # queued body bytes before reading from the node pauses
@@ -121,6 +124,9 @@ class _UpConn(asyncio.Protocol):
         if self.active and not self.complete and self.error is None:
             if self.head_done and not self.framed:
                 self.complete = True  # a close-delimited body ends here
+            elif isinstance(exc, TimeoutError):  # ETIMEDOUT: keepalive / user timeout
+                self.error = UpstreamError("the node stopped answering mid-response (TCP "
+                                           "keepalive: dead peer or partition)")
             elif self.head_done or self.messages:
                 self.error = UpstreamError(
                     f"the node closed the connection mid-response ({exc!r})"
@@ -428,7 +434,8 @@ class RawHttpForwarder:
         else:
             pool.append(conn)
 
-    async def _connect(self, addr: str, connect_s: float, pin: str) -> _UpConn:
+    async def _connect(self, addr: str, connect_s: float, pin: str,
+                       keepalive: KeepAlive) -> _UpConn:
         host, _, port = addr.rpartition(":")
         loop = asyncio.get_running_loop()
         tls = self._ssl
@@ -440,6 +447,13 @@ class RawHttpForwarder:
                 )
         except (OSError, TimeoutError, ValueError) as e:
             raise UpstreamConnectError(f"cannot connect to {addr}: {e!r}") from e
+        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+        if sock is not None:  # (a node that vanishes mid-stream: net/tcp_keepalive.py)
+            try:
+                set_keepalive(sock, keepalive)
+            except OSError as e:
+                conn.close()
+                raise UpstreamConnectError(f"{addr}: cannot enable TCP keepalive: {e!r}") from e
         if pin:
             t = conn.transport
             obj = t.get_extra_info("ssl_object") if t is not None else None
@@ -485,7 +499,8 @@ class RawHttpForwarder:
             if up is not None:
                 return up
             # the node closed this idle connection before answering: use another
-        conn = await self._connect(addr, min(timeouts.connect, deadline - loop.time()), pin)
+        conn = await self._connect(addr, min(timeouts.connect, deadline - loop.time()), pin,
+                                   timeouts.keepalive)
         up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=False)
         if up is None:  # (stale_ok=False raises instead)
             raise UpstreamError(f"{addr} closed the connection without answering")

@@ -135,10 +135,12 @@ class IngressMetrics:
         """A finished request's tokens, by model and owner."""
         model, owner = self._model(model), self._owner(str(owner))
         t = self.tokens
-        for kind, n in (("prompt", prompt), ("completion", completion)):
-            if n > 0:
-                key = (model, owner, kind)
-                t[key] = t.get(key, 0) + n
+        if prompt > 0:
+            key = (model, owner, "prompt")
+            t[key] = t.get(key, 0) + prompt
+        if completion > 0:
+            key = (model, owner, "completion")
+            t[key] = t.get(key, 0) + completion
 
     def observe_tpot(self, model: str, stream_s: float, completion: int) -> None:
         """A stream's mean time per output token: `stream_s` (first byte to end) over the

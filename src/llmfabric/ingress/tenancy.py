@@ -1,9 +1,11 @@
 """Multi-tenancy at the ingress: token budgets (accounts.budgets) and fair queueing across
 owners (accounts.fairqueue), behind three calls the request path makes:
 
-- `await gate.admit(principal, doc)` after authentication: reserves the request's worst case
-  on its key's and owner's budgets, then waits for a fair-queue slot; a `Refusal` (429 with
-  Retry-After carrying the real wait) when the budget is used up or the queue is full.
+- `gate.admit_at_once(principal) or await gate.admit(principal, doc)` after authentication
+  (the sync call answers the common case, nothing to reserve, without a coroutine): reserves
+  the request's worst case on its key's and owner's budgets, then waits for a fair-queue
+  slot; a `Refusal` (429 with Retry-After carrying the real wait) when the budget is used up
+  or the queue is full.
 - `gate.used(usage)` when the request's usage is known.
 - `gate.settle()` when the request ends, however it ends (the ingress calls it in a
   `finally`): releases the slot and settles the reservation to what was used.
@@ -89,21 +91,33 @@ class TenancyGate:
         self.default_completion = default_completion
         self.on_refused = on_refused  # (reason) for metrics
         self.on_queue_wait = on_queue_wait  # (seconds waited) for metrics
+        # No request has had state yet (nothing reserved or queued, ever): used() and
+        # settle() then have nothing to look up, and no stale state can be left to clear.
+        self._stateless = True
+
+    def admit_at_once(self, principal: Principal | None) -> bool:
+        """True (admitted) when there is nothing to reserve or queue for: the common case,
+        no budget set for this key or its owner and no fair queue. No state is kept, so
+        used() and settle() are no-ops; a budget set later applies from the key's next
+        request on. False: `await admit()` decides. (Sync: no coroutine per request.)"""
+        book = self.budgets
+        if self.queue is not None or (principal is not None and book is not None
+                                      and book.applies(*_owner(principal))):
+            return False
+        if not self._stateless:
+            _STATE.set(None)
+        if (tr := current_trace()) is not None:
+            tr.phase("queue")
+        return True
 
     async def admit(self, principal: Principal | None, doc: Mapping[str, Any]
                     ) -> Refusal | None:
+        if self.admit_at_once(principal):
+            return None
         key_id, owner = _owner(principal)
         book = self.budgets
-        if self.queue is None and (principal is None or book is None
-                                   or not book.applies(key_id, owner)):
-            # Nothing to reserve or queue for (the common case: no budget set for this key
-            # or its owner): no state, so used() and settle() are no-ops. A budget set later
-            # applies from the key's next request on, as it always did.
-            _STATE.set(None)
-            if (tr := current_trace()) is not None:
-                tr.phase("queue")
-            return None
         state = _Admitted()
+        self._stateless = False
         _STATE.set(state)
         prompt, completion = reservation_parts(doc, self.default_completion)
         cost = prompt + completion
@@ -140,12 +154,16 @@ class TenancyGate:
                        else "rate_limit_exceeded", None, {"Retry-After": str(secs)})
 
     def used(self, usage: Usage | None) -> None:
+        if self._stateless:
+            return
         state = _STATE.get()
         if state is not None and usage is not None:
             state.used[0] += max(0, usage[0])
             state.used[1] += max(0, usage[1])
 
     def settle(self) -> None:
+        if self._stateless:
+            return
         state = _STATE.get()
         if state is None:
             return

@@ -12,6 +12,10 @@ Files (one concept each; see docs/network.md for the protocol):
 - framing.py: versioned length-prefixed frames, `FrameDecoder`.
 - connection.py: `PeerConnection`, one authenticated connection: dispatch, keep-alive.
 - h2endpoint.py: an HTTP/2 session (sans-IO h2) carried in frames; two per connection.
+- h2limits.py: what a peer can make a session buffer (advertised frame size, header list,
+  windows) and `FrameGate`, which refuses an oversized frame at its header.
+- tcp_keepalive.py: `KeepAlive`, `set_keepalive`: TCP keepalive + TCP_USER_TIMEOUT on
+  connections we dial (dead-peer detection on the ingress's direct path).
 - messages.py: `PeerRequest`, `PeerResponse`, `HandlerResponse`.
 - relay.py: dial-back reachability check (`Reachability`), relay client (persistent
   outbound) and server.

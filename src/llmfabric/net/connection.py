@@ -103,6 +103,7 @@ class PeerConnection:
             emit=lambda b: self.send_frame(FrameType.H2_TO_SERVER, b),
             drain=self.drain,
             on_dead=self._h2_dead,
+            name=peer_id,
         )
         self.server = H2Endpoint(
             client_side=False,
@@ -111,6 +112,7 @@ class PeerConnection:
             on_request=lambda sid, h, body: owner.on_request(self, sid, h, body),
             on_reset=lambda sid: owner.on_stream_reset(self, sid),
             on_dead=self._h2_dead,
+            name=peer_id,
         )
 
     def _h2_dead(self) -> None:

@@ -4,11 +4,16 @@ Every connection holds two sessions, so either side can send requests: the local
 session (its bytes travel as H2_TO_SERVER frames) and the local *server* session (H2_TO_CLIENT).
 On a relay connection opened by a NATed node, the relay uses its client session and the NATed
 node answers with its server session: HTTP/2 with roles reversed on the outbound connection.
+
+What a peer can make a session buffer is bounded by the settings we advertise and checked as
+bytes arrive (h2limits.py); a peer over a limit gets GOAWAY and its connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -20,10 +25,19 @@ import h2.exceptions
 import h2.settings
 
 from llmfabric.net.errors import RequestFailed
+from llmfabric.net.h2limits import (
+    CONNECTION_WINDOW,
+    MAX_FRAME,
+    MAX_HEADER_LIST,
+    STREAM_WINDOW,
+    FrameGate,
+    H2LimitError,
+)
 from llmfabric.net.messages import Body, BodyStream, Headers
 
-STREAM_WINDOW = 1 << 20
-CONNECTION_WINDOW = 1 << 22  # 4 streams at a full window; bounds what a peer may buffer here
+__all__ = ["CONNECTION_WINDOW", "STREAM_WINDOW", "H2Endpoint"]
+
+log = logging.getLogger(__name__)
 MAX_EMIT = 256 * 1024
 
 Emit = Callable[[bytes], object]
@@ -63,6 +77,7 @@ class H2Endpoint:
         on_request: OnRequest | None = None,
         on_reset: Callable[[int], None] | None = None,
         on_dead: Callable[[], None] | None = None,
+        name: str = "",
     ) -> None:
         config = h2.config.H2Configuration(
             client_side=client_side,
@@ -71,6 +86,8 @@ class H2Endpoint:
             validate_outbound_headers=False,  # we build them; saves ~10% per request
         )
         self._conn = h2.connection.H2Connection(config=config)
+        self._gate = FrameGate(preface=not client_side)
+        self._name = name  # the peer, for logs
         self._emit = emit
         self._drain = drain
         self._on_request = on_request
@@ -81,7 +98,10 @@ class H2Endpoint:
 
     def start(self) -> None:
         self._conn.initiate_connection()
-        self._conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW})
+        codes = h2.settings.SettingCodes
+        self._conn.update_settings({codes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                                    codes.MAX_FRAME_SIZE: MAX_FRAME,
+                                    codes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST})
         self._conn.increment_flow_control_window(CONNECTION_WINDOW)
         self._flush()
 
@@ -96,17 +116,33 @@ class H2Endpoint:
 
     # -- incoming bytes ----------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
+        if self._closed is not None:
+            return  # (the session failed: nothing more is read)
+        try:
+            self._gate.check(data)  # before h2 buffers anything (h2limits.py)
+        except H2LimitError as exc:
+            code = h2.errors.ErrorCodes.FRAME_SIZE_ERROR
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._conn.close_connection(code, additional_data=str(exc)[:200].encode())
+            self._kill(RequestFailed(str(exc)))
+            return
         try:
             events = self._conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
-            self._flush()
-            self.fail(RequestFailed(f"HTTP/2 protocol error from peer: {exc}"))
-            if self._on_dead is not None:
-                self._on_dead()
+            self._kill(RequestFailed(f"HTTP/2 protocol error from peer: {exc}"))
             return
         for ev in events:
             self._handle(ev)
         self._flush()
+
+    def _kill(self, err: RequestFailed) -> None:
+        """The peer broke the protocol or a limit: tell it (GOAWAY), fail every stream, and
+        have the carrying connection closed."""
+        log.warning("closing the HTTP/2 session with peer %s: %s", self._name[:16] or "?", err)
+        self._flush()
+        self.fail(err)
+        if self._on_dead is not None:
+            self._on_dead()
 
     def _handle(self, ev: h2.events.Event) -> None:
         st: _Stream | None

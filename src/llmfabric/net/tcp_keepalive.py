@@ -1,0 +1,64 @@
+"""Dead-peer detection for TCP connections we dial: kernel keepalive plus TCP_USER_TIMEOUT.
+
+A connection whose peer vanished without FIN or RST (its host died, a partition) looks idle,
+not closed: a stream waiting for the next token would wait out its idle timeout, which must
+stay long because engines may pause between tokens. The kernel's keepalive probes tell the
+two apart without the application: the peer's kernel ACKs a probe however long its engine
+pauses, a dead peer does not, and after `count` unanswered probes the socket fails with
+ETIMEDOUT (asyncio's `connection_lost`). TCP_USER_TIMEOUT (Linux) gives written but
+unacknowledged data the same bound, and with keepalive on it decides when the keepalive
+failure closes the connection, so both are set to the same `dead_after_s`.
+
+Kernel units are whole seconds (keepalive) and milliseconds (user timeout); values are
+rounded up, at least 1 s. Platforms without an option skip it (macOS has no
+TCP_USER_TIMEOUT; its TCP_KEEPALIVE is the idle time).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    idle_s: float = 5.0  # no traffic for this long -> first probe
+    interval_s: float = 2.0  # between unanswered probes
+    count: int = 3  # unanswered probes -> the connection is dead
+
+    def __post_init__(self) -> None:
+        if not (self.idle_s > 0 and self.interval_s > 0 and self.count >= 1):
+            raise ValueError(f"keepalive needs idle_s > 0, interval_s > 0, count >= 1: {self}")
+
+    @property
+    def dead_after_s(self) -> int:
+        """Seconds of silence after which a dead peer's connection fails (kernel units)."""
+        return _secs(self.idle_s) + _secs(self.interval_s) * self.count
+
+
+def _secs(value: float) -> int:
+    return max(1, math.ceil(value))
+
+
+def keepalive_options(ka: KeepAlive) -> list[tuple[int, int, int]]:
+    """(level, option, value) triples this platform supports, in the order to set them."""
+    opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    if idle is not None:
+        opts.append((socket.IPPROTO_TCP, idle, _secs(ka.idle_s)))
+    if hasattr(socket, "TCP_KEEPINTVL"):
+        opts.append((socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, _secs(ka.interval_s)))
+    if hasattr(socket, "TCP_KEEPCNT"):
+        opts.append((socket.IPPROTO_TCP, socket.TCP_KEEPCNT, ka.count))
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if user_timeout is not None:
+        opts.append((socket.IPPROTO_TCP, user_timeout, ka.dead_after_s * 1000))
+    return opts
+
+
+def set_keepalive(sock: socket.socket, ka: KeepAlive) -> None:
+    """Turn on dead-peer detection on a connected TCP socket (OSError if the kernel refuses:
+    a connection we cannot watch should not be used silently)."""
+    for level, option, value in keepalive_options(ka):
+        sock.setsockopt(level, option, value)
