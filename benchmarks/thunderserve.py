@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 
 from llmfabric import kvcompress, sim
+from llmfabric.kvcompress.accounting import packed_code_bytes
 from llmfabric.scheduler.phasesplit.baselines import (
     best_fixed_split,
     colocated_cpsat,
@@ -53,23 +54,40 @@ SLO = sim.SLO(ttft_s=1.5, tpot_s=0.1)
 
 
 def kv_arithmetic() -> list[dict[str, Any]]:
-    """Table 8 / 5: LLaMA-30B, 1024 tokens; effective 3.0 GB/s (40 Gbps) and 10 GB/s PCIe."""
+    """Table 8 / 5: LLaMA-30B, 1024 tokens; effective 3.0 GB/s (40 Gbps) and 10 GB/s PCIe.
+
+    The paper models the transfer by its eq. 1 with N_bytes shrunk to bits/8 (§4) and states
+    no group size or metadata: the T1 check rows use that accounting (packed 4-bit codes, no
+    scales), exact for it. Our wire format (kvcompress: fp16 scale + minimum per group) is
+    reported beside them for G = 64 (our default, COMPANIONS §1.5) and G = 128 (the largest
+    allowed); no real min-max format reaches the paper's 16/4-bit ratio of 4.39 (> 4)."""
     m = sim.get_model(MODEL)
+    elements = 2 * m.n_layers * m.n_kv_heads * m.head_dim * 1024  # K and V, every layer
     rows = []
-    for label, bits, gbs, paper_ms in (("16-bit, 40 Gbps", None, 3.0, 584),
-                                       ("4-bit, 40 Gbps", 4, 3.0, 133),
-                                       ("4-bit, PCIe (low-bandwidth plan)", 4, 10.0, 41)):
-        sim_bytes = sim.kv_transfer_bytes(m, 1024, bits, 64)
-        exact = (kvcompress.model_kv_bytes(m, 1024, bits, 64) if bits
-                 else m.kv_bytes_per_token() * 1024)
+    for label, bits, group, gbs, paper_ms, check in (
+            ("16-bit, 40 Gbps", None, None, 3.0, 584, True),
+            ("4-bit, 40 Gbps, eq. 1 (codes only, the paper's N_bytes = 1/2)", 4, None, 3.0,
+             133, True),
+            ("4-bit, 40 Gbps, kvcompress G=64 (our wire bytes)", 4, 64, 3.0, 133, False),
+            ("4-bit, 40 Gbps, kvcompress G=128 (our wire bytes)", 4, 128, 3.0, 133, False),
+            ("4-bit, PCIe (low-bandwidth plan), eq. 1 (codes only)", 4, None, 10.0, 41, True),
+            ("4-bit, PCIe (low-bandwidth plan), kvcompress G=64", 4, 64, 10.0, 41, False)):
+        if bits is None:
+            exact = m.kv_bytes_per_token() * 1024
+        elif group is None:
+            exact = packed_code_bytes(elements, bits)
+        else:
+            exact = kvcompress.model_kv_bytes(m, 1024, bits, group)
+        sim_bytes = sim.kv_transfer_bytes(m, 1024, bits, group) if group or not bits else exact
         ms = exact / (gbs * 1e9) * 1e3
         err = ms / paper_ms - 1
+        verdict = "ok" if abs(err) <= 0.15 else "MISS"
         rows.append({"case": label, "bytes_MB": exact / 1e6, "sim_bytes_MB": sim_bytes / 1e6,
                      "ours_ms": ms, "paper_ms": paper_ms, "err": err,
-                     "check": "ok" if abs(err) <= 0.15 else "MISS"})
-    rows.append({"case": "16/4-bit ratio (G=64)", "ours_ms": rows[0]["ours_ms"] /
-                 rows[1]["ours_ms"], "paper_ms": 584 / 133, "check":
-                 "ok" if 3.5 <= rows[0]["ours_ms"] / rows[1]["ours_ms"] <= 4.5 else "MISS"})
+                     "check": verdict if check else f"information ({err:+.1%})"})
+    ratio = rows[0]["ours_ms"] / rows[2]["ours_ms"]
+    rows.append({"case": "16/4-bit ratio (kvcompress G=64)", "ours_ms": ratio,
+                 "paper_ms": 584 / 133, "check": "ok" if 3.5 <= ratio <= 4.5 else "MISS"})
     return rows
 
 
