@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.phasesplit.pairmemo import PairMemo
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
 from llmfabric.sim.costs import StepCostModel, cost_model_for
+from llmfabric.sim.engine import EngineConfig
 from llmfabric.sim.errors import InfeasibleError, SimError
 from llmfabric.sim.hardware import GPUSpec
 from llmfabric.sim.layersplit import memory_aware_layers
@@ -35,8 +38,51 @@ from llmfabric.sim.pipeline import PipelineCost
 
 Phase = Literal["prefill", "decode", "both"]
 TP_CHOICES = (1, 2, 4, 8)
-MAX_NUM_SEQS = 256
+_ENGINE = EngineConfig()  # the simulator's admission limits, which plans are judged under
+MAX_NUM_SEQS = _ENGINE.max_num_seqs
 DECODE_ROUTE_BATCH = 32  # sequences whose activations cross a decode stage boundary
+
+
+def decode_context(workload: PDWorkload) -> float:
+    """Mean cached tokens of a decoding sequence, averaged over the batch in time: the prompt
+    plus E[out^2] / (2 E[out]) (a sequence stays in the batch for its whole output, so long
+    outputs are over-represented; out / 2 only for equal outputs)."""
+    outs = workload.out_lengths.astype(np.float64)
+    return workload.mean_in + float((outs * outs).mean() / (2 * outs.mean()))
+
+
+def decode_seats(kv_capacity_tokens: float, ctx: float) -> int:
+    """Sequences a decode replica holds at once as the simulator admits them: at most
+    max_num_seqs, within the KV capacity less the watermark, each holding its context plus
+    half a block of fragmentation."""
+    room = kv_capacity_tokens * (1.0 - _ENGINE.watermark)
+    return max(1, min(MAX_NUM_SEQS, int(room // (ctx + _ENGINE.block_size / 2))))
+
+
+def slo_batch(step_time: Callable[[int], float], seats: int, tpot_s: float | None) -> int:
+    """The largest decode batch (<= seats) whose step meets the TPOT deadline: seats without
+    one, 0 when even a single sequence misses it. Step time grows with the batch."""
+    if tpot_s is None:
+        return seats
+    if step_time(1) > tpot_s:
+        return 0
+    lo, hi = 1, seats
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if step_time(mid) <= tpot_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def decode_rate(step: StepCostModel | PipelineCost, kv_capacity_tokens: float, ctx: float,
+                tpot_s: float | None) -> float:
+    """Decode tokens/s within the TPOT deadline: batch / step at the largest batch the KV,
+    max_num_seqs and the deadline allow (0 if the deadline cannot be met)."""
+    b = slo_batch(lambda k: step.decode_step_time(k, k * ctx),
+                  decode_seats(kv_capacity_tokens, ctx), tpot_s)
+    return b / step.decode_step_time(b, b * ctx) if b else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +100,7 @@ class ReplicaConfig:
     deployment: Deployment
     kv_capacity_tokens: int
     latency_s: float          # prefill of one mean prompt
-    throughput_tps: float     # decode tokens/s at B_max
+    throughput_tps: float     # decode tokens/s at the largest batch within KV and TPOT
     step: StepCostModel | PipelineCost
 
     @property
@@ -136,6 +182,7 @@ class ConfigSearch:
         self.deduced = 0  # groups deduced from scratch (the rest were re-mapped)
         self.mean_in = workload.mean_in
         self.mean_out = workload.mean_out
+        self.ctx = decode_context(workload)
         self._weights = weight_bytes(model)
 
     def pair_memo(self, cluster: CloudCluster, workload: PDWorkload, kv_bits: int | None,
@@ -333,14 +380,13 @@ class ConfigSearch:
                                                for g, n in zip(specs, layers, strict=True)),
                              pp_links=links)
             plan = memory_plan(dep)
-            ctx = self.mean_in + self.mean_out / 2
+            ctx = self.ctx
             if plan.fits and plan.kv_capacity_tokens >= self.mean_in + self.mean_out:
                 cost = cost_model_for(dep)
                 step: StepCostModel | PipelineCost = (
                     PipelineCost(cost) if self.pipelined_pp and dep.pp > 1 else cost)
                 latency = cost.prefill_time([max(1, round(self.mean_in))])
-                b_max = max(1, min(MAX_NUM_SEQS, int(plan.kv_capacity_tokens // ctx)))
-                tps_ = b_max / step.decode_step_time(b_max, b_max * ctx)
+                tps_ = decode_rate(step, plan.kv_capacity_tokens, ctx, self.workload.slo.tpot_s)
                 stages = tuple(StageConfig((), b[1], n)
                                for b, n in zip(order, layers, strict=True))
                 rep = ReplicaConfig(stages, dep, int(plan.kv_capacity_tokens), latency, tps_,
@@ -377,8 +423,8 @@ def replica_from_stages(model: ModelSpec, cluster: CloudCluster, workload: PDWor
     cost = cost_model_for(dep)
     step: StepCostModel | PipelineCost = (
         PipelineCost(cost) if pipelined_pp and dep.pp > 1 else cost)
-    ctx = workload.mean_in + workload.mean_out / 2
-    b_max = max(1, min(MAX_NUM_SEQS, int(plan.kv_capacity_tokens // ctx)))
+    ctx = decode_context(workload)
     return ReplicaConfig(tuple(stages), dep, int(plan.kv_capacity_tokens),
                          cost.prefill_time([max(1, round(workload.mean_in))]),
-                         b_max / step.decode_step_time(b_max, b_max * ctx), step)
+                         decode_rate(step, plan.kv_capacity_tokens, ctx, workload.slo.tpot_s),
+                         step)

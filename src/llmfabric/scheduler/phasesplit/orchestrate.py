@@ -17,7 +17,13 @@ import numpy as np
 import numpy.typing as npt
 
 from llmfabric.scheduler.errors import SolverError, SpecError
-from llmfabric.scheduler.phasesplit.config import MAX_NUM_SEQS, ReplicaConfig
+from llmfabric.scheduler.phasesplit.config import (
+    MAX_NUM_SEQS,
+    ReplicaConfig,
+    decode_context,
+    decode_seats,
+    slo_batch,
+)
 from llmfabric.scheduler.phasesplit.pairmemo import PairMemo
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
 from llmfabric.sim.models import ModelSpec
@@ -115,7 +121,7 @@ class PairModel:
         self.prefill_s = np.array([self._prefill_row(r, memo) for r in self.pre])  # m x S
         self.mean_s = self.prefill_s.mean(axis=1)
         self.a = np.array([self._prefill_capacity(r.latency_s) for r in self.pre])
-        self.ctx = workload.mean_in + workload.mean_out / 2
+        self.ctx = decode_context(workload)
         self.b = np.array([self._memo_capacity(r, memo) for r in self.dec]) / self.mean_out
         per_token_layer = kv_transfer_bytes(model, 1, kv_bits, kv_group) / model.n_layers
         self.kv_s = np.zeros((len(self.pre), len(self.dec), len(ins)))
@@ -165,21 +171,10 @@ class PairModel:
     def _decode_capacity(self, r: ReplicaConfig) -> float:
         """Tokens/s at the largest batch whose step meets the TPOT deadline (B_max without
         one), times the utilisation cap: the LP must not load a decode replica past it."""
-        b_max = max(1, int(r.kv_capacity_tokens // self.ctx))
-        b_max = min(b_max, MAX_NUM_SEQS)
-        tpot = self.wl.slo.tpot_s
-        lo, hi = 1, b_max
-        if tpot is not None:
-            if r.decode_step_time(1, self.ctx) > tpot:
-                return 0.0
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if r.decode_step_time(mid, self.ctx) <= tpot:
-                    lo = mid
-                else:
-                    hi = mid - 1
-        else:
-            lo = b_max
+        lo = slo_batch(lambda k: r.decode_step_time(k, self.ctx),
+                       decode_seats(r.kv_capacity_tokens, self.ctx), self.wl.slo.tpot_s)
+        if lo == 0:
+            return 0.0
         return MAX_UTILIZATION * lo / r.decode_step_time(lo, self.ctx)
 
     def _transfer(self, p: ReplicaConfig, q: ReplicaConfig, cluster: CloudCluster,
@@ -220,7 +215,7 @@ class PairModel:
         return step
 
     def b_max(self, j: int) -> int:
-        return min(MAX_NUM_SEQS, max(1, int(self.dec[j].kv_capacity_tokens // self.ctx)))
+        return decode_seats(self.dec[j].kv_capacity_tokens, self.ctx)
 
     def slot_wait(self, j: int, lam: float, step: float) -> float:
         """Mean wait for a decode seat (KV room for one more sequence): M/M/c with c = B_max
