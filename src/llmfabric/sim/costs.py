@@ -359,8 +359,8 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         mem_b = np.full_like(batches, kv_tok / bw)
         if serial > 0 and st.eff.decode_cta_bw > 0:  # one block per (sequence, head)
             nkv = heads_per_gpu(model, st.tp)[1]
-            waves = 1 + _extra_waves_array(st.gpu, batches, nkv)
-            mem_b = np.maximum(mem_b, serial * waves / st.eff.decode_cta_bw
+            rounds = 1 + _extra_waves_array(st.gpu, batches, nkv)
+            mem_b = np.maximum(mem_b, serial * rounds / st.eff.decode_cta_bw
                                / np.maximum(batches, 1.0))
         mm_b: FloatArray = np.full_like(batches, mm_tok / peak)
         g_by_batch += st.n_layers * roofline(mm_b, mem_b, st.eff.roofline_p)
