@@ -279,7 +279,9 @@ def _layer_table(model: ModelSpec, st: _StageCoeffs, m: FloatArray,
     """The linear-op times of one layer ("layer"), the embedding or the LM head over the
     token grid `m` (0..n); shared by every deployment with a stage of this GPU, TP and
     calibration (planners build hundreds of deployments from a few stage kinds)."""
-    key = (kind, model, st.tp, st.gpu, st.eff, st.dtype_bits, len(m), float(m[-1]))
+    # keyed by the model's shape only: PP sub-models differ in name and layer count alone
+    shape = dataclasses.replace(model, name="", n_layers=1, aliases=())
+    key = (kind, shape, st.tp, st.gpu, st.eff, st.dtype_bits, len(m), float(m[-1]))
     got = _LAYER_TABLES.get(key)
     if got is None:
         ops = (layer_linear_ops(model, st.tp) if kind == "layer"

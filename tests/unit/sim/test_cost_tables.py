@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -42,3 +44,17 @@ def test_shared_layer_table_gives_the_same_model_as_a_fresh_build() -> None:
     table = next(iter(costs._LAYER_TABLES.values()))
     with pytest.raises(ValueError):
         table[0] = 1.0  # shared: read-only
+
+
+def test_pipeline_stage_models_share_the_layer_tables() -> None:
+    model = get_model("llama-30b")
+    dep = Deployment(model, (Stage(get_gpu("A40"), 4, 30), Stage(get_gpu("A40"), 4, 30)))
+    costs._LAYER_TABLES.clear()
+    costs.build_cost_model(dep, table_tokens=128)
+    n = len(costs._LAYER_TABLES)
+    for layers, name in ((30, "llama-30b[stage 0]"), (7, "other")):
+        sub = dataclasses.replace(model, n_layers=layers, name=name, aliases=())
+        costs.build_cost_model(
+            Deployment(sub, (Stage(get_gpu("A40"), 4, layers),)), table_tokens=128
+        )
+    assert len(costs._LAYER_TABLES) == n  # no new table: same shape, GPU and TP
