@@ -32,7 +32,12 @@ from llmfabric.scheduler.phasesplit.baselines import (
     best_fixed_split,
     colocated_cpsat,
 )
-from llmfabric.scheduler.phasesplit.config import ConfigSearch
+from llmfabric.scheduler.phasesplit.config import (
+    ConfigSearch,
+    decode_context,
+    decode_seats,
+    slo_batch,
+)
 from llmfabric.scheduler.phasesplit.evaluate import simulate
 from llmfabric.scheduler.phasesplit.orchestrate import Routing
 from llmfabric.scheduler.phasesplit.plan import PDPlan
@@ -88,6 +93,43 @@ def kv_arithmetic() -> list[dict[str, Any]]:
     ratio = rows[0]["ours_ms"] / rows[2]["ours_ms"]
     rows.append({"case": "16/4-bit ratio (kvcompress G=64)", "ours_ms": ratio,
                  "paper_ms": 584 / 133, "check": "ok" if 3.5 <= ratio <= 4.5 else "MISS"})
+    return rows
+
+
+def decode_economics(cluster: CloudCluster, wl: PDWorkload) -> list[dict[str, Any]]:
+    """T7's physics: per group layout, Algorithm 2's best decode and prefill replicas and the
+    GPU-seconds one request costs in each phase (decode at the TPOT-bound batch)."""
+    by_type: dict[str, list[list[int]]] = {}
+    hosts: dict[str, list[int]] = {}
+    for g in cluster.gpus:
+        hosts.setdefault(g.host, []).append(g.id)
+    for ids in hosts.values():
+        by_type.setdefault(cluster.gpus[ids[0]].type, []).append(ids)
+    layouts = [("4 x A6000", by_type["RTX-A6000"][0]), ("2 x A6000", by_type["RTX-A6000"][0][:2]),
+               ("4 x A40", by_type["A40"][0][:4]), ("8 x A40", by_type["A40"][0]),
+               ("4 x 3090 Ti", by_type["RTX-3090-Ti"][0]),
+               ("8 x 3090 Ti (2 hosts)", by_type["RTX-3090-Ti"][0] + by_type["RTX-3090-Ti"][1]),
+               ("4 x A5000", by_type["RTX-A5000"][0])]
+    search = ConfigSearch(cluster, get_model(MODEL), wl)
+    ctx = decode_context(wl)
+    rows = []
+    for label, ids in layouts:
+        dec = search.deduce(frozenset(ids), "decode")
+        pre = search.deduce(frozenset(ids), "prefill")
+        if dec is None or pre is None:
+            continue
+        r = dec.replica_configs[0]
+        seats = decode_seats(r.kv_capacity_tokens, ctx)
+        batch = slo_batch(lambda k, r=r: r.decode_step_time(k, ctx), seats, wl.slo.tpot_s)
+        n = len(r.gpus)
+        p = pre.replica_configs[0]
+        rows.append({"group": label, "decode": f"TP{dec.tp} PP{dec.pp} x{dec.replicas}",
+                     "seats": seats, "tpot_batch": batch, "decode_tps": r.throughput_tps,
+                     "decode_gpu_s_per_req": (wl.mean_out * n / r.throughput_tps
+                                              if r.throughput_tps else float("inf")),
+                     "prefill": f"TP{pre.tp} PP{pre.pp} x{pre.replicas}",
+                     "prefill_ms": p.latency_s * 1e3,
+                     "prefill_gpu_s_per_req": p.latency_s * len(p.gpus)})
     return rows
 
 
@@ -219,6 +261,15 @@ def main() -> None:
                          "result": f"ratio {ts.attainment / value:.2f}" if value > 0
                          else "baseline 0"})
     payload["plans"] = plans
+    econ = decode_economics(cluster, workload("conversation"))
+    payload["t7_conversation_economics"] = econ
+    for e in econ:
+        rows.append({"check": f"T7 conversation, {e['group']} (information)",
+                     "ours": f"decode {e['decode']}: {e['seats']} seats, TPOT batch "
+                     f"{e['tpot_batch']}, {e['decode_tps']:.0f} tok/s = "
+                     f"{e['decode_gpu_s_per_req']:.2f} GPU-s/req; prefill {e['prefill']}: "
+                     f"{e['prefill_ms']:.0f} ms = {e['prefill_gpu_s_per_req']:.2f} GPU-s/req",
+                     "paper": "-", "result": "-"})
     payload["rows"] = rows
     notes = (f"LLaMA-30B on the 32-GPU cloud (seeded bandwidths), SLO TTFT {SLO.ttft_s} s, "
              f"TPOT {SLO.tpot_s} s; tabu {steps} steps; attainment from the discrete-event "
