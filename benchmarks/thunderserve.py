@@ -27,11 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 
 from llmfabric import kvcompress, sim
+from llmfabric.kvcompress.accounting import packed_code_bytes
 from llmfabric.scheduler.phasesplit.baselines import (
     best_fixed_split,
     colocated_cpsat,
 )
-from llmfabric.scheduler.phasesplit.config import ConfigSearch
+from llmfabric.scheduler.phasesplit.config import (
+    ConfigSearch,
+    decode_context,
+    decode_seats,
+    slo_batch,
+)
 from llmfabric.scheduler.phasesplit.evaluate import simulate
 from llmfabric.scheduler.phasesplit.orchestrate import Routing
 from llmfabric.scheduler.phasesplit.plan import PDPlan
@@ -53,23 +59,77 @@ SLO = sim.SLO(ttft_s=1.5, tpot_s=0.1)
 
 
 def kv_arithmetic() -> list[dict[str, Any]]:
-    """Table 8 / 5: LLaMA-30B, 1024 tokens; effective 3.0 GB/s (40 Gbps) and 10 GB/s PCIe."""
+    """Table 8 / 5: LLaMA-30B, 1024 tokens; effective 3.0 GB/s (40 Gbps) and 10 GB/s PCIe.
+
+    The paper models the transfer by its eq. 1 with N_bytes shrunk to bits/8 (§4) and states
+    no group size or metadata: the T1 check rows use that accounting (packed 4-bit codes, no
+    scales), exact for it. Our wire format (kvcompress: fp16 scale + minimum per group) is
+    reported beside them for G = 64 (our default, COMPANIONS §1.5) and G = 128 (the largest
+    allowed); no real min-max format reaches the paper's 16/4-bit ratio of 4.39 (> 4)."""
     m = sim.get_model(MODEL)
+    elements = 2 * m.n_layers * m.n_kv_heads * m.head_dim * 1024  # K and V, every layer
     rows = []
-    for label, bits, gbs, paper_ms in (("16-bit, 40 Gbps", None, 3.0, 584),
-                                       ("4-bit, 40 Gbps", 4, 3.0, 133),
-                                       ("4-bit, PCIe (low-bandwidth plan)", 4, 10.0, 41)):
-        sim_bytes = sim.kv_transfer_bytes(m, 1024, bits, 64)
-        exact = (kvcompress.model_kv_bytes(m, 1024, bits, 64) if bits
-                 else m.kv_bytes_per_token() * 1024)
+    for label, bits, group, gbs, paper_ms, check in (
+            ("16-bit, 40 Gbps", None, None, 3.0, 584, True),
+            ("4-bit, 40 Gbps, eq. 1 (codes only, the paper's N_bytes = 1/2)", 4, None, 3.0,
+             133, True),
+            ("4-bit, 40 Gbps, kvcompress G=64 (our wire bytes)", 4, 64, 3.0, 133, False),
+            ("4-bit, 40 Gbps, kvcompress G=128 (our wire bytes)", 4, 128, 3.0, 133, False),
+            ("4-bit, PCIe (low-bandwidth plan), eq. 1 (codes only)", 4, None, 10.0, 41, True),
+            ("4-bit, PCIe (low-bandwidth plan), kvcompress G=64", 4, 64, 10.0, 41, False)):
+        if bits is None:
+            exact = m.kv_bytes_per_token() * 1024
+        elif group is None:
+            exact = packed_code_bytes(elements, bits)
+        else:
+            exact = kvcompress.model_kv_bytes(m, 1024, bits, group)
+        sim_bytes = sim.kv_transfer_bytes(m, 1024, bits, group) if group or not bits else exact
         ms = exact / (gbs * 1e9) * 1e3
         err = ms / paper_ms - 1
+        verdict = "ok" if abs(err) <= 0.15 else "MISS"
         rows.append({"case": label, "bytes_MB": exact / 1e6, "sim_bytes_MB": sim_bytes / 1e6,
                      "ours_ms": ms, "paper_ms": paper_ms, "err": err,
-                     "check": "ok" if abs(err) <= 0.15 else "MISS"})
-    rows.append({"case": "16/4-bit ratio (G=64)", "ours_ms": rows[0]["ours_ms"] /
-                 rows[1]["ours_ms"], "paper_ms": 584 / 133, "check":
-                 "ok" if 3.5 <= rows[0]["ours_ms"] / rows[1]["ours_ms"] <= 4.5 else "MISS"})
+                     "check": verdict if check else f"information ({err:+.1%})"})
+    ratio = rows[0]["ours_ms"] / rows[2]["ours_ms"]
+    rows.append({"case": "16/4-bit ratio (kvcompress G=64)", "ours_ms": ratio,
+                 "paper_ms": 584 / 133, "check": "ok" if 3.5 <= ratio <= 4.5 else "MISS"})
+    return rows
+
+
+def decode_economics(cluster: CloudCluster, wl: PDWorkload) -> list[dict[str, Any]]:
+    """T7's physics: per group layout, Algorithm 2's best decode and prefill replicas and the
+    GPU-seconds one request costs in each phase (decode at the TPOT-bound batch)."""
+    by_type: dict[str, list[list[int]]] = {}
+    hosts: dict[str, list[int]] = {}
+    for g in cluster.gpus:
+        hosts.setdefault(g.host, []).append(g.id)
+    for ids in hosts.values():
+        by_type.setdefault(cluster.gpus[ids[0]].type, []).append(ids)
+    layouts = [("4 x A6000", by_type["RTX-A6000"][0]), ("2 x A6000", by_type["RTX-A6000"][0][:2]),
+               ("4 x A40", by_type["A40"][0][:4]), ("8 x A40", by_type["A40"][0]),
+               ("4 x 3090 Ti", by_type["RTX-3090-Ti"][0]),
+               ("8 x 3090 Ti (2 hosts)", by_type["RTX-3090-Ti"][0] + by_type["RTX-3090-Ti"][1]),
+               ("4 x A5000", by_type["RTX-A5000"][0])]
+    search = ConfigSearch(cluster, get_model(MODEL), wl)
+    ctx = decode_context(wl)
+    rows = []
+    for label, ids in layouts:
+        dec = search.deduce(frozenset(ids), "decode")
+        pre = search.deduce(frozenset(ids), "prefill")
+        if dec is None or pre is None:
+            continue
+        r = dec.replica_configs[0]
+        seats = decode_seats(r.kv_capacity_tokens, ctx)
+        batch = slo_batch(lambda k, r=r: r.decode_step_time(k, ctx), seats, wl.slo.tpot_s)
+        n = len(r.gpus)
+        p = pre.replica_configs[0]
+        rows.append({"group": label, "decode": f"TP{dec.tp} PP{dec.pp} x{dec.replicas}",
+                     "seats": seats, "tpot_batch": batch, "decode_tps": r.throughput_tps,
+                     "decode_gpu_s_per_req": (wl.mean_out * n / r.throughput_tps
+                                              if r.throughput_tps else float("inf")),
+                     "prefill": f"TP{pre.tp} PP{pre.pp} x{pre.replicas}",
+                     "prefill_ms": p.latency_s * 1e3,
+                     "prefill_gpu_s_per_req": p.latency_s * len(p.gpus)})
     return rows
 
 
@@ -93,6 +153,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=300.0, help="simulated seconds")
     ap.add_argument("--final-sim-top", type=int, default=5,
                     help="re-score this many best plans with the simulator (0: analytic only)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="planner timing runs per cluster size (best reported)")
     args = ap.parse_args()
     steps = args.steps
     rows: list[dict[str, Any]] = []
@@ -104,18 +166,29 @@ def main() -> None:
         rows.append({"check": "T1 " + r["case"], "ours": r["ours_ms"],
                      "paper": r["paper_ms"], "result": r["check"]})
 
-    runtime = {}
+    # T6: best of `--repeat` runs per size, wall and CPU time (the machine is shared: CPU
+    # time is what the planner itself costs, wall adds whatever else runs)
+    runtime: dict[int, float] = {}
+    cpu: dict[int, float] = {}
     for n, spec in SUBSETS.items():
-        t0 = time.perf_counter()
-        tabu_search(cluster_of(spec), MODEL, workload("coding"), TabuOptions(n_step=steps))
-        runtime[n] = time.perf_counter() - t0
+        walls, cpus = [], []
+        for _ in range(args.repeat):
+            t0, c0 = time.perf_counter(), time.process_time()
+            tabu_search(cluster_of(spec), MODEL, workload("coding"), TabuOptions(n_step=steps))
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        runtime[n], cpu[n] = min(walls), min(cpus)
     payload["planner_runtime_s"] = runtime
+    payload["planner_cpu_s"] = cpu
     per100 = {n: t * 100 / max(steps, 1) for n, t in runtime.items()}
-    rows.append({"check": f"T6 planner s at 16/24/32 GPUs ({steps} steps)",
-                 "ours": " / ".join(f"{runtime[n]:.1f}" for n in runtime),
+    growth_cpu, growth_wall = cpu[32] / cpu[16], runtime[32] / runtime[16]
+    rows.append({"check": f"T6 planner s at 16/24/32 GPUs ({steps} steps), wall | CPU",
+                 "ours": " / ".join(f"{runtime[n]:.1f}" for n in runtime) + " | "
+                 + " / ".join(f"{cpu[n]:.1f}" for n in cpu),
                  "paper": "21 / 36 / 54 (100 steps)",
-                 "result": ("ok" if per100[32] <= 60 and runtime[32] / runtime[16] <= 3.5
-                            else "MISS") + f" (x100/steps at 32: {per100[32]:.0f} s)"})
+                 "result": ("ok" if per100[32] <= 60 and growth_cpu <= 3.5 else "MISS")
+                 + f" (growth 16 -> 32: CPU {growth_cpu:.2f}x, wall {growth_wall:.2f}x; "
+                 f"x100/steps at 32: {per100[32]:.0f} s)"})
 
     cluster = cluster_of(CLOUD)
     plans: dict[str, Any] = {}
@@ -188,6 +261,15 @@ def main() -> None:
                          "result": f"ratio {ts.attainment / value:.2f}" if value > 0
                          else "baseline 0"})
     payload["plans"] = plans
+    econ = decode_economics(cluster, workload("conversation"))
+    payload["t7_conversation_economics"] = econ
+    for e in econ:
+        rows.append({"check": f"T7 conversation, {e['group']} (information)",
+                     "ours": f"decode {e['decode']}: {e['seats']} seats, TPOT batch "
+                     f"{e['tpot_batch']}, {e['decode_tps']:.0f} tok/s = "
+                     f"{e['decode_gpu_s_per_req']:.2f} GPU-s/req; prefill {e['prefill']}: "
+                     f"{e['prefill_ms']:.0f} ms = {e['prefill_gpu_s_per_req']:.2f} GPU-s/req",
+                     "paper": "-", "result": "-"})
     payload["rows"] = rows
     notes = (f"LLaMA-30B on the 32-GPU cloud (seeded bandwidths), SLO TTFT {SLO.ttft_s} s, "
              f"TPOT {SLO.tpot_s} s; tabu {steps} steps; attainment from the discrete-event "

@@ -24,6 +24,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from llmfabric.sim.calibration import Efficiency, efficiency_for, roofline, warm_read_factor
 from llmfabric.sim.errors import SpecError
@@ -108,6 +109,17 @@ def decode_extra_waves(gpu: GPUSpec, batch: int, kv_heads: int) -> int:
     if gpu.sm_count <= 0 or batch <= 0:
         return 0
     return max(0, -(-(batch * kv_heads) // gpu.sm_count) - 1)
+
+
+def _extra_waves_array(gpu: GPUSpec, batches: FloatArray, kv_heads: int
+                       ) -> npt.NDArray[np.int64]:
+    """`decode_extra_waves` for every batch in `batches` at once (same integers)."""
+    b = batches.astype(np.int64)
+    if gpu.sm_count <= 0:
+        return np.zeros_like(b)
+    waves = np.maximum(0, -(-(b * kv_heads) // gpu.sm_count) - 1)
+    waves[b <= 0] = 0
+    return waves
 
 
 def decode_serial_kv_bytes(model: ModelSpec, tp: int) -> float:
@@ -247,16 +259,50 @@ def _lin_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], m: FloatArray)
     total = np.zeros_like(m)
     ar_bytes = tp_allreduce_bytes_per_token(model) / 2  # per all-reduce
     for i, st in enumerate(stages):
-        layer = _linear_times(layer_linear_ops(model, st.tp), m, st.gpu, st.eff, st.dtype_bits)
-        total += layer * st.n_layers
+        total += _layer_table(model, st, m) * st.n_layers
         if st.tp > 1:
             total += 2 * st.n_layers * dep.stage_allreduce(i).times(ar_bytes * m, st.tp)
         if i == 0:
-            total += _linear_times((embedding_op(model),), m, st.gpu, st.eff, st.dtype_bits)
+            total += _layer_table(model, st, m, "embedding")
     act = model.hidden * model.act_bits / 8
     for boundary in range(dep.pp - 1):
         link = dep.stage_pp_link(boundary)
         total += link.latency_s + act * m / link.bandwidth
+    return total
+
+
+_LAYER_TABLES: dict[tuple[object, ...], FloatArray] = {}
+
+
+def _layer_table(model: ModelSpec, st: _StageCoeffs, m: FloatArray,
+                 kind: str = "layer") -> FloatArray:
+    """The linear-op times of one layer ("layer"), the embedding or the LM head over the
+    token grid `m` (0..n); shared by every deployment with a stage of this GPU, TP and
+    calibration (planners build hundreds of deployments from a few stage kinds)."""
+    # keyed by the model's shape only: PP sub-models differ in name and layer count alone
+    shape = dataclasses.replace(model, name="", n_layers=1, aliases=())
+    key = (kind, shape, st.tp, st.gpu, st.eff, st.dtype_bits, len(m), float(m[-1]))
+    got = _LAYER_TABLES.get(key)
+    if got is None:
+        ops = (layer_linear_ops(model, st.tp) if kind == "layer"
+               else (embedding_op(model),) if kind == "embedding"
+               else (lm_head_op(model, st.tp),))
+        got = _linear_times(ops, m, st.gpu, st.eff, st.dtype_bits)
+        got.setflags(write=False)
+        if len(_LAYER_TABLES) >= 256:
+            _LAYER_TABLES.clear()
+        _LAYER_TABLES[key] = got
+    return got
+
+
+def _wave_table(model: ModelSpec, stages: tuple[_StageCoeffs, ...], batches: FloatArray
+                ) -> FloatArray:
+    """`_wave_time` for every batch in `batches` (same sums, in the same stage order)."""
+    total = np.zeros_like(batches)
+    for st in stages:
+        if st.eff.decode_wave_s > 0:
+            waves = _extra_waves_array(st.gpu, batches, heads_per_gpu(model, st.tp)[1])
+            total += st.n_layers * st.eff.decode_wave_s * waves
     return total
 
 
@@ -271,8 +317,7 @@ def _wave_time(model: ModelSpec, stages: tuple[_StageCoeffs, ...], batch: int) -
 
 def _head_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], n: FloatArray) -> FloatArray:
     last = stages[-1]
-    head = _linear_times((lm_head_op(dep.model, last.tp),), n, last.gpu, last.eff,
-                         last.dtype_bits)
+    head = _layer_table(dep.model, last, n, "head").copy()
     head[n <= 0] = 0.0
     if last.tp > 1:  # gather of vocab-sharded logits: about half an all-reduce
         per_seq = 4 * dep.model.vocab / last.tp
@@ -316,8 +361,8 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
         mem_b = np.full_like(batches, kv_tok / bw)
         if serial > 0 and st.eff.decode_cta_bw > 0:  # one block per (sequence, head)
             nkv = heads_per_gpu(model, st.tp)[1]
-            waves = np.array([1 + decode_extra_waves(st.gpu, int(b), nkv) for b in batches])
-            mem_b = np.maximum(mem_b, serial * waves / st.eff.decode_cta_bw
+            rounds = 1 + _extra_waves_array(st.gpu, batches, nkv)
+            mem_b = np.maximum(mem_b, serial * rounds / st.eff.decode_cta_bw
                                / np.maximum(batches, 1.0))
         mm_b: FloatArray = np.full_like(batches, mm_tok / peak)
         g_by_batch += st.n_layers * roofline(mm_b, mem_b, st.eff.roofline_p)
@@ -326,7 +371,7 @@ def build_cost_model(dep: Deployment, efficiency: Efficiency | None = None,
                        st.eff.roofline_p, st.eff.attention_key_floor))
     step_overhead = max(st.eff.step_overhead_s for st in stages)
     g_by_batch[0] = 0.0
-    waves = np.array([_wave_time(model, stages, int(b)) for b in batches])
+    waves = _wave_table(model, stages, batches)
     adjust = sum(st.n_layers * (st.eff.nosplit_overhead_s() - st.eff.attention_overhead_s)
                  for st in stages
                  if st.eff.decode_cta_bw > 0 and decode_serial_kv_bytes(model, st.tp) > 0)

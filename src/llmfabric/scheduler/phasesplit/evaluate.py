@@ -63,7 +63,8 @@ def evaluate_groups(groups: Sequence[Group], search: ConfigSearch, cluster: Clou
     pre, dec = replicas_of(groups, configs, "prefill"), replicas_of(groups, configs, "decode")
     if not pre or not dec:
         return None
-    pm = PairModel(pre, dec, cluster, model, workload, kv_bits, kv_group)
+    memo = search.pair_memo(cluster, workload, kv_bits, kv_group)
+    pm = PairModel(pre, dec, cluster, model, workload, kv_bits, kv_group, memo)
     return Evaluated(tuple(groups), tuple(configs), pm.route(orchestrate), pre, dec)
 
 

@@ -17,7 +17,14 @@ import numpy as np
 import numpy.typing as npt
 
 from llmfabric.scheduler.errors import SolverError, SpecError
-from llmfabric.scheduler.phasesplit.config import MAX_NUM_SEQS, ReplicaConfig
+from llmfabric.scheduler.phasesplit.config import (
+    MAX_NUM_SEQS,
+    ReplicaConfig,
+    decode_context,
+    decode_seats,
+    slo_batch,
+)
+from llmfabric.scheduler.phasesplit.pairmemo import PairMemo
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
 from llmfabric.sim.models import ModelSpec
 from llmfabric.sim.parallel import kv_transfer_bytes
@@ -55,14 +62,28 @@ def solve_routing(d: npt.ArrayLike, a: npt.ArrayLike, b: npt.ArrayLike,
     solver = pywraplp.Solver.CreateSolver("GLOP")
     if solver is None:  # pragma: no cover - GLOP ships with ortools
         raise SolverError("OR-Tools GLOP is unavailable")
+    # built through the constraint API (the natural `sum(...) <= c` API costs more than
+    # the solve at these sizes); the same rows in the same order
     z = [[solver.NumVar(0.0, 1.0, f"z{i}_{j}") for j in range(n)] for i in range(m)]
     u = solver.NumVar(0.0, 1.0, "u")
-    solver.Add(sum(z[i][j] for i in range(m) for j in range(n)) + u == 1.0)
+    total = solver.Constraint(1.0, 1.0)
+    for row in z:
+        for var in row:
+            total.SetCoefficient(var, 1.0)
+    total.SetCoefficient(u, 1.0)
     for i in range(m):
-        solver.Add(rate * sum(z[i][j] for j in range(n)) <= float(min(av[i], 1e12)))
+        ci = solver.Constraint(-solver.infinity(), float(min(av[i], 1e12)))
+        for j in range(n):
+            ci.SetCoefficient(z[i][j], rate)
     for j in range(n):
-        solver.Add(rate * sum(z[i][j] for i in range(m)) <= float(min(bv[j], 1e12)))
-    solver.Maximize(sum(float(dm[i, j]) * z[i][j] for i in range(m) for j in range(n)))
+        cj = solver.Constraint(-solver.infinity(), float(min(bv[j], 1e12)))
+        for i in range(m):
+            cj.SetCoefficient(z[i][j], rate)
+    objective = solver.Objective()
+    for i in range(m):
+        for j in range(n):
+            objective.SetCoefficient(z[i][j], float(dm[i, j]))
+    objective.SetMaximization()
     status = solver.Solve()
     if status != pywraplp.Solver.OPTIMAL:
         raise SolverError(f"the routing LP ended with status {status}, not OPTIMAL")
@@ -89,22 +110,52 @@ class PairModel:
 
     def __init__(self, prefill: Sequence[ReplicaConfig], decode: Sequence[ReplicaConfig],
                  cluster: CloudCluster, model: ModelSpec, workload: PDWorkload,
-                 kv_bits: int | None, kv_group: int) -> None:
+                 kv_bits: int | None, kv_group: int, memo: PairMemo | None = None) -> None:
         self.pre, self.dec, self.wl = list(prefill), list(decode), workload
+        if memo is not None and not memo.usable(cluster, workload, kv_bits, kv_group):
+            memo = None
         ins = workload.in_lengths.astype(np.float64)
         self.ins, self.outs = ins, workload.out_lengths.astype(np.float64)
-        grid = np.unique(np.linspace(ins.min(), ins.max(), GRID).round())
-        self.prefill_s = np.array([np.interp(ins, grid, [r.prefill_time(int(g)) for g in grid])
-                                   for r in self.pre])                      # m x S
+        self.mean_out = float(self.outs.mean())
+        self._grid = np.unique(np.linspace(ins.min(), ins.max(), GRID).round())
+        self.prefill_s = np.array([self._prefill_row(r, memo) for r in self.pre])  # m x S
         self.mean_s = self.prefill_s.mean(axis=1)
         self.a = np.array([self._prefill_capacity(r.latency_s) for r in self.pre])
-        self.ctx = workload.mean_in + workload.mean_out / 2
-        self.b = np.array([self._decode_capacity(r) for r in self.dec]) / workload.mean_out
+        self.ctx = decode_context(workload)
+        self.b = np.array([self._memo_capacity(r, memo) for r in self.dec]) / self.mean_out
         per_token_layer = kv_transfer_bytes(model, 1, kv_bits, kv_group) / model.n_layers
         self.kv_s = np.zeros((len(self.pre), len(self.dec), len(ins)))
         for i, p in enumerate(self.pre):
             for j, q in enumerate(self.dec):
-                self.kv_s[i, j] = self._transfer(p, q, cluster, per_token_layer)
+                if memo is None:
+                    self.kv_s[i, j] = self._transfer(p, q, cluster, per_token_layer)
+                    continue
+                key = (tuple((s.gpus, s.layers) for s in p.stages),
+                       tuple((s.gpus, s.layers) for s in q.stages))
+                row = memo.transfer.get(key)
+                if row is None:
+                    row = memo.transfer[key] = self._transfer(p, q, cluster, per_token_layer)
+                self.kv_s[i, j] = row
+
+    def _prefill_row(self, r: ReplicaConfig, memo: PairMemo | None) -> Array:
+        """Prefill seconds of every sampled prompt (interpolated on a grid of lengths)."""
+        got = memo.prefill.get(id(r.step)) if memo is not None else None
+        if got is not None and got[0] is r.step:
+            return got[1]
+        row = np.interp(self.ins, self._grid, [r.prefill_time(int(g)) for g in self._grid])
+        if memo is not None:
+            memo.prefill[id(r.step)] = (r.step, row)
+        return row
+
+    def _memo_capacity(self, r: ReplicaConfig, memo: PairMemo | None) -> float:
+        key = (id(r.step), r.kv_capacity_tokens)
+        got = memo.capacity.get(key) if memo is not None else None
+        if got is not None and got[0] is r.step:
+            return got[1]
+        cap = self._decode_capacity(r)
+        if memo is not None:
+            memo.capacity[key] = (r.step, cap)
+        return cap
 
     def _prefill_capacity(self, s: float) -> float:
         """Requests/s: utilisation <= rho_max, and with a TTFT deadline the M/D/1 wait of a
@@ -120,21 +171,10 @@ class PairModel:
     def _decode_capacity(self, r: ReplicaConfig) -> float:
         """Tokens/s at the largest batch whose step meets the TPOT deadline (B_max without
         one), times the utilisation cap: the LP must not load a decode replica past it."""
-        b_max = max(1, int(r.kv_capacity_tokens // self.ctx))
-        b_max = min(b_max, MAX_NUM_SEQS)
-        tpot = self.wl.slo.tpot_s
-        lo, hi = 1, b_max
-        if tpot is not None:
-            if r.decode_step_time(1, self.ctx) > tpot:
-                return 0.0
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if r.decode_step_time(mid, self.ctx) <= tpot:
-                    lo = mid
-                else:
-                    hi = mid - 1
-        else:
-            lo = b_max
+        lo = slo_batch(lambda k: r.decode_step_time(k, self.ctx),
+                       decode_seats(r.kv_capacity_tokens, self.ctx), self.wl.slo.tpot_s)
+        if lo == 0:
+            return 0.0
         return MAX_UTILIZATION * lo / r.decode_step_time(lo, self.ctx)
 
     def _transfer(self, p: ReplicaConfig, q: ReplicaConfig, cluster: CloudCluster,
@@ -160,12 +200,12 @@ class PairModel:
         r = self.dec[j]
         # past rho_max of its tokens/s a decode replica queues for KV seats far longer than
         # any queueing formula here predicts (the simulator's prefill bursts): overload
-        if lam * self.wl.mean_out > MAX_UTILIZATION * r.throughput_tps:
+        if lam * self.mean_out > MAX_UTILIZATION * r.throughput_tps:
             return float("inf")
         b_max = self.b_max(j)
         step = r.decode_step_time(1, self.ctx)
         for _ in range(30):
-            batch = max(1.0, lam * self.wl.mean_out * step)
+            batch = max(1.0, lam * self.mean_out * step)
             if batch > b_max:
                 return float("inf")
             new = r.decode_step_time(max(1, round(batch)), self.ctx)
@@ -175,7 +215,7 @@ class PairModel:
         return step
 
     def b_max(self, j: int) -> int:
-        return min(MAX_NUM_SEQS, max(1, int(self.dec[j].kv_capacity_tokens // self.ctx)))
+        return decode_seats(self.dec[j].kv_capacity_tokens, self.ctx)
 
     def slot_wait(self, j: int, lam: float, step: float) -> float:
         """Mean wait for a decode seat (KV room for one more sequence): M/M/c with c = B_max
@@ -184,7 +224,7 @@ class PairModel:
         if not np.isfinite(step):
             return float("inf")
         c = self.b_max(j)
-        service = self.wl.mean_out * step
+        service = self.mean_out * step
         offered = lam * service
         if offered >= c:
             return float("inf")
@@ -198,14 +238,14 @@ class PairModel:
         """Per-output-token time: the step at the Little's-law batch plus the seat wait spread
         over the mean output (inf: overload)."""
         step = self.decode_step(j, lam)
-        return step + self.slot_wait(j, lam, step) / self.wl.mean_out
+        return step + self.slot_wait(j, lam, step) / self.mean_out
 
     def _batch_step_cdf(self, j: int, step: float, lam: float
                         ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """(step time of the batch a request decodes in, cumulative probability), batch =
         1 + Poisson(Little's-law mean) (Poisson arrivals), sorted by step time."""
         r = self.dec[j]
-        mean = lam * self.wl.mean_out * step
+        mean = lam * self.mean_out * step
         log_pmf = _K * np.log(max(mean, 1e-12)) - mean - _LOG_FACT
         key = (id(r.step), round(self.ctx))
         got = _STEPS.get(key)
