@@ -166,7 +166,7 @@ class NodeConfig(BaseModel):
     @field_validator("front_limits")
     @classmethod
     def _front_limits(cls, value: dict[str, float]) -> dict[str, float]:
-        from llmfabric.ingress.front_limits import front_limits
+        from llmfabric.ingress.front.front_limits import front_limits
 
         front_limits(value)  # raises ValueError naming the bad key
         return value

@@ -33,9 +33,9 @@ from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey, PskAdmission
-from llmfabric.ingress.demand import DemandMeter
-from llmfabric.ingress.demand import moved as demand_moved
-from llmfabric.ingress.front_limits import front_limits
+from llmfabric.ingress.front.front_limits import front_limits
+from llmfabric.ingress.observe.demand import DemandMeter
+from llmfabric.ingress.observe.demand import moved as demand_moved
 from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr

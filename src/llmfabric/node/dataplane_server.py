@@ -24,7 +24,7 @@ from llmfabric.dataplane.sealing import DATA, END, SEALED_TYPE, Sealer, open_bod
 from llmfabric.identity import NodeKey
 from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.node_hop import NODE_TIME_HEADER
+from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context

@@ -29,11 +29,11 @@ from llmfabric.agent import EngineInfo, EngineSupervisor, InflightTracker, Super
 from llmfabric.agent.command import engine_kind
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.clock import Clock
-from llmfabric.ingress.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.node_hop import NODE_TIME_HEADER, node_time_value
-from llmfabric.ingress.otlp import exporter_from_env
+from llmfabric.ingress.forward.engine_proxy import Around, EngineProxy
+from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER, node_time_value
+from llmfabric.ingress.observe.otlp import exporter_from_env
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.httpaddr import is_loopback

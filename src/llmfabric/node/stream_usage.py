@@ -37,7 +37,7 @@ import orjson
 from llmfabric.agent.engines import EngineKind, flag_value
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.node_hop import NodeHop
+from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.ingress.protocols import Upstream, read_chunks_capped
 from llmfabric.ingress.usage import Usage, estimate_prompt_tokens, usage_chunk
 

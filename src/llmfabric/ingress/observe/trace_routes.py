@@ -11,7 +11,7 @@ from aiohttp import web
 
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import error_reply
-from llmfabric.ingress.web_sink import web_response
+from llmfabric.ingress.front.web_sink import web_response
 
 MAX_LIMIT = 1000
 

@@ -32,10 +32,10 @@ from llmfabric.identity.certs import cert_identity
 from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.node_hop import NO_HOP, NodeHop, parse_node_time
+from llmfabric.ingress.observe.node_hop import NO_HOP, NodeHop, parse_node_time
+from llmfabric.ingress.observe.tracing import downstream_header
 from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.ingress.protocols import SocketRelay
-from llmfabric.ingress.tracing import downstream_header
 from llmfabric.routing.candidates import Candidate
 
 _HIGH_WATER = 256 * 1024  # queued body bytes before reading from the node pauses

@@ -5,10 +5,10 @@ accounts, /metrics), handed over to that server with its connection (`owned` say
 
 from __future__ import annotations
 
-from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, not_stored
+from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, not_stored
+from llmfabric.ingress.apis.openapi import OPENAPI_BODY
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.fast_wire import not_allowed
-from llmfabric.ingress.openapi import OPENAPI_BODY
+from llmfabric.ingress.front.fast_wire import not_allowed
 
 POST_ROUTES = {
     b"/v1/chat/completions": ("/v1/chat/completions", True),

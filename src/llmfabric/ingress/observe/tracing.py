@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from llmfabric.ingress.errors import Reply
-from llmfabric.ingress.node_hop import NodeHop
-from llmfabric.ingress.tracecontext import (
+from llmfabric.ingress.observe.node_hop import NodeHop
+from llmfabric.ingress.observe.tracecontext import (
     TraceParent,
     new_span_id,
     new_trace_id,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmfabric.ingress.errors import Reply
-from llmfabric.ingress.front_limits import safe_header_value
+from llmfabric.ingress.front.front_limits import safe_header_value
 
 
 class WebSink:

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from llmfabric.ingress.chat_stream import ChatStreamTranslator, Sink
-from llmfabric.ingress.responses_api import TranslationError, new_id
+from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
+from llmfabric.ingress.apis.responses_api import TranslationError, new_id
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 413: "request_too_large",

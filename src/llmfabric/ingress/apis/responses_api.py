@@ -18,7 +18,7 @@ import secrets
 import time
 from typing import Any
 
-from llmfabric.ingress.chat_stream import ChatStreamTranslator, Sink
+from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
 
 
 class TranslationError(ValueError):

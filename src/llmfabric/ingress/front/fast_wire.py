@@ -10,7 +10,7 @@ import asyncio
 from typing import Protocol
 
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.front_limits import safe_header_value
+from llmfabric.ingress.front.front_limits import safe_header_value
 
 
 class Stop(Exception):

@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 from llmfabric.accounts.budgets import BudgetBook, Hold, OverBudget
 from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
+from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import Usage, estimate_prompt_tokens
 
 # The completion a request without max_tokens is assumed to need (for its reservation).

@@ -8,14 +8,14 @@ import random
 
 from aiohttp import web
 
-from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, not_stored
+from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, not_stored
+from llmfabric.ingress.apis.openapi import add_openapi_route
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig
-from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
-from llmfabric.ingress.openapi import add_openapi_route
+from llmfabric.ingress.front.web_sink import web_response
+from llmfabric.ingress.observe.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.observe.trace_routes import traces_handler
 from llmfabric.ingress.protocols import Authenticator, CandidateSource, Forwarder, UsageSink
-from llmfabric.ingress.trace_routes import traces_handler
-from llmfabric.ingress.web_sink import web_response
 
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
 

@@ -19,23 +19,23 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llmfabric.ingress.anthropic_api import (
+from llmfabric.ingress.apis.anthropic_api import (
     MessagesStream,
     anthropic_error,
     chat_to_message,
     messages_to_chat,
 )
-from llmfabric.ingress.chat_stream import ChatStreamTranslator
-from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS, PASSTHROUGH_ROUTES
-from llmfabric.ingress.protocols import BodyReader, StreamSink
-from llmfabric.ingress.responses_api import (
+from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator
+from llmfabric.ingress.apis.responses_api import (
     ResponsesStream,
     TranslationError,
     chat_to_response,
     refuse_stateful,
     responses_to_chat,
 )
+from llmfabric.ingress.errors import Reply, error_reply
+from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS, PASSTHROUGH_ROUTES
+from llmfabric.ingress.protocols import BodyReader, StreamSink
 
 if TYPE_CHECKING:  # (app.py builds ApiRoutes; no runtime import back)
     from llmfabric.ingress.app import Ingress

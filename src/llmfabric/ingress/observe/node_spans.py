@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator
 
-from llmfabric.ingress.engine_upstream import HttpUpstream
-from llmfabric.ingress.node_hop import NodeHop
+from llmfabric.ingress.forward.engine_upstream import HttpUpstream
+from llmfabric.ingress.observe.node_hop import NodeHop
+from llmfabric.ingress.observe.tracecontext import TraceParent
+from llmfabric.ingress.observe.tracing import TraceExporter
 from llmfabric.ingress.protocols import read_chunks_capped
-from llmfabric.ingress.tracecontext import TraceParent
-from llmfabric.ingress.tracing import TraceExporter
 
 _perf = time.perf_counter
 

@@ -36,13 +36,19 @@ from typing import cast
 import httptools
 import orjson
 
-from llmfabric.ingress.api_routes import EXTRA_POST_PATHS, to_anthropic
+from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.fast_routes import owned, route
-from llmfabric.ingress.fast_wire import FrontRequest, HeadCache, ResponseSink, Stop, reply_bytes
-from llmfabric.ingress.front_limits import FrontLimits
-from llmfabric.ingress.tracing import traced
+from llmfabric.ingress.front.fast_routes import owned, route
+from llmfabric.ingress.front.fast_wire import (
+    FrontRequest,
+    HeadCache,
+    ResponseSink,
+    Stop,
+    reply_bytes,
+)
+from llmfabric.ingress.front.front_limits import FrontLimits
+from llmfabric.ingress.observe.tracing import traced
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
 FallbackFactory = Callable[[], asyncio.Protocol]

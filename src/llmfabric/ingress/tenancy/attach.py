@@ -12,8 +12,8 @@ from llmfabric.accounts.budgets import BudgetBook, BudgetStore
 from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.otlp import OtlpExporter, exporter_from_env
-from llmfabric.ingress.tenancy import TenancyGate
+from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
+from llmfabric.ingress.tenancy.gate import TenancyGate
 
 
 @dataclass(slots=True)

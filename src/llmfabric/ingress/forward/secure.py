@@ -27,12 +27,12 @@ from llmfabric.dataplane.sealing import DATA, END, HEAD, FrameOpener, seal_body
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward_peer import PeerRequester, PeerResponse, peer_hop
-from llmfabric.ingress.forward_raw import RawHttpForwarder, RawUpstream
-from llmfabric.ingress.node_hop import NodeHop
+from llmfabric.ingress.forward.peer import PeerRequester, PeerResponse, peer_hop
+from llmfabric.ingress.forward.raw import RawHttpForwarder, RawUpstream
+from llmfabric.ingress.observe.node_hop import NodeHop
+from llmfabric.ingress.observe.tracing import downstream_pairs
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import read_chunks_capped
-from llmfabric.ingress.tracing import downstream_pairs
 from llmfabric.net.errors import NetError
 from llmfabric.routing.candidates import Candidate
 

@@ -67,7 +67,7 @@ class IngressMetrics:
         self.tpot: dict[str, _Hist] = {}  # model -> mean time per output token of a stream
         self.tokens: dict[tuple[str, str, str], int] = {}  # (model, owner, kind) -> tokens
         self.queue_wait = _Hist()  # seconds admitted requests waited in the fair queue
-        self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy.py)
+        self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy/gate.py)
         self.queue_depth: Callable[[], int] | None = None  # requests waiting (fair queue)
         # The routable candidates (their gossiped load hints carry each engine's prefix-cache
         # hit rate), read at scrape time only.
