@@ -36,8 +36,8 @@ from llmfabric.ingress.forward.secure import DataPlaneSessions, PinnedHttpsForwa
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

@@ -29,9 +29,9 @@ from llmfabric.ingress import IngressConfig, RawHttpForwarder, StaticCandidateSo
 from llmfabric.ingress.apis.openapi import OPENAPI_PATH, add_openapi_route, openapi_document
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.front.fast_front import FastFront
-from llmfabric.node.http_api import add_node_routes
 from llmfabric.node.ports import free_port
-from llmfabric.node.views import ObservedRecord
+from llmfabric.node.serve.http_api import add_node_routes
+from llmfabric.node.serve.views import ObservedRecord
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
 from .test_ingress_support import LoopThread, record, wait_port

@@ -31,8 +31,8 @@ from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import ASSIGN_PATH, PeerApi
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.peer_api import ASSIGN_PATH, PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

@@ -21,8 +21,8 @@ from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward.peer import PeerResponse
 from llmfabric.ingress.forward.secure import DataPlaneSessions, SealedPeerForwarder
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

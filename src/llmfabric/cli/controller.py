@@ -248,7 +248,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
         await node.start()
         try:
             await clock.sleep(settle)
-            from llmfabric.node.replica_reader import current_session_reader
+            from llmfabric.node.serve.replica_reader import current_session_reader
 
             reader = current_session_reader(node)
             live = reader.live_records

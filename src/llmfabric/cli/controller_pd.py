@@ -47,8 +47,8 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
         from llmfabric.clock import SystemClock
         from llmfabric.node.config import ConfigError, build_config
         from llmfabric.node.daemon import Node, NodeError
-        from llmfabric.node.pd_executor import PeerPDExecutor
-        from llmfabric.node.replica_reader import current_session_reader
+        from llmfabric.node.pd.executor import PeerPDExecutor
+        from llmfabric.node.serve.replica_reader import current_session_reader
         from llmfabric.scheduler.phasesplit.binding import bind_sessions, observed_pd_workload
         from llmfabric.scheduler.phasesplit.controller import (
             PDController,

@@ -24,7 +24,7 @@ from llmfabric.launch.errors import LaunchError
 from llmfabric.launch.launcher import SlurmLauncher, capacity_config
 from llmfabric.launch.profile import load_profile
 from llmfabric.launch.slurm import Slurm
-from llmfabric.node.replica_reader import current_session_reader
+from llmfabric.node.serve.replica_reader import current_session_reader
 from llmfabric.scheduler.observed import observed_workload
 
 

@@ -49,7 +49,7 @@ from llmfabric.ingress.tenancy.attach import TenancyParts, attach_tenancy
 from llmfabric.net import TlsTransport
 from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
-from llmfabric.node.replica_reader import AgentReplicaReader
+from llmfabric.node.serve.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
 from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import KeyGrant

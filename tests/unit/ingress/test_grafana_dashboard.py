@@ -17,7 +17,7 @@ from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.ingress.observe.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
 from llmfabric.net.stats import NetStats
-from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.registry.records import LoadHints
 
 pytestmark = pytest.mark.unit

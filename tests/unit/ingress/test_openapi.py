@@ -20,8 +20,8 @@ from llmfabric.ingress.apis.openapi import OPENAPI_BODY, OPENAPI_PATH, openapi_d
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.front.web_app import build_ingress_app
-from llmfabric.node.http_api import add_node_routes
-from llmfabric.node.views import ObservedRecord
+from llmfabric.node.serve.http_api import add_node_routes
+from llmfabric.node.serve.views import ObservedRecord
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description of every HTTP route an ingress node serves, at /openapi.json.
 
 One document for the node's API port: the OpenAI-compatible routes (ingress), the read-only
-node routes (node.http_api: /healthz, /metrics, /v1/fabric/* views), the key and usage admin
+node routes (node.serve.http_api: /healthz, /metrics, /v1/fabric/* views), the key and usage admin
 routes (accounts.http) and the dashboard (/ui). The node's internal routes (forwarded requests
 between peers, under FORWARD_PREFIX) are not part of the public API and are left out.
 

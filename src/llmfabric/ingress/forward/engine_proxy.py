@@ -3,7 +3,7 @@
 The node mounts `add_engine_proxy_routes(app, proxy)`, which serves
 `POST /v1/fabric/forward/<path>` for the paths in paths.FORWARDABLE_PATHS; the peer request handler
 (requests arriving over the peer network / relays) calls `proxy.open(path, body)` and relays
-the returned Upstream's chunks itself. `around` (the node's node/stream_usage.py) wraps each
+the returned Upstream's chunks itself. `around` (the node's node/engine/stream_usage.py) wraps each
 call to the engine: it sees the request and may rewrite the response's stream.
 """
 

@@ -2,12 +2,12 @@
 
 ThunderServe's lightweight rescheduling flips a running engine between prefill and decode
 without a restart. The controller signs a `RoleRequest` (model, role, plan id) like an
-assignment (node/peer_api.py); the node accepts it only under the same rules (started with
+assignment (node/serve/peer_api.py); the node accepts it only under the same rules (started with
 `--accept-assignments`, from a listed `--controller` when any are listed), only while its
 engine serves the named model, and asks its engine to flip through the engine adapter
 (`EngineKind.role_path`, the simulated engine's `/sim/role`). It then republishes its models
 with the roles the engine reports at once, instead of waiting for the role poll of
-pd_roles.py, so every ingress's PD routing follows within one gossip round.
+roles.py, so every ingress's PD routing follows within one gossip round.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import orjson
 
 from llmfabric.agent.probe import ProbeError
 from llmfabric.net import HandlerResponse
-from llmfabric.node.engine_link import error_response
-from llmfabric.node.engine_role import refuse_controller
-from llmfabric.node.pd_roles import with_roles
-from llmfabric.node.peer_api import AssignmentError, parse_role_request
+from llmfabric.node.engine.link import error_response
+from llmfabric.node.engine.role import refuse_controller
+from llmfabric.node.pd.roles import with_roles
+from llmfabric.node.serve.peer_api import AssignmentError, parse_role_request
 from llmfabric.registry.records import Lifecycle, ModelRole
 
 if TYPE_CHECKING:  # (the daemon wires the handler; no runtime import back)

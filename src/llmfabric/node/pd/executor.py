@@ -1,7 +1,7 @@
 """Carry out lightweight-rescheduling decisions (scheduler/phasesplit/controller.py).
 
 Across the fabric (`PeerPDExecutor`, what `llmfabric controller --pd-plan` runs): SetRole is
-a signed `RoleRequest` to each named session's node over the peer protocol (node/pd_flip.py:
+a signed `RoleRequest` to each named session's node over the peer protocol (node/pd/flip.py:
 the node flips its engine and republishes its role); SetRouting becomes the plan item of the
 controller's own record (routing/pd_plan.py), which every ingress trusting this controller
 installs in its PD router.
@@ -20,7 +20,7 @@ import aiohttp
 
 from llmfabric.net import NetError, TlsTransport
 from llmfabric.node.executor import post_signed_control
-from llmfabric.node.peer_api import ROLE_PATH, RoleRequest
+from llmfabric.node.serve.peer_api import ROLE_PATH, RoleRequest
 from llmfabric.routing.pd import PDPlanTable, PDRouter, PlanError
 from llmfabric.routing.pd_plan import PlanItem, encode_plan
 from llmfabric.scheduler.decisions import SetRole, SetRouting

@@ -32,15 +32,15 @@ import orjson
 
 from llmfabric.agent import EngineEvent, EngineState
 from llmfabric.net import HandlerResponse
-from llmfabric.node.engine_link import EngineLink, error_response, loopback_engine_command
-from llmfabric.node.pd_roles import follow_roles
-from llmfabric.node.peer_api import (
+from llmfabric.node.engine.link import EngineLink, error_response, loopback_engine_command
+from llmfabric.node.pd.roles import follow_roles
+from llmfabric.node.ports import free_port
+from llmfabric.node.serve.peer_api import (
     AssignmentError,
     engine_command,
     parse_assignment,
     parse_release,
 )
-from llmfabric.node.ports import free_port
 from llmfabric.node.supervisor import ONE_SHOT, RestartPolicy, SessionChanged, SupervisorStopped
 from llmfabric.registry.records import Lifecycle, LoadHints
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from llmfabric.clock import Clock
-from llmfabric.node.engine_link import EngineLink
+from llmfabric.node.engine.link import EngineLink
 from llmfabric.registry.records import ModelRole, ServedModel
 
 log = logging.getLogger(__name__)

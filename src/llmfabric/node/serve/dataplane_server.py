@@ -28,7 +28,7 @@ from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context
-from llmfabric.node.engine_link import EngineLink, error_response
+from llmfabric.node.engine.link import EngineLink, error_response
 
 _MSGPACK = (("content-type", "application/msgpack"),)
 _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most

@@ -1,11 +1,11 @@
 """What a node answers on the peer protocol (requests from other admitted nodes).
 
-  /_fabric/v1/forward-session  data-plane session exchange (node/dataplane_server.py)
+  /_fabric/v1/forward-session  data-plane session exchange (node/serve/dataplane_server.py)
   /v1/fabric/forward/v1/...    sealed forwarded inference requests -> the local engine
   /_fabric/v1/assign           engine assignments from the fleet controller
   /_fabric/v1/release          releases (stop the engine, become bare) from the controller
-  /_fabric/v1/role             prefill/decode role flips from the PD controller (node/pd_flip.py)
-  /_fabric/v1/link-probe, /_fabric/v1/links   link measurements (node/link_service.py)
+  /_fabric/v1/role             prefill/decode role flips from the PD controller (node/pd/flip.py)
+  /_fabric/v1/link-probe, /_fabric/v1/links   link measurements (node/serve/link_service.py)
 The peer protocol is authenticated (TLS + admission), but a request that came through a
 relay names its origin only by the relay's word: forwarded requests carry their own
 authorization, and control requests must be signed by the controller's key
@@ -36,9 +36,9 @@ from llmfabric.dataplane.control import SIGNED_HEADER, verify_control
 from llmfabric.dataplane.exchange import SESSION_PATH
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.engine_link import error_response
-from llmfabric.node.link_service import LinkService
+from llmfabric.node.engine.link import error_response
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.link_service import LinkService
 from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
 
 ASSIGN_PATH = "/_fabric/v1/assign"

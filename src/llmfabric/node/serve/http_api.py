@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from llmfabric.ingress.errors import error_response
-from llmfabric.node.views import ObservedRecord, model_views, node_view, provider_views
+from llmfabric.node.serve.views import ObservedRecord, model_views, node_view, provider_views
 
 
 class ReplicaReader(Protocol):
@@ -110,7 +110,7 @@ def add_node_routes(
     app.router.add_get("/v1/fabric/models", guarded(models))
     app.router.add_get("/v1/fabric/providers", guarded(providers))
     app.router.add_get("/v1/fabric/records", guarded(records))
-    if links is not None:  # the measured link matrix (node/link_service.py)
+    if links is not None:  # the measured link matrix (node/serve/link_service.py)
         async def get_links(_: web.Request) -> web.Response:
             return json_response(await links())
 

@@ -1,7 +1,7 @@
 """The node's engine: supervision (agent/) plus the proxy that serves forwarded requests.
 
 Forwarded inference requests reach the engine two ways, both on the encrypted data plane
-(node/dataplane_server.py checks their authorization first): sealed over the peer network
+(node/serve/dataplane_server.py checks their authorization first): sealed over the peer network
 (through relays too), and over the node's pinned-certificate HTTPS listener (the fast direct
 path). Both count in-flight requests so SIGTERM can drain them, and both refuse new work
 (503, retried elsewhere by the ingress) once draining started.
@@ -38,7 +38,7 @@ from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.node.config import NodeConfig
-from llmfabric.node.stream_usage import StreamUsageCounter
+from llmfabric.node.engine.stream_usage import StreamUsageCounter
 from llmfabric.registry.records import ServedModel
 from llmfabric.routing.cache_summary import ServedPrefixes, observe_prompt
 
