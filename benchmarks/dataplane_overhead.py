@@ -31,13 +31,13 @@ from llmfabric.dataplane.authz import ProviderSessions, authorize
 from llmfabric.dataplane.exchange import answer, finish, offer
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.forward_raw import RawHttpForwarder
-from llmfabric.ingress.forward_secure import DataPlaneSessions, PinnedHttpsForwarder
+from llmfabric.ingress.forward.raw import RawHttpForwarder
+from llmfabric.ingress.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

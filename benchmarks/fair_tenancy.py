@@ -35,10 +35,10 @@ from _common import pct, write_results
 
 from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.ingress import HttpForwarder, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.accounts_auth import StaticKeys
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.fast_front import FastFront
-from llmfabric.ingress.tenancy import TenancyGate
+from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
+from llmfabric.ingress.tenancy.gate import TenancyGate
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 

@@ -38,10 +38,10 @@ from llmfabric.accounts.store import AccountStore
 from llmfabric.cli.ingress import Backend, candidates
 from llmfabric.clock import SystemClock
 from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
-from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.config import IngressConfig
-from llmfabric.ingress.fast_front import FastFront
-from llmfabric.ingress.tenancy_setup import attach_tenancy
+from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+from llmfabric.ingress.tenancy.attach import attach_tenancy
 
 BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                      "max_tokens": 8, "stream": False})

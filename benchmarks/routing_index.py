@@ -3,7 +3,7 @@
 A real Replica holds N signed records (16 models, one alias each; every 8th node serves two).
 Per change kind (a load hint, a join, a leave) it times, per change:
 - rebuild: what `RecordsCandidateSource` did on the first lookup after every replica change:
-  read every record out of the replica (`records_with_suspicion`, as node.replica_reader) and
+  read every record out of the replica (`records_with_suspicion`, as node.serve.replica_reader) and
   `candidates_by_model` over them; also `candidates_by_model` alone (the index part);
 - incremental: `CandidateIndex.update` for the one session (`incr_update_us`), then the next
   lookup of the changed model (copies that bucket's snapshot once); end to end,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from _common import write_results
 
-from llmfabric.ingress.node_hop import NodeHop, node_time_value, parse_node_time
-from llmfabric.ingress.tracing import RequestTrace
+from llmfabric.ingress.observe.node_hop import NodeHop, node_time_value, parse_node_time
+from llmfabric.ingress.observe.tracing import RequestTrace
 from llmfabric.routing.prefix import session_header, session_key
 
 SID = "6f1c2b1e-9a4f-4a57-8f5e-0d9c4b3a2e11"

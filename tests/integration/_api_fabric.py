@@ -23,8 +23,8 @@ from llmfabric.ingress import (
     add_engine_proxy_routes,
     build_ingress_app,
 )
-from llmfabric.ingress.accounts_auth import StaticKeys
-from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.ports import free_port
 
 from .test_ingress_support import LoopThread, record, serve, wait_port

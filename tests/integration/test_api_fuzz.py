@@ -26,12 +26,12 @@ from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.ingress import IngressConfig, RawHttpForwarder, StaticCandidateSource
+from llmfabric.ingress.apis.openapi import OPENAPI_PATH, add_openapi_route, openapi_document
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.fast_front import FastFront
-from llmfabric.ingress.openapi import OPENAPI_PATH, add_openapi_route, openapi_document
-from llmfabric.node.http_api import add_node_routes
+from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.node.ports import free_port
-from llmfabric.node.views import ObservedRecord
+from llmfabric.node.serve.http_api import add_node_routes
+from llmfabric.node.serve.views import ObservedRecord
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
 from .test_ingress_support import LoopThread, record, wait_port

@@ -21,7 +21,7 @@ from llmfabric.ingress import (
     add_engine_proxy_routes,
     build_ingress_app,
 )
-from llmfabric.ingress.accounts_auth import StaticKeys
+from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import ServedModel
 

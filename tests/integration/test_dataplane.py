@@ -21,18 +21,18 @@ from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward_raw import RawHttpForwarder
-from llmfabric.ingress.forward_secure import (
+from llmfabric.ingress.forward.raw import RawHttpForwarder
+from llmfabric.ingress.forward.secure import (
     DataPlaneSessions,
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
-from llmfabric.ingress.node_hop import NodeHop
+from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import ASSIGN_PATH, PeerApi
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.peer_api import ASSIGN_PATH, PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

@@ -21,7 +21,7 @@ from llmfabric.ingress import (
     StaticCandidateSource,
     add_ingress_routes,
 )
-from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.net.server_tls import ServerTls
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate

@@ -20,9 +20,9 @@ from aiohttp import web
 
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.accounts_auth import StaticKeys
-from llmfabric.ingress.fast_front import FastFront
-from llmfabric.ingress.front_limits import FrontLimits, safe_header_value
+from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.ingress.front.front_limits import FrontLimits, safe_header_value
+from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate

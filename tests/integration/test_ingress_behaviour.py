@@ -31,10 +31,10 @@ from llmfabric.ingress import (
     TraceEvent,
     build_ingress_app,
 )
-from llmfabric.ingress.accounts_auth import AccountsAuth, StaticPrincipal
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.protocols import Principal
+from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth, StaticPrincipal
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate

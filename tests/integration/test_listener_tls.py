@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.fast_front import FastFront
+from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.net.server_tls import ServerTls
 
 pytestmark = pytest.mark.integration

@@ -18,11 +18,11 @@ from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.ingress import ChoosingForwarder
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward_peer import PeerResponse
-from llmfabric.ingress.forward_secure import DataPlaneSessions, SealedPeerForwarder
+from llmfabric.ingress.forward.peer import PeerResponse
+from llmfabric.ingress.forward.secure import DataPlaneSessions, SealedPeerForwarder
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

@@ -22,11 +22,11 @@ from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.ingress import HttpForwarder, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.tenancy import TenancyGate, reservation
-from llmfabric.ingress.tenancy_setup import attach_tenancy
-from llmfabric.ingress.web_app import INGRESS_KEY, build_ingress_app
+from llmfabric.ingress.front.web_app import INGRESS_KEY, build_ingress_app
+from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+from llmfabric.ingress.tenancy.attach import attach_tenancy
+from llmfabric.ingress.tenancy.gate import TenancyGate, reservation
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate

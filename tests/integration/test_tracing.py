@@ -25,12 +25,12 @@ from llmfabric.ingress import (
     StaticCandidateSource,
     add_engine_proxy_routes,
 )
-from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.fast_front import FastFront
-from llmfabric.ingress.otlp import OtlpExporter, exporter_from_env
-from llmfabric.ingress.tracecontext import parse_traceparent
-from llmfabric.ingress.web_app import INGRESS_KEY, build_ingress_app
+from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.ingress.front.web_app import INGRESS_KEY, build_ingress_app
+from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
+from llmfabric.ingress.observe.tracecontext import parse_traceparent
+from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate

@@ -18,7 +18,7 @@ KIND` overrides (any OpenAI-compatible server: `openai`).
 | openai | anything else | --port | - | - | - |
 
 `counts_stream_usage`: the engine sends no usage in streams (llama.cpp's servers), so the
-node counts a stream's tokens itself (node/stream_usage.py). `tokenize_interrupts`: a
+node counts a stream's tokens itself (node/engine/stream_usage.py). `tokenize_interrupts`: a
 tokenize call while a stream runs cuts that stream short (llama-cpp-python's default
 `interrupt_requests`: a request waiting for its model lock ends the running one), so the node
 calls it only when the engine is otherwise idle.

@@ -2,7 +2,10 @@
 (start, status, keys, ingress, demo, engine, simulate, plan, controller, trace, bench; API
 keys in apikeys.py, `keys usage-export` in usage_export.py; slurm, k8s and
 controller_slurm for the launchers; controller_pd for `controller --pd-plan`), each
-exporting `command`. netplan.py: the HeroServe commands (`plan net`, `simulate collective|net`);
+exporting `command`. controller_node.py: `controller_node`, the node every in-fabric
+controller runs as (build, start, SIGTERM/SIGINT -> stop, settle, the current session's
+reader; stopped on exit).
+netplan.py: the HeroServe commands (`plan net`, `simulate collective|net`);
 plan_pd.py: ThunderServe's `plan pd`; `plan` reaches both through subcommands.py (a
 subcommand under a command that also runs on its own). simulate_flying.py: `simulate flying`
 (Flying Serving's DP <-> TP switching in the simulator, mode-timeline PNG).

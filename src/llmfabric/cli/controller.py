@@ -231,8 +231,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
         await loop(ctl, refresh)
 
     async def in_fabric() -> None:
-        from llmfabric.node.config import ConfigError, build_config
-        from llmfabric.node.daemon import Node, NodeError
+        from llmfabric.cli.controller_node import controller_node
         from llmfabric.node.executor import PeerExecutor
 
         overrides: dict[str, Any] = {
@@ -241,23 +240,16 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             "operator_key": operator_key, "listen": listen, "http_listen": "127.0.0.1:0",
             "preset": preset, "gpu": "cpu", "home": home,
         }
-        try:
-            node = Node(build_config({}, overrides))
-        except (ConfigError, NodeError) as e:
-            raise click.ClickException(str(e)) from None
-        await node.start()
-        try:
-            await clock.sleep(settle)
-            from llmfabric.node.replica_reader import current_session_reader
-
-            reader = current_session_reader(node)
+        # No signal handlers: the placement loop runs until the process is interrupted.
+        async with controller_node(overrides, settle, clock, signals=False) as ctl_node:
+            reader = ctl_node.reader
             live = reader.live_records
 
             def records() -> list[NodeRecord]:
                 # Bare nodes are capacity only when they accept assignments.
                 return [r for r in live() if _capacity(r)]
 
-            executor = PeerExecutor(node.transport, reader.peer_of)
+            executor = PeerExecutor(ctl_node.node.transport, reader.peer_of)
             ctl = FleetController(records, lambda: workload_of(live()), executor, perf, clock,
                                   config)
 
@@ -265,8 +257,6 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
                 return None
 
             await loop(ctl, refresh)
-        finally:
-            await node.stop(drain=False)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(in_fabric() if bootstrap else dry_run())

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,11 +43,9 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     async def main() -> None:
+        from llmfabric.cli.controller_node import controller_node
         from llmfabric.clock import SystemClock
-        from llmfabric.node.config import ConfigError, build_config
-        from llmfabric.node.daemon import Node, NodeError
-        from llmfabric.node.pd_executor import PeerPDExecutor
-        from llmfabric.node.replica_reader import current_session_reader
+        from llmfabric.node.pd.executor import PeerPDExecutor
         from llmfabric.scheduler.phasesplit.binding import bind_sessions, observed_pd_workload
         from llmfabric.scheduler.phasesplit.controller import (
             PDController,
@@ -56,19 +53,9 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
             current_routing,
         )
 
-        try:
-            node = Node(build_config({}, node_overrides))
-        except (ConfigError, NodeError) as exc:
-            raise click.ClickException(str(exc)) from None
-        await node.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         clock = SystemClock()
-        try:
-            await clock.sleep(settle)
-            reader = current_session_reader(node)
+        async with controller_node(node_overrides, settle, clock) as ctl_node:
+            node, reader = ctl_node.node, ctl_node.reader
             try:
                 binding = bind_sessions(plan, reader.live_records(), model)
             except SchedulerError as exc:
@@ -99,9 +86,7 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
                 plan, binding, reader.records_with_suspicion,
                 lambda: observed_pd_workload(reader.live_records(), model, plan), executor,
                 clock, PDControllerConfig(drift_threshold=drift, interval_s=interval))
-            await ctl.run(stop)  # (SIGTERM/SIGINT set stop; a bug ends the process loudly)
-        finally:
-            await node.stop(drain=False)
+            await ctl.run(ctl_node.stop)  # (SIGTERM/SIGINT set stop; a bug ends it loudly)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())

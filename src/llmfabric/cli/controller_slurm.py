@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import pathlib
-import signal
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -24,7 +23,6 @@ from llmfabric.launch.errors import LaunchError
 from llmfabric.launch.launcher import SlurmLauncher, capacity_config
 from llmfabric.launch.profile import load_profile
 from llmfabric.launch.slurm import Slurm
-from llmfabric.node.replica_reader import current_session_reader
 from llmfabric.scheduler.observed import observed_workload
 
 
@@ -40,23 +38,12 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     async def main() -> None:
+        from llmfabric.cli.controller_node import controller_node
         from llmfabric.clock import SystemClock
-        from llmfabric.node.config import ConfigError, build_config
-        from llmfabric.node.daemon import Node, NodeError
 
-        try:
-            node = Node(build_config({}, node_overrides))
-        except (ConfigError, NodeError) as exc:
-            raise click.ClickException(str(exc)) from None
-        await node.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         clock = SystemClock()
-        try:
-            await clock.sleep(settle)
-            live = current_session_reader(node).live_records
+        async with controller_node(node_overrides, settle, clock) as ctl_node:
+            live = ctl_node.reader.live_records
 
             def demand() -> float:
                 workload, _ = observed_workload(live())
@@ -74,9 +61,7 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
             logging.info("launching %s jobs for %s (%g req/s each, %d..%d jobs)",
                          profile.job_name, model, launcher.config.capacity_rps,
                          launcher.config.min_jobs, launcher.config.max_jobs)
-            await launcher.run(stop)
-        finally:
-            await node.stop(drain=False)
+            await launcher.run(ctl_node.stop)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())

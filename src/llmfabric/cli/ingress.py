@@ -80,9 +80,9 @@ def candidates(backends: tuple[Backend, ...]) -> list[Candidate]:
 
 async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
-    from llmfabric.ingress.fast_front import FastFront
-    from llmfabric.ingress.front_limits import front_limits
-    from llmfabric.ingress.tenancy_setup import attach_tenancy
+    from llmfabric.ingress.front.fast_front import FastFront
+    from llmfabric.ingress.front.front_limits import front_limits
+    from llmfabric.ingress.tenancy.attach import attach_tenancy
 
     store = None
     auth = None
@@ -91,7 +91,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
         from llmfabric.accounts.ratelimit import RateLimiter
         from llmfabric.accounts.store import AccountStore
         from llmfabric.clock import SystemClock
-        from llmfabric.ingress.accounts_auth import AccountsAuth
+        from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 
         store = await AccountStore.open(settings.db_url or default_db_url())
         auth = AccountsAuth(store, RateLimiter(SystemClock()))
@@ -191,7 +191,7 @@ def command(
                         total_timeout_s)
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
-    from llmfabric.ingress.front_limits import front_limits
+    from llmfabric.ingress.front.front_limits import front_limits
 
     limits = tuple((k, v) for k, _, v in (item.partition("=") for item in front_limit))
     try:

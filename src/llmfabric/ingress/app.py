@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from llmfabric.ingress.api_routes import (
+from llmfabric.ingress.apis.api_routes import (
     MESSAGES,
     ApiRoutes,
     anthropic_auth,
@@ -31,7 +31,9 @@ from llmfabric.ingress.continuation import (
     continue_stream,
 )
 from llmfabric.ingress.errors import Reply, UpstreamError, error_reply
-from llmfabric.ingress.metrics import IngressMetrics
+from llmfabric.ingress.front.web_sink import WebSink, web_response
+from llmfabric.ingress.observe.metrics import IngressMetrics
+from llmfabric.ingress.observe.tracing import Tracer, current_trace, traced
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.pd_path import FALLBACK, PDPath
 from llmfabric.ingress.protocols import (
@@ -50,15 +52,13 @@ from llmfabric.ingress.stream_attempt import (
     Resumable,
     attempt_stream,
 )
-from llmfabric.ingress.tenancy import TenancyGate
-from llmfabric.ingress.tracing import Tracer, current_trace, traced
+from llmfabric.ingress.tenancy.gate import TenancyGate
 from llmfabric.ingress.usage import (
     Usage,
     estimate_completion_from_body,
     estimate_prompt_tokens,
     usage_from_body,
 )
-from llmfabric.ingress.web_sink import WebSink, web_response
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
 from llmfabric.routing.policies import make_policy
@@ -112,7 +112,7 @@ class Ingress:
         self.pd = PDPath(self, Committed, rng)  # prefill/decode disaggregation (pd_path.py)
         self.tracer = (Tracer(config.keep_traces, rate_per_s=config.trace_rate_per_s)
                        if config.keep_traces > 0 else None)
-        self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy.py)
+        self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy/gate.py)
 
     # -- routes --------------------------------------------------------------------------
 
@@ -321,7 +321,7 @@ class Ingress:
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
         if (gate := self.gate) is not None and not gate.admit_at_once(principal) and (
-                refused := await gate.admit(principal, doc)) is not None:  # (tenancy.py)
+                refused := await gate.admit(principal, doc)) is not None:  # (tenancy/gate.py)
             return self._refuse(model, *refused)
 
         recorder = (RelayRecorder() if stream and continuation_wanted(

@@ -36,8 +36,8 @@ import orjson
 
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
+from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import Forwarder, StreamSink
-from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import StreamUsageScanner, Usage, estimate_prompt_tokens
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import Policy

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import Reply, UpstreamError
-from llmfabric.ingress.node_hop import NodeHop
+from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.routing.candidates import Candidate
 
 

@@ -122,7 +122,7 @@ class NodeConfig(BaseModel):
     fair_queue_max_wait_s: float = Field(default=30.0, gt=0)
     # How often the observed per-model demand may be republished in the record (scheduler input).
     demand_interval_s: float = Field(default=15.0, gt=0)
-    # Seconds between rounds of link probes to peers (node/link_service.py); 0 = off.
+    # Seconds between rounds of link probes to peers (node/serve/link_service.py); 0 = off.
     link_probe_interval_s: float = Field(default=60.0, ge=0)
     api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front
     dashboard: bool = True
@@ -138,7 +138,7 @@ class NodeConfig(BaseModel):
     # TLS for the HTTP listeners (HTTP API/dashboard and --api-listen); reloaded on SIGHUP.
     tls_cert: pathlib.Path | None = None
     tls_key: pathlib.Path | None = None
-    # Let the engine command bind a non-loopback address (node/engine_link.py).
+    # Let the engine command bind a non-loopback address (node/engine/link.py).
     allow_engine_public_bind: bool = False
     # Limits of the lean fronts (HTTP port of an ingress, --api-listen): FrontLimits field ->
     # value over the defaults.
@@ -172,7 +172,7 @@ class NodeConfig(BaseModel):
     @field_validator("front_limits")
     @classmethod
     def _front_limits(cls, value: dict[str, float]) -> dict[str, float]:
-        from llmfabric.ingress.front_limits import front_limits
+        from llmfabric.ingress.front.front_limits import front_limits
 
         front_limits(value)  # raises ValueError naming the bad key
         return value

@@ -11,7 +11,7 @@ record (through the GossipAgent's RecordOwner).
 
 Who owns what: the NodeSupervisor (node/supervisor.py) owns the sessions, the engine and
 every background loop; nothing else replaces them. Peering (node/peering.py) joins the
-fabric and keeps the address book; EngineRole (node/engine_role.py) runs, restarts, assigns
+fabric and keeps the address book; EngineRole (node/engine/role.py) runs, restarts, assigns
 and releases the engine. This file builds the parts and says when sessions change.
 """
 
@@ -33,9 +33,9 @@ from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import NodeKey, PskAdmission
-from llmfabric.ingress.demand import DemandMeter
-from llmfabric.ingress.demand import moved as demand_moved
-from llmfabric.ingress.front_limits import front_limits
+from llmfabric.ingress.front.front_limits import front_limits
+from llmfabric.ingress.observe.demand import DemandMeter
+from llmfabric.ingress.observe.demand import moved as demand_moved
 from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
@@ -48,17 +48,17 @@ from llmfabric.node.admission import (
     record_policy,
 )
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
-from llmfabric.node.dataplane_server import DataPlaneServer
-from llmfabric.node.engine_link import EngineBindError, EngineLink, loopback_engine_command
-from llmfabric.node.engine_role import EngineRole
-from llmfabric.node.http_api import FleetAuth, add_node_routes
+from llmfabric.node.engine.link import EngineBindError, EngineLink, loopback_engine_command
+from llmfabric.node.engine.role import EngineRole
 from llmfabric.node.ingress_link import IngressLink
-from llmfabric.node.link_service import LinkService
-from llmfabric.node.metrics import NodeMetrics
-from llmfabric.node.pd_flip import flip_role
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
-from llmfabric.node.replica_reader import AgentReplicaReader
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.http_api import FleetAuth, add_node_routes
+from llmfabric.node.serve.link_service import LinkService
+from llmfabric.node.serve.metrics import NodeMetrics
+from llmfabric.node.serve.peer_api import PeerApi
+from llmfabric.node.serve.replica_reader import AgentReplicaReader
 from llmfabric.node.supervisor import KEEP, ONE_SHOT, Keep, NodeSupervisor, SessionChanged
 from llmfabric.node.walltime import WalltimeWatch
 from llmfabric.registry.records import Lifecycle, NodeMeta

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.net import NetError, TlsTransport
-from llmfabric.node.peer_api import ASSIGN_PATH, RELEASE_PATH, Assignment, ReleaseRequest
+from llmfabric.node.serve.peer_api import ASSIGN_PATH, RELEASE_PATH, Assignment, ReleaseRequest
 from llmfabric.scheduler.decisions import Assign, Decision, Release
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The ingress role of a node: OpenAI routes over the live replica, accounts, dashboard.
 
 One HTTP interface, two servers behind it: the node's HTTP port is the lean front
-(ingress/fast_front.py), which answers the OpenAI routes itself and hands every other
+(ingress/front/fast_front.py), which answers the OpenAI routes itself and hands every other
 connection (dashboard, fleet API, accounts, /metrics, /healthz) to the node's aiohttp app
 (`serve_http`). The aiohttp app mounts the OpenAI routes too, over the same `Ingress.serve`
 core, for requests that come later on a connection it was handed. `--api-listen` adds a
@@ -35,22 +35,22 @@ from llmfabric.ingress import (
     RawHttpForwarder,
     add_ingress_routes,
 )
-from llmfabric.ingress.accounts_auth import AccountsAuth
 from llmfabric.ingress.config import Timeouts, TraceEvent
-from llmfabric.ingress.demand import DemandMeter
-from llmfabric.ingress.fast_front import FallbackFactory, FastFront
-from llmfabric.ingress.forward_secure import (
+from llmfabric.ingress.forward.secure import (
     DataPlaneSessions,
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
-from llmfabric.ingress.front_limits import FrontLimits
+from llmfabric.ingress.front.fast_front import FallbackFactory, FastFront
+from llmfabric.ingress.front.front_limits import FrontLimits
+from llmfabric.ingress.observe.demand import DemandMeter
 from llmfabric.ingress.protocols import Forwarder
-from llmfabric.ingress.tenancy_setup import TenancyParts, attach_tenancy
+from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+from llmfabric.ingress.tenancy.attach import TenancyParts, attach_tenancy
 from llmfabric.net import TlsTransport
 from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
-from llmfabric.node.replica_reader import AgentReplicaReader
+from llmfabric.node.serve.replica_reader import AgentReplicaReader
 from llmfabric.node.trace_link import TRACED_PATHS, IngressTraceHook, load_or_create_salt
 from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import KeyGrant
@@ -76,7 +76,7 @@ class IngressLink:
         self.dashboard = dashboard
         self.admin_key: str | None = None
         self.trace_hook: IngressTraceHook | None = None
-        self.tenancy = TenancyParts()  # budgets, fair queue, OTLP exporter (tenancy_setup.py)
+        self.tenancy = TenancyParts()  # budgets, fair queue, OTLP exporter (tenancy/attach.py)
         self.fronts: list[FastFront] = []
         self.api_addr = ""
         self.spend: SpendPublisher | None = None  # budgets across ingresses (spend_share.py)

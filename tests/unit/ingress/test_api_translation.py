@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmfabric.ingress.anthropic_api import (
+from llmfabric.ingress.apis.anthropic_api import (
     MessagesStream,
     chat_to_message,
     messages_to_chat,
     stop_reason,
 )
-from llmfabric.ingress.responses_api import (
+from llmfabric.ingress.apis.responses_api import (
     ResponsesStream,
     TranslationError,
     chat_to_response,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfabric.ingress.demand import MAX_PUBLISHED_MODELS, DemandMeter, moved
+from llmfabric.ingress.observe.demand import MAX_PUBLISHED_MODELS, DemandMeter, moved
 from llmfabric.registry.records import ModelDemand
 from llmfabric.testing.fake_clock import FakeClock
 

@@ -2,7 +2,7 @@ import pathlib
 
 import pytest
 
-from llmfabric.ingress.front_limits import FrontLimits, front_limits, safe_header_value
+from llmfabric.ingress.front.front_limits import FrontLimits, front_limits, safe_header_value
 from llmfabric.node.config import ConfigError, build_config
 
 pytestmark = pytest.mark.unit

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.stats import AgentStats
-from llmfabric.ingress.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
+from llmfabric.ingress.observe.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
 from llmfabric.net.stats import NetStats
-from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.registry.records import LoadHints
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.fairqueue import FairQueue
-from llmfabric.ingress.accounts_auth import StaticPrincipal
-from llmfabric.ingress.tenancy import DEFAULT_COMPLETION_RESERVE, TenancyGate, reservation
+from llmfabric.ingress.tenancy.accounts_auth import StaticPrincipal
+from llmfabric.ingress.tenancy.gate import DEFAULT_COMPLETION_RESERVE, TenancyGate, reservation
 from llmfabric.ingress.usage import Usage
 from llmfabric.node.config import ConfigError, build_config
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from llmfabric.clock import SystemClock
-from llmfabric.node.replica_reader import current_session_reader
+from llmfabric.node.serve.replica_reader import current_session_reader
 from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
 
 pytestmark = pytest.mark.unit

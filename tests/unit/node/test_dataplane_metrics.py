@@ -1,7 +1,7 @@
 import pytest
 from prometheus_client import generate_latest
 
-from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.serve.metrics import NodeMetrics
 
 pytestmark = pytest.mark.unit
 

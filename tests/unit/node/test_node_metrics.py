@@ -17,7 +17,7 @@ from llmfabric.identity.keys import NodeKey
 from llmfabric.net import NetStats
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
-from llmfabric.node.metrics import NodeMetrics
+from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.registry.facts import FactKind, make_fact
 from llmfabric.registry.replica import item_parts
 from llmfabric.testing.fake_clock import FakeClock

@@ -16,9 +16,9 @@ from llmfabric import sim
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
-from llmfabric.node.pd_executor import PeerPDExecutor
-from llmfabric.node.pd_flip import flip_role
-from llmfabric.node.peer_api import PeerApi
+from llmfabric.node.pd.executor import PeerPDExecutor
+from llmfabric.node.pd.flip import flip_role
+from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.registry.records import (
     Lifecycle,
     ModelDemand,

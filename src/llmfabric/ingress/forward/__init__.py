@@ -1,0 +1,17 @@
+"""Forwarding: the ingress's upstream clients (direct, through peers, sealed) and the node
+side that takes a forwarded request to its local engine.
+
+Files:
+- raw.py: `RawHttpForwarder` = `HttpForwarder`, the default direct forwarder (lean HTTP/1.1
+  client: asyncio.Protocol + httptools per pooled keep-alive connection, TCP_NODELAY, every
+  `Timeouts` phase enforced with one timer per connection, `RawUpstream.relay(push,
+  writable)` for streams relayed from the socket callback).
+- peer.py: `PeerForwarder` (peer request API, relays) and `ChoosingForwarder`.
+- secure.py: the data plane's ingress side (llmfabric.dataplane): `DataPlaneSessions` (a
+  session key per provider), `PinnedHttpsForwarder` (direct: HTTPS pinned to the node key,
+  per-request `X-Fabric-Auth`), `SealedPeerForwarder` (sealed end to end through relays).
+- engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
+  local engine, streamed; `around` lets the node wrap each engine call).
+- engine_upstream.py: `HttpUpstream`, the engine's response over aiohttp's client (the node's
+  one client to its own engine).
+"""

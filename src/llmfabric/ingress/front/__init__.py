@@ -1,0 +1,21 @@
+"""The ingress's HTTP servers: the lean front every ingress answers the OpenAI routes with,
+and the aiohttp app over the same core (tests, embedding, a node's handed-over connections).
+
+Files:
+- fast_front.py: `FastFront(ingress, fallback=...)`, the lean HTTP/1.1 server (asyncio.Protocol
+  + httptools) every ingress answers the OpenAI routes with: `llmfabric ingress` (and
+  /metrics), and a fabric node's HTTP port, where `fallback` (the node app's
+  `AppRunner.server`) takes over each connection whose request is another path (dashboard,
+  fleet API, accounts); `await front.start(host, port, ...)`, `await front.aclose()`.
+- fast_routes.py: which paths the front answers itself (`owned`, `route`).
+- fast_wire.py: the lean front's wire pieces: `FrontRequest` (what it keeps of a request while
+  reading it), `response_head`, `reply_bytes` (a complete response, heads cached),
+  `ResponseSink` (chunked or close-delimited streams; its own `DirectWriter`), `not_allowed`.
+- front_limits.py: `FrontLimits` (URL/head sizes, read timeouts, connection caps of the lean
+  front) and `safe_header_value` (no control characters in emitted headers).
+- web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
+  metrics)` for an aiohttp app over the same core (tests, embedding),
+  `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a
+  connection the front handed over).
+- web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
+"""

@@ -1,0 +1,605 @@
+"""A lean HTTP/1.1 server for the OpenAI routes: asyncio.Protocol + httptools (llhttp).
+
+It serves the same `Ingress.serve` core as the aiohttp routes, without aiohttp's per-request
+machinery (request/headers objects, middlewares, router, response objects). Per connection:
+keep-alive, pipelined requests answered in order one at a time, Content-Length and chunked
+request bodies (400 `request_too_large` past `max_body_bytes`, then the connection closes),
+streamed responses written chunk by chunk with chunked transfer encoding, TCP_NODELAY,
+backpressure both ways (reading pauses while requests queue up; writers wait on the
+transport's high-water mark), and an idle timeout. Known paths with another method answer
+405; unknown paths an OpenAI-shaped 404, or, with a `fallback` server (a fabric node's aiohttp
+app), the connection is handed over to it (fast_routes.py): the bytes of that request and all
+that follow go to the fallback's protocol, which serves the connection from then on. Only the
+headers the core needs are kept (Authorization, or Anthropic's x-api-key when there is none;
+X-Fabric-Providers, X-Session-Id, traceparent). /v1/responses, /v1/messages and the
+pass-through paths go to `Ingress.api` (api_routes.py).
+
+Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header
+and body read timeouts (408, slowloris), connection caps per process and per client address
+(503), and the API key is checked when the head is complete, before any body is buffered
+(no key -> 401 at once; an unknown key pauses reading until the store answered). Every
+header value we emit goes through `safe_header_value` (no CR/LF from session ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+import ssl as ssl_module
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import cast
+
+import httptools
+import orjson
+
+from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, to_anthropic
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.errors import Reply, error_reply
+from llmfabric.ingress.front.fast_routes import owned, route
+from llmfabric.ingress.front.fast_wire import (
+    FrontRequest,
+    HeadCache,
+    ResponseSink,
+    Stop,
+    reply_bytes,
+)
+from llmfabric.ingress.front.front_limits import FrontLimits
+from llmfabric.ingress.observe.tracing import traced
+
+# Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
+FallbackFactory = Callable[[], asyncio.Protocol]
+_MAX_QUEUED = 32  # pipelined requests buffered before reading pauses
+_MAX_HEADER_VALUE = 16 * 1024
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%b")
+
+
+class FastFront:
+    """Serves an `Ingress` (and optionally its /metrics) over a lean HTTP/1.1 server; with
+    `fallback`, every other path goes to that server (see the module doc)."""
+
+    def __init__(
+        self, ingress: Ingress, *, serve_metrics: bool = True,
+        idle_timeout_s: float | None = None, limits: FrontLimits | None = None,
+        fallback: FallbackFactory | None = None,
+    ) -> None:
+        limits = limits or FrontLimits()
+        if idle_timeout_s is not None:
+            limits = dataclasses.replace(limits, idle_timeout_s=idle_timeout_s)
+        self.limits = limits
+        self.ingress = ingress
+        self.serve_metrics = serve_metrics
+        self.fallback = fallback
+        self.handed_over = 0  # connections given to the fallback server
+        self.idle_timeout_s = limits.idle_timeout_s
+        # Timers re-check each connection this often (a head or body stalled for its timeout
+        # is closed within 1.5x of it; no timer work per request).
+        self.check_period_s = min(limits.header_timeout_s, limits.body_timeout_s,
+                                  limits.idle_timeout_s) / 2
+        self.max_body = ingress.config.max_body_bytes
+        self._server: asyncio.Server | None = None
+        self._conns: set[_Connection] = set()
+        self._per_client: dict[str, int] = {}  # open connections per client address
+        self._auth_memo: dict[str, float] = {}  # key -> until when it passes the pre-check
+        self.refused_connections = 0
+        # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
+        self._heads: HeadCache = {}
+
+    async def start(
+        self, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048,
+        ssl: ssl_module.SSLContext | None = None,
+    ) -> int:
+        """Listen on host:port (0 picks a port); returns the bound port. With `ssl`, serve
+        HTTPS (reloading that context's certificate takes effect for new connections)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self, loop), host, port, reuse_port=reuse_port or None,
+            backlog=backlog, ssl=ssl,
+        )
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection (in-flight requests are cut)."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._conns):
+            conn.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    def route(self, req: FrontRequest) -> tuple[str, bool] | Reply | None:
+        """(path, streamable) for an OpenAI POST; a Reply for errors; None for GET routes."""
+        return route(req.url.split(b"?", 1)[0], req.method, self.serve_metrics)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, front: FastFront, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop  # (asyncio.get_running_loop() costs a getpid syscall on 3.11)
+        self.front = front
+        self.ingress = front.ingress
+        self.max_body = front.max_body
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.queue: deque[FrontRequest] = deque()
+        self.cur: FrontRequest | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.more: asyncio.Future[None] | None = None  # the idle task waits on this
+        self.busy = False  # a request is being served
+        self.header_name = b""
+        self.parsing = True  # False after a fatal error: further bytes are ignored
+        self.reading_paused = False
+        self.drain: asyncio.Future[None] | None = None
+        self.write_paused = False
+        self.closed = False
+        self.last_active = time.monotonic()
+        self.idle_handle: asyncio.TimerHandle | None = None
+        self.client = ""  # the client's IP address (per-client connection cap)
+        self.counted = False  # holds a slot in the per-process and per-client counts
+        self.in_head = False  # a request head is being received
+        self.head_bytes = 0  # bytes received while in its head (after the first chunk)
+        self.auth_paused = False  # reading paused for the pre-body key check
+        # With a fallback: the bytes of the request being read, from its first byte (None:
+        # not tracked, e.g. it began inside a read after another request), and whether the
+        # current read began between two requests.
+        self.raw: list[bytes] | None = None
+        self.read_fresh = False
+        self.handing: list[bytes] | None = None  # bytes for the fallback, once decided
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = t = cast(asyncio.Transport, transport)
+        front = self.front
+        peer = t.get_extra_info("peername")
+        self.client = ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        held = front._per_client.get(ip, 0)
+        lim = front.limits
+        if len(front._conns) >= lim.max_connections or held >= lim.max_connections_per_client:
+            # Over a cap (a flood): answer 503 and close without reading anything.
+            self.parsing = False
+            front.refused_connections += 1
+            body = error_reply(503, "too many connections; retry later",
+                               "too_many_connections").body
+            t.write(_BUSY % (len(body), body))
+            t.close()
+            return
+        front._per_client[ip] = held + 1
+        self.counted = True
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        front._conns.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        front = self.front
+        front._conns.discard(self)
+        if self.counted:
+            self.counted = False
+            left = front._per_client.get(self.client, 1) - 1
+            if left > 0:
+                front._per_client[self.client] = left
+            else:
+                front._per_client.pop(self.client, None)
+        self._wake_runner()
+        if self.idle_handle is not None:
+            self.idle_handle.cancel()
+        self._wake_writer()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.parsing:
+            if self.handing is not None:
+                self.handing.append(data)
+            return
+        self.last_active = time.monotonic()
+        if self.front.fallback is not None:
+            self.read_fresh = fresh = self.cur is None
+            if fresh:
+                self.raw = [data]
+            elif self.raw is not None:
+                self.raw.append(data)
+        if self.in_head:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported", "unsupported_upgrade")
+        except httptools.HttpParserCallbackError as e:
+            if not isinstance(e.__context__, Stop):
+                self._fail(400, f"malformed HTTP request: {e}", "bad_request")
+        except httptools.HttpParserError as e:
+            self._fail(400, f"malformed HTTP request: {e}", "bad_request")
+        else:
+            # A head that keeps coming (a huge header httptools would accumulate): the count
+            # is exact up to the chunk the head began in (at most one read more).
+            if self.in_head and self.head_bytes > self.front.limits.max_head_bytes:
+                self._fail(431, "the request head is larger than "
+                           f"{self.front.limits.max_head_bytes} bytes",
+                           "request_header_fields_too_large")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_writer()
+
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if not self.parsing:
+            raise Stop
+        self.cur = FrontRequest(time.monotonic())
+        self.in_head = True
+        self.head_bytes = 0
+        if not self.read_fresh:
+            self.raw = None  # began inside a read: its first byte is unknown
+        self.read_fresh = False
+
+    def on_url(self, url: bytes) -> None:
+        cur = self.cur
+        if cur is not None:
+            cur.url += url
+            if len(cur.url) > self.front.limits.max_url_bytes:
+                self._fail(414, "the request URL is longer than "
+                           f"{self.front.limits.max_url_bytes} bytes", "uri_too_long")
+                raise Stop
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        cur = self.cur
+        if cur is None:
+            return
+        cur.headers += 1
+        cur.size += len(name) + len(value) + 4
+        lim = self.front.limits
+        if cur.headers > lim.max_headers or cur.size + len(cur.url) > lim.max_head_bytes:
+            self._fail(431, f"the request head has more than {lim.max_headers} fields or "
+                       f"{lim.max_head_bytes} bytes", "request_header_fields_too_large")
+            raise Stop
+        n = name.lower()
+        if n == b"authorization":
+            cur.auth = value.decode("latin-1")
+        elif n == b"x-api-key" and not cur.auth:  # Anthropic clients' key header
+            cur.auth = "Bearer " + value.decode("latin-1")
+        elif n == b"x-fabric-providers":
+            cur.providers = value.decode("latin-1")
+        elif n == b"x-session-id":  # (validated by the core: routing/prefix.py)
+            cur.session_id = value.decode("latin-1")
+        elif n == b"traceparent":
+            cur.traceparent = value
+        elif n == b"expect":
+            cur.expect = value.lower() == b"100-continue"
+        elif n == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = 0  # llhttp rejects it
+            if declared > self.max_body:
+                cur.body = b"!"  # refused in on_headers_complete
+
+    def on_headers_complete(self) -> None:
+        cur = self.cur
+        self.in_head = False
+        if cur is None:
+            return
+        p = self.parser
+        cur.method = p.get_method()
+        cur.keep_alive = p.should_keep_alive()
+        cur.version = p.get_http_version()
+        cur.head_done = True
+        if self.front.fallback is not None:
+            if not owned(cur.url.split(b"?", 1)[0], self.front.serve_metrics):
+                self._hand_over_later(cur)
+                raise Stop
+            self.raw = None
+        too_large = cur.body == b"!"  # a declared Content-Length over the limit
+        cur.body = b""
+        cur.size = 0  # from here on: body bytes
+        if len(cur.auth) > _MAX_HEADER_VALUE:
+            cur.auth = ""
+        if too_large:
+            self._too_large(cur)
+            return
+        if (self.ingress.auth is not None and cur.method == b"POST"
+                and not self._key_precheck(cur)):
+            return
+        if cur.expect and not cur.auth_wait:
+            self._continue()
+
+    def _hand_over_later(self, cur: FrontRequest) -> None:
+        """Queue the hand-over of this connection to the fallback server (after the answers
+        to the requests before this one); from here on bytes are kept, not parsed."""
+        self.parsing = False
+        self.cur = None
+        if self.raw is None:  # pipelined inside one read behind another request
+            cur.error = error_reply(400, "send requests to paths other than the OpenAI API "
+                                    "on a new connection", "bad_request")
+            cur.close = True
+        else:
+            self.handing, self.raw = self.raw, None
+            cur.hand_over = True
+        self._enqueue(cur)
+
+    def _hand_over(self) -> None:
+        """Give the connection, with every byte from the request on, to a new protocol of
+        the fallback server; this one lets go of it."""
+        t, factory, data = self.transport, self.front.fallback, self.handing
+        self.handing = None
+        if t is None or factory is None or data is None or self.closed:
+            return
+        self.connection_lost(None)  # (our bookkeeping; asyncio will not call it any more)
+        self.front.handed_over += 1
+        proto = factory()
+        t.set_protocol(proto)
+        if self.reading_paused or self.auth_paused:
+            t.resume_reading()
+        proto.connection_made(t)
+        proto.data_received(b"".join(data))
+
+    def _continue(self) -> None:
+        """100 Continue for the request being read (sent only once its key is known valid)."""
+        if not self.busy and not self.queue and self.transport and not self.closed:
+            # curl sends this for larger bodies; nothing else is pending, so it cannot
+            # interleave with another response.
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _key_precheck(self, cur: FrontRequest) -> bool:
+        """Before any body is buffered: no key -> 401 now; a key not seen valid recently ->
+        reading pauses until the store answered. False when the request was refused."""
+        header = cur.auth
+        token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not token:
+            self._refuse_early(cur, error_reply(
+                401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"))
+            return False
+        memo = self.front._auth_memo
+        until = memo.get(token)
+        if until is not None and until > time.monotonic():
+            return True
+        cur.auth_wait = True
+        self._pause_for_auth(True)
+        self.loop.create_task(self._check_key(cur, token))
+        return True
+
+    async def _check_key(self, cur: FrontRequest, token: str) -> None:
+        auth = self.ingress.auth
+        try:
+            ok = auth is not None and await auth.authenticate(token) is not None
+        except Exception:
+            ok = False
+        cur.auth_wait = False
+        if ok:
+            memo = self.front._auth_memo
+            if len(memo) > 10_000:
+                memo.clear()
+            memo[token] = time.monotonic() + self.front.limits.auth_memo_s
+            self._pause_for_auth(False)
+            if cur is self.cur and cur.expect:
+                self._continue()
+            return
+        if self.closed:
+            return
+        refusal = error_reply(401, "invalid or revoked API key", "invalid_api_key")
+        if cur is self.cur:  # its body is still coming: refuse now, read no more of it
+            self._refuse_early(cur, refusal)
+        elif cur.error is None:
+            cur.error = refusal  # queued already (the body came with the head)
+            cur.close = True
+        self._pause_for_auth(False)
+
+    def _refuse_early(self, cur: FrontRequest, reply: Reply) -> None:
+        cur.parts = []
+        cur.error = reply
+        cur.close = True
+        self.cur = None
+        self.parsing = False
+        self._enqueue(cur)
+
+    def _pause_for_auth(self, pause: bool) -> None:
+        t = self.transport
+        if t is None or self.closed or pause == self.auth_paused:
+            return
+        self.auth_paused = pause
+        if pause and not self.reading_paused:
+            t.pause_reading()
+        elif not pause and not self.reading_paused:
+            t.resume_reading()
+
+    def _too_large(self, cur: FrontRequest) -> None:
+        """Answer 400 now; the rest of the body is discarded and the connection closes."""
+        cur.parts = []
+        cur.error = self.ingress._too_large(self.max_body)
+        cur.close = True
+        self.cur = None
+        self.parsing = False
+        self._enqueue(cur)
+
+    def on_body(self, body: bytes) -> None:
+        cur = self.cur
+        if cur is None or cur.error is not None:
+            return
+        cur.size += len(body)
+        if cur.size > self.max_body:
+            self._too_large(cur)
+            return
+        cur.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        cur, self.cur = self.cur, None
+        if cur is None:
+            return
+        parts = cur.parts
+        if parts:
+            cur.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            cur.parts = []
+        self._enqueue(cur)
+
+    # -- request handling ----------------------------------------------------------------
+
+    def _fail(self, status: int, message: str, code: str) -> None:
+        self.parsing = False
+        req = FrontRequest()
+        req.error = error_reply(status, message, code)
+        req.close = True
+        self.cur = None
+        self._enqueue(req)
+
+    def _enqueue(self, req: FrontRequest) -> None:
+        self.queue.append(req)
+        if self.task is None:
+            self.task = self.loop.create_task(self._run())
+        elif self.more is not None:
+            self._wake_runner()
+        elif len(self.queue) >= _MAX_QUEUED and not self.reading_paused and self.transport:
+            self.reading_paused = True
+            if not self.auth_paused:
+                self.transport.pause_reading()
+
+    def _wake_runner(self) -> None:
+        more, self.more = self.more, None
+        if more is not None and not more.done():
+            more.set_result(None)
+
+    async def _run(self) -> None:
+        """One task per connection for its whole life: serves queued requests in order,
+        then waits for the next one (cheaper than a task per request)."""
+        try:
+            while not self.closed:
+                if not self.queue:
+                    self.busy = False
+                    self.last_active = time.monotonic()
+                    self.more = self.loop.create_future()
+                    await self.more
+                    continue
+                self.busy = True
+                req = self.queue.popleft()
+                if self.reading_paused and len(self.queue) < _MAX_QUEUED // 2:
+                    self.reading_paused = False
+                    if self.transport is not None and not self.auth_paused:
+                        self.transport.resume_reading()
+                if req.hand_over:
+                    self._hand_over()
+                    return
+                keep = await self._serve(req)
+                if not keep:
+                    self._close()
+                    return
+        except Exception:  # a bug must not leave a client hanging
+            if self.transport is not None:
+                self.transport.abort()
+        finally:
+            self.task = None
+            self.busy = False
+            self.last_active = time.monotonic()
+
+    async def _serve(self, req: FrontRequest) -> bool:
+        keep = req.keep_alive and not req.close
+        if req.error is not None:
+            err = orjson.loads(req.error.body).get("error", {})
+            self.ingress.metrics.observe_error("", req.error.status, str(err.get("code")))
+            reply = req.error
+            if req.url.split(b"?", 1)[0] == b"/v1/messages":
+                reply = to_anthropic(reply)  # (refused before the body: key, size)
+            self._send(reply, False, head_only=False)
+            self._linger_close()
+            return True  # (closing already)
+        head_only = req.method == b"HEAD"
+        hit = self.front.route(req)
+        if isinstance(hit, Reply):
+            self._send(hit, keep, head_only)
+            return keep
+        if hit is None:
+            if req.url.split(b"?", 1)[0] == b"/metrics":
+                from prometheus_client import CONTENT_TYPE_LATEST
+
+                reply = Reply(200, self.ingress.metrics.render(), CONTENT_TYPE_LATEST)
+            else:
+                reply = await self.ingress.models_reply(req.auth)
+            self._send(reply, keep, head_only)
+            return keep
+        path, streamable = hit
+        sink = ResponseSink(self, chunked=req.version != "1.0")
+        ing = self.ingress  # (EXTRA_POST_PATHS: translated APIs and pass-through)
+        a, p, b, s = req.auth, req.providers, req.body, req.session_id
+        call = ((lambda: ing.api.serve(path, a, p, b, sink, s)) if path in EXTRA_POST_PATHS
+                else (lambda: ing.serve(path, streamable, a, p, b, sink, s)))
+        out = await traced(ing.tracer, req.traceparent, sink, call)
+        if out is not None:
+            self._send(out, keep, False)
+            return keep
+        return keep and sink.chunked and sink.complete
+
+    def _send(self, reply: Reply, keep: bool, head_only: bool) -> None:
+        t = self.transport
+        if t is not None and not self.closed:
+            t.write(reply_bytes(self.front._heads, reply, keep, head_only))
+
+    def _close(self) -> None:
+        t = self.transport
+        if t is not None and not self.closed:
+            t.close()
+
+    def _linger_close(self) -> None:
+        """After an error answer: send FIN, discard what the client still sends, close soon
+        (closing with unread input would reset the connection and could lose the answer)."""
+        t = self.transport
+        if t is None or self.closed:
+            return
+        self.parsing = False
+        if t.can_write_eof():
+            t.write_eof()
+            self.loop.call_later(2.0, t.close)
+        else:
+            t.close()
+
+    def abort(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake_writer(self) -> None:
+        d, self.drain = self.drain, None
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    async def wait_writable(self) -> None:
+        if self.write_paused and not self.closed:
+            self.drain = self.loop.create_future()
+            await self.drain
+        if self.closed:
+            raise ConnectionResetError("the client closed the connection")
+
+    # -- idle timeout --------------------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        self.idle_handle = self.loop.call_later(self.front.check_period_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Keep-alive idle, header and body read timeouts (one periodic timer per connection)."""
+        if self.closed:
+            return
+        now = time.monotonic()
+        lim = self.front.limits
+        cur = self.cur
+        if cur is not None and self.parsing and not (self.reading_paused or self.auth_paused):
+            # (while we are the ones not reading, the client cannot be slow)
+            if not cur.head_done and now - cur.started >= lim.header_timeout_s:
+                self._fail(408, f"the request head did not arrive within "
+                           f"{lim.header_timeout_s} s", "request_timeout")
+                return
+            if cur.head_done and now - self.last_active >= lim.body_timeout_s:
+                self._fail(408, f"no request body bytes for {lim.body_timeout_s} s",
+                           "request_timeout")
+                return
+        elif not self.busy and not self.queue and now - self.last_active >= lim.idle_timeout_s:
+            self._close()
+            return
+        self._arm_idle()

@@ -1,0 +1,169 @@
+"""The lean front's (fast_front.py) wire pieces: `FrontRequest`, what it keeps of a request
+while reading it, and `Stop`; the response bytes: `response_head` (status line and the headers
+we emit, each through `safe_header_value`: no CR/LF from session ids), `reply_bytes` and
+`ResponseSink`, the StreamSink writing a chunked (HTTP/1.1) or close-delimited (HTTP/1.0)
+response on a front connection; `not_allowed` (405 with Allow)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from llmfabric.ingress.errors import Reply, error_reply
+from llmfabric.ingress.front.front_limits import safe_header_value
+
+
+class Stop(Exception):
+    """Internal: a limit was hit inside a parser callback; the error is already queued."""
+
+
+class FrontRequest:
+    """What the front keeps of a request while it is read (only what the core needs)."""
+
+    __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "hand_over",
+                 "head_done", "headers", "keep_alive", "method", "parts", "providers",
+                 "session_id", "size", "started", "traceparent", "url", "version")
+
+    def __init__(self, started: float = 0.0) -> None:
+        self.url = b""
+        self.method = b""
+        self.auth = ""
+        self.providers: str | None = None
+        self.session_id: str | None = None  # X-Session-Id (validated by the core)
+        self.traceparent: bytes | None = None  # W3C trace context, as received (tracing.py)
+        self.parts: list[bytes] = []
+        self.body = b""
+        self.size = 0
+        self.keep_alive = True
+        self.version = "1.1"
+        self.error: Reply | None = None  # answer this instead, then close
+        self.close = False
+        self.expect = False  # Expect: 100-continue
+        self.started = started  # monotonic time of the first byte (header timeout)
+        self.head_done = False
+        self.headers = 0  # header fields seen, and their bytes (in `size` until the body)
+        self.auth_wait = False  # reading paused until the key is known valid
+        self.hand_over = False  # not ours: the connection goes to the fallback server
+
+
+class FrontConnection(Protocol):
+    """What a sink needs of the front's connection (fast_front._Connection)."""
+
+    closed: bool
+    transport: asyncio.Transport | None
+    write_paused: bool
+
+    async def wait_writable(self) -> None: ...
+
+REASONS = {
+    200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
+    404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
+    413: b"Payload Too Large", 414: b"URI Too Long", 429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
+    502: b"Bad Gateway", 503: b"Service Unavailable", 504: b"Gateway Timeout",
+}
+
+
+def not_allowed(path: bytes, allow: str) -> Reply:
+    return error_reply(405, f"{path.decode('latin-1')} accepts {allow} only",
+                       "method_not_allowed", headers={"Allow": allow})
+
+
+def response_head(status: int, content_type: str, node: str, extra: dict[str, str] | None,
+          close: bool) -> bytearray:
+    out = bytearray(b"HTTP/1.1 %d %s\r\nContent-Type: " % (status, REASONS.get(status, b"OK")))
+    out += safe_header_value(content_type).encode()
+    if node:
+        out += b"\r\nX-Fabric-Node: " + safe_header_value(node).encode()
+    if extra:
+        for k, v in extra.items():
+            out += (b"\r\n" + safe_header_value(k).encode() + b": "
+                    + safe_header_value(v).encode())
+    if close:
+        out += b"\r\nConnection: close"
+    return out
+
+
+# Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
+HeadCache = dict[tuple[int, str, str, bool], bytes]
+
+
+def reply_bytes(heads: HeadCache, reply: Reply, keep: bool, head_only: bool) -> bytes:
+    """A complete response (`head_only`: without its body, for HEAD); heads without extra
+    headers are cached in `heads`."""
+    if reply.headers:
+        head = bytes(response_head(reply.status, reply.content_type, reply.node,
+                                   reply.headers, not keep) + b"\r\nContent-Length: ")
+    else:
+        key = (reply.status, reply.content_type, reply.node, keep)
+        cached = heads.get(key)
+        if cached is None:
+            if len(heads) > 1024:
+                heads.clear()
+            cached = heads[key] = bytes(
+                response_head(reply.status, reply.content_type, reply.node, None, not keep)
+                + b"\r\nContent-Length: ")
+        head = cached
+    return b"%b%d\r\n\r\n%b" % (head, len(reply.body), b"" if head_only else reply.body)
+
+
+class ResponseSink:
+    """StreamSink writing a chunked (HTTP/1.1) or close-delimited (HTTP/1.0) response.
+
+    The response head waits for the first body bytes so that both leave in one write (one
+    syscall and one segment fewer before the first token)."""
+
+    __slots__ = ("chunked", "complete", "conn", "head", "headers")
+
+    def __init__(self, conn: FrontConnection, chunked: bool) -> None:
+        self.headers: dict[str, str] | None = None  # extra response headers (X-Fabric-Trace)
+        self.conn = conn
+        self.chunked = chunked
+        self.complete = False
+        self.head = b""
+
+    def _transport(self) -> asyncio.Transport:
+        c = self.conn
+        if c.closed or c.transport is None:
+            raise ConnectionResetError("the client closed the connection")
+        return c.transport
+
+    async def start(self, content_type: str, node: str) -> None:
+        self._transport()  # (_head drops control characters from both values)
+        out = response_head(200, content_type, node, self.headers, not self.chunked)
+        out += (b"\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+                if self.chunked else b"\r\nCache-Control: no-cache\r\n\r\n")
+        self.head = bytes(out)
+
+    async def write(self, data: bytes) -> None:
+        if not self.write_now(data):
+            await self.conn.wait_writable()
+
+    def write_now(self, data: bytes) -> bool:
+        """Write without waiting; False when the client's buffer is over its high-water mark
+        (then await `wait_writable()` before writing more)."""
+        t = self._transport()
+        if not data:  # (an empty chunk would end the chunked body)
+            return not self.conn.write_paused
+        if self.chunked:
+            data = b"%b%x\r\n%b\r\n" % (self.head, len(data), data)
+        elif self.head:
+            data = self.head + data
+        self.head = b""
+        t.write(data)
+        return not self.conn.write_paused
+
+    async def wait_writable(self) -> None:
+        await self.conn.wait_writable()
+
+    def direct_writer(self) -> ResponseSink:
+        return self
+
+    async def end(self) -> None:
+        t = self._transport()
+        if self.chunked:
+            t.write(self.head + b"0\r\n\r\n")
+        elif self.head:
+            t.write(self.head)
+        self.head = b""
+        self.complete = True

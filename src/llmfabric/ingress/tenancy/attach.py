@@ -1,0 +1,49 @@
+"""Turning on an ingress's multi-tenancy and trace export from its settings: budgets from
+the accounts database (always, when the ingress has one: no budget set costs nothing),
+fair queueing when `max_inflight` is set, OTLP export when the OTEL_* variables say so."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from llmfabric.accounts.budgets import BudgetBook, BudgetStore
+from llmfabric.accounts.fairqueue import FairQueue
+from llmfabric.accounts.store import AccountStore
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
+from llmfabric.ingress.tenancy.gate import TenancyGate
+
+
+@dataclass(slots=True)
+class TenancyParts:
+    budgets: BudgetStore | None = None
+    queue: FairQueue | None = None
+    exporter: OtlpExporter | None = None
+
+    async def aclose(self) -> None:
+        if self.exporter is not None:
+            await self.exporter.aclose()
+
+
+async def attach_tenancy(
+    ingress: Ingress, store: AccountStore | None, *, max_inflight: int | None = None,
+    max_wait_s: float = 30.0, env: Mapping[str, str] | None = None,
+) -> TenancyParts:
+    parts = TenancyParts()
+    if store is not None:
+        parts.budgets = BudgetStore(store.backend, BudgetBook(time.time))
+        await parts.budgets.load()
+    if max_inflight is not None:
+        parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
+    if parts.budgets is not None or parts.queue is not None:
+        ingress.use_gate(TenancyGate(parts.budgets.book if parts.budgets else None,
+                                     parts.queue, on_refused=ingress.metrics.observe_refusal,
+                                     on_queue_wait=ingress.metrics.observe_queue_wait))
+        if parts.queue is not None:
+            ingress.metrics.queue_depth = parts.queue.waiting
+    if env is not None and ingress.tracer is not None:
+        parts.exporter = exporter_from_env(env)
+        ingress.tracer.exporter = parts.exporter
+    return parts

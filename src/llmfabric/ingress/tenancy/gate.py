@@ -1,0 +1,177 @@
+"""Multi-tenancy at the ingress: token budgets (accounts.budgets) and fair queueing across
+owners (accounts.fairqueue), behind three calls the request path makes:
+
+- `gate.admit_at_once(principal) or await gate.admit(principal, doc)` after authentication
+  (the sync call answers the common case, nothing to reserve, without a coroutine): reserves
+  the request's worst case on its key's and owner's budgets, then waits for a fair-queue
+  slot; a `Refusal` (429 with Retry-After carrying the real wait) when the budget is used up
+  or the queue is full.
+- `gate.used(usage)` when the request's usage is known.
+- `gate.settle()` when the request ends, however it ends (the ingress calls it in a
+  `finally`): releases the slot and settles the reservation to what was used.
+
+The per-request state lives in a context variable, so the ingress's request path passes
+nothing around; each request runs in its own task (one per connection), so states of
+concurrent requests never mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from llmfabric.accounts.budgets import BudgetBook, Hold, OverBudget
+from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
+from llmfabric.ingress.observe.tracing import current_trace
+from llmfabric.ingress.protocols import Principal
+from llmfabric.ingress.usage import Usage, estimate_prompt_tokens
+
+# The completion a request without max_tokens is assumed to need (for its reservation).
+DEFAULT_COMPLETION_RESERVE = 512
+_MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+class Refusal(NamedTuple):
+    """An error answer (the arguments of Ingress._refuse after the model)."""
+
+    status: int
+    message: str
+    code: str
+    param: str | None
+    headers: dict[str, str]
+
+
+@dataclass(slots=True)
+class _Admitted:
+    hold: Hold | None = None
+    slot_since: float | None = None
+    model: str = ""
+    used: list[int] = field(default_factory=lambda: [0, 0])  # prompt, completion tokens
+
+
+_STATE: ContextVar[_Admitted | None] = ContextVar("llmfabric_tenancy", default=None)
+
+
+def reservation(doc: Mapping[str, Any], default_completion: int = DEFAULT_COMPLETION_RESERVE
+                ) -> int:
+    """The request's worst case in tokens: its prompt estimate plus its completion cap."""
+    return sum(reservation_parts(doc, default_completion))
+
+
+def reservation_parts(doc: Mapping[str, Any],
+                      default_completion: int = DEFAULT_COMPLETION_RESERVE) -> tuple[int, int]:
+    """(prompt estimate, completion cap) of a request, in tokens."""
+    cap = default_completion
+    for k in _MAX_TOKEN_FIELDS:
+        v = doc.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            cap = v
+            break
+    n = doc.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 128:
+        cap *= n
+    return estimate_prompt_tokens(doc if isinstance(doc, dict) else dict(doc)), cap
+
+
+def _owner(principal: Principal | None) -> tuple[str, str]:
+    if principal is None:
+        return "", ""
+    return principal.id, str(getattr(principal, "owner", principal.id))
+
+
+class TenancyGate:
+    def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
+                 *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
+                 on_refused: Callable[[str], None] | None = None,
+                 on_queue_wait: Callable[[float], None] | None = None) -> None:
+        self.budgets = budgets
+        self.queue = queue
+        self.default_completion = default_completion
+        self.on_refused = on_refused  # (reason) for metrics
+        self.on_queue_wait = on_queue_wait  # (seconds waited) for metrics
+        # No request has had state yet (nothing reserved or queued, ever): used() and
+        # settle() then have nothing to look up, and no stale state can be left to clear.
+        self._stateless = True
+
+    def admit_at_once(self, principal: Principal | None) -> bool:
+        """True (admitted) when there is nothing to reserve or queue for: the common case,
+        no budget set for this key or its owner and no fair queue. No state is kept, so
+        used() and settle() are no-ops; a budget set later applies from the key's next
+        request on. False: `await admit()` decides. (Sync: no coroutine per request.)"""
+        book = self.budgets
+        if self.queue is not None or (principal is not None and book is not None
+                                      and book.applies(*_owner(principal))):
+            return False
+        if not self._stateless:
+            _STATE.set(None)
+        if (tr := current_trace()) is not None:
+            tr.phase("queue")
+        return True
+
+    async def admit(self, principal: Principal | None, doc: Mapping[str, Any]
+                    ) -> Refusal | None:
+        if self.admit_at_once(principal):
+            return None
+        key_id, owner = _owner(principal)
+        book = self.budgets
+        state = _Admitted()
+        self._stateless = False
+        _STATE.set(state)
+        prompt, completion = reservation_parts(doc, self.default_completion)
+        cost = prompt + completion
+        state.model = str(doc.get("model", ""))
+        if book is not None and principal is not None and book.applies(key_id, owner):
+            got = book.reserve(key_id, owner, cost, book.cost_micros(
+                state.model, prompt, completion))
+            if isinstance(got, OverBudget):
+                return self._refused("budget_exceeded", got.message(), got.retry_after_s)
+            state.hold = got
+        if self.queue is not None:
+            t0 = self.queue.now()
+            slot = await self.queue.acquire(owner, cost)
+            if isinstance(slot, QueueRefused):
+                self.settle()
+                what = ("has too many requests waiting" if slot.reason == "queue_full"
+                        else "waited too long")
+                return self._refused(
+                    slot.reason, f"the fabric is saturated and owner {owner!r} {what} "
+                    f"({slot.waiting} waiting); retry after the expected wait",
+                    slot.retry_after_s)
+            state.slot_since = slot
+            if self.on_queue_wait is not None:
+                self.on_queue_wait(slot - t0)
+        if (tr := current_trace()) is not None:
+            tr.phase("queue")
+        return None
+
+    def _refused(self, code: str, message: str, wait_s: float) -> Refusal:
+        if self.on_refused is not None:
+            self.on_refused(code)
+        secs = max(1, int(wait_s + 0.999))
+        return Refusal(429, message, "insufficient_quota" if code == "budget_exceeded"
+                       else "rate_limit_exceeded", None, {"Retry-After": str(secs)})
+
+    def used(self, usage: Usage | None) -> None:
+        if self._stateless:
+            return
+        state = _STATE.get()
+        if state is not None and usage is not None:
+            state.used[0] += max(0, usage[0])
+            state.used[1] += max(0, usage[1])
+
+    def settle(self) -> None:
+        if self._stateless:
+            return
+        state = _STATE.get()
+        if state is None:
+            return
+        _STATE.set(None)
+        if state.slot_since is not None and self.queue is not None:
+            self.queue.release(state.slot_since)
+            state.slot_since = None
+        if state.hold is not None and self.budgets is not None:
+            p, c = state.used
+            self.budgets.settle(state.hold, p + c, self.budgets.cost_micros(state.model, p, c))
+            state.hold = None

@@ -1,0 +1,9 @@
+"""The node's engine: its life, its link to the node and its streams' usage.
+
+Files:
+- role.py: the engine over its life: start, load hints, restart, assign, release.
+- link.py: one engine: supervision (agent/) + the forwarded-request proxy; engines bind
+  loopback unless --allow-engine-public-bind.
+- stream_usage.py: counts a stream's tokens when the engine sends no usage (the engine's
+  tokenizer; a usage chunk marked estimated before [DONE]).
+"""

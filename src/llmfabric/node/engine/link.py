@@ -1,0 +1,231 @@
+"""The node's engine: supervision (agent/) plus the proxy that serves forwarded requests.
+
+Forwarded inference requests reach the engine two ways, both on the encrypted data plane
+(node/serve/dataplane_server.py checks their authorization first): sealed over the peer network
+(through relays too), and over the node's pinned-certificate HTTPS listener (the fast direct
+path). Both count in-flight requests so SIGTERM can drain them, and both refuse new work
+(503, retried elsewhere by the ingress) once draining started.
+
+Engines listen on loopback: only the node (its authenticated data plane) talks to them. An
+engine command that binds elsewhere (`--host 0.0.0.0`, a LAN address) is refused unless the
+operator allows it (`--allow-engine-public-bind`): an engine port reachable from the network
+would bypass API keys, accounting and the fabric's encryption. vLLM binds every interface
+when no `--host` is given, so the node adds `--host 127.0.0.1` to vLLM commands without one
+(sglang, llama.cpp and `llmfabric engine sim` default to loopback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import aiohttp
+from aiohttp import web
+
+from llmfabric.agent import EngineInfo, EngineSupervisor, InflightTracker, SupervisorConfig
+from llmfabric.agent.command import engine_kind
+from llmfabric.agent.tokenize import EngineTokenizer
+from llmfabric.clock import Clock
+from llmfabric.ingress.errors import UpstreamError, error_body
+from llmfabric.ingress.errors import error_response as http_error
+from llmfabric.ingress.forward.engine_proxy import Around, EngineProxy
+from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER, node_time_value
+from llmfabric.ingress.observe.otlp import exporter_from_env
+from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.net import HandlerResponse, PeerRequest
+from llmfabric.net.httpaddr import is_loopback
+from llmfabric.node.config import NodeConfig
+from llmfabric.node.engine.stream_usage import StreamUsageCounter
+from llmfabric.registry.records import ServedModel
+from llmfabric.routing.cache_summary import ServedPrefixes, observe_prompt
+
+log = logging.getLogger(__name__)
+_JSON = (("content-type", "application/json"),)
+
+
+class EngineBindError(ValueError):
+    """The engine command binds a non-loopback address and that was not allowed."""
+
+
+def _host(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--host" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--host="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def loopback_engine_command(argv: Sequence[str], *, allow_public: bool = False
+                            ) -> tuple[str, ...]:
+    """`argv`, bound to loopback; EngineBindError for a public bind not allowed."""
+    args = tuple(argv)
+    host = _host(args)
+    if host is None:
+        if engine_kind(args) == "vllm" and not allow_public:
+            return (*args, "--host", "127.0.0.1")
+        return args
+    if not allow_public and not is_loopback(host.strip("[]")):
+        raise EngineBindError(
+            f"the engine command binds {host!r}, which is not a loopback address: anyone who "
+            "can reach it would bypass API keys and the fabric's encryption. Bind it to "
+            "127.0.0.1 (--host 127.0.0.1), or start the node with --allow-engine-public-bind "
+            "if that is really wanted")
+    return args
+
+
+def with_aliases(
+    models: tuple[ServedModel, ...], aliases: Mapping[str, str]
+) -> tuple[ServedModel, ...]:
+    """The served models with each ALIAS added to the MODEL it names (`--alias ALIAS=MODEL`).
+
+    An alias naming a model the engine does not serve, or equal to another served model's
+    id, is skipped with an error in the log (the node still serves its models)."""
+    ids = {m.id for m in models}
+    extra: dict[str, list[str]] = {}
+    for alias, model in aliases.items():
+        if model not in ids:
+            log.error("--alias %s=%s: the engine serves no model %r (it serves %s); alias "
+                      "ignored", alias, model, model, ", ".join(sorted(ids)) or "none")
+        elif alias in ids:
+            log.error("--alias %s=%s: %r is already a served model id; alias ignored",
+                      alias, model, alias)
+        else:
+            extra.setdefault(model, []).append(alias)
+    return tuple(
+        dataclasses.replace(m, aliases=tuple(dict.fromkeys((*m.aliases, *extra[m.id]))))
+        if m.id in extra else m
+        for m in models
+    )
+
+
+def error_response(status: int, message: str, code: str) -> HandlerResponse:
+    """An OpenAI-shaped error for the peer protocol (same body as the HTTP routes send)."""
+    return HandlerResponse(status, _JSON, error_body(status, message, code))
+
+
+class EngineLink:
+    def __init__(
+        self,
+        config: NodeConfig,
+        clock: Clock,
+        inflight: InflightTracker,
+        *,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.inflight = inflight
+        logs = config.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.supervisor = EngineSupervisor(
+            SupervisorConfig(
+                command=config.process,
+                log_path=logs / "engine.log",
+                engine_url=config.engine_url,
+                ready_timeout_s=config.ready_timeout_s,
+                health_interval_s=config.health_interval_s,
+                failures_to_down=config.health_failures,
+                env=env,
+                engine_kind=config.engine_kind,
+                model_ids=tuple(config.model_ids),
+            ),
+            clock=clock,
+        )
+        self.proxy: EngineProxy | None = None
+        self.usage_counter: StreamUsageCounter | None = None
+        self.served_prefixes = ServedPrefixes()  # published as the record's prefix_cache
+
+    async def start(self) -> EngineInfo:
+        info = await self.supervisor.start()
+        if self.config.aliases:
+            info = dataclasses.replace(
+                info, models=with_aliases(info.models, self.config.aliases))
+        self.proxy = EngineProxy(info.base_url, max_body_bytes=self.config.max_body_bytes,
+                                 around=self._usage_counter(info.base_url))
+        self.proxy.exporter = exporter_from_env(os.environ)  # node spans: OTEL_* (otlp.py)
+        return info
+
+    def _usage_counter(self, base_url: str) -> Around | None:
+        """For engines that send no usage in streams: the node counts (stream_usage.py)."""
+        kind = self.supervisor.command.adapter
+        if not kind.counts_stream_usage:
+            return None
+        tokenizer = None
+        if kind.tokenize_path is not None:
+            tokenizer = EngineTokenizer(kind, base_url, lambda: self._session())
+        self.usage_counter = StreamUsageCounter(kind, tokenizer, self.supervisor.command.argv)
+        return self.usage_counter.open
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self.proxy is not None  # (tokenize calls come after start)
+        return self.proxy.session()
+
+    async def handle_http(self, request: web.Request) -> web.StreamResponse:
+        if self.proxy is None or not self.inflight.accepting:
+            return http_error(503, "this node is not serving", "node_not_serving")
+        self.inflight.begin()
+        try:
+            observe_prompt(self.served_prefixes, request.path, await request.read())
+            return await self.proxy.handle(request)
+        finally:
+            self.inflight.end()
+
+    async def handle_peer_request(self, request: PeerRequest) -> HandlerResponse:
+        if not request.path.startswith(FORWARD_PREFIX + "/v1/"):
+            return error_response(404, f"{request.path} is not served to peers", "not_found")
+        if self.proxy is None or not self.inflight.accepting:
+            return error_response(503, "this node is not serving", "node_not_serving")
+        return await self.serve_body(request.path, await request.read(),
+                                     request.header("traceparent"))
+
+    async def serve_body(self, path: str, body: bytes, traceparent: str | None = None
+                         ) -> HandlerResponse:
+        """A forwarded request whose body was read (and authorized) already (a traced one
+        answers with this node's time, node_hop.py)."""
+        arrived = time.perf_counter()
+        if not path.startswith(FORWARD_PREFIX + "/v1/"):
+            return error_response(404, f"{path} is not served to peers", "not_found")
+        if self.proxy is None or not self.inflight.accepting:
+            return error_response(503, "this node is not serving", "node_not_serving")
+        if len(body) > self.config.max_body_bytes:
+            return error_response(400, "request body too large", "request_too_large")
+        self.inflight.begin()
+        observe_prompt(self.served_prefixes, path, body)
+        try:
+            upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body,
+                                             traceparent)
+        except UpstreamError as exc:
+            self.inflight.end()
+            return error_response(502, str(exc), "engine_unreachable")
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.chunks():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                self.inflight.end()
+
+        headers: tuple[tuple[str, str], ...] = (("content-type", upstream.content_type),)
+        if traceparent is not None:
+            headers += ((NODE_TIME_HEADER.lower(), node_time_value(arrived)),)
+        return HandlerResponse(upstream.status, headers, relay())
+
+    def local_view(self) -> dict[str, object]:
+        """What only this node knows about its engine (`/v1/fabric/self` "engine_process")."""
+        sup = self.supervisor
+        return {"pid": sup.pid, "kind": sup.command.kind, "base_url": sup.command.base_url,
+                "state": sup.state.value, "exit_code": sup.exit_code,
+                "log": str(sup.config.log_path)}
+
+    async def aclose(self, stop_timeout_s: float | None = None) -> None:
+        """Stop the engine: SIGTERM, SIGKILL after `stop_timeout_s` (default and cap:
+        `engine_stop_timeout_s`; requests were drained before, and a longer grace would risk
+        Slurm's SIGKILL of the whole node)."""
+        limit = self.config.engine_stop_timeout_s
+        await self.supervisor.stop(limit if stop_timeout_s is None else min(stop_timeout_s, limit))
+        if self.proxy is not None:
+            await self.proxy.aclose()

@@ -1,0 +1,176 @@
+"""The provider side of the data plane (llmfabric.dataplane): session exchange, the pinned
+HTTPS listener for the direct path, and sealed requests over the peer network.
+
+- `POST /_fabric/v1/forward-session` (peer protocol): answers the ingress's signed offer.
+  The ingress's identity is the key that signed the offer; it must be the authenticated
+  peer of the connection, or (through a relay, whose origin header proves nothing) a member
+  the registry knows.
+- HTTPS (`start_https`): TLS with this node's own certificate (the ingress pins our peer
+  id), serving `POST /v1/fabric/forward/v1/...` with a valid `X-Fabric-Auth` only.
+- Peer requests under the forward prefix: the authorization checked, the body unsealed,
+  the engine's answer returned as sealed frames.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from llmfabric.dataplane.authz import AUTH_HEADER, AuthzError, ProviderSessions
+from llmfabric.dataplane.exchange import MAX_MESSAGE, ExchangeError, answer
+from llmfabric.dataplane.sealing import DATA, END, SEALED_TYPE, Sealer, open_body
+from llmfabric.identity import NodeKey
+from llmfabric.identity.certs import make_self_signed_cert
+from llmfabric.ingress.errors import error_response as http_error
+from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
+from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.net import HandlerResponse, PeerRequest
+from llmfabric.net.handshake import server_ssl_context
+from llmfabric.node.engine.link import EngineLink, error_response
+
+_MSGPACK = (("content-type", "application/msgpack"),)
+_FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
+
+
+class DataPlaneServer:
+    def __init__(
+        self,
+        key: NodeKey,
+        engine: Callable[[], EngineLink | None],
+        is_member: Callable[[str], bool],
+        *,
+        max_body_bytes: int,
+        now: Callable[[], float] = time.time,
+        session_ttl_s: float = 3600.0,
+    ) -> None:
+        self.key = key
+        self.sessions = ProviderSessions()
+        self._engine = engine
+        self._is_member = is_member
+        self._max_body = max_body_bytes
+        self._now = now
+        self._ttl = session_ttl_s
+        self.https_port = 0
+        self._runner: web.AppRunner | None = None
+        self.refused: dict[str, int] = {}  # refusals by code (metrics, tests)
+        self.served: dict[str, int] = {"https": 0, "sealed": 0}  # authorized requests by path
+        # Session exchanges cost ~1 ms CPU: at most `exchanges_per_min` per peer and minute
+        # (an ingress needs one per hour; a provider restart costs one more).
+        self.exchanges_per_min = 20
+        self._exchanges: dict[str, tuple[float, int]] = {}  # peer -> (window start, count)
+
+    def _refuse(self, exc: AuthzError) -> None:
+        self.refused[exc.code] = self.refused.get(exc.code, 0) + 1
+
+    # -- session exchange (peer protocol) --------------------------------------------------
+
+    def _exchange_allowed(self, key: str) -> bool:
+        now = self._now()
+        start, count = self._exchanges.get(key, (now, 0))
+        if now - start >= 60.0:
+            start, count = now, 0
+        if count >= self.exchanges_per_min:
+            return False
+        if len(self._exchanges) > 10_000:
+            self._exchanges.clear()
+        self._exchanges[key] = (start, count + 1)
+        return True
+
+    async def handle_session(self, request: PeerRequest) -> HandlerResponse:
+        body = await request.read()
+        if len(body) > MAX_MESSAGE:
+            return error_response(400, "session offer too large", "request_too_large")
+        # Counted per requesting peer before any signature work (through a relay: the origin
+        # the relay names; a lying relay can spread its own exchanges over invented names,
+        # but it is an admitted member, and the per-peer session cap still holds).
+        if not self._exchange_allowed(request.peer_id):
+            self._refuse(AuthzError("session_rate", ""))
+            return error_response(429, "too many data-plane session exchanges; retry in a "
+                                  "minute", "session_rate")
+        try:
+            reply, session = answer(self.key, body, self._now(), ttl_s=self._ttl,
+                                    https_port=self.https_port)
+        except ExchangeError as exc:
+            return error_response(400, f"bad session offer: {exc}", "bad_session_offer")
+        direct = request.via is None and request.peer_id == session.peer_id
+        if not direct and not self._is_member(session.peer_id):
+            return error_response(403, "the offer's signer is not a member we know",
+                                  "not_a_member")
+        self.sessions.add(session)
+        return HandlerResponse(200, _MSGPACK, reply)
+
+    # -- sealed requests over the peer network ---------------------------------------------
+
+    async def handle_sealed(self, request: PeerRequest) -> HandlerResponse:
+        engine = self._engine()
+        if engine is None:
+            return error_response(503, "this node serves no engine", "node_not_serving")
+        sealed = await request.read()
+        if len(sealed) > self._max_body + 64:
+            return error_response(400, "request body too large", "request_too_large")
+        header = request.header(AUTH_HEADER.lower()) or ""
+        path = request.path.encode()
+        try:
+            ok = self.sessions.verify(header, path, b"", self._now())
+            prefix = header[: header.rindex(".")].encode()
+            body = open_body(ok.session.key, ok.rid, prefix + b"\n" + path, sealed)
+        except AuthzError as exc:
+            self._refuse(exc)
+            return error_response(401, str(exc), exc.code)
+        self.served["sealed"] += 1
+        resp = await engine.serve_body(request.path, body, request.header("traceparent"))
+        sealer = Sealer(ok.session.key, ok.rid)
+        status = resp.status
+        ctype = next((v for k, v in resp.headers if k.lower() == "content-type"),
+                     "application/json")
+        inner = resp.body
+
+        async def frames() -> AsyncIterator[bytes]:
+            yield sealer.head(status, ctype)
+            if isinstance(inner, bytes):
+                for i in range(0, len(inner), _FRAME_DATA):
+                    yield sealer.frame(DATA, inner[i : i + _FRAME_DATA])
+            else:
+                async for chunk in inner:
+                    for i in range(0, len(chunk), _FRAME_DATA):  # (frames stay < MAX_FRAME)
+                        yield sealer.frame(DATA, chunk[i : i + _FRAME_DATA])
+            yield sealer.frame(END, b"")
+
+        timed = tuple((k, v) for k, v in resp.headers if k == NODE_TIME_HEADER.lower())
+        return HandlerResponse(200, (("content-type", SEALED_TYPE), *timed), frames())
+
+    # -- the pinned HTTPS listener (direct path) -------------------------------------------
+
+    async def handle_https(self, request: web.Request) -> web.StreamResponse:
+        engine = self._engine()
+        if engine is None:
+            return http_error(503, "this node serves no engine", "node_not_serving")
+        if request.content_length is not None and request.content_length > self._max_body:
+            return http_error(400, "request body too large", "request_too_large")
+        body = await request.read()
+        try:
+            self.sessions.verify(request.headers.get(AUTH_HEADER, ""),
+                                 request.raw_path.encode(), body, self._now())
+        except AuthzError as exc:
+            self._refuse(exc)
+            return http_error(401, str(exc), exc.code)
+        self.served["https"] += 1
+        return await engine.handle_http(request)
+
+    async def start_https(self, host: str, port: int) -> int:
+        app = web.Application(client_max_size=self._max_body + 1)
+        app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self.handle_https)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        ctx = server_ssl_context(self.key, make_self_signed_cert(self.key))
+        site = web.TCPSite(self._runner, host, port, ssl_context=ctx, reuse_address=True)
+        await site.start()
+        self.https_port = int(self._runner.addresses[0][1])
+        return self.https_port
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
