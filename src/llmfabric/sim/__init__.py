@@ -47,6 +47,9 @@ Files -> concepts
                   ClosedLoopResult with steady-state (first wave excluded) TTFT/TPOT.
 - e2e.py          replay measured end-to-end rows (CSV) through closed loops: predicted vs
                   measured TTFT/TPOT, MAPE overall / per GPU / per backend.
+- e2e_correction.py  optional residual layer on the replay: per-backend log-linear factor in
+                  (ln c, ln ISL, ln OSL, ln TP) fitted by ridge least squares on rows given;
+                  leave-one-group-out evaluation.
 - routers.py      router policies by name (ROUTERS); names shared with routing.policies mean
                   the same policy (random, round_robin, weighted, least_outstanding = power of
                   two choices, prefix_affinity); plus prefix_bounded_load (eps), prefix_hash,
