@@ -10,7 +10,8 @@ Files -> concepts
                   `gpu_matches`: exact catalog name/alias or family token, never a substring).
 - models.py       ModelSpec presets and Hugging Face config.json parsing (`get_model`).
 - operators.py    per-layer FLOPs/bytes of every operator (LLM-Viewer style), per GPU under TP.
-- calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements.
+- calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements;
+                  shape-aware low-precision GEMMs (`ShapedLowPrecision`).
 - costs.py        roofline step costs, tabulated per deployment: `prefill_time`,
                   `decode_step_time`, `cost_model` -> StepCostModel (decode attention wave
                   latency W(B); warm-L2 reads only for predicting microbenchmarks).
