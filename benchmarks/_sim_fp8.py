@@ -76,7 +76,7 @@ def mape_shaped(rows: list[tuple[int, int, int, float]],
     return float(np.mean(errs)) * 100.0
 
 
-SHAPED_GRID = {"compute": [round(x, 2) for x in np.arange(0.70, 1.001, 0.02)],
+SHAPED_GRID = {"compute": [round(float(x), 2) for x in np.arange(0.70, 1.001, 0.02)],
                "k0": [128.0, 256.0, 384.0, 512.0, 640.0], "m0": [0.0, 32.0, 64.0, 96.0, 128.0],
                "n0": [512.0, 1024.0, 1536.0, 2048.0, 3072.0, 4096.0]}
 
