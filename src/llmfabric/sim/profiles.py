@@ -18,7 +18,7 @@ fit split of the measured end-to-end rows (`benchmarks/sim_e2e.py --fit`, docs/s
 per-step CPU terms of vllm and trtllm were refitted (`--fit --fit-params
 step_cpu_s,step_cpu_per_seq_s`) after FP8 GEMMs became shape-aware ("Third pass"): vllm 1.0 ->
 0.5 ms, trtllm 0.5 -> 0 ms per step (the faster-than-real FP8 decode GEMMs had been hidden in
-them); the front-end and drift terms were not refitted.
+them); refitting the front-end and drift terms afterwards kept their values.
 """
 
 from __future__ import annotations
