@@ -74,6 +74,16 @@ class ResidualCorrection:
     ridge: float = 0.0
     n_rows: Mapping[str, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for backend, ws in self.weights.items():
+            for m in METRICS:
+                w = ws.get(m)
+                if w is None or len(w) != len(FEATURES) or not all(map(math.isfinite, w)):
+                    raise SpecError(
+                        f"weights[{backend!r}][{m!r}] must be {len(FEATURES)} finite numbers "
+                        f"({', '.join(FEATURES)}), got {w!r}"
+                    )
+
     def factors(
         self, backend: str, concurrency: int, isl: int, osl: int, tp: int
     ) -> tuple[float, float]:

@@ -120,6 +120,10 @@ def test_fallbacks_pooled_and_identity() -> None:
     assert corr.n_rows == {POOLED: 33, "vllm": 30}
     ft, fp = corr.factors("trtllm", 8, 1024, 128, 1)  # unseen backend: pooled fit
     assert ft == pytest.approx(1.5, rel=1e-3) and fp == pytest.approx(1.0, rel=1e-6)
+    with pytest.raises(SpecError, match="5 finite numbers"):
+        ResidualCorrection({"vllm": {"ttft": (0.0, 1.0), "tpot": (0.0,) * 5}})
+    with pytest.raises(SpecError, match="tpot"):
+        ResidualCorrection({"vllm": {"ttft": (0.0,) * 5}})
     empty = ResidualCorrection()
     assert empty.factors("vllm", 8, 1024, 128, 1) == (1.0, 1.0)
     assert fit_correction(recs[:3]).weights == {}
