@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import write_results
 
-from llmfabric.sim import e2e
+from llmfabric.sim import e2e, e2e_correction
 from llmfabric.sim.profiles import PROFILES, EngineProfile
 
 HERE = Path(__file__).resolve().parent
@@ -175,6 +175,35 @@ def fit_profiles(rows: list[e2e.E2ERow], waves: int, backends: list[str] | None 
     return fitted
 
 
+def _split_summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    summary = e2e.summarize(recs)
+    summary["fit"] = e2e.summarize([r for r in recs if r["fold"] == "fit"])["all"]
+    summary["holdout"] = e2e.summarize([r for r in recs if r["fold"] == "holdout"])
+    return summary
+
+
+def calibrated_report(recs: list[dict[str, Any]], ridge: float) -> dict[str, Any]:
+    """The residual layer (`sim.e2e_correction`) fitted on the FIT rows, applied to all rows;
+    plus how it transfers: leave-one-set-up-out inside the fit rows (the evidence a choice
+    may use), and leave-one-GPU-out / leave-one-model-out over all rows (the correction
+    fitted on every other row)."""
+    corr = e2e_correction.fit_correction([r for r in recs if r["fold"] == "fit"], ridge=ridge)
+    cal = corr.apply(recs)
+    fit_rows = [dict(r, set_up=f"{_short(r['model'])} {r['backend']} {r['gpu']} "
+                                f"{r['gemm_quant'] or 'bf16'}")
+                for r in recs if r["fold"] == "fit"]
+    return {
+        "correction": corr.as_dict(),
+        "summary": _split_summary(cal),
+        "gpu_ordering": {k: v for k, v in gpu_ordering(cal).items() if k != "wrong"},
+        "leave_one_setup_out_fit": e2e_correction.leave_one_group_out(fit_rows, "set_up",
+                                                                      ridge=ridge),
+        "leave_one_gpu_out": e2e_correction.leave_one_group_out(recs, "gpu", ridge=ridge),
+        "leave_one_model_out": e2e_correction.leave_one_group_out(recs, "model", ridge=ridge),
+        "rows": [{k: r[k] for k in ("pred_ttft_ms", "pred_tpot_ms")} for r in cal],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,6 +219,8 @@ def main() -> None:
                     help="comma-separated profile terms to refit (default: all of FIT_PARAMS)")
     ap.add_argument("--runs", type=int, default=e2e.DEFAULT_RUNS,
                     help="closed loops (seeds) averaged per row")
+    ap.add_argument("--ridge", type=float, default=1.0,
+                    help="ridge penalty of the residual layer (fitted on the FIT rows)")
     args = ap.parse_args()
     path = args.csv or shared_data() / "e2e" / "serving_e2e_calibration.csv"
     if not path.is_file():
@@ -207,18 +238,25 @@ def main() -> None:
     recs = out["rows"]
     for r in recs:
         r["fold"] = fold(r)
-    summary = out["summary"]
-    summary["fit"] = e2e.summarize([r for r in recs if r["fold"] == "fit"])["all"]
-    summary["holdout"] = e2e.summarize([r for r in recs if r["fold"] == "holdout"])
+    summary = _split_summary(recs)
     ordering = gpu_ordering(recs)
-    table = [{"rows": "all", **summary["all"]}, {"rows": "fit", **summary["fit"]},
-             {"rows": "holdout", **summary["holdout"]["all"]}]
-    table += [{"rows": f"gpu {g}", **v} for g, v in summary["by_gpu"].items()]
-    table += [{"rows": f"backend {b}", **v} for b, v in summary["by_backend"].items()]
-    table += [{"rows": f"holdout gpu {g}", **v}
-              for g, v in summary["holdout"]["by_gpu"].items()]
-    table += [{"rows": f"holdout backend {b}", **v}
-              for b, v in summary["holdout"]["by_backend"].items()]
+    calibrated = calibrated_report(recs, args.ridge)
+    csum = calibrated["summary"]
+
+    def line(name: str, v: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+        return {"rows": name, **v, "cal_ttft_mape": c["ttft_mape"],
+                "cal_tpot_mape": c["tpot_mape"]}
+
+    table = [line("all", summary["all"], csum["all"]),
+             line("fit", summary["fit"], csum["fit"]),
+             line("holdout", summary["holdout"]["all"], csum["holdout"]["all"])]
+    for part in ("by_gpu", "by_backend"):
+        table += [line(f"{part[3:]} {g}", v, csum[part][g]) for g, v in summary[part].items()]
+        table += [line(f"holdout {part[3:]} {g}", v, csum["holdout"][part][g])
+                  for g, v in summary["holdout"][part].items()]
+    for name in ("leave_one_setup_out_fit", "leave_one_gpu_out", "leave_one_model_out"):
+        table += [line(f"{name} {_short(g)}", v["analytic"], v["calibrated"])
+                  for g, v in calibrated[name].items()]
     payload = {
         "ttft_mape_all": summary["all"]["ttft_mape"],
         "tpot_mape_all": summary["all"]["tpot_mape"],
@@ -227,6 +265,7 @@ def main() -> None:
         "target_mape_holdout": 10.0,
         "gpu_ordering": ordering,
         "breakdown": breakdown(recs),
+        "calibrated": calibrated,
         "profiles": {k: dataclasses.asdict(v) for k, v in (profiles or PROFILES).items()},
         "split": {"holdout_gpus": HOLDOUT_GPUS, "holdout_models": HOLDOUT_MODELS},
         "waves": args.waves, "runs": args.runs, "wall_s": wall, "summary": summary, "rows": recs,
@@ -236,8 +275,11 @@ def main() -> None:
                         f"Holdout: GPUs {', '.join(HOLDOUT_GPUS)} and "
                         f"{', '.join(HOLDOUT_MODELS)}. GPU ordering: {ordering['ttft_right']}"
                         f" / {ordering['pairs']} pairs right for TTFT, "
-                        f"{ordering['tpot_right']} / {ordering['pairs']} for TPOT.",
-                  columns=("rows", "n", "ttft_mape", "tpot_mape"))
+                        f"{ordering['tpot_right']} / {ordering['pairs']} for TPOT. "
+                        "cal_*: with the residual layer fitted on the fit rows (leave-one-*-out "
+                        "rows: fitted on every other row; docs/simulator.md \"Third pass\").",
+                  columns=("rows", "n", "ttft_mape", "tpot_mape", "cal_ttft_mape",
+                           "cal_tpot_mape"))
 
 
 if __name__ == "__main__":

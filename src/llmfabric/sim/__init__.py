@@ -10,7 +10,8 @@ Files -> concepts
                   `gpu_matches`: exact catalog name/alias or family token, never a substring).
 - models.py       ModelSpec presets and Hugging Face config.json parsing (`get_model`).
 - operators.py    per-layer FLOPs/bytes of every operator (LLM-Viewer style), per GPU under TP.
-- calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements.
+- calibration.py  Efficiency factors (compute/memory/overheads) per GPU, fitted on measurements;
+                  shape-aware low-precision GEMMs (`ShapedLowPrecision`).
 - costs.py        roofline step costs, tabulated per deployment: `prefill_time`,
                   `decode_step_time`, `cost_model` -> StepCostModel (decode attention wave
                   latency W(B); warm-L2 reads only for predicting microbenchmarks).
@@ -47,6 +48,9 @@ Files -> concepts
                   ClosedLoopResult with steady-state (first wave excluded) TTFT/TPOT.
 - e2e.py          replay measured end-to-end rows (CSV) through closed loops: predicted vs
                   measured TTFT/TPOT, MAPE overall / per GPU / per backend.
+- e2e_correction.py  optional residual layer on the replay: per-backend log-linear factor in
+                  (ln c, ln ISL, ln OSL, ln TP) fitted by ridge least squares on rows given;
+                  leave-one-group-out evaluation.
 - routers.py      router policies by name (ROUTERS); names shared with routing.policies mean
                   the same policy (random, round_robin, weighted, least_outstanding = power of
                   two choices, prefix_affinity); plus prefix_bounded_load (eps), prefix_hash,

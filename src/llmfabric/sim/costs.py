@@ -26,7 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from llmfabric.sim.calibration import Efficiency, efficiency_for, roofline, warm_read_factor
+from llmfabric.sim.calibration import (
+    Efficiency,
+    ShapedLowPrecision,
+    efficiency_for,
+    roofline,
+    warm_read_factor,
+)
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
@@ -131,6 +137,17 @@ def decode_serial_kv_bytes(model: ModelSpec, tp: int) -> float:
     return 2.0 * model.head_dim * model.kv_bits / 8
 
 
+def low_precision_gemm_time(shaped: ShapedLowPrecision, flops_per_token: float,
+                            m: FloatArray, n: int, k: int, peak: float) -> FloatArray:
+    """Compute time of a low-precision GEMM of known shape: the FLOPs of the tile-padded m at
+    `peak` (GPU peak x `compute`) x the shape's share (`ShapedLowPrecision`)."""
+    share = shaped.share(m, n, k)
+    mp = shaped.padded(m)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(share > 0, flops_per_token * mp / (peak * share), 0.0)
+    return np.asarray(t, dtype=np.float64)
+
+
 def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: Efficiency,
                   dtype_bits: int) -> FloatArray:
     total = np.zeros_like(m)
@@ -138,9 +155,14 @@ def _linear_times(ops: tuple[LinearOp, ...], m: FloatArray, gpu: GPUSpec, eff: E
     tensor_peak = gpu.flops(dtype_bits) * eff.compute
     if dtype_bits <= 8:
         tensor_peak *= eff.low_precision_compute
+    shaped = eff.low_precision_shaped if dtype_bits <= 8 else None
     for op in ops:
         peak = tensor_peak if op.tensor else gpu.fp32_flops * eff.vector
-        compute = op.flops_per_token * m / peak
+        if shaped is not None and op.tensor and op.gemm_k > 0 and op.gemm_n > 0:
+            compute = low_precision_gemm_time(shaped, op.flops_per_token, m, op.gemm_n,
+                                              op.gemm_k, gpu.flops(dtype_bits) * eff.compute)
+        else:
+            compute = op.flops_per_token * m / peak
         memory = (op.weights_touched(m) + op.act_bytes_per_token * m) / bw
         total += roofline(compute, memory, eff.roofline_p) + eff.kernel_overhead_s
     return total

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfabric.sim.closedloop import simulate_closed_loop
+from llmfabric.sim.e2e_correction import ResidualCorrection
 from llmfabric.sim.errors import SimError, SpecError
 from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
@@ -158,9 +159,12 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def replay(rows: str | Path | Sequence[E2ERow], *, waves: int = DEFAULT_WAVES, seed: int = 0,
            profiles: dict[str, EngineProfile] | None = None,
-           runs: int = DEFAULT_RUNS) -> dict[str, Any]:
+           runs: int = DEFAULT_RUNS,
+           correction: ResidualCorrection | None = None) -> dict[str, Any]:
     """Predict every row; see the module docstring for the JSON shape. `profiles` replaces
-    the engine profile of a backend (fitting); `runs` closed loops per row are averaged."""
+    the engine profile of a backend (fitting); `runs` closed loops per row are averaged;
+    `correction` (`e2e_correction`, fitted on other rows) scales the analytic predictions,
+    which each row then keeps as `analytic_ttft_ms`/`analytic_tpot_ms`."""
     if waves < 2:
         raise SpecError("waves must be >= 2 (the first wave is excluded from the steady state)")
     if runs < 1:
@@ -177,4 +181,6 @@ def replay(rows: str | Path | Sequence[E2ERow], *, waves: int = DEFAULT_WAVES, s
             rec["pred_ttft_ms"] = rec["pred_tpot_ms"] = math.nan
             rec["error"] = str(exc)
         records.append(rec)
+    if correction is not None:
+        records = correction.apply(records)
     return {"rows": records, "summary": summarize(records)}

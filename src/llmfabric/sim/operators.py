@@ -40,6 +40,8 @@ class LinearOp:
     tensor: bool = True
     moe_experts: int = 1  # >1: weight bytes scale with the expected number of experts touched
     moe_top_k: int = 1
+    gemm_n: int = 0  # a dense GEMM's output features and reduction length (0: not a known
+    gemm_k: int = 0  # GEMM shape); used by the shape-aware low-precision efficiency
 
     def weights_touched(self, m: FloatArray | float) -> FloatArray | float:
         if self.moe_experts <= 1:
@@ -71,9 +73,9 @@ def layer_linear_ops(model: ModelSpec, tp: int = 1) -> tuple[LinearOp, ...]:
     qkv = q + 2 * kv
     ops = [
         LinearOp("input_norm", 5 * h, h * wb, 4 * h * ab, tensor=False),
-        LinearOp("qkv_proj", 2 * h * qkv, h * qkv * wb, (h + qkv) * ab),
+        LinearOp("qkv_proj", 2 * h * qkv, h * qkv * wb, (h + qkv) * ab, gemm_n=qkv, gemm_k=h),
         LinearOp("rope", 3 * (q + kv), 0.0, 2 * (q + kv) * ab, tensor=False),
-        LinearOp("o_proj", 2 * q * h, q * h * wb, (q + h) * ab),
+        LinearOp("o_proj", 2 * q * h, q * h * wb, (q + h) * ab, gemm_n=h, gemm_k=q),
         LinearOp("post_attn_norm", 5 * h, h * wb, 4 * h * ab, tensor=False),
     ]
     k = model.experts_per_token
@@ -81,12 +83,15 @@ def layer_linear_ops(model: ModelSpec, tp: int = 1) -> tuple[LinearOp, ...]:
     if e > 1:
         ops.append(LinearOp("moe_router", 2 * h * e, h * e * wb, (h + e) * ab))
     in_mats = 2 if model.gated_mlp else 1
+    dense = e <= 1  # MoE expert GEMMs have other shapes: no shape term for them
     ops.append(LinearOp("mlp_gate_up", 2 * h * f * in_mats * k, h * f * in_mats * wb * e,
-                        (h + f * in_mats) * k * ab, moe_experts=e, moe_top_k=k))
+                        (h + f * in_mats) * k * ab, moe_experts=e, moe_top_k=k,
+                        gemm_n=f * in_mats if dense else 0, gemm_k=h if dense else 0))
     ops.append(LinearOp("mlp_act", (4 if model.gated_mlp else 1) * f * k, 0.0,
                         (f * in_mats + f) * k * ab, tensor=False))
     ops.append(LinearOp("mlp_down", 2 * f * h * k, f * h * wb * e, (f + h) * k * ab,
-                        moe_experts=e, moe_top_k=k))
+                        moe_experts=e, moe_top_k=k, gemm_n=h if dense else 0,
+                        gemm_k=f if dense else 0))
     return tuple(ops)
 
 
