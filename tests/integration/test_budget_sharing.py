@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from llmfabric.ingress.tenancy import reservation_parts
+from llmfabric.ingress.tenancy.gate import reservation_parts
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_until_sync
 
