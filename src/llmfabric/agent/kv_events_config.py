@@ -62,15 +62,17 @@ def parse(text: str) -> KvEventsEndpoint | None:
     endpoint = doc.get("endpoint", DEFAULT_ENDPOINT)
     topic = doc.get("topic", "")
     if not isinstance(enabled, bool) or not isinstance(publisher, str):
-        raise KvEventsConfigError(f"{FLAG}: enable_kv_cache_events must be a boolean and "
-                                  "publisher a string")
+        raise KvEventsConfigError(
+            f"{FLAG}: enable_kv_cache_events must be a boolean and publisher a string"
+        )
     if not isinstance(endpoint, str) or not isinstance(topic, str):
         raise KvEventsConfigError(f"{FLAG}: endpoint and topic must be strings")
     if not enabled or publisher != "zmq":
         return None
     if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-        raise KvEventsConfigError(f"{FLAG}: endpoint {endpoint!r} is not tcp://, ipc:// or "
-                                  "inproc://")
+        raise KvEventsConfigError(
+            f"{FLAG}: endpoint {endpoint!r} is not tcp://, ipc:// or inproc://"
+        )
     if endpoint.startswith("tcp://") and not endpoint.rsplit(":", 1)[-1].isdigit():
         raise KvEventsConfigError(f"{FLAG}: endpoint {endpoint!r} has no port")
     return KvEventsEndpoint(endpoint, topic)

@@ -1,8 +1,9 @@
 """What a node publishes about its prefix cache: an LRU of the prompt blocks it served.
 
-Engines that report prefix-cache contents could feed `observe` from those events; every node
-can feed it from the prompts it served (the blocks its engine's prefix cache most likely still
-holds, most recent first). `sketch()` is the bounded Bloom filter for the record
+Every node can feed it from the prompts it served (the blocks its engine's prefix cache most
+likely still holds, most recent first); a node whose engine publishes KV-cache events uses
+`HeldPrefixes` instead (held_prefixes.py: what the engine really holds). Both follow the
+`PrefixSummary` protocol. `sketch()` is the bounded Bloom filter for the record
 (registry/cache_sketch.py).
 
 Traffic bound: the sketch is `SKETCH_BYTES` (512) and is republished at most once per
@@ -14,7 +15,8 @@ sketch is never republished).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import orjson
 
@@ -23,6 +25,15 @@ from llmfabric.routing.prefix import block_keys, prompt_text
 
 DEFAULT_CAPACITY = 400  # keys: ~4% false positives in a 512-byte filter
 DEFAULT_INTERVAL_S = 10.0
+
+
+class PrefixSummary(Protocol):
+    """What the node feeds with forwarded prompts and publishes as its record's sketch."""
+
+    def observe(self, keys: Sequence[int], chars: int = 0) -> None: ...
+    def due(self, now: float) -> bool: ...
+    def published(self, now: float) -> bytes: ...
+    def sketch(self) -> bytes: ...
 
 
 class ServedPrefixes:
@@ -38,8 +49,9 @@ class ServedPrefixes:
         self._new = 0  # keys added since the last publish
         self._published_at: float | None = None
 
-    def observe(self, keys: Iterable[int]) -> None:
-        """A prompt with these block keys was served (its deepest blocks stay freshest)."""
+    def observe(self, keys: Iterable[int], chars: int = 0) -> None:
+        """A prompt with these block keys was served (its deepest blocks stay freshest;
+        `chars`, the prompt's length, matters only to HeldPrefixes)."""
         lru = self._lru
         for key in keys:
             if key in lru:
@@ -75,7 +87,7 @@ class ServedPrefixes:
 _PROMPT_PATHS = ("/chat/completions", "/completions", "/responses", "/messages")
 
 
-def observe_prompt(served: ServedPrefixes, path: str, body: bytes) -> None:
+def observe_prompt(served: PrefixSummary, path: str, body: bytes) -> None:
     """Record the prompt blocks of a request a node is about to serve (bodies that are not
     a JSON object with a prompt are skipped: the engine answers those itself)."""
     if not path.endswith(_PROMPT_PATHS):
@@ -85,4 +97,5 @@ def observe_prompt(served: ServedPrefixes, path: str, body: bytes) -> None:
     except orjson.JSONDecodeError:
         return
     if isinstance(doc, dict):
-        served.observe(block_keys(prompt_text(doc)))
+        text = prompt_text(doc)
+        served.observe(block_keys(text), len(text.encode()))

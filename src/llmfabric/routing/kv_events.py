@@ -78,8 +78,14 @@ class KvBatch:
 
 
 # Field order of the array encoding (after the tag).
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                  "medium")
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+)
 _REMOVED_FIELDS = ("block_hashes", "medium")
 
 
@@ -100,10 +106,15 @@ def decode_payload(payload: bytes, seq: int = 0) -> KvBatch:
         raise KvEventError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD_BYTES}")
     try:
         doc = msgpack.unpackb(
-            payload, raw=False, strict_map_key=True,
-            max_str_len=MAX_PAYLOAD_BYTES, max_bin_len=MAX_HASH_BYTES * 4,
-            max_array_len=MAX_ARRAY_LEN, max_map_len=64,
-            max_ext_len=0)
+            payload,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_PAYLOAD_BYTES,
+            max_bin_len=MAX_HASH_BYTES * 4,
+            max_array_len=MAX_ARRAY_LEN,
+            max_map_len=64,
+            max_ext_len=0,
+        )
     except Exception as exc:  # msgpack raises several types (and ValueError) on bad input
         raise KvEventError(f"not a msgpack payload: {type(exc).__name__}") from None
     if not isinstance(doc, list) or len(doc) not in (2, 3):

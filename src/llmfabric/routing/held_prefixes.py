@@ -1,0 +1,274 @@
+"""What a node publishes about its prefix cache when its engine reports KV-cache events: the
+prompt blocks the engine really holds (stored and not yet evicted).
+
+The ingress keys prompts by TEXT blocks (routing/prefix.py `block_keys`: 256 characters per
+key, key i covering the prompt up to its end); the engine keys its cache by TOKEN blocks
+(kv_events.py: one hash per `block_size` tokens, each naming its whole prefix through the
+parent chain). The node links the two when it forwards a prompt:
+
+1. `observe(keys, chars)` notes the prompt as pending: each key's end, in tokens (estimated
+   at `chars_per_token`, 4 by default), and so the depth of the engine block that holds the
+   key's last whole block of tokens.
+2. A `BlockStored` event is a run of one request's new blocks; their depth follows from the
+   parent's (0 after no parent). A run whose parent is the last block of an earlier run
+   continues that request (chunked prefill); any other run starts a request and claims the
+   oldest pending prompt that fits: its keys agree with those of the parent's prompt on the
+   shared prefix (a prefix hit) or, after no parent, it is not held already. Each block then
+   maps to the keys whose end falls in it.
+3. `BlockRemoved` drops the blocks and every key no held block maps to any more;
+   `AllBlocksCleared` drops everything.
+
+The sketch is the Bloom filter of the `capacity` most recently stored keys (the same bound
+and republishing rule as `ServedPrefixes`: at most one 512-byte sketch per `interval_s`,
+only after `min_change` of it changed, nothing while idle). The mapping is exact when the
+engine's token boundaries fall where the estimate puts them and requests start their
+prefill in the order the node forwarded them (vLLM schedules FCFS); otherwise a key may be
+tied to a neighbouring block of the same prompt, which shifts when it is dropped by a block.
+Prompts that never produce a run (a whole-prompt hit on an engine that reports no reuse)
+expire after `pending_ttl_s`. Everything is bounded: `max_blocks` blocks, `max_pending`
+prompts, `max_runs` open runs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+
+from llmfabric.registry.cache_sketch import SKETCH_BYTES, build_sketch
+from llmfabric.routing.cache_summary import DEFAULT_CAPACITY, DEFAULT_INTERVAL_S
+from llmfabric.routing.kv_events import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KvBatch,
+)
+from llmfabric.routing.prefix import BLOCK_CHARS
+
+CHARS_PER_TOKEN = 4.0
+
+
+@dataclass(slots=True)
+class _Prompt:
+    id: int
+    keys: tuple[int, ...]
+    end_tokens: tuple[int, ...]  # tokens up to each key's end
+    at: float
+
+
+@dataclass(slots=True)
+class _Block:
+    depth: int | None  # None: its parent was unknown
+    prompt: _Prompt | None
+    keys: tuple[int, ...] = field(default=())
+
+
+@dataclass(slots=True)
+class HeldStats:
+    stored: int = 0  # blocks stored
+    removed: int = 0  # blocks removed
+    cleared: int = 0
+    unplaced: int = 0  # runs whose parent block was unknown
+    unclaimed: int = 0  # runs no pending prompt fitted
+    expired: int = 0  # pending prompts that never produced a run
+
+
+class HeldPrefixes:
+    def __init__(
+        self,
+        now: Callable[[], float],
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        nbytes: int = SKETCH_BYTES,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        min_change: float = 0.05,
+        chars_per_token: float = CHARS_PER_TOKEN,
+        max_blocks: int = 65536,
+        max_pending: int = 256,
+        max_runs: int = 1024,
+        pending_ttl_s: float = 60.0,
+    ) -> None:
+        if capacity < 1 or max_blocks < 1 or max_pending < 1 or max_runs < 1:
+            raise ValueError("capacity and the max_* bounds must be >= 1")
+        if chars_per_token <= 0:
+            raise ValueError("chars_per_token must be > 0")
+        self._now = now
+        self.capacity, self.nbytes = capacity, nbytes
+        self.interval_s, self.min_change = interval_s, min_change
+        self.chars_per_token = chars_per_token
+        self.max_blocks, self.max_pending, self.max_runs = max_blocks, max_pending, max_runs
+        self.pending_ttl_s = pending_ttl_s
+        self.stats = HeldStats()
+        self._blocks: OrderedDict[BlockHash, _Block] = OrderedDict()
+        self._keys: OrderedDict[int, int] = OrderedDict()  # key -> held blocks mapping it
+        self._pending: deque[_Prompt] = deque()
+        self._runs: OrderedDict[BlockHash, _Prompt] = OrderedDict()  # last block -> prompt
+        self._ids = count()
+        self._changed = 0  # keys added or dropped since the last publish
+        self._published_at: float | None = None
+
+    # ---- the prompts the node forwards ---------------------------------------------------
+    def observe(self, keys: Sequence[int], chars: int = 0) -> None:
+        """A prompt with these block keys (of `chars` bytes of prompt text) is forwarded."""
+        if not keys:
+            return
+        now = self._now()
+        ends = tuple(
+            min((i + 1) * BLOCK_CHARS, chars) if chars else (i + 1) * BLOCK_CHARS
+            for i in range(len(keys))
+        )
+        tokens = tuple(int(-(-e // self.chars_per_token)) for e in ends)
+        self._pending.append(_Prompt(next(self._ids), tuple(keys), tokens, now))
+        while len(self._pending) > self.max_pending:
+            self._pending.popleft()
+            self.stats.expired += 1
+
+    # ---- the engine's events -------------------------------------------------------------
+    def apply(self, batch: KvBatch) -> None:
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                self._stored(event)
+            elif isinstance(event, BlockRemoved):
+                for h in event.hashes:
+                    self._remove(h)
+            elif isinstance(event, AllBlocksCleared):
+                self.stats.cleared += 1
+                self._changed += len(self._keys)
+                self._blocks.clear()
+                self._keys.clear()
+                self._runs.clear()
+
+    def _stored(self, ev: BlockStored) -> None:
+        if not ev.hashes:
+            return
+        parent = self._blocks.get(ev.parent) if ev.parent is not None else None
+        if ev.parent is None:
+            depth0: int | None = 0
+        elif parent is not None and parent.depth is not None:
+            depth0 = parent.depth + 1
+        else:
+            depth0 = None
+            self.stats.unplaced += 1
+        prompt = self._runs.pop(ev.parent, None) if ev.parent is not None else None
+        if prompt is None and depth0 is not None:
+            prompt = self._claim(
+                parent.prompt if parent else None,
+                depth0 * ev.block_size,
+                ev.parent is None,
+                ev.hashes[0] in self._blocks,
+            )
+        run_keys: list[int] = []
+        for j, h in enumerate(ev.hashes):
+            depth = None if depth0 is None else depth0 + j
+            keys = self._keys_in(prompt, depth, ev.block_size)
+            run_keys.extend(keys)
+            old = self._blocks.get(h)
+            if old is not None:  # stored again (or a reuse report): it is recent
+                self._blocks.move_to_end(h)
+                for k in old.keys:
+                    if k in self._keys:
+                        self._keys.move_to_end(k)
+                if old.keys or not keys:
+                    continue
+                self._blocks.pop(h)
+            self._blocks[h] = _Block(depth, prompt, keys)
+            self.stats.stored += 1
+            for k in keys:
+                if k in self._keys:
+                    self._keys[k] += 1
+                    self._keys.move_to_end(k)
+                else:
+                    self._keys[k] = 1
+                    self._changed += 1
+        for k in reversed(run_keys):  # a prompt's leading keys freshest: the sketch keeps
+            if k in self._keys:  # the most recent, and a match stops at the first miss
+                self._keys.move_to_end(k)
+        while len(self._blocks) > self.max_blocks:  # forget the oldest (its keys with it)
+            self._remove(next(iter(self._blocks)), count_removed=False)
+        if prompt is not None:
+            self._runs[ev.hashes[-1]] = prompt
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
+
+    def _claim(
+        self, parent_prompt: _Prompt | None, start_token: int, first: bool, reuse: bool
+    ) -> _Prompt | None:
+        """The oldest pending prompt this run (from token `start_token`; `first`: from the
+        prompt's start, `reuse`: of blocks held already) can belong to."""
+        now = self._now()
+        while self._pending and now - self._pending[0].at > self.pending_ttl_s:
+            self._pending.popleft()
+            self.stats.expired += 1
+        pick = None
+        for p in self._pending:
+            if parent_prompt is not None:
+                shared = sum(1 for t in parent_prompt.end_tokens if t <= start_token)
+                if p.keys[:shared] != parent_prompt.keys[:shared]:
+                    continue
+            elif first and (p.keys[0] in self._keys) != reuse:
+                continue
+            pick = p
+            break
+        if pick is None and self._pending and parent_prompt is None:
+            pick = self._pending[0]
+        if pick is None:
+            self.stats.unclaimed += 1
+            return None
+        self._pending.remove(pick)
+        return pick
+
+    def _keys_in(self, prompt: _Prompt | None, depth: int | None, size: int) -> tuple[int, ...]:
+        """The prompt's keys whose last whole block of tokens is block `depth`."""
+        if prompt is None or depth is None:
+            return ()
+        return tuple(
+            k for k, t in zip(prompt.keys, prompt.end_tokens, strict=True) if t // size - 1 == depth
+        )
+
+    def _remove(self, h: BlockHash, *, count_removed: bool = True) -> None:
+        block = self._blocks.pop(h, None)
+        self._runs.pop(h, None)
+        if block is None:
+            return
+        if count_removed:
+            self.stats.removed += 1
+        for k in block.keys:
+            n = self._keys.get(k, 0)
+            if n <= 1:
+                self._keys.pop(k, None)
+                self._changed += 1
+            else:
+                self._keys[k] = n - 1
+
+    # ---- what the node publishes (the same interface as ServedPrefixes) ------------------
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._keys
+
+    def held_keys(self) -> list[int]:
+        """The keys in the sketch: the `capacity` most recently stored, newest first."""
+        out: list[int] = []
+        for k in reversed(self._keys):
+            if len(out) >= self.capacity:
+                break
+            out.append(k)
+        return out
+
+    def sketch(self) -> bytes:
+        return build_sketch(self.held_keys(), self.nbytes)
+
+    def due(self, now: float) -> bool:
+        if not self._changed:
+            return False
+        if self._published_at is not None and now - self._published_at < self.interval_s:
+            return False
+        return self._changed >= max(1, int(self.min_change * max(1, len(self._keys))))
+
+    def published(self, now: float) -> bytes:
+        self._published_at = now
+        self._changed = 0
+        return self.sketch()
