@@ -9,8 +9,8 @@ does the opposite: it connects to 127.0.0.1 for a wildcard, and binds e.g.
 token ids, and a wildcard bind offers them to the whole network.
 
 `llmfabric engine sim --kv-events-config` takes the same JSON, and the node finds it in the
-engine command (`from_argv`) or takes it from its own `--kv-events-config` (an engine it
-does not start).
+engine command (`from_argv`) or takes it from its own `--kv-events-config` (an engine whose
+command does not show the flag: a wrapper script, a config file).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ Lifecycle (who owns what)
   engine_role     the engine over its life: start, load hints, restart, assign, release
   engine_link     one engine: supervision (agent/) + the forwarded-request proxy; engines
                   bind loopback unless --allow-engine-public-bind
+  kv_events_link  follows the engine's KV-cache events (ZMQ) into the held-prefix sketch
   stream_usage    counts a stream's tokens when the engine sends no usage (the engine's
                   tokenizer; a usage chunk marked estimated before [DONE])
   walltime        drain `lead_s` before the allocation ends; keep the published end current
