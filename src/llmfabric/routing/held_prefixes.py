@@ -8,7 +8,7 @@ parent chain). The node links the two when it forwards a prompt:
 
 1. `observe(keys, chars)` notes the prompt as pending: each key's end, in tokens (estimated
    at `chars_per_token`, 4 by default), and so the depth of the engine block that holds the
-   key's last whole block of tokens.
+   key's last token (or, for the prompt's tail, its last whole block of tokens).
 2. A `BlockStored` event is a run of one request's new blocks; their depth follows from the
    parent's (0 after no parent). A run whose parent is the last block of an earlier run
    continues that request (chunked prefill); any other run starts a request and claims the
@@ -55,6 +55,7 @@ class _Prompt:
     id: int
     keys: tuple[int, ...]
     end_tokens: tuple[int, ...]  # tokens up to each key's end
+    tokens: int  # the whole prompt's
     at: float
 
 
@@ -120,7 +121,8 @@ class HeldPrefixes:
             for i in range(len(keys))
         )
         tokens = tuple(int(-(-e // self.chars_per_token)) for e in ends)
-        self._pending.append(_Prompt(next(self._ids), tuple(keys), tokens, now))
+        total = int(-(-max(chars, ends[-1]) // self.chars_per_token))
+        self._pending.append(_Prompt(next(self._ids), tuple(keys), tokens, total, now))
         while len(self._pending) > self.max_pending:
             self._pending.popleft()
             self.stats.expired += 1
@@ -220,12 +222,20 @@ class HeldPrefixes:
         return pick
 
     def _keys_in(self, prompt: _Prompt | None, depth: int | None, size: int) -> tuple[int, ...]:
-        """The prompt's keys whose last whole block of tokens is block `depth`."""
+        """The prompt's keys that block `depth` holds: the block with the key's last token
+        when it lies within the prompt (all of the key cached; blocks of more tokens than a
+        key hold several), else the key's last whole block (all but its tail cached; a key
+        shorter than one block then has none: an engine caches no partial block)."""
         if prompt is None or depth is None:
             return ()
-        return tuple(
-            k for k, t in zip(prompt.keys, prompt.end_tokens, strict=True) if t // size - 1 == depth
-        )
+        out: list[int] = []
+        for k, t in zip(prompt.keys, prompt.end_tokens, strict=True):
+            d = (t - 1) // size
+            if (d + 1) * size > prompt.tokens:
+                d = t // size - 1
+            if d == depth:
+                out.append(k)
+        return tuple(out)
 
     def _remove(self, h: BlockHash, *, count_removed: bool = True) -> None:
         block = self._blocks.pop(h, None)

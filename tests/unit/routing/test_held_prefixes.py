@@ -116,6 +116,17 @@ def test_a_short_prompt_maps_to_its_last_whole_block() -> None:
     assert _held(held, tiny) == 0
 
 
+def test_blocks_larger_than_a_key_hold_every_key_they_cover() -> None:
+    held = HeldPrefixes(FakeClock().now)
+    keys = _observe(held, _text("w", 1200))  # 4 keys ending at tokens 64..256; 300 tokens
+    held.apply(_batch(BlockStored((1,), None, 128)))  # tokens 0..127: keys 0 and 1
+    assert _held(held, keys) == 2
+    held.apply(_batch(BlockStored((2,), 1, 128)))  # tokens 128..255: keys 2 and 3
+    assert _held(held, keys) == 4
+    held.apply(_batch(BlockRemoved((1,))))
+    assert _held(held, keys) == 0 and keys[2] in held
+
+
 async def test_pending_prompts_expire_and_runs_without_a_prompt_hold_nothing() -> None:
     clock = FakeClock()
     held = HeldPrefixes(clock.now, pending_ttl_s=60.0)
