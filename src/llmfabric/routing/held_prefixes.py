@@ -6,15 +6,22 @@ key, key i covering the prompt up to its end); the engine keys its cache by TOKE
 (kv_events.py: one hash per `block_size` tokens, each naming its whole prefix through the
 parent chain). The node links the two when it forwards a prompt:
 
-1. `observe(keys, chars)` notes the prompt as pending: each key's end, in tokens (estimated
-   at `chars_per_token`, 4 by default), and so the depth of the engine block that holds the
-   key's last token (or, for the prompt's tail, its last whole block of tokens).
+1. `observe(keys, chars)` notes the prompt as pending: where each key ends, in characters;
+   in tokens that is at `chars_per_token` (4 to start with, then learned: see below), and
+   so the depth of the engine block that holds the key's last token (or, for the prompt's
+   tail, its last whole block of tokens).
 2. A `BlockStored` event is a run of one request's new blocks; their depth follows from the
    parent's (0 after no parent). A run whose parent is the last block of an earlier run
    continues that request (chunked prefill); any other run starts a request and claims the
    oldest pending prompt that fits: its keys agree with those of the parent's prompt on the
    shared prefix (a prefix hit) or, after no parent, it is not held already. Each block then
    maps to the keys whose end falls in it.
+   The first run of a prompt (from its start, new blocks) bounds how many tokens the engine
+   made of it, chat template included: at least its n blocks, and fewer than n + 1 blocks
+   unless the run was one chunk of a chunked prefill (runs under `MIN_CHUNK_TOKENS`). The
+   estimate of characters per token is moved just inside those bounds when it is outside
+   (within 0.5..16), so a tokenizer far from 4 characters per token is learned from the
+   first prompts and a right estimate is left alone.
 3. `BlockRemoved` drops the blocks and every key no held block maps to any more;
    `AllBlocksCleared` drops everything.
 
@@ -48,14 +55,16 @@ from llmfabric.routing.kv_events import (
 from llmfabric.routing.prefix import BLOCK_CHARS
 
 CHARS_PER_TOKEN = 4.0
+MIN_CPT, MAX_CPT = 0.5, 16.0
+MIN_CHUNK_TOKENS = 2048  # vLLM's smallest default prefill chunk: shorter runs are whole
 
 
 @dataclass(slots=True)
 class _Prompt:
     id: int
     keys: tuple[int, ...]
-    end_tokens: tuple[int, ...]  # tokens up to each key's end
-    tokens: int  # the whole prompt's
+    end_chars: tuple[int, ...]  # characters up to each key's end
+    chars: int  # the whole prompt's
     at: float
 
 
@@ -74,6 +83,7 @@ class HeldStats:
     unplaced: int = 0  # runs whose parent block was unknown
     unclaimed: int = 0  # runs no pending prompt fitted
     expired: int = 0  # pending prompts that never produced a run
+    calibrations: int = 0  # first runs that moved chars_per_token
 
 
 class HeldPrefixes:
@@ -90,6 +100,7 @@ class HeldPrefixes:
         max_pending: int = 256,
         max_runs: int = 1024,
         pending_ttl_s: float = 60.0,
+        calibrate: bool = True,
     ) -> None:
         if capacity < 1 or max_blocks < 1 or max_pending < 1 or max_runs < 1:
             raise ValueError("capacity and the max_* bounds must be >= 1")
@@ -98,7 +109,8 @@ class HeldPrefixes:
         self._now = now
         self.capacity, self.nbytes = capacity, nbytes
         self.interval_s, self.min_change = interval_s, min_change
-        self.chars_per_token = chars_per_token
+        self.chars_per_token = chars_per_token  # learned from first runs when `calibrate`
+        self.calibrate = calibrate
         self.max_blocks, self.max_pending, self.max_runs = max_blocks, max_pending, max_runs
         self.pending_ttl_s = pending_ttl_s
         self.stats = HeldStats()
@@ -120,9 +132,8 @@ class HeldPrefixes:
             min((i + 1) * BLOCK_CHARS, chars) if chars else (i + 1) * BLOCK_CHARS
             for i in range(len(keys))
         )
-        tokens = tuple(int(-(-e // self.chars_per_token)) for e in ends)
-        total = int(-(-max(chars, ends[-1]) // self.chars_per_token))
-        self._pending.append(_Prompt(next(self._ids), tuple(keys), tokens, total, now))
+        total = max(chars, ends[-1])
+        self._pending.append(_Prompt(next(self._ids), tuple(keys), ends, total, now))
         while len(self._pending) > self.max_pending:
             self._pending.popleft()
             self.stats.expired += 1
@@ -158,10 +169,12 @@ class HeldPrefixes:
             prompt = self._claim(
                 parent.prompt if parent else None,
                 depth0 * ev.block_size,
-                ev.parent is None,
                 ev.hashes[0] in self._blocks,
             )
         run_keys: list[int] = []
+        first_run = ev.parent is None and ev.hashes[0] not in self._blocks  # (not a reuse)
+        if prompt is not None and first_run and self.calibrate:
+            self._calibrate(prompt, len(ev.hashes), ev.block_size)
         for j, h in enumerate(ev.hashes):
             depth = None if depth0 is None else depth0 + j
             keys = self._keys_in(prompt, depth, ev.block_size)
@@ -195,26 +208,35 @@ class HeldPrefixes:
                 self._runs.popitem(last=False)
 
     def _claim(
-        self, parent_prompt: _Prompt | None, start_token: int, first: bool, reuse: bool
+        self, parent_prompt: _Prompt | None, start_token: int, reuse: bool
     ) -> _Prompt | None:
-        """The oldest pending prompt this run (from token `start_token`; `first`: from the
-        prompt's start, `reuse`: of blocks held already) can belong to."""
+        """The oldest pending prompt this run (new blocks from token `start_token`, or a
+        `reuse` report of held ones) fits: it agrees with the parent's prompt on the keys
+        before `start_token`, and its next key is not held yet (a prompt the engine holds
+        whole makes no run: it must not take another's), else the oldest that agrees."""
         now = self._now()
         while self._pending and now - self._pending[0].at > self.pending_ttl_s:
             self._pending.popleft()
             self.stats.expired += 1
-        pick = None
+        pick = fallback = None
         for p in self._pending:
             if parent_prompt is not None:
-                shared = sum(1 for t in parent_prompt.end_tokens if t <= start_token)
+                shared = sum(1 for e in parent_prompt.end_chars if self._tokens(e) <= start_token)
                 if p.keys[:shared] != parent_prompt.keys[:shared]:
                     continue
-            elif first and (p.keys[0] in self._keys) != reuse:
-                continue
-            pick = p
-            break
-        if pick is None and self._pending and parent_prompt is None:
-            pick = self._pending[0]
+            fallback = fallback or p
+            nxt = next(
+                (
+                    k
+                    for k, e in zip(p.keys, p.end_chars, strict=True)
+                    if self._tokens(e) > start_token
+                ),
+                None,
+            )
+            if nxt is None or (nxt in self._keys) == reuse:
+                pick = p
+                break
+        pick = pick or fallback
         if pick is None:
             self.stats.unclaimed += 1
             return None
@@ -229,13 +251,27 @@ class HeldPrefixes:
         if prompt is None or depth is None:
             return ()
         out: list[int] = []
-        for k, t in zip(prompt.keys, prompt.end_tokens, strict=True):
+        total = self._tokens(prompt.chars)
+        for k, e in zip(prompt.keys, prompt.end_chars, strict=True):
+            t = self._tokens(e)
             d = (t - 1) // size
-            if (d + 1) * size > prompt.tokens:
+            if (d + 1) * size > total:
                 d = t // size - 1
             if d == depth:
                 out.append(k)
         return tuple(out)
+
+    def _tokens(self, chars: int) -> int:
+        return int(-(-chars // self.chars_per_token))
+
+    def _calibrate(self, prompt: _Prompt, blocks: int, size: int) -> None:
+        """Bound characters per token by a prompt's first run of `blocks` new blocks."""
+        hi = prompt.chars / (blocks * size)  # the prompt has at least these tokens
+        lo = prompt.chars / ((blocks + 1) * size) if blocks * size < MIN_CHUNK_TOKENS else 0.0
+        new = min(max(self.chars_per_token, lo), hi)
+        if new != self.chars_per_token and MIN_CPT <= new <= MAX_CPT:
+            self.chars_per_token = new
+            self.stats.calibrations += 1
 
     def _remove(self, h: BlockHash, *, count_removed: bool = True) -> None:
         block = self._blocks.pop(h, None)

@@ -106,8 +106,23 @@ def test_a_prefix_hit_run_claims_the_prompt_that_shares_the_prefix() -> None:
     assert _held(held, a) == 0 and a[1] in held  # (a leading miss stops the match)
 
 
-def test_a_short_prompt_maps_to_its_last_whole_block() -> None:
+def test_a_prompt_held_whole_makes_no_run_and_takes_no_others() -> None:
+    """A repeat the engine serves from its cache stores nothing; its pending entry must not
+    take the run of a later prompt that shares its prefix."""
     held = HeldPrefixes(FakeClock().now)
+    shared = _text("s", 512)
+    a = _observe(held, shared + _text("a", 512))
+    held.apply(_stored(list(range(16))))
+    _observe(held, shared + _text("a", 512))  # the repeat: a whole hit, no run
+    b = _observe(held, shared + _text("b", 512))
+    held.apply(_stored([200 + i for i in range(8, 16)], parent=7))
+    assert _held(held, b) == 4 and _held(held, a) == 4
+    held.apply(_batch(BlockRemoved(tuple(range(8, 16)))))  # a's own tail evicted
+    assert _held(held, a) == 2 and _held(held, b) == 4
+
+
+def test_a_short_prompt_maps_to_its_last_whole_block() -> None:
+    held = HeldPrefixes(FakeClock().now, calibrate=False)
     keys = _observe(held, _text("q", 100))  # one key, 25 tokens: block 0 is its last whole
     held.apply(_stored([1]))
     assert _held(held, keys) == 1
@@ -125,6 +140,24 @@ def test_blocks_larger_than_a_key_hold_every_key_they_cover() -> None:
     assert _held(held, keys) == 4
     held.apply(_batch(BlockRemoved((1,))))
     assert _held(held, keys) == 0 and keys[2] in held
+
+
+def test_characters_per_token_are_learned_from_first_runs() -> None:
+    """A tokenizer at 2 characters per token: a 1,024-character prompt is 32 blocks, its keys
+    end in blocks 7, 15, 23 and 31. Learned from the first run, the tail's eviction drops the
+    last key; at the default 4 the sketch would still claim it (key 3 on block 15)."""
+    for calibrate, last_key_held in ((True, False), (False, True)):
+        held = HeldPrefixes(FakeClock().now, calibrate=calibrate)
+        keys = _observe(held, _text("a", 1024))
+        held.apply(_stored(list(range(32))))
+        assert _held(held, keys) == 4
+        held.apply(_batch(BlockRemoved(tuple(range(24, 32)))))
+        assert (keys[3] in held) is last_key_held
+        assert held.chars_per_token == (2.0 if calibrate else 4.0)
+    held = HeldPrefixes(FakeClock().now)  # the right estimate is left alone
+    _observe(held, _text("b", 1024))
+    held.apply(_stored(list(range(16))))
+    assert held.chars_per_token == 4.0 and held.stats.calibrations == 0
 
 
 async def test_pending_prompts_expire_and_runs_without_a_prompt_hold_nothing() -> None:
