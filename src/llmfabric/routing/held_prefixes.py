@@ -9,13 +9,15 @@ parent chain). The node links the two when it forwards a prompt:
 1. `observe(keys, chars)` notes the prompt as pending: where each key ends, in characters;
    in tokens that is at `chars_per_token` (4 to start with, then learned: see below), and
    so the depth of the engine block that holds the key's last token (or, for the prompt's
-   tail, its last whole block of tokens).
+   tail, its last whole block of tokens). A prompt whose keys are all held already is not
+   noted: the engine serves it from its cache and stores nothing for it.
 2. A `BlockStored` event is a run of one request's new blocks; their depth follows from the
    parent's (0 after no parent). A run whose parent is the last block of an earlier run
-   continues that request (chunked prefill); any other run starts a request and claims the
-   oldest pending prompt that fits: its keys agree with those of the parent's prompt on the
-   shared prefix (a prefix hit) or, after no parent, it is not held already. Each block then
-   maps to the keys whose end falls in it.
+   continues that request (chunked prefill, decode); any other run starts a request and
+   claims the pending prompt that fits best: its keys agree with those of the parent's
+   prompt on the shared prefix, and its leading keys held in the sketch end where the run
+   starts (the engine's cache hit stopped there), ties to the oldest (FCFS). Each block
+   then maps to the keys whose end falls in it.
    The first run of a prompt (from its start, new blocks) bounds how many tokens the engine
    made of it, chat template included: at least its n blocks, and fewer than n + 1 blocks
    unless the run was one chunk of a chunked prefill (runs under `MIN_CHUNK_TOKENS`). The
@@ -31,17 +33,17 @@ only after `min_change` of it changed, nothing while idle). The mapping is exact
 engine's token boundaries fall where the estimate puts them and requests start their
 prefill in the order the node forwarded them (vLLM schedules FCFS); otherwise a key may be
 tied to a neighbouring block of the same prompt, which shifts when it is dropped by a block.
-Prompts that never produce a run (a whole-prompt hit on an engine that reports no reuse)
-expire after `pending_ttl_s`. Everything is bounded: `max_blocks` blocks, `max_pending`
+Prompts that never produce a run (a hit the sketch did not foresee) expire after
+`pending_ttl_s`. Everything is bounded: `max_blocks` blocks, `max_pending`
 prompts, `max_runs` open runs.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import count
 
 from llmfabric.registry.cache_sketch import SKETCH_BYTES, build_sketch
 from llmfabric.routing.cache_summary import DEFAULT_CAPACITY, DEFAULT_INTERVAL_S
@@ -56,6 +58,7 @@ from llmfabric.routing.prefix import BLOCK_CHARS
 
 CHARS_PER_TOKEN = 4.0
 MIN_CPT, MAX_CPT = 0.5, 16.0
+MAX_SCAN = 64  # pending prompts a run is matched against (the oldest)
 MIN_CHUNK_TOKENS = 2048  # vLLM's smallest default prefill chunk: shorter runs are whole
 
 
@@ -84,6 +87,7 @@ class HeldStats:
     unclaimed: int = 0  # runs no pending prompt fitted
     expired: int = 0  # pending prompts that never produced a run
     calibrations: int = 0  # first runs that moved chars_per_token
+    hits: int = 0  # prompts forwarded while held whole (not pending: they make no run)
 
 
 class HeldPrefixes:
@@ -118,7 +122,7 @@ class HeldPrefixes:
         self._keys: OrderedDict[int, int] = OrderedDict()  # key -> held blocks mapping it
         self._pending: deque[_Prompt] = deque()
         self._runs: OrderedDict[BlockHash, _Prompt] = OrderedDict()  # last block -> prompt
-        self._ids = count()
+        self._ids = itertools.count()
         self._changed = 0  # keys added or dropped since the last publish
         self._published_at: float | None = None
 
@@ -126,6 +130,9 @@ class HeldPrefixes:
     def observe(self, keys: Sequence[int], chars: int = 0) -> None:
         """A prompt with these block keys (of `chars` bytes of prompt text) is forwarded."""
         if not keys:
+            return
+        if all(k in self._keys for k in keys):  # held whole: the engine will store nothing
+            self.stats.hits += 1  # (a pending entry would wait for a run that never comes)
             return
         now = self._now()
         ends = tuple(
@@ -166,11 +173,10 @@ class HeldPrefixes:
             self.stats.unplaced += 1
         prompt = self._runs.pop(ev.parent, None) if ev.parent is not None else None
         if prompt is None and depth0 is not None:
-            prompt = self._claim(
-                parent.prompt if parent else None,
-                depth0 * ev.block_size,
-                ev.hashes[0] in self._blocks,
-            )
+            start = depth0 * ev.block_size
+            reuse = ev.hashes[0] in self._blocks  # (a report of blocks held already)
+            held_to = start + len(ev.hashes) * ev.block_size if reuse else start
+            prompt = self._claim(parent.prompt if parent else None, start, held_to)
         run_keys: list[int] = []
         first_run = ev.parent is None and ev.hashes[0] not in self._blocks  # (not a reuse)
         if prompt is not None and first_run and self.calibrate:
@@ -208,35 +214,35 @@ class HeldPrefixes:
                 self._runs.popitem(last=False)
 
     def _claim(
-        self, parent_prompt: _Prompt | None, start_token: int, reuse: bool
+        self, parent_prompt: _Prompt | None, start_token: int, held_to: int
     ) -> _Prompt | None:
-        """The oldest pending prompt this run (new blocks from token `start_token`, or a
-        `reuse` report of held ones) fits: it agrees with the parent's prompt on the keys
-        before `start_token`, and its next key is not held yet (a prompt the engine holds
-        whole makes no run: it must not take another's), else the oldest that agrees."""
+        """The pending prompt this run fits best. The engine held the prompt up to token
+        `held_to` (where the new blocks start, or where a reuse report ends), so the right
+        prompt's leading keys held in the sketch end about there: a prompt the engine holds
+        whole (a repeat: no run of its own) or one it holds none of scores worse than the
+        one whose cached prefix stops where the run starts. It must agree with the parent's
+        prompt on the keys before `start_token`; ties go to the oldest (FCFS)."""
         now = self._now()
         while self._pending and now - self._pending[0].at > self.pending_ttl_s:
             self._pending.popleft()
             self.stats.expired += 1
-        pick = fallback = None
-        for p in self._pending:
+        pick, best = None, 0
+        for p in itertools.islice(self._pending, MAX_SCAN):
             if parent_prompt is not None:
                 shared = sum(1 for e in parent_prompt.end_chars if self._tokens(e) <= start_token)
                 if p.keys[:shared] != parent_prompt.keys[:shared]:
                     continue
-            fallback = fallback or p
-            nxt = next(
-                (
-                    k
-                    for k, e in zip(p.keys, p.end_chars, strict=True)
-                    if self._tokens(e) > start_token
-                ),
-                None,
-            )
-            if nxt is None or (nxt in self._keys) == reuse:
-                pick = p
-                break
-        pick = pick or fallback
+            cached = sum(1 for e in p.end_chars if self._tokens(e) <= held_to)
+            held = 0
+            for k in p.keys:
+                if k not in self._keys:
+                    break
+                held += 1
+            score = abs(held - cached)
+            if pick is None or score < best:
+                pick, best = p, score
+                if score == 0:
+                    break
         if pick is None:
             self.stats.unclaimed += 1
             return None
