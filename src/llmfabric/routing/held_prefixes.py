@@ -21,9 +21,12 @@ parent chain). The node links the two when it forwards a prompt:
    The first run of a prompt (from its start, new blocks) bounds how many tokens the engine
    made of it, chat template included: at least its n blocks, and fewer than n + 1 blocks
    unless the run was one chunk of a chunked prefill (runs under `MIN_CHUNK_TOKENS`). The
-   estimate of characters per token is moved just inside those bounds when it is outside
-   (within 0.5..16), so a tokenizer far from 4 characters per token is learned from the
-   first prompts and a right estimate is left alone.
+   bounds of all first runs are intersected (a run contradicting them starts afresh) and
+   the estimate of characters per token moved just inside when it is outside (within
+   0.5..16): a tokenizer far from 4 characters per token is learned from the first
+   prompts, a right estimate is left alone. A claimed run also retires the pending prompts
+   forwarded over `REORDER_S` before its own (under FCFS their runs came first, so they
+   had none: hits).
 3. `BlockRemoved` drops the blocks and every key no held block maps to any more;
    `AllBlocksCleared` drops everything.
 
@@ -58,6 +61,7 @@ from llmfabric.routing.prefix import BLOCK_CHARS
 
 CHARS_PER_TOKEN = 4.0
 MIN_CPT, MAX_CPT = 0.5, 16.0
+REORDER_S = 0.5  # requests forwarded this close together may reach the engine swapped
 MAX_SCAN = 64  # pending prompts a run is matched against (the oldest)
 MIN_CHUNK_TOKENS = 2048  # vLLM's smallest default prefill chunk: shorter runs are whole
 
@@ -115,6 +119,7 @@ class HeldPrefixes:
         self.interval_s, self.min_change = interval_s, min_change
         self.chars_per_token = chars_per_token  # learned from first runs when `calibrate`
         self.calibrate = calibrate
+        self._cpt_lo, self._cpt_hi = MIN_CPT, MAX_CPT  # what the first runs seen allow
         self.max_blocks, self.max_pending, self.max_runs = max_blocks, max_pending, max_runs
         self.pending_ttl_s = pending_ttl_s
         self.stats = HeldStats()
@@ -247,6 +252,10 @@ class HeldPrefixes:
             self.stats.unclaimed += 1
             return None
         self._pending.remove(pick)
+        # FCFS: prompts forwarded well before this one would have had their run by now.
+        while self._pending and self._pending[0].at < pick.at - REORDER_S:
+            self._pending.popleft()
+            self.stats.hits += 1
         return pick
 
     def _keys_in(self, prompt: _Prompt | None, depth: int | None, size: int) -> tuple[int, ...]:
@@ -271,12 +280,19 @@ class HeldPrefixes:
         return int(-(-chars // self.chars_per_token))
 
     def _calibrate(self, prompt: _Prompt, blocks: int, size: int) -> None:
-        """Bound characters per token by a prompt's first run of `blocks` new blocks."""
+        """Bound characters per token by a prompt's first run of `blocks` new blocks: the
+        bounds of all such runs intersected (a run that contradicts them starts afresh),
+        and the estimate moved to the nearest value inside when it falls outside."""
         hi = prompt.chars / (blocks * size)  # the prompt has at least these tokens
-        lo = prompt.chars / ((blocks + 1) * size) if blocks * size < MIN_CHUNK_TOKENS else 0.0
-        new = min(max(self.chars_per_token, lo), hi)
-        if new != self.chars_per_token and MIN_CPT <= new <= MAX_CPT:
-            self.chars_per_token = new
+        lo = prompt.chars / ((blocks + 1) * size) if blocks * size < MIN_CHUNK_TOKENS else MIN_CPT
+        lo, hi = max(lo, MIN_CPT), min(hi, MAX_CPT)
+        if lo > hi:
+            return
+        if max(lo, self._cpt_lo) <= min(hi, self._cpt_hi):
+            lo, hi = max(lo, self._cpt_lo), min(hi, self._cpt_hi)
+        self._cpt_lo, self._cpt_hi = lo, hi
+        if not lo <= self.chars_per_token <= hi:  # the nearest value they allow
+            self.chars_per_token = min(max(self.chars_per_token, lo), hi)
             self.stats.calibrations += 1
 
     def _remove(self, h: BlockHash, *, count_removed: bool = True) -> None:

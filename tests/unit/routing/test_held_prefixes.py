@@ -121,6 +121,24 @@ def test_a_prompt_held_whole_makes_no_run_and_takes_no_others() -> None:
     assert _held(held, a) == 2 and _held(held, b) == 4
 
 
+async def test_a_run_retires_prompts_forwarded_well_before_it() -> None:
+    """FCFS: a prompt forwarded seconds before the one whose run arrives made no run (the
+    engine held it); it must not take a later run."""
+    clock = FakeClock()
+    held = HeldPrefixes(clock.now)
+    shared = _text("s", 512)
+    _observe(held, shared + _text("x", 512))
+    held.apply(_stored(list(range(16))))
+    await clock.advance(1.0)
+    _observe(held, _text("a", 1024))  # served from the engine's cache: no run
+    await clock.advance(2.0)
+    b = _observe(held, shared + _text("b", 512))
+    held.apply(_stored([200 + i for i in range(8, 16)], parent=7))  # b's, a cannot fit it
+    assert _held(held, b) == 4 and held.stats.hits == 1
+    held.apply(_stored(list(range(100, 116))))  # a run nobody forwarded (a warm-up)
+    assert held.stats.unclaimed == 1 and len(held) == 6
+
+
 def test_a_short_prompt_maps_to_its_last_whole_block() -> None:
     held = HeldPrefixes(FakeClock().now, calibrate=False)
     keys = _observe(held, _text("q", 100))  # one key, 25 tokens: block 0 is its last whole
