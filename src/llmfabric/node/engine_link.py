@@ -180,10 +180,12 @@ class EngineLink:
         if self.proxy is None or not self.inflight.accepting:
             return http_error(503, "this node is not serving", "node_not_serving")
         self.inflight.begin()
+        seen = None
         try:
-            observe_prompt(self.served_prefixes, request.path, await request.read())
+            seen = observe_prompt(self.served_prefixes, request.path, await request.read())
             return await self.proxy.handle(request)
         finally:
+            self.served_prefixes.finished(seen)
             self.inflight.end()
 
     async def handle_peer_request(self, request: PeerRequest) -> HandlerResponse:
@@ -206,11 +208,12 @@ class EngineLink:
         if len(body) > self.config.max_body_bytes:
             return error_response(400, "request body too large", "request_too_large")
         self.inflight.begin()
-        observe_prompt(self.served_prefixes, path, body)
+        seen = observe_prompt(self.served_prefixes, path, body)
         try:
             upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body,
                                              traceparent)
         except UpstreamError as exc:
+            self.served_prefixes.finished(seen)
             self.inflight.end()
             return error_response(502, str(exc), "engine_unreachable")
 
@@ -220,6 +223,7 @@ class EngineLink:
                     yield chunk
             finally:
                 await upstream.aclose()
+                self.served_prefixes.finished(seen)  # (HeldPrefixes: its run came by now)
                 self.inflight.end()
 
         headers: tuple[tuple[str, str], ...] = (("content-type", upstream.content_type),)

@@ -30,7 +30,8 @@ DEFAULT_INTERVAL_S = 10.0
 class PrefixSummary(Protocol):
     """What the node feeds with forwarded prompts and publishes as its record's sketch."""
 
-    def observe(self, keys: Sequence[int], chars: int = 0) -> None: ...
+    def observe(self, keys: Sequence[int], chars: int = 0) -> object | None: ...
+    def finished(self, token: object | None) -> None: ...
     def due(self, now: float) -> bool: ...
     def published(self, now: float) -> bytes: ...
     def sketch(self) -> bytes: ...
@@ -51,7 +52,7 @@ class ServedPrefixes:
 
     def observe(self, keys: Iterable[int], chars: int = 0) -> None:
         """A prompt with these block keys was served (its deepest blocks stay freshest;
-        `chars`, the prompt's length, matters only to HeldPrefixes)."""
+        `chars`, the prompt's length, and `finished` matter only to HeldPrefixes)."""
         lru = self._lru
         for key in keys:
             if key in lru:
@@ -61,6 +62,9 @@ class ServedPrefixes:
                 self._new += 1
         while len(lru) > self.capacity:
             lru.popitem(last=False)
+
+    def finished(self, token: object | None) -> None:
+        pass
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -87,15 +91,17 @@ class ServedPrefixes:
 _PROMPT_PATHS = ("/chat/completions", "/completions", "/responses", "/messages")
 
 
-def observe_prompt(served: PrefixSummary, path: str, body: bytes) -> None:
+def observe_prompt(served: PrefixSummary, path: str, body: bytes) -> object | None:
     """Record the prompt blocks of a request a node is about to serve (bodies that are not
-    a JSON object with a prompt are skipped: the engine answers those itself)."""
+    a JSON object with a prompt are skipped: the engine answers those itself); the token
+    for `served.finished` once the engine answered."""
     if not path.endswith(_PROMPT_PATHS):
-        return
+        return None
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return
+        return None
     if isinstance(doc, dict):
         text = prompt_text(doc)
-        served.observe(block_keys(text), len(text.encode()))
+        return served.observe(block_keys(text), len(text.encode()))
+    return None

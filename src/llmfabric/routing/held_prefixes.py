@@ -9,8 +9,9 @@ parent chain). The node links the two when it forwards a prompt:
 1. `observe(keys, chars)` notes the prompt as pending: where each key ends, in characters;
    in tokens that is at `chars_per_token` (4 to start with, then learned: see below), and
    so the depth of the engine block that holds the key's last token (or, for the prompt's
-   tail, its last whole block of tokens). A prompt whose keys are all held already is not
-   noted: the engine serves it from its cache and stores nothing for it.
+   tail, its last whole block of tokens). `finished` says the engine answered it: its run,
+   if any, came by then (or within `REORDER_S`), so one still pending after that made none
+   (a hit) and is retired rather than left to take another prompt's run.
 2. A `BlockStored` event is a run of one request's new blocks; their depth follows from the
    parent's (0 after no parent). A run whose parent is the last block of an earlier run
    continues that request (chunked prefill, decode); any other run starts a request and
@@ -73,6 +74,7 @@ class _Prompt:
     end_chars: tuple[int, ...]  # characters up to each key's end
     chars: int  # the whole prompt's
     at: float
+    done_at: float | None = None  # when the engine answered it (its run, if any, came)
 
 
 @dataclass(slots=True)
@@ -132,23 +134,30 @@ class HeldPrefixes:
         self._published_at: float | None = None
 
     # ---- the prompts the node forwards ---------------------------------------------------
-    def observe(self, keys: Sequence[int], chars: int = 0) -> None:
-        """A prompt with these block keys (of `chars` bytes of prompt text) is forwarded."""
+    def observe(self, keys: Sequence[int], chars: int = 0) -> object | None:
+        """A prompt with these block keys (of `chars` bytes of prompt text) is forwarded;
+        returns the token to pass to `finished` when the engine has answered it."""
         if not keys:
-            return
-        if all(k in self._keys for k in keys):  # held whole: the engine will store nothing
-            self.stats.hits += 1  # (a pending entry would wait for a run that never comes)
-            return
+            return None
         now = self._now()
         ends = tuple(
             min((i + 1) * BLOCK_CHARS, chars) if chars else (i + 1) * BLOCK_CHARS
             for i in range(len(keys))
         )
         total = max(chars, ends[-1])
-        self._pending.append(_Prompt(next(self._ids), tuple(keys), ends, total, now))
+        prompt = _Prompt(next(self._ids), tuple(keys), ends, total, now)
+        self._pending.append(prompt)
         while len(self._pending) > self.max_pending:
             self._pending.popleft()
             self.stats.expired += 1
+        return prompt
+
+    def finished(self, token: object | None) -> None:
+        """The engine answered the prompt `observe` returned `token` for: its prefill ran, so
+        a run of its own came by now (or within `REORDER_S`: events travel apart from the
+        answer); still pending after that, it made none (the engine held it: a hit)."""
+        if isinstance(token, _Prompt) and token.done_at is None:
+            token.done_at = self._now()
 
     # ---- the engine's events -------------------------------------------------------------
     def apply(self, batch: KvBatch) -> None:
@@ -231,6 +240,12 @@ class HeldPrefixes:
         while self._pending and now - self._pending[0].at > self.pending_ttl_s:
             self._pending.popleft()
             self.stats.expired += 1
+        answered = [
+            p for p in self._pending if p.done_at is not None and now - p.done_at > REORDER_S
+        ]
+        for p in answered:  # (answered without a run: hits)
+            self._pending.remove(p)
+            self.stats.hits += 1
         pick, best = None, 0
         for p in itertools.islice(self._pending, MAX_SCAN):
             if parent_prompt is not None:

@@ -139,6 +139,20 @@ async def test_a_run_retires_prompts_forwarded_well_before_it() -> None:
     assert held.stats.unclaimed == 1 and len(held) == 6
 
 
+async def test_an_answered_prompt_without_a_run_takes_no_later_run() -> None:
+    clock = FakeClock()
+    held = HeldPrefixes(clock.now)
+    a = _observe(held, _text("a", 1024))
+    held.apply(_stored(list(range(16))))
+    token = held.observe(a, 1024)  # the repeat: served from the cache, no run
+    await clock.advance(0.2)
+    held.finished(token)
+    await clock.advance(1.0)
+    b = _observe(held, _text("b", 1024))
+    held.apply(_stored(list(range(100, 116))))
+    assert _held(held, b) == 4 and held.stats.hits == 1
+
+
 def test_a_short_prompt_maps_to_its_last_whole_block() -> None:
     held = HeldPrefixes(FakeClock().now, calibrate=False)
     keys = _observe(held, _text("q", 100))  # one key, 25 tokens: block 0 is its last whole
