@@ -16,9 +16,10 @@ parent chain). The node links the two when it forwards a prompt:
    parent's (0 after no parent). A run whose parent is the last block of an earlier run
    continues that request (chunked prefill, decode); any other run starts a request and
    claims the pending prompt that fits best: its keys agree with those of the parent's
-   prompt on the shared prefix, and its leading keys held in the sketch end where the run
-   starts (the engine's cache hit stopped there), ties to the oldest (FCFS). Each block
-   then maps to the keys whose end falls in it.
+   prompt on the shared prefix, its leading keys held in the sketch end where the run
+   starts (the engine's cache hit stopped there), then it has about as many blocks as the
+   run ends at (prompts forwarded together reach the engine in any order), then the
+   oldest (FCFS). Each block then maps to the keys whose end falls in it.
    The first run of a prompt (from its start, new blocks) bounds how many tokens the engine
    made of it, chat template included: at least its n blocks, and fewer than n + 1 blocks
    unless the run was one chunk of a chunked prefill (runs under `MIN_CHUNK_TOKENS`). The
@@ -190,7 +191,10 @@ class HeldPrefixes:
             start = depth0 * ev.block_size
             reuse = ev.hashes[0] in self._blocks  # (a report of blocks held already)
             held_to = start + len(ev.hashes) * ev.block_size if reuse else start
-            prompt = self._claim(parent.prompt if parent else None, start, held_to)
+            end = None if reuse else start + len(ev.hashes) * ev.block_size
+            prompt = self._claim(
+                parent.prompt if parent else None, start, held_to, end, ev.block_size
+            )
         run_keys: list[int] = []
         first_run = ev.parent is None and ev.hashes[0] not in self._blocks  # (not a reuse)
         if prompt is not None and first_run and self.calibrate:
@@ -228,14 +232,22 @@ class HeldPrefixes:
                 self._runs.popitem(last=False)
 
     def _claim(
-        self, parent_prompt: _Prompt | None, start_token: int, held_to: int
+        self,
+        parent_prompt: _Prompt | None,
+        start_token: int,
+        held_to: int,
+        end_token: int | None = None,
+        size: int = 1,
     ) -> _Prompt | None:
         """The pending prompt this run fits best. The engine held the prompt up to token
         `held_to` (where the new blocks start, or where a reuse report ends), so the right
         prompt's leading keys held in the sketch end about there: a prompt the engine holds
         whole (a repeat: no run of its own) or one it holds none of scores worse than the
         one whose cached prefix stops where the run starts. It must agree with the parent's
-        prompt on the keys before `start_token`; ties go to the oldest (FCFS)."""
+        prompt on the keys before `start_token`. Next, a run of new blocks ending at
+        `end_token` (under `MIN_CHUNK_TOKENS`: a whole prefill, not a chunk) fits a prompt
+        of about as many whole blocks (concurrent prompts reach the engine in any order);
+        last, the oldest (FCFS)."""
         now = self._now()
         while self._pending and now - self._pending[0].at > self.pending_ttl_s:
             self._pending.popleft()
@@ -246,7 +258,8 @@ class HeldPrefixes:
         for p in answered:  # (answered without a run: hits)
             self._pending.remove(p)
             self.stats.hits += 1
-        pick, best = None, 0
+        whole = end_token if end_token is not None and end_token < MIN_CHUNK_TOKENS else None
+        pick, best = None, (0, 0)
         for p in itertools.islice(self._pending, MAX_SCAN):
             if parent_prompt is not None:
                 shared = sum(1 for e in parent_prompt.end_chars if self._tokens(e) <= start_token)
@@ -258,10 +271,11 @@ class HeldPrefixes:
                 if k not in self._keys:
                     break
                 held += 1
-            score = abs(held - cached)
+            length = abs(self._tokens(p.chars) // size * size - whole) if whole is not None else 0
+            score = (abs(held - cached), length // size)
             if pick is None or score < best:
                 pick, best = p, score
-                if score == 0:
+                if score == (0, 0):
                     break
         if pick is None:
             self.stats.unclaimed += 1

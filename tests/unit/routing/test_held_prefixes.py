@@ -153,6 +153,19 @@ async def test_an_answered_prompt_without_a_run_takes_no_later_run() -> None:
     assert _held(held, b) == 4 and held.stats.hits == 1
 
 
+def test_concurrent_prompts_arriving_swapped_are_told_apart_by_length() -> None:
+    """Two prompts forwarded together reach the engine in the other order: each run goes
+    to the prompt of about as many blocks, so evicting one's tail drops only its keys."""
+    held = HeldPrefixes(FakeClock().now)
+    a = _observe(held, _text("a", 1024))  # 16 blocks
+    b = _observe(held, _text("b", 2048))  # 32 blocks
+    held.apply(_stored(list(range(100, 132))))  # b's run first
+    held.apply(_stored(list(range(16))))
+    assert _held(held, a) == 4 and _held(held, b) == 8
+    held.apply(_batch(BlockRemoved(tuple(range(124, 132)))))  # b's tail: keys 6 and 7
+    assert _held(held, b) == 6 and _held(held, a) == 4
+
+
 def test_a_short_prompt_maps_to_its_last_whole_block() -> None:
     held = HeldPrefixes(FakeClock().now, calibrate=False)
     keys = _observe(held, _text("q", 100))  # one key, 25 tokens: block 0 is its last whole
