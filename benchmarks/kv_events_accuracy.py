@@ -5,10 +5,10 @@ tests/engine/tinymodel.py) with `--kv-events-config` on a loopback endpoint that
 `KvEventsLink` binds (as a node does), `--num-gpu-blocks-override` small so it evicts, and
 `--enable-prompt-tokens-details` so each answer says how many prompt tokens were cached.
 Six prompts (three completions sharing a ~300-character prefix, three chats), then
-`--resends` re-sends picked at random (seeded), one at a time. Before each re-send it reads the
-leading keys each sketch claims (`matched_blocks` / keys) from the node's `HeldPrefixes` (KV
-events) and from `ServedPrefixes` (what was served), and compares them with the fraction of
-the prompt vLLM then served from its cache. Forwarding is mimicked exactly as the node does
+`--resends` re-sends picked at random (seeded), `--concurrency` at a time. Before each group
+of re-sends it reads the leading keys each sketch claims (`matched_blocks` / keys) from the
+node's `HeldPrefixes` (KV events) and from `ServedPrefixes` (what was served), and compares
+them with the fraction of the prompt vLLM then served from its cache. Forwarding is mimicked exactly as the node does
 it: `observe` before the request, `finished` after the answer.
 
 The run is journaled (observes, raw event frames, answers); `--replay JOURNAL` replays one
@@ -82,7 +82,8 @@ def summary(rows: list[tuple[float, float, float]]) -> dict[str, float]:
 
 
 def replay(journal: list[Any]) -> dict[str, float]:
-    """The journal through today's HeldPrefixes (sends one second apart, answers 0.4 s in)."""
+    """The journal through today's HeldPrefixes, at the recorded times (older journals:
+    sends one second apart, answers 0.4 s in)."""
     now = [0.0]
     held, served = HeldPrefixes(lambda: now[0]), ServedPrefixes()
     claims: dict[int, tuple[float, float]] = {}
@@ -91,7 +92,7 @@ def replay(journal: list[Any]) -> dict[str, float]:
     for entry in journal:
         if entry[0] == "observe":
             n, keys, chars = entry[1], tuple(entry[3]), entry[4]
-            now[0] = float(n)
+            now[0] = entry[5] if len(entry) > 5 else float(n)
             claims[n] = (
                 matched_blocks(held.sketch(), keys) / len(keys),
                 matched_blocks(served.sketch(), keys) / len(keys),
@@ -100,7 +101,7 @@ def replay(journal: list[Any]) -> dict[str, float]:
             served.observe(keys, chars)
         elif entry[0] == "answer":
             n, prompt_tokens, cached = entry[1], entry[3], entry[4]
-            now[0] = n + 0.4
+            now[0] = entry[5] if len(entry) > 5 else n + 0.4
             held.finished(tokens.get(n))
             if n >= 6:
                 rows.append((*claims[n], cached / prompt_tokens))
@@ -133,7 +134,7 @@ def start_vllm(args: argparse.Namespace, zport: int) -> tuple[subprocess.Popen[b
         "--served-model-name",
         "tiny",
         "--max-num-seqs",
-        "2",
+        "4",
         "--num-gpu-blocks-override",
         str(args.blocks),
         "--enable-prompt-tokens-details",
@@ -185,25 +186,39 @@ async def live(args: argparse.Namespace) -> tuple[dict[str, float], list[Any]]:
         rng = random.Random(args.seed)
         order = list(range(len(todo))) + [rng.randrange(len(todo)) for _ in range(args.resends)]
         rows: list[tuple[float, float, float]] = []
-        for n, i in enumerate(order):
+        t0 = time.monotonic()
+        groups = [[n] for n in range(len(todo))]  # the first sends one at a time
+        rest = list(range(len(todo), len(order)))
+        groups += [rest[k : k + args.concurrency] for k in range(0, len(rest), args.concurrency)]
+
+        async def send(n: int, claim: tuple[float, float], token: object | None) -> None:
+            i = order[n]
             route, body = todo[i]
-            text = prompt_text(body)
-            keys = block_keys(text)
-            claim = (
-                matched_blocks(held.sketch(), keys) / len(keys),
-                matched_blocks(served.sketch(), keys) / len(keys),
-            )
-            token = held.observe(keys, len(text.encode()))
-            served.observe(keys, len(text.encode()))
-            journal.append(["observe", n, i, list(keys), len(text.encode())])
             out = await asyncio.to_thread(post, route, {"model": "tiny", "max_tokens": 2, **body})
             held.finished(token)
             usage = out["usage"]
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            journal.append(["answer", n, i, usage["prompt_tokens"], cached])
+            journal.append(["answer", n, i, usage["prompt_tokens"], cached, time.monotonic() - t0])
             if n >= len(todo):
                 rows.append((*claim, cached / usage["prompt_tokens"]))
-            await asyncio.sleep(0.5)  # (one at a time: the next send sees this one's events)
+
+        for group in groups:  # claims read before the group is sent
+            sends = []
+            for n in group:
+                text = prompt_text(todo[order[n]][1])
+                keys = block_keys(text)
+                claim = (
+                    matched_blocks(held.sketch(), keys) / len(keys),
+                    matched_blocks(served.sketch(), keys) / len(keys),
+                )
+                token = held.observe(keys, len(text.encode()))
+                served.observe(keys, len(text.encode()))
+                journal.append(
+                    ["observe", n, order[n], list(keys), len(text.encode()), time.monotonic() - t0]
+                )
+                sends.append(send(n, claim, token))
+            await asyncio.gather(*sends)
+            await asyncio.sleep(0.5)  # (the next group sees this one's events)
         result = summary(rows)
         result.update(
             chars_per_token=round(held.chars_per_token, 3),
@@ -227,6 +242,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=16, help="vLLM's KV cache, in blocks")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--resends", type=int, default=40)
+    ap.add_argument("--concurrency", type=int, default=1, help="re-sends sent together")
     ap.add_argument("--journal", help="write the run's journal here")
     ap.add_argument("--replay", help="replay this journal instead of running vLLM")
     ap.add_argument("--engine-log", default="vllm-kv-events.log")
