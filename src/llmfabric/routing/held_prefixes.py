@@ -243,7 +243,9 @@ class HeldPrefixes:
         `held_to` (where the new blocks start, or where a reuse report ends), so the right
         prompt's leading keys held in the sketch end about there: a prompt the engine holds
         whole (a repeat: no run of its own) or one it holds none of scores worse than the
-        one whose cached prefix stops where the run starts. It must agree with the parent's
+        one whose cached prefix stops where the run starts (within a key: a key the sketch
+        holds through another prompt's block may end a few tokens past the engine's last
+        shared block). It must agree with the parent's
         prompt on the keys before `start_token`. Next, a run of new blocks ending at
         `end_token` (under `MIN_CHUNK_TOKENS`: a whole prefill, not a chunk) fits a prompt
         of about as many whole blocks (concurrent prompts reach the engine in any order);
@@ -272,7 +274,7 @@ class HeldPrefixes:
                     break
                 held += 1
             length = abs(self._tokens(p.chars) // size * size - whole) if whole is not None else 0
-            score = (abs(held - cached), length // size)
+            score = (max(0, abs(held - cached) - 1), length // size)  # (a key of slack)
             if pick is None or score < best:
                 pick, best = p, score
                 if score == (0, 0):
