@@ -8,8 +8,8 @@ Six prompts (three completions sharing a ~300-character prefix, three chats), th
 `--resends` re-sends picked at random (seeded), `--concurrency` at a time. Before each group
 of re-sends it reads the leading keys each sketch claims (`matched_blocks` / keys) from the
 node's `HeldPrefixes` (KV events) and from `ServedPrefixes` (what was served), and compares
-them with the fraction of the prompt vLLM then served from its cache. Forwarding is mimicked exactly as the node does
-it: `observe` before the request, `finished` after the answer.
+them with the fraction of the prompt vLLM then served from its cache. Forwarding is mimicked
+exactly as the node does it: `observe` before the request, `finished` after the answer.
 
 The run is journaled (observes, raw event frames, answers); `--replay JOURNAL` replays one
 through the current `HeldPrefixes` without vLLM (deterministic).
