@@ -9,6 +9,7 @@ Files:
                  sim, openai): detection, ports, health/metrics/tokenize routes, context flags
   facts.py       served_models, precision_of (flags, GGUF header, config.json), --model-id
   tokenize.py    EngineTokenizer: token counts from the engine's own /tokenize route
+  kv_events_config.py  vLLM's --kv-events-config: where an engine publishes KV-cache events
   engine_metrics.py  Prometheus / llama.cpp /slots parsing into EngineLoad; PrefixRate
   proctree.py    the engine's process tree: parent-death signal, /proc walk, kill_tree
   watchdog.py    stdlib-only watchdog process: kills the tree when the node or engine dies

@@ -7,6 +7,8 @@ import asyncio
 
 import click
 
+from llmfabric.agent.kv_events_config import KvEventsConfigError
+from llmfabric.agent.kv_events_config import parse as kv_events_config_from
 from llmfabric.engines.pd_role import ROLES, KVLink
 from llmfabric.engines.sim_server import SimEngineConfig, serve
 
@@ -50,6 +52,13 @@ def command() -> None:
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="automatic prefix caching: cached 16-token prompt blocks (an LRU of the "
                    "KV capacity) are not prefilled again")
+@click.option("--kv-blocks", type=click.IntRange(min=1), default=None,
+              help="the prefix cache's capacity in 16-token blocks (default: the model's KV "
+                   "capacity on --gpu)")
+@click.option("--kv-events-config", "kv_events_config", default=None, metavar="JSON",
+              help="publish the prefix cache's stores and evictions as vLLM's KV-cache events "
+                   "over ZMQ (vLLM's flag: {\"enable_kv_cache_events\": true, \"publisher\": "
+                   "\"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", \"topic\": \"kv\"})")
 @click.option("--flying", is_flag=True,
               help="Flying Serving: the --dp batchers bind into TP batchers online "
                    "(GET /dtp_status, POST /dtp_switch)")
@@ -74,7 +83,8 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
         slow: float, max_model_len: int | None, startup_delay: float,
         crash_after_requests: int, hang_after_requests: int, fail_after_requests: int,
         fail_status: int, exit_after: float, log_line: str, log_after: float,
-        ignore_sigterm: bool, prefix_cache: bool, flying: bool, flying_widths: str,
+        ignore_sigterm: bool, prefix_cache: bool, kv_blocks: int | None,
+        kv_events_config: str | None, flying: bool, flying_widths: str,
         switch_policy: str | None, role: str, kv_bits: str, kv_gbps: float,
         kv_latency_ms: float) -> None:
     """Serve MODEL(s) through an OpenAI-compatible API with simulated GPU timing.
@@ -82,13 +92,19 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
     Misbehaviour on demand: POST /sim/control {"action": "crash"|"hang"|"slow"|"fail"|"log"|
     "reset"} (see docs/agent.md).
     """
+    try:
+        kv_events = kv_events_config_from(kv_events_config) if kv_events_config else None
+    except KvEventsConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kv-events-config") from None
     config = SimEngineConfig(
         models=models, gpu=gpu, tp=tp, dp=dp, host=host, port=port, speed=speed, slow=slow,
         max_model_len=max_model_len, startup_delay_s=startup_delay,
         crash_after_requests=crash_after_requests, hang_after_requests=hang_after_requests,
         fail_after_requests=fail_after_requests, fail_status=fail_status,
         exit_after_s=exit_after, log_line=log_line, log_after_s=log_after,
-        ignore_sigterm=ignore_sigterm, prefix_cache=prefix_cache, flying=flying,
+        ignore_sigterm=ignore_sigterm, prefix_cache=prefix_cache, kv_blocks=kv_blocks,
+        kv_events_endpoint=kv_events.endpoint if kv_events else None,
+        kv_events_topic=kv_events.topic if kv_events else "", flying=flying,
         widths=tuple(int(w) for w in flying_widths.split(",") if w.strip()),
         switch_policy=switch_policy, role=role,
         kv_bits=None if kv_bits == "16" else int(kv_bits),

@@ -174,6 +174,11 @@ def node_options(fn: Any) -> Any:
                      help="engine kind: vllm, sglang, llama.cpp, llama-cpp-python, tgi, torch, "
                           "sim, openai (any OpenAI-compatible server) [detected from the "
                           "command]"),
+        click.option("--kv-events-config", "kv_events_config", metavar="JSON",
+                     help="where the engine publishes KV-cache events (vLLM's flag, e.g. "
+                          "'{\"enable_kv_cache_events\": true, \"endpoint\": "
+                          "\"tcp://127.0.0.1:5557\"}'): the gossiped prefix sketch then "
+                          "follows what the engine holds [read from the engine command]"),
         click.option("--model-id", "model_ids", multiple=True,
                      help="a model id the engine serves but does not list on /v1/models "
                           "(repeatable)"),

@@ -6,7 +6,9 @@ and vLLM's disaggregated `kv_transfer_params`: pd_role.py), /v1/embeddings; plus
 /sim/control (faults.py), GET /sim/stats and GET/POST /sim/role (the role flip). Tokens come
 out at the pace of the timing model (timing.py) under continuous batching (batcher.py),
 divided by `speed`. Prefix caching (on by default): the prompt's leading 16-token blocks
-found in an LRU of the model's KV capacity are not prefilled again; `/sim/stats` counts hit
+found in an LRU of the model's KV capacity are not prefilled again (with `kv_events_endpoint`
+the LRU's stores and evictions are published as vLLM's KV-cache events, engines/kv_publisher.py,
+for the node's held-prefix sketch); `/sim/stats` counts hit
 and queried prompt tokens, and GET /metrics gives them (and the running requests) under vLLM's
 names. A completions prompt that ends with the engine's own answer to an earlier prompt (a
 stream continued on another node) goes on with the rest of that answer (text.continued_prompt).
@@ -31,6 +33,7 @@ from llmfabric.engines import text
 from llmfabric.engines.batcher import Batcher
 from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
+from llmfabric.engines.kv_publisher import KvEventPublisher, cache_events
 from llmfabric.engines.pd_role import KVLink, PDRequestError, PDRole, parse_handoff, phase_of
 from llmfabric.engines.timing import model_max_context, timing_for
 from llmfabric.sim.errors import SpecError
@@ -63,6 +66,10 @@ class SimEngineConfig:
     log_after_s: float = 0.0
     ignore_sigterm: bool = False
     prefix_cache: bool = True  # automatic prefix caching, as vLLM V1 by default
+    kv_blocks: int | None = None  # the prefix cache's capacity; None: the model's KV capacity
+    # KV-cache events in vLLM's format (engines/kv_publisher.py): the ZMQ endpoint and topic
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     # Flying Serving (engines/flying_dp.py): DP batchers that bind into TP batchers
     flying: bool = False
@@ -122,8 +129,10 @@ class SimEngine:
         self.completed = 0
         # Prefix caching (sim/prefix_cache.py): an LRU over 16-token blocks holding the
         # engine's KV capacity; a hit skips those tokens' prefill.
-        self.prefix_caches = ({m: BlockLRU(kv_capacity_blocks(config.gpu, m, config.tp))
-                               for m in config.models} if config.prefix_cache else {})
+        self.prefix_caches = ({m: BlockLRU(config.kv_blocks or kv_capacity_blocks(
+            config.gpu, m, config.tp)) for m in config.models} if config.prefix_cache else {})
+        self.kv_events = (KvEventPublisher(config.kv_events_endpoint, config.kv_events_topic)
+                          if config.kv_events_endpoint and config.prefix_cache else None)
         self.prefix_hits = self.prefix_queries = 0  # tokens, as vLLM's counters
         self.pd = PDRole(config.role, self.clock, config.kv_link, config.kv_bits)
 
@@ -422,8 +431,11 @@ class SimEngine:
         if lru is None:
             return 0
         ids = text.block_ids(prompt_text)
+        held = [b in lru for b in ids] if self.kv_events is not None else []
         hit = min(prompt_tokens - 1, lru.match(ids) * text.BLOCK_TOKENS)
-        lru.insert(ids)
+        evicted = lru.insert(ids)
+        if self.kv_events is not None:
+            self.kv_events.publish(cache_events(prompt_text, ids, held, evicted))
         self.prefix_hits += max(0, hit)
         self.prefix_queries += prompt_tokens
         return max(0, hit)
@@ -534,3 +546,5 @@ async def serve(config: SimEngineConfig, ready: asyncio.Event | None = None) -> 
         await runner.cleanup()
         for b in engine.batchers.values():
             await b.aclose()
+        if engine.kv_events is not None:
+            engine.kv_events.close()

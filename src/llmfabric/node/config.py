@@ -73,6 +73,9 @@ class NodeConfig(BaseModel):
     engine_url: str | None = None
     engine_kind: str | None = None  # `--engine KIND` (agent/engines.py); None: detected
     model_ids: tuple[str, ...] = ()  # served model ids the engine does not list
+    # Where the engine publishes KV-cache events (vLLM's --kv-events-config JSON) when its
+    # command does not show it (a wrapper script, a config file); else read from the command.
+    kv_events_config: str | None = None
     # The engine's main process exited: "restart" it (up to engine_restarts times, with
     # backoff, each under a new session) then leave, or "leave" at once (exit status 5).
     on_engine_exit: Literal["restart", "leave"] = "restart"
@@ -193,6 +196,15 @@ class NodeConfig(BaseModel):
         from llmfabric.agent.engines import kind_named
 
         return kind_named(value).name
+
+    @field_validator("kv_events_config")
+    @classmethod
+    def _kv_events_config(cls, value: str | None) -> str | None:
+        if value is not None:
+            from llmfabric.agent.kv_events_config import parse
+
+            parse(value)  # (KvEventsConfigError is a ValueError: a clear config error)
+        return value
 
     @field_validator("aliases")
     @classmethod

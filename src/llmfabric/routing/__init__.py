@@ -23,7 +23,11 @@ Pure core: no sockets, no clocks. Files:
   `bounded_limit`, and the prefix_bounded / session / cache_aware policies (bounded loads;
   `explain` gives a `PrefixPick`); cache_aware reads the records' prefix-cache sketches.
 - cache_summary.py: `ServedPrefixes`, a node's LRU of the prefix blocks it served, published as
-  its record's sketch when it moved enough (bounded bytes per second).
+  its record's sketch when it moved enough (bounded bytes per second); `PrefixSummary`.
+- held_prefixes.py: `HeldPrefixes`, the sketch of the prompt blocks the engine really holds,
+  from its KV-cache events (engine block -> prompt key mapping learned from forwarded prompts).
+- kv_events.py: `decode_message`, the bounded decoder of vLLM's KV-cache events (BlockStored,
+  BlockRemoved, AllBlocksCleared over ZMQ, msgpack); `KvEventError` for hostile input.
 - walltime.py: `walltime_filter` (prefer nodes whose allocation outlasts the request, from
   max_tokens and the simulator's per-token time), `requested_tokens`, `sim_rate`, `fixed_rate`.
 - pd.py: prefill/decode disaggregation (ThunderServe): `split(candidates)` into prefill /

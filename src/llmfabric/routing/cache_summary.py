@@ -1,8 +1,9 @@
 """What a node publishes about its prefix cache: an LRU of the prompt blocks it served.
 
-Engines that report prefix-cache contents could feed `observe` from those events; every node
-can feed it from the prompts it served (the blocks its engine's prefix cache most likely still
-holds, most recent first). `sketch()` is the bounded Bloom filter for the record
+Every node can feed it from the prompts it served (the blocks its engine's prefix cache most
+likely still holds, most recent first); a node whose engine publishes KV-cache events uses
+`HeldPrefixes` instead (held_prefixes.py: what the engine really holds). Both follow the
+`PrefixSummary` protocol. `sketch()` is the bounded Bloom filter for the record
 (registry/cache_sketch.py).
 
 Traffic bound: the sketch is `SKETCH_BYTES` (512) and is republished at most once per
@@ -14,7 +15,8 @@ sketch is never republished).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import orjson
 
@@ -23,6 +25,16 @@ from llmfabric.routing.prefix import block_keys, prompt_text
 
 DEFAULT_CAPACITY = 400  # keys: ~4% false positives in a 512-byte filter
 DEFAULT_INTERVAL_S = 10.0
+
+
+class PrefixSummary(Protocol):
+    """What the node feeds with forwarded prompts and publishes as its record's sketch."""
+
+    def observe(self, keys: Sequence[int], chars: int = 0) -> object | None: ...
+    def finished(self, token: object | None) -> None: ...
+    def due(self, now: float) -> bool: ...
+    def published(self, now: float) -> bytes: ...
+    def sketch(self) -> bytes: ...
 
 
 class ServedPrefixes:
@@ -38,8 +50,9 @@ class ServedPrefixes:
         self._new = 0  # keys added since the last publish
         self._published_at: float | None = None
 
-    def observe(self, keys: Iterable[int]) -> None:
-        """A prompt with these block keys was served (its deepest blocks stay freshest)."""
+    def observe(self, keys: Iterable[int], chars: int = 0) -> None:
+        """A prompt with these block keys was served (its deepest blocks stay freshest;
+        `chars`, the prompt's length, and `finished` matter only to HeldPrefixes)."""
         lru = self._lru
         for key in keys:
             if key in lru:
@@ -49,6 +62,9 @@ class ServedPrefixes:
                 self._new += 1
         while len(lru) > self.capacity:
             lru.popitem(last=False)
+
+    def finished(self, token: object | None) -> None:
+        pass
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -75,14 +91,17 @@ class ServedPrefixes:
 _PROMPT_PATHS = ("/chat/completions", "/completions", "/responses", "/messages")
 
 
-def observe_prompt(served: ServedPrefixes, path: str, body: bytes) -> None:
+def observe_prompt(served: PrefixSummary, path: str, body: bytes) -> object | None:
     """Record the prompt blocks of a request a node is about to serve (bodies that are not
-    a JSON object with a prompt are skipped: the engine answers those itself)."""
+    a JSON object with a prompt are skipped: the engine answers those itself); the token
+    for `served.finished` once the engine answered."""
     if not path.endswith(_PROMPT_PATHS):
-        return
+        return None
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return
+        return None
     if isinstance(doc, dict):
-        served.observe(block_keys(prompt_text(doc)))
+        text = prompt_text(doc)
+        return served.observe(block_keys(text), len(text.encode()))
+    return None

@@ -43,12 +43,15 @@ class BlockLRU:
             n += 1
         return n
 
-    def insert(self, blocks: Sequence[int]) -> None:
+    def insert(self, blocks: Sequence[int]) -> list[int]:
+        """Make `blocks` the most recent; returns the blocks evicted to make room."""
         for b in blocks:
             self._blocks[b] = None
             self._blocks.move_to_end(b)
+        evicted: list[int] = []
         while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+            evicted.append(self._blocks.popitem(last=False)[0])
+        return evicted
 
     def recent(self, n: int) -> list[int]:
         """The `n` most recently used blocks."""

@@ -4,6 +4,8 @@ Files:
 - role.py: the engine over its life: start, load hints, restart, assign, release.
 - link.py: one engine: supervision (agent/) + the forwarded-request proxy; engines bind
   loopback unless --allow-engine-public-bind.
+- kv_events_link.py: follows the engine's KV-cache events (ZMQ) into the held-prefix
+  sketch.
 - stream_usage.py: counts a stream's tokens when the engine sends no usage (the engine's
   tokenizer; a usage chunk marked estimated before [DONE]).
 """

@@ -38,9 +38,10 @@ from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.node.config import NodeConfig
+from llmfabric.node.engine.kv_events_link import kv_events_for
 from llmfabric.node.engine.stream_usage import StreamUsageCounter
 from llmfabric.registry.records import ServedModel
-from llmfabric.routing.cache_summary import ServedPrefixes, observe_prompt
+from llmfabric.routing.cache_summary import PrefixSummary, ServedPrefixes, observe_prompt
 
 log = logging.getLogger(__name__)
 _JSON = (("content-type", "application/json"),)
@@ -136,9 +137,21 @@ class EngineLink:
         )
         self.proxy: EngineProxy | None = None
         self.usage_counter: StreamUsageCounter | None = None
-        self.served_prefixes = ServedPrefixes()  # published as the record's prefix_cache
+        # Published as the record's prefix_cache: what the engine holds when it reports
+        # KV-cache events (node/engine/kv_events_link.py), else what this node served.
+        self.kv_events = kv_events_for(config.process, config.kv_events_config, clock.now)
+        self.served_prefixes: PrefixSummary = (
+            self.kv_events.held if self.kv_events is not None else ServedPrefixes())
 
     async def start(self) -> EngineInfo:
+        if self.kv_events is not None:
+            try:  # (before the engine: a publisher that connects finds it bound)
+                self.kv_events.open()
+            except Exception as exc:  # (pyzmq missing, endpoint in use): served prompts
+                log.error("cannot follow the engine's KV-cache events on %s: %s; the prefix "
+                          "sketch follows the served prompts", self.kv_events.endpoint, exc)
+                self.kv_events = None
+                self.served_prefixes = ServedPrefixes()
         info = await self.supervisor.start()
         if self.config.aliases:
             info = dataclasses.replace(
@@ -167,10 +180,12 @@ class EngineLink:
         if self.proxy is None or not self.inflight.accepting:
             return http_error(503, "this node is not serving", "node_not_serving")
         self.inflight.begin()
+        seen = None
         try:
-            observe_prompt(self.served_prefixes, request.path, await request.read())
+            seen = observe_prompt(self.served_prefixes, request.path, await request.read())
             return await self.proxy.handle(request)
         finally:
+            self.served_prefixes.finished(seen)
             self.inflight.end()
 
     async def handle_peer_request(self, request: PeerRequest) -> HandlerResponse:
@@ -193,11 +208,12 @@ class EngineLink:
         if len(body) > self.config.max_body_bytes:
             return error_response(400, "request body too large", "request_too_large")
         self.inflight.begin()
-        observe_prompt(self.served_prefixes, path, body)
+        seen = observe_prompt(self.served_prefixes, path, body)
         try:
             upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body,
                                              traceparent)
         except UpstreamError as exc:
+            self.served_prefixes.finished(seen)
             self.inflight.end()
             return error_response(502, str(exc), "engine_unreachable")
 
@@ -207,6 +223,7 @@ class EngineLink:
                     yield chunk
             finally:
                 await upstream.aclose()
+                self.served_prefixes.finished(seen)  # (HeldPrefixes: its run came by now)
                 self.inflight.end()
 
         headers: tuple[tuple[str, str], ...] = (("content-type", upstream.content_type),)
@@ -219,7 +236,8 @@ class EngineLink:
         sup = self.supervisor
         return {"pid": sup.pid, "kind": sup.command.kind, "base_url": sup.command.base_url,
                 "state": sup.state.value, "exit_code": sup.exit_code,
-                "log": str(sup.config.log_path)}
+                "log": str(sup.config.log_path),
+                "kv_events": self.kv_events.view() if self.kv_events is not None else None}
 
     async def aclose(self, stop_timeout_s: float | None = None) -> None:
         """Stop the engine: SIGTERM, SIGKILL after `stop_timeout_s` (default and cap:
@@ -227,5 +245,7 @@ class EngineLink:
         Slurm's SIGKILL of the whole node)."""
         limit = self.config.engine_stop_timeout_s
         await self.supervisor.stop(limit if stop_timeout_s is None else min(stop_timeout_s, limit))
+        if self.kv_events is not None:
+            await self.kv_events.aclose()
         if self.proxy is not None:
             await self.proxy.aclose()
