@@ -31,14 +31,16 @@ async def test_the_node_runs_inside_and_stops_on_exit(tmp_path: pathlib.Path) ->
 
 
 async def test_sigterm_sets_stop(tmp_path: pathlib.Path) -> None:
+    before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     async with controller_node(_overrides(tmp_path), 0.0, SystemClock()) as ctl:
         # Guard: without the handler, the signal below would end the test run itself.
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is not before  # ours, not another plugin's
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.wait_for(ctl.stop.wait(), 10)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.remove_signal_handler(sig)
+    # on exit the handlers are gone: the process's own handling is back
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGINT) is before_int
 
 
 async def test_a_bad_config_is_a_click_error(tmp_path: pathlib.Path) -> None:

@@ -226,6 +226,9 @@ class _OneKeyLimited:
     async def authenticate(self, token: str) -> StaticPrincipal | None:
         return StaticPrincipal(token) if token in ("sk-ok", "sk-limited") else None
 
+    def cached(self, token: str) -> StaticPrincipal | None:
+        return None  # no memo: every request awaits authenticate()
+
     def check_rate(self, principal: Principal) -> float | None:
         return 7.0 if principal.id == "sk-limited" else None
 

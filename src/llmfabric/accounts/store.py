@@ -268,10 +268,8 @@ class AccountStore:
 
     async def authenticate(self, plaintext: str) -> ApiKey | None:
         """The active key whose plaintext this is, else None. Cached: no I/O for known keys."""
-        seen = self._verified.get(plaintext)
-        if seen is not None and self._keys.get(seen[0]) is seen[1]:
-            key = seen[1][1]
-            return key if key.active else None
+        if (known := self.authenticate_cached(plaintext)) is not None:
+            return known
         key_id = keyfmt.parse_key_id(plaintext)
         if key_id is None:
             return None

@@ -3,7 +3,8 @@
 `controller_node(overrides, settle, clock)` builds a bare CPU Node from the overrides (a
 bad config -> ClickException), starts it, optionally makes SIGTERM/SIGINT set `stop`, waits
 `settle` seconds for gossip to fill the replica, and yields a `ControllerNode`: the node,
-the current session's replica reader and the stop event. On exit the node stops (no drain).
+the current session's replica reader and the stop event. On exit the signal handlers are
+removed and the node stops (no drain).
 """
 
 from __future__ import annotations
@@ -45,12 +46,17 @@ async def controller_node(
         raise click.ClickException(str(exc)) from None
     await node.start()
     stop = asyncio.Event()
-    if signals:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    loop = asyncio.get_running_loop()
+    handled = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} \
+        if signals else {}
+    for sig in handled:
+        loop.add_signal_handler(sig, stop.set)
     try:
         await clock.sleep(settle)
         yield ControllerNode(node, current_session_reader(node), stop)
     finally:
+        for sig, previous in handled.items():  # the process's own handling again
+            loop.remove_signal_handler(sig)
+            if previous is not None:
+                signal.signal(sig, previous)
         await node.stop(drain=False)

@@ -17,7 +17,8 @@ Core (this directory):
 - usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`).
 - paths.py: the pass-through routes, forwarded paths, `FORWARD_PREFIX` (where a node takes
   forwarded requests) and `FORWARDABLE_PATHS` (node side).
-- config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total), `TraceEvent`.
+- config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total; TCP keepalive on
+  direct connections), `TraceEvent`.
 - protocols.py: every interface of the request path, capabilities included (no probing):
   `CandidateSource`, `Authenticator`, `Principal` (`record_trace`), `UsageSink`, `Forwarder`
   (`enforces_timeouts`), `Upstream` (`read_capped`, `socket_relay()`: a `SocketRelay` or

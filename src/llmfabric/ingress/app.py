@@ -91,9 +91,9 @@ class Ingress:
         self.source = source
         self.forwarder = forwarder
         self.auth = auth if config.auth_enabled else None
-        # A sync look-up of verified keys (AccountsAuth.cached), tried before authenticate().
-        self._auth_cached: Callable[[str], Principal | None] | None = getattr(
-            self.auth, "cached", None)
+        # A sync look-up of verified keys, tried before authenticate().
+        self._auth_cached: Callable[[str], Principal | None] | None = (
+            self.auth.cached if self.auth is not None else None)
         self.usage_sink = usage_sink
         self.metrics = metrics if metrics is not None else IngressMetrics()
         self.metrics.known_model = source.is_known  # unknown names: one "other" label

@@ -42,6 +42,11 @@ class Authenticator(Protocol):
         """The principal for a bearer token, or None (-> 401). Must be fast (cached)."""
         ...
 
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a token verified before, without awaiting; None: the ingress
+        awaits `authenticate` (an authenticator with no such memo always answers None)."""
+        ...
+
     def check_rate(self, principal: Principal) -> float | None:
         """None if the request may go on; else seconds to wait (-> 429 with Retry-After)."""
         ...

@@ -20,6 +20,12 @@ import math
 import socket
 from dataclasses import dataclass
 
+# Linux's limits (MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL, MAX_TCP_KEEPCNT): a larger value fails
+# every connect with EINVAL, so it is refused when the settings are made.
+MAX_KEEPALIVE_S = 32767
+MAX_KEEPALIVE_COUNT = 127
+_INT_MAX = 2**31 - 1  # TCP_USER_TIMEOUT is a C int of milliseconds
+
 
 @dataclass(frozen=True, slots=True)
 class KeepAlive:
@@ -28,8 +34,10 @@ class KeepAlive:
     count: int = 3  # unanswered probes -> the connection is dead
 
     def __post_init__(self) -> None:
-        if not (self.idle_s > 0 and self.interval_s > 0 and self.count >= 1):
-            raise ValueError(f"keepalive needs idle_s > 0, interval_s > 0, count >= 1: {self}")
+        if not (0 < self.idle_s <= MAX_KEEPALIVE_S and 0 < self.interval_s <= MAX_KEEPALIVE_S
+                and 1 <= self.count <= MAX_KEEPALIVE_COUNT):
+            raise ValueError(f"keepalive needs 0 < idle_s, interval_s <= {MAX_KEEPALIVE_S} and "
+                             f"1 <= count <= {MAX_KEEPALIVE_COUNT}: {self}")
 
     @property
     def dead_after_s(self) -> int:
@@ -53,7 +61,7 @@ def keepalive_options(ka: KeepAlive) -> list[tuple[int, int, int]]:
         opts.append((socket.IPPROTO_TCP, socket.TCP_KEEPCNT, ka.count))
     user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
     if user_timeout is not None:
-        opts.append((socket.IPPROTO_TCP, user_timeout, ka.dead_after_s * 1000))
+        opts.append((socket.IPPROTO_TCP, user_timeout, min(_INT_MAX, ka.dead_after_s * 1000)))
     return opts
 
 

@@ -28,7 +28,8 @@ Tools
 
 Subpackages (each docstring maps its files)
   engine          the engine over its life (role), one engine's supervision and proxy (link),
-                  a stream's usage counted when the engine sends none (stream_usage)
+                  a stream's usage counted when the engine sends none (stream_usage), its
+                  KV-cache events into the prefix sketch (kv_events_link)
   serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api, views,
                   replica_reader, metrics), the peer protocol (peer_api), the data plane's
                   provider side (dataplane_server), link measurements (link_service)

@@ -109,8 +109,8 @@ class NodeConfig(BaseModel):
     # Dead-peer detection on the direct path (TCP keepalive + TCP_USER_TIMEOUT; kernel units:
     # whole seconds): a provider that vanishes mid-stream is noticed after idle + interval *
     # count seconds of silence, however long `idle_timeout_s` is (net/tcp_keepalive.py).
-    keepalive_idle_s: float = Field(default=5.0, ge=1)
-    keepalive_interval_s: float = Field(default=2.0, ge=1)
+    keepalive_idle_s: float = Field(default=5.0, ge=1, le=32767)
+    keepalive_interval_s: float = Field(default=2.0, ge=1, le=32767)
     keepalive_count: int = Field(default=3, ge=1, le=127)
     db: str | None = None
     auth: bool = True

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -293,7 +294,8 @@ def _lin_table(dep: Deployment, stages: tuple[_StageCoeffs, ...], m: FloatArray)
     return total
 
 
-_LAYER_TABLES: dict[tuple[object, ...], FloatArray] = {}
+_LAYER_TABLES: OrderedDict[tuple[object, ...], FloatArray] = OrderedDict()  # LRU
+_LAYER_TABLES_MAX = 256
 
 
 def _layer_table(model: ModelSpec, st: _StageCoeffs, m: FloatArray,
@@ -305,15 +307,18 @@ def _layer_table(model: ModelSpec, st: _StageCoeffs, m: FloatArray,
     shape = dataclasses.replace(model, name="", n_layers=1, aliases=())
     key = (kind, shape, st.tp, st.gpu, st.eff, st.dtype_bits, len(m), float(m[-1]))
     got = _LAYER_TABLES.get(key)
-    if got is None:
+    if got is not None:
+        _LAYER_TABLES.move_to_end(key)
+    else:
         ops = (layer_linear_ops(model, st.tp) if kind == "layer"
                else (embedding_op(model),) if kind == "embedding"
                else (lm_head_op(model, st.tp),))
         got = _linear_times(ops, m, st.gpu, st.eff, st.dtype_bits)
         got.setflags(write=False)
-        if len(_LAYER_TABLES) >= 256:
-            _LAYER_TABLES.clear()
-        _LAYER_TABLES[key] = got
+        if len(m) > 1:  # one-point grids (out-of-table look-ups) are cheap: not kept
+            _LAYER_TABLES[key] = got
+            if len(_LAYER_TABLES) > _LAYER_TABLES_MAX:
+                _LAYER_TABLES.popitem(last=False)
     return got
 
 

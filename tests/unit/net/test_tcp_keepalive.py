@@ -47,9 +47,20 @@ def test_set_keepalive_sets_every_option_rounded_up_to_kernel_units() -> None:
 
 def test_keepalive_settings_are_validated() -> None:
     assert KeepAlive().dead_after_s == 5 + 2 * 3
-    for bad in ((0.0, 2.0, 3), (5.0, -1.0, 3), (5.0, 2.0, 0)):
+    # beyond Linux's limits every connect would fail with EINVAL: refused up front
+    for bad in ((0.0, 2.0, 3), (5.0, -1.0, 3), (5.0, 2.0, 0), (32768.0, 2.0, 3),
+                (5.0, 32768.0, 3), (5.0, 2.0, 128)):
         with pytest.raises(ValueError, match="keepalive"):
             KeepAlive(*bad)
+
+
+@linux
+def test_the_largest_settings_fit_the_kernels_option_types() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, socket.create_connection(server.getsockname()) as sock:
+        set_keepalive(sock, KeepAlive(idle_s=32767, interval_s=32767, count=127))
+        # 32767 * 128 s in ms overflows TCP_USER_TIMEOUT's C int: clamped, not OverflowError
+        assert _options(sock)["user_timeout_ms"] == 2**31 - 1
 
 
 @linux

@@ -3,6 +3,8 @@ fresh deduction gives, on the concrete GPUs of the group asked about."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -75,7 +77,7 @@ def test_links_are_part_of_the_signature(cluster):
 
 def test_pair_terms_from_the_memo_equal_fresh_ones(cluster):
     cs = ConfigSearch(cluster, MODEL, WL)
-    memo = PairMemo(cluster, WL, 4, 64)
+    memo = PairMemo(cluster, MODEL, WL, 4, 64)
     groups = [
         Group(frozenset({0, 1}), "prefill"),
         Group(frozenset({4, 5}), "prefill"),
@@ -94,8 +96,10 @@ def test_pair_terms_from_the_memo_equal_fresh_ones(cluster):
         assert np.array_equal(getattr(cached, name), getattr(fresh, name)), name
     lam_p, lam_d = np.full(len(pre), 4.0), np.full(len(dec), 5.0)
     assert np.array_equal(cached.attainment(lam_p, lam_d), fresh.attainment(lam_p, lam_d))
-    # another workload or KV format never reads this memo
-    assert not memo.usable(cluster, WL.scaled(5.0), 4, 64)
-    assert not memo.usable(cluster, WL, None, 64)
+    # another model, workload or KV format never reads this memo
+    assert memo.usable(cluster, MODEL, WL, 4, 64)
+    assert not memo.usable(cluster, dataclasses.replace(MODEL, n_layers=2), WL, 4, 64)
+    assert not memo.usable(cluster, MODEL, WL.scaled(5.0), 4, 64)
+    assert not memo.usable(cluster, MODEL, WL, None, 64)
     other = PairModel(pre, dec, cluster, MODEL, WL, None, 64, memo)
     assert not np.array_equal(other.kv_s, fresh.kv_s)

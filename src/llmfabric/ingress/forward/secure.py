@@ -241,9 +241,7 @@ class SealedPeerForwarder:
     the whole attempt, so a peer connection that went silent (a partition: no FIN, packets
     dropped) fails the attempt in time for the ingress to try the next candidate."""
 
-    enforces_timeouts = True
-
-    enforces_timeouts = False  # (the core bounds each attempt)
+    enforces_timeouts = False  # (the core bounds each attempt as well)
 
     def __init__(self, sessions: DataPlaneSessions, transport: PeerRequester) -> None:
         self._sessions = sessions

@@ -5,20 +5,20 @@ machinery (request/headers objects, middlewares, router, response objects). Per 
 keep-alive, pipelined requests answered in order one at a time, Content-Length and chunked
 request bodies (400 `request_too_large` past `max_body_bytes`, then the connection closes),
 streamed responses written chunk by chunk with chunked transfer encoding, TCP_NODELAY,
-backpressure both ways (reading pauses while requests queue up; writers wait on the
-transport's high-water mark), and an idle timeout. Known paths with another method answer
-405; unknown paths an OpenAI-shaped 404, or, with a `fallback` server (a fabric node's aiohttp
-app), the connection is handed over to it (fast_routes.py): the bytes of that request and all
-that follow go to the fallback's protocol, which serves the connection from then on. Only the
-headers the core needs are kept (Authorization, or Anthropic's x-api-key when there is none;
-X-Fabric-Providers, X-Session-Id, traceparent). /v1/responses, /v1/messages and the
-pass-through paths go to `Ingress.api` (api_routes.py).
+backpressure both ways (reading pauses while requests queue up; writers wait on the transport's
+high-water mark), and an idle timeout. Known paths with another method answer 405; unknown
+paths an OpenAI-shaped 404, or, with a `fallback` server (a fabric node's aiohttp app), the
+connection is handed over to it (fast_routes.py): the bytes of that request and all that follow
+go to the fallback's protocol, which serves the connection from then on. Only the headers the
+core needs are kept (Authorization, or Anthropic's x-api-key when there is none; X-Fabric-
+Providers, X-Session-Id, traceparent). /v1/responses, /v1/messages and the pass-through paths
+go to `Ingress.api` (api_routes.py).
 
-Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header
-and body read timeouts (408, slowloris), connection caps per process and per client address
-(503), and the API key is checked when the head is complete, before any body is buffered
-(no key -> 401 at once; an unknown key pauses reading until the store answered). Every
-header value we emit goes through `safe_header_value` (no CR/LF from session ids).
+Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header and
+body read timeouts (408, slowloris), connection caps per process and per client address (503),
+and the API key is checked when the head is complete, before any body is buffered (no key ->
+401 at once; an unknown key pauses reading until the store answered). Every header value we
+emit goes through `safe_header_value` (no CR/LF from session ids).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from llmfabric.ingress.front.fast_wire import (
     ResponseSink,
     Stop,
     reply_bytes,
+    too_many_connections,
 )
 from llmfabric.ingress.front.front_limits import FrontLimits
 from llmfabric.ingress.observe.tracing import traced
@@ -54,8 +55,6 @@ from llmfabric.ingress.observe.tracing import traced
 FallbackFactory = Callable[[], asyncio.Protocol]
 _MAX_QUEUED = 32  # pipelined requests buffered before reading pauses
 _MAX_HEADER_VALUE = 16 * 1024
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-         b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%b")
 
 
 class FastFront:
@@ -163,9 +162,7 @@ class _Connection(asyncio.Protocol):
             # Over a cap (a flood): answer 503 and close without reading anything.
             self.parsing = False
             front.refused_connections += 1
-            body = error_reply(503, "too many connections; retry later",
-                               "too_many_connections").body
-            t.write(_BUSY % (len(body), body))
+            t.write(too_many_connections())
             t.close()
             return
         front._per_client[ip] = held + 1
@@ -276,13 +273,9 @@ class _Connection(asyncio.Protocol):
             cur.traceparent = value
         elif n == b"expect":
             cur.expect = value.lower() == b"100-continue"
-        elif n == b"content-length":
-            try:
-                declared = int(value)
-            except ValueError:
-                declared = 0  # llhttp rejects it
-            if declared > self.max_body:
-                cur.body = b"!"  # refused in on_headers_complete
+        elif (n == b"content-length" and value.strip().isdigit()  # (else llhttp rejects it)
+              and int(value) > self.max_body):
+            cur.body = b"!"  # refused in on_headers_complete
 
     def on_headers_complete(self) -> None:
         cur = self.cur

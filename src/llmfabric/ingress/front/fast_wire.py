@@ -167,3 +167,11 @@ class ResponseSink:
             t.write(self.head)
         self.head = b""
         self.complete = True
+
+
+def too_many_connections() -> bytes:
+    """The whole 503 answer to a connection over a cap (the front then closes it unread)."""
+    body = error_reply(503, "too many connections; retry later", "too_many_connections").body
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%b"
+            % (len(body), body))

@@ -73,6 +73,9 @@ class StaticKeys:
     async def authenticate(self, token: str) -> StaticPrincipal | None:
         return self._keys.get(token)
 
+    def cached(self, token: str) -> StaticPrincipal | None:
+        return self._keys.get(token)
+
     def check_rate(self, principal: Principal) -> float | None:
         return None
 

@@ -28,6 +28,7 @@ from llmfabric.agent.kv_events_config import (
     from_argv,
     parse,
 )
+from llmfabric.net.httpaddr import is_loopback
 from llmfabric.routing.held_prefixes import HeldPrefixes
 from llmfabric.routing.kv_events import MAX_PAYLOAD_BYTES, KvEventError, decode_message
 
@@ -60,6 +61,15 @@ class KvEventsLink:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
         where = self.endpoint.subscriber_endpoint
+        if not self.endpoint.publisher_binds and not _loopback_endpoint(where):
+            # We would bind: anyone who reaches that address could publish forged events
+            # (and attract traffic with a sketch the engine does not hold).
+            sock.close()
+            self._ctx.term()
+            raise KvEventsConfigError(
+                f"the engine's KV-cache events would make the node bind {where}, which is not "
+                "a loopback address; use tcp://127.0.0.1:PORT (or a wildcard, which the engine "
+                "binds)")
         if self.endpoint.publisher_binds:
             sock.connect(where)
         else:
@@ -78,7 +88,9 @@ class KvEventsLink:
                 raise
             except Exception as exc:  # a closed socket or a ZMQ error: counted, go on
                 self.dropped["socket"] += 1
-                log.warning("receiving KV-cache events failed: %s", exc)
+                if self.dropped["socket"] <= 3 or self.dropped["socket"] % 600 == 0:
+                    log.warning("receiving KV-cache events failed (%d times): %s",
+                                self.dropped["socket"], exc)
                 await asyncio.sleep(1.0)
                 continue
             self.handle(frames)
@@ -152,3 +164,10 @@ def kv_events_for(
     if endpoint is None and configured:
         endpoint = parse(configured)
     return KvEventsLink(endpoint, HeldPrefixes(now)) if endpoint is not None else None
+
+
+def _loopback_endpoint(endpoint: str) -> bool:
+    """ipc:// and inproc:// are local; tcp:// only on a loopback host."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    return is_loopback(endpoint[len("tcp://"):].rsplit(":", 1)[0])

@@ -22,7 +22,9 @@ number replaces it per hop, and 0 gives the paper's pure-bandwidth form (its Fig
   (`../shared/data` vidur a100_dgx all_reduce, messages <= 64 KB, per-size minima): 20-33
   us within a node for 2-8 ranks, 41-74 us across two nodes for 2-16 ranks; the cross-node
   excess over the intra-node line is 15-38 us, mean 31 us: `NET_COLLECTIVE_S` = 30 us.
-  Both schemes pay it (no INA measurement says otherwise), so it never favours one.
+  Both schemes pay it when they leave the server (no INA measurement says otherwise), so
+  it never favours one for a group that spans servers; a ring inside one server does not
+  pay it, so there it adds to INA's side.
 - `choose_scheme`: the per-group choice of Algorithm 2 (the switch with a free aggregator
   slot where INA is fastest, then the cheaper of INA and ring); `group_allreduce` turns
   the choice into an `AllReduceModel` for `Deployment.stage_allreduces`.

@@ -189,8 +189,8 @@ class ConfigSearch:
                   kv_group: int) -> PairMemo:
         """The orchestration's memo for this search (a new one if the setting changed)."""
         memo = self._pair_memo
-        if memo is None or not memo.usable(cluster, workload, kv_bits, kv_group):
-            memo = self._pair_memo = PairMemo(cluster, workload, kv_bits, kv_group)
+        if memo is None or not memo.usable(cluster, self.model, workload, kv_bits, kv_group):
+            memo = self._pair_memo = PairMemo(cluster, self.model, workload, kv_bits, kv_group)
         return memo
 
     def spec(self, gpu_type: str) -> GPUSpec:

@@ -112,7 +112,7 @@ class PairModel:
                  cluster: CloudCluster, model: ModelSpec, workload: PDWorkload,
                  kv_bits: int | None, kv_group: int, memo: PairMemo | None = None) -> None:
         self.pre, self.dec, self.wl = list(prefill), list(decode), workload
-        if memo is not None and not memo.usable(cluster, workload, kv_bits, kv_group):
+        if memo is not None and not memo.usable(cluster, model, workload, kv_bits, kv_group):
             memo = None
         ins = workload.in_lengths.astype(np.float64)
         self.ins, self.outs = ins, workload.out_lengths.astype(np.float64)
