@@ -1,28 +1,35 @@
 """Budgets that hold across ingresses without a central database: each ingress publishes
-what it spent, every ingress adds what the others published.
+what it spent, every ingress adds what the trusted others published.
 
 An ingress with budgets publishes, in its own signed registry record (`NodeMeta.spend`), a
 bounded item with its spending this period on each budget it has (`BudgetBook.own_now`):
-entries (tag, period id, amount), where the tag is sha256("scope\\0name")[:12], so neither
-key ids, owner nor team names travel (let alone secrets). Each ingress's `RemoteSpend`
-indexes the items of the other ingresses' records and `BudgetBook.reserve` adds their sum for
-the budget's key and current period to what was spent and held here.
+entries (tag, period id, amount), where the tag is sha256("scope\\0name")[:12], unsalted: no
+secret travels, but anybody reading the registry who can guess a key id, owner or team name
+(a dictionary) learns that budget's spending. Entries beyond the item's 2 KiB cap (the
+smallest amounts) are not shared (`SpendPublisher.left_out`, a warning once). Each
+ingress's `RemoteSpend` indexes the items of the trusted ingresses and `BudgetBook.reserve`
+adds their sum for the budget's key and current period to what was spent and held here.
 
 What is guaranteed: a request is admitted at one ingress only if what it spent and holds plus
-what the others had published fits the budget, so across the fabric at most
+what the trusted others had published fits the budget, so across the fabric at most
 limit + (what the other ingresses spent in the last publication delay) is spent: the delay is
-the publish interval (1 s) plus the gossip spread (about a second on a LAN). Every counter is
-monotone within its period and the amounts are totals (not deltas), so a lost or reordered
-update costs nothing once a later one arrives.
+the publish interval (1 s) plus the gossip spread (about a second on a LAN) plus the rebuild
+interval (0.5 s), for the budgets that fit the item. Every counter is monotone within its
+period and the amounts are totals (not deltas), so a lost or reordered update costs nothing
+once a later one arrives. A trusted peer's newest item still counts after its record is gone
+(until its periods end): the others do not hand out again what it spent.
 
-Trust: only records that carry the "ingress" role and a verified identity count (on
-certificate networks an operator-signed membership certificate; records are signed by their
-session key, so nobody publishes for another ingress), one item per ingress (the newest by its
-issue time, over the sessions of that peer: a restarted ingress does not count twice), and
-an item from our own peer is ignored (it is in `own`). An item that does not decode
-(oversized, too many entries, negative or huge amounts, bad tags or periods) is refused
-whole. A hostile ingress can only add to the sum, and the sum is clamped to the budget's
-limit: it can exhaust a budget (overstate), never lower what the others spent (understate).
+Trust: only records that carry the "ingress" role and whose verified identity is trusted
+(the `--key-issuer` list: the same identities whose API keys this ingress accepts) count;
+records are signed by their session key, so nobody publishes for another ingress. One item
+per ingress (the newest by its issue time, over the sessions of that peer: a restarted
+ingress does not count twice), and an item from our own peer is ignored (it is in `own`).
+Items of untrusted ingresses and items that do not decode (oversized, too many entries,
+negative or huge amounts, bad tags or periods) are ignored whole, counted and logged once per
+peer. A hostile trusted ingress can only add to the sum, and the sum is clamped to the
+budget's limit: it can exhaust a budget (overstate), never lower what the others spent
+(understate). On a shared (Postgres) ledger nothing is shared this way (`share_spend`): the
+ledger already holds every ingress's spending.
 """
 
 from __future__ import annotations
