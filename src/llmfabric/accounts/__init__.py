@@ -20,7 +20,8 @@ Files:
                 requests); BudgetStore (tables budgets, owner_teams, model_prices)
   spend_share.py budgets across ingresses: the bounded spend item (hashed budget names,
                 period-scoped totals) an ingress publishes in its record, RemoteSpend (the
-                other ingresses' newest items, summed) and SpendPublisher
+                trusted ingresses' newest items, summed, kept after they leave),
+                SpendPublisher, share_spend (not on a shared ledger) and its gauges
   prices.py     Price: USD per million prompt/completion tokens per model (spend budgets)
   fairqueue.py  FairQueue: per-owner fair queueing (virtual token counters) past a capacity
   export.py     usage export (ExportFilter, CSV/JSON rendering)

@@ -281,6 +281,11 @@ class BudgetStore:
         self._db = backend
         self.book = book
 
+    @property
+    def shared_ledger(self) -> bool:
+        """Whether the ledger is shared by every ingress (Postgres), not private (SQLite)."""
+        return isinstance(self._db, PostgresBackend)
+
     async def load(self) -> None:
         """Create the tables, read budgets and prices, and seed this period's spending from
         the usage ledger (so a restarted ingress does not hand out a fresh budget)."""

@@ -1,42 +1,53 @@
 """Budgets that hold across ingresses without a central database: each ingress publishes
-what it spent, every ingress adds what the others published.
+what it spent, every ingress adds what the trusted others published.
 
 An ingress with budgets publishes, in its own signed registry record (`NodeMeta.spend`), a
 bounded item with its spending this period on each budget it has (`BudgetBook.own_now`):
-entries (tag, period id, amount), where the tag is sha256("scope\\0name")[:12], so neither
-key ids, owner nor team names travel (let alone secrets). Each ingress's `RemoteSpend`
-indexes the items of the other ingresses' records and `BudgetBook.reserve` adds their sum for
-the budget's key and current period to what was spent and held here.
+entries (tag, period id, amount), where the tag is sha256("scope\\0name")[:12], unsalted: no
+secret travels, but anybody reading the registry who can guess a key id, owner or team name
+(a dictionary) learns that budget's spending. Entries beyond the item's 2 KiB cap (the
+smallest amounts) are not shared (`SpendPublisher.left_out`, a warning once). Each
+ingress's `RemoteSpend` indexes the items of the trusted ingresses and `BudgetBook.reserve`
+adds their sum for the budget's key and current period to what was spent and held here.
 
 What is guaranteed: a request is admitted at one ingress only if what it spent and holds plus
-what the others had published fits the budget, so across the fabric at most
+what the trusted others had published fits the budget, so across the fabric at most
 limit + (what the other ingresses spent in the last publication delay) is spent: the delay is
-the publish interval (1 s) plus the gossip spread (about a second on a LAN). Every counter is
-monotone within its period and the amounts are totals (not deltas), so a lost or reordered
-update costs nothing once a later one arrives.
+the publish interval (1 s) plus the gossip spread (about a second on a LAN) plus the rebuild
+interval (0.5 s), for the budgets that fit the item. Every counter is monotone within its
+period and the amounts are totals (not deltas), so a lost or reordered update costs nothing
+once a later one arrives. A trusted peer's newest item still counts after its record is gone
+(until its periods end): the others do not hand out again what it spent.
 
-Trust: only records that carry the "ingress" role and a verified identity count (on
-certificate networks an operator-signed membership certificate; records are signed by their
-session key, so nobody publishes for another ingress), one item per ingress (the newest by its
-issue time, over the sessions of that peer: a restarted ingress does not count twice), and
-an item from our own peer is ignored (it is in `own`). An item that does not decode
-(oversized, too many entries, negative or huge amounts, bad tags or periods) is refused
-whole. A hostile ingress can only add to the sum, and the sum is clamped to the budget's
-limit: it can exhaust a budget (overstate), never lower what the others spent (understate).
+Trust: only records that carry the "ingress" role and whose verified identity is trusted
+(the `--key-issuer` list: the same identities whose API keys this ingress accepts) count;
+records are signed by their session key, so nobody publishes for another ingress. One item
+per ingress (the newest by its issue time, over the sessions of that peer: a restarted
+ingress does not count twice), and an item from our own peer is ignored (it is in `own`).
+Items of untrusted ingresses and items that do not decode (oversized, too many entries,
+negative or huge amounts, bad tags or periods) are ignored whole, counted and logged once per
+peer. A hostile trusted ingress can only add to the sum, and the sum is clamped to the
+budget's limit: it can exhaust a budget (overstate), never lower what the others spent
+(understate). On a shared (Postgres) ledger nothing is shared this way (`share_spend`): the
+ledger already holds every ingress's spending.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from prometheus_client import CollectorRegistry, Gauge
 
-from llmfabric.accounts.budgets import MAX_BUDGET_TOKENS
+from llmfabric.accounts.budgets import MAX_BUDGET_TOKENS, BudgetStore, period_of
 from llmfabric.registry.codec import MAX_SPEND as MAX_SPEND_ITEM_BYTES
 from llmfabric.registry.records import NodeRecord
 
@@ -45,6 +56,8 @@ _VERSION = 1
 _PERIOD = re.compile(r"\d{4}-\d{2}(-\d{2})?")  # a UTC month or day id (budgets.period_of)
 
 BudgetKey = tuple[str, str, str]  # (scope, name, period id)
+_MAX_REMEMBERED = 4096  # decoded items, counted signatures, warned peers (hostile churn)
+log = logging.getLogger(__name__)
 
 
 class SpendError(ValueError):
@@ -66,9 +79,14 @@ def encode_spend(own: Mapping[BudgetKey, int], issued_at: float) -> bytes:
     """The record's `spend` bytes for this ingress's spending (b"" when there is none): the
     largest amounts first, as many as fit `MAX_SPEND_ITEM_BYTES` (the budgets nearest their
     limit are the ones that need the others' spending most)."""
+    return encode_spend_counted(own, issued_at)[0]
+
+
+def encode_spend_counted(own: Mapping[BudgetKey, int], issued_at: float) -> tuple[bytes, int]:
+    """`encode_spend` and how many entries did not fit (those budgets are not shared)."""
     ordered = sorted(((n, k) for k, n in own.items() if n > 0), key=lambda x: (-x[0], x[1]))
     if not ordered:
-        return b""
+        return b"", 0
     entries: list[list[Any]] = []
     head = len(msgpack.packb({"v": _VERSION, "t": float(issued_at), "e": []}))
     used = head + 2  # (the entry array's length header grows to 3 bytes past 15 entries)
@@ -83,7 +101,7 @@ def encode_spend(own: Mapping[BudgetKey, int], issued_at: float) -> bytes:
         msgpack.packb({"v": _VERSION, "t": float(issued_at), "e": entries}, use_bin_type=True)
     )
     assert len(out) <= MAX_SPEND_ITEM_BYTES, len(out)
-    return out
+    return out, len(ordered) - len(entries)
 
 
 def decode_spend(data: bytes) -> SpendItem:
@@ -123,8 +141,15 @@ def decode_spend(data: bytes) -> SpendItem:
 
 
 class RemoteSpend:
-    """(tag, period id) -> the sum of the other ingresses' published spending, rebuilt when
-    the replica changes (`version`); `refused` counts items that did not decode."""
+    """(tag, period id) -> the sum of the trusted ingresses' published spending.
+
+    Rebuilt when the replica changed (`version`), at most every `every_s` seconds (the scan
+    of the fleet is off the request path between rebuilds); items are decoded once per
+    distinct bytes. Each trusted peer's newest item is kept after its record is gone (it
+    left, or aged out: what it spent this period still counts), at most `max_peers` peers
+    (least recently updated dropped first), and dropped once none of its periods is current.
+    `refused` counts items that did not decode, `untrusted` items from ingresses that are
+    not trusted (both ignored; a warning once per peer)."""
 
     def __init__(
         self,
@@ -132,56 +157,105 @@ class RemoteSpend:
         version: Callable[[], int],
         identify: Callable[[NodeRecord], str],
         self_peer: str,
+        trusted: Iterable[str],
+        *,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        every_s: float = 0.5,
+        max_peers: int = 256,
     ) -> None:
         self._records = records
         self._version = version
         self._identify = identify
         self._self = self_peer
+        self.trusted = frozenset(trusted)
+        self._wall = wall
+        self._clock = clock
+        self._every_s = every_s
+        self._max_peers = max_peers
         self._seen: int | None = None
+        self._built_at = -math.inf
         self._sums: dict[tuple[bytes, str], int] = {}
-        self._bad: set[bytes] = set()  # signatures of records whose item was refused
+        self._kept: OrderedDict[str, SpendItem] = OrderedDict()  # peer -> its newest item
+        self._decoded: OrderedDict[bytes, SpendItem | None] = OrderedDict()  # None: refused
+        self._ignored: set[bytes] = set()  # signatures of untrusted records already counted
+        self._warned: set[str] = set()  # peers already logged
         self.refused = 0
+        self.untrusted = 0
 
     def __call__(self, key: BudgetKey) -> int:
         v = self._version()
-        if v != self._seen:
-            self._sums = self._build()
+        if v != self._seen and self._clock() - self._built_at >= self._every_s:
             self._seen = v
+            self._built_at = self._clock()
+            self._sums = self._build()
         scope, name, pid = key
         return self._sums.get((tag_of(scope, name), pid), 0)
 
+    @property
+    def peers(self) -> int:
+        """Trusted peers whose spending counts (live or gone)."""
+        return len(self._kept)
+
+    def _warn(self, peer: str, why: str) -> None:
+        if peer not in self._warned:
+            if len(self._warned) > _MAX_REMEMBERED:
+                self._warned.clear()
+            self._warned.add(peer)
+            log.warning("spend item of ingress %s ignored: %s", peer[:16], why)
+
+    def _decode(self, data: bytes, peer: str) -> SpendItem | None:
+        if data in self._decoded:
+            self._decoded.move_to_end(data)
+            return self._decoded[data]
+        try:
+            item: SpendItem | None = decode_spend(data)
+        except SpendError as exc:
+            item = None
+            self.refused += 1
+            self._warn(peer, str(exc))
+        self._decoded[data] = item
+        if len(self._decoded) > _MAX_REMEMBERED:
+            self._decoded.popitem(last=False)
+        return item
+
     def _build(self) -> dict[tuple[bytes, str], int]:
-        latest: dict[str, SpendItem] = {}  # publishing peer -> its newest item
         for rec in self._records():
-            if (
-                not rec.meta.spend
-                or rec.peer_id == self._self
-                or "ingress" not in rec.meta.roles
-                or not self._identify(rec)
-            ):
+            if not rec.meta.spend or rec.peer_id == self._self or "ingress" not in rec.meta.roles:
                 continue
-            try:
-                item = decode_spend(rec.meta.spend)
-            except SpendError:
-                if rec.signature not in self._bad:
-                    if len(self._bad) > 4096:  # (bounded: hostile records churn)
-                        self._bad.clear()
-                    self._bad.add(rec.signature)
-                    self.refused += 1
+            if self._identify(rec) not in self.trusted:
+                if rec.signature not in self._ignored:
+                    if len(self._ignored) > _MAX_REMEMBERED:  # (bounded: hostile churn)
+                        self._ignored.clear()
+                    self._ignored.add(rec.signature)
+                    self.untrusted += 1
+                    self._warn(rec.peer_id, "not a trusted ingress (--key-issuer)")
                 continue
-            have = latest.get(rec.peer_id)
+            item = self._decode(rec.meta.spend, rec.peer_id)
+            if item is None:
+                continue
+            have = self._kept.get(rec.peer_id)
             if have is None or item.issued_at > have.issued_at:
-                latest[rec.peer_id] = item
+                self._kept[rec.peer_id] = item
+                self._kept.move_to_end(rec.peer_id)
+        while len(self._kept) > self._max_peers:
+            self._kept.popitem(last=False)
+        now = self._wall()
+        current = {period_of("day", now)[0], period_of("month", now)[0]}
         sums: dict[tuple[bytes, str], int] = {}
-        for item in latest.values():
-            for k, n in item.entries.items():
+        for peer, item in list(self._kept.items()):
+            live = [(k, n) for k, n in item.entries.items() if k[1] in current]
+            if not live:  # its periods ended
+                del self._kept[peer]
+            for k, n in live:
                 sums[k] = min(sums.get(k, 0) + n, MAX_BUDGET_TOKENS)
         return sums
 
 
 class SpendPublisher:
     """The next `spend` item to publish, or None while the spending has not changed (an
-    unchanged item is not republished: no record churn when nothing is spent)."""
+    unchanged item is not republished: no record churn when nothing is spent). `left_out`:
+    the entries the last item had no room for (`MAX_SPEND_ITEM_BYTES`; a warning once)."""
 
     def __init__(
         self, own: Callable[[], Mapping[BudgetKey, int]], wall: Callable[[], float]
@@ -189,10 +263,47 @@ class SpendPublisher:
         self._own = own
         self._wall = wall
         self._last: dict[BudgetKey, int] | None = None
+        self.left_out = 0
+        self._warned = False
 
     def next(self) -> bytes | None:
         now = dict(self._own())
         if now == self._last:
             return None
         self._last = now
-        return encode_spend(now, self._wall())
+        data, self.left_out = encode_spend_counted(now, self._wall())
+        if self.left_out and not self._warned:
+            self._warned = True
+            log.warning(
+                "%d budgets' spending does not fit the %d-byte spend item: the other "
+                "ingresses do not see it (the largest amounts are published)",
+                self.left_out,
+                MAX_SPEND_ITEM_BYTES,
+            )
+        return data
+
+
+def register_metrics(
+    registry: CollectorRegistry, remote: RemoteSpend, publisher: SpendPublisher
+) -> None:
+    """Gauges for what budget sharing ignores, on the ingress's /metrics."""
+    for name, doc, read in (
+        ("refused", "Spend items of other ingresses that did not decode", lambda: remote.refused),
+        ("untrusted", "Spend items of untrusted ingresses (ignored)", lambda: remote.untrusted),
+        ("left_out", "Budgets not in our spend item (no room)", lambda: publisher.left_out),
+        ("peers", "Trusted ingresses whose spending counts here", lambda: remote.peers),
+    ):
+        Gauge(f"llmfabric_spend_{name}", doc, registry=registry).set_function(read)
+
+
+def share_spend(
+    budgets: BudgetStore, remote: Callable[[], RemoteSpend]
+) -> tuple[RemoteSpend, SpendPublisher] | None:
+    """Install budget sharing on `budgets` (its book counts `remote()`); None on a shared
+    (Postgres) ledger, which already holds every ingress's spending: counting the others'
+    published spending too would count it twice."""
+    if budgets.shared_ledger:
+        return None
+    book = budgets.book
+    book.remote = shared = remote()
+    return shared, SpendPublisher(book.own_now, book.wall)

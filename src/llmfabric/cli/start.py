@@ -164,7 +164,8 @@ def node_options(fn: Any) -> Any:
                      help="let the fleet controller start an engine on this bare node"),
         click.option("--key-issuer", "key_issuers", multiple=True,
                      help="ingress: also accept the API keys this ingress publishes in the "
-                          "registry (its peer id, or its certificate's provider; repeatable)"),
+                          "registry, and count its budget spending (its peer id, or its "
+                          "certificate's provider; repeatable)"),
         click.option("--controller", "controllers", multiple=True,
                      help="peer id allowed to send assignments, releases and role flips "
                           "(repeatable; default: any member); on an ingress also the PD "

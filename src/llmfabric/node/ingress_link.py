@@ -21,7 +21,12 @@ from llmfabric.accounts.bootstrap import ensure_admin_key
 from llmfabric.accounts.grants import RemoteGrants, grants_of
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.ratelimit import RateLimiter
-from llmfabric.accounts.spend_share import RemoteSpend, SpendPublisher
+from llmfabric.accounts.spend_share import (
+    RemoteSpend,
+    SpendPublisher,
+    register_metrics,
+    share_spend,
+)
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.clock import Clock, SystemClock
@@ -153,12 +158,13 @@ class IngressLink:
         link.tenancy = await attach_tenancy(
             ingress, store, max_inflight=config.max_inflight,
             max_wait_s=config.fair_queue_max_wait_s, env=os.environ)
-        if link.tenancy.budgets is not None:  # budgets count the other ingresses' spending
-            book = link.tenancy.budgets.book
-            book.remote = RemoteSpend(
+        if link.tenancy.budgets is not None:  # budgets count the trusted ingresses' spending
+            shared = share_spend(link.tenancy.budgets, lambda: RemoteSpend(
                 lambda: [r for r, _ in reader.records_with_suspicion()], reader.version,
-                identify, key.peer_id)
-            link.spend = SpendPublisher(book.own_now, book.wall)
+                identify, key.peer_id, config.key_issuers))
+            if shared is not None:
+                register_metrics(ingress.metrics.registry, *shared)
+                link.spend = shared[1]
         link.trace_hook = trace_hook
         link.admin_key = admin_key
         return link

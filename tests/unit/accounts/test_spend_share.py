@@ -5,13 +5,24 @@ records (real signing, encoding and verification; only the transport is a queue)
 from __future__ import annotations
 
 import math
+import pathlib
+import time
+from typing import Any
 
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
-from llmfabric.accounts.budgets import MAX_BUDGET_TOKENS, Budget, BudgetBook, OverBudget
+from llmfabric.accounts.budgets import (
+    MAX_BUDGET_TOKENS,
+    Budget,
+    BudgetBook,
+    BudgetStore,
+    OverBudget,
+)
+from llmfabric.accounts.db import PostgresBackend, SQLiteBackend
 from llmfabric.accounts.spend_share import (
     MAX_SPEND_ITEM_BYTES,
     TAG_BYTES,
@@ -20,6 +31,8 @@ from llmfabric.accounts.spend_share import (
     SpendPublisher,
     decode_spend,
     encode_spend,
+    register_metrics,
+    share_spend,
     tag_of,
 )
 from llmfabric.identity.keys import NodeKey
@@ -136,6 +149,8 @@ def test_only_other_verified_ingresses_count_once_each_newest_item_first() -> No
         lambda: 0,
         lambda r: "" if r.peer_id == stranger.peer_id else r.peer_id,
         me.peer_id,
+        {other.peer_id, member.peer_id, records[-1].peer_id},  # (the stranger is unverified)
+        wall=lambda: T0,
     )
     assert remote(k) == 100
     assert remote(("key", KEY, "2026-09-22")) == 0  # another period
@@ -154,7 +169,15 @@ def test_a_hostile_ingress_can_exhaust_a_budget_but_never_lower_the_others() -> 
     version = [0]
     book = BudgetBook(lambda: T0)
     book.set(Budget("key", KEY, 100, "day"))
-    book.remote = RemoteSpend(lambda: records, lambda: version[0], lambda r: r.peer_id, me.peer_id)
+    book.remote = RemoteSpend(
+        lambda: records,
+        lambda: version[0],
+        lambda r: r.peer_id,
+        me.peer_id,
+        {honest.peer_id, hostile.peer_id},  # (trusted, yet hostile)
+        wall=lambda: T0,
+        every_s=0.0,
+    )
     assert book.others(k, 100) == 60  # the honest ingress's spending still counts
     assert isinstance(book.reserve(KEY, "alice", 41), OverBudget)
     records[1] = _record(hostile, encode_spend({k: MAX_BUDGET_TOKENS}, T0))
@@ -182,6 +205,9 @@ def test_the_publisher_republishes_only_when_the_spending_changed() -> None:
 
 
 # ---- the protocol on a fake clock ---------------------------------------------------------
+
+
+REBUILD_S = 0.5  # RemoteSpend's rebuild interval
 
 
 class Net:
@@ -217,8 +243,12 @@ class Ingress:
             self.book.remote = RemoteSpend(
                 lambda: list(net.replica.values()),
                 lambda: net.version,
-                lambda r: r.peer_id,
+                lambda r: "fleet ingress",  # (every ingress trusts every other)
                 self.key.peer_id,
+                {"fleet ingress"},
+                wall=lambda: clock[0],
+                clock=lambda: clock[0],
+                every_s=REBUILD_S,
             )
         self.owner = RecordOwner(self.key, NodeMeta(roles=("ingress",)), wall=clock[0])
         self.publisher = SpendPublisher(self.book.own_now, self.book.wall)
@@ -262,7 +292,7 @@ def run(
         t = round(t + step, 6)
     # At the last admission, only the other ingresses' admissions of the last
     # publish + gossip seconds were unseen there.
-    delay = publish_s + gossip_s
+    delay = publish_s + gossip_s + REBUILD_S
     others_per_s = (ingresses - 1) / (ingresses * gap)
     return sum(x.admitted for x in ins), math.floor(delay * others_per_s) + ingresses - 1
 
@@ -272,7 +302,7 @@ def test_two_ingresses_alternating_admit_at_most_the_budget_plus_the_publication
     assert 50 <= total <= 50 + slack
     print(
         f"\nbudget 50 requests, 2 ingresses alternating every 0.2 s, publish 1 s + gossip "
-        f"0.5 s: {total} admitted (bound {50 + slack})"
+        f"0.5 s + rebuild {REBUILD_S} s: {total} admitted (bound {50 + slack})"
     )
     alone, _ = run(n=50, ingresses=2, gap=0.2, publish_s=1.0, gossip_s=0.5, share=False)
     assert alone == 100  # without sharing, each ingress hands out the whole budget
@@ -291,3 +321,160 @@ def test_the_overspend_is_bounded_by_the_publication_delay(
 ) -> None:
     total, slack = run(n, ingresses, gap, publish_s, gossip_s)
     assert n <= total <= n + slack
+
+
+# ---- trust, departures, what is ignored, rebuild cost ---------------------------------------
+
+
+def _remote(
+    records: list[NodeRecord], me: NodeKey, trusted: set[str], clock: list[float], **kw: Any
+) -> RemoteSpend:
+    return RemoteSpend(
+        lambda: records,
+        lambda: len(records) + int(clock[0] * 100),  # (changes on every tick: a busy replica)
+        lambda r: r.peer_id,
+        me.peer_id,
+        trusted,
+        wall=lambda: clock[0],
+        clock=lambda: clock[0],
+        **kw,
+    )
+
+
+@pytest.mark.hostile
+def test_an_untrusted_ingress_publishing_the_maximum_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    me, trusted, member = (NodeKey.generate() for _ in range(3))
+    k = ("key", KEY, DAY)
+    clock = [T0]
+    records = [_record(trusted, encode_spend({k: 30}, T0))]
+    book = BudgetBook(lambda: clock[0])
+    book.set(Budget("key", KEY, 100, "day"))
+    book.remote = remote = _remote(records, me, {trusted.peer_id}, clock)
+    assert book.others(k, 100) == 30
+    # any admitted member can start with --ingress and sign its own record
+    for i in range(3):
+        records.append(_record(member, encode_spend({k: MAX_BUDGET_TOKENS}, T0 + i)))
+        clock[0] += 1
+        assert book.others(k, 100) == 30
+    assert not isinstance(book.reserve(KEY, "alice", 70), OverBudget)
+    assert remote.untrusted == 3 and remote.refused == 0
+    warned = [r for r in caplog.records if "not a trusted ingress" in r.getMessage()]
+    assert len(warned) == 1  # once per peer, not per item
+
+
+def test_a_peer_that_left_still_counts_until_its_period_ends() -> None:
+    me, peer = NodeKey.generate(), NodeKey.generate()
+    k = ("key", KEY, DAY)
+    clock = [T0]
+    records = [_record(peer, encode_spend({k: 60, ("owner", "bob", "2026-09"): 9}, T0))]
+    remote = _remote(records, me, {peer.peer_id}, clock)
+    assert remote(k) == 60
+    records.clear()  # it left (or its record aged out)
+    clock[0] += 1
+    assert remote(k) == 60 and remote.peers == 1
+    clock[0] = T0 + 86400  # the next day: its day entry is over, its month entry is not
+    assert remote(("key", KEY, "2026-09-22")) == 0
+    assert remote(("owner", "bob", "2026-09")) == 9 and remote.peers == 1
+    clock[0] = T0 + 40 * 86400  # the next month: nothing of it is current
+    assert remote(("owner", "bob", "2026-09")) == 0 and remote.peers == 0
+
+
+def test_gone_peers_are_kept_up_to_a_cap_least_recently_updated_first() -> None:
+    me = NodeKey.generate()
+    k = ("key", KEY, DAY)
+    clock = [T0]
+    peers = [NodeKey.generate() for _ in range(5)]
+    records: list[NodeRecord] = []
+    remote = _remote(records, me, {p.peer_id for p in peers}, clock, max_peers=3)
+    for p in peers:
+        records[:] = [_record(p, encode_spend({k: 1}, T0))]  # one at a time, then gone
+        clock[0] += 1
+        remote(k)
+    records.clear()
+    clock[0] += 1
+    assert remote(k) == 3 and remote.peers == 3
+
+
+def test_the_replica_is_scanned_at_most_every_rebuild_interval() -> None:
+    me, peer = NodeKey.generate(), NodeKey.generate()
+    k = ("key", KEY, DAY)
+    clock = [T0]
+    records = [_record(peer, encode_spend({k: 5}, T0))]
+    scans = [0]
+
+    def scan() -> list[NodeRecord]:
+        scans[0] += 1
+        return records
+
+    version = [0]
+    remote = RemoteSpend(
+        scan,
+        lambda: version[0],
+        lambda r: r.peer_id,
+        me.peer_id,
+        {peer.peer_id},
+        wall=lambda: clock[0],
+        clock=lambda: clock[0],
+    )
+    for _ in range(100):  # every gossip change, many requests in the same 0.1 s
+        version[0] += 1
+        clock[0] += 0.001
+        assert remote(k) == 5
+    assert scans[0] == 1
+    clock[0] += 0.5
+    assert remote(k) == 5 and scans[0] == 2
+    assert remote(k) == 5 and scans[0] == 2  # (nothing changed since)
+
+
+@pytest.mark.hostile
+def test_refused_items_are_counted_and_logged_once_per_peer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    me, peer = NodeKey.generate(), NodeKey.generate()
+    clock = [T0]
+    records = [_record(peer, b"\x92garbage")]
+    remote = _remote(records, me, {peer.peer_id}, clock)
+    for i in range(3):
+        records.append(_record(peer, _packed({"v": 1, "t": T0 + i, "e": [[b"x", DAY, 1]]})))
+        clock[0] += 1
+        assert remote(("key", KEY, DAY)) == 0
+    assert remote.refused == 4
+    assert len([r for r in caplog.records if "ignored" in r.getMessage()]) == 1
+
+
+def test_entries_beyond_the_item_cap_are_counted_logged_and_exported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    book = BudgetBook(lambda: T0)
+    for i in range(300):
+        book.set(Budget("key", f"k{i:015x}", 10**6, "day"))
+        book.charge("key", f"k{i:015x}", DAY, 1000 + i, own=True)
+    pub = SpendPublisher(book.own_now, book.wall)
+    data = pub.next()
+    assert data is not None
+    assert pub.left_out == 300 - len(decode_spend(data).entries) > 0
+    assert len([r for r in caplog.records if "does not fit" in r.getMessage()]) == 1
+    registry = CollectorRegistry()
+    remote = _remote([], NodeKey.generate(), set(), [T0])
+    remote.refused, remote.untrusted = 2, 5
+    register_metrics(registry, remote, pub)
+    assert registry.get_sample_value("llmfabric_spend_left_out") == pub.left_out
+    assert registry.get_sample_value("llmfabric_spend_refused") == 2
+    assert registry.get_sample_value("llmfabric_spend_untrusted") == 5
+
+
+async def test_a_shared_postgres_ledger_does_not_count_published_spending(
+    tmp_path: pathlib.Path,
+) -> None:
+    def remote() -> RemoteSpend:
+        return _remote([], NodeKey.generate(), set(), [T0])
+
+    pg = BudgetStore(PostgresBackend("postgresql://ledger.invalid/x", None), BudgetBook(time.time))
+    assert share_spend(pg, remote) is None and pg.book.remote is None  # (it holds it all)
+    sqlite = await SQLiteBackend.open(str(tmp_path / "a.db"))
+    private = BudgetStore(sqlite, BudgetBook(time.time))
+    shared = share_spend(private, remote)
+    assert shared is not None and private.book.remote is shared[0]
+    await sqlite.aclose()
