@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from llmfabric.testing.poll import wait_until_sync
+from llmfabric.testing.poll import wait_for_value
 
 REQUIRED = ("ip", "iptables")
 
@@ -265,18 +265,11 @@ def wait_for(
 ) -> Any:
     """Poll until `predicate` returns something truthy and return it; on timeout fail with
     the tail of every `*.log` under `logs` (the lab's processes)."""
-    last: list[Any] = [None]
-
-    def holds() -> Any:
-        last[0] = predicate()
-        return last[0]
-
     try:
-        wait_until_sync(holds, timeout, what, interval=interval)
+        return wait_for_value(predicate, timeout, what, interval=interval)
     except AssertionError:
         tails = {p.name: p.read_text()[-1500:] for p in logs.glob("*.log")}
         raise AssertionError(f"{what} within {timeout} s: {tails}") from None
-    return last[0]
 
 
 def read_records(path: pathlib.Path) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ import asyncio
 import http.client
 import socket
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from llmfabric.registry.records import (
     NodeRecord,
     ServedModel,
 )
+from llmfabric.testing.poll import wait_until_sync
 
 
 @dataclass
@@ -130,14 +130,13 @@ async def serve(app: web.Application, port: int) -> web.AppRunner:
     return runner
 
 
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_port(port: int, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"port {port} did not open")
+    wait_until_sync(lambda: port_open(port), within, f"port {port} open", interval=0.02)
 
 
 @dataclass
