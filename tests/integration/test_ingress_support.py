@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import http.client
 import socket
+import subprocess
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import openai
 import orjson
 from aiohttp import web
 
@@ -128,6 +130,21 @@ async def serve(app: web.Application, port: int) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner
+
+
+async def models_once_up(client: openai.AsyncOpenAI, proc: subprocess.Popen[Any],
+                         within: float = 30.0) -> Any:
+    """`client.models.list()` once the ingress process `proc` answers: retried on connection
+    errors for `within` s, or until the process has exited."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        try:
+            return await client.models.list()
+        except openai.APIConnectionError:
+            if loop.time() > deadline or proc.poll() is not None:
+                raise
+            await asyncio.sleep(0.1)
 
 
 def port_open(port: int) -> bool:
