@@ -1,8 +1,9 @@
 """The HTTP edge both engines' aiohttp servers share (sim_server.py, torchref/server.py).
 
 JSON responses and OpenAI-shaped errors, request bodies read and validated at the boundary
-(the same status, message and error code from either engine), and the listening socket with
-vLLM's start-up line (the node agent waits for "Uvicorn running on").
+(the same status, message and error code from either engine), the server-sent-event stream of
+a streamed completion (ChunkStream), and the listening socket with vLLM's start-up line (the
+node agent waits for "Uvicorn running on").
 """
 
 from __future__ import annotations
@@ -72,6 +73,55 @@ def model_not_found(model: str) -> web.Response:
         code="model_not_found",
         param="model",
     )
+
+
+class ChunkStream:
+    """A streamed chat or text completion as vLLM sends it: the assistant-role chunk (chat),
+    one chunk a piece, the finish chunk, the usage chunk when the request asked for it
+    (`stream_options.include_usage`), then `data: [DONE]`."""
+
+    def __init__(self, resp: web.StreamResponse, req: p.ChatRequest | p.CompletionRequest,
+                 kind: str, rid: str, created: int) -> None:
+        self.resp, self.kind, self.rid, self.created = resp, kind, rid, created
+        self.model, self.usage = req.model, req.include_usage
+
+    @classmethod
+    async def open(cls, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
+                   kind: str, rid: str, created: int) -> ChunkStream:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        return cls(resp, req, kind, rid, created)
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        await self.resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+    async def begin(self) -> None:
+        if self.kind == "chat":
+            await self.send(p.chat_chunk(self.rid, self.created, self.model,
+                                         {"role": "assistant", "content": ""}, None, self.usage))
+
+    async def piece(self, text: str) -> None:
+        if self.kind == "chat":
+            await self.send(p.chat_chunk(self.rid, self.created, self.model,
+                                         {"content": text}, None, self.usage))
+        else:
+            await self.send(p.text_chunk(self.rid, self.created, self.model, text, None,
+                                         self.usage))
+
+    async def end(self, finish: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if self.kind == "chat":
+            await self.send(p.chat_chunk(self.rid, self.created, self.model, {}, finish,
+                                         self.usage))
+        else:
+            await self.send(p.text_chunk(self.rid, self.created, self.model, "", finish,
+                                         self.usage))
+        if self.usage:
+            obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+            await self.send(p.usage_chunk(self.rid, self.created, self.model, obj,
+                                          prompt_tokens, completion_tokens))
+        await self.resp.write(b"data: [DONE]\n\n")
+        await self.resp.write_eof()
 
 
 async def listen(app: web.Application, host: str, port: int) -> web.AppRunner:

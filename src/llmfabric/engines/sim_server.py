@@ -31,6 +31,7 @@ from llmfabric.engines.batcher import Batcher
 from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
 from llmfabric.engines.http_edge import (
+    ChunkStream,
     M,
     error_response,
     json_response,
@@ -416,43 +417,20 @@ class SimEngine:
                       kind: str, rid: str, created: int, seed: int, tokens: AsyncIterator[int],
                       prompt_tokens: int, n_tokens: int, finish: str, offset: int = 0
                       ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        with_usage = req.include_usage
-        model = req.model
-
-        async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
-
+        stream = await ChunkStream.open(request, req, kind, rid, created)
         sent = 0
         try:
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
-                                        None, with_usage))
+            await stream.begin()
             async for i in tokens:
-                piece = text.token_text(seed, i + offset)
                 sent += 1
-                if kind == "chat":
-                    await send(p.chat_chunk(rid, created, model, {"content": piece}, None,
-                                            with_usage))
-                else:
-                    await send(p.text_chunk(rid, created, model, piece, None, with_usage))
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {}, finish, with_usage))
-            else:
-                await send(p.text_chunk(rid, created, model, "", finish, with_usage))
-            if with_usage:
-                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                await send(p.usage_chunk(rid, created, model, obj, prompt_tokens, sent))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+                await stream.piece(text.token_text(seed, i + offset))
+            await stream.end(finish, prompt_tokens, sent)
         except (ConnectionResetError, asyncio.CancelledError):
             with contextlib.suppress(Exception):
                 await tokens.aclose()  # type: ignore[attr-defined]
             raise
         self.completed += 1
-        return resp
+        return stream.resp
 
     async def embeddings(self, request: web.Request) -> web.Response:
         req = await self._body(request, p.EmbeddingRequest)

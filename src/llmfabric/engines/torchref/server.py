@@ -14,13 +14,12 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from aiohttp import web
 
 from llmfabric.engines import protocol as p
 from llmfabric.engines.http_edge import (
+    ChunkStream,
     M,
     error_response,
     json_response,
@@ -262,50 +261,27 @@ class TorchServer:
     async def _stream(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
                       kind: str, rid: str, created: int, r: Request,
                       events: asyncio.Queue[Event]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        usage = req.include_usage
-        model = req.model
-
-        async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
-
+        stream = await ChunkStream.open(request, req, kind, rid, created)
         try:
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {"role": "assistant",
-                                                              "content": ""}, None, usage))
+            await stream.begin()
             finish = "stop"
             try:
                 async for piece, fin in self._pieces(events, StreamDecoder()):
                     if fin is not None:
                         finish = fin
                         break
-                    if kind == "chat":
-                        await send(p.chat_chunk(rid, created, model, {"content": piece},
-                                                None, usage))
-                    else:
-                        await send(p.text_chunk(rid, created, model, piece, None, usage))
+                    await stream.piece(piece)
             except RuntimeError as exc:
-                await send(p.error_body(str(exc), "server_error", "engine_failure"))
-                await resp.write_eof()
-                return resp
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {}, finish, usage))
-            else:
-                await send(p.text_chunk(rid, created, model, "", finish, usage))
-            if usage:
-                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                await send(p.usage_chunk(rid, created, model, obj, len(r.prompt),
-                                         len(r.output)))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+                await stream.send(p.error_body(str(exc), "server_error", "engine_failure"))
+                await stream.resp.write_eof()
+                return stream.resp
+            await stream.end(finish, len(r.prompt), len(r.output))
         except (ConnectionResetError, asyncio.CancelledError):
             sched = self.engine.sched
             self.engine.post(lambda: sched.cancel(r))
             raise
         self.completed += 1
-        return resp
+        return stream.resp
 
 
 async def serve(options: EngineOptions, config: ServerConfig) -> int:
