@@ -105,53 +105,18 @@ class NetLab:
         from `uplink` to `downlink` (outbound-only connectivity, like a home router)."""
         self.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         self.run(
-            router,
-            "iptables",
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-s",
-            subnet,
-            "-o",
-            uplink,
-            "-j",
-            "MASQUERADE",
+            router, *f"iptables -t nat -A POSTROUTING -s {subnet} -o {uplink} -j MASQUERADE".split()
         )
         self.run(
             router,
-            "iptables",
-            "-A",
-            "FORWARD",
-            "-i",
-            uplink,
-            "-o",
-            downlink,
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-j",
-            "DROP",
+            *f"iptables -A FORWARD -i {uplink} -o {downlink} -m conntrack "
+            "--ctstate NEW -j DROP".split(),
         )
 
     def rate_limit(self, ns: str, dev: str, rate: str) -> None:
         """Shape `dev`'s egress to `rate` (tc tbf: works on kernels without sch_netem)."""
         self.run(
-            ns,
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            dev,
-            "root",
-            "tbf",
-            "rate",
-            rate,
-            "burst",
-            "32kbit",
-            "latency",
-            "400ms",
+            ns, *f"tc qdisc add dev {dev} root tbf rate {rate} burst 32kbit latency 400ms".split()
         )
 
     def delay(self, ns: str, dev: str, ms: int) -> str | None:
@@ -159,31 +124,14 @@ class NetLab:
         without sch_netem, this VM's among them, cannot: the caller decides what that means)."""
         if shutil.which("modprobe"):  # (loaded on demand where it is only unloaded)
             subprocess.run(["modprobe", "sch_netem"], capture_output=True, timeout=30)
+        tc = f"tc qdisc add dev {dev} root netem delay {ms}ms".split()
         res = subprocess.run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "tc",
-                "qdisc",
-                "add",
-                "dev",
-                dev,
-                "root",
-                "netem",
-                "delay",
-                f"{ms}ms",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
+            ["ip", "netns", "exec", ns, *tc], capture_output=True, text=True, timeout=30
         )
         if res.returncode != 0:
             return (
                 f"`tc qdisc add ... netem delay {ms}ms` failed on kernel "
-                f"{platform.release()}: {res.stderr.strip() or res.returncode} "
-                "(no sch_netem?)"
+                f"{platform.release()}: {res.stderr.strip() or res.returncode} (no sch_netem?)"
             )
         shown = self.run(ns, "tc", "qdisc", "show", "dev", dev)
         assert "netem" in shown and f"delay {ms}" in shown, shown

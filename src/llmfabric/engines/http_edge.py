@@ -80,16 +80,29 @@ class ChunkStream:
     one chunk a piece, the finish chunk, the usage chunk when the request asked for it
     (`stream_options.include_usage`), then `data: [DONE]`."""
 
-    def __init__(self, resp: web.StreamResponse, req: p.ChatRequest | p.CompletionRequest,
-                 kind: str, rid: str, created: int) -> None:
+    def __init__(
+        self,
+        resp: web.StreamResponse,
+        req: p.ChatRequest | p.CompletionRequest,
+        kind: str,
+        rid: str,
+        created: int,
+    ) -> None:
         self.resp, self.kind, self.rid, self.created = resp, kind, rid, created
         self.model, self.usage = req.model, req.include_usage
 
     @classmethod
-    async def open(cls, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
-                   kind: str, rid: str, created: int) -> ChunkStream:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+    async def open(
+        cls,
+        request: web.Request,
+        req: p.ChatRequest | p.CompletionRequest,
+        kind: str,
+        rid: str,
+        created: int,
+    ) -> ChunkStream:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         return cls(resp, req, kind, rid, created)
 
@@ -98,28 +111,45 @@ class ChunkStream:
 
     async def begin(self) -> None:
         if self.kind == "chat":
-            await self.send(p.chat_chunk(self.rid, self.created, self.model,
-                                         {"role": "assistant", "content": ""}, None, self.usage))
+            await self.send(
+                p.chat_chunk(
+                    self.rid,
+                    self.created,
+                    self.model,
+                    {"role": "assistant", "content": ""},
+                    None,
+                    self.usage,
+                )
+            )
 
     async def piece(self, text: str) -> None:
         if self.kind == "chat":
-            await self.send(p.chat_chunk(self.rid, self.created, self.model,
-                                         {"content": text}, None, self.usage))
+            await self.send(
+                p.chat_chunk(
+                    self.rid, self.created, self.model, {"content": text}, None, self.usage
+                )
+            )
         else:
-            await self.send(p.text_chunk(self.rid, self.created, self.model, text, None,
-                                         self.usage))
+            await self.send(
+                p.text_chunk(self.rid, self.created, self.model, text, None, self.usage)
+            )
 
     async def end(self, finish: str, prompt_tokens: int, completion_tokens: int) -> None:
         if self.kind == "chat":
-            await self.send(p.chat_chunk(self.rid, self.created, self.model, {}, finish,
-                                         self.usage))
+            await self.send(
+                p.chat_chunk(self.rid, self.created, self.model, {}, finish, self.usage)
+            )
         else:
-            await self.send(p.text_chunk(self.rid, self.created, self.model, "", finish,
-                                         self.usage))
+            await self.send(
+                p.text_chunk(self.rid, self.created, self.model, "", finish, self.usage)
+            )
         if self.usage:
             obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-            await self.send(p.usage_chunk(self.rid, self.created, self.model, obj,
-                                          prompt_tokens, completion_tokens))
+            await self.send(
+                p.usage_chunk(
+                    self.rid, self.created, self.model, obj, prompt_tokens, completion_tokens
+                )
+            )
         await self.resp.write(b"data: [DONE]\n\n")
         await self.resp.write_eof()
 
