@@ -1,5 +1,5 @@
 """Tiny helpers shared by benchmark scripts: write `--json OUT` and a markdown table beside it,
-percentiles, and a closed-loop HTTP/1.1 client."""
+percentiles, and a closed-loop HTTP/1.1 client with its response-head parser."""
 
 from __future__ import annotations
 
@@ -103,6 +103,22 @@ async def closed_loop(port: int, concurrency: int, exchange: Exchange,
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
     return ok, errors
+
+
+def parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
+    """(status, Content-Length or None, chunked, keep-alive) of an HTTP/1.1 response head."""
+    status = int(head[9:12])
+    length, chunked, keep = None, False, True
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        k = k.strip().lower()
+        if k == b"content-length":
+            length = int(v)
+        elif k == b"transfer-encoding" and b"chunked" in v.lower():
+            chunked = True
+        elif k == b"connection" and v.strip().lower() == b"close":
+            keep = False
+    return status, length, chunked, keep
 
 
 def until(deadline: float) -> Callable[[], bool]:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import closed_loop, pct, until, write_results
+from _common import closed_loop, parse_head, pct, until, write_results
 
 MODEL = "qwen3-1.7b"
 GPU = "GH200"
@@ -80,17 +80,7 @@ async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     t0 = time.perf_counter()
     writer.write(req)
     head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    length, chunked, keep = None, False, True
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        k = k.strip().lower()
-        if k == b"content-length":
-            length = int(v)
-        elif k == b"transfer-encoding" and b"chunked" in v.lower():
-            chunked = True
-        elif k == b"connection" and v.strip().lower() == b"close":
-            keep = False
+    status, length, chunked, keep = parse_head(head)
     ttft = 0.0
     if length is not None:
         await reader.readexactly(length)

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import closed_loop, pct
+from _common import closed_loop, parse_head, pct
 
 from llmfabric.node.ports import free_port
 
@@ -175,20 +175,8 @@ async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: 
     t0 = time.perf_counter()
     writer.write(req)
     head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
+    status, length, chunked, keep = parse_head(head)
     ttfb = 0.0
-    length = None
-    chunked = False
-    keep = True
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        k = k.strip().lower()
-        if k == b"content-length":
-            length = int(v)
-        elif k == b"transfer-encoding" and b"chunked" in v.lower():
-            chunked = True
-        elif k == b"connection" and v.strip().lower() == b"close":
-            keep = False
     if length is not None:
         await reader.readexactly(length)
         ttfb = time.perf_counter() - t0

@@ -27,13 +27,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import NetLab, netns_skip_reason
+from ._netns import NetLab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.hostile]
 
 CLI = [sys.executable, "-m", "llmfabric.cli.main"]
 RELAY_PEER = "10.203.2.2:7946"
 INGRESS_HTTP = "10.203.1.2:8080"
+NETNS_PREFIX = "front"
 
 _CAPTURE = """
 import socket, struct, sys
@@ -101,29 +102,6 @@ asyncio.run(main(*sys.argv[1:4]))
 """
 
 
-class FrontLab(NetLab):
-    """Namespaces named `front<tag><role>` (this branch's prefix)."""
-
-    def ns(self, role: str) -> str:
-        name = f"front{self.tag}{role}"
-        self.run_host("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        self.run(name, "ip", "link", "set", "lo", "up")
-        return name
-
-
-@pytest.fixture
-def lab() -> Any:
-    reason = netns_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    lab = FrontLab()
-    try:
-        yield lab
-    finally:
-        lab.close()
-
-
 def _tcp_payload_to(capture: bytes, port: int) -> int:
     """Bytes of TCP payload sent to `port` in a capture of length-prefixed Ethernet frames."""
     total, i = 0, 0
@@ -151,41 +129,41 @@ def _call(lab: NetLab, ns: str, url: str, key: str, body: str = "",
 
 
 def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
-    lab: FrontLab, tmp_path: pathlib.Path
+    netlab: NetLab, tmp_path: pathlib.Path
 ) -> None:
-    ing, rtr, rly = lab.ns("ing"), lab.ns("rtr"), lab.ns("rly")
-    dprv, nprv = lab.ns("dprv"), lab.ns("nprv")
-    lab.link(ing, "10.203.1.2/24", rtr, "10.203.1.1/24")
-    rly_if, _ = lab.link(rly, "10.203.2.2/24", rtr, "10.203.2.1/24")
-    dprv_if, _ = lab.link(dprv, "10.203.3.2/24", rtr, "10.203.3.1/24")
-    r_nat, nprv_if = lab.link(rtr, "192.168.203.1/24", nprv, "192.168.203.2/24")
+    ing, rtr, rly = netlab.ns("ing"), netlab.ns("rtr"), netlab.ns("rly")
+    dprv, nprv = netlab.ns("dprv"), netlab.ns("nprv")
+    netlab.link(ing, "10.203.1.2/24", rtr, "10.203.1.1/24")
+    rly_if, _ = netlab.link(rly, "10.203.2.2/24", rtr, "10.203.2.1/24")
+    dprv_if, _ = netlab.link(dprv, "10.203.3.2/24", rtr, "10.203.3.1/24")
+    r_nat, nprv_if = netlab.link(rtr, "192.168.203.1/24", nprv, "192.168.203.2/24")
     for ns, gw in ((ing, "10.203.1.1"), (rly, "10.203.2.1"), (dprv, "10.203.3.1"),
                    (nprv, "192.168.203.1")):
-        lab.run(ns, "ip", "route", "add", "default", "via", gw)
-    lab.run(rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-    lab.run(rtr, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "192.168.203.0/24",
-            "!", "-o", r_nat, "-j", "MASQUERADE")
-    lab.run(rtr, "iptables", "-A", "FORWARD", "!", "-i", r_nat, "-o", r_nat, "-m",
-            "conntrack", "--ctstate", "NEW", "-j", "DROP")
+        netlab.run(ns, "ip", "route", "add", "default", "via", gw)
+    netlab.run(rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    netlab.run(rtr, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "192.168.203.0/24",
+               "!", "-o", r_nat, "-j", "MASQUERADE")
+    netlab.run(rtr, "iptables", "-A", "FORWARD", "!", "-i", r_nat, "-o", r_nat, "-m",
+               "conntrack", "--ctstate", "NEW", "-j", "DROP")
 
     secret = secrets.token_urlsafe(24)
     common = ["--network-secret", secret, "--preset", "local"]
     engine = [*CLI, "engine", "sim", "--model", "qwen3-1.7b", "--gpu", "L40S", "--port",
               "18001", "--speed", "20"]
-    lab.popen(rly, [*CLI, "start", "--home", str(tmp_path / "relay"), "--listen", RELAY_PEER,
-                    "--http-listen", "10.203.2.2:8090", "--relay", *common],
-              str(tmp_path / "relay.log"))
-    lab.popen(ing, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
-                    "10.203.1.2:7946", "--http-listen", INGRESS_HTTP, "--ingress",
-                    "--bootstrap", RELAY_PEER, *common], str(tmp_path / "ingress.log"))
-    lab.popen(dprv, [*CLI, "start", "--home", str(tmp_path / "dprv"), "--listen",
-                     "10.203.3.2:7946", "--http-listen", "10.203.3.2:8090", "--bootstrap",
-                     RELAY_PEER, "--provider", "direct", *common, "--process", *engine],
-              str(tmp_path / "dprv.log"))
-    lab.popen(nprv, [*CLI, "start", "--home", str(tmp_path / "nprv"), "--listen",
-                     "192.168.203.2:7946", "--http-listen", "127.0.0.1:8090", "--bootstrap",
-                     RELAY_PEER, "--provider", "nated", *common, "--process", *engine],
-              str(tmp_path / "nprv.log"))
+    netlab.popen(rly, [*CLI, "start", "--home", str(tmp_path / "relay"), "--listen", RELAY_PEER,
+                       "--http-listen", "10.203.2.2:8090", "--relay", *common],
+                 str(tmp_path / "relay.log"))
+    netlab.popen(ing, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
+                       "10.203.1.2:7946", "--http-listen", INGRESS_HTTP, "--ingress",
+                       "--bootstrap", RELAY_PEER, *common], str(tmp_path / "ingress.log"))
+    netlab.popen(dprv, [*CLI, "start", "--home", str(tmp_path / "dprv"), "--listen",
+                        "10.203.3.2:7946", "--http-listen", "10.203.3.2:8090", "--bootstrap",
+                        RELAY_PEER, "--provider", "direct", *common, "--process", *engine],
+                 str(tmp_path / "dprv.log"))
+    netlab.popen(nprv, [*CLI, "start", "--home", str(tmp_path / "nprv"), "--listen",
+                        "192.168.203.2:7946", "--http-listen", "127.0.0.1:8090", "--bootstrap",
+                        RELAY_PEER, "--provider", "nated", *common, "--process", *engine],
+                 str(tmp_path / "nprv.log"))
 
     base = f"http://{INGRESS_HTTP}"
     key = ""
@@ -197,7 +175,7 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
         if not key_file.exists():
             continue
         key = key_file.read_text().strip()
-        got = _call(lab, ing, base + "/v1/fabric/nodes", key)
+        got = _call(netlab, ing, base + "/v1/fabric/nodes", key)
         if got["status"] == 200:
             nodes = {n["provider_id"]: n for n in got["body"]["nodes"]
                      if n["state"] == "SERVING" and n["provider_id"] in ("direct", "nated")}
@@ -209,8 +187,8 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
     captures: list[tuple[pathlib.Path, subprocess.Popen[str]]] = []
     for ns, dev in ((dprv, dprv_if), (nprv, nprv_if), (rly, rly_if), (ing, "lo")):
         out = tmp_path / f"{ns}-{dev}.bin"
-        captures.append((out, lab.popen(ns, [sys.executable, "-c", _CAPTURE, str(out), dev],
-                                        str(tmp_path / f"cap-{dev}.log"))))
+        captures.append((out, netlab.popen(ns, [sys.executable, "-c", _CAPTURE, str(out), dev],
+                                           str(tmp_path / f"cap-{dev}.log"))))
     time.sleep(1.0)
     prompts = {}
     for provider in ("direct", "nated"):
@@ -219,8 +197,8 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
         body = json.dumps({"model": "qwen3-1.7b", "max_tokens": 4,
                            "messages": [{"role": "user", "content": prompt}]})
         # the allowlist names verified identities (on a PSK network: the key fingerprint)
-        reply = _call(lab, ing, base + "/v1/chat/completions", key, body,
-                      nodes[provider]["verified_provider"])
+        reply = _call(netlab, ing, base + "/v1/chat/completions", key, body,
+                         nodes[provider]["verified_provider"])
         assert reply["status"] == 200, (reply, logs)
     time.sleep(1.0)
     for _, proc in captures:
@@ -236,8 +214,8 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
             assert prompt.encode() not in data, f"{prompt} in cleartext on {name}"
     # The direct provider's request went over its data-plane HTTPS port (not the sealed peer
     # path): TCP segments with payload to that port were captured on its link.
-    replay = lab.run(ing, sys.executable, "-c", _REPLAY, secret, "10.203.3.2:7946",
-                     "10.203.3.2", check=False, timeout=60)
+    replay = netlab.run(ing, sys.executable, "-c", _REPLAY, secret, "10.203.3.2:7946",
+                        "10.203.3.2", check=False, timeout=60)
     doc = json.loads(replay.strip().splitlines()[-1])
     assert _tcp_payload_to(provider_side[f"{dprv}-{dprv_if}.bin"], doc["https_port"]) > 0
     loopback = next(data for name, data in wire.items() if name.endswith("-lo.bin"))

@@ -19,61 +19,19 @@ import json
 import pathlib
 import secrets
 import sys
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .conftest import NetLab, netns_skip_reason
+from ._netns import NetLab, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CLI = [sys.executable, "-m", "llmfabric.cli.main"]
 HUB = "10.216.0.1"
 RATE = "8mbit"  # 1 MB/s
+NETNS_PREFIX = "net16"
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "heroserve"
-
-
-class LinkLab(NetLab):
-    """NetLab with this branch's namespace prefix."""
-
-    def ns(self, role: str) -> str:
-        name = f"net16{self.tag}{role}"
-        self.run_host("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        self.run(name, "ip", "link", "set", "lo", "up")
-        return name
-
-
-@pytest.fixture
-def lab() -> Iterator[LinkLab]:
-    reason = netns_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    lab = LinkLab()
-    try:
-        yield lab
-    finally:
-        lab.close()
-
-
-def _get(lab: LinkLab, ns: str, url: str) -> Any:
-    out = lab.run(ns, sys.executable, "-c", "import sys,urllib.request as u;"
-                  "print(u.urlopen(sys.argv[1],timeout=20).read().decode())", url,
-                  check=False, timeout=40)
-    return json.loads(out) if out.strip() else None
-
-
-def _wait(what: str, predicate: Any, timeout: float, logs: pathlib.Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    tails = {p.name: p.read_text()[-1500:] for p in logs.glob("*.log")}
-    raise AssertionError(f"{what} within {timeout} s: {tails}")
 
 
 def _pair_bw(doc: dict[str, Any], a: str, b: str) -> float | None:
@@ -84,59 +42,58 @@ def _pair_bw(doc: dict[str, Any], a: str, b: str) -> float | None:
 
 
 def test_a_rate_limited_link_is_measured_and_steers_the_plan(
-        lab: LinkLab, tmp_path: pathlib.Path) -> None:
-    hub = lab.ns("hub")
-    lab.run(hub, "ip", "addr", "add", f"{HUB}/32", "dev", "lo")
-    lab.run(hub, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        netlab: NetLab, tmp_path: pathlib.Path) -> None:
+    hub = netlab.ns("hub")
+    netlab.run(hub, "ip", "addr", "add", f"{HUB}/32", "dev", "lo")
+    netlab.run(hub, "sysctl", "-qw", "net.ipv4.ip_forward=1")
     sites: dict[str, str] = {}
     for n in (1, 2, 3):
-        site = lab.ns(f"s{n}")
-        hub_dev, site_dev = lab.link(hub, f"10.216.{n}.1/24", site, f"10.216.{n}.2/24")
-        lab.run(site, "ip", "route", "add", "default", "via", f"10.216.{n}.1")
+        site = netlab.ns(f"s{n}")
+        hub_dev, site_dev = netlab.link(hub, f"10.216.{n}.1/24", site, f"10.216.{n}.2/24")
+        netlab.run(site, "ip", "route", "add", "default", "via", f"10.216.{n}.1")
         if n == 3:
             for ns, dev in ((hub, hub_dev), (site, site_dev)):
-                lab.run(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", RATE,
-                        "burst", "32kbit", "latency", "400ms")
+                netlab.rate_limit(ns, dev, RATE)
         sites[f"s{n}"] = site
     secret = secrets.token_urlsafe(24)
     common = ["--network-secret", secret, "--preset", "lan", "--link-probe-interval", "2"]
-    lab.popen(hub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
-                    f"{HUB}:7946", "--http-listen", "127.0.0.1:8080", "--ingress", "--no-auth",
-                    "--tier", "stable", "--gpu", "H100-SXM", "--gpu-count", "4", *common],
-              str(tmp_path / "ingress.log"))
+    netlab.popen(hub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
+                       f"{HUB}:7946", "--http-listen", "127.0.0.1:8080", "--ingress", "--no-auth",
+                       "--tier", "stable", "--gpu", "H100-SXM", "--gpu-count", "4", *common],
+                 str(tmp_path / "ingress.log"))
     for n in (1, 2, 3):
-        lab.popen(sites[f"s{n}"], [
+        netlab.popen(sites[f"s{n}"], [
             *CLI, "start", "--home", str(tmp_path / f"s{n}"), "--listen", f"10.216.{n}.2:7946",
             "--http-listen", "127.0.0.1:8090", "--bootstrap", f"{HUB}:7946", "--label",
             f"name=s{n}", "--gpu", "A100-80GB", "--gpu-count", "2", *common],
             str(tmp_path / f"s{n}.log"))
 
     def peers() -> dict[str, str] | None:
-        doc = _get(lab, hub, "http://127.0.0.1:8080/v1/fabric/nodes")
+        doc = netlab.get_json(hub, "http://127.0.0.1:8080/v1/fabric/nodes", timeout=20)
         found = {n["labels"].get("name"): n["peer_id"] for n in (doc or {"nodes": []})["nodes"]
                  if n["state"] != "LEFT"}
         return found if {"s1", "s2", "s3"} <= set(found) else None
 
-    ids = _wait("three nodes joined", peers, 60, tmp_path)
+    ids = wait_for("three nodes joined", peers, 60, tmp_path, interval=1.0)
 
     def measured() -> dict[str, Any] | None:
-        doc = _get(lab, hub, "http://127.0.0.1:8080/v1/fabric/links")
+        doc = netlab.get_json(hub, "http://127.0.0.1:8080/v1/fabric/links", timeout=20)
         pairs = (("s1", "s2"), ("s1", "s3"), ("s2", "s3"))
         ok = doc is not None and all(_pair_bw(doc, ids[a], ids[b]) for a, b in pairs)
         return doc if ok else None
 
-    doc = _wait("every pair measured both ways", measured, 120, tmp_path)
+    doc = wait_for("every pair measured both ways", measured, 120, tmp_path, interval=1.0)
     fast = _pair_bw(doc, ids["s1"], ids["s2"])
     slow = max(_pair_bw(doc, ids["s1"], ids["s3"]) or 0, _pair_bw(doc, ids["s2"], ids["s3"]) or 0)
     assert fast is not None and 0 < slow < 1.6e6  # 8 Mbit/s = 1 MB/s, burst included
     assert fast > 3 * slow, (fast, slow)  # Python TLS on a loaded host: ~5-25 MB/s
 
     def t_pre(prefill: list[str]) -> float:
-        out = lab.run(hub, *CLI, "plan", "net", "--from-fabric", "http://127.0.0.1:8080",
-                      "--model", "llama-3-70b", "--prefill-gpus",
-                      ",".join(f"n{ids[s][:8]}-*" for s in prefill), "--decode-gpus", "h100*",
-                      "--workload", str(EXAMPLES / "sharegpt.yaml"), "--sla-ttft", "60",
-                      "--sla-tpot", "60", "--max-candidates", "6", "--json", timeout=120)
+        out = netlab.run(hub, *CLI, "plan", "net", "--from-fabric", "http://127.0.0.1:8080",
+                         "--model", "llama-3-70b", "--prefill-gpus",
+                         ",".join(f"n{ids[s][:8]}-*" for s in prefill), "--decode-gpus", "h100*",
+                         "--workload", str(EXAMPLES / "sharegpt.yaml"), "--sla-ttft", "60",
+                         "--sla-tpot", "60", "--max-candidates", "6", "--json", timeout=120)
         plan = json.loads(out)["plan"]
         assert plan["H"] > 0, plan
         return float(plan["T_pre"])

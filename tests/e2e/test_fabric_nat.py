@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from ._netns import NetLab
+
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "llmfabric.cli.main"]
@@ -53,16 +55,12 @@ def _admin(tmp_path: pathlib.Path) -> str:
     return f.read_text().strip() if f.exists() else ""
 
 
-def _build_nat(netlab: Any) -> tuple[str, str]:
+def _build_nat(netlab: NetLab) -> tuple[str, str]:
     pub, router, priv = netlab.ns("pub"), netlab.ns("rtr"), netlab.ns("prv")
     _, r_pub = netlab.link(pub, "10.202.1.2/24", router, "10.202.1.1/24")
     r_priv, _ = netlab.link(router, "192.168.202.1/24", priv, "192.168.202.2/24")
     netlab.run(priv, "ip", "route", "add", "default", "via", "192.168.202.1")
-    netlab.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-    netlab.run(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "192.168.202.0/24",
-               "-o", r_pub, "-j", "MASQUERADE")
-    netlab.run(router, "iptables", "-A", "FORWARD", "-i", r_pub, "-o", r_priv, "-m",
-               "conntrack", "--ctstate", "NEW", "-j", "DROP")
+    netlab.nat(router, "192.168.202.0/24", r_pub, r_priv)
     return pub, priv
 
 

@@ -8,27 +8,23 @@ again after.
     siteA 192.168.41.2 -- rtrA (MASQUERADE, netem 20 ms) -- pub 10.204.0.1 -- rtrB -- siteB
     node a1 (outbound only, vLLM CPU)                        ingress+relay     node b1 (sim)
 
-Namespaces are named `slurm<tag><role>` (this branch's prefix; removed at the end).
+Namespaces are named `slurm<tag><role>` (removed at the end).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import platform
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .conftest import NetLab, netns_skip_reason
+from ._netns import NetLab, read_records, wait_for
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "engine"))
 from _engines import ROOT, VENVS, tiny_model
@@ -39,6 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(600)]
 CLI = [sys.executable, "-m", "llmfabric.cli.main"]
 MODEL = "qwen3-1.7b"
 PUBLIC = "10.204.0.1"
+NETNS_PREFIX = "slurm"
 
 _CLIENT = """
 import json, pathlib, sys, time, openai
@@ -62,62 +59,21 @@ with open(out, "a") as f:
 """
 
 
-class SiteLab(NetLab):
-    """NetLab with this branch's namespace prefix."""
-
-    def ns(self, role: str) -> str:
-        name = f"slurm{self.tag}{role}"
-        self.run_host("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        self.run(name, "ip", "link", "set", "lo", "up")
-        return name
-
-
-@pytest.fixture
-def lab() -> Iterator[SiteLab]:
-    reason = netns_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    lab = SiteLab()
-    try:
-        yield lab
-    finally:
-        lab.close()
-
-
-def _site(lab: SiteLab, pub: str, n: int) -> tuple[str, str, str | None]:
+def _site(lab: NetLab, pub: str, n: int) -> tuple[str, str, str | None]:
     """A site behind NAT: returns (router ns, compute ns, why it has no netem delay)."""
     rtr, compute = lab.ns(f"r{n}"), lab.ns(f"c{n}")
     _, uplink = lab.link(pub, f"10.204.{n}.1/30", rtr, f"10.204.{n}.2/30")
     down, _ = lab.link(rtr, f"192.168.4{n}.1/24", compute, f"192.168.4{n}.2/24")
     lab.run(compute, "ip", "route", "add", "default", "via", f"192.168.4{n}.1")
     lab.run(rtr, "ip", "route", "add", "default", "via", f"10.204.{n}.1")
-    lab.run(rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-    lab.run(rtr, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", f"192.168.4{n}.0/24",
-            "-o", uplink, "-j", "MASQUERADE")
-    lab.run(rtr, "iptables", "-A", "FORWARD", "-i", uplink, "-o", down, "-m", "conntrack",
-            "--ctstate", "NEW", "-j", "DROP")
-    return rtr, compute, _delay(lab, rtr, uplink)
+    lab.nat(rtr, f"192.168.4{n}.0/24", uplink, down)
+    # 20 ms from the site towards the ingress. Kernels without sch_netem (this VM's among
+    # them: no modules at all) cannot: then the sites are only NATed, the cut/heal is the
+    # same, and the test says so in a warning (LLMFABRIC_REQUIRE_NETEM=1 makes it a failure).
+    return rtr, compute, lab.delay(rtr, uplink, 20)
 
 
-def _delay(lab: SiteLab, rtr: str, dev: str) -> str | None:
-    """20 ms of netem delay from the site towards the ingress; None when applied, else why
-    not. Kernels without sch_netem (this VM's among them: no modules at all) cannot: then
-    the sites are only NATed, the cut/heal is the same, and the test says so in a warning
-    (LLMFABRIC_REQUIRE_NETEM=1 makes it a failure)."""
-    if shutil.which("modprobe"):  # (loaded on demand where it is only unloaded)
-        subprocess.run(["modprobe", "sch_netem"], capture_output=True, timeout=30)
-    res = subprocess.run(["ip", "netns", "exec", rtr, "tc", "qdisc", "add", "dev", dev, "root",
-                          "netem", "delay", "20ms"], capture_output=True, text=True, timeout=30)
-    if res.returncode != 0:
-        return (f"`tc qdisc add ... netem delay 20ms` failed on kernel {platform.release()}: "
-                f"{res.stderr.strip() or res.returncode} (no sch_netem?)")
-    shown = lab.run(rtr, "tc", "qdisc", "show", "dev", dev)
-    assert "netem" in shown and "delay 20" in shown, shown
-    return None
-
-
-def _connect_s(lab: SiteLab, ns: str, host: str, port: int) -> float:
+def _connect_s(lab: NetLab, ns: str, host: str, port: int) -> float:
     """Seconds one TCP connect from `ns` takes (one round trip)."""
     out = lab.run(ns, sys.executable, "-c", "import socket,sys,time;t=time.monotonic();"
                   "socket.create_connection((sys.argv[1],int(sys.argv[2])),10).close();"
@@ -138,56 +94,30 @@ def _vllm() -> pathlib.Path:
     return VENVS["vllm"]
 
 
-def _get(lab: SiteLab, ns: str, url: str, key: str) -> Any:
-    """GET with the ingress's admin key (an ingress with API keys guards its fleet views)."""
-    out = lab.run(ns, sys.executable, "-c", "import sys,urllib.request as u;"
-                  "r=u.Request(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]});"
-                  "print(u.urlopen(r,timeout=10).read().decode())", url, key,
-                  check=False, timeout=30)
-    return json.loads(out) if out.strip() else None
-
-
-def _serving(lab: SiteLab, pub: str, provider: str, key_file: pathlib.Path
+def _serving(lab: NetLab, pub: str, provider: str, key_file: pathlib.Path
              ) -> list[dict[str, Any]]:
     """Routable nodes of `provider` that publish a relay (they cannot be dialled: NAT)."""
     if not key_file.exists():
         return []
     key = key_file.read_text().strip()
-    body = _get(lab, pub, f"http://{PUBLIC}:8080/v1/fabric/nodes", key) or {"nodes": []}
+    body = lab.get_json(pub, f"http://{PUBLIC}:8080/v1/fabric/nodes", key) or {"nodes": []}
     return [n for n in body["nodes"] if n["provider_id"] == provider
             and n["state"] == "SERVING" and not n["suspected"] and n["relays"]]
 
 
-def _wait(what: str, predicate: Any, timeout: float, logs: pathlib.Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    tails = {p.name: p.read_text()[-1500:] for p in logs.glob("*.log")}
-    raise AssertionError(f"{what} within {timeout} s: {tails}")
-
-
-def _records(path: pathlib.Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
-        lab: SiteLab, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        netlab: NetLab, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     venv = _vllm()
     model = tiny_model(venv, tmp_path / "model", gguf=False)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a local model; the sites reach no internet
-    pub = lab.ns("pub")
-    lab.run(pub, "ip", "addr", "add", f"{PUBLIC}/32", "dev", "lo")
+    pub = netlab.ns("pub")
+    netlab.run(pub, "ip", "addr", "add", f"{PUBLIC}/32", "dev", "lo")
     rtr_b = ""
     computes = {}
     no_delay: list[str] = []
     for n in (1, 2):
-        rtr, compute, why = _site(lab, pub, n)
+        rtr, compute, why = _site(netlab, pub, n)
         computes[n] = compute
         no_delay += [why] if why else []
         if n == 2:
@@ -200,10 +130,10 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
     secret = secrets.token_urlsafe(24)
     key_file = tmp_path / "ingress" / "admin.key"
     common = ["--network-secret", secret, "--preset", "lan"]
-    lab.popen(pub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
-                    f"{PUBLIC}:7946", "--http-listen", f"{PUBLIC}:8080", "--ingress", "--relay",
-                    "--tier", "stable", "--first-byte-timeout", "3", "--connect-timeout", "2",
-                    *common], str(tmp_path / "ingress.log"))
+    netlab.popen(pub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
+                       f"{PUBLIC}:7946", "--http-listen", f"{PUBLIC}:8080", "--ingress", "--relay",
+                       "--tier", "stable", "--first-byte-timeout", "3", "--connect-timeout", "2",
+                       *common], str(tmp_path / "ingress.log"))
     engines = {  # the real engine on site A, a simulated one on site B, one model name
         1: [str(venv / "bin" / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port",
             "18001", "--max-model-len", "1024", "--dtype", "float32", "--served-model-name",
@@ -211,17 +141,20 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
         2: [*CLI, "engine", "sim", "--model", MODEL, "--gpu", "L40S", "--port", "18001",
             "--speed", "50"]}
     for n, site in ((1, "site-a"), (2, "site-b")):
-        lab.popen(computes[n], [
+        netlab.popen(computes[n], [
             *CLI, "start", "--home", str(tmp_path / site), "--listen",
             f"192.168.4{n}.2:7946", "--http-listen", "127.0.0.1:8090", "--bootstrap",
             f"{PUBLIC}:7946", "--provider", site, "--label", f"site={site}", *common,
             "--process", *engines[n]], str(tmp_path / f"{site}.log"))
-    b1 = _wait("site B serving", lambda: _serving(lab, pub, "site-b", key_file), 60, tmp_path)[0]
-    a1 = _wait("site A's vLLM serving", lambda: _serving(lab, pub, "site-a", key_file), 240,
-               tmp_path)[0]
+
+    def serving(provider: str) -> list[dict[str, Any]]:
+        return _serving(netlab, pub, provider, key_file)
+
+    b1 = wait_for("site B serving", lambda: serving("site-b"), 60, tmp_path)[0]
+    a1 = wait_for("site A's vLLM serving", lambda: serving("site-a"), 240, tmp_path)[0]
     assert a1["peer_addrs"] == []  # outbound only: reached through the relay
     if not no_delay:  # the delay is really there: a site's round trip to the ingress
-        assert min(_connect_s(lab, computes[n], PUBLIC, 8080) for n in (1, 2)) >= 0.019
+        assert min(_connect_s(netlab, computes[n], PUBLIC, 8080) for n in (1, 2)) >= 0.019
     # the ingress sees the real engine's facts on A (its context and precision, not defaults)
     assert (a1["engine"], b1["engine"]) == ("vllm", "sim")
     assert [(m["id"], m["max_context"], m["quantization"]) for m in a1["models"]] == [
@@ -230,30 +163,30 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
 
     key = key_file.read_text().strip()
     out, stop = tmp_path / "requests.jsonl", tmp_path / "stop"
-    lab.popen(pub, [sys.executable, "-c", _CLIENT, f"http://{PUBLIC}:8080/v1", key, str(out),
-                    str(stop), MODEL], str(tmp_path / "client.log"))
+    netlab.popen(pub, [sys.executable, "-c", _CLIENT, f"http://{PUBLIC}:8080/v1", key, str(out),
+                       str(stop), MODEL], str(tmp_path / "client.log"))
 
     def from_b(since: int) -> list[dict[str, Any]]:
-        return [r for r in _records(out)[since:] if r.get("node") not in (None, a1["session_id"])]
+        return [r for r in read_records(out)[since:]
+                if r.get("node") not in (None, a1["session_id"])]
 
-    _wait("requests served by site B", lambda: from_b(0), 30, tmp_path)
-    cut_at = len(_records(out))
-    lab.run(rtr_b, "iptables", "-I", "FORWARD", "1", "-j", "DROP")  # site B cut off
+    wait_for("requests served by site B", lambda: from_b(0), 30, tmp_path)
+    cut_at = len(read_records(out))
+    netlab.run(rtr_b, "iptables", "-I", "FORWARD", "1", "-j", "DROP")  # site B cut off
     try:
-        _wait("site B no longer routable", lambda: not _serving(lab, pub, "site-b", key_file), 30,
-              tmp_path)
-        detected = len(_records(out))
+        wait_for("site B no longer routable", lambda: not serving("site-b"), 30, tmp_path)
+        detected = len(read_records(out))
         time.sleep(5)
-        during = _records(out)[detected:]
+        during = read_records(out)[detected:]
         assert during and all(r.get("node") == a1["session_id"] for r in during), during[:5]
     finally:
-        lab.run(rtr_b, "iptables", "-D", "FORWARD", "1")  # healed
-    healed = len(_records(out))
-    _wait("site B serving again", lambda: _serving(lab, pub, "site-b", key_file), 90, tmp_path)
-    _wait("requests served by site B after the heal", lambda: from_b(healed), 60, tmp_path)
+        netlab.run(rtr_b, "iptables", "-D", "FORWARD", "1")  # healed
+    healed = len(read_records(out))
+    wait_for("site B serving again", lambda: serving("site-b"), 90, tmp_path)
+    wait_for("requests served by site B after the heal", lambda: from_b(healed), 60, tmp_path)
     stop.write_text("")
     time.sleep(1)
-    records = _records(out)
+    records = read_records(out)
     failed = [(i, r) for i, r in enumerate(records) if "error" in r]
     assert failed == [], (failed[:3], {"cut at": cut_at, "healed at": healed,
                                        "ingress": (tmp_path / "ingress.log").read_text()[-3000:],

@@ -43,37 +43,7 @@ def test_nated_node_is_reached_through_the_relay(netlab, tmp_path):
     _, r_pub = netlab.link(pub, "10.201.1.2/24", router, "10.201.1.1/24")
     r_priv, _ = netlab.link(router, "192.168.201.1/24", priv, "192.168.201.2/24")
     netlab.run(priv, "ip", "route", "add", "default", "via", "192.168.201.1")
-    netlab.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-    netlab.run(
-        router,
-        "iptables",
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "-s",
-        "192.168.201.0/24",
-        "-o",
-        r_pub,
-        "-j",
-        "MASQUERADE",
-    )
-    netlab.run(
-        router,
-        "iptables",
-        "-A",
-        "FORWARD",
-        "-i",
-        r_pub,
-        "-o",
-        r_priv,
-        "-m",
-        "conntrack",
-        "--ctstate",
-        "NEW",
-        "-j",
-        "DROP",
-    )
+    netlab.nat(router, "192.168.201.0/24", r_pub, r_priv)
 
     relay_ready, nated_ready = tmp_path / "relay.json", tmp_path / "nated.json"
     relay_log, nated_log = tmp_path / "relay.log", tmp_path / "nated.log"

@@ -21,17 +21,17 @@ import pathlib
 import secrets
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from .conftest import netns_skip_reason
-from .test_multisite import CLI, MODEL, SiteLab, _get, _records, _wait
+from ._netns import NetLab, read_records, wait_for
+from .test_multisite import CLI, MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 IPS = {"a": "10.205.0.1", "b": "10.205.0.2"}
 CUT_S = 30.0
+NETNS_PREFIX = "part"
 
 # A closed-loop client that counts every HTTP error as a failure (no SDK retries: a 502/503
 # is a failed request). Only a request that got no answer within 30 s is retried once and
@@ -63,105 +63,83 @@ with open(out, "a") as f:
 """
 
 
-class PartLab(SiteLab):
-    """NetLab with this test's namespace prefix."""
-
-    def ns(self, role: str) -> str:
-        name = f"part{self.tag}{role}"
-        self.run_host("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        self.run(name, "ip", "link", "set", "lo", "up")
-        return name
-
-
-@pytest.fixture
-def lab() -> Iterator[PartLab]:
-    reason = netns_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    lab = PartLab()
-    try:
-        yield lab
-    finally:
-        lab.close()
-
-
 def _key(home: pathlib.Path) -> str:
     path = home / "admin.key"
     return path.read_text().strip() if path.exists() else ""
 
 
-def _live(lab: PartLab, ns: str, side: str, key: str) -> dict[str, str]:
+def _live(lab: NetLab, ns: str, side: str, key: str) -> dict[str, str]:
     """{session_id: provider_id} of the unsuspected SERVING nodes ingress `side` lists."""
-    body = _get(lab, ns, f"http://{IPS[side]}:8080/v1/fabric/nodes", key) or {"nodes": []}
+    body = lab.get_json(ns, f"http://{IPS[side]}:8080/v1/fabric/nodes", key) or {"nodes": []}
     return {n["session_id"]: n["provider_id"] for n in body.get("nodes", [])
             if n["state"] == "SERVING" and not n["suspected"]}
 
 
-def _usage_requests(lab: PartLab, ns: str, side: str, key: str) -> int | None:
-    body = _get(lab, ns, f"http://{IPS[side]}:8080/v1/fabric/usage", key)
+def _usage_requests(lab: NetLab, ns: str, side: str, key: str) -> int | None:
+    body = lab.get_json(ns, f"http://{IPS[side]}:8080/v1/fabric/usage", key)
     if not isinstance(body, dict):
         return None
     return sum(int(row["requests"]) for row in body["data"])
 
 
 def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
-        lab: PartLab, tmp_path: pathlib.Path) -> None:
-    ns = {"a": lab.ns("a"), "b": lab.ns("b")}
-    _, veth_b = lab.link(ns["a"], f"{IPS['a']}/24", ns["b"], f"{IPS['b']}/24")
+        netlab: NetLab, tmp_path: pathlib.Path) -> None:
+    ns = {"a": netlab.ns("a"), "b": netlab.ns("b")}
+    _, veth_b = netlab.link(ns["a"], f"{IPS['a']}/24", ns["b"], f"{IPS['b']}/24")
     common = ["--network-secret", secrets.token_urlsafe(24), "--preset", "local"]
     homes = {side: tmp_path / f"ingress-{side}" for side in IPS}
     for side, ip in IPS.items():
         join = [] if side == "a" else ["--bootstrap", f"{IPS['a']}:7946"]
-        lab.popen(ns[side], [*CLI, "start", "--home", str(homes[side]), "--listen",
-                             f"{ip}:7946", "--http-listen", f"{ip}:8080", "--ingress",
-                             "--provider", f"ing-{side}", "--first-byte-timeout", "3",
-                             "--connect-timeout", "2", *join, *common],
-                  str(tmp_path / f"ingress-{side}.log"))
-        lab.popen(ns[side], [*CLI, "start", "--home", str(tmp_path / f"p{side}"), "--listen",
-                             f"{ip}:7950", "--bootstrap", f"{ip}:7946", "--provider",
-                             f"p{side}", *common, "--process", *CLI, "engine", "sim",
-                             "--model", MODEL, "--gpu", "L40S", "--port", "18001",
-                             "--speed", "50"], str(tmp_path / f"p{side}.log"))
+        netlab.popen(ns[side], [*CLI, "start", "--home", str(homes[side]), "--listen",
+                                f"{ip}:7946", "--http-listen", f"{ip}:8080", "--ingress",
+                                "--provider", f"ing-{side}", "--first-byte-timeout", "3",
+                                "--connect-timeout", "2", *join, *common],
+                     str(tmp_path / f"ingress-{side}.log"))
+        netlab.popen(ns[side], [*CLI, "start", "--home", str(tmp_path / f"p{side}"), "--listen",
+                                f"{ip}:7950", "--bootstrap", f"{ip}:7946", "--provider",
+                                f"p{side}", *common, "--process", *CLI, "engine", "sim",
+                                "--model", MODEL, "--gpu", "L40S", "--port", "18001",
+                                "--speed", "50"], str(tmp_path / f"p{side}.log"))
     providers = {"pa", "pb"}
 
     def converged() -> dict[str, str] | None:
-        views = [_live(lab, ns[s], s, _key(homes[s])) for s in IPS]
+        views = [_live(netlab, ns[s], s, _key(homes[s])) for s in IPS]
         ok = views[0] == views[1] and providers <= set(views[0].values())
         return views[0] if ok else None
 
-    before = _wait("both ingresses see both providers", converged, 90, tmp_path)
+    before = wait_for("both ingresses see both providers", converged, 90, tmp_path)
 
     outs = {side: tmp_path / f"requests-{side}.jsonl" for side in IPS}
     stop = tmp_path / "stop"
     for side in IPS:
-        lab.popen(ns[side], [sys.executable, "-c", _CLIENT, f"http://{IPS[side]}:8080/v1",
-                             _key(homes[side]), str(outs[side]), str(stop), MODEL],
-                  str(tmp_path / f"client-{side}.log"))
-    _wait("both clients served", lambda: all(_records(o) for o in outs.values()), 30, tmp_path)
+        netlab.popen(ns[side], [sys.executable, "-c", _CLIENT, f"http://{IPS[side]}:8080/v1",
+                                _key(homes[side]), str(outs[side]), str(stop), MODEL],
+                     str(tmp_path / f"client-{side}.log"))
+    wait_for("both clients served", lambda: all(read_records(o) for o in outs.values()), 30,
+             tmp_path)
 
-    chain = f"part{lab.tag}"
-    lab.run(ns["b"], "iptables", "-N", chain)
-    lab.run(ns["b"], "iptables", "-A", chain, "-j", "DROP")
-    lab.run(ns["b"], "iptables", "-I", "INPUT", "1", "-i", veth_b, "-j", chain)
-    lab.run(ns["b"], "iptables", "-I", "OUTPUT", "1", "-o", veth_b, "-j", chain)
-    cut = {side: len(_records(o)) for side, o in outs.items()}
+    chain = f"part{netlab.tag}"
+    netlab.run(ns["b"], "iptables", "-N", chain)
+    netlab.run(ns["b"], "iptables", "-A", chain, "-j", "DROP")
+    netlab.run(ns["b"], "iptables", "-I", "INPUT", "1", "-i", veth_b, "-j", chain)
+    netlab.run(ns["b"], "iptables", "-I", "OUTPUT", "1", "-o", veth_b, "-j", chain)
+    cut = {side: len(read_records(o)) for side, o in outs.items()}
     try:
         time.sleep(CUT_S)
     finally:
-        lab.run(ns["b"], "iptables", "-F", chain)  # healed
-    healed = {side: len(_records(o)) for side, o in outs.items()}
+        netlab.run(ns["b"], "iptables", "-F", chain)  # healed
+    healed = {side: len(read_records(o)) for side, o in outs.items()}
     healed_at = time.monotonic()
 
-    after = _wait("the registry converged after the heal", converged, 60, tmp_path)
+    after = wait_for("the registry converged after the heal", converged, 60, tmp_path)
     print(f"registry converged {time.monotonic() - healed_at:.1f} s after the heal")
     time.sleep(3)  # requests sent before the convergence finish (first-byte timeout 3 s)
-    settled = {side: len(_records(o)) for side, o in outs.items()}
+    settled = {side: len(read_records(o)) for side, o in outs.items()}
     time.sleep(5)
     stop.write_text("")
     time.sleep(3)  # the clients finish their last request; the ledger flushes every second
 
-    records = {side: _records(o) for side, o in outs.items()}
+    records = {side: read_records(o) for side, o in outs.items()}
     for side in IPS:
         rec = records[side]
         # (1) each side kept serving through the cut (its local provider) and through the
@@ -185,8 +163,8 @@ def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
     # (3) no usage row lost: each ledger counts exactly its client's successful requests.
     for side in IPS:
         ok = sum(1 for r in records[side] if "error" not in r)
-        usage = _wait(f"usage of ingress {side}",
-                      lambda s=side: _usage_requests(lab, ns[s], s, _key(homes[s])), 10,
-                      tmp_path)
+        usage = wait_for(f"usage of ingress {side}",
+                         lambda s=side: _usage_requests(netlab, ns[s], s, _key(homes[s])), 10,
+                         tmp_path)
         assert usage == ok, (side, usage, ok)
 

@@ -1,15 +1,21 @@
 """Fixtures shared by integration tests: a throwaway PostgreSQL server (one per session, started
 only when a test asks for it) and `accounts_db`, an accounts database URL parametrized over
-SQLite and Postgres so the same checks run on both backends."""
+SQLite and Postgres so the same checks run on both backends; for the API modules
+(test_api_*), `fab`, one _api_fabric.ApiFabric per module, and `base`, its URL on each front
+(the lean one and the aiohttp app) in turn."""
 
 from __future__ import annotations
 
 import pathlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ._pg_cluster import PgServer, PostgresUnavailable, postgres_server
+
+if TYPE_CHECKING:
+    from ._api_fabric import ApiFabric
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +45,15 @@ def accounts_db(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
         return str(tmp_path / "accounts.db")
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+@pytest.fixture(scope="module")
+def fab() -> Iterator[ApiFabric]:
+    from ._api_fabric import api_fabric  # (only the API modules pay for its imports)
+
+    yield from api_fabric()
+
+
+@pytest.fixture(params=["fast", "aiohttp"])
+def base(request: pytest.FixtureRequest, fab: ApiFabric) -> str:
+    return fab.fast_url if request.param == "fast" else fab.aio_url

@@ -24,7 +24,7 @@ import pytest
 from llmfabric.accounts import AccountStore, BackendUnavailable
 from llmfabric.node.ports import free_port
 
-from .test_ingress_support import Backend, serve
+from .test_ingress_support import Backend, models_once_up, serve
 
 psycopg = pytest.importorskip("psycopg", reason="pip install -e '.[dev]' (psycopg)")
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
@@ -160,16 +160,7 @@ async def test_ingress_with_postgres_accounts(pg_url: str, tmp_path: pathlib.Pat
 
     try:
         c = client(plain)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while True:
-            try:
-                models = await c.models.list()
-                break
-            except openai.APIConnectionError:
-                if loop.time() > deadline or proc.poll() is not None:
-                    raise
-                await asyncio.sleep(0.1)
+        models = await models_once_up(c, proc)
         assert [m.id for m in models.data] == ["m"]
         replies = await asyncio.gather(
             *(c.chat.completions.create(model="m", messages=MSG) for _ in range(6))

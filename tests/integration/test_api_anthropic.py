@@ -6,26 +6,15 @@ Anthropic's own shape."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import pytest
 
-from ._api_fabric import KEY, SIM, TOOLY, ApiFabric, api_fabric
+from ._api_fabric import KEY, SIM, TOOLY, ApiFabric
 from .test_ingress_support import raw_request
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def fab() -> Iterator[ApiFabric]:
-    yield from api_fabric()
-
-
-@pytest.fixture(params=["fast", "aiohttp"])
-def base(request: pytest.FixtureRequest, fab: ApiFabric) -> str:
-    return fab.fast_url if request.param == "fast" else fab.aio_url
 
 
 def client(base: str, key: str = KEY) -> anthropic.Anthropic:

@@ -5,26 +5,15 @@ returns no usage; `GET /v1/models` says per model which APIs it is served throug
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import openai
 import orjson
 import pytest
 
-from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
+from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric
 from .test_ingress_support import raw_request
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def fab() -> Iterator[ApiFabric]:
-    yield from api_fabric()
-
-
-@pytest.fixture(params=["fast", "aiohttp"])
-def base(request: pytest.FixtureRequest, fab: ApiFabric) -> str:
-    return fab.fast_url if request.param == "fast" else fab.aio_url
 
 
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

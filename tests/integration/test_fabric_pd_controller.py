@@ -14,7 +14,7 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import openai
 import pytest
@@ -27,6 +27,7 @@ from llmfabric.scheduler.phasesplit.groups import Group, canonical
 from llmfabric.scheduler.phasesplit.inputs import load_cluster
 from llmfabric.scheduler.phasesplit.problem import PDWorkload, TabuOptions
 from llmfabric.scheduler.phasesplit.tabu import tabu_search
+from llmfabric.testing.poll import wait_until_sync
 
 from .test_fabric_pd import MODEL, MSG, _engine, _pd
 
@@ -111,11 +112,8 @@ def _prefills(nodes: dict[str, NodeProcess]) -> dict[str, int]:
     return {k: int(_pd(nodes[k])["prefills"]) for k in ("p1", "p2")}
 
 
-def _wait(cond: object, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.3)
+def _wait(cond: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    wait_until_sync(cond, timeout, what, interval=0.3)
 
 
 async def test_a_controller_process_flips_over_the_peer_protocol_and_ingresses_follow(

@@ -38,8 +38,9 @@ from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth, StaticPrincipa
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
+from llmfabric.testing.poll import wait_until
 
-from .test_ingress_support import Backend, serve
+from .test_ingress_support import Backend, port_open, serve
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -147,16 +148,8 @@ def _spawn_sim(model: str, gpu: str, port: int, log: Path) -> subprocess.Popen[b
 
 
 async def _wait_http(port: int, within: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while loop.time() < deadline:
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise TimeoutError(f"engine on port {port} did not start")
+    await wait_until(lambda: port_open(port), within, f"engine on port {port} started",
+                     interval=0.05)
 
 
 @pytest.mark.skipif(

@@ -17,7 +17,7 @@ from llmfabric.cli.ingress import parse_backend
 from llmfabric.ingress.errors import ConfigError
 from llmfabric.node.ports import free_port
 
-from .test_ingress_support import Backend, serve
+from .test_ingress_support import Backend, models_once_up, serve
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -44,16 +44,7 @@ async def test_standalone_ingress_with_two_workers(tmp_path: Path) -> None:
     try:
         c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{iport}/v1", api_key="x",
                                max_retries=0, timeout=10)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while True:
-            try:
-                models = await c.models.list()
-                break
-            except openai.APIConnectionError:
-                if loop.time() > deadline or proc.poll() is not None:
-                    raise
-                await asyncio.sleep(0.1)
+        models = await models_once_up(c, proc)
         assert [m.id for m in models.data] == ["m"]
         replies = await asyncio.gather(
             *(c.chat.completions.create(model="m", messages=MSG) for _ in range(8))

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import http.client
 import socket
+import subprocess
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import openai
 import orjson
 from aiohttp import web
 
@@ -24,6 +25,7 @@ from llmfabric.registry.records import (
     NodeRecord,
     ServedModel,
 )
+from llmfabric.testing.poll import wait_until_sync
 
 
 @dataclass
@@ -130,14 +132,28 @@ async def serve(app: web.Application, port: int) -> web.AppRunner:
     return runner
 
 
+async def models_once_up(client: openai.AsyncOpenAI, proc: subprocess.Popen[Any],
+                         within: float = 30.0) -> Any:
+    """`client.models.list()` once the ingress process `proc` answers: retried on connection
+    errors for `within` s, or until the process has exited."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        try:
+            return await client.models.list()
+        except openai.APIConnectionError:
+            if loop.time() > deadline or proc.poll() is not None:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_port(port: int, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"port {port} did not open")
+    wait_until_sync(lambda: port_open(port), within, f"port {port} open", interval=0.02)
 
 
 @dataclass

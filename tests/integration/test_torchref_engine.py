@@ -21,6 +21,8 @@ from llmfabric.scheduler.switching import (
     priority,
 )
 
+from ._torchref import to_width
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOK = ByteTokenizer()
@@ -34,16 +36,6 @@ def engine() -> Iterator[FlyingEngine]:
     opts = EngineOptions(dp=2, widths=(1, 2), n_blocks=BLOCKS, block_tokens=BLOCK_TOKENS)
     with FlyingEngine(opts) as eng:
         yield eng
-
-
-def to_width(engine: FlyingEngine, width: int, method: Method = "hard") -> None:
-    engine.switch(width, method)
-    for _ in range(1000):
-        engine.step()
-        s = engine.sched
-        if s.width == width and not s.pending_bind and not s.pending_release:
-            return
-    raise AssertionError(f"did not reach width {width}")
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ pytest.importorskip("torch")
 
 from llmfabric.node.local_fabric import LocalFabric
 from llmfabric.node.ports import free_port
+from llmfabric.testing.poll import wait_for_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,13 +47,13 @@ def _post(port: int, path: str, body: dict[str, Any]) -> tuple[int, Any]:
 
 
 def _wait_status(port: int, pred: Any, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def matching() -> dict[str, Any] | None:
         st: dict[str, Any] = _get(port, "/dtp_status")
-        if pred(st):
-            return st
-        time.sleep(0.02)
-    raise AssertionError(f"status never matched: {st}")
+        return st if pred(st) else None
+
+    st = wait_for_value(matching, timeout, "a /dtp_status that matches", interval=0.02)
+    assert st is not None
+    return st
 
 
 @pytest.fixture(scope="module")

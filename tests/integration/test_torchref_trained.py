@@ -21,6 +21,8 @@ from llmfabric.engines.torchref.scheduler import Request
 from llmfabric.engines.torchref.train import DEFAULT_TEXT, save_checkpoint, train
 from llmfabric.engines.torchref.weights import init_weights, weights_to_state
 
+from ._torchref import to_width
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOK = ByteTokenizer()
@@ -42,16 +44,6 @@ def engine(trained: ModelConfig) -> Iterator[FlyingEngine]:
     with FlyingEngine(EngineOptions(config=trained, dp=2, widths=(1, 2), n_blocks=32,
                                     block_tokens=16)) as eng:
         yield eng
-
-
-def to_width(engine: FlyingEngine, width: int) -> None:
-    engine.switch(width, "hard")
-    for _ in range(1000):
-        engine.step()
-        s = engine.sched
-        if s.width == width and not s.pending_bind and not s.pending_release:
-            return
-    raise AssertionError(f"did not reach width {width}")
 
 
 def run(engine: FlyingEngine, text: str, n: int = N) -> Request:

@@ -53,7 +53,9 @@ def error_body(message: str, type_: str, code: str, param: str | None = None) ->
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     return web.Response(
         body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
     )
@@ -61,7 +63,7 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 def _err(status: int, message: str, type_: str, code: str) -> web.Response:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return _json(error_body(message, type_, code), status, headers)
+    return json_response(error_body(message, type_, code), status, headers)
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -96,7 +98,7 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
                             "permission_error", "forbidden")
             owner = me.owner
         keys = await store.list_keys(owner=owner)
-        return _json({"object": "list", "data": [k.to_json() for k in keys]})
+        return json_response({"object": "list", "data": [k.to_json() for k in keys]})
 
     async def create_key(request: web.Request) -> web.Response:
         me = await caller(request)
@@ -125,7 +127,7 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
             return _err(400, str(exc), "invalid_request_error", "invalid_body")
         except PermissionDenied as exc:
             return _err(403, str(exc), "permission_error", "forbidden")
-        return _json({**key.to_json(), "key": plaintext}, 201)
+        return json_response({**key.to_json(), "key": plaintext}, 201)
 
     async def revoke_key(request: web.Request) -> web.Response:
         me = await caller(request)
@@ -137,7 +139,7 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
             return _err(404, str(exc), "invalid_request_error", "key_not_found")
         except PermissionDenied as exc:
             return _err(403, str(exc), "permission_error", "forbidden")
-        return _json(key.to_json())
+        return json_response(key.to_json())
 
     async def usage(request: web.Request) -> web.Response:
         me = await caller(request)
@@ -156,7 +158,7 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
                             "permission_error", "forbidden")
             owner = me.owner
         rows = await store.usage(key_id=key_id, owner=owner, since_day=since)
-        return _json({"object": "list", "data": [r.to_json() for r in rows]})
+        return json_response({"object": "list", "data": [r.to_json() for r in rows]})
 
     async def owner_limits(request: web.Request) -> web.Response:
         me = await caller(request)
@@ -172,8 +174,8 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
                         "invalid_body")
         owner = request.match_info["owner"]
         await store.set_owner_limits(owner, body.requests_per_min, body.tokens_per_min)
-        return _json({"owner": owner, "requests_per_min": body.requests_per_min,
-                      "tokens_per_min": body.tokens_per_min})
+        return json_response({"owner": owner, "requests_per_min": body.requests_per_min,
+                              "tokens_per_min": body.tokens_per_min})
 
     app.router.add_put("/v1/fabric/owners/{owner}/limits", owner_limits)
     app.router.add_get("/v1/fabric/keys", list_keys)

@@ -20,14 +20,13 @@
 
 from __future__ import annotations
 
-import orjson
 import pydantic
 from aiohttp import web
 
 from llmfabric.accounts.budgets import BudgetStore, validate_budget
 from llmfabric.accounts.errors import InvalidRequest
 from llmfabric.accounts.export import ExportFilter, render
-from llmfabric.accounts.http import bearer_token, error_body
+from llmfabric.accounts.http import bearer_token, error_body, json_response
 from llmfabric.accounts.models import ApiKey
 from llmfabric.accounts.prices import validate_price
 from llmfabric.accounts.store import AccountStore
@@ -51,15 +50,10 @@ class PriceBody(pydantic.BaseModel):
     completion_usd_per_mtok: float = pydantic.Field(ge=0, allow_inf_nan=False)
 
 
-def _json(body: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status,
-                        content_type="application/json")
-
-
 def _err(status: int, message: str, code: str) -> web.Response:
     kind = {401: "invalid_request_error", 403: "permission_error"}.get(
         status, "invalid_request_error")
-    return _json(error_body(message, kind, code), status)
+    return json_response(error_body(message, kind, code), status)
 
 
 def add_tenancy_routes(app: web.Application, store: AccountStore,
@@ -81,7 +75,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
             if budgets is not None and me.owner in budgets.book.teams:
                 mine.add(("team", budgets.book.teams[me.owner]))
             rows = [r for r in rows if (r["scope"], r["name"]) in mine]
-        return _json({"object": "list", "enforced": budgets is not None, "data": rows})
+        return json_response({"object": "list", "enforced": budgets is not None, "data": rows})
 
     async def admin_budget(request: web.Request, *names: str) -> web.Response | tuple[str, ...]:
         me = await caller(request)
@@ -107,7 +101,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         except InvalidRequest as exc:
             return _err(400, str(exc), "invalid_body")
         await budgets.put(budget)
-        return _json(budget.to_json())
+        return json_response(budget.to_json())
 
     async def delete_budget(request: web.Request) -> web.Response:
         got = await admin_budget(request)
@@ -116,7 +110,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         assert budgets is not None
         if not await budgets.delete(*got):
             return _err(404, f"no budget for {got[0]} {got[1]!r}", "budget_not_found")
-        return _json({"scope": got[0], "name": got[1], "deleted": True})
+        return json_response({"scope": got[0], "name": got[1], "deleted": True})
 
     async def export(request: web.Request) -> web.Response:
         me = await caller(request)
@@ -146,7 +140,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         if isinstance(me, web.Response):
             return me
         prices = budgets.book.prices if budgets is not None else {}
-        return _json({"object": "list", "data": [
+        return json_response({"object": "list", "data": [
             {"model": m, **p.to_json()} for m, p in sorted(prices.items())]})
 
     async def put_price(request: web.Request) -> web.Response:
@@ -165,7 +159,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         except InvalidRequest as exc:
             return _err(400, str(exc), "invalid_body")
         await budgets.put_price(model, price)
-        return _json({"model": model, **price.to_json()})
+        return json_response({"model": model, **price.to_json()})
 
     async def delete_price(request: web.Request) -> web.Response:
         got = await admin_budget(request, "model")
@@ -174,7 +168,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         assert budgets is not None
         if not await budgets.delete_price(got[0]):
             return _err(404, f"no price for model {got[0]!r}", "price_not_found")
-        return _json({"model": got[0], "deleted": True})
+        return json_response({"model": got[0], "deleted": True})
 
     async def list_teams(request: web.Request) -> web.Response:
         me = await caller(request)
@@ -183,7 +177,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         teams = budgets.book.teams if budgets is not None else {}
         rows = [{"owner": o, "team": t} for o, t in sorted(teams.items())
                 if me.admin or o == me.owner]
-        return _json({"object": "list", "data": rows})
+        return json_response({"object": "list", "data": rows})
 
     async def put_team(request: web.Request) -> web.Response:
         got = await admin_budget(request, "owner")
@@ -197,7 +191,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
             return _err(400, "a team membership is {team: 1..200 characters}", "invalid_body")
         except InvalidRequest as exc:
             return _err(400, str(exc), "invalid_body")
-        return _json({"owner": got[0], "team": body.team})
+        return json_response({"owner": got[0], "team": body.team})
 
     async def delete_team(request: web.Request) -> web.Response:
         got = await admin_budget(request, "owner")
@@ -206,7 +200,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         assert budgets is not None
         if not await budgets.delete_team(got[0]):
             return _err(404, f"owner {got[0]!r} is in no team", "team_not_found")
-        return _json({"owner": got[0], "deleted": True})
+        return json_response({"owner": got[0], "deleted": True})
 
     app.router.add_get("/v1/fabric/teams", list_teams)
     app.router.add_put("/v1/fabric/teams/{owner}", put_team)

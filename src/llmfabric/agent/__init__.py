@@ -12,7 +12,8 @@ Files:
   kv_events_config.py  vLLM's --kv-events-config: where an engine publishes KV-cache events
   engine_metrics.py  Prometheus / llama.cpp /slots parsing into EngineLoad; PrefixRate
   proctree.py    the engine's process tree: parent-death signal, /proc walk, kill_tree
-  watchdog.py    stdlib-only watchdog process: kills the tree when the node or engine dies
+  watchdog.py    stdlib-only watchdog process: kills the tree when the node or engine dies;
+                 its proc_stat (/proc/PID/stat) is proctree's too
   probe.py       EngineProbe protocol and HttpProbe (/v1/models, /health, GET text/JSON)
   logwatch.py    LogWatcher and DEFAULT_FATAL_PATTERNS (NCCL timeout, CUDA error, ...)
   hardware.py    discover_hardware: NVML / nvidia-smi / CPU, with flag overrides

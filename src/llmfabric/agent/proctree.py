@@ -27,6 +27,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterable
 
+from llmfabric.agent.watchdog import proc_stat
+
 PR_SET_PDEATHSIG = 1
 WATCHDOG_FILE = pathlib.Path(__file__).with_name("watchdog.py")
 
@@ -62,27 +64,13 @@ def engine_preexec(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    """(ppid, start time in clock ticks, state letter) from /proc/PID/stat."""
-    try:
-        raw = pathlib.Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses: split after the LAST ')'.
-    rest = raw[raw.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[1]), int(rest[19]), rest[0].decode()
-    except (IndexError, ValueError):
-        return None
-
-
 def process_table() -> dict[int, tuple[int, int, str]]:
     """pid -> (ppid, start time, state) of every process we can see."""
     table: dict[int, tuple[int, int, str]] = {}
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
             if name.isdigit():
-                st = _stat(int(name))
+                st = proc_stat(int(name))
                 if st is not None:
                     table[int(name)] = st
     return table
@@ -108,7 +96,7 @@ def descendants(root: int, table: dict[int, tuple[int, int, str]] | None = None
 
 def alive(pid: int) -> bool:
     """True while `pid` runs (a zombie counts as gone)."""
-    st = _stat(pid)
+    st = proc_stat(pid)
     if st is not None:
         return st[2] not in ("Z", "X")
     if os.path.isdir("/proc"):
@@ -128,7 +116,7 @@ def kill_tree(pgid: int, known: Iterable[tuple[int, int]] = ()) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     for pid, start in known:
-        st = _stat(pid)
+        st = proc_stat(pid)
         if st is not None and st[1] == start:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

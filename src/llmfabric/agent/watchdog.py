@@ -23,12 +23,14 @@ import sys
 import time
 
 
-def _stat(pid: int) -> tuple[int, int, str] | None:
+def proc_stat(pid: int) -> tuple[int, int, str] | None:
+    """(ppid, start time in clock ticks, state letter) from /proc/PID/stat (None: gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except OSError:
         return None
+    # The command name may hold spaces and parentheses: split after the LAST ')'.
     rest = raw[raw.rfind(b")") + 2 :].split()
     try:
         return int(rest[1]), int(rest[19]), rest[0].decode()
@@ -42,7 +44,7 @@ def _descendants(root: int) -> dict[int, int]:
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
             if name.isdigit():
-                st = _stat(int(name))
+                st = proc_stat(int(name))
                 if st is not None:
                     children.setdefault(st[0], []).append(int(name))
                     starts[int(name)] = st[1]
@@ -57,7 +59,7 @@ def _descendants(root: int) -> dict[int, int]:
 
 
 def _alive(pid: int) -> bool:
-    st = _stat(pid)
+    st = proc_stat(pid)
     return st is not None and st[2] not in ("Z", "X")
 
 
@@ -65,7 +67,7 @@ def _kill_all(pgid: int, known: dict[int, int]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     for pid, start in known.items():
-        st = _stat(pid)
+        st = proc_stat(pid)
         if st is not None and st[1] == start:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -94,7 +96,7 @@ def main(argv: list[str]) -> int:
             # Children of the dead main process were re-parented: take the group and the
             # recorded ones, twice (a child may fork while we kill).
             for _ in range(2):
-                known.update({p: s for p, s in known.items() if _stat(p) is not None})
+                known.update({p: s for p, s in known.items() if proc_stat(p) is not None})
                 _kill_all(engine, known)
                 time.sleep(0.05)
             return 0

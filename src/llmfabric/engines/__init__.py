@@ -5,6 +5,8 @@ Files:
   sim_server.py  SimEngineConfig, SimEngine (aiohttp app: /health, /v1/models,
                  /v1/chat/completions, /v1/completions, /v1/embeddings, /sim/*), serve()
   protocol.py    OpenAI request validation (pydantic) and response/stream chunk builders
+  http_edge.py   what both engines' aiohttp servers share: JSON and OpenAI error responses,
+                 request bodies read and validated, listen() with vLLM's ready line
   batcher.py     Batcher: continuous batching (shared decode steps, queued prefills)
   dp.py          data parallelism: `dp` independent replicas of one model behind one engine
   flying_dp.py   FlyingDataParallel (--flying): DP batchers binding into TP batchers under a

@@ -21,10 +21,9 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-import pydantic
 from aiohttp import web
 
 from llmfabric.clock import Clock, SystemClock
@@ -33,6 +32,16 @@ from llmfabric.engines import text
 from llmfabric.engines.batcher import Batcher
 from llmfabric.engines.dp import DataParallel
 from llmfabric.engines.faults import FaultState, crash
+from llmfabric.engines.http_edge import (
+    ChunkStream,
+    M,
+    error_response,
+    json_response,
+    listen,
+    model_not_found,
+    read_object,
+    read_request,
+)
 from llmfabric.engines.kv_publisher import KvEventPublisher, cache_events
 from llmfabric.engines.pd_role import KVLink, PDRequestError, PDRole, parse_handoff, phase_of
 from llmfabric.engines.timing import model_max_context, timing_for
@@ -40,7 +49,6 @@ from llmfabric.sim.errors import SpecError
 from llmfabric.sim.memory import max_kv_tokens
 from llmfabric.sim.prefix_cache import BlockLRU
 
-M = TypeVar("M", bound=pydantic.BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -88,17 +96,6 @@ def kv_capacity_blocks(gpu: str, model: str, tp: int) -> int:
         return max(1, max_kv_tokens(model, gpu, tp) // text.BLOCK_TOKENS)
     except (SpecError, KeyError, ValueError):
         return 4096
-
-
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
-    )
-
-
-def _error(status: int, message: str, type_: str = "invalid_request_error",
-           code: str | None = None, param: str | None = None) -> web.Response:
-    return _json(p.error_body(message, type_, code, param), status)
 
 
 class SimEngine:
@@ -168,9 +165,10 @@ class SimEngine:
             cfg.dp, cfg.widths, policy, self.clock)
 
     async def dtp_status(self, _: web.Request) -> web.Response:
-        return _json({m: b.status() for m, b in self.batchers.items()  # type: ignore[union-attr]
-                      } if len(self.batchers) > 1 else
-                     next(iter(self.batchers.values())).status())  # type: ignore[union-attr]
+        return json_response(
+            {m: b.status() for m, b in self.batchers.items()  # type: ignore[union-attr]
+             } if len(self.batchers) > 1 else
+            next(iter(self.batchers.values())).status())  # type: ignore[union-attr]
 
     async def dtp_switch(self, request: web.Request) -> web.Response:
         try:
@@ -183,7 +181,7 @@ class SimEngine:
             for b in self.batchers.values():
                 b.switch(width, method)  # type: ignore[union-attr]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return _error(400, f"bad /dtp_switch body: {exc}")
+            return error_response(400, f"bad /dtp_switch body: {exc}")
         return await self.dtp_status(request)
 
     @web.middleware
@@ -193,8 +191,8 @@ class SimEngine:
         await self.faults.wait_while_hung()
         health = request.path in ("/health", "/v1/models")
         if self.faults.fail_status and (not health or self.faults.fail_health):
-            return _error(self.faults.fail_status, "simulated engine failure", "server_error",
-                          "simulated_failure")
+            return error_response(self.faults.fail_status, "simulated engine failure",
+                                  type_="server_error", code="simulated_failure")
         return await handler(request)
 
     # -- routes -------------------------------------------------------------------------
@@ -216,10 +214,10 @@ class SimEngine:
             }
             for m in self.config.models
         ]
-        return _json({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     async def stats(self, _: web.Request) -> web.Response:
-        return _json({
+        return json_response({
             "requests": self.faults.requests,
             "completed": self.completed,
             "active": {m: b.active for m, b in self.batchers.items()},
@@ -242,7 +240,7 @@ class SimEngine:
         return web.Response(text=body, content_type="text/plain")
 
     async def get_role(self, _: web.Request) -> web.Response:
-        return _json(self.pd.stats())
+        return json_response(self.pd.stats())
 
     async def set_role(self, request: web.Request) -> web.Response:
         """Flip the role (lightweight rescheduling): a routing change, nothing reloads."""
@@ -250,17 +248,14 @@ class SimEngine:
             body = orjson.loads(await request.read())
             self.pd.set_role(str(body["role"]) if isinstance(body, dict) else "")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return _error(400, f"bad /sim/role body (want {{\"role\": \"prefill\"|\"decode\""
-                          f"|\"both\"}}): {exc}")
-        return _json(self.pd.stats())
+            return error_response(400, "bad /sim/role body (want {\"role\": \"prefill\""
+                                  f"|\"decode\"|\"both\"}}): {exc}")
+        return json_response(self.pd.stats())
 
     async def control(self, request: web.Request) -> web.Response:
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return _error(400, "control body must be JSON")
-        if not isinstance(body, dict):
-            return _error(400, "control body must be a JSON object")
+        body = await read_object(request, "control body")
+        if isinstance(body, web.Response):
+            return body
         action = body.get("action")
         if action == "crash":
             code = int(body.get("code", 3))
@@ -272,13 +267,13 @@ class SimEngine:
         elif action == "slow":
             factor = body.get("factor")
             if not isinstance(factor, int | float) or factor <= 0:
-                return _error(400, "slow needs a positive 'factor'")
+                return error_response(400, "slow needs a positive 'factor'")
             for b in self.batchers.values():
                 b.slow = float(factor)
         elif action == "fail":
             status = body.get("status", 500)
             if not isinstance(status, int) or not 400 <= status <= 599:
-                return _error(400, "fail needs an HTTP error 'status' (400-599)")
+                return error_response(400, "fail needs an HTTP error 'status' (400-599)")
             self.faults.fail_status = status
             self.faults.fail_health = bool(body.get("health", False))
         elif action == "log":
@@ -291,44 +286,34 @@ class SimEngine:
                 b.resume()
                 b.slow = 1.0
         else:
-            return _error(400, "action must be one of crash, hang, slow, fail, log, reset")
-        return _json({"ok": True, "action": action})
+            return error_response(400, "action must be one of crash, hang, slow, fail, log, reset")
+        return json_response({"ok": True, "action": action})
 
     async def _body(self, request: web.Request, model_cls: type[M]) -> M | web.Response:
-        raw = await request.read()
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return _error(400, "request body is not valid JSON", code="invalid_json")
-        if not isinstance(data, dict):
-            return _error(400, "request body must be a JSON object", code="invalid_json")
-        try:
-            req = model_cls.model_validate(data)
-        except pydantic.ValidationError as exc:
-            msg, param = p.validation_message(exc)
-            return _error(400, msg, code="invalid_value", param=param)
+        req = await read_request(request, model_cls)
+        if isinstance(req, web.Response):
+            return req
         model = getattr(req, "model", "")
         if model not in self.batchers:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError",
-                          "model_not_found", "model")
+            return model_not_found(model)
         if getattr(req, "n", 1) != 1:
-            return _error(400, "the simulated engine supports only n=1", code="invalid_value",
-                          param="n")
+            return error_response(400, "the simulated engine supports only n=1",
+                                  code="invalid_value", param="n")
         return req
 
     def _plan(self, model: str, prompt_tokens: int, limit: int | None, ignore_eos: bool,
               seed: int, offset: int = 0) -> tuple[int, str] | web.Response:
         max_len = self.max_len[model]
         if prompt_tokens >= max_len:
-            return _error(400, f"This model's maximum context length is {max_len} tokens. "
-                          f"However, you requested {prompt_tokens} tokens in the prompt.",
-                          code="context_length_exceeded", param="messages")
+            return error_response(400, f"This model's maximum context length is {max_len} tokens. "
+                                  f"However, you requested {prompt_tokens} tokens in the prompt.",
+                                  code="context_length_exceeded", param="messages")
         room = max_len - prompt_tokens
         if limit is not None and limit > room:
-            return _error(400, f"This model's maximum context length is {max_len} tokens. "
-                          f"However, you requested {prompt_tokens + limit} tokens "
-                          f"({prompt_tokens} in the prompt, {limit} for the completion).",
-                          code="context_length_exceeded", param="max_tokens")
+            return error_response(400, f"This model's maximum context length is {max_len} tokens. "
+                                  f"However, you requested {prompt_tokens + limit} tokens "
+                                  f"({prompt_tokens} in the prompt, {limit} for the completion).",
+                                  code="context_length_exceeded", param="max_tokens")
         natural = max(1, text.natural_length(seed) - offset)  # (a continuation: what is left)
         if limit is None:
             return min(natural, room), "stop" if natural <= room else "length"
@@ -367,8 +352,8 @@ class SimEngine:
             prompt_text = item if isinstance(item, str) else str(item)
             prompt_tokens = text.count_tokens(item) if isinstance(item, str) else len(item)
         else:
-            return _error(400, "the simulated engine takes one prompt per request",
-                          code="invalid_value", param="prompt")
+            return error_response(400, "the simulated engine takes one prompt per request",
+                                  code="invalid_value", param="prompt")
         offset = 0
         if isinstance(prompt, str) or isinstance(prompt[0], str):
             # A prompt ending with this engine's own answer to an earlier prompt (a stream
@@ -392,15 +377,15 @@ class SimEngine:
             handoff = parse_handoff(req.model_extra or {}, prompt_tokens) \
                 if phase == "decode" else None
         except PDRequestError as exc:
-            return _error(400, str(exc), code="invalid_value", param="kv_transfer_params")
+            return error_response(400, str(exc), code="invalid_value", param="kv_transfer_params")
         refused = self.pd.refusal(phase) if phase is not None else None
         if refused is not None:  # retryable: the ingress takes this phase elsewhere
-            return _error(503, refused, "server_error", "wrong_role")
+            return error_response(503, refused, type_="server_error", code="wrong_role")
         self.faults.count_request()
         await self.faults.wait_while_hung()
         if self.faults.fail_status:
-            return _error(self.faults.fail_status, "simulated engine failure", "server_error",
-                          "simulated_failure")
+            return error_response(self.faults.fail_status, "simulated engine failure",
+                                  type_="server_error", code="simulated_failure")
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
         created = p.now_s()
         cached = self._cached_tokens(req.model, prompt_text, prompt_tokens)
@@ -415,15 +400,15 @@ class SimEngine:
             reply = build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
                           len(parts))
             reply["kv_transfer_params"] = self.pd.handle(req.model, prompt_tokens)
-            return _json(reply)
+            return json_response(reply)
         if req.stream:
             return await self._stream(request, req, kind, rid, created, seed, tokens,
                                       prompt_tokens, n_tokens, finish, offset)
         parts = [text.token_text(seed, i + offset) async for i in tokens]
         self.completed += 1
         build = p.chat_completion if kind == "chat" else p.text_completion
-        return _json(build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
-                           len(parts)))
+        return json_response(build(rid, created, req.model, "".join(parts), finish,
+                                   prompt_tokens, len(parts)))
 
     def _cached_tokens(self, model: str, prompt_text: str, prompt_tokens: int) -> int:
         """Prompt tokens the prefix cache holds (then the prompt's blocks become recent)."""
@@ -444,43 +429,20 @@ class SimEngine:
                       kind: str, rid: str, created: int, seed: int, tokens: AsyncIterator[int],
                       prompt_tokens: int, n_tokens: int, finish: str, offset: int = 0
                       ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        with_usage = req.include_usage
-        model = req.model
-
-        async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
-
+        stream = await ChunkStream.open(request, req, kind, rid, created)
         sent = 0
         try:
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
-                                        None, with_usage))
+            await stream.begin()
             async for i in tokens:
-                piece = text.token_text(seed, i + offset)
                 sent += 1
-                if kind == "chat":
-                    await send(p.chat_chunk(rid, created, model, {"content": piece}, None,
-                                            with_usage))
-                else:
-                    await send(p.text_chunk(rid, created, model, piece, None, with_usage))
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {}, finish, with_usage))
-            else:
-                await send(p.text_chunk(rid, created, model, "", finish, with_usage))
-            if with_usage:
-                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                await send(p.usage_chunk(rid, created, model, obj, prompt_tokens, sent))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+                await stream.piece(text.token_text(seed, i + offset))
+            await stream.end(finish, prompt_tokens, sent)
         except (ConnectionResetError, asyncio.CancelledError):
             with contextlib.suppress(Exception):
                 await tokens.aclose()  # type: ignore[attr-defined]
             raise
         self.completed += 1
-        return resp
+        return stream.resp
 
     async def embeddings(self, request: web.Request) -> web.Response:
         req = await self._body(request, p.EmbeddingRequest)
@@ -495,7 +457,7 @@ class SimEngine:
         else:
             items = [x if isinstance(x, str) else str(x) for x in inp]
         if not items or any(x == "" for x in items):
-            return _error(400, "input must be a non-empty string or list", param="input")
+            return error_response(400, "input must be a non-empty string or list", param="input")
         self.faults.count_request()
         dims = req.dimensions or self.config.embedding_dims
         prompt_tokens = sum(text.count_tokens(x) for x in items)
@@ -503,8 +465,8 @@ class SimEngine:
         data = [p.embedding_item(i, text.embedding(x, dims), req.encoding_format)
                 for i, x in enumerate(items)]
         self.completed += 1
-        return _json({"object": "list", "data": data, "model": req.model,
-                      "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        return json_response({"object": "list", "data": data, "model": req.model, "usage": usage})
 
 
 async def serve(config: SimEngineConfig, ready: asyncio.Event | None = None) -> None:
@@ -515,12 +477,7 @@ async def serve(config: SimEngineConfig, ready: asyncio.Event | None = None) -> 
     if config.startup_delay_s > 0:
         print(f"INFO: loading model weights ({config.startup_delay_s:.1f}s)", flush=True)
         await asyncio.sleep(config.startup_delay_s)
-    runner = web.AppRunner(engine.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    print(f"INFO: Uvicorn running on http://{config.host}:{config.port} (Press CTRL+C to quit)",
-          flush=True)
+    runner = await listen(engine.app(), config.host, config.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if not config.ignore_sigterm:

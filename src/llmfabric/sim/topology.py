@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -200,11 +200,19 @@ class Topology:
         return out
 
     # --- paths ------------------------------------------------------------------------
-    def _dijkstra(self, src: NodeId, n_bytes: float) -> dict[NodeId, tuple[float, NodeId | None,
-                                                                          Edge | None]]:
+    def dijkstra(self, src: NodeId, n_bytes: float, *,
+                 allow: Callable[[NodeId, Edge, NodeId], bool] | None = None,
+                 order: Mapping[NodeId, int] | None = None, slack: float = 1e-18,
+                 ) -> dict[NodeId, tuple[float, NodeId | None, Edge | None]]:
+        """Fastest routes of an `n_bytes` message from `src` (sum over edges of latency +
+        n_bytes / capacity): {node: (time, previous node, edge from it)}, `src` itself as
+        (0, None, None). `allow(u, e, v)` filters the steps (None: every edge); equal times
+        pop in `order` (default: the order nodes were added), and a label is replaced only
+        by one better by more than `slack`, so equal-cost routes resolve deterministically."""
         best: dict[NodeId, tuple[float, NodeId | None, Edge | None]] = {src: (0.0, None, None)}
+        if order is None:
+            order = {n: k for k, n in enumerate(self._adj)}
         heap: list[tuple[float, int, NodeId]] = [(0.0, 0, src)]
-        order = {n: k for k, n in enumerate(self._adj)}  # deterministic tie-break
         done: set[NodeId] = set()
         while heap:
             d, _, u = heapq.heappop(heap)
@@ -213,8 +221,10 @@ class Topology:
             done.add(u)
             for e in self._adj[u]:
                 v = e.other(u)
+                if allow is not None and not allow(u, e, v):
+                    continue
                 nd = d + e.latency_s + n_bytes / e.capacity
-                if v not in best or nd < best[v][0] - 1e-18:
+                if v not in best or nd < best[v][0] - slack:
                     best[v] = (nd, u, e)
                     heapq.heappush(heap, (nd, order[v], v))
         return best
@@ -268,7 +278,7 @@ class Topology:
         for src in self._gpus:
             prev: dict[NodeId, tuple[NodeId | None, Edge | None]]
             if mode == "shortest":
-                res = self._dijkstra(src, n_bytes)
+                res = self.dijkstra(src, n_bytes)
                 prev = {n: (p, e) for n, (_, p, e) in res.items()}
             else:
                 wres = self._widest(src)

@@ -5,7 +5,8 @@ the logic under test.
               (optionally batched within a `resolution`, for large simulations)
   memnet      in-memory network with loss, delay, duplication, reordering, partitions and
               per-link latency (sites)
-  poll        wait_until / wait_until_sync: the one polling helper for tests on real time
+  poll        wait_until / wait_until_sync / wait_for_value: the one polling helper for tests
+              on real time
   shared_data shared_data() / require_data(): the measured data directory, and the rule for
               a missing file (skip outside CI, fail in CI)
   members     joined(): a key whose JOIN record is in a replica (so its facts are accepted)

@@ -9,6 +9,8 @@ sockets and processes can only be polled:
 Both return the seconds the wait took (tests that report detection times print it) and raise
 AssertionError("not within Ns: WHAT") when the predicate stays false; exceptions of the
 `ignore` types count as false (a server that is not up yet refuses connections).
+`wait_for_value` is `wait_until_sync` for a predicate whose truthy result the test goes on
+with (the nodes a fleet view lists once they are all there).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def _holds(predicate: Callable[[], object], ignore: tuple[type[BaseException], ...]) -> bool:
@@ -50,3 +55,18 @@ def wait_until_sync(
             raise AssertionError(f"not within {within}s: {what or predicate}")
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def wait_for_value(
+    predicate: Callable[[], T], within: float = 5.0, what: str = "", *,
+    interval: float = 0.05, ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """`wait_until_sync` that returns the predicate's first truthy result."""
+    last: list[T] = []
+
+    def holds() -> T:
+        last[:] = [predicate()]
+        return last[0]
+
+    wait_until_sync(holds, within, what, interval=interval, ignore=ignore)
+    return last[0]

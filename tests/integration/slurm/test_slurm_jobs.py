@@ -20,7 +20,7 @@ import yaml
 
 from llmfabric.launch.slurm import parse_time
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric
-from llmfabric.testing.poll import wait_until_sync
+from llmfabric.testing.poll import wait_for_value
 
 from ._slurm_cluster import SlurmCluster
 
@@ -81,18 +81,12 @@ def job_nodes(fabric: LocalFabric, job: str) -> list[dict[str, Any]]:
 
 def wait_for(what: str, predicate: Any, timeout: float, slurm: SlurmCluster,
              job: str) -> Any:
-    got: list[Any] = [None]
-
-    def holds() -> Any:
-        got[0] = predicate()
-        return got[0]
-
     try:
-        wait_until_sync(holds, timeout, what, interval=0.3, ignore=(OSError, ValueError, KeyError))
+        return wait_for_value(predicate, timeout, what, interval=0.3,
+                              ignore=(OSError, ValueError, KeyError))
     except AssertionError as exc:
         out = slurm.run("squeue", "-j", job).stdout
         raise AssertionError(f"{exc}; squeue: {out}") from None
-    return got[0]
 
 
 def in_queue(slurm: SlurmCluster, job: str) -> bool:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llmfabric.testing.poll import wait_until, wait_until_sync
+from llmfabric.testing.poll import wait_for_value, wait_until, wait_until_sync
 
 
 async def test_wait_until_returns_when_the_predicate_holds() -> None:
@@ -43,3 +43,18 @@ def test_wait_until_sync() -> None:
     assert len(calls) == 2 and 0.0 < took < 2.0
     with pytest.raises(AssertionError, match="not within"):
         wait_until_sync(lambda: False, 0.01, "never", interval=0.001)
+
+
+def test_wait_for_value_returns_the_first_truthy_result() -> None:
+    results = iter([None, [], OSError, {"nodes": 2}, {"nodes": 3}])
+
+    def next_view() -> object:
+        got = next(results)
+        if got is OSError:
+            raise ConnectionRefusedError
+        return got
+
+    view = wait_for_value(next_view, 2.0, interval=0.001, ignore=(OSError,))
+    assert view == {"nodes": 2}
+    with pytest.raises(AssertionError, match=r"not within 0\.01s: a view"):
+        wait_for_value(lambda: None, 0.01, "a view", interval=0.001)

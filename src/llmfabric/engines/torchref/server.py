@@ -14,19 +14,25 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-import orjson
-import pydantic
 from aiohttp import web
 
 from llmfabric.engines import protocol as p
+from llmfabric.engines.http_edge import (
+    ChunkStream,
+    M,
+    error_response,
+    json_response,
+    listen,
+    model_not_found,
+    read_object,
+    read_request,
+)
 from llmfabric.engines.torchref.config import ByteTokenizer, StreamDecoder
 from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
 from llmfabric.engines.torchref.scheduler import Event, Request
 from llmfabric.scheduler.switching import METHODS, Method
 
-M = TypeVar("M", bound=pydantic.BaseModel)
 METHOD_NAMES: dict[str, Method] = {"sequential": "sequential", "soft-preempt": "soft",
                                    "hard-preempt": "hard", **{m: m for m in METHODS}}
 
@@ -36,15 +42,6 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None  # served model id (default: the config's name)
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-def _error(status: int, message: str, code: str | None = None, param: str | None = None,
-           type_: str = "invalid_request_error") -> web.Response:
-    return _json(p.error_body(message, type_, code, param), status)
 
 
 class TorchServer:
@@ -74,13 +71,13 @@ class TorchServer:
         return web.Response(status=200 if ok else 503)
 
     async def models(self, _: web.Request) -> web.Response:
-        return _json({"object": "list", "data": [{
+        return json_response({"object": "list", "data": [{
             "id": self.model, "object": "model", "created": self.created,
             "owned_by": "llmfabric-torchref", "root": self.model, "parent": None,
             "max_model_len": self.engine.options.config.max_model_len}]})
 
     async def dtp_status(self, _: web.Request) -> web.Response:
-        return _json(self.engine.status())
+        return json_response(self.engine.status())
 
     async def metrics(self, _: web.Request) -> web.Response:
         st = self.engine.status()
@@ -113,43 +110,31 @@ class TorchServer:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def dtp_switch(self, request: web.Request) -> web.Response:
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return _error(400, "body must be JSON")
-        if not isinstance(body, dict):
-            return _error(400, "body must be a JSON object")
+        body = await read_object(request, "body")
+        if isinstance(body, web.Response):
+            return body
         width = body.get("width")
         method = METHOD_NAMES.get(str(body.get("method", self.engine.options.method)))
         if not isinstance(width, int) or isinstance(width, bool) or \
                 width not in self.engine.widths:
-            return _error(400, f"width must be one of {list(self.engine.widths)}",
-                          param="width")
+            return error_response(400, f"width must be one of {list(self.engine.widths)}",
+                                  param="width")
         if method is None:
-            return _error(400, "method must be sequential, soft-preempt or hard-preempt",
-                          param="method")
+            return error_response(400, "method must be sequential, soft-preempt or hard-preempt",
+                                  param="method")
         self.engine.post(lambda: self.engine.sched.switch_to(width, method))
-        return _json({"ok": True, "width": width, "method": method})
+        return json_response({"ok": True, "width": width, "method": method})
 
     # -- generation ---------------------------------------------------------------------
 
     async def _body(self, request: web.Request, cls: type[M]) -> M | web.Response:
-        try:
-            data = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return _error(400, "request body is not valid JSON", "invalid_json")
-        if not isinstance(data, dict):
-            return _error(400, "request body must be a JSON object", "invalid_json")
-        try:
-            req = cls.model_validate(data)
-        except pydantic.ValidationError as exc:
-            msg, param = p.validation_message(exc)
-            return _error(400, msg, "invalid_value", param)
+        req = await read_request(request, cls)
+        if isinstance(req, web.Response):
+            return req
         if getattr(req, "model", "") != self.model:
-            return _error(404, f"The model `{getattr(req, 'model', '')}` does not exist.",
-                          "model_not_found", "model", "NotFoundError")
+            return model_not_found(getattr(req, "model", ""))
         if getattr(req, "n", 1) != 1:
-            return _error(400, "only n=1 is supported", "invalid_value", "n")
+            return error_response(400, "only n=1 is supported", code="invalid_value", param="n")
         return req
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -173,8 +158,8 @@ class TorchServer:
                 for x in raw):
             prompt = [int(x) for x in raw]  # type: ignore[arg-type]
         else:
-            return _error(400, "prompt must be one string or one list of token ids",
-                          "invalid_value", "prompt")
+            return error_response(400, "prompt must be one string or one list of token ids",
+                                  code="invalid_value", param="prompt")
         return await self._generate(request, req, "text", prompt, req.limit,
                                     bool(getattr(req, "echo", False)))
 
@@ -189,16 +174,19 @@ class TorchServer:
         priority = extra.get("priority", 0)
         if temperature is not None and (not isinstance(temperature, int | float)
                                         or not 0 <= temperature <= 2):
-            return _error(400, "temperature must be in [0, 2]", "invalid_value", "temperature")
+            return error_response(400, "temperature must be in [0, 2]", code="invalid_value",
+                                  param="temperature")
         if seed is not None and not isinstance(seed, int):
-            return _error(400, "seed must be an integer", "invalid_value", "seed")
+            return error_response(400, "seed must be an integer", code="invalid_value",
+                                  param="seed")
         if not isinstance(priority, int):
-            return _error(400, "priority must be an integer", "invalid_value", "priority")
+            return error_response(400, "priority must be an integer", code="invalid_value",
+                                  param="priority")
         try:
             self.engine.sched.check(len(prompt), max_tokens)
         except ValueError as exc:
-            return _error(400, str(exc), "context_length_exceeded",
-                          "messages" if kind == "chat" else "prompt")
+            return error_response(400, str(exc), code="context_length_exceeded",
+                                  param="messages" if kind == "chat" else "prompt")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -219,7 +207,7 @@ class TorchServer:
 
         self.engine.post(admit)
         if self.engine.failure is not None:
-            return _error(503, "engine failed", "engine_failure", type_="server_error")
+            return error_response(503, "engine failed", code="engine_failure", type_="server_error")
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
         created = p.now_s()
         if req.stream:
@@ -232,7 +220,7 @@ class TorchServer:
                     break
                 parts.append(piece)
         except RuntimeError as exc:
-            return _error(500, str(exc), "engine_failure", type_="server_error")
+            return error_response(500, str(exc), code="engine_failure", type_="server_error")
         except asyncio.CancelledError:
             self.engine.post(lambda: sched.cancel(r))
             raise
@@ -240,8 +228,8 @@ class TorchServer:
         text = "".join(parts)
         usage_out = len(r.output)
         if kind == "chat":
-            return _json(p.chat_completion(rid, created, req.model, text, r.finish or "stop",
-                                           len(prompt), usage_out))
+            return json_response(p.chat_completion(rid, created, req.model, text,
+                                                   r.finish or "stop", len(prompt), usage_out))
         body = p.text_completion(rid, created, req.model, text, r.finish or "stop",
                                  len(prompt), usage_out)
         if echo:
@@ -251,7 +239,7 @@ class TorchServer:
                     "tokens": [self.tok.decode([t]) for t in prompt],
                     "token_logprobs": [None, *r.token_logprobs],
                     "text_offset": None, "top_logprobs": None}
-        return _json(body)
+        return json_response(body)
 
     async def _pieces(self, events: asyncio.Queue[Event], dec: StreamDecoder
                       ) -> AsyncIterator[tuple[str, str | None]]:
@@ -273,50 +261,27 @@ class TorchServer:
     async def _stream(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
                       kind: str, rid: str, created: int, r: Request,
                       events: asyncio.Queue[Event]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        usage = req.include_usage
-        model = req.model
-
-        async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
-
+        stream = await ChunkStream.open(request, req, kind, rid, created)
         try:
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {"role": "assistant",
-                                                              "content": ""}, None, usage))
+            await stream.begin()
             finish = "stop"
             try:
                 async for piece, fin in self._pieces(events, StreamDecoder()):
                     if fin is not None:
                         finish = fin
                         break
-                    if kind == "chat":
-                        await send(p.chat_chunk(rid, created, model, {"content": piece},
-                                                None, usage))
-                    else:
-                        await send(p.text_chunk(rid, created, model, piece, None, usage))
+                    await stream.piece(piece)
             except RuntimeError as exc:
-                await send(p.error_body(str(exc), "server_error", "engine_failure"))
-                await resp.write_eof()
-                return resp
-            if kind == "chat":
-                await send(p.chat_chunk(rid, created, model, {}, finish, usage))
-            else:
-                await send(p.text_chunk(rid, created, model, "", finish, usage))
-            if usage:
-                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                await send(p.usage_chunk(rid, created, model, obj, len(r.prompt),
-                                         len(r.output)))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+                await stream.send(p.error_body(str(exc), "server_error", "engine_failure"))
+                await stream.resp.write_eof()
+                return stream.resp
+            await stream.end(finish, len(r.prompt), len(r.output))
         except (ConnectionResetError, asyncio.CancelledError):
             sched = self.engine.sched
             self.engine.post(lambda: sched.cancel(r))
             raise
         self.completed += 1
-        return resp
+        return stream.resp
 
 
 async def serve(options: EngineOptions, config: ServerConfig) -> int:
@@ -330,12 +295,7 @@ async def serve(options: EngineOptions, config: ServerConfig) -> int:
     await loop.run_in_executor(None, engine.start)
     engine.start_loop()
     server = TorchServer(engine, config)
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    print(f"INFO: Uvicorn running on http://{config.host}:{config.port} (Press CTRL+C to quit)",
-          flush=True)
+    runner = await listen(server.app(), config.host, config.port)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)

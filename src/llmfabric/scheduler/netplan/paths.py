@@ -3,9 +3,10 @@
 `topology.Topology` routes GPU to GPU; a network plan also needs GPU -> switch routes (INA
 collection) and switch -> GPU (distribution), and the baselines need Ethernet-only routes
 (DS-SwitchML/ATP do not forward over NVLink). `all_pairs(topology, n_bytes, kinds)` runs
-Dijkstra from every node on the time of an `n_bytes` message, sum over edges of latency +
-n_bytes / capacity, and keeps each route's edges, so a caller can price it with its own
-per-hop latency (`PathRoute.time`) and see which directed edges it loads.
+Dijkstra (`Topology.dijkstra`, its steps filtered here) from every node on the time of an
+`n_bytes` message, sum over edges of latency + n_bytes / capacity, and keeps each route's
+edges, so a caller can price it with its own per-hop latency (`PathRoute.time`) and see which
+directed edges it loads.
 
 A switch whose id is a host name (`host_switch`: a measured fabric's node NIC, built by
 from_fabric.py) carries no transit traffic: a route enters it only from its own GPUs or as
@@ -16,7 +17,6 @@ pair must not be priced at a faster detour through a third node.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -86,29 +86,18 @@ class Routes:
         tree = self._prev.get(src)
         if tree is not None:
             return tree
-        dist: dict[NodeId, float] = {src: 0.0}
-        prev: dict[NodeId, tuple[NodeId, Edge]] = {}
-        heap: list[tuple[float, int, NodeId]] = [(0.0, self._order[src], src)]
-        done: set[NodeId] = set()
         gpus = set(self.topology.gpus())
         own = self.topology.gpu(src).host if src in gpus else src
-        while heap:
-            d, _, u = heapq.heappop(heap)
-            if u in done:
-                continue
-            done.add(u)
-            gpu_only = u in self._no_transit and u != own  # another node's NIC: no transit
-            for e in self.topology.neighbours(u):
-                if self.kinds is not None and e.kind not in self.kinds:
-                    continue
-                v = e.other(u)
-                if gpu_only and v not in gpus:
-                    continue
-                nd = d + e.latency_s + self.n_bytes / e.capacity
-                if v not in dist or nd < dist[v] - 1e-15:
-                    dist[v] = nd
-                    prev[v] = (u, e)
-                    heapq.heappush(heap, (nd, self._order[v], v))
+
+        def allow(u: NodeId, e: Edge, v: NodeId) -> bool:
+            if self.kinds is not None and e.kind not in self.kinds:
+                return False
+            # another node's NIC carries no transit: it only hands traffic to its own GPUs
+            return not (u in self._no_transit and u != own and v not in gpus)
+
+        best = self.topology.dijkstra(src, self.n_bytes, allow=allow, order=self._order,
+                                      slack=1e-15)
+        prev = {v: (u, e) for v, (_, u, e) in best.items() if u is not None and e is not None}
         self._prev[src] = prev
         return prev
 
