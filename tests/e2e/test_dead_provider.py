@@ -8,10 +8,14 @@ ingress's idle timeout (120 s) would have ended the wait.
 
 The client reads the stream's first pieces; the test then DROPs every packet to and from
 the provider that serves it (iptables in the ingress's namespace: the host vanished) and
-the client times the rest. With keepalive idle 2 s, interval 1 s, count 2 (dead after 4 s of
-silence) the stream must end, complete (finish_reason `length`, every token counted), within
-3 x 4 s of the cut. Without dead-peer detection it would wait out the 120 s idle timeout.
-Namespaces are named `dead<tag><role>` (removed at the end).
+the client times the rest. The stream is long and slow (~80 tokens at ~0.2 s each) so that
+the DROP lands mid-stream even on a loaded machine, and the test checks it did: the
+request's trace has two attempts, the victim's broken off mid-stream and a continuation on
+the other provider, and the ingress logs the cut after fewer tokens than the whole stream.
+With keepalive idle 2 s, interval 1 s, count 2 (dead after 4 s of silence) the stream must
+end complete (finish_reason `length`, every token counted), the client never waiting more
+than 3 x 4 s for a chunk after the cut. Without dead-peer detection it would wait out the
+120 s idle timeout. Namespaces are named `dead<tag><role>` (removed at the end).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import secrets
 import sys
 import time
@@ -38,11 +43,12 @@ PROV = {"a": "10.208.1.2", "b": "10.208.2.2"}
 INGRESS_HTTP = f"{ING['a']}:8080"
 KEEPALIVE = {"keepalive_idle_s": 2, "keepalive_interval_s": 1, "keepalive_count": 2}
 DEAD_AFTER_S = 2 + 1 * 2
-TOKENS = 16
-SPEED = 0.08  # ~0.2 s a token: the stream is still going when the cut comes
+TOKENS = 80
+SPEED = 0.08  # ~0.2 s a token: ~16 s of stream, the cut comes within its first seconds
 
 # Streams one chat completion; after the first 2 pieces it says so (`first` file: serving
-# node) and waits for the `cut` file, then reads the rest, timing it from the cut.
+# node and trace id) and waits for the `cut` file, then reads the rest, timing every chunk
+# from the cut.
 _CLIENT = """
 import json, pathlib, sys, time, openai
 base, key, out, model, tokens = sys.argv[1:6]
@@ -52,26 +58,32 @@ raw = client.chat.completions.with_raw_response.create(
     model=model, messages=[{"role": "user", "content": "tell me a story"}],
     max_tokens=int(tokens), stream=True, stream_options={"include_usage": True},
     extra_body={"ignore_eos": True})
-pieces, finish, usage, t_cut, error = [], None, None, None, None
+pieces, finish, usage, error, arrivals = [], None, None, None, []
 try:
     for chunk in raw.parse():
+        if arrivals:
+            arrivals.append(time.monotonic())
         if chunk.choices:
             if chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
             finish = chunk.choices[0].finish_reason or finish
         if chunk.usage:
             usage = chunk.usage.completion_tokens
-        if t_cut is None and len(pieces) >= 2:
-            first.write_text(raw.headers.get("x-fabric-node") or "")
+        if not arrivals and len(pieces) >= 2:
+            tmp = pathlib.Path(out + ".tmp")  # (renamed: the test never reads half of it)
+            tmp.write_text(json.dumps({"node": raw.headers.get("x-fabric-node") or "",
+                                       "trace": raw.headers.get("x-fabric-trace") or ""}))
+            tmp.rename(first)
             while not cut.exists():
                 time.sleep(0.01)
-            t_cut = time.monotonic()
+            arrivals.append(time.monotonic())
 except Exception as exc:  # (e.g. the client's own 60 s read timeout)
     error = repr(exc)[:300]
-after = time.monotonic() - t_cut if t_cut is not None else None
-pathlib.Path(out).write_text(json.dumps({"pieces": len(pieces), "finish": finish,
-                                         "usage": usage, "after_cut_s": after,
-                                         "error": error}))
+gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+pathlib.Path(out).write_text(json.dumps({
+    "pieces": len(pieces), "finish": finish, "usage": usage, "error": error,
+    "after_cut_s": time.monotonic() - arrivals[0] if arrivals else None,
+    "max_gap_s": max(gaps) if gaps else None}))
 """
 
 _GET = """
@@ -108,24 +120,43 @@ def lab() -> Iterator[DeadLab]:
         lab.close()
 
 
-def _nodes(lab: DeadLab, ns: str, key: str) -> dict[str, dict[str, Any]]:
-    """{provider_id: node} of the SERVING providers the ingress lists."""
+def _get(lab: DeadLab, ns: str, key: str, path: str) -> dict[str, Any]:
+    """GET the ingress's `path` from inside `ns` ({"error": ...} when it fails)."""
     out = lab.run(
         ns,
         sys.executable,
         "-c",
         _GET,
-        f"http://{INGRESS_HTTP}/v1/fabric/nodes",
+        f"http://{INGRESS_HTTP}{path}",
         key,
         check=False,
         timeout=30,
     )
-    doc = json.loads(out.strip().splitlines()[-1] if out.strip() else "{}")
+    doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1] if out.strip() else "{}")
+    return doc
+
+
+def _nodes(lab: DeadLab, ns: str, key: str) -> dict[str, dict[str, Any]]:
+    """{provider_id: node} of the SERVING providers the ingress lists."""
     return {
         n["provider_id"]: n
-        for n in doc.get("nodes", [])
+        for n in _get(lab, ns, key, "/v1/fabric/nodes").get("nodes", [])
         if n["state"] == "SERVING" and n["provider_id"] in ("pa", "pb")
     }
+
+
+def _attempts(lab: DeadLab, ns: str, key: str, trace_id: str) -> list[dict[str, Any]]:
+    """The `attempt` spans of the trace `trace_id`, in start order (waits for the trace)."""
+    deadline = time.monotonic() + 10
+    while True:
+        doc = _get(lab, ns, key, "/v1/fabric/traces?limit=50")
+        traces = [t for t in doc.get("data", []) if t["trace_id"] == trace_id]
+        if traces or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert traces, doc
+    spans = [sp for sp in traces[0]["spans"] if sp["name"] == "attempt"]
+    return sorted(spans, key=lambda sp: sp["start_ms"])
 
 
 def test_a_stream_whose_provider_vanishes_continues_within_the_keepalive_bound(
@@ -229,15 +260,20 @@ def test_a_stream_whose_provider_vanishes_continues_within_the_keepalive_bound(
     while not first.exists() and client.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert first.exists(), (tmp_path / "client.log").read_text()[-3000:]
-    serving = first.read_text()
-    [victim] = [n for n in nodes.values() if n["session_id"] == serving]
+    started = json.loads(first.read_text())
+    [victim] = [n for n in nodes.values() if n["session_id"] == started["node"]]
+    [other] = [n for n in nodes.values() if n is not victim]
     ip = victim["http_addr"].rpartition(":")[0]
-    # The provider's host vanishes: nothing from it or to it passes any more, no FIN, no RST.
-    for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d"), ("FORWARD", "-s"), ("FORWARD", "-d")):
-        lab.run(ing, "iptables", "-I", chain, flag, ip, "-j", "DROP")
+    # The provider's host vanishes: nothing from it or to it passes any more, no FIN, no RST
+    # (one namespace entry for the four rules: the cut comes quickly even on a loaded host).
+    rules = [
+        f"iptables -I {chain} {flag} {ip} -j DROP"
+        for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d"), ("FORWARD", "-s"), ("FORWARD", "-d"))
+    ]
+    lab.run(ing, "sh", "-ec", " && ".join(rules))
     pathlib.Path(str(out) + ".cut").write_text("")
 
-    client.wait(timeout=90)
+    client.wait(timeout=120)
     logs = {p.name: p.read_text()[-3000:] for p in tmp_path.glob("*.log")}
     assert out.exists(), logs
     result = json.loads(out.read_text())
@@ -247,9 +283,31 @@ def test_a_stream_whose_provider_vanishes_continues_within_the_keepalive_bound(
     assert result["finish"] == "length", (result, logs)
     assert result["usage"] == TOKENS, (result, logs)
     assert result["pieces"] >= TOKENS - 1, (result, logs)
-    # Within a bound set by the keepalive settings, not by the 120 s idle timeout.
-    assert result["after_cut_s"] < 3 * DEAD_AFTER_S, (result, logs)
+
+    # The DROP landed mid-stream and the stream really was continued: the trace has the
+    # victim's attempt, broken off mid-stream, then a continuation on the other provider...
+    attempts = _attempts(lab, ing, key, started["trace"])
+    assert len(attempts) >= 2, (attempts, logs)
+    assert attempts[0]["attrs"]["node"] == victim["session_id"], attempts
+    assert "failed mid-stream" in attempts[0]["attrs"].get("error", ""), attempts
+    assert attempts[-1]["attrs"]["node"] == other["session_id"], attempts
+    assert attempts[-1]["attrs"].get("continuation") is True, attempts
+    assert attempts[-1]["attrs"]["status"] == 200, attempts
+    # ... and the ingress cut the victim's part after fewer tokens than the whole stream.
+    cuts = re.findall(
+        r"a stream cut after (\d+) tokens continued on node (\S+)",
+        (tmp_path / "ingress.log").read_text(),
+    )
+    assert len(cuts) == 1, (cuts, logs)
+    relayed, node = int(cuts[0][0]), cuts[0][1]
+    assert node == other["session_id"], cuts
+    assert 2 <= relayed < TOKENS, cuts
+
+    # The wait it caused is bounded by the keepalive settings, not by the 120 s idle timeout:
+    # no chunk after the cut came more than 3 x (dead after) after the one before it.
+    assert result["max_gap_s"] < 3 * DEAD_AFTER_S, (result, logs)
     print(
-        f"victim {victim['provider_id']}: the stream ended {result['after_cut_s']:.2f} s "
-        f"after the cut (keepalive: dead after {DEAD_AFTER_S} s)"
+        f"victim {victim['provider_id']}: cut after {relayed} of {TOKENS} tokens, the client "
+        f"waited at most {result['max_gap_s']:.2f} s for a chunk after the cut, the stream "
+        f"ended {result['after_cut_s']:.2f} s after it (keepalive: dead after {DEAD_AFTER_S} s)"
     )

@@ -11,6 +11,12 @@ streams. The client's one stream goes on from the direct node and ends with exac
 of an uninterrupted run of the deterministic simulated engine, under one id, with no error,
 usage counting both parts; the trace shows the first attempt went via the relay. The same
 holds when the relay itself is killed mid-stream (a second relayed provider, then the relay).
+
+The ingress routes by conversation (`--policy session`): the first attempt goes to the ring
+owner of the request's `X-Session-Id` among the candidates, so the test picks a session key
+the relayed node owns (cheap one-token probes; the same key always maps to the same node)
+and its stream starts there every time. A continuation excludes the tried node, so the
+direct node, which no allowlist or filter excludes, is the next on the ring.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,12 +33,18 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from llmfabric.engines import text
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
 
 pytestmark = pytest.mark.slow
 
 MODEL = "llama-3.1-8b"
 TOKENS = 100
+# The relayed (killed) providers run at ~64 ms a token: the kill after 10 pieces comes long
+# before their stream could end, however late the loaded client reads; the direct node
+# (the continuation's) at full speed.
+RELAYED_SPEED = 0.25
+CUT = re.compile(r"a stream cut after (\d+) tokens continued on node (\S+)")
 
 
 @dataclass(slots=True)
@@ -45,7 +58,7 @@ def _relayed_node(fab: LocalFabric, relay: NodeProcess, name: str) -> NodeProces
     """A provider that joins through the relay and cannot be dialled (its record names the
     relay before this returns)."""
     node = fab.add_node(
-        EngineSpec(MODEL, "H100-SXM", provider=name, speed=1.0),
+        EngineSpec(MODEL, "H100-SXM", provider=name, speed=RELAYED_SPEED),
         name,
         "--public-addr",
         "127.0.0.1:1",
@@ -69,7 +82,13 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fab]:
         relay = fab.add_bare_node("relay", "--relay", "--tier", "stable")  # the seed
         fab.wait_http(relay)
         fab.start_ingress(
-            "--bootstrap", relay.peer_addr, "--public-addr", "127.0.0.1:1", relay=False
+            "--bootstrap",
+            relay.peer_addr,
+            "--public-addr",
+            "127.0.0.1:1",
+            "--policy",
+            "session",
+            relay=False,
         )
         direct = fab.add_node(EngineSpec(MODEL, "H100-SXM", provider="direct", speed=1.0), "direct")
         fab.wait_serving({MODEL: 1}, timeout=120)
@@ -86,6 +105,24 @@ def _get(fab: LocalFabric, path: str) -> dict[str, object]:
         return out
 
 
+def _session_owned_by(client: openai.OpenAI, victim_sid: str) -> str:
+    """An `X-Session-Id` whose requests the session policy routes to `victim_sid` first.
+
+    One-token probes of fixed keys: the ring owner of a key is fixed while the candidates
+    are, so the stream sent with the key found starts on the victim."""
+    for i in range(64):
+        key = f"relay-continuation-{i}"
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "probe"}],
+            max_tokens=1,
+            extra_headers={"X-Session-Id": key},
+        )
+        if raw.headers.get("x-fabric-node") == victim_sid:
+            return key
+    pytest.fail(f"no session key of 64 maps to the relayed node {victim_sid}")
+
+
 def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> None:
     """Stream `prompt` from `victim` (a relayed provider), SIGKILL `kill` after 10 pieces,
     and check what the client got and what the trace says."""
@@ -96,22 +133,18 @@ def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> 
     )
     victim_sid = victim.get_json("/v1/fabric/self")["session_id"]
     relay_peer = f.relay.get_json("/v1/fabric/self")["peer_id"]
-    # The ingress picks a node at random: ask until a stream lands on the relayed one.
-    for _ in range(40):
-        raw = client.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=TOKENS,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-        if raw.headers.get("x-fabric-node") == victim_sid:
-            break
-        for _chunk in raw.parse():  # drain a stream served by another node
-            pass
-    else:
-        pytest.fail("no stream was routed to the relayed node in 40 tries")
+    session = _session_owned_by(client, victim_sid)
+    cuts_before = len(CUT.findall(fab.ingress.log_path.read_text()))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=TOKENS,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        extra_headers={"X-Session-Id": session},
+    )
+    assert raw.headers.get("x-fabric-node") == victim_sid  # pinned by the session key
     pieces: list[str] = []
     ids: set[str] = set()
     usage = None
@@ -149,7 +182,19 @@ def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> 
     assert len(got.split()) == TOKENS and finish == "length" and len(ids) == 1
     assert usage is not None and whole.usage is not None
     assert usage.completion_tokens == TOKENS
-    assert whole.usage.prompt_tokens <= usage.prompt_tokens <= whole.usage.prompt_tokens + 16
+    # The ingress logs the cut: after how many tokens (fewer than the whole), continued where.
+    direct_sid = f.direct.get_json("/v1/fabric/self")["session_id"]
+    cuts = CUT.findall(fab.ingress.log_path.read_text())[cuts_before:]
+    assert len(cuts) == 1, cuts
+    relayed, node = int(cuts[0][0]), cuts[0][1]
+    assert 10 <= relayed < TOKENS and node == direct_sid, cuts
+    print(f"the stream was cut after {relayed} of {TOKENS} tokens (session key {session!r})")
+    # Prompt usage: the continuation's prompt less the relayed tokens. The sim counts a
+    # message as chars / 4 + 4 and its answer one word a token, so the added assistant
+    # message (the relayed words) costs its chars / 4 + 4 less the `relayed` tokens.
+    said = " ".join(got.split()[:relayed])
+    extra = text.count_tokens(said) + text.CHAT_MESSAGE_OVERHEAD - relayed
+    assert usage.prompt_tokens == whole.usage.prompt_tokens + extra, (relayed, said)
     # The trace: the first attempt went to the relayed node via the relay and broke off
     # mid-stream; the continuation went to the direct node.
     trace_id = raw.headers["x-fabric-trace"]
@@ -163,7 +208,7 @@ def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> 
     assert first["attrs"]["node"] == victim_sid
     assert first["attrs"]["via"] == "relay" and first["attrs"]["relay"] == relay_peer
     assert "failed mid-stream" in first["attrs"]["error"]
-    assert last["attrs"]["node"] == f.direct.get_json("/v1/fabric/self")["session_id"]
+    assert last["attrs"]["node"] == direct_sid
     assert last["attrs"]["continuation"] is True and last["attrs"]["status"] == 200
     assert last["attrs"].get("via", "direct") != "relay"
 
