@@ -54,6 +54,7 @@ from llmfabric.gossip.antientropy import AntiEntropy
 from llmfabric.gossip.config import PRESETS, GossipConfig
 from llmfabric.gossip.wire import Message, encode, item_size
 from llmfabric.identity.keys import NodeKey
+from llmfabric.membership.memberset import Member, MemberSet
 from llmfabric.registry.codec import SignedRecord, verify_record
 from llmfabric.registry.facts import Fact, verify_fact
 from llmfabric.registry.owner import RecordOwner
@@ -187,16 +188,6 @@ def meta_for(i: int, extra: bool = False, site: int = 0) -> NodeMeta:
                     engine="vllm", models=models, labels=(("site", f"site-{site}"),))
 
 
-def clone_state(src: Replica, dst: Replica) -> None:
-    """Give `dst` the same entries as `src` (private state: a simulation shortcut)."""
-    dst.entries = dict(src.entries)
-    dst.last_seen = dict(src.last_seen)
-    dst._digests = dict(src._digests)
-    dst._bucket_xor = list(src._bucket_xor)
-    dst._sigs = set(src._sigs)
-    dst.applied = src.applied
-
-
 class Fleet:
     def __init__(self, n: int, profile: str, config: GossipConfig, seed: int) -> None:
         self.clock = FakeClock(resolution=0.001)
@@ -230,13 +221,19 @@ class Fleet:
         fresh = [self.make([]) for _ in range(n)]
         for a in fresh:
             a.owner.set_state(Lifecycle.SERVING, wall=self.clock.wall())
-        # One replica gets every record through the real apply(); the others copy its state
-        # (entries are immutable values, shared): what N applies would leave in each.
-        first = fresh[0].replica
+        # One replica gets every record through the real apply() and is frozen; every agent
+        # adopts it copy-on-write (Replica.adopt, MemberSet.fork): what N applies would
+        # leave in each, while each replica holds only its own changes from then on.
+        first = Replica(self.clock, self.config.gc, buckets=self.config.buckets,
+                        trust=self.config.trust)
         for a in fresh:
             first.apply(a.owner.current)
-        for a in fresh[1:]:
-            clone_state(first, a.replica)
+        base = first.freeze()
+        del first
+        members = MemberSet.shared(Member(sid, e.record.record.peer_id)
+                                   for sid, e in base.entries.items() if e.record is not None)
+        for a in fresh:
+            a.adopt(base, members)
         for a in fresh:
             a.queue.clear()
         for a in fresh:
