@@ -137,6 +137,10 @@ class GossipAgent:
         # Sessions evicted (failed, not left) that we still hold: reconnect candidates.
         self._evicted_sids: set[str] = set()
         self._self_check_scheduled = False
+        # The gossip and suspicion loops sleep on these while they have nothing to do, instead
+        # of waking every tick (idle, that was 17 of a node's 18 wake-ups per second).
+        self._queued = asyncio.Event()
+        self._suspected = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
         self.replica.add_listener(self._on_change)
@@ -298,6 +302,7 @@ class GossipAgent:
         key: Hashable = ("r", item.session_id) if isinstance(item, SignedRecord) else (
             "f", item.signature)
         self.queue.push(key, item_parts(item), self._limit_for(change))
+        self._queued.set()
 
     def _limit_for(self, change: Change | None) -> int:
         return self.config.minor_transmits if change is not None and is_minor(change) else 0
@@ -381,6 +386,7 @@ class GossipAgent:
             if change is not None and rumour:
                 key: Hashable = ("r", change.session_id) if kind == ITEM_RECORD else ("f", sig)
                 self.queue.push(key, (kind, body, sig), self._limit_for(change))
+                self._queued.set()
                 fresh = True
             elif change is None and rumour and self.queue:
                 self._heard_again(kind, body, sig)
@@ -413,6 +419,8 @@ class GossipAgent:
         else:
             self._evicted_sids.discard(change.session_id)
         self.suspicion.observe(change.after)
+        if self.suspicion.since:
+            self._suspected.set()
         if change.session_id == self.session_id and not self._self_check_scheduled:
             self._self_check_scheduled = True
             try:
@@ -517,6 +525,9 @@ class GossipAgent:
 
     async def _gossip_loop(self) -> None:
         while True:
+            if not self.queue:  # nothing to send: wait for a queued item, not the next tick
+                self._queued.clear()
+                await self._queued.wait()
             await self.clock.sleep(self.config.gossip_interval_s)
             self._flush()
 
@@ -543,6 +554,9 @@ class GossipAgent:
 
     async def _suspicion_loop(self) -> None:
         while True:
+            if not self.suspicion.since:  # no suspicion timer running: nothing can be due
+                self._suspected.clear()
+                await self._suspected.wait()
             await self.clock.sleep(self.config.probe_interval_s / 4)
             self._evict_due()
 
