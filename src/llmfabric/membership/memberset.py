@@ -122,8 +122,9 @@ class MemberSet:
         return True
 
     def _compact(self) -> None:
-        self._added = [m for m in self._added if m is not None]
-        self._added_slot = {m: len(self._base) + i for i, m in enumerate(self._added)}
+        kept = [m for m in self._added if m is not None]
+        self._added_slot = {m: len(self._base) + i for i, m in enumerate(kept)}
+        self._added = list(kept)
         self._vacant = 0
         self.epoch += 1
 
