@@ -2,7 +2,9 @@
 refutation (by the agent, with a higher incarnation) and eviction.
 
 Files:
-- swim.py: `Prober` (shuffled round-robin probes, indirect probes via PING_REQ, ack relay).
+- swim.py: `Prober` (randomised round-robin probes, indirect probes via PING_REQ, ack relay).
+- memberset.py: `Member`, `MemberSet` (O(1) changes and random picks, stable slots for the
+  prober's rounds, forks sharing one base in simulations).
 - suspicion.py: `SuspicionTracker`, Lifeguard timeouts shrinking with confirmations.
 - health.py: `LocalHealth`, Lifeguard's local health multiplier.
 - messages.py: the SWIM messages `Ping`, `Ack`, `PingReq` and `WireItem` (gossip.wire encodes

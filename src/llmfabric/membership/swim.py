@@ -1,7 +1,8 @@
 """SWIM probing with indirect probes and Lifeguard local health.
 
-Each period (probe_interval * LHM) the prober picks the next member from a shuffled
-round-robin list and pings it. If no ack arrives within probe_timeout * LHM it asks
+Each period (probe_interval * LHM) the prober picks the next member of a randomised
+round-robin (a random walk over the member set's slots, see `_new_round`) and pings it.
+If no ack arrives within probe_timeout * LHM it asks
 `indirect_probes` (k = 3) other members to ping the target on its behalf (three independent
 paths). Only if no ack comes back by the end of the period is the target reported through
 `on_suspect` (the agent turns that into a signed SUSPECT fact), and not even then if any other
@@ -20,24 +21,20 @@ relaying the ack.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmfabric.clock import Clock, with_timeout
 from llmfabric.membership.health import LocalHealth
+from llmfabric.membership.memberset import Member, MemberSet
 from llmfabric.membership.messages import Ack, Ping, PingReq, SwimMessage, WireItem
 from llmfabric.membership.params import ProbeParams
 from llmfabric.net.transport import PeerId
 
 # Outstanding indirect probes we relay for others; a member flooding PING_REQs gets no more.
 MAX_RELAYS = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    session_id: str
-    peer_id: PeerId
 
 
 @dataclass(slots=True)
@@ -62,7 +59,7 @@ class Prober:
         rng: random.Random,
         *,
         local_peer: PeerId,
-        members: Callable[[], list[Member]],
+        members: Callable[[], list[Member] | MemberSet],
         send: Callable[[PeerId, SwimMessage], None],
         piggyback: Callable[[], tuple[WireItem, ...]],
         on_suspect: Callable[[Member], None],
@@ -83,53 +80,102 @@ class Prober:
         self._heard_from = heard_from
         self._members_version = members_version
         self._seen_version: int | None = None
-        self._current: set[Member] = set()
+        self._own = MemberSet()  # mirrors members() when it returns a plain list
+        self._set = self._own
+        self._round_set: MemberSet | None = None
+        self._round_epoch = self._round_n = self._round_a = self._round_s = 0
+        self._round_i = self._seen_slots = 0
+        self._joined: list[Member] = []  # joined during the round, not yet probed
+        self._urgent: list[Member] = []  # probe_next(): before the rest of the round
+        self._probed_early: set[Member] = set()  # probed through probe_next this round
         self.health = LocalHealth(config.max_health)
         self.stats = ProbeStats()
         self._seq = 0
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._relays: dict[int, tuple[PeerId, int, float]] = {}  # our seq -> (asker, seq, until)
-        self._order: list[Member] = []
-        self._in_round: set[Member] = set()
         self.paused = False
 
     def _next_seq(self) -> int:
         self._seq = (self._seq + 1) % (1 << 62)
         return self._seq
 
-    def _next_target(self) -> Member | None:
+    def _member_set(self) -> MemberSet:
         version = None if self._members_version is None else self._members_version()
         if version is None or version != self._seen_version:
             self._seen_version = version
-            members = self._members()
-            self._current = set(members)
-            # Members that joined during this round go in at random positions (as memberlist
-            # does), so a fresh node is probed within about one round, not after the next
-            # reshuffle.
-            for m in members:
-                if m not in self._in_round:
-                    self._in_round.add(m)
-                    self._order.insert(self._rng.randint(0, len(self._order)), m)
-        current = self._current
-        while self._order:
-            m = self._order.pop()
-            if m in current:
+            got = self._members()
+            if isinstance(got, MemberSet):
+                self._set = got
+            else:  # a plain list: mirror it into our own set (O(N), on a change only)
+                want = set(got)
+                for m in [m for m in self._own if m not in want]:
+                    self._own.discard(m)
+                for m in got:
+                    self._own.add(m)
+                self._set = self._own
+        return self._set
+
+    def _new_round(self, ms: MemberSet) -> None:
+        """A random walk over every slot: start a and stride s coprime with the slot count
+        visit each slot once (no O(N) shuffled copy per node; each node has its own a, s)."""
+        n = ms.slots()
+        self._round_set, self._round_epoch, self._round_n = ms, ms.epoch, n
+        self._round_a = self._rng.randrange(n) if n else 0
+        s = 1
+        if n > 2:
+            s = self._rng.randrange(1, n)
+            while math.gcd(s, n) != 1:
+                s = self._rng.randrange(1, n)
+        self._round_s = s
+        self._round_i = 0
+        self._seen_slots = n
+        self._joined = []
+        self._probed_early = set()
+
+    def _next_target(self) -> Member | None:
+        ms = self._member_set()
+        if ms is not self._round_set or ms.epoch != self._round_epoch:
+            self._new_round(ms)
+        # Members that joined during this round go in at random positions (as memberlist
+        # does), so a fresh node is probed within about one round, not after the next one.
+        n = ms.slots()
+        while self._seen_slots < n:
+            m = ms.at(self._seen_slots)
+            self._seen_slots += 1
+            if m is not None:
+                self._joined.append(m)
+        while self._urgent:
+            m = self._urgent.pop()
+            if m in ms:
+                self._probed_early.add(m)  # its turn in this round is taken
                 return m
-        if not current:
-            return None
-        self._order = sorted(current, key=lambda m: (m.session_id, m.peer_id))
-        self._rng.shuffle(self._order)
-        self._in_round = set(current)
-        return self._order.pop()
+        for _ in range(2):
+            while self._round_i < self._round_n or self._joined:
+                left = self._round_n - self._round_i
+                if self._joined and self._rng.randrange(left + len(self._joined)) < len(
+                        self._joined):
+                    m = self._joined.pop(self._rng.randrange(len(self._joined)))
+                else:
+                    slot = (self._round_a + self._round_i * self._round_s) % self._round_n
+                    self._round_i += 1
+                    m = ms.at(slot)
+                if m is not None and m in ms:
+                    if m in self._probed_early:
+                        self._probed_early.discard(m)
+                        continue
+                    return m
+            if not len(ms):
+                return None
+            self._new_round(ms)
+        return None
 
     def probe_next(self, targets: list[Member]) -> None:
         """Probe these members in the coming periods, ahead of the rest of the round (the
         transport lost its connection to them: the process may have died)."""
         for m in targets:
-            self._in_round.add(m)
-            if m in self._order:
-                self._order.remove(m)
-            self._order.append(m)  # _next_target pops from the end
+            if m in self._urgent:
+                self._urgent.remove(m)
+            self._urgent.append(m)  # _next_target pops from the end
 
     async def run(self) -> None:
         """Probe forever, one member per period; cancel the task to stop."""
@@ -160,10 +206,10 @@ class Prober:
                 self.health.good()
                 self.stats.acks += 1
                 return True
-            helpers = sorted({m.peer_id for m in self._members()}
-                             - {target.peer_id, self._local_peer})
-            self._rng.shuffle(helpers)
-            for h in sorted(helpers[: self._cfg.indirect_probes]):
+            helpers = self._member_set().sample(
+                self._rng, self._cfg.indirect_probes,
+                skip_peers=(target.peer_id, self._local_peer))
+            for h in sorted(m.peer_id for m in helpers):
                 self.stats.indirect += 1
                 self._send(h, PingReq(seq, target.peer_id, target.session_id))
             indirect_wait = max(period - timeout, timeout)

@@ -11,7 +11,10 @@ Files:
 - entry.py: `Entry` (one session's state) and `merge`, the semilattice join; an eviction
   needs EVICT facts from a quorum of distinct authors (`decisive_evict`).
 - owner.py: `RecordOwner`, the only writer of a session's record (versions, incarnations).
-- replica.py: `Replica` (verified ingestion, change listeners, bucketed digests, GC).
+- replica.py: `Replica` (verified ingestion, change listeners, bucketed digests, GC);
+  `freeze()` / `adopt()` share one converged state between many simulated replicas.
+- cow.py: `CowDict`, `CowSet`: copy-on-write maps and sets over a shared read-only base
+  (what an adopted replica stores; real nodes keep plain dicts).
 - guard.py: `TrustConfig` (eviction quorum, per-author fact rate limit, sessions per peer),
   `RecordPolicy`, `AuthorLimiter`: what a replica refuses from hostile members.
 - provider.py: `ProviderVerifier` (verified provider identity of a record: membership

@@ -28,6 +28,13 @@ agree on it up to clock skew):
 
 Every refusal is counted in `rejected[reason]` (`tombstoned`, `stale`, `future`,
 `bad_timestamp`, `not_admitted`); pass a shared Counter to keep counting across replicas.
+
+Storage: the per-session maps are plain dicts and sets on a real node. A simulation of many
+replicas that start converged freezes one replica (`freeze()`: a read-only `ReplicaBase`) and
+has every other replica `adopt()` it: their maps become copy-on-write (registry.cow) over the
+shared base, so each replica holds only what changed since. Nothing here is O(sessions) per
+change: the live-peer count, the per-bucket session index and the set of LEFT entries (what
+GC can compact) are kept incrementally.
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ from __future__ import annotations
 import math
 import zlib
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, MutableSet
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from llmfabric.clock import Clock
 from llmfabric.registry.codec import SignedRecord, peek_record_header, verify_record
+from llmfabric.registry.cow import CowDict, CowSet
 from llmfabric.registry.entry import Entry, entry_of, items_of, merge, reconsider
 from llmfabric.registry.errors import InvalidRecord, RegistryError
 from llmfabric.registry.facts import Fact, FactKind, verify_fact
@@ -88,6 +97,23 @@ class Change:
 Listener = Callable[[Change], None]
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaBase:
+    """A read-only snapshot of a replica's state, shared by the replicas that adopt it."""
+
+    entries: Mapping[str, Entry]
+    last_seen: Mapping[str, float]
+    digests: Mapping[str, bytes]
+    sigs: frozenset[bytes]
+    sessions_of: Mapping[str, frozenset[str]]
+    in_bucket: tuple[frozenset[str], ...]
+    bucket_xor: tuple[int, ...]
+    left: Mapping[str, float]
+    live_peers: int
+    applied: int
+    evicted: frozenset[str]  # sessions evicted (not left by their owner)
+
+
 def item_kind(item: Item) -> int:
     return ITEM_RECORD if isinstance(item, SignedRecord) else ITEM_FACT
 
@@ -119,23 +145,58 @@ class Replica:
         self._policy = policy
         self._fact_limiter = AuthorLimiter(self.trust.fact_rate_per_s, self.trust.fact_burst)
         # peer id -> its sessions with a record (any state): who may author facts, and how
-        # many sessions a peer holds.
-        self._sessions_of: dict[str, set[str]] = {}
-        self._live_peers: int | None = None  # cached: peers with a non-LEFT session
+        # many sessions a peer holds. Values are replaced, never mutated (they may be shared).
+        self._sessions_of: MutableMapping[str, frozenset[str]] = {}
+        self._live_peers = 0  # peers with a non-LEFT session, kept incrementally
+        self._live_changed = False  # since the last _requorum
         self._quorum = self.trust.eviction_quorum  # the quorum decisions were last made with
-        self.entries: dict[str, Entry] = {}
+        self.entries: MutableMapping[str, Entry] = {}
         self.tombstones: dict[str, float] = {}
-        self.last_seen: dict[str, float] = {}
-        self._digests: dict[str, bytes] = {}
+        self.last_seen: MutableMapping[str, float] = {}
+        self._digests: MutableMapping[str, bytes] = {}
+        self._in_bucket: list[MutableSet[str]] = [set() for _ in range(buckets)]
         self._bucket_xor = [0] * buckets
+        self._left: MutableMapping[str, float] = {}  # LEFT entries -> left_at: what GC visits
         self._listeners: list[Listener] = []
         # Refusals by reason; a Counter passed in keeps counting across replicas (a node that
         # rejoins under a new session gets a new replica, its metrics must not reset).
         self.rejected: Counter[str] = rejected if rejected is not None else Counter()
-        self._sigs: set[bytes] = set()  # signatures of every item held in `entries`
+        self._sigs: MutableSet[bytes] = set()  # signatures of every item held in `entries`
         # Facts verified that changed nothing, by signature (LRU): merged again unverified.
         self._idle_facts: OrderedDict[bytes, Fact] = OrderedDict()
         self.applied = 0
+
+    # ---- shared storage (simulations) -------------------------------------------------------
+    def freeze(self) -> ReplicaBase:
+        """A read-only copy of this replica's state that other replicas can `adopt()`."""
+        return ReplicaBase(
+            MappingProxyType(dict(self.entries)), MappingProxyType(dict(self.last_seen)),
+            MappingProxyType(dict(self._digests)), frozenset(self._sigs),
+            MappingProxyType({p: frozenset(s) for p, s in self._sessions_of.items()}),
+            tuple(frozenset(b) for b in self._in_bucket), tuple(self._bucket_xor),
+            MappingProxyType(dict(self._left)), self._live_peers, self.applied,
+            frozenset(sid for sid, e in self.entries.items() if e.evict is not None
+                      and e.record is not None and e.record.record.state is not Lifecycle.LEFT))
+
+    def adopt(self, base: ReplicaBase) -> None:
+        """Start from `base` (same buckets): this replica's maps become copy-on-write views
+        over it, holding only this replica's own changes. Call before any other use."""
+        if len(base.bucket_xor) != self.nbuckets:
+            raise RegistryError("the base was built with a different number of buckets")
+        self.entries = CowDict(base.entries)
+        self.last_seen = CowDict(base.last_seen)
+        self._digests = CowDict(base.digests)
+        self._sigs = CowSet(base.sigs)
+        self._sessions_of = CowDict(base.sessions_of)
+        self._in_bucket = [CowSet(b) for b in base.in_bucket]
+        self._bucket_xor = list(base.bucket_xor)
+        self._left = CowDict(base.left)
+        self._live_peers = base.live_peers
+        self.applied = base.applied
+
+    def peer_sessions(self, peer_id: str) -> frozenset[str]:
+        """The sessions of `peer_id` that we hold a record of (any state)."""
+        return self._sessions_of.get(peer_id, frozenset())
 
     # ---- listeners ----------------------------------------------------------------------
     def add_listener(self, listener: Listener) -> None:
@@ -204,12 +265,12 @@ class Replica:
 
     # ---- eviction quorum ----------------------------------------------------------------
     def live_peers(self) -> int:
-        """Distinct peers holding a session that is not LEFT (cached)."""
-        if self._live_peers is None:
-            self._live_peers = sum(
-                1 for sids in self._sessions_of.values()
-                if any(self.entries[s].state is not Lifecycle.LEFT for s in sids))
+        """Distinct peers holding a session that is not LEFT (kept incrementally)."""
         return self._live_peers
+
+    def _peer_live(self, peer: str) -> bool:
+        return any(self.entries[s].state is not Lifecycle.LEFT
+                   for s in self._sessions_of.get(peer, ()))
 
     def quorum(self) -> int:
         return self.trust.quorum_for(self.live_peers())
@@ -227,7 +288,8 @@ class Replica:
                 new = reconsider(e, quorum=q)
                 if new != e:
                     self._store(e, new)
-        if self._live_peers is None:  # those evictions shrank the fleet again
+        if self._live_changed:  # those evictions shrank the fleet again
+            self._live_changed = False
             self._requorum()
 
     def _candidate(self, item: Item) -> tuple[Entry | None, Entry]:
@@ -248,7 +310,8 @@ class Replica:
             self._reject("rate_limited")  # only new facts cost tokens, not re-deliveries
             return None
         change = self._store(cur, new)
-        if self._live_peers is None:
+        if self._live_changed:
+            self._live_changed = False
             self._requorum()
         return change
 
@@ -282,12 +345,20 @@ class Replica:
             self._drop(sid)
             self.tombstones[sid] = left_at
             return None
+        peer = _peer_of(before, after)
+        was_live = peer is not None and self._peer_live(peer)
         self._set_digest(sid, after.digest())
         if before is not None:
-            self._sigs.difference_update(it.signature for it in items_of(before))
-        self._sigs.update(it.signature for it in items_of(after))
+            for it in items_of(before):
+                self._sigs.discard(it.signature)
+        for it in items_of(after):
+            self._sigs.add(it.signature)
         self.entries[sid] = after
-        self._index(before, after)
+        if left_at is not None:
+            self._left[sid] = left_at
+        elif sid in self._left:
+            del self._left[sid]
+        self._index(before, after, peer, was_live)
         self.last_seen[sid] = self._clock.now()
         self.applied += 1
         change = Change(sid, before, after)
@@ -295,22 +366,26 @@ class Replica:
             listener(change)
         return change
 
-    def _index(self, before: Entry | None, after: Entry | None) -> None:
-        """Keep `_sessions_of` and the live-peer count in step with `entries`."""
-        rec = (after or before)
-        if rec is None or rec.record is None:
+    def _index(self, before: Entry | None, after: Entry | None, peer: str | None,
+               was_live: bool) -> None:
+        """Keep `_sessions_of` and the live-peer count in step with `entries` (already
+        updated); `was_live`: whether `peer` had a non-LEFT session before the change."""
+        if peer is None:
             return
-        peer = rec.record.record.peer_id
+        sids = self._sessions_of.get(peer, frozenset())
         if after is not None and after.record is not None:
-            self._sessions_of.setdefault(peer, set()).add(after.session_id)
-        elif before is not None:
-            sids = self._sessions_of.get(peer, set())
-            sids.discard(before.session_id)
-            if not sids:
-                self._sessions_of.pop(peer, None)
-        if (before is None or before.record is None or after is None
-                or (before.state is Lifecycle.LEFT) != (after.state is Lifecycle.LEFT)):
-            self._live_peers = None
+            if after.session_id not in sids:
+                self._sessions_of[peer] = sids | {after.session_id}
+        elif before is not None and before.session_id in sids:
+            rest = sids - {before.session_id}
+            if rest:
+                self._sessions_of[peer] = rest
+            else:
+                del self._sessions_of[peer]
+        live = self._peer_live(peer)
+        if live != was_live:
+            self._live_peers += 1 if live else -1
+            self._live_changed = True
 
     # ---- digests ------------------------------------------------------------------------
     def bucket_of(self, session_id: str) -> int:
@@ -324,6 +399,9 @@ class Replica:
         if digest is not None:
             self._digests[sid] = digest
             self._bucket_xor[b] ^= int.from_bytes(digest, "big")
+            self._in_bucket[b].add(sid)
+        else:
+            self._in_bucket[b].discard(sid)
 
     def bucket_hashes(self) -> list[int]:
         return list(self._bucket_xor)
@@ -333,8 +411,13 @@ class Replica:
         return (h << 32) | (len(self._digests) & 0xFFFFFFFF)
 
     def digests_in(self, buckets: Iterable[int]) -> dict[str, bytes]:
-        want = set(buckets)
-        return {s: d for s, d in self._digests.items() if self.bucket_of(s) in want}
+        """(session id -> digest) of the sessions in these buckets: O(sessions in them)."""
+        out: dict[str, bytes] = {}
+        for b in sorted(set(buckets)):
+            if 0 <= b < self.nbuckets:
+                for sid in self._in_bucket[b]:
+                    out[sid] = self._digests[sid]
+        return out
 
     def digest(self, session_id: str) -> bytes | None:
         return self._digests.get(session_id)
@@ -344,21 +427,25 @@ class Replica:
 
     # ---- GC -----------------------------------------------------------------------------
     def _drop(self, sid: str) -> None:
+        old = self.entries.get(sid)
+        peer = _peer_of(old, None)
+        was_live = peer is not None and self._peer_live(peer)
         self._set_digest(sid, None)
-        old = self.entries.pop(sid, None)
+        self.entries.pop(sid, None)
         if old is not None:
-            self._sigs.difference_update(it.signature for it in items_of(old))
-            self._index(old, None)
+            for it in items_of(old):
+                self._sigs.discard(it.signature)
+            self._index(old, None, peer, was_live)
         self.last_seen.pop(sid, None)
+        self._left.pop(sid, None)
 
     def collect(self) -> int:
         """Compact LEFT entries past retention and drop expired tombstones; return #changes."""
         wall = self._clock.wall()
         g = self.gc_config
         n = 0
-        for sid, entry in list(self.entries.items()):
-            left_at = entry.left_at()
-            if left_at is not None and wall > left_at + g.retention_s:
+        for sid, left_at in list(self._left.items()):  # only LEFT entries can be compacted
+            if wall > left_at + g.retention_s:
                 self._drop(sid)
                 self.tombstones[sid] = left_at
                 n += 1
@@ -367,3 +454,8 @@ class Replica:
                 del self.tombstones[sid]
                 n += 1
         return n
+
+
+def _peer_of(before: Entry | None, after: Entry | None) -> str | None:
+    e = after if after is not None and after.record is not None else before
+    return None if e is None or e.record is None else e.record.record.peer_id
