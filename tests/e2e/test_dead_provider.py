@@ -21,18 +21,16 @@ than 3 x 4 s for a chunk after the cut. Without dead-peer detection it would wai
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import secrets
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .conftest import NetLab, netns_skip_reason
+from ._netns import NetLab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -97,30 +95,15 @@ except Exception as e:
 """
 
 
-class DeadLab(NetLab):
-    def ns(self, role: str) -> str:
-        name = f"dead{self.tag}{role}"
-        self.run_host("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        self.run(name, "ip", "link", "set", "lo", "up")
-        return name
+NETNS_PREFIX = "dead"  # (the `netlab` fixture's namespace names)
 
 
 @pytest.fixture
-def lab() -> Iterator[DeadLab]:
-    reason = netns_skip_reason()
-    if reason is not None:
-        if os.environ.get("CI"):  # CI runs as root with the tools: a skip there hides a gap
-            pytest.fail(f"CI cannot run the network-namespace test: {reason}")
-        pytest.skip(reason)
-    lab = DeadLab()
-    try:
-        yield lab
-    finally:
-        lab.close()
+def lab(netlab: NetLab) -> NetLab:
+    return netlab
 
 
-def _get(lab: DeadLab, ns: str, key: str, path: str) -> dict[str, Any]:
+def _get(lab: NetLab, ns: str, key: str, path: str) -> dict[str, Any]:
     """GET the ingress's `path` from inside `ns` ({"error": ...} when it fails)."""
     out = lab.run(
         ns,
@@ -136,7 +119,7 @@ def _get(lab: DeadLab, ns: str, key: str, path: str) -> dict[str, Any]:
     return doc
 
 
-def _nodes(lab: DeadLab, ns: str, key: str) -> dict[str, dict[str, Any]]:
+def _nodes(lab: NetLab, ns: str, key: str) -> dict[str, dict[str, Any]]:
     """{provider_id: node} of the SERVING providers the ingress lists."""
     return {
         n["provider_id"]: n
@@ -145,7 +128,7 @@ def _nodes(lab: DeadLab, ns: str, key: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def _attempts(lab: DeadLab, ns: str, key: str, trace_id: str) -> list[dict[str, Any]]:
+def _attempts(lab: NetLab, ns: str, key: str, trace_id: str) -> list[dict[str, Any]]:
     """The `attempt` spans of the trace `trace_id`, in start order (waits for the trace)."""
     deadline = time.monotonic() + 10
     while True:
@@ -160,7 +143,7 @@ def _attempts(lab: DeadLab, ns: str, key: str, trace_id: str) -> list[dict[str, 
 
 
 def test_a_stream_whose_provider_vanishes_continues_within_the_keepalive_bound(
-    lab: DeadLab, tmp_path: pathlib.Path
+    lab: NetLab, tmp_path: pathlib.Path
 ) -> None:
     ing, ns_a, ns_b = lab.ns("ing"), lab.ns("a"), lab.ns("b")
     lab.link(ns_a, f"{PROV['a']}/24", ing, f"{ING['a']}/24")
