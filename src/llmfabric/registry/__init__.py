@@ -11,6 +11,8 @@ Files:
 - entry.py: `Entry` (one session's state) and `merge`, the semilattice join; an eviction
   needs EVICT facts from a quorum of distinct authors (`decisive_evict`).
 - owner.py: `RecordOwner`, the only writer of a session's record (versions, incarnations).
+- fit.py: `fit_meta`: an owner's record kept under the body limit by shedding optional
+  items (sketch, demand, spend, grants, PD plan), least needed first; `RecordTooLarge`.
 - replica.py: `Replica` (verified ingestion, change listeners, bucketed digests, GC);
   `freeze()` / `adopt()` share one converged state between many simulated replicas.
 - cow.py: `CowDict`, `CowSet`: copy-on-write maps and sets over a shared read-only base

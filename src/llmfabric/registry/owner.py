@@ -8,13 +8,16 @@ DOWN -> LEFT; DOWN -> SERVING is not allowed: a node that recovers rejoins with 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
-from llmfabric.registry.codec import SignedRecord, sign_record
+from llmfabric.registry.codec import MAX_BODY_BYTES, SignedRecord, encode_body, sign_record
 from llmfabric.registry.errors import RegistryError
+from llmfabric.registry.fit import fit_meta
 from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
 from llmfabric.registry.signing import Signer, new_session_id
 
 MAX_INCARNATION = 2**63 - 1  # the largest incarnation codec.py and facts.py decode
+log = logging.getLogger(__name__)
 
 
 class LifecycleError(RegistryError):
@@ -26,12 +29,13 @@ class RecordOwner:
         self, signer: Signer, meta: NodeMeta, *, wall: float, session_id: str | None = None
     ) -> None:
         self._signer = signer
+        self._shed: tuple[str, ...] = ()
         sid = session_id or new_session_id(signer.public_bytes)
         rec = NodeRecord(
             session_id=sid, peer_id=signer.peer_id, public_key=signer.public_bytes,
             state=Lifecycle.JOIN, incarnation=0, version=0, updated_at=wall, meta=meta,
         )
-        self._current = sign_record(signer, rec)
+        self._current = sign_record(signer, self._fitted(rec))
 
     @property
     def signer(self) -> Signer:
@@ -54,8 +58,22 @@ class RecordOwner:
             self._current.record, version=self._current.record.version + 1,
             updated_at=wall, signature=b"", **changes,  # type: ignore[arg-type]
         )
-        self._current = sign_record(self._signer, rec)
+        self._current = sign_record(self._signer, self._fitted(rec))
         return self._current
+
+    def _fitted(self, rec: NodeRecord) -> NodeRecord:
+        """`rec` within the body limit every replica enforces (registry/fit.py): optional
+        items shed when together they are too large (RecordTooLarge when that is not enough)."""
+        meta, shed = fit_meta(
+            rec.meta, lambda m: len(encode_body(dataclasses.replace(rec, meta=m))),
+            MAX_BODY_BYTES)
+        if shed != self._shed:  # (logged when what is shed changes, not per version)
+            self._shed = shed
+            if shed:
+                log.warning("session %s: the record is over the %d-byte limit with all its "
+                            "items; left out or shortened: %s", rec.session_id,
+                            MAX_BODY_BYTES, ", ".join(shed))
+        return rec if not shed else dataclasses.replace(rec, meta=meta)
 
     def update_meta(self, meta: NodeMeta, *, wall: float) -> SignedRecord:
         return self._write(wall, meta=meta)
