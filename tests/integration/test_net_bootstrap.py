@@ -3,13 +3,13 @@
 import asyncio
 import random
 import re
-import socket
 import time
 
 import pytest
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import PeerUnreachable, TlsTransport, TransportConfig
+from llmfabric.node.ports import free_port
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
@@ -33,12 +33,6 @@ class RecordingClock:
 
 def backoffs(clock: RecordingClock) -> list[float]:
     return [s for s in clock.sleeps if s not in (123.0, 124.0, 3600)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def adm() -> PskAdmission:
