@@ -163,9 +163,16 @@ async def test_a_controller_process_flips_over_the_peer_protocol_and_ingresses_f
 
         _wait(lambda: _roles(trusting) == ["decode", "decode", "prefill"],
               "roles not republished")
+        # the re-plan's routing (p1 prefills, p2 and d2 decode) reaches the trusting ingress
+        # by gossip after the roles do; until then the old plan gives p2 no decode weight
+        _wait(lambda: b"(1 prefill x 2 decode sessions)" in log.read_bytes(),
+              f"no re-plan published: {log.read_text()[-2000:]}")
         p2_before = int(_pd(nodes["p2"])["decodes"])
-        await _requests(trusting.http_url, "none", 8)
-        assert int(_pd(nodes["p2"])["decodes"]) > p2_before  # the flipped node decodes
+        deadline = time.monotonic() + 30
+        while int(_pd(nodes["p2"])["decodes"]) == p2_before:  # the flipped node decodes
+            assert time.monotonic() < deadline, (
+                f"the flipped p2 never decoded: {log.read_text()[-2000:]}")
+            await _requests(trusting.http_url, "none", 8)
     finally:
         ctl.terminate()
         try:
