@@ -133,7 +133,7 @@ async def serve(app: web.Application, port: int) -> web.AppRunner:
 
 
 async def models_once_up(client: openai.AsyncOpenAI, proc: subprocess.Popen[Any],
-                         within: float = 30.0) -> Any:
+                         within: float = 60.0) -> Any:
     """`client.models.list()` once the ingress process `proc` answers: retried on connection
     errors for `within` s, or until the process has exited."""
     loop = asyncio.get_running_loop()
