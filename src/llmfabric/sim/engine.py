@@ -20,7 +20,9 @@ Scheduling (vLLM V0 default; V1 with `chunked_prefill=True`):
 - engine profiles (`profiles.py`, `EngineConfig.for_engine`) add the engine's CPU time per
   iteration (`step_cpu_s` + `step_cpu_per_seq_s` x sequences) and, with `no_evict`,
   TensorRT-LLM's admission (a request only with KV for its whole remaining output: no
-  preemption, the queue waits instead).
+  preemption, the queue waits instead); `whole_prompts` places prompts whole in mixed steps
+  (TensorRT-LLM with context chunking off: a prompt that does not fit in what is left of
+  the budget waits for the next step; only a step's first prompt is ever chunked).
 Roles: "both" (default), "prefill" (hands each request off after its first token), "decode"
 (receives requests whose KV was transferred; they join without prefill compute).
 `set_role` flips the role mid-run without draining (requests already on the replica finish
@@ -70,6 +72,11 @@ class EngineConfig:
     # > 0: the KV cache takes this share of the memory left after weights and the runtime
     # reserve (TensorRT-LLM's free_gpu_memory_fraction) instead of gpu_memory_utilization
     kv_fraction_of_free: float = 0.0
+    # mixed steps (chunked_prefill=True) place prompts WHOLE: a prompt that does not fit in
+    # what is left of the step's token budget waits for the next step instead of filling it
+    # with a chunk, unless it is the step's first prompt (then it is chunked, as it could
+    # never fit whole): TensorRT-LLM's in-flight batching with enable_chunked_prefill off
+    whole_prompts: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
@@ -373,9 +380,12 @@ class Replica:
         budget = cfg.max_batched_tokens - len(self.running)
         chunks: list[tuple[int, int]] = []
         done: list[list[int]] = []
+        whole = cfg.whole_prompts
         for item in self.prefilling:
             if budget <= 0:
                 break
+            if whole and chunks and item[1] - item[2] > budget:
+                break  # FCFS: it and the prompts behind it wait for the next step
             c = min(item[1] - item[2], budget)
             chunks.append((c, item[2]))
             item[2] += c

@@ -46,12 +46,14 @@ class EngineProfile:
     client_jitter_s: float  # mean closed-loop client delay after a completion (not in TTFT)
     output_jitter_tokens: float  # closed-loop outputs uniform in OSL -/+ this (mean kept)
     source: str
+    # mixed steps place prompts whole (no chunk beside another prompt): `EngineConfig`
+    whole_prompts: bool = False
 
     def config_kwargs(self) -> dict[str, Any]:
         """The `EngineConfig` fields this profile sets."""
         keys = ("chunked_prefill", "max_num_seqs", "max_batched_tokens",
                 "gpu_memory_utilization", "step_cpu_s", "step_cpu_per_seq_s", "no_evict",
-                "kv_fraction_of_free")
+                "kv_fraction_of_free", "whole_prompts")
         values = asdict(self)
         return {k: values[k] for k in keys}
 
@@ -82,6 +84,9 @@ PROFILES: dict[str, EngineProfile] = {
     # generation requests in one step; max_num_tokens 8192, max_batch_size 2048,
     # kv_cache free_gpu_memory_fraction 0.9; capacity scheduler GUARANTEED_NO_EVICT (a request
     # is admitted only with KV for its whole output) (tensorrt_llm/llmapi/llm_args.py).
+    # enable_chunked_prefill is off by default there (contexts scheduled whole:
+    # `whole_prompts`), but on the fit rows whole prompts raise TTFT MAPE 20.0 -> 27.9 %
+    # with the fitted drift (docs/simulator.md "Fourth pass"), so the profile keeps chunks.
     "trtllm": EngineProfile(
         "trtllm", chunked_prefill=True, max_num_seqs=2048, max_batched_tokens=8192,
         gpu_memory_utilization=0.9, step_cpu_s=0.0, step_cpu_per_seq_s=4.0e-5, no_evict=True,

@@ -235,3 +235,41 @@ def test_no_evict_never_preempts_and_stays_within_the_kv(reqs: list[tuple[float,
         assert book.truncated[rid] != fits  # rejected exactly when its whole output can't fit
         if fits:
             assert book.finish[rid] >= book.first_token[rid] >= book.arrival[rid]
+
+
+def _two_prompt_steps(whole: bool) -> tuple[list[int], list[float]]:
+    """Busy tokens per iteration and first-token times of two 60-token prompts under a
+    100-token budget (both queued at t = 0)."""
+    from llmfabric.sim.engine import Replica, RequestBook
+
+    book = RequestBook([0.0, 0.0], [60, 60], [3, 3])
+    cfg = EngineConfig(chunked_prefill=True, max_batched_tokens=100, whole_prompts=whole)
+    rep = Replica(0, cost_model(M, "H100", 1, 1), cfg, 50_000, book)
+    rep.submit(0, 60, 3)
+    rep.submit(1, 60, 3)
+    rep.drain()
+    return rep.busy_tokens, book.first_token
+
+
+def test_whole_prompts_wait_for_the_next_step_instead_of_a_chunk() -> None:
+    # chunked: step 1 = prompt 0 (60) + 40 tokens of prompt 1; step 2 = 1 decode + 20
+    tokens, first = _two_prompt_steps(False)
+    assert tokens[:2] == [100, 21]
+    # whole prompts (TensorRT-LLM without context chunking): prompt 1 does not fit in the 40
+    # left, so step 1 carries prompt 0 alone and step 2 prompt 1 whole beside 1 decode
+    tokens_w, first_w = _two_prompt_steps(True)
+    assert tokens_w[:2] == [60, 61]
+    assert first_w[0] < first[0]  # prompt 0 no longer shares its step with a chunk
+    assert all(t <= 100 for t in tokens_w)
+
+
+def test_whole_prompts_still_chunk_a_prompt_longer_than_the_budget() -> None:
+    from llmfabric.sim.engine import Replica, RequestBook
+
+    book = RequestBook([0.0], [250], [2])
+    cfg = EngineConfig(chunked_prefill=True, max_batched_tokens=100, whole_prompts=True)
+    rep = Replica(0, cost_model(M, "H100", 1, 1), cfg, 50_000, book)
+    rep.submit(0, 250, 2)
+    rep.drain()
+    assert rep.busy_tokens == [100, 100, 50, 1]  # the step's first prompt is chunked
+    assert EngineConfig.for_engine("trtllm").whole_prompts is False  # see docs/simulator.md
