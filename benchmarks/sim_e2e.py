@@ -11,8 +11,8 @@ row's engine profile, steady-state means (first wave excluded).
 
 Split inside the file: HOLDOUT = every B200 and GB200 row (two whole GPUs) and every
 Llama-3.1-8B row (a whole model); FIT = the rest (H100: Qwen3-32B on all three engines,
-Llama-3.1-70B on vLLM). `--fit` fits only the engine profiles' CPU and client terms (per-step
-and per-sequence CPU time, front-end latency, client jitter) per backend on the FIT rows, by
+Llama-3.1-70B on vLLM). `--fit` fits only the engine profiles' CPU and client terms (per-step,
+per-sequence and per-prompt-step CPU time, front-end latency, client jitter) per backend on the FIT rows, by
 coordinate descent over a grid, and prints them; the shipped values live in
 `llmfabric/sim/profiles.py`. The GPU efficiency factors are NOT fitted here (they come from the
 operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
@@ -58,6 +58,7 @@ FIT_PARAMS: dict[str, tuple[float, ...]] = {
     "output_jitter_tokens": (0.0, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 40.0, 60.0, 100.0,
                              150.0, 250.0),
     "client_jitter_s": (0.0, 0.01, 0.03, 0.1, 0.3, 1.0),
+    "prompt_step_cpu_s": (0.0, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03),
 }
 
 

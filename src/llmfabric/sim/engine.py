@@ -77,6 +77,10 @@ class EngineConfig:
     # with a chunk, unless it is the step's first prompt (then it is chunked, as it could
     # never fit whole): TensorRT-LLM's in-flight batching with enable_chunked_prefill off
     whole_prompts: bool = False
+    # engine CPU time of an iteration that carries prompt tokens, beyond `step_cpu_s`:
+    # such steps run outside the CUDA graphs captured for pure decode batches (TRT-LLM's
+    # PyTorch backend graphs generation-only batches), so every kernel is launched eagerly
+    prompt_step_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
@@ -85,8 +89,10 @@ class EngineConfig:
             raise SpecError("watermark must be in [0, 1) and gpu_memory_utilization in (0, 1]")
         if not 0 <= self.kv_fraction_of_free <= 1:
             raise SpecError("kv_fraction_of_free must be in [0, 1] (0: gpu_memory_utilization)")
-        if not self.step_cpu_s >= 0 or not self.step_cpu_per_seq_s >= 0:
-            raise SpecError("step_cpu_s and step_cpu_per_seq_s must be >= 0 seconds")
+        if not (self.step_cpu_s >= 0 and self.step_cpu_per_seq_s >= 0
+                and self.prompt_step_cpu_s >= 0):
+            raise SpecError("step_cpu_s, step_cpu_per_seq_s and prompt_step_cpu_s must be "
+                            ">= 0 seconds")
 
     @classmethod
     def for_engine(cls, name: str, **overrides: Any) -> EngineConfig:
@@ -331,7 +337,7 @@ class Replica:
             start = self.now
             pipe = self._pipe
             self.now += ((pipe.prefill_time(lens) if pipe else self.cost.prefill_time(lens))
-                         + cfg.cpu_time(len(lens)))
+                         + cfg.cpu_time(len(lens)) + cfg.prompt_step_cpu_s)
             self._record(start, tokens)
         for rid, comp, cached, steps_left, emit in batch:
             self._join(rid, comp + cached, steps_left, emit and comp > 0)
@@ -399,7 +405,7 @@ class Replica:
         pipe = self._pipe
         self.now += ((pipe.mixed_step_time(n_dec, self.ctx, chunks, len(done)) if pipe
                       else self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done)))
-                     + cfg.cpu_time(n_dec + len(chunks)))
+                     + cfg.cpu_time(n_dec + len(chunks)) + cfg.prompt_step_cpu_s)
         self._record(start, n_dec + sum(c for c, _ in chunks))
         if n_dec:
             self.gstep += 1

@@ -273,3 +273,24 @@ def test_whole_prompts_still_chunk_a_prompt_longer_than_the_budget() -> None:
     rep.drain()
     assert rep.busy_tokens == [100, 100, 50, 1]  # the step's first prompt is chunked
     assert EngineConfig.for_engine("trtllm").whole_prompts is False  # see docs/simulator.md
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_prompt_step_cpu_is_paid_once_per_step_that_carries_a_prompt(chunked: bool) -> None:
+    # one request alone: its single prompt step costs exactly prompt_step_cpu_s more, so TTFT
+    # grows by that much and the decode steps (TPOT) do not change
+    base = EngineConfig(chunked_prefill=chunked)
+    slow = dataclasses.replace(base, prompt_step_cpu_s=0.02)
+    wl = replay([(0.0, 512, 8)])
+    a = simulate_replica(M, "H100", 1, wl, config=base)
+    b = simulate_replica(M, "H100", 1, wl, config=slow)
+    assert b.ttft_s[0] - a.ttft_s[0] == pytest.approx(0.02, rel=1e-9)
+    assert b.tpot_s[0] == pytest.approx(a.tpot_s[0], rel=1e-12)
+    # two prompts in one prefill-first batch / one mixed step: paid once, not per prompt
+    two = replay([(0.0, 256, 8), (0.0, 256, 8)])
+    a2 = simulate_replica(M, "H100", 1, two, config=base)
+    b2 = simulate_replica(M, "H100", 1, two, config=slow)
+    np.testing.assert_allclose(b2.ttft_s - a2.ttft_s, 0.02, rtol=1e-9)
+    assert all(p.prompt_step_cpu_s == 0 for p in PROFILES.values())  # shipped off
+    with pytest.raises(SpecError, match="prompt_step_cpu_s"):
+        EngineConfig(prompt_step_cpu_s=-1e-3)
