@@ -14,8 +14,8 @@ Llama-3.1-8B row (a whole model); FIT = the rest (H100: Qwen3-32B on all three e
 Llama-3.1-70B on vLLM). `--fit` fits only the engine profiles' CPU and client terms
 (per-step, per-sequence and per-prompt-step CPU time, front-end latency, client jitter) per
 backend on the FIT rows, by coordinate descent over a grid, and prints them; the shipped
-values live in `llmfabric/sim/profiles.py`. The GPU efficiency factors are NOT fitted here (they come from the
-operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
+values live in `llmfabric/sim/profiles.py`. The GPU efficiency factors are NOT fitted here
+(they come from the operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
 
 Reported: TTFT and TPOT MAPE overall, on the fit and holdout rows, per GPU and per backend,
 the GPU ordering (for every pair of rows that differ only in the GPU, does the simulator
