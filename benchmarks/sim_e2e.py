@@ -11,17 +11,19 @@ row's engine profile, steady-state means (first wave excluded).
 
 Split inside the file: HOLDOUT = every B200 and GB200 row (two whole GPUs) and every
 Llama-3.1-8B row (a whole model); FIT = the rest (H100: Qwen3-32B on all three engines,
-Llama-3.1-70B on vLLM). `--fit` fits only the engine profiles' CPU and client terms (per-step
-and per-sequence CPU time, front-end latency, client jitter) per backend on the FIT rows, by
-coordinate descent over a grid, and prints them; the shipped values live in
-`llmfabric/sim/profiles.py`. The GPU efficiency factors are NOT fitted here (they come from the
-operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
+Llama-3.1-70B on vLLM). `--fit` fits only the engine profiles' CPU and client terms
+(per-step, per-sequence and per-prompt-step CPU time, front-end latency, client jitter) per
+backend on the FIT rows, by coordinate descent over a grid, and prints them; the shipped
+values live in `llmfabric/sim/profiles.py`. The GPU efficiency factors are NOT fitted here
+(they come from the operator benchmark, `sim_accuracy.py`; B200/GB200 borrow the H100 row).
 
 Reported: TTFT and TPOT MAPE overall, on the fit and holdout rows, per GPU and per backend,
 the GPU ordering (for every pair of rows that differ only in the GPU, does the simulator
 order the two GPUs as the measurement does, for TTFT and for TPOT), and a `breakdown` of
-where the error is (MAPE and median predicted/measured ratio per set-up, concurrency,
-ISL/OSL and TP, fit and holdout apart; the worst TTFT rows). Each row's prediction averages
+where the error is (MAPE, median predicted/measured ratio and signed error per set-up,
+concurrency, ISL/OSL and TP, and per backend by GPU, concurrency, ISL, OSL and TP, fit and
+holdout apart; the worst TTFT rows); `*_mpe` columns: the signed mean percentage error
+(> 0: predicted too slow). Each row's prediction averages
 `--runs` closed loops (default 4) with independent client drift: how clients cluster
 differs from draw to draw, and a fit against one draw fits its clusters
 (docs/simulator.md "Second pass").
@@ -56,6 +58,7 @@ FIT_PARAMS: dict[str, tuple[float, ...]] = {
     "output_jitter_tokens": (0.0, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 40.0, 60.0, 100.0,
                              150.0, 250.0),
     "client_jitter_s": (0.0, 0.01, 0.03, 0.1, 0.3, 1.0),
+    "prompt_step_cpu_s": (0.0, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03),
 }
 
 
@@ -106,12 +109,32 @@ BREAKDOWN_KEYS: dict[str, tuple[str, ...]] = {
     "concurrency": ("fold", "concurrency"),
     "isl_osl": ("fold", "isl", "osl"),
     "tp": ("fold", "tp"),
+    "gpu_backend": ("fold", "gpu", "backend"),
+    "backend_concurrency": ("fold", "backend", "concurrency"),
+    "backend_isl": ("fold", "backend", "isl"),
+    "backend_osl": ("fold", "backend", "osl"),
+    "backend_tp": ("fold", "backend", "tp"),
 }
 
 
+def signed(recs: list[dict[str, Any]]) -> dict[str, float]:
+    """Signed error of the rows: mean percentage error (pred/meas - 1, in %; > 0 = the
+    simulator is slow) and the geometric-mean ratio pred/meas, for TTFT and TPOT."""
+    ok = [r for r in recs if "error" not in r and not math.isnan(r["pred_ttft_ms"])
+          and not math.isnan(r["ttft_ms"])]
+    out: dict[str, float] = {}
+    for m in ("ttft", "tpot"):
+        ratios = [r[f"pred_{m}_ms"] / r[f"{m}_ms"] for r in ok]
+        out[f"{m}_mpe"] = 100.0 * sum(x - 1 for x in ratios) / len(ok) if ok else math.nan
+        out[f"{m}_gmean_ratio"] = (math.exp(sum(math.log(x) for x in ratios) / len(ok))
+                                   if ok else math.nan)
+    return out
+
+
 def breakdown(records: list[dict[str, Any]], worst: int = 15) -> dict[str, Any]:
-    """Where the error is: MAPE and the median predicted/measured ratio (bias) per group
-    (set-up, concurrency, ISL/OSL, TP; fit and holdout apart) and the worst TTFT rows."""
+    """Where the error is: MAPE, the median predicted/measured ratio and the signed error
+    (`signed`) per group (set-up, concurrency, ISL/OSL, TP, and per backend by GPU,
+    concurrency, ISL, OSL and TP; fit and holdout apart) and the worst TTFT rows."""
     ok = [r for r in records if "error" not in r and not math.isnan(r["pred_ttft_ms"])]
     out: dict[str, Any] = {}
     for name, keys in BREAKDOWN_KEYS.items():
@@ -127,7 +150,8 @@ def breakdown(records: list[dict[str, Any]], worst: int = 15) -> dict[str, Any]:
             rows.append({**dict(zip(keys, key, strict=True)), "n": len(g),
                          **{f"{m}_mape": 100.0 * sum(abs(v - 1) for v in ratios[m]) / len(g)
                             for m in ratios},
-                         **{f"{m}_median_ratio": ratios[m][len(g) // 2] for m in ratios}})
+                         **{f"{m}_median_ratio": ratios[m][len(g) // 2] for m in ratios},
+                         **signed(g)})
         out[name] = rows
     ranked = sorted(ok, key=lambda r: -abs(r["pred_ttft_ms"] / r["ttft_ms"] - 1))
     out["worst_ttft"] = [{k: r[k] for k in (*e2e.COLUMNS, "pred_ttft_ms", "pred_tpot_ms",
@@ -175,6 +199,27 @@ def fit_profiles(rows: list[e2e.E2ERow], waves: int, backends: list[str] | None 
     return fitted
 
 
+def replay_campaigns(rows: list[e2e.E2ERow], drift: float, waves: int,
+                     profiles: dict[str, EngineProfile] | None, runs: int) -> dict[str, Any]:
+    """EXPERIMENT (`--campaign-drift`): client desynchronization as a property of the
+    measuring campaign instead of the engine. The rows without a `backend_version` (every
+    Llama-3.1-70B row: H100 vLLM, B200 vLLM and TensorRT-LLM; another workload grid, ISL/OSL
+    1024/8192) get output drift -/+ `drift` tokens and no client delay whatever the engine;
+    the other rows keep their profiles. The drift is chosen on that campaign's FIT rows
+    (H100 vLLM) only (docs/simulator.md "Fourth pass")."""
+    base = profiles or PROFILES
+    mine = {b: dataclasses.replace(p, output_jitter_tokens=drift, client_jitter_s=0.0)
+            for b, p in base.items()}
+    versionless = [i for i, r in enumerate(rows) if not r.backend_version]
+    other = [i for i, r in enumerate(rows) if r.backend_version]
+    recs: list[dict[str, Any]] = [{} for _ in rows]
+    for idx, profs in ((versionless, mine), (other, dict(base))):
+        part = e2e.replay([rows[i] for i in idx], waves=waves, profiles=profs, runs=runs)
+        for i, rec in zip(idx, part["rows"], strict=True):
+            recs[i] = rec
+    return {"rows": recs, "summary": e2e.summarize(recs)}
+
+
 def _split_summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
     summary = e2e.summarize(recs)
     summary["fit"] = e2e.summarize([r for r in recs if r["fold"] == "fit"])["all"]
@@ -219,6 +264,9 @@ def main() -> None:
                     help="comma-separated profile terms to refit (default: all of FIT_PARAMS)")
     ap.add_argument("--runs", type=int, default=e2e.DEFAULT_RUNS,
                     help="closed loops (seeds) averaged per row")
+    ap.add_argument("--campaign-drift", type=float, default=None,
+                    help="EXPERIMENT: closed-loop output drift (tokens, no client delay) for "
+                         "the rows of the campaign without a backend_version, every engine")
     ap.add_argument("--ridge", type=float, default=1.0,
                     help="ridge penalty of the residual layer (fitted on the FIT rows)")
     args = ap.parse_args()
@@ -233,7 +281,10 @@ def main() -> None:
         profiles = fit_profiles([r for r in rows if fold(r) == "fit"], args.waves, only,
                                 args.runs, names)
     t0 = time.perf_counter()
-    out = e2e.replay(rows, waves=args.waves, profiles=profiles, runs=args.runs)
+    if args.campaign_drift is None:
+        out = e2e.replay(rows, waves=args.waves, profiles=profiles, runs=args.runs)
+    else:
+        out = replay_campaigns(rows, args.campaign_drift, args.waves, profiles, args.runs)
     wall = time.perf_counter() - t0
     recs = out["rows"]
     for r in recs:
@@ -243,16 +294,22 @@ def main() -> None:
     calibrated = calibrated_report(recs, args.ridge)
     csum = calibrated["summary"]
 
-    def line(name: str, v: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
-        return {"rows": name, **v, "cal_ttft_mape": c["ttft_mape"],
+    def line(name: str, v: dict[str, Any], c: dict[str, Any],
+             recs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        sig = signed(recs) if recs is not None else {}
+        return {"rows": name, **v, "ttft_mpe": sig.get("ttft_mpe", math.nan),
+                "tpot_mpe": sig.get("tpot_mpe", math.nan), "cal_ttft_mape": c["ttft_mape"],
                 "cal_tpot_mape": c["tpot_mape"]}
 
-    table = [line("all", summary["all"], csum["all"]),
-             line("fit", summary["fit"], csum["fit"]),
-             line("holdout", summary["holdout"]["all"], csum["holdout"]["all"])]
-    for part in ("by_gpu", "by_backend"):
-        table += [line(f"{part[3:]} {g}", v, csum[part][g]) for g, v in summary[part].items()]
-        table += [line(f"holdout {part[3:]} {g}", v, csum["holdout"][part][g])
+    hold = [r for r in recs if r["fold"] == "holdout"]
+    table = [line("all", summary["all"], csum["all"], recs),
+             line("fit", summary["fit"], csum["fit"], [r for r in recs if r["fold"] == "fit"]),
+             line("holdout", summary["holdout"]["all"], csum["holdout"]["all"], hold)]
+    for part, key in (("by_gpu", "gpu"), ("by_backend", "backend")):
+        table += [line(f"{part[3:]} {g}", v, csum[part][g], [r for r in recs if r[key] == g])
+                  for g, v in summary[part].items()]
+        table += [line(f"holdout {part[3:]} {g}", v, csum["holdout"][part][g],
+                       [r for r in hold if r[key] == g])
                   for g, v in summary["holdout"][part].items()]
     for name in ("leave_one_setup_out_fit", "leave_one_gpu_out", "leave_one_model_out"):
         table += [line(f"{name} {_short(g)}", v["analytic"], v["calibrated"])
@@ -261,6 +318,8 @@ def main() -> None:
         "ttft_mape_all": summary["all"]["ttft_mape"],
         "tpot_mape_all": summary["all"]["tpot_mape"],
         "ttft_mape_holdout": summary["holdout"]["all"]["ttft_mape"],
+        "signed": {"all": signed(recs), "fit": signed([r for r in recs if r["fold"] == "fit"]),
+                   "holdout": signed(hold)},
         "tpot_mape_holdout": summary["holdout"]["all"]["tpot_mape"],
         "target_mape_holdout": 10.0,
         "gpu_ordering": ordering,
@@ -268,6 +327,7 @@ def main() -> None:
         "calibrated": calibrated,
         "profiles": {k: dataclasses.asdict(v) for k, v in (profiles or PROFILES).items()},
         "split": {"holdout_gpus": HOLDOUT_GPUS, "holdout_models": HOLDOUT_MODELS},
+        "campaign_drift": args.campaign_drift,
         "waves": args.waves, "runs": args.runs, "wall_s": wall, "summary": summary, "rows": recs,
     }
     write_results(args.json, payload, "Simulator end-to-end serving fidelity", table,
@@ -278,8 +338,8 @@ def main() -> None:
                         f"{ordering['tpot_right']} / {ordering['pairs']} for TPOT. "
                         "cal_*: with the residual layer fitted on the fit rows (leave-one-*-out "
                         "rows: fitted on every other row; docs/simulator.md \"Third pass\").",
-                  columns=("rows", "n", "ttft_mape", "tpot_mape", "cal_ttft_mape",
-                           "cal_tpot_mape"))
+                  columns=("rows", "n", "ttft_mape", "tpot_mape", "ttft_mpe", "tpot_mpe",
+                           "cal_ttft_mape", "cal_tpot_mape"))
 
 
 if __name__ == "__main__":

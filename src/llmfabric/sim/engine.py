@@ -20,7 +20,9 @@ Scheduling (vLLM V0 default; V1 with `chunked_prefill=True`):
 - engine profiles (`profiles.py`, `EngineConfig.for_engine`) add the engine's CPU time per
   iteration (`step_cpu_s` + `step_cpu_per_seq_s` x sequences) and, with `no_evict`,
   TensorRT-LLM's admission (a request only with KV for its whole remaining output: no
-  preemption, the queue waits instead).
+  preemption, the queue waits instead); `whole_prompts` places prompts whole in mixed steps
+  (TensorRT-LLM with context chunking off: a prompt that does not fit in what is left of
+  the budget waits for the next step; only a step's first prompt is ever chunked).
 Roles: "both" (default), "prefill" (hands each request off after its first token), "decode"
 (receives requests whose KV was transferred; they join without prefill compute).
 `set_role` flips the role mid-run without draining (requests already on the replica finish
@@ -70,6 +72,15 @@ class EngineConfig:
     # > 0: the KV cache takes this share of the memory left after weights and the runtime
     # reserve (TensorRT-LLM's free_gpu_memory_fraction) instead of gpu_memory_utilization
     kv_fraction_of_free: float = 0.0
+    # mixed steps (chunked_prefill=True) place prompts WHOLE: a prompt that does not fit in
+    # what is left of the step's token budget waits for the next step instead of filling it
+    # with a chunk, unless it is the step's first prompt (then it is chunked, as it could
+    # never fit whole): TensorRT-LLM's in-flight batching with enable_chunked_prefill off
+    whole_prompts: bool = False
+    # engine CPU time of an iteration that carries prompt tokens, beyond `step_cpu_s`:
+    # such steps run outside the CUDA graphs captured for pure decode batches (TRT-LLM's
+    # PyTorch backend graphs generation-only batches), so every kernel is launched eagerly
+    prompt_step_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.block_size < 1:
@@ -78,8 +89,10 @@ class EngineConfig:
             raise SpecError("watermark must be in [0, 1) and gpu_memory_utilization in (0, 1]")
         if not 0 <= self.kv_fraction_of_free <= 1:
             raise SpecError("kv_fraction_of_free must be in [0, 1] (0: gpu_memory_utilization)")
-        if not self.step_cpu_s >= 0 or not self.step_cpu_per_seq_s >= 0:
-            raise SpecError("step_cpu_s and step_cpu_per_seq_s must be >= 0 seconds")
+        if not (self.step_cpu_s >= 0 and self.step_cpu_per_seq_s >= 0
+                and self.prompt_step_cpu_s >= 0):
+            raise SpecError("step_cpu_s, step_cpu_per_seq_s and prompt_step_cpu_s must be "
+                            ">= 0 seconds")
 
     @classmethod
     def for_engine(cls, name: str, **overrides: Any) -> EngineConfig:
@@ -324,7 +337,7 @@ class Replica:
             start = self.now
             pipe = self._pipe
             self.now += ((pipe.prefill_time(lens) if pipe else self.cost.prefill_time(lens))
-                         + cfg.cpu_time(len(lens)))
+                         + cfg.cpu_time(len(lens)) + cfg.prompt_step_cpu_s)
             self._record(start, tokens)
         for rid, comp, cached, steps_left, emit in batch:
             self._join(rid, comp + cached, steps_left, emit and comp > 0)
@@ -373,9 +386,12 @@ class Replica:
         budget = cfg.max_batched_tokens - len(self.running)
         chunks: list[tuple[int, int]] = []
         done: list[list[int]] = []
+        whole = cfg.whole_prompts
         for item in self.prefilling:
             if budget <= 0:
                 break
+            if whole and chunks and item[1] - item[2] > budget:
+                break  # FCFS: it and the prompts behind it wait for the next step
             c = min(item[1] - item[2], budget)
             chunks.append((c, item[2]))
             item[2] += c
@@ -389,7 +405,7 @@ class Replica:
         pipe = self._pipe
         self.now += ((pipe.mixed_step_time(n_dec, self.ctx, chunks, len(done)) if pipe
                       else self.cost.mixed_step_time(n_dec, self.ctx, chunks, len(done)))
-                     + cfg.cpu_time(n_dec + len(chunks)))
+                     + cfg.cpu_time(n_dec + len(chunks)) + cfg.prompt_step_cpu_s)
         self._record(start, n_dec + sum(c for c, _ in chunks))
         if n_dec:
             self.gstep += 1

@@ -18,7 +18,11 @@ fit split of the measured end-to-end rows (`benchmarks/sim_e2e.py --fit`, docs/s
 per-step CPU terms of vllm and trtllm were refitted (`--fit --fit-params
 step_cpu_s,step_cpu_per_seq_s`) after FP8 GEMMs became shape-aware ("Third pass"): vllm 1.0 ->
 0.5 ms, trtllm 0.5 -> 0 ms per step (the faster-than-real FP8 decode GEMMs had been hidden in
-them); refitting the front-end and drift terms afterwards kept their values.
+them); refitting the front-end and drift terms afterwards kept their values. The fourth
+pass added `prompt_step_cpu_s` (CPU of an iteration that carries prompt tokens, beyond
+`step_cpu_s`) and `whole_prompts`; both ship off (0 / False) in every profile: the fit rows
+prefer trtllm 10 ms (objective 26.9 -> 26.1; 27.9 -> 26.3 on eight fresh seeds) and chunks,
+but 10 ms did not transfer to the holdout (docs/simulator.md "Fourth pass").
 """
 
 from __future__ import annotations
@@ -46,12 +50,15 @@ class EngineProfile:
     client_jitter_s: float  # mean closed-loop client delay after a completion (not in TTFT)
     output_jitter_tokens: float  # closed-loop outputs uniform in OSL -/+ this (mean kept)
     source: str
+    # mixed steps place prompts whole (no chunk beside another prompt): `EngineConfig`
+    whole_prompts: bool = False
+    prompt_step_cpu_s: float = 0.0  # extra CPU of a step carrying prompt tokens: `EngineConfig`
 
     def config_kwargs(self) -> dict[str, Any]:
         """The `EngineConfig` fields this profile sets."""
         keys = ("chunked_prefill", "max_num_seqs", "max_batched_tokens",
                 "gpu_memory_utilization", "step_cpu_s", "step_cpu_per_seq_s", "no_evict",
-                "kv_fraction_of_free")
+                "kv_fraction_of_free", "whole_prompts", "prompt_step_cpu_s")
         values = asdict(self)
         return {k: values[k] for k in keys}
 
@@ -82,6 +89,12 @@ PROFILES: dict[str, EngineProfile] = {
     # generation requests in one step; max_num_tokens 8192, max_batch_size 2048,
     # kv_cache free_gpu_memory_fraction 0.9; capacity scheduler GUARANTEED_NO_EVICT (a request
     # is admitted only with KV for its whole output) (tensorrt_llm/llmapi/llm_args.py).
+    # enable_chunked_prefill is off by default there (contexts scheduled whole:
+    # `whole_prompts`), but on the fit rows whole prompts raise TTFT MAPE 20.0 -> 27.9 %
+    # with the fitted drift (docs/simulator.md "Fourth pass"), so the profile keeps chunks.
+    # CUDA graphs run generation-only batches; a step carrying a context runs eagerly
+    # (`prompt_step_cpu_s`): the fit rows prefer 10 ms, but it made the holdout worse
+    # (TTFT 40.8 -> 41.0 %, TPOT 12.4 -> 13.9 %), so it ships at 0 ("Fourth pass").
     "trtllm": EngineProfile(
         "trtllm", chunked_prefill=True, max_num_seqs=2048, max_batched_tokens=8192,
         gpu_memory_utilization=0.9, step_cpu_s=0.0, step_cpu_per_seq_s=4.0e-5, no_evict=True,

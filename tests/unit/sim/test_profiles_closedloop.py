@@ -235,3 +235,62 @@ def test_no_evict_never_preempts_and_stays_within_the_kv(reqs: list[tuple[float,
         assert book.truncated[rid] != fits  # rejected exactly when its whole output can't fit
         if fits:
             assert book.finish[rid] >= book.first_token[rid] >= book.arrival[rid]
+
+
+def _two_prompt_steps(whole: bool) -> tuple[list[int], list[float]]:
+    """Busy tokens per iteration and first-token times of two 60-token prompts under a
+    100-token budget (both queued at t = 0)."""
+    from llmfabric.sim.engine import Replica, RequestBook
+
+    book = RequestBook([0.0, 0.0], [60, 60], [3, 3])
+    cfg = EngineConfig(chunked_prefill=True, max_batched_tokens=100, whole_prompts=whole)
+    rep = Replica(0, cost_model(M, "H100", 1, 1), cfg, 50_000, book)
+    rep.submit(0, 60, 3)
+    rep.submit(1, 60, 3)
+    rep.drain()
+    return rep.busy_tokens, book.first_token
+
+
+def test_whole_prompts_wait_for_the_next_step_instead_of_a_chunk() -> None:
+    # chunked: step 1 = prompt 0 (60) + 40 tokens of prompt 1; step 2 = 1 decode + 20
+    tokens, first = _two_prompt_steps(False)
+    assert tokens[:2] == [100, 21]
+    # whole prompts (TensorRT-LLM without context chunking): prompt 1 does not fit in the 40
+    # left, so step 1 carries prompt 0 alone and step 2 prompt 1 whole beside 1 decode
+    tokens_w, first_w = _two_prompt_steps(True)
+    assert tokens_w[:2] == [60, 61]
+    assert first_w[0] < first[0]  # prompt 0 no longer shares its step with a chunk
+    assert all(t <= 100 for t in tokens_w)
+
+
+def test_whole_prompts_still_chunk_a_prompt_longer_than_the_budget() -> None:
+    from llmfabric.sim.engine import Replica, RequestBook
+
+    book = RequestBook([0.0], [250], [2])
+    cfg = EngineConfig(chunked_prefill=True, max_batched_tokens=100, whole_prompts=True)
+    rep = Replica(0, cost_model(M, "H100", 1, 1), cfg, 50_000, book)
+    rep.submit(0, 250, 2)
+    rep.drain()
+    assert rep.busy_tokens == [100, 100, 50, 1]  # the step's first prompt is chunked
+    assert EngineConfig.for_engine("trtllm").whole_prompts is False  # see docs/simulator.md
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_prompt_step_cpu_is_paid_once_per_step_that_carries_a_prompt(chunked: bool) -> None:
+    # one request alone: its single prompt step costs exactly prompt_step_cpu_s more, so TTFT
+    # grows by that much and the decode steps (TPOT) do not change
+    base = EngineConfig(chunked_prefill=chunked)
+    slow = dataclasses.replace(base, prompt_step_cpu_s=0.02)
+    wl = replay([(0.0, 512, 8)])
+    a = simulate_replica(M, "H100", 1, wl, config=base)
+    b = simulate_replica(M, "H100", 1, wl, config=slow)
+    assert b.ttft_s[0] - a.ttft_s[0] == pytest.approx(0.02, rel=1e-9)
+    assert b.tpot_s[0] == pytest.approx(a.tpot_s[0], rel=1e-12)
+    # two prompts in one prefill-first batch / one mixed step: paid once, not per prompt
+    two = replay([(0.0, 256, 8), (0.0, 256, 8)])
+    a2 = simulate_replica(M, "H100", 1, two, config=base)
+    b2 = simulate_replica(M, "H100", 1, two, config=slow)
+    np.testing.assert_allclose(b2.ttft_s - a2.ttft_s, 0.02, rtol=1e-9)
+    assert all(p.prompt_step_cpu_s == 0 for p in PROFILES.values())  # shipped off
+    with pytest.raises(SpecError, match="prompt_step_cpu_s"):
+        EngineConfig(prompt_step_cpu_s=-1e-3)
