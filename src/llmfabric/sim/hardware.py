@@ -138,14 +138,19 @@ BUILTIN_GPUS: tuple[GPUSpec, ...] = (
     _g("L40S", 91.6, 362, 733, 733, 864, 48, "pcie", 32, None, "l40s-48gb", l2_mb=96, sms=142),
     _g("L40", 90.5, 181, 362, 362, 864, 48, "pcie", 32, None, "l40-48gb", l2_mb=96, sms=142),
     _g("A40", 37.4, 149.7, 0, 299.3, 696, 48, "pcie", 32, None, "a40-48gb", l2_mb=6, sms=84),
+    # RTX A6000 / A5000 / 3090 Ti: the datasheets' "48 GB" / "24 GB" are GiB; nvidia-smi
+    # reports 49,140 / 24,564 / 24,564 MiB (51.5e9 / 25.8e9 bytes), what vLLM's
+    # gpu_memory_utilization is a share of (docs/simulator.md, GPU specs). The A40 keeps 48e9:
+    # with ECC on, its data-centre default, nvidia-smi reports 46,068 MiB = 48.3e9 bytes.
     _g("RTX-A6000", 38.7, 154.8, 0, 309.7, 768, 48, "pcie", 32, 0.80,
-       "a6000", "rtx a6000", "rtx-a6000-48gb", l2_mb=6, sms=84),
+       "a6000", "rtx a6000", "rtx-a6000-48gb", l2_mb=6, sms=84, cuda_mib=49140),
     _g("RTX-A5000", 27.8, 111.1, 0, 222.2, 768, 24, "pcie", 32, None, "a5000", "rtx a5000",
-       l2_mb=6, sms=64),
+       l2_mb=6, sms=64, cuda_mib=24564),
     _g("RTX-3090", 35.6, 71, 0, 284, 936, 24, "pcie", 32, None,
        "3090", "rtx3090", "geforce rtx 3090", inter_gbs=1.25, l2_mb=6, sms=82),
     _g("RTX-3090-Ti", 40, 80, 0, 320, 1008, 24, "pcie", 32, None,
-       "3090ti", "3090-ti", "rtx3090ti", "geforce rtx 3090 ti", inter_gbs=1.25, l2_mb=6, sms=84),
+       "3090ti", "3090-ti", "rtx3090ti", "geforce rtx 3090 ti", inter_gbs=1.25, l2_mb=6, sms=84,
+       cuda_mib=24564),
     _g("RTX-4090", 82.6, 165.2, 330.3, 660.6, 1008, 24, "pcie", 32, None,
        "4090", "rtx4090", "geforce rtx 4090", inter_gbs=1.25, l2_mb=72, sms=128),
     _g("V100-SXM2-32GB", 15.7, 125, 0, 0, 900, 32, "nvlink", 150, None,

@@ -107,7 +107,9 @@ def test_memory_aware_split_restores_kv_room() -> None:
     m = get_model("llama-30b")
     speed_only = make_deployment(m, ["A40", "RTX-3090-Ti"], [2, 2])
     assert [s.n_layers for s in speed_only.stages] == [25, 35]
-    assert memory_plan(speed_only).kv_capacity_tokens < 1000
+    # the 3090 Ti stage (35 layers on 2 x 24,564 MiB) leaves less KV than the 4096-token
+    # minimum the memory-aware split guarantees below
+    assert memory_plan(speed_only).kv_capacity_tokens < 4096
     caps = layer_caps(m, ["A40", "RTX-3090-Ti"], [2, 2], kv_min_tokens=4096)
     assert caps[0] > 60 > 35 > caps[1]
     dep = memory_aware_deployment(m, ["A40", "RTX-3090-Ti"], [2, 2], kv_min_tokens=4096)

@@ -128,6 +128,14 @@ def test_gh200_gpus_talk_over_nvlink_4() -> None:
     assert gh200.interconnect == "nvlink" and gh200.intra_node_bw == h100.intra_node_bw == 450e9
 
 
+@pytest.mark.parametrize(("name", "mib"), [("RTX-A6000", 49140), ("RTX-A5000", 24564),
+                                         ("RTX-3090-Ti", 24564)])
+def test_gddr_cards_hold_the_cuda_reported_memory(name: str, mib: int) -> None:
+    """nvidia-smi's total (what gpu_memory_utilization is a share of), not 48e9 / 24e9."""
+    assert get_gpu(name).mem_bytes == mib * 2**20
+    assert get_gpu(name).mem_bytes > (48e9 if mib > 40000 else 24e9) * 1.07
+
+
 def test_yaml_rejects_unknown_keys(tmp_path: Path) -> None:
     f = tmp_path / "gpus.yaml"
     f.write_text("gpus:\n  X:\n    fp16_tflops: 1\n    warp_speed: 9\n")

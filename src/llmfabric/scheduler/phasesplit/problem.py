@@ -131,6 +131,29 @@ class PDWorkload:
 
         return PDWorkload(rate, draw(mean_in), draw(mean_out), slo or SLO())
 
+    @staticmethod
+    def from_samples(rate: float, in_lengths: npt.ArrayLike, out_lengths: npt.ArrayLike, *,
+                     max_context: int | None = None, slo: SLO | None = None, n: int = 256,
+                     seed: int = 0) -> PDWorkload:
+        """A seeded draw (with replacement) of `n` (prompt, output) pairs from measured
+        lengths, e.g. a trace. With `max_context`, each pair is made to fit the model's
+        window as a serving front end must: the output is capped at max_context - 1, then
+        the prompt cut to max_context - output (its oldest tokens dropped)."""
+        ins = np.asarray(in_lengths, dtype=np.int64)
+        outs = np.asarray(out_lengths, dtype=np.int64)
+        if ins.ndim != 1 or ins.shape != outs.shape or len(ins) == 0:
+            raise SpecError("give matching, non-empty 1-D input and output length samples")
+        if n < 1:
+            raise SpecError("n must be >= 1")
+        if max_context is not None and max_context < 2:
+            raise SpecError("max_context must be >= 2 tokens")
+        idx = np.random.default_rng(seed).integers(0, len(ins), n)
+        i, o = np.maximum(1, ins[idx]), np.maximum(1, outs[idx])
+        if max_context is not None:
+            o = np.minimum(o, max_context - 1)
+            i = np.minimum(i, max_context - o)
+        return PDWorkload(rate, i, o, slo or SLO())
+
     @property
     def mean_in(self) -> float:
         return float(np.mean(self.in_lengths))
