@@ -2,10 +2,10 @@
 
 `controller_node(overrides, settle, clock)` builds a bare CPU Node from the overrides (a
 bad config -> ClickException), starts it, optionally makes SIGTERM/SIGINT set `stop`, waits
-`settle` seconds for gossip to fill the replica, and longer (up to MORE_SETTLE_S) while the
-replica knows no other member yet, and yields a `ControllerNode`: the node, the current
-session's replica reader and the stop event. On exit the signal handlers are removed and the
-node stops (no drain).
+`settle` seconds for gossip to fill the replica (if settle > 0, longer, up to MORE_SETTLE_S,
+while the replica knows no other member yet), and yields a `ControllerNode`: the node, the
+current session's replica reader and the stop event. On exit the signal handlers are removed
+and the node stops (no drain).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ _POLL_S = 0.2
 async def settle_replica(clock: Clock, settle: float, knows_others: Callable[[], bool],
                          stop: asyncio.Event) -> float:
     """Sleep `settle` s, then on until `knows_others()` (at most MORE_SETTLE_S more, or until
-    `stop` is set); returns the seconds waited in all."""
+    `stop` is set); returns the seconds waited in all. `settle` 0: no wait at all."""
     start = clock.now()
     await clock.sleep(settle)
-    while not knows_others() and not stop.is_set():
+    while settle > 0 and not knows_others() and not stop.is_set():
         if clock.now() - start >= settle + MORE_SETTLE_S:
             break  # (alone: the controller runs anyway and finds nothing to plan for)
         await clock.sleep(_POLL_S)

@@ -53,3 +53,11 @@ async def test_a_stop_ends_the_wait() -> None:
     await clock.advance(0.5)
     await clock.settle()
     assert task.done() and task.result() <= 5.5
+
+
+async def test_settle_zero_does_not_wait() -> None:
+    clock = FakeClock()
+    task = asyncio.create_task(settle_replica(clock, 0.0, lambda: False, asyncio.Event()))
+    await clock.advance(0.0)
+    await clock.settle()
+    assert task.done() and task.result() == 0.0
