@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ._netns import NetLab
+from ._netns import NetLab, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.hostile]
 
@@ -36,15 +36,30 @@ RELAY_PEER = "10.203.2.2:7946"
 INGRESS_HTTP = "10.203.1.2:8080"
 NETNS_PREFIX = "front"
 
+# Captures every frame on a device into argv[1] (length-prefixed); argv[1] exists once the
+# socket is bound (capturing). Once argv[3] exists it reads what the kernel still holds for it
+# and exits, so nothing sent before the stop is lost to a capture the machine left behind.
 _CAPTURE = """
-import socket, struct, sys
-out = open(sys.argv[1], "wb")
+import os, socket, struct, sys
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(3))
 s.bind((sys.argv[2], 0))
-while True:
-    frame = s.recv(65535)
+s.settimeout(0.2)
+out = open(sys.argv[1] + ".part", "wb")
+os.rename(sys.argv[1] + ".part", sys.argv[1])
+def keep(frame):
     out.write(struct.pack(">I", len(frame)) + frame)
-    out.flush()
+while not os.path.exists(sys.argv[3]):
+    try:
+        keep(s.recv(65535))
+    except socket.timeout:
+        pass
+s.setblocking(False)
+while True:
+    try:
+        keep(s.recv(65535))
+    except BlockingIOError:
+        break
+out.close()
 """
 
 _CLIENT = """
@@ -185,11 +200,16 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
     assert nodes["nated"]["relays"] and not nodes["nated"]["peer_addrs"]
 
     captures: list[tuple[pathlib.Path, subprocess.Popen[str]]] = []
+    stop = tmp_path / "captures.stop"
     for ns, dev in ((dprv, dprv_if), (nprv, nprv_if), (rly, rly_if), (ing, "lo")):
         out = tmp_path / f"{ns}-{dev}.bin"
-        captures.append((out, netlab.popen(ns, [sys.executable, "-c", _CAPTURE, str(out), dev],
-                                           str(tmp_path / f"cap-{dev}.log"))))
-    time.sleep(1.0)
+        captures.append((out, netlab.popen(
+            ns, [sys.executable, "-c", _CAPTURE, str(out), dev, str(stop)],
+            str(tmp_path / f"cap-{dev}.log"))))
+    # every capture is bound before the requests go out (not a fixed 1 s: python's start)
+    wait_for("the captures bound", lambda: all(out.exists() for out, _ in captures), 30,
+             tmp_path)
+    time.sleep(1.0)  # (some background traffic too: each link's capture holds > 2000 bytes)
     prompts = {}
     for provider in ("direct", "nated"):
         prompt = f"PROMPT-{provider}-{secrets.token_hex(8)}"
@@ -201,12 +221,13 @@ def test_prompts_never_cross_the_wire_in_cleartext_and_replays_are_refused(
                          nodes[provider]["verified_provider"])
         assert reply["status"] == 200, (reply, logs)
     time.sleep(1.0)
-    for _, proc in captures:
-        proc.terminate()
-        proc.wait(timeout=10)
+    stop.write_text("")  # each capture drains what it was sent, then exits
+    for out, proc in captures:
+        assert proc.wait(timeout=30) == 0, (out.name, logs)
 
     wire = {out.name: out.read_bytes() for out, _ in captures}
     provider_side = {name: data for name, data in wire.items() if not name.endswith("-lo.bin")}
+    print(f"\ncaptured bytes: { {k: len(v) for k, v in wire.items()} }")
     assert all(len(data) > 2000 for data in provider_side.values()), {
         k: len(v) for k, v in wire.items()}
     for name, data in provider_side.items():

@@ -130,7 +130,7 @@ def _nodes(lab: NetLab, ns: str, key: str) -> dict[str, dict[str, Any]]:
 
 def _attempts(lab: NetLab, ns: str, key: str, trace_id: str) -> list[dict[str, Any]]:
     """The `attempt` spans of the trace `trace_id`, in start order (waits for the trace)."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # (kept once the stream's handler returned)
     while True:
         doc = _get(lab, ns, key, "/v1/fabric/traces?limit=50")
         traces = [t for t in doc.get("data", []) if t["trace_id"] == trace_id]

@@ -111,10 +111,11 @@ def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
 
     outs = {side: tmp_path / f"requests-{side}.jsonl" for side in IPS}
     stop = tmp_path / "stop"
-    for side in IPS:
-        netlab.popen(ns[side], [sys.executable, "-c", _CLIENT, f"http://{IPS[side]}:8080/v1",
-                                _key(homes[side]), str(outs[side]), str(stop), MODEL],
-                     str(tmp_path / f"client-{side}.log"))
+    clients = {side: netlab.popen(ns[side], [sys.executable, "-c", _CLIENT,
+                                             f"http://{IPS[side]}:8080/v1", _key(homes[side]),
+                                             str(outs[side]), str(stop), MODEL],
+                                  str(tmp_path / f"client-{side}.log"))
+               for side in IPS}
     wait_for("both clients served", lambda: all(read_records(o) for o in outs.values()), 30,
              tmp_path)
 
@@ -135,9 +136,13 @@ def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
     print(f"registry converged {time.monotonic() - healed_at:.1f} s after the heal")
     time.sleep(3)  # requests sent before the convergence finish (first-byte timeout 3 s)
     settled = {side: len(read_records(o)) for side, o in outs.items()}
-    time.sleep(5)
+    # (not a fixed 5 s: one request may take connect 2 s + first byte 3 s on its own)
+    wait_for("requests answered on both sides after the convergence",
+             lambda: all(len(read_records(o)) > settled[s] for s, o in outs.items()), 60,
+             tmp_path)
     stop.write_text("")
-    time.sleep(3)  # the clients finish their last request; the ledger flushes every second
+    for side, proc in clients.items():  # each finishes its last request (2 x 30 s at most)
+        assert proc.wait(timeout=90) == 0, (side, (tmp_path / f"client-{side}.log").read_text())
 
     records = {side: read_records(o) for side, o in outs.items()}
     for side in IPS:
@@ -161,10 +166,11 @@ def test_a_partition_keeps_both_sides_serving_and_heals_without_losing_usage(
     assert {"pa", "pb"} <= set(after.values()) and {"pa", "pb"} <= set(before.values())
     assert after == before, (before, after)
     # (3) no usage row lost: each ledger counts exactly its client's successful requests.
+    # The ledger flushes every second: wait for it to count the last request too (a lost or
+    # a doubled row never matches).
     for side in IPS:
         ok = sum(1 for r in records[side] if "error" not in r)
-        usage = wait_for(f"usage of ingress {side}",
-                         lambda s=side: _usage_requests(netlab, ns[s], s, _key(homes[s])), 10,
-                         tmp_path)
-        assert usage == ok, (side, usage, ok)
-
+        deadline = time.monotonic() + 30
+        while (usage := _usage_requests(netlab, ns[side], side, _key(homes[side]))) != ok:
+            assert time.monotonic() < deadline, (side, usage, ok)
+            time.sleep(0.5)

@@ -30,7 +30,7 @@ def test_rerank_and_tokenize_pass_through_and_are_metered_by_request(fab: ApiFab
     t = raw_request("POST", base + "/tokenize", orjson.dumps({"model": TOOLY, "prompt": "x"}),
                     AUTH)
     assert t.status_code == 200 and t.json()["count"] == 3
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a loaded CI machine: the flush is asynchronous
     while fab.usage(TOOLY)[2] < before[2] + 2:
         assert time.monotonic() < deadline, "pass-through requests were not metered"
         time.sleep(0.01)

@@ -103,7 +103,7 @@ def test_a_budget_of_n_requests_holds_across_two_ingresses(
         )
         assert status == 200
     # the key's grant has reached the second ingress (a request that spends nothing)
-    wait_until_sync(lambda: _call(other, "GET", "/v1/models", key)[0] == 200, 15.0, interval=0.2)
+    wait_until_sync(lambda: _call(other, "GET", "/v1/models", key)[0] == 200, 30.0, interval=0.2)
 
     ok, delays, spent = 0, [], {issuer.name: 0, other.name: 0}
     for i in range(2 * N + 2):
@@ -160,7 +160,7 @@ def test_alternated_requests_overspend_at_most_what_was_not_yet_published(
             {"tokens": limit, "period": "day"},
         )
         assert status == 200
-    wait_until_sync(lambda: _call(other, "GET", "/v1/models", key)[0] == 200, 15.0, interval=0.2)
+    wait_until_sync(lambda: _call(other, "GET", "/v1/models", key)[0] == 200, 30.0, interval=0.2)
     # The delay now: one request at each, until the other counts it (it is in the budget).
     measured = []
     for node, peer in ((issuer, other), (other, issuer)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -146,10 +147,23 @@ def test_ingress_records_an_anonymized_trace_with_per_key_opt_out(fabric: LocalF
     _client(fabric, key=private_key).chat.completions.create(
         model="qwen3-1.7b", messages=[{"role": "user", "content": "opted out"}], max_tokens=3,
     )
-    time.sleep(0.5)
-    rows = [json.loads(line) for line in trace.read_text().splitlines()[before:]]
-    assert len(rows) == 1, rows  # the opted-out key left no row
-    row = rows[0]
+    # A row is written once the request finished, which may be after the client saw the
+    # reply: a traced request sent after the opted-out one marks when its row would be there.
+    _client(fabric, key=traced_key).chat.completions.create(
+        model="qwen3-1.7b", messages=[{"role": "user", "content": "marker"}], max_tokens=1,
+    )
+
+    def new_rows() -> list[dict[str, Any]]:
+        text = trace.read_text() if trace.exists() else ""
+        return [json.loads(line) for line in text.splitlines()[before:]]
+
+    deadline = time.monotonic() + 30
+    while not any(r["output_tokens"] == 1 for r in new_rows()):
+        assert time.monotonic() < deadline, f"the marker's trace row never came: {new_rows()}"
+        time.sleep(0.05)
+    rows = new_rows()
+    assert len(rows) == 2, rows  # the traced request and the marker: the opted-out key left none
+    [row] = [r for r in rows if r["output_tokens"] == 3]
     assert row["model"] == "qwen3-1.7b"
     assert row["output_tokens"] == 3 and row["input_tokens"] > 0
     assert row["hash_ids"], row

@@ -71,7 +71,8 @@ def test_a_key_works_at_every_trusting_ingress_and_a_revocation_reaches_it_withi
     assert status == 201
     key = created["key"]
     assert _chat(issuer, key) == 200
-    spread = _until(lambda: _chat(other, key) == 200, 10.0)
+    # (no bound is promised for a new key to spread; a loaded CI machine may take a while)
+    spread = _until(lambda: _chat(other, key) == 200, 30.0)
     # the second ingress's own admin key is not valid at the issuer (trust is one way)
     other_admin = (other.home / "admin.key").read_text().strip()
     assert _chat(issuer, other_admin) == 401

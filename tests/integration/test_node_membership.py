@@ -3,7 +3,9 @@ SIGKILL the others detect the dead node and stop listing it; a SIGTERM'd node le
 
 from __future__ import annotations
 
+import re
 import signal
+import urllib.request
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -69,12 +71,32 @@ def test_eight_nodes_converge_then_detect_a_killed_node(fabric: LocalFabric) -> 
         assert all(views[s]["state"] != "LEFT" for s in sessions - {victim_sid})
 
 
+def _evictions_issued(nodes: list[NodeProcess]) -> int:
+    """SWIM evictions the nodes issued so far (their /metrics counters)."""
+    total = 0
+    for n in nodes:
+        with urllib.request.urlopen(n.http_url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        found = re.search(r'^llmfabric_membership_events_total\{event="eviction_issued"\} (\S+)$',
+                          text, re.MULTILINE)
+        assert found, f"no eviction counter in {n.name}'s metrics"
+        total += int(float(found.group(1)))
+    return total
+
+
 def test_sigterm_announces_left_before_exit(fabric: LocalFabric) -> None:
     leaver = fabric.nodes[5]
     sid = _session(leaver)
+    others = [n for n in fabric.nodes if n is not leaver and n.alive()]
+    evictions = _evictions_issued(others)
     leaver.signal(signal.SIGTERM)
     assert leaver.proc.wait(timeout=30) == 0
     observer = fabric.nodes[0]
-    _eventually(lambda: _views(observer)[sid]["state"] == "LEFT", timeout=5,
+    # A LEFT reached by eviction looks the same in the view (state LEFT, not suspected): what
+    # tells the graceful path apart is that no member had to evict the leaver. (Not a 5 s
+    # window: the announcement spreads by gossip, which a loaded machine slows down.)
+    _eventually(lambda: _views(observer)[sid]["state"] == "LEFT", timeout=30,
                 what="the ingress sees the graceful LEFT")
     assert _views(observer)[sid]["suspected"] is False
+    assert _evictions_issued(others) == evictions, (
+        "the leaver was evicted by SWIM instead of leaving: " + fabric.tail(leaver))

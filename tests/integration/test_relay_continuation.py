@@ -29,12 +29,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import openai
 import pytest
 
 from llmfabric.engines import text
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.testing.poll import wait_for_value
 
 pytestmark = pytest.mark.slow
 
@@ -198,9 +200,14 @@ def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> 
     # The trace: the first attempt went to the relayed node via the relay and broke off
     # mid-stream; the continuation went to the direct node.
     trace_id = raw.headers["x-fabric-trace"]
-    data = _get(fab, "/v1/fabric/traces?limit=50")["data"]
-    assert isinstance(data, list)
-    [trace] = [t for t in data if t["trace_id"] == trace_id]
+
+    def the_trace() -> list[dict[str, Any]]:
+        data = _get(fab, "/v1/fabric/traces?limit=50")["data"]
+        assert isinstance(data, list)
+        return [t for t in data if t["trace_id"] == trace_id]
+
+    # (kept when the stream's handler returns, after its last byte went out)
+    [trace] = wait_for_value(the_trace, 30.0, f"the trace {trace_id} at the ingress")
     attempts = sorted(
         (sp for sp in trace["spans"] if sp["name"] == "attempt"), key=lambda sp: sp["start_ms"]
     )

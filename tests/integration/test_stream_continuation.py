@@ -19,12 +19,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import openai
 import pytest
 
 from llmfabric.engines import text
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.testing.poll import wait_for_value
 
 pytestmark = pytest.mark.slow
 
@@ -180,8 +182,13 @@ def test_a_completions_stream_survives_its_node_being_killed(
     trace_id = raw.headers["x-fabric-trace"]
     req = urllib.request.Request(fab.ingress.http_url + "/v1/fabric/traces?limit=20",
                                  headers={"Authorization": f"Bearer {fab.admin_key()}"})
-    with urllib.request.urlopen(req, timeout=5) as r:
-        [trace] = [t for t in json.loads(r.read())["data"] if t["trace_id"] == trace_id]
+
+    def the_trace() -> list[dict[str, Any]]:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return [t for t in json.loads(r.read())["data"] if t["trace_id"] == trace_id]
+
+    # (kept when the stream's handler returns, after its last byte went out)
+    [trace] = wait_for_value(the_trace, 30.0, f"the trace {trace_id} at the ingress")
     attempts = sorted((sp for sp in trace["spans"] if sp["name"] == "attempt"),
                       key=lambda sp: sp["start_ms"])
     assert [a["attrs"]["node"] == victim.session_id for a in attempts] == [True, False]

@@ -111,7 +111,8 @@ async def _fetch(url: str) -> list[NodeRecord]:
 @click.option("--reclaim", is_flag=True, help="also re-plan nodes that are already serving")
 @click.option("--once", is_flag=True, help="one round; print the decisions as JSON and exit")
 @click.option("--settle", type=float, default=3.0, show_default=True,
-              help="with --bootstrap: seconds to let the replica fill before planning")
+              help="with --bootstrap: seconds to let the replica fill before planning "
+                   "(longer, up to 30 s more, while it knows no other member)")
 @click.option("--launcher", type=click.Choice(["assign", "slurm"]), default="assign",
               show_default=True, help="assign: fill idle nodes; slurm: submit and cancel "
               "Slurm jobs of --profile as demand moves (launch/capacity.py)")

@@ -2,9 +2,10 @@
 
 `controller_node(overrides, settle, clock)` builds a bare CPU Node from the overrides (a
 bad config -> ClickException), starts it, optionally makes SIGTERM/SIGINT set `stop`, waits
-`settle` seconds for gossip to fill the replica, and yields a `ControllerNode`: the node,
-the current session's replica reader and the stop event. On exit the signal handlers are
-removed and the node stops (no drain).
+`settle` seconds for gossip to fill the replica (if settle > 0, longer, up to MORE_SETTLE_S,
+while the replica knows no other member yet), and yields a `ControllerNode`: the node, the
+current session's replica reader and the stop event. On exit the signal handlers are removed
+and the node stops (no drain).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,26 @@ from llmfabric.clock import Clock
 if TYPE_CHECKING:
     from llmfabric.node.daemon import Node
     from llmfabric.node.serve.replica_reader import AgentReplicaReader
+
+
+# A loaded machine may not finish the first exchange with a seed within `settle`: a plan
+# made from a replica that holds only our own record decides on nothing (`--once` would
+# print no decisions). So we wait on while nobody else is known, this long at most.
+MORE_SETTLE_S = 30.0
+_POLL_S = 0.2
+
+
+async def settle_replica(clock: Clock, settle: float, knows_others: Callable[[], bool],
+                         stop: asyncio.Event) -> float:
+    """Sleep `settle` s, then on until `knows_others()` (at most MORE_SETTLE_S more, or until
+    `stop` is set); returns the seconds waited in all. `settle` 0: no wait at all."""
+    start = clock.now()
+    await clock.sleep(settle)
+    while settle > 0 and not knows_others() and not stop.is_set():
+        if clock.now() - start >= settle + MORE_SETTLE_S:
+            break  # (alone: the controller runs anyway and finds nothing to plan for)
+        await clock.sleep(_POLL_S)
+    return clock.now() - start
 
 
 @dataclass
@@ -52,8 +73,10 @@ async def controller_node(
     for sig in handled:
         loop.add_signal_handler(sig, stop.set)
     try:
-        await clock.sleep(settle)
-        yield ControllerNode(node, current_session_reader(node), stop)
+        reader = current_session_reader(node)
+        await settle_replica(clock, settle, lambda: any(
+            r.session_id != reader.session_id for r in reader.live_records()), stop)
+        yield ControllerNode(node, reader, stop)
     finally:
         for sig, previous in handled.items():  # the process's own handling again
             loop.remove_signal_handler(sig)

@@ -1,12 +1,13 @@
 """Render a SlurmProfile into an sbatch script (pure: text in, text out).
 
 The script loads modules, runs the setup lines, reads the network secret from its FILE into
-the environment (never into the script or the process table), picks a free port for the
-engine's "{port}", then `exec`s `llmfabric start ... --process ENGINE`, so the node IS the batch
-shell: `--signal=B:TERM@<lead>` reaches it `lead` seconds before the time limit, it announces
-DOWN, drains, announces LEFT and stops the engine while the allocation still runs. The node
-also learns the allocation end itself (launch/allocation.py) and drains at the same moment
-if the signal comes late. Every profile value is quoted; paths may use $VARS and ~.
+the environment (never into the script or the process table), picks a free port below the
+kernel's ephemeral range for the engine's "{port}", then `exec`s `llmfabric start ...
+--process ENGINE`, so the node IS the batch shell: `--signal=B:TERM@<lead>` reaches it `lead`
+seconds before the time limit, it announces DOWN, drains, announces LEFT and stops the engine
+while the allocation still runs. The node also learns the allocation end itself
+(launch/allocation.py) and drains at the same moment if the signal comes late. Every profile
+value is quoted; paths may use $VARS and ~.
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ from llmfabric.launch.profile import SlurmProfile
 
 PORT_PLACEHOLDER = "{port}"
 PORT_VAR = "LLMFABRIC_ENGINE_PORT"
+# Picks the engine's port below the kernel's ephemeral range, like node/ports.py (which this
+# layer may not import): a port-0 pick comes from the range that outgoing connections draw
+# from, and one may take it before the engine binds it. Port 0 only when there is no room.
+PICK_PORT = """import random, socket
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+for port in (random.sample(range(10000, low), 64) if low - 10000 >= 1000 else []) + [0]:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            continue
+        print(s.getsockname()[1])
+        break
+"""
 _PATHLIKE = re.compile(r"^[A-Za-z0-9_./~${}@:+=-]+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -128,8 +146,6 @@ def render_sbatch(profile: SlurmProfile, *, source: str = "") -> str:
         "export LLMFABRIC_HOME",
     ]
     if any(PORT_PLACEHOLDER in a for a in profile.engine):
-        lines.append(
-            f"{PORT_VAR}=$(python3 -c 'import socket; s=socket.socket(); "
-            "s.bind((\"\", 0)); print(s.getsockname()[1])')")
+        lines.append(f"{PORT_VAR}=$(python3 -c '{PICK_PORT}')")
     lines.append(" ".join(["exec", *node_argv(profile)]))
     return "\n".join(lines) + "\n"

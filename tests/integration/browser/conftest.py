@@ -15,7 +15,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+from llmfabric.node.ports import free_port
 
 CHROMIUM = os.environ.get("LLMFABRIC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -118,9 +119,7 @@ def _node_processes(state_dir: pathlib.Path) -> dict[str, tuple[int, list[str]]]
 
 def _demo_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
     """`llmfabric demo` as a subprocess, with the tests' three serving nodes."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # below the ephemeral range: the demo binds it later (node/ports.py)
     url = f"http://127.0.0.1:{port}"
     state = tmp / "state"
     nodes = [f"--node={model}@{gpu}@{provider}" for model, gpu, provider in NODES.values()]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from llmfabric.launch.profile import parse_profile
 from llmfabric.launch.sbatch import render_sbatch
+from llmfabric.node.ports import ephemeral_range
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -65,4 +66,7 @@ def test_port_placeholder_and_secret(tmp_path: pathlib.Path) -> None:
     tail = argv[argv.index("--process") + 1:]
     port = tail[2]
     assert port.isdigit() and 0 < int(port) < 65536 and tail[3] == f"x{port}y"
+    low, _ = ephemeral_range()
+    if low - 10_000 >= 1000:  # picked below the ephemeral range, where no outgoing
+        assert 10_000 <= int(port) < low  # connection can take it before the engine binds it
     assert "s3cret" not in " ".join(argv)  # the secret travels in the environment only
