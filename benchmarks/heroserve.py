@@ -17,12 +17,15 @@ Sections (each row carries the paper's figure beside ours):
 - testbed (Fig. 7): 2 x (4 x A100-40GB) + 2 x (4 x V100-32GB), OPT-66B, chatbot and
   summarization; H (largest rate meeting both SLAs) per system, and the paper's metric, the
   largest per-GPU Poisson rate whose discrete-event run keeps >= 90 % within both SLAs.
-- fig8: one unit of the large-scale clusters (2tracks: 6 x 8 A100-40GB on 2 access
-  switches; 8tracks: 16 x 8 on 8; A100-80GB again as a sensitivity), OPT-175B, half the
-  servers prefill, with what binds at H (prefill load, KV-memory cap, TPOT); core uplinks of
-  400 Gbit/s per access switch (oversubscribed as the paper's 400/27 and 600/280 switch
-  counts imply; their port counts are not given). Targets (H4): HeroServe >= every
-  baseline; its gain on 2tracks >= on 8tracks.
+- fig8: the large-scale clusters' units (2tracks: 6 x 8 A100-40GB on 2 access switches;
+  8tracks: 16 x 8 on 8; A100-80GB again as a sensitivity), OPT-175B, one unit prefills and
+  another decodes, joined through the core (Fig. 4), so the KV hand-off crosses it (`pd_units`);
+  core uplinks per access switch from the paper's 400/27 and 600/280 switch counts with
+  32 x 100G switches (`core_uplink_gbps`: 216 Gbit/s on 2tracks, 11:1; 1493 on 8tracks,
+  1.07:1). Printed per plan: what binds at H (prefill load, KV-memory cap, TPOT), network
+  against compute (prefill; TPOT = compute step + step network + KV hand-off) and the KV load
+  on the core uplinks at H. Targets (H4): HeroServe >= every baseline; its gain on 2tracks
+  >= on 8tracks.
 - planner: run time and perturbation sweeps on the testbed (H6: <= 30 s on 2 cores, <= 5).
 - fig9: concurrent all-reduces of three TP4 groups (each over two servers and both tracks
   of the 4 x 4 testbed shape) on the flow simulator, each group's cheapest policy on an idle
@@ -57,15 +60,17 @@ from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
 from llmfabric.scheduler.netplan.runner import sla_rate
 from llmfabric.sim.collectives import AllReduceModel, AllReduceRegime
 from llmfabric.sim.costs import build_cost_model
+from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.memory import memory_plan
 from llmfabric.sim.models import get_model
-from llmfabric.sim.parallel import Deployment, kv_transfer_bytes, make_deployment
+from llmfabric.sim.parallel import Deployment, Link, kv_transfer_bytes, make_deployment
 from llmfabric.sim.topology import Topology, fat_tree_tracks
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("LLMFABRIC_SHARED_DATA", ROOT.parent / "shared" / "data"))
 SYSTEMS = (HEROSERVE, *BASELINES)
 FREE = AllReduceModel(AllReduceRegime(0.0, 0.0, 1e30))
+FREE_LINK = Link(1e30, 0.0)
 
 
 # --- Fig. 1 ----------------------------------------------------------------------------------
@@ -198,23 +203,79 @@ def testbed_problem(kind: str) -> NetProblem:
 FIG8_GPU = "A100-40GB"
 
 
+# §V "Simulation Settings": 1200 servers; 2tracks = units of 6 servers on 2 access switches,
+# "400 access switches and 27 core switches in total"; 8tracks = 16 servers on 8, "600 access
+# switches and 280 core switches". Port counts are not given: every switch is taken as the
+# testbed's Tofino 1 (§V "Testbed Deployment") with 32 x 100G ports, the core's ports shared
+# evenly by the access switches, capped by the ports an access switch has left after its GPUs.
+SWITCH_PORTS, PORT_GBPS, SERVERS_TOTAL = 32, 100.0, 1200
+# tracks -> (servers per unit, access switches per unit, access switches, core switches)
+CLUSTERS = {"2tracks": (6, 2, 400, 27), "8tracks": (16, 8, 600, 280)}
+
+
+def core_uplink_gbps(tracks: str) -> float:
+    """Per access switch: 2tracks min(32 - 24, 27 x 32 / 400) x 100G = 216 Gbit/s (11:1 over
+    its 24 GPU ports); 8tracks min(32 - 16, 280 x 32 / 600) x 100G = 1493 Gbit/s (1.07:1)."""
+    if tracks not in CLUSTERS:
+        raise ValueError(f"tracks must be one of {sorted(CLUSTERS)}, not {tracks!r}")
+    servers, n_tracks, n_access, n_core = CLUSTERS[tracks]
+    if SERVERS_TOTAL // servers * n_tracks != n_access:  # the paper's counts agree
+        raise ValueError(f"{tracks}: {SERVERS_TOTAL} servers do not give {n_access} access")
+    gpu_ports = servers * 8 // n_tracks
+    return min(SWITCH_PORTS - gpu_ports, n_core * SWITCH_PORTS / n_access) * PORT_GBPS
+
+
+def pd_units(tracks: str, gpu: str = FIG8_GPU) -> Topology:
+    """A prefill unit (`gpu0`..) and a decode unit, each its own servers on its own access
+    switches (`paccess{t}`, `daccess{t}`), joined through the core (§III-B, Fig. 4: "each
+    cluster has its own GPU cards ... and access switches ... These clusters communicate
+    through a core switch"), so the KV hand-off crosses two core uplinks. The 27 / 280 core
+    switches are one node `core0` whose link to each access switch is that switch's whole
+    share (`core_uplink_gbps`). Inside a unit `fat_tree_tracks`' wiring: GPU k's 100G NIC on
+    the unit's access switch k mod tracks, NVLink all-to-all in a server (300 GB/s, 2 us),
+    1 us per Ethernet hop, 8 aggregator slots a switch."""
+    servers, n_tracks, _, _ = CLUSTERS[tracks]
+    up = core_uplink_gbps(tracks)
+    name = get_gpu(gpu).name
+    topo = Topology()
+    topo.add_switch("core0", 8)
+    n = 0
+    for u, unit in enumerate(("p", "d")):
+        for t in range(n_tracks):
+            topo.add_switch(f"{unit}access{t}", 8)
+            topo.add_edge(f"{unit}access{t}", "core0", "ethernet", gbps=up, latency_s=1e-6)
+        for s in range(u * servers, (u + 1) * servers):
+            ids = [f"gpu{n + k}" for k in range(8)]
+            n += 8
+            for k, gid in enumerate(ids):
+                topo.add_gpu(gid, name, f"server{s}")
+                topo.add_edge(gid, f"{unit}access{k % n_tracks}", "ethernet", gbps=100,
+                              latency_s=1e-6)
+            for a in range(8):
+                for b in range(a + 1, 8):
+                    topo.add_edge(ids[a], ids[b], "nvlink", gbs=300, latency_s=2e-6)
+    return topo
+
+
 def unit_problem(tracks: str, kind: str, rate: float = 1.0,
                  gpu: str = FIG8_GPU) -> NetProblem:
-    servers, n_tracks = (6, 2) if tracks == "2tracks" else (16, 8)
-    topo = fat_tree_tracks(servers=servers, gpus_per_server=8, tracks=n_tracks,
-                           nic_gbps=100, nvlink_gbs=300, core=1, core_gbps=400,
-                           gpu_types=gpu, aggregator_slots=8)
+    topo = pd_units(tracks, gpu)
     gpus = topo.gpus()
-    half = len(gpus) // 2
+    half = len(gpus) // 2  # the prefill unit's GPUs, then the decode unit's
     wl = NetWorkload(rate, 512, 256) if kind == "chatbot" else NetWorkload(rate, 1792, 256)
     sla = (4.0, 0.2) if kind == "chatbot" else (25.0, 0.2)
     return NetProblem(topo, get_model("opt-175b"), tuple(gpus[:half]), tuple(gpus[half:]), wl,
                       *sla, max_candi=8, restarts=3)
 
 
-def at_h(p: NetPlan) -> dict[str, float]:
+def at_h(p: NetPlan, core_bytes_s: float | None = None) -> dict[str, float]:
     """What binds at the plan's H: prefill utilisation and TTFT (M/D/1, as the planner), the
-    decode batch (Little's law) against the KV-memory cap, and TPOT there."""
+    decode batch (Little's law) against the KV-memory cap, and TPOT there. Network against
+    compute: the prefill's network share (T_pre - T_c_pre) / T_pre; the TPOT at H split into
+    the compute-only step, the step's network (all-reduces and PP sends) and the KV hand-off
+    T_f (eq. 4 counts it in TPOT). `core_bytes_s`: the prefill unit's core uplinks in all;
+    then the KV bytes H sends through them per second, as a share of it (the planner prices
+    each flow alone, so this load is not in H)."""
     assert p.problem is not None
     pre, dec = p.deployments()
     wl = p.problem.workload
@@ -222,21 +283,31 @@ def at_h(p: NetPlan) -> dict[str, float]:
     rho = lp * p.T_pre
     ctx = wl.mean_in + wl.mean_out / 2
     cms = [build_cost_model(d) for d in dec]
+    free = [build_cost_model(replace(d, stage_allreduces=(FREE,) * d.pp,
+                                     pp_links=(FREE_LINK,) * (d.pp - 1))) for d in dec]
 
-    def step(b: float) -> float:
+    def step(b: float, models: list[Any] = cms) -> float:
         n = max(1, math.ceil(b))
-        return max(cm.decode_step_time(n, n * ctx) for cm in cms)
+        return max(cm.decode_step_time(n, n * ctx) for cm in models)
 
     cap = min(memory_plan(d).kv_capacity_tokens for d in dec) / (wl.mean_in + wl.mean_out)
     b = 1.0
     for _ in range(200):  # b = lambda_d K_out step(b), just below H
         b = min(cap, max(1.0, 0.999 * ld * wl.mean_out * step(b)))
-    return {"rho_pre": rho, "ttft_s": lp * p.T_pre ** 2 / (2 * (1 - rho)) + p.T_pre,
-            "batch": b, "batch_cap": cap, "tpot_at_h_s": step(b) + p.T_f}
+    tpot = step(b) + p.T_f
+    out = {"rho_pre": rho, "ttft_s": lp * p.T_pre ** 2 / (2 * (1 - rho)) + p.T_pre,
+           "batch": b, "batch_cap": cap, "tpot_at_h_s": tpot,
+           "net_share_pre": (p.T_pre - p.T_c_pre) / p.T_pre,
+           "step_compute_s": step(b, free), "step_net_s": step(b) - step(b, free),
+           "t_f_s": p.T_f, "net_share_tpot": (tpot - step(b, free)) / tpot}
+    if core_bytes_s is not None:
+        out["kv_core_load"] = p.H * kv_transfer_bytes(p.problem.model, wl.mean_in) / core_bytes_s
+    return out
 
 
 def comparison_rows(section: str, case: str, ps: dict[str, NetPlan],
-                    paper: dict[str, str], binding: bool = False) -> list[dict[str, Any]]:
+                    paper: dict[str, str], binding: bool = False,
+                    core_bytes_s: float | None = None) -> list[dict[str, Any]]:
     hero = ps["heroserve"]
     rows = []
     for name, p in ps.items():
@@ -247,11 +318,17 @@ def comparison_rows(section: str, case: str, ps: dict[str, NetPlan],
                "paper": paper.get(name, ""), "H": p.H, "per_gpu": p.per_gpu_rate,
                "gain": gain}
         if binding and p.H > 0:
-            b = at_h(p)
+            b = at_h(p, core_bytes_s)
             row["at_H"] = b
             row["ours"] += (f"; at H: prefill rho {b['rho_pre']:.2f}, TTFT "
                             f"{b['ttft_s']:.2f} s, decode batch {b['batch']:.0f} of "
-                            f"{b['batch_cap']:.0f} (KV cap), TPOT {b['tpot_at_h_s'] * 1e3:.0f} ms")
+                            f"{b['batch_cap']:.0f} (KV cap), TPOT {b['tpot_at_h_s'] * 1e3:.0f} ms"
+                            f" = compute {b['step_compute_s'] * 1e3:.0f} + step network "
+                            f"{b['step_net_s'] * 1e3:.1f} + KV {b['t_f_s'] * 1e3:.0f} "
+                            f"(network {b['net_share_tpot']:.0%}); prefill network "
+                            f"{b['net_share_pre']:.0%}")
+            if "kv_core_load" in b:
+                row["ours"] += f"; KV load on the core uplinks {b['kv_core_load']:.0%}"
         rows.append(row)
     return rows
 
@@ -302,9 +379,10 @@ def main() -> None:
         for tracks in ("2tracks", "8tracks"):
             for kind in ("chatbot", "summarization"):
                 ps = plans(unit_problem(tracks, kind, gpu=gpu))
+                uplinks = CLUSTERS[tracks][1] * core_uplink_gbps(tracks) * 1e9 / 8
                 rs = comparison_rows("fig8", f"{gpu} {tracks} {kind}", ps,
                                      {n: paper8[tracks] for n in ps if n != "heroserve"},
-                                     binding=True)
+                                     binding=True, core_bytes_s=uplinks)
                 rows += rs
                 for r in rs:
                     gains.setdefault(tracks, {})[r["case"].split()[-1] + " " + kind] = r["gain"]

@@ -1,0 +1,57 @@
+"""Fig. 8's cluster units (benchmarks/heroserve.py): core uplinks from the paper's switch
+counts, and prefill and decode units joined through the core."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from llmfabric.scheduler.netplan.paths import Routes
+
+pytestmark = pytest.mark.unit
+
+BENCH = str(Path(__file__).resolve().parents[4] / "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def hs() -> ModuleType:
+    sys.path.insert(0, BENCH)
+    try:
+        import heroserve  # benchmarks/heroserve.py
+    finally:
+        sys.path.remove(BENCH)
+    return heroserve
+
+
+def test_core_uplinks_from_the_papers_switch_counts(hs: ModuleType) -> None:
+    # 2tracks: 24 GPU ports per access switch, 8 ports left, but 27 x 32 core ports over 400
+    # access switches is 2.16 ports: 216 Gbit/s (24 x 100 / 216 = 11:1 oversubscribed)
+    assert hs.core_uplink_gbps("2tracks") == pytest.approx(216.0)
+    # 8tracks: 16 GPU ports, 16 left; 280 x 32 / 600 = 14.93 ports: 1493 Gbit/s (1.07:1)
+    assert hs.core_uplink_gbps("8tracks") == pytest.approx(1493.333, abs=1e-3)
+    with pytest.raises(ValueError, match="tracks must be"):
+        hs.core_uplink_gbps("4tracks")
+
+
+@pytest.mark.parametrize(("tracks", "servers", "n_tracks", "first_decode"),
+                         [("2tracks", 6, 2, "gpu48"), ("8tracks", 16, 8, "gpu128")])
+def test_kv_from_prefill_to_decode_crosses_the_core(hs: ModuleType, tracks: str, servers: int,
+                                                     n_tracks: int, first_decode: str) -> None:
+    topo = hs.pd_units(tracks)
+    assert len(topo.gpus()) == 2 * servers * 8
+    assert sorted(topo.switches()) == sorted(
+        ["core0"] + [f"{u}access{t}" for u in "pd" for t in range(n_tracks)])
+    up = hs.core_uplink_gbps(tracks) * 1e9 / 8
+    nic = 100e9 / 8
+    routes = Routes(topo, 1 << 20)
+    kv = routes.route("gpu0", first_decode)  # GPU 0 of the first server of each unit
+    assert kv.nodes == ("gpu0", "paccess0", "core0", "daccess0", first_decode)
+    assert kv.inverse_bw_sum == pytest.approx(2 / nic + 2 / up)
+    # inside the prefill unit, across servers, the access switch suffices
+    assert routes.route("gpu0", "gpu8").nodes == ("gpu0", "paccess0", "gpu8")
+    problem = hs.unit_problem(tracks, "chatbot")
+    assert problem.prefill_gpus == tuple(f"gpu{k}" for k in range(servers * 8))
+    assert problem.decode_gpus[0] == first_decode
