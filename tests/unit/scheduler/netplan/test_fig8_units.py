@@ -36,14 +36,18 @@ def test_core_uplinks_from_the_papers_switch_counts(hs: ModuleType) -> None:
         hs.core_uplink_gbps("4tracks")
 
 
-@pytest.mark.parametrize(("tracks", "servers", "n_tracks", "first_decode"),
-                         [("2tracks", 6, 2, "gpu48"), ("8tracks", 16, 8, "gpu128")])
-def test_kv_from_prefill_to_decode_crosses_the_core(hs: ModuleType, tracks: str, servers: int,
-                                                     n_tracks: int, first_decode: str) -> None:
+@pytest.mark.parametrize(
+    ("tracks", "servers", "n_tracks", "first_decode"),
+    [("2tracks", 6, 2, "gpu48"), ("8tracks", 16, 8, "gpu128")],
+)
+def test_kv_from_prefill_to_decode_crosses_the_core(
+    hs: ModuleType, tracks: str, servers: int, n_tracks: int, first_decode: str
+) -> None:
     topo = hs.pd_units(tracks)
     assert len(topo.gpus()) == 2 * servers * 8
     assert sorted(topo.switches()) == sorted(
-        ["core0"] + [f"{u}access{t}" for u in "pd" for t in range(n_tracks)])
+        ["core0"] + [f"{u}access{t}" for u in "pd" for t in range(n_tracks)]
+    )
     up = hs.core_uplink_gbps(tracks) * 1e9 / 8
     nic = 100e9 / 8
     routes = Routes(topo, 1 << 20)
