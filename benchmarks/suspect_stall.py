@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -52,8 +53,10 @@ from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.testing.fake_clock import FakeClock
 
 CHAT = "/v1/chat/completions"
-ANSWER = (b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}'
-          b"\n\ndata: [DONE]\n\n")
+ANSWER = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}'
+    b"\n\ndata: [DONE]\n\n"
+)
 
 
 async def _healthy_node() -> tuple[web.AppRunner, str]:
@@ -96,10 +99,8 @@ def _syn_dropping_node() -> tuple[list[socket.socket], str]:
     for _ in range(4):
         s = socket.socket()
         s.setblocking(False)
-        try:
+        with contextlib.suppress(BlockingIOError):  # (non-blocking: in progress)
             s.connect(addr)
-        except BlockingIOError:
-            pass
         fill.append(s)
     time.sleep(0.2)
     return [lsock, *fill], f"{addr[0]}:{addr[1]}"
@@ -115,8 +116,9 @@ class _CutFirst:
         self.cut: str | None = None
         self.sent = asyncio.Event()
 
-    async def open(self, candidate: Candidate, path: str, body: bytes,
-                   timeouts: Timeouts) -> RawUpstream:
+    async def open(
+        self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
+    ) -> RawUpstream:
         if self.cut is None:
             self.cut = candidate.session_id
             self.sent.set()
@@ -144,38 +146,42 @@ class _Sink:
         return None
 
 
-async def _trial(mode: str, dead: str, live: str, timeouts: Timeouts,
-                 detect: float) -> dict[str, Any]:
+async def _trial(
+    mode: str, dead: str, live: str, timeouts: Timeouts, detect: float
+) -> dict[str, Any]:
     clock = FakeClock()
     keys = [NodeKey.generate() for _ in range(2)]
     replica = Replica(clock)
     owners = []
     for k in keys:
-        o = RecordOwner(k, NodeMeta(http_addr="-", models=(ServedModel("m"),)),
-                        wall=clock.wall())
+        o = RecordOwner(k, NodeMeta(http_addr="-", models=(ServedModel("m"),)), wall=clock.wall())
         replica.apply(o.set_state(Lifecycle.SERVING, wall=clock.wall()))
         owners.append(o)
     source: CandidateSource
     if mode == "after":
         source = ReplicaCandidateSource(lambda: replica)
     else:
-        source = RecordsCandidateSource(lambda: [
-            (dataclasses.replace(v.record, state=v.state), v.suspected)
-            for v in NodeRegistry(replica).all(include_left=False)])
+        source = RecordsCandidateSource(
+            lambda: [
+                (dataclasses.replace(v.record, state=v.state), v.suspected)
+                for v in NodeRegistry(replica).all(include_left=False)
+            ]
+        )
     fwd = _CutFirst(RawHttpForwarder(FORWARD_PREFIX), dead, live)
-    ing = Ingress(IngressConfig(auth_enabled=False, timeouts=timeouts, max_retries=2),
-                  source, fwd)  # type: ignore[arg-type]
+    ing = Ingress(IngressConfig(auth_enabled=False, timeouts=timeouts, max_retries=2), source, fwd)  # type: ignore[arg-type]
     sink = _Sink()
-    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                         "stream": True})
+    body = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    )
     t0 = time.perf_counter()
     task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, sink))
     await fwd.sent.wait()
     await asyncio.sleep(detect)  # SWIM's probes of the cut node fail meanwhile
     cut = next(o for o in owners if o.session_id == fwd.cut)
     prober = keys[1] if cut is owners[0] else keys[0]  # (facts count from members only)
-    replica.apply(make_fact(prober, FactKind.SUSPECT, cut.session_id,
-                            cut.record.incarnation, clock.wall()))
+    replica.apply(
+        make_fact(prober, FactKind.SUSPECT, cut.session_id, cut.record.incarnation, clock.wall())
+    )
     assert NodeRegistry(replica).get(cut.session_id).suspected  # type: ignore[union-attr]
     t_suspect = time.perf_counter()
     reply = await task
@@ -194,16 +200,22 @@ async def _main(args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         for phase, dead in (("first_byte", silent_addr), ("connect", dropping_addr)):
             for mode in ("before", "after"):
-                got = [await _trial(mode, dead, live, timeouts, args.detect)
-                       for _ in range(args.trials)]
+                got = [
+                    await _trial(mode, dead, live, timeouts, args.detect)
+                    for _ in range(args.trials)
+                ]
                 stall = [g["after_suspicion_s"] for g in got]
                 e2e = [g["e2e_s"] for g in got]
-                rows.append({
-                    "phase": phase, "mode": mode, "trials": len(got),
-                    "stall_after_suspicion_ms_median": statistics.median(stall) * 1000,
-                    "stall_after_suspicion_ms_max": max(stall) * 1000,
-                    "e2e_ms_median": statistics.median(e2e) * 1000,
-                })
+                rows.append(
+                    {
+                        "phase": phase,
+                        "mode": mode,
+                        "trials": len(got),
+                        "stall_after_suspicion_ms_median": statistics.median(stall) * 1000,
+                        "stall_after_suspicion_ms_max": max(stall) * 1000,
+                        "e2e_ms_median": statistics.median(e2e) * 1000,
+                    }
+                )
     finally:
         silent.close()
         for s in dropping:
@@ -215,21 +227,28 @@ async def _main(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--detect", type=float, default=0.3,
-                    help="seconds from sending the attempt to the node's suspicion")
+    ap.add_argument(
+        "--detect",
+        type=float,
+        default=0.3,
+        help="seconds from sending the attempt to the node's suspicion",
+    )
     ap.add_argument("--connect-timeout", type=float, default=2.0)
     ap.add_argument("--first-byte-timeout", type=float, default=3.0)
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args()
     rows = asyncio.run(_main(args))
     load = os.getloadavg()
-    write_results(args.json, {"args": vars(args) | {"json": str(args.json)}, "rows": rows,
-                              "loadavg": load},
-                  "Stall of an attempt on a cut-off node after its suspicion", rows,
-                  notes=f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-                        f"timeouts connect {args.connect_timeout} s, first byte "
-                        f"{args.first_byte_timeout} s; suspicion {args.detect} s after the "
-                        "attempt was sent.")
+    write_results(
+        args.json,
+        {"args": vars(args) | {"json": str(args.json)}, "rows": rows, "loadavg": load},
+        "Stall of an attempt on a cut-off node after its suspicion",
+        rows,
+        notes=f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"timeouts connect {args.connect_timeout} s, first byte "
+        f"{args.first_byte_timeout} s; suspicion {args.detect} s after the "
+        "attempt was sent.",
+    )
 
 
 if __name__ == "__main__":
