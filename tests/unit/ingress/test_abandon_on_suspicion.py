@@ -20,6 +20,7 @@ import pytest
 from llmfabric.identity.keys import NodeKey
 from llmfabric.ingress import IngressConfig, Timeouts
 from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.errors import UpstreamError
 from llmfabric.ingress.observe.node_hop import NO_HOP
 from llmfabric.registry.facts import FactKind, make_fact
 from llmfabric.registry.owner import RecordOwner
@@ -256,3 +257,49 @@ async def test_a_client_gone_while_waiting_stays_a_cancellation_and_unwatches() 
     with pytest.raises(asyncio.CancelledError):
         await task
     assert fwd.sent == [fwd.cut] and len(fab.source.down) == 0
+
+
+class _BreaksThenCut(_CutSite):
+    """The first node streams its first chunk and then breaks (it died mid-stream); the next
+    one asked, for the continuation, never answers (cut off); any other answers."""
+
+    def __init__(self) -> None:
+        super().__init__(enforces_timeouts=True)
+        self.broke: str | None = None
+
+    async def open(self, candidate: Candidate, path: str, body: bytes,
+                   timeouts: Timeouts) -> _Upstream:
+        if self.broke is None:
+            self.broke = candidate.session_id
+            self.sent.append(candidate.session_id)
+            return _Broken(candidate.session_id)
+        return await super().open(candidate, path, body, timeouts)
+
+
+class _Broken(_Upstream):
+    def __init__(self, node: str) -> None:
+        super().__init__(node, True, None)
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        yield _event(f"from {self.node}")
+        raise UpstreamError(f"{self.node} died")
+
+
+async def test_a_continuation_waiting_on_a_node_suspected_meanwhile_moves_on() -> None:
+    fab = _Fabric()
+    fwd = _BreaksThenCut()
+    ing = _ingress(fab, fwd)
+    sink = _Sink()
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                         "stream": True})
+    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, sink))
+    await fwd.waiting.wait()  # the continuation's node is cut off
+    assert fwd.cut is not None and fwd.cut != fwd.broke and len(fab.source.down) == 1
+    fab.suspect(fwd.cut)
+    await _turns(task)
+    assert task.done() and task.result() is None and fwd.cancelled == [fwd.cut]
+    last = fwd.sent[2]
+    assert fwd.sent == [fwd.broke, fwd.cut, last] and last not in (fwd.broke, fwd.cut)
+    assert sink.data.startswith(_event(f"from {fwd.broke}")) and sink.ended
+    assert sink.data.endswith(b"data: [DONE]\n\n") and f"from {last}".encode() in sink.data
+    assert len(fab.source.down) == 0
