@@ -168,7 +168,8 @@ async def _trial(
             ]
         )
     fwd = _CutFirst(RawHttpForwarder(FORWARD_PREFIX), dead, live)
-    ing = Ingress(IngressConfig(auth_enabled=False, timeouts=timeouts, max_retries=2), source, fwd)  # type: ignore[arg-type]
+    config = IngressConfig(auth_enabled=False, timeouts=timeouts, max_retries=2)
+    ing = Ingress(config, source, fwd)
     sink = _Sink()
     body = orjson.dumps(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
