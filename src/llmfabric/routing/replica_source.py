@@ -84,6 +84,10 @@ class ReplicaCandidateSource:
         return self._fresh().all_candidates()
 
     def watch_down(self, cand: Candidate, on_down: OnDown) -> Unwatch | None:
-        """Call `on_down(level)` once if `cand`'s session becomes more doubtful than when it
-        was picked (suspected, then gone); returns the unwatch."""
-        return self.down.watch(cand.session_id, SUSPECTED if cand.suspected else LIVE, on_down)
+        """Call `on_down(level)` once if `cand`'s session becomes more doubtful than it is now
+        (suspected, then gone); returns the unwatch. "Now" is the replica's entry, not the
+        candidate's flag: a request's candidate list may be older than its retry."""
+        replica = self._followed
+        now = (level_of(replica.entries.get(cand.session_id)) if replica is not None
+               else SUSPECTED if cand.suspected else LIVE)
+        return self.down.watch(cand.session_id, now, on_down)

@@ -86,5 +86,14 @@ def test_replica_changes_fire_the_watches_of_the_session_they_touch() -> None:
     replica.apply(make_fact(keys[1], FactKind.SUSPECT, a, owners[0].record.incarnation,
                             clock.wall()))  # a second suspicion: no worse than picked
     assert again == []
+    # A candidate list older than the suspicion (a retry of the same request): the replica's
+    # level counts, not the stale flag.
+    stale: list[int] = []
+    source.watch_down(by_sid[a], stale.append)
+    assert not by_sid[a].suspected
+    applied = replica.applied
+    replica.apply(make_fact(keys[1], FactKind.SUSPECT, a, owners[0].record.incarnation + 1,
+                            clock.wall()))  # (one more suspicion: still only suspected)
+    assert replica.applied > applied and again == [] and stale == []
     replica.apply(owners[0].set_state(Lifecycle.LEFT, wall=clock.wall()))
-    assert again == [GONE] and len(source.down) == 0
+    assert again == [GONE] and stale == [GONE] and len(source.down) == 0
