@@ -72,7 +72,12 @@ class DataPlaneSessions:
             try:
                 s = await self._exchange(peer_id, timeout_s)
             except BaseException as exc:
-                fut.set_exception(exc)
+                # Waiters get the exchange's error, but never the opener's cancellation (its
+                # client left, or its node was suspected meanwhile: abandon.py): not theirs.
+                fut.set_exception(UpstreamError(
+                    f"peer {peer_id}: the session exchange ended before an answer (the "
+                    "request that opened it was cancelled)") if isinstance(
+                        exc, asyncio.CancelledError) else exc)
                 fut.exception()  # (retrieved: waiters, if any, get it too)
                 raise
             finally:
