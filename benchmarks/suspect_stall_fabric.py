@@ -46,11 +46,15 @@ class Clients:
             t.start()
 
     def _loop(self) -> None:
-        body = json.dumps({"model": MODEL, "max_tokens": 2,
-                           "messages": [{"role": "user", "content": "hi"}]}).encode()
+        body = json.dumps(
+            {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
         while not self.stop.is_set():
-            req = urllib.request.Request(self.url + "/v1/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                self.url + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
             t0 = time.monotonic()
             try:
                 with urllib.request.urlopen(req, timeout=60) as resp:
@@ -106,8 +110,10 @@ def main() -> None:
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as root, LocalFabric(
-            pathlib.Path(root), preset=args.preset, auth=False) as fab:
+    with (
+        tempfile.TemporaryDirectory() as root,
+        LocalFabric(pathlib.Path(root), preset=args.preset, auth=False) as fab,
+    ):
         fab.start_ingress("--connect-timeout", "2", "--first-byte-timeout", "3")
         fab.add_node(EngineSpec(MODEL, "H100-SXM", provider="a", speed=50.0))
         victim = fab.add_node(EngineSpec(MODEL, "H100-SXM", provider="b", speed=50.0))
@@ -121,14 +127,24 @@ def main() -> None:
             clients.close()
     load = os.getloadavg()
     stalls = [r["longest_stall_s"] for r in rows if r.get("detected_s") is not None]
-    summary = {"label": args.label, "median_longest_stall_s":
-               statistics.median(stalls) if stalls else None}
-    write_results(args.json, {"args": vars(args) | {"json": str(args.json)}, "rows": rows,
-                              "summary": summary, "loadavg": load},
-                  f"Requests in flight to a frozen node ({args.label or 'this tree'})", rows,
-                  notes=f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; preset "
-                        f"{args.preset}; ingress timeouts connect 2 s, first byte 3 s; "
-                        f"{args.clients} client loops; node B frozen {args.freeze} s.")
+    summary = {
+        "label": args.label,
+        "median_longest_stall_s": statistics.median(stalls) if stalls else None,
+    }
+    write_results(
+        args.json,
+        {
+            "args": vars(args) | {"json": str(args.json)},
+            "rows": rows,
+            "summary": summary,
+            "loadavg": load,
+        },
+        f"Requests in flight to a frozen node ({args.label or 'this tree'})",
+        rows,
+        notes=f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; preset "
+        f"{args.preset}; ingress timeouts connect 2 s, first byte 3 s; "
+        f"{args.clients} client loops; node B frozen {args.freeze} s.",
+    )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,17 @@ CHAT = "/v1/chat/completions"
 
 
 def _event(text: str, finish: str | None = None) -> bytes:
-    return b"data: " + orjson.dumps({"id": "c1", "object": "chat.completion.chunk",
-                                     "choices": [{"index": 0, "delta": {"content": text},
-                                                  "finish_reason": finish}]}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+            }
+        )
+        + b"\n\n"
+    )
 
 
 class _Upstream:
@@ -82,8 +90,9 @@ class _CutSite:
         self.sent: list[str] = []
         self.cancelled: list[str] = []
 
-    async def open(self, candidate: Candidate, path: str, body: bytes,
-                   timeouts: Timeouts) -> _Upstream:
+    async def open(
+        self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
+    ) -> _Upstream:
         sid = candidate.session_id
         self.sent.append(sid)
         stream = orjson.loads(body).get("stream") is True
@@ -141,8 +150,9 @@ class _Fabric:
         """Another member's probes of `sid` failed: its SUSPECT fact reaches our replica."""
         o = next(o for o in self.owners if o.session_id == sid)
         author = next(k for k in self.keys if k.peer_id != o.record.peer_id)
-        self.replica.apply(make_fact(author, FactKind.SUSPECT, sid, o.record.incarnation,
-                                     self.clock.wall()))
+        self.replica.apply(
+            make_fact(author, FactKind.SUSPECT, sid, o.record.incarnation, self.clock.wall())
+        )
 
     def leave(self, sid: str) -> None:
         o = next(o for o in self.owners if o.session_id == sid)
@@ -158,14 +168,14 @@ async def _turns(task: asyncio.Task[object], n: int = 50) -> None:
 
 
 def _ingress(fab: _Fabric, fwd: _CutSite) -> Ingress:
-    return Ingress(IngressConfig(auth_enabled=False, timeouts=HOUR, max_retries=2),
-                   fab.source, fwd)
+    return Ingress(IngressConfig(auth_enabled=False, timeouts=HOUR, max_retries=2), fab.source, fwd)
 
 
 @pytest.mark.parametrize("enforces_timeouts", [True, False])
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_node_suspected_before_its_first_byte_is_dropped_and_another_answers(
-        stream: bool, enforces_timeouts: bool) -> None:
+    stream: bool, enforces_timeouts: bool
+) -> None:
     fab = _Fabric()
     fwd = _CutSite(enforces_timeouts)
     ing = _ingress(fab, fwd)
@@ -183,8 +193,9 @@ async def test_a_node_suspected_before_its_first_byte_is_dropped_and_another_ans
     assert fwd.cancelled == [fwd.cut]  # the wait on the cut node was really given up
     if stream:
         assert reply is None and sink.node == other and sink.ended
-        assert sink.data == (_event(f"from {other}") + _event(" done", "stop")
-                             + b"data: [DONE]\n\n")
+        assert sink.data == (
+            _event(f"from {other}") + _event(" done", "stop") + b"data: [DONE]\n\n"
+        )
     else:
         assert reply is not None and reply.status == 200
         assert orjson.loads(reply.body) == {"node": other}
@@ -225,8 +236,7 @@ async def test_a_stream_that_reached_the_client_is_not_cut_by_suspicion() -> Non
     fwd.release.set()  # the suspicion was false: it goes on
     assert await task is None
     assert fwd.sent == [fwd.cut] and sink.node == fwd.cut and sink.ended
-    assert sink.data == (_event(f"from {fwd.cut}") + _event(" done", "stop")
-                         + b"data: [DONE]\n\n")
+    assert sink.data == (_event(f"from {fwd.cut}") + _event(" done", "stop") + b"data: [DONE]\n\n")
     assert ing.metrics.failed_attempts == {}
 
 
@@ -267,8 +277,9 @@ class _BreaksThenCut(_CutSite):
         super().__init__(enforces_timeouts=True)
         self.broke: str | None = None
 
-    async def open(self, candidate: Candidate, path: str, body: bytes,
-                   timeouts: Timeouts) -> _Upstream:
+    async def open(
+        self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
+    ) -> _Upstream:
         if self.broke is None:
             self.broke = candidate.session_id
             self.sent.append(candidate.session_id)
@@ -290,8 +301,9 @@ async def test_a_continuation_waiting_on_a_node_suspected_meanwhile_moves_on() -
     fwd = _BreaksThenCut()
     ing = _ingress(fab, fwd)
     sink = _Sink()
-    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                         "stream": True})
+    body = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    )
     task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, sink))
     await fwd.waiting.wait()  # the continuation's node is cut off
     assert fwd.cut is not None and fwd.cut != fwd.broke and len(fab.source.down) == 1

@@ -21,16 +21,19 @@ from llmfabric.testing.fake_clock import FakeClock
 LEVELS = st.sampled_from([LIVE, SUSPECTED, GONE])
 
 
-@given(st.lists(st.tuples(st.sampled_from("abc"), LEVELS), max_size=6),
-       st.lists(st.tuples(st.sampled_from("abc"), LEVELS), max_size=12),
-       st.sets(st.integers(0, 5)))
+@given(
+    st.lists(st.tuples(st.sampled_from("abc"), LEVELS), max_size=6),
+    st.lists(st.tuples(st.sampled_from("abc"), LEVELS), max_size=12),
+    st.sets(st.integers(0, 5)),
+)
 def test_each_watch_fires_once_past_its_accepted_level_and_unwatching_leaves_nothing(
-        watches: list[tuple[str, int]], changes: list[tuple[str, int]],
-        removed_early: set[int]) -> None:
+    watches: list[tuple[str, int]], changes: list[tuple[str, int]], removed_early: set[int]
+) -> None:
     down = DownWatches()
     fired: list[list[int]] = [[] for _ in watches]
-    unwatch = [down.watch(sid, accepted, fired[i].append)
-               for i, (sid, accepted) in enumerate(watches)]
+    unwatch = [
+        down.watch(sid, accepted, fired[i].append) for i, (sid, accepted) in enumerate(watches)
+    ]
     for i in removed_early:
         if i < len(unwatch):
             unwatch[i]()
@@ -66,16 +69,22 @@ def test_replica_changes_fire_the_watches_of_the_session_they_touch() -> None:
     for sid in (a, b):
         assert source.watch_down(by_sid[sid], got[sid].append) is not None
 
-    replica.apply(owners[0].update_meta(dataclasses.replace(  # a load hint: still live
-        owners[0].record.meta, load=LoadHints(inflight=3)), wall=clock.wall()))
+    replica.apply(
+        owners[0].update_meta(
+            dataclasses.replace(  # a load hint: still live
+                owners[0].record.meta, load=LoadHints(inflight=3)
+            ),
+            wall=clock.wall(),
+        )
+    )
     assert got == {a: [], b: []} and len(source.down) == 2
-    replica.apply(make_fact(keys[2], FactKind.SUSPECT, a, owners[0].record.incarnation,
-                            clock.wall()))
+    replica.apply(
+        make_fact(keys[2], FactKind.SUSPECT, a, owners[0].record.incarnation, clock.wall())
+    )
     assert got == {a: [SUSPECTED], b: []}
     for k in (keys[0], keys[2]):  # a quorum of evictions (min(k, fleet - 1) = 2 authors)
         assert got[b] == []  # (one EVICT fact alone proves nothing)
-        replica.apply(make_fact(k, FactKind.EVICT, b, owners[1].record.incarnation,
-                                clock.wall()))
+        replica.apply(make_fact(k, FactKind.EVICT, b, owners[1].record.incarnation, clock.wall()))
     assert got == {a: [SUSPECTED], b: [GONE]} and len(source.down) == 0
 
     # Picked while already suspected (the router's fallback): only leaving fires it.
@@ -83,8 +92,9 @@ def test_replica_changes_fire_the_watches_of_the_session_they_touch() -> None:
     assert suspected.suspected
     again: list[int] = []
     source.watch_down(suspected, again.append)
-    replica.apply(make_fact(keys[1], FactKind.SUSPECT, a, owners[0].record.incarnation,
-                            clock.wall()))  # a second suspicion: no worse than picked
+    replica.apply(
+        make_fact(keys[1], FactKind.SUSPECT, a, owners[0].record.incarnation, clock.wall())
+    )  # a second suspicion: no worse than picked
     assert again == []
     # A candidate list older than the suspicion (a retry of the same request): the replica's
     # level counts, not the stale flag.
@@ -92,8 +102,9 @@ def test_replica_changes_fire_the_watches_of_the_session_they_touch() -> None:
     source.watch_down(by_sid[a], stale.append)
     assert not by_sid[a].suspected
     applied = replica.applied
-    replica.apply(make_fact(keys[1], FactKind.SUSPECT, a, owners[0].record.incarnation + 1,
-                            clock.wall()))  # (one more suspicion: still only suspected)
+    replica.apply(
+        make_fact(keys[1], FactKind.SUSPECT, a, owners[0].record.incarnation + 1, clock.wall())
+    )  # (one more suspicion: still only suspected)
     assert replica.applied > applied and again == [] and stale == []
     replica.apply(owners[0].set_state(Lifecycle.LEFT, wall=clock.wall()))
     assert again == [GONE] and stale == [GONE] and len(source.down) == 0
