@@ -108,3 +108,23 @@ def test_replica_changes_fire_the_watches_of_the_session_they_touch() -> None:
     assert replica.applied > applied and again == [] and stale == []
     replica.apply(owners[0].set_state(Lifecycle.LEFT, wall=clock.wall()))
     assert again == [GONE] and stale == [GONE] and len(source.down) == 0
+
+
+def test_a_replica_switch_fires_the_watches_of_sessions_the_new_replica_lacks() -> None:
+    clock = FakeClock()
+    keys = [NodeKey.generate() for _ in range(2)]
+    owners = [_owner(k, clock) for k in keys]
+    old, new = Replica(clock), Replica(clock)
+    for o in owners:
+        old.apply(o.current)
+    new.apply(owners[1].current)  # (our node rejoined: its new replica lacks owners[0])
+    current = [old]
+    source = ReplicaCandidateSource(lambda: current[0])
+    cands = {c.session_id: c for c in source.candidates("m")}
+    got: dict[str, list[int]] = {o.session_id: [] for o in owners}
+    for sid, cand in cands.items():
+        source.watch_down(cand, got[sid].append)
+    current[0] = new
+    source.candidates("m")
+    assert got == {owners[0].session_id: [GONE], owners[1].session_id: []}
+    assert source.down.sessions() == [owners[1].session_id]
