@@ -29,8 +29,8 @@ class CandidateSource(Protocol):
 
     def watch_down(self, cand: Candidate, on_down: OnDown) -> Unwatch | None:
         """Call `on_down(level)` once when the candidate's node becomes more doubtful than
-        when it was picked (routing.liveness: suspected, then gone); returns the unwatch, or
-        None for a source with no membership view (a static list: nothing ever fires)."""
+        it is now (routing.liveness: suspected, then gone); returns the unwatch, or None for
+        a source with no membership view (a static list: nothing ever fires)."""
         ...
 
 

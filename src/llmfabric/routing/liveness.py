@@ -1,10 +1,11 @@
 """Per-session watches of a node going down, for the ingress to drop a waiting attempt.
 
 A watch is registered for one session with the level of doubt the caller already accepted
-(`LIVE`, or `SUSPECTED` when the router picked a suspected candidate as its fallback) and is
-fired once, when a change of that session reaches a worse level (`SUSPECTED`, then `GONE`:
-evicted, LEFT or dropped). Registering, firing and removing cost O(watches of that session):
-nothing is done per fleet member, and a change of an unwatched session costs one dict lookup.
+(the session's level when the watch starts: `LIVE`, or `SUSPECTED` when the router picked a
+suspected candidate as its fallback) and is fired once, when a change of that session reaches
+a worse level (`SUSPECTED`, then `GONE`: evicted, LEFT or dropped). Registering, firing and
+removing cost O(watches of that session): nothing is done per fleet member, and a change of
+an unwatched session costs one dict lookup.
 Pure core: plain callbacks, no event loop.
 """
 

@@ -4,7 +4,7 @@
 (a node gets a new replica when it rejoins after an eviction): on the first lookup after a
 switch it builds its `CandidateIndex` from that replica's entries once and subscribes to its
 changes; from then on every change (a join, a load hint, a suspicion, a LEFT) updates only
-the sessions it touches. Lookups never read the replica.
+the sessions it touches. Lookups never read the replica (`watch_down` reads one entry).
 
 It also keeps the ingress's `DownWatches` (liveness.py): the same change listener fires the
 watches of a session that became suspected or gone, so an attempt waiting on that node can

@@ -74,10 +74,11 @@ class DataPlaneSessions:
             except BaseException as exc:
                 # Waiters get the exchange's error, but never the opener's cancellation (its
                 # client left, or its node was suspected meanwhile: abandon.py): not theirs.
-                fut.set_exception(UpstreamError(
-                    f"peer {peer_id}: the session exchange ended before an answer (the "
-                    "request that opened it was cancelled)") if isinstance(
-                        exc, asyncio.CancelledError) else exc)
+                err: BaseException = exc
+                if isinstance(exc, asyncio.CancelledError):
+                    err = UpstreamError(f"peer {peer_id}: the session exchange ended before "
+                                        "an answer (the request that opened it was cancelled)")
+                fut.set_exception(err)
                 fut.exception()  # (retrieved: waiters, if any, get it too)
                 raise
             finally:
