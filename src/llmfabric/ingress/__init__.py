@@ -8,6 +8,9 @@ Core (this directory):
 - stream_attempt.py: `attempt_stream` (one streamed attempt: open, first chunk, relay into
   the sink with usage scanning), `Committed` / `Resumable` (how a cut stream ended),
   `RETRYABLE_STATUS`.
+- abandon.py: `AbandonIfDown`, which drops an attempt still waiting for its first byte when
+  the membership marks its node suspected or gone (`NodeDown`, retried like a timeout); never
+  a stream already relaying.
 - pd_path.py: `PDPath`, the two-phase request of prefill/decode disaggregation (prefill with
   vLLM's `kv_transfer_params`, then the decode carrying the KV handle; retries per phase).
 - continuation.py: mid-stream continuation of chat and completions streams: `RelayRecorder`
@@ -20,10 +23,11 @@ Core (this directory):
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total; TCP keepalive on
   direct connections), `TraceEvent`.
 - protocols.py: every interface of the request path, capabilities included (no probing):
-  `CandidateSource`, `Authenticator`, `Principal` (`record_trace`), `UsageSink`, `Forwarder`
-  (`enforces_timeouts`), `Upstream` (`read_capped`, `socket_relay()`: a `SocketRelay` or
-  None), `StreamSink` (where a committed stream goes; `direct_writer()`: a `DirectWriter` or
-  None), `BodyReader`, `read_chunks_capped(chunks, limit)`.
+  `CandidateSource` (`watch_down`: None without membership), `Authenticator`, `Principal`
+  (`record_trace`), `UsageSink`, `Forwarder` (`enforces_timeouts`), `Upstream`
+  (`read_capped`, `socket_relay()`: a `SocketRelay` or None), `StreamSink` (where a committed
+  stream goes; `direct_writer()`: a `DirectWriter` or None), `BodyReader`,
+  `read_chunks_capped(chunks, limit)`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
   OpenAI error bodies.

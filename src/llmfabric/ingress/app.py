@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from llmfabric.ingress.abandon import AbandonIfDown
 from llmfabric.ingress.apis.api_routes import (
     MESSAGES,
     ApiRoutes,
@@ -446,12 +447,16 @@ class Ingress:
     ) -> tuple[Reply, Usage | None, float | None]:
         t = self.config.timeouts
         t_send = _perf()
+        # (no byte reaches the client before the whole reply: a node the membership comes to
+        # doubt meanwhile is dropped at once, abandon.py)
         if self._own_timeouts:
-            status, data, ctype = await self._exchange_once(cand, path, body)
+            with AbandonIfDown(self.source, cand):
+                status, data, ctype = await self._exchange_once(cand, path, body)
         else:
             try:
                 async with asyncio.timeout(t.total):
-                    status, data, ctype = await self._exchange_once(cand, path, body)
+                    with AbandonIfDown(self.source, cand):
+                        status, data, ctype = await self._exchange_once(cand, path, body)
             except TimeoutError as e:
                 raise UpstreamError(
                     f"node {cand.session_id} timed out after {t.total} s") from e

@@ -34,10 +34,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from llmfabric.ingress.abandon import AbandonIfDown
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.observe.tracing import current_trace
-from llmfabric.ingress.protocols import Forwarder, StreamSink
+from llmfabric.ingress.protocols import CandidateSource, Forwarder, StreamSink
 from llmfabric.ingress.usage import StreamUsageScanner, Usage, estimate_prompt_tokens
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import Policy
@@ -298,6 +299,7 @@ class ResumeHost(Protocol):
     forwarder: Forwarder
     policy: Policy
     config: IngressConfig
+    source: CandidateSource
 
 
 async def resume_stream(
@@ -352,7 +354,8 @@ async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorde
                       relay: ContinuationRelay, cand: Candidate, path: str, body: bytes,
                       t: Timeouts) -> bool:
     async with asyncio.timeout(t.first_byte):
-        up = await host.forwarder.open(cand, path, body, t)
+        with AbandonIfDown(host.source, cand):  # (a node doubted before it answers: next)
+            up = await host.forwarder.open(cand, path, body, t)
     if (tr := current_trace()) is not None:
         tr.upstream(up.hop)
         tr.first_byte()

@@ -9,6 +9,7 @@ from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.liveness import OnDown, Unwatch
 
 
 class CandidateSource(Protocol):
@@ -24,6 +25,12 @@ class CandidateSource(Protocol):
 
     def all_candidates(self) -> Sequence[Candidate]:
         """Every routable candidate, for the /v1/models catalog."""
+        ...
+
+    def watch_down(self, cand: Candidate, on_down: OnDown) -> Unwatch | None:
+        """Call `on_down(level)` once when the candidate's node becomes more doubtful than
+        it is now (routing.liveness: suspected, then gone); returns the unwatch, or None for
+        a source with no membership view (a static list: nothing ever fires)."""
         ...
 
 

@@ -15,6 +15,7 @@ from llmfabric.routing.candidates import (
     candidates_by_model,
     model_is_known,
 )
+from llmfabric.routing.liveness import OnDown, Unwatch
 
 RecordsFn = Callable[[], Iterable[tuple[NodeRecord, bool]]]
 
@@ -37,6 +38,9 @@ class StaticCandidateSource:
 
     def all_candidates(self) -> Sequence[Candidate]:
         return self._all
+
+    def watch_down(self, cand: Candidate, on_down: OnDown) -> Unwatch | None:
+        return None  # no membership: an attempt ends by its own timeouts
 
 
 class RecordsCandidateSource:
@@ -79,6 +83,9 @@ class RecordsCandidateSource:
             for c in bucket:
                 seen.setdefault((c.session_id, c.model.id), c)
         return list(seen.values())
+
+    def watch_down(self, cand: Candidate, on_down: OnDown) -> Unwatch | None:
+        return None  # (polled records, no change events to watch)
 
 
 def merged_catalog(candidates: Iterable[Candidate],

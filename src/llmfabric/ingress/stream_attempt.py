@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from llmfabric.ingress.abandon import AbandonIfDown
 from llmfabric.ingress.continuation import RecordingScanner, RelayRecorder
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body
 from llmfabric.ingress.observe.tracing import current_trace
@@ -52,11 +53,16 @@ async def attempt_stream(
     t_send = _perf()
     opened: list[Upstream] = []
     try:
+        # Until the first chunk nothing reached the client: a node the membership comes to
+        # doubt meanwhile is dropped at once (NodeDown, retried elsewhere). Not after: the
+        # relay below is never cut on suspicion alone (abandon.py says why).
         if ing._own_timeouts:
-            got = await _open_stream(ing, cand, path, body, opened)
+            with AbandonIfDown(ing.source, cand):
+                got = await _open_stream(ing, cand, path, body, opened)
         else:
             async with asyncio.timeout(t.first_byte):
-                got = await _open_stream(ing, cand, path, body, opened)
+                with AbandonIfDown(ing.source, cand):
+                    got = await _open_stream(ing, cand, path, body, opened)
         if isinstance(got, Reply):
             return got, None, None
         up, it, first = got

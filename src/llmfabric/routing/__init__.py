@@ -8,7 +8,9 @@ Pure core: no sockets, no clocks. Files:
 - index.py: `CandidateIndex`, the routing index (model id/alias -> candidates sorted by session
   id) updated per session change in O(names of that session); equals `candidates_by_model`.
 - replica_source.py: `ReplicaCandidateSource`, a candidate source that follows a live replica's
-  change listener (no rebuild per change; one build per replica followed).
+  change listener (no rebuild per change; one build per replica followed); `watch_down`.
+- liveness.py: `DownWatches`, per-session watches fired once when a session becomes suspected
+  or gone (the ingress drops an attempt still waiting on it), `level_of(entry)`.
 - request.py: `RouteRequest` (model, allowlist, QoS, prompt prefix) and `route_request(...)`
   parsing `X-Fabric-Providers` and the body's `metadata`.
 - filters.py: `trust_filter` (never admits a provider outside the allowlist, nor a flagged

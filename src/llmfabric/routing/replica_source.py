@@ -4,7 +4,11 @@
 (a node gets a new replica when it rejoins after an eviction): on the first lookup after a
 switch it builds its `CandidateIndex` from that replica's entries once and subscribes to its
 changes; from then on every change (a join, a load hint, a suspicion, a LEFT) updates only
-the sessions it touches. Lookups never read the replica.
+the sessions it touches. Lookups never read the replica (`watch_down` reads one entry).
+
+It also keeps the ingress's `DownWatches` (liveness.py): the same change listener fires the
+watches of a session that became suspected or gone, so an attempt waiting on that node can
+move on at once (ingress/abandon.py).
 
 Known limit, as with the version-counted rebuild it replaces: an entry the replica drops
 without a change event (a LEFT record that arrives already past retention) stays in the index
@@ -20,6 +24,7 @@ from llmfabric.registry.replica import Change, Replica
 from llmfabric.registry.views import view_of
 from llmfabric.routing.candidates import Candidate, Identify, claimed_provider
 from llmfabric.routing.index import CandidateIndex
+from llmfabric.routing.liveness import GONE, LIVE, SUSPECTED, DownWatches, OnDown, Unwatch, level_of
 
 
 class ReplicaCandidateSource:
@@ -32,6 +37,7 @@ class ReplicaCandidateSource:
         self._followed: Replica | None = None
         self.index = CandidateIndex(identify)
         self.rebuilds = 0  # full builds (one per replica followed)
+        self.down = DownWatches()
 
     def _fresh(self) -> CandidateIndex:
         replica = self._current()
@@ -44,12 +50,17 @@ class ReplicaCandidateSource:
             replica.add_listener(self._on_change)
             self._followed = replica
             self.rebuilds += 1
+            for sid in self.down.sessions():  # (watched, and not held by the new replica)
+                if sid not in replica.entries:
+                    self.down.changed(sid, GONE)
         return self.index
 
     def _on_change(self, change: Change) -> None:
         self._apply(change.after)
 
     def _apply(self, entry: Entry) -> None:
+        if self.down.watching(entry.session_id):
+            self.down.changed(entry.session_id, level_of(entry))
         view = view_of(entry, 0.0)
         if view is None:
             self.index.remove(entry.session_id)
@@ -71,3 +82,12 @@ class ReplicaCandidateSource:
 
     def all_candidates(self) -> Sequence[Candidate]:
         return self._fresh().all_candidates()
+
+    def watch_down(self, cand: Candidate, on_down: OnDown) -> Unwatch | None:
+        """Call `on_down(level)` once if `cand`'s session becomes more doubtful than it is now
+        (suspected, then gone); returns the unwatch. "Now" is the replica's entry, not the
+        candidate's flag: a request's candidate list may be older than its retry."""
+        replica = self._followed
+        now = (level_of(replica.entries.get(cand.session_id)) if replica is not None
+               else SUSPECTED if cand.suspected else LIVE)
+        return self.down.watch(cand.session_id, now, on_down)

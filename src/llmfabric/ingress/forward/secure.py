@@ -72,7 +72,13 @@ class DataPlaneSessions:
             try:
                 s = await self._exchange(peer_id, timeout_s)
             except BaseException as exc:
-                fut.set_exception(exc)
+                # Waiters get the exchange's error, but never the opener's cancellation (its
+                # client left, or its node was suspected meanwhile: abandon.py): not theirs.
+                err: BaseException = exc
+                if isinstance(exc, asyncio.CancelledError):
+                    err = UpstreamError(f"peer {peer_id}: the session exchange ended before "
+                                        "an answer (the request that opened it was cancelled)")
+                fut.set_exception(err)
                 fut.exception()  # (retrieved: waiters, if any, get it too)
                 raise
             finally:
