@@ -175,6 +175,13 @@ def _print(doc: dict[str, Any]) -> None:
                   f"attainment {doc['attainment']:.1%} (analytic), {s['attainment']:.1%} "
                   f"(simulated); throughput {s['throughput_rps']:.2f} req/s; "
                   f"search {doc['solve_s']:.1f} s; unserved {r['unserved']:.1%}")
+    if "load_decode" in r:
+        def fmt(vals: list[float | None]) -> str:
+            return " ".join("inf" if v is None else f"{v:.2f}" for v in vals)
+
+        console.print(f"predicted utilisation: prefill {fmt(r['load_prefill'])}; decode "
+                      f"{fmt(r['load_decode'])}; beyond the headroom "
+                      f"{r.get('overload', 0.0):.1%}")
     for d in doc.get("decisions", []):
         console.print(f"decision: {d}")
     if "compare" in doc:

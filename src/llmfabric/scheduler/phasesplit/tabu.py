@@ -32,9 +32,10 @@ EXHAUSTIVE_START = 12
 
 
 def _score(ev: Evaluated | None) -> tuple[float, float]:
+    """Attainment with the load beyond the headroom counted as missed, then served share."""
     if ev is None:
         return (-1.0, 0.0)
-    return (ev.routing.attainment, -ev.routing.unserved)
+    return (ev.routing.score, -ev.routing.unserved)
 
 
 def _best_phases(sol: Solution, f: Callable[[Solution], Evaluated | None],
@@ -89,7 +90,8 @@ def tabu_search(cluster: CloudCluster, model: ModelSpec | str, workload: PDWorkl
         if key not in cache:
             cache[key] = evaluate_groups(sol, cs, cluster, spec, workload,
                                          kv_bits=opts.kv_bits, kv_group=opts.kv_group,
-                                         orchestrate=opts.orchestrate)
+                                         orchestrate=opts.orchestrate,
+                                         headroom=opts.headroom)
         return cache[key]
 
     x = start if start is not None else _best_phases(
@@ -141,7 +143,9 @@ def _simulated_best(best: Evaluated, start: Evaluated | None,
                     opts: TabuOptions) -> Evaluated:
     """The analytic top `final_sim_top` (plus the start) re-scored by the simulator: the
     analytic evaluator saturates near full attainment and is optimistic under load, so its
-    choice among near-equal plans is noise; ties keep the analytic order."""
+    choice among near-equal plans is noise; ties keep the analytic order. A candidate whose
+    queue grows over the window ranks below every stable one, and candidates are compared
+    on the window's later half: a queue that builds shows there first."""
     ranked = sorted((ev for ev in cache.values() if ev is not None), key=_score, reverse=True)
     pool = [best, *(e for e in ranked if e is not best)][:opts.final_sim_top]
     if start is not None and all(e is not start for e in pool):
@@ -152,5 +156,9 @@ def _simulated_best(best: Evaluated, start: Evaluated | None,
                        kv_bits=opts.kv_bits,
                        kv_group=opts.kv_group, pipelined_pp=opts.pipelined_pp,
                        duration_s=opts.final_sim_s, seed=opts.seed + 1)
-        scored.append((sim.attainment, -k, ev))
-    return max(scored, key=lambda t: (t[0], t[1]))[2]
+        trend = sim.trend
+        stable = trend is None or not trend.growing
+        late = sim.attainment if trend is None or trend.attainment != trend.attainment \
+            else trend.attainment
+        scored.append((stable, late, -k, ev))
+    return max(scored, key=lambda t: (t[0], t[1], t[2]))[3]
