@@ -115,4 +115,5 @@ def _stretch(ttft: Array, tpot: Array, e2e: Array, slo: SLO) -> Array:
         ref = float(np.nanmedian(e2e)) if np.any(np.isfinite(e2e)) else 1.0
         parts.append(np.where(np.isnan(e2e), 2.0, e2e / max(ref, 1e-12) / 2))
     worst = np.max(np.vstack(parts), axis=0)
-    return np.where(np.isnan(e2e), np.maximum(worst, 2.0), worst)  # unfinished: missed
+    out: Array = np.where(np.isnan(e2e), np.maximum(worst, 2.0), worst)  # unfinished: missed
+    return out
