@@ -36,7 +36,11 @@ def overload_share(lam: Array, rho: Array, headroom: float, rate: float) -> floa
         raise SpecError("headroom in (0, 1] and rate > 0")
     lam_v, rho_v = np.asarray(lam, dtype=np.float64), np.asarray(rho, dtype=np.float64)
     over = rho_v > headroom
-    excess = np.where(over, lam_v * (1.0 - headroom / np.where(over, rho_v, 1.0)), 0.0)
+    # lam (rho - h) / rho: positive whenever rho > h (1 - h / rho can round to 0)
+    finite = np.isfinite(rho_v)
+    r = np.where(over & finite, rho_v, 1.0)
+    share = np.where(finite, (r - headroom) / r, 1.0)
+    excess = np.where(over, lam_v * share, 0.0)
     return min(1.0, float(excess.sum()) / rate)
 
 
