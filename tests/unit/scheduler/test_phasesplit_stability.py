@@ -216,3 +216,23 @@ def test_the_planners_pick_is_within_the_headroom_and_says_so() -> None:
         assert max(v if v is not None else np.inf for v in loads) > 0.75
     score = plan.evaluate(duration_s=20.0, seed=1)
     assert score.trend is not None and score.trend.first_attainment >= 0.0
+
+
+def test_of_two_plans_that_serve_alike_the_search_prefers_more_headroom() -> None:
+    from llmfabric.scheduler.phasesplit.evaluate import Evaluated
+    from llmfabric.scheduler.phasesplit.tabu import _score
+
+    def ev(attainment: float, overload: float, peak: float) -> Evaluated:
+        one = np.ones((1, 1))
+        r = Routing(
+            np.ones(1), one, one, 0.0, attainment, overload, np.array([0.3]), np.array([peak])
+        )
+        return Evaluated((), (), r, (), ())
+
+    # analytic attainment 1 (to float noise) for both: the less loaded wins
+    assert _score(ev(1.0, 0.0, 0.5)) > _score(ev(1.0 + 1e-12, 0.0, 0.7))
+    # a real difference in attainment still comes first
+    assert _score(ev(0.99, 0.0, 0.2)) < _score(ev(1.0, 0.0, 0.79))
+    # load beyond the headroom counts as missed before any tie-break
+    assert _score(ev(1.0, 0.06, 0.85)) < _score(ev(0.95, 0.0, 0.8))
+    assert _score(None) < _score(ev(0.0, 0.0, 0.1))

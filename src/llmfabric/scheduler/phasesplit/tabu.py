@@ -31,11 +31,17 @@ from llmfabric.sim.models import ModelSpec, get_model
 EXHAUSTIVE_START = 12
 
 
-def _score(ev: Evaluated | None) -> tuple[float, float]:
-    """Attainment with the load beyond the headroom counted as missed, then served share."""
+def _score(ev: Evaluated | None) -> tuple[float, float, float]:
+    """Attainment with the load beyond the headroom counted as missed, then served share
+    (both to 1e-9: below that the analytic scores differ by float noise), then the lower
+    highest predicted replica load: of two plans that serve alike, the one with more
+    headroom rides out bursts better (the analytic attainment saturates at 1)."""
     if ev is None:
-        return (-1.0, 0.0)
-    return (ev.routing.score, -ev.routing.unserved)
+        return (-1.0, 0.0, -np.inf)
+    r = ev.routing
+    peak = max((float(v.max()) for v in (r.load_prefill, r.load_decode)
+                if v is not None and v.size), default=0.0)
+    return (round(r.score, 9), -round(r.unserved, 9), -peak)
 
 
 def _best_phases(sol: Solution, f: Callable[[Solution], Evaluated | None],
