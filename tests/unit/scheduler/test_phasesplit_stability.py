@@ -236,3 +236,12 @@ def test_of_two_plans_that_serve_alike_the_search_prefers_more_headroom() -> Non
     # load beyond the headroom counts as missed before any tie-break
     assert _score(ev(1.0, 0.06, 0.85)) < _score(ev(0.95, 0.0, 0.8))
     assert _score(None) < _score(ev(0.0, 0.0, 0.1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.001, 1.0), min_size=1, max_size=60))
+def test_a_window_whose_halves_match_is_never_growing(first: list[float]) -> None:
+    # the second half repeats the first half's latencies: no trend, whatever they are
+    tpot = np.array(first + first)
+    t = queue_trend(*_trace(tpot), SLO, 100.0)
+    assert t.first_attainment == t.second_attainment and not t.growing
