@@ -3,12 +3,16 @@
 colocated CP-SAT placement and the best fixed P:D split on the paper's 32-GPU cloud.
 
     .venv/bin/python benchmarks/thunderserve.py --json results/thunderserve.json [--steps N]
+        [--sections t1,t6,t7] [--long 600] [--headroom 0.8]
 
 Default: the paper's 100 tabu steps (--steps to cut it); about 2.5 minutes on 2 shared cores.
 The plans compared are picked with the simulator for the final plan (`--final-sim-top 5`:
 the analytic top 5 and the start re-scored on 120 s of a different seed's arrivals); the
-analytic pick alone is reported beside them. Targets are checks printed as ok/MISS, not
-assertions.
+analytic pick alone is reported beside them. `--long`: the T7 plans (ours and the best fixed
+split) also simulated over that many seconds, with the growing-queue detector's halves, to
+show whether a pick stays stable. `--headroom`: the planner's stated utilisation headroom
+(TabuOptions.headroom; 1.0 comes closest to the planner without it). Targets are checks
+printed as ok/MISS, not assertions.
 """
 
 from __future__ import annotations
@@ -158,11 +162,12 @@ def trace_lengths(name: str) -> tuple[np.ndarray, np.ndarray] | None:
     return a[:, 0], a[:, 1]
 
 
-def workload(name: str) -> PDWorkload:
+def workload(name: str, lengths_from: str = "trace") -> PDWorkload:
     """The paper's workload: request lengths drawn from the Azure 2023 trace (§5.1), cut to
-    LLaMA-30B's 2,048-token window; Poisson arrivals at the benchmark's rate."""
+    LLaMA-30B's 2,048-token window; Poisson arrivals at the benchmark's rate.
+    `lengths_from="medians"`: App. E's medians as gamma means (cv 0.5), the old sample."""
     rate, mi, mo = WORKLOADS[name]
-    lengths = trace_lengths(name)
+    lengths = trace_lengths(name) if lengths_from == "trace" else None
     if lengths is None:
         return PDWorkload.from_means(rate, mi, mo, slo=SLO)
     return PDWorkload.from_samples(rate, *lengths, max_context=get_model(MODEL).max_context,
@@ -182,14 +187,27 @@ def main() -> None:
                     help="re-score this many best plans with the simulator (0: analytic only)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="planner timing runs per cluster size (best reported)")
+    ap.add_argument("--sections", default="t1,t6,t7",
+                    help="comma list of t1 (KV arithmetic), t6 (planner time), t7 (plans, "
+                    "ablations, baselines)")
+    ap.add_argument("--long", type=float, default=600.0,
+                    help="also simulate the T7 plans over this many seconds (0: off)")
+    ap.add_argument("--lengths", choices=("trace", "medians"), default="trace",
+                    help="request lengths: the Azure trace, or App. E's medians as means")
+    ap.add_argument("--headroom", type=float, default=TabuOptions().headroom,
+                    help="the planner's utilisation headroom (TabuOptions.headroom)")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    if not sections <= {"t1", "t6", "t7"}:
+        ap.error("--sections takes t1, t6 and t7")
     steps = args.steps
     rows: list[dict[str, Any]] = []
     payload: dict[str, Any] = {"steps": steps, "model": MODEL, "slo": dataclasses.asdict(SLO)}
 
     for name in WORKLOADS:
-        wl = workload(name)
-        src = "Azure 2023 trace" if trace_lengths(name) is not None else "medians as means"
+        wl = workload(name, args.lengths)
+        src = "Azure 2023 trace" if args.lengths == "trace" and trace_lengths(name) \
+            is not None else "medians as means"
         payload.setdefault("workloads", {})[name] = {
             "source": src, "rate": wl.rate, "mean_in": wl.mean_in, "mean_out": wl.mean_out,
             "median_in": float(np.median(wl.in_lengths)),
@@ -200,12 +218,33 @@ def main() -> None:
                      f"{np.median(wl.out_lengths):.0f}", "paper": "medians in/out "
                      + ("~1500 / 13" if name == "coding" else "~1020 / 129"), "result": "-"})
 
+    payload["headroom"] = args.headroom
+    if "t1" in sections:
+        t1(rows, payload)
+    if "t6" in sections:
+        t6(rows, payload, steps, args)
+    if "t7" in sections:
+        t7(rows, payload, steps, args)
+    payload["rows"] = rows
+    notes = (f"LLaMA-30B on the 32-GPU cloud (seeded bandwidths), request lengths from the "
+             f"Azure 2023 trace (cut to 2,048 tokens), SLO TTFT {SLO.ttft_s} s, "
+             f"TPOT {SLO.tpot_s} s; tabu {steps} steps, headroom {args.headroom}; attainment "
+             f"from the discrete-event simulator over {args.duration:.0f} s of Poisson "
+             "arrivals.")
+    write_results(args.json, payload, "ThunderServe", rows, notes,
+                  columns=["check", "ours", "paper", "result"])
+
+
+def t1(rows: list[dict[str, Any]], payload: dict[str, Any]) -> None:
     kv = kv_arithmetic()
     payload["kv_arithmetic"] = kv
     for r in kv:
         rows.append({"check": "T1 " + r["case"], "ours": r["ours_ms"],
                      "paper": r["paper_ms"], "result": r["check"]})
 
+
+def t6(rows: list[dict[str, Any]], payload: dict[str, Any], steps: int,
+       args: argparse.Namespace) -> None:
     # T6: best of `--repeat` runs per size, wall and CPU time (the machine is shared: CPU
     # time is what the planner itself costs, wall adds whatever else runs)
     runtime: dict[int, float] = {}
@@ -214,7 +253,8 @@ def main() -> None:
         walls, cpus = [], []
         for _ in range(args.repeat):
             t0, c0 = time.perf_counter(), time.process_time()
-            tabu_search(cluster_of(spec), MODEL, workload("coding"), TabuOptions(n_step=steps))
+            tabu_search(cluster_of(spec), MODEL, workload("coding", args.lengths),
+                        TabuOptions(n_step=steps, headroom=args.headroom))
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
         runtime[n], cpu[n] = min(walls), min(cpus)
@@ -230,14 +270,31 @@ def main() -> None:
                  + f" (growth 16 -> 32: CPU {growth_cpu:.2f}x, wall {growth_wall:.2f}x; "
                  f"x100/steps at 32: {per100[32]:.0f} s)"})
 
+
+def long_window(plan: PDPlan, seconds: float) -> dict[str, Any]:
+    """The plan simulated over `seconds`: attainment, its halves, the detector's verdict."""
+    s = plan.evaluate(duration_s=seconds)
+    t = s.trend
+    assert t is not None
+    return {"seconds": seconds, "attainment": s.attainment, "first_half": t.first_attainment,
+            "second_half": t.second_attainment, "growing": t.growing,
+            "mean_tpot_s": s.mean_tpot_s}
+
+
+def t7(rows: list[dict[str, Any]], payload: dict[str, Any], steps: int,
+       args: argparse.Namespace) -> None:
     cluster = cluster_of(CLOUD)
     plans: dict[str, Any] = {}
     for name in WORKLOADS:
-        wl = workload(name)
+        wl = workload(name, args.lengths)
         search = ConfigSearch(cluster, get_model(MODEL), wl)
-        analytic = tabu_search(cluster, MODEL, wl, TabuOptions(n_step=steps), search=search)
+        analytic = tabu_search(cluster, MODEL, wl, TabuOptions(
+            n_step=steps, headroom=args.headroom), search=search)
+        t0 = time.perf_counter()
         plan = tabu_search(cluster, MODEL, wl, TabuOptions(
-            n_step=steps, final_sim_top=args.final_sim_top), search=search)
+            n_step=steps, final_sim_top=args.final_sim_top, headroom=args.headroom),
+            search=search)
+        plan_s = time.perf_counter() - t0
         ts = plan.evaluate(duration_s=args.duration)
         ts_analytic = ts if analytic.plan_id == plan.plan_id else \
             analytic.evaluate(duration_s=args.duration)
@@ -250,7 +307,7 @@ def main() -> None:
         no_orch = simulate(plan.replicas("prefill"), plan.replicas("decode"), blind, cluster,
                            wl, kv_bits=plan.kv_bits, kv_group=plan.kv_group,
                            duration_s=args.duration).attainment
-        fixed = best_fixed_split(cluster, MODEL, wl)
+        fixed = best_fixed_split(cluster, MODEL, wl, TabuOptions(headroom=args.headroom))
         fixed_att = sim_att(fixed, args.duration)
         coloc = colocated_cpsat(cluster, MODEL, wl, duration_s=args.duration)
         a40 = sum(1 for g in plan.groups for i in g.gpus
@@ -269,7 +326,24 @@ def main() -> None:
             "colocated_cpsat": {"groups": coloc.groups, "simulated_attainment":
                                 coloc.attainment, "throughput_rps": coloc.throughput_rps},
             "a40_prefill_share": a40, "3090ti_prefill_share": ti,
+            "planner_s_with_final_sim": plan_s,
         }
+        loads = plan.to_json()["routing"]
+        peak = max((v if v is not None else float("inf"))
+                   for v in loads.get("load_prefill", []) + loads.get("load_decode", []))
+        plans[name]["max_predicted_load"] = peak
+        rows.append({"check": f"T7 {name}: highest predicted replica load, planner s "
+                     "(information)", "ours": f"{peak:.2f} (headroom {args.headroom}), "
+                     f"{plan_s:.1f} s with the final sim", "paper": "-", "result": "-"})
+        if args.long > 0:
+            for label, p in (("ThunderServe", plan), ("best fixed P:D split", fixed)):
+                lw = long_window(p, args.long)
+                plans[name].setdefault("long_window", {})[label] = lw
+                rows.append({"check": f"T7 {name}: {label} over {args.long:.0f} s, halves, "
+                             "growing queue (information)",
+                             "ours": f"{lw['attainment']:.3f} ({lw['first_half']:.3f} -> "
+                             f"{lw['second_half']:.3f}), mean TPOT {lw['mean_tpot_s']:.3f} s",
+                             "paper": "-", "result": "GROWING" if lw["growing"] else "stable"})
         p_gpus = sum(len(r.gpus) for r in plan.replicas("prefill"))
         d_gpus = sum(len(r.gpus) for r in plan.replicas("decode"))
         plans[name]["gpus_in_use"] = {"prefill": p_gpus, "decode": d_gpus}
@@ -301,7 +375,7 @@ def main() -> None:
                          "result": f"ratio {ts.attainment / value:.2f}" if value > 0
                          else "baseline 0"})
     payload["plans"] = plans
-    econ = decode_economics(cluster, workload("conversation"))
+    econ = decode_economics(cluster, workload("conversation", args.lengths))
     payload["t7_conversation_economics"] = econ
     for e in econ:
         rows.append({"check": f"T7 conversation, {e['group']} (information)",
@@ -310,13 +384,6 @@ def main() -> None:
                      f"{e['decode_gpu_s_per_req']:.2f} GPU-s/req; prefill {e['prefill']}: "
                      f"{e['prefill_ms']:.0f} ms = {e['prefill_gpu_s_per_req']:.2f} GPU-s/req",
                      "paper": "-", "result": "-"})
-    payload["rows"] = rows
-    notes = (f"LLaMA-30B on the 32-GPU cloud (seeded bandwidths), request lengths from the "
-             f"Azure 2023 trace (cut to 2,048 tokens), SLO TTFT {SLO.ttft_s} s, "
-             f"TPOT {SLO.tpot_s} s; tabu {steps} steps; attainment from the discrete-event "
-             f"simulator over {args.duration:.0f} s of Poisson arrivals.")
-    write_results(args.json, payload, "ThunderServe", rows, notes,
-                  columns=["check", "ours", "paper", "result"])
 
 
 if __name__ == "__main__":

@@ -45,6 +45,10 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "8", "16"]), default="4",
               show_default=True, help="KV bits on the prefill->decode wire (16: none)")
+@click.option("--headroom", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8,
+              show_default=True,
+              help="no replica loaded past this share of its capacity (load beyond counts as "
+                   "missed in the search; 1: only the LP's own 90 %% cap)")
 @click.option("--compare", is_flag=True,
               help="also the colocated CP-SAT placement and the best fixed P:D split")
 @click.option("--sim-duration", type=click.FloatRange(min=1), default=300.0, show_default=True,
@@ -54,7 +58,8 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
             model: str | None, workload_path: Path | None, reschedule_path: Path | None,
             lost_gpus: str, slo_ttft: float | None, slo_tpot: float | None,
             gpus_yaml: Path | None, steps: int, neighbors: int, tabu: int, seed: int,
-            kv_bits: str, compare: bool, sim_duration: float, as_json: bool) -> None:
+            kv_bits: str, headroom: float, compare: bool, sim_duration: float,
+            as_json: bool) -> None:
     """Plan prefill/decode groups, their parallelism and the X/Y routing (ThunderServe)."""
     from llmfabric import sim
     from llmfabric.scheduler.errors import SchedulerError
@@ -69,7 +74,7 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
         cluster = load_cluster(cluster_path, links_path, topology_path, catalog)
         bits = None if kv_bits == "16" else int(kv_bits)
         opts = TabuOptions(n_step=steps, n_neigh=neighbors, n_mem=tabu, seed=seed,
-                           kv_bits=bits)
+                           kv_bits=bits, headroom=headroom)
         workload = (load_workload(workload_path, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
                     if workload_path is not None else None)
         if reschedule_path is not None:
@@ -89,6 +94,10 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
         doc["simulated"] = {"attainment": score.attainment,
                             "throughput_rps": score.throughput_rps,
                             "mean_ttft_s": score.mean_ttft_s, "mean_tpot_s": score.mean_tpot_s}
+        if score.trend is not None:
+            doc["simulated"].update(first_half_attainment=score.trend.first_attainment,
+                                    second_half_attainment=score.trend.second_attainment,
+                                    growing_queue=score.trend.growing)
         if compare:
             fixed = best_fixed_split(cluster, spec, workload, opts)
             fs = fixed.evaluate(duration_s=sim_duration, seed=seed)
@@ -175,6 +184,18 @@ def _print(doc: dict[str, Any]) -> None:
                   f"attainment {doc['attainment']:.1%} (analytic), {s['attainment']:.1%} "
                   f"(simulated); throughput {s['throughput_rps']:.2f} req/s; "
                   f"search {doc['solve_s']:.1f} s; unserved {r['unserved']:.1%}")
+    if "load_decode" in r:
+        def fmt(vals: list[float | None]) -> str:
+            return " ".join("inf" if v is None else f"{v:.2f}" for v in vals)
+
+        console.print(f"predicted utilisation: prefill {fmt(r['load_prefill'])}; decode "
+                      f"{fmt(r['load_decode'])}; beyond the headroom "
+                      f"{r.get('overload', 0.0):.1%}")
+    if s.get("growing_queue"):
+        console.print("warning: a queue grows in the simulation (attainment "
+                      f"{s['first_half_attainment']:.1%} in the first half, "
+                      f"{s['second_half_attainment']:.1%} in the second): the plan is not "
+                      "stable at this load")
     for d in doc.get("decisions", []):
         console.print(f"decision: {d}")
     if "compare" in doc:

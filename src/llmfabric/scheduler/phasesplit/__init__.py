@@ -8,6 +8,9 @@ Files:
   DP copies inside a group (ConfigSearch, deduce_config, GroupConfig, ReplicaConfig).
 - `orchestrate.py` the capacity routing LP (GLOP) over z_ij = X_i Y_ij and the analytic pair
   attainment D_ij (M/D/1 TTFT, staged KV transfer, Little's-law TPOT), fixed point on loads.
+- `stability.py`   queue stability: each replica's predicted utilisation against the stated
+  headroom (load beyond it counted as missed), and the growing-queue detector on a
+  simulated window (first vs second half).
 - `pairmemo.py`    PairMemo: D_ij's per-replica and per-pair terms kept across the tabu's
   evaluations (one per ConfigSearch, for one workload, cluster and KV format).
 - `groups.py`      solutions (groups with phases), flip/split/merge/move neighbours, early

@@ -40,7 +40,7 @@ def best_fixed_split(cluster: CloudCluster, model: ModelSpec | str, workload: PD
     both = canonical([Group(g.gpus, g.phase) for g in start])
     plan = tabu_search(cluster, spec, workload, TabuOptions(
         n_step=0, seed=opts.seed, kv_bits=opts.kv_bits, kv_group=opts.kv_group,
-        pipelined_pp=opts.pipelined_pp), start=both, search=cs)
+        pipelined_pp=opts.pipelined_pp, headroom=opts.headroom), start=both, search=cs)
     return lightweight(plan, workload=workload, options=opts)[0]
 
 

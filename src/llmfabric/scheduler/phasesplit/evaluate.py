@@ -12,6 +12,7 @@ from llmfabric.scheduler.phasesplit.config import ConfigSearch, GroupConfig, Rep
 from llmfabric.scheduler.phasesplit.groups import Group
 from llmfabric.scheduler.phasesplit.orchestrate import PairModel, Routing
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
+from llmfabric.scheduler.phasesplit.stability import HEADROOM, QueueTrend, queue_trend
 from llmfabric.sim.engine import EngineConfig
 from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.models import ModelSpec
@@ -42,6 +43,7 @@ class PlanScore:
     throughput_rps: float
     mean_ttft_s: float
     mean_tpot_s: float
+    trend: QueueTrend | None = None  # first vs second half of the window (simulator only)
 
 
 def replicas_of(groups: Sequence[Group], configs: Sequence[GroupConfig], phase: str
@@ -52,7 +54,8 @@ def replicas_of(groups: Sequence[Group], configs: Sequence[GroupConfig], phase: 
 
 def evaluate_groups(groups: Sequence[Group], search: ConfigSearch, cluster: CloudCluster,
                     model: ModelSpec, workload: PDWorkload, *, kv_bits: int | None,
-                    kv_group: int, orchestrate: bool = True) -> Evaluated | None:
+                    kv_group: int, orchestrate: bool = True,
+                    headroom: float = HEADROOM) -> Evaluated | None:
     """None when a group holds no replica of its phase."""
     configs = []
     for g in groups:
@@ -64,7 +67,8 @@ def evaluate_groups(groups: Sequence[Group], search: ConfigSearch, cluster: Clou
     if not pre or not dec:
         return None
     memo = search.pair_memo(cluster, workload, kv_bits, kv_group)
-    pm = PairModel(pre, dec, cluster, model, workload, kv_bits, kv_group, memo)
+    pm = PairModel(pre, dec, cluster, model, workload, kv_bits, kv_group, memo,
+                   headroom=headroom)
     return Evaluated(tuple(groups), tuple(configs), pm.route(orchestrate), pre, dec)
 
 
@@ -98,5 +102,7 @@ def simulate(pre: Sequence[ReplicaConfig], dec: Sequence[ReplicaConfig], routing
                                  routing=PDRouting(list(x), routing.y.tolist()),
                                  kv_bits=kv_bits, kv_group=kv_group, stage_link=stage_link,
                                  link_contention=link_contention, slo=workload.slo, seed=seed)
+    trend = queue_trend(res.arrival_s, res.ttft_s, res.tpot_s, res.e2e_s, workload.slo,
+                        duration_s)
     return PlanScore(float(res.slo_attainment), float(res.throughput_rps),
-                     float(res.mean_ttft_s), float(res.mean_tpot_s))
+                     float(res.mean_ttft_s), float(res.mean_tpot_s), trend)

@@ -26,6 +26,7 @@ from llmfabric.scheduler.phasesplit.config import (
 )
 from llmfabric.scheduler.phasesplit.pairmemo import PairMemo
 from llmfabric.scheduler.phasesplit.problem import CloudCluster, PDWorkload
+from llmfabric.scheduler.phasesplit.stability import overload_share
 from llmfabric.sim.models import ModelSpec
 from llmfabric.sim.parallel import kv_transfer_bytes
 
@@ -45,6 +46,16 @@ class Routing:
     z: Array          # m x n: share of ALL requests on pair (i, j)
     unserved: float   # share the capacities leave unserved
     attainment: float  # share of all requests served within the SLO (LP objective)
+    # share of requests replicas get beyond the headroom (stability.overload_share), and
+    # each replica's predicted utilisation (None: not computed, e.g. a saved plan)
+    overload: float = 0.0
+    load_prefill: Array | None = None
+    load_decode: Array | None = None
+
+    @property
+    def score(self) -> float:
+        """What plans are ranked by: attainment with the load beyond the headroom missed."""
+        return self.attainment - self.overload
 
 
 def solve_routing(d: npt.ArrayLike, a: npt.ArrayLike, b: npt.ArrayLike,
@@ -106,12 +117,18 @@ def proportional_routing(d: Array, a: Array, b: Array) -> Routing:
 
 
 class PairModel:
-    """Everything D_ij needs for one set of prefill and decode replicas."""
+    """Everything D_ij needs for one set of prefill and decode replicas. `headroom`: the
+    most a replica may be loaded (utilisation; stability.py): the LP's capacities stop there,
+    and a routing beyond it (the proportional start) is scored with the excess missed."""
 
     def __init__(self, prefill: Sequence[ReplicaConfig], decode: Sequence[ReplicaConfig],
                  cluster: CloudCluster, model: ModelSpec, workload: PDWorkload,
-                 kv_bits: int | None, kv_group: int, memo: PairMemo | None = None) -> None:
-        self.pre, self.dec, self.wl = list(prefill), list(decode), workload
+                 kv_bits: int | None, kv_group: int, memo: PairMemo | None = None, *,
+                 headroom: float = MAX_UTILIZATION) -> None:
+        if not 0 < headroom <= 1:
+            raise SpecError("headroom must be in (0, 1]")
+        self.pre, self.dec, self.wl, self.headroom = list(prefill), list(decode), workload, \
+            headroom
         if memo is not None and not memo.usable(cluster, model, workload, kv_bits, kv_group):
             memo = None
         ins = workload.in_lengths.astype(np.float64)
@@ -120,9 +137,13 @@ class PairModel:
         self._grid = np.unique(np.linspace(ins.min(), ins.max(), GRID).round())
         self.prefill_s = np.array([self._prefill_row(r, memo) for r in self.pre])  # m x S
         self.mean_s = self.prefill_s.mean(axis=1)
-        self.a = np.array([self._prefill_capacity(r.latency_s) for r in self.pre])
+        cap = min(headroom, MAX_UTILIZATION)
+        self.a = np.array([min(self._prefill_capacity(r.latency_s), headroom / s)
+                           for r, s in zip(self.pre, self.mean_s, strict=True)])
         self.ctx = decode_context(workload)
-        self.b = np.array([self._memo_capacity(r, memo) for r in self.dec]) / self.mean_out
+        # TPOT-bound tokens/s per decode replica (utilisation's denominator)
+        self.tps = np.array([self._memo_capacity(r, memo) for r in self.dec])
+        self.b = cap * self.tps / self.mean_out
         per_token_layer = kv_transfer_bytes(model, 1, kv_bits, kv_group) / model.n_layers
         self.kv_s = np.zeros((len(self.pre), len(self.dec), len(ins)))
         for i, p in enumerate(self.pre):
@@ -170,12 +191,29 @@ class PairModel:
 
     def _decode_capacity(self, r: ReplicaConfig) -> float:
         """Tokens/s at the largest batch whose step meets the TPOT deadline (B_max without
-        one), times the utilisation cap: the LP must not load a decode replica past it."""
+        one); the LP loads a decode replica up to the utilisation cap of it."""
         lo = slo_batch(lambda k: r.decode_step_time(k, self.ctx),
                        decode_seats(r.kv_capacity_tokens, self.ctx), self.wl.slo.tpot_s)
         if lo == 0:
             return 0.0
-        return MAX_UTILIZATION * lo / r.decode_step_time(lo, self.ctx)
+        return lo / r.decode_step_time(lo, self.ctx)
+
+    def loads(self, lam_pre: Array, lam_dec: Array) -> tuple[Array, Array]:
+        """Predicted utilisation per replica at these arrival rates: prefill busy time per
+        second (lambda x mean prefill time, the M/D/1's rho), decode token demand over the
+        TPOT-bound tokens/s (inf for a loaded replica that cannot meet the deadline)."""
+        rho_dec = np.where(self.tps > 0, lam_dec * self.mean_out / np.maximum(self.tps, 1e-300),
+                           np.where(lam_dec > 0, np.inf, 0.0))
+        return lam_pre * self.mean_s, rho_dec
+
+    def with_loads(self, r: Routing) -> Routing:
+        """`r` with its replicas' utilisation and the share beyond the headroom."""
+        lam_pre, lam_dec = self.wl.rate * r.z.sum(axis=1), self.wl.rate * r.z.sum(axis=0)
+        rho_pre, rho_dec = self.loads(lam_pre, lam_dec)
+        over = overload_share(np.concatenate([lam_pre, lam_dec]),
+                              np.concatenate([rho_pre, rho_dec]), self.headroom,
+                              self.wl.rate)
+        return Routing(r.x, r.y, r.z, r.unserved, r.attainment, over, rho_pre, rho_dec)
 
     def _transfer(self, p: ReplicaConfig, q: ReplicaConfig, cluster: CloudCluster,
                   per_token_layer: float) -> Array:
@@ -292,13 +330,13 @@ class PairModel:
     def _rescore(self, r: Routing) -> Routing:
         """The routing's attainment at the loads it implies (served requests only)."""
         d = self.attainment(self.wl.rate * r.z.sum(axis=1), self.wl.rate * r.z.sum(axis=0))
-        return Routing(r.x, r.y, r.z, r.unserved, float((r.z * d).sum()))
+        return self.with_loads(Routing(r.x, r.y, r.z, r.unserved, float((r.z * d).sum())))
 
     def route(self, orchestrate: bool = True, passes: int = 2) -> Routing:
         """Capacity-proportional loads first, then the LP, re-solved at the loads of its
         previous answer; every candidate is scored at its own loads and the best returned
         (the LP packs replicas up to their capacities, which can score below the
-        proportional start)."""
+        proportional start). Scores count the load beyond the headroom as missed."""
         rate = self.wl.rate
         start = proportional_routing(np.zeros((len(self.a), len(self.b))), self.a, self.b)
         d = self.attainment(rate * start.z.sum(axis=1), rate * start.z.sum(axis=0))
@@ -310,8 +348,8 @@ class PairModel:
             lam_pre = rate * routing.z.sum(axis=1)
             lam_dec = rate * routing.z.sum(axis=0)
             d = self.attainment(lam_pre, lam_dec)
-            scored = Routing(routing.x, routing.y, routing.z, routing.unserved,
-                             float((routing.z * d).sum()))
-            if scored.attainment > best.attainment + 1e-12:
+            scored = self.with_loads(Routing(routing.x, routing.y, routing.z,
+                                             routing.unserved, float((routing.z * d).sum())))
+            if scored.score > best.score + 1e-12:
                 best = scored
         return best

@@ -3,6 +3,7 @@ output and simulator hand-off."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,16 @@ class PDPlan:
         return PlanScore(att, wl.rate * (1 - self.routing.unserved), float("nan"),
                          float("nan"))
 
+    def _loads(self) -> dict[str, list[float | None]]:
+        """Predicted utilisation per replica (stability.py), when the plan carries it; None
+        for a loaded replica with no capacity (infinite)."""
+        r = self.routing
+        if r.load_prefill is None or r.load_decode is None:
+            return {}
+        return {k: [float(v) if math.isfinite(v) else None for v in vals]
+                for k, vals in (("load_prefill", r.load_prefill),
+                                ("load_decode", r.load_decode))}
+
     def to_json(self) -> dict[str, Any]:
         groups = []
         for k, (g, c) in enumerate(zip(self.groups, self.configs, strict=True)):
@@ -104,7 +115,8 @@ class PDPlan:
             "groups": groups, "n_prefill": self.n_prefill, "n_decode": self.n_decode,
             "routing": {"x": [float(v) for v in self.routing.x],
                         "y": [[float(v) for v in row] for row in self.routing.y],
-                        "unserved": self.routing.unserved},
+                        "unserved": self.routing.unserved,
+                        "overload": self.routing.overload, **self._loads()},
             "attainment": self.attainment, "est_throughput_rps": self.est_throughput,
             "solve_s": self.solve_s, "search_trace": list(self.search_trace),
             "notes": list(self.notes),

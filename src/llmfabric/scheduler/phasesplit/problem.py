@@ -183,12 +183,19 @@ class TabuOptions:
     # The simulator for the final plan: the `final_sim_top` best solutions by the analytic
     # evaluator (the start always among them) re-scored by the discrete-event simulator on
     # `final_sim_s` of arrivals (seed + 1: not the trace plans are judged on); 0: off.
+    # A candidate whose queue grows over that window (stability.queue_trend) ranks below
+    # every stable one; candidates are compared on the window's later half.
     final_sim_top: int = 0
     final_sim_s: float = 120.0
+    # The stated headroom (stability.py): no replica loaded past this share of its capacity
+    # by the routing LP; load beyond it counts as missed in the search's score.
+    headroom: float = 0.8
 
     def __post_init__(self) -> None:
         if self.final_sim_top < 0 or not self.final_sim_s > 0:
             raise SpecError("final_sim_top >= 0 and final_sim_s > 0")
+        if not 0 < self.headroom <= 1:
+            raise SpecError("headroom must be in (0, 1]")
         if self.n_step < 0 or self.n_neigh < 1 or self.n_mem < 0:
             raise SpecError("n_step >= 0, n_neigh >= 1 and n_mem >= 0")
         if self.evaluator not in ("analytic", "sim"):

@@ -4,9 +4,9 @@ the routing.
 
 Replicas that lost a GPU are dropped; a group keeps its other DP copies. Phase vectors over the
 remaining groups are enumerated exhaustively for <= 12 groups (else a tabu search with only
-flip moves, same budget), each scored by the routing LP under the (new) workload; the best
-wins, ties going to fewer flips. Output: the new plan plus SetRole for each flipped group and
-one SetRouting.
+flip moves, same budget), each scored by the routing LP under the (new) workload (load
+beyond the options' headroom counted as missed); the best wins, ties going to fewer flips.
+Output: the new plan plus SetRole for each flipped group and one SetRouting.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from llmfabric.scheduler.phasesplit.groups import Group
 from llmfabric.scheduler.phasesplit.orchestrate import PairModel
 from llmfabric.scheduler.phasesplit.plan import PDPlan
 from llmfabric.scheduler.phasesplit.problem import PDWorkload, TabuOptions
+from llmfabric.scheduler.phasesplit.stability import HEADROOM
 from llmfabric.scheduler.phasesplit.tabu import to_plan
 
 EXHAUSTIVE_GROUPS = 12
@@ -43,11 +44,13 @@ def _survivors(plan: PDPlan, lost: set[int]) -> tuple[list[Group], list[GroupCon
 
 
 def _score(groups: list[Group], configs: list[GroupConfig], plan: PDPlan,
-           workload: PDWorkload, orchestrate: bool) -> Evaluated | None:
+           workload: PDWorkload, orchestrate: bool,
+           headroom: float = HEADROOM) -> Evaluated | None:
     pre, dec = replicas_of(groups, configs, "prefill"), replicas_of(groups, configs, "decode")
     if not pre or not dec:
         return None
-    pm = PairModel(pre, dec, plan.cluster, plan.model, workload, plan.kv_bits, plan.kv_group)
+    pm = PairModel(pre, dec, plan.cluster, plan.model, workload, plan.kv_bits, plan.kv_group,
+                   headroom=headroom)
     return Evaluated(tuple(groups), tuple(configs), pm.route(orchestrate), pre, dec)
 
 
@@ -82,11 +85,11 @@ def lightweight(plan: PDPlan, lost_gpus: Iterable[int] = (), workload: PDWorkloa
     best: tuple[tuple[float, float, int], Evaluated] | None = None
     for vec in _vectors(len(groups), current, opts):
         trial = [Group(g.gpus, p) for g, p in zip(groups, vec, strict=True)]
-        ev = _score(trial, configs, plan, wl, opts.orchestrate)
+        ev = _score(trial, configs, plan, wl, opts.orchestrate, opts.headroom)
         if ev is None:
             continue
         flips = sum(a != b for a, b in zip(vec, current, strict=True))
-        key = (round(ev.routing.attainment, 9), -round(ev.routing.unserved, 9), -flips)
+        key = (round(ev.routing.score, 9), -round(ev.routing.unserved, 9), -flips)
         if best is None or key > best[0]:
             best = (key, ev)
     if best is None:

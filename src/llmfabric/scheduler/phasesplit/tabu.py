@@ -31,10 +31,17 @@ from llmfabric.sim.models import ModelSpec, get_model
 EXHAUSTIVE_START = 12
 
 
-def _score(ev: Evaluated | None) -> tuple[float, float]:
+def _score(ev: Evaluated | None) -> tuple[float, float, float]:
+    """Attainment with the load beyond the headroom counted as missed, then served share
+    (both to 1e-9: below that the analytic scores differ by float noise), then the lower
+    highest predicted replica load: of two plans that serve alike, the one with more
+    headroom rides out bursts better (the analytic attainment saturates at 1)."""
     if ev is None:
-        return (-1.0, 0.0)
-    return (ev.routing.attainment, -ev.routing.unserved)
+        return (-1.0, 0.0, -np.inf)
+    r = ev.routing
+    peak = max((float(v.max()) for v in (r.load_prefill, r.load_decode)
+                if v is not None and v.size), default=0.0)
+    return (round(r.score, 9), -round(r.unserved, 9), -peak)
 
 
 def _best_phases(sol: Solution, f: Callable[[Solution], Evaluated | None],
@@ -89,7 +96,8 @@ def tabu_search(cluster: CloudCluster, model: ModelSpec | str, workload: PDWorkl
         if key not in cache:
             cache[key] = evaluate_groups(sol, cs, cluster, spec, workload,
                                          kv_bits=opts.kv_bits, kv_group=opts.kv_group,
-                                         orchestrate=opts.orchestrate)
+                                         orchestrate=opts.orchestrate,
+                                         headroom=opts.headroom)
         return cache[key]
 
     x = start if start is not None else _best_phases(
@@ -141,7 +149,9 @@ def _simulated_best(best: Evaluated, start: Evaluated | None,
                     opts: TabuOptions) -> Evaluated:
     """The analytic top `final_sim_top` (plus the start) re-scored by the simulator: the
     analytic evaluator saturates near full attainment and is optimistic under load, so its
-    choice among near-equal plans is noise; ties keep the analytic order."""
+    choice among near-equal plans is noise; ties keep the analytic order. A candidate whose
+    queue grows over the window ranks below every stable one, and candidates are compared
+    on the window's later half: a queue that builds shows there first."""
     ranked = sorted((ev for ev in cache.values() if ev is not None), key=_score, reverse=True)
     pool = [best, *(e for e in ranked if e is not best)][:opts.final_sim_top]
     if start is not None and all(e is not start for e in pool):
@@ -152,5 +162,9 @@ def _simulated_best(best: Evaluated, start: Evaluated | None,
                        kv_bits=opts.kv_bits,
                        kv_group=opts.kv_group, pipelined_pp=opts.pipelined_pp,
                        duration_s=opts.final_sim_s, seed=opts.seed + 1)
-        scored.append((sim.attainment, -k, ev))
-    return max(scored, key=lambda t: (t[0], t[1]))[2]
+        trend = sim.trend
+        stable = trend is None or not trend.growing
+        late = sim.attainment if trend is None or trend.attainment != trend.attainment \
+            else trend.attainment
+        scored.append((stable, late, -k, ev))
+    return max(scored, key=lambda t: (t[0], t[1], t[2]))[3]
