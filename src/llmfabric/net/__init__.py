@@ -14,8 +14,9 @@ Files (one concept each; see docs/network.md for the protocol):
 - h2endpoint.py: an HTTP/2 session (sans-IO h2) carried in frames; two per connection.
 - h2limits.py: what a peer can make a session buffer (advertised frame size, header list,
   windows) and `FrameGate`, which refuses an oversized frame at its header.
-- tcp_keepalive.py: `KeepAlive`, `set_keepalive`: TCP keepalive + TCP_USER_TIMEOUT on
-  connections we dial (dead-peer detection on the ingress's direct path).
+- tcp_keepalive.py: `KeepAlive`, `set_keepalive`, `start_watched_server`: TCP keepalive +
+  TCP_USER_TIMEOUT on connections we dial and accept (dead-peer detection on both ends of
+  the direct path).
 - messages.py: `PeerRequest`, `PeerResponse`, `HandlerResponse`.
 - relay.py: dial-back reachability check (`Reachability`), relay client (persistent
   outbound) and server.

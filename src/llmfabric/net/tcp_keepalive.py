@@ -1,4 +1,5 @@
-"""Dead-peer detection for TCP connections we dial: kernel keepalive plus TCP_USER_TIMEOUT.
+"""Dead-peer detection for TCP connections we dial or accept: kernel keepalive plus
+TCP_USER_TIMEOUT.
 
 A connection whose peer vanished without FIN or RST (its host died, a partition) looks idle,
 not closed: a stream waiting for the next token would wait out its idle timeout, which must
@@ -12,12 +13,20 @@ failure closes the connection, so both are set to the same `dead_after_s`.
 Kernel units are whole seconds (keepalive) and milliseconds (user timeout); values are
 rounded up, at least 1 s. Platforms without an option skip it (macOS has no
 TCP_USER_TIMEOUT; its TCP_KEEPALIVE is the idle time).
+
+Both ends watch: the dialer sets the options on its socket (`set_keepalive`), a server on its
+listening sockets before it accepts anything (`start_watched_server`), and each accepted
+connection inherits them from the listener (Linux copies the socket's options at accept), so
+a server is not left holding half-open connections, and their work, for a vanished client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
+import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Linux's limits (MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL, MAX_TCP_KEEPCNT): a larger value fails
@@ -34,10 +43,15 @@ class KeepAlive:
     count: int = 3  # unanswered probes -> the connection is dead
 
     def __post_init__(self) -> None:
-        if not (0 < self.idle_s <= MAX_KEEPALIVE_S and 0 < self.interval_s <= MAX_KEEPALIVE_S
-                and 1 <= self.count <= MAX_KEEPALIVE_COUNT):
-            raise ValueError(f"keepalive needs 0 < idle_s, interval_s <= {MAX_KEEPALIVE_S} and "
-                             f"1 <= count <= {MAX_KEEPALIVE_COUNT}: {self}")
+        if not (
+            0 < self.idle_s <= MAX_KEEPALIVE_S
+            and 0 < self.interval_s <= MAX_KEEPALIVE_S
+            and 1 <= self.count <= MAX_KEEPALIVE_COUNT
+        ):
+            raise ValueError(
+                f"keepalive needs 0 < idle_s, interval_s <= {MAX_KEEPALIVE_S} and "
+                f"1 <= count <= {MAX_KEEPALIVE_COUNT}: {self}"
+            )
 
     @property
     def dead_after_s(self) -> int:
@@ -65,8 +79,33 @@ def keepalive_options(ka: KeepAlive) -> list[tuple[int, int, int]]:
     return opts
 
 
-def set_keepalive(sock: socket.socket, ka: KeepAlive) -> None:
+def set_keepalive(sock: socket.socket | asyncio.trsock.TransportSocket, ka: KeepAlive) -> None:
     """Turn on dead-peer detection on a connected TCP socket (OSError if the kernel refuses:
     a connection we cannot watch should not be used silently)."""
     for level, option, value in keepalive_options(ka):
         sock.setsockopt(level, option, value)
+
+
+async def start_watched_server(
+    factory: Callable[[], asyncio.BaseProtocol],
+    host: str | None,
+    port: int,
+    ka: KeepAlive,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+) -> asyncio.Server:
+    """Like `loop.create_server(factory, host, port, ssl=..., reuse_address=True)`, with
+    dead-peer detection on every connection it accepts: the options are set on the listening
+    sockets before the first accept (inherited by each accepted socket)."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        factory, host, port, ssl=ssl_context, reuse_address=True, start_serving=False
+    )
+    try:
+        for sock in server.sockets:
+            set_keepalive(sock, ka)
+    except BaseException:
+        server.close()
+        raise
+    await server.start_serving()
+    return server

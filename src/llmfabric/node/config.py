@@ -106,9 +106,11 @@ class NodeConfig(BaseModel):
     first_byte_timeout_s: float = Field(default=300.0, gt=0)
     idle_timeout_s: float = Field(default=120.0, gt=0)
     total_timeout_s: float = Field(default=1800.0, gt=0)
-    # Dead-peer detection on the direct path (TCP keepalive + TCP_USER_TIMEOUT; kernel units:
-    # whole seconds): a provider that vanishes mid-stream is noticed after idle + interval *
-    # count seconds of silence, however long `idle_timeout_s` is (net/tcp_keepalive.py).
+    # Dead-peer detection on the direct path, both ends (TCP keepalive + TCP_USER_TIMEOUT;
+    # kernel units: whole seconds): an ingress notices a provider that vanishes mid-stream,
+    # and a provider an ingress that vanishes (closing the connection and the engine
+    # request), after idle + interval * count seconds of silence, however long
+    # `idle_timeout_s` is (net/tcp_keepalive.py).
     keepalive_idle_s: float = Field(default=5.0, ge=1, le=32767)
     keepalive_interval_s: float = Field(default=2.0, ge=1, le=32767)
     keepalive_count: int = Field(default=3, ge=1, le=127)

@@ -40,6 +40,7 @@ from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.server_tls import ServerTls
+from llmfabric.net.tcp_keepalive import KeepAlive
 from llmfabric.node.admission import (
     admission_from_config,
     own_certificate,
@@ -137,7 +138,9 @@ class Node:
         # peer requests (docs/network.md "Data plane").
         self.dataplane = DataPlaneServer(
             self.key, lambda: self.engine, self._is_member,
-            max_body_bytes=config.max_body_bytes)
+            max_body_bytes=config.max_body_bytes,
+            keepalive=KeepAlive(config.keepalive_idle_s, config.keepalive_interval_s,
+                                config.keepalive_count))
         self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
         self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
         # Pairwise link measurements to peers (RTT, throughput), read by planners.

@@ -6,13 +6,18 @@ HTTPS listener for the direct path, and sealed requests over the peer network.
   peer of the connection, or (through a relay, whose origin header proves nothing) a member
   the registry knows.
 - HTTPS (`start_https`): TLS with this node's own certificate (the ingress pins our peer
-  id), serving `POST /v1/fabric/forward/v1/...` with a valid `X-Fabric-Auth` only.
+  id), serving `POST /v1/fabric/forward/v1/...` with a valid `X-Fabric-Auth` only. Every
+  accepted connection has TCP keepalive and TCP_USER_TIMEOUT on (net/tcp_keepalive.py, the
+  ingress's settings): an ingress that vanished without FIN or RST is noticed after
+  `keepalive.dead_after_s` of silence, and a connection that is lost cancels its request's
+  handler, which closes the engine request (the engine stops generating for nobody).
 - Peer requests under the forward prefix: the authorization checked, the body unsealed,
   the engine's answer returned as sealed frames.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -28,6 +33,7 @@ from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context
+from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
 from llmfabric.node.engine.link import EngineLink, error_response
 
 _MSGPACK = (("content-type", "application/msgpack"),)
@@ -44,6 +50,7 @@ class DataPlaneServer:
         max_body_bytes: int,
         now: Callable[[], float] = time.time,
         session_ttl_s: float = 3600.0,
+        keepalive: KeepAlive | None = None,
     ) -> None:
         self.key = key
         self.sessions = ProviderSessions()
@@ -52,8 +59,10 @@ class DataPlaneServer:
         self._max_body = max_body_bytes
         self._now = now
         self._ttl = session_ttl_s
+        self.keepalive = keepalive or KeepAlive()
         self.https_port = 0
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.refused: dict[str, int] = {}  # refusals by code (metrics, tests)
         self.served: dict[str, int] = {"https": 0, "sealed": 0}  # authorized requests by path
         # Session exchanges cost ~1 ms CPU: at most `exchanges_per_min` per peer and minute
@@ -162,15 +171,25 @@ class DataPlaneServer:
     async def start_https(self, host: str, port: int) -> int:
         app = web.Application(client_max_size=self._max_body + 1)
         app.router.add_post(FORWARD_PREFIX + "/v1/{tail:.+}", self.handle_https)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # handler_cancellation: a lost connection (the ingress closed, or keepalive found it
+        # dead) cancels its handler at once, not at the next token it would write; the
+        # engine proxy's cleanup then closes the engine request.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await self._runner.setup()
+        assert self._runner.server is not None  # (set by setup())
         ctx = server_ssl_context(self.key, make_self_signed_cert(self.key))
-        site = web.TCPSite(self._runner, host, port, ssl_context=ctx, reuse_address=True)
-        await site.start()
-        self.https_port = int(self._runner.addresses[0][1])
+        self._listener = await start_watched_server(
+            self._runner.server, host, port, self.keepalive, ssl_context=ctx
+        )
+        self.https_port = int(self._listener.sockets[0].getsockname()[1])
         return self.https_port
 
     async def aclose(self) -> None:
+        if self._listener is not None:  # no new connections, then the open ones end
+            self._listener.close()
+            self._listener = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
