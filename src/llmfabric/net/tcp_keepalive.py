@@ -28,6 +28,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 # Linux's limits (MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL, MAX_TCP_KEEPCNT): a larger value fails
 # every connect with EINVAL, so it is refused when the settings are made.
@@ -63,6 +64,10 @@ def _secs(value: float) -> int:
     return max(1, math.ceil(value))
 
 
+class _Settable(Protocol):  # a socket, or asyncio's wrapper of a server's listening socket
+    def setsockopt(self, level: int, optname: int, value: int, /) -> None: ...
+
+
 def keepalive_options(ka: KeepAlive) -> list[tuple[int, int, int]]:
     """(level, option, value) triples this platform supports, in the order to set them."""
     opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
@@ -79,7 +84,7 @@ def keepalive_options(ka: KeepAlive) -> list[tuple[int, int, int]]:
     return opts
 
 
-def set_keepalive(sock: socket.socket | asyncio.trsock.TransportSocket, ka: KeepAlive) -> None:
+def set_keepalive(sock: _Settable, ka: KeepAlive) -> None:
     """Turn on dead-peer detection on a connected TCP socket (OSError if the kernel refuses:
     a connection we cannot watch should not be used silently)."""
     for level, option, value in keepalive_options(ka):
