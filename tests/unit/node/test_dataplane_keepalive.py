@@ -1,11 +1,12 @@
 """The provider's pinned HTTPS listener (node/serve/dataplane_server.py) watches the
 connections it accepts with the node's keepalive settings (net/tcp_keepalive.py): read back
 with getsockopt from the socket the real server accepted over loopback, and from a plain
-`start_watched_server`."""
+`start_watched_server`; the node builds its listener from the config's `keepalive_*` keys."""
 
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import socket
 import ssl
 import sys
@@ -14,6 +15,8 @@ import pytest
 
 from llmfabric.identity import NodeKey
 from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
+from llmfabric.node.config import build_config
+from llmfabric.node.daemon import Node
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.testing.poll import wait_until
 
@@ -91,3 +94,14 @@ async def test_a_watched_server_sets_the_options_before_its_first_accept() -> No
             assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
     finally:
         server.close()
+
+
+def test_the_node_watches_its_listener_with_the_configured_keepalive(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The provider uses the same config keys as the ingress (`keepalive_*_s`)."""
+    config = build_config(
+        {"keepalive_idle_s": 2, "keepalive_interval_s": 1, "keepalive_count": 2},
+        {"home": tmp_path, "network_secret": "s" * 24, "gpu": "cpu", "listen": "127.0.0.1:0"},
+    )
+    assert Node(config).dataplane.keepalive == KeepAlive(idle_s=2, interval_s=1, count=2)
