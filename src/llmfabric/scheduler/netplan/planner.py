@@ -316,6 +316,7 @@ class NetPlan:
     planner_s: float
     binding: str = ""  # what caps H: prefill | ttft | kv-cap | tpot | link:<a>-><b>
     T_f_wait: float = 0.0  # the KV hand-off's queueing on a shared link at min(rate, H)
+    T_f_wait_h: float = 0.0  # ... and at H
     link_util_h: float = 0.0  # the most loaded link's utilisation at H ...
     link_edge_h: str = ""  # ... and that link, "<a>-><b>"
     problem: NetProblem | None = field(default=None, repr=False)
@@ -422,6 +423,7 @@ def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int
         {k: c.switch for k, c in comms.items()}, paths,
         t_pre, t_c_pre, pr.step(b) + t_f + wait, pr.step_c(b), t_f, h, h / n_gpus, n_gpus,
         0, max(pre.sweeps, dec.sweeps), 0.0, binding=binding, T_f_wait=wait,
+        T_f_wait_h=queue.wait(h) if h > 0 else 0.0,
         link_util_h=util_h, link_edge_h="" if edge_h is None else f"{edge_h[0]}->{edge_h[1]}",
         problem=problem, _pre=pre, _dec=dec, _kv_routes=kv_routes)
     return plan
@@ -435,13 +437,17 @@ def _first_kv_sends(problem: NetProblem, pre: PhasePlan, dec: PhasePlan
     return {k: [z for z, _ in v] for k, v in sends.items()}
 
 
+H_TIE = 1e-3  # H within 0.1 % ties: below what the analytic model resolves
+
+
 def _better(a: NetPlan, b: NetPlan) -> bool:
-    """Larger H; at equal H (within 1e-9) fewer GPUs, then lower latency T_pre + T_dec (the
+    """Larger H; at equal H (within H_TIE) fewer GPUs, then lower latency T_pre + T_dec (the
     paper's second goal, "minimizing the average token generation latency", §III-A: when
-    decode memory binds H, prefill layouts tie on H but not on TTFT); then earlier."""
-    if a.H > b.H * (1 + 1e-9):
+    decode memory or a shared link binds H, layouts tie on H but not on TTFT; a link-bound
+    H differs between layouts only by the order of their KV sends, ~0.05 %); then earlier."""
+    if a.H > b.H * (1 + H_TIE):
         return True
-    if a.H < b.H * (1 - 1e-9):
+    if a.H < b.H * (1 - H_TIE):
         return False
     if a.n_gpus != b.n_gpus:
         return a.n_gpus < b.n_gpus
