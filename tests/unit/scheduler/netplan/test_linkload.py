@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmfabric.scheduler.netplan.baselines import distserve
+from llmfabric.scheduler.netplan.baselines import atp_comm, distserve
 from llmfabric.scheduler.netplan.commcost import StageGPUs
 from llmfabric.scheduler.netplan.linkload import (
     KvQueue,
@@ -142,3 +142,25 @@ def test_link_rate_and_queue_by_hand() -> None:
 
 def _stage(gpu: str) -> StageGPUs:
     return StageGPUs((gpu,), (0, get_model(MODEL).n_layers))
+
+
+def test_atp_fallback_crosses_the_uplink_twice_more_each_way() -> None:
+    topo = Topology()
+    topo.add_switch("acc", 8)
+    topo.add_switch("core", 8)
+    topo.add_edge("acc", "core", "ethernet", gbps=10)
+    for k in range(3):
+        topo.add_gpu(f"gpu{k}", "A100-80GB", f"h{k}")
+        topo.add_edge(f"gpu{k}", "acc", "ethernet", gbps=100)
+    p = NetProblem.of(topo, MODEL, ["gpu0", "gpu1"], ["gpu2"], NetWorkload(1.0, 8, 8), 1.0, 1.0)
+    routes = Routes(topo)
+    group = ["gpu0", "gpu1"]
+    slot = atp_comm(p, group, 1e6, {"acc": 1}, routes)
+    assert slot.fallback == 0.0 and slot.load.bytes == ina_load(group, "acc", routes).bytes
+    assert ("acc", "core") not in slot.load.bytes
+    full = atp_comm(p, group, 1e6, {"acc": 0}, routes)
+    assert full.fallback == 1.0
+    # two members, each twice more over the uplink in each direction
+    assert full.load.bytes[("acc", "core")] == pytest.approx(4.0)
+    assert full.load.bytes[("core", "acc")] == pytest.approx(4.0)
+    assert full.load.capacity[("acc", "core")] == pytest.approx(10e9 / 8)
