@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmfabric.scheduler.netplan.baselines import atp_comm, distserve
 from llmfabric.scheduler.netplan.commcost import StageGPUs
@@ -164,3 +166,19 @@ def test_atp_fallback_crosses_the_uplink_twice_more_each_way() -> None:
     assert full.load.bytes[("acc", "core")] == pytest.approx(4.0)
     assert full.load.bytes[("core", "acc")] == pytest.approx(4.0)
     assert full.load.capacity[("acc", "core")] == pytest.approx(10e9 / 8)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    gbps=st.floats(0.5, 400.0),
+    util=st.floats(0.1, 1.0),
+    rate=st.floats(0.1, 50.0),
+)
+def test_no_link_is_loaded_past_its_cap_at_h(gbps: float, util: float, rate: float) -> None:
+    p = plan(problem(gbps=gbps, rate=rate, link_util=util))
+    bound = util * gbps * 1e9 / 8 / kv_bytes()
+    assert p.H / bound <= 1 + 1e-9
+    assert p.link_util_h <= util * (1 + 1e-9)
+    assert p.binding.startswith("link:") == (abs(p.H / bound - 1) < 1e-12)
+    # a fatter link never lowers H
+    assert plan(problem(gbps=2 * gbps, rate=rate, link_util=util)).H >= p.H * (1 - 1e-9)
