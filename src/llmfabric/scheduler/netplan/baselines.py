@@ -30,13 +30,13 @@ from llmfabric.scheduler.netplan.commcost import (
     t_ring,
     with_base,
 )
+from llmfabric.scheduler.netplan.grouping import host_order_groups
 from llmfabric.scheduler.netplan.linkload import ina_load, ring_load
 from llmfabric.scheduler.netplan.paths import PathRoute, Routes
 from llmfabric.scheduler.netplan.planner import (
     GroupComm,
     NetPlan,
     Strategy,
-    host_order_groups,
     plan_with,
 )
 from llmfabric.scheduler.netplan.problem import NetProblem
@@ -67,8 +67,8 @@ def access_switches(topology: Topology) -> list[NodeId]:
 
 
 def _host_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_groups: int,
-                 nbytes: float, routes: Routes) -> tuple[list[list[NodeId]], int]:
-    return host_order_groups(problem, gpus, tp, n_groups), 0
+                 nbytes: float, routes: Routes) -> tuple[list[list[list[NodeId]]], int]:
+    return [host_order_groups(problem, gpus, tp, n_groups)], 0
 
 
 def _ring(problem: NetProblem, group: Sequence[NodeId], nbytes: float, routes: Routes

@@ -2,10 +2,13 @@
 
 For each candidate P_all = (P^p_tens, P^p_pipe, P^d_tens, P^d_pipe) (`candidates`, at most
 `max_candi`): keep the phase's GPUs with memory >= R / (P_tens P_pipe R_frac), form as many
-instances as they hold, group them into TP groups of P_tens (`Strategy.group`: constrained
-k-means on the latency matrix + perturbation for HeroServe), give every group its all-reduce
+instances as they hold, group them into TP groups of P_tens (`Strategy.group`: for
+HeroServe every distinct result of constrained k-means on the latency matrix + perturbation,
+`grouping.heroserve_groups`; the baselines have one), give every group its all-reduce
 (`Strategy.comm`: INA at a switch with free aggregator slots, or ring), chain each instance's
-groups into pipeline stages (layers split by memory bandwidth x TP), and price it:
+groups into pipeline stages (layers split by memory bandwidth x TP), and price every pair of
+the phases' candidate groupings (`evaluate`; the P_all keeps the best pair by `_better`, so
+among groupings eq. 5 ranks alike the one whose KV or all-reduce loads a shared link less):
 
 - T_pre = the simulator's prefill time of one K_in prompt on the planned deployment (TP
   all-reduces by the group's model, PP boundaries by their routes); T_c^pre the same with free
@@ -39,6 +42,7 @@ from llmfabric.scheduler.netplan.commcost import (
     group_allreduce,
     t_kv,
 )
+from llmfabric.scheduler.netplan.grouping import heroserve_groups
 from llmfabric.scheduler.netplan.linkload import (
     KvQueue,
     LinkBound,
@@ -83,8 +87,10 @@ class GroupComm:
     fallback: float = 0.0  # DS-ATP: share of chunks on the parameter-server path
 
 
+# (problem, GPUs, P_tens, #groups, message bytes, routes) -> (candidate groupings, best
+# first by the strategy's own measure; the most perturbation sweeps one of them took)
 GroupFn = Callable[[NetProblem, Sequence[NodeId], int, int, float, Routes],
-                   tuple[list[list[NodeId]], int]]
+                   tuple[list[list[list[NodeId]]], int]]
 CommFn = Callable[[NetProblem, Sequence[NodeId], float, dict[NodeId, int], Routes], GroupComm]
 # (problem, groups in topology order, P_pp, activation bytes, routes) -> groups reordered so
 # that each run of P_pp groups is one instance (None: topology order).
@@ -166,15 +172,24 @@ def _boundary_link(problem: NetProblem, routes: Routes, src: Sequence[NodeId],
 
 
 def build_phase(problem: NetProblem, strategy: Strategy, gpus: Sequence[NodeId], tp: int,
-                pp: int, nbytes: float, routes: Routes) -> PhasePlan | None:
-    """Group, synchronise and chain one phase's instances; None when too few GPUs fit."""
+                pp: int, nbytes: float, routes: Routes) -> list[PhasePlan] | None:
+    """Group, synchronise and chain one phase's instances, once per candidate grouping the
+    strategy offers (its order kept); None when too few GPUs fit."""
     model = problem.model
     need = weight_bytes(model) / (tp * pp * problem.r_frac)
     fit = [g for g in gpus if get_gpu(problem.topology.gpu(g).gpu_type).mem_bytes >= need]
     n_inst = len(fit) // (tp * pp)
     if n_inst < 1:
         return None
-    groups, sweeps = strategy.group(problem, fit, tp, n_inst * pp, nbytes, routes)
+    groupings, sweeps = strategy.group(problem, fit, tp, n_inst * pp, nbytes, routes)
+    return [_build_instances(problem, strategy, list(groups), tp, pp, n_inst, nbytes, routes,
+                             sweeps) for groups in groupings]
+
+
+def _build_instances(problem: NetProblem, strategy: Strategy, groups: list[list[NodeId]],
+                     tp: int, pp: int, n_inst: int, nbytes: float, routes: Routes,
+                     sweeps: int) -> PhasePlan:
+    model = problem.model
     index = {g: k for k, g in enumerate(problem.topology.gpus())}
     groups.sort(key=lambda grp: min(index[g] for g in grp))
     if strategy.chain is not None:
@@ -314,6 +329,7 @@ class NetPlan:
     candidates_tried: int
     sweeps: int  # most perturbation sweeps one grouping took (over phases, candidates)
     planner_s: float
+    groupings_priced: int = 1  # (prefill, decode) grouping pairs priced for this P_all
     binding: str = ""  # what caps H: prefill | ttft | kv-cap | tpot | link:<a>-><b>
     T_f_wait: float = 0.0  # the KV hand-off's queueing on a shared link at min(rate, H)
     T_f_wait_h: float = 0.0  # ... and at H
@@ -375,20 +391,43 @@ def stage_pair_link(problem: NetProblem, ps: StageGPUs, ds: StageGPUs, routes: R
 
 def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int, int],
              routes: Routes, kv_routes: Routes) -> NetPlan | None:
+    """The plan for one P_all: every pair of the phases' candidate groupings priced with the
+    whole model (H with the link bound and the KV hand-off's wait), the best by `_better`
+    (ties: the strategy's order, i.e. Alg. 2's cheapest grouping)."""
     tp_p, pp_p, tp_d, pp_d = p_all
     model, wl = problem.model, problem.workload
     k_in = max(1, round(wl.mean_in))
-    pre = build_phase(problem, strategy, problem.prefill_gpus, tp_p, pp_p,
-                      k_in * model.hidden * 2.0, routes)
-    dec = build_phase(problem, strategy, problem.decode_gpus, tp_d, pp_d,
-                      problem.nominal_decode_batch * model.hidden * 2.0, routes)
-    if pre is None or dec is None:
+    pres = build_phase(problem, strategy, problem.prefill_gpus, tp_p, pp_p,
+                       k_in * model.hidden * 2.0, routes)
+    decs = build_phase(problem, strategy, problem.decode_gpus, tp_d, pp_d,
+                       problem.nominal_decode_batch * model.hidden * 2.0, routes)
+    if not pres or not decs:
         return None
-    t_pre = max(cost_model_for(d).prefill_time([k_in]) for d in pre.deployments)
-    t_c_pre = cost_model_for(_compute_only(pre.deployments[0])).prefill_time([k_in])
     ctx = wl.mean_in + wl.mean_out / 2
-    steps = [_step_fn(cost_model_for(d), ctx) for d in dec.deployments]
-    steps_c = [_step_fn(cost_model_for(_compute_only(d)), ctx) for d in dec.deployments]
+    pre_costs = [(max(cost_model_for(d).prefill_time([k_in]) for d in pre.deployments),
+                  cost_model_for(_compute_only(pre.deployments[0])).prefill_time([k_in]))
+                 for pre in pres]
+    dec_steps = [([_step_fn(cost_model_for(d), ctx) for d in dec.deployments],
+                  [_step_fn(cost_model_for(_compute_only(d)), ctx) for d in dec.deployments])
+                 for dec in decs]
+    best: NetPlan | None = None
+    for pre, (t_pre, t_c_pre) in zip(pres, pre_costs, strict=True):
+        for dec, (steps, steps_c) in zip(decs, dec_steps, strict=True):
+            one = _price(problem, strategy, p_all, pre, dec, t_pre, t_c_pre, steps, steps_c,
+                         kv_routes)
+            if best is None or _better(one, best):
+                best = one
+    assert best is not None
+    best.groupings_priced = len(pres) * len(decs)
+    return best
+
+
+def _price(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int, int],
+           pre: PhasePlan, dec: PhasePlan, t_pre: float, t_c_pre: float,
+           steps: list[Callable[[float], float]], steps_c: list[Callable[[float], float]],
+           kv_routes: Routes) -> NetPlan:
+    tp_p, pp_p, tp_d, pp_d = p_all
+    model, wl = problem.model, problem.workload
     t_f = max(t_kv(problem.topology, model, pi, dj, wl.mean_in, routes=kv_routes,
                    hop_latency=problem.hop_latency)
               for pi in pre.instances[:4] for dj in dec.instances[:4])
@@ -478,60 +517,6 @@ def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
 
 
 # --- HeroServe's strategy ------------------------------------------------------------------
-def _group_cost(problem: NetProblem, nbytes: float, routes: Routes
-                ) -> Callable[[Sequence[NodeId]], float]:
-    memo: dict[tuple[NodeId, ...], float] = {}
-
-    def cost(group: Sequence[NodeId]) -> float:
-        k = tuple(sorted(group, key=str))
-        if k not in memo:
-            c = choose_scheme(problem.topology, group, nbytes,
-                              hop_latency=problem.hop_latency, routes=routes,
-                              net_s=problem.net_collective_s)
-            memo[k] = min(c.t_ina, c.t_ring)
-        return memo[k]
-    return cost
-
-
-def host_order_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int,
-                      n_groups: int) -> list[list[NodeId]]:
-    """DistServe's placement: GPUs in topology order (server mates together), chunks of tp."""
-    index = {g: k for k, g in enumerate(problem.topology.gpus())}
-    ordered = sorted(gpus, key=lambda g: index[g])
-    return [ordered[k * tp:(k + 1) * tp] for k in range(n_groups)]
-
-
-def heroserve_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_groups: int,
-                     nbytes: float, routes: Routes) -> tuple[list[list[NodeId]], int]:
-    """Alg. 2: constrained k-means on the rows of the latency matrix, then perturbation of
-    every distinct restart's grouping and of the host-order grouping; the cheapest result
-    (sum of group latencies, eq. 5) is kept."""
-    import numpy as np
-
-    from llmfabric.scheduler.netplan.grouping import constrained_kmeans, perturb
-
-    if tp == 1:
-        return [[g] for g in gpus[:n_groups]], 0
-    feats = np.array([[routes.route(a, b).time(nbytes, problem.hop_latency) for b in gpus]
-                      for a in gpus])
-    km = constrained_kmeans(feats, tp, n_groups, seed=problem.seed, restarts=problem.restarts)
-    starts = [[[gpus[p] for p in grp] for grp in start] for start in km.restarts]
-    starts.append(host_order_groups(problem, gpus, tp, n_groups))
-    cost = _group_cost(problem, nbytes, routes)
-    best: tuple[float, list[list[NodeId]], int] | None = None
-    index = {g: k for k, g in enumerate(gpus)}
-    for start in starts:
-        rng = np.random.default_rng(problem.seed)
-        res = perturb([[index[g] for g in grp] for grp in start],
-                      lambda grp: cost([gpus[p] for p in grp]), rng, problem.max_sweeps)
-        groups = [[gpus[p] for p in grp] for grp in res.groups]
-        total = sum(cost(g) for g in groups)
-        if best is None or total < best[0] - 1e-15:
-            best = (total, groups, res.sweeps)
-    assert best is not None
-    return best[1], best[2]
-
-
 def hybrid_model(ina: AllReduceModel, ring: AllReduceModel, n: int) -> AllReduceModel | None:
     """min(INA, ring) per message as one model: INA (the `custom` regime) below the bytes
     where the two affine costs cross, ring above; None when n is not a size the custom
