@@ -22,16 +22,18 @@ Sections (each row carries the paper's figure beside ours):
   another decodes, joined through the core (Fig. 4), so the KV hand-off crosses it (`pd_units`);
   core uplinks per access switch from the paper's 400/27 and 600/280 switch counts with
   32 x 100G switches (`core_uplink_gbps`: 216 Gbit/s on 2tracks, 11:1; 1493 on 8tracks,
-  1.07:1). Printed per plan: what binds at H (prefill load, KV-memory cap, TPOT), network
-  against compute (prefill; TPOT = compute step + step network + KV hand-off) and the KV load
-  on the core uplinks at H. Targets (H4): HeroServe >= every baseline; its gain on 2tracks
-  >= on 8tracks.
+  1.07:1). Printed per plan: what binds at H (`NetPlan.binding`: prefill load, TTFT,
+  KV-memory cap, TPOT, or link:<edge> when a link's capacity x 0.9 does), network against
+  compute (prefill; TPOT = compute step + step network + KV hand-off + its wait on the
+  bottleneck link), the busiest link's utilisation and the KV load on the core uplinks at
+  H. Targets (H4): HeroServe >= every baseline; its gain on 2tracks >= on 8tracks.
 - planner: run time and perturbation sweeps on the testbed (H6: <= 30 s on 2 cores, <= 5).
 - fig9: concurrent all-reduces of three TP4 groups (each over two servers and both tracks
   of the 4 x 4 testbed shape) on the flow simulator, each group's cheapest policy on an idle
   network kept fixed vs the online policy table (printed).
 - fig10: prefill-side KV residency (summarization, OPT-175B, 0.07 req/s): each request's KV
-  stays on the prefill GPUs for T_f; resident bytes = rate x KV bytes x T_f (printed).
+  stays on the prefill GPUs for T_f; resident bytes = rate x KV bytes x T_f (printed, with
+  T_f's M/G/1 wait behind other hand-offs at that rate beside it).
 """
 
 from __future__ import annotations
@@ -273,9 +275,11 @@ def at_h(p: NetPlan, core_bytes_s: float | None = None) -> dict[str, float]:
     decode batch (Little's law) against the KV-memory cap, and TPOT there. Network against
     compute: the prefill's network share (T_pre - T_c_pre) / T_pre; the TPOT at H split into
     the compute-only step, the step's network (all-reduces and PP sends) and the KV hand-off
-    T_f (eq. 4 counts it in TPOT). `core_bytes_s`: the prefill unit's core uplinks in all;
-    then the KV bytes H sends through them per second, as a share of it (the planner prices
-    each flow alone, so this load is not in H)."""
+    T_f (eq. 4 counts it in TPOT) with its wait behind other hand-offs on the bottleneck link
+    (M/G/1, `NetPlan.T_f_wait_h`). `core_bytes_s`: the prefill unit's core uplinks in all;
+    then the KV bytes H sends through them per second, as a share of it (H keeps every
+    link's whole load, KV + all-reduce + PP, within `NetProblem.link_util` of its capacity:
+    `NetPlan.link_util_h` on `link_edge_h`)."""
     assert p.problem is not None
     pre, dec = p.deployments()
     wl = p.problem.workload
@@ -294,12 +298,13 @@ def at_h(p: NetPlan, core_bytes_s: float | None = None) -> dict[str, float]:
     b = 1.0
     for _ in range(200):  # b = lambda_d K_out step(b), just below H
         b = min(cap, max(1.0, 0.999 * ld * wl.mean_out * step(b)))
-    tpot = step(b) + p.T_f
+    tpot = step(b) + p.T_f + p.T_f_wait_h
     out = {"rho_pre": rho, "ttft_s": lp * p.T_pre ** 2 / (2 * (1 - rho)) + p.T_pre,
            "batch": b, "batch_cap": cap, "tpot_at_h_s": tpot,
            "net_share_pre": (p.T_pre - p.T_c_pre) / p.T_pre,
            "step_compute_s": step(b, free), "step_net_s": step(b) - step(b, free),
-           "t_f_s": p.T_f, "net_share_tpot": (tpot - step(b, free)) / tpot}
+           "t_f_s": p.T_f, "t_f_wait_s": p.T_f_wait_h,
+           "net_share_tpot": (tpot - step(b, free)) / tpot, "link_util": p.link_util_h}
     if core_bytes_s is not None:
         out["kv_core_load"] = p.H * kv_transfer_bytes(p.problem.model, wl.mean_in) / core_bytes_s
     return out
@@ -316,7 +321,7 @@ def comparison_rows(section: str, case: str, ps: dict[str, NetPlan],
                "ours": f"H {p.H:.3g} req/s, {p.per_gpu_rate:.3g}/GPU, P_all {p.p_all}, "
                        f"TPOT {p.T_dec * 1e3:.1f} ms; HeroServe x{gain:.2f}",
                "paper": paper.get(name, ""), "H": p.H, "per_gpu": p.per_gpu_rate,
-               "gain": gain}
+               "gain": gain, "binding": p.binding, "link_edge": p.link_edge_h}
         if binding and p.H > 0:
             b = at_h(p, core_bytes_s)
             row["at_H"] = b
@@ -325,8 +330,10 @@ def comparison_rows(section: str, case: str, ps: dict[str, NetPlan],
                             f"{b['batch_cap']:.0f} (KV cap), TPOT {b['tpot_at_h_s'] * 1e3:.0f} ms"
                             f" = compute {b['step_compute_s'] * 1e3:.0f} + step network "
                             f"{b['step_net_s'] * 1e3:.1f} + KV {b['t_f_s'] * 1e3:.0f} "
+                            f"+ KV wait {b['t_f_wait_s'] * 1e3:.0f} "
                             f"(network {b['net_share_tpot']:.0%}); prefill network "
-                            f"{b['net_share_pre']:.0%}")
+                            f"{b['net_share_pre']:.0%}; binds: {p.binding}; busiest link "
+                            f"{p.link_edge_h} {b['link_util']:.0%}")
             if "kv_core_load" in b:
                 row["ours"] += f"; KV load on the core uplinks {b['kv_core_load']:.0%}"
         rows.append(row)
@@ -357,6 +364,7 @@ def main() -> None:
         ps = plans(problem)
         planner.append({"kind": kind, "planner_s": ps["heroserve"].planner_s,
                         "sweeps": ps["heroserve"].sweeps,
+                        "groupings": ps["heroserve"].groupings_priced,
                         "candidates": ps["heroserve"].candidates_tried})
         rows += comparison_rows("testbed", kind, ps, paper7[kind])
         # the paper's metric: max per-GPU rate at >= 90 % SLA attainment (discrete events)
@@ -370,7 +378,8 @@ def main() -> None:
     for p in planner:
         rows.append({"section": "planner", "case": f"testbed {p['kind']}",
                      "ours": f"{p['planner_s']:.2f} s, {p['sweeps']} sweeps, "
-                             f"{p['candidates']} candidates",
+                             f"{p['candidates']} candidates, {p['groupings']} grouping "
+                             "pairs priced for the chosen one",
                      "paper": "< 10 min; converges within 5 iterations"})
     payload["planner"] = planner
     paper8 = {"2tracks": "x1.12-1.94 vs baselines", "8tracks": "x1.09-1.83 vs baselines"}
@@ -417,9 +426,10 @@ def main() -> None:
         fig10 = {}
         for name, p in plans(problem).items():
             resident = problem.workload.rate * kv * p.T_f
-            fig10[name] = {"T_f_s": p.T_f, "resident_bytes": resident}
+            fig10[name] = {"T_f_s": p.T_f, "T_f_wait_s": p.T_f_wait, "resident_bytes": resident}
             rows.append({"section": "fig10", "case": f"{gpu} summarization 0.07 req/s {name}",
-                         "ours": f"P_all {p.p_all}, T_f {p.T_f * 1e3:.1f} ms, "
+                         "ours": f"P_all {p.p_all}, T_f {p.T_f * 1e3:.1f} ms (+ wait "
+                                 f"{p.T_f_wait * 1e3:.2f} ms behind other hand-offs), "
                                  f"{resident / 1e6:.1f} MB resident",
                          "paper": "HeroServe lowest"})
         payload["fig10" if gpu == FIG8_GPU else f"fig10_{gpu}"] = fig10

@@ -54,17 +54,17 @@ def _print_plans(plans: list[Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    t = Table(title="network plans (H = largest rate meeting both SLAs)")
+    t = Table(title="network plans (H = largest rate meeting both SLAs and the links)")
     for col in ("system", "P_all (tp,pp | tp,pp)", "GPUs", "T_pre s", "T_dec s", "T_f s",
-                "H req/s", "per GPU", "schemes"):
+                "H req/s", "binds", "per GPU", "schemes"):
         t.add_column(col)
     for p in plans:
         schemes = sorted({f"{s}@{p.ina_switch[k]}" if s == "ina" else s
                           for k, s in p.schemes.items()})
         a, b, c, d = p.p_all
         t.add_row(p.system, f"{a},{b} | {c},{d}", str(p.n_gpus), f"{p.T_pre:.4f}",
-                  f"{p.T_dec:.4f}", f"{p.T_f:.4f}", f"{p.H:.3f}", f"{p.per_gpu_rate:.4f}",
-                  ", ".join(schemes))
+                  f"{p.T_dec:.4f}", f"{p.T_f:.4f}", f"{p.H:.3f}", p.binding,
+                  f"{p.per_gpu_rate:.4f}", ", ".join(schemes))
     console.print(t)
     best = plans[0]
     for i, inst in enumerate(best.prefill_groups):

@@ -12,8 +12,13 @@ Files -> concepts
 - grouping.py  equal-size constrained k-means on min-cost flow (seeded restarts) and the
                pairwise-swap perturbation of Alg. 2.
 - problem.py   NetProblem / NetWorkload: topology, model, GPU sets, workload and SLAs.
+- linkload.py  the steady-state bytes a plan pushes over each directed link per request
+               (all-reduces, PP activations, KV hand-off), the rate the links carry
+               (`link_rate`, under `NetProblem.link_util`) and the KV hand-off's M/G/1
+               wait on its bottleneck link (`KvQueue`).
 - planner.py   Alg. 1: candidate (TP, PP) enumeration, grouping, switches, schemes,
-               KV paths, SLA check and scalability H by bisection -> NetPlan
+               KV paths, SLA check and scalability H by bisection, capped by the
+               links (`binding` says what caps it) -> NetPlan
                (`to_deployments()` feeds the discrete-event simulator).
 - baselines.py DistServe (NCCL ring), DS-SwitchML (INA at the core), DS-ATP (best-effort
                INA at the access switch) on the same topology.

@@ -12,7 +12,7 @@ over NVLink with NCCL as in DistServe (no INA system sends intra-server traffic 
   (Ethernet only). A group that finds no free slot there sends its chunks to a parameter
   server instead: two more traversals of the switch's slowest uplink each way (ATP's
   fallback); the share of chunks on that path is recorded per group (0 or 1 here: the slot
-  pool is allocated per group, not per burst).
+  pool is allocated per group, not per burst), and its link load counts those traversals.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from llmfabric.scheduler.netplan.commcost import (
     t_ring,
     with_base,
 )
-from llmfabric.scheduler.netplan.paths import Routes
+from llmfabric.scheduler.netplan.grouping import host_order_groups
+from llmfabric.scheduler.netplan.linkload import ina_load, ring_load
+from llmfabric.scheduler.netplan.paths import PathRoute, Routes
 from llmfabric.scheduler.netplan.planner import (
     GroupComm,
     NetPlan,
     Strategy,
-    host_order_groups,
     plan_with,
 )
 from llmfabric.scheduler.netplan.problem import NetProblem
@@ -66,8 +67,8 @@ def access_switches(topology: Topology) -> list[NodeId]:
 
 
 def _host_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_groups: int,
-                 nbytes: float, routes: Routes) -> tuple[list[list[NodeId]], int]:
-    return host_order_groups(problem, gpus, tp, n_groups), 0
+                 nbytes: float, routes: Routes) -> tuple[list[list[list[NodeId]]], int]:
+    return [host_order_groups(problem, gpus, tp, n_groups)], 0
 
 
 def _ring(problem: NetProblem, group: Sequence[NodeId], nbytes: float, routes: Routes
@@ -77,7 +78,8 @@ def _ring(problem: NetProblem, group: Sequence[NodeId], nbytes: float, routes: R
     model = group_allreduce(problem.topology, group, "ring", None,
                             hop_latency=problem.hop_latency, routes=routes,
                             net_s=problem.net_collective_s)
-    return GroupComm("ring", None, model, float("inf"), ring)
+    return GroupComm("ring", None, model, float("inf"), ring,
+                     ring_load(problem.topology, group, routes))
 
 
 def distserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
@@ -104,7 +106,7 @@ def switchml_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
                             routes=eth, net_s=problem.net_collective_s)
     ina = t_ina(topo, group, switch, nbytes, hop_latency=problem.hop_latency, routes=eth,
                 net_s=problem.net_collective_s)
-    return GroupComm("ina", switch, model, ina, float("nan"))
+    return GroupComm("ina", switch, model, ina, float("nan"), ina_load(group, switch, eth))
 
 
 def atp_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
@@ -121,9 +123,14 @@ def atp_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
         return _ring(problem, group, nbytes, routes)
     up, down = ina_paths(topo, group, switch, hop_latency=problem.hop_latency, routes=eth)
     fallback = 0.0 if free.get(switch, 0) >= 1 else 1.0
+    load = ina_load(group, switch, eth)
     if fallback:
         uplink = min((e for e in topo.neighbours(switch) if e.other(switch) not in
                       set(topo.gpus())), key=lambda e: e.capacity, default=None)
+        if uplink is not None:  # each member's bytes cross it twice more each way
+            far = uplink.other(switch)
+            for d in (PathRoute((switch, far), (uplink,)), PathRoute((far, switch), (uplink,))):
+                load.add_route(d, 2.0 * len(group))
         extra_inv = 2.0 / uplink.capacity if uplink is not None else 0.0
         extra_lat = 2.0 * (uplink.latency_s if problem.hop_latency is None
                            else problem.hop_latency) if uplink is not None else 0.0
@@ -132,7 +139,7 @@ def atp_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
                 for p in down]
     model = with_base(ina_model(up, down, T_AGG_S), problem.net_collective_s)
     ina = model.time(nbytes, len(group))
-    return GroupComm("ina", switch if not fallback else None, model, ina, float("nan"),
+    return GroupComm("ina", switch if not fallback else None, model, ina, float("nan"), load,
                      fallback)
 
 

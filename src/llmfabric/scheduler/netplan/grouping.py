@@ -15,6 +15,11 @@ Moves exchange one or two members between two groups (single exchanges alone lea
 (COMPANIONS §3.4: 5),
 distinct, in a seeded order (all of them when there are fewer); it stops after a sweep
 without an improving swap or after `max_sweeps`.
+
+`heroserve_groups` (Alg. 2 for the planner): k-means on the rows of the latency matrix,
+each distinct restart and the host-order grouping (`host_order_groups`, DistServe's) perturbed
+under `group_cost` (a group's all-reduce time, the cheaper of INA and ring); every distinct
+result is a candidate grouping, cheapest first, for the planner to price end to end.
 """
 
 from __future__ import annotations
@@ -27,7 +32,11 @@ import numpy as np
 import numpy.typing as npt
 from ortools.graph.python import min_cost_flow
 
+from llmfabric.scheduler.netplan.commcost import choose_scheme
+from llmfabric.scheduler.netplan.paths import Routes
+from llmfabric.scheduler.netplan.problem import NetProblem
 from llmfabric.sim.errors import SpecError
+from llmfabric.sim.topology import NodeId
 
 FloatArray = npt.NDArray[np.float64]
 _SCALE = 1e6  # integer costs for the flow: squared distances relative to the largest
@@ -153,3 +162,63 @@ def perturb(groups: Sequence[Sequence[int]], cost: Callable[[Sequence[int]], flo
         if not improved:
             break
     return Perturbed([sorted(g) for g in gs], sweeps, swaps)
+
+
+# --- HeroServe's grouping (Alg. 2) -----------------------------------------------------
+def group_cost(problem: NetProblem, nbytes: float, routes: Routes
+               ) -> Callable[[Sequence[NodeId]], float]:
+    """A TP group's all-reduce time at `nbytes`, the cheaper of INA and ring (eq. 5's
+    term; memoised per member set)."""
+    memo: dict[tuple[NodeId, ...], float] = {}
+
+    def cost(group: Sequence[NodeId]) -> float:
+        k = tuple(sorted(group, key=str))
+        if k not in memo:
+            c = choose_scheme(problem.topology, group, nbytes,
+                              hop_latency=problem.hop_latency, routes=routes,
+                              net_s=problem.net_collective_s)
+            memo[k] = min(c.t_ina, c.t_ring)
+        return memo[k]
+    return cost
+
+
+def host_order_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int,
+                      n_groups: int) -> list[list[NodeId]]:
+    """DistServe's placement: GPUs in topology order (server mates together), chunks of tp."""
+    index = {g: k for k, g in enumerate(problem.topology.gpus())}
+    ordered = sorted(gpus, key=lambda g: index[g])
+    return [ordered[k * tp:(k + 1) * tp] for k in range(n_groups)]
+
+
+def heroserve_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_groups: int,
+                     nbytes: float, routes: Routes) -> tuple[list[list[list[NodeId]]], int]:
+    """Alg. 2: constrained k-means on the rows of the latency matrix, then perturbation of
+    every distinct restart's grouping and of the host-order grouping. Every distinct result
+    is a candidate, cheapest first (sum of group latencies, eq. 5; ties in start order):
+    `planner.evaluate` prices each with the whole model and keeps the one with the largest
+    H, so a grouping that eq. 5 cannot tell apart but that loads a shared link worse (e.g.
+    all of an instance's KV through one uplink) is not kept."""
+    if tp == 1:
+        return [[[g] for g in gpus[:n_groups]]], 0
+    feats = np.array([[routes.route(a, b).time(nbytes, problem.hop_latency) for b in gpus]
+                      for a in gpus])
+    km = constrained_kmeans(feats, tp, n_groups, seed=problem.seed, restarts=problem.restarts)
+    starts = [[[gpus[p] for p in grp] for grp in start] for start in km.restarts]
+    starts.append(host_order_groups(problem, gpus, tp, n_groups))
+    cost = group_cost(problem, nbytes, routes)
+    found: dict[str, tuple[float, int, list[list[NodeId]]]] = {}
+    sweeps = 0
+    index = {g: k for k, g in enumerate(gpus)}
+    for n, start in enumerate(starts):
+        rng = np.random.default_rng(problem.seed)
+        res = perturb([[index[g] for g in grp] for grp in start],
+                      lambda grp: cost([gpus[p] for p in grp]), rng, problem.max_sweeps)
+        sweeps = max(sweeps, res.sweeps)
+        groups = [[gpus[p] for p in grp] for grp in res.groups]
+        total = sum(cost(g) for g in groups)
+        found.setdefault(repr(sorted(res.groups)), (total, n, groups))
+    left, ranked = sorted(found.values(), key=lambda t: t[1]), []
+    while left:  # cheapest first; within 1e-15 s the earlier start (as a strict '<' keeps)
+        low = min(t[0] for t in left)
+        ranked.append(left.pop(next(i for i, t in enumerate(left) if t[0] <= low + 1e-15)))
+    return [groups for _, _, groups in ranked], sweeps

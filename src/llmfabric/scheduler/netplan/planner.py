@@ -2,19 +2,26 @@
 
 For each candidate P_all = (P^p_tens, P^p_pipe, P^d_tens, P^d_pipe) (`candidates`, at most
 `max_candi`): keep the phase's GPUs with memory >= R / (P_tens P_pipe R_frac), form as many
-instances as they hold, group them into TP groups of P_tens (`Strategy.group`: constrained
-k-means on the latency matrix + perturbation for HeroServe), give every group its all-reduce
+instances as they hold, group them into TP groups of P_tens (`Strategy.group`: for
+HeroServe every distinct result of constrained k-means on the latency matrix + perturbation,
+`grouping.heroserve_groups`; the baselines have one), give every group its all-reduce
 (`Strategy.comm`: INA at a switch with free aggregator slots, or ring), chain each instance's
-groups into pipeline stages (layers split by memory bandwidth x TP), and price it:
+groups into pipeline stages (layers split by memory bandwidth x TP), and price every pair of
+the phases' candidate groupings (`evaluate`; the P_all keeps the best pair by `_better`, so
+among groupings eq. 5 ranks alike the one whose KV or all-reduce loads a shared link less):
 
 - T_pre = the simulator's prefill time of one K_in prompt on the planned deployment (TP
   all-reduces by the group's model, PP boundaries by their routes); T_c^pre the same with free
   communication, T_n^pre the difference. T_dec = decode step at the load's batch + T_f
-  (eq. 4 as printed), T_f = `commcost.t_kv` (eqs. 14-15).
+  (eq. 4 as printed) + T_f's wait at min(rate, H) (`NetPlan.T_f_wait`), T_f =
+  `commcost.t_kv` (eqs. 14-15, the hand-off alone).
 - H (eq. 1, as a rate): the largest total arrival rate lambda, spread evenly over instances,
   with rho < 1, M/D/1 T_queue + T_pre <= SLA_pre per prefill instance, and a decode batch
-  b = lambda_d K_out step(b) (Little) that fits the KV memory with step(b) + T_f <= SLA_dec;
-  bisection.
+  b = lambda_d K_out step(b) (Little) that fits the KV memory with step(b) + T_f + W_kv(lambda)
+  <= SLA_dec (W_kv: the hand-off's wait behind other requests' on its bottleneck link,
+  linkload.KvQueue); bisection. Then the links: H <= min over directed edges of
+  link_util x C_e / w_e, w_e the bytes one request puts on e (linkload.py). `NetPlan.binding`
+  names the bound that caps H: prefill | ttft | kv-cap | tpot | link:<a>-><b>.
 
 The best candidate by H (ties: fewer GPUs, then lower T_pre + T_dec, then order) is the
 plan. Everything is seeded: the same problem gives the same plan.
@@ -35,6 +42,21 @@ from llmfabric.scheduler.netplan.commcost import (
     group_allreduce,
     t_kv,
 )
+from llmfabric.scheduler.netplan.grouping import heroserve_groups
+from llmfabric.scheduler.netplan.linkload import (
+    KvQueue,
+    LinkBound,
+    LinkLoad,
+    ina_load,
+    kv_load,
+    link_rate,
+    mean_load,
+    pp_load,
+    pp_sender,
+    ring_load,
+    total,
+    utilisation,
+)
 from llmfabric.scheduler.netplan.paths import Routes
 from llmfabric.scheduler.netplan.problem import NetProblem
 from llmfabric.sim.collectives import AllReduceModel, AllReduceRegime
@@ -42,6 +64,7 @@ from llmfabric.sim.costs import StepCostModel, cost_model_for
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.memory import memory_plan, weight_bytes
+from llmfabric.sim.operators import tp_allreduce_bytes_per_token
 from llmfabric.sim.parallel import Deployment, Link, Stage, balanced_layer_split
 from llmfabric.sim.topology import NodeId
 
@@ -60,11 +83,14 @@ class GroupComm:
     model: AllReduceModel
     t_ina: float
     t_ring: float
+    load: LinkLoad  # bytes on each directed edge per byte all-reduced by each member
     fallback: float = 0.0  # DS-ATP: share of chunks on the parameter-server path
 
 
+# (problem, GPUs, P_tens, #groups, message bytes, routes) -> (candidate groupings, best
+# first by the strategy's own measure; the most perturbation sweeps one of them took)
 GroupFn = Callable[[NetProblem, Sequence[NodeId], int, int, float, Routes],
-                   tuple[list[list[NodeId]], int]]
+                   tuple[list[list[list[NodeId]]], int]]
 CommFn = Callable[[NetProblem, Sequence[NodeId], float, dict[NodeId, int], Routes], GroupComm]
 # (problem, groups in topology order, P_pp, activation bytes, routes) -> groups reordered so
 # that each run of P_pp groups is one instance (None: topology order).
@@ -127,6 +153,7 @@ class PhasePlan:
     comms: dict[str, GroupComm]
     deployments: list[Deployment]
     sweeps: int  # most perturbation sweeps one grouping took (over phases, candidates)
+    token_loads: list[LinkLoad]  # per instance: bytes per edge per token it processes
 
 
 def _gpu_spec(problem: NetProblem, group: Sequence[NodeId]) -> GPUSpec:
@@ -135,30 +162,34 @@ def _gpu_spec(problem: NetProblem, group: Sequence[NodeId]) -> GPUSpec:
 
 
 def _boundary_link(problem: NetProblem, routes: Routes, src: Sequence[NodeId],
-                   dst: Sequence[NodeId], nbytes: float) -> Link:
-    """Eq. 6's route (best sender, slowest receiver) folded into a Link."""
-    best: tuple[float, Link] | None = None
-    for a in src:
-        worst = max((routes.route(a, k) for k in dst),
-                    key=lambda r: r.time(nbytes, problem.hop_latency))
-        t = worst.time(nbytes, problem.hop_latency)
-        if best is None or t < best[0]:
-            inv = worst.inverse_bw_sum
-            best = (t, Link(1.0 / inv if inv > 0 else 1e30, worst.latency(problem.hop_latency)))
-    assert best is not None
-    return best[1]
+                   dst: Sequence[NodeId], nbytes: float) -> tuple[Link, LinkLoad]:
+    """Eq. 6's route (best sender, slowest receiver) folded into a Link, and the bytes per
+    edge per activation byte (the sender sends to every receiver)."""
+    sender, worst = pp_sender(routes, src, dst, nbytes, problem.hop_latency)
+    inv = worst.inverse_bw_sum
+    link = Link(1.0 / inv if inv > 0 else 1e30, worst.latency(problem.hop_latency))
+    return link, pp_load(routes, sender, dst)
 
 
 def build_phase(problem: NetProblem, strategy: Strategy, gpus: Sequence[NodeId], tp: int,
-                pp: int, nbytes: float, routes: Routes) -> PhasePlan | None:
-    """Group, synchronise and chain one phase's instances; None when too few GPUs fit."""
+                pp: int, nbytes: float, routes: Routes) -> list[PhasePlan] | None:
+    """Group, synchronise and chain one phase's instances, once per candidate grouping the
+    strategy offers (its order kept); None when too few GPUs fit."""
     model = problem.model
     need = weight_bytes(model) / (tp * pp * problem.r_frac)
     fit = [g for g in gpus if get_gpu(problem.topology.gpu(g).gpu_type).mem_bytes >= need]
     n_inst = len(fit) // (tp * pp)
     if n_inst < 1:
         return None
-    groups, sweeps = strategy.group(problem, fit, tp, n_inst * pp, nbytes, routes)
+    groupings, sweeps = strategy.group(problem, fit, tp, n_inst * pp, nbytes, routes)
+    return [_build_instances(problem, strategy, list(groups), tp, pp, n_inst, nbytes, routes,
+                             sweeps) for groups in groupings]
+
+
+def _build_instances(problem: NetProblem, strategy: Strategy, groups: list[list[NodeId]],
+                     tp: int, pp: int, n_inst: int, nbytes: float, routes: Routes,
+                     sweeps: int) -> PhasePlan:
+    model = problem.model
     index = {g: k for k, g in enumerate(problem.topology.gpus())}
     groups.sort(key=lambda grp: min(index[g] for g in grp))
     if strategy.chain is not None:
@@ -168,28 +199,36 @@ def build_phase(problem: NetProblem, strategy: Strategy, gpus: Sequence[NodeId],
     comms: dict[str, GroupComm] = {}
     instances: list[list[StageGPUs]] = []
     deps: list[Deployment] = []
+    token_loads: list[LinkLoad] = []
+    ar_bytes = tp_allreduce_bytes_per_token(model) / 2  # one all-reduce, per token
+    act_bytes = model.hidden * model.act_bits / 8  # one activation, per token
     for i in range(n_inst):
         chain = groups[i * pp:(i + 1) * pp]
         specs = [_gpu_spec(problem, grp) for grp in chain]
         layers = balanced_layer_split(model.n_layers, [s.mem_bw * tp for s in specs])
         stages, ars, placed = [], [], []
+        tokens = LinkLoad()
         start = 0
         for grp, spec, n in zip(chain, specs, layers, strict=True):
             comm = strategy.comm(problem, grp, nbytes, free, routes)
             if comm.switch is not None:  # the group holds an aggregator slot there
                 free[comm.switch] -= 1
             comms[key(grp)] = comm
+            tokens.add(comm.load, 2 * n * ar_bytes)  # two all-reduces a layer (sim.costs)
             ars.append(comm.model)
             stages.append(Stage(spec, tp, n))
             placed.append(StageGPUs(tuple(grp), (start, start + n)))
             start += n
         instances.append(placed)
         act = nbytes  # one activation message: the all-reduce message's size
-        links = tuple(_boundary_link(problem, routes, chain[k], chain[k + 1], act)
-                      for k in range(pp - 1))
-        deps.append(Deployment(model, tuple(stages), pp_links=links,
+        bounds = [_boundary_link(problem, routes, chain[k], chain[k + 1], act)
+                  for k in range(pp - 1)]
+        for _, load in bounds:
+            tokens.add(load, act_bytes)
+        token_loads.append(tokens)
+        deps.append(Deployment(model, tuple(stages), pp_links=tuple(lk for lk, _ in bounds),
                                stage_allreduces=tuple(ars)))
-    return PhasePlan(instances, comms, deps, sweeps)
+    return PhasePlan(instances, comms, deps, sweeps, token_loads)
 
 
 # --- pricing -------------------------------------------------------------------------------
@@ -206,6 +245,8 @@ class Pricing:
     step: Callable[[float], float]
     step_c: Callable[[float], float]
     max_batch: float
+    link: LinkBound  # the rate the links carry (linkload.py)
+    kv_wait: Callable[[float], float]  # the KV hand-off's queueing at total rate lam
 
 
 def _decode_batch(rate: float, k_out: float, step: Callable[[float], float],
@@ -222,27 +263,40 @@ def _decode_batch(rate: float, k_out: float, step: Callable[[float], float],
     return b
 
 
-def scalability(pr: Pricing, problem: NetProblem, n_pre: int, n_dec: int) -> float:
-    """H: the largest total rate meeting both SLAs (bisection; 0 when none does)."""
+def _fails(pr: Pricing, problem: NetProblem, n_pre: int, n_dec: int, lam: float) -> str:
+    """The first bound total rate `lam` breaks ("" when it meets them all): "prefill"
+    (rho >= 1), "ttft", "kv-cap" (the decode batch outgrows the KV memory) or "tpot" (step
+    + T_f + the KV hand-off's wait on a shared link)."""
     wl = problem.workload
+    lp, ld = lam / n_pre, lam / n_dec
+    rho = lp * pr.t_pre
+    if rho >= 1:
+        return "prefill"
+    if lp * pr.t_pre ** 2 / (2 * (1 - rho)) + pr.t_pre > problem.sla_pre:
+        return "ttft"
+    b = _decode_batch(ld, wl.mean_out, pr.step, pr.max_batch)
+    if b is None:
+        return "kv-cap"
+    if pr.step(b) + pr.t_f + pr.kv_wait(lam) > problem.sla_dec:
+        return "tpot"
+    return ""
 
-    def ok(lam: float) -> bool:
-        lp, ld = lam / n_pre, lam / n_dec
-        rho = lp * pr.t_pre
-        if rho >= 1:
-            return False
-        if lp * pr.t_pre ** 2 / (2 * (1 - rho)) + pr.t_pre > problem.sla_pre:
-            return False
-        b = _decode_batch(ld, wl.mean_out, pr.step, pr.max_batch)
-        return b is not None and pr.step(b) + pr.t_f <= problem.sla_dec
 
-    if not ok(1e-9):
-        return 0.0
+def scalability(pr: Pricing, problem: NetProblem, n_pre: int, n_dec: int
+                ) -> tuple[float, str]:
+    """(H, what binds): the largest total rate meeting both SLAs (bisection) and carried by
+    every link (`pr.link`, "link:<a>-><b>" when it binds); (0, the bound a trickle breaks)
+    when none does."""
+    first = _fails(pr, problem, n_pre, n_dec, 1e-9)
+    if first:
+        return 0.0, first
     lo, hi = 1e-9, n_pre / pr.t_pre
     for _ in range(50):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
+        lo, hi = (lo, mid) if _fails(pr, problem, n_pre, n_dec, mid) else (mid, hi)
+    if pr.link.rate < lo:
+        return pr.link.rate, pr.link.name
+    return lo, _fails(pr, problem, n_pre, n_dec, hi) or "prefill"
 
 
 def _step_fn(cm: StepCostModel, ctx: float) -> Callable[[float], float]:
@@ -275,6 +329,12 @@ class NetPlan:
     candidates_tried: int
     sweeps: int  # most perturbation sweeps one grouping took (over phases, candidates)
     planner_s: float
+    groupings_priced: int = 1  # (prefill, decode) grouping pairs priced for this P_all
+    binding: str = ""  # what caps H: prefill | ttft | kv-cap | tpot | link:<a>-><b>
+    T_f_wait: float = 0.0  # the KV hand-off's queueing on a shared link at min(rate, H)
+    T_f_wait_h: float = 0.0  # ... and at H
+    link_util_h: float = 0.0  # the most loaded link's utilisation at H ...
+    link_edge_h: str = ""  # ... and that link, "<a>-><b>"
     problem: NetProblem | None = field(default=None, repr=False)
     _pre: PhasePlan | None = field(default=None, repr=False)
     _dec: PhasePlan | None = field(default=None, repr=False)
@@ -286,7 +346,7 @@ class NetPlan:
 
     @property
     def T_n_dec(self) -> float:
-        return self.T_dec - self.T_c_dec - self.T_f
+        return self.T_dec - self.T_c_dec - self.T_f - self.T_f_wait
 
     def deployments(self) -> tuple[list[Deployment], list[Deployment]]:
         if self._pre is None or self._dec is None:
@@ -331,30 +391,61 @@ def stage_pair_link(problem: NetProblem, ps: StageGPUs, ds: StageGPUs, routes: R
 
 def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int, int],
              routes: Routes, kv_routes: Routes) -> NetPlan | None:
+    """The plan for one P_all: every pair of the phases' candidate groupings priced with the
+    whole model (H with the link bound and the KV hand-off's wait), the best by `_better`
+    (ties: the strategy's order, i.e. Alg. 2's cheapest grouping)."""
     tp_p, pp_p, tp_d, pp_d = p_all
     model, wl = problem.model, problem.workload
     k_in = max(1, round(wl.mean_in))
-    pre = build_phase(problem, strategy, problem.prefill_gpus, tp_p, pp_p,
-                      k_in * model.hidden * 2.0, routes)
-    dec = build_phase(problem, strategy, problem.decode_gpus, tp_d, pp_d,
-                      problem.nominal_decode_batch * model.hidden * 2.0, routes)
-    if pre is None or dec is None:
+    pres = build_phase(problem, strategy, problem.prefill_gpus, tp_p, pp_p,
+                       k_in * model.hidden * 2.0, routes)
+    decs = build_phase(problem, strategy, problem.decode_gpus, tp_d, pp_d,
+                       problem.nominal_decode_batch * model.hidden * 2.0, routes)
+    if not pres or not decs:
         return None
-    t_pre = max(cost_model_for(d).prefill_time([k_in]) for d in pre.deployments)
-    t_c_pre = cost_model_for(_compute_only(pre.deployments[0])).prefill_time([k_in])
     ctx = wl.mean_in + wl.mean_out / 2
-    steps = [_step_fn(cost_model_for(d), ctx) for d in dec.deployments]
-    steps_c = [_step_fn(cost_model_for(_compute_only(d)), ctx) for d in dec.deployments]
+    pre_costs = [(max(cost_model_for(d).prefill_time([k_in]) for d in pre.deployments),
+                  cost_model_for(_compute_only(pre.deployments[0])).prefill_time([k_in]))
+                 for pre in pres]
+    dec_steps = [([_step_fn(cost_model_for(d), ctx) for d in dec.deployments],
+                  [_step_fn(cost_model_for(_compute_only(d)), ctx) for d in dec.deployments])
+                 for dec in decs]
+    best: NetPlan | None = None
+    for pre, (t_pre, t_c_pre) in zip(pres, pre_costs, strict=True):
+        for dec, (steps, steps_c) in zip(decs, dec_steps, strict=True):
+            one = _price(problem, strategy, p_all, pre, dec, t_pre, t_c_pre, steps, steps_c,
+                         kv_routes)
+            if best is None or _better(one, best):
+                best = one
+    assert best is not None
+    best.groupings_priced = len(pres) * len(decs)
+    return best
+
+
+def _price(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int, int],
+           pre: PhasePlan, dec: PhasePlan, t_pre: float, t_c_pre: float,
+           steps: list[Callable[[float], float]], steps_c: list[Callable[[float], float]],
+           kv_routes: Routes) -> NetPlan:
+    tp_p, pp_p, tp_d, pp_d = p_all
+    model, wl = problem.model, problem.workload
     t_f = max(t_kv(problem.topology, model, pi, dj, wl.mean_in, routes=kv_routes,
                    hop_latency=problem.hop_latency)
               for pi in pre.instances[:4] for dj in dec.instances[:4])
     cap = min(memory_plan(d).kv_capacity_tokens for d in dec.deployments)
+    kv = kv_load(model, pre.instances, dec.instances, wl.mean_in, kv_routes)
+    per_request = total([(mean_load(pre.token_loads), wl.mean_in),
+                         (mean_load(dec.token_loads), wl.mean_out), (kv.mean, 1.0)])
+    queue = KvQueue(per_request, kv)
     pr = Pricing(t_pre, t_c_pre, t_f, lambda b: max(s(b) for s in steps),
-                 lambda b: max(s(b) for s in steps_c), cap / (wl.mean_in + wl.mean_out))
+                 lambda b: max(s(b) for s in steps_c), cap / (wl.mean_in + wl.mean_out),
+                 link_rate(per_request, problem.link_util), queue.wait)
     n_pre, n_dec = len(pre.instances), len(dec.instances)
-    h = scalability(pr, problem, n_pre, n_dec)
-    b = _decode_batch(min(wl.rate, h) / n_dec if h > 0 else 0.0, wl.mean_out, pr.step,
+    h, binding = scalability(pr, problem, n_pre, n_dec)
+    served = min(wl.rate, h)
+    b = _decode_batch(served / n_dec if h > 0 else 0.0, wl.mean_out, pr.step,
                       pr.max_batch) or 1.0
+    wait = queue.wait(served) if h > 0 else 0.0
+    util_h, edge_h = utilisation(per_request, h)
     n_gpus = n_pre * tp_p * pp_p + n_dec * tp_d * pp_d
     comms = {**pre.comms, **dec.comms}
     paths = {}
@@ -369,8 +460,11 @@ def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int
         [[s.layers for s in inst] for inst in dec.instances],
         {k: c.scheme for k, c in comms.items()},
         {k: c.switch for k, c in comms.items()}, paths,
-        t_pre, t_c_pre, pr.step(b) + t_f, pr.step_c(b), t_f, h, h / n_gpus, n_gpus, 0,
-        max(pre.sweeps, dec.sweeps), 0.0, problem, pre, dec, kv_routes)
+        t_pre, t_c_pre, pr.step(b) + t_f + wait, pr.step_c(b), t_f, h, h / n_gpus, n_gpus,
+        0, max(pre.sweeps, dec.sweeps), 0.0, binding=binding, T_f_wait=wait,
+        T_f_wait_h=queue.wait(h) if h > 0 else 0.0,
+        link_util_h=util_h, link_edge_h="" if edge_h is None else f"{edge_h[0]}->{edge_h[1]}",
+        problem=problem, _pre=pre, _dec=dec, _kv_routes=kv_routes)
     return plan
 
 
@@ -382,13 +476,17 @@ def _first_kv_sends(problem: NetProblem, pre: PhasePlan, dec: PhasePlan
     return {k: [z for z, _ in v] for k, v in sends.items()}
 
 
+H_TIE = 1e-3  # H within 0.1 % ties: below what the analytic model resolves
+
+
 def _better(a: NetPlan, b: NetPlan) -> bool:
-    """Larger H; at equal H (within 1e-9) fewer GPUs, then lower latency T_pre + T_dec (the
+    """Larger H; at equal H (within H_TIE) fewer GPUs, then lower latency T_pre + T_dec (the
     paper's second goal, "minimizing the average token generation latency", §III-A: when
-    decode memory binds H, prefill layouts tie on H but not on TTFT); then earlier."""
-    if a.H > b.H * (1 + 1e-9):
+    decode memory or a shared link binds H, layouts tie on H but not on TTFT; a link-bound
+    H differs between layouts only by the order of their KV sends, ~0.05 %); then earlier."""
+    if a.H > b.H * (1 + H_TIE):
         return True
-    if a.H < b.H * (1 - 1e-9):
+    if a.H < b.H * (1 - H_TIE):
         return False
     if a.n_gpus != b.n_gpus:
         return a.n_gpus < b.n_gpus
@@ -419,60 +517,6 @@ def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
 
 
 # --- HeroServe's strategy ------------------------------------------------------------------
-def _group_cost(problem: NetProblem, nbytes: float, routes: Routes
-                ) -> Callable[[Sequence[NodeId]], float]:
-    memo: dict[tuple[NodeId, ...], float] = {}
-
-    def cost(group: Sequence[NodeId]) -> float:
-        k = tuple(sorted(group, key=str))
-        if k not in memo:
-            c = choose_scheme(problem.topology, group, nbytes,
-                              hop_latency=problem.hop_latency, routes=routes,
-                              net_s=problem.net_collective_s)
-            memo[k] = min(c.t_ina, c.t_ring)
-        return memo[k]
-    return cost
-
-
-def host_order_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int,
-                      n_groups: int) -> list[list[NodeId]]:
-    """DistServe's placement: GPUs in topology order (server mates together), chunks of tp."""
-    index = {g: k for k, g in enumerate(problem.topology.gpus())}
-    ordered = sorted(gpus, key=lambda g: index[g])
-    return [ordered[k * tp:(k + 1) * tp] for k in range(n_groups)]
-
-
-def heroserve_groups(problem: NetProblem, gpus: Sequence[NodeId], tp: int, n_groups: int,
-                     nbytes: float, routes: Routes) -> tuple[list[list[NodeId]], int]:
-    """Alg. 2: constrained k-means on the rows of the latency matrix, then perturbation of
-    every distinct restart's grouping and of the host-order grouping; the cheapest result
-    (sum of group latencies, eq. 5) is kept."""
-    import numpy as np
-
-    from llmfabric.scheduler.netplan.grouping import constrained_kmeans, perturb
-
-    if tp == 1:
-        return [[g] for g in gpus[:n_groups]], 0
-    feats = np.array([[routes.route(a, b).time(nbytes, problem.hop_latency) for b in gpus]
-                      for a in gpus])
-    km = constrained_kmeans(feats, tp, n_groups, seed=problem.seed, restarts=problem.restarts)
-    starts = [[[gpus[p] for p in grp] for grp in start] for start in km.restarts]
-    starts.append(host_order_groups(problem, gpus, tp, n_groups))
-    cost = _group_cost(problem, nbytes, routes)
-    best: tuple[float, list[list[NodeId]], int] | None = None
-    index = {g: k for k, g in enumerate(gpus)}
-    for start in starts:
-        rng = np.random.default_rng(problem.seed)
-        res = perturb([[index[g] for g in grp] for grp in start],
-                      lambda grp: cost([gpus[p] for p in grp]), rng, problem.max_sweeps)
-        groups = [[gpus[p] for p in grp] for grp in res.groups]
-        total = sum(cost(g) for g in groups)
-        if best is None or total < best[0] - 1e-15:
-            best = (total, groups, res.sweeps)
-    assert best is not None
-    return best[1], best[2]
-
-
 def hybrid_model(ina: AllReduceModel, ring: AllReduceModel, n: int) -> AllReduceModel | None:
     """min(INA, ring) per message as one model: INA (the `custom` regime) below the bytes
     where the two affine costs cross, ring above; None when n is not a size the custom
@@ -499,16 +543,18 @@ def heroserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
                       net_s=net)
     ring = group_allreduce(topo, group, "ring", None, hop_latency=hop, routes=routes,
                            net_s=net)
+    ring_bytes = ring_load(topo, group, routes)
     if c.switch is None:
-        return GroupComm("ring", None, ring, c.t_ina, c.t_ring)
+        return GroupComm("ring", None, ring, c.t_ina, c.t_ring, ring_bytes)
     ina = group_allreduce(topo, group, "ina", c.switch, hop_latency=hop, routes=routes,
                           net_s=net)
     hybrid = hybrid_model(ina, ring, len(group))
     if c.scheme == "ina":
-        return GroupComm("ina", c.switch, hybrid or ina, c.t_ina, c.t_ring)
+        return GroupComm("ina", c.switch, hybrid or ina, c.t_ina, c.t_ring,
+                         ina_load(group, c.switch, routes))
     if hybrid is not None:
-        return GroupComm("ring", c.switch, hybrid, c.t_ina, c.t_ring)
-    return GroupComm("ring", None, ring, c.t_ina, c.t_ring)
+        return GroupComm("ring", c.switch, hybrid, c.t_ina, c.t_ring, ring_bytes)
+    return GroupComm("ring", None, ring, c.t_ina, c.t_ring, ring_bytes)
 
 
 HEROSERVE = Strategy("heroserve", heroserve_groups, heroserve_comm, chain=chain_by_links)

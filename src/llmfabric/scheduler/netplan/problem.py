@@ -16,6 +16,12 @@ from llmfabric.sim.errors import SpecError
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.topology import NodeId, Topology
 
+# The share of a link's capacity H may fill. 1.0 is the stability bound; the KV hand-off's
+# wait is modelled (linkload.KvQueue) but the step's all-reduce and PP transfers are priced
+# alone, and near rho = 1 every wait grows as 1 / (1 - rho) (an M/D/1 queue at 0.9 already
+# waits 4.5 service times on average), so H keeps 10 % of each link in reserve.
+LINK_UTIL = 0.9
+
 
 @dataclass(frozen=True, slots=True)
 class NetWorkload:
@@ -51,7 +57,8 @@ class NetProblem:
     group holds at its switch. `nominal_decode_batch`: the batch whose all-reduce message
     (batch x hidden x 2 B) decides a decode group's scheme. `net_collective_s`: the fixed
     cost of an all-reduce through the NICs (`commcost.NET_COLLECTIVE_S`, measured; 0 with
-    hop_latency=0 gives the paper's form)."""
+    hop_latency=0 gives the paper's form). `link_util`: the share of each link's capacity the
+    plan's steady-state bytes may fill (linkload.py; `LINK_UTIL`)."""
 
     topology: Topology
     model: ModelSpec
@@ -69,6 +76,7 @@ class NetProblem:
     max_sweeps: int = 5
     restarts: int = 10
     net_collective_s: float = NET_COLLECTIVE_S
+    link_util: float = LINK_UTIL
 
     def __post_init__(self) -> None:
         if not self.prefill_gpus or not self.decode_gpus:
@@ -83,6 +91,8 @@ class NetProblem:
             raise SpecError("max_candi, m_ina and nominal_decode_batch must be >= 1")
         if not 0 <= self.net_collective_s < math.inf:
             raise SpecError("net_collective_s must be a finite number of seconds >= 0")
+        if not 0 < self.link_util <= 1:
+            raise SpecError("link_util must be in (0, 1]")
 
     @staticmethod
     def of(topology: Topology, model: str | ModelSpec, prefill: Sequence[str] | str,
