@@ -1,5 +1,5 @@
-"""SDK clients (openai, anthropic) that tests make in passing, closed after each test by the
-autouse fixture in conftest.py. An unclosed client keeps its pooled keep-alive sockets open
+"""SDK (openai, anthropic) and other keep-alive clients that tests make in passing, closed
+after each test by the autouse fixture in conftest.py. An unclosed client keeps its pooled keep-alive sockets open
 until the garbage collector finds it, which may be during a later test that turns
 ResourceWarning into an error (test_net_*, test_link_service)."""
 
