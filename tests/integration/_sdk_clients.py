@@ -1,7 +1,7 @@
 """SDK (openai, anthropic) and other keep-alive clients that tests make in passing, closed
-after each test by the autouse fixture in conftest.py. An unclosed client keeps its pooled keep-alive sockets open
-until the garbage collector finds it, which may be during a later test that turns
-ResourceWarning into an error (test_net_*, test_link_service)."""
+after each test by the autouse fixture in conftest.py. An unclosed client keeps its pooled
+sockets open until the garbage collector finds it, which may be during a later test that
+turns ResourceWarning into an error (test_net_*, test_link_service)."""
 
 from __future__ import annotations
 
