@@ -2,7 +2,8 @@
 only when a test asks for it) and `accounts_db`, an accounts database URL parametrized over
 SQLite and Postgres so the same checks run on both backends; for the API modules
 (test_api_*), `fab`, one _api_fabric.ApiFabric per module, and `base`, its URL on each front
-(the lean one and the aiohttp app) in turn."""
+(the lean one and the aiohttp app) in turn; and closes, after each test, the SDK clients made
+through _sdk_clients.tracked."""
 
 from __future__ import annotations
 
@@ -13,9 +14,17 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ._pg_cluster import PgServer, PostgresUnavailable, postgres_server
+from ._sdk_clients import close_tracked
 
 if TYPE_CHECKING:
     from ._api_fabric import ApiFabric
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    """Closes the SDK clients the test made through _sdk_clients.tracked."""
+    yield
+    close_tracked()
 
 
 @pytest.fixture(scope="session")

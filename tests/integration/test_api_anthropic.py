@@ -12,13 +12,14 @@ import anthropic
 import pytest
 
 from ._api_fabric import KEY, SIM, TOOLY, ApiFabric
+from ._sdk_clients import tracked
 from .test_ingress_support import raw_request
 
 pytestmark = pytest.mark.integration
 
 
 def client(base: str, key: str = KEY) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=20)
+    return tracked(anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=20))
 
 
 def wait_usage(fab: ApiFabric, model: str, before: list[int]) -> list[int]:

@@ -13,13 +13,14 @@ import orjson
 import pytest
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric
+from ._sdk_clients import tracked
 from .test_ingress_support import raw_request
 
 pytestmark = pytest.mark.integration
 
 
 def client(base: str, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=20)
+    return tracked(openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=20))
 
 
 def wait_usage(fab: ApiFabric, model: str, before: list[int]) -> list[int]:

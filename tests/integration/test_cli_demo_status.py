@@ -14,6 +14,8 @@ import pytest
 
 from llmfabric.node.local_fabric import free_port
 
+from ._sdk_clients import tracked
+
 pytestmark = pytest.mark.slow
 
 
@@ -42,7 +44,7 @@ def test_demo_serves_the_openai_api_and_status_shows_it(tmp_path: object) -> Non
             break
     try:
         assert key is not None, "".join(lines)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
+        client = tracked(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key))
         reply = client.chat.completions.create(
             model="qwen3-1.7b", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
@@ -56,6 +58,7 @@ def test_demo_serves_the_openai_api_and_status_shows_it(tmp_path: object) -> Non
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        proc.stdout.close()
     assert proc.returncode == 0
 
 

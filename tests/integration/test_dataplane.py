@@ -189,6 +189,7 @@ async def test_direct_path_is_pinned_https_with_one_exchange_per_pair() -> None:
             await raw.open_to(f"127.0.0.1:{port}", PATH, body(), T, pin=ing_key.peer_id)
         await raw.aclose()
         await fwd.aclose()
+        await dp.aclose()
 
 
 async def test_a_restarted_provider_gets_a_new_session_transparently() -> None:
@@ -203,12 +204,13 @@ async def test_a_restarted_provider_gets_a_new_session_transparently() -> None:
         fwd = PinnedHttpsForwarder(sessions, RawHttpForwarder(FORWARD_PREFIX,
                                                               ssl=client_ssl_context()))
         c = cand(prov.local_id, "127.0.0.1:1")
-        (await fwd.open(c, PATH, body(), T))
+        await (await fwd.open(c, PATH, body(), T)).aclose()
         dp.sessions._sessions.clear()  # the provider forgot every session (a restart)
         up = await fwd.open(c, PATH, body(), T)
         assert up.status == 200 and sessions.exchanges == 2
         await up.aclose()
         await fwd.aclose()
+        await dp.aclose()
 
 
 @pytest.mark.parametrize("flip", [False, True])
@@ -299,3 +301,4 @@ async def test_session_exchanges_are_rate_limited_per_peer() -> None:
         with pytest.raises(UpstreamError, match="429"):
             await DataPlaneSessions(ing_key, ing).get(prov.local_id, 5)
         assert dp.refused == {"session_rate": 1}
+        await dp.aclose()

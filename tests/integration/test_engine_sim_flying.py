@@ -15,6 +15,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _sim_engine_proc import running_engine
 
+from ._sdk_clients import tracked
+
 pytestmark = pytest.mark.integration
 
 
@@ -36,7 +38,7 @@ def test_flying_sim_engine_switches_width(tmp_path: pathlib.Path) -> None:
         assert _get(f"{base}/dtp_status")["width"] == 1
         st = _post(f"{base}/dtp_switch", {"width": 2, "method": "hard-preempt"})
         assert st["width"] == 2 and st["groups"] == [[0, 1]] and st["switches"] == 1
-        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        client = tracked(openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0))
         out = client.completions.create(model="llama-3.1-8b", prompt="hi", max_tokens=5)
         assert out.usage is not None and out.usage.completion_tokens == 5
         run = _get(f"{base}/dtp_status")["running_tp"]
@@ -45,3 +47,4 @@ def test_flying_sim_engine_switches_width(tmp_path: pathlib.Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as err:
             _post(f"{base}/dtp_switch", {"width": 3})
         assert err.value.code == 400
+        err.value.close()  # (an HTTPError holds the response and its socket)

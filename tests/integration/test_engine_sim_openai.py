@@ -18,6 +18,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _sim_engine_proc import running_engine
 
+from ._sdk_clients import tracked
+
 MODEL = "llama-3.1-8b"
 
 
@@ -30,7 +32,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, path
 
 @pytest.fixture
 def client(engine: tuple[str, pathlib.Path]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=engine[0] + "/v1", api_key="unused", max_retries=0)
+    return tracked(openai.OpenAI(base_url=engine[0] + "/v1", api_key="unused", max_retries=0))
 
 
 def control(base: str, body: dict[str, object]) -> None:
@@ -198,6 +200,7 @@ def test_control_fail_slow_log_reset(client: openai.OpenAI,
     with pytest.raises(urllib.error.HTTPError) as bad:
         urllib.request.urlopen(req, timeout=5)
     assert bad.value.code == 400
+    bad.value.close()  # (an HTTPError holds the response and its socket)
 
 
 def test_b64_decoding_matches_float(client: openai.OpenAI) -> None:

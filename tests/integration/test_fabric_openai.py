@@ -13,6 +13,8 @@ import pytest
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric
 from llmfabric.node.ports import free_port
 
+from ._sdk_clients import tracked
+
 pytestmark = pytest.mark.slow
 
 
@@ -33,10 +35,10 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFabric]:
 
 def _client(fabric: LocalFabric, key: str | None = None) -> openai.OpenAI:
     assert fabric.ingress is not None
-    return openai.OpenAI(
+    return tracked(openai.OpenAI(
         base_url=fabric.ingress.http_url + "/v1", api_key=key or fabric.admin_key(),
         max_retries=0,
-    )
+    ))
 
 
 def test_models_lists_the_fabric_catalog(fabric: LocalFabric) -> None:
@@ -112,6 +114,7 @@ def test_node_api_is_read_only(fabric: LocalFabric) -> None:
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=5)
         assert err.value.code == 405
+        err.value.close()  # (an HTTPError holds the response and its socket)
     providers = fabric.ingress.get_json("/v1/fabric/providers")["providers"]
     assert {"uni-a", "uni-b"} <= {p["id"] for p in providers}
 
@@ -173,8 +176,8 @@ def test_ingress_records_an_anonymized_trace_with_per_key_opt_out(fabric: LocalF
 
 def test_the_fast_api_port_serves_the_same_fabric(fabric: LocalFabric) -> None:
     port = fabric.api_port  # type: ignore[attr-defined]
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=fabric.admin_key(),
-                           max_retries=0)
+    client = tracked(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
+                                   api_key=fabric.admin_key(), max_retries=0))
     stream = client.chat.completions.create(
         model="qwen3-1.7b", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
         stream=True, stream_options={"include_usage": True},
@@ -182,5 +185,5 @@ def test_the_fast_api_port_serves_the_same_fabric(fabric: LocalFabric) -> None:
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="lf-bad",
-                      max_retries=0).models.list()
+        tracked(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="lf-bad",
+                              max_retries=0)).models.list()

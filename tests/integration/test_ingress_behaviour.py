@@ -140,11 +140,12 @@ async def test_mid_stream_failure_is_reported_and_engine_errors_pass_through() -
 
 
 def _spawn_sim(model: str, gpu: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-c", "from llmfabric.cli.main import main; main()", "engine", "sim",
-         "--model", model, "--gpu", gpu, "--port", str(port), "--speed", "50"],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    with log.open("wb") as out:  # (the child has its own copy of the descriptor)
+        return subprocess.Popen(
+            [sys.executable, "-c", "from llmfabric.cli.main import main; main()", "engine",
+             "sim", "--model", model, "--gpu", gpu, "--port", str(port), "--speed", "50"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
 
 
 async def _wait_http(port: int, within: float = 20.0) -> None:

@@ -23,6 +23,7 @@ from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 
+from ._sdk_clients import tracked
 from .test_ingress_support import Backend, LoopThread, serve, wait_port
 
 KEY = "sk-fast"
@@ -105,7 +106,7 @@ def front() -> Iterator[tuple[Front, SlowStream]]:
 
 
 def _client(f: Front, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f.base, api_key=key, max_retries=0, timeout=20)
+    return tracked(openai.OpenAI(base_url=f.base, api_key=key, max_retries=0, timeout=20))
 
 
 def test_sdk_chat_completions_and_models(front: tuple[Front, SlowStream]) -> None:

@@ -31,6 +31,7 @@ from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle, NodeRecord
 from llmfabric.routing.candidates import claimed_provider
 
+from ._sdk_clients import tracked
 from .test_ingress_support import (
     Backend,
     LoopThread,
@@ -151,7 +152,7 @@ def fabric() -> Iterator[Fabric]:
 
 
 def client(f: Fabric, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0, timeout=20)
+    return tracked(openai.OpenAI(base_url=f.base_url, api_key=key, max_retries=0, timeout=20))
 
 
 def aclient(f: Fabric, key: str = KEY) -> openai.AsyncOpenAI:

@@ -38,6 +38,8 @@ from llmfabric.engines import text
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_for_value
 
+from ._sdk_clients import tracked
+
 pytestmark = pytest.mark.slow
 
 MODEL = "llama-3.1-8b"
@@ -130,9 +132,9 @@ def _cut_stream(f: Fab, victim: NodeProcess, kill: NodeProcess, prompt: str) -> 
     and check what the client got and what the trace says."""
     fab = f.fab
     assert fab.ingress is not None
-    client = openai.OpenAI(
+    client = tracked(openai.OpenAI(
         base_url=fab.ingress.http_url + "/v1", api_key=fab.admin_key(), max_retries=0, timeout=60
-    )
+    ))
     victim_sid = victim.get_json("/v1/fabric/self")["session_id"]
     relay_peer = f.relay.get_json("/v1/fabric/self")["peer_id"]
     session = _session_owned_by(client, victim_sid)

@@ -19,6 +19,7 @@ from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 
+from ._sdk_clients import tracked
 from .test_ingress_support import Backend, LoopThread, serve, wait_port
 
 NODES = 4
@@ -73,6 +74,9 @@ class _Client:
         r = self.conn.getresponse()
         return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
 
+    def close(self) -> None:
+        self.conn.close()
+
 
 def _node(c: _Client, headers: dict[str, str], **body: object) -> str:
     status, h, data = c.post("/v1/chat/completions", headers, {
@@ -82,7 +86,7 @@ def _node(c: _Client, headers: dict[str, str], **body: object) -> str:
 
 
 def test_header_is_the_session_key_before_metadata_and_user(base: str) -> None:
-    c = _Client(base)
+    c = tracked(_Client(base))
     for sid in (f"conv-{i}" for i in range(6)):
         nodes = {_node(c, {"X-Session-Id": sid}, user=f"u{j}",
                        metadata={"session_id": f"meta-{j}"}) for j in range(5)}
@@ -98,7 +102,7 @@ def test_header_is_the_session_key_before_metadata_and_user(base: str) -> None:
 
 
 def test_translated_routes_read_the_header(base: str) -> None:
-    c = _Client(base)
+    c = tracked(_Client(base))
     for sid in ("anthro-1", "anthro-2", "anthro-3"):
         want = _node(c, {"X-Session-Id": sid})
         for _ in range(3):

@@ -28,6 +28,8 @@ from llmfabric.engines import text
 from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_for_value
 
+from ._sdk_clients import tracked
+
 pytestmark = pytest.mark.slow
 
 MODEL = "llama-3.1-8b"
@@ -54,8 +56,8 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFabr
 
 def _client(fab: LocalFabric) -> openai.OpenAI:
     assert fab.ingress is not None
-    return openai.OpenAI(base_url=fab.ingress.http_url + "/v1", api_key=fab.admin_key(),
-                         max_retries=0, timeout=60)
+    return tracked(openai.OpenAI(base_url=fab.ingress.http_url + "/v1",
+                                 api_key=fab.admin_key(), max_retries=0, timeout=60))
 
 
 def _create(client: openai.OpenAI, prompt: str, **extra: object) -> object:

@@ -24,6 +24,8 @@ from llmfabric.node.local_fabric import LocalFabric
 from llmfabric.node.ports import free_port
 from llmfabric.testing.poll import wait_for_value
 
+from ._sdk_clients import tracked
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ENGINE = [sys.executable, "-m", "llmfabric.cli.main", "engine", "torch", "--config",
@@ -82,7 +84,8 @@ def engine_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 
 def _sdk(port: int) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    return tracked(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
+                                 max_retries=0))
 
 
 def test_openai_routes_and_streaming_usage(engine_port: int) -> None:
@@ -155,8 +158,8 @@ def test_fabric_serves_the_torch_engine_while_it_switches(tmp_path: pathlib.Path
             "--bootstrap", fab.ingress.peer_addr, "--provider", "cpu-lab", "--gpu", "cpu",
             "--process", *ENGINE, "--port", str(eport)], engine_port=eport)
         fab.wait_serving({"tiny-llama": 1}, timeout=120)
-        client = openai.OpenAI(base_url=fab.ingress.http_url + "/v1",
-                               api_key=fab.admin_key(), max_retries=0)
+        client = tracked(openai.OpenAI(base_url=fab.ingress.http_url + "/v1",
+                                       api_key=fab.admin_key(), max_retries=0))
         long_prompt, short_prompt = "a long DP stream", "served under TP"
 
         def complete(prompt: str, n: int) -> str:

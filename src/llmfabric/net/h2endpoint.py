@@ -280,15 +280,18 @@ class H2Endpoint:
 
     # -- server side -------------------------------------------------------------------------
     async def respond(self, sid: int, status: int, headers: Headers, body: Body) -> None:
-        """Send the response headers and stream the body; stops quietly on a reset."""
+        """Send the response headers and stream the body; stops quietly on a reset (the body
+        is closed in every case: it may hold an engine connection)."""
         st = self._streams.get(sid)
         if st is None or self._closed is not None:
+            await _close_body(body)
             return
         empty = isinstance(body, bytes) and not body
         hdrs = [(":status", str(status)), *((k.lower(), v) for k, v in headers)]
         try:
             self._conn.send_headers(sid, hdrs, end_stream=empty)
         except h2.exceptions.ProtocolError:
+            await _close_body(body)
             return
         self._flush()
         if empty:
@@ -299,6 +302,7 @@ class H2Endpoint:
     async def send_body(self, sid: int, body: Body) -> None:
         st = self._streams.get(sid)
         if st is None:
+            await _close_body(body)
             return
         chunks: AsyncIterable[bytes] = _one(body) if isinstance(body, bytes) else body
         try:
@@ -346,6 +350,13 @@ class H2Endpoint:
 
 async def _one(data: bytes) -> AsyncIterable[bytes]:
     yield data
+
+
+async def _close_body(body: Body) -> None:
+    """Stop a body that will not be sent (an upstream generator, an engine stream)."""
+    aclose = getattr(body, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _consume_exc(task: asyncio.Task[None]) -> None:

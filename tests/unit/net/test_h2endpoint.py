@@ -1,7 +1,8 @@
 """H2Endpoint (net/h2endpoint.py), sans-IO: two endpoints wired back to back in memory (each
 one's emitted bytes fed to the other on the next loop iteration). Requests and responses
 with bodies larger than the flow-control windows, a request body that fails mid-way, resets
-either way, and hostile bytes (not HTTP/2, a second session preface) that kill the session:
+either way (a response to a stream the caller reset closes its body unsent), and hostile
+bytes (not HTTP/2, a second session preface) that kill the session:
 every open stream fails with RequestFailed and `on_dead` tells the connection to close."""
 
 from __future__ import annotations
@@ -93,6 +94,35 @@ async def test_a_server_reset_fails_the_waiting_request() -> None:
     with pytest.raises(RequestFailed, match="reset by peer"):
         await asyncio.wait_for(call, 10)
     assert w.server.open_streams == 0 and not w.dead
+
+
+class ClosableBody:
+    """A response body that records being closed (it stands for an engine stream)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __aiter__(self) -> ClosableBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return b"x"
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_response_to_a_stream_the_caller_reset_closes_its_body_unsent() -> None:
+    w = Wired(serve=False)
+    call = asyncio.ensure_future(w.client.request("GET", "/slow", "peer", (), b""))
+    await wait_until(lambda: w.requests)
+    call.cancel()  # the caller gives up: its endpoint resets the stream
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await wait_until(lambda: w.resets, what="the server hears the reset")
+    body = ClosableBody()
+    await w.server.respond(w.requests[0][0], 200, (), body)
+    assert body.closed  # (it may hold an engine connection and an in-flight count)
 
 
 @pytest.mark.parametrize("garbage", [

@@ -65,12 +65,17 @@ def test_the_largest_settings_fit_the_kernels_option_types() -> None:
 
 @linux
 async def test_the_direct_forwarders_upstream_connections_have_dead_peer_detection() -> None:
+    served = asyncio.Event()
+
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await r.readuntil(b"\r\n\r\n")
-        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-        await w.drain()
-        await r.read()  # (keep the connection open until the client closes it)
-        w.close()
+        try:
+            await r.readuntil(b"\r\n\r\n")
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await w.drain()
+            await r.read()  # (keep the connection open until the client closes it)
+        finally:
+            w.close()
+            served.set()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -103,4 +108,8 @@ async def test_the_direct_forwarders_upstream_connections_have_dead_peer_detecti
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         await fwd.aclose()
+        # (the server's end closes once it sees the client's: else the loop ends first and
+        # leaves that transport for the collector, in whichever test runs next)
+        await asyncio.wait_for(served.wait(), 10)
         server.close()
+        await server.wait_closed()

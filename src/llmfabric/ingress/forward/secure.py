@@ -38,6 +38,7 @@ from llmfabric.routing.candidates import Candidate
 
 _MSGPACK = (("content-type", "application/msgpack"),)
 _RENEW_BEFORE_S = 300.0
+_REFUSAL_BYTES = 64 * 1024  # a 401 body read before the retry; a hostile node's is cut
 
 
 class DataPlaneSessions:
@@ -153,8 +154,10 @@ class PinnedHttpsForwarder:
                 extra=b"X-Fabric-Auth: " + header + b"\r\n", pin=peer)
             if up.status != 401 or attempt:
                 return up
-            data = await up.read()
-            await up.aclose()
+            try:  # (a cancel while reading the refusal must still close the connection)
+                data = await up.read_capped(_REFUSAL_BYTES)
+            finally:
+                await up.aclose()
             if not _session_refused(401, data):
                 raise UpstreamError(f"node {candidate.session_id} refused the request: "
                                     f"{data[:200]!r}")

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +35,7 @@ from llmfabric.ingress.forward.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER, node_time_value
 from llmfabric.ingress.observe.otlp import exporter_from_env
 from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.ingress.protocols import Upstream
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.node.config import NodeConfig
@@ -106,6 +107,41 @@ def with_aliases(
 def error_response(status: int, message: str, code: str) -> HandlerResponse:
     """An OpenAI-shaped error for the peer protocol (same body as the HTTP routes send)."""
     return HandlerResponse(status, _JSON, error_body(status, message, code))
+
+
+class EngineStream:
+    """A forwarded request's response body: the engine's chunks, then (at the end, on an
+    error, or at `aclose()`, whichever comes first, once) the engine connection closed and
+    `done` called. Unlike an async generator's `finally`, `aclose()` cleans up even when the
+    body was never iterated: the caller may reset the stream before its first byte, and the
+    engine connection and the in-flight count (what a drain waits on) must not stay behind."""
+
+    def __init__(self, upstream: Upstream, done: Callable[[], None]) -> None:
+        self._upstream: Upstream | None = upstream
+        self._chunks = upstream.chunks()
+        self._done = done
+
+    def __aiter__(self) -> EngineStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._upstream is None:
+            raise StopAsyncIteration
+        try:
+            return await self._chunks.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        upstream, self._upstream = self._upstream, None
+        if upstream is None:
+            return
+        try:
+            await self._chunks.aclose()
+            await upstream.aclose()
+        finally:
+            self._done()
 
 
 class EngineLink:
@@ -212,24 +248,21 @@ class EngineLink:
         try:
             upstream = await self.proxy.open(path.removeprefix(FORWARD_PREFIX), body,
                                              traceparent)
-        except UpstreamError as exc:
+        except BaseException as exc:  # (a caller's reset cancels this: CancelledError)
             self.served_prefixes.finished(seen)
             self.inflight.end()
-            return error_response(502, str(exc), "engine_unreachable")
+            if isinstance(exc, UpstreamError):
+                return error_response(502, str(exc), "engine_unreachable")
+            raise
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.chunks():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-                self.served_prefixes.finished(seen)  # (HeldPrefixes: its run came by now)
-                self.inflight.end()
+        def done() -> None:
+            self.served_prefixes.finished(seen)  # (HeldPrefixes: its run came by now)
+            self.inflight.end()
 
         headers: tuple[tuple[str, str], ...] = (("content-type", upstream.content_type),)
         if traceparent is not None:
             headers += ((NODE_TIME_HEADER.lower(), node_time_value(arrived)),)
-        return HandlerResponse(upstream.status, headers, relay())
+        return HandlerResponse(upstream.status, headers, EngineStream(upstream, done))
 
     def local_view(self) -> dict[str, object]:
         """What only this node knows about its engine (`/v1/fabric/self` "engine_process")."""

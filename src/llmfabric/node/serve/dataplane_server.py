@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 
 from aiohttp import web
 
@@ -38,6 +38,36 @@ from llmfabric.node.engine.link import EngineLink, error_response
 
 _MSGPACK = (("content-type", "application/msgpack"),)
 _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
+
+
+class _ClosingBody:
+    """`outer` (a generator reading `inner`), whose `aclose()` closes `inner` too: closed
+    before or right after its first frame, the generator never started on `inner`, and a
+    generator's own `finally` does not run unless it started (`inner` holds the engine
+    connection and the node's in-flight count: node/engine/link.py EngineStream)."""
+
+    def __init__(self, outer: AsyncGenerator[bytes, None], inner: bytes | AsyncIterable[bytes]
+                 ) -> None:
+        self._outer = outer
+        self._inner = inner
+
+    def __aiter__(self) -> _ClosingBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._outer.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self._outer.aclose()
+        finally:
+            aclose = getattr(self._inner, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 class DataPlaneServer:
@@ -136,7 +166,7 @@ class DataPlaneServer:
                      "application/json")
         inner = resp.body
 
-        async def frames() -> AsyncIterator[bytes]:
+        async def frames() -> AsyncGenerator[bytes, None]:
             yield sealer.head(status, ctype)
             if isinstance(inner, bytes):
                 for i in range(0, len(inner), _FRAME_DATA):
@@ -148,7 +178,8 @@ class DataPlaneServer:
             yield sealer.frame(END, b"")
 
         timed = tuple((k, v) for k, v in resp.headers if k == NODE_TIME_HEADER.lower())
-        return HandlerResponse(200, (("content-type", SEALED_TYPE), *timed), frames())
+        return HandlerResponse(200, (("content-type", SEALED_TYPE), *timed),
+                               _ClosingBody(frames(), inner))
 
     # -- the pinned HTTPS listener (direct path) -------------------------------------------
 
