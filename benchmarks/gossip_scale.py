@@ -9,6 +9,8 @@ over three sites, 20 / 30 / 40 ms between each pair of sites on top) it measures
   wait counts as infinitely late);
 - idle and churn bytes per node per second (every message byte the agents send); churn =
   1% of the nodes leaving (LEFT, then gone) and as many new nodes joining per virtual minute;
+  under churn also each churned join's convergence (as for join, over the replicas live
+  throughout), suspicions and evictions, and the bytes by message kind;
 - at 1% packet loss over a window: suspicions raised and evictions of live sessions (every
   node is alive then: each suspicion is false);
 - CPU: wall seconds per virtual second / N (this machine, shared cores: an upper bound);
