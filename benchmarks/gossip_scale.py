@@ -9,6 +9,8 @@ over three sites, 20 / 30 / 40 ms between each pair of sites on top) it measures
   wait counts as infinitely late);
 - idle and churn bytes per node per second (every message byte the agents send); churn =
   1% of the nodes leaving (LEFT, then gone) and as many new nodes joining per virtual minute;
+  under churn also each churned join's convergence (as for join, over the replicas live
+  throughout), suspicions and evictions, and the bytes by message kind;
 - at 1% packet loss over a window: suspicions raised and evictions of live sessions (every
   node is alive then: each suspicion is false);
 - CPU: wall seconds per virtual second / N (this machine, shared cores: an upper bound);
@@ -48,6 +50,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from _common import write_results
 
+import llmfabric.gossip.agent as agent_mod
 import llmfabric.registry.replica as replica_mod
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.antientropy import AntiEntropy
@@ -64,6 +67,17 @@ from llmfabric.testing.fake_clock import FakeClock
 from llmfabric.testing.memnet import MemNet
 
 SITE_MS = {(0, 1): 20.0, (0, 2): 30.0, (1, 2): 40.0}
+SENT_BYTES: dict[str, int] = {}  # bytes every agent encoded to send, by message kind
+
+
+def _counting_encode(msg: Message, session_id: str) -> bytes:
+    data = encode(msg, session_id)
+    kind = type(msg).__name__
+    SENT_BYTES[kind] = SENT_BYTES.get(kind, 0) + len(data)
+    return data
+
+
+agent_mod.encode = _counting_encode  # type: ignore[assignment]  # tally by kind, same bytes
 
 
 def log(msg: str) -> None:
@@ -347,26 +361,92 @@ async def run_one(n: int, profile: str, preset: str, seed: int, idle_s: float, c
     await fleet.clock.advance(5.0)
     # churn: 1% leave and 1% join per virtual minute (--churn 0: not run)
     if churn_s > 0:
-        per_min = max(1, round(0.01 * n))
-        gap = 60.0 / per_min
-        b0, w0, t0 = fleet.bytes(), time.perf_counter(), fleet.clock.now()
-        events = 0
-        # leave() sleeps one gossip tick on the fake clock: run it beside advance()
-        leaving = []
-        while fleet.clock.now() - t0 < churn_s:
-            victim = fleet.rng.choice(fleet.live()[1:])
-            leaving.append(asyncio.get_running_loop().create_task(fleet.leave(victim)))
-            await fleet.join()
-            events += 1
-            await fleet.clock.advance(gap)
-        await asyncio.gather(*leaving)
-        span = fleet.clock.now() - t0
-        out["churn_B_per_node_s"] = (fleet.bytes() - b0) / len(fleet.live()) / span
-        out["churn_events"] = events
-        out["churn_cpu_ms_per_node_per_s"] = (time.perf_counter() - w0) / span / n * 1000
-        log(f"n={n} {profile}: churn done at {time.perf_counter() - t_build:.0f} s")
-        await fleet.clock.advance(10.0)
-    # 1% loss
+        await churn_window(fleet, n, churn_s, wait_s, out)
+        log(f"n={n} {profile}: churn done at {time.perf_counter() - t_build:.0f} s: "
+            f"{out['churn_B_per_node_s']:.0f} B/s/node, joins {out['churn_join']}, "
+            f"{out['churn_suspicions']} suspicions, {out['churn_evicted_live_nodes']} evicted")
+    # 1% loss (--loss 0: not run)
+    if loss_s > 0:
+        await loss_window(fleet, n, loss_s, out)
+        log(f"n={n} {profile}: loss {loss_s:.0f} s: {out['loss_false_suspicions']} "
+            f"suspicions, {out['loss_evicted_live_nodes']} evicted")
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out["peak_rss_MB"] = rss1 / 1024  # ru_maxrss is in kB on Linux
+    out["sim_rss_per_replica_kB"] = (rss1 - rss0) / n  # shared records: a lower bound
+    out["wall_s"] = round(time.perf_counter() - t_build, 1)
+    await fleet.aclose()
+    return out
+
+
+async def churn_window(fleet: Fleet, n: int, churn_s: float, wait_s: float,
+                       out: dict[str, Any]) -> None:
+    """1% of the nodes leave (LEFT, then gone) and as many new nodes join per virtual minute,
+    for churn_s virtual s. Bytes per live node per s over the window; per churned join, the
+    virtual ms until each replica that was live when the window began (and still is at its
+    end) first holds the joiner's session, given wait_s after the window for the last ones."""
+    per_min = max(1, round(0.01 * n))
+    gap = 60.0 / per_min
+    observers = fleet.live()
+    started: dict[str, float] = {}  # churned joiner's session -> virtual time of its start
+    seen: dict[str, dict[str, float]] = {}  # session -> observer peer -> virtual ms
+
+    def watch(a: GossipAgent) -> Callable[[Change], None]:
+        def cb(ch: Change) -> None:
+            t0 = started.get(ch.session_id)
+            if t0 is not None:
+                seen[ch.session_id].setdefault(a.peer_id, (fleet.clock.now() - t0) * 1000)
+        return cb
+
+    hooks = [(a, watch(a)) for a in observers]
+    for a, cb in hooks:
+        a.add_listener(cb)
+    s0 = sum(a.stats.suspicions_raised for a in fleet.agents)
+    e0 = sum(a.stats.evictions_issued for a in fleet.agents)
+    k0 = dict(SENT_BYTES)
+    b0, w0, c0, t0 = fleet.bytes(), time.perf_counter(), time.process_time(), fleet.clock.now()
+    events = 0
+    # leave() sleeps one gossip tick on the fake clock: run it beside advance()
+    leaving = []
+    while fleet.clock.now() - t0 < churn_s:
+        victim = fleet.rng.choice(fleet.live()[1:])
+        leaving.append(asyncio.get_running_loop().create_task(fleet.leave(victim)))
+        t_join = fleet.clock.now()
+        joiner = await fleet.join()
+        started[joiner.session_id] = t_join
+        seen[joiner.session_id] = {}
+        events += 1
+        if events % 10 == 0:
+            log(f"  churn: {events} leaves + joins, virtual {fleet.clock.now() - t0:.0f} s, "
+                f"wall {time.perf_counter() - w0:.0f} s")
+        await fleet.clock.advance(gap)
+    await asyncio.gather(*leaving)
+    span = fleet.clock.now() - t0
+    live = fleet.live()
+    out["churn_window_s"] = span
+    out["churn_events"] = events
+    out["churn_B_per_node_s"] = (fleet.bytes() - b0) / len(live) / span
+    out["churn_B_per_node_s_by_kind"] = {
+        k: (v - k0.get(k, 0)) / len(live) / span for k, v in sorted(SENT_BYTES.items())}
+    out["churn_cpu_ms_per_node_per_s"] = (time.perf_counter() - w0) / span / n * 1000
+    out["churn_cpu_proc_ms_per_node_per_s"] = (time.process_time() - c0) / span / n * 1000
+    out["churn_suspicions"] = sum(a.stats.suspicions_raised for a in fleet.agents) - s0
+    out["churn_evictions_issued"] = sum(a.stats.evictions_issued for a in fleet.agents) - e0
+    out["churn_evicted_live_nodes"] = sum(1 for a in fleet.agents if a._running and a.evicted)
+    await fleet.clock.advance(wait_s)  # the last joins get the same wait as the single join
+    for a, cb in hooks:
+        a.replica.remove_listener(cb)
+    still = [a.peer_id for a in observers if a._running and not a.evicted]
+    lat = [seen[sid].get(p, float("inf")) for sid in started for p in still
+           if p != sid]  # a session id is never a peer id: every pair counts
+    out["churn_join"] = summary(dict(enumerate(lat)))
+    per_join_p95 = [pct([seen[sid].get(p, float("inf")) for p in still], 0.95) for sid in started]
+    out["churn_join_p95_ms_worst_join"] = max(per_join_p95)
+    out["churn_join_observers"] = len(still)
+
+
+async def loss_window(fleet: Fleet, n: int, loss_s: float, out: dict[str, Any]) -> None:
+    """1% loss on every message for loss_s virtual s: every node is alive, so every
+    suspicion is false and every eviction of a live session is a false eviction."""
     live = fleet.live()
     s0 = sum(a.stats.suspicions_raised for a in fleet.agents)
     e0 = sum(a.stats.evictions_issued for a in fleet.agents)
@@ -380,13 +460,6 @@ async def run_one(n: int, profile: str, preset: str, seed: int, idle_s: float, c
     out["loss_evictions_issued"] = sum(a.stats.evictions_issued for a in fleet.agents) - e0
     out["loss_evicted_live_nodes"] = sum(1 for a in live if a.evicted)
     out["loss_B_per_node_s"] = (fleet.bytes() - b0) / len(live) / loss_s
-    log(f"n={n} {profile}: loss {loss_s:.0f} s: {out['loss_false_suspicions']} suspicions, "
-        f"{out['loss_evicted_live_nodes']} evicted")
-    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out["sim_rss_per_replica_kB"] = (rss1 - rss0) / n  # shared records: a lower bound
-    out["wall_s"] = round(time.perf_counter() - t_build, 1)
-    await fleet.aclose()
-    return out
 
 
 def fits_in_memory(n: int, per_replica_sim_kB: float) -> bool:
@@ -411,6 +484,7 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
             f"{r['repair_one_session_bytes']['total']} / "
             f"{r['repair_one_session_bytes_256_buckets']['total']}"),
         "churn B/s/node": r.get("churn_B_per_node_s", "-"),
+        "churned join p50/p95/p100 ms": lat("churn_join"),
         "false susp. / evictions @1% loss": (
             f"{r['loss_false_suspicions']} / {r['loss_evicted_live_nodes']} "
             f"({r['loss_window_s']:.0f} s)" if "loss_window_s" in r else "-"),
