@@ -92,10 +92,13 @@ def test_a_rate_limited_link_is_measured_and_steers_the_plan(
         out = netlab.run(hub, *CLI, "plan", "net", "--from-fabric", "http://127.0.0.1:8080",
                          "--model", "llama-3-70b", "--prefill-gpus",
                          ",".join(f"n{ids[s][:8]}-*" for s in prefill), "--decode-gpus", "h100*",
-                         "--workload", str(EXAMPLES / "sharegpt.yaml"), "--sla-ttft", "60",
-                         "--sla-tpot", "60", "--max-candidates", "6", "--json", timeout=120)
+                         "--workload", str(EXAMPLES / "sharegpt.yaml"), "--sla-ttft", "600",
+                         "--sla-tpot", "600", "--max-candidates", "6", "--json", timeout=120)
         plan = json.loads(out)["plan"]
-        assert plan["H"] > 0, plan
+        # SLAs far above any transfer here: a prefill on s3 hands ~42 MB of KV over its
+        # ~1 MB/s link (42 s at 1 MB/s, 70 s at a measured 0.6), and the plan must stay
+        # feasible whatever the probe measured; the test compares T_pre, not the SLAs.
+        assert plan["H"] > 0, {k: plan[k] for k in ("binding", "T_pre", "T_f", "H")}
         return float(plan["T_pre"])
 
     near, far = t_pre(["s1", "s2"]), t_pre(["s1", "s3"])
