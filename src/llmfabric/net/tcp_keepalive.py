@@ -98,13 +98,17 @@ async def start_watched_server(
     ka: KeepAlive,
     *,
     ssl_context: ssl.SSLContext | None = None,
+    ssl_handshake_timeout: float | None = None,
 ) -> asyncio.Server:
-    """Like `loop.create_server(factory, host, port, ssl=..., reuse_address=True)`, with
-    dead-peer detection on every connection it accepts: the options are set on the listening
-    sockets before the first accept (inherited by each accepted socket)."""
+    """Like `loop.create_server(factory, host, port, ssl=..., reuse_address=True,
+    ssl_handshake_timeout=...)`, with dead-peer detection on every connection it accepts: the
+    options are set on the listening sockets before the first accept (inherited by each
+    accepted socket). Keepalive cannot catch a peer that is alive but silent during the TLS
+    handshake; `ssl_handshake_timeout` does (asyncio's default: 60 s)."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        factory, host, port, ssl=ssl_context, reuse_address=True, start_serving=False
+        factory, host, port, ssl=ssl_context, reuse_address=True, start_serving=False,
+        ssl_handshake_timeout=ssl_handshake_timeout if ssl_context is not None else None,
     )
     try:
         for sock in server.sockets:

@@ -272,7 +272,8 @@ class TlsTransport(RelayMethods):
         if self.config.host is None or self._server is not None:
             return
         self._server = await start_tls_server(
-            self._on_accept, self.config.host, self.config.port, self._server_ctx
+            self._on_accept, self.config.host, self.config.port, self._server_ctx,
+            handshake_timeout=self.config.handshake_timeout,
         )
         sock = self._server.sockets[0].getsockname()
         host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"

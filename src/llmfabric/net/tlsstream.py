@@ -19,6 +19,7 @@ import asyncio
 import asyncio.sslproto
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from llmfabric.clock import Clock, with_timeout
 
@@ -74,14 +75,27 @@ async def open_tls(
 
 
 async def start_tls_server(
-    on_connect: ClientConnected, host: str, port: int, ctx: ssl.SSLContext
+    on_connect: ClientConnected,
+    host: str,
+    port: int,
+    ctx: ssl.SSLContext,
+    *,
+    handshake_timeout: float,
 ) -> asyncio.Server:
-    """Like `asyncio.start_server(on_connect, host, port, ssl=ctx)`."""
+    """Like `asyncio.start_server(on_connect, host, port, ssl=ctx)`, with a connection that
+    has not finished its TLS handshake `handshake_timeout` seconds after it was accepted
+    aborted (asyncio's default is 60 s: a peer could hold sockets and TLS buffers that long
+    for the price of a TCP connect)."""
     loop = asyncio.get_running_loop()
 
     def factory() -> asyncio.BaseProtocol:
         reader = asyncio.StreamReader(limit=STREAM_LIMIT, loop=loop)
         app = asyncio.StreamReaderProtocol(reader, on_connect, loop=loop)
-        return _CompactSSLProtocol(loop, app, ctx, None, server_side=True)  # type: ignore[arg-type]
+        # (typeshed wants a future for the waiter and an int timeout; None and float work)
+        no_waiter: Any = None
+        limit: Any = handshake_timeout
+        return _CompactSSLProtocol(
+            loop, app, ctx, no_waiter, server_side=True, ssl_handshake_timeout=limit
+        )
 
     return await loop.create_server(factory, host, port)

@@ -129,6 +129,7 @@ class Node:
         self._session_listeners: list[Listener] = []
         self.ingress: IngressLink | None = None
         self._runner: web.AppRunner | None = None
+        self._http_listener: asyncio.Server | None = None  # (the front's own, on an ingress)
         self._http_addr = ""  # where this host reaches our HTTP API (banner, tests)
         self._http_bind: tuple[str, int] | None = None  # bound (host, port)
         self._stopped = asyncio.Event()
@@ -275,9 +276,13 @@ class Node:
             bound_port = await self.ingress.serve_http(
                 self._runner.server, host, port, ssl, front_limits(self.config.front_limits))
         else:
-            site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=ssl)
-            await site.start()
-            bound_port = int(self._runner.addresses[0][1])
+            # Not a TCPSite: its TLS handshake limit is asyncio's 60 s, the front's is ours.
+            assert self._runner.server is not None  # (set by setup())
+            self._http_listener = await asyncio.get_running_loop().create_server(
+                self._runner.server, host, port, reuse_address=True, ssl=ssl,
+                ssl_handshake_timeout=(front_limits(self.config.front_limits)
+                                       .handshake_timeout_s if ssl else None))
+            bound_port = int(self._http_listener.sockets[0].getsockname()[1])
         self._http_bind = (host, bound_port)
         shown = "127.0.0.1" if is_wildcard(host) else host
         self._http_addr = f"{shown}:{bound_port}"
@@ -490,6 +495,8 @@ class Node:
             await self.supervisor.stop(engine_timeout_s=None if drain else 2.0)
             if self.ingress is not None:
                 await self.ingress.aclose()
+            if self._http_listener is not None:  # no new connections; cleanup ends the rest
+                self._http_listener.close()
             if self._runner is not None:
                 await self._runner.cleanup()
             await self.dataplane.aclose()

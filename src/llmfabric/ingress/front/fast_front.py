@@ -98,6 +98,7 @@ class FastFront:
         self._server = await loop.create_server(
             lambda: _Connection(self, loop), host, port, reuse_port=reuse_port or None,
             backlog=backlog, ssl=ssl,
+            ssl_handshake_timeout=self.limits.handshake_timeout_s if ssl else None,
         )
         return int(self._server.sockets[0].getsockname()[1])
 

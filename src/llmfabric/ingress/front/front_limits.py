@@ -20,6 +20,10 @@ class FrontLimits:
     max_url_bytes: int = 8 * 1024  # request target; longer -> 414
     max_head_bytes: int = 32 * 1024  # request line + headers; larger -> 431
     max_headers: int = 100  # header fields; more -> 431
+    # HTTPS: accepted -> TLS handshake done (asyncio's default is 60 s). The front counts a
+    # connection only once its handshake is done, so this bounds how long a client can hold
+    # uncounted sockets and TLS buffers for the price of a TCP connect.
+    handshake_timeout_s: float = 10.0
     header_timeout_s: float = 20.0  # from a request's first byte to the end of its head
     body_timeout_s: float = 30.0  # between two reads of a request body
     idle_timeout_s: float = 75.0  # keep-alive: no request for this long -> close
@@ -37,7 +41,8 @@ class FrontLimits:
         for name, count in counts.items():
             if count < 1:
                 raise ValueError(f"{name} must be >= 1")
-        spans = {"header_timeout_s": self.header_timeout_s,
+        spans = {"handshake_timeout_s": self.handshake_timeout_s,
+                 "header_timeout_s": self.header_timeout_s,
                  "body_timeout_s": self.body_timeout_s, "idle_timeout_s": self.idle_timeout_s}
         for name, span in spans.items():
             if span <= 0:

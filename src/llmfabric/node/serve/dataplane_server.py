@@ -38,6 +38,10 @@ from llmfabric.node.engine.link import EngineLink, error_response
 
 _MSGPACK = (("content-type", "application/msgpack"),)
 _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
+# Accepted -> TLS handshake done, on the HTTPS listener (asyncio's default is 60 s). An
+# ingress completes it in milliseconds (a few RTTs even across sites); keepalive cannot catch
+# a client that is alive but silent, so this is what frees its socket and TLS buffers.
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class _ClosingBody:
@@ -81,6 +85,7 @@ class DataPlaneServer:
         now: Callable[[], float] = time.time,
         session_ttl_s: float = 3600.0,
         keepalive: KeepAlive | None = None,
+        tls_handshake_timeout_s: float = TLS_HANDSHAKE_TIMEOUT_S,
     ) -> None:
         self.key = key
         self.sessions = ProviderSessions()
@@ -90,6 +95,7 @@ class DataPlaneServer:
         self._now = now
         self._ttl = session_ttl_s
         self.keepalive = keepalive or KeepAlive()
+        self.tls_handshake_timeout_s = tls_handshake_timeout_s
         self.https_port = 0
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
@@ -212,7 +218,8 @@ class DataPlaneServer:
         assert self._runner.server is not None  # (set by setup())
         ctx = server_ssl_context(self.key, make_self_signed_cert(self.key))
         self._listener = await start_watched_server(
-            self._runner.server, host, port, self.keepalive, ssl_context=ctx
+            self._runner.server, host, port, self.keepalive, ssl_context=ctx,
+            ssl_handshake_timeout=self.tls_handshake_timeout_s,
         )
         self.https_port = int(self._listener.sockets[0].getsockname()[1])
         return self.https_port

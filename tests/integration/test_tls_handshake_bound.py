@@ -1,0 +1,160 @@
+"""Every TLS listener aborts a connection that does not finish its handshake in time: the
+lean front (public HTTPS ingress), the provider's pinned data-plane listener, the peer
+transport and a node's HTTPS API. asyncio's default is 60 s, so a hostile client could hold
+sockets and TLS buffers that long for the price of a TCP connect, uncounted by the front's
+per-client cap (a connection counts once its handshake is done). Each case: a silent client
+and one that sends half a ClientHello are closed within the bound, and an honest TLS client
+is served afterwards. Real sockets on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+
+from llmfabric.identity import NodeKey, PskAdmission
+from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
+from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.ingress.front.front_limits import FrontLimits
+from llmfabric.net import TlsTransport, TransportConfig
+from llmfabric.net.server_tls import ServerTls
+from llmfabric.node.config import build_config
+from llmfabric.node.daemon import Node
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+
+from .test_listener_tls import write_cert
+
+pytestmark = [pytest.mark.integration, pytest.mark.hostile]
+
+BOUND_S = 0.5  # the handshake limit each listener is given here
+CLOSED_WITHIN_S = 10.0  # far under asyncio's 60 s default, far over BOUND_S
+# The first bytes of a TLS 1.2+ ClientHello record: a client that starts and then stalls.
+HALF_HELLO = bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xFC, 0x03, 0x03])
+
+Listener = Callable[[pathlib.Path], AbstractAsyncContextManager[int]]
+
+
+def insecure_client() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+@asynccontextmanager
+async def front(tmp: pathlib.Path) -> AsyncIterator[int]:
+    cert, key = tmp / "c.pem", tmp / "k.pem"
+    write_cert(cert, key, "front")
+    fwd = HttpForwarder()
+    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
+    ff = FastFront(ingress, limits=FrontLimits(handshake_timeout_s=BOUND_S))
+    try:
+        yield await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
+    finally:
+        await ff.aclose()
+        await fwd.aclose()
+
+
+@asynccontextmanager
+async def dataplane(_tmp: pathlib.Path) -> AsyncIterator[int]:
+    dp = DataPlaneServer(
+        NodeKey.generate(),
+        lambda: None,
+        lambda _peer: False,
+        max_body_bytes=1024,
+        tls_handshake_timeout_s=BOUND_S,
+    )
+    try:
+        yield await dp.start_https("127.0.0.1", 0)
+    finally:
+        await dp.aclose()
+
+
+@asynccontextmanager
+async def transport(_tmp: pathlib.Path) -> AsyncIterator[int]:
+    t = TlsTransport(
+        NodeKey.generate(),
+        PskAdmission("default", b"k" * 32),
+        TransportConfig(handshake_timeout=BOUND_S),
+    )
+    await t.start()
+    try:
+        assert t.listen_addr is not None
+        yield int(t.listen_addr.rsplit(":", 1)[1])
+    finally:
+        await t.aclose()
+
+
+async def closed_after(port: int, first: bytes) -> float:
+    """Seconds until the listener closes a connection that sent `first` and then nothing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    try:
+        if first:
+            writer.write(first)
+            await writer.drain()
+        try:
+            while await asyncio.wait_for(reader.read(4096), CLOSED_WITHIN_S):
+                pass  # (a TLS alert may come before the close)
+        except ConnectionResetError:
+            pass
+        return time.monotonic() - started
+    finally:
+        writer.close()
+
+
+async def handshakes(port: int) -> bool:
+    _, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=insecure_client(), server_hostname=""
+    )
+    done = writer.get_extra_info("ssl_object") is not None
+    writer.close()
+    return done
+
+
+@pytest.mark.parametrize(
+    "listener", [front, dataplane, transport], ids=["front", "dataplane", "transport"]
+)
+async def test_a_stalled_handshake_is_cut_and_honest_clients_still_connect(
+    listener: Listener, tmp_path: pathlib.Path
+) -> None:
+    async with listener(tmp_path) as port:
+        waits = await asyncio.gather(closed_after(port, b""), closed_after(port, HALF_HELLO))
+        # wait_for raised TimeoutError (the test fails) if one stayed open CLOSED_WITHIN_S
+        assert all(w < CLOSED_WITHIN_S for w in waits), waits
+        assert await handshakes(port)
+
+
+async def test_a_nodes_https_api_bounds_the_handshake(tmp_path: pathlib.Path) -> None:
+    """A node that is not an ingress serves its API over aiohttp (no lean front); its
+    listener takes `front_limits.handshake_timeout_s` too."""
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    write_cert(cert, key, "node")
+    node = Node(
+        build_config(
+            {},
+            {
+                "home": tmp_path / "n",
+                "listen": "127.0.0.1:0",
+                "http_listen": "127.0.0.1:0",
+                "preset": "local",
+                "network_secret": "s" * 24,
+                "gpu": "cpu",
+                "tls_cert": cert,
+                "tls_key": key,
+                "front_limits": {"handshake_timeout_s": BOUND_S},
+            },
+        )
+    )
+    await node.start()
+    try:
+        port = int(node.http_addr.rsplit(":", 1)[1])
+        assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S
+        assert await handshakes(port)
+    finally:
+        await node.stop(drain=False)
