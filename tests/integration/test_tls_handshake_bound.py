@@ -26,6 +26,7 @@ from llmfabric.net.server_tls import ServerTls
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.testing.poll import wait_until
 
 from .test_listener_tls import write_cert
 
@@ -158,3 +159,38 @@ async def test_a_nodes_https_api_bounds_the_handshake(tmp_path: pathlib.Path) ->
         assert await handshakes(port)
     finally:
         await node.stop(drain=False)
+
+
+async def test_connections_mid_handshake_count_against_the_per_client_cap(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Over HTTPS a connection takes its slot at TCP accept: silent connections fill the
+    per-client cap long before their handshake limit, the next one is aborted at once, and
+    the slots come back when they close (the handshake never done)."""
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    write_cert(cert, key, "front")
+    fwd = HttpForwarder()
+    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
+    ff = FastFront(
+        ingress, limits=FrontLimits(handshake_timeout_s=60.0, max_connections_per_client=4)
+    )
+    port = await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
+    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    try:
+        await wait_until(lambda: ff.slots.total == 4, 5, "the silent connections counted")
+        # over the cap: cut long before the 60 s handshake limit, and refused
+        assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S
+        assert ff.refused_connections == 1
+        with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
+            await handshakes(port)
+        for _, writer in silent:
+            writer.close()
+        await wait_until(lambda: ff.slots.total == 0, 5, "their slots given back")
+        assert ff.slots.per_client == {}
+        assert await handshakes(port)
+        await wait_until(lambda: ff.slots.total == 0, 5, "the honest client's slot back")
+    finally:
+        for _, writer in silent:
+            writer.close()
+        await ff.aclose()
+        await fwd.aclose()

@@ -1,8 +1,15 @@
 import pathlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from llmfabric.ingress.front.front_limits import FrontLimits, front_limits, safe_header_value
+from llmfabric.ingress.front.front_limits import (
+    ClientSlots,
+    FrontLimits,
+    front_limits,
+    safe_header_value,
+)
 from llmfabric.node.config import ConfigError, build_config
 
 pytestmark = pytest.mark.unit
@@ -18,6 +25,32 @@ def test_overrides_are_typed_and_checked() -> None:
         front_limits({"max_headers": "many"})
     with pytest.raises(ValueError, match=">= 1"):
         front_limits({"max_headers": 0})
+    with pytest.raises(ValueError, match="handshake_timeout_s must be > 0"):
+        front_limits({"handshake_timeout_s": 0})
+
+
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from("abc")), max_size=60))
+def test_client_slots_keep_both_caps_and_give_back_exactly(ops: list[tuple[bool, str]]) -> None:
+    """Any sequence of connections opening (True) and closing (False, one the client holds):
+    the counts match the connections held, never pass a cap, and refusals are counted."""
+    slots = ClientSlots(FrontLimits(max_connections=5, max_connections_per_client=2))
+    held: dict[str, int] = {}
+    refused = 0
+    for opening, client in ops:
+        if opening:
+            got = slots.take(client)
+            fits = sum(held.values()) < 5 and held.get(client, 0) < 2
+            assert got == fits
+            if got:
+                held[client] = held.get(client, 0) + 1
+            else:
+                refused += 1
+        elif held.get(client):
+            slots.give_back(client)
+            held[client] -= 1
+        assert slots.total == sum(held.values()) <= 5
+        assert slots.per_client == {c: n for c, n in held.items() if n}
+        assert slots.refused == refused
 
 
 def test_node_config_names_a_bad_front_limit(tmp_path: pathlib.Path) -> None:

@@ -15,7 +15,8 @@ Providers, X-Session-Id, traceparent). /v1/responses, /v1/messages and the pass-
 go to `Ingress.api` (api_routes.py).
 
 Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header and
-body read timeouts (408, slowloris), connection caps per process and per client address (503),
+body read timeouts (408, slowloris), connection caps per process and per client address (503;
+over HTTPS counted from the TCP accept, and a handshake must end within a limit),
 and the API key is checked when the head is complete, before any body is buffered (no key ->
 401 at once; an unknown key pauses reading until the store answered). Every header value we
 emit goes through `safe_header_value` (no CR/LF from session ids).
@@ -48,7 +49,7 @@ from llmfabric.ingress.front.fast_wire import (
     reply_bytes,
     too_many_connections,
 )
-from llmfabric.ingress.front.front_limits import FrontLimits
+from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, accept_factory, peer_ip
 from llmfabric.ingress.observe.tracing import traced
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
@@ -82,9 +83,8 @@ class FastFront:
         self.max_body = ingress.config.max_body_bytes
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
-        self._per_client: dict[str, int] = {}  # open connections per client address
+        self.slots = ClientSlots(limits)  # open connections per process and client address
         self._auth_memo: dict[str, float] = {}  # key -> until when it passes the pre-check
-        self.refused_connections = 0
         # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
         self._heads: HeadCache = {}
 
@@ -93,13 +93,13 @@ class FastFront:
         ssl: ssl_module.SSLContext | None = None,
     ) -> int:
         """Listen on host:port (0 picks a port); returns the bound port. With `ssl`, serve
-        HTTPS (reloading that context's certificate takes effect for new connections)."""
+        HTTPS (reloading that context's certificate takes effect for new connections; a
+        connection counts against the caps from its TCP accept on)."""
         loop = asyncio.get_running_loop()
+        factory = accept_factory(loop, lambda: _Connection(self, loop), ssl, self.slots,
+                                 self.limits.handshake_timeout_s)
         self._server = await loop.create_server(
-            lambda: _Connection(self, loop), host, port, reuse_port=reuse_port or None,
-            backlog=backlog, ssl=ssl,
-            ssl_handshake_timeout=self.limits.handshake_timeout_s if ssl else None,
-        )
+            factory, host, port, reuse_port=reuse_port or None, backlog=backlog)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def aclose(self) -> None:
@@ -111,6 +111,11 @@ class FastFront:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections refused at a cap (503 over HTTP; aborted at accept over HTTPS)."""
+        return self.slots.refused
 
     def route(self, req: FrontRequest) -> tuple[str, bool] | Reply | None:
         """(path, streamable) for an OpenAI POST; a Reply for errors; None for GET routes."""
@@ -155,19 +160,15 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = t = cast(asyncio.Transport, transport)
         front = self.front
-        peer = t.get_extra_info("peername")
-        self.client = ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        held = front._per_client.get(ip, 0)
-        lim = front.limits
-        if len(front._conns) >= lim.max_connections or held >= lim.max_connections_per_client:
-            # Over a cap (a flood): answer 503 and close without reading anything.
-            self.parsing = False
-            front.refused_connections += 1
-            t.write(too_many_connections())
-            t.close()
-            return
-        front._per_client[ip] = held + 1
-        self.counted = True
+        if not self.counted:  # (over HTTPS the slot was taken at accept: CountedTlsAccept)
+            self.client = peer_ip(t)
+            if not front.slots.take(self.client):
+                # Over a cap (a flood): answer 503 and close without reading anything.
+                self.parsing = False
+                t.write(too_many_connections())
+                t.close()
+                return
+            self.counted = True
         sock = t.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -181,11 +182,7 @@ class _Connection(asyncio.Protocol):
         front._conns.discard(self)
         if self.counted:
             self.counted = False
-            left = front._per_client.get(self.client, 1) - 1
-            if left > 0:
-                front._per_client[self.client] = left
-            else:
-                front._per_client.pop(self.client, None)
+            front.slots.give_back(self.client)
         self._wake_runner()
         if self.idle_handle is not None:
             self.idle_handle.cancel()

@@ -1,18 +1,29 @@
-"""Limits of the lean HTTP/1.1 front against abusive clients (nginx-like defaults), and the
-header-value check for everything the ingress emits.
+"""Limits of the lean HTTP/1.1 front against abusive clients (nginx-like defaults), the
+connection slots they are counted in, and the header-value check for everything the
+ingress emits.
 
 Each limit answers like nginx does: URL too long -> 414, head too large or too many headers
 -> 431, a head or body that trickles in too slowly -> 408 and close, too many connections
 (per process or per client address) -> 503 and close. The defaults fit OpenAI clients with
 room to spare; `docs/ingress.md` ("Front limits") lists them.
+
+`ClientSlots` counts open connections per process and per client address. Over HTTPS a
+connection takes its slot when TCP accepts it (`CountedTlsAccept`, made by
+`accept_factory`), not when its handshake is done: a flood of connections that never finish
+a handshake is refused at the caps like any other, instead of holding sockets and TLS
+buffers uncounted until `handshake_timeout_s`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import asyncio.sslproto
 import dataclasses
-from collections.abc import Mapping
+import ssl
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +83,94 @@ def safe_header_value(value: str) -> str:
     if value.isascii() and value.isprintable():
         return value  # the common case: one C-level scan
     return "".join(c for c in value if " " <= c <= "~")
+
+
+class ClientSlots:
+    """Open connections, per process and per client address, under `FrontLimits`' caps."""
+
+    def __init__(self, limits: FrontLimits) -> None:
+        self.max_total = limits.max_connections
+        self.max_per_client = limits.max_connections_per_client
+        self.total = 0
+        self.per_client: dict[str, int] = {}
+        self.refused = 0  # connections refused at a cap
+
+    def take(self, client: str) -> bool:
+        """A slot for a new connection from `client`; False (and counted) over a cap."""
+        held = self.per_client.get(client, 0)
+        if self.total >= self.max_total or held >= self.max_per_client:
+            self.refused += 1
+            return False
+        self.per_client[client] = held + 1
+        self.total += 1
+        return True
+
+    def give_back(self, client: str) -> None:
+        """Release a slot `take(client)` gave (exactly once per slot)."""
+        self.total -= 1
+        left = self.per_client.get(client, 1) - 1
+        if left > 0:
+            self.per_client[client] = left
+        else:
+            self.per_client.pop(client, None)
+
+
+def peer_ip(transport: asyncio.BaseTransport) -> str:
+    """The client's IP address ("" when the transport does not say)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
+class SlotHolder(typing.Protocol):
+    """What `CountedTlsAccept` hands its slot to: the HTTP protocol of the connection (an
+    asyncio.Protocol)."""
+
+    client: str
+    counted: bool  # holds a slot (it gives it back when its connection ends)
+    transport: asyncio.Transport | None  # set once its connection_made ran
+
+
+class CountedTlsAccept(asyncio.sslproto.SSLProtocol):
+    """The TLS layer of one accepted HTTPS connection, which takes the connection's slot in
+    `slots` at TCP accept: over a cap it aborts at once (no TLS yet, so no 503 can be sent);
+    otherwise the slot passes to `app` when the handshake is done (`app.counted`), or is given
+    back here if the connection ends before that."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, app: SlotHolder, ctx: ssl.SSLContext,
+                 slots: ClientSlots, handshake_timeout_s: float) -> None:
+        # (typeshed wants a future for the waiter and an int timeout; None and float work)
+        no_waiter: Any = None
+        limit: Any = handshake_timeout_s
+        protocol: Any = app
+        super().__init__(loop, protocol, ctx, no_waiter, server_side=True,
+                         ssl_handshake_timeout=limit)
+        self._app = app
+        self._slots = slots
+        self._held = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ip = peer_ip(transport)
+        if not self._slots.take(ip):
+            cast(asyncio.Transport, transport).abort()
+            return
+        self._held = True
+        self._app.client, self._app.counted = ip, True
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._held and self._app.transport is None:  # the handshake never completed
+            self._app.counted = False
+            self._slots.give_back(self._app.client)
+        self._held = False
+        super().connection_lost(exc)
+
+
+def accept_factory(
+    loop: asyncio.AbstractEventLoop, make_app: Callable[[], SlotHolder],
+    ctx: ssl.SSLContext | None, slots: ClientSlots, handshake_timeout_s: float,
+) -> Callable[[], asyncio.BaseProtocol]:
+    """The `create_server` protocol factory of a front: `make_app` itself over plain HTTP
+    (the app takes its slot when it is made); over HTTPS, `CountedTlsAccept` layers."""
+    if ctx is None:
+        return cast(Callable[[], asyncio.BaseProtocol], make_app)
+    return lambda: CountedTlsAccept(loop, make_app(), ctx, slots, handshake_timeout_s)
