@@ -31,9 +31,8 @@ class FrontLimits:
     max_url_bytes: int = 8 * 1024  # request target; longer -> 414
     max_head_bytes: int = 32 * 1024  # request line + headers; larger -> 431
     max_headers: int = 100  # header fields; more -> 431
-    # HTTPS: accepted -> TLS handshake done (asyncio's default is 60 s). The front counts a
-    # connection only once its handshake is done, so this bounds how long a client can hold
-    # uncounted sockets and TLS buffers for the price of a TCP connect.
+    # HTTPS: accepted -> TLS handshake done (asyncio's default is 60 s): how long a client
+    # that connected and then said nothing holds a slot, a socket and TLS buffers.
     handshake_timeout_s: float = 10.0
     header_timeout_s: float = 20.0  # from a request's first byte to the end of its head
     body_timeout_s: float = 30.0  # between two reads of a request body
