@@ -60,6 +60,7 @@ from llmfabric.sim.costs import (
     decode_serial_kv_bytes,
     op_time,
 )
+from llmfabric.sim.gpu_names import catalog_name
 from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.operators import (
@@ -367,6 +368,7 @@ def measure(
 ) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
     import torch
 
+    torch.manual_seed(0)
     timer = Timer(torch, device, warmup, reps)
     sdpa = _sdpa(torch, backend)
     rows, skipped, failed = [], [], []
@@ -377,8 +379,6 @@ def measure(
             continue
         try:  # one failing case (memory, an SDPA backend refusing a shape) must not end the run
             fn = thunk(case, torch, device, sdpa)
-            if device == "cuda" and case.cls not in kernels:
-                kernels[case.cls] = kernel_names(torch, fn)
             measured = timer.median_s(fn)
         except RuntimeError as exc:
             failed.append(f"{case.label}: {str(exc).splitlines()[0][:200]}")
@@ -407,7 +407,11 @@ def measure(
             f"[{i + 1}/{len(cases)}] {case.label}: predicted {predicted * 1e6:.1f} us, "
             f"measured {measured * 1e6:.1f} us"
         )
-    if device == "cuda":
+    if device == "cuda":  # after all timing, so the profiler cannot perturb it
+        for row in rows:
+            if row["cls"] not in kernels:
+                case = Case(**row["case_fields"])
+                kernels[case.cls] = kernel_names(torch, thunk(case, torch, device, sdpa))
         torch.cuda.synchronize()
         env = {
             "device_name": torch.cuda.get_device_name(0),
@@ -433,7 +437,9 @@ def kernel_names(torch: Any, fn: Callable[[], object]) -> list[str]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        return sorted({e.key[:120] for e in prof.key_averages()})
+        events = prof.key_averages()
+        on_gpu = [e.key for e in events if getattr(e.device_type, "name", "") == "CUDA"]
+        return sorted({k[:120] for k in (on_gpu or [e.key for e in events])})
     except Exception as exc:  # the names are a diagnostic; timing goes on without them
         return [f"profiler unavailable: {type(exc).__name__}"]
 
@@ -462,6 +468,12 @@ def render(payload: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
             "Achieved copy bandwidth (read + write): "
             + ", ".join(f"{k}: {v:.0f} GB/s" for k, v in payload["hbm_copy_gbps"].items())
             + f" (spec {payload['gpu_mem_bw_gbps']:.0f} GB/s)."
+        )
+    if payload["device"] == "cuda" and payload["env"].get("catalog_gpu") != payload["gpu"]:
+        lines.insert(
+            0,
+            f"**WARNING: measured on {payload['env'].get('device_name')} (catalog "
+            f"{payload['env'].get('catalog_gpu')}), predicted for {payload['gpu']}.**",
         )
     if payload["env"].get("failed"):
         lines.append("FAILED cases: " + "; ".join(payload["env"]["failed"]))
@@ -557,6 +569,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.sdpa_backend,
         lambda s: print(s, file=sys.stderr),
     )
+    detected = catalog_name(env["device_name"]) if args.device == "cuda" else None
+    if args.device == "cuda" and detected != gpu.name:
+        print(
+            f"sim_gpu_check: WARNING: the device is {env['device_name']!r} (catalog: "
+            f"{detected}), the predictions are for {gpu.name}",
+            file=sys.stderr,
+        )
+    env["catalog_gpu"] = detected
     copy_gbps = {r["case"]: r["measured_gbps"] for r in rows if r["cls"] == "hbm_copy"}
     payload = {
         "gpu": gpu.name,
