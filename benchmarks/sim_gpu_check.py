@@ -39,6 +39,7 @@ Needs torch, numpy and llmfabric.sim (numpy, pyyaml); torch is imported only to 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -60,6 +61,7 @@ from llmfabric.sim.costs import (
     decode_serial_kv_bytes,
     op_time,
 )
+from llmfabric.sim.errors import UnknownGPUError
 from llmfabric.sim.gpu_names import catalog_name
 from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
@@ -312,7 +314,7 @@ class Timer:
             end.record()
             events.append((start, end))
         torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in events) / 1e3
+        return float(statistics.median(s.elapsed_time(e) for s, e in events)) / 1e3
 
 
 def thunk(case: Case, torch: Any, device: str, sdpa: Callable[..., Any]) -> Callable[[], object]:
@@ -371,7 +373,9 @@ def measure(
     torch.manual_seed(0)
     timer = Timer(torch, device, warmup, reps)
     sdpa = _sdpa(torch, backend)
-    rows, skipped, failed = [], [], []
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    failed: list[str] = []
     kernels: dict[str, list[str]] = {}
     for i, case in enumerate(cases):
         if device == "cpu" and not within_cpu_budget(case):
@@ -411,14 +415,16 @@ def measure(
         for row in rows:
             if row["cls"] not in kernels:
                 case = Case(**row["case_fields"])
-                kernels[case.cls] = kernel_names(torch, thunk(case, torch, device, sdpa))
+                make = functools.partial(thunk, case, torch, device, sdpa)
+                kernels[case.cls] = kernel_names(torch, make)
         torch.cuda.synchronize()
+        backends: Any = torch.backends.cuda
         env = {
             "device_name": torch.cuda.get_device_name(0),
             "cuda": torch.version.cuda,
-            "sdpa_flash": torch.backends.cuda.flash_sdp_enabled(),
-            "sdpa_cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
-            "sdpa_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "sdpa_flash": backends.flash_sdp_enabled(),
+            "sdpa_cudnn": backends.cudnn_sdp_enabled(),
+            "sdpa_efficient": backends.mem_efficient_sdp_enabled(),
         }
     else:
         env = {"device_name": "cpu", "threads": torch.get_num_threads()}
@@ -428,11 +434,13 @@ def measure(
     return rows, skipped, env
 
 
-def kernel_names(torch: Any, fn: Callable[[], object]) -> list[str]:
-    """GPU kernels one call of `fn` launches (which GEMM / SDPA kernel torch picked), or a
-    note when the profiler is unavailable."""
+def kernel_names(torch: Any, make: Callable[[], Callable[[], object]]) -> list[str]:
+    """GPU kernels one call of the thunk `make()` builds launches (which GEMM / SDPA kernel
+    torch picked), or a note when that fails."""
     try:
         from torch.profiler import ProfilerActivity, profile
+
+        fn = make()
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
@@ -441,7 +449,7 @@ def kernel_names(torch: Any, fn: Callable[[], object]) -> list[str]:
         on_gpu = [e.key for e in events if getattr(e.device_type, "name", "") == "CUDA"]
         return sorted({k[:120] for k in (on_gpu or [e.key for e in events])})
     except Exception as exc:  # the names are a diagnostic; timing goes on without them
-        return [f"profiler unavailable: {type(exc).__name__}"]
+        return [f"profiler unavailable: {type(exc).__name__}: {str(exc)[:100]}"]
 
 
 def render(payload: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
@@ -543,7 +551,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--reps must be >= 20 on CUDA")
     if reps < 1 or args.warmup < 0:
         ap.error("--reps must be >= 1 and --warmup >= 0")
-    gpu = get_gpu(args.gpu)  # unknown names raise UnknownGPUError with the catalog's hint
+    try:
+        gpu = get_gpu(args.gpu)
+    except UnknownGPUError as exc:
+        ap.error(str(exc))
     eff = efficiency_for(gpu)
     try:
         import torch
@@ -607,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(_clean(payload), indent=2) + "\n")
-    md_path = args.md or args.json.with_suffix(".md")  # type: ignore[union-attr]
+    md_path: Path = args.md or args.json.with_suffix(".md")
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(md)
     print(

@@ -133,6 +133,7 @@ def test_cpu_measurement_end_to_end() -> None:
     rows, skipped, env = G.measure(cases, GPU, EFF, "cpu", 0, 2, "default", lambda _: None)
     assert skipped == [] and env["failed"] == [] and env["device_name"] == "cpu"
     assert [r["cls"] for r in rows] == ["gemm", "hbm_copy", "attn_prefill", "attn_decode"]
+    assert [G.Case(**r["case_fields"]) for r in rows] == cases  # the CUDA profiling pass
     for r in rows:
         assert r["measured_us"] > 0
         assert r["error"] == pytest.approx(r["predicted_us"] / r["measured_us"] - 1)
