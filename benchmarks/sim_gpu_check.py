@@ -16,9 +16,11 @@ Cases (BF16, batch of one layer, per-GPU shard shapes under tensor parallelism T
 - a device-to-device copy (bytes read + written / time = achieved HBM bandwidth).
 
 Timing: CUDA events around every repetition, after warm-ups, median of >= 20 repetitions.
-Before every repetition a 256 MiB buffer is zeroed (as triton's do_bench does): it flushes L2,
-so every repetition reads cold data as a serving step does, and it keeps the GPU busy while the
-host enqueues the timed kernel (the launch latency is not in the interval).
+Before every repetition a 256 MiB buffer is read (summed): it flushes L2, so every repetition
+reads cold data as a serving step does, and it keeps the GPU busy while the host enqueues the
+timed kernel (the launch latency is not in the interval). Not zeroed, as triton's do_bench
+does (`--flush write`): that leaves L2 full of dirty lines, which the timed kernel must write
+back as it reads, and measured small GEMMs 20-55 % slower on an H100 (docs/simulator.md).
 
 Predictions come from the simulator's own functions for the named GPU and its calibration
 (`calibration.efficiency_for`): `costs.op_time` of the `operators` OpCost of each GEMM (one
@@ -286,11 +288,19 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 class Timer:
     """Times a thunk: CUDA events (flush L2 before each repetition) or perf_counter on CPU."""
 
-    def __init__(self, torch: Any, device: str, warmup: int, reps: int) -> None:
+    def __init__(
+        self, torch: Any, device: str, warmup: int, reps: int, flush: str = "read"
+    ) -> None:
         self.torch, self.device, self.warmup, self.reps = torch, device, warmup, reps
         self.flush = (
-            torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if device == "cuda" else None
+            torch.zeros(FLUSH_BYTES, dtype=torch.uint8, device=device) if device == "cuda" else None
         )
+        # read: sum the buffer: L2 ends full of clean lines, as a decode step's earlier
+        # weight reads leave it. write: zero it (triton's do_bench): L2 ends full of DIRTY
+        # lines, which the timed kernel must write back as it reads. none: no flush (a
+        # weight that fits in L2 stays there, and launch latency falls in the interval).
+        self.flush_mode = flush
+        self._as_f32 = self.flush.view(torch.float32) if self.flush is not None else None
 
     def median_s(self, fn: Callable[[], object]) -> float:
         torch = self.torch
@@ -308,7 +318,10 @@ class Timer:
         for _ in range(self.reps):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            self.flush.zero_()
+            if self.flush_mode == "write":
+                self.flush.zero_()
+            elif self.flush_mode == "read":
+                self._as_f32.sum()
             start.record()
             fn()
             end.record()
@@ -367,11 +380,12 @@ def measure(
     reps: int,
     backend: str,
     log: Callable[[str], None],
+    flush: str = "read",
 ) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
     import torch
 
     torch.manual_seed(0)
-    timer = Timer(torch, device, warmup, reps)
+    timer = Timer(torch, device, warmup, reps, flush)
     sdpa = _sdpa(torch, backend)
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
@@ -457,7 +471,7 @@ def render(payload: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         f"Predictions: {payload['gpu']} ({payload['efficiency_source']}); measured on "
         f"{payload['env'].get('device_name')} (torch {payload['env'].get('torch')}, "
-        f"{payload['reps']} reps, median).",
+        f"{payload['reps']} reps, median; L2 flush: {payload.get('flush', 'write')}).",
         f"MAPE overall {s['mape'] * 100:.1f} % over {s['rows']} cases; by class: "
         + ", ".join(f"{c} {v * 100:.1f} %" for c, v in s["mape_by_class"].items())
         + "; GEMMs by op: "
@@ -545,6 +559,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("default", "flash", "cudnn", "efficient", "math"),
         help="force one SDPA backend (default: torch's own choice)",
     )
+    ap.add_argument(
+        "--flush",
+        default="read",
+        choices=("write", "read", "none"),
+        help="L2 before each repetition: read (default: sum 256 MiB, L2 left full of clean "
+        "lines, as a decode step's earlier weight reads leave it), write (zero 256 MiB, as "
+        "triton's do_bench: dirty lines the timed kernel must write back), none (no flush; "
+        "the launch latency falls inside the interval)",
+    )
     args = ap.parse_args(argv)
     reps = args.reps if args.reps is not None else (20 if args.quick else 50)
     if args.device == "cuda" and reps < 20:
@@ -579,6 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reps,
         args.sdpa_backend,
         lambda s: print(s, file=sys.stderr),
+        args.flush,
     )
     detected = catalog_name(env["device_name"]) if args.device == "cuda" else None
     if args.device == "cuda" and detected != gpu.name:
@@ -599,7 +623,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reps": reps,
         "warmup": args.warmup,
         "sdpa_backend": args.sdpa_backend,
-        "timing": "CUDA events, 256 MiB L2 flush before every repetition, median"
+        "flush": args.flush,
+        "timing": f"CUDA events, L2 flush before every repetition: {args.flush}, median"
         if args.device == "cuda"
         else "perf_counter per repetition, median (CPU)",
         "errors_meaningful": args.device == "cuda",
