@@ -43,7 +43,7 @@ from llmfabric.sim.models import ModelSpec, get_model
 MODEL = "llama-3.1-8b"
 # (batch, context): decode-only steps at the batch sizes a single-GPU engine runs
 CASES = ((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256, 1024),
-         (1, 4096), (16, 4096), (64, 4096))
+         (1, 4096), (16, 4096), (64, 4096), (384, 512), (512, 512))
 MAX_CACHED_TOKENS = 256 * 1024
 
 
