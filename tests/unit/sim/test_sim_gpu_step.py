@@ -52,8 +52,39 @@ def test_the_step_picks_one_token_per_sequence_and_writes_the_new_kv() -> None:
 def test_the_prediction_is_the_simulators_step_without_its_iteration_overhead() -> None:
     model, gpu = get_model(G.MODEL), get_gpu("H100-SXM")
     cm = cost_model(model, gpu, 1)
-    for batch, context in G.CASES:
-        gpu_s, full_s = G.predicted_s(model, gpu.name, G.StepCase(batch, context))
-        assert full_s == pytest.approx(cm.decode_step_time(batch, batch * context))
+    for fields in G.CASES:
+        case = G.StepCase(*fields)
+        gpu_s, full_s = G.predicted_s(model, gpu.name, case)
+        b, ctx = case.batch, case.context
+        expected = (cm.mixed_step_time(b, b * ctx, [(case.chunk, case.prefix)], 1)
+                    if case.chunk else cm.decode_step_time(b, b * ctx))
+        assert full_s == pytest.approx(expected)
         assert full_s - gpu_s == pytest.approx(cm.step_overhead_s)
-        assert batch * context <= G.MAX_CACHED_TOKENS
+        assert b * ctx <= G.MAX_CACHED_TOKENS
+
+
+def test_a_mixed_step_attends_the_chunk_causally_over_its_prefix() -> None:
+    """One prompt chunk of 3 tokens after 2 cached ones rides with 2 decodes: 3 tokens are
+    picked (2 decodes + the chunk's last), the chunk's K/V land at positions 2-4 only, and
+    its mask lets token i see positions <= 2 + i."""
+    torch.manual_seed(0)
+    step = G.Step(torch, TINY, batch=2, context=8, device="cpu", chunk=3, prefix=2)
+    prefix_before = [k[:, :, :2].clone() for k, _ in step.p_cache]
+    with torch.inference_mode():
+        tokens = step()
+    assert tokens.shape == (3,)
+    for (k, _), old in zip(step.p_cache, prefix_before, strict=True):
+        assert torch.equal(k[:, :, :2], old)
+    # the chunk's attention is causal aligned to the bottom right: same as an explicit mask
+    # where chunk token i sees positions <= 2 + i
+    q = torch.randn(1, TINY.n_heads, 3, TINY.head_dim)
+    k, v = (torch.randn(1, TINY.n_kv_heads, 5, TINY.head_dim) for _ in range(2))
+    mask = torch.tensor([[True, True, True, False, False],
+                         [True, True, True, True, False],
+                         [True, True, True, True, True]])
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.allclose(sdpa(q, k, v, attn_mask=step.p_bias, enable_gqa=True),
+                          sdpa(q, k, v, attn_mask=mask, enable_gqa=True), atol=1e-6)
+    gpu_s, full_s = G.predicted_s(get_model(G.MODEL), "H100-SXM", G.StepCase(64, 1024, 512, 0))
+    decode_s, _ = G.predicted_s(get_model(G.MODEL), "H100-SXM", G.StepCase(64, 1024))
+    assert full_s > gpu_s > decode_s  # the chunk costs something
