@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from llmfabric.net.tlsstream import TLS_READ_BUFFER
+
 
 @dataclass(frozen=True, slots=True)
 class FrontLimits:
@@ -133,7 +135,11 @@ class CountedTlsAccept(asyncio.sslproto.SSLProtocol):
     """The TLS layer of one accepted HTTPS connection, which takes the connection's slot in
     `slots` at TCP accept: over a cap it aborts at once (no TLS yet, so no 503 can be sent);
     otherwise the slot passes to `app` when the handshake is done (`app.counted`), or is given
-    back here if the connection ends before that."""
+    back here if the connection ends before that. Its receive buffer is the peer transport's
+    64 KiB, not asyncio's 256 KiB (zero-filled, so resident, per connection; request heads
+    and bodies gain nothing from more: net/tlsstream.py)."""
+
+    max_size = TLS_READ_BUFFER
 
     def __init__(self, loop: asyncio.AbstractEventLoop, app: SlotHolder, ctx: ssl.SSLContext,
                  slots: ClientSlots, handshake_timeout_s: float) -> None:
