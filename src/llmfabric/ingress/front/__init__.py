@@ -12,8 +12,10 @@ Files:
   reading it), `response_head`, `reply_bytes` (a complete response, heads cached),
   `ResponseSink` (chunked or close-delimited streams; its own `DirectWriter`), `not_allowed`.
 - front_limits.py: `FrontLimits` (URL/head sizes, TLS handshake and read timeouts, connection
-  caps of the lean front), `ClientSlots` (the caps' counts; over HTTPS taken at TCP accept
-  by `CountedTlsAccept`) and `safe_header_value` (no control characters in emitted headers).
+  caps of the lean front), `ClientSlots` (the caps' counts; over HTTPS on asyncio's loop
+  taken at TCP accept by `CountedTlsAccept`), `listen_args` (plain, counted TLS, or the
+  loop's own TLS on uvloop) and `safe_header_value` (no control characters in emitted
+  headers).
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
   metrics)` for an aiohttp app over the same core (tests, embedding),
   `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a

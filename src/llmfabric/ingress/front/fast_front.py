@@ -49,7 +49,7 @@ from llmfabric.ingress.front.fast_wire import (
     reply_bytes,
     too_many_connections,
 )
-from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, accept_factory, peer_ip
+from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, listen_args, peer_ip
 from llmfabric.ingress.observe.tracing import traced
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
@@ -93,13 +93,13 @@ class FastFront:
         ssl: ssl_module.SSLContext | None = None,
     ) -> int:
         """Listen on host:port (0 picks a port); returns the bound port. With `ssl`, serve
-        HTTPS (reloading that context's certificate takes effect for new connections; a
-        connection counts against the caps from its TCP accept on)."""
+        HTTPS (reloading that context's certificate takes effect for new connections; how
+        connections mid-handshake count: front_limits.py)."""
         loop = asyncio.get_running_loop()
-        factory = accept_factory(loop, lambda: _Connection(self, loop), ssl, self.slots,
-                                 self.limits.handshake_timeout_s)
+        factory, tls = listen_args(loop, lambda: _Connection(self, loop), ssl, self.slots,
+                                   self.limits.handshake_timeout_s)
         self._server = await loop.create_server(
-            factory, host, port, reuse_port=reuse_port or None, backlog=backlog)
+            factory, host, port, reuse_port=reuse_port or None, backlog=backlog, **tls)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def aclose(self) -> None:
@@ -108,6 +108,8 @@ class FastFront:
             self._server.close()
         for conn in list(self._conns):
             conn.abort()
+        for accepting in list(self.slots.handshaking):
+            accepting.abort_handshake()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None

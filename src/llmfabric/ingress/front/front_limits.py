@@ -7,16 +7,20 @@ Each limit answers like nginx does: URL too long -> 414, head too large or too m
 (per process or per client address) -> 503 and close. The defaults fit OpenAI clients with
 room to spare; `docs/ingress.md` ("Front limits") lists them.
 
-`ClientSlots` counts open connections per process and per client address. Over HTTPS a
-connection takes its slot when TCP accepts it (`CountedTlsAccept`, made by
-`accept_factory`), not when its handshake is done: a flood of connections that never finish
-a handshake is refused at the caps like any other, instead of holding sockets and TLS
-buffers uncounted until `handshake_timeout_s`.
+`ClientSlots` counts open connections per process and per client address. Over HTTPS on
+asyncio's own event loop a connection takes its slot when TCP accepts it (`CountedTlsAccept`,
+chosen by `listen_args`), not when its handshake is done: a flood of connections that never
+finish a handshake is refused at the caps like any other, instead of holding sockets and
+256 KiB TLS buffers uncounted until `handshake_timeout_s`. On uvloop (which the CLI uses when
+installed) the loop's own TLS layer is kept, for its lower cost per connection (~40 KiB
+with no resident buffer, and less CPU per request): there a connection counts once its
+handshake is done, and the handshake limit bounds the ones that never finish.
 """
 
 from __future__ import annotations
 
 import asyncio
+import asyncio.selector_events
 import asyncio.sslproto
 import dataclasses
 import ssl
@@ -95,6 +99,8 @@ class ClientSlots:
         self.total = 0
         self.per_client: dict[str, int] = {}
         self.refused = 0  # connections refused at a cap
+        # HTTPS connections holding a slot before their handshake is done (CountedTlsAccept)
+        self.handshaking: set[CountedTlsAccept] = set()
 
     def take(self, client: str) -> bool:
         """A slot for a new connection from `client`; False (and counted) over a cap."""
@@ -108,6 +114,7 @@ class ClientSlots:
 
     def give_back(self, client: str) -> None:
         """Release a slot `take(client)` gave (exactly once per slot)."""
+        assert self.total > 0, "a connection slot given back twice"
         self.total -= 1
         left = self.per_client.get(client, 1) - 1
         if left > 0:
@@ -151,31 +158,49 @@ class CountedTlsAccept(asyncio.sslproto.SSLProtocol):
                          ssl_handshake_timeout=limit)
         self._app = app
         self._slots = slots
-        self._held = False
+        self._raw: asyncio.Transport | None = None  # while it holds a slot mid-handshake
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ip = peer_ip(transport)
         if not self._slots.take(ip):
             cast(asyncio.Transport, transport).abort()
             return
-        self._held = True
+        self._raw = cast(asyncio.Transport, transport)
+        self._slots.handshaking.add(self)
         self._app.client, self._app.counted = ip, True
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._held and self._app.transport is None:  # the handshake never completed
+        self._slots.handshaking.discard(self)
+        if self._raw is not None and self._app.transport is None:  # handshake never done
             self._app.counted = False
             self._slots.give_back(self._app.client)
-        self._held = False
+        self._raw = None
         super().connection_lost(exc)
 
+    def abort_handshake(self) -> None:
+        """Close the connection if its handshake is not done yet (a front shutting down)."""
+        if self._raw is not None and self._app.transport is None:
+            self._raw.abort()
 
-def accept_factory(
+
+def native_tls(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop` is asyncio's own (whose TLS layer `CountedTlsAccept` extends), not
+    uvloop's or another with a TLS layer of its own."""
+    return isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)
+
+
+def listen_args(
     loop: asyncio.AbstractEventLoop, make_app: Callable[[], SlotHolder],
     ctx: ssl.SSLContext | None, slots: ClientSlots, handshake_timeout_s: float,
-) -> Callable[[], asyncio.BaseProtocol]:
-    """The `create_server` protocol factory of a front: `make_app` itself over plain HTTP
-    (the app takes its slot when it is made); over HTTPS, `CountedTlsAccept` layers."""
+) -> tuple[Callable[[], asyncio.BaseProtocol], dict[str, Any]]:
+    """`create_server`'s protocol factory and TLS arguments for a front: plain HTTP, `make_app`
+    (the app takes its slot when it is made); HTTPS on asyncio's loop, `CountedTlsAccept`
+    layers (slot at accept); HTTPS on another loop, its own TLS layer with the handshake
+    limit (slot once the handshake is done)."""
+    app_factory = cast(Callable[[], asyncio.BaseProtocol], make_app)
     if ctx is None:
-        return cast(Callable[[], asyncio.BaseProtocol], make_app)
-    return lambda: CountedTlsAccept(loop, make_app(), ctx, slots, handshake_timeout_s)
+        return app_factory, {}
+    if native_tls(loop):
+        return lambda: CountedTlsAccept(loop, make_app(), ctx, slots, handshake_timeout_s), {}
+    return app_factory, {"ssl": ctx, "ssl_handshake_timeout": handshake_timeout_s}
