@@ -20,7 +20,8 @@ Before every repetition a 256 MiB buffer is read (summed): it flushes L2, so eve
 reads cold data as a serving step does, and it keeps the GPU busy while the host enqueues the
 timed kernel (the launch latency is not in the interval). Not zeroed, as triton's do_bench
 does (`--flush write`): that leaves L2 full of dirty lines, which the timed kernel must write
-back as it reads, and measured small GEMMs 20-55 % slower on an H100 (docs/simulator.md).
+back as it reads; on an H100 it made GEMMs with M <= 128 measure a median 20 % slower than
+with the read flush (docs/simulator.md).
 
 Predictions come from the simulator's own functions for the named GPU and its calibration
 (`calibration.efficiency_for`): `costs.op_time` of the `operators` OpCost of each GEMM (one

@@ -271,10 +271,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         error = gpu_s / got["graph_s"] - 1
         rows.append({"case": case.label, "batch": case.batch, "context": case.context,
+                     "chunk": case.chunk, "prefix": case.prefix,
                      "predicted_gpu_s": gpu_s, "predicted_full_s": full_s, **got,
                      "error": error})
         print(f"{case.label}: predicted {gpu_s * 1e3:.2f} ms, graph {got['graph_s'] * 1e3:.2f}"
               f" ms, eager {got['eager_s'] * 1e3:.2f} ms", file=sys.stderr)
+    if not rows:
+        print("sim_gpu_step: every case failed (see above)", file=sys.stderr)
+        return 1
     payload = {"model": MODEL, "gpu": gpu.name, "device_name": torch.cuda.get_device_name(0),
                "torch": torch.__version__, "reps": args.reps, "fused": not args.no_fuse,
                "mape": statistics.mean(abs(r["error"]) for r in rows),

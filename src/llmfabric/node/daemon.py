@@ -279,7 +279,7 @@ class Node:
             # Not a TCPSite: its TLS handshake limit is asyncio's 60 s, the front's is ours.
             assert self._runner.server is not None  # (set by setup())
             self._http_listener = await asyncio.get_running_loop().create_server(
-                self._runner.server, host, port, reuse_address=True, ssl=ssl,
+                self._runner.server, host, port, reuse_address=True, ssl=ssl, backlog=128,
                 ssl_handshake_timeout=(front_limits(self.config.front_limits)
                                        .handshake_timeout_s if ssl else None))
             bound_port = int(self._http_listener.sockets[0].getsockname()[1])

@@ -70,11 +70,14 @@ def test_a_mixed_step_attends_the_chunk_causally_over_its_prefix() -> None:
     torch.manual_seed(0)
     step = G.Step(torch, TINY, batch=2, context=8, device="cpu", chunk=3, prefix=2)
     prefix_before = [k[:, :, :2].clone() for k, _ in step.p_cache]
+    chunk_before = [k[:, :, 2:].clone() for k, _ in step.p_cache]
     with torch.inference_mode():
         tokens = step()
     assert tokens.shape == (3,)
-    for (k, _), old in zip(step.p_cache, prefix_before, strict=True):
-        assert torch.equal(k[:, :, :2], old)
+    for (k, _), old, was in zip(step.p_cache, prefix_before, chunk_before, strict=True):
+        assert torch.equal(k[:, :, :2], old)  # the cached prefix untouched
+        for pos in range(3):  # every chunk position written
+            assert not torch.equal(k[:, :, 2 + pos], was[:, :, pos])
     # the chunk's attention is causal aligned to the bottom right: same as an explicit mask
     # where chunk token i sees positions <= 2 + i
     q = torch.randn(1, TINY.n_heads, 3, TINY.head_dim)
