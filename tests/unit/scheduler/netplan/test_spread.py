@@ -127,3 +127,35 @@ def test_hostile_inputs() -> None:
         spread_routes(servers(1), ["s0g0"], "sw0", r)  # routes of another topology
     with pytest.raises(SpecError):
         spread_routes(t, ["s0g0"], "nope", r)
+
+
+def test_heroserve_prices_the_spread_distserve_does_not() -> None:
+    """The strategies' per-group choice on test_spread_turns_the_scheme_choice's group (net
+    cost 0): HeroServe's INA at sw0 with the spread routes (72.3 us) beats the ring (84 us);
+    DistServe rings, DS-SwitchML's INA at the core is over Ethernet only."""
+    from llmfabric.scheduler.netplan.baselines import distserve_comm
+    from llmfabric.scheduler.netplan.planner import heroserve_comm
+    from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
+    from llmfabric.sim.models import get_model
+
+    t = servers(2)
+    group = [f"s{h}g{k}" for h in range(2) for k in range(4)]
+    problem = NetProblem(
+        t,
+        get_model("opt-66b"),
+        tuple(group[:4]),
+        tuple(group[4:]),
+        NetWorkload(1.0, 512, 64),
+        10.0,
+        1.0,
+        net_collective_s=0.0,
+    )
+    r = Routes(t)
+    d = 200e3
+    hero = heroserve_comm(problem, group, d, {"sw0": 1, "sw1": 1, "core": 1}, r)
+    assert (hero.scheme, hero.switch) == ("ina", "sw0")
+    assert hero.t_ina == pytest.approx(2 * (d * (2 / NIC + 1 / NVL) + 3e-6) + 1e-6, rel=1e-12)
+    assert hero.load.bytes[("s0g0", "sw0")] == 2 and hero.load.bytes[("s0g2", "sw0")] == 2
+    dist = distserve_comm(problem, group, d, {"sw0": 1}, r)
+    assert dist.scheme == "ring"
+    assert dist.t_ring == pytest.approx(14 * d / 8 / NIC + 14 * 4e-6, rel=1e-12)
