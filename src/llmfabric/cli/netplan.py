@@ -192,7 +192,8 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
 @click.option("--json", "as_json", is_flag=True)
 def simulate_collective(topology: str, group: str, size: str, hop_latency: float | None,
                         net_latency: float | None, as_json: bool) -> None:
-    """All-reduce of one TP group: ring and INA at every switch (HeroServe eqs. 8-11)."""
+    """All-reduce of one TP group: ring and INA at every switch (HeroServe eqs. 8-11; INA
+    members forward over NVLink to the least-loaded NIC, as the planner prices HeroServe)."""
     from llmfabric.scheduler.netplan.commcost import (
         NET_COLLECTIVE_S,
         choose_scheme,
@@ -212,12 +213,14 @@ def simulate_collective(topology: str, group: str, size: str, hop_latency: float
         ring = t_ring(topo, members_ids, nbytes, hop_latency=hop_latency, net_s=net)
         ina = {}
         for s in topo.switches():
-            b = ina_breakdown(topo, members_ids, s, nbytes, hop_latency=hop_latency, net_s=net)
+            b = ina_breakdown(topo, members_ids, s, nbytes, hop_latency=hop_latency, net_s=net,
+                              spread=True)
             ina[str(s)] = {"collect_s": b.collect_s, "agg_s": b.agg_s,
                            "distribute_s": b.distribute_s, "net_s": b.net_s,
                            "total_s": b.total_s,
                            "slots": topo.switch(s).aggregator_slots}
-        choice = choose_scheme(topo, members_ids, nbytes, hop_latency=hop_latency, net_s=net)
+        choice = choose_scheme(topo, members_ids, nbytes, hop_latency=hop_latency, net_s=net,
+                               spread=True)
     except SimError as exc:
         raise click.ClickException(str(exc)) from None
     doc = {"group": members, "bytes": nbytes, "ring_s": ring, "ina": ina,

@@ -7,6 +7,8 @@ Files -> concepts
 - commcost.py  eqs. 5-15 in bytes: `t_ina`/`ina_breakdown`, `t_ring`, `t_pp`, `t_kv`,
                `choose_scheme` (Alg. 2's per-group INA/ring choice), `group_allreduce`
                (a group's cost as a `sim.collectives.AllReduceModel`).
+- spread.py    HeroServe's INA member routes: NVLink forwarding to the least-loaded NIC
+               (members pick in turn, least shared edge first; `commcost.ina_routes`).
 - chaining.py  which TP groups form each pipeline instance: greedy on eq. 6 boundary
                costs + swaps, never worse than topology order (HeroServe only).
 - grouping.py  equal-size constrained k-means on min-cost flow (seeded restarts) and the

@@ -7,6 +7,9 @@ number replaces it per hop, and 0 gives the paper's pure-bandwidth form (its Fig
   the aggregation switch, which sums (`t_agg`, ~1 us) and sends the result back down; a
   member's collect time is store and forward, sum over hops of bytes / B_e; the slowest member
   decides each phase.
+- INA member routes (`ina_routes`): each member's Dijkstra route, or with `spread=True`
+  (HeroServe only: planner, Alg. 2 grouping, link loads) NVLink forwarding to the
+  least-loaded NIC (spread.py); the baselines keep Dijkstra's (Ethernet-only) routes.
 - `t_ring` (eq. 11): 2(P-1) steps of bytes / P over the ring's narrowest hop, plus 2(P-1) x
   the slowest hop's latency.
 - Members of one group whose routes cross the same directed edge share it (the paper
@@ -38,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from llmfabric.scheduler.netplan.paths import DirectedEdge, PathRoute, Routes
+from llmfabric.scheduler.netplan.spread import down_routes, spread_routes
 from llmfabric.sim.collectives import AllReduceModel, ina_model, ring_over_path
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.models import ModelSpec
@@ -109,16 +113,27 @@ def _shared(paths: Sequence[PathRoute], hop_latency: float | None) -> list[Price
     return out
 
 
-def ina_paths(topology: Topology, group: Sequence[NodeId], switch: NodeId, *,
-              hop_latency: float | None = None, routes: Routes | None = None,
-              n_bytes: float = 1 << 20) -> tuple[list[PricedPath], list[PricedPath]]:
-    """Priced up (member -> switch) and down (switch -> member) paths of an INA group."""
+def ina_routes(topology: Topology, group: Sequence[NodeId], switch: NodeId, routes: Routes,
+               *, spread: bool = False) -> tuple[list[PathRoute], list[PathRoute]]:
+    """Up (member -> switch) and down routes of an INA group: each member's Dijkstra route,
+    or with `spread` HeroServe's NVLink forwarding to the least-loaded NIC (spread.py)."""
     members = _check_group(topology, group)
     topology.switch(switch)
+    if spread:
+        up = spread_routes(topology, members, switch, routes)
+        return up, down_routes(up)
+    return ([routes.route(g, switch) for g in members],
+            [routes.route(switch, g) for g in members])
+
+
+def ina_paths(topology: Topology, group: Sequence[NodeId], switch: NodeId, *,
+              hop_latency: float | None = None, routes: Routes | None = None,
+              n_bytes: float = 1 << 20, spread: bool = False
+              ) -> tuple[list[PricedPath], list[PricedPath]]:
+    """Priced up (member -> switch) and down (switch -> member) paths of an INA group."""
     r = _routes(topology, routes, n_bytes)
-    up = _shared([r.route(g, switch) for g in members], hop_latency)
-    down = _shared([r.route(switch, g) for g in members], hop_latency)
-    return up, down
+    up, down = ina_routes(topology, group, switch, r, spread=spread)
+    return _shared(up, hop_latency), _shared(down, hop_latency)
 
 
 def _check_net(net_s: float) -> None:
@@ -133,9 +148,10 @@ def crosses_servers(topology: Topology, group: Sequence[NodeId]) -> bool:
 
 def ina_breakdown(topology: Topology, group: Sequence[NodeId], switch: NodeId, nbytes: float,
                   *, hop_latency: float | None = None, t_agg: float = T_AGG_S,
-                  routes: Routes | None = None, net_s: float = 0.0) -> InaBreakdown:
+                  routes: Routes | None = None, net_s: float = 0.0,
+                  spread: bool = False) -> InaBreakdown:
     """Collect / aggregate / distribute seconds of one INA all-reduce of `nbytes` per member
-    (+ `net_s`, the fixed cost of going through the NICs)."""
+    (+ `net_s`, the fixed cost of going through the NICs); `spread`: `ina_routes`."""
     if nbytes < 0:
         raise SpecError("nbytes must be >= 0")
     _check_net(net_s)
@@ -143,17 +159,17 @@ def ina_breakdown(topology: Topology, group: Sequence[NodeId], switch: NodeId, n
         _check_group(topology, group)
         return InaBreakdown(0.0, 0.0, 0.0)
     up, down = ina_paths(topology, group, switch, hop_latency=hop_latency, routes=routes,
-                         n_bytes=nbytes)
+                         n_bytes=nbytes, spread=spread)
     return InaBreakdown(max(p.time(nbytes) for p in up), t_agg,
                         max(p.time(nbytes) for p in down), net_s)
 
 
 def t_ina(topology: Topology, group: Sequence[NodeId], switch: NodeId, nbytes: float, *,
           hop_latency: float | None = None, t_agg: float = T_AGG_S,
-          routes: Routes | None = None, net_s: float = 0.0) -> float:
+          routes: Routes | None = None, net_s: float = 0.0, spread: bool = False) -> float:
     """Seconds of one whole INA all-reduce (eq. 8: collect + aggregate + distribute, + net_s)."""
     return ina_breakdown(topology, group, switch, nbytes, hop_latency=hop_latency,
-                         t_agg=t_agg, routes=routes, net_s=net_s).total_s
+                         t_agg=t_agg, routes=routes, net_s=net_s, spread=spread).total_s
 
 
 def ring_order(topology: Topology, group: Sequence[NodeId]) -> list[NodeId]:
@@ -276,11 +292,13 @@ def nearest_switch(topology: Topology, group: Sequence[NodeId], nbytes: float, *
 def choose_scheme(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
                   free_slots: Mapping[NodeId, int] | None = None,
                   hop_latency: float | None = None, t_agg: float = T_AGG_S,
-                  routes: Routes | None = None, net_s: float = 0.0) -> SchemeChoice:
+                  routes: Routes | None = None, net_s: float = 0.0,
+                  spread: bool = False) -> SchemeChoice:
     """Algorithm 2's per-group choice: INA at the switch with a free aggregator slot where the
     group's whole INA (shared edges included) is fastest, or ring, whichever is cheaper
     (ties: INA, as the paper's `T_ina > T_ring` test). Alg. 2 attaches the switch "with the
-    smallest delay to the group"; the INA time is that delay with NIC sharing counted."""
+    smallest delay to the group"; the INA time is that delay with NIC sharing counted.
+    `spread`: members forward to the least-loaded NIC (HeroServe; `ina_routes`)."""
     r = _routes(topology, routes, nbytes)
     ring = t_ring(topology, group, nbytes, hop_latency=hop_latency, routes=r, net_s=net_s)
     if len(group) <= 1:
@@ -292,7 +310,7 @@ def choose_scheme(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
         if slots.get(s, 0) < 1 or not all(r.reachable(g, s) for g in group):
             continue
         t = t_ina(topology, group, s, nbytes, hop_latency=hop_latency, t_agg=t_agg, routes=r,
-                  net_s=net_s)
+                  net_s=net_s, spread=spread)
         if best is None or (t, k) < best[:2]:
             best = (t, k, s)
     if best is None:
@@ -304,14 +322,15 @@ def choose_scheme(topology: Topology, group: Sequence[NodeId], nbytes: float, *,
 def group_allreduce(topology: Topology, group: Sequence[NodeId], scheme: Scheme,
                     switch: NodeId | None, *, hop_latency: float | None = None,
                     t_agg: float = T_AGG_S, routes: Routes | None = None,
-                    net_s: float = 0.0) -> AllReduceModel:
+                    net_s: float = 0.0, spread: bool = False) -> AllReduceModel:
     """The group's all-reduce as an `AllReduceModel` (for `Deployment.stage_allreduces`);
-    `net_s` joins the base latency as in `t_ina` / `t_ring`."""
+    `net_s` joins the base latency as in `t_ina` / `t_ring`; `spread` as `ina_routes`."""
     _check_net(net_s)
     if scheme == "ina":
         if switch is None:
             raise SpecError("an INA group needs a switch")
-        up, down = ina_paths(topology, group, switch, hop_latency=hop_latency, routes=routes)
+        up, down = ina_paths(topology, group, switch, hop_latency=hop_latency, routes=routes,
+                             spread=spread)
         return with_base(ina_model(up, down, t_agg), net_s if len(group) > 1 else 0.0)
     if len(group) <= 1:
         return ring_over_path(1e30, 0.0)

@@ -176,7 +176,7 @@ def group_cost(problem: NetProblem, nbytes: float, routes: Routes
         if k not in memo:
             c = choose_scheme(problem.topology, group, nbytes,
                               hop_latency=problem.hop_latency, routes=routes,
-                              net_s=problem.net_collective_s)
+                              net_s=problem.net_collective_s, spread=True)
             memo[k] = min(c.t_ina, c.t_ring)
         return memo[k]
     return cost

@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from llmfabric.scheduler.netplan.commcost import StageGPUs, kv_sends, ring_order
+from llmfabric.scheduler.netplan.commcost import StageGPUs, ina_routes, kv_sends, ring_order
 from llmfabric.scheduler.netplan.paths import DirectedEdge, PathRoute, Routes
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.models import ModelSpec
@@ -86,15 +86,18 @@ def ring_load(topology: Topology, group: Sequence[NodeId], routes: Routes) -> Li
     return out
 
 
-def ina_load(group: Sequence[NodeId], switch: NodeId, routes: Routes) -> LinkLoad:
+def ina_load(
+    group: Sequence[NodeId], switch: NodeId, routes: Routes, *, spread: bool = False
+) -> LinkLoad:
     """Bytes per edge per byte all-reduced by each member of an INA group: 1 up each
-    member's route to the switch and 1 down its route back."""
+    member's route to the switch and 1 down its route back (`commcost.ina_routes`: with
+    `spread` the least-loaded-NIC routes HeroServe prices)."""
     out = LinkLoad()
     if len(group) <= 1:
         return out
-    for g in group:
-        out.add_route(routes.route(g, switch), 1.0)
-        out.add_route(routes.route(switch, g), 1.0)
+    up, down = ina_routes(routes.topology, group, switch, routes, spread=spread)
+    for route in (*up, *down):
+        out.add_route(route, 1.0)
     return out
 
 

@@ -540,18 +540,18 @@ def heroserve_comm(problem: NetProblem, group: Sequence[NodeId], nbytes: float,
     §III-D), so a group with a switch slot holds it whenever INA wins small messages."""
     topo, hop, net = problem.topology, problem.hop_latency, problem.net_collective_s
     c = choose_scheme(topo, group, nbytes, free_slots=free, hop_latency=hop, routes=routes,
-                      net_s=net)
+                      net_s=net, spread=True)
     ring = group_allreduce(topo, group, "ring", None, hop_latency=hop, routes=routes,
                            net_s=net)
     ring_bytes = ring_load(topo, group, routes)
     if c.switch is None:
         return GroupComm("ring", None, ring, c.t_ina, c.t_ring, ring_bytes)
     ina = group_allreduce(topo, group, "ina", c.switch, hop_latency=hop, routes=routes,
-                          net_s=net)
+                          net_s=net, spread=True)
     hybrid = hybrid_model(ina, ring, len(group))
     if c.scheme == "ina":
         return GroupComm("ina", c.switch, hybrid or ina, c.t_ina, c.t_ring,
-                         ina_load(group, c.switch, routes))
+                         ina_load(group, c.switch, routes, spread=True))
     if hybrid is not None:
         return GroupComm("ring", c.switch, hybrid, c.t_ina, c.t_ring, ring_bytes)
     return GroupComm("ring", None, ring, c.t_ina, c.t_ring, ring_bytes)
