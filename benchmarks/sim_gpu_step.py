@@ -20,9 +20,10 @@ with the chunk) minus `step_overhead_s` (the per-iteration scheduler, sampling a
 launch-gap time, which a captured graph does not have), so the comparison is GPU time
 against GPU time; the full prediction is reported too.
 
-Run: `PYTHONPATH=src python3 benchmarks/sim_gpu_step.py --gpu H100-SXM --json OUT.json`
-(torch with CUDA; exits with status 2 without it). Memory: weights ~16 GB plus the cache
-(batch x context <= 262,144 tokens: ~34 GB for Llama-3.1-8B).
+Run: `PYTHONPATH=src python3 benchmarks/sim_gpu_step.py --gpu H100-SXM [--model qwen3-32b]
+--json OUT.json` (torch with CUDA; exits with status 2 without it). Memory: Llama-3.1-8B's
+weights ~16 GB plus the cache (batch x context <= 262,144 tokens: ~34 GB); Qwen3-32B's
+65.6 GB plus <= 32,768 cached tokens (~8.6 GB).
 """
 
 from __future__ import annotations
@@ -46,15 +47,25 @@ from llmfabric.sim.errors import UnknownGPUError
 from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
 
-MODEL = "llama-3.1-8b"
-# (batch, context[, chunk, prefix]): decode-only steps at the batch sizes a single-GPU engine
-# runs, then chunked-prefill steps (one prompt chunk of `chunk` tokens after `prefix` cached
-# ones, riding with the decodes; vLLM's default token budget is 2048 per step).
-CASES = ((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256, 1024),
-         (1, 4096), (16, 4096), (64, 4096), (384, 512), (512, 512),
-         (64, 1024, 512, 0), (64, 1024, 1984, 0), (256, 1024, 512, 0), (256, 512, 1792, 0),
-         (32, 1024, 1024, 3072))
-MAX_CACHED_TOKENS = 256 * 1024
+MODEL = "llama-3.1-8b"  # the default --model
+# Per model: (batch, context[, chunk, prefix]) steps, and the most cached tokens (batch x
+# context) that fit beside its BF16 weights on an 80 GB GPU. Decode-only steps at the batch
+# sizes a single-GPU engine runs, then chunked-prefill steps (one prompt chunk of `chunk`
+# tokens after `prefix` cached ones, riding with the decodes; vLLM's default token budget
+# is 2048 per step).
+STEPS: dict[str, tuple[tuple[tuple[int, ...], ...], int]] = {
+    "llama-3.1-8b": ((
+        (1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256, 1024),
+        (1, 4096), (16, 4096), (64, 4096), (384, 512), (512, 512),
+        (64, 1024, 512, 0), (64, 1024, 1984, 0), (256, 1024, 512, 0), (256, 512, 1792, 0),
+        (32, 1024, 1024, 3072)), 256 * 1024),
+    # 65.6 GB of weights: ~10 GB left for the cache (QK-norm, an elementwise op on q and k,
+    # is left out like the rotary embeddings)
+    "qwen3-32b": ((
+        (1, 1024), (8, 1024), (32, 1024), (16, 2048), (64, 512),
+        (8, 1024, 512, 0), (16, 1024, 1024, 0), (8, 1024, 1024, 2048)), 32 * 1024),
+}
+CASES, MAX_CACHED_TOKENS = STEPS[MODEL]
 
 
 @dataclass(frozen=True)
@@ -239,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gpu", default="H100-SXM", help="catalog GPU the predictions are for")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--md", type=Path, default=None, help="default: --json with .md")
+    ap.add_argument("--model", default=MODEL, choices=sorted(STEPS))
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-fuse", action="store_true",
                     help="run the elementwise ops unfused (several torch ops each)")
@@ -247,8 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu = get_gpu(args.gpu)
     except UnknownGPUError as exc:
         ap.error(str(exc))
-    model = get_model(MODEL)
-    cases = [StepCase(*c) for c in CASES if c[0] * c[1] <= MAX_CACHED_TOKENS]
+    model = get_model(args.model)
+    steps, max_cached = STEPS[args.model]
+    cases = [StepCase(*c) for c in steps if c[0] * c[1] <= max_cached]
     try:
         import torch
     except ImportError:
@@ -279,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rows:
         print("sim_gpu_step: every case failed (see above)", file=sys.stderr)
         return 1
-    payload = {"model": MODEL, "gpu": gpu.name, "device_name": torch.cuda.get_device_name(0),
+    payload = {"model": args.model, "gpu": gpu.name, "device_name": torch.cuda.get_device_name(0),
                "torch": torch.__version__, "reps": args.reps, "fused": not args.no_fuse,
                "mape": statistics.mean(abs(r["error"]) for r in rows),
                "wall_s": time.perf_counter() - t0, "rows": rows}

@@ -13,6 +13,7 @@ import pytest
 
 from llmfabric.sim import get_gpu, get_model
 from llmfabric.sim.costs import cost_model
+from llmfabric.sim.hardware import GPUSpec
 from llmfabric.sim.models import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,9 +51,15 @@ def test_the_step_picks_one_token_per_sequence_and_writes_the_new_kv() -> None:
 
 
 def test_the_prediction_is_the_simulators_step_without_its_iteration_overhead() -> None:
-    model, gpu = get_model(G.MODEL), get_gpu("H100-SXM")
+    gpu = get_gpu("H100-SXM")
+    for name, (steps, max_cached) in G.STEPS.items():
+        check_predictions(get_model(name), gpu, steps, max_cached)
+
+
+def check_predictions(model: ModelSpec, gpu: GPUSpec, steps: tuple[tuple[int, ...], ...],
+                      max_cached: int) -> None:
     cm = cost_model(model, gpu, 1)
-    for fields in G.CASES:
+    for fields in steps:
         case = G.StepCase(*fields)
         gpu_s, full_s = G.predicted_s(model, gpu.name, case)
         b, ctx = case.batch, case.context
@@ -60,7 +67,7 @@ def test_the_prediction_is_the_simulators_step_without_its_iteration_overhead() 
                     if case.chunk else cm.decode_step_time(b, b * ctx))
         assert full_s == pytest.approx(expected)
         assert full_s - gpu_s == pytest.approx(cm.step_overhead_s)
-        assert b * ctx <= G.MAX_CACHED_TOKENS
+        assert b * ctx <= max_cached
 
 
 def test_a_mixed_step_attends_the_chunk_causally_over_its_prefix() -> None:
