@@ -81,9 +81,13 @@ DEPLOYMENTS = (
     ("llama-3.1-70b", 1),
     ("llama-3.1-70b", 4),
     ("llama-3.1-70b", 8),
+    ("qwen3-32b", 1),
 )
 GEMM_OPS = ("qkv_proj", "o_proj", "mlp_gate_up", "mlp_down")
-GEMM_M = (1, 8, 32, 128, 512, 2048, 8192)
+# Token counts of a step: powers of two, and counts just past a multiple of 128 as chunked
+# prefill makes them (decodes + a chunk: 1024 + 16), which a GEMM pays a whole extra row of
+# tiles for.
+GEMM_M = (1, 8, 32, 128, 512, 1040, 2048, 2112, 8192)
 PREFILL_SEQ = (512, 2048, 8192)
 DECODE_BATCH = (1, 16, 64, 256)
 DECODE_CTX = (1024, 4096)

@@ -39,9 +39,10 @@ def _gemm(model: str, tp: int, op: str, m: int = 1) -> object:
     return found[0]
 
 
-def test_gemm_shapes_are_the_llama_shards() -> None:
-    # (n, k) of the projections: Llama-3.1-8B (hidden 4096, 32/8 heads, FFN 14336) and
-    # Llama-3.1-70B (hidden 8192, 64/8 heads, FFN 28672) sharded over TP
+def test_gemm_shapes_are_the_published_shards() -> None:
+    # (n, k) of the projections: Llama-3.1-8B (hidden 4096, 32/8 heads, FFN 14336),
+    # Llama-3.1-70B (hidden 8192, 64/8 heads, FFN 28672) sharded over TP, and Qwen3-32B
+    # (hidden 5120, 64/8 heads of 128: q is 8192 wide, not the hidden size; FFN 25600)
     expected = {
         ("llama-3.1-8b", 1, "qkv_proj"): (6144, 4096),
         ("llama-3.1-8b", 1, "mlp_gate_up"): (28672, 4096),
@@ -51,6 +52,10 @@ def test_gemm_shapes_are_the_llama_shards() -> None:
         ("llama-3.1-70b", 4, "mlp_down"): (8192, 7168),
         ("llama-3.1-70b", 8, "o_proj"): (8192, 1024),
         ("llama-3.1-70b", 8, "qkv_proj"): (1280, 8192),
+        ("qwen3-32b", 1, "qkv_proj"): (10240, 5120),
+        ("qwen3-32b", 1, "o_proj"): (5120, 8192),
+        ("qwen3-32b", 1, "mlp_gate_up"): (51200, 5120),
+        ("qwen3-32b", 1, "mlp_down"): (5120, 25600),
     }
     for (model, tp, op), nk in expected.items():
         case = _gemm(model, tp, op)
@@ -60,7 +65,8 @@ def test_gemm_shapes_are_the_llama_shards() -> None:
 def test_case_lists_cover_every_class_and_deployment() -> None:
     full, quick = G.all_cases(False), G.all_cases(True)
     assert set(quick) < set(full)
-    assert len(full) == 4 * 4 * 7 + 4 * (3 + 4 * 2) + 3
+    n = len(G.DEPLOYMENTS)  # x (4 GEMMs x 9 M; 3 prefill + 4 x 2 decode attention) + 3 copies
+    assert n == 5 and len(full) == n * 4 * 9 + n * (3 + 4 * 2) + 3
     for cases in (full, quick):
         assert {c.cls for c in cases} == {"gemm", "attn_prefill", "attn_decode", "hbm_copy"}
         for cls in ("gemm", "attn_prefill", "attn_decode"):
