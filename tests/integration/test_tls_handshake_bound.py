@@ -214,6 +214,9 @@ async def test_connections_mid_handshake_count_against_the_per_client_cap(
         # over the cap: cut long before the 60 s handshake limit, and refused
         assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S
         assert ff.refused_connections == 1
+        scraped = ingress.metrics.render().decode()
+        assert "llmfabric_ingress_connections_refused_total 1.0" in scraped
+        assert "llmfabric_ingress_connections_open 4.0" in scraped
         with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
             await handshakes(port)
         for _, writer in silent:
@@ -240,6 +243,10 @@ async def test_a_timed_out_handshake_gives_its_slot_back(tmp_path: pathlib.Path)
         assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S  # cut by the limit
         await wait_until(lambda: ff.slots.total == 0, 5, "the slot given back")
         assert ff.slots.per_client == {} and not ff.slots.handshaking
+        # operators see it: the failed handshake is counted in the ingress's metrics
+        scraped = ingress.metrics.render().decode()
+        assert "llmfabric_ingress_tls_handshakes_failed_total 1.0" in scraped
+        assert "llmfabric_ingress_connections_open 0.0" in scraped
     finally:
         await ff.aclose()
         await fwd.aclose()

@@ -84,6 +84,7 @@ class FastFront:
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
         self.slots = ClientSlots(limits)  # open connections per process and client address
+        ingress.metrics.front_connections = self.slots.counts
         self._auth_memo: dict[str, float] = {}  # key -> until when it passes the pre-check
         # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
         self._heads: HeadCache = {}

@@ -99,8 +99,13 @@ class ClientSlots:
         self.total = 0
         self.per_client: dict[str, int] = {}
         self.refused = 0  # connections refused at a cap
+        self.handshakes_failed = 0  # HTTPS connections that ended mid-handshake
         # HTTPS connections holding a slot before their handshake is done (CountedTlsAccept)
         self.handshaking: set[CountedTlsAccept] = set()
+
+    def counts(self) -> tuple[int, int, int]:
+        """(open, refused, handshakes_failed): what the metrics export."""
+        return self.total, self.refused, self.handshakes_failed
 
     def take(self, client: str) -> bool:
         """A slot for a new connection from `client`; False (and counted) over a cap."""
@@ -175,6 +180,7 @@ class CountedTlsAccept(asyncio.sslproto.SSLProtocol):
         if self._raw is not None and self._app.transport is None:  # handshake never done
             self._app.counted = False
             self._slots.give_back(self._app.client)
+            self._slots.handshakes_failed += 1
         self._raw = None
         super().connection_lost(exc)
 

@@ -69,6 +69,9 @@ class IngressMetrics:
         self.queue_wait = _Hist()  # seconds admitted requests waited in the fair queue
         self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy/gate.py)
         self.queue_depth: Callable[[], int] | None = None  # requests waiting (fair queue)
+        # The lean front's connection counts (open, refused at a cap, TLS handshakes that
+        # never completed), read at scrape time; set by the front that serves this ingress.
+        self.front_connections: Callable[[], tuple[int, int, int]] | None = None
         # The routable candidates (their gossiped load hints carry each engine's prefix-cache
         # hit rate), read at scrape time only.
         self.candidates: Callable[[], Sequence[Candidate]] | None = None
@@ -238,6 +241,30 @@ class IngressMetrics:
         g.add_metric((), self.queue_depth() if self.queue_depth is not None else 0)
         yield g
         yield from self._cache_families()
+        yield from self._front_families()
+
+    def _front_families(self) -> Iterator[Metric]:
+        """What the lean front's connection limits did (front_limits.py): clients holding
+        connections, refused at a cap, or gone before their TLS handshake completed (a
+        flood of silent connections shows here first)."""
+        if self.front_connections is None:
+            return
+        open_now, refused, handshakes_failed = self.front_connections()
+        g = GaugeMetricFamily("llmfabric_ingress_connections_open",
+                              "Client connections the front holds now (HTTPS on asyncio's "
+                              "loop: from TCP accept on)")
+        g.add_metric((), open_now)
+        yield g
+        c = CounterMetricFamily("llmfabric_ingress_connections_refused",
+                                "Client connections refused at the per-process or "
+                                "per-client cap")
+        c.add_metric((), refused)
+        yield c
+        c = CounterMetricFamily("llmfabric_ingress_tls_handshakes_failed",
+                                "HTTPS connections that ended before their TLS handshake "
+                                "completed: timed out, failed or closed (asyncio's loop)")
+        c.add_metric((), handshakes_failed)
+        yield c
 
     def _cache_families(self) -> Iterator[Metric]:
         """The cache hit estimate: each serving node's engine prefix-cache hit rate, as its
