@@ -10,4 +10,6 @@ the logic under test.
   shared_data shared_data() / require_data(): the measured data directory, and the rule for
               a missing file (skip outside CI, fail in CI)
   members     joined(): a key whose JOIN record is in a replica (so its facts are accepted)
+  benchmark_module  load_benchmark(name): a benchmarks/ script as a module (tests of its
+              pure parts)
 """

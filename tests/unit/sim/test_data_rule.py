@@ -3,30 +3,15 @@ must lie within aiconfigurator's cuBLAS band on the same GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from llmfabric.testing.benchmark_module import load_benchmark
 from llmfabric.testing.shared_data import require_data, shared_data
 
-ROOT = Path(__file__).resolve().parents[3]
 PROFILES = shared_data("operator-profiles")
 
 
-def _load() -> ModuleType:
-    path = ROOT / "benchmarks" / "_sim_datarule.py"
-    spec = importlib.util.spec_from_file_location("_sim_datarule", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("_sim_datarule", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-R = _load()
+R = load_benchmark("_sim_datarule")
 
 
 def _gemm(m: int, n: int, k: int, ms: float) -> dict[str, object]:

@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmfabric.sim import ModelSpec, efficiency_for, get_gpu
+from llmfabric.testing.benchmark_module import load_benchmark
 from llmfabric.testing.shared_data import require_data, shared_data
 
-ROOT = Path(__file__).resolve().parents[3]
 DATA = shared_data()
 PROFILES = DATA / "operator-profiles"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_sim_e2e", ROOT / "benchmarks" / "_sim_e2e.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("_sim_e2e", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-E = _load()
+E = load_benchmark("_sim_e2e")
 
 
 def _synthetic() -> object:
@@ -115,11 +101,7 @@ def test_a_biased_gpu_shows_up_as_speedup_error() -> None:
 
 def test_measured_compositions_of_a_gqa_model() -> None:
     require_data(PROFILES / "vidur", PROFILES / "aiconfigurator")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import sim_accuracy
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    sim_accuracy = load_benchmark("sim_accuracy")
     gpus = {d: get_gpu(g) for d, g in sim_accuracy.VIDUR_GPUS.items()}
     effs = {g.name: efficiency_for(g) for g in gpus.values()}
     lats = E.collect(PROFILES / "vidur" / "compute", gpus, sim_accuracy.attention_sets(DATA),

@@ -16,6 +16,7 @@ from llmfabric.sim.errors import SpecError
 from llmfabric.sim.flying import burst_trace, max_context_tokens, simulate_flying
 from llmfabric.sim.switching import SwitchState, make_policy
 from llmfabric.sim.workload import Workload, replay
+from llmfabric.testing.benchmark_module import load_benchmark
 
 pytestmark = pytest.mark.unit
 MODEL, GPU = "llama-3.1-8b", "H100"
@@ -187,15 +188,7 @@ def test_a_bind_on_an_idle_moment_cannot_starve_paused_work() -> None:
 
 
 def test_benchmark_sections_report_ours_beside_the_paper() -> None:
-    import sys
-    from pathlib import Path
-
-    bench = str(Path(__file__).resolve().parents[3] / "benchmarks")
-    sys.path.insert(0, bench)
-    try:
-        import flying as bench_flying  # benchmarks/flying.py
-    finally:
-        sys.path.remove(bench)
+    bench_flying = load_benchmark("flying")
     lc = bench_flying.long_context()
     assert all(lc["checks"].values())  # F7 is exact: served merged, static DP cannot
     assert {r["layout"] for r in lc["rows"]} == {"static_TP2", "static_TP4", "static_TP8",

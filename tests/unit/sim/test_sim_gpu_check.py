@@ -3,32 +3,14 @@ the simulator's own costs, and its CPU measurement path runs end to end."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from llmfabric.sim import efficiency_for, get_gpu, get_model
 from llmfabric.sim.costs import op_time
 from llmfabric.sim.operators import layer_linear_ops
+from llmfabric.testing.benchmark_module import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _load() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports _common beside it
-    path = ROOT / "benchmarks" / "sim_gpu_check.py"
-    spec = importlib.util.spec_from_file_location("sim_gpu_check", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sim_gpu_check", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-G = _load()
+G = load_benchmark("sim_gpu_check")
 GPU = get_gpu("H100-SXM")
 EFF = efficiency_for(GPU)
 

@@ -4,34 +4,18 @@ its prediction is the simulator's step minus the per-iteration overhead a CUDA g
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from llmfabric.sim import get_gpu, get_model
 from llmfabric.sim.costs import cost_model
 from llmfabric.sim.hardware import GPUSpec
 from llmfabric.sim.models import ModelSpec
+from llmfabric.testing.benchmark_module import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[3]
 torch = pytest.importorskip("torch")
 
 
-def _load() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports _common beside it
-    spec = importlib.util.spec_from_file_location(
-        "sim_gpu_step", ROOT / "benchmarks" / "sim_gpu_step.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sim_gpu_step", module)  # (its dataclass looks itself up there)
-    spec.loader.exec_module(module)
-    return module
-
-
-G = _load()
+G = load_benchmark("sim_gpu_step")
 TINY = ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16,
                  ffn_hidden=96, vocab=50)
 

@@ -3,27 +3,20 @@ counts, and prefill and decode units joined through the core."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from llmfabric.scheduler.netplan.paths import Routes
+from llmfabric.testing.benchmark_module import load_benchmark
 
 pytestmark = pytest.mark.unit
 
-BENCH = str(Path(__file__).resolve().parents[4] / "benchmarks")
 
 
 @pytest.fixture(scope="module")
 def hs() -> ModuleType:
-    sys.path.insert(0, BENCH)
-    try:
-        import heroserve  # benchmarks/heroserve.py
-    finally:
-        sys.path.remove(BENCH)
-    return heroserve
+    return load_benchmark("heroserve")
 
 
 def test_core_uplinks_from_the_papers_switch_counts(hs: ModuleType) -> None:
