@@ -1,5 +1,6 @@
 """Tiny helpers shared by benchmark scripts: write `--json OUT` and a markdown table beside it,
-percentiles, and a closed-loop HTTP/1.1 client with its response-head parser."""
+percentiles, this process's RSS, and a closed-loop HTTP/1.1 client with its response-head
+parser."""
 
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def write_results(out: Path | None, payload: Mapping[str, Any], title: str,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(_clean(payload), indent=2) + "\n")
     out.with_suffix(".md").write_text(md)
+
+
+def rss_kib() -> int:
+    """This process's resident memory (VmRSS), KiB; 0 where /proc does not say."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
 
 
 def pct(xs: Sequence[float], q: float) -> float:

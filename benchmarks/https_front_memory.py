@@ -23,37 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import write_results
+from _common import rss_kib, write_results
+
+from llmfabric.testing.tls_files import write_cert
 
 VARIANTS = ("asyncio", "asyncio-256k", "uvloop")
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def write_self_signed(cert: pathlib.Path, key: pathlib.Path) -> None:
-    import datetime as dt
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    k = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench")])
-    now = dt.datetime.now(dt.UTC)
-    c = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-         .public_key(k.public_key()).serial_number(x509.random_serial_number())
-         .not_valid_before(now - dt.timedelta(days=1))
-         .not_valid_after(now + dt.timedelta(days=1)).sign(k, hashes.SHA256()))
-    cert.write_bytes(c.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
 
 
 async def serve(variant: str, cert: str, key: str) -> None:
@@ -113,7 +87,7 @@ async def amain(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cert, key = pathlib.Path(tmp) / "c.pem", pathlib.Path(tmp) / "k.pem"
-        write_self_signed(cert, key)
+        write_cert(cert, key, "bench")
         for rep in range(args.repeat):
             for variant in variants:
                 got = await measure(variant, args.conns, str(cert), str(key))

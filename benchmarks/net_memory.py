@@ -17,18 +17,10 @@ import gc
 import time
 from pathlib import Path
 
-from _common import write_results
+from _common import rss_kib, write_results
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import HandlerResponse, PeerRequest, TlsTransport, TransportConfig
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 async def echo(req: PeerRequest) -> HandlerResponse:

@@ -25,9 +25,9 @@ from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.net.server_tls import ServerTls
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.testing.tls_files import write_cert
 
 from .test_ingress_support import Backend, serve
-from .test_listener_tls import write_cert
 
 pytestmark = pytest.mark.integration
 

@@ -5,36 +5,20 @@ the new certificate while the listener keeps running; a broken file keeps the ol
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import pathlib
 import ssl
 
 import pytest
 from aiohttp import web
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.net.server_tls import ServerTls
+from llmfabric.testing.tls_files import write_cert
 
 pytestmark = pytest.mark.integration
-
-
-def write_cert(cert: pathlib.Path, key: pathlib.Path, cn: str) -> None:
-    k = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = dt.datetime.now(dt.UTC)
-    c = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-         .public_key(k.public_key()).serial_number(x509.random_serial_number())
-         .not_valid_before(now - dt.timedelta(days=1))
-         .not_valid_after(now + dt.timedelta(days=1)).sign(k, hashes.SHA256()))
-    cert.write_bytes(c.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(k.private_bytes(serialization.Encoding.PEM,
-                                    serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
 
 
 async def served_cn_and_status(port: int, path: str) -> tuple[str, int]:

@@ -13,8 +13,9 @@ from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import HandshakeRefused, TlsTransport, TransportConfig
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
+from llmfabric.testing.tls_files import write_cert
 
-from .test_listener_tls import served_cn_and_status, write_cert
+from .test_listener_tls import served_cn_and_status
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,7 @@ from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.testing.poll import wait_until
-
-from .test_listener_tls import write_cert
+from llmfabric.testing.tls_files import write_cert
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostile]
 

@@ -10,6 +10,7 @@ the logic under test.
   shared_data shared_data() / require_data(): the measured data directory, and the rule for
               a missing file (skip outside CI, fail in CI)
   members     joined(): a key whose JOIN record is in a replica (so its facts are accepted)
+  tls_files   write_cert(cert, key, cn): a self-signed ECDSA certificate and key as PEM files
   benchmark_module  load_benchmark(name): a benchmarks/ script as a module (tests of its
               pure parts)
 """
