@@ -50,17 +50,26 @@ def insecure_client() -> ssl.SSLContext:
 
 
 @asynccontextmanager
-async def front(tmp: pathlib.Path) -> AsyncIterator[int]:
+async def https_front(
+    tmp: pathlib.Path, limits: FrontLimits | None = None
+) -> AsyncIterator[tuple[FastFront, int]]:
+    """A lean front serving HTTPS with no providers on loopback, and its port."""
     cert, key = tmp / "c.pem", tmp / "k.pem"
     write_cert(cert, key, "front")
     fwd = HttpForwarder()
     ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
-    ff = FastFront(ingress, limits=FrontLimits(handshake_timeout_s=BOUND_S))
+    ff = FastFront(ingress, limits=limits)
     try:
-        yield await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
+        yield ff, await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
     finally:
         await ff.aclose()
         await fwd.aclose()
+
+
+@asynccontextmanager
+async def front(tmp: pathlib.Path) -> AsyncIterator[int]:
+    async with https_front(tmp, FrontLimits(handshake_timeout_s=BOUND_S)) as (_, port):
+        yield port
 
 
 @asynccontextmanager
@@ -145,19 +154,11 @@ def test_on_uvloop_the_front_keeps_its_own_tls_and_the_bound(tmp_path: pathlib.P
     uvloop = pytest.importorskip("uvloop")
 
     async def scenario() -> None:
-        cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-        write_cert(cert, key, "front")
-        fwd = HttpForwarder()
-        ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
-        ff = FastFront(ingress, limits=FrontLimits(handshake_timeout_s=BOUND_S))
-        try:
-            port = await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
+        limits = FrontLimits(handshake_timeout_s=BOUND_S)
+        async with https_front(tmp_path, limits) as (ff, port):
             await stalled_handshakes_are_cut(port)
             await wait_until(lambda: ff.slots.total == 0, 5, "the honest client's slot back")
             assert not ff.slots.handshaking  # (asyncio's CountedTlsAccept is not used here)
-        finally:
-            await ff.aclose()
-            await fwd.aclose()
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
@@ -199,90 +200,61 @@ async def test_connections_mid_handshake_count_against_the_per_client_cap(
     """Over HTTPS a connection takes its slot at TCP accept: silent connections fill the
     per-client cap long before their handshake limit, the next one is aborted at once, and
     the slots come back when they close (the handshake never done)."""
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    write_cert(cert, key, "front")
-    fwd = HttpForwarder()
-    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
-    ff = FastFront(
-        ingress, limits=FrontLimits(handshake_timeout_s=60.0, max_connections_per_client=4)
-    )
-    port = await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
-    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
-    try:
-        await wait_until(lambda: ff.slots.total == 4, 5, "the silent connections counted")
-        # over the cap: cut long before the 60 s handshake limit, and refused
-        assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S
-        assert ff.refused_connections == 1
-        scraped = ingress.metrics.render().decode()
-        assert "llmfabric_ingress_connections_refused_total 1.0" in scraped
-        assert "llmfabric_ingress_connections_open 4.0" in scraped
-        with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
-            await handshakes(port)
-        for _, writer in silent:
-            writer.close()
-        await wait_until(lambda: ff.slots.total == 0, 5, "their slots given back")
-        assert ff.slots.per_client == {} and not ff.slots.handshaking
-        assert await handshakes(port)
-        await wait_until(lambda: ff.slots.total == 0, 5, "the honest client's slot back")
-    finally:
-        for _, writer in silent:
-            writer.close()
-        await ff.aclose()
-        await fwd.aclose()
+    limits = FrontLimits(handshake_timeout_s=60.0, max_connections_per_client=4)
+    async with https_front(tmp_path, limits) as (ff, port):
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        try:
+            await wait_until(lambda: ff.slots.total == 4, 5, "the silent connections counted")
+            # over the cap: cut long before the 60 s handshake limit, and refused
+            assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S
+            assert ff.refused_connections == 1
+            scraped = ff.ingress.metrics.render().decode()
+            assert "llmfabric_ingress_connections_refused_total 1.0" in scraped
+            assert "llmfabric_ingress_connections_open 4.0" in scraped
+            with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
+                await handshakes(port)
+            for _, writer in silent:
+                writer.close()
+            await wait_until(lambda: ff.slots.total == 0, 5, "their slots given back")
+            assert ff.slots.per_client == {} and not ff.slots.handshaking
+            assert await handshakes(port)
+            await wait_until(lambda: ff.slots.total == 0, 5, "the honest client's slot back")
+        finally:
+            for _, writer in silent:
+                writer.close()
 
 
 async def test_a_timed_out_handshake_gives_its_slot_back(tmp_path: pathlib.Path) -> None:
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    write_cert(cert, key, "front")
-    fwd = HttpForwarder()
-    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
-    ff = FastFront(ingress, limits=FrontLimits(handshake_timeout_s=BOUND_S))
-    port = await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
-    try:
+    async with https_front(tmp_path, FrontLimits(handshake_timeout_s=BOUND_S)) as (ff, port):
         assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S  # cut by the limit
         await wait_until(lambda: ff.slots.total == 0, 5, "the slot given back")
         assert ff.slots.per_client == {} and not ff.slots.handshaking
         # operators see it: the failed handshake is counted in the ingress's metrics
-        scraped = ingress.metrics.render().decode()
+        scraped = ff.ingress.metrics.render().decode()
         assert "llmfabric_ingress_tls_handshakes_failed_total 1.0" in scraped
         assert "llmfabric_ingress_connections_open 0.0" in scraped
-    finally:
-        await ff.aclose()
-        await fwd.aclose()
 
 
 async def test_shutting_down_closes_connections_mid_handshake(tmp_path: pathlib.Path) -> None:
     """A front that stops does not leave silent clients holding sockets until their
     handshake limit (60 s here): they are closed with it."""
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    write_cert(cert, key, "front")
-    fwd = HttpForwarder()
-    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
-    ff = FastFront(ingress, limits=FrontLimits(handshake_timeout_s=60.0))
-    port = await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        await wait_until(lambda: ff.slots.handshaking, 5, "the connection accepted")
-        await asyncio.wait_for(ff.aclose(), CLOSED_WITHIN_S)
-        assert await asyncio.wait_for(reader.read(), CLOSED_WITHIN_S) == b""
-        assert ff.slots.total == 0
-    finally:
-        writer.close()
-        await fwd.aclose()
+    async with https_front(tmp_path, FrontLimits(handshake_timeout_s=60.0)) as (ff, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await wait_until(lambda: ff.slots.handshaking, 5, "the connection accepted")
+            await asyncio.wait_for(ff.aclose(), CLOSED_WITHIN_S)
+            assert await asyncio.wait_for(reader.read(), CLOSED_WITHIN_S) == b""
+            assert ff.slots.total == 0
+        finally:
+            writer.close()
 
 
 async def test_a_large_body_over_https_is_read_whole(tmp_path: pathlib.Path) -> None:
     """The front's TLS layer reads 64 KiB at a time (not asyncio's 256 KiB): a 2 MiB JSON
     body spread over ~130 TLS records still arrives whole and gets its answer."""
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    write_cert(cert, key, "front")
-    fwd = HttpForwarder()
-    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]), fwd)
-    ff = FastFront(ingress)
-    port = await ff.start("127.0.0.1", 0, ssl=ServerTls(cert, key).context)
     message = {"role": "user", "content": "x" * (2 << 20)}
     body = json.dumps({"model": "nobody-serves-this", "messages": [message]}).encode()
-    try:
+    async with https_front(tmp_path) as (_, port):
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", port, ssl=insecure_client(), server_hostname="")
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -295,6 +267,3 @@ async def test_a_large_body_over_https_is_read_whole(tmp_path: pathlib.Path) -> 
         # the whole body was parsed: the answer names the model it asked for
         assert head.split()[1] in (b"404", b"503"), head
         assert b"nobody-serves-this" in rest, rest[:300]
-    finally:
-        await ff.aclose()
-        await fwd.aclose()
