@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -109,23 +109,23 @@ def error_response(status: int, message: str, code: str) -> HandlerResponse:
     return HandlerResponse(status, _JSON, error_body(status, message, code))
 
 
-class EngineStream:
-    """A forwarded request's response body: the engine's chunks, then (at the end, on an
-    error, or at `aclose()`, whichever comes first, once) the engine connection closed and
-    `done` called. Unlike an async generator's `finally`, `aclose()` cleans up even when the
-    body was never iterated: the caller may reset the stream before its first byte, and the
-    engine connection and the in-flight count (what a drain waits on) must not stay behind."""
+class ClosingStream:
+    """A response body: `chunks`, then (at their end, on an error, or at `aclose()`,
+    whichever comes first, once) `close()` awaited. Unlike an async generator's `finally`,
+    `aclose()` cleans up even when the body was never iterated: the caller may reset the
+    stream before its first byte, and what the body holds (the engine connection and the
+    in-flight count, which a drain waits on) must not stay behind."""
 
-    def __init__(self, upstream: Upstream, done: Callable[[], None]) -> None:
-        self._upstream: Upstream | None = upstream
-        self._chunks = upstream.chunks()
-        self._done = done
+    def __init__(self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]]
+                 ) -> None:
+        self._chunks = chunks
+        self._close: Callable[[], Awaitable[None]] | None = close
 
-    def __aiter__(self) -> EngineStream:
+    def __aiter__(self) -> ClosingStream:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._upstream is None:
+        if self._close is None:
             raise StopAsyncIteration
         try:
             return await self._chunks.__anext__()
@@ -134,14 +134,24 @@ class EngineStream:
             raise
 
     async def aclose(self) -> None:
-        upstream, self._upstream = self._upstream, None
-        if upstream is None:
-            return
+        close, self._close = self._close, None
+        if close is not None:
+            await close()
+
+
+def engine_stream(upstream: Upstream, done: Callable[[], None]) -> ClosingStream:
+    """A forwarded request's response body: the engine's chunks, then the engine connection
+    closed and `done` called."""
+    chunks = upstream.chunks()
+
+    async def close() -> None:
         try:
-            await self._chunks.aclose()
+            await chunks.aclose()
             await upstream.aclose()
         finally:
-            self._done()
+            done()
+
+    return ClosingStream(chunks, close)
 
 
 class EngineLink:
@@ -262,7 +272,7 @@ class EngineLink:
         headers: tuple[tuple[str, str], ...] = (("content-type", upstream.content_type),)
         if traceparent is not None:
             headers += ((NODE_TIME_HEADER.lower(), node_time_value(arrived)),)
-        return HandlerResponse(upstream.status, headers, EngineStream(upstream, done))
+        return HandlerResponse(upstream.status, headers, engine_stream(upstream, done))
 
     def local_view(self) -> dict[str, object]:
         """What only this node knows about its engine (`/v1/fabric/self` "engine_process")."""

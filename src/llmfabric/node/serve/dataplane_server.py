@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from aiohttp import web
 
@@ -34,7 +34,7 @@ from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context
 from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
-from llmfabric.node.engine.link import EngineLink, error_response
+from llmfabric.node.engine.link import ClosingStream, EngineLink, error_response
 
 _MSGPACK = (("content-type", "application/msgpack"),)
 _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
@@ -42,36 +42,6 @@ _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
 # ingress completes it in milliseconds (a few RTTs even across sites); keepalive cannot catch
 # a client that is alive but silent, so this is what frees its socket and TLS buffers.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
-
-
-class _ClosingBody:
-    """`outer` (a generator reading `inner`), whose `aclose()` closes `inner` too: closed
-    before or right after its first frame, the generator never started on `inner`, and a
-    generator's own `finally` does not run unless it started (`inner` holds the engine
-    connection and the node's in-flight count: node/engine/link.py EngineStream)."""
-
-    def __init__(self, outer: AsyncGenerator[bytes, None], inner: bytes | AsyncIterable[bytes]
-                 ) -> None:
-        self._outer = outer
-        self._inner = inner
-
-    def __aiter__(self) -> _ClosingBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._outer.__anext__()
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def aclose(self) -> None:
-        try:
-            await self._outer.aclose()
-        finally:
-            aclose = getattr(self._inner, "aclose", None)
-            if aclose is not None:
-                await aclose()
 
 
 class DataPlaneServer:
@@ -183,9 +153,22 @@ class DataPlaneServer:
                         yield sealer.frame(DATA, chunk[i : i + _FRAME_DATA])
             yield sealer.frame(END, b"")
 
+        out = frames()
+
+        async def close() -> None:
+            # Closed before or right after its first frame, `frames` never started on
+            # `inner`, and a generator's `finally` does not run unless it started: `inner`
+            # (the engine connection, the in-flight count) is closed here too.
+            try:
+                await out.aclose()
+            finally:
+                aclose = getattr(inner, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
         timed = tuple((k, v) for k, v in resp.headers if k == NODE_TIME_HEADER.lower())
         return HandlerResponse(200, (("content-type", SEALED_TYPE), *timed),
-                               _ClosingBody(frames(), inner))
+                               ClosingStream(out, close))
 
     # -- the pinned HTTPS listener (direct path) -------------------------------------------
 
