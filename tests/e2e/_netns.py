@@ -8,7 +8,8 @@ where namespaces cannot be made and closes the lab even when the test fails. Onl
 subnets (10.x, 192.168.x) are used, and only inside the namespaces the lab created.
 
 `wait_for` polls a predicate (through the suite's one polling helper) and fails with the tail
-of every process log; `read_records` reads the JSON-lines files the in-lab clients write.
+of every process log; `read_records` reads the JSON-lines files the in-lab clients write;
+`start_stream` runs a client script that streams one completion and marks its first chunks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -221,6 +223,23 @@ def wait_for(
     except AssertionError:
         tails = {p.name: p.read_text()[-1500:] for p in logs.glob("*.log")}
         raise AssertionError(f"{what} within {timeout} s: {tails}") from None
+
+
+def start_stream(
+    lab: NetLab, ns: str, script: str, base_url: str, key: str, out: pathlib.Path, model: str,
+    tokens: int, log: pathlib.Path, within_s: float = 60.0,
+) -> tuple[subprocess.Popen[str], pathlib.Path]:
+    """Run `script` (`python -c`, argv: base url, key, out, model, tokens) in `ns`, and wait
+    until it wrote `<out>.first` (its stream is under way), it exits, or `within_s` passes.
+    Returns the client and that path (which exists only if the stream got under way)."""
+    client = lab.popen(
+        ns, [sys.executable, "-c", script, base_url, key, str(out), model, str(tokens)],
+        str(log))
+    first = pathlib.Path(str(out) + ".first")
+    deadline = time.monotonic() + within_s
+    while not first.exists() and client.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # (the tests time what follows the first chunk)
+    return client, first
 
 
 def read_records(path: pathlib.Path) -> list[dict[str, Any]]:

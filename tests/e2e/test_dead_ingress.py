@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from ._netns import NetLab
+from ._netns import NetLab, start_stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -184,25 +184,8 @@ def test_a_provider_whose_ingress_vanishes_closes_the_stream_within_the_keepaliv
     else:
         raise AssertionError(f"the provider is not serving with a direct address: {logs()}")
 
-    out = tmp_path / "stream"
-    client = lab.popen(
-        ing,
-        [
-            sys.executable,
-            "-c",
-            _CLIENT,
-            f"http://{INGRESS_HTTP}/v1",
-            key,
-            str(out),
-            MODEL,
-            str(TOKENS),
-        ],
-        str(tmp_path / "client.log"),
-    )
-    first = pathlib.Path(str(out) + ".first")
-    deadline = time.monotonic() + 60
-    while not first.exists() and client.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _, first = start_stream(lab, ing, _CLIENT, f"http://{INGRESS_HTTP}/v1", key,
+                            tmp_path / "stream", MODEL, TOKENS, tmp_path / "client.log")
     assert first.exists(), logs()
     # Mid-stream: the provider holds the ingress's direct connection, the engine generates.
     assert _direct_connections(lab, prov) >= 1, logs()

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from ._netns import NetLab
+from ._netns import NetLab, start_stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -224,24 +224,8 @@ def test_a_stream_whose_provider_vanishes_continues_within_the_keepalive_bound(
     assert all(n["http_addr"] for n in nodes.values()), nodes  # the direct path, not relays
 
     out = tmp_path / "stream.json"
-    client = lab.popen(
-        ing,
-        [
-            sys.executable,
-            "-c",
-            _CLIENT,
-            f"http://{INGRESS_HTTP}/v1",
-            key,
-            str(out),
-            MODEL,
-            str(TOKENS),
-        ],
-        str(tmp_path / "client.log"),
-    )
-    first = pathlib.Path(str(out) + ".first")
-    deadline = time.monotonic() + 60
-    while not first.exists() and client.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    client, first = start_stream(lab, ing, _CLIENT, f"http://{INGRESS_HTTP}/v1", key, out,
+                                 MODEL, TOKENS, tmp_path / "client.log")
     assert first.exists(), (tmp_path / "client.log").read_text()[-3000:]
     started = json.loads(first.read_text())
     [victim] = [n for n in nodes.values() if n["session_id"] == started["node"]]
