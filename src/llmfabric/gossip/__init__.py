@@ -4,6 +4,8 @@ push-pull anti-entropy; and `GossipAgent`, the object a node process runs.
 Files:
 - agent.py: `GossipAgent` (start/aclose, update_self/set_state/leave, views, listeners,
   on_evicted, stats): wires replica + dissemination + anti-entropy + SWIM to a Transport.
+- changes.py: what a replica change means to the agent: `is_minor` (a load-hint refresh,
+  sent `minor_transmits` times), `membership_changed`, `evicted` (a reconnect candidate).
 - config.py: `GossipConfig`, presets `local`/`lan`/`wan` (`preset(name)`), Lifeguard formulas.
 - wire.py: versioned msgpack envelope, `MsgKind` (append-only), validated `decode`.
 - broadcast.py: `BroadcastQueue`, transmit-limited queue of fresh changes.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import random
@@ -30,6 +29,7 @@ from typing import Any
 from llmfabric.clock import Clock
 from llmfabric.gossip.antientropy import AntiEntropy
 from llmfabric.gossip.broadcast import BroadcastQueue
+from llmfabric.gossip.changes import evicted, is_minor, membership_changed
 from llmfabric.gossip.config import PRESETS, GossipConfig
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.gossip.wire import (
@@ -71,20 +71,6 @@ from llmfabric.registry.signing import Signer
 from llmfabric.registry.views import ModelRegistry, NodeRegistry
 
 log = logging.getLogger(__name__)
-
-
-def is_minor(change: Change) -> bool:
-    """A change that only refreshes load hints (or the timestamp) of a record: same lifecycle,
-    incarnation and facts. Such changes get `minor_transmits` sends instead of a full rumour."""
-    b, a = change.before, change.after
-    if b is None or b.record is None or a.record is None:
-        return False
-    rb, ra = b.record.record, a.record.record
-    return (
-        b.state is a.state and rb.incarnation == ra.incarnation and b.suspects == a.suspects
-        and b.evict == a.evict and b.evicts == a.evicts
-        and dataclasses.replace(rb.meta, load=ra.meta.load) == ra.meta
-    )
 
 
 class GossipAgent:
@@ -404,7 +390,7 @@ class GossipAgent:
         self.queue.heard_again(("r", sid), sig)
 
     def _on_change(self, change: Change) -> None:
-        if _membership_changed(change):
+        if membership_changed(change):
             self._members_version += 1
             after = change.after
             e = after if after.record is not None else change.before
@@ -415,7 +401,7 @@ class GossipAgent:
                     self._members.add(m)
                 else:
                     self._members.discard(m)
-        if _evicted(change.after):
+        if evicted(change.after):
             self._evicted_sids.add(change.session_id)
         else:
             self._evicted_sids.discard(change.session_id)
@@ -577,7 +563,7 @@ class GossipAgent:
         out = set()
         for sid in list(self._evicted_sids):  # O(evicted sessions), not O(replica)
             e = self.replica.entries.get(sid)
-            if e is None or not _evicted(e):  # compacted by GC
+            if e is None or not evicted(e):  # compacted by GC
                 self._evicted_sids.discard(sid)
                 continue
             assert e.evict is not None and e.record is not None
@@ -608,18 +594,3 @@ class GossipAgent:
             if (rec.state is not Lifecycle.LEFT and not self.evicted and self.clock.wall()
                     - rec.updated_at > self.config.gc.refresh_interval_s):
                 self._publish(self.owner.refresh(wall=self.clock.wall()))
-
-
-def _membership_changed(change: Change) -> bool:
-    """Whether `change` can add or remove a session from `GossipAgent.members()`."""
-    before, after = change.before, change.after
-    if before is None:
-        return True
-    return ((before.record is None) != (after.record is None)
-            or (before.state is Lifecycle.LEFT) != (after.state is Lifecycle.LEFT))
-
-
-def _evicted(entry: Entry) -> bool:
-    """Evicted (failed), not left by its owner: a reconnect candidate while recent."""
-    return (entry.evict is not None and entry.record is not None
-            and entry.record.record.state is not Lifecycle.LEFT)

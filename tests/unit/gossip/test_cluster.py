@@ -134,7 +134,7 @@ async def test_load_hint_updates_are_minor_but_still_converge(
 ) -> None:
     import dataclasses
 
-    from llmfabric.gossip.agent import is_minor
+    from llmfabric.gossip.changes import is_minor
     from llmfabric.registry.records import LoadHints
 
     c = make_cluster(delay=(0.001, 0.003))
