@@ -29,7 +29,13 @@ from llmfabric.routing.liveness import GONE, Unwatch
 
 
 class NodeDown(UpstreamError):
-    """The node became suspected (or left) while the attempt waited for its first byte."""
+    """The node became suspected (or left) while the attempt waited for its first byte.
+    `gone`: it left or was evicted; otherwise it is only suspected, and may be fine (the
+    request path tries it again as a last resort: app.py)."""
+
+    def __init__(self, message: str, *, gone: bool) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 class AbandonIfDown:
@@ -78,5 +84,6 @@ class AbandonIfDown:
             why = "left the fabric" if self._fired >= GONE else "became suspected"
             raise NodeDown(
                 f"node {self._cand.session_id} {why} before its first byte; "
-                "moving on without waiting for its timeouts"
+                "moving on without waiting for its timeouts",
+                gone=self._fired >= GONE,
             ) from exc

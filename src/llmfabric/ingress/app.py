@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from llmfabric.ingress.abandon import AbandonIfDown
+from llmfabric.ingress.abandon import AbandonIfDown, NodeDown
 from llmfabric.ingress.apis.api_routes import (
     MESSAGES,
     ApiRoutes,
@@ -366,9 +366,15 @@ class Ingress:
                 return got  # type: ignore[return-value]
 
         tried: list[str] = []
+        # Nodes an attempt left on suspicion alone (abandon.py): not failed, so tried again
+        # as a last resort once every other candidate failed (a suspicion can be false, as
+        # one still in flight when a partition heals).
+        doubted: list[str] = []
         last_error = ""
         for attempt in range(1 + self.config.max_retries):
-            decision = self.router.route(rreq, candidates, tried, attempt)
+            decision = self.router.route(rreq, candidates, tried + doubted, attempt)
+            if isinstance(decision, NoRoute) and doubted:
+                decision = self.router.route(rreq, candidates, tried, attempt)
             if isinstance(decision, NoRoute):
                 if attempt == 0:
                     return self._no_route(model, decision)
@@ -395,6 +401,9 @@ class Ingress:
                 ok = status < 500
             except UpstreamError as e:
                 last_error = str(e)
+                if isinstance(e, NodeDown) and not e.gone and cand.session_id not in doubted:
+                    doubted.append(cand.session_id)
+                    tried.remove(cand.session_id)
                 if tr is not None:
                     tr.close_attempt(None, last_error)
                 self.metrics.observe_failed_attempt(

@@ -315,3 +315,52 @@ async def test_a_continuation_waiting_on_a_node_suspected_meanwhile_moves_on() -
     assert sink.data.startswith(_event(f"from {fwd.broke}")) and sink.ended
     assert sink.data.endswith(b"data: [DONE]\n\n") and f"from {last}".encode() in sink.data
     assert len(fab.source.down) == 0
+
+
+class _OthersUnreachable(_CutSite):
+    """The first node asked never answers until asked again; every other node is
+    unreachable (a partition healing: the suspicion of the local node is false, the far
+    node is still cut off)."""
+
+    async def open(
+        self, candidate: Candidate, path: str, body: bytes, timeouts: Timeouts
+    ) -> _Upstream:
+        if self.cut is not None and candidate.session_id != self.cut:
+            self.sent.append(candidate.session_id)
+            raise UpstreamError(f"cannot reach {candidate.session_id}")
+        return await super().open(candidate, path, body, timeouts)
+
+
+async def test_a_node_left_on_suspicion_alone_is_the_last_resort_when_the_others_fail() -> None:
+    fab = _Fabric(2)
+    fwd = _OthersUnreachable(enforces_timeouts=True)
+    ing = _ingress(fab, fwd)
+    body = orjson.dumps({"model": "m", "messages": []})
+    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, _Sink()))
+    await fwd.waiting.wait()
+    assert fwd.cut is not None
+    fab.suspect(fwd.cut)  # false: the node is fine, only some prober lost it
+    await _turns(task)
+    assert task.done() and fwd.cancelled == [fwd.cut]
+    reply = task.result()
+    # left on suspicion, the other node unreachable, then the suspected node again: answered
+    assert reply is not None and reply.status == 200, reply
+    assert orjson.loads(reply.body) == {"node": fwd.cut}
+    [other] = [s for s in fwd.sent if s != fwd.cut]
+    assert fwd.sent == [fwd.cut, other, fwd.cut]
+    assert len(fab.source.down) == 0
+
+
+async def test_a_node_that_left_is_not_tried_again() -> None:
+    fab = _Fabric(2)
+    fwd = _OthersUnreachable(enforces_timeouts=True)
+    ing = _ingress(fab, fwd)
+    body = orjson.dumps({"model": "m", "messages": []})
+    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, _Sink()))
+    await fwd.waiting.wait()
+    assert fwd.cut is not None
+    fab.leave(fwd.cut)
+    await _turns(task)
+    reply = task.result()
+    assert reply is not None and reply.status == 502  # gone for good: no last resort
+    assert fwd.cut not in fwd.sent[1:]
