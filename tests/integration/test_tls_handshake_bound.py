@@ -216,7 +216,7 @@ async def test_connections_mid_handshake_count_against_the_per_client_cap(
             for _, writer in silent:
                 writer.close()
             await wait_until(lambda: ff.slots.total == 0, 5, "their slots given back")
-            assert ff.slots.per_client == {} and not ff.slots.handshaking
+            assert ff.slots.per_source == {} and not ff.slots.handshaking
             assert await handshakes(port)
             await wait_until(lambda: ff.slots.total == 0, 5, "the honest client's slot back")
         finally:
@@ -228,7 +228,7 @@ async def test_a_timed_out_handshake_gives_its_slot_back(tmp_path: pathlib.Path)
     async with https_front(tmp_path, FrontLimits(handshake_timeout_s=BOUND_S)) as (ff, port):
         assert await closed_after(port, HALF_HELLO) < CLOSED_WITHIN_S  # cut by the limit
         await wait_until(lambda: ff.slots.total == 0, 5, "the slot given back")
-        assert ff.slots.per_client == {} and not ff.slots.handshaking
+        assert ff.slots.per_source == {} and not ff.slots.handshaking
         # operators see it: the failed handshake is counted in the ingress's metrics
         scraped = ff.ingress.metrics.render().decode()
         assert "llmfabric_ingress_tls_handshakes_failed_total 1.0" in scraped

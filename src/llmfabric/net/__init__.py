@@ -8,7 +8,10 @@ Files (one concept each; see docs/network.md for the protocol):
 - limits.py: `ConnectionLimits`, idle-connection closing and the open-connection cap.
 - serving.py: `serve_request`, one incoming request (relay origin, internal paths, handler).
 - handshake.py: TLS contexts and the application handshake (client signature, admission).
-- tlsstream.py: TLS stream open/serve with a small receive buffer (memory per connection).
+- tlsstream.py: TLS stream open/serve with a small receive buffer (memory per connection);
+  the server counts connections mid-handshake against caps from TCP accept on.
+- source_slots.py: `SourceSlots` (counts per process and per source address under caps)
+  and `HeldSlot` (one connection's slot, given back exactly once).
 - framing.py: versioned length-prefixed frames, `FrameDecoder`.
 - connection.py: `PeerConnection`, one authenticated connection: dispatch, keep-alive.
 - h2endpoint.py: an HTTP/2 session (sans-IO h2) carried in frames; two per connection.

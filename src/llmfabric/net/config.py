@@ -16,6 +16,15 @@ class TransportConfig:
     # The TLS handshake, and then each peer-handshake message, must arrive within this. A
     # CPU-starved peer (event loop lagging by seconds) is slow here, so it is generous.
     handshake_timeout: float = 20.0
+    # Inbound connections that have not finished their handshakes (TLS, then the peer
+    # handshake) at once, in all and from one IP address; over either cap a connection is
+    # closed at TCP accept and counted (handshakes_refused["busy"]); the peer retries with
+    # backoff. Without them a flood of silent connections would hold a socket and TLS
+    # buffers each for `handshake_timeout`, up to the process's file limit. An honest
+    # handshake takes milliseconds, so even a whole NATed site joining at once (one
+    # address) rarely holds many; the per-address cap keeps one host from taking every slot.
+    max_handshakes: int | None = 256
+    max_handshakes_per_ip: int | None = 64
     # Limit for the transport's own requests (dial-back, relay registration). The dial-back
     # includes the answering peer's probe dial (connect + TLS + peer handshake).
     internal_timeout: float = 90.0

@@ -57,6 +57,7 @@ from llmfabric.net.messages import (
 from llmfabric.net.relay import RelayService
 from llmfabric.net.relay_methods import RelayMethods
 from llmfabric.net.serving import RELAY_ERROR, RELAY_TO, serve_request
+from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.stats import NetStats
 from llmfabric.net.tlsstream import open_tls, start_tls_server
 from llmfabric.net.transport import MessageHandler, PeerId, Transport
@@ -105,6 +106,11 @@ class TlsTransport(RelayMethods):
         self._closing = False
         self.relay = RelayService(self)
         self.limits = ConnectionLimits(self)
+        # inbound connections mid-handshake (TransportConfig.max_handshakes*)
+        self.handshaking = SourceSlots(
+            self.config.max_handshakes, self.config.max_handshakes_per_ip,
+            on_refused=lambda: self.stats.handshakes_refused.update(("busy",)),
+        )
 
     # -- Transport protocol ------------------------------------------------------------------
     @property
@@ -273,7 +279,7 @@ class TlsTransport(RelayMethods):
             return
         self._server = await start_tls_server(
             self._on_accept, self.config.host, self.config.port, self._server_ctx,
-            handshake_timeout=self.config.handshake_timeout,
+            handshake_timeout=self.config.handshake_timeout, slots=self.handshaking,
         )
         sock = self._server.sockets[0].getsockname()
         host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
@@ -314,7 +320,9 @@ class TlsTransport(RelayMethods):
         self.book.remove(peer_id)
         self._direct_failed.pop(peer_id, None)
 
-    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: HeldSlot
+    ) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -323,13 +331,15 @@ class TlsTransport(RelayMethods):
             writer.close()
             return
         try:
-            await self._accept(reader, writer)
+            await self._accept(reader, writer, slot)
         except asyncio.CancelledError:
             # Transport closing mid-handshake (or while closing a refused connection). End
             # quietly: asyncio's server callback fails on a cancelled connection task.
             writer.close()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: HeldSlot
+    ) -> None:
         set_nodelay(writer)
         try:
             peer, framed, probe = await server_handshake(reader, writer, self._hs)
@@ -342,6 +352,8 @@ class TlsTransport(RelayMethods):
             self.stats.handshakes_refused["closed"] += 1
             await _close_writer(writer)
             return
+        finally:
+            slot.release()
         self.stats.handshakes_ok += 1
         if probe:
             await _close_writer(writer)

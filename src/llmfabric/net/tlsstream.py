@@ -19,9 +19,10 @@ import asyncio
 import asyncio.sslproto
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from llmfabric.clock import Clock, with_timeout
+from llmfabric.net.source_slots import HeldSlot, SourceSlots
 
 # Bytes read from the socket per loop iteration and connection. 32 KiB saved another 32 KiB
 # per connection but could not keep up with a datagram burst (200 per iteration: 13%
@@ -29,7 +30,10 @@ from llmfabric.clock import Clock, with_timeout
 TLS_READ_BUFFER = 64 * 1024
 STREAM_LIMIT = 64 * 1024  # StreamReader buffer limit (asyncio's default)
 
-ClientConnected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+# on_connect of `start_tls_server`: the streams and the connection's handshake slot.
+SlottedConnected = Callable[
+    [asyncio.StreamReader, asyncio.StreamWriter, HeldSlot], Awaitable[None]
+]
 
 
 class _CompactSSLProtocol(asyncio.sslproto.SSLProtocol):
@@ -74,28 +78,60 @@ async def open_tls(
     return reader, opened.result()
 
 
+class _SlottedServerSSL(_CompactSSLProtocol):
+    """The TLS layer of one accepted connection that takes a slot at TCP accept (aborting at
+    once over a cap) and gives it back if the connection ends, whatever its stage."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, app: asyncio.BaseProtocol,
+                 ctx: ssl.SSLContext, handshake_timeout: float, slot: HeldSlot) -> None:
+        # (typeshed wants a future for the waiter and an int timeout; None and float work)
+        no_waiter: Any = None
+        limit: Any = handshake_timeout
+        protocol: Any = app
+        super().__init__(loop, protocol, ctx, no_waiter, server_side=True,
+                         ssl_handshake_timeout=limit)
+        self._slot = slot
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self._slot.take(source):
+            cast(asyncio.Transport, transport).abort()
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._slot.release()  # no-op when refused at accept or released by on_connect
+        super().connection_lost(exc)
+
+
 async def start_tls_server(
-    on_connect: ClientConnected,
+    on_connect: SlottedConnected,
     host: str,
     port: int,
     ctx: ssl.SSLContext,
     *,
     handshake_timeout: float,
+    slots: SourceSlots,
 ) -> asyncio.Server:
-    """Like `asyncio.start_server(on_connect, host, port, ssl=ctx)`, with a connection that
-    has not finished its TLS handshake `handshake_timeout` seconds after it was accepted
-    aborted (asyncio's default is 60 s: a peer could hold sockets and TLS buffers that long
-    for the price of a TCP connect)."""
+    """Like `asyncio.start_server(on_connect, host, port, ssl=ctx)`, with two bounds on
+    connections that have not finished their handshakes:
+    - one that has not finished its TLS handshake `handshake_timeout` seconds after it was
+      accepted is aborted (asyncio's default is 60 s: a peer could hold sockets and TLS
+      buffers that long for the price of a TCP connect);
+    - each takes a slot of `slots` at TCP accept, or is aborted there over a cap. The slot
+      is `on_connect`'s third argument: it is given back when the connection ends or when
+      `on_connect` releases it (its own handshake done), whichever comes first."""
     loop = asyncio.get_running_loop()
 
     def factory() -> asyncio.BaseProtocol:
         reader = asyncio.StreamReader(limit=STREAM_LIMIT, loop=loop)
-        app = asyncio.StreamReaderProtocol(reader, on_connect, loop=loop)
-        # (typeshed wants a future for the waiter and an int timeout; None and float work)
-        no_waiter: Any = None
-        limit: Any = handshake_timeout
-        return _CompactSSLProtocol(
-            loop, app, ctx, no_waiter, server_side=True, ssl_handshake_timeout=limit
-        )
+        slot = HeldSlot(slots)
+
+        def connected(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> Awaitable[None]:
+            return on_connect(r, w, slot)
+
+        app = asyncio.StreamReaderProtocol(reader, connected, loop=loop)
+        return _SlottedServerSSL(loop, app, ctx, handshake_timeout, slot)
 
     return await loop.create_server(factory, host, port)

@@ -49,7 +49,7 @@ def test_client_slots_keep_both_caps_and_give_back_exactly(ops: list[tuple[bool,
             slots.give_back(client)
             held[client] -= 1
         assert slots.total == sum(held.values()) <= 5
-        assert slots.per_client == {c: n for c, n in held.items() if n}
+        assert slots.per_source == {c: n for c, n in held.items() if n}
         assert slots.refused == refused
 
 

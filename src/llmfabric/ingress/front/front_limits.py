@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from llmfabric.net.source_slots import SourceSlots
 from llmfabric.net.tlsstream import TLS_READ_BUFFER
 
 
@@ -90,15 +91,11 @@ def safe_header_value(value: str) -> str:
     return "".join(c for c in value if " " <= c <= "~")
 
 
-class ClientSlots:
+class ClientSlots(SourceSlots):
     """Open connections, per process and per client address, under `FrontLimits`' caps."""
 
     def __init__(self, limits: FrontLimits) -> None:
-        self.max_total = limits.max_connections
-        self.max_per_client = limits.max_connections_per_client
-        self.total = 0
-        self.per_client: dict[str, int] = {}
-        self.refused = 0  # connections refused at a cap
+        super().__init__(limits.max_connections, limits.max_connections_per_client)
         self.handshakes_failed = 0  # HTTPS connections that ended mid-handshake
         # HTTPS connections holding a slot before their handshake is done (CountedTlsAccept)
         self.handshaking: set[CountedTlsAccept] = set()
@@ -106,26 +103,6 @@ class ClientSlots:
     def counts(self) -> tuple[int, int, int]:
         """(open, refused, handshakes_failed): what the metrics export."""
         return self.total, self.refused, self.handshakes_failed
-
-    def take(self, client: str) -> bool:
-        """A slot for a new connection from `client`; False (and counted) over a cap."""
-        held = self.per_client.get(client, 0)
-        if self.total >= self.max_total or held >= self.max_per_client:
-            self.refused += 1
-            return False
-        self.per_client[client] = held + 1
-        self.total += 1
-        return True
-
-    def give_back(self, client: str) -> None:
-        """Release a slot `take(client)` gave (exactly once per slot)."""
-        assert self.total > 0, "a connection slot given back twice"
-        self.total -= 1
-        left = self.per_client.get(client, 1) - 1
-        if left > 0:
-            self.per_client[client] = left
-        else:
-            self.per_client.pop(client, None)
 
 
 def peer_ip(transport: asyncio.BaseTransport) -> str:
