@@ -132,6 +132,9 @@ async def _serve(conn: mpc.Connection, preset: str) -> None:
                     ts = h.node.transport.stats
                     for k in ("connections_opened", "peers_lost"):
                         total[k] = total.get(k, 0) + getattr(ts, k)
+                    # inbound connections closed at accept over a handshake cap (net/config.py)
+                    total["handshakes_refused_busy"] = (
+                        total.get("handshakes_refused_busy", 0) + ts.handshakes_refused["busy"])
                 conn.send(("ok", {"total": total}))
             elif cmd == "bytes":
                 conn.send(("ok", {n: h.node.transport.stats.bytes_sent

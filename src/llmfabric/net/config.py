@@ -20,11 +20,13 @@ class TransportConfig:
     # handshake) at once, in all and from one IP address; over either cap a connection is
     # closed at TCP accept and counted (handshakes_refused["busy"]); the peer retries with
     # backoff. Without them a flood of silent connections would hold a socket and TLS
-    # buffers each for `handshake_timeout`, up to the process's file limit. An honest
-    # handshake takes milliseconds, so even a whole NATed site joining at once (one
-    # address) rarely holds many; the per-address cap keeps one host from taking every slot.
+    # buffers each for `handshake_timeout`, up to the process's file limit. The per-address
+    # cap keeps one host from taking every slot, and is half the total because honest
+    # bursts from one address happen: a NATed site, or a loopback fleet, whose handshakes
+    # take seconds on a starved host (128 nodes on 2 busy cores: 70 refused at 64, none
+    # at 128; docs/benchmarks.md).
     max_handshakes: int | None = 256
-    max_handshakes_per_ip: int | None = 64
+    max_handshakes_per_ip: int | None = 128
     # Limit for the transport's own requests (dial-back, relay registration). The dial-back
     # includes the answering peer's probe dial (connect + TLS + peer handshake).
     internal_timeout: float = 90.0
