@@ -78,18 +78,27 @@ async def open_tls(
     return reader, opened.result()
 
 
-class _SlottedServerSSL(_CompactSSLProtocol):
-    """The TLS layer of one accepted connection that takes a slot at TCP accept (aborting at
-    once over a cap) and gives it back if the connection ends, whatever its stage."""
+class ServerTlsLayer(_CompactSSLProtocol):
+    """The server side of one accepted TLS connection, carrying `app` (an asyncio.Protocol),
+    aborted if its handshake is not done `handshake_timeout` seconds after the TCP accept."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, app: asyncio.BaseProtocol,
-                 ctx: ssl.SSLContext, handshake_timeout: float, slot: HeldSlot) -> None:
+                 ctx: ssl.SSLContext, handshake_timeout: float) -> None:
         # (typeshed wants a future for the waiter and an int timeout; None and float work)
         no_waiter: Any = None
         limit: Any = handshake_timeout
         protocol: Any = app
         super().__init__(loop, protocol, ctx, no_waiter, server_side=True,
                          ssl_handshake_timeout=limit)
+
+
+class _SlottedServerSSL(ServerTlsLayer):
+    """The TLS layer of one accepted connection that takes a slot at TCP accept (aborting at
+    once over a cap) and gives it back if the connection ends, whatever its stage."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, app: asyncio.BaseProtocol,
+                 ctx: ssl.SSLContext, handshake_timeout: float, slot: HeldSlot) -> None:
+        super().__init__(loop, app, ctx, handshake_timeout)
         self._slot = slot
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.selector_events
-import asyncio.sslproto
 import dataclasses
 import ssl
 import typing
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from llmfabric.net.source_slots import SourceSlots
-from llmfabric.net.tlsstream import TLS_READ_BUFFER
+from llmfabric.net.tlsstream import ServerTlsLayer
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +119,7 @@ class SlotHolder(typing.Protocol):
     transport: asyncio.Transport | None  # set once its connection_made ran
 
 
-class CountedTlsAccept(asyncio.sslproto.SSLProtocol):
+class CountedTlsAccept(ServerTlsLayer):
     """The TLS layer of one accepted HTTPS connection, which takes the connection's slot in
     `slots` at TCP accept: over a cap it aborts at once (no TLS yet, so no 503 can be sent);
     otherwise the slot passes to `app` when the handshake is done (`app.counted`), or is given
@@ -128,16 +127,9 @@ class CountedTlsAccept(asyncio.sslproto.SSLProtocol):
     64 KiB, not asyncio's 256 KiB (zero-filled, so resident, per connection; request heads
     and bodies gain nothing from more: net/tlsstream.py)."""
 
-    max_size = TLS_READ_BUFFER
-
     def __init__(self, loop: asyncio.AbstractEventLoop, app: SlotHolder, ctx: ssl.SSLContext,
                  slots: ClientSlots, handshake_timeout_s: float) -> None:
-        # (typeshed wants a future for the waiter and an int timeout; None and float work)
-        no_waiter: Any = None
-        limit: Any = handshake_timeout_s
-        protocol: Any = app
-        super().__init__(loop, protocol, ctx, no_waiter, server_side=True,
-                         ssl_handshake_timeout=limit)
+        super().__init__(loop, cast(asyncio.BaseProtocol, app), ctx, handshake_timeout_s)
         self._app = app
         self._slots = slots
         self._raw: asyncio.Transport | None = None  # while it holds a slot mid-handshake
