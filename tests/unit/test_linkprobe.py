@@ -25,8 +25,13 @@ class ShapedLinks:
     """An in-memory network: each (src, dst) link has an RTT and a bandwidth; a probe of n
     bytes takes rtt + n / bandwidth on the fake clock. Missing links are unreachable."""
 
-    def __init__(self, clock: FakeClock, src: str, links: dict[str, tuple[float, float]],
-                 stalls: dict[int, float] | None = None):
+    def __init__(
+        self,
+        clock: FakeClock,
+        src: str,
+        links: dict[str, tuple[float, float]],
+        stalls: dict[int, float] | None = None,
+    ):
         self.clock, self.src, self.links = clock, src, links
         self.sent: list[tuple[str, int, float]] = []
         self.stalls = stalls or {}  # request index -> extra delay (a stalled host, a queue)
@@ -42,8 +47,14 @@ class ShapedLinks:
 
 
 def _prober(clock: FakeClock, net: ShapedLinks, peers: list[str], **kw: object) -> LinkProber:
-    return LinkProber(clock, net.probe, lambda: list(peers), LinkTable(),
-                      rng=random.Random(1), **kw)  # type: ignore[arg-type]
+    return LinkProber(
+        clock,
+        net.probe,
+        lambda: list(peers),
+        LinkTable(),
+        rng=random.Random(1),
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 async def test_a_probe_recovers_the_links_rtt_and_bandwidth() -> None:
@@ -109,39 +120,46 @@ async def test_a_link_too_fast_to_resolve_counts_the_whole_large_time() -> None:
 
 
 def test_fit_link_refuses_what_it_cannot_fit() -> None:
-    for small, large, sb, lb in (([], [1.0], 1, 2), ([1.0], [], 1, 2), ([1.0], [2.0], 2, 2),
-                                 ([1.0], [2.0], 0, 2)):
+    for small, large, sb, lb in (
+        ([], [1.0], 1, 2),
+        ([1.0], [], 1, 2),
+        ([1.0], [2.0], 2, 2),
+        ([1.0], [2.0], 0, 2),
+    ):
         with pytest.raises(ValueError):
             fit_link(small, large, sb, lb)
     with pytest.raises(ValueError, match="repeats"):
-        LinkProber(FakeClock(), ShapedLinks(FakeClock(), "a", {}).probe, list, LinkTable(),
-                   repeats=0)
+        LinkProber(
+            FakeClock(), ShapedLinks(FakeClock(), "a", {}).probe, list, LinkTable(), repeats=0
+        )
 
 
 _spikes = st.floats(0.0, 10.0, allow_nan=False)
 
 
-@given(rtt=st.floats(1e-6, 1.0), bw=st.floats(1e3, 1e10), repeats=st.integers(1, 6),
-       data=st.data())
+@given(rtt=st.floats(1e-6, 1.0), bw=st.floats(1e3, 1e10), repeats=st.integers(1, 6), data=st.data())
 def test_delay_spikes_on_all_but_one_request_of_each_size_change_nothing(
-        rtt: float, bw: float, repeats: int, data: st.DataObject) -> None:
+    rtt: float, bw: float, repeats: int, data: st.DataObject
+) -> None:
     """Stalls only add delay: with one undisturbed request of each size among the repeats,
     the fit is the link's, however large the other requests' stalls (and wherever the
     clean ones fall: a majority of the pairs may be disturbed)."""
     clean_small, clean_large = (data.draw(st.integers(0, repeats - 1)) for _ in range(2))
-    small = [rtt + SMALL / bw + (0 if i == clean_small else data.draw(_spikes))
-             for i in range(repeats)]
-    large = [rtt + LARGE / bw + (0 if i == clean_large else data.draw(_spikes))
-             for i in range(repeats)]
+    small = [
+        rtt + SMALL / bw + (0 if i == clean_small else data.draw(_spikes)) for i in range(repeats)
+    ]
+    large = [
+        rtt + LARGE / bw + (0 if i == clean_large else data.draw(_spikes)) for i in range(repeats)
+    ]
     got_rtt, got_bw = fit_link(small, large, SMALL, LARGE)
     assert got_rtt == pytest.approx(rtt + SMALL / bw)
     assert got_bw == pytest.approx(bw, rel=1e-6)
 
 
-@given(st.lists(st.tuples(st.floats(0.0, 60.0), st.floats(0.0, 60.0)), min_size=1,
-                max_size=8))
+@given(st.lists(st.tuples(st.floats(0.0, 60.0), st.floats(0.0, 60.0)), min_size=1, max_size=8))
 def test_the_fit_is_finite_positive_and_ignores_the_order_of_pairs(
-        pairs: list[tuple[float, float]]) -> None:
+    pairs: list[tuple[float, float]],
+) -> None:
     small, large = [p[0] for p in pairs], [p[1] for p in pairs]
     rtt, bw = fit_link(small, large, SMALL, LARGE)
     assert rtt == min(small) and math.isfinite(bw) and bw > 0
@@ -160,7 +178,7 @@ async def test_rounds_are_bounded_and_visit_the_least_recently_probed_first() ->
         await clock.advance(10)
         assert await task == 3
     # Each probe is `repeats` small/large pairs to one peer: one entry per probe.
-    probed = [p for p, n, _ in net.sent if n == prober.large_bytes][::prober.repeats]
+    probed = [p for p, n, _ in net.sent if n == prober.large_bytes][:: prober.repeats]
     assert len(net.sent) == 12 * 2 * prober.repeats
     assert len(probed) == 12
     assert len(set(probed[:9])) == 9  # no peer twice before every other one was probed
@@ -219,22 +237,28 @@ def test_a_table_round_trips() -> None:
 GOOD = {"peer": "abc", "rtt_s": 0.001, "bytes_per_s": 1e9, "samples": 3, "measured_at": 1.0}
 
 
-@pytest.mark.parametrize("bad", [
-    None, [], {"links": "x"}, {"links": [1]},
-    {"links": [{**GOOD, "rtt_s": float("nan")}]},
-    {"links": [{**GOOD, "rtt_s": -1}]},
-    {"links": [{**GOOD, "rtt_s": 1e9}]},
-    {"links": [{**GOOD, "bytes_per_s": float("inf")}]},
-    {"links": [{**GOOD, "bytes_per_s": 0}]},
-    {"links": [{**GOOD, "bytes_per_s": True}]},
-    {"links": [{**GOOD, "bytes_per_s": "1e9"}]},
-    {"links": [{**GOOD, "samples": 0}]},
-    {"links": [{**GOOD, "samples": 1.5}]},
-    {"links": [{**GOOD, "peer": "../etc"}]},
-    {"links": [{**GOOD, "peer": "x" * 500}]},
-    {"links": [GOOD, GOOD]},
-    {"links": [{**GOOD, "peer": f"p{i}"} for i in range(MAX_LINKS + 1)]},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,
+        [],
+        {"links": "x"},
+        {"links": [1]},
+        {"links": [{**GOOD, "rtt_s": float("nan")}]},
+        {"links": [{**GOOD, "rtt_s": -1}]},
+        {"links": [{**GOOD, "rtt_s": 1e9}]},
+        {"links": [{**GOOD, "bytes_per_s": float("inf")}]},
+        {"links": [{**GOOD, "bytes_per_s": 0}]},
+        {"links": [{**GOOD, "bytes_per_s": True}]},
+        {"links": [{**GOOD, "bytes_per_s": "1e9"}]},
+        {"links": [{**GOOD, "samples": 0}]},
+        {"links": [{**GOOD, "samples": 1.5}]},
+        {"links": [{**GOOD, "peer": "../etc"}]},
+        {"links": [{**GOOD, "peer": "x" * 500}]},
+        {"links": [GOOD, GOOD]},
+        {"links": [{**GOOD, "peer": f"p{i}"} for i in range(MAX_LINKS + 1)]},
+    ],
+)
 def test_hostile_tables_are_refused(bad: object) -> None:
     with pytest.raises(LinkTableError):
         parse_link_table(bad)
@@ -242,7 +266,8 @@ def test_hostile_tables_are_refused(bad: object) -> None:
 
 @given(st.lists(st.tuples(st.floats(0, 60), st.floats(1e3, 1e13)), min_size=1, max_size=50))
 def test_estimates_stay_within_the_extremes_of_their_samples(
-        samples: list[tuple[float, float]]) -> None:
+    samples: list[tuple[float, float]],
+) -> None:
     table = LinkTable(alpha=0.3)
     for rtt, bw in samples:
         est = table.update("p", rtt, bw, 0.0)

@@ -65,8 +65,13 @@ class LinkEstimate:
     measured_at: float  # wall-clock time of the last probe (publisher's clock)
 
     def to_json(self) -> dict[str, Any]:
-        return {"peer": self.peer, "rtt_s": self.rtt_s, "bytes_per_s": self.bytes_per_s,
-                "samples": self.samples, "measured_at": self.measured_at}
+        return {
+            "peer": self.peer,
+            "rtt_s": self.rtt_s,
+            "bytes_per_s": self.bytes_per_s,
+            "samples": self.samples,
+            "measured_at": self.measured_at,
+        }
 
 
 def _finite(doc: dict[str, Any], key: str, lo: float, hi: float) -> float:
@@ -86,12 +91,19 @@ def parse_link(doc: Any) -> LinkEstimate:
     if not isinstance(peer, str) or not _PEER_ID.fullmatch(peer):
         raise LinkTableError(f"link peer {str(peer)[:40]!r} is not a peer id")
     samples = doc.get("samples", 1)
-    if isinstance(samples, bool) or not isinstance(samples, int) or not (
-            1 <= samples <= MAX_SAMPLES):
+    if (
+        isinstance(samples, bool)
+        or not isinstance(samples, int)
+        or not (1 <= samples <= MAX_SAMPLES)
+    ):
         raise LinkTableError(f"link samples {samples!r} must be an integer in 1..{MAX_SAMPLES}")
-    return LinkEstimate(peer, _finite(doc, "rtt_s", MIN_RTT_S, MAX_RTT_S),
-                        _finite(doc, "bytes_per_s", MIN_BYTES_PER_S, MAX_BYTES_PER_S),
-                        samples, _finite(doc, "measured_at", 0.0, 1e11))
+    return LinkEstimate(
+        peer,
+        _finite(doc, "rtt_s", MIN_RTT_S, MAX_RTT_S),
+        _finite(doc, "bytes_per_s", MIN_BYTES_PER_S, MAX_BYTES_PER_S),
+        samples,
+        _finite(doc, "measured_at", 0.0, 1e11),
+    )
 
 
 def parse_link_table(doc: Any) -> list[LinkEstimate]:
@@ -107,8 +119,9 @@ def parse_link_table(doc: Any) -> list[LinkEstimate]:
     return out
 
 
-def fit_link(small_s: Sequence[float], large_s: Sequence[float], small_bytes: int,
-             large_bytes: int) -> tuple[float, float]:
+def fit_link(
+    small_s: Sequence[float], large_s: Sequence[float], small_bytes: int, large_bytes: int
+) -> tuple[float, float]:
     """(RTT s, throughput bytes/s) from the times of a probe's small and large requests,
     min-filtered (see the module docstring): stalls only add delay, so each size's fastest
     request is its least disturbed one."""
@@ -140,8 +153,9 @@ class LinkTable:
             a = self.alpha
             rtt_s = a * rtt_s + (1 - a) * old.rtt_s
             bytes_per_s = a * bytes_per_s + (1 - a) * old.bytes_per_s
-        est = LinkEstimate(peer, rtt_s, bytes_per_s,
-                           min(MAX_SAMPLES, (old.samples if old else 0) + 1), at)
+        est = LinkEstimate(
+            peer, rtt_s, bytes_per_s, min(MAX_SAMPLES, (old.samples if old else 0) + 1), at
+        )
         self._links[peer] = est  # re-inserted: dict order = least recently measured first
         while len(self._links) > self.max_entries:
             del self._links[next(iter(self._links))]
@@ -172,15 +186,30 @@ class LinkProber:
     Each round probes the `peers_per_round` peers measured longest ago (never-measured
     first); a failed probe is counted and the peer is tried again in a later round."""
 
-    def __init__(self, clock: Clock, probe: ProbeFn, peers: Callable[[], list[str]],
-                 table: LinkTable, *, interval_s: float = 60.0, peers_per_round: int = 4,
-                 small_bytes: int = 256, large_bytes: int = 80 * 1024, repeats: int = 3,
-                 wall: Callable[[], float] | None = None,
-                 rng: random.Random | None = None) -> None:
-        if interval_s <= 0 or peers_per_round < 1 or not 0 < small_bytes < large_bytes or \
-                repeats < 1:
-            raise ValueError("interval_s > 0, peers_per_round >= 1, 0 < small < large bytes, "
-                             "repeats >= 1")
+    def __init__(
+        self,
+        clock: Clock,
+        probe: ProbeFn,
+        peers: Callable[[], list[str]],
+        table: LinkTable,
+        *,
+        interval_s: float = 60.0,
+        peers_per_round: int = 4,
+        small_bytes: int = 256,
+        large_bytes: int = 80 * 1024,
+        repeats: int = 3,
+        wall: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if (
+            interval_s <= 0
+            or peers_per_round < 1
+            or not 0 < small_bytes < large_bytes
+            or repeats < 1
+        ):
+            raise ValueError(
+                "interval_s > 0, peers_per_round >= 1, 0 < small < large bytes, repeats >= 1"
+            )
         self.clock = clock
         self.probe = probe
         self.peers = peers
@@ -222,7 +251,7 @@ class LinkProber:
             del self._last_tried[gone]
         self.rng.shuffle(peers)
         peers.sort(key=lambda p: self._last_tried.get(p, -math.inf))
-        return peers[:self.peers_per_round]
+        return peers[: self.peers_per_round]
 
     async def round(self) -> int:
         """Probe one round of peers; returns how many were measured."""
@@ -237,8 +266,9 @@ class LinkProber:
         return measured
 
     async def run(self, first_delay_s: float | None = None) -> None:
-        delay = self.interval_s * self.rng.uniform(0.1, 0.5) if first_delay_s is None \
-            else first_delay_s
+        delay = (
+            self.interval_s * self.rng.uniform(0.1, 0.5) if first_delay_s is None else first_delay_s
+        )
         while True:
             await self.clock.sleep(delay)
             with contextlib.suppress(Exception):
