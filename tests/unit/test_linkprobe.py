@@ -73,8 +73,10 @@ async def test_a_probe_recovers_the_links_rtt_and_bandwidth() -> None:
     assert c.rtt_s < b.rtt_s
 
 
-async def _probe_once(net: ShapedLinks, clock: FakeClock, peer: str) -> tuple[float, float]:
-    prober = _prober(clock, net, [peer])
+async def _probe_once(
+    net: ShapedLinks, clock: FakeClock, peer: str, **kw: object
+) -> tuple[float, float]:
+    prober = _prober(clock, net, [peer], **kw)
     task = asyncio.ensure_future(prober.round())
     await clock.advance(10)
     assert await task == 1
@@ -99,6 +101,21 @@ async def test_a_stalled_small_request_does_not_inflate_the_throughput(stalled: 
     assert bw == pytest.approx(BW, rel=0.01)
     assert rtt == pytest.approx(RTT + SMALL / BW)
     assert [n for _, n, _ in net.sent] == [SMALL, LARGE] * 3
+
+
+@pytest.mark.parametrize("pause_s", [0.5, 0.0])
+async def test_the_pairs_of_a_probe_are_spaced_by_jittered_pauses(pause_s: float) -> None:
+    # Spaced pairs: one burst of cross traffic on the link (the peer's own probe of us, whose
+    # answers queue behind it) cannot hold up every small request of the probe.
+    clock = FakeClock()
+    net = ShapedLinks(clock, "a", {"b": (RTT, BW)})
+    await _probe_once(net, clock, "b", pause_s=pause_s)
+    starts = [t for _, _, t in net.sent]
+    ends = [t + RTT + n / BW for _, n, t in net.sent]
+    gaps = [starts[i] - ends[i - 1] for i in range(2, len(starts), 2)]  # large -> next small
+    assert len(gaps) == 2
+    assert all(0.5 * pause_s <= g <= 1.5 * pause_s for g in gaps)
+    assert pause_s == 0 or gaps[0] != pytest.approx(gaps[1])  # jittered
 
 
 async def test_a_stalled_large_request_does_not_deflate_the_throughput() -> None:
@@ -128,10 +145,10 @@ def test_fit_link_refuses_what_it_cannot_fit() -> None:
     ):
         with pytest.raises(ValueError):
             fit_link(small, large, sb, lb)
-    with pytest.raises(ValueError, match="repeats"):
-        LinkProber(
-            FakeClock(), ShapedLinks(FakeClock(), "a", {}).probe, list, LinkTable(), repeats=0
-        )
+    probe = ShapedLinks(FakeClock(), "a", {}).probe
+    for bad in ({"repeats": 0}, {"pause_s": -1.0}, {"pause_s": math.nan}):
+        with pytest.raises(ValueError, match="repeats >= 1, pause_s >= 0"):
+            LinkProber(FakeClock(), probe, list, LinkTable(), **bad)  # type: ignore[arg-type]
 
 
 _spikes = st.floats(0.0, 10.0, allow_nan=False)
