@@ -78,7 +78,9 @@ async def test_measured_links_become_the_topology_and_steer_the_plan() -> None:
     slow_plan = _plan(build_topology(nodes, links).topology, h)
     assert measured.H > 0 and slow_plan.H > 0
     assert measured.T_pre < slow_plan.T_pre
-    assert measured.H >= slow_plan.H
+    # Equal H when both bind on the same slow edge: the measured rates agree to ~1e-15
+    # (float rounding of the probe's fit), hence the tolerance.
+    assert measured.H >= slow_plan.H * (1 - 1e-9)
 
 
 def _plan(topology: Any, h: list[str]) -> Any:
