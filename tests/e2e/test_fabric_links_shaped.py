@@ -36,8 +36,12 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "heroserve
 
 def _both_ways(doc: dict[str, Any], a: str, b: str) -> list[float]:
     """The throughput estimates between peers a and b (one per direction measured)."""
-    return [link["bytes_per_s"] for node in doc["nodes"] for link in node.get("links", [])
-            if {node["peer"], link["peer"]} == {a, b}]
+    return [
+        link["bytes_per_s"]
+        for node in doc["nodes"]
+        for link in node.get("links", [])
+        if {node["peer"], link["peer"]} == {a, b}
+    ]
 
 
 def _pair_bw(doc: dict[str, Any], a: str, b: str) -> float | None:
@@ -47,7 +51,8 @@ def _pair_bw(doc: dict[str, Any], a: str, b: str) -> float | None:
 
 
 def test_a_rate_limited_link_is_measured_and_steers_the_plan(
-        netlab: NetLab, tmp_path: pathlib.Path) -> None:
+    netlab: NetLab, tmp_path: pathlib.Path
+) -> None:
     hub = netlab.ns("hub")
     netlab.run(hub, "ip", "addr", "add", f"{HUB}/32", "dev", "lo")
     netlab.run(hub, "sysctl", "-qw", "net.ipv4.ip_forward=1")
@@ -62,21 +67,61 @@ def test_a_rate_limited_link_is_measured_and_steers_the_plan(
         sites[f"s{n}"] = site
     secret = secrets.token_urlsafe(24)
     common = ["--network-secret", secret, "--preset", "lan", "--link-probe-interval", "2"]
-    netlab.popen(hub, [*CLI, "start", "--home", str(tmp_path / "ingress"), "--listen",
-                       f"{HUB}:7946", "--http-listen", "127.0.0.1:8080", "--ingress", "--no-auth",
-                       "--tier", "stable", "--gpu", "H100-SXM", "--gpu-count", "4", *common],
-                 str(tmp_path / "ingress.log"))
+    netlab.popen(
+        hub,
+        [
+            *CLI,
+            "start",
+            "--home",
+            str(tmp_path / "ingress"),
+            "--listen",
+            f"{HUB}:7946",
+            "--http-listen",
+            "127.0.0.1:8080",
+            "--ingress",
+            "--no-auth",
+            "--tier",
+            "stable",
+            "--gpu",
+            "H100-SXM",
+            "--gpu-count",
+            "4",
+            *common,
+        ],
+        str(tmp_path / "ingress.log"),
+    )
     for n in (1, 2, 3):
-        netlab.popen(sites[f"s{n}"], [
-            *CLI, "start", "--home", str(tmp_path / f"s{n}"), "--listen", f"10.216.{n}.2:7946",
-            "--http-listen", "127.0.0.1:8090", "--bootstrap", f"{HUB}:7946", "--label",
-            f"name=s{n}", "--gpu", "A100-80GB", "--gpu-count", "2", *common],
-            str(tmp_path / f"s{n}.log"))
+        netlab.popen(
+            sites[f"s{n}"],
+            [
+                *CLI,
+                "start",
+                "--home",
+                str(tmp_path / f"s{n}"),
+                "--listen",
+                f"10.216.{n}.2:7946",
+                "--http-listen",
+                "127.0.0.1:8090",
+                "--bootstrap",
+                f"{HUB}:7946",
+                "--label",
+                f"name=s{n}",
+                "--gpu",
+                "A100-80GB",
+                "--gpu-count",
+                "2",
+                *common,
+            ],
+            str(tmp_path / f"s{n}.log"),
+        )
 
     def peers() -> dict[str, str] | None:
         doc = netlab.get_json(hub, "http://127.0.0.1:8080/v1/fabric/nodes", timeout=20)
-        found = {n["labels"].get("name"): n["peer_id"] for n in (doc or {"nodes": []})["nodes"]
-                 if n["state"] != "LEFT"}
+        found = {
+            n["labels"].get("name"): n["peer_id"]
+            for n in (doc or {"nodes": []})["nodes"]
+            if n["state"] != "LEFT"
+        }
         return found if {"s1", "s2", "s3"} <= set(found) else None
 
     ids = wait_for("three nodes joined", peers, 60, tmp_path, interval=1.0)
@@ -91,8 +136,10 @@ def test_a_rate_limited_link_is_measured_and_steers_the_plan(
     fast = _pair_bw(doc, ids["s1"], ids["s2"])
     slow = max(_pair_bw(doc, ids["s1"], ids["s3"]) or 0, _pair_bw(doc, ids["s2"], ids["s3"]) or 0)
     shaped = [bw for s in ("s1", "s2") for bw in _both_ways(doc, ids[s], ids["s3"])]
-    print(f"measured: s1-s2 {fast / 1e6:.1f} MB/s; the 4 directions to s3 "
-          f"{', '.join(f'{bw / 1e6:.2f}' for bw in shaped)} MB/s")
+    print(
+        f"measured: s1-s2 {fast / 1e6:.1f} MB/s; the 4 directions to s3 "
+        f"{', '.join(f'{bw / 1e6:.2f}' for bw in shaped)} MB/s"
+    )
     # 8 Mbit/s = 1 MB/s. The probe fits the fastest of 3 spaced small / large requests
     # (min-filtered, net/linkprobe.py): 32 runs on a loaded 2-core host (load 1.3-4.5) read
     # every s3 pair 0.99-1.00 MB/s and 126 of 128 directions 0.96-1.04 (1.48 and 2.26: every
@@ -104,11 +151,30 @@ def test_a_rate_limited_link_is_measured_and_steers_the_plan(
     assert fast > 3 * slow, (fast, slow)
 
     def t_pre(prefill: list[str]) -> float:
-        out = netlab.run(hub, *CLI, "plan", "net", "--from-fabric", "http://127.0.0.1:8080",
-                         "--model", "llama-3-70b", "--prefill-gpus",
-                         ",".join(f"n{ids[s][:8]}-*" for s in prefill), "--decode-gpus", "h100*",
-                         "--workload", str(EXAMPLES / "sharegpt.yaml"), "--sla-ttft", "600",
-                         "--sla-tpot", "600", "--max-candidates", "6", "--json", timeout=120)
+        out = netlab.run(
+            hub,
+            *CLI,
+            "plan",
+            "net",
+            "--from-fabric",
+            "http://127.0.0.1:8080",
+            "--model",
+            "llama-3-70b",
+            "--prefill-gpus",
+            ",".join(f"n{ids[s][:8]}-*" for s in prefill),
+            "--decode-gpus",
+            "h100*",
+            "--workload",
+            str(EXAMPLES / "sharegpt.yaml"),
+            "--sla-ttft",
+            "600",
+            "--sla-tpot",
+            "600",
+            "--max-candidates",
+            "6",
+            "--json",
+            timeout=120,
+        )
         plan = json.loads(out)["plan"]
         # SLAs far above any transfer here: a prefill on s3 hands ~42 MB of KV over its
         # ~1 MB/s link (42 s at 1 MB/s, 60 s at a measured 0.7), and the plan must stay
