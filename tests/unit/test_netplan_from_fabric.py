@@ -29,10 +29,12 @@ def _all_slow(a: str, b: str) -> tuple[float, float]:
     return SLOW
 
 
-def _node(peer: str, gpus: int, gpu: str = "A100-80GB", state: str = "SERVING"
-          ) -> dict[str, Any]:
-    return {"peer_id": peer, "state": state,
-            "hardware": {"gpu_model": gpu, "gpu_count": gpus, "interconnect": "pcie"}}
+def _node(peer: str, gpus: int, gpu: str = "A100-80GB", state: str = "SERVING") -> dict[str, Any]:
+    return {
+        "peer_id": peer,
+        "state": state,
+        "hardware": {"gpu_model": gpu, "gpu_count": gpus, "interconnect": "pcie"},
+    }
 
 
 async def _measure(me: str, clock: FakeClock, link: Any) -> dict[str, Any]:
@@ -41,8 +43,14 @@ async def _measure(me: str, clock: FakeClock, link: Any) -> dict[str, Any]:
         await clock.sleep(rtt + n / bw)
 
     table = LinkTable()
-    prober = LinkProber(clock, probe, lambda: [p for p in PEERS if p != me], table,
-                        peers_per_round=8, rng=random.Random(0))
+    prober = LinkProber(
+        clock,
+        probe,
+        lambda: [p for p in PEERS if p != me],
+        table,
+        peers_per_round=8,
+        rng=random.Random(0),
+    )
     for _ in range(2):
         await prober.round()
     return {"peer": me, **table.to_json()}
@@ -53,10 +61,19 @@ async def _fabric_views(link: Any = _link) -> tuple[dict[str, Any], dict[str, An
     tasks = [asyncio.ensure_future(_measure(p, clock, link)) for p in PEERS]
     await clock.advance(60)
     tables = [await t for t in tasks]
-    nodes = {"nodes": [_node(PEERS[0], 2), _node(PEERS[1], 2), _node(PEERS[2], 2),
-                       _node(PEERS[3], 4, "H100-SXM"),
-                       {"peer_id": "eeeeeeee5", "state": "SERVING",
-                        "hardware": {"gpu_model": "cpu", "gpu_count": 0}}]}
+    nodes = {
+        "nodes": [
+            _node(PEERS[0], 2),
+            _node(PEERS[1], 2),
+            _node(PEERS[2], 2),
+            _node(PEERS[3], 4, "H100-SXM"),
+            {
+                "peer_id": "eeeeeeee5",
+                "state": "SERVING",
+                "hardware": {"gpu_model": "cpu", "gpu_count": 0},
+            },
+        ]
+    }
     return nodes, {"self": PEERS[0], "nodes": tables}
 
 
@@ -78,35 +95,49 @@ async def test_measured_links_become_the_topology_and_steer_the_plan() -> None:
     slow_plan = _plan(build_topology(nodes, links).topology, h)
     assert measured.H > 0 and slow_plan.H > 0
     assert measured.T_pre < slow_plan.T_pre
-    assert measured.H >= slow_plan.H
+    # Equal H when both bind on the same slow edge: the measured rates agree to ~1e-15
+    # (float rounding of the probe's fit), hence the tolerance.
+    assert measured.H >= slow_plan.H * (1 - 1e-9)
 
 
 def _plan(topology: Any, h: list[str]) -> Any:
-    problem = NetProblem.of(topology, "llama-3-70b", [f"{x}-*" for x in h[:2]],
-                            f"{h[3]}-*", NetWorkload(rate=0.5, mean_in=512, mean_out=128),
-                            10.0, 1.0, max_candi=6)
+    problem = NetProblem.of(
+        topology,
+        "llama-3-70b",
+        [f"{x}-*" for x in h[:2]],
+        f"{h[3]}-*",
+        NetWorkload(rate=0.5, mean_in=512, mean_out=128),
+        10.0,
+        1.0,
+        max_candi=6,
+    )
     return plan(problem)
 
 
 def test_a_bad_or_missing_table_is_left_out_not_trusted() -> None:
     nodes = {"nodes": [_node(PEERS[0], 1), _node(PEERS[1], 1), _node(PEERS[2], 1)]}
-    good = {"peer": PEERS[1], "rtt_s": 0.001, "bytes_per_s": 1e9, "samples": 1,
-            "measured_at": 1.0}
-    links = {"nodes": [
-        {"peer": PEERS[0], "links": [good]},
-        {"peer": PEERS[1], "links": [{**good, "peer": PEERS[2], "bytes_per_s": -5}]},
-        {"peer": PEERS[2], "error": "unreachable"},
-        {"peer": "stranger", "links": [good]},
-        "junk",
-    ]}
+    good = {"peer": PEERS[1], "rtt_s": 0.001, "bytes_per_s": 1e9, "samples": 1, "measured_at": 1.0}
+    links = {
+        "nodes": [
+            {"peer": PEERS[0], "links": [good]},
+            {"peer": PEERS[1], "links": [{**good, "peer": PEERS[2], "bytes_per_s": -5}]},
+            {"peer": PEERS[2], "error": "unreachable"},
+            {"peer": "stranger", "links": [good]},
+            "junk",
+        ]
+    }
     ft = build_topology(nodes, links)
     assert list(ft.links) == [tuple(sorted((host_name(PEERS[0]), host_name(PEERS[1]))))]
     assert len(ft.skipped) == 2 and "invalid" in ft.skipped[0]
 
 
 def test_cpu_nodes_plan_with_an_assumed_gpu_and_bad_views_are_refused() -> None:
-    nodes = {"nodes": [{"peer_id": PEERS[0], "hardware": {"gpu_model": "cpu"}},
-                       {**_node(PEERS[1], 1), "state": "LEFT"}]}
+    nodes = {
+        "nodes": [
+            {"peer_id": PEERS[0], "hardware": {"gpu_model": "cpu"}},
+            {**_node(PEERS[1], 1), "state": "LEFT"},
+        ]
+    }
     ft = build_topology(nodes, {"nodes": []}, assume_gpu=parse_assume_gpu("a100-80gb:2"))
     assert ft.topology.gpus() == [f"{host_name(PEERS[0])}-g0", f"{host_name(PEERS[0])}-g1"]
     for bad in ("a100:0", "a100:x", ":2"):
@@ -124,9 +155,18 @@ def test_a_fabric_node_carries_no_transit_traffic() -> None:
     good = {"rtt_s": 0.001, "samples": 1, "measured_at": 1.0}
     a, b, c = PEERS[:3]
     nodes = {"nodes": [_node(a, 1), _node(b, 1), _node(c, 1)]}
-    links = {"nodes": [{"peer": a, "links": [{**good, "peer": b, "bytes_per_s": 1e6},
-                                             {**good, "peer": c, "bytes_per_s": 1e10}]},
-                       {"peer": c, "links": [{**good, "peer": b, "bytes_per_s": 1e10}]}]}
+    links = {
+        "nodes": [
+            {
+                "peer": a,
+                "links": [
+                    {**good, "peer": b, "bytes_per_s": 1e6},
+                    {**good, "peer": c, "bytes_per_s": 1e10},
+                ],
+            },
+            {"peer": c, "links": [{**good, "peer": b, "bytes_per_s": 1e10}]},
+        ]
+    }
     topo = build_topology(nodes, links).topology
     ha, hb, hc = (host_name(p) for p in (a, b, c))
     route = Routes(topo, 1 << 20).route(f"{ha}-g0", f"{hb}-g0")

@@ -36,7 +36,8 @@ Files (one concept each; see docs/network.md for the protocol):
 - errors.py: `NetError` > PeerUnreachable, HandshakeRefused, RequestFailed (> PeerClosed),
   FrameError.
 - linkprobe.py: `LinkProber` (bounded-rate RTT / throughput probes of peers, injected
-  clock and probe), `LinkTable` (bounded, smoothed), `parse_link_table` (hostile input).
+  clock and probe), `fit_link` (min-filtered fit of a probe's repeated small / large
+  requests), `LinkTable` (bounded, smoothed), `parse_link_table` (hostile input).
 - selftest.py: a small node process (`python -m llmfabric.net.selftest`) for e2e tests.
 """
 
