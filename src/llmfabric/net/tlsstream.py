@@ -1,4 +1,5 @@
-"""TLS streams with a small receive buffer: `open_tls` and `start_tls_server`.
+"""TLS streams with a small receive buffer: `open_tls`, `start_tls_server` and
+`slotted_tls_factory` (servers that count connections mid-handshake against caps).
 
 asyncio's TLS layer (`asyncio.sslproto.SSLProtocol`) gives every connection a 256 KiB receive
 buffer, zero-filled (so resident) at creation. A node keeps one connection per peer, and
@@ -112,6 +113,55 @@ class _SlottedServerSSL(ServerTlsLayer):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._slot.release()  # no-op when refused at accept or released by on_connect
         super().connection_lost(exc)
+
+
+class _ReleaseAtHandshake(asyncio.Protocol):
+    """`app` behind a slotted TLS layer: gives the slot back when the layer hands it the
+    connection (the TLS handshake is done); every callback goes on to `app` unchanged."""
+
+    def __init__(self, app: asyncio.Protocol, slot: HeldSlot) -> None:
+        self._app = app
+        self._slot = slot
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._slot.release()
+        self._app.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._app.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._app.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._app.eof_received()
+
+    def pause_writing(self) -> None:
+        self._app.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._app.resume_writing()
+
+
+def slotted_tls_factory(
+    app_factory: Callable[[], asyncio.BaseProtocol],
+    ctx: ssl.SSLContext,
+    handshake_timeout: float,
+    slots: SourceSlots,
+) -> Callable[[], asyncio.BaseProtocol]:
+    """A `create_server` protocol factory (no `ssl=` there) serving `app_factory`'s protocols
+    over TLS, each connection holding a slot of `slots` from TCP accept until its TLS
+    handshake is done (aborted at accept over a cap; `handshake_timeout` as in
+    `start_tls_server`). For apps that need nothing but TLS (an HTTP server), where
+    `start_tls_server`'s caller releases the slot after a handshake of its own."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> asyncio.BaseProtocol:
+        slot = HeldSlot(slots)
+        app = _ReleaseAtHandshake(cast(asyncio.Protocol, app_factory()), slot)
+        return _SlottedServerSSL(loop, app, ctx, handshake_timeout, slot)
+
+    return factory
 
 
 async def start_tls_server(

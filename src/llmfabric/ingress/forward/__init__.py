@@ -6,6 +6,8 @@ Files:
   client: asyncio.Protocol + httptools per pooled keep-alive connection, TCP_NODELAY, every
   `Timeouts` phase enforced with one timer per connection, `RawUpstream.relay(push,
   writable)` for streams relayed from the socket callback).
+- dial_gate.py: `DialGate`, at most N connection attempts in flight per node (an honest
+  burst stays under a provider's cap on connections mid-handshake).
 - peer.py: `PeerForwarder` (peer request API, relays) and `ChoosingForwarder`.
 - secure.py: the data plane's ingress side (llmfabric.dataplane): `DataPlaneSessions` (a
   session key per provider), `PinnedHttpsForwarder` (direct: HTTPS pinned to the node key,

@@ -34,6 +34,7 @@ from llmfabric.identity.certs import cert_identity
 from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
+from llmfabric.ingress.forward.dial_gate import DialGate
 from llmfabric.ingress.observe.node_hop import NO_HOP, NodeHop, parse_node_time
 from llmfabric.ingress.observe.tracing import downstream_header
 from llmfabric.ingress.paths import ENGINE_PATHS
@@ -397,10 +398,12 @@ class RawHttpForwarder:
         path_prefix: str = "",
         *,
         max_idle_per_node: int = 256,
+        max_dials_per_node: int = 32,
         extra_headers: dict[str, str] | None = None,
         ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         self._ssl = ssl
+        self._dials = DialGate(max_dials_per_node)  # connection attempts in flight per node
         self._prefix = path_prefix.encode()
         self._max_idle = max_idle_per_node
         extra = "".join(f"{k}: {v}\r\n" for k, v in (extra_headers or {}).items())
@@ -490,6 +493,40 @@ class RawHttpForwarder:
         pool = self._idle.get(key)
         loop = pool[-1].loop if pool else asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total
+        while pool:  # (inline, not `_pooled`: the hot path of every pooled request)
+            conn = pool.pop()
+            if not conn.usable():
+                conn.close()
+                continue
+            up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=True)
+            if up is not None:
+                return up
+            # the node closed this idle connection before answering: use another
+        connect_by = loop.time() + min(timeouts.connect, deadline - loop.time())
+        try:
+            async with asyncio.timeout_at(connect_by):
+                await self._dials.acquire(key)
+        except TimeoutError as e:
+            raise UpstreamConnectError(
+                f"cannot connect to {addr}: {self._dials.limit} connection attempts to it "
+                "already in flight") from e
+        try:
+            # a connection may have come back to the pool while this one waited its turn
+            up = await self._pooled(key, request, timeouts, deadline)
+            if up is not None:
+                return up
+            conn = await self._connect(addr, connect_by - loop.time(), pin, timeouts.keepalive)
+        finally:
+            self._dials.release(key)
+        up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=False)
+        if up is None:  # (stale_ok=False raises instead)
+            raise UpstreamError(f"{addr} closed the connection without answering")
+        return up
+
+    async def _pooled(self, key: str, request: bytes, timeouts: Timeouts,
+                      deadline: float) -> RawUpstream | None:
+        """The request on an idle pooled connection of `key`, or None when none is left."""
+        pool = self._idle.get(key)
         while pool:
             conn = pool.pop()
             if not conn.usable():
@@ -499,12 +536,7 @@ class RawHttpForwarder:
             if up is not None:
                 return up
             # the node closed this idle connection before answering: use another
-        conn = await self._connect(addr, min(timeouts.connect, deadline - loop.time()), pin,
-                                   timeouts.keepalive)
-        up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=False)
-        if up is None:  # (stale_ok=False raises instead)
-            raise UpstreamError(f"{addr} closed the connection without answering")
-        return up
+        return None
 
     async def _exchange(
         self, addr: str, conn: _UpConn, request: bytes, timeouts: Timeouts, deadline: float,

@@ -11,6 +11,7 @@ HTTPS listener for the direct path, and sealed requests over the peer network.
   ingress's settings): an ingress that vanished without FIN or RST is noticed after
   `keepalive.dead_after_s` of silence, and a connection that is lost cancels its request's
   handler, which closes the engine request (the engine stops generating for nobody).
+  Connections mid-TLS-handshake are capped (in all and per IP address) from TCP accept on.
 - Peer requests under the forward prefix: the authorization checked, the body unsealed,
   the engine's answer returned as sealed frames.
 """
@@ -33,6 +34,7 @@ from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context
+from llmfabric.net.source_slots import SourceSlots
 from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
 from llmfabric.node.engine.link import ClosingStream, EngineLink, error_response
 
@@ -42,6 +44,12 @@ _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
 # ingress completes it in milliseconds (a few RTTs even across sites); keepalive cannot catch
 # a client that is alive but silent, so this is what frees its socket and TLS buffers.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# Connections mid-TLS-handshake at once, in all and from one IP address (as the peer
+# listener's, net/config.py): over either cap a connection is closed at TCP accept and
+# counted (refused["busy"]), so a flood of silent connections cannot hold sockets up to the
+# file limit. Honest ingresses stay far under it: each dials one provider at most
+# `RawForwarder.max_dials` connections at a time (ingress/forward/raw.py).
+MAX_HANDSHAKES, MAX_HANDSHAKES_PER_IP = 256, 128
 
 
 class DataPlaneServer:
@@ -56,6 +64,8 @@ class DataPlaneServer:
         session_ttl_s: float = 3600.0,
         keepalive: KeepAlive | None = None,
         tls_handshake_timeout_s: float = TLS_HANDSHAKE_TIMEOUT_S,
+        max_handshakes: int | None = MAX_HANDSHAKES,
+        max_handshakes_per_ip: int | None = MAX_HANDSHAKES_PER_IP,
     ) -> None:
         self.key = key
         self.sessions = ProviderSessions()
@@ -70,6 +80,9 @@ class DataPlaneServer:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self.refused: dict[str, int] = {}  # refusals by code (metrics, tests)
+        # connections on the HTTPS listener mid-TLS-handshake
+        self.handshaking = SourceSlots(max_handshakes, max_handshakes_per_ip,
+                                       on_refused=lambda: self._count_refusal("busy"))
         self.served: dict[str, int] = {"https": 0, "sealed": 0}  # authorized requests by path
         # Session exchanges cost ~1 ms CPU: at most `exchanges_per_min` per peer and minute
         # (an ingress needs one per hour; a provider restart costs one more).
@@ -77,7 +90,10 @@ class DataPlaneServer:
         self._exchanges: dict[str, tuple[float, int]] = {}  # peer -> (window start, count)
 
     def _refuse(self, exc: AuthzError) -> None:
-        self.refused[exc.code] = self.refused.get(exc.code, 0) + 1
+        self._count_refusal(exc.code)
+
+    def _count_refusal(self, code: str) -> None:
+        self.refused[code] = self.refused.get(code, 0) + 1
 
     # -- session exchange (peer protocol) --------------------------------------------------
 
@@ -202,7 +218,7 @@ class DataPlaneServer:
         ctx = server_ssl_context(self.key, make_self_signed_cert(self.key))
         self._listener = await start_watched_server(
             self._runner.server, host, port, self.keepalive, ssl_context=ctx,
-            ssl_handshake_timeout=self.tls_handshake_timeout_s,
+            ssl_handshake_timeout=self.tls_handshake_timeout_s, handshake_slots=self.handshaking,
         )
         self.https_port = int(self._listener.sockets[0].getsockname()[1])
         return self.https_port

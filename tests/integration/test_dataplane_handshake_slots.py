@@ -1,0 +1,108 @@
+"""The provider's data-plane HTTPS listener bounds the connections mid-TLS-handshake (in all
+and per IP address) from TCP accept on, like the peer listener; the ingress dials one
+provider at most `max_dials_per_node` connections at a time, so an honest burst never meets
+that bound. Real sockets on loopback: a silent flood is refused at accept and counted, and
+40 concurrent requests through a fresh pinned-HTTPS forwarder all succeed against a
+provider that admits only 4 handshakes at once from the ingress's address."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from aiohttp import web
+
+from llmfabric.identity import NodeKey, PskAdmission
+from llmfabric.ingress.config import Timeouts
+from llmfabric.ingress.forward.raw import RawHttpForwarder
+from llmfabric.ingress.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
+from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
+from llmfabric.net.handshake import client_ssl_context
+from llmfabric.node.serve.dataplane_server import DataPlaneServer
+from llmfabric.node.serve.peer_api import PeerApi
+from llmfabric.registry.records import Hardware, LoadHints, ServedModel
+from llmfabric.routing.candidates import Candidate
+from llmfabric.testing.poll import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.hostile]
+
+PATH = "/v1/chat/completions"
+T = Timeouts(connect=10, first_byte=10, idle=10, total=20)
+
+
+class Echo:
+    """Stands in for the node's EngineLink on the HTTPS path: answers with the body."""
+
+    async def handle_http(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=await request.read(), content_type="application/json")
+
+
+async def _unused(peer: str, b: bytes) -> HandlerResponse:
+    return HandlerResponse(404, (), b"")
+
+
+def provider(per_ip: int) -> tuple[TlsTransport, DataPlaneServer]:
+    key = NodeKey.generate()
+    t = TlsTransport(key, PskAdmission("dp", b"d" * 32), TransportConfig())
+    dp = DataPlaneServer(key, lambda: Echo(), lambda _p: False,  # type: ignore[arg-type,return-value]
+                         max_body_bytes=1 << 20, max_handshakes_per_ip=per_ip)
+    t.set_request_handler(PeerApi(dp, _unused).handle)
+    return t, dp
+
+
+async def test_a_silent_flood_is_refused_at_accept_and_its_slots_come_back() -> None:
+    prov, dp = provider(per_ip=3)
+    async with prov:
+        port = await dp.start_https("127.0.0.1", 0)
+        try:
+            flood = [(await asyncio.open_connection("127.0.0.1", port))[1] for _ in range(3)]
+            await wait_until(lambda: dp.handshaking.total == 3, 5, "the flood counted")
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at once
+            writer.close()
+            assert dp.refused.get("busy") == 1
+            for w in flood:
+                w.close()
+            await wait_until(lambda: dp.handshaking.total == 0, 5, "their slots given back")
+            # a handshake that completes gives its slot back while the connection stays
+            _, honest = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client_ssl_context(), server_hostname="llmfabric")
+            await wait_until(lambda: dp.handshaking.total == 0, 5, "the honest slot back")
+            assert not honest.is_closing()
+            honest.close()
+        finally:
+            await dp.aclose()
+
+
+async def test_an_honest_burst_is_dialled_within_the_providers_cap() -> None:
+    prov, dp = provider(per_ip=4)
+    ing_key = NodeKey.generate()
+    ing = TlsTransport(ing_key, PskAdmission("dp", b"d" * 32), TransportConfig(host=None))
+    async with prov, ing:
+        await dp.start_https("127.0.0.1", 0)
+        try:
+            await ing.connect_bootstrap(prov.listen_addr)
+            raw = RawHttpForwarder(FORWARD_PREFIX, ssl=client_ssl_context(), max_dials_per_node=4)
+            fwd = PinnedHttpsForwarder(DataPlaneSessions(ing_key, ing), raw)
+            c = Candidate(session_id="s1", peer_id=prov.local_id, provider_id="p",
+                          http_addr="127.0.0.1:1", relays=(),
+                          hardware=Hardware(gpu_model="H100", gpu_count=1),
+                          model=ServedModel("m"), load=LoadHints())
+
+            async def one(i: int) -> int:
+                body = orjson.dumps({"model": "m", "i": i})
+                up = await fwd.open(c, PATH, body, T)
+                try:
+                    assert orjson.loads(await up.read())["i"] == i
+                    return up.status
+                finally:
+                    await up.aclose()
+
+            statuses = await asyncio.gather(*(one(i) for i in range(40)))
+            assert statuses == [200] * 40
+            assert "busy" not in dp.refused, dp.refused
+            await raw.aclose()
+        finally:
+            await dp.aclose()
