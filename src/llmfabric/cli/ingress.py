@@ -21,6 +21,7 @@ import click
 from llmfabric.cli.start import ingress_timeout_options
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import ConfigError
+from llmfabric.net.fd_limit import raise_open_file_limit
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
@@ -128,6 +129,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
 
 
 def _run(settings: Settings, reuse_port: bool) -> None:
+    raise_open_file_limit()  # (each worker process: limits are per process)
     try:
         import uvloop
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from llmfabric.net.fd_limit import raise_open_file_limit
 from llmfabric.node.config import ConfigError, NodeConfig, build_config, load_config_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -271,6 +272,7 @@ def run_node(config: NodeConfig, *, banner: bool = True) -> int:
     from llmfabric.node.daemon import Node, NodeError
 
     warn_config(config)
+    raise_open_file_limit()
 
     with contextlib.suppress(ImportError):
         import uvloop

@@ -10,6 +10,8 @@ Files (one concept each; see docs/network.md for the protocol):
 - handshake.py: TLS contexts and the application handshake (client signature, admission).
 - tlsstream.py: TLS stream open/serve with a small receive buffer (memory per connection);
   the server counts connections mid-handshake against caps from TCP accept on.
+- fd_limit.py: `raise_open_file_limit`, the soft open-file limit lifted towards the hard
+  one at start-up (1,024 is common; a node needs more sockets than that under load).
 - source_slots.py: `SourceSlots` (counts per process and per source address under caps)
   and `HeldSlot` (one connection's slot, given back exactly once).
 - framing.py: versioned length-prefixed frames, `FrameDecoder`.
