@@ -152,8 +152,8 @@ def slotted_tls_factory(
     """A `create_server` protocol factory (no `ssl=` there) serving `app_factory`'s protocols
     over TLS, each connection holding a slot of `slots` from TCP accept until its TLS
     handshake is done (aborted at accept over a cap; `handshake_timeout` as in
-    `start_tls_server`). For apps that need nothing but TLS (an HTTP server), where
-    `start_tls_server`'s caller releases the slot after a handshake of its own."""
+    `start_tls_server`). For apps whose only handshake is TLS (an HTTP server);
+    `start_tls_server` instead leaves the release to its caller, after a handshake of its own."""
     loop = asyncio.get_running_loop()
 
     def factory() -> asyncio.BaseProtocol:

@@ -48,7 +48,7 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # listener's, net/config.py): over either cap a connection is closed at TCP accept and
 # counted (refused["busy"]), so a flood of silent connections cannot hold sockets up to the
 # file limit. Honest ingresses stay far under it: each dials one provider at most
-# `RawForwarder.max_dials` connections at a time (ingress/forward/raw.py).
+# `RawHttpForwarder(max_dials_per_node=32)` connections at a time (ingress/forward/dial_gate.py).
 MAX_HANDSHAKES, MAX_HANDSHAKES_PER_IP = 256, 128
 
 
