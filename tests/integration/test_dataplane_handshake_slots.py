@@ -1,9 +1,11 @@
-"""The provider's data-plane HTTPS listener bounds the connections mid-TLS-handshake (in all
-and per IP address) from TCP accept on, like the peer listener; the ingress dials one
-provider at most `max_dials_per_node` connections at a time, so an honest burst never meets
-that bound. Real sockets on loopback: a silent flood is refused at accept and counted, and
-40 concurrent requests through a fresh pinned-HTTPS forwarder all succeed against a
-provider that admits only 4 handshakes at once from the ingress's address."""
+"""The provider's data-plane HTTPS listener bounds the connections not yet proven (in all and
+per IP address), from TCP accept until their first authorized request (TLS, then a valid
+X-Fabric-Auth), like the peer listener its two handshakes; the ingress dials one provider at
+most `max_dials_per_node` connections at a time, so an honest burst never meets that bound.
+Real sockets on loopback: a silent flood is refused at accept and counted, a connection past
+TLS without authorization keeps its slot, and 40 concurrent requests through a fresh
+pinned-HTTPS forwarder all succeed against a provider that admits only 4 unproven
+connections at once from the ingress's address."""
 
 from __future__ import annotations
 
@@ -66,12 +68,18 @@ async def test_a_silent_flood_is_refused_at_accept_and_its_slots_come_back() -> 
             for w in flood:
                 w.close()
             await wait_until(lambda: dp.handshaking.total == 0, 5, "their slots given back")
-            # a handshake that completes gives its slot back while the connection stays
-            _, honest = await asyncio.open_connection(
+            # TLS done is half the handshake: the slot is held until an authorized request,
+            # so connections that complete TLS and then idle (or send junk) still count
+            reader, unproven = await asyncio.open_connection(
                 "127.0.0.1", port, ssl=client_ssl_context(), server_hostname="llmfabric")
-            await wait_until(lambda: dp.handshaking.total == 0, 5, "the honest slot back")
-            assert not honest.is_closing()
-            honest.close()
+            await wait_until(lambda: dp.handshaking.total == 1, 5, "the TLS client counted")
+            unproven.write(b"POST " + FORWARD_PREFIX.encode() + PATH.encode()
+                             + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 401")  # no X-Fabric-Auth
+            assert dp.handshaking.total == 1 and dp.refused.keys() - {"busy"}, dp.refused
+            unproven.close()
+            await wait_until(lambda: dp.handshaking.total == 0, 5, "its slot back on close")
         finally:
             await dp.aclose()
 
@@ -103,6 +111,9 @@ async def test_an_honest_burst_is_dialled_within_the_providers_cap() -> None:
             statuses = await asyncio.gather(*(one(i) for i in range(40)))
             assert statuses == [200] * 40
             assert "busy" not in dp.refused, dp.refused
+            # every connection proved itself with an authorized request: no slot is held,
+            # though the connections stay open in the forwarder's pool
+            assert dp.handshaking.total == 0 and not dp._unproven
             await raw.aclose()
         finally:
             await dp.aclose()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from llmfabric.net.source_slots import SourceSlots
-from llmfabric.net.tlsstream import slotted_tls_factory
+from llmfabric.net.tlsstream import SlotKeeper, slotted_tls_factory
 
 # Linux's limits (MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL, MAX_TCP_KEEPCNT): a larger value fails
 # every connect with EINVAL, so it is refused when the settings are made.
@@ -103,6 +103,7 @@ async def start_watched_server(
     ssl_context: ssl.SSLContext | None = None,
     ssl_handshake_timeout: float | None = None,
     handshake_slots: SourceSlots | None = None,
+    slot_keeper: SlotKeeper | None = None,
 ) -> asyncio.Server:
     """Like `loop.create_server(factory, host, port, ssl=..., reuse_address=True,
     ssl_handshake_timeout=...)`, with dead-peer detection on every connection it accepts: the
@@ -110,12 +111,13 @@ async def start_watched_server(
     accepted socket). Keepalive cannot catch a peer that is alive but silent during the TLS
     handshake; `ssl_handshake_timeout` does (asyncio's default: 60 s). With
     `handshake_slots` (and TLS) each connection also holds a slot from TCP accept until its
-    handshake is done, and is aborted at accept over a cap (`tlsstream.slotted_tls_factory`)."""
+    handshake is done (or `slot_keeper` releases it), and is aborted at accept over a cap
+    (`tlsstream.slotted_tls_factory`)."""
     loop = asyncio.get_running_loop()
     tls: dict[str, Any] = {}
     if ssl_context is not None and handshake_slots is not None:
         factory = slotted_tls_factory(factory, ssl_context, ssl_handshake_timeout or 60.0,
-                                      handshake_slots)
+                                      handshake_slots, slot_keeper)
     elif ssl_context is not None:
         tls = {"ssl": ssl_context, "ssl_handshake_timeout": ssl_handshake_timeout}
     server = await loop.create_server(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import ssl
+import typing
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -115,19 +116,39 @@ class _SlottedServerSSL(ServerTlsLayer):
         super().connection_lost(exc)
 
 
-class _ReleaseAtHandshake(asyncio.Protocol):
-    """`app` behind a slotted TLS layer: gives the slot back when the layer hands it the
-    connection (the TLS handshake is done); every callback goes on to `app` unchanged."""
+class SlotKeeper(typing.Protocol):
+    """Takes over the slot of a connection whose TLS handshake is done, for an application
+    handshake of its own (the data plane: the first authorized request)."""
 
-    def __init__(self, app: asyncio.Protocol, slot: HeldSlot) -> None:
+    def keep(self, transport: asyncio.BaseTransport, slot: HeldSlot) -> None:
+        """`transport`'s TLS is done: release `slot` when its application handshake is."""
+
+    def forget(self, transport: asyncio.BaseTransport) -> None:
+        """`transport` closed (its slot is given back by the TLS layer)."""
+
+
+class _ReleaseAtHandshake(asyncio.Protocol):
+    """`app` behind a slotted TLS layer: when the layer hands it the connection (the TLS
+    handshake is done) the slot is given back, or passed to `keeper`; every callback goes on
+    to `app` unchanged."""
+
+    def __init__(self, app: asyncio.Protocol, slot: HeldSlot, keeper: SlotKeeper | None) -> None:
         self._app = app
         self._slot = slot
+        self._keeper = keeper
+        self._transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._slot.release()
+        if self._keeper is None:
+            self._slot.release()
+        else:
+            self._transport = transport
+            self._keeper.keep(transport, self._slot)
         self._app.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._keeper is not None and self._transport is not None:
+            self._keeper.forget(self._transport)
         self._app.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -148,17 +169,18 @@ def slotted_tls_factory(
     ctx: ssl.SSLContext,
     handshake_timeout: float,
     slots: SourceSlots,
+    keeper: SlotKeeper | None = None,
 ) -> Callable[[], asyncio.BaseProtocol]:
     """A `create_server` protocol factory (no `ssl=` there) serving `app_factory`'s protocols
     over TLS, each connection holding a slot of `slots` from TCP accept until its TLS
     handshake is done (aborted at accept over a cap; `handshake_timeout` as in
-    `start_tls_server`). For apps whose only handshake is TLS (an HTTP server);
-    `start_tls_server` instead leaves the release to its caller, after a handshake of its own."""
+    `start_tls_server`), or, with a `keeper`, until the keeper releases it (an application
+    handshake after TLS). The TLS layer gives it back when the connection ends first."""
     loop = asyncio.get_running_loop()
 
     def factory() -> asyncio.BaseProtocol:
         slot = HeldSlot(slots)
-        app = _ReleaseAtHandshake(cast(asyncio.Protocol, app_factory()), slot)
+        app = _ReleaseAtHandshake(cast(asyncio.Protocol, app_factory()), slot, keeper)
         return _SlottedServerSSL(loop, app, ctx, handshake_timeout, slot)
 
     return factory

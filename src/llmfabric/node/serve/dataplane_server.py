@@ -11,7 +11,8 @@ HTTPS listener for the direct path, and sealed requests over the peer network.
   ingress's settings): an ingress that vanished without FIN or RST is noticed after
   `keepalive.dead_after_s` of silence, and a connection that is lost cancels its request's
   handler, which closes the engine request (the engine stops generating for nobody).
-  Connections mid-TLS-handshake are capped (in all and per IP address) from TCP accept on.
+  Connections are capped (in all and per IP address) from TCP accept until their first
+  authorized request: a flood of silent or unauthorized connections is refused at accept.
 - Peer requests under the forward prefix: the authorization checked, the body unsealed,
   the engine's answer returned as sealed frames.
 """
@@ -34,7 +35,7 @@ from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.handshake import server_ssl_context
-from llmfabric.net.source_slots import SourceSlots
+from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
 from llmfabric.node.engine.link import ClosingStream, EngineLink, error_response
 
@@ -44,11 +45,14 @@ _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most
 # ingress completes it in milliseconds (a few RTTs even across sites); keepalive cannot catch
 # a client that is alive but silent, so this is what frees its socket and TLS buffers.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
-# Connections mid-TLS-handshake at once, in all and from one IP address (as the peer
-# listener's, net/config.py): over either cap a connection is closed at TCP accept and
-# counted (refused["busy"]), so a flood of silent connections cannot hold sockets up to the
-# file limit. Honest ingresses stay far under it: each dials one provider at most
-# `RawHttpForwarder(max_dials_per_node=32)` connections at a time (ingress/forward/dial_gate.py).
+# Connections not yet proven at once (TCP accept until their first authorized request: TLS
+# is the first half of that handshake, a valid X-Fabric-Auth the second), in all and from
+# one IP address, as the peer listener's (net/config.py): over either cap a connection is
+# closed at TCP accept and counted (refused["busy"]), so a flood of silent connections, or
+# of connections that complete TLS and then idle (aiohttp closes those after its 75 s
+# keep-alive), cannot hold sockets up to the file limit. Honest ingresses stay far under
+# it: each dials one provider at most `RawHttpForwarder(max_dials_per_node=32)` connections
+# at a time (ingress/forward/dial_gate.py) and sends a request on each at once.
 MAX_HANDSHAKES, MAX_HANDSHAKES_PER_IP = 256, 128
 
 
@@ -80,14 +84,29 @@ class DataPlaneServer:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self.refused: dict[str, int] = {}  # refusals by code (metrics, tests)
-        # connections on the HTTPS listener mid-TLS-handshake
+        # connections on the HTTPS listener before their first authorized request (the TLS
+        # handshake included); `_unproven` holds the slots of those past TLS
         self.handshaking = SourceSlots(max_handshakes, max_handshakes_per_ip,
                                        on_refused=lambda: self._count_refusal("busy"))
+        self._unproven: dict[asyncio.BaseTransport, HeldSlot] = {}
         self.served: dict[str, int] = {"https": 0, "sealed": 0}  # authorized requests by path
         # Session exchanges cost ~1 ms CPU: at most `exchanges_per_min` per peer and minute
         # (an ingress needs one per hour; a provider restart costs one more).
         self.exchanges_per_min = 20
         self._exchanges: dict[str, tuple[float, int]] = {}  # peer -> (window start, count)
+
+    # -- SlotKeeper: a connection's slot is held until its first authorized request --------
+
+    def keep(self, transport: asyncio.BaseTransport, slot: HeldSlot) -> None:
+        self._unproven[transport] = slot
+
+    def forget(self, transport: asyncio.BaseTransport) -> None:
+        self._unproven.pop(transport, None)
+
+    def _proven(self, request: web.Request) -> None:
+        slot = self._unproven.pop(request.transport, None) if request.transport else None
+        if slot is not None:
+            slot.release()
 
     def _refuse(self, exc: AuthzError) -> None:
         self._count_refusal(exc.code)
@@ -201,6 +220,7 @@ class DataPlaneServer:
         except AuthzError as exc:
             self._refuse(exc)
             return http_error(401, str(exc), exc.code)
+        self._proven(request)
         self.served["https"] += 1
         return await engine.handle_http(request)
 
@@ -219,6 +239,7 @@ class DataPlaneServer:
         self._listener = await start_watched_server(
             self._runner.server, host, port, self.keepalive, ssl_context=ctx,
             ssl_handshake_timeout=self.tls_handshake_timeout_s, handshake_slots=self.handshaking,
+            slot_keeper=self,
         )
         self.https_port = int(self._listener.sockets[0].getsockname()[1])
         return self.https_port
