@@ -11,11 +11,15 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import HandshakeRefused, NetError, TlsTransport, TransportConfig
+from llmfabric.node.config import build_config
+from llmfabric.node.daemon import Node
 from llmfabric.testing.poll import wait_until
 
 pytestmark = [
@@ -136,3 +140,37 @@ async def test_a_refused_peer_handshake_gives_its_slot_back() -> None:
         await wait_until(lambda: t.handshaking.total == 0, 5, "the refused one's slot back")
         async with TlsTransport(NodeKey.generate(), psk(), TransportConfig(host=None)) as honest:
             assert await honest.connect(addr, t.local_id) == t.local_id
+
+
+async def test_a_nodes_metrics_show_a_flood_in_progress(tmp_path: Path) -> None:
+    """On a real node, silent connections to its peer listener show in the gauge
+    `llmfabric_net_handshakes_in_flight` while they hold their slots, and leave it after."""
+    node = Node(
+        build_config(
+            {},
+            {
+                "home": tmp_path,
+                "listen": "127.0.0.1:0",
+                "http_listen": "127.0.0.1:0",
+                "preset": "local",
+                "network_secret": "handshake-gauge-secret-0123456789",
+                "gpu": "cpu",
+            },
+        )
+    )
+    await node.start()
+    try:
+        addr = node.transport.listen_addr
+        assert addr is not None
+        async with silent_clients(addr, 3):
+            await wait_until(lambda: node.transport.handshaking.total == 3, 5, "counted")
+            node._refresh_metrics()
+            text = generate_latest(node.metrics.registry).decode()
+            assert "llmfabric_net_handshakes_in_flight 3.0" in text
+        await wait_until(lambda: node.transport.handshaking.total == 0, 5, "given back")
+        node._refresh_metrics()
+        text = generate_latest(node.metrics.registry).decode()
+        assert "llmfabric_net_handshakes_in_flight 0.0" in text
+        assert "llmfabric_dataplane_unproven_connections 0.0" in text
+    finally:
+        await node.stop(drain=False)

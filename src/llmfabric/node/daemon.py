@@ -142,7 +142,8 @@ class Node:
             max_body_bytes=config.max_body_bytes,
             keepalive=KeepAlive(config.keepalive_idle_s, config.keepalive_interval_s,
                                 config.keepalive_count))
-        self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served)
+        self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served,
+                                     self.dataplane.handshaking)
         self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
         # Pairwise link measurements to peers (RTT, throughput), read by planners.
         self.links = LinkService(self.transport, self.clock, self._live_peers,

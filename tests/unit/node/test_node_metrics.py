@@ -15,6 +15,7 @@ from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity.keys import NodeKey
 from llmfabric.net import NetStats
+from llmfabric.net.source_slots import SourceSlots
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
 from llmfabric.node.serve.metrics import NodeMetrics
@@ -32,8 +33,8 @@ def _sample(text: str, name: str, label: str) -> float:
 
 
 def _scrape(metrics: NodeMetrics, agent: GossipAgent, net: NetStats) -> str:
-    metrics.refresh(agent, SimpleNamespace(stats=net),  # type: ignore[arg-type]
-                    SimpleNamespace(inflight=0))  # type: ignore[arg-type]
+    transport = SimpleNamespace(stats=net, handshaking=SourceSlots(4, 2))
+    metrics.refresh(agent, transport, SimpleNamespace(inflight=0))  # type: ignore[arg-type]
     return generate_latest(metrics.registry).decode()
 
 
@@ -107,3 +108,31 @@ def test_background_failures_are_counters_by_task() -> None:
     failures["rejoin"] += 1  # read at scrape time: later failures show up
     text = generate_latest(metrics.registry).decode()
     assert _sample(text, "llmfabric_node_task_failures_total", 'task="rejoin"') == 1
+
+
+def test_connections_holding_a_handshake_slot_are_gauges() -> None:
+    """Operators see a flood in progress: the peer listener's connections mid-handshake and
+    the data plane's not yet proven, read at each refresh (they go down again)."""
+    clock = FakeClock()
+    key = NodeKey.generate()
+    agent = GossipAgent(MemNet(clock).transport(key.peer_id), clock, key)
+    peer_slots, dp_slots = SourceSlots(8, 8), SourceSlots(8, 8)
+    metrics = NodeMetrics()
+    metrics.watch_dataplane({}, {}, dp_slots)
+    transport = SimpleNamespace(stats=NetStats(), handshaking=peer_slots)
+
+    def scrape() -> str:
+        metrics.refresh(agent, transport, SimpleNamespace(inflight=0))  # type: ignore[arg-type]
+        return generate_latest(metrics.registry).decode()
+
+    for _ in range(3):
+        peer_slots.take("10.0.0.9")
+    dp_slots.take("10.0.0.9")
+    text = scrape()
+    assert "llmfabric_net_handshakes_in_flight 3.0" in text
+    assert "llmfabric_dataplane_unproven_connections 1.0" in text
+    peer_slots.give_back("10.0.0.9")
+    dp_slots.give_back("10.0.0.9")
+    text = scrape()
+    assert "llmfabric_net_handshakes_in_flight 2.0" in text
+    assert "llmfabric_dataplane_unproven_connections 0.0" in text

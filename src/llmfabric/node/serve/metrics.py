@@ -19,6 +19,7 @@ from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.net import NetStats, TlsTransport
+from llmfabric.net.source_slots import SourceSlots
 from llmfabric.registry.records import Lifecycle
 
 
@@ -131,14 +132,27 @@ class NodeMetrics:
         self.suspected = Gauge("llmfabric_registry_suspected", "Suspected sessions", registry=r)
         self.inflight = Gauge("llmfabric_inflight_requests", "Requests being served",
                               registry=r)
+        # how full the caps on unfinished handshakes are (a flood in progress shows here)
+        self.handshaking = Gauge(
+            "llmfabric_net_handshakes_in_flight",
+            "Inbound peer connections that have not finished their handshakes (TLS, then "
+            "the peer handshake); capped by max_handshakes", registry=r)
+        self.dataplane_unproven = Gauge(
+            "llmfabric_dataplane_unproven_connections",
+            "Data-plane HTTPS connections before their first authorized request (TLS "
+            "included); capped like the peer listener's handshakes", registry=r)
+        self._dataplane_slots: SourceSlots | None = None
         self._counters = _Counters()
         r.register(self._counters)
 
     def watch_dataplane(self, refused: Mapping[str, int],
-                        served: Mapping[str, int] | None = None) -> None:
-        """Export the data plane's counts (dicts the server keeps updating)."""
+                        served: Mapping[str, int] | None = None,
+                        unproven: SourceSlots | None = None) -> None:
+        """Export the data plane's counts (dicts the server keeps updating) and its
+        connections not yet proven (read at each refresh)."""
         self._counters.dataplane_refused = refused
         self._counters.dataplane_served = served
+        self._dataplane_slots = unproven
 
     def watch_tasks(self, failures: Mapping[str, int], gossip: AgentStats) -> None:
         """Export the supervisor's task failures (and the gossip loops' own restarts)."""
@@ -165,4 +179,7 @@ class NodeMetrics:
         self.suspected.set(sum(1 for v in views if v.suspected))
         self._counters.gossip = agent.stats
         self._counters.net = transport.stats
+        self.handshaking.set(transport.handshaking.total)
+        if self._dataplane_slots is not None:
+            self.dataplane_unproven.set(self._dataplane_slots.total)
         self.inflight.set(tracker.inflight)
