@@ -3,8 +3,9 @@ and `HeldSlot`, one slot that is given back exactly once whichever path ends it.
 
 The lean front counts open client connections in it (ingress/front/front_limits.py); the
 peer transport counts connections that have not finished their handshakes (TLS, then the
-peer handshake), so a flood of silent connections is refused at TCP accept instead of
-holding sockets and TLS buffers until the handshake limit cuts each one.
+peer handshake), and the provider's data-plane listener those before their first
+authorized request, so a flood of silent connections is refused at TCP accept instead of
+holding sockets and TLS buffers until a time limit cuts each one.
 """
 
 from __future__ import annotations
