@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import orjson
 import pytest
@@ -171,6 +172,16 @@ def _ingress(fab: _Fabric, fwd: _CutSite) -> Ingress:
     return Ingress(IngressConfig(auth_enabled=False, timeouts=HOUR, max_retries=2), fab.source, fwd)
 
 
+async def _chat_held_at_cut(fab: _Fabric, fwd: _CutSite) -> asyncio.Task[Any]:
+    """A non-streamed chat through a fresh ingress, once the forwarder holds its attempt on
+    the node it cuts off (`fwd.cut`)."""
+    body = orjson.dumps({"model": "m", "messages": []})
+    task = asyncio.ensure_future(_ingress(fab, fwd).serve(CHAT, True, "", None, body, _Sink()))
+    await fwd.waiting.wait()
+    assert fwd.cut is not None
+    return task
+
+
 @pytest.mark.parametrize("enforces_timeouts", [True, False])
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_node_suspected_before_its_first_byte_is_dropped_and_another_answers(
@@ -207,11 +218,7 @@ async def test_a_node_suspected_before_its_first_byte_is_dropped_and_another_ans
 async def test_a_node_leaving_before_its_first_byte_is_dropped_too() -> None:
     fab = _Fabric()
     fwd = _CutSite(enforces_timeouts=True)
-    ing = _ingress(fab, fwd)
-    body = orjson.dumps({"model": "m", "messages": []})
-    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, _Sink()))
-    await fwd.waiting.wait()
-    assert fwd.cut is not None
+    task = await _chat_held_at_cut(fab, fwd)
     fab.leave(fwd.cut)
     await _turns(task)
     assert task.done() and fwd.cancelled == [fwd.cut]
@@ -334,11 +341,7 @@ class _OthersUnreachable(_CutSite):
 async def test_a_node_left_on_suspicion_alone_is_the_last_resort_when_the_others_fail() -> None:
     fab = _Fabric(2)
     fwd = _OthersUnreachable(enforces_timeouts=True)
-    ing = _ingress(fab, fwd)
-    body = orjson.dumps({"model": "m", "messages": []})
-    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, _Sink()))
-    await fwd.waiting.wait()
-    assert fwd.cut is not None
+    task = await _chat_held_at_cut(fab, fwd)
     fab.suspect(fwd.cut)  # false: the node is fine, only some prober lost it
     await _turns(task)
     assert task.done() and fwd.cancelled == [fwd.cut]
@@ -354,11 +357,7 @@ async def test_a_node_left_on_suspicion_alone_is_the_last_resort_when_the_others
 async def test_a_node_that_left_is_not_tried_again() -> None:
     fab = _Fabric(2)
     fwd = _OthersUnreachable(enforces_timeouts=True)
-    ing = _ingress(fab, fwd)
-    body = orjson.dumps({"model": "m", "messages": []})
-    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, _Sink()))
-    await fwd.waiting.wait()
-    assert fwd.cut is not None
+    task = await _chat_held_at_cut(fab, fwd)
     fab.leave(fwd.cut)
     await _turns(task)
     reply = task.result()
