@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import ssl
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 from _common import rss_kib, write_results
+
+from llmfabric.net.fd_limit import raise_open_file_limit
 
 HALF_HELLO = bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xFC, 0x03, 0x03])
 
@@ -114,10 +115,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    need = 2 * args.conns + 256  # the child's sockets and ours share no limit, but be safe
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+    # our sockets, and the child's (it inherits the limit): each needs `conns` and some
+    raise_open_file_limit(2 * args.conns + 256)
     asyncio.run(amain(args))
 
 
