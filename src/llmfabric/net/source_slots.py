@@ -1,5 +1,6 @@
 """`SourceSlots`: a count of things held per process and per source address under two caps,
-and `HeldSlot`, one slot that is given back exactly once whichever path ends it.
+`HeldSlot`, one slot that is given back exactly once whichever path ends it, and `peer_ip`,
+the source a connection counts against.
 
 The lean front counts open client connections in it (ingress/front/front_limits.py); the
 peer transport counts connections that have not finished their handshakes (TLS, then the
@@ -10,7 +11,15 @@ holding sockets and TLS buffers until a time limit cuts each one.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+
+
+def peer_ip(transport: asyncio.BaseTransport) -> str:
+    """The remote IP address of a connection: the source its slots count against ("" when
+    the transport does not say)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
 class SourceSlots:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from llmfabric.clock import Clock, with_timeout
-from llmfabric.net.source_slots import HeldSlot, SourceSlots
+from llmfabric.net.source_slots import HeldSlot, SourceSlots, peer_ip
 
 # Bytes read from the socket per loop iteration and connection. 32 KiB saved another 32 KiB
 # per connection but could not keep up with a datagram burst (200 per iteration: 13%
@@ -104,9 +104,7 @@ class _SlottedServerSSL(ServerTlsLayer):
         self._slot = slot
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if not self._slot.take(source):
+        if not self._slot.take(peer_ip(transport)):
             cast(asyncio.Transport, transport).abort()
             return
         super().connection_made(transport)

@@ -49,8 +49,9 @@ from llmfabric.ingress.front.fast_wire import (
     reply_bytes,
     too_many_connections,
 )
-from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, listen_args, peer_ip
+from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, listen_args
 from llmfabric.ingress.observe.tracing import traced
+from llmfabric.net.source_slots import peer_ip
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
 FallbackFactory = Callable[[], asyncio.Protocol]

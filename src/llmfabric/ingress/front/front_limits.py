@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from llmfabric.net.source_slots import SourceSlots
+from llmfabric.net.source_slots import SourceSlots, peer_ip
 from llmfabric.net.tlsstream import ServerTlsLayer
 
 
@@ -102,12 +102,6 @@ class ClientSlots(SourceSlots):
     def counts(self) -> tuple[int, int, int]:
         """(open, refused, handshakes_failed): what the metrics export."""
         return self.total, self.refused, self.handshakes_failed
-
-
-def peer_ip(transport: asyncio.BaseTransport) -> str:
-    """The client's IP address ("" when the transport does not say)."""
-    peer = transport.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
 class SlotHolder(typing.Protocol):
