@@ -3,9 +3,9 @@ per IP address), from TCP accept until their first authorized request (TLS, then
 X-Fabric-Auth), like the peer listener its two handshakes; the ingress dials one provider at
 most `max_dials_per_node` connections at a time, so an honest burst never meets that bound.
 Real sockets on loopback: a silent flood is refused at accept and counted, a connection past
-TLS without authorization keeps its slot, and 40 concurrent requests through a fresh
-pinned-HTTPS forwarder all succeed against a provider that admits only 4 unproven
-connections at once from the ingress's address."""
+TLS keeps its slot until it is authorized (one refused is answered and closed), and 40
+concurrent requests through a fresh pinned-HTTPS forwarder all succeed against a provider
+that admits only 4 unproven connections at once from the ingress's address."""
 
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ async def _unused(peer: str, b: bytes) -> HandlerResponse:
     return HandlerResponse(404, (), b"")
 
 
-def provider(per_ip: int) -> tuple[TlsTransport, DataPlaneServer]:
+def provider(per_ip: int, serving: bool = True) -> tuple[TlsTransport, DataPlaneServer]:
     key = NodeKey.generate()
     t = TlsTransport(key, PskAdmission("dp", b"d" * 32), TransportConfig())
-    dp = DataPlaneServer(key, lambda: Echo(), lambda _p: False,  # type: ignore[arg-type,return-value]
+    engine = Echo() if serving else None
+    dp = DataPlaneServer(key, lambda: engine, lambda _p: False,  # type: ignore[arg-type,return-value]
                          max_body_bytes=1 << 20, max_handshakes_per_ip=per_ip)
     t.set_request_handler(PeerApi(dp, _unused).handle)
     return t, dp
@@ -69,19 +70,42 @@ async def test_a_silent_flood_is_refused_at_accept_and_its_slots_come_back() -> 
                 w.close()
             await wait_until(lambda: dp.handshaking.total == 0, 5, "their slots given back")
             # TLS done is half the handshake: the slot is held until an authorized request,
-            # so connections that complete TLS and then idle (or send junk) still count
+            # so connections that complete TLS and then idle still count
             reader, unproven = await asyncio.open_connection(
                 "127.0.0.1", port, ssl=client_ssl_context(), server_hostname="llmfabric")
             await wait_until(lambda: dp.handshaking.total == 1, 5, "the TLS client counted")
+            await asyncio.sleep(0.05)
+            assert dp.handshaking.total == 1 and len(dp._unproven) == 1
+            # ...and one that fails authorization is answered, then closed: it does not get
+            # to keep its slot (or try again without paying for another TLS handshake)
             unproven.write(b"POST " + FORWARD_PREFIX.encode() + PATH.encode()
                              + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             assert head.startswith(b"HTTP/1.1 401")  # no X-Fabric-Auth
-            assert dp.handshaking.total == 1 and dp.refused.keys() - {"busy"}, dp.refused
-            unproven.close()
+            assert b"connection: close" in head.lower()
+            await asyncio.wait_for(reader.read(), 5)  # the server closes
+            assert dp.refused.keys() - {"busy"}, dp.refused
             await wait_until(lambda: dp.handshaking.total == 0, 5, "its slot back on close")
+            unproven.close()
         finally:
             await dp.aclose()
+
+
+async def test_a_node_without_engine_closes_an_unproven_connection_after_its_503() -> None:
+    _prov, dp = provider(per_ip=3, serving=False)
+    port = await dp.start_https("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client_ssl_context(), server_hostname="llmfabric")
+        writer.write(b"POST " + FORWARD_PREFIX.encode() + PATH.encode()
+                     + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 503") and b"connection: close" in head.lower()
+        await asyncio.wait_for(reader.read(), 5)
+        await wait_until(lambda: dp.handshaking.total == 0, 5, "its slot back")
+        writer.close()
+    finally:
+        await dp.aclose()
 
 
 async def test_an_honest_burst_is_dialled_within_the_providers_cap() -> None:

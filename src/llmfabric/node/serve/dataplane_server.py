@@ -207,19 +207,30 @@ class DataPlaneServer:
 
     # -- the pinned HTTPS listener (direct path) -------------------------------------------
 
+    def _unproven_error(self, request: web.Request, resp: web.Response) -> web.Response:
+        """`resp`, closing the connection after it when no request on it was authorized yet:
+        an unproven connection holds a handshake slot, so one that fails (a forged header, an
+        expired session, a node without engine) gives the slot back rather than idle in a
+        client's pool; an honest ingress redials with a fresh TLS handshake."""
+        if request.transport in self._unproven:
+            resp.force_close()
+        return resp
+
     async def handle_https(self, request: web.Request) -> web.StreamResponse:
         engine = self._engine()
         if engine is None:
-            return http_error(503, "this node serves no engine", "node_not_serving")
+            return self._unproven_error(
+                request, http_error(503, "this node serves no engine", "node_not_serving"))
         if request.content_length is not None and request.content_length > self._max_body:
-            return http_error(400, "request body too large", "request_too_large")
+            return self._unproven_error(
+                request, http_error(400, "request body too large", "request_too_large"))
         body = await request.read()
         try:
             self.sessions.verify(request.headers.get(AUTH_HEADER, ""),
                                  request.raw_path.encode(), body, self._now())
         except AuthzError as exc:
             self._refuse(exc)
-            return http_error(401, str(exc), exc.code)
+            return self._unproven_error(request, http_error(401, str(exc), exc.code))
         self._proven(request)
         self.served["https"] += 1
         return await engine.handle_http(request)
