@@ -204,3 +204,34 @@ async def test_ingress_with_postgres_accounts(pg_url: str, tmp_path: pathlib.Pat
         assert await store.usage(key_id=gone.id) == []
         (slow_row,) = await store.usage(key_id=slow.id)
         assert slow_row.requests == outcomes.count("ok")
+
+
+async def test_budgets_stay_in_step_between_ingresses_sharing_postgres(pg_url: str) -> None:
+    """Two ingresses on one Postgres database (each its own account store and budget book):
+    a budget set at one holds at the other after its sync, and so does what one spent."""
+    import time
+
+    from llmfabric.accounts.budgets import Budget, BudgetBook, BudgetStore, Hold, OverBudget
+
+    a = await AccountStore.open(pg_url, background=False)
+    b = await AccountStore.open(pg_url, background=False)
+    try:
+        key, _ = await a.create_key("app", "hana")
+        ba = BudgetStore(a.backend, BudgetBook(time.time), a.ledger)
+        bb = BudgetStore(b.backend, BudgetBook(time.time), b.ledger)
+        await ba.load()
+        await bb.load()
+        await ba.put(Budget("owner", "hana", 100, "day"))
+        await bb.sync()
+        hold = bb.book.reserve(key.id, "hana", 60)
+        assert isinstance(hold, Hold)
+        b.record_usage(key.id, "m", 60, 0)
+        bb.book.settle(hold, 60)
+        await b.flush()
+        await ba.sync()
+        refused = ba.book.reserve(key.id, "hana", 50)
+        assert isinstance(refused, OverBudget) and refused.spent == 60
+        assert isinstance(ba.book.reserve(key.id, "hana", 40), Hold)
+    finally:
+        await a.aclose()
+        await b.aclose()

@@ -74,6 +74,11 @@ async def with_budgets(ingress: Ingress, app: web.Application, store: AccountSto
     parts = await attach_tenancy(ingress, store)
     add_tenancy_routes(app, store, parts.budgets)
 
+    async def close(_app: web.Application) -> None:
+        await parts.aclose()  # (its budget sync task)
+
+    app.on_cleanup.append(close)
+
 
 async def usage_routes_only(ingress: Ingress, app: web.Application, store: AccountStore) -> None:
     add_tenancy_routes(app, store, None)

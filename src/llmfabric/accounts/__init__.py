@@ -7,6 +7,7 @@ Files:
                 connection behind a lock, reconnects when dropped) backends
   store.py      AccountStore: create/authenticate (cached)/list/get/revoke keys, usage API
   ledger.py     UsageLedger: in-memory aggregation per key/model/day, batched additive upserts
+                (numbered batches: which usage is in the database yet)
   ratelimit.py  RateLimiter: requests/min and tokens/min token buckets (per key and per owner)
   grants.py     key grants (hashes) an ingress publishes in its record; RemoteGrants for the
                 ingresses that trust it as a key issuer
@@ -17,7 +18,8 @@ Files:
   http.py       add_account_routes: /v1/fabric/keys and /v1/fabric/usage for the ingress
   budgets.py    BudgetBook: token or spend (USD) budgets per key/owner/team per UTC
                 day/month, enforced with reservations (no overspend by concurrent
-                requests); BudgetStore (tables budgets, owner_teams, model_prices)
+                requests); BudgetStore (tables budgets, owner_teams, model_prices; sync():
+                in step with other processes on the same database every 2 s)
   spend_share.py budgets across ingresses: the bounded spend item (hashed budget names,
                 period-scoped totals) an ingress publishes in its record, RemoteSpend (the
                 trusted ingresses' newest items, summed, kept after they leave),

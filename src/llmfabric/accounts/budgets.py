@@ -10,8 +10,11 @@ requests can never together overspend a budget (the race that a check-then-recor
 loses). A refusal carries the real wait: the seconds until the period's budget renews.
 
 Pure state on an injected wall clock; `BudgetStore` persists budgets (table `budgets`) and
-team memberships (table `owner_teams`) and seeds this period's spending from the usage
-ledger at start.
+team memberships (table `owner_teams`), seeds this period's spending from the usage ledger at
+start, and `sync()`s every few seconds: the budgets, teams and prices other processes set in
+the same database, and what the ledger says was spent (every process that writes to it: the
+workers of `llmfabric ingress --workers N`, ingresses sharing Postgres), plus what this
+process settled that its ledger has not written yet.
 
 Across ingresses (accounts/spend_share.py): the book keeps apart what THIS ingress spent
 (`own`: settled here, plus its own ledger at start) so it can publish it, and adds what the
@@ -20,18 +23,25 @@ other ingresses published (`remote`, clamped to the budget's limit) when it admi
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import Callable
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmfabric.accounts.db import Backend, PostgresBackend
 from llmfabric.accounts.errors import InvalidRequest
+from llmfabric.accounts.ledger import UsageLedger
 from llmfabric.accounts.prices import Price, price_of
+
+log = logging.getLogger(__name__)
 
 PERIODS = ("day", "month")
 SCOPES = ("key", "owner", "team")
 UNITS = ("tokens", "usd")
 MAX_BUDGET_TOKENS = 10**15  # also the cap in micro-USD (a billion dollars)
+_MAX_UNWRITTEN = 256  # ledger batches whose settled spending is kept apart (BudgetBook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +134,11 @@ class BudgetBook:
         # the others published: (scope, name, period id) -> amount, or None (alone).
         self.own: dict[tuple[str, str, str], int] = {}
         self.remote: Callable[[tuple[str, str, str]], int] | None = None
+        # With a ledger to follow (`BudgetStore.sync`): the number of the ledger batch that
+        # carries usage recorded now, and what was settled here by that number, until the
+        # batch is written and the ledger's totals hold it.
+        self.ledger_batch: Callable[[], int] | None = None
+        self._unwritten: dict[int, dict[tuple[str, str, str], int]] = {}
 
     def others(self, k: tuple[str, str, str], limit: int) -> int:
         """The other ingresses' published spending on budget key `k`, clamped to the
@@ -197,6 +212,29 @@ class BudgetBook:
             used = max(0, used_tokens if unit == "tokens" else used_micros)
             self.spent[k] = self.spent.get(k, 0) + used
             self.own[k] = self.own.get(k, 0) + used
+            if self.ledger_batch is not None and used:
+                journal = self._unwritten.setdefault(self.ledger_batch(), {})
+                journal[k] = journal.get(k, 0) + used
+        if len(self._unwritten) > _MAX_UNWRITTEN:  # (a database down for long: merge the
+            oldest = min(self._unwritten)         # oldest into the next; it counts longer)
+            merged = self._unwritten.pop(oldest)
+            nxt = self._unwritten.setdefault(min(self._unwritten), {})
+            for k, n in merged.items():
+                nxt[k] = nxt.get(k, 0) + n
+
+    def adopt_ledger(self, totals: dict[tuple[str, str, str], int], written: int) -> None:
+        """The ledger's totals for the current period of every budget (what every process
+        writing to it spent), read after ledger batch `written` was written: spent becomes
+        those totals plus what was settled here and is not in them yet. Reservations held
+        here stay as they are."""
+        for batch in [b for b in self._unwritten if b <= written]:
+            del self._unwritten[batch]
+        spent = {k: max(0, n) for k, n in totals.items()}
+        for journal in self._unwritten.values():
+            for k, n in journal.items():
+                if k in spent:
+                    spent[k] += n
+        self.spent = spent
 
     def charge(self, scope: str, name: str, period_id: str, amount: int,
                own: bool = False) -> None:
@@ -275,11 +313,21 @@ ON CONFLICT (model) DO UPDATE SET prompt_usd_per_mtok = excluded.prompt_usd_per_
 
 
 class BudgetStore:
-    """Budgets and model prices in the accounts database, mirrored in a `BudgetBook`."""
+    """Budgets and model prices in the accounts database, mirrored in a `BudgetBook`.
 
-    def __init__(self, backend: Backend, book: BudgetBook) -> None:
+    With `ledger` (this process's usage ledger), `sync()` keeps the book in step with the
+    database that other processes share (`run_sync` calls it every `interval_s`; the
+    ingress: tenancy/attach.py `BUDGET_SYNC_S`, one ledger query per budget)."""
+
+    def __init__(self, backend: Backend, book: BudgetBook,
+                 ledger: UsageLedger | None = None) -> None:
         self._db = backend
         self.book = book
+        self._ledger = ledger
+        if ledger is not None:
+            book.ledger_batch = lambda: ledger.next_batch
+        self._changes = 0  # puts and deletes made here (a sync must not undo one it raced)
+        self.syncs = 0
 
     @property
     def shared_ledger(self) -> bool:
@@ -291,57 +339,114 @@ class BudgetStore:
         the usage ledger (so a restarted ingress does not hand out a fresh budget)."""
         for table in _TABLES:
             await self._db.execute(table)
-        for model, pp, cp in await self._db.fetchall(
-                "SELECT model, prompt_usd_per_mtok, completion_usd_per_mtok FROM model_prices"):
-            self.book.prices[str(model)] = Price(float(pp), float(cp))
-        for owner, team in await self._db.fetchall("SELECT owner, team FROM owner_teams"):
-            self.book.teams[str(owner)] = str(team)
-        for scope, name, amount, period, unit in await self._db.fetchall(
-                "SELECT scope, name, amount, period, unit FROM budgets"):
-            self.book.set(Budget(str(scope), str(name), int(amount), str(period), str(unit)))
-        now = self.book.wall()
+        budgets, teams, prices = await self._definitions()
+        self.book.budgets, self.book.teams, self.book.prices = budgets, teams, prices
         # A private (SQLite) ledger holds only what this ingress spent: it is ours to
         # publish; a shared (Postgres) one already holds every ingress's spending.
         own = not isinstance(self._db, PostgresBackend)
+        for (scope, name, pid), amount in (await self._ledger_totals()).items():
+            self.book.charge(scope, name, pid, amount, own=own)
+
+    async def sync(self) -> None:
+        """Read again what other processes may have changed in the database: the budgets,
+        teams and prices (unless this process changed one meanwhile: the next sync reads
+        it), and this period's spending from the ledger, to which the book adds what was
+        settled here and is not written yet (BudgetBook.adopt_ledger)."""
+        if self._ledger is None:
+            raise RuntimeError("BudgetStore.sync needs the usage ledger it follows")
+        changes = self._changes
+        # Read before the totals: a batch written meanwhile is then counted twice until the
+        # next sync (an overstatement), never not at all.
+        written = self._ledger.batches_written
+        budgets, teams, prices = await self._definitions()
+        if changes == self._changes:
+            self.book.budgets, self.book.teams, self.book.prices = budgets, teams, prices
+        self.book.adopt_ledger(await self._ledger_totals(), written)
+        self.syncs += 1
+
+    async def run_sync(self, sleep: Callable[[float], Awaitable[None]],
+                       interval_s: float = 2.0,
+                       failures: Counter[str] | None = None) -> None:
+        """`sync()` every `interval_s` until cancelled; a failed one is logged, counted in
+        `failures["budget_sync"]` and retried at the next tick (the book keeps what it had)."""
+        while True:
+            await sleep(interval_s)
+            try:
+                await self.sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if failures is not None:
+                    failures["budget_sync"] += 1
+                log.exception("budgets: sync with the accounts database failed; will retry")
+
+    async def _definitions(self) -> tuple[dict[tuple[str, str], Budget], dict[str, str],
+                                          dict[str, Price]]:
+        prices = {str(model): Price(float(pp), float(cp))
+                  for model, pp, cp in await self._db.fetchall(
+                      "SELECT model, prompt_usd_per_mtok, completion_usd_per_mtok "
+                      "FROM model_prices")}
+        teams = {str(owner): str(team) for owner, team in await self._db.fetchall(
+            "SELECT owner, team FROM owner_teams")}
+        budgets = {}
+        for scope, name, amount, period, unit in await self._db.fetchall(
+                "SELECT scope, name, amount, period, unit FROM budgets"):
+            b = Budget(str(scope), str(name), int(amount), str(period), str(unit))
+            budgets[(b.scope, b.name)] = b
+        return budgets, teams, prices
+
+    async def _ledger_totals(self) -> dict[tuple[str, str, str], int]:
+        """What the ledger holds for each budget's current period, in its unit (team
+        budgets: the team's members as the `owner_teams` table has them now)."""
+        now = self.book.wall()
+        out: dict[tuple[str, str, str], int] = {}
         for b in list(self.book.budgets.values()):
-            pid, _ = period_of(b.period, now)
             if b.scope not in _SPENT_BY:
                 continue  # (a row no version of this code wrote)
+            pid, _ = period_of(b.period, now)
             rows = await self._db.fetchall(
                 "SELECT u.model, COALESCE(SUM(u.prompt_tokens), 0), "
                 "COALESCE(SUM(u.completion_tokens), 0) FROM usage_daily u "
                 "LEFT JOIN api_keys k ON k.id = u.key_id "
                 f"WHERE {_SPENT_BY[b.scope]} AND u.day LIKE ? GROUP BY u.model",
                 (b.name, pid + "%"))
-            for model, prompt, completion in rows:
-                self.book.charge(b.scope, b.name, pid, self.book.amount(
-                    b.unit, str(model), int(prompt), int(completion)), own=own)
+            out[(b.scope, b.name, pid)] = sum(
+                self.book.amount(b.unit, str(model), int(prompt), int(completion))
+                for model, prompt, completion in rows)
+        return out
 
     async def put(self, budget: Budget) -> None:
+        self._changes += 1
         await self._db.execute(_UPSERT, (budget.scope, budget.name, budget.limit,
                                          budget.period, budget.unit))
         self.book.set(budget)
 
     async def delete(self, scope: str, name: str) -> bool:
+        self._changes += 1
         await self._db.execute("DELETE FROM budgets WHERE scope = ? AND name = ?",
                                (scope, name))
         return self.book.remove(scope, name)
 
     async def put_team(self, owner: str, team: str) -> None:
-        """Put `owner` in `team` (moving it out of any other). What the owner spent before
-        counts for its new team from the next start on (the ledger has no team column)."""
+        """Put `owner` in `team` (moving it out of any other). What the owner spent this
+        period counts for its new team from the next sync on (the ledger has no team column:
+        the team's total is read by member)."""
+        self._changes += 1
         await self._db.execute(_UPSERT_TEAM, validate_team(owner, team))
         self.book.teams[owner] = team
 
     async def delete_team(self, owner: str) -> bool:
+        self._changes += 1
         await self._db.execute("DELETE FROM owner_teams WHERE owner = ?", (owner,))
         return self.book.teams.pop(owner, None) is not None
 
     async def put_price(self, model: str, price: Price) -> None:
+        self._changes += 1
         await self._db.execute(_UPSERT_PRICE, (model, price.prompt_usd_per_mtok,
                                                price.completion_usd_per_mtok))
         self.book.prices[model] = price
 
     async def delete_price(self, model: str) -> bool:
+        self._changes += 1
         await self._db.execute("DELETE FROM model_prices WHERE model = ?", (model,))
         return self.book.prices.pop(model, None) is not None

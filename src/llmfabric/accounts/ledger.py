@@ -63,6 +63,12 @@ class UsageLedger:
         self._day_span = (0.0, -1.0)  # [start, end) of that day
         self._pending: dict[tuple[str, str, str], _Counts] = {}
         self._writing: asyncio.Future[int] | None = None
+        # Batches taken for writing and the newest one written, numbered from 1: usage
+        # recorded now goes out in batch `batches_taken + 1` (or later, if that write fails
+        # and its rows are put back), so it is in the database once `batches_written` reaches
+        # that number (accounts.budgets keeps settled spending apart until then).
+        self.batches_taken = 0
+        self.batches_written = 0
         # Rows the database refused on their own (while it accepted others), newest last.
         self.quarantined: list[tuple[str, str, str, int, int, int, int]] = []
         self.quarantined_total = 0
@@ -119,11 +125,17 @@ class UsageLedger:
         if not self._pending:
             return 0
         batch, self._pending = self._pending, {}
-        self._writing = asyncio.ensure_future(self._write(batch))
+        self.batches_taken += 1
+        self._writing = asyncio.ensure_future(self._write(batch, self.batches_taken))
         self._writing.add_done_callback(_retrieve)
         return await asyncio.shield(self._writing)
 
-    async def _write(self, batch: dict[tuple[str, str, str], _Counts]) -> int:
+    @property
+    def next_batch(self) -> int:
+        """The number of the batch that will carry usage recorded now."""
+        return self.batches_taken + 1
+
+    async def _write(self, batch: dict[tuple[str, str, str], _Counts], number: int) -> int:
         # In key order, so concurrent flushes (other processes sharing a Postgres database)
         # lock the same rows in the same order and cannot deadlock.
         rows = [
@@ -136,11 +148,14 @@ class UsageLedger:
             if not await self._reachable():
                 self._put_back(batch)
                 raise
-            return await self._write_one_by_one(rows)
+            written = await self._write_one_by_one(rows)  # (what fails now never will)
         except BaseException:
             self._put_back(batch)
             raise
-        return len(rows)
+        else:
+            written = len(rows)
+        self.batches_written = max(self.batches_written, number)
+        return written
 
     def _put_back(self, batch: dict[tuple[str, str, str], _Counts]) -> None:
         for key, c in batch.items():  # added to anything newer

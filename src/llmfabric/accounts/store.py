@@ -91,6 +91,11 @@ class AccountStore:
         """The database (for tables kept beside the keys: accounts.budgets)."""
         return self._db
 
+    @property
+    def ledger(self) -> UsageLedger:
+        """The usage ledger (accounts.budgets follows which of its batches are written)."""
+        return self._ledger
+
     @classmethod
     async def open(
         cls,

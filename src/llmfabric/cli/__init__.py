@@ -1,7 +1,7 @@
 """The `llmfabric` CLI: main.py holds the lazy group; one module per command group
 (start, status, keys, ingress, demo, engine, simulate, plan, controller, trace, bench; API
-keys in apikeys.py, `keys usage-export` in usage_export.py; slurm, k8s and
-controller_slurm for the launchers; controller_pd for `controller --pd-plan`), each
+keys in apikeys.py, `keys usage-export` in usage_export.py, `keys budget` in budgets.py;
+slurm, k8s and controller_slurm for the launchers; controller_pd for `controller --pd-plan`), each
 exporting `command`. controller_node.py: `controller_node`, the node every in-fabric
 controller runs as (build, start, SIGTERM/SIGINT -> stop, settle, the current session's
 reader; stopped on exit).

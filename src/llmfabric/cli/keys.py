@@ -6,8 +6,8 @@
   [--model M ...] [--max-sessions N]`: operator signs a node (and binds its identity).
 
 The group object is `keys_group` (also exported as `command`); other modules add
-subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py
-(`API_KEY_COMMANDS`) are attached here when that module is present.
+subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py,
+usage_export.py and budgets.py (`API_KEY_COMMANDS`) are attached here when present.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def sign_node(
 
 
 def _attach_api_key_commands() -> None:
-    for name in ("llmfabric.cli.apikeys", "llmfabric.cli.usage_export"):
+    for name in ("llmfabric.cli.apikeys", "llmfabric.cli.usage_export",
+                 "llmfabric.cli.budgets"):
         try:
             module = importlib.import_module(name)
         except ImportError:

@@ -1,9 +1,12 @@
 """Turning on an ingress's multi-tenancy and trace export from its settings: budgets from
-the accounts database (always, when the ingress has one: no budget set costs nothing),
-fair queueing when `max_inflight` is set, OTLP export when the OTEL_* variables say so."""
+the accounts database (always, when the ingress has one: no budget set costs nothing; kept in
+step with the database every `BUDGET_SYNC_S`, for what other processes set and spent), fair
+queueing when `max_inflight` is set, OTLP export when the OTEL_* variables say so."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,14 +18,22 @@ from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
 from llmfabric.ingress.tenancy.gate import TenancyGate
 
+BUDGET_SYNC_S = 2.0
+
 
 @dataclass(slots=True)
 class TenancyParts:
     budgets: BudgetStore | None = None
     queue: FairQueue | None = None
     exporter: OtlpExporter | None = None
+    budget_sync: asyncio.Task[None] | None = None
 
     async def aclose(self) -> None:
+        if self.budget_sync is not None:
+            self.budget_sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.budget_sync
+            self.budget_sync = None
         if self.exporter is not None:
             await self.exporter.aclose()
 
@@ -33,8 +44,11 @@ async def attach_tenancy(
 ) -> TenancyParts:
     parts = TenancyParts()
     if store is not None:
-        parts.budgets = BudgetStore(store.backend, BudgetBook(time.time))
+        parts.budgets = BudgetStore(store.backend, BudgetBook(time.time), store.ledger)
         await parts.budgets.load()
+        parts.budget_sync = asyncio.create_task(
+            parts.budgets.run_sync(asyncio.sleep, BUDGET_SYNC_S, store.failures),
+            name="budget-sync")
     if max_inflight is not None:
         parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
     if parts.budgets is not None or parts.queue is not None:

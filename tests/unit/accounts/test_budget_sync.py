@@ -1,0 +1,307 @@
+"""Budgets over one accounts database shared by several processes (the workers of
+`llmfabric ingress --workers N`, ingresses sharing Postgres): `BudgetStore.sync()` brings
+each process's book in step with what the others set and spent. Two stores on one real
+SQLite file stand for two processes; flushes and syncs are called explicitly, on a fake
+clock, so every step is deterministic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmfabric.accounts.budgets import Budget, BudgetBook, BudgetStore, Hold, OverBudget
+from llmfabric.accounts.models import ApiKey
+from llmfabric.accounts.prices import validate_price
+from llmfabric.accounts.store import AccountStore
+from llmfabric.testing.fake_clock import FakeClock
+from llmfabric.testing.poll import wait_until
+
+pytestmark = pytest.mark.unit
+
+NOON = 1_774_958_400.0  # 2026-03-31 12:00 UTC
+
+
+class Process:
+    """One ingress process: its account store (ledger) and its budget store."""
+
+    def __init__(self, store: AccountStore, clock: FakeClock) -> None:
+        self.store = store
+        self.budgets = BudgetStore(store.backend, BudgetBook(clock.wall), store.ledger)
+
+    def serve(self, key: ApiKey, tokens: int) -> Hold | OverBudget:
+        """Admit a request of `tokens` (reserved = used) and, if admitted, end it: settle
+        the budgets and record the usage, as the gate and the usage sink do."""
+        got = self.budgets.book.reserve(key.id, key.owner, tokens)
+        if isinstance(got, Hold):
+            self.store.record_usage(key.id, "m", tokens, 0)
+            self.budgets.book.settle(got, tokens)
+        return got
+
+    def spent(self, scope: str = "owner", name: str = "alice") -> int:
+        for row in self.budgets.book.status():
+            if (row["scope"], row["name"]) == (scope, name):
+                return int(str(row["spent"]))
+        raise AssertionError(f"no budget {scope}/{name} here")
+
+
+async def _two(tmp_path: Path) -> tuple[Process, Process, ApiKey, FakeClock]:
+    clock = FakeClock(wall_start=NOON)
+    url = f"sqlite:///{tmp_path / 'accounts.db'}"
+    a = await AccountStore.open(url, clock=clock, background=False)
+    b = await AccountStore.open(url, clock=clock, background=False)
+    key, _ = await a.create_key("app", "alice")
+    pa, pb = Process(a, clock), Process(b, clock)
+    await pa.budgets.load()
+    await pb.budgets.load()
+    return pa, pb, key, clock
+
+
+async def _close(*ps: Process) -> None:
+    for p in ps:
+        await p.store.aclose()
+
+
+async def test_a_budget_set_in_one_process_holds_in_the_other(tmp_path: Path) -> None:
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        await a.budgets.put(Budget("owner", "alice", 100, "day"))
+        assert not b.budgets.book.applies(key.id, "alice")  # (before: never, until restart)
+        await b.budgets.sync()
+        assert b.budgets.book.applies(key.id, "alice")
+        await a.budgets.put(Budget("owner", "alice", 50, "day"))  # changed...
+        await b.budgets.put_team("alice", "nlp")
+        await b.budgets.put_price("m", validate_price("m", 1.0, 2.0))
+        await a.budgets.sync()
+        await b.budgets.sync()
+        assert b.budgets.book.budgets[("owner", "alice")].limit == 50
+        assert a.budgets.book.teams == {"alice": "nlp"} and "m" in a.budgets.book.prices
+        assert await a.budgets.delete("owner", "alice")  # ...and removed
+        await b.budgets.sync()
+        assert not b.budgets.book.applies(key.id, "alice")
+    finally:
+        await _close(a, b)
+
+
+async def test_spending_in_one_process_counts_in_the_other(tmp_path: Path) -> None:
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        await a.budgets.put(Budget("owner", "alice", 100, "day"))
+        await b.budgets.sync()
+        assert isinstance(a.serve(key, 30), Hold)
+        assert isinstance(b.serve(key, 30), Hold)
+        # Not written yet: each counts its own settled spending, never loses it to a sync.
+        await a.budgets.sync()
+        assert a.spent() == 30
+        await a.store.flush()
+        await b.store.flush()
+        await a.budgets.sync()
+        await b.budgets.sync()
+        assert a.spent() == b.spent() == 60  # written, counted once
+        assert isinstance(a.serve(key, 30), Hold)  # 90
+        await a.store.flush()
+        await b.budgets.sync()
+        assert b.spent() == 90
+        refused = b.serve(key, 20)  # 110 > 100: refused, although b itself spent only 30
+        assert isinstance(refused, OverBudget) and refused.spent == 90
+        assert isinstance(b.serve(key, 10), Hold)
+    finally:
+        await _close(a, b)
+
+
+async def test_without_sync_two_processes_each_spend_the_whole_budget(tmp_path: Path) -> None:
+    """What the sync prevents: the books alone admit a budget's worth each."""
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        await a.budgets.put(Budget("owner", "alice", 100, "day"))
+        await b.budgets.load()  # as a process started after the budget was set
+        admitted = sum(isinstance(p.serve(key, 50), Hold) for p in (a, b, a, b, a, b))
+        assert admitted == 4  # 200 tokens against a budget of 100
+    finally:
+        await _close(a, b)
+
+
+async def test_a_team_budget_counts_members_spending_in_other_processes(
+        tmp_path: Path) -> None:
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        bob, _ = await a.store.create_key("bob-app", "bob")
+        await a.budgets.put(Budget("team", "nlp", 100, "day"))
+        await a.budgets.put_team("alice", "nlp")
+        await a.budgets.put_team("bob", "nlp")
+        await b.budgets.sync()
+        assert isinstance(b.serve(bob, 70), Hold)
+        await b.store.flush()
+        await a.budgets.sync()
+        assert a.spent("team", "nlp") == 70
+        assert isinstance(a.serve(key, 40), OverBudget)
+    finally:
+        await _close(a, b)
+
+
+async def test_a_failed_flush_keeps_settled_spending_counted(tmp_path: Path) -> None:
+    """A batch that fails goes out again with the next one: until that one is written the
+    process keeps counting what it settled."""
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        await a.budgets.put(Budget("owner", "alice", 100, "day"))
+        assert isinstance(a.serve(key, 40), Hold)
+        real = a.store.backend.executemany
+
+        async def broken(sql: str, rows: object) -> None:
+            raise OSError("disk gone")
+
+        a.store.backend.executemany = broken  # type: ignore[method-assign]
+        reachable = a.store.ledger._reachable
+
+        async def unreachable() -> bool:
+            return False
+
+        a.store.ledger._reachable = unreachable  # type: ignore[method-assign]
+        with pytest.raises(OSError):
+            await a.store.flush()
+        await a.budgets.sync()
+        assert a.spent() == 40  # not in the database, still counted here
+        a.store.backend.executemany = real  # type: ignore[method-assign]
+        a.store.ledger._reachable = reachable  # type: ignore[method-assign]
+        await a.store.flush()
+        await a.budgets.sync()
+        await b.budgets.sync()
+        assert a.spent() == b.spent() == 40  # written once, counted once
+    finally:
+        await _close(a, b)
+
+
+async def test_a_sync_does_not_undo_a_change_made_while_it_read(tmp_path: Path) -> None:
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        gate = asyncio.Event()
+        real = a.store.backend.fetchall
+        started = asyncio.Event()
+
+        async def slow(sql: str, params: object = ()) -> object:
+            if "FROM budgets" in sql:
+                started.set()
+                await gate.wait()
+            return await real(sql, params)  # type: ignore[arg-type]
+
+        a.store.backend.fetchall = slow  # type: ignore[assignment]
+        sync = asyncio.create_task(a.budgets.sync())
+        await started.wait()  # the sync has read prices and teams, and waits on budgets
+        a.store.backend.fetchall = real  # type: ignore[method-assign]
+        await b.budgets.put(Budget("owner", "alice", 100, "day"))  # another process
+        await a.budgets.put(Budget("key", key.id, 10, "day"))  # this one, meanwhile
+        gate.set()
+        await sync
+        assert ("key", key.id) in a.budgets.book.budgets  # kept
+        await a.budgets.sync()
+        assert set(a.budgets.book.budgets) == {("key", key.id), ("owner", "alice")}
+    finally:
+        await _close(a, b)
+
+
+async def test_run_sync_counts_and_survives_failures(tmp_path: Path) -> None:
+    a, b, _, clock = await _two(tmp_path)
+    try:
+        failures: Counter[str] = Counter()
+        real = a.store.backend.fetchall
+        calls = 0
+
+        async def flaky(sql: str, params: object = ()) -> object:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise OSError("connection reset")
+            return await real(sql, params)  # type: ignore[arg-type]
+
+        a.store.backend.fetchall = flaky  # type: ignore[assignment]
+        task = asyncio.create_task(a.budgets.run_sync(clock.sleep, 2.0, failures))
+        await b.budgets.put(Budget("owner", "alice", 100, "day"))
+        await clock.advance(2.0)
+        await wait_until(lambda: failures["budget_sync"] == 1, 5, "the failed sync counted")
+        await clock.advance(2.0)
+        await wait_until(lambda: a.budgets.syncs == 1, 5, "the next tick's sync")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert failures == {"budget_sync": 1} and a.budgets.syncs >= 1
+        assert ("owner", "alice") in a.budgets.book.budgets
+    finally:
+        await _close(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(1, 40),
+                          st.sampled_from(["serve", "flush", "sync"])), max_size=40))
+def test_after_a_sync_a_book_holds_the_database_plus_what_it_has_not_written(
+        ops: list[tuple[int, int, str]]) -> None:
+    """Law: after any interleaving of requests, flushes and syncs in two processes, a sync
+    leaves its book's `spent` at exactly the ledger's total plus what that process settled
+    and has not written (nothing lost, nothing counted twice), and once both flush and sync
+    both books equal the database."""
+    async def run() -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            a, b, key, _ = await _two(Path(d))
+
+            async def in_db() -> int:  # (store.usage() would flush first)
+                return sum(r.prompt_tokens for r in await a.store.ledger.query())
+
+            try:
+                await a.budgets.put(Budget("owner", "alice", 100, "day"))
+                await b.budgets.sync()
+                procs = (a, b)
+                unwritten = [0, 0]
+                for who, tokens, op in ops:
+                    p = procs[who]
+                    if op == "serve":
+                        if isinstance(p.serve(key, tokens), Hold):
+                            unwritten[who] += tokens
+                    elif op == "flush":
+                        await p.store.flush()
+                        unwritten[who] = 0
+                    else:
+                        await p.budgets.sync()
+                        assert p.spent() == await in_db() + unwritten[who]
+                for p in procs:
+                    await p.store.flush()
+                for p in procs:
+                    await p.budgets.sync()
+                assert a.spent() == b.spent() == await in_db()
+            finally:
+                await _close(a, b)
+
+    asyncio.run(run())
+
+
+def test_the_keys_budget_cli_sets_lists_and_removes(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from llmfabric.cli.keys import keys_group
+
+    db = ["--db", str(tmp_path / "acc.db")]
+    run = CliRunner().invoke
+    out = run(keys_group, ["budget", "set", "owner", "alice", "--tokens", "500", *db])
+    assert out.exit_code == 0 and "500 tokens per day" in out.output
+    out = run(keys_group, ["budget", "set", "team", "nlp", "--usd", "2.5", "--period", "month",
+                           *db])
+    assert out.exit_code == 0 and "$2.5 per month" in out.output
+    for bad in (["owner", "bob"], ["owner", "bob", "--tokens", "1", "--usd", "1"],
+                ["group", "x", "--tokens", "1"], ["owner", "bob", "--tokens", "0"]):
+        out = run(keys_group, ["budget", "set", *bad, *db])
+        assert out.exit_code == 2, (bad, out.output)
+    out = run(keys_group, ["budget", "list", "--json", *db])
+    assert out.exit_code == 0
+    rows = {(r["scope"], r["name"]): r for r in json.loads(out.output)}
+    assert rows[("owner", "alice")]["tokens"] == 500 and rows[("team", "nlp")]["usd"] == 2.5
+    assert run(keys_group, ["budget", "rm", "owner", "alice", *db]).exit_code == 0
+    out = run(keys_group, ["budget", "rm", "owner", "alice", *db])
+    assert out.exit_code == 1 and "no budget for owner 'alice'" in out.output
+    out = run(keys_group, ["budget", "list", *db])
+    assert "alice" not in out.output and "nlp" in out.output
