@@ -50,10 +50,11 @@ def _plan_doc(plan: Any) -> dict[str, Any]:
 
 
 def _print_plans(plans: list[Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from llmfabric.cli.console import table_console
+
+    console = table_console()
     t = Table(title="network plans (H = largest rate meeting both SLAs and the links)")
     for col in ("system", "P_all (tp,pp | tp,pp)", "GPUs", "T_pre s", "T_dec s", "T_f s",
                 "H req/s", "binds", "per GPU", "schemes"):

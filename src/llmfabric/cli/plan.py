@@ -52,10 +52,11 @@ def workload_json(workload: Any) -> dict[str, Any]:
 
 
 def _table(doc: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from llmfabric.cli.console import table_console
+
+    console = table_console()
     status = doc["status"] + (f", from {doc['source']}" if doc.get("source") else "")
     t = Table(title=f"placement: {doc['policy']} ({status})")
     for col in ("model", "GPU", "TP", "DP", "GPUs", "load share"):

@@ -157,10 +157,11 @@ def _reschedule(path: Path, cluster: Any, workload: Any, lost: str, opts: Any
 
 
 def _print(doc: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from llmfabric.cli.console import table_console
+
+    console = table_console()
     t = Table(title=f"ThunderServe plan {doc['plan_id']} ({doc['model']}, "
                     f"{doc['rate']:g} req/s, KV {doc['kv_bits'] or 16}-bit)")
     for col in ("group", "GPUs", "phase", "TP", "PP", "layers", "replicas",

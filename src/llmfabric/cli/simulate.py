@@ -157,8 +157,9 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
                  for k, v in summary.items()}
         sys.stdout.write(json.dumps(clean, indent=2) + "\n")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from llmfabric.cli.console import table_console
 
     table = Table(title=f"{spec.name} on {replicas} x {tp * pp} x {gpu_spec.name} "
                         f"(tp={tp}, pp={pp})")
@@ -184,7 +185,7 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
     ]
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    table_console().print(table)
 
 
 def _closed_loop(spec: Any, gpu_spec: Any, tp: int, pp: int, profile: str, config: Any,
@@ -202,8 +203,9 @@ def _closed_loop(spec: Any, gpu_spec: Any, tp: int, pp: int, profile: str, confi
                  for k, v in summary.items()}
         sys.stdout.write(json.dumps(clean, indent=2) + "\n")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from llmfabric.cli.console import table_console
 
     table = Table(title=f"{spec.name} on {tp * pp} x {gpu_spec.name} (tp={tp}, pp={pp}), "
                         f"{profile}, {concurrency} clients")
@@ -221,7 +223,7 @@ def _closed_loop(spec: Any, gpu_spec: Any, tp: int, pp: int, profile: str, confi
         ("preemptions", f"{res.preemptions:,}"),
     ):
         table.add_row(name, value)
-    Console().print(table)
+    table_console().print(table)
 
 
 @command.command(name="e2e")

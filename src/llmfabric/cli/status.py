@@ -10,8 +10,9 @@ import urllib.request
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
+
+from llmfabric.cli.console import table_console
 
 _STATE_STYLE = {"JOIN": "cyan", "SERVING": "green", "DOWN": "red", "LEFT": "dim"}
 
@@ -84,6 +85,6 @@ def command(node_url: str, as_json: bool, timeout: float) -> None:
     if as_json:
         click.echo(json.dumps({"nodes": nodes, "models": models}, indent=2))
         return
-    console = Console()
+    console = table_console()
     console.print(nodes_table(nodes))
     console.print(models_table(models))
