@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 CLI = [sys.executable, "-c", "from llmfabric.cli.main import main; main()"]
-SETTLED_S = 3.5  # the worker's ledger flush (1 s) + the other's budget sync (2 s) + margin
+SETTLED_S = 5.0  # the worker's ledger flush (1 s) + the other's budget sync (2 s) + margin
 
 
 async def test_a_budget_holds_across_two_ingress_workers(tmp_path: Path) -> None:
@@ -62,11 +62,12 @@ async def test_a_budget_holds_across_two_ingress_workers(tmp_path: Path) -> None
             await models_once_up(c, proc)
         assert [await one() for _ in range(4)] == ["ok"] * 4  # no budget yet
         set_budget = subprocess.run(  # noqa: ASYNC221 (a short CLI call)
-            [*CLI, "keys", "budget", "set", "owner", "frank", "--tokens", "66", "--db", db],
+            [*CLI, "keys", "budget", "set", "owner", "frank", "--tokens", "66", "--period",
+             "month", "--db", db],
             capture_output=True, text=True, timeout=60)
         assert set_budget.returncode == 0, set_budget.stderr
         await asyncio.sleep(SETTLED_S)
-        # 44 of 66 tokens spent today (the ledger at the workers' sync): room for 2 more.
+        # 44 of 66 tokens spent this month (the ledger at the workers' sync): room for 2 more.
         outcomes = []
         for _ in range(12):
             outcomes.append(await one())
@@ -76,7 +77,7 @@ async def test_a_budget_holds_across_two_ingress_workers(tmp_path: Path) -> None
         listed = subprocess.run(  # noqa: ASYNC221
             [*CLI, "keys", "budget", "list", "--db", db], capture_output=True, text=True,
             timeout=60)
-        assert "66 tokens per day, spent 66" in listed.stdout, listed.stdout
+        assert "66 tokens per month, spent 66" in listed.stdout, listed.stdout
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

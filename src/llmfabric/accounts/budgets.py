@@ -116,10 +116,12 @@ class OverBudget:
 @dataclass(slots=True)
 class Hold:
     """One admitted request's reservation: (budget key, amount, unit) per budget it counts
-    for."""
+    for. `owner_in_ledger`: the ledger can tell the key's owner (a key of this database), so
+    its owner and team totals will hold what it spends."""
 
     parts: list[tuple[tuple[str, str, str], int, str]]
     settled: bool = False
+    owner_in_ledger: bool = True
 
 
 class BudgetBook:
@@ -139,6 +141,10 @@ class BudgetBook:
         # batch is written and the ledger's totals hold it.
         self.ledger_batch: Callable[[], int] | None = None
         self._unwritten: dict[int, dict[tuple[str, str, str], int]] = {}
+        # Owner and team spending of keys another ingress issued: the ledger has their usage
+        # under their key id but no owner for them, so the book keeps it itself (it is lost
+        # at a restart, as the seed from the ledger cannot find it either).
+        self._unattributed: dict[tuple[str, str, str], int] = {}
 
     def others(self, k: tuple[str, str, str], limit: int) -> int:
         """The other ingresses' published spending on budget key `k`, clamped to the
@@ -175,13 +181,14 @@ class BudgetBook:
                 out.append(b)
         return out
 
-    def reserve(self, key_id: str, owner: str, estimate: int, cost_micros: int = 0
-                ) -> Hold | OverBudget:
+    def reserve(self, key_id: str, owner: str, estimate: int, cost_micros: int = 0,
+                owner_in_ledger: bool = True) -> Hold | OverBudget:
         """Reserve `estimate` tokens (or `cost_micros` on spend budgets) on every budget of
-        the key, its owner and the owner's team, or refuse."""
+        the key, its owner and the owner's team, or refuse. `owner_in_ledger`: False for a
+        key another ingress issued (Hold)."""
         budgets = self._applicable(key_id, owner)
         if not budgets:
-            return Hold([])
+            return Hold([], owner_in_ledger=owner_in_ledger)
         now = self.wall()
         parts: list[tuple[tuple[str, str, str], int, str]] = []
         for b in budgets:
@@ -195,7 +202,7 @@ class BudgetBook:
             parts.append((k, need, b.unit))
         for k, n, _ in parts:
             self.held[k] = self.held.get(k, 0) + n
-        return Hold(parts)
+        return Hold(parts, owner_in_ledger=owner_in_ledger)
 
     def settle(self, hold: Hold, used_tokens: int, used_micros: int = 0) -> None:
         """The request ended having used `used_tokens` costing `used_micros` (0 if it
@@ -213,6 +220,9 @@ class BudgetBook:
             self.spent[k] = self.spent.get(k, 0) + used
             self.own[k] = self.own.get(k, 0) + used
             if self.ledger_batch is not None and used:
+                if k[0] != "key" and not hold.owner_in_ledger:
+                    self._unattributed[k] = self._unattributed.get(k, 0) + used
+                    continue
                 journal = self._unwritten.setdefault(self.ledger_batch(), {})
                 journal[k] = journal.get(k, 0) + used
         if len(self._unwritten) > _MAX_UNWRITTEN:  # (a database down for long: merge the
@@ -230,10 +240,12 @@ class BudgetBook:
         for batch in [b for b in self._unwritten if b <= written]:
             del self._unwritten[batch]
         spent = {k: max(0, n) for k, n in totals.items()}
-        for journal in self._unwritten.values():
+        for journal in (*self._unwritten.values(), self._unattributed):
             for k, n in journal.items():
                 if k in spent:
                     spent[k] += n
+        # (only the current periods of budgets that still exist are worth keeping)
+        self._unattributed = {k: n for k, n in self._unattributed.items() if k in spent}
         self.spent = spent
 
     def charge(self, scope: str, name: str, period_id: str, amount: int,
@@ -422,10 +434,14 @@ class BudgetStore:
         self.book.set(budget)
 
     async def delete(self, scope: str, name: str) -> bool:
+        """Remove the budget; False if neither the database nor the book had it (another
+        process may have set it since this one's last sync)."""
         self._changes += 1
+        rows = await self._db.fetchall("SELECT 1 FROM budgets WHERE scope = ? AND name = ?",
+                                       (scope, name))
         await self._db.execute("DELETE FROM budgets WHERE scope = ? AND name = ?",
                                (scope, name))
-        return self.book.remove(scope, name)
+        return self.book.remove(scope, name) or bool(rows)
 
     async def put_team(self, owner: str, team: str) -> None:
         """Put `owner` in `team` (moving it out of any other). What the owner spent this

@@ -47,7 +47,8 @@ def key_of(grant: KeyGrant, issuer: str) -> ApiKey:
     """The ApiKey a remote grant stands for on this ingress."""
     return ApiKey(id=grant.id, name=f"(issued by {issuer})", owner=grant.owner, admin=False,
                   created_at=0.0, requests_per_min=grant.requests_per_min or None,
-                  tokens_per_min=grant.tokens_per_min or None, hash=grant.hash)
+                  tokens_per_min=grant.tokens_per_min or None, hash=grant.hash,
+                  issuer=issuer)
 
 
 class RemoteGrants:

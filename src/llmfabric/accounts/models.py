@@ -27,6 +27,9 @@ class ApiKey:
     # sha256(plaintext) hex, kept for publishing grants to other ingresses (accounts.grants);
     # never in to_json
     hash: str = ""
+    # The ingress that issued a key this one accepts through its grant ("": ours, a row of
+    # the api_keys table, through which the ledger knows the key's owner)
+    issuer: str = ""
 
     @property
     def active(self) -> bool:

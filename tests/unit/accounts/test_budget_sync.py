@@ -37,7 +37,8 @@ class Process:
     def serve(self, key: ApiKey, tokens: int) -> Hold | OverBudget:
         """Admit a request of `tokens` (reserved = used) and, if admitted, end it: settle
         the budgets and record the usage, as the gate and the usage sink do."""
-        got = self.budgets.book.reserve(key.id, key.owner, tokens)
+        got = self.budgets.book.reserve(key.id, key.owner, tokens,
+                                        owner_in_ledger=not key.issuer)
         if isinstance(got, Hold):
             self.store.record_usage(key.id, "m", tokens, 0)
             self.budgets.book.settle(got, tokens)
@@ -81,6 +82,9 @@ async def test_a_budget_set_in_one_process_holds_in_the_other(tmp_path: Path) ->
         await b.budgets.sync()
         assert b.budgets.book.budgets[("owner", "alice")].limit == 50
         assert a.budgets.book.teams == {"alice": "nlp"} and "m" in a.budgets.book.prices
+        await b.budgets.put(Budget("key", key.id, 10, "day"))
+        assert await a.budgets.delete("key", key.id)  # set by b since a's last sync
+        assert not await a.budgets.delete("key", key.id)
         assert await a.budgets.delete("owner", "alice")  # ...and removed
         await b.budgets.sync()
         assert not b.budgets.book.applies(key.id, "alice")
@@ -140,6 +144,32 @@ async def test_a_team_budget_counts_members_spending_in_other_processes(
         await a.budgets.sync()
         assert a.spent("team", "nlp") == 70
         assert isinstance(a.serve(key, 40), OverBudget)
+    finally:
+        await _close(a, b)
+
+
+async def test_keys_another_ingress_issued_count_for_their_owner(tmp_path: Path) -> None:
+    """A key accepted through another ingress's grant is not in this database, so the
+    ledger cannot tell its owner: the book keeps its owner's and team's spending itself
+    (a sync must not drop it once the ledger batch is written)."""
+    import dataclasses
+
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        remote = dataclasses.replace(key, id="kremote0000000001", issuer="ingress-b")
+        await a.budgets.put(Budget("owner", "alice", 100, "day"))
+        await a.budgets.put(Budget("key", remote.id, 1000, "day"))
+        admitted = 0
+        for _ in range(5):
+            if isinstance(a.serve(remote, 40), Hold):
+                admitted += 1
+            await a.store.flush()
+            await a.budgets.sync()
+        assert admitted == 2 and a.spent() == 80
+        assert a.spent("key", remote.id) == 80  # (the ledger has it by key id, once)
+        assert await a.budgets.delete("owner", "alice")
+        await a.budgets.sync()
+        assert a.budgets.book._unattributed == {}  # nothing kept for a budget now gone
     finally:
         await _close(a, b)
 

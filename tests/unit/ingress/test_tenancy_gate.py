@@ -4,6 +4,7 @@ request's hold and slot are settled exactly once whatever happens."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -92,3 +93,24 @@ def test_node_config_takes_max_inflight() -> None:
     assert build_config({}, {}).max_inflight is None
     with pytest.raises(ConfigError):
         build_config({}, {"max_inflight": 0})
+
+
+async def test_a_key_another_ingress_issued_is_held_apart_from_the_ledger() -> None:
+    """A remote key (its grant's issuer set) settles its owner's spending apart from the
+    ledger journal (the ledger cannot tell its owner; accounts.budgets sync); ours not."""
+    from llmfabric.accounts.grants import KeyGrant, key_of
+
+    book = BudgetBook(lambda: NOON)
+    book.ledger_batch = lambda: 1
+    book.set(Budget("owner", "alice", 10_000, "day"))
+    gate = TenancyGate(book)
+    remote = key_of(KeyGrant(id="kr", hash="0" * 64, owner="alice"), "ingress-b")
+    local = dataclasses.replace(remote, issuer="")
+    for principal, used in ((remote, 30), (local, 5)):
+        assert await gate.admit(principal, {"messages": MSG, "max_tokens": 10}) is None
+        gate.used(Usage(used, 0))
+        gate.settle()
+    k = ("owner", "alice", "2026-03-31")
+    assert book._unattributed == {k: 30} and book._unwritten == {1: {k: 5}}
+    book.adopt_ledger({k: 5}, written=1)  # the local key's 5, written and read back
+    assert book.spent == {k: 35}

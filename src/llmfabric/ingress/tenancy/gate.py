@@ -124,7 +124,8 @@ class TenancyGate:
         state.model = str(doc.get("model", ""))
         if book is not None and principal is not None and book.applies(key_id, owner):
             got = book.reserve(key_id, owner, cost, book.cost_micros(
-                state.model, prompt, completion))
+                state.model, prompt, completion),
+                owner_in_ledger=not getattr(principal, "issuer", ""))
             if isinstance(got, OverBudget):
                 return self._refused("budget_exceeded", got.message(), got.retry_after_s)
             state.hold = got
