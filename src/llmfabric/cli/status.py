@@ -37,8 +37,8 @@ def _ago(ts: float) -> str:
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
     table = Table(title=f"Nodes ({len(nodes)})")
-    for col in ("session", "state", "provider", "hardware", "engine", "models", "load",
-                "labels", "reach", "seen"):
+    for col in ("session", "state", "roles", "provider", "hardware", "engine", "models",
+                "load", "labels", "reach", "seen"):
         table.add_column(col)
     for n in nodes:
         state = n["state"] + (" (suspected)" if n["suspected"] else "")
@@ -49,6 +49,8 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
         table.add_row(
             n["session_id"][:8],
             f"[{_STATE_STYLE.get(n['state'], '')}]{state}[/]",
+            # (a bare ingress or relay stays JOIN: its roles say what it is for)
+            ",".join(n.get("roles", ())) or "-",
             n["provider_id"][:14],
             gpus,
             n["engine"] or "-",
