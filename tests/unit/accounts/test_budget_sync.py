@@ -310,7 +310,8 @@ def test_after_a_sync_a_book_holds_the_database_plus_what_it_has_not_written(
     asyncio.run(run())
 
 
-def test_the_keys_budget_cli_sets_lists_and_removes(tmp_path: Path) -> None:
+def test_the_keys_budget_cli_sets_lists_and_removes_budgets_teams_and_prices(
+        tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from llmfabric.cli.keys import keys_group
@@ -326,12 +327,31 @@ def test_the_keys_budget_cli_sets_lists_and_removes(tmp_path: Path) -> None:
                 ["group", "x", "--tokens", "1"], ["owner", "bob", "--tokens", "0"]):
         out = run(keys_group, ["budget", "set", *bad, *db])
         assert out.exit_code == 2, (bad, out.output)
+    assert run(keys_group, ["budget", "team", "alice", "nlp", *db]).exit_code == 0
+    assert run(keys_group, ["budget", "team", "bob", "nlp", *db]).exit_code == 0
+    assert run(keys_group, ["budget", "team", "bob", "--remove", *db]).exit_code == 0
+    out = run(keys_group, ["budget", "team", "bob", "--remove", *db])
+    assert out.exit_code == 1 and "in no team" in out.output
+    for bad in (["carol"], ["carol", "x", "--remove"], ["carol", "x" * 201]):
+        assert run(keys_group, ["budget", "team", *bad, *db]).exit_code == 2, bad
+    out = run(keys_group, ["budget", "price", "m", "--prompt-usd", "0.6", "--completion-usd",
+                           "0.8", *db])
+    assert out.exit_code == 0 and "$0.6 / $0.8" in out.output
+    for bad in (["m", "--prompt-usd", "1"], ["m", "--prompt-usd", "-1", "--completion-usd", "1"],
+                ["m", "--remove", "--prompt-usd", "1"]):
+        assert run(keys_group, ["budget", "price", *bad, *db]).exit_code == 2, bad
+    assert run(keys_group, ["budget", "price", "gone", "--remove", *db]).exit_code == 1
     out = run(keys_group, ["budget", "list", "--json", *db])
     assert out.exit_code == 0
-    rows = {(r["scope"], r["name"]): r for r in json.loads(out.output)}
+    got = json.loads(out.output)
+    rows = {(r["scope"], r["name"]): r for r in got["budgets"]}
     assert rows[("owner", "alice")]["tokens"] == 500 and rows[("team", "nlp")]["usd"] == 2.5
+    assert got["teams"] == {"alice": "nlp"}
+    assert got["prices"]["m"] == {"prompt_usd_per_mtok": 0.6, "completion_usd_per_mtok": 0.8}
+    assert run(keys_group, ["budget", "price", "m", "--remove", *db]).exit_code == 0
     assert run(keys_group, ["budget", "rm", "owner", "alice", *db]).exit_code == 0
     out = run(keys_group, ["budget", "rm", "owner", "alice", *db])
     assert out.exit_code == 1 and "no budget for owner 'alice'" in out.output
     out = run(keys_group, ["budget", "list", *db])
-    assert "alice" not in out.output and "nlp" in out.output
+    assert "owner  alice" not in out.output and "team   nlp" in out.output
+    assert "member alice" in out.output
