@@ -313,11 +313,21 @@ ON CONFLICT (scope, name) DO UPDATE SET amount = excluded.amount, period = exclu
     unit = excluded.unit"""
 _UPSERT_TEAM = """INSERT INTO owner_teams (owner, team) VALUES (?, ?)
 ON CONFLICT (owner) DO UPDATE SET team = excluded.team"""
-_SPENT_BY = {  # which ledger rows count for a budget of each scope
-    "key": "u.key_id = ?",
-    "owner": "k.owner = ?",
-    "team": "k.owner IN (SELECT owner FROM owner_teams WHERE team = ?)",
+# What the ledger spent per budget name of each scope in one period (`?`: the period's
+# LIKE pattern, then the names): each query takes many budgets at once.
+_SPENT_BY = {
+    "key": "SELECT u.key_id, u.model, SUM(u.prompt_tokens), SUM(u.completion_tokens) "
+           "FROM usage_daily u WHERE u.day LIKE ? AND u.key_id IN ({}) "
+           "GROUP BY u.key_id, u.model",
+    "owner": "SELECT k.owner, u.model, SUM(u.prompt_tokens), SUM(u.completion_tokens) "
+             "FROM usage_daily u JOIN api_keys k ON k.id = u.key_id "
+             "WHERE u.day LIKE ? AND k.owner IN ({}) GROUP BY k.owner, u.model",
+    "team": "SELECT t.team, u.model, SUM(u.prompt_tokens), SUM(u.completion_tokens) "
+            "FROM usage_daily u JOIN api_keys k ON k.id = u.key_id "
+            "JOIN owner_teams t ON t.owner = k.owner "
+            "WHERE u.day LIKE ? AND t.team IN ({}) GROUP BY t.team, u.model",
 }
+_NAMES_PER_QUERY = 400  # (SQLite binds at most 999 parameters in older builds)
 _UPSERT_PRICE = """INSERT INTO model_prices (model, prompt_usd_per_mtok,
     completion_usd_per_mtok) VALUES (?, ?, ?)
 ON CONFLICT (model) DO UPDATE SET prompt_usd_per_mtok = excluded.prompt_usd_per_mtok,
@@ -329,7 +339,7 @@ class BudgetStore:
 
     With `ledger` (this process's usage ledger), `sync()` keeps the book in step with the
     database that other processes share (`run_sync` calls it every `interval_s`; the
-    ingress: tenancy/attach.py `BUDGET_SYNC_S`, one ledger query per budget)."""
+    ingress: tenancy/attach.py `BUDGET_SYNC_S`; one ledger query per scope and period)."""
 
     def __init__(self, backend: Backend, book: BudgetBook,
                  ledger: UsageLedger | None = None) -> None:
@@ -409,22 +419,25 @@ class BudgetStore:
 
     async def _ledger_totals(self) -> dict[tuple[str, str, str], int]:
         """What the ledger holds for each budget's current period, in its unit (team
-        budgets: the team's members as the `owner_teams` table has them now)."""
+        budgets: the team's members as the `owner_teams` table has them now). One query
+        per scope and period for up to `_NAMES_PER_QUERY` budgets."""
         now = self.book.wall()
+        groups: dict[tuple[str, str], list[Budget]] = {}
+        for b in self.book.budgets.values():
+            if b.scope in _SPENT_BY:  # (else a row no version of this code wrote)
+                groups.setdefault((b.scope, period_of(b.period, now)[0]), []).append(b)
         out: dict[tuple[str, str, str], int] = {}
-        for b in list(self.book.budgets.values()):
-            if b.scope not in _SPENT_BY:
-                continue  # (a row no version of this code wrote)
-            pid, _ = period_of(b.period, now)
-            rows = await self._db.fetchall(
-                "SELECT u.model, COALESCE(SUM(u.prompt_tokens), 0), "
-                "COALESCE(SUM(u.completion_tokens), 0) FROM usage_daily u "
-                "LEFT JOIN api_keys k ON k.id = u.key_id "
-                f"WHERE {_SPENT_BY[b.scope]} AND u.day LIKE ? GROUP BY u.model",
-                (b.name, pid + "%"))
-            out[(b.scope, b.name, pid)] = sum(
-                self.book.amount(b.unit, str(model), int(prompt), int(completion))
-                for model, prompt, completion in rows)
+        for (scope, pid), budgets in groups.items():
+            for i in range(0, len(budgets), _NAMES_PER_QUERY):
+                chunk = {b.name: b for b in budgets[i:i + _NAMES_PER_QUERY]}
+                for b in chunk.values():
+                    out[(scope, b.name, pid)] = 0
+                sql = _SPENT_BY[scope].format(", ".join("?" * len(chunk)))
+                for name, model, prompt, completion in await self._db.fetchall(
+                        sql, (pid + "%", *chunk)):
+                    b = chunk[str(name)]
+                    out[(scope, b.name, pid)] += self.book.amount(
+                        b.unit, str(model), int(prompt or 0), int(completion or 0))
         return out
 
     async def put(self, budget: Budget) -> None:

@@ -355,3 +355,38 @@ def test_the_keys_budget_cli_sets_lists_and_removes_budgets_teams_and_prices(
     out = run(keys_group, ["budget", "list", *db])
     assert "owner  alice" not in out.output and "team   nlp" in out.output
     assert "member alice" in out.output
+
+
+async def test_a_sync_reads_many_budgets_in_few_queries(tmp_path: Path) -> None:
+    """450 key budgets, 2 owner budgets and a team budget: one ledger query per scope and
+    period for up to 400 names, and every total right."""
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        bob, _ = await a.store.create_key("bob-app", "bob")
+        await a.budgets.put_team("bob", "nlp")
+        for i in range(449):
+            await a.budgets.put(Budget("key", f"kx{i:04d}", 10, "day"))
+        await a.budgets.put(Budget("key", key.id, 1000, "day"))
+        await a.budgets.put(Budget("owner", "alice", 1000, "day"))
+        await a.budgets.put(Budget("owner", "bob", 1000, "month"))
+        await a.budgets.put(Budget("team", "nlp", 1000, "day"))
+        for k, n in ((key, 30), (bob, 7), (key, 5)):
+            assert isinstance(b.serve(k, n), Hold)
+        await b.store.flush()
+        queries: list[str] = []
+        real = a.store.backend.fetchall
+
+        async def counted(sql: str, params: object = ()) -> object:
+            if "usage_daily" in sql:
+                queries.append(sql)
+            return await real(sql, params)  # type: ignore[arg-type]
+
+        a.store.backend.fetchall = counted  # type: ignore[assignment]
+        await a.budgets.sync()
+        # keys: 2 chunks; owners: day and month; team: 1
+        assert len(queries) == 5, queries
+        assert a.spent("key", key.id) == 35 and a.spent("owner", "alice") == 35
+        assert a.spent("owner", "bob") == 7 and a.spent("team", "nlp") == 7
+        assert a.spent("key", "kx0000") == 0
+    finally:
+        await _close(a, b)
