@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from llmfabric.accounts.db import Backend, PostgresBackend
 from llmfabric.accounts.errors import InvalidRequest
 from llmfabric.accounts.ledger import UsageLedger
-from llmfabric.accounts.prices import Price, price_of
+from llmfabric.accounts.prices import Price, price_of, validate_price
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +334,19 @@ ON CONFLICT (model) DO UPDATE SET prompt_usd_per_mtok = excluded.prompt_usd_per_
     completion_usd_per_mtok = excluded.completion_usd_per_mtok"""
 
 
+def _budget_row(row: tuple[object, ...]) -> Budget | None:
+    """A `budgets` row as a Budget, or None when no version of this code could have written
+    it (the table is shared with other processes and programs; one bad row must not stop
+    every other budget from loading or syncing)."""
+    scope, name, amount, period, unit = row
+    if (scope not in SCOPES or period not in PERIODS or unit not in UNITS
+            or not isinstance(name, str) or not 0 < len(name) <= 200
+            or isinstance(amount, bool) or not isinstance(amount, int)
+            or not 0 < amount <= MAX_BUDGET_TOKENS):
+        return None
+    return Budget(str(scope), name, amount, str(period), str(unit))
+
+
 class BudgetStore:
     """Budgets and model prices in the accounts database, mirrored in a `BudgetBook`.
 
@@ -350,6 +363,7 @@ class BudgetStore:
             book.ledger_batch = lambda: ledger.next_batch
         self._changes = 0  # puts and deletes made here (a sync must not undo one it raced)
         self.syncs = 0
+        self._bad_rows: set[tuple[str, tuple[object, ...]]] = set()  # ignored rows (warned)
 
     @property
     def shared_ledger(self) -> bool:
@@ -404,18 +418,37 @@ class BudgetStore:
 
     async def _definitions(self) -> tuple[dict[tuple[str, str], Budget], dict[str, str],
                                           dict[str, Price]]:
-        prices = {str(model): Price(float(pp), float(cp))
-                  for model, pp, cp in await self._db.fetchall(
-                      "SELECT model, prompt_usd_per_mtok, completion_usd_per_mtok "
-                      "FROM model_prices")}
-        teams = {str(owner): str(team) for owner, team in await self._db.fetchall(
-            "SELECT owner, team FROM owner_teams")}
+        prices: dict[str, Price] = {}
+        for row in await self._db.fetchall(
+                "SELECT model, prompt_usd_per_mtok, completion_usd_per_mtok FROM model_prices"):
+            try:
+                prices[str(row[0])] = validate_price(str(row[0]), row[1], row[2])
+            except InvalidRequest:
+                self._ignore("model_prices", row)
+        teams: dict[str, str] = {}
+        for row in await self._db.fetchall("SELECT owner, team FROM owner_teams"):
+            try:
+                owner, team = validate_team(*row)
+            except (InvalidRequest, TypeError):
+                self._ignore("owner_teams", row)
+                continue
+            teams[owner] = team
         budgets = {}
-        for scope, name, amount, period, unit in await self._db.fetchall(
+        for row in await self._db.fetchall(
                 "SELECT scope, name, amount, period, unit FROM budgets"):
-            b = Budget(str(scope), str(name), int(amount), str(period), str(unit))
+            b = _budget_row(row)
+            if b is None:
+                self._ignore("budgets", row)
+                continue
             budgets[(b.scope, b.name)] = b
         return budgets, teams, prices
+
+    def _ignore(self, table: str, row: tuple[object, ...]) -> None:
+        """A row no version of llmfabric writes (another program?): skipped, warned once
+        (a sync runs every 2 s), so one bad row does not stop the others loading."""
+        if (table, row) not in self._bad_rows and len(self._bad_rows) < 1000:
+            self._bad_rows.add((table, row))
+            log.warning("budgets: ignoring a row of %s that is not valid: %r", table, row)
 
     async def _ledger_totals(self) -> dict[tuple[str, str, str], int]:
         """What the ledger holds for each budget's current period, in its unit (team

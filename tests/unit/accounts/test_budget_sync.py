@@ -390,3 +390,38 @@ async def test_a_sync_reads_many_budgets_in_few_queries(tmp_path: Path) -> None:
         assert a.spent("key", "kx0000") == 0
     finally:
         await _close(a, b)
+
+
+async def test_rows_no_version_wrote_are_skipped_not_fatal(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The tables are shared with other processes and programs: a row that is not valid
+    (written by hand, or by a buggy tool) is skipped with one warning, and every other
+    budget, team and price still loads and syncs (before: load raised, so the ingress did
+    not start, or every later sync failed)."""
+    a, b, key, _ = await _two(tmp_path)
+    try:
+        await a.budgets.put(Budget("owner", "alice", 100, "day"))
+        await a.budgets.put_team("alice", "nlp")
+        await a.budgets.put_price("m", validate_price("m", 1.0, 2.0))
+        db = a.store.backend
+        for row in (("owner", "bob", 100, "week", "tokens"), ("group", "x", 5, "day", "tokens"),
+                    ("key", "k", -5, "day", "tokens"), ("key", "k2", 5, "day", "coins"),
+                    ("owner", "", 5, "day", "tokens")):
+            await db.execute("INSERT INTO budgets (scope, name, amount, period, unit) "
+                             "VALUES (?, ?, ?, ?, ?)", row)
+        await db.execute("INSERT INTO owner_teams (owner, team) VALUES ('carol', '')")
+        await db.execute("INSERT INTO model_prices (model, prompt_usd_per_mtok, "
+                         "completion_usd_per_mtok) VALUES ('bad', -1, 2)")
+        fresh = Process(b.store, FakeClock(wall_start=NOON))
+        await fresh.budgets.load()  # a process starting now
+        for _ in range(2):
+            await fresh.budgets.sync()
+        book = fresh.budgets.book
+        assert set(book.budgets) == {("owner", "alice")}
+        assert book.teams == {"alice": "nlp"} and set(book.prices) == {"m"}
+        warned = [r for r in caplog.records if "not valid" in r.getMessage()]
+        assert len(warned) == 7  # once per bad row, not once per sync
+        assert isinstance(fresh.serve(key, 60), Hold)  # the good budget is enforced
+        assert isinstance(fresh.serve(key, 60), OverBudget)
+    finally:
+        await _close(a, b)
