@@ -10,9 +10,7 @@ ingress (`llmfabric ingress --db postgresql://...`) called with the official ope
 from __future__ import annotations
 
 import asyncio
-import os
 import pathlib
-import signal
 import subprocess
 import sys
 import urllib.parse
@@ -24,7 +22,7 @@ import pytest
 from llmfabric.accounts import AccountStore, BackendUnavailable
 from llmfabric.node.ports import free_port
 
-from .test_ingress_support import Backend, models_once_up, serve
+from .test_ingress_support import Backend, models_once_up, serve, stop_group
 
 psycopg = pytest.importorskip("psycopg", reason="pip install -e '.[dev]' (psycopg)")
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
@@ -188,12 +186,7 @@ async def test_ingress_with_postgres_accounts(pg_url: str, tmp_path: pathlib.Pat
         await sc.close()
         assert 1 <= outcomes.count("ok") <= 2 and "429" in outcomes
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # clean shutdown flushes the ledgers
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         log.close()
         await runner.cleanup()
     assert proc.returncode == 0, log_path.read_text()

@@ -9,8 +9,6 @@ kernel's SO_REUSEPORT hash spreads them over both workers."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 from llmfabric.accounts import AccountStore
 from llmfabric.node.ports import free_port
 
-from .test_ingress_support import Backend, models_once_up, serve
+from .test_ingress_support import Backend, models_once_up, serve, stop_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,12 +77,7 @@ async def test_a_budget_holds_across_two_ingress_workers(tmp_path: Path) -> None
             timeout=60)
         assert "66 tokens per month, spent 66" in listed.stdout, listed.stdout
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         log.close()
         await runner.cleanup()
     assert proc.returncode == 0, (tmp_path / "ingress.log").read_text()

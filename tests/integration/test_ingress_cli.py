@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +15,7 @@ from llmfabric.cli.ingress import parse_backend
 from llmfabric.ingress.errors import ConfigError
 from llmfabric.node.ports import free_port
 
-from .test_ingress_support import Backend, models_once_up, serve
+from .test_ingress_support import Backend, models_once_up, serve, stop_group
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -56,12 +54,7 @@ async def test_standalone_ingress_with_two_workers(tmp_path: Path) -> None:
         assert r.output_text == "hello from A" and r.store is False
         await c.close()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         log.close()
         await runner.cleanup()
     assert proc.returncode == 0, (tmp_path / "ingress.log").read_text()

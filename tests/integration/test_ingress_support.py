@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -145,6 +147,17 @@ async def models_once_up(client: openai.AsyncOpenAI, proc: subprocess.Popen[Any]
             if loop.time() > deadline or proc.poll() is not None:
                 raise
             await asyncio.sleep(0.1)
+
+
+def stop_group(proc: subprocess.Popen[Any], within: float = 15.0) -> None:
+    """SIGTERM the process group `proc` leads (a clean shutdown: an ingress flushes its
+    ledgers), SIGKILL it if it has not exited `within` s; then reaped."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def port_open(port: int) -> bool:
