@@ -188,6 +188,8 @@ async def test_concurrent_requests_cannot_overspend_a_budget(tmp_path: Path) -> 
                   (("kind", "prompt"), ("model", "m"), ("owner", "alice")))] == 35
         assert m[("llmfabric_ingress_errors_total",
                   (("code", "insufficient_quota"), ("status", "429")))] == 15
+        # loaded at start, synced every 2 s since: never far behind the database
+        assert 0 <= m[("llmfabric_ingress_budget_sync_age_seconds", ())] < 30
         # freed budget: a smaller request fits again
         await client.chat.completions.create(model="m", messages=MSG, max_tokens=1)
         await client.close()

@@ -363,6 +363,7 @@ class BudgetStore:
             book.ledger_batch = lambda: ledger.next_batch
         self._changes = 0  # puts and deletes made here (a sync must not undo one it raced)
         self.syncs = 0
+        self.synced_at: float | None = None  # book.wall() of the last load or sync done
         self._bad_rows: set[tuple[str, tuple[object, ...]]] = set()  # ignored rows (warned)
 
     @property
@@ -382,6 +383,7 @@ class BudgetStore:
         own = not isinstance(self._db, PostgresBackend)
         for (scope, name, pid), amount in (await self._ledger_totals()).items():
             self.book.charge(scope, name, pid, amount, own=own)
+        self.synced_at = self.book.wall()
 
     async def sync(self) -> None:
         """Read again what other processes may have changed in the database: the budgets,
@@ -399,6 +401,12 @@ class BudgetStore:
             self.book.budgets, self.book.teams, self.book.prices = budgets, teams, prices
         self.book.adopt_ledger(await self._ledger_totals(), written)
         self.syncs += 1
+        self.synced_at = self.book.wall()
+
+    def sync_age_s(self) -> float:
+        """Seconds since the book was last in step with the database (a gauge: a growing
+        age means the database is out of reach and other processes' changes go unseen)."""
+        return 0.0 if self.synced_at is None else max(0.0, self.book.wall() - self.synced_at)
 
     async def run_sync(self, sleep: Callable[[float], Awaitable[None]],
                        interval_s: float = 2.0,

@@ -252,10 +252,13 @@ async def test_run_sync_counts_and_survives_failures(tmp_path: Path) -> None:
         a.store.backend.fetchall = flaky  # type: ignore[assignment]
         task = asyncio.create_task(a.budgets.run_sync(clock.sleep, 2.0, failures))
         await b.budgets.put(Budget("owner", "alice", 100, "day"))
+        assert a.budgets.sync_age_s() == 0.0  # (loaded just now)
         await clock.advance(2.0)
         await wait_until(lambda: failures["budget_sync"] == 1, 5, "the failed sync counted")
+        assert a.budgets.sync_age_s() == 2.0  # the gauge an operator alerts on
         await clock.advance(2.0)
         await wait_until(lambda: a.budgets.syncs == 1, 5, "the next tick's sync")
+        assert a.budgets.sync_age_s() == 0.0
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

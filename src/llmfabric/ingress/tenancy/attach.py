@@ -11,6 +11,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from prometheus_client import Gauge
+
 from llmfabric.accounts.budgets import BudgetBook, BudgetStore
 from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.accounts.store import AccountStore
@@ -49,6 +51,10 @@ async def attach_tenancy(
         parts.budget_sync = asyncio.create_task(
             parts.budgets.run_sync(asyncio.sleep, BUDGET_SYNC_S, store.failures),
             name="budget-sync")
+        Gauge("llmfabric_ingress_budget_sync_age_seconds",
+              "Seconds since this process's budgets were last in step with the accounts "
+              f"database (synced every {BUDGET_SYNC_S:g} s)",
+              registry=ingress.metrics.registry).set_function(parts.budgets.sync_age_s)
     if max_inflight is not None:
         parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
     if parts.budgets is not None or parts.queue is not None:
