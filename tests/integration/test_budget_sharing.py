@@ -189,3 +189,38 @@ def test_alternated_requests_overspend_at_most_what_was_not_yet_published(
         f"{max(measured):.2f} s)"
     )
     assert n <= len(admitted) <= n + unseen
+
+
+def test_a_budget_set_only_at_the_issuer_holds_where_its_keys_are_used(
+    two_ingresses: tuple[LocalFabric, NodeProcess, NodeProcess],
+) -> None:
+    """The owner budget is set at the key's issuer alone; the issuer publishes its
+    definition with its spending, and the other ingress (which trusts it) enforces it on
+    the keys it accepts from it: N of 2N requests there, not all of them. Before, the other
+    ingress enforced no budget it had not been given itself."""
+    _, issuer, other = two_ingresses
+    status, created = _call(
+        issuer, "POST", "/v1/fabric/keys", _admin(issuer), {"name": "abroad", "owner": "dave"}
+    )
+    assert status == 201
+    key = created["key"]
+    status, probe = _call(issuer, "POST", "/v1/chat/completions", _admin(issuer), DOC)
+    per_request = probe["usage"]["prompt_tokens"] + probe["usage"]["completion_tokens"]
+    prompt_estimate, cap = reservation_parts(DOC)
+    limit = (N - 1) * per_request + max(per_request, prompt_estimate + cap)
+    status, _ = _call(issuer, "PUT", "/v1/fabric/budgets/owner/dave", _admin(issuer),
+                      {"tokens": limit, "period": "day"})
+    assert status == 200
+
+    def listed_at_other() -> list[dict[str, Any]]:
+        status, got = _call(other, "GET", "/v1/fabric/budgets", key)
+        return list(got["data"]) if status == 200 else []
+
+    # the key's grant and the issuer's budget have reached the other ingress
+    wait_until_sync(lambda: bool(listed_at_other()), 30.0, interval=0.2)
+    [row] = listed_at_other()
+    assert (row["scope"], row["name"], row["tokens"]) == ("owner", "dave", limit)
+    assert row["issuer_defined"] is True
+    outcomes = [_call(other, "POST", "/v1/chat/completions", key, DOC)[0]
+                for _ in range(2 * N)]
+    assert outcomes.count(200) == N and outcomes.count(429) == N, outcomes

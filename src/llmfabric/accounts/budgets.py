@@ -42,6 +42,7 @@ SCOPES = ("key", "owner", "team")
 UNITS = ("tokens", "usd")
 MAX_BUDGET_TOKENS = 10**15  # also the cap in micro-USD (a billion dollars)
 _MAX_UNWRITTEN = 256  # ledger batches whose settled spending is kept apart (BudgetBook)
+_MAX_ADOPTED = 10_000  # budgets defined by other ingresses met here (the least recent go)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,11 @@ class BudgetBook:
         # under their key id but no owner for them, so the book keeps it itself (it is lost
         # at a restart, as the seed from the ledger cannot find it either).
         self._unattributed: dict[tuple[str, str, str], int] = {}
+        # Budgets a trusted ingress defined (accounts/spend_share.py `budget_for`) that apply
+        # here where this ingress has none of its own for the same key or owner, and those
+        # met so far (their spending is published like our own budgets', and kept by syncs).
+        self.adopt: Callable[[str, str], Budget | None] | None = None
+        self.adopted: dict[tuple[str, str], Budget] = {}
 
     def others(self, k: tuple[str, str, str], limit: int) -> int:
         """The other ingresses' published spending on budget key `k`, clamped to the
@@ -163,12 +169,15 @@ class BudgetBook:
         """Whether any budget counts for this key, its owner or the owner's team (checked
         per request: the ingress keeps no budget state for a request when none does)."""
         b = self.budgets
-        if not b:
-            return False
-        if ("key", key_id) in b or ("owner", owner) in b:
-            return True
-        team = self.teams.get(owner)
-        return team is not None and ("team", team) in b
+        if b:
+            if ("key", key_id) in b or ("owner", owner) in b:
+                return True
+            team = self.teams.get(owner)
+            if team is not None and ("team", team) in b:
+                return True
+        adopt = self.adopt
+        return adopt is not None and (adopt("key", key_id) is not None
+                                      or adopt("owner", owner) is not None)
 
     def _applicable(self, key_id: str, owner: str) -> list[Budget]:
         out = []
@@ -177,6 +186,13 @@ class BudgetBook:
             if name is None:
                 continue
             b = self.budgets.get((scope, name))
+            if b is None and self.adopt is not None and scope != "team":
+                b = self.adopt(scope, name)
+                if b is not None:
+                    self.adopted.pop((scope, name), None)  # (most recently met last)
+                    self.adopted[(scope, name)] = b
+                    if len(self.adopted) > _MAX_ADOPTED:
+                        del self.adopted[next(iter(self.adopted))]
             if b is not None:
                 out.append(b)
         return out
@@ -219,7 +235,9 @@ class BudgetBook:
             used = max(0, used_tokens if unit == "tokens" else used_micros)
             self.spent[k] = self.spent.get(k, 0) + used
             self.own[k] = self.own.get(k, 0) + used
-            if self.ledger_batch is not None and used:
+            if self.ledger_batch is not None and used and k[:2] in self.budgets:
+                # (an adopted budget has no ledger totals: its spent is what was settled
+                # here, which a sync keeps)
                 if k[0] != "key" and not hold.owner_in_ledger:
                     self._unattributed[k] = self._unattributed.get(k, 0) + used
                     continue
@@ -246,6 +264,11 @@ class BudgetBook:
                     spent[k] += n
         # (only the current periods of budgets that still exist are worth keeping)
         self._unattributed = {k: n for k, n in self._unattributed.items() if k in spent}
+        now = self.wall()
+        for (scope, name), b in self.adopted.items():
+            k = (scope, name, period_of(b.period, now)[0])
+            if k not in spent and k in self.spent:
+                spent[k] = self.spent[k]
         self.spent = spent
 
     def charge(self, scope: str, name: str, period_id: str, amount: int,
@@ -261,7 +284,7 @@ class BudgetBook:
         """This ingress's spending on the budgets it has, in their current periods."""
         now = self.wall()
         out: dict[tuple[str, str, str], int] = {}
-        for b in self.budgets.values():
+        for b in (*self.adopted.values(), *self.budgets.values()):
             k = (b.scope, b.name, period_of(b.period, now)[0])
             n = self.own.get(k, 0)
             if n > 0:
@@ -278,15 +301,23 @@ class BudgetBook:
             return max(0, prompt_tokens) + max(0, completion_tokens)
         return self.cost_micros(model, prompt_tokens, completion_tokens)
 
+    def status_for(self, key_id: str, owner: str) -> list[dict[str, object]]:
+        """`status()` of the budgets a request of this key would count against (its key's,
+        its owner's and its team's, those another ingress defined included)."""
+        mine = {(b.scope, b.name) for b in self._applicable(key_id, owner)}
+        return [r for r in self.status() if (r["scope"], r["name"]) in mine]
+
     def status(self) -> list[dict[str, object]]:
         now = self.wall()
         out: list[dict[str, object]] = []
-        for b in sorted(self.budgets.values(), key=lambda b: (b.scope, b.name)):
+        adopted = [b for k, b in self.adopted.items() if k not in self.budgets]
+        for b in sorted((*self.budgets.values(), *adopted), key=lambda b: (b.scope, b.name)):
             pid, renews = period_of(b.period, now)
             k = (b.scope, b.name, pid)
             out.append({**b.to_json(), "period_id": pid, "spent": self.spent.get(k, 0),
                         "held": self.held.get(k, 0), "elsewhere": self.others(k, b.limit),
-                        "renews_at": renews})
+                        "renews_at": renews, "issuer_defined": (b.scope, b.name)
+                        not in self.budgets})
         return out
 
 

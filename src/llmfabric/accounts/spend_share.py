@@ -19,6 +19,12 @@ period and the amounts are totals (not deltas), so a lost or reordered update co
 once a later one arrives. A trusted peer's newest item still counts after its record is gone
 (until its periods end): the others do not hand out again what it spent.
 
+Definitions travel too: the item carries the publisher's own key and owner budgets (tag,
+period, unit, limit; "d", which older receivers ignore; at most `MAX_LIMITS_BYTES`, the
+strictest first), and a receiver applies a trusted ingress's budget to a key or owner it
+has no budget of its own for (`RemoteSpend.budget_for`, `BudgetBook.adopt`): a budget set
+at a key's issuer holds wherever the key is used.
+
 Trust: only records that carry the "ingress" role and whose verified identity is trusted
 (the `--key-issuer` list: the same identities whose API keys this ingress accepts) count;
 records are signed by their session key, so nobody publishes for another ingress. One item
@@ -41,13 +47,20 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 from prometheus_client import CollectorRegistry, Gauge
 
-from llmfabric.accounts.budgets import MAX_BUDGET_TOKENS, BudgetStore, period_of
+from llmfabric.accounts.budgets import (
+    MAX_BUDGET_TOKENS,
+    PERIODS,
+    UNITS,
+    Budget,
+    BudgetStore,
+    period_of,
+)
 from llmfabric.registry.codec import MAX_SPEND as MAX_SPEND_ITEM_BYTES
 from llmfabric.registry.records import NodeRecord
 
@@ -56,6 +69,9 @@ _VERSION = 1
 _PERIOD = re.compile(r"\d{4}-\d{2}(-\d{2})?")  # a UTC month or day id (budgets.period_of)
 
 BudgetKey = tuple[str, str, str]  # (scope, name, period id)
+# Budgets whose definitions travel: a receiver knows a request's key and owner, not the team
+# the publisher put the owner in.
+SHARED_SCOPES = ("key", "owner")
 _MAX_REMEMBERED = 4096  # decoded items, counted signatures, warned peers (hostile churn)
 log = logging.getLogger(__name__)
 
@@ -73,23 +89,43 @@ def tag_of(scope: str, name: str) -> bytes:
 class SpendItem:
     issued_at: float  # the publisher's wall clock
     entries: Mapping[tuple[bytes, str], int]  # (tag, period id) -> amount
+    # The publisher's own key and owner budgets: tag -> (period, unit, limit) ("d" in the
+    # item; older publishers send none, older receivers ignore it)
+    limits: Mapping[bytes, tuple[str, str, int]] = field(default_factory=dict)
 
 
-def encode_spend(own: Mapping[BudgetKey, int], issued_at: float) -> bytes:
+MAX_LIMITS_BYTES = 1024  # of the item's 2 KiB: budget definitions first, spending after
+
+
+def encode_spend(own: Mapping[BudgetKey, int], issued_at: float,
+                 budgets: Iterable[Budget] = ()) -> bytes:
     """The record's `spend` bytes for this ingress's spending (b"" when there is none): the
     largest amounts first, as many as fit `MAX_SPEND_ITEM_BYTES` (the budgets nearest their
-    limit are the ones that need the others' spending most)."""
-    return encode_spend_counted(own, issued_at)[0]
+    limit are the ones that need the others' spending most), after the definitions of its
+    key and owner `budgets` (up to `MAX_LIMITS_BYTES`)."""
+    return encode_spend_counted(own, issued_at, budgets)[0]
 
 
-def encode_spend_counted(own: Mapping[BudgetKey, int], issued_at: float) -> tuple[bytes, int]:
-    """`encode_spend` and how many entries did not fit (those budgets are not shared)."""
+def encode_spend_counted(own: Mapping[BudgetKey, int], issued_at: float,
+                         budgets: Iterable[Budget] = ()) -> tuple[bytes, int]:
+    """`encode_spend` and how many entries and definitions did not fit (those budgets are
+    not shared)."""
     ordered = sorted(((n, k) for k, n in own.items() if n > 0), key=lambda x: (-x[0], x[1]))
-    if not ordered:
+    defs = sorted((b.limit, b.scope, b.name, b.period, b.unit) for b in budgets
+                   if b.scope in SHARED_SCOPES)  # (the strictest first)
+    if not ordered and not defs:
         return b"", 0
+    head = len(msgpack.packb({"v": _VERSION, "t": float(issued_at), "e": [], "d": []}))
+    used = head + 4  # (each array's length header grows to 3 bytes past 15 entries)
+    limits: list[list[Any]] = []
+    for limit, scope, name, period, unit in defs:
+        entry = [tag_of(scope, name), period, unit, min(limit, MAX_BUDGET_TOKENS)]
+        size = len(msgpack.packb(entry, use_bin_type=True))
+        if used - head + size > MAX_LIMITS_BYTES:
+            break
+        used += size
+        limits.append(entry)
     entries: list[list[Any]] = []
-    head = len(msgpack.packb({"v": _VERSION, "t": float(issued_at), "e": []}))
-    used = head + 2  # (the entry array's length header grows to 3 bytes past 15 entries)
     for n, (scope, name, pid) in ordered:
         entry = [tag_of(scope, name), pid, min(n, MAX_BUDGET_TOKENS)]
         size = len(msgpack.packb(entry, use_bin_type=True))
@@ -97,11 +133,12 @@ def encode_spend_counted(own: Mapping[BudgetKey, int], issued_at: float) -> tupl
             break
         used += size
         entries.append(entry)
-    out = bytes(
-        msgpack.packb({"v": _VERSION, "t": float(issued_at), "e": entries}, use_bin_type=True)
-    )
+    doc: dict[str, Any] = {"v": _VERSION, "t": float(issued_at), "e": entries}
+    if limits:
+        doc["d"] = limits
+    out = bytes(msgpack.packb(doc, use_bin_type=True))
     assert len(out) <= MAX_SPEND_ITEM_BYTES, len(out)
-    return out, len(ordered) - len(entries)
+    return out, len(ordered) - len(entries) + len(defs) - len(limits)
 
 
 def decode_spend(data: bytes) -> SpendItem:
@@ -137,7 +174,29 @@ def decode_spend(data: bytes) -> SpendItem:
         if (tag, pid) in entries:
             raise SpendError("a spend item names a budget and period twice")
         entries[(tag, pid)] = n
-    return SpendItem(float(t), entries)
+    return SpendItem(float(t), entries, _decode_limits(doc.get("d", [])))
+
+
+def _decode_limits(raw: object) -> dict[bytes, tuple[str, str, int]]:
+    if not isinstance(raw, list):
+        raise SpendError("a spend item's budget definitions must be a list")
+    limits: dict[bytes, tuple[str, str, int]] = {}
+    for d in raw:
+        if not (isinstance(d, list) and len(d) == 4):
+            raise SpendError("a budget definition is [tag, period, unit, limit]")
+        tag, period, unit, limit = d
+        if not isinstance(tag, bytes) or len(tag) != TAG_BYTES:
+            raise SpendError(f"a budget definition's tag has {TAG_BYTES} bytes")
+        if period not in PERIODS or unit not in UNITS:
+            raise SpendError(f"a budget definition's period is one of {PERIODS} and its "
+                             f"unit one of {UNITS}")
+        if (isinstance(limit, bool) or not isinstance(limit, int)
+                or not 0 < limit <= MAX_BUDGET_TOKENS):
+            raise SpendError(f"a budget limit is an integer in 1..{MAX_BUDGET_TOKENS}")
+        if tag in limits:
+            raise SpendError("a spend item defines a budget twice")
+        limits[tag] = (str(period), str(unit), limit)
+    return limits
 
 
 class RemoteSpend:
@@ -176,6 +235,7 @@ class RemoteSpend:
         self._seen: int | None = None
         self._built_at = -math.inf
         self._sums: dict[tuple[bytes, str], int] = {}
+        self._limits: dict[bytes, tuple[str, str, int]] = {}  # tag -> the strictest definition
         self._kept: OrderedDict[str, SpendItem] = OrderedDict()  # peer -> its newest item
         self._decoded: OrderedDict[bytes, SpendItem | None] = OrderedDict()  # None: refused
         self._ignored: set[bytes] = set()  # signatures of untrusted records already counted
@@ -184,13 +244,30 @@ class RemoteSpend:
         self.untrusted = 0
 
     def __call__(self, key: BudgetKey) -> int:
+        self._refresh()
+        scope, name, pid = key
+        return self._sums.get((tag_of(scope, name), pid), 0)
+
+    def budget_for(self, scope: str, name: str) -> Budget | None:
+        """The budget a trusted ingress defined for (scope, name) (key and owner scopes),
+        or None. Where several define one, the strictest: tokens before USD, a day before a
+        month, then the smallest limit. Only from records in the replica now: a departed
+        issuer's budgets stop applying (what it spent still counts, as above)."""
+        self._refresh()
+        if not self._limits or scope not in SHARED_SCOPES:
+            return None
+        got = self._limits.get(tag_of(scope, name))
+        if got is None:
+            return None
+        period, unit, limit = got
+        return Budget(scope, name, limit, period, unit)
+
+    def _refresh(self) -> None:
         v = self._version()
         if v != self._seen and self._clock() - self._built_at >= self._every_s:
             self._seen = v
             self._built_at = self._clock()
             self._sums = self._build()
-        scope, name, pid = key
-        return self._sums.get((tag_of(scope, name), pid), 0)
 
     @property
     def peers(self) -> int:
@@ -220,6 +297,7 @@ class RemoteSpend:
         return item
 
     def _build(self) -> dict[tuple[bytes, str], int]:
+        present: dict[str, SpendItem] = {}  # each trusted peer's newest item in the replica
         for rec in self._records():
             if not rec.meta.spend or rec.peer_id == self._self or "ingress" not in rec.meta.roles:
                 continue
@@ -234,12 +312,21 @@ class RemoteSpend:
             item = self._decode(rec.meta.spend, rec.peer_id)
             if item is None:
                 continue
+            if (rec.peer_id not in present
+                    or item.issued_at > present[rec.peer_id].issued_at):
+                present[rec.peer_id] = item
             have = self._kept.get(rec.peer_id)
             if have is None or item.issued_at > have.issued_at:
                 self._kept[rec.peer_id] = item
                 self._kept.move_to_end(rec.peer_id)
         while len(self._kept) > self._max_peers:
             self._kept.popitem(last=False)
+        limits: dict[bytes, tuple[str, str, int]] = {}
+        for item in present.values():  # (an earlier session's item: stale definitions)
+            for tag, d in item.limits.items():
+                if tag not in limits or _strictness(d) < _strictness(limits[tag]):
+                    limits[tag] = d
+        self._limits = limits
         now = self._wall()
         current = {period_of("day", now)[0], period_of("month", now)[0]}
         sums: dict[tuple[bytes, str], int] = {}
@@ -252,31 +339,40 @@ class RemoteSpend:
         return sums
 
 
+def _strictness(d: tuple[str, str, int]) -> tuple[bool, bool, int]:
+    period, unit, limit = d
+    return unit != "tokens", period != "day", limit
+
+
 class SpendPublisher:
     """The next `spend` item to publish, or None while the spending has not changed (an
     unchanged item is not republished: no record churn when nothing is spent). `left_out`:
     the entries the last item had no room for (`MAX_SPEND_ITEM_BYTES`; a warning once)."""
 
     def __init__(
-        self, own: Callable[[], Mapping[BudgetKey, int]], wall: Callable[[], float]
+        self, own: Callable[[], Mapping[BudgetKey, int]], wall: Callable[[], float],
+        budgets: Callable[[], Iterable[Budget]] = tuple,
     ) -> None:
         self._own = own
         self._wall = wall
-        self._last: dict[BudgetKey, int] | None = None
+        self._budgets = budgets  # this ingress's own budgets, whose definitions travel
+        self._last: tuple[dict[BudgetKey, int], frozenset[Budget]] | None = None
         self.left_out = 0
         self._warned = False
 
     def next(self) -> bytes | None:
-        now = dict(self._own())
+        now = (dict(self._own()), frozenset(b for b in self._budgets()
+                                             if b.scope in SHARED_SCOPES))
         if now == self._last:
             return None
         self._last = now
-        data, self.left_out = encode_spend_counted(now, self._wall())
+        data, self.left_out = encode_spend_counted(now[0], self._wall(), now[1])
         if self.left_out and not self._warned:
             self._warned = True
             log.warning(
-                "%d budgets' spending does not fit the %d-byte spend item: the other "
-                "ingresses do not see it (the largest amounts are published)",
+                "%d budgets' definitions or spending do not fit the %d-byte spend item: the "
+                "other ingresses do not see them (the strictest definitions and the largest "
+                "amounts are published)",
                 self.left_out,
                 MAX_SPEND_ITEM_BYTES,
             )
@@ -306,4 +402,5 @@ def share_spend(
         return None
     book = budgets.book
     book.remote = shared = remote()
-    return shared, SpendPublisher(book.own_now, book.wall)
+    book.adopt = shared.budget_for
+    return shared, SpendPublisher(book.own_now, book.wall, lambda: book.budgets.values())

@@ -69,12 +69,10 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         me = await caller(request)
         if isinstance(me, web.Response):
             return me
-        rows = budgets.book.status() if budgets is not None else []
-        if not me.admin:
-            mine = {("key", me.id), ("owner", me.owner)}
-            if budgets is not None and me.owner in budgets.book.teams:
-                mine.add(("team", budgets.book.teams[me.owner]))
-            rows = [r for r in rows if (r["scope"], r["name"]) in mine]
+        rows: list[dict[str, object]] = []
+        if budgets is not None:
+            rows = (budgets.book.status() if me.admin
+                    else budgets.book.status_for(me.id, me.owner))
         return json_response({"object": "list", "enforced": budgets is not None, "data": rows})
 
     async def admin_budget(request: web.Request, *names: str) -> web.Response | tuple[str, ...]:

@@ -455,7 +455,7 @@ def test_entries_beyond_the_item_cap_are_counted_logged_and_exported(
     data = pub.next()
     assert data is not None
     assert pub.left_out == 300 - len(decode_spend(data).entries) > 0
-    assert len([r for r in caplog.records if "does not fit" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "do not fit" in r.getMessage()]) == 1
     registry = CollectorRegistry()
     remote = _remote([], NodeKey.generate(), set(), [T0])
     remote.refused, remote.untrusted = 2, 5
@@ -478,3 +478,105 @@ async def test_a_shared_postgres_ledger_does_not_count_published_spending(
     shared = share_spend(private, remote)
     assert shared is not None and private.book.remote is shared[0]
     await sqlite.aclose()
+
+
+# --- budget definitions travel with the item (an issuer's budgets hold where its keys go) ---
+
+
+def test_an_item_carries_the_key_and_owner_budgets_of_its_publisher() -> None:
+    budgets = [Budget("key", KEY, 500, "day"), Budget("owner", "alice", 9000, "month", "usd"),
+               Budget("team", "nlp", 100, "day")]  # (a team does not travel: see SHARED_SCOPES)
+    data = encode_spend({}, T0, budgets)  # published with no spending yet
+    assert data and b"alice" not in data and KEY.encode() not in data
+    item = decode_spend(data)
+    assert dict(item.limits) == {tag_of("key", KEY): ("day", "tokens", 500),
+                                 tag_of("owner", "alice"): ("month", "usd", 9000)}
+    assert item.entries == {}
+    doc = msgpack.unpackb(data)
+    assert doc["v"] == 1 and "e" in doc  # what an older receiver reads; it ignores "d"
+    assert decode_spend(encode_spend({("key", KEY, DAY): 5}, T0)).limits == {}
+
+
+def test_definitions_take_at_most_half_the_item_and_the_strictest_go_first() -> None:
+    budgets = [Budget("owner", f"owner-{i:04d}", 1000 + i, "day") for i in range(300)]
+    own = {("owner", f"owner-{i:04d}", DAY): 10 + i for i in range(300)}
+    data = encode_spend(own, T0, budgets)
+    assert len(data) <= MAX_SPEND_ITEM_BYTES
+    item = decode_spend(data)
+    assert 20 <= len(item.limits) < 300 and len(item.entries) >= 20
+    assert {d[2] for d in item.limits.values()} == set(range(1000, 1000 + len(item.limits)))
+    pub = SpendPublisher(lambda: own, lambda: T0, lambda: budgets)
+    got = pub.next()
+    assert got == data and pub.left_out == 600 - len(item.limits) - len(item.entries)
+    assert pub.next() is None  # unchanged: not republished
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(
+    ("defs", "why"),
+    [
+        ({}, "definitions must be a list"),
+        ([[b"x" * TAG_BYTES, "day", "tokens"]], "tag, period, unit, limit"),
+        ([[b"x" * 4, "day", "tokens", 5]], "tag has"),
+        ([[b"x" * TAG_BYTES, "week", "tokens", 5]], "period"),
+        ([[b"x" * TAG_BYTES, "day", "coins", 5]], "unit"),
+        ([[b"x" * TAG_BYTES, "day", "tokens", 0]], "limit"),
+        ([[b"x" * TAG_BYTES, "day", "tokens", -5]], "limit"),
+        ([[b"x" * TAG_BYTES, "day", "tokens", True]], "limit"),
+        ([[b"x" * TAG_BYTES, "day", "tokens", MAX_BUDGET_TOKENS + 1]], "limit"),
+        ([[b"x" * TAG_BYTES, "day", "tokens", 5], [b"x" * TAG_BYTES, "month", "usd", 9]],
+         "twice"),
+    ],
+)
+def test_malformed_definitions_refuse_the_whole_item(defs: object, why: str) -> None:
+    with pytest.raises(SpendError, match=why):
+        decode_spend(_packed({"v": 1, "t": T0, "e": [], "d": defs}))
+
+
+@pytest.mark.hostile
+def test_budgets_apply_from_trusted_issuers_only_the_strictest_and_newest() -> None:
+    me, a, b, stranger = (NodeKey.generate() for _ in range(4))
+    older = _record(a, encode_spend({}, T0 - 60, [Budget("owner", "alice", 10, "day")]))
+    records = [
+        older,  # a's earlier item (an older session): its stricter budget was since raised
+        _record(a, encode_spend({}, T0, [Budget("owner", "alice", 500, "day")])),
+        _record(b, encode_spend({}, T0, [Budget("owner", "alice", 300, "month"),
+                                         Budget("key", KEY, 40, "day", "usd")])),
+        _record(stranger, encode_spend({}, T0, [Budget("owner", "alice", 1, "day"),
+                                                Budget("owner", "bob", 1, "day")])),
+    ]
+    clock = [T0]
+    remote = _remote(records, me, {a.peer_id, b.peer_id}, clock)
+    assert remote.budget_for("owner", "alice") == Budget("owner", "alice", 500, "day")
+    assert remote.budget_for("key", KEY) == Budget("key", KEY, 40, "day", "usd")
+    assert remote.budget_for("owner", "bob") is None  # only the stranger defines it
+    assert remote.budget_for("team", "alice") is None
+    del records[:2]  # a gone: b's month budget is the one left
+    clock[0] += 1  # (the index is rebuilt at most every 0.5 s)
+    assert remote.budget_for("owner", "alice") == Budget("owner", "alice", 300, "month")
+
+
+def test_an_issuers_budget_holds_at_an_ingress_that_has_none_of_its_own() -> None:
+    """Ingress B trusts issuer A. A's owner budget of 100 tokens a day applies at B: B counts
+    A's published spending, its own, and publishes its own for A to count. A budget B sets
+    itself for the same owner wins over A's."""
+    me, a = NodeKey.generate(), NodeKey.generate()
+    clock = [T0]
+    a_items = [encode_spend({("owner", "alice", DAY): 60}, T0,
+                            [Budget("owner", "alice", 100, "day")])]
+    records = [_record(a, a_items[0])]
+    book = BudgetBook(lambda: clock[0])
+    book.remote = remote = _remote(records, me, {a.peer_id}, clock)
+    book.adopt = remote.budget_for
+    assert book.applies(KEY, "alice") and not book.applies(KEY, "bob")
+    assert isinstance(book.reserve(KEY, "alice", 50), OverBudget)  # 60 spent at A + 50
+    hold = book.reserve(KEY, "alice", 30)
+    assert not isinstance(hold, OverBudget)
+    book.settle(hold, 30)
+    assert book.own_now() == {("owner", "alice", DAY): 30}  # published for A to count
+    [row] = book.status()
+    assert row["issuer_defined"] is True and row["spent"] == 30 and row["elsewhere"] == 60
+    book.adopt_ledger({}, written=0)  # a sync (no local budget): B's own spending kept
+    assert isinstance(book.reserve(KEY, "alice", 20), OverBudget)  # 60 + 30 + 20 > 100
+    book.set(Budget("owner", "alice", 1000, "day"))  # B's own budget for alice wins
+    assert not isinstance(book.reserve(KEY, "alice", 20), OverBudget)
