@@ -117,12 +117,12 @@ class OverBudget:
 @dataclass(slots=True)
 class Hold:
     """One admitted request's reservation: (budget key, amount, unit) per budget it counts
-    for. `owner_in_ledger`: the ledger can tell the key's owner (a key of this database), so
-    its owner and team totals will hold what it spends."""
+    for. `issuer`: "" for a key of this database (the ledger can tell its owner, so its
+    owner and team totals will hold what it spends), else the ingress that issued it."""
 
     parts: list[tuple[tuple[str, str, str], int, str]]
     settled: bool = False
-    owner_in_ledger: bool = True
+    issuer: str = ""
 
 
 class BudgetBook:
@@ -146,11 +146,12 @@ class BudgetBook:
         # under their key id but no owner for them, so the book keeps it itself (it is lost
         # at a restart, as the seed from the ledger cannot find it either).
         self._unattributed: dict[tuple[str, str, str], int] = {}
-        # Budgets a trusted ingress defined (accounts/spend_share.py `budget_for`) that apply
-        # here where this ingress has none of its own for the same key or owner, and those
-        # met so far (their spending is published like our own budgets', and kept by syncs).
-        self.adopt: Callable[[str, str], Budget | None] | None = None
-        self.adopted: dict[tuple[str, str], Budget] = {}
+        # The budgets the issuer of a key another ingress issued defined for that key and
+        # its owner (accounts/spend_share.py `budget_for(scope, name, issuer)`), applied
+        # where this ingress has none of its own; those met so far, by (scope, name,
+        # issuer) (their spending is published like our own budgets').
+        self.adopt: Callable[[str, str, str], Budget | None] | None = None
+        self.adopted: dict[tuple[str, str, str], Budget] = {}
 
     def others(self, k: tuple[str, str, str], limit: int) -> int:
         """The other ingresses' published spending on budget key `k`, clamped to the
@@ -165,9 +166,11 @@ class BudgetBook:
     def remove(self, scope: str, name: str) -> bool:
         return self.budgets.pop((scope, name), None) is not None
 
-    def applies(self, key_id: str, owner: str) -> bool:
+    def applies(self, key_id: str, owner: str, issuer: str = "") -> bool:
         """Whether any budget counts for this key, its owner or the owner's team (checked
-        per request: the ingress keeps no budget state for a request when none does)."""
+        per request: the ingress keeps no budget state for a request when none does);
+        `issuer`: the ingress that issued the key ("" for ours), whose budgets for it and
+        its owner apply too."""
         b = self.budgets
         if b:
             if ("key", key_id) in b or ("owner", owner) in b:
@@ -176,21 +179,23 @@ class BudgetBook:
             if team is not None and ("team", team) in b:
                 return True
         adopt = self.adopt
-        return adopt is not None and (adopt("key", key_id) is not None
-                                      or adopt("owner", owner) is not None)
+        return bool(issuer) and adopt is not None and (
+            adopt("key", key_id, issuer) is not None
+            or adopt("owner", owner, issuer) is not None)
 
-    def _applicable(self, key_id: str, owner: str) -> list[Budget]:
+    def _applicable(self, key_id: str, owner: str, issuer: str = "") -> list[Budget]:
         out = []
         team = self.teams.get(owner)
         for scope, name in (("key", key_id), ("owner", owner), ("team", team)):
             if name is None:
                 continue
             b = self.budgets.get((scope, name))
-            if b is None and self.adopt is not None and scope != "team":
-                b = self.adopt(scope, name)
+            if b is None and issuer and self.adopt is not None and scope != "team":
+                b = self.adopt(scope, name, issuer)
                 if b is not None:
-                    self.adopted.pop((scope, name), None)  # (most recently met last)
-                    self.adopted[(scope, name)] = b
+                    k = (scope, name, issuer)
+                    self.adopted.pop(k, None)  # (most recently met last)
+                    self.adopted[k] = b
                     if len(self.adopted) > _MAX_ADOPTED:
                         del self.adopted[next(iter(self.adopted))]
             if b is not None:
@@ -198,13 +203,13 @@ class BudgetBook:
         return out
 
     def reserve(self, key_id: str, owner: str, estimate: int, cost_micros: int = 0,
-                owner_in_ledger: bool = True) -> Hold | OverBudget:
+                issuer: str = "") -> Hold | OverBudget:
         """Reserve `estimate` tokens (or `cost_micros` on spend budgets) on every budget of
-        the key, its owner and the owner's team, or refuse. `owner_in_ledger`: False for a
-        key another ingress issued (Hold)."""
-        budgets = self._applicable(key_id, owner)
+        the key, its owner and the owner's team, or refuse. `issuer`: the ingress that
+        issued the key ("" for ours; `applies`)."""
+        budgets = self._applicable(key_id, owner, issuer)
         if not budgets:
-            return Hold([], owner_in_ledger=owner_in_ledger)
+            return Hold([], issuer=issuer)
         now = self.wall()
         parts: list[tuple[tuple[str, str, str], int, str]] = []
         for b in budgets:
@@ -218,7 +223,7 @@ class BudgetBook:
             parts.append((k, need, b.unit))
         for k, n, _ in parts:
             self.held[k] = self.held.get(k, 0) + n
-        return Hold(parts, owner_in_ledger=owner_in_ledger)
+        return Hold(parts, issuer=issuer)
 
     def settle(self, hold: Hold, used_tokens: int, used_micros: int = 0) -> None:
         """The request ended having used `used_tokens` costing `used_micros` (0 if it
@@ -235,14 +240,13 @@ class BudgetBook:
             used = max(0, used_tokens if unit == "tokens" else used_micros)
             self.spent[k] = self.spent.get(k, 0) + used
             self.own[k] = self.own.get(k, 0) + used
-            if self.ledger_batch is not None and used and k[:2] in self.budgets:
-                # (an adopted budget has no ledger totals: its spent is what was settled
-                # here, which a sync keeps)
-                if k[0] != "key" and not hold.owner_in_ledger:
-                    self._unattributed[k] = self._unattributed.get(k, 0) + used
-                    continue
-                journal = self._unwritten.setdefault(self.ledger_batch(), {})
-                journal[k] = journal.get(k, 0) + used
+            if self.ledger_batch is None or not used:
+                continue
+            if k[0] != "key" and hold.issuer:  # (the ledger cannot tell this key's owner)
+                self._unattributed[k] = self._unattributed.get(k, 0) + used
+            elif k[:2] in self.budgets:  # (else an adopted key budget: no ledger totals;
+                journal = self._unwritten.setdefault(self.ledger_batch(), {})  # a sync
+                journal[k] = journal.get(k, 0) + used  # keeps what was settled here)
         if len(self._unwritten) > _MAX_UNWRITTEN:  # (a database down for long: merge the
             oldest = min(self._unwritten)         # oldest into the next; it counts longer)
             merged = self._unwritten.pop(oldest)
@@ -251,25 +255,33 @@ class BudgetBook:
                 nxt[k] = nxt.get(k, 0) + n
 
     def adopt_ledger(self, totals: dict[tuple[str, str, str], int], written: int) -> None:
-        """The ledger's totals for the current period of every budget (what every process
-        writing to it spent), read after ledger batch `written` was written: spent becomes
-        those totals plus what was settled here and is not in them yet. Reservations held
-        here stay as they are."""
+        """The ledger's totals for the current period of every budget of ours (what every
+        process writing to it spent), read after ledger batch `written` was written: their
+        spent becomes those totals plus what was settled here and is not in them yet
+        (written later; and the owner and team spending of keys other ingresses issued,
+        which the ledger cannot attribute). The spent of other budgets (adopted ones: only
+        what was settled here) is kept for the current periods. Reservations held here stay
+        as they are. Adopted budgets whose definition is gone are forgotten."""
         for batch in [b for b in self._unwritten if b <= written]:
             del self._unwritten[batch]
+        now = self.wall()
+        current = {period_of("day", now)[0], period_of("month", now)[0]}
         spent = {k: max(0, n) for k, n in totals.items()}
-        for journal in (*self._unwritten.values(), self._unattributed):
+        for journal in self._unwritten.values():
             for k, n in journal.items():
                 if k in spent:
                     spent[k] += n
-        # (only the current periods of budgets that still exist are worth keeping)
-        self._unattributed = {k: n for k, n in self._unattributed.items() if k in spent}
-        now = self.wall()
-        for (scope, name), b in self.adopted.items():
-            k = (scope, name, period_of(b.period, now)[0])
-            if k not in spent and k in self.spent:
-                spent[k] = self.spent[k]
+        for k, n in self.spent.items():  # (adopted budgets: what was settled here)
+            if k[:2] not in self.budgets and k[2] in current and k not in self._unattributed:
+                spent[k] = n
+        self._unattributed = {k: n for k, n in self._unattributed.items() if k[2] in current}
+        for k, n in self._unattributed.items():
+            spent[k] = spent.get(k, 0) + n
         self.spent = spent
+        self.own = {k: n for k, n in self.own.items() if k[2] in current}
+        adopt = self.adopt
+        self.adopted = {k: b for k, b in self.adopted.items()
+                        if adopt is not None and adopt(*k) == b}
 
     def charge(self, scope: str, name: str, period_id: str, amount: int,
                own: bool = False) -> None:
@@ -301,16 +313,17 @@ class BudgetBook:
             return max(0, prompt_tokens) + max(0, completion_tokens)
         return self.cost_micros(model, prompt_tokens, completion_tokens)
 
-    def status_for(self, key_id: str, owner: str) -> list[dict[str, object]]:
+    def status_for(self, key_id: str, owner: str, issuer: str = "") -> list[dict[str, object]]:
         """`status()` of the budgets a request of this key would count against (its key's,
-        its owner's and its team's, those another ingress defined included)."""
-        mine = {(b.scope, b.name) for b in self._applicable(key_id, owner)}
+        its owner's and its team's, those its issuer defined included)."""
+        mine = {(b.scope, b.name) for b in self._applicable(key_id, owner, issuer)}
         return [r for r in self.status() if (r["scope"], r["name"]) in mine]
 
     def status(self) -> list[dict[str, object]]:
         now = self.wall()
         out: list[dict[str, object]] = []
-        adopted = [b for k, b in self.adopted.items() if k not in self.budgets]
+        adopted = list({(b.scope, b.name): b for k, b in self.adopted.items()
+                        if k[:2] not in self.budgets}.values())
         for b in sorted((*self.budgets.values(), *adopted), key=lambda b: (b.scope, b.name)):
             pid, renews = period_of(b.period, now)
             k = (b.scope, b.name, pid)

@@ -21,9 +21,11 @@ once a later one arrives. A trusted peer's newest item still counts after its re
 
 Definitions travel too: the item carries the publisher's own key and owner budgets (tag,
 period, unit, limit; "d", which older receivers ignore; at most `MAX_LIMITS_BYTES`, the
-strictest first), and a receiver applies a trusted ingress's budget to a key or owner it
-has no budget of its own for (`RemoteSpend.budget_for`, `BudgetBook.adopt`): a budget set
-at a key's issuer holds wherever the key is used.
+smallest limits first), and a receiver applies them to the keys that publisher issued
+(`RemoteSpend.budget_for(scope, name, issuer)`, `BudgetBook.adopt`) where it has no budget
+of its own for the key or owner: a budget set at a key's issuer holds wherever the key is
+used. Only the key's own issuer's definitions apply (owner names are each issuer's own), so
+no other ingress, trusted or not, can loosen or tighten them.
 
 Trust: only records that carry the "ingress" role and whose verified identity is trusted
 (the `--key-issuer` list: the same identities whose API keys this ingress accepts) count;
@@ -62,7 +64,7 @@ from llmfabric.accounts.budgets import (
     period_of,
 )
 from llmfabric.registry.codec import MAX_SPEND as MAX_SPEND_ITEM_BYTES
-from llmfabric.registry.records import NodeRecord
+from llmfabric.registry.records import Lifecycle, NodeRecord
 
 TAG_BYTES = 12
 _VERSION = 1
@@ -182,9 +184,9 @@ def _decode_limits(raw: object) -> dict[bytes, tuple[str, str, int]]:
         raise SpendError("a spend item's budget definitions must be a list")
     limits: dict[bytes, tuple[str, str, int]] = {}
     for d in raw:
-        if not (isinstance(d, list) and len(d) == 4):
+        if not (isinstance(d, list) and len(d) >= 4):  # (later fields: a newer publisher's)
             raise SpendError("a budget definition is [tag, period, unit, limit]")
-        tag, period, unit, limit = d
+        tag, period, unit, limit = d[:4]
         if not isinstance(tag, bytes) or len(tag) != TAG_BYTES:
             raise SpendError(f"a budget definition's tag has {TAG_BYTES} bytes")
         if period not in PERIODS or unit not in UNITS:
@@ -235,7 +237,7 @@ class RemoteSpend:
         self._seen: int | None = None
         self._built_at = -math.inf
         self._sums: dict[tuple[bytes, str], int] = {}
-        self._limits: dict[bytes, tuple[str, str, int]] = {}  # tag -> the strictest definition
+        self._limits: dict[tuple[str, bytes], tuple[str, str, int]] = {}  # (issuer, tag) ->
         self._kept: OrderedDict[str, SpendItem] = OrderedDict()  # peer -> its newest item
         self._decoded: OrderedDict[bytes, SpendItem | None] = OrderedDict()  # None: refused
         self._ignored: set[bytes] = set()  # signatures of untrusted records already counted
@@ -248,15 +250,16 @@ class RemoteSpend:
         scope, name, pid = key
         return self._sums.get((tag_of(scope, name), pid), 0)
 
-    def budget_for(self, scope: str, name: str) -> Budget | None:
-        """The budget a trusted ingress defined for (scope, name) (key and owner scopes),
-        or None. Where several define one, the strictest: tokens before USD, a day before a
-        month, then the smallest limit. Only from records in the replica now: a departed
-        issuer's budgets stop applying (what it spent still counts, as above)."""
+    def budget_for(self, scope: str, name: str, issuer: str) -> Budget | None:
+        """The budget trusted ingress `issuer` (an identity, as `identify` gives it: whose
+        key the request carries) defined for (scope, name) in its newest item (key and
+        owner scopes), or None. Only from records in the replica now and not LEFT: a budget
+        the issuer removed, or an issuer that left, stops applying (what it spent still
+        counts, as above)."""
         self._refresh()
         if not self._limits or scope not in SHARED_SCOPES:
             return None
-        got = self._limits.get(tag_of(scope, name))
+        got = self._limits.get((issuer, tag_of(scope, name)))
         if got is None:
             return None
         period, unit, limit = got
@@ -297,7 +300,7 @@ class RemoteSpend:
         return item
 
     def _build(self) -> dict[tuple[bytes, str], int]:
-        present: dict[str, SpendItem] = {}  # each trusted peer's newest item in the replica
+        present: dict[str, SpendItem] = {}  # each trusted issuer's newest live item
         for rec in self._records():
             if not rec.meta.spend or rec.peer_id == self._self or "ingress" not in rec.meta.roles:
                 continue
@@ -312,21 +315,18 @@ class RemoteSpend:
             item = self._decode(rec.meta.spend, rec.peer_id)
             if item is None:
                 continue
-            if (rec.peer_id not in present
-                    or item.issued_at > present[rec.peer_id].issued_at):
-                present[rec.peer_id] = item
+            who = self._identify(rec)
+            if rec.state is not Lifecycle.LEFT and (
+                    who not in present or item.issued_at > present[who].issued_at):
+                present[who] = item
             have = self._kept.get(rec.peer_id)
             if have is None or item.issued_at > have.issued_at:
                 self._kept[rec.peer_id] = item
                 self._kept.move_to_end(rec.peer_id)
         while len(self._kept) > self._max_peers:
             self._kept.popitem(last=False)
-        limits: dict[bytes, tuple[str, str, int]] = {}
-        for item in present.values():  # (an earlier session's item: stale definitions)
-            for tag, d in item.limits.items():
-                if tag not in limits or _strictness(d) < _strictness(limits[tag]):
-                    limits[tag] = d
-        self._limits = limits
+        self._limits = {(who, tag): d for who, item in present.items()
+                        for tag, d in item.limits.items()}
         now = self._wall()
         current = {period_of("day", now)[0], period_of("month", now)[0]}
         sums: dict[tuple[bytes, str], int] = {}
@@ -337,11 +337,6 @@ class RemoteSpend:
             for k, n in live:
                 sums[k] = min(sums.get(k, 0) + n, MAX_BUDGET_TOKENS)
         return sums
-
-
-def _strictness(d: tuple[str, str, int]) -> tuple[bool, bool, int]:
-    period, unit, limit = d
-    return unit != "tokens", period != "day", limit
 
 
 class SpendPublisher:

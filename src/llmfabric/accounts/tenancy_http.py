@@ -72,7 +72,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         rows: list[dict[str, object]] = []
         if budgets is not None:
             rows = (budgets.book.status() if me.admin
-                    else budgets.book.status_for(me.id, me.owner))
+                    else budgets.book.status_for(me.id, me.owner, me.issuer))
         return json_response({"object": "list", "enforced": budgets is not None, "data": rows})
 
     async def admin_budget(request: web.Request, *names: str) -> web.Response | tuple[str, ...]:

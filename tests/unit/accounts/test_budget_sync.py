@@ -38,7 +38,7 @@ class Process:
         """Admit a request of `tokens` (reserved = used) and, if admitted, end it: settle
         the budgets and record the usage, as the gate and the usage sink do."""
         got = self.budgets.book.reserve(key.id, key.owner, tokens,
-                                        owner_in_ledger=not key.issuer)
+                                        issuer=key.issuer)
         if isinstance(got, Hold):
             self.store.record_usage(key.id, "m", tokens, 0)
             self.budgets.book.settle(got, tokens)
@@ -169,7 +169,10 @@ async def test_keys_another_ingress_issued_count_for_their_owner(tmp_path: Path)
         assert a.spent("key", remote.id) == 80  # (the ledger has it by key id, once)
         assert await a.budgets.delete("owner", "alice")
         await a.budgets.sync()
-        assert a.budgets.book._unattributed == {}  # nothing kept for a budget now gone
+        assert [r["scope"] for r in a.budgets.book.status()] == ["key"]
+        await a.budgets.put(Budget("owner", "alice", 100, "day"))  # back the same day:
+        await a.budgets.sync()
+        assert a.spent() == 80  # what the remote key spent today still counts
     finally:
         await _close(a, b)
 

@@ -4,6 +4,7 @@ records (real signing, encoding and verification; only the transport is a queue)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 import time
@@ -534,49 +535,81 @@ def test_malformed_definitions_refuse_the_whole_item(defs: object, why: str) -> 
 
 
 @pytest.mark.hostile
-def test_budgets_apply_from_trusted_issuers_only_the_strictest_and_newest() -> None:
+def test_a_keys_budgets_come_from_its_own_issuer_only_its_newest_live_item() -> None:
     me, a, b, stranger = (NodeKey.generate() for _ in range(4))
-    older = _record(a, encode_spend({}, T0 - 60, [Budget("owner", "alice", 10, "day")]))
     records = [
-        older,  # a's earlier item (an older session): its stricter budget was since raised
+        # a's earlier item (an older session): its stricter budget was since raised
+        _record(a, encode_spend({}, T0 - 60, [Budget("owner", "alice", 10, "day")])),
         _record(a, encode_spend({}, T0, [Budget("owner", "alice", 500, "day")])),
-        _record(b, encode_spend({}, T0, [Budget("owner", "alice", 300, "month"),
+        # another trusted ingress's "alice" is its own owner of that name: no say over a's
+        _record(b, encode_spend({}, T0, [Budget("owner", "alice", 1, "day"),
                                          Budget("key", KEY, 40, "day", "usd")])),
-        _record(stranger, encode_spend({}, T0, [Budget("owner", "alice", 1, "day"),
-                                                Budget("owner", "bob", 1, "day")])),
+        _record(stranger, encode_spend({}, T0, [Budget("owner", "alice", 1, "day")])),
     ]
     clock = [T0]
     remote = _remote(records, me, {a.peer_id, b.peer_id}, clock)
-    assert remote.budget_for("owner", "alice") == Budget("owner", "alice", 500, "day")
-    assert remote.budget_for("key", KEY) == Budget("key", KEY, 40, "day", "usd")
-    assert remote.budget_for("owner", "bob") is None  # only the stranger defines it
-    assert remote.budget_for("team", "alice") is None
-    del records[:2]  # a gone: b's month budget is the one left
+    assert remote.budget_for("owner", "alice", a.peer_id) == Budget("owner", "alice", 500, "day")
+    assert remote.budget_for("key", KEY, b.peer_id) == Budget("key", KEY, 40, "day", "usd")
+    assert remote.budget_for("key", KEY, a.peer_id) is None
+    assert remote.budget_for("owner", "alice", stranger.peer_id) is None  # not trusted
+    assert remote.budget_for("team", "alice", a.peer_id) is None
+    left = _record(a, encode_spend({}, T0 + 5, [Budget("owner", "alice", 2, "day")]))
+    records.append(dataclasses.replace(left, state=Lifecycle.LEFT))
+    del records[1]  # a's live session gone; its LEFT and its older items do not apply
     clock[0] += 1  # (the index is rebuilt at most every 0.5 s)
-    assert remote.budget_for("owner", "alice") == Budget("owner", "alice", 300, "month")
+    assert remote.budget_for("owner", "alice", a.peer_id) == Budget("owner", "alice", 10, "day")
+    del records[0]
+    clock[0] += 1
+    assert remote.budget_for("owner", "alice", a.peer_id) is None
 
 
-def test_an_issuers_budget_holds_at_an_ingress_that_has_none_of_its_own() -> None:
-    """Ingress B trusts issuer A. A's owner budget of 100 tokens a day applies at B: B counts
-    A's published spending, its own, and publishes its own for A to count. A budget B sets
-    itself for the same owner wins over A's."""
+def test_an_issuers_budget_holds_for_its_keys_at_an_ingress_that_has_none_of_its_own() -> None:
+    """Ingress B trusts issuer A. A's owner budget of 100 tokens a day applies at B to A's
+    keys (not to B's own keys of an owner of the same name): B counts A's published
+    spending and its own, and publishes its own for A to count. A budget B sets itself for
+    that owner wins over A's, and keeps what A's keys spent here."""
     me, a = NodeKey.generate(), NodeKey.generate()
     clock = [T0]
-    a_items = [encode_spend({("owner", "alice", DAY): 60}, T0,
-                            [Budget("owner", "alice", 100, "day")])]
-    records = [_record(a, a_items[0])]
+    records = [_record(a, encode_spend({("owner", "alice", DAY): 60}, T0,
+                                       [Budget("owner", "alice", 100, "day")]))]
     book = BudgetBook(lambda: clock[0])
+    book.ledger_batch = lambda: 1  # (as behind a BudgetStore: syncs below)
     book.remote = remote = _remote(records, me, {a.peer_id}, clock)
     book.adopt = remote.budget_for
-    assert book.applies(KEY, "alice") and not book.applies(KEY, "bob")
-    assert isinstance(book.reserve(KEY, "alice", 50), OverBudget)  # 60 spent at A + 50
-    hold = book.reserve(KEY, "alice", 30)
+    issuer = a.peer_id
+    assert book.applies(KEY, "alice", issuer) and not book.applies(KEY, "alice")
+    assert not book.applies(KEY, "bob", issuer)
+    assert isinstance(book.reserve(KEY, "alice", 50, issuer=issuer), OverBudget)  # 60 + 50
+    hold = book.reserve(KEY, "alice", 30, issuer=issuer)
     assert not isinstance(hold, OverBudget)
     book.settle(hold, 30)
     assert book.own_now() == {("owner", "alice", DAY): 30}  # published for A to count
-    [row] = book.status()
+    [row] = book.status_for(KEY, "alice", issuer)
     assert row["issuer_defined"] is True and row["spent"] == 30 and row["elsewhere"] == 60
-    book.adopt_ledger({}, written=0)  # a sync (no local budget): B's own spending kept
-    assert isinstance(book.reserve(KEY, "alice", 20), OverBudget)  # 60 + 30 + 20 > 100
-    book.set(Budget("owner", "alice", 1000, "day"))  # B's own budget for alice wins
-    assert not isinstance(book.reserve(KEY, "alice", 20), OverBudget)
+    book.adopt_ledger({}, written=1)  # a sync: B's own spending on A's budget is kept
+    assert isinstance(book.reserve(KEY, "alice", 20, issuer=issuer), OverBudget)
+    book.set(Budget("owner", "alice", 1000, "day"))  # B's own budget for alice wins...
+    book.adopt_ledger({("owner", "alice", DAY): 0}, written=1)  # (B's ledger: none of its own)
+    assert book.spent[("owner", "alice", DAY)] == 30  # ...and still counts A's keys' 30
+    assert not isinstance(book.reserve(KEY, "alice", 20, issuer=issuer), OverBudget)
+    # A removes its budget: B forgets it at its next sync
+    records[0] = _record(a, encode_spend({("owner", "alice", DAY): 60}, T0 + 1))
+    clock[0] += 1
+    del book.budgets[("owner", "alice")]
+    book.adopt_ledger({}, written=1)
+    assert book.adopted == {} and not book.applies(KEY, "alice", issuer)
+
+
+def test_the_issuer_counts_what_its_keys_spent_under_its_budget_elsewhere() -> None:
+    """The other half: B publishes its spending on A's budget under A's tag, and A adds it
+    when it admits (A's own budget, A's own key)."""
+    a, b = NodeKey.generate(), NodeKey.generate()
+    at_b = BudgetBook(lambda: T0)
+    at_b.adopted[("owner", "alice", a.peer_id)] = Budget("owner", "alice", 100, "day")
+    at_b.own[("owner", "alice", DAY)] = 70
+    records = [_record(b, encode_spend(at_b.own_now(), T0))]
+    at_a = BudgetBook(lambda: T0)
+    at_a.set(Budget("owner", "alice", 100, "day"))
+    at_a.remote = _remote(records, a, {b.peer_id}, [T0])
+    assert isinstance(at_a.reserve(KEY, "alice", 40), OverBudget)  # 70 elsewhere + 40
+    assert not isinstance(at_a.reserve(KEY, "alice", 30), OverBudget)

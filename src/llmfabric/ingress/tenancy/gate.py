@@ -75,10 +75,12 @@ def reservation_parts(doc: Mapping[str, Any],
     return estimate_prompt_tokens(doc if isinstance(doc, dict) else dict(doc)), cap
 
 
-def _owner(principal: Principal | None) -> tuple[str, str]:
+def _owner(principal: Principal | None) -> tuple[str, str, str]:
+    """(key id, owner, issuer: "" for a key of ours, else the ingress that issued it)."""
     if principal is None:
-        return "", ""
-    return principal.id, str(getattr(principal, "owner", principal.id))
+        return "", "", ""
+    return (principal.id, str(getattr(principal, "owner", principal.id)),
+            str(getattr(principal, "issuer", "")))
 
 
 class TenancyGate:
@@ -114,7 +116,7 @@ class TenancyGate:
                     ) -> Refusal | None:
         if self.admit_at_once(principal):
             return None
-        key_id, owner = _owner(principal)
+        key_id, owner, issuer = _owner(principal)
         book = self.budgets
         state = _Admitted()
         self._stateless = False
@@ -122,10 +124,9 @@ class TenancyGate:
         prompt, completion = reservation_parts(doc, self.default_completion)
         cost = prompt + completion
         state.model = str(doc.get("model", ""))
-        if book is not None and principal is not None and book.applies(key_id, owner):
+        if book is not None and principal is not None and book.applies(key_id, owner, issuer):
             got = book.reserve(key_id, owner, cost, book.cost_micros(
-                state.model, prompt, completion),
-                owner_in_ledger=not getattr(principal, "issuer", ""))
+                state.model, prompt, completion), issuer=issuer)
             if isinstance(got, OverBudget):
                 return self._refused("budget_exceeded", got.message(), got.retry_after_s)
             state.hold = got
