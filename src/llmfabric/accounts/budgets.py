@@ -271,9 +271,9 @@ class BudgetBook:
             for k, n in journal.items():
                 if k in spent:
                     spent[k] += n
-        for k, n in self.spent.items():  # (adopted budgets: what was settled here)
-            if k[:2] not in self.budgets and k[2] in current and k not in self._unattributed:
-                spent[k] = n
+        for k, n in self.spent.items():  # (adopted key budgets: what was settled here;
+            if k[0] == "key" and k[:2] not in self.budgets and k[2] in current:  # owner:
+                spent[k] = n  # only foreign keys spend on adopted ones: `_unattributed`)
         self._unattributed = {k: n for k, n in self._unattributed.items() if k[2] in current}
         for k, n in self._unattributed.items():
             spent[k] = spent.get(k, 0) + n

@@ -24,8 +24,10 @@ period, unit, limit; "d", which older receivers ignore; at most `MAX_LIMITS_BYTE
 smallest limits first), and a receiver applies them to the keys that publisher issued
 (`RemoteSpend.budget_for(scope, name, issuer)`, `BudgetBook.adopt`) where it has no budget
 of its own for the key or owner: a budget set at a key's issuer holds wherever the key is
-used. Only the key's own issuer's definitions apply (owner names are each issuer's own), so
-no other ingress, trusted or not, can loosen or tighten them.
+used. Only the key's own issuer's definitions apply to it, so no other ingress sets its
+limits. Owner names are shared among ingresses that trust each other, as for spending: two
+issuers that both define a budget for one owner name should give it the same unit and period
+(amounts of one name and period add up whoever spent them).
 
 Trust: only records that carry the "ingress" role and whose verified identity is trusted
 (the `--key-issuer` list: the same identities whose API keys this ingress accepts) count;
@@ -300,7 +302,7 @@ class RemoteSpend:
         return item
 
     def _build(self) -> dict[tuple[bytes, str], int]:
-        present: dict[str, SpendItem] = {}  # each trusted issuer's newest live item
+        present: dict[str, tuple[str, SpendItem]] = {}  # peer -> (issuer, newest live item)
         for rec in self._records():
             if not rec.meta.spend or rec.peer_id == self._self or "ingress" not in rec.meta.roles:
                 continue
@@ -315,17 +317,20 @@ class RemoteSpend:
             item = self._decode(rec.meta.spend, rec.peer_id)
             if item is None:
                 continue
-            who = self._identify(rec)
             if rec.state is not Lifecycle.LEFT and (
-                    who not in present or item.issued_at > present[who].issued_at):
-                present[who] = item
+                    rec.peer_id not in present
+                    or item.issued_at > present[rec.peer_id][1].issued_at):
+                present[rec.peer_id] = (self._identify(rec), item)
             have = self._kept.get(rec.peer_id)
             if have is None or item.issued_at > have.issued_at:
                 self._kept[rec.peer_id] = item
                 self._kept.move_to_end(rec.peer_id)
         while len(self._kept) > self._max_peers:
             self._kept.popitem(last=False)
-        self._limits = {(who, tag): d for who, item in present.items()
+        # Several ingresses can share an identity (a provider's certificate): their keys
+        # are that issuer's, so are their budgets; the newest item wins where they differ.
+        self._limits = {(who, tag): d
+                        for who, item in sorted(present.values(), key=lambda p: p[1].issued_at)
                         for tag, d in item.limits.items()}
         now = self._wall()
         current = {period_of("day", now)[0], period_of("month", now)[0]}

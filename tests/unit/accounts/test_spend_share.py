@@ -613,3 +613,38 @@ def test_the_issuer_counts_what_its_keys_spent_under_its_budget_elsewhere() -> N
     at_a.remote = _remote(records, a, {b.peer_id}, [T0])
     assert isinstance(at_a.reserve(KEY, "alice", 40), OverBudget)  # 70 elsewhere + 40
     assert not isinstance(at_a.reserve(KEY, "alice", 30), OverBudget)
+
+
+def test_ingresses_sharing_an_identity_pool_their_definitions() -> None:
+    """On a certificate network an identity is a provider, which may run several ingresses:
+    the keys of each are that provider's, and so are the budgets of each."""
+    me, x1, x2 = (NodeKey.generate() for _ in range(3))
+    records = [_record(x1, encode_spend({}, T0, [Budget("key", KEY, 10, "day")])),
+               _record(x2, encode_spend({}, T0 + 1, [Budget("owner", "alice", 20, "day")]))]
+    remote = RemoteSpend(lambda: records, lambda: 1, lambda r: "provider-p", me.peer_id,
+                         {"provider-p"}, wall=lambda: T0, clock=lambda: T0)
+    assert remote.budget_for("key", KEY, "provider-p") == Budget("key", KEY, 10, "day")
+    assert remote.budget_for("owner", "alice", "provider-p") == Budget("owner", "alice", 20,
+                                                                       "day")
+
+
+def test_an_adopted_owner_budget_starts_from_what_foreign_keys_spent_not_stale_spending(
+) -> None:
+    """A local owner budget deleted this period leaves its ledger spending in the book; the
+    issuer's budget for that owner, adopted afterwards, counts only what the issuer's keys
+    spent here."""
+    me, a = NodeKey.generate(), NodeKey.generate()
+    records = [_record(a, encode_spend({}, T0, [Budget("owner", "bob", 100, "day")]))]
+    book = BudgetBook(lambda: T0)
+    book.ledger_batch = lambda: 1
+    book.set(Budget("owner", "bob", 1000, "day"))
+    book.adopt_ledger({("owner", "bob", DAY): 900}, written=0)  # our own keys spent 900
+    del book.budgets[("owner", "bob")]
+    book.remote = remote = _remote(records, me, {a.peer_id}, [T0])
+    book.adopt = remote.budget_for
+    book.adopt_ledger({}, written=0)  # a sync after the deletion
+    hold = book.reserve(KEY, "bob", 50, issuer=a.peer_id)
+    assert not isinstance(hold, OverBudget)  # 900 were not this budget's
+    book.settle(hold, 50)
+    book.adopt_ledger({}, written=0)
+    assert book.spent[("owner", "bob", DAY)] == 50
