@@ -242,11 +242,15 @@ class BudgetBook:
             self.own[k] = self.own.get(k, 0) + used
             if self.ledger_batch is None or not used:
                 continue
-            if k[0] != "key" and hold.issuer:  # (the ledger cannot tell this key's owner)
+            # Where the next sync finds this spending: the ledger cannot tell the owner of a
+            # key another ingress issued, so its owner and team spending stays here; a
+            # budget of ours reads the ledger (until it is written: the journal); an
+            # adopted key budget has no ledger totals, and a sync keeps its spent as is.
+            if k[0] != "key" and hold.issuer:
                 self._unattributed[k] = self._unattributed.get(k, 0) + used
-            elif k[:2] in self.budgets:  # (else an adopted key budget: no ledger totals;
-                journal = self._unwritten.setdefault(self.ledger_batch(), {})  # a sync
-                journal[k] = journal.get(k, 0) + used  # keeps what was settled here)
+            elif k[:2] in self.budgets:
+                journal = self._unwritten.setdefault(self.ledger_batch(), {})
+                journal[k] = journal.get(k, 0) + used
         if len(self._unwritten) > _MAX_UNWRITTEN:  # (a database down for long: merge the
             oldest = min(self._unwritten)         # oldest into the next; it counts longer)
             merged = self._unwritten.pop(oldest)
@@ -271,9 +275,11 @@ class BudgetBook:
             for k, n in journal.items():
                 if k in spent:
                     spent[k] += n
-        for k, n in self.spent.items():  # (adopted key budgets: what was settled here;
-            if k[0] == "key" and k[:2] not in self.budgets and k[2] in current:  # owner:
-                spent[k] = n  # only foreign keys spend on adopted ones: `_unattributed`)
+        # Adopted key budgets keep what was settled here (adopted owner budgets are spent
+        # on by foreign keys only: their spending is in `_unattributed`, added below).
+        for k, n in self.spent.items():
+            if k[0] == "key" and k[:2] not in self.budgets and k[2] in current:
+                spent[k] = n
         self._unattributed = {k: n for k, n in self._unattributed.items() if k[2] in current}
         for k, n in self._unattributed.items():
             spent[k] = spent.get(k, 0) + n
