@@ -116,7 +116,7 @@ def encode_spend_counted(own: Mapping[BudgetKey, int], issued_at: float,
     not shared)."""
     ordered = sorted(((n, k) for k, n in own.items() if n > 0), key=lambda x: (-x[0], x[1]))
     defs = sorted((b.limit, b.scope, b.name, b.period, b.unit) for b in budgets
-                   if b.scope in SHARED_SCOPES)  # (the strictest first)
+                   if b.scope in SHARED_SCOPES)  # (the smallest limits first)
     if not ordered and not defs:
         return b"", 0
     head = len(msgpack.packb({"v": _VERSION, "t": float(issued_at), "e": [], "d": []}))
@@ -239,7 +239,7 @@ class RemoteSpend:
         self._seen: int | None = None
         self._built_at = -math.inf
         self._sums: dict[tuple[bytes, str], int] = {}
-        self._limits: dict[tuple[str, bytes], tuple[str, str, int]] = {}  # (issuer, tag) ->
+        self._limits: dict[tuple[str, bytes], tuple[str, str, int]] = {}  # (issuer, tag)
         self._kept: OrderedDict[str, SpendItem] = OrderedDict()  # peer -> its newest item
         self._decoded: OrderedDict[bytes, SpendItem | None] = OrderedDict()  # None: refused
         self._ignored: set[bytes] = set()  # signatures of untrusted records already counted
