@@ -7,8 +7,10 @@ clock, so every step is deterministic."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -51,26 +53,26 @@ class Process:
         raise AssertionError(f"no budget {scope}/{name} here")
 
 
-async def _two(tmp_path: Path) -> tuple[Process, Process, ApiKey, FakeClock]:
+@contextlib.asynccontextmanager
+async def _two(tmp_path: Path) -> AsyncIterator[tuple[Process, Process, ApiKey, FakeClock]]:
+    """Two processes on one SQLite file, both with their books loaded; closed after."""
     clock = FakeClock(wall_start=NOON)
     url = f"sqlite:///{tmp_path / 'accounts.db'}"
     a = await AccountStore.open(url, clock=clock, background=False)
     b = await AccountStore.open(url, clock=clock, background=False)
-    key, _ = await a.create_key("app", "alice")
-    pa, pb = Process(a, clock), Process(b, clock)
-    await pa.budgets.load()
-    await pb.budgets.load()
-    return pa, pb, key, clock
-
-
-async def _close(*ps: Process) -> None:
-    for p in ps:
-        await p.store.aclose()
+    try:
+        key, _ = await a.create_key("app", "alice")
+        pa, pb = Process(a, clock), Process(b, clock)
+        await pa.budgets.load()
+        await pb.budgets.load()
+        yield pa, pb, key, clock
+    finally:
+        await a.aclose()
+        await b.aclose()
 
 
 async def test_a_budget_set_in_one_process_holds_in_the_other(tmp_path: Path) -> None:
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         await a.budgets.put(Budget("owner", "alice", 100, "day"))
         assert not b.budgets.book.applies(key.id, "alice")  # (before: never, until restart)
         await b.budgets.sync()
@@ -88,13 +90,10 @@ async def test_a_budget_set_in_one_process_holds_in_the_other(tmp_path: Path) ->
         assert await a.budgets.delete("owner", "alice")  # ...and removed
         await b.budgets.sync()
         assert not b.budgets.book.applies(key.id, "alice")
-    finally:
-        await _close(a, b)
 
 
 async def test_spending_in_one_process_counts_in_the_other(tmp_path: Path) -> None:
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         await a.budgets.put(Budget("owner", "alice", 100, "day"))
         await b.budgets.sync()
         assert isinstance(a.serve(key, 30), Hold)
@@ -114,26 +113,20 @@ async def test_spending_in_one_process_counts_in_the_other(tmp_path: Path) -> No
         refused = b.serve(key, 20)  # 110 > 100: refused, although b itself spent only 30
         assert isinstance(refused, OverBudget) and refused.spent == 90
         assert isinstance(b.serve(key, 10), Hold)
-    finally:
-        await _close(a, b)
 
 
 async def test_without_sync_two_processes_each_spend_the_whole_budget(tmp_path: Path) -> None:
     """What the sync prevents: the books alone admit a budget's worth each."""
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         await a.budgets.put(Budget("owner", "alice", 100, "day"))
         await b.budgets.load()  # as a process started after the budget was set
         admitted = sum(isinstance(p.serve(key, 50), Hold) for p in (a, b, a, b, a, b))
         assert admitted == 4  # 200 tokens against a budget of 100
-    finally:
-        await _close(a, b)
 
 
 async def test_a_team_budget_counts_members_spending_in_other_processes(
         tmp_path: Path) -> None:
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         bob, _ = await a.store.create_key("bob-app", "bob")
         await a.budgets.put(Budget("team", "nlp", 100, "day"))
         await a.budgets.put_team("alice", "nlp")
@@ -144,8 +137,6 @@ async def test_a_team_budget_counts_members_spending_in_other_processes(
         await a.budgets.sync()
         assert a.spent("team", "nlp") == 70
         assert isinstance(a.serve(key, 40), OverBudget)
-    finally:
-        await _close(a, b)
 
 
 async def test_keys_another_ingress_issued_count_for_their_owner(tmp_path: Path) -> None:
@@ -154,8 +145,7 @@ async def test_keys_another_ingress_issued_count_for_their_owner(tmp_path: Path)
     (a sync must not drop it once the ledger batch is written)."""
     import dataclasses
 
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, _b, key, _):
         remote = dataclasses.replace(key, id="kremote0000000001", issuer="ingress-b")
         await a.budgets.put(Budget("owner", "alice", 100, "day"))
         await a.budgets.put(Budget("key", remote.id, 1000, "day"))
@@ -173,15 +163,12 @@ async def test_keys_another_ingress_issued_count_for_their_owner(tmp_path: Path)
         await a.budgets.put(Budget("owner", "alice", 100, "day"))  # back the same day:
         await a.budgets.sync()
         assert a.spent() == 80  # what the remote key spent today still counts
-    finally:
-        await _close(a, b)
 
 
 async def test_a_failed_flush_keeps_settled_spending_counted(tmp_path: Path) -> None:
     """A batch that fails goes out again with the next one: until that one is written the
     process keeps counting what it settled."""
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         await a.budgets.put(Budget("owner", "alice", 100, "day"))
         assert isinstance(a.serve(key, 40), Hold)
         real = a.store.backend.executemany
@@ -206,13 +193,10 @@ async def test_a_failed_flush_keeps_settled_spending_counted(tmp_path: Path) -> 
         await a.budgets.sync()
         await b.budgets.sync()
         assert a.spent() == b.spent() == 40  # written once, counted once
-    finally:
-        await _close(a, b)
 
 
 async def test_a_sync_does_not_undo_a_change_made_while_it_read(tmp_path: Path) -> None:
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         gate = asyncio.Event()
         real = a.store.backend.fetchall
         started = asyncio.Event()
@@ -234,13 +218,10 @@ async def test_a_sync_does_not_undo_a_change_made_while_it_read(tmp_path: Path) 
         assert ("key", key.id) in a.budgets.book.budgets  # kept
         await a.budgets.sync()
         assert set(a.budgets.book.budgets) == {("key", key.id), ("owner", "alice")}
-    finally:
-        await _close(a, b)
 
 
 async def test_run_sync_counts_and_survives_failures(tmp_path: Path) -> None:
-    a, b, _, clock = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, _, clock):
         failures: Counter[str] = Counter()
         real = a.store.backend.fetchall
         calls = 0
@@ -267,8 +248,6 @@ async def test_run_sync_counts_and_survives_failures(tmp_path: Path) -> None:
             await task
         assert failures == {"budget_sync": 1} and a.budgets.syncs >= 1
         assert ("owner", "alice") in a.budgets.book.budgets
-    finally:
-        await _close(a, b)
 
 
 @settings(max_examples=40, deadline=None)
@@ -284,12 +263,10 @@ def test_after_a_sync_a_book_holds_the_database_plus_what_it_has_not_written(
         import tempfile
 
         with tempfile.TemporaryDirectory() as d:
-            a, b, key, _ = await _two(Path(d))
+            async with _two(Path(d)) as (a, b, key, _):
+                async def in_db() -> int:  # (store.usage() would flush first)
+                    return sum(r.prompt_tokens for r in await a.store.ledger.query())
 
-            async def in_db() -> int:  # (store.usage() would flush first)
-                return sum(r.prompt_tokens for r in await a.store.ledger.query())
-
-            try:
                 await a.budgets.put(Budget("owner", "alice", 100, "day"))
                 await b.budgets.sync()
                 procs = (a, b)
@@ -310,8 +287,6 @@ def test_after_a_sync_a_book_holds_the_database_plus_what_it_has_not_written(
                 for p in procs:
                     await p.budgets.sync()
                 assert a.spent() == b.spent() == await in_db()
-            finally:
-                await _close(a, b)
 
     asyncio.run(run())
 
@@ -366,8 +341,7 @@ def test_the_keys_budget_cli_sets_lists_and_removes_budgets_teams_and_prices(
 async def test_a_sync_reads_many_budgets_in_few_queries(tmp_path: Path) -> None:
     """450 key budgets, 2 owner budgets and a team budget: one ledger query per scope and
     period for up to 400 names, and every total right."""
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         bob, _ = await a.store.create_key("bob-app", "bob")
         await a.budgets.put_team("bob", "nlp")
         for i in range(449):
@@ -394,8 +368,6 @@ async def test_a_sync_reads_many_budgets_in_few_queries(tmp_path: Path) -> None:
         assert a.spent("key", key.id) == 35 and a.spent("owner", "alice") == 35
         assert a.spent("owner", "bob") == 7 and a.spent("team", "nlp") == 7
         assert a.spent("key", "kx0000") == 0
-    finally:
-        await _close(a, b)
 
 
 async def test_rows_no_version_wrote_are_skipped_not_fatal(
@@ -404,8 +376,7 @@ async def test_rows_no_version_wrote_are_skipped_not_fatal(
     (written by hand, or by a buggy tool) is skipped with one warning, and every other
     budget, team and price still loads and syncs (before: load raised, so the ingress did
     not start, or every later sync failed)."""
-    a, b, key, _ = await _two(tmp_path)
-    try:
+    async with _two(tmp_path) as (a, b, key, _):
         await a.budgets.put(Budget("owner", "alice", 100, "day"))
         await a.budgets.put_team("alice", "nlp")
         await a.budgets.put_price("m", validate_price("m", 1.0, 2.0))
@@ -429,5 +400,3 @@ async def test_rows_no_version_wrote_are_skipped_not_fatal(
         assert len(warned) == 7  # once per bad row, not once per sync
         assert isinstance(fresh.serve(key, 60), Hold)  # the good budget is enforced
         assert isinstance(fresh.serve(key, 60), OverBudget)
-    finally:
-        await _close(a, b)
