@@ -299,15 +299,12 @@ class BudgetBook:
             self.own[k] = self.own.get(k, 0) + max(0, amount)
 
     def own_now(self) -> dict[tuple[str, str, str], int]:
-        """This ingress's spending on the budgets it has, in their current periods."""
+        """This ingress's spending in the current periods, on every budget it counted
+        against this period: also one whose definition changed or went since (an issuer
+        raising a limit, or restarting), which others still count it against."""
         now = self.wall()
-        out: dict[tuple[str, str, str], int] = {}
-        for b in (*self.adopted.values(), *self.budgets.values()):
-            k = (b.scope, b.name, period_of(b.period, now)[0])
-            n = self.own.get(k, 0)
-            if n > 0:
-                out[k] = n
-        return out
+        current = {period_of("day", now)[0], period_of("month", now)[0]}
+        return {k: n for k, n in self.own.items() if n > 0 and k[2] in current}
 
     def cost_micros(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
         price = price_of(self.prices, model)

@@ -2,7 +2,8 @@
 what it spent, every ingress adds what the trusted others published.
 
 An ingress with budgets publishes, in its own signed registry record (`NodeMeta.spend`), a
-bounded item with its spending this period on each budget it has (`BudgetBook.own_now`):
+bounded item with its spending this period on each budget it counted against
+(`BudgetBook.own_now`):
 entries (tag, period id, amount), where the tag is sha256("scope\\0name")[:12], unsalted: no
 secret travels, but anybody reading the registry who can guess a key id, owner or team name
 (a dictionary) learns that budget's spending. Entries beyond the item's 2 KiB cap (the
@@ -71,6 +72,7 @@ from llmfabric.registry.records import Lifecycle, NodeRecord
 TAG_BYTES = 12
 _VERSION = 1
 _PERIOD = re.compile(r"\d{4}-\d{2}(-\d{2})?")  # a UTC month or day id (budgets.period_of)
+_MAX_PERIOD_ID = 16  # bytes of a period id (ours: 7 or 10)
 
 BudgetKey = tuple[str, str, str]  # (scope, name, period id)
 # Budgets whose definitions travel: a receiver knows a request's key and owner, not the team
@@ -171,13 +173,14 @@ def decode_spend(data: bytes) -> SpendItem:
         tag, pid, n = e
         if not isinstance(tag, bytes) or len(tag) != TAG_BYTES:
             raise SpendError(f"a spend tag has {TAG_BYTES} bytes")
-        if not isinstance(pid, str) or not _PERIOD.fullmatch(pid):
-            raise SpendError("a spend period is a UTC day (YYYY-MM-DD) or month (YYYY-MM)")
+        if not isinstance(pid, str) or len(pid) > _MAX_PERIOD_ID:
+            raise SpendError("a spend period is a string")
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BUDGET_TOKENS:
             raise SpendError(f"a spend amount is an integer in 0..{MAX_BUDGET_TOKENS}")
         if (tag, pid) in entries:
             raise SpendError("a spend item names a budget and period twice")
-        entries[(tag, pid)] = n
+        if _PERIOD.fullmatch(pid):  # (a period a newer publisher knows: not ours to count)
+            entries[(tag, pid)] = n
     return SpendItem(float(t), entries, _decode_limits(doc.get("d", [])))
 
 
@@ -191,15 +194,17 @@ def _decode_limits(raw: object) -> dict[bytes, tuple[str, str, int]]:
         tag, period, unit, limit = d[:4]
         if not isinstance(tag, bytes) or len(tag) != TAG_BYTES:
             raise SpendError(f"a budget definition's tag has {TAG_BYTES} bytes")
-        if period not in PERIODS or unit not in UNITS:
-            raise SpendError(f"a budget definition's period is one of {PERIODS} and its "
-                             f"unit one of {UNITS}")
+        if not isinstance(period, str) or not isinstance(unit, str):
+            raise SpendError("a budget definition's period and unit are strings")
         if (isinstance(limit, bool) or not isinstance(limit, int)
                 or not 0 < limit <= MAX_BUDGET_TOKENS):
             raise SpendError(f"a budget limit is an integer in 1..{MAX_BUDGET_TOKENS}")
         if tag in limits:
             raise SpendError("a spend item defines a budget twice")
-        limits[tag] = (str(period), str(unit), limit)
+        # A period or unit of a newer publisher: skipped, so its spending still counts and
+        # its other definitions still apply (this version cannot enforce that one).
+        if period in PERIODS and unit in UNITS:
+            limits[tag] = (period, unit, limit)
     return limits
 
 

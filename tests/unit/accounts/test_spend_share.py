@@ -96,7 +96,8 @@ def _packed(doc: object) -> bytes:
         (_packed({"v": 1, "t": T0, "e": [[b"x" * TAG_BYTES, DAY]]}), "tag, period, amount"),
         (_packed({"v": 1, "t": T0, "e": [[b"x" * 4, DAY, 1]]}), "tag has"),
         (_packed({"v": 1, "t": T0, "e": [["x" * TAG_BYTES, DAY, 1]]}), "tag has"),
-        (_packed({"v": 1, "t": T0, "e": [[b"x" * TAG_BYTES, "yesterday", 1]]}), "period"),
+        (_packed({"v": 1, "t": T0, "e": [[b"x" * TAG_BYTES, 20261201, 1]]}), "period"),
+        (_packed({"v": 1, "t": T0, "e": [[b"x" * TAG_BYTES, "2026-12-01" * 2, 1]]}), "period"),
         (_packed({"v": 1, "t": T0, "e": [[b"x" * TAG_BYTES, DAY, -5]]}), "amount"),
         (_packed({"v": 1, "t": T0, "e": [[b"x" * TAG_BYTES, DAY, True]]}), "amount"),
         (_packed({"v": 1, "t": T0, "e": [[b"x" * TAG_BYTES, DAY, 1.5]]}), "amount"),
@@ -519,8 +520,8 @@ def test_definitions_take_at_most_half_the_item_and_the_strictest_go_first() -> 
         ({}, "definitions must be a list"),
         ([[b"x" * TAG_BYTES, "day", "tokens"]], "tag, period, unit, limit"),
         ([[b"x" * 4, "day", "tokens", 5]], "tag has"),
-        ([[b"x" * TAG_BYTES, "week", "tokens", 5]], "period"),
-        ([[b"x" * TAG_BYTES, "day", "coins", 5]], "unit"),
+        ([[b"x" * TAG_BYTES, 7, "tokens", 5]], "period and unit are strings"),
+        ([[b"x" * TAG_BYTES, "day", None, 5]], "period and unit are strings"),
         ([[b"x" * TAG_BYTES, "day", "tokens", 0]], "limit"),
         ([[b"x" * TAG_BYTES, "day", "tokens", -5]], "limit"),
         ([[b"x" * TAG_BYTES, "day", "tokens", True]], "limit"),
@@ -532,6 +533,18 @@ def test_definitions_take_at_most_half_the_item_and_the_strictest_go_first() -> 
 def test_malformed_definitions_refuse_the_whole_item(defs: object, why: str) -> None:
     with pytest.raises(SpendError, match=why):
         decode_spend(_packed({"v": 1, "t": T0, "e": [], "d": defs}))
+
+
+def test_a_newer_publishers_periods_and_units_are_skipped_not_the_item() -> None:
+    """A newer version might add a "week" period or a "eur" unit: this one cannot enforce
+    those budgets, but must still count the publisher's day and month spending and apply
+    its other definitions (refusing the whole item would let those budgets overspend)."""
+    tag_a, tag_b, tag_c = (bytes([i]) * TAG_BYTES for i in (1, 2, 3))
+    item = decode_spend(_packed({"v": 1, "t": T0, "e": [
+        [tag_a, DAY, 40], [tag_b, "2026-W48", 7], [tag_c, "2026-12", 9]], "d": [
+        [tag_a, "week", "tokens", 5], [tag_b, "day", "eur", 5], [tag_c, "day", "tokens", 50]]}))
+    assert item.entries == {(tag_a, DAY): 40, (tag_c, "2026-12"): 9}
+    assert item.limits == {tag_c: ("day", "tokens", 50)}
 
 
 @pytest.mark.hostile
@@ -648,3 +661,32 @@ def test_an_adopted_owner_budget_starts_from_what_foreign_keys_spent_not_stale_s
     book.settle(hold, 50)
     book.adopt_ledger({}, written=0)
     assert book.spent[("owner", "bob", DAY)] == 50
+
+
+def test_spending_on_an_issuers_budget_is_still_published_after_its_definition_changes(
+) -> None:
+    """B served 90 tokens on issuer A's owner budget of 100. A raises the limit to 110: at
+    B's next sync the old definition is dropped and the new one adopted afresh, but B must
+    keep publishing its 90, or A would count nothing from B and admit 110 more."""
+    me, a = NodeKey.generate(), NodeKey.generate()
+    clock = [T0]
+    records = [_record(a, encode_spend({}, T0, [Budget("owner", "alice", 100, "day")]))]
+    book = BudgetBook(lambda: clock[0])
+    book.ledger_batch = lambda: 1
+    book.remote = remote = _remote(records, me, {a.peer_id}, clock)
+    book.adopt = remote.budget_for
+    hold = book.reserve(KEY, "alice", 90, issuer=a.peer_id)
+    assert not isinstance(hold, OverBudget)
+    book.settle(hold, 90)
+    records[0] = _record(a, encode_spend({}, T0 + 1, [Budget("owner", "alice", 110, "day")]))
+    clock[0] += 1
+    book.adopt_ledger({}, written=1)
+    assert ("owner", "alice", a.peer_id) not in book.adopted  # the old definition went
+    assert book.own_now() == {("owner", "alice", DAY): 90}
+    # ...and A, holding the raised budget, counts those 90 when it admits its key
+    at_a = BudgetBook(lambda: clock[0])
+    at_a.set(Budget("owner", "alice", 110, "day"))
+    at_a.remote = _remote([_record(me, encode_spend(book.own_now(), clock[0]))], a,
+                          {me.peer_id}, clock)
+    assert isinstance(at_a.reserve(KEY, "alice", 30), OverBudget)
+    assert not isinstance(at_a.reserve(KEY, "alice", 20), OverBudget)
