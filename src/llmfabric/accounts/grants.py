@@ -11,17 +11,23 @@ ingress as fast as a record update spreads (about a second on a LAN); the remote
 closed (a key no longer granted is refused). Admin keys are never published. The record
 carries at most `GRANT_BUDGET_BYTES` of grants (newest first; about 50 keys with short owner
 names): older keys work only where they were created. Remote keys get this ingress's owner
-limits, not the issuer's.
+limits, not the issuer's. A key id granted by two different issuers is refused (a warning
+names both): the grant says nothing the other issuer could not copy, and the key's issuer
+decides whose budgets bind it, so no issuer can take over another's key.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 from llmfabric.accounts.models import ApiKey
 from llmfabric.registry.records import KeyGrant, Lifecycle, NodeRecord
 
+log = logging.getLogger(__name__)
+
 GRANT_BUDGET_BYTES = 8 * 1024
+_MAX_WARNED = 4096  # key ids warned about (bounded: hostile churn)
 _GRANT_OVERHEAD = 160  # msgpack size of one grant without its owner (measured: 164 B with
 # owner "alice"); 8 KB of grants keeps a record well inside the 16 KB body limit
 
@@ -68,6 +74,7 @@ class RemoteGrants:
         self.issuers = frozenset(issuers)
         self._seen: int | None = None
         self._index: dict[str, tuple[KeyGrant, str]] = {}
+        self._warned: set[str] = set()
 
     def lookup(self, key_id: str) -> ApiKey | None:
         if not self.issuers:
@@ -81,6 +88,7 @@ class RemoteGrants:
 
     def _build(self) -> dict[str, tuple[KeyGrant, str]]:
         index: dict[str, tuple[KeyGrant, str]] = {}
+        claimed: dict[str, set[str]] = {}
         for rec in self._records():
             if rec.state is Lifecycle.LEFT or not rec.meta.keys or "ingress" not in rec.meta.roles:
                 continue
@@ -89,4 +97,12 @@ class RemoteGrants:
                 continue
             for g in rec.meta.keys:
                 index.setdefault(g.id, (g, who))
+                claimed.setdefault(g.id, set()).add(who)
+        for key_id, issuers in claimed.items():
+            if len(issuers) > 1:
+                del index[key_id]
+                if key_id not in self._warned and len(self._warned) < _MAX_WARNED:
+                    self._warned.add(key_id)
+                    log.warning("key %s is granted by several issuers (%s): refused",
+                                key_id, ", ".join(sorted(issuers)))
         return index

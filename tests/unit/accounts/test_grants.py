@@ -55,3 +55,28 @@ def test_only_trusted_issuers_grants_count() -> None:
     assert remote.lookup(good.id) is None
     assert RemoteGrants(lambda: records, lambda: 0, lambda r: r.peer_id, []).lookup(
         forged.id) is None  # no issuers configured: nothing remote
+
+
+@pytest.mark.hostile
+def test_a_key_id_granted_by_two_issuers_is_refused_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Grants are public: trusted issuer C copies A's grant (same id and hash) under another
+    owner. Whichever record came first, the key would otherwise take C as its issuer and
+    shed A's budgets. It is refused instead, loudly, until one of them stops granting it."""
+    a, c = NodeKey.generate(), NodeKey.generate()
+    real = KeyGrant("k" + "3" * 15, "c" * 64, "alice")
+    copy = KeyGrant(real.id, real.hash, "nobody")
+    other = KeyGrant("k" + "4" * 15, "d" * 64, "carol")
+    for records in ([_record(c, (copy, other)), _record(a, (real,))],
+                    [_record(a, (real,)), _record(c, (copy, other))]):
+        remote = RemoteGrants(lambda records=records: records, lambda: 0,
+                              lambda r: r.peer_id, [a.peer_id, c.peer_id])
+        with caplog.at_level("WARNING", logger="llmfabric.accounts.grants"):
+            assert remote.lookup(real.id) is None
+        assert f"key {real.id} is granted by several issuers" in caplog.text
+        hit = remote.lookup(other.id)  # C's own key is unaffected
+        assert hit is not None and hit.issuer == c.peer_id
+    records = [_record(a, (real,)), _record(c, (other,))]  # C stops copying it
+    hit = RemoteGrants(lambda: records, lambda: 0, lambda r: r.peer_id,
+                       [a.peer_id, c.peer_id]).lookup(real.id)
+    assert hit is not None and hit.issuer == a.peer_id and hit.owner == "alice"
