@@ -35,3 +35,17 @@ def test_a_bare_ingress_shows_its_roles(monkeypatch: pytest.MonkeyPatch) -> None
     assert "ingress,relay,bootstrap" in ingress
     serving = next(ln for ln in lines if "SERVING" in ln)
     assert "vllm" in serving and "llama-3.1-8b" in serving
+
+
+@pytest.mark.hostile
+def test_markup_in_a_nodes_record_is_printed_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Roles, labels, engine and model names come from other nodes' records: "[/]" or
+    "[bold red]" there is text, not rich markup (which would raise or restyle the table)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    hostile = _node("SERVING", ["[/]"], "[bold red]vllm", ("[/]m",))
+    hostile["labels"] = {"site": "[link=http://x]y"}
+    out = io.StringIO()
+    table_console(file=out).print(nodes_table([hostile]))
+    row = next(ln for ln in out.getvalue().splitlines() if "SERVING" in ln)
+    assert "[/]" in row and "[bold red]vllm" in row and "[/]m" in row
+    assert "site=[link=http://x]y" in row

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from llmfabric.cli.console import table_console
 
@@ -35,6 +36,12 @@ def _ago(ts: float) -> str:
     return f"{secs:.0f}s" if secs < 120 else f"{secs / 60:.0f}m"
 
 
+def _cells(*values: str) -> list[Text]:
+    """Plain cells: every string here comes from some node's record, so none is read as
+    rich markup ("[/]" in a hostile node's label would otherwise stop the table)."""
+    return [Text(v) for v in values]
+
+
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
     table = Table(title=f"Nodes ({len(nodes)})")
     for col in ("session", "state", "roles", "provider", "hardware", "engine", "models",
@@ -46,9 +53,8 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
         gpus = (f"{hw['gpu_count']}x {hw['gpu_model']}" if hw["gpu_count"] else hw["gpu_model"])
         reach = "relay " + ",".join(r[:10] for r in n["relays"]) if n["relays"] else (
             ",".join(n["peer_addrs"]) or "-")
-        table.add_row(
+        session, *rest = _cells(
             n["session_id"][:8],
-            f"[{_STATE_STYLE.get(n['state'], '')}]{state}[/]",
             # (a bare ingress or relay stays JOIN: its roles say what it is for)
             ",".join(n.get("roles", ())) or "-",
             n["provider_id"][:14],
@@ -60,6 +66,7 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             reach,
             _ago(n["last_seen"]),
         )
+        table.add_row(session, Text(state, style=_STATE_STYLE.get(n["state"], "")), *rest)
     return table
 
 
@@ -68,10 +75,10 @@ def models_table(models: list[dict[str, Any]]) -> Table:
     for col in ("model", "serving", "nodes", "providers", "gpus", "quantization", "context"):
         table.add_column(col)
     for m in models:
-        table.add_row(
+        table.add_row(*_cells(
             m["id"], str(m["serving"]), str(len(m["nodes"])), ", ".join(m["providers"]),
             ", ".join(m["gpus"]), ", ".join(m["quantizations"]), str(m["max_context"]),
-        )
+        ))
     return table
 
 
