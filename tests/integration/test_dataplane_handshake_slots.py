@@ -108,6 +108,28 @@ async def test_a_node_without_engine_closes_an_unproven_connection_after_its_503
         await dp.aclose()
 
 
+async def test_an_oversized_chunked_body_is_refused_and_its_connection_closed() -> None:
+    """A chunked body has no Content-Length to check before reading: past the limit it is
+    refused as the declared case is (400), and the unproven connection is closed."""
+    _prov, dp = provider(per_ip=3)
+    port = await dp.start_https("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client_ssl_context(), server_hostname="llmfabric")
+        chunk = b"x" * 65536
+        writer.write(b"POST " + FORWARD_PREFIX.encode() + PATH.encode()
+                     + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + (b"10000\r\n" + chunk + b"\r\n") * 17 + b"0\r\n\r\n")  # > 1 MiB
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower()
+        rest = await asyncio.wait_for(reader.read(), 5)
+        assert b"request_too_large" in rest
+        await wait_until(lambda: dp.handshaking.total == 0, 5, "its slot back")
+        writer.close()
+    finally:
+        await dp.aclose()
+
+
 async def test_an_honest_burst_is_dialled_within_the_providers_cap() -> None:
     prov, dp = provider(per_ip=4)
     ing_key = NodeKey.generate()

@@ -224,7 +224,11 @@ class DataPlaneServer:
         if request.content_length is not None and request.content_length > self._max_body:
             return self._unproven_error(
                 request, http_error(400, "request body too large", "request_too_large"))
-        body = await request.read()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # (chunked: no Content-Length to check first)
+            return self._unproven_error(
+                request, http_error(400, "request body too large", "request_too_large"))
         try:
             self.sessions.verify(request.headers.get(AUTH_HEADER, ""),
                                  request.raw_path.encode(), body, self._now())
