@@ -14,6 +14,7 @@ import pytest
 
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts, UpstreamError
 from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError
 from llmfabric.ingress.forward.raw import RawHttpForwarder
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
@@ -522,3 +523,56 @@ async def test_fast_front_keep_alive_connection_served_by_one_task_then_idle_clo
             assert not front._conns
         finally:
             await front.aclose()
+
+
+async def test_a_dial_turn_covers_taking_a_pooled_connection_not_its_exchange() -> None:
+    """With one dial at a time per node: R2 waits for its turn and then takes a connection
+    that came back to the pool meanwhile (R1's), whose answer takes 1.5 s. R3, arriving with the
+    pool empty, dials at once: it must not wait behind R2's exchange (it failed after its
+    0.5 s connect timeout when the turn was held through the exchange)."""
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        await asyncio.sleep(1.5 if b"slow" in body else 0.2 if b"mid" in body else 0)
+        w.write(ok(body))
+        return True
+
+    t = Timeouts(connect=0.5, first_byte=5.0, idle=5.0, total=10.0)
+    async with Server(script) as s:
+        f = RawHttpForwarder(max_dials_per_node=1)
+        try:
+            assert (await fetch(f, s.cand, b'{"warm":1}', t))[0] == 200  # one idle conn
+            key = s.cand.http_addr
+            await f._dials.acquire(key)  # a dial in flight: the turn is taken
+            r1 = asyncio.create_task(fetch(f, s.cand, b'{"mid":1}', t))  # the idle conn
+            await asyncio.sleep(0.05)
+            assert not f._idle.get(key)
+            r2 = asyncio.create_task(fetch(f, s.cand, b'{"slow":2}', t))  # pool empty: waits
+            assert (await r1)[2] == b'{"mid":1}'  # ...its connection back in the pool
+            assert len(f._idle[key]) == 1 and not r2.done()
+            f._dials.release(key)  # R2's turn: it takes that connection
+            await asyncio.sleep(0.05)
+            assert not r2.done() and not f._idle[key]  # R2 took it
+            r3 = await asyncio.wait_for(fetch(f, s.cand, b'{"r":3}', t), 1.0)
+            assert r3[2] == b'{"r":3}'
+            assert (await r2)[2] == b'{"slow":2}'
+            assert s.connections == 2 and f._dials.in_flight(key) == 0
+        finally:
+            await f.aclose()
+
+
+async def test_a_full_dial_gate_is_a_busy_error_not_a_connect_error() -> None:
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
+        w.write(ok(body))
+        return True
+
+    async with Server(script) as s:
+        f = RawHttpForwarder(max_dials_per_node=1)
+        try:
+            await f._dials.acquire(s.cand.http_addr)
+            with pytest.raises(UpstreamBusyError, match="1 connection attempts"):
+                await fetch(f, s.cand, b"{}", Timeouts(connect=0.2, first_byte=1, idle=1,
+                                                        total=2))
+            assert not issubclass(UpstreamBusyError, UpstreamConnectError)
+            assert s.connections == 0
+        finally:
+            f._dials.release(s.cand.http_addr)
+            await f.aclose()

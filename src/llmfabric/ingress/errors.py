@@ -21,6 +21,12 @@ class UpstreamConnectError(UpstreamError):
     request may go to the same node by another path (the peer network)."""
 
 
+class UpstreamBusyError(UpstreamError):
+    """This ingress already has its limit of connection attempts to the candidate in flight
+    and none finished in time: nothing is wrong with the node or its address (so no other
+    path is tried, and the address is not marked failed); another candidate may serve."""
+
+
 class ConfigError(IngressError, ValueError):
     """Invalid ingress configuration or command-line arguments."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from llmfabric.ingress import ChoosingForwarder, Timeouts, UpstreamError
-from llmfabric.ingress.errors import UpstreamConnectError
+from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 
@@ -59,6 +59,18 @@ async def test_other_direct_failures_are_not_resent() -> None:
     with pytest.raises(UpstreamError):
         await fwd.open(cand("a"), "/v1/chat/completions", b"{}", Timeouts())
     assert peer.sent == []
+
+
+async def test_a_busy_dial_gate_is_not_a_failed_address() -> None:
+    # This ingress's own dial limit to the node was full: the address is fine, so the
+    # request neither goes over the (slower, relayed) peer path nor marks the address failed
+    direct, peer = _Fwd(UpstreamBusyError), _Fwd()
+    fwd = ChoosingForwarder(direct, peer)
+    with pytest.raises(UpstreamBusyError):
+        await fwd.open(cand("a"), "/v1/chat/completions", b"{}", Timeouts())
+    direct.fail = None
+    await fwd.open(cand("a"), "/v1/chat/completions", b"{}", Timeouts())
+    assert direct.sent == ["a", "a"] and peer.sent == []
 
 
 async def test_both_paths_failing_is_one_upstream_error_naming_both() -> None:

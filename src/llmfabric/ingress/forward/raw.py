@@ -33,7 +33,7 @@ import httptools
 from llmfabric.identity.certs import cert_identity
 from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
+from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward.dial_gate import DialGate
 from llmfabric.ingress.observe.node_hop import NO_HOP, NodeHop, parse_node_time
 from llmfabric.ingress.observe.tracing import downstream_header
@@ -493,7 +493,7 @@ class RawHttpForwarder:
         pool = self._idle.get(key)
         loop = pool[-1].loop if pool else asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total
-        while pool:  # (inline, not `_pooled`: the hot path of every pooled request)
+        while pool:  # (inline, not `_take_idle` + a turn: the hot path of a pooled request)
             conn = pool.pop()
             if not conn.usable():
                 conn.close()
@@ -502,40 +502,48 @@ class RawHttpForwarder:
             if up is not None:
                 return up
             # the node closed this idle connection before answering: use another
+        while True:
+            conn, fresh = await self._turn(addr, key, pin, timeouts, deadline)
+            up = await self._exchange(key, conn, request, timeouts, deadline,
+                                      stale_ok=not fresh)
+            if up is not None:
+                return up
+            if fresh:  # (stale_ok=False raises instead)
+                raise UpstreamError(f"{addr} closed the connection without answering")
+            # a pooled connection the node had closed: take another turn
+
+    async def _turn(self, addr: str, key: str, pin: str, timeouts: Timeouts,
+                    deadline: float) -> tuple[_UpConn, bool]:
+        """(a connection to send on, whether it is new) under a dial turn (`DialGate`): an
+        idle one that came back to the pool while this request waited its turn, else a new
+        one. The turn covers taking or dialling only, never the exchange, so a request on a
+        slow pooled connection holds no other request's dial back."""
+        loop = asyncio.get_running_loop()
         connect_by = loop.time() + min(timeouts.connect, deadline - loop.time())
         try:
             async with asyncio.timeout_at(connect_by):
                 await self._dials.acquire(key)
         except TimeoutError as e:
-            raise UpstreamConnectError(
+            raise UpstreamBusyError(
                 f"cannot connect to {addr}: {self._dials.limit} connection attempts to it "
                 "already in flight") from e
         try:
-            # a connection may have come back to the pool while this one waited its turn
-            up = await self._pooled(key, request, timeouts, deadline)
-            if up is not None:
-                return up
-            conn = await self._connect(addr, connect_by - loop.time(), pin, timeouts.keepalive)
+            conn = self._take_idle(key)
+            if conn is not None:
+                return conn, False
+            return await self._connect(addr, connect_by - loop.time(), pin,
+                                       timeouts.keepalive), True
         finally:
             self._dials.release(key)
-        up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=False)
-        if up is None:  # (stale_ok=False raises instead)
-            raise UpstreamError(f"{addr} closed the connection without answering")
-        return up
 
-    async def _pooled(self, key: str, request: bytes, timeouts: Timeouts,
-                      deadline: float) -> RawUpstream | None:
-        """The request on an idle pooled connection of `key`, or None when none is left."""
+    def _take_idle(self, key: str) -> _UpConn | None:
+        """A usable idle pooled connection of `key` (closing the unusable ones), or None."""
         pool = self._idle.get(key)
         while pool:
             conn = pool.pop()
-            if not conn.usable():
-                conn.close()
-                continue
-            up = await self._exchange(key, conn, request, timeouts, deadline, stale_ok=True)
-            if up is not None:
-                return up
-            # the node closed this idle connection before answering: use another
+            if conn.usable():
+                return conn
+            conn.close()
         return None
 
     async def _exchange(
