@@ -45,12 +45,14 @@ async def _unused(peer: str, b: bytes) -> HandlerResponse:
     return HandlerResponse(404, (), b"")
 
 
-def provider(per_ip: int, serving: bool = True) -> tuple[TlsTransport, DataPlaneServer]:
+def provider(per_ip: int, serving: bool = True, unproven_timeout_s: float = 15.0
+             ) -> tuple[TlsTransport, DataPlaneServer]:
     key = NodeKey.generate()
     t = TlsTransport(key, PskAdmission("dp", b"d" * 32), TransportConfig())
     engine = Echo() if serving else None
     dp = DataPlaneServer(key, lambda: engine, lambda _p: False,  # type: ignore[arg-type,return-value]
-                         max_body_bytes=1 << 20, max_handshakes_per_ip=per_ip)
+                         max_body_bytes=1 << 20, max_handshakes_per_ip=per_ip,
+                         unproven_timeout_s=unproven_timeout_s)
     t.set_request_handler(PeerApi(dp, _unused).handle)
     return t, dp
 
@@ -128,6 +130,46 @@ async def test_an_oversized_chunked_body_is_refused_and_its_connection_closed() 
         writer.close()
     finally:
         await dp.aclose()
+
+
+async def test_a_connection_unproven_past_its_deadline_is_closed_and_its_slot_returns(
+) -> None:
+    """TLS done, then silence: aiohttp's keep-alive would keep the connection (and its
+    slot) for an hour. It is closed at the unproven deadline instead; a connection that
+    proved itself is not touched by that deadline."""
+    ing_key = NodeKey.generate()
+    prov, dp = provider(per_ip=3, unproven_timeout_s=0.4)
+    ing = TlsTransport(ing_key, PskAdmission("dp", b"d" * 32), TransportConfig(host=None))
+    async with prov, ing:
+        port = await dp.start_https("127.0.0.1", 0)
+        try:
+            reader, silent = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client_ssl_context(), server_hostname="llmfabric")
+            await wait_until(lambda: dp.handshaking.total == 1, 5, "the TLS client counted")
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at the deadline
+            await wait_until(lambda: dp.handshaking.total == 0, 5, "its slot back")
+            assert dp.refused.get("unproven_timeout") == 1 and not dp._deadlines
+            silent.close()
+            # an authorized request proves its connection: it outlives the deadline
+            await ing.connect_bootstrap(prov.listen_addr)
+            raw = RawHttpForwarder(FORWARD_PREFIX, ssl=client_ssl_context())
+            fwd = PinnedHttpsForwarder(DataPlaneSessions(ing_key, ing), raw)
+            c = Candidate(session_id="s1", peer_id=prov.local_id, provider_id="p",
+                          http_addr="127.0.0.1:1", relays=(),
+                          hardware=Hardware(gpu_model="H100", gpu_count=1),
+                          model=ServedModel("m"), load=LoadHints())
+            for i in range(2):
+                up = await fwd.open(c, PATH, orjson.dumps({"i": i}), T)
+                assert orjson.loads(await up.read()) == {"i": i}
+                await up.aclose()
+                await asyncio.sleep(0.6)
+                [pooled] = [conn for pool in raw._idle.values() for conn in pool]
+                assert not pooled.lost and pooled.usable()  # open past the deadline
+            assert dp.refused.get("unproven_timeout") == 1
+            assert dp.served["https"] == 2 and not dp._deadlines
+            await raw.aclose()
+        finally:
+            await dp.aclose()
 
 
 async def test_an_honest_burst_is_dialled_within_the_providers_cap() -> None:

@@ -49,11 +49,16 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # is the first half of that handshake, a valid X-Fabric-Auth the second), in all and from
 # one IP address, as the peer listener's (net/config.py): over either cap a connection is
 # closed at TCP accept and counted (refused["busy"]), so a flood of silent connections, or
-# of connections that complete TLS and then idle (aiohttp closes those after its 75 s
-# keep-alive), cannot hold sockets up to the file limit. Honest ingresses stay far under
+# of connections that complete TLS and then idle (closed UNPROVEN_TIMEOUT_S after TLS;
+# aiohttp's own keep-alive limit is an hour), cannot hold sockets up to the file limit, nor
+# the slots for long. Honest ingresses stay far under
 # it: each dials one provider at most `RawHttpForwarder(max_dials_per_node=32)` connections
 # at a time (ingress/forward/dial_gate.py) and sends a request on each at once.
 MAX_HANDSHAKES, MAX_HANDSHAKES_PER_IP = 256, 128
+# TLS done -> first authorized request: an ingress sends one at once on a connection it
+# dialled (its body, 1 MiB at most, takes a second on a slow WAN link), so a connection
+# still unproven after this is closed (refused["unproven_timeout"]) and its slot returns.
+UNPROVEN_TIMEOUT_S = 15.0
 
 
 class DataPlaneServer:
@@ -70,6 +75,7 @@ class DataPlaneServer:
         tls_handshake_timeout_s: float = TLS_HANDSHAKE_TIMEOUT_S,
         max_handshakes: int | None = MAX_HANDSHAKES,
         max_handshakes_per_ip: int | None = MAX_HANDSHAKES_PER_IP,
+        unproven_timeout_s: float = UNPROVEN_TIMEOUT_S,
     ) -> None:
         self.key = key
         self.sessions = ProviderSessions()
@@ -89,6 +95,8 @@ class DataPlaneServer:
         self.handshaking = SourceSlots(max_handshakes, max_handshakes_per_ip,
                                        on_refused=lambda: self._count_refusal("busy"))
         self._unproven: dict[asyncio.BaseTransport, HeldSlot] = {}
+        self.unproven_timeout_s = unproven_timeout_s
+        self._deadlines: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
         self.served: dict[str, int] = {"https": 0, "sealed": 0}  # authorized requests by path
         # Session exchanges cost ~1 ms CPU: at most `exchanges_per_min` per peer and minute
         # (an ingress needs one per hour; a provider restart costs one more).
@@ -99,12 +107,33 @@ class DataPlaneServer:
 
     def keep(self, transport: asyncio.BaseTransport, slot: HeldSlot) -> None:
         self._unproven[transport] = slot
+        self._deadlines[transport] = asyncio.get_running_loop().call_later(
+            self.unproven_timeout_s, self._expire, transport)
 
     def forget(self, transport: asyncio.BaseTransport) -> None:
         self._unproven.pop(transport, None)
+        deadline = self._deadlines.pop(transport, None)
+        if deadline is not None:
+            deadline.cancel()
+
+    def _expire(self, transport: asyncio.BaseTransport) -> None:
+        """Still unproven at its deadline: closed (its slot comes back as it closes)."""
+        self._deadlines.pop(transport, None)
+        if transport in self._unproven:
+            self._count_refusal("unproven_timeout")
+            if isinstance(transport, asyncio.Transport):
+                transport.abort()
+            else:
+                transport.close()
 
     def _proven(self, request: web.Request) -> None:
-        slot = self._unproven.pop(request.transport, None) if request.transport else None
+        transport = request.transport
+        if transport is None:
+            return
+        slot = self._unproven.pop(transport, None)
+        deadline = self._deadlines.pop(transport, None)
+        if deadline is not None:
+            deadline.cancel()
         if slot is not None:
             slot.release()
 
