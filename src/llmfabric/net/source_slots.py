@@ -12,14 +12,31 @@ holding sockets and TLS buffers until a time limit cuts each one.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Callable
 
 
 def peer_ip(transport: asyncio.BaseTransport) -> str:
-    """The remote IP address of a connection: the source its slots count against ("" when
-    the transport does not say)."""
+    """The source a connection's slots count against ("" when the transport does not say):
+    its IPv4 address, or its IPv6 address's /64 (one host or site is routinely given a
+    whole /64, so counting single IPv6 addresses would let one host fill every slot)."""
     peer = transport.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+    if not (isinstance(peer, tuple) and peer):
+        return ""
+    return source_of(str(peer[0]))
+
+
+def source_of(ip: str) -> str:
+    """`ip` as a counting source: IPv4 as is (also when IPv4-mapped), IPv6 as its /64."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])  # (a zone index: fe80::1%eth0)
+    except ValueError:
+        return ip
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.IPv6Network((addr, 64), strict=False))
+    return str(addr)
 
 
 class SourceSlots:
