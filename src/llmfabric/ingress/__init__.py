@@ -17,7 +17,10 @@ Core (this directory):
   (whole SSE events, recorded), `plan_continuation` (the relayed text as an assistant prefix
   with `continue_final_message`, or appended to a completions prompt), `ContinuationRelay`
   (one id, merged usage), `continue_stream`.
-- usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`).
+- usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`);
+  `claimed_tokens`, a provider's usage claim clamped.
+- request_json.py: `load_object`, a client's JSON body within what the ingress can send on
+  (an object, nested at most `MAX_DEPTH` deep; `BadJson` otherwise).
 - paths.py: the pass-through routes, forwarded paths, `FORWARD_PREFIX` (where a node takes
   forwarded requests) and `FORWARDABLE_PATHS` (node side).
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total; TCP keepalive on

@@ -46,6 +46,7 @@ from llmfabric.ingress.protocols import (
     StreamSink,
     UsageSink,
 )
+from llmfabric.ingress.request_json import BadJson, load_object
 from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.stream_attempt import (
     RETRYABLE_STATUS,
@@ -284,16 +285,20 @@ class Ingress:
             self.metrics.observe_error("", body.status, "request_too_large")
             return body
         try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError as e:
-            return self._refuse("", 400, f"request body is not valid JSON: {e}", "invalid_json")
-        if not isinstance(doc, dict):
-            return self._refuse("", 400, "request body must be a JSON object", "invalid_json")
+            doc = load_object(body)
+        except BadJson as e:
+            return self._refuse("", 400, str(e), e.code)
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             return self._refuse("", 400, "'model' is required (a string)", "missing_model",
                                 "model")
-        stream = streamable and doc.get("stream") is True
+        stream_field = doc.get("stream")
+        if stream_field is not None and not isinstance(stream_field, bool):
+            # (an engine may read "true" or 1 as true and stream while the ingress, reading
+            # no stream, would take the body path: no usage found, nothing billed)
+            return self._refuse(model, 400, "'stream' must be a boolean", "invalid_stream",
+                                "stream")
+        stream = streamable and stream_field is True
         meta = doc.get("metadata")
         if meta is not None and not isinstance(meta, dict):
             return self._refuse(model, 400, "'metadata' must be an object", "invalid_metadata",

@@ -36,6 +36,7 @@ from llmfabric.ingress.apis.responses_api import (
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS, PASSTHROUGH_ROUTES
 from llmfabric.ingress.protocols import BodyReader, StreamSink
+from llmfabric.ingress.request_json import BadJson, load_object
 
 if TYPE_CHECKING:  # (app.py builds ApiRoutes; no runtime import back)
     from llmfabric.ingress.app import Ingress
@@ -154,12 +155,12 @@ class ApiRoutes:
 
 def _object(body: bytes) -> dict[str, Any]:
     try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise TranslationError(f"request body is not valid JSON: {e}", None,
-                               "invalid_json") from None
-    if not isinstance(doc, dict):
-        raise TranslationError("request body must be a JSON object", None, "invalid_json")
+        doc = load_object(body)
+    except BadJson as e:
+        raise TranslationError(str(e), None, e.code) from None
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise TranslationError("'stream' must be a boolean", "stream", "invalid_stream")
     return doc
 
 
@@ -171,11 +172,11 @@ def _translate(reply: Reply | None, stream: ChatStreamTranslator | None,
     if reply.status != 200:
         return to_anthropic(reply) if path == MESSAGES else reply
     try:
-        out = convert(orjson.loads(reply.body))
-    except (ValueError, TypeError, KeyError, AttributeError):  # (JSONDecodeError too)
+        out = orjson.dumps(convert(orjson.loads(reply.body)))
+    except (ValueError, TypeError, KeyError, AttributeError):  # (JSON errors too)
         bad = error_reply(502, "the engine's reply could not be translated", "upstream_failed")
         return to_anthropic(bad) if path == MESSAGES else bad
-    return Reply(200, orjson.dumps(out), "application/json", reply.node, reply.headers)
+    return Reply(200, out, "application/json", reply.node, reply.headers)
 
 
 def to_anthropic(reply: Reply) -> Reply:
