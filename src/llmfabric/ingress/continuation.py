@@ -34,12 +34,19 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from llmfabric.accounts.policy import clamp_tokens
 from llmfabric.ingress.abandon import AbandonIfDown
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import CandidateSource, Forwarder, StreamSink
-from llmfabric.ingress.usage import StreamUsageScanner, Usage, estimate_prompt_tokens
+from llmfabric.ingress.usage import (
+    MAX_SSE_LINE,
+    StreamUsageScanner,
+    Usage,
+    claimed_tokens,
+    estimate_prompt_tokens,
+)
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import Policy
 from llmfabric.routing.request import RouteRequest
@@ -158,8 +165,8 @@ def read_relayed(data: bytes) -> Relayed:
         if "error" in obj:
             finished = True
         rid = rid or str(obj.get("id", ""))
-        created = created or int(obj.get("created", 0) or 0)
-        for ch in obj.get("choices") or ():
+        created = created or _int(obj.get("created"))
+        for ch in _choices(obj):
             if not isinstance(ch, dict):
                 continue
             if ch.get("index", 0) != 0:
@@ -209,12 +216,26 @@ def plan_continuation(doc: Mapping[str, Any], recorder: RelayRecorder, path: str
     return got, body, ""
 
 
-class ContinuationRelay:
-    """Re-shapes the continuation's SSE events into the client's stream."""
+def _int(v: Any) -> int:
+    """A provider's integer field (`created`), 0 when it is not a plausible one."""
+    return v if type(v) is int and 0 <= v < 1 << 53 else 0
 
-    def __init__(self, first: Relayed, want_usage_chunk: bool) -> None:
+
+def _choices(obj: Mapping[str, Any]) -> list[Any]:
+    choices = obj.get("choices")
+    return choices if isinstance(choices, list) else []
+
+
+class ContinuationRelay:
+    """Re-shapes the continuation's SSE events into the client's stream. The continuing
+    node is as untrusted as the first: a line longer than `max_line` bytes ends the attempt
+    (`UpstreamError`), fields of the wrong type are skipped, usage is clamped."""
+
+    def __init__(self, first: Relayed, want_usage_chunk: bool,
+                 max_line: int = MAX_SSE_LINE) -> None:
         self.first = first
         self.want_usage_chunk = want_usage_chunk
+        self.max_line = max_line
         self._carry = b""
         self._opened = False
         self.usage: tuple[int, int] | None = None  # merged (prompt, completion)
@@ -225,12 +246,18 @@ class ContinuationRelay:
         self.first_out_at = 0.0  # perf_counter() of the first bytes written to the client
 
     def feed(self, data: bytes) -> bytes:
+        if len(self._carry) + len(data) > self.max_line and b"\n" not in data:
+            raise UpstreamError(f"the continuing node sent an SSE line over {self.max_line} "
+                                "bytes")
         data = self._carry + data
         cut = data.rfind(b"\n")
         if cut < 0:
             self._carry = data
             return b""
         self._carry = data[cut + 1:]
+        if len(self._carry) > self.max_line:
+            raise UpstreamError(f"the continuing node sent an SSE line over {self.max_line} "
+                                "bytes")
         out: list[bytes] = []
         for line in data[:cut].split(b"\n"):
             event = self._line(line)
@@ -256,11 +283,11 @@ class ContinuationRelay:
         if self.first.created:
             obj["created"] = self.first.created
         usage = obj.get("usage")
-        choices = obj.get("choices") or []
+        choices = _choices(obj)
         if isinstance(usage, dict) and not choices:
-            prompt = int(usage.get("prompt_tokens", 0) or 0)
-            comp = int(usage.get("completion_tokens", 0) or 0)
-            merged = (max(0, prompt - self.first.tokens), comp + self.first.tokens)
+            prompt, comp = claimed_tokens(usage) or (0, 0)  # (clamped: the provider's claim)
+            merged = (max(0, prompt - self.first.tokens),
+                      clamp_tokens(comp + self.first.tokens))
             self.usage = merged
             if not self.want_usage_chunk:
                 return b""
@@ -323,7 +350,7 @@ async def resume_stream(
         cand = decision.candidate
         tried.append(cand.session_id)
         send = orjson.dumps({**body, "model": cand.model.engine_name(rreq.model)})
-        relay = ContinuationRelay(first, want_usage_chunk)
+        relay = ContinuationRelay(first, want_usage_chunk, host.config.max_sse_line_bytes)
         host.policy.on_request_start(cand)
         tr = current_trace()  # each continuation is an attempt span; its node joins the trace
         if tr is not None:

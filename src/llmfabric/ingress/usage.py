@@ -41,7 +41,7 @@ def _has_usage(data: bytes) -> bool:
     return _MARKERS[0] in data or _MARKERS[1] in data
 
 
-def _tokens(usage: Any) -> tuple[int, int] | None:
+def claimed_tokens(usage: Any) -> tuple[int, int] | None:
     """Usage is the provider's claim: counts are clamped to [0, MAX_TOKENS_PER_REQUEST]
     (a provider answering prompt_tokens = 2**64 - 1 or -5 bills a plausible amount)."""
     if not isinstance(usage, dict):
@@ -78,7 +78,7 @@ def usage_from_body(body: bytes) -> tuple[int, int] | None:
         if (type(p) is int and type(c) is int and 0 <= p <= MAX_TOKENS_PER_REQUEST
                 and 0 <= c <= MAX_TOKENS_PER_REQUEST):
             return p, c
-    return _tokens(usage)
+    return claimed_tokens(usage)
 
 
 class StreamUsageScanner:
@@ -195,7 +195,7 @@ class StreamUsageScanner:
                 if isinstance(doc, dict):
                     resp = doc.get("response")  # (a Responses API response.completed event)
                     claim = resp.get("usage") if isinstance(resp, dict) else doc.get("usage")
-                    got = _tokens(claim)
+                    got = claimed_tokens(claim)
                     if got is not None:
                         self.usage = got
                         self.estimated = isinstance(claim, dict) and claim.get("estimated") is True

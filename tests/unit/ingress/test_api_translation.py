@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.ingress.apis.anthropic_api import (
     MessagesStream,
     chat_to_message,
@@ -196,3 +197,24 @@ def test_replaying_a_whole_output_as_input_is_accepted() -> None:
     assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "tool"]
     assert chat["messages"][1]["content"] == "checking"
     assert chat["messages"][1]["tool_calls"][0]["id"] == "call_9"
+
+
+def test_an_engines_absurd_usage_is_clamped_in_every_translation() -> None:
+    """The engine's usage is its claim: 2**64 - 1 tokens overflowed total_tokens (orjson
+    cannot write it: a 500 or a cut stream) and reached the client as input_tokens."""
+    huge = {"prompt_tokens": 2**64 - 1, "completion_tokens": 2**63}
+    cap = MAX_TOKENS_PER_REQUEST
+    reply = {"model": "m", "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                 "content": "hi"},
+                                        "finish_reason": "stop"}], "usage": huge}
+    msg = chat_to_message(reply, {"model": "m"})
+    assert msg["usage"] == {"input_tokens": cap, "output_tokens": cap}
+    resp = chat_to_response(reply, {"model": "m"})
+    assert resp["usage"]["total_tokens"] == 2 * cap
+    assert orjson.loads(orjson.dumps([msg, resp])) == [msg, resp]  # (writable)
+    stream = sse({"choices": [{"index": 0, "delta": {"content": "a"},
+                               "finish_reason": "stop"}]}, {"choices": [], "usage": huge})
+    events = run(ResponsesStream, [stream])
+    assert events[-1][1]["response"]["usage"]["input_tokens"] == cap
+    events = run(MessagesStream, [stream])
+    assert events[-2][1]["usage"] == {"input_tokens": cap, "output_tokens": cap}

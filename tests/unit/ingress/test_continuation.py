@@ -4,9 +4,11 @@ and re-shaping the continuation's events into the client's stream."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.ingress.continuation import (
     MAX_RECORDED_BYTES,
     ContinuationRelay,
@@ -15,6 +17,7 @@ from llmfabric.ingress.continuation import (
     plan_continuation,
     read_relayed,
 )
+from llmfabric.ingress.errors import UpstreamError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -153,3 +156,31 @@ def test_a_completions_stream_continues_with_the_relayed_text_appended_to_the_pr
     assert [o["choices"][0]["text"] for o in objs[:2]] == [" time", " there"]
     assert relay.text == [" time", " there"] and relay.finished and relay.done
     assert relay.usage == (6, 5)  # the continuation's prompt less the 3 relayed tokens
+
+
+def test_a_hostile_continuing_node_cannot_crash_bloat_or_overbill() -> None:
+    """The continuing node is as untrusted as the first: a line without a newline past the
+    cap ends the attempt (it grew without bound, quadratically copied, blocking the loop);
+    fields of the wrong type are skipped, not raised on; its usage claim is clamped."""
+    first = read_relayed(_chunk({"content": "Hi"}))
+    relay = ContinuationRelay(first, want_usage_chunk=True, max_line=1024)
+    relay.feed(b"data: " + b"y" * 1000)
+    with pytest.raises(UpstreamError, match="over 1024 bytes"):
+        relay.feed(b"y" * 100)
+    relay = ContinuationRelay(first, want_usage_chunk=True, max_line=1024)
+    with pytest.raises(UpstreamError, match="over 1024 bytes"):
+        relay.feed(b"data: {}\n" + b"z" * 2000)
+    relay = ContinuationRelay(first, want_usage_chunk=True)
+    out = relay.feed(_ev({"id": "x", "created": "soon", "choices": 5})
+                     + _ev({"choices": [], "usage": {"prompt_tokens": "lots",
+                                                     "completion_tokens": 3}})
+                     + b'data: {"choices":[],"usage":{"prompt_tokens":18446744073709551615,'
+                     b'"completion_tokens":' + b"9" * 300 + b"}}\n\n"
+                     + _ev({"choices": [], "usage": {"prompt_tokens": 2**64 - 1,
+                                                     "completion_tokens": 2**63}}))
+    assert relay.usage == (MAX_TOKENS_PER_REQUEST - 1, MAX_TOKENS_PER_REQUEST)
+    last = orjson.loads(out.split(b"\n\n")[-2][6:])
+    assert last["usage"]["total_tokens"] == 2 * MAX_TOKENS_PER_REQUEST - 1
+    got = read_relayed(_ev({"id": 5, "created": "x", "choices": 5})
+                       + _ev({"created": 2**60, "choices": [{"delta": {"content": "a"}}]}))
+    assert (got.text, got.created) == ("a", 0)

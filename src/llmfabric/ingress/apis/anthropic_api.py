@@ -16,6 +16,7 @@ import orjson
 
 from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
 from llmfabric.ingress.apis.responses_api import TranslationError, new_id
+from llmfabric.ingress.usage import claimed_tokens
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
@@ -67,8 +68,7 @@ def _blocks(content: Any, role: str, where: str) -> list[dict[str, Any]]:
             if not isinstance(b.get("tool_use_id"), str):
                 raise TranslationError("tool_result needs 'tool_use_id'", at)
             res = b.get("content", "")
-            text = res if isinstance(res, str) else "".join(
-                x.get("text", "") for x in _list(res, at) if isinstance(x, dict))
+            text = res if isinstance(res, str) else _texts(_list(res, at), f"{at}.content")
             if b.get("is_error") is True:
                 text = "error: " + text
             tools.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
@@ -90,6 +90,20 @@ def _blocks(content: Any, role: str, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def _texts(blocks: list[Any], where: str) -> str:
+    """The text of a list of text blocks (a system prompt, a tool result); blocks of other
+    types are skipped, a text that is not a string is refused."""
+    out = []
+    for i, x in enumerate(blocks):
+        if not isinstance(x, dict) or x.get("type", "text") != "text":
+            continue
+        text = x.get("text", "")
+        if not isinstance(text, str):
+            raise TranslationError("a text block's 'text' must be a string", f"{where}[{i}]")
+        out.append(text)
+    return "".join(out)
+
+
 def _list(v: Any, where: str) -> list[Any]:
     if not isinstance(v, list):
         raise TranslationError("expected a list", where)
@@ -107,7 +121,7 @@ def messages_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     msgs: list[dict[str, Any]] = []
     system = doc.get("system")
     if isinstance(system, list):
-        system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
+        system = _texts(system, "system")
     if system is not None:
         if not isinstance(system, str):
             raise TranslationError("system must be a string or text blocks", "system")
@@ -200,16 +214,11 @@ def chat_to_message(chat: Any, req: dict[str, Any]) -> dict[str, Any]:
                             "input": _args(str(fn.get("arguments", "")))})
     reason, seq = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"),
                               req.get("stop_sequences"))
-    u = _dict(chat.get("usage"))
+    p, c = claimed_tokens(chat.get("usage")) or (0, 0)  # (clamped: the engine's claim)
     return {"id": new_id("msg"), "type": "message", "role": "assistant",
             "model": str(chat.get("model") or req.get("model")), "content": content,
             "stop_reason": reason, "stop_sequence": seq,
-            "usage": {"input_tokens": _int(u.get("prompt_tokens")),
-                      "output_tokens": _int(u.get("completion_tokens"))}}
-
-
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+            "usage": {"input_tokens": p, "output_tokens": c}}
 
 
 class MessagesStream(ChatStreamTranslator):

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from llmfabric.ingress.usage import claimed_tokens
+
 
 class Sink(Protocol):
     async def start(self, content_type: str, node: str) -> None: ...
@@ -110,11 +112,9 @@ class ChatStreamTranslator:
         return True
 
     def _chunk(self, doc: dict[str, Any]) -> None:
-        usage = doc.get("usage")
-        if isinstance(usage, dict):
-            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(p, int) and isinstance(c, int):
-                self.usage = (max(p, 0), max(c, 0))
+        usage = claimed_tokens(doc.get("usage"))  # (clamped: the engine's claim)
+        if usage is not None:
+            self.usage = usage
         choices = doc.get("choices")
         if not isinstance(choices, list):
             return

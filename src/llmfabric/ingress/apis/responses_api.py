@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
+from llmfabric.ingress.usage import claimed_tokens
 
 
 class TranslationError(ValueError):
@@ -307,10 +308,9 @@ def chat_to_response(chat: Any, req: dict[str, Any]) -> dict[str, Any]:
                       "arguments": str(fn.get("arguments", "")), "status": "completed"})
     out["output"] = items
     _finish(out, choice.get("finish_reason"))
-    u = chat.get("usage")
-    if isinstance(u, dict) and isinstance(u.get("prompt_tokens"), int):
-        c = u.get("completion_tokens")
-        out["usage"] = _usage((u["prompt_tokens"], c if isinstance(c, int) else 0))
+    u = claimed_tokens(chat.get("usage"))  # (clamped: the engine's claim)
+    if u is not None:
+        out["usage"] = _usage(u)
     return out
 
 
