@@ -296,10 +296,11 @@ def test_crlf_in_a_session_id_cannot_inject_headers(env: Env) -> None:
         assert b"X-Fabric-Node: node-evilX-Injected: 1" in head
 
 
-def _post(e: Env, body: bytes, timeout: float = 10) -> tuple[int, bytes]:
+def _post(e: Env, body: bytes, timeout: float = 10, path: str = "/v1/chat/completions"
+          ) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/chat/completions", body=body,
+        conn.request("POST", path, body=body,
                      headers={"Authorization": f"Bearer {KEY}"})
         resp = conn.getresponse()
         return resp.status, resp.read()
@@ -406,3 +407,137 @@ def test_expect_continue_waits_for_the_key(env: Env) -> None:
         assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue")
         s.sendall(_chat())
         assert _status(s.recv(65536)) == 200
+
+
+@pytest.mark.parametrize("value", ["true", 1, {"on": True}])
+def test_a_stream_flag_that_is_not_a_boolean_is_refused(env: Env, value: object) -> None:
+    """An engine may read "true" or 1 as true and stream while the ingress, reading no
+    stream, took the body path: it found no usage and billed nothing."""
+    before = dict(env.keys.usage)
+    for path, body in (("/v1/chat/completions", _chat(stream=value)),
+                       ("/v1/responses", orjson.dumps({"model": "m", "input": "hi",
+                                                        "stream": value})),
+                       ("/v1/messages", orjson.dumps({
+                           "model": "m", "max_tokens": 5, "stream": value,
+                           "messages": [{"role": "user", "content": "hi"}]}))):
+        status, data = _post(env, body, path=path)
+        assert status == 400, (path, data)
+        err = orjson.loads(data)["error"]
+        if path == "/v1/messages":  # (Anthropic's shape)
+            assert err["type"] == "invalid_request_error" and "stream" in err["message"]
+        else:
+            assert err["code"] == "invalid_stream" and err["param"] == "stream"
+    assert env.keys.usage == before  # nothing was served
+    honest_call(env)
+
+
+def _with_nested(body: bytes, depth: int) -> bytes:
+    """`body` (a JSON object) with a field "x" nested `depth` arrays deep (written by hand:
+    orjson itself writes no deeper than 254)."""
+    return body[:-1] + b',"x":' + b"[" * depth + b"0" + b"]" * depth + b"}"
+
+
+def test_json_nested_past_the_limit_is_400_on_every_path(env: Env) -> None:
+    """orjson reads 1,024 levels but writes 254: a body between the two failed with a 500
+    (or a cut connection) wherever the ingress re-serialises it."""
+    messages = orjson.dumps({"model": "m", "max_tokens": 5,
+                             "messages": [{"role": "user", "content": "hi"}]})
+    for path, body in (("/v1/chat/completions", _chat(stream=True)),
+                       ("/v1/chat/completions", _chat()),
+                       ("/v1/responses", orjson.dumps({"model": "m", "input": "hi"})),
+                       ("/v1/messages", messages)):
+        status, data = _post(env, _with_nested(body, 300), path=path)
+        assert status == 400, (path, data)
+        assert b"nests arrays and objects more than 128 deep" in data
+    status, _ = _post(env, _with_nested(_chat(), 100))  # deep, within the limit: served
+    assert status == 200
+    honest_call(env)
+
+
+@pytest.mark.parametrize("body", [
+    {"system": [{"type": "text", "text": 5}]},
+    {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                  "content": [{"type": "text",
+                                                               "text": None}]}]}]},
+])
+def test_anthropic_text_that_is_not_a_string_is_400(env: Env, body: dict[str, object]) -> None:
+    doc = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+           **body}
+    status, data = _post(env, orjson.dumps(doc), path="/v1/messages")
+    assert status == 400, data
+    err = orjson.loads(data)
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert "must be a string" in err["error"]["message"]
+
+
+def test_pipelined_bodies_behind_an_unread_stream_are_bounded_in_bytes(env: Env) -> None:
+    """A stream the client never reads holds the connection's runner; the requests pipelined
+    behind it wait in its queue. They are bounded by their bytes (about one max-size body),
+    not only by their count (32 x 8 MiB would be 256 MiB per connection)."""
+    s = _connect(env)
+    try:
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Authorization: Bearer " + KEY.encode() + b"\r\n")
+        first = _chat("slow", stream=True)
+        s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(first) + first)
+        big = _chat(pad="p" * (768 * 1024))
+        one = head + b"Content-Length: %d\r\n\r\n" % len(big) + big
+        s.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 3
+        while sent < 30 * len(one) and time.monotonic() < deadline:
+            try:
+                sent += s.send(one[sent % len(one):])
+            except BlockingIOError:
+                time.sleep(0.01)
+        [conn] = [c for c in env.front._conns if c.queued_bytes]
+        cap = conn.max_queued_bytes
+        assert cap == env.front.max_body
+        assert conn.reading_paused and cap <= conn.queued_bytes <= cap + len(big)
+        assert sent > 2 * cap  # (the rest waits in the kernel's buffers, then the sender's)
+    finally:
+        s.close()
+    honest_call(env)
+
+
+def test_a_bug_while_serving_is_a_logged_json_500(env: Env,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in the request path: the client gets a JSON 500 (it used to see the connection
+    cut with nothing logged), the log names it, and the next client is served."""
+    ingress = env.front.ingress
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom in serve")
+
+    ingress.serve = broken  # type: ignore[method-assign]
+    try:
+        with caplog.at_level("ERROR", logger="llmfabric.ingress.front.fast_front"):
+            status, data = _post(env, _chat())
+    finally:
+        del ingress.serve
+    assert status == 500
+    assert orjson.loads(data)["error"]["code"] == "internal_error"
+    assert "serving a request from 127.0.0.1 failed" in caplog.text
+    assert "boom in serve" in caplog.text
+    honest_call(env)
+
+
+def test_messages_api_errors_before_routing_keep_anthropics_shape(env: Env) -> None:
+    """Refusals the front answers itself (a head too large, a wrong method) carry the
+    Messages API's error shape on /v1/messages, as its translated refusals do."""
+    s = _connect(env)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000
+              + b"\r\n\r\n")
+    raw = _read_all(s)
+    s.close()
+    assert _status(raw) == 431
+    assert orjson.loads(raw.split(b"\r\n\r\n", 1)[1])["type"] == "error"
+    conn = http.client.HTTPConnection("127.0.0.1", env.port, timeout=10)
+    try:
+        conn.request("GET", "/v1/messages", headers={"Authorization": f"Bearer {KEY}"})
+        resp = conn.getresponse()
+        body = orjson.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == 405 and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"

@@ -43,6 +43,11 @@ _TYPES = {
 }
 
 
+def _type_of(status: int) -> str:
+    """OpenAI's error type for a status not in _TYPES: a 4xx is the request's fault."""
+    return "invalid_request_error" if 400 <= status < 500 else "server_error"
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A complete response, independent of the HTTP server that sends it."""
@@ -69,7 +74,7 @@ def error_body(status: int, message: str, code: str, param: str | None = None) -
         {
             "error": {
                 "message": message,
-                "type": _TYPES.get(status, "server_error"),
+                "type": _TYPES.get(status) or _type_of(status),
                 "param": param,
                 "code": code,
             }

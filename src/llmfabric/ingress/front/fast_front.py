@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import socket
 import ssl as ssl_module
 import time
@@ -55,7 +56,11 @@ from llmfabric.net.source_slots import peer_ip
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
 FallbackFactory = Callable[[], asyncio.Protocol]
-_MAX_QUEUED = 32  # pipelined requests buffered before reading pauses
+log = logging.getLogger(__name__)
+
+_MAX_QUEUED = 32  # pipelined requests buffered before reading pauses...
+# ...or their bodies' bytes (one max-size body, or 1 MiB): a client pipelining large POSTs
+# behind a stream it never reads held 32 bodies per connection (256 MiB at 8 MiB each)
 _MAX_HEADER_VALUE = 16 * 1024
 
 
@@ -135,6 +140,9 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.queue: deque[FrontRequest] = deque()
+        self.queued_bytes = 0  # body bytes of the requests in `queue`
+        self.max_queued_bytes = max(self.max_body, 1 << 20)
+        self.answered = False  # bytes of an answer to the request being served were sent
         self.cur: FrontRequest | None = None
         self.task: asyncio.Task[None] | None = None
         self.more: asyncio.Future[None] | None = None  # the idle task waits on this
@@ -182,6 +190,11 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        # (the parser holds this connection: let the queued bodies go now, not at a cycle
+        # collection, and serve nothing more of what was queued)
+        self.queue.clear()
+        self.queued_bytes = 0
+        self.cur = None
         front = self.front
         front._conns.discard(self)
         if self.counted:
@@ -441,18 +454,24 @@ class _Connection(asyncio.Protocol):
     def _fail(self, status: int, message: str, code: str) -> None:
         self.parsing = False
         req = FrontRequest()
+        if self.cur is not None:
+            req.url = self.cur.url  # (the API's error shape: Anthropic's on /v1/messages)
         req.error = error_reply(status, message, code)
         req.close = True
         self.cur = None
         self._enqueue(req)
 
     def _enqueue(self, req: FrontRequest) -> None:
+        if self.closed:
+            return
         self.queue.append(req)
+        self.queued_bytes += len(req.body)
         if self.task is None:
             self.task = self.loop.create_task(self._run())
         elif self.more is not None:
             self._wake_runner()
-        elif len(self.queue) >= _MAX_QUEUED and not self.reading_paused and self.transport:
+        elif ((len(self.queue) >= _MAX_QUEUED or self.queued_bytes >= self.max_queued_bytes)
+              and not self.reading_paused and self.transport):
             self.reading_paused = True
             if not self.auth_paused:
                 self.transport.pause_reading()
@@ -475,20 +494,22 @@ class _Connection(asyncio.Protocol):
                     continue
                 self.busy = True
                 req = self.queue.popleft()
-                if self.reading_paused and len(self.queue) < _MAX_QUEUED // 2:
+                self.queued_bytes -= len(req.body)
+                if (self.reading_paused and len(self.queue) < _MAX_QUEUED // 2
+                        and self.queued_bytes < self.max_queued_bytes // 2):
                     self.reading_paused = False
                     if self.transport is not None and not self.auth_paused:
                         self.transport.resume_reading()
                 if req.hand_over:
                     self._hand_over()
                     return
+                self.answered = False
                 keep = await self._serve(req)
                 if not keep:
                     self._close()
                     return
-        except Exception:  # a bug must not leave a client hanging
-            if self.transport is not None:
-                self.transport.abort()
+        except Exception:  # a bug must not leave a client hanging, nor go unseen
+            self._internal_error()
         finally:
             self.task = None
             self.busy = False
@@ -508,6 +529,8 @@ class _Connection(asyncio.Protocol):
         head_only = req.method == b"HEAD"
         hit = self.front.route(req)
         if isinstance(hit, Reply):
+            if req.url.startswith(b"/v1/messages"):
+                hit = to_anthropic(hit)  # (a wrong method or sub-path of the Messages API)
             self._send(hit, keep, head_only)
             return keep
         if hit is None:
@@ -531,9 +554,26 @@ class _Connection(asyncio.Protocol):
             return keep
         return keep and sink.chunked and sink.complete
 
+    def _internal_error(self) -> None:
+        """A bug while serving: logged and counted; the client gets a JSON 500 when nothing
+        of an answer was sent yet (else the connection is cut: the answer is broken)."""
+        log.exception("front: serving a request from %s failed", self.client or "?")
+        self.ingress.metrics.observe_error("", 500, "internal_error")
+        t = self.transport
+        if t is None or self.closed:
+            return
+        if self.answered:
+            t.abort()
+            return
+        self.parsing = False
+        self._send(error_reply(500, "internal error; the ingress logged it",
+                               "internal_error"), False, False)
+        self._linger_close()
+
     def _send(self, reply: Reply, keep: bool, head_only: bool) -> None:
         t = self.transport
         if t is not None and not self.closed:
+            self.answered = True
             t.write(reply_bytes(self.front._heads, reply, keep, head_only))
 
     def _close(self) -> None:

@@ -7,6 +7,7 @@ response on a front connection; `not_allowed` (405 with Allow)."""
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 from typing import Protocol
 
 from llmfabric.ingress.errors import Reply, error_reply
@@ -52,16 +53,27 @@ class FrontConnection(Protocol):
     closed: bool
     transport: asyncio.Transport | None
     write_paused: bool
+    answered: bool  # bytes of an answer to the current request were written
 
     async def wait_writable(self) -> None: ...
 
 REASONS = {
     200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
     404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
-    413: b"Payload Too Large", 414: b"URI Too Long", 429: b"Too Many Requests",
+    409: b"Conflict", 413: b"Payload Too Large", 414: b"URI Too Long",
+    422: b"Unprocessable Entity", 429: b"Too Many Requests",
     431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
-    502: b"Bad Gateway", 503: b"Service Unavailable", 504: b"Gateway Timeout",
+    501: b"Not Implemented", 502: b"Bad Gateway", 503: b"Service Unavailable",
+    504: b"Gateway Timeout",
 }
+
+
+def _reason(status: int) -> bytes:
+    """The reason phrase of a status not in REASONS (an engine's 418, say), never "OK"."""
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b"Unknown"
 
 
 def not_allowed(path: bytes, allow: str) -> Reply:
@@ -71,7 +83,8 @@ def not_allowed(path: bytes, allow: str) -> Reply:
 
 def response_head(status: int, content_type: str, node: str, extra: dict[str, str] | None,
           close: bool) -> bytearray:
-    out = bytearray(b"HTTP/1.1 %d %s\r\nContent-Type: " % (status, REASONS.get(status, b"OK")))
+    reason = REASONS.get(status) or _reason(status)
+    out = bytearray(b"HTTP/1.1 %d %s\r\nContent-Type: " % (status, reason))
     out += safe_header_value(content_type).encode()
     if node:
         out += b"\r\nX-Fabric-Node: " + safe_header_value(node).encode()
@@ -150,6 +163,7 @@ class ResponseSink:
         elif self.head:
             data = self.head + data
         self.head = b""
+        self.conn.answered = True
         t.write(data)
         return not self.conn.write_paused
 
@@ -161,6 +175,7 @@ class ResponseSink:
 
     async def end(self) -> None:
         t = self._transport()
+        self.conn.answered = True
         if self.chunked:
             t.write(self.head + b"0\r\n\r\n")
         elif self.head:
