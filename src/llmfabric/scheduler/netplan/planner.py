@@ -277,7 +277,7 @@ def _fails(pr: Pricing, problem: NetProblem, n_pre: int, n_dec: int, lam: float)
     b = _decode_batch(ld, wl.mean_out, pr.step, pr.max_batch)
     if b is None:
         return "kv-cap"
-    if pr.step(b) + pr.t_f + pr.kv_wait(lam) > problem.sla_dec:
+    if pr.step(b) + problem.kv_in_tpot(pr.t_f + pr.kv_wait(lam)) > problem.sla_dec:
         return "tpot"
     return ""
 
@@ -346,7 +346,9 @@ class NetPlan:
 
     @property
     def T_n_dec(self) -> float:
-        return self.T_dec - self.T_c_dec - self.T_f - self.T_f_wait
+        kv = self.T_f + self.T_f_wait
+        return self.T_dec - self.T_c_dec - (self.problem.kv_in_tpot(kv) if self.problem
+                                            else kv)
 
     def deployments(self) -> tuple[list[Deployment], list[Deployment]]:
         if self._pre is None or self._dec is None:
@@ -460,7 +462,8 @@ def _price(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int, 
         [[s.layers for s in inst] for inst in dec.instances],
         {k: c.scheme for k, c in comms.items()},
         {k: c.switch for k, c in comms.items()}, paths,
-        t_pre, t_c_pre, pr.step(b) + t_f + wait, pr.step_c(b), t_f, h, h / n_gpus, n_gpus,
+        t_pre, t_c_pre, pr.step(b) + problem.kv_in_tpot(t_f + wait), pr.step_c(b), t_f, h,
+        h / n_gpus, n_gpus,
         0, max(pre.sweeps, dec.sweeps), 0.0, binding=binding, T_f_wait=wait,
         T_f_wait_h=queue.wait(h) if h > 0 else 0.0,
         link_util_h=util_h, link_edge_h="" if edge_h is None else f"{edge_h[0]}->{edge_h[1]}",

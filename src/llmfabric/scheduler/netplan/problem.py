@@ -21,6 +21,7 @@ from llmfabric.sim.topology import NodeId, Topology
 # alone, and near rho = 1 every wait grows as 1 / (1 - rho) (an M/D/1 queue at 0.9 already
 # waits 4.5 service times on average), so H keeps 10 % of each link in reserve.
 LINK_UTIL = 0.9
+KV_TPOT = ("per_token", "amortized")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,10 @@ class NetProblem:
     (batch x hidden x 2 B) decides a decode group's scheme. `net_collective_s`: the fixed
     cost of an all-reduce through the NICs (`commcost.NET_COLLECTIVE_S`, measured; 0 with
     hop_latency=0 gives the paper's form). `link_util`: the share of each link's capacity the
-    plan's steady-state bytes may fill (linkload.py; `LINK_UTIL`)."""
+    plan's steady-state bytes may fill (linkload.py; `LINK_UTIL`). `kv_tpot`: how the KV
+    hand-off (T_f and its wait) enters TPOT: "per_token", eq. 4 as printed (every output
+    token pays it), or "amortized", once per request spread over its mean output (what a
+    measured mean TPOT sees; a sensitivity, docs/benchmarks.md)."""
 
     topology: Topology
     model: ModelSpec
@@ -77,6 +81,7 @@ class NetProblem:
     restarts: int = 10
     net_collective_s: float = NET_COLLECTIVE_S
     link_util: float = LINK_UTIL
+    kv_tpot: str = "per_token"
 
     def __post_init__(self) -> None:
         if not self.prefill_gpus or not self.decode_gpus:
@@ -93,6 +98,12 @@ class NetProblem:
             raise SpecError("net_collective_s must be a finite number of seconds >= 0")
         if not 0 < self.link_util <= 1:
             raise SpecError("link_util must be in (0, 1]")
+        if self.kv_tpot not in KV_TPOT:
+            raise SpecError(f"kv_tpot must be one of {KV_TPOT}")
+
+    def kv_in_tpot(self, seconds: float) -> float:
+        """What `seconds` of KV hand-off (transfer + wait) adds to TPOT (`kv_tpot`)."""
+        return seconds if self.kv_tpot == "per_token" else seconds / self.workload.mean_out
 
     @staticmethod
     def of(topology: Topology, model: str | ModelSpec, prefill: Sequence[str] | str,

@@ -139,3 +139,22 @@ def test_equal_h_prefers_lower_latency() -> None:
     assert len({e.T_pre for e in tied}) > 1  # the case this test is about
     chosen = plan(p)
     assert chosen.p_all == min(tied, key=lambda e: e.T_pre + e.T_dec).p_all
+
+
+def test_kv_hand_off_in_tpot_per_token_or_amortized_over_the_output() -> None:
+    """Eq. 4 as printed charges the KV hand-off to every output token; "amortized" charges
+    it once per request, spread over the mean output: T_dec at the served rate differs by
+    exactly (T_f + wait) (1 - 1 / K_out)."""
+    per_token = make_testbed_problem()
+    amortized = make_testbed_problem(kv_tpot="amortized")
+    assert amortized.kv_in_tpot(0.256) == pytest.approx(0.001)  # K_out 256
+    assert per_token.kv_in_tpot(0.256) == 0.256
+    with pytest.raises(SpecError, match="kv_tpot"):
+        make_testbed_problem(kv_tpot="sometimes")
+    a, b = plan(per_token), plan(amortized)
+    # on the testbed the decode KV memory binds both: the same plan and H
+    assert (a.p_all, a.H, a.binding) == (b.p_all, b.H, "kv-cap")
+    kv = a.T_f + a.T_f_wait
+    assert kv > 0.01  # (the A100 -> V100 hand-off crosses the switches)
+    assert a.T_dec - b.T_dec == pytest.approx(kv * (1 - 1 / 256))
+    assert b.T_n_dec == pytest.approx(b.T_dec - b.T_c_dec - (b.T_f + b.T_f_wait) / 256)
