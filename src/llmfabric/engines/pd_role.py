@@ -63,11 +63,12 @@ def validate_role(role: str) -> str:
 
 def kv_bytes(model: str, tokens: int, bits: int | None, group: int = 64) -> int:
     """Wire bytes of one request's KV: fp16, or packed `bits` codes + per-group metadata."""
-    try:
-        from llmfabric.sim.models import get_model
+    from llmfabric.sim.errors import SimError
+    from llmfabric.sim.models import get_model
 
+    try:
         spec: Any = get_model(model)
-    except Exception:  # (a model llmfabric.sim does not know: an 8B-shaped default)
+    except SimError:  # (a model llmfabric.sim does not know: an 8B-shaped default)
         spec = None
     if bits is None or bits >= 16:
         if spec is None:

@@ -14,10 +14,13 @@ request that may be cut beats a certain 503). Pure: `now` is passed in.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from llmfabric.routing.candidates import Candidate
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOKENS = 1024  # a request without max_tokens: assume this many completion tokens
 MAX_TOKENS_CAP = 1 << 20
@@ -45,12 +48,16 @@ def fixed_rate(per_token_s: float = 0.05, overhead_s: float = 5.0) -> DurationEs
 
 
 def _sim_token_s(model: str, gpu: str, gpus: int) -> float | None:
-    try:
-        from llmfabric.sim import decode_step_time
+    from llmfabric.sim import decode_step_time
+    from llmfabric.sim.errors import SimError
 
+    try:
         tp = max(t for t in (1, 2, 4, 8) if t <= max(1, gpus))
         return float(decode_step_time(model, gpu, tp, 32, 2048))
-    except Exception:  # unknown model or GPU (or a shape the simulator cannot price)
+    except SimError:  # unknown model or GPU, or a shape the simulator cannot price
+        return None
+    except Exception:  # a bug (in a worker thread, where nobody would see it): the fallback
+        log.exception("the simulator failed to price %r on %d x %r", model, gpus, gpu)
         return None
 
 

@@ -3,6 +3,7 @@ lead) before the request is expected to finish, while another node outlasts it."
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -80,3 +81,20 @@ def test_filter_never_widens_and_never_empties(nodes: list[tuple[float, float]],
     assert kept and all(c in cands for c in kept)
     fits = [c for c in cands if outlasts(c, NOW, fixed_rate()(c, tokens))]
     assert kept == (fits or cands)
+
+
+def test_the_simulators_rate_is_none_for_unknown_names_and_a_logged_bug(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from llmfabric import sim
+    from llmfabric.routing.walltime import _sim_token_s
+
+    with caplog.at_level("ERROR", logger="llmfabric.routing.walltime"):
+        assert _sim_token_s("no-such-model", "H100", 1) is None  # (a record's name)
+        assert caplog.text == ""
+
+        def broken(*args: object) -> float:
+            raise TypeError("a bug")
+
+        monkeypatch.setattr(sim, "decode_step_time", broken)
+        assert _sim_token_s("llama-3.1-8b", "H100", 1) is None
+    assert "failed to price 'llama-3.1-8b'" in caplog.text and "a bug" in caplog.text
