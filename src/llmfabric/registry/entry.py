@@ -89,13 +89,28 @@ class Entry:
         return max((f.incarnation for f in self.suspects), default=-1)
 
     def left_at(self) -> float | None:
-        """Wall time at which the session became LEFT, from the signed evidence; None if not."""
+        """Wall time at which the session became LEFT, from the signed evidence; None if not.
+
+        An EVICT's time is its author's claim, so an eviction counts from no earlier than the
+        owner's newest record we hold: a member backdating its EVICT by days (stamps are
+        accepted up to `max_record_age_s` old) would otherwise make the decided eviction
+        older than the retention at once, and the session would be compacted into a
+        tombstone before its owner could refute it (and refused for days after)."""
         times = []
         if self.evict is not None:
-            times.append(self.evict.issued_at)
+            evicted = self.evict.issued_at
+            if self.record is not None:
+                evicted = max(evicted, self.best_record_time())
+            times.append(evicted)
         if self.record is not None and self.record.record.state is Lifecycle.LEFT:
             times.append(self.record.record.updated_at)
         return min(times) if times else None
+
+    def best_record_time(self) -> float:
+        """The newest `updated_at` among the records held (the best and the newest)."""
+        assert self.record is not None
+        t = self.record.record.updated_at
+        return max(t, self.newest.record.updated_at) if self.newest is not None else t
 
     def evict_authors(self, incarnation: int) -> int:
         """Distinct authors of EVICT facts at `incarnation`."""

@@ -8,8 +8,8 @@ but changed nothing (a suspicion already refuted, the fifth SUSPECT) by a bounde
 such facts. Measured at 128 nodes on 2 cores: half of all fact verifications while a change
 spread were facts verified before that changed nothing.
 
-GC (all on the local wall clock; `left_at` comes from the signed LEFT evidence, so replicas
-agree on it up to clock skew):
+GC (all on the local wall clock; `left_at` comes from the signed LEFT evidence, an EVICT's
+from no earlier than the owner's newest record, so replicas agree on it up to clock skew):
 1. A LEFT entry stays visible until `left_at + retention_s` (24 h). Then it is compacted into
    a tombstone `(session id -> left_at)`: it leaves the views and digests, and every later item
    about that session is ignored.

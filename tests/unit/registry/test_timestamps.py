@@ -88,3 +88,29 @@ def test_the_skew_bound_must_be_finite_and_positive() -> None:
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(RegistryError, match="max_clock_skew_s"):
             GcConfig(max_clock_skew_s=bad)
+
+
+@pytest.mark.hostile
+async def test_a_backdated_evict_cannot_compact_a_live_session_into_a_tombstone() -> None:
+    """A member stamps its EVICT 3 days back (stamps are accepted up to max_record_age_s
+    old). The eviction counts from the owner's newest record, not from the claim: the entry
+    stays an evicted entry its owner can refute (a listener hears of it), not a tombstone
+    that refuses the refutation for days."""
+    clock = FakeClock()
+    rep = Replica(clock)
+    own = _serving(clock, rep)
+    record_time = clock.wall()
+    await clock.advance(60.0)
+    heard: list[str] = []
+    rep.add_listener(lambda change: heard.append(change.session_id))
+    back = clock.wall() - 3 * 24 * 3600 + 60
+    evict = make_fact(MEMBER, FactKind.EVICT, own.session_id, 0, back)
+    assert rep.ingest(*item_parts(evict)) is not None
+    entry = rep.entries[own.session_id]
+    assert entry.state is Lifecycle.LEFT and entry.left_at() == record_time
+    assert own.session_id not in rep.tombstones and heard == [own.session_id]
+    rep.collect()
+    assert own.session_id in rep.entries  # not compacted before the retention passes
+    refuted = own.refute(0, wall=clock.wall())  # the owner answers with a higher incarnation
+    assert rep.ingest(*item_parts(refuted)) is not None
+    assert rep.entries[own.session_id].state is Lifecycle.SERVING
