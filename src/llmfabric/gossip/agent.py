@@ -341,7 +341,7 @@ class GossipAgent:
                     self._send(peer, Ack(msg.seq, self._piggyback()))
             case Ack():
                 fresh = self._ingest(msg.items, rumour=True)
-                self.prober.on_ack(msg.seq)
+                self.prober.on_ack(peer, msg.seq)
             case PingReq():
                 fresh = False
                 self.prober.on_ping_req(peer, msg)

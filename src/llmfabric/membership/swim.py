@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +36,9 @@ from llmfabric.net.transport import PeerId
 
 # Outstanding indirect probes we relay for others; a member flooding PING_REQs gets no more.
 MAX_RELAYS = 1024
+# ...and for any one asker: an honest member asks k helpers per failed direct probe, once a
+# probe period, and a relay lives two periods, so it has a few outstanding with us at most.
+MAX_RELAYS_PER_ASKER = 32
 
 
 @dataclass(slots=True)
@@ -48,7 +52,8 @@ class ProbeStats:
     spared_lag: int = 0  # our own timers fired late (starved loop): one more ping was sent
     loop_lag: int = 0  # probe periods that started late (each raises the local health score)
     spared_unhealthy: int = 0  # no accusation while our own health score is above half its max
-    ping_reqs_refused: int = 0  # PING_REQs beyond MAX_RELAYS outstanding relays
+    ping_reqs_refused: int = 0  # PING_REQs beyond MAX_RELAYS (or one asker's share) relays
+    acks_refused: int = 0  # acks from a peer that was not asked (a forged liveness claim)
 
 
 class Prober:
@@ -90,14 +95,21 @@ class Prober:
         self._probed_early: set[Member] = set()  # probed through probe_next this round
         self.health = LocalHealth(config.max_health)
         self.stats = ProbeStats()
-        self._seq = 0
-        self._pending: dict[int, asyncio.Future[None]] = {}
-        self._relays: dict[int, tuple[PeerId, int, float]] = {}  # our seq -> (asker, seq, until)
+        # An ack counts only from a peer that may send it (the target, then the helpers we
+        # asked); sequence numbers are random, so a member cannot ack a probe it never saw.
+        # (A member acking the next numbers on a dead node's behalf kept it routable.)
+        self._pending: dict[int, tuple[asyncio.Future[None], set[PeerId]]] = {}
+        # our seq -> (asker, its seq, until, the target that must answer)
+        self._relays: dict[int, tuple[PeerId, int, float, PeerId]] = {}
         self.paused = False
 
     def _next_seq(self) -> int:
-        self._seq = (self._seq + 1) % (1 << 62)
-        return self._seq
+        # (from the OS, not the injected rng: a sequence number changes no decision, and
+        # drawing it from the rng would shift every later probe choice of a seeded run)
+        while True:
+            seq = secrets.randbits(62)
+            if seq not in self._pending and seq not in self._relays:
+                return seq
 
     def _member_set(self) -> MemberSet:
         version = None if self._members_version is None else self._members_version()
@@ -197,7 +209,8 @@ class Prober:
         timeout = self.health.scale(self._cfg.probe_timeout_s)
         seq = self._next_seq()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = fut
+        acked_by = {target.peer_id}
+        self._pending[seq] = (fut, acked_by)
         self.stats.probes += 1
         started = self._clock.now()
         try:
@@ -211,6 +224,7 @@ class Prober:
                 skip_peers=(target.peer_id, self._local_peer))
             for h in sorted(m.peer_id for m in helpers):
                 self.stats.indirect += 1
+                acked_by.add(h)
                 self._send(h, PingReq(seq, target.peer_id, target.session_id))
             indirect_wait = max(period - timeout, timeout)
             if await self._wait(fut, indirect_wait):
@@ -256,24 +270,42 @@ class Prober:
         return True
 
     # ---- incoming -----------------------------------------------------------------------
-    def on_ack(self, seq: int) -> None:
-        fut = self._pending.get(seq)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+    def on_ack(self, sender: PeerId, seq: int) -> None:
+        """An ack from the (authenticated) peer `sender`: it counts for our probe only from
+        the target or a helper we asked, for a relayed probe only from its target."""
+        pending = self._pending.get(seq)
+        if pending is not None:
+            fut, acked_by = pending
+            if sender in acked_by and not fut.done():
+                fut.set_result(None)
+            elif sender not in acked_by:
+                self.stats.acks_refused += 1
             return
-        relay = self._relays.pop(seq, None)
-        if relay is not None and relay[2] >= self._clock.now():
+        relay = self._relays.get(seq)
+        if relay is None:
+            return
+        if sender != relay[3]:
+            self.stats.acks_refused += 1
+            return
+        del self._relays[seq]
+        if relay[2] >= self._clock.now():
             self._send(relay[0], Ack(relay[1], ()))
 
     def on_ping_req(self, asker: PeerId, req: PingReq) -> None:
         now = self._clock.now()
-        for s, (_, _, until) in list(self._relays.items()):
+        asked = 0
+        for s, (who, _, until, _) in list(self._relays.items()):
             if until < now:
                 del self._relays[s]
-        if len(self._relays) >= MAX_RELAYS:  # a flood of PING_REQs: serve no more for now
+            elif who == asker:
+                asked += 1
+        # A flood of PING_REQs: serve no more for now; one member gets a share only, so it
+        # cannot take every slot and starve the honest members' indirect probes.
+        if len(self._relays) >= MAX_RELAYS or asked >= MAX_RELAYS_PER_ASKER:
             self.stats.ping_reqs_refused += 1
             return
         seq = self._next_seq()
-        self._relays[seq] = (asker, req.seq, now + self._cfg.probe_interval_s * 2)
+        self._relays[seq] = (asker, req.seq, now + self._cfg.probe_interval_s * 2,
+                             req.target_peer)
         self.stats.ping_reqs_served += 1
         self._send(req.target_peer, Ping(seq, req.target_session, ()))

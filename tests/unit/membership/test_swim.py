@@ -148,7 +148,7 @@ async def test_a_starved_prober_pings_again_before_accusing() -> None:
     await clock.advance(1.2)  # 0.2 s ack timeout + 0.3 s indirect wait, each 0.3 s late
     # the second direct ping went out; an ack to it clears the target
     assert [type(m).__name__ for _, m in sent].count("Ping") == 2
-    p.on_ack(sent[0][1].seq)  # type: ignore[attr-defined, union-attr]
+    p.on_ack("pt", sent[0][1].seq)  # type: ignore[attr-defined, union-attr]
     await clock.advance(1.0)
     assert await task is True and suspected == []
     assert p.stats.spared_lag == 1  # type: ignore[attr-defined]
@@ -207,3 +207,56 @@ def test_with_a_members_version_the_member_list_is_rescanned_only_on_a_change() 
     upcoming = [p._next_target() for _ in range(6)]
     assert reads[0] == 2
     assert Member("new", "pn") in upcoming and gone not in upcoming
+
+
+@pytest.mark.hostile
+async def test_only_the_target_or_an_asked_helper_can_ack_a_probe() -> None:
+    """A member that acks probes on a dead node's behalf (guessing the sequence number, or
+    echoing one it saw) kept it routable: acks count only from the peers that were asked."""
+    import asyncio
+
+    from llmfabric.gossip.wire import Ping, PingReq
+    from llmfabric.membership.swim import Member
+
+    clock = FakeClock()
+    p, sent, suspected = _prober(clock, {})
+    task = asyncio.get_running_loop().create_task(p.probe(Member("target", "pt")))  # type: ignore[attr-defined]
+    await clock.advance(0.01)
+    seq = sent[0][1].seq  # type: ignore[attr-defined, union-attr]
+    p.on_ack("p1", seq)  # type: ignore[attr-defined]  # a helper, but not asked yet
+    p.on_ack("mallory", seq)  # type: ignore[attr-defined]
+    await clock.advance(0.3)  # the direct wait ends: the helpers are asked now
+    assert [type(m) for _, m in sent] == [Ping, PingReq, PingReq]
+    p.on_ack("mallory", seq)  # type: ignore[attr-defined]
+    await clock.advance(1.0)
+    assert await task is False and suspected == ["target"]
+    assert p.stats.acks_refused == 3  # type: ignore[attr-defined]
+    sent.clear()
+    task = asyncio.get_running_loop().create_task(p.probe(Member("target", "pt")))  # type: ignore[attr-defined]
+    assert await clock.run_until(lambda: len(sent) == 3, within=2.0)  # the helpers asked
+    p.on_ack("p2", sent[0][1].seq)  # type: ignore[attr-defined, union-attr]  # asked: counts
+    assert await clock.run_until(task.done, within=0.1) and task.result() is True
+    assert len({m.seq for _, m in sent}) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.hostile
+def test_a_relayed_probe_answers_only_for_its_target_and_one_asker_gets_a_share() -> None:
+    from llmfabric.gossip.wire import Ack, Ping, PingReq
+    from llmfabric.membership.swim import MAX_RELAYS_PER_ASKER
+
+    clock = FakeClock()
+    p, sent, _ = _prober(clock, {})
+    p.on_ping_req("asker", PingReq(7, "pt", "target"))  # type: ignore[attr-defined]
+    [(to, ping)] = sent
+    assert to == "pt" and isinstance(ping, Ping)
+    p.on_ack("mallory", ping.seq)  # type: ignore[attr-defined]  # not the target: nothing
+    assert len(sent) == 1
+    p.on_ack("pt", ping.seq)  # type: ignore[attr-defined]
+    assert sent[-1] == ("asker", Ack(7, ()))
+    sent.clear()
+    for i in range(MAX_RELAYS_PER_ASKER + 5):  # one member floods PING_REQs
+        p.on_ping_req("flooder", PingReq(i, "pt", "target"))  # type: ignore[attr-defined]
+    assert len(sent) == MAX_RELAYS_PER_ASKER
+    assert p.stats.ping_reqs_refused == 5  # type: ignore[attr-defined]
+    p.on_ping_req("honest", PingReq(1, "pt", "target"))  # type: ignore[attr-defined]
+    assert sent[-1][0] == "pt" and len(sent) == MAX_RELAYS_PER_ASKER + 1
