@@ -10,9 +10,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from llmfabric.registry.codec import MAX_BODY_BYTES, SignedRecord, encode_body, sign_record
+from llmfabric.registry.codec import (
+    MAX_BODY_BYTES,
+    MAX_NAMES,
+    SignedRecord,
+    encode_body,
+    name_count,
+    sign_record,
+)
 from llmfabric.registry.errors import RegistryError
-from llmfabric.registry.fit import fit_meta
+from llmfabric.registry.fit import RecordTooLarge, fit_meta
 from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
 from llmfabric.registry.signing import Signer, new_session_id
 
@@ -63,7 +70,13 @@ class RecordOwner:
 
     def _fitted(self, rec: NodeRecord) -> NodeRecord:
         """`rec` within the body limit every replica enforces (registry/fit.py): optional
-        items shed when together they are too large (RecordTooLarge when that is not enough)."""
+        items shed when together they are too large (RecordTooLarge when that is not enough,
+        or when its models answer to more names than every replica accepts)."""
+        names = name_count(rec.meta.models)
+        if names > MAX_NAMES:
+            raise RecordTooLarge(f"the models answer to {names} names (ids, aliases, LoRA "
+                                 f"adapters and base:adapter pairs); replicas accept at most "
+                                 f"{MAX_NAMES} per record: serve fewer adapters or aliases")
         meta, shed = fit_meta(
             rec.meta, lambda m: len(encode_body(dataclasses.replace(rec, meta=m))),
             MAX_BODY_BYTES)

@@ -95,3 +95,26 @@ def test_fit_meta_fits_or_refuses_and_sheds_in_order(demand: int, cert: int, lim
     # every item before the last shed one was shed completely
     for name in shed[:-1]:
         assert not getattr(got, name)
+
+
+@pytest.mark.hostile
+def test_models_answering_to_too_many_names_are_refused_by_replicas_and_owners() -> None:
+    """Each list of a model is capped (256 items), but aliases x adapters is not: 200 aliases
+    and 200 adapters are 40,601 routing names for one model in a 15 KB record. Replicas
+    refuse such a record; an owner refuses to sign one, saying why."""
+    from llmfabric.registry.codec import MAX_NAMES, SignedRecord, name_count, sign_record
+    from llmfabric.registry.errors import InvalidRecord
+
+    many = ServedModel("m", aliases=tuple(f"a{i}" for i in range(200)),
+                       adapters=tuple(f"l{i}" for i in range(200)))
+    assert name_count((many,)) == len(many.names()) > MAX_NAMES
+    owner = RecordOwner(KEY, NodeMeta(), wall=0.0)
+    with pytest.raises(RecordTooLarge, match="answer to 40601 names"):
+        owner.update_meta(NodeMeta(models=(many,)), wall=1.0)
+    honest = ServedModel("m", aliases=("a", "b"), adapters=tuple(f"l{i}" for i in range(64)))
+    assert len(owner.update_meta(NodeMeta(models=(honest,)), wall=1.0).record.meta.models) == 1
+    rec = dataclasses.replace(owner.update_meta(NodeMeta(), wall=2.0).record,
+                              meta=NodeMeta(models=(many,)))
+    forged: SignedRecord = sign_record(KEY, rec)  # signed by hand, past the owner
+    with pytest.raises(InvalidRecord, match="40601 names"):
+        decode_record_body(encode_body(forged.record))
