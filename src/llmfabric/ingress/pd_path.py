@@ -8,7 +8,9 @@ ingress's ordinary attempt code. Each phase retries on another node of its side 
 refusing or vanished node); a decode node lost before its first byte costs only a retry (any
 decode node can pull the KV the handle names), one lost mid-stream ends the stream with an
 error event as in the colocated path. Prefill that finds no working node hands the request
-back to the colocated path (`FALLBACK`), where every role serves plain requests.
+back to the colocated path (`FALLBACK`), where every role serves plain requests; so does a
+prefill answered 4xx (the request may be at fault, or the node: the colocated path answers
+its own 4xx if the request is). Who may take a phase: routing/pd.py.
 """
 
 from __future__ import annotations
@@ -44,9 +46,14 @@ def prefill_body(doc: dict[str, Any], model: str) -> bytes:
     return orjson.dumps(out)
 
 
+MAX_HANDLE_BYTES = 64 * 1024  # vLLM's NIXL handle lists a long prompt's KV block ids
+
+
 def handle_of(reply: Reply) -> dict[str, Any] | None:
     """The KV handle in a prefill answer (None: the engine did not prefill for a remote
-    decode, so it cannot take part)."""
+    decode, so it cannot take part). The prefill node is a member like any other: its handle
+    goes on to the decode engine only as a flat object (strings, numbers, booleans, lists
+    of those) of at most MAX_HANDLE_BYTES; the decode engine validates the fields it reads."""
     try:
         doc = orjson.loads(reply.body)
     except orjson.JSONDecodeError:
@@ -54,7 +61,17 @@ def handle_of(reply: Reply) -> dict[str, Any] | None:
     params = doc.get("kv_transfer_params") if isinstance(doc, dict) else None
     if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
         return None
+    if not all(_flat(v) for v in params.values()):
+        return None
+    if len(orjson.dumps(params)) > MAX_HANDLE_BYTES:
+        return None
     return params
+
+
+def _flat(v: Any) -> bool:
+    if isinstance(v, list):
+        return all(v is None or isinstance(x, str | int | float | bool) for x in v)
+    return v is None or isinstance(v, str | int | float | bool)
 
 
 class PDPath:
@@ -74,7 +91,7 @@ class PDPath:
         """The prefill/decode pools among the request's eligible candidates, if any."""
         if not any(c.model.role != "both" for c in candidates):
             return None  # the common case: nobody disaggregates this model
-        return split(eligible(candidates, rreq))
+        return split(eligible(candidates, rreq), self.router.current())
 
     async def serve(
         self, pools: PDSplit, path: str, model: str, principal: Principal | None,
@@ -100,10 +117,12 @@ class PDPath:
                 self.prefill_retries += 1
                 ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
                 continue
-            if reply.status != 200:  # the engine refused the request itself (4xx)
-                ing._finish(path, model, principal, pre, reply.status, stream, len(tried),
-                            t0, started, None, None, doc)
-                return reply
+            if reply.status != 200:
+                # A 4xx: the request may be at fault, or the node (a member that claims the
+                # prefill role and refuses everything would fail every request for the
+                # model): the colocated path serves it, or answers its own 4xx.
+                ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
+                break
             handle = handle_of(reply)
             if handle is not None:
                 break

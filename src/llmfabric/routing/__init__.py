@@ -32,8 +32,9 @@ Pure core: no sockets, no clocks. Files:
   BlockRemoved, AllBlocksCleared over ZMQ, msgpack); `KvEventError` for hostile input.
 - walltime.py: `walltime_filter` (prefer nodes whose allocation outlasts the request, from
   max_tokens and the simulator's per-token time), `requested_tokens`, `sim_rate`, `fixed_rate`.
-- pd.py: prefill/decode disaggregation (ThunderServe): `split(candidates)` into prefill /
-  decode / both pools by the records' roles (None: no live pair, route as usual),
+- pd.py: prefill/decode disaggregation (ThunderServe): `split(candidates, plan)` into
+  prefill / decode pools (a trusted plan's sessions; without one, a fleet whose live nodes
+  are all disaggregated; None: no live pair, route as usual),
   `PDPlanTable` (the planner's X/Y over sessions, validated), `PDRouter.pick_prefill` /
   `pick_decode` (plan weights renormalised over live, untried nodes).
 - pd_plan.py: the PD routing plan as a registry item (`NodeMeta.pd_plan` of the controller's

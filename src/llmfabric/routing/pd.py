@@ -1,17 +1,21 @@
 """Prefill/decode pairs for one request (ThunderServe orchestration; COMPANIONS.md §1.8).
 
 Nodes advertise a role per served model in their records (`ServedModel.role`: prefill,
-decode or both). When a model has a live prefill node AND a live decode node, a request runs
-in two phases (the ingress's pd_path.py): prefill on a node of `split.prefill`, decode on one
-of `split.decode`. Without such a pair there is no split and the request is routed as usual
-(colocated: every role also serves plain requests).
+decode or both). A role is the node's own claim, so who may take a phase is decided thus:
 
-The pair follows a routing plan when one is set (`PDPlanTable`: the planner's X over prefill
-replicas and Y[i] over decode replicas for requests prefilled on i, keyed by session id):
-weights of suspected, already tried or unknown replicas are dropped and the rest renormalised,
-so losing a node shifts its share to the others. A plan naming no live node on a side, or no
-plan at all, means uniform weights over that side. "both" nodes join a side only when it has
-no pure node left to try.
+- With a routing plan (`PDPlanTable`, from a trusted controller: the planner's X over
+  prefill replicas and Y[i] over decode replicas for requests prefilled on i, keyed by
+  session id), the pools are the sessions the plan names on each side (whose roles allow the
+  side). A member that merely claims a role takes no phase. Weights of suspected, already
+  tried or unknown replicas are dropped and the rest renormalised, so losing a node shifts
+  its share to the others (uniform when none of a side's weight is left).
+- Without a plan, the fleet splits only when every live candidate is disaggregated (pure
+  prefill or decode, no "both" node: a fleet deployed for PD), with uniform weights. A member
+  that claims "prefill" among colocated nodes would otherwise have taken the prefill of every
+  request for the model (seeing every prompt); now such a fleet is routed as usual.
+
+When the pools hold no live pair the request is routed as usual (colocated: every role also
+serves plain requests).
 """
 
 from __future__ import annotations
@@ -99,30 +103,29 @@ class PDPlanTable:
 
 @dataclass(frozen=True, slots=True)
 class PDSplit:
-    """The request's two pools: pure-role nodes first, "both" nodes as each side's reserve."""
+    """The request's two pools."""
 
     prefill: tuple[Candidate, ...]
     decode: tuple[Candidate, ...]
-    both: tuple[Candidate, ...]
 
 
-def split(candidates: Iterable[Candidate]) -> PDSplit | None:
-    """The prefill/decode pools of a model's candidates, or None when no live pair exists."""
-    pre: list[Candidate] = []
-    dec: list[Candidate] = []
-    both: list[Candidate] = []
-    for c in candidates:
-        role = c.model.role
-        (pre if role == ModelRole.PREFILL else dec if role == ModelRole.DECODE else both
-         ).append(c)
-    live_pre = any(not c.suspected for c in pre)
-    live_dec = any(not c.suspected for c in dec)
-    live_both = any(not c.suspected for c in both)
-    if not (live_pre or live_dec):
-        return None  # no disaggregated node alive: plain (colocated) routing
-    if not ((live_pre or live_both) and (live_dec or live_both)):
+def split(candidates: Iterable[Candidate], plan: PDPlanTable | None = None) -> PDSplit | None:
+    """The prefill/decode pools of a model's candidates under `plan` (the module doc), or
+    None when no live pair exists."""
+    cands = list(candidates)
+    if plan is not None:
+        named_pre, named_dec = set(plan.prefill), set(plan.decode)
+        pre = [c for c in cands if c.session_id in named_pre and c.model.role != ModelRole.DECODE]
+        dec = [c for c in cands if c.session_id in named_dec
+               and c.model.role != ModelRole.PREFILL]
+    else:
+        if any(c.model.role == ModelRole.BOTH and not c.suspected for c in cands):
+            return None  # colocated nodes are live: no split on claims alone
+        pre = [c for c in cands if c.model.role == ModelRole.PREFILL]
+        dec = [c for c in cands if c.model.role == ModelRole.DECODE]
+    if not (any(not c.suspected for c in pre) and any(not c.suspected for c in dec)):
         return None  # one side has nobody: every role serves plain requests
-    return PDSplit(tuple(pre), tuple(dec), tuple(both))
+    return PDSplit(tuple(pre), tuple(dec))
 
 
 def _weighted(cands: Sequence[Candidate], weights: Sequence[float], rng: random.Random
@@ -165,7 +168,7 @@ class PDRouter:
         return self.feed()
 
     def pick_prefill(self, pools: PDSplit, tried: Iterable[str] = ()) -> Candidate | None:
-        cands = _open(pools.prefill, tried) or _open(pools.both, tried)
+        cands = _open(pools.prefill, tried)
         if not cands:
             return None
         plan = self.current()
@@ -174,7 +177,7 @@ class PDRouter:
 
     def pick_decode(self, pools: PDSplit, prefill_session: str, tried: Iterable[str] = ()
                     ) -> Candidate | None:
-        cands = _open(pools.decode, tried) or _open(pools.both, tried)
+        cands = _open(pools.decode, tried)
         if not cands:
             return None
         plan = self.current()

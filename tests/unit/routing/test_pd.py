@@ -26,14 +26,39 @@ def test_no_split_without_a_live_disaggregated_pair() -> None:
     assert split([cand("a", "both"), cand("b", "both")]) is None
     assert split([cand("p", "prefill"), cand("q", "prefill")]) is None  # nobody decodes
     assert split([cand("p", "prefill"), cand("d", "decode", suspected=True)]) is None
-    pools = split([cand("p", "prefill"), cand("d", "decode"), cand("b", "both")])
-    assert pools is not None and [c.session_id for c in pools.both] == ["b"]
-    # a dead decode side borrows the colocated node
-    pools = split([cand("p", "prefill"), cand("d", "decode", suspected=True),
-                   cand("b", "both")])
+    pools = split([cand("p", "prefill"), cand("d", "decode")])  # a fleet deployed for PD
+    assert pools is not None and [c.session_id for c in pools.prefill] == ["p"]
+    # colocated nodes are live and there is no plan: routed as usual
+    assert split([cand("p", "prefill"), cand("d", "decode"), cand("b", "both")]) is None
+    # a plan decides, whatever else is live; its sessions may be "both" nodes
+    plan = PDPlanTable("plan", ("p", "b"), ("d",), (0.5, 0.5), ((1.0,), (1.0,)))
+    pools = split([cand("p", "prefill"), cand("d", "decode"), cand("b", "both")], plan)
     assert pools is not None
-    r = PDRouter(random.Random(0))
-    assert r.pick_decode(pools, "p").session_id == "b"  # type: ignore[union-attr]
+    assert [c.session_id for c in pools.prefill] == ["p", "b"]
+    assert [c.session_id for c in pools.decode] == ["d"]
+    # the plan's decode side is dead: routed as usual, not to a node the plan did not name
+    assert split([cand("p", "prefill"), cand("d", "decode", suspected=True),
+                  cand("b", "both")], plan) is None
+
+
+@pytest.mark.hostile
+def test_a_member_claiming_a_role_takes_no_phase_it_was_not_given() -> None:
+    """A member announcing role=prefill among colocated nodes took the prefill of every
+    request for the model (pure nodes went first): it saw every prompt, unbounded by any
+    load share. Without a plan such a fleet is not split; under a plan only the sessions it
+    names take a phase."""
+    colocated = [cand(f"b{i}", "both") for i in range(3)]
+    assert split([*colocated, cand("evil", "prefill")]) is None
+    plan = PDPlanTable("plan", ("p1",), ("d1",), (1.0,), ((1.0,),))
+    cands = [cand("p1", "prefill"), cand("d1", "decode"), cand("evil", "prefill"),
+             cand("evil2", "decode")]
+    pools = split(cands, plan)
+    assert pools is not None
+    r = PDRouter(random.Random(1))
+    r.set_plan(plan)
+    assert {r.pick_prefill(pools).session_id for _ in range(200)} == {"p1"}  # type: ignore[union-attr]
+    assert {r.pick_decode(pools, "p1").session_id for _ in range(200)} == {"d1"}  # type: ignore[union-attr]
+    assert r.pick_prefill(pools, tried=("p1",)) is None  # never the claimant
 
 
 def test_plan_weights_are_followed_and_renormalised_when_a_node_is_lost() -> None:
@@ -66,6 +91,8 @@ def test_picks_are_live_untried_and_of_the_right_side(
     cands = [cand(f"s{i}", role, sus) for i, (role, sus) in enumerate(spec)]
     tried = {f"s{i}" for i in tried_idx}
     pools = split(cands)
+    if any(c.model.role == "both" and not c.suspected for c in cands):
+        assert pools is None  # no plan and colocated nodes live: no split
     if pools is None:
         return
     r = PDRouter(random.Random(seed))
@@ -74,9 +101,7 @@ def test_picks_are_live_untried_and_of_the_right_side(
         if got is None:
             continue
         assert not got.suspected and got.session_id not in tried
-        pure = [c for c in cands if c.model.role == side and not c.suspected
-                and c.session_id not in tried]
-        assert got.model.role == (side if pure else "both")
+        assert got.model.role == side
 
 
 @pytest.mark.parametrize("kw", [
@@ -103,3 +128,24 @@ def test_a_controller_routing_decision_becomes_a_session_table() -> None:
         PDPlanTable.from_routing(SetRouting("p", (1.0,), ((1.0,),)))  # no sessions bound
     with pytest.raises(PlanError):
         PDPlanTable.from_routing(SetRouting("p", (1.0,), ((1.0,),), ("a", "b"), ("c",)))
+
+
+@pytest.mark.hostile
+def test_a_prefill_nodes_kv_handle_goes_on_only_flat_and_bounded() -> None:
+    import orjson
+
+    from llmfabric.ingress.errors import Reply
+    from llmfabric.ingress.pd_path import MAX_HANDLE_BYTES, handle_of
+
+    def reply(params: object) -> Reply:
+        return Reply(200, orjson.dumps({"kv_transfer_params": params}))
+
+    nixl = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e1",
+            "remote_host": "10.0.0.5", "remote_port": 5600,
+            "remote_block_ids": list(range(2048))}  # a 32k-token prompt's blocks
+    assert handle_of(reply(nixl)) == nixl
+    assert handle_of(reply({**nixl, "x": {"nested": {"deep": 1}}})) is None
+    assert handle_of(reply({**nixl, "x": [[1], [2]]})) is None
+    assert handle_of(reply({**nixl, "pad": "p" * MAX_HANDLE_BYTES})) is None
+    assert handle_of(reply({**nixl, "do_remote_prefill": "yes"})) is None
+    assert handle_of(Reply(200, b"not json")) is None
