@@ -100,6 +100,9 @@ class RoundRobinPolicy:
 
 # Relative capability of GPU classes (sim.gpu_names: one table for routing and the simulator).
 DEFAULT_GPU_WEIGHTS = GPU_CLASS_WEIGHTS
+# GPUs one engine counts with at most: a node's count is its own claim (the record accepts
+# up to 2**20), and one claiming a million GPUs took 9,999 of 10,000 weighted picks.
+MAX_WEIGHTED_GPUS = 16
 
 
 def gpu_weight(candidate: Candidate, table: Sequence[tuple[str, float]]) -> float:
@@ -109,7 +112,7 @@ def gpu_weight(candidate: Candidate, table: Sequence[tuple[str, float]]) -> floa
         if key in g:
             per_gpu = w
             break
-    return per_gpu * max(1, candidate.hardware.gpu_count)
+    return per_gpu * min(MAX_WEIGHTED_GPUS, max(1, candidate.hardware.gpu_count))
 
 
 class WeightedPolicy:

@@ -55,6 +55,20 @@ def test_weighted_prefers_bigger_gpus() -> None:
     assert counts["big"] > 10 * counts["small"]
 
 
+@pytest.mark.hostile
+def test_a_claimed_gpu_count_counts_up_to_a_bound_in_weighted() -> None:
+    """A record may claim up to 2**20 GPUs: counted as is, one node took nearly every
+    weighted pick. Past MAX_WEIGHTED_GPUS a claim adds nothing."""
+    from llmfabric.routing.policies import MAX_WEIGHTED_GPUS
+
+    recs = [(make_record("liar", gpu="H100", gpu_count=1 << 20), False),
+            (make_record("honest", gpu="H100", gpu_count=MAX_WEIGHTED_GPUS), False)]
+    pol = make_policy("weighted", random.Random(3))
+    counts = Counter(pol.pick(candidates_for("m", recs), RouteRequest("m")).session_id
+                     for _ in range(2000))
+    assert 0.4 < counts["liar"] / 2000 < 0.6
+
+
 def test_least_outstanding_avoids_the_busy_session() -> None:
     pol = make_policy("least_outstanding", random.Random(5))
     cands = _cands(2)
