@@ -10,7 +10,9 @@ Any admitted member can sign facts and records, so a replica checks more than si
 - new facts per author are rate limited by a token bucket (`rate_limited`); honest authors
   issue about one SUSPECT per probe period and EVICTs only when suspicions time out;
 - at most `max_evicts_per_entry` EVICT facts per session (`too_many_facts`);
-- a peer holds at most `max_sessions_per_peer` non-LEFT sessions (`sessions_per_peer`);
+- a peer holds at most `max_sessions_per_peer` non-LEFT sessions (`sessions_per_peer`), and
+  at most `max_held_sessions_per_peer` sessions in any state: a record born LEFT is not
+  live, but 3,000 of them from one key held 110 MB for a day (`sessions_held`);
 - an optional `RecordPolicy` (e.g. identity.provider.CertRecordPolicy: the record must carry
   an operator-signed membership certificate naming its key) can refuse records.
 An eviction needs EVICT facts from `eviction_quorum` (k) distinct authors at one incarnation,
@@ -37,6 +39,9 @@ class TrustConfig:
     # number of other live peers, so a 2-node fleet can still evict a dead peer.
     eviction_quorum: int = 3
     max_sessions_per_peer: int = 8
+    # Sessions of one peer held in any state (LEFT ones stay retention_s, 24 h): an honest
+    # node restarting its engine every few minutes for a day stays well under it.
+    max_held_sessions_per_peer: int = 512
     # New facts accepted per author: `fact_burst` at once, then `fact_rate_per_s`.
     fact_rate_per_s: float = 1.0
     fact_burst: float = 256.0
@@ -45,6 +50,8 @@ class TrustConfig:
     def __post_init__(self) -> None:
         if self.eviction_quorum < 1 or self.max_sessions_per_peer < 1:
             raise RegistryError("eviction_quorum and max_sessions_per_peer must be >= 1")
+        if self.max_held_sessions_per_peer < self.max_sessions_per_peer:
+            raise RegistryError("max_held_sessions_per_peer must be >= max_sessions_per_peer")
         if not (self.fact_rate_per_s > 0 and self.fact_burst >= 1):
             raise RegistryError("fact_rate_per_s must be > 0 and fact_burst >= 1")
         if self.max_evicts_per_entry < self.eviction_quorum:

@@ -242,7 +242,11 @@ class Replica:
             reason = self._policy.refuse(rec, wall)
             if reason is not None:
                 return reason
-        if item.session_id in self.entries or rec.state is Lifecycle.LEFT:
+        if item.session_id in self.entries:
+            return None
+        if len(self._sessions_of.get(rec.peer_id, ())) >= self.trust.max_held_sessions_per_peer:
+            return "sessions_held"
+        if rec.state is Lifecycle.LEFT:
             return None
         cap = self.trust.max_sessions_per_peer
         if self._policy is not None:

@@ -194,6 +194,32 @@ async def test_a_thousand_sessions_under_one_key_are_capped(make_cluster: MakeCl
     assert _all_routable(honest)
 
 
+async def test_sessions_born_left_under_one_key_are_capped_too(make_cluster: MakeCluster
+                                                               ) -> None:
+    """A record born LEFT is not live, so the live cap let one key store 3,000 of them
+    (15 KB each: 110 MB for a day, spread by gossip, with quadratic bookkeeping per key).
+    Sessions held per peer, in any state, are capped."""
+    from llmfabric.registry.guard import TrustConfig
+
+    c, honest = await _fleet(make_cluster)
+    att = Attacker(c, models=(ServedModel("m"),))
+    att.join()
+    cap = TrustConfig().max_held_sessions_per_peer
+    records = []
+    for _ in range(cap + 100):
+        o = RecordOwner(att.key, att.owner.record.meta, wall=c.clock.wall())
+        records.append(item_parts(o.set_state(Lifecycle.LEFT, wall=c.clock.wall())))
+    for i in range(0, len(records), 50):
+        att.send(records[i:i + 50])
+    await c.clock.advance(10.0)
+    for a in honest:
+        mine = [s for s, e in a.replica.entries.items()
+                if e.record is not None and e.record.record.peer_id == att.key.peer_id]
+        assert len(mine) <= cap
+        assert a.replica.rejected["sessions_held"] >= 100
+    assert _all_routable(honest)
+
+
 async def test_a_forged_record_for_an_honest_session_never_enters(
     make_cluster: MakeCluster,
 ) -> None:
