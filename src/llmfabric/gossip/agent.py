@@ -106,7 +106,10 @@ class GossipAgent:
         self.models = ModelRegistry(self.replica)
         self.queue = BroadcastQueue(self.config.max_queued)
         self.suspicion = SuspicionTracker(clock, self.config)
-        self.anti_entropy = AntiEntropy(self.replica, self._send, self.config.max_message_bytes)
+        self.anti_entropy = AntiEntropy(
+            self.replica, self._send, self.config.max_message_bytes, now=self.clock.now,
+            round_timeout_s=max(30.0, 4 * self.config.sync_interval_s),
+            round_interval_s=self.config.sync_interval_s)
         self.prober = Prober(
             clock, self.config, self.rng, local_peer=transport.local_id,
             members=self.members, send=self._send, piggyback=self._piggyback,
