@@ -494,7 +494,7 @@ def test_pipelined_bodies_behind_an_unread_stream_are_bounded_in_bytes(env: Env)
         cap = conn.max_queued_bytes
         assert cap == env.front.max_body
         assert conn.reading_paused and cap <= conn.queued_bytes <= cap + len(big)
-        assert sent > 2 * cap  # (the rest waits in the kernel's buffers, then the sender's)
+        assert sent > cap + len(big)  # more was sent than is queued: the bound held it
     finally:
         s.close()
     honest_call(env)
