@@ -14,6 +14,7 @@ import json
 import logging
 import pathlib
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +24,7 @@ from llmfabric.launch.errors import LaunchError
 from llmfabric.launch.launcher import SlurmLauncher, capacity_config
 from llmfabric.launch.profile import load_profile
 from llmfabric.launch.slurm import Slurm
+from llmfabric.registry.records import NodeRecord
 from llmfabric.scheduler.observed import observed_workload
 
 
@@ -50,9 +52,15 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
                 load = workload.get(model)
                 return load.arrival_rate if load is not None else 0.0
 
+            node, provider = ctl_node.node, profile.fabric.provider
+            trusted: Callable[[NodeRecord], bool] | None = None
+            if node.config.operator_key and provider:  # (PSK: no identity binds a name)
+                def trusted(rec: NodeRecord) -> bool:
+                    return node.providers.identity(rec) == provider
+
             launcher = SlurmLauncher(Slurm(), profile, clock, demand, live,
                                      source=str(profile_path), interval_s=interval,
-                                     capacity=capacity)
+                                     capacity=capacity, trusted=trusted)
             if once:
                 decisions = await launcher.step()
                 sys.stdout.write(json.dumps(

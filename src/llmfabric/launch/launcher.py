@@ -71,19 +71,27 @@ def capacity_config(profile: SlurmProfile) -> CapacityConfig:
 
 
 def job_views(queued: Iterable[tuple[str, str, float | None]],
-              records: Iterable[NodeRecord]) -> list[JobView]:
-    """(job id, state, end) from squeue, joined with the records labelled with that job."""
-    by_job: dict[str, NodeRecord] = {}
+              records: Iterable[NodeRecord],
+              trusted: Callable[[NodeRecord], bool] | None = None) -> list[JobView]:
+    """(job id, state, end) from squeue, joined with the records labelled with that job.
+
+    A `slurm_job` label is its record's claim, and job ids are public (every job's node
+    shows its own), so a member could claim ours: marked idle, a busy job was cancelled;
+    marked busy, an idle one held its GPUs to the time limit. `trusted` (certificate
+    networks: the record's verified provider is the profile's) keeps the others out; and of
+    several records claiming one job the busiest counts, so no claim makes a busy job look
+    idle (on PSK networks, where any member can claim, one can still keep a job alive)."""
+    by_job: dict[str, list[NodeRecord]] = {}
     for rec in records:
         job = rec.meta.label("slurm_job")
-        if job and rec.state < Lifecycle.DOWN:
-            by_job[job] = rec
+        if job and rec.state < Lifecycle.DOWN and (trusted is None or trusted(rec)):
+            by_job.setdefault(job, []).append(rec)
     out = []
     for job_id, state, end in queued:
-        node = by_job.get(job_id)
+        nodes = by_job.get(job_id, [])
         out.append(JobView(job_id, state, end,
-                           serving=node is not None and node.state is Lifecycle.SERVING,
-                           inflight=node.meta.load.inflight if node is not None else 0))
+                           serving=any(n.state is Lifecycle.SERVING for n in nodes),
+                           inflight=max((n.meta.load.inflight for n in nodes), default=0)))
     return out
 
 
@@ -91,8 +99,10 @@ class SlurmLauncher:
     def __init__(self, slurm: Slurm, profile: SlurmProfile, clock: Clock,
                  demand: Callable[[], float], records: Callable[[], Iterable[NodeRecord]],
                  *, source: str = "", interval_s: float = 30.0,
-                 capacity: CapacityConfig | None = None) -> None:
+                 capacity: CapacityConfig | None = None,
+                 trusted: Callable[[NodeRecord], bool] | None = None) -> None:
         self.slurm = slurm
+        self._trusted = trusted
         self.profile = profile
         self.script = render_sbatch(profile, source=source)
         self.clock = clock
@@ -112,7 +122,7 @@ class SlurmLauncher:
 
     async def step(self) -> list[CapacityDecision]:
         queued, wait = await asyncio.to_thread(self._observe)
-        jobs = job_views(queued, self._records())
+        jobs = job_views(queued, self._records(), self._trusted)
         now = self.clock.wall()
         decisions, self.state = decide(self._demand(), jobs, wait, now, self.state,
                                        self.config)

@@ -3,6 +3,7 @@ applies `capacity.decide`'s decisions with sbatch/scancel, on a virtual clock.""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Sequence
 from typing import Any
@@ -108,3 +109,22 @@ def test_job_views_join_the_registry_by_label() -> None:
                       records)
     assert [(v.job_id, v.serving, v.inflight) for v in views] == [
         ("7", True, 2), ("8", False, 0), ("9", False, 0)]
+
+
+def test_a_member_claiming_our_job_cannot_make_it_look_idle_or_steer_it() -> None:
+    """Job ids are public, so any member can label its record `slurm_job=<ours>`. Of several
+    claims the busiest counts (a claim of idleness cannot get a busy job cancelled); with a
+    trust check (certificate networks: the verified provider is the profile's), the others'
+    claims are not read at all (one cannot keep an idle job alive either)."""
+    ours = node_of("7", inflight=3)
+    liar_idle = dataclasses.replace(node_of("7", inflight=0), session_id="liar1",
+                                    peer_id="evil")
+    liar_busy = dataclasses.replace(node_of("8", inflight=9), session_id="liar2",
+                                    peer_id="evil")
+    queued = [("7", "RUNNING", 1.0), ("8", "RUNNING", 2.0)]
+    for order in ([ours, liar_idle, liar_busy], [liar_busy, liar_idle, ours]):
+        views = job_views(queued, order)
+        assert [(v.job_id, v.inflight) for v in views] == [("7", 3), ("8", 9)]
+        views = job_views(queued, order, trusted=lambda r: r.peer_id != "evil")
+        assert [(v.job_id, v.serving, v.inflight) for v in views] == [
+            ("7", True, 3), ("8", False, 0)]

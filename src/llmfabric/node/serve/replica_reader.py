@@ -104,4 +104,5 @@ def current_session_reader(node: Node, clock: Clock | None = None) -> AgentRepli
             raise RuntimeError("the node has no session (it is stopping)")
         return current
 
-    return AgentReplicaReader(agent, clock if clock is not None else node.clock)
+    return AgentReplicaReader(agent, clock if clock is not None else node.clock,
+                              node.providers.identity)
