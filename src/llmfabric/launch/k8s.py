@@ -165,6 +165,14 @@ def _deployment(p: K8sProfile, name: str, component: str, replicas: int,
     }
 
 
+def _literal(values: list[str]) -> list[str]:
+    """Profile values as the container sees them: Kubernetes expands `$(VAR)` in args (and
+    turns `$$` into `$`), so a label `team: $(LLMFABRIC_NETWORK_SECRET)` would have put the
+    secret into the node's signed record. Every `$` is doubled; only the renderer's own
+    `$(POD_IP)` is expanded."""
+    return [v.replace("$", "$$") for v in values]
+
+
 def _common_args(p: K8sProfile) -> list[str]:
     return ["start", "--listen", f"0.0.0.0:{PEER_PORT}", "--http-listen",
             f"0.0.0.0:{HTTP_PORT}", "--preset", p.preset,
@@ -177,8 +185,8 @@ def render_k8s(p: K8sProfile) -> list[dict[str, Any]]:
     service_dns = f"{ingress_name}.{p.namespace}.svc.cluster.local:{PEER_PORT}"
     ing = p.ingress
     ingress_args = [*_common_args(p), "--ingress", "--relay", "--tier", "stable",
-                    "--provider", p.name, "--public-addr", ing.public_addr or service_dns,
-                    *ing.args]
+                    *_literal(["--provider", p.name, "--public-addr",
+                               ing.public_addr or service_dns, *ing.args])]
     res = {"requests": {"cpu": ing.cpu, "memory": ing.memory},
            "limits": {"memory": ing.memory}}
     volume = ({"persistentVolumeClaim": {"claimName": ing.storage_claim}}
@@ -199,8 +207,9 @@ def render_k8s(p: K8sProfile) -> list[dict[str, Any]]:
         labels = [x for k, v in sorted({"site": p.name, **prov.labels}.items())
                   for x in ("--label", f"{k}={v}")]
         args = [*_common_args(p), "--bootstrap", service_dns,
-                "--public-addr", f"$(POD_IP):{PEER_PORT}", "--provider", prov.name, *labels,
-                *prov.args, "--process", *prov.engine]
+                "--public-addr", f"$(POD_IP):{PEER_PORT}",
+                *_literal(["--provider", prov.name, *labels, *prov.args, "--process",
+                           *prov.engine])]
         limits: dict[str, Any] = {"memory": prov.memory}
         if prov.gpus:
             limits[prov.gpu_resource] = prov.gpus

@@ -61,6 +61,21 @@ def time_limit_s(text: str) -> int:
     return int(a) * 3600 + int(b) * 60 + int(c)
 
 
+# A value of an #SBATCH line: Slurm's directive parser splits words on any whitespace (tab,
+# \v and \f too), ends the line at '#' and unescapes '\' even inside quotes, so a value with
+# any of those can carry a directive of its own (`partition: "gpu\t--account=theirs"`).
+# Partition, account, QoS, GRES type, constraint expressions (`a100&ib`, `[r1|r2]`) and
+# output patterns (`logs/%x-%j.out`) need none of them.
+_DIRECTIVE = re.compile(r"^[A-Za-z0-9_.,:/%=@+\-&|\[\]*!~]+$")
+
+
+def _directive(value: str, what: str) -> str:
+    if not _DIRECTIVE.match(value):
+        raise ValueError(f"{what} {value!r}: an #SBATCH value takes letters, digits and "
+                         "'_.,:/%=@+-&|[]*!~' only (no spaces, quotes, '#' or '\\')")
+    return value
+
+
 def _one_line(value: str, what: str) -> str:
     if "\n" in value or "\r" in value or "\x00" in value:
         raise ValueError(f"{what} must be one line")
@@ -217,13 +232,13 @@ class SlurmProfile(BaseModel):
     @field_validator("partition", "account", "qos", "gpu_type", "constraint", "output")
     @classmethod
     def _line(cls, v: str | None) -> str | None:
-        return None if v is None else _one_line(v, "value")
+        return None if v is None else _directive(v, "value")
 
     @field_validator("sbatch")
     @classmethod
     def _sbatch(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for opt in v:
-            _one_line(opt, "sbatch option")
+            _directive(opt, "sbatch option")
             if not opt.startswith("-"):
                 raise ValueError(f"sbatch option {opt!r} must start with '-'")
         return v

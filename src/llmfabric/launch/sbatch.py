@@ -37,14 +37,15 @@ for port in (random.sample(range(10000, low), 64) if low - 10000 >= 1000 else []
         print(s.getsockname()[1])
         break
 """
-_PATHLIKE = re.compile(r"^[A-Za-z0-9_./~${}@:+=-]+$")
+# ('@' is left out: bash re-expands ${VAR@P} as a prompt string, command substitutions too)
+_PATHLIKE = re.compile(r"^[A-Za-z0-9_./~${}:+=-]+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _path_word(value: str, what: str) -> str:
     """A path that may use $VAR/${VAR} and a leading ~, as one double-quoted shell word."""
     if not _PATHLIKE.match(value):
-        raise ProfileError(f"{what} {value!r}: only letters, digits, '/._-~@:+=' and $VARS")
+        raise ProfileError(f"{what} {value!r}: only letters, digits, '/._-~:+=' and $VARS")
     if value.startswith("~/") or value == "~":
         value = "$HOME" + value[1:]
     return f'"{value}"'
@@ -94,7 +95,7 @@ def sbatch_directives(profile: SlurmProfile) -> list[str]:
     if p.constraint:
         opts.append(f"--constraint={p.constraint}")
     opts.extend(p.sbatch)
-    return [f"#SBATCH {shlex.quote(o)}" if " " in o else f"#SBATCH {o}" for o in opts]
+    return [f"#SBATCH {o}" for o in opts]  # (values are checked to need no quoting)
 
 
 def node_argv(profile: SlurmProfile) -> list[str]:

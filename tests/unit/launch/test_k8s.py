@@ -87,3 +87,17 @@ def test_the_cli_prints_applyable_yaml() -> None:
     assert len(docs) == 3 and "&id" not in done.stdout
     for d in docs:
         kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+
+
+@pytest.mark.hostile
+def test_profile_values_reach_the_container_literally() -> None:
+    """Kubernetes expands $(VAR) in args and turns $$ into $: a label
+    `team: $(LLMFABRIC_NETWORK_SECRET)` would have published the secret in the node's signed
+    record. Profile values are escaped; only the renderer's $(POD_IP) is expanded."""
+    p = profile(providers=[{"name": "llama", "engine": "vllm serve m --served-model-name cost$1",
+                            "labels": {"team": "$(LLMFABRIC_NETWORK_SECRET)"},
+                            "args": ["--tier", "$(HOME)"]}])
+    args = container(render_k8s(p)[2])["args"]
+    assert "team=$$(LLMFABRIC_NETWORK_SECRET)" in args and "$$(HOME)" in args
+    assert "cost$$1" in args
+    assert [a for a in args if "POD_IP" in a] == ["$(POD_IP):7946"]

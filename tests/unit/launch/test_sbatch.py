@@ -76,8 +76,21 @@ def test_hostile_values_are_quoted_or_refused() -> None:
     with pytest.raises(ProfileError, match="secret_file"):
         render_sbatch(parse_profile(base(fabric={"bootstrap": ["a:1"],
                                                  "secret_file": "$(cat /etc/shadow)"})))
-    with pytest.raises(ProfileError, match="one line"):
-        parse_profile(base(partition="gpu\n#SBATCH --account=other"))
+    # an #SBATCH value: Slurm splits directive words on any whitespace, '#' ends the line,
+    # '\\' escapes even in quotes: each of these would have carried a directive of its own
+    for field, value in (("partition", "gpu\n#SBATCH --account=other"),
+                         ("partition", "gpu\t--account=someone-elses-grant"),
+                         ("qos", "normal\v--exclusive"), ("account", "proj#2"),
+                         ("output", "log\\"), ("constraint", "a b"),
+                         ("sbatch", ["--mail-user='x --account=y'"])):
+        with pytest.raises(ProfileError, match="an #SBATCH value"):
+            parse_profile(base(**{field: value}))
+    ok = parse_profile(base(constraint="a100&ib|[r1|r2]", output="logs/%x-%j.out",
+                            sbatch=["--exclusive", "--mail-type=END"]))
+    assert "#SBATCH --constraint=a100&ib|[r1|r2]" in render_sbatch(ok)
+    with pytest.raises(ProfileError, match="secret_file"):  # ${VAR@P} runs a prompt expansion
+        render_sbatch(parse_profile(base(fabric={"bootstrap": ["a:1"],
+                                                 "secret_file": "${HOSTINFO@P}"})))
     for bad in ({"engine": ["serve", "a\rb"]}, {"env": {"X": "1\n2"}},
                 {"fabric": {"bootstrap": ["a:1"], "secret_file": "/s", "labels": {"k": "v\n"}}}):
         with pytest.raises(ProfileError, match="one line"):
