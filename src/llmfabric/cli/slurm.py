@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.console import printable
 from llmfabric.launch.errors import LaunchError
 from llmfabric.launch.profile import SlurmProfile, load_profile
 from llmfabric.launch.sbatch import render_sbatch
@@ -144,6 +145,7 @@ def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str
         seen = "; ".join(f"{f['state']} {','.join(f['models']) or '-'} {f['session_id'][:12]}"
                          for f in fabric) if fabric else ("no node in the fabric"
                                                           if fabric is not None else "")
+        seen = printable(seen)  # (other nodes' records: no terminal escapes)
         extra = row.get("reason") or row.get("note") or row.get("exit") or ""
         click.echo(f"{row['job']:>10} {row['state']:<11} {row.get('host', ''):<12} "
                    f"{extra:<24} {seen}".rstrip())
