@@ -105,9 +105,11 @@ class Prober:
 
     def _next_seq(self) -> int:
         # (from the OS, not the injected rng: a sequence number changes no decision, and
-        # drawing it from the rng would shift every later probe choice of a seeded run)
+        # drawing it from the rng would shift every later probe choice of a seeded run;
+        # 32 bits: 5 bytes on the wire, as a long-running counter; the sender check, not
+        # the number, is what keeps others' acks out)
         while True:
-            seq = secrets.randbits(62)
+            seq = secrets.randbits(32)
             if seq not in self._pending and seq not in self._relays:
                 return seq
 
