@@ -62,13 +62,21 @@ class _Rounds:
     """Peers we expect a given answer from, until a deadline, with what each round already
     answered (bounded, oldest first out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout = timeout_s
         self._open: OrderedDict[PeerId, tuple[float, set[object]]] = OrderedDict()
 
     def expect(self, peer: PeerId, until: float) -> None:
         self._open.pop(peer, None)
         self._open[peer] = (until, set())
         if len(self._open) > MAX_ROUNDS_TRACKED:
+            self._open.popitem(last=False)
+        # Rounds get one timeout, so insertion order is deadline order: the expired ones
+        # leave from the front (only the last timeout's rounds are held).
+        while self._open:
+            _, (first, _) = next(iter(self._open.items()))
+            if first >= until - self._timeout:
+                break
             self._open.popitem(last=False)
 
     def answered(self, peer: PeerId, now: float) -> set[object] | None:
@@ -93,9 +101,9 @@ class AntiEntropy:
         self._budget = max_bytes - 512
         self._now = now or (lambda: 0.0)
         self._timeout = round_timeout_s
-        self._started = _Rounds()  # we sent SYNC_ROOT: SYNC_BUCKETS may come
-        self._bucketed = _Rounds()  # we sent SYNC_BUCKETS: SYNC_DIGEST may come (per bucket)
-        self._digested = _Rounds()  # we sent SYNC_DIGEST: `want` may come (per session)
+        self._started = _Rounds(round_timeout_s)  # we sent SYNC_ROOT: SYNC_BUCKETS may come
+        self._bucketed = _Rounds(round_timeout_s)  # sent SYNC_BUCKETS: SYNC_DIGEST (per bucket)
+        self._digested = _Rounds(round_timeout_s)  # sent SYNC_DIGEST: `want` (per session)
         self._rounds_in = AuthorLimiter(1.0 / round_interval_s, rounds_burst)
         self.rounds = 0
         self.repairs = 0

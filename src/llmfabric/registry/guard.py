@@ -71,11 +71,14 @@ class RecordPolicy(Protocol):
 
 
 class AuthorLimiter:
-    """A token bucket per author, for at most MAX_TRACKED_AUTHORS authors (LRU)."""
+    """A token bucket per author, for at most MAX_TRACKED_AUTHORS authors (LRU). A bucket
+    unused for as long as it takes to refill is full again, so it is forgotten: only the
+    authors active in the last burst / rate seconds are held."""
 
     def __init__(self, rate: float, burst: float) -> None:
         self._rate = rate
         self._burst = burst
+        self._refill_s = burst / rate
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def allow(self, author: str, now: float) -> bool:
@@ -84,6 +87,11 @@ class AuthorLimiter:
         ok = tokens >= 1.0
         self._buckets[author] = (tokens - 1.0 if ok else tokens, now)
         if len(self._buckets) > MAX_TRACKED_AUTHORS:
+            self._buckets.popitem(last=False)
+        while self._buckets:  # (least recently used first)
+            _, (_, oldest) = next(iter(self._buckets.items()))
+            if now - oldest < self._refill_s:
+                break
             self._buckets.popitem(last=False)
         return ok
 

@@ -73,3 +73,15 @@ async def test_rounds_a_peer_starts_are_rate_limited() -> None:
     await clock.advance(2.0)  # one more round a sync interval later
     ae.on_root("peer", SyncRoot(0, 0))
     assert sum(isinstance(m, SyncBuckets) for p, m in sent if p == "peer") == 5
+
+
+async def test_round_state_is_held_only_as_long_as_it_matters() -> None:
+    """What a node remembers of rounds (and of each peer's round budget) is bounded by the
+    last timeout, not by how many peers ever synced with it (10,000 at scale)."""
+    clock, _, ae, _ = _node(3)
+    for i in range(200):
+        ae.on_root(f"peer{i}", SyncRoot(0, 0))
+        ae.start(f"peer{i}")
+        await clock.advance(1.0)
+    assert len(ae._bucketed._open) <= 31 and len(ae._started._open) <= 31
+    assert len(ae._rounds_in) <= 9  # full buckets (burst 4 / 0.5 per s = 8 s) are dropped
