@@ -101,15 +101,16 @@ class Prober:
         self._pending: dict[int, tuple[asyncio.Future[None], set[PeerId]]] = {}
         # our seq -> (asker, its seq, until, the target that must answer)
         self._relays: dict[int, tuple[PeerId, int, float, PeerId]] = {}
+        self._seqs = random.Random(secrets.randbits(64))  # (seeded from the OS once)
         self.paused = False
 
     def _next_seq(self) -> int:
-        # (from the OS, not the injected rng: a sequence number changes no decision, and
-        # drawing it from the rng would shift every later probe choice of a seeded run;
-        # 32 bits: 5 bytes on the wire, as a long-running counter; the sender check, not
-        # the number, is what keeps others' acks out)
+        # (not from the injected rng: a sequence number changes no decision, and drawing it
+        # there would shift every later probe choice of a seeded run; 32 bits: 5 bytes on
+        # the wire, as a long-running counter; the sender check, not the number, is what
+        # keeps others' acks out)
         while True:
-            seq = secrets.randbits(32)
+            seq = self._seqs.getrandbits(32)
             if seq not in self._pending and seq not in self._relays:
                 return seq
 
