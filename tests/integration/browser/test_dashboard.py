@@ -80,6 +80,8 @@ def test_nodes_page_shows_lifecycle_hardware_labels_and_path(
         LLAMA,
     ):
         assert text in h100.inner_text(), text
+    # a PSK fabric: a provider name is the node's claim, never shown as verified
+    assert "claimed" in h100.inner_text() and "verified" not in h100.inner_text()
     ingress = page.locator(f'#nodes-table tr[data-session="{fabric.sessions["ingress"]}"]')
     assert "ingress" in ingress.inner_text() and "bare node" in ingress.inner_text()
     assert page.locator('.stat[data-state="SERVING"] .stat-value').inner_text() == "3"

@@ -43,6 +43,23 @@ def test_model_view_counts_only_routable_nodes_and_skips_left() -> None:
     assert providers["p2"]["nodes"] == 2
 
 
+def test_a_provider_name_not_backed_by_the_nodes_verified_identity_is_marked() -> None:
+    """A name is a node's claim: an impostor claiming "uni-a" with another verified identity
+    is listed among the model's unverified providers; the real uni-a is not."""
+    observed = [
+        ObservedRecord(_rec("s1", Lifecycle.SERVING, "uni-a", "H100", "m"), False, 1.0,
+                       "uni-a"),
+        ObservedRecord(_rec("s2", Lifecycle.SERVING, "uni-a", "H100", "m"), False, 1.0,
+                       "mallory"),
+        ObservedRecord(_rec("s3", Lifecycle.SERVING, "uni-b", "H100", "n"), False, 1.0,
+                       "uni-b"),
+    ]
+    views = {v["id"]: v for v in model_views(observed)}
+    assert views["m"]["providers"] == ["uni-a"]
+    assert views["m"]["unverified_providers"] == ["uni-a"]
+    assert views["n"]["unverified_providers"] == []
+
+
 def test_model_view_sums_the_demand_live_ingresses_observe() -> None:
     def ingress(sid: str, state: Lifecycle, *demand: ModelDemand) -> ObservedRecord:
         meta = NodeMeta(roles=("ingress",), demand=demand)

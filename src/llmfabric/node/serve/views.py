@@ -81,11 +81,14 @@ def model_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
             entry = models.setdefault(
                 m.id,
                 {"id": m.id, "aliases": set(), "serving": 0, "nodes": [], "providers": set(),
-                 "gpus": set(), "quantizations": set(), "max_context": 0},
+                 "unverified_providers": set(), "gpus": set(), "quantizations": set(),
+                 "max_context": 0},
             )
             entry["aliases"].update(m.aliases)
             entry["nodes"].append(rec.session_id)
             entry["providers"].add(rec.meta.provider_id)
+            if obs.verified_provider != rec.meta.provider_id:  # (a name is a node's claim)
+                entry["unverified_providers"].add(rec.meta.provider_id)
             entry["gpus"].add(rec.meta.hardware.gpu_model)
             entry["quantizations"].add(m.quantization)
             entry["max_context"] = max(entry["max_context"], m.max_context)
@@ -96,7 +99,7 @@ def model_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
     out = []
     for entry in sorted(models.values(), key=lambda e: e["id"]):
         entry.setdefault("demand_rps", 0.0)
-        for key in ("aliases", "providers", "gpus", "quantizations"):
+        for key in ("aliases", "providers", "unverified_providers", "gpus", "quantizations"):
             entry[key] = sorted(entry[key])
         entry["nodes"] = sorted(entry["nodes"])
         out.append(entry)

@@ -103,7 +103,10 @@ function render(view, ctx, params) {
         : badge('Unavailable', 'bad')),
       h('td', {}, h('ul', { class: 'node-list' }, (m.nodes || []).map((sid) => nodeItem(sid)))),
       h('td', {}, (m.gpus || []).map(chip)),
-      h('td', {}, (m.providers || []).map(chip)),
+      h('td', {}, (m.providers || []).map((name) => (m.unverified_providers || []).includes(name)
+        ? h('span', { class: 'chip claimed', title: 'claimed by a node whose verified identity is not this name' },
+          name, h('span', { class: 'muted small' }, ' (claimed)'))
+        : chip(name))),
       h('td', {}, (m.quantizations || []).map(chip)),
       h('td', { class: 'num' }, fmtContext(m.max_context)),
       h('td', { class: 'num demand', title: 'Requests per second the ingress nodes observed over the last 5 minutes' },

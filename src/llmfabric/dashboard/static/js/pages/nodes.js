@@ -93,6 +93,19 @@ function render(view, ctx, params) {
       h('tbody', {}, shown.map(row))))));
   };
 
+  // A provider name is the node's own claim; the verified identity (its certificate's
+  // provider, or on PSK networks its key fingerprint) is what allowlists match. An impostor
+  // claiming another provider's name must not look like it.
+  const providerCell = (n) => {
+    if (!n.provider_id) return h('span', { class: 'muted' }, '–');
+    const verified = n.verified_provider && n.verified_provider === n.provider_id;
+    return [n.provider_id, ' ', verified
+      ? badge('verified', 'ok')
+      : h('span', { class: 'badge', title: n.verified_provider
+        ? `the name is the node's claim; its verified identity is ${n.verified_provider}`
+        : "the name is the node's claim; it has no verified identity" }, 'claimed')];
+  };
+
   const row = (n) => {
     const ds = displayState(n);
     const load = n.load || {};
@@ -104,7 +117,7 @@ function render(view, ctx, params) {
       h('td', { class: 'state-cell' }, badge(ds, BADGE[ds] || ''),
         n.suspected && ds !== 'suspected' ? [' ', badge('suspected', 'warn')] : null,
         h('div', { class: 'muted small' }, `inc ${n.incarnation} · v${n.version} · ${n.tier || ''}`)),
-      h('td', {}, n.provider_id || h('span', { class: 'muted' }, '–')),
+      h('td', {}, providerCell(n)),
       h('td', {}, hardwareText(n.hardware)),
       h('td', {}, h('div', {}, n.engine || h('span', { class: 'muted' }, 'bare node')),
         (n.models || []).map((m) => h('div', { class: 'small' },
