@@ -529,7 +529,7 @@ class _Connection(asyncio.Protocol):
         head_only = req.method == b"HEAD"
         hit = self.front.route(req)
         if isinstance(hit, Reply):
-            if req.url.startswith(b"/v1/messages"):
+            if hit.status >= 400 and req.url.startswith(b"/v1/messages"):
                 hit = to_anthropic(hit)  # (a wrong method or sub-path of the Messages API)
             self._send(hit, keep, head_only)
             return keep
