@@ -32,14 +32,19 @@ class _Nodes:
 
 
 def _agent(*records: tuple[NodeRecord, bool]) -> Any:
-    views = [types.SimpleNamespace(record=r, state=r.state, suspected=s) for r, s in records]
+    views = [types.SimpleNamespace(record=r, state=r.state, suspected=s, last_seen=0.0)
+             for r, s in records]
     return types.SimpleNamespace(nodes=_Nodes(views))
 
 
 def test_reader_follows_the_node_to_its_new_session() -> None:
-    node = types.SimpleNamespace(agent=_agent((_record("old", "p1"), False)))
+    # (the node's provider verifier names each record's verified identity in the views)
+    verifier = types.SimpleNamespace(identity=lambda rec: f"verified:{rec.peer_id}")
+    node = types.SimpleNamespace(agent=_agent((_record("old", "p1"), False)),
+                                 providers=verifier)
     reader = current_session_reader(node, SystemClock())  # type: ignore[arg-type]
     assert [r.session_id for r in reader.live_records()] == ["old"]
+    assert [o.verified_provider for o in reader.observed()] == ["verified:p1"]
     # the node was evicted and rejoined: a new agent with another view of the fleet
     node.agent = _agent((_record("new", "p2"), False), (_record("sus", "p3"), True))
     assert [r.session_id for r in reader.live_records()] == ["new"]  # suspected left out
