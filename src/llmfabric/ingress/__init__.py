@@ -25,7 +25,8 @@ Core (this directory):
   forwarded requests) and `FORWARDABLE_PATHS` (node side).
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total; TCP keepalive on
   direct connections), `TraceEvent`.
-- protocols.py: every interface of the request path, capabilities included (no probing):
+- protocols.py: every interface of the request path, capabilities included (no probing),
+  and `bearer_of` (the token an `Authenticator` is given):
   `CandidateSource` (`watch_down`: None without membership), `Authenticator`, `Principal`
   (`record_trace`), `UsageSink`, `Forwarder` (`enforces_timeouts`), `Upstream`
   (`read_capped`, `socket_relay()`: a `SocketRelay` or None), `StreamSink` (where a committed

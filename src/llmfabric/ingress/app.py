@@ -45,6 +45,7 @@ from llmfabric.ingress.protocols import (
     Principal,
     StreamSink,
     UsageSink,
+    bearer_of,
 )
 from llmfabric.ingress.request_json import BadJson, load_object
 from llmfabric.ingress.sources import merged_catalog
@@ -177,7 +178,7 @@ class Ingress:
     async def _authenticate(self, header: str) -> Principal | Reply:
         if self.auth is None:
             raise RuntimeError("authentication is switched off")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        token = bearer_of(header)
         if not token:
             return error_reply(
                 401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"

@@ -44,6 +44,11 @@ class Principal(Protocol):
         ...
 
 
+def bearer_of(header: str) -> str:
+    """The token of an `Authorization: Bearer <token>` value ("" when there is none)."""
+    return header[7:].strip() if header[:7].lower() == "bearer " else ""
+
+
 class Authenticator(Protocol):
     async def authenticate(self, token: str) -> Principal | None:
         """The principal for a bearer token, or None (-> 401). Must be fast (cached)."""

@@ -66,3 +66,21 @@ def test_node_config_names_a_bad_front_limit(tmp_path: pathlib.Path) -> None:
     ("caf\u00e9", "caf"), ("", "")])
 def test_safe_header_value(raw: str, safe: str) -> None:
     assert safe_header_value(raw) == safe
+
+
+def test_read_deadlines_and_the_key_memo() -> None:
+    from llmfabric.ingress.front.front_limits import KeyMemo
+
+    lim = FrontLimits(header_timeout_s=20.0, body_timeout_s=30.0, auth_memo_s=5.0)
+    assert lim.overdue(19.9, False, 0.0, 0.0) is None
+    assert "head did not arrive within 20.0 s" in (lim.overdue(20.0, False, 0.0, 0.0) or "")
+    assert lim.overdue(100.0, True, 0.0, 70.1) is None  # (a slow head no longer counts)
+    assert "no request body bytes for 30.0 s" in (lim.overdue(100.0, True, 0.0, 70.0) or "")
+    memo = KeyMemo(lim)
+    assert not memo.fresh("k", 0.0)
+    memo.remember("k", 0.0)
+    assert memo.fresh("k", 4.9) and not memo.fresh("k", 5.0) and not memo.fresh("j", 1.0)
+    for i in range(KeyMemo.MAX_KEYS + 1):
+        memo.remember(f"x{i}", 0.0)
+    memo.remember("last", 0.0)  # past the bound everything is forgotten, then this kept
+    assert memo.fresh("last", 1.0) and not memo.fresh("k", 1.0)

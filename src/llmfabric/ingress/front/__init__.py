@@ -9,10 +9,12 @@ Files:
   fleet API, accounts); `await front.start(host, port, ...)`, `await front.aclose()`.
 - fast_routes.py: which paths the front answers itself (`owned`, `route`).
 - fast_wire.py: the lean front's wire pieces: `FrontRequest` (what it keeps of a request while
-  reading it), `response_head`, `reply_bytes` (a complete response, heads cached),
-  `ResponseSink` (chunked or close-delimited streams; its own `DirectWriter`), `not_allowed`.
-- front_limits.py: `FrontLimits` (URL/head sizes, TLS handshake and read timeouts, connection
-  caps of the lean front), `ClientSlots` (the caps' counts; over HTTPS on asyncio's loop
+  reading it, `keep_header`), `response_head`, `reply_bytes` (a complete response, heads
+  cached), `ResponseSink` (chunked or close-delimited streams; its own `DirectWriter`),
+  `not_allowed`, `switch_protocol` (a connection handed to the fallback server).
+- front_limits.py: `FrontLimits` (URL/head sizes, TLS handshake and read timeouts with
+  `overdue`, connection caps of the lean front), `KeyMemo` (keys that pass the pre-body key
+  check at once), `ClientSlots` (the caps' counts; over HTTPS on asyncio's loop
   taken at TCP accept by `CountedTlsAccept`), `listen_args` (plain, counted TLS, or the
   loop's own TLS on uvloop) and `safe_header_value` (no control characters in emitted
   headers).

@@ -48,19 +48,21 @@ from llmfabric.ingress.front.fast_wire import (
     ResponseSink,
     Stop,
     reply_bytes,
+    switch_protocol,
     too_many_connections,
 )
-from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, listen_args
+from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, KeyMemo, listen_args
 from llmfabric.ingress.observe.tracing import traced
+from llmfabric.ingress.protocols import bearer_of
 from llmfabric.net.source_slots import peer_ip
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
 FallbackFactory = Callable[[], asyncio.Protocol]
 log = logging.getLogger(__name__)
 
-_MAX_QUEUED = 32  # pipelined requests buffered before reading pauses...
-# ...or their bodies' bytes (one max-size body, or 1 MiB): a client pipelining large POSTs
-# behind a stream it never reads held 32 bodies per connection (256 MiB at 8 MiB each)
+# Pipelined requests buffered before reading pauses, or their bodies' bytes (one max-size
+# body, at least 1 MiB): 32 bodies of 8 MiB behind an unread stream were 256 MiB.
+_MAX_QUEUED = 32
 _MAX_HEADER_VALUE = 16 * 1024
 
 
@@ -81,7 +83,6 @@ class FastFront:
         self.serve_metrics = serve_metrics
         self.fallback = fallback
         self.handed_over = 0  # connections given to the fallback server
-        self.idle_timeout_s = limits.idle_timeout_s
         # Timers re-check each connection this often (a head or body stalled for its timeout
         # is closed within 1.5x of it; no timer work per request).
         self.check_period_s = min(limits.header_timeout_s, limits.body_timeout_s,
@@ -91,7 +92,7 @@ class FastFront:
         self._conns: set[_Connection] = set()
         self.slots = ClientSlots(limits)  # open connections per process and client address
         ingress.metrics.front_connections = self.slots.counts
-        self._auth_memo: dict[str, float] = {}  # key -> until when it passes the pre-check
+        self.keys_seen = KeyMemo(limits)  # keys that pass the pre-body check at once
         # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
         self._heads: HeadCache = {}
 
@@ -147,7 +148,6 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.more: asyncio.Future[None] | None = None  # the idle task waits on this
         self.busy = False  # a request is being served
-        self.header_name = b""
         self.parsing = True  # False after a fatal error: further bytes are ignored
         self.reading_paused = False
         self.drain: asyncio.Future[None] | None = None
@@ -190,8 +190,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        # (the parser holds this connection: let the queued bodies go now, not at a cycle
-        # collection, and serve nothing more of what was queued)
+        # (the parser holds this connection: free the queued bodies now, serve none of them)
         self.queue.clear()
         self.queued_bytes = 0
         self.cur = None
@@ -275,22 +274,7 @@ class _Connection(asyncio.Protocol):
             self._fail(431, f"the request head has more than {lim.max_headers} fields or "
                        f"{lim.max_head_bytes} bytes", "request_header_fields_too_large")
             raise Stop
-        n = name.lower()
-        if n == b"authorization":
-            cur.auth = value.decode("latin-1")
-        elif n == b"x-api-key" and not cur.auth:  # Anthropic clients' key header
-            cur.auth = "Bearer " + value.decode("latin-1")
-        elif n == b"x-fabric-providers":
-            cur.providers = value.decode("latin-1")
-        elif n == b"x-session-id":  # (validated by the core: routing/prefix.py)
-            cur.session_id = value.decode("latin-1")
-        elif n == b"traceparent":
-            cur.traceparent = value
-        elif n == b"expect":
-            cur.expect = value.lower() == b"100-continue"
-        elif (n == b"content-length" and value.strip().isdigit()  # (else llhttp rejects it)
-              and int(value) > self.max_body):
-            cur.body = b"!"  # refused in on_headers_complete
+        cur.keep_header(name.lower(), value, self.max_body)
 
     def on_headers_complete(self) -> None:
         cur = self.cur
@@ -344,12 +328,7 @@ class _Connection(asyncio.Protocol):
             return
         self.connection_lost(None)  # (our bookkeeping; asyncio will not call it any more)
         self.front.handed_over += 1
-        proto = factory()
-        t.set_protocol(proto)
-        if self.reading_paused or self.auth_paused:
-            t.resume_reading()
-        proto.connection_made(t)
-        proto.data_received(b"".join(data))
+        switch_protocol(t, factory(), data, self.reading_paused or self.auth_paused)
 
     def _continue(self) -> None:
         """100 Continue for the request being read (sent only once its key is known valid)."""
@@ -361,15 +340,12 @@ class _Connection(asyncio.Protocol):
     def _key_precheck(self, cur: FrontRequest) -> bool:
         """Before any body is buffered: no key -> 401 now; a key not seen valid recently ->
         reading pauses until the store answered. False when the request was refused."""
-        header = cur.auth
-        token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        token = bearer_of(cur.auth)
         if not token:
             self._refuse_early(cur, error_reply(
                 401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"))
             return False
-        memo = self.front._auth_memo
-        until = memo.get(token)
-        if until is not None and until > time.monotonic():
+        if self.front.keys_seen.fresh(token, time.monotonic()):
             return True
         cur.auth_wait = True
         self._pause_for_auth(True)
@@ -380,14 +356,12 @@ class _Connection(asyncio.Protocol):
         auth = self.ingress.auth
         try:
             ok = auth is not None and await auth.authenticate(token) is not None
-        except Exception:
+        except Exception:  # (the store failing: refused, as the core would refuse it)
+            log.exception("front: checking an API key failed")
             ok = False
         cur.auth_wait = False
         if ok:
-            memo = self.front._auth_memo
-            if len(memo) > 10_000:
-                memo.clear()
-            memo[token] = time.monotonic() + self.front.limits.auth_memo_s
+            self.front.keys_seen.remember(token, time.monotonic())
             self._pause_for_auth(False)
             if cur is self.cur and cur.expect:
                 self._continue()
@@ -403,6 +377,7 @@ class _Connection(asyncio.Protocol):
         self._pause_for_auth(False)
 
     def _refuse_early(self, cur: FrontRequest, reply: Reply) -> None:
+        """Answer `cur` with `reply` (in turn); read nothing more, and close after."""
         cur.parts = []
         cur.error = reply
         cur.close = True
@@ -422,12 +397,7 @@ class _Connection(asyncio.Protocol):
 
     def _too_large(self, cur: FrontRequest) -> None:
         """Answer 400 now; the rest of the body is discarded and the connection closes."""
-        cur.parts = []
-        cur.error = self.ingress._too_large(self.max_body)
-        cur.close = True
-        self.cur = None
-        self.parsing = False
-        self._enqueue(cur)
+        self._refuse_early(cur, self.ingress._too_large(self.max_body))
 
     def on_body(self, body: bytes) -> None:
         cur = self.cur
@@ -452,14 +422,10 @@ class _Connection(asyncio.Protocol):
     # -- request handling ----------------------------------------------------------------
 
     def _fail(self, status: int, message: str, code: str) -> None:
-        self.parsing = False
         req = FrontRequest()
         if self.cur is not None:
             req.url = self.cur.url  # (the API's error shape: Anthropic's on /v1/messages)
-        req.error = error_reply(status, message, code)
-        req.close = True
-        self.cur = None
-        self._enqueue(req)
+        self._refuse_early(req, error_reply(status, message, code))
 
     def _enqueue(self, req: FrontRequest) -> None:
         if self.closed:
@@ -520,18 +486,13 @@ class _Connection(asyncio.Protocol):
         if req.error is not None:
             err = orjson.loads(req.error.body).get("error", {})
             self.ingress.metrics.observe_error("", req.error.status, str(err.get("code")))
-            reply = req.error
-            if req.url.split(b"?", 1)[0] == b"/v1/messages":
-                reply = to_anthropic(reply)  # (refused before the body: key, size)
-            self._send(reply, False, head_only=False)
+            self._send(self._for_api(req, req.error), False, head_only=False)
             self._linger_close()
             return True  # (closing already)
         head_only = req.method == b"HEAD"
         hit = self.front.route(req)
         if isinstance(hit, Reply):
-            if hit.status >= 400 and req.url.startswith(b"/v1/messages"):
-                hit = to_anthropic(hit)  # (a wrong method or sub-path of the Messages API)
-            self._send(hit, keep, head_only)
+            self._send(self._for_api(req, hit), keep, head_only)
             return keep
         if hit is None:
             if req.url.split(b"?", 1)[0] == b"/metrics":
@@ -554,21 +515,24 @@ class _Connection(asyncio.Protocol):
             return keep
         return keep and sink.chunked and sink.complete
 
+    @staticmethod
+    def _for_api(req: FrontRequest, reply: Reply) -> Reply:
+        """An error the front answers itself (refused before the body, a wrong method or
+        path), in the shape of the API called: Anthropic's under /v1/messages."""
+        return to_anthropic(reply) if reply.status >= 400 and req.url.startswith(
+            b"/v1/messages") else reply
+
     def _internal_error(self) -> None:
         """A bug while serving: logged and counted; the client gets a JSON 500 when nothing
         of an answer was sent yet (else the connection is cut: the answer is broken)."""
         log.exception("front: serving a request from %s failed", self.client or "?")
         self.ingress.metrics.observe_error("", 500, "internal_error")
-        t = self.transport
-        if t is None or self.closed:
-            return
-        if self.answered:
-            t.abort()
-            return
-        self.parsing = False
-        self._send(error_reply(500, "internal error; the ingress logged it",
-                               "internal_error"), False, False)
-        self._linger_close()
+        if not self.answered:  # (_send and _linger_close do nothing once it closed)
+            self._send(error_reply(500, "internal error; the ingress logged it",
+                                   "internal_error"), False, False)
+            self._linger_close()
+        elif self.transport is not None:
+            self.transport.abort()
 
     def _send(self, reply: Reply, keep: bool, head_only: bool) -> None:
         t = self.transport
@@ -626,13 +590,9 @@ class _Connection(asyncio.Protocol):
         cur = self.cur
         if cur is not None and self.parsing and not (self.reading_paused or self.auth_paused):
             # (while we are the ones not reading, the client cannot be slow)
-            if not cur.head_done and now - cur.started >= lim.header_timeout_s:
-                self._fail(408, f"the request head did not arrive within "
-                           f"{lim.header_timeout_s} s", "request_timeout")
-                return
-            if cur.head_done and now - self.last_active >= lim.body_timeout_s:
-                self._fail(408, f"no request body bytes for {lim.body_timeout_s} s",
-                           "request_timeout")
+            why = lim.overdue(now, cur.head_done, cur.started, self.last_active)
+            if why is not None:
+                self._fail(408, why, "request_timeout")
                 return
         elif not self.busy and not self.queue and now - self.last_active >= lim.idle_timeout_s:
             self._close()

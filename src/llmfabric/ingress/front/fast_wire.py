@@ -46,6 +46,24 @@ class FrontRequest:
         self.auth_wait = False  # reading paused until the key is known valid
         self.hand_over = False  # not ours: the connection goes to the fallback server
 
+    def keep_header(self, name: bytes, value: bytes, max_body: int) -> None:
+        """Keep what the core needs of one header field (`name` lower-case)."""
+        if name == b"authorization":
+            self.auth = value.decode("latin-1")
+        elif name == b"x-api-key" and not self.auth:  # Anthropic clients' key header
+            self.auth = "Bearer " + value.decode("latin-1")
+        elif name == b"x-fabric-providers":
+            self.providers = value.decode("latin-1")
+        elif name == b"x-session-id":  # (validated by the core: routing/prefix.py)
+            self.session_id = value.decode("latin-1")
+        elif name == b"traceparent":
+            self.traceparent = value
+        elif name == b"expect":
+            self.expect = value.lower() == b"100-continue"
+        elif (name == b"content-length" and value.strip().isdigit()  # (else llhttp rejects)
+              and int(value) > max_body):
+            self.body = b"!"  # a declared body over the limit: refused once the head is read
+
 
 class FrontConnection(Protocol):
     """What a sink needs of the front's connection (fast_front._Connection)."""
@@ -182,6 +200,17 @@ class ResponseSink:
             t.write(self.head)
         self.head = b""
         self.complete = True
+
+
+def switch_protocol(t: asyncio.Transport, proto: asyncio.Protocol, data: list[bytes],
+                    resume: bool) -> None:
+    """Give transport `t` to `proto` (a fallback server's), with the bytes already read
+    from it; `resume`: its reading was paused and is resumed."""
+    t.set_protocol(proto)
+    if resume:
+        t.resume_reading()
+    proto.connection_made(t)
+    proto.data_received(b"".join(data))
 
 
 def too_many_connections() -> bytes:

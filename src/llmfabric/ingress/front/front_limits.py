@@ -7,6 +7,7 @@ Each limit answers like nginx does: URL too long -> 414, head too large or too m
 (per process or per client address) -> 503 and close. The defaults fit OpenAI clients with
 room to spare; `docs/ingress.md` ("Front limits") lists them.
 
+`KeyMemo` holds the API keys seen valid lately, for the pre-body key check.
 `ClientSlots` counts open connections per process and per client address. Over HTTPS on
 asyncio's own event loop a connection takes its slot when TCP accepts it (`CountedTlsAccept`,
 chosen by `listen_args`), not when its handshake is done: a flood of connections that never
@@ -63,6 +64,36 @@ class FrontLimits:
         for name, span in spans.items():
             if span <= 0:
                 raise ValueError(f"{name} must be > 0")
+
+    def overdue(self, now: float, head_done: bool, started: float, last_active: float
+                ) -> str | None:
+        """Why a request being read is cut with 408 (its head or its body trickles in too
+        slowly), or None."""
+        if not head_done and now - started >= self.header_timeout_s:
+            return f"the request head did not arrive within {self.header_timeout_s} s"
+        if head_done and now - last_active >= self.body_timeout_s:
+            return f"no request body bytes for {self.body_timeout_s} s"
+        return None
+
+
+class KeyMemo:
+    """API keys seen valid in the last `auth_memo_s` (the pre-body check passes them without
+    asking the store again), at most MAX_KEYS (forgotten all at once past it)."""
+
+    MAX_KEYS = 10_000
+
+    def __init__(self, limits: FrontLimits) -> None:
+        self._for_s = limits.auth_memo_s
+        self._until: dict[str, float] = {}
+
+    def fresh(self, token: str, now: float) -> bool:
+        until = self._until.get(token)
+        return until is not None and until > now
+
+    def remember(self, token: str, now: float) -> None:
+        if len(self._until) > self.MAX_KEYS:
+            self._until.clear()
+        self._until[token] = now + self._for_s
 
 
 def front_limits(values: Mapping[str, object]) -> FrontLimits:

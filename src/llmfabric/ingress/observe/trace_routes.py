@@ -12,6 +12,7 @@ from aiohttp import web
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import error_reply
 from llmfabric.ingress.front.web_sink import web_response
+from llmfabric.ingress.protocols import bearer_of
 
 MAX_LIMIT = 1000
 
@@ -19,8 +20,7 @@ MAX_LIMIT = 1000
 def traces_handler(ingress: Ingress) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         if ingress.auth is not None:
-            header = request.headers.get("Authorization", "")
-            token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+            token = bearer_of(request.headers.get("Authorization", ""))
             who = await ingress.auth.authenticate(token) if token else None
             if who is None:
                 return web_response(error_reply(401, "missing or invalid API key",
