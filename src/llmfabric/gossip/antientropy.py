@@ -66,16 +66,17 @@ class _Rounds:
         self._timeout = timeout_s
         self._open: OrderedDict[PeerId, tuple[float, set[object]]] = OrderedDict()
 
-    def expect(self, peer: PeerId, until: float) -> None:
+    def expect(self, peer: PeerId, now: float) -> None:
+        """A round with `peer` opens now (a new one replaces its last)."""
         self._open.pop(peer, None)
-        self._open[peer] = (until, set())
+        self._open[peer] = (now + self._timeout, set())
         if len(self._open) > MAX_ROUNDS_TRACKED:
             self._open.popitem(last=False)
         # Rounds get one timeout, so insertion order is deadline order: the expired ones
         # leave from the front (only the last timeout's rounds are held).
         while self._open:
             _, (first, _) = next(iter(self._open.items()))
-            if first >= until - self._timeout:
+            if first >= now:
                 break
             self._open.popitem(last=False)
 
@@ -100,7 +101,6 @@ class AntiEntropy:
         self._send = send
         self._budget = max_bytes - 512
         self._now = now or (lambda: 0.0)
-        self._timeout = round_timeout_s
         self._started = _Rounds(round_timeout_s)  # we sent SYNC_ROOT: SYNC_BUCKETS may come
         self._bucketed = _Rounds(round_timeout_s)  # sent SYNC_BUCKETS: SYNC_DIGEST (per bucket)
         self._digested = _Rounds(round_timeout_s)  # sent SYNC_DIGEST: `want` (per session)
@@ -117,7 +117,7 @@ class AntiEntropy:
 
     def start(self, peer: PeerId) -> None:
         self.rounds += 1
-        self._started.expect(peer, self._now() + self._timeout)
+        self._started.expect(peer, self._now())
         self._send(peer, SyncRoot(self._replica.root(), len(self._replica.entries)))
 
     def on_root(self, peer: PeerId, msg: SyncRoot) -> None:
@@ -126,7 +126,7 @@ class AntiEntropy:
         if not self._rounds_in.allow(peer, self._now()):  # a round can pull the registry
             self.refused["rate_limited"] += 1
             return
-        self._bucketed.expect(peer, self._now() + self._timeout)
+        self._bucketed.expect(peer, self._now())
         self._send(peer, SyncBuckets(tuple(self._replica.bucket_hashes())))
 
     def on_buckets(self, peer: PeerId, msg: SyncBuckets) -> None:
@@ -145,7 +145,7 @@ class AntiEntropy:
         per_msg = max(1, self._budget // DIGEST_PAIR_BYTES)
         batch: list[int] = []
         pairs: list[tuple[str, bytes]] = []
-        self._digested.expect(peer, self._now() + self._timeout)
+        self._digested.expect(peer, self._now())
         for b in diff:  # split by buckets so each message covers whole buckets
             d = sorted(self._replica.digests_in([b]).items())
             if batch and len(pairs) + len(d) > per_msg:

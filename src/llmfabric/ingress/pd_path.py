@@ -68,10 +68,12 @@ def handle_of(reply: Reply) -> dict[str, Any] | None:
     return params
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _flat(v: Any) -> bool:
-    if isinstance(v, list):
-        return all(v is None or isinstance(x, str | int | float | bool) for x in v)
-    return v is None or isinstance(v, str | int | float | bool)
+    return isinstance(v, _SCALARS) or (isinstance(v, list)
+                                       and all(isinstance(x, _SCALARS) for x in v))
 
 
 class PDPath:

@@ -98,19 +98,11 @@ class Entry:
         tombstone before its owner could refute it (and refused for days after)."""
         times = []
         if self.evict is not None:
-            evicted = self.evict.issued_at
-            if self.record is not None:
-                evicted = max(evicted, self.best_record_time())
-            times.append(evicted)
+            times.append(max([self.evict.issued_at] + [
+                r.record.updated_at for r in (self.record, self.newest) if r is not None]))
         if self.record is not None and self.record.record.state is Lifecycle.LEFT:
             times.append(self.record.record.updated_at)
         return min(times) if times else None
-
-    def best_record_time(self) -> float:
-        """The newest `updated_at` among the records held (the best and the newest)."""
-        assert self.record is not None
-        t = self.record.record.updated_at
-        return max(t, self.newest.record.updated_at) if self.newest is not None else t
 
     def evict_authors(self, incarnation: int) -> int:
         """Distinct authors of EVICT facts at `incarnation`."""

@@ -144,6 +144,7 @@ def test_a_prefill_nodes_kv_handle_goes_on_only_flat_and_bounded() -> None:
             "remote_host": "10.0.0.5", "remote_port": 5600,
             "remote_block_ids": list(range(2048))}  # a 32k-token prompt's blocks
     assert handle_of(reply(nixl)) == nixl
+    assert handle_of(reply({**nixl, "hosts": ["a", None]})) is not None  # (nulls are flat)
     assert handle_of(reply({**nixl, "x": {"nested": {"deep": 1}}})) is None
     assert handle_of(reply({**nixl, "x": [[1], [2]]})) is None
     assert handle_of(reply({**nixl, "pad": "p" * MAX_HANDLE_BYTES})) is None

@@ -111,10 +111,15 @@ class DataPlaneServer:
             self.unproven_timeout_s, self._expire, transport)
 
     def forget(self, transport: asyncio.BaseTransport) -> None:
-        self._unproven.pop(transport, None)
+        self._settle(transport)  # (the TLS layer gives its slot back as it closes)
+
+    def _settle(self, transport: asyncio.BaseTransport) -> HeldSlot | None:
+        """`transport` is no longer unproven (closed, or proven): no deadline any more, and
+        its slot, if it still held one."""
         deadline = self._deadlines.pop(transport, None)
         if deadline is not None:
             deadline.cancel()
+        return self._unproven.pop(transport, None)
 
     def _expire(self, transport: asyncio.BaseTransport) -> None:
         """Still unproven at its deadline: closed (its slot comes back as it closes)."""
@@ -127,13 +132,7 @@ class DataPlaneServer:
                 transport.close()
 
     def _proven(self, request: web.Request) -> None:
-        transport = request.transport
-        if transport is None:
-            return
-        slot = self._unproven.pop(transport, None)
-        deadline = self._deadlines.pop(transport, None)
-        if deadline is not None:
-            deadline.cancel()
+        slot = self._settle(request.transport) if request.transport is not None else None
         if slot is not None:
             slot.release()
 
