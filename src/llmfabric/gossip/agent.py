@@ -101,7 +101,7 @@ class GossipAgent:
                                  session_id=session_id)
         self.replica = Replica(clock, self.config.gc, buckets=self.config.buckets, admit=admit,
                                rejected=self.stats.rejected, trust=self.config.trust,
-                               policy=policy)
+                               policy=policy, own_peer=signer.peer_id)
         self.nodes = NodeRegistry(self.replica)
         self.models = ModelRegistry(self.replica)
         self.queue = BroadcastQueue(self.config.max_queued)

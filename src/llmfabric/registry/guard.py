@@ -9,6 +9,10 @@ Any admitted member can sign facts and records, so a replica checks more than si
   would otherwise be unrefutable;
 - new facts per author are rate limited by a token bucket (`rate_limited`); honest authors
   issue about one SUSPECT per probe period and EVICTs only when suspicions time out;
+- new record versions per peer are rate limited by a byte bucket (`record_rate_limited`): a
+  member re-signing its record in a loop would otherwise have every replica store and relay
+  each version. Honest nodes republish when load, spend or key grants change, at most about
+  three versions a second of a few KiB; the replica's own peer is never limited;
 - at most `max_evicts_per_entry` EVICT facts per session (`too_many_facts`);
 - a peer holds at most `max_sessions_per_peer` non-LEFT sessions (`sessions_per_peer`), and
   at most `max_held_sessions_per_peer` sessions in any state: a record born LEFT is not
@@ -27,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmfabric.registry.codec import MAX_BODY_BYTES
 from llmfabric.registry.errors import RegistryError
 from llmfabric.registry.records import NodeRecord
 
@@ -46,6 +51,12 @@ class TrustConfig:
     fact_rate_per_s: float = 1.0
     fact_burst: float = 256.0
     max_evicts_per_entry: int = 64
+    # Bytes of new record versions accepted per peer: `record_burst_bytes` at once, then
+    # `record_bytes_per_s`: 16 records of the largest size (codec.MAX_BODY_BYTES) at once,
+    # then two a second; an honest node publishes a few KiB a second, at most about three
+    # versions (load, spend, key grants), and a dozen versions as it starts.
+    record_bytes_per_s: float = 32 * 1024
+    record_burst_bytes: float = 256 * 1024
 
     def __post_init__(self) -> None:
         if self.eviction_quorum < 1 or self.max_sessions_per_peer < 1:
@@ -56,6 +67,9 @@ class TrustConfig:
             raise RegistryError("fact_rate_per_s must be > 0 and fact_burst >= 1")
         if self.max_evicts_per_entry < self.eviction_quorum:
             raise RegistryError("max_evicts_per_entry must be >= eviction_quorum")
+        if not (self.record_bytes_per_s > 0 and self.record_burst_bytes >= MAX_BODY_BYTES):
+            raise RegistryError("record_bytes_per_s must be > 0 and record_burst_bytes >= "
+                                f"{MAX_BODY_BYTES} (a record of the largest size must pass)")
 
     def quorum_for(self, live_peers: int) -> int:
         """k capped by the fleet: at most the live peers other than the suspected one."""
@@ -73,7 +87,8 @@ class RecordPolicy(Protocol):
 class AuthorLimiter:
     """A token bucket per author, for at most MAX_TRACKED_AUTHORS authors (LRU). A bucket
     unused for as long as it takes to refill is full again, so it is forgotten: only the
-    authors active in the last burst / rate seconds are held."""
+    authors active in the last burst / rate seconds are held. `allow` spends `cost` tokens
+    (one item, or its bytes)."""
 
     def __init__(self, rate: float, burst: float) -> None:
         self._rate = rate
@@ -81,11 +96,11 @@ class AuthorLimiter:
         self._refill_s = burst / rate
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
-    def allow(self, author: str, now: float) -> bool:
+    def allow(self, author: str, now: float, cost: float = 1.0) -> bool:
         tokens, last = self._buckets.pop(author, (self._burst, now))
         tokens = min(self._burst, tokens + (now - last) * self._rate)
-        ok = tokens >= 1.0
-        self._buckets[author] = (tokens - 1.0 if ok else tokens, now)
+        ok = tokens >= cost
+        self._buckets[author] = (tokens - cost if ok else tokens, now)
         if len(self._buckets) > MAX_TRACKED_AUTHORS:
             self._buckets.popitem(last=False)
         while self._buckets:  # (least recently used first)

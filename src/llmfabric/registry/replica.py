@@ -134,6 +134,7 @@ class Replica:
         rejected: Counter[str] | None = None,
         trust: TrustConfig | None = None,
         policy: RecordPolicy | None = None,
+        own_peer: str | None = None,
     ) -> None:
         if not 1 <= buckets <= 256:
             raise RegistryError("buckets must be in 1..256")
@@ -144,6 +145,9 @@ class Replica:
         self.trust = trust or TrustConfig()
         self._policy = policy
         self._fact_limiter = AuthorLimiter(self.trust.fact_rate_per_s, self.trust.fact_burst)
+        self._record_limiter = AuthorLimiter(self.trust.record_bytes_per_s,
+                                             self.trust.record_burst_bytes)
+        self._own_peer = own_peer  # whose records are never rate limited (our own)
         # peer id -> its sessions with a record (any state): who may author facts, and how
         # many sessions a peer holds. Values are replaced, never mutated (they may be shared).
         self._sessions_of: MutableMapping[str, frozenset[str]] = {}
@@ -309,9 +313,15 @@ class Replica:
         cur, new = self._candidate(item)
         if new == cur:
             return None
+        # Only what changes an entry costs tokens, not re-deliveries.
         if isinstance(item, Fact) and not self._fact_limiter.allow(item.author,
                                                                     self._clock.now()):
-            self._reject("rate_limited")  # only new facts cost tokens, not re-deliveries
+            self._reject("rate_limited")
+            return None
+        if (isinstance(item, SignedRecord) and item.record.peer_id != self._own_peer
+                and not self._record_limiter.allow(item.record.peer_id, self._clock.now(),
+                                                   len(item.body))):
+            self._reject("record_rate_limited")
             return None
         change = self._store(cur, new)
         if self._live_changed:

@@ -20,8 +20,15 @@ from llmfabric.gossip.wire import Gossip, SyncDeltas, encode
 from llmfabric.identity.keys import NodeKey
 from llmfabric.registry.codec import sign_record
 from llmfabric.registry.facts import Fact, FactKind, make_fact
+from llmfabric.registry.guard import TrustConfig
 from llmfabric.registry.owner import RecordOwner
-from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord, ServedModel
+from llmfabric.registry.records import (
+    Lifecycle,
+    LoadHints,
+    NodeMeta,
+    NodeRecord,
+    ServedModel,
+)
 from llmfabric.registry.replica import item_parts
 
 from .conftest import Cluster, MakeCluster
@@ -297,3 +304,74 @@ async def test_a_member_posing_as_another_provider_gets_none_of_its_traffic(
             d = router.route(req, cands, [], attempt)
             assert not isinstance(d, NoRoute)
             assert d.candidate.peer_id == honest[1].peer_id
+
+
+# ---- a member re-signing its record in a loop ---------------------------------------------
+# 2 x 200 adapter names: a 13 KB record, near the largest a replica takes (MAX_BODY_BYTES)
+BIG = tuple(ServedModel(m, adapters=tuple(f"adapter-{i:04d}-{'x' * 16}" for i in range(200)))
+            for m in ("m", "m2"))
+
+
+async def _flood(make_cluster: MakeCluster, trust: TrustConfig
+                 ) -> tuple[int, Cluster, list[GossipAgent], Attacker]:
+    """The attacker sends 300 versions of a 13 KB record to one honest member over 10 s;
+    returns the bytes the honest fleet sent from the flood's start until 30 s after it."""
+    c = make_cluster(delay=(0.001, 0.003))
+    c.config = dataclasses.replace(c.config, trust=trust)
+    for _ in range(HONEST):
+        await c.add()
+    honest = list(c.agents)
+    att = Attacker(c, models=BIG)
+    att.join()
+    assert await c.clock.run_until(lambda: c.converged(), within=15)
+    start = sum(a.stats.bytes_out for a in honest)
+    for i in range(300):
+        meta = dataclasses.replace(att.owner.record.meta, load=LoadHints(inflight=i))
+        rec = att.owner.update_meta(meta, wall=c.clock.wall())
+        att.transport.send(honest[0].peer_id, encode(Gossip((item_parts(rec),)), att.sid))
+        await c.clock.advance(1 / 30)
+    await c.clock.advance(30.0)
+    return sum(a.stats.bytes_out for a in honest) - start, c, honest, att
+
+
+def _versions_held(honest: list[GossipAgent], att: Attacker) -> set[bytes]:
+    return {a.replica.entries[att.sid].record.signature  # type: ignore[union-attr]
+            for a in honest}
+
+
+async def test_a_member_re_signing_its_record_in_a_loop_is_rate_limited(
+        make_cluster: MakeCluster) -> None:
+    """Every new version of a record is stored and relayed by every replica: 300 versions of
+    a 13 KB record sent to one member made a 6-node fleet send 68 MB. New versions per peer
+    now pass a byte bucket at each replica, so the flood stops at the first hop."""
+    unlimited = TrustConfig(record_bytes_per_s=1e12, record_burst_bytes=1e12)
+    sent_before, *_ = await _flood(make_cluster, unlimited)
+    sent, c, honest, att = await _flood(make_cluster, TrustConfig())
+    assert honest[0].replica.rejected["record_rate_limited"] > 200
+    assert sent * 4 < sent_before  # (measured: 10 MB against 68 MB)
+    assert len(_versions_held(honest, att)) == 1  # the fleet still agrees on one version
+    assert _all_routable(honest) and _nobody_evicted(honest)
+    # once it stops, its next version is heard by everybody again
+    await c.clock.advance(60.0)
+    meta = dataclasses.replace(att.owner.record.meta, load=LoadHints(inflight=1000))
+    rec = att.owner.update_meta(meta, wall=c.clock.wall())
+    att.transport.send(honest[0].peer_id, encode(Gossip((item_parts(rec),)), att.sid))
+    await c.clock.advance(10.0)
+    assert _versions_held(honest, att) == {rec.signature}
+
+
+async def test_honest_members_republishing_their_load_are_never_rate_limited(
+        make_cluster: MakeCluster) -> None:
+    """Honest nodes republish when load hints, spend or key grants change: at most about
+    three versions a second. A minute of that, from every member at once, is never refused
+    and every member sees every other's newest load."""
+    c, honest = await _fleet(make_cluster)
+    for step in range(180):
+        for a in honest:
+            meta = dataclasses.replace(a.record.meta, load=LoadHints(inflight=step))
+            a.update_self(meta)
+        await c.clock.advance(1 / 3)
+    assert await c.clock.run_until(lambda: c.converged(), within=10)
+    assert all(a.replica.rejected["record_rate_limited"] == 0 for a in honest)
+    assert all(v.record.meta.load.inflight == 179
+               for a in honest for v in a.nodes.all(include_left=False))

@@ -219,3 +219,30 @@ async def test_a_fact_that_changed_nothing_is_not_verified_again_but_still_merge
     assert rep.ingest(ITEM_FACT, ahead.body, ahead.signature) is not None
     assert rep.entries[own.session_id].evicted
     assert calls.count(ahead.signature) == 1
+
+
+async def test_new_record_versions_per_peer_pass_a_byte_bucket_except_our_own() -> None:
+    """A peer's new versions spend its bucket (re-deliveries do not); the bucket refills at
+    its rate; the replica's own records are never held back."""
+    clock = FakeClock()
+    trust = TrustConfig(record_bytes_per_s=4096, record_burst_bytes=16 * 1024)
+    me, other = NodeKey.generate(), NodeKey.generate()
+    rep = Replica(clock, trust=trust, own_peer=me.peer_id)
+    mine = RecordOwner(me, NodeMeta(), wall=clock.wall())
+    theirs = RecordOwner(other, NodeMeta(), wall=clock.wall())
+    for _ in range(200):
+        assert rep.apply(mine.set_state(Lifecycle.SERVING, wall=clock.wall())) is not None
+    taken = 0
+    last = theirs.set_state(Lifecycle.SERVING, wall=clock.wall())
+    for _ in range(200):
+        last = theirs.set_state(Lifecycle.SERVING, wall=clock.wall())
+        taken += rep.apply(last) is not None
+    size = len(last.body)
+    assert taken == (16 * 1024) // size  # the burst, then nothing
+    assert rep.rejected["record_rate_limited"] == 200 - taken
+    held = rep.entries[theirs.session_id].record
+    assert held is not None and rep.apply(held) is None  # a re-delivery: free
+    assert rep.rejected["record_rate_limited"] == 200 - taken
+    await clock.advance(size / 4096)  # one version's worth of bytes later
+    assert rep.apply(last) is not None  # the newest, offered again (anti-entropy), enters
+    assert rep.entries[theirs.session_id].record == last
