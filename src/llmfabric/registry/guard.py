@@ -86,14 +86,12 @@ class RecordPolicy(Protocol):
 
 class AuthorLimiter:
     """A token bucket per author, for at most MAX_TRACKED_AUTHORS authors (LRU). A bucket
-    unused for as long as it takes to refill is full again, so it is forgotten: only the
-    authors active in the last burst / rate seconds are held. `allow` spends `cost` tokens
-    (one item, or its bytes)."""
+    that has refilled is forgotten (the least recently used first): only authors still
+    below a full bucket are held. `allow` spends `cost` tokens (one item, or its bytes)."""
 
     def __init__(self, rate: float, burst: float) -> None:
         self._rate = rate
         self._burst = burst
-        self._refill_s = burst / rate
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def allow(self, author: str, now: float, cost: float = 1.0) -> bool:
@@ -104,8 +102,8 @@ class AuthorLimiter:
         if len(self._buckets) > MAX_TRACKED_AUTHORS:
             self._buckets.popitem(last=False)
         while self._buckets:  # (least recently used first)
-            _, (_, oldest) = next(iter(self._buckets.items()))
-            if now - oldest < self._refill_s:
+            _, (left, last) = next(iter(self._buckets.items()))
+            if left + (now - last) * self._rate < self._burst:
                 break
             self._buckets.popitem(last=False)
         return ok

@@ -246,3 +246,20 @@ async def test_new_record_versions_per_peer_pass_a_byte_bucket_except_our_own() 
     await clock.advance(size / 4096)  # one version's worth of bytes later
     assert rep.apply(last) is not None  # the newest, offered again (anti-entropy), enters
     assert rep.entries[theirs.session_id].record == last
+
+
+def test_author_buckets_are_forgotten_once_refilled() -> None:
+    """A simulated 10,000-node fleet runs 10,000 replicas, each hearing every author: a
+    limiter holds only the authors whose bucket is still below full, not every author heard
+    in the last burst / rate seconds."""
+    from llmfabric.registry.guard import AuthorLimiter
+
+    lim = AuthorLimiter(rate=32 * 1024, burst=256 * 1024)
+    for i in range(3000):  # honest versions of 2 KB, spread over one second
+        assert lim.allow(f"peer-{i}", i / 3000, 2048)
+    assert len(lim) <= 3000 / 16 + 1  # each refilled 1/16 s after its spend
+    for _ in range(200):
+        lim.allow("flooder", 1.0, 13_000)
+    assert not lim.allow("flooder", 1.0, 13_000)
+    assert lim.allow("flooder", 1.5, 13_000)  # 16 KB refilled in half a second
+    assert "flooder" in lim._buckets  # still below full: remembered
