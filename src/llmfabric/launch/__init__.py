@@ -13,6 +13,8 @@ Files -> concepts
                  (pre-launch replacements ahead of allocation ends, cancel idle jobs).
 - launcher.py    `SlurmLauncher`: observes the queue, runs `capacity.decide` on a clock,
                  executes its decisions with sbatch/scancel.
+- jobkeys.py     `JobKeys`: the node key in a job's home (shared FS), so only the job's own
+                 node's records speak for it.
 - k8s.py         `render_k8s(profile)`: ingress/bootstrap/relay Deployment + Service and
                  provider Deployments (GPU requests, secret from a Secret, probes, preStop
                  drain, grace period).

@@ -2,9 +2,10 @@
 (launch/capacity.py, pure), execute (sbatch --parsable, scancel) on an injected clock.
 
 Jobs are ours when their name is the profile's job name (`llmfabric-<name>`). A job's node is
-found in the registry by its `slurm_job` label (the sbatch script sets it). Slurm commands
-block, so observing and executing run in a worker thread; the loop keeps the node's gossip
-and membership answering meanwhile.
+found in the registry by its `slurm_job` label (the sbatch script sets it), and, once the
+launcher can read the node key in the job's home, only under that key (launch/jobkeys.py).
+Slurm commands block, so observing and executing run in a worker thread; the loop keeps the
+node's gossip and membership answering meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from llmfabric.launch.capacity import (
     decide,
 )
 from llmfabric.launch.errors import LaunchError
+from llmfabric.launch.jobkeys import JobKeys
 from llmfabric.launch.profile import SlurmProfile
 from llmfabric.launch.sbatch import render_sbatch
 from llmfabric.launch.slurm import Slurm
@@ -72,15 +74,17 @@ def capacity_config(profile: SlurmProfile) -> CapacityConfig:
 
 def job_views(queued: Iterable[tuple[str, str, float | None]],
               records: Iterable[NodeRecord],
-              trusted: Callable[[NodeRecord], bool] | None = None) -> list[JobView]:
+              trusted: Callable[[NodeRecord], bool] | None = None,
+              owner: Callable[[str], str | None] | None = None) -> list[JobView]:
     """(job id, state, end) from squeue, joined with the records labelled with that job.
 
     A `slurm_job` label is its record's claim, and job ids are public (every job's node
     shows its own), so a member could claim ours: marked idle, a busy job was cancelled;
-    marked busy, an idle one held its GPUs to the time limit. `trusted` (certificate
-    networks: the record's verified provider is the profile's) keeps the others out; and of
-    several records claiming one job the busiest counts, so no claim makes a busy job look
-    idle (on PSK networks, where any member can claim, one can still keep a job alive)."""
+    marked busy, an idle one held its GPUs to the time limit. `owner` (the peer id of the
+    key in the job's home, launch/jobkeys.py) names the one peer whose claim counts; where
+    it is unknown, `trusted` (certificate networks: the record's verified provider is the
+    profile's) keeps the others out, and of several records claiming one job the busiest
+    counts, so no claim makes a busy job look idle."""
     by_job: dict[str, list[NodeRecord]] = {}
     for rec in records:
         job = rec.meta.label("slurm_job")
@@ -89,6 +93,9 @@ def job_views(queued: Iterable[tuple[str, str, float | None]],
     out = []
     for job_id, state, end in queued:
         nodes = by_job.get(job_id, [])
+        peer = owner(job_id) if owner is not None else None
+        if peer is not None:
+            nodes = [n for n in nodes if n.peer_id == peer]
         out.append(JobView(job_id, state, end,
                            serving=any(n.state is Lifecycle.SERVING for n in nodes),
                            inflight=max((n.meta.load.inflight for n in nodes), default=0)))
@@ -100,9 +107,11 @@ class SlurmLauncher:
                  demand: Callable[[], float], records: Callable[[], Iterable[NodeRecord]],
                  *, source: str = "", interval_s: float = 30.0,
                  capacity: CapacityConfig | None = None,
-                 trusted: Callable[[NodeRecord], bool] | None = None) -> None:
+                 trusted: Callable[[NodeRecord], bool] | None = None,
+                 job_keys: JobKeys | None = None) -> None:
         self.slurm = slurm
         self._trusted = trusted
+        self.job_keys = job_keys if job_keys is not None else JobKeys(profile.fabric.home)
         self.profile = profile
         self.script = render_sbatch(profile, source=source)
         self.clock = clock
@@ -113,16 +122,19 @@ class SlurmLauncher:
         self.state = CapacityState()
         self.applied: list[CapacityDecision] = []
 
-    def _observe(self) -> tuple[list[tuple[str, str, float | None]], float]:
+    def _observe(self) -> tuple[list[tuple[str, str, float | None]], float,
+                                dict[str, str | None]]:
         queued = [(j.job_id, j.state, j.end)
                   for j in self.slurm.queue(name=self.profile.job_name, mine=True)]
         start = self.slurm.test_start(self.script)
         wait = max(0.0, start - self.clock.wall()) if start is not None else 0.0
-        return queued, wait
+        self.job_keys.keep({job for job, _, _ in queued})
+        owners = {job: self.job_keys.peer(job) for job, _, _ in queued}  # (file reads)
+        return queued, wait, owners
 
     async def step(self) -> list[CapacityDecision]:
-        queued, wait = await asyncio.to_thread(self._observe)
-        jobs = job_views(queued, self._records(), self._trusted)
+        queued, wait, owners = await asyncio.to_thread(self._observe)
+        jobs = job_views(queued, self._records(), self._trusted, owners.get)
         now = self.clock.wall()
         decisions, self.state = decide(self._demand(), jobs, wait, now, self.state,
                                        self.config)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from llmfabric.identity.keys import NodeKey
+from llmfabric.launch.jobkeys import JobKeys, job_home
 from llmfabric.launch.launcher import SlurmLauncher, job_views
 from llmfabric.launch.profile import parse_profile
 from llmfabric.launch.slurm import Slurm
@@ -128,3 +131,60 @@ def test_a_member_claiming_our_job_cannot_make_it_look_idle_or_steer_it() -> Non
         views = job_views(queued, order, trusted=lambda r: r.peer_id != "evil")
         assert [(v.job_id, v.serving, v.inflight) for v in views] == [
             ("7", True, 3), ("8", False, 0)]
+
+
+def test_job_home_expands_as_the_sbatch_shell_would() -> None:
+    env = {"HOME": "/home/u", "SCRATCH": "/scratch/u"}
+    assert job_home("$HOME/.llmfabric/slurm/$SLURM_JOB_ID", "42", env) == pathlib.Path(
+        "/home/u/.llmfabric/slurm/42")
+    assert job_home("~/h-${SLURM_JOB_ID}", "7", env) == pathlib.Path("/home/u/h-7")
+    assert job_home("${SCRATCH}/fabric/$SLURM_JOB_ID", "7", env) == pathlib.Path(
+        "/scratch/u/fabric/7")
+    assert job_home("$WORK/$SLURM_JOB_ID", "7", env) is None  # unset here: not guessed
+
+
+def test_only_the_node_under_the_key_in_its_home_speaks_for_a_job(
+        tmp_path: pathlib.Path) -> None:
+    """On a PSK network any member can label its record `slurm_job=<ours>` and claim it busy,
+    holding an idle job's GPUs to its time limit. Once the launcher reads the node key in the
+    job's home, only records under that key count; jobs whose key it cannot read yet fall
+    back to the busiest claim."""
+    key = NodeKey.generate()
+    (tmp_path / "home-7").mkdir()
+    key.save(tmp_path / "home-7" / "node.key")
+    keys = JobKeys(str(tmp_path / "home-$SLURM_JOB_ID"), env={})
+    ours = dataclasses.replace(node_of("7", inflight=0), peer_id=key.peer_id)
+    liar = dataclasses.replace(node_of("7", inflight=9), session_id="liar", peer_id="evil")
+    liar8 = dataclasses.replace(node_of("8", inflight=9), session_id="liar8", peer_id="evil")
+    queued = [("7", "RUNNING", 1.0), ("8", "RUNNING", 2.0)]
+    views = job_views(queued, [liar, ours, liar8], owner=keys.peer)
+    assert [(v.job_id, v.serving, v.inflight) for v in views] == [
+        ("7", True, 0), ("8", True, 9)]  # (8: no key to read, the claims count)
+    assert keys.peer("8") is None and keys.peer("7") == key.peer_id
+    keys.keep({"8"})  # job 7 left the queue: forgotten
+    assert keys._peers == {}
+
+
+async def test_a_busy_claim_by_another_member_no_longer_pins_an_idle_job(
+        tmp_path: pathlib.Path) -> None:
+    """The launcher end to end (fake Slurm, virtual clock): demand is gone and our job's node
+    is idle; another member claims the job busy. The job is cancelled after the idle
+    hysteresis when its key is readable, and held while it is not."""
+    for readable in (True, False):
+        clock = FakeClock(wall_start=datetime.datetime(2026, 12, 2, 3).timestamp())
+        fake = FakeSlurm(clock, 3600)
+        fake.jobs["7"] = {"state": "RUNNING", "end": clock.wall() + 3600}
+        homes = tmp_path / str(readable)
+        key = NodeKey.generate()
+        if readable:
+            (homes / "h-7").mkdir(parents=True)
+            key.save(homes / "h-7" / "node.key")
+        ours = dataclasses.replace(node_of("7", inflight=0), peer_id=key.peer_id)
+        liar = dataclasses.replace(node_of("7", inflight=5), session_id="l", peer_id="evil")
+        launcher = SlurmLauncher(Slurm(fake), PROFILE, clock, lambda: 0.0,
+                                 lambda records=[ours, liar]: records,
+                                 job_keys=JobKeys(str(homes / "h-$SLURM_JOB_ID"), env={}))
+        await launcher.step()
+        await clock.advance(301)  # past idle_s
+        await launcher.step()
+        assert [c[-1] for c in fake.cancelled] == (["7"] if readable else [])
