@@ -13,6 +13,7 @@ it, and `select()` is not used anywhere (asyncio uses epoll), so large descripto
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,32 @@ def raise_open_file_limit(target: int = DEFAULT_TARGET) -> tuple[int, int]:
         return -1, -1
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = target if hard == resource.RLIM_INFINITY else min(target, hard)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError) as exc:  # e.g. a container that forbids it
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError) as exc:
+        # Some systems cap the soft limit below the hard one (macOS: OPEN_MAX, 10,240, under
+        # an unlimited hard limit; some containers): take the largest value they allow.
+        got = _largest_allowed(resource, soft, want, hard)
+        if got == soft:
             log.warning("could not raise the open-file limit from %d to %d: %s", soft, want, exc)
             return soft, soft
-        log.info("open-file limit raised from %d to %d (hard limit %d)", soft, want, hard)
-        return soft, want
-    return soft, soft
+        want = got
+    log.info("open-file limit raised from %d to %d (hard limit %d)", soft, want, hard)
+    return soft, want
+
+
+def _largest_allowed(resource: ModuleType, ok: int, refused: int, hard: int) -> int:
+    """Bisect between a soft limit that holds (`ok`) and one refused; sets and returns the
+    largest accepted (`ok` if none above it is)."""
+    while refused - ok > 1:
+        mid = (ok + refused) // 2
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (mid, hard))
+        except (ValueError, OSError):
+            refused = mid
+        else:
+            ok = mid
+    resource.setrlimit(resource.RLIMIT_NOFILE, (ok, hard))
+    return ok
