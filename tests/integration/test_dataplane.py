@@ -276,10 +276,11 @@ async def test_control_requests_must_be_signed_by_the_controller() -> None:
         status, text = await post((json_h,))
         assert status == 401 and b"unsigned" in text
         other = NodeKey.generate()
-        forged = sign_control(other, ASSIGN_PATH, b'{"model": "other"}', time.time())
+        forged = sign_control(other, prov.local_id, ASSIGN_PATH, b'{"model": "other"}',
+                              time.time())
         status, text = await post((json_h, (SIGNED_HEADER, forged)))
         assert status == 401 and b"bad_signature" in text
-        signed = sign_control(ctl_key, ASSIGN_PATH, doc, time.time())
+        signed = sign_control(ctl_key, prov.local_id, ASSIGN_PATH, doc, time.time())
         assert (await post((json_h, (SIGNED_HEADER, signed))))[0] == 202
         assert assigned == [ctl_key.peer_id]
         status, text = await post((json_h, (SIGNED_HEADER, signed)))  # replayed

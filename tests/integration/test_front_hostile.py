@@ -431,6 +431,25 @@ def test_a_stream_flag_that_is_not_a_boolean_is_refused(env: Env, value: object)
     honest_call(env)
 
 
+def test_a_client_cannot_send_a_kv_handle(env: Env) -> None:
+    """`kv_transfer_params` is vLLM's disaggregation handle: a client's `do_remote_prefill`
+    made an engine skip prefill and wait for a KV that never came (220 s at the largest
+    size), and `do_remote_decode` made it hand out its own KV handle. Only the fabric's
+    two-phase path sets it."""
+    before = dict(env.keys.usage)
+    for params in ({"do_remote_prefill": True, "remote_engine_id": "x", "kv_bytes": 10**10},
+                   {"do_remote_decode": True}):
+        doc = orjson.loads(_chat())
+        doc["kv_transfer_params"] = params
+        status, data = _post(env, orjson.dumps(doc))
+        assert status == 400, data
+        err = orjson.loads(data)["error"]
+        assert err["code"] == "invalid_kv_transfer_params"
+        assert err["param"] == "kv_transfer_params"
+    assert env.keys.usage == before
+    honest_call(env)
+
+
 def _with_nested(body: bytes, depth: int) -> bytes:
     """`body` (a JSON object) with a field "x" nested `depth` arrays deep (written by hand:
     orjson itself writes no deeper than 254)."""

@@ -79,3 +79,48 @@ async def test_client_errors_pass_through_and_no_prefill_node_means_colocated(
     status, body = await _chat(ingress)
     assert status == 200  # served whole by the decode node (every role serves plain calls)
     assert engines["d1"].pd.decodes == 0 and engines["d1"].completed == 1
+
+
+async def test_a_poisoned_kv_handle_falls_back_to_colocated_serving() -> None:
+    """A hostile prefill node answers with a handle the decode node refuses (4xx): the client
+    got that 400 for every request the node prefilled. Now the colocated path serves it."""
+    import aiohttp
+    import orjson
+
+    prefill = SimEngine(SimEngineConfig(models=(MODEL,), role="prefill", speed=100.0))
+    decode = SimEngine(SimEngineConfig(models=(MODEL,), role="decode", speed=100.0))
+    real: Client = TestClient(TestServer(prefill.app()))
+    dec: Client = TestClient(TestServer(decode.app()))
+    await real.start_server()
+    await dec.start_server()
+
+    async def poisoning(request: web.Request) -> web.Response:
+        async with aiohttp.ClientSession() as s, s.post(
+                f"http://127.0.0.1:{real.port}{request.path}", data=await request.read(),
+                headers={"content-type": "application/json"}) as r:
+            doc = await r.json()
+        doc["kv_transfer_params"]["kv_tokens"] = 0
+        return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+    proxy_app = web.Application()
+    proxy_app.router.add_post("/v1/chat/completions", poisoning)
+    proxy: Client = TestClient(TestServer(proxy_app))
+    await proxy.start_server()
+    cands = [Candidate(name, "", "p", f"127.0.0.1:{port}", (), Hardware("A40", 1),
+                       ServedModel(MODEL, role=ModelRole(role)), LoadHints())
+             for name, port, role in (("p", proxy.port, "prefill"), ("d", dec.port, "decode"))]
+    ingress: Client = TestClient(TestServer(build_ingress_app(
+        IngressConfig(auth_enabled=False), StaticCandidateSource(cands), HttpForwarder())))
+    await ingress.start_server()
+    try:
+        for stream in (False, True):
+            r = await ingress.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": MSG, "max_tokens": 5, "ignore_eos": True,
+                "stream": stream})
+            assert r.status == 200, await r.text()
+            await r.read()
+        assert prefill.pd.prefills == 2 and decode.pd.decodes == 0
+        assert decode.completed == 2  # served whole, colocated (every role serves plain calls)
+    finally:
+        for c in (ingress, proxy, real, dec):
+            await c.close()

@@ -117,6 +117,8 @@ class ProviderSessions:
             raise AuthzError("bad_authorization", f"{AUTH_HEADER} is missing or malformed")
         _, kid_hex, rid_hex, exp_s, mac = parts
         try:
+            if not exp_s.isdigit() or len(exp_s) > 16:  # (a 400-digit one overflowed below)
+                raise ValueError(exp_s)
             kid, rid, exp_ms = bytes.fromhex(kid_hex), bytes.fromhex(rid_hex), int(exp_s)
         except ValueError:
             raise AuthzError("bad_authorization", f"{AUTH_HEADER} is malformed") from None

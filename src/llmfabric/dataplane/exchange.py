@@ -12,6 +12,7 @@ clock: the ingress keeps the offset and stamps expiries in provider time (no clo
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ SESSION_PATH = "/_fabric/v1/forward-session"
 _OFFER = b"llmfabric-dp-offer-v1"
 _ANSWER = b"llmfabric-dp-answer-v1"
 MAX_MESSAGE = 1024
+MAX_CLOCK_OFFSET_S = 30 * 86400.0  # a provider's clock this far off is broken, not skewed
+MAX_SESSION_TTL_S = 86400.0
 
 
 class ExchangeError(Exception):
@@ -133,6 +136,11 @@ def finish(sent: Offer, message: bytes, local_now: float) -> SessionKey:
     if not (isinstance(exp, float) and isinstance(now, float) and isinstance(port, int)
             and 0 <= port < 65536):
         raise ExchangeError("bad exp/now/https_port")
+    # A provider's clock may be off, but not by years, nor non-finite: these values reach
+    # authz's arithmetic (an inf offset raised OverflowError, which no caller retried).
+    if not (math.isfinite(now) and abs(now - local_now) <= MAX_CLOCK_OFFSET_S
+            and math.isfinite(exp) and now < exp <= now + MAX_SESSION_TTL_S):
+        raise ExchangeError("the answer's clock (now/exp) is out of range")
     if peer_id_from_public_key(pub) != sent.to:
         raise ExchangeError("the answer is not from the provider we asked (key mismatch)")
     transcript = _answer_transcript(sent.me, sent.eph, sent.nonce, eph_p, kid, exp,

@@ -299,6 +299,13 @@ class Ingress:
             # no stream, would take the body path: no usage found, nothing billed)
             return self._refuse(model, 400, "'stream' must be a boolean", "invalid_stream",
                                 "stream")
+        if "kv_transfer_params" in doc:
+            # vLLM's disaggregation handle: the fabric's two-phase path sets it (pd_path.py).
+            # From a client it made an engine skip prefill and wait for a remote KV that
+            # never comes, or hand out its own KV handle.
+            return self._refuse(model, 400, "'kv_transfer_params' is set by the fabric's "
+                                "prefill/decode path, never by clients",
+                                "invalid_kv_transfer_params", "kv_transfer_params")
         stream = streamable and stream_field is True
         meta = doc.get("metadata")
         if meta is not None and not isinstance(meta, dict):

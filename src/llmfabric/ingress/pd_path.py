@@ -9,8 +9,9 @@ refusing or vanished node); a decode node lost before its first byte costs only 
 decode node can pull the KV the handle names), one lost mid-stream ends the stream with an
 error event as in the colocated path. Prefill that finds no working node hands the request
 back to the colocated path (`FALLBACK`), where every role serves plain requests; so does a
-prefill answered 4xx (the request may be at fault, or the node: the colocated path answers
-its own 4xx if the request is). Who may take a phase: routing/pd.py.
+prefill answered 4xx, and so does a decode that refuses the prefill's handle with a 4xx (the
+request may be at fault, or the node, or a handle a hostile prefill node poisoned: the
+colocated path answers its own 4xx if the request is). Who may take a phase: routing/pd.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import orjson
 
 from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.ingress.protocols import Principal, StreamSink
-from llmfabric.ingress.stream_attempt import attempt_stream
+from llmfabric.ingress.stream_attempt import RETRYABLE_STATUS, attempt_stream
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.filters import eligible
 from llmfabric.routing.pd import PDRouter, PDSplit, split
@@ -168,6 +169,13 @@ class PDPath:
                 status = 200
             finally:
                 ing.policy.on_request_end(cand, ok)
+            if resp is not None and 400 <= status < 500 and status not in RETRYABLE_STATUS:
+                # The decode node refused the handle: the prefill node may have poisoned it
+                # (a member like any other), or the request is at fault. It counts against
+                # the prefill node; the colocated path serves it, or answers its own 4xx.
+                ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
+                self.fallbacks += 1
+                return FALLBACK
             ing._finish(path, model, principal, cand, status, stream,
                         len(tried) + len(d_tried), t0, started, ttft, usage, doc)
             return resp

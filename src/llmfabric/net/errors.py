@@ -24,6 +24,14 @@ class RequestFailed(NetError):
     """A peer request failed after the connection was set up (reset, timeout, closed)."""
 
 
+class BodyTooLarge(RequestFailed):
+    """A peer's request or response body passed the reader's limit; the stream was reset."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body is larger than {limit} bytes")
+        self.limit = limit
+
+
 class PeerClosed(RequestFailed):
     """The peer closed an idle connection (idle timeout or its connection cap) before it saw
     this request, so the request was not processed and is safe to send again."""

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from llmfabric.net.errors import RequestFailed
+from llmfabric.net.errors import BodyTooLarge, RequestFailed
 
 Headers = tuple[tuple[str, str], ...]
 Body = bytes | AsyncIterable[bytes]
@@ -46,8 +46,18 @@ class BodyStream:
             if data:
                 yield data
 
-    async def read(self) -> bytes:
-        return b"".join([c async for c in self.iter_chunks()])
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body; past `limit` bytes the stream is reset (the sender stops, since
+        each chunk read returns flow-control credit) and BodyTooLarge is raised."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in self.iter_chunks():
+            size += len(chunk)
+            if limit is not None and size > limit:
+                self.abort()
+                raise BodyTooLarge(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def abort(self) -> None:
         if not self._done:
@@ -86,8 +96,8 @@ class PeerRequest:
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self.body.iter_chunks()
 
-    async def read(self) -> bytes:
-        return await self.body.read()
+    async def read(self, limit: int | None = None) -> bytes:
+        return await self.body.read(limit)
 
 
 @dataclass(slots=True)
@@ -120,8 +130,8 @@ class PeerResponse:
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self._body.iter_chunks()
 
-    async def read(self) -> bytes:
-        return await self._body.read()
+    async def read(self, limit: int | None = None) -> bytes:
+        return await self._body.read(limit)
 
     async def aclose(self) -> None:
         if not self._closed:

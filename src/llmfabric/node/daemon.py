@@ -50,7 +50,7 @@ from llmfabric.node.admission import (
 )
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine.link import EngineBindError, EngineLink, loopback_engine_command
-from llmfabric.node.engine.role import EngineRole
+from llmfabric.node.engine.role import EngineRole, refuse_controller
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
@@ -215,7 +215,8 @@ class Node:
                     limits=front_limits(self.config.front_limits))
         self.transport.set_request_handler(PeerApi(
             self.dataplane, self.engines.assign, self.engines.release,
-            lambda peer, body: flip_role(self, peer, body), links=self.links).handle)
+            lambda peer, body: flip_role(self, peer, body), links=self.links,
+            refuse=lambda peer: refuse_controller(self, peer)).handle)
         await self._serve_http(app)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)

@@ -23,7 +23,7 @@ async def post_signed_control(transport: TlsTransport, peer: str, path: str, bod
                               timeout_s: float) -> tuple[int, str]:
     """POST a control request signed by this node's key (dataplane/control.py) to `peer`;
     (status, answer text). Raises NetError when the peer cannot be reached."""
-    signed = sign_control(transport.key, path, body, time.time())
+    signed = sign_control(transport.key, peer, path, body, time.time())
     resp = await transport.request(
         peer, "POST", path, (("content-type", "application/json"), (SIGNED_HEADER, signed)),
         body, timeout=timeout_s)

@@ -102,3 +102,29 @@ def test_sealing_detects_any_change() -> None:
     reordered = frames[0] + frames[2] + frames[1]
     with pytest.raises(AuthzError):
         FrameOpener(key, rid).feed(reordered)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("provider_now", [float("inf"), float("nan"), 1e308, -1e308])
+def test_an_answer_with_an_impossible_clock_is_refused(provider_now: float) -> None:
+    """A provider's signed `now`/`exp` reach the ingress's authorization arithmetic: inf
+    raised OverflowError there (not an UpstreamError, so the request was not retried)."""
+    sent = offer(ING, PROV.peer_id)
+    msg, _ = answer(PROV, sent.message, provider_now)
+    with pytest.raises(ExchangeError, match="clock"):
+        finish(sent, msg, 1000.0)
+    msg, _ = answer(PROV, sent.message, 1000.0 + 3600.0)  # an hour off: skew, still taken
+    assert finish(sent, msg, 1000.0).offset == 3600.0
+
+
+@pytest.mark.hostile
+def test_an_expiry_of_hundreds_of_digits_is_a_clean_refusal() -> None:
+    ps = ProviderSessions()
+    ingress_side, provider_side = _pair()
+    ps.add(provider_side)
+    header, _ = authorize(ingress_side, b"/p", b"", 1000.0)
+    parts = header.decode().split(".")
+    parts[3] = "9" * 400
+    with pytest.raises(AuthzError) as err:
+        ps.verify(".".join(parts), b"/p", b"", 1000.0)
+    assert err.value.code == "bad_authorization"

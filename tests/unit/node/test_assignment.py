@@ -56,6 +56,7 @@ def test_non_object_bodies_are_refused(body: bytes) -> None:
 
 
 CONTROLLER = NodeKey.generate()
+NODE = NodeKey.generate()  # the node the requests are signed for
 
 
 def _request(path: str, method: str = "POST", body: bytes = b"{}",
@@ -63,7 +64,7 @@ def _request(path: str, method: str = "POST", body: bytes = b"{}",
     stream = BodyStream(ack=lambda _n: None, on_abort=lambda: None)
     stream.push((body, len(body)))
     stream.push(None)
-    headers = (((SIGNED_HEADER, sign_control(signer, path, body, time.time())),)
+    headers = (((SIGNED_HEADER, sign_control(signer, NODE.peer_id, path, body, time.time())),)
                if signer is not None else ())
     return PeerRequest("peer-x", method, path, headers, stream)
 
@@ -75,7 +76,7 @@ async def test_peer_api_dispatches_and_refuses_unknown_paths() -> None:
         seen.append((peer, body))
         return HandlerResponse(202, (), b"ok")
 
-    api = PeerApi(DataPlaneServer(NodeKey.generate(), lambda: None, lambda _p: False,
+    api = PeerApi(DataPlaneServer(NODE, lambda: None, lambda _p: False,
                                   max_body_bytes=1024), assign)
     assert (await api.handle(_request(ASSIGN_PATH, body=b'{"a": 1}'))).status == 202
     # The signer is the controller, whatever the connection (or a relay) says.

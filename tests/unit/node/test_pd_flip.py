@@ -29,12 +29,12 @@ from llmfabric.node.serve.peer_api import (
 from llmfabric.registry.records import Lifecycle, ModelRole, NodeMeta, ServedModel
 
 CONTROLLER = NodeKey.generate()
+NODE = NodeKey.generate()  # the node the requests are signed for
 MODEL = "llama-3.1-8b"
 
 
-def _dataplane() -> DataPlaneServer:
-    return DataPlaneServer(NodeKey.generate(), lambda: None, lambda _p: False,
-                           max_body_bytes=1024)
+def _dataplane(key: NodeKey = NODE) -> DataPlaneServer:
+    return DataPlaneServer(key, lambda: None, lambda _p: False, max_body_bytes=1024)
 
 
 def _request(body: bytes, signer: NodeKey | None = CONTROLLER, path: str = ROLE_PATH,
@@ -42,7 +42,7 @@ def _request(body: bytes, signer: NodeKey | None = CONTROLLER, path: str = ROLE_
     stream = BodyStream(ack=lambda _n: None, on_abort=lambda: None)
     stream.push((body, len(body)))
     stream.push(None)
-    headers = ((SIGNED_HEADER, sign_control(signer, sign_path, body, time.time())),) \
+    headers = ((SIGNED_HEADER, sign_control(signer, NODE.peer_id, sign_path, body, time.time())),) \
         if signer is not None else ()
     return PeerRequest("peer-x", "POST", path, headers, stream)
 

@@ -29,9 +29,11 @@ from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
 CONTROLLER = NodeKey.generate()
 
 
+NODE = NodeKey.generate()  # the node the requests are signed for
+
+
 def _dataplane() -> DataPlaneServer:
-    return DataPlaneServer(NodeKey.generate(), lambda: None, lambda _p: False,
-                           max_body_bytes=1024)
+    return DataPlaneServer(NODE, lambda: None, lambda _p: False, max_body_bytes=1024)
 
 
 def _request(path: str, method: str = "POST", body: bytes = b"{}") -> PeerRequest:
@@ -39,7 +41,7 @@ def _request(path: str, method: str = "POST", body: bytes = b"{}") -> PeerReques
     stream = BodyStream(ack=lambda _n: None, on_abort=lambda: None)
     stream.push((body, len(body)))
     stream.push(None)
-    signed = sign_control(CONTROLLER, path, body, time.time())
+    signed = sign_control(CONTROLLER, NODE.peer_id, path, body, time.time())
     return PeerRequest("peer-x", method, path, ((SIGNED_HEADER, signed),), stream)
 
 

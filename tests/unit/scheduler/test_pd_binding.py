@@ -47,7 +47,7 @@ from llmfabric.scheduler.phasesplit.tabu import tabu_search
 from llmfabric.sim.topology import cloud_instances
 from llmfabric.testing.fake_clock import FakeClock
 
-from ..node.test_pd_flip import _dataplane
+from ..node.test_pd_flip import NODE, _dataplane
 from ..routing.conftest import make_record
 
 MODEL = "llama-3.1-8b"
@@ -176,21 +176,23 @@ async def test_the_loop_flips_over_the_peer_protocol_and_publishes_the_plan(
     roles = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode"}
     nodes = {s: FakeNode(s, ModelRole(r), (ctl_key.peer_id,)) for s, r in roles.items()}
 
-    def api(node: FakeNode) -> PeerApi:
+    keys = {s: NodeKey.generate() for s in nodes}  # (control requests are signed for one)
+
+    def api(node: FakeNode, key: NodeKey) -> PeerApi:
         async def assign(peer: str, body: bytes) -> HandlerResponse:
             return HandlerResponse(403, (), b"")
-        return PeerApi(_dataplane(), assign, None,
+        return PeerApi(_dataplane(key), assign, None,
                        lambda peer, body: flip_role(node, peer, body))  # type: ignore[arg-type]
 
-    apis = {f"peer-{s}": api(n) for s, n in nodes.items()}
+    apis = {keys[s].peer_id: api(n, keys[s]) for s, n in nodes.items()}
     records = {s: node_record(s, r) for s, r in roles.items()}
     binding = bind_sessions(plan, records.values(), MODEL)
     assert binding.gpus == {"p1": (0,), "p2": (1,), "d1": (2,), "d2": (3,)}
 
     published: list[bytes] = []
     clock = FakeClock()
-    executor = PeerPDExecutor(LoopbackTransport(ctl_key, apis), lambda s: f"peer-{s}", MODEL,
-                              published.append, wall=clock.now)
+    executor = PeerPDExecutor(LoopbackTransport(ctl_key, apis), lambda s: keys[s].peer_id,
+                              MODEL, published.append, wall=clock.now)
     await executor.apply(current_routing(plan, binding))
     first = decode_plan(published[-1])
     assert first.table.prefill == ("p1", "p2") and first.table.decode == ("d1", "d2")
@@ -244,8 +246,8 @@ async def test_a_node_refuses_a_flip_signed_by_another_controller(plan: PDPlan) 
 
     api = PeerApi(_dataplane(), assign, None,
                   lambda peer, body: flip_role(node, peer, body))  # type: ignore[arg-type]
-    executor = PeerPDExecutor(LoopbackTransport(intruder, {"peer-p1": api}),
-                              lambda s: "peer-p1" if s == "p1" else None, MODEL,
+    executor = PeerPDExecutor(LoopbackTransport(intruder, {NODE.peer_id: api}),
+                              lambda s: NODE.peer_id if s == "p1" else None, MODEL,
                               lambda _b: None)
     await executor.apply(SetRole(("p1",), "decode"))
     assert node.role is ModelRole.PREFILL

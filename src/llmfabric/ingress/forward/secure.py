@@ -22,7 +22,14 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 import orjson
 
 from llmfabric.dataplane.authz import AUTH_HEADER, AuthzError, authorize
-from llmfabric.dataplane.exchange import SESSION_PATH, ExchangeError, SessionKey, finish, offer
+from llmfabric.dataplane.exchange import (
+    MAX_MESSAGE,
+    SESSION_PATH,
+    ExchangeError,
+    SessionKey,
+    finish,
+    offer,
+)
 from llmfabric.dataplane.sealing import DATA, END, HEAD, FrameOpener, seal_body
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.config import Timeouts
@@ -100,7 +107,7 @@ class DataPlaneSessions:
             raise UpstreamConnectError(f"peer {peer_id}: no data-plane session: {exc!r}") from exc
         try:
             async with asyncio.timeout_at(deadline):
-                body = b"".join([c async for c in resp.iter_chunks()])
+                body = await read_chunks_capped(resp.iter_chunks(), MAX_MESSAGE)
         except TimeoutError:
             raise UpstreamConnectError(
                 f"peer {peer_id}: no data-plane session answer within {timeout_s} s") from None
@@ -289,10 +296,12 @@ class SealedPeerForwarder:
             if resp.status == 401 and not attempt:
                 try:
                     async with asyncio.timeout_at(first_by):
-                        data = b"".join([c async for c in resp.iter_chunks()])
+                        data = await read_chunks_capped(resp.iter_chunks(), _REFUSAL_BYTES)
                 except TimeoutError:
                     raise UpstreamError(f"peer {peer} sent no answer within "
                                         f"{timeouts.first_byte} s") from None
+                except NetError as e:
+                    raise UpstreamError(f"peer {peer}: {e!r}") from e
                 finally:
                     await resp.aclose()
                 if not _session_refused(401, data):

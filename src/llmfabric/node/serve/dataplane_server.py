@@ -34,6 +34,7 @@ from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
+from llmfabric.net.errors import BodyTooLarge
 from llmfabric.net.handshake import server_ssl_context
 from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
@@ -157,8 +158,9 @@ class DataPlaneServer:
         return True
 
     async def handle_session(self, request: PeerRequest) -> HandlerResponse:
-        body = await request.read()
-        if len(body) > MAX_MESSAGE:
+        try:
+            body = await request.read(MAX_MESSAGE)
+        except BodyTooLarge:  # (the stream is reset: the sender stops at its window)
             return error_response(400, "session offer too large", "request_too_large")
         # Counted per requesting peer before any signature work (through a relay: the origin
         # the relay names; a lying relay can spread its own exchanges over invented names,
@@ -185,8 +187,9 @@ class DataPlaneServer:
         engine = self._engine()
         if engine is None:
             return error_response(503, "this node serves no engine", "node_not_serving")
-        sealed = await request.read()
-        if len(sealed) > self._max_body + 64:
+        try:
+            sealed = await request.read(self._max_body + 64)
+        except BodyTooLarge:
             return error_response(400, "request body too large", "request_too_large")
         header = request.header(AUTH_HEADER.lower()) or ""
         path = request.path.encode()

@@ -32,10 +32,11 @@ from typing import Any
 import orjson
 
 from llmfabric.dataplane.authz import AuthzError, ReplayCache
-from llmfabric.dataplane.control import SIGNED_HEADER, verify_control
+from llmfabric.dataplane.control import SIGNED_HEADER, remember, verify_control
 from llmfabric.dataplane.exchange import SESSION_PATH
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
+from llmfabric.net.errors import BodyTooLarge
 from llmfabric.node.engine.link import error_response
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.link_service import LinkService
@@ -177,8 +178,13 @@ class PeerApi:
         *,
         now: Callable[[], float] = time.time,
         links: LinkService | None = None,
+        refuse: Callable[[str], HandlerResponse | None] | None = None,
     ) -> None:
+        """`refuse(signer)`: the answer to a control request from a peer that may not
+        control this node (None: it may), asked before its signature is remembered."""
         self._dataplane = dataplane
+        self._self_id = dataplane.key.peer_id  # what a control request must be signed for
+        self._refuse = refuse or (lambda _signer: None)
         self._assign = assign
         self._release = release
         self._role = role
@@ -205,12 +211,21 @@ class PeerApi:
                        ) -> HandlerResponse:
         if request.method != "POST":
             return error_response(405, f"POST {what}", "method_not_allowed")
-        body = await request.read()
-        if len(body) > MAX_ASSIGNMENT_BYTES:
-            return error_response(400, f"{what} is too large", "request_too_large")
         try:
-            signer = verify_control(request.header(SIGNED_HEADER), request.path, body,
-                                    self._now(), self._control_replay)
+            body = await request.read(MAX_ASSIGNMENT_BYTES)
+        except BodyTooLarge:  # (the stream is reset: the sender stops at its window)
+            return error_response(400, f"{what} is too large", "request_too_large")
+        now = self._now()
+        try:
+            signed = verify_control(request.header(SIGNED_HEADER), self._self_id,
+                                    request.path, body, now)
         except AuthzError as exc:
             return error_response(401, f"{what} refused: {exc}", exc.code)
-        return await handler(signer, body)
+        refused = self._refuse(signed.signer)  # before the replay cache: junk stays out
+        if refused is not None:
+            return refused
+        try:
+            remember(self._control_replay, signed, now)
+        except AuthzError as exc:
+            return error_response(401, f"{what} refused: {exc}", exc.code)
+        return await handler(signed.signer, body)
