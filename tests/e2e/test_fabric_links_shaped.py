@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from llmfabric.scheduler.netplan.from_fabric import host_name
+
 from ._netns import NetLab, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -161,7 +163,7 @@ def test_a_rate_limited_link_is_measured_and_steers_the_plan(
             "--model",
             "llama-3-70b",
             "--prefill-gpus",
-            ",".join(f"n{ids[s][:8]}-*" for s in prefill),
+            ",".join(f"{host_name(ids[s])}-*" for s in prefill),
             "--decode-gpus",
             "h100*",
             "--workload",

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from llmfabric.cli.main import cli
 from llmfabric.node.local_fabric import LocalFabric
+from llmfabric.scheduler.netplan.from_fabric import host_name
 from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow
@@ -69,7 +70,7 @@ def test_nodes_measure_each_other_and_the_planner_reads_it(fabric: LocalFabric,
     assert plan["H"] > 0 and plan["T_f"] > 0
     assert "measured" in result.stderr and "Gbit/s" in result.stderr
     topo = yaml.safe_load(saved.read_text())
-    hosts = {"n" + p[:8] for p in peers if p != ingress_peer}
+    hosts = {host_name(p) for p in peers if p != ingress_peer}
     between = [e for e in topo["edges"] if e["kind"] == "ethernet"
                and {e["a"], e["b"]} == hosts]
     assert len(between) == 1  # the a100 <-> h100 link, as measured

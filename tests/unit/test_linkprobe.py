@@ -292,3 +292,46 @@ def test_estimates_stay_within_the_extremes_of_their_samples(
     assert min(rtts) - 1e-12 <= est.rtt_s <= max(rtts) + 1e-12
     assert min(bws) * (1 - 1e-9) <= est.bytes_per_s <= max(bws) * (1 + 1e-9)
     assert math.isfinite(est.rtt_s) and parse_link_table(table.to_json()) == [est]
+
+
+class _StalledTables:
+    """A transport whose peer "evil" answers the table request's head, then never its body
+    (h2 PINGs still acked: nothing else notices); the others answer at once."""
+
+    def __init__(self) -> None:
+        from llmfabric.identity import NodeKey
+
+        self.key = NodeKey.generate()
+
+    async def request(self, peer: str, method: str, path: str, headers: object = (),
+                      body: bytes = b"", *,
+                      timeout: float = 30.0) -> object:  # noqa: ASYNC109
+        from llmfabric.net.messages import BodyStream, PeerResponse
+
+        stream = BodyStream(ack=lambda _n: None, on_abort=lambda: None)
+        if peer == "evil":
+            stream.push((b'{"links": [', 11))
+        else:
+            doc = b'{"peer": "%b", "links": []}' % peer.encode()
+            stream.push((doc, len(doc)))
+            stream.push(None)
+        return PeerResponse(200, (), stream, peer_id=peer)
+
+
+@pytest.mark.hostile
+async def test_a_peer_that_never_finishes_its_table_does_not_hold_the_fabric_view() -> None:
+    """The fetch's timeout covered only the response head: one member stalled
+    /v1/fabric/links for good (the view's lock stayed held, and every later call queued)."""
+    from llmfabric.node.serve.link_service import FETCH_TIMEOUT_S, LinkService
+
+    clock = FakeClock()
+    svc = LinkService(_StalledTables(), clock,  # type: ignore[arg-type]
+                      lambda: ["honest-1", "honest-2", "evil"])
+    view = asyncio.ensure_future(svc.fabric())
+    await clock.advance(FETCH_TIMEOUT_S + 1)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert view.done() and not svc._collecting.locked()
+    nodes = {n["peer"]: n for n in view.result()["nodes"][1:]}
+    assert "links" in nodes["honest-1"] and "links" in nodes["honest-2"]
+    assert "within" in nodes["evil"]["error"]

@@ -3,7 +3,8 @@
 The controller joins the fabric as a bare CPU member (as the assigning controller does),
 loads a saved plan (`llmfabric plan pd --json`, with the same cluster inputs), binds the
 plan's GPUs to the live sessions serving the model (scheduler/phasesplit/binding.py:
-`--label pd.gpus=...` on a node, else role + GPU type), publishes the plan's routing as the
+`--label pd.gpus=...` on a node, else role + GPU type; on certificate networks only nodes of
+the controller's own verified provider), publishes the plan's routing as the
 signed plan item of its own record, and then each round runs `pd_decide`: a node of the plan
 DOWN, LEFT, gone or suspected, or the ingresses' observed workload drifting past `--drift`,
 flips phases (signed `/_fabric/v1/role` requests to the nodes over the peer protocol) and
@@ -19,10 +20,16 @@ import contextlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from llmfabric.registry.records import NodeRecord
+
+if TYPE_CHECKING:
+    from llmfabric.node.daemon import Node
 
 
 def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Path | None,
@@ -56,10 +63,11 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
         clock = SystemClock()
         async with controller_node(node_overrides, settle, clock) as ctl_node:
             node, reader = ctl_node.node, ctl_node.reader
-            try:
-                binding = bind_sessions(plan, reader.live_records(), model)
-            except SchedulerError as exc:
-                raise click.ClickException(str(exc)) from None
+            trusted = _own_provider(node)
+            notes: list[str] = []
+            binding = bind_sessions(plan, reader.live_records(), model, trusted, notes)
+            for note in notes:
+                logging.warning("%s", note)
             if not binding.gpus:
                 raise click.ClickException(f"no live node serves {model!r}; nothing to bind "
                                            "the plan to")
@@ -84,9 +92,20 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
                          node.key.peer_id, plan.plan_id, model, len(binding.gpus))
             ctl = PDController(
                 plan, binding, reader.records_with_suspicion,
-                lambda: observed_pd_workload(reader.live_records(), model, plan), executor,
+                lambda: observed_pd_workload(reader.live_records(), model, plan, trusted),
+                executor,
                 clock, PDControllerConfig(drift_threshold=drift, interval_s=interval))
             await ctl.run(ctl_node.stop)  # (SIGTERM/SIGINT set stop; a bug ends it loudly)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+def _own_provider(node: Node) -> Callable[[NodeRecord], bool]:
+    """Which records the controller binds and reads demand from: on certificate networks
+    those of its own verified provider (labels and demand are claims any member can make);
+    on PSK networks, where no identity binds a provider name, every record."""
+    provider = node.config.provider
+    if not (node.config.operator_key and provider):
+        return lambda _rec: True
+    return lambda rec: node.providers.identity(rec) == provider

@@ -94,7 +94,8 @@ class PDPath:
         """The prefill/decode pools among the request's eligible candidates, if any."""
         if not any(c.model.role != "both" for c in candidates):
             return None  # the common case: nobody disaggregates this model
-        return split(eligible(candidates, rreq), self.router.current())
+        names = {rreq.model, *(c.model.id for c in candidates)}
+        return split(eligible(candidates, rreq), self.router.current(names))
 
     async def serve(
         self, pools: PDSplit, path: str, model: str, principal: Principal | None,

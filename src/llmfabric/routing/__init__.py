@@ -38,8 +38,9 @@ Pure core: no sockets, no clocks. Files:
   `PDPlanTable` (the planner's X/Y over sessions, validated), `PDRouter.pick_prefill` /
   `pick_decode` (plan weights renormalised over live, untried nodes).
 - pd_plan.py: the PD routing plan as a registry item (`NodeMeta.pd_plan` of the controller's
-  own signed record): `encode_plan` / `decode_plan` (bounded, validated), `newest_plan` and
-  `PlanFeed` (newest plan of the trusted `--controller` peers, for `PDRouter.set_feed`).
+  own signed record): `encode_plan` / `decode_plan` (bounded, validated), `newest_plans`
+  and `PlanFeed` (per model, the newest plan of the trusted `--controller` peers, for
+  `PDRouter.set_feed`).
 - router.py: `Router.route(request, candidates, tried, attempt) -> RouteDecision | NoRoute`;
   unsuspected candidates first, suspected ones only when no unsuspected one is eligible.
 - errors.py: `RoutingError`, `UnknownPolicyError`, `InvalidConstraintError`.

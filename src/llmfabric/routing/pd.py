@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from llmfabric.registry.records import ModelRole
@@ -103,10 +103,11 @@ class PDPlanTable:
 
 @dataclass(frozen=True, slots=True)
 class PDSplit:
-    """The request's two pools."""
+    """The request's two pools, and the plan they were split under (its weights pick)."""
 
     prefill: tuple[Candidate, ...]
     decode: tuple[Candidate, ...]
+    plan: PDPlanTable | None = None
 
 
 def split(candidates: Iterable[Candidate], plan: PDPlanTable | None = None) -> PDSplit | None:
@@ -125,7 +126,7 @@ def split(candidates: Iterable[Candidate], plan: PDPlanTable | None = None) -> P
         dec = [c for c in cands if c.model.role == ModelRole.DECODE]
     if not (any(not c.suspected for c in pre) and any(not c.suspected for c in dec)):
         return None  # one side has nobody: every role serves plain requests
-    return PDSplit(tuple(pre), tuple(dec))
+    return PDSplit(tuple(pre), tuple(dec), plan)
 
 
 def _weighted(cands: Sequence[Candidate], weights: Sequence[float], rng: random.Random
@@ -154,24 +155,29 @@ class PDRouter:
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()
         self.plan: PDPlanTable | None = None
-        self.feed: Callable[[], PDPlanTable | None] | None = None
+        self.feed: Callable[[Collection[str]], PDPlanTable | None] | None = None
 
     def set_plan(self, plan: PDPlanTable | None) -> None:
         self.plan = plan
 
-    def set_feed(self, feed: Callable[[], PDPlanTable | None] | None) -> None:
+    def set_feed(self, feed: Callable[[Collection[str]], PDPlanTable | None] | None) -> None:
         self.feed = feed
 
-    def current(self) -> PDPlanTable | None:
+    def current(self, models: Collection[str] = ()) -> PDPlanTable | None:
+        """The plan set in-process, else the feed's plan for any of `models` (the names the
+        request's model goes by)."""
         if self.plan is not None or self.feed is None:
             return self.plan
-        return self.feed()
+        return self.feed(models)
+
+    def _plan_of(self, pools: PDSplit) -> PDPlanTable | None:
+        return pools.plan if pools.plan is not None else self.plan
 
     def pick_prefill(self, pools: PDSplit, tried: Iterable[str] = ()) -> Candidate | None:
         cands = _open(pools.prefill, tried)
         if not cands:
             return None
-        plan = self.current()
+        plan = self._plan_of(pools)
         weights = [plan.prefill_weight(c.session_id) if plan else 1.0 for c in cands]
         return _weighted(cands, weights, self.rng)
 
@@ -180,7 +186,7 @@ class PDRouter:
         cands = _open(pools.decode, tried)
         if not cands:
             return None
-        plan = self.current()
+        plan = self._plan_of(pools)
         weights = [plan.decode_weight(prefill_session, c.session_id) if plan else 1.0
                    for c in cands]
         return _weighted(cands, weights, self.rng)

@@ -5,8 +5,9 @@ decode sessions, the plan id) in its OWN node record (`NodeMeta.pd_plan`), so th
 signed by the controller's node key like every record and gossiped to the whole fabric; no
 ingress has to be dialled. An ingress installs a plan only from the records of its trusted
 controllers (the peer ids given with `--controller`; with none it trusts no plan), so another
-member cannot steer its routing. Of several trusted plans the newest wins (issue time, then
-plan id). A controller that leaves (LEFT) takes its plan with it.
+member cannot steer its routing. Plans are per model; of several trusted plans for a model
+the newest wins (issue time, then plan id), and one issued later than the receiver's clock
+plus `MAX_PLAN_SKEW_S` is ignored. A controller that leaves (LEFT) takes its plan with it.
 
 The item is a msgpack map, at most `MAX_PLAN_ITEM_BYTES` (the record body limit is 16 KiB);
 `decode_plan` validates it fully (shapes, finite non-negative weights, bounded ids) and a
@@ -16,6 +17,7 @@ malformed item is ignored, never installed.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,7 @@ from llmfabric.registry.records import Lifecycle, NodeRecord
 from llmfabric.routing.pd import PDPlanTable, PlanError
 
 MAX_PLAN_ITEM_BYTES = 8 * 1024
+MAX_PLAN_SKEW_S = 300.0  # a plan issued later than the receiver's clock plus this is ignored
 _VERSION = 1
 _MAX_MODEL_CHARS = 200
 _MAX_SESSION_CHARS = 128
@@ -98,10 +101,12 @@ def decode_plan(data: bytes) -> PlanItem:
     return PlanItem(model, float(issued), table)
 
 
-def newest_plan(records: Iterable[NodeRecord], controllers: Collection[str]
-                ) -> PlanItem | None:
-    """The newest valid plan among the records of `controllers` (peer ids)."""
-    best: PlanItem | None = None
+def newest_plans(records: Iterable[NodeRecord], controllers: Collection[str],
+                 not_after: float = math.inf) -> dict[str, PlanItem]:
+    """Model -> the newest valid plan for it among the records of `controllers` (peer ids);
+    an item issued after `not_after` (the receiver's clock plus slack) is ignored: one issued
+    at 1e300 would win forever."""
+    best: dict[str, PlanItem] = {}
     for rec in records:
         if not rec.meta.pd_plan or rec.state is Lifecycle.LEFT or rec.peer_id not in controllers:
             continue
@@ -109,27 +114,34 @@ def newest_plan(records: Iterable[NodeRecord], controllers: Collection[str]
             item = decode_plan(rec.meta.pd_plan)
         except PlanError:
             continue  # a malformed item is ignored, not installed
-        if best is None or item.order_key() > best.order_key():
-            best = item
+        if item.issued_at > not_after:
+            continue
+        cur = best.get(item.model)
+        if cur is None or item.order_key() > cur.order_key():
+            best[item.model] = item
     return best
 
 
 class PlanFeed:
-    """The newest trusted plan, recomputed only when the replica changed (`version`)."""
+    """The newest trusted plan of a model, recomputed only when the replica changed
+    (`version`). Plans are per model: a controller's plan for one model never routes
+    another."""
 
     def __init__(self, records: Callable[[], Iterable[NodeRecord]], version: Callable[[], int],
-                 controllers: Iterable[str]) -> None:
-        self._records, self._version = records, version
+                 controllers: Iterable[str], wall: Callable[[], float] = time.time) -> None:
+        self._records, self._version, self._wall = records, version, wall
         self.controllers = frozenset(controllers)
         self._seen: int | None = None
-        self._plan: PDPlanTable | None = None
+        self._plans: dict[str, PlanItem] = {}
 
-    def __call__(self) -> PDPlanTable | None:
+    def __call__(self, models: Collection[str]) -> PDPlanTable | None:
+        """The newest plan for any of `models` (the names a request's model goes by)."""
         if not self.controllers:
             return None
         v = self._version()
         if v != self._seen:
-            item = newest_plan(self._records(), self.controllers)
-            self._plan = item.table if item is not None else None
+            self._plans = newest_plans(self._records(), self.controllers,
+                                       self._wall() + MAX_PLAN_SKEW_S)
             self._seen = v
-        return self._plan
+        items = [self._plans[m] for m in models if m in self._plans]
+        return max(items, key=PlanItem.order_key).table if items else None

@@ -26,7 +26,7 @@ from llmfabric.routing.pd_plan import (
     PlanItem,
     decode_plan,
     encode_plan,
-    newest_plan,
+    newest_plans,
 )
 
 from .conftest import make_record
@@ -122,13 +122,33 @@ def test_only_trusted_controllers_plans_count_and_the_newest_wins() -> None:
                _publisher("intruder", encode_plan(_item("evil", 999.0))),
                _publisher("ctl2", encode_plan(_item("new", 200.0))),
                _publisher("ctl3", b"garbage")]
-    assert newest_plan(records, {ctl}) == _item("old", 100.0)
-    assert newest_plan(records, {ctl, "peer-ctl2"}) == _item("new", 200.0)
-    assert newest_plan(records, {ctl, other}) == _item("evil", 999.0)  # (only if listed)
-    assert newest_plan(records, set()) is None
-    assert newest_plan(records, {"peer-ctl3"}) is None  # malformed: ignored
+    def newest(controllers: set[str]) -> PlanItem | None:
+        return newest_plans(records, controllers).get("llama-3.1-8b")
+
+    assert newest({ctl}) == _item("old", 100.0)
+    assert newest({ctl, "peer-ctl2"}) == _item("new", 200.0)
+    assert newest({ctl, other}) == _item("evil", 999.0)  # (only if listed)
+    assert newest(set()) is None
+    assert newest({"peer-ctl3"}) is None  # malformed: ignored
     left = [_publisher("ctl", encode_plan(_item("old", 100.0)), Lifecycle.LEFT)]
-    assert newest_plan(left, {ctl}) is None  # a controller that left takes its plan along
+    assert newest_plans(left, {ctl}) == {}  # a controller that left takes its plan along
+
+
+@pytest.mark.hostile
+def test_plans_are_per_model_and_never_from_the_far_future() -> None:
+    """The newest trusted plan was installed for every model (one controller's plan for
+    model B wiped model A's split), and a plan issued at 1e300 would win forever."""
+    table_a = PDPlanTable("a", ("pa",), ("da",), (1.0,), ((1.0,),))
+    table_b = PDPlanTable("b", ("pb",), ("db",), (1.0,), ((1.0,),))
+    records = [_publisher("ctl", encode_plan(PlanItem("model-a", 100.0, table_a))),
+               _publisher("ctl2", encode_plan(PlanItem("model-b", 200.0, table_b)))]
+    feed = PlanFeed(lambda: records, lambda: 1, ["peer-ctl", "peer-ctl2"], wall=lambda: 1000.0)
+    assert feed({"model-a"}) == table_a and feed({"model-b", "alias"}) == table_b
+    assert feed({"model-c"}) is None
+    future = PDPlanTable("f", ("pf",), ("df",), (1.0,), ((1.0,),))
+    records.append(_publisher("ctl3", encode_plan(PlanItem("model-a", 1e300, future))))
+    feed = PlanFeed(lambda: records, lambda: 2, ["peer-ctl", "peer-ctl3"], wall=lambda: 1000.0)
+    assert feed({"model-a"}) == table_a
 
 
 def _cand(sid: str, role: ModelRole) -> Candidate:
@@ -148,17 +168,18 @@ def test_a_router_follows_the_feed_and_recomputes_only_on_new_versions() -> None
     feed = PlanFeed(read, lambda: version[0], ["peer-ctl"])
     router = PDRouter(random.Random(1))
     router.set_feed(feed)
-    pools = split([_cand("a", ModelRole.PREFILL), _cand("b", ModelRole.PREFILL),
-                   _cand("c", ModelRole.DECODE)])
-    assert pools is not None
-    assert router.current() is None
+    cands = [_cand("a", ModelRole.PREFILL), _cand("b", ModelRole.PREFILL),
+             _cand("c", ModelRole.DECODE)]
+    assert router.current({"m"}) is None
     table = PDPlanTable("p", ("a", "b"), ("c",), (1.0, 0.0), ((1.0,), (1.0,)))
     records.append(_publisher("ctl", encode_plan(PlanItem("m", 5.0, table))))
-    assert router.current() is None  # the replica did not change (cached)
+    assert router.current({"m"}) is None  # the replica did not change (cached)
     version[0] += 1
-    assert router.current() == table
+    assert router.current({"m"}) == table
+    pools = split(cands, router.current({"m"}))
+    assert pools is not None and pools.plan == table
     assert {router.pick_prefill(pools).session_id for _ in range(50)} == {"a"}  # type: ignore[union-attr]
     n = calls[0]
-    router.current()
+    router.current({"m"})
     assert calls[0] == n
-    assert PlanFeed(read, lambda: 9, []).__call__() is None  # no --controller: no plan
+    assert PlanFeed(read, lambda: 9, [])({"m"}) is None  # no --controller: no plan

@@ -89,17 +89,40 @@ def test_binding_by_label_then_by_role_and_gpu_type(plan: PDPlan) -> None:
     # H100 node; decode replicas (GPUs 2, 3) go to d-a, d-b in session order
     assert b.gpus == {"p-x": (1,), "p-y": (0,), "d-a": (2,), "d-b": (3,)}
     assert bind_sessions(plan, records, "other-model").gpus == {}
+
+
+@pytest.mark.hostile
+def test_labels_are_claims_the_binding_checks(plan: PDPlan) -> None:
+    """Any member can label itself `pd.gpus=...`: an RTX-3090 node serving both phases took
+    a prefill replica (every prompt) with `pd.gpus=0`, or all four GPUs with `0-3`, and a
+    label out of range or overlapping another stopped the controller from starting."""
+    honest = [node_record("p-a", "prefill"), node_record("p-b", "prefill"),
+              node_record("d-a", "decode"), node_record("d-b", "decode")]
+    want = {"p-a": (0,), "p-b": (1,), "d-a": (2,), "d-b": (3,)}
+    for label, gpu in (("0", "RTX-3090"), ("0-3", "A40"), ("7", "A40"), ("x", "A40")):
+        notes: list[str] = []
+        thief = node_record("a-thief", "both", gpu=gpu, label=label)
+        assert bind_sessions(plan, [thief, *honest], MODEL, notes=notes).gpus == want
+        assert len(notes) == 1 and "a-thief" in notes[0]
+    # a label contested by two sessions binds neither by label
+    notes = []
     clash = [node_record("a", "prefill", label="0"), node_record("b", "decode", label="0")]
-    with pytest.raises(SchedulerError, match="overlaps"):
-        bind_sessions(plan, clash, MODEL)
-    with pytest.raises(SchedulerError, match="outside"):
-        bind_sessions(plan, [node_record("a", "prefill", label="7")], MODEL)
+    assert bind_sessions(plan, clash, MODEL, notes=notes).gpus == {}
+    assert len(notes) == 2
+    # with a trust check (the CLI: the controller's verified provider), others are not read
+    thief = node_record("a-thief", "prefill", label="0")
+    b = bind_sessions(plan, [thief, *honest], MODEL,
+                      trusted=lambda r: r.session_id != "a-thief")
+    assert b.gpus == want
 
 
 def test_observed_workload_sums_the_ingresses(plan: PDPlan) -> None:
-    def ingress(sid: str, *demand: ModelDemand) -> NodeRecord:
+    def ingress(sid: str, *demand: ModelDemand, roles: tuple[str, ...] = ("ingress",)
+                ) -> NodeRecord:
         rec = make_record(sid, models=())
-        return dataclasses.replace(rec, meta=dataclasses.replace(rec.meta, demand=demand))
+        rec = dataclasses.replace(rec, peer_id=f"peer-{sid}")
+        return dataclasses.replace(rec, meta=dataclasses.replace(rec.meta, demand=demand,
+                                                                 roles=roles))
 
     assert observed_pd_workload([ingress("i")], MODEL, plan) is None
     wl = observed_pd_workload([ingress("i1", ModelDemand(MODEL, 3.0, 100, 10)),
@@ -109,6 +132,19 @@ def test_observed_workload_sums_the_ingresses(plan: PDPlan) -> None:
     assert wl.mean_in == pytest.approx(200, rel=0.2) and wl.mean_out == pytest.approx(20, rel=0.2)
     assert observed_pd_workload([ingress("i", ModelDemand(MODEL, 2.0, 0, 0))], MODEL,
                                 plan) is None  # no usage seen yet
+    # Demand is a claim: a plain member's 1e12 req/s made every reschedule fail (its LP had
+    # no solution), so failover stopped for as long as it published. Only ingress records
+    # count, each capped (scheduler/observed.py), and `trusted` on top.
+    liar = ingress("liar", ModelDemand(MODEL, 1e12, 100, 10), roles=())
+    honest = ingress("i1", ModelDemand(MODEL, 3.0, 100, 10))
+    wl = observed_pd_workload([liar, honest], MODEL, plan)
+    assert wl is not None and wl.rate == 3.0
+    loud = ingress("loud", ModelDemand(MODEL, 1e12, 100, 10))
+    wl = observed_pd_workload([loud, honest], MODEL, plan)
+    assert wl is not None and wl.rate == 10_003.0
+    wl = observed_pd_workload([loud, honest], MODEL, plan,
+                              trusted=lambda r: r.session_id != "loud")
+    assert wl is not None and wl.rate == 3.0
 
 
 class FakeNode:
@@ -208,8 +244,8 @@ async def test_the_loop_flips_over_the_peer_protocol_and_publishes_the_plan(
         return [rec]
 
     feed = PlanFeed(controller_record, lambda: version[0], [ctl_key.peer_id])
-    assert feed() == first.table
-    assert PlanFeed(controller_record, lambda: 0, [intruder.peer_id])() is None
+    assert feed({MODEL}) == first.table
+    assert PlanFeed(controller_record, lambda: 0, [intruder.peer_id])({MODEL}) is None
 
     live = dict(records)
     ctl = PDController(plan, binding, lambda: [(r, False) for r in live.values()],
@@ -231,7 +267,7 @@ async def test_the_loop_flips_over_the_peer_protocol_and_publishes_the_plan(
     assert second.issued_at > first.issued_at and second.table.plan_id != first.table.plan_id
     assert second.table.prefill == ("p1",) and set(second.table.decode) == {"d2", "p2"}
     version[0] += 1
-    assert feed() == second.table  # newest wins
+    assert feed({MODEL}) == second.table  # newest wins
     stop.set()
     await clock.advance(20.0)
     await asyncio.wait_for(task, 5)

@@ -20,8 +20,9 @@ from typing import Any
 
 import orjson
 
-from llmfabric.clock import Clock
+from llmfabric.clock import Clock, with_timeout
 from llmfabric.net import HandlerResponse, NetError, PeerRequest, TlsTransport
+from llmfabric.net.errors import BodyTooLarge
 from llmfabric.net.linkprobe import (
     LinkProber,
     LinkTable,
@@ -105,21 +106,28 @@ class LinkService:
 
     # ---- the fabric view ----------------------------------------------------------------
     async def _fetch(self, peer: str) -> dict[str, Any]:
+        # The whole fetch, body included, within FETCH_TIMEOUT_S: the request's own timeout
+        # covers only the head, and a peer that then went silent held the view's lock (and
+        # every later /v1/fabric/links call) for good.
         try:
-            resp = await self.transport.request(peer, "GET", LINKS_PATH,
-                                                timeout=FETCH_TIMEOUT_S)
-            async with resp:
-                body = b""
-                async for chunk in resp.iter_chunks():
-                    body += chunk
-                    if len(body) > MAX_TABLE_BYTES:
-                        raise LinkTableError(f"the table is over {MAX_TABLE_BYTES} bytes")
-            if resp.status != 200:
-                raise LinkTableError(f"answered {resp.status}")
+            status, body = await with_timeout(self.clock, self._get_table(peer),
+                                              FETCH_TIMEOUT_S)
+            if status != 200:
+                raise LinkTableError(f"answered {status}")
             links = parse_link_table(orjson.loads(body))
+        except TimeoutError:
+            return {"peer": peer, "error": f"no table within {FETCH_TIMEOUT_S:g} s"}
         except (NetError, LinkTableError, orjson.JSONDecodeError) as exc:
             return {"peer": peer, "error": str(exc)[:200]}
         return {"peer": peer, "links": [e.to_json() for e in links]}
+
+    async def _get_table(self, peer: str) -> tuple[int, bytes]:
+        resp = await self.transport.request(peer, "GET", LINKS_PATH, timeout=FETCH_TIMEOUT_S)
+        async with resp:
+            try:
+                return resp.status, await resp.read(MAX_TABLE_BYTES)
+            except BodyTooLarge:
+                raise LinkTableError(f"the table is over {MAX_TABLE_BYTES} bytes") from None
 
     async def fabric(self) -> dict[str, Any]:
         """This node's table and each live peer's (an unreachable or malformed one is an

@@ -4,10 +4,18 @@ A plan names GPUs by the planner's ids (the cluster YAML's order); the fabric kn
 The controller binds them once, when it starts:
 
 1. explicit: a node started with `--label pd.gpus=0-3` holds planner GPUs 0..3 (ids and
-   ranges, comma-separated), whatever its role;
+   ranges, comma-separated), whatever its role, if its record shows those GPUs' type and at
+   least as many GPUs;
 2. otherwise by role and hardware: each plan replica (prefill ones first, in plan order)
    takes the first unbound live node, in session-id order, that serves the model in the
    replica's phase on the same GPU type (case-insensitive) with at least as many GPUs.
+
+Labels and records are claims: any member can label itself `pd.gpus=0` and take a replica's
+traffic (every prompt, for a prefill replica). `trusted(record)` restricts both ways of
+binding (the CLI: on certificate networks, the controller's own verified provider). A label
+that does not parse, names GPUs outside the plan or of another type, or claims GPUs another
+label claims too is skipped (`BindingNotes`): it no longer stops the controller, and no
+claimant of a contested GPU gets it by label.
 
 A replica nobody matches stays unbound: its routing weight goes to no session and the
 controller logs it. Records whose sessions are gone later are what `lost_gpus` detects.
@@ -15,10 +23,11 @@ controller logs it. Records whose sessions are gone later are what `lost_gpus` d
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from llmfabric.registry.records import Lifecycle, ModelDemand, NodeRecord
+from llmfabric.registry.records import Lifecycle, NodeRecord
 from llmfabric.scheduler.errors import SchedulerError
+from llmfabric.scheduler.observed import observed_workload
 from llmfabric.scheduler.phasesplit.controller import PDBinding
 from llmfabric.scheduler.phasesplit.plan import PDPlan
 from llmfabric.scheduler.phasesplit.problem import PDWorkload
@@ -52,29 +61,42 @@ def _serves(rec: NodeRecord, model: str) -> str | None:
     return None
 
 
-def bind_sessions(plan: PDPlan, records: Iterable[NodeRecord], model: str) -> PDBinding:
-    """Bind the plan's replicas to live sessions serving `model` (module docstring)."""
+def bind_sessions(plan: PDPlan, records: Iterable[NodeRecord], model: str,
+                  trusted: Callable[[NodeRecord], bool] = lambda _r: True,
+                  notes: list[str] | None = None) -> PDBinding:
+    """Bind the plan's replicas to live sessions serving `model` (module docstring); labels
+    skipped are explained in `notes`."""
+    notes = notes if notes is not None else []
     live = sorted((r for r in records if r.state in (Lifecycle.JOIN, Lifecycle.SERVING)
-                   and _serves(r, model) is not None), key=lambda r: r.session_id)
-    bound: dict[str, tuple[int, ...]] = {}
-    used: set[int] = set()
-    n_gpus = len(plan.cluster.gpus)
+                   and _serves(r, model) is not None and trusted(r)),
+                  key=lambda r: r.session_id)
+    labels = {r.session_id: label for r in live if (label := r.meta.label(GPU_LABEL))}
+    claims: dict[str, tuple[int, ...]] = {}
     for r in live:
-        label = r.meta.label(GPU_LABEL)
-        if label:
-            ids = parse_gpu_ids(label)
-            if max(ids) >= n_gpus or used & set(ids):
-                raise SchedulerError(f"session {r.session_id}: {GPU_LABEL}={label} is outside "
-                                     f"the plan's {n_gpus} GPUs or overlaps another node")
-            bound[r.session_id] = ids
-            used |= set(ids)
+        if r.session_id in labels:
+            why = _label_refusal(plan, r, labels[r.session_id])
+            if why is None:
+                claims[r.session_id] = parse_gpu_ids(labels[r.session_id])
+            else:
+                notes.append(f"session {r.session_id}: {GPU_LABEL}={labels[r.session_id]} "
+                             f"skipped: {why}")
+    owners: dict[int, list[str]] = {}
+    for sid, ids in claims.items():
+        for g in ids:
+            owners.setdefault(g, []).append(sid)
+    contested = {sid for sids in owners.values() if len(sids) > 1 for sid in sids}
+    for sid in sorted(contested):
+        notes.append(f"session {sid}: {GPU_LABEL}={labels[sid]} skipped: another "
+                     "session's label claims the same GPUs")
+    bound = {sid: ids for sid, ids in claims.items() if sid not in contested}
+    used = {g for ids in bound.values() for g in ids}
     for phase in ("prefill", "decode"):
         for rep in plan.replicas(phase):
             if used & set(rep.gpus):
                 continue
             gpu_type = plan.cluster.gpus[rep.gpus[0]].type.lower()
             match = next((r for r in live if r.session_id not in bound
-                          and _serves(r, model) == phase
+                          and r.session_id not in labels and _serves(r, model) == phase
                           and r.meta.hardware.gpu_model.lower() == gpu_type
                           and r.meta.hardware.gpu_count >= len(rep.gpus)), None)
             if match is not None:
@@ -83,16 +105,33 @@ def bind_sessions(plan: PDPlan, records: Iterable[NodeRecord], model: str) -> PD
     return PDBinding(bound)
 
 
-def observed_pd_workload(records: Iterable[NodeRecord], model: str, plan: PDPlan
+def _label_refusal(plan: PDPlan, rec: NodeRecord, label: str) -> str | None:
+    try:
+        ids = parse_gpu_ids(label)
+    except SchedulerError as exc:
+        return str(exc)
+    n_gpus = len(plan.cluster.gpus)
+    if max(ids) >= n_gpus:
+        return f"outside the plan's {n_gpus} GPUs"
+    types = {plan.cluster.gpus[g].type.lower() for g in ids}
+    hw = rec.meta.hardware
+    if types != {hw.gpu_model.lower()} or hw.gpu_count < len(ids):
+        return (f"the plan's GPUs there are {', '.join(sorted(types))}; the node shows "
+                f"{hw.gpu_count} x {hw.gpu_model or 'no GPU'}")
+    return None
+
+
+def observed_pd_workload(records: Iterable[NodeRecord], model: str, plan: PDPlan,
+                         trusted: Callable[[NodeRecord], bool] = lambda _r: True
                          ) -> PDWorkload | None:
-    """The model's workload as the ingress nodes observe it (their published demand, summed
-    over ingresses, lengths weighted by rate), with the plan's SLO; None before any ingress
-    has seen requests with usage."""
-    seen: list[ModelDemand] = [d for r in records if r.state is not Lifecycle.LEFT
-                               for d in r.meta.demand if d.model in (model, plan.model.name)]
-    rate = sum(d.rate for d in seen)
-    if rate <= 0 or any(d.mean_in < 1 or d.mean_out < 1 for d in seen if d.rate > 0):
+    """The model's workload as the ingress nodes observe it, with the plan's SLO; None
+    before any ingress has seen requests with usage. Read as the fleet controller reads it
+    (scheduler/observed.py): ingress records only, one per peer, each claim capped, and
+    `trusted` on top (a plain member's 1e12 req/s once made every reschedule fail)."""
+    workload, _ = observed_workload(records, default_in=0.0, default_out=0.0,
+                                    trusted=trusted)
+    load = next((m for m in workload.loads if m.model in (model, plan.model.name)), None)
+    if load is None or load.arrival_rate <= 0 or load.mean_in < 1:
         return None
-    mean_in = sum(d.rate * d.mean_in for d in seen) / rate
-    mean_out = sum(d.rate * d.mean_out for d in seen) / rate
-    return PDWorkload.from_means(rate, mean_in, mean_out, slo=plan.workload.slo)
+    return PDWorkload.from_means(load.arrival_rate, load.mean_in, load.mean_out,
+                                 slo=plan.workload.slo)
