@@ -72,11 +72,12 @@ _RATIOS = ("_perc", "_ratio", "_usage", "_hit_rate")
 
 
 def _count(v: float | None) -> int:
-    return max(0, min(1_000_000, round(v))) if v is not None else 0
+    # (a sum of finite samples can be inf: two label sets at 1e308; round(inf) raised)
+    return max(0, min(1_000_000, round(v))) if v is not None and math.isfinite(v) else 0
 
 
 def _frac(v: float | None) -> float:
-    return max(0.0, min(1.0, v)) if v is not None else 0.0
+    return max(0.0, min(1.0, v)) if v is not None and math.isfinite(v) else 0.0
 
 
 def _first(m: dict[str, float], *names: str) -> float | None:

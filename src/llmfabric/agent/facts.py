@@ -16,13 +16,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import struct
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from llmfabric.agent.engines import EngineKind, context_from_command, flag_value
+from llmfabric.registry.codec import MAX_ITEMS, MAX_STR
 from llmfabric.registry.records import ModelRole, ServedModel
+
+log = logging.getLogger(__name__)
+MAX_CONTEXT = 1 << 40  # tokens: a larger max_model_len is garbage (2**64 could not be signed)
 
 _QUANT: dict[str, tuple[str, int]] = {
     "awq": ("awq-int4", 4), "awq_marlin": ("awq-int4", 4), "gptq": ("gptq-int4", 4),
@@ -182,12 +187,24 @@ def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: 
     lora = {a for names in adapters.values() for a in names}
     ids = list(model_ids) or [mid for mid in listed if mid not in lora]
     out = []
-    for mid in ids:
+    for mid in _fitting(ids, "model ids"):
         ctx = listed.get(mid, {}).get("max_model_len")
         out.append(ServedModel(
             id=mid, quantization=quant, quant_bits=bits,
-            max_context=int(ctx) if isinstance(ctx, int) and ctx > 0 else fallback,
-            adapters=tuple(adapters.get(mid, ())),
+            max_context=ctx if isinstance(ctx, int) and 0 < ctx <= MAX_CONTEXT else fallback,
+            adapters=_fitting(adapters.get(mid, ()), f"LoRA adapters of {mid}"),
             role=role_of(listed.get(mid, {}), argv),
         ))
     return tuple(out)
+
+
+def _fitting(names: Sequence[str], what: str) -> tuple[str, ...]:
+    """The names a record can carry (every replica refuses longer names or longer lists:
+    an engine listing them made the node sign a record nobody took, or fail to sign one),
+    the rest left out with a log line."""
+    fit = [n for n in names if len(n) <= MAX_STR][:MAX_ITEMS]
+    if len(fit) < len(names):
+        log.error("the engine lists %d %s; %d fit in the node's record (names of at most "
+                  "%d characters, %d per list): the rest are not advertised", len(names),
+                  what, len(fit), MAX_STR, MAX_ITEMS)
+    return tuple(fit)

@@ -17,6 +17,19 @@ import orjson
 
 MAX_BODY = 4 << 20
 
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None past `limit` bytes. (`resp.content.read(n)` returns what is
+    buffered, up to n: a 424 KB /metrics came back cut at 128 KB, its load lost.)"""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
 class ProbeError(Exception):
     """The engine did not answer as a ready OpenAI server."""
 
@@ -57,7 +70,10 @@ class HttpProbe:
             ) as r:
                 if r.status != 200:
                     raise ProbeError(f"/v1/models answered {r.status}")
-                body = await r.json(content_type=None)
+                raw = await read_capped(r, MAX_BODY)
+                if raw is None:
+                    raise ProbeError(f"/v1/models answered over {MAX_BODY} bytes")
+                body = orjson.loads(raw)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise ProbeError(f"/v1/models: {exc!r}") from exc
         data = body.get("data") if isinstance(body, dict) else None
@@ -85,12 +101,10 @@ class HttpProbe:
             ) as r:
                 if r.status != 200:
                     return None
-                data = await r.content.read(MAX_BODY + 1)
+                data = await read_capped(r, MAX_BODY)
         except (aiohttp.ClientError, TimeoutError):
             return None
-        if len(data) > MAX_BODY:
-            return None
-        return data.decode("utf-8", errors="replace")
+        return data.decode("utf-8", errors="replace") if data is not None else None
 
     async def get_json(self, base_url: str, path: str, timeout_s: float) -> Any:
         text = await self.get_text(base_url, path, timeout_s)

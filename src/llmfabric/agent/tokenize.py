@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from llmfabric.agent.engines import EngineKind
+from llmfabric.agent.probe import read_capped
 
 MAX_COUNT = 10_000_000  # a tokenizer's count above this is not believed
 
@@ -87,8 +88,8 @@ class EngineTokenizer:
             ) as resp:
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}")
-                raw = await resp.content.read(self._max_answer + 1)
-                if len(raw) > self._max_answer:
+                raw = await read_capped(resp, self._max_answer)
+                if raw is None:
                     raise ValueError("answer too large")
                 n = token_count(orjson.loads(raw))
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):

@@ -67,6 +67,10 @@ def test_hostile_values_are_clamped_or_skipped() -> None:
             'vllm:kv_cache_usage_perc 7.5\ngarbage\n{only="labels"} 3\nx{ 1\n')
     got = load_from_metrics("vllm", text)
     assert got == EngineLoad(0, 0, 1.0)
+    # each sample finite, their sum not: round(inf) raised, and the load loop logged a
+    # traceback every round with its load hints lost
+    huge = 'vllm:num_requests_running{a="1"} 1e308\nvllm:num_requests_running{a="2"} 1e308\n'
+    assert load_from_metrics("vllm", huge) == EngineLoad(0, 0, 0.0)
 
 
 def test_prefix_rate_from_counters() -> None:

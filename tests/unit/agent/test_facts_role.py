@@ -74,3 +74,22 @@ async def test_follow_roles_republishes_a_flip_once_on_the_fake_clock() -> None:
     state["stop"] = True
     await clock.advance(20.0)
     await asyncio.wait_for(task, 2)
+
+
+def test_what_an_engine_lists_is_cut_to_what_a_record_carries() -> None:
+    """An engine listing a 600-character model id or 300 LoRA adapters made the node sign a
+    record every replica refuses (silently unroutable); a max_model_len of 2**64 could not be
+    signed at all (the node died with a traceback)."""
+    from llmfabric.identity import NodeKey
+    from llmfabric.registry.codec import verify_record
+    from llmfabric.registry.owner import RecordOwner
+    from llmfabric.registry.records import Lifecycle, NodeMeta
+
+    listing = [{"id": "m", "max_model_len": 2**64}, {"id": "x" * 600},
+               *({"id": f"lora-{i}", "parent": "m"} for i in range(300))]
+    got = served_models(listing, [], 4096)
+    assert [m.id for m in got] == ["m"] and got[0].max_context == 4096
+    assert len(got[0].adapters) == 256
+    owner = RecordOwner(NodeKey.generate(), NodeMeta(models=got), wall=1e9)
+    rec = owner.set_state(Lifecycle.SERVING, wall=1e9)
+    assert verify_record(rec.body, rec.signature).record.meta.models == got

@@ -29,3 +29,32 @@ async def test_loopback_binds_and_wildcard_connects_are_used() -> None:
         link.open()
         await asyncio.sleep(0)
         await link.aclose()
+
+
+async def test_a_flood_of_events_does_not_starve_the_event_loop() -> None:
+    """A socket read returns at once while messages are queued, so the receive loop never
+    gave way: a publisher flooding small valid messages stalled everything else on the node
+    (a 10 ms ticker ran 136 times in 8 s, with a 6.6 s gap)."""
+    import asyncio
+
+    import msgpack
+
+    payload = msgpack.packb([1.0, [{"type": "AllBlocksCleared"}]])
+
+    class Flood:  # a socket with messages always queued
+        seq = 0
+
+        async def recv_multipart(self, copy: bool = True) -> list[bytes]:
+            self.seq += 1
+            return [b"kv", self.seq.to_bytes(8, "big"), payload]
+
+    link = KvEventsLink(KvEventsEndpoint("tcp://127.0.0.1:5557", topic="kv"),
+                        HeldPrefixes(lambda: 0.0))
+    link._sock = Flood()
+    receiver = asyncio.create_task(link._receive())
+    ticks = 0
+    for _ in range(50):
+        await asyncio.sleep(0)
+        ticks += 1
+    receiver.cancel()
+    assert ticks == 50 and link.received >= 50 and link.dropped == {}

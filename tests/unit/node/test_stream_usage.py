@@ -64,6 +64,7 @@ class FakeEngine:
         self.with_usage = False
         self.break_after_done = False
         self.break_early = False
+        self.open_after_done = False
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -100,6 +101,8 @@ class FakeEngine:
                 return resp
             await resp.write(b"data: [DO")
             await resp.write(b"NE]\n\n")
+            if self.open_after_done:  # the body never ends after [DONE]
+                await asyncio.sleep(3600)
             if self.break_after_done:  # llama-cpp-python after an interrupt
                 await asyncio.sleep(0.05)
                 assert request.transport is not None
@@ -302,6 +305,19 @@ async def test_a_connection_broken_after_done_still_ends_the_stream() -> None:
         engine.break_after_done, engine.break_early = False, True
         with pytest.raises(aiohttp.ClientError):  # a broken stream stays broken
             await node.stream("/v1/completions", PROMPT)
+
+
+async def test_a_stream_kept_open_after_done_ends_at_done() -> None:
+    """The node held a counted stream's [DONE] (to put its usage chunk first) until the
+    engine's body ended; an engine that kept it open held the client until the read timed
+    out (120 s by default). The answer is complete at [DONE]."""
+    engine = FakeEngine()
+    engine.open_after_done = True
+    async with Node(engine, LLAMA_PY) as node:
+        async with asyncio.timeout(10):
+            out = await node.stream("/v1/completions", PROMPT)
+        assert out.endswith(b"data: [DONE]\n\n")
+        assert events(out)[-1]["usage"]["completion_tokens"] == len(WORDS)
 
 
 def test_token_count_believes_only_plausible_answers() -> None:

@@ -35,7 +35,10 @@ class HttpUpstream:
             raise UpstreamError(f"reading the response failed: {e!r}") from e
 
     async def read_capped(self, limit: int) -> bytes:
-        return await read_chunks_capped(self.chunks(), limit)
+        try:
+            return await read_chunks_capped(self.chunks(), limit)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamError(f"reading the response failed: {e!r}") from e
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         # Raises aiohttp.ClientError / TimeoutError mid-stream; callers handle both.

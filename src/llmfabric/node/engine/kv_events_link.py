@@ -94,6 +94,9 @@ class KvEventsLink:
                 await asyncio.sleep(1.0)
                 continue
             self.handle(frames)
+            # recv returns at once while messages are queued: without a yield, a flood of
+            # events starved gossip, health checks and the data plane (6.6 s gaps)
+            await asyncio.sleep(0)
 
     def handle(self, frames: list[bytes]) -> None:
         """Decode and apply one message (anything wrong: counted and dropped)."""

@@ -29,6 +29,7 @@ from llmfabric.agent import EngineInfo, EngineSupervisor, InflightTracker, Super
 from llmfabric.agent.command import engine_kind
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.clock import Clock
+from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward.engine_proxy import Around, EngineProxy
@@ -202,8 +203,12 @@ class EngineLink:
         if self.config.aliases:
             info = dataclasses.replace(
                 info, models=with_aliases(info.models, self.config.aliases))
-        self.proxy = EngineProxy(info.base_url, max_body_bytes=self.config.max_body_bytes,
-                                 around=self._usage_counter(info.base_url))
+        c = self.config  # (the operator's timeouts bound the engine side too)
+        self.proxy = EngineProxy(
+            info.base_url, max_body_bytes=c.max_body_bytes,
+            timeouts=Timeouts(c.connect_timeout_s, c.first_byte_timeout_s, c.idle_timeout_s,
+                              c.total_timeout_s),
+            around=self._usage_counter(info.base_url))
         self.proxy.exporter = exporter_from_env(os.environ)  # node spans: OTEL_* (otlp.py)
         return info
 

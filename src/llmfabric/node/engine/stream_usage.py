@@ -269,6 +269,9 @@ class CountingUpstream:
                 out = tally.feed(data)
                 if out:
                     yield out
+                if tally.held_done:
+                    break  # the answer is complete: an engine that keeps the body open
+                    # after its [DONE] held the client until the read timed out (120 s)
         except (aiohttp.ClientError, TimeoutError, UpstreamError):
             # The engine finished ([DONE] held) and then broke the connection (llama-cpp-
             # python cancels an interrupted stream right after its [DONE]): the answer is
