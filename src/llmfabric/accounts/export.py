@@ -21,7 +21,7 @@ from llmfabric.accounts.models import UsageRow
 FORMATS = ("csv", "json")
 COLUMNS = ("day", "key_id", "owner", "model", "requests", "prompt_tokens",
            "completion_tokens", "total_tokens", "estimated_requests")
-_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 

@@ -30,7 +30,7 @@ from llmfabric.accounts.models import ApiKey
 from llmfabric.accounts.policy import MAX_RATE_LIMIT
 from llmfabric.accounts.store import AccountStore
 
-_DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
 
 
 class CreateKeyBody(pydantic.BaseModel):

@@ -14,7 +14,7 @@ import re
 import secrets as _secrets
 
 PREFIX = "lf-"
-_KEY_RE = re.compile(r"^lf-([0-9a-f]{16})-([A-Za-z0-9_-]{43})$")
+_KEY_RE = re.compile(r"^lf-([0-9a-f]{16})-([A-Za-z0-9_-]{43})\Z")
 
 
 def new_key() -> tuple[str, str]:

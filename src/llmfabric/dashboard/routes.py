@@ -37,7 +37,7 @@ SECURITY_HEADERS: dict[str, str] = {
     "Cache-Control": "no-cache",
 }
 
-_PREFIX_RE = re.compile(r"^/[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*$")
+_PREFIX_RE = re.compile(r"^/[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*\Z")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llmfabric.launch.errors import ProfileError
 
-_DNS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
+_DNS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?\Z")
 PEER_PORT = 7946
 HTTP_PORT = 8090
 HOME = "/var/lib/llmfabric"

@@ -40,15 +40,15 @@ from pydantic import (
 
 from llmfabric.launch.errors import ProfileError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 # Slurm --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_MEMORY = re.compile(r"^\d+[KMGT]?$")
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
+_MEMORY = re.compile(r"^\d+[KMGT]?\Z")
 
 
 def time_limit_s(text: str) -> int:
     """Seconds of a Slurm `--time` value ("90" is minutes, "1:30:00", "2-00:00:00")."""
-    m = _TIME.match(text.strip())
+    m = _TIME.match(text)  # (not stripped: the value goes into the script as written)
     if not m:
         raise ValueError(f"{text!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
     days, a, b, c = m.groups()
@@ -66,7 +66,7 @@ def time_limit_s(text: str) -> int:
 # any of those can carry a directive of its own (`partition: "gpu\t--account=theirs"`).
 # Partition, account, QoS, GRES type, constraint expressions (`a100&ib`, `[r1|r2]`) and
 # output patterns (`logs/%x-%j.out`) need none of them.
-_DIRECTIVE = re.compile(r"^[A-Za-z0-9_.,:/%=@+\-&|\[\]*!~]+$")
+_DIRECTIVE = re.compile(r"^[A-Za-z0-9_.,:/%=@+\-&|\[\]*!~]+\Z")
 
 
 def _directive(value: str, what: str) -> str:
@@ -85,7 +85,7 @@ def _one_line(value: str, what: str) -> str:
 class Container(BaseModel):
     """Run the engine in a container; the node itself runs on the host and supervises it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     runtime: Literal["apptainer", "enroot", "pyxis"]
     image: str
     mounts: tuple[str, ...] = ()  # "src:dst" (apptainer --bind, enroot --mount, pyxis mounts)
@@ -105,7 +105,7 @@ class Container(BaseModel):
 class Fabric(BaseModel):
     """How the job's node joins the fabric."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     bootstrap: tuple[str, ...] = Field(min_length=1)
     secret_file: str  # read at job start into LLMFABRIC_NETWORK_SECRET; never in the script
     network: str | None = None
@@ -147,7 +147,7 @@ class Fabric(BaseModel):
 class Controller(BaseModel):
     """What `llmfabric controller --launcher slurm` needs to size the fleet of these jobs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     model: str  # the model the engine serves (demand for it drives submissions)
     capacity_rps: float | None = Field(default=None, gt=0)  # requests/s one job sustains
     # Without capacity_rps: the simulator's capacity of one replica of `model` on the job's
@@ -169,7 +169,7 @@ class Controller(BaseModel):
 
 
 class SlurmProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str = "provider"
     partition: str | None = None
     account: str | None = None

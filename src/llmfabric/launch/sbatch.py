@@ -38,8 +38,8 @@ for port in (random.sample(range(10000, low), 64) if low - 10000 >= 1000 else []
         break
 """
 # ('@' is left out: bash re-expands ${VAR@P} as a prompt string, command substitutions too)
-_PATHLIKE = re.compile(r"^[A-Za-z0-9_./~${}:+=-]+$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PATHLIKE = re.compile(r"^[A-Za-z0-9_./~${}:+=-]+\Z")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _path_word(value: str, what: str) -> str:

@@ -47,7 +47,8 @@ def parse_hostport(value: str, *, default_host: str = "0.0.0.0") -> tuple[str, i
 
 
 class NodeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity anywhere: a ready_timeout_s of NaN waited for an engine forever.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     home: pathlib.Path = Field(default_factory=default_home)
     listen: str = "0.0.0.0:7946"
@@ -80,8 +81,8 @@ class NodeConfig(BaseModel):
     # backoff, each under a new session) then leave, or "leave" at once (exit status 5).
     on_engine_exit: Literal["restart", "leave"] = "restart"
     engine_restarts: int = Field(default=3, ge=0)
-    ready_timeout_s: float = 900.0
-    health_interval_s: float = 2.0
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    health_interval_s: float = Field(default=2.0, gt=0)
     health_failures: int = Field(default=3, ge=1)
     # SIGTERM: DOWN at once, drain up to drain_timeout_s, LEFT, engine stop up to
     # engine_stop_timeout_s; the defaults fit inside Slurm's default KillWait (30 s).
@@ -96,11 +97,11 @@ class NodeConfig(BaseModel):
     # peer ids on PSK networks); accounts/grants.py.
     key_issuers: tuple[str, ...] = ()
     gpu: str | None = None
-    gpu_count: int | None = None
-    gpu_memory_gb: float | None = None
+    gpu_count: int | None = Field(default=None, ge=0, le=1024)
+    gpu_memory_gb: float | None = Field(default=None, gt=0)
     # Ingress options.
     policy: str = "random"
-    max_retries: int = 2
+    max_retries: int = Field(default=2, ge=0, le=16)
     # Per-attempt forwarding timeouts (llmfabric.ingress.Timeouts), seconds.
     connect_timeout_s: float = Field(default=5.0, gt=0)
     first_byte_timeout_s: float = Field(default=300.0, gt=0)
@@ -131,7 +132,7 @@ class NodeConfig(BaseModel):
     link_probe_interval_s: float = Field(default=60.0, ge=0)
     api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front
     dashboard: bool = True
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     # HTTP address other hosts use for the direct forwarding path (docs/node.md); default:
     # derived from the bound HTTP host and the advertised peer address.
     public_http_addr: str | None = None

@@ -97,6 +97,20 @@ def test_hostile_values_are_quoted_or_refused() -> None:
             parse_profile(base(**bad))
     with pytest.raises(ProfileError, match="sbatch option"):
         parse_profile(base(sbatch=["exclusive"]))
+    # A trailing newline passed every check ('$' matches before a final newline) and ended
+    # up as an extra line in the script; a job name with one never matched squeue again, so
+    # the launcher would have resubmitted jobs without end.
+    for field, value in (("name", "llama\n"), ("time", "60\n"), ("partition", "gpu\n"),
+                         ("memory", "64G\n")):
+        with pytest.raises(ProfileError):
+            parse_profile(base(**{field: value}))
+    # infinities rendered as `--drain-timeout inf` and sized fleets with them
+    for bad in ({"fabric": {"bootstrap": ["a:1"], "secret_file": "/s",
+                            "drain_timeout": float("inf")}},
+                {"controller": {"model": "m", "capacity_rps": float("inf")}},
+                {"controller": {"model": "m", "capacity_rps": 1.0, "startup_s": float("nan")}}):
+        with pytest.raises(ProfileError):
+            parse_profile(base(**bad))
 
 
 def test_profile_errors_name_the_field() -> None:

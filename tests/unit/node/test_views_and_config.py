@@ -119,3 +119,25 @@ def test_bootstrap_entries_may_be_comma_separated() -> None:
     assert cfg.bootstrap == ("a:1", "b:2", "c:3")
     with pytest.raises(ConfigError, match="bootstrap"):
         build_config({}, {"bootstrap": ("a:1,nope",)})
+
+
+def test_config_values_that_mean_nothing_are_refused() -> None:
+    """A ready_timeout_s of NaN waited for an engine that never served, forever; other
+    fields took NaN, infinities and negative counts and failed later, far from the cause."""
+    import math
+
+    import pydantic
+
+    from llmfabric.node.config import NodeConfig
+
+    for field, value in (("ready_timeout_s", math.nan), ("ready_timeout_s", -5.0),
+                         ("health_interval_s", 0.0), ("drain_timeout_s", math.inf),
+                         ("total_timeout_s", math.inf), ("alloc_end", math.inf),
+                         ("max_body_bytes", -1), ("max_retries", -3), ("gpu_count", -8),
+                         ("gpu_memory_gb", math.nan)):
+        try:
+            NodeConfig(**{field: value})
+        except pydantic.ValidationError as exc:
+            assert field in str(exc)
+        else:
+            raise AssertionError(f"{field}={value} was accepted")

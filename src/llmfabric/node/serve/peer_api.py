@@ -46,8 +46,8 @@ ASSIGN_PATH = "/_fabric/v1/assign"
 RELEASE_PATH = "/_fabric/v1/release"
 ROLE_PATH = "/_fabric/v1/role"
 _ROLES = ("prefill", "decode", "both")
-_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
-_GPU_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}\Z")
+_GPU_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 class AssignmentError(ValueError):
