@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import hmac
 import os
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from llmfabric.dataplane.exchange import SessionKey
@@ -49,27 +49,37 @@ def authorize(s: SessionKey, path: bytes, body: bytes, local_now: float,
 
 
 class ReplayCache:
-    """Request ids seen until their expiry; bounded by `max_entries`."""
+    """Request ids seen until their expiry; bounded by `max_entries` in all and, per sender,
+    by `per_peer` (the provider's sessions: a quarter; one member with a session filled a
+    shared cache at ~8,000 requests/s and every other ingress got `replay_cache_full`)."""
 
-    def __init__(self, max_entries: int = 1_000_000) -> None:
+    def __init__(self, max_entries: int = 1_000_000, per_peer: int | None = None) -> None:
         self.max_entries = max_entries
+        self.per_peer = per_peer if per_peer is not None else max_entries
         self._seen: set[bytes] = set()
-        self._order: deque[tuple[float, bytes]] = deque()
+        self._order: deque[tuple[float, bytes, str]] = deque()
+        self._of: Counter[str] = Counter()  # live entries per sender
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def add(self, rid: bytes, exp: float, now: float) -> None:
-        """Remember `rid` until `exp`; AuthzError if it was seen or the cache is full."""
-        order, seen = self._order, self._seen
+    def add(self, rid: bytes, exp: float, now: float, peer: str = "") -> None:
+        """Remember `rid` (sent by `peer`) until `exp`; AuthzError if it was seen, or if the
+        cache or the sender's share of it is full."""
+        order, seen, of = self._order, self._seen, self._of
         while order and order[0][0] < now:
-            seen.discard(order.popleft()[1])
+            _, old, who = order.popleft()
+            seen.discard(old)
+            of[who] -= 1
+            if not of[who]:
+                del of[who]
         if rid in seen:
             raise AuthzError("replayed", "this forwarded request was already received")
-        if len(seen) >= self.max_entries:
+        if len(seen) >= self.max_entries or of[peer] >= self.per_peer:
             raise AuthzError("replay_cache_full", "too many forwarded requests in flight")
         seen.add(rid)
-        order.append((exp, rid))
+        of[peer] += 1
+        order.append((exp, rid, peer))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +99,7 @@ class ProviderSessions:
         self.max_sessions = max_sessions
         self.per_peer = per_peer
         self.max_ahead_s = max_ahead_s
-        self.replay = replay or ReplayCache()
+        self.replay = replay or ReplayCache(per_peer=250_000)  # (a quarter, per ingress)
         self._sessions: OrderedDict[bytes, SessionKey] = OrderedDict()
         self._by_peer: dict[str, deque[bytes]] = {}
 
@@ -133,5 +143,5 @@ class ProviderSessions:
         prefix = header[: header.rindex(".")].encode()
         if not hmac.compare_digest(_mac(s.key, prefix, path, body), mac.encode()):
             raise AuthzError("bad_mac", "the forwarded request's authorization does not match")
-        self.replay.add(rid, exp, now)
+        self.replay.add(rid, exp, now, s.peer_id)
         return Verified(s.peer_id, rid, s)

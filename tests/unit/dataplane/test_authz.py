@@ -128,3 +128,18 @@ def test_an_expiry_of_hundreds_of_digits_is_a_clean_refusal() -> None:
     with pytest.raises(AuthzError) as err:
         ps.verify(".".join(parts), b"/p", b"", 1000.0)
     assert err.value.code == "bad_authorization"
+
+
+@pytest.mark.hostile
+def test_one_sender_cannot_fill_the_replay_cache_for_the_others() -> None:
+    """The provider's replay cache is shared by every ingress: one member with a session
+    filled it (~8,000 requests/s) and the others got `replay_cache_full`."""
+    cache = ReplayCache(max_entries=8, per_peer=3)
+    for i in range(3):
+        cache.add(bytes([i]), exp=10.0, now=0.0, peer="mallory")
+    with pytest.raises(AuthzError) as err:
+        cache.add(b"m", exp=10.0, now=0.0, peer="mallory")
+    assert err.value.code == "replay_cache_full"
+    for i in range(3):
+        cache.add(bytes([100 + i]), exp=10.0, now=0.0, peer="honest")
+    cache.add(b"m", exp=20.0, now=11.0, peer="mallory")  # its entries expired: room again
