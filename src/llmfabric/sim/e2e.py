@@ -34,6 +34,13 @@ COLUMNS = ("model", "gpu", "backend", "backend_version", "precision", "gemm_quan
            "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
 DEFAULT_WAVES = 8
 DEFAULT_RUNS = 4
+# Upper bounds of a row: far above any real benchmark, low enough that a typo cannot make the
+# simulator run out of memory (a row simulates `waves` x concurrency requests; 1e7 clients
+# took over 4 GB): no replica spans more than 1024 GPUs; 10M tokens is past every context
+# window; 100k clients x 8 waves x 4 runs is ~100 MB and a few minutes on one core.
+MAX_TP = 1024
+MAX_TOKENS = 10**7
+MAX_CONCURRENCY = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +59,15 @@ class E2ERow:
     tpot_ms: float
 
 
-def _positive_int(raw: str, name: str, line: int) -> int:
+def _positive_int(raw: str, name: str, line: int, maximum: int) -> int:
     try:
         value = int(float(raw))
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # OverflowError: inf
         raise SpecError(f"row {line}: {name} must be an integer, got {raw!r}") from exc
     if value < 1 or value != float(raw):
         raise SpecError(f"row {line}: {name} must be a positive integer, got {raw!r}")
+    if value > maximum:
+        raise SpecError(f"row {line}: {name} must be <= {maximum}, got {raw!r}")
     return value
 
 
@@ -84,18 +93,22 @@ def read_rows(path: str | Path) -> list[E2ERow]:
                 raise SpecError(f"{path}: missing columns {missing}; need {list(COLUMNS)}")
             out = []
             for line, r in enumerate(reader, start=2):
+                short = [c for c in COLUMNS if r[c] is None]  # DictReader's fill of a short row
+                if short:
+                    raise SpecError(f"row {line} has too few cells: no {', '.join(short)}")
                 out.append(E2ERow(
                     r["model"].strip(), r["gpu"].strip(), r["backend"].strip().lower(),
                     r["backend_version"].strip(), r["precision"].strip().lower(),
                     r["gemm_quant"].strip().lower(),
-                    _positive_int(r["tp"], "tp", line), _positive_int(r["isl"], "isl", line),
-                    _positive_int(r["osl"], "osl", line),
-                    _positive_int(r["concurrency"], "concurrency", line),
+                    _positive_int(r["tp"], "tp", line, MAX_TP),
+                    _positive_int(r["isl"], "isl", line, MAX_TOKENS),
+                    _positive_int(r["osl"], "osl", line, MAX_TOKENS),
+                    _positive_int(r["concurrency"], "concurrency", line, MAX_CONCURRENCY),
                     _measured(r["ttft_ms"], "ttft_ms", line),
                     _measured(r["tpot_ms"], "tpot_ms", line)))
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc}") from exc
-    except csv.Error as exc:
+    except (csv.Error, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: not a valid CSV ({exc})") from exc
     return out
 

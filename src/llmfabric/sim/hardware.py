@@ -11,6 +11,7 @@ catalog: a `GPUCatalog` is immutable and passed explicitly to whoever needs it (
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -245,6 +246,39 @@ _YAML_FIELDS = {
     "aliases": ("aliases", None),
     "calibration": ("calibration_of", None),  # a built-in GPU name: use its fitted factors
 }
+# Fields that may be 0: a FLOP/s peak of 0 means "not native" (`GPUSpec.flops` falls back),
+# l2/sm 0 mean unknown, a latency or a price may be 0. The others (bandwidths, memory) divide
+# or bound the simulation, so they must be > 0.
+_ZERO_OK = frozenset({"fp32_flops", "fp16_flops", "fp8_flops", "fp4_flops", "int8_flops",
+                      "intra_node_latency_s", "inter_node_latency_s", "l2_bytes", "sm_count",
+                      "price_per_hour"})
+
+
+def _yaml_number(name: str, key: str, raw: Any, field: str, scale: float) -> float:
+    """`raw` x `scale`, finite and > 0 (>= 0 for `_ZERO_OK` fields): inf/NaN/negative values
+    give nonsense (0 completed requests, negative times) far from the file."""
+    if isinstance(raw, bool):  # YAML `yes` / `true`
+        raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}")
+    try:
+        value = float(raw) * scale
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}") from exc
+    if not math.isfinite(value) or value < 0 or (value == 0 and field not in _ZERO_OK):
+        bound = ">= 0" if field in _ZERO_OK else "> 0"
+        raise SpecError(f"GPU {name!r}: {key} must be a finite number {bound}, got {raw!r}")
+    if field == "sm_count" and not value.is_integer():
+        raise SpecError(f"GPU {name!r}: {key} must be a whole number, got {raw!r}")
+    return value
+
+
+def _yaml_aliases(name: str, raw: Any) -> tuple[str, ...]:
+    # a bare string would be split into one-letter aliases (`--gpu y` matching `mygpu`)
+    if not isinstance(raw, list) or not all(
+            isinstance(a, str | int) and not isinstance(a, bool) and str(a).strip()
+            for a in raw):
+        raise SpecError(f"GPU {name!r}: aliases must be a list of names, e.g. [mygpu], "
+                        f"got {raw!r}")
+    return tuple(str(a) for a in raw)  # YAML reads `[4090]` as a number
 
 
 def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = None) -> GPUSpec:
@@ -255,13 +289,10 @@ def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = 
             raise SpecError(f"GPU {name!r}: unknown key {key!r}; use one of {sorted(_YAML_FIELDS)}")
         field, scale = _YAML_FIELDS[key]
         if scale is None:
-            values[field] = tuple(raw) if field == "aliases" else str(raw)
+            values[field] = _yaml_aliases(name, raw) if field == "aliases" else str(raw)
         else:
-            try:
-                value = float(raw) * scale
-                values[field] = int(value) if field == "sm_count" else value
-            except (TypeError, ValueError) as exc:
-                raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}") from exc
+            value = _yaml_number(name, key, raw, field, scale)
+            values[field] = int(value) if field == "sm_count" else value
     if "calibration_of" in values:  # YAML `calibration:` names a built-in (forgiving lookup)
         try:
             values["calibration_of"] = DEFAULT_CATALOG.get(values["calibration_of"]).name
@@ -270,7 +301,7 @@ def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = 
     if base is not None:
         # a GPU derived from a built-in keeps that built-in's fitted calibration
         values.setdefault("calibration_of", base.calibration_of or base.name)
-        return dataclasses.replace(base, name=name, **values)
+        return _with_matmul_peak(dataclasses.replace(base, name=name, **values))
     required = ("fp16_flops", "mem_bw", "mem_bytes")
     missing = [f for f in required if f not in values]
     if missing:
@@ -283,7 +314,14 @@ def gpu_from_mapping(name: str, data: Mapping[str, Any], base: GPUSpec | None = 
     values.setdefault("int8_flops", 0.0)
     values.setdefault("interconnect", "pcie")
     values.setdefault("intra_node_bw", 32 * GB)
-    return GPUSpec(name=name, **values)
+    return _with_matmul_peak(GPUSpec(name=name, **values))
+
+
+def _with_matmul_peak(spec: GPUSpec) -> GPUSpec:
+    # every dtype falls back to the fp16 or fp32 peak: both 0 would divide by zero
+    if not spec.flops(16) > 0:
+        raise SpecError(f"GPU {spec.name!r}: fp16_tflops or fp32_tflops must be > 0")
+    return spec
 
 
 def read_gpus_yaml(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[GPUSpec]:

@@ -150,6 +150,7 @@ class LinkMatrix:
     def _from_square(cls, header: list[str], body: list[list[str]]) -> LinkMatrix:
         unit = _UNITS[header[0]]
         ids = _ids([h.strip() for h in header[1:]])
+        _unique(ids, [h.strip() for h in header[1:]])
         if len(body) != len(ids):
             raise SpecError("a square link matrix needs one row per column id")
         bw = np.full((len(ids), len(ids)), math.inf)
@@ -160,7 +161,7 @@ class LinkMatrix:
                 raise SpecError(f"row {row[0]!r} needs {len(ids)} values")
             for b in range(len(ids)):
                 if a != b:
-                    bw[a, b] = float(row[b + 1]) * unit
+                    bw[a, b] = _bandwidth(row[b + 1], unit, ids[a], ids[b])
         return cls(bw, 0.0, row_ids=ids, col_ids=ids)
 
     @classmethod
@@ -177,18 +178,21 @@ class LinkMatrix:
                             "gbs/gbps/bytes_per_s and at most one latency column")
         (ucol, ufac), lat = units[0], lats[0] if lats else None
         cells: dict[tuple[str, str], tuple[float, float]] = {}
-        order: list[str] = []
+        keys: dict[str, int] = {}  # label -> index, in order of appearance (O(1) membership)
+        width = max(src, dst, ucol, lat[0] if lat is not None else 0) + 1
         for row in body:
+            if len(row) < width:
+                raise SpecError(f"row {row} has {len(row)} cells, expected {width}")
             a, b = row[src].strip(), row[dst].strip()
             if a == b:
                 continue
             for x in (a, b):
-                if x not in order:
-                    order.append(x)
-            cells[(a, b)] = (float(row[ucol]) * ufac,
-                             float(row[lat[0]]) * lat[1] if lat is not None else 0.0)
+                keys.setdefault(x, len(keys))
+            cells[(a, b)] = (_bandwidth(row[ucol], ufac, a, b),
+                             _latency(row[lat[0]], lat[1], a, b) if lat is not None else 0.0)
+        order = list(keys)
         ids = _ids(order)
-        keys = {label: k for k, label in enumerate(order)}
+        _unique(ids, order)
         n = len(ids)
         bw = np.full((n, n), math.inf)
         latm = np.zeros_like(bw)
@@ -212,6 +216,37 @@ class LinkMatrix:
                     if np.isfinite(self.bandwidth[a, b]) and ra != cb:
                         w.writerow([ra, cb, repr(float(self.bandwidth[a, b]) / 1e9),
                                     repr(float(self.latency_s[a, b]))])
+
+
+def _number(raw: str, what: str, a: Hashable, b: Hashable) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise SpecError(f"{what} of {a} -> {b} is not a number: {raw!r}") from None
+
+
+def _bandwidth(raw: str, unit: float, a: Hashable, b: Hashable) -> float:
+    value = _number(raw, "the bandwidth", a, b) * unit
+    # inf would be taken for a missing pair (and a link of zero, negative or NaN speed is none)
+    if not (value > 0 and math.isfinite(value)):
+        raise SpecError(f"the bandwidth of {a} -> {b} must be finite and > 0, got {raw!r}")
+    return value
+
+
+def _latency(raw: str, unit: float, a: Hashable, b: Hashable) -> float:
+    value = _number(raw, "the latency", a, b) * unit
+    if not (value >= 0 and math.isfinite(value)):
+        raise SpecError(f"the latency of {a} -> {b} must be finite and >= 0, got {raw!r}")
+    return value
+
+
+def _unique(ids: Sequence[Hashable], labels: Sequence[str]) -> None:
+    """Refuse labels that name the same id ("1" and "01" are both GPU 1)."""
+    seen: dict[Hashable, str] = {}
+    for node, label in zip(ids, labels, strict=True):
+        if node in seen:
+            raise SpecError(f"ids {seen[node]!r} and {label!r} are the same GPU {node!r}")
+        seen[node] = label
 
 
 def _ids(labels: Sequence[str]) -> list[Hashable]:

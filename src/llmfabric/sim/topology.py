@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -367,18 +368,18 @@ class Topology:
         if not isinstance(doc, dict):
             raise SpecError("a topology document is a mapping with gpus, switches, edges")
         topo = cls()
-        try:
-            for g in doc.get("gpus") or []:
+        for k, g in enumerate(_entries(doc, "gpus")):
+            with _entry_errors("gpus", k):
                 topo.add_gpu(g["id"], str(g["type"]), str(g.get("host", g["id"])))
-            for s in doc.get("switches") or []:
+        for k, s in enumerate(_entries(doc, "switches")):
+            with _entry_errors("switches", k):
                 topo.add_switch(s["id"], int(s.get("aggregator_slots", 0)))
-            for e in doc.get("edges") or []:
+        for k, e in enumerate(_entries(doc, "edges")):
+            with _entry_errors("edges", k):
                 lat = float(e.get("latency_s", 0.0)) + float(e.get("latency_us", 0.0)) * 1e-6
                 topo.add_edge(e["a"], e["b"], str(e["kind"]), gbps=_opt(e, "gbps"),
                               gbs=_opt(e, "gbs"), bytes_per_s=_opt(e, "bytes_per_s"),
                               latency_s=lat)
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise SpecError(f"bad topology entry: {exc!r}") from None
         return topo
 
     @classmethod
@@ -393,6 +394,30 @@ class Topology:
 
     def to_yaml(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _entries(doc: dict[str, Any], section: str) -> list[dict[str, Any]]:
+    """The list under `section` (absent: none), every entry a mapping."""
+    entries = doc.get(section) or []
+    if not isinstance(entries, list):
+        raise SpecError(f"topology {section} must be a list of mappings, got {entries!r:.60}")
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise SpecError(f"topology {section}[{k}] must be a mapping, got {entry!r:.60}")
+    return entries
+
+
+@contextmanager
+def _entry_errors(section: str, k: int) -> Iterator[None]:
+    """Name entry `k` of `section` in any error of building it (missing key, bad value)."""
+    try:
+        yield
+    except SpecError as exc:
+        raise SpecError(f"topology {section}[{k}]: {exc}") from None
+    except KeyError as exc:
+        raise SpecError(f"topology {section}[{k}] lacks the key {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SpecError(f"topology {section}[{k}]: {exc}") from None
 
 
 def _opt(entry: dict[str, Any], key: str) -> float | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,8 +150,19 @@ def on_off(rate_on: float, on_s: float, off_s: float, duration: float,
 
 def replay(rows: Iterable[tuple[float, int, int]]) -> Workload:
     """A workload from (time_s, input_tokens, output_tokens) rows (any order; shifted so the
-    first request arrives at 0)."""
-    data = sorted((float(t), int(i), int(o)) for t, i, o in rows)
+    first request arrives at 0, so negative times are fine; inf/NaN are refused)."""
+    data: list[tuple[float, int, int]] = []
+    for k, (t, i, o) in enumerate(rows, start=1):
+        try:
+            row = (float(t), int(i), int(o))
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(inf)
+            raise WorkloadError(f"row {k}: ({t!r}, {i!r}, {o!r}) is not (time, tokens, "
+                                f"tokens): {exc}") from exc
+        # an inf time shifts every other one to -inf (or NaN), a NaN one breaks the sort
+        if not math.isfinite(row[0]):
+            raise WorkloadError(f"row {k}: arrival time {t!r} is not a finite number")
+        data.append(row)
+    data.sort()
     if not data:
         return Workload(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
     arr = np.array(data, dtype=np.float64)
@@ -165,10 +177,10 @@ _SIM_OUT_KEYS = ("output_tokens", "completion_tokens", "output")
 SIM_FORMAT = "sim"
 
 
-def _pick(row: dict[str, object], keys: Sequence[str], path: Path) -> object:
+def _pick(row: dict[str, object], keys: Sequence[str], path: Path) -> tuple[str, object]:
     for key in keys:
         if key in row and row[key] not in (None, ""):
-            return row[key]
+            return key, row[key]
     raise WorkloadError(f"{path}: a row lacks one of the columns {list(keys)}")
 
 
@@ -193,10 +205,31 @@ def _columns(p: Path) -> set[str]:
         return set(next(csv.reader(fh), []))
 
 
+def _sim_number(row: dict[str, object], keys: Sequence[str], p: Path, k: int, *,
+                non_negative: bool) -> float:
+    """The row's finite number under the first of `keys` it has."""
+    name, raw = _pick(row, keys, p)
+    try:
+        value = float(str(raw))
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (non_negative and value < 0):
+        bound = " >= 0" if non_negative else ""
+        raise WorkloadError(f"{p}: row {k}: {name} must be a finite number{bound}, got {raw!r}")
+    return value
+
+
 def _sim_rows(p: Path, limit: int | None) -> list[tuple[float, int, int]]:
-    raw = _read_rows(p)[:limit]
-    return [(float(str(_pick(r, SIM_TIME_KEYS, p))), int(float(str(_pick(r, _SIM_IN_KEYS, p)))),
-             int(float(str(_pick(r, _SIM_OUT_KEYS, p))))) for r in raw]
+    out: list[tuple[float, int, int]] = []
+    for k, r in enumerate(_read_rows(p)[:limit], start=1):  # data rows, from 1
+        if not isinstance(r, dict):
+            raise WorkloadError(f"{p}: row {k} is not a JSON object")
+        # times may be negative (replay shifts them to start at 0); a negative length is
+        # nonsense, not a zero to clamp to 1
+        out.append((_sim_number(r, SIM_TIME_KEYS, p, k, non_negative=False),
+                    int(_sim_number(r, _SIM_IN_KEYS, p, k, non_negative=True)),
+                    int(_sim_number(r, _SIM_OUT_KEYS, p, k, non_negative=True))))
+    return out
 
 
 def _trace_rows(p: Path, fmt: str, limit: int | None) -> list[tuple[float, int, int]]:

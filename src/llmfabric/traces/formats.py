@@ -17,6 +17,7 @@ Formats (names accepted by `load.iter_batches(fmt=...)`):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import orjson
 
 from llmfabric.traces.errors import TraceFormatError, UnknownTraceFormatError
-from llmfabric.traces.schema import DEFAULT_BLOCK_TOKENS, JSONScalar, TraceRecord
+from llmfabric.traces.schema import DEFAULT_BLOCK_TOKENS, HashId, JSONScalar, TraceRecord
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -54,15 +55,17 @@ def parse_timestamp(value: Any) -> float:
     if isinstance(value, bool):
         raise TraceFormatError(f"timestamp {value!r} is a boolean; expected seconds or ISO-8601")
     if isinstance(value, int | float):
-        return float(value)
+        return _finite_timestamp(float(value), value)
     if isinstance(value, datetime):
         moment = value
     elif isinstance(value, str):
         text = value.strip()
         try:
-            return float(text)
+            number = float(text)
         except ValueError:
             pass
+        else:
+            return _finite_timestamp(number, value)
         try:
             moment = datetime.fromisoformat(text)
         except ValueError as exc:
@@ -74,6 +77,13 @@ def parse_timestamp(value: Any) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
+
+
+def _finite_timestamp(number: float, raw: Any) -> float:
+    # inf/NaN would poison every time bin (and int() of them raises far from the row)
+    if not math.isfinite(number):
+        raise TraceFormatError(f"timestamp {raw!r} is not a finite number")
+    return number
 
 
 # Numbers above this are Unix milliseconds (1e11 s is year 5138; 1e11 ms is 1973).
@@ -88,7 +98,8 @@ def _first(row: Mapping[str, Any], keys: tuple[str, ...], what: str) -> Any:
     for key in keys:
         if key in row and row[key] is not None:
             return row[key]
-    raise TraceFormatError(f"row has no {what} column (looked for {', '.join(keys)})")
+    # CSV cells like "", "nan" or "NULL" read as null: the column may exist but be empty
+    raise TraceFormatError(f"row has no {what} value (empty or missing; columns {', '.join(keys)})")
 
 
 def _maybe_json(value: Any) -> Any:
@@ -118,11 +129,42 @@ def _scalar(value: Any) -> JSONScalar:
     return str(value)
 
 
-def _int(value: Any, what: str) -> int:
+def _int(value: Any, what: str, minimum: int = 0) -> int:
+    """An integer >= `minimum` (token counts are >= 0); 12.0 is 12, 12.5 and True are not."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise TraceFormatError(f"{what} {value!r} is not an integer")
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError) as exc:
         raise TraceFormatError(f"{what} {value!r} is not an integer") from exc
+    if number < minimum:
+        raise TraceFormatError(f"{what} {value!r} must be >= {minimum}")
+    return number
+
+
+def _float(value: Any, what: str, *, non_negative: bool = False) -> float:
+    """A finite number (>= 0 with `non_negative`, e.g. a latency)."""
+    if isinstance(value, bool):
+        raise TraceFormatError(f"{what} {value!r} is not a number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise TraceFormatError(f"{what} {value!r} is not a number") from exc
+    if not math.isfinite(number) or (non_negative and number < 0):
+        bound = "finite and >= 0" if non_negative else "finite"
+        raise TraceFormatError(f"{what} {value!r} must be {bound}")
+    return number
+
+
+def _hash_ids(value: Any) -> tuple[HashId, ...] | None:
+    if value is None:
+        return None
+    # a bare number or string would be iterated (or fail) far from the row that gave it
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(h, int | str) and not isinstance(h, bool) for h in value
+    ):
+        raise TraceFormatError(f"hash_ids {value!r:.60} must be a list of integers or strings")
+    return tuple(value)
 
 
 def native_adapter(model: str | None = None) -> Adapter:
@@ -136,22 +178,21 @@ def native_adapter(model: str | None = None) -> Adapter:
         for key in _SAMPLING_COLUMNS:
             if row.get(key) is not None:
                 sampling[key] = _scalar(row[key])
-        hash_ids = _maybe_json(row.get("hash_ids"))
         latency: float | None = None
         if row.get("latency_s") is not None:
-            latency = float(row["latency_s"])
+            latency = _float(row["latency_s"], "latency_s", non_negative=True)
         elif row.get("latency") is not None:
-            latency = float(row["latency"])
+            latency = _float(row["latency"], "latency", non_negative=True)
         elif row.get("latency_ms") is not None:
-            latency = float(row["latency_ms"]) / 1000.0
+            latency = _float(row["latency_ms"], "latency_ms", non_negative=True) / 1000.0
         return TraceRecord(
             timestamp=_seconds(parse_timestamp(_first(row, _TIMESTAMP_KEYS, "timestamp"))),
             model=model or str(_first(row, _MODEL_KEYS, "model")),
             input_tokens=_int(_first(row, _INPUT_KEYS, "input token"), "input tokens"),
             output_tokens=_int(_first(row, _OUTPUT_KEYS, "output token"), "output tokens"),
             sampling_params=sampling,
-            hash_ids=None if hash_ids is None else tuple(hash_ids),
-            block_tokens=int(row.get("block_tokens") or DEFAULT_BLOCK_TOKENS),
+            hash_ids=_hash_ids(_maybe_json(row.get("hash_ids"))),
+            block_tokens=_int(row.get("block_tokens") or DEFAULT_BLOCK_TOKENS, "block_tokens", 1),
             latency_s=latency,
         )
 
@@ -162,7 +203,7 @@ def burstgpt_adapter(model: str | None = None) -> Adapter:
     def adapt(row: Mapping[str, Any]) -> TraceRecord:
         try:
             return TraceRecord(
-                timestamp=float(row["Timestamp"]),
+                timestamp=_float(row["Timestamp"], "Timestamp"),
                 model=model or str(row["Model"]),
                 input_tokens=_int(row["Request tokens"], "Request tokens"),
                 output_tokens=_int(row["Response tokens"], "Response tokens"),
@@ -191,13 +232,12 @@ def azure_adapter(model: str) -> Adapter:
 def mooncake_adapter(model: str) -> Adapter:
     def adapt(row: Mapping[str, Any]) -> TraceRecord:
         try:
-            hash_ids = row.get("hash_ids")
             return TraceRecord(
-                timestamp=float(row["timestamp"]) / 1000.0,
+                timestamp=_float(row["timestamp"], "timestamp") / 1000.0,
                 model=str(row.get("model") or model),
                 input_tokens=_int(row["input_length"], "input_length"),
                 output_tokens=_int(row["output_length"], "output_length"),
-                hash_ids=None if hash_ids is None else tuple(hash_ids),
+                hash_ids=_hash_ids(row.get("hash_ids")),
                 block_tokens=MOONCAKE_BLOCK_TOKENS,
             )
         except KeyError as exc:

@@ -48,18 +48,20 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     first: dict[str, Any] | None = None
     if container == "jsonl":
         with p.open("rb") as fh:
-            for line in fh:
+            for lineno, line in enumerate(fh, start=1):
                 if line.strip():
-                    first = _json_row(line, p)
+                    first = _json_row(line, p, lineno)
                     break
         columns = list(first or {})
     elif container == "csv":
         import pyarrow.csv as pacsv
 
         reader = pacsv.open_csv(p, read_options=pacsv.ReadOptions(block_size=1 << 16))
-        batch = reader.read_next_batch()
-        columns = list(batch.schema.names)
-        rows = batch.slice(0, 1).to_pylist()
+        columns = list(reader.schema.names)
+        try:
+            rows = reader.read_next_batch().slice(0, 1).to_pylist()
+        except StopIteration:  # header only: the format still shows in the column names
+            rows = []
         first = {k: str(v) for k, v in rows[0].items()} if rows else None
     else:
         import pyarrow.parquet as pq
@@ -68,14 +70,27 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     return format_from_columns(columns, first)
 
 
-def _json_row(line: bytes, path: Path) -> dict[str, Any]:
+def _json_row(line: bytes, path: Path, lineno: int) -> dict[str, Any]:
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"{path}: a line is not valid JSON ({exc})") from exc
+        raise TraceFormatError(f"{path}: line {lineno} is not valid JSON ({exc})") from exc
     if not isinstance(row, dict):
-        raise TraceFormatError(f"{path}: each line must be a JSON object")
+        raise TraceFormatError(f"{path}: line {lineno} must be a JSON object")
     return row
+
+
+def _adapt(
+    adapt: Callable[[dict[str, Any]], TraceRecord], row: dict[str, Any], path: Path, n: int
+) -> TraceRecord:
+    """`adapt(row)`; any failure is a TraceFormatError that says where in the file it was:
+    line `n` of JSONL, row `n` of CSV/Parquet (data rows counted from 1, the header excluded)."""
+    try:
+        return adapt(row)
+    except (TraceFormatError, TypeError, ValueError, OverflowError) as exc:
+        where = f"line {n}" if container_of(path) == "jsonl" else f"row {n}"
+        detail = exc if isinstance(exc, TraceFormatError) else f"bad value ({exc})"
+        raise TraceFormatError(f"{path}: {where}: {detail}") from exc
 
 
 class _CountingReader(io.RawIOBase):
@@ -141,11 +156,11 @@ def _jsonl_batches(
     done = 0
     batch: list[TraceRecord] = []
     with p.open("rb") as fh:
-        for line in fh:
+        for lineno, line in enumerate(fh, start=1):
             done += len(line)
             if not line.strip():
                 continue
-            batch.append(adapt(_json_row(line, p)))
+            batch.append(_adapt(adapt, _json_row(line, p, lineno), p, lineno))
             if len(batch) >= chunk:
                 yield batch
                 batch = []
@@ -180,9 +195,11 @@ def _csv_batches(
             convert_options=convert,
         )
         batch: list[TraceRecord] = []
+        n = 0  # data rows, the header excluded
         for record_batch in reader:
             for row in record_batch.to_pylist():
-                batch.append(adapt(row))
+                n += 1
+                batch.append(_adapt(adapt, row, p, n))
                 if len(batch) >= chunk:
                     yield batch
                     batch = []
@@ -204,7 +221,7 @@ def _parquet_batches(
     done = 0
     for record_batch in pf.iter_batches(batch_size=chunk):
         rows = record_batch.to_pylist()
+        yield [_adapt(adapt, row, p, done + k) for k, row in enumerate(rows, 1)]
         done += len(rows)
-        yield [adapt(row) for row in rows]
         if progress:
             progress(done, total)

@@ -142,3 +142,26 @@ def test_every_calibration_row_is_simulated() -> None:
                               "concurrency": 2, "osl": 16})
         ttft, tpot = e2e.predict(small, waves=2)
         assert ttft > 0 and tpot > 0, key
+
+
+@pytest.mark.parametrize(("line", "match"), [
+    ("Qwen/Qwen3-32B,h100_sxm,vllm,,,,inf,1024,128,16,1,1", "row 2: tp must be an integer"),
+    ("Qwen/Qwen3-32B,h100_sxm,vllm,,,,2048,1024,128,16,1,1", "row 2: tp must be <= 1024"),
+    ("Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,2e7,128,16,1,1", "row 2: isl must be <= 10000000"),
+    ("Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,1024,1e8,16,1,1", "row 2: osl must be <= 10000000"),
+    ("Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,1024,128,1e7,1,1",
+     "row 2: concurrency must be <= 100000"),
+    ("Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,1024", "row 2 has too few cells: no osl, concurrency"),
+])
+def test_read_rows_refuses_unbounded_or_short_rows(tmp_path: Path, line: str,
+                                                   match: str) -> None:
+    with pytest.raises(SpecError, match=match):
+        e2e.read_rows(_csv(tmp_path, line))
+
+
+def test_cli_simulate_e2e_names_the_bad_row(tmp_path: Path) -> None:
+    rows = _csv(tmp_path, "Qwen/Qwen3-32B,h100_sxm,vllm,,,,1,1024,128,16,1,1",
+                "Qwen/Qwen3-32B,h100_sxm,vllm,,,,inf,1024,128,16,1,1")
+    res = CliRunner().invoke(cli, ["simulate", "e2e", str(rows)])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
+    assert "row 3: tp must be an integer" in res.output

@@ -104,3 +104,32 @@ def test_hostile_csv_raises_spec_errors_only(tmp_path_factory: pytest.TempPathFa
     except SpecError:
         return
     assert np.all(m.bandwidth[np.isfinite(m.bandwidth)] > 0)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("src,dst,gbs\n0,1,inf\n", r"bandwidth of 0 -> 1 must be finite and > 0, got 'inf'"),
+    ("src,dst,gbs\n0,1,nan\n", r"bandwidth of 0 -> 1 must be finite and > 0, got 'nan'"),
+    ("src,dst,gbs\n0,1,0\n", r"bandwidth of 0 -> 1 must be finite and > 0, got '0'"),
+    ("src,dst,gbs\na,b,fast\n", r"bandwidth of a -> b is not a number: 'fast'"),
+    ("src,dst,gbs,latency_ms\n0,1,1,-1\n", r"latency of 0 -> 1 must be finite and >= 0"),
+    ("src,dst,gbs\n1,2,10\n01,2,10\n", r"ids '1' and '01' are the same GPU 1"),
+    ("src,dst,gbs\n0,1,10\n0,1\n", r"has 2 cells, expected 3"),
+    ("gbs,1,01\n1,0,1\n01,1,0\n", r"ids '1' and '01' are the same GPU 1"),
+    ("gbs,a,b\na,0,inf\nb,1,0\n", r"bandwidth of a -> b must be finite and > 0"),
+])
+def test_bad_csv_says_which_pair_or_id(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(SpecError, match=match):
+        LinkMatrix.from_csv(p)
+
+
+def test_a_long_csv_of_many_gpus_loads_every_pair(tmp_path: Path) -> None:
+    """120 GPUs, one row per ordered pair (ids are kept in a dict now: a list lookup per row
+    made the load O(GPUs^3); the speed is not asserted here)."""
+    n = 120
+    p = tmp_path / "big.csv"
+    p.write_text("src,dst,gbs\n" + "".join(f"{a},{b},1\n" for a in range(n) for b in range(n)
+                                          if a != b))
+    m = LinkMatrix.from_csv(p)
+    assert m.shape == (n, n) and m.row_ids == list(range(n))

@@ -192,3 +192,32 @@ def test_hf_config_opt_is_not_gated() -> None:
 def test_invalid_model_spec() -> None:
     with pytest.raises(SpecError):
         get_model("llama-2-7b").with_quantization(weight_bits=3)
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ("base: H100\n    mem_bw_gbs: 0", "'X': mem_bw_gbs must be a finite number > 0, got 0"),
+    ("base: H100\n    mem_bw_gbs: -100", "'X': mem_bw_gbs must be a finite number > 0"),
+    ("base: H100\n    mem_bw_gbs: .nan", "'X': mem_bw_gbs must be a finite number > 0"),
+    ("base: H100\n    memory_gb: .inf", "'X': memory_gb must be a finite number > 0"),
+    ("base: H100\n    sm_count: .inf", "'X': sm_count must be a finite number >= 0"),
+    ("base: H100\n    sm_count: 1.5", "'X': sm_count must be a whole number"),
+    ("base: H100\n    price_per_hour: true", "'X': price_per_hour must be a number"),
+    ("base: H100\n    aliases: 5", "'X': aliases must be a list of names"),
+    ("base: H100\n    aliases: mygpu", "'X': aliases must be a list of names"),
+    ("base: H100\n    aliases: [ok, {a: 1}]", "'X': aliases must be a list of names"),
+    ("base: H100\n    fp16_tflops: 0\n    fp32_tflops: 0", "'X': fp16_tflops or fp32_tflops"),
+    ("fp16_tflops: 0\n    mem_bw_gbs: 1\n    memory_gb: 1", "'X': fp16_tflops or fp32_tflops"),
+])
+def test_yaml_refuses_bad_numbers_and_aliases(tmp_path: Path, body: str, match: str) -> None:
+    f = tmp_path / "gpus.yaml"
+    f.write_text(f"gpus:\n  X:\n    {body}\n")
+    with pytest.raises(SpecError, match=match):
+        load_gpus_yaml(f, GPUCatalog(BUILTIN_GPUS))
+
+
+def test_yaml_zero_means_unknown_or_not_native(tmp_path: Path) -> None:
+    f = tmp_path / "gpus.yaml"
+    f.write_text("gpus:\n  X:\n    base: H100\n    fp8_tflops: 0\n    sm_count: 0\n"
+                 "    l2_mb: 0\n    price_per_hour: 0\n    aliases: [my-x, 5090]\n")
+    x = load_gpus_yaml(f, GPUCatalog(BUILTIN_GPUS)).get("5090")
+    assert (x.name, x.fp8_flops, x.sm_count, x.aliases) == ("X", 0.0, 0, ("my-x", "5090"))

@@ -223,3 +223,19 @@ def test_hostile_topology_documents_raise_spec_errors_only(doc: object) -> None:
     except SpecError:
         return
     t.bandwidth_matrix()  # whatever was accepted is a usable graph
+
+
+@pytest.mark.parametrize(("doc", "match"), [
+    ({"edges": [5]}, r"topology edges\[0\] must be a mapping, got 5"),
+    ({"gpus": ["gpu0"]}, r"topology gpus\[0\] must be a mapping"),
+    ({"switches": [{"id": "s"}, [1]]}, r"topology switches\[1\] must be a mapping"),
+    ({"gpus": {"id": 0, "type": "H100"}}, r"topology gpus must be a list"),
+    ({"gpus": [{"id": 0}]}, r"topology gpus\[0\] lacks the key 'type'"),
+    ({"gpus": [{"id": 0, "type": "H100"}, {"id": 0, "type": "H100"}]},
+     r"topology gpus\[1\]: node 0 already exists"),
+    ({"gpus": [{"id": 0, "type": "H100"}, {"id": 1, "type": "H100"}],
+      "edges": [{"a": 0, "b": 1, "kind": "wan", "gbs": "x"}]}, r"topology edges\[0\]: .*'x'"),
+])
+def test_yaml_entries_must_be_mappings_and_errors_name_them(doc: object, match: str) -> None:
+    with pytest.raises(SpecError, match=match):
+        Topology.from_dict(doc)

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from llmfabric.cli.main import cli
 from llmfabric.sim import WorkloadError, load_trace, replay
 from llmfabric.testing.shared_data import require_data, shared_data
 
@@ -92,3 +95,42 @@ def test_mooncake_conversation_trace_lasts_about_an_hour() -> None:
     assert len(wl) == 12031
     assert wl.duration_s == pytest.approx(3536.999)
     assert wl.rate == pytest.approx(12031 / 3536.999)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_replay_refuses_non_finite_times(bad: float) -> None:
+    with pytest.raises(WorkloadError, match=r"row 2: arrival time .* not a finite number"):
+        replay([(0.0, 5, 5), (bad, 5, 5)])
+    with pytest.raises(WorkloadError, match="row 1"):
+        replay([(0.0, bad, 5)])
+    assert replay([(-3.0, 5, 5), (2.0, 5, 5)]).arrival_s.tolist() == [0.0, 5.0]
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ("0,5,5\ninf,5,5\n", "row 2: time_s must be a finite number, got 'inf'"),
+    ("0,5,5\nnan,5,5\n", "row 2: time_s must be a finite number, got 'nan'"),
+    ("abc,5,5\n", "row 1: time_s must be a finite number, got 'abc'"),
+    ("0,-90,5\n", "row 1: input_tokens must be a finite number >= 0, got '-90'"),
+    ("0,5,inf\n", "row 1: output_tokens must be a finite number >= 0, got 'inf'"),
+])
+def test_sim_format_names_the_bad_row(tmp_path: Path, body: str, match: str) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("time_s,input_tokens,output_tokens\n" + body)
+    with pytest.raises(WorkloadError, match=match):
+        load_trace(f)
+
+
+def test_sim_format_jsonl_row_that_is_not_an_object(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"time_s": 0, "input_tokens": 5, "output_tokens": 5}\n5\n')
+    with pytest.raises(WorkloadError, match="row 2 is not a JSON object"):
+        load_trace(f)
+
+
+def test_cli_simulate_trace_names_the_bad_row(tmp_path: Path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("time_s,input_tokens,output_tokens\n0,5,5\ninf,5,5\n")
+    res = CliRunner().invoke(cli, ["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+                                   "--gpu", "h100", "--trace", str(f)])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "row 2: time_s must be a finite number" in res.output

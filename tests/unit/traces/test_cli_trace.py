@@ -41,3 +41,22 @@ def test_trace_analyze_reports_bad_files(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["trace", "analyze", str(bad), "--out", str(tmp_path / "o")])
     assert result.exit_code != 0
     assert "pass the format" in result.output
+
+
+def test_trace_analyze_header_only_and_bad_rows(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("timestamp,model,input_tokens,output_tokens\n")
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        cli, ["trace", "analyze", str(empty), "--out", str(out), "--quiet", "--no-plots"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "0 requests" in result.output
+    bad = tmp_path / "bad.csv"
+    bad.write_text("timestamp,model,input_tokens,output_tokens\n1,m,-90,5\n")
+    result = CliRunner().invoke(
+        cli, ["trace", "analyze", str(bad), "--out", str(out), "--quiet", "--no-plots"]
+    )
+    assert result.exit_code == 1 and result.exception is not None
+    assert isinstance(result.exception, SystemExit)
+    assert "row 1: input tokens '-90' must be >= 0" in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,60 @@ def test_real_azure_and_mooncake_traces_load() -> None:
     mooncake = _shared_traces() / "synthetic_trace.jsonl"
     first = next(iter_records(mooncake))
     assert first.block_tokens == 512 and first.hash_ids
+
+
+def test_header_only_csv_is_an_empty_trace(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text("timestamp,model,input_tokens,output_tokens\n")
+    assert detect_format(path) == "llmfabric"
+    assert list(iter_records(path)) == []
+
+
+_NATIVE = '"timestamp": 1, "model": "m", "input_tokens": 1, "output_tokens": 1'
+_BURST = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        ("h.jsonl", f'{{{_NATIVE}}}\n\n{{{_NATIVE}, "hash_ids": 5}}\n', r"line 3: hash_ids 5"),
+        ("l.jsonl", f'{{{_NATIVE}, "latency_s": "abc"}}\n', r"line 1: latency_s 'abc'"),
+        ("l.jsonl", f'{{{_NATIVE}, "latency_s": -2}}\n', r"line 1: latency_s -2 must be"),
+        ("b.csv", f"{_BURST}5,m,1,1,2,a\nxyz,m,1,1,2,a\n", r"row 2: Timestamp 'xyz'"),
+        ("i.csv", "timestamp,model,input_tokens,output_tokens\ninf,m,1,1\n", r"row 1: timestamp"),
+        ("n.csv", "timestamp,model,input_tokens,output_tokens\n-inf,m,1,1\n", r"row 1: timestamp"),
+        (
+            "e.csv",
+            "timestamp,model,input_tokens,output_tokens\nnan,m,1,1\n",
+            r"row 1: .*no timestamp",
+        ),
+        ("t.csv", "timestamp,model,input_tokens,output_tokens\n1,m,-90,1\n", r"row 1: input"),
+        ("o.csv", f"{_BURST}5,m,1,-1,0,a\n", r"row 1: Response tokens '-1' must be >= 0"),
+        ("f.jsonl", f'{{{_NATIVE}, "block_tokens": "x"}}\n', r"line 1: block_tokens 'x'"),
+        ("j.jsonl", f"{{{_NATIVE}}}\n[1]\n", r"line 2 must be a JSON object"),
+    ],
+)
+def test_bad_values_name_the_row_and_field(
+    tmp_path: Path, name: str, text: str, match: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TraceFormatError, match=match):
+        list(iter_records(path))
+
+
+def test_mooncake_bad_hash_ids_and_infinite_timestamp(tmp_path: Path, writers: Any) -> None:
+    row = {"timestamp": 1500, "input_length": 600, "output_length": 20}
+    bad_hashes = writers.jsonl(tmp_path / "m.jsonl", [{**row, "hash_ids": "abc"}])
+    with pytest.raises(TraceFormatError, match="line 1: hash_ids 'abc'"):
+        list(iter_records(bad_hashes))
+    path = tmp_path / "m.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table({"timestamp": [1.0, math.inf], "input_length": [1, 2], "output_length": [1, 2]}),
+        path,
+    )
+    with pytest.raises(TraceFormatError, match="row 2: timestamp inf must be finite"):
+        list(iter_records(path))
