@@ -104,6 +104,26 @@ def test_sealing_detects_any_change() -> None:
         FrameOpener(key, rid).feed(reordered)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=30),
+       st.lists(st.integers(1, 400), min_size=1, max_size=20))
+def test_frames_open_the_same_however_the_stream_is_cut(payloads: list[bytes],
+                                                        cuts: list[int]) -> None:
+    """Law: the opener yields the sealer's frames, in order, whatever chunks the wire comes
+    in (one chunk of many frames included: it is read by offset, not re-sliced per frame)."""
+    key, rid = b"k" * 32, b"r" * 12
+    sealer = Sealer(key, rid)
+    wire = b"".join([sealer.head(200, "text/plain"),
+                     *(sealer.frame(DATA, p) for p in payloads), sealer.frame(END, b"")])
+    opener, got, pos, i = FrameOpener(key, rid), [], 0, 0
+    while pos < len(wire):
+        step = cuts[i % len(cuts)]
+        got += opener.feed(wire[pos:pos + step])
+        pos, i = pos + step, i + 1
+    whole = FrameOpener(key, rid).feed(wire)
+    assert got == whole and [p for k, p in got if k == DATA] == payloads and opener.ended
+
+
 @pytest.mark.hostile
 @pytest.mark.parametrize("provider_now", [float("inf"), float("nan"), 1e308, -1e308])
 def test_an_answer_with_an_impossible_clock_is_refused(provider_now: float) -> None:
