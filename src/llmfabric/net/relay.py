@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import h2.exceptions
 import msgpack
 
 from llmfabric.net.backoff import Backoff
@@ -38,6 +40,12 @@ log = logging.getLogger(__name__)
 DIALBACK_PATH = "/_llmfabric/dialback"
 REGISTER_PATH = "/_llmfabric/relay/register"
 MAX_INTERNAL_BODY = 64 * 1024
+# Requests one sender may have open through this relay: the relay reaches each client over one
+# HTTP/2 connection of 100 streams, and one member holding 100 bodies open cut a NATed node
+# off from everybody (its refusals were 500s, which no caller failed over on).
+MAX_RELAYED_PER_SENDER = 16
+DIALBACK_BURST = 4.0  # dial-backs per asking peer at once, then one per interval
+DIALBACK_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,8 @@ class RelayService:
         self.t = transport
         self._my_relays: set[str] = set()  # relays that accepted our registration
         self._clients: set[str] = set()  # (relay role) peers registered with us
+        self._relaying: Counter[str] = Counter()  # (relay role) open relayed requests, by sender
+        self._dialbacks: dict[str, tuple[float, float]] = {}  # peer -> (tokens, when)
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
         self.listener: Callable[[tuple[str, ...]], None] | None = None
@@ -194,10 +204,16 @@ class RelayService:
                 addr = str(msgpack.unpackb(data, raw=False)["addr"])
             except Exception:
                 return HandlerResponse(400, (), b"body must be msgpack {addr}")
+            if not self._dialback_allowed(conn.peer_id):
+                return HandlerResponse(429, (), b"one dial-back per peer every few seconds")
             try:
                 await self.t.probe(addr, conn.peer_id)
-            except NetError as exc:
-                return HandlerResponse(200, (), _json_like({"ok": False, "reason": str(exc)}))
+            except NetError:
+                # The error's text told open ports (a TLS error) from closed ones (refused):
+                # any member scanned the node's own network, loopback included. The asker
+                # learns only that we could not reach it as itself.
+                return HandlerResponse(200, (), _json_like(
+                    {"ok": False, "reason": "no handshake as you at that address"}))
             return HandlerResponse(200, (), _json_like({"ok": True}))
         if path == REGISTER_PATH:
             if not self.t.config.relay:
@@ -205,6 +221,21 @@ class RelayService:
             self._clients.add(conn.peer_id)
             return HandlerResponse(200, (), b"registered")
         return HandlerResponse(404, (), f"unknown internal path {path}".encode())
+
+    def _dialback_allowed(self, peer: str) -> bool:
+        """A token bucket per asking peer: DIALBACK_BURST at once (a starting node tries each
+        bootstrap peer up to 3 times), then one per DIALBACK_INTERVAL_S."""
+        now = asyncio.get_running_loop().time()
+        if len(self._dialbacks) > 4096:  # (forget the peers whose bucket is full again)
+            full_s = DIALBACK_BURST * DIALBACK_INTERVAL_S
+            self._dialbacks = {p: (n, t) for p, (n, t) in self._dialbacks.items()
+                               if now - t < full_s}
+        tokens, last = self._dialbacks.get(peer, (DIALBACK_BURST, now))
+        tokens = min(DIALBACK_BURST, tokens + (now - last) / DIALBACK_INTERVAL_S)
+        if tokens < 1:
+            return False
+        self._dialbacks[peer] = (tokens - 1, now)
+        return True
 
     @property
     def clients(self) -> tuple[str, ...]:
@@ -217,22 +248,49 @@ class RelayService:
 
         target = dict(headers)[RELAY_TO]
         out = self.t.connection(target)
-        if not self.t.config.relay or out is None:
-            reason = "not a relay" if not self.t.config.relay else f"{target} is not connected"
+        # Only to registered clients: a peer that did not register takes the relay's own
+        # connection for the sender (its origin header counts only from its relays), so a
+        # member could have its requests counted as the relay's (e.g. the relay's ingress
+        # session exchanges, rate limited per peer: 20 junk offers a minute locked it out).
+        if not self.t.config.relay:
+            reason = "not a relay"
+        elif target not in self._clients:
+            reason = f"{target} is not registered with this relay"
+        elif out is None:
+            reason = f"{target} is not connected"
+        elif self._relaying[conn.peer_id] >= MAX_RELAYED_PER_SENDER:
+            reason = f"{MAX_RELAYED_PER_SENDER} relayed requests of yours are open"
+        else:
+            reason = ""
+        if reason or out is None:
             return HandlerResponse(502, ((RELAY_ERROR, reason),), reason.encode())
         hdrs = (
             *((k, v) for k, v in headers if k not in (RELAY_TO, ORIGIN)),
             (ORIGIN, conn.peer_id),
         )
         self.t.stats.requests_relayed += 1
-        status, rh, stream, _ = await out.client.request(
-            method, path, target, hdrs, body.iter_chunks()
-        )
-        return HandlerResponse(status, rh, _pipe(stream))
+        sender = conn.peer_id
+        self._relaying[sender] += 1
+        try:
+            status, rh, stream, _ = await out.client.request(
+                method, path, target, hdrs, body.iter_chunks()
+            )
+        except BaseException as exc:
+            self._done_relaying(sender)
+            if isinstance(exc, NetError | h2.exceptions.H2Error):  # (the target's stream cap)
+                why = f"{target}: {exc}"
+                return HandlerResponse(502, ((RELAY_ERROR, why),), why.encode())
+            raise
+        return HandlerResponse(status, rh, _Relayed(stream, lambda: self._done_relaying(sender)))
+
+    def _done_relaying(self, sender: str) -> None:
+        self._relaying[sender] -= 1
+        if self._relaying[sender] <= 0:
+            del self._relaying[sender]
 
     def forward_datagram(self, conn: PeerConnection, dst: str, payload: bytes) -> None:
         out = self.t.connection(dst)
-        if not self.t.config.relay or out is None:
+        if not self.t.config.relay or out is None or dst not in self._clients:
             self.t.stats.drop("unreachable")
             return
         out.send_routed(FrameType.RELAYED_DGRAM, conn.peer_id, payload)
@@ -245,12 +303,31 @@ class RelayService:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-async def _pipe(stream: BodyStream) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in stream.iter_chunks():
-            yield chunk
-    finally:
-        stream.abort()
+class _Relayed:
+    """The target's answer, streamed back to the sender. Closing it, read to its end or not
+    (a generator never started runs no `finally`), aborts the target's stream and ends the
+    sender's count of open relayed requests, once."""
+
+    def __init__(self, stream: BodyStream, done: Callable[[], None]) -> None:
+        self._stream, self._done = stream, done
+        self._chunks = stream.iter_chunks()
+        self._closed = False
+
+    def __aiter__(self) -> _Relayed:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await anext(self._chunks)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._stream.abort()
+            self._done()
 
 
 async def _read_limited(body: BodyStream, limit: int) -> bytes:

@@ -85,10 +85,16 @@ async def test_only_a_relay_registers_clients_and_protects_their_connections() -
     assert resp.status == 404
 
 
-@pytest.mark.parametrize(("is_relay", "reason"), [
-    (False, "not a relay"), (True, "natted is not connected")])
-async def test_forwarding_is_refused_with_a_reason(is_relay: bool, reason: str) -> None:
+@pytest.mark.parametrize(("is_relay", "registered", "reason"), [
+    (False, True, "not a relay"), (True, True, "natted is not connected"),
+    # a peer that did not register takes the relay's connection for the sender: a member
+    # could have its requests counted as the relay's own (its session exchanges)
+    (True, False, "natted is not registered with this relay")])
+async def test_forwarding_is_refused_with_a_reason(is_relay: bool, registered: bool,
+                                                   reason: str) -> None:
     svc = relay_service(relay=is_relay)
+    if registered:
+        svc._clients.add("natted")
     headers = ((RELAY_TO, "natted"), (ORIGIN, "forged-origin"))
     resp = await svc.forward(sender(), "POST", "/v1/x", headers, Body(b"payload").stream)
     assert resp.status == 502 and find_header(resp.headers, RELAY_ERROR) == reason
@@ -126,3 +132,96 @@ async def test_a_node_without_an_address_is_not_dialled_back() -> None:
     svc = relay_service(relay=False)  # never started: it listens nowhere
     got = await svc.check_reachability("some-peer")
     assert not got.ok and "no address to dial back" in got.reason
+
+
+class _Target:
+    """The relay's connection to a registered client: streams open until closed; past
+    `cap` open streams the h2 session refuses, as a real one does at 100."""
+
+    def __init__(self, cap: int = 1000) -> None:
+        self.cap, self.open = cap, 0
+        self.client = self
+
+    async def request(self, method: str, path: str, peer: str, headers: object,
+                      body: object) -> tuple[int, tuple[()], BodyStream, None]:
+        import h2.exceptions
+
+        if self.open >= self.cap:
+            raise h2.exceptions.TooManyStreamsError(f"Max outbound streams is {self.cap}")
+        self.open += 1
+        return 200, (), BodyStream(lambda _n: None, lambda: None), None
+
+
+@pytest.mark.hostile
+async def test_one_sender_cannot_hold_every_stream_to_a_natted_node() -> None:
+    """One member holding 100 relayed requests open (bodies that never end) took every stream
+    of the relay's connection to a NATed node, and everyone else got 500s that no caller
+    failed over on. A sender may hold 16 open; a full target is a 502 with the relay error
+    (callers try the node's next relay)."""
+    from llmfabric.net.relay import MAX_RELAYED_PER_SENDER
+
+    svc = relay_service(relay=True)
+    svc._clients.add("natted")
+    target = _Target()
+    svc.t.connection = lambda peer: target  # type: ignore[method-assign,assignment,return-value]
+    headers = ((RELAY_TO, "natted"),)
+    held = [await svc.forward(sender("mallory"), "POST", "/v1/x", headers, Body().stream)
+            for _ in range(MAX_RELAYED_PER_SENDER)]
+    assert all(r.status == 200 for r in held)
+    refused = await svc.forward(sender("mallory"), "POST", "/v1/x", headers, Body().stream)
+    assert refused.status == 502 and "yours are open" in find_header(refused.headers,
+                                                                      RELAY_ERROR)
+    ok = await svc.forward(sender("honest"), "POST", "/v1/x", headers, Body().stream)
+    assert ok.status == 200
+    pipe = held[0].body
+    await pipe.aclose()  # type: ignore[union-attr]  # one of mallory's ends: a slot again
+    again = await svc.forward(sender("mallory"), "POST", "/v1/x", headers, Body().stream)
+    assert again.status == 200
+    target.cap = target.open  # the connection's streams are all taken
+    full = await svc.forward(sender("honest"), "POST", "/v1/x", headers, Body().stream)
+    assert full.status == 502 and "Max outbound streams" in find_header(full.headers,
+                                                                         RELAY_ERROR)
+
+
+@pytest.mark.hostile
+async def test_dialback_is_no_port_scanner() -> None:
+    """Any member asked any node to dial any address and read open ports (a TLS error) from
+    closed ones (connection refused) in the answer: 100 loopback ports in 0.07 s. The answer
+    says only that no handshake as the asker happened there, and dial-backs per peer are
+    rate limited (a burst of 4: a starting node retries each bootstrap peer)."""
+    import asyncio
+    import socket
+
+    async def plain_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # a hidden non-TLS service
+        await writer.drain()
+        writer.close()
+
+    svc = relay_service(relay=False)
+    server = await asyncio.start_server(plain_http, "127.0.0.1", 0)
+    listening_port = server.sockets[0].getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    answers = []
+    try:
+        for port in (listening_port, closed_port):
+            body = Body(msgpack.packb({"addr": f"127.0.0.1:{port}"}))
+            resp = await svc.handle_internal(sender("scanner"), "POST", DIALBACK_PATH,
+                                             body.stream)
+            assert resp.status == 200
+            answers.append(msgpack.unpackb(resp.body))
+        assert answers[0] == answers[1] and answers[0]["ok"] is False
+        for _ in range(2):
+            body = Body(msgpack.packb({"addr": f"127.0.0.1:{closed_port}"}))
+            await svc.handle_internal(sender("scanner"), "POST", DIALBACK_PATH, body.stream)
+        body = Body(msgpack.packb({"addr": f"127.0.0.1:{closed_port}"}))
+        resp = await svc.handle_internal(sender("scanner"), "POST", DIALBACK_PATH, body.stream)
+        assert resp.status == 429
+        body = Body(msgpack.packb({"addr": f"127.0.0.1:{closed_port}"}))
+        other = await svc.handle_internal(sender("other"), "POST", DIALBACK_PATH, body.stream)
+        assert other.status == 200
+    finally:
+        server.close()
+        await server.wait_closed()
