@@ -450,6 +450,16 @@ def test_a_client_cannot_send_a_kv_handle(env: Env) -> None:
     honest_call(env)
 
 
+def test_a_model_name_no_record_can_carry_is_refused(env: Env) -> None:
+    """A 1 MiB model name (answered 404) was kept in the trace ring, the OTLP queue and the
+    route cache: 300 requests held 300 MiB in each."""
+    doc = orjson.loads(_chat())
+    doc["model"] = "m" * 100_000
+    status, data = _post(env, orjson.dumps(doc))
+    assert status == 400 and orjson.loads(data)["error"]["code"] == "invalid_model"
+    honest_call(env)
+
+
 def _with_nested(body: bytes, depth: int) -> bytes:
     """`body` (a JSON object) with a field "x" nested `depth` arrays deep (written by hand:
     orjson itself writes no deeper than 254)."""

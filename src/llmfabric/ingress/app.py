@@ -72,6 +72,7 @@ from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filt
 
 # Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
 _USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+MAX_MODEL_CHARS = 512  # as a record's model names (registry/codec.py MAX_STR): none is longer
 _perf = time.perf_counter
 
 
@@ -293,6 +294,9 @@ class Ingress:
         if not isinstance(model, str) or not model:
             return self._refuse("", 400, "'model' is required (a string)", "missing_model",
                                 "model")
+        if len(model) > MAX_MODEL_CHARS:  # (kept in traces, metrics and the route cache)
+            return self._refuse("", 400, f"'model' is at most {MAX_MODEL_CHARS} characters",
+                                "invalid_model", "model")
         stream_field = doc.get("stream")
         if stream_field is not None and not isinstance(stream_field, bool):
             # (an engine may read "true" or 1 as true and stream while the ingress, reading

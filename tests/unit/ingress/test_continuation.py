@@ -59,6 +59,28 @@ def test_an_overlong_stream_is_not_recorded() -> None:
     assert body is None and "bytes" in why
 
 
+@pytest.mark.hostile
+def test_a_tail_that_never_ends_an_event_is_not_searched_again_and_again() -> None:
+    """A provider sent lines that never ended an event, in 64-byte frames: the recorder
+    re-joined and searched everything it held on each frame (4 s of CPU for 1 MiB). Held
+    bytes are kept as chunks and only the new chunk is searched, so an end split across
+    chunks ("\n" | "\n") is still found, and the bytes come out whole."""
+    rec = RelayRecorder()
+    line = b"data: " + b"x" * 58
+    for _ in range(4096):  # 256 KiB without an event end
+        assert rec.feed(line[:32]) == b"" and rec.feed(line[32:] + b"\n") == b""
+    assert rec.feed(b"\n") == (line + b"\n") * 4096 + b"\n"  # the end split in two chunks
+    assert rec.flush() == b""
+
+
+@pytest.mark.hostile
+def test_a_hostile_id_is_not_copied_onto_the_continuation() -> None:
+    """The first provider's `id` is copied onto every continued event: a 4 MiB one turned
+    20 KB of continued stream into 804 MB sent to the client."""
+    assert read_relayed(_chunk({"content": "hi"}, rid="x" * 300)).id == ""
+    assert read_relayed(_chunk({"content": "hi"}, rid="chatcmpl-1")).id == "chatcmpl-1"
+
+
 def test_read_relayed() -> None:
     got = read_relayed(STREAM)
     assert (got.text, got.tokens, got.id, got.created, got.finished, got.blocked) == (

@@ -49,3 +49,21 @@ def test_rate_zero_traces_only_requests_with_a_traceparent() -> None:
     tracer = Tracer(keep=10, rate_per_s=0)
     assert not tracer.admit()
     assert _run(tracer, PARENT) is not None and len(tracer.recent(10)) == 1
+
+
+def test_a_client_header_bypasses_the_rate_only_if_valid_and_sampled_and_only_so_far() -> None:
+    """Any `traceparent`, garbage or flagged "not sampled", skipped the sampler: one client
+    had 10,000 requests a second traced and exported (the rate was 100), pushing everyone
+    else's traces out of the ring."""
+    clock = [0.0]
+    tracer = Tracer(keep=100_000, rate_per_s=20, mono=lambda: clock[0])
+
+    def traced_count(header: str, n: int) -> int:
+        return sum(TRACE_HEADER in (_run(tracer, header).headers or {})  # type: ignore[union-attr]
+                   for _ in range(n))
+
+    unsampled = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+    for header in ("x", unsampled):
+        assert traced_count(header, 300) == 20
+        clock[0] += 1.0
+    assert traced_count(PARENT, 600) == 200 + 20  # ten times the rate, then the rate

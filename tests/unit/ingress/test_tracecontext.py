@@ -104,7 +104,7 @@ def test_tracer_ring_keeps_the_newest() -> None:
     tracer = Tracer(keep=3, wall=lambda: 5.0)
     ids = []
     for _ in range(5):
-        tr = tracer.begin("nonsense")  # a malformed header: a fresh trace each time
+        tr = tracer.begin(parse_traceparent("nonsense"))  # malformed: a fresh trace each time
         ids.append(tr.trace_id)
         tracer.finish(tr, 200)
     assert len(set(ids)) == 5

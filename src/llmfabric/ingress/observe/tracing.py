@@ -195,23 +195,31 @@ class Tracer:
         self._mono = mono
         self._window_end = 0.0
         self._left = 0
+        self._left_sampled = 0
         self.unsampled = 0  # requests run untraced because the rate was used up
 
-    def admit(self) -> bool:
-        """Whether a request without a client `traceparent` starts a trace: at most
-        `rate_per_s` in each one-second window."""
+    def admit(self, sampled: bool = False) -> bool:
+        """Whether a request starts a trace: at most `rate_per_s` in each one-second window,
+        and requests whose client sent a valid `traceparent` with the sampled flag up to ten
+        times that, at least 100 (any header, garbage or "not sampled" included, once
+        bypassed the rate: one client traced 10,000 requests a second and pushed everyone's
+        out of the ring)."""
         now = self._mono()
         if now >= self._window_end:
             self._window_end = now + 1.0
             self._left = self._rate
+            self._left_sampled = max(10 * self._rate, 100)
+        if sampled and self._left_sampled > 0:
+            self._left_sampled -= 1
+            return True
         if self._left > 0:
             self._left -= 1
             return True
         self.unsampled += 1
         return False
 
-    def begin(self, traceparent: str | bytes | None) -> RequestTrace:
-        return RequestTrace(parse_traceparent(traceparent), self._wall())
+    def begin(self, parent: TraceParent | None) -> RequestTrace:
+        return RequestTrace(parent, self._wall())
 
     def finish(self, trace: RequestTrace, status: int) -> None:
         """Keep the finished trace (turned into JSON only when read or exported)."""
@@ -237,9 +245,10 @@ async def traced(tracer: Tracer | None, traceparent: str | bytes | None, sink: H
     """Run one request under a new trace (plainly without a tracer): `sink` (a stream's
     response) and the returned Reply carry X-Fabric-Trace; the trace is finished with the
     response's status."""
-    if tracer is None or (not traceparent and not tracer.admit()):
+    parent = parse_traceparent(traceparent) if traceparent else None
+    if tracer is None or not tracer.admit(parent is not None and parent.sampled):
         return await call()
-    tr = tracer.begin(traceparent)
+    tr = tracer.begin(parent)
     sink.headers = {TRACE_HEADER: tr.trace_id}
     token = _CURRENT.set(tr)
     status = 499  # (the client went away or the request was cancelled)
