@@ -44,6 +44,8 @@ MAX_INTERNAL_BODY = 64 * 1024
 # HTTP/2 connection of 100 streams, and one member holding 100 bodies open cut a NATed node
 # off from everybody (its refusals were 500s, which no caller failed over on).
 MAX_RELAYED_PER_SENDER = 16
+DGRAM_RATE_PER_S = 500.0  # relayed datagrams per sender, after a burst of DGRAM_BURST
+DGRAM_BURST = 1000.0
 DIALBACK_BURST = 4.0  # dial-backs per asking peer at once, then one per interval
 DIALBACK_INTERVAL_S = 10.0
 
@@ -68,6 +70,7 @@ class RelayService:
         self._clients: set[str] = set()  # (relay role) peers registered with us
         self._relaying: Counter[str] = Counter()  # (relay role) open relayed requests, by sender
         self._dialbacks: dict[str, tuple[float, float]] = {}  # peer -> (tokens, when)
+        self._dgram_tokens: dict[str, tuple[float, float]] = {}  # sender -> (tokens, when)
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
         self.listener: Callable[[tuple[str, ...]], None] | None = None
@@ -293,7 +296,28 @@ class RelayService:
         if not self.t.config.relay or out is None or dst not in self._clients:
             self.t.stats.drop("unreachable")
             return
+        if not self._datagram_allowed(conn.peer_id):
+            # (a flood through the relay shares its write buffer to the client with the
+            # client's own gossip and probes: dropped past the sender's rate)
+            self.t.stats.drop("relay_rate")
+            return
         out.send_routed(FrameType.RELAYED_DGRAM, conn.peer_id, payload)
+
+    def _datagram_allowed(self, sender: str) -> bool:
+        """A token bucket per sender: DGRAM_BURST at once, then DGRAM_RATE_PER_S (an honest
+        member gossips and probes a few dozen datagrams a second)."""
+        now = asyncio.get_running_loop().time()
+        tokens, last = self._dgram_tokens.get(sender, (DGRAM_BURST, now))
+        tokens = min(DGRAM_BURST, tokens + (now - last) * DGRAM_RATE_PER_S)
+        if tokens < 1:
+            self._dgram_tokens[sender] = (tokens, now)
+            return False
+        if len(self._dgram_tokens) > 4096:  # (forget the senders whose bucket is full again)
+            full_s = DGRAM_BURST / DGRAM_RATE_PER_S
+            self._dgram_tokens = {p: (n, t) for p, (n, t) in self._dgram_tokens.items()
+                                  if now - t < full_s}
+        self._dgram_tokens[sender] = (tokens - 1, now)
+        return True
 
     async def aclose(self) -> None:
         loops = list(self._loops.values())

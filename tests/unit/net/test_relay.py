@@ -225,3 +225,26 @@ async def test_dialback_is_no_port_scanner() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.hostile
+async def test_relayed_datagrams_are_rate_limited_per_sender() -> None:
+    """A member flooding datagrams through the relay filled its write buffer to a NATed node,
+    which the node's own gossip and probes share (they were dropped: the node looked dead).
+    Past a burst, a sender's datagrams pass at DGRAM_RATE_PER_S; others are not held back."""
+    from llmfabric.net.relay import DGRAM_BURST
+
+    sent: list[str] = []
+
+    class Out:
+        def send_routed(self, kind: object, origin: str, payload: bytes) -> None:
+            sent.append(origin)
+
+    svc = relay_service(relay=True)
+    svc._clients.add("natted")
+    svc.t.connection = lambda peer: Out()  # type: ignore[method-assign,assignment,return-value]
+    for _ in range(int(DGRAM_BURST) + 500):
+        svc.forward_datagram(sender("flooder"), "natted", b"x")
+    svc.forward_datagram(sender("honest"), "natted", b"ping")
+    assert sent.count("flooder") <= DGRAM_BURST + 5 and sent.count("honest") == 1
+    assert svc.t.stats.dropped["relay_rate"] >= 495
