@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from llmfabric.agent.probe import HttpProbe
+from llmfabric.agent.probe import MAX_BODY, HttpProbe, ProbeError
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+@contextlib.asynccontextmanager
+async def _engine(routes: dict[str, Handler]
+                  ) -> AsyncIterator[tuple[HttpProbe, str, TestServer]]:
+    """A fake engine answering GET `routes`, and a probe: (probe, base URL, server)."""
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    server = TestServer(app)
+    await server.start_server()
+    probe = HttpProbe()
+    try:
+        yield probe, str(server.make_url("")).rstrip("/"), server
+    finally:
+        await probe.aclose()
+        await server.close()
 
 
 async def test_a_404_on_health_means_up_without_calling_models() -> None:
@@ -20,44 +42,25 @@ async def test_a_404_on_health_means_up_without_calling_models() -> None:
         await asyncio.sleep(30)  # the model is busy generating
         return web.json_response({"data": []})
 
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    server = TestServer(app)
-    await server.start_server()
-    probe = HttpProbe()
-    try:
-        base = str(server.make_url("")).rstrip("/")
+    async with _engine({"/v1/models": models}) as (probe, base, _):
         assert await probe.health(base, 2.0) is True
         assert calls == []
-    finally:
-        await probe.aclose()
-        await server.close()
 
 
 async def test_a_server_error_or_no_server_is_unhealthy() -> None:
     async def broken(request: web.Request) -> web.Response:
         return web.Response(status=500)
 
-    app = web.Application()
-    app.router.add_get("/health", broken)
-    server = TestServer(app)
-    await server.start_server()
-    probe = HttpProbe()
-    try:
-        base = str(server.make_url("")).rstrip("/")
+    async with _engine({"/health": broken}) as (probe, base, server):
         assert await probe.health(base, 2.0) is False
         await server.close()
         assert await probe.health(base, 2.0) is False
-    finally:
-        await probe.aclose()
 
 
 async def test_large_answers_are_read_whole_up_to_the_cap() -> None:
     """`content.read(n)` returns what is buffered: a 424 KB vLLM /metrics written at once came
     back cut at 128 KB (load lost, or a counter cut mid-line). Bodies are read whole up to
     MAX_BODY; a larger one (or a 400 MiB /v1/models) is refused without being held."""
-    from llmfabric.agent.probe import MAX_BODY, ProbeError
-
     metrics = "".join(f'vllm:num_requests_running{{i="{i}"}} 1\n' for i in range(12_000))
     huge = b'{"data": [' + b" " * (MAX_BODY + 10) + b"]}"
 
@@ -67,21 +70,8 @@ async def test_large_answers_are_read_whole_up_to_the_cap() -> None:
     async def models(request: web.Request) -> web.Response:
         return web.Response(body=huge, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_get("/metrics", text)
-    app.router.add_get("/v1/models", models)
-    server = TestServer(app)
-    await server.start_server()
-    probe = HttpProbe()
-    try:
-        base = str(server.make_url("")).rstrip("/")
+    async with _engine({"/metrics": text, "/v1/models": models}) as (probe, base, _):
         got = await probe.get_text(base, "/metrics", 5.0)
         assert got == metrics and len(metrics) > 400_000
-        try:
+        with pytest.raises(ProbeError, match="over"):
             await probe.models(base, 5.0)
-            raise AssertionError("a /v1/models answer over the cap was taken")
-        except ProbeError as exc:
-            assert "over" in str(exc)
-    finally:
-        await probe.aclose()
-        await server.close()
