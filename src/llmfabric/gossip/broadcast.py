@@ -87,21 +87,11 @@ class BroadcastQueue:
     def _take_sorted(self, budget: int, limit: int) -> list[WireItem]:
         out: list[WireItem] = []
         used = 0
-        for key, (sent, seq, item, own) in sorted(self._items.items(),
-                                                  key=lambda kv: (kv[1][0], -kv[1][1])):
-            cap = min(own, limit) if own else limit
-            if sent >= cap:
-                del self._items[key]  # used up under a lower limit than before
-                continue
-            size = item_size(item)
-            if used + size > budget:
-                continue
-            used += size
-            out.append(item)
-            if sent + 1 >= cap:
-                del self._items[key]
-            else:
-                self._items[key] = (sent + 1, seq, item, own)
+        for key, _ in sorted(self._items.items(), key=lambda kv: (kv[1][0], -kv[1][1])):
+            size, item = self._send(key, limit, budget - used)
+            if item is not None:
+                used += size
+                out.append(item)
         return out
 
     def _take_heaped(self, budget: int, limit: int) -> list[WireItem]:
@@ -115,27 +105,39 @@ class BroadcastQueue:
             sent, _, seq, key = entry
             if not self._live(key, sent, seq):
                 continue
-            _, _, item, own = self._items[key]
-            cap = min(own, limit) if own else limit
-            if sent >= cap:
-                del self._items[key]
-                continue
-            size = item_size(item)
-            if used + size > budget:
-                skipped.append(entry)
+            size, item = self._send(key, limit, budget - used)
+            if item is None:
+                if size == 0:
+                    skipped.append(entry)
                 continue
             used += size
             out.append(item)
-            if sent + 1 >= cap:
-                del self._items[key]
-            else:
-                self._items[key] = (sent + 1, seq, item, own)
+            if key in self._items:
                 sent_now.append((key, sent + 1, seq))
         for entry in skipped:  # (after the loop: an item goes out once per take)
             heapq.heappush(self._next, entry)
         for key, sent, seq in sent_now:
             self._file(key, sent, seq)
         return out
+
+    def _send(self, key: Hashable, limit: int, room: int) -> tuple[int, WireItem | None]:
+        """Offer `key`'s item to a message with `room` bytes left, under `limit` sends (or its
+        own, if lower): (its size, the item) when it goes out, the send counted (and the item
+        dropped at its last); (0, None) when it does not fit; (-1, None) when it was used up
+        already (under a lower limit than before, or heard often enough): dropped."""
+        sent, seq, item, own = self._items[key]
+        cap = min(own, limit) if own else limit
+        if sent >= cap:
+            del self._items[key]
+            return -1, None
+        size = item_size(item)
+        if size > room:
+            return 0, None
+        if sent + 1 >= cap:
+            del self._items[key]
+        else:
+            self._items[key] = (sent + 1, seq, item, own)
+        return size, item
 
     def heard_again(self, key: Hashable, signature: bytes) -> None:
         """A peer sent us an item we already queue: count it as one send (Demers et al.'s
