@@ -12,6 +12,14 @@ class TransportConfig:
     port: int = 0  # 0: any free port
     public_addr: str | None = None  # advertised "host:port" (default: the bound address)
     relay: bool = False  # serve as a relay for nodes that cannot be dialled
+    # Clients a relay registers, in all and from one source address (net/source_slots.py).
+    # A registration's connection is never closed for idleness or the connection cap, so
+    # without a cap sybil keys (free on a PSK network) held connections without bound; the
+    # per-source cap is half, as for handshakes, so one host cannot take every slot while a
+    # NATed site's nodes (one public address) still fit. Over a cap: 503, and the client
+    # keeps trying with backoff (and uses its other relays meanwhile).
+    relay_max_clients: int | None = 1024
+    relay_max_clients_per_ip: int | None = 512
     connect_timeout: float = 5.0  # TCP connect only (the kernel answers it, not the peer)
     # The TLS handshake, and then each peer-handshake message, must arrive within this. A
     # CPU-starved peer (event loop lagging by seconds) is slow here, so it is generous.

@@ -27,6 +27,7 @@ from llmfabric.net.framing import (
 from llmfabric.net.h2endpoint import H2Endpoint
 from llmfabric.net.handshake import FramedReader
 from llmfabric.net.messages import BodyStream, Headers
+from llmfabric.net.source_slots import peer_ip
 from llmfabric.net.stats import NetStats
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class PeerConnection:
         self.owner = owner
         self.peer_id = peer_id
         self.dialled = dialled
+        self.source = peer_ip(writer.transport)  # what per-address caps count it against
         self._framed = framed
         self._writer = writer
         self._clock = clock

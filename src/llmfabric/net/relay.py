@@ -31,6 +31,7 @@ from llmfabric.net.connection import PeerConnection
 from llmfabric.net.errors import NetError
 from llmfabric.net.framing import FrameType
 from llmfabric.net.messages import BodyStream, HandlerResponse, Headers
+from llmfabric.net.source_slots import SourceSlots
 
 if TYPE_CHECKING:
     from llmfabric.net.tls_transport import TlsTransport
@@ -67,7 +68,10 @@ class RelayService:
     def __init__(self, transport: TlsTransport) -> None:
         self.t = transport
         self._my_relays: set[str] = set()  # relays that accepted our registration
-        self._clients: set[str] = set()  # (relay role) peers registered with us
+        self._clients: dict[str, str] = {}  # (relay role) peers registered with us -> source
+        cfg = transport.config
+        self._client_slots = SourceSlots(cfg.relay_max_clients, cfg.relay_max_clients_per_ip,
+                                         on_refused=lambda: transport.stats.drop("relay_full"))
         self._relaying: Counter[str] = Counter()  # (relay role) open relayed requests, by sender
         self._dialbacks: dict[str, tuple[float, float]] = {}  # peer -> (tokens, when)
         self._dgram_tokens: dict[str, tuple[float, float]] = {}  # sender -> (tokens, when)
@@ -166,7 +170,9 @@ class RelayService:
     def on_closed(self, conn: PeerConnection) -> None:
         if self.t.connection(conn.peer_id) is None:
             self._my_relays.discard(conn.peer_id)
-            self._clients.discard(conn.peer_id)
+            source = self._clients.pop(conn.peer_id, None)
+            if source is not None:
+                self._client_slots.give_back(source)
             self._notify()
 
     async def check_reachability(self, via: str, addr: str | None = None) -> Reachability:
@@ -221,7 +227,13 @@ class RelayService:
         if path == REGISTER_PATH:
             if not self.t.config.relay:
                 return HandlerResponse(403, (), b"this node is not a relay (start it with relay)")
-            self._clients.add(conn.peer_id)
+            if conn.peer_id not in self._clients:
+                if not self._client_slots.take(conn.source):
+                    log.info("relay full: refused to register %s (from %s)", conn.peer_id,
+                             conn.source or "an unknown address")
+                    return HandlerResponse(503, (), b"relay full: no room for another client"
+                                                    b" (from your address or in all)")
+                self._clients[conn.peer_id] = conn.source
             return HandlerResponse(200, (), b"registered")
         return HandlerResponse(404, (), f"unknown internal path {path}".encode())
 

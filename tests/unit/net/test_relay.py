@@ -27,10 +27,11 @@ class Sender:
     """Stands for the connection a request came in on: the relay only reads its peer id."""
 
     peer_id: str
+    source: str = "10.0.0.1"  # the address per-source caps count it against
 
 
-def sender(name: str = "asker") -> PeerConnection:
-    return Sender(name)  # type: ignore[return-value]
+def sender(name: str = "asker", source: str = "10.0.0.1") -> PeerConnection:
+    return Sender(name, source)  # type: ignore[return-value]
 
 
 class Body:
@@ -51,9 +52,11 @@ class Body:
         self.aborted = True
 
 
-def relay_service(*, relay: bool) -> RelayService:
+def relay_service(*, relay: bool, max_clients: int | None = 1024,
+                  max_clients_per_ip: int | None = 512) -> RelayService:
     t = TlsTransport(NodeKey.generate(), PskAdmission("relay-test", b"s" * 32),
-                     TransportConfig(relay=relay))
+                     TransportConfig(relay=relay, relay_max_clients=max_clients,
+                                     relay_max_clients_per_ip=max_clients_per_ip))
     return t.relay
 
 
@@ -85,6 +88,34 @@ async def test_only_a_relay_registers_clients_and_protects_their_connections() -
     assert resp.status == 404
 
 
+@pytest.mark.hostile
+async def test_registrations_are_capped_in_all_and_per_source_address() -> None:
+    """A registration's connection is never closed for idleness or the connection cap, and
+    sybil keys are free on a PSK network: registrations from one address stop at the
+    per-source cap, all of them at the total cap (503, counted), a registered client may
+    register again, and a client that left gives its slot back."""
+    relay = relay_service(relay=True, max_clients=4, max_clients_per_ip=2)
+
+    async def register(name: str, source: str) -> int:
+        resp = await relay.handle_internal(sender(name, source), "POST", REGISTER_PATH,
+                                           Body().stream)
+        return resp.status
+
+    assert [await register(f"sybil{k}", "10.6.6.6") for k in range(3)] == [200, 200, 503]
+    assert await register("sybil0", "10.6.6.6") == 200  # already registered: still fine
+    assert await register("site-a", "10.0.0.1") == 200
+    assert await register("site-b", "10.0.0.2") == 200
+    assert await register("site-c", "10.0.0.3") == 503  # four in all
+    assert relay.clients == ("site-a", "site-b", "sybil0", "sybil1")
+    assert not relay.is_protected("sybil2") and not relay.is_protected("site-c")
+    assert relay.t.stats.dropped["relay_full"] == 2
+    relay.t.connection = lambda peer: None  # type: ignore[method-assign,assignment,return-value]
+    relay.on_closed(sender("sybil1", "10.6.6.6"))  # its connection is gone: the slot is free
+    assert await register("site-c", "10.0.0.3") == 200
+    assert await register("sybil2", "10.6.6.6") == 503  # the total is full again
+    assert "sybil1" not in relay.clients
+
+
 @pytest.mark.parametrize(("is_relay", "registered", "reason"), [
     (False, True, "not a relay"), (True, True, "natted is not connected"),
     # a peer that did not register takes the relay's connection for the sender: a member
@@ -94,7 +125,7 @@ async def test_forwarding_is_refused_with_a_reason(is_relay: bool, registered: b
                                                    reason: str) -> None:
     svc = relay_service(relay=is_relay)
     if registered:
-        svc._clients.add("natted")
+        svc._clients["natted"] = "10.0.0.9"
     headers = ((RELAY_TO, "natted"), (ORIGIN, "forged-origin"))
     resp = await svc.forward(sender(), "POST", "/v1/x", headers, Body(b"payload").stream)
     assert resp.status == 502 and find_header(resp.headers, RELAY_ERROR) == reason
@@ -161,7 +192,7 @@ async def test_one_sender_cannot_hold_every_stream_to_a_natted_node() -> None:
     from llmfabric.net.relay import MAX_RELAYED_PER_SENDER
 
     svc = relay_service(relay=True)
-    svc._clients.add("natted")
+    svc._clients["natted"] = "10.0.0.9"
     target = _Target()
     svc.t.connection = lambda peer: target  # type: ignore[method-assign,assignment,return-value]
     headers = ((RELAY_TO, "natted"),)
@@ -241,7 +272,7 @@ async def test_relayed_datagrams_are_rate_limited_per_sender() -> None:
             sent.append(origin)
 
     svc = relay_service(relay=True)
-    svc._clients.add("natted")
+    svc._clients["natted"] = "10.0.0.9"
     svc.t.connection = lambda peer: Out()  # type: ignore[method-assign,assignment,return-value]
     for _ in range(int(DGRAM_BURST) + 500):
         svc.forward_datagram(sender("flooder"), "natted", b"x")
