@@ -184,3 +184,30 @@ def test_two_peers_never_share_a_host_name() -> None:
     ids = [NodeKey.generate().peer_id for _ in range(2000)]
     assert len({host_name(p) for p in ids}) == len(ids)
     assert all(len(host_name(p)) == 17 and not host_name(p).startswith("nzQm") for p in ids)
+
+
+@pytest.mark.hostile
+def test_a_link_both_sides_report_is_taken_at_its_worse_side() -> None:
+    """Each side of a link reports it and may lie: a member claiming a 100 Gbit/s, 0.1 ms link
+    to an honest peer that measured 1 Gbit/s and 4 ms gets the honest side's numbers (the
+    slower throughput and the longer round trip); a pair only one side reported is taken as
+    it says and named as such."""
+    from llmfabric.scheduler.netplan.from_fabric import summary
+
+    a, b, c = PEERS[:3]
+    nodes = {"nodes": [_node(a, 1), _node(b, 1), _node(c, 1)]}
+    est = {"samples": 3, "measured_at": 1.0}
+    links = {"nodes": [
+        {"peer": a, "links": [{**est, "peer": b, "rtt_s": 0.0001, "bytes_per_s": 12.5e9},
+                              {**est, "peer": c, "rtt_s": 0.0002, "bytes_per_s": 12.5e9}]},
+        {"peer": b, "links": [{**est, "peer": a, "rtt_s": 0.004, "bytes_per_s": 125e6}]},
+    ]}
+    ft = build_topology(nodes, links)
+    ha, hb, hc = (host_name(p) for p in (a, b, c))
+    ab, ac = tuple(sorted((ha, hb))), tuple(sorted((ha, hc)))
+    assert (ft.links[ab].rtt_s, ft.links[ab].bytes_per_s) == (0.004, 125e6)
+    assert ft.links[ab].samples == 6
+    assert ft.one_sided == [ac]
+    assert {(e["a"], e["b"]): e["sides"] for e in summary(ft)} == {ab: 2, ac: 1}
+    edge = next(e for e in ft.topology.neighbours(ha) if e.other(ha) == hb)
+    assert edge.latency_s == pytest.approx(0.002)

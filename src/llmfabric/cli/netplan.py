@@ -102,8 +102,9 @@ def _fabric_topology(url: str, api_key: str | None, assume_gpu: str | None,
     for line in ft.skipped:
         click.echo(f"left out: {line}", err=True)
     for e in summary(ft):
+        alone = "; one side only: as it reports it" if e["sides"] == 1 else ""
         click.echo(f"measured {e['a']} <-> {e['b']}: RTT {e['rtt_ms']} ms, "
-                   f"{e['gbps']} Gbit/s ({e['samples']} probes)", err=True)
+                   f"{e['gbps']} Gbit/s ({e['samples']} probes{alone})", err=True)
     return ft.topology
 
 

@@ -6,7 +6,8 @@ protocol; node/serve/link_service.py). Builds one host per node that has GPUs:
 
     GPU `<host>-g<k>` --(ethernet at PCIe speed: the way to the node's NIC)-- host `<host>`
     GPU <-> GPU of one node: nvlink when the record says so (else through the host switch)
-    host switch --(ethernet: the measured link, both directions' minimum)-- host switch
+    host switch --(ethernet: the measured link; the slower throughput and longer RTT of the
+                two sides' reports)-- host switch
 
 with host = `n` + the first 8 characters of the node's peer id. The host switch carries no
 aggregator slots (a node cannot aggregate in-network), so groups across nodes use the ring.
@@ -42,6 +43,8 @@ class FabricTopology:
     hosts: dict[str, str]  # host name -> peer id
     links: dict[tuple[str, str], LinkEstimate]  # (host a, host b) -> the edge's estimate
     skipped: list[str] = field(default_factory=list)  # why nodes or tables were left out
+    # pairs only one side reported (a table holds 32 peers): taken as that side says
+    one_sided: list[tuple[str, str]] = field(default_factory=list)
 
 
 def host_name(peer_id: str) -> str:
@@ -113,7 +116,7 @@ def build_topology(nodes_doc: Any, links_doc: Any, *,
                     topo.add_edge(ids[a], ids[b], "nvlink", gbs=NVLINK_GBS,
                                   latency_s=INTRA_LATENCY_S)
     by_peer = {peer: host for host, peer in hosts.items()}
-    measured: dict[tuple[str, str], LinkEstimate] = {}
+    reports: dict[tuple[str, ...], dict[str, LinkEstimate]] = {}  # pair -> side -> estimate
     for entry in links_doc["nodes"]:
         src = entry.get("peer") if isinstance(entry, dict) else None
         if not isinstance(src, str) or src not in by_peer:
@@ -129,14 +132,24 @@ def build_topology(nodes_doc: Any, links_doc: Any, *,
         for est in table:
             if est.peer not in by_peer or est.peer == src:
                 continue
-            ha, hb = sorted((by_peer[src], by_peer[est.peer]))
-            old = measured.get((ha, hb))
-            if old is None or est.bytes_per_s < old.bytes_per_s:
-                measured[(ha, hb)] = est
-    for (x, y), est in sorted(measured.items()):
+            pair = (by_peer[src], by_peer[est.peer])
+            reports.setdefault(tuple(sorted(pair)), {})[pair[0]] = est  # (one per side)
+    measured: dict[tuple[str, str], LinkEstimate] = {}
+    one_sided: list[tuple[str, str]] = []
+    for (x, y), sides in sorted(reports.items()):
+        ests = list(sides.values())
+        # Each side measures the link and may lie about it: the slower throughput and the
+        # longer round trip of the two (a member claiming a fat link to an honest peer is
+        # overruled when that peer measured it too).
+        est = LinkEstimate(ests[0].peer, max(e.rtt_s for e in ests),
+                           min(e.bytes_per_s for e in ests), sum(e.samples for e in ests),
+                           min(e.measured_at for e in ests))
+        if len(ests) == 1:
+            one_sided.append((x, y))
+        measured[(x, y)] = est
         topo.add_edge(x, y, "ethernet", bytes_per_s=est.bytes_per_s,
                       latency_s=est.rtt_s / 2)
-    return FabricTopology(topo, hosts, measured, skipped)
+    return FabricTopology(topo, hosts, measured, skipped, one_sided)
 
 
 def _get(url: str, api_key: str | None, timeout: float) -> Any:
@@ -177,8 +190,9 @@ def parse_assume_gpu(text: str) -> tuple[str, int]:
 
 
 def summary(ft: FabricTopology) -> list[dict[str, Any]]:
-    """The measured edges, for printing: host pair, RTT ms, Gbit/s."""
+    """The measured edges, for printing: host pair, RTT ms, Gbit/s, how many sides reported."""
+    one = set(ft.one_sided)
     return [{"a": a, "b": b, "rtt_ms": round(e.rtt_s * 1e3, 3),
              "gbps": round(e.bytes_per_s * 8 / 1e9, 3) if math.isfinite(e.bytes_per_s)
-             else None, "samples": e.samples}
+             else None, "samples": e.samples, "sides": 1 if (a, b) in one else 2}
             for (a, b), e in sorted(ft.links.items())]
