@@ -1,7 +1,7 @@
 """HeroServe (network-aware PD planning) against its paper's figures, simulated.
 
     .venv/bin/python benchmarks/heroserve.py --json results/heroserve.json [--fig8-candidates 8]
-        [--fig8-kv-tpot amortized]
+        [--fig8-kv-tpot amortized] [--fig8-gpus-per-server 4]
 
 Sections (each row carries the paper's figure beside ours):
 - fig1: share of the prefill latency spent in TP all-reduce (the paper's Fig. 1 is a
@@ -30,6 +30,8 @@ Sections (each row carries the paper's figure beside ours):
   H. Targets (H4): HeroServe >= every baseline; its gain on 2tracks >= on 8tracks.
   `--fig8-kv-tpot amortized` charges the KV hand-off once per request, spread over its
   output, instead of eq. 4's every token (a sensitivity: `NetProblem.kv_tpot`).
+  `--fig8-gpus-per-server 4` builds the units from the testbed's 4-GPU servers (a
+  sensitivity: tensor-parallel groups span servers sooner, where aggregation can matter).
 - planner: run time and perturbation sweeps on the testbed (H6: <= 30 s on 2 cores, <= 5).
 - fig9: concurrent all-reduces of three TP4 groups (each over two servers and both tracks
   of the 4 x 4 testbed shape) on the flow simulator, each group's cheapest policy on an idle
@@ -218,29 +220,31 @@ SWITCH_PORTS, PORT_GBPS, SERVERS_TOTAL = 32, 100.0, 1200
 CLUSTERS = {"2tracks": (6, 2, 400, 27), "8tracks": (16, 8, 600, 280)}
 
 
-def core_uplink_gbps(tracks: str) -> float:
+def core_uplink_gbps(tracks: str, gpus_per_server: int = 8) -> float:
     """Per access switch: 2tracks min(32 - 24, 27 x 32 / 400) x 100G = 216 Gbit/s (11:1 over
-    its 24 GPU ports); 8tracks min(32 - 16, 280 x 32 / 600) x 100G = 1493 Gbit/s (1.07:1)."""
+    its 24 GPU ports); 8tracks min(32 - 16, 280 x 32 / 600) x 100G = 1493 Gbit/s (1.07:1).
+    (With 4 GPUs a server, the core's share binds on both: the same numbers.)"""
     if tracks not in CLUSTERS:
         raise ValueError(f"tracks must be one of {sorted(CLUSTERS)}, not {tracks!r}")
     servers, n_tracks, n_access, n_core = CLUSTERS[tracks]
     if SERVERS_TOTAL // servers * n_tracks != n_access:  # the paper's counts agree
         raise ValueError(f"{tracks}: {SERVERS_TOTAL} servers do not give {n_access} access")
-    gpu_ports = servers * 8 // n_tracks
+    gpu_ports = servers * gpus_per_server // n_tracks
     return min(SWITCH_PORTS - gpu_ports, n_core * SWITCH_PORTS / n_access) * PORT_GBPS
 
 
-def pd_units(tracks: str, gpu: str = FIG8_GPU) -> Topology:
+def pd_units(tracks: str, gpu: str = FIG8_GPU, gpus_per_server: int = 8) -> Topology:
     """A prefill unit (`gpu0`..) and a decode unit, each its own servers on its own access
     switches (`paccess{t}`, `daccess{t}`), joined through the core (§III-B, Fig. 4: "each
     cluster has its own GPU cards ... and access switches ... These clusters communicate
     through a core switch"), so the KV hand-off crosses two core uplinks. The 27 / 280 core
     switches are one node `core0` whose link to each access switch is that switch's whole
     share (`core_uplink_gbps`). Inside a unit `fat_tree_tracks`' wiring: GPU k's 100G NIC on
-    the unit's access switch k mod tracks, NVLink all-to-all in a server (300 GB/s, 2 us),
-    1 us per Ethernet hop, 8 aggregator slots a switch."""
+    the unit's access switch k mod tracks (k counted over the unit pair's GPUs), NVLink
+    all-to-all in a server (300 GB/s, 2 us), 1 us per Ethernet hop, 8 aggregator slots a
+    switch. `gpus_per_server`: the paper's 8; 4 (its testbed's servers) is a sensitivity."""
     servers, n_tracks, _, _ = CLUSTERS[tracks]
-    up = core_uplink_gbps(tracks)
+    up = core_uplink_gbps(tracks, gpus_per_server)
     name = get_gpu(gpu).name
     topo = Topology()
     topo.add_switch("core0", 8)
@@ -250,14 +254,14 @@ def pd_units(tracks: str, gpu: str = FIG8_GPU) -> Topology:
             topo.add_switch(f"{unit}access{t}", 8)
             topo.add_edge(f"{unit}access{t}", "core0", "ethernet", gbps=up, latency_s=1e-6)
         for s in range(u * servers, (u + 1) * servers):
-            ids = [f"gpu{n + k}" for k in range(8)]
-            n += 8
+            ids = [f"gpu{n + k}" for k in range(gpus_per_server)]
             for k, gid in enumerate(ids):
                 topo.add_gpu(gid, name, f"server{s}")
-                topo.add_edge(gid, f"{unit}access{k % n_tracks}", "ethernet", gbps=100,
+                topo.add_edge(gid, f"{unit}access{(n + k) % n_tracks}", "ethernet", gbps=100,
                               latency_s=1e-6)
-            for a in range(8):
-                for b in range(a + 1, 8):
+            n += gpus_per_server
+            for a in range(gpus_per_server):
+                for b in range(a + 1, gpus_per_server):
                     topo.add_edge(ids[a], ids[b], "nvlink", gbs=300, latency_s=2e-6)
     return topo
 
@@ -271,8 +275,8 @@ FIG8_MAX_CANDI = 20
 
 def unit_problem(tracks: str, kind: str, rate: float = 1.0,
                  gpu: str = FIG8_GPU, max_candi: int = FIG8_MAX_CANDI,
-                 kv_tpot: str = "per_token") -> NetProblem:
-    topo = pd_units(tracks, gpu)
+                 kv_tpot: str = "per_token", gpus_per_server: int = 8) -> NetProblem:
+    topo = pd_units(tracks, gpu, gpus_per_server)
     gpus = topo.gpus()
     half = len(gpus) // 2  # the prefill unit's GPUs, then the decode unit's
     wl = NetWorkload(rate, 512, 256) if kind == "chatbot" else NetWorkload(rate, 1792, 256)
@@ -362,6 +366,9 @@ def main() -> None:
     ap.add_argument("--fig8-kv-tpot", choices=KV_TPOT, default="per_token",
                     help="how the KV hand-off enters TPOT in the Fig. 8 units: eq. 4 as "
                     "printed (every token), or amortized over the output (a sensitivity)")
+    ap.add_argument("--fig8-gpus-per-server", type=int, choices=(4, 8), default=8,
+                    help="GPUs a server in the Fig. 8 units: the paper's 8, or its testbed's 4 "
+                    "(a sensitivity: tensor-parallel groups then span servers sooner)")
     args = ap.parse_args()
     if args.fig8_candidates < 1:
         ap.error("--fig8-candidates must be >= 1")
@@ -406,14 +413,17 @@ def main() -> None:
     payload["planner"] = planner
     payload["fig8_max_candi"] = n_candi
     payload["fig8_kv_tpot"] = args.fig8_kv_tpot
+    payload["fig8_gpus_per_server"] = args.fig8_gpus_per_server
     paper8 = {"2tracks": "x1.12-1.94 vs baselines", "8tracks": "x1.09-1.83 vs baselines"}
     for gpu in (FIG8_GPU, "A100-80GB"):  # the paper's A100; 80 GB as a sensitivity
         gains: dict[str, dict[str, float]] = {}
         for tracks in ("2tracks", "8tracks"):
             for kind in ("chatbot", "summarization"):
                 ps = plans(unit_problem(tracks, kind, gpu=gpu, max_candi=n_candi,
-                                        kv_tpot=args.fig8_kv_tpot))
-                uplinks = CLUSTERS[tracks][1] * core_uplink_gbps(tracks) * 1e9 / 8
+                                        kv_tpot=args.fig8_kv_tpot,
+                                        gpus_per_server=args.fig8_gpus_per_server))
+                uplinks = CLUSTERS[tracks][1] * core_uplink_gbps(
+                    tracks, args.fig8_gpus_per_server) * 1e9 / 8
                 rs = comparison_rows("fig8", f"{gpu} {tracks} {kind}", ps,
                                      {n: paper8[tracks] for n in ps if n != "heroserve"},
                                      binding=True, core_bytes_s=uplinks)

@@ -52,3 +52,22 @@ def test_kv_from_prefill_to_decode_crosses_the_core(
     problem = hs.unit_problem(tracks, "chatbot")
     assert problem.prefill_gpus == tuple(f"gpu{k}" for k in range(servers * 8))
     assert problem.decode_gpus[0] == first_decode
+
+
+def test_four_gpu_servers_spread_over_every_track(hs: ModuleType) -> None:
+    """The testbed-sized sensitivity (`--fig8-gpus-per-server 4`): half the GPUs, the same
+    core share (the core's ports bind either way), and the NICs counted over the unit pair,
+    so 8tracks still uses all eight access switches (k mod 8 within a 4-GPU server would
+    leave four of them without a GPU)."""
+    assert hs.core_uplink_gbps("2tracks", 4) == hs.core_uplink_gbps("2tracks")
+    assert hs.core_uplink_gbps("8tracks", 4) == hs.core_uplink_gbps("8tracks")
+    topo = hs.pd_units("8tracks", gpus_per_server=4)
+    assert len(topo.gpus()) == 2 * 16 * 4
+    access = {g: next(e.other(g) for e in topo.neighbours(g) if e.kind == "ethernet")
+              for g in topo.gpus()}
+    assert [access[f"gpu{k}"] for k in range(8)] == [f"paccess{t}" for t in range(8)]
+    assert access["gpu64"] == "daccess0"  # the decode unit starts on its own first switch
+    assert {topo.gpu(f"gpu{k}").host for k in range(8)} == {"server0", "server1"}
+    assert hs.pd_units("2tracks").gpus() == hs.pd_units("2tracks", gpus_per_server=8).gpus()
+    problem = hs.unit_problem("2tracks", "summarization", gpus_per_server=4)
+    assert len(problem.prefill_gpus) == len(problem.decode_gpus) == 24
