@@ -24,7 +24,8 @@ from llmfabric.net.serving import ORIGIN, RELAY_ERROR, RELAY_TO
 
 @dataclass
 class Sender:
-    """Stands for the connection a request came in on: the relay only reads its peer id."""
+    """Stands for the connection a request came in on: the relay reads its peer id and its
+    source address."""
 
     peer_id: str
     source: str = "10.0.0.1"  # the address per-source caps count it against

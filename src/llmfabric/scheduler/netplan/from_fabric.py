@@ -9,7 +9,7 @@ protocol; node/serve/link_service.py). Builds one host per node that has GPUs:
     host switch --(ethernet: the measured link; the slower throughput and longer RTT of the
                 two sides' reports)-- host switch
 
-with host = `n` + the first 8 characters of the node's peer id. The host switch carries no
+with host = `n` + 16 characters of the node's peer id (`host_name`). The host switch carries no
 aggregator slots (a node cannot aggregate in-network), so groups across nodes use the ring.
 Node-to-node latency is half the measured RTT. A pair measured by neither side has no edge
 (its traffic is routed over measured hops, or the planner reports the GPUs unreachable).
