@@ -131,6 +131,35 @@ async def test_a_key_cannot_mint_keys_with_more_than_its_own_limits(store: Accou
     assert admitted == 10
 
 
+async def test_an_owner_limit_on_one_dimension_does_not_free_the_other(
+        store: AccountStore) -> None:
+    """An admin limits alice's requests only (or sets an empty owner limit); her key with
+    1,000 tokens/min mints 5 more keys. Before, the owner row existing meant no pinning: 6
+    keys took 6,000 tokens in a minute. Now an owner dimension without a limit is pinned
+    to the creator's, so alice as a whole keeps 1,000 tokens/min."""
+    for admin_set in ((600, None), (None, None)):
+        owner = f"alice{admin_set[0]}"
+        await store.set_owner_limits(owner, *admin_set)
+        parent, parent_plain = await store.create_key("p", owner, tokens_per_min=1000)
+        plains = [parent_plain]
+        for _ in range(5):
+            plains.append((await store.create_key("k", owner, by=parent))[1])
+        assert store.owner_limits(owner) == (admin_set[0], 1000)
+        limiter = RateLimiter(FakeClock())
+        used = 0
+        for _ in range(3):
+            for plain in plains:  # each asks for 1,000 tokens within the same minute
+                k = await store.authenticate(plain)
+                assert k is not None
+                try:
+                    limiter.check(k)
+                except RateLimited:
+                    continue
+                limiter.add_tokens(k.id, 1000)
+                used += 1000
+        assert used == 1000
+
+
 async def test_keys_per_owner_are_capped(accounts_db: str) -> None:
     from llmfabric.accounts.db import open_backend
 

@@ -233,11 +233,15 @@ class AccountStore:
             raise PermissionDenied(
                 f"owner {owner!r} already has {active} active keys (the cap is "
                 f"{self.max_keys_per_owner}); revoke unused keys first")
-        if (by is not None and not by.admin and owner not in self._owner_limits
-                and (by.requests_per_min is not None or by.tokens_per_min is not None)):
+        if by is not None and not by.admin:
             # More keys must not mean more allowance: the owner as a whole keeps the
-            # creator's limits.
-            await self.set_owner_limits(owner, by.requests_per_min, by.tokens_per_min)
+            # creator's limits, on each dimension the owner has no limit of its own (an
+            # admin limiting only requests must not free the creator's tokens).
+            rpm, tpm = self._owner_limits.get(owner, (None, None))
+            pinned = (by.requests_per_min if rpm is None else rpm,
+                      by.tokens_per_min if tpm is None else tpm)
+            if pinned != (rpm, tpm):
+                await self.set_owner_limits(owner, *pinned)
         key_id, plaintext = keyfmt.new_key()
         digest = keyfmt.hash_key(plaintext)
         key = ApiKey(
