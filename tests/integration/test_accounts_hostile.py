@@ -35,7 +35,8 @@ def test_absurd_usage_claims_are_clamped_where_they_are_read() -> None:
     assert scan.usage is None  # a float prompt count is not a usage report
     scan.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 18446744073709551615, '
               b'"completion_tokens": -1}}\n\n')
-    assert scan.usage == (MAX_TOKENS_PER_REQUEST, 0)
+    after: object = scan.usage  # (mypy narrowed scan.usage to None above)
+    assert after == (MAX_TOKENS_PER_REQUEST, 0)
     assert usage_from_body(b'{"usage": {"prompt_tokens": true}}') is None
 
 
