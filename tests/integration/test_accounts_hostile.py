@@ -177,6 +177,27 @@ async def test_keys_per_owner_are_capped(accounts_db: str) -> None:
         await store.aclose()
 
 
+async def test_keys_created_at_once_cannot_pass_the_cap(accounts_db: str) -> None:
+    """40 creations at once (one POST each) for an owner capped at 3 keys: the cap is
+    checked against the cache before the insert awaits the database, so before, every
+    one of them passed the check and 40 keys were made."""
+    from llmfabric.accounts.db import open_backend
+
+    store = AccountStore(await open_backend(accounts_db), clock=FakeClock(),
+                         max_keys_per_owner=3)
+    try:
+        await store.refresh()
+        parent, _ = await store.create_key("p", "bob")
+        got = await asyncio.gather(*(store.create_key(f"k{i}", "bob", by=parent)
+                                     for i in range(40)), return_exceptions=True)
+        made = [g for g in got if not isinstance(g, BaseException)]
+        assert len(made) == 2
+        assert all(isinstance(g, PermissionDenied) for g in got if g not in made)
+        assert len([k for k in await store.list_keys("bob") if k.active]) == 3
+    finally:
+        await store.aclose()
+
+
 async def test_the_admin_owner_name_cannot_be_claimed(store: AccountStore) -> None:
     for name in ("admin", " Admin ", "ADMIN"):
         with pytest.raises(PermissionDenied, match="reserved"):

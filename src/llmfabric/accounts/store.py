@@ -82,6 +82,9 @@ class AccountStore:
         self._ledger = UsageLedger(backend, self._clock.wall)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Key creation, from the cap check to the cache update: concurrent creations (one
+        # POST each) all passed the cap check before any insert was done.
+        self._create_lock = asyncio.Lock()
         # Background failures by kind (usage_flush, key_refresh), each logged with its
         # traceback; a node exports them (llmfabric_node_task_failures_total).
         self.failures: Counter[str] = Counter()
@@ -228,40 +231,41 @@ class AccountStore:
         _check_limit("tokens_per_min", tokens_per_min)
         requests_per_min, tokens_per_min = limits_for_new_key(by, requests_per_min,
                                                               tokens_per_min)
-        active = sum(1 for _, k in self._keys.values() if k.owner == owner and k.active)
-        if active >= self.max_keys_per_owner:
-            raise PermissionDenied(
-                f"owner {owner!r} already has {active} active keys (the cap is "
-                f"{self.max_keys_per_owner}); revoke unused keys first")
-        if by is not None and not by.admin:
-            # More keys must not mean more allowance: the owner as a whole keeps the
-            # creator's limits, on each dimension the owner has no limit of its own (an
-            # admin limiting only requests must not free the creator's tokens).
-            rpm, tpm = self._owner_limits.get(owner, (None, None))
-            pinned = (by.requests_per_min if rpm is None else rpm,
-                      by.tokens_per_min if tpm is None else tpm)
-            if pinned != (rpm, tpm):
-                await self.set_owner_limits(owner, *pinned)
-        key_id, plaintext = keyfmt.new_key()
-        digest = keyfmt.hash_key(plaintext)
-        key = ApiKey(
-            id=key_id,
-            name=name.strip(),
-            owner=owner.strip(),
-            admin=admin,
-            created_at=self._clock.wall(),
-            requests_per_min=requests_per_min,
-            tokens_per_min=tokens_per_min,
-            record_trace=record_trace,
-            hash=digest,
-        )
-        await self._db.execute(
-            f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
-             requests_per_min, tokens_per_min, int(record_trace)),
-        )
-        key = self._with_owner_limits(key)
-        self._keys[key.id] = (digest, key)
+        async with self._create_lock:
+            active = sum(1 for _, k in self._keys.values() if k.owner == owner and k.active)
+            if active >= self.max_keys_per_owner:
+                raise PermissionDenied(
+                    f"owner {owner!r} already has {active} active keys (the cap is "
+                    f"{self.max_keys_per_owner}); revoke unused keys first")
+            if by is not None and not by.admin:
+                # More keys must not mean more allowance: the owner as a whole keeps the
+                # creator's limits, on each dimension the owner has no limit of its own (an
+                # admin limiting only requests must not free the creator's tokens).
+                rpm, tpm = self._owner_limits.get(owner, (None, None))
+                pinned = (by.requests_per_min if rpm is None else rpm,
+                          by.tokens_per_min if tpm is None else tpm)
+                if pinned != (rpm, tpm):
+                    await self.set_owner_limits(owner, *pinned)
+            key_id, plaintext = keyfmt.new_key()
+            digest = keyfmt.hash_key(plaintext)
+            key = ApiKey(
+                id=key_id,
+                name=name.strip(),
+                owner=owner.strip(),
+                admin=admin,
+                created_at=self._clock.wall(),
+                requests_per_min=requests_per_min,
+                tokens_per_min=tokens_per_min,
+                record_trace=record_trace,
+                hash=digest,
+            )
+            await self._db.execute(
+                f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
+                 requests_per_min, tokens_per_min, int(record_trace)),
+            )
+            key = self._with_owner_limits(key)
+            self._keys[key.id] = (digest, key)
         return key, plaintext
 
     def authenticate_cached(self, plaintext: str) -> ApiKey | None:
