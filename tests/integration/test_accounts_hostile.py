@@ -198,6 +198,39 @@ async def test_keys_created_at_once_cannot_pass_the_cap(accounts_db: str) -> Non
         await store.aclose()
 
 
+async def test_made_up_key_ids_cost_a_bounded_number_of_database_lookups(
+        store: AccountStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a key, 2,000 requests each with a well-formed key of a random id (the cache
+    misses, so each used to cost one database query: 2,000, ahead of the ledger's flush on
+    the store's one connection). Lookups of unseen ids are rate limited now; a key another
+    process created is still found, once the flood has passed."""
+    from llmfabric.accounts import keyfmt
+
+    db = store._db
+    real = db.fetchall
+    lookups = 0
+
+    async def counting(sql: str, params: object = ()) -> list[tuple[object, ...]]:
+        nonlocal lookups
+        lookups += "WHERE id = ?" in sql
+        return await real(sql, params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "fetchall", counting)
+    for _ in range(2000):
+        _, fake = keyfmt.new_key()
+        assert await store.authenticate(fake) is None
+    assert lookups <= 50
+    # a key inserted behind the store's back (another process), used after the flood
+    key_id, plain = keyfmt.new_key()
+    await db.execute(
+        "INSERT INTO api_keys (id, key_hash, name, owner, admin, created_at) "
+        "VALUES (?, ?, ?, ?, 0, 0)", (key_id, keyfmt.hash_key(plain), "cli", "carol"))
+    clock = store._clock
+    assert isinstance(clock, FakeClock)
+    await clock.advance(5.0)
+    assert await store.authenticate(plain) is not None
+
+
 async def test_the_admin_owner_name_cannot_be_claimed(store: AccountStore) -> None:
     for name in ("admin", " Admin ", "ADMIN"):
         with pytest.raises(PermissionDenied, match="reserved"):

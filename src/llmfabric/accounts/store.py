@@ -32,6 +32,11 @@ _COLS = (
     "tokens_per_min, record_trace"
 )
 _NEGATIVE_TTL_S = 5.0
+# Database lookups of key ids the cache does not hold, per second (and burst): a key made
+# by another process since the last refresh is rare, while anybody can send well-formed
+# keys with made-up ids, each one a query on the store's single connection. Past the rate
+# such an id is refused until the next refresh (at most `refresh_interval_s`) loads it.
+_MISS_LOOKUPS_PER_S = 20.0
 
 
 def _row_to_key(row: tuple[Any, ...]) -> tuple[str, ApiKey]:
@@ -77,6 +82,7 @@ class AccountStore:
         # (a revocation or refresh replaces it).
         self._verified: dict[str, tuple[str, tuple[str, ApiKey]]] = {}
         self._unknown: dict[str, float] = {}  # id -> clock.now() until which it stays unknown
+        self._miss_budget = (_MISS_LOOKUPS_PER_S, 0.0)  # (lookups left, at clock.now())
         # Keys other ingresses vouch for (accounts.grants.RemoteGrants.lookup), or None.
         self.remote: Callable[[str], ApiKey | None] | None = None
         self._ledger = UsageLedger(backend, self._clock.wall)
@@ -294,7 +300,7 @@ class AccountStore:
                 return self._with_owner_limits(granted) if ok else None
         if entry is None:
             now = self._clock.now()
-            if self._unknown.get(key_id, -1.0) > now:
+            if self._unknown.get(key_id, -1.0) > now or not self._take_miss_lookup(now):
                 return None
             rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?", (key_id,))
             if not rows:
@@ -312,6 +318,16 @@ class AccountStore:
             self._verified.clear()
         self._verified[plaintext] = (key_id, entry)
         return key
+
+    def _take_miss_lookup(self, now: float) -> bool:
+        """One database lookup of an uncached key id, if the rate allows (a token bucket)."""
+        left, at = self._miss_budget
+        left = min(_MISS_LOOKUPS_PER_S, left + max(0.0, now - at) * _MISS_LOOKUPS_PER_S)
+        if left < 1.0:
+            self._miss_budget = (left, now)
+            return False
+        self._miss_budget = (left - 1.0, now)
+        return True
 
     async def get(self, key_id: str) -> ApiKey:
         rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?", (key_id,))
