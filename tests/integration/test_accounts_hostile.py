@@ -231,6 +231,48 @@ async def test_made_up_key_ids_cost_a_bounded_number_of_database_lookups(
     assert await store.authenticate(plain) is not None
 
 
+async def test_an_export_of_one_day_reads_one_day(
+        store: AccountStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key asks for one day of its usage (`until` set, or a model) over a 400-day ledger.
+    Before, only `since` reached the database: every row since then (or the whole history)
+    was read into memory and filtered in Python, per request."""
+    import datetime as dt
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from llmfabric.accounts.tenancy_http import add_tenancy_routes
+
+    key, plain = await store.create_key("app", "alice")
+    start = dt.date(2025, 1, 1)
+    await store._db.executemany(
+        "INSERT INTO usage_daily (key_id, model, day, requests, prompt_tokens, "
+        "completion_tokens) VALUES (?, ?, ?, 1, 1, 1)",
+        [(key.id, m, (start + dt.timedelta(days=d)).isoformat(), )
+         for d in range(400) for m in ("m1", "m2")])
+    real = store._db.fetchall
+    read = 0
+
+    async def counting(sql: str, params: object = ()) -> list[tuple[object, ...]]:
+        nonlocal read
+        rows = await real(sql, params)  # type: ignore[arg-type]
+        read += len(rows) if "usage_daily" in sql else 0
+        return rows
+
+    monkeypatch.setattr(store._db, "fetchall", counting)
+    app = web.Application()
+    add_tenancy_routes(app, store, None)
+    async with TestClient(TestServer(app)) as client:
+        for params, want in (({"until": "2025-01-01"}, 2),
+                             ({"since": "2025-06-01", "until": "2025-06-01", "model": "m2"}, 1)):
+            read = 0
+            r = await client.get("/v1/fabric/usage/export", params=params,
+                                 headers={"Authorization": f"Bearer {plain}"})
+            assert r.status == 200
+            assert len((await r.json())["data"]) == want
+            assert read == want, params
+
+
 async def test_the_admin_owner_name_cannot_be_claimed(store: AccountStore) -> None:
     for name in ("admin", " Admin ", "ADMIN"):
         with pytest.raises(PermissionDenied, match="reserved"):

@@ -388,8 +388,11 @@ class AccountStore:
         return await self._ledger.flush()
 
     async def usage(
-        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None
+        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None,
+        until_day: str | None = None, model: str | None = None,
     ) -> list[UsageRow]:
-        """Usage rows (pending ones flushed first), filtered by key, owner, first UTC day."""
+        """Usage rows (pending ones flushed first), filtered by key, owner, model and UTC
+        days (first and last, inclusive)."""
         await self._ledger.flush()
-        return await self._ledger.query(key_id=key_id, owner=owner, since_day=since_day)
+        return await self._ledger.query(key_id=key_id, owner=owner, since_day=since_day,
+                                        until_day=until_day, model=model)
