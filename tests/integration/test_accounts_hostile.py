@@ -35,7 +35,8 @@ def test_absurd_usage_claims_are_clamped_where_they_are_read() -> None:
     assert scan.usage is None  # a float prompt count is not a usage report
     scan.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 18446744073709551615, '
               b'"completion_tokens": -1}}\n\n')
-    assert scan.usage == (MAX_TOKENS_PER_REQUEST, 0)
+    after: object = scan.usage  # (mypy narrowed scan.usage to None above)
+    assert after == (MAX_TOKENS_PER_REQUEST, 0)
     assert usage_from_body(b'{"usage": {"prompt_tokens": true}}') is None
 
 
@@ -131,6 +132,35 @@ async def test_a_key_cannot_mint_keys_with_more_than_its_own_limits(store: Accou
     assert admitted == 10
 
 
+async def test_an_owner_limit_on_one_dimension_does_not_free_the_other(
+        store: AccountStore) -> None:
+    """An admin limits alice's requests only (or sets an empty owner limit); her key with
+    1,000 tokens/min mints 5 more keys. Before, the owner row existing meant no pinning: 6
+    keys took 6,000 tokens in a minute. Now an owner dimension without a limit is pinned
+    to the creator's, so alice as a whole keeps 1,000 tokens/min."""
+    for admin_set in ((600, None), (None, None)):
+        owner = f"alice{admin_set[0]}"
+        await store.set_owner_limits(owner, *admin_set)
+        parent, parent_plain = await store.create_key("p", owner, tokens_per_min=1000)
+        plains = [parent_plain]
+        for _ in range(5):
+            plains.append((await store.create_key("k", owner, by=parent))[1])
+        assert store.owner_limits(owner) == (admin_set[0], 1000)
+        limiter = RateLimiter(FakeClock())
+        used = 0
+        for _ in range(3):
+            for plain in plains:  # each asks for 1,000 tokens within the same minute
+                k = await store.authenticate(plain)
+                assert k is not None
+                try:
+                    limiter.check(k)
+                except RateLimited:
+                    continue
+                limiter.add_tokens(k.id, 1000)
+                used += 1000
+        assert used == 1000
+
+
 async def test_keys_per_owner_are_capped(accounts_db: str) -> None:
     from llmfabric.accounts.db import open_backend
 
@@ -145,6 +175,102 @@ async def test_keys_per_owner_are_capped(accounts_db: str) -> None:
         await store.create_key("k3", "bob")  # revoking frees a slot
     finally:
         await store.aclose()
+
+
+async def test_keys_created_at_once_cannot_pass_the_cap(accounts_db: str) -> None:
+    """40 creations at once (one POST each) for an owner capped at 3 keys: the cap is
+    checked against the cache before the insert awaits the database, so before, every
+    one of them passed the check and 40 keys were made."""
+    from llmfabric.accounts.db import open_backend
+
+    store = AccountStore(await open_backend(accounts_db), clock=FakeClock(),
+                         max_keys_per_owner=3)
+    try:
+        await store.refresh()
+        parent, _ = await store.create_key("p", "bob")
+        got = await asyncio.gather(*(store.create_key(f"k{i}", "bob", by=parent)
+                                     for i in range(40)), return_exceptions=True)
+        made = [g for g in got if not isinstance(g, BaseException)]
+        assert len(made) == 2
+        assert all(isinstance(g, PermissionDenied) for g in got if g not in made)
+        assert len([k for k in await store.list_keys("bob") if k.active]) == 3
+    finally:
+        await store.aclose()
+
+
+async def test_made_up_key_ids_cost_a_bounded_number_of_database_lookups(
+        store: AccountStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a key, 2,000 requests each with a well-formed key of a random id (the cache
+    misses, so each used to cost one database query: 2,000, ahead of the ledger's flush on
+    the store's one connection). Lookups of unseen ids are rate limited now; a key another
+    process created is still found, once the flood has passed."""
+    from llmfabric.accounts import keyfmt
+
+    db = store._db
+    real = db.fetchall
+    lookups = 0
+
+    async def counting(sql: str, params: object = ()) -> list[tuple[object, ...]]:
+        nonlocal lookups
+        lookups += "WHERE id = ?" in sql
+        return await real(sql, params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "fetchall", counting)
+    for _ in range(2000):
+        _, fake = keyfmt.new_key()
+        assert await store.authenticate(fake) is None
+    assert lookups <= 50
+    # a key inserted behind the store's back (another process), used after the flood
+    key_id, plain = keyfmt.new_key()
+    await db.execute(
+        "INSERT INTO api_keys (id, key_hash, name, owner, admin, created_at) "
+        "VALUES (?, ?, ?, ?, 0, 0)", (key_id, keyfmt.hash_key(plain), "cli", "carol"))
+    clock = store._clock
+    assert isinstance(clock, FakeClock)
+    await clock.advance(5.0)
+    assert await store.authenticate(plain) is not None
+
+
+async def test_an_export_of_one_day_reads_one_day(
+        store: AccountStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key asks for one day of its usage (`until` set, or a model) over a 400-day ledger.
+    Before, only `since` reached the database: every row since then (or the whole history)
+    was read into memory and filtered in Python, per request."""
+    import datetime as dt
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from llmfabric.accounts.tenancy_http import add_tenancy_routes
+
+    key, plain = await store.create_key("app", "alice")
+    start = dt.date(2025, 1, 1)
+    await store._db.executemany(
+        "INSERT INTO usage_daily (key_id, model, day, requests, prompt_tokens, "
+        "completion_tokens) VALUES (?, ?, ?, 1, 1, 1)",
+        [(key.id, m, (start + dt.timedelta(days=d)).isoformat(), )
+         for d in range(400) for m in ("m1", "m2")])
+    real = store._db.fetchall
+    read = 0
+
+    async def counting(sql: str, params: object = ()) -> list[tuple[object, ...]]:
+        nonlocal read
+        rows = await real(sql, params)  # type: ignore[arg-type]
+        read += len(rows) if "usage_daily" in sql else 0
+        return rows
+
+    monkeypatch.setattr(store._db, "fetchall", counting)
+    app = web.Application()
+    add_tenancy_routes(app, store, None)
+    async with TestClient(TestServer(app)) as client:
+        for params, want in (({"until": "2025-01-01"}, 2),
+                             ({"since": "2025-06-01", "until": "2025-06-01", "model": "m2"}, 1)):
+            read = 0
+            r = await client.get("/v1/fabric/usage/export", params=params,
+                                 headers={"Authorization": f"Bearer {plain}"})
+            assert r.status == 200
+            assert len((await r.json())["data"]) == want
+            assert read == want, params
 
 
 async def test_the_admin_owner_name_cannot_be_claimed(store: AccountStore) -> None:

@@ -195,9 +195,16 @@ class UsageLedger:
         return written
 
     async def query(
-        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None
+        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None,
+        until_day: str | None = None, model: str | None = None,
     ) -> list[UsageRow]:
         where, params = [], []
+        if until_day is not None:  # (in SQL: an export of one day must not read a year)
+            where.append("u.day <= ?")
+            params.append(until_day)
+        if model is not None:
+            where.append("u.model = ?")
+            params.append(model)
         if key_id is not None:
             where.append("u.key_id = ?")
             params.append(key_id)

@@ -32,6 +32,11 @@ _COLS = (
     "tokens_per_min, record_trace"
 )
 _NEGATIVE_TTL_S = 5.0
+# Database lookups of key ids the cache does not hold, per second (and burst): a key made
+# by another process since the last refresh is rare, while anybody can send well-formed
+# keys with made-up ids, each one a query on the store's single connection. Past the rate
+# such an id is refused until the next refresh (at most `refresh_interval_s`) loads it.
+_MISS_LOOKUPS_PER_S = 20.0
 
 
 def _row_to_key(row: tuple[Any, ...]) -> tuple[str, ApiKey]:
@@ -77,11 +82,15 @@ class AccountStore:
         # (a revocation or refresh replaces it).
         self._verified: dict[str, tuple[str, tuple[str, ApiKey]]] = {}
         self._unknown: dict[str, float] = {}  # id -> clock.now() until which it stays unknown
+        self._miss_budget = (_MISS_LOOKUPS_PER_S, 0.0)  # (lookups left, at clock.now())
         # Keys other ingresses vouch for (accounts.grants.RemoteGrants.lookup), or None.
         self.remote: Callable[[str], ApiKey | None] | None = None
         self._ledger = UsageLedger(backend, self._clock.wall)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Key creation, from the cap check to the cache update: concurrent creations (one
+        # POST each) all passed the cap check before any insert was done.
+        self._create_lock = asyncio.Lock()
         # Background failures by kind (usage_flush, key_refresh), each logged with its
         # traceback; a node exports them (llmfabric_node_task_failures_total).
         self.failures: Counter[str] = Counter()
@@ -228,36 +237,41 @@ class AccountStore:
         _check_limit("tokens_per_min", tokens_per_min)
         requests_per_min, tokens_per_min = limits_for_new_key(by, requests_per_min,
                                                               tokens_per_min)
-        active = sum(1 for _, k in self._keys.values() if k.owner == owner and k.active)
-        if active >= self.max_keys_per_owner:
-            raise PermissionDenied(
-                f"owner {owner!r} already has {active} active keys (the cap is "
-                f"{self.max_keys_per_owner}); revoke unused keys first")
-        if (by is not None and not by.admin and owner not in self._owner_limits
-                and (by.requests_per_min is not None or by.tokens_per_min is not None)):
-            # More keys must not mean more allowance: the owner as a whole keeps the
-            # creator's limits.
-            await self.set_owner_limits(owner, by.requests_per_min, by.tokens_per_min)
-        key_id, plaintext = keyfmt.new_key()
-        digest = keyfmt.hash_key(plaintext)
-        key = ApiKey(
-            id=key_id,
-            name=name.strip(),
-            owner=owner.strip(),
-            admin=admin,
-            created_at=self._clock.wall(),
-            requests_per_min=requests_per_min,
-            tokens_per_min=tokens_per_min,
-            record_trace=record_trace,
-            hash=digest,
-        )
-        await self._db.execute(
-            f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
-             requests_per_min, tokens_per_min, int(record_trace)),
-        )
-        key = self._with_owner_limits(key)
-        self._keys[key.id] = (digest, key)
+        async with self._create_lock:
+            active = sum(1 for _, k in self._keys.values() if k.owner == owner and k.active)
+            if active >= self.max_keys_per_owner:
+                raise PermissionDenied(
+                    f"owner {owner!r} already has {active} active keys (the cap is "
+                    f"{self.max_keys_per_owner}); revoke unused keys first")
+            if by is not None and not by.admin:
+                # More keys must not mean more allowance: the owner as a whole keeps the
+                # creator's limits, on each dimension the owner has no limit of its own (an
+                # admin limiting only requests must not free the creator's tokens).
+                rpm, tpm = self._owner_limits.get(owner, (None, None))
+                pinned = (by.requests_per_min if rpm is None else rpm,
+                          by.tokens_per_min if tpm is None else tpm)
+                if pinned != (rpm, tpm):
+                    await self.set_owner_limits(owner, *pinned)
+            key_id, plaintext = keyfmt.new_key()
+            digest = keyfmt.hash_key(plaintext)
+            key = ApiKey(
+                id=key_id,
+                name=name.strip(),
+                owner=owner.strip(),
+                admin=admin,
+                created_at=self._clock.wall(),
+                requests_per_min=requests_per_min,
+                tokens_per_min=tokens_per_min,
+                record_trace=record_trace,
+                hash=digest,
+            )
+            await self._db.execute(
+                f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
+                 requests_per_min, tokens_per_min, int(record_trace)),
+            )
+            key = self._with_owner_limits(key)
+            self._keys[key.id] = (digest, key)
         return key, plaintext
 
     def authenticate_cached(self, plaintext: str) -> ApiKey | None:
@@ -286,7 +300,7 @@ class AccountStore:
                 return self._with_owner_limits(granted) if ok else None
         if entry is None:
             now = self._clock.now()
-            if self._unknown.get(key_id, -1.0) > now:
+            if self._unknown.get(key_id, -1.0) > now or not self._take_miss_lookup(now):
                 return None
             rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?", (key_id,))
             if not rows:
@@ -304,6 +318,16 @@ class AccountStore:
             self._verified.clear()
         self._verified[plaintext] = (key_id, entry)
         return key
+
+    def _take_miss_lookup(self, now: float) -> bool:
+        """One database lookup of an uncached key id, if the rate allows (a token bucket)."""
+        left, at = self._miss_budget
+        left = min(_MISS_LOOKUPS_PER_S, left + max(0.0, now - at) * _MISS_LOOKUPS_PER_S)
+        if left < 1.0:
+            self._miss_budget = (left, now)
+            return False
+        self._miss_budget = (left - 1.0, now)
+        return True
 
     async def get(self, key_id: str) -> ApiKey:
         rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?", (key_id,))
@@ -364,8 +388,11 @@ class AccountStore:
         return await self._ledger.flush()
 
     async def usage(
-        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None
+        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None,
+        until_day: str | None = None, model: str | None = None,
     ) -> list[UsageRow]:
-        """Usage rows (pending ones flushed first), filtered by key, owner, first UTC day."""
+        """Usage rows (pending ones flushed first), filtered by key, owner, model and UTC
+        days (first and last, inclusive)."""
         await self._ledger.flush()
-        return await self._ledger.query(key_id=key_id, owner=owner, since_day=since_day)
+        return await self._ledger.query(key_id=key_id, owner=owner, since_day=since_day,
+                                        until_day=until_day, model=model)

@@ -123,8 +123,8 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
         try:
             flt = ExportFilter(q.get("key_id"), owner, q.get("model"), q.get("since"),
                                q.get("until"))
-            rows = [r for r in await store.usage(key_id=flt.key_id, owner=flt.owner,
-                                                 since_day=flt.since) if flt.keep(r)]
+            rows = await store.usage(key_id=flt.key_id, owner=flt.owner, since_day=flt.since,
+                                     until_day=flt.until, model=flt.model)
             body, ctype = render(rows, flt, q.get("format", "json"))
         except InvalidRequest as exc:
             return _err(400, str(exc), "invalid_parameter")

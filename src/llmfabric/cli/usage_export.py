@@ -34,8 +34,8 @@ def usage_export(fmt: str, key_id: str | None, owner: str | None, model: str | N
         raise click.BadParameter(str(exc)) from exc
 
     async def rows(store: AccountStore) -> bytes:
-        got = [r for r in await store.usage(key_id=flt.key_id, owner=flt.owner,
-                                            since_day=flt.since) if flt.keep(r)]
+        got = await store.usage(key_id=flt.key_id, owner=flt.owner, since_day=flt.since,
+                                until_day=flt.until, model=flt.model)
         return render(got, flt, fmt)[0]
 
     body = _with_store(db_url, rows)

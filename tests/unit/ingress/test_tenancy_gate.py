@@ -12,7 +12,12 @@ import pytest
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.ingress.tenancy.accounts_auth import StaticPrincipal
-from llmfabric.ingress.tenancy.gate import DEFAULT_COMPLETION_RESERVE, TenancyGate, reservation
+from llmfabric.ingress.tenancy.gate import (
+    DEFAULT_COMPLETION_RESERVE,
+    TenancyGate,
+    reservation,
+    reservation_parts,
+)
 from llmfabric.ingress.usage import Usage
 from llmfabric.node.config import ConfigError, build_config
 
@@ -29,11 +34,18 @@ def test_reservation_reads_the_completion_cap_and_ignores_hostile_values() -> No
     assert reservation({"messages": MSG, "max_completion_tokens": 7}) == prompt + 7
     assert reservation({"input": "x" * 400, "max_output_tokens": 9}) == prompt - 4 + 9
     assert reservation({"messages": MSG, "max_tokens": 10, "n": 3}) == prompt + 30
-    for bad in (True, -5, 0, "100", 1.5, None, [1]):
+    for bad in (True, -5, 0, None, [1], "ten", "nan"):
         assert reservation({"messages": MSG, "max_tokens": bad}) == (
             prompt + DEFAULT_COMPLETION_RESERVE)
-    for n in (True, 0, -1, 10**9, "2"):
+    # what an engine's lax int parsing would read (rounded up), clamped
+    assert reservation({"messages": MSG, "max_tokens": "100"}) == prompt + 100
+    assert reservation({"messages": MSG, "max_tokens": 1.5}) == prompt + 2
+    assert reservation({"messages": MSG, "max_tokens": 2**64}) == prompt + 10**8
+    for n in (True, 0, -1, "x", None):
         assert reservation({"messages": MSG, "max_tokens": 10, "n": n}) == prompt + 10
+    assert reservation({"messages": MSG, "max_tokens": 10, "n": "2"}) == prompt + 20
+    # (n is clamped to 1e8)
+    assert reservation({"messages": MSG, "max_tokens": 10, "n": 10**9}) == prompt + 10**9
 
 
 async def test_hold_and_slot_are_settled_once() -> None:
@@ -98,7 +110,8 @@ def test_node_config_takes_max_inflight() -> None:
 async def test_a_key_another_ingress_issued_is_held_apart_from_the_ledger() -> None:
     """A remote key (its grant's issuer set) settles its owner's spending apart from the
     ledger journal (the ledger cannot tell its owner; accounts.budgets sync); ours not."""
-    from llmfabric.accounts.grants import KeyGrant, key_of
+    from llmfabric.accounts.grants import key_of
+    from llmfabric.registry.records import KeyGrant
 
     book = BudgetBook(lambda: NOON)
     book.ledger_batch = lambda: 1
@@ -114,3 +127,38 @@ async def test_a_key_another_ingress_issued_is_held_apart_from_the_ledger() -> N
     assert book._unattributed == {k: 30} and book._unwritten == {1: {k: 5}}
     book.adopt_ledger({k: 5}, written=1)  # the local key's 5, written and read back
     assert book.spent == {k: 35}
+
+
+@pytest.mark.hostile
+def test_the_reservation_covers_what_the_engine_will_generate() -> None:
+    """The engine's own reading of a request (pydantic's lax ints: "5000", 5000.0; chat's
+    max_completion_tokens before max_tokens; any n) bounds what it generates, so the
+    reservation must be at least that. Before, each of these reserved 1 or 512 tokens (or
+    ignored n > 128) while the engine went on to generate thousands."""
+    from llmfabric.engines.protocol import ChatRequest
+
+    for extra in ({"max_tokens": 1, "max_completion_tokens": 5000},
+                  {"max_tokens": "5000"}, {"max_completion_tokens": " 5_000 "},
+                  {"max_tokens": 5000.0}, {"max_tokens": 10, "n": 500},
+                  {"max_tokens": 10, "n": "300"}, {"max_tokens": 10, "n": 3.0}):
+        doc = {"model": "m", "messages": MSG, **extra}
+        req = ChatRequest.model_validate(doc)
+        assert req.limit is not None
+        _, completion = reservation_parts(doc)
+        assert completion >= req.limit * req.n, extra
+
+
+@pytest.mark.hostile
+async def test_many_requests_asking_max_completion_tokens_cannot_overspend() -> None:
+    """20 requests at once, each with max_tokens 1 but max_completion_tokens 5,000 (what the
+    engine honours), against a budget of 3 such requests: at most 3 are admitted (before:
+    all 20, each holding ~1 token, then charged up to 5,000)."""
+    book = BudgetBook(lambda: NOON)
+    doc = {"messages": MSG, "max_tokens": 1, "max_completion_tokens": 5000}
+    book.set(Budget("key", "k1", 3 * (5000 + reservation({"messages": MSG}) - 512), "day"))
+    gate = TenancyGate(book)
+    admitted = 0
+    for _ in range(20):
+        got = await gate.admit(StaticPrincipal("k1"), doc)
+        admitted += got is None
+    assert admitted == 3

@@ -17,13 +17,15 @@ concurrent requests never mix.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from llmfabric.accounts.budgets import BudgetBook, Hold, OverBudget
+from llmfabric.accounts.budgets import MAX_BUDGET_TOKENS, BudgetBook, Hold, OverBudget
 from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.usage import Usage, estimate_prompt_tokens
@@ -60,18 +62,32 @@ def reservation(doc: Mapping[str, Any], default_completion: int = DEFAULT_COMPLE
     return sum(reservation_parts(doc, default_completion))
 
 
+def _count(v: object) -> int | None:
+    """A positive token or choice count as an engine reads it (pydantic's lax ints take
+    "5000", " 5_000 " and 5000.0), rounded up and clamped; None when it is not one (an
+    engine refuses the request then; a bool counts as absent, its 1 is below any default)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, str):
+        try:
+            v = float(v.strip())
+        except ValueError:
+            return None
+    if not isinstance(v, int | float) or v != v or v <= 0:
+        return None
+    return MAX_TOKENS_PER_REQUEST if v >= MAX_TOKENS_PER_REQUEST else math.ceil(v)
+
+
 def reservation_parts(doc: Mapping[str, Any],
                       default_completion: int = DEFAULT_COMPLETION_RESERVE) -> tuple[int, int]:
-    """(prompt estimate, completion cap) of a request, in tokens."""
-    cap = default_completion
-    for k in _MAX_TOKEN_FIELDS:
-        v = doc.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            cap = v
-            break
-    n = doc.get("n")
-    if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 128:
-        cap *= n
+    """(prompt estimate, completion cap) of a request, in tokens. The cap is the largest of
+    the cap fields (an engine takes max_completion_tokens before max_tokens, so the first
+    one found is not enough) times n: never less than what the engine may generate."""
+    caps = [c for k in _MAX_TOKEN_FIELDS if (c := _count(doc.get(k))) is not None]
+    cap = max(caps) if caps else default_completion
+    n = _count(doc.get("n"))
+    if n is not None and n > 1:
+        cap = min(cap * n, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
     return estimate_prompt_tokens(doc if isinstance(doc, dict) else dict(doc)), cap
 
 
