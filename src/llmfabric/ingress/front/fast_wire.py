@@ -11,7 +11,7 @@ from http import HTTPStatus
 from typing import Protocol
 
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.front.front_limits import safe_header_value
+from llmfabric.ingress.front.front_limits import safe_content_type, safe_header_value
 
 
 class Stop(Exception):
@@ -103,7 +103,7 @@ def response_head(status: int, content_type: str, node: str, extra: dict[str, st
           close: bool) -> bytearray:
     reason = REASONS.get(status) or _reason(status)
     out = bytearray(b"HTTP/1.1 %d %s\r\nContent-Type: " % (status, reason))
-    out += safe_header_value(content_type).encode()
+    out += safe_content_type(content_type).encode()
     if node:
         out += b"\r\nX-Fabric-Node: " + safe_header_value(node).encode()
     if extra:

@@ -1,6 +1,6 @@
 """Limits of the lean HTTP/1.1 front against abusive clients (nginx-like defaults), the
-connection slots they are counted in, and the header-value check for everything the
-ingress emits.
+connection slots they are counted in, and the header-value and content-type checks for
+everything the ingress emits.
 
 Each limit answers like nginx does: URL too long -> 414, head too large or too many headers
 -> 431, a head or body that trickles in too slowly -> 408 and close, too many connections
@@ -119,6 +119,29 @@ def safe_header_value(value: str) -> str:
     if value.isascii() and value.isprintable():
         return value  # the common case: one C-level scan
     return "".join(c for c in value if " " <= c <= "~")
+
+
+# Media types an answer of the API may carry. The dashboard is served on the ingress's origin:
+# any other type a node names (text/html, image/svg+xml, none at all, which browsers sniff)
+# would let a hostile member's answer run script there when a cross-site form POSTs to an
+# ingress without auth, so it goes out as application/octet-stream (downloaded, never run).
+_API_TYPES = frozenset({"application/json", "text/event-stream", "text/plain",
+                        "application/x-ndjson"})
+_SEEN_TYPES: dict[str, str] = {}
+
+
+def safe_content_type(value: str) -> str:
+    """`value` (header-safe) if its media type is one of the API's, else
+    application/octet-stream."""
+    got = _SEEN_TYPES.get(value)
+    if got is None:
+        clean = safe_header_value(value)
+        essence = clean.partition(";")[0].strip().lower()
+        got = clean if essence in _API_TYPES else "application/octet-stream"
+        if len(_SEEN_TYPES) > 256:  # (values come from nodes: keep the memo small)
+            _SEEN_TYPES.clear()
+        _SEEN_TYPES[value] = got
+    return got
 
 
 class ClientSlots(SourceSlots):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmfabric.ingress.errors import Reply
-from llmfabric.ingress.front.front_limits import safe_header_value
+from llmfabric.ingress.front.front_limits import safe_content_type, safe_header_value
 
 
 class WebSink:
@@ -22,7 +22,7 @@ class WebSink:
     async def start(self, content_type: str, node: str) -> None:
         self.response = web.StreamResponse(
             status=200,
-            headers={"Content-Type": safe_header_value(content_type),
+            headers={"Content-Type": safe_content_type(content_type),
                      "Cache-Control": "no-cache", "X-Fabric-Node": safe_header_value(node)},
         )
         if self.headers:
@@ -44,7 +44,7 @@ class WebSink:
 
 def web_response(reply: Reply) -> web.Response:
     """A `Reply` as an aiohttp response."""
-    headers = {"Content-Type": safe_header_value(reply.content_type)}
+    headers = {"Content-Type": safe_content_type(reply.content_type)}
     if reply.node:
         headers["X-Fabric-Node"] = safe_header_value(reply.node)
     if reply.headers:

@@ -7,6 +7,10 @@ import { readChatStream } from '../sse.js';
 import { pageHeader } from './common.js';
 
 // The conversation survives page switches within this tab (not reloads).
+// A node decides how much it streams: the playground shows at most this much of an answer
+// and then stops reading, so an endless answer from a hostile node cannot freeze the tab
+// (an honest one of 32768 tokens is ~130k characters).
+export const MAX_ANSWER_CHARS = 256 * 1024;
 const state = { messages: [], model: '', providers: new Set() };
 
 function render(view, ctx, params) {
@@ -77,6 +81,7 @@ function render(view, ctx, params) {
     if (m.tokPerS) bits.push(`${fmtNum(m.tokPerS, 0)} tok/s`);
     if (m.usage) bits.push(`${fmtInt(m.usage.prompt_tokens)} in · ${fmtInt(m.usage.completion_tokens)} out`);
     if (m.stopped) bits.push('stopped');
+    if (m.cut) bits.push(`cut: the playground shows ${fmtInt(MAX_ANSWER_CHARS)} characters of an answer`);
     mount(meta, bits.map((b, i) => [i ? ' · ' : '', b]));
   }
 
@@ -128,16 +133,29 @@ function render(view, ctx, params) {
     stop.hidden = false;
     const t0 = performance.now();
     let tFirst = null;
+    // Deltas go into one text node (appendData), and the log scrolls once a frame: setting
+    // textContent and reading scrollHeight per delta cost time quadratic in the answer.
+    const textNode = document.createTextNode('');
+    let scrolling = false;
+    const scrollSoon = () => {
+      if (scrolling) return;
+      scrolling = true;
+      window.requestAnimationFrame(() => { scrolling = false; transcript.scrollTop = transcript.scrollHeight; });
+    };
     try {
       const resp = await rawFetch('/v1/chat/completions', { method: 'POST', body, headers, signal: controller.signal });
       answer.node = resp.headers.get('X-Fabric-Node') || '';
       fillMeta(metaEl, answer);
       if (!resp.ok) throw await errorFrom(resp);
       const result = await readChatStream(resp, (delta) => {
-        if (tFirst === null) { tFirst = performance.now(); answer.ttftMs = tFirst - t0; }
-        answer.content += delta;
-        textEl.textContent = answer.content;
-        transcript.scrollTop = transcript.scrollHeight;
+        if (answer.cut) return;
+        if (tFirst === null) { tFirst = performance.now(); answer.ttftMs = tFirst - t0; textEl.replaceChildren(textNode); }
+        const room = MAX_ANSWER_CHARS - answer.content.length;
+        const part = delta.length > room ? delta.slice(0, room) : delta;
+        answer.content += part;
+        textNode.appendData(part);
+        scrollSoon();
+        if (part !== delta) { answer.cut = true; controller.abort(); }
       });
       answer.usage = result.usage;
       const secs = (performance.now() - (tFirst ?? t0)) / 1000;
@@ -145,7 +163,7 @@ function render(view, ctx, params) {
       if (outTokens && secs > 0) answer.tokPerS = outTokens / secs;
     } catch (err) {
       if (err && err.name === 'AbortError') {
-        answer.stopped = true;
+        answer.stopped = !answer.cut;
       } else {
         answer.error = true;
         let msg = err.message || String(err);
