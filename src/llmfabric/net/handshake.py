@@ -33,11 +33,16 @@ from llmfabric.identity.certs import cert_identity, cert_pem, fingerprint
 from llmfabric.identity.errors import AdmissionError, IdentityError
 from llmfabric.identity.keys import NodeKey, is_valid
 from llmfabric.identity.peer_id import matches
-from llmfabric.net.errors import FrameError, HandshakeRefused
+from llmfabric.net.errors import FrameError, HandshakeRefused, OversizedFrame
 from llmfabric.net.framing import Frame, FrameDecoder, FrameType, encode_frame
 
 _SIG_LABEL = b"llmfabric-client-auth-v1\x00"
 NONCE_LEN = 32
+# Largest handshake message: AUTH with a membership certificate (at most MAX_CERT_BYTES) is
+# under 5 KiB. Before a peer is admitted, anyone who completes a TLS handshake could otherwise
+# send a 1 MiB frame (the connection limit), buffered whole and then decoded: 1 MiB of empty
+# msgpack maps took 72 MiB and blocked the event loop for 0.1 s per connection.
+HANDSHAKE_MAX_PAYLOAD = 16 * 1024
 
 
 def server_ssl_context(key: NodeKey, cert_der: bytes) -> ssl.SSLContext:
@@ -71,13 +76,21 @@ class FramedReader:
         self.decoder = decoder
         self.pending: list[Frame] = []
 
-    async def read_frame(self) -> Frame | None:
+    async def read_frame(self, limit: int | None = None) -> Frame | None:
+        """The next frame; with `limit`, OversizedFrame as soon as more than `limit` bytes
+        are buffered without a whole frame, or the frame is larger (frames decoded ahead
+        of it are not limited: a peer may pipeline after its last handshake frame)."""
         while not self.pending:
             data = await self.reader.read(65536)
             if not data:
                 return None
             self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
+            if limit is not None and not self.pending and self.decoder.buffered > limit:
+                raise OversizedFrame(f"handshake frame over {limit} bytes")
+        frame = self.pending.pop(0)
+        if limit is not None and len(frame.payload) > limit:
+            raise OversizedFrame(f"handshake frame of {len(frame.payload)} bytes > {limit}")
+        return frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +109,7 @@ def _pack(obj: dict[str, Any]) -> bytes:
 
 async def _expect(fr: FramedReader, ftype: FrameType, cfg: HandshakeConfig) -> dict[str, Any]:
     try:
-        frame = await with_timeout(cfg.clock, fr.read_frame(), cfg.timeout)
+        frame = await with_timeout(cfg.clock, fr.read_frame(HANDSHAKE_MAX_PAYLOAD), cfg.timeout)
     except TimeoutError as exc:
         raise HandshakeRefused("peer did not answer the handshake in time", code="timeout") from exc
     except FrameError as exc:
@@ -110,7 +123,9 @@ async def _expect(fr: FramedReader, ftype: FrameType, cfg: HandshakeConfig) -> d
     if not isinstance(msg, dict):
         raise HandshakeRefused("garbled handshake message", code="garbled")
     if frame.type == FrameType.REFUSE:
-        raise HandshakeRefused(f"peer refused us: {msg.get('reason', '?')}", code="refused_by_peer")
+        # The peer's own words, logged: quoted and cut so they cannot forge log lines.
+        reason = str(msg.get("reason", "?"))[:200]
+        raise HandshakeRefused(f"peer refused us: {reason!r}", code="refused_by_peer")
     if frame.type != ftype:
         raise HandshakeRefused(
             f"expected {ftype.name}, got frame type {frame.type}", code="garbled"

@@ -303,3 +303,34 @@ async def test_a_silent_server_times_out_on_the_injected_clock() -> None:
         with pytest.raises(HandshakeRefused) as info:
             await asyncio.wait_for(call, 10)
     assert info.value.code == "timeout"
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("sent", ["header_and_32k", "whole_megabyte"])
+async def test_an_outsider_s_megabyte_auth_is_refused_before_it_is_buffered(sent: str) -> None:
+    """Before admission, an AUTH frame may not use the 1 MiB connection frame limit: the
+    server buffered all of it, then decoded it (1 MiB of empty msgpack maps: 72 MiB and
+    0.1 s of event loop per connection, for anyone who completes a TLS handshake)."""
+    n = (1 << 20) - 16
+    bomb = b"\x81\xa1x\xdd" + n.to_bytes(4, "big") + b"\x80" * n  # {"x": [{}, {}, ...]}
+    wire = encode_frame(FrameType.AUTH, bomb)
+    async with server_side(config(NodeKey.generate(), FakeClock())) as (task, reader, writer):
+        await read_hello(reader)
+        writer.write(wire[: 6 + 32 * 1024] if sent == "header_and_32k" else wire)
+        err = await refused(task)  # (a server waiting for the rest fails here, in 10 s)
+    assert err.code == "oversized", err
+
+
+@pytest.mark.hostile
+async def test_a_peer_s_refusal_reason_cannot_forge_log_lines() -> None:
+    async def refuse(fr: FramedReader, w: asyncio.StreamWriter, cfg: HandshakeConfig) -> None:
+        w.write(encode_frame(FrameType.REFUSE, pack(
+            {"reason": "x\n2026-12-02 ERROR forged line" + "y" * 5000})))
+        await w.drain()
+
+    key = NodeKey.generate()
+    async with hostile_tls_server(key, refuse) as addr:
+        with pytest.raises(HandshakeRefused) as info:
+            await dial(addr, expected=key.peer_id)
+    assert info.value.code == "refused_by_peer"
+    assert "\n" not in info.value.reason and len(info.value.reason) < 300
