@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import pathlib
 import time
 
@@ -111,10 +112,13 @@ def sign_node(
         raise click.ClickException(
             f"{exc} (create the operator key with `llmfabric keys operator-init`)"
         ) from exc
-    if days <= 0:
-        raise click.BadParameter("must be positive", param_hint="--expires")
-    cert = sign_membership(operator, peer_id, network, time.time() + days * 86400.0,
-                           provider=provider, models=models, max_sessions=max_sessions)
+    if not (days > 0 and math.isfinite(days)):  # (click's float takes "nan" and "inf")
+        raise click.BadParameter("must be a positive number of days", param_hint="--expires")
+    try:
+        cert = sign_membership(operator, peer_id, network, time.time() + days * 86400.0,
+                               provider=provider, models=models, max_sessions=max_sessions)
+    except IdentityError as exc:
+        raise click.ClickException(str(exc)) from exc
     out.write_text(cert.to_json() + "\n")
     click.echo(f"membership certificate for {peer_id} on {network!r} written to {out}")
 

@@ -18,6 +18,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import os
 import pathlib
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from llmfabric.identity.keys import NodeKey, is_valid
 
 _PSK_LABEL = b"llmfabric-psk-v1\x00"
 _CERT_LABEL = b"llmfabric-membership-v1\x00"
+# A certificate's JSON at most (a record carries it: registry/codec.py MAX_CERT): it names up
+# to a few dozen models. Longer text is refused before it is parsed.
+MAX_CERT_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,8 @@ class MembershipCert:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> MembershipCert:
+        if len(text) > MAX_CERT_BYTES:
+            raise AdmissionError(f"malformed membership certificate: over {MAX_CERT_BYTES} bytes")
         try:
             obj = json.loads(text)
             if obj.get("v") != 1:
@@ -180,17 +186,22 @@ class MembershipCert:
             if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or not (
                     0 <= max_sessions <= 1 << 20):
                 raise ValueError("max_sessions must be an integer in [0, 2**20]")
+            expires_at = float(obj["expires_at"])
+            if not math.isfinite(expires_at):  # NaN never compares as expired
+                raise ValueError("expires_at must be a finite number")
             return cls(
                 peer_id=str(obj["peer_id"]),
                 network=str(obj["network"]),
-                expires_at=float(obj["expires_at"]),
+                expires_at=expires_at,
                 operator_public_key=base64.b64decode(obj["operator"], validate=True),
                 signature=base64.b64decode(obj["signature"], validate=True),
                 provider=str(obj.get("provider", "")),
                 models=tuple(models),
                 max_sessions=max_sessions,
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # (RecursionError: JSON nested too deep; OverflowError: an integer float() cannot hold)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
+                OverflowError) as exc:
             raise AdmissionError(f"malformed membership certificate: {exc}") from exc
 
     @classmethod
@@ -216,7 +227,8 @@ class MembershipCert:
             raise AdmissionError(
                 f"membership certificate is for network {self.network!r}, not {network!r}"
             )
-        if now >= self.expires_at:
+        # NaN compares as never expired: a non-finite expiry admits nobody.
+        if not (math.isfinite(self.expires_at) and now < self.expires_at):
             raise AdmissionError(
                 "membership certificate has expired; ask the operator for a new one "
                 "(`llmfabric keys sign-node`)"
@@ -229,10 +241,12 @@ def sign_membership(
 ) -> MembershipCert:
     """Operator side: certify that `peer_id` may join `network` until `expires_at` (as a
     member of `provider`, publishing only `models`, with at most `max_sessions` sessions)."""
+    if not math.isfinite(expires_at):
+        raise AdmissionError("a membership certificate needs a finite expiry")
     expires_at = round(expires_at, 3)
     signature = operator.sign(MembershipCert.signed_bytes(
         peer_id, network, expires_at, provider, models, max_sessions))
-    return MembershipCert(
+    cert = MembershipCert(
         peer_id=peer_id,
         network=network,
         expires_at=expires_at,
@@ -242,6 +256,10 @@ def sign_membership(
         models=models,
         max_sessions=max_sessions,
     )
+    if len(cert.to_json()) > MAX_CERT_BYTES:  # no node could load it, no record carry it
+        raise AdmissionError(
+            f"the certificate would exceed {MAX_CERT_BYTES} bytes: name fewer or shorter models")
+    return cert
 
 
 class CertAdmission:

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from llmfabric.identity.admission import MAX_CERT_BYTES
 from llmfabric.registry.cache_sketch import sketch_problem
 from llmfabric.registry.errors import InvalidRecord, NotOwner
 from llmfabric.registry.records import (
@@ -38,7 +39,7 @@ RECORD_DOMAIN = b"llmfabric/record/v1\x00"
 MAX_BODY_BYTES = 16 * 1024
 MAX_STR = 512
 MAX_ITEMS = 256
-MAX_CERT = 4096  # a membership certificate naming up to a few dozen models
+MAX_CERT = MAX_CERT_BYTES  # a membership certificate naming up to a few dozen models
 # Names a record's models answer to in all (id, aliases, adapters, base:adapter for every
 # base and adapter): each list is capped, but aliases x adapters is not, and one 15 KB record
 # made 596,488 routing names (7.5 s and 246 MB to index on an ingress). vLLM with dozens of

@@ -85,3 +85,47 @@ def test_membership_cert_rejections(operator):
         verifier.check(forged.to_json().encode(), ctx(node.peer_id, "zV"))
     with pytest.raises(AdmissionError, match="malformed"):
         verifier.check(b"{not json", ctx(node.peer_id, "zV"))
+
+
+def _signed_with_expiry(operator: NodeKey, peer_id: str, expires_at: float) -> MembershipCert:
+    """A certificate the operator's key really signed with this expiry (as a script calling
+    the key directly, or `sign-node --expires nan` before it was refused, would make)."""
+    sig = operator.sign(MembershipCert.signed_bytes(peer_id, "net", expires_at))
+    return MembershipCert(peer_id, "net", expires_at, operator.public_bytes, sig)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("expiry", [float("nan"), float("inf")])
+def test_a_certificate_without_a_finite_expiry_never_admits(operator: NodeKey,
+                                                             expiry: float) -> None:
+    """NaN compared as never expired: such a certificate admitted its key forever."""
+    node = NodeKey.generate()
+    cert = _signed_with_expiry(operator, node.peer_id, expiry)
+    with pytest.raises(AdmissionError):
+        cert.verify(operator.public_bytes, peer_id=node.peer_id, network="net", now=NOW)
+    with pytest.raises(AdmissionError):  # nor does its JSON ("NaN", "Infinity") load
+        MembershipCert.from_json(cert.to_json())
+    with pytest.raises(AdmissionError, match="finite"):
+        sign_membership(operator, node.peer_id, "net", expiry)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("proof", [
+    b"[" * 3000,  # nested past the recursion limit: RecursionError escaped the handshake
+    b'{"v":1,"peer_id":"z","network":"net","operator":"","signature":"","expires_at":1'
+    + b"0" * 400 + b"}",  # an int float() cannot hold: OverflowError escaped
+    b'{"v":1,"peer_id":"z","network":"net","operator":"","signature":"","expires_at":1,'
+    b'"models":["' + b"m" * 8000 + b'"]}',  # longer than any record can carry: not parsed
+])
+def test_a_malformed_certificate_is_an_admission_error(operator: NodeKey, proof: bytes) -> None:
+    node = NodeKey.generate()
+    adm = CertAdmission(operator.public_bytes,
+                        sign_membership(operator, node.peer_id, "net", NOW + 3600))
+    with pytest.raises(AdmissionError, match="malformed"):
+        adm.check(proof, ctx(NodeKey.generate().peer_id, node.peer_id))
+
+
+def test_a_certificate_too_long_for_a_record_is_not_signed(operator: NodeKey) -> None:
+    with pytest.raises(AdmissionError, match="fewer or shorter models"):
+        sign_membership(operator, NodeKey.generate().peer_id, "net", NOW + 3600,
+                        models=tuple(f"org/model-{i}-{'x' * 100}" for i in range(40)))

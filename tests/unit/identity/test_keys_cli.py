@@ -1,6 +1,8 @@
 import json
+import pathlib
 import stat
 
+import pytest
 from click.testing import CliRunner
 
 from llmfabric.cli.keys import command, keys_group
@@ -79,3 +81,15 @@ def test_sign_node_binds_a_provider_models_and_a_session_cap(tmp_path):
     assert (cert.provider, cert.models, cert.max_sessions) == ("my-lab", ("llama", "l3"), 2)
     cert.verify(decode_public_key(op["public_key"]), peer_id=node.peer_id, network="lab",
                 now=cert.expires_at - 86400)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("days", ["nan", "inf", "-inf", "1e306"])
+def test_sign_node_refuses_an_expiry_that_is_not_a_finite_date(tmp_path: pathlib.Path,
+                                                              days: str) -> None:
+    """`--expires nan` signed a certificate NaN compared as never expired: valid forever."""
+    run("operator-init", "--home", str(tmp_path))
+    out = tmp_path / "member.json"
+    res = CliRunner().invoke(command, ["sign-node", NodeKey.generate().peer_id, "--out",
+                                       str(out), "--expires", days, "--home", str(tmp_path)])
+    assert res.exit_code != 0 and not out.exists(), res.output
