@@ -135,6 +135,10 @@ class LocalFabric:
             *self._credential(name, home), "--preset", self.preset, *args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.operator is None:
+            # In the environment, not argv: any user of the host reads a process's argv
+            # (ps, /proc/PID/cmdline), and the demo's loopback ports are theirs to dial too.
+            env["LLMFABRIC_NETWORK_SECRET"] = self.secret
         with log_path.open("ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL)
@@ -144,7 +148,7 @@ class LocalFabric:
 
     def _credential(self, name: str, home: pathlib.Path) -> list[str]:
         if self.operator is None:
-            return ["--network-secret", self.secret]
+            return []  # the secret is in the environment (`_spawn`)
         key, _ = NodeKey.load_or_create(home)
         cert = sign_membership(self.operator, key.peer_id, "default", time.time() + 86400,
                                provider=self.cert_providers.get(name, ""))
