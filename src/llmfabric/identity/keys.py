@@ -64,26 +64,36 @@ class NodeKey:
     def load(cls, path: str | os.PathLike[str]) -> NodeKey:
         p = pathlib.Path(path)
         try:
-            mode = p.stat().st_mode
-            pem = p.read_bytes()
+            # Check the file we read (fstat on its descriptor), not the path: in a directory
+            # another user can write, the file could be swapped between a check and a read.
+            # (O_NONBLOCK: a FIFO planted there must not hang the open.)
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise KeyFileError(f"key file {p} is not a regular file")
+                if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                    raise KeyFileError(
+                        f"key file {p} is readable by others (mode {oct(st.st_mode & 0o777)}); "
+                        f"run chmod 600 {p}"
+                    )
+                pem = fh.read(1 << 16)  # a PEM Ed25519 key is 119 bytes
         except OSError as exc:
             raise KeyFileError(f"cannot read key file {p}: {exc}") from exc
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeyFileError(
-                f"key file {p} is readable by others (mode {oct(mode & 0o777)}); run chmod 600 {p}"
-            )
         return cls.from_pem(pem)
 
     @classmethod
     def load_or_create(
         cls, home: str | os.PathLike[str] | None = None, filename: str = NODE_KEY_FILE
     ) -> tuple[NodeKey, bool]:
-        """Load `<home>/<filename>`, creating it (0600, dir 0700) if absent; (key, created)."""
+        """Load `<home>/<filename>`, creating it (0600, dir 0700) if absent; (key, created).
+        The directory must be ours (or root's) and not writable by everyone."""
         directory = default_home(home)
         path = directory / filename
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_home(directory)
         if path.exists():
             return cls.load(path), False
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         key = cls.generate()
         key.save(path)
         return key, True
@@ -96,8 +106,8 @@ class NodeKey:
         except FileExistsError as exc:
             raise KeyFileError(f"{p} already exists; refusing to overwrite a key") from exc
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # (the descriptor: the path may be swapped by now)
             fh.write(self.private_pem())
-        os.chmod(p, 0o600)
 
     def private_pem(self) -> bytes:
         return self._private.private_bytes(
@@ -121,6 +131,22 @@ class NodeKey:
 
     def sign(self, message: bytes) -> bytes:
         return self._private.sign(message)
+
+
+def _check_home(directory: pathlib.Path) -> None:
+    """Refuse a state directory that another user owns or that everyone may write: they
+    could replace or delete the key and every other file in it (a predictable
+    $LLMFABRIC_HOME under /tmp that someone else created first). Root-owned is trusted."""
+    try:
+        st = directory.stat()
+    except OSError as exc:
+        raise KeyFileError(f"cannot use state directory {directory}: {exc}") from exc
+    if st.st_uid not in (os.geteuid(), 0):
+        raise KeyFileError(f"state directory {directory} belongs to another user "
+                           f"(uid {st.st_uid}); use a directory of your own")
+    if st.st_mode & stat.S_IWOTH:
+        raise KeyFileError(f"state directory {directory} is writable by everyone "
+                           f"(mode {oct(st.st_mode & 0o7777)}); run chmod 700 {directory}")
 
 
 def verify(public_key_raw: bytes, message: bytes, signature: bytes) -> None:

@@ -126,7 +126,7 @@ class LocalFabric:
         engine_port: int | None = None,
     ) -> NodeProcess:
         home = self.root / name
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
         peer_port, http_port = free_port(), http_port or free_port()
         log_path = home / "node.log"
         cmd = [

@@ -1,5 +1,7 @@
 import os
+import pathlib
 import stat
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -97,3 +99,49 @@ def test_tampered_cert_is_rejected():
     der[-5] ^= 0xFF  # inside the signature
     with pytest.raises(IdentityError):
         cert_identity(bytes(der))
+
+
+@pytest.mark.hostile
+def test_a_key_swapped_after_its_permission_check_is_not_loaded(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a directory another user can write, they swap node.key between the permission
+    check and the read for a readable file holding a key they know: the node ran with it."""
+    mine, theirs = NodeKey.generate(), NodeKey.generate()
+    path = tmp_path / "node.key"
+    mine.save(path)
+    planted = tmp_path / "planted"
+    planted.write_bytes(theirs.private_pem())
+    os.chmod(planted, 0o644)
+    real_stat = pathlib.Path.stat
+
+    def stat_then_swap(self: pathlib.Path, **kw: Any) -> os.stat_result:
+        result = real_stat(self, **kw)
+        if self == path:
+            os.replace(planted, path)
+        return result
+
+    monkeypatch.setattr(pathlib.Path, "stat", stat_then_swap)
+    try:
+        loaded = NodeKey.load(path)
+    except KeyFileError:
+        return  # refused: fine
+    assert loaded.peer_id == mine.peer_id
+
+
+@pytest.mark.hostile
+def test_a_state_directory_everyone_may_write_is_refused(tmp_path: pathlib.Path) -> None:
+    """A predictable $LLMFABRIC_HOME under /tmp, created first by someone else (or 0777):
+    they could replace or delete the key and every other file the node keeps there."""
+    home = tmp_path / "shared"
+    home.mkdir()
+    os.chmod(home, 0o777)
+    with pytest.raises(KeyFileError, match="writable by everyone"):
+        NodeKey.load_or_create(home)
+    assert not (home / "node.key").exists()
+
+
+@pytest.mark.hostile
+def test_a_fifo_planted_as_the_key_does_not_hang_the_load(tmp_path: pathlib.Path) -> None:
+    os.mkfifo(tmp_path / "node.key", 0o600)
+    with pytest.raises(KeyFileError, match="regular file"):
+        NodeKey.load(tmp_path / "node.key")
