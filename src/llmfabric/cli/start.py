@@ -106,7 +106,9 @@ def node_options(fn: Any) -> Any:
                      envvar="LLMFABRIC_PRESET", help="gossip/SWIM timing preset [lan]"),
         click.option("--network", envvar="LLMFABRIC_NETWORK", help="network name [default]"),
         click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
-                     help="pre-shared network secret (admission)"),
+                     help="pre-shared network secret (admission); on a shared host "
+                          "other users can read it from the command line: prefer "
+                          "$LLMFABRIC_NETWORK_SECRET or --network-secret-file"),
         click.option("--network-secret-file", type=click.Path(dir_okay=False,
                      path_type=pathlib.Path), envvar="LLMFABRIC_NETWORK_SECRET_FILE",
                      help="read the network secret from this file (mode 0600; line 2: the "
