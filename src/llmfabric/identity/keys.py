@@ -7,6 +7,7 @@ sign membership certificates) in ``operator.key``, both as unencrypted PKCS#8 PE
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import stat
@@ -17,6 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from llmfabric.identity.errors import InvalidSignature, KeyFileError
 from llmfabric.identity.peer_id import peer_id_from_public_key
+
+log = logging.getLogger(__name__)
 
 NODE_KEY_FILE = "node.key"
 OPERATOR_KEY_FILE = "operator.key"
@@ -72,6 +75,9 @@ class NodeKey:
                 st = os.fstat(fh.fileno())
                 if not stat.S_ISREG(st.st_mode):
                     raise KeyFileError(f"key file {p} is not a regular file")
+                if st.st_uid not in (os.geteuid(), 0):  # (planted in a shared directory)
+                    raise KeyFileError(f"key file {p} belongs to another user (uid "
+                                       f"{st.st_uid}); a node uses only its own key")
                 if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
                     raise KeyFileError(
                         f"key file {p} is readable by others (mode {oct(st.st_mode & 0o777)}); "
@@ -87,7 +93,7 @@ class NodeKey:
         cls, home: str | os.PathLike[str] | None = None, filename: str = NODE_KEY_FILE
     ) -> tuple[NodeKey, bool]:
         """Load `<home>/<filename>`, creating it (0600, dir 0700) if absent; (key, created).
-        The directory must be ours (or root's) and not writable by everyone."""
+        The directory must be ours (or root's), and so must the key in it."""
         directory = default_home(home)
         path = directory / filename
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -134,9 +140,12 @@ class NodeKey:
 
 
 def _check_home(directory: pathlib.Path) -> None:
-    """Refuse a state directory that another user owns or that everyone may write: they
-    could replace or delete the key and every other file in it (a predictable
-    $LLMFABRIC_HOME under /tmp that someone else created first). Root-owned is trusted."""
+    """Refuse a state directory that another user owns: they could replace or delete the
+    key and every other file in it (a predictable $LLMFABRIC_HOME under /tmp that someone
+    else created first). Root-owned is trusted. A directory everyone may write is allowed
+    (a Kubernetes emptyDir is 0777; so is /tmp with its sticky bit): a key planted there
+    belongs to its planter, and `load` refuses it; with the sticky bit ours cannot be
+    replaced; without it, anyone who can write there can delete it (warned)."""
     try:
         st = directory.stat()
     except OSError as exc:
@@ -144,9 +153,10 @@ def _check_home(directory: pathlib.Path) -> None:
     if st.st_uid not in (os.geteuid(), 0):
         raise KeyFileError(f"state directory {directory} belongs to another user "
                            f"(uid {st.st_uid}); use a directory of your own")
-    if st.st_mode & stat.S_IWOTH:
-        raise KeyFileError(f"state directory {directory} is writable by everyone "
-                           f"(mode {oct(st.st_mode & 0o7777)}); run chmod 700 {directory}")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        log.warning("state directory %s is writable by everyone (mode %s): anyone here can "
+                    "delete the node key; chmod 700 it unless it is a container's own volume",
+                    directory, oct(st.st_mode & 0o7777))
 
 
 def verify(public_key_raw: bytes, message: bytes, signature: bytes) -> None:
