@@ -54,3 +54,29 @@ async def test_a_client_gone_before_a_non_streamed_answer_frees_its_sequence() -
         await runner.cleanup()
         for b in engine.batchers.values():
             await b.aclose()
+
+
+async def test_a_deeply_nested_content_part_is_a_400() -> None:
+    """A content part's `text` nested 1,000 lists deep (orjson takes 1,024 levels) raised
+    RecursionError in str() inside the handler: a 500 with a traceback, which callers retry
+    on other nodes."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    engine = SimEngine(SimEngineConfig(models=(MODEL,), speed=200.0))
+    client: TestClient[aiohttp.web.Request, aiohttp.web.Application] = TestClient(
+        TestServer(engine.app()))
+    await client.start_server()
+    try:
+        deep = b"[" * 1000 + b"]" * 1000
+        body = (b'{"model": "' + MODEL.encode() + b'", "max_tokens": 2, "messages": '
+                b'[{"role": "user", "content": [{"type": "text", "text": ' + deep + b"}]}]}")
+        r = await client.post("/v1/chat/completions", data=body,
+                              headers={"Content-Type": "application/json"})
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "invalid_value"
+        ok = await client.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}}]}]})
+        assert ok.status == 200, await ok.text()
+    finally:
+        await client.close()
