@@ -156,7 +156,11 @@ class ChunkStream:
 
 async def listen(app: web.Application, host: str, port: int) -> web.AppRunner:
     """Serve `app` on host:port (signals are the caller's) and print vLLM's ready line."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that hangs up cancels its handler, which frees the
+    # request's sequence (and KV) as vLLM aborts it; aiohttp's default ran a non-streamed
+    # request to its last token for nobody.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     print(f"INFO: Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)", flush=True)

@@ -106,7 +106,7 @@ class Handoff:
     bits: int
 
 
-def parse_handoff(extra: dict[str, Any], prompt_tokens: int) -> Handoff:
+def parse_handoff(extra: dict[str, Any], prompt_tokens: int, model: str) -> Handoff:
     """Validate a decode call's handle (hostile input: bounded ids, sizes that match)."""
     p = extra["kv_transfer_params"]
     eid, rid = p.get("remote_engine_id"), p.get("remote_request_id")
@@ -126,6 +126,13 @@ def parse_handoff(extra: dict[str, Any], prompt_tokens: int) -> Handoff:
     if tokens != prompt_tokens:
         raise PDRequestError(f"the KV handle holds {tokens} tokens but the prompt has "
                              f"{prompt_tokens}: not this request's KV")
+    # The bytes follow from the tokens, bits and model: a prefill node's claim of anything
+    # else (1 TiB: minutes of link time the decode waited out; a truncated or foreign KV)
+    # is refused, not waited for.
+    want = kv_bytes(model, tokens, bits)
+    if n_bytes != want:
+        raise PDRequestError(f"kv_transfer_params.kv_bytes is {n_bytes}, but {tokens} tokens "
+                             f"of {bits}-bit KV of this model are {want} bytes")
     assert isinstance(eid, str) and isinstance(rid, str)
     return Handoff(eid, rid, tokens, n_bytes, bits)
 

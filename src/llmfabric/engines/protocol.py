@@ -42,12 +42,23 @@ class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
 
+    @pydantic.field_validator("content")
+    @classmethod
+    def _text_parts_are_strings(
+        cls, v: str | list[dict[str, Any]] | None,
+    ) -> str | list[dict[str, Any]] | None:
+        # (OpenAI's too) a part's text that is not a string is refused here: str() of one
+        # nested 1,000 deep raised RecursionError in the handler, a 500
+        if isinstance(v, list) and any(not isinstance(p.get("text", ""), str) for p in v):
+            raise ValueError("a content part's text must be a string")
+        return v
+
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
         if self.content is None:
             return ""
-        return "".join(str(p.get("text", "")) for p in self.content if isinstance(p, dict))
+        return "".join(p.get("text", "") for p in self.content)
 
 
 class ChatRequest(_Generation):

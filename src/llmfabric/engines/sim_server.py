@@ -374,7 +374,7 @@ class SimEngine:
         n_tokens, finish = plan
         try:
             phase = phase_of(req.model_extra)
-            handoff = parse_handoff(req.model_extra or {}, prompt_tokens) \
+            handoff = parse_handoff(req.model_extra or {}, prompt_tokens, req.model) \
                 if phase == "decode" else None
         except PDRequestError as exc:
             return error_response(400, str(exc), code="invalid_value", param="kv_transfer_params")

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from llmfabric.kvcompress.accounting import BITS, FP16_BYTES, META_BYTES_PER_GROUP
+from llmfabric.kvcompress.accounting import (
+    BITS,
+    FP16_BYTES,
+    META_BYTES_PER_GROUP,
+    packed_code_bytes,
+)
 from llmfabric.kvcompress.pack import pack, unpack
 
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -114,8 +119,42 @@ def quantize_values(v: npt.ArrayLike, bits: int = 4, group: int = 64) -> Quantiz
                        np.zeros((0, c), np.float16))
 
 
+def _check_record(t: QuantizedKV) -> None:
+    """A record is what a prefill node sent: its header (kind, bits, group, shape) must be
+    sane and every array exactly the size the header gives, fp16 metadata finite, before
+    anything of the declared shape is built."""
+    if t.kind not in ("key", "value"):
+        raise ValueError(f"unknown tensor kind {t.kind!r}")
+    if t.bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {t.bits!r}")
+    g = t.group
+    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+        raise ValueError(f"group must be a positive int, got {g!r}")
+    if len(t.shape) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                    for x in t.shape):
+        raise ValueError(f"shape must be two counts >= 0, got {t.shape!r}")
+    n, c = t.shape
+    full = n // g
+    if t.kind == "key":
+        n_codes, meta, tail = full * g * c, (full, c), (n - full * g, c)
+    else:
+        n_codes, meta, tail = n * c, (n, -(-c // g)), (0, c)
+    if t.codes.dtype != np.uint8 or t.codes.shape != (packed_code_bytes(n_codes, t.bits),):
+        raise ValueError(f"a {t.kind} of shape {t.shape} at {t.bits} bits needs "
+                         f"{packed_code_bytes(n_codes, t.bits)} code bytes, got {t.codes.shape}")
+    for name, arr, want in (("scales", t.scales, meta), ("mins", t.mins, meta),
+                            ("tail", t.tail, tail)):
+        if arr.dtype != np.float16 or arr.shape != want:
+            raise ValueError(f"{name} must be fp16 of shape {want}, got {arr.dtype} "
+                             f"{arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be finite")
+
+
 def dequantize(t: QuantizedKV) -> F32:
-    """Back to float32 (tokens x channels)."""
+    """Back to float32 (tokens x channels); ValueError for a record that is not what its
+    header says (hostile input: see _check_record)."""
+    _check_record(t)
     n, c = t.shape
     if t.kind == "key":
         full = n // t.group

@@ -136,8 +136,8 @@ def test_any_params_parse_or_raise_only_pd_request_error(params: dict[str, Any])
     extra = {"kv_transfer_params": params}
     try:
         if phase_of(extra) == "decode":
-            h = parse_handoff(extra, 7)
-            assert h.tokens == 7 and 0 <= h.n_bytes <= 1 << 40
+            h = parse_handoff(extra, 7, MODEL)
+            assert h.tokens == 7 and h.n_bytes == kv_bytes(MODEL, 7, h.bits)
     except PDRequestError:
         pass
 
@@ -172,3 +172,39 @@ async def test_a_prefilled_sequence_skips_the_prefill_and_joins_the_decode_batch
     await clock.run_until(task.done, within=5.0, step=0.001)
     assert got == [(0, 0.01), (1, 0.02), (2, 0.03)]  # no 1 s prefill
     assert b.active == 0
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("mutate", [
+    {"kv_bytes": 1 << 40},  # 1 TiB: 22 s on the fixture's 400 Gbps link, 220 s on 40 Gbps
+    {"kv_bytes": 1},  # shorter than the KV the prompt needs: a truncated hand-off
+    {"kv_bits": 4},  # the bytes of fp16 KV declared as 4-bit codes
+])
+async def test_a_handle_whose_bytes_do_not_match_its_tokens_is_a_400_at_once(
+    engines: tuple[Client, Client], mutate: dict[str, Any],
+) -> None:
+    """A hostile prefill node's handle sized for nothing its prompt holds: the decode engine
+    waited out the declared bytes on its link (a 1 TiB claim held every request it prefilled
+    for minutes, past the ingress's retries) instead of refusing it."""
+    pre, dec = engines
+    params = {**(await _prefill(pre))["kv_transfer_params"], **mutate}
+    async with asyncio.timeout(5):
+        r = await dec.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": MSG, "max_tokens": 2, "kv_transfer_params": params})
+    assert r.status == 400, await r.text()
+    assert "kv_bytes" in (await r.json())["error"]["message"]
+
+
+@pytest.mark.hostile
+def test_a_handle_for_another_model_is_refused() -> None:
+    """The same prompt's KV for a model of another shape: its bytes give it away."""
+    tokens = 40
+    foreign = kv_bytes("llama-3.1-70b", tokens, None)
+    assert foreign != kv_bytes(MODEL, tokens, None)
+    extra = {"kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "e",
+                                    "remote_request_id": "r", "kv_tokens": tokens,
+                                    "kv_bytes": foreign, "kv_bits": 16}}
+    with pytest.raises(PDRequestError, match="kv_bytes"):
+        parse_handoff(extra, tokens, MODEL)
+    extra["kv_transfer_params"]["kv_bytes"] = kv_bytes(MODEL, tokens, None)
+    assert parse_handoff(extra, tokens, MODEL).n_bytes == kv_bytes(MODEL, tokens, None)

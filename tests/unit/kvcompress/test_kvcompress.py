@@ -150,3 +150,41 @@ def test_fewer_bits_lose_more():
     errs = [float(np.abs(kc.dequantize(kc.quantize_keys(x, b, 64)) - x).mean())
             for b in (2, 3, 4, 8)]
     assert errs == sorted(errs, reverse=True)
+
+
+def _hostile_records() -> list[tuple[str, kc.QuantizedKV]]:
+    import dataclasses as dc
+
+    rng = np.random.default_rng(0)
+    k = kc.quantize_keys(rng.standard_normal((130, 16)), 4, 64)
+    v = kc.quantize_values(rng.standard_normal((130, 16)), 4, 64)
+    nan = np.full_like(v.scales, np.nan)
+    return [
+        ("group 0", dc.replace(k, group=0)),
+        ("group -64", dc.replace(k, group=-64)),
+        ("bits 16", dc.replace(k, bits=16)),
+        ("kind", dc.replace(k, kind="both")),
+        ("shape negative", dc.replace(k, shape=(-5, 16))),
+        ("shape past the codes", dc.replace(v, shape=(10**9, 10**6))),
+        ("codes too long", dc.replace(v, codes=np.zeros(v.codes.size * 50, np.uint8))),
+        ("scales short", dc.replace(v, scales=v.scales[:3])),
+        ("mins of keys short", dc.replace(k, mins=k.mins[:, :3])),
+        ("tail rows", dc.replace(k, tail=np.zeros((5, 16), np.float16))),
+        ("tail on values", dc.replace(v, tail=np.zeros((2, 16), np.float16))),
+        ("scales NaN", dc.replace(v, scales=nan)),
+        ("mins inf", dc.replace(k, mins=np.full_like(k.mins, np.inf))),
+        ("tail NaN", dc.replace(k, tail=np.full_like(k.tail, np.nan))),
+        ("scales float32", dc.replace(v, scales=v.scales.astype(np.float32))),
+    ]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("name", [n for n, _ in _hostile_records()])
+def test_dequantize_refuses_a_record_that_disagrees_with_its_header(name: str) -> None:
+    """A quantized tensor as a hostile prefill node would send it: dequantize took the
+    record as given (group 0 raised ZeroDivisionError, short scales a broadcasting error,
+    unused trailing codes passed, NaN scales came out as NaN KV). Every such record is a
+    ValueError now, before any allocation of the declared shape."""
+    t = dict(_hostile_records())[name]
+    with pytest.raises(ValueError):
+        kc.dequantize(t)

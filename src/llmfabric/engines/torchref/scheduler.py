@@ -45,6 +45,10 @@ from llmfabric.scheduler.switching import (
 )
 
 Group = tuple[int, ...]
+# Below this temperature decoding is greedy (vLLM's _SAMPLING_EPS): logits / 1e-310
+# overflow to inf, the probabilities become NaN and the sampler raises inside the step,
+# which fails the whole engine.
+SAMPLING_EPS = 1e-5
 Event = tuple[Any, ...]  # ("token", id) | ("done", finish_reason) | ("error", message)
 
 
@@ -161,7 +165,7 @@ class FlyingScheduler:
         req.arrival = self.clock()
         load = [4 * len(self.queues[e]) + self._active_on(e) for e in range(self.n)]
         req.engine = min(range(self.n), key=lambda e: (load[e], e))
-        if req.temperature > 0:
+        if req.temperature >= SAMPLING_EPS:
             req._rng = np.random.default_rng(req.seed if req.seed is not None else req.rid)
         self.queues[req.engine].append(req)
         self._arrivals += 1

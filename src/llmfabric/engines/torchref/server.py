@@ -4,7 +4,7 @@ Routes: GET /health, /v1/models, /metrics (Prometheus text: running, waiting, KV
 switches), /dtp_status; POST /v1/chat/completions, /v1/completions (SSE streaming with
 `stream_options.include_usage`; completions take `echo` and `logprobs` for teacher-forced
 log-likelihoods), /dtp_switch {"width": w, "method": "sequential"|"soft-preempt"|
-"hard-preempt"}. Decoding is greedy unless `temperature` > 0 (seeded by `seed`).
+"hard-preempt"}. Decoding is greedy unless `temperature` >= 1e-5 (seeded by `seed`).
 """
 
 from __future__ import annotations
