@@ -30,6 +30,7 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.untrusted import configure_logging
 from llmfabric.registry.records import (
     Hardware,
     Lifecycle,
@@ -173,7 +174,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
 
     if not node_url and not bootstrap:
         raise click.UsageError("give --bootstrap (execute) or --node URL (dry run)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    configure_logging(logging.INFO, "%(asctime)s %(message)s")
     fixed: Workload | None = None
     if workload_path is not None:
         try:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmfabric.cli.untrusted import configure_logging
 from llmfabric.registry.records import NodeRecord
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
     except (OSError, ValueError, KeyError, SchedulerError, sim.SimError) as exc:
         raise click.ClickException(f"{plan_path}: {exc}") from None
     model = model_id or plan.model.name
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    configure_logging(logging.INFO, "%(asctime)s %(message)s")
 
     async def main() -> None:
         from llmfabric.cli.controller_node import controller_node

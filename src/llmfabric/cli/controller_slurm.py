@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.untrusted import configure_logging
 from llmfabric.launch.errors import LaunchError
 from llmfabric.launch.launcher import SlurmLauncher, capacity_config
 from llmfabric.launch.profile import load_profile
@@ -37,7 +38,7 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
         raise click.ClickException(str(exc)) from None
     assert profile.controller is not None
     model = profile.controller.model
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    configure_logging(logging.INFO, "%(asctime)s %(message)s")
 
     async def main() -> None:
         from llmfabric.cli.controller_node import controller_node

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from llmfabric.cli.untrusted import configure_logging
 from llmfabric.net.fd_limit import raise_open_file_limit
 from llmfabric.node.config import ConfigError, NodeConfig, build_config, load_config_file
 
@@ -247,7 +248,7 @@ def config_from_options(
 
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The engine's start (a model load of minutes) is reported without -v: starting,
     # still waiting after N s, ready after N s with its models (agent/supervisor.py).
     logging.getLogger("llmfabric.agent.supervisor").setLevel(min(level, logging.INFO))
