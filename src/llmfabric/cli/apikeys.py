@@ -16,6 +16,7 @@ import click
 
 from llmfabric.accounts import AccountsError, AccountStore, default_db_url
 from llmfabric.accounts.policy import MAX_RATE_LIMIT
+from llmfabric.cli.untrusted import printable
 
 T = TypeVar("T")
 _LIMIT = click.IntRange(min=1, max=MAX_RATE_LIMIT)  # the limit columns are 32-bit integers
@@ -73,7 +74,8 @@ def create(
     if as_json:
         click.echo(json.dumps({**key.to_json(), "key": plaintext}))
         return
-    click.echo(f"created key {key.id} ({key.name}, owner {key.owner}{', admin' if admin else ''})")
+    click.echo(f"created key {key.id} ({printable(key.name)}, owner {key.owner}"
+               f"{', admin' if admin else ''})")
     click.echo("store it now; it is not shown again:")
     click.echo(plaintext)
 
@@ -97,8 +99,11 @@ def list_(owner: str | None, show_all: bool, as_json: bool, db_url: str | None) 
     click.echo(f"{'ID':16}  {'NAME':20}  {'OWNER':16}  ADMIN  RPM     TPM       CREATED"
                "           REVOKED")
     for k in keys:
+        # Any key names the keys it creates: escaped before it is cut (a cut escape
+        # sequence would still open one).
         click.echo(
-            f"{k.id:16}  {k.name[:20]:20}  {k.owner[:16]:16}  {'yes' if k.admin else 'no':5}  "
+            f"{k.id:16}  {printable(k.name)[:20]:20}  {k.owner[:16]:16}  "
+            f"{'yes' if k.admin else 'no':5}  "
             f"{k.requests_per_min or '-'!s:6}  {k.tokens_per_min or '-'!s:8}  "
             f"{_when(k.created_at):16}  {_when(k.revoked_at)}"
         )
@@ -110,7 +115,7 @@ def list_(owner: str | None, show_all: bool, as_json: bool, db_url: str | None) 
 def revoke(key_id: str, db_url: str | None) -> None:
     """Revoke the key KEY_ID (running ingresses notice within seconds)."""
     key = _with_store(db_url, lambda s: s.revoke(key_id, by=None))
-    click.echo(f"revoked key {key.id} ({key.name}, owner {key.owner})")
+    click.echo(f"revoked key {key.id} ({printable(key.name)}, owner {key.owner})")
 
 
 API_KEY_COMMANDS: list[click.Command] = [create, list_, revoke]

@@ -1,5 +1,5 @@
-"""`table_console()`: the rich console the CLI prints its tables on; `printable()`: a string
-from the network made safe to echo to a terminal.
+"""`table_console()`: the rich console the CLI prints its tables on; `cell()`: a table cell
+or line of text that others wrote (plain text, controls escaped: cli/untrusted.py).
 
 On a terminal rich fits a table to the window. Piped (`llmfabric status | grep SERVING`, a
 log file) it would assume 80 columns and cut cells to "SERV…"; there the tables get
@@ -12,6 +12,9 @@ import os
 from typing import IO
 
 from rich.console import Console
+from rich.text import Text
+
+from llmfabric.cli.untrusted import printable
 
 PIPED_WIDTH = 200
 
@@ -23,10 +26,7 @@ def table_console(stderr: bool = False, file: IO[str] | None = None) -> Console:
     return console
 
 
-def printable(text: str) -> str:
-    """`text` with its control characters written as escapes (`\\x1b`): strings from other
-    nodes' records (model ids, labels) may carry terminal escape sequences that would repaint
-    the operator's screen (a fake error line, a hidden command)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+def cell(text: str, style: str = "") -> Text:
+    """`text` as rich prints it verbatim: a plain str cell is read as markup ("[/]" raises,
+    "[link=...]" makes a hyperlink), and rich passes ESC sequences through to the terminal."""
+    return Text(printable(text), style=style)

@@ -93,14 +93,15 @@ def _fabric_topology(url: str, api_key: str | None, assume_gpu: str | None,
                      save: Path | None) -> Any:
     """The topology measured by a live fabric (scheduler/netplan/from_fabric.py); what
     was measured and what was left out goes to stderr (stdout may be --json)."""
+    from llmfabric.cli.untrusted import printable
     from llmfabric.scheduler.netplan.from_fabric import fetch_fabric, parse_assume_gpu, summary
 
     ft = fetch_fabric(url, api_key=api_key,
                       assume_gpu=parse_assume_gpu(assume_gpu) if assume_gpu else None)
     if save is not None:
         ft.topology.to_yaml(save)
-    for line in ft.skipped:
-        click.echo(f"left out: {line}", err=True)
+    for line in ft.skipped:  # (may quote a peer's error text)
+        click.echo(f"left out: {printable(line)}", err=True)
     for e in summary(ft):
         alone = "; one side only: as it reports it" if e["sides"] == 1 else ""
         click.echo(f"measured {e['a']} <-> {e['b']}: RTT {e['rtt_ms']} ms, "

@@ -54,7 +54,7 @@ def workload_json(workload: Any) -> dict[str, Any]:
 def _table(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from llmfabric.cli.console import table_console
+    from llmfabric.cli.console import cell, table_console
 
     console = table_console()
     status = doc["status"] + (f", from {doc['source']}" if doc.get("source") else "")
@@ -63,7 +63,8 @@ def _table(doc: dict[str, Any]) -> None:
         t.add_column(col, justify="left" if col in ("model", "GPU") else "right")
     for g in doc["groups"]:
         name = g["gpu"] + (" (running)" if g["running"] else "")
-        t.add_row(g["model"], name, str(g["tp"]), str(g["dp"]), str(g["gpus"]),
+        # Model names may come from a trace: what clients asked for, as members named it.
+        t.add_row(cell(g["model"]), cell(name), str(g["tp"]), str(g["dp"]), str(g["gpus"]),
                   f"{g['load_share']:.0%}")
     console.print(t)
     lat = doc["mean_latency_s"]
@@ -78,9 +79,9 @@ def _table(doc: dict[str, Any]) -> None:
             f"(+{doc['build_s']:.2f} s estimating)"
             + (f", gap {gap:.2%}" if gap is not None else ""))
     for m, frac in doc["unserved"].items():
-        console.print(f"[yellow]{m}: {frac:.0%} of its load has no replica[/yellow]")
+        console.print(cell(f"{m}: {frac:.0%} of its load has no replica", style="yellow"))
     for note in doc["notes"]:
-        console.print(f"note: {note}")
+        console.print(cell(f"note: {note}"))
 
 
 @click.command(name="plan")

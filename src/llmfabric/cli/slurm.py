@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from llmfabric.cli.console import printable
+from llmfabric.cli.untrusted import printable
 from llmfabric.launch.errors import LaunchError
 from llmfabric.launch.profile import SlurmProfile, load_profile
 from llmfabric.launch.sbatch import render_sbatch

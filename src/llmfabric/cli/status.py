@@ -13,7 +13,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from llmfabric.cli.console import table_console
+from llmfabric.cli.console import cell, table_console
 
 _STATE_STYLE = {"JOIN": "cyan", "SERVING": "green", "DOWN": "red", "LEFT": "dim"}
 
@@ -38,8 +38,9 @@ def _ago(ts: float) -> str:
 
 def _cells(*values: str) -> list[Text]:
     """Plain cells: every string here comes from some node's record, so none is read as
-    rich markup ("[/]" in a hostile node's label would otherwise stop the table)."""
-    return [Text(v) for v in values]
+    rich markup ("[/]" in a hostile node's label would otherwise stop the table) and none
+    reaches the terminal with its control characters."""
+    return [cell(v) for v in values]
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
@@ -66,7 +67,7 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             reach,
             _ago(n["last_seen"]),
         )
-        table.add_row(session, Text(state, style=_STATE_STYLE.get(n["state"], "")), *rest)
+        table.add_row(session, cell(state, style=_STATE_STYLE.get(n["state"], "")), *rest)
     return table
 
 
