@@ -6,8 +6,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from llmfabric.clock import with_timeout
 from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
-from llmfabric.net import NetError, TlsTransport
+from llmfabric.net import NetError, RequestFailed, TlsTransport
 from llmfabric.node.serve.peer_api import ASSIGN_PATH, RELEASE_PATH, Assignment, ReleaseRequest
 from llmfabric.scheduler.decisions import Assign, Decision, Release
 
@@ -17,18 +18,30 @@ log = logging.getLogger(__name__)
 # answers, so the next assignment finds the node bare.
 RELEASE_TIMEOUT_S = 90.0
 ASSIGN_TIMEOUT_S = 30.0
+# Answers are a line of JSON; a node's answer is read up to this much, within the timeout.
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 async def post_signed_control(transport: TlsTransport, peer: str, path: str, body: bytes,
                               timeout_s: float) -> tuple[int, str]:
     """POST a control request signed by this node's key (dataplane/control.py) to `peer`;
-    (status, answer text). Raises NetError when the peer cannot be reached."""
+    (status, answer text). Raises NetError when the peer cannot be reached, or its answer
+    does not end within `timeout_s` or is over MAX_ANSWER_BYTES: the transport's timeout
+    stops at the headers, and a node that then sent nothing held the controller's round
+    (and so all placement) for good."""
     signed = sign_control(transport.key, peer, path, body, time.time())
-    resp = await transport.request(
-        peer, "POST", path, (("content-type", "application/json"), (SIGNED_HEADER, signed)),
-        body, timeout=timeout_s)
-    async with resp:
-        return resp.status, (await resp.read()).decode(errors="replace")
+
+    async def exchange() -> tuple[int, str]:
+        resp = await transport.request(
+            peer, "POST", path, (("content-type", "application/json"), (SIGNED_HEADER, signed)),
+            body, timeout=timeout_s)
+        async with resp:
+            return resp.status, (await resp.read(MAX_ANSWER_BYTES)).decode(errors="replace")
+
+    try:
+        return await with_timeout(transport.clock, exchange(), timeout_s)
+    except TimeoutError:
+        raise RequestFailed(f"no whole answer from {peer} within {timeout_s:g} s") from None
 
 
 class PeerExecutor:

@@ -28,6 +28,11 @@ from llmfabric.scheduler.problem import TP_DEGREES, Cluster, FixedGroup, Pool, P
 
 log = logging.getLogger("llmfabric.scheduler.controller")
 
+# GPUs a node may claim and still be planned for: the count is the record's claim (up to
+# 2**20), a node takes GPU indexes below 64 only (node/serve/peer_api.py), and a claim of
+# 2**16 kept one plan busy for minutes (2**20: gigabytes), so no round finished.
+MAX_NODE_GPUS = 64
+
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
@@ -82,6 +87,10 @@ def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: Con
         free = is_idle(rec) or (config.reclaim and is_reclaimable(rec))
         if not free and not is_serving(rec):
             continue
+        if hw.gpu_count > MAX_NODE_GPUS:
+            notes.append(f"node {rec.session_id}: claims {hw.gpu_count} GPUs, more than "
+                         f"{MAX_NODE_GPUS}; left out")
+            continue
         try:
             gpu = perf.gpu(hw.gpu_model).name
         except (SchedulerError, KeyError, ValueError):
@@ -91,7 +100,10 @@ def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: Con
         if free:
             by_shape.setdefault((gpu, hw.gpu_count, hw.interconnect), []).append(rec.session_id)
         else:
-            for sm in rec.meta.models:
+            # One engine per node: a record listing many models is one replica, of its first
+            # (listing every model made one member a replica of each: nothing was placed).
+            served = rec.meta.models[:1] if config.exclusive_nodes else rec.meta.models
+            for sm in served:
                 fixed.setdefault((sm.id, gpu, _tp_of(hw.gpu_count)), []).append(rec.session_id)
     pools = tuple(
         Pool(f"{gpu}x{count}", gpu, len(sids), count, interconnect=link,

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+
+import pytest
 
 from llmfabric.clock import SystemClock
 from llmfabric.registry.records import Hardware, Lifecycle, NodeMeta, NodeRecord, ServedModel
@@ -14,7 +17,7 @@ from llmfabric.scheduler.controller import (
     drifted,
     inventory,
 )
-from llmfabric.scheduler.decisions import Assign, LoggingExecutor, Release, render
+from llmfabric.scheduler.decisions import Assign, Decision, LoggingExecutor, Release, render
 from llmfabric.scheduler.options import PlacementOptions
 from llmfabric.scheduler.perf import Estimate
 from llmfabric.scheduler.problem import ModelLoad, Workload
@@ -218,3 +221,46 @@ async def test_the_event_loop_keeps_serving_while_a_plan_is_computed() -> None:
     gate.set()
     decisions = await asyncio.wait_for(step, 30)
     assert decisions and ex.applied == decisions and not ctl.planning
+
+
+def _assigned(decisions: list[Decision]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for d in decisions:
+        if isinstance(d, Assign):
+            for sid in d.session_ids:
+                out.setdefault(d.model, set()).add(sid)
+    return out
+
+
+@pytest.mark.hostile
+def test_an_idle_node_claiming_a_huge_gpu_count_is_left_out() -> None:
+    """gpu_count is the record's claim (up to 2**20). An idle node claiming 4,096 GPUs took a
+    whole model (the honest nodes got only the other one), and one claiming 2**16 or more
+    kept the plan busy for minutes (2**20: gigabytes), so no round ever finished. A node
+    cannot take GPU indexes past 64 (peer_api), so nodes claiming more are left out."""
+    perf = AnalyticStandIn()
+    honest = [_node("a"), _node("b")]
+    for count in (4096, 1 << 20):
+        t0 = time.monotonic()
+        decisions, _, _ = decide([*honest, _node("evil", count=count)], WL, ControllerState(),
+                                 0.0, perf, CFG)
+        assert time.monotonic() - t0 < 30
+        placed = _assigned(decisions)
+        assert all("evil" not in sids for sids in placed.values())
+        assert set(placed) == {"Llama-2-13b", "Llama-2-7b"}
+
+
+@pytest.mark.hostile
+def test_a_serving_node_listing_every_model_counts_as_one_replica() -> None:
+    """A member that is SERVING (not ours, not assignable) and lists every model counted as
+    a whole replica of each: the controller placed nothing on the idle nodes. With one engine
+    per node it counts as one replica, of the model it lists first."""
+    perf = AnalyticStandIn()
+    wl = Workload((ModelLoad("Llama-2-13b", 2, 600, 128), ModelLoad("Llama-2-7b", 2, 300, 100)))
+    evil = _node("evil", count=8, state=Lifecycle.SERVING, engine="vllm",
+                 models=("Llama-2-13b", "Llama-2-7b"), roles=())
+    decisions, _, placement = decide([_node("a"), _node("b"), evil], wl, ControllerState(), 0.0,
+                                     perf, CFG)
+    assert placement is not None
+    assert "Llama-2-7b" in _assigned(decisions)  # the second model is placed on ours
+    assert [g.model for g in placement.groups if g.fixed] == ["Llama-2-13b"]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from llmfabric import sim
+from llmfabric.clock import SystemClock
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
@@ -186,7 +187,7 @@ class _Resp:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         return self._body
 
 
@@ -196,6 +197,7 @@ class LoopbackTransport:
     def __init__(self, key: NodeKey, apis: dict[str, PeerApi]) -> None:
         self.key = key
         self.apis = apis
+        self.clock = SystemClock()
 
     async def request(self, peer: str, method: str, path: str, headers: Any, body: bytes,
                       **_: Any) -> _Resp:
