@@ -4,8 +4,11 @@ A port handed out by the kernel for `bind(port 0)` comes from the ephemeral rang
 every outgoing connection and every other port-0 listener draws from; between our pick and the
 engine's bind one of those may take it (CI saw an engine fail with EADDRINUSE that way). So we
 pick at random *below* the ephemeral range, where the kernel never assigns ports on its own, and
-check that the port binds now. Only another explicit pick can then collide, and random choice
-over thousands of ports makes that rare.
+check that the port binds now. Only another explicit pick can then collide: within this process
+a port handed out is not handed out again for the next `_REMEMBERED` picks (a local fabric picks
+a node's peer and HTTP ports before either binds, and a port picked but not yet bound binds
+fine: the suite saw one node given the same port for both), and across processes random
+choice over thousands of ports makes it rare.
 """
 
 from __future__ import annotations
@@ -13,10 +16,17 @@ from __future__ import annotations
 import pathlib
 import random
 import socket
+import threading
+from collections import deque
 
 _RANGE_FILE = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST = 10_000  # below this sit well-known services (Postgres 5432, Slurm 6817-6818, ...)
 _ATTEMPTS = 64
+_REMEMBERED = 4096
+# Ports this process handed out lately, not handed out again (see the module docstring).
+_handed: deque[int] = deque(maxlen=_REMEMBERED)
+_handed_set: set[int] = set()
+_lock = threading.Lock()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -46,12 +56,22 @@ def _binds(host: str, port: int) -> bool:
         return True
 
 
+def _hand_out(port: int) -> int:
+    if len(_handed) == _REMEMBERED:
+        _handed_set.discard(_handed[0])
+    _handed.append(port)
+    _handed_set.add(port)
+    return port
+
+
 def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
-    """A port that binds now and that the kernel will not hand to anyone else on its own."""
-    for port in _candidates(rng or random.Random()):
-        if _binds(host, port):
-            return port
-    with socket.socket() as sock:  # no room outside the ephemeral range: the small race stays
-        sock.bind((host, 0))
-        chosen: int = sock.getsockname()[1]
-        return chosen
+    """A port that binds now, that the kernel will not hand to anyone else on its own, and
+    that this process has not handed out lately."""
+    with _lock:
+        for port in _candidates(rng or random.Random()):
+            if port not in _handed_set and _binds(host, port):
+                return _hand_out(port)
+        with socket.socket() as sock:  # no room outside the ephemeral range: the race stays
+            sock.bind((host, 0))
+            chosen: int = sock.getsockname()[1]
+            return _hand_out(chosen)
