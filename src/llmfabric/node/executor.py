@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from llmfabric.clock import with_timeout
 from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
@@ -20,6 +21,10 @@ RELEASE_TIMEOUT_S = 90.0
 ASSIGN_TIMEOUT_S = 30.0
 # Answers are a line of JSON; a node's answer is read up to this much, within the timeout.
 MAX_ANSWER_BYTES = 64 * 1024
+# Control requests of one round in flight at once (each with its own timeout).
+FAN_OUT = 16
+
+_Outcome = tuple[str, int | None, str]  # (session id, status or None if not reached, answer)
 
 
 async def post_signed_control(transport: TlsTransport, peer: str, path: str, body: bytes,
@@ -46,50 +51,84 @@ async def post_signed_control(transport: TlsTransport, peer: str, path: str, bod
 
 class PeerExecutor:
     """`apply(Assign)` POSTs the assignment to every node in it (by session -> peer id);
-    `apply(Release)` POSTs a release and waits until the node is bare again.
+    `apply(Release)` POSTs a release and waits until the node is bare again. `apply_all`
+    carries out one round's decisions: every release at once, then every assignment at once
+    (the nodes of one round are distinct; a release comes before the node's assignment),
+    at most `fan_out` requests in flight.
 
-    A refusal or an unreachable node is logged and kept in `failures`, never raised: the other
-    nodes of the decision still get theirs, and the controller re-plans on its next round."""
+    Requests go out concurrently, each with its own timeout, so k silent nodes cost a round
+    one timeout, not k. A refusal or an unreachable node is logged and kept in `failures`,
+    never raised: the other nodes still get theirs, and the controller re-plans on its next
+    round. Results, failures and log lines are kept in the order of the decisions and their
+    nodes, whatever order the answers arrive in. A node whose release failed is not sent its
+    assignment (it still runs its engine: it would refuse, or hold the round again)."""
 
-    def __init__(self, transport: TlsTransport, peer_of: Callable[[str], str | None]) -> None:
+    def __init__(self, transport: TlsTransport, peer_of: Callable[[str], str | None],
+                 fan_out: int = FAN_OUT) -> None:
         self._transport = transport
         self._peer_of = peer_of
+        self._fan_out = asyncio.Semaphore(max(1, fan_out))
         self.results: list[tuple[str, int, str]] = []  # (session id, status, answer)
         self.failures: list[str] = []
 
     async def apply(self, decision: Decision) -> None:
-        if isinstance(decision, Release):
-            body = ReleaseRequest(decision.model, decision.reason).to_json()
-            status = await self._post(decision.session_id, RELEASE_PATH, body,
-                                      RELEASE_TIMEOUT_S, f"release of {decision.model}")
-            if status == 200:
-                log.info("released %s on %s (%s)", decision.model, decision.session_id,
-                         decision.reason)
-            return
-        body = Assignment.from_decision(decision).to_json()
-        for sid in decision.session_ids:
-            status = await self._post(sid, ASSIGN_PATH, body, ASSIGN_TIMEOUT_S,
-                                      f"assignment of {decision.model}")
-            if status == 202:
-                log.info("assigned %s (tp=%d) to %s", decision.model, decision.tp, sid)
+        await self.apply_all([decision])
 
-    async def _post(self, sid: str, path: str, body: bytes, limit_s: float, what: str
-                    ) -> int | None:
-        """POST to the node of session `sid`; its status, or None if it was not reached.
-        Anything but 200/202 is a failure (logged and kept)."""
+    async def apply_all(self, decisions: Sequence[Decision]) -> None:
+        releases = [d for d in decisions if isinstance(d, Release)]
+        released = await asyncio.gather(*(
+            self._post(r.session_id, RELEASE_PATH,
+                       ReleaseRequest(r.model, r.reason).to_json(), RELEASE_TIMEOUT_S)
+            for r in releases))
+        held: set[str] = set()  # nodes whose release failed: still running their engine
+        for r, outcome in zip(releases, released, strict=True):
+            status = self._record(outcome, f"release of {r.model}")
+            if status is None:
+                held.add(r.session_id)
+            elif status == 200:
+                log.info("released %s on %s (%s)", r.model, r.session_id, r.reason)
+        sends: list[tuple[Assign, str]] = []
+        for a in decisions:
+            if not isinstance(a, Assign):
+                continue
+            for sid in a.session_ids:
+                if sid in held:
+                    self._fail(f"assignment of {a.model}", f"{sid}: not sent, its release "
+                               "failed")
+                else:
+                    sends.append((a, sid))
+        assigned = await asyncio.gather(*(
+            self._post(sid, ASSIGN_PATH, Assignment.from_decision(a).to_json(),
+                       ASSIGN_TIMEOUT_S) for a, sid in sends))
+        for (a, sid), outcome in zip(sends, assigned, strict=True):
+            if self._record(outcome, f"assignment of {a.model}") == 202:
+                log.info("assigned %s (tp=%d) to %s", a.model, a.tp, sid)
+
+    async def _post(self, sid: str, path: str, body: bytes, limit_s: float) -> _Outcome:
+        """POST to the node of session `sid`: (sid, status, answer), or (sid, None, why) if it
+        was not reached. Records and logs nothing (the caller does, in order)."""
         peer = self._peer_of(sid)
         if peer is None:
-            self._fail(what, f"{sid}: not in the registry")
-            return None
-        try:
-            status, answer = await post_signed_control(self._transport, peer, path, body,
-                                                       limit_s)
-        except NetError as exc:
-            self._fail(what, f"{sid}: {exc}")
+            return sid, None, "not in the registry"
+        async with self._fan_out:
+            try:
+                status, answer = await post_signed_control(self._transport, peer, path, body,
+                                                           limit_s)
+            except NetError as exc:
+                return sid, None, str(exc)
+        return sid, status, answer
+
+    def _record(self, outcome: _Outcome, what: str) -> int | None:
+        """Keep one node's outcome: its status, or None if it failed (not reached, or
+        anything but 200/202: logged and kept in `failures`)."""
+        sid, status, answer = outcome
+        if status is None:
+            self._fail(what, f"{sid}: {answer}")
             return None
         self.results.append((sid, status, answer))
         if status not in (200, 202):
             self._fail(what, f"{sid}: {status} {answer[:200]}")
+            return None
         return status
 
     def _fail(self, what: str, failure: str) -> None:
@@ -97,4 +136,4 @@ class PeerExecutor:
         self.failures.append(failure)
 
 
-__all__ = ["Assign", "PeerExecutor", "post_signed_control"]
+__all__ = ["FAN_OUT", "Assign", "PeerExecutor", "post_signed_control"]

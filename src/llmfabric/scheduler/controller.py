@@ -279,8 +279,7 @@ class FleetController:
             self.planning = False
         if placement is not None:
             self.last_placement = placement
-        for d in decisions:
-            await self._executor.apply(d)
+        await self._executor.apply_all(decisions)
         return decisions
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,6 +67,11 @@ class Executor(Protocol):
         """Carry out one decision (e.g. send it to the node agent over the peer protocol)."""
         ...
 
+    async def apply_all(self, decisions: Sequence[Decision]) -> None:
+        """Carry out one round's decisions, in order where it matters: a node's release
+        before its assignment (node/executor.py sends the rest concurrently)."""
+        ...
+
 
 class LoggingExecutor:
     """Dry run: logs each decision with the command it would start, and keeps them."""
@@ -83,6 +89,10 @@ class LoggingExecutor:
                      decision.dp, ",".join(decision.session_ids), decision.gpu_ids, cmd)
         else:
             log.info("release %s (%s): %s", decision.session_id, decision.model, decision.reason)
+
+    async def apply_all(self, decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            await self.apply(d)
 
 
 @dataclass(frozen=True, slots=True)
