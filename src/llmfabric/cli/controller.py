@@ -109,7 +109,15 @@ async def _fetch(url: str) -> list[NodeRecord]:
 @click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
 @click.option("--drift", type=click.FloatRange(min=0.0), default=0.25, show_default=True,
               help="relative arrival-rate change that triggers a new plan")
-@click.option("--reclaim", is_flag=True, help="also re-plan nodes that are already serving")
+@click.option("--reclaim", is_flag=True, help="also re-plan nodes that are already serving "
+              "(release and reassign those whose model the plan changes)")
+@click.option("--max-releases", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--reclaim: serving nodes released a round; the rest of a plan follows "
+              "in the next rounds, each re-planned")
+@click.option("--reclaim-idle", type=click.FloatRange(min=0.0), default=60.0,
+              show_default=True, help="--reclaim: seconds a bare node must stay bare before "
+              "it counts as capacity (a node flapping between bare and busy moves nothing; "
+              "--once: 0)")
 @click.option("--once", is_flag=True, help="one round; print the decisions as JSON and exit")
 @click.option("--settle", type=float, default=3.0, show_default=True,
               help="with --bootstrap: seconds to let the replica fill before planning "
@@ -133,7 +141,8 @@ async def _fetch(url: str) -> list[NodeRecord]:
 def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: str | None,
             membership_cert: Path | None, operator_key: str | None, home: Path | None,
             listen: str, preset: str, workload_path: Path | None, template: str, policy: str,
-            interval: float, drift: float, reclaim: bool, once: bool, settle: float,
+            interval: float, drift: float, reclaim: bool, max_releases: int,
+            reclaim_idle: float, once: bool, settle: float,
             launcher: str, profile_path: Path | None, pd_plan: Path | None,
             pd_cluster: Path | None, pd_links: Path | None, pd_topology: Path | None,
             pd_model: str | None) -> None:
@@ -183,7 +192,10 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             raise click.ClickException(str(e)) from None
     latest: list[NodeRecord] = []
     config = ControllerConfig(policy=policy, template=template, drift_threshold=drift,
-                              reclaim=reclaim, interval_s=interval)
+                              reclaim=reclaim, max_releases=max_releases,
+                              # one round has no history to hold bare nodes against
+                              reclaim_idle_s=0.0 if once else reclaim_idle,
+                              interval_s=interval)
     clock = SystemClock()
     perf = SimPerformance.for_workload(fixed) if fixed is not None else SimPerformance()
     warned: set[str] = set()

@@ -41,6 +41,11 @@ class ControllerConfig:
     drift_threshold: float = 0.25  # relative change of a model's arrival rate that re-plans
     min_rate: float = 0.1  # rates below this count as this much when measuring drift
     reclaim: bool = False  # re-plan running nodes too (the paper's default: no)
+    # With reclaim: releases a round may send (the rest of the plan follows in later rounds,
+    # each re-planned), and how long a bare node must stay bare before it is capacity (a node
+    # flapping between bare and busy never makes the controller move running nodes).
+    max_releases: int = 1
+    reclaim_idle_s: float = 60.0
     exclusive_nodes: bool = True  # one engine (one model) per node
     pending_timeout_s: float = 600.0  # an assigned node still idle after this is free again
     interval_s: float = 10.0
@@ -48,10 +53,23 @@ class ControllerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Pending:
+    """A node assigned `model` that has not started it yet. After a release the node goes on
+    as a new bare session of the same peer: the entry then follows that session."""
+
+    session_id: str
+    peer_id: str
+    model: str
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerState:
     reference: Workload | None = None  # the workload the last plan was made for
     seen_idle: frozenset[str] = frozenset()  # idle sessions the last plan already considered
-    pending: tuple[tuple[str, float], ...] = ()  # (session id, deadline) assigned, not started
+    pending: tuple[Pending, ...] = ()  # assigned, not started
+    idle_since: tuple[tuple[str, float], ...] = ()  # bare, not pending sessions: since when
+    deferred: int = 0  # releases the last plan wanted past max_releases: re-plan next round
 
 
 def is_idle(rec: NodeRecord) -> bool:
@@ -74,9 +92,13 @@ def _tp_of(gpus: int) -> int:
 
 
 def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: ControllerConfig,
-              exclude: Iterable[str] = ()) -> tuple[Cluster, tuple[FixedGroup, ...], list[str]]:
-    """Pools of idle nodes (plus running ones when reclaiming), fixed groups, and notes."""
+              exclude: Iterable[str] = (), starting: Mapping[str, str] | None = None
+              ) -> tuple[Cluster, tuple[FixedGroup, ...], list[str]]:
+    """Pools of idle nodes (plus running ones when reclaiming), fixed groups, and notes.
+    `starting` (session id -> model): bare nodes assigned a model, not serving it yet; they
+    count as a replica of it (fixed), not as idle capacity."""
     skip = set(exclude)
+    starting = starting or {}
     notes: list[str] = []
     by_shape: dict[tuple[str, int, str], list[str]] = {}
     fixed: dict[tuple[str, str, int], list[str]] = {}
@@ -84,8 +106,9 @@ def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: Con
         if rec.session_id in skip:
             continue
         hw = rec.meta.hardware
-        free = is_idle(rec) or (config.reclaim and is_reclaimable(rec))
-        if not free and not is_serving(rec):
+        start = starting.get(rec.session_id)
+        free = start is None and (is_idle(rec) or (config.reclaim and is_reclaimable(rec)))
+        if not free and not is_serving(rec) and start is None:
             continue
         if hw.gpu_count > MAX_NODE_GPUS:
             notes.append(f"node {rec.session_id}: claims {hw.gpu_count} GPUs, more than "
@@ -102,9 +125,11 @@ def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: Con
         else:
             # One engine per node: a record listing many models is one replica, of its first
             # (listing every model made one member a replica of each: nothing was placed).
-            served = rec.meta.models[:1] if config.exclusive_nodes else rec.meta.models
-            for sm in served:
-                fixed.setdefault((sm.id, gpu, _tp_of(hw.gpu_count)), []).append(rec.session_id)
+            served = ([start] if start is not None else
+                      [sm.id for sm in (rec.meta.models[:1] if config.exclusive_nodes
+                                        else rec.meta.models)])
+            for model in served:
+                fixed.setdefault((model, gpu, _tp_of(hw.gpu_count)), []).append(rec.session_id)
     pools = tuple(
         Pool(f"{gpu}x{count}", gpu, len(sids), count, interconnect=link,
              exclusive_nodes=config.exclusive_nodes, session_ids=tuple(sorted(sids)))
@@ -174,26 +199,62 @@ def _serves(rec: NodeRecord, model: str) -> bool:
     return is_serving(rec) and any(sm.id == model for sm in rec.meta.models)
 
 
+def _pending_now(records: list[NodeRecord], pending: tuple[Pending, ...], now: float
+                 ) -> tuple[Pending, ...]:
+    """The entries still waiting, each bound to the bare session it covers now: its own, or
+    (after a release) a bare session of its peer no other entry holds. An entry ends at its
+    deadline or once its peer serves the model; one with no bare session yet (the node's new
+    session has not reached this replica) waits, covering nothing."""
+    started = {(r.peer_id, sm.id) for r in records if is_serving(r) for sm in r.meta.models}
+    live = [p for p in pending if p.deadline > now and (p.peer_id, p.model) not in started]
+    bare: dict[str, NodeRecord] = {r.session_id: r for r in records if is_idle(r)}
+    held = {p.session_id for p in live if p.session_id in bare}
+    out: list[Pending] = []
+    for p in live:
+        if p.session_id not in bare:
+            sid = next((s for s in sorted(bare) if bare[s].peer_id == p.peer_id
+                        and s not in held), None)
+            if sid is not None:
+                held.add(sid)
+                p = replace(p, session_id=sid)
+        out.append(p)
+    return tuple(out)
+
+
 def decide(records: list[NodeRecord], workload: Workload, state: ControllerState, now: float,
            perf: PerformanceModel, config: ControllerConfig
            ) -> tuple[list[Decision], ControllerState, Placement | None]:
     """One controller round. Pure: no I/O, no clock reads."""
     by_id = {r.session_id: r for r in records}
-    # pending: still idle and within the deadline; started or expired ones drop out
-    pending = tuple((sid, dl) for sid, dl in state.pending
-                    if sid in by_id and is_idle(by_id[sid]) and dl > now)
-    pending_ids = {sid for sid, _ in pending}
-    idle = frozenset(r.session_id for r in records if is_idle(r) and r.session_id not in
-                     pending_ids)
+    # pending: within the deadline and not started; their bare sessions count as replicas of
+    # the model they were assigned, not as idle capacity
+    pending = _pending_now(records, state.pending, now)
+    starting = {p.session_id: p.model for p in pending if p.session_id in by_id
+                and is_idle(by_id[p.session_id])}
+    bare = [r.session_id for r in records if is_idle(r) and r.session_id not in starting]
+    since = dict(state.idle_since)
+    idle_since = tuple((sid, since.get(sid, now)) for sid in sorted(bare))
+    if config.reclaim:
+        # A bare node is capacity once it has stayed bare reclaim_idle_s: one flapping
+        # between bare and busy never re-plans (and so never moves) the running nodes.
+        idle = frozenset(sid for sid, t in idle_since if now - t >= config.reclaim_idle_s)
+    else:
+        idle = frozenset(bare)
+    unsettled = set(bare) - idle
     fresh = idle - state.seen_idle
     moved = drifted(state.reference, workload, config)
-    state = replace(state, pending=pending)
-    if not fresh and not moved:
+    # The last plan's releases were not all sent: re-plan, and keep going only while the
+    # releases still wanted shrink (a plan that keeps changing its mind stops here).
+    due, before = state.deferred > 0 and config.reclaim, state.deferred
+    state = replace(state, pending=pending, idle_since=idle_since,
+                    seen_idle=state.seen_idle & idle, deferred=0)
+    if not fresh and not moved and not due:
         return [], state, None
     if not idle and not config.reclaim:
         return [], replace(state, reference=workload), None
     loaded = Workload(tuple(m for m in workload.loads if m.arrival_rate > 0))
-    cluster, fixed, notes = inventory(records, perf, config, exclude=pending_ids)
+    cluster, fixed, notes = inventory(records, perf, config, exclude=unsettled,
+                                      starting=starting)
     for note in notes:
         log.warning(note)
     if not cluster.pools or not loaded.loads:
@@ -203,6 +264,7 @@ def decide(records: list[NodeRecord], workload: Workload, state: ControllerState
     assigns = assignments(cluster, placement, config.template,
                           current if config.reclaim else None)
     decisions: list[Decision] = []
+    deferred = 0
     if config.reclaim:
         # Release every reclaimed node whose model the plan changes (or does not use), before
         # any assignment; a node the plan keeps on its model keeps its engine.
@@ -210,21 +272,32 @@ def decide(records: list[NodeRecord], workload: Workload, state: ControllerState
         for a in assigns:
             for sid in a.session_ids:
                 target.setdefault(sid, set()).add(a.model)
-        for pool in cluster.pools:
-            for sid in pool.session_ids:
-                decisions += [Release(sid, sm.id, "reclaimed by the placement")
-                              for sm in by_id[sid].meta.models if is_serving(by_id[sid])
-                              and sm.id not in target.get(sid, set())]
+        releases = [Release(sid, sm.id, "reclaimed by the placement")
+                    for pool in cluster.pools for sid in pool.session_ids
+                    if is_serving(by_id[sid])
+                    for sm in by_id[sid].meta.models if sm.id not in target.get(sid, set())]
+        # At most max_releases nodes a round, those the plan gives a model first (then by
+        # session id); the others keep their engine, and the next round re-plans the rest.
+        nodes = sorted({r.session_id for r in releases},
+                       key=lambda sid: (sid not in target, sid))
+        later = set(nodes[max(0, config.max_releases):])
+        decisions += [r for r in releases if r.session_id not in later]
+        if later and (fresh or moved or len(later) < before):
+            deferred = len(later)
         kept = [replace(a, session_ids=tuple(s for s in a.session_ids
-                                             if not _serves(by_id[s], a.model)))
+                                             if not _serves(by_id[s], a.model)
+                                             and s not in later))
                 for a in assigns]
         assigns = [a for a in kept if a.session_ids]
     decisions += assigns
-    started = {sid for a in assigns for sid in a.session_ids}
     deadline = now + config.pending_timeout_s
+    started = {sid for a in assigns for sid in a.session_ids}
     new_state = ControllerState(
         reference=workload, seen_idle=idle - started,
-        pending=pending + tuple((sid, deadline) for sid in sorted(started)))
+        pending=pending + tuple(Pending(sid, by_id[sid].peer_id, a.model, deadline)
+                                for a in assigns for sid in a.session_ids),
+        idle_since=tuple((sid, t) for sid, t in idle_since if sid not in started),
+        deferred=deferred)
     return decisions, new_state, placement
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_idle_nodes_get_whole_node_assignments() -> None:
     for a in assigns:
         assert a.tp * a.dp == len(a.gpu_ids) and a.template == "sim"
     assert {a.model for a in assigns} == {"Llama-2-13b", "Llama-2-7b"}
-    assert {sid for sid, _ in state.pending} == set(nodes)
+    assert {p.session_id for p in state.pending} == set(nodes)
     # Nothing changed: the next round does nothing.
     again, _state2, p2 = decide(records, WL, state, 1.0, perf, CFG)
     assert again == [] and p2 is None
@@ -264,3 +265,98 @@ def test_a_serving_node_listing_every_model_counts_as_one_replica() -> None:
     assert placement is not None
     assert "Llama-2-7b" in _assigned(decisions)  # the second model is placed on ours
     assert [g.model for g in placement.groups if g.fixed] == ["Llama-2-13b"]
+
+
+def _serving(sid: str, model: str, peer: str | None = None, **kw: object) -> NodeRecord:
+    rec = _node(sid, state=Lifecycle.SERVING, engine="sim", models=(model,), **kw)  # type: ignore[arg-type]
+    return rec if peer is None else NodeRecord(sid, peer, b"k", rec.state, 0, 1, 0.0, rec.meta)
+
+
+def _rounds(records: list[NodeRecord], wl: Workload, cfg: ControllerConfig, rounds: int,
+            ) -> list[list[Decision]]:
+    """Run `rounds` rounds 10 s apart. A released node goes on as a new bare session of its
+    peer (`<sid>+`); engines never finish starting, so assigned nodes stay bare."""
+    perf = AnalyticStandIn()
+    state = ControllerState()
+    out = []
+    for i in range(rounds):
+        decisions, state, _ = decide(records, wl, state, 10.0 * i, perf, cfg)
+        out.append(decisions)
+        for d in decisions:
+            if isinstance(d, Release):
+                old = next(r for r in records if r.session_id == d.session_id)
+                records = [r for r in records if r is not old]
+                records.append(NodeRecord(f"{old.session_id}+", old.peer_id, b"k",
+                                          Lifecycle.JOIN, 0, 1, 0.0, _node("x").meta))
+    return out
+
+
+@pytest.mark.hostile
+def test_reclaim_releases_at_most_max_releases_a_round_and_later_rounds_finish_the_plan(
+) -> None:
+    """A re-plan released every node whose model it changed, all in one round (a shifted
+    workload, or one new idle node, could take every running replica down at once). Now at
+    most max_releases a round; the next rounds re-plan, counting the nodes already assigned
+    but not started as replicas of their new model (never assigning them again)."""
+    cfg = ControllerConfig(reclaim=True, options=CFG.options)
+    assert cfg.max_releases == 1
+    records = [_serving(s, "Llama-2-7b") for s in ("a", "b", "c", "d")]
+    wl = Workload((ModelLoad("Llama-2-13b", 40, 600, 128), ModelLoad("Llama-2-7b", 0.5, 300,
+                                                                       100)))
+    rounds = _rounds(records, wl, cfg, 6)
+    releases = [[d.session_id for d in r if isinstance(d, Release)] for r in rounds]
+    assigned = [[s for d in r if isinstance(d, Assign) for s in d.session_ids] for r in rounds]
+    assert all(len(r) <= 1 for r in releases), releases
+    moved = [sid for r in releases for sid in r]
+    assert len(moved) >= 2 and len(set(moved)) == len(moved)  # the plan went on, once each
+    for rel, ass in zip(releases, assigned, strict=True):
+        assert ass == rel  # only the released node is assigned; never a pending bare session
+    assert rounds[-1] == [] and rounds[-2] == []  # the plan is done: nothing more moves
+    # max_releases=3 moves as many nodes, in fewer rounds
+    wide = _rounds(list(records), wl, replace(cfg, max_releases=3), 6)
+    assert len([d for r in wide for d in r if isinstance(d, Release)]) == len(moved)
+
+
+@pytest.mark.hostile
+async def test_a_node_flapping_between_bare_and_busy_never_moves_running_nodes() -> None:
+    """With --reclaim every idle node the last plan had not seen re-planned the running
+    nodes, so one member flapping between bare and busy (a new session each time) could have
+    them released round after round. A bare node is capacity (and a reason to re-plan) only
+    once it has stayed bare reclaim_idle_s of the controller's clock."""
+    clock = FakeClock()
+    wl = Workload((ModelLoad("Llama-2-7b", 5, 300, 100),))
+    running = [_serving("a", "Llama-2-7b"), _serving("b", "Llama-2-7b")]
+    calls = [0]
+
+    def records() -> list[NodeRecord]:
+        calls[0] += 1
+        n = calls[0]
+        if n % 2:  # bare, under a new session each time
+            return [*running, _node(f"flap-{n}", "GH200", count=8)]
+        return [*running, _serving(f"flap-{n}", "Llama-2-13b", peer="peer-flap", roles=())]
+
+    ex = LoggingExecutor()
+    cfg = ControllerConfig(reclaim=True, interval_s=10, reclaim_idle_s=30,
+                           options=CFG.options)
+    ctl = FleetController(records, lambda: wl, ex, AnalyticStandIn(), clock, cfg,
+                          offload=INLINE)
+    ctl.state = ControllerState(reference=wl)  # the running nodes already fit the workload
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    await clock.advance(0)
+    for _ in range(30):
+        await clock.advance(10)
+    assert calls[0] >= 30
+    assert ex.applied == [] and ctl.last_placement is None  # never even re-planned
+    # a node that stays bare past reclaim_idle_s is capacity: planned once, then settled
+    steady = _node("new", "GH200", count=8)
+    ctl._records = lambda: [*running, steady]
+    for _ in range(3):
+        await clock.advance(10)
+    assert ctl.last_placement is None  # 20 s bare: not yet
+    await clock.advance(10)
+    await clock.advance(10)
+    assert ctl.last_placement is not None
+    stop.set()
+    await clock.advance(10)
+    await asyncio.wait_for(task, 1)
