@@ -4,7 +4,9 @@ Each ingress node keeps a sliding window of the requests it routed (ingress.dema
 per-model summary in its registry record (ModelDemand). Every node holds every record, so the
 fleet controller reads the whole fabric's workload from its own replica, no central collector.
 Rates add up over ingress nodes; token means are averaged weighted by rate. Names callers used
-(aliases) are mapped to the served model id they answer to. A model whose ingresses saw no
+(aliases) are mapped to the served model id they answer to, as routing resolves them: an id is
+itself, an alias maps when every serving record that lists it lists it for the same id (an
+alias of several models is counted for none, with a note). A model whose ingresses saw no
 usage yet gets the default lengths.
 
 Demand is a claim by whoever signed the record, so it is bounded (tests play a member that
@@ -38,16 +40,27 @@ def _one_ingress_record_per_peer(records: list[NodeRecord]) -> list[NodeRecord]:
     return [latest[p] for p in sorted(latest)]
 
 
-def _canonical_names(records: list[NodeRecord]) -> dict[str, str]:
-    names: dict[str, str] = {}
+def _canonical_names(records: list[NodeRecord]) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """(name -> served model id, ambiguous alias -> the ids it is listed for).
+
+    Resolved as routing resolves a name (routing/candidates.py): an id always maps to itself
+    (routing drops a candidate whose alias is another provider's model id); an alias maps to
+    the id the SERVING records list it for, when they all agree. An alias listed for two ids
+    is ambiguous (routing sends its requests to replicas of both): its demand counts for
+    neither, whichever record came first (the first record seen won, so a later record
+    listing a popular alias could take its demand for its own model)."""
+    ids = {sm.id for rec in records for sm in rec.meta.models}
+    targets: dict[str, set[str]] = {}
     for rec in records:
+        if rec.state is not Lifecycle.SERVING:
+            continue
         for sm in rec.meta.models:
             for alias in sm.aliases:
-                names.setdefault(alias, sm.id)
-    for rec in records:  # an id always maps to itself, even if another model uses it as alias
-        for sm in rec.meta.models:
-            names[sm.id] = sm.id
-    return names
+                if alias not in ids:
+                    targets.setdefault(alias, set()).add(sm.id)
+    names = {alias: next(iter(t)) for alias, t in targets.items() if len(t) == 1}
+    names.update((i, i) for i in ids)
+    return names, {alias: t for alias, t in targets.items() if len(t) > 1}
 
 
 def observed_workload(
@@ -62,15 +75,20 @@ def observed_workload(
     models `known` rejects (the performance model cannot price them) are left out with a
     note."""
     recs = [r for r in records if r.state < Lifecycle.DOWN]
-    canonical = _canonical_names(recs)
+    canonical, ambiguous = _canonical_names(recs)
     recs = [r for r in _one_ingress_record_per_peer(recs) if trusted(r)]
     rate: dict[str, float] = {}
     weighted_in: dict[str, float] = {}
     weighted_out: dict[str, float] = {}
     measured: dict[str, float] = {}  # rate of the entries that carried token means
+    unmapped: dict[str, float] = {}  # ambiguous aliases: their demand
     for rec in recs:
         seen: set[str] = set()
         for d in rec.meta.demand:
+            if d.model in ambiguous:
+                unmapped[d.model] = unmapped.get(d.model, 0.0) + min(d.rate,
+                                                                      MAX_RATE_PER_INGRESS)
+                continue
             model = canonical.get(d.model, d.model)
             if model in seen:
                 continue  # one entry per model and ingress (a record may repeat names)
@@ -83,7 +101,9 @@ def observed_workload(
                 weighted_in[model] = weighted_in.get(model, 0.0) + r * mean_in
                 weighted_out[model] = weighted_out.get(model, 0.0) + r * mean_out
     loads: list[ModelLoad] = []
-    notes: list[str] = []
+    notes = [f"name {alias!r}: demand {unmapped[alias]:.3g} req/s observed, but it is an alias "
+             f"of several models ({', '.join(sorted(ambiguous[alias]))}); counted for none"
+             for alias in sorted(unmapped)]
     for model in sorted(rate):
         if not known(model):
             notes.append(f"model {model!r}: demand {rate[model]:.3g} req/s observed, but the "

@@ -79,3 +79,37 @@ def test_fake_demand_is_bounded() -> None:
     only_trusted, _ = observed_workload([*fake, honest],
                                         trusted=lambda r: r.peer_id != key.peer_id)
     assert [m.model for m in only_trusted.loads] == ["llama"]
+
+
+@pytest.mark.hostile
+def test_an_alias_another_record_lists_for_its_own_model_is_not_taken_over() -> None:
+    """An alias was mapped to the model of the first record listing it: a member listing an
+    honest model's popular alias for its own model (and seen first) took that alias's demand,
+    and the controller placed replicas of its model. As routing resolves names (an id is
+    itself; an alias answers for every model listing it), an alias listed for two models
+    maps to neither, whatever order the records come in, and says so in a note."""
+    honest = _record(NodeMeta(engine="sim", models=(ServedModel("llama-3.1-8b",
+                                                                aliases=("llama",)),)),
+                     Lifecycle.SERVING)
+    also_honest = _record(NodeMeta(engine="sim", models=(ServedModel("llama-3.1-8b",
+                                                                     aliases=("llama",)),)),
+                          Lifecycle.SERVING)
+    evil = _record(NodeMeta(engine="vllm", models=(ServedModel("evil-model",
+                                                               aliases=("llama",
+                                                                        "llama-3.1-8b")),)),
+                   Lifecycle.SERVING)
+    demand = [_ingress(ModelDemand("llama", 30.0, 400.0, 100.0)),
+              _ingress(ModelDemand("llama-3.1-8b", 2.0, 400.0, 100.0))]
+    for records in ([evil, honest, also_honest, *demand], [honest, also_honest, evil, *demand],
+                    [*demand, also_honest, evil, honest]):
+        workload, notes = observed_workload(records)
+        assert workload.get("evil-model") is None
+        llama = workload.get("llama-3.1-8b")  # the id is always itself
+        assert llama is not None and llama.arrival_rate == 2.0
+        assert [m.model for m in workload.loads] == ["llama-3.1-8b"]
+        assert len(notes) == 1 and "'llama'" in notes[0] and "evil-model" in notes[0]
+    # records that agree map it; a record not serving (yet) does not count
+    starting = _record(NodeMeta(models=(ServedModel("evil-model", aliases=("llama",)),)))
+    workload, notes = observed_workload([starting, honest, also_honest, *demand])
+    llama = workload.get("llama-3.1-8b")
+    assert notes == [] and llama is not None and llama.arrival_rate == 32.0
