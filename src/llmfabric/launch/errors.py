@@ -13,3 +13,8 @@ class ProfileError(LaunchError):
 
 class SlurmError(LaunchError):
     """A Slurm command failed or answered something we cannot read (one line, from Slurm)."""
+
+
+class SlurmTimeout(SlurmError):
+    """A Slurm command did not answer in time: Slurm may still have carried it out (an sbatch
+    that timed out may have queued its job)."""

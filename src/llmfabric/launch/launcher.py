@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from llmfabric.clock import Clock
 from llmfabric.launch.capacity import (
@@ -24,7 +25,7 @@ from llmfabric.launch.capacity import (
     SubmitJobs,
     decide,
 )
-from llmfabric.launch.errors import LaunchError
+from llmfabric.launch.errors import LaunchError, SlurmTimeout
 from llmfabric.launch.jobkeys import JobKeys
 from llmfabric.launch.profile import SlurmProfile
 from llmfabric.launch.sbatch import render_sbatch
@@ -32,6 +33,10 @@ from llmfabric.launch.slurm import Slurm
 from llmfabric.registry.records import Lifecycle, NodeRecord
 
 log = logging.getLogger("llmfabric.launch")
+
+# The id a submission whose sbatch timed out is counted under until squeue shows its job
+# (Slurm's job ids are digits).
+UNCONFIRMED = "unconfirmed-"
 
 
 def simulated_capacity_rps(model: str, gpu: str, gpus: int, mean_in: float,
@@ -121,6 +126,8 @@ class SlurmLauncher:
         self.interval_s = interval_s
         self.state = CapacityState()
         self.applied: list[CapacityDecision] = []
+        self._seen: set[str] = set()  # job ids squeue showed last round
+        self._unconfirmed = 0  # placeholders made so far (their names)
 
     def _observe(self) -> tuple[list[tuple[str, str, float | None]], float,
                                 dict[str, str | None]]:
@@ -134,6 +141,7 @@ class SlurmLauncher:
 
     async def step(self) -> list[CapacityDecision]:
         queued, wait, owners = await asyncio.to_thread(self._observe)
+        self._adopt([job for job, _, _ in queued])
         jobs = job_views(queued, self._records(), self._trusted, owners.get)
         now = self.clock.wall()
         decisions, self.state = decide(self._demand(), jobs, wait, now, self.state,
@@ -142,10 +150,34 @@ class SlurmLauncher:
             await asyncio.to_thread(self._apply, d, now)
         return decisions
 
+    def _adopt(self, visible: list[str]) -> None:
+        """A job of ours squeue shows for the first time, that we have no id for, is the one
+        an sbatch that timed out queued: it takes the place of the oldest placeholder."""
+        ours = {job for job, _ in self.state.submitted}
+        new = sorted((j for j in visible if j not in self._seen and j not in ours),
+                     key=lambda j: (len(j), j))
+        self._seen = set(visible)
+        submitted = []
+        for job, t in self.state.submitted:
+            if job.startswith(UNCONFIRMED) and new:
+                job = new.pop(0)
+                log.info("Slurm job %s is the submission that timed out", job)
+            submitted.append((job, t))
+        self.state = replace(self.state, submitted=tuple(submitted))
+
     def _apply(self, decision: CapacityDecision, now: float) -> None:
         if isinstance(decision, SubmitJobs):
             for _ in range(decision.count):
-                job = self.slurm.submit(self.script)
+                try:
+                    job = self.slurm.submit(self.script)
+                except SlurmTimeout:
+                    # Slurm may have queued it: count it as submitted (capacity.py keeps a
+                    # submission squeue does not show for visible_after_s) until squeue shows
+                    # a new job of ours, which takes its place (`_adopt`), or it expires.
+                    self._unconfirmed += 1
+                    self.state = replace(self.state, submitted=(
+                        *self.state.submitted, (f"{UNCONFIRMED}{self._unconfirmed}", now)))
+                    raise
                 log.info("submitted Slurm job %s: %s", job, decision.reason)
                 self.state = CapacityState(self.state.surplus_since,
                                            (*self.state.submitted, (job, now)))

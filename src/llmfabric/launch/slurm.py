@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from llmfabric.launch.errors import SlurmError
+from llmfabric.launch.errors import SlurmError, SlurmTimeout
 
 # (argv, stdin text) -> (exit code, stdout, stderr)
 Runner = Callable[[Sequence[str], str | None], tuple[int, str, str]]
@@ -29,7 +29,7 @@ def subprocess_runner(env: Mapping[str, str] | None = None, timeout: float = 60.
             raise SlurmError(f"{argv[0]} not found: run this on a Slurm login node (or put "
                              "Slurm's commands on PATH)") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{argv[0]} did not answer within {timeout:g} s") from None
+            raise SlurmTimeout(f"{argv[0]} did not answer within {timeout:g} s") from None
         return done.returncode, done.stdout, done.stderr
     return run
 

@@ -3,13 +3,17 @@ applies `capacity.decide`'s decisions with sbatch/scancel, on a virtual clock.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from llmfabric.identity.keys import NodeKey
+from llmfabric.launch.errors import SlurmTimeout
 from llmfabric.launch.jobkeys import JobKeys, job_home
 from llmfabric.launch.launcher import SlurmLauncher, job_views
 from llmfabric.launch.profile import parse_profile
@@ -188,3 +192,66 @@ async def test_a_busy_claim_by_another_member_no_longer_pins_an_idle_job(
         await clock.advance(301)  # past idle_s
         await launcher.step()
         assert [c[-1] for c in fake.cancelled] == (["7"] if readable else [])
+
+
+class SlowSlurm(FakeSlurm):
+    """The next `timeouts` sbatch calls time out (as `subprocess_runner` raises it), queuing
+    their job or not (`accepts`); squeue shows a job only `lag` rounds of squeue after it was
+    queued (an overloaded slurmctld)."""
+
+    def __init__(self, clock: FakeClock, timeouts: int, accepts: bool, lag: int) -> None:
+        super().__init__(clock, 3600)
+        self.timeouts, self.accepts, self.lag = timeouts, accepts, lag
+        self.hidden: dict[str, int] = {}
+
+    def __call__(self, argv: Sequence[str], stdin: str | None) -> tuple[int, str, str]:
+        if argv[:2] == ["sbatch", "--parsable"] and self.timeouts:
+            self.timeouts -= 1
+            if self.accepts:
+                job = str(100 + len(self.jobs))
+                self.jobs[job] = {"state": "PENDING", "end": None}
+                self.hidden[job] = self.lag
+            raise SlurmTimeout("sbatch did not answer within 60 s")
+        if argv[0] == "squeue":
+            shown = {j: v for j, v in self.jobs.items() if self.hidden.get(j, 0) <= 0}
+            for j in self.hidden:
+                self.hidden[j] -= 1
+            everything, self.jobs = self.jobs, shown
+            try:
+                return super().__call__(argv, stdin)
+            finally:
+                self.jobs = everything
+        return super().__call__(argv, stdin)
+
+
+async def _rounds(launcher: SlurmLauncher, clock: FakeClock, n: int) -> None:
+    for _ in range(n):
+        with contextlib.suppress(SlurmTimeout):
+            await launcher.step()
+        await clock.advance(30)
+
+
+@pytest.mark.hostile
+async def test_an_sbatch_that_timed_out_after_slurm_queued_the_job_is_counted() -> None:
+    """sbatch timed out (slurmctld busy) after Slurm had queued the job: it was not counted
+    until squeue showed it, so each round submitted again, past the jobs needed. It is
+    counted from the timeout on; the job squeue then shows for the first time takes its
+    place, and no second job is submitted."""
+    clock = FakeClock(wall_start=datetime.datetime(2026, 11, 24, 3).timestamp())
+    fake = SlowSlurm(clock, timeouts=1, accepts=True, lag=3)
+    launcher = SlurmLauncher(Slurm(fake), PROFILE, clock, lambda: 1.0, lambda: [])
+    await _rounds(launcher, clock, 12)  # 6 minutes: past visible_after_s
+    assert sorted(fake.jobs) == ["100"]  # the one job needed, never a second
+    assert [job for job, _ in launcher.state.submitted] == ["100"]
+
+
+@pytest.mark.hostile
+async def test_an_sbatch_that_timed_out_without_a_job_is_retried_after_visible_after_s(
+) -> None:
+    clock = FakeClock(wall_start=datetime.datetime(2026, 11, 24, 3).timestamp())
+    fake = SlowSlurm(clock, timeouts=1, accepts=False, lag=0)
+    launcher = SlurmLauncher(Slurm(fake), PROFILE, clock, lambda: 1.0, lambda: [])
+    await _rounds(launcher, clock, 3)
+    assert fake.jobs == {}  # counted as queued meanwhile
+    await _rounds(launcher, clock, 3)  # past 120 s
+    assert sorted(fake.jobs) == ["100"]
