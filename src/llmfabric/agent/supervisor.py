@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import os
 import pathlib
 import signal
@@ -46,8 +45,9 @@ from llmfabric.agent.proctree import (
 )
 from llmfabric.clock import Clock, SystemClock, with_timeout
 from llmfabric.registry.records import ModelRole, ServedModel
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class EngineState(StrEnum):

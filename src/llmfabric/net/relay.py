@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,11 +31,12 @@ from llmfabric.net.errors import NetError
 from llmfabric.net.framing import FrameType
 from llmfabric.net.messages import BodyStream, HandlerResponse, Headers
 from llmfabric.net.source_slots import SourceSlots
+from llmfabric.untrusted import get_logger
 
 if TYPE_CHECKING:
     from llmfabric.net.tls_transport import TlsTransport
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DIALBACK_PATH = "/_llmfabric/dialback"
 REGISTER_PATH = "/_llmfabric/relay/register"

@@ -12,7 +12,6 @@ session's engine (`/sim/role`), SetRouting installs the table in in-process rout
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -24,8 +23,9 @@ from llmfabric.node.serve.peer_api import ROLE_PATH, RoleRequest
 from llmfabric.routing.pd import PDPlanTable, PDRouter, PlanError
 from llmfabric.routing.pd_plan import PlanItem, encode_plan
 from llmfabric.scheduler.decisions import SetRole, SetRouting
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class PDExecutionError(RuntimeError):
