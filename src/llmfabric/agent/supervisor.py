@@ -36,7 +36,7 @@ from llmfabric.agent.engine_metrics import (
 from llmfabric.agent.errors import EngineNotReady, EngineStartError
 from llmfabric.agent.facts import role_of, served_models
 from llmfabric.agent.logwatch import DEFAULT_FATAL_PATTERNS, LogWatcher
-from llmfabric.agent.probe import EngineProbe, HttpProbe, ProbeError
+from llmfabric.agent.probe import EngineProbe, HttpProbe, ProbeError, error_text
 from llmfabric.agent.proctree import (
     descendants,
     engine_preexec,
@@ -345,7 +345,7 @@ class EngineSupervisor:
                     self.command.base_url + path, json={"role": str(role)}) as resp:
                 if resp.status != 200:
                     raise ProbeError(f"{path} answered {resp.status}: "
-                                     f"{(await resp.text())[:200]}")
+                                     f"{await error_text(resp)}")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ProbeError(f"{path}: {exc!r}") from exc
 

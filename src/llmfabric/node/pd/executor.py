@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
+from llmfabric.agent.probe import error_text
 from llmfabric.net import NetError, TlsTransport
 from llmfabric.node.executor import post_signed_control
 from llmfabric.node.serve.peer_api import ROLE_PATH, RoleRequest
@@ -62,7 +63,7 @@ class RoleFlipExecutor:
                     async with http.post(url, json={"role": d.role}) as resp:
                         if resp.status != 200:
                             raise PDExecutionError(f"{url} answered {resp.status}: "
-                                                   f"{(await resp.text())[:200]}")
+                                                   f"{await error_text(resp)}")
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise PDExecutionError(f"cannot flip {sid} at {url}: {exc!r}") from exc
                 log.info("session %s now serves as %s", sid, d.role)
