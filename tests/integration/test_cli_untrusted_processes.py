@@ -68,3 +68,43 @@ def test_the_node_log_escapes_peer_text(tmp_path: pathlib.Path) -> None:
     assert lines[0].endswith("request handler failed for /v1/x\\n2026-12-02 ERROR forged"
                              "\\x1b]52;c;AAAA\\x07")
     assert lines[-1] == "ValueError: peer: no\\nforged too\\x1b[2J"
+
+
+def test_usage_export_on_a_real_terminal_escapes_a_model_name(tmp_path: pathlib.Path) -> None:
+    """`keys usage-export` with its stdout on a pseudo-terminal: a client's model name with
+    OSC 52 comes out escaped; the same command piped writes it byte for byte."""
+    import os
+    import pty
+
+    async def ledger() -> None:
+        store = await AccountStore.open(str(tmp_path / "accounts.db"), background=False)
+        try:
+            key, _ = await store.create_key("app", "bob")
+            store.record_usage(key.id, "m" + OSC52, 1, 1)
+        finally:
+            await store.aclose()
+
+    asyncio.run(ledger())
+    argv = [sys.executable, "-m", "llmfabric", "keys", "usage-export"]
+    env = {**os.environ, "LLMFABRIC_HOME": str(tmp_path)}
+    env.pop("LLMFABRIC_DB", None)
+    piped = subprocess.run(argv, capture_output=True, env=env, check=True, timeout=60).stdout
+    assert ("m" + OSC52).encode() in piped
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(argv, stdout=follower, stderr=subprocess.PIPE, env=env,
+                              check=True, timeout=60)
+        assert proc.returncode == 0
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                got = os.read(leader, 65536)
+            except OSError:  # (EIO: the terminal's other end is closed)
+                break
+            if not got:
+                break
+            shown += got
+    finally:
+        os.close(leader)
+    assert b"\x1b" not in shown and b"m\\x1b]52;c;Y3VybCBldmlsfHNo\\x1b\\" in shown

@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,58 @@ def test_cli_processes_log_through_the_formatter() -> None:
     cli = Path(sys.modules["llmfabric.cli.console"].__file__ or "").parent
     calls = [p.name for p in cli.glob("*.py") if "logging.basicConfig(" in p.read_text()]
     assert calls == ["untrusted.py"]
+
+
+def test_a_log_message_is_clipped_not_its_traceback() -> None:
+    """An engine's or peer's error text can be megabytes: one log line carries at most 8 KiB
+    of it (and says how much more there was); our traceback's frames are kept whole, the
+    exception's message is clipped too."""
+    from llmfabric.untrusted import MESSAGE_CAP
+
+    huge = "E" * (MESSAGE_CAP * 128)
+    line = _formatted(None, "engine said: %s", huge)
+    assert len(line) < MESSAGE_CAP + 200
+    assert line.endswith(f" ... [{len(huge) + len('engine said: ') - MESSAGE_CAP} "
+                         "more characters]")
+
+    def deep(n: int) -> None:
+        if n == 0:
+            raise RuntimeError("peer answered: " + huge)
+        deep(n - 1)
+
+    try:
+        deep(40)
+    except RuntimeError as exc:
+        text = _formatted(exc, "relay failed: %s", huge)
+        frames = traceback.format_exception(exc)[:-1]
+    lines = text.splitlines()
+    assert len(text) < 3 * MESSAGE_CAP + 40 * 200
+    assert "".join(frames).rstrip("\n") in text  # the frames are all there, as they were
+    assert lines[-1].startswith("RuntimeError: peer answered: EEE")
+    assert lines[-1].endswith("more characters]")
+
+
+def test_an_exception_group_s_messages_cannot_forge_lines() -> None:
+    """Inside an exception group the traceback module lays out each sub-exception behind a
+    "    | " margin, a message's newline included: escaped before the layout, it stays in
+    its line."""
+    try:
+        raise ExceptionGroup("grp" + FORGED, [ValueError("peer: no" + FORGED + OSC52),
+                                              KeyError("k")])
+    except ExceptionGroup as exc:
+        text = _formatted(exc, "tasks failed")
+    _no_controls(text)
+    lines = text.splitlines()
+    assert not any("2026-12-02 12:00:00,000 ERROR" in ln.split("\\n")[0] for ln in lines)
+    assert any(ln.strip(" |").startswith("ValueError: peer: no\\n2026-12-02") for ln in lines)
+    assert any(ln.strip(" |").startswith("ExceptionGroup: grp\\n2026-12-02") for ln in lines)
+
+
+def test_exception_notes_cannot_forge_lines() -> None:
+    try:
+        exc = ValueError("no")
+        exc.add_note("from peer" + FORGED)
+        raise exc
+    except ValueError as e:
+        text = _formatted(e, "failed")
+    assert text.splitlines()[-1] == "from peer" + FORGED.replace("\n", "\\n")

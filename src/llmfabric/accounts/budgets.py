@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,8 +33,9 @@ from llmfabric.accounts.db import Backend, PostgresBackend
 from llmfabric.accounts.errors import InvalidRequest
 from llmfabric.accounts.ledger import UsageLedger
 from llmfabric.accounts.prices import Price, price_of, validate_price
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 PERIODS = ("day", "month")
 SCOPES = ("key", "owner", "team")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import os
 import pathlib
 import sqlite3
@@ -21,9 +20,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from llmfabric.accounts.errors import BackendUnavailable, InvalidRequest
+from llmfabric.untrusted import get_logger
 
 Params = Sequence[Any]
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS api_keys (

@@ -18,13 +18,13 @@ decides whose budgets bind it, so no issuer can take over another's key.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 
 from llmfabric.accounts.models import ApiKey
 from llmfabric.registry.records import KeyGrant, Lifecycle, NodeRecord
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 GRANT_BUDGET_BYTES = 8 * 1024
 _MAX_WARNED = 4096  # key ids warned about (bounded: hostile churn)

@@ -16,15 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmfabric.accounts.db import Backend
 from llmfabric.accounts.models import UsageRow
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST, clamp_tokens
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 ROW_MAX = 2**62  # a pending row's counters saturate here (the column is a signed 64-bit int)
 QUARANTINE_MAX = 1000
 

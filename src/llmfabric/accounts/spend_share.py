@@ -46,7 +46,6 @@ ledger already holds every ingress's spending.
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import re
 import time
@@ -68,6 +67,7 @@ from llmfabric.accounts.budgets import (
 )
 from llmfabric.registry.codec import MAX_SPEND as MAX_SPEND_ITEM_BYTES
 from llmfabric.registry.records import Lifecycle, NodeRecord
+from llmfabric.untrusted import get_logger
 
 TAG_BYTES = 12
 _VERSION = 1
@@ -79,7 +79,7 @@ BudgetKey = tuple[str, str, str]  # (scope, name, period id)
 # the publisher put the owner in.
 SHARED_SCOPES = ("key", "owner")
 _MAX_REMEMBERED = 4096  # decoded items, counted signatures, warned peers (hostile churn)
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class SpendError(ValueError):

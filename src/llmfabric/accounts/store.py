@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -24,8 +23,9 @@ from llmfabric.accounts.ledger import UsageLedger
 from llmfabric.accounts.models import ApiKey, UsageRow
 from llmfabric.accounts.policy import MAX_KEYS_PER_OWNER, limits_for_new_key, normalize_owner
 from llmfabric.clock import Clock, SystemClock
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _COLS = (
     "id, key_hash, name, owner, admin, created_at, revoked_at, requests_per_min, "

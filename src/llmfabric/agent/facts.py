@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import pathlib
 import struct
 from collections.abc import Sequence
@@ -25,8 +24,9 @@ from typing import Any, BinaryIO
 from llmfabric.agent.engines import EngineKind, context_from_command, flag_value
 from llmfabric.registry.codec import MAX_ITEMS, MAX_STR
 from llmfabric.registry.records import ModelRole, ServedModel
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 MAX_CONTEXT = 1 << 40  # tokens: a larger max_model_len is garbage (2**64 could not be signed)
 
 _QUANT: dict[str, tuple[str, int]] = {

@@ -15,7 +15,6 @@ Discovery runs subprocesses: call it once at startup (or via asyncio.to_thread).
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import shutil
 import subprocess
@@ -25,8 +24,9 @@ from typing import Any
 
 from llmfabric.registry.records import Hardware
 from llmfabric.sim.gpu_names import catalog_name
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 Runner = Callable[[Sequence[str]], str]
 

@@ -18,6 +18,20 @@ import orjson
 MAX_BODY = 4 << 20
 
 
+async def error_text(resp: aiohttp.ClientResponse, limit: int = 200) -> str:
+    """The first `limit` characters of an error answer, for a message (and the log): read
+    up to 4 x `limit` bytes and no more (the whole body of a broken or hostile engine may be
+    megabytes, or never end), controls left to the log's escaping."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= 4 * limit:
+            break
+    return b"".join(parts)[:4 * limit].decode(errors="replace")[:limit]
+
+
 async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """The whole body, or None past `limit` bytes. (`resp.content.read(n)` returns what is
     buffered, up to n: a 424 KB /metrics came back cut at 128 KB, its load lost.)"""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import os
 import pathlib
 import signal
@@ -37,7 +36,7 @@ from llmfabric.agent.engine_metrics import (
 from llmfabric.agent.errors import EngineNotReady, EngineStartError
 from llmfabric.agent.facts import role_of, served_models
 from llmfabric.agent.logwatch import DEFAULT_FATAL_PATTERNS, LogWatcher
-from llmfabric.agent.probe import EngineProbe, HttpProbe, ProbeError
+from llmfabric.agent.probe import EngineProbe, HttpProbe, ProbeError, error_text
 from llmfabric.agent.proctree import (
     descendants,
     engine_preexec,
@@ -46,8 +45,9 @@ from llmfabric.agent.proctree import (
 )
 from llmfabric.clock import Clock, SystemClock, with_timeout
 from llmfabric.registry.records import ModelRole, ServedModel
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class EngineState(StrEnum):
@@ -345,7 +345,7 @@ class EngineSupervisor:
                     self.command.base_url + path, json={"role": str(role)}) as resp:
                 if resp.status != 200:
                     raise ProbeError(f"{path} answered {resp.status}: "
-                                     f"{(await resp.text())[:200]}")
+                                     f"{await error_text(resp)}")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ProbeError(f"{path}: {exc!r}") from exc
 

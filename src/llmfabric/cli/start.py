@@ -21,6 +21,7 @@ import click
 from llmfabric.cli.untrusted import configure_logging
 from llmfabric.net.fd_limit import raise_open_file_limit
 from llmfabric.node.config import ConfigError, NodeConfig, build_config, load_config_file
+from llmfabric.untrusted import get_logger
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Slurm's default KillWait: SIGKILL follows SIGTERM after this many seconds.
@@ -251,7 +252,7 @@ def setup_logging(verbose: int) -> None:
     configure_logging(level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The engine's start (a model load of minutes) is reported without -v: starting,
     # still waiting after N s, ready after N s with its models (agent/supervisor.py).
-    logging.getLogger("llmfabric.agent.supervisor").setLevel(min(level, logging.INFO))
+    get_logger("llmfabric.agent.supervisor").setLevel(min(level, logging.INFO))
 
 
 def warn_config(config: NodeConfig) -> None:
@@ -261,7 +262,7 @@ def warn_config(config: NodeConfig) -> None:
         click.echo(f"{bar}\n!! WARNING: API keys are OFF (--no-auth). Anyone who can reach "
                    f"{config.http_listen}\n!! can use every engine of this fabric. Local demo "
                    f"only.\n{bar}", err=True)
-        logging.getLogger("llmfabric.node").warning("authentication is switched off")
+        get_logger("llmfabric.node").warning("authentication is switched off")
     stop = config.drain_timeout_s + config.engine_stop_timeout_s
     if config.process and stop > SLURM_KILL_WAIT_S - 2:
         click.echo(f"warning: drain ({config.drain_timeout_s:g} s) + engine stop "

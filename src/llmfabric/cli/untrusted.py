@@ -1,44 +1,32 @@
 """Text that others wrote (other members' records, key names, peers' and engines' error
 texts, request paths) on the operator's terminal and in the node's log.
 
-`printable()` writes control characters as escapes; `LogFormatter` passes every log line
-through it; `configure_logging()` is the `logging.basicConfig` of every CLI process that logs.
+`printable()` (llmfabric/untrusted.py) writes control characters as escapes; `LogFormatter`
+passes every log line through it and clips its message; `configure_logging()` is the
+`logging.basicConfig` of every CLI process that logs.
 No rich here: `llmfabric start` imports this and should not pay for rich.
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
 from types import TracebackType
+
+from llmfabric.untrusted import clip, format_exception, printable
+
+__all__ = ["LogFormatter", "configure_logging", "printable"]
 
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | \
     tuple[None, None, None]
 
 
-def printable(text: str) -> str:
-    """`text` with its non-printable characters written as escapes (`\\x1b`, `\\n`,
-    `\\u202e`): C0/C1 controls (ESC sequences that repaint the screen, set a hyperlink or
-    write the clipboard; CR and newlines that forge lines), bidi overrides and other format
-    characters. Plain names, non-ASCII letters included, come back unchanged."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _escape_inner(chunk: str) -> str:
-    """`chunk` escaped, its leading and trailing newlines kept (the traceback's layout)."""
-    body = chunk.strip("\n")
-    if not body:
-        return chunk
-    start = chunk.index(body)
-    return chunk[:start] + printable(body) + chunk[start + len(body):]
-
-
 class LogFormatter(logging.Formatter):
     """Log calls interpolate peers' names, reasons and error texts (and engine output) with
     %s: a newline there would start a forged log line, an ESC sequence would drive the
-    terminal of whoever runs `tail -f`. Escaping here covers every call, present and future."""
+    terminal of whoever runs `tail -f`. Escaping here covers every call, present and future,
+    other libraries' loggers (aiohttp, asyncio) included. A message is clipped to
+    `MESSAGE_CAP` characters ("... [N more characters]"); a traceback's exception messages
+    each are, its frames (our own code) are not."""
 
     def format(self, record: logging.LogRecord) -> str:
         saved = record.exc_text
@@ -49,20 +37,17 @@ class LogFormatter(logging.Formatter):
             record.exc_text = saved
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        message = record.message
+        record.message = clip(printable(message))
+        try:
+            return printable(super().formatMessage(record))
+        finally:
+            record.message = message
 
     def formatException(self, ei: _ExcInfo) -> str:
         if ei[1] is None:
             return super().formatException(ei)
-        out = []
-        for chunk in traceback.TracebackException(type(ei[1]), ei[1], ei[2]).format():
-            # A frame's lines (local file names and source) keep their layout; the rest,
-            # above all the exception's message (which may quote a peer), is escaped.
-            if chunk.lstrip(" |").startswith(("File ", "[Previous line")):
-                out.append(chunk)
-            else:
-                out.append(_escape_inner(chunk))
-        return "".join(out).rstrip("\n")
+        return format_exception(ei[1])
 
 
 def configure_logging(level: int, fmt: str) -> None:

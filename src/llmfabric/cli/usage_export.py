@@ -1,8 +1,16 @@
 """`llmfabric keys usage-export`: the usage ledger as CSV or JSON, by key, owner, model and
-UTC day range (the same export as GET /v1/fabric/usage/export; direct database access)."""
+UTC day range (the same export as GET /v1/fabric/usage/export; direct database access).
+
+Model names come from clients: written to a file or a pipe the export is byte for byte, but
+on a terminal its control and format characters are escaped (CSV as `printable()` writes
+them, JSON as `\\uXXXX`, still valid JSON), so an ESC sequence in a model name does not reach
+the terminal.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
 import pathlib
 import sys
 
@@ -12,6 +20,35 @@ from llmfabric.accounts.errors import InvalidRequest
 from llmfabric.accounts.export import FORMATS, ExportFilter, render
 from llmfabric.accounts.store import AccountStore
 from llmfabric.cli.apikeys import _with_store, db_option
+from llmfabric.untrusted import printable
+
+
+def _is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _json_escape(c: str) -> str:
+    if c.isprintable():
+        return c
+    code = ord(c)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def for_terminal(body: bytes, fmt: str) -> bytes:
+    """`body` as a terminal may show it: controls, bidi and other format characters in its
+    strings escaped; a CSV cell by cell as `printable()` writes them (rows stay rows), JSON
+    as `\\uXXXX` (the JSON says the same; outside strings it has none)."""
+    text = body.decode("utf-8", errors="replace")
+    if fmt != "csv":
+        return "".join(_json_escape(c) for c in text).encode()
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for row in csv.reader(io.StringIO(text, newline="")):
+        w.writerow([printable(c) for c in row])
+    return out.getvalue().encode()
 
 
 @click.command("usage-export")
@@ -22,12 +59,17 @@ from llmfabric.cli.apikeys import _with_store, db_option
 @click.option("--since", default=None, metavar="YYYY-MM-DD", help="first UTC day")
 @click.option("--until", default=None, metavar="YYYY-MM-DD", help="last UTC day")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              default=None, help="write here [stdout]")
+              default=None, help="write here [stdout; on a terminal control characters are "
+              "escaped, piped it is byte for byte]")
 @db_option
 def usage_export(fmt: str, key_id: str | None, owner: str | None, model: str | None,
                  since: str | None, until: str | None, output: pathlib.Path | None,
                  db_url: str | None) -> None:
-    """Export token usage per key, model and day."""
+    """Export token usage per key, model and day.
+
+    Model names are the clients' text: on a terminal their control characters are shown
+    escaped (\\x1b in CSV, \\u001b in JSON); to a file (-o) or a pipe the export is
+    written byte for byte."""
     try:
         flt = ExportFilter(key_id, owner, model, since, until)
     except InvalidRequest as exc:
@@ -40,7 +82,7 @@ def usage_export(fmt: str, key_id: str | None, owner: str | None, model: str | N
 
     body = _with_store(db_url, rows)
     if output is None:
-        sys.stdout.buffer.write(body)
+        sys.stdout.buffer.write(for_terminal(body, fmt) if _is_terminal() else body)
         sys.stdout.flush()
     else:
         output.write_bytes(body)

@@ -10,11 +10,12 @@ time grows slowly with the number of concurrent streams.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-log = logging.getLogger(__name__)
+from llmfabric.untrusted import get_logger
+
+log = get_logger(__name__)
 
 # Fractions of peak that real engines reach (vLLM on H100: ~50 % MFU prefill, ~70-80 % of HBM
 # bandwidth in decode), plus a fixed per-step overhead (scheduler, sampling, kernel launches).

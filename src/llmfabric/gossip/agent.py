@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import random
 from collections.abc import Callable, Coroutine, Hashable, Sequence
@@ -69,8 +68,9 @@ from llmfabric.registry.replica import (
 )
 from llmfabric.registry.signing import Signer
 from llmfabric.registry.views import ModelRegistry, NodeRegistry
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class GossipAgent:

@@ -17,7 +17,6 @@ other (nobody would otherwise ever dial the new bootstrap node).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from llmfabric.clock import Clock
@@ -25,8 +24,9 @@ from llmfabric.gossip.agent import GossipAgent
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.errors import NetError
 from llmfabric.net.transport import PeerId
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def cut_off(agent: GossipAgent) -> bool:

@@ -7,7 +7,6 @@ sign membership certificates) in ``operator.key``, both as unencrypted PKCS#8 PE
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 import stat
@@ -18,8 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from llmfabric.identity.errors import InvalidSignature, KeyFileError
 from llmfabric.identity.peer_id import peer_id_from_public_key
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 NODE_KEY_FILE = "node.key"
 OPERATOR_KEY_FILE = "operator.key"

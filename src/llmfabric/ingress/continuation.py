@@ -25,7 +25,6 @@ other routes get the old behaviour: an error event, then the end of the stream.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,8 +50,9 @@ from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import Policy
 from llmfabric.routing.request import RouteRequest
 from llmfabric.routing.router import NoRoute, Router
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

@@ -167,8 +167,8 @@ async def _open_stream(
         tr.upstream(up.hop)  # (the node's reported time, the relay passed)
     if up.status in RETRYABLE_STATUS:
         raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-    if up.status != 200:  # a client error from the engine: pass it through
-        data = await up.read()
+    if up.status != 200:  # a client error from the engine: pass it through (capped as a
+        data = await up.read_capped(ing.config.max_response_bytes)  # non-streamed answer)
         opened.clear()
         await up.aclose()
         return Reply(up.status, data, up.content_type, cand.session_id)

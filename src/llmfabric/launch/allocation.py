@@ -9,13 +9,13 @@ stops sending it requests that would outlast it (routing/walltime.py).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from llmfabric.launch.errors import SlurmError
 from llmfabric.launch.slurm import Runner, Slurm, parse_time, subprocess_runner
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def slurm_job_id(env: Mapping[str, str]) -> str | None:

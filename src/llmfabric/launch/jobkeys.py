@@ -12,7 +12,6 @@ the node not started yet), the caller falls back to the claims.
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 import re
@@ -20,8 +19,9 @@ from collections.abc import Mapping
 
 from llmfabric.identity.errors import KeyFileError
 from llmfabric.identity.keys import NODE_KEY_FILE, NodeKey
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger("llmfabric.launch")
+log = get_logger("llmfabric.launch")
 
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 

@@ -11,7 +11,6 @@ node's gossip and membership answering meanwhile.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -31,8 +30,9 @@ from llmfabric.launch.profile import SlurmProfile
 from llmfabric.launch.sbatch import render_sbatch
 from llmfabric.launch.slurm import Slurm
 from llmfabric.registry.records import Lifecycle, NodeRecord
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger("llmfabric.launch")
+log = get_logger("llmfabric.launch")
 
 # The id a submission whose sbatch timed out is counted under until squeue shows its job
 # (Slurm's job ids are digits).

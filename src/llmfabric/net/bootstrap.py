@@ -7,14 +7,14 @@ Pure of I/O itself: `connect(addr) -> peer id` is injected (the transport's
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from llmfabric.clock import Clock
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.errors import NetError, PeerUnreachable
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 async def run_bootstrap(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
 from collections.abc import Coroutine
 from typing import Any, Protocol
@@ -29,8 +28,9 @@ from llmfabric.net.handshake import FramedReader
 from llmfabric.net.messages import BodyStream, Headers
 from llmfabric.net.source_slots import peer_ip
 from llmfabric.net.stats import NetStats
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # CLOSE payload meaning "I had no open streams": the receiver's unanswered requests were never
 # seen and may be retried (PeerClosed). An empty CLOSE promises nothing.

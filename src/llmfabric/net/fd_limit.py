@@ -12,10 +12,11 @@ it, and `select()` is not used anywhere (asyncio uses epoll), so large descripto
 
 from __future__ import annotations
 
-import logging
 from types import ModuleType
 
-log = logging.getLogger(__name__)
+from llmfabric.untrusted import get_logger
+
+log = get_logger(__name__)
 
 DEFAULT_TARGET = 65536
 

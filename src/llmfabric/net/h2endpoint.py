@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -34,10 +33,11 @@ from llmfabric.net.h2limits import (
     H2LimitError,
 )
 from llmfabric.net.messages import Body, BodyStream, Headers
+from llmfabric.untrusted import get_logger
 
 __all__ = ["CONNECTION_WINDOW", "STREAM_WINDOW", "H2Endpoint"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 MAX_EMIT = 256 * 1024
 
 Emit = Callable[[bytes], object]

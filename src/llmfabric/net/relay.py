@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,13 +31,15 @@ from llmfabric.net.errors import NetError
 from llmfabric.net.framing import FrameType
 from llmfabric.net.messages import BodyStream, HandlerResponse, Headers
 from llmfabric.net.source_slots import SourceSlots
+from llmfabric.untrusted import get_logger
 
 if TYPE_CHECKING:
     from llmfabric.net.tls_transport import TlsTransport
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DIALBACK_PATH = "/_llmfabric/dialback"
+_ANSWER_LIMIT = 64 * 1024  # a relay's answer to a registration or a dial-back request
 REGISTER_PATH = "/_llmfabric/relay/register"
 MAX_INTERNAL_BODY = 64 * 1024
 # Requests one sender may have open through this relay: the relay reaches each client over one
@@ -152,9 +153,10 @@ class RelayService:
                 resp = await self.t.request(
                     relay_id, "POST", REGISTER_PATH, (), b"", timeout=self.t.config.internal_timeout
                 )
-                text = await resp.read()
+                text = await resp.read(_ANSWER_LIMIT)
                 if resp.status != 200:
-                    raise NetError(f"relay {relay_id} refused: {text.decode(errors='replace')}")
+                    raise NetError(f"relay {relay_id} refused: "
+                                   f"{text[:200].decode(errors='replace')}")
                 self._my_relays.add(relay_id)
                 self._notify()
                 backoff.reset()
@@ -187,7 +189,7 @@ class RelayService:
                 via, "POST", DIALBACK_PATH, (), body, timeout=self.t.config.internal_timeout
             )
             async with resp:
-                data = await resp.read()
+                data = await resp.read(_ANSWER_LIMIT)
         except NetError as exc:
             return Reachability(False, f"dial-back request to {via} failed: {exc}")
         if resp.status != 200:
@@ -196,7 +198,7 @@ class RelayService:
         try:
             answer = msgpack.unpackb(data, raw=False)
             ok = answer.get("ok") is True
-            reason = str(answer.get("reason", ""))
+            reason = str(answer.get("reason", ""))[:200]
         except Exception:
             return Reachability(False, f"{via} sent an undecodable dial-back answer")
         if ok:

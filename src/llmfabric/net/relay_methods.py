@@ -7,13 +7,13 @@ relays".
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 
 from llmfabric.clock import Clock, with_timeout
 from llmfabric.net.relay import Reachability, RelayService
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger("llmfabric.net.tls_transport")
+log = get_logger("llmfabric.net.tls_transport")
 
 
 class RelayMethods:

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from llmfabric.clock import Clock, with_timeout
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.transport import PeerId
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class RelayClient(Protocol):

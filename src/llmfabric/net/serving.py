@@ -5,16 +5,16 @@ caller's reset cancels the handler (the task is cancelled by the transport)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING
 
 from llmfabric.net.connection import PeerConnection
 from llmfabric.net.messages import BodyStream, HandlerResponse, Headers, PeerRequest
+from llmfabric.untrusted import get_logger
 
 if TYPE_CHECKING:
     from llmfabric.net.tls_transport import TlsTransport
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 INTERNAL_PREFIX = "/_llmfabric/"
 RELAY_TO = "x-llmfabric-relay-to"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
@@ -61,8 +60,9 @@ from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.stats import NetStats
 from llmfabric.net.tlsstream import open_tls, start_tls_server
 from llmfabric.net.transport import MessageHandler, PeerId, Transport
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 RETIRE_QUIET = 2.0
 

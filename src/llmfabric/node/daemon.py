@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import os
 import random
 from typing import Any
@@ -64,8 +63,9 @@ from llmfabric.node.supervisor import KEEP, ONE_SHOT, Keep, NodeSupervisor, Sess
 from llmfabric.node.walltime import WalltimeWatch
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Listener
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 EXIT_TASK_FAILED = 6  # a background task failed beyond its restart policy (docs/node.md)
 

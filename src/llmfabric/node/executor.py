@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -12,8 +11,9 @@ from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.net import NetError, RequestFailed, TlsTransport
 from llmfabric.node.serve.peer_api import ASSIGN_PATH, RELEASE_PATH, Assignment, ReleaseRequest
 from llmfabric.scheduler.decisions import Assign, Decision, Release
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # A release drains the node's requests (20 s by default) and stops its engine (5 s) before it
 # answers, so the next assignment finds the node bare.

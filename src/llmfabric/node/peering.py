@@ -13,7 +13,6 @@ replaces it (node/supervisor.py).
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Awaitable, Callable
 
@@ -27,8 +26,9 @@ from llmfabric.net.relaykeeper import RelayKeeper
 from llmfabric.node.config import NodeConfig
 from llmfabric.registry.records import Lifecycle
 from llmfabric.registry.replica import Change
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 StartLoop = Callable[[str, Callable[[], Awaitable[None]]], None]
 

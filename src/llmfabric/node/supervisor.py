@@ -23,15 +23,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
 
 from llmfabric.clock import Clock
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class Session(Protocol):

@@ -10,12 +10,12 @@ slurmctld). Times are Unix seconds on the injected clock's `wall()`.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 
 from llmfabric.clock import Clock
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class WalltimeWatch:

@@ -8,7 +8,6 @@ DOWN -> LEFT; DOWN -> SERVING is not allowed: a node that recovers rejoins with 
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 from llmfabric.registry.codec import (
     MAX_BODY_BYTES,
@@ -22,9 +21,10 @@ from llmfabric.registry.errors import RegistryError
 from llmfabric.registry.fit import RecordTooLarge, fit_meta
 from llmfabric.registry.records import Lifecycle, NodeMeta, NodeRecord
 from llmfabric.registry.signing import Signer, new_session_id
+from llmfabric.untrusted import get_logger
 
 MAX_INCARNATION = 2**63 - 1  # the largest incarnation codec.py and facts.py decode
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class LifecycleError(RegistryError):

@@ -14,13 +14,13 @@ request that may be cut beats a certain 503). Pure: `now` is passed in.
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from llmfabric.routing.candidates import Candidate
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_TOKENS = 1024  # a request without max_tokens: assume this many completion tokens
 MAX_TOKENS_CAP = 1 << 20

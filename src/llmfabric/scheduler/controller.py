@@ -10,7 +10,6 @@ in a loop on an injected clock and hands decisions to an Executor.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
@@ -25,8 +24,9 @@ from llmfabric.scheduler.perf import PerformanceModel
 from llmfabric.scheduler.placement import Group, Placement
 from llmfabric.scheduler.policies import get_policy
 from llmfabric.scheduler.problem import TP_DEGREES, Cluster, FixedGroup, Pool, Problem, Workload
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger("llmfabric.scheduler.controller")
+log = get_logger("llmfabric.scheduler.controller")
 
 # GPUs a node may claim and still be planned for: the count is the record's claim (up to
 # 2**20), a node takes GPU indexes below 64 only (node/serve/peer_api.py), and a claim of

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from llmfabric.scheduler.errors import SpecError
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger("llmfabric.scheduler.controller")
+log = get_logger("llmfabric.scheduler.controller")
 
 
 @dataclass(frozen=True, slots=True)

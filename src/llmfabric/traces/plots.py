@@ -1,4 +1,8 @@
-"""Matplotlib figures (Agg backend, PNG) for a Characterization. One function per figure."""
+"""Matplotlib figures (Agg backend, PNG) for a Characterization. One function per figure.
+
+Model names are what clients asked for: each goes through `label()` (controls escaped, `$`
+not read as mathtext, whose parse error failed `trace analyze`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,15 @@ from typing import Any
 import numpy as np
 
 from llmfabric.traces.analysis import Characterization, TraceAnalyzer
+from llmfabric.untrusted import printable
+
+
+def label(name: str) -> str:
+    """A model name as matplotlib prints it verbatim: controls escaped, each `$` escaped (a
+    pair would start mathtext: "$\\frac{a$" raised at savefig), and a leading `_`, which
+    would leave the name out of the legend, after a space."""
+    text = printable(name).replace("$", "\\$")
+    return " " + text if text.startswith("_") else text
 
 
 def _plt() -> Any:
@@ -42,7 +55,8 @@ def plot_tiers(ch: Characterization, path: Path, top: int = 20) -> None:
         [max(r["tokens"], 1) for r in rows],
         color=[colors.get(r["tier"], "tab:gray") for r in rows],
     )
-    ax.set_xticks(range(len(rows)), [r["model"] for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(range(len(rows)), [label(r["model"]) for r in rows], rotation=60, ha="right",
+                  fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("tokens (input + output)")
     ax.set_title("Token usage per model (red: tier 1, orange: tier 2, gray: tier 3)")
@@ -57,7 +71,8 @@ def plot_burstiness(ch: Characterization, path: Path, top: int = 15) -> None:
     )[:top]
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.bar(range(len(peaks)), [p for _, p in peaks], color="tab:blue")
-    ax.set_xticks(range(len(peaks)), [m for m, _ in peaks], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(range(len(peaks)), [label(m) for m, _ in peaks], rotation=60, ha="right",
+                  fontsize=7)
     ax.set_ylabel("peak TPM / mean TPM (active minutes)")
     ax.set_title("Burstiness magnitude per model")
     _save(fig, path)
@@ -69,7 +84,7 @@ def plot_burstiness_timeline(ch: Characterization, path: Path) -> None:
     for model, series in ch.burstiness_timelines.items():
         if series:
             xs, ys = zip(*series, strict=True)
-            ax.plot(xs, ys, lw=0.8, label=model)
+            ax.plot(xs, ys, lw=0.8, label=label(model))
     ax.set_xlabel("hours since the model's first request")
     ax.set_ylabel("TPM / mean TPM")
     ax.set_title("Burstiness over time")
@@ -82,8 +97,8 @@ def plot_lengths(ch: Characterization, analyzer: TraceAnalyzer, path: Path) -> N
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for model in ch.lengths["cdf_models"]:
         inputs, outputs, _ = analyzer.samples(model)
-        _cdf(left, np.maximum(inputs, 1), model)
-        _cdf(right, np.maximum(outputs, 1), model)
+        _cdf(left, np.maximum(inputs, 1), label(model))
+        _cdf(right, np.maximum(outputs, 1), label(model))
     for ax, key, title in ((left, "input_tokens", "input"), (right, "output_tokens", "output")):
         agg = ch.lengths["aggregate"][key]
         if agg:
@@ -111,7 +126,7 @@ def plot_series(
     for name, points in series.items():
         if points:
             xs, ys = zip(*points, strict=True)
-            ax.plot([x / x_scale for x in xs], ys, marker=".", lw=0.8, label=name)
+            ax.plot([x / x_scale for x in xs], ys, marker=".", lw=0.8, label=label(name))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1)

@@ -9,6 +9,10 @@ Files written:
 - one PNG + one JSON per figure: tiers, burstiness, burstiness_timeline, lengths,
   output_ratio, prefix_reuse (when hash ids exist), latency (when latencies exist);
 - `report.md` linking them with the headline numbers.
+
+Model names are what clients asked for: in report.md each is `markdown_text()` (a `|` would
+break the table, `<script>` render in some viewers, ESC reach a terminal's `cat`), in the
+plots `plots.label()`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import orjson
 from llmfabric.traces import plots
 from llmfabric.traces.analysis import Characterization, TraceAnalyzer
 from llmfabric.traces.load import DEFAULT_CHUNK_ROWS, iter_batches
+from llmfabric.untrusted import markdown_text
 
 ProgressFactory = Callable[[int], Callable[[int, int], None]]
 
@@ -177,7 +182,7 @@ def _markdown(
         m = ch.models[row["model"]]
         inp, outp = m["input_tokens"] or {}, m["output_tokens"] or {}
         lines.append(
-            f"| {row['model']} | {m['tier']} | {m['requests']} | "
+            f"| {markdown_text(row['model'])} | {m['tier']} | {m['requests']} | "
             f"{'/'.join(_fmt(inp.get(k)) for k in ('p50', 'p95', 'p99'))} | "
             f"{'/'.join(_fmt(outp.get(k)) for k in ('p50', 'p95', 'p99'))} | "
             f"{_fmt(m['burstiness_peak'], 2)} | {_fmt(m['prefix_reuse_ratio'], 3)} |"

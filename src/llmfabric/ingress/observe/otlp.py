@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +21,9 @@ from urllib.parse import unquote
 import aiohttp
 import orjson
 
-log = logging.getLogger(__name__)
+from llmfabric.untrusted import get_logger
+
+log = get_logger(__name__)
 _KIND = {"ingress.request": 2, "attempt": 3}  # SERVER, CLIENT; others INTERNAL (1)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -31,8 +30,9 @@ from llmfabric.agent.kv_events_config import (
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.routing.held_prefixes import HeldPrefixes
 from llmfabric.routing.kv_events import MAX_PAYLOAD_BYTES, KvEventError, decode_message
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 RCV_HWM = 10_000  # messages queued in the socket before the publisher's drop
 
 

@@ -17,7 +17,6 @@ when no `--host` is given, so the node adds `--host 127.0.0.1` to vLLM commands 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -44,8 +43,9 @@ from llmfabric.node.engine.kv_events_link import kv_events_for
 from llmfabric.node.engine.stream_usage import StreamUsageCounter
 from llmfabric.registry.records import ServedModel
 from llmfabric.routing.cache_summary import PrefixSummary, ServedPrefixes, observe_prompt
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _JSON = (("content-type", "application/json"),)
 
 

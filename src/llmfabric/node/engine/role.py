@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -43,11 +42,12 @@ from llmfabric.node.serve.peer_api import (
 )
 from llmfabric.node.supervisor import ONE_SHOT, RestartPolicy, SessionChanged, SupervisorStopped
 from llmfabric.registry.records import Lifecycle, LoadHints
+from llmfabric.untrusted import get_logger
 
 if TYPE_CHECKING:  # (the daemon builds the role; no runtime import back)
     from llmfabric.node.daemon import Node
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # Exit statuses of a node whose engine failed (docs/node.md).
 EXIT_NOT_READY, EXIT_FATAL, EXIT_GONE = 3, 4, 5

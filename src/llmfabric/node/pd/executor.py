@@ -12,20 +12,21 @@ session's engine (`/sim/role`), SetRouting installs the table in in-process rout
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
+from llmfabric.agent.probe import error_text
 from llmfabric.net import NetError, TlsTransport
 from llmfabric.node.executor import post_signed_control
 from llmfabric.node.serve.peer_api import ROLE_PATH, RoleRequest
 from llmfabric.routing.pd import PDPlanTable, PDRouter, PlanError
 from llmfabric.routing.pd_plan import PlanItem, encode_plan
 from llmfabric.scheduler.decisions import SetRole, SetRouting
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class PDExecutionError(RuntimeError):
@@ -62,7 +63,7 @@ class RoleFlipExecutor:
                     async with http.post(url, json={"role": d.role}) as resp:
                         if resp.status != 200:
                             raise PDExecutionError(f"{url} answered {resp.status}: "
-                                                   f"{(await resp.text())[:200]}")
+                                                   f"{await error_text(resp)}")
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise PDExecutionError(f"cannot flip {sid} at {url}: {exc!r}") from exc
                 log.info("session %s now serves as %s", sid, d.role)

@@ -12,7 +12,6 @@ roles.py, so every ingress's PD routing follows within one gossip round.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import orjson
@@ -24,11 +23,12 @@ from llmfabric.node.engine.role import refuse_controller
 from llmfabric.node.pd.roles import with_roles
 from llmfabric.node.serve.peer_api import AssignmentError, parse_role_request
 from llmfabric.registry.records import Lifecycle, ModelRole
+from llmfabric.untrusted import get_logger
 
 if TYPE_CHECKING:  # (the daemon wires the handler; no runtime import back)
     from llmfabric.node.daemon import Node
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 async def flip_role(node: Node, peer: str, body: bytes) -> HandlerResponse:

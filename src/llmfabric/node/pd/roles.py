@@ -11,14 +11,14 @@ role stay "both".
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable, Mapping
 
 from llmfabric.clock import Clock
 from llmfabric.node.engine.link import EngineLink
 from llmfabric.registry.records import ModelRole, ServedModel
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def with_roles(models: tuple[ServedModel, ...], roles: Mapping[str, ModelRole]

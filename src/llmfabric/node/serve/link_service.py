@@ -36,6 +36,7 @@ MAX_PROBE_BYTES = 1024 * 1024
 MAX_TABLE_BYTES = 64 * 1024  # a peer's answer; MAX_LINKS entries need ~5 KB
 MAX_FABRIC_PEERS = 128  # peers asked for their tables per /v1/fabric/links request
 PROBE_TIMEOUT_S = 10.0
+PROBE_ANSWER_LIMIT = 4096  # the answer is a 204: a larger one is not read on
 FETCH_TIMEOUT_S = 5.0
 # A fabric view is reused this long, and concurrent requests share one collection: an HTTP
 # caller cannot turn requests into a storm of peer requests.
@@ -79,7 +80,7 @@ class LinkService:
             peer, "POST", PROBE_PATH, (("content-type", "application/octet-stream"),),
             bytes(n_bytes), timeout=PROBE_TIMEOUT_S)
         async with resp:
-            await resp.read()
+            await resp.read(PROBE_ANSWER_LIMIT)
         if resp.status != 204:
             raise NetError(f"probe of {peer} answered {resp.status}")
 

@@ -18,7 +18,6 @@ comes back rejoins through a full re-plan (`llmfabric plan pd`), not here.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,8 +30,9 @@ from llmfabric.scheduler.errors import SchedulerError
 from llmfabric.scheduler.phasesplit.plan import PDPlan
 from llmfabric.scheduler.phasesplit.problem import PDWorkload
 from llmfabric.scheduler.phasesplit.reschedule import RescheduleDecision, lightweight
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger("llmfabric.scheduler.phasesplit.controller")
+log = get_logger("llmfabric.scheduler.phasesplit.controller")
 
 
 class PDExecutor(Protocol):
