@@ -34,9 +34,10 @@ def error_response(
     type_: str = "invalid_request_error",
     code: str | None = None,
     param: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> web.Response:
-    """An OpenAI error body (`{"error": {...}}`) with `status`."""
-    return json_response(p.error_body(message, type_, code, param), status)
+    """An OpenAI error body (`{"error": {...}}`) with `status` (and `headers`: Retry-After)."""
+    return json_response(p.error_body(message, type_, code, param), status, headers)
 
 
 async def read_object(request: web.Request, what: str) -> dict[str, Any] | web.Response:

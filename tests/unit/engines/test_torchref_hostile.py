@@ -4,13 +4,22 @@ every request and exits (engine.py `_loop`), so one request must never raise the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
+from llmfabric.engines.torchref.config import load_config
+from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
 from llmfabric.engines.torchref.plans import StepPlan, StepResult
 from llmfabric.engines.torchref.scheduler import FlyingScheduler, Request
+from llmfabric.engines.torchref.server import ServerConfig, TorchServer
+from llmfabric.scheduler.switching import SwitchPolicy, make_policy
 
 pytestmark = pytest.mark.hostile
 
@@ -87,3 +96,91 @@ def test_the_queues_keep_priority_fold_and_arrival_order() -> None:
         sched.step()
     assert order == [1, 3, 2, 0, 5]
     assert sched.backlog() == 0 and not sched.running
+
+
+# -- the server (TorchServer over a scheduler with the fake executor: no engine processes) --
+
+MODEL = "micro-llama"
+
+
+@contextlib.asynccontextmanager
+async def _server(*, loop: bool = True, dp: int = 1, policy: SwitchPolicy | None = None,
+                  **options: Any) -> AsyncIterator[tuple[TestClient[web.Request,
+                                                                    web.Application],
+                                                         FlyingEngine]]:
+    widths = (1, 2) if dp == 2 else (1,)
+    engine = FlyingEngine(EngineOptions(config=load_config(MODEL), dp=dp, widths=widths,
+                                        n_blocks=64, policy=policy, **options))
+    engine.scheduler = FlyingScheduler(_Logits(), dp, widths, 64, 16, 2048, policy=policy)
+    if loop:
+        engine.start_loop()
+    client: TestClient[web.Request, web.Application] = TestClient(
+        TestServer(TorchServer(engine, ServerConfig()).app()))
+    await client.start_server()
+    try:
+        yield client, engine
+    finally:
+        await client.close()
+        engine.close()
+
+
+def _completion(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "hi", "max_tokens": 3, **extra}
+
+
+async def test_a_full_waiting_queue_answers_503_with_retry_after() -> None:
+    """The waiting queues had no bound: each entry holds its prompt (up to the context) and
+    its client's connection, and every step went through all of them."""
+    async with _server(loop=False, max_waiting=3) as (client, engine):
+        waiting = [asyncio.create_task(client.post("/v1/completions", json=_completion()))
+                   for _ in range(3)]
+        for _ in range(200):
+            if engine.sched.backlog() == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.sched.backlog() == 3
+        r = await client.post("/v1/completions", json=_completion())
+        assert r.status == 503, await r.text()
+        assert r.headers["Retry-After"] == "1"
+        err = (await r.json())["error"]
+        assert (err["type"], err["code"]) == ("server_error", "engine_overloaded")
+        chat = await client.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+        assert chat.status == 503
+        for _ in range(50):  # the queue drains: the waiting requests finish...
+            engine.sched.step()
+            await asyncio.sleep(0)
+        assert [(await t).status for t in waiting] == [200, 200, 200]
+        assert engine.sched.backlog() == 0
+        engine.start_loop()  # ...and new ones are taken again
+        again = await client.post("/v1/completions", json=_completion())
+        assert again.status == 200, await again.text()
+
+
+async def _settle(engine: FlyingEngine, steps: int = 30) -> None:
+    for _ in range(steps):
+        engine.sched.step()
+        await asyncio.sleep(0)
+
+
+async def test_a_clients_priority_is_the_operators_to_grant() -> None:
+    """A client's `priority` was honoured as sent: it jumped every queue and, under the
+    `priority` policy, hard-preempted a group (paused other clients' requests). Clamped to
+    EngineOptions.max_priority (0 unless the operator grants more)."""
+    async with _server(loop=False, dp=2, policy=make_policy("priority")) as (client, engine):
+        task = asyncio.create_task(client.post("/v1/completions",
+                                               json=_completion(priority=5, max_tokens=8)))
+        await asyncio.sleep(0.05)
+        await _settle(engine)
+        assert (await task).status == 200
+        assert engine.sched.switches == [] and engine.sched.width == 1  # no preempt
+    async with _server(loop=False, dp=2, policy=make_policy("priority"),
+                       max_priority=1) as (client, engine):
+        task = asyncio.create_task(client.post("/v1/completions",
+                                               json=_completion(priority=5, max_tokens=8)))
+        await asyncio.sleep(0.05)
+        engine.sched.step()
+        assert engine.sched.running[0].priority == 1  # granted, up to the operator's cap
+        await _settle(engine)
+        assert (await task).status == 200
+        assert engine.sched.switches  # the operator enabled it: bound for it

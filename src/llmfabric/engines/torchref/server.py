@@ -33,6 +33,8 @@ from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
 from llmfabric.engines.torchref.scheduler import Event, Request
 from llmfabric.scheduler.switching import METHODS, Method
 
+RETRY_AFTER_S = 1  # Retry-After of a 503 for a full waiting queue
+
 METHOD_NAMES: dict[str, Method] = {"sequential": "sequential", "soft-preempt": "soft",
                                    "hard-preempt": "hard", **{m: m for m in METHODS}}
 
@@ -182,11 +184,20 @@ class TorchServer:
         if not isinstance(priority, int):
             return error_response(400, "priority must be an integer", code="invalid_value",
                                   param="priority")
+        # a client's priority is the operator's to grant (EngineOptions.max_priority)
+        priority = min(priority, self.engine.options.max_priority)
         try:
             self.engine.sched.check(len(prompt), max_tokens)
         except ValueError as exc:
             return error_response(400, str(exc), code="context_length_exceeded",
                                   param="messages" if kind == "chat" else "prompt")
+        limit_waiting = self.engine.options.max_waiting
+        if self.engine.sched.backlog() >= limit_waiting:
+            # (the ingress takes a 503 as a failed attempt and tries another node)
+            return error_response(
+                503, f"the engine is overloaded: {limit_waiting} requests are waiting; "
+                "retry later", type_="server_error", code="engine_overloaded",
+                headers={"Retry-After": str(RETRY_AFTER_S)})
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
