@@ -184,3 +184,24 @@ async def test_a_clients_priority_is_the_operators_to_grant() -> None:
         await _settle(engine)
         assert (await task).status == 200
         assert engine.sched.switches  # the operator enabled it: bound for it
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seed", -1), ("seed", -(2**63)), ("seed", 2**64), ("seed", 1.5), ("seed", True),
+    ("seed", "7"), ("temperature", True), ("priority", True), ("priority", 1.0),
+])
+async def test_bad_sampling_fields_are_400s_not_engine_failures(field: str, value: Any) -> None:
+    """A negative seed raised in numpy's seeding on the scheduler's thread: the client got a
+    500 engine_failure (which callers retry on other nodes)."""
+    async with _server() as (client, engine):
+        r = await client.post("/v1/completions",
+                              json=_completion(**{"temperature": 1.0, field: value}))
+        assert r.status == 400, await r.text()
+        err = (await r.json())["error"]
+        assert (err["type"], err["code"], err["param"]) == (
+            "invalid_request_error", "invalid_value", field)
+        for seed in (0, 2**64 - 1):  # the whole range a seed may take
+            ok = await client.post("/v1/completions", json=_completion(temperature=1.0,
+                                                                       seed=seed))
+            assert ok.status == 200, await ok.text()
+        assert engine.failure is None

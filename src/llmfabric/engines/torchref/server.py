@@ -33,6 +33,7 @@ from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
 from llmfabric.engines.torchref.scheduler import Event, Request
 from llmfabric.scheduler.switching import METHODS, Method
 
+MAX_SEED = 2**64 - 1
 RETRY_AFTER_S = 1  # Retry-After of a 503 for a full waiting queue
 
 METHOD_NAMES: dict[str, Method] = {"sequential": "sequential", "soft-preempt": "soft",
@@ -174,14 +175,19 @@ class TorchServer:
         temperature = extra.get("temperature")
         seed = extra.get("seed")
         priority = extra.get("priority", 0)
+        # (bool is an int in Python; JSON's true is not a number)
         if temperature is not None and (not isinstance(temperature, int | float)
+                                        or isinstance(temperature, bool)
                                         or not 0 <= temperature <= 2):
             return error_response(400, "temperature must be in [0, 2]", code="invalid_value",
                                   param="temperature")
-        if seed is not None and not isinstance(seed, int):
-            return error_response(400, "seed must be an integer", code="invalid_value",
-                                  param="seed")
-        if not isinstance(priority, int):
+        # a negative seed raised in numpy's seeding on the scheduler's thread: a 500
+        # engine_failure (orjson reads integers past 2**64 - 1 as floats: refused here too)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
+                                 or not 0 <= seed <= MAX_SEED):
+            return error_response(400, f"seed must be an integer in [0, {MAX_SEED}]",
+                                  code="invalid_value", param="seed")
+        if not isinstance(priority, int) or isinstance(priority, bool):
             return error_response(400, "priority must be an integer", code="invalid_value",
                                   param="priority")
         # a client's priority is the operator's to grant (EngineOptions.max_priority)
