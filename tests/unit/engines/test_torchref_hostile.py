@@ -205,3 +205,25 @@ async def test_bad_sampling_fields_are_400s_not_engine_failures(field: str, valu
                                                                        seed=seed))
             assert ok.status == 200, await ok.text()
         assert engine.failure is None
+
+
+async def test_more_messages_than_the_context_holds_are_refused_before_validation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsing was paid before the context check: every message was validated first (the
+    shared edge now counts them on the parsed JSON; a message here is 7 tokens or more)."""
+    from llmfabric.engines import protocol as p
+
+    def validated(*_: object, **__: object) -> None:
+        raise AssertionError("validated")
+
+    async with _server() as (client, _):
+        msgs = [{"role": "tool", "content": ""}] * (2048 // 7 + 1)
+        with monkeypatch.context() as m:
+            m.setattr(p.ChatRequest, "model_validate", validated)
+            r = await client.post("/v1/chat/completions",
+                                  json={"model": MODEL, "max_tokens": 1, "messages": msgs})
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "context_length_exceeded"
+        ok = await client.post("/v1/chat/completions",
+                               json={"model": MODEL, "max_tokens": 1, "messages": msgs[:100]})
+        assert ok.status == 200, await ok.text()

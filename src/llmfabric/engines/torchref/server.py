@@ -35,6 +35,7 @@ from llmfabric.scheduler.switching import METHODS, Method
 
 MAX_SEED = 2**64 - 1
 RETRY_AFTER_S = 1  # Retry-After of a 503 for a full waiting queue
+MIN_MESSAGE_TOKENS = len("<tool>\n")  # the shortest chat message (ByteTokenizer.chat_prompt)
 
 METHOD_NAMES: dict[str, Method] = {"sequential": "sequential", "soft-preempt": "soft",
                                    "hard-preempt": "hard", **{m: m for m in METHODS}}
@@ -131,7 +132,9 @@ class TorchServer:
     # -- generation ---------------------------------------------------------------------
 
     async def _body(self, request: web.Request, cls: type[M]) -> M | web.Response:
-        req = await read_request(request, cls)
+        # (a chat message is at least "<tool>\n": 7 byte tokens)
+        req = await read_request(request, cls, self.engine.options.config.max_model_len,
+                                 MIN_MESSAGE_TOKENS)
         if isinstance(req, web.Response):
             return req
         if getattr(req, "model", "") != self.model:
