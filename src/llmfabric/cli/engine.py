@@ -141,6 +141,13 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
 @click.option("--block-tokens", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="torch threads per engine process")
+@click.option("--max-waiting", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="requests waiting for a batch slot (all engines together) before new ones "
+              "get 503 with Retry-After")
+@click.option("--max-priority", type=click.IntRange(min=0), default=None,
+              help="the highest `priority` a client's request gets (larger ones are clamped; "
+              "0: clients cannot jump the queues or trigger a preempt) [default: 1 with "
+              "--switch-policy priority, else 0]")
 @click.option("--served-model-name", default=None, help="model id in the API [default: the "
               "config's name]")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -148,7 +155,8 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
 def torch_engine(config_spec: str, seed: int | None, checkpoint: str | None, dp: int,
                  widths: str, switch_policy: str,
                  mu_tp: float, schedule: str, method: str, kv_blocks: int, block_tokens: int,
-                 threads: int, served_model_name: str | None, host: str, port: int) -> None:
+                 threads: int, max_waiting: int, max_priority: int | None,
+                 served_model_name: str | None, host: str, port: int) -> None:
     """Serve a small Llama model on CPU from DP engine processes that bind into TP groups
     and back online (Flying Serving; needs the extra llmfabric[torch]).
 
@@ -197,7 +205,9 @@ def torch_engine(config_spec: str, seed: int | None, checkpoint: str | None, dp:
         policy = make_policy(switch_policy, method=meth)
     options = EngineOptions(config=cfg, dp=dp, widths=width_set, n_blocks=kv_blocks,
                             block_tokens=block_tokens, threads=threads, policy=policy,
-                            method=meth)
+                            method=meth, max_waiting=max_waiting,
+                            max_priority=(max_priority if max_priority is not None else
+                                          1 if switch_policy == "priority" else 0))
     try:
         from llmfabric.scheduler.switching import aligned_groups
 

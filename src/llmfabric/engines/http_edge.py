@@ -34,9 +34,10 @@ def error_response(
     type_: str = "invalid_request_error",
     code: str | None = None,
     param: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> web.Response:
-    """An OpenAI error body (`{"error": {...}}`) with `status`."""
-    return json_response(p.error_body(message, type_, code, param), status)
+    """An OpenAI error body (`{"error": {...}}`) with `status` (and `headers`: Retry-After)."""
+    return json_response(p.error_body(message, type_, code, param), status, headers)
 
 
 async def read_object(request: web.Request, what: str) -> dict[str, Any] | web.Response:
@@ -50,14 +51,22 @@ async def read_object(request: web.Request, what: str) -> dict[str, Any] | web.R
     return body
 
 
-async def read_request(request: web.Request, model_cls: type[M]) -> M | web.Response:
-    """An OpenAI request body validated as `model_cls`, or the 400 OpenAI's API answers."""
+async def read_request(
+    request: web.Request, model_cls: type[M], max_tokens: int, message_tokens: int = 1
+) -> M | web.Response:
+    """An OpenAI request body validated as `model_cls`, or the 400 OpenAI's API answers;
+    `max_tokens`: the largest context served, `message_tokens`: the fewest tokens a chat
+    message takes (more items than fit are refused before validation,
+    protocol.too_many_items)."""
     try:
         data = orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         return error_response(400, "request body is not valid JSON", code="invalid_json")
     if not isinstance(data, dict):
         return error_response(400, "request body must be a JSON object", code="invalid_json")
+    too_many = p.too_many_items(data, max_tokens, message_tokens)
+    if too_many is not None:
+        return error_response(400, too_many[0], code=too_many[1], param=too_many[2])
     try:
         return model_cls.model_validate(data)
     except pydantic.ValidationError as exc:

@@ -290,7 +290,9 @@ class SimEngine:
         return json_response({"ok": True, "action": action})
 
     async def _body(self, request: web.Request, model_cls: type[M]) -> M | web.Response:
-        req = await read_request(request, model_cls)
+        # (a chat message takes CHAT_MESSAGE_OVERHEAD tokens and one or more for its text)
+        req = await read_request(request, model_cls, max(self.max_len.values()),
+                                 text.CHAT_MESSAGE_OVERHEAD + 1)
         if isinstance(req, web.Response):
             return req
         model = getattr(req, "model", "")

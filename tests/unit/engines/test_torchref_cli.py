@@ -28,3 +28,33 @@ def test_help_names_the_switch_routes() -> None:
     result = CliRunner().invoke(command, ["torch", "--help"])
     assert result.exit_code == 0
     assert "/dtp_switch" in result.output and "--switch-policy" in result.output
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(("args", "waiting", "priority"), [
+    ([], 1024, 0),
+    (["--switch-policy", "priority"], 1024, 1),
+    (["--switch-policy", "priority", "--max-priority", "0"], 1024, 0),
+    (["--max-waiting", "8", "--max-priority", "3"], 8, 3),
+])
+def test_waiting_and_priority_limits_reach_the_engine(
+        monkeypatch: pytest.MonkeyPatch, args: list[str], waiting: int, priority: int) -> None:
+    """Clients' priority is clamped to --max-priority (0 unless the operator runs the
+    priority policy or grants more); --max-waiting bounds the waiting queues."""
+    pytest.importorskip("torch")
+    from llmfabric.engines.torchref import server
+    from llmfabric.engines.torchref.engine import EngineOptions
+
+    seen: list[EngineOptions] = []
+
+    async def serve(options: EngineOptions, config: object) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(server, "serve", serve)
+    result = CliRunner().invoke(command, ["torch", "--port", "1", *args])
+    assert result.exit_code == 0, result.output
+    opts = seen[0]
+    assert (opts.max_waiting, opts.max_priority) == (waiting, priority)
+    assert CliRunner().invoke(command, ["torch", "--port", "1", "--max-waiting", "0"]
+                              ).exit_code == 2

@@ -44,6 +44,14 @@ class EngineOptions:
     block_tokens: int = 16  # B_DP
     threads: int = 1  # torch threads per worker
     max_batch: int = 32
+    # requests waiting for a batch slot (all engines' queues together) before the server
+    # answers 503 with Retry-After (each holds its prompt and its client's connection)
+    max_waiting: int = 1024
+    # the highest `priority` a client's request gets (larger ones are clamped; negative ones
+    # are kept: they only put the request itself later in line). 0: clients cannot jump the
+    # queues or trigger the `priority` policy's preempt; `llmfabric engine torch` defaults
+    # to 1 with --switch-policy priority, the policy's p_hi
+    max_priority: int = 0
     policy: SwitchPolicy | None = None
     method: Method = "hard"
     start_timeout_s: float = 120.0

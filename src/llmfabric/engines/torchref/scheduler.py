@@ -20,7 +20,9 @@ This module does not import torch: the executor (engine.py) runs the plans.
 
 from __future__ import annotations
 
+import bisect
 import collections
+import heapq
 import itertools
 import time
 from collections.abc import Callable
@@ -50,6 +52,13 @@ Group = tuple[int, ...]
 # which fails the whole engine.
 SAMPLING_EPS = 1e-5
 Event = tuple[Any, ...]  # ("token", id) | ("done", finish_reason) | ("error", message)
+
+
+def queue_key(r: Request) -> tuple[int, bool, float, int]:
+    """A queue's order: priority first, then folded requests, then arrival (rid breaks ties,
+    so no two keys are equal). Fixed while the request waits: priority and arrival never
+    change, folds only while it runs."""
+    return (-r.priority, r.folds == 0, r.arrival, r.rid)
 
 
 class Executor(Protocol):
@@ -118,7 +127,13 @@ class FlyingScheduler:
         self.clock = clock
         self.groups: list[Group] = [(i,) for i in range(n)]
         self.alloc = [BlockAllocator(n_blocks, block_tokens) for _ in range(n)]
+        # each engine's waiting requests, kept in queue_key order (insort): a step reads the
+        # head of the line without sorting the whole queue
         self.queues: list[list[Request]] = [[] for _ in range(n)]
+        # queued requests one group's admission looks at per step (those it admits included),
+        # so a step's cost does not grow with the queue; smaller ones behind requests that
+        # do not fit are still taken up to here (vLLM's FCFS stops at the first)
+        self.lookahead = 256
         self.running: list[Request] = []
         self.pending_bind: dict[Group, Method] = {}
         self.pending_release: dict[Group, Method] = {}
@@ -167,12 +182,27 @@ class FlyingScheduler:
         req.engine = min(range(self.n), key=lambda e: (load[e], e))
         if req.temperature >= SAMPLING_EPS:
             req._rng = np.random.default_rng(req.seed if req.seed is not None else req.rid)
-        self.queues[req.engine].append(req)
+        if not req.cancelled:  # (cancelled before it was added: never queued)
+            bisect.insort(self.queues[req.engine], req, key=queue_key)
         self._arrivals += 1
         return req
 
+    def backlog(self) -> int:
+        """Requests waiting, plus commands posted and not yet run (each admission is one).
+        Safe to read from another thread: it may count a request twice while its admission
+        runs, never zero times, so a bound checked against it holds."""
+        return len(self.inbox) + sum(len(q) for q in self.queues)
+
     def cancel(self, req: Request) -> None:
         req.cancelled = True
+        if req.home is None:
+            self._dequeue(req)
+
+    def _dequeue(self, req: Request) -> None:
+        q = self.queues[req.engine]
+        i = bisect.bisect_left(q, queue_key(req), key=queue_key)
+        if i < len(q) and q[i] is req:
+            del q[i]
 
     def request_bind(self, group: Group, method: Method) -> None:
         if len(group) not in self.widths or group[0] % len(group) or \
@@ -218,8 +248,7 @@ class FlyingScheduler:
         now = self.clock()
         self._rate = ewma_rate(self._rate, now - self._rate_at, self._arrivals)
         self._rate_at, self._arrivals = now, 0
-        queued = sorted((r for q in self.queues for r in q),
-                        key=lambda r: (-r.priority, r.arrival, r.rid))
+        queued = list(itertools.islice(heapq.merge(*self.queues, key=queue_key), 16))
         return SwitchState(
             width=self.width, groups=tuple(self.groups),
             waiting=tuple(len(q) for q in self.queues),
@@ -228,7 +257,7 @@ class FlyingScheduler:
             widths=self.widths, now=now - self.started,
             mode_since=self.mode_since - self.started,
             arrival_rate=self._rate,
-            pending=tuple(Pending(r.total, r.priority, r.engine) for r in queued[:16]),
+            pending=tuple(Pending(r.total, r.priority, r.engine) for r in queued),
             running_priority=max((r.priority for r in self.running), default=0),
             running_wide=sum(1 for r in self.running if r.min_width > 1),
         )
@@ -353,7 +382,7 @@ class FlyingScheduler:
         self.running.remove(r)
         r.home, r.computed, r.soft = None, 0, False
         r.folds += 1
-        self.queues[r.engine].insert(0, r)
+        bisect.insort(self.queues[r.engine], r, key=queue_key)  # ahead of unfolded ones
 
     def _free(self, r: Request) -> None:
         for e, blocks in r.tables.items():
@@ -383,11 +412,13 @@ class FlyingScheduler:
             if blocked:
                 continue
             count = sum(1 for r in active if r.home == g)
-            queued = sorted((r for e in g for r in self.queues[e]),
-                            key=lambda r: (-r.priority, r.folds == 0, r.arrival, r.rid))
-            for r in queued:
-                if count >= self.max_batch * len(g):
-                    break
+            admitted: list[Request] = []
+            # the members' queues are each in queue_key order: merge them lazily, so only
+            # the head of the line is read
+            queued = heapq.merge(*(self.queues[e] for e in g), key=queue_key)
+            for r in itertools.islice(queued, self.lookahead):
+                if count >= self.max_batch * len(g) or not all(self.alloc[e].free for e in g):
+                    break  # (full batch, or no free block for any request)
                 prefill = len(r.tokens)
                 if r.min_width > len(g) or (prefill > budget and budget <
                                             self.max_prefill_tokens):
@@ -397,17 +428,18 @@ class FlyingScheduler:
                     continue
                 r.tables = {e: self.alloc[e].allocate(need) for e in g}
                 r.home, r.soft = g, soft
-                self.queues[r.engine].remove(r)
-                self.running.append(r)
+                admitted.append(r)
                 budget -= prefill
                 count += 1
+            for r in admitted:  # (not while the merge reads the queues)
+                self._dequeue(r)
+                self.running.append(r)
 
     def _drop_cancelled(self) -> None:
         for r in [r for r in self.running if r.cancelled]:
             self._free(r)
             self.running.remove(r)
-        for q in self.queues:
-            q[:] = [r for r in q if not r.cancelled]
+        # (a queued request leaves its queue when it is cancelled)
 
     # -- status -------------------------------------------------------------------------
 

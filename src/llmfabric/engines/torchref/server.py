@@ -33,6 +33,10 @@ from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
 from llmfabric.engines.torchref.scheduler import Event, Request
 from llmfabric.scheduler.switching import METHODS, Method
 
+MAX_SEED = 2**64 - 1
+RETRY_AFTER_S = 1  # Retry-After of a 503 for a full waiting queue
+MIN_MESSAGE_TOKENS = len("<tool>\n")  # the shortest chat message (ByteTokenizer.chat_prompt)
+
 METHOD_NAMES: dict[str, Method] = {"sequential": "sequential", "soft-preempt": "soft",
                                    "hard-preempt": "hard", **{m: m for m in METHODS}}
 
@@ -128,7 +132,9 @@ class TorchServer:
     # -- generation ---------------------------------------------------------------------
 
     async def _body(self, request: web.Request, cls: type[M]) -> M | web.Response:
-        req = await read_request(request, cls)
+        # (a chat message is at least "<tool>\n": 7 byte tokens)
+        req = await read_request(request, cls, self.engine.options.config.max_model_len,
+                                 MIN_MESSAGE_TOKENS)
         if isinstance(req, web.Response):
             return req
         if getattr(req, "model", "") != self.model:
@@ -172,21 +178,35 @@ class TorchServer:
         temperature = extra.get("temperature")
         seed = extra.get("seed")
         priority = extra.get("priority", 0)
+        # (bool is an int in Python; JSON's true is not a number)
         if temperature is not None and (not isinstance(temperature, int | float)
+                                        or isinstance(temperature, bool)
                                         or not 0 <= temperature <= 2):
             return error_response(400, "temperature must be in [0, 2]", code="invalid_value",
                                   param="temperature")
-        if seed is not None and not isinstance(seed, int):
-            return error_response(400, "seed must be an integer", code="invalid_value",
-                                  param="seed")
-        if not isinstance(priority, int):
+        # a negative seed raised in numpy's seeding on the scheduler's thread: a 500
+        # engine_failure (orjson reads integers past 2**64 - 1 as floats: refused here too)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
+                                 or not 0 <= seed <= MAX_SEED):
+            return error_response(400, f"seed must be an integer in [0, {MAX_SEED}]",
+                                  code="invalid_value", param="seed")
+        if not isinstance(priority, int) or isinstance(priority, bool):
             return error_response(400, "priority must be an integer", code="invalid_value",
                                   param="priority")
+        # a client's priority is the operator's to grant (EngineOptions.max_priority)
+        priority = min(priority, self.engine.options.max_priority)
         try:
             self.engine.sched.check(len(prompt), max_tokens)
         except ValueError as exc:
             return error_response(400, str(exc), code="context_length_exceeded",
                                   param="messages" if kind == "chat" else "prompt")
+        limit_waiting = self.engine.options.max_waiting
+        if self.engine.sched.backlog() >= limit_waiting:
+            # (the ingress takes a 503 as a failed attempt and tries another node)
+            return error_response(
+                503, f"the engine is overloaded: {limit_waiting} requests are waiting; "
+                "retry later", type_="server_error", code="engine_overloaded",
+                headers={"Retry-After": str(RETRY_AFTER_S)})
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
