@@ -293,3 +293,16 @@ async def test_advertised_addresses_never_include_a_wildcard():
         assert all(not a.startswith(("0.0.0.0", "127.")) for a in wild.advertised_addrs)
         assert public.advertised_addrs == ("10.9.9.9:7000",)
         assert silent.advertised_addrs == () and silent.listen_addr is None
+
+
+@pytest.mark.hostile
+async def test_a_node_does_not_connect_to_itself():
+    """A bootstrap address pointing back at the node connected it to itself."""
+    a = TlsTransport(NodeKey.generate(), psk())
+    async with a:
+        with pytest.raises(HandshakeRefused) as err:
+            await a.connect(a.listen_addr)
+        assert err.value.code == "self"
+        # As a bootstrap address, ours answers (it is us) without a connection.
+        assert await a.connect_bootstrap(a.listen_addr) == a.local_id
+        assert a.connected_peers() == () and a.stats.connections_opened == 0

@@ -13,6 +13,9 @@ Python's ssl module cannot verify a self-signed *client* certificate with custom
    admission proof} or REFUSE {reason}.
 5. Client checks the server's admission proof, then CONFIRM or REFUSE {reason}.
 
+A node never connects to itself: the client stops when the server's certificate carries its
+own peer id, the server refuses an AUTH that proves its own key (code "self").
+
 Handshake messages are msgpack maps inside frames (see framing.py).
 """
 
@@ -166,6 +169,10 @@ async def client_handshake(
             f"peer id mismatch: expected {expected_peer}, the address answers as {server_id}",
             code="pin_mismatch",
         )
+    if server_id == cfg.key.peer_id:  # (a bootstrap address that points back here)
+        raise HandshakeRefused(
+            f"the address answers as this node itself ({server_id}): a node does not "
+            "connect to itself", code="self")
     fr = FramedReader(reader, FrameDecoder())
     hello = await _expect(fr, FrameType.HELLO, cfg)
     network = _field(hello, "network", str)
@@ -255,6 +262,11 @@ async def server_handshake(
     ):
         _refuse(writer, "handshake signature is invalid")
         raise HandshakeRefused("client handshake signature is invalid", code="bad_signature")
+    if client_id == me:  # it holds our key: this node dialling itself, or a clone of it
+        _refuse(writer, "you are this node itself (same peer id): a node does not connect to "
+                        "itself; do two processes share one node key?")
+        await writer.drain()
+        raise HandshakeRefused(f"the dialler is this node itself ({me}): refused", code="self")
     ctx = AdmissionContext(
         cfg.admission.network, client_id, me, "client", client_nonce, server_nonce, cfg.clock.wall()
     )

@@ -428,8 +428,14 @@ class TlsTransport(RelayMethods):
         return self._register(conn).peer_id
 
     async def connect_bootstrap(self, addr: str) -> str:
-        """Connect to a bootstrap peer; return the peer id learnt from its certificate."""
-        return await self.connect(addr)
+        """Connect to a bootstrap peer; return the peer id learnt from its certificate (our
+        own when the address is this node's: it answered, but no connection is made)."""
+        try:
+            return await self.connect(addr)
+        except HandshakeRefused as exc:
+            if exc.code == "self":
+                return self.local_id
+            raise
 
     async def bootstrap(self, addrs: Sequence[str], *, max_rounds: int | None = None) -> list[str]:
         """Connect to every reachable bootstrap address; while none answers, retry after
