@@ -2,8 +2,9 @@
 
 - `keys init`: create (first time) or show this node's key and peer id.
 - `keys operator-init`: create or show the operator key (signs membership certificates).
-- `keys sign-node PEER_ID --network NET --out FILE [--expires DAYS] [--provider NAME]
-  [--model M ...] [--max-sessions N]`: operator signs a node (and binds its identity).
+- `keys sign-node PEER_ID --network NET --out FILE [--expires DAYS] [--not-before DAYS]
+  [--provider NAME] [--model M ...] [--max-sessions N]`: operator signs a node (and binds
+  its identity).
 
 The group object is `keys_group` (also exported as `command`); other modules add
 subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py,
@@ -98,10 +99,16 @@ def operator_init(home: pathlib.Path | None, as_json: bool) -> None:
               help="a model id or alias the node may publish (repeat; default: any)")
 @click.option("--max-sessions", type=click.IntRange(0, 1 << 20), default=0,
               help="sessions the node may hold at once [default: the fabric's cap, 8]")
+@click.option("--not-before", "not_before_days", default="-0.01", show_default=True,
+              metavar="DAYS",
+              help="valid from DAYS from now (negative: in the past; the default leaves a "
+                   "quarter of an hour for clock skew); 'none': no lower bound (nodes older "
+                   "than not_before support cannot verify a certificate with one)")
 @home_option
 def sign_node(
     peer_id: str, network: str, out: pathlib.Path, days: float, provider: str,
-    models: tuple[str, ...], max_sessions: int, home: pathlib.Path | None
+    models: tuple[str, ...], max_sessions: int, not_before_days: str,
+    home: pathlib.Path | None
 ) -> None:
     """Sign a membership certificate admitting PEER_ID to NETWORK (operator key needed),
     optionally binding it to a provider identity, models and a session cap."""
@@ -114,13 +121,26 @@ def sign_node(
         ) from exc
     if not (days > 0 and math.isfinite(days)):  # (click's float takes "nan" and "inf")
         raise click.BadParameter("must be a positive number of days", param_hint="--expires")
+    now = time.time()
+    not_before = 0.0
+    if not_before_days.strip().lower() != "none":
+        try:
+            nb_days = float(not_before_days)
+        except ValueError:
+            nb_days = math.nan
+        if not (math.isfinite(nb_days) and nb_days < days):
+            raise click.BadParameter("must be a number of days before --expires, or 'none'",
+                                     param_hint="--not-before")
+        not_before = max(0.0, now + nb_days * 86400.0)
     try:
-        cert = sign_membership(operator, peer_id, network, time.time() + days * 86400.0,
-                               provider=provider, models=models, max_sessions=max_sessions)
+        cert = sign_membership(operator, peer_id, network, now + days * 86400.0,
+                               provider=provider, models=models, max_sessions=max_sessions,
+                               not_before=not_before)
     except IdentityError as exc:
         raise click.ClickException(str(exc)) from exc
     out.write_text(cert.to_json() + "\n")
     click.echo(f"membership certificate for {peer_id} on {network!r} written to {out}")
+    click.echo(f"certificate id: {cert.cert_id} (what `keys revoke-node --cert` revokes)")
 
 
 def _attach_api_key_commands() -> None:

@@ -17,6 +17,7 @@ identity, and the replica applies the policy.)
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ class ProviderVerifier:
         key = (record.peer_id, record.meta.cert)
         now = self._wall()
         hit = self._cache.get(key)
-        if hit is not None and (hit[0] is None or now < hit[1]):
+        if hit is not None and now < hit[1]:  # (a refusal holds until inf, or not_before)
             self._cache.move_to_end(key)
             return hit[0], hit[2]
         grant, expires, why = self._check(record, now)
@@ -72,14 +73,17 @@ class ProviderVerifier:
 
     def _check(self, record: NodeRecord, now: float) -> tuple[Grant | None, float, str]:
         if not record.meta.cert:
-            return None, 0.0, "no membership certificate in the record"
+            return None, math.inf, "no membership certificate in the record"
         assert self.operator_key is not None
+        cert = None
         try:
             cert = MembershipCert.from_json(record.meta.cert)
             cert.verify(self.operator_key, peer_id=record.peer_id, network=self.network,
                         now=now)
         except AdmissionError as exc:
-            return None, 0.0, str(exc)
+            # Not valid yet: checked again from its not_before; any other refusal holds.
+            retry = cert.not_before if cert is not None and now < cert.not_before else math.inf
+            return None, retry, str(exc)
         return (Grant(cert.provider or record.peer_id, cert.models, cert.max_sessions),
                 cert.expires_at, "")
 

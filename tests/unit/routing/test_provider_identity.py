@@ -140,3 +140,20 @@ def test_certificates_without_grants_verify_as_before() -> None:
     tampered = dataclasses.replace(MembershipCert.from_json(granted.to_json()), provider="y")
     with pytest.raises(Exception, match="invalid"):
         tampered.verify(OPERATOR.public_bytes, peer_id=key.peer_id, network=NET, now=1e9)
+
+
+def test_a_record_certificate_not_valid_yet_is_refused_until_its_not_before() -> None:
+    """A refusal was cached for good: a certificate whose not_before had not come yet would
+    have stayed refused after it came."""
+    clock = FakeClock()
+    wall = [clock.wall()]
+    verifier = ProviderVerifier(OPERATOR.public_bytes, NET, lambda: wall[0])
+    key = NodeKey.generate()
+    cert = sign_membership(OPERATOR, key.peer_id, NET, clock.wall() + 3600,
+                           not_before=clock.wall() + 60).to_json()
+    rec = _record(key, clock, provider="p", cert=cert)
+    grant, why = verifier.grant(rec)
+    assert grant is None and "not valid yet" in why
+    wall[0] += 61
+    grant, why = verifier.grant(rec)
+    assert grant is not None and why == ""
