@@ -24,10 +24,13 @@ import math
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmfabric.identity.errors import AdmissionError, InvalidSignature
 from llmfabric.identity.keys import NodeKey, is_valid
+
+if TYPE_CHECKING:
+    from llmfabric.identity.revocation import Revocations
 
 _PSK_LABEL = b"llmfabric-psk-v1\x00"
 _CERT_LABEL = b"llmfabric-membership-v1\x00"
@@ -293,13 +296,16 @@ def sign_membership(
 
 
 class CertAdmission:
-    """Admission by an operator-signed membership certificate."""
+    """Admission by an operator-signed membership certificate; with `revocations`, a peer
+    whose key or certificate the operator's revocation list names is refused."""
 
     kind = "cert"
 
-    def __init__(self, operator_public_key: bytes, cert: MembershipCert) -> None:
+    def __init__(self, operator_public_key: bytes, cert: MembershipCert,
+                 revocations: Revocations | None = None) -> None:
         self._operator = operator_public_key
         self._cert = cert
+        self.revocations = revocations
 
     @property
     def network(self) -> str:
@@ -314,6 +320,8 @@ class CertAdmission:
             cert.verify(self._operator, peer_id=ctx.prover_id, network=ctx.network, now=ctx.now)
         except InvalidSignature as exc:  # pragma: no cover - is_valid does not raise
             raise AdmissionError(str(exc)) from exc
+        if self.revocations is not None:  # (raises CertificateRevoked)
+            self.revocations.check(ctx.prover_id, cert.cert_id)
 
 
 ADMISSION_KINDS: dict[str, str] = {

@@ -33,7 +33,7 @@ import msgpack
 from llmfabric.clock import Clock, with_timeout
 from llmfabric.identity.admission import Admission, AdmissionContext
 from llmfabric.identity.certs import cert_identity, cert_pem, fingerprint
-from llmfabric.identity.errors import AdmissionError, IdentityError
+from llmfabric.identity.errors import AdmissionError, CertificateRevoked, IdentityError
 from llmfabric.identity.keys import NodeKey, is_valid
 from llmfabric.identity.peer_id import matches
 from llmfabric.net.errors import FrameError, HandshakeRefused, OversizedFrame
@@ -143,6 +143,11 @@ def _field(msg: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
+def _code(exc: AdmissionError) -> str:
+    """The refusal's code (counted in NetStats.handshakes_refused)."""
+    return "revoked" if isinstance(exc, CertificateRevoked) else "admission"
+
+
 def _refuse(writer: asyncio.StreamWriter, reason: str) -> None:
     writer.write(encode_frame(FrameType.REFUSE, _pack({"reason": reason})))
 
@@ -216,7 +221,7 @@ async def client_handshake(
         cfg.admission.check(proof, sctx)
     except AdmissionError as exc:
         _refuse(writer, f"your admission proof was rejected: {exc}")
-        raise HandshakeRefused(f"server failed admission: {exc}", code="admission") from exc
+        raise HandshakeRefused(f"server failed admission: {exc}", code=_code(exc)) from exc
     writer.write(encode_frame(FrameType.CONFIRM, _pack({})))
     await writer.drain()
     return server_id, fr
@@ -275,7 +280,7 @@ async def server_handshake(
     except AdmissionError as exc:
         _refuse(writer, f"admission refused: {exc}")
         await writer.drain()
-        raise HandshakeRefused(f"client failed admission: {exc}", code="admission") from exc
+        raise HandshakeRefused(f"client failed admission: {exc}", code=_code(exc)) from exc
     sctx = AdmissionContext(
         cfg.admission.network, me, client_id, "server", client_nonce, server_nonce, cfg.clock.wall()
     )

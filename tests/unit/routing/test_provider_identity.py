@@ -157,3 +157,31 @@ def test_a_record_certificate_not_valid_yet_is_refused_until_its_not_before() ->
     wall[0] += 61
     grant, why = verifier.grant(rec)
     assert grant is not None and why == ""
+
+
+def test_a_revoked_key_s_records_are_refused_and_match_no_allowlist() -> None:
+    """A leaked member key kept publishing records (routable, its provider name trusted)
+    until its certificate expired."""
+    from llmfabric.identity.revocation import Revocations, sign_revocations
+
+    clock = FakeClock()
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    verifier = ProviderVerifier(OPERATOR.public_bytes, NET, clock.wall, revs)
+    policy = CertRecordPolicy(verifier)
+    leaked, narrowed, honest = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+    broad = _cert(narrowed, clock, provider="lab")
+    recs = {k.peer_id: _record(k, clock, provider="lab", cert=c) for k, c in (
+        (leaked, _cert(leaked, clock, provider="lab")), (narrowed, broad),
+        (honest, _cert(honest, clock, provider="lab")))}
+    assert all(policy.refuse(r, clock.wall()) is None for r in recs.values())
+    from llmfabric.identity.admission import MembershipCert
+
+    revs.offer(sign_revocations(OPERATOR, NET, clock.wall(), [leaked.peer_id],
+                                [MembershipCert.from_json(broad).cert_id]))
+    for peer in (leaked.peer_id, narrowed.peer_id):
+        assert policy.refuse(recs[peer], clock.wall()) == "revoked"
+        assert verifier.identity(recs[peer]) == ""
+        down = dataclasses.replace(recs[peer], state=Lifecycle.DOWN)
+        assert policy.refuse(down, clock.wall()) == "revoked"  # not even a leaving record
+    assert policy.refuse(recs[honest.peer_id], clock.wall()) is None
+    assert verifier.identity(recs[honest.peer_id]) == "lab"
