@@ -10,14 +10,31 @@ from collections.abc import Callable
 
 from llmfabric.identity import Admission, CertAdmission, MembershipCert, PskAdmission
 from llmfabric.identity.admission import decode_public_key
+from llmfabric.identity.revocation import Revocations
 from llmfabric.node.config import ConfigError, NodeConfig
 from llmfabric.registry.provider import CertRecordPolicy, ProviderVerifier
 
 _SECRET_FILE_MAX = 64 * 1024  # two secrets; a larger file is not one
 
 
-def admission_from_config(config: NodeConfig) -> Admission:
-    """PSK when a network secret is set, else an operator-signed membership certificate."""
+def revocations_from_config(config: NodeConfig) -> Revocations | None:
+    """The revocation list holder (empty until node/revocation.py loads the file) when
+    --revocation-list is set; only on certificate networks."""
+    if config.revocation_list is None:
+        return None
+    if (config.membership_cert is None or not config.operator_key or config.network_secret
+            or config.network_secret_file is not None):
+        raise ConfigError(
+            "--revocation-list needs a certificate network (--membership-cert with "
+            "--operator-key): on a pre-shared-secret network anyone with the secret mints "
+            "keys, so rotate the secret instead")
+    return Revocations(decode_public_key(config.operator_key), config.network)
+
+
+def admission_from_config(config: NodeConfig,
+                          revocations: Revocations | None = None) -> Admission:
+    """PSK when a network secret is set, else an operator-signed membership certificate
+    (checked against `revocations` when set)."""
     if config.network_secret_file is not None:
         secret, previous = read_secret_file(config.network_secret_file)
         return PskAdmission(config.network, secret, previous)
@@ -32,7 +49,7 @@ def admission_from_config(config: NodeConfig) -> Admission:
                 "by `llmfabric keys operator-init`) to check other nodes' certificates"
             )
         cert = MembershipCert.load(config.membership_cert)
-        return CertAdmission(decode_public_key(config.operator_key), cert)
+        return CertAdmission(decode_public_key(config.operator_key), cert, revocations)
     raise ConfigError("no admission credential: set --network-secret or --membership-cert")
 
 
@@ -73,13 +90,14 @@ def read_secret_file(path: pathlib.Path) -> tuple[bytes, bytes | None]:
     return lines[0].encode(), lines[1].encode() if len(lines) == 2 else None
 
 
-def provider_verifier(config: NodeConfig, wall: Callable[[], float]) -> ProviderVerifier:
-    """Certificates checked against the operator key on certificate networks; on PSK
-    networks (no operator key) a provider is its key fingerprint."""
+def provider_verifier(config: NodeConfig, wall: Callable[[], float],
+                      revocations: Revocations | None = None) -> ProviderVerifier:
+    """Certificates checked against the operator key (and `revocations`) on certificate
+    networks; on PSK networks (no operator key) a provider is its key fingerprint."""
     operator = (decode_public_key(config.operator_key)
                 if config.membership_cert is not None and config.operator_key
                 and not config.network_secret else None)
-    return ProviderVerifier(operator, config.network, wall)
+    return ProviderVerifier(operator, config.network, wall, revocations)
 
 
 def record_policy(verifier: ProviderVerifier) -> CertRecordPolicy | None:
