@@ -150,7 +150,7 @@ def sign_node(
 
 
 @keys_group.command("revoke-node")
-@click.argument("peer_ids", nargs=-1)
+@click.argument("peer_ids", nargs=-1, metavar="[PEER_ID]...")
 @click.option("--list", "list_file", required=True,
               type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="the revocation list (JSON) to extend, or to create")
