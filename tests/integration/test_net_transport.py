@@ -293,3 +293,60 @@ async def test_advertised_addresses_never_include_a_wildcard():
         assert all(not a.startswith(("0.0.0.0", "127.")) for a in wild.advertised_addrs)
         assert public.advertised_addrs == ("10.9.9.9:7000",)
         assert silent.advertised_addrs == () and silent.listen_addr is None
+
+
+@pytest.mark.hostile
+async def test_a_node_does_not_connect_to_itself():
+    """A bootstrap address pointing back at the node connected it to itself."""
+    a = TlsTransport(NodeKey.generate(), psk())
+    async with a:
+        with pytest.raises(HandshakeRefused) as err:
+            await a.connect(a.listen_addr)
+        assert err.value.code == "self"
+        # As a bootstrap address, ours answers (it is us) without a connection.
+        assert await a.connect_bootstrap(a.listen_addr) == a.local_id
+        assert a.connected_peers() == () and a.stats.connections_opened == 0
+
+
+@pytest.mark.hostile
+async def test_a_revoked_member_is_disconnected_and_refused_at_the_handshake():
+    """Certificates could not be revoked: a leaked member key stayed connected, and could
+    reconnect, until its certificate expired."""
+    from llmfabric.identity.revocation import Revocations, sign_revocations
+
+    operator = NodeKey.generate()
+    ka, kb, kc = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+    revs = Revocations(operator.public_bytes, "n")  # a's list
+
+    def cert_adm(key: NodeKey, r: Revocations | None = None) -> CertAdmission:
+        return CertAdmission(operator.public_bytes,
+                             sign_membership(operator, key.peer_id, "n", 4_000_000_000.0), r)
+
+    a = TlsTransport(ka, cert_adm(ka, revs))
+    b = TlsTransport(kb, cert_adm(kb))
+    c = TlsTransport(kc, cert_adm(kc), TransportConfig(host=None))
+    async with a, b, c:
+        assert await b.connect(a.listen_addr) == a.local_id
+        assert await c.connect(a.listen_addr) == a.local_id
+        await wait_for(lambda: set(a.connected_peers()) == {b.local_id, c.local_id})
+
+        revs.offer(sign_revocations(operator, "n", 1_700_000_000.0, [b.local_id]))
+        assert a.refuse_peers([b.local_id]) == 1
+        await wait_for(lambda: a.connected_peers() == (c.local_id,))
+        await wait_for(lambda: b.connected_peers() == ())
+        # b dials again: refused, and told why.
+        with pytest.raises(HandshakeRefused) as err:
+            await b.connect(a.listen_addr)
+        assert err.value.code == "refused_by_peer" and "revoked" in err.value.reason
+        await wait_for(lambda: a.stats.handshakes_refused["revoked"] == 1)
+        # a dials b: a refuses b's proof.
+        with pytest.raises(HandshakeRefused) as err:
+            await a.connect(b.listen_addr)
+        assert err.value.code == "revoked"
+        assert a.connected_peers() == (c.local_id,)  # the others stay connected
+        # What a relay that lacks the list still forwards from b is dropped.
+        got: list[str] = []
+        a.set_handler(lambda peer, data: got.append(peer))
+        a.on_datagram(b.local_id, b"x", None)
+        a.on_datagram(c.local_id, b"x", None)
+        assert got == [c.local_id] and a.stats.dropped["revoked"] == 1

@@ -2,8 +2,13 @@
 
 - `keys init`: create (first time) or show this node's key and peer id.
 - `keys operator-init`: create or show the operator key (signs membership certificates).
-- `keys sign-node PEER_ID --network NET --out FILE [--expires DAYS] [--provider NAME]
-  [--model M ...] [--max-sessions N]`: operator signs a node (and binds its identity).
+- `keys sign-node PEER_ID --network NET --out FILE [--expires DAYS] [--not-before DAYS]
+  [--provider NAME] [--model M ...] [--max-sessions N]`: operator signs a node (and binds
+  its identity).
+- `keys revoke-node [PEER_ID ...] [--cert FILE ...] [--cert-id ID ...] --list FILE
+  [--network NET]`: operator adds keys (or single certificates) to the signed revocation
+  list FILE (created if missing), re-signed with a new issue time; nodes started with
+  `--revocation-list FILE` re-read it when it changes (identity/revocation.py).
 
 The group object is `keys_group` (also exported as `command`); other modules add
 subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py,
@@ -15,15 +20,17 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import pathlib
 import time
 
 import click
 
-from llmfabric.identity.admission import encode_public_key, sign_membership
+from llmfabric.identity.admission import MembershipCert, encode_public_key, sign_membership
 from llmfabric.identity.errors import IdentityError
 from llmfabric.identity.keys import NODE_KEY_FILE, OPERATOR_KEY_FILE, NodeKey, default_home
 from llmfabric.identity.peer_id import check_peer_id
+from llmfabric.identity.revocation import RevocationList, sign_revocations
 
 home_option = click.option(
     "--home",
@@ -98,10 +105,16 @@ def operator_init(home: pathlib.Path | None, as_json: bool) -> None:
               help="a model id or alias the node may publish (repeat; default: any)")
 @click.option("--max-sessions", type=click.IntRange(0, 1 << 20), default=0,
               help="sessions the node may hold at once [default: the fabric's cap, 8]")
+@click.option("--not-before", "not_before_days", default="-0.01", show_default=True,
+              metavar="DAYS",
+              help="valid from DAYS from now (negative: in the past; the default leaves a "
+                   "quarter of an hour for clock skew); 'none': no lower bound (nodes older "
+                   "than not_before support cannot verify a certificate with one)")
 @home_option
 def sign_node(
     peer_id: str, network: str, out: pathlib.Path, days: float, provider: str,
-    models: tuple[str, ...], max_sessions: int, home: pathlib.Path | None
+    models: tuple[str, ...], max_sessions: int, not_before_days: str,
+    home: pathlib.Path | None
 ) -> None:
     """Sign a membership certificate admitting PEER_ID to NETWORK (operator key needed),
     optionally binding it to a provider identity, models and a session cap."""
@@ -114,13 +127,90 @@ def sign_node(
         ) from exc
     if not (days > 0 and math.isfinite(days)):  # (click's float takes "nan" and "inf")
         raise click.BadParameter("must be a positive number of days", param_hint="--expires")
+    now = time.time()
+    not_before = 0.0
+    if not_before_days.strip().lower() != "none":
+        try:
+            nb_days = float(not_before_days)
+        except ValueError:
+            nb_days = math.nan
+        if not (math.isfinite(nb_days) and nb_days < days):
+            raise click.BadParameter("must be a number of days before --expires, or 'none'",
+                                     param_hint="--not-before")
+        not_before = max(0.0, now + nb_days * 86400.0)
     try:
-        cert = sign_membership(operator, peer_id, network, time.time() + days * 86400.0,
-                               provider=provider, models=models, max_sessions=max_sessions)
+        cert = sign_membership(operator, peer_id, network, now + days * 86400.0,
+                               provider=provider, models=models, max_sessions=max_sessions,
+                               not_before=not_before)
     except IdentityError as exc:
         raise click.ClickException(str(exc)) from exc
     out.write_text(cert.to_json() + "\n")
     click.echo(f"membership certificate for {peer_id} on {network!r} written to {out}")
+    click.echo(f"certificate id: {cert.cert_id} (what `keys revoke-node --cert` revokes)")
+
+
+@keys_group.command("revoke-node")
+@click.argument("peer_ids", nargs=-1, metavar="[PEER_ID]...")
+@click.option("--list", "list_file", required=True,
+              type=click.Path(dir_okay=False, path_type=pathlib.Path),
+              help="the revocation list (JSON) to extend, or to create")
+@click.option("--network", default="default", show_default=True, help="network name")
+@click.option("--cert", "cert_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
+              help="revoke only this membership certificate (its file), not its key "
+                   "(repeatable)")
+@click.option("--cert-id", "cert_ids", multiple=True,
+              help="revoke only the certificate with this id (printed by sign-node; "
+                   "repeatable)")
+@home_option
+def revoke_node(
+    peer_ids: tuple[str, ...], list_file: pathlib.Path, network: str,
+    cert_files: tuple[pathlib.Path, ...], cert_ids: tuple[str, ...], home: pathlib.Path | None
+) -> None:
+    """Revoke the membership of PEER_ID (every certificate of its key) on NETWORK, or of
+    single certificates: adds them to the revocation list FILE (created if missing) and
+    re-signs it with the operator key. Copy FILE to every node's --revocation-list path:
+    nodes re-read it within seconds, refuse the revoked members' handshakes, close their
+    connections and drop their registry records."""
+    if not (peer_ids or cert_files or cert_ids):
+        raise click.UsageError("name a PEER_ID to revoke, or a certificate (--cert, --cert-id)")
+    try:
+        for peer in peer_ids:
+            check_peer_id(peer)
+        operator = NodeKey.load(default_home(home) / OPERATOR_KEY_FILE)
+    except IdentityError as exc:
+        raise click.ClickException(
+            f"{exc} (the operator key is created by `llmfabric keys operator-init`)"
+        ) from exc
+    try:
+        certs = set(cert_ids)
+        for f in cert_files:
+            cert = MembershipCert.load(f)
+            if cert.network != network:
+                raise click.BadParameter(f"{f} is a certificate for network {cert.network!r}, "
+                                         f"not {network!r}", param_hint="--cert")
+            certs.add(cert.cert_id)
+        old: RevocationList | None = None
+        if list_file.exists():
+            old = RevocationList.load(list_file)
+            old.verify(operator.public_bytes, network)  # (ours: extend it, never replace it)
+        now = time.time()
+        issued_at = max(now, old.issued_at) if old is not None else now
+        new = sign_revocations(operator, network, issued_at,
+                               set(peer_ids) | (old.peer_ids if old else frozenset()),
+                               certs | (old.cert_ids if old else frozenset()))
+    except IdentityError as exc:
+        raise click.ClickException(str(exc)) from exc
+    # Written whole then renamed: a node polling the file never reads half of it.
+    tmp = list_file.with_name(f".{list_file.name}.{os.getpid()}.tmp")
+    tmp.write_text(new.to_json() + "\n")
+    os.replace(tmp, list_file)
+    added = (len(new.peer_ids) + len(new.cert_ids)
+             - (len(old.peer_ids) + len(old.cert_ids) if old else 0))
+    click.echo(f"revocation list {list_file} for {network!r}: {added} added, "
+               f"{len(new.peer_ids)} key(s) and {len(new.cert_ids)} certificate(s) revoked "
+               f"(issued at {new.issued_at:.3f}); copy it to every node's "
+               "--revocation-list path")
 
 
 def _attach_api_key_commands() -> None:

@@ -138,6 +138,11 @@ def node_options(fn: Any) -> Any:
                      help="operator-signed membership certificate (admission)"),
         click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY",
                      help="operator public key (base64) that signs membership certificates"),
+        click.option("--revocation-list", type=click.Path(dir_okay=False,
+                     path_type=pathlib.Path), envvar="LLMFABRIC_REVOCATION_LIST",
+                     help="the operator-signed revocation list (`llmfabric keys "
+                          "revoke-node`), with --membership-cert: revoked members are "
+                          "refused and disconnected; re-read when the file changes"),
         click.option("--ingress", is_flag=True, default=None,
                      help="serve the OpenAI API (lean front), accounts and dashboard "
                           "(aiohttp) on the HTTP port"),

@@ -121,6 +121,14 @@ class ProviderSessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def drop_peer(self, peer_id: str) -> int:
+        """Forget every session key of `peer_id` (its membership was revoked): its next
+        request with one is refused. Returns how many."""
+        mine = self._by_peer.pop(peer_id, deque())
+        for kid in mine:
+            self._sessions.pop(kid, None)
+        return len(mine)
+
     def verify(self, header: str, path: bytes, body: bytes, now: float) -> Verified:
         parts = header.split(".")
         if len(parts) != 5 or parts[0] != "v1":

@@ -189,6 +189,19 @@ class GossipAgent:
             and sid != self.session_id
         } - {self.peer_id}
 
+    def purge_peer(self, peer_id: PeerId) -> list[str]:
+        """Drop every session of `peer_id` from the replica (its membership was revoked;
+        Replica.purge_peer) and stop probing and gossiping with it. Our own peer is never
+        purged. Returns the sessions dropped."""
+        if peer_id == self.peer_id:
+            return []
+        sids = self.replica.purge_peer(peer_id)
+        if sids:
+            self._members = None  # rebuilt on next use, without them (O(N), once)
+            self._members_version += 1
+            self._evicted_sids.difference_update(sids)
+        return sids
+
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(change)` on every change of the local replica."""
         self.replica.add_listener(listener)

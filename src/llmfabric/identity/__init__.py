@@ -7,8 +7,11 @@ Files:
 - certs.py: self-signed X.509 certificate from a node key; `cert_identity` checks a peer's
   certificate and derives its peer id (for pinning).
 - admission.py: `Admission` protocol with `PskAdmission` (HMAC challenge-response) and
-  `CertAdmission` (operator-signed `MembershipCert`).
-- errors.py: `IdentityError` > KeyFileError, InvalidSignature, InvalidPeerId, AdmissionError.
+  `CertAdmission` (operator-signed `MembershipCert`, optionally checked against revocations).
+- revocation.py: operator-signed `RevocationList` (revoked peer ids and certificate ids) and
+  `Revocations`, the list in force (never replaced by an older one).
+- errors.py: `IdentityError` > KeyFileError, InvalidSignature, InvalidPeerId, AdmissionError
+  (> CertificateRevoked).
 """
 
 from llmfabric.identity.admission import (

@@ -7,9 +7,11 @@ Two kinds, registered by name in `ADMISSION_KINDS`:
   server nonce). Both nonces are fresh per connection and the role is bound in, so a proof can
   be neither replayed nor reflected; the secret itself never crosses the wire.
 - ``cert``: a membership certificate. The operator's Ed25519 key signs (node peer id, network
-  name, expiry); the node presents it and the verifier checks the operator signature against
-  its configured operator public key, that the certificate names the authenticated peer id
-  (already proven by TLS or the handshake signature), the right network, and is not expired.
+  name, expiry, optionally a not-before time); the node presents it and the verifier checks
+  the operator signature against its configured operator public key, that the certificate
+  names the authenticated peer id (already proven by TLS or the handshake signature), the
+  right network, is valid now (not before `not_before`, not after `expires_at`) and is not
+  revoked by the operator's revocation list (identity/revocation.py), when one is set.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import math
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmfabric.identity.errors import AdmissionError, InvalidSignature
 from llmfabric.identity.keys import NodeKey, is_valid
+
+if TYPE_CHECKING:
+    from llmfabric.identity.revocation import Revocations
 
 _PSK_LABEL = b"llmfabric-psk-v1\x00"
 _CERT_LABEL = b"llmfabric-membership-v1\x00"
@@ -136,11 +141,12 @@ class MembershipCert:
     provider: str = ""  # the provider identity routing allowlists match ("" = the peer id)
     models: tuple[str, ...] = ()  # model ids and aliases it may publish (() = any)
     max_sessions: int = 0  # sessions it may hold at once (0 = the fabric's default cap)
+    not_before: float = 0.0  # Unix seconds it is valid from (0 = no lower bound, old certs)
 
     @staticmethod
     def signed_bytes(
         peer_id: str, network: str, expires_at: float, provider: str = "",
-        models: tuple[str, ...] = (), max_sessions: int = 0,
+        models: tuple[str, ...] = (), max_sessions: int = 0, not_before: float = 0.0,
     ) -> bytes:
         fields: dict[str, object] = {
             "peer_id": peer_id, "network": network, "expires_at": round(expires_at, 3)}
@@ -150,6 +156,8 @@ class MembershipCert:
             fields["models"] = list(models)
         if max_sessions:
             fields["max_sessions"] = max_sessions
+        if not_before:
+            fields["not_before"] = round(not_before, 3)
         body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return _CERT_LABEL + body.encode()
 
@@ -168,7 +176,19 @@ class MembershipCert:
             obj["models"] = list(self.models)
         if self.max_sessions:
             obj["max_sessions"] = self.max_sessions
+        if self.not_before:
+            obj["not_before"] = round(self.not_before, 3)
         return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+    def _signed(self) -> bytes:
+        return self.signed_bytes(self.peer_id, self.network, self.expires_at, self.provider,
+                                 self.models, self.max_sessions, self.not_before)
+
+    @property
+    def cert_id(self) -> str:
+        """The certificate's id (hex SHA-256 of what the operator signed): what a revocation
+        list names to revoke this certificate and no other of the same key."""
+        return hashlib.sha256(self._signed()).hexdigest()
 
     @classmethod
     def from_json(cls, text: str | bytes) -> MembershipCert:
@@ -189,6 +209,10 @@ class MembershipCert:
             expires_at = float(obj["expires_at"])
             if not math.isfinite(expires_at):  # NaN never compares as expired
                 raise ValueError("expires_at must be a finite number")
+            not_before = obj.get("not_before", 0.0)  # (absent in older certificates)
+            if isinstance(not_before, bool) or not isinstance(not_before, int | float) or not (
+                    math.isfinite(not_before) and not_before >= 0):
+                raise ValueError("not_before must be a finite number of Unix seconds")
             return cls(
                 peer_id=str(obj["peer_id"]),
                 network=str(obj["network"]),
@@ -198,6 +222,7 @@ class MembershipCert:
                 provider=str(obj.get("provider", "")),
                 models=tuple(models),
                 max_sessions=max_sessions,
+                not_before=float(not_before),
             )
         # (RecursionError: JSON nested too deep; OverflowError: an integer float() cannot hold)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
@@ -215,9 +240,7 @@ class MembershipCert:
         """Raise AdmissionError with the reason unless the certificate admits `peer_id`."""
         if self.operator_public_key != operator_public_key:
             raise AdmissionError("membership certificate is signed by another operator key")
-        message = self.signed_bytes(self.peer_id, self.network, self.expires_at, self.provider,
-                                    self.models, self.max_sessions)
-        if not is_valid(operator_public_key, message, self.signature):
+        if not is_valid(operator_public_key, self._signed(), self.signature):
             raise AdmissionError("membership certificate signature is invalid (tampered?)")
         if self.peer_id != peer_id:
             raise AdmissionError(
@@ -233,19 +256,28 @@ class MembershipCert:
                 "membership certificate has expired; ask the operator for a new one "
                 "(`llmfabric keys sign-node`)"
             )
+        if now < self.not_before:  # (a verifier whose clock is far behind: a replayed old one)
+            raise AdmissionError(
+                f"membership certificate is not valid yet (not before {self.not_before:.0f}, "
+                f"now {now:.0f}): check this node's clock"
+            )
 
 
 def sign_membership(
     operator: NodeKey, peer_id: str, network: str, expires_at: float, *,
     provider: str = "", models: tuple[str, ...] = (), max_sessions: int = 0,
+    not_before: float = 0.0,
 ) -> MembershipCert:
-    """Operator side: certify that `peer_id` may join `network` until `expires_at` (as a
-    member of `provider`, publishing only `models`, with at most `max_sessions` sessions)."""
+    """Operator side: certify that `peer_id` may join `network` from `not_before` (0: no
+    lower bound) until `expires_at` (as a member of `provider`, publishing only `models`,
+    with at most `max_sessions` sessions)."""
     if not math.isfinite(expires_at):
         raise AdmissionError("a membership certificate needs a finite expiry")
-    expires_at = round(expires_at, 3)
+    if not (math.isfinite(not_before) and 0 <= not_before < expires_at):
+        raise AdmissionError("not_before must be a finite time before the expiry")
+    expires_at, not_before = round(expires_at, 3), round(not_before, 3)
     signature = operator.sign(MembershipCert.signed_bytes(
-        peer_id, network, expires_at, provider, models, max_sessions))
+        peer_id, network, expires_at, provider, models, max_sessions, not_before))
     cert = MembershipCert(
         peer_id=peer_id,
         network=network,
@@ -255,6 +287,7 @@ def sign_membership(
         provider=provider,
         models=models,
         max_sessions=max_sessions,
+        not_before=not_before,
     )
     if len(cert.to_json()) > MAX_CERT_BYTES:  # no node could load it, no record carry it
         raise AdmissionError(
@@ -263,13 +296,16 @@ def sign_membership(
 
 
 class CertAdmission:
-    """Admission by an operator-signed membership certificate."""
+    """Admission by an operator-signed membership certificate; with `revocations`, a peer
+    whose key or certificate the operator's revocation list names is refused."""
 
     kind = "cert"
 
-    def __init__(self, operator_public_key: bytes, cert: MembershipCert) -> None:
+    def __init__(self, operator_public_key: bytes, cert: MembershipCert,
+                 revocations: Revocations | None = None) -> None:
         self._operator = operator_public_key
         self._cert = cert
+        self.revocations = revocations
 
     @property
     def network(self) -> str:
@@ -284,6 +320,8 @@ class CertAdmission:
             cert.verify(self._operator, peer_id=ctx.prover_id, network=ctx.network, now=ctx.now)
         except InvalidSignature as exc:  # pragma: no cover - is_valid does not raise
             raise AdmissionError(str(exc)) from exc
+        if self.revocations is not None:  # (raises CertificateRevoked)
+            self.revocations.check(ctx.prover_id, cert.cert_id)
 
 
 ADMISSION_KINDS: dict[str, str] = {

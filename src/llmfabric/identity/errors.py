@@ -21,3 +21,7 @@ class InvalidPeerId(IdentityError):
 
 class AdmissionError(IdentityError):
     """A network admission credential is missing, invalid, expired or for another network."""
+
+
+class CertificateRevoked(AdmissionError):
+    """The peer's key or certificate is on the operator's revocation list."""

@@ -13,6 +13,9 @@ Python's ssl module cannot verify a self-signed *client* certificate with custom
    admission proof} or REFUSE {reason}.
 5. Client checks the server's admission proof, then CONFIRM or REFUSE {reason}.
 
+A node never connects to itself: the client stops when the server's certificate carries its
+own peer id, the server refuses an AUTH that proves its own key (code "self").
+
 Handshake messages are msgpack maps inside frames (see framing.py).
 """
 
@@ -30,7 +33,7 @@ import msgpack
 from llmfabric.clock import Clock, with_timeout
 from llmfabric.identity.admission import Admission, AdmissionContext
 from llmfabric.identity.certs import cert_identity, cert_pem, fingerprint
-from llmfabric.identity.errors import AdmissionError, IdentityError
+from llmfabric.identity.errors import AdmissionError, CertificateRevoked, IdentityError
 from llmfabric.identity.keys import NodeKey, is_valid
 from llmfabric.identity.peer_id import matches
 from llmfabric.net.errors import FrameError, HandshakeRefused, OversizedFrame
@@ -140,6 +143,11 @@ def _field(msg: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
+def _code(exc: AdmissionError) -> str:
+    """The refusal's code (counted in NetStats.handshakes_refused)."""
+    return "revoked" if isinstance(exc, CertificateRevoked) else "admission"
+
+
 def _refuse(writer: asyncio.StreamWriter, reason: str) -> None:
     writer.write(encode_frame(FrameType.REFUSE, _pack({"reason": reason})))
 
@@ -166,6 +174,10 @@ async def client_handshake(
             f"peer id mismatch: expected {expected_peer}, the address answers as {server_id}",
             code="pin_mismatch",
         )
+    if server_id == cfg.key.peer_id:  # (a bootstrap address that points back here)
+        raise HandshakeRefused(
+            f"the address answers as this node itself ({server_id}): a node does not "
+            "connect to itself", code="self")
     fr = FramedReader(reader, FrameDecoder())
     hello = await _expect(fr, FrameType.HELLO, cfg)
     network = _field(hello, "network", str)
@@ -209,7 +221,7 @@ async def client_handshake(
         cfg.admission.check(proof, sctx)
     except AdmissionError as exc:
         _refuse(writer, f"your admission proof was rejected: {exc}")
-        raise HandshakeRefused(f"server failed admission: {exc}", code="admission") from exc
+        raise HandshakeRefused(f"server failed admission: {exc}", code=_code(exc)) from exc
     writer.write(encode_frame(FrameType.CONFIRM, _pack({})))
     await writer.drain()
     return server_id, fr
@@ -255,6 +267,11 @@ async def server_handshake(
     ):
         _refuse(writer, "handshake signature is invalid")
         raise HandshakeRefused("client handshake signature is invalid", code="bad_signature")
+    if client_id == me:  # it holds our key: this node dialling itself, or a clone of it
+        _refuse(writer, "you are this node itself (same peer id): a node does not connect to "
+                        "itself; do two processes share one node key?")
+        await writer.drain()
+        raise HandshakeRefused(f"the dialler is this node itself ({me}): refused", code="self")
     ctx = AdmissionContext(
         cfg.admission.network, client_id, me, "client", client_nonce, server_nonce, cfg.clock.wall()
     )
@@ -263,7 +280,7 @@ async def server_handshake(
     except AdmissionError as exc:
         _refuse(writer, f"admission refused: {exc}")
         await writer.drain()
-        raise HandshakeRefused(f"client failed admission: {exc}", code="admission") from exc
+        raise HandshakeRefused(f"client failed admission: {exc}", code=_code(exc)) from exc
     sctx = AdmissionContext(
         cfg.admission.network, me, client_id, "server", client_nonce, server_nonce, cfg.clock.wall()
     )

@@ -41,6 +41,8 @@ async def serve_request(
             resp = await t.relay.forward(conn, method, path, plain, body)
         elif t._request_handler is None:
             resp = HandlerResponse(404, (), b"no request handler on this node")
+        elif origin in t.refused:  # (relayed from a revoked member by a relay that lacks
+            resp = HandlerResponse(403, (), b"membership revoked")  # the list)
         else:
             t.stats.requests_served += 1
             resp = await t._request_handler(PeerRequest(origin, method, path, plain, body, via))

@@ -104,6 +104,9 @@ class TlsTransport(RelayMethods):
         self._request_handler: RequestHandler | None = None
         self._peer_lost: Callable[[str], None] | None = None
         self._closing = False
+        # Peers whose membership was revoked: their handshakes fail (admission), and what a
+        # relay still forwards from them is dropped (`refuse_peers`).
+        self.refused: frozenset[str] = frozenset()
         self.relay = RelayService(self)
         self.limits = ConnectionLimits(self)
         # inbound connections mid-handshake (TransportConfig.max_handshakes*)
@@ -259,6 +262,9 @@ class TlsTransport(RelayMethods):
         if via is not None and not self.relay.is_my_relay(via):
             self.stats.drop("untrusted_relay")
             return
+        if src in self.refused:
+            self.stats.drop("revoked")
+            return
         if self._handler is None:
             self.stats.drop("no_handler")
             return
@@ -313,6 +319,23 @@ class TlsTransport(RelayMethods):
             self.book.set(peer_id, addrs, relays)
             if self.book.get(peer_id).addrs != before:  # new addresses: try direct again
                 self._direct_failed.pop(peer_id, None)
+
+    def refuse_peers(self, peers: Iterable[str]) -> int:
+        """From now on drop datagrams and requests a relay forwards from `peers` (their
+        membership was revoked), and close every connection with them at once (requests in
+        flight on them fail). Returns how many connections were closed."""
+        self.refused = frozenset(peers)
+        return sum(self.disconnect(peer) for peer in self.refused)
+
+    def disconnect(self, peer_id: str) -> int:
+        """Close every connection with `peer_id` now and forget its addresses (requests in
+        flight on them fail). Returns how many connections were closed."""
+        closed = [c for c in self._all_conns if c.peer_id == peer_id and c.is_open]
+        for conn in closed:
+            self.spawn(conn.aclose())
+        self.remove_peer(peer_id)
+        self.stats.drop("closed", len(self._pending.pop(peer_id, [])))
+        return len(closed)
 
     def remove_peer(self, peer_id: str) -> None:
         """Forget where `peer_id` is reached (it left the fabric); an open connection stays
@@ -428,8 +451,14 @@ class TlsTransport(RelayMethods):
         return self._register(conn).peer_id
 
     async def connect_bootstrap(self, addr: str) -> str:
-        """Connect to a bootstrap peer; return the peer id learnt from its certificate."""
-        return await self.connect(addr)
+        """Connect to a bootstrap peer; return the peer id learnt from its certificate (our
+        own when the address is this node's: it answered, but no connection is made)."""
+        try:
+            return await self.connect(addr)
+        except HandshakeRefused as exc:
+            if exc.code == "self":
+                return self.local_id
+            raise
 
     async def bootstrap(self, addrs: Sequence[str], *, max_rounds: int | None = None) -> list[str]:
         """Connect to every reachable bootstrap address; while none answers, retry after

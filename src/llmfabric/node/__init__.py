@@ -14,6 +14,7 @@ Configuration and credentials
   config          NodeConfig: defaults < config file < env vars < flags, validated
   admission       the admission credential from the config; `read_secret_file` (rotation),
                   the provider verifier and record policy (registry.provider)
+  revocation      the operator's revocation list file: read at start, followed while running
 
 The ingress role
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard

@@ -69,6 +69,9 @@ class NodeConfig(BaseModel):
     network_secret_previous: str | None = None
     membership_cert: pathlib.Path | None = None
     operator_key: str | None = None  # base64 operator public key, with membership_cert
+    # The operator-signed revocation list (certificate networks; identity/revocation.py):
+    # read at start, re-read when the file changes (node/revocation.py).
+    revocation_list: pathlib.Path | None = None
     # Engine supervision (empty process = a bare node the scheduler may fill).
     process: tuple[str, ...] = ()
     engine_url: str | None = None

@@ -31,7 +31,8 @@ from llmfabric.clock import Clock, SystemClock
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.gossip.stats import AgentStats
-from llmfabric.identity import NodeKey, PskAdmission
+from llmfabric.identity import AdmissionError, NodeKey, PskAdmission
+from llmfabric.identity.revocation import RevocationList
 from llmfabric.ingress.front.front_limits import front_limits
 from llmfabric.ingress.observe.demand import DemandMeter
 from llmfabric.ingress.observe.demand import moved as demand_moved
@@ -46,6 +47,7 @@ from llmfabric.node.admission import (
     provider_verifier,
     read_secret_file,
     record_policy,
+    revocations_from_config,
 )
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine.link import EngineBindError, EngineLink, loopback_engine_command
@@ -53,6 +55,7 @@ from llmfabric.node.engine.role import EngineRole, refuse_controller
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
+from llmfabric.node.revocation import RevocationWatch
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.http_api import FleetAuth, add_node_routes
 from llmfabric.node.serve.link_service import LinkService
@@ -101,7 +104,10 @@ class Node:
         # TLS for the HTTP listeners (--tls-cert/--tls-key), reloaded by reload().
         self.tls = (ServerTls(config.tls_cert, config.tls_key)
                     if config.tls_cert is not None and config.tls_key is not None else None)
-        self.admission = admission_from_config(config)
+        # The operator's revocation list (--revocation-list), shared by the handshake's
+        # admission and the registry's record check; followed by `revocation_watch`.
+        self.revocations = revocations_from_config(config)
+        self.admission = admission_from_config(config, self.revocations)
         host, port = parse_hostport(config.listen)
         self.transport = TlsTransport(
             self.key, self.admission,
@@ -111,7 +117,16 @@ class Node:
         )
         # Who a record's provider really is (certificate or key fingerprint), for the
         # replica's record policy and the ingress allowlist (registry.provider).
-        self.providers = provider_verifier(config, self.clock.wall)
+        self.providers = provider_verifier(config, self.clock.wall, self.revocations)
+        self.revocation_watch: RevocationWatch | None = None
+        if self.revocations is not None and config.revocation_list is not None:
+            self.revocation_watch = RevocationWatch(
+                config.revocation_list, self.revocations, self.clock, self._revoked)
+            try:
+                first = self.revocation_watch.load_initial()
+            except AdmissionError as exc:
+                raise NodeError(f"--revocation-list: {exc}") from None
+            self.transport.refused = first.peer_ids
         self._own_cert = own_certificate(config)
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
@@ -231,6 +246,8 @@ class Node:
         loop("join", self.peering.join)
         loop("forget-evicted", self.peering.sweep_evicted_peers)
         loop("link-probe", self.links.run)
+        if self.revocation_watch is not None:
+            loop("revocations", self.revocation_watch.run)
         if self.ingress is not None:
             ingress = self.ingress
             loop("demand", lambda: self._publish_demand(ingress.demand))
@@ -439,10 +456,33 @@ class Node:
                     and item != self.session.record.meta.spend):
                 self.session.update_self(self.meta(spend=item))
 
+    def _revoked(self, rl: RevocationList) -> None:
+        """A new revocation list is in force (node/revocation.py): its handshakes already
+        refuse the revoked members; close their connections, drop their registry sessions
+        and their data-plane session keys. A certificate revoked by id revokes the peers
+        whose records carry it."""
+        agent = self.agent
+        by_cert = {v.record.peer_id for v in agent.nodes.all()
+                   if self.providers.revoked(v.record)} if agent is not None else set()
+        keys = set(rl.peer_ids)
+        if self.key.peer_id in keys | by_cert:
+            log.error("this node's own membership is revoked by %s: other members will "
+                      "refuse it", self.config.revocation_list)
+        keys.discard(self.key.peer_id)
+        by_cert -= keys | {self.key.peer_id}
+        closed = self.transport.refuse_peers(keys)
+        closed += sum(self.transport.disconnect(p) for p in by_cert)
+        dropped = sum(len(agent.purge_peer(p)) for p in keys | by_cert) if agent else 0
+        session_keys = sum(self.dataplane.sessions.drop_peer(p) for p in keys | by_cert)
+        log.warning("revocations applied: %d connection(s) closed, %d registry session(s) "
+                    "and %d data-plane session key(s) dropped", closed, dropped, session_keys)
+
     def reload(self) -> None:
-        """SIGHUP: re-read the TLS certificate and the network secret file (a rotation:
-        handshakes from now on prove and accept the new pair). A broken file is logged and
-        the previous values stay."""
+        """SIGHUP: re-read the TLS certificate, the network secret file (a rotation:
+        handshakes from now on prove and accept the new pair) and the revocation list. A
+        broken file is logged and the previous values stay."""
+        if self.revocation_watch is not None:
+            self.revocation_watch.poll()
         if self.tls is not None:
             try:
                 self.tls.reload()

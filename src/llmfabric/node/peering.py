@@ -68,8 +68,9 @@ class Peering:
             after_s=cfg.rebootstrap_after_s, check_interval_s=cfg.sync_interval_s,
         )
         self._loop("rebootstrap", rebootstrap.run)
-        if self.transport.listen_addr is None or not await self._reachable(peers):
-            self._use_relays(peers)
+        others = [p for p in peers if p != self.own_peer]  # (no connection to ourselves)
+        if self.transport.listen_addr is None or (others and not await self._reachable(others)):
+            self._use_relays(others)
 
     async def _redial(self) -> list[str]:
         peers = await self.transport.bootstrap(list(self.config.bootstrap), max_rounds=1)

@@ -17,12 +17,14 @@ identity, and the replica applies the policy.)
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmfabric.identity.admission import MembershipCert
 from llmfabric.identity.errors import AdmissionError
+from llmfabric.identity.revocation import Revocations
 from llmfabric.registry.records import Lifecycle, NodeRecord
 
 CACHE_MAX = 4096
@@ -46,42 +48,66 @@ class ProviderVerifier:
     """Verified provider identities of records, for one network and operator key."""
 
     def __init__(
-        self, operator_key: bytes | None, network: str, wall: Callable[[], float]
+        self, operator_key: bytes | None, network: str, wall: Callable[[], float],
+        revocations: Revocations | None = None,
     ) -> None:
         self.operator_key = operator_key
         self.network = network
         self._wall = wall
-        self._cache: OrderedDict[tuple[str, str], tuple[Grant | None, float, str]] = (
+        # The operator's revocation list in force (certificate networks; identity/revocation):
+        # checked on every call, after the cache, so a new list applies at once.
+        self.revocations = revocations
+        self._cache: OrderedDict[tuple[str, str], tuple[Grant | None, float, str, str]] = (
             OrderedDict())
 
     def grant(self, record: NodeRecord) -> tuple[Grant | None, str]:
         """(grant, "") if the record's key is certified, else (None, why not)."""
         if self.operator_key is None:
             return Grant(record.peer_id), ""
+        grant, _, why, cert_id = self._lookup(record)
+        if grant is not None and self.revocations is not None:
+            revoked = self.revocations.refusal(record.peer_id, cert_id)
+            if revoked is not None:
+                return None, revoked
+        return grant, why
+
+    def revoked(self, record: NodeRecord) -> bool:
+        """The record's key, or the (valid) certificate it carries, is on the revocation
+        list."""
+        if self.revocations is None or self.operator_key is None:
+            return False
+        cert_id = self._lookup(record)[3] if record.meta.cert else ""
+        return self.revocations.refusal(record.peer_id, cert_id) is not None
+
+    def _lookup(self, record: NodeRecord) -> tuple[Grant | None, float, str, str]:
         key = (record.peer_id, record.meta.cert)
         now = self._wall()
         hit = self._cache.get(key)
-        if hit is not None and (hit[0] is None or now < hit[1]):
+        if hit is not None and now < hit[1]:  # (a refusal holds until inf, or not_before)
             self._cache.move_to_end(key)
-            return hit[0], hit[2]
-        grant, expires, why = self._check(record, now)
-        self._cache[key] = (grant, expires, why)
+            return hit
+        hit = self._check(record, now)
+        self._cache[key] = hit
         if len(self._cache) > CACHE_MAX:
             self._cache.popitem(last=False)
-        return grant, why
+        return hit
 
-    def _check(self, record: NodeRecord, now: float) -> tuple[Grant | None, float, str]:
+    def _check(self, record: NodeRecord, now: float
+               ) -> tuple[Grant | None, float, str, str]:
         if not record.meta.cert:
-            return None, 0.0, "no membership certificate in the record"
+            return None, math.inf, "no membership certificate in the record", ""
         assert self.operator_key is not None
+        cert = None
         try:
             cert = MembershipCert.from_json(record.meta.cert)
             cert.verify(self.operator_key, peer_id=record.peer_id, network=self.network,
                         now=now)
         except AdmissionError as exc:
-            return None, 0.0, str(exc)
+            # Not valid yet: checked again from its not_before; any other refusal holds.
+            retry = cert.not_before if cert is not None and now < cert.not_before else math.inf
+            return None, retry, str(exc), ""
         return (Grant(cert.provider or record.peer_id, cert.models, cert.max_sessions),
-                cert.expires_at, "")
+                cert.expires_at, "", cert.cert_id)
 
     def identity(self, record: NodeRecord) -> str:
         """The verified provider identity; "" (matches no allowlist) if unverifiable."""
@@ -98,6 +124,8 @@ class CertRecordPolicy:
         self._verifier = verifier
 
     def refuse(self, record: NodeRecord, now_wall: float) -> str | None:
+        if self._verifier.revoked(record):
+            return "revoked"  # (not even leaving: the node drops all it holds of the key)
         if record.state >= Lifecycle.DOWN:
             return None  # leaving is always allowed (the certificate may have expired)
         grant, _ = self._verifier.grant(record)

@@ -439,6 +439,22 @@ class Replica:
     def knows(self, session_id: str) -> bool:
         return session_id in self.entries or session_id in self.tombstones
 
+    def purge_peer(self, peer_id: str) -> list[str]:
+        """Drop every session of `peer_id` now, as tombstones (its membership was revoked):
+        they leave the views and digests, anti-entropy never asks for them again and later
+        items about them are ignored; new sessions of the key are the record policy's to
+        refuse. Returns the sessions dropped. (No listener is told: callers that keep
+        per-session state rebuild it, as GossipAgent.purge_peer does.)"""
+        sids = sorted(self._sessions_of.get(peer_id, ()))
+        wall = self._clock.wall()
+        for sid in sids:
+            self._drop(sid)
+            self.tombstones[sid] = wall  # (collected at wall + retention + tombstone TTL)
+        if self._live_changed:
+            self._live_changed = False
+            self._requorum()
+        return sids
+
     # ---- GC -----------------------------------------------------------------------------
     def _drop(self, sid: str) -> None:
         old = self.entries.get(sid)

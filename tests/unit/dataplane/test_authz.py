@@ -163,3 +163,16 @@ def test_one_sender_cannot_fill_the_replay_cache_for_the_others() -> None:
     for i in range(3):
         cache.add(bytes([100 + i]), exp=10.0, now=0.0, peer="honest")
     cache.add(b"m", exp=20.0, now=11.0, peer="mallory")  # its entries expired: room again
+
+
+@pytest.mark.hostile
+def test_a_revoked_ingress_s_session_keys_are_dropped() -> None:
+    """A revoked member kept using the data-plane session keys it held (up to an hour)."""
+    s, ps = _pair(time.time())
+    sessions = ProviderSessions()
+    sessions.add(ps)
+    assert sessions.drop_peer(ING.peer_id) == 1 and len(sessions) == 0
+    header, _ = authorize(s, b"/p", b"", time.time())
+    with pytest.raises(AuthzError):
+        sessions.verify(header.decode(), b"/p", b"", time.time())
+    assert sessions.drop_peer(ING.peer_id) == 0

@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -129,3 +130,54 @@ def test_a_certificate_too_long_for_a_record_is_not_signed(operator: NodeKey) ->
     with pytest.raises(AdmissionError, match="fewer or shorter models"):
         sign_membership(operator, NodeKey.generate().peer_id, "net", NOW + 3600,
                         models=tuple(f"org/model-{i}-{'x' * 100}" for i in range(40)))
+
+
+@pytest.mark.hostile
+def test_a_certificate_is_not_valid_before_its_not_before(operator: NodeKey) -> None:
+    """Without a not_before, a verifier whose clock ran far behind (or was set back) took
+    any certificate of the key as valid, however long before it was issued."""
+    node = NodeKey.generate()
+    cert = sign_membership(operator, node.peer_id, "net", NOW + 3600, not_before=NOW - 60)
+    adm = CertAdmission(operator.public_bytes, cert)
+    proof = cert.to_json().encode()
+    adm.check(proof, ctx(node.peer_id, "zV", now=NOW))
+    with pytest.raises(AdmissionError, match="not valid yet"):
+        adm.check(proof, ctx(node.peer_id, "zV", now=NOW - 3600))
+    # The bound is signed: dropping it from the JSON breaks the signature.
+    unbounded = MembershipCert.from_json(proof.replace(b',"not_before":', b',"x":'))
+    assert unbounded.not_before == 0.0
+    with pytest.raises(AdmissionError, match="signature"):
+        unbounded.verify(operator.public_bytes, peer_id=node.peer_id, network="net",
+                         now=NOW - 3600)
+    assert MembershipCert.from_json(cert.to_json()) == cert
+
+
+def test_a_certificate_without_not_before_still_loads_and_admits(operator: NodeKey) -> None:
+    node = NodeKey.generate()
+    cert = sign_membership(operator, node.peer_id, "net", NOW + 3600)
+    assert "not_before" not in cert.to_json()  # signed exactly as before the field existed
+    body = json.dumps({"expires_at": round(NOW + 3600, 3), "network": "net",
+                       "peer_id": node.peer_id}, sort_keys=True, separators=(",", ":"))
+    sig = operator.sign(b"llmfabric-membership-v1\x00" + body.encode())
+    assert sig == cert.signature
+    MembershipCert.from_json(cert.to_json()).verify(
+        operator.public_bytes, peer_id=node.peer_id, network="net", now=0.0)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("value", ['"5"', "true", "-1", "1e400", "null"])
+def test_a_mistyped_not_before_does_not_load(operator: NodeKey, value: str) -> None:
+    node = NodeKey.generate()
+    text = sign_membership(operator, node.peer_id, "net", NOW + 3600).to_json()
+    with pytest.raises(AdmissionError, match="not_before"):
+        MembershipCert.from_json(text[:-1] + f',"not_before":{value}}}')
+    with pytest.raises(AdmissionError, match="before the expiry"):
+        sign_membership(operator, node.peer_id, "net", NOW, not_before=NOW + 1)
+
+
+def test_certificate_ids_differ_per_certificate(operator: NodeKey) -> None:
+    node = NodeKey.generate()
+    a = sign_membership(operator, node.peer_id, "net", NOW + 3600)
+    b = sign_membership(operator, node.peer_id, "net", NOW + 7200)
+    assert a.cert_id != b.cert_id and len(a.cert_id) == 64
+    assert MembershipCert.from_json(a.to_json()).cert_id == a.cert_id

@@ -93,3 +93,32 @@ def test_sign_node_refuses_an_expiry_that_is_not_a_finite_date(tmp_path: pathlib
     res = CliRunner().invoke(command, ["sign-node", NodeKey.generate().peer_id, "--out",
                                        str(out), "--expires", days, "--home", str(tmp_path)])
     assert res.exit_code != 0 and not out.exists(), res.output
+
+
+def test_sign_node_sets_a_not_before_a_little_in_the_past(tmp_path: pathlib.Path) -> None:
+    import time
+
+    run("operator-init", "--home", str(tmp_path))
+    out = tmp_path / "member.json"
+    peer = NodeKey.generate().peer_id
+    res = run("sign-node", peer, "--out", str(out), "--home", str(tmp_path))
+    assert res.exit_code == 0 and "certificate id:" in res.output, res.output
+    cert = MembershipCert.load(out)
+    assert time.time() - 3600 < cert.not_before < time.time() - 600
+    assert cert.cert_id in res.output
+    res = run("sign-node", peer, "--out", str(out), "--not-before", "none",
+              "--home", str(tmp_path))
+    assert res.exit_code == 0 and MembershipCert.load(out).not_before == 0.0
+    res = run("sign-node", peer, "--out", str(out), "--not-before", "2", "--home",
+              str(tmp_path))
+    assert res.exit_code == 0 and MembershipCert.load(out).not_before > time.time() + 86400
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "31", "soon"])
+def test_sign_node_refuses_a_not_before_that_is_not_before_the_expiry(
+        tmp_path: pathlib.Path, days: str) -> None:
+    run("operator-init", "--home", str(tmp_path))
+    out = tmp_path / "member.json"
+    res = CliRunner().invoke(command, ["sign-node", NodeKey.generate().peer_id, "--out",
+                                       str(out), "--not-before", days, "--home", str(tmp_path)])
+    assert res.exit_code != 0 and not out.exists() and "--not-before" in res.output

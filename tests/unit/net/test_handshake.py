@@ -334,3 +334,39 @@ async def test_a_peer_s_refusal_reason_cannot_forge_log_lines() -> None:
             await dial(addr, expected=key.peer_id)
     assert info.value.code == "refused_by_peer"
     assert "\n" not in info.value.reason and len(info.value.reason) < 300
+
+
+@pytest.mark.hostile
+async def test_the_server_refuses_a_client_with_its_own_key() -> None:
+    """A dialler proving the server's own key (this node dialling itself through a bootstrap
+    address redirected back at it, or a clone sharing its key) was admitted: the node ended
+    up connected to itself."""
+    clock, server_key = FakeClock(), NodeKey.generate()
+    cfg = config(server_key, clock)
+    async with server_side(cfg) as (task, reader, writer):
+        fr, hello = await read_hello(reader)
+        writer.write(encode_frame(FrameType.AUTH, pack(auth_for(server_key, hello,
+                                                                cfg.cert_der))))
+        err = await refused(task)
+        assert err.code == "self", err
+        assert "itself" in await refuse_reason(fr)
+
+
+@pytest.mark.hostile
+async def test_the_client_refuses_a_server_that_is_itself() -> None:
+    """Dialling an address that answers with our own certificate (no pin: a bootstrap
+    address) went through the whole handshake and connected the node to itself."""
+    async def honest(fr: FramedReader, w: asyncio.StreamWriter, cfg: HandshakeConfig) -> None:
+        w.write(hello_from(cfg))
+        await asyncio.sleep(5)
+
+    key = NodeKey.generate()
+    async with hostile_tls_server(key, honest) as addr:
+        cfg = config(key, FakeClock())
+        reader, writer = await asyncio.open_connection(*addr, ssl=client_ssl_context())
+        try:
+            with pytest.raises(HandshakeRefused) as info:
+                await asyncio.wait_for(client_handshake(reader, writer, cfg, None), 10)
+        finally:
+            writer.close()
+    assert info.value.code == "self" and "itself" in info.value.reason

@@ -79,3 +79,90 @@ def test_previous_secret_from_config_is_accepted(tmp_path: pathlib.Path) -> None
     adm = admission_from_config(cfg)
     assert _admits(PskAdmission("default", OLD), adm)  # type: ignore[arg-type]
     assert _admits(adm, PskAdmission("default", OLD))  # type: ignore[arg-type]
+
+
+@pytest.mark.hostile
+def test_a_secret_file_swapped_after_its_check_is_not_read(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mode was checked on the path (stat), then the path was read: a world-readable
+    file with a secret another user chose, swapped in between, was used."""
+    f, evil = tmp_path / "secret", tmp_path / "evil"
+    f.write_text(NEW.decode() + "\n")
+    os.chmod(f, 0o600)
+    evil.write_text(OTHER.decode() + "\n")
+    os.chmod(evil, 0o644)
+    real_stat, real_fstat = os.stat, os.fstat
+    swapped: list[bool] = []
+
+    def swap_once() -> None:
+        if not swapped:
+            swapped.append(True)
+            os.replace(evil, f)
+
+    def stat_then_swap(p: object, *a: object, **k: object) -> os.stat_result:
+        st = real_stat(p, *a, **k)  # type: ignore[arg-type]
+        if str(p) == str(f):
+            swap_once()
+        return st
+
+    def fstat_then_swap(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        swap_once()
+        return st
+
+    monkeypatch.setattr(os, "stat", stat_then_swap)
+    monkeypatch.setattr(os, "fstat", fstat_then_swap)
+    assert read_secret_file(f) == (NEW, None)
+    assert swapped  # (the swap happened between the check and the read)
+
+
+@pytest.mark.hostile
+def test_a_fifo_as_the_secret_file_is_refused_without_hanging(tmp_path: pathlib.Path) -> None:
+    """A FIFO (mode 0600) passed the check on the path, then its read waited for a writer:
+    the node hung at start, or on SIGHUP."""
+    import threading
+
+    fifo = tmp_path / "secret"
+    os.mkfifo(fifo, 0o600)
+    out: list[BaseException | tuple[bytes, bytes | None]] = []
+
+    def read() -> None:
+        try:
+            out.append(read_secret_file(fifo))
+        except ConfigError as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():  # unblock the old code's open so the thread ends
+        with open(fifo, "w"):
+            pass
+        t.join(5)
+        pytest.fail("reading a FIFO as the network secret file hung")
+    assert isinstance(out[0], ConfigError) and "regular file" in str(out[0])
+
+
+@pytest.mark.hostile
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_secret_file_of_another_user_is_refused(tmp_path: pathlib.Path) -> None:
+    """A 0600 file another user planted (and so knows) was taken as our network secret."""
+    f = tmp_path / "secret"
+    f.write_text(OTHER.decode() + "\n")
+    os.chmod(f, 0o600)
+    os.chown(f, 12345, 12345)
+    with pytest.raises(ConfigError, match="another user"):
+        read_secret_file(f)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("content", [b"\xff" * 32 + b"\n", b"x" * (1 << 20)])
+def test_a_binary_or_huge_secret_file_is_a_config_error(tmp_path: pathlib.Path,
+                                                        content: bytes) -> None:
+    """Bytes that are not UTF-8 raised UnicodeDecodeError out of the start (a traceback);
+    a huge file was read whole."""
+    f = tmp_path / "secret"
+    f.write_bytes(content)
+    os.chmod(f, 0o600)
+    with pytest.raises(ConfigError):
+        read_secret_file(f)

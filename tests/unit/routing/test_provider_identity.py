@@ -140,3 +140,48 @@ def test_certificates_without_grants_verify_as_before() -> None:
     tampered = dataclasses.replace(MembershipCert.from_json(granted.to_json()), provider="y")
     with pytest.raises(Exception, match="invalid"):
         tampered.verify(OPERATOR.public_bytes, peer_id=key.peer_id, network=NET, now=1e9)
+
+
+def test_a_record_certificate_not_valid_yet_is_refused_until_its_not_before() -> None:
+    """A refusal was cached for good: a certificate whose not_before had not come yet would
+    have stayed refused after it came."""
+    clock = FakeClock()
+    wall = [clock.wall()]
+    verifier = ProviderVerifier(OPERATOR.public_bytes, NET, lambda: wall[0])
+    key = NodeKey.generate()
+    cert = sign_membership(OPERATOR, key.peer_id, NET, clock.wall() + 3600,
+                           not_before=clock.wall() + 60).to_json()
+    rec = _record(key, clock, provider="p", cert=cert)
+    grant, why = verifier.grant(rec)
+    assert grant is None and "not valid yet" in why
+    wall[0] += 61
+    grant, why = verifier.grant(rec)
+    assert grant is not None and why == ""
+
+
+def test_a_revoked_key_s_records_are_refused_and_match_no_allowlist() -> None:
+    """A leaked member key kept publishing records (routable, its provider name trusted)
+    until its certificate expired."""
+    from llmfabric.identity.revocation import Revocations, sign_revocations
+
+    clock = FakeClock()
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    verifier = ProviderVerifier(OPERATOR.public_bytes, NET, clock.wall, revs)
+    policy = CertRecordPolicy(verifier)
+    leaked, narrowed, honest = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+    broad = _cert(narrowed, clock, provider="lab")
+    recs = {k.peer_id: _record(k, clock, provider="lab", cert=c) for k, c in (
+        (leaked, _cert(leaked, clock, provider="lab")), (narrowed, broad),
+        (honest, _cert(honest, clock, provider="lab")))}
+    assert all(policy.refuse(r, clock.wall()) is None for r in recs.values())
+    from llmfabric.identity.admission import MembershipCert
+
+    revs.offer(sign_revocations(OPERATOR, NET, clock.wall(), [leaked.peer_id],
+                                [MembershipCert.from_json(broad).cert_id]))
+    for peer in (leaked.peer_id, narrowed.peer_id):
+        assert policy.refuse(recs[peer], clock.wall()) == "revoked"
+        assert verifier.identity(recs[peer]) == ""
+        down = dataclasses.replace(recs[peer], state=Lifecycle.DOWN)
+        assert policy.refuse(down, clock.wall()) == "revoked"  # not even a leaving record
+    assert policy.refuse(recs[honest.peer_id], clock.wall()) is None
+    assert verifier.identity(recs[honest.peer_id]) == "lab"

@@ -1,0 +1,140 @@
+"""The node's revocation list file (node/revocation.py): read at start, polled on the node's
+clock, a broken, forged or older list refused with the list in force kept (never an empty
+one); --revocation-list only on certificate networks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pathlib
+
+import pytest
+
+from llmfabric.identity.admission import encode_public_key
+from llmfabric.identity.errors import AdmissionError
+from llmfabric.identity.keys import NodeKey
+from llmfabric.identity.revocation import RevocationList, Revocations, sign_revocations
+from llmfabric.node.admission import revocations_from_config
+from llmfabric.node.config import ConfigError, NodeConfig
+from llmfabric.node.revocation import POLL_S, RevocationWatch
+from llmfabric.testing.fake_clock import FakeClock
+
+pytestmark = pytest.mark.hostile
+
+NET = "lab"
+OPERATOR = NodeKey.generate()
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # (a new inode: seen as a change whatever the mtime resolution)
+
+
+async def test_the_list_is_followed_and_a_bad_one_never_replaces_it(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    path = tmp_path / "revoked.json"
+    a, b = NodeKey.generate().peer_id, NodeKey.generate().peer_id
+    _write(path, sign_revocations(OPERATOR, NET, clock.wall(), [a]).to_json())
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    seen: list[RevocationList] = []
+    watch = RevocationWatch(path, revs, clock, seen.append)
+    watch.load_initial()
+    assert revs.refusal(a) is not None and seen == []
+    task = asyncio.ensure_future(watch.run())
+    try:
+        await clock.advance(POLL_S + 0.1)
+        assert seen == []  # unchanged file: nothing read
+        _write(path, sign_revocations(OPERATOR, NET, clock.wall() + 1, [a, b]).to_json())
+        await clock.advance(POLL_S)
+        assert len(seen) == 1 and revs.refusal(b) is not None
+        in_force = revs.current
+
+        caplog.set_level(logging.ERROR, "llmfabric.node.revocation")
+        bad = [
+            "{ truncated",  # half a file
+            sign_revocations(NodeKey.generate(), NET, clock.wall() + 2).to_json(),  # forged
+            sign_revocations(OPERATOR, "other", clock.wall() + 2).to_json(),  # other network
+            sign_revocations(OPERATOR, NET, clock.wall() - 100).to_json(),  # an older list
+            "",  # emptied
+        ]
+        for i, text in enumerate(bad):
+            _write(path, text)
+            await clock.advance(POLL_S)
+            assert revs.current is in_force, text  # the list in force stays
+            assert watch.refused == i + 1
+        await clock.advance(3 * POLL_S)
+        assert watch.refused == len(bad)  # logged once per version of the file
+        path.unlink()
+        await clock.advance(POLL_S)
+        assert revs.current is in_force and watch.refused == len(bad) + 1
+        assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == len(bad) + 1
+        assert len(seen) == 1
+    finally:
+        task.cancel()
+
+
+def test_a_list_that_fails_at_start_stops_the_start(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "revoked.json"
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    watch = RevocationWatch(path, revs, FakeClock(), lambda rl: None)
+    with pytest.raises(AdmissionError, match="cannot read"):
+        watch.load_initial()
+    path.write_text(sign_revocations(NodeKey.generate(), NET, 1.0).to_json())
+    with pytest.raises(AdmissionError, match="another operator"):
+        watch.load_initial()
+    assert revs.current is None
+
+
+def test_a_revocation_list_needs_a_certificate_network(tmp_path: pathlib.Path) -> None:
+    lst = tmp_path / "revoked.json"
+    with pytest.raises(ConfigError, match="certificate network"):
+        revocations_from_config(NodeConfig(home=tmp_path, network_secret="s" * 32,
+                                           revocation_list=lst))
+    cert = tmp_path / "member.json"
+    cert.write_text("{}")
+    revs = revocations_from_config(NodeConfig(
+        home=tmp_path, network=NET, membership_cert=cert, revocation_list=lst,
+        operator_key=encode_public_key(OPERATOR.public_bytes)))
+    assert revs is not None and revs.network == NET
+    assert revocations_from_config(NodeConfig(home=tmp_path)) is None
+
+
+def _cert_node_config(tmp_path: pathlib.Path, lst: pathlib.Path) -> NodeConfig:
+    from llmfabric.identity.admission import sign_membership
+    from llmfabric.node.config import build_config
+
+    key, _ = NodeKey.load_or_create(tmp_path)
+    cert = tmp_path / "member.json"
+    cert.write_text(sign_membership(OPERATOR, key.peer_id, NET, 4_000_000_000.0).to_json())
+    return build_config({}, {"home": tmp_path, "network": NET, "membership_cert": cert,
+                             "operator_key": encode_public_key(OPERATOR.public_bytes),
+                             "revocation_list": lst, "gpu": "cpu",
+                             "listen": "127.0.0.1:0"})
+
+
+async def test_a_node_applies_its_revocation_list(tmp_path: pathlib.Path) -> None:
+    """The node refuses revoked members from its start, and a new list closes their
+    connections, drops their registry sessions and data-plane keys (Node._revoked)."""
+    from llmfabric.node.daemon import Node, NodeError
+
+    lst = tmp_path / "revoked.json"
+    cfg = _cert_node_config(tmp_path, lst)
+    with pytest.raises(NodeError, match="--revocation-list: cannot read"):
+        Node(cfg)
+    first, second = NodeKey.generate().peer_id, NodeKey.generate().peer_id
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_000.0, [first]).to_json())
+    node = Node(cfg)
+    try:
+        assert node.transport.refused == {first}
+        assert node.revocations is not None and node.revocations.refusal(first) is not None
+        assert node.providers.revocations is node.revocations
+        assert node.admission.revocations is node.revocations  # type: ignore[attr-defined]
+        node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
+                                                [first, second, node.key.peer_id]))
+        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        assert node.transport.refused == {first, second}  # never ourselves
+    finally:
+        await node.transport.aclose()
