@@ -13,7 +13,6 @@ drops what the node holds of them (node/daemon.py).
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 from collections.abc import Callable
@@ -21,8 +20,9 @@ from collections.abc import Callable
 from llmfabric.clock import Clock
 from llmfabric.identity.errors import AdmissionError
 from llmfabric.identity.revocation import RevocationList, Revocations
+from llmfabric.untrusted import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 POLL_S = 5.0
 

@@ -443,16 +443,22 @@ class Replica:
         """Drop every session of `peer_id` now, as tombstones (its membership was revoked):
         they leave the views and digests, anti-entropy never asks for them again and later
         items about them are ignored; new sessions of the key are the record policy's to
-        refuse. Returns the sessions dropped. (No listener is told: callers that keep
-        per-session state rebuild it, as GossipAgent.purge_peer does.)"""
+        refuse. Listeners are told each session is now known as nothing (`Entry(sid)`, no
+        record), so followers such as the routing index drop its candidates. Returns the
+        sessions dropped."""
         sids = sorted(self._sessions_of.get(peer_id, ()))
         wall = self._clock.wall()
+        changes = []
         for sid in sids:
+            changes.append(Change(sid, self.entries.get(sid), Entry(sid)))
             self._drop(sid)
             self.tombstones[sid] = wall  # (collected at wall + retention + tombstone TTL)
         if self._live_changed:
             self._live_changed = False
             self._requorum()
+        for change in changes:
+            for listener in list(self._listeners):
+                listener(change)
         return sids
 
     # ---- GC -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from llmfabric.identity.keys import NodeKey
 from llmfabric.identity.revocation import Revocations, sign_revocations
 from llmfabric.registry.provider import CertRecordPolicy, ProviderVerifier
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
+from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.testing.fake_clock import FakeClock
 from llmfabric.testing.memnet import MemNet
 
@@ -58,12 +59,19 @@ async def test_a_revoked_member_s_sessions_are_dropped_and_not_taken_back(by: st
         assert await clock.run_until(lambda: all(
             len(x.nodes.routable()) == 3 for x in agents), within=30)
 
+        # A's routing index follows its replica (as an ingress's does)
+        routes = ReplicaCandidateSource(lambda: a.replica)
+        assert v.session_id in {c.session_id for c in routes.candidates("m")}
+
         revs.offer(sign_revocations(
             OPERATOR, NET, clock.wall(), [leaked.peer_id] if by == "key" else [],
             [certs[leaked.peer_id]] if by == "certificate" else []))
         assert a.purge_peer(leaked.peer_id) == [v.session_id]
         assert a.nodes.by_peer(leaked.peer_id) == []
         assert leaked.peer_id not in a.member_peers()
+        # ... and drops its candidates at once (the purge told the replica's listeners)
+        assert v.session_id not in {c.session_id for c in routes.candidates("m")}
+        assert len(routes.candidates("m")) == 2
         assert a.purge_peer(a.peer_id) == []  # (never our own sessions)
 
         # B still holds it and offers it; the member keeps refreshing: A takes none back.
