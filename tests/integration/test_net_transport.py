@@ -350,3 +350,31 @@ async def test_a_revoked_member_is_disconnected_and_refused_at_the_handshake():
         a.on_datagram(b.local_id, b"x", None)
         a.on_datagram(c.local_id, b"x", None)
         assert got == [c.local_id] and a.stats.dropped["revoked"] == 1
+
+
+@pytest.mark.hostile
+async def test_closing_does_not_wait_for_a_frozen_peer_to_finish_tls():
+    """A peer that stops reading (a frozen process, a host gone behind a stateful firewall)
+    never answers TLS's close_notify: closing waited asyncio's ssl_shutdown_timeout (30 s)
+    for it, so a node's SIGTERM stop took 30 s, past Slurm's KillWait. Now the socket is cut
+    after CLOSE_GRACE_S and counted."""
+    from llmfabric.net.connection import CLOSE_GRACE_S
+
+    a = TlsTransport(NodeKey.generate(), psk())
+    b = TlsTransport(NodeKey.generate(), psk())
+    async with b:
+        await a.start()
+        try:
+            assert await a.connect_bootstrap(b.listen_addr) == b.local_id
+            await wait_for(lambda: b.connected_peers() == (a.local_id,))
+            for conn in list(b._all_conns):
+                conn._writer.transport.pause_reading()  # b freezes
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await asyncio.wait_for(a.aclose(), 10 + CLOSE_GRACE_S)
+            assert loop.time() - started < 10  # (the old code waited 30 s)
+            assert a.stats.dropped["close_unanswered"] == 1
+        finally:
+            await a.aclose()
+            for conn in list(b._all_conns):
+                conn._writer.transport.resume_reading()

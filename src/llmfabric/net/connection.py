@@ -14,7 +14,7 @@ import socket
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from llmfabric.clock import Clock
+from llmfabric.clock import Clock, with_timeout
 from llmfabric.net.errors import FrameError, PeerClosed, RequestFailed
 from llmfabric.net.framing import (
     FrameType,
@@ -35,6 +35,8 @@ log = get_logger(__name__)
 # CLOSE payload meaning "I had no open streams": the receiver's unanswered requests were never
 # seen and may be retried (PeerClosed). An empty CLOSE promises nothing.
 CLOSE_IDLE = b"idle"
+# How long closing waits for the peer to finish TLS's close: past it the socket is cut.
+CLOSE_GRACE_S = 2.0
 WRITE_BUFFER_LIMIT = 1 << 20  # per connection; datagrams over it are dropped (queue_full)
 COALESCE_LIMIT = 256 << 10
 _PING = int(FrameType.PING)  # frame types below this are traffic (keep-alive is not)
@@ -365,5 +367,12 @@ class PeerConnection:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+        try:
+            await with_timeout(self._clock, self._writer.wait_closed(), CLOSE_GRACE_S)
+        except TimeoutError:
+            # A frozen or vanished peer never answers TLS's close_notify: asyncio would wait
+            # its ssl_shutdown_timeout (30 s) for it, and a node's SIGTERM stop with it.
+            self.owner.stats.drop("close_unanswered")
+            self._writer.transport.abort()
+        except Exception:
+            pass  # (the connection is gone either way)
