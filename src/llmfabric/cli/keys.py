@@ -195,7 +195,9 @@ def revoke_node(
             old = RevocationList.load(list_file)
             old.verify(operator.public_bytes, network)  # (ours: extend it, never replace it)
         now = time.time()
-        issued_at = max(now, old.issued_at) if old is not None else now
+        # Strictly newer than the old list (even if the clock went back): nodes pass on a
+        # list only to peers that hold an older one.
+        issued_at = max(now, old.issued_at + 0.001) if old is not None else now
         new = sign_revocations(operator, network, issued_at,
                                set(peer_ids) | (old.peer_ids if old else frozenset()),
                                certs | (old.cert_ids if old else frozenset()))
