@@ -7,8 +7,9 @@
   its identity).
 - `keys revoke-node [PEER_ID ...] [--cert FILE ...] [--cert-id ID ...] --list FILE
   [--network NET]`: operator adds keys (or single certificates) to the signed revocation
-  list FILE (created if missing), re-signed with a new issue time; nodes started with
-  `--revocation-list FILE` re-read it when it changes (identity/revocation.py).
+  list FILE (created if missing), re-signed with a later issue time; a node started with
+  `--revocation-list FILE` re-reads it when it changes and the fabric passes it on to every
+  node (identity/revocation.py, node/revocation_sync.py).
 
 The group object is `keys_group` (also exported as `command`); other modules add
 subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py,
@@ -169,9 +170,10 @@ def revoke_node(
 ) -> None:
     """Revoke the membership of PEER_ID (every certificate of its key) on NETWORK, or of
     single certificates: adds them to the revocation list FILE (created if missing) and
-    re-signs it with the operator key. Copy FILE to every node's --revocation-list path:
-    nodes re-read it within seconds, refuse the revoked members' handshakes, close their
-    connections and drop their registry records."""
+    re-signs it with the operator key. Copy FILE to the --revocation-list path of one node
+    (or more): it re-reads it within seconds and the fabric passes it on to every node,
+    which refuses the revoked members' handshakes, closes their connections and drops their
+    registry records."""
     if not (peer_ids or cert_files or cert_ids):
         raise click.UsageError("name a PEER_ID to revoke, or a certificate (--cert, --cert-id)")
     try:
@@ -195,7 +197,9 @@ def revoke_node(
             old = RevocationList.load(list_file)
             old.verify(operator.public_bytes, network)  # (ours: extend it, never replace it)
         now = time.time()
-        issued_at = max(now, old.issued_at) if old is not None else now
+        # Strictly newer than the old list (even if the clock went back): nodes pass on a
+        # list only to peers that hold an older one.
+        issued_at = max(now, old.issued_at + 0.001) if old is not None else now
         new = sign_revocations(operator, network, issued_at,
                                set(peer_ids) | (old.peer_ids if old else frozenset()),
                                certs | (old.cert_ids if old else frozenset()))
@@ -209,8 +213,8 @@ def revoke_node(
              - (len(old.peer_ids) + len(old.cert_ids) if old else 0))
     click.echo(f"revocation list {list_file} for {network!r}: {added} added, "
                f"{len(new.peer_ids)} key(s) and {len(new.cert_ids)} certificate(s) revoked "
-               f"(issued at {new.issued_at:.3f}); copy it to every node's "
-               "--revocation-list path")
+               f"(issued at {new.issued_at:.3f}); copy it to a node's --revocation-list "
+               "path: the fabric passes it on to the other nodes")
 
 
 def _attach_api_key_commands() -> None:

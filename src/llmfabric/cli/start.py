@@ -142,7 +142,9 @@ def node_options(fn: Any) -> Any:
                      path_type=pathlib.Path), envvar="LLMFABRIC_REVOCATION_LIST",
                      help="the operator-signed revocation list (`llmfabric keys "
                           "revoke-node`), with --membership-cert: revoked members are "
-                          "refused and disconnected; re-read when the file changes"),
+                          "refused and disconnected; re-read when the file changes. The "
+                          "fabric passes the newest list on to every node, so one node "
+                          "with the file is enough"),
         click.option("--ingress", is_flag=True, default=None,
                      help="serve the OpenAI API (lean front), accounts and dashboard "
                           "(aiohttp) on the HTTP port"),

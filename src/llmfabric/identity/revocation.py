@@ -20,12 +20,14 @@ membership certificates (Ed25519 over a label and the canonical JSON of the pars
   record check (`registry.provider.ProviderVerifier`).
 
 `llmfabric keys revoke-node` writes lists; `llmfabric start --revocation-list FILE` reads one
-and follows the file's changes (node/revocation.py).
+and follows the file's changes (node/revocation.py); nodes pass the newest list they hold on
+to each other (node/revocation_sync.py).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import os
@@ -82,6 +84,13 @@ class RevocationList:
                            "peer_ids": sorted(peer_ids), "cert_ids": sorted(cert_ids)},
                           sort_keys=True, separators=(",", ":"))
         return _LABEL + body.encode()
+
+    @property
+    def digest(self) -> bytes:
+        """8 bytes of the SHA-256 of what the operator signed: with `issued_at`, what a
+        node's record advertises of the list it holds (node/revocation_sync.py)."""
+        message = self.signed_bytes(self.network, self.issued_at, self.peer_ids, self.cert_ids)
+        return hashlib.sha256(message).digest()[:8]
 
     def to_json(self) -> str:
         return json.dumps({

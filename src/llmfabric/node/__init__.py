@@ -15,6 +15,8 @@ Configuration and credentials
   admission       the admission credential from the config; `read_secret_file` (rotation),
                   the provider verifier and record policy (registry.provider)
   revocation      the operator's revocation list file: read at start, followed while running
+  revocation_sync revocation lists passed between nodes: adverts in the records, fetches
+                  from peers (verified, bounded, backed off), the copy kept in --home
 
 The ingress role
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard

@@ -18,17 +18,20 @@ _SECRET_FILE_MAX = 64 * 1024  # two secrets; a larger file is not one
 
 
 def revocations_from_config(config: NodeConfig) -> Revocations | None:
-    """The revocation list holder (empty until node/revocation.py loads the file) when
-    --revocation-list is set; only on certificate networks."""
-    if config.revocation_list is None:
-        return None
-    if (config.membership_cert is None or not config.operator_key or config.network_secret
+    """The revocation list holder on certificate networks (empty until a list is read from
+    --revocation-list or the state directory, or learnt from a peer: node/revocation.py,
+    node/revocation_sync.py); None on pre-shared-secret networks, where --revocation-list is
+    refused."""
+    operator = config.operator_key
+    if (config.membership_cert is None or not operator or config.network_secret
             or config.network_secret_file is not None):
-        raise ConfigError(
-            "--revocation-list needs a certificate network (--membership-cert with "
-            "--operator-key): on a pre-shared-secret network anyone with the secret mints "
-            "keys, so rotate the secret instead")
-    return Revocations(decode_public_key(config.operator_key), config.network)
+        if config.revocation_list is not None:
+            raise ConfigError(
+                "--revocation-list needs a certificate network (--membership-cert with "
+                "--operator-key): on a pre-shared-secret network anyone with the secret "
+                "mints keys, so rotate the secret instead")
+        return None
+    return Revocations(decode_public_key(operator), config.network)
 
 
 def admission_from_config(config: NodeConfig,

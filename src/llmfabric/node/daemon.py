@@ -56,6 +56,13 @@ from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
 from llmfabric.node.revocation import RevocationWatch
+from llmfabric.node.revocation_sync import (
+    Advert,
+    RevocationSync,
+    fetch_list,
+    load_saved,
+    save_list,
+)
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.http_api import FleetAuth, add_node_routes
 from llmfabric.node.serve.link_service import LinkService
@@ -104,8 +111,10 @@ class Node:
         # TLS for the HTTP listeners (--tls-cert/--tls-key), reloaded by reload().
         self.tls = (ServerTls(config.tls_cert, config.tls_key)
                     if config.tls_cert is not None and config.tls_key is not None else None)
-        # The operator's revocation list (--revocation-list), shared by the handshake's
-        # admission and the registry's record check; followed by `revocation_watch`.
+        # The operator's revocation list (certificate networks), shared by the handshake's
+        # admission and the registry's record check; read from --revocation-list (followed
+        # by `revocation_watch`) and the state directory, learnt from peers and passed on
+        # (`revocation_sync`).
         self.revocations = revocations_from_config(config)
         self.admission = admission_from_config(config, self.revocations)
         host, port = parse_hostport(config.listen)
@@ -123,10 +132,18 @@ class Node:
             self.revocation_watch = RevocationWatch(
                 config.revocation_list, self.revocations, self.clock, self._revoked)
             try:
-                first = self.revocation_watch.load_initial()
+                self.revocation_watch.load_initial()
             except AdmissionError as exc:
                 raise NodeError(f"--revocation-list: {exc}") from None
-            self.transport.refused = first.peer_ids
+        self.revocation_sync: RevocationSync | None = None
+        if self.revocations is not None:
+            load_saved(config.home, self.revocations)  # (what it learnt before a restart)
+            if self.revocations.current is not None:
+                self.transport.refused = self.revocations.current.peer_ids
+            self.revocation_sync = RevocationSync(
+                self.revocations, self.clock, self._revocation_adverts,
+                lambda peer: fetch_list(self.transport, peer), self._revoked,
+                held_changed=self._revocations_held, rng=self.rng)
         self._own_cert = own_certificate(config)
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
@@ -231,7 +248,8 @@ class Node:
         self.transport.set_request_handler(PeerApi(
             self.dataplane, self.engines.assign, self.engines.release,
             lambda peer, body: flip_role(self, peer, body), links=self.links,
-            refuse=lambda peer: refuse_controller(self, peer)).handle)
+            refuse=lambda peer: refuse_controller(self, peer),
+            revocations=self.revocation_sync).handle)
         await self._serve_http(app)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
@@ -248,6 +266,8 @@ class Node:
         loop("link-probe", self.links.run)
         if self.revocation_watch is not None:
             loop("revocations", self.revocation_watch.run)
+        if self.revocation_sync is not None:
+            loop("revocation-sync", self.revocation_sync.run)
         if self.ingress is not None:
             ingress = self.ingress
             loop("demand", lambda: self._publish_demand(ingress.demand))
@@ -358,6 +378,7 @@ class Node:
         hardware = base.hardware if base is not None else discover_hardware(
             gpu=cfg.gpu, gpu_count=cfg.gpu_count, gpu_memory_gb=cfg.gpu_memory_gb)
         peer_addrs = self.transport.advertised_addrs if self._dialable() else ()
+        held = self.revocations.current if self.revocations is not None else None
         meta = NodeMeta(
             provider_id=cfg.provider or self.key.peer_id,
             peer_addrs=peer_addrs,
@@ -378,6 +399,8 @@ class Node:
             alloc_end=self._alloc_end or 0.0,
             drain_lead_s=cfg.drain_lead_s if self._alloc_end else 0.0,
             cert=self._own_cert,
+            revocations_at=held.issued_at if held is not None else 0.0,
+            revocations_digest=held.digest if held is not None else b"",
         )
         return dataclasses.replace(meta, **changes)
 
@@ -456,6 +479,21 @@ class Node:
                     and item != self.session.record.meta.spend):
                 self.session.update_self(self.meta(spend=item))
 
+    # ---- revocation lists ------------------------------------------------------------------
+    def _revocation_adverts(self) -> list[tuple[str, Advert]]:
+        """(peer, the list it advertises) of live sessions other than ours that hold one."""
+        if self.agent is None:
+            return []
+        return [(v.record.peer_id, (m.revocations_at, m.revocations_digest))
+                for v in self.agent.nodes.all(include_left=False)
+                if (m := v.record.meta).revocations_at > 0
+                and v.record.peer_id != self.key.peer_id]
+
+    def _revocations_held(self, rl: RevocationList) -> None:
+        """The list held changed (file, SIGHUP, a peer): advertise it and keep a copy."""
+        self._republish()
+        save_list(self.config.home, rl)
+
     def _revoked(self, rl: RevocationList) -> None:
         """A new revocation list is in force (node/revocation.py): its handshakes already
         refuse the revoked members; close their connections, drop their registry sessions
@@ -466,8 +504,8 @@ class Node:
                    if self.providers.revoked(v.record)} if agent is not None else set()
         keys = set(rl.peer_ids)
         if self.key.peer_id in keys | by_cert:
-            log.error("this node's own membership is revoked by %s: other members will "
-                      "refuse it", self.config.revocation_list)
+            log.error("this node's own membership is revoked by the operator's revocation "
+                      "list (issued at %.3f): other members will refuse it", rl.issued_at)
         keys.discard(self.key.peer_id)
         by_cert -= keys | {self.key.peer_id}
         closed = self.transport.refuse_peers(keys)
@@ -483,6 +521,8 @@ class Node:
         broken file is logged and the previous values stay."""
         if self.revocation_watch is not None:
             self.revocation_watch.poll()
+            if self.revocation_sync is not None:
+                self.revocation_sync.check_held()
         if self.tls is not None:
             try:
                 self.tls.reload()

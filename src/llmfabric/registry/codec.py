@@ -83,9 +83,11 @@ def _canon(value: Any) -> Any:
 
 # Optional NodeMeta fields left out of the body while unset: records of nodes that do not use
 # them keep their size and bytes (older nodes write the same body).
-_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s", "prefix_cache", "pd_plan", "spend")
+_OMIT_WHEN_ZERO = ("alloc_end", "drain_lead_s", "prefix_cache", "pd_plan", "spend",
+                   "revocations_at", "revocations_digest")
 MAX_PD_PLAN = 8 * 1024  # the PD plan item (routing/pd_plan.py parses what is inside)
 MAX_SPEND = 2 * 1024  # an ingress's spend item (accounts/spend_share.py parses it)
+MAX_REVOCATIONS_DIGEST = 32  # (identity.revocation.list_digest: 8 bytes)
 
 
 def encode_body(record: NodeRecord) -> bytes:
@@ -279,6 +281,9 @@ def decode_meta(d: dict[str, Any]) -> NodeMeta:
         prefix_cache=_sketch(d.get("prefix_cache", b"")),
         pd_plan=_opaque(d.get("pd_plan", b""), "pd_plan", MAX_PD_PLAN),
         spend=_opaque(d.get("spend", b""), "spend", MAX_SPEND),
+        revocations_at=_bounded(d.get("revocations_at", 0.0), "revocations_at"),
+        revocations_digest=_opaque(d.get("revocations_digest", b""), "revocations_digest",
+                                   MAX_REVOCATIONS_DIGEST),
     )
 
 

@@ -146,6 +146,12 @@ class NodeMeta:
     # Ingress nodes with budgets: their spending this period per budget (hashed names),
     # an opaque bounded item (accounts/spend_share.py validates it).
     spend: bytes = b""
+    # Certificate networks: which operator revocation list the node holds (its issue time
+    # and `identity.revocation.list_digest`; 0 and b"" for none), so that peers holding an
+    # older one fetch it from this node (node/revocation_sync.py). A hint only: a fetched
+    # list counts only if the operator's key signed it.
+    revocations_at: float = 0.0
+    revocations_digest: bytes = b""
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -160,7 +161,13 @@ def test_revoke_node_creates_then_extends_the_list(tmp_path: pathlib.Path) -> No
     assert code == 0, out
     second = RevocationList.load(lst)
     assert second.peer_ids == {a} and len(second.cert_ids) == 1
-    assert second.issued_at >= first.issued_at
+    assert second.issued_at > first.issued_at  # (strictly: nodes pass on newer lists only)
+    # even when the clock is behind the list's issue time
+    future = round(time.time() + 1e6, 3)
+    lst.write_text(sign_revocations(NodeKey.load(tmp_path / "operator.key"), NET, future,
+                                    second.peer_ids, second.cert_ids).to_json())
+    assert run("revoke-node", b, "--list", str(lst), "--network", NET, "--home", home)[0] == 0
+    assert RevocationList.load(lst).issued_at == pytest.approx(future + 0.001)
     assert not list(tmp_path.glob(".revoked.json.*"))  # (written, then renamed)
 
 

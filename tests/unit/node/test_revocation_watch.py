@@ -100,6 +100,11 @@ def test_a_revocation_list_needs_a_certificate_network(tmp_path: pathlib.Path) -
         operator_key=encode_public_key(OPERATOR.public_bytes)))
     assert revs is not None and revs.network == NET
     assert revocations_from_config(NodeConfig(home=tmp_path)) is None
+    # a certificate network holds lists without the file too (learnt from peers)
+    revs = revocations_from_config(NodeConfig(
+        home=tmp_path, network=NET, membership_cert=cert,
+        operator_key=encode_public_key(OPERATOR.public_bytes)))
+    assert revs is not None and revs.current is None
 
 
 def _cert_node_config(tmp_path: pathlib.Path, lst: pathlib.Path) -> NodeConfig:

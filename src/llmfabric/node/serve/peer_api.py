@@ -6,6 +6,8 @@
   /_fabric/v1/release          releases (stop the engine, become bare) from the controller
   /_fabric/v1/role             prefill/decode role flips from the PD controller (node/pd/flip.py)
   /_fabric/v1/link-probe, /_fabric/v1/links   link measurements (node/serve/link_service.py)
+  /_fabric/v1/revocations      the operator revocation list this node holds
+                               (node/revocation_sync.py; certificate networks)
 The peer protocol is authenticated (TLS + admission), but a request that came through a
 relay names its origin only by the relay's word: forwarded requests carry their own
 authorization, and control requests must be signed by the controller's key
@@ -38,6 +40,7 @@ from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.errors import BodyTooLarge
 from llmfabric.node.engine.link import error_response
+from llmfabric.node.revocation_sync import RevocationSync
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.link_service import LinkService
 from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
@@ -179,6 +182,7 @@ class PeerApi:
         now: Callable[[], float] = time.time,
         links: LinkService | None = None,
         refuse: Callable[[str], HandlerResponse | None] | None = None,
+        revocations: RevocationSync | None = None,
     ) -> None:
         """`refuse(signer)`: the answer to a control request from a peer that may not
         control this node (None: it may), asked before its signature is remembered."""
@@ -190,6 +194,7 @@ class PeerApi:
         self._role = role
         self._now = now
         self._links = links
+        self._revocations = revocations
         self._control_replay = ReplayCache(max_entries=10_000)
 
     async def handle(self, request: PeerRequest) -> HandlerResponse:
@@ -205,6 +210,8 @@ class PeerApi:
             return await self._control(request, self._role, "a role flip")
         if self._links is not None and self._links.handles(request.path):
             return await self._links.handle(request)
+        if self._revocations is not None and self._revocations.handles(request.path):
+            return await self._revocations.handle(request)
         return error_response(404, f"{request.path} is not served to peers", "not_found")
 
     async def _control(self, request: PeerRequest, handler: Handler, what: str

@@ -1,0 +1,250 @@
+"""Revocation lists spread through the fabric (certificate networks), with no coordinator.
+
+A list handed to one node (its `--revocation-list` file) reaches every node:
+
+- Each node advertises in its signed record which list it holds: `NodeMeta.revocations_at`
+  and `revocations_digest` (the list's issue time and `RevocationList.digest`; unset while
+  it holds none). Lists are ordered by (issue time, digest): `keys revoke-node` makes each
+  list strictly newer, and the digest settles two lists of one issue time the same way
+  everywhere.
+- A node that sees a live peer advertise a newer list than its own asks that peer for it
+  over the peer protocol (`GET /_fabric/v1/revocations`: the list's JSON, or 404 while the
+  peer holds none), verifies it against the operator key and offers it to the shared
+  `Revocations` (identity/revocation.py): only the operator's signature counts, never the
+  peer's word, and an older list never replaces a newer one. A list put in force goes the
+  file's way (`apply`: Node._revoked closes the revoked members' connections and drops what
+  the node holds of them), and the node then advertises it in turn: the list spreads like a
+  rumour, each node fetching it once, from a peer picked at random among those that
+  advertise a newer one (so not everyone from the first node).
+- Bounded: one fetch at a time, at most one per scan (`SCAN_S`, jittered); the whole answer
+  within `FETCH_TIMEOUT_S` and at most `MAX_LIST_BYTES`. A peer whose fetch failed
+  (unreachable, an error status, a list too large, unparsable, not the operator's, of
+  another network, not newer than ours, or older than it advertised) is not asked again
+  for `BACKOFF_S`, doubling up to `MAX_BACKOFF_S`, per peer id: a member that advertises
+  ever newer lists it cannot produce is asked about once an hour at most, and is never
+  believed; honest peers that advertise the same list are asked meanwhile.
+- The newest list held is kept under the state directory (`LEARNT_FILE` in --home,
+  written whole then renamed), so a restarted node keeps what it learnt; it is read back at
+  start (a broken or older copy is logged and skipped: the peers teach it again).
+
+On PSK networks there is no operator key and nothing is advertised, served or fetched.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+from collections.abc import Awaitable, Callable, Iterable
+
+import orjson
+
+from llmfabric.clock import Clock, with_timeout
+from llmfabric.identity.errors import AdmissionError
+from llmfabric.identity.revocation import MAX_LIST_BYTES, RevocationList, Revocations
+from llmfabric.net import HandlerResponse, NetError, PeerRequest, TlsTransport
+from llmfabric.net.errors import BodyTooLarge
+from llmfabric.untrusted import get_logger
+
+log = get_logger(__name__)
+
+REVOCATIONS_PATH = "/_fabric/v1/revocations"
+LEARNT_FILE = "revocations.json"
+SCAN_S = 2.0  # how often the replica's adverts are compared with the list held
+FETCH_TIMEOUT_S = 10.0  # the whole answer, body included
+BACKOFF_S = 30.0  # a peer whose fetch failed is not asked again for this long, doubling
+MAX_BACKOFF_S = 3600.0
+MAX_TRACKED = 4096  # peers remembered in backoff (admitted members only)
+
+Advert = tuple[float, bytes]  # (issued_at, digest) of a list; NONE: no list
+NONE: Advert = (0.0, b"")
+_JSON = (("content-type", "application/json"),)
+
+
+class FetchError(Exception):
+    """A peer did not answer a list (status, size); the message says how."""
+
+
+def advert_of(rl: RevocationList | None) -> Advert:
+    return NONE if rl is None else (rl.issued_at, rl.digest)
+
+
+class RevocationSync:
+    """Learns newer lists from peers (`run`), answers the peers' requests (`handle`)."""
+
+    def __init__(
+        self, revocations: Revocations, clock: Clock,
+        adverts: Callable[[], Iterable[tuple[str, Advert]]],
+        fetch: Callable[[str], Awaitable[bytes]],
+        apply: Callable[[RevocationList], None],
+        *, held_changed: Callable[[RevocationList], None] | None = None,
+        rng: random.Random | None = None, scan_s: float = SCAN_S,
+    ) -> None:
+        """`adverts()`: (peer id, advert) of the live peers (not us); `fetch(peer)`: the
+        body of the peer's answer to REVOCATIONS_PATH (raises NetError, FetchError or
+        OSError); `apply(list)`: a list that changed what is revoked was put in force;
+        `held_changed(list)`: the list held is not the one last advertised (republish,
+        persist), from a peer, the file or SIGHUP."""
+        self.revocations = revocations
+        self.clock = clock
+        self.adverts = adverts
+        self.fetch = fetch
+        self.apply = apply
+        self.held_changed = held_changed
+        self.rng = rng or random.Random()
+        self.scan_s = scan_s
+        self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, delay)
+        self._announced: Advert = NONE
+        self._served: tuple[RevocationList, bytes] | None = None
+        # counters (tests, logs)
+        self.fetches = 0
+        self.learnt = 0
+        self.failed = 0
+
+    def held(self) -> Advert:
+        return advert_of(self.revocations.current)
+
+    # ---- learning from peers ------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            await self.clock.sleep(self.scan_s * (0.5 + self.rng.random()))
+            self.check_held()
+            await self.step()
+
+    def check_held(self) -> None:
+        """Tell `held_changed` when the list held moved since it was last told."""
+        rl = self.revocations.current
+        if rl is None or advert_of(rl) == self._announced:
+            return
+        self._announced = advert_of(rl)
+        if self.held_changed is not None:
+            self.held_changed(rl)
+
+    def candidates(self) -> list[tuple[str, Advert]]:
+        """Peers that advertise a newer list than ours and are not in backoff."""
+        mine, now = self.held(), self.clock.now()
+        best: dict[str, Advert] = {}
+        for peer, advert in self.adverts():
+            if advert > mine and advert > best.get(peer, NONE):
+                best[peer] = advert
+        return [(p, a) for p, a in best.items()
+                if self._backoff.get(p, (0.0, 0.0))[0] <= now
+                and self.revocations.refusal(p) is None]
+
+    async def step(self) -> bool:
+        """Fetch from one peer that advertises a newer list; return whether a list was
+        learnt (put in force)."""
+        cands = self.candidates()
+        if not cands:
+            return False
+        peer, advertised = self.rng.choice(sorted(cands))
+        self.fetches += 1
+        try:
+            body = await with_timeout(self.clock, self.fetch(peer), FETCH_TIMEOUT_S)
+            rl = RevocationList.from_json(body)
+            got = advert_of(rl)
+            if got <= self.held():
+                raise AdmissionError(
+                    f"it served a list issued at {rl.issued_at:.3f}, not newer than ours")
+            changed = self.revocations.offer(rl)  # (raises unless the operator signed it)
+        except TimeoutError:
+            self._fail(peer, f"no answer within {FETCH_TIMEOUT_S:g} s", quiet=True)
+            return False
+        except (NetError, FetchError, OSError) as exc:
+            self._fail(peer, str(exc)[:200], quiet=True)
+            return False
+        except AdmissionError as exc:
+            self._fail(peer, str(exc)[:300], quiet=False)
+            return False
+        self.learnt += 1
+        if got < advertised:  # a genuine list, but not the one it advertised: ask others
+            self._fail(peer, "it advertised a newer list than it served", quiet=False)
+        else:
+            self._backoff.pop(peer, None)
+        log.warning("revocation list issued at %.3f learnt from peer %s: %d key(s), %d "
+                    "certificate(s) revoked", rl.issued_at, peer, len(rl.peer_ids),
+                    len(rl.cert_ids))
+        if changed:
+            self.apply(rl)
+        self.check_held()
+        return True
+
+    def _fail(self, peer: str, why: str, *, quiet: bool) -> None:
+        self.failed += 1
+        now = self.clock.now()
+        delay = min(MAX_BACKOFF_S, self._backoff.get(peer, (0.0, BACKOFF_S / 2))[1] * 2)
+        if peer not in self._backoff and len(self._backoff) >= MAX_TRACKED:
+            for p in [p for p, (until, _) in self._backoff.items() if until <= now]:
+                del self._backoff[p]
+            if len(self._backoff) >= MAX_TRACKED:  # (all in backoff: drop the oldest)
+                del self._backoff[next(iter(self._backoff))]
+        self._backoff[peer] = (now + delay, delay)
+        (log.info if quiet else log.warning)(
+            "revocation list from peer %s refused (asking it again in %.0f s): %s",
+            peer, delay, why)
+
+    # ---- answering peers -----------------------------------------------------------------
+    def handles(self, path: str) -> bool:
+        return path == REVOCATIONS_PATH
+
+    async def handle(self, request: PeerRequest) -> HandlerResponse:
+        if request.method != "GET":
+            return HandlerResponse(405, _JSON, orjson.dumps(
+                {"error": {"message": "GET the revocation list"}}))
+        body = self.answer()
+        if body is None:
+            return HandlerResponse(404, _JSON, orjson.dumps(
+                {"error": {"message": "this node holds no revocation list"}}))
+        return HandlerResponse(200, _JSON, body)
+
+    def answer(self) -> bytes | None:
+        """The list held, as JSON (cached per list), or None."""
+        rl = self.revocations.current
+        if rl is None:
+            return None
+        if self._served is None or self._served[0] is not rl:
+            self._served = (rl, rl.to_json().encode())
+        return self._served[1]
+
+
+async def fetch_list(transport: TlsTransport, peer: str) -> bytes:
+    """The body of `peer`'s answer to REVOCATIONS_PATH (at most MAX_LIST_BYTES)."""
+    resp = await transport.request(peer, "GET", REVOCATIONS_PATH, timeout=FETCH_TIMEOUT_S)
+    async with resp:
+        try:
+            body = await resp.read(MAX_LIST_BYTES)
+        except BodyTooLarge:
+            raise FetchError(f"its list is over {MAX_LIST_BYTES} bytes") from None
+    if resp.status != 200:
+        raise FetchError(f"it answered {resp.status}")
+    return body
+
+
+# ---- the copy under the state directory ---------------------------------------------------
+def save_list(home: pathlib.Path, rl: RevocationList) -> None:
+    """Write the list held to `home/LEARNT_FILE` (whole, then renamed); logged on failure."""
+    path = home / LEARNT_FILE
+    tmp = home / f".{LEARNT_FILE}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(rl.to_json() + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.error("cannot keep the revocation list in %s (a restart forgets it until a "
+                  "peer teaches it again): %s", path, exc)
+
+
+def load_saved(home: pathlib.Path, revocations: Revocations) -> RevocationList | None:
+    """Offer the list kept in `home/LEARNT_FILE` (if any) to `revocations`; the list put in
+    force, or None (no copy; a broken, foreign or older copy is logged and skipped)."""
+    path = home / LEARNT_FILE
+    if not path.exists():
+        return None
+    try:
+        rl = RevocationList.load(path)
+        revocations.offer(rl)
+    except AdmissionError as exc:
+        log.warning("the revocation list kept in %s is skipped: %s", path, exc)
+        return None
+    return rl
