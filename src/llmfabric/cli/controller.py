@@ -118,6 +118,10 @@ async def _fetch(url: str) -> list[NodeRecord]:
               show_default=True, help="--reclaim: seconds a bare node must stay bare before "
               "it counts as capacity (a node flapping between bare and busy moves nothing; "
               "--once: 0)")
+@click.option("--reclaim-hold", type=click.FloatRange(min=0.0), default=600.0,
+              show_default=True, help="--reclaim: seconds a node the controller moved "
+              "(released or assigned) is not released again (demand that swings every round "
+              "moves each node at most once per hold)")
 @click.option("--once", is_flag=True, help="one round; print the decisions as JSON and exit")
 @click.option("--settle", type=float, default=3.0, show_default=True,
               help="with --bootstrap: seconds to let the replica fill before planning "
@@ -142,7 +146,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             membership_cert: Path | None, operator_key: str | None, home: Path | None,
             listen: str, preset: str, workload_path: Path | None, template: str, policy: str,
             interval: float, drift: float, reclaim: bool, max_releases: int,
-            reclaim_idle: float, once: bool, settle: float,
+            reclaim_idle: float, reclaim_hold: float, once: bool, settle: float,
             launcher: str, profile_path: Path | None, pd_plan: Path | None,
             pd_cluster: Path | None, pd_links: Path | None, pd_topology: Path | None,
             pd_model: str | None) -> None:
@@ -195,6 +199,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
                               reclaim=reclaim, max_releases=max_releases,
                               # one round has no history to hold bare nodes against
                               reclaim_idle_s=0.0 if once else reclaim_idle,
+                              reclaim_hold_s=reclaim_hold,
                               interval_s=interval)
     clock = SystemClock()
     perf = SimPerformance.for_workload(fixed) if fixed is not None else SimPerformance()
