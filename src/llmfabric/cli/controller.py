@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,29 @@ def _capacity(rec: NodeRecord) -> bool:
     return bool(rec.meta.engine) or "assignable" in rec.meta.roles
 
 
-async def _fetch(url: str) -> list[NodeRecord]:
+Trusted = Callable[[NodeRecord], bool]
+
+
+def provider_filter(identity: Callable[[NodeRecord], str], providers: Collection[str]
+                    ) -> Trusted | None:
+    """`--provider`: the records whose verified provider identity (registry/provider.py
+    `ProviderVerifier.identity`: the membership certificate's provider, or the key
+    fingerprint, i.e. the peer id, on PSK networks) is one of `providers`, as routing
+    allowlists match; None (every record) without any."""
+    if not providers:
+        return None
+    allowed = frozenset(providers)
+    return lambda rec: identity(rec) in allowed
+
+
+def fleet_of(records: Iterable[NodeRecord], trusted: Trusted | None) -> list[NodeRecord]:
+    """The records the controller counts and assigns: serving nodes and bare nodes that
+    accept assignments, of the allowed providers (capacity is a record's claim)."""
+    return [r for r in records if _capacity(r) and (trusted is None or trusted(r))]
+
+
+async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
+    """(record, verified provider) of each /v1/fabric/nodes entry (the node's verification)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=10)
@@ -81,7 +104,12 @@ async def _fetch(url: str) -> list[NodeRecord]:
             url.rstrip("/") + "/v1/fabric/nodes", headers=headers) as resp:
         resp.raise_for_status()
         body = await resp.json()
-    return [r for r in (record_from_view(v) for v in body.get("nodes", [])) if r is not None]
+    out = []
+    for view in body.get("nodes", []):
+        rec = record_from_view(view)
+        if rec is not None:
+            out.append((rec, str(view.get("verified_provider", ""))))
+    return out
 
 
 @click.command(name="controller")
@@ -118,6 +146,16 @@ async def _fetch(url: str) -> list[NodeRecord]:
               show_default=True, help="--reclaim: seconds a bare node must stay bare before "
               "it counts as capacity (a node flapping between bare and busy moves nothing; "
               "--once: 0)")
+@click.option("--reclaim-hold", type=click.FloatRange(min=0.0), default=600.0,
+              show_default=True, help="--reclaim: seconds a node the controller moved "
+              "(released or assigned) is not released again (demand that swings every round "
+              "moves each node at most once per hold)")
+@click.option("--provider", "providers", multiple=True, metavar="PROVIDER",
+              help="count and assign only nodes, and read demand only from ingresses, whose "
+              "verified provider is PROVIDER (repeatable): the provider their membership "
+              "certificate names, or on PSK networks their peer id (key fingerprint), as "
+              "X-Fabric-Providers matches; with --pd-plan (once) the provider whose nodes "
+              "are bound [default: every member]")
 @click.option("--once", is_flag=True, help="one round; print the decisions as JSON and exit")
 @click.option("--settle", type=float, default=3.0, show_default=True,
               help="with --bootstrap: seconds to let the replica fill before planning "
@@ -142,7 +180,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             membership_cert: Path | None, operator_key: str | None, home: Path | None,
             listen: str, preset: str, workload_path: Path | None, template: str, policy: str,
             interval: float, drift: float, reclaim: bool, max_releases: int,
-            reclaim_idle: float, once: bool, settle: float,
+            reclaim_idle: float, reclaim_hold: float, providers: tuple[str, ...], once: bool,
+            settle: float,
             launcher: str, profile_path: Path | None, pd_plan: Path | None,
             pd_cluster: Path | None, pd_links: Path | None, pd_topology: Path | None,
             pd_model: str | None) -> None:
@@ -155,15 +194,21 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
         if not bootstrap:
             raise click.UsageError("--pd-plan needs --bootstrap (the controller joins the "
                                    "fabric)")
+        if len(providers) > 1:
+            raise click.UsageError("--pd-plan binds the nodes of one --provider")
         run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, pd_model, {
             "bootstrap": bootstrap, "network_secret": network_secret,
             "membership_cert": membership_cert, "operator_key": operator_key,
             "listen": listen, "http_listen": "127.0.0.1:0", "preset": preset, "gpu": "cpu",
-            "home": home}, interval, drift, once, settle)
+            "home": home, "provider": providers[0] if providers else None},
+            interval, drift, once, settle)
         return
     if launcher == "slurm":
         from llmfabric.cli.controller_slurm import run_launcher
 
+        if providers:
+            raise click.UsageError("--launcher slurm trusts its profile's fabric.provider; "
+                                   "drop --provider")
         if profile_path is None or not bootstrap:
             raise click.UsageError("--launcher slurm needs --profile and --bootstrap")
         run_launcher(profile_path, {
@@ -195,6 +240,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
                               reclaim=reclaim, max_releases=max_releases,
                               # one round has no history to hold bare nodes against
                               reclaim_idle_s=0.0 if once else reclaim_idle,
+                              reclaim_hold_s=reclaim_hold,
                               interval_s=interval)
     clock = SystemClock()
     perf = SimPerformance.for_workload(fixed) if fixed is not None else SimPerformance()
@@ -207,10 +253,11 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             return False
         return True
 
-    def workload_of(records: list[NodeRecord]) -> Workload:
+    def workload_of(records: list[NodeRecord], trusted: Trusted | None) -> Workload:
         if fixed is not None:
             return fixed
-        observed, notes = observed_workload(records, known=knows)
+        observed, notes = observed_workload(records, known=knows,
+                                            trusted=trusted or (lambda _rec: True))
         for note in notes:
             if note not in warned:  # once per model, not every round
                 warned.add(note)
@@ -236,11 +283,17 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
     async def dry_run() -> None:
         assert node_url is not None
         executor: Executor = LoggingExecutor()
-        ctl = FleetController(lambda: [r for r in latest if _capacity(r)],
-                              lambda: workload_of(latest), executor, perf, clock, config)
+        verified: dict[str, str] = {}  # session id -> verified provider (the node's view)
+        trusted = provider_filter(lambda rec: verified.get(rec.session_id, ""), providers)
+        ctl = FleetController(lambda: fleet_of(latest, trusted),
+                              lambda: workload_of(latest, trusted), executor, perf, clock,
+                              config)
 
         async def refresh() -> None:
-            latest[:] = await _fetch(node_url)
+            fetched = await _fetch(node_url)
+            latest[:] = [rec for rec, _ in fetched]
+            verified.clear()
+            verified.update((rec.session_id, who) for rec, who in fetched)
 
         await loop(ctl, refresh)
 
@@ -258,14 +311,16 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
         async with controller_node(overrides, settle, clock, signals=False) as ctl_node:
             reader = ctl_node.reader
             live = reader.live_records
+            # --provider: verified identities only (registry/provider.ProviderVerifier)
+            trusted = provider_filter(ctl_node.node.providers.identity, providers)
 
             def records() -> list[NodeRecord]:
                 # Bare nodes are capacity only when they accept assignments.
-                return [r for r in live() if _capacity(r)]
+                return fleet_of(live(), trusted)
 
             executor = PeerExecutor(ctl_node.node.transport, reader.peer_of)
-            ctl = FleetController(records, lambda: workload_of(live()), executor, perf, clock,
-                                  config)
+            ctl = FleetController(records, lambda: workload_of(live(), trusted), executor,
+                                  perf, clock, config)
 
             async def refresh() -> None:
                 return None

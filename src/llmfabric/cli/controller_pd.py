@@ -3,8 +3,8 @@
 The controller joins the fabric as a bare CPU member (as the assigning controller does),
 loads a saved plan (`llmfabric plan pd --json`, with the same cluster inputs), binds the
 plan's GPUs to the live sessions serving the model (scheduler/phasesplit/binding.py:
-`--label pd.gpus=...` on a node, else role + GPU type; on certificate networks only nodes of
-the controller's own verified provider), publishes the plan's routing as the
+`--label pd.gpus=...` on a node, else role + GPU type; on certificate networks with
+`--provider P` only nodes whose verified provider is P), publishes the plan's routing as the
 signed plan item of its own record, and then each round runs `pd_decide`: a node of the plan
 DOWN, LEFT, gone or suspected, or the ingresses' observed workload drifting past `--drift`,
 flips phases (signed `/_fabric/v1/role` requests to the nodes over the peer protocol) and
@@ -104,8 +104,9 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
 
 def _own_provider(node: Node) -> Callable[[NodeRecord], bool]:
     """Which records the controller binds and reads demand from: on certificate networks
-    those of its own verified provider (labels and demand are claims any member can make);
-    on PSK networks, where no identity binds a provider name, every record."""
+    with `--provider P` (the node's config.provider) those whose verified provider is P
+    (labels and demand are claims any member can make); without it, or on PSK networks,
+    where no identity binds a provider name, every record."""
     provider = node.config.provider
     if not (node.config.operator_key and provider):
         return lambda _rec: True

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import click
 
-from llmfabric.cli.start import ingress_timeout_options
+from llmfabric.cli.start import _aliases, ingress_timeout_options
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import ConfigError
 from llmfabric.net.fd_limit import raise_open_file_limit
@@ -52,6 +52,7 @@ class Settings:
     tls_cert: pathlib.Path | None = None  # HTTPS when both are set (reloaded on SIGHUP)
     tls_key: pathlib.Path | None = None
     native_responses: tuple[str, ...] = ()  # models whose engines serve /v1/responses
+    model_aliases: tuple[tuple[str, str], ...] = ()  # --model-alias NAME=ID
 
 
 def parse_backend(spec: str) -> Backend:
@@ -100,6 +101,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
         policy=settings.policy, max_retries=settings.max_retries,
         max_body_bytes=settings.max_body_bytes, auth_enabled=settings.auth,
         timeouts=settings.timeouts, native_responses_models=settings.native_responses,
+        model_aliases=settings.model_aliases,
     )
     source = StaticCandidateSource(candidates(settings.backends))
     forwarder = HttpForwarder(settings.forward_prefix)
@@ -175,6 +177,10 @@ def _run(settings: Settings, reuse_port: bool) -> None:
               help="pass /v1/responses through unchanged for MODEL (repeat; '*' for all), "
               "for engines that serve it (vLLM >= 0.10); other models get it translated "
               "to chat completions")
+@click.option("--model-alias", "model_aliases", multiple=True, callback=_aliases,
+              metavar="NAME=ID", help="requests for NAME go to model ID only, whatever "
+              "aliases members list (repeatable); an alias several models list is otherwise "
+              "refused with 409 (docs/routing.md 'Model names')")
 @ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
@@ -182,8 +188,8 @@ def command(
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
     front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
-    connect_timeout_s: float, first_byte_timeout_s: float, idle_timeout_s: float,
-    total_timeout_s: float,
+    model_aliases: dict[str, str], connect_timeout_s: float, first_byte_timeout_s: float,
+    idle_timeout_s: float, total_timeout_s: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models, responses; Anthropic's
     /v1/messages; rerank/score/tokenize pass-through): over static backends
@@ -208,7 +214,8 @@ def command(
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
                                    "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
-                            no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key)
+                            no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key,
+                            model_aliases)
         return
     if no_auth and not is_loopback(host):
         raise click.UsageError(
@@ -224,6 +231,7 @@ def command(
         forward_prefix=forward_prefix, timeouts=timeouts,
         tls_cert=tls_cert, tls_key=tls_key,
         front_limits=limits, native_responses=native_responses,
+        model_aliases=tuple(sorted(model_aliases.items())),
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",
@@ -254,7 +262,7 @@ def _run_fabric_ingress(
     host: str, port: int, bootstrap: tuple[str, ...], network_secret: str, listen: str,
     policy: str, max_retries: int, no_auth: bool, db_url: str | None, max_body_mb: float,
     timeouts: Timeouts, tls_cert: pathlib.Path | None = None,
-    tls_key: pathlib.Path | None = None,
+    tls_key: pathlib.Path | None = None, model_aliases: dict[str, str] | None = None,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -270,6 +278,7 @@ def _run_fabric_ingress(
             "bootstrap": bootstrap, "connect_timeout_s": timeouts.connect,
             "first_byte_timeout_s": timeouts.first_byte, "idle_timeout_s": timeouts.idle,
             "total_timeout_s": timeouts.total, "tls_cert": tls_cert, "tls_key": tls_key,
+            "model_aliases": model_aliases or None,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

@@ -178,6 +178,11 @@ def node_options(fn: Any) -> Any:
                      help="ingress: also accept the API keys this ingress publishes in the "
                           "registry, and count its budget spending (its peer id, or its "
                           "certificate's provider; repeatable)"),
+        click.option("--model-alias", "model_aliases", multiple=True, callback=_aliases,
+                     metavar="NAME=ID",
+                     help="ingress: requests for NAME go to replicas of model ID only, "
+                          "whatever aliases members list (repeatable; an alias several "
+                          "models list is otherwise refused with 409)"),
         click.option("--controller", "controllers", multiple=True,
                      help="peer id allowed to send assignments, releases and role flips "
                           "(repeatable; default: any member); on an ingress also the PD "
@@ -242,7 +247,8 @@ def config_from_options(
     file_values = load_config_file(config_file) if config_file else {}
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
-    for name in ("labels", "controllers", "aliases", "front_limits", "model_ids", "key_issuers"):
+    for name in ("labels", "controllers", "aliases", "model_aliases", "front_limits",
+                 "model_ids", "key_issuers"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)

@@ -64,6 +64,7 @@ from llmfabric.ingress.usage import (
 )
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
+from llmfabric.routing.filters import Ambiguous, resolve
 from llmfabric.routing.policies import make_policy
 from llmfabric.routing.prefix import SESSION_HEADER, routing_keys, session_header
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
@@ -110,6 +111,7 @@ class Ingress:
         # asyncio.timeout contexts around each attempt.
         self._own_timeouts = forwarder.enforces_timeouts
         self._plain_requests: dict[tuple[str, bool], RouteRequest] = {}
+        self._pins = dict(config.model_aliases)  # NAME -> model id, set by the operator
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._duration = sim_rate()  # request duration estimate for walltime routing
         self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
@@ -172,7 +174,7 @@ class Ingress:
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
-        return merged_catalog(self.source.all_candidates(), self.api.native)
+        return merged_catalog(self.source.all_candidates(), self.api.native, self._pins)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -344,12 +346,20 @@ class Ingress:
 
         recorder = (RelayRecorder() if stream and continuation_wanted(
             doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
-        candidates = self.source.candidates(model)
+        target = self._pins.get(model, model) if self._pins else model
+        candidates = self.source.candidates(target)
+        if target != model:  # pinned by this ingress's operator (--model-alias): that model's
+            candidates = [c for c in candidates if c.model.id == target]
+        elif candidates:  # one model's candidates; an alias of several is refused (filters.py)
+            resolved = resolve(candidates, model, rreq.providers)
+            if isinstance(resolved, Ambiguous):
+                return self._refuse(model, 409, resolved.message(), "ambiguous_model", "model")
+            candidates = resolved
         if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
             candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
                                          self._duration)
         if not candidates:
-            if not self.source.is_known(model):
+            if not self.source.is_known(target):
                 return self._refuse(
                     model, 404, f"the model {model!r} does not exist on this fabric; "
                     "GET /v1/models lists the served models", "model_not_found", "model",

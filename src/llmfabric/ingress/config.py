@@ -72,6 +72,10 @@ class IngressConfig:
     max_response_bytes: int = 64 * 1024 * 1024
     max_sse_line_bytes: int = 4 * 1024 * 1024
     trace_hook: TraceHook | None = None
+    # Names this ingress's operator pins to one model id (`--model-alias NAME=ID`): a request
+    # for NAME goes to replicas of ID only, whatever aliases members list (routing/filters.py
+    # `resolve`: otherwise an alias several models list is refused with 409).
+    model_aliases: tuple[tuple[str, str], ...] = ()
     # Models whose engines serve POST /v1/responses themselves (vLLM >= 0.10): passed through
     # unchanged; "*" for all. Others get the Responses API translated to chat completions.
     native_responses_models: tuple[str, ...] = ()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from llmfabric.ingress.paths import PASSTHROUGH_PATHS
@@ -89,11 +89,24 @@ class RecordsCandidateSource:
 
 
 def merged_catalog(candidates: Iterable[Candidate],
-                   native_responses: frozenset[str] = frozenset()) -> dict[str, Any]:
+                   native_responses: frozenset[str] = frozenset(),
+                   pins: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware and
     `capabilities`: the APIs the ingress routes for the model (the engine still validates:
     an engine without embeddings answers that route 4xx) and how /v1/responses and
-    /v1/messages are served ("native": passed through, "translated": over chat)."""
+    /v1/messages are served ("native": passed through, "translated": over chat).
+
+    A model's `aliases` are the names that route to it (routing/filters.py `resolve`): not
+    an alias that is another listed model's id, nor one several models list (refused with
+    409); a name the ingress's operator pinned (`pins`, NAME -> id) only under its id."""
+    pins = pins or {}
+    candidates = list(candidates)
+    targets: dict[str, set[str]] = {}
+    for c in candidates:
+        for alias in c.model.aliases:
+            targets.setdefault(alias, set()).add(c.model.id)
+    ids = {c.model.id for c in candidates}
+    routed = {a for a, t in targets.items() if len(t) == 1 and a not in ids and a not in pins}
     entries: dict[str, dict[str, Any]] = {}
     for c in candidates:
         e = entries.get(c.model.id)
@@ -103,13 +116,16 @@ def merged_catalog(candidates: Iterable[Candidate],
                 "aliases": set(), "providers": set(), "nodes": [], "gpus": set(),
                 "quantizations": set(), "max_context": 0, "adapters": set(),
             }
-        e["aliases"].update(c.model.aliases)
+        e["aliases"].update(a for a in c.model.aliases if a in routed)
         e["adapters"].update(c.model.adapters)
         e["providers"].add(c.provider_id)
         e["nodes"].append(c.session_id)
         e["gpus"].add(c.hardware.gpu_model)
         e["quantizations"].add(c.model.quantization)
         e["max_context"] = max(e["max_context"], c.model.max_context)
+    for name, mid in pins.items():
+        if mid in entries:
+            entries[mid]["aliases"].add(name)
     data = []
     for mid in sorted(entries):
         e = entries[mid]

@@ -97,6 +97,10 @@ class NodeConfig(BaseModel):
     # Peer ids allowed to assign, release and flip roles (empty: any member); an ingress
     # follows PD routing plans only from these (empty: none; routing/pd_plan.py).
     controllers: tuple[str, ...] = ()
+    # Ingress: names pinned to one model id (`--model-alias NAME=ID`): requests for NAME go to
+    # replicas of ID only, whatever aliases members list (an alias several models list is
+    # otherwise refused with 409; routing/filters.py).
+    model_aliases: dict[str, str] = Field(default_factory=dict)
     # Ingress: also accept the API keys these ingresses publish (verified provider identities:
     # peer ids on PSK networks); accounts/grants.py.
     key_issuers: tuple[str, ...] = ()
@@ -213,7 +217,7 @@ class NodeConfig(BaseModel):
             parse(value)  # (KvEventsConfigError is a ValueError: a clear config error)
         return value
 
-    @field_validator("aliases")
+    @field_validator("aliases", "model_aliases")
     @classmethod
     def _aliases(cls, value: dict[str, str]) -> dict[str, str]:
         for alias, model in value.items():

@@ -118,12 +118,15 @@ class IngressLink:
             salt = load_or_create_salt(config.home / "trace.salt")
             trace_hook = IngressTraceHook(TraceRecorder(config.record_trace, salt))
         demand = DemandMeter(clock or SystemClock())
+        pins = dict(config.model_aliases)
 
         def on_finished(event: TraceEvent) -> None:
             # Demand counts every generation request a provider could have served; client
             # errors (4xx) are not load.
             if event.path in TRACED_PATHS and not 400 <= event.status < 500:
-                demand.record(event.model, event.prompt_tokens, event.completion_tokens)
+                # (a pinned name counts for the model it is pinned to, as it was routed)
+                demand.record(pins.get(event.model, event.model), event.prompt_tokens,
+                              event.completion_tokens)
             if trace_hook is not None:
                 trace_hook(event)
 
@@ -139,6 +142,7 @@ class IngressLink:
                                   config.keepalive_idle_s, config.keepalive_interval_s,
                                   config.keepalive_count),
                 trace_hook=on_finished,
+                model_aliases=tuple(sorted(pins.items())),
             ),
             ReplicaCandidateSource(reader.replica, identify),
             forwarder,

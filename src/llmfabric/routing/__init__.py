@@ -14,7 +14,9 @@ Pure core: no sockets, no clocks. Files:
 - request.py: `RouteRequest` (model, allowlist, QoS, prompt prefix) and `route_request(...)`
   parsing `X-Fabric-Providers` and the body's `metadata`.
 - filters.py: `trust_filter` (never admits a provider outside the allowlist, nor a flagged
-  alias unless the allowlist names its provider), `qos_filter`, `eligible`; GPU names compare
+  alias unless the allowlist names its provider), `resolve` (a name routes to one model's
+  candidates: an id is itself, an alias of several models is `Ambiguous`, refused),
+  `qos_filter`, `eligible`; GPU names compare
   through sim.gpu_names (`gpu_matches`: the same catalog GPU or its family token, never a
   substring).
 - policies.py: the `Policy` Protocol and `POLICIES` (random, round_robin, weighted,
@@ -53,7 +55,7 @@ from llmfabric.routing.candidates import (
     model_is_known,
 )
 from llmfabric.routing.errors import InvalidConstraintError, RoutingError, UnknownPolicyError
-from llmfabric.routing.filters import eligible, qos_filter, trust_filter
+from llmfabric.routing.filters import Ambiguous, eligible, qos_filter, resolve, trust_filter
 from llmfabric.routing.policies import DEFAULT_POLICY, POLICIES, Policy, make_policy
 from llmfabric.routing.request import RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, RouteDecision, Router
@@ -61,6 +63,7 @@ from llmfabric.routing.router import NoRoute, NoRouteReason, RouteDecision, Rout
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
+    "Ambiguous",
     "Candidate",
     "InvalidConstraintError",
     "NoRoute",
@@ -77,6 +80,7 @@ __all__ = [
     "make_policy",
     "model_is_known",
     "qos_filter",
+    "resolve",
     "route_request",
     "trust_filter",
 ]

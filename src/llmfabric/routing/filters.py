@@ -1,8 +1,10 @@
-"""Trust and QoS filters over candidates. Pure functions; they never widen the set."""
+"""Trust and QoS filters over candidates, and how a requested name resolves to one model.
+Pure functions; they never widen the set."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.request import RouteRequest
@@ -16,6 +18,48 @@ def trust_filter(candidates: Sequence[Candidate], allow: frozenset[str] | None) 
     if allow is None:
         return [c for c in candidates if not c.alias_conflict]
     return [c for c in candidates if c.provider_id in allow]
+
+
+@dataclass(frozen=True, slots=True)
+class Ambiguous:
+    """A requested name that several models answer to (by alias): refused, sent to none."""
+
+    name: str
+    ids: tuple[str, ...]  # the model ids it names, sorted
+
+    def message(self) -> str:
+        return (f"the name {self.name!r} is an alias of several models on this fabric "
+                f"({', '.join(self.ids)}); ask for one of them by its id, or name the "
+                "providers you trust in X-Fabric-Providers")
+
+
+def resolve(candidates: Sequence[Candidate], name: str, allow: frozenset[str] | None
+            ) -> Sequence[Candidate] | Ambiguous:
+    """The candidates a request for `name` may go to: one model's, never a mix.
+
+    Among the candidates the trust filter keeps (the caller's allowlist, or, without one,
+    all but aliases squatting another provider's model id): a model id is itself (the
+    candidates serving `name` as their id win over any listing it as an alias); an alias
+    routes only when every such candidate lists it for the same model id. An alias listed
+    for several ids is `Ambiguous` (denied, not split: a member listing an honest model's
+    alias for its own model would otherwise take part of its requests). scheduler/observed.py
+    counts demand by the same rule. No trusted candidate at all: the candidates as given
+    (the Router reports them filtered)."""
+    for c in candidates:
+        if c.model.id != name:
+            break
+    else:
+        return candidates  # (the common case: asked by id, nobody lists it as an alias)
+    trusted = trust_filter(candidates, allow)
+    if not trusted:
+        return candidates
+    by_id = [c for c in trusted if c.model.id == name]
+    if by_id:
+        return by_id
+    ids = {c.model.id for c in trusted}
+    if len(ids) > 1:
+        return Ambiguous(name, tuple(sorted(ids)))
+    return trusted
 
 
 def qos_filter(candidates: Sequence[Candidate], req: RouteRequest) -> list[Candidate]:

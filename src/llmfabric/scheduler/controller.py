@@ -3,14 +3,16 @@
 `decide()` is pure: given the registry records, the observed workload, the previous state and
 the time, it says whether to re-plan (idle nodes appeared, or the workload drifted beyond a
 threshold) and returns the decisions and the next state. Running nodes are kept (their
-replicas enter the plan as fixed capacity) unless `reclaim` is set. `FleetController` runs it
+replicas enter the plan as fixed capacity) unless `reclaim` is set; then too, a node moved
+in the last `reclaim_hold_s` stays fixed (per peer, so it holds across the node's new
+session after a release). `FleetController` runs it
 in a loop on an injected clock and hands decisions to an Executor.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
@@ -46,6 +48,10 @@ class ControllerConfig:
     # flapping between bare and busy never makes the controller move running nodes).
     max_releases: int = 1
     reclaim_idle_s: float = 60.0
+    # With reclaim: a node the controller moved (released, or assigned a model) is not
+    # released again for this long (controller clock): demand that swings every round moves
+    # each node at most once per hold; it stays fixed capacity of its model meanwhile.
+    reclaim_hold_s: float = 600.0
     exclusive_nodes: bool = True  # one engine (one model) per node
     pending_timeout_s: float = 600.0  # an assigned node still idle after this is free again
     interval_s: float = 10.0
@@ -70,6 +76,7 @@ class ControllerState:
     pending: tuple[Pending, ...] = ()  # assigned, not started
     idle_since: tuple[tuple[str, float], ...] = ()  # bare, not pending sessions: since when
     deferred: int = 0  # releases the last plan wanted past max_releases: re-plan next round
+    held: tuple[tuple[str, float], ...] = ()  # peers moved under reclaim: not moved until
 
 
 def is_idle(rec: NodeRecord) -> bool:
@@ -92,11 +99,12 @@ def _tp_of(gpus: int) -> int:
 
 
 def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: ControllerConfig,
-              exclude: Iterable[str] = (), starting: Mapping[str, str] | None = None
-              ) -> tuple[Cluster, tuple[FixedGroup, ...], list[str]]:
+              exclude: Iterable[str] = (), starting: Mapping[str, str] | None = None,
+              held: Collection[str] = ()) -> tuple[Cluster, tuple[FixedGroup, ...], list[str]]:
     """Pools of idle nodes (plus running ones when reclaiming), fixed groups, and notes.
     `starting` (session id -> model): bare nodes assigned a model, not serving it yet; they
-    count as a replica of it (fixed), not as idle capacity."""
+    count as a replica of it (fixed), not as idle capacity. `held` (peer ids): running nodes
+    recently moved, fixed even when reclaiming."""
     skip = set(exclude)
     starting = starting or {}
     notes: list[str] = []
@@ -107,7 +115,8 @@ def inventory(records: Iterable[NodeRecord], perf: PerformanceModel, config: Con
             continue
         hw = rec.meta.hardware
         start = starting.get(rec.session_id)
-        free = start is None and (is_idle(rec) or (config.reclaim and is_reclaimable(rec)))
+        free = start is None and (is_idle(rec) or (
+            config.reclaim and is_reclaimable(rec) and rec.peer_id not in held))
         if not free and not is_serving(rec) and start is None:
             continue
         if hw.gpu_count > MAX_NODE_GPUS:
@@ -246,15 +255,17 @@ def decide(records: list[NodeRecord], workload: Workload, state: ControllerState
     # The last plan's releases were not all sent: re-plan, and keep going only while the
     # releases still wanted shrink (a plan that keeps changing its mind stops here).
     due, before = state.deferred > 0 and config.reclaim, state.deferred
+    held = {peer: until for peer, until in state.held if until > now}
     state = replace(state, pending=pending, idle_since=idle_since,
-                    seen_idle=state.seen_idle & idle, deferred=0)
+                    seen_idle=state.seen_idle & idle, deferred=0,
+                    held=tuple(sorted(held.items())))
     if not fresh and not moved and not due:
         return [], state, None
     if not idle and not config.reclaim:
         return [], replace(state, reference=workload), None
     loaded = Workload(tuple(m for m in workload.loads if m.arrival_rate > 0))
     cluster, fixed, notes = inventory(records, perf, config, exclude=unsettled,
-                                      starting=starting)
+                                      starting=starting, held=held)
     for note in notes:
         log.warning(note)
     if not cluster.pools or not loaded.loads:
@@ -292,12 +303,16 @@ def decide(records: list[NodeRecord], workload: Workload, state: ControllerState
     decisions += assigns
     deadline = now + config.pending_timeout_s
     started = {sid for a in assigns for sid in a.session_ids}
+    if config.reclaim:  # every node moved this round: not released again for the hold
+        for d in decisions:
+            for sid in (d.session_id,) if isinstance(d, Release) else d.session_ids:
+                held[by_id[sid].peer_id] = now + config.reclaim_hold_s
     new_state = ControllerState(
         reference=workload, seen_idle=idle - started,
         pending=pending + tuple(Pending(sid, by_id[sid].peer_id, a.model, deadline)
                                 for a in assigns for sid in a.session_ids),
         idle_since=tuple((sid, t) for sid, t in idle_since if sid not in started),
-        deferred=deferred)
+        deferred=deferred, held=tuple(sorted(held.items())))
     return decisions, new_state, placement
 
 

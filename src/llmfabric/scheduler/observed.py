@@ -43,10 +43,10 @@ def _one_ingress_record_per_peer(records: list[NodeRecord]) -> list[NodeRecord]:
 def _canonical_names(records: list[NodeRecord]) -> tuple[dict[str, str], dict[str, set[str]]]:
     """(name -> served model id, ambiguous alias -> the ids it is listed for).
 
-    Resolved as routing resolves a name (routing/candidates.py): an id always maps to itself
+    Resolved as routing resolves a name (routing/filters.py): an id always maps to itself
     (routing drops a candidate whose alias is another provider's model id); an alias maps to
     the id the SERVING records list it for, when they all agree. An alias listed for two ids
-    is ambiguous (routing sends its requests to replicas of both): its demand counts for
+    is ambiguous (routing refuses it, 409: routing/filters.py `resolve`): its demand counts for
     neither, whichever record came first (the first record seen won, so a later record
     listing a popular alias could take its demand for its own model)."""
     ids = {sm.id for rec in records for sm in rec.meta.models}

@@ -94,6 +94,19 @@ def test_start_exposes_health_timeouts_and_aliases(
         assert _start(bad, tmp_path).exit_code == 2, bad
 
 
+def test_model_alias_pins_reach_the_ingress_config(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    res = _start(["--ingress", "--model-alias", "llama=meta-llama/Llama-3.1-8B"], tmp_path)
+    assert res.exit_code == 0, res.output
+    assert started[-1].model_aliases == {"llama": "meta-llama/Llama-3.1-8B"}
+    assert _start(["--model-alias", "llama"], tmp_path).exit_code == 2
+    res = CliRunner().invoke(ingress_cli.command, ["--network-secret", "s" * 16,
+                                                   "--model-alias", "q=qwen3-1.7b"])
+    assert res.exit_code == 0, res.output
+    assert started[-1].model_aliases == {"q": "qwen3-1.7b"}
+
+
 def test_unset_flags_leave_config_file_values(
     tmp_path: pathlib.Path, started: list[NodeConfig]
 ) -> None:

@@ -149,7 +149,7 @@ def test_controller_dry_run_with_node_url(tmp_path: Path, monkeypatch: pytest.Mo
 
     async def fake_fetch(url: str) -> list[Any]:
         fetched.append(url)
-        return [r for r in (ctl_cli.record_from_view(v) for v in views) if r is not None]
+        return [(r, "") for r in (ctl_cli.record_from_view(v) for v in views) if r is not None]
 
     monkeypatch.setattr(ctl_cli, "_fetch", fake_fetch)
     workload = tmp_path / "w.yaml"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from dataclasses import replace
@@ -360,3 +361,70 @@ async def test_a_node_flapping_between_bare_and_busy_never_moves_running_nodes()
     stop.set()
     await clock.advance(10)
     await asyncio.wait_for(task, 1)
+
+
+@pytest.mark.hostile
+async def test_demand_swinging_every_round_moves_each_node_at_most_once_per_hold() -> None:
+    """An ingress member that swings its published demand past the drift threshold every
+    round re-planned the running nodes every round under --reclaim: a node was released,
+    reassigned, and released again a round or two later (each move an engine restart). A
+    node the controller moved is held (fixed capacity of its model) for reclaim_hold_s."""
+    from llmfabric.registry.records import ModelDemand
+    from llmfabric.scheduler.observed import observed_workload
+
+    clock = FakeClock()
+    meta = _node("x").meta
+    fleet = {f"peer-{s}": _serving(s, "Llama-2-7b", peer=f"peer-{s}") for s in "abcd"}
+    swings = [0]
+
+    def ingress() -> NodeRecord:
+        swings[0] += 1
+        heavy, light = (("Llama-2-13b", "Llama-2-7b") if swings[0] % 2
+                        else ("Llama-2-7b", "Llama-2-13b"))
+        demand = (ModelDemand(heavy, 40.0, 600, 128), ModelDemand(light, 0.5, 300, 100))
+        m = NodeMeta(roles=("ingress",), demand=demand)
+        return NodeRecord("ing", "peer-ing", b"k", Lifecycle.SERVING, 0, 1, clock.now(), m)
+
+    moves: dict[str, list[float]] = {}
+    n = [0]
+
+    class Fleet(LoggingExecutor):
+        """Applies decisions at once: a released node comes back bare (a new session of its
+        peer), an assigned one serves its model (a new session again)."""
+
+        async def apply_all(self, decisions: list[Decision]) -> None:
+            await super().apply_all(decisions)
+            peer_of = {r.session_id: p for p, r in fleet.items()}
+            for d in decisions:
+                n[0] += 1
+                if isinstance(d, Release):
+                    peer = peer_of[d.session_id]
+                    moves.setdefault(peer, []).append(clock.now())
+                    fleet[peer] = NodeRecord(f"{peer}-{n[0]}", peer, b"k", Lifecycle.JOIN, 0,
+                                             1, 0.0, meta)
+                else:
+                    for sid in d.session_ids:
+                        peer = peer_of[sid]
+                        fleet[peer] = _serving(f"{peer}-{n[0]}", d.model, peer=peer)
+
+    def records() -> list[NodeRecord]:
+        return list(fleet.values())
+
+    cfg = ControllerConfig(reclaim=True, interval_s=10, policy="greedy", reclaim_hold_s=300,
+                           options=CFG.options)
+    ex = Fleet()
+    ctl = FleetController(records, lambda: observed_workload([*records(), ingress()])[0], ex,
+                          AnalyticStandIn(), clock, cfg, offload=INLINE)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    await clock.advance(0)
+    for _ in range(90):  # 900 s: three holds
+        await clock.advance(10)
+    stop.set()
+    await clock.advance(10)
+    await asyncio.wait_for(task, 1)
+    assert swings[0] >= 90 and moves  # the swings did move nodes
+    for peer, times in moves.items():
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(g >= cfg.reclaim_hold_s for g in gaps), (peer, times)
+    assert any(len(t) >= 2 for t in moves.values())  # a hold ends: the node may move again

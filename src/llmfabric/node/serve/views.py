@@ -108,8 +108,13 @@ def model_views(observed: Iterable[ObservedRecord]) -> list[dict[str, Any]]:
 
 def _demand_by_model(observed: Iterable[ObservedRecord], models: dict[str, dict[str, Any]]
                      ) -> dict[str, float]:
-    """Requests/s the live ingress nodes observe per catalog model (aliases folded in)."""
-    canonical = {alias: mid for mid, e in models.items() for alias in e["aliases"]}
+    """Requests/s the live ingress nodes observe per catalog model (aliases folded in, as
+    routing resolves them: an alias several models list counts for none)."""
+    targets: dict[str, set[str]] = {}
+    for mid, e in models.items():
+        for alias in e["aliases"]:
+            targets.setdefault(alias, set()).add(mid)
+    canonical = {alias: next(iter(t)) for alias, t in targets.items() if len(t) == 1}
     canonical.update({mid: mid for mid in models})
     rates: dict[str, float] = {}
     for obs in observed:
