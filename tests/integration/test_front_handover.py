@@ -42,7 +42,7 @@ class Env:
 
 
 def _request(method: str, path: str, body: bytes = b"", extra: str = "") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}"
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}"
     if body or method == "POST":
         head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
     return head.encode() + b"\r\n" + body

@@ -286,7 +286,7 @@ def test_malformed_request_line_and_methods(front: tuple[Front, SlowStream]) -> 
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")  # no key
         status, _, body = _read_response(s, buf)
         assert status == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
-        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         status, headers, body = _read_response(s, buf)
         assert status == 200 and b"llmfabric" in body and headers["connection"] == "close"
 

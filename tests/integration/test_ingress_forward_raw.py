@@ -467,8 +467,8 @@ async def test_fast_front_relays_a_stream_to_a_slow_client_and_reports_a_cut() -
                 sock.connect(("127.0.0.1", port))
                 r, w = await asyncio.open_connection(sock=sock)
                 body = b'{"model":"m","stream":true,"x":"%b"}' % model
-                w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d"
-                        b"\r\n\r\n%b" % (len(body), body))
+                w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
                 head = await r.readuntil(b"\r\n\r\n")
                 assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head
                 await asyncio.sleep(0.2)  # not reading: the ingress's buffers fill up
@@ -511,8 +511,8 @@ async def test_fast_front_keep_alive_connection_served_by_one_task_then_idle_clo
             r, w = await asyncio.open_connection("127.0.0.1", port)
             body = b'{"model":"m"}'
             for _ in range(3):
-                w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
-                        % (len(body), body))
+                w.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
                 head = await r.readuntil(b"\r\n\r\n")
                 assert head.startswith(b"HTTP/1.1 200") and b"X-Fabric-Node: n1" in head
                 assert await r.readexactly(7) == b'{"n":1}'

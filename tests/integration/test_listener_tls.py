@@ -29,7 +29,7 @@ async def served_cn_and_status(port: int, path: str) -> tuple[str, int]:
     der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
     cn = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(
         NameOID.COMMON_NAME)[0].value
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
     head = await reader.readline()
     writer.close()
     return str(cn), int(head.split()[1])

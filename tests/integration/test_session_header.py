@@ -128,7 +128,8 @@ def test_hostile_values_are_refused(base: str, value: bytes, code: bytes) -> Non
 def _raw(base: str, extra: bytes) -> tuple[int, bytes]:
     port = int(base.rsplit(":", 1)[1])
     body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
-    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+           b"Content-Type: application/json\r\n"
            + extra + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(req)

@@ -257,7 +257,7 @@ async def test_a_large_body_over_https_is_read_whole(tmp_path: pathlib.Path) -> 
     async with https_front(tmp_path) as (_, port):
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", port, ssl=insecure_client(), server_hostname="")
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Type: application/json\r\nConnection: close\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
         await writer.drain()

@@ -53,6 +53,7 @@ class Settings:
     tls_key: pathlib.Path | None = None
     native_responses: tuple[str, ...] = ()  # models whose engines serve /v1/responses
     model_aliases: tuple[tuple[str, str], ...] = ()  # --model-alias NAME=ID
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides IPs, localhost, --host
 
 
 def parse_backend(spec: str) -> Backend:
@@ -84,6 +85,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
     from llmfabric.ingress.front.fast_front import FastFront
     from llmfabric.ingress.front.front_limits import front_limits
+    from llmfabric.ingress.front.host_check import HostGuard, names_of
     from llmfabric.ingress.tenancy.attach import attach_tenancy
 
     store = None
@@ -117,7 +119,8 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
         loop.add_signal_handler(signal.SIGHUP, tls.reload)
     ingress = Ingress(config, source, forwarder, auth=auth, usage_sink=auth)
     tenancy = await attach_tenancy(ingress, store, env=os.environ)  # budgets, OTLP
-    front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)))
+    hosts = HostGuard([*settings.allowed_hosts, *names_of([f"{settings.host}:0"])])
+    front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)), hosts=hosts)
     try:
         await front.start(settings.host, settings.port, reuse_port=reuse_port,
                           ssl=tls.context if tls else None)
@@ -181,6 +184,12 @@ def _run(settings: Settings, reuse_port: bool) -> None:
               metavar="NAME=ID", help="requests for NAME go to model ID only, whatever "
               "aliases members list (repeatable); an alias several models list is otherwise "
               "refused with 409 (docs/routing.md 'Model names')")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              envvar="LLMFABRIC_ALLOWED_HOSTS",
+              help="a host name this ingress answers (repeatable); IP addresses, localhost, "
+              "the machine's name and --host are always answered, others get 421 (DNS "
+              "rebinding). With API keys the OpenAI routes answer any name. '*': any name, "
+              "e.g. behind a proxy that rewrites Host (docs/ingress.md 'Allowed hosts')")
 @ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
@@ -188,7 +197,8 @@ def command(
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
     front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
-    model_aliases: dict[str, str], connect_timeout_s: float, first_byte_timeout_s: float,
+    model_aliases: dict[str, str], allowed_hosts: tuple[str, ...],
+    connect_timeout_s: float, first_byte_timeout_s: float,
     idle_timeout_s: float, total_timeout_s: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models, responses; Anthropic's
@@ -206,6 +216,12 @@ def command(
         front_limits(dict(limits))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--front-limit") from exc
+    from llmfabric.ingress.front.host_check import allowed_names
+
+    try:
+        allowed = allowed_names(allowed_hosts)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
     if not backends:
         if native_responses:
             raise click.UsageError("--native-responses applies to --backend ingresses; a "
@@ -215,7 +231,7 @@ def command(
                                    "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
                             no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key,
-                            model_aliases)
+                            model_aliases, allowed)
         return
     if no_auth and not is_loopback(host):
         raise click.UsageError(
@@ -230,7 +246,7 @@ def command(
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
         forward_prefix=forward_prefix, timeouts=timeouts,
         tls_cert=tls_cert, tls_key=tls_key,
-        front_limits=limits, native_responses=native_responses,
+        front_limits=limits, native_responses=native_responses, allowed_hosts=allowed,
         model_aliases=tuple(sorted(model_aliases.items())),
     )
     if no_auth:
@@ -263,6 +279,7 @@ def _run_fabric_ingress(
     policy: str, max_retries: int, no_auth: bool, db_url: str | None, max_body_mb: float,
     timeouts: Timeouts, tls_cert: pathlib.Path | None = None,
     tls_key: pathlib.Path | None = None, model_aliases: dict[str, str] | None = None,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -279,6 +296,7 @@ def _run_fabric_ingress(
             "first_byte_timeout_s": timeouts.first_byte, "idle_timeout_s": timeouts.idle,
             "total_timeout_s": timeouts.total, "tls_cert": tls_cert, "tls_key": tls_key,
             "model_aliases": model_aliases or None,
+            "allowed_hosts": allowed_hosts,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

@@ -92,6 +92,15 @@ def node_options(fn: Any) -> Any:
                      help="HTTP API host:port [127.0.0.1:8090]"),
         click.option("--public-addr", envvar="LLMFABRIC_PUBLIC_ADDR",
                      help="host:port other nodes should dial (behind port forwarding)"),
+        click.option("--allowed-host", "allowed_hosts", multiple=True,
+                     envvar="LLMFABRIC_ALLOWED_HOSTS", metavar="NAME",
+                     help="a host name the HTTP listeners answer (repeatable; env: "
+                          "comma-separated); IP addresses, localhost, the machine's name and "
+                          "the names in --public-addr, --public-http-addr and the listeners "
+                          "are always answered, others get 421 (DNS rebinding). '*': any "
+                          "name, e.g. behind a proxy that rewrites Host; an ingress with "
+                          "API keys answers its OpenAI routes under any name "
+                          "(docs/ingress.md 'Allowed hosts')"),
         click.option("--public-http-addr", envvar="LLMFABRIC_PUBLIC_HTTP_ADDR",
                      help="host:port ingresses use for the direct HTTP path to this node "
                           "[derived from the HTTP listener and the peer address]"),
@@ -248,7 +257,7 @@ def config_from_options(
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
     for name in ("labels", "controllers", "aliases", "model_aliases", "front_limits",
-                 "model_ids", "key_issuers"):
+                 "model_ids", "key_issuers", "allowed_hosts"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)

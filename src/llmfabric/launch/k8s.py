@@ -184,9 +184,15 @@ def render_k8s(p: K8sProfile) -> list[dict[str, Any]]:
     ingress_name = f"{p.name}-ingress"
     service_dns = f"{ingress_name}.{p.namespace}.svc.cluster.local:{PEER_PORT}"
     ing = p.ingress
+    # Clients inside the cluster name the Service (the dashboard, fleet views and /metrics
+    # answer only the names a node knows: ingress/front/host_check.py).
+    service_names = [f"{ingress_name}{suffix}" for suffix in (
+        "", f".{p.namespace}", f".{p.namespace}.svc", f".{p.namespace}.svc.cluster.local")]
     ingress_args = [*_common_args(p), "--ingress", "--relay", "--tier", "stable",
                     *_literal(["--provider", p.name, "--public-addr",
-                               ing.public_addr or service_dns, *ing.args])]
+                               ing.public_addr or service_dns,
+                               *[x for n in service_names for x in ("--allowed-host", n)],
+                               *ing.args])]
     res = {"requests": {"cpu": ing.cpu, "memory": ing.memory},
            "limits": {"memory": ing.memory}}
     volume = ({"persistentVolumeClaim": {"claimName": ing.storage_claim}}

@@ -154,6 +154,10 @@ class NodeConfig(BaseModel):
     tls_key: pathlib.Path | None = None
     # Let the engine command bind a non-loopback address (node/engine/link.py).
     allow_engine_public_bind: bool = False
+    # Host names the HTTP listeners answer besides IP addresses, localhost, the machine's name
+    # and the names in public_addr, public_http_addr and the listeners ("*": any; DNS
+    # rebinding: ingress/front/host_check.py).
+    allowed_hosts: tuple[str, ...] = ()
     # Limits of the lean fronts (HTTP port of an ingress, --api-listen): FrontLimits field ->
     # value over the defaults.
     front_limits: dict[str, float] = Field(default_factory=dict)
@@ -182,6 +186,18 @@ class NodeConfig(BaseModel):
         for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")
         return addrs
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _allowed_hosts(cls, value: Any) -> Any:
+        # Entries may be comma-separated lists (env vars, config files), as for bootstrap.
+        if isinstance(value, str):
+            value = (value,)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            return value  # the type check names the problem
+        from llmfabric.ingress.front.host_check import allowed_names
+
+        return allowed_names(value)  # (ValueError names the bad one)
 
     @field_validator("front_limits")
     @classmethod

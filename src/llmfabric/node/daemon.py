@@ -34,6 +34,8 @@ from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import AdmissionError, NodeKey, PskAdmission
 from llmfabric.identity.revocation import RevocationList
 from llmfabric.ingress.front.front_limits import front_limits
+from llmfabric.ingress.front.host_check import HostGuard, names_of
+from llmfabric.ingress.front.web_app import host_middleware
 from llmfabric.ingress.observe.demand import DemandMeter
 from llmfabric.ingress.observe.demand import moved as demand_moved
 from llmfabric.launch.allocation import allocation_end
@@ -228,7 +230,9 @@ class Node:
         await self.transport.start()
         await self.change_session(self.meta())
         reader = AgentReplicaReader(lambda: self.session, self.clock, self.providers.identity)
-        app = web.Application(client_max_size=self.config.max_body_bytes + 1)
+        hosts = self.host_guard()
+        app = web.Application(client_max_size=self.config.max_body_bytes + 1, middlewares=[
+            host_middleware(hosts, bool(self.config.ingress and self.config.auth))])
         add_node_routes(app, reader, self.metrics.registries, self._refresh_metrics,
                         self._local_view, fleet_auth=self._fleet_auth(),
                         links=self.links.fabric)
@@ -244,13 +248,13 @@ class Node:
             if self.config.api_listen:
                 await self.ingress.start_front(
                     self.config.api_listen, ssl=self.tls.context if self.tls else None,
-                    limits=front_limits(self.config.front_limits))
+                    limits=front_limits(self.config.front_limits), hosts=hosts)
         self.transport.set_request_handler(PeerApi(
             self.dataplane, self.engines.assign, self.engines.release,
             lambda peer, body: flip_role(self, peer, body), links=self.links,
             refuse=lambda peer: refuse_controller(self, peer),
             revocations=self.revocation_sync).handle)
-        await self._serve_http(app)
+        await self._serve_http(app, hosts)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
         if self._alloc_end is None:
@@ -305,7 +309,15 @@ class Node:
 
         return valid
 
-    async def _serve_http(self, app: web.Application) -> None:
+    def host_guard(self) -> HostGuard:
+        """The Host names the HTTP listeners answer (ingress/front/host_check.py): IP
+        addresses, localhost, the machine's name, the names of this node's addresses and
+        --allowed-host."""
+        c = self.config
+        return HostGuard([*c.allowed_hosts, *names_of(
+            [c.public_addr, c.public_http_addr, c.http_listen, c.api_listen])])
+
+    async def _serve_http(self, app: web.Application, hosts: HostGuard) -> None:
         host, port = parse_hostport(self.config.http_listen, default_host="127.0.0.1")
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -313,7 +325,8 @@ class Node:
         if self.ingress is not None and self._runner.server is not None:
             # The lean front takes the OpenAI routes; every other path goes to the app.
             bound_port = await self.ingress.serve_http(
-                self._runner.server, host, port, ssl, front_limits(self.config.front_limits))
+                self._runner.server, host, port, ssl, front_limits(self.config.front_limits),
+                hosts)
         else:
             # Not a TCPSite: its TLS handshake limit is asyncio's 60 s, the front's is ours.
             assert self._runner.server is not None  # (set by setup())

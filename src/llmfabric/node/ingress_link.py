@@ -48,6 +48,7 @@ from llmfabric.ingress.forward.secure import (
 )
 from llmfabric.ingress.front.fast_front import FallbackFactory, FastFront
 from llmfabric.ingress.front.front_limits import FrontLimits
+from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.observe.demand import DemandMeter
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
@@ -190,20 +191,23 @@ class IngressLink:
             add_dashboard_routes(app)
 
     async def serve_http(self, fallback: FallbackFactory, host: str, port: int,
-                         ssl: SSLContext | None = None, limits: FrontLimits | None = None
-                         ) -> int:
+                         ssl: SSLContext | None = None, limits: FrontLimits | None = None,
+                         hosts: HostGuard | None = None) -> int:
         """The node's HTTP port: the lean front for the OpenAI routes, every other path
-        handed to `fallback` (the node app's `AppRunner.server`); returns the bound port."""
-        front = FastFront(self.ingress, serve_metrics=False, limits=limits, fallback=fallback)
+        handed to `fallback` (the node app's `AppRunner.server`); returns the bound port.
+        `hosts`: the Host names answered (host_check.py)."""
+        front = FastFront(self.ingress, serve_metrics=False, limits=limits, fallback=fallback,
+                          hosts=hosts)
         self.fronts.append(front)
         return await front.start(host, port, ssl=ssl)
 
     async def start_front(self, listen: str, ssl: SSLContext | None = None,
-                          limits: FrontLimits | None = None) -> None:
+                          limits: FrontLimits | None = None, hosts: HostGuard | None = None
+                          ) -> None:
         """The same request core on a lean front of its own port, OpenAI routes only (HTTPS
         with `ssl`)."""
         host, port = parse_hostport(listen, default_host="127.0.0.1")
-        front = FastFront(self.ingress, serve_metrics=False, limits=limits)
+        front = FastFront(self.ingress, serve_metrics=False, limits=limits, hosts=hosts)
         self.fronts.append(front)
         bound = await front.start(host, port, ssl=ssl)
         self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"

@@ -23,6 +23,12 @@ from llmfabric.node.ports import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.hostile]
 
+# A member's names with bidi controls: U+202E reverses what follows it in its cell.
+BIDI_MODEL = "evil\u202egpt-4\u202c-x"
+BIDI_ALIASES = ["al\u2066ias\u202e", "second"]
+BIDI_PROVIDER = "uni\u202eb"
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
 # One endless-looking answer: many tiny deltas, as a hostile node can stream them.
 DELTAS = 120_000
 DELTA = "spam " * 2
@@ -38,7 +44,10 @@ def _app() -> web.Application:
     add_dashboard_routes(app)
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"models": [{"id": "m", "serving": 1}]})
+        return web.json_response({"models": [
+            {"id": "m", "serving": 1},
+            {"id": BIDI_MODEL, "serving": 1, "aliases": BIDI_ALIASES,
+             "providers": [BIDI_PROVIDER], "gpus": ["H100"], "max_context": 4096}]})
 
     async def providers(_: web.Request) -> web.Response:
         return web.json_response({"providers": []})
@@ -106,3 +115,27 @@ def test_an_endless_answer_does_not_freeze_the_chat(page: Any, fabric: Any) -> N
     assert took < 15, f"the tab was busy {took:.1f} s with one answer"
     # and the page still answers
     assert page.evaluate("1 + 1") == 2
+
+
+def test_bidi_controls_in_names_are_shown_escaped(page: Any, fabric: Any) -> None:
+    page.goto(f"{fabric.ui}#/catalog")
+    row = page.locator("#catalog-table tbody tr").filter(has_text="evil")
+    row.wait_for()
+    shown = page.evaluate("document.body.innerText")
+    # no control reaches the page's text (or a title), so none can reorder a cell
+    assert not any(c in shown for c in BIDI_CONTROLS), ascii(shown)
+    titles = page.evaluate(
+        "[...document.querySelectorAll('[title],[aria-label]')]"
+        ".map(e => (e.title || '') + (e.getAttribute('aria-label') || '')).join(' ')")
+    assert not any(c in titles for c in BIDI_CONTROLS), ascii(titles)
+    # they are written as the terminal writes them, in their logical order
+    cell = row.locator("th").inner_text()
+    assert "evil\\u202egpt-4\\u202c-x" in cell, ascii(cell)
+    assert "aka al\\u2066ias\\u202e, second" in cell, ascii(cell)
+    assert "uni\\u202eb" in row.inner_text()
+    # and the chat playground's model list shows it escaped too, while its value is the id
+    page.goto(f"{fabric.ui}#/chat")
+    option = page.locator("option").filter(has_text="evil")
+    option.wait_for(state="attached")
+    assert option.get_attribute("value") == BIDI_MODEL
+    assert "\\u202e" in (option.text_content() or "")

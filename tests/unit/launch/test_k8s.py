@@ -101,3 +101,20 @@ def test_profile_values_reach_the_container_literally() -> None:
     assert "team=$$(LLMFABRIC_NETWORK_SECRET)" in args and "$$(HOME)" in args
     assert "cost$$1" in args
     assert [a for a in args if "POD_IP" in a] == ["$(POD_IP):7946"]
+
+
+def test_the_ingress_answers_the_service_names_clients_in_the_cluster_use() -> None:
+    # The dashboard, fleet views and /metrics answer only Host names the node knows (DNS
+    # rebinding: ingress/front/host_check.py); in-cluster clients name the Service.
+    from llmfabric.cli.start import config_from_options
+    from llmfabric.ingress.front.host_check import HostGuard, names_of
+
+    args = container(render_k8s(profile(ingress={"public_addr": "lb.example.org:7946"}))[0])[
+        "args"]
+    allowed = [args[i + 1] for i, a in enumerate(args) if a == "--allowed-host"]
+    config = config_from_options({"allowed_hosts": tuple(allowed)})
+    guard = HostGuard([*config.allowed_hosts, *names_of(["lb.example.org:7946"])])
+    for name in ("fab-ingress", "fab-ingress.llm", "fab-ingress.llm.svc",
+                 "fab-ingress.llm.svc.cluster.local", "lb.example.org"):
+        assert guard.host_ok(f"{name}:8090"), name
+    assert not guard.host_ok("fab-ingress.evil.example:8090")

@@ -18,9 +18,13 @@ Files:
   taken at TCP accept by `CountedTlsAccept`), `listen_args` (plain, counted TLS, or the
   loop's own TLS on uvloop) and `safe_header_value` (no control characters in emitted
   headers).
+- host_check.py: `HostGuard` (the Host names a node answers, against DNS rebinding, and the
+  refusal of state-changing requests a browser sent from another site: `refusal`, used by
+  both fronts), `allowed_names` (--allowed-host values), `names_of` (the names in addresses).
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
-  metrics)` for an aiohttp app over the same core (tests, embedding),
+  metrics, hosts=...)` for an aiohttp app over the same core (tests, embedding),
   `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a
-  connection the front handed over).
+  connection the front handed over), `host_middleware(hosts, keyed)` (HostGuard for an
+  aiohttp app: the node's app has it).
 - web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
 """

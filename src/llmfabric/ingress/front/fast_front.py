@@ -51,6 +51,7 @@ from llmfabric.ingress.front.fast_wire import (
     too_many_connections,
 )
 from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, KeyMemo, listen_args
+from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.observe.tracing import traced
 from llmfabric.ingress.protocols import bearer_of
 from llmfabric.net.source_slots import peer_ip
@@ -73,7 +74,7 @@ class FastFront:
     def __init__(
         self, ingress: Ingress, *, serve_metrics: bool = True,
         idle_timeout_s: float | None = None, limits: FrontLimits | None = None,
-        fallback: FallbackFactory | None = None,
+        fallback: FallbackFactory | None = None, hosts: HostGuard | None = None,
     ) -> None:
         limits = limits or FrontLimits()
         if idle_timeout_s is not None:
@@ -82,6 +83,10 @@ class FastFront:
         self.ingress = ingress
         self.serve_metrics = serve_metrics
         self.fallback = fallback
+        # Host names answered, and the cross-site check (host_check.py); with API keys the
+        # OpenAI routes are exempt (they need a key), so the fast path does no lookup.
+        self.hosts = hosts if hosts is not None else HostGuard()
+        self.keyed = ingress.auth is not None
         self.handed_over = 0  # connections given to the fallback server
         # Timers re-check each connection this often (a head or body stalled for its timeout
         # is closed within 1.5x of it; no timer work per request).
@@ -490,7 +495,16 @@ class _Connection(asyncio.Protocol):
             self._linger_close()
             return True  # (closing already)
         head_only = req.method == b"HEAD"
-        hit = self.front.route(req)
+        front = self.front
+        if not front.keyed or (req.url.startswith(b"/metrics")
+                               and req.url.split(b"?", 1)[0] == b"/metrics"):
+            # (with API keys the front's other routes need a key, or serve nothing private)
+            refused = front.hosts.refusal(req.host, req.method, req.origin, req.fetch_site,
+                                          False)
+            if refused is not None:
+                self._send(self._for_api(req, refused), keep, head_only)
+                return keep
+        hit = front.route(req)
         if isinstance(hit, Reply):
             self._send(self._for_api(req, hit), keep, head_only)
             return keep

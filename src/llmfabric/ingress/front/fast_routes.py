@@ -25,6 +25,12 @@ def owned(path: bytes, serve_metrics: bool) -> bool:
             or (serve_metrics and path == b"/metrics"))
 
 
+def api_path(path: str) -> bool:
+    """Whether `path` is an OpenAI API route (each needs a key on an ingress with keys):
+    exempt from the Host check there (host_check.py)."""
+    return owned(path.encode("latin-1", "replace"), False)
+
+
 def route(path: bytes, method: bytes, serve_metrics: bool) -> tuple[str, bool] | Reply | None:
     """(path, streamable) for an OpenAI POST; a Reply for errors and /openapi.json; None for
     GET /v1/models and /metrics (answered by the front)."""

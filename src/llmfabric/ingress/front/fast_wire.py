@@ -21,9 +21,10 @@ class Stop(Exception):
 class FrontRequest:
     """What the front keeps of a request while it is read (only what the core needs)."""
 
-    __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "hand_over",
-                 "head_done", "headers", "keep_alive", "method", "parts", "providers",
-                 "session_id", "size", "started", "traceparent", "url", "version")
+    __slots__ = ("auth", "auth_wait", "body", "close", "error", "expect", "fetch_site",
+                 "hand_over", "head_done", "headers", "host", "keep_alive", "method",
+                 "origin", "parts", "providers", "session_id", "size", "started",
+                 "traceparent", "url", "version")
 
     def __init__(self, started: float = 0.0) -> None:
         self.url = b""
@@ -32,6 +33,9 @@ class FrontRequest:
         self.providers: str | None = None
         self.session_id: str | None = None  # X-Session-Id (validated by the core)
         self.traceparent: bytes | None = None  # W3C trace context, as received (tracing.py)
+        self.host = b""  # Host, Origin and Sec-Fetch-Site: for HostGuard (host_check.py)
+        self.origin: bytes | None = None
+        self.fetch_site: bytes | None = None
         self.parts: list[bytes] = []
         self.body = b""
         self.size = 0
@@ -47,22 +51,41 @@ class FrontRequest:
         self.hand_over = False  # not ours: the connection goes to the fallback server
 
     def keep_header(self, name: bytes, value: bytes, max_body: int) -> None:
-        """Keep what the core needs of one header field (`name` lower-case)."""
-        if name == b"authorization":
+        """Keep what the core needs of one header field (`name` lower-case). One dict
+        lookup decides (most fields of a request are none of these)."""
+        kind = _KEPT.get(name)
+        if kind is None:
+            return
+        if kind == _AUTHORIZATION:
             self.auth = value.decode("latin-1")
-        elif name == b"x-api-key" and not self.auth:  # Anthropic clients' key header
-            self.auth = "Bearer " + value.decode("latin-1")
-        elif name == b"x-fabric-providers":
+        elif kind == _HOST:
+            self.host = value
+        elif kind == _API_KEY:
+            if not self.auth:  # Anthropic clients' key header
+                self.auth = "Bearer " + value.decode("latin-1")
+        elif kind == _CONTENT_LENGTH:
+            if value.strip().isdigit() and int(value) > max_body:  # (else llhttp rejects)
+                self.body = b"!"  # a declared body over the limit: refused once the head is read
+        elif kind == _PROVIDERS:
             self.providers = value.decode("latin-1")
-        elif name == b"x-session-id":  # (validated by the core: routing/prefix.py)
+        elif kind == _SESSION_ID:  # (validated by the core: routing/prefix.py)
             self.session_id = value.decode("latin-1")
-        elif name == b"traceparent":
+        elif kind == _TRACEPARENT:
             self.traceparent = value
-        elif name == b"expect":
+        elif kind == _EXPECT:
             self.expect = value.lower() == b"100-continue"
-        elif (name == b"content-length" and value.strip().isdigit()  # (else llhttp rejects)
-              and int(value) > max_body):
-            self.body = b"!"  # a declared body over the limit: refused once the head is read
+        elif kind == _ORIGIN:
+            self.origin = value
+        else:
+            self.fetch_site = value
+
+
+(_AUTHORIZATION, _HOST, _API_KEY, _CONTENT_LENGTH, _PROVIDERS, _SESSION_ID, _TRACEPARENT,
+ _EXPECT, _ORIGIN, _FETCH_SITE) = range(10)
+_KEPT = {b"authorization": _AUTHORIZATION, b"host": _HOST, b"x-api-key": _API_KEY,
+         b"content-length": _CONTENT_LENGTH, b"x-fabric-providers": _PROVIDERS,
+         b"x-session-id": _SESSION_ID, b"traceparent": _TRACEPARENT, b"expect": _EXPECT,
+         b"origin": _ORIGIN, b"sec-fetch-site": _FETCH_SITE}
 
 
 class FrontConnection(Protocol):
@@ -78,7 +101,7 @@ class FrontConnection(Protocol):
 REASONS = {
     200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
     404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
-    409: b"Conflict", 413: b"Payload Too Large", 414: b"URI Too Long",
+    409: b"Conflict", 421: b"Misdirected Request", 413: b"Payload Too Large", 414: b"URI Too Long",
     422: b"Unprocessable Entity", 429: b"Too Many Requests",
     431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
     501: b"Not Implemented", 502: b"Bad Gateway", 503: b"Service Unavailable",

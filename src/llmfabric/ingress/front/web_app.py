@@ -7,11 +7,14 @@ from __future__ import annotations
 import random
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, not_stored
 from llmfabric.ingress.apis.openapi import add_openapi_route
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig
+from llmfabric.ingress.front.fast_routes import api_path
+from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.web_sink import web_response
 from llmfabric.ingress.observe.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.observe.trace_routes import traces_handler
@@ -22,6 +25,22 @@ INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
 
 async def _not_stored(_: web.Request) -> web.StreamResponse:
     return web_response(not_stored())
+
+
+def host_middleware(hosts: HostGuard, keyed: bool) -> Middleware:
+    """An aiohttp middleware refusing what `hosts.refusal` refuses (host_check.py): a Host
+    that is none of this server's names, a cross-site state-changing request. `keyed`: the
+    app's OpenAI routes need an API key (exempt then)."""
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        h = request.headers
+        refused = hosts.refusal(h.get("Host", ""), request.method, h.get("Origin"),
+                                h.get("Sec-Fetch-Site"), keyed and api_path(request.path))
+        if refused is not None:
+            return web_response(refused)
+        return await handler(request)
+
+    return check
 
 
 def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
@@ -47,10 +66,13 @@ def build_ingress_app(
     *,
     serve_metrics: bool = True,
     rng: random.Random | None = None,
+    hosts: HostGuard | None = None,
 ) -> web.Application:
-    """A standalone ingress app. It owns `forwarder` (closed on app cleanup)."""
+    """A standalone ingress app. It owns `forwarder` (closed on app cleanup). `hosts`: the
+    Host names it answers (default: IP addresses, localhost, the machine's name)."""
     ingress = Ingress(config, candidate_source, forwarder, auth, usage_sink, metrics, rng)
-    app = web.Application(client_max_size=config.max_body_bytes + 1)
+    app = web.Application(client_max_size=config.max_body_bytes + 1, middlewares=[
+        host_middleware(hosts if hosts is not None else HostGuard(), ingress.auth is not None)])
     app[INGRESS_KEY] = ingress
     add_ingress_routes(app, ingress)
     if serve_metrics:

@@ -1,5 +1,24 @@
 // DOM helpers. Every piece of data enters the page as a Text node or an attribute value;
-// nothing here parses HTML, so data from the fabric cannot inject markup.
+// nothing here parses HTML, so data from the fabric cannot inject markup. Bidirectional
+// controls in text are shown escaped (see `shown`).
+
+// Bidi embeddings, overrides and isolates (U+202A-202E, U+2066-2069) and the marks (U+200E,
+// U+200F, U+061C): a member's name holding U+202E ("right-to-left override") would reorder
+// the rest of its table cell (other aliases, labels) and show itself reversed.
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const HAS_BIDI = new RegExp(BIDI.source); // (no /g: test() keeps no lastIndex)
+
+/** `value` as text with its bidi controls written as escapes (`\u202e`), as the terminal
+ * shows them (llmfabric.untrusted.printable): text from the fabric cannot reorder what is
+ * around it nor disguise itself. Every text node and title this module makes goes through it. */
+export function shown(value) {
+  const text = String(value);
+  return HAS_BIDI.test(text)
+    ? text.replace(BIDI, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`)
+    : text;
+}
+
+const SHOWN_ATTRS = new Set(['title', 'aria-label', 'placeholder', 'alt']);
 
 /**
  * Build an element. `attrs` keys: `class`, `text`, `on` ({event: handler}), `dataset`,
@@ -11,13 +30,13 @@ export function h(tag, attrs = {}, ...children) {
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
     if (key === 'class') el.className = value;
-    else if (key === 'text') el.textContent = String(value);
+    else if (key === 'text') el.textContent = shown(value);
     else if (key === 'on') {
       for (const [ev, fn] of Object.entries(value)) el.addEventListener(ev, fn);
     } else if (key === 'dataset') Object.assign(el.dataset, value);
     else if (key === 'value') el.value = value;
     else if (value === true) el.setAttribute(key, '');
-    else el.setAttribute(key, String(value));
+    else el.setAttribute(key, SHOWN_ATTRS.has(key) ? shown(value) : String(value));
   }
   append(el, children);
   return el;
@@ -30,10 +49,10 @@ export function s(tag, attrs = {}, ...children) {
   const el = document.createElementNS(SVG_NS, tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
-    if (key === 'text') el.textContent = String(value);
+    if (key === 'text') el.textContent = shown(value);
     else if (key === 'on') {
       for (const [ev, fn] of Object.entries(value)) el.addEventListener(ev, fn);
-    } else el.setAttribute(key, String(value));
+    } else el.setAttribute(key, SHOWN_ATTRS.has(key) ? shown(value) : String(value));
   }
   append(el, children);
   return el;
@@ -42,7 +61,7 @@ export function s(tag, attrs = {}, ...children) {
 function append(el, children) {
   for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    el.append(child instanceof Node ? child : document.createTextNode(shown(child)));
   }
 }
 
