@@ -18,7 +18,7 @@ from llmfabric.identity.keys import NodeKey
 from llmfabric.identity.revocation import sign_revocations
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
-from llmfabric.node.revocation_sync import LEARNT_FILE
+from llmfabric.node.revocations import LEARNT_FILE
 from llmfabric.registry.records import Lifecycle
 from llmfabric.testing.poll import wait_until
 

@@ -9,7 +9,7 @@
   [--network NET]`: operator adds keys (or single certificates) to the signed revocation
   list FILE (created if missing), re-signed with a later issue time; a node started with
   `--revocation-list FILE` re-reads it when it changes and the fabric passes it on to every
-  node (identity/revocation.py, node/revocation_sync.py).
+  node (identity/revocation.py, node/revocations.py).
 
 The group object is `keys_group` (also exported as `command`); other modules add
 subcommands to it with `keys_group.add_command(...)`. The API-key commands of cli/apikeys.py,

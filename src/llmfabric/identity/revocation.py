@@ -20,8 +20,8 @@ membership certificates (Ed25519 over a label and the canonical JSON of the pars
   record check (`registry.provider.ProviderVerifier`).
 
 `llmfabric keys revoke-node` writes lists; `llmfabric start --revocation-list FILE` reads one
-and follows the file's changes (node/revocation.py); nodes pass the newest list they hold on
-to each other (node/revocation_sync.py).
+and follows the file's changes (node/revocations.py); nodes pass the newest list they hold on
+to each other (node/revocations.py).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class RevocationList:
     @property
     def digest(self) -> bytes:
         """8 bytes of the SHA-256 of what the operator signed: with `issued_at`, what a
-        node's record advertises of the list it holds (node/revocation_sync.py)."""
+        node's record advertises of the list it holds (node/revocations.py)."""
         message = self.signed_bytes(self.network, self.issued_at, self.peer_ids, self.cert_ids)
         return hashlib.sha256(message).digest()[:8]
 

@@ -14,9 +14,9 @@ Configuration and credentials
   config          NodeConfig: defaults < config file < env vars < flags, validated
   admission       the admission credential from the config; `read_secret_file` (rotation),
                   the provider verifier and record policy (registry.provider)
-  revocation      the operator's revocation list file: read at start, followed while running
-  revocation_sync revocation lists passed between nodes: adverts in the records, fetches
-                  from peers (verified, bounded, backed off), the copy kept in --home
+  revocations     the operator's revocation list: its file (read at start, followed while
+                  running) and the lists passed between nodes (adverts in the records,
+                  fetches from peers: verified, bounded, backed off; the copy in --home)
 
 The ingress role
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard

@@ -70,8 +70,8 @@ class NodeConfig(BaseModel):
     membership_cert: pathlib.Path | None = None
     operator_key: str | None = None  # base64 operator public key, with membership_cert
     # The operator-signed revocation list (certificate networks; identity/revocation.py):
-    # read at start, re-read when the file changes (node/revocation.py); passed on to the
-    # other nodes (node/revocation_sync.py).
+    # read at start, re-read when the file changes (node/revocations.py); passed on to the
+    # other nodes (node/revocations.py).
     revocation_list: pathlib.Path | None = None
     # Engine supervision (empty process = a bare node the scheduler may fill).
     process: tuple[str, ...] = ()

@@ -57,10 +57,10 @@ from llmfabric.node.engine.role import EngineRole, refuse_controller
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
-from llmfabric.node.revocation import RevocationWatch
-from llmfabric.node.revocation_sync import (
+from llmfabric.node.revocations import (
     Advert,
     RevocationSync,
+    RevocationWatch,
     fetch_list,
     load_saved,
     save_list,
@@ -508,7 +508,7 @@ class Node:
         save_list(self.config.home, rl)
 
     def _revoked(self, rl: RevocationList) -> None:
-        """A new revocation list is in force (node/revocation.py): its handshakes already
+        """A new revocation list is in force (node/revocations.py): its handshakes already
         refuse the revoked members; close their connections, drop their registry sessions
         and their data-plane session keys. A certificate revoked by id revokes the peers
         whose records carry it."""

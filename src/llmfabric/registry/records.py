@@ -148,7 +148,7 @@ class NodeMeta:
     spend: bytes = b""
     # Certificate networks: which operator revocation list the node holds (its issue time
     # and `identity.revocation.list_digest`; 0 and b"" for none), so that peers holding an
-    # older one fetch it from this node (node/revocation_sync.py). A hint only: a fetched
+    # older one fetch it from this node (node/revocations.py). A hint only: a fetched
     # list counts only if the operator's key signed it.
     revocations_at: float = 0.0
     revocations_digest: bytes = b""

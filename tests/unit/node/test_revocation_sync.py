@@ -1,4 +1,4 @@
-"""Revocation lists spread through the fabric (node/revocation_sync.py), on virtual time over
+"""Revocation lists spread through the fabric (node/revocations.py), on virtual time over
 the in-memory network: a list handed to one node reaches every node through the adverts in
 their signed records and fetches from peers, and they drop the revoked member; a hostile
 member that advertises ever newer lists and serves forged, foreign, older or garbled ones is
@@ -21,7 +21,7 @@ from llmfabric.gossip.config import PRESETS
 from llmfabric.identity.admission import sign_membership
 from llmfabric.identity.keys import NodeKey
 from llmfabric.identity.revocation import RevocationList, Revocations, sign_revocations
-from llmfabric.node.revocation_sync import (
+from llmfabric.node.revocations import (
     BACKOFF_S,
     LEARNT_FILE,
     NONE,
@@ -128,7 +128,7 @@ async def fabric() -> AsyncIterator[Fabric]:
 
 
 def _give(member: Member, rl: RevocationList) -> None:
-    """The node's file watch put `rl` in force (node/revocation.py)."""
+    """The node's file watch put `rl` in force (node/revocations.py)."""
     assert member.revs.offer(rl)
     for p in rl.peer_ids:
         member.agent.purge_peer(p)

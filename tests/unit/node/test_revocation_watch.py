@@ -1,4 +1,4 @@
-"""The node's revocation list file (node/revocation.py): read at start, polled on the node's
+"""The node's revocation list file (node/revocations.py): read at start, polled on the node's
 clock, a broken, forged or older list refused with the list in force kept (never an empty
 one); --revocation-list only on certificate networks."""
 
@@ -17,7 +17,7 @@ from llmfabric.identity.keys import NodeKey
 from llmfabric.identity.revocation import RevocationList, Revocations, sign_revocations
 from llmfabric.node.admission import revocations_from_config
 from llmfabric.node.config import ConfigError, NodeConfig
-from llmfabric.node.revocation import POLL_S, RevocationWatch
+from llmfabric.node.revocations import POLL_S, RevocationWatch
 from llmfabric.testing.fake_clock import FakeClock
 
 pytestmark = pytest.mark.hostile
@@ -52,7 +52,7 @@ async def test_the_list_is_followed_and_a_bad_one_never_replaces_it(
         assert len(seen) == 1 and revs.refusal(b) is not None
         in_force = revs.current
 
-        caplog.set_level(logging.ERROR, "llmfabric.node.revocation")
+        caplog.set_level(logging.ERROR, "llmfabric.node.revocations")
         bad = [
             "{ truncated",  # half a file
             sign_revocations(NodeKey.generate(), NET, clock.wall() + 2).to_json(),  # forged

@@ -7,7 +7,7 @@
   /_fabric/v1/role             prefill/decode role flips from the PD controller (node/pd/flip.py)
   /_fabric/v1/link-probe, /_fabric/v1/links   link measurements (node/serve/link_service.py)
   /_fabric/v1/revocations      the operator revocation list this node holds
-                               (node/revocation_sync.py; certificate networks)
+                               (node/revocations.py; certificate networks)
 The peer protocol is authenticated (TLS + admission), but a request that came through a
 relay names its origin only by the relay's word: forwarded requests carry their own
 authorization, and control requests must be signed by the controller's key
@@ -40,7 +40,7 @@ from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.errors import BodyTooLarge
 from llmfabric.node.engine.link import error_response
-from llmfabric.node.revocation_sync import RevocationSync
+from llmfabric.node.revocations import RevocationSync
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.link_service import LinkService
 from llmfabric.scheduler.decisions import TEMPLATES, Assign, render
