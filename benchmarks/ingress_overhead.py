@@ -248,8 +248,9 @@ def wait_http(port: int, within: float, path: str = "/v1/models",
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
-                          f"\r\nConnection: close\r\n\r\n".encode())
+                s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                          f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+                          .encode())
                 data = s.recv(64)
                 if data.startswith(b"HTTP/1.1 200") or data.startswith(b"HTTP/1.0 200"):
                     return True
