@@ -195,7 +195,19 @@ async def test_requests_without_a_cap_reserve_the_context_and_say_so() -> None:
     gate2.budgets.set(Budget("key", "k2", 10**6, "day"))  # type: ignore[union-attr]
     assert await gate2.admit(StaticPrincipal("k2"), {"model": "big", "messages": MSG,
                                                      "max_tokens": 5}) is None
+    gate2.settle()
+    # nor does a request that generates nothing (embeddings: the default, as before)
+    assert await gate2.admit(StaticPrincipal("k2"), {"model": "big", "input": "x"},
+                             "/v1/embeddings") is None
     assert seen == []
+    [row] = gate2.budgets.status()  # type: ignore[union-attr]
+    assert row["held"] == 1 + DEFAULT_COMPLETION_RESERVE
+    gate2.settle()
+    assert await gate2.admit(StaticPrincipal("k2"), {"model": "big", "input": "x"},
+                             "/v1/responses") is None
+    assert seen == ["big"]
+    [row] = gate2.budgets.status()  # type: ignore[union-attr]
+    assert row["held"] == 1 + 8192
     gate2.settle()
 
 

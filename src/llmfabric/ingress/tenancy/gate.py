@@ -35,6 +35,7 @@ from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.accounts.ratelimit import RateLimiter, TokenHold
 from llmfabric.ingress.observe.tracing import current_trace
+from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.usage import Usage, prompt_token_bound
 
@@ -42,6 +43,9 @@ from llmfabric.ingress.usage import Usage, prompt_token_bound
 # model is unknown (no node serves it: nothing will be generated).
 DEFAULT_COMPLETION_RESERVE = 512
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# The paths whose requests generate text up to a cap or the context (embeddings, rerank,
+# score and tokenize generate none: they keep the default).
+_GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", NATIVE_RESPONSES_PATH})
 
 
 class Refusal(NamedTuple):
@@ -163,8 +167,8 @@ class TenancyGate:
             tr.phase("queue")
         return True
 
-    async def admit(self, principal: Principal | None, doc: Mapping[str, Any]
-                    ) -> Refusal | None:
+    async def admit(self, principal: Principal | None, doc: Mapping[str, Any],
+                    path: str = "/v1/chat/completions") -> Refusal | None:
         if self.admit_at_once(principal):
             return None
         key_id, owner, issuer = _owner(principal)
@@ -174,7 +178,7 @@ class TenancyGate:
         _STATE.set(state)
         state.model = str(doc.get("model", ""))
         context = 0
-        if self.context_of is not None and _uncapped(doc):
+        if self.context_of is not None and path in _GENERATING and _uncapped(doc):
             context = self.context_of(state.model)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
