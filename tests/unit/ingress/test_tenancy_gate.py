@@ -254,3 +254,30 @@ async def test_a_token_limited_key_holds_its_worst_case_until_it_settles() -> No
     got = await gate.admit(key, doc)
     assert got is not None and got.status == 429 and got.code == "rate_limit_exceeded"
     assert "1000 tokens/min" in got.message and int(got.headers["Retry-After"]) >= 1
+
+
+async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_time() -> None:
+    """The tokens/min hold of a request without a cap field is its prompt plus the default
+    completion, not the model's context (which the budget reserves): a 131,072-token hold
+    emptied a 100,000 tokens/min bucket, so each such request waited for the last to end."""
+    from llmfabric.accounts import ApiKey, RateLimiter
+    from llmfabric.testing.fake_clock import FakeClock
+
+    rate = RateLimiter(FakeClock())
+    gate = TenancyGate(rate=rate, context_of=lambda model: 131_072)
+    key = ApiKey(id="k1", name="n", owner="o", admin=False, created_at=0.0,
+                 tokens_per_min=100_000)
+    doc = {"model": "m", "messages": MSG}
+    held = reservation_parts(doc)[0] + DEFAULT_COMPLETION_RESERVE
+    admitted = 0
+    for _ in range(8):
+        rate.check(key)
+        got = await asyncio.create_task(_admit(gate, key, doc))
+        admitted += got is None
+    assert admitted == 8
+    assert rate._tokens["k1"].level == 100_000 - 8 * held
+
+
+async def _admit(gate: TenancyGate, key: object, doc: dict[str, object]) -> object:
+    # (its own task: each request's gate state lives in its task's context, unsettled)
+    return await gate.admit(key, doc)  # type: ignore[arg-type]

@@ -183,8 +183,13 @@ class TenancyGate:
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
         if self.rate is not None and principal is not None and _token_limited(principal):
+            # A tokens/min limit smooths a rate (the budget is the hard cap): an uncapped
+            # request holds the default completion there, not the context, which would take
+            # the whole bucket and run a key's uncapped requests one at a time.
+            rate_cost = prompt + (min(completion, self.default_completion) if context
+                                  else completion)
             try:
-                state.tokens = self.rate.hold(key_id, cost)
+                state.tokens = self.rate.hold(key_id, rate_cost)
             except RateLimited as exc:
                 secs = max(1, math.ceil(exc.retry_after_s))
                 return self._refused("rate_limited", f"rate limit exceeded for this key "
