@@ -22,14 +22,16 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmfabric.accounts.fairqueue import FairQueue
+from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
+from llmfabric.clock import SystemClock
 from llmfabric.ingress import HttpForwarder, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.front.web_app import INGRESS_KEY, build_ingress_app
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import attach_tenancy
-from llmfabric.ingress.tenancy.gate import TenancyGate, reservation
+from llmfabric.ingress.tenancy.gate import TenancyGate, reservation, reservation_parts
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
@@ -85,9 +87,10 @@ async def usage_routes_only(ingress: Ingress, app: web.Application, store: Accou
 
 
 @contextlib.asynccontextmanager
-async def fabric(tmp_path: Path, setup: Setup, *, engine_open: bool = True
-                 ) -> AsyncIterator[Fabric]:
-    """An ingress (SQLite accounts) in front of one gated mock engine, torn down after."""
+async def fabric(tmp_path: Path, setup: Setup, *, engine_open: bool = True,
+                 limiter: RateLimiter | None = None) -> AsyncIterator[Fabric]:
+    """An ingress (SQLite accounts; `limiter`: the keys' rate limits) in front of one gated
+    mock engine (model "m", context 4096), torn down after."""
     store = await AccountStore.open(f"sqlite:///{tmp_path / 'acc.db'}", background=False)
     engine = GatedBackend()
     if engine_open:
@@ -98,7 +101,7 @@ async def fabric(tmp_path: Path, setup: Setup, *, engine_open: bool = True
         runners.append(await serve(engine.app(), e_port))
         cand = Candidate("n1", "peer-n1", "p", f"127.0.0.1:{e_port}", (), Hardware("H100", 1),
                          ServedModel("m"), LoadHints())
-        auth = AccountsAuth(store)
+        auth = AccountsAuth(store, limiter)
         app = build_ingress_app(IngressConfig(), StaticCandidateSource([cand]), HttpForwarder(),
                                 auth=auth, usage_sink=auth)
         ingress: Ingress = app[INGRESS_KEY]
@@ -195,6 +198,76 @@ async def test_concurrent_requests_cannot_overspend_a_budget(tmp_path: Path) -> 
         await client.close()
         rows = await f.store.usage(key_id=alice_key.id)
         assert sum(r.requests for r in rows) == 6
+
+
+@pytest.mark.hostile
+async def test_requests_without_max_tokens_reserve_the_models_context(tmp_path: Path) -> None:
+    """A budgeted key sends 10 requests at once with no cap field; the engine would
+    generate up to the model's context (4096, from its node's record) for each. Before,
+    each reserved 512 completion tokens, so all 10 were admitted against a budget that pays
+    for 2 such answers; now each reserves the context: 2 go, 8 are refused with a hint."""
+    async with fabric(tmp_path, with_budgets, engine_open=False) as f:
+        _, admin = await f.store.create_key("root", "admin", admin=True)
+        alice_key, alice = await f.store.create_key("app", "alice")
+        prompt, completion = reservation_parts({"messages": MSG})[0], 4096
+        async with aiohttp.ClientSession() as http:
+            r = await call(http, "PUT", f"{f.base}/v1/fabric/budgets/key/{alice_key.id}",
+                           admin, json={"tokens": 2 * (prompt + completion) + 100,
+                                        "period": "day"})
+            assert r.status == 200
+        client = openai.AsyncOpenAI(base_url=f"{f.base}/v1", api_key=alice, max_retries=0)
+        hints: list[str] = []
+
+        async def one() -> str:
+            try:
+                await client.chat.completions.create(model="m", messages=MSG)
+            except openai.RateLimitError as e:
+                hints.append(str(e))
+                return "refused"
+            return "ok"
+
+        tasks = [asyncio.create_task(one()) for _ in range(10)]
+        await wait_until(
+            lambda: len(f.engine.arrived) >= 2 and sum(t.done() for t in tasks) >= 8, 20.0)
+        f.engine.open.set()
+        results = await asyncio.gather(*tasks)
+        assert results.count("ok") == 2 and results.count("refused") == 8
+        assert all("set max_tokens" in h and "4096" in h for h in hints)
+        # what was used is settled: a request with a cap fits in what is left
+        await client.chat.completions.create(model="m", messages=MSG, max_tokens=50)
+        await client.close()
+
+
+@pytest.mark.hostile
+async def test_a_burst_cannot_pass_a_tokens_per_min_limit(tmp_path: Path) -> None:
+    """A key limited to 1,000 tokens/min (and no requests/min limit) sends 10 requests of
+    max_tokens 300 at once. Before, every one passed while its bucket was positive and was
+    charged after (3,000+ tokens in the minute); now each holds its worst case at
+    admission: 4 go (the bucket and the last one's excess), 6 are refused, and the holds
+    are given back when they end (only what was used stays charged)."""
+    async with fabric(tmp_path, with_budgets, engine_open=False,
+                      limiter=RateLimiter(SystemClock())) as f:
+        _, key = await f.store.create_key("app", "alice", tokens_per_min=1000)
+        client = openai.AsyncOpenAI(base_url=f"{f.base}/v1", api_key=key, max_retries=0)
+
+        async def one() -> str:
+            try:
+                await client.chat.completions.create(model="m", messages=MSG, max_tokens=300)
+            except openai.RateLimitError as e:
+                assert e.code == "rate_limit_exceeded"
+                assert int(e.response.headers["Retry-After"]) >= 1
+                return "refused"
+            return "ok"
+
+        tasks = [asyncio.create_task(one()) for _ in range(10)]
+        await wait_until(
+            lambda: len(f.engine.arrived) >= 4 and sum(t.done() for t in tasks) >= 6, 20.0)
+        f.engine.open.set()
+        results = await asyncio.gather(*tasks)
+        assert results.count("ok") == 4 and results.count("refused") == 6
+        # 4 x 11 tokens used: the bucket has room again at once
+        await client.chat.completions.create(model="m", messages=MSG, max_tokens=300)
+        await client.close()
 
 
 async def test_a_flooding_owner_does_not_starve_another(tmp_path: Path) -> None:

@@ -49,6 +49,11 @@ SCHEMA = (
         estimated_requests BIGINT NOT NULL DEFAULT 0,
         PRIMARY KEY (key_id, model, day)
     )""",
+    # Usage read in batches (ledger.pages), the whole ledger or one key's rows, walks these
+    # in export order (by day) instead of sorting every matching row once per batch.
+    # (Ledger flushes only add to counters: the indexed columns of a row never change.)
+    "CREATE INDEX IF NOT EXISTS usage_daily_day ON usage_daily (day, key_id, model)",
+    "CREATE INDEX IF NOT EXISTS usage_daily_key ON usage_daily (key_id, day, model)",
     """CREATE TABLE IF NOT EXISTS owner_limits (
         owner TEXT PRIMARY KEY,
         requests_per_min INTEGER,

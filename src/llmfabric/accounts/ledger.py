@@ -14,9 +14,11 @@ database answers, the rows are written one by one and a row that still fails is 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
-from collections.abc import Callable
+import heapq
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from llmfabric.accounts.db import Backend
@@ -27,6 +29,7 @@ from llmfabric.untrusted import get_logger
 log = get_logger(__name__)
 ROW_MAX = 2**62  # a pending row's counters saturate here (the column is a signed 64-bit int)
 QUARANTINE_MAX = 1000
+EXPORT_BATCH = 2000  # usage rows per query when a query is read in batches (`pages`)
 
 _UPSERT = """INSERT INTO usage_daily
     (key_id, model, day, requests, prompt_tokens, completion_tokens, estimated_requests)
@@ -198,34 +201,130 @@ class UsageLedger:
         self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None,
         until_day: str | None = None, model: str | None = None,
     ) -> list[UsageRow]:
-        where, params = [], []
-        if until_day is not None:  # (in SQL: an export of one day must not read a year)
-            where.append("u.day <= ?")
-            params.append(until_day)
-        if model is not None:
-            where.append("u.model = ?")
-            params.append(model)
+        """Every row, by day, key and model (in memory: `pages` reads them in batches)."""
+        return [r async for batch in self.pages(key_id, owner, since_day, until_day, model)
+                for r in batch]
+
+    async def pages(
+        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None,
+        until_day: str | None = None, model: str | None = None, batch: int | None = None,
+    ) -> AsyncIterator[list[UsageRow]]:
+        """The rows `query` returns, in its order (day, key, model), `batch` at a time. Each
+        batch is read by queries of its own that start after the last row read (keyset
+        paging), so memory stays at about one batch whatever the ledger holds, and the
+        database connection is free between batches (a slow reader holds nothing).
+        Rows flushed meanwhile show if they sort after the rows already read.
+
+        Without a key or owner filter the ledger is walked on the index usage_daily_day;
+        with one, each of the keys' rows on usage_daily_key (by day and model, so no query
+        sorts an owner's whole usage for every batch), merged here by day and key."""
+        batch = batch or EXPORT_BATCH
+        where, params = _filter(None, owner, since_day, until_day, model)
+        if key_id is None and owner is None:
+            async for rows in self._keyset(where, params, _BY_DAY, batch):
+                yield rows
+            return
         if key_id is not None:
-            where.append("u.key_id = ?")
-            params.append(key_id)
-        if owner is not None:
-            where.append("k.owner = ?")
-            params.append(owner)
-        if since_day is not None:
-            where.append("u.day >= ?")
-            params.append(since_day)
-        sql = (
-            "SELECT u.key_id, COALESCE(k.owner, ''), u.model, u.day, u.requests, "
-            "u.prompt_tokens, u.completion_tokens, u.estimated_requests FROM usage_daily u "
-            "LEFT JOIN api_keys k ON k.id = u.key_id"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY u.day, u.key_id, u.model"
-        )
-        return [
-            UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]),
-                     int(r[7]))
-            for r in await self._backend.fetchall(sql, params)
-        ]
+            keys = [key_id]
+        else:  # (in the database's order of ids, as ORDER BY u.key_id puts them)
+            keys = [str(r[0]) for r in await self._backend.fetchall(
+                "SELECT id FROM api_keys WHERE owner = ? ORDER BY id", (owner,))]
+        per_key = max(64, batch // max(1, len(keys)))  # (memory: about max(batch, 64 keys))
+        streams = [self._keyset([*where, "u.key_id = ?"], [*params, k], _BY_KEY, per_key)
+                   for k in keys]
+        buffers: list[collections.deque[UsageRow]] = []
+        heap: list[tuple[str, int]] = []  # (day of the stream's next row, stream = key rank)
+        for i, stream in enumerate(streams):
+            buffers.append(collections.deque(await anext(stream, [])))
+            if buffers[i]:
+                heap.append((buffers[i][0].day, i))
+        heapq.heapify(heap)
+        out: list[UsageRow] = []
+        while heap:
+            _, i = heap[0]
+            buf = buffers[i]
+            out.append(buf.popleft())
+            if not buf:
+                buf.extend(await anext(streams[i], []))
+            if buf:
+                heapq.heapreplace(heap, (buf[0].day, i))
+            else:
+                heapq.heappop(heap)
+            if len(out) >= batch:
+                yield out
+                out = []
+        if out:
+            yield out
+
+    async def _keyset(self, where: list[str], params: list[str],
+                      order: tuple[str, ...], batch: int) -> AsyncIterator[list[UsageRow]]:
+        """Rows matching `where`, ordered by the columns `order`, `batch` per query."""
+        after: list[str] = []
+        while True:
+            conds, args = list(where), list(params)
+            if after:
+                conds.append(f"({', '.join(order)}) > ({', '.join('?' * len(order))})")
+                args.extend(after)
+            sql = (
+                "SELECT u.key_id, COALESCE(k.owner, ''), u.model, u.day, u.requests, "
+                "u.prompt_tokens, u.completion_tokens, u.estimated_requests FROM usage_daily u "
+                "LEFT JOIN api_keys k ON k.id = u.key_id"
+                + (" WHERE " + " AND ".join(conds) if conds else "")
+                + f" ORDER BY {', '.join(order)} LIMIT {int(batch)}"
+            )
+            got = await self._backend.fetchall(sql, args)
+            if got:
+                yield [UsageRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]),
+                                int(r[5]), int(r[6]), int(r[7])) for r in got]
+            if len(got) < batch:
+                return
+            last = got[-1]
+            after = [str(last[_COLUMN_AT[c]]) for c in order]
+
+    async def totals(
+        self, key_id: str | None = None, owner: str | None = None, since_day: str | None = None,
+        until_day: str | None = None, model: str | None = None,
+    ) -> tuple[int, int, int]:
+        """(requests, prompt tokens, completion tokens) summed over the rows `query` returns,
+        in one aggregate query (SQLite's SUM raises past 2**63: then summed here, a batch at
+        a time)."""
+        where, params = _filter(key_id, owner, since_day, until_day, model)
+        sql = ("SELECT COALESCE(SUM(u.requests), 0), COALESCE(SUM(u.prompt_tokens), 0), "
+               "COALESCE(SUM(u.completion_tokens), 0) FROM usage_daily u "
+               "LEFT JOIN api_keys k ON k.id = u.key_id"
+               + (" WHERE " + " AND ".join(where) if where else ""))
+        try:
+            [(requests, prompt, completion)] = await self._backend.fetchall(sql, params)
+            return int(requests), int(prompt), int(completion)
+        except Exception as exc:
+            if "overflow" not in str(exc).lower():
+                raise
+        out = [0, 0, 0]
+        async for rows in self.pages(key_id, owner, since_day, until_day, model):
+            for r in rows:
+                out[0] += r.requests
+                out[1] += r.prompt_tokens
+                out[2] += r.completion_tokens
+        return out[0], out[1], out[2]
+
+
+_BY_DAY = ("u.day", "u.key_id", "u.model")
+_BY_KEY = ("u.day", "u.model")  # (one key's rows)
+_COLUMN_AT = {"u.key_id": 0, "u.model": 2, "u.day": 3}  # in the SELECT of `_keyset`
+
+
+def _filter(key_id: str | None, owner: str | None, since_day: str | None,
+            until_day: str | None, model: str | None) -> tuple[list[str], list[str]]:
+    """The WHERE conditions and parameters of a usage query (all in SQL: an export of one
+    day must not read a year)."""
+    where, params = [], []
+    for cond, value in (("u.day <= ?", until_day), ("u.model = ?", model),
+                        ("u.key_id = ?", key_id), ("k.owner = ?", owner),
+                        ("u.day >= ?", since_day)):
+        if value is not None:
+            where.append(cond)
+            params.append(value)
+    return where, params
 
 
 def _retrieve(fut: asyncio.Future[int]) -> None:

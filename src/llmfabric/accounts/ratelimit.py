@@ -2,8 +2,14 @@
 
 Each limited key has two buckets holding at most one minute's allowance and refilling at
 limit/60 per second. `check()` (before a request) takes one request token and refuses while
-the token bucket is empty; `add_tokens()` (after the response, when usage is known) takes the
-tokens used, which may drive the bucket negative: the key then waits until it refills.
+the token bucket is empty; `hold()` (once the request is read: ingress/tenancy/gate.py)
+takes the request's worst case (prompt bound + completion cap, at most one minute's
+allowance) from the token bucket, refusing while it is empty, and `release()` gives it back
+when the request ends; `add_tokens()` (when usage is known) takes the tokens used. Usage
+may drive the bucket negative: the key then waits until it refills. With holds, requests in
+flight together take at most the bucket plus the last one admitted (and each one's use past
+its hold), however many arrive at once; before, all of a burst passed while the bucket was
+positive and were charged after.
 An owner with aggregate limits (`ApiKey.owner_*`) has the same two buckets, shared by all its
 keys (keyed "owner:<name>"), checked together with the key's. State is in memory, per
 ingress process.
@@ -27,6 +33,10 @@ class _Bucket:
         rate = per_min / 60.0
         self.level = min(float(per_min), self.level + (now - self.stamp) * rate)
         self.stamp = now
+
+
+# What one request holds in the token buckets: (bucket name, bucket, tokens) per bucket.
+TokenHold = list[tuple[str, _Bucket, float]]
 
 
 class RateLimiter:
@@ -94,6 +104,40 @@ class RateLimiter:
                 continue
             bucket.refill(self._clock.now(), tpm)
             bucket.level -= n
+
+    def hold(self, key_id: str, n: int) -> TokenHold | None:
+        """Take `n` tokens (a request's worst case; at most one minute's allowance) from the
+        token buckets of `key_id` and its owner, or raise RateLimited if one is empty (after
+        `check()`: only the buckets it found limited). `release()` gives them back."""
+        owner = self._owner_of.get(key_id)
+        if n <= 0 or owner is None:
+            return None
+        now = self._clock.now()
+        found = []
+        for name in (key_id, owner):
+            tpm = self._token_limit.get(name)
+            bucket = self._tokens.get(name)
+            if tpm is None or bucket is None:
+                continue
+            bucket.refill(now, tpm)
+            if bucket.level <= 0.0:
+                what = "" if name == key_id else f" for owner {owner[len('owner:'):]!r}"
+                raise RateLimited((1.0 - bucket.level) * 60.0 / tpm, f"{tpm} tokens/min{what}")
+            found.append((name, bucket, float(min(n, tpm))))
+        for _, bucket, take in found:
+            bucket.level -= take
+        return found or None
+
+    def release(self, held: TokenHold) -> None:
+        """Give back what `hold()` took (the request ended; `add_tokens` charged its use).
+        A bucket replaced since (the limit lifted or changed) is left alone."""
+        now = self._clock.now()
+        for name, bucket, take in held:
+            tpm = self._token_limit.get(name)
+            if tpm is None or self._tokens.get(name) is not bucket:
+                continue
+            bucket.refill(now, tpm)
+            bucket.level = min(float(tpm), bucket.level + take)
 
     def forget(self, key_id: str) -> None:
         self._requests.pop(key_id, None)

@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from llmfabric.accounts import keyfmt
 from llmfabric.accounts.db import Backend, open_backend
 from llmfabric.accounts.errors import InvalidRequest, KeyNotFound, PermissionDenied
+from llmfabric.accounts.export import ExportFilter
 from llmfabric.accounts.ledger import UsageLedger
 from llmfabric.accounts.models import ApiKey, UsageRow
 from llmfabric.accounts.policy import MAX_KEYS_PER_OWNER, limits_for_new_key, normalize_owner
@@ -396,3 +397,20 @@ class AccountStore:
         await self._ledger.flush()
         return await self._ledger.query(key_id=key_id, owner=owner, since_day=since_day,
                                         until_day=until_day, model=model)
+
+    async def usage_pages(self, flt: ExportFilter, batch: int | None = None
+                          ) -> AsyncIterator[list[UsageRow]]:
+        """The rows `usage` returns for `flt`, `batch` (default: ledger.EXPORT_BATCH) at a
+        time (pending ones flushed first; accounts.ledger `pages`: memory stays at about one
+        batch)."""
+        await self._ledger.flush()
+        async for rows in self._ledger.pages(flt.key_id, flt.owner, flt.since, flt.until,
+                                             flt.model, batch):
+            yield rows
+
+    async def usage_totals(self, flt: ExportFilter) -> tuple[int, int, int]:
+        """(requests, prompt tokens, completion tokens) over the rows of `flt` (pending ones
+        flushed first)."""
+        await self._ledger.flush()
+        return await self._ledger.totals(flt.key_id, flt.owner, flt.since, flt.until,
+                                         flt.model)

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from llmfabric.accounts.budgets import BudgetStore, validate_budget
 from llmfabric.accounts.errors import InvalidRequest
-from llmfabric.accounts.export import ExportFilter, render
+from llmfabric.accounts.export import ExportFilter, content_type, stream
 from llmfabric.accounts.http import bearer_token, error_body, json_response
 from llmfabric.accounts.models import ApiKey
 from llmfabric.accounts.prices import validate_price
@@ -110,7 +110,7 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
             return _err(404, f"no budget for {got[0]} {got[1]!r}", "budget_not_found")
         return json_response({"scope": got[0], "name": got[1], "deleted": True})
 
-    async def export(request: web.Request) -> web.Response:
+    async def export(request: web.Request) -> web.StreamResponse:
         me = await caller(request)
         if isinstance(me, web.Response):
             return me
@@ -120,17 +120,30 @@ def add_tenancy_routes(app: web.Application, store: AccountStore,
             if owner is not None and owner != me.owner:
                 return _err(403, "only an admin may export other owners' usage", "forbidden")
             owner = me.owner
+        fmt = q.get("format", "json")
         try:
             flt = ExportFilter(q.get("key_id"), owner, q.get("model"), q.get("since"),
                                q.get("until"))
-            rows = await store.usage(key_id=flt.key_id, owner=flt.owner, since_day=flt.since,
-                                     until_day=flt.until, model=flt.model)
-            body, ctype = render(rows, flt, q.get("format", "json"))
+            ctype = content_type(fmt)
         except InvalidRequest as exc:
             return _err(400, str(exc), "invalid_parameter")
-        resp = web.Response(body=body, content_type=ctype)
-        if ctype == "text/csv":
-            resp.headers["Content-Disposition"] = 'attachment; filename="usage.csv"'
+        # Streamed a batch of rows at a time (export.stream): memory stays at one batch
+        # however large the export. The first piece comes once the database answered, so
+        # a database error is still a 500 before anything is sent; one later cuts the
+        # (chunked) body short, which a client sees as an incomplete transfer.
+        pieces = stream(store.usage_pages, store.usage_totals, flt, fmt)
+        try:
+            first = await anext(pieces)
+            resp = web.StreamResponse(headers={"Content-Type": ctype})
+            if ctype == "text/csv":
+                resp.headers["Content-Disposition"] = 'attachment; filename="usage.csv"'
+            await resp.prepare(request)
+            await resp.write(first)
+            async for piece in pieces:
+                await resp.write(piece)
+            await resp.write_eof()
+        finally:
+            await pieces.aclose()
         return resp
 
     async def list_prices(request: web.Request) -> web.Response:

@@ -13,11 +13,12 @@ import csv
 import io
 import pathlib
 import sys
+from typing import BinaryIO
 
 import click
 
 from llmfabric.accounts.errors import InvalidRequest
-from llmfabric.accounts.export import FORMATS, ExportFilter, render
+from llmfabric.accounts.export import FORMATS, ExportFilter, stream
 from llmfabric.accounts.store import AccountStore
 from llmfabric.cli.apikeys import _with_store, db_option
 from llmfabric.untrusted import printable
@@ -75,18 +76,27 @@ def usage_export(fmt: str, key_id: str | None, owner: str | None, model: str | N
     except InvalidRequest as exc:
         raise click.BadParameter(str(exc)) from exc
 
-    async def rows(store: AccountStore) -> bytes:
-        got = await store.usage(key_id=flt.key_id, owner=flt.owner, since_day=flt.since,
-                                until_day=flt.until, model=flt.model)
-        return render(got, flt, fmt)[0]
+    terminal = output is None and _is_terminal()
 
-    body = _with_store(db_url, rows)
+    async def export(store: AccountStore) -> None:
+        # A batch of rows at a time (accounts.export `stream`): memory stays at one batch
+        # however large the ledger. Each piece is whole rows (CSV) or whole JSON values, so
+        # escaping for a terminal piece by piece is the same as escaping the whole. The
+        # file is opened at the first piece, once the database answered.
+        out: BinaryIO | None = None
+        try:
+            async for piece in stream(store.usage_pages, store.usage_totals, flt, fmt):
+                if out is None:
+                    out = sys.stdout.buffer if output is None else output.open("wb")
+                out.write(for_terminal(piece, fmt) if terminal else piece)
+        finally:
+            if out is not None and output is not None:
+                out.close()
+
+    _with_store(db_url, export)
     if output is None:
-        sys.stdout.buffer.write(for_terminal(body, fmt) if _is_terminal() else body)
         sys.stdout.flush()
     else:
-        output.write_bytes(body)
         click.echo(f"usage written to {output}", err=True)
-
 
 API_KEY_COMMANDS: list[click.Command] = [usage_export]

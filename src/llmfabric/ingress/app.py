@@ -341,7 +341,7 @@ class Ingress:
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
         if (gate := self.gate) is not None and not gate.admit_at_once(principal) and (
-                refused := await gate.admit(principal, doc)) is not None:  # (tenancy/gate.py)
+                refused := await gate.admit(principal, doc, path)) is not None:  # (tenancy/)
             return self._refuse(model, *refused)
 
         recorder = (RelayRecorder() if stream and continuation_wanted(

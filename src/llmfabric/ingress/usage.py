@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -247,6 +248,44 @@ def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
             return len(value)  # already token ids
         if value is not None:
             return math.ceil(_chars(value) / 4)
+    return 0
+
+
+# ---- a prompt's reservation (ingress/tenancy/gate.py) ----------------------------------
+# An upper-ish bound, cheap: characters / 4 undercounts text outside ASCII (CJK takes about
+# one token a character or more, an emoji one to three), so the characters outside ASCII
+# count one token per two UTF-8 bytes (accented Latin, Cyrillic: 1 a character; CJK: 2;
+# emoji: 2) and ASCII four characters a token, as the billing estimate above.
+
+
+def _bound(value: Any, depth: int = 0) -> float:
+    if isinstance(value, str):
+        if value.isascii():
+            return len(value) / 4
+        ascii_chars = len(value.encode("ascii", "ignore"))
+        utf8 = len(value.encode("utf-8", "surrogatepass"))
+        return ascii_chars / 4 + (utf8 - ascii_chars) / 2
+    if depth > 4:
+        return 0.0
+    if isinstance(value, list):
+        return sum(_bound(v, depth + 1) for v in value[:10_000])
+    if isinstance(value, dict):
+        return _bound(value.get("text"), depth + 1) + _bound(value.get("content"), depth + 1)
+    return 0.0
+
+
+def prompt_token_bound(doc: Mapping[str, Any]) -> int:
+    """What a request's prompt is reserved as (an upper-ish bound of its tokens, above):
+    `estimate_prompt_tokens` where the text is ASCII, more where it is not."""
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        return math.ceil(sum(_bound(m) for m in messages[:10_000])) + 4 * len(messages)
+    for key in ("prompt", "input"):
+        value = doc.get(key)
+        if isinstance(value, list) and value and all(isinstance(v, int) for v in value[:8]):
+            return len(value)  # already token ids
+        if value is not None:
+            return math.ceil(_bound(value))
     return 0
 
 

@@ -6,13 +6,14 @@ import csv
 import io
 import json
 import pathlib
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 from click.testing import CliRunner
 
 from llmfabric.accounts.errors import InvalidRequest
-from llmfabric.accounts.export import ExportFilter, render, to_csv
+from llmfabric.accounts.export import ExportFilter, render, stream, to_csv
 from llmfabric.accounts.models import UsageRow
 
 pytestmark = pytest.mark.unit
@@ -51,6 +52,32 @@ def test_bad_ranges_are_refused(kw: dict[str, str]) -> None:
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(InvalidRequest):
         render(ROWS, ExportFilter(), "xml")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("cut", [0, 1, 2, 3])
+async def test_a_streamed_export_is_the_in_memory_one(fmt: str, cut: int) -> None:
+    """Pieces a batch at a time, joined: the bytes `render` makes of the same rows (the
+    JSON totals come first, from their own query), for no rows and any batching."""
+    rows = ROWS[:cut] if cut else []
+    flt = ExportFilter(owner="alice", since="2026-01-01")
+    batches = [rows[:1], rows[1:]] if len(rows) > 1 else [rows] if rows else []
+
+    async def pages(f: ExportFilter) -> AsyncIterator[list[UsageRow]]:
+        assert f is flt
+        for b in batches:
+            yield b
+
+    async def totals(f: ExportFilter) -> tuple[int, int, int]:
+        return (sum(r.requests for r in rows), sum(r.prompt_tokens for r in rows),
+                sum(r.completion_tokens for r in rows))
+
+    pieces = [p async for p in stream(pages, totals, flt, fmt)]
+    assert b"".join(pieces) == render(rows, flt, fmt)[0]
+    # (CSV: the header with the first batch; JSON: a head, the batches, the closing "]}")
+    assert len(pieces) == (len(batches) + 2 if fmt == "json" else max(1, len(batches)))
+    with pytest.raises(InvalidRequest):
+        [p async for p in stream(pages, totals, flt, "xml")]
 
 
 def test_cli_exports_the_ledger(tmp_path: pathlib.Path) -> None:

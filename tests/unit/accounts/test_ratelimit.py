@@ -88,3 +88,24 @@ def test_never_admits_more_than_limit_without_time_passing(rpm: int, attempts: i
         except RateLimited as exc:
             assert exc.retry_after_s > 0
     assert admitted == min(rpm, attempts)
+
+
+async def test_a_hold_is_given_back_capped_at_one_minute() -> None:
+    clock = FakeClock()
+    rl = RateLimiter(clock)
+    k = key(tpm=600)
+    rl.check(k)
+    held = rl.hold(k.id, 10**6)  # at most one minute's allowance
+    assert held is not None and rl._tokens[k.id].level == 0.0
+    with pytest.raises(RateLimited):
+        rl.hold(k.id, 1)  # (empty: refused, nothing taken)
+    rl.add_tokens(k.id, 100)
+    await clock.advance(30.0)
+    rl.release(held)
+    assert rl._tokens[k.id].level == 600.0  # (-100 + 300 refilled + 600 back: capped)
+    assert rl.hold("unknown", 5) is None and rl.hold(k.id, 0) is None
+    held = rl.hold(k.id, 50)
+    assert held is not None
+    rl.check(key())  # limits lifted: the buckets go, a late release changes nothing
+    rl.release(held)
+    assert k.id not in rl._tokens

@@ -162,3 +162,122 @@ async def test_many_requests_asking_max_completion_tokens_cannot_overspend() -> 
         got = await gate.admit(StaticPrincipal("k1"), doc)
         admitted += got is None
     assert admitted == 3
+
+
+@pytest.mark.hostile
+async def test_requests_without_a_cap_reserve_the_context_and_say_so() -> None:
+    """No cap field: the engine generates up to the model's context, so that is what is
+    reserved (512 before: 20 such requests got past a budget for 3 answers of 8,192).
+    Bounded by the largest count a request may claim; capped requests are as before."""
+    book = BudgetBook(lambda: NOON)
+    seen: list[str] = []
+
+    def context_of(model: str) -> int:
+        seen.append(model)
+        return {"big": 8192, "huge": 2**40}.get(model, 0)
+
+    prompt = reservation_parts({"messages": MSG})[0]
+    book.set(Budget("key", "k1", 3 * (prompt + 8192), "day"))
+    gate = TenancyGate(book, context_of=context_of)
+    results = [await gate.admit(StaticPrincipal("k1"), {"model": "big", "messages": MSG})
+               for _ in range(20)]
+    assert sum(r is None for r in results) == 3
+    refused = results[-1]
+    assert refused is not None and "set max_tokens" in refused.message
+    assert "8192" in refused.message
+    assert reservation_parts({"messages": MSG}, context=2**40)[1] == 10**8
+    assert reservation_parts({"messages": MSG, "n": 2}, context=8192)[1] == 2 * 8192
+    assert reservation_parts({"messages": MSG}, context=0)[1] == DEFAULT_COMPLETION_RESERVE
+    assert reservation_parts({"messages": MSG, "max_tokens": 10}, context=8192)[1] == 10
+    # a capped request neither looks the context up nor reserves it
+    seen.clear()
+    gate2 = TenancyGate(BudgetBook(lambda: NOON), context_of=context_of)
+    gate2.budgets.set(Budget("key", "k2", 10**6, "day"))  # type: ignore[union-attr]
+    assert await gate2.admit(StaticPrincipal("k2"), {"model": "big", "messages": MSG,
+                                                     "max_tokens": 5}) is None
+    gate2.settle()
+    # nor does a request that generates nothing (embeddings: the default, as before)
+    assert await gate2.admit(StaticPrincipal("k2"), {"model": "big", "input": "x"},
+                             "/v1/embeddings") is None
+    assert seen == []
+    [row] = gate2.budgets.status()  # type: ignore[union-attr]
+    assert row["held"] == 1 + DEFAULT_COMPLETION_RESERVE
+    gate2.settle()
+    assert await gate2.admit(StaticPrincipal("k2"), {"model": "big", "input": "x"},
+                             "/v1/responses") is None
+    assert seen == ["big"]
+    [row] = gate2.budgets.status()  # type: ignore[union-attr]
+    assert row["held"] == 1 + 8192
+    gate2.settle()
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("text", ["中文的文本" * 200, "日本語のテキスト" * 100, "🎉" * 500,
+                                  "表情🎉と文字" * 100])
+def test_the_prompt_reservation_does_not_undercount_text_outside_ascii(text: str) -> None:
+    """Characters / 4 took 1,000 CJK characters (about 1,000 tokens or more) for 250: 20
+    such requests at once got past a budget for 5. The bound counts what is not ASCII as a
+    token per two UTF-8 bytes (CJK and emoji: 2 a character), ASCII still at 4 characters."""
+    for doc in ({"messages": [{"role": "user", "content": text}]}, {"prompt": text},
+                {"input": [text]}):
+        prompt, _ = reservation_parts(doc)
+        assert prompt >= len(text), doc.keys()
+    english = {"messages": [{"role": "user", "content": "x" * 400}]}
+    assert reservation_parts(english)[0] == 100 + 4  # (unchanged for ASCII)
+
+
+async def test_a_token_limited_key_holds_its_worst_case_until_it_settles() -> None:
+    from llmfabric.accounts import ApiKey, RateLimiter
+    from llmfabric.testing.fake_clock import FakeClock
+
+    rate = RateLimiter(FakeClock())
+    gate = TenancyGate(rate=rate)
+    key = ApiKey(id="k1", name="n", owner="o", admin=False, created_at=0.0,
+                 tokens_per_min=1000)
+    unlimited = dataclasses.replace(key, id="k2", tokens_per_min=None)
+    assert gate.admit_at_once(unlimited) and not gate.admit_at_once(key)
+    doc = {"messages": MSG, "max_tokens": 400}
+    rate.check(key)
+    assert await gate.admit(key, doc) is None
+    held = reservation(doc)
+    assert rate._tokens["k1"].level == 1000 - held
+    gate.used(Usage(5, 6))
+    rate.add_tokens("k1", 11)  # (what the usage sink charges)
+    gate.settle()
+    assert rate._tokens["k1"].level == 1000 - 11
+    # three requests at once: all pass the check before the body is read (the bucket is
+    # positive); holding 504 each, the first two are admitted (989 -> 485 -> -19)
+    for _ in range(3):
+        rate.check(key)
+    for _ in range(2):
+        assert await gate.admit(key, doc) is None
+    got = await gate.admit(key, doc)
+    assert got is not None and got.status == 429 and got.code == "rate_limit_exceeded"
+    assert "1000 tokens/min" in got.message and int(got.headers["Retry-After"]) >= 1
+
+
+async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_time() -> None:
+    """The tokens/min hold of a request without a cap field is its prompt plus the default
+    completion, not the model's context (which the budget reserves): a 131,072-token hold
+    emptied a 100,000 tokens/min bucket, so each such request waited for the last to end."""
+    from llmfabric.accounts import ApiKey, RateLimiter
+    from llmfabric.testing.fake_clock import FakeClock
+
+    rate = RateLimiter(FakeClock())
+    gate = TenancyGate(rate=rate, context_of=lambda model: 131_072)
+    key = ApiKey(id="k1", name="n", owner="o", admin=False, created_at=0.0,
+                 tokens_per_min=100_000)
+    doc = {"model": "m", "messages": MSG}
+    held = reservation_parts(doc)[0] + DEFAULT_COMPLETION_RESERVE
+    admitted = 0
+    for _ in range(8):
+        rate.check(key)
+        got = await asyncio.create_task(_admit(gate, key, doc))
+        admitted += got is None
+    assert admitted == 8
+    assert rate._tokens["k1"].level == 100_000 - 8 * held
+
+
+async def _admit(gate: TenancyGate, key: object, doc: dict[str, object]) -> object:
+    # (its own task: each request's gate state lives in its task's context, unsettled)
+    return await gate.admit(key, doc)  # type: ignore[arg-type]

@@ -28,6 +28,11 @@ class AccountsAuth:
         # A verified key's principal without a coroutine, None: await authenticate().
         self.cached = store.authenticate_cached
 
+    @property
+    def limiter(self) -> RateLimiter | None:
+        """The keys' rate limits (the tenancy gate holds a request's tokens there)."""
+        return self._limiter
+
     def authenticate(self, token: str) -> Coroutine[Any, Any, ApiKey | None]:
         # The store's coroutine itself: one coroutine frame less per request.
         return self._store.authenticate(token)

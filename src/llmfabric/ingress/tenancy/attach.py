@@ -18,6 +18,7 @@ from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
+from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.gate import TenancyGate
 
 BUDGET_SYNC_S = 2.0
@@ -58,8 +59,15 @@ async def attach_tenancy(
     if max_inflight is not None:
         parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
     if parts.budgets is not None or parts.queue is not None:
+        def context_of(model: str) -> int:
+            """The model's context: the largest its serving nodes advertise (0: none)."""
+            return max((c.model.max_context for c in ingress.source.candidates(model)),
+                       default=0)
+
+        rate = ingress.auth.limiter if isinstance(ingress.auth, AccountsAuth) else None
         ingress.use_gate(TenancyGate(parts.budgets.book if parts.budgets else None,
-                                     parts.queue, on_refused=ingress.metrics.observe_refusal,
+                                     parts.queue, context_of=context_of, rate=rate,
+                                     on_refused=ingress.metrics.observe_refusal,
                                      on_queue_wait=ingress.metrics.observe_queue_wait))
         if parts.queue is not None:
             ingress.metrics.queue_depth = parts.queue.waiting

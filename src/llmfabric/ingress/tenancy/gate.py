@@ -3,12 +3,18 @@ owners (accounts.fairqueue), behind three calls the request path makes:
 
 - `gate.admit_at_once(principal) or await gate.admit(principal, doc)` after authentication
   (the sync call answers the common case, nothing to reserve, without a coroutine): reserves
-  the request's worst case on its key's and owner's budgets, then waits for a fair-queue
-  slot; a `Refusal` (429 with Retry-After carrying the real wait) when the budget is used up
-  or the queue is full.
+  the request's worst case on its key's and owner's budgets and in their tokens/min
+  buckets, then waits for a fair-queue slot; a `Refusal` (429 with Retry-After carrying the
+  real wait) when the budget is used up, a tokens/min bucket is empty or the queue is full.
 - `gate.used(usage)` when the request's usage is known.
 - `gate.settle()` when the request ends, however it ends (the ingress calls it in a
-  `finally`): releases the slot and settles the reservation to what was used.
+  `finally`): releases the slot, settles the reservation to what was used and gives the
+  tokens/min hold back (the limiter charged what was used when the usage was recorded).
+
+The worst case: the prompt's upper-ish bound (ingress.usage `prompt_token_bound`) plus the
+completion cap: the largest cap field times n, or, without one, the context of the model
+(the largest `max_context` its serving nodes advertise: engines generate up to it), and the
+default only when no node serves the model.
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -24,15 +30,22 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from llmfabric.accounts.budgets import MAX_BUDGET_TOKENS, BudgetBook, Hold, OverBudget
+from llmfabric.accounts.errors import RateLimited
 from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
+from llmfabric.accounts.ratelimit import RateLimiter, TokenHold
 from llmfabric.ingress.observe.tracing import current_trace
+from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.usage import Usage, estimate_prompt_tokens
+from llmfabric.ingress.usage import Usage, prompt_token_bound
 
-# The completion a request without max_tokens is assumed to need (for its reservation).
+# The completion a request without a cap field is assumed to need when the context of its
+# model is unknown (no node serves it: nothing will be generated).
 DEFAULT_COMPLETION_RESERVE = 512
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# The paths whose requests generate text up to a cap or the context (embeddings, rerank,
+# score and tokenize generate none: they keep the default).
+_GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", NATIVE_RESPONSES_PATH})
 
 
 class Refusal(NamedTuple):
@@ -48,6 +61,7 @@ class Refusal(NamedTuple):
 @dataclass(slots=True)
 class _Admitted:
     hold: Hold | None = None
+    tokens: TokenHold | None = None  # taken from the tokens/min buckets (RateLimiter.hold)
     slot_since: float | None = None
     model: str = ""
     used: list[int] = field(default_factory=lambda: [0, 0])  # prompt, completion tokens
@@ -56,10 +70,10 @@ class _Admitted:
 _STATE: ContextVar[_Admitted | None] = ContextVar("llmfabric_tenancy", default=None)
 
 
-def reservation(doc: Mapping[str, Any], default_completion: int = DEFAULT_COMPLETION_RESERVE
-                ) -> int:
-    """The request's worst case in tokens: its prompt estimate plus its completion cap."""
-    return sum(reservation_parts(doc, default_completion))
+def reservation(doc: Mapping[str, Any], default_completion: int = DEFAULT_COMPLETION_RESERVE,
+                context: int = 0) -> int:
+    """The request's worst case in tokens: its prompt bound plus its completion cap."""
+    return sum(reservation_parts(doc, default_completion, context))
 
 
 def _count(v: object) -> int | None:
@@ -79,16 +93,32 @@ def _count(v: object) -> int | None:
 
 
 def reservation_parts(doc: Mapping[str, Any],
-                      default_completion: int = DEFAULT_COMPLETION_RESERVE) -> tuple[int, int]:
-    """(prompt estimate, completion cap) of a request, in tokens. The cap is the largest of
+                      default_completion: int = DEFAULT_COMPLETION_RESERVE,
+                      context: int = 0) -> tuple[int, int]:
+    """(prompt bound, completion cap) of a request, in tokens. The cap is the largest of
     the cap fields (an engine takes max_completion_tokens before max_tokens, so the first
-    one found is not enough) times n: never less than what the engine may generate."""
+    one found is not enough), or `context` (the model's context, 0: unknown) without one,
+    or `default_completion` without either; at most `context` when it is known, times n:
+    never less than what the engine may generate."""
     caps = [c for k in _MAX_TOKEN_FIELDS if (c := _count(doc.get(k))) is not None]
-    cap = max(caps) if caps else default_completion
+    ctx = min(context, MAX_TOKENS_PER_REQUEST) if context > 0 else 0
+    cap = max(caps) if caps else ctx or default_completion
+    if ctx:
+        cap = min(cap, ctx)  # (an engine generates no more than its context)
     n = _count(doc.get("n"))
     if n is not None and n > 1:
         cap = min(cap * n, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
-    return estimate_prompt_tokens(doc if isinstance(doc, dict) else dict(doc)), cap
+    return prompt_token_bound(doc), cap
+
+
+def _uncapped(doc: Mapping[str, Any]) -> bool:
+    return all(_count(doc.get(k)) is None for k in _MAX_TOKEN_FIELDS)
+
+
+def _token_limited(principal: Principal) -> bool:
+    """Whether the key, or its owner, has a tokens/min limit (accounts.models.ApiKey)."""
+    return (getattr(principal, "tokens_per_min", None) is not None
+            or getattr(principal, "owner_tokens_per_min", None) is not None)
 
 
 def _owner(principal: Principal | None) -> tuple[str, str, str]:
@@ -102,11 +132,19 @@ def _owner(principal: Principal | None) -> tuple[str, str, str]:
 class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
+                 context_of: Callable[[str], int] | None = None,
+                 rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
         self.budgets = budgets
         self.queue = queue
         self.default_completion = default_completion
+        # model -> its context in tokens (0: unknown), for requests without a cap field
+        self.context_of = context_of
+        # The keys' tokens/min buckets: the worst case is held there at admission (the
+        # ingress checked the bucket before reading the body; many requests may pass that
+        # check at once, so the hold checks again).
+        self.rate = rate
         self.on_refused = on_refused  # (reason) for metrics
         self.on_queue_wait = on_queue_wait  # (seconds waited) for metrics
         # No request has had state yet (nothing reserved or queued, ever): used() and
@@ -119,8 +157,9 @@ class TenancyGate:
         used() and settle() are no-ops; a budget set later applies from the key's next
         request on. False: `await admit()` decides. (Sync: no coroutine per request.)"""
         book = self.budgets
-        if self.queue is not None or (principal is not None and book is not None
-                                      and book.applies(*_owner(principal))):
+        if self.queue is not None or (principal is not None and (
+                (book is not None and book.applies(*_owner(principal)))
+                or (self.rate is not None and _token_limited(principal)))):
             return False
         if not self._stateless:
             _STATE.set(None)
@@ -128,8 +167,8 @@ class TenancyGate:
             tr.phase("queue")
         return True
 
-    async def admit(self, principal: Principal | None, doc: Mapping[str, Any]
-                    ) -> Refusal | None:
+    async def admit(self, principal: Principal | None, doc: Mapping[str, Any],
+                    path: str = "/v1/chat/completions") -> Refusal | None:
         if self.admit_at_once(principal):
             return None
         key_id, owner, issuer = _owner(principal)
@@ -137,14 +176,35 @@ class TenancyGate:
         state = _Admitted()
         self._stateless = False
         _STATE.set(state)
-        prompt, completion = reservation_parts(doc, self.default_completion)
-        cost = prompt + completion
         state.model = str(doc.get("model", ""))
+        context = 0
+        if self.context_of is not None and path in _GENERATING and _uncapped(doc):
+            context = self.context_of(state.model)
+        prompt, completion = reservation_parts(doc, self.default_completion, context)
+        cost = prompt + completion
+        if self.rate is not None and principal is not None and _token_limited(principal):
+            # A tokens/min limit smooths a rate (the budget is the hard cap): an uncapped
+            # request holds the default completion there, not the context, which would take
+            # the whole bucket and run a key's uncapped requests one at a time.
+            rate_cost = prompt + (min(completion, self.default_completion) if context
+                                  else completion)
+            try:
+                state.tokens = self.rate.hold(key_id, rate_cost)
+            except RateLimited as exc:
+                secs = max(1, math.ceil(exc.retry_after_s))
+                return self._refused("rate_limited", f"rate limit exceeded for this key "
+                                     f"({exc.limit}); retry after {secs} s", secs)
         if book is not None and principal is not None and book.applies(key_id, owner, issuer):
             got = book.reserve(key_id, owner, cost, book.cost_micros(
                 state.model, prompt, completion), issuer=issuer)
             if isinstance(got, OverBudget):
-                return self._refused("budget_exceeded", got.message(), got.retry_after_s)
+                self.settle()
+                hint = ""
+                if context:
+                    hint = (f"; this request sets no max_tokens, so it reserves the model's "
+                            f"context ({completion} tokens): set max_tokens to what it needs")
+                return self._refused("budget_exceeded", got.message() + hint,
+                                     got.retry_after_s)
             state.hold = got
         if self.queue is not None:
             t0 = self.queue.now()
@@ -189,6 +249,9 @@ class TenancyGate:
         if state.slot_since is not None and self.queue is not None:
             self.queue.release(state.slot_since)
             state.slot_since = None
+        if state.tokens is not None and self.rate is not None:
+            self.rate.release(state.tokens)
+            state.tokens = None
         if state.hold is not None and self.budgets is not None:
             p, c = state.used
             self.budgets.settle(state.hold, p + c, self.budgets.cost_micros(state.model, p, c))
