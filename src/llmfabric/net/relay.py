@@ -10,7 +10,9 @@
 - Relay server (TransportConfig.relay=True): requests carrying ``x-llmfabric-relay-to: PEER``
   are forwarded to PEER over its connection, with ``x-llmfabric-origin`` naming the
   authenticated sender; bodies stream both ways under HTTP/2 flow control. RELAY_DGRAM
-  frames are forwarded as RELAYED_DGRAM frames naming the sender.
+  frames are forwarded as RELAYED_DGRAM frames naming the sender. Registrations are capped
+  per source address and in all; a full relay shares its slots fairly between parties
+  (fair_share.py), so a member with many addresses or keys cannot keep newcomers out.
 """
 
 from __future__ import annotations
