@@ -28,6 +28,7 @@ from llmfabric.ingress.forward.secure import (
     SealedPeerForwarder,
 )
 from llmfabric.ingress.observe.node_hop import NodeHop
+from llmfabric.ingress.observe.tracing import Tracer, current_trace, traced
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
@@ -52,10 +53,12 @@ class EchoEngine:
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.traceparents: list[str | None] = []
 
     async def serve_body(self, path: str, body: bytes, traceparent: str | None = None
                          ) -> HandlerResponse:
         self.bodies.append(body)
+        self.traceparents.append(traceparent)
 
         async def gen() -> AsyncIterator[bytes]:
             for i in range(3):
@@ -103,6 +106,12 @@ class SpiedResponse:
 
     async def aclose(self) -> None:
         await self.resp.aclose()
+
+
+class Sink:
+    """Where `traced` puts the response's X-Fabric-Trace."""
+
+    headers: dict[str, str] | None = None
 
 
 def cand(peer_id: str, http_addr: str = "", relays: tuple[str, ...] = ()) -> Candidate:
@@ -243,17 +252,50 @@ async def test_relayed_path_is_sealed_end_to_end(flip: bool) -> None:
                 up = await fwd.open(c, PATH, body(), T)
                 [x async for x in up.chunks()]
             return
-        up = await fwd.open(c, PATH, body(), T)
+        # What the relay is handed: each relayed request's headers (the bodies are spy.sent).
+        relayed_heads: list[tuple[tuple[str, str], ...]] = []
+        forward = relay.relay.forward
+
+        async def recording(conn: Any, method: str, path: str, headers: Any,
+                            b: Any) -> HandlerResponse:
+            if path.startswith(FORWARD_PREFIX):  # (not the session exchanges)
+                relayed_heads.append(tuple(headers))
+            return await forward(conn, method, path, headers, b)
+
+        relay.relay.forward = recording  # type: ignore[method-assign]
+        up = await fwd.open(c, PATH, body(), T)  # untraced
         assert up.status == 200 and up.content_type == "text/event-stream"
-        assert up.hop == NodeHop(1.5, relay_id)  # (what the trace shows: node time, via relay)
         got = b"".join([x async for x in up.chunks()])
         await up.aclose()
+        # A traced request: the provider gets its traceparent; the relay never the trace id.
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+        async def traced_call() -> None:
+            tr = current_trace()
+            assert tr is not None
+            tr.open_attempt(c.peer_id, 1)
+            up = await fwd.open(c, PATH, body(), T)
+            assert up.hop == NodeHop(1.5, relay_id)  # (what the trace shows: node time, relay)
+            assert b"".join([x async for x in up.chunks()]) == got
+            await up.aclose()
+
+        await traced(Tracer(), f"00-{trace_id}-00f067aa0ba902b7-01", Sink(), traced_call)
         assert got.count(b"data: ") == 3 and PROMPT.encode() in got
-        assert engine.bodies == [body()]
-        assert relay.stats.requests_relayed >= 2
-        # What crossed the relay, both ways: never the prompt.
+        assert engine.bodies == [body(), body()]
+        tp = engine.traceparents
+        assert tp[0] is None and tp[1] is not None and tp[1].startswith(f"00-{trace_id}-")
+        assert len(relayed_heads) == 2
+        # A relay cannot tell the traced request from the untraced one by its headers: the
+        # same names, and the sealed trace context has one length.
+        shapes = [sorted((k, len(v)) for k, v in h if k != AUTH_HEADER.lower())
+                  for h in relayed_heads]
+        assert shapes[0] == shapes[1]
+        # What crossed the relay, both ways: never the prompt, never the trace id.
         assert spy.sent and spy.received
-        assert all(PROMPT.encode() not in b for b in spy.sent + spy.received)
+        assert all(PROMPT.encode() not in b and trace_id.encode() not in b
+                   for b in spy.sent + spy.received)
+        assert all(trace_id not in repr(h) and "traceparent" not in repr(h)
+                   for h in relayed_heads)
 
 
 async def test_control_requests_must_be_signed_by_the_controller() -> None:

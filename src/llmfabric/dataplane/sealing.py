@@ -5,10 +5,17 @@ never reused: the replay cache refuses a second use), associated data = the auth
 prefix and path. Response: frames `u32 length | AES-GCM(response key, nonce = counter)`,
 the response key = HMAC(session key, "resp" || request id); a frame's first byte says what it
 is: HEAD (status, content type), DATA, END. A missing END is a truncated response.
+
+Trace context: the request's `traceparent` travels sealed in `x-fabric-sealed-trace`
+(AES-GCM under HMAC(session key, "trace" || request id), the same associated data as the
+body), padded to TRACE_PAD bytes and sent on every request, traced or not, so a relay learns
+neither the trace id (which would link the requests of one trace across relays and hops)
+nor from this header whether a request is traced.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import struct
@@ -33,6 +40,37 @@ def open_body(key: bytes, rid: bytes, aad: bytes, sealed: bytes) -> bytes:
         return AESGCM(key).decrypt(rid, sealed, aad)
     except InvalidTag:
         raise AuthzError("bad_seal", "the sealed request body does not authenticate") from None
+
+
+TRACE_HEADER = "x-fabric-sealed-trace"  # (not X-Fabric-Trace, the id a client gets)
+TRACE_PAD = 64  # a W3C traceparent of version 00 has 55 characters
+_TRACE_MAX = 512  # characters of the header; longer is refused, not decoded
+
+
+def _trace_cipher(key: bytes, rid: bytes) -> AESGCM:
+    return AESGCM(hmac.new(key, b"trace" + rid, hashlib.sha256).digest())
+
+
+def seal_trace(key: bytes, rid: bytes, aad: bytes, traceparent: str) -> str:
+    """`traceparent` ("" for none) sealed for TRACE_HEADER: one message per derived key, so
+    the nonce is fixed; NUL-padded to a multiple of TRACE_PAD."""
+    raw = traceparent.encode()
+    raw += b"\0" * (-len(raw) % TRACE_PAD or (0 if raw else TRACE_PAD))
+    ct = _trace_cipher(key, rid).encrypt(bytes(12), raw, aad)
+    return base64.urlsafe_b64encode(ct).decode()
+
+
+def open_trace(key: bytes, rid: bytes, aad: bytes, value: str) -> str | None:
+    """The `traceparent` sealed in TRACE_HEADER (None: the request is not traced); a value
+    that does not authenticate (a changed or moved header) is a `bad_seal`."""
+    try:
+        if len(value) > _TRACE_MAX:
+            raise ValueError
+        raw = _trace_cipher(key, rid).decrypt(bytes(12), base64.urlsafe_b64decode(value), aad)
+        text = raw.rstrip(b"\0").decode()
+    except (InvalidTag, ValueError):
+        raise AuthzError("bad_seal", "the sealed trace context does not authenticate") from None
+    return text or None
 
 
 def _response_cipher(key: bytes, rid: bytes) -> AESGCM:

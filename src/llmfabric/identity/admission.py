@@ -63,8 +63,10 @@ class Admission(Protocol):
 
     def prove(self, ctx: AdmissionContext) -> bytes: ...
 
-    def check(self, proof: bytes, ctx: AdmissionContext) -> None:
-        """Raise AdmissionError (with the reason) unless `proof` admits ctx.prover_id."""
+    def check(self, proof: bytes, ctx: AdmissionContext) -> str:
+        """Raise AdmissionError (with the reason) unless `proof` admits ctx.prover_id; else
+        return the member the credential vouches for beyond the key ("" when it names none:
+        a PSK proves only that the key holds the network secret)."""
         ...
 
 
@@ -114,12 +116,12 @@ class PskAdmission:
     def prove(self, ctx: AdmissionContext) -> bytes:
         return b"".join(_psk_mac(s, ctx) for s in self._secrets)
 
-    def check(self, proof: bytes, ctx: AdmissionContext) -> None:
+    def check(self, proof: bytes, ctx: AdmissionContext) -> str:
         if len(proof) in (32, 64):
             for i in range(0, len(proof), 32):
                 for s in self._secrets:
                     if hmac.compare_digest(proof[i : i + 32], _psk_mac(s, ctx)):
-                        return
+                        return ""  # (every holder of the secret mints keys: no member)
         raise AdmissionError(
             "pre-shared secret proof does not match: the peer uses another network secret"
         )
@@ -314,7 +316,9 @@ class CertAdmission:
     def prove(self, ctx: AdmissionContext) -> bytes:
         return self._cert.to_json().encode()
 
-    def check(self, proof: bytes, ctx: AdmissionContext) -> None:
+    def check(self, proof: bytes, ctx: AdmissionContext) -> str:
+        """... and return the provider the certificate names (the peer id when it names
+        none: registry/provider.py's verified identity)."""
         cert = MembershipCert.from_json(proof)
         try:
             cert.verify(self._operator, peer_id=ctx.prover_id, network=ctx.network, now=ctx.now)
@@ -322,6 +326,7 @@ class CertAdmission:
             raise AdmissionError(str(exc)) from exc
         if self.revocations is not None:  # (raises CertificateRevoked)
             self.revocations.check(ctx.prover_id, cert.cert_id)
+        return cert.provider or ctx.prover_id
 
 
 ADMISSION_KINDS: dict[str, str] = {

@@ -16,8 +16,11 @@ class TransportConfig:
     # A registration's connection is never closed for idleness or the connection cap, so
     # without a cap sybil keys (free on a PSK network) held connections without bound; the
     # per-source cap is half, as for handshakes, so one host cannot take every slot while a
-    # NATed site's nodes (one public address) still fit. Over a cap: 503, and the client
-    # keeps trying with backoff (and uses its other relays meanwhile).
+    # NATed site's nodes (one public address) still fit. A full relay shares its slots
+    # fairly between parties (net/fair_share.py: certified providers, else /24 or /48
+    # networks): a newcomer whose party holds two fewer than the largest takes that party's
+    # least recently used slot. Over a cap: 503, and the client keeps trying with backoff
+    # (and uses its other relays meanwhile).
     relay_max_clients: int | None = 1024
     relay_max_clients_per_ip: int | None = 512
     connect_timeout: float = 5.0  # TCP connect only (the kernel answers it, not the peer)

@@ -78,9 +78,13 @@ class PeerConnection:
         clock: Clock,
         keepalive: float = 15.0,
         probe: float | None = None,
+        member: str = "",
     ) -> None:
         self.owner = owner
         self.peer_id = peer_id
+        # Who the peer's admission vouches for beyond its key: a certificate's provider (its
+        # peer id when the certificate names none); "" on a PSK network (relay fair shares).
+        self.member = member
         self.dialled = dialled
         self.source = peer_ip(writer.transport)  # what per-address caps count it against
         self._framed = framed

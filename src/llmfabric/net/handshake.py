@@ -159,8 +159,9 @@ async def client_handshake(
     expected_peer: str | None,
     *,
     probe: bool = False,
-) -> tuple[str, FramedReader]:
-    """Run the dialler's side on an established TLS stream; return (server peer id, reader)."""
+) -> tuple[str, FramedReader, str]:
+    """Run the dialler's side on an established TLS stream; return (server peer id, reader,
+    the member its admission proof vouches for: `Admission.check`)."""
     ssl_obj = writer.get_extra_info("ssl_object")
     der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
     if not der:
@@ -218,19 +219,20 @@ async def client_handshake(
         cfg.admission.network, server_id, me, "server", client_nonce, server_nonce, cfg.clock.wall()
     )
     try:
-        cfg.admission.check(proof, sctx)
+        member = cfg.admission.check(proof, sctx)
     except AdmissionError as exc:
         _refuse(writer, f"your admission proof was rejected: {exc}")
         raise HandshakeRefused(f"server failed admission: {exc}", code=_code(exc)) from exc
     writer.write(encode_frame(FrameType.CONFIRM, _pack({})))
     await writer.drain()
-    return server_id, fr
+    return server_id, fr, member
 
 
 async def server_handshake(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cfg: HandshakeConfig
-) -> tuple[str, FramedReader, bool]:
-    """Run the listener's side; return (authenticated client peer id, reader, is a probe).
+) -> tuple[str, FramedReader, bool, str]:
+    """Run the listener's side; return (authenticated client peer id, reader, is a probe,
+    the member its admission proof vouches for: `Admission.check`).
 
     A probe (dial-back check) only proves the identity; the connection is not kept."""
     fr = FramedReader(reader, FrameDecoder())
@@ -276,7 +278,7 @@ async def server_handshake(
         cfg.admission.network, client_id, me, "client", client_nonce, server_nonce, cfg.clock.wall()
     )
     try:
-        cfg.admission.check(proof, ctx)
+        member = cfg.admission.check(proof, ctx)
     except AdmissionError as exc:
         _refuse(writer, f"admission refused: {exc}")
         await writer.drain()
@@ -287,4 +289,4 @@ async def server_handshake(
     writer.write(encode_frame(FrameType.ACCEPT, _pack({"proof": cfg.admission.prove(sctx)})))
     await writer.drain()
     await _expect(fr, FrameType.CONFIRM, cfg)
-    return client_id, fr, auth.get("probe") is True
+    return client_id, fr, auth.get("probe") is True, member

@@ -10,7 +10,9 @@
 - Relay server (TransportConfig.relay=True): requests carrying ``x-llmfabric-relay-to: PEER``
   are forwarded to PEER over its connection, with ``x-llmfabric-origin`` naming the
   authenticated sender; bodies stream both ways under HTTP/2 flow control. RELAY_DGRAM
-  frames are forwarded as RELAYED_DGRAM frames naming the sender.
+  frames are forwarded as RELAYED_DGRAM frames naming the sender. Registrations are capped
+  per source address and in all; a full relay shares its slots fairly between parties
+  (fair_share.py), so a member with many addresses or keys cannot keep newcomers out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import msgpack
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.connection import PeerConnection
 from llmfabric.net.errors import NetError
+from llmfabric.net.fair_share import FairShare, relay_party
 from llmfabric.net.framing import FrameType
 from llmfabric.net.messages import BodyStream, HandlerResponse, Headers
 from llmfabric.net.source_slots import SourceSlots
@@ -71,8 +74,12 @@ class RelayService:
         self._my_relays: set[str] = set()  # relays that accepted our registration
         self._clients: dict[str, str] = {}  # (relay role) peers registered with us -> source
         cfg = transport.config
-        self._client_slots = SourceSlots(cfg.relay_max_clients, cfg.relay_max_clients_per_ip,
+        # Registrations per source address (a hard cap), and in all with fair shares per
+        # party when full (fair_share.py: a party holding two fewer than the largest takes
+        # the largest party's least recently used registration).
+        self._client_slots = SourceSlots(None, cfg.relay_max_clients_per_ip,
                                          on_refused=lambda: transport.stats.drop("relay_full"))
+        self._shares = FairShare(cfg.relay_max_clients)
         self._relaying: Counter[str] = Counter()  # (relay role) open relayed requests, by sender
         self._dialbacks: dict[str, tuple[float, float]] = {}  # peer -> (tokens, when)
         self._dgram_tokens: dict[str, tuple[float, float]] = {}  # sender -> (tokens, when)
@@ -172,9 +179,7 @@ class RelayService:
     def on_closed(self, conn: PeerConnection) -> None:
         if self.t.connection(conn.peer_id) is None:
             self._my_relays.discard(conn.peer_id)
-            source = self._clients.pop(conn.peer_id, None)
-            if source is not None:
-                self._client_slots.give_back(source)
+            self._unregister(conn.peer_id)
             self._notify()
 
     async def check_reachability(self, via: str, addr: str | None = None) -> Reachability:
@@ -229,15 +234,45 @@ class RelayService:
         if path == REGISTER_PATH:
             if not self.t.config.relay:
                 return HandlerResponse(403, (), b"this node is not a relay (start it with relay)")
-            if conn.peer_id not in self._clients:
-                if not self._client_slots.take(conn.source):
-                    log.info("relay full: refused to register %s (from %s)", conn.peer_id,
-                             conn.source or "an unknown address")
-                    return HandlerResponse(503, (), b"relay full: no room for another client"
-                                                    b" (from your address or in all)")
-                self._clients[conn.peer_id] = conn.source
+            if conn.peer_id in self._clients:
+                self._shares.touch(conn.peer_id)
+            elif not self._register(conn):
+                log.info("relay full: refused to register %s (from %s)", conn.peer_id,
+                         conn.source or "an unknown address")
+                return HandlerResponse(503, (), b"relay full: no room for another client"
+                                                b" (from your address, or for your share)")
             return HandlerResponse(200, (), b"registered")
         return HandlerResponse(404, (), f"unknown internal path {path}".encode())
+
+    def _register(self, conn: PeerConnection) -> bool:
+        """Register `conn`'s peer: under the per-source cap, and in a full relay only for a
+        party holding fewer than its share, whose newcomer then takes the place of the
+        largest party's least recently used client (its connection is closed: the client
+        reconnects with backoff and is refused while its party holds the most)."""
+        peer, source = conn.peer_id, conn.source
+        if not self._client_slots.take(source):
+            return False
+        admitted, evicted = self._shares.admit(peer, relay_party(conn.member, source))
+        if not admitted:
+            self._client_slots.give_back(source)
+            self.t.stats.drop("relay_full")
+            return False
+        self._clients[peer] = source
+        if evicted is not None:
+            self.t.stats.drop("relay_evicted")
+            log.info("relay full: %s takes the place of %s (its party held the most)",
+                     peer, evicted)
+            self._unregister(evicted)
+            out = self.t.connection(evicted)
+            if out is not None:
+                self.t.spawn(out.aclose())
+        return True
+
+    def _unregister(self, peer: str) -> None:
+        source = self._clients.pop(peer, None)
+        if source is not None:
+            self._client_slots.give_back(source)
+        self._shares.remove(peer)
 
     def _dialback_allowed(self, peer: str) -> bool:
         """A token bucket per asking peer: DIALBACK_BURST at once (a starting node tries each
@@ -281,6 +316,7 @@ class RelayService:
             reason = ""
         if reason or out is None:
             return HandlerResponse(502, ((RELAY_ERROR, reason),), reason.encode())
+        self._shares.touch(target)  # (the last of its party's clients to make room)
         hdrs = (
             *((k, v) for k, v in headers if k not in (RELAY_TO, ORIGIN)),
             (ORIGIN, conn.peer_id),
@@ -315,6 +351,7 @@ class RelayService:
             # client's own gossip and probes: dropped past the sender's rate)
             self.t.stats.drop("relay_rate")
             return
+        self._shares.touch(dst)
         out.send_routed(FrameType.RELAYED_DGRAM, conn.peer_id, payload)
 
     def _datagram_allowed(self, sender: str) -> bool:

@@ -365,7 +365,7 @@ class TlsTransport(RelayMethods):
     ) -> None:
         set_nodelay(writer)
         try:
-            peer, framed, probe = await server_handshake(reader, writer, self._hs)
+            peer, framed, probe, member = await server_handshake(reader, writer, self._hs)
         except HandshakeRefused as exc:
             self.stats.handshakes_refused[exc.code] += 1
             log.info("refused an inbound connection: %s", exc.reason)
@@ -391,6 +391,7 @@ class TlsTransport(RelayMethods):
                 clock=self.clock,
                 keepalive=self.config.keepalive,
                 probe=self.config.probe_timeout,
+                member=member,
             )
         )
 
@@ -416,7 +417,8 @@ class TlsTransport(RelayMethods):
             raise PeerUnreachable(f"cannot connect to {addr}: {exc or type(exc).__name__}") from exc
         set_nodelay(writer)
         try:
-            peer, framed = await client_handshake(reader, writer, self._hs, expected, probe=probe)
+            peer, framed, member = await client_handshake(reader, writer, self._hs, expected,
+                                                          probe=probe)
         except HandshakeRefused as exc:
             self.stats.handshakes_refused[exc.code] += 1
             await _close_writer(writer)
@@ -437,6 +439,7 @@ class TlsTransport(RelayMethods):
             clock=self.clock,
             keepalive=self.config.keepalive,
             probe=self.config.probe_timeout,
+            member=member,
         )
 
     async def probe(self, addr: str, expected: str) -> None:

@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 
 from llmfabric.dataplane.authz import AuthzError, ProviderSessions, ReplayCache, authorize
 from llmfabric.dataplane.exchange import ExchangeError, answer, finish, offer
-from llmfabric.dataplane.sealing import DATA, END, HEAD, FrameOpener, Sealer, open_body, seal_body
+from llmfabric.dataplane.sealing import (
+    DATA,
+    END,
+    HEAD,
+    FrameOpener,
+    Sealer,
+    open_body,
+    open_trace,
+    seal_body,
+    seal_trace,
+)
 from llmfabric.identity import NodeKey
 
 pytestmark = pytest.mark.unit
@@ -81,6 +91,32 @@ def test_sessions_per_peer_are_capped() -> None:
         sessions.add(answer(PROV, sent.message, 1000.0)[1])
     assert len(sessions) == 3
     assert sessions._sessions.get(honest.kid) is honest
+
+
+@pytest.mark.hostile
+def test_the_sealed_trace_context_hides_the_trace_and_detects_any_change() -> None:
+    """A relay saw each relayed request's `traceparent`: the trace id linked the hops of one
+    trace. Sealed, one length for traced and untraced requests; changed, moved to another
+    request or path, or oversized, it is a bad_seal."""
+    key, rid, aad = b"k" * 32, b"r" * 12, b"prefix\n/path"
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    sealed, none = seal_trace(key, rid, aad, tp), seal_trace(key, rid, aad, "")
+    assert "4bf92f35" not in sealed and len(sealed) == len(none)
+    assert open_trace(key, rid, aad, sealed) == tp and open_trace(key, rid, aad, none) is None
+    flipped = sealed[:5] + ("A" if sealed[5] != "A" else "B") + sealed[6:]
+    for k, r, a, v in ((key, rid, aad, flipped), (key, b"x" * 12, aad, sealed),
+                       (key, rid, b"prefix\n/other", sealed), (key, rid, aad, "%%%"),
+                       (key, rid, aad, "A" * 600)):
+        with pytest.raises(AuthzError, match="trace context"):
+            open_trace(k, r, a, v)
+    # (its key differs from the body's: the same request id is no reused nonce)
+    assert seal_body(key, rid, aad, tp.encode().ljust(64, b"\0")) != base64_decode(sealed)
+
+
+def base64_decode(value: str) -> bytes:
+    import base64
+
+    return base64.urlsafe_b64decode(value)
 
 
 def test_sealing_detects_any_change() -> None:

@@ -26,7 +26,7 @@ def test_psk_proof_verifies_with_same_secret_only():
     wrong = PskAdmission("net", b"w" * 32)
     c = ctx("zA", "zB")
     proof = a.prove(c)
-    b.check(proof, c)
+    assert b.check(proof, c) == ""  # (a PSK vouches for no member beyond the key)
     with pytest.raises(AdmissionError, match="another network secret"):
         wrong.check(proof, c)
 
@@ -59,7 +59,11 @@ def test_membership_cert_admits_the_named_node(operator):
     node = NodeKey.generate()
     cert = sign_membership(operator, node.peer_id, "net", NOW + 3600)
     adm = CertAdmission(operator.public_bytes, cert)
-    adm.check(adm.prove(ctx(node.peer_id, "zV")), ctx(node.peer_id, "zV"))
+    # the member it vouches for (relay fair shares): the peer id when it names no provider
+    assert adm.check(adm.prove(ctx(node.peer_id, "zV")), ctx(node.peer_id, "zV")) == node.peer_id
+    named = CertAdmission(operator.public_bytes, sign_membership(
+        operator, node.peer_id, "net", NOW + 3600, provider="acme"))
+    assert named.check(named.prove(ctx(node.peer_id, "zV")), ctx(node.peer_id, "zV")) == "acme"
     # Round trip through the JSON file format.
     assert MembershipCert.from_json(cert.to_json()) == cert
 

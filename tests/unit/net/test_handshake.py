@@ -56,11 +56,11 @@ Script = Callable[[FramedReader, asyncio.StreamWriter, HandshakeConfig], Awaitab
 
 @contextlib.asynccontextmanager
 async def server_side(cfg: HandshakeConfig) -> AsyncIterator[
-        tuple[asyncio.Task[tuple[str, FramedReader, bool]], asyncio.StreamReader,
+        tuple[asyncio.Task[tuple[str, FramedReader, bool, str]], asyncio.StreamReader,
               asyncio.StreamWriter]]:
     """A plain-TCP listener running server_handshake on its first connection; yields (that
     handshake's task, the client's reader and writer) for the test to drive by hand."""
-    accepted: asyncio.Future[asyncio.Task[tuple[str, FramedReader, bool]]] = (
+    accepted: asyncio.Future[asyncio.Task[tuple[str, FramedReader, bool, str]]] = (
         asyncio.get_running_loop().create_future())
     writers: list[asyncio.StreamWriter] = []
 
@@ -134,8 +134,8 @@ async def test_a_correct_client_is_admitted_and_confirms() -> None:
         frame = await asyncio.wait_for(fr.read_frame(), 10)
         assert frame is not None and frame.type == FrameType.ACCEPT
         writer.write(encode_frame(FrameType.CONFIRM, pack({})))
-        peer, _, probe = await asyncio.wait_for(task, 10)
-    assert peer == client.peer_id and probe is True
+        peer, _, probe, member = await asyncio.wait_for(task, 10)
+    assert peer == client.peer_id and probe is True and member == ""  # (PSK: no member)
 
 
 @pytest.mark.parametrize(("wire", "code"), [
@@ -222,7 +222,7 @@ async def hostile_tls_server(key: NodeKey, script: Script) -> AsyncIterator[tupl
 
 
 async def dial(addr: tuple[str, int], expected: str | None, clock: FakeClock | None = None,
-               network: str = NET) -> tuple[str, FramedReader]:
+               network: str = NET) -> tuple[str, FramedReader, str]:
     key = NodeKey.generate()
     cfg = HandshakeConfig(key, make_self_signed_cert(key), PskAdmission(network, SECRET),
                           clock or FakeClock(), TIMEOUT)

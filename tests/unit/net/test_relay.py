@@ -8,6 +8,7 @@ tests/integration/test_net_*.py."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -29,10 +30,11 @@ class Sender:
 
     peer_id: str
     source: str = "10.0.0.1"  # the address per-source caps count it against
+    member: str = ""  # a certificate's provider (fair shares on certificate networks)
 
 
-def sender(name: str = "asker", source: str = "10.0.0.1") -> PeerConnection:
-    return Sender(name, source)  # type: ignore[return-value]
+def sender(name: str = "asker", source: str = "10.0.0.1", member: str = "") -> PeerConnection:
+    return Sender(name, source, member)  # type: ignore[return-value]
 
 
 class Body:
@@ -93,8 +95,9 @@ async def test_only_a_relay_registers_clients_and_protects_their_connections() -
 async def test_registrations_are_capped_in_all_and_per_source_address() -> None:
     """A registration's connection is never closed for idleness or the connection cap, and
     sybil keys are free on a PSK network: registrations from one address stop at the
-    per-source cap, all of them at the total cap (503, counted), a registered client may
-    register again, and a client that left gives its slot back."""
+    per-source cap, all of them at the total cap (503, counted) unless the newcomer's party
+    holds two fewer than the largest, a registered client may register again, and a client
+    that left gives its slot back."""
     relay = relay_service(relay=True, max_clients=4, max_clients_per_ip=2)
 
     async def register(name: str, source: str) -> int:
@@ -104,17 +107,119 @@ async def test_registrations_are_capped_in_all_and_per_source_address() -> None:
 
     assert [await register(f"sybil{k}", "10.6.6.6") for k in range(3)] == [200, 200, 503]
     assert await register("sybil0", "10.6.6.6") == 200  # already registered: still fine
-    assert await register("site-a", "10.0.0.1") == 200
-    assert await register("site-b", "10.0.0.2") == 200
-    assert await register("site-c", "10.0.0.3") == 503  # four in all
-    assert relay.clients == ("site-a", "site-b", "sybil0", "sybil1")
-    assert not relay.is_protected("sybil2") and not relay.is_protected("site-c")
+    assert await register("site-a", "10.0.1.1") == 200
+    assert await register("site-b", "10.0.2.1") == 200
+    # four in all; site-c's network holds none, the sybils' two: one of them makes room
+    assert await register("site-c", "10.0.3.1") == 200
+    assert relay.clients == ("site-a", "site-b", "site-c", "sybil0")
+    assert await register("site-d", "10.0.4.1") == 503  # every party holds one: full
+    assert not relay.is_protected("sybil1") and not relay.is_protected("site-d")
     assert relay.t.stats.dropped["relay_full"] == 2
+    assert relay.t.stats.dropped["relay_evicted"] == 1
     relay.t.connection = lambda peer: None  # type: ignore[method-assign,assignment,return-value]
-    relay.on_closed(sender("sybil1", "10.6.6.6"))  # its connection is gone: the slot is free
-    assert await register("site-c", "10.0.0.3") == 200
+    relay.on_closed(sender("sybil0", "10.6.6.6"))  # its connection is gone: the slot is free
+    assert await register("site-d", "10.0.4.1") == 200
     assert await register("sybil2", "10.6.6.6") == 503  # the total is full again
-    assert "sybil1" not in relay.clients
+    assert "sybil0" not in relay.clients and len(relay._shares) == 4
+
+
+def relay_with_closes(max_clients: int) -> tuple[RelayService, list[str]]:
+    """A relay whose registered clients' connections record being closed."""
+    relay = relay_service(relay=True, max_clients=max_clients, max_clients_per_ip=None)
+    closed: list[str] = []
+
+    class Conn:
+        def __init__(self, peer: str) -> None:
+            self.peer = peer
+
+        async def aclose(self) -> None:
+            closed.append(self.peer)
+
+    relay.t.connection = lambda peer: Conn(peer)  # type: ignore[method-assign,assignment,return-value]
+    return relay, closed
+
+
+async def register(relay: RelayService, name: str, source: str, member: str = "") -> int:
+    resp = await relay.handle_internal(sender(name, source, member), "POST", REGISTER_PATH,
+                                       Body().stream)
+    return resp.status
+
+
+@pytest.mark.hostile
+async def test_a_member_with_many_addresses_cannot_keep_a_full_relay_from_newcomers() -> None:
+    """PSK network (keys free): an attacker registers sybils from 200 addresses of its /24
+    and 200 IPv6 /64s of its /48 (the per-address cap never bites) and fills the relay: its
+    two networks are two parties, which share the relay between them. Each honest NATed
+    newcomer from another network still gets a slot (the attacker's least recently used
+    registration makes room, its connection closed); honest holders are never evicted while
+    within their share, and the attacker's retries with fresh keys are refused."""
+    relay, closed = relay_with_closes(max_clients=64)
+    v4 = [f"203.0.113.{k}" for k in range(200)]
+    v6 = [f"2001:db8:666:{k:x}::/64" for k in range(200)]
+    statuses = [await register(relay, f"sybil{k}", src) for k, src in enumerate(v4 + v6)]
+    assert statuses[:64] == [200] * 64 and set(statuses[64:200]) == {503}
+    assert statuses[200:232] == [200] * 32 and set(statuses[232:]) == {503}  # 32 / 32
+    await asyncio.sleep(0)  # (the evicted connections' closes run)
+    assert closed == [f"sybil{k}" for k in range(32)]  # its own v4 ones, oldest first
+    relay._shares.touch("sybil32")  # (a relayed request for it: it is not the first to go)
+    honest = [(f"home{k}", f"198.51.{k}.7") for k in range(10)]
+    honest.append(("v6home", "2001:db8:beef:1::/64"))
+    for name, src in honest:
+        assert await register(relay, name, src) == 200
+    await asyncio.sleep(0)
+    made_room = closed[32:]
+    assert len(made_room) == len(honest) and all(n.startswith("sybil") for n in made_room)
+    assert "sybil32" not in made_room and "sybil33" in made_room
+    # The attacker retries with fresh keys from every address it has: refused, and nobody
+    # honest is evicted (each honest party holds one, fewer than the attacker's parties).
+    for k, src in enumerate(v4 + v6):
+        assert await register(relay, f"fresh{k}", src) == 503
+    assert all(name in relay.clients for name, _ in honest)
+    assert len(relay.clients) == 64 and relay.t.stats.dropped["relay_full"] == 304 + 400
+
+
+@pytest.mark.hostile
+async def test_shares_converge_and_honest_holders_within_theirs_stay() -> None:
+    """Two honest sites with four clients each and an attacker with the other 8 of 16 slots:
+    the sites' newcomers take the attacker's slots until no party holds two more than
+    another (6 / 5 / 5); from then on every registration is refused and nobody is evicted. A
+    new party still gets a slot, from the largest party, honest or not."""
+    relay, closed = relay_with_closes(max_clients=16)
+    for k in range(4):
+        assert await register(relay, f"a{k}", "192.0.2.10") == 200
+        assert await register(relay, f"b{k}", "198.51.100.10") == 200
+    for k in range(8):
+        assert await register(relay, f"evil{k}", f"203.0.113.{k}") == 200
+    assert [await register(relay, f"a{k}", "192.0.2.10") for k in range(4, 7)] == [200, 200,
+                                                                                     503]
+    assert await register(relay, "b4", "198.51.100.10") == 200
+    await asyncio.sleep(0)
+    assert closed == ["evil0", "evil1", "evil2"]
+    parties = ("net:192.0.2.0/24", "net:198.51.100.0/24", "net:203.0.113.0/24")
+    assert [relay._shares.held(p) for p in parties] == [6, 5, 5]
+    for name, src in (("b5", "198.51.100.10"), ("a6", "192.0.2.10"),
+                      *((f"evil{k}", f"203.0.113.{k}") for k in range(8, 20))):
+        assert await register(relay, name, src) == 503
+    assert [relay._shares.held(p) for p in parties] == [6, 5, 5]
+    assert await register(relay, "c0", "192.0.3.1") == 200  # a fourth party: a0 makes room
+    await asyncio.sleep(0)
+    assert closed[-1] == "a0" and relay._shares.largest == 5
+
+
+@pytest.mark.hostile
+async def test_on_a_certificate_network_the_share_is_the_provider_not_the_address() -> None:
+    """A provider's sybils from addresses in 50 networks count as one party (the provider
+    its certificate names): an honest provider's newcomer evicts one of them. A member whose
+    certificate names no provider is its own party (its peer id)."""
+    relay, closed = relay_with_closes(max_clients=32)
+    for k in range(50):
+        status = await register(relay, f"evil{k}", f"10.{k}.0.1", member="evil-corp")
+        assert status == (200 if k < 32 else 503)
+    assert await register(relay, "honest", "10.0.0.2", member="good-gpus") == 200
+    assert await register(relay, "solo", "10.0.0.3", member="solo") == 200
+    await asyncio.sleep(0)
+    assert closed == ["evil0", "evil1"]
+    assert relay._shares.held("member:evil-corp") == 30
 
 
 @pytest.mark.parametrize(("is_relay", "registered", "reason"), [

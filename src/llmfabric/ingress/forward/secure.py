@@ -6,8 +6,9 @@
 - `PinnedHttpsForwarder` (direct path): HTTPS to the provider's data-plane listener (the
   host of its published `http_addr`, the port its signed answer named), accepting only the
   certificate of the candidate's node key, each request with its `X-Fabric-Auth`.
-- `SealedPeerForwarder` (peer path, relays): the body sealed end to end, the response read
-  from sealed frames (status and content type inside them), so relays carry ciphertext.
+- `SealedPeerForwarder` (peer path, relays): the body and the trace context sealed end to
+  end, the response read from sealed frames (status and content type inside them), so relays
+  carry ciphertext.
 
 A provider that lost our session (it restarted) answers 401 `unknown_session`: the session
 is dropped, made again, and the request sent once more.
@@ -30,14 +31,22 @@ from llmfabric.dataplane.exchange import (
     finish,
     offer,
 )
-from llmfabric.dataplane.sealing import DATA, END, HEAD, FrameOpener, seal_body
+from llmfabric.dataplane.sealing import (
+    DATA,
+    END,
+    HEAD,
+    TRACE_HEADER,
+    FrameOpener,
+    seal_body,
+    seal_trace,
+)
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward.peer import PeerRequester, PeerResponse, peer_hop
 from llmfabric.ingress.forward.raw import RawHttpForwarder, RawUpstream
 from llmfabric.ingress.observe.node_hop import NodeHop
-from llmfabric.ingress.observe.tracing import downstream_pairs
+from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import read_chunks_capped
 from llmfabric.net.errors import NetError
@@ -283,10 +292,15 @@ class SealedPeerForwarder:
                  or await self._sessions.get(peer, left(timeouts.connect)))
             header, rid = authorize(s, full.encode(), b"", time.time())
             prefix = header[: header.rindex(b".")]
-            sealed = seal_body(s.key, rid, prefix + b"\n" + full.encode(), body)
+            aad = prefix + b"\n" + full.encode()
+            sealed = seal_body(s.key, rid, aad, body)
+            # The trace context sealed too (on every request, traced or not): a relay saw
+            # each request's trace id in a plain `traceparent` and could link a trace's hops.
+            tr = current_trace()
             headers: Sequence[tuple[str, str]] = (
                 ("content-type", "application/octet-stream"),
-                (AUTH_HEADER.lower(), header.decode()), *downstream_pairs())
+                (AUTH_HEADER.lower(), header.decode()),
+                (TRACE_HEADER, seal_trace(s.key, rid, aad, tr.downstream if tr else "")))
             first_by = min(loop.time() + timeouts.first_byte, deadline)
             try:
                 resp = await self._transport.request(peer, "POST", full, headers, sealed,

@@ -27,7 +27,15 @@ from aiohttp import web
 
 from llmfabric.dataplane.authz import AUTH_HEADER, AuthzError, ProviderSessions
 from llmfabric.dataplane.exchange import MAX_MESSAGE, ExchangeError, answer
-from llmfabric.dataplane.sealing import DATA, END, SEALED_TYPE, Sealer, open_body
+from llmfabric.dataplane.sealing import (
+    DATA,
+    END,
+    SEALED_TYPE,
+    TRACE_HEADER,
+    Sealer,
+    open_body,
+    open_trace,
+)
 from llmfabric.identity import NodeKey
 from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.ingress.errors import error_response as http_error
@@ -196,12 +204,18 @@ class DataPlaneServer:
         try:
             ok = self.sessions.verify(header, path, b"", self._now())
             prefix = header[: header.rindex(".")].encode()
-            body = open_body(ok.session.key, ok.rid, prefix + b"\n" + path, sealed)
+            aad = prefix + b"\n" + path
+            body = open_body(ok.session.key, ok.rid, aad, sealed)
+            trace = request.header(TRACE_HEADER)
+            # (sealed, so a relay sees no trace id; a plain `traceparent` comes only from an
+            # ingress older than sealed trace context)
+            traceparent = (open_trace(ok.session.key, ok.rid, aad, trace) if trace is not None
+                           else request.header("traceparent"))
         except AuthzError as exc:
             self._refuse(exc)
             return error_response(401, str(exc), exc.code)
         self.served["sealed"] += 1
-        resp = await engine.serve_body(request.path, body, request.header("traceparent"))
+        resp = await engine.serve_body(request.path, body, traceparent)
         sealer = Sealer(ok.session.key, ok.rid)
         status = resp.status
         ctype = next((v for k, v in resp.headers if k.lower() == "content-type"),
