@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import pathlib
 import random
 from collections import Counter
@@ -338,3 +339,26 @@ async def test_digits_past_the_signed_milliseconds_do_not_make_a_list_newer() ->
     assert served is not None
     assert sync2.held() == advert_of(RevocationList.from_json(served)) == advert_of(rl)
 
+
+@pytest.mark.hostile
+def test_the_saved_copy_is_not_written_through_a_planted_link(tmp_path: pathlib.Path) -> None:
+    """Review 2026-12-02: the copy was written to a fixed temporary name opened with O_CREAT
+    and O_TRUNC, following links: whoever could write the state directory (a shared group:
+    docs/security.md) planted a link there and the node truncated and overwrote the file it
+    pointed to, with the node's rights."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / f".{LEARNT_FILE}.{os.getpid()}.tmp").symlink_to(victim)
+    rl = sign_revocations(OPERATOR, NET, 1_700_000_000.0, [NodeKey.generate().peer_id])
+    save_list(home, rl)
+    assert victim.read_text() == "precious\n"
+    assert not (home / LEARNT_FILE).is_symlink()
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    assert load_saved(home, revs) == rl
+    # a link planted at the copy's own name is replaced, not written through
+    (home / LEARNT_FILE).unlink()
+    (home / LEARNT_FILE).symlink_to(victim)
+    save_list(home, rl)
+    assert victim.read_text() == "precious\n" and not (home / LEARNT_FILE).is_symlink()
