@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import math
 import random
-from collections.abc import Callable, Coroutine, Hashable, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Sequence
 from typing import Any
 
 from llmfabric.clock import Clock
@@ -189,13 +189,14 @@ class GossipAgent:
             and sid != self.session_id
         } - {self.peer_id}
 
-    def purge_peer(self, peer_id: PeerId) -> list[str]:
-        """Drop every session of `peer_id` from the replica (its membership was revoked;
-        Replica.purge_peer) and stop probing and gossiping with it. Our own peer is never
-        purged. Returns the sessions dropped."""
+    def purge_peer(self, peer_id: PeerId, sessions: Iterable[str] | None = None) -> list[str]:
+        """Drop every session of `peer_id` (or only those in `sessions`: a revoked
+        certificate's) from the replica (its membership was revoked; Replica.purge_peer)
+        and stop probing and gossiping with them. Our own peer is never purged. Returns the
+        sessions dropped."""
         if peer_id == self.peer_id:
             return []
-        sids = self.replica.purge_peer(peer_id)
+        sids = self.replica.purge_peer(peer_id, sessions)
         if sids:
             self._members = None  # rebuilt on next use, without them (O(N), once)
             self._members_version += 1

@@ -119,6 +119,14 @@ class RevocationList:
             if isinstance(issued_at, bool) or not isinstance(issued_at, int | float) or not (
                     math.isfinite(issued_at) and issued_at > 0):
                 raise ValueError("issued_at must be a positive, finite number of Unix seconds")
+            # Only the milliseconds are signed (signed_bytes rounds): digits past them are
+            # anyone's to add. Kept, they made a copy of a genuine list "newer" than itself
+            # (a larger issued_at, the same digest): nodes that learnt it advertised a list
+            # they then served rounded (to_json), and every peer backed them off as liars,
+            # which could hold up the next list's spread for up to an hour.
+            issued_at = round(float(issued_at), 3)
+            if issued_at <= 0:
+                raise ValueError("issued_at must be a positive, finite number of Unix seconds")
             peer_ids, cert_ids = _entries(obj, "peer_ids"), _entries(obj, "cert_ids")
             if len(peer_ids) + len(cert_ids) > MAX_REVOKED:
                 raise ValueError(f"more than {MAX_REVOKED} entries")
@@ -136,7 +144,7 @@ class RevocationList:
             operator, signature = obj.get("operator"), obj.get("signature")
             if not isinstance(operator, str) or not isinstance(signature, str):
                 raise ValueError("operator and signature must be base64 strings")
-            return cls(network, float(issued_at), frozenset(peer_ids), frozenset(cert_ids),
+            return cls(network, issued_at, frozenset(peer_ids), frozenset(cert_ids),
                        base64.b64decode(operator, validate=True),
                        base64.b64decode(signature, validate=True))
         except (ValueError, TypeError, RecursionError, OverflowError) as exc:

@@ -510,21 +510,36 @@ class Node:
     def _revoked(self, rl: RevocationList) -> None:
         """A new revocation list is in force (node/revocations.py): its handshakes already
         refuse the revoked members; close their connections, drop their registry sessions
-        and their data-plane session keys. A certificate revoked by id revokes the peers
-        whose records carry it."""
+        and their data-plane session keys. A certificate revoked by id revokes the sessions
+        whose records carry it, not the key's others: a member re-certified under a new
+        certificate keeps its new session (the old one's record, LEFT, is still held for
+        retention: purging every session of the key tombstoned the new one too, and the
+        member was gone from every node's view until it restarted); its connection is
+        closed only while a session on the revoked certificate is not LEFT."""
         agent = self.agent
-        by_cert = {v.record.peer_id for v in agent.nodes.all()
-                   if self.providers.revoked(v.record)} if agent is not None else set()
+        me = self.key.peer_id
         keys = set(rl.peer_ids)
-        if self.key.peer_id in keys | by_cert:
+        by_cert: dict[str, list[str]] = {}  # peer -> its sessions on a revoked certificate
+        running: set[str] = set()  # peers with such a session not LEFT
+        for v in agent.nodes.all() if agent is not None else ():
+            rec = v.record
+            if rec.peer_id not in keys and self.providers.revoked(rec):
+                by_cert.setdefault(rec.peer_id, []).append(rec.session_id)
+                if v.state is not Lifecycle.LEFT:
+                    running.add(rec.peer_id)
+        if me in keys or me in by_cert:
             log.error("this node's own membership is revoked by the operator's revocation "
                       "list (issued at %.3f): other members will refuse it", rl.issued_at)
-        keys.discard(self.key.peer_id)
-        by_cert -= keys | {self.key.peer_id}
+        keys.discard(me)
+        by_cert.pop(me, None)
+        running.discard(me)
         closed = self.transport.refuse_peers(keys)
-        closed += sum(self.transport.disconnect(p) for p in by_cert)
-        dropped = sum(len(agent.purge_peer(p)) for p in keys | by_cert) if agent else 0
-        session_keys = sum(self.dataplane.sessions.drop_peer(p) for p in keys | by_cert)
+        closed += sum(self.transport.disconnect(p) for p in running)
+        dropped = 0
+        if agent is not None:
+            dropped = (sum(len(agent.purge_peer(p)) for p in keys)
+                       + sum(len(agent.purge_peer(p, sids)) for p, sids in by_cert.items()))
+        session_keys = sum(self.dataplane.sessions.drop_peer(p) for p in keys | running)
         log.warning("revocations applied: %d connection(s) closed, %d registry session(s) "
                     "and %d data-plane session key(s) dropped", closed, dropped, session_keys)
 

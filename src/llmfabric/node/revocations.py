@@ -50,6 +50,7 @@ On PSK networks there is no operator key and nothing is advertised, served or fe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import random
@@ -310,7 +311,14 @@ def save_list(home: pathlib.Path, rl: RevocationList) -> None:
     path = home / LEARNT_FILE
     tmp = home / f".{LEARNT_FILE}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # A fresh file, never one found there (O_EXCL, O_NOFOLLOW): O_TRUNC on a link that
+        # someone who may write --home planted at this name overwrote its target with our
+        # rights. A leftover (a crash between open and rename) is removed first; unlink
+        # removes a link, not its target. os.replace swaps the name itself, links included.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(rl.to_json() + "\n")
         os.replace(tmp, path)

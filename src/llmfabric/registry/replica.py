@@ -439,14 +439,16 @@ class Replica:
     def knows(self, session_id: str) -> bool:
         return session_id in self.entries or session_id in self.tombstones
 
-    def purge_peer(self, peer_id: str) -> list[str]:
-        """Drop every session of `peer_id` now, as tombstones (its membership was revoked):
+    def purge_peer(self, peer_id: str, sessions: Iterable[str] | None = None) -> list[str]:
+        """Drop every session of `peer_id` now (or only those of them in `sessions`), as
+        tombstones (its membership, or the certificate those sessions carry, was revoked):
         they leave the views and digests, anti-entropy never asks for them again and later
         items about them are ignored; new sessions of the key are the record policy's to
         refuse. Listeners are told each session is now known as nothing (`Entry(sid)`, no
         record), so followers such as the routing index drop its candidates. Returns the
         sessions dropped."""
-        sids = sorted(self._sessions_of.get(peer_id, ()))
+        held = self._sessions_of.get(peer_id, frozenset())
+        sids = sorted(held if sessions is None else held.intersection(sessions))
         wall = self._clock.wall()
         changes = []
         for sid in sids:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import pathlib
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
+import orjson
 import pytest
 
 from llmfabric.gossip.agent import GossipAgent
@@ -300,3 +302,63 @@ def test_the_list_held_is_kept_under_the_state_directory(tmp_path: pathlib.Path)
     (tmp_path / LEARNT_FILE).write_text(
         sign_revocations(NodeKey.generate(), NET, 1_800_000_000.0).to_json())
     assert load_saved(tmp_path, revs2) is None and revs2.current == newer
+
+
+@pytest.mark.hostile
+async def test_digits_past_the_signed_milliseconds_do_not_make_a_list_newer() -> None:
+    """Review 2026-12-02: only the milliseconds of issued_at are signed. A member that added
+    digits to a genuine list's issue time (t + 0.0004: the signature still verified) had it
+    taken as newer than itself; the node that learnt it advertised (t + 0.0004, digest) but
+    served the list rounded (to_json), so every peer saw a node advertising a list it never
+    served, backed it off as a liar (up to an hour) and kept refetching."""
+    clock = FakeClock()
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    rl = sign_revocations(OPERATOR, NET, 1_700_000_000.123, [NodeKey.generate().peer_id])
+    revs.offer(rl)
+    obj = orjson.loads(rl.to_json())
+    obj["issued_at"] = rl.issued_at + 0.0004
+    padded = orjson.dumps(obj)
+    hostile = NodeKey.generate().peer_id
+    applied: list[RevocationList] = []
+
+    async def fetch(peer: str) -> bytes:
+        return padded
+
+    sync = RevocationSync(revs, clock, lambda: [(hostile, (rl.issued_at + 0.0004, rl.digest))],
+                          fetch, applied.append)
+    assert RevocationList.from_json(padded) == rl  # (the same list: what was signed)
+    assert await sync.step() is False
+    assert sync.held() == advert_of(rl) and revs.current is rl and applied == []
+    assert sync.failed == 1 and sync.candidates() == []  # (the padder is backed off)
+    # a node that holds no list takes it, and advertises what it serves
+    revs2 = Revocations(OPERATOR.public_bytes, NET)
+    sync2 = RevocationSync(revs2, clock, lambda: [(hostile, (rl.issued_at + 0.0004, rl.digest))],
+                           fetch, applied.append)
+    assert await sync2.step() is True
+    served = sync2.answer()
+    assert served is not None
+    assert sync2.held() == advert_of(RevocationList.from_json(served)) == advert_of(rl)
+
+
+@pytest.mark.hostile
+def test_the_saved_copy_is_not_written_through_a_planted_link(tmp_path: pathlib.Path) -> None:
+    """Review 2026-12-02: the copy was written to a fixed temporary name opened with O_CREAT
+    and O_TRUNC, following links: whoever could write the state directory (a shared group:
+    docs/security.md) planted a link there and the node truncated and overwrote the file it
+    pointed to, with the node's rights."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / f".{LEARNT_FILE}.{os.getpid()}.tmp").symlink_to(victim)
+    rl = sign_revocations(OPERATOR, NET, 1_700_000_000.0, [NodeKey.generate().peer_id])
+    save_list(home, rl)
+    assert victim.read_text() == "precious\n"
+    assert not (home / LEARNT_FILE).is_symlink()
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    assert load_saved(home, revs) == rl
+    # a link planted at the copy's own name is replaced, not written through
+    (home / LEARNT_FILE).unlink()
+    (home / LEARNT_FILE).symlink_to(victim)
+    save_list(home, rl)
+    assert victim.read_text() == "precious\n" and not (home / LEARNT_FILE).is_symlink()

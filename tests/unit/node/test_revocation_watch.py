@@ -143,3 +143,73 @@ async def test_a_node_applies_its_revocation_list(tmp_path: pathlib.Path) -> Non
         assert node.transport.refused == {first, second}  # never ourselves
     finally:
         await node.transport.aclose()
+
+
+async def test_a_revoked_certificate_drops_its_sessions_not_the_key_s_new_one(
+        tmp_path: pathlib.Path) -> None:
+    """Review 2026-12-02: a certificate revoked by id purged every session of the key. A
+    member the operator re-certified (new certificate, restarted: a new session) still had
+    its old session's LEFT record held for retention, so the list tombstoned its new,
+    valid session on every node (gone from their views until it restarted again) and closed
+    its connections."""
+    import random
+
+    from llmfabric.gossip.agent import GossipAgent
+    from llmfabric.gossip.config import PRESETS
+    from llmfabric.identity.admission import sign_membership
+    from llmfabric.node.daemon import Node
+    from llmfabric.registry.provider import CertRecordPolicy, ProviderVerifier
+    from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
+    from llmfabric.testing.memnet import MemNet
+
+    lst = tmp_path / "revoked.json"
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_000.0).to_json())
+    node = Node(_cert_node_config(tmp_path, lst))
+    assert node.revocations is not None
+    clock = FakeClock()
+    net = MemNet(clock, seed=2)
+    agents: list[GossipAgent] = []
+
+    async def add(key: NodeKey) -> tuple[GossipAgent, str]:
+        cert = sign_membership(OPERATOR, key.peer_id, NET, 4_000_000_000.0 + len(agents))
+        agent = GossipAgent(
+            net.transport(key.peer_id), clock, key,
+            NodeMeta(provider_id="p", models=(ServedModel("m"),), cert=cert.to_json()),
+            config=PRESETS["local"], seeds=[agents[0].peer_id] if agents else [],
+            rng=random.Random(len(agents)), session_id=None,
+            policy=CertRecordPolicy(ProviderVerifier(OPERATOR.public_bytes, NET, clock.wall,
+                                                     node.revocations)))
+        await agent.start()
+        agent.set_state(Lifecycle.SERVING)
+        agents.append(agent)
+        return agent, cert.cert_id
+
+    try:
+        observer, _ = await add(NodeKey.generate())
+        member = NodeKey.generate()
+        old, old_cert = await add(member)
+        assert await clock.run_until(lambda: len(observer.nodes.routable()) == 2, within=30)
+        await old.aclose()  # the member restarts under its new certificate
+        new, _ = await add(member)
+        assert await clock.run_until(lambda: {v.session_id for v in observer.nodes.all()} == {
+            observer.session_id, old.session_id, new.session_id}
+            and len(observer.nodes.routable()) == 2, within=30)
+
+        node.supervisor._session = observer  # (as if the node ran this session)
+        node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
+                                                cert_ids=[old_cert]))
+        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        assert old.session_id not in observer.replica.entries  # (the revoked certificate's)
+        assert [v.session_id for v in observer.nodes.by_peer(member.peer_id)] == [
+            new.session_id]
+        new.update_self(NodeMeta(provider_id="p2", models=(ServedModel("m"),),
+                                 cert=new.record.meta.cert))
+        await clock.advance(30)
+        view = observer.nodes.get(new.session_id)
+        assert view is not None and view.record.meta.provider_id == "p2"  # (still followed)
+    finally:
+        node.supervisor._session = None
+        for a in agents:
+            await a.aclose()
+        await net.aclose()
+        await node.transport.aclose()
