@@ -14,6 +14,8 @@ Files (one concept each; see docs/network.md for the protocol):
   one at start-up (1,024 is common; a node needs more sockets than that under load).
 - source_slots.py: `SourceSlots` (counts per process and per source address under caps)
   and `HeldSlot` (one connection's slot, given back exactly once).
+- fair_share.py: `FairShare`, a full relay's registrations shared max-min fairly per party
+  (`relay_party`: a certificate's provider, or a source /24 or /48 on PSK networks).
 - framing.py: versioned length-prefixed frames, `FrameDecoder`.
 - connection.py: `PeerConnection`, one authenticated connection: dispatch, keep-alive.
 - h2endpoint.py: an HTTP/2 session (sans-IO h2) carried in frames; two per connection.
