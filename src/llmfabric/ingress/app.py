@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -119,6 +119,19 @@ class Ingress:
         self.tracer = (Tracer(config.keep_traces, rate_per_s=config.trace_rate_per_s)
                        if config.keep_traces > 0 else None)
         self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy/gate.py)
+
+    def resolve_name(self, model: str, providers: frozenset[str] | None
+                     ) -> Sequence[Candidate] | Ambiguous:
+        """The candidates a request naming `model` may go to (routing/filters.py `resolve`):
+        a name this ingress's operator pinned (--model-alias) is that model id's replicas;
+        otherwise one model's candidates, or `Ambiguous` for an alias of several."""
+        target = self._pins.get(model, model) if self._pins else model
+        candidates = self.source.candidates(target)
+        if target != model:
+            return [c for c in candidates if c.model.id == target]
+        if not candidates:
+            return candidates
+        return resolve(candidates, model, providers)
 
     # -- routes --------------------------------------------------------------------------
 
@@ -347,14 +360,10 @@ class Ingress:
         recorder = (RelayRecorder() if stream and continuation_wanted(
             doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
         target = self._pins.get(model, model) if self._pins else model
-        candidates = self.source.candidates(target)
-        if target != model:  # pinned by this ingress's operator (--model-alias): that model's
-            candidates = [c for c in candidates if c.model.id == target]
-        elif candidates:  # one model's candidates; an alias of several is refused (filters.py)
-            resolved = resolve(candidates, model, rreq.providers)
-            if isinstance(resolved, Ambiguous):
-                return self._refuse(model, 409, resolved.message(), "ambiguous_model", "model")
-            candidates = resolved
+        resolved = self.resolve_name(model, rreq.providers)
+        if isinstance(resolved, Ambiguous):
+            return self._refuse(model, 409, resolved.message(), "ambiguous_model", "model")
+        candidates = resolved
         if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
             candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
                                          self._duration)

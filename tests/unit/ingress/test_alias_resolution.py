@@ -144,3 +144,30 @@ def test_routing_and_the_demand_views_resolve_names_alike() -> None:
     assert req.providers is None
     only = candidates_by_model([(r, False) for r in HONEST])
     assert resolve(only["llama"], "llama", None) == only["llama"]
+
+
+async def test_the_budget_reservation_reads_the_context_of_the_model_the_name_resolves_to(
+) -> None:
+    """A request without max_tokens reserves its model's context; that context was the
+    largest any candidate for the name advertised, aliases included. A member listing the
+    honest model's id as its alias, with a context of 1e8, had every such request refused
+    for its budget; a pinned name no member lists reserved 512 (context unknown)."""
+    from dataclasses import replace
+
+    from llmfabric.ingress.tenancy.attach import attach_tenancy
+
+    honest = [replace(r, meta=replace(r.meta, models=(
+        ServedModel(LLAMA, aliases=("llama",), max_context=8192),))) for r in HONEST]
+    squatter = replace(HOSTILE, meta=replace(HOSTILE.meta, models=(
+        ServedModel("mallory-7b", aliases=("llama", LLAMA), max_context=10**8),)))
+    inflater = _rec("y", "mallory", ServedModel(LLAMA, max_context=10**8))
+    ing, _ = _ingress([*honest, squatter, inflater], model_aliases=(("chat", LLAMA),))
+    parts = await attach_tenancy(ing, None, max_inflight=4)
+    assert ing.gate is not None and ing.gate.context_of is not None
+    context_of = ing.gate.context_of
+    assert context_of(LLAMA) == 8192  # (the squatter has no say; the inflater is outvoted)
+    assert context_of("chat") == 8192  # pinned by the operator
+    assert context_of("llama") == 0  # ambiguous: refused with 409 next
+    assert context_of("nobody-serves-this") == 0
+    if parts.budget_sync is not None:
+        parts.budget_sync.cancel()

@@ -19,7 +19,8 @@ from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.gate import TenancyGate
+from llmfabric.ingress.tenancy.gate import TenancyGate, advertised_context
+from llmfabric.routing.filters import Ambiguous
 
 BUDGET_SYNC_S = 2.0
 
@@ -60,9 +61,13 @@ async def attach_tenancy(
         parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
     if parts.budgets is not None or parts.queue is not None:
         def context_of(model: str) -> int:
-            """The model's context: the largest its serving nodes advertise (0: none)."""
-            return max((c.model.max_context for c in ingress.source.candidates(model)),
-                       default=0)
+            """The context of the model the name resolves to, as routing resolves it (pins,
+            ids, aliases: a member listing the model's id as its alias has no say), 0 when
+            none is known or the name is ambiguous (refused with 409 next)."""
+            resolved = ingress.resolve_name(model, None)
+            if isinstance(resolved, Ambiguous):
+                return 0
+            return advertised_context(resolved)
 
         rate = ingress.auth.limiter if isinstance(ingress.auth, AccountsAuth) else None
         ingress.use_gate(TenancyGate(parts.budgets.book if parts.budgets else None,

@@ -13,7 +13,7 @@ owners (accounts.fairqueue), behind three calls the request path makes:
 
 The worst case: the prompt's upper-ish bound (ingress.usage `prompt_token_bound`) plus the
 completion cap: the largest cap field times n, or, without one, the context of the model
-(the largest `max_context` its serving nodes advertise: engines generate up to it), and the
+(`advertised_context`: engines generate up to it), and the
 default only when no node serves the model.
 
 The per-request state lives in a context variable, so the ingress's request path passes
@@ -24,7 +24,7 @@ concurrent requests never mix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -38,6 +38,7 @@ from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.usage import Usage, prompt_token_bound
+from llmfabric.routing.candidates import Candidate
 
 # The completion a request without a cap field is assumed to need when the context of its
 # model is unknown (no node serves it: nothing will be generated).
@@ -109,6 +110,17 @@ def reservation_parts(doc: Mapping[str, Any],
     if n is not None and n > 1:
         cap = min(cap * n, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
     return prompt_token_bound(doc), cap
+
+
+def advertised_context(candidates: Iterable[Candidate]) -> int:
+    """The context a model's replicas advertise (`max_context`), for the reservation of a
+    request without a cap field: the upper median of the positive values (0: none). Honest
+    replicas of one model mostly agree; the largest would let one member that claims a
+    context of 1e8 have every such request refused for its budget, the smallest let one
+    that claims 1 shrink every reservation, and the upper median needs half the replicas
+    for either."""
+    contexts = sorted(c.model.max_context for c in candidates if c.model.max_context > 0)
+    return contexts[len(contexts) // 2] if contexts else 0
 
 
 def _uncapped(doc: Mapping[str, Any]) -> bool:
