@@ -108,6 +108,10 @@ def _own_provider(node: Node) -> Callable[[NodeRecord], bool]:
     (labels and demand are claims any member can make); without it, or on PSK networks,
     where no identity binds a provider name, every record."""
     provider = node.config.provider
+    if provider and not node.config.operator_key:
+        logging.warning("--provider %r: on a network without certificates no identity binds "
+                        "a provider name, so the PD controller binds every live record",
+                        provider)
     if not (node.config.operator_key and provider):
         return lambda _rec: True
     return lambda rec: node.providers.identity(rec) == provider
