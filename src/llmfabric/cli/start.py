@@ -295,7 +295,10 @@ def warn_config(config: NodeConfig) -> None:
 
 def run_node(config: NodeConfig, *, banner: bool = True) -> int:
     """Run a node until SIGTERM/SIGINT (graceful: drain, LEFT) or a fail-stop."""
-    from llmfabric.node.daemon import Node, NodeError
+    from llmfabric.node.daemon import EXIT_REVOKED, Node, NodeError, NodeRevoked
+
+    class _Revoked(click.ClickException):
+        exit_code = EXIT_REVOKED  # (docs/node.md: the node's own key or certificate)
 
     warn_config(config)
     raise_open_file_limit()
@@ -308,6 +311,8 @@ def run_node(config: NodeConfig, *, banner: bool = True) -> int:
     async def main() -> int:
         try:
             node = Node(config)
+        except NodeRevoked as exc:
+            raise _Revoked(str(exc)) from exc
         except (NodeError, ConfigError) as exc:
             raise click.ClickException(str(exc)) from exc
         loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ Files:
   faults.py      FaultState and crash(): crash / hang / slow / fail / log on demand
   kv_publisher.py  the prefix cache's stores/evictions as vLLM's KV-cache events over ZMQ
   pd_role.py     PDRole: prefill/decode roles (--role, /sim/role), vLLM-style
-                 kv_transfer_params handles, the KV handoff's wire bytes and link time
+                 kv_transfer_params handles (single-use, bound to their prompt), the
+                 KV handoff's wire bytes and link time
   torchref/      the torch engine (extra llmfabric[torch]; its __init__ maps its files)
 """

@@ -43,7 +43,15 @@ from llmfabric.engines.http_edge import (
     read_request,
 )
 from llmfabric.engines.kv_publisher import KvEventPublisher, cache_events
-from llmfabric.engines.pd_role import KVLink, PDRequestError, PDRole, parse_handoff, phase_of
+from llmfabric.engines.pd_role import (
+    HandleReused,
+    KVLink,
+    PDRequestError,
+    PDRole,
+    parse_handoff,
+    phase_of,
+    prompt_digest,
+)
 from llmfabric.engines.timing import model_max_context, timing_for
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.memory import max_kv_tokens
@@ -337,8 +345,10 @@ class SimEngine:
         prompt_text = "\n".join(f"{m.role}: {m.text()}" for m in msgs)
         prompt_tokens = sum(text.count_tokens(m.text()) + text.CHAT_MESSAGE_OVERHEAD
                             for m in req.messages)
+        whole = prompt_text if msgs is req.messages else "\n".join(
+            f"{m.role}: {m.text()}" for m in req.messages)
         return await self._generate(request, req, "chat", prompt_text, prompt_tokens, req.limit,
-                                    offset)
+                                    offset, whole)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = await self._body(request, p.CompletionRequest)
@@ -357,6 +367,7 @@ class SimEngine:
             return error_response(400, "the simulated engine takes one prompt per request",
                                   code="invalid_value", param="prompt")
         offset = 0
+        whole = prompt_text
         if isinstance(prompt, str) or isinstance(prompt[0], str):
             # A prompt ending with this engine's own answer to an earlier prompt (a stream
             # continued elsewhere) goes on with the rest of that answer, as an LM would.
@@ -364,11 +375,13 @@ class SimEngine:
             if offset:
                 prompt_tokens = text.count_tokens(prompt_text) + offset
         return await self._generate(request, req, "text", prompt_text, prompt_tokens, req.limit,
-                                    offset)
+                                    offset, whole)
 
     async def _generate(self, request: web.Request, req: p.ChatRequest | p.CompletionRequest,
                         kind: str, prompt_text: str, prompt_tokens: int, limit: int | None,
-                        offset: int = 0) -> web.StreamResponse:
+                        offset: int = 0, whole: str | None = None) -> web.StreamResponse:
+        """`whole`: the prompt as sent (`prompt_text` less a continued answer), which a KV
+        handle is bound to."""
         seed = text.seed_of(prompt_text)
         plan = self._plan(req.model, prompt_tokens, limit, req.ignore_eos, seed, offset)
         if isinstance(plan, web.Response):
@@ -376,8 +389,10 @@ class SimEngine:
         n_tokens, finish = plan
         try:
             phase = phase_of(req.model_extra)
-            handoff = parse_handoff(req.model_extra or {}, prompt_tokens, req.model) \
-                if phase == "decode" else None
+            digest = prompt_digest(kind, prompt_text if whole is None else whole) \
+                if phase is not None else ""
+            handoff = parse_handoff(req.model_extra or {}, prompt_tokens, req.model, digest,
+                                    self.clock.wall()) if phase == "decode" else None
         except PDRequestError as exc:
             return error_response(400, str(exc), code="invalid_value", param="kv_transfer_params")
         refused = self.pd.refusal(phase) if phase is not None else None
@@ -388,6 +403,12 @@ class SimEngine:
         if self.faults.fail_status:
             return error_response(self.faults.fail_status, "simulated engine failure",
                                   type_="server_error", code="simulated_failure")
+        if handoff is not None:
+            try:  # single use: checked and recorded with no await since (see PDRole.take)
+                self.pd.take(handoff)
+            except HandleReused as exc:
+                return error_response(409, str(exc), code="kv_handle_reused",
+                                      param="kv_transfer_params")
         rid = p.new_id("chatcmpl" if kind == "chat" else "cmpl")
         created = p.now_s()
         cached = self._cached_tokens(req.model, prompt_text, prompt_tokens)
@@ -401,7 +422,7 @@ class SimEngine:
             build = p.chat_completion if kind == "chat" else p.text_completion
             reply = build(rid, created, req.model, "".join(parts), finish, prompt_tokens,
                           len(parts))
-            reply["kv_transfer_params"] = self.pd.handle(req.model, prompt_tokens)
+            reply["kv_transfer_params"] = self.pd.handle(req.model, prompt_tokens, digest)
             return json_response(reply)
         if req.stream:
             return await self._stream(request, req, kind, rid, created, seed, tokens,

@@ -32,6 +32,7 @@ from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import AdmissionError, NodeKey, PskAdmission
+from llmfabric.identity.admission import MembershipCert
 from llmfabric.identity.revocation import RevocationList
 from llmfabric.ingress.front.front_limits import front_limits
 from llmfabric.ingress.front.host_check import HostGuard, names_of
@@ -80,10 +81,16 @@ from llmfabric.untrusted import get_logger
 log = get_logger(__name__)
 
 EXIT_TASK_FAILED = 6  # a background task failed beyond its restart policy (docs/node.md)
+EXIT_REVOKED = 7  # the operator's revocation list names this node's key or certificate
 
 
 class NodeError(RuntimeError):
     """The node cannot start or keep running; the message says what to fix."""
+
+
+class NodeRevoked(NodeError):
+    """This node's own key or certificate is on the operator's revocation list (the CLI
+    exits with EXIT_REVOKED)."""
 
 
 class Node:
@@ -147,6 +154,12 @@ class Node:
                 lambda peer: fetch_list(self.transport, peer), self._revoked,
                 held_changed=self._revocations_held, rng=self.rng)
         self._own_cert = own_certificate(config)
+        self._own_cert_id = MembershipCert.from_json(self._own_cert).cert_id \
+            if self._own_cert else ""
+        why = self._own_revocation(self.revocations.current) \
+            if self.revocations is not None else None
+        if why is not None:  # (from the file, or the copy a peer taught us before a restart)
+            raise NodeRevoked(f"{why}; the node does not start (exit status {EXIT_REVOKED})")
         self.inflight = InflightTracker()
         self.metrics = NodeMetrics()
         # One set of gossip counters for the node's life: the agent of a later session (after
@@ -527,9 +540,13 @@ class Node:
                 by_cert.setdefault(rec.peer_id, []).append(rec.session_id)
                 if v.state is not Lifecycle.LEFT:
                     running.add(rec.peer_id)
-        if me in keys or me in by_cert:
-            log.error("this node's own membership is revoked by the operator's revocation "
-                      "list (issued at %.3f): other members will refuse it", rl.issued_at)
+        why = self._own_revocation(rl)
+        if why is not None:
+            # Other members refuse us (handshakes, records): serving on with our last record
+            # helped nobody and kept the operator's revoked node visibly alive.
+            log.error("%s: this node stops serving, announces LEFT while it can and exits "
+                      "with status %d", why, EXIT_REVOKED)
+            self.shut_down(EXIT_REVOKED, force=True)
         keys.discard(me)
         by_cert.pop(me, None)
         running.discard(me)
@@ -542,6 +559,17 @@ class Node:
         session_keys = sum(self.dataplane.sessions.drop_peer(p) for p in keys | running)
         log.warning("revocations applied: %d connection(s) closed, %d registry session(s) "
                     "and %d data-plane session key(s) dropped", closed, dropped, session_keys)
+
+    def _own_revocation(self, rl: RevocationList | None) -> str | None:
+        """Why `rl` revokes this node (its key, or the certificate it publishes), or None. An
+        older session's record on a revoked certificate does not count: the node has since
+        been re-certified."""
+        me = self.key.peer_id
+        if rl is None or not rl.revokes(me, self._own_cert_id):
+            return None
+        what = "key" if me in rl.peer_ids else "certificate"
+        return (f"this node's own membership is revoked: its {what} is on the operator's "
+                f"revocation list (issued at {rl.issued_at:.3f})")
 
     def reload(self) -> None:
         """SIGHUP: re-read the TLS certificate, the network secret file (a rotation:

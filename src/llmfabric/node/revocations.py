@@ -41,6 +41,13 @@ A list handed to one node (its `--revocation-list` file) reaches every node:
   for `BACKOFF_S`, doubling up to `MAX_BACKOFF_S`, per peer id: a member that advertises
   ever newer lists it cannot produce is asked about once an hour at most, and is never
   believed; honest peers that advertise the same list are asked meanwhile.
+- Answers are rate limited per asking peer (`handle`): one answer per peer per
+  `ANSWER_INTERVAL_S` (30 s) for the same list, 429 with `Retry-After` otherwise; a peer
+  asks again for a list held since its last answer at once. The table of askers is
+  bounded (`MAX_ASKERS`): past it, the peer answered longest ago is forgotten first (so at
+  most `MAX_ASKERS` answers per interval, whoever asks). An honest node fetches a list
+  once, so only a peer that asks again for the list it was just given is refused (and
+  backs off as after any failed fetch).
 - The newest list held is kept under the state directory (`LEARNT_FILE` in --home,
   written whole then renamed), so a restarted node keeps what it learnt; it is read back at
   start (a broken or older copy is logged and skipped: the peers teach it again).
@@ -51,6 +58,7 @@ On PSK networks there is no operator key and nothing is advertised, served or fe
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pathlib
 import random
@@ -140,6 +148,8 @@ FETCH_TIMEOUT_S = 10.0  # the whole answer, body included
 BACKOFF_S = 30.0  # a peer whose fetch failed is not asked again for this long, doubling
 MAX_BACKOFF_S = 3600.0
 MAX_TRACKED = 4096  # peers remembered in backoff (admitted members only)
+ANSWER_INTERVAL_S = 30.0  # one answer per asking peer per this long, for the same list
+MAX_ASKERS = 4096  # asking peers remembered for the rate limit
 
 Advert = tuple[float, bytes]  # (issued_at, digest) of a list; NONE: no list
 NONE: Advert = (0.0, b"")
@@ -181,10 +191,14 @@ class RevocationSync:
         self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, delay)
         self._announced: Advert = NONE
         self._served: tuple[RevocationList, bytes] | None = None
+        self._asked: dict[str, tuple[float, Advert]] = {}  # peer -> (answered at, list)
         # counters (tests, logs)
         self.fetches = 0
         self.learnt = 0
         self.failed = 0
+        self.answered = 0
+        self.rate_limited = 0
+        self.askers_evicted = 0
 
     def held(self) -> Advert:
         return advert_of(self.revocations.current)
@@ -276,11 +290,38 @@ class RevocationSync:
         if request.method != "GET":
             return HandlerResponse(405, _JSON, orjson.dumps(
                 {"error": {"message": "GET the revocation list"}}))
+        wait = self._wait(request.peer_id)
+        if wait > 0:
+            self.rate_limited += 1
+            return HandlerResponse(429, (*_JSON, ("retry-after", str(math.ceil(wait)))),
+                                   orjson.dumps({"error": {"message": (
+                                       f"this node answered you its revocation list less "
+                                       f"than {ANSWER_INTERVAL_S:g} s ago")}}))
+        self.answered += 1
         body = self.answer()
         if body is None:
             return HandlerResponse(404, _JSON, orjson.dumps(
                 {"error": {"message": "this node holds no revocation list"}}))
         return HandlerResponse(200, _JSON, body)
+
+    def _wait(self, peer: str) -> float:
+        """Seconds before `peer` may have the list held again (0: answer it now, recorded).
+        Any member could ask in a loop, up to 1 MiB an answer (the body is cached: the
+        cost is bandwidth)."""
+        now, held, asked = self.clock.now(), self.held(), self._asked
+        last = asked.get(peer)
+        if last is not None and last[1] == held and now < last[0] + ANSWER_INTERVAL_S:
+            return last[0] + ANSWER_INTERVAL_S - now
+        asked.pop(peer, None)  # (the table stays in the order peers were answered)
+        while asked:  # oldest first: those answered an interval ago are forgotten
+            first, (at, _) = next(iter(asked.items()))
+            fresh = now < at + ANSWER_INTERVAL_S
+            if fresh and len(asked) < MAX_ASKERS:
+                break
+            self.askers_evicted += fresh  # (a full table of recent askers: the oldest goes)
+            del asked[first]
+        asked[peer] = (now, held)
+        return 0.0
 
     def answer(self) -> bytes | None:
         """The list held, as JSON (cached per list), or None."""

@@ -23,10 +23,14 @@ from llmfabric.gossip.config import PRESETS
 from llmfabric.identity.admission import sign_membership
 from llmfabric.identity.keys import NodeKey
 from llmfabric.identity.revocation import RevocationList, Revocations, sign_revocations
+from llmfabric.net.messages import BodyStream, PeerRequest
+from llmfabric.node import revocations as revocations_mod
 from llmfabric.node.revocations import (
+    ANSWER_INTERVAL_S,
     BACKOFF_S,
     LEARNT_FILE,
     NONE,
+    REVOCATIONS_PATH,
     Advert,
     FetchError,
     RevocationSync,
@@ -41,6 +45,11 @@ from llmfabric.testing.memnet import MemNet
 
 NET = "lab"
 OPERATOR = NodeKey.generate()
+
+
+def _get(peer: str, method: str = "GET") -> PeerRequest:
+    return PeerRequest(peer, method, REVOCATIONS_PATH, (), BodyStream(lambda n: None,
+                                                                      lambda: None))
 
 
 @dataclasses.dataclass
@@ -88,10 +97,13 @@ class Fabric:
             if peer in self.serve:
                 return self.serve[peer]()
             other = self.members[peer].sync
-            body = other.answer() if other is not None else None
-            if body is None:
+            if other is None:
                 raise FetchError("it answered 404")
-            return body
+            resp = await other.handle(_get(me))  # (rate limited per asking peer)
+            if resp.status != 200:
+                raise FetchError(f"it answered {resp.status}")
+            assert isinstance(resp.body, bytes)
+            return resp.body
 
         def apply(rl: RevocationList) -> None:
             for p in rl.peer_ids:
@@ -362,3 +374,54 @@ def test_the_saved_copy_is_not_written_through_a_planted_link(tmp_path: pathlib.
     (home / LEARNT_FILE).symlink_to(victim)
     save_list(home, rl)
     assert victim.read_text() == "precious\n" and not (home / LEARNT_FILE).is_symlink()
+
+
+@pytest.mark.hostile
+async def test_a_peer_asking_for_the_list_in_a_loop_gets_429s(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 2026-12-02, left open (2): any member could ask a node for its list in a loop,
+    up to 1 MiB an answer. One answer per peer per 30 s for the same list; honest fetchers
+    (each asks once per list) are answered, and a newer list is answered at once."""
+    clock = FakeClock()
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    sync = RevocationSync(revs, clock, list, _no_fetch, lambda rl: None)
+    rl = sign_revocations(OPERATOR, NET, clock.wall(), [NodeKey.generate().peer_id])
+    assert revs.offer(rl)
+    hostile, honest = "hostile-peer", [f"honest-{i}" for i in range(50)]
+    first = await sync.handle(_get(hostile))
+    assert first.status == 200 and first.body == rl.to_json().encode()
+    statuses = Counter[int]()
+    for _ in range(1000):
+        r = await sync.handle(_get(hostile))
+        statuses[r.status] += 1
+        assert r.status != 429 or int(dict(r.headers)["retry-after"]) <= ANSWER_INTERVAL_S
+        await clock.advance(0.01)  # (ten seconds of asking)
+    assert statuses == {429: 1000} and sync.rate_limited == 1000
+    for peer in honest:  # meanwhile every honest fetcher gets the list
+        r = await sync.handle(_get(peer))
+        assert r.status == 200 and r.body == rl.to_json().encode()
+    assert (await sync.handle(_get(hostile, "POST"))).status == 405
+    # a newer list: the same peer is answered at once (an honest node fetching it in turn)
+    newer = sign_revocations(OPERATOR, NET, clock.wall() + 1, [NodeKey.generate().peer_id])
+    assert revs.offer(newer)
+    r = await sync.handle(_get(honest[0]))
+    assert r.status == 200 and r.body == newer.to_json().encode()
+    assert (await sync.handle(_get(honest[0]))).status == 429
+    await clock.advance(ANSWER_INTERVAL_S)
+    assert (await sync.handle(_get(hostile))).status == 200  # one answer per interval
+    assert sync.answered == 1 + len(honest) + 2
+
+    # The table of askers is bounded: past it, the peer answered longest ago goes first.
+    monkeypatch.setattr(revocations_mod, "MAX_ASKERS", 8)
+    sync2 = RevocationSync(revs, clock, list, _no_fetch, lambda rl: None)
+    for i in range(20):
+        assert (await sync2.handle(_get(f"p{i}"))).status == 200
+    assert len(sync2._asked) == 8 and sync2.askers_evicted == 12
+    assert (await sync2.handle(_get("p19"))).status == 429
+    await clock.advance(ANSWER_INTERVAL_S)
+    assert (await sync2.handle(_get("p19"))).status == 200
+    assert len(sync2._asked) == 1  # (those answered an interval ago are forgotten)
+
+
+async def _no_fetch(peer: str) -> bytes:
+    raise AssertionError("no fetch expected")

@@ -138,9 +138,141 @@ async def test_a_node_applies_its_revocation_list(tmp_path: pathlib.Path) -> Non
         assert node.providers.revocations is node.revocations
         assert node.admission.revocations is node.revocations  # type: ignore[attr-defined]
         node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
-                                                [first, second, node.key.peer_id]))
+                                                [first, second]))
         node._revoked(node.revocations.current)  # type: ignore[arg-type]
-        assert node.transport.refused == {first, second}  # never ourselves
+        assert node.transport.refused == {first, second}
+        assert node.exit_code == 0 and not node.stopping
+    finally:
+        await node.transport.aclose()
+
+
+def test_a_node_whose_own_key_is_on_the_list_does_not_start(tmp_path: pathlib.Path) -> None:
+    """Review 2026-12-02, left open (3): a node started with its own key (or certificate)
+    on the list, from its file or the copy a peer taught it, came up and served on."""
+    from llmfabric.identity.admission import MembershipCert
+    from llmfabric.node.daemon import EXIT_REVOKED, Node, NodeRevoked
+    from llmfabric.node.revocations import save_list
+
+    lst = tmp_path / "revoked.json"
+    cfg = _cert_node_config(tmp_path, lst)
+    me = NodeKey.load_or_create(tmp_path)[0].peer_id
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_000.0, [me]).to_json())
+    with pytest.raises(NodeRevoked, match="own membership is revoked: its key"):
+        Node(cfg)
+    cert_id = MembershipCert.load(tmp_path / "member.json").cert_id
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_001.0, cert_ids=[cert_id]
+                                    ).to_json())
+    with pytest.raises(NodeRevoked, match="its certificate"):
+        Node(cfg)
+    # a newer list learnt from a peer and kept under --home counts as well
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_002.0).to_json())
+    save_list(tmp_path, sign_revocations(OPERATOR, NET, 1_700_000_003.0, [me]))
+    with pytest.raises(NodeRevoked) as err:
+        Node(cfg)
+    assert f"exit status {EXIT_REVOKED}" in str(err.value)
+
+
+def test_llmfabric_start_exits_with_the_revoked_status(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import click
+
+    from llmfabric.cli.start import run_node
+    from llmfabric.node.daemon import EXIT_REVOKED
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # (the test's own event loop policy)
+    lst = tmp_path / "revoked.json"
+    cfg = _cert_node_config(tmp_path, lst)
+    me = NodeKey.load_or_create(tmp_path)[0].peer_id
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_000.0, [me]).to_json())
+    with pytest.raises(click.ClickException) as err:
+        run_node(cfg, banner=False)
+    assert err.value.exit_code == EXIT_REVOKED and "revoked" in err.value.message
+
+
+async def test_a_node_whose_own_key_is_revoked_leaves_and_exits(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review 2026-12-02, left open (3): a node that learnt a list revoking its own key only
+    logged an error and served on with its last record (other members refused it). It
+    announces LEFT now, while peers that have not learnt the list yet still take it, and
+    stops with its own exit status."""
+    import random
+
+    from llmfabric.gossip.agent import GossipAgent
+    from llmfabric.gossip.config import PRESETS
+    from llmfabric.identity.admission import sign_membership
+    from llmfabric.node.daemon import EXIT_REVOKED, Node
+    from llmfabric.registry.provider import CertRecordPolicy, ProviderVerifier
+    from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
+    from llmfabric.testing.memnet import MemNet
+
+    lst = tmp_path / "revoked.json"
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_000.0).to_json())
+    node = Node(_cert_node_config(tmp_path, lst))
+    assert node.revocations is not None
+    clock = FakeClock()
+    net = MemNet(clock, seed=3)
+    agents: list[GossipAgent] = []
+
+    async def add(key: NodeKey) -> GossipAgent:
+        cert = sign_membership(OPERATOR, key.peer_id, NET, 4_000_000_000.0)
+        agent = GossipAgent(
+            net.transport(key.peer_id), clock, key,
+            NodeMeta(provider_id="p", models=(ServedModel("m"),), cert=cert.to_json()),
+            config=PRESETS["local"], seeds=[agents[0].peer_id] if agents else [],
+            rng=random.Random(len(agents)), session_id=None,
+            policy=CertRecordPolicy(ProviderVerifier(  # (a peer without the list yet)
+                OPERATOR.public_bytes, NET, clock.wall, Revocations(OPERATOR.public_bytes,
+                                                                    NET))))
+        await agent.start()
+        agent.set_state(Lifecycle.SERVING)
+        agents.append(agent)
+        return agent
+
+    try:
+        observer = await add(NodeKey.generate())
+        mine = await add(node.key)
+        assert await clock.run_until(lambda: len(observer.nodes.routable()) == 2, within=30)
+        node.supervisor._session = mine  # (as if the node ran this session)
+        other = NodeKey.generate().peer_id
+        node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
+                                                [other, node.key.peer_id]))
+        caplog.set_level(logging.ERROR, "llmfabric.node.daemon")
+        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        assert node.stopping or node._shutdown is not None
+        assert node.transport.refused == {other}  # never ourselves
+        assert await clock.run_until(lambda: node._stopped.is_set(), within=30)
+        assert await node.wait_stopped() == EXIT_REVOKED == node.exit_code == 7
+        view = observer.nodes.get(mine.session_id)
+        assert view is not None and view.state is Lifecycle.LEFT
+        assert [r for r in caplog.records if "own membership is revoked" in r.getMessage()
+                and f"status {EXIT_REVOKED}" in r.getMessage()]
+    finally:
+        node.supervisor._session = None
+        for a in agents:
+            await a.aclose()
+        await net.aclose()
+        await node.transport.aclose()
+
+
+async def test_an_older_session_on_a_revoked_certificate_does_not_stop_the_node(
+        tmp_path: pathlib.Path) -> None:
+    """Only what the node publishes now counts: a certificate it no longer uses (it was
+    re-certified) being revoked leaves it serving."""
+    from llmfabric.identity.admission import sign_membership
+    from llmfabric.node.daemon import Node
+
+    lst = tmp_path / "revoked.json"
+    lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_000.0).to_json())
+    node = Node(_cert_node_config(tmp_path, lst))
+    try:
+        assert node.revocations is not None
+        old = sign_membership(OPERATOR, node.key.peer_id, NET, 3_900_000_000.0)
+        node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
+                                                cert_ids=[old.cert_id]))
+        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        assert node.exit_code == 0 and not node.stopping
     finally:
         await node.transport.aclose()
 
