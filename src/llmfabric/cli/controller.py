@@ -155,7 +155,7 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
               "verified provider is PROVIDER (repeatable): the provider their membership "
               "certificate names, or on PSK networks their peer id (key fingerprint), as "
               "X-Fabric-Providers matches; with --pd-plan (once) the provider whose nodes "
-              "are bound [default: every member]")
+              "are bound, on certificate networks only [default: every member]")
 @click.option("--once", is_flag=True, help="one round; print the decisions as JSON and exit")
 @click.option("--settle", type=float, default=3.0, show_default=True,
               help="with --bootstrap: seconds to let the replica fill before planning "
