@@ -62,8 +62,11 @@ from llmfabric.node.revocations import (
     Advert,
     RevocationSync,
     RevocationWatch,
+    advertised_lists,
     fetch_list,
     load_saved,
+    own_revocation,
+    revoked_members,
     save_list,
 )
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
@@ -156,7 +159,7 @@ class Node:
         self._own_cert = own_certificate(config)
         self._own_cert_id = MembershipCert.from_json(self._own_cert).cert_id \
             if self._own_cert else ""
-        why = self._own_revocation(self.revocations.current) \
+        why = own_revocation(self.revocations.current, self.key.peer_id, self._own_cert_id) \
             if self.revocations is not None else None
         if why is not None:  # (from the file, or the copy a peer taught us before a restart)
             raise NodeRevoked(f"{why}; the node does not start (exit status {EXIT_REVOKED})")
@@ -510,10 +513,7 @@ class Node:
         """(peer, the list it advertises) of live sessions other than ours that hold one."""
         if self.agent is None:
             return []
-        return [(v.record.peer_id, (m.revocations_at, m.revocations_digest))
-                for v in self.agent.nodes.all(include_left=False)
-                if (m := v.record.meta).revocations_at > 0
-                and v.record.peer_id != self.key.peer_id]
+        return advertised_lists(self.agent.nodes.all(include_left=False), self.key.peer_id)
 
     def _revocations_held(self, rl: RevocationList) -> None:
         """The list held changed (file, SIGHUP, a peer): advertise it and keep a copy."""
@@ -523,33 +523,19 @@ class Node:
     def _revoked(self, rl: RevocationList) -> None:
         """A new revocation list is in force (node/revocations.py): its handshakes already
         refuse the revoked members; close their connections, drop their registry sessions
-        and their data-plane session keys. A certificate revoked by id revokes the sessions
-        whose records carry it, not the key's others: a member re-certified under a new
-        certificate keeps its new session (the old one's record, LEFT, is still held for
-        retention: purging every session of the key tombstoned the new one too, and the
-        member was gone from every node's view until it restarted); its connection is
-        closed only while a session on the revoked certificate is not LEFT."""
+        and their data-plane session keys (`revoked_members`: which). On the list ourselves:
+        leave and exit."""
         agent = self.agent
-        me = self.key.peer_id
-        keys = set(rl.peer_ids)
-        by_cert: dict[str, list[str]] = {}  # peer -> its sessions on a revoked certificate
-        running: set[str] = set()  # peers with such a session not LEFT
-        for v in agent.nodes.all() if agent is not None else ():
-            rec = v.record
-            if rec.peer_id not in keys and self.providers.revoked(rec):
-                by_cert.setdefault(rec.peer_id, []).append(rec.session_id)
-                if v.state is not Lifecycle.LEFT:
-                    running.add(rec.peer_id)
-        why = self._own_revocation(rl)
+        keys, by_cert, running = revoked_members(
+            rl, agent.nodes.all() if agent is not None else (), self.providers.revoked,
+            self.key.peer_id)
+        why = own_revocation(rl, self.key.peer_id, self._own_cert_id)
         if why is not None:
             # Other members refuse us (handshakes, records): serving on with our last record
             # helped nobody and kept the operator's revoked node visibly alive.
             log.error("%s: this node stops serving, announces LEFT while it can and exits "
                       "with status %d", why, EXIT_REVOKED)
             self.shut_down(EXIT_REVOKED, force=True)
-        keys.discard(me)
-        by_cert.pop(me, None)
-        running.discard(me)
         closed = self.transport.refuse_peers(keys)
         closed += sum(self.transport.disconnect(p) for p in running)
         dropped = 0
@@ -559,17 +545,6 @@ class Node:
         session_keys = sum(self.dataplane.sessions.drop_peer(p) for p in keys | running)
         log.warning("revocations applied: %d connection(s) closed, %d registry session(s) "
                     "and %d data-plane session key(s) dropped", closed, dropped, session_keys)
-
-    def _own_revocation(self, rl: RevocationList | None) -> str | None:
-        """Why `rl` revokes this node (its key, or the certificate it publishes), or None. An
-        older session's record on a revoked certificate does not count: the node has since
-        been re-certified."""
-        me = self.key.peer_id
-        if rl is None or not rl.revokes(me, self._own_cert_id):
-            return None
-        what = "key" if me in rl.peer_ids else "certificate"
-        return (f"this node's own membership is revoked: its {what} is on the operator's "
-                f"revocation list (issued at {rl.issued_at:.3f})")
 
     def reload(self) -> None:
         """SIGHUP: re-read the TLS certificate, the network secret file (a rotation:
