@@ -24,6 +24,7 @@ import math
 import os
 import pathlib
 import time
+from collections.abc import Iterable
 
 import click
 
@@ -67,6 +68,25 @@ def _load_or_create(home: pathlib.Path | None, filename: str) -> tuple[NodeKey, 
     except IdentityError as exc:
         raise click.ClickException(str(exc)) from exc
     return key, created, default_home(home) / filename
+
+
+def _check_peer_ids(peer_ids: Iterable[str]) -> None:
+    try:
+        for peer in peer_ids:
+            check_peer_id(peer)
+    except IdentityError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _operator_key(home: pathlib.Path | None) -> NodeKey:
+    """The operator key of HOME (for sign-node and revoke-node), or a click error that says
+    how to create it."""
+    try:
+        return NodeKey.load(default_home(home) / OPERATOR_KEY_FILE)
+    except IdentityError as exc:
+        raise click.ClickException(
+            f"{exc} (create the operator key with `llmfabric keys operator-init`)"
+        ) from exc
 
 
 @keys_group.command("init")
@@ -119,13 +139,8 @@ def sign_node(
 ) -> None:
     """Sign a membership certificate admitting PEER_ID to NETWORK (operator key needed),
     optionally binding it to a provider identity, models and a session cap."""
-    try:
-        check_peer_id(peer_id)
-        operator = NodeKey.load(default_home(home) / OPERATOR_KEY_FILE)
-    except IdentityError as exc:
-        raise click.ClickException(
-            f"{exc} (create the operator key with `llmfabric keys operator-init`)"
-        ) from exc
+    _check_peer_ids([peer_id])
+    operator = _operator_key(home)
     if not (days > 0 and math.isfinite(days)):  # (click's float takes "nan" and "inf")
         raise click.BadParameter("must be a positive number of days", param_hint="--expires")
     now = time.time()
@@ -176,14 +191,8 @@ def revoke_node(
     registry records."""
     if not (peer_ids or cert_files or cert_ids):
         raise click.UsageError("name a PEER_ID to revoke, or a certificate (--cert, --cert-id)")
-    try:
-        for peer in peer_ids:
-            check_peer_id(peer)
-        operator = NodeKey.load(default_home(home) / OPERATOR_KEY_FILE)
-    except IdentityError as exc:
-        raise click.ClickException(
-            f"{exc} (the operator key is created by `llmfabric keys operator-init`)"
-        ) from exc
+    _check_peer_ids(peer_ids)
+    operator = _operator_key(home)
     try:
         certs = set(cert_ids)
         for f in cert_files:
