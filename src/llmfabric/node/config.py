@@ -46,6 +46,17 @@ def parse_hostport(value: str, *, default_host: str = "0.0.0.0") -> tuple[str, i
     return (host or default_host, port)
 
 
+def _comma_list(value: Any) -> tuple[str, ...] | None:
+    """A list option given as one string or a list of strings, each of which may be a
+    comma-separated list (env vars, config files: "a:1,b:2"): the entries, stripped, empty
+    ones dropped; None when VALUE is something else."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        return None
+    return tuple(part.strip() for item in value for part in item.split(",") if part.strip())
+
+
 class NodeConfig(BaseModel):
     # No NaN or infinity anywhere: a ready_timeout_s of NaN waited for an engine forever.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -176,13 +187,9 @@ class NodeConfig(BaseModel):
     @field_validator("bootstrap", mode="before")
     @classmethod
     def _bootstrap(cls, value: Any) -> Any:
-        # Entries may be comma-separated lists (env vars, config files): "a:1,b:2", also as
-        # one string instead of a list.
-        if isinstance(value, str):
-            value = (value,)
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        addrs = _comma_list(value)
+        if addrs is None:
             return value  # the type check names the problem
-        addrs = tuple(part.strip() for item in value for part in item.split(",") if part.strip())
         for addr in addrs:
             parse_hostport(addr, default_host="127.0.0.1")
         return addrs
@@ -190,14 +197,12 @@ class NodeConfig(BaseModel):
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _allowed_hosts(cls, value: Any) -> Any:
-        # Entries may be comma-separated lists (env vars, config files), as for bootstrap.
-        if isinstance(value, str):
-            value = (value,)
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        names = _comma_list(value)
+        if names is None:
             return value  # the type check names the problem
         from llmfabric.ingress.front.host_check import allowed_names
 
-        return allowed_names(value)  # (ValueError names the bad one)
+        return allowed_names(names)  # (ValueError names the bad one)
 
     @field_validator("front_limits")
     @classmethod
