@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -226,29 +226,45 @@ class Usage(NamedTuple):
 # / 4) of the returned text. Such rows are marked estimated in the usage ledger.
 
 
-def _chars(value: Any, depth: int = 0) -> int:
+def _text_sum(value: Any, measure: Callable[[str], float], depth: int = 0) -> float:
+    """MEASURE summed over the texts of a prompt or reply part: a string, the items of a
+    list (its first 10,000), the `text` and `content` of an object; five levels deep."""
     if isinstance(value, str):
-        return len(value)
+        return measure(value)
     if depth > 4:
         return 0
     if isinstance(value, list):
-        return sum(_chars(v, depth + 1) for v in value[:10_000])
+        return sum(_text_sum(v, measure, depth + 1) for v in value[:10_000])
     if isinstance(value, dict):
-        return _chars(value.get("text"), depth + 1) + _chars(value.get("content"), depth + 1)
+        return (_text_sum(value.get("text"), measure, depth + 1)
+                + _text_sum(value.get("content"), measure, depth + 1))
     return 0
 
 
-def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
+def _prompt_tokens(doc: Mapping[str, Any], text_tokens: Callable[[str], float]) -> int:
+    """A request's prompt tokens: TEXT_TOKENS over its texts (rounded up) + 4 per chat
+    message, or the number of token ids of a `prompt`/`input` given as ids."""
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return math.ceil(sum(_chars(m) for m in messages[:10_000]) / 4) + 4 * len(messages)
+        return (math.ceil(sum(_text_sum(m, text_tokens) for m in messages[:10_000]))
+                + 4 * len(messages))
     for key in ("prompt", "input"):
         value = doc.get(key)
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value[:8]):
             return len(value)  # already token ids
         if value is not None:
-            return math.ceil(_chars(value) / 4)
+            return math.ceil(_text_sum(value, text_tokens))
     return 0
+
+
+def _estimated_tokens(text: str) -> float:
+    # (a quarter of an integer is exact in a float: summing these per text gives the
+    # same total as counting the characters first)
+    return len(text) / 4
+
+
+def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
+    return _prompt_tokens(doc, _estimated_tokens)
 
 
 # ---- a prompt's reservation (ingress/tenancy/gate.py) ----------------------------------
@@ -258,35 +274,18 @@ def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
 # emoji: 2) and ASCII four characters a token, as the billing estimate above.
 
 
-def _bound(value: Any, depth: int = 0) -> float:
-    if isinstance(value, str):
-        if value.isascii():
-            return len(value) / 4
-        ascii_chars = len(value.encode("ascii", "ignore"))
-        utf8 = len(value.encode("utf-8", "surrogatepass"))
-        return ascii_chars / 4 + (utf8 - ascii_chars) / 2
-    if depth > 4:
-        return 0.0
-    if isinstance(value, list):
-        return sum(_bound(v, depth + 1) for v in value[:10_000])
-    if isinstance(value, dict):
-        return _bound(value.get("text"), depth + 1) + _bound(value.get("content"), depth + 1)
-    return 0.0
+def _bound_tokens(text: str) -> float:
+    if text.isascii():
+        return len(text) / 4
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    utf8 = len(text.encode("utf-8", "surrogatepass"))
+    return ascii_chars / 4 + (utf8 - ascii_chars) / 2
 
 
 def prompt_token_bound(doc: Mapping[str, Any]) -> int:
     """What a request's prompt is reserved as (an upper-ish bound of its tokens, above):
     `estimate_prompt_tokens` where the text is ASCII, more where it is not."""
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        return math.ceil(sum(_bound(m) for m in messages[:10_000])) + 4 * len(messages)
-    for key in ("prompt", "input"):
-        value = doc.get(key)
-        if isinstance(value, list) and value and all(isinstance(v, int) for v in value[:8]):
-            return len(value)  # already token ids
-        if value is not None:
-            return math.ceil(_bound(value))
-    return 0
+    return _prompt_tokens(doc, _bound_tokens)
 
 
 def estimate_completion_from_body(body: bytes) -> int:
@@ -297,11 +296,12 @@ def estimate_completion_from_body(body: bytes) -> int:
     choices = doc.get("choices") if isinstance(doc, dict) else None
     if not isinstance(choices, list):
         return 0
-    chars = 0
+    tokens = 0.0
     for c in choices[:1000]:
         if isinstance(c, dict):
-            chars += _chars(c.get("text")) + _chars(c.get("message"))
-    return math.ceil(chars / 4)
+            tokens += (_text_sum(c.get("text"), _estimated_tokens)
+                       + _text_sum(c.get("message"), _estimated_tokens))
+    return math.ceil(tokens)
 
 
 def usage_chunk(usage: Usage, model: str, chat: bool, mark_estimated: bool = False) -> bytes:
