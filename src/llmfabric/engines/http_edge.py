@@ -8,6 +8,7 @@ node agent waits for "Uvicorn running on").
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any, TypeVar
 
 import orjson
@@ -72,6 +73,23 @@ async def read_request(
     except pydantic.ValidationError as exc:
         msg, param = p.validation_message(exc)
         return error_response(400, msg, code="invalid_value", param=param)
+
+
+async def read_served_request(
+    request: web.Request, model_cls: type[M], served: Container[str], max_tokens: int,
+    message_tokens: int
+) -> M | web.Response:
+    """read_request, then the 404 of a model this engine does not serve and the 400 of
+    n != 1 (both engines generate one choice a request)."""
+    req = await read_request(request, model_cls, max_tokens, message_tokens)
+    if isinstance(req, web.Response):
+        return req
+    model = getattr(req, "model", "")
+    if model not in served:
+        return model_not_found(model)
+    if getattr(req, "n", 1) != 1:
+        return error_response(400, "only n=1 is supported", code="invalid_value", param="n")
+    return req
 
 
 def model_not_found(model: str) -> web.Response:

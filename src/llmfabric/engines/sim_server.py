@@ -38,9 +38,8 @@ from llmfabric.engines.http_edge import (
     error_response,
     json_response,
     listen,
-    model_not_found,
     read_object,
-    read_request,
+    read_served_request,
 )
 from llmfabric.engines.kv_publisher import KvEventPublisher, cache_events
 from llmfabric.engines.pd_role import (
@@ -299,17 +298,9 @@ class SimEngine:
 
     async def _body(self, request: web.Request, model_cls: type[M]) -> M | web.Response:
         # (a chat message takes CHAT_MESSAGE_OVERHEAD tokens and one or more for its text)
-        req = await read_request(request, model_cls, max(self.max_len.values()),
-                                 text.CHAT_MESSAGE_OVERHEAD + 1)
-        if isinstance(req, web.Response):
-            return req
-        model = getattr(req, "model", "")
-        if model not in self.batchers:
-            return model_not_found(model)
-        if getattr(req, "n", 1) != 1:
-            return error_response(400, "the simulated engine supports only n=1",
-                                  code="invalid_value", param="n")
-        return req
+        return await read_served_request(request, model_cls, self.batchers,
+                                         max(self.max_len.values()),
+                                         text.CHAT_MESSAGE_OVERHEAD + 1)
 
     def _plan(self, model: str, prompt_tokens: int, limit: int | None, ignore_eos: bool,
               seed: int, offset: int = 0) -> tuple[int, str] | web.Response:

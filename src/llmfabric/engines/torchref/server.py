@@ -24,9 +24,8 @@ from llmfabric.engines.http_edge import (
     error_response,
     json_response,
     listen,
-    model_not_found,
     read_object,
-    read_request,
+    read_served_request,
 )
 from llmfabric.engines.torchref.config import ByteTokenizer, StreamDecoder
 from llmfabric.engines.torchref.engine import EngineOptions, FlyingEngine
@@ -133,15 +132,9 @@ class TorchServer:
 
     async def _body(self, request: web.Request, cls: type[M]) -> M | web.Response:
         # (a chat message is at least "<tool>\n": 7 byte tokens)
-        req = await read_request(request, cls, self.engine.options.config.max_model_len,
-                                 MIN_MESSAGE_TOKENS)
-        if isinstance(req, web.Response):
-            return req
-        if getattr(req, "model", "") != self.model:
-            return model_not_found(getattr(req, "model", ""))
-        if getattr(req, "n", 1) != 1:
-            return error_response(400, "only n=1 is supported", code="invalid_value", param="n")
-        return req
+        return await read_served_request(request, cls, (self.model,),
+                                         self.engine.options.config.max_model_len,
+                                         MIN_MESSAGE_TOKENS)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req = await self._body(request, p.ChatRequest)
