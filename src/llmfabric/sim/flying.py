@@ -46,7 +46,7 @@ from llmfabric.sim.hardware import GPUSpec, get_gpu
 from llmfabric.sim.memory import memory_plan
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.parallel import make_deployment
-from llmfabric.sim.results import SLO, ServingResult, build_result
+from llmfabric.sim.results import SLO, ServingResult, build_result, nan_stat
 from llmfabric.sim.switching import (
     Bind,
     Method,
@@ -99,10 +99,7 @@ class FlyingResult:
                            ("priority", self.priority >= p_hi)):
             def stat(a: FloatArray, q: float | None = None, m: npt.NDArray[np.bool_] = mask
                      ) -> float:
-                v = a[m & ~np.isnan(a)]
-                if v.size == 0:
-                    return math.nan
-                return float(v.mean() if q is None else np.percentile(v, q))
+                return nan_stat(a[m], q)
             out[name] = {"n": float(mask.sum()), "mean_ttft_s": stat(s.ttft_s),
                          "p90_ttft_s": stat(s.ttft_s, 90), "mean_tpot_s": stat(s.tpot_s),
                          "mean_e2e_s": stat(s.e2e_s)}

@@ -78,7 +78,8 @@ class ServingResult:
         return {k: float(getattr(self, k)) for k in keys}
 
 
-def _stat(values: FloatArray, q: float | None = None) -> float:
+def nan_stat(values: FloatArray, q: float | None = None) -> float:
+    """The mean (or the q-th percentile) of the values that are not NaN; NaN if none are."""
     v = values[~np.isnan(values)]
     if v.size == 0:
         return math.nan
@@ -147,14 +148,14 @@ def build_result(arrival: FloatArray, input_tokens: IntArray, output_tokens: Int
         duration_s=end - start if n_done else 0.0,
         throughput_rps=n_done / span if n_done else 0.0,
         output_tokens_per_s=out_tokens / span if n_done else 0.0,
-        mean_ttft_s=_stat(ttft),
-        p50_ttft_s=_stat(ttft, 50),
-        p99_ttft_s=_stat(ttft, 99),
-        mean_tpot_s=_stat(tpot),
-        p99_tpot_s=_stat(tpot, 99),
-        mean_e2e_s=_stat(e2e),
-        p50_e2e_s=_stat(e2e, 50),
-        p99_e2e_s=_stat(e2e, 99),
+        mean_ttft_s=nan_stat(ttft),
+        p50_ttft_s=nan_stat(ttft, 50),
+        p99_ttft_s=nan_stat(ttft, 99),
+        mean_tpot_s=nan_stat(tpot),
+        p99_tpot_s=nan_stat(tpot, 99),
+        mean_e2e_s=nan_stat(e2e),
+        p50_e2e_s=nan_stat(e2e, 50),
+        p99_e2e_s=nan_stat(e2e, 99),
         slo_attainment=attainment(ttft, tpot, e2e, slo) if slo is not None else math.nan,
         preemptions=preemptions,
         arrival_s=arrival,
