@@ -13,53 +13,25 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sys
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
-from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle
-from llmfabric.testing.poll import wait_until
+
+from ._local_nodes import LocalNodes, eventually
 
 pytestmark = pytest.mark.slow
 
 SECRET = "resilience-test-secret-0123456789"
 
 
-class Nodes:
-    def __init__(self, root: pathlib.Path) -> None:
-        self.root = root
-        self.nodes: list[Node] = []
-
-    async def start(self, name: str, **opts: Any) -> Node:
-        cfg = build_config({}, {
-            "home": self.root / name, "listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0",
-            "preset": "local", "network_secret": SECRET, "gpu": "cpu", **opts,
-        })
-        node = Node(cfg)
-        self.nodes.append(node)
-        await node.start()
-        return node
-
-    async def aclose(self) -> None:
-        for node in self.nodes:
-            await node.stop(drain=False)
-
-
 @pytest.fixture
-async def fab(tmp_path: pathlib.Path) -> AsyncIterator[Nodes]:
-    nodes = Nodes(tmp_path)
-    try:
+async def fab(tmp_path: pathlib.Path) -> AsyncIterator[LocalNodes]:
+    async with LocalNodes(tmp_path, lambda home: {"network_secret": SECRET}) as nodes:
         yield nodes
-    finally:
-        await nodes.aclose()
-
-
-async def eventually(check: Callable[[], bool], within: float, what: str) -> None:
-    await wait_until(check, within, what, interval=0.1)
 
 
 def knows(node: Node, other: Node) -> bool:
@@ -69,7 +41,7 @@ def knows(node: Node, other: Node) -> bool:
         for v in agent.nodes.all())
 
 
-async def test_a_failed_engine_start_leaves_cleanly_and_peers_forget_it(fab: Nodes) -> None:
+async def test_a_failed_engine_start_leaves_cleanly_and_peers_forget_it(fab: LocalNodes) -> None:
     boot = await fab.start("boot")
     failing = await fab.start(
         "failing", bootstrap=(boot.transport.listen_addr,), ready_timeout_s=30.0,
@@ -93,7 +65,7 @@ async def test_a_failed_engine_start_leaves_cleanly_and_peers_forget_it(fab: Nod
     assert peer not in boot.transport.book  # forgotten: the book does not grow with churn
 
 
-async def test_a_bootstrap_restarted_with_a_new_key_is_found_again(fab: Nodes) -> None:
+async def test_a_bootstrap_restarted_with_a_new_key_is_found_again(fab: LocalNodes) -> None:
     addr = f"127.0.0.1:{free_port()}"
     boot = await fab.start("boot", listen=addr)
     node = await fab.start("node", bootstrap=(addr,))
@@ -108,7 +80,7 @@ async def test_a_bootstrap_restarted_with_a_new_key_is_found_again(fab: Nodes) -
     assert node.agent is not None and node.agent.stats.rebootstraps >= 1
 
 
-async def test_a_nated_node_moves_to_another_relay_when_its_relay_leaves(fab: Nodes) -> None:
+async def test_a_nated_node_moves_to_another_relay_when_its_relay_leaves(fab: LocalNodes) -> None:
     boot = await fab.start("boot")
     boot_addr = boot.transport.listen_addr
     relays = [await fab.start(f"relay{i}", relay=True, bootstrap=(boot_addr,)) for i in (1, 2)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import pathlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,11 +16,11 @@ import pytest
 from llmfabric.identity.admission import encode_public_key, sign_membership
 from llmfabric.identity.keys import NodeKey
 from llmfabric.identity.revocation import sign_revocations
-from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
 from llmfabric.node.revocations import LEARNT_FILE
 from llmfabric.registry.records import Lifecycle
-from llmfabric.testing.poll import wait_until
+
+from ._local_nodes import LocalNodes, eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.hostile]
 
@@ -28,47 +28,19 @@ NET = "lab"
 OPERATOR = NodeKey.generate()
 
 
-class Nodes:
-    def __init__(self, root: pathlib.Path) -> None:
-        self.root = root
-        self.nodes: list[Node] = []
-
-    async def start(self, name: str, **opts: Any) -> Node:
-        home = self.root / name
-        key, _ = NodeKey.load_or_create(home)
-        cert = home / "member.json"
-        cert.write_text(sign_membership(OPERATOR, key.peer_id, NET,
-                                        time.time() + 86400).to_json())
-        cfg = build_config({}, {
-            "home": home, "listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0",
-            "preset": "local", "network": NET, "membership_cert": cert, "gpu": "cpu",
-            "operator_key": encode_public_key(OPERATOR.public_bytes), **opts,
-        })
-        node = Node(cfg)
-        self.nodes.append(node)
-        await node.start()
-        return node
-
-    async def stop(self, node: Node) -> None:
-        await node.stop(drain=False)
-        self.nodes.remove(node)
-
-    async def aclose(self) -> None:
-        for node in self.nodes:
-            await node.stop(drain=False)
+def certified(home: pathlib.Path) -> dict[str, Any]:
+    """A node's options for network NET: its key, certified by OPERATOR."""
+    key, _ = NodeKey.load_or_create(home)
+    cert = home / "member.json"
+    cert.write_text(sign_membership(OPERATOR, key.peer_id, NET, time.time() + 86400).to_json())
+    return {"network": NET, "membership_cert": cert,
+            "operator_key": encode_public_key(OPERATOR.public_bytes)}
 
 
 @pytest.fixture
-async def fab(tmp_path: pathlib.Path) -> AsyncIterator[Nodes]:
-    nodes = Nodes(tmp_path)
-    try:
+async def fab(tmp_path: pathlib.Path) -> AsyncIterator[LocalNodes]:
+    async with LocalNodes(tmp_path, certified) as nodes:
         yield nodes
-    finally:
-        await nodes.aclose()
-
-
-async def eventually(check: Callable[[], bool], within: float, what: str) -> None:
-    await wait_until(check, within, what, interval=0.1)
 
 
 def live_peers(node: Node) -> set[str]:
@@ -78,7 +50,7 @@ def live_peers(node: Node) -> set[str]:
 
 
 async def test_a_list_given_to_one_node_reaches_the_others(
-        fab: Nodes, tmp_path: pathlib.Path) -> None:
+        fab: LocalNodes, tmp_path: pathlib.Path) -> None:
     lst = tmp_path / "revoked.json"
     lst.write_text(sign_revocations(OPERATOR, NET, time.time() - 60).to_json())  # (empty)
     a = await fab.start("a", revocation_list=lst)
