@@ -9,7 +9,9 @@ subnets (10.x, 192.168.x) are used, and only inside the namespaces the lab creat
 
 `wait_for` polls a predicate (through the suite's one polling helper) and fails with the tail
 of every process log; `read_records` reads the JSON-lines files the in-lab clients write;
-`start_stream` runs a client script that streams one completion and marks its first chunks.
+`start_stream` runs a client script that streams one completion and marks its first chunks;
+`keepalive_config` writes the dead-peer tests' keepalive settings (KEEPALIVE: a silent peer is
+dead after DEAD_AFTER_S) as a node's config file.
 """
 
 from __future__ import annotations
@@ -240,6 +242,18 @@ def start_stream(
     while not first.exists() and client.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)  # (the tests time what follows the first chunk)
     return client, first
+
+
+# The dead-peer tests' keepalive (test_dead_*): idle 2 s, then 2 probes 1 s apart.
+KEEPALIVE = {"keepalive_idle_s": 2, "keepalive_interval_s": 1, "keepalive_count": 2}
+DEAD_AFTER_S = (KEEPALIVE["keepalive_idle_s"]
+                + KEEPALIVE["keepalive_interval_s"] * KEEPALIVE["keepalive_count"])
+
+
+def keepalive_config(path: pathlib.Path) -> pathlib.Path:
+    """KEEPALIVE written to `path` as a node's config file (`start --config`)."""
+    path.write_text("".join(f"{k}: {v}\n" for k, v in KEEPALIVE.items()))
+    return path
 
 
 def read_records(path: pathlib.Path) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from ._netns import NetLab, start_stream
+from ._netns import DEAD_AFTER_S, NetLab, keepalive_config, start_stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -37,8 +37,6 @@ ING, PROV = "10.209.1.1", "10.209.1.2"
 INGRESS_HTTP = f"{ING}:8080"
 DATAPLANE_PORT = 8443
 ENGINE_PORT = 18001
-KEEPALIVE = {"keepalive_idle_s": 2, "keepalive_interval_s": 1, "keepalive_count": 2}
-DEAD_AFTER_S = 2 + 1 * 2
 TOKENS = 600
 SPEED = 0.08  # ~0.2 s a token: the stream would last minutes
 
@@ -111,8 +109,7 @@ def test_a_provider_whose_ingress_vanishes_closes_the_stream_within_the_keepaliv
     ing, prov = lab.ns("ing"), lab.ns("prov")
     lab.link(ing, f"{ING}/24", prov, f"{PROV}/24")
 
-    config = tmp_path / "keepalive.yaml"
-    config.write_text("".join(f"{k}: {v}\n" for k, v in KEEPALIVE.items()))
+    config = keepalive_config(tmp_path / "keepalive.yaml")
     common = ["--network-secret", secrets.token_urlsafe(24), "--preset", "local"]
     home = tmp_path / "ingress"
     lab.popen(

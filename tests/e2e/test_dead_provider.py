@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from ._netns import NetLab, start_stream
+from ._netns import DEAD_AFTER_S, NetLab, keepalive_config, start_stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,8 +39,6 @@ MODEL = "llama-3.1-8b"
 ING = {"a": "10.208.1.1", "b": "10.208.2.1"}
 PROV = {"a": "10.208.1.2", "b": "10.208.2.2"}
 INGRESS_HTTP = f"{ING['a']}:8080"
-KEEPALIVE = {"keepalive_idle_s": 2, "keepalive_interval_s": 1, "keepalive_count": 2}
-DEAD_AFTER_S = 2 + 1 * 2
 TOKENS = 80
 SPEED = 0.08  # ~0.2 s a token: ~16 s of stream, the cut comes within its first seconds
 
@@ -152,8 +150,7 @@ def test_a_stream_whose_provider_vanishes_continues_within_the_keepalive_bound(
         lab.run(ns, "ip", "route", "add", "default", "via", ING[side])
     lab.run(ing, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
-    config = tmp_path / "ingress.yaml"
-    config.write_text("".join(f"{k}: {v}\n" for k, v in KEEPALIVE.items()))
+    config = keepalive_config(tmp_path / "ingress.yaml")
     common = ["--network-secret", secrets.token_urlsafe(24), "--preset", "local"]
     home = tmp_path / "ingress"
     lab.popen(
