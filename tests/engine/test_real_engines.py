@@ -224,6 +224,28 @@ def test_stream_usage_is_the_engines_own_count(real: Setup) -> None:
     assert row["estimated_requests"] == (2 if real.kind == "llama-cpp-python" else 0)
 
 
+PF_EXITING = 0x4  # (include/linux/sched.h: the task is exiting)
+SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def killed(pid: int) -> bool:
+    """Gone, a zombie, exiting, or with a SIGKILL pending: a process the reaper has killed,
+    even while the kernel still tears it down (a process with GBs mapped can stay in state
+    R for over a second after SIGKILL, longer on a loaded machine)."""
+    if not alive(pid):
+        return True
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    if int(stat.rsplit(")", 1)[1].split()[6]) & PF_EXITING:
+        return True
+    pending = [int(line.split()[1], 16) for line in status.splitlines()
+               if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & SIGKILL_BIT for mask in pending)
+
+
 def test_engine_killed_children_reaped_no_failed_request(real: Setup) -> None:
     pid = real.a.get_json("/v1/fabric/self")["engine_process"]["pid"]
     tree = (pid, *descendants(pid))
@@ -239,9 +261,13 @@ def test_engine_killed_children_reaped_no_failed_request(real: Setup) -> None:
         time.sleep(0.5)
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
-        while any(alive(p) for p in tree) and time.monotonic() - t0 < 2.0:
+        while any(not killed(p) for p in tree) and time.monotonic() - t0 < 2.0:
             time.sleep(0.05)
-        assert not [p for p in tree if alive(p)], "engine children outlived it by > 2 s"
+        assert not [p for p in tree if not killed(p)], "engine children not killed within 2 s"
+        # (a killed vLLM EngineCore may take seconds to free its memory and go)
+        while any(alive(p) for p in tree) and time.monotonic() - t0 < 30.0:
+            time.sleep(0.05)
+        assert not [p for p in tree if alive(p)], "killed engine children still there after 30 s"
         results = [f.result() for f in futures]  # raises if any request failed
     assert len(results) == 24
     assert real.a.proc.wait(60) == 5  # --on-engine-exit leave
