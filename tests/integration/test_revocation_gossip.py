@@ -77,8 +77,8 @@ async def test_a_list_given_to_one_node_reaches_the_others(
     await eventually(lambda: all(learnt(n) for n in (a, b, c)), 30,
                      "B and C learnt the list from a peer and dropped the revoked member")
     for n in (b, c):
-        assert n.revocation_sync is not None and n.revocation_sync.learnt == 1
-        assert n.revocation_sync.failed == 0
+        assert n.revoking is not None and n.revoking.sync.learnt == 1
+        assert n.revoking.sync.failed == 0
         await eventually(lambda n=n: (n.config.home / LEARNT_FILE).exists(), 10,  # type: ignore[misc]
                          "the list is kept in the state directory")
         assert n.agent is not None and n.agent.record.meta.revocations_at == rl.issued_at

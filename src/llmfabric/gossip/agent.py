@@ -28,8 +28,9 @@ from typing import Any
 from llmfabric.clock import Clock
 from llmfabric.gossip.antientropy import AntiEntropy
 from llmfabric.gossip.broadcast import BroadcastQueue
-from llmfabric.gossip.changes import evicted, is_minor, membership_changed
+from llmfabric.gossip.changes import is_minor
 from llmfabric.gossip.config import PRESETS, GossipConfig
+from llmfabric.gossip.members import AgentMembers
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.gossip.wire import (
     Ack,
@@ -103,6 +104,10 @@ class GossipAgent:
                                rejected=self.stats.rejected, trust=self.config.trust,
                                policy=policy, own_peer=signer.peer_id)
         self.nodes = NodeRegistry(self.replica)
+        # The sessions we probe and gossip with, and the evicted ones to reconnect to
+        # (members.py), following every replica change.
+        self.membership = AgentMembers(self.replica, self.owner.session_id,
+                                       transport.local_id)
         self.models = ModelRegistry(self.replica)
         self.queue = BroadcastQueue(self.config.max_queued)
         self.suspicion = SuspicionTracker(clock, self.config)
@@ -112,20 +117,13 @@ class GossipAgent:
             round_interval_s=self.config.sync_interval_s)
         self.prober = Prober(
             clock, self.config, self.rng, local_peer=transport.local_id,
-            members=self.members, send=self._send, piggyback=self._piggyback,
+            members=self.membership.current, send=self._send, piggyback=self._piggyback,
             on_suspect=self._suspect, heard_from=self._heard_from,
-            members_version=lambda: self._members_version,
+            members_version=lambda: self.membership.version,
         )
         self._last_heard: dict[str, float] = {}  # sender session -> when we last heard it
         self.evicted = False
         self._evicted_cbs: list[Callable[[], None]] = []
-        # Membership changes only on a new session, a LEFT/eviction or a first record; the
-        # set is built once and then updated per change in O(1) (`_on_change`): rebuilding it
-        # per membership change was O(N) per node, O(N^2) for a fleet.
-        self._members: MemberSet | None = None
-        self._members_version = 0  # bumped with every membership change
-        # Sessions evicted (failed, not left) that we still hold: reconnect candidates.
-        self._evicted_sids: set[str] = set()
         self._self_check_scheduled = False
         # The gossip and suspicion loops sleep on these while they have nothing to do, instead
         # of waking every tick (idle, that was 17 of a node's 18 wake-ups per second).
@@ -151,22 +149,15 @@ class GossipAgent:
     def members(self) -> MemberSet:
         """Sessions we probe and gossip with: every known non-LEFT session but our own (kept
         up to date by the agent: read it, do not change it)."""
-        if self._members is None:
-            own = self.session_id
-            self._members = MemberSet(
-                Member(sid, e.record.record.peer_id)
-                for sid, e in self.replica.entries.items()
-                if e.record is not None and e.state is not Lifecycle.LEFT and sid != own
-            )
-        return self._members
+        return self.membership.current()
 
     def member_peers(self) -> list[PeerId]:
         """The peers of `members()`, sorted (a fresh list, O(N): not for hot paths)."""
-        return sorted({m.peer_id for m in self.members()} - {self.peer_id})
+        return self.membership.peers()
 
     def _random_peers(self, k: int) -> list[PeerId]:
         """Up to k distinct member peers at random (O(k))."""
-        return [m.peer_id for m in self.members().sample(self.rng, k, skip_peers=(self.peer_id,))]
+        return self.membership.sample(self.rng, k)
 
     def adopt(self, base: ReplicaBase, members: MemberSet) -> None:
         """Simulations: start from a shared converged state (`Replica.adopt`) and a shared
@@ -175,10 +166,7 @@ class GossipAgent:
         if self._running:
             raise RuntimeError("adopt() before start()")
         self.replica.adopt(base)
-        self._members = members.fork()
-        self._members.discard(Member(self.session_id, self.peer_id))
-        self._members_version += 1
-        self._evicted_sids = set(base.evicted)
+        self.membership.adopt(members, base.evicted)
 
     def live_peers(self) -> set[PeerId]:
         """Peers with a session that is neither LEFT nor suspected (our own peer excluded)."""
@@ -191,17 +179,9 @@ class GossipAgent:
 
     def purge_peer(self, peer_id: PeerId, sessions: Iterable[str] | None = None) -> list[str]:
         """Drop every session of `peer_id` (or only those in `sessions`: a revoked
-        certificate's) from the replica (its membership was revoked; Replica.purge_peer)
-        and stop probing and gossiping with them. Our own peer is never purged. Returns the
-        sessions dropped."""
-        if peer_id == self.peer_id:
-            return []
-        sids = self.replica.purge_peer(peer_id, sessions)
-        if sids:
-            self._members = None  # rebuilt on next use, without them (O(N), once)
-            self._members_version += 1
-            self._evicted_sids.difference_update(sids)
-        return sids
+        certificate's) and stop probing and gossiping with them (AgentMembers.purge_peer).
+        Our own peer is never purged. Returns the sessions dropped."""
+        return self.membership.purge_peer(peer_id, sessions)
 
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(change)` on every change of the local replica."""
@@ -407,21 +387,7 @@ class GossipAgent:
         self.queue.heard_again(("r", sid), sig)
 
     def _on_change(self, change: Change) -> None:
-        if membership_changed(change):
-            self._members_version += 1
-            after = change.after
-            e = after if after.record is not None else change.before
-            if self._members is not None and e is not None and e.record is not None:
-                m = Member(change.session_id, e.record.record.peer_id)
-                if (after.record is not None and after.state is not Lifecycle.LEFT
-                        and change.session_id != self.session_id):
-                    self._members.add(m)
-                else:
-                    self._members.discard(m)
-        if evicted(change.after):
-            self._evicted_sids.add(change.session_id)
-        else:
-            self._evicted_sids.discard(change.session_id)
+        self.membership.on_change(change)
         self.suspicion.observe(change.after)
         if self.suspicion.since:
             self._suspected.set()
@@ -575,21 +541,8 @@ class GossipAgent:
         """Peers with a session evicted (failed, not left) within the reconnect window and
         no session that is a member now: after a long partition both sides evicted each
         other and nobody would ever contact the other side again."""
-        wall = self.clock.wall()
-        members = self.members()
-        out = set()
-        for sid in list(self._evicted_sids):  # O(evicted sessions), not O(replica)
-            e = self.replica.entries.get(sid)
-            if e is None or not evicted(e):  # compacted by GC
-                self._evicted_sids.discard(sid)
-                continue
-            assert e.evict is not None and e.record is not None
-            peer = e.record.record.peer_id
-            if wall - e.evict.issued_at <= self.config.reconnect_window_s and peer != (
-                    self.peer_id) and not any(Member(s, peer) in members
-                                              for s in self.replica.peer_sessions(peer)):
-                out.add(peer)
-        return sorted(out)
+        return self.membership.reconnect_candidates(self.clock.wall(),
+                                                    self.config.reconnect_window_s)
 
     async def _reconnect_loop(self) -> None:
         while True:

@@ -7,6 +7,8 @@ Files (one concept each; see docs/network.md for the protocol):
   peer-id pinning, datagrams, the peer request API, bootstrap with backoff.
 - limits.py: `ConnectionLimits`, idle-connection closing and the open-connection cap.
 - serving.py: `serve_request`, one incoming request (relay origin, internal paths, handler).
+- opener.py: `ConnectionOpener`, an authenticated `PeerConnection` from a TLS stream, both
+  ways (`dial`, `accept`): tlsstream + handshake, refused handshakes counted by code.
 - handshake.py: TLS contexts and the application handshake (client signature, admission).
 - tlsstream.py: TLS stream open/serve with a small receive buffer (memory per connection);
   the server counts connections mid-handshake against caps from TCP accept on.

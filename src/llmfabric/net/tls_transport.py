@@ -23,13 +23,12 @@ from typing import Any
 
 from llmfabric.clock import Clock, SystemClock, with_timeout
 from llmfabric.identity.admission import Admission
-from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.identity.keys import NodeKey
-from llmfabric.net.addressbook import AddressBook, host_addrs, parse_addr
+from llmfabric.net.addressbook import AddressBook, host_addrs
 from llmfabric.net.backoff import Backoff
 from llmfabric.net.bootstrap import run_bootstrap
 from llmfabric.net.config import TransportConfig as TransportConfig
-from llmfabric.net.connection import PeerConnection, set_nodelay
+from llmfabric.net.connection import PeerConnection
 from llmfabric.net.errors import (
     HandshakeRefused,
     NetError,
@@ -38,13 +37,6 @@ from llmfabric.net.errors import (
     RequestFailed,
 )
 from llmfabric.net.framing import FrameType
-from llmfabric.net.handshake import (
-    HandshakeConfig,
-    client_handshake,
-    client_ssl_context,
-    server_handshake,
-    server_ssl_context,
-)
 from llmfabric.net.limits import ConnectionLimits
 from llmfabric.net.messages import (
     Body,
@@ -53,12 +45,13 @@ from llmfabric.net.messages import (
     PeerResponse,
     RequestHandler,
 )
+from llmfabric.net.opener import ConnectionOpener
 from llmfabric.net.relay import RelayService
 from llmfabric.net.relay_methods import RelayMethods
 from llmfabric.net.serving import RELAY_ERROR, RELAY_TO, serve_request
 from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.stats import NetStats
-from llmfabric.net.tlsstream import open_tls, start_tls_server
+from llmfabric.net.tlsstream import start_tls_server
 from llmfabric.net.transport import MessageHandler, PeerId, Transport
 from llmfabric.untrusted import get_logger
 
@@ -84,12 +77,9 @@ class TlsTransport(RelayMethods):
         self.rng = rng or random.Random()
         self.stats = NetStats()
         self.book = AddressBook()
-        self._cert = make_self_signed_cert(key)
-        self._hs = HandshakeConfig(
-            key, self._cert, admission, self.clock, self.config.handshake_timeout
-        )
-        self._client_ctx = client_ssl_context()
-        self._server_ctx = server_ssl_context(key, self._cert)
+        # TLS and the application handshake, both ways (opener.py)
+        self.opener = ConnectionOpener(self, key, admission, self.config, self.clock,
+                                       self.stats)
         self._server: asyncio.Server | None = None
         self._bound: str | None = None
         self._guessed: tuple[str, ...] | None = None
@@ -284,7 +274,7 @@ class TlsTransport(RelayMethods):
         if self.config.host is None or self._server is not None:
             return
         self._server = await start_tls_server(
-            self._on_accept, self.config.host, self.config.port, self._server_ctx,
+            self._on_accept, self.config.host, self.config.port, self.opener.server_ctx,
             handshake_timeout=self.config.handshake_timeout, slots=self.handshaking,
         )
         sock = self._server.sockets[0].getsockname()
@@ -363,84 +353,16 @@ class TlsTransport(RelayMethods):
     async def _accept(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: HeldSlot
     ) -> None:
-        set_nodelay(writer)
-        try:
-            peer, framed, probe, member = await server_handshake(reader, writer, self._hs)
-        except HandshakeRefused as exc:
-            self.stats.handshakes_refused[exc.code] += 1
-            log.info("refused an inbound connection: %s", exc.reason)
-            await _close_writer(writer)
-            return
-        except (ConnectionError, OSError, TimeoutError):
-            self.stats.handshakes_refused["closed"] += 1
-            await _close_writer(writer)
-            return
-        finally:
-            slot.release()
-        self.stats.handshakes_ok += 1
-        if probe:
-            await _close_writer(writer)
-            return
-        self._register(
-            PeerConnection(
-                self,
-                framed,
-                writer,
-                peer,
-                dialled=False,
-                clock=self.clock,
-                keepalive=self.config.keepalive,
-                probe=self.config.probe_timeout,
-                member=member,
-            )
-        )
+        conn = await self.opener.accept(reader, writer, slot)
+        if conn is not None:
+            self._register(conn)
 
     async def _open(
         self, addr: str, expected: str | None, *, probe: bool = False
     ) -> PeerConnection:
         if self._closing:
             raise PeerUnreachable("transport is closing")
-        try:
-            host, port = parse_addr(addr)
-        except ValueError as exc:
-            raise PeerUnreachable(str(exc)) from exc
-        try:
-            reader, writer = await open_tls(
-                host,
-                port,
-                self._client_ctx,
-                self.clock,
-                self.config.connect_timeout,
-                self.config.handshake_timeout,
-            )
-        except (OSError, TimeoutError) as exc:
-            raise PeerUnreachable(f"cannot connect to {addr}: {exc or type(exc).__name__}") from exc
-        set_nodelay(writer)
-        try:
-            peer, framed, member = await client_handshake(reader, writer, self._hs, expected,
-                                                          probe=probe)
-        except HandshakeRefused as exc:
-            self.stats.handshakes_refused[exc.code] += 1
-            await _close_writer(writer)
-            raise
-        except (ConnectionError, OSError) as exc:
-            await _close_writer(writer)
-            raise PeerUnreachable(f"connection to {addr} failed in handshake: {exc}") from exc
-        except BaseException:
-            await _close_writer(writer)
-            raise
-        self.stats.handshakes_ok += 1
-        return PeerConnection(
-            self,
-            framed,
-            writer,
-            peer,
-            dialled=True,
-            clock=self.clock,
-            keepalive=self.config.keepalive,
-            probe=self.config.probe_timeout,
-            member=member,
-        )
+        return await self.opener.dial(addr, expected, probe=probe)
 
     async def probe(self, addr: str, expected: str) -> None:
         """Dial `addr`, check it answers as `expected`, close. Raises NetError on failure."""
@@ -621,8 +543,3 @@ def _discard_from(tasks: set[asyncio.Task[Any]], stats: NetStats) -> Any:
 
     return cb
 
-
-async def _close_writer(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        writer.close()
-        await with_timeout(SystemClock(), writer.wait_closed(), 1.0)

@@ -33,7 +33,6 @@ from llmfabric.gossip.config import preset
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import AdmissionError, NodeKey, PskAdmission
 from llmfabric.identity.admission import MembershipCert
-from llmfabric.identity.revocation import RevocationList
 from llmfabric.ingress.front.front_limits import front_limits
 from llmfabric.ingress.front.host_check import HostGuard, names_of
 from llmfabric.ingress.front.web_app import host_middleware
@@ -58,17 +57,7 @@ from llmfabric.node.engine.role import EngineRole, refuse_controller
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
-from llmfabric.node.revocations import (
-    Advert,
-    RevocationSync,
-    RevocationWatch,
-    advertised_lists,
-    fetch_list,
-    load_saved,
-    own_revocation,
-    revoked_members,
-    save_list,
-)
+from llmfabric.node.revocation_follow import follow_revocations
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.http_api import FleetAuth, add_node_routes
 from llmfabric.node.serve.link_service import LinkService
@@ -124,9 +113,8 @@ class Node:
         self.tls = (ServerTls(config.tls_cert, config.tls_key)
                     if config.tls_cert is not None and config.tls_key is not None else None)
         # The operator's revocation list (certificate networks), shared by the handshake's
-        # admission and the registry's record check; read from --revocation-list (followed
-        # by `revocation_watch`) and the state directory, learnt from peers and passed on
-        # (`revocation_sync`).
+        # admission and the registry's record check; read from --revocation-list and the
+        # state directory, learnt from peers and passed on (`revoking`, below).
         self.revocations = revocations_from_config(config)
         self.admission = admission_from_config(config, self.revocations)
         host, port = parse_hostport(config.listen)
@@ -139,28 +127,18 @@ class Node:
         # Who a record's provider really is (certificate or key fingerprint), for the
         # replica's record policy and the ingress allowlist (registry.provider).
         self.providers = provider_verifier(config, self.clock.wall, self.revocations)
-        self.revocation_watch: RevocationWatch | None = None
-        if self.revocations is not None and config.revocation_list is not None:
-            self.revocation_watch = RevocationWatch(
-                config.revocation_list, self.revocations, self.clock, self._revoked)
-            try:
-                self.revocation_watch.load_initial()
-            except AdmissionError as exc:
-                raise NodeError(f"--revocation-list: {exc}") from None
-        self.revocation_sync: RevocationSync | None = None
-        if self.revocations is not None:
-            load_saved(config.home, self.revocations)  # (what it learnt before a restart)
-            if self.revocations.current is not None:
-                self.transport.refused = self.revocations.current.peer_ids
-            self.revocation_sync = RevocationSync(
-                self.revocations, self.clock, self._revocation_adverts,
-                lambda peer: fetch_list(self.transport, peer), self._revoked,
-                held_changed=self._revocations_held, rng=self.rng)
         self._own_cert = own_certificate(config)
-        self._own_cert_id = MembershipCert.from_json(self._own_cert).cert_id \
-            if self._own_cert else ""
-        why = own_revocation(self.revocations.current, self.key.peer_id, self._own_cert_id) \
-            if self.revocations is not None else None
+        own_cert_id = MembershipCert.from_json(self._own_cert).cert_id if self._own_cert else ""
+        try:
+            self.revoking = follow_revocations(
+                config, self.revocations, self.transport, self.clock, self.rng,
+                me=self.key.peer_id, own_cert_id=own_cert_id, session=lambda: self.agent,
+                revoked_record=self.providers.revoked, republish=self._republish,
+                drop_session_keys=lambda peer: self.dataplane.sessions.drop_peer(peer),
+                on_own_revocation=self._revoked_self)
+        except AdmissionError as exc:
+            raise NodeError(f"--revocation-list: {exc}") from None
+        why = self.revoking.own_revocation() if self.revoking is not None else None
         if why is not None:  # (from the file, or the copy a peer taught us before a restart)
             raise NodeRevoked(f"{why}; the node does not start (exit status {EXIT_REVOKED})")
         self.inflight = InflightTracker()
@@ -269,7 +247,7 @@ class Node:
             self.dataplane, self.engines.assign, self.engines.release,
             lambda peer, body: flip_role(self, peer, body), links=self.links,
             refuse=lambda peer: refuse_controller(self, peer),
-            revocations=self.revocation_sync).handle)
+            revocations=self.revoking.sync if self.revoking is not None else None).handle)
         await self._serve_http(app, hosts)
         if self._http_bind is not None:  # the direct path: HTTPS pinned to our node key
             await self.dataplane.start_https(self._http_bind[0], self.config.dataplane_port)
@@ -284,10 +262,8 @@ class Node:
         loop("join", self.peering.join)
         loop("forget-evicted", self.peering.sweep_evicted_peers)
         loop("link-probe", self.links.run)
-        if self.revocation_watch is not None:
-            loop("revocations", self.revocation_watch.run)
-        if self.revocation_sync is not None:
-            loop("revocation-sync", self.revocation_sync.run)
+        for name, run in self.revoking.loops() if self.revoking is not None else ():
+            loop(name, run)
         if self.ingress is not None:
             ingress = self.ingress
             loop("demand", lambda: self._publish_demand(ingress.demand))
@@ -509,51 +485,20 @@ class Node:
                 self.session.update_self(self.meta(spend=item))
 
     # ---- revocation lists ------------------------------------------------------------------
-    def _revocation_adverts(self) -> list[tuple[str, Advert]]:
-        """(peer, the list it advertises) of live sessions other than ours that hold one."""
-        if self.agent is None:
-            return []
-        return advertised_lists(self.agent.nodes.all(include_left=False), self.key.peer_id)
-
-    def _revocations_held(self, rl: RevocationList) -> None:
-        """The list held changed (file, SIGHUP, a peer): advertise it and keep a copy."""
-        self._republish()
-        save_list(self.config.home, rl)
-
-    def _revoked(self, rl: RevocationList) -> None:
-        """A new revocation list is in force (node/revocations.py): its handshakes already
-        refuse the revoked members; close their connections, drop their registry sessions
-        and their data-plane session keys (`revoked_members`: which). On the list ourselves:
-        leave and exit."""
-        agent = self.agent
-        keys, by_cert, running = revoked_members(
-            rl, agent.nodes.all() if agent is not None else (), self.providers.revoked,
-            self.key.peer_id)
-        why = own_revocation(rl, self.key.peer_id, self._own_cert_id)
-        if why is not None:
-            # Other members refuse us (handshakes, records): serving on with our last record
-            # helped nobody and kept the operator's revoked node visibly alive.
-            log.error("%s: this node stops serving, announces LEFT while it can and exits "
-                      "with status %d", why, EXIT_REVOKED)
-            self.shut_down(EXIT_REVOKED, force=True)
-        closed = self.transport.refuse_peers(keys)
-        closed += sum(self.transport.disconnect(p) for p in running)
-        dropped = 0
-        if agent is not None:
-            dropped = (sum(len(agent.purge_peer(p)) for p in keys)
-                       + sum(len(agent.purge_peer(p, sids)) for p, sids in by_cert.items()))
-        session_keys = sum(self.dataplane.sessions.drop_peer(p) for p in keys | running)
-        log.warning("revocations applied: %d connection(s) closed, %d registry session(s) "
-                    "and %d data-plane session key(s) dropped", closed, dropped, session_keys)
+    def _revoked_self(self, why: str) -> None:
+        """A list in force names this node's key or certificate (node/revocation_follow.py):
+        other members refuse us (handshakes, records), so serving on with our last record
+        helped nobody and kept the operator's revoked node visibly alive: leave and exit."""
+        log.error("%s: this node stops serving, announces LEFT while it can and exits "
+                  "with status %d", why, EXIT_REVOKED)
+        self.shut_down(EXIT_REVOKED, force=True)
 
     def reload(self) -> None:
         """SIGHUP: re-read the TLS certificate, the network secret file (a rotation:
         handshakes from now on prove and accept the new pair) and the revocation list. A
         broken file is logged and the previous values stay."""
-        if self.revocation_watch is not None:
-            self.revocation_watch.poll()
-            if self.revocation_sync is not None:
-                self.revocation_sync.check_held()
+        if self.revoking is not None:
+            self.revoking.reload()
         if self.tls is not None:
             try:
                 self.tls.reload()

@@ -1,8 +1,8 @@
 """The node's revocation list: from the operator's file, and from the other nodes.
 
 Both feed the shared `Revocations` (identity/revocation.py); a list put in force goes
-to node/daemon.py's `_revoked` (close the revoked members' connections, drop what the
-node holds of them).
+to node/revocation_follow.py's `RevocationFollower.apply` (close the revoked members'
+connections, drop what the node holds of them).
 
 ## The file (`RevocationWatch`, `--revocation-list FILE`)
 
@@ -14,7 +14,7 @@ shared `Revocations` (identity/revocation.py). A file that fails to read, parse 
 or holds a list older than the one in force, is refused with a logged error and the list in
 force stays (never an empty one); the error is logged once per version of the file. A list
 put in force calls `on_change(list)`, which closes the revoked members' connections and
-drops what the node holds of them (node/daemon.py).
+drops what the node holds of them (node/revocation_follow.py).
 
 ## The other nodes (`RevocationSync`)
 
@@ -30,10 +30,10 @@ A list handed to one node (its `--revocation-list` file) reaches every node:
   peer holds none), verifies it against the operator key and offers it to the shared
   `Revocations` (identity/revocation.py): only the operator's signature counts, never the
   peer's word, and an older list never replaces a newer one. A list put in force goes the
-  file's way (`apply`: Node._revoked closes the revoked members' connections and drops what
-  the node holds of them), and the node then advertises it in turn: the list spreads like a
-  rumour, each node fetching it once, from a peer picked at random among those that
-  advertise a newer one (so not everyone from the first node).
+  file's way (`apply`: RevocationFollower.apply closes the revoked members' connections and
+  drops what the node holds of them), and the node then advertises it in turn: the list
+  spreads like a rumour, each node fetching it once, from a peer picked at random among
+  those that advertise a newer one (so not everyone from the first node).
 - Bounded: one fetch at a time, at most one per scan (`SCAN_S`, jittered); the whole answer
   within `FETCH_TIMEOUT_S` and at most `MAX_LIST_BYTES`. A peer whose fetch failed
   (unreachable, an error status, a list too large, unparsable, not the operator's, of
@@ -71,8 +71,6 @@ from llmfabric.identity.errors import AdmissionError
 from llmfabric.identity.revocation import MAX_LIST_BYTES, RevocationList, Revocations
 from llmfabric.net import HandlerResponse, NetError, PeerRequest, TlsTransport
 from llmfabric.net.errors import BodyTooLarge
-from llmfabric.registry.records import Lifecycle, NodeRecord
-from llmfabric.registry.views import NodeView
 from llmfabric.untrusted import get_logger
 
 log = get_logger(__name__)
@@ -383,45 +381,3 @@ def load_saved(home: pathlib.Path, revocations: Revocations) -> RevocationList |
         log.warning("the revocation list kept in %s is skipped: %s", path, exc)
         return None
     return rl
-
-
-# ---- what a list in force means for this node (node/daemon.py carries it out) --------------
-def own_revocation(rl: RevocationList | None, peer_id: str, cert_id: str) -> str | None:
-    """Why `rl` revokes this node (its key `peer_id`, or the certificate `cert_id` it
-    publishes), or None. An older session's record on a revoked certificate does not count:
-    the node has since been re-certified."""
-    if rl is None or not rl.revokes(peer_id, cert_id):
-        return None
-    what = "key" if peer_id in rl.peer_ids else "certificate"
-    return (f"this node's own membership is revoked: its {what} is on the operator's "
-            f"revocation list (issued at {rl.issued_at:.3f})")
-
-
-def revoked_members(rl: RevocationList, views: Iterable[NodeView],
-                    revoked: Callable[[NodeRecord], bool], me: str
-                    ) -> tuple[set[str], dict[str, list[str]], set[str]]:
-    """(the revoked keys, peer -> its sessions on a revoked certificate, the peers with such
-    a session not LEFT), this node `me` left out. A certificate revoked by id revokes the
-    sessions whose records carry it (`revoked(record)`), not the key's others: a member
-    re-certified under a new certificate keeps its new session (the old one's record, LEFT,
-    is still held for retention: purging every session of the key tombstoned the new one
-    too, and the member was gone from every node's view until it restarted); its connection
-    is closed only while a session on the revoked certificate is not LEFT."""
-    keys = set(rl.peer_ids) - {me}
-    by_cert: dict[str, list[str]] = {}
-    running: set[str] = set()
-    for v in views:
-        rec = v.record
-        if rec.peer_id in keys or rec.peer_id == me or not revoked(rec):
-            continue
-        by_cert.setdefault(rec.peer_id, []).append(rec.session_id)
-        if v.state is not Lifecycle.LEFT:
-            running.add(rec.peer_id)
-    return keys, by_cert, running
-
-
-def advertised_lists(views: Iterable[NodeView], me: str) -> list[tuple[str, Advert]]:
-    """(peer, the list it advertises) of the sessions in `views` other than ours that hold
-    one (RevocationSync's `adverts`)."""
-    return [(v.record.peer_id, (m.revocations_at, m.revocations_digest)) for v in views
-            if (m := v.record.meta).revocations_at > 0 and v.record.peer_id != me]

@@ -122,7 +122,7 @@ def _cert_node_config(tmp_path: pathlib.Path, lst: pathlib.Path) -> NodeConfig:
 
 async def test_a_node_applies_its_revocation_list(tmp_path: pathlib.Path) -> None:
     """The node refuses revoked members from its start, and a new list closes their
-    connections, drops their registry sessions and data-plane keys (Node._revoked)."""
+    connections, drops their registry sessions and data-plane keys (RevocationFollower.apply)."""
     from llmfabric.node.daemon import Node, NodeError
 
     lst = tmp_path / "revoked.json"
@@ -139,7 +139,7 @@ async def test_a_node_applies_its_revocation_list(tmp_path: pathlib.Path) -> Non
         assert node.admission.revocations is node.revocations  # type: ignore[attr-defined]
         node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
                                                 [first, second]))
-        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        node.revoking.apply(node.revocations.current)  # type: ignore[union-attr]
         assert node.transport.refused == {first, second}
         assert node.exit_code == 0 and not node.stopping
     finally:
@@ -239,7 +239,7 @@ async def test_a_node_whose_own_key_is_revoked_leaves_and_exits(
         node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
                                                 [other, node.key.peer_id]))
         caplog.set_level(logging.ERROR, "llmfabric.node.daemon")
-        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        node.revoking.apply(node.revocations.current)  # type: ignore[arg-type,union-attr]
         assert node.stopping or node._shutdown is not None
         assert node.transport.refused == {other}  # never ourselves
         assert await clock.run_until(lambda: node._stopped.is_set(), within=30)
@@ -271,7 +271,7 @@ async def test_an_older_session_on_a_revoked_certificate_does_not_stop_the_node(
         old = sign_membership(OPERATOR, node.key.peer_id, NET, 3_900_000_000.0)
         node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
                                                 cert_ids=[old.cert_id]))
-        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        node.revoking.apply(node.revocations.current)  # type: ignore[arg-type,union-attr]
         assert node.exit_code == 0 and not node.stopping
     finally:
         await node.transport.aclose()
@@ -330,7 +330,7 @@ async def test_a_revoked_certificate_drops_its_sessions_not_the_key_s_new_one(
         node.supervisor._session = observer  # (as if the node ran this session)
         node.revocations.offer(sign_revocations(OPERATOR, NET, 1_700_000_001.0,
                                                 cert_ids=[old_cert]))
-        node._revoked(node.revocations.current)  # type: ignore[arg-type]
+        node.revoking.apply(node.revocations.current)  # type: ignore[arg-type,union-attr]
         assert old.session_id not in observer.replica.entries  # (the revoked certificate's)
         assert [v.session_id for v in observer.nodes.by_peer(member.peer_id)] == [
             new.session_id]

@@ -18,6 +18,9 @@ Files:
   taken at TCP accept by `CountedTlsAccept`), `listen_args` (plain, counted TLS, or the
   loop's own TLS on uvloop) and `safe_header_value` (no control characters in emitted
   headers).
+- key_precheck.py: `KeyPrecheck`, the lean front's API key check before any body is
+  buffered (no key -> 401 at once, keys seen valid lately pass, others pause reading until
+  the key store answered).
 - host_check.py: `HostGuard` (the Host names a node answers, against DNS rebinding, and the
   refusal of state-changing requests a browser sent from another site: `refusal`, used by
   both fronts), `allowed_names` (--allowed-host values), `names_of` (the names in addresses).

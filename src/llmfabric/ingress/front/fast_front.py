@@ -17,9 +17,9 @@ go to `Ingress.api` (api_routes.py).
 Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header and
 body read timeouts (408, slowloris), connection caps per process and per client address (503;
 over HTTPS counted from the TCP accept, and a handshake must end within a limit),
-and the API key is checked when the head is complete, before any body is buffered (no key ->
-401 at once; an unknown key pauses reading until the store answered). Every header value we
-emit goes through `safe_header_value` (no CR/LF from session ids).
+and the API key is checked when the head is complete, before any body is buffered
+(key_precheck.py). Every header value we emit goes through `safe_header_value` (no CR/LF
+from session ids).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from llmfabric.ingress.front.fast_wire import (
 )
 from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, KeyMemo, listen_args
 from llmfabric.ingress.front.host_check import HostGuard
+from llmfabric.ingress.front.key_precheck import KeyPrecheck
 from llmfabric.ingress.observe.tracing import traced
-from llmfabric.ingress.protocols import bearer_of
 from llmfabric.net.source_slots import peer_ip
 from llmfabric.untrusted import get_logger
 
@@ -98,6 +98,7 @@ class FastFront:
         self.slots = ClientSlots(limits)  # open connections per process and client address
         ingress.metrics.front_connections = self.slots.counts
         self.keys_seen = KeyMemo(limits)  # keys that pass the pre-body check at once
+        self.key_check = KeyPrecheck(ingress, self.keys_seen)  # (key_precheck.py)
         # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
         self._heads: HeadCache = {}
 
@@ -305,10 +306,10 @@ class _Connection(asyncio.Protocol):
             self._too_large(cur)
             return
         if (self.ingress.auth is not None and cur.method == b"POST"
-                and not self._key_precheck(cur)):
+                and not self.front.key_check.begin(self, cur)):
             return
         if cur.expect and not cur.auth_wait:
-            self._continue()
+            self.send_continue()
 
     def _hand_over_later(self, cur: FrontRequest) -> None:
         """Queue the hand-over of this connection to the fallback server (after the answers
@@ -335,53 +336,14 @@ class _Connection(asyncio.Protocol):
         self.front.handed_over += 1
         switch_protocol(t, factory(), data, self.reading_paused or self.auth_paused)
 
-    def _continue(self) -> None:
+    def send_continue(self) -> None:
         """100 Continue for the request being read (sent only once its key is known valid)."""
         if not self.busy and not self.queue and self.transport and not self.closed:
             # curl sends this for larger bodies; nothing else is pending, so it cannot
             # interleave with another response.
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def _key_precheck(self, cur: FrontRequest) -> bool:
-        """Before any body is buffered: no key -> 401 now; a key not seen valid recently ->
-        reading pauses until the store answered. False when the request was refused."""
-        token = bearer_of(cur.auth)
-        if not token:
-            self._refuse_early(cur, error_reply(
-                401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key"))
-            return False
-        if self.front.keys_seen.fresh(token, time.monotonic()):
-            return True
-        cur.auth_wait = True
-        self._pause_for_auth(True)
-        self.loop.create_task(self._check_key(cur, token))
-        return True
-
-    async def _check_key(self, cur: FrontRequest, token: str) -> None:
-        auth = self.ingress.auth
-        try:
-            ok = auth is not None and await auth.authenticate(token) is not None
-        except Exception:  # (the store failing: refused, as the core would refuse it)
-            log.exception("front: checking an API key failed")
-            ok = False
-        cur.auth_wait = False
-        if ok:
-            self.front.keys_seen.remember(token, time.monotonic())
-            self._pause_for_auth(False)
-            if cur is self.cur and cur.expect:
-                self._continue()
-            return
-        if self.closed:
-            return
-        refusal = error_reply(401, "invalid or revoked API key", "invalid_api_key")
-        if cur is self.cur:  # its body is still coming: refuse now, read no more of it
-            self._refuse_early(cur, refusal)
-        elif cur.error is None:
-            cur.error = refusal  # queued already (the body came with the head)
-            cur.close = True
-        self._pause_for_auth(False)
-
-    def _refuse_early(self, cur: FrontRequest, reply: Reply) -> None:
+    def refuse_early(self, cur: FrontRequest, reply: Reply) -> None:
         """Answer `cur` with `reply` (in turn); read nothing more, and close after."""
         cur.parts = []
         cur.error = reply
@@ -390,7 +352,7 @@ class _Connection(asyncio.Protocol):
         self.parsing = False
         self._enqueue(cur)
 
-    def _pause_for_auth(self, pause: bool) -> None:
+    def pause_for_auth(self, pause: bool) -> None:
         t = self.transport
         if t is None or self.closed or pause == self.auth_paused:
             return
@@ -402,7 +364,7 @@ class _Connection(asyncio.Protocol):
 
     def _too_large(self, cur: FrontRequest) -> None:
         """Answer 400 now; the rest of the body is discarded and the connection closes."""
-        self._refuse_early(cur, self.ingress._too_large(self.max_body))
+        self.refuse_early(cur, self.ingress._too_large(self.max_body))
 
     def on_body(self, body: bytes) -> None:
         cur = self.cur
@@ -430,7 +392,7 @@ class _Connection(asyncio.Protocol):
         req = FrontRequest()
         if self.cur is not None:
             req.url = self.cur.url  # (the API's error shape: Anthropic's on /v1/messages)
-        self._refuse_early(req, error_reply(status, message, code))
+        self.refuse_early(req, error_reply(status, message, code))
 
     def _enqueue(self, req: FrontRequest) -> None:
         if self.closed:
