@@ -34,7 +34,7 @@ Core (this directory):
   `read_chunks_capped(chunks, limit)`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
-  OpenAI error bodies.
+  OpenAI error bodies, `body_too_large`.
 
 Subpackages (each docstring maps its files):
 - front: the HTTP servers: the lean HTTP/1.1 front (`FastFront`, its routes, wire pieces and

@@ -1,4 +1,5 @@
-"""The ingress: OpenAI-compatible routes over routing + a Forwarder (aiohttp I/O shell).
+"""The ingress's request core: OpenAI-compatible requests over routing + a Forwarder (the
+HTTP servers that call it: front/).
 
 Hot path per request: bearer check (cached), one orjson parse of the body for what routing
 needs (model, stream, metadata, prompt prefix only if the policy wants it), a policy pick, and
@@ -17,14 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from llmfabric.ingress.abandon import AbandonIfDown, NodeDown
-from llmfabric.ingress.apis.api_routes import (
-    MESSAGES,
-    ApiRoutes,
-    anthropic_auth,
-)
+from llmfabric.ingress.apis.api_routes import ApiRoutes
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.continuation import (
     RelayRecorder,
@@ -32,9 +28,8 @@ from llmfabric.ingress.continuation import (
     continue_stream,
 )
 from llmfabric.ingress.errors import Reply, UpstreamError, error_reply
-from llmfabric.ingress.front.web_sink import WebSink, web_response
 from llmfabric.ingress.observe.metrics import IngressMetrics
-from llmfabric.ingress.observe.tracing import Tracer, current_trace, traced
+from llmfabric.ingress.observe.tracing import Tracer, current_trace
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.pd_path import FALLBACK, PDPath
 from llmfabric.ingress.protocols import (
@@ -78,7 +73,7 @@ _perf = time.perf_counter
 
 
 class Ingress:
-    """Request handling state shared by the routes; build with `build_ingress_app`."""
+    """Request handling state shared by the routes (front/ serves them over HTTP)."""
 
     def __init__(
         self,
@@ -133,34 +128,6 @@ class Ingress:
             return candidates
         return resolve(candidates, model, providers)
 
-    # -- routes --------------------------------------------------------------------------
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "/v1/chat/completions", streamable=True)
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "/v1/completions", streamable=True)
-
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "/v1/embeddings", streamable=False)
-
-    async def api_route(self, request: web.Request) -> web.StreamResponse:
-        """The EXTRA_POST_PATHS routes (api_routes.py) on aiohttp."""
-        h = request.headers
-        auth = h.get("Authorization", "")
-        if request.path == MESSAGES:
-            auth = anthropic_auth(auth, h.get("x-api-key"))
-        sink = WebSink(request)
-        reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.api.serve(
-            request.path, auth, h.get("X-Fabric-Providers"), lambda: self._read_body(request),
-            sink, h.get(SESSION_HEADER)))
-        if reply is None:
-            return sink.response if sink.response is not None else web.StreamResponse()
-        return web_response(reply)
-
-    async def models(self, request: web.Request) -> web.StreamResponse:
-        return web_response(await self.models_reply(request.headers.get("Authorization", "")))
-
     async def models_reply(self, authorization: str) -> Reply:
         """GET /v1/models, transport-agnostic."""
         if self.auth is not None:
@@ -168,19 +135,6 @@ class Ingress:
             if isinstance(who, Reply):
                 return who
         return Reply(200, orjson.dumps(self.catalog()))
-
-    async def _handle(
-        self, request: web.Request, path: str, streamable: bool
-    ) -> web.StreamResponse:
-        sink = WebSink(request)
-        h = request.headers
-        reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.serve(
-            path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
-            lambda: self._read_body(request), sink, h.get(SESSION_HEADER),
-        ))
-        if reply is None:
-            return sink.response if sink.response is not None else web.StreamResponse()
-        return web_response(reply)
 
     def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
         self.gate, self._capture = gate, self._capture or gate is not None
@@ -206,26 +160,6 @@ class Ingress:
                 "invalid_api_key",
             )
         return principal
-
-    async def _read_body(self, request: web.Request) -> bytes | Reply:
-        limit = self.config.max_body_bytes
-        cl = request.content_length
-        if cl is not None and cl > limit:
-            return self._too_large(limit)
-        parts: list[bytes] = []
-        size = 0
-        async for data in request.content.iter_any():
-            size += len(data)
-            if size > limit:
-                return self._too_large(limit)
-            parts.append(data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    @staticmethod
-    def _too_large(limit: int) -> Reply:
-        return error_reply(
-            400, f"request body is larger than the limit of {limit} bytes", "request_too_large"
-        )
 
     def _prefix(self, doc: Mapping[str, Any]) -> str:
         n = self.config.prefix_chars

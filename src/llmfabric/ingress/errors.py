@@ -69,6 +69,13 @@ def error_reply(
     return Reply(status, error_body(status, message, code, param), headers=headers)
 
 
+def body_too_large(limit: int) -> Reply:
+    """The answer to a request body over the ingress's `max_body_bytes` (both fronts)."""
+    return error_reply(
+        400, f"request body is larger than the limit of {limit} bytes", "request_too_large"
+    )
+
+
 def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:
     return orjson.dumps(
         {

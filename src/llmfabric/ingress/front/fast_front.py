@@ -39,7 +39,7 @@ import orjson
 
 from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, to_anthropic
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.errors import Reply, error_reply
+from llmfabric.ingress.errors import Reply, body_too_large, error_reply
 from llmfabric.ingress.front.fast_routes import owned, route
 from llmfabric.ingress.front.fast_wire import (
     FrontRequest,
@@ -402,7 +402,7 @@ class _Connection(asyncio.Protocol):
 
     def _too_large(self, cur: FrontRequest) -> None:
         """Answer 400 now; the rest of the body is discarded and the connection closes."""
-        self._refuse_early(cur, self.ingress._too_large(self.max_body))
+        self._refuse_early(cur, body_too_large(self.max_body))
 
     def on_body(self, body: bytes) -> None:
         cur = self.cur
