@@ -48,6 +48,9 @@ def _type_of(status: int) -> str:
     return "invalid_request_error" if 400 <= status < 500 else "server_error"
 
 
+MODEL_HEADER = "X-Fabric-Model"  # the model that answered, as the request named it
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A complete response, independent of the HTTP server that sends it."""
@@ -57,6 +60,7 @@ class Reply:
     content_type: str = "application/json"
     node: str = ""  # X-Fabric-Node when set
     headers: dict[str, str] | None = None  # extra headers (Retry-After)
+    model: str = ""  # X-Fabric-Model when set: the model that answered, as the request named it
 
 
 def error_reply(

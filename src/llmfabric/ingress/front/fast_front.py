@@ -98,7 +98,8 @@ class FastFront:
         self.slots = ClientSlots(limits)  # open connections per process and client address
         ingress.metrics.front_connections = self.slots.counts
         self.keys_seen = KeyMemo(limits)  # keys that pass the pre-body check at once
-        # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
+        # Response heads up to "Content-Length: " by (status, content type, node, model,
+        # keep-alive).
         self._heads: HeadCache = {}
 
     async def start(
