@@ -441,7 +441,8 @@ class Ingress:
                         self.policy.on_request_end(cand, ok)
                 if tr is not None:
                     tr.close_attempt(status)
-                if resp is not None and rank < len(fallbacks) and falls_back(status):
+                if fallbacks and resp is not None and rank < len(fallbacks) \
+                        and falls_back(status):
                     why = f"engine_{status}"  # (an engine's answer nothing was relayed of)
                     break
                 self._finish(path, model, principal, cand, status, stream, len(tried),

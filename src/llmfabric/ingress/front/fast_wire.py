@@ -130,7 +130,8 @@ def response_head(status: int, content_type: str, node: str, extra: dict[str, st
     if node:
         out += b"\r\nX-Fabric-Node: " + safe_header_value(node).encode()
     if model:
-        out += b"\r\nX-Fabric-Model: " + safe_header_value(model).encode()
+        out += b"\r\nX-Fabric-Model: "
+        out += safe_header_value(model).encode()
     if extra:
         for k, v in extra.items():
             out += (b"\r\n" + safe_header_value(k).encode() + b": "
