@@ -220,8 +220,10 @@ class TenancyGate:
                 self.settle()
                 hint = ""
                 if context:
-                    hint = (f"; this request sets no max_tokens, so it reserves the model's "
-                            f"context ({completion} tokens): set max_tokens to what it needs")
+                    whose = "the largest context of its models" if fallbacks else (
+                        "the model's context")
+                    hint = (f"; this request sets no max_tokens, so it reserves {whose} "
+                            f"({completion} tokens): set max_tokens to what it needs")
                 return self._refused("budget_exceeded", got.message() + hint,
                                      got.retry_after_s)
             state.hold = got
