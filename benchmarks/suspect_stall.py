@@ -133,7 +133,7 @@ class _Sink:
     def __init__(self) -> None:
         self.data = b""
 
-    async def start(self, content_type: str, node: str) -> None:
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
         return None
 
     async def write(self, data: bytes) -> None:

@@ -162,6 +162,7 @@ class ApiFabric:
     aio_url: str  # the aiohttp app (the node's routes)
     keys: StaticKeys
     scripted: ScriptedEngine
+    sim_url: str = ""  # the simulated engine itself (its /sim/control: make it fail)
 
     def usage(self, model: str) -> list[int]:
         """[prompt tokens, completion tokens, requests, estimated requests] of the key."""
@@ -180,12 +181,13 @@ def api_fabric() -> Iterator[ApiFabric]:
     ports: dict[str, int] = {}
 
     async def start() -> None:
-        addrs = {}
+        addrs: dict[str, str] = {}
         engines = {"sim": SimEngine(SimEngineConfig(models=(SIM,), speed=50)).app(),
                    "scripted": scripted.app()}
         for name, app in engines.items():
             eport, nport = free_port(), free_port()
             runners.append(await serve(app, eport))
+            ports[name] = eport
             proxy = EngineProxy(f"http://127.0.0.1:{eport}")
             proxies.append(proxy)
             node = web.Application()
@@ -211,7 +213,7 @@ def api_fabric() -> Iterator[ApiFabric]:
     wait_port(aio_port)
     try:
         yield ApiFabric(f"http://127.0.0.1:{ports['fast']}", f"http://127.0.0.1:{aio_port}",
-                        keys, scripted)
+                        keys, scripted, f"http://127.0.0.1:{ports['sim']}")
     finally:
         async def stop() -> None:
             for f in fronts:

@@ -19,6 +19,9 @@ Core (this directory):
   (one id, merged usage), `continue_stream`.
 - usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`);
   `claimed_tokens`, a provider's usage claim clamped.
+- model_list.py: a request's model fallbacks (the body's `models`): `requested_models` (the
+  primary and its fallbacks, validated: `InvalidModels`), `falls_back` (which failures move a
+  request on to its next model), `MAX_MODEL_CHARS`, `MAX_FALLBACKS`.
 - request_json.py: `load_object`, a client's JSON body within what the ingress can send on
   (an object, nested at most `MAX_DEPTH` deep; `BadJson` otherwise).
 - paths.py: the pass-through routes, forwarded paths, `FORWARD_PREFIX` (where a node takes
@@ -34,7 +37,7 @@ Core (this directory):
   `read_chunks_capped(chunks, limit)`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
-  OpenAI error bodies.
+  OpenAI error bodies, `body_too_large`.
 
 Subpackages (each docstring maps its files):
 - front: the HTTP servers: the lean HTTP/1.1 front (`FastFront`, its routes, wire pieces and

@@ -1,15 +1,19 @@
-"""The ingress: OpenAI-compatible routes over routing + a Forwarder (aiohttp I/O shell).
+"""The ingress's request core: OpenAI-compatible requests over routing + a Forwarder (the
+HTTP servers that call it: front/).
 
 Hot path per request: bearer check (cached), one orjson parse of the body for what routing
 needs (model, stream, metadata, prompt prefix only if the policy wants it), a policy pick, and
 a byte relay of the upstream response. The body is re-serialized only when it must change
-(fabric metadata removed, stream usage requested).
+(fabric metadata removed, stream usage requested, a `models` fallback list cut: model_list.py;
+the request then tries each listed model in turn, and a body without the field pays one dict
+lookup for it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -17,14 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from llmfabric.ingress.abandon import AbandonIfDown, NodeDown
-from llmfabric.ingress.apis.api_routes import (
-    MESSAGES,
-    ApiRoutes,
-    anthropic_auth,
-)
+from llmfabric.ingress.apis.api_routes import ApiRoutes
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.continuation import (
     RelayRecorder,
@@ -32,11 +31,16 @@ from llmfabric.ingress.continuation import (
     continue_stream,
 )
 from llmfabric.ingress.errors import Reply, UpstreamError, error_reply
-from llmfabric.ingress.front.web_sink import WebSink, web_response
+from llmfabric.ingress.model_list import (
+    MAX_MODEL_CHARS,
+    InvalidModels,
+    falls_back,
+    requested_models,
+)
 from llmfabric.ingress.observe.metrics import IngressMetrics
-from llmfabric.ingress.observe.tracing import Tracer, current_trace, traced
+from llmfabric.ingress.observe.tracing import Tracer, current_trace
 from llmfabric.ingress.paths import METERED_BY_REQUEST
-from llmfabric.ingress.pd_path import FALLBACK, PDPath
+from llmfabric.ingress.pd_path import FALLBACK, NEXT_MODEL, PDPath
 from llmfabric.ingress.protocols import (
     Authenticator,
     BodyReader,
@@ -73,12 +77,11 @@ from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filt
 
 # Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
 _USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-MAX_MODEL_CHARS = 512  # as a record's model names (registry/codec.py MAX_STR): none is longer
 _perf = time.perf_counter
 
 
 class Ingress:
-    """Request handling state shared by the routes; build with `build_ingress_app`."""
+    """Request handling state shared by the routes (front/ serves them over HTTP)."""
 
     def __init__(
         self,
@@ -133,34 +136,6 @@ class Ingress:
             return candidates
         return resolve(candidates, model, providers)
 
-    # -- routes --------------------------------------------------------------------------
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "/v1/chat/completions", streamable=True)
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "/v1/completions", streamable=True)
-
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "/v1/embeddings", streamable=False)
-
-    async def api_route(self, request: web.Request) -> web.StreamResponse:
-        """The EXTRA_POST_PATHS routes (api_routes.py) on aiohttp."""
-        h = request.headers
-        auth = h.get("Authorization", "")
-        if request.path == MESSAGES:
-            auth = anthropic_auth(auth, h.get("x-api-key"))
-        sink = WebSink(request)
-        reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.api.serve(
-            request.path, auth, h.get("X-Fabric-Providers"), lambda: self._read_body(request),
-            sink, h.get(SESSION_HEADER)))
-        if reply is None:
-            return sink.response if sink.response is not None else web.StreamResponse()
-        return web_response(reply)
-
-    async def models(self, request: web.Request) -> web.StreamResponse:
-        return web_response(await self.models_reply(request.headers.get("Authorization", "")))
-
     async def models_reply(self, authorization: str) -> Reply:
         """GET /v1/models, transport-agnostic."""
         if self.auth is not None:
@@ -168,19 +143,6 @@ class Ingress:
             if isinstance(who, Reply):
                 return who
         return Reply(200, orjson.dumps(self.catalog()))
-
-    async def _handle(
-        self, request: web.Request, path: str, streamable: bool
-    ) -> web.StreamResponse:
-        sink = WebSink(request)
-        h = request.headers
-        reply = await traced(self.tracer, h.get("traceparent"), sink, lambda: self.serve(
-            path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
-            lambda: self._read_body(request), sink, h.get(SESSION_HEADER),
-        ))
-        if reply is None:
-            return sink.response if sink.response is not None else web.StreamResponse()
-        return web_response(reply)
 
     def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
         self.gate, self._capture = gate, self._capture or gate is not None
@@ -206,26 +168,6 @@ class Ingress:
                 "invalid_api_key",
             )
         return principal
-
-    async def _read_body(self, request: web.Request) -> bytes | Reply:
-        limit = self.config.max_body_bytes
-        cl = request.content_length
-        if cl is not None and cl > limit:
-            return self._too_large(limit)
-        parts: list[bytes] = []
-        size = 0
-        async for data in request.content.iter_any():
-            size += len(data)
-            if size > limit:
-                return self._too_large(limit)
-            parts.append(data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    @staticmethod
-    def _too_large(limit: int) -> Reply:
-        return error_reply(
-            400, f"request body is larger than the limit of {limit} bytes", "request_too_large"
-        )
 
     def _prefix(self, doc: Mapping[str, Any]) -> str:
         n = self.config.prefix_chars
@@ -306,6 +248,15 @@ class Ingress:
         except BadJson as e:
             return self._refuse("", 400, str(e), e.code)
         model = doc.get("model")
+        fallbacks: tuple[str, ...] = ()
+        listed = "models" in doc  # model fallbacks (model_list.py), cut from the body
+        if listed:
+            try:
+                model, fallbacks = requested_models(model, doc.pop("models"))
+            except InvalidModels as e:
+                return self._refuse("", 400, str(e), "invalid_models", "models")
+            if isinstance(model, str):
+                doc["model"] = model
         if not isinstance(model, str) or not model:
             return self._refuse("", 400, "'model' is required (a string)", "missing_model",
                                 "model")
@@ -354,28 +305,12 @@ class Ingress:
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
         if (gate := self.gate) is not None and not gate.admit_at_once(principal) and (
-                refused := await gate.admit(principal, doc, path)) is not None:  # (tenancy/)
+                refused := await gate.admit(principal, doc, path, fallbacks)) is not None:
             return self._refuse(model, *refused)
 
         recorder = (RelayRecorder() if stream and continuation_wanted(
             doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
-        target = self._pins.get(model, model) if self._pins else model
-        resolved = self.resolve_name(model, rreq.providers)
-        if isinstance(resolved, Ambiguous):
-            return self._refuse(model, 409, resolved.message(), "ambiguous_model", "model")
-        candidates = resolved
-        if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
-            candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
-                                         self._duration)
-        if not candidates:
-            if not self.source.is_known(target):
-                return self._refuse(
-                    model, 404, f"the model {model!r} does not exist on this fabric; "
-                    "GET /v1/models lists the served models", "model_not_found", "model",
-                )
-            return self._no_route(model, NoRoute(NoRouteReason.NO_CANDIDATES, 0, 0))
-
-        modified = False
+        modified = listed
         if meta and any(k in meta for k in FABRIC_METADATA_KEYS):
             rest = {k: v for k, v in meta.items() if k not in FABRIC_METADATA_KEYS}
             if rest:
@@ -394,87 +329,146 @@ class Ingress:
             strip_usage = modified = True
         if modified:
             body = orjson.dumps(doc)
-        pools = self.pd.pools(rreq, candidates) if path in _USAGE_INJECT_PATHS else None
-        if pools is not None:  # nodes with prefill/decode roles: the two-phase request
-            got = await self.pd.serve(pools, path, model, principal, doc, stream, strip_usage,
-                                      want_chunk, sink, t0, started)
-            if got is not FALLBACK:
-                return got  # type: ignore[return-value]
 
-        tried: list[str] = []
-        # Nodes an attempt left on suspicion alone (abandon.py): not failed, so tried again
-        # as a last resort once every other candidate failed (a suspicion can be false, as
-        # one still in flight when a partition heals).
-        doubted: list[str] = []
-        last_error = ""
-        for attempt in range(1 + self.config.max_retries):
-            decision = self.router.route(rreq, candidates, tried + doubted, attempt)
-            if isinstance(decision, NoRoute) and doubted:
-                decision = self.router.route(rreq, candidates, tried, attempt)
-            if isinstance(decision, NoRoute):
-                if attempt == 0:
-                    return self._no_route(model, decision)
-                break
-            cand = decision.candidate
-            if tr is not None:
-                tr.phase("route", policy=self.config.policy, candidates=len(candidates))
-                tr.open_attempt(cand.session_id, attempt)
-            # Asked by alias: the engine knows the model by its id.
-            send = body if cand.model.id == model else orjson.dumps(
-                {**doc, "model": cand.model.engine_name(model)})  # (LoRA: the adapter's name)
-            tried.append(cand.session_id)
-            self.metrics.observe_routed(cand.session_id)
-            self.policy.on_request_start(cand)
-            ok = ended = False
-            try:
-                if stream:
-                    resp, usage, ttft = await attempt_stream(
-                        self, sink, cand, path, send, strip_usage, want_chunk, doc, recorder
+        # One pass per model: `model`, then its fallbacks (`rank`: the next one's index) while
+        # the one tried failed in a way another model can mend and nothing reached the client.
+        rank = 0
+        while True:
+            resolved = self.resolve_name(model, rreq.providers)
+            if isinstance(resolved, Ambiguous):
+                return self._refuse(model, 409, resolved.message(), "ambiguous_model", "model")
+            candidates = resolved
+            if any(c.alloc_end for c in candidates):  # nodes in time-limited jobs (Slurm)
+                candidates = walltime_filter(candidates, time.time(), requested_tokens(doc),
+                                             self._duration)
+            if not candidates:
+                target = self._pins.get(model, model) if self._pins else model
+                known = self.source.is_known(target)
+                if rank < len(fallbacks):
+                    model, rreq, body = self._next_model(
+                        doc, rreq, fallbacks[rank],
+                        str(NoRouteReason.NO_CANDIDATES) if known else "model_not_found")
+                    rank += 1
+                    continue
+                if not known:
+                    return self._refuse(
+                        model, 404, f"the model {model!r} does not exist on this fabric; "
+                        "GET /v1/models lists the served models", "model_not_found", "model",
                     )
-                else:
-                    resp, usage, ttft = await self._attempt_once(cand, path, send, doc)
-                status = resp.status if resp is not None else 200
-                ok = status < 500
-            except UpstreamError as e:
-                last_error = str(e)
-                if isinstance(e, NodeDown) and not e.gone and cand.session_id not in doubted:
-                    doubted.append(cand.session_id)
-                    tried.remove(cand.session_id)
+                return self._no_route(model, NoRoute(NoRouteReason.NO_CANDIDATES, 0, 0))
+
+            pools = self.pd.pools(rreq, candidates) if path in _USAGE_INJECT_PATHS else None
+            if pools is not None:  # nodes with prefill/decode roles: the two-phase request
+                got = await self.pd.serve(pools, path, model, principal, doc, stream,
+                                          strip_usage, want_chunk, sink, t0, started,
+                                          final=rank == len(fallbacks))
+                if got is NEXT_MODEL:
+                    model, rreq, body = self._next_model(doc, rreq, fallbacks[rank],
+                                                         "upstream_failed")
+                    rank += 1
+                    continue
+                if got is not FALLBACK:
+                    return got  # type: ignore[return-value]
+
+            tried: list[str] = []
+            # Nodes an attempt left on suspicion alone (abandon.py): not failed, so tried
+            # again as a last resort once every other candidate failed (a suspicion can be
+            # false, as one still in flight when a partition heals).
+            doubted: list[str] = []
+            last_error = ""
+            why = "upstream_failed"  # (why the next model is tried, when there is one)
+            for attempt in range(1 + self.config.max_retries):
+                decision = self.router.route(rreq, candidates, tried + doubted, attempt)
+                if isinstance(decision, NoRoute) and doubted:
+                    decision = self.router.route(rreq, candidates, tried, attempt)
+                if isinstance(decision, NoRoute):
+                    if attempt == 0:
+                        if rank == len(fallbacks):
+                            return self._no_route(model, decision)
+                        why = str(decision.reason)
+                    break
+                cand = decision.candidate
                 if tr is not None:
-                    tr.close_attempt(None, last_error)
-                self.metrics.observe_failed_attempt(
-                    cand.session_id, model, retried=attempt < self.config.max_retries
-                )
+                    tr.phase("route", policy=self.config.policy, candidates=len(candidates))
+                    tr.open_attempt(cand.session_id, attempt)
+                # Asked by alias: the engine knows the model by its id.
+                send = body if cand.model.id == model else orjson.dumps(
+                    {**doc, "model": cand.model.engine_name(model)})  # (LoRA: adapter's name)
+                tried.append(cand.session_id)
+                self.metrics.observe_routed(cand.session_id)
+                self.policy.on_request_start(cand)
+                ok = ended = False
+                try:
+                    if stream:
+                        resp, usage, ttft = await attempt_stream(
+                            self, sink, cand, path, send, strip_usage, want_chunk, doc, model,
+                            recorder)
+                    else:
+                        resp, usage, ttft = await self._attempt_once(cand, path, send, doc,
+                                                                     model)
+                    status = resp.status if resp is not None else 200
+                    ok = status < 500
+                except UpstreamError as e:
+                    last_error = str(e)
+                    if (isinstance(e, NodeDown) and not e.gone
+                            and cand.session_id not in doubted):
+                        doubted.append(cand.session_id)
+                        tried.remove(cand.session_id)
+                    if tr is not None:
+                        tr.close_attempt(None, last_error)
+                    self.metrics.observe_failed_attempt(
+                        cand.session_id, model, retried=attempt < self.config.max_retries
+                    )
+                    continue
+                except Committed as e:
+                    self.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
+                    resp, usage, ttft = None, e.args[0], e.args[1]
+                    status = 200
+                except Resumable as e:
+                    # The node failed mid-stream: end its attempt, continue on another node.
+                    self.metrics.observe_failed_attempt(cand.session_id, model, retried=True)
+                    ended = True
+                    self.policy.on_request_end(cand, False)
+                    assert recorder is not None
+                    if tr is not None:  # (its continuations are attempts of their own)
+                        tr.close_attempt(None, e.args[1])
+                    usage, cand = await continue_stream(
+                        self, sink, recorder, doc, rreq, candidates, tried, path, want_chunk,
+                        cand, e.args[1])
+                    resp, ttft, status = None, e.args[0], 200
+                finally:
+                    if not ended:
+                        self.policy.on_request_end(cand, ok)
+                if tr is not None:
+                    tr.close_attempt(status)
+                if fallbacks and resp is not None and rank < len(fallbacks) \
+                        and falls_back(status):
+                    why = f"engine_{status}"  # (an engine's answer nothing was relayed of)
+                    break
+                self._finish(path, model, principal, cand, status, stream, len(tried),
+                             t0, started, ttft, usage, doc)
+                return resp
+            if rank < len(fallbacks):
+                model, rreq, body = self._next_model(doc, rreq, fallbacks[rank], why)
+                rank += 1
                 continue
-            except Committed as e:
-                self.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
-                resp, usage, ttft = None, e.args[0], e.args[1]
-                status = 200
-            except Resumable as e:
-                # The node failed mid-stream: end its attempt, continue on another node.
-                self.metrics.observe_failed_attempt(cand.session_id, model, retried=True)
-                ended = True
-                self.policy.on_request_end(cand, False)
-                assert recorder is not None
-                if tr is not None:  # (its continuations are attempts of their own)
-                    tr.close_attempt(None, e.args[1])
-                usage, cand = await continue_stream(self, sink, recorder, doc, rreq, candidates,
-                                                    tried, path, want_chunk, cand, e.args[1])
-                resp, ttft, status = None, e.args[0], 200
-            finally:
-                if not ended:
-                    self.policy.on_request_end(cand, ok)
-            if tr is not None:
-                tr.close_attempt(status)
-            self._finish(path, model, principal, cand, status, stream, len(tried),
-                         t0, started, ttft, usage, doc)
-            return resp
-        self._trace(path, model, principal, None, 502, stream, len(tried), t0, started, None,
-                    None, doc)
-        return self._refuse(
-            model, 502, f"all {len(tried)} candidate node(s) for model {model!r} failed"
-            f" (last error: {last_error}); retry later", "upstream_failed",
-        )
+            self._trace(path, model, principal, None, 502, stream, len(tried), t0, started,
+                        None, None, doc)
+            return self._refuse(
+                model, 502, f"all {len(tried)} candidate node(s) for model {model!r} failed"
+                f" (last error: {last_error}); retry later", "upstream_failed",
+            )
+
+    def _next_model(self, doc: dict[str, Any], rreq: RouteRequest, to: str, why: str
+                    ) -> tuple[str, RouteRequest, bytes]:
+        """The request moved on from `rreq.model` to the next model of its list: counted,
+        traced, and its body (which names the model) made anew."""
+        self.metrics.observe_fallback(rreq.model, to)
+        if (tr := current_trace()) is not None:
+            tr.phase("model_fallback", model=rreq.model, to=to, reason=why)
+            tr.attrs["model"] = to
+        doc["model"] = to
+        return to, dataclasses.replace(rreq, model=to), orjson.dumps(doc)
 
     def _no_route(self, model: str, nr: NoRoute) -> Reply:
         return self._refuse(model, 503, nr.message(model), str(nr.reason),
@@ -488,8 +482,10 @@ class Ingress:
         return error_reply(status, message, code, param, headers)
 
     async def _attempt_once(
-        self, cand: Candidate, path: str, body: bytes, doc: dict[str, Any]
+        self, cand: Candidate, path: str, body: bytes, doc: dict[str, Any], model: str
     ) -> tuple[Reply, Usage | None, float | None]:
+        """One non-streamed exchange with `cand`; `model`: the name the request asked for
+        (X-Fabric-Model on the reply)."""
         t = self.config.timeouts
         t_send = _perf()
         # (no byte reaches the client before the whole reply: a node the membership comes to
@@ -505,7 +501,7 @@ class Ingress:
             except TimeoutError as e:
                 raise UpstreamError(
                     f"node {cand.session_id} timed out after {t.total} s") from e
-        resp = Reply(status, data, ctype, cand.session_id)
+        resp = Reply(status, data, ctype, cand.session_id, model=model)
         usage = None
         if self._capture and status == 200:
             got = usage_from_body(data)
@@ -538,7 +534,7 @@ class Ingress:
         if path in METERED_BY_REQUEST and usage is not None and usage.estimated:
             usage = Usage(0, 0, True)  # no usage from the engine: metered by request
         if self.gate is not None:
-            self.gate.used(usage)
+            self.gate.used(usage, model)
         if usage is not None:
             self.metrics.observe_usage(model, getattr(principal, "owner", ""), *usage[:2])
         if usage is not None and principal is not None and self.usage_sink is not None:

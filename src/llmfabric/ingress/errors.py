@@ -48,6 +48,9 @@ def _type_of(status: int) -> str:
     return "invalid_request_error" if 400 <= status < 500 else "server_error"
 
 
+MODEL_HEADER = "X-Fabric-Model"  # the model that answered, as the request named it
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A complete response, independent of the HTTP server that sends it."""
@@ -57,6 +60,7 @@ class Reply:
     content_type: str = "application/json"
     node: str = ""  # X-Fabric-Node when set
     headers: dict[str, str] | None = None  # extra headers (Retry-After)
+    model: str = ""  # X-Fabric-Model when set: the model that answered, as the request named it
 
 
 def error_reply(
@@ -67,6 +71,13 @@ def error_reply(
     headers: dict[str, str] | None = None,
 ) -> Reply:
     return Reply(status, error_body(status, message, code, param), headers=headers)
+
+
+def body_too_large(limit: int) -> Reply:
+    """The answer to a request body over the ingress's `max_body_bytes` (both fronts)."""
+    return error_reply(
+        400, f"request body is larger than the limit of {limit} bytes", "request_too_large"
+    )
 
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:

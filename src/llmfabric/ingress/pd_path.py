@@ -11,7 +11,9 @@ error event as in the colocated path. Prefill that finds no working node hands t
 back to the colocated path (`FALLBACK`), where every role serves plain requests; so does a
 prefill answered 4xx, and so does a decode that refuses the prefill's handle with a 4xx (the
 request may be at fault, or the node, or a handle a hostile prefill node poisoned: the
-colocated path answers its own 4xx if the request is). Who may take a phase: routing/pd.py.
+colocated path answers its own 4xx if the request is). A request with another model still
+to try (model_list.py) gets `NEXT_MODEL` instead of the 502 of failed decode nodes or an
+engine's 429/5xx. Who may take a phase: routing/pd.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from llmfabric.ingress.errors import Reply, UpstreamError
+from llmfabric.ingress.model_list import falls_back
 from llmfabric.ingress.protocols import Principal, StreamSink
 from llmfabric.ingress.stream_attempt import RETRYABLE_STATUS, attempt_stream
 from llmfabric.routing.candidates import Candidate
@@ -35,6 +38,9 @@ if TYPE_CHECKING:
     from llmfabric.ingress.app import Ingress
 
 FALLBACK: Final = object()  # no prefill node worked: route the request colocated
+# Not the request's last model (model_list.py), and every decode node failed or the engine
+# answered 429/5xx: the ingress moves on to its next model (nothing was counted or sent).
+NEXT_MODEL: Final = object()
 _perf = time.perf_counter
 
 
@@ -100,8 +106,10 @@ class PDPath:
     async def serve(
         self, pools: PDSplit, path: str, model: str, principal: Principal | None,
         doc: dict[str, Any], stream: bool, strip_usage: bool, want_chunk: bool,
-        sink: StreamSink, t0: float, started: float,
+        sink: StreamSink, t0: float, started: float, final: bool = True,
     ) -> Reply | object | None:
+        """A Reply, None (streamed), FALLBACK (serve it colocated) or, unless `final`,
+        NEXT_MODEL."""
         ing = self.ing
         retries = ing.config.max_retries
         self.requests += 1
@@ -116,7 +124,7 @@ class PDPath:
             ing.metrics.observe_routed(pre.session_id)
             body = prefill_body(doc, pre.model.engine_name(model))
             try:
-                reply, _, _ = await ing._attempt_once(pre, path, body, doc)
+                reply, _, _ = await ing._attempt_once(pre, path, body, doc, model)
             except UpstreamError:
                 self.prefill_retries += 1
                 ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
@@ -153,9 +161,9 @@ class PDPath:
             try:
                 if stream:
                     resp, usage, ttft = await attempt_stream(
-                        ing, sink, cand, path, send, strip_usage, want_chunk, doc)
+                        ing, sink, cand, path, send, strip_usage, want_chunk, doc, model)
                 else:
-                    resp, usage, ttft = await ing._attempt_once(cand, path, send, doc)
+                    resp, usage, ttft = await ing._attempt_once(cand, path, send, doc, model)
                 status = resp.status if resp is not None else 200
                 ok = status < 500
             except UpstreamError as e:
@@ -177,9 +185,13 @@ class PDPath:
                 ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
                 self.fallbacks += 1
                 return FALLBACK
+            if not final and resp is not None and falls_back(status):
+                return NEXT_MODEL
             ing._finish(path, model, principal, cand, status, stream,
                         len(tried) + len(d_tried), t0, started, ttft, usage, doc)
             return resp
+        if not final:
+            return NEXT_MODEL
         ing._trace(path, model, principal, None, 502, stream, len(tried) + len(d_tried), t0,
                    started, None, None, doc)
         return ing._refuse(

@@ -138,7 +138,10 @@ class StreamSink(Protocol):
     `write` raises ConnectionError when the client is gone; the request path then stops.
     """
 
-    async def start(self, content_type: str, node: str) -> None: ...
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
+        """The response head: 200, `content_type`, X-Fabric-Node `node` and X-Fabric-Model
+        `model` (the name the request asked for of the model that answers)."""
+        ...
 
     async def write(self, data: bytes) -> None: ...
 

@@ -47,8 +47,9 @@ class Resumable(Exception):
 
 async def attempt_stream(
     ing: Ingress, sink: StreamSink, cand: Candidate, path: str, body: bytes, strip_usage: bool,
-    want_chunk: bool, doc: dict[str, Any], recorder: RelayRecorder | None = None,
+    want_chunk: bool, doc: dict[str, Any], model: str, recorder: RelayRecorder | None = None,
 ) -> tuple[Reply | None, Usage | None, float | None]:
+    """`model`: the name the request asked for (X-Fabric-Model on the response)."""
     t = ing.config.timeouts
     t_send = _perf()
     opened: list[Upstream] = []
@@ -58,11 +59,11 @@ async def attempt_stream(
         # relay below is never cut on suspicion alone (abandon.py says why).
         if ing._own_timeouts:
             with AbandonIfDown(ing.source, cand):
-                got = await _open_stream(ing, cand, path, body, opened)
+                got = await _open_stream(ing, cand, path, body, opened, model)
         else:
             async with asyncio.timeout(t.first_byte):
                 with AbandonIfDown(ing.source, cand):
-                    got = await _open_stream(ing, cand, path, body, opened)
+                    got = await _open_stream(ing, cand, path, body, opened, model)
         if isinstance(got, Reply):
             return got, None, None
         up, it, first = got
@@ -99,7 +100,7 @@ async def attempt_stream(
     if recorder is not None:  # (continuation: whole events only, recorded)
         scanner = RecordingScanner(usage_scan, recorder)
     try:
-        await sink.start(up.content_type, cand.session_id)
+        await sink.start(up.content_type, cand.session_id, model)
         out = scanner.feed(first) if scanner is not None else first
         if out:
             await sink.write(out)
@@ -157,7 +158,7 @@ async def attempt_stream(
     return None, usage, ttft
 
 async def _open_stream(
-    ing: Ingress, cand: Candidate, path: str, body: bytes, opened: list[Upstream]
+    ing: Ingress, cand: Candidate, path: str, body: bytes, opened: list[Upstream], model: str
 ) -> Reply | tuple[Upstream, AsyncGenerator[bytes, None], bytes]:
     """Open the upstream (appended to `opened` for cleanup) and read its first chunk; a
     complete Reply for a non-200 client error from the engine."""
@@ -171,7 +172,7 @@ async def _open_stream(
         data = await up.read_capped(ing.config.max_response_bytes)  # non-streamed answer)
         opened.clear()
         await up.aclose()
-        return Reply(up.status, data, up.content_type, cand.session_id)
+        return Reply(up.status, data, up.content_type, cand.session_id, model=model)
     it = up.chunks()
     try:
         first = await it.__anext__()

@@ -121,7 +121,7 @@ class _Sink:
         self.ended = False
         self.wrote = asyncio.Event()
 
-    async def start(self, content_type: str, node: str) -> None:
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
         self.node = node
 
     async def write(self, data: bytes) -> None:

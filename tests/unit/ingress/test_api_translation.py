@@ -81,7 +81,7 @@ class Collect:
         self.data = b""
         self.ended = False
 
-    async def start(self, content_type: str, node: str) -> None:
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
         assert content_type == "text/event-stream"
 
     async def write(self, data: bytes) -> None:

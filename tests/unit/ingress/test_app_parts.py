@@ -103,7 +103,7 @@ async def test_a_request_by_alias_reaches_the_engine_under_the_model_id() -> Non
 
 
 class _NoSink:
-    async def start(self, content_type: str, node: str) -> None:
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
         raise AssertionError("not a stream")
 
     async def write(self, data: bytes) -> None:

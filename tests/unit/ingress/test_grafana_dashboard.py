@@ -28,7 +28,8 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
              "gauge": ("",)}
 # Labels whose values we bound (known models/nodes/owners, else "other") or that are enums.
 _BOUNDED_LABELS = {"model", "status", "code", "node", "owner", "kind", "reason", "state",
-                   "direction", "path", "event", "le"}
+                   "direction", "path", "event", "le",
+                   "from", "to"}  # (model fallbacks: two model labels, pairs capped)
 
 
 def _families() -> dict[str, str]:
@@ -38,6 +39,7 @@ def _families() -> dict[str, str]:
     im.observe_ttft("m", 0.05)
     im.observe_usage("m", "alice", 10, 5)
     im.observe_tpot("m", 0.2, 5)
+    im.observe_fallback("m", "m2")
     nm = NodeMetrics()
     nm._counters.gossip = AgentStats()
     nm._counters.net = NetStats()

@@ -66,3 +66,22 @@ def test_label_cardinality_is_bounded_whatever_names_clients_send() -> None:
         m.observe_routed(f"node-{i}")
     assert len({model for model, _ in m.requests}) <= MAX_MODEL_LABELS + 1
     assert len(m.e2e) <= MAX_MODEL_LABELS + 1 and len(m.routed) <= MAX_NODE_LABELS + 1
+
+
+@pytest.mark.hostile
+def test_model_fallbacks_are_counted_by_bounded_model_pairs() -> None:
+    from llmfabric.ingress.observe.metrics import MAX_FALLBACK_PAIRS, OTHER
+
+    m = IngressMetrics()
+    m.known_model = lambda name: name in {"big", "small"}
+    m.observe_fallback("big", "small")
+    m.observe_fallback("no-such-model", "small")
+    s = samples(m)
+    name = "llmfabric_ingress_model_fallbacks_total"
+    assert s[(name, (("from", "big"), ("to", "small")))] == 1
+    assert s[(name, (("from", OTHER), ("to", "small")))] == 1
+    m.known_model = None  # known names, but never more pairs than the cap
+    for i in range(2000):
+        m.observe_fallback(f"a{i}", f"b{i}")
+    assert len(m.fallbacks) <= MAX_FALLBACK_PAIRS + 1
+    assert sum(m.fallbacks.values()) == 2002

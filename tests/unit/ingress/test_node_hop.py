@@ -61,7 +61,7 @@ class NoSink:
 
     headers: dict[str, str] | None = None
 
-    async def start(self, content_type: str, node: str) -> None:
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
         raise AssertionError("not a stream")
 
     async def write(self, data: bytes) -> None:

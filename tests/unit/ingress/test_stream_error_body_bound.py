@@ -52,5 +52,5 @@ async def test_a_client_error_without_end_is_read_up_to_the_cap() -> None:
                           config=SimpleNamespace(timeouts=None, max_response_bytes=1 << 20))
     with pytest.raises(UpstreamError, match="larger than"):
         await asyncio.wait_for(_open_stream(ing, None, "/v1/chat/completions",  # type: ignore[arg-type]
-                                            b"{}", []), 10)
+                                            b"{}", [], "m"), 10)
     assert up.sent <= (1 << 20) + 65536

@@ -3,7 +3,8 @@
 `messages_to_chat` maps a Messages request (system prompt, content blocks incl. images,
 tool_use / tool_result, tools, tool_choice, stop_sequences, max_tokens, temperature, top_p,
 top_k) to a chat completions body; `chat_to_message` maps the reply back (stop_reason from
-finish_reason, usage as input/output tokens); `MessagesStream` re-shapes a streamed chat
+finish_reason, usage as input/output tokens; `fallbacks: [{"model": ...}]` becomes the
+core's `models`, `fallback_models`); `MessagesStream` re-shapes a streamed chat
 completion into Anthropic's events (message_start, content_block_start/delta/stop,
 message_delta with usage, message_stop). `anthropic_error` gives Anthropic's error shape.
 """
@@ -16,6 +17,7 @@ import orjson
 
 from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
 from llmfabric.ingress.apis.responses_api import TranslationError, new_id
+from llmfabric.ingress.model_list import MAX_ENTRIES, MAX_FALLBACKS
 from llmfabric.ingress.usage import claimed_tokens
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -115,6 +117,7 @@ def messages_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise TranslationError("model: field required (a string)", "model")
+    models = fallback_models(doc)
     mt = doc.get("max_tokens")
     if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
         raise TranslationError("max_tokens: field required (a positive integer)", "max_tokens")
@@ -134,6 +137,8 @@ def messages_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     if len(msgs) == (1 if system is not None else 0):
         raise TranslationError("messages: at least one message is required", "messages")
     chat: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": mt}
+    if models is not None:
+        chat["models"] = models  # (validated by the request core, model_list.py)
     for k in ("temperature", "top_p", "top_k"):
         if doc.get(k) is not None:
             chat[k] = doc[k]
@@ -176,6 +181,32 @@ def messages_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def fallback_models(doc: dict[str, Any]) -> Any:
+    """The request's fallback models for the core's `models` (None: none): Anthropic's
+    `fallbacks: [{"model": ...}]` (no per-entry overrides here: only `model`), or `models`
+    as on the OpenAI routes; not both."""
+    fallbacks = doc.get("fallbacks")
+    if fallbacks is None:
+        return doc.get("models")
+    if doc.get("models") is not None:
+        raise TranslationError("send fallback models in 'fallbacks' or 'models', not both",
+                               "fallbacks", "invalid_models")
+    if not isinstance(fallbacks, list):
+        raise TranslationError("fallbacks must be a list of {\"model\": ...} objects",
+                               "fallbacks", "invalid_models")
+    if len(fallbacks) > MAX_ENTRIES:  # (a long list is refused unread)
+        raise TranslationError(f"fallbacks lists at most {MAX_FALLBACKS} models",
+                               "fallbacks", "invalid_models")
+    out = []
+    for i, entry in enumerate(fallbacks):
+        if not isinstance(entry, dict) or set(entry) != {"model"}:
+            raise TranslationError("a fallback is {\"model\": NAME}: per-fallback overrides "
+                                   "(max_tokens, thinking, ...) are not supported",
+                                   f"fallbacks[{i}]", "invalid_models")
+        out.append(entry["model"])
+    return out
 
 
 def stop_reason(finish: str | None, matched: Any, stops: Any) -> tuple[str, str | None]:
@@ -234,7 +265,8 @@ class MessagesStream(ChatStreamTranslator):
     def on_start(self) -> None:
         self.emit("message_start", {"type": "message_start", "message": {
             "id": new_id("msg"), "type": "message", "role": "assistant",
-            "model": str(self.req.get("model")), "content": [], "stop_reason": None,
+            "model": self.model or str(self.req.get("model")), "content": [],
+            "stop_reason": None,
             "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
 
     def _open(self, kind: str, block: dict[str, Any]) -> None:

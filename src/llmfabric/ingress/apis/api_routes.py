@@ -98,7 +98,7 @@ class ApiRoutes:
         try:
             doc = _object(body)
             refuse_stateful(doc)
-            if self._is_native(doc.get("model")):
+            if self._is_native(doc):
                 return await self.ingress.serve(NATIVE_RESPONSES_PATH, True, authorization,
                                                 providers, body, sink, session_id)
             chat = responses_to_chat(doc)
@@ -111,9 +111,19 @@ class ApiRoutes:
                                          orjson.dumps(chat), ts or sink, session_id)
         return _translate(reply, ts, lambda d: chat_to_response(d, doc), RESPONSES)
 
-    def _is_native(self, model: Any) -> bool:
-        return bool(self.native) and isinstance(model, str) and (
-            "*" in self.native or model in self.native)
+    def _is_native(self, doc: dict[str, Any]) -> bool:
+        """Whether every model the request names (`model` and its fallback `models`) is
+        served through the engines' own /v1/responses (else it is translated)."""
+        if not self.native:
+            return False
+        model, models = doc.get("model"), doc.get("models")
+        names = [] if model is None else [model]
+        if models is not None:
+            if not isinstance(models, list):
+                return False  # (translated: the core refuses it)
+            names += models
+        return bool(names) and all(isinstance(n, str) for n in names) and (
+            "*" in self.native or all(n in self.native for n in names))
 
     # -- /v1/messages ----------------------------------------------------------------------
 
@@ -176,7 +186,7 @@ def _translate(reply: Reply | None, stream: ChatStreamTranslator | None,
     except (ValueError, TypeError, KeyError, AttributeError):  # (JSON errors too)
         bad = error_reply(502, "the engine's reply could not be translated", "upstream_failed")
         return to_anthropic(bad) if path == MESSAGES else bad
-    return Reply(200, out, "application/json", reply.node, reply.headers)
+    return Reply(200, out, "application/json", reply.node, reply.headers, reply.model)
 
 
 def to_anthropic(reply: Reply) -> Reply:
@@ -192,4 +202,4 @@ def to_anthropic(reply: Reply) -> Reply:
     except orjson.JSONDecodeError:
         pass
     return Reply(reply.status, anthropic_error(reply.status, message), "application/json",
-                 reply.node, reply.headers)
+                 reply.node, reply.headers, reply.model)

@@ -18,7 +18,7 @@ from llmfabric.ingress.usage import claimed_tokens
 
 
 class Sink(Protocol):
-    async def start(self, content_type: str, node: str) -> None: ...
+    async def start(self, content_type: str, node: str, model: str = "") -> None: ...
 
     async def write(self, data: bytes) -> None: ...
 
@@ -44,14 +44,16 @@ class ChatStreamTranslator:
         self.stop_reason: Any = None  # vLLM: the stop string that matched
         self.usage: tuple[int, int] | None = None
         self.failed: str | None = None
+        self.model = ""  # the model that answers, as the request named it ("": unknown)
 
     # -- StreamSink ------------------------------------------------------------------------
 
     def direct_writer(self) -> None:
         return None  # (every chunk is parsed here)
 
-    async def start(self, content_type: str, node: str) -> None:
-        await self.inner.start("text/event-stream", node)
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
+        self.model = model
+        await self.inner.start("text/event-stream", node, model)
         self.started = True
         self.on_start()
         await self._flush()

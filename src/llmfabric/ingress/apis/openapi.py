@@ -79,6 +79,9 @@ _STREAM_OPTS = {"stream": _BOOL, "max_tokens": _POS_INT_OR_NULL, "temperature": 
                 "top_p": _NUM, "stop": {"type": ["string", "array", "null"]},
                 "stream_options": {"type": ["object", "null"]}, "user": _STR}
 _MESSAGES = {"type": "array", "items": _ANY_OBJ}
+# Fallback models (ingress/model_list.py), tried in order after `model`.
+_MODELS = {"type": ["array", "null"], "maxItems": 4,
+           "items": {"type": "string", "minLength": 1, "maxLength": 512}}
 
 _FLEET_GET = {"responses": {"200": _ok("the view"), **_errors(401, 503)}}
 
@@ -88,7 +91,7 @@ def _fleet(summary: str) -> dict[str, Any]:
 
 
 def _passthrough() -> dict[str, Any]:
-    body = _open_body({"model": _STR}, ["model"])
+    body = _open_body({"model": _STR, "models": _MODELS}, ["model"])
     return {path: _infer(f"passed through to the engine as {fwd}", body, stream=False)
             for path, fwd in sorted(PASSTHROUGH_ROUTES.items())}
 
@@ -114,22 +117,29 @@ def openapi_document() -> dict[str, Any]:
     """A fresh copy of the document (callers may change it)."""
     paths: dict[str, Any] = {
         "/v1/chat/completions": _infer("chat completion (OpenAI)", _open_body(
-            {"model": _STR, "messages": _MESSAGES, **_STREAM_OPTS}, ["model", "messages"])),
+            {"model": _STR, "models": _MODELS, "messages": _MESSAGES, **_STREAM_OPTS},
+            ["model", "messages"])),
         "/v1/completions": _infer("text completion (OpenAI)", _open_body(
-            {"model": _STR, "prompt": {"type": ["string", "array"]}, **_STREAM_OPTS},
+            {"model": _STR, "models": _MODELS, "prompt": {"type": ["string", "array"]},
+             **_STREAM_OPTS},
             ["model", "prompt"])),
         "/v1/embeddings": _infer("embeddings (OpenAI)", _open_body(
-            {"model": _STR, "input": {"type": ["string", "array"]}}, ["model", "input"]),
+            {"model": _STR, "models": _MODELS, "input": {"type": ["string", "array"]}},
+            ["model", "input"]),
             stream=False),
         "/v1/responses": _infer("Responses API (translated to chat, or native)", _open_body(
-            {"model": _STR, "input": {"type": ["string", "array"]}, "instructions": _STR,
+            {"model": _STR, "models": _MODELS, "input": {"type": ["string", "array"]},
+             "instructions": _STR,
              "stream": _BOOL, "max_output_tokens": _POS_INT_OR_NULL, "store": _BOOL},
             ["model", "input"])),
         "/v1/responses/{tail}": _not_stored(),
         "/v1/messages": _infer("Anthropic Messages API (translated to chat); the key may "
                                "come in x-api-key", _open_body(
             {"model": _STR, "messages": _MESSAGES, "max_tokens": _INT,
-             "system": {"type": ["string", "array"]}, "stream": _BOOL},
+             "system": {"type": ["string", "array"]}, "stream": _BOOL,
+             "fallbacks": {"type": ["array", "null"], "maxItems": 4, "items": {
+                 "type": "object", "required": ["model"], "additionalProperties": False,
+                 "properties": {"model": _STR}}}},
             ["model", "messages", "max_tokens"])),
         **_passthrough(),
         "/v1/models": {"get": {"summary": "models served by the fabric (OpenAI list)",

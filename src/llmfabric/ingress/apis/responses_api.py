@@ -7,7 +7,8 @@ a follow-up may land on any node of any provider. `previous_response_id`, `conve
 
 `responses_to_chat` maps a Responses request to a chat completions body (instructions,
 input items incl. function calls and their outputs, tools, tool_choice, `text.format` ->
-`response_format`, max_output_tokens, temperature, top_p, seed, stop, logprobs);
+`response_format`, max_output_tokens, temperature, top_p, seed, stop, logprobs, the fallback
+`models`);
 `chat_to_response` maps the chat reply back; `ResponsesStream` re-shapes a streamed chat
 completion into the Responses event stream (response.created ... response.completed).
 """
@@ -194,11 +195,16 @@ def responses_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     """A Responses create request -> a chat completions request (TranslationError -> 400)."""
     refuse_stateful(doc)
     model = doc.get("model")
-    if not isinstance(model, str) or not model:
+    models = doc.get("models")  # fallback models (validated by the core, model_list.py)
+    if (not isinstance(model, str) or not model) and (model is not None or models is None):
         raise TranslationError("'model' is required (a string)", "model", "missing_model")
     if doc.get("n") not in (None, 1):
         raise TranslationError("the Responses API returns one output; n must be 1", "n")
-    chat: dict[str, Any] = {"model": model, "messages": _messages(doc)}
+    chat: dict[str, Any] = {"messages": _messages(doc)}
+    if model is not None:
+        chat["model"] = model
+    if models is not None:
+        chat["models"] = models
     for k in _PASS:
         if doc.get(k) is not None:
             chat[k] = doc[k]
@@ -334,8 +340,8 @@ class ResponsesStream(ChatStreamTranslator):
         self.seq += 1
 
     def _shell(self, status: str) -> dict[str, Any]:
-        return response_shell(self.req, self.rid, str(self.req.get("model")), self.created,
-                              status)
+        return response_shell(self.req, self.rid, self.model or str(self.req.get("model")),
+                              self.created, status)
 
     def on_start(self) -> None:
         self._ev("response.created", response=self._shell("in_progress"))

@@ -27,7 +27,8 @@ Files:
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
   metrics, hosts=...)` for an aiohttp app over the same core (tests, embedding),
   `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a
-  connection the front handed over), `host_middleware(hosts, keyed)` (HostGuard for an
-  aiohttp app: the node's app has it).
+  connection the front handed over: aiohttp handlers over `Ingress.serve` / `Ingress.api`,
+  `read_body`), `host_middleware(hosts, keyed)` (HostGuard for an aiohttp app: the node's
+  app has it).
 - web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
 """

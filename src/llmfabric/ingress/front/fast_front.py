@@ -39,7 +39,7 @@ import orjson
 
 from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, to_anthropic
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.errors import Reply, error_reply
+from llmfabric.ingress.errors import Reply, body_too_large, error_reply
 from llmfabric.ingress.front.fast_routes import owned, route
 from llmfabric.ingress.front.fast_wire import (
     FrontRequest,
@@ -99,7 +99,8 @@ class FastFront:
         ingress.metrics.front_connections = self.slots.counts
         self.keys_seen = KeyMemo(limits)  # keys that pass the pre-body check at once
         self.key_check = KeyPrecheck(ingress, self.keys_seen)  # (key_precheck.py)
-        # Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
+        # Response heads up to "Content-Length: " by (status, content type, node, model,
+        # keep-alive).
         self._heads: HeadCache = {}
 
     async def start(
@@ -364,7 +365,7 @@ class _Connection(asyncio.Protocol):
 
     def _too_large(self, cur: FrontRequest) -> None:
         """Answer 400 now; the rest of the body is discarded and the connection closes."""
-        self.refuse_early(cur, self.ingress._too_large(self.max_body))
+        self.refuse_early(cur, body_too_large(self.max_body))
 
     def on_body(self, body: bytes) -> None:
         cur = self.cur

@@ -123,12 +123,15 @@ def not_allowed(path: bytes, allow: str) -> Reply:
 
 
 def response_head(status: int, content_type: str, node: str, extra: dict[str, str] | None,
-          close: bool) -> bytearray:
+                  close: bool, model: str = "") -> bytearray:
     reason = REASONS.get(status) or _reason(status)
     out = bytearray(b"HTTP/1.1 %d %s\r\nContent-Type: " % (status, reason))
     out += safe_content_type(content_type).encode()
     if node:
         out += b"\r\nX-Fabric-Node: " + safe_header_value(node).encode()
+    if model:
+        out += b"\r\nX-Fabric-Model: "
+        out += safe_header_value(model).encode()
     if extra:
         for k, v in extra.items():
             out += (b"\r\n" + safe_header_value(k).encode() + b": "
@@ -138,8 +141,8 @@ def response_head(status: int, content_type: str, node: str, extra: dict[str, st
     return out
 
 
-# Response heads up to "Content-Length: " by (status, content type, node, keep-alive).
-HeadCache = dict[tuple[int, str, str, bool], bytes]
+# Response heads up to "Content-Length: " by (status, content type, node, model, keep-alive).
+HeadCache = dict[tuple[int, str, str, str, bool], bytes]
 
 
 def reply_bytes(heads: HeadCache, reply: Reply, keep: bool, head_only: bool) -> bytes:
@@ -147,16 +150,17 @@ def reply_bytes(heads: HeadCache, reply: Reply, keep: bool, head_only: bool) -> 
     headers are cached in `heads`."""
     if reply.headers:
         head = bytes(response_head(reply.status, reply.content_type, reply.node,
-                                   reply.headers, not keep) + b"\r\nContent-Length: ")
+                                   reply.headers, not keep, reply.model)
+                     + b"\r\nContent-Length: ")
     else:
-        key = (reply.status, reply.content_type, reply.node, keep)
+        key = (reply.status, reply.content_type, reply.node, reply.model, keep)
         cached = heads.get(key)
         if cached is None:
             if len(heads) > 1024:
                 heads.clear()
             cached = heads[key] = bytes(
-                response_head(reply.status, reply.content_type, reply.node, None, not keep)
-                + b"\r\nContent-Length: ")
+                response_head(reply.status, reply.content_type, reply.node, None, not keep,
+                              reply.model) + b"\r\nContent-Length: ")
         head = cached
     return b"%b%d\r\n\r\n%b" % (head, len(reply.body), b"" if head_only else reply.body)
 
@@ -182,9 +186,9 @@ class ResponseSink:
             raise ConnectionResetError("the client closed the connection")
         return c.transport
 
-    async def start(self, content_type: str, node: str) -> None:
-        self._transport()  # (_head drops control characters from both values)
-        out = response_head(200, content_type, node, self.headers, not self.chunked)
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
+        self._transport()  # (response_head drops control characters from every value)
+        out = response_head(200, content_type, node, self.headers, not self.chunked, model)
         out += (b"\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
                 if self.chunked else b"\r\nCache-Control: no-cache\r\n\r\n")
         self.head = bytes(out)

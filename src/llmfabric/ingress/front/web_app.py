@@ -1,6 +1,7 @@
 """The ingress as an aiohttp application: `add_ingress_routes(app, ingress)` mounts the OpenAI
-routes (and /openapi.json) on an existing app (the node does this); `build_ingress_app(...)`
-is a standalone ingress app that owns its forwarder."""
+routes (and /openapi.json) on an existing app (the node does this), each an aiohttp handler
+over the request core (`Ingress.serve`, `Ingress.api`) streaming through a `WebSink`;
+`build_ingress_app(...)` is a standalone ingress app that owns its forwarder."""
 
 from __future__ import annotations
 
@@ -9,16 +10,24 @@ import random
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, not_stored
+from llmfabric.ingress.apis.api_routes import (
+    EXTRA_POST_PATHS,
+    MESSAGES,
+    anthropic_auth,
+    not_stored,
+)
 from llmfabric.ingress.apis.openapi import add_openapi_route
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig
+from llmfabric.ingress.errors import Reply, body_too_large
 from llmfabric.ingress.front.fast_routes import api_path
 from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.front.web_sink import web_response
+from llmfabric.ingress.front.web_sink import WebSink, web_response
 from llmfabric.ingress.observe.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.observe.trace_routes import traces_handler
+from llmfabric.ingress.observe.tracing import traced
 from llmfabric.ingress.protocols import Authenticator, CandidateSource, Forwarder, UsageSink
+from llmfabric.routing.prefix import SESSION_HEADER
 
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
 
@@ -43,14 +52,72 @@ def host_middleware(hosts: HostGuard, keyed: bool) -> Middleware:
     return check
 
 
+async def read_body(request: web.Request, limit: int) -> bytes | Reply:
+    """The request's body, or the 400 for one over `limit` bytes (read no further)."""
+    cl = request.content_length
+    if cl is not None and cl > limit:
+        return body_too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    async for data in request.content.iter_any():
+        size += len(data)
+        if size > limit:
+            return body_too_large(limit)
+        parts.append(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _sent(sink: WebSink, reply: Reply | None) -> web.StreamResponse:
+    """The aiohttp response of a request the core answered (`reply`) or streamed."""
+    if reply is None:
+        return sink.response if sink.response is not None else web.StreamResponse()
+    return web_response(reply)
+
+
+def _openai_route(ingress: Ingress, path: str, streamable: bool) -> Handler:
+    """POST /v1/chat/completions, /v1/completions or /v1/embeddings."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        sink = WebSink(request)
+        h = request.headers
+        reply = await traced(ingress.tracer, h.get("traceparent"), sink, lambda: ingress.serve(
+            path, streamable, h.get("Authorization", ""), h.get("X-Fabric-Providers"),
+            lambda: read_body(request, ingress.config.max_body_bytes), sink,
+            h.get(SESSION_HEADER)))
+        return _sent(sink, reply)
+
+    return handler
+
+
+def _api_route(ingress: Ingress) -> Handler:
+    """The EXTRA_POST_PATHS routes (api_routes.py)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        h = request.headers
+        auth = h.get("Authorization", "")
+        if request.path == MESSAGES:
+            auth = anthropic_auth(auth, h.get("x-api-key"))
+        sink = WebSink(request)
+        reply = await traced(ingress.tracer, h.get("traceparent"), sink, lambda: ingress.api.serve(
+            request.path, auth, h.get("X-Fabric-Providers"),
+            lambda: read_body(request, ingress.config.max_body_bytes), sink,
+            h.get(SESSION_HEADER)))
+        return _sent(sink, reply)
+
+    return handler
+
+
 def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
     """Mount the OpenAI routes on an existing app (the node does this)."""
-    app.router.add_post("/v1/chat/completions", ingress.chat_completions)
-    app.router.add_post("/v1/completions", ingress.completions)
-    app.router.add_post("/v1/embeddings", ingress.embeddings)
-    app.router.add_get("/v1/models", ingress.models)
+    for path, streamable in (("/v1/chat/completions", True), ("/v1/completions", True),
+                             ("/v1/embeddings", False)):
+        app.router.add_post(path, _openai_route(ingress, path, streamable))
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        return web_response(await ingress.models_reply(request.headers.get("Authorization", "")))
+
+    app.router.add_get("/v1/models", models)
+    api = _api_route(ingress)
     for path in sorted(EXTRA_POST_PATHS):
-        app.router.add_post(path, ingress.api_route)
+        app.router.add_post(path, api)
     app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
     app.router.add_get("/v1/fabric/traces", traces_handler(ingress))
     add_openapi_route(app)

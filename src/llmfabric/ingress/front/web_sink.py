@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmfabric.ingress.errors import Reply
+from llmfabric.ingress.errors import MODEL_HEADER, Reply
 from llmfabric.ingress.front.front_limits import safe_content_type, safe_header_value
 
 
@@ -19,12 +19,14 @@ class WebSink:
         self.response: web.StreamResponse | None = None
         self.headers: dict[str, str] | None = None  # extra response headers (X-Fabric-Trace)
 
-    async def start(self, content_type: str, node: str) -> None:
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
         self.response = web.StreamResponse(
             status=200,
             headers={"Content-Type": safe_content_type(content_type),
                      "Cache-Control": "no-cache", "X-Fabric-Node": safe_header_value(node)},
         )
+        if model:
+            self.response.headers[MODEL_HEADER] = safe_header_value(model)
         if self.headers:
             self.response.headers.update(
                 (k, safe_header_value(v)) for k, v in self.headers.items())
@@ -47,6 +49,8 @@ def web_response(reply: Reply) -> web.Response:
     headers = {"Content-Type": safe_content_type(reply.content_type)}
     if reply.node:
         headers["X-Fabric-Node"] = safe_header_value(reply.node)
+    if reply.model:
+        headers[MODEL_HEADER] = safe_header_value(reply.model)
     if reply.headers:
         headers.update((k, safe_header_value(v)) for k, v in reply.headers.items())
     return web.Response(body=reply.body, status=reply.status, headers=headers)

@@ -48,6 +48,7 @@ OTHER = "other"
 MAX_MODEL_LABELS = 256
 MAX_NODE_LABELS = 1024
 MAX_OWNER_LABELS = 256
+MAX_FALLBACK_PAIRS = 256  # (from, to) model pairs; both labels are bounded model labels
 
 
 class IngressMetrics:
@@ -66,6 +67,7 @@ class IngressMetrics:
         self.ttft: dict[str, _Hist] = {}  # model -> time to the first streamed byte
         self.tpot: dict[str, _Hist] = {}  # model -> mean time per output token of a stream
         self.tokens: dict[tuple[str, str, str], int] = {}  # (model, owner, kind) -> tokens
+        self.fallbacks: dict[tuple[str, str], int] = {}  # (from, to) -> requests moved on
         self.queue_wait = _Hist()  # seconds admitted requests waited in the fair queue
         self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy/gate.py)
         self.queue_depth: Callable[[], int] | None = None  # requests waiting (fair queue)
@@ -161,6 +163,14 @@ class IngressMetrics:
     def observe_refusal(self, reason: str) -> None:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
+    def observe_fallback(self, from_model: str, to_model: str) -> None:
+        """A request moved on from one model of its `models` list to the next."""
+        key = (self._model(from_model), self._model(to_model))
+        f = self.fallbacks
+        if key not in f and len(f) >= MAX_FALLBACK_PAIRS:
+            key = (OTHER, OTHER)
+        f[key] = f.get(key, 0) + 1
+
     def observe_routed(self, node: str) -> None:
         node = self._node(node)
         r = self.routed
@@ -214,6 +224,13 @@ class IngressMetrics:
             for key, n in sorted(counts.items()):
                 c.add_metric((key,), n)
             yield c
+        c = CounterMetricFamily("llmfabric_ingress_model_fallbacks",
+                                "Requests moved on to the next model of their `models` list, "
+                                "by the model that failed and the one tried next",
+                                labels=("from", "to"))
+        for (src, dst), n in sorted(self.fallbacks.items()):
+            c.add_metric((src, dst), n)
+        yield c
         yield from self._tenancy_families()
 
     def _tenancy_families(self) -> Iterator[Metric]:

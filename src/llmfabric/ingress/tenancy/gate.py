@@ -1,12 +1,13 @@
 """Multi-tenancy at the ingress: token budgets (accounts.budgets) and fair queueing across
 owners (accounts.fairqueue), behind three calls the request path makes:
 
-- `gate.admit_at_once(principal) or await gate.admit(principal, doc)` after authentication
-  (the sync call answers the common case, nothing to reserve, without a coroutine): reserves
-  the request's worst case on its key's and owner's budgets and in their tokens/min
-  buckets, then waits for a fair-queue slot; a `Refusal` (429 with Retry-After carrying the
-  real wait) when the budget is used up, a tokens/min bucket is empty or the queue is full.
-- `gate.used(usage)` when the request's usage is known.
+- `gate.admit_at_once(principal) or await gate.admit(principal, doc, path, fallbacks)` after
+  authentication (the sync call answers the common case, nothing to reserve, without a
+  coroutine): reserves the request's worst case on its key's and owner's budgets and in
+  their tokens/min buckets, then waits for a fair-queue slot; a `Refusal` (429 with
+  Retry-After carrying the real wait) when the budget is used up, a tokens/min bucket is
+  empty or the queue is full. Once per request, whatever models it may fall back to.
+- `gate.used(usage, model)` when the request's usage is known (`model`: the one served).
 - `gate.settle()` when the request ends, however it ends (the ingress calls it in a
   `finally`): releases the slot, settles the reservation to what was used and gives the
   tokens/min hold back (the limiter charged what was used when the usage was recorded).
@@ -14,7 +15,9 @@ owners (accounts.fairqueue), behind three calls the request path makes:
 The worst case: the prompt's upper-ish bound (ingress.usage `prompt_token_bound`) plus the
 completion cap: the largest cap field times n, or, without one, the context of the model
 (`advertised_context`: engines generate up to it), and the
-default only when no node serves the model.
+default only when no node serves the model. A request with fallback models (`models`,
+ingress/model_list.py) reserves for the largest context among them that resolve, and on a
+spend budget the dearest of them: whichever model serves it, the hold covers it.
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -24,7 +27,7 @@ concurrent requests never mix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -180,7 +183,9 @@ class TenancyGate:
         return True
 
     async def admit(self, principal: Principal | None, doc: Mapping[str, Any],
-                    path: str = "/v1/chat/completions") -> Refusal | None:
+                    path: str = "/v1/chat/completions", fallbacks: Sequence[str] = ()
+                    ) -> Refusal | None:
+        """`fallbacks`: the models the request may be served by after `doc["model"]`."""
         if self.admit_at_once(principal):
             return None
         key_id, owner, issuer = _owner(principal)
@@ -189,9 +194,11 @@ class TenancyGate:
         self._stateless = False
         _STATE.set(state)
         state.model = str(doc.get("model", ""))
+        models = (state.model, *fallbacks)
         context = 0
-        if self.context_of is not None and path in _GENERATING and _uncapped(doc):
-            context = self.context_of(state.model)
+        if (context_of := self.context_of) is not None and path in _GENERATING \
+                and _uncapped(doc):
+            context = max(context_of(m) for m in models)  # (0: none of them resolves)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
         if self.rate is not None and principal is not None and _token_limited(principal):
@@ -207,14 +214,16 @@ class TenancyGate:
                 return self._refused("rate_limited", f"rate limit exceeded for this key "
                                      f"({exc.limit}); retry after {secs} s", secs)
         if book is not None and principal is not None and book.applies(key_id, owner, issuer):
-            got = book.reserve(key_id, owner, cost, book.cost_micros(
-                state.model, prompt, completion), issuer=issuer)
+            micros = max(book.cost_micros(m, prompt, completion) for m in models)
+            got = book.reserve(key_id, owner, cost, micros, issuer=issuer)
             if isinstance(got, OverBudget):
                 self.settle()
                 hint = ""
                 if context:
-                    hint = (f"; this request sets no max_tokens, so it reserves the model's "
-                            f"context ({completion} tokens): set max_tokens to what it needs")
+                    whose = "the largest context of its models" if fallbacks else (
+                        "the model's context")
+                    hint = (f"; this request sets no max_tokens, so it reserves {whose} "
+                            f"({completion} tokens): set max_tokens to what it needs")
                 return self._refused("budget_exceeded", got.message() + hint,
                                      got.retry_after_s)
             state.hold = got
@@ -243,10 +252,14 @@ class TenancyGate:
         return Refusal(429, message, "insufficient_quota" if code == "budget_exceeded"
                        else "rate_limit_exceeded", None, {"Retry-After": str(secs)})
 
-    def used(self, usage: Usage | None) -> None:
+    def used(self, usage: Usage | None, model: str = "") -> None:
+        """The request's usage, served by `model` (what the settlement prices; "": the
+        model it was admitted for)."""
         if self._stateless:
             return
         state = _STATE.get()
+        if state is not None and model:
+            state.model = model
         if state is not None and usage is not None:
             state.used[0] += max(0, usage[0])
             state.used[1] += max(0, usage[1])
