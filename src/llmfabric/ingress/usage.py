@@ -226,34 +226,47 @@ class Usage(NamedTuple):
 # / 4) of the returned text. Such rows are marked estimated in the usage ledger.
 
 
-def _text_sum(value: Any, measure: Callable[[str], float], depth: int = 0) -> float:
+# Content parts that are not text (OpenAI chat `image_url` / `input_audio`, vLLM's
+# `video_url` and `audio_url`, the Responses API's `input_image` / `input_file`, Anthropic's
+# `image` / `document` blocks): an engine turns each into tokens the text walk cannot see.
+MEDIA_PART_TYPES = frozenset({"image_url", "input_image", "image", "input_audio", "audio_url",
+                              "video_url", "input_file", "file", "document"})
+
+
+def _text_sum(value: Any, measure: Callable[[str], float], media: float = 0.0,
+              depth: int = 0) -> float:
     """MEASURE summed over the texts of a prompt or reply part: a string, the items of a
-    list (its first 10,000), the `text` and `content` of an object; five levels deep."""
+    list (its first 10,000), the `text` and `content` of an object; five levels deep. A
+    content part of a MEDIA_PART_TYPES type counts MEDIA tokens."""
     if isinstance(value, str):
         return measure(value)
     if depth > 4:
         return 0
     if isinstance(value, list):
-        return sum(_text_sum(v, measure, depth + 1) for v in value[:10_000])
+        return sum(_text_sum(v, measure, media, depth + 1) for v in value[:10_000])
     if isinstance(value, dict):
-        return (_text_sum(value.get("text"), measure, depth + 1)
-                + _text_sum(value.get("content"), measure, depth + 1))
+        if media and value.get("type") in MEDIA_PART_TYPES:
+            return media
+        return (_text_sum(value.get("text"), measure, media, depth + 1)
+                + _text_sum(value.get("content"), measure, media, depth + 1))
     return 0
 
 
-def _prompt_tokens(doc: Mapping[str, Any], text_tokens: Callable[[str], float]) -> int:
-    """A request's prompt tokens: TEXT_TOKENS over its texts (rounded up) + 4 per chat
-    message, or the number of token ids of a `prompt`/`input` given as ids."""
+def _prompt_tokens(doc: Mapping[str, Any], text_tokens: Callable[[str], float],
+                   media: float = 0.0) -> int:
+    """A request's prompt tokens: TEXT_TOKENS over its texts (rounded up; MEDIA per media
+    part) + 4 per chat message, or the number of token ids of a `prompt`/`input` given as
+    ids."""
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return (math.ceil(sum(_text_sum(m, text_tokens) for m in messages[:10_000]))
+        return (math.ceil(sum(_text_sum(m, text_tokens, media) for m in messages[:10_000]))
                 + 4 * len(messages))
     for key in ("prompt", "input"):
         value = doc.get(key)
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value[:8]):
             return len(value)  # already token ids
         if value is not None:
-            return math.ceil(_text_sum(value, text_tokens))
+            return math.ceil(_text_sum(value, text_tokens, media))
     return 0
 
 
@@ -271,7 +284,12 @@ def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
 # An upper-ish bound, cheap: characters / 4 undercounts text outside ASCII (CJK takes about
 # one token a character or more, an emoji one to three), so the characters outside ASCII
 # count one token per two UTF-8 bytes (accented Latin, Cyrillic: 1 a character; CJK: 2;
-# emoji: 2) and ASCII four characters a token, as the billing estimate above.
+# emoji: 2) and ASCII four characters a token, as the billing estimate above. An image,
+# audio, video or file part counts MEDIA_PART_TOKENS, whatever its size: what an engine makes
+# of one depends on the model (LLaVA-1.5: 576 an image, Llama 3.2 Vision: up to 6,404,
+# Qwen2.5-VL: up to 16,384 at its largest resolution; Whisper-style audio: 750 per 30 s),
+# and the hold is settled to the engine's reported usage afterwards.
+MEDIA_PART_TOKENS = 4096
 
 
 def _bound_tokens(text: str) -> float:
@@ -284,8 +302,9 @@ def _bound_tokens(text: str) -> float:
 
 def prompt_token_bound(doc: Mapping[str, Any]) -> int:
     """What a request's prompt is reserved as (an upper-ish bound of its tokens, above):
-    `estimate_prompt_tokens` where the text is ASCII, more where it is not."""
-    return _prompt_tokens(doc, _bound_tokens)
+    `estimate_prompt_tokens` where the text is ASCII, more where it is not, and
+    MEDIA_PART_TOKENS for each image, audio, video or file part."""
+    return _prompt_tokens(doc, _bound_tokens, MEDIA_PART_TOKENS)
 
 
 def estimate_completion_from_body(body: bytes) -> int:

@@ -226,6 +226,43 @@ def test_the_prompt_reservation_does_not_undercount_text_outside_ascii(text: str
     assert reservation_parts(english)[0] == 100 + 4  # (unchanged for ASCII)
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+
+@pytest.mark.hostile
+async def test_media_parts_reserve_tokens_and_their_requests_cannot_overspend() -> None:
+    """An image reserved nothing (only texts were walked): 20 requests of 8 images and a
+    word each got past a budget for 2. Each image, audio, video or file part of a chat
+    message, a Responses input or an Anthropic block now reserves MEDIA_PART_TOKENS; the
+    billing estimate (characters / 4, documented) is unchanged."""
+    from llmfabric.ingress.usage import MEDIA_PART_TOKENS, estimate_prompt_tokens
+
+    chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                      *[IMAGE] * 8]}], "max_tokens": 10}
+    assert reservation_parts(chat)[0] == 8 * MEDIA_PART_TOKENS + 1 + 4
+    assert estimate_prompt_tokens(chat) == 1 + 4
+    for part in ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+                 {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}},
+                 {"type": "file", "file": {"file_data": "AAAA"}}):
+        doc = {"messages": [{"role": "user", "content": [part]}]}
+        assert reservation_parts(doc)[0] == MEDIA_PART_TOKENS + 4, part["type"]
+    responses = {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "x" * 40},
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}
+    assert reservation_parts(responses)[0] == MEDIA_PART_TOKENS + 10
+    anthropic = {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "data": "AAAA"}}]}]}
+    assert reservation_parts(anthropic)[0] == MEDIA_PART_TOKENS + 4
+
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("key", "k1", 2 * (8 * MEDIA_PART_TOKENS + 5 + 10), "day"))
+    gate = TenancyGate(book)
+    admitted = 0
+    for _ in range(20):
+        admitted += await gate.admit(StaticPrincipal("k1"), chat) is None
+    assert admitted == 2
+
+
 async def test_a_token_limited_key_holds_its_worst_case_until_it_settles() -> None:
     from llmfabric.accounts import ApiKey, RateLimiter
     from llmfabric.testing.fake_clock import FakeClock
