@@ -115,3 +115,22 @@ def test_status_ignores_malformed_fabric_entries(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(urllib.request, "urlopen",
                         lambda *a, **k: io.BytesIO(_json.dumps(body).encode()))
     assert [n["session_id"] for n in cli_slurm._fabric_nodes("http://x")] == ["ok"]
+
+
+def test_status_sends_the_api_key_to_the_ingress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ingress's fleet views need a key: `slurm status --node URL --api-key K` sends it."""
+    import io
+    import urllib.request
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    seen: list[str | None] = []
+
+    def urlopen(req: urllib.request.Request, timeout: float = 0) -> io.BytesIO:
+        seen.append(req.get_header("Authorization"))
+        return io.BytesIO(b'{"nodes": []}')
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.delenv("LLMFABRIC_API_KEY", raising=False)
+    assert cli_slurm._fabric_nodes("http://x", "lf-k") == []
+    assert seen == ["Bearer lf-k"]
