@@ -212,6 +212,16 @@ class NodeConfig(BaseModel):
         front_limits(value)  # raises ValueError naming the bad key
         return value
 
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        from llmfabric.routing.policies import POLICIES
+
+        if value not in POLICIES:  # (was a traceback from the ingress at start)
+            raise ValueError(f"unknown routing policy {value!r}; choose one of: "
+                             f"{', '.join(sorted(POLICIES))}")
+        return value
+
     @field_validator("network_secret")
     @classmethod
     def _secret(cls, value: str | None) -> str | None:

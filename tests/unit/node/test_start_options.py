@@ -195,3 +195,14 @@ def test_fabric_mode_ingress_refuses_backend_only_flags(
     res = CliRunner().invoke(ingress_cli.command, ["--network-secret", "s" * 16, *flag])
     assert res.exit_code == 2 and "applies to --backend ingresses" in res.output
     assert not started
+
+
+def test_an_unknown_policy_is_one_clear_line(tmp_path: pathlib.Path) -> None:
+    """`start --ingress --policy bogus` (or `policy: bogus` in the config file) ended in
+    UnknownPolicyError's traceback once the node built its ingress."""
+    res = CliRunner().invoke(start_cli.command, [
+        "--home", str(tmp_path), "--network-secret", "s" * 16, "--ingress", "--policy", "bogus"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "policy: unknown routing policy 'bogus'; choose one of:" in res.output
+    assert "least_outstanding" in res.output
+    assert build_config({}, {"policy": "cache_aware"}).policy == "cache_aware"
