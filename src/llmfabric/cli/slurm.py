@@ -19,13 +19,22 @@ from typing import Any
 import click
 
 from llmfabric.cli.untrusted import printable
-from llmfabric.launch.errors import LaunchError
+from llmfabric.launch.errors import LaunchError, SlurmMissing, SlurmTimeout
 from llmfabric.launch.profile import SlurmProfile, load_profile
 from llmfabric.launch.sbatch import render_sbatch
 from llmfabric.launch.slurm import Slurm
 
 _PROFILE = click.argument("profile", type=click.Path(exists=True, dir_okay=False,
                                                       path_type=pathlib.Path))
+
+
+def _submit_error(exc: LaunchError) -> click.ClickException:
+    """Slurm's refusal on one line; sbatch missing or silent is not a refusal."""
+    if isinstance(exc, SlurmMissing):
+        return click.ClickException(str(exc))
+    if isinstance(exc, SlurmTimeout):
+        return click.ClickException(f"{exc}: Slurm may have queued the job anyway (squeue)")
+    return click.ClickException(f"sbatch rejected the job: {exc}")
 
 
 def _load(path: pathlib.Path) -> tuple[SlurmProfile, str]:
@@ -62,7 +71,7 @@ def submit(profile: pathlib.Path, count: int, test_only: bool) -> None:
         try:
             start = slurm.test_start(script, strict=True)
         except LaunchError as exc:
-            raise click.ClickException(f"sbatch rejected the job: {exc}") from None
+            raise _submit_error(exc) from None
         when = (datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds")
                 if start is not None else "unknown")
         click.echo(f"would start at {when}")
@@ -71,7 +80,7 @@ def submit(profile: pathlib.Path, count: int, test_only: bool) -> None:
         try:
             job_id = slurm.submit(script)
         except LaunchError as exc:
-            raise click.ClickException(f"sbatch rejected the job: {exc}") from None
+            raise _submit_error(exc) from None
         click.echo(job_id)
 
 

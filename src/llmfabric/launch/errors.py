@@ -18,3 +18,7 @@ class SlurmError(LaunchError):
 class SlurmTimeout(SlurmError):
     """A Slurm command did not answer in time: Slurm may still have carried it out (an sbatch
     that timed out may have queued its job)."""
+
+
+class SlurmMissing(SlurmError):
+    """A Slurm command is not on PATH (not a Slurm login node): nothing was submitted."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import pathlib
 from collections.abc import Sequence
 
 import pytest
@@ -134,3 +135,22 @@ def test_status_sends_the_api_key_to_the_ingress(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("LLMFABRIC_API_KEY", raising=False)
     assert cli_slurm._fabric_nodes("http://x", "lf-k") == []
     assert seen == ["Bearer lf-k"]
+
+
+def test_submit_without_slurm_does_not_claim_a_rejection(tmp_path: pathlib.Path) -> None:
+    """Off a login node `slurm submit` said 'sbatch rejected the job: sbatch not found'."""
+    from click.testing import CliRunner
+
+    from llmfabric.cli import slurm as cli_slurm
+    from llmfabric.launch.errors import SlurmTimeout
+
+    profile = pathlib.Path(__file__).parents[3] / "examples" / "slurm-vllm.yaml"
+    res = CliRunner().invoke(cli_slurm.command, ["submit", str(profile)],
+                             env={"PATH": str(tmp_path)})
+    assert res.exit_code == 1
+    assert "sbatch not found: run this on a Slurm login node" in res.output
+    assert "rejected" not in res.output
+    late = cli_slurm._submit_error(SlurmTimeout("sbatch did not answer within 60 s"))
+    assert "may have queued the job" in late.message and "rejected" not in late.message
+    assert cli_slurm._submit_error(SlurmError("Invalid partition")).message == (
+        "sbatch rejected the job: Invalid partition")
