@@ -129,7 +129,8 @@ def _print_howto(
     console: Console, url: str, key: str, fabric: LocalFabric, model: str, no_auth: bool
 ) -> None:
     serving = len(fabric.nodes) - 1
-    console.print(f"\n[bold green]llmfabric demo is running[/] (ingress + {serving} nodes)")
+    console.print(f"\n[bold green]llmfabric demo is running[/] (ingress + {serving} "
+                  f"node{'' if serving == 1 else 's'})")
     console.print(f"  OpenAI API:  {url}/v1")
     console.print(f"  dashboard:   {url}/ui/")
     console.print(f"  node API:    {url}/v1/fabric/nodes")
