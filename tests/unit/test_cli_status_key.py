@@ -65,3 +65,18 @@ def test_the_key_is_sent_from_the_flag_or_the_environment(
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"nodes": [], "models": []}
     assert seen == [f"Bearer {KEY}"] * 2
+
+
+def test_no_node_at_the_default_address_says_to_give_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`llmfabric status` right after `./scripts/demo` asks 127.0.0.1:8090 (a node's default
+    HTTP port), where nothing listens: the demo's ingress is on 8080."""
+    def refused(req: urllib.request.Request, timeout: float = 0) -> Any:
+        raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", refused)
+    monkeypatch.delenv("LLMFABRIC_NODE", raising=False)
+    result = CliRunner().invoke(command, [])
+    assert result.exit_code == 1
+    assert "cannot reach http://127.0.0.1:8090/v1/fabric/nodes" in result.output
+    assert "--node URL" in result.output and "8080 for the demo" in result.output

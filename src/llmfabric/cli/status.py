@@ -38,7 +38,11 @@ def fleet_get(base: str, path: str, timeout: float = 10.0, api_key: str | None =
             raise click.ClickException(
                 f"{base}{path} {what} (HTTP 401): {NEEDS_KEY}") from exc
         raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(
+            f"cannot reach {base}{path}: {exc} (is a node's HTTP API there? give its address "
+            "with --node URL, e.g. http://127.0.0.1:8080 for the demo)") from exc
+    except ValueError as exc:
         raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
 
 
