@@ -106,6 +106,8 @@ async def test_usage_route_scoped_to_owner(server: tuple[str, AccountStore, str]
         assert {x["owner"] for x in (await r.json())["data"]} == {"alice", "bob"}
         r = await http.get(f"{base}/v1/fabric/usage?since=yesterday", headers=auth(admin))
         assert r.status == 400
+        r = await http.get(f"{base}/v1/fabric/usage?since=2024-13-01", headers=auth(admin))
+        assert r.status == 400  # (no such day: was 200 with no rows)
         r = await http.get(f"{base}/v1/fabric/usage?owner=bob", headers=auth(a_plain))
         assert r.status == 403
 

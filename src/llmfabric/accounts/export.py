@@ -13,6 +13,7 @@ one aggregate query first).
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -27,6 +28,18 @@ FORMATS = ("csv", "json")
 COLUMNS = ("day", "key_id", "owner", "model", "requests", "prompt_tokens",
            "completion_tokens", "total_tokens", "estimated_requests")
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
+
+
+def is_utc_day(text: str) -> bool:
+    """YYYY-MM-DD naming a real day: '2024-13-01' matched the pattern and, compared as text,
+    silently selected nothing."""
+    if not _DAY.match(text):
+        return False
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -41,8 +54,8 @@ class ExportFilter:
     def __post_init__(self) -> None:
         for name in ("since", "until"):
             v = getattr(self, name)
-            if v is not None and not _DAY.match(v):
-                raise InvalidRequest(f"{name} must be a UTC day YYYY-MM-DD")
+            if v is not None and not is_utc_day(v):
+                raise InvalidRequest(f"{name} must be a UTC day YYYY-MM-DD, not {v!r}")
         if self.since and self.until and self.until < self.since:
             raise InvalidRequest("until is before since")
 

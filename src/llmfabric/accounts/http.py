@@ -18,7 +18,6 @@ Every route needs `Authorization: Bearer <api key>`; errors use OpenAI's JSON er
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -26,11 +25,10 @@ import pydantic
 from aiohttp import web
 
 from llmfabric.accounts.errors import InvalidRequest, KeyNotFound, PermissionDenied
+from llmfabric.accounts.export import is_utc_day
 from llmfabric.accounts.models import ApiKey
 from llmfabric.accounts.policy import MAX_RATE_LIMIT
 from llmfabric.accounts.store import AccountStore
-
-_DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
 
 
 class CreateKeyBody(pydantic.BaseModel):
@@ -147,7 +145,7 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
             return me
         q = request.query
         since = q.get("since")
-        if since is not None and not _DAY_RE.match(since):
+        if since is not None and not is_utc_day(since):
             return _err(400, "since must be a UTC day YYYY-MM-DD", "invalid_request_error",
                         "invalid_parameter")
         owner = q.get("owner")

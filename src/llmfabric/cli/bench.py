@@ -26,12 +26,20 @@ def _range(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
+    """The server root: OpenAI clients take the URL with /v1 (the demo prints it so), and
+    that URL here sent every request to /v1/v1/... (404)."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
 @click.command(name="bench")
 @click.option(
     "--base-url",
     default="http://127.0.0.1:8000",
     show_default=True,
-    help="server root (the client adds /v1/completions or /v1/chat/completions)",
+    callback=_server_root,
+    help="server root (the client adds /v1/completions or /v1/chat/completions; a "
+    "trailing /v1 is dropped)",
 )
 @click.option("--model", default=None, help="model to request (replay: default the trace's)")
 @click.option(

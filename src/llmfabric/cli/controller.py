@@ -100,10 +100,23 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
     timeout = aiohttp.ClientTimeout(total=10)
     key = os.environ.get("LLMFABRIC_API_KEY")  # an ingress's fleet views need a key
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    where = url.rstrip("/") + "/v1/fabric/nodes"
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
-            url.rstrip("/") + "/v1/fabric/nodes", headers=headers) as resp:
-        resp.raise_for_status()
-        body = await resp.json()
+            where, headers=headers) as resp:
+        if resp.status == 401:  # (was a traceback: an ingress's fleet views need a key)
+            what = "refused the API key" if key else "needs an API key"
+            raise click.ClickException(
+                f"{where} {what} (HTTP 401): set $LLMFABRIC_API_KEY to a key of that "
+                "ingress (its admin key is in <its home>/admin.key), or start the ingress "
+                "with --public-fleet-info")
+        if resp.status != 200:
+            raise click.ClickException(f"cannot read the registry: {where} answered HTTP "
+                                       f"{resp.status} {resp.reason or ''}".rstrip())
+        try:
+            body = await resp.json(content_type=None)
+        except ValueError as exc:
+            raise click.ClickException(f"cannot read the registry: {where} answered no "
+                                       f"JSON ({exc})") from None
     out = []
     for view in body.get("nodes", []):
         rec = record_from_view(view)

@@ -11,6 +11,7 @@ import asyncio
 import pathlib
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from types import FrameType
@@ -35,6 +36,16 @@ def _spec(text: str) -> EngineSpec:
     if len(parts) not in (2, 3) or not all(parts):
         raise click.BadParameter(f"{text!r} is not MODEL@GPU or MODEL@GPU@PROVIDER")
     return EngineSpec(parts[0], parts[1], provider=parts[2] if len(parts) == 3 else "demo")
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as the ingress binds)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 async def _create_user_key(db: pathlib.Path) -> str:
@@ -66,6 +77,11 @@ def command(
 ) -> None:
     """Start a local fabric with simulated engines, an ingress and the dashboard."""
     specs = [_spec(n) for n in nodes] or list(DEFAULT_NODES)
+    if _port_in_use(port):
+        # (else whatever answers there, e.g. another demo, passed for our ingress: the demo
+        # printed that one's address, then failed with a traceback on a missing admin key)
+        raise click.ClickException(f"port {port} is in use (another demo?): stop what "
+                                   "listens there or pass --port N")
     specs = [EngineSpec(s.model, s.gpu, s.provider, s.site, speed) for s in specs]
     console = Console(stderr=True)
     root = state_dir or pathlib.Path(tempfile.mkdtemp(prefix="llmfabric-demo-"))
@@ -113,7 +129,8 @@ def _print_howto(
     console: Console, url: str, key: str, fabric: LocalFabric, model: str, no_auth: bool
 ) -> None:
     serving = len(fabric.nodes) - 1
-    console.print(f"\n[bold green]llmfabric demo is running[/] (ingress + {serving} nodes)")
+    console.print(f"\n[bold green]llmfabric demo is running[/] (ingress + {serving} "
+                  f"node{'' if serving == 1 else 's'})")
     console.print(f"  OpenAI API:  {url}/v1")
     console.print(f"  dashboard:   {url}/ui/")
     console.print(f"  node API:    {url}/v1/fabric/nodes")

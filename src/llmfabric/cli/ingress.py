@@ -161,13 +161,13 @@ def _run(settings: Settings, reuse_port: bool) -> None:
 @click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=8.0,
               show_default=True)
 @click.option("--no-auth", is_flag=True, help="accept requests without API keys (demo only)")
-@click.option("--db", "db_url", default=None, help="accounts database (default: $LLMFABRIC_DB "
-              "or ~/.llmfabric/accounts.db)")
-@click.option("--forward-prefix", default="", help="path prefix on backends (llmfabric "
-              "nodes take forwarded requests only on their encrypted data plane: to route "
-              "to nodes, run a fabric ingress with --network-secret instead)")
+@click.option("--db", "db_url", default=None, envvar="LLMFABRIC_DB",
+              help="accounts database (default: $LLMFABRIC_DB or ~/.llmfabric/accounts.db)")
+@click.option("--forward-prefix", default="", help="--backend: path prefix on backends "
+              "(llmfabric nodes take forwarded requests only on their encrypted data plane: "
+              "to route to nodes, run a fabric ingress with --network-secret instead)")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="processes sharing the port via SO_REUSEPORT")
+              help="--backend: processes sharing the port via SO_REUSEPORT")
 @click.option("--front-limit", "front_limit", multiple=True, metavar="KEY=VALUE",
               help="a limit of the fast front (repeatable), e.g. header_timeout_s=10 "
               "(docs/ingress.md 'Front limits')")
@@ -226,12 +226,19 @@ def command(
         if native_responses:
             raise click.UsageError("--native-responses applies to --backend ingresses; a "
                                    "fabric ingress translates /v1/responses to chat")
+        # (these were ignored in fabric mode without a word)
+        if workers > 1:
+            raise click.UsageError("--workers applies to --backend ingresses; a fabric "
+                                   "ingress is one node process: start more ingress nodes")
+        if forward_prefix:
+            raise click.UsageError("--forward-prefix applies to --backend ingresses; a "
+                                   "fabric ingress forwards over the nodes' data plane")
         if not network_secret:
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
                                    "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
                             no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key,
-                            model_aliases, allowed)
+                            model_aliases, allowed, dict(limits))
         return
     if no_auth and not is_loopback(host):
         raise click.UsageError(
@@ -279,7 +286,7 @@ def _run_fabric_ingress(
     policy: str, max_retries: int, no_auth: bool, db_url: str | None, max_body_mb: float,
     timeouts: Timeouts, tls_cert: pathlib.Path | None = None,
     tls_key: pathlib.Path | None = None, model_aliases: dict[str, str] | None = None,
-    allowed_hosts: tuple[str, ...] = (),
+    allowed_hosts: tuple[str, ...] = (), front_limits: dict[str, str] | None = None,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -296,7 +303,7 @@ def _run_fabric_ingress(
             "first_byte_timeout_s": timeouts.first_byte, "idle_timeout_s": timeouts.idle,
             "total_timeout_s": timeouts.total, "tls_cert": tls_cert, "tls_key": tls_key,
             "model_aliases": model_aliases or None,
-            "allowed_hosts": allowed_hosts,
+            "allowed_hosts": allowed_hosts, "front_limits": front_limits or None,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

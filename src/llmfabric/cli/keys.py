@@ -162,7 +162,8 @@ def sign_node(
         raise click.ClickException(str(exc)) from exc
     out.write_text(cert.to_json() + "\n")
     click.echo(f"membership certificate for {peer_id} on {network!r} written to {out}")
-    click.echo(f"certificate id: {cert.cert_id} (what `keys revoke-node --cert` revokes)")
+    click.echo(f"certificate id: {cert.cert_id} (what `keys revoke-node --cert-id` "
+               "revokes)")
 
 
 @keys_group.command("revoke-node")

@@ -275,5 +275,5 @@ def simulate_net(plan_path: Path, rate: float, duration: float, arrival: str, sy
     if as_json:
         click.echo(json.dumps(_num(out), indent=1))
         return
-    for k, v in out.items():
-        click.echo(f"{k}: {v}")
+    for k, v in out.items():  # (counts were printed as 133.0, times with 16 digits)
+        click.echo(f"{k}: {v:.6g}" if isinstance(v, float) else f"{k}: {v}")

@@ -48,7 +48,7 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--headroom", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8,
               show_default=True,
               help="no replica loaded past this share of its capacity (load beyond counts as "
-                   "missed in the search; 1: only the LP's own 90 %% cap)")
+                   "missed in the search; 1: only the LP's own 90 % cap)")
 @click.option("--compare", is_flag=True,
               help="also the colocated CP-SAT placement and the best fixed P:D split")
 @click.option("--sim-duration", type=click.FloatRange(min=1), default=300.0, show_default=True,

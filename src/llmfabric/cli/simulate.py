@@ -100,8 +100,10 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
     if ctx.invoked_subcommand is not None:
         return
     if model is None or gpu is None:
-        raise click.UsageError("--model and --gpu are required (or use a subcommand: e2e, "
-                               "flying)")
+        group = ctx.command
+        subcommands = sorted(group.commands) if isinstance(group, click.Group) else []
+        raise click.UsageError("--model and --gpu are required (or use a subcommand: "
+                               f"{', '.join(subcommands)})")
     from llmfabric import sim
 
     overrides: dict[str, Any] = {k: v for k, v in (

@@ -19,13 +19,22 @@ from typing import Any
 import click
 
 from llmfabric.cli.untrusted import printable
-from llmfabric.launch.errors import LaunchError
+from llmfabric.launch.errors import LaunchError, SlurmMissing, SlurmTimeout
 from llmfabric.launch.profile import SlurmProfile, load_profile
 from llmfabric.launch.sbatch import render_sbatch
 from llmfabric.launch.slurm import Slurm
 
 _PROFILE = click.argument("profile", type=click.Path(exists=True, dir_okay=False,
                                                       path_type=pathlib.Path))
+
+
+def _submit_error(exc: LaunchError) -> click.ClickException:
+    """Slurm's refusal on one line; sbatch missing or silent is not a refusal."""
+    if isinstance(exc, SlurmMissing):
+        return click.ClickException(str(exc))
+    if isinstance(exc, SlurmTimeout):
+        return click.ClickException(f"{exc}: Slurm may have queued the job anyway (squeue)")
+    return click.ClickException(f"sbatch rejected the job: {exc}")
 
 
 def _load(path: pathlib.Path) -> tuple[SlurmProfile, str]:
@@ -62,7 +71,7 @@ def submit(profile: pathlib.Path, count: int, test_only: bool) -> None:
         try:
             start = slurm.test_start(script, strict=True)
         except LaunchError as exc:
-            raise click.ClickException(f"sbatch rejected the job: {exc}") from None
+            raise _submit_error(exc) from None
         when = (datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds")
                 if start is not None else "unknown")
         click.echo(f"would start at {when}")
@@ -71,15 +80,15 @@ def submit(profile: pathlib.Path, count: int, test_only: bool) -> None:
         try:
             job_id = slurm.submit(script)
         except LaunchError as exc:
-            raise click.ClickException(f"sbatch rejected the job: {exc}") from None
+            raise _submit_error(exc) from None
         click.echo(job_id)
 
 
-def _fabric_nodes(url: str) -> list[dict[str, Any]]:
+def _fabric_nodes(url: str, api_key: str | None = None) -> list[dict[str, Any]]:
     from llmfabric.cli.status import fleet_get
 
     try:
-        nodes = fleet_get(url, "/v1/fabric/nodes")["nodes"]
+        nodes = fleet_get(url, "/v1/fabric/nodes", api_key=api_key)["nodes"]
     except (KeyError, TypeError) as exc:
         raise click.ClickException(f"cannot read the fabric's nodes from {url}: {exc}") from None
     if not isinstance(nodes, list):
@@ -125,14 +134,17 @@ def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,
               help="all your queued jobs of this profile (by job name)")
 @click.option("--node", "node_url", help="a node's HTTP address, e.g. http://ingress:8090: "
               "join each job with the fabric's view of its node")
+@click.option("--api-key", envvar="LLMFABRIC_API_KEY", default=None,
+              help="with --node: a key of that ingress, whose fleet views need one (unless "
+              "started with --public-fleet-info) [env LLMFABRIC_API_KEY]")
 @click.option("--json", "as_json", is_flag=True)
 def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str | None,
-           as_json: bool) -> None:
+           api_key: str | None, as_json: bool) -> None:
     """Slurm's view of provider jobs (squeue, sacct) next to the fabric's view of their nodes."""
     name = _load(profile)[0].job_name if profile else None
     if not job_ids and name is None:
         raise click.UsageError("give JOB_IDS or --profile")
-    nodes = _fabric_nodes(node_url) if node_url else None
+    nodes = _fabric_nodes(node_url, api_key) if node_url else None
     try:
         rows = job_rows(Slurm(), list(job_ids), name, nodes)
     except LaunchError as exc:

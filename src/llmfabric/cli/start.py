@@ -21,6 +21,7 @@ import click
 from llmfabric.cli.untrusted import configure_logging
 from llmfabric.net.fd_limit import raise_open_file_limit
 from llmfabric.node.config import ConfigError, NodeConfig, build_config, load_config_file
+from llmfabric.routing.policies import POLICIES
 from llmfabric.untrusted import get_logger
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -112,7 +113,9 @@ def node_options(fn: Any) -> Any:
                      help="provider id shown to consumers [the node's peer id]"),
         click.option("--label", "labels", multiple=True, callback=_labels,
                      help="k=v site/cluster label (repeatable)"),
-        click.option("--tier", type=click.Choice(["stable", "transient"]), default=None),
+        click.option("--tier", type=click.Choice(["stable", "transient"]), default=None,
+                     help="advertised in the record: stable (long-lived, e.g. an ingress) or "
+                     "transient (e.g. a Slurm job) [transient]"),
         click.option("--preset", type=click.Choice(["lan", "wan", "local"]), default=None,
                      envvar="LLMFABRIC_PRESET", help="gossip/SWIM timing preset [lan]"),
         click.option("--network", envvar="LLMFABRIC_NETWORK", help="network name [default]"),
@@ -157,13 +160,15 @@ def node_options(fn: Any) -> Any:
         click.option("--ingress", is_flag=True, default=None,
                      help="serve the OpenAI API (lean front), accounts and dashboard "
                           "(aiohttp) on the HTTP port"),
-        click.option("--policy", help="ingress load-balancing policy [random]"),
+        click.option("--policy", help="ingress load-balancing policy: "
+                     f"{', '.join(POLICIES)} (docs/routing.md) [random]"),
         click.option("--api-listen", envvar="LLMFABRIC_API_LISTEN",
                      help="ingress: also serve the OpenAI API on this host:port (the lean "
                           "HTTP/1.1 front, OpenAI routes only)"),
         click.option("--max-retries", type=click.IntRange(min=0),
                      help="ingress retries on other nodes [2]"),
-        click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL"),
+        click.option("--db", envvar="LLMFABRIC_DB", help="accounts database path or URL "
+                     "[<home>/accounts.db]"),
         click.option("--record-trace", type=click.Path(dir_okay=False, path_type=pathlib.Path),
                      help="ingress: append an anonymized trace (JSONL) of served requests"),
         click.option("--demand-interval", "demand_interval_s", type=float,
@@ -237,9 +242,9 @@ def node_options(fn: Any) -> Any:
         click.option("--drain-lead", "drain_lead_s", type=click.FloatRange(min=0),
                      help="seconds before the allocation end to drain and leave [120]"),
         click.option("--gpu", help="override the GPU model (or 'cpu')"),
-        click.option("--gpu-count", type=int),
+        click.option("--gpu-count", type=int, help="override the number of GPUs"),
         click.option("--gpu-memory", "gpu_memory_gb", type=float, help="GiB per GPU"),
-        click.option("-v", "--verbose", count=True),
+        click.option("-v", "--verbose", count=True, help="more logging: -v info, -vv debug"),
     ]
     fn = ingress_timeout_options(with_defaults=False)(fn)  # (listed after the others)
     for option in reversed(options):

@@ -18,16 +18,31 @@ from llmfabric.cli.console import cell, table_console
 _STATE_STYLE = {"JOIN": "cyan", "SERVING": "green", "DOWN": "red", "LEFT": "dim"}
 
 
-def fleet_get(base: str, path: str, timeout: float = 10.0) -> Any:
+NEEDS_KEY = ("its fleet views need an API key of that ingress: pass --api-key or set "
+             "$LLMFABRIC_API_KEY (the ingress's admin key is in <its home>/admin.key), or "
+             "start the ingress with --public-fleet-info")
+
+
+def fleet_get(base: str, path: str, timeout: float = 10.0, api_key: str | None = None) -> Any:
     """GET a node's JSON view. An ingress's fleet views need an API key (unless
-    --public-fleet-info): sent from $LLMFABRIC_API_KEY."""
-    key = os.environ.get("LLMFABRIC_API_KEY")
+    --public-fleet-info): `api_key`, else $LLMFABRIC_API_KEY."""
+    key = api_key or os.environ.get("LLMFABRIC_API_KEY")
     req = urllib.request.Request(base.rstrip("/") + path,
                                  headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:  # (what a user first meets on a secured ingress)
+            what = "refused the API key" if key else "needs an API key"
+            raise click.ClickException(
+                f"{base}{path} {what} (HTTP 401): {NEEDS_KEY}") from exc
+        raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(
+            f"cannot reach {base}{path}: {exc} (is a node's HTTP API there? give its address "
+            "with --node URL, e.g. http://127.0.0.1:8080 for the demo)") from exc
+    except ValueError as exc:
         raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
 
 
@@ -87,11 +102,15 @@ def models_table(models: list[dict[str, Any]]) -> Table:
 @click.option("--node", "node_url", default="http://127.0.0.1:8090", show_default=True,
               envvar="LLMFABRIC_NODE", help="HTTP URL of any node")
 @click.option("--json", "as_json", is_flag=True, help="print the raw JSON views")
-@click.option("--timeout", type=float, default=5.0, show_default=True)
-def command(node_url: str, as_json: bool, timeout: float) -> None:
+@click.option("--timeout", type=float, default=5.0, show_default=True,
+              help="seconds to wait for each answer")
+@click.option("--api-key", envvar="LLMFABRIC_API_KEY", default=None,
+              help="a key of the ingress, whose fleet views need one (unless started with "
+              "--public-fleet-info) [env LLMFABRIC_API_KEY]")
+def command(node_url: str, as_json: bool, timeout: float, api_key: str | None) -> None:
     """Show nodes and models from one node's local replica."""
-    nodes = fleet_get(node_url, "/v1/fabric/nodes", timeout)["nodes"]
-    models = fleet_get(node_url, "/v1/fabric/models", timeout)["models"]
+    nodes = fleet_get(node_url, "/v1/fabric/nodes", timeout, api_key)["nodes"]
+    models = fleet_get(node_url, "/v1/fabric/models", timeout, api_key)["models"]
     if as_json:
         click.echo(json.dumps({"nodes": nodes, "models": models}, indent=2))
         return

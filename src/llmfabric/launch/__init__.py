@@ -18,5 +18,6 @@ Files -> concepts
 - k8s.py         `render_k8s(profile)`: ingress/bootstrap/relay Deployment + Service and
                  provider Deployments (GPU requests, secret from a Secret, probes, preStop
                  drain, grace period).
-- errors.py      LaunchError, ProfileError, SlurmError, SlurmTimeout.
+- errors.py      LaunchError, ProfileError, SlurmError, SlurmTimeout, SlurmMissing;
+                 profile_problems (a profile's validation errors on one line).
 """

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from llmfabric.launch.errors import ProfileError
+from llmfabric.launch.errors import ProfileError, profile_problems
 
 _DNS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?\Z")
 PEER_PORT = 7946
@@ -111,8 +111,7 @@ def load_k8s_profile(path: pathlib.Path) -> K8sProfile:
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path} is not valid YAML: {exc}") from None
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: "
-                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        problems = profile_problems(exc, "docs/deploy-k8s.md, Profile")
         raise ProfileError(f"invalid Kubernetes profile {path}: {problems}") from None
 
 

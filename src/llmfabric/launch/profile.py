@@ -38,7 +38,7 @@ from pydantic import (
     model_validator,
 )
 
-from llmfabric.launch.errors import ProfileError
+from llmfabric.launch.errors import ProfileError, profile_problems
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 # Slurm --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
@@ -270,9 +270,7 @@ def parse_profile(data: Any, source: str = "profile") -> SlurmProfile:
     try:
         return SlurmProfile(**{str(k).replace("-", "_"): v for k, v in data.items()})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'profile'}: "
-            f"{err['msg'].removeprefix('Value error, ')}" for err in exc.errors())
+        problems = profile_problems(exc, "docs/deploy-slurm.md, Provider jobs")
         raise ProfileError(f"invalid Slurm profile {source}: {problems}") from None
 
 

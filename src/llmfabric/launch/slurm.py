@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from llmfabric.launch.errors import SlurmError, SlurmTimeout
+from llmfabric.launch.errors import SlurmError, SlurmMissing, SlurmTimeout
 
 # (argv, stdin text) -> (exit code, stdout, stderr)
 Runner = Callable[[Sequence[str], str | None], tuple[int, str, str]]
@@ -26,7 +26,7 @@ def subprocess_runner(env: Mapping[str, str] | None = None, timeout: float = 60.
                                   timeout=timeout, env=dict(env) if env is not None else None,
                                   check=False)
         except FileNotFoundError:
-            raise SlurmError(f"{argv[0]} not found: run this on a Slurm login node (or put "
+            raise SlurmMissing(f"{argv[0]} not found: run this on a Slurm login node (or put "
                              "Slurm's commands on PATH)") from None
         except subprocess.TimeoutExpired:
             raise SlurmTimeout(f"{argv[0]} did not answer within {timeout:g} s") from None

@@ -7,6 +7,7 @@ Pure of I/O itself: `connect(addr) -> peer id` is injected (the transport's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from llmfabric.clock import Clock
@@ -29,6 +30,7 @@ async def run_bootstrap(
     if not addrs:
         raise PeerUnreachable("no bootstrap addresses given")
     rounds = 0
+    warned: list[str] | None = None  # the reasons last logged as a warning
     while True:
         got: list[str] = []
         errors: list[str] = []
@@ -44,5 +46,11 @@ async def run_bootstrap(
         if max_rounds is not None and rounds >= max_rounds:
             raise PeerUnreachable(f"no bootstrap peer reachable: {'; '.join(errors)}")
         delay = backoff.next_delay()
-        log.info("no bootstrap peer reachable, retrying in %.2fs: %s", delay, errors)
+        # A warning the first time and whenever the reasons change (a wrong secret or
+        # admission kind, a host that is down): at the default level a node that could not
+        # join printed nothing at all. The same reasons again are routine retries.
+        level = logging.INFO if errors == warned else logging.WARNING
+        warned = errors
+        log.log(level, "no bootstrap peer reachable, retrying in %.2fs: %s", delay,
+                "; ".join(errors))
         await clock.sleep(delay)

@@ -212,6 +212,16 @@ class NodeConfig(BaseModel):
         front_limits(value)  # raises ValueError naming the bad key
         return value
 
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        from llmfabric.routing.policies import POLICIES
+
+        if value not in POLICIES:  # (was a traceback from the ingress at start)
+            raise ValueError(f"unknown routing policy {value!r}; choose one of: "
+                             f"{', '.join(sorted(POLICIES))}")
+        return value
+
     @field_validator("network_secret")
     @classmethod
     def _secret(cls, value: str | None) -> str | None:
@@ -285,6 +295,12 @@ def load_config_file(path: pathlib.Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
+def _problem(err: Any) -> str:
+    if err["type"] == "extra_forbidden":  # (pydantic's words: "Extra inputs are not permitted")
+        return "unknown setting (the keys are the flags' names: docs/node.md, Configuration)"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
 def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> NodeConfig:
     """Merge file values under explicit overrides (env vars and flags) and validate."""
     merged = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
@@ -292,8 +308,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Node
         return NodeConfig(**merged)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: "
-            f"{err['msg'].removeprefix('Value error, ')}"
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {_problem(err)}"
             for err in exc.errors()
         )
         raise ConfigError(f"invalid node configuration: {problems}") from None

@@ -44,7 +44,9 @@ class NoRoute:
         if self.reason is NoRouteReason.FILTERED:
             return (
                 f"no node serving model {model!r} satisfies the trusted-provider allowlist "
-                "and QoS constraints of this request; relax them or retry later"
+                "and QoS constraints of this request; relax them or retry later (an "
+                "allowlist names verified providers, as GET /v1/models lists them: on a "
+                "network-secret fabric, peer ids)"
             )
         return f"every eligible node for model {model!r} failed; retry later"
 

@@ -206,7 +206,8 @@ class GPUCatalog:
         hint = f" Did you mean one of {matches}?" if matches else ""
         raise UnknownGPUError(
             f"unknown GPU {name!r}.{hint} Known: {', '.join(self.names())}. "
-            "Add your own with llmfabric.sim.load_gpus_yaml(path)."
+            "Add your own in a YAML file (the CLI's --gpus-yaml FILE, "
+            "llmfabric.sim.load_gpus_yaml(path); docs/simulator.md)."
         )
 
     def names(self) -> list[str]:

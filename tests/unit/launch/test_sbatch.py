@@ -130,3 +130,9 @@ def test_profile_errors_name_the_field() -> None:
     ("90", 5400), ("1:30", 90), ("01:00:00", 3600), ("2-00", 172800), ("1-01:02:03", 90123)])
 def test_time_limits(text: str, seconds: int) -> None:
     assert time_limit_s(text) == seconds
+
+
+def test_an_unknown_profile_key_is_named_as_such() -> None:
+    """A typo said 'Extra inputs are not permitted' (pydantic's words)."""
+    with pytest.raises(ProfileError, match=r"partiton: unknown key \(the keys: docs/deploy-slurm"):
+        parse_profile(base(partiton="gpu"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import pathlib
 from collections.abc import Sequence
 
 import pytest
@@ -115,3 +116,41 @@ def test_status_ignores_malformed_fabric_entries(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(urllib.request, "urlopen",
                         lambda *a, **k: io.BytesIO(_json.dumps(body).encode()))
     assert [n["session_id"] for n in cli_slurm._fabric_nodes("http://x")] == ["ok"]
+
+
+def test_status_sends_the_api_key_to_the_ingress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ingress's fleet views need a key: `slurm status --node URL --api-key K` sends it."""
+    import io
+    import urllib.request
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    seen: list[str | None] = []
+
+    def urlopen(req: urllib.request.Request, timeout: float = 0) -> io.BytesIO:
+        seen.append(req.get_header("Authorization"))
+        return io.BytesIO(b'{"nodes": []}')
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.delenv("LLMFABRIC_API_KEY", raising=False)
+    assert cli_slurm._fabric_nodes("http://x", "lf-k") == []
+    assert seen == ["Bearer lf-k"]
+
+
+def test_submit_without_slurm_does_not_claim_a_rejection(tmp_path: pathlib.Path) -> None:
+    """Off a login node `slurm submit` said 'sbatch rejected the job: sbatch not found'."""
+    from click.testing import CliRunner
+
+    from llmfabric.cli import slurm as cli_slurm
+    from llmfabric.launch.errors import SlurmTimeout
+
+    profile = pathlib.Path(__file__).parents[3] / "examples" / "slurm-vllm.yaml"
+    res = CliRunner().invoke(cli_slurm.command, ["submit", str(profile)],
+                             env={"PATH": str(tmp_path)})
+    assert res.exit_code == 1
+    assert "sbatch not found: run this on a Slurm login node" in res.output
+    assert "rejected" not in res.output
+    late = cli_slurm._submit_error(SlurmTimeout("sbatch did not answer within 60 s"))
+    assert "may have queued the job" in late.message and "rejected" not in late.message
+    assert cli_slurm._submit_error(SlurmError("Invalid partition")).message == (
+        "sbatch rejected the job: Invalid partition")

@@ -51,3 +51,29 @@ async def test_gives_up_after_max_rounds_naming_every_address():
 async def test_no_addresses_is_an_error():
     with pytest.raises(PeerUnreachable, match="no bootstrap addresses"):
         await run_bootstrap(lambda a: asyncio.sleep(0, "x"), [], FakeClock(), Backoff())
+
+
+async def test_a_failed_join_is_a_warning_once_per_distinct_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """At the default level (warnings) a node whose bootstrap refused it (another admission
+    kind, a wrong secret) or was down printed nothing while it retried for ever."""
+    import logging
+
+    clock = FakeClock()
+    reasons = iter(["refused"] * 3 + ["admission mismatch"] * 2)
+
+    async def connect(addr: str) -> str:
+        reason = next(reasons, None)
+        if reason is None:
+            return "zPeer"
+        raise PeerUnreachable(reason)
+
+    caplog.set_level(logging.INFO, logger="llmfabric.net.bootstrap")
+    task = asyncio.create_task(
+        run_bootstrap(connect, ["a:1"], clock, Backoff(base=0.1, cap=0.5, rng=random.Random(2))))
+    assert await clock.run_until(task.done, within=60, step=0.1)
+    assert task.result() == ["zPeer"]
+    records = [r for r in caplog.records if "no bootstrap peer reachable" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.WARNING, logging.INFO, logging.INFO,
+                                            logging.WARNING, logging.INFO]
+    assert "a:1: admission mismatch" in records[3].getMessage()

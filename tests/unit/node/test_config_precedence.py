@@ -86,3 +86,16 @@ def test_public_http_addr_and_min_relays_from_flags_and_env(
     res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), "--network-secret",
                                                  "s" * 20, "--min-relays", "0"])
     assert res.exit_code != 0 and "min-relays" in res.output
+
+
+def test_an_unknown_config_file_key_is_named_as_such(
+    tmp_path: pathlib.Path, started: list[NodeConfig]
+) -> None:
+    """A typo in the config file said pydantic's 'Extra inputs are not permitted'."""
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("http_lsten: 127.0.0.1:8090\n")
+    res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), "--network-secret",
+                                                 "s" * 20, "--config", str(cfg)])
+    assert res.exit_code == 1 and not started
+    assert "http_lsten: unknown setting" in res.output and "docs/node.md" in res.output
+    assert "Extra inputs" not in res.output

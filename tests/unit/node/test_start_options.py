@@ -170,3 +170,39 @@ def test_engine_policy_flags_reach_the_config(
     assert (c.engine_kind, c.model_ids, c.on_engine_exit, c.engine_restarts) == (
         "llama.cpp", ("a", "b"), "leave", 0)
     assert NodeConfig().on_engine_exit == "restart" and NodeConfig().engine_restarts == 3
+
+
+def test_fabric_mode_ingress_passes_front_limits_and_the_db_variable(
+    tmp_path: pathlib.Path, started: list[NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`llmfabric ingress --network-secret S` dropped --front-limit without a word, and kept
+    its accounts in <home>/accounts.db whatever $LLMFABRIC_DB said (its --help promised it)."""
+    monkeypatch.setenv("LLMFABRIC_DB", str(tmp_path / "shared.db"))
+    res = CliRunner().invoke(ingress_cli.command, [
+        "--network-secret", "s" * 16, "--front-limit", "header_timeout_s=7"],
+        catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert started[-1].front_limits == {"header_timeout_s": 7}
+    assert started[-1].db == str(tmp_path / "shared.db")
+
+
+@pytest.mark.parametrize("flag", [["--workers", "2"], ["--forward-prefix", "/x"]])
+def test_fabric_mode_ingress_refuses_backend_only_flags(
+    started: list[NodeConfig], flag: list[str]
+) -> None:
+    """--workers and --forward-prefix apply to --backend ingresses; a fabric ingress ignored
+    them silently (one process, no prefix), now it says so."""
+    res = CliRunner().invoke(ingress_cli.command, ["--network-secret", "s" * 16, *flag])
+    assert res.exit_code == 2 and "applies to --backend ingresses" in res.output
+    assert not started
+
+
+def test_an_unknown_policy_is_one_clear_line(tmp_path: pathlib.Path) -> None:
+    """`start --ingress --policy bogus` (or `policy: bogus` in the config file) ended in
+    UnknownPolicyError's traceback once the node built its ingress."""
+    res = CliRunner().invoke(start_cli.command, [
+        "--home", str(tmp_path), "--network-secret", "s" * 16, "--ingress", "--policy", "bogus"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "policy: unknown routing policy 'bogus'; choose one of:" in res.output
+    assert "least_outstanding" in res.output
+    assert build_config({}, {"policy": "cache_aware"}).policy == "cache_aware"

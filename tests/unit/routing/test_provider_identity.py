@@ -49,6 +49,12 @@ def test_on_a_psk_network_the_allowlist_matches_key_fingerprints_only() -> None:
     kept = eligible(cands, route_request("llama", providers_header=honest.peer_id))
     assert [c.peer_id for c in kept] == [honest.peer_id]
     assert {c.claimed_provider for c in cands} == {"my-lab"}  # still shown, never trusted
+    # the refusal says what an allowlist matches (a user tried its --provider name)
+    refused = Router(make_policy()).route(route_request("llama", providers_header="my-lab"),
+                                          cands)
+    assert isinstance(refused, NoRoute)
+    assert "GET /v1/models lists them: on a network-secret fabric, peer ids" in (
+        refused.message("llama"))
 
 
 def test_on_a_certificate_network_the_certificate_names_the_provider() -> None:

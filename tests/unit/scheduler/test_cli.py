@@ -168,3 +168,45 @@ def test_controller_dry_run_with_node_url(tmp_path: Path, monkeypatch: pytest.Mo
     assert assign["model"] == "llama-3.1-8b"
     usage = CliRunner().invoke(ctl_cli.command, ["--once"])
     assert usage.exit_code != 0 and "--bootstrap" in usage.output
+
+
+@pytest.mark.parametrize(("status", "key", "expected"), [
+    (401, None, "needs an API key (HTTP 401)"),
+    (401, "lf-wrong", "refused the API key (HTTP 401)"),
+    (404, None, "answered HTTP 404"),
+])
+def test_controller_dry_run_says_why_the_node_refused(
+        monkeypatch: pytest.MonkeyPatch, status: int, key: str | None, expected: str) -> None:
+    """`controller --node URL` against an ingress whose fleet views need a key printed an
+    aiohttp traceback (ClientResponseError 401); now one line says what to do."""
+    import http.server
+    import threading
+
+    import llmfabric.cli.controller as ctl_cli
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {"LLMFABRIC_API_KEY": key} if key else {}
+        monkeypatch.delenv("LLMFABRIC_API_KEY", raising=False)
+        res = CliRunner().invoke(ctl_cli.command, [
+            "--node", f"http://127.0.0.1:{server.server_address[1]}", "--once"], env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert res.exit_code == 1, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert expected in res.output and "Traceback" not in res.output
+    if status == 401:
+        assert "LLMFABRIC_API_KEY" in res.output and "--public-fleet-info" in res.output

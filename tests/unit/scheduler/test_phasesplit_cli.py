@@ -96,3 +96,10 @@ def test_plan_pd_plans_on_gpus_of_a_gpus_yaml(tmp_path):
     res = CliRunner().invoke(cli, args)  # without the file the name is unknown, cleanly
     assert res.exit_code != 0 and "Big-A6000".lower() in res.output.lower()
     assert "Traceback" not in res.output
+
+
+def test_plan_pd_help_shows_one_percent_sign():
+    """click does not %-format help texts: '90 %%' was printed as written."""
+    res = CliRunner().invoke(cli, ["plan", "pd", "--help"], terminal_width=200)
+    assert res.exit_code == 0
+    assert "90 % cap" in res.output and "%%" not in res.output

@@ -84,3 +84,13 @@ def test_simulate_on_a_gpu_of_a_gpus_yaml(tmp_path: Path) -> None:
     assert half["mean_tpot_s"] > full["mean_tpot_s"]  # half the bandwidth: slower decode
     again = CliRunner().invoke(cli, args)
     assert again.exit_code != 0 and "unknown GPU 'h100-half'" in again.output
+
+
+def test_simulate_errors_point_at_the_cli_s_own_options() -> None:
+    """An unknown GPU said to call llmfabric.sim.load_gpus_yaml(path), a Python API, and
+    the missing --model listed two of the four subcommands."""
+    res = CliRunner().invoke(cli, ["simulate", "--model", "llama-3.1-8b", "--gpu", "H1000"])
+    assert res.exit_code != 0 and "--gpus-yaml FILE" in res.output
+    res = CliRunner().invoke(cli, ["simulate", "--gpu", "H100"])
+    assert res.exit_code == 2
+    assert "(or use a subcommand: collective, e2e, flying, net)" in res.output

@@ -44,6 +44,12 @@ def test_plan_net_then_simulate_net(tmp_path: Path) -> None:
     assert sim.exit_code == 0, sim.output
     got = json.loads(sim.output)
     assert got["n_completed"] > 0 and got["p_all"] == doc["plan"]["p_all"]
+    text = CliRunner().invoke(cli, ["simulate", "net", "--plan", str(out), "--rate", "1",
+                                    "--duration", "20"])
+    assert text.exit_code == 0, text.output
+    # counts as integers, times to 6 significant digits (were 133.0 and 16 digits)
+    assert f"n_completed: {got['n_completed']:g}\n" in text.output
+    assert f"mean_ttft_s: {got['mean_ttft_s']:.6g}\n" in text.output
 
 
 def test_base_commands_still_run_without_subcommand() -> None:

@@ -1,0 +1,29 @@
+"""`llmfabric bench` options (cli/bench.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from llmfabric.cli import bench as bench_cli
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://127.0.0.1:8080/",
+                                 "http://127.0.0.1:8080/v1", "http://127.0.0.1:8080/v1/"])
+def test_base_url_is_the_server_root_with_or_without_v1(
+        monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """The demo prints the OpenAI base URL (.../v1); given to --base-url it made every
+    request go to /v1/v1/completions and fail with 404."""
+    seen: list[str] = []
+
+    def fake_run(opts: dict[str, Any]) -> dict[str, Any]:
+        seen.append(opts["base_url"])
+        raise bench_cli.click.ClickException("stop")
+
+    monkeypatch.setattr(bench_cli, "_run", fake_run)
+    res = CliRunner().invoke(bench_cli.command, ["--base-url", url, "--model", "m"])
+    assert res.exit_code == 1 and seen == ["http://127.0.0.1:8080"]
