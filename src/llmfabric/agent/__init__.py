@@ -7,7 +7,8 @@ Files:
   command.py     parse_engine_command: engine adapter and base URL from the command line
   engines.py     EngineKind adapters (vllm, sglang, llama.cpp, llama-cpp-python, tgi, torch,
                  sim, openai): detection, ports, health/metrics/tokenize routes, context flags
-  facts.py       served_models, precision_of (flags, GGUF header, config.json), --model-id
+  facts.py       served_models, precision_of (flags, GGUF header, config.json), --model-id;
+                 engine_context: a running engine's context from /v1/models or /props
   tokenize.py    EngineTokenizer: token counts from the engine's own /tokenize route
   kv_events_config.py  vLLM's --kv-events-config: where an engine publishes KV-cache events
   engine_metrics.py  Prometheus / llama.cpp /slots parsing into EngineLoad; PrefixRate

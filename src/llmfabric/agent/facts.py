@@ -7,6 +7,7 @@
 - context: /v1/models `max_model_len` (vLLM, sim, torch), the command's context flag
   (`--max-model-len`, `--context-length`, `-c`, `--n_ctx`, `--max-total-tokens`), llama-server's
   /props, the engine's documented default (llama-cpp-python: 2048), else the node's default.
+  `engine_context` asks a running engine alone (no command line: the standalone ingress).
 - model ids: /v1/models, or `--model-id` (repeatable) for engines that list none.
 - prefill/decode role (ThunderServe): the /v1/models entry's `role` (the sim engine), else
   vLLM's `--kv-transfer-config` `kv_role` (kv_producer -> prefill, kv_consumer -> decode,
@@ -18,10 +19,11 @@ from __future__ import annotations
 import json
 import pathlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
 from llmfabric.agent.engines import EngineKind, context_from_command, flag_value
+from llmfabric.agent.probe import EngineProbe
 from llmfabric.registry.codec import MAX_ITEMS, MAX_STR
 from llmfabric.registry.records import ModelRole, ServedModel
 from llmfabric.untrusted import get_logger
@@ -188,14 +190,45 @@ def served_models(data: list[dict[str, Any]], argv: Sequence[str], default_ctx: 
     ids = list(model_ids) or [mid for mid in listed if mid not in lora]
     out = []
     for mid in _fitting(ids, "model ids"):
-        ctx = listed.get(mid, {}).get("max_model_len")
         out.append(ServedModel(
             id=mid, quantization=quant, quant_bits=bits,
-            max_context=ctx if isinstance(ctx, int) and 0 < ctx <= MAX_CONTEXT else fallback,
+            max_context=listed_context(listed.get(mid, {})) or fallback,
             adapters=_fitting(adapters.get(mid, ()), f"LoRA adapters of {mid}"),
             role=role_of(listed.get(mid, {}), argv),
         ))
     return tuple(out)
+
+
+def listed_context(entry: Mapping[str, Any]) -> int | None:
+    """A /v1/models entry's `max_model_len` (vLLM, SGLang, sim, torch) if it is a sane one."""
+    n = entry.get("max_model_len")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_CONTEXT \
+        else None
+
+
+def props_context(body: Any) -> int | None:
+    """llama-server's running context from its /props answer
+    (`default_generation_settings.n_ctx`, older servers: `n_ctx`)."""
+    settings = body.get("default_generation_settings") if isinstance(body, dict) else None
+    n = settings.get("n_ctx") if isinstance(settings, dict) else None
+    if n is None and isinstance(body, dict):
+        n = body.get("n_ctx")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_CONTEXT \
+        else None
+
+
+async def engine_context(probe: EngineProbe, base_url: str, model: str,
+                         timeout_s: float) -> int | None:
+    """The context a running engine serves `model` with, from the engine alone: its
+    /v1/models entry for `model` (or its only entry, listed under another name)'s
+    `max_model_len`, else llama-server's /props. None: the engine answered without saying;
+    raises ProbeError when /v1/models does not answer (down, or not an OpenAI server)."""
+    data = await probe.models(base_url, timeout_s)
+    entry = next((d for d in data if d["id"] == model), data[0] if len(data) == 1 else None)
+    listed = listed_context(entry) if entry is not None else None
+    if listed is not None:
+        return listed
+    return props_context(await probe.get_json(base_url, "/props", timeout_s))
 
 
 def _fitting(names: Sequence[str], what: str) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ from llmfabric.agent.engine_metrics import (
     load_from_slots,
 )
 from llmfabric.agent.errors import EngineNotReady, EngineStartError
-from llmfabric.agent.facts import role_of, served_models
+from llmfabric.agent.facts import props_context, role_of, served_models
 from llmfabric.agent.logwatch import DEFAULT_FATAL_PATTERNS, LogWatcher
 from llmfabric.agent.probe import EngineProbe, HttpProbe, ProbeError, error_text
 from llmfabric.agent.proctree import (
@@ -312,13 +312,8 @@ class EngineSupervisor:
         path = self.command.adapter.props_path
         if path is None:
             return None
-        body = await self._probe.get_json(self.command.base_url, path,
-                                          self.config.health_timeout_s)
-        settings = body.get("default_generation_settings") if isinstance(body, dict) else None
-        n = settings.get("n_ctx") if isinstance(settings, dict) else None
-        if n is None and isinstance(body, dict):
-            n = body.get("n_ctx")
-        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+        return props_context(await self._probe.get_json(self.command.base_url, path,
+                                                        self.config.health_timeout_s))
 
     async def model_roles(self) -> dict[str, ModelRole] | None:
         """Each served model's prefill/decode role as the engine reports it now (a role flip,

@@ -2,7 +2,8 @@
 
 A node started with `--ingress` mounts the same routes over its live registry replica (the node
 wires `llmfabric.ingress.add_ingress_routes`); this command serves a fixed list of backends,
-which is also what the ingress benchmark measures. `--workers N` runs N processes sharing the
+which is also what the ingress benchmark measures. Each backend's context is the one its
+engine reports (ingress/engine_contexts.py). `--workers N` runs N processes sharing the
 port through SO_REUSEPORT (Linux), each with its own event loop (uvloop when installed).
 """
 
@@ -81,8 +82,12 @@ def candidates(backends: tuple[Backend, ...]) -> list[Candidate]:
     ]
 
 
-async def run_ingress(settings: Settings, reuse_port: bool) -> None:
+async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
+    """Serve until SIGTERM/SIGINT. `announce`: log the backends whose engines do not report
+    their context (one worker says it for all)."""
+    from llmfabric.agent.probe import HttpProbe
     from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
+    from llmfabric.ingress.engine_contexts import EngineContexts
     from llmfabric.ingress.front.fast_front import FastFront
     from llmfabric.ingress.front.front_limits import front_limits
     from llmfabric.ingress.front.host_check import HostGuard, names_of
@@ -106,6 +111,8 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
         model_aliases=settings.model_aliases,
     )
     source = StaticCandidateSource(candidates(settings.backends))
+    probe = HttpProbe()
+    contexts = EngineContexts(source, probe, settings.forward_prefix)
     forwarder = HttpForwarder(settings.forward_prefix)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -122,10 +129,14 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
     hosts = HostGuard([*settings.allowed_hosts, *names_of([f"{settings.host}:0"])])
     front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)), hosts=hosts)
     try:
+        await contexts.ask(announce=announce)  # (before the port opens: GET /v1/models is
+        contexts.start()                       # right from the first request)
         await front.start(settings.host, settings.port, reuse_port=reuse_port,
                           ssl=tls.context if tls else None)
         await stop.wait()
     finally:
+        await contexts.aclose()
+        await probe.aclose()
         await front.aclose()
         await tenancy.aclose()
         await forwarder.aclose()
@@ -133,7 +144,7 @@ async def run_ingress(settings: Settings, reuse_port: bool) -> None:
             await store.aclose()
 
 
-def _run(settings: Settings, reuse_port: bool) -> None:
+def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
     raise_open_file_limit()  # (each worker process: limits are per process)
     try:
         import uvloop
@@ -141,14 +152,16 @@ def _run(settings: Settings, reuse_port: bool) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(run_ingress(settings, reuse_port))
+    asyncio.run(run_ingress(settings, reuse_port, announce))
 
 
 @click.command("ingress")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option("--backend", "backends", multiple=True,
-              help="MODEL=HOST:PORT[@PROVIDER][#GPU] of an OpenAI-compatible engine (repeat)")
+              help="MODEL=HOST:PORT[@PROVIDER][#GPU] of an OpenAI-compatible engine (repeat); "
+              "its context is the one the engine reports (asked at start and every minute), "
+              "else 4096")
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
               help="fabric mode: join through this peer (no --backend; routes over the registry)")
 @click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
@@ -266,7 +279,7 @@ def command(
         _run(settings, reuse_port=False)
         return
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_run, args=(settings, True), daemon=True)
+    procs = [ctx.Process(target=_run, args=(settings, True, False), daemon=True)
              for _ in range(workers - 1)]
     for p in procs:
         p.start()

@@ -36,6 +36,8 @@ Core (this directory):
   stream goes; `direct_writer()`: a `DirectWriter` or None), `BodyReader`,
   `read_chunks_capped(chunks, limit)`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
+- engine_contexts.py: `EngineContexts`, the standalone ingress's backends' contexts as
+  their engines report them (asked at start, again on a slow period).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
   OpenAI error bodies, `body_too_large`.
 

@@ -21,14 +21,20 @@ RecordsFn = Callable[[], Iterable[tuple[NodeRecord, bool]]]
 
 
 class StaticCandidateSource:
-    """A fixed set of candidates, indexed by model id and alias once."""
+    """A fixed set of candidates, indexed by model id and alias once (and again on
+    `replace`: the standalone ingress updates a model's context as its engine reports it)."""
 
     def __init__(self, candidates: Iterable[Candidate]) -> None:
-        self._all = tuple(candidates)
-        self._by_model: dict[str, list[Candidate]] = {}
-        for c in self._all:
+        self.replace(candidates)
+
+    def replace(self, candidates: Iterable[Candidate]) -> None:
+        """Serve `candidates` from now on (requests under way keep the one they chose)."""
+        every = tuple(candidates)
+        by_model: dict[str, list[Candidate]] = {}
+        for c in every:
             for name in c.model.names():
-                self._by_model.setdefault(name, []).append(c)
+                by_model.setdefault(name, []).append(c)
+        self._all, self._by_model = every, by_model
 
     def candidates(self, model: str) -> Sequence[Candidate]:
         return self._by_model.get(model, ())
