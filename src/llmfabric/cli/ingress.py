@@ -19,7 +19,12 @@ from dataclasses import dataclass
 
 import click
 
-from llmfabric.cli.start import _aliases, ingress_timeout_options
+from llmfabric.cli.start import (
+    _aliases,
+    home_option,
+    ingress_timeout_options,
+    network_secret_file_option,
+)
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import ConfigError
 from llmfabric.net.fd_limit import raise_open_file_limit
@@ -165,7 +170,10 @@ def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
               help="fabric mode: join through this peer (no --backend; routes over the registry)")
 @click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
-              help="fabric mode: the network's pre-shared secret")
+              help="fabric mode: the network's pre-shared secret (other users can read a "
+              "command line: prefer $LLMFABRIC_NETWORK_SECRET or --network-secret-file)")
+@network_secret_file_option
+@home_option
 @click.option("--listen", default="0.0.0.0:7946", show_default=True,
               help="fabric mode: peer (TLS) listener")
 @click.option("--policy", type=click.Choice(sorted(POLICIES)), default="random",
@@ -206,7 +214,8 @@ def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
 @ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
-    network_secret: str | None, listen: str, policy: str, max_retries: int,
+    network_secret: str | None, network_secret_file: pathlib.Path | None,
+    home: pathlib.Path | None, listen: str, policy: str, max_retries: int,
     max_body_mb: float, no_auth: bool, db_url: str | None, forward_prefix: str, workers: int,
     front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
@@ -216,7 +225,8 @@ def command(
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models, responses; Anthropic's
     /v1/messages; rerank/score/tokenize pass-through): over static backends
-    (--backend), or as a fabric ingress node (--network-secret [--bootstrap]): the same as
+    (--backend), or as a fabric ingress node (--network-secret or --network-secret-file
+    [--bootstrap]): the same as
     `llmfabric start --ingress --relay --tier stable`, with the dashboard and API keys."""
     timeouts = Timeouts(connect_timeout_s, first_byte_timeout_s, idle_timeout_s,
                         total_timeout_s)
@@ -246,17 +256,20 @@ def command(
         if forward_prefix:
             raise click.UsageError("--forward-prefix applies to --backend ingresses; a "
                                    "fabric ingress forwards over the nodes' data plane")
-        if not network_secret:
+        if not network_secret and network_secret_file is None:
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
-                                   "--network-secret [--bootstrap HOST:PORT] (fabric ingress)")
+                                   "--network-secret[-file] [--bootstrap HOST:PORT] (fabric "
+                                   "ingress)")
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
                             no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key,
-                            model_aliases, allowed, dict(limits))
+                            model_aliases, allowed, dict(limits), network_secret_file, home)
         return
     if no_auth and not is_loopback(host):
         raise click.UsageError(
             f"--no-auth is for local demos only, but --host {host} is not a loopback address: "
             "use --host 127.0.0.1, or keep API keys on (`llmfabric keys create`)")
+    if db_url is None and home is not None:  # (the node's default: <home>/accounts.db)
+        db_url = str(home.expanduser() / "accounts.db")
     try:
         parsed = tuple(parse_backend(b) for b in backends)
     except ConfigError as e:
@@ -295,11 +308,12 @@ def command(
 
 
 def _run_fabric_ingress(
-    host: str, port: int, bootstrap: tuple[str, ...], network_secret: str, listen: str,
+    host: str, port: int, bootstrap: tuple[str, ...], network_secret: str | None, listen: str,
     policy: str, max_retries: int, no_auth: bool, db_url: str | None, max_body_mb: float,
     timeouts: Timeouts, tls_cert: pathlib.Path | None = None,
     tls_key: pathlib.Path | None = None, model_aliases: dict[str, str] | None = None,
     allowed_hosts: tuple[str, ...] = (), front_limits: dict[str, str] | None = None,
+    network_secret_file: pathlib.Path | None = None, home: pathlib.Path | None = None,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -309,7 +323,8 @@ def _run_fabric_ingress(
     try:
         config = build_config({}, {
             "ingress": True, "relay": True, "tier": "stable", "http_listen": f"{host}:{port}",
-            "listen": listen, "network_secret": network_secret, "policy": policy,
+            "listen": listen, "network_secret": network_secret,
+            "network_secret_file": network_secret_file, "home": home, "policy": policy,
             "max_retries": max_retries, "auth": not no_auth, "db": db_url,
             "max_body_bytes": int(max_body_mb * 1024 * 1024),
             "bootstrap": bootstrap, "connect_timeout_s": timeouts.connect,

@@ -78,13 +78,23 @@ def ingress_timeout_options(*, with_defaults: bool) -> Callable[[F], F]:
     return decorate
 
 
+# Shared by `start` and `ingress` (its fabric mode): one definition each.
+home_option = click.option(
+    "--home", type=click.Path(file_okay=False, path_type=pathlib.Path),
+    envvar="LLMFABRIC_HOME", help="state dir (keys, logs, db) [~/.llmfabric]")
+network_secret_file_option = click.option(
+    "--network-secret-file", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    envvar="LLMFABRIC_NETWORK_SECRET_FILE",
+    help="read the network secret from this file (mode 0600; line 2: the previous secret "
+         "during a rotation); re-read on SIGHUP")
+
+
 def node_options(fn: Any) -> Any:
     """Options shared by `start` and `ingress` (a node with the ingress role)."""
     options = [
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False,
                      path_type=pathlib.Path), help="YAML file with any of these options"),
-        click.option("--home", type=click.Path(file_okay=False, path_type=pathlib.Path),
-                     envvar="LLMFABRIC_HOME", help="state dir (keys, logs, db) [~/.llmfabric]"),
+        home_option,
         click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
                      help="host:port of a bootstrap peer (repeatable; env: comma-separated)"),
         click.option("--listen", envvar="LLMFABRIC_LISTEN",
@@ -123,10 +133,7 @@ def node_options(fn: Any) -> Any:
                      help="pre-shared network secret (admission); on a shared host "
                           "other users can read it from the command line: prefer "
                           "$LLMFABRIC_NETWORK_SECRET or --network-secret-file"),
-        click.option("--network-secret-file", type=click.Path(dir_okay=False,
-                     path_type=pathlib.Path), envvar="LLMFABRIC_NETWORK_SECRET_FILE",
-                     help="read the network secret from this file (mode 0600; line 2: the "
-                          "previous secret during a rotation); re-read on SIGHUP"),
+        network_secret_file_option,
         click.option("--network-secret-previous",
                      envvar="LLMFABRIC_NETWORK_SECRET_PREVIOUS",
                      help="rotation: the previous network secret, still accepted"),
