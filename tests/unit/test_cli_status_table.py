@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from llmfabric.cli.console import table_console
-from llmfabric.cli.status import nodes_table
+from llmfabric.cli.status import models_table, nodes_table
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +49,40 @@ def test_markup_in_a_nodes_record_is_printed_as_text(monkeypatch: pytest.MonkeyP
     row = next(ln for ln in out.getvalue().splitlines() if "SERVING" in ln)
     assert "[/]" in row and "[bold red]vllm" in row and "[/]m" in row
     assert "site=[link=http://x]y" in row
+
+
+def _rows(table: Any) -> tuple[list[str], str]:
+    out = io.StringIO()
+    table_console(file=out).print(table)
+    text = out.getvalue()
+    return text.splitlines(), text
+
+
+def test_a_provider_name_is_marked_verified_or_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the dashboard's badges: X-Fabric-Providers matches a node's verified identity, so
+    only a name equal to it is marked verified; a PSK node's name (its identity is its peer
+    id) and an impostor's are claimed; a view without `verified_provider` gets no mark."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    lab = {**_node("SERVING", [], "vllm", ("a",)), "session_id": "lab00000",
+           "provider_id": "my-lab", "verified_provider": "my-lab"}
+    fake = {**_node("SERVING", [], "vllm", ("b",)), "session_id": "fake0000",
+            "provider_id": "my-lab", "verified_provider": "zQmImpostor"}
+    old = {**_node("SERVING", [], "vllm", ("c",)), "session_id": "old00000",
+           "provider_id": "old-lab"}
+    lines, text = _rows(nodes_table([lab, fake, old]))
+    assert "my-lab (verified)" in next(ln for ln in lines if "lab00000" in ln)
+    assert "my-lab (claimed)" in next(ln for ln in lines if "fake0000" in ln)
+    old_row = next(ln for ln in lines if "old00000" in ln)
+    assert "old-lab" in old_row and "(verified)" not in old_row and "(claimed)" not in old_row
+    assert "X-Fabric-Providers matches the name" in text  # the caption says what they mean
+
+
+def test_the_models_table_marks_claimed_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    model = {"id": "llama", "serving": 2, "nodes": ["a", "b"], "providers": ["my-lab", "uni"],
+             "unverified_providers": ["uni"], "gpus": ["H100"], "quantizations": ["bf16"],
+             "max_context": 8192}
+    lines, text = _rows(models_table([model]))
+    row = next(ln for ln in lines if "llama" in ln)
+    assert "my-lab (verified), uni (claimed)" in row
+    assert "X-Fabric-Providers matches the name" in text

@@ -58,8 +58,28 @@ def _cells(*values: str) -> list[Text]:
     return [cell(v) for v in values]
 
 
+# As the dashboard's badges: a provider name is the node's own claim; routing allowlists
+# (X-Fabric-Providers) match its verified identity (the certificate's provider, or the peer
+# id on shared-secret networks), so only a name equal to that identity is marked verified.
+VERIFIED, CLAIMED = " (verified)", " (claimed)"
+PROVIDER_NOTE = ("(verified): X-Fabric-Providers matches the name; (claimed): the node's own "
+                 "word, an allowlist must name its verified identity instead (verified_provider "
+                 "in --json)")
+
+
+def _provider(node: dict[str, Any]) -> str:
+    """The claimed provider name and whether it is the node's verified identity (nothing
+    added for a node whose view predates `verified_provider`)."""
+    name = node["provider_id"]
+    shown = name[:14] or "-"
+    if "verified_provider" not in node:
+        return shown
+    return shown + (VERIFIED if name and node["verified_provider"] == name else CLAIMED)
+
+
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"Nodes ({len(nodes)})")
+    marked = any("verified_provider" in n for n in nodes)
+    table = Table(title=f"Nodes ({len(nodes)})", caption=Text(PROVIDER_NOTE) if marked else None)
     for col in ("session", "state", "roles", "provider", "hardware", "engine", "models",
                 "load", "labels", "reach", "seen"):
         table.add_column(col)
@@ -73,7 +93,7 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             n["session_id"][:8],
             # (a bare ingress or relay stays JOIN: its roles say what it is for)
             ",".join(n.get("roles", ())) or "-",
-            n["provider_id"][:14],
+            _provider(n),
             gpus,
             n["engine"] or "-",
             ", ".join(m["id"] for m in n["models"]) or "-",
@@ -86,13 +106,24 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _model_provider(model: dict[str, Any], name: str) -> str:
+    """A provider of a model, marked claimed when some node claims the name without being
+    it (as the dashboard's catalog)."""
+    if "unverified_providers" not in model:
+        return name
+    return name + (CLAIMED if name in model["unverified_providers"] else VERIFIED)
+
+
 def models_table(models: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"Models ({len(models)})")
+    marked = any("unverified_providers" in m for m in models)
+    table = Table(title=f"Models ({len(models)})",
+                  caption=Text(PROVIDER_NOTE) if marked else None)
     for col in ("model", "serving", "nodes", "providers", "gpus", "quantization", "context"):
         table.add_column(col)
     for m in models:
         table.add_row(*_cells(
-            m["id"], str(m["serving"]), str(len(m["nodes"])), ", ".join(m["providers"]),
+            m["id"], str(m["serving"]), str(len(m["nodes"])),
+            ", ".join(_model_provider(m, p) for p in m["providers"]),
             ", ".join(m["gpus"]), ", ".join(m["quantizations"]), str(m["max_context"]),
         ))
     return table
