@@ -73,6 +73,9 @@ async def test_each_failure_kind(server: str) -> None:
     assert ok.output_tokens == 3 and ok.prompt_tokens == 5 and len(ok.itls_s) == 2
     result = summarize(run.outcomes, duration_s=run.duration_s)
     assert result["errors_by_kind"] == {"empty": 1, "http_503": 1, "server_error": 1, "stream": 1}
+    # what the server said, not only the kind: the OpenAI error body's message
+    said = {e["kind"]: e["message"] for e in result["error_samples"]}
+    assert said["http_503"] == "busy" and said["server_error"] == "engine died"
 
 
 async def test_timeout_cancel_and_connection_errors(server: str) -> None:

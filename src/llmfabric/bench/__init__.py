@@ -8,11 +8,12 @@ Files -> concepts:
   `synthetic_workload(...)`, `replay_workload(records, ...)`, synthetic prompts of N tokens and
   prompts rebuilt from trace hash ids (so replay keeps prefix sharing).
 - `client.py`: `send(...)`, one streamed OpenAI request (aiohttp) timed per chunk ->
-  `RequestOutcome` (ttft_s, itls_s, latency_s, tokens, error kind).
+  `RequestOutcome` (ttft_s, itls_s, latency_s, tokens, error kind and the server's message).
 - `runner.py`: `BenchConfig`, `run_load(specs, config, clock=..., on_sent=, on_done=)`:
   dispatch on schedule, concurrency cap, hard deadline.
 - `metrics.py`: `summarize(outcomes, duration_s=, percentiles=, slo=SLO(...))` -> dict with
-  `vllm bench serve` names; `detailed(outcomes)` per-request lists.
+  `vllm bench serve` names (and `error_samples`: what the servers said, bounded and escaped);
+  `detailed(outcomes)` per-request lists.
 - `report.py`: `to_markdown(result)`, `write_results(result, json_path, markdown_path)`.
 - `errors.py`: `BenchError` > `BenchConfigError`.
 

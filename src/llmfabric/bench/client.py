@@ -7,6 +7,8 @@ counts once, as in `vllm bench serve`). The output token count is the server's
 text chunks. Failures are classified by kind: `http_<status>`, `timeout`, `connection`,
 `stream` (broken or malformed stream), `server_error` (an error object inside the stream),
 `empty` (the stream ended without text), `cancelled` (still running at the run's deadline).
+An outcome's `detail` is what the server said: the `error.message` of an OpenAI error body
+(else its first characters), raw and cut to `DETAIL_CHARS` (metrics.py escapes what it shows).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import orjson
 
 from llmfabric.bench.workload import RequestSpec
 from llmfabric.clock import Clock
+
+DETAIL_CHARS = 300
+_ERROR_BODY_BYTES = 4096  # of an error answer: enough for its message, however long it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,36 @@ def request_body(spec: RequestSpec, endpoint: str, ignore_eos: bool) -> dict[str
     return body
 
 
+def server_message(error: Any) -> str:
+    """The message in what a server sent about an error: an OpenAI error body or its `error`
+    object (`{"error": {"message": ...}}`), a plain string, else the text itself."""
+    if isinstance(error, (str, bytes)):
+        try:
+            error = orjson.loads(error)
+        except orjson.JSONDecodeError:
+            return error.decode(errors="replace") if isinstance(error, bytes) else error
+    if isinstance(error, dict):
+        inner = error.get("error", error)
+        message = inner.get("message") if isinstance(inner, dict) else inner
+        if isinstance(message, str) and message:
+            return message
+        if isinstance(error.get("detail"), str):  # (FastAPI-style servers)
+            return str(error["detail"])
+    return error if isinstance(error, str) else orjson.dumps(error).decode()
+
+
+async def _error_body(resp: aiohttp.ClientResponse) -> bytes:
+    """The first `_ERROR_BODY_BYTES` of an error answer (a hostile one may never end)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= _ERROR_BODY_BYTES:
+            break
+    return b"".join(parts)[:_ERROR_BODY_BYTES]
+
+
 def _chunk_text(chunk: dict[str, Any]) -> str:
     choices = chunk.get("choices") or []
     if not choices:
@@ -95,7 +130,8 @@ async def send(
     usage: dict[str, Any] | None = None
 
     def fail(kind: str, detail: str = "") -> RequestOutcome:
-        return RequestOutcome(spec, False, kind, detail[:300], start, ttft, None, tuple(itls))
+        return RequestOutcome(spec, False, kind, detail[:DETAIL_CHARS], start, ttft, None,
+                              tuple(itls))
 
     try:
         async with session.post(
@@ -105,7 +141,7 @@ async def send(
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             if resp.status != 200:
-                return fail(f"http_{resp.status}", await resp.text())
+                return fail(f"http_{resp.status}", server_message(await _error_body(resp)))
             async for raw in resp.content:
                 line = raw.strip()
                 if not line.startswith(b"data:"):
@@ -120,7 +156,7 @@ async def send(
                 if not isinstance(chunk, dict):
                     return fail("stream", "chunk is not a JSON object")
                 if chunk.get("error"):
-                    return fail("server_error", str(chunk["error"]))
+                    return fail("server_error", server_message(chunk["error"]))
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 if _chunk_text(chunk):

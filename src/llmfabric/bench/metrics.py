@@ -7,7 +7,9 @@ ttft, tpot, itl, e2el: mean_<m>_ms, median_<m>_ms, std_<m>_ms, p<P>_<m>_ms (P fr
 requests with >= 2 tokens; ITL pools every inter-chunk gap; e2el is end-to-end latency.
 Ours: num_requests (sent), slo_attainment (share of SENT requests meeting every SLO set; failed
 requests miss), errors_by_kind (count per kind; `errors` is the per-request list that
-`detailed` adds, as in vLLM), and the SLO thresholds themselves.
+`detailed` adds, as in vLLM), error_samples (what the servers said: the first
+`ERROR_SAMPLES` distinct kind + message pairs with their counts, each message escaped and
+clipped to `ERROR_MESSAGE_CHARS`: another party wrote it), and the SLO thresholds themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import numpy as np
 
 from llmfabric.bench.client import RequestOutcome
 from llmfabric.bench.errors import BenchConfigError
+from llmfabric.untrusted import clip, printable
+
+ERROR_SAMPLES = 5
+ERROR_MESSAGE_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +107,25 @@ def summarize(
     result["errors_by_kind"] = dict(
         sorted(Counter(o.error or "unknown" for o in outcomes if not o.ok).items())
     )
+    result["error_samples"] = error_samples(outcomes)
     return result
+
+
+def error_samples(outcomes: Sequence[RequestOutcome]) -> list[dict[str, Any]]:
+    """The first `ERROR_SAMPLES` distinct (kind, message) pairs of the failures, in order,
+    each with how many failures said it; a message escaped (controls as escapes) and clipped:
+    a server's text is shown on a terminal and written to files."""
+    counts: dict[tuple[str, str], int] = {}
+    for o in outcomes:
+        if o.ok:
+            continue
+        key = (o.error or "unknown", clip(printable(o.detail), ERROR_MESSAGE_CHARS))
+        if key in counts:
+            counts[key] += 1
+        elif len(counts) < ERROR_SAMPLES:
+            counts[key] = 1
+    return [{"kind": kind, "message": message, "count": n}
+            for (kind, message), n in counts.items()]
 
 
 def detailed(outcomes: Sequence[RequestOutcome]) -> dict[str, list[Any]]:

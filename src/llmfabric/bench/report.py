@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from llmfabric.untrusted import markdown_text
+
 _ROWS: tuple[tuple[str, str], ...] = (
     ("num_requests", "Requests sent"),
     ("completed", "Successful requests"),
@@ -69,7 +71,11 @@ def to_markdown(result: dict[str, Any], title: str = "Serving benchmark") -> str
         cells += [result.get(f"{p}_{name}_ms") for p in pkeys]
         lines.append(f"| {label} | " + " | ".join(_cell(c) for c in cells) + " |")
     errors = result.get("errors_by_kind") or {}
-    lines += ["", "Errors: " + (", ".join(f"{k}: {v}" for k, v in errors.items()) or "none"), ""]
+    lines += ["", "Errors: " + (", ".join(f"{k}: {v}" for k, v in errors.items()) or "none")]
+    lines += [f"- {markdown_text(str(e['kind']))} x{e['count']}: "
+              f"{markdown_text(str(e['message'])) or '(no message)'}"
+              for e in result.get("error_samples") or ()]
+    lines.append("")
     return "\n".join(lines)
 
 

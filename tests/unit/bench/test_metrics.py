@@ -69,3 +69,29 @@ def test_detailed_and_writers(tmp_path: Path) -> None:
     assert md == to_markdown(result)
     assert "| Successful requests | 2 |" in md and "http_503: 1" in md
     assert "| Time to first token | 200.00 | 200.00 | 100.00 | 298.00 |" in md
+
+
+def test_error_samples_say_what_the_servers_said() -> None:
+    """A bounded sample of the servers' messages, not only their kinds: the first few
+    distinct (kind, message) pairs with counts, each escaped and clipped (a server wrote it)."""
+    from llmfabric.bench.metrics import ERROR_MESSAGE_CHARS, ERROR_SAMPLES
+
+    def failed(kind: str, detail: str) -> RequestOutcome:
+        return RequestOutcome(SPEC, False, error=kind, detail=detail)
+
+    outcomes = [
+        failed("http_401", "invalid API key"), failed("http_401", "invalid API key"),
+        failed("server_error", "engine\x1b[2J died\nFAKE LOG LINE"),
+        failed("http_400", "x" * 1000),
+        *(failed("http_500", f"boom {i}") for i in range(10)),
+        OUTCOMES[0],
+    ]
+    samples = summarize(outcomes, duration_s=1.0)["error_samples"]
+    assert len(samples) == ERROR_SAMPLES
+    assert samples[0] == {"kind": "http_401", "message": "invalid API key", "count": 2}
+    assert samples[1]["message"] == "engine\\x1b[2J died\\nFAKE LOG LINE"
+    assert samples[2]["message"].startswith("x" * ERROR_MESSAGE_CHARS + " ... [800 more")
+    assert [s["message"] for s in samples[3:]] == ["boom 0", "boom 1"]
+    md = to_markdown(summarize(outcomes, duration_s=1.0))
+    assert "- http_401 x2: invalid API key" in md
+    assert "\x1b" not in md and "\nFAKE LOG LINE" not in md
