@@ -318,3 +318,31 @@ async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_tim
 async def _admit(gate: TenancyGate, key: object, doc: dict[str, object]) -> object:
     # (its own task: each request's gate state lives in its task's context, unsettled)
     return await gate.admit(key, doc)  # type: ignore[arg-type]
+
+
+@pytest.mark.hostile
+async def test_a_reservation_past_the_budget_says_what_it_reserves() -> None:
+    """10,000 tiny image parts reserve 40,960,004 tokens: refused with a 429 that said only
+    that the "dayly" budget was "used up" (10 tokens of 1,000,000 spent). It now says what
+    the request's prompt reserved and why; so does a prompt past the values the bound reads."""
+    from llmfabric.ingress.usage import MAX_PROMPT_VALUES, MEDIA_PART_TOKENS
+
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("key", "k1", 1_000_000, "day"))
+    gate = TenancyGate(book)
+    small = {"messages": MSG, "max_tokens": 5}
+    assert await gate.admit(StaticPrincipal("k1"), small) is None
+    gate.used(Usage(5, 5))
+    gate.settle()
+    images = {"messages": [{"role": "user", "content": [{"type": "image_url"}] * 10_000}],
+              "max_tokens": 5}
+    got = await gate.admit(StaticPrincipal("k1"), images)
+    assert got is not None and got.status == 429 and got.code == "insufficient_quota"
+    assert got.message.startswith("the daily token budget")
+    assert "10000 image, audio, video or file parts" in got.message
+    assert f"{10_000 * MEDIA_PART_TOKENS + 4} tokens" in got.message
+    tiny = {"messages": [{"role": "user", "content": [{}] * 10_000}] * 11, "max_tokens": 5}
+    got = await gate.admit(StaticPrincipal("k1"), tiny)
+    assert got is not None and f"more than {MAX_PROMPT_VALUES} values" in got.message
+    got = await gate.admit(StaticPrincipal("k1"), {"messages": MSG, "max_tokens": 10**6})
+    assert got is not None and "parts" not in got.message and "values" not in got.message

@@ -40,7 +40,13 @@ from llmfabric.accounts.ratelimit import RateLimiter, TokenHold
 from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.usage import Usage, prompt_token_bound
+from llmfabric.ingress.usage import (
+    MAX_PROMPT_VALUES,
+    MEDIA_PART_TOKENS,
+    Usage,
+    prompt_bound,
+    prompt_token_bound,
+)
 from llmfabric.routing.candidates import Candidate
 
 # The completion a request without a cap field is assumed to need when the context of its
@@ -124,6 +130,19 @@ def advertised_context(candidates: Iterable[Candidate]) -> int:
     for either."""
     contexts = sorted(c.model.max_context for c in candidates if c.model.max_context > 0)
     return contexts[len(contexts) // 2] if contexts else 0
+
+
+def _prompt_hint(doc: Mapping[str, Any]) -> str:
+    """What a refused request's prompt reserved, when that is not its text: media parts, or
+    a prompt of more values than the bound reads (walked again: refusals only)."""
+    bound = prompt_bound(doc)
+    if bound.cut:
+        return (f"; its prompt has more than {MAX_PROMPT_VALUES} values, so it reserves the "
+                f"most a request may ({bound.tokens} tokens)")
+    if bound.media_parts:
+        return (f"; its prompt reserves {bound.tokens} tokens, {MEDIA_PART_TOKENS} for each "
+                f"of its {bound.media_parts} image, audio, video or file parts")
+    return ""
 
 
 def _uncapped(doc: Mapping[str, Any]) -> bool:
@@ -224,8 +243,8 @@ class TenancyGate:
                         "the model's context")
                     hint = (f"; this request sets no max_tokens, so it reserves {whose} "
                             f"({completion} tokens): set max_tokens to what it needs")
-                return self._refused("budget_exceeded", got.message() + hint,
-                                     got.retry_after_s)
+                return self._refused("budget_exceeded", got.message() + hint
+                                     + _prompt_hint(doc), got.retry_after_s)
             state.hold = got
         if self.queue is not None:
             t0 = self.queue.now()
