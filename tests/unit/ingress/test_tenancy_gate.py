@@ -172,7 +172,7 @@ async def test_requests_without_a_cap_reserve_the_context_and_say_so() -> None:
     book = BudgetBook(lambda: NOON)
     seen: list[str] = []
 
-    def context_of(model: str) -> int:
+    def context_of(model: str, route: object = None) -> int:
         seen.append(model)
         return {"big": 8192, "huge": 2**40}.get(model, 0)
 
@@ -301,7 +301,7 @@ async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_tim
     from llmfabric.testing.fake_clock import FakeClock
 
     rate = RateLimiter(FakeClock())
-    gate = TenancyGate(rate=rate, context_of=lambda model: 131_072)
+    gate = TenancyGate(rate=rate, context_of=lambda model, route: 131_072)
     key = ApiKey(id="k1", name="n", owner="o", admin=False, created_at=0.0,
                  tokens_per_min=100_000)
     doc = {"model": "m", "messages": MSG}

@@ -1,8 +1,8 @@
 """Multi-tenancy at the ingress: token budgets (accounts.budgets) and fair queueing across
 owners (accounts.fairqueue), behind three calls the request path makes:
 
-- `gate.admit_at_once(principal) or await gate.admit(principal, doc, path, fallbacks)` after
-  authentication (the sync call answers the common case, nothing to reserve, without a
+- `gate.admit_at_once(principal) or await gate.admit(principal, doc, path, fallbacks, route)`
+  after authentication (the sync call answers the common case, nothing to reserve, without a
   coroutine): reserves the request's worst case on its key's and owner's budgets and in
   their tokens/min buckets, then waits for a fair-queue slot; a `Refusal` (429 with
   Retry-After carrying the real wait) when the budget is used up, a tokens/min bucket is
@@ -14,10 +14,11 @@ owners (accounts.fairqueue), behind three calls the request path makes:
 
 The worst case: the prompt's upper-ish bound (ingress.usage `prompt_token_bound`) plus the
 completion cap: the largest cap field times n, or, without one, the context of the model
-(`advertised_context`: engines generate up to it), and the
-default only when no node serves the model. A request with fallback models (`models`,
-ingress/model_list.py) reserves for the largest context among them that resolve, and on a
-spend budget the dearest of them: whichever model serves it, the hold covers it.
+(`advertised_context` of the replicas the request's own filters leave, its allowlist and
+QoS constraints: engines generate up to it), and the default only when no node serves the
+model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
+largest context among them that resolve, and on a spend budget the dearest of them:
+whichever model serves it, the hold covers it.
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -48,6 +49,7 @@ from llmfabric.ingress.usage import (
     prompt_token_bound,
 )
 from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.request import RouteRequest
 
 # The completion a request without a cap field is assumed to need when the context of its
 # model is unknown (no node serves it: nothing will be generated).
@@ -166,14 +168,15 @@ def _owner(principal: Principal | None) -> tuple[str, str, str]:
 class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
-                 context_of: Callable[[str], int] | None = None,
+                 context_of: Callable[[str, RouteRequest | None], int] | None = None,
                  rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
         self.budgets = budgets
         self.queue = queue
         self.default_completion = default_completion
-        # model -> its context in tokens (0: unknown), for requests without a cap field
+        # (model, the request's filters) -> the context in tokens of the replicas it may
+        # reach (0: unknown), for requests without a cap field
         self.context_of = context_of
         # The keys' tokens/min buckets: the worst case is held there at admission (the
         # ingress checked the bucket before reading the body; many requests may pass that
@@ -202,9 +205,10 @@ class TenancyGate:
         return True
 
     async def admit(self, principal: Principal | None, doc: Mapping[str, Any],
-                    path: str = "/v1/chat/completions", fallbacks: Sequence[str] = ()
-                    ) -> Refusal | None:
-        """`fallbacks`: the models the request may be served by after `doc["model"]`."""
+                    path: str = "/v1/chat/completions", fallbacks: Sequence[str] = (),
+                    route: RouteRequest | None = None) -> Refusal | None:
+        """`fallbacks`: the models the request may be served by after `doc["model"]`;
+        `route`: its allowlist and QoS constraints (which replicas it may reach)."""
         if self.admit_at_once(principal):
             return None
         key_id, owner, issuer = _owner(principal)
@@ -217,7 +221,7 @@ class TenancyGate:
         context = 0
         if (context_of := self.context_of) is not None and path in _GENERATING \
                 and _uncapped(doc):
-            context = max(context_of(m) for m in models)  # (0: none of them resolves)
+            context = max(context_of(m, route) for m in models)  # (0: none resolves)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
         if self.rate is not None and principal is not None and _token_limited(principal):
