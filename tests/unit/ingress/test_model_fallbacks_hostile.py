@@ -180,7 +180,7 @@ async def test_an_uncapped_request_reserves_the_context_of_the_replicas_it_may_r
 
 async def test_a_request_with_fallbacks_is_admitted_once_and_settled_once() -> None:
     """Guarantee kept: a request that moves through 4 models (each failing) holds one
-    reservation and one rate-limit token for all of them, and gives them back once."""
+    reservation for all of them, and gives it back once (nothing spent)."""
     book = BudgetBook(lambda: NOON)
     book.set(Budget("key", "k1", 10**6, "day"))
 
