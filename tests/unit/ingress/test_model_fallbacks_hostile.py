@@ -26,6 +26,7 @@ from .test_model_fallbacks import (
     Up,
     ask,
     cand,
+    chunk,
     error_of,
     gated,
     ingress,
@@ -45,7 +46,8 @@ async def test_one_request_causes_at_most_max_retries_plus_one_attempts_per_list
     """Guarantee kept: a client listing 4 models whose every node fails (or a hostile
     provider failing every attempt) causes (1 + max_retries) upstream attempts per model,
     12 with the default 2, never more, however many nodes serve them; an engine's 5xx that
-    is not retried (501) moves on after one. No byte reached the client meanwhile."""
+    is not retried (501) moves on after one. A stream cut once committed adds only its
+    continuation's (1 + max_retries), on the model that committed."""
     def down(c: Candidate, doc: dict[str, Any]) -> Up:
         raise UpstreamError(f"node {c.session_id} refused")
 
@@ -57,6 +59,22 @@ async def test_one_request_causes_at_most_max_retries_plus_one_attempts_per_list
     ing, fwd, _ = ingress(fleet(), lambda c, d: Up(501, b"{}"), max_retries=2)
     reply = await ask(ing, {"model": "m0", "models": MODELS[1:]})
     assert reply is not None and reply.status == 501 and len(fwd.sent) == 4
+
+    # a stream committed on the last model's last attempt, then cut: its continuation adds
+    # at most 1 + max_retries more (on that model), 15 in all
+    seen: dict[str, int] = {}
+
+    def last_cut(c: Candidate, doc: dict[str, Any]) -> Up:
+        n = seen[c.model.id] = seen.get(c.model.id, 0) + 1
+        if c.model.id == "m3" and n == 3:
+            return Up(stream=(chunk("par"),), cut=True)
+        raise UpstreamError(f"node {c.session_id} refused")
+
+    ing, fwd, _ = ingress(fleet(8), last_cut, max_retries=2)
+    sink = Sink()
+    reply = await ask(ing, {"model": "m0", "models": MODELS[1:]}, stream=True, sink=sink)
+    assert reply is None and b"par" in sink.data and b"upstream_failed" in sink.data
+    assert seen == {"m0": 3, "m1": 3, "m2": 3, "m3": 6} and len(fwd.sent) == 15
 
 
 async def test_the_prefill_decode_path_bounds_its_attempts_per_model_too() -> None:
