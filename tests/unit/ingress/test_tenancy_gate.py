@@ -346,3 +346,25 @@ async def test_a_reservation_past_the_budget_says_what_it_reserves() -> None:
     assert got is not None and f"more than {MAX_PROMPT_VALUES} values" in got.message
     got = await gate.admit(StaticPrincipal("k1"), {"messages": MSG, "max_tokens": 10**6})
     assert got is not None and "parts" not in got.message and "values" not in got.message
+
+
+@pytest.mark.hostile
+async def test_a_batch_of_prompts_reserves_each_prompt_s_completions() -> None:
+    """A completions `prompt` given as a list of prompts is a batch: the engine (vLLM)
+    generates up to the cap, times n, for each of them. The reservation counted one: 20
+    requests of 100 prompts with max_tokens 100 got past a budget for 2 (each holding ~230
+    tokens, then charged up to 10,000)."""
+    batch = {"model": "m", "prompt": ["xxxx"] * 100, "max_tokens": 100}
+    prompt, completion = reservation_parts(batch)
+    assert completion == 100 * 100
+    assert reservation_parts({**batch, "n": 2})[1] == 2 * 100 * 100
+    assert reservation_parts({**batch, "prompt": [[1, 2, 3]] * 7})[1] == 7 * 100
+    assert reservation_parts({**batch, "prompt": [1, 2, 3]})[1] == 100  # one prompt of ids
+    assert reservation_parts({**batch, "prompt": "one"})[1] == 100
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("key", "k1", 2 * (prompt + completion), "day"))
+    gate = TenancyGate(book)
+    admitted = 0
+    for _ in range(20):
+        admitted += await gate.admit(StaticPrincipal("k1"), batch, "/v1/completions") is None
+    assert admitted == 2

@@ -13,7 +13,8 @@ owners (accounts.fairqueue), behind three calls the request path makes:
   tokens/min hold back (the limiter charged what was used when the usage was recorded).
 
 The worst case: the prompt's upper-ish bound (ingress.usage `prompt_token_bound`) plus the
-completion cap: the largest cap field times n, or, without one, the context of the model
+completion cap: the largest cap field times n (and times the prompts of a completions
+batch), or, without one, the context of the model
 (`advertised_context` of the replicas the request's own filters leave, its allowlist and
 QoS constraints: engines generate up to it), and the default only when no node serves the
 model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
@@ -110,17 +111,27 @@ def reservation_parts(doc: Mapping[str, Any],
     """(prompt bound, completion cap) of a request, in tokens. The cap is the largest of
     the cap fields (an engine takes max_completion_tokens before max_tokens, so the first
     one found is not enough), or `context` (the model's context, 0: unknown) without one,
-    or `default_completion` without either; at most `context` when it is known, times n:
-    never less than what the engine may generate."""
+    or `default_completion` without either; at most `context` when it is known, times n
+    and times the prompts of a completions batch: never less than what the engine may
+    generate."""
     caps = [c for k in _MAX_TOKEN_FIELDS if (c := _count(doc.get(k))) is not None]
     ctx = min(context, MAX_TOKENS_PER_REQUEST) if context > 0 else 0
     cap = max(caps) if caps else ctx or default_completion
     if ctx:
         cap = min(cap, ctx)  # (an engine generates no more than its context)
     n = _count(doc.get("n"))
-    if n is not None and n > 1:
-        cap = min(cap * n, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
+    times = (n if n is not None and n > 1 else 1) * _prompts(doc.get("prompt"))
+    if times > 1:
+        cap = min(cap * times, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
     return prompt_token_bound(doc), cap
+
+
+def _prompts(prompt: object) -> int:
+    """The prompts of a completions request: a list of texts or of token-id lists is a
+    batch, each prompt generating its own completions (one prompt of ids is a list of ints)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
 
 
 def advertised_context(candidates: Iterable[Candidate]) -> int:
