@@ -38,6 +38,7 @@ from llmfabric.untrusted import get_logger
 log = get_logger(__name__)
 
 PERIODS = ("day", "month")
+_PERIODIC = {"day": "daily", "month": "monthly"}  # (a refusal names its budget so)
 SCOPES = ("key", "owner", "team")
 UNITS = ("tokens", "usd")
 MAX_BUDGET_TOKENS = 10**15  # also the cap in micro-USD (a billion dollars)
@@ -109,7 +110,7 @@ class OverBudget:
     def message(self) -> str:
         b = self.budget
         what = "token budget" if b.unit == "tokens" else "spend budget"
-        return (f"the {b.period}ly {what} of {b.scope} {b.name!r} ({b.show(b.limit)}) is "
+        return (f"the {_PERIODIC[b.period]} {what} of {b.scope} {b.name!r} ({b.show(b.limit)}) is "
                 f"used up ({b.show(self.spent)} spent or reserved); it renews in "
                 f"{int(self.retry_after_s)} s")
 

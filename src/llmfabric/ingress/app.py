@@ -305,7 +305,7 @@ class Ingress:
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
         if (gate := self.gate) is not None and not gate.admit_at_once(principal) and (
-                refused := await gate.admit(principal, doc, path, fallbacks)) is not None:
+                refused := await gate.admit(principal, doc, path, fallbacks, rreq)) is not None:
             return self._refuse(model, *refused)
 
         recorder = (RelayRecorder() if stream and continuation_wanted(

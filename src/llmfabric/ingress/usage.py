@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -226,47 +226,87 @@ class Usage(NamedTuple):
 # / 4) of the returned text. Such rows are marked estimated in the usage ledger.
 
 
-# Content parts that are not text (OpenAI chat `image_url` / `input_audio`, vLLM's
-# `video_url` and `audio_url`, the Responses API's `input_image` / `input_file`, Anthropic's
-# `image` / `document` blocks): an engine turns each into tokens the text walk cannot see.
+# Content parts that are not text (OpenAI chat `image_url` / `input_audio` / `file`, vLLM's
+# `video_url`, `audio_url` and precomputed `image_embeds` / `audio_embeds` /
+# `prompt_embeds`, the Responses API's `input_image` / `input_file`, Anthropic's `image` /
+# `document` blocks): an engine turns each into tokens the text walk cannot see.
 MEDIA_PART_TYPES = frozenset({"image_url", "input_image", "image", "input_audio", "audio_url",
-                              "video_url", "input_file", "file", "document"})
+                              "video_url", "input_file", "file", "document", "image_embeds",
+                              "audio_embeds", "prompt_embeds"})
+# The keys by which vLLM reads a part as media whatever its `type` (a part without one, or
+# one with a `uuid`: its entrypoints/chat_utils.py): a part holding one is media too.
+MEDIA_PART_KEYS = frozenset({"image_url", "audio_url", "video_url", "input_audio",
+                             "image_embeds", "audio_embeds", "prompt_embeds", "image_pil"})
+# The values one walk reads at most: what a walk costs is bounded by them, not by the body
+# (8 MiB of empty objects, 2.8 million, took 2.6 s of the event loop), about 0.1 s at most.
+MAX_PROMPT_VALUES = 100_000
+_STRUCTURE = frozenset({"type", "role"})  # (fields the reservation's walk passes over)
 
 
-def _text_sum(value: Any, measure: Callable[[str], float], media: float = 0.0,
-              depth: int = 0) -> float:
-    """MEASURE summed over the texts of a prompt or reply part: a string, the items of a
-    list (its first 10,000), the `text` and `content` of an object; five levels deep. A
-    content part of a MEDIA_PART_TYPES type counts MEDIA tokens."""
-    if isinstance(value, str):
-        return measure(value)
-    if depth > 4:
+class _Walk:
+    """One walk: MEASURE summed over the texts of a prompt or reply part, five levels deep,
+    reading at most MAX_PROMPT_VALUES values (`left` below 0: it stopped short).
+
+    The billing estimate (`media` 0) reads strings, the items of lists and the `text` and
+    `content` of objects. The reservation's walk (`media` > 0) reads every field of an
+    object but its `type` and `role` (tool call arguments, reasoning, a tool's output: a
+    chat template renders them), a list of ints as token ids, and a media part (of a
+    MEDIA_PART_TYPES type or holding a MEDIA_PART_KEYS key) as MEDIA tokens plus its text."""
+
+    __slots__ = ("left", "measure", "media", "media_parts")
+
+    def __init__(self, measure: Callable[[str], float], media: float = 0.0) -> None:
+        self.measure = measure
+        self.media = media
+        self.left = MAX_PROMPT_VALUES
+        self.media_parts = 0
+
+    def sum(self, value: Any, depth: int = 0) -> float:
+        self.left -= 1
+        if self.left < 0:
+            return 0
+        if isinstance(value, str):
+            return self.measure(value)
+        if depth > 4:
+            return 0
+        if isinstance(value, list):
+            if self.media and value and type(value[0]) is int:
+                return len(value)  # token ids (an engine refuses a list mixing them)
+            return self.items(value, depth + 1)
+        if isinstance(value, dict):
+            if not self.media:
+                return (self.sum(value.get("text"), depth + 1)
+                        + self.sum(value.get("content"), depth + 1))
+            kind = value.get("type")
+            if (isinstance(kind, str) and kind in MEDIA_PART_TYPES) or not (
+                    value.keys().isdisjoint(MEDIA_PART_KEYS)):  # (iterates the smaller)
+                self.media_parts += 1
+                return (self.media + self.sum(value.get("text"), depth + 1)
+                        + self.sum(value.get("content"), depth + 1))
+            return self.items((v for k, v in value.items() if k not in _STRUCTURE), depth + 1)
         return 0
-    if isinstance(value, list):
-        return sum(_text_sum(v, measure, media, depth + 1) for v in value[:10_000])
-    if isinstance(value, dict):
-        if media and value.get("type") in MEDIA_PART_TYPES:
-            return media
-        return (_text_sum(value.get("text"), measure, media, depth + 1)
-                + _text_sum(value.get("content"), measure, media, depth + 1))
-    return 0
+
+    def items(self, values: Iterable[Any], depth: int) -> float:
+        total = 0.0
+        for v in values:
+            if self.left < 0:
+                break
+            total += self.sum(v, depth)
+        return total
 
 
-def _prompt_tokens(doc: Mapping[str, Any], text_tokens: Callable[[str], float],
-                   media: float = 0.0) -> int:
-    """A request's prompt tokens: TEXT_TOKENS over its texts (rounded up; MEDIA per media
-    part) + 4 per chat message, or the number of token ids of a `prompt`/`input` given as
-    ids."""
+def _prompt_tokens(doc: Mapping[str, Any], walk: _Walk) -> float:
+    """A request's prompt tokens as WALK counts them + 4 per chat message, or the number of
+    token ids of a `prompt`/`input` given as ids."""
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return (math.ceil(sum(_text_sum(m, text_tokens, media) for m in messages[:10_000]))
-                + 4 * len(messages))
+        return walk.items(messages, 0) + 4 * len(messages)
     for key in ("prompt", "input"):
         value = doc.get(key)
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value[:8]):
             return len(value)  # already token ids
         if value is not None:
-            return math.ceil(_text_sum(value, text_tokens, media))
+            return walk.sum(value)
     return 0
 
 
@@ -277,7 +317,8 @@ def _estimated_tokens(text: str) -> float:
 
 
 def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
-    return _prompt_tokens(doc, _estimated_tokens)
+    """The billing estimate of a prompt: the texts of its first MAX_PROMPT_VALUES values."""
+    return math.ceil(_prompt_tokens(doc, _Walk(_estimated_tokens)))
 
 
 # ---- a prompt's reservation (ingress/tenancy/gate.py) ----------------------------------
@@ -300,11 +341,35 @@ def _bound_tokens(text: str) -> float:
     return ascii_chars / 4 + (utf8 - ascii_chars) / 2
 
 
-def prompt_token_bound(doc: Mapping[str, Any]) -> int:
+class PromptBound(NamedTuple):
+    """A prompt's reservation (`prompt_bound`), and what it is made of."""
+
+    tokens: int
+    media_parts: int  # each MEDIA_PART_TOKENS of `tokens`
+    cut: bool  # more than MAX_PROMPT_VALUES values: `tokens` is the most a request may hold
+
+
+def prompt_bound(doc: Mapping[str, Any]) -> PromptBound:
     """What a request's prompt is reserved as (an upper-ish bound of its tokens, above):
-    `estimate_prompt_tokens` where the text is ASCII, more where it is not, and
-    MEDIA_PART_TOKENS for each image, audio, video or file part."""
-    return _prompt_tokens(doc, _bound_tokens, MEDIA_PART_TOKENS)
+    `estimate_prompt_tokens` where the text is ASCII, more where it is not, every text a
+    chat template renders (tool calls and their arguments, reasoning, native Responses
+    `instructions` and tool outputs; the tool definitions as their JSON), and
+    MEDIA_PART_TOKENS for each image, audio, video or file part. A prompt of more than
+    MAX_PROMPT_VALUES values reserves MAX_TOKENS_PER_REQUEST (no API's prompt is that
+    many pieces: it runs only alone, at a budget's start)."""
+    walk = _Walk(_bound_tokens, MEDIA_PART_TOKENS)
+    tokens = _prompt_tokens(doc, walk) + walk.sum(doc.get("instructions"))
+    for key in ("tools", "functions"):
+        if (defs := doc.get(key)) is not None:
+            tokens += _bound_tokens(orjson.dumps(defs).decode())
+    if walk.left < 0:
+        return PromptBound(MAX_TOKENS_PER_REQUEST, walk.media_parts, True)
+    return PromptBound(min(math.ceil(tokens), MAX_TOKENS_PER_REQUEST), walk.media_parts, False)
+
+
+def prompt_token_bound(doc: Mapping[str, Any]) -> int:
+    """`prompt_bound(doc).tokens`."""
+    return prompt_bound(doc).tokens
 
 
 def estimate_completion_from_body(body: bytes) -> int:
@@ -315,11 +380,11 @@ def estimate_completion_from_body(body: bytes) -> int:
     choices = doc.get("choices") if isinstance(doc, dict) else None
     if not isinstance(choices, list):
         return 0
+    walk = _Walk(_estimated_tokens)
     tokens = 0.0
     for c in choices[:1000]:
         if isinstance(c, dict):
-            tokens += (_text_sum(c.get("text"), _estimated_tokens)
-                       + _text_sum(c.get("message"), _estimated_tokens))
+            tokens += walk.sum(c.get("text")) + walk.sum(c.get("message"))
     return math.ceil(tokens)
 
 

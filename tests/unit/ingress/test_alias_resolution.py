@@ -169,5 +169,10 @@ async def test_the_budget_reservation_reads_the_context_of_the_model_the_name_re
     assert context_of("chat") == 8192  # pinned by the operator
     assert context_of("llama") == 0  # ambiguous: refused with 409 next
     assert context_of("nobody-serves-this") == 0
+    # the replicas the request's own filters leave: an allowlist naming only the inflater's
+    # provider, or a min_context only it meets, reaches it alone (and holds its context)
+    assert context_of(LLAMA, route_request(LLAMA, providers_header="mallory")) == 10**8
+    assert context_of(LLAMA, route_request(LLAMA, metadata={"min_context": 10**7})) == 10**8
+    assert context_of(LLAMA, route_request(LLAMA, metadata={"min_context": 10**9})) == 0
     if parts.budget_sync is not None:
         parts.budget_sync.cancel()

@@ -32,7 +32,8 @@ from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.ingress.tenancy.gate import TenancyGate, advertised_context, reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.filters import Ambiguous
+from llmfabric.routing.filters import Ambiguous, eligible
+from llmfabric.routing.request import RouteRequest
 
 CHAT = "/v1/chat/completions"
 KEY = "sk-test"
@@ -439,9 +440,11 @@ def gated(cands: list[Candidate], book: BudgetBook,
           script: Script | None = None) -> tuple[Ingress, Scripted]:
     ing, fwd, _ = ingress(cands, script)
 
-    def context_of(model: str) -> int:  # (as attach_tenancy builds it)
-        resolved = ing.resolve_name(model, None)
-        return 0 if isinstance(resolved, Ambiguous) else advertised_context(resolved)
+    def context_of(model: str, route: RouteRequest | None = None) -> int:  # (as attach
+        resolved = ing.resolve_name(model, route.providers if route else None)  # builds it)
+        if isinstance(resolved, Ambiguous):
+            return 0
+        return advertised_context(eligible(resolved, route) if route else resolved)
 
     ing.use_gate(TenancyGate(book, context_of=context_of))
     return ing, fwd

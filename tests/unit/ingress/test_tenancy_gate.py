@@ -172,7 +172,7 @@ async def test_requests_without_a_cap_reserve_the_context_and_say_so() -> None:
     book = BudgetBook(lambda: NOON)
     seen: list[str] = []
 
-    def context_of(model: str) -> int:
+    def context_of(model: str, route: object = None) -> int:
         seen.append(model)
         return {"big": 8192, "huge": 2**40}.get(model, 0)
 
@@ -301,7 +301,7 @@ async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_tim
     from llmfabric.testing.fake_clock import FakeClock
 
     rate = RateLimiter(FakeClock())
-    gate = TenancyGate(rate=rate, context_of=lambda model: 131_072)
+    gate = TenancyGate(rate=rate, context_of=lambda model, route: 131_072)
     key = ApiKey(id="k1", name="n", owner="o", admin=False, created_at=0.0,
                  tokens_per_min=100_000)
     doc = {"model": "m", "messages": MSG}
@@ -318,3 +318,53 @@ async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_tim
 async def _admit(gate: TenancyGate, key: object, doc: dict[str, object]) -> object:
     # (its own task: each request's gate state lives in its task's context, unsettled)
     return await gate.admit(key, doc)  # type: ignore[arg-type]
+
+
+@pytest.mark.hostile
+async def test_a_reservation_past_the_budget_says_what_it_reserves() -> None:
+    """10,000 tiny image parts reserve 40,960,004 tokens: refused with a 429 that said only
+    that the "dayly" budget was "used up" (10 tokens of 1,000,000 spent). It now says what
+    the request's prompt reserved and why; so does a prompt past the values the bound reads."""
+    from llmfabric.ingress.usage import MAX_PROMPT_VALUES, MEDIA_PART_TOKENS
+
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("key", "k1", 1_000_000, "day"))
+    gate = TenancyGate(book)
+    small = {"messages": MSG, "max_tokens": 5}
+    assert await gate.admit(StaticPrincipal("k1"), small) is None
+    gate.used(Usage(5, 5))
+    gate.settle()
+    images = {"messages": [{"role": "user", "content": [{"type": "image_url"}] * 10_000}],
+              "max_tokens": 5}
+    got = await gate.admit(StaticPrincipal("k1"), images)
+    assert got is not None and got.status == 429 and got.code == "insufficient_quota"
+    assert got.message.startswith("the daily token budget")
+    assert "10000 image, audio, video or file parts" in got.message
+    assert f"{10_000 * MEDIA_PART_TOKENS + 4} tokens" in got.message
+    tiny = {"messages": [{"role": "user", "content": [{}] * 10_000}] * 11, "max_tokens": 5}
+    got = await gate.admit(StaticPrincipal("k1"), tiny)
+    assert got is not None and f"more than {MAX_PROMPT_VALUES} values" in got.message
+    got = await gate.admit(StaticPrincipal("k1"), {"messages": MSG, "max_tokens": 10**6})
+    assert got is not None and "parts" not in got.message and "values" not in got.message
+
+
+@pytest.mark.hostile
+async def test_a_batch_of_prompts_reserves_each_prompt_s_completions() -> None:
+    """A completions `prompt` given as a list of prompts is a batch: the engine (vLLM)
+    generates up to the cap, times n, for each of them. The reservation counted one: 20
+    requests of 100 prompts with max_tokens 100 got past a budget for 2 (each holding ~230
+    tokens, then charged up to 10,000)."""
+    batch = {"model": "m", "prompt": ["xxxx"] * 100, "max_tokens": 100}
+    prompt, completion = reservation_parts(batch)
+    assert completion == 100 * 100
+    assert reservation_parts({**batch, "n": 2})[1] == 2 * 100 * 100
+    assert reservation_parts({**batch, "prompt": [[1, 2, 3]] * 7})[1] == 7 * 100
+    assert reservation_parts({**batch, "prompt": [1, 2, 3]})[1] == 100  # one prompt of ids
+    assert reservation_parts({**batch, "prompt": "one"})[1] == 100
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("key", "k1", 2 * (prompt + completion), "day"))
+    gate = TenancyGate(book)
+    admitted = 0
+    for _ in range(20):
+        admitted += await gate.admit(StaticPrincipal("k1"), batch, "/v1/completions") is None
+    assert admitted == 2

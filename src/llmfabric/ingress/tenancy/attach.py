@@ -20,7 +20,8 @@ from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.gate import TenancyGate, advertised_context
-from llmfabric.routing.filters import Ambiguous
+from llmfabric.routing.filters import Ambiguous, eligible
+from llmfabric.routing.request import RouteRequest
 
 BUDGET_SYNC_S = 2.0
 
@@ -60,14 +61,17 @@ async def attach_tenancy(
     if max_inflight is not None:
         parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
     if parts.budgets is not None or parts.queue is not None:
-        def context_of(model: str) -> int:
-            """The context of the model the name resolves to, as routing resolves it (pins,
-            ids, aliases: a member listing the model's id as its alias has no say), 0 when
-            none is known or the name is ambiguous (refused with 409 next)."""
-            resolved = ingress.resolve_name(model, None)
+        def context_of(model: str, route: RouteRequest | None = None) -> int:
+            """The context of the replicas of the model the name resolves to, as routing
+            resolves it (pins, ids, aliases: a member listing the model's id as its alias
+            has no say) that the request's allowlist and QoS constraints leave (a client
+            naming only the provider, or the `min_context`, of its largest replica is
+            served there); 0 when none is known or the name is ambiguous (refused with
+            409 next)."""
+            resolved = ingress.resolve_name(model, route.providers if route else None)
             if isinstance(resolved, Ambiguous):
                 return 0
-            return advertised_context(resolved)
+            return advertised_context(eligible(resolved, route) if route else resolved)
 
         rate = ingress.auth.limiter if isinstance(ingress.auth, AccountsAuth) else None
         ingress.use_gate(TenancyGate(parts.budgets.book if parts.budgets else None,

@@ -1,8 +1,8 @@
 """Multi-tenancy at the ingress: token budgets (accounts.budgets) and fair queueing across
 owners (accounts.fairqueue), behind three calls the request path makes:
 
-- `gate.admit_at_once(principal) or await gate.admit(principal, doc, path, fallbacks)` after
-  authentication (the sync call answers the common case, nothing to reserve, without a
+- `gate.admit_at_once(principal) or await gate.admit(principal, doc, path, fallbacks, route)`
+  after authentication (the sync call answers the common case, nothing to reserve, without a
   coroutine): reserves the request's worst case on its key's and owner's budgets and in
   their tokens/min buckets, then waits for a fair-queue slot; a `Refusal` (429 with
   Retry-After carrying the real wait) when the budget is used up, a tokens/min bucket is
@@ -13,11 +13,13 @@ owners (accounts.fairqueue), behind three calls the request path makes:
   tokens/min hold back (the limiter charged what was used when the usage was recorded).
 
 The worst case: the prompt's upper-ish bound (ingress.usage `prompt_token_bound`) plus the
-completion cap: the largest cap field times n, or, without one, the context of the model
-(`advertised_context`: engines generate up to it), and the
-default only when no node serves the model. A request with fallback models (`models`,
-ingress/model_list.py) reserves for the largest context among them that resolve, and on a
-spend budget the dearest of them: whichever model serves it, the hold covers it.
+completion cap: the largest cap field times n (and times the prompts of a completions
+batch), or, without one, the context of the model
+(`advertised_context` of the replicas the request's own filters leave, its allowlist and
+QoS constraints: engines generate up to it), and the default only when no node serves the
+model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
+largest context among them that resolve, and on a spend budget the dearest of them:
+whichever model serves it, the hold covers it.
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -40,8 +42,15 @@ from llmfabric.accounts.ratelimit import RateLimiter, TokenHold
 from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.usage import Usage, prompt_token_bound
+from llmfabric.ingress.usage import (
+    MAX_PROMPT_VALUES,
+    MEDIA_PART_TOKENS,
+    Usage,
+    prompt_bound,
+    prompt_token_bound,
+)
 from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.request import RouteRequest
 
 # The completion a request without a cap field is assumed to need when the context of its
 # model is unknown (no node serves it: nothing will be generated).
@@ -102,17 +111,27 @@ def reservation_parts(doc: Mapping[str, Any],
     """(prompt bound, completion cap) of a request, in tokens. The cap is the largest of
     the cap fields (an engine takes max_completion_tokens before max_tokens, so the first
     one found is not enough), or `context` (the model's context, 0: unknown) without one,
-    or `default_completion` without either; at most `context` when it is known, times n:
-    never less than what the engine may generate."""
+    or `default_completion` without either; at most `context` when it is known, times n
+    and times the prompts of a completions batch: never less than what the engine may
+    generate."""
     caps = [c for k in _MAX_TOKEN_FIELDS if (c := _count(doc.get(k))) is not None]
     ctx = min(context, MAX_TOKENS_PER_REQUEST) if context > 0 else 0
     cap = max(caps) if caps else ctx or default_completion
     if ctx:
         cap = min(cap, ctx)  # (an engine generates no more than its context)
     n = _count(doc.get("n"))
-    if n is not None and n > 1:
-        cap = min(cap * n, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
+    times = (n if n is not None and n > 1 else 1) * _prompts(doc.get("prompt"))
+    if times > 1:
+        cap = min(cap * times, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
     return prompt_token_bound(doc), cap
+
+
+def _prompts(prompt: object) -> int:
+    """The prompts of a completions request: a list of texts or of token-id lists is a
+    batch, each prompt generating its own completions (one prompt of ids is a list of ints)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
 
 
 def advertised_context(candidates: Iterable[Candidate]) -> int:
@@ -124,6 +143,19 @@ def advertised_context(candidates: Iterable[Candidate]) -> int:
     for either."""
     contexts = sorted(c.model.max_context for c in candidates if c.model.max_context > 0)
     return contexts[len(contexts) // 2] if contexts else 0
+
+
+def _prompt_hint(doc: Mapping[str, Any]) -> str:
+    """What a refused request's prompt reserved, when that is not its text: media parts, or
+    a prompt of more values than the bound reads (walked again: refusals only)."""
+    bound = prompt_bound(doc)
+    if bound.cut:
+        return (f"; its prompt has more than {MAX_PROMPT_VALUES} values, so it reserves the "
+                f"most a request may ({bound.tokens} tokens)")
+    if bound.media_parts:
+        return (f"; its prompt reserves {bound.tokens} tokens, {MEDIA_PART_TOKENS} for each "
+                f"of its {bound.media_parts} image, audio, video or file parts")
+    return ""
 
 
 def _uncapped(doc: Mapping[str, Any]) -> bool:
@@ -147,14 +179,15 @@ def _owner(principal: Principal | None) -> tuple[str, str, str]:
 class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
-                 context_of: Callable[[str], int] | None = None,
+                 context_of: Callable[[str, RouteRequest | None], int] | None = None,
                  rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
         self.budgets = budgets
         self.queue = queue
         self.default_completion = default_completion
-        # model -> its context in tokens (0: unknown), for requests without a cap field
+        # (model, the request's filters) -> the context in tokens of the replicas it may
+        # reach (0: unknown), for requests without a cap field
         self.context_of = context_of
         # The keys' tokens/min buckets: the worst case is held there at admission (the
         # ingress checked the bucket before reading the body; many requests may pass that
@@ -183,9 +216,10 @@ class TenancyGate:
         return True
 
     async def admit(self, principal: Principal | None, doc: Mapping[str, Any],
-                    path: str = "/v1/chat/completions", fallbacks: Sequence[str] = ()
-                    ) -> Refusal | None:
-        """`fallbacks`: the models the request may be served by after `doc["model"]`."""
+                    path: str = "/v1/chat/completions", fallbacks: Sequence[str] = (),
+                    route: RouteRequest | None = None) -> Refusal | None:
+        """`fallbacks`: the models the request may be served by after `doc["model"]`;
+        `route`: its allowlist and QoS constraints (which replicas it may reach)."""
         if self.admit_at_once(principal):
             return None
         key_id, owner, issuer = _owner(principal)
@@ -198,7 +232,7 @@ class TenancyGate:
         context = 0
         if (context_of := self.context_of) is not None and path in _GENERATING \
                 and _uncapped(doc):
-            context = max(context_of(m) for m in models)  # (0: none of them resolves)
+            context = max(context_of(m, route) for m in models)  # (0: none resolves)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
         if self.rate is not None and principal is not None and _token_limited(principal):
@@ -224,8 +258,8 @@ class TenancyGate:
                         "the model's context")
                     hint = (f"; this request sets no max_tokens, so it reserves {whose} "
                             f"({completion} tokens): set max_tokens to what it needs")
-                return self._refused("budget_exceeded", got.message() + hint,
-                                     got.retry_after_s)
+                return self._refused("budget_exceeded", got.message() + hint
+                                     + _prompt_hint(doc), got.retry_after_s)
             state.hold = got
         if self.queue is not None:
             t0 = self.queue.now()
