@@ -533,12 +533,15 @@ class Ingress:
         self.metrics.observe_request(model, status, e2e)
         if path in METERED_BY_REQUEST and usage is not None and usage.estimated:
             usage = Usage(0, 0, True)  # no usage from the engine: metered by request
+        # Billed as the model that ran it: the name asked may be an alias, a pin or a LoRA
+        # adapter nobody priced (a spend budget charged an alias of a priced model $0).
+        billed = cand.model.id
         if self.gate is not None:
-            self.gate.used(usage, model)
+            self.gate.used(usage, billed)
         if usage is not None:
             self.metrics.observe_usage(model, getattr(principal, "owner", ""), *usage[:2])
         if usage is not None and principal is not None and self.usage_sink is not None:
-            self.usage_sink.record(principal.id, model, usage[0], usage[1],
+            self.usage_sink.record(principal.id, billed, usage[0], usage[1],
                                    estimated=usage.estimated)
         if self.config.trace_hook is not None:
             self._trace(path, model, principal, cand.session_id, status, stream, attempts, t0,

@@ -29,11 +29,10 @@ from llmfabric.ingress.model_list import (
 )
 from llmfabric.ingress.observe.node_hop import NO_HOP
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.ingress.tenancy.gate import TenancyGate, advertised_context, reservation_parts
+from llmfabric.ingress.tenancy.attach import budget_lookups
+from llmfabric.ingress.tenancy.gate import TenancyGate, reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.filters import Ambiguous, eligible
-from llmfabric.routing.request import RouteRequest
 
 CHAT = "/v1/chat/completions"
 KEY = "sk-test"
@@ -439,14 +438,8 @@ async def test_the_usage_row_trace_and_metrics_name_the_served_model() -> None:
 def gated(cands: list[Candidate], book: BudgetBook,
           script: Script | None = None) -> tuple[Ingress, Scripted]:
     ing, fwd, _ = ingress(cands, script)
-
-    def context_of(model: str, route: RouteRequest | None = None) -> int:  # (as attach
-        resolved = ing.resolve_name(model, route.providers if route else None)  # builds it)
-        if isinstance(resolved, Ambiguous):
-            return 0
-        return advertised_context(eligible(resolved, route) if route else resolved)
-
-    ing.use_gate(TenancyGate(book, context_of=context_of))
+    context_of, ids_of = budget_lookups(ing)  # (as attach_tenancy wires them)
+    ing.use_gate(TenancyGate(book, context_of=context_of, ids_of=ids_of))
     return ing, fwd
 
 
@@ -494,6 +487,32 @@ async def test_a_spend_budget_reserves_the_dearest_and_bills_the_model_served() 
     reply = await ask(ing, {"model": "big", "models": ["small"], "max_tokens": 100})
     assert reply is not None and reply.model == "small"
     assert book.status()[0]["spent"] == 10  # not big's 50
+
+
+@pytest.mark.hostile
+async def test_an_alias_or_a_pin_is_billed_as_the_model_that_runs_it() -> None:
+    """Spend budgets priced the name the client asked for: "fast", an alias of a model
+    priced at $10 per million tokens, was charged $0, and so was a LoRA adapter's name. The
+    hold is now at the dearest of the name and the ids it routes to, and the usage row and
+    the settlement name the id of the model that served."""
+    book = BudgetBook(lambda: NOON)
+    book.prices = {"big": Price(10.0, 10.0)}
+    book.set(Budget("owner", "k1", 10**9, "day", unit="usd"))
+    ing, fwd = gated([cand("b1", "big", aliases=("fast",))], book)
+    _, _, keys = ingress()  # (a usage sink of its own)
+    ing.usage_sink = keys
+    held: list[int] = []
+    fwd.on_open = lambda: held.append(book.status()[0]["held"])  # type: ignore[arg-type]
+    reply = await ask(ing, {"model": "fast", "max_tokens": 100})
+    assert reply is not None and reply.status == 200
+    prompt, _ = reservation_parts({"messages": MSG, "max_tokens": 100})
+    assert held == [(prompt + 100) * 10]  # big's price, not 0
+    assert book.status()[0]["spent"] == (3 + 2) * 10
+    assert keys.usage[("k1", "big")][2] == 1 and ("k1", "fast") not in keys.usage
+    # a spend budget too small for big's price refuses the alias up front
+    book.set(Budget("owner", "k1", 10, "day", unit="usd"))
+    reply = await ask(ing, {"model": "fast", "max_tokens": 100})
+    assert reply is not None and reply.status == 429
 
 
 # -- the translated APIs --------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import Gauge
@@ -61,21 +61,11 @@ async def attach_tenancy(
     if max_inflight is not None:
         parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
     if parts.budgets is not None or parts.queue is not None:
-        def context_of(model: str, route: RouteRequest | None = None) -> int:
-            """The context of the replicas of the model the name resolves to, as routing
-            resolves it (pins, ids, aliases: a member listing the model's id as its alias
-            has no say) that the request's allowlist and QoS constraints leave (a client
-            naming only the provider, or the `min_context`, of its largest replica is
-            served there); 0 when none is known or the name is ambiguous (refused with
-            409 next)."""
-            resolved = ingress.resolve_name(model, route.providers if route else None)
-            if isinstance(resolved, Ambiguous):
-                return 0
-            return advertised_context(eligible(resolved, route) if route else resolved)
-
         rate = ingress.auth.limiter if isinstance(ingress.auth, AccountsAuth) else None
+        context_of, ids_of = budget_lookups(ingress)
         ingress.use_gate(TenancyGate(parts.budgets.book if parts.budgets else None,
-                                     parts.queue, context_of=context_of, rate=rate,
+                                     parts.queue, context_of=context_of, ids_of=ids_of,
+                                     rate=rate,
                                      on_refused=ingress.metrics.observe_refusal,
                                      on_queue_wait=ingress.metrics.observe_queue_wait))
         if parts.queue is not None:
@@ -84,3 +74,27 @@ async def attach_tenancy(
         parts.exporter = exporter_from_env(env)
         ingress.tracer.exporter = parts.exporter
     return parts
+
+
+def budget_lookups(ingress: Ingress) -> tuple[Callable[[str, RouteRequest | None], int],
+                                               Callable[[str, RouteRequest | None], set[str]]]:
+    """The gate's `context_of` and `ids_of` over the ingress's routing (TenancyGate)."""
+
+    def context_of(model: str, route: RouteRequest | None = None) -> int:
+        """The context of the replicas of the model the name resolves to, as routing
+        resolves it (pins, ids, aliases: a member listing the model's id as its alias
+        has no say) that the request's allowlist and QoS constraints leave (a client
+        naming only the provider, or the `min_context`, of its largest replica is
+        served there); 0 when none is known or the name is ambiguous (refused with
+        409 next)."""
+        resolved = ingress.resolve_name(model, route.providers if route else None)
+        if isinstance(resolved, Ambiguous):
+            return 0
+        return advertised_context(eligible(resolved, route) if route else resolved)
+
+    def ids_of(model: str, route: RouteRequest | None = None) -> set[str]:
+        """The ids of the models the name routes to (what a request is billed as)."""
+        resolved = ingress.resolve_name(model, route.providers if route else None)
+        return set() if isinstance(resolved, Ambiguous) else {c.model.id for c in resolved}
+
+    return context_of, ids_of

@@ -7,7 +7,9 @@ owners (accounts.fairqueue), behind three calls the request path makes:
   their tokens/min buckets, then waits for a fair-queue slot; a `Refusal` (429 with
   Retry-After carrying the real wait) when the budget is used up, a tokens/min bucket is
   empty or the queue is full. Once per request, whatever models it may fall back to.
-- `gate.used(usage, model)` when the request's usage is known (`model`: the one served).
+- `gate.used(usage, model)` when the request's usage is known (`model`: the id of the model
+  served, what it is billed as: an alias, a `--model-alias` pin or a LoRA adapter is billed
+  as the model that runs it).
 - `gate.settle()` when the request ends, however it ends (the ingress calls it in a
   `finally`): releases the slot, settles the reservation to what was used and gives the
   tokens/min hold back (the limiter charged what was used when the usage was recorded).
@@ -180,6 +182,7 @@ class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
                  context_of: Callable[[str, RouteRequest | None], int] | None = None,
+                 ids_of: Callable[[str, RouteRequest | None], Iterable[str]] | None = None,
                  rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
@@ -189,6 +192,9 @@ class TenancyGate:
         # (model, the request's filters) -> the context in tokens of the replicas it may
         # reach (0: unknown), for requests without a cap field
         self.context_of = context_of
+        # (model, the request's filters) -> the ids of the models the name routes to (an
+        # alias, a pin or an adapter is billed as the model that runs it: `priced`)
+        self.ids_of = ids_of
         # The keys' tokens/min buckets: the worst case is held there at admission (the
         # ingress checked the bucket before reading the body; many requests may pass that
         # check at once, so the hold checks again).
@@ -248,7 +254,8 @@ class TenancyGate:
                 return self._refused("rate_limited", f"rate limit exceeded for this key "
                                      f"({exc.limit}); retry after {secs} s", secs)
         if book is not None and principal is not None and book.applies(key_id, owner, issuer):
-            micros = max(book.cost_micros(m, prompt, completion) for m in models)
+            micros = max(book.cost_micros(m, prompt, completion)
+                         for m in self.priced(models, route))
             got = book.reserve(key_id, owner, cost, micros, issuer=issuer)
             if isinstance(got, OverBudget):
                 self.settle()
@@ -285,6 +292,16 @@ class TenancyGate:
         secs = max(1, int(wait_s + 0.999))
         return Refusal(429, message, "insufficient_quota" if code == "budget_exceeded"
                        else "rate_limit_exceeded", None, {"Retry-After": str(secs)})
+
+    def priced(self, models: Iterable[str], route: RouteRequest | None = None) -> set[str]:
+        """The names a request for `models` may be billed as: each name and the ids of the
+        models it routes to (a request's hold is at the dearest of them; it is billed as the
+        id that serves it, so an unpriced alias is no way around a price)."""
+        names = set(models)
+        if self.ids_of is not None:
+            for m in tuple(names):
+                names.update(self.ids_of(m, route))
+        return names
 
     def used(self, usage: Usage | None, model: str = "") -> None:
         """The request's usage, served by `model` (what the settlement prices; "": the
