@@ -5,16 +5,24 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="${PYTHON:-python3}"
 
+# ensure_venv [EXTRAS]: .venv with llmfabric installed (editable) with EXTRAS (default dev:
+# everything the tests use). The demo asks only for `fast` (~30 s and 180 MB, where dev
+# brings torch, playwright and the rest: minutes and 2 GB); a venv installed with dev has
+# every extra, so it serves both.
 ensure_venv() {
+    local extras="${1:-dev}"
     if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip
     fi
-    local stamp="$VENV/.llmfabric-installed"
-    if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-        "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
-        touch "$stamp"
-    fi
+    local stamp
+    for stamp in "$VENV/.llmfabric-installed-dev" "$VENV/.llmfabric-installed-$extras"; do
+        if [ -f "$stamp" ] && [ ! "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+            return 0
+        fi
+    done
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+    touch "$VENV/.llmfabric-installed-$extras"
 }
 
 # System packages the e2e and browser tests use; installed only when missing and we are root.
