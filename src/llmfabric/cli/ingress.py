@@ -183,7 +183,8 @@ def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
               show_default=True)
 @click.option("--no-auth", is_flag=True, help="accept requests without API keys (demo only)")
 @click.option("--db", "db_url", default=None, envvar="LLMFABRIC_DB",
-              help="accounts database (default: $LLMFABRIC_DB or ~/.llmfabric/accounts.db)")
+              help="accounts database path or URL [env LLMFABRIC_DB; default "
+              "<--home>/accounts.db]")
 @click.option("--forward-prefix", default="", help="--backend: path prefix on backends "
               "(llmfabric nodes take forwarded requests only on their encrypted data plane: "
               "to route to nodes, run a fabric ingress with --network-secret instead)")
