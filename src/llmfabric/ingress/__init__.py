@@ -18,7 +18,9 @@ Core (this directory):
   with `continue_final_message`, or appended to a completions prompt), `ContinuationRelay`
   (one id, merged usage), `continue_stream`.
 - usage.py: cheap usage capture from bodies and SSE streams (`StreamUsageScanner`);
-  `claimed_tokens`, a provider's usage claim clamped.
+  `claimed_tokens`, a provider's usage claim clamped; the ingress's own estimate for engines
+  that report none (`estimate_prompt_tokens`) and a prompt's reservation (`prompt_bound`:
+  `MEDIA_PART_TOKENS` per media part, at most `MAX_PROMPT_VALUES` values read).
 - model_list.py: a request's model fallbacks (the body's `models`): `requested_models` (the
   primary and its fallbacks, validated: `InvalidModels`), `falls_back` (which failures move a
   request on to its next model), `MAX_MODEL_CHARS`, `MAX_FALLBACKS`.

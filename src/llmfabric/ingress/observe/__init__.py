@@ -3,9 +3,9 @@ hop), Prometheus counters and the demand it observes.
 
 Files:
 - tracing.py: `Tracer` (ring of the last N traces), `RequestTrace` (spans: auth, queue,
-  route, attempt -> forward (-> node) / stream; `via=relay`), `traced(...)` (run by the
-  fronts), `current_trace()`, `downstream_header()` / `downstream_pairs()` (what forwarders
-  send on as `traceparent`).
+  route, attempt -> forward (-> node) / stream; `via=relay`; model_fallback),
+  `traced(...)` (run by the fronts), `current_trace()`, `downstream_header()` /
+  `downstream_pairs()` (what forwarders send on as `traceparent`).
 - tracecontext.py: W3C `traceparent` parsing/formatting (`parse_traceparent`, hostile input
   -> None: a new trace starts).
 - otlp.py: `OtlpExporter` (OTLP/HTTP JSON, batched, bounded, off by default),

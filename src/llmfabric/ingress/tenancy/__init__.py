@@ -4,8 +4,10 @@ queueing per request.
 Files:
 - accounts_auth.py: adapters from llmfabric.accounts (AccountStore, RateLimiter) and
   `StaticKeys` for tests/benchmarks.
-- gate.py: `TenancyGate` (budget reservation + fair-queue slot per request; 429 with the
-  real wait), `reservation(doc)`.
+- gate.py: `TenancyGate` (budget reservation + fair-queue slot per request, once for all
+  its fallback models; 429 with the real wait; `priced`: the names a request may be billed
+  as, settled at the served model's id), `reservation(doc)`.
 - attach.py: `attach_tenancy(ingress, store, max_inflight=, env=)` (budgets, fair queue,
-  OTLP exporter from settings) -> `TenancyParts`.
+  OTLP exporter from settings) -> `TenancyParts`; `budget_lookups(ingress)`: the gate's
+  `context_of` and `ids_of` over the ingress's routing.
 """
