@@ -6,9 +6,9 @@ VENV="$ROOT/.venv"
 PY="${PYTHON:-python3}"
 
 # ensure_venv [EXTRAS]: .venv with llmfabric installed (editable) with EXTRAS (default dev:
-# everything the tests use). The demo asks only for `fast` (~30 s and 180 MB, where dev
-# brings torch, playwright and the rest: minutes and 2 GB); a venv installed with dev has
-# every extra, so it serves both.
+# everything the tests use). The demo asks only for `fast` (180 MB: about a minute from a
+# fresh clone to a running demo), where dev brings torch, playwright and the rest (minutes,
+# 2 GB); a venv installed with dev has every extra, so it serves both.
 ensure_venv() {
     local extras="${1:-dev}"
     if [ ! -x "$VENV/bin/python" ]; then
