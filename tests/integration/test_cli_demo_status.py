@@ -70,4 +70,5 @@ def test_status_reports_an_unreachable_node_clearly() -> None:
         capture_output=True, text=True, timeout=30,
     )
     assert result.returncode != 0
-    assert "cannot read" in result.stderr
+    assert f"cannot reach http://127.0.0.1:{port}" in result.stderr
+    assert "--node URL" in result.stderr  # (and says what to do)
