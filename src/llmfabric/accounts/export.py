@@ -40,6 +40,8 @@ def is_utc_day(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
