@@ -42,27 +42,15 @@ from llmfabric.ingress.config import IngressConfig
 from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import attach_tenancy
+from llmfabric.testing.sinks import NoSink
 
 BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                      "max_tokens": 8, "stream": False})
 CONNS = 8
 
 
-class _NullSink:
-    """Non-streamed requests never write to it."""
-
-    async def start(self, content_type: str, node: str, model: str = "") -> None: ...
-
-    async def write(self, data: bytes) -> None: ...
-
-    async def end(self) -> None: ...
-
-    def direct_writer(self) -> None:
-        return None
-
-
 async def _serve_batch(ing: Ingress, header: str, n: int) -> float:
-    sink = _NullSink()
+    sink = NoSink()
     t = time.process_time()
     for _ in range(n):
         r = await ing.serve("/v1/chat/completions", True, header, None, BODY, sink)

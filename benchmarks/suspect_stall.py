@@ -51,6 +51,7 @@ from llmfabric.registry.views import NodeRegistry
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.testing.fake_clock import FakeClock
+from llmfabric.testing.sinks import MemorySink
 
 CHAT = "/v1/chat/completions"
 ANSWER = (
@@ -129,23 +130,6 @@ class _CutFirst:
         await self.raw.aclose()
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.data = b""
-
-    async def start(self, content_type: str, node: str, model: str = "") -> None:
-        return None
-
-    async def write(self, data: bytes) -> None:
-        self.data += data
-
-    async def end(self) -> None:
-        return None
-
-    def direct_writer(self) -> None:
-        return None
-
-
 async def _trial(
     mode: str, dead: str, live: str, timeouts: Timeouts, detect: float
 ) -> dict[str, Any]:
@@ -170,7 +154,7 @@ async def _trial(
     fwd = _CutFirst(RawHttpForwarder(FORWARD_PREFIX), dead, live)
     config = IngressConfig(auth_enabled=False, timeouts=timeouts, max_retries=2)
     ing = Ingress(config, source, fwd)
-    sink = _Sink()
+    sink = MemorySink()
     body = orjson.dumps(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     )

@@ -11,6 +11,7 @@ the logic under test.
               a missing file (skip outside CI, fail in CI)
   members     joined(): a key whose JOIN record is in a replica (so its facts are accepted)
   tls_files   write_cert(cert, key, cn): a self-signed ECDSA certificate and key as PEM files
+  sinks       MemorySink / NoSink: in-memory StreamSinks for calling Ingress.serve
   benchmark_module  load_benchmark(name): a benchmarks/ script as a module (tests of its
               pure parts)
 """

@@ -30,6 +30,7 @@ from llmfabric.registry.replica import Replica
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.testing.fake_clock import FakeClock
+from llmfabric.testing.sinks import MemorySink
 
 HOUR = Timeouts(connect=3600, first_byte=3600, idle=3600, total=3600)
 CHAT = "/v1/chat/completions"
@@ -114,27 +115,6 @@ class _CutSite:
         return None
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.data = b""
-        self.node = ""
-        self.ended = False
-        self.wrote = asyncio.Event()
-
-    async def start(self, content_type: str, node: str, model: str = "") -> None:
-        self.node = node
-
-    async def write(self, data: bytes) -> None:
-        self.data += data
-        self.wrote.set()
-
-    async def end(self) -> None:
-        self.ended = True
-
-    def direct_writer(self) -> None:
-        return None
-
-
 class _Fabric:
     def __init__(self, n: int = 3) -> None:
         self.clock = FakeClock()
@@ -176,7 +156,7 @@ async def _chat_held_at_cut(fab: _Fabric, fwd: _CutSite) -> asyncio.Task[Any]:
     """A non-streamed chat through a fresh ingress, once the forwarder holds its attempt on
     the node it cuts off (`fwd.cut`)."""
     body = orjson.dumps({"model": "m", "messages": []})
-    task = asyncio.ensure_future(_ingress(fab, fwd).serve(CHAT, True, "", None, body, _Sink()))
+    task = asyncio.ensure_future(_ingress(fab, fwd).serve(CHAT, True, "", None, body, MemorySink()))
     await fwd.waiting.wait()
     assert fwd.cut is not None
     return task
@@ -190,7 +170,7 @@ async def test_a_node_suspected_before_its_first_byte_is_dropped_and_another_ans
     fab = _Fabric()
     fwd = _CutSite(enforces_timeouts)
     ing = _ingress(fab, fwd)
-    sink = _Sink()
+    sink = MemorySink()
     body = orjson.dumps({"model": "m", "messages": [], "stream": stream})
     task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, sink))
     await fwd.waiting.wait()
@@ -231,7 +211,7 @@ async def test_a_stream_that_reached_the_client_is_not_cut_by_suspicion() -> Non
     fab = _Fabric()
     fwd = _CutSite(enforces_timeouts=True, stall_after_first=True)
     ing = _ingress(fab, fwd)
-    sink = _Sink()
+    sink = MemorySink()
     body = orjson.dumps({"model": "m", "messages": [], "stream": True})
     task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, sink))
     await fwd.waiting.wait()
@@ -253,11 +233,11 @@ async def test_a_suspicion_after_the_answer_or_without_membership_changes_nothin
     fwd.release.set()  # every node answers at once
     ing = _ingress(fab, fwd)
     body = orjson.dumps({"model": "m", "messages": []})
-    reply = await ing.serve(CHAT, True, "", None, body, _Sink())
+    reply = await ing.serve(CHAT, True, "", None, body, MemorySink())
     assert reply is not None and reply.status == 200 and len(fab.source.down) == 0
     assert fwd.cut is not None
     fab.suspect(fwd.cut)  # (nothing watches it any more: no stray cancellation)
-    reply = await ing.serve(CHAT, True, "", None, body, _Sink())
+    reply = await ing.serve(CHAT, True, "", None, body, MemorySink())
     assert reply is not None and reply.status == 200
 
 
@@ -266,7 +246,7 @@ async def test_a_client_gone_while_waiting_stays_a_cancellation_and_unwatches() 
     fwd = _CutSite(enforces_timeouts=True)
     ing = _ingress(fab, fwd)
     body = orjson.dumps({"model": "m", "messages": []})
-    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, _Sink()))
+    task = asyncio.ensure_future(ing.serve(CHAT, True, "", None, body, MemorySink()))
     await fwd.waiting.wait()
     task.cancel()  # the client went away
     assert fwd.cut is not None
@@ -307,7 +287,7 @@ async def test_a_continuation_waiting_on_a_node_suspected_meanwhile_moves_on() -
     fab = _Fabric()
     fwd = _BreaksThenCut()
     ing = _ingress(fab, fwd)
-    sink = _Sink()
+    sink = MemorySink()
     body = orjson.dumps(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     )

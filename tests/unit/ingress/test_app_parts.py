@@ -12,6 +12,7 @@ from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import error_body
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
+from llmfabric.testing.sinks import NoSink
 
 from ._fakes import OkUpstream
 
@@ -94,7 +95,7 @@ async def test_a_request_by_alias_reaches_the_engine_under_the_model_id() -> Non
     ing = Ingress(IngressConfig(auth_enabled=False), src, fwd)
     for name in ("l", "llama-3.1-8b"):
         body = orjson.dumps({"model": name, "messages": [], "metadata": {"tag": "x"}})
-        reply = await ing.serve("/v1/chat/completions", True, "", None, body, _NoSink())
+        reply = await ing.serve("/v1/chat/completions", True, "", None, body, NoSink())
         assert reply is not None and reply.status == 200
     sent = [orjson.loads(b) for b in fwd.bodies]
     assert sent == [{"model": "llama-3.1-8b", "messages": [], "metadata": {"tag": "x"}}] * 2
@@ -102,15 +103,3 @@ async def test_a_request_by_alias_reaches_the_engine_under_the_model_id() -> Non
         {"model": "llama-3.1-8b", "messages": [], "metadata": {"tag": "x"}})
 
 
-class _NoSink:
-    async def start(self, content_type: str, node: str, model: str = "") -> None:
-        raise AssertionError("not a stream")
-
-    async def write(self, data: bytes) -> None:
-        raise AssertionError("not a stream")
-
-    async def end(self) -> None:
-        raise AssertionError("not a stream")
-
-    def direct_writer(self) -> None:
-        return None

@@ -33,6 +33,7 @@ from llmfabric.ingress.tenancy.attach import budget_lookups
 from llmfabric.ingress.tenancy.gate import TenancyGate, reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.testing.sinks import MemorySink as Sink
 
 CHAT = "/v1/chat/completions"
 KEY = "sk-test"
@@ -136,24 +137,6 @@ class Scripted:
         return [sid for sid, _ in self.sent]
 
     async def aclose(self) -> None:
-        return None
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.data = b""
-        self.started: tuple[str, str, str] | None = None
-
-    async def start(self, content_type: str, node: str, model: str = "") -> None:
-        self.started = (content_type, node, model)
-
-    async def write(self, data: bytes) -> None:
-        self.data += data
-
-    async def end(self) -> None:
-        return None
-
-    def direct_writer(self) -> None:
         return None
 
 

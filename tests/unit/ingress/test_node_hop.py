@@ -20,6 +20,7 @@ from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.ingress.observe.tracing import traced
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.testing.sinks import NoSink
 
 pytestmark = pytest.mark.unit
 
@@ -54,24 +55,6 @@ class Transport:
         if self.node_time is not None:
             h.append(("x-fabric-node-time", self.node_time))
         return Resp(h, self.via)
-
-
-class NoSink:
-    """The sink of a non-streamed request: only the trace header is set on it."""
-
-    headers: dict[str, str] | None = None
-
-    async def start(self, content_type: str, node: str, model: str = "") -> None:
-        raise AssertionError("not a stream")
-
-    async def write(self, data: bytes) -> None:
-        raise AssertionError("not a stream")
-
-    async def end(self) -> None:
-        raise AssertionError("not a stream")
-
-    def direct_writer(self) -> None:
-        return None
 
 
 def _ingress(transport: Transport, keep_traces: int = 10) -> Ingress:
