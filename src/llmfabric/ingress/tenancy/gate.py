@@ -20,8 +20,9 @@ batch), or, without one, the context of the model
 (`advertised_context` of the replicas the request's own filters leave, its allowlist and
 QoS constraints: engines generate up to it), and the default only when no node serves the
 model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
-largest context among them that resolve, and on a spend budget the dearest of them:
-whichever model serves it, the hold covers it.
+largest context among them that resolve, and on a spend budget at the dearest price among
+the names and the ids they route to (`priced`): whichever model serves it, the hold covers
+it.
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
