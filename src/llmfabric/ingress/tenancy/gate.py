@@ -22,7 +22,7 @@ QoS constraints: engines generate up to it), and the default only when no node s
 model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
 largest context among them that resolve, and on a spend budget at the dearest price among
 the names and the ids they route to (`priced`): whichever model serves it, the hold covers
-it.
+it. Each name is resolved once for both (`lookup`: `NameLookup`).
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -32,7 +32,7 @@ concurrent requests never mix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -62,6 +62,13 @@ _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 # The paths whose requests generate text up to a cap or the context (embeddings, rerank,
 # score and tokenize generate none: they keep the default).
 _GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", NATIVE_RESPONSES_PATH})
+
+
+class NameLookup(NamedTuple):
+    """A listed model name as admission needs it, from one resolution of the name."""
+
+    context: int  # of the replicas the request's filters leave (0: unknown, or ambiguous)
+    ids: Collection[str]  # the ids of the models it routes to (what it is billed as)
 
 
 class Refusal(NamedTuple):
@@ -148,6 +155,16 @@ def advertised_context(candidates: Iterable[Candidate]) -> int:
     return contexts[len(contexts) // 2] if contexts else 0
 
 
+def priced(models: Iterable[str], found: Iterable[NameLookup] = ()) -> set[str]:
+    """The names a request for `models` may be billed as: each name and the ids of the
+    models they route to (`found`: their lookups; a request's hold is at the dearest of them;
+    it is billed as the id that serves it, so an unpriced alias is no way around a price)."""
+    names = set(models)
+    for f in found:
+        names.update(f.ids)
+    return names
+
+
 def _prompt_hint(doc: Mapping[str, Any]) -> str:
     """What a refused request's prompt reserved, when that is not its text: media parts, or
     a prompt of more values than the bound reads (walked again: refusals only)."""
@@ -182,8 +199,7 @@ def _owner(principal: Principal | None) -> tuple[str, str, str]:
 class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
-                 context_of: Callable[[str, RouteRequest | None], int] | None = None,
-                 ids_of: Callable[[str, RouteRequest | None], Iterable[str]] | None = None,
+                 lookup: Callable[[str, RouteRequest | None], NameLookup] | None = None,
                  rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
@@ -191,11 +207,10 @@ class TenancyGate:
         self.queue = queue
         self.default_completion = default_completion
         # (model, the request's filters) -> the context in tokens of the replicas it may
-        # reach (0: unknown), for requests without a cap field
-        self.context_of = context_of
-        # (model, the request's filters) -> the ids of the models the name routes to (an
-        # alias, a pin or an adapter is billed as the model that runs it: `priced`)
-        self.ids_of = ids_of
+        # reach (for requests without a cap field) and the ids of the models the name
+        # routes to (an alias, a pin or an adapter is billed as the model that runs it:
+        # `priced`), from one resolution of the name
+        self.lookup = lookup
         # The keys' tokens/min buckets: the worst case is held there at admission (the
         # ingress checked the bucket before reading the body; many requests may pass that
         # check at once, so the hold checks again).
@@ -236,10 +251,16 @@ class TenancyGate:
         _STATE.set(state)
         state.model = str(doc.get("model", ""))
         models = (state.model, *fallbacks)
-        context = 0
-        if (context_of := self.context_of) is not None and path in _GENERATING \
-                and _uncapped(doc):
-            context = max(context_of(m, route) for m in models)  # (0: none resolves)
+        budgeted = (book is not None and principal is not None
+                    and book.applies(key_id, owner, issuer))
+        uncapped = path in _GENERATING and _uncapped(doc)
+        # Each name resolved once, when its context (no cap field) or the ids it routes to
+        # (a budget with prices: with none, every model costs nothing) are needed.
+        found: Sequence[NameLookup] = ()
+        if (lookup := self.lookup) is not None and (
+                uncapped or (budgeted and book is not None and bool(book.prices))):
+            found = [lookup(m, route) for m in models]
+        context = max(f.context for f in found) if uncapped and found else 0  # (0: none)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
         if self.rate is not None and principal is not None and _token_limited(principal):
@@ -254,9 +275,8 @@ class TenancyGate:
                 secs = max(1, math.ceil(exc.retry_after_s))
                 return self._refused("rate_limited", f"rate limit exceeded for this key "
                                      f"({exc.limit}); retry after {secs} s", secs)
-        if book is not None and principal is not None and book.applies(key_id, owner, issuer):
-            micros = max(book.cost_micros(m, prompt, completion)
-                         for m in self.priced(models, route))
+        if budgeted and book is not None:
+            micros = max(book.cost_micros(m, prompt, completion) for m in priced(models, found))
             got = book.reserve(key_id, owner, cost, micros, issuer=issuer)
             if isinstance(got, OverBudget):
                 self.settle()
@@ -293,16 +313,6 @@ class TenancyGate:
         secs = max(1, int(wait_s + 0.999))
         return Refusal(429, message, "insufficient_quota" if code == "budget_exceeded"
                        else "rate_limit_exceeded", None, {"Retry-After": str(secs)})
-
-    def priced(self, models: Iterable[str], route: RouteRequest | None = None) -> set[str]:
-        """The names a request for `models` may be billed as: each name and the ids of the
-        models it routes to (a request's hold is at the dearest of them; it is billed as the
-        id that serves it, so an unpriced alias is no way around a price)."""
-        names = set(models)
-        if self.ids_of is not None:
-            for m in tuple(names):
-                names.update(self.ids_of(m, route))
-        return names
 
     def used(self, usage: Usage | None, model: str = "") -> None:
         """The request's usage, served by `model` (what the settlement prices; "": the
