@@ -6,7 +6,9 @@ owners (accounts.fairqueue), behind three calls the request path makes:
   coroutine): reserves the request's worst case on its key's and owner's budgets and in
   their tokens/min buckets, then waits for a fair-queue slot; a `Refusal` (429 with
   Retry-After carrying the real wait) when the budget is used up, a tokens/min bucket is
-  empty or the queue is full. Once per request, whatever models it may fall back to.
+  empty or the queue is full. Once per request, whatever models it may fall back to; then
+  `gate.held_price()`, on a spend budget, bounds the models that may serve it (a dearer one
+  may come up under a listed name after admission: `HeldPrice.within`).
 - `gate.used(usage, model)` when the request's usage is known (`model`: the id of the model
   served, what it is billed as: an alias, a `--model-alias` pin or a LoRA adapter is billed
   as the model that runs it).
@@ -81,9 +83,42 @@ class Refusal(NamedTuple):
     headers: dict[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class HeldPrice:
+    """What a request's spend hold was taken at: `micros` for `prompt` + `completion`
+    tokens, the dearest of the models its names routed to at admission. A replica of a
+    dearer model may come up under one of its names later (while it retries or moves through
+    its fallbacks); served there, it would spend past its hold, and concurrent such
+    requests past the budget, so the request core keeps it to the models `within` it."""
+
+    book: BudgetBook
+    prompt: int
+    completion: int
+    micros: int
+
+    def within(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        """The candidates whose model (the id a request is billed as) costs no more than
+        the hold (`candidates` itself when all do)."""
+        cost = self.book.cost_micros
+        dear = {i for i in {c.model.id for c in candidates}
+                if cost(i, self.prompt, self.completion) > self.micros}
+        return [c for c in candidates if c.model.id not in dear] if dear else candidates
+
+    def refusal(self, model: str, candidates: Sequence[Candidate]) -> str:
+        """Why a request for `model`, whose `candidates` all cost more, is not served."""
+        ids = sorted({c.model.id for c in candidates})
+        shown = ", ".join(repr(i) for i in ids[:3]) + (
+            f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        return (f"no node can serve model {model!r} within what this request reserved: the "
+                f"model serving it now ({shown}) costs more than the request's spend budget "
+                "hold, taken when it was admitted (a node came up under that name since, or "
+                "the price rose); retry later: a new request reserves at its price")
+
+
 @dataclass(slots=True)
 class _Admitted:
     hold: Hold | None = None
+    held_price: HeldPrice | None = None  # with a spend budget among the hold's
     tokens: TokenHold | None = None  # taken from the tokens/min buckets (RateLimiter.hold)
     slot_since: float | None = None
     model: str = ""
@@ -289,6 +324,8 @@ class TenancyGate:
                 return self._refused("budget_exceeded", got.message() + hint
                                      + _prompt_hint(doc), got.retry_after_s)
             state.hold = got
+            if any(unit != "tokens" for _, _, unit in got.parts):
+                state.held_price = HeldPrice(book, prompt, completion, micros)
         if self.queue is not None:
             t0 = self.queue.now()
             slot = await self.queue.acquire(owner, cost)
@@ -313,6 +350,14 @@ class TenancyGate:
         secs = max(1, int(wait_s + 0.999))
         return Refusal(429, message, "insufficient_quota" if code == "budget_exceeded"
                        else "rate_limit_exceeded", None, {"Retry-After": str(secs)})
+
+    def held_price(self) -> HeldPrice | None:
+        """The spend hold of the request under way (after `admit`), which bounds the models
+        that may serve it; None without one (token budgets count tokens whatever model)."""
+        if self._stateless:
+            return None
+        state = _STATE.get()
+        return state.held_price if state is not None else None
 
     def used(self, usage: Usage | None, model: str = "") -> None:
         """The request's usage, served by `model` (what the settlement prices; "": the
