@@ -59,7 +59,7 @@ from llmfabric.ingress.stream_attempt import (
     Resumable,
     attempt_stream,
 )
-from llmfabric.ingress.tenancy.gate import TenancyGate
+from llmfabric.ingress.tenancy.gate import HeldPrice, TenancyGate
 from llmfabric.ingress.usage import (
     Usage,
     estimate_completion_from_body,
@@ -304,9 +304,11 @@ class Ingress:
             rreq = plain
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
-        if (gate := self.gate) is not None and not gate.admit_at_once(principal) and (
-                refused := await gate.admit(principal, doc, path, fallbacks, rreq)) is not None:
-            return self._refuse(model, *refused)
+        held: HeldPrice | None = None  # a spend hold: the models that may serve are bounded
+        if (gate := self.gate) is not None and not gate.admit_at_once(principal):
+            if (refused := await gate.admit(principal, doc, path, fallbacks, rreq)) is not None:
+                return self._refuse(model, *refused)
+            held = gate.held_price()
 
         recorder = (RelayRecorder() if stream and continuation_wanted(
             doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
@@ -356,6 +358,18 @@ class Ingress:
                         "GET /v1/models lists the served models", "model_not_found", "model",
                     )
                 return self._no_route(model, NoRoute(NoRouteReason.NO_CANDIDATES, 0, 0))
+            if held is not None:  # (names resolve anew: a dearer model may have come up)
+                within = held.within(candidates)
+                if not within:  # as if no node served it (a new request reserves its price)
+                    if rank < len(fallbacks):
+                        model, rreq, body = self._next_model(doc, rreq, fallbacks[rank],
+                                                             "priced_above_hold")
+                        rank += 1
+                        continue
+                    return self._refuse(model, 503, held.refusal(model, candidates),
+                                        str(NoRouteReason.NO_CANDIDATES),
+                                        headers=self._retry_after)
+                candidates = within
 
             pools = self.pd.pools(rreq, candidates) if path in _USAGE_INJECT_PATHS else None
             if pools is not None:  # nodes with prefill/decode roles: the two-phase request

@@ -21,7 +21,7 @@ from llmfabric.registry.records import (
     NodeRecord,
     ServedModel,
 )
-from llmfabric.routing import Ambiguous, resolve, route_request
+from llmfabric.routing import Ambiguous, RouteRequest, resolve, route_request
 from llmfabric.routing.candidates import candidates_by_model
 from llmfabric.scheduler.observed import observed_workload
 
@@ -163,8 +163,12 @@ async def test_the_budget_reservation_reads_the_context_of_the_model_the_name_re
     inflater = _rec("y", "mallory", ServedModel(LLAMA, max_context=10**8))
     ing, _ = _ingress([*honest, squatter, inflater], model_aliases=(("chat", LLAMA),))
     parts = await attach_tenancy(ing, None, max_inflight=4)
-    assert ing.gate is not None and ing.gate.context_of is not None
-    context_of = ing.gate.context_of
+    assert ing.gate is not None and ing.gate.lookup is not None
+    lookup = ing.gate.lookup
+
+    def context_of(model: str, route: RouteRequest | None = None) -> int:
+        return lookup(model, route).context
+
     assert context_of(LLAMA) == 8192  # (the squatter has no say; the inflater is outvoted)
     assert context_of("chat") == 8192  # pinned by the operator
     assert context_of("llama") == 0  # ambiguous: refused with 409 next

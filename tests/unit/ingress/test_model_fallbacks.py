@@ -29,7 +29,7 @@ from llmfabric.ingress.model_list import (
 )
 from llmfabric.ingress.observe.node_hop import NO_HOP
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.ingress.tenancy.attach import budget_lookups
+from llmfabric.ingress.tenancy.attach import budget_lookup
 from llmfabric.ingress.tenancy.gate import TenancyGate, reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
@@ -421,8 +421,7 @@ async def test_the_usage_row_trace_and_metrics_name_the_served_model() -> None:
 def gated(cands: list[Candidate], book: BudgetBook,
           script: Script | None = None) -> tuple[Ingress, Scripted]:
     ing, fwd, _ = ingress(cands, script)
-    context_of, ids_of = budget_lookups(ing)  # (as attach_tenancy wires them)
-    ing.use_gate(TenancyGate(book, context_of=context_of, ids_of=ids_of))
+    ing.use_gate(TenancyGate(book, lookup=budget_lookup(ing)))  # (as attach_tenancy does)
     return ing, fwd
 
 

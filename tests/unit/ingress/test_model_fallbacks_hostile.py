@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
+from llmfabric.accounts.prices import Price
+from llmfabric.ingress import StaticCandidateSource
 from llmfabric.ingress.errors import UpstreamError
 from llmfabric.ingress.tenancy.gate import reservation_parts
 from llmfabric.registry.records import ModelRole
@@ -30,6 +32,7 @@ from .test_model_fallbacks import (
     error_of,
     gated,
     ingress,
+    served,
 )
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]
@@ -213,3 +216,68 @@ async def test_a_request_with_fallbacks_is_admitted_once_and_settled_once() -> N
     assert error_of(reply)["code"] == "upstream_failed" and len(fwd.sent) == 4
     [row] = book.status()
     assert row["held"] == 0 and row["spent"] == 0
+
+
+async def test_a_dearer_model_that_comes_up_after_admission_never_serves_the_request(
+        ) -> None:
+    """A request's names resolve at admission, its spend hold at the dearest model they
+    routed to then. A replica of a dearer model coming up under a listed alias afterwards
+    (here while the primary's engine answers 503) served the fallback at its price: 20
+    requests each holding $1-per-million-tokens' worth spent $100-per-million-tokens' worth,
+    past the budget. Now a candidate priced above the hold is skipped: with nothing else
+    under the name, the next listed model is tried, or the client gets the 503 of a model
+    no node serves (`no_candidates`, Retry-After), saying why; a retry reserves at the
+    dearer price and is served."""
+    book = BudgetBook(lambda: NOON)
+    book.prices = {"small": Price(1.0, 1.0), "mid": Price(1.0, 1.0),
+                   "big": Price(100.0, 100.0)}
+    prompt, completion = reservation_parts({"messages": MSG, "max_tokens": 100})
+    hold = prompt + completion  # micro-USD at $1 per million tokens
+    book.set(Budget("key", "k1", 20 * hold, "day", unit="usd"))
+    ing, fwd = gated([cand("s1", "small"), cand("m1", "mid", aliases=("fast",))], book)
+    src = ing.source
+    assert isinstance(src, StaticCandidateSource)
+    admitted = asyncio.Event()
+    opened = 0
+
+    async def open_(c: Candidate, path: str, body: bytes, timeouts: Any) -> Up:
+        nonlocal opened
+        doc = orjson.loads(body)
+        fwd.sent.append((c.session_id, doc))
+        if c.model.id == "small":
+            opened += 1
+            await admitted.wait()
+            return Up(503, b"{}")  # -> the fallbacks
+        return served(doc)  # 5 tokens
+
+    fwd.open = open_  # type: ignore[assignment,method-assign]
+    alone = {"model": "small", "models": ["fast"], "max_tokens": 100}
+    then_mid = {"model": "small", "models": ["fast", "mid"], "max_tokens": 100}
+    tasks = [asyncio.create_task(ask(ing, alone if i % 2 else then_mid)) for i in range(20)]
+    for _ in range(500):  # (until every request is admitted and waits on small's engine)
+        await asyncio.sleep(0.01)
+        if opened == 20:
+            break
+    assert opened == 20 and book.status()[0]["held"] == 20 * hold
+    # the registry changes: mid's aliased replica leaves, big comes up under "fast"
+    src.replace([cand("s1", "small"), cand("b1", "big", aliases=("fast",)),
+                 cand("m2", "mid")])
+    admitted.set()
+    replies = await asyncio.gather(*tasks)
+    assert "b1" not in fwd.nodes()
+    row = book.status()[0]
+    assert row["held"] == 0 and row["spent"] <= 20 * hold
+    for i, reply in enumerate(replies):
+        if i % 2:
+            err = error_of(reply)
+            assert reply is not None and reply.status == 503 and "Retry-After" in reply.headers
+            assert err["code"] == "no_candidates"
+            assert "model serving it now ('big') costs more" in err["message"]
+        else:  # skipped "fast" for the next listed model, within the hold
+            assert reply is not None and reply.status == 200 and reply.model == "mid"
+    assert ing.metrics.fallbacks[("fast", "mid")] == 10
+    # a new request reserves at big's price, and is served by it
+    book.set(Budget("key", "k1", 10**9, "day", unit="usd"))
+    reply = await ask(ing, alone)
+    assert reply is not None and reply.status == 200 and fwd.nodes()[-1] == "b1"
+    assert book.status()[0]["spent"] == row["spent"] + 5 * 100

@@ -14,6 +14,7 @@ from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.ingress.tenancy.accounts_auth import StaticPrincipal
 from llmfabric.ingress.tenancy.gate import (
     DEFAULT_COMPLETION_RESERVE,
+    NameLookup,
     TenancyGate,
     reservation,
     reservation_parts,
@@ -172,13 +173,13 @@ async def test_requests_without_a_cap_reserve_the_context_and_say_so() -> None:
     book = BudgetBook(lambda: NOON)
     seen: list[str] = []
 
-    def context_of(model: str, route: object = None) -> int:
+    def lookup(model: str, route: object = None) -> NameLookup:
         seen.append(model)
-        return {"big": 8192, "huge": 2**40}.get(model, 0)
+        return NameLookup({"big": 8192, "huge": 2**40}.get(model, 0), ())
 
     prompt = reservation_parts({"messages": MSG})[0]
     book.set(Budget("key", "k1", 3 * (prompt + 8192), "day"))
-    gate = TenancyGate(book, context_of=context_of)
+    gate = TenancyGate(book, lookup=lookup)
     results = [await gate.admit(StaticPrincipal("k1"), {"model": "big", "messages": MSG})
                for _ in range(20)]
     assert sum(r is None for r in results) == 3
@@ -191,7 +192,7 @@ async def test_requests_without_a_cap_reserve_the_context_and_say_so() -> None:
     assert reservation_parts({"messages": MSG, "max_tokens": 10}, context=8192)[1] == 10
     # a capped request neither looks the context up nor reserves it
     seen.clear()
-    gate2 = TenancyGate(BudgetBook(lambda: NOON), context_of=context_of)
+    gate2 = TenancyGate(BudgetBook(lambda: NOON), lookup=lookup)
     gate2.budgets.set(Budget("key", "k2", 10**6, "day"))  # type: ignore[union-attr]
     assert await gate2.admit(StaticPrincipal("k2"), {"model": "big", "messages": MSG,
                                                      "max_tokens": 5}) is None
@@ -301,7 +302,7 @@ async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_tim
     from llmfabric.testing.fake_clock import FakeClock
 
     rate = RateLimiter(FakeClock())
-    gate = TenancyGate(rate=rate, context_of=lambda model, route: 131_072)
+    gate = TenancyGate(rate=rate, lookup=lambda model, route: NameLookup(131_072, ()))
     key = ApiKey(id="k1", name="n", owner="o", admin=False, created_at=0.0,
                  tokens_per_min=100_000)
     doc = {"model": "m", "messages": MSG}
@@ -368,3 +369,26 @@ async def test_a_batch_of_prompts_reserves_each_prompt_s_completions() -> None:
     for _ in range(20):
         admitted += await gate.admit(StaticPrincipal("k1"), batch, "/v1/completions") is None
     assert admitted == 2
+
+
+async def test_each_listed_name_is_resolved_once_for_its_context_and_its_ids() -> None:
+    """A budgeted request without a cap field needs each listed name's context and the
+    ids it routes to (its price): one lookup gives both (it was one resolution each)."""
+    from llmfabric.accounts.prices import Price
+
+    book = BudgetBook(lambda: NOON)
+    book.prices = {"big-id": Price(10.0, 10.0)}
+    book.set(Budget("key", "k1", 10**9, "day", unit="usd"))
+    seen: list[str] = []
+
+    def lookup(model: str, route: object = None) -> NameLookup:
+        seen.append(model)
+        return NameLookup({"big": 8192}.get(model, 0), {"big": ("big-id",)}.get(model, ()))
+
+    gate = TenancyGate(book, lookup=lookup)
+    doc = {"model": "small", "messages": MSG}
+    assert await gate.admit(StaticPrincipal("k1"), doc, fallbacks=("big", "gone")) is None
+    assert seen == ["small", "big", "gone"]
+    prompt = reservation_parts(doc)[0]
+    assert book.status()[0]["held"] == (prompt + 8192) * 10  # big's context at big-id's price
+    gate.settle()

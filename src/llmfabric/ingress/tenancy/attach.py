@@ -19,7 +19,7 @@ from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.gate import TenancyGate, advertised_context
+from llmfabric.ingress.tenancy.gate import NameLookup, TenancyGate, advertised_context
 from llmfabric.routing.filters import Ambiguous, eligible
 from llmfabric.routing.request import RouteRequest
 
@@ -62,10 +62,8 @@ async def attach_tenancy(
         parts.queue = FairQueue(max_inflight, max_wait_s=max_wait_s, now=time.monotonic)
     if parts.budgets is not None or parts.queue is not None:
         rate = ingress.auth.limiter if isinstance(ingress.auth, AccountsAuth) else None
-        context_of, ids_of = budget_lookups(ingress)
         ingress.use_gate(TenancyGate(parts.budgets.book if parts.budgets else None,
-                                     parts.queue, context_of=context_of, ids_of=ids_of,
-                                     rate=rate,
+                                     parts.queue, lookup=budget_lookup(ingress), rate=rate,
                                      on_refused=ingress.metrics.observe_refusal,
                                      on_queue_wait=ingress.metrics.observe_queue_wait))
         if parts.queue is not None:
@@ -76,25 +74,21 @@ async def attach_tenancy(
     return parts
 
 
-def budget_lookups(ingress: Ingress) -> tuple[Callable[[str, RouteRequest | None], int],
-                                               Callable[[str, RouteRequest | None], set[str]]]:
-    """The gate's `context_of` and `ids_of` over the ingress's routing (TenancyGate)."""
+def budget_lookup(ingress: Ingress) -> Callable[[str, RouteRequest | None], NameLookup]:
+    """The gate's `lookup` over the ingress's routing (TenancyGate): a name resolved once
+    for its context and the ids it routes to."""
 
-    def context_of(model: str, route: RouteRequest | None = None) -> int:
-        """The context of the replicas of the model the name resolves to, as routing
-        resolves it (pins, ids, aliases: a member listing the model's id as its alias
-        has no say) that the request's allowlist and QoS constraints leave (a client
-        naming only the provider, or the `min_context`, of its largest replica is
-        served there); 0 when none is known or the name is ambiguous (refused with
-        409 next)."""
+    def lookup(model: str, route: RouteRequest | None = None) -> NameLookup:
+        """The name resolved as routing resolves it (pins, ids, aliases: a member listing
+        the model's id as its alias has no say). Its context: that of the replicas the
+        request's allowlist and QoS constraints leave (a client naming only the provider,
+        or the `min_context`, of its largest replica is served there), 0 when none is
+        known; its ids: the models it routes to (what a request is billed as). Nothing for
+        an ambiguous name (refused with 409 next)."""
         resolved = ingress.resolve_name(model, route.providers if route else None)
         if isinstance(resolved, Ambiguous):
-            return 0
-        return advertised_context(eligible(resolved, route) if route else resolved)
+            return NameLookup(0, ())
+        return NameLookup(advertised_context(eligible(resolved, route) if route else resolved),
+                          {c.model.id for c in resolved})
 
-    def ids_of(model: str, route: RouteRequest | None = None) -> set[str]:
-        """The ids of the models the name routes to (what a request is billed as)."""
-        resolved = ingress.resolve_name(model, route.providers if route else None)
-        return set() if isinstance(resolved, Ambiguous) else {c.model.id for c in resolved}
-
-    return context_of, ids_of
+    return lookup

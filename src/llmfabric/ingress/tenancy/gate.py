@@ -6,7 +6,9 @@ owners (accounts.fairqueue), behind three calls the request path makes:
   coroutine): reserves the request's worst case on its key's and owner's budgets and in
   their tokens/min buckets, then waits for a fair-queue slot; a `Refusal` (429 with
   Retry-After carrying the real wait) when the budget is used up, a tokens/min bucket is
-  empty or the queue is full. Once per request, whatever models it may fall back to.
+  empty or the queue is full. Once per request, whatever models it may fall back to; then
+  `gate.held_price()`, on a spend budget, bounds the models that may serve it (a dearer one
+  may come up under a listed name after admission: `HeldPrice.within`).
 - `gate.used(usage, model)` when the request's usage is known (`model`: the id of the model
   served, what it is billed as: an alias, a `--model-alias` pin or a LoRA adapter is billed
   as the model that runs it).
@@ -22,7 +24,7 @@ QoS constraints: engines generate up to it), and the default only when no node s
 model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
 largest context among them that resolve, and on a spend budget at the dearest price among
 the names and the ids they route to (`priced`): whichever model serves it, the hold covers
-it.
+it. Each name is resolved once for both (`lookup`: `NameLookup`).
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -32,7 +34,7 @@ concurrent requests never mix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -64,6 +66,13 @@ _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", NATIVE_RESPONSES_PATH})
 
 
+class NameLookup(NamedTuple):
+    """A listed model name as admission needs it, from one resolution of the name."""
+
+    context: int  # of the replicas the request's filters leave (0: unknown, or ambiguous)
+    ids: Collection[str]  # the ids of the models it routes to (what it is billed as)
+
+
 class Refusal(NamedTuple):
     """An error answer (the arguments of Ingress._refuse after the model)."""
 
@@ -74,9 +83,42 @@ class Refusal(NamedTuple):
     headers: dict[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class HeldPrice:
+    """What a request's spend hold was taken at: `micros` for `prompt` + `completion`
+    tokens, the dearest of the models its names routed to at admission. A replica of a
+    dearer model may come up under one of its names later (while it retries or moves through
+    its fallbacks); served there, it would spend past its hold, and concurrent such
+    requests past the budget, so the request core keeps it to the models `within` it."""
+
+    book: BudgetBook
+    prompt: int
+    completion: int
+    micros: int
+
+    def within(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        """The candidates whose model (the id a request is billed as) costs no more than
+        the hold (`candidates` itself when all do)."""
+        cost = self.book.cost_micros
+        dear = {i for i in {c.model.id for c in candidates}
+                if cost(i, self.prompt, self.completion) > self.micros}
+        return [c for c in candidates if c.model.id not in dear] if dear else candidates
+
+    def refusal(self, model: str, candidates: Sequence[Candidate]) -> str:
+        """Why a request for `model`, whose `candidates` all cost more, is not served."""
+        ids = sorted({c.model.id for c in candidates})
+        shown = ", ".join(repr(i) for i in ids[:3]) + (
+            f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        return (f"no node can serve model {model!r} within what this request reserved: the "
+                f"model serving it now ({shown}) costs more than the request's spend budget "
+                "hold, taken when it was admitted (a node came up under that name since, or "
+                "the price rose); retry later: a new request reserves at its price")
+
+
 @dataclass(slots=True)
 class _Admitted:
     hold: Hold | None = None
+    held_price: HeldPrice | None = None  # with a spend budget among the hold's
     tokens: TokenHold | None = None  # taken from the tokens/min buckets (RateLimiter.hold)
     slot_since: float | None = None
     model: str = ""
@@ -148,6 +190,16 @@ def advertised_context(candidates: Iterable[Candidate]) -> int:
     return contexts[len(contexts) // 2] if contexts else 0
 
 
+def priced(models: Iterable[str], found: Iterable[NameLookup] = ()) -> set[str]:
+    """The names a request for `models` may be billed as: each name and the ids of the
+    models they route to (`found`: their lookups; a request's hold is at the dearest of them;
+    it is billed as the id that serves it, so an unpriced alias is no way around a price)."""
+    names = set(models)
+    for f in found:
+        names.update(f.ids)
+    return names
+
+
 def _prompt_hint(doc: Mapping[str, Any]) -> str:
     """What a refused request's prompt reserved, when that is not its text: media parts, or
     a prompt of more values than the bound reads (walked again: refusals only)."""
@@ -182,8 +234,7 @@ def _owner(principal: Principal | None) -> tuple[str, str, str]:
 class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
-                 context_of: Callable[[str, RouteRequest | None], int] | None = None,
-                 ids_of: Callable[[str, RouteRequest | None], Iterable[str]] | None = None,
+                 lookup: Callable[[str, RouteRequest | None], NameLookup] | None = None,
                  rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
@@ -191,11 +242,10 @@ class TenancyGate:
         self.queue = queue
         self.default_completion = default_completion
         # (model, the request's filters) -> the context in tokens of the replicas it may
-        # reach (0: unknown), for requests without a cap field
-        self.context_of = context_of
-        # (model, the request's filters) -> the ids of the models the name routes to (an
-        # alias, a pin or an adapter is billed as the model that runs it: `priced`)
-        self.ids_of = ids_of
+        # reach (for requests without a cap field) and the ids of the models the name
+        # routes to (an alias, a pin or an adapter is billed as the model that runs it:
+        # `priced`), from one resolution of the name
+        self.lookup = lookup
         # The keys' tokens/min buckets: the worst case is held there at admission (the
         # ingress checked the bucket before reading the body; many requests may pass that
         # check at once, so the hold checks again).
@@ -236,10 +286,16 @@ class TenancyGate:
         _STATE.set(state)
         state.model = str(doc.get("model", ""))
         models = (state.model, *fallbacks)
-        context = 0
-        if (context_of := self.context_of) is not None and path in _GENERATING \
-                and _uncapped(doc):
-            context = max(context_of(m, route) for m in models)  # (0: none resolves)
+        budgeted = (book is not None and principal is not None
+                    and book.applies(key_id, owner, issuer))
+        uncapped = path in _GENERATING and _uncapped(doc)
+        # Each name resolved once, when its context (no cap field) or the ids it routes to
+        # (a budget with prices: with none, every model costs nothing) are needed.
+        found: Sequence[NameLookup] = ()
+        if (lookup := self.lookup) is not None and (
+                uncapped or (budgeted and book is not None and bool(book.prices))):
+            found = [lookup(m, route) for m in models]
+        context = max(f.context for f in found) if uncapped and found else 0  # (0: none)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
         if self.rate is not None and principal is not None and _token_limited(principal):
@@ -254,9 +310,8 @@ class TenancyGate:
                 secs = max(1, math.ceil(exc.retry_after_s))
                 return self._refused("rate_limited", f"rate limit exceeded for this key "
                                      f"({exc.limit}); retry after {secs} s", secs)
-        if book is not None and principal is not None and book.applies(key_id, owner, issuer):
-            micros = max(book.cost_micros(m, prompt, completion)
-                         for m in self.priced(models, route))
+        if budgeted and book is not None:
+            micros = max(book.cost_micros(m, prompt, completion) for m in priced(models, found))
             got = book.reserve(key_id, owner, cost, micros, issuer=issuer)
             if isinstance(got, OverBudget):
                 self.settle()
@@ -269,6 +324,8 @@ class TenancyGate:
                 return self._refused("budget_exceeded", got.message() + hint
                                      + _prompt_hint(doc), got.retry_after_s)
             state.hold = got
+            if any(unit != "tokens" for _, _, unit in got.parts):
+                state.held_price = HeldPrice(book, prompt, completion, micros)
         if self.queue is not None:
             t0 = self.queue.now()
             slot = await self.queue.acquire(owner, cost)
@@ -294,15 +351,13 @@ class TenancyGate:
         return Refusal(429, message, "insufficient_quota" if code == "budget_exceeded"
                        else "rate_limit_exceeded", None, {"Retry-After": str(secs)})
 
-    def priced(self, models: Iterable[str], route: RouteRequest | None = None) -> set[str]:
-        """The names a request for `models` may be billed as: each name and the ids of the
-        models it routes to (a request's hold is at the dearest of them; it is billed as the
-        id that serves it, so an unpriced alias is no way around a price)."""
-        names = set(models)
-        if self.ids_of is not None:
-            for m in tuple(names):
-                names.update(self.ids_of(m, route))
-        return names
+    def held_price(self) -> HeldPrice | None:
+        """The spend hold of the request under way (after `admit`), which bounds the models
+        that may serve it; None without one (token budgets count tokens whatever model)."""
+        if self._stateless:
+            return None
+        state = _STATE.get()
+        return state.held_price if state is not None else None
 
     def used(self, usage: Usage | None, model: str = "") -> None:
         """The request's usage, served by `model` (what the settlement prices; "": the
