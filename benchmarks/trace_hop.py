@@ -36,7 +36,7 @@ def _trace(hop: NodeHop | None) -> None:
     tr = RequestTrace(None, 0.0)
     tr.phase("auth", key_id="k")
     tr.phase("route", policy="session", candidates=4)
-    tr.open_attempt("node-1", 0)
+    tr.open_attempt("node-1")
     if hop is not None:
         tr.upstream(hop)
     tr.first_byte()

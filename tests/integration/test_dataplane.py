@@ -273,7 +273,7 @@ async def test_relayed_path_is_sealed_end_to_end(flip: bool) -> None:
         async def traced_call() -> None:
             tr = current_trace()
             assert tr is not None
-            tr.open_attempt(c.peer_id, 1)
+            tr.open_attempt(c.peer_id)
             up = await fwd.open(c, PATH, body(), T)
             assert up.hop == NodeHop(1.5, relay_id)  # (what the trace shows: node time, relay)
             assert b"".join([x async for x in up.chunks()]) == got

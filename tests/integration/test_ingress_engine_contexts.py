@@ -1,6 +1,7 @@
 """The standalone ingress advertises each backend's context as its engine reports it
 (ingress/engine_contexts.py), not the 4,096-token default: the sim engine's /v1/models
-`max_model_len`, llama-server's /props; a backend down or silent keeps the default, said once."""
+`max_model_len`, llama-server's /props; a backend down or silent keeps the default, said once;
+a context stated with --max-context wins."""
 
 from __future__ import annotations
 
@@ -125,7 +126,9 @@ async def test_cli_ingress_advertises_the_sim_engines_context(tmp_path: Path) ->
         wait_port(eport, 30.0)
         ingress = subprocess.Popen(  # noqa: ASYNC220
             [*run, "ingress", "--port", str(iport), "--no-auth", "--backend",
-             f"m=127.0.0.1:{eport}", "--backend", f"dead=127.0.0.1:{dead}"],
+             f"m=127.0.0.1:{eport}", "--backend", f"dead=127.0.0.1:{dead}",
+             # (the same engine under another name, its context stated: the flag wins)
+             "--backend", f"q=127.0.0.1:{eport}", "--max-context", "q=4000"],
             stdout=ilog, stderr=subprocess.STDOUT, start_new_session=True)
         c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{iport}/v1", api_key="x",
                                max_retries=0, timeout=10)
@@ -134,6 +137,7 @@ async def test_cli_ingress_advertises_the_sim_engines_context(tmp_path: Path) ->
         listed = {m.id: m.model_extra for m in models.data}
         assert listed["m"]["max_context"] == listed["m"]["max_model_len"] == 12288
         assert listed["dead"]["max_context"] == DEFAULT
+        assert listed["q"]["max_context"] == 4000
     finally:
         if ingress is not None:
             stop_group(ingress)
@@ -143,3 +147,5 @@ async def test_cli_ingress_advertises_the_sim_engines_context(tmp_path: Path) ->
     out = (tmp_path / "ingress.log").read_text()
     assert out.count("did not answer") == 1, out  # said once, for the dead backend
     assert f"backend dead at 127.0.0.1:{dead} did not answer" in out, out
+    assert (f"backend q at 127.0.0.1:{eport}: its engine reports a context of 12288 tokens, "
+            "its --max-context says 4000: advertising 4000") in out, out

@@ -86,3 +86,44 @@ def test_the_models_table_marks_claimed_providers(monkeypatch: pytest.MonkeyPatc
     row = next(ln for ln in lines if "llama" in ln)
     assert "my-lab (verified), uni (claimed)" in row
     assert "X-Fabric-Providers matches the name" in text
+
+
+LONG_PROVIDER = "swiss-national-supercomputing-centre"
+LONG_MODEL = "meta-llama/Llama-3.1-70B-Instruct-FP8-dynamic"
+
+
+def _cell(table: Any, index: int, width: int) -> list[str]:
+    """The lines of column `index` of a one-row table printed `width` columns wide."""
+    out = io.StringIO()
+    table_console(file=out).print(table, width=width)
+    body = out.getvalue().split("┡", 1)[1]
+    parts = [line.split("│")[index + 1].strip() for line in body.splitlines() if "│" in line]
+    return [p for p in parts if p]
+
+
+@pytest.mark.parametrize("width", [200, 80])
+def test_long_provider_and_model_names_are_shown_whole(
+        monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    """Names are never cut (to 14 characters, or to "meta-llama/…" by a narrow terminal):
+    a long one folds onto the next lines of its cell."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    node = {**_node("SERVING", [], "vllm", (LONG_MODEL,)), "provider_id": LONG_PROVIDER,
+            "verified_provider": LONG_PROVIDER}
+    provider = "".join(_cell(nodes_table([node]), 3, width)).replace(" ", "")
+    assert provider == LONG_PROVIDER + "(verified)"
+    assert "".join(_cell(nodes_table([node]), 6, width)) == LONG_MODEL
+    model = {"id": LONG_MODEL, "serving": 1, "nodes": ["a"], "providers": [LONG_PROVIDER],
+             "gpus": ["H100"], "quantizations": ["fp8"], "max_context": 131072}
+    assert "".join(_cell(models_table([model]), 0, width)) == LONG_MODEL
+    assert "".join(_cell(models_table([model]), 3, width)) == LONG_PROVIDER
+    assert _cell(models_table([model]), 6, width) == ["131072"]  # (kept on one line)
+
+
+@pytest.mark.hostile
+def test_a_long_name_is_shown_whole_with_its_controls_escaped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    node = {**_node("SERVING", []), "provider_id": "lab-" + "x" * 30 + "\x1b]52;c;AAAA\x07"}
+    _, text = _rows(nodes_table([node]))
+    assert "\x1b" not in text and "\x07" not in text
+    assert "lab-" + "x" * 30 + "\\x1b]52;c;AAAA\\x07" in text

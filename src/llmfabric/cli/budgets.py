@@ -18,6 +18,7 @@ import click
 from llmfabric.accounts import AccountStore
 from llmfabric.accounts.budgets import (
     SCOPES,
+    Budget,
     BudgetBook,
     BudgetStore,
     validate_budget,
@@ -61,7 +62,23 @@ def set_budget(scope: str, name: str, tokens: int | None, usd: float | None, per
         await (await _budgets(store)).put(budget)
 
     _with_store(db_url, put)
-    click.echo(f"budget of {scope} {name!r}: {budget.show(budget.limit)} per {period}")
+    click.echo(budget_set_text(budget))
+
+
+# Whose spending a budget bounds, by scope.
+_WHOSE = {"key": "API key {name!r}", "owner": "owner {name!r} (all their API keys together)",
+          "team": "team {name!r} (the API keys of all its members together)"}
+_PERIOD = {"day": "UTC day, renewed at 00:00 UTC",
+           "month": "UTC month, renewed on the 1st at 00:00 UTC"}
+
+
+def budget_set_text(budget: Budget) -> str:
+    """What `budget set` set, said plainly: for whom, how much, per which period."""
+    amount = (f"{budget.limit:,} tokens (prompt + completion)" if budget.unit == "tokens"
+              else f"{budget.show(budget.limit)} of spend (at the prices `keys budget price` "
+              "sets)")
+    return (f"budget set for {_WHOSE[budget.scope].format(name=budget.name)}: at most "
+            f"{amount} per {_PERIOD[budget.period]} (replaces any earlier budget)")
 
 
 @budget_group.command("list")

@@ -3,8 +3,9 @@
 A node started with `--ingress` mounts the same routes over its live registry replica (the node
 wires `llmfabric.ingress.add_ingress_routes`); this command serves a fixed list of backends,
 which is also what the ingress benchmark measures. Each backend's context is the one its
-engine reports (ingress/engine_contexts.py). `--workers N` runs N processes sharing the
-port through SO_REUSEPORT (Linux), each with its own event loop (uvloop when installed).
+engine reports (ingress/engine_contexts.py), or the one `--max-context MODEL=TOKENS` states.
+`--workers N` runs N processes sharing the port through SO_REUSEPORT (Linux), each with its
+own event loop (uvloop when installed).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Settings:
     native_responses: tuple[str, ...] = ()  # models whose engines serve /v1/responses
     model_aliases: tuple[tuple[str, str], ...] = ()  # --model-alias NAME=ID
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides IPs, localhost, --host
+    max_contexts: tuple[tuple[str, int], ...] = ()  # --max-context MODEL=TOKENS
 
 
 def parse_backend(spec: str) -> Backend:
@@ -74,6 +76,28 @@ def parse_backend(spec: str) -> Backend:
     if not host or not port.isdigit():
         raise ConfigError(f"--backend {spec!r}: {addr!r} is not HOST:PORT")
     return Backend(model, addr, provider or "local", gpu or "unknown")
+
+
+def parse_max_contexts(specs: tuple[str, ...], models: set[str]) -> dict[str, int]:
+    """--max-context MODEL=TOKENS, each MODEL a --backend's model, named once; TOKENS a
+    whole number > 0 (digits only: "32k" or "1e5" is refused rather than guessed at)."""
+    out: dict[str, int] = {}
+    for spec in specs:
+        model, sep, tokens = spec.partition("=")
+        model, tokens = model.strip(), tokens.strip()
+        if not sep or not model or not tokens:
+            raise ConfigError(f"--max-context {spec!r}: expected MODEL=TOKENS, e.g. "
+                              "llama=32768")
+        if not (tokens.isascii() and tokens.isdigit()) or int(tokens) == 0:
+            raise ConfigError(f"--max-context {spec!r}: {tokens!r} is not a whole number of "
+                              "tokens above 0")
+        if model not in models:
+            raise ConfigError(f"--max-context {spec!r}: no --backend serves {model!r} "
+                              f"(they serve {', '.join(sorted(models))})")
+        if model in out:
+            raise ConfigError(f"--max-context {spec!r}: {model!r} is given twice")
+        out[model] = int(tokens)
+    return out
 
 
 def candidates(backends: tuple[Backend, ...]) -> list[Candidate]:
@@ -117,7 +141,8 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     )
     source = StaticCandidateSource(candidates(settings.backends))
     probe = HttpProbe()
-    contexts = EngineContexts(source, probe, settings.forward_prefix)
+    contexts = EngineContexts(source, probe, settings.forward_prefix,
+                              stated=dict(settings.max_contexts))
     forwarder = HttpForwarder(settings.forward_prefix)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -166,7 +191,12 @@ def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
 @click.option("--backend", "backends", multiple=True,
               help="MODEL=HOST:PORT[@PROVIDER][#GPU] of an OpenAI-compatible engine (repeat); "
               "its context is the one the engine reports (asked at start and every minute), "
-              "else 4096")
+              "else 4096, unless --max-context states it")
+@click.option("--max-context", "max_contexts", multiple=True, metavar="MODEL=TOKENS",
+              help="--backend: the context (tokens) of MODEL's backends, advertised whatever "
+              "their engines report (repeatable; a warning when an engine reports another): "
+              "for engines that report none (llama-cpp-python, proxies). Budgets reserve it "
+              "for a request without max_tokens; min_context filters on it")
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
               help="fabric mode: join through this peer (no --backend; routes over the registry)")
 @click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
@@ -221,7 +251,7 @@ def command(
     front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
     model_aliases: dict[str, str], allowed_hosts: tuple[str, ...],
-    connect_timeout_s: float, first_byte_timeout_s: float,
+    max_contexts: tuple[str, ...], connect_timeout_s: float, first_byte_timeout_s: float,
     idle_timeout_s: float, total_timeout_s: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models, responses; Anthropic's
@@ -257,6 +287,9 @@ def command(
         if forward_prefix:
             raise click.UsageError("--forward-prefix applies to --backend ingresses; a "
                                    "fabric ingress forwards over the nodes' data plane")
+        if max_contexts:
+            raise click.UsageError("--max-context applies to --backend ingresses; in a "
+                                   "fabric each node advertises its engine's context")
         if not network_secret and network_secret_file is None:
             raise click.UsageError("give --backend MODEL=HOST:PORT (standalone) or "
                                    "--network-secret[-file] [--bootstrap HOST:PORT] (fabric "
@@ -275,6 +308,10 @@ def command(
         parsed = tuple(parse_backend(b) for b in backends)
     except ConfigError as e:
         raise click.BadParameter(str(e)) from e
+    try:
+        stated = parse_max_contexts(max_contexts, {b.model for b in parsed})
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--max-context") from e
     settings = Settings(
         host=host, port=port, backends=parsed, policy=policy, max_retries=max_retries,
         max_body_bytes=int(max_body_mb * 1024 * 1024), auth=not no_auth, db_url=db_url,
@@ -282,6 +319,7 @@ def command(
         tls_cert=tls_cert, tls_key=tls_key,
         front_limits=limits, native_responses=native_responses, allowed_hosts=allowed,
         model_aliases=tuple(sorted(model_aliases.items())),
+        max_contexts=tuple(sorted(stated.items())),
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",

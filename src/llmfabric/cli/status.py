@@ -1,4 +1,5 @@
-"""`llmfabric status --node URL`: the fabric as one node's replica sees it (rich tables)."""
+"""`llmfabric status --node URL`: the fabric as one node's replica sees it (rich tables; names
+shown whole, folded onto more lines when a column is narrow; every record string escaped)."""
 
 from __future__ import annotations
 
@@ -71,18 +72,31 @@ def _provider(node: dict[str, Any]) -> str:
     """The claimed provider name and whether it is the node's verified identity (nothing
     added for a node whose view predates `verified_provider`)."""
     name = node["provider_id"]
-    shown = name[:14] or "-"
+    shown = name or "-"
     if "verified_provider" not in node:
         return shown
     return shown + (VERIFIED if name and node["verified_provider"] == name else CLAIMED)
 
 
+# Columns of a few characters that always fit: kept on one line. The others (names, lists)
+# wrap, and a name longer than its column folds onto the next line: shown whole, never cut
+# to "meta-llama/…" (two names that share a prefix would look the same).
+_SHORT_COLUMNS = frozenset({"session", "state", "load", "seen", "serving", "nodes", "context"})
+
+
+def _add_columns(table: Table, names: tuple[str, ...]) -> None:
+    for name in names:
+        if name in _SHORT_COLUMNS:
+            table.add_column(name, no_wrap=True)
+        else:
+            table.add_column(name, overflow="fold")
+
+
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
     marked = any("verified_provider" in n for n in nodes)
     table = Table(title=f"Nodes ({len(nodes)})", caption=Text(PROVIDER_NOTE) if marked else None)
-    for col in ("session", "state", "roles", "provider", "hardware", "engine", "models",
-                "load", "labels", "reach", "seen"):
-        table.add_column(col)
+    _add_columns(table, ("session", "state", "roles", "provider", "hardware", "engine",
+                         "models", "load", "labels", "reach", "seen"))
     for n in nodes:
         state = n["state"] + (" (suspected)" if n["suspected"] else "")
         hw = n["hardware"]
@@ -118,8 +132,8 @@ def models_table(models: list[dict[str, Any]]) -> Table:
     marked = any("unverified_providers" in m for m in models)
     table = Table(title=f"Models ({len(models)})",
                   caption=Text(PROVIDER_NOTE) if marked else None)
-    for col in ("model", "serving", "nodes", "providers", "gpus", "quantization", "context"):
-        table.add_column(col)
+    _add_columns(table, ("model", "serving", "nodes", "providers", "gpus", "quantization",
+                         "context"))
     for m in models:
         table.add_row(*_cells(
             m["id"], str(m["serving"]), str(len(m["nodes"])),

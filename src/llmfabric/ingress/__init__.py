@@ -39,7 +39,8 @@ Core (this directory):
   `read_chunks_capped(chunks, limit)`.
 - sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
 - engine_contexts.py: `EngineContexts`, the standalone ingress's backends' contexts as
-  their engines report them (asked at start, again on a slow period).
+  their engines report them (asked at start, again on a slow period), or as the operator
+  states them (`stated`, which wins).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
   OpenAI error bodies, `body_too_large`.
 

@@ -40,7 +40,7 @@ from llmfabric.ingress.model_list import (
 from llmfabric.ingress.observe.metrics import IngressMetrics
 from llmfabric.ingress.observe.tracing import Tracer, current_trace
 from llmfabric.ingress.paths import METERED_BY_REQUEST
-from llmfabric.ingress.pd_path import FALLBACK, NEXT_MODEL, PDPath
+from llmfabric.ingress.pd_path import Handback, PDPath
 from llmfabric.ingress.protocols import (
     Authenticator,
     BodyReader,
@@ -334,7 +334,8 @@ class Ingress:
 
         # One pass per model: `model`, then its fallbacks (`rank`: the next one's index) while
         # the one tried failed in a way another model can mend and nothing reached the client.
-        rank = 0
+        # `attempts`: upstream attempts over every model tried (the trace hook's count).
+        rank = attempts = 0
         while True:
             resolved = self.resolve_name(model, rreq.providers)
             if isinstance(resolved, Ambiguous):
@@ -375,14 +376,15 @@ class Ingress:
             if pools is not None:  # nodes with prefill/decode roles: the two-phase request
                 got = await self.pd.serve(pools, path, model, principal, doc, stream,
                                           strip_usage, want_chunk, sink, t0, started,
-                                          final=rank == len(fallbacks))
-                if got is NEXT_MODEL:
+                                          final=rank == len(fallbacks), attempts=attempts)
+                if not isinstance(got, Handback):
+                    return got
+                attempts = got.attempts
+                if got.next_model:
                     model, rreq, body = self._next_model(doc, rreq, fallbacks[rank],
                                                          "upstream_failed")
                     rank += 1
                     continue
-                if got is not FALLBACK:
-                    return got  # type: ignore[return-value]
 
             tried: list[str] = []
             # Nodes an attempt left on suspicion alone (abandon.py): not failed, so tried
@@ -404,11 +406,12 @@ class Ingress:
                 cand = decision.candidate
                 if tr is not None:
                     tr.phase("route", policy=self.config.policy, candidates=len(candidates))
-                    tr.open_attempt(cand.session_id, attempt)
+                    tr.open_attempt(cand.session_id, model=model)
                 # Asked by alias: the engine knows the model by its id.
                 send = body if cand.model.id == model else orjson.dumps(
                     {**doc, "model": cand.model.engine_name(model)})  # (LoRA: adapter's name)
                 tried.append(cand.session_id)
+                attempts += 1
                 self.metrics.observe_routed(cand.session_id)
                 self.policy.on_request_start(cand)
                 ok = ended = False
@@ -446,9 +449,11 @@ class Ingress:
                     assert recorder is not None
                     if tr is not None:  # (its continuations are attempts of their own)
                         tr.close_attempt(None, e.args[1])
+                    before = len(tried)  # (each continuation joins `tried`)
                     usage, cand = await continue_stream(
                         self, sink, recorder, doc, rreq, candidates, tried, path, want_chunk,
                         cand, e.args[1])
+                    attempts += len(tried) - before
                     resp, ttft, status = None, e.args[0], 200
                 finally:
                     if not ended:
@@ -459,14 +464,14 @@ class Ingress:
                         and falls_back(status):
                     why = f"engine_{status}"  # (an engine's answer nothing was relayed of)
                     break
-                self._finish(path, model, principal, cand, status, stream, len(tried),
+                self._finish(path, model, principal, cand, status, stream, attempts,
                              t0, started, ttft, usage, doc)
                 return resp
             if rank < len(fallbacks):
                 model, rreq, body = self._next_model(doc, rreq, fallbacks[rank], why)
                 rank += 1
                 continue
-            self._trace(path, model, principal, None, 502, stream, len(tried), t0, started,
+            self._trace(path, model, principal, None, 502, stream, attempts, t0, started,
                         None, None, doc)
             return self._refuse(
                 model, 502, f"all {len(tried)} candidate node(s) for model {model!r} failed"

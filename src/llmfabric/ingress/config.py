@@ -41,7 +41,7 @@ class TraceEvent:
     node: str | None  # session id that served (None if none did)
     status: int
     stream: bool
-    attempts: int
+    attempts: int  # upstream attempts, over every model tried (the body's `models`)
     started_at: float  # time.time() at arrival
     ttft_s: float | None  # first response byte (stream) or full response (non-stream)
     e2e_s: float

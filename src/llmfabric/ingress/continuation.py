@@ -364,7 +364,7 @@ async def resume_stream(
         host.policy.on_request_start(cand)
         tr = current_trace()  # each continuation is an attempt span; its node joins the trace
         if tr is not None:
-            tr.open_attempt(cand.session_id, len(tried) - 1, continuation=True)
+            tr.open_attempt(cand.session_id, model=rreq.model, continuation=True)
         ok = False
         try:
             ok = await _relay_from(host, sink, recorder, relay, cand, path, send, timeouts)

@@ -11,6 +11,12 @@ Then every `REFRESH_S` it asks again the engines that reported a context (one re
 another --max-model-len) and those that did not answer (one started after the ingress), never
 one that answered without a context: llama-cpp-python serves /v1/models under its model lock,
 so a poll would cut its streams short, and its answer would not change.
+
+An operator can state a model's context (`stated`: `llmfabric ingress --max-context
+MODEL=TOKENS`): that context is advertised whatever the engine says, for an engine that
+reports none (llama-cpp-python, a proxy) and for one whose report is wrong. The engines are
+still asked, so that a stated context the engine contradicts is logged as a warning (at start,
+and when its report changes).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
+from collections.abc import Mapping
 
 from llmfabric.agent.facts import engine_context
 from llmfabric.agent.probe import EngineProbe, ProbeError
@@ -33,17 +41,21 @@ REFRESH_S = 60.0
 
 
 class EngineContexts:
-    """Keeps `source`'s candidates' contexts as their engines report them."""
+    """Keeps `source`'s candidates' contexts as their engines report them; `stated`: model
+    id -> context the operator stated, which wins over the engine's."""
 
     def __init__(self, source: StaticCandidateSource, probe: EngineProbe,
                  forward_prefix: str = "", timeout_s: float = ASK_TIMEOUT_S,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, stated: Mapping[str, int] | None = None) -> None:
         self.source = source
         self._probe = probe
         self._prefix = forward_prefix
         self._timeout_s = timeout_s
         self._clock: Clock = clock or SystemClock()
-        self._configured: tuple[Candidate, ...] = tuple(source.all_candidates())
+        self._stated = dict(stated or {})
+        self._configured: tuple[Candidate, ...] = tuple(
+            _with_context(c, self._stated[c.model.id]) if c.model.id in self._stated else c
+            for c in source.all_candidates())
         self._reported: dict[int, int] = {}  # candidate index -> context its engine reported
         self._silent: set[int] = set()  # answered without a context: not asked again
         self._refresh: asyncio.Task[None] | None = None
@@ -55,29 +67,41 @@ class EngineContexts:
         answers = await asyncio.gather(*(self._ask_one(self._configured[i]) for i in todo))
         for i, (context, why_not) in zip(todo, answers, strict=True):
             cand = self._configured[i]
+            stated = cand.model.id in self._stated
             if context is not None:
                 if announce or self._reported.get(i) != context:
-                    log.info("backend %s at %s: context %d tokens (its engine's)",
-                             cand.model.id, cand.http_addr, context)
+                    self._log_reported(cand, context, stated)
                 self._reported[i] = context
                 continue
             if why_not is None:  # answered without a context
                 self._silent.add(i)
                 self._reported.pop(i, None)
             if announce:
-                log.warning("backend %s at %s %s: advertising the default context of %d "
-                            "tokens", cand.model.id, cand.http_addr,
-                            why_not or "does not report its context", cand.model.max_context)
+                log.log(logging.INFO if stated and why_not is None else logging.WARNING,
+                        "backend %s at %s %s: advertising %s of %d tokens",
+                        cand.model.id, cand.http_addr, why_not or "does not report its context",
+                        "the --max-context" if stated else "the default context",
+                        cand.model.max_context)
         self.source.replace(self.candidates())
 
     def candidates(self) -> list[Candidate]:
-        """The configured candidates with the contexts their engines reported."""
+        """The configured candidates with the contexts their engines reported (a stated
+        context stays)."""
         out = []
         for i, cand in enumerate(self._configured):
-            context = self._reported.get(i)
-            out.append(cand if context is None else dataclasses.replace(
-                cand, model=dataclasses.replace(cand.model, max_context=context)))
+            context = None if cand.model.id in self._stated else self._reported.get(i)
+            out.append(cand if context is None else _with_context(cand, context))
         return out
+
+    @staticmethod
+    def _log_reported(cand: Candidate, context: int, stated: bool) -> None:
+        if not stated or context == cand.model.max_context:
+            log.info("backend %s at %s: context %d tokens (its engine's)",
+                     cand.model.id, cand.http_addr, context)
+            return
+        log.warning("backend %s at %s: its engine reports a context of %d tokens, its "
+                    "--max-context says %d: advertising %d", cand.model.id, cand.http_addr,
+                    context, cand.model.max_context, cand.model.max_context)
 
     def start(self, period_s: float = REFRESH_S) -> None:
         """Ask again every `period_s` seconds, until `aclose`."""
@@ -109,3 +133,7 @@ class EngineContexts:
             return None, f"did not answer in {self._timeout_s:g} s"
         except ProbeError as exc:
             return None, f"did not answer ({exc})"
+
+
+def _with_context(cand: Candidate, context: int) -> Candidate:
+    return dataclasses.replace(cand, model=dataclasses.replace(cand.model, max_context=context))

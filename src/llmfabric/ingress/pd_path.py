@@ -8,12 +8,14 @@ ingress's ordinary attempt code. Each phase retries on another node of its side 
 refusing or vanished node); a decode node lost before its first byte costs only a retry (any
 decode node can pull the KV the handle names), one lost mid-stream ends the stream with an
 error event as in the colocated path. Prefill that finds no working node hands the request
-back to the colocated path (`FALLBACK`), where every role serves plain requests; so does a
+back to the colocated path (a `Handback`), where every role serves plain requests; so does a
 prefill answered 4xx, and so does a decode that refuses the prefill's handle with a 4xx (the
 request may be at fault, or the node, or a handle a hostile prefill node poisoned: the
 colocated path answers its own 4xx if the request is). A request with another model still
-to try (model_list.py) gets `NEXT_MODEL` instead of the 502 of failed decode nodes or an
-engine's 429/5xx. Who may take a phase: routing/pd.py.
+to try (model_list.py) gets a `Handback` to its next model instead of the 502 of failed
+decode nodes or an engine's 429/5xx. A handback carries the request's upstream attempts so
+far, this path's included; each attempt of either phase is an `attempt` span of the trace
+(attr `phase`). Who may take a phase: routing/pd.py.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.ingress.model_list import falls_back
+from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import Principal, StreamSink
 from llmfabric.ingress.stream_attempt import RETRYABLE_STATUS, attempt_stream
 from llmfabric.routing.candidates import Candidate
@@ -37,10 +41,19 @@ from llmfabric.routing.request import RouteRequest
 if TYPE_CHECKING:
     from llmfabric.ingress.app import Ingress
 
-FALLBACK: Final = object()  # no prefill node worked: route the request colocated
-# Not the request's last model (model_list.py), and every decode node failed or the engine
-# answered 429/5xx: the ingress moves on to its next model (nothing was counted or sent).
-NEXT_MODEL: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Handback:
+    """The two-phase path did not answer. `next_model` False: no prefill node worked (or a
+    phase refused with a 4xx): route the request colocated. True: not the request's last
+    model (model_list.py), and every decode node failed or the engine answered 429/5xx: the
+    ingress moves on to its next model (nothing was counted or sent). `attempts`: the
+    request's upstream attempts so far, this path's included."""
+
+    next_model: bool
+    attempts: int
+
 _perf = time.perf_counter
 
 
@@ -106,11 +119,12 @@ class PDPath:
     async def serve(
         self, pools: PDSplit, path: str, model: str, principal: Principal | None,
         doc: dict[str, Any], stream: bool, strip_usage: bool, want_chunk: bool,
-        sink: StreamSink, t0: float, started: float, final: bool = True,
-    ) -> Reply | object | None:
-        """A Reply, None (streamed), FALLBACK (serve it colocated) or, unless `final`,
-        NEXT_MODEL."""
+        sink: StreamSink, t0: float, started: float, final: bool = True, attempts: int = 0,
+    ) -> Reply | Handback | None:
+        """A Reply, None (streamed), or a `Handback` (to the colocated path; unless `final`,
+        to the next model). `attempts`: the request's upstream attempts before this path."""
         ing = self.ing
+        tr = current_trace()
         retries = ing.config.max_retries
         self.requests += 1
         tried: list[str] = []
@@ -123,12 +137,18 @@ class PDPath:
             tried.append(pre.session_id)
             ing.metrics.observe_routed(pre.session_id)
             body = prefill_body(doc, pre.model.engine_name(model))
+            if tr is not None:
+                tr.open_attempt(pre.session_id, model=model, phase="prefill")
             try:
                 reply, _, _ = await ing._attempt_once(pre, path, body, doc, model)
-            except UpstreamError:
+            except UpstreamError as e:
                 self.prefill_retries += 1
                 ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
+                if tr is not None:
+                    tr.close_attempt(None, str(e))
                 continue
+            if tr is not None:
+                tr.close_attempt(reply.status)
             if reply.status != 200:
                 # A 4xx: the request may be at fault, or the node (a member that claims the
                 # prefill role and refuses everything would fail every request for the
@@ -139,9 +159,10 @@ class PDPath:
             if handle is not None:
                 break
             self.prefill_retries += 1
+        attempts += len(tried)
         if handle is None or pre is None:
             self.fallbacks += 1
-            return FALLBACK
+            return Handback(False, attempts)
 
         decode_doc = {**doc, "kv_transfer_params": handle}
         last_error = ""
@@ -151,12 +172,15 @@ class PDPath:
             if cand is None:
                 if not d_tried:  # no decode node left at all: serve it colocated
                     self.fallbacks += 1
-                    return FALLBACK
+                    return Handback(False, attempts)
                 break
             d_tried.append(cand.session_id)
+            attempts += 1
             send = orjson.dumps({**decode_doc, "model": cand.model.engine_name(model)})
             ing.metrics.observe_routed(cand.session_id)
             ing.policy.on_request_start(cand)
+            if tr is not None:
+                tr.open_attempt(cand.session_id, model=model, phase="decode")
             ok = False
             try:
                 if stream:
@@ -171,6 +195,8 @@ class PDPath:
                 self.decode_retries += 1
                 ing.metrics.observe_failed_attempt(cand.session_id, model,
                                                    retried=attempt < retries)
+                if tr is not None:
+                    tr.close_attempt(None, last_error)
                 continue
             except self.committed as e:
                 ing.metrics.observe_failed_attempt(cand.session_id, model, retried=False)
@@ -178,22 +204,24 @@ class PDPath:
                 status = 200
             finally:
                 ing.policy.on_request_end(cand, ok)
+            if tr is not None:
+                tr.close_attempt(status)
             if resp is not None and 400 <= status < 500 and status not in RETRYABLE_STATUS:
                 # The decode node refused the handle: the prefill node may have poisoned it
                 # (a member like any other), or the request is at fault. It counts against
                 # the prefill node; the colocated path serves it, or answers its own 4xx.
                 ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
                 self.fallbacks += 1
-                return FALLBACK
+                return Handback(False, attempts)
             if not final and resp is not None and falls_back(status):
-                return NEXT_MODEL
-            ing._finish(path, model, principal, cand, status, stream,
-                        len(tried) + len(d_tried), t0, started, ttft, usage, doc)
+                return Handback(True, attempts)
+            ing._finish(path, model, principal, cand, status, stream, attempts, t0, started,
+                        ttft, usage, doc)
             return resp
         if not final:
-            return NEXT_MODEL
-        ing._trace(path, model, principal, None, 502, stream, len(tried) + len(d_tried), t0,
-                   started, None, None, doc)
+            return Handback(True, attempts)
+        ing._trace(path, model, principal, None, 502, stream, attempts, t0, started, None,
+                   None, doc)
         return ing._refuse(
             model, 502, f"the prefill on node {pre.session_id} worked but all "
             f"{len(d_tried)} decode node(s) for model {model!r} failed (last error: "

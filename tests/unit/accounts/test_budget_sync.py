@@ -300,10 +300,11 @@ def test_the_keys_budget_cli_sets_lists_and_removes_budgets_teams_and_prices(
     db = ["--db", str(tmp_path / "acc.db")]
     run = CliRunner().invoke
     out = run(keys_group, ["budget", "set", "owner", "alice", "--tokens", "500", *db])
-    assert out.exit_code == 0 and "500 tokens per day" in out.output
+    assert out.exit_code == 0 and "at most 500 tokens (prompt + completion) per UTC day" in \
+        out.output
     out = run(keys_group, ["budget", "set", "team", "nlp", "--usd", "2.5", "--period", "month",
                            *db])
-    assert out.exit_code == 0 and "$2.5 per month" in out.output
+    assert out.exit_code == 0 and "at most $2.5 of spend" in out.output
     for bad in (["owner", "bob"], ["owner", "bob", "--tokens", "1", "--usd", "1"],
                 ["group", "x", "--tokens", "1"], ["owner", "bob", "--tokens", "0"]):
         out = run(keys_group, ["budget", "set", *bad, *db])

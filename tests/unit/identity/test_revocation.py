@@ -12,7 +12,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from llmfabric.cli.keys import command
+from llmfabric.cli.keys import command, utc_time
 from llmfabric.identity import AdmissionContext, AdmissionError, CertAdmission, NodeKey
 from llmfabric.identity.admission import sign_membership
 from llmfabric.identity.errors import CertificateRevoked
@@ -154,6 +154,7 @@ def test_revoke_node_creates_then_extends_the_list(tmp_path: pathlib.Path) -> No
     first = RevocationList.load(lst)
     first.verify(base64.b64decode(operator_pub), NET)
     assert first.peer_ids == {a}
+    assert f"(issued at {utc_time(first.issued_at)})" in out  # (ISO-8601 UTC, not Unix s)
     cert = tmp_path / "member.json"
     assert run("sign-node", b, "--network", NET, "--out", str(cert), "--home", home)[0] == 0
     code, out = run("revoke-node", "--cert", str(cert), "--list", str(lst), "--network", NET,
@@ -169,6 +170,13 @@ def test_revoke_node_creates_then_extends_the_list(tmp_path: pathlib.Path) -> No
     assert run("revoke-node", b, "--list", str(lst), "--network", NET, "--home", home)[0] == 0
     assert RevocationList.load(lst).issued_at == pytest.approx(future + 0.001)
     assert not list(tmp_path.glob(".revoked.json.*"))  # (written, then renamed)
+
+
+def test_issue_times_are_printed_as_iso_8601_utc() -> None:
+    assert utc_time(1767225600.0) == "2026-01-01T00:00:00.000Z"
+    assert utc_time(1767225600.1236) == "2026-01-01T00:00:00.124Z"  # (as the file rounds)
+    assert utc_time(0.001) == "1970-01-01T00:00:00.001Z"
+    assert utc_time(1e300) == "1e+300 Unix seconds"  # (past year 9999: no ISO form)
 
 
 @pytest.mark.hostile

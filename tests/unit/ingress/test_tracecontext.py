@@ -77,13 +77,13 @@ def test_request_trace_spans_nest_and_propagate() -> None:
     assert tr.trace_id == parent.trace_id if parent else False
     tr.phase("auth", key_id="k1")
     tr.phase("route")
-    tr.open_attempt("node-a", 0)
+    tr.open_attempt("node-a")
     sent = parse_traceparent(tr.downstream)
     assert sent is not None and sent.trace_id == tr.trace_id and sent.flags == 1
     tr.close_attempt(None, "refused")  # a failed attempt: forward only
     assert tr.downstream == ""
     tr.phase("route")
-    tr.open_attempt("node-b", 1)
+    tr.open_attempt("node-b")
     tr.first_byte()
     tr.close_attempt(200)
     doc = tr.to_json(200)
@@ -92,6 +92,7 @@ def test_request_trace_spans_nest_and_propagate() -> None:
     assert root["name"] == "ingress.request" and root["parent_id"] == parent.span_id
     attempts = [s for s in doc["spans"] if s["name"] == "attempt"]
     assert [a["attrs"]["node"] for a in attempts] == ["node-a", "node-b"]
+    assert [a["attrs"]["attempt"] for a in attempts] == [0, 1]  # (numbered by the trace)
     assert attempts[0]["attrs"]["error"] == "refused" and attempts[1]["attrs"]["status"] == 200
     assert sent.span_id == attempts[0]["span_id"]  # the node's parent is the attempt
     kids = sorted(s["name"] for s in doc["spans"] if s["parent_id"] == attempts[1]["span_id"])
@@ -115,7 +116,7 @@ def test_tracer_ring_keeps_the_newest() -> None:
 
 def _attempt_with(hop: NodeHop) -> dict[str, Any]:
     tr = RequestTrace(None, 1000.0)
-    tr.open_attempt("node-1", 0)
+    tr.open_attempt("node-1")
     tr.upstream(hop)
     tr.first_byte()
     tr.close_attempt(200)

@@ -53,8 +53,9 @@ class Span:
 class RequestTrace:
     """The spans of one request, times relative to its start (monotonic clock)."""
 
-    __slots__ = ("_attempt", "_cursor", "_end", "_fb", "_head", "_t0", "attrs", "downstream",
-                 "parent", "root_id", "spans", "started_unix", "status", "trace_id")
+    __slots__ = ("_attempt", "_cursor", "_end", "_fb", "_head", "_t0", "attempts", "attrs",
+                 "downstream", "parent", "root_id", "spans", "started_unix", "status",
+                 "trace_id")
 
     def __init__(self, parent: TraceParent | None, now_unix: float) -> None:
         self.parent = parent  # the client's span, when it sent a valid traceparent
@@ -66,6 +67,7 @@ class RequestTrace:
         self.attrs: dict[str, Any] = {}
         self.downstream = ""  # the traceparent the current attempt sends to its node
         self._attempt: Span | None = None
+        self.attempts = 0  # attempts opened: over every model and phase of the request
         self._fb: float | None = None
         self._head: tuple[float, float] | None = None  # (response head at, node's seconds)
         self.status = 0  # set when finished
@@ -85,10 +87,14 @@ class RequestTrace:
                        now - self._t0, attrs))
         self._cursor = now
 
-    def open_attempt(self, node: str, attempt: int, **attrs: Any) -> None:
+    def open_attempt(self, node: str, **attrs: Any) -> None:
+        """An upstream attempt starts; its `attempt` attr numbers it within the request (0
+        first), the trace counting them itself: the request core tries several models in
+        turn, and continuations and prefill/decode phases are attempts too."""
         now = self._now()
         span = Span("attempt", new_span_id(), self.root_id, now, now,
-                    {"node": node, "attempt": attempt, **attrs})
+                    {"node": node, "attempt": self.attempts, **attrs})
+        self.attempts += 1
         self._attempt, self._fb, self._head = span, None, None
         flags = self.parent.flags if self.parent is not None else 1
         self.downstream = f"00-{self.trace_id}-{span.span_id}-{flags:02x}"
