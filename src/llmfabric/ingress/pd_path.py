@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from llmfabric.ingress.app import Ingress
 
 
-
 @dataclass(frozen=True, slots=True)
 class Handback:
     """The two-phase path did not answer. `next_model` False: no prefill node worked (or a
@@ -53,6 +52,7 @@ class Handback:
 
     next_model: bool
     attempts: int
+
 
 _perf = time.perf_counter
 
