@@ -1,0 +1,10 @@
+"""OpenAI's Batch API over an ingress (layered above it: the ingress never imports this
+package; a composition root mounts it). docs/batch.md.
+
+Files:
+- limits.py: `BatchLimits` (file, line and per-owner caps, concurrency), the endpoints a
+  batch may target, OpenAI's metadata limits.
+- records.py: `FileRecord`, `BatchRecord` (and their OpenAI JSON), the batch states.
+- store.py: `BatchStore`: files on disk, metadata, batches and each batch's answered lines
+  in SQLite (WAL); `OverCap`, `NotCancellable`.
+"""
