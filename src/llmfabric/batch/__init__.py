@@ -7,4 +7,6 @@ Files:
 - records.py: `FileRecord`, `BatchRecord` (and their OpenAI JSON), the batch states.
 - store.py: `BatchStore`: files on disk, metadata, batches and each batch's answered lines
   in SQLite (WAL); `OverCap`, `NotCancellable`.
+- validate.py: `UploadCheck` (caps while an upload streams), `validate_input` (every line
+  a request of the batch's endpoint, unique custom_id), `requests_of` (lines to run).
 """
