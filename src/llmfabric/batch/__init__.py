@@ -9,4 +9,8 @@ Files:
   in SQLite (WAL); `OverCap`, `NotCancellable`.
 - validate.py: `UploadCheck` (caps while an upload streams), `validate_input` (every line
   a request of the batch's endpoint, unique custom_id), `requests_of` (lines to run).
+- lines.py: `serve_through` (a line through `Ingress.serve` as a principal, never
+  streamed), the output and error file records.
+- runner.py: `BatchRunner` (validating -> in_progress -> finalizing -> completed; cancel,
+  expiry, resume after a restart, bounded concurrency).
 """
