@@ -15,6 +15,7 @@ import os
 import unicodedata
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from llmfabric.batch.http_common import Caller, Identify, fail, list_page, ok, page_args
 from llmfabric.batch.limits import FILE_PURPOSE, MAX_FILENAME_CHARS
@@ -103,8 +104,8 @@ class FilesApi:
             return ok(record.to_json())
         except UploadRefused as e:
             return fail(e.status, str(e), e.code, "file")
-        except ValueError as e:  # (aiohttp: a malformed multipart body)
-            return fail(400, f"malformed multipart body: {e}", "invalid_request")
+        except (ValueError, HttpProcessingError) as e:  # (aiohttp: a malformed multipart body)
+            return fail(400, f"malformed multipart body: {str(e)[:200]}", "invalid_request")
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(part_path)

@@ -49,7 +49,6 @@ from llmfabric.batch.records import (
 from llmfabric.batch.store import BatchStore, fsync_file
 from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
 from llmfabric.clock import Clock
-from llmfabric.ingress.errors import error_reply
 from llmfabric.ingress.protocols import Principal
 from llmfabric.untrusted import get_logger
 
@@ -214,6 +213,14 @@ class BatchRunner:
         return None
 
     async def _line(self, b: BatchRecord, line: BatchLine) -> None:
+        try:
+            await self._send(b, line)
+        except Exception as e:  # (a broken key store, a bug): this line's error, not a hole
+            log.exception("batch %s line %d", b.id, line.index + 1)
+            self.store.record_result(b.id, line.index, False, not_sent(
+                line.custom_id, "internal_error", f"the ingress failed on this request: {e!r}"))
+
+    async def _send(self, b: BatchRecord, line: BatchLine) -> None:
         principal: Principal | None = None
         if self.principals is not None:
             principal = await self.principals(b.key_id)
@@ -224,12 +231,7 @@ class BatchRunner:
                 return
         body = request_body(line.body)
         while True:
-            try:
-                reply = await self.serve_line(b.endpoint, body, principal)
-            except Exception as e:  # (the core answers errors itself: this is a bug)
-                log.exception("batch %s line %d", b.id, line.index + 1)
-                reply = error_reply(500, f"the ingress failed on this request: {e!r}",
-                                    "internal_error")
+            reply = await self.serve_line(b.endpoint, body, principal)
             if (reply.status == 429 and error_code(reply) == "rate_limit_exceeded"
                     and self._stop_of(b) is None):
                 wait = (reply.headers or {}).get("Retry-After", "1")
