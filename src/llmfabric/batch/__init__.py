@@ -21,6 +21,8 @@ Files:
   replies and list pages, the batch app's Host check.
 - files_api.py: `FilesApi` (POST/GET/DELETE /v1/files, /v1/files/{id}/content).
 - batches_api.py: `BatchesApi` (POST/GET /v1/batches, /v1/batches/{id}/cancel).
+- openapi.py: `batch_paths` (the routes above in OpenAPI), `openapi_document` (the
+  ingress's document with them).
 """
 
 from llmfabric.batch.limits import BatchLimits

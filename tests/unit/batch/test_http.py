@@ -208,3 +208,27 @@ async def test_batch_create_checks(env: tuple[Client, BatchService]) -> None:
     assert (await (await c.get("/v1/batches", headers=B)).json())["data"] == []
     r = await c.post(f"/v1/batches/{b['id']}/cancel", headers=A)
     assert r.status == 200 and (await r.json())["status"] == "cancelling"
+
+
+def test_the_openapi_paths_describe_every_batch_route(tmp_path: pathlib.Path) -> None:
+    import re
+
+    from llmfabric.batch.openapi import batch_paths, openapi_document
+
+    app = web.Application()
+    keys = StaticKeys({})
+    ingress = Ingress(IngressConfig(), StaticCandidateSource([]), NoForwarder(),  # type: ignore[arg-type]
+                      auth=keys)
+
+    async def principals(key_id: str) -> Principal | None:
+        return None
+
+    service = BatchService(ingress, tmp_path, principals=principals)
+    service.add_routes(app)
+    routes = {(r.method.lower(), re.sub(r"\{[^}]+\}", "{id}", r.resource.canonical))
+              for r in app.router.routes() if r.resource is not None and r.method != "HEAD"}
+    described = {(m, p) for p, ops in batch_paths().items() for m in ops}
+    assert routes == described
+    doc = openapi_document()
+    assert "/v1/batches" in doc["paths"] and "/v1/chat/completions" in doc["paths"]
+    service.store.close()
