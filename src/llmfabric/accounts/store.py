@@ -336,6 +336,10 @@ class AccountStore:
         of its requests without the plaintext. From the cache (a revocation here is seen at
         once, one elsewhere at the next refresh), else the database."""
         entry = self._keys.get(key_id)
+        if entry is None and self.remote is not None:
+            granted = self.remote(key_id)  # (a key another ingress vouches for)
+            if granted is not None:
+                return self._with_owner_limits(granted) if granted.active else None
         if entry is None:
             rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?",
                                            (key_id,))

@@ -4,6 +4,7 @@ streams; `AccountStore.active_key` is the per-line re-check of that key."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -128,6 +129,9 @@ async def test_active_key_sees_a_revocation_and_an_unknown_id(tmp_path: pathlib.
         await store.revoke(key.id, by=None)
         assert await store.active_key(key.id) is None
         assert await store.active_key("k0000000000000000") is None
+        granted = dataclasses.replace(key, id="kremote", revoked_at=None, issuer="peer")
+        store.remote = {"kremote": granted}.get  # (a key another ingress vouches for)
+        assert await store.active_key("kremote") == granted
         other = await AccountStore.open(str(tmp_path / "a.db"), background=False)
         try:  # (another process's store: from the database, not its cache)
             assert await other.active_key(key.id) is None
