@@ -149,7 +149,7 @@ class BatchRunner:
                 "code": "input_file_missing", "message": f"the input file {b.input_file_id} "
                 "is gone", "param": "input_file_id", "line": None}])
             return
-        if b.status == VALIDATING:
+        if b.in_progress_at is None and b.status in (VALIDATING, CANCELLING):
             limits, endpoint = self.store.limits, b.endpoint
             v = await asyncio.to_thread(lambda: validate_input(raw_lines(path), endpoint,
                                                                limits))
@@ -157,12 +157,13 @@ class BatchRunner:
                 self.store.set_status(b.id, FAILED, self._now(),
                                       errors=[e.to_json() for e in v.errors])
                 return
-            self.store.set_status(b.id, IN_PROGRESS, self._now(), total=v.total)
-            b = self.store.get_batch(None, batch_id)
-            assert b is not None
-            if b.status == CANCELLING:  # (cancelled while validating)
-                await self._finish(b, _CANCEL)
-                return
+            now = self.get(batch_id)  # (a cancel may have come while the lines were read)
+            if now.status == CANCELLING:  # (its lines are all written as never sent)
+                self.store.set_status(b.id, CANCELLING, now.cancelling_at or self._now(),
+                                      total=v.total)
+            else:
+                self.store.set_status(b.id, IN_PROGRESS, self._now(), total=v.total)
+            b = self.get(batch_id)
         if b.status == FINALIZING:  # (a restart cut the finalization short)
             await self._finish(b, None)
             return
@@ -196,6 +197,12 @@ class BatchRunner:
             for t in mine:
                 t.cancel()
         return stop
+
+    def get(self, batch_id: str) -> BatchRecord:
+        b = self.store.get_batch(None, batch_id)
+        if b is None:
+            raise LookupError(f"batch {batch_id} is gone from the store")
+        return b
 
     def _line_done(self, task: asyncio.Task[None]) -> None:
         self._lines.discard(task)

@@ -342,3 +342,32 @@ async def _until(check: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("not in time")
+
+
+async def test_a_batch_cancelled_before_it_was_validated_sends_nothing(
+        tmp_path: pathlib.Path) -> None:
+    env = Env(tmp_path)
+    bid = env.batch(lines_of(3))
+    env.store.request_cancel("alice", bid, 7)  # (before the runner got to it)
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert (b.status, b.total, b.completed, b.failed) == (CANCELLED, 3, 0, 3)
+    assert env.serve.calls == [] and b.cancelling_at == 7 and b.in_progress_at is None
+    assert {e["error"]["code"] for e in env.lines(b.error_file_id)} == {"batch_cancelled"}
+
+
+async def test_a_cancel_while_the_lines_are_validated_is_kept(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmfabric.batch.runner as runner_module
+
+    env = Env(tmp_path)
+    bid = env.batch(lines_of(2))
+
+    async def validating(fn: Callable[[], Any]) -> Any:
+        env.store.request_cancel("alice", bid, 9)  # (the HTTP route, meanwhile)
+        return fn()
+
+    monkeypatch.setattr(runner_module.asyncio, "to_thread", validating)
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert (b.status, b.total, b.failed) == (CANCELLED, 2, 2) and env.serve.calls == []
