@@ -157,9 +157,9 @@ class BatchRunner:
                 self.store.set_status(b.id, FAILED, self._now(),
                                       errors=[e.to_json() for e in v.errors])
                 return
-            now = self.get(batch_id)  # (a cancel may have come while the lines were read)
-            if now.status == CANCELLING:  # (its lines are all written as never sent)
-                self.store.set_status(b.id, CANCELLING, now.cancelling_at or self._now(),
+            current = self.get(batch_id)  # (a cancel may have come while they were read)
+            if current.status == CANCELLING:  # (its lines are all written as never sent)
+                self.store.set_status(b.id, CANCELLING, current.cancelling_at or self._now(),
                                       total=v.total)
             else:
                 self.store.set_status(b.id, IN_PROGRESS, self._now(), total=v.total)
