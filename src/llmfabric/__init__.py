@@ -11,6 +11,7 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   agent/       node agent: engine supervision, health, hardware discovery
   routing/     candidate filters and load-balancing policies
   ingress/     OpenAI-compatible HTTP front
+  batch/       OpenAI's Batch API (files, batches, a runner) over an ingress
   accounts/    API keys, usage ledger, rate limits
   dashboard/   web UI
   sim/         roofline operator costs and discrete-event serving simulator

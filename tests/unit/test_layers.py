@@ -28,9 +28,10 @@ RANKS: dict[str, int] = {
     "membership": 3, "testing": 3, "accounts": 3, "bench": 3, "scheduler": 3, "dashboard": 3,
     "gossip": 4, "agent": 4, "routing": 4, "launch": 4, "engines": 4,
     "ingress": 5,
-    "node": 6,
-    "cli": 7,
-    "__main__": 8,
+    "batch": 6,
+    "node": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 
 Graph = dict[str, set[str]]

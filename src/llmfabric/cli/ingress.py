@@ -17,6 +17,7 @@ import os
 import pathlib
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
@@ -33,6 +34,14 @@ from llmfabric.net.httpaddr import is_loopback
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.policies import POLICIES
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from llmfabric.accounts.store import AccountStore
+    from llmfabric.batch import BatchService
+    from llmfabric.ingress import Ingress
+    from llmfabric.ingress.front.host_check import HostGuard
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +71,9 @@ class Settings:
     model_aliases: tuple[tuple[str, str], ...] = ()  # --model-alias NAME=ID
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides IPs, localhost, --host
     max_contexts: tuple[tuple[str, int], ...] = ()  # --max-context MODEL=TOKENS
+    batch_dir: pathlib.Path | None = None  # the Batch API's files and batches (None: off)
+    batch_concurrency: int = 4  # batch lines in flight at once
+    batch_max_file_bytes: int = 100 * 1024 * 1024
 
 
 def parse_backend(spec: str) -> Backend:
@@ -157,8 +169,12 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     ingress = Ingress(config, source, forwarder, auth=auth, usage_sink=auth)
     tenancy = await attach_tenancy(ingress, store, env=os.environ)  # budgets, OTLP
     hosts = HostGuard([*settings.allowed_hosts, *names_of([f"{settings.host}:0"])])
-    front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)), hosts=hosts)
+    batch, batch_app = await _batch_service(settings, ingress, store, hosts)
+    front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)), hosts=hosts,
+                      fallback=batch_app.server if batch_app is not None else None)
     try:
+        if batch is not None:
+            batch.start()
         await contexts.ask(announce=announce)  # (before the port opens: GET /v1/models is
         contexts.start()                       # right from the first request)
         await front.start(settings.host, settings.port, reuse_port=reuse_port,
@@ -168,10 +184,32 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
         await contexts.aclose()
         await probe.aclose()
         await front.aclose()
+        if batch is not None and batch_app is not None:
+            await batch.aclose()
+            await batch_app.cleanup()
         await tenancy.aclose()
         await forwarder.aclose()
         if store is not None:
             await store.aclose()
+
+
+async def _batch_service(settings: Settings, ingress: Ingress, store: AccountStore | None,
+                         hosts: HostGuard) -> tuple[BatchService | None, web.AppRunner | None]:
+    """The Batch API (--batch-dir) and the aiohttp app the lean front hands its paths to
+    (the batch routes, and the OpenAI routes for later requests on such a connection)."""
+    if settings.batch_dir is None:
+        return None, None
+    from aiohttp import web
+
+    from llmfabric.batch import BatchLimits, BatchService
+
+    service = BatchService(ingress, settings.batch_dir, limits=BatchLimits(
+        max_file_bytes=settings.batch_max_file_bytes, max_line_bytes=settings.max_body_bytes,
+        concurrency=settings.batch_concurrency),
+        principals=store.active_key if store is not None else None)
+    runner = web.AppRunner(service.app(hosts), access_log=None, handle_signals=False)
+    await runner.setup()
+    return service, runner
 
 
 def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
@@ -242,6 +280,17 @@ def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
               "the machine's name and --host are always answered, others get 421 (DNS "
               "rebinding). With API keys the OpenAI routes answer any name. '*': any name, "
               "e.g. behind a proxy that rewrites Host (docs/ingress.md 'Allowed hosts')")
+@click.option("--batch-dir", type=click.Path(file_okay=False, path_type=pathlib.Path),
+              default=None, help="enable OpenAI's Batch API (/v1/files, /v1/batches; off "
+              "by default): uploaded files, batches and their progress are kept in this "
+              "directory (created if missing; one ingress process per directory). "
+              "docs/batch.md")
+@click.option("--batch-concurrency", type=click.IntRange(min=1), default=4,
+              show_default=True, help="--batch-dir: batch lines in flight at once, all "
+              "batches together")
+@click.option("--batch-max-file-mb", type=click.FloatRange(min=0, min_open=True),
+              default=100.0, show_default=True, help="--batch-dir: the largest batch input "
+              "file")
 @ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
@@ -251,11 +300,13 @@ def command(
     front_limit: tuple[str, ...], tls_cert: pathlib.Path | None,
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
     model_aliases: dict[str, str], allowed_hosts: tuple[str, ...],
-    max_contexts: tuple[str, ...], connect_timeout_s: float, first_byte_timeout_s: float,
+    max_contexts: tuple[str, ...], batch_dir: pathlib.Path | None, batch_concurrency: int,
+    batch_max_file_mb: float, connect_timeout_s: float, first_byte_timeout_s: float,
     idle_timeout_s: float, total_timeout_s: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models, responses; Anthropic's
-    /v1/messages; rerank/score/tokenize pass-through): over static backends
+    /v1/messages; rerank/score/tokenize pass-through; with --batch-dir the Batch API,
+    /v1/files and /v1/batches): over static backends
     (--backend), or as a fabric ingress node (--network-secret or --network-secret-file
     [--bootstrap]): the same as
     `llmfabric start --ingress --relay --tier stable`, with the dashboard and API keys."""
@@ -276,6 +327,10 @@ def command(
         allowed = allowed_names(allowed_hosts)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
+    if batch_dir is not None and workers > 1:
+        raise click.UsageError("--batch-dir takes one worker: each worker's runner would run "
+                               "the same batches (drop --workers, or run the batch ingress "
+                               "on a port of its own)")
     if not backends:
         if native_responses:
             raise click.UsageError("--native-responses applies to --backend ingresses; a "
@@ -296,7 +351,8 @@ def command(
                                    "ingress)")
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
                             no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key,
-                            model_aliases, allowed, dict(limits), network_secret_file, home)
+                            model_aliases, allowed, dict(limits), network_secret_file, home,
+                            batch_dir, batch_concurrency, int(batch_max_file_mb * 1024 * 1024))
         return
     if no_auth and not is_loopback(host):
         raise click.UsageError(
@@ -320,6 +376,8 @@ def command(
         front_limits=limits, native_responses=native_responses, allowed_hosts=allowed,
         model_aliases=tuple(sorted(model_aliases.items())),
         max_contexts=tuple(sorted(stated.items())),
+        batch_dir=batch_dir, batch_concurrency=batch_concurrency,
+        batch_max_file_bytes=int(batch_max_file_mb * 1024 * 1024),
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",
@@ -353,6 +411,8 @@ def _run_fabric_ingress(
     tls_key: pathlib.Path | None = None, model_aliases: dict[str, str] | None = None,
     allowed_hosts: tuple[str, ...] = (), front_limits: dict[str, str] | None = None,
     network_secret_file: pathlib.Path | None = None, home: pathlib.Path | None = None,
+    batch_dir: pathlib.Path | None = None, batch_concurrency: int = 4,
+    batch_max_file_bytes: int = 100 * 1024 * 1024,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -371,6 +431,8 @@ def _run_fabric_ingress(
             "total_timeout_s": timeouts.total, "tls_cert": tls_cert, "tls_key": tls_key,
             "model_aliases": model_aliases or None,
             "allowed_hosts": allowed_hosts, "front_limits": front_limits or None,
+            "batch_dir": batch_dir, "batch_concurrency": batch_concurrency,
+            "batch_max_file_bytes": batch_max_file_bytes,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

@@ -184,6 +184,14 @@ def node_options(fn: Any) -> Any:
         click.option("--max-inflight", "max_inflight", type=click.IntRange(min=1),
                      help="ingress: requests in flight at most; more wait in per-owner fair "
                           "queues (429 + Retry-After past fair_queue_max_wait_s) [no limit]"),
+        click.option("--batch-dir", "batch_dir", type=click.Path(
+                         file_okay=False, path_type=pathlib.Path),
+                     help="ingress: serve OpenAI's Batch API (/v1/files, /v1/batches; off by "
+                          "default), keeping files and batches in this directory "
+                          "(docs/batch.md)"),
+        click.option("--batch-concurrency", "batch_concurrency",
+                     type=click.IntRange(min=1),
+                     help="ingress with --batch-dir: batch lines in flight at once [4]"),
         click.option("--link-probe-interval", "link_probe_interval_s",
                      type=click.FloatRange(min=0),
                      help="seconds between rounds of link probes (RTT, throughput) to a few "

@@ -200,11 +200,16 @@ class Ingress:
     async def serve(
         self, path: str, streamable: bool, authorization: str, providers: str | None,
         body_in: bytes | BodyReader, sink: StreamSink, session_id: str | None = None,
+        *, principal: Principal | None = None,
     ) -> Reply | None:
         """One OpenAI POST, transport-agnostic: a complete `Reply`, or None when the
         response was streamed into `sink` (status 200). `session_id`: the X-Session-Id
-        header as received (validated here)."""
-        args = (path, streamable, authorization, providers, body_in, sink, session_id)
+        header as received (validated here). `principal`: a caller the ingress already
+        knows (a batch line, run as the key that created its batch, which the caller
+        re-checked): `authorization` is then not read, and rate limits, budgets and usage
+        apply to it as to a bearer's request."""
+        args = (path, streamable, authorization, providers, body_in, sink, session_id,
+                principal)
         if (gate := self.gate) is None:
             return await self._serve(*args)
         try:  # (however it ends, the request's queue slot and budget hold are settled)
@@ -215,6 +220,7 @@ class Ingress:
     async def _serve(
         self, path: str, streamable: bool, authorization: str, providers: str | None,
         body_in: bytes | BodyReader, sink: StreamSink, session_id: str | None,
+        as_principal: Principal | None,
     ) -> Reply | None:
         t0 = _perf()
         tr = current_trace()
@@ -222,8 +228,9 @@ class Ingress:
         principal: Principal | None = None
         if self.auth is not None:
             cached = self._auth_cached  # (a known key: no coroutine)
-            principal = (cached(authorization[7:].strip()) if cached is not None
-                         and authorization[:7].lower() == "bearer " else None)
+            principal = as_principal if as_principal is not None else (
+                cached(authorization[7:].strip()) if cached is not None
+                and authorization[:7].lower() == "bearer " else None)
             if principal is None:
                 who = await self._authenticate(authorization)
                 if isinstance(who, Reply):

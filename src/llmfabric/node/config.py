@@ -145,6 +145,11 @@ class NodeConfig(BaseModel):
     # (accounts/fairqueue.py). None: no queue.
     max_inflight: int | None = Field(default=None, ge=1)
     fair_queue_max_wait_s: float = Field(default=30.0, gt=0)
+    # Ingress: OpenAI's Batch API (llmfabric.batch), its files and batches kept here; None:
+    # off. Lines in flight at once (all batches), the largest input file.
+    batch_dir: pathlib.Path | None = None
+    batch_concurrency: int = Field(default=4, ge=1)
+    batch_max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
     # How often the observed per-model demand may be republished in the record (scheduler input).
     demand_interval_s: float = Field(default=15.0, gt=0)
     # Seconds between rounds of link probes to peers (node/serve/link_service.py); 0 = off.

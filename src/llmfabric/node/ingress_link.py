@@ -5,7 +5,8 @@ One HTTP interface, two servers behind it: the node's HTTP port is the lean fron
 connection (dashboard, fleet API, accounts, /metrics, /healthz) to the node's aiohttp app
 (`serve_http`). The aiohttp app mounts the OpenAI routes too, over the same `Ingress.serve`
 core, for requests that come later on a connection it was handed. `--api-listen` adds a
-front of its own port with the OpenAI routes only.
+front of its own port with the OpenAI routes only. With `batch_dir` the node's app also
+serves OpenAI's Batch API (llmfabric.batch), its runner sending lines through the same core.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from llmfabric.accounts.spend_share import (
 )
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
+from llmfabric.batch import BatchLimits, BatchService
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.identity import NodeKey
@@ -86,6 +88,7 @@ class IngressLink:
         self.fronts: list[FastFront] = []
         self.api_addr = ""
         self.spend: SpendPublisher | None = None  # budgets across ingresses (spend_share.py)
+        self.batch: BatchService | None = None  # OpenAI's Batch API (--batch-dir)
 
     @classmethod
     async def create(
@@ -172,6 +175,13 @@ class IngressLink:
                 link.spend = shared[1]
         link.trace_hook = trace_hook
         link.admin_key = admin_key
+        if config.batch_dir is not None:  # (its routes: mount; its runner starts now)
+            link.batch = BatchService(ingress, config.batch_dir, limits=BatchLimits(
+                max_file_bytes=config.batch_max_file_bytes,
+                max_line_bytes=config.max_body_bytes,
+                concurrency=config.batch_concurrency),
+                principals=store.active_key if store is not None else None)
+            link.batch.start()
         return link
 
     def key_grants(self) -> tuple[KeyGrant, ...]:
@@ -184,6 +194,8 @@ class IngressLink:
 
     def mount(self, app: web.Application) -> None:
         add_ingress_routes(app, self.ingress)
+        if self.batch is not None:
+            self.batch.add_routes(app)
         if self.store is not None:
             add_account_routes(app, self.store)
             add_tenancy_routes(app, self.store, self.tenancy.budgets)
@@ -215,6 +227,8 @@ class IngressLink:
     async def aclose(self) -> None:
         for front in self.fronts:
             await front.aclose()
+        if self.batch is not None:
+            await self.batch.aclose()
         if self.trace_hook is not None:
             self.trace_hook.close()
         await self.tenancy.aclose()

@@ -1,0 +1,175 @@
+"""The Files API routes (OpenAI's, for batch inputs and outputs): POST /v1/files
+(multipart `file` + `purpose` "batch"), GET /v1/files, GET /v1/files/{id},
+GET /v1/files/{id}/content, DELETE /v1/files/{id}.
+
+An upload streams to disk through `UploadCheck` (size, lines, line length: 413/400 at the
+first cap passed, nothing kept); the owner's caps (files, bytes) are checked before and
+again when the file is registered. Another owner's id, a bogus one and an unknown one are
+all the same 404.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import unicodedata
+
+from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from llmfabric.batch.http_common import Caller, Identify, fail, list_page, ok, page_args
+from llmfabric.batch.limits import FILE_PURPOSE, MAX_FILENAME_CHARS
+from llmfabric.batch.records import FileRecord
+from llmfabric.batch.store import FILE_ID, BatchStore, OverCap, fsync_file
+from llmfabric.batch.validate import UploadCheck, UploadRefused
+from llmfabric.clock import Clock
+
+_SMALL_PART = 1024  # the most read of a multipart field that is not the file (`purpose`)
+_MULTIPART_SLACK = 64 * 1024  # headers and fields around the file in a multipart body
+
+
+def safe_filename(name: str | None) -> str:
+    """The name a client gave its file, as shown back: its last path component, without
+    control characters, at most MAX_FILENAME_CHARS (never used as a path)."""
+    base = (name or "").replace("\\", "/").rsplit("/", 1)[-1]
+    base = "".join(c for c in base if unicodedata.category(c)[0] != "C").strip()
+    if base in ("", ".", ".."):
+        base = "upload.jsonl"
+    return base[:MAX_FILENAME_CHARS]
+
+
+class FilesApi:
+    def __init__(self, store: BatchStore, identify: Identify, clock: Clock) -> None:
+        self.store = store
+        self.identify = identify
+        self.clock = clock
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/files", self.upload)
+        app.router.add_get("/v1/files", self.list)
+        app.router.add_get("/v1/files/{id}", self.retrieve)
+        app.router.add_get("/v1/files/{id}/content", self.content)
+        app.router.add_delete("/v1/files/{id}", self.delete)
+
+    async def upload(self, request: web.Request) -> web.StreamResponse:
+        who = await self.identify(request.headers.get("Authorization", ""))
+        if not isinstance(who, Caller):
+            return who
+        lim = self.store.limits
+        if (request.content_length or 0) > lim.max_file_bytes + _MULTIPART_SLACK:
+            return fail(413, f"the file is larger than this ingress's limit of "
+                        f"{lim.max_file_bytes} bytes", "file_too_large", "file")
+        if (why := self.store.cap_refusal(who.owner, 0)) is not None:
+            return fail(400, why, "storage_limit_reached")
+        try:
+            reader = await request.multipart()
+        except (AssertionError, ValueError, KeyError):  # (aiohttp: not a multipart body)
+            return fail(400, "send the file as multipart/form-data with fields 'file' and "
+                        "'purpose'", "invalid_request")
+        file_id = self.store.new_file_id()
+        final = self.store.path_of(file_id)
+        part_path = final.with_suffix(".part")
+        purpose: str | None = None
+        got: tuple[str, int, int] | None = None  # (filename, bytes, lines)
+        try:
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, BodyPartReader):
+                    return fail(400, "nested multipart bodies are not taken", "invalid_request")
+                if part.name == "file" and got is None:
+                    check = UploadCheck(lim)
+                    with part_path.open("wb") as f:
+                        while chunk := await part.read_chunk():
+                            check.feed(chunk)
+                            f.write(chunk)
+                    got = (safe_filename(part.filename), check.size, check.finish())
+                else:
+                    value = await _small(part)
+                    if part.name == "purpose":
+                        purpose = value
+            if got is None:
+                return fail(400, "the multipart body has no 'file' field", "invalid_request",
+                            "file")
+            if purpose != FILE_PURPOSE:
+                return fail(400, f"'purpose' must be {FILE_PURPOSE!r} (this ingress stores "
+                            "files for the Batch API only)", "invalid_purpose", "purpose")
+            fsync_file(part_path)
+            part_path.replace(final)
+            record = FileRecord(file_id, who.owner, got[0], FILE_PURPOSE, got[1],
+                                int(self.clock.wall()), got[2])
+            try:
+                self.store.add_file(record)
+            except OverCap as e:
+                final.unlink(missing_ok=True)
+                return fail(400, str(e), "storage_limit_reached")
+            return ok(record.to_json())
+        except UploadRefused as e:
+            return fail(e.status, str(e), e.code, "file")
+        except (ValueError, HttpProcessingError) as e:  # (aiohttp: a malformed multipart body)
+            return fail(400, f"malformed multipart body: {str(e)[:200]}", "invalid_request")
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(part_path)
+
+    async def list(self, request: web.Request) -> web.StreamResponse:
+        who = await self.identify(request.headers.get("Authorization", ""))
+        if not isinstance(who, Caller):
+            return who
+        q = request.query
+        page = page_args(q, default_limit=10_000, max_limit=10_000)
+        if isinstance(page, web.Response):
+            return page
+        order = q.get("order", "desc")
+        if order not in ("asc", "desc"):
+            return fail(400, "'order' is 'asc' or 'desc'", "invalid_request", "order")
+        rows, more = self.store.list_files(who.owner, q.get("purpose") or None, page[0],
+                                           page[1], newest_first=order == "desc")
+        return list_page([r.to_json() for r in rows], more)
+
+    def _mine(self, who: Caller, request: web.Request) -> FileRecord | None:
+        file_id = request.match_info["id"]
+        return (self.store.get_file(who.owner, file_id) if FILE_ID.fullmatch(file_id)
+                else None)
+
+    async def retrieve(self, request: web.Request) -> web.StreamResponse:
+        who = await self.identify(request.headers.get("Authorization", ""))
+        if not isinstance(who, Caller):
+            return who
+        if (f := self._mine(who, request)) is None:
+            return _no_file(request)
+        return ok(f.to_json())
+
+    async def content(self, request: web.Request) -> web.StreamResponse:
+        who = await self.identify(request.headers.get("Authorization", ""))
+        if not isinstance(who, Caller):
+            return who
+        if (f := self._mine(who, request)) is None:
+            return _no_file(request)
+        return web.FileResponse(self.store.path_of(f.id), headers={
+            "Content-Type": "application/octet-stream"})
+
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        who = await self.identify(request.headers.get("Authorization", ""))
+        if not isinstance(who, Caller):
+            return who
+        if (f := self._mine(who, request)) is None:
+            return _no_file(request)
+        if self.store.file_in_use(f.id):
+            return fail(409, "an active batch reads this file; cancel it or wait for its "
+                        "end", "file_in_use")
+        self.store.delete_file(who.owner, f.id)
+        return ok({"id": f.id, "object": "file", "deleted": True})
+
+
+async def _small(part: BodyPartReader) -> str:
+    """A short multipart field (its first _SMALL_PART bytes; the rest is read and dropped)."""
+    data = b""
+    while chunk := await part.read_chunk(_SMALL_PART):
+        if len(data) < _SMALL_PART:
+            data += chunk
+    return data[:_SMALL_PART].decode("utf-8", "replace").strip()
+
+
+def _no_file(request: web.Request) -> web.Response:
+    shown = request.match_info["id"][:64]
+    return fail(404, f"no file {shown!r}", "file_not_found", "file_id")
+

@@ -1,0 +1,91 @@
+"""What the Files and Batches routes share: who calls (`Caller`, `callers_of`: the owner
+of the caller's API key, "" on an ingress without keys), OpenAI-shaped replies and list
+pages, and the Host check of the batch app."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.errors import error_reply
+from llmfabric.ingress.front.host_check import HostGuard
+from llmfabric.ingress.front.web_sink import web_response
+from llmfabric.ingress.protocols import bearer_of
+
+BATCH_PREFIXES = ("/v1/files", "/v1/batches")
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    owner: str  # whose files and batches these are ("": an ingress without API keys)
+    key_id: str  # the key that called ("" without keys): a batch runs as this key
+
+
+Identify = Callable[[str], Awaitable["Caller | web.Response"]]
+
+
+def callers_of(ingress: Ingress) -> Identify:
+    """The caller of a request from its Authorization header, through the ingress's own
+    authenticator (a 401 reply when the key is missing or not valid)."""
+    auth = ingress.auth
+
+    async def identify(header: str) -> Caller | web.Response:
+        if auth is None:
+            return Caller("", "")
+        token = bearer_of(header)
+        if not token:
+            return fail(401, "missing API key: send 'Authorization: Bearer <key>'",
+                        "invalid_api_key")
+        principal = await auth.authenticate(token)
+        if principal is None:
+            return fail(401, "invalid or revoked API key", "invalid_api_key")
+        owner = getattr(principal, "owner", None)
+        return Caller(owner if isinstance(owner, str) else principal.id, principal.id)
+
+    return identify
+
+
+def fail(status: int, message: str, code: str, param: str | None = None) -> web.Response:
+    return web_response(error_reply(status, message, code, param))
+
+
+def ok(doc: Mapping[str, Any]) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+
+def list_page(data: list[dict[str, Any]], has_more: bool) -> web.Response:
+    return ok({"object": "list", "data": data,
+               "first_id": data[0]["id"] if data else None,
+               "last_id": data[-1]["id"] if data else None, "has_more": has_more})
+
+
+def page_args(query: Mapping[str, str], default_limit: int, max_limit: int
+              ) -> tuple[str | None, int] | web.Response:
+    """(after, limit) of a list request, or the 400 for a bad limit."""
+    raw = query.get("limit", str(default_limit))
+    if not raw.isdigit() or not 1 <= int(raw) <= max_limit:
+        return fail(400, f"'limit' is an integer from 1 to {max_limit}", "invalid_request",
+                    "limit")
+    return query.get("after") or None, int(raw)
+
+
+def host_middleware(hosts: HostGuard, keyed: bool) -> Middleware:
+    """The Host and cross-site check of the batch app (host_check.py); with API keys the
+    batch routes authenticate every request, as the OpenAI routes do, and are exempt."""
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        h = request.headers
+        refused = hosts.refusal(h.get("Host", ""), request.method, h.get("Origin"),
+                                h.get("Sec-Fetch-Site"),
+                                keyed and request.path.startswith(BATCH_PREFIXES))
+        if refused is not None:
+            return web_response(refused)
+        return await handler(request)
+
+    return check

@@ -1,0 +1,101 @@
+"""One batch line through the ingress, and its line of the output or error file.
+
+`serve_through(ingress)` is the `LineServer` the runner calls: the line's body sent to
+`Ingress.serve` as a non-streamed request of the principal that created the batch (auth
+already done, so no bearer token is ever stored; rate limits, budgets, usage, routing,
+retries and model fallbacks apply as to a live request). `stream` is forced off: a batch
+answer is a whole JSON body.
+
+Records follow OpenAI's output format: `{"id": "batch_req_...", "custom_id", "response":
+{"status_code", "request_id", "body"}, "error"}`; a line answered with a non-2xx status goes
+to the error file with its response, a line never sent (expired, cancelled, its key gone)
+with `response: null` and an `error`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.errors import Reply
+from llmfabric.ingress.protocols import Principal
+
+# path, body, principal (None: an ingress without API keys) -> the complete answer
+LineServer = Callable[[str, bytes, Principal | None], Awaitable[Reply]]
+# key id -> the principal if that key still exists and is not revoked
+PrincipalLookup = Callable[[str], Awaitable[Principal | None]]
+
+
+class _NoStream:
+    """The sink of a batch line: the line never streams (streamable=False)."""
+
+    headers: dict[str, str] | None = None
+
+    async def start(self, content_type: str, node: str, model: str = "") -> None:
+        raise RuntimeError("a batch line does not stream")
+
+    async def write(self, data: bytes) -> None:
+        raise RuntimeError("a batch line does not stream")
+
+    async def end(self) -> None:
+        raise RuntimeError("a batch line does not stream")
+
+    def direct_writer(self) -> None:
+        return None
+
+
+_SINK = _NoStream()
+
+
+def serve_through(ingress: Ingress) -> LineServer:
+    async def serve(path: str, body: bytes, principal: Principal | None) -> Reply:
+        reply = await ingress.serve(path, False, "", None, body, _SINK, principal=principal)
+        if reply is None:  # (streamable=False: the core always answers whole)
+            raise RuntimeError("the ingress streamed a batch line")
+        return reply
+
+    return serve
+
+
+def request_body(body: dict[str, Any]) -> bytes:
+    """The line's body as sent: never a stream."""
+    if "stream" in body or "stream_options" in body:
+        body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    return orjson.dumps(body)
+
+
+def _record(custom_id: str, response: dict[str, Any] | None,
+            error: dict[str, str] | None) -> bytes:
+    return orjson.dumps({"id": f"batch_req_{secrets.token_hex(12)}", "custom_id": custom_id,
+                         "response": response, "error": error})
+
+
+def answered(custom_id: str, reply: Reply) -> bytes:
+    """The record of a line the ingress answered (any status)."""
+    try:
+        body: Any = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        body = reply.body.decode("utf-8", "replace")
+    return _record(custom_id, {"status_code": reply.status,
+                               "request_id": f"req_{secrets.token_hex(12)}", "body": body},
+                   None)
+
+
+def not_sent(custom_id: str, code: str, message: str) -> bytes:
+    """The record of a line that was never sent."""
+    return _record(custom_id, None, {"code": code, "message": message})
+
+
+def error_code(reply: Reply) -> str:
+    """The OpenAI error code of an error reply ("" when it has none)."""
+    try:
+        doc = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        return ""
+    err = doc.get("error") if isinstance(doc, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else ""

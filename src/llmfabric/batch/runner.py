@@ -1,0 +1,286 @@
+"""`BatchRunner`: one asyncio task per ingress that carries every active batch to its end.
+
+Per batch (each in its own task; all of them share `concurrency` line slots, taken in turn,
+so one large batch does not starve another):
+- validating: the input checked in a thread (validate.py); bad lines fail the batch with
+  their line numbers, else it is in_progress with its total.
+- in_progress: each line not yet answered (store.done_lines: after a restart only those)
+  runs in its own task through the `LineServer` as the batch's principal, looked up again
+  before every line (a revoked or deleted key fails the remaining lines with
+  `api_key_revoked`). A line refused by a rate limit waits its Retry-After and is sent again;
+  any other answer is the line's result, kept at once (store.record_result).
+- a cancel (the status is cancelling) or the end of the completion window (the injected
+  clock) stops new lines; lines in flight finish, lines never sent get an error record
+  (`batch_cancelled` / `batch_expired`, as OpenAI's expired lines).
+- the output and error files are written from the kept results (ids derived from the batch
+  id, so a finalization cut short by a restart is redone, not doubled), and the batch ends
+  completed, cancelled or expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import pathlib
+from dataclasses import dataclass
+
+from llmfabric.batch.limits import OUTPUT_PURPOSE
+from llmfabric.batch.lines import (
+    LineServer,
+    PrincipalLookup,
+    answered,
+    error_code,
+    not_sent,
+    request_body,
+)
+from llmfabric.batch.records import (
+    CANCELLED,
+    CANCELLING,
+    COMPLETED,
+    EXPIRED,
+    FAILED,
+    FINALIZING,
+    IN_PROGRESS,
+    VALIDATING,
+    BatchRecord,
+    FileRecord,
+)
+from llmfabric.batch.store import BatchStore, fsync_file
+from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
+from llmfabric.clock import Clock
+from llmfabric.ingress.protocols import Principal
+from llmfabric.untrusted import get_logger
+
+log = get_logger(__name__)
+MAX_RATE_WAIT_S = 60.0  # the longest a rate-limited line sleeps before it is sent again
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    status: str  # the batch's final status
+    code: str  # the error of its lines never sent
+    message: str
+
+
+_CANCEL = _Stop(CANCELLED, "batch_cancelled", "The batch was cancelled before this request "
+                "was sent.")
+_EXPIRE = _Stop(EXPIRED, "batch_expired", "This request could not be executed before the "
+                "completion window expired.")
+
+
+class BatchRunner:
+    def __init__(self, store: BatchStore, serve_line: LineServer, clock: Clock, *,
+                 principals: PrincipalLookup | None = None, poll_s: float = 10.0) -> None:
+        """`principals`: the key look-up of an ingress with API keys (None: no keys, lines
+        run with no principal)."""
+        self.store = store
+        self.serve_line = serve_line
+        self.clock = clock
+        self.principals = principals
+        self.poll_s = poll_s
+        self._slots = asyncio.Semaphore(store.limits.concurrency)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._batches: dict[str, asyncio.Task[None]] = {}
+        self._lines: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="batch-runner")
+
+    def wake(self) -> None:
+        """A batch was created or cancelled: look at the active batches now."""
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        """Stop at once: lines in flight are dropped unanswered (run again after a restart)."""
+        tasks = [t for t in (self._task, *self._batches.values(), *self._lines)
+                 if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            self.start_active()
+            self._wake.clear()
+            sleeper = asyncio.ensure_future(self.clock.sleep(self.poll_s))
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                woken.cancel()
+
+    def start_active(self) -> list[asyncio.Task[None]]:
+        """A task for each active batch that has none yet (returns the new ones)."""
+        started = []
+        for b in self.store.active_batches():
+            if b.id not in self._batches:
+                task = asyncio.create_task(self._guarded(b.id), name=f"batch-{b.id}")
+                self._batches[b.id] = task
+                started.append(task)
+        return started
+
+    async def _guarded(self, batch_id: str) -> None:
+        try:
+            await self.run_batch(batch_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug or a broken disk: fail this batch, keep the others
+            log.exception("batch %s failed in the runner", batch_id)
+            self.store.set_status(batch_id, FAILED, self._now(), errors=[{
+                "code": "internal_error", "message": "the ingress failed while running "
+                "this batch (its log says why)", "param": None, "line": None}])
+        finally:
+            self._batches.pop(batch_id, None)
+
+    async def run_batch(self, batch_id: str) -> None:
+        """Carry one batch from its stored state to its end."""
+        b = self.store.get_batch(None, batch_id)
+        if b is None or not b.active:
+            return
+        path = self.store.path_of(b.input_file_id)
+        if not path.exists():
+            self.store.set_status(b.id, FAILED, self._now(), errors=[{
+                "code": "input_file_missing", "message": f"the input file {b.input_file_id} "
+                "is gone", "param": "input_file_id", "line": None}])
+            return
+        if b.in_progress_at is None and b.status in (VALIDATING, CANCELLING):
+            limits, endpoint = self.store.limits, b.endpoint
+            v = await asyncio.to_thread(lambda: validate_input(raw_lines(path), endpoint,
+                                                               limits))
+            if v.errors:
+                self.store.set_status(b.id, FAILED, self._now(),
+                                      errors=[e.to_json() for e in v.errors])
+                return
+            current = self.get(batch_id)  # (a cancel may have come while they were read)
+            if current.status == CANCELLING:  # (its lines are all written as never sent)
+                self.store.set_status(b.id, CANCELLING, current.cancelling_at or self._now(),
+                                      total=v.total)
+            else:
+                self.store.set_status(b.id, IN_PROGRESS, self._now(), total=v.total)
+            b = self.get(batch_id)
+        if b.status == FINALIZING:  # (a restart cut the finalization short)
+            await self._finish(b, None)
+            return
+        stop = await self._run_lines(b, path)
+        if stop is not None:
+            for line in requests_of(path, b.endpoint, self.store.done_lines(b.id)):
+                self.store.record_result(b.id, line.index, False,
+                                         not_sent(line.custom_id, stop.code, stop.message))
+        await self._finish(b, stop)
+
+    async def _run_lines(self, b: BatchRecord, path: pathlib.Path) -> _Stop | None:
+        """Send every unanswered line; why it stopped early, or None (all answered)."""
+        stop: _Stop | None = None
+        mine: set[asyncio.Task[None]] = set()
+        try:
+            for line in requests_of(path, b.endpoint, self.store.done_lines(b.id)):
+                if (stop := self._stop_of(b)) is not None:
+                    break
+                await self._slots.acquire()
+                if (stop := self._stop_of(b)) is not None:
+                    self._slots.release()
+                    break
+                task = asyncio.create_task(self._line(b, line))
+                mine.add(task)
+                self._lines.add(task)
+                task.add_done_callback(self._line_done)
+                task.add_done_callback(mine.discard)
+            if mine:
+                await asyncio.gather(*list(mine))
+        finally:
+            for t in mine:
+                t.cancel()
+        return stop
+
+    def get(self, batch_id: str) -> BatchRecord:
+        b = self.store.get_batch(None, batch_id)
+        if b is None:
+            raise LookupError(f"batch {batch_id} is gone from the store")
+        return b
+
+    def _line_done(self, task: asyncio.Task[None]) -> None:
+        self._lines.discard(task)
+        self._slots.release()
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.error("a batch line failed in the runner: %r", e)
+
+    def _stop_of(self, b: BatchRecord) -> _Stop | None:
+        """Why no further line of `b` may be sent: cancelled, or past its window."""
+        current = self.store.get_batch(None, b.id)
+        if current is not None and current.status == CANCELLING:
+            return _CANCEL
+        if self.clock.wall() >= b.expires_at:
+            return _EXPIRE
+        return None
+
+    async def _line(self, b: BatchRecord, line: BatchLine) -> None:
+        try:
+            await self._send(b, line)
+        except Exception as e:  # (a broken key store, a bug): this line's error, not a hole
+            log.exception("batch %s line %d", b.id, line.index + 1)
+            self.store.record_result(b.id, line.index, False, not_sent(
+                line.custom_id, "internal_error", f"the ingress failed on this request: {e!r}"))
+
+    async def _send(self, b: BatchRecord, line: BatchLine) -> None:
+        principal: Principal | None = None
+        if self.principals is not None:
+            principal = await self.principals(b.key_id)
+            if principal is None:
+                self.store.record_result(b.id, line.index, False, not_sent(
+                    line.custom_id, "api_key_revoked", f"the API key that created this batch "
+                    f"({b.key_id}) was revoked or deleted; its requests are no longer sent"))
+                return
+        body = request_body(line.body)
+        while True:
+            reply = await self.serve_line(b.endpoint, body, principal)
+            if (reply.status == 429 and error_code(reply) == "rate_limit_exceeded"
+                    and self._stop_of(b) is None):
+                wait = (reply.headers or {}).get("Retry-After", "1")
+                await self.clock.sleep(min(MAX_RATE_WAIT_S, float(wait) if wait.isdigit()
+                                           else 1.0))
+                continue
+            break
+        self.store.record_result(b.id, line.index, 200 <= reply.status < 300,
+                                 answered(line.custom_id, reply))
+
+    async def _finish(self, b: BatchRecord, stop: _Stop | None) -> None:
+        if stop is None:
+            self.store.set_status(b.id, FINALIZING, self._now())
+        out = await self._write_output(b, ok=True)
+        err = await self._write_output(b, ok=False)
+        self.store.set_status(b.id, stop.status if stop is not None else COMPLETED,
+                              self._now(), output_file_id=out, error_file_id=err)
+        self.store.drop_results(b.id)
+
+    async def _write_output(self, b: BatchRecord, ok: bool) -> str | None:
+        """The output (ok) or error file of the batch's kept results; None when empty."""
+        kind = "output" if ok else "error"
+        file_id = "file-" + hashlib.sha256(f"{b.id}/{kind}".encode()).hexdigest()[:24]
+        self.store.delete_file(b.owner, file_id)  # (a finalization cut short before)
+        final = self.store.path_of(file_id)
+        part = final.with_suffix(".part")
+        size = lines = 0
+        with part.open("wb") as f:
+            for record in self.store.results(b.id, ok):
+                f.write(record + b"\n")
+                size += len(record) + 1
+                lines += 1
+                if lines % 500 == 0:
+                    await asyncio.sleep(0)  # (a large output: let requests in between)
+        if lines == 0:
+            part.unlink()
+            return None
+        fsync_file(part)
+        part.replace(final)
+        self.store.add_file(FileRecord(file_id, b.owner, f"{b.id}_{kind}.jsonl",
+                                       OUTPUT_PURPOSE, size, self._now(), lines), capped=False)
+        return file_id
+
+    def _now(self) -> int:
+        return int(self.clock.wall())

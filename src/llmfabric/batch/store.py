@@ -1,0 +1,282 @@
+"""`BatchStore`: the Batch API's files (on disk, under `<dir>/files/`, named by their ids)
+and their metadata, the batches and each batch's finished lines (SQLite, WAL, in
+`<dir>/batch.db`).
+
+A batch's progress is its `results` rows, one per input line, written once (the primary key
+(batch, line) makes a second answer of a line a no-op), with the batch's counts in the same
+transaction: after a restart the runner runs only the lines without a row. The output and
+error files are written from these rows when the batch ends, then the rows are dropped.
+
+Every read that a client's request makes names the owner: another owner's file or batch is
+not found. Ids are ours (random hex), so a client's text never becomes a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import re
+import secrets
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from llmfabric.batch.limits import FILE_PURPOSE, BatchLimits
+from llmfabric.batch.records import ACTIVE, CANCELLING, STAMPS, BatchRecord, FileRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL,
+    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, lines INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS files_by_owner ON files (owner);
+CREATE TABLE IF NOT EXISTS batches (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, key_id TEXT NOT NULL, endpoint TEXT NOT NULL,
+    input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, status TEXT NOT NULL,
+    created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+    total INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0, output_file_id TEXT, error_file_id TEXT,
+    errors TEXT, metadata TEXT, in_progress_at INTEGER, finalizing_at INTEGER,
+    completed_at INTEGER, failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER,
+    cancelled_at INTEGER);
+CREATE INDEX IF NOT EXISTS batches_by_owner ON batches (owner);
+CREATE TABLE IF NOT EXISTS results (
+    batch_id TEXT NOT NULL, line INTEGER NOT NULL, ok INTEGER NOT NULL, record BLOB NOT NULL,
+    PRIMARY KEY (batch_id, line));
+"""
+_FILE_COLS = "id, owner, filename, purpose, bytes, created_at, lines"
+_BATCH_COLS = ("id, owner, key_id, endpoint, input_file_id, completion_window, status, "
+               "created_at, expires_at, total, completed, failed, output_file_id, "
+               "error_file_id, errors, metadata, in_progress_at, finalizing_at, completed_at, "
+               "failed_at, expired_at, cancelling_at, cancelled_at")
+_BATCH_NAMES = tuple(c.strip() for c in _BATCH_COLS.split(","))
+FILE_ID = re.compile(r"file-[0-9a-f]{24}")
+BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
+
+
+class OverCap(Exception):
+    """An owner's stored files would pass a cap of `BatchLimits` (the message says which)."""
+
+
+class NotCancellable(Exception):
+    """The batch has ended (or is finalizing): nothing left to cancel."""
+
+
+def _file(row: tuple[Any, ...]) -> FileRecord:
+    return FileRecord(*row)
+
+
+def _batch(row: tuple[Any, ...]) -> BatchRecord:
+    fields = dict(zip(_BATCH_NAMES, row, strict=True))
+    errors, metadata = fields.pop("errors"), fields.pop("metadata")
+    return BatchRecord(**fields, errors=tuple(orjson.loads(errors)) if errors else (),
+                       metadata=orjson.loads(metadata) if metadata else None)
+
+
+class BatchStore:
+    """Files and batches of one batch directory (one ingress process uses it at a time)."""
+
+    def __init__(self, directory: pathlib.Path, limits: BatchLimits) -> None:
+        self.limits = limits
+        self.files_dir = directory / "files"
+        self.files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for stale in self.files_dir.glob("*.part"):  # uploads a crash cut short
+            stale.unlink(missing_ok=True)
+        self._db = sqlite3.connect(directory / "batch.db")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- files -----------------------------------------------------------------------------
+
+    def new_file_id(self) -> str:
+        return f"file-{secrets.token_hex(12)}"
+
+    def path_of(self, file_id: str) -> pathlib.Path:
+        """Where a file's bytes are (`file_id` is one of ours: FILE_ID)."""
+        if not FILE_ID.fullmatch(file_id):
+            raise ValueError(f"not a file id: {file_id!r}")
+        return self.files_dir / file_id
+
+    def owner_usage(self, owner: str) -> tuple[int, int]:
+        """(files, bytes) the owner uploaded (batch outputs not counted)."""
+        n, size = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM files WHERE owner = ? AND "
+            "purpose = ?", (owner, FILE_PURPOSE)).fetchone()
+        return int(n), int(size)
+
+    def cap_refusal(self, owner: str, adding: int) -> str | None:
+        """Why `owner` may not store `adding` more bytes of upload, or None."""
+        n, size = self.owner_usage(owner)
+        lim = self.limits
+        if n + 1 > lim.max_files_per_owner:
+            return (f"you have {n} files stored, the most this ingress keeps per owner "
+                    f"({lim.max_files_per_owner}); delete some (DELETE /v1/files/ID)")
+        if size + adding > lim.max_bytes_per_owner:
+            return (f"your files would take {size + adding} bytes, over this ingress's "
+                    f"{lim.max_bytes_per_owner} bytes per owner; delete some first")
+        return None
+
+    def add_file(self, record: FileRecord, *, capped: bool = True) -> None:
+        """Register a file whose bytes are at `path_of(record.id)` (checked against the
+        owner's caps again here, where no other request can interleave: OverCap)."""
+        if capped and (why := self.cap_refusal(record.owner, record.bytes)) is not None:
+            raise OverCap(why)
+        with self._db:
+            self._db.execute(f"INSERT INTO files ({_FILE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (record.id, record.owner, record.filename, record.purpose,
+                              record.bytes, record.created_at, record.lines))
+
+    def get_file(self, owner: str, file_id: str) -> FileRecord | None:
+        row = self._db.execute(f"SELECT {_FILE_COLS} FROM files WHERE id = ? AND owner = ?",
+                               (file_id, owner)).fetchone()
+        return _file(row) if row else None
+
+    def list_files(self, owner: str, purpose: str | None, after: str | None, limit: int,
+                   newest_first: bool = True) -> tuple[list[FileRecord], bool]:
+        """A page of the owner's files and whether more follow."""
+        rows = self._page("files", _FILE_COLS, owner, after, limit, newest_first,
+                          ("purpose", purpose) if purpose else None)
+        return [_file(r) for r in rows[:limit]], len(rows) > limit
+
+    def file_in_use(self, file_id: str) -> bool:
+        """Whether an active batch reads this file."""
+        marks = ",".join("?" * len(ACTIVE))
+        return self._db.execute(
+            f"SELECT 1 FROM batches WHERE input_file_id = ? AND status IN ({marks})",
+            (file_id, *ACTIVE)).fetchone() is not None
+
+    def delete_file(self, owner: str, file_id: str) -> bool:
+        with self._db:
+            gone = self._db.execute("DELETE FROM files WHERE id = ? AND owner = ?",
+                                    (file_id, owner)).rowcount > 0
+        if gone:
+            self.path_of(file_id).unlink(missing_ok=True)
+        return gone
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def new_batch_id(self) -> str:
+        return f"batch_{secrets.token_hex(12)}"
+
+    def active_batches(self, owner: str | None = None) -> list[BatchRecord]:
+        """Batches the runner still owes work, oldest first (one owner's, or everyone's)."""
+        marks = ",".join("?" * len(ACTIVE))
+        where, args = f"status IN ({marks})", list(ACTIVE)
+        if owner is not None:
+            where, args = f"{where} AND owner = ?", [*args, owner]
+        rows = self._db.execute(f"SELECT {_BATCH_COLS} FROM batches WHERE {where} "
+                                "ORDER BY rowid", args).fetchall()
+        return [_batch(r) for r in rows]
+
+    def add_batch(self, b: BatchRecord) -> None:
+        with self._db:
+            self._db.execute(
+                "INSERT INTO batches (id, owner, key_id, endpoint, input_file_id, "
+                "completion_window, status, created_at, expires_at, metadata) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (b.id, b.owner, b.key_id, b.endpoint, b.input_file_id, b.completion_window,
+                 b.status, b.created_at, b.expires_at,
+                 orjson.dumps(b.metadata).decode() if b.metadata is not None else None))
+
+    def get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
+        """The batch (None: unknown, or another owner's; `owner` None: any owner's)."""
+        if owner is None:
+            row = self._db.execute(f"SELECT {_BATCH_COLS} FROM batches WHERE id = ?",
+                                   (batch_id,)).fetchone()
+        else:
+            row = self._db.execute(f"SELECT {_BATCH_COLS} FROM batches WHERE id = ? AND "
+                                   "owner = ?", (batch_id, owner)).fetchone()
+        return _batch(row) if row else None
+
+    def list_batches(self, owner: str, after: str | None, limit: int
+                     ) -> tuple[list[BatchRecord], bool]:
+        rows = self._page("batches", _BATCH_COLS, owner, after, limit, True, None)
+        return [_batch(r) for r in rows[:limit]], len(rows) > limit
+
+    def set_status(self, batch_id: str, status: str, at: int, **fields: Any) -> None:
+        """Move a batch to `status` (stamping its time) and set `fields` (`errors`: a list
+        of line errors; the others as stored)."""
+        if "errors" in fields:
+            fields["errors"] = orjson.dumps(fields["errors"]).decode()
+        if status in STAMPS:
+            fields[STAMPS[status]] = at
+        names = ", ".join(f"{k} = ?" for k in fields)
+        with self._db:
+            self._db.execute(f"UPDATE batches SET status = ?{', ' if names else ''}{names} "
+                             "WHERE id = ?", (status, *fields.values(), batch_id))
+
+    def request_cancel(self, owner: str, batch_id: str, at: int) -> BatchRecord | None:
+        """Mark the batch cancelling (None: not found; NotCancellable: it has ended)."""
+        b = self.get_batch(owner, batch_id)
+        if b is None:
+            return None
+        if b.status in ("validating", "in_progress"):
+            self.set_status(batch_id, CANCELLING, at)
+            return self.get_batch(owner, batch_id)
+        if b.status in (CANCELLING, "cancelled"):
+            return b
+        raise NotCancellable(f"the batch is {b.status}: there is nothing left to cancel")
+
+    # -- a batch's lines -------------------------------------------------------------------
+
+    def record_result(self, batch_id: str, line: int, ok: bool, record: bytes) -> bool:
+        """Keep one line's answer (and count it); False when the line had one already."""
+        with self._db:
+            added = self._db.execute(
+                "INSERT OR IGNORE INTO results (batch_id, line, ok, record) VALUES (?, ?, ?, ?)",
+                (batch_id, line, int(ok), record)).rowcount > 0
+            if added:
+                self._db.execute("UPDATE batches SET completed = completed + ?, "
+                                 "failed = failed + ? WHERE id = ?",
+                                 (int(ok), int(not ok), batch_id))
+        return added
+
+    def done_lines(self, batch_id: str) -> set[int]:
+        return {int(r[0]) for r in self._db.execute(
+            "SELECT line FROM results WHERE batch_id = ?", (batch_id,))}
+
+    def results(self, batch_id: str, ok: bool) -> Iterator[bytes]:
+        """The batch's answered lines of one kind, in input order."""
+        cur = self._db.execute("SELECT record FROM results WHERE batch_id = ? AND ok = ? "
+                               "ORDER BY line", (batch_id, int(ok)))
+        with contextlib.closing(cur):
+            while rows := cur.fetchmany(500):
+                for (record,) in rows:
+                    yield bytes(record)
+
+    def drop_results(self, batch_id: str) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _page(self, table: str, cols: str, owner: str, after: str | None, limit: int,
+              newest_first: bool, extra: tuple[str, str] | None) -> list[tuple[Any, ...]]:
+        where, args = "owner = ?", [owner]
+        if extra is not None:
+            where, args = f"{where} AND {extra[0]} = ?", [*args, extra[1]]
+        if after:
+            cursor = self._db.execute(f"SELECT rowid FROM {table} WHERE id = ? AND owner = ?",
+                                      (after, owner)).fetchone()
+            if cursor is None:
+                return []
+            where = f"{where} AND rowid {'<' if newest_first else '>'} ?"
+            args.append(cursor[0])
+        order = "DESC" if newest_first else "ASC"
+        return self._db.execute(f"SELECT {cols} FROM {table} WHERE {where} "
+                                f"ORDER BY rowid {order} LIMIT ?", (*args, limit + 1)).fetchall()
+
+
+def fsync_file(path: pathlib.Path) -> None:
+    """Flush a written file to disk (before the database points at it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,125 @@
+"""BatchStore: files and batches scoped by owner, list pages, the per-owner caps, a line
+answered once, and what survives a reopen (a restarted ingress)."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+
+from llmfabric.batch.limits import BatchLimits
+from llmfabric.batch.records import (
+    CANCELLED,
+    CANCELLING,
+    COMPLETED,
+    IN_PROGRESS,
+    BatchRecord,
+    FileRecord,
+)
+from llmfabric.batch.store import BatchStore, NotCancellable, OverCap
+
+pytestmark = pytest.mark.unit
+
+
+def _file(store: BatchStore, owner: str, size: int = 10, purpose: str = "batch") -> FileRecord:
+    rec = FileRecord(store.new_file_id(), owner, "in.jsonl", purpose, size, 1, 1)
+    store.path_of(rec.id).write_bytes(b"x" * size)
+    store.add_file(rec)
+    return rec
+
+
+def _batch(store: BatchStore, owner: str, file_id: str) -> BatchRecord:
+    b = BatchRecord(store.new_batch_id(), owner, "k1", "/v1/chat/completions", file_id,
+                    "24h", IN_PROGRESS, 100, 100 + 86400, metadata={"a": "b"})
+    store.add_batch(b)
+    return b
+
+
+@pytest.fixture
+def store(tmp_path: pathlib.Path) -> Iterator[BatchStore]:
+    s = BatchStore(tmp_path, BatchLimits(max_files_per_owner=3, max_bytes_per_owner=100))
+    yield s
+    s.close()
+
+
+def test_files_belong_to_their_owner(store: BatchStore) -> None:
+    f = _file(store, "alice")
+    assert store.get_file("alice", f.id) == f
+    assert store.get_file("bob", f.id) is None
+    assert store.list_files("bob", None, None, 10) == ([], False)
+    assert not store.delete_file("bob", f.id)
+    assert store.path_of(f.id).exists()
+    assert store.delete_file("alice", f.id)
+    assert not store.path_of(f.id).exists() and store.get_file("alice", f.id) is None
+
+
+def test_list_pages_newest_first_with_a_cursor(store: BatchStore) -> None:
+    ids = [_file(store, "alice", 1).id for _ in range(3)]
+    page, more = store.list_files("alice", None, None, 2)
+    assert [f.id for f in page] == ids[::-1][:2] and more
+    page, more = store.list_files("alice", None, page[-1].id, 2)
+    assert [f.id for f in page] == [ids[0]] and not more
+    assert [f.id for f in store.list_files("alice", None, None, 5, newest_first=False)[0]] == ids
+    assert store.list_files("alice", "batch_output", None, 5) == ([], False)
+    assert store.list_files("bob", None, ids[1], 5) == ([], False)  # another's cursor
+
+
+def test_per_owner_caps(store: BatchStore) -> None:
+    for _ in range(3):
+        _file(store, "alice", 10)
+    assert "3 files" in (store.cap_refusal("alice", 1) or "")
+    with pytest.raises(OverCap):
+        _file(store, "alice", 1)
+    assert store.cap_refusal("bob", 100) is None
+    assert "bytes" in (store.cap_refusal("bob", 101) or "")
+    # batch outputs are the runner's: not counted, never refused
+    store.add_file(FileRecord(store.new_file_id(), "alice", "o", "batch_output", 500, 1, 1),
+                   capped=False)
+    assert store.owner_usage("alice") == (3, 30)
+
+
+@pytest.mark.parametrize("bogus", ["../batch.db", "file-../../etc/passwd", "file-XYZ", "",
+                                   "file-" + "0" * 23, "/etc/passwd"])
+def test_a_path_is_only_ever_one_of_our_ids(store: BatchStore, bogus: str) -> None:
+    with pytest.raises(ValueError):
+        store.path_of(bogus)
+
+
+def test_batches_owner_scoped_and_cancel(store: BatchStore) -> None:
+    f = _file(store, "alice")
+    b = _batch(store, "alice", f.id)
+    assert store.get_batch("bob", b.id) is None and store.get_batch("alice", b.id) == b
+    assert store.request_cancel("bob", b.id, 5) is None
+    assert store.file_in_use(f.id)
+    got = store.request_cancel("alice", b.id, 200)
+    assert got is not None and got.status == CANCELLING and got.cancelling_at == 200
+    assert store.request_cancel("alice", b.id, 300) == got  # again: as it is
+    store.set_status(b.id, CANCELLED, 400)
+    assert not store.file_in_use(f.id)
+    store.set_status(b.id, COMPLETED, 400)
+    with pytest.raises(NotCancellable):
+        store.request_cancel("alice", b.id, 500)
+
+
+def test_a_line_is_answered_once_and_progress_survives_a_reopen(tmp_path: pathlib.Path) -> None:
+    store = BatchStore(tmp_path, BatchLimits())
+    f = _file(store, "alice")
+    b = _batch(store, "alice", f.id)
+    assert store.record_result(b.id, 0, True, b'{"a":0}')
+    assert not store.record_result(b.id, 0, False, b'{"a":"again"}')
+    assert store.record_result(b.id, 2, False, b'{"a":2}')
+    (store.files_dir / "file-x.part").write_bytes(b"cut short")
+    store.close()
+    store = BatchStore(tmp_path, BatchLimits())  # (a restarted ingress)
+    got = store.get_batch(None, b.id)
+    assert got is not None and (got.completed, got.failed) == (1, 1)
+    assert got.metadata == {"a": "b"} and got.active
+    assert store.done_lines(b.id) == {0, 2}
+    assert list(store.results(b.id, True)) == [b'{"a":0}']
+    assert [x.id for x in store.active_batches("alice")] == [b.id]
+    assert store.active_batches("bob") == []
+    assert not (store.files_dir / "file-x.part").exists()
+    store.drop_results(b.id)
+    assert store.done_lines(b.id) == set()
+    store.close()
