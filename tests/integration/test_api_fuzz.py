@@ -26,7 +26,12 @@ from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.ingress import IngressConfig, RawHttpForwarder, StaticCandidateSource
-from llmfabric.ingress.apis.openapi import OPENAPI_PATH, add_openapi_route, openapi_document
+from llmfabric.ingress.apis.openapi import (
+    OPENAPI_BODY,
+    OPENAPI_PATH,
+    add_openapi_route,
+    openapi_document,
+)
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.node.ports import free_port
@@ -164,7 +169,7 @@ def node_api() -> Iterator[NodeApi]:
         await budgets.load()
         add_tenancy_routes(app, store, budgets)
         add_dashboard_routes(app)
-        add_openapi_route(app)
+        add_openapi_route(app, lambda: OPENAPI_BODY)
         # As on an ingress node's HTTP port: the lean front reads each request and hands
         # these routes' connections to the app.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)

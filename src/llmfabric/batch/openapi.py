@@ -1,7 +1,7 @@
 """The Batch API's routes in OpenAPI 3.1 (`batch_paths`), kept here because the ingress's
 document (ingress/apis/openapi.py) may not import this package; `openapi_document()`
-is the ingress's document with them. /openapi.json, a constant both fronts serve, does
-not list them yet (docs/batch.md)."""
+is the ingress's document with them. `BatchService` adds them to its ingress's
+/openapi.json (`Ingress.describe`)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from llmfabric.batch.files_api import FilesApi
 from llmfabric.batch.http_common import callers_of, host_middleware
 from llmfabric.batch.limits import BatchLimits
 from llmfabric.batch.lines import LineServer, PrincipalLookup, serve_through
+from llmfabric.batch.openapi import batch_paths
 from llmfabric.batch.runner import BatchRunner
 from llmfabric.batch.store import BatchStore
 from llmfabric.clock import Clock, SystemClock
@@ -36,6 +37,7 @@ class BatchService:
             raise ValueError("an ingress with API keys runs batches as their creators' keys: "
                              "give the key look-up (principals=AccountStore.active_key)")
         self.ingress = ingress
+        ingress.describe(batch_paths())  # (its /openapi.json lists the routes below)
         clock = clock or SystemClock()
         self.store = BatchStore(directory, limits or BatchLimits(
             max_line_bytes=ingress.config.max_body_bytes))

@@ -24,6 +24,7 @@ import orjson
 
 from llmfabric.ingress.abandon import AbandonIfDown, NodeDown
 from llmfabric.ingress.apis.api_routes import ApiRoutes
+from llmfabric.ingress.apis.openapi import OPENAPI_BODY, openapi_document
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.continuation import (
     RelayRecorder,
@@ -122,6 +123,8 @@ class Ingress:
         self.tracer = (Tracer(config.keep_traces, rate_per_s=config.trace_rate_per_s)
                        if config.keep_traces > 0 else None)
         self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy/gate.py)
+        # GET /openapi.json as both fronts serve it (`describe` adds routes mounted beside)
+        self.openapi_body = OPENAPI_BODY
 
     def resolve_name(self, model: str, providers: frozenset[str] | None
                      ) -> Sequence[Candidate] | Ambiguous:
@@ -146,6 +149,14 @@ class Ingress:
 
     def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
         self.gate, self._capture = gate, self._capture or gate is not None
+
+    def describe(self, paths: Mapping[str, Any]) -> None:
+        """Add `paths` (OpenAPI path items) to the document both fronts serve: routes a
+        composition root mounts beside the ingress's own (the Batch API)."""
+        doc = openapi_document()
+        doc["paths"].update(orjson.loads(self.openapi_body)["paths"])
+        doc["paths"].update(paths)
+        self.openapi_body = orjson.dumps(doc)
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""

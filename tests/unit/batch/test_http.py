@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from llmfabric.batch import BatchLimits, BatchService
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.errors import Reply
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
@@ -232,3 +233,26 @@ def test_the_openapi_paths_describe_every_batch_route(tmp_path: pathlib.Path) ->
     doc = openapi_document()
     assert "/v1/batches" in doc["paths"] and "/v1/chat/completions" in doc["paths"]
     service.store.close()
+
+
+def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
+        tmp_path: pathlib.Path) -> None:
+    """Both fronts serve `Ingress.openapi_body`: the lean front's route() and the aiohttp
+    app's /openapi.json; mounting the Batch API adds its paths there, and only there."""
+    from llmfabric.ingress.apis.openapi import OPENAPI_BODY
+    from llmfabric.ingress.front.fast_routes import route
+
+    plain = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
+                    NoForwarder())  # type: ignore[arg-type]
+    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
+                      NoForwarder())  # type: ignore[arg-type]
+    service = BatchService(ingress, tmp_path)
+    try:
+        served = route(b"/openapi.json", b"GET", False, ingress.openapi_body)
+        assert isinstance(served, Reply)
+        paths = orjson.loads(served.body)["paths"]
+        assert {"/v1/files", "/v1/batches/{id}/cancel", "/v1/chat/completions"} <= set(paths)
+        assert plain.openapi_body == OPENAPI_BODY  # (another ingress's document unchanged)
+        assert "/v1/files" not in orjson.loads(OPENAPI_BODY)["paths"]
+    finally:
+        service.store.close()

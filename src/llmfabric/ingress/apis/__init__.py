@@ -10,5 +10,7 @@ Files:
 - chat_stream.py: `ChatStreamTranslator`, a StreamSink that parses chat SSE chunks for the
   translated APIs' streams.
 - openapi.py: `openapi_document()`, the OpenAPI 3.1 description of every route an ingress
-  node serves, and `add_openapi_route(app)` (GET /openapi.json).
+  node serves, and `add_openapi_route(app, body)` (GET /openapi.json,
+  the document as its ingress serves it: `Ingress.openapi_body`, which `Ingress.describe`
+  extends with routes mounted beside, the Batch API's).
 """

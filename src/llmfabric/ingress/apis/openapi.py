@@ -14,6 +14,7 @@ described here, and tests/integration/test_api_fuzz.py fuzzes the ingress from t
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -257,10 +258,11 @@ def openapi_document() -> dict[str, Any]:
 OPENAPI_BODY = orjson.dumps(openapi_document())  # served as is (the lean front too)
 
 
-async def _serve_openapi(_: web.Request) -> web.Response:
-    return web.Response(body=OPENAPI_BODY, content_type=_JSON)
+def add_openapi_route(app: web.Application, body: Callable[[], bytes]) -> None:
+    """GET /openapi.json on an aiohttp app (the standalone ingress app and the node's):
+    `body()`, the document as its ingress serves it (`Ingress.openapi_body`)."""
 
+    async def serve(_: web.Request) -> web.Response:
+        return web.Response(body=body(), content_type=_JSON)
 
-def add_openapi_route(app: web.Application) -> None:
-    """GET /openapi.json on an aiohttp app (the standalone ingress app and the node's)."""
-    app.router.add_get(OPENAPI_PATH, _serve_openapi)
+    app.router.add_get(OPENAPI_PATH, serve)

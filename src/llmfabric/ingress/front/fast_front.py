@@ -136,7 +136,8 @@ class FastFront:
 
     def route(self, req: FrontRequest) -> tuple[str, bool] | Reply | None:
         """(path, streamable) for an OpenAI POST; a Reply for errors; None for GET routes."""
-        return route(req.url.split(b"?", 1)[0], req.method, self.serve_metrics)
+        return route(req.url.split(b"?", 1)[0], req.method, self.serve_metrics,
+                     self.ingress.openapi_body)
 
 
 class _Connection(asyncio.Protocol):

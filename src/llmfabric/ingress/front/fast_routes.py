@@ -6,7 +6,6 @@ accounts, /metrics), handed over to that server with its connection (`owned` say
 from __future__ import annotations
 
 from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, not_stored
-from llmfabric.ingress.apis.openapi import OPENAPI_BODY
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front.fast_wire import not_allowed
 
@@ -31,9 +30,10 @@ def api_path(path: str) -> bool:
     return owned(path.encode("latin-1", "replace"), False)
 
 
-def route(path: bytes, method: bytes, serve_metrics: bool) -> tuple[str, bool] | Reply | None:
-    """(path, streamable) for an OpenAI POST; a Reply for errors and /openapi.json; None for
-    GET /v1/models and /metrics (answered by the front)."""
+def route(path: bytes, method: bytes, serve_metrics: bool, openapi: bytes
+          ) -> tuple[str, bool] | Reply | None:
+    """(path, streamable) for an OpenAI POST; a Reply for errors and /openapi.json (its body:
+    `openapi`); None for GET /v1/models and /metrics (answered by the front)."""
     hit = POST_ROUTES.get(path)
     if hit is not None:
         if method == b"POST":
@@ -42,7 +42,7 @@ def route(path: bytes, method: bytes, serve_metrics: bool) -> tuple[str, bool] |
     if path.startswith(b"/v1/responses/"):
         return not_stored()
     if path == b"/openapi.json":
-        return (Reply(200, OPENAPI_BODY, "application/json") if method == b"GET"
+        return (Reply(200, openapi, "application/json") if method == b"GET"
                 else not_allowed(path, "GET"))
     if path == b"/v1/models" or (path == b"/metrics" and serve_metrics):
         return None if method == b"GET" else not_allowed(path, "GET")

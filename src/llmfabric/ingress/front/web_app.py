@@ -120,7 +120,7 @@ def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
         app.router.add_post(path, api)
     app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
     app.router.add_get("/v1/fabric/traces", traces_handler(ingress))
-    add_openapi_route(app)
+    add_openapi_route(app, lambda: ingress.openapi_body)
 
 
 def build_ingress_app(
