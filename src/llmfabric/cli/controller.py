@@ -209,6 +209,10 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
                                    "fabric)")
         if len(providers) > 1:
             raise click.UsageError("--pd-plan binds the nodes of one --provider")
+        if pd_topology is None and (pd_cluster is None or pd_links is None):
+            # (checked here: the loader's own message names plan pd's --cluster/--links)
+            raise click.UsageError("--pd-plan needs the inputs the plan was made for: "
+                                   "--pd-cluster with --pd-links, or --pd-topology")
         run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, pd_model, {
             "bootstrap": bootstrap, "network_secret": network_secret,
             "membership_cert": membership_cert, "operator_key": operator_key,
