@@ -93,6 +93,22 @@ def fleet_of(records: Iterable[NodeRecord], trusted: Trusted | None) -> list[Nod
     return [r for r in records if _capacity(r) and (trusted is None or trusted(r))]
 
 
+def why_no_decision(fleet: list[NodeRecord], rates: Iterable[float],
+                    reclaim: bool) -> str | None:
+    """Why a round may decide nothing, for `--once` (an empty list alone says nothing):
+    no node the controller may fill, or no demand. None when the plan just keeps the fleet."""
+    from llmfabric.scheduler.controller import is_idle, is_reclaimable
+
+    if not any(is_idle(r) or (reclaim and is_reclaimable(r)) for r in fleet):
+        return ("no node to fill: none is bare and accepts assignments (`llmfabric start "
+                "--accept-assignments`, no --process)" + ("" if reclaim else
+                "; serving nodes are re-planned only with --reclaim"))
+    if not any(rate > 0 for rate in rates):
+        return ("no demand to plan for: the ingress nodes have observed no requests for "
+                "models the simulator knows (send traffic, or give --workload FILE)")
+    return None
+
+
 async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
     """(record, verified provider) of each /v1/fabric/nodes entry (the node's verification)."""
     import aiohttp
@@ -127,7 +143,8 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
 
 @click.command(name="controller")
 @click.option("--node", "node_url", default=None,
-              help="dry run: HTTP address of any node, e.g. http://127.0.0.1:8080")
+              help="dry run: HTTP address of any node, e.g. http://127.0.0.1:8080 (an "
+                   "ingress's fleet views need one of its keys: $LLMFABRIC_API_KEY)")
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
               help="join the fabric through this peer and execute the decisions")
 @click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET")
@@ -270,6 +287,9 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             return False
         return True
 
+    def _rates(workload: Workload) -> list[float]:
+        return [m.arrival_rate for m in workload.loads]
+
     def workload_of(records: list[NodeRecord], trusted: Trusted | None) -> Workload:
         if fixed is not None:
             return fixed
@@ -281,7 +301,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
                 logging.warning(note)
         return observed
 
-    async def loop(ctl: FleetController, refresh: Any) -> None:
+    async def loop(ctl: FleetController, refresh: Any,
+                   explain: Callable[[], str | None]) -> None:
         while True:
             try:
                 await refresh()
@@ -294,6 +315,9 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             if once:
                 sys.stdout.write(json.dumps(
                     [{"kind": type(d).__name__, **asdict(d)} for d in decisions], indent=2) + "\n")
+                reason = None if decisions else explain()
+                if reason is not None:
+                    click.echo(f"nothing to do: {reason}", err=True)
                 return
             await clock.sleep(interval)
 
@@ -312,7 +336,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             verified.clear()
             verified.update((rec.session_id, who) for rec, who in fetched)
 
-        await loop(ctl, refresh)
+        await loop(ctl, refresh, lambda: why_no_decision(
+            fleet_of(latest, trusted), _rates(workload_of(latest, trusted)), reclaim))
 
     async def in_fabric() -> None:
         from llmfabric.cli.controller_node import controller_node
@@ -342,7 +367,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             async def refresh() -> None:
                 return None
 
-            await loop(ctl, refresh)
+            await loop(ctl, refresh, lambda: why_no_decision(
+                records(), _rates(workload_of(live(), trusted)), reclaim))
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(in_fabric() if bootstrap else dry_run())
