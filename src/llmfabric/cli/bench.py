@@ -185,6 +185,11 @@ def command(**opts: Any) -> None:
 
     write_results(result, opts["json_path"], opts["markdown_path"])
     click.echo(to_markdown(result))
+    if result["num_prompts"] and not result["completed"]:
+        # (a wrong URL, key or model exited 0 with all-zero tables: scripts took it for a run)
+        kinds = ", ".join(f"{k}: {n}" for k, n in (result.get("errors_by_kind") or {}).items())
+        raise click.ClickException(f"no request succeeded ({kinds or 'no answer'}); "
+                                   "the server's words are under Errors above")
 
 
 def _run(opts: dict[str, Any]) -> dict[str, Any]:
