@@ -129,3 +129,14 @@ def test_simulate_net_names_the_plan_files_it_takes(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["simulate", "net", "--plan", str(pd_plan), "--rate", "1"])
     assert res.exit_code == 1
     assert "no `llmfabric plan net --out` file" in res.output and "KeyError" not in res.output
+
+
+def test_a_workload_of_another_planner_names_the_missing_key() -> None:
+    """`plan net --workload` given `plan`'s models: list said "KeyError('mean_in')"."""
+    res = CliRunner().invoke(cli, [
+        "plan", "net", "--topology", str(EX / "testbed-2tracks.yaml"), "--model", "opt-66b",
+        "--prefill-gpus", "a100-*", "--decode-gpus", "v100-*", "--workload",
+        str(EX.parent / "workload-table1.yaml"), "--sla-ttft", "2.5", "--sla-tpot", "0.15"])
+    assert res.exit_code == 1
+    assert "no mean_in (a plan net workload is {rate, mean_in, mean_out})" in res.output
+    assert "KeyError" not in res.output
