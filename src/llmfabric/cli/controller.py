@@ -161,7 +161,9 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="plan for this workload YAML [default: the demand the ingress nodes observe]")
 @click.option("--template", type=click.Choice(["sim", "vllm", "sglang"]), default="sim",
-              show_default=True)
+              show_default=True, help="the engine assigned nodes start: sim is SIMULATED "
+              "(`llmfabric engine sim`: made-up text, for tests and demos); vllm or sglang "
+              "for real models")
 @click.option("--policy", type=click.Choice(["cpsat", "greedy", "memp"]), default="cpsat",
               show_default=True)
 @click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
@@ -349,6 +351,10 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             "operator_key": operator_key, "listen": listen, "http_listen": "127.0.0.1:0",
             "preset": preset, "gpu": "cpu", "home": home,
         }
+        if template == "sim":  # (the default: real GPU nodes would serve made-up text)
+            logging.warning("--template sim: assigned nodes start SIMULATED engines "
+                            "(llmfabric engine sim); give --template vllm or sglang for real "
+                            "models")
         # No signal handlers: the placement loop runs until the process is interrupted.
         async with controller_node(overrides, settle, clock, signals=False) as ctl_node:
             reader = ctl_node.reader
