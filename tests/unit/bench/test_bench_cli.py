@@ -45,3 +45,15 @@ def test_a_run_where_every_request_failed_exits_with_status_1(tmp_path: Any) -> 
     assert "| Failed requests | 2 |" in res.output
     assert "Error: no request succeeded (connection: 2)" in res.output
     assert out.exists()
+
+
+@pytest.mark.parametrize("text", ["2,5", "2-5"])
+def test_rate_ranges_take_a_comma_or_a_dash(text: str) -> None:
+    """bench wrote LOW,HIGH and `simulate flying` LOW-HIGH; each refused the other's."""
+    from llmfabric.cli.simulate_flying import rate_range
+
+    assert rate_range(text) == (2.0, 5.0)
+    assert rate_range("4") == (4.0, 4.0)
+    for bad in ("5,2", "0-1", "x", "2,inf"):
+        with pytest.raises(bench_cli.click.BadParameter):
+            rate_range(bad)
