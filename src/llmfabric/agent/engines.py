@@ -17,6 +17,10 @@ KIND` overrides (any OpenAI-compatible server: `openai`).
 | sim | `llmfabric engine sim` | --port | /metrics (vllm-style) | --max-model-len | - |
 | openai | anything else | --port | - | - | - |
 
+Behind a container launcher (`apptainer`/`singularity exec`, `enroot start`, `srun
+--container-image`, `docker`/`podman run`) the engine is recognised after the launcher's
+options and image (`apptainer exec --nv IMAGE vllm serve M` is vllm, not openai).
+
 `counts_stream_usage`: the engine sends no usage in streams (llama.cpp's servers), so the
 node counts a stream's tokens itself (node/engine/stream_usage.py). `tokenize_interrupts`: a
 tokenize call while a stream runs cuts that stream short (llama-cpp-python's default
@@ -100,9 +104,24 @@ def kind_named(name: str) -> EngineKind:
     return KINDS[key]
 
 
+# Container launchers (a Slurm profile's `container`, launch/sbatch.py) put their options and
+# the image before the engine's command: `apptainer exec --nv --bind A:B IMAGE vllm serve M`.
+_LAUNCHERS = frozenset({"apptainer", "singularity", "enroot", "srun", "docker", "podman"})
+_IMAGE_SUFFIXES = (".sif", ".sqsh", ".simg", ".img")
+
+
+def _engine_words(argv: Sequence[str]) -> list[str]:
+    """The words that name the engine: the first four, or after a container launcher its
+    words that are no option and no image (an image named after vLLM may hold another)."""
+    if argv and os.path.basename(argv[0]).lower() in _LAUNCHERS:
+        return [a for a in argv[1:] if not a.startswith("-") and "://" not in a
+                and not a.lower().endswith(_IMAGE_SUFFIXES)]
+    return list(argv[:4])
+
+
 def detect_kind(argv: Sequence[str]) -> EngineKind:
     """The adapter for an engine command line (see the table above); `openai` if unknown."""
-    head = [os.path.basename(a).lower() for a in argv[:4]]
+    head = [os.path.basename(a).lower() for a in _engine_words(argv)]
     joined = " ".join(head)
     if "llmfabric" in joined or "llmfabric.cli.engine" in argv:
         if "torch" in argv[:5]:

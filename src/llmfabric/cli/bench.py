@@ -14,16 +14,10 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.simulate_flying import rate_range
+
 ARRIVAL_CHOICES = ("poisson", "gamma", "onoff", "replay")
 FORMAT_CHOICES = ("auto", "llmfabric", "swissai", "burstgpt", "azure2023", "azure2024", "mooncake")
-
-
-def _range(text: str) -> tuple[float, float]:
-    try:
-        lo, hi = (float(x) for x in text.split(","))
-    except ValueError as exc:
-        raise click.BadParameter(f"{text!r}: expected LOW,HIGH (e.g. 2,5)") from exc
-    return lo, hi
 
 
 def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
@@ -66,7 +60,9 @@ def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
     show_default=True,
     help="gamma shape: 1 = Poisson, < 1 burstier",
 )
-@click.option("--low-rate", default="2,5", show_default=True, help="on/off: low phase req/s")
+@click.option(
+    "--low-rate", default="2,5", show_default=True, help="on/off: low phase req/s (LOW,HIGH)"
+)
 @click.option("--high-rate", default="10,30", show_default=True, help="on/off: burst req/s")
 @click.option(
     "--low-s",
@@ -185,6 +181,11 @@ def command(**opts: Any) -> None:
 
     write_results(result, opts["json_path"], opts["markdown_path"])
     click.echo(to_markdown(result))
+    if result["num_prompts"] and not result["completed"]:
+        # (a wrong URL, key or model exited 0 with all-zero tables: scripts took it for a run)
+        kinds = ", ".join(f"{k}: {n}" for k, n in (result.get("errors_by_kind") or {}).items())
+        raise click.ClickException(f"no request succeeded ({kinds or 'no answer'}); "
+                                   "the server's words are under Errors above")
 
 
 def _run(opts: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +228,10 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
             raise BenchConfigError("--model is required (except when replaying a trace)")
         if arrival_name == "onoff":
             arrival: Any = OnOff(
-                _range(opts["low_rate"]), _range(opts["high_rate"]), opts["low_s"], opts["high_s"]
+                rate_range(opts["low_rate"]),
+                rate_range(opts["high_rate"]),
+                opts["low_s"],
+                opts["high_s"],
             )
         elif arrival_name == "gamma":
             arrival = Gamma(opts["request_rate"], opts["burstiness"])

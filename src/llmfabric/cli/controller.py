@@ -93,6 +93,22 @@ def fleet_of(records: Iterable[NodeRecord], trusted: Trusted | None) -> list[Nod
     return [r for r in records if _capacity(r) and (trusted is None or trusted(r))]
 
 
+def why_no_decision(fleet: list[NodeRecord], rates: Iterable[float],
+                    reclaim: bool) -> str | None:
+    """Why a round may decide nothing, for `--once` (an empty list alone says nothing):
+    no node the controller may fill, or no demand. None when the plan just keeps the fleet."""
+    from llmfabric.scheduler.controller import is_idle, is_reclaimable
+
+    if not any(is_idle(r) or (reclaim and is_reclaimable(r)) for r in fleet):
+        return ("no node to fill: none is bare and accepts assignments (`llmfabric start "
+                "--accept-assignments`, no --process)" + ("" if reclaim else
+                "; serving nodes are re-planned only with --reclaim"))
+    if not any(rate > 0 for rate in rates):
+        return ("no demand to plan for: the ingress nodes have observed no requests for "
+                "models the simulator knows (send traffic, or give --workload FILE)")
+    return None
+
+
 async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
     """(record, verified provider) of each /v1/fabric/nodes entry (the node's verification)."""
     import aiohttp
@@ -127,7 +143,8 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
 
 @click.command(name="controller")
 @click.option("--node", "node_url", default=None,
-              help="dry run: HTTP address of any node, e.g. http://127.0.0.1:8080")
+              help="dry run: HTTP address of any node, e.g. http://127.0.0.1:8080 (an "
+                   "ingress's fleet views need one of its keys: $LLMFABRIC_API_KEY)")
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
               help="join the fabric through this peer and execute the decisions")
 @click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET")
@@ -144,7 +161,9 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="plan for this workload YAML [default: the demand the ingress nodes observe]")
 @click.option("--template", type=click.Choice(["sim", "vllm", "sglang"]), default="sim",
-              show_default=True)
+              show_default=True, help="the engine assigned nodes start: sim is SIMULATED "
+              "(`llmfabric engine sim`: made-up text, for tests and demos); vllm or sglang "
+              "for real models")
 @click.option("--policy", type=click.Choice(["cpsat", "greedy", "memp"]), default="cpsat",
               show_default=True)
 @click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
@@ -209,6 +228,10 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
                                    "fabric)")
         if len(providers) > 1:
             raise click.UsageError("--pd-plan binds the nodes of one --provider")
+        if pd_topology is None and (pd_cluster is None or pd_links is None):
+            # (checked here: the loader's own message names plan pd's --cluster/--links)
+            raise click.UsageError("--pd-plan needs the inputs the plan was made for: "
+                                   "--pd-cluster with --pd-links, or --pd-topology")
         run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, pd_model, {
             "bootstrap": bootstrap, "network_secret": network_secret,
             "membership_cert": membership_cert, "operator_key": operator_key,
@@ -266,6 +289,9 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             return False
         return True
 
+    def _rates(workload: Workload) -> list[float]:
+        return [m.arrival_rate for m in workload.loads]
+
     def workload_of(records: list[NodeRecord], trusted: Trusted | None) -> Workload:
         if fixed is not None:
             return fixed
@@ -277,7 +303,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
                 logging.warning(note)
         return observed
 
-    async def loop(ctl: FleetController, refresh: Any) -> None:
+    async def loop(ctl: FleetController, refresh: Any,
+                   explain: Callable[[], str | None]) -> None:
         while True:
             try:
                 await refresh()
@@ -290,6 +317,9 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             if once:
                 sys.stdout.write(json.dumps(
                     [{"kind": type(d).__name__, **asdict(d)} for d in decisions], indent=2) + "\n")
+                reason = None if decisions else explain()
+                if reason is not None:
+                    click.echo(f"nothing to do: {reason}", err=True)
                 return
             await clock.sleep(interval)
 
@@ -308,7 +338,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             verified.clear()
             verified.update((rec.session_id, who) for rec, who in fetched)
 
-        await loop(ctl, refresh)
+        await loop(ctl, refresh, lambda: why_no_decision(
+            fleet_of(latest, trusted), _rates(workload_of(latest, trusted)), reclaim))
 
     async def in_fabric() -> None:
         from llmfabric.cli.controller_node import controller_node
@@ -320,6 +351,10 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             "operator_key": operator_key, "listen": listen, "http_listen": "127.0.0.1:0",
             "preset": preset, "gpu": "cpu", "home": home,
         }
+        if template == "sim":  # (the default: real GPU nodes would serve made-up text)
+            logging.warning("--template sim: assigned nodes start SIMULATED engines "
+                            "(llmfabric engine sim); give --template vllm or sglang for real "
+                            "models")
         # No signal handlers: the placement loop runs until the process is interrupted.
         async with controller_node(overrides, settle, clock, signals=False) as ctl_node:
             reader = ctl_node.reader
@@ -338,7 +373,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             async def refresh() -> None:
                 return None
 
-            await loop(ctl, refresh)
+            await loop(ctl, refresh, lambda: why_no_decision(
+                records(), _rates(workload_of(live(), trusted)), reclaim))
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(in_fabric() if bootstrap else dry_run())

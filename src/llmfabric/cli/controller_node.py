@@ -3,9 +3,9 @@
 `controller_node(overrides, settle, clock)` builds a bare CPU Node from the overrides (a
 bad config -> ClickException), starts it, optionally makes SIGTERM/SIGINT set `stop`, waits
 `settle` seconds for gossip to fill the replica (if settle > 0, longer, up to MORE_SETTLE_S,
-while the replica knows no other member yet), and yields a `ControllerNode`: the node, the
-current session's replica reader and the stop event. On exit the signal handlers are removed
-and the node stops (no drain).
+while the replica knows no other member yet; then a warning names the likely causes), and
+yields a `ControllerNode`: the node, the current session's replica reader and the stop
+event. On exit the signal handlers are removed and the node stops (no drain).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmfabric.clock import Clock
+from llmfabric.untrusted import get_logger
 
 if TYPE_CHECKING:
     from llmfabric.node.daemon import Node
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 # print no decisions). So we wait on while nobody else is known, this long at most.
 MORE_SETTLE_S = 30.0
 _POLL_S = 0.2
+log = get_logger(__name__)
 
 
 async def settle_replica(clock: Clock, settle: float, knows_others: Callable[[], bool],
@@ -41,7 +43,14 @@ async def settle_replica(clock: Clock, settle: float, knows_others: Callable[[],
     await clock.sleep(settle)
     while settle > 0 and not knows_others() and not stop.is_set():
         if clock.now() - start >= settle + MORE_SETTLE_S:
-            break  # (alone: the controller runs anyway and finds nothing to plan for)
+            # Alone: the controller runs anyway and finds nothing to plan for. Say why it
+            # may be alone (it waited in silence, then decided nothing).
+            log.warning(
+                "the controller knows no other member after %.0f s: check --bootstrap and the "
+                "network secret or certificate, and give it its own --home (with another "
+                "node's home, e.g. an ingress's ~/.llmfabric on this machine, it has that "
+                "node's key and its bootstrap takes it for itself)", clock.now() - start)
+            break
         await clock.sleep(_POLL_S)
     return clock.now() - start
 

@@ -63,7 +63,10 @@ def run_launcher(profile_path: pathlib.Path, node_overrides: dict[str, Any],
                                      source=str(profile_path), interval_s=interval,
                                      capacity=capacity, trusted=trusted)
             if once:
-                decisions = await launcher.step()
+                try:
+                    decisions = await launcher.step()
+                except LaunchError as exc:  # (not a login node, Slurm down: was a traceback)
+                    raise click.ClickException(str(exc)) from None
                 sys.stdout.write(json.dumps(
                     [{"kind": type(d).__name__, **asdict(d)} for d in decisions]) + "\n")
                 return

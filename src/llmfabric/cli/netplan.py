@@ -155,6 +155,10 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
 
     if (topology is None) == (from_fabric is None):
         raise click.UsageError("give exactly one of --topology FILE and --from-fabric URL")
+    if from_fabric is not None and out is not None and save_topology is None:
+        # (the plan file names its topology; a URL is no file `simulate net` can re-plan on)
+        raise click.UsageError("--out with --from-fabric needs --save-topology FILE: "
+                               "`simulate net` re-plans on the measured topology saved there")
     try:
         topo: Any = topology
         if from_fabric is not None:
@@ -266,6 +270,10 @@ def simulate_net(plan_path: Path, rate: float, duration: float, arrival: str, sy
 
     try:
         doc = json.loads(plan_path.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
+            raise click.ClickException(
+                f"{plan_path} is no `llmfabric plan net --out` file (it has no inputs to "
+                "re-plan from; a `plan pd --json` plan is for `controller --pd-plan`)")
         out = simulate_plan(doc["inputs"], system, rate, duration, arrival=arrival,
                             online=online, seed=seed)
     except (KeyError, TypeError, ValueError) as exc:

@@ -127,6 +127,15 @@ def _fields(d: Any) -> dict[str, Any]:
             for k, v in dataclasses.asdict(d).items()}
 
 
+def _short(value: Any) -> str:
+    """A decision's field for people: floats at 2 decimals, sequences space-separated."""
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, list | tuple):
+        return "[" + " ".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
 def _lost(spec: str) -> list[int]:
     out: list[int] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -197,11 +206,14 @@ def _print(doc: dict[str, Any]) -> None:
                       f"{s['first_half_attainment']:.1%} in the first half, "
                       f"{s['second_half_attainment']:.1%} in the second): the plan is not "
                       "stable at this load")
-    for d in doc.get("decisions", []):
-        console.print(f"decision: {d}")
+    for d in doc.get("decisions", []):  # (printed as a Python dict, floats at 17 digits)
+        console.print(f"decision: {d['type']} " + "; ".join(
+            f"{k} {_short(v)}" for k, v in d.items() if k != "type"), markup=False)
     if "compare" in doc:
         c = doc["compare"]
         f, k = c["best_fixed_split"], c["colocated_cpsat"]
+        # (groups are [gpu, tp, replicas]: they printed as a Python list)
+        colocated = ", ".join(f"{gpu} TP{tp} x{n}" for gpu, tp, n in k["groups"]) or "-"
         console.print(f"best fixed P:D split ({f['n_prefill']}P/{f['n_decode']}D): "
                       f"{f['simulated_attainment']:.1%} simulated; colocated CP-SAT "
-                      f"{k['groups']}: {k['simulated_attainment']:.1%}")
+                      f"({colocated}): {k['simulated_attainment']:.1%}")

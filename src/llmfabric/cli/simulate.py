@@ -30,7 +30,8 @@ def _fmt(value: float, scale: float = 1.0, unit: str = "") -> str:
 @click.option("--model", "model", default=None,
               help="preset name (e.g. llama-3.1-8b) or path to a Hugging Face config.json "
                    "(required unless a subcommand is given)")
-@click.option("--gpu", default=None, help="GPU name, e.g. H100, A100-80GB, RTX-4090, B200")
+@click.option("--gpu", default=None, help="GPU name, e.g. H100, A100-80GB, RTX-4090, B200 "
+              "(required unless a subcommand is given)")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
@@ -94,7 +95,7 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
             chunked_prefill: bool | None, max_num_seqs: int | None,
             max_batched_tokens: int | None, slo_ttft: float | None, slo_tpot: float | None,
             slo_e2e: float | None, gpus_yaml: Path | None, seed: int, as_json: bool) -> None:
-    """Simulate serving MODEL on GPU replicas (roofline costs + continuous batching).
+    """Simulate serving --model on --gpu replicas (roofline costs + continuous batching).
     Subcommand `e2e` replays measured end-to-end rows instead; `flying` simulates Flying
     Serving (DP engines binding into TP groups online)."""
     if ctx.invoked_subcommand is not None:

@@ -18,8 +18,10 @@ from typing import Any
 import click
 
 
-def _range(text: str) -> tuple[float, float]:
-    lo, _, hi = text.partition("-")
+def rate_range(text: str) -> tuple[float, float]:
+    """LOW-HIGH or LOW,HIGH requests/s (or one rate): `bench --low-rate` wrote ranges with a
+    comma, this command with a dash, and each refused the other's."""
+    lo, _, hi = text.replace(",", "-", 1).partition("-")
     try:
         a, b = float(lo), float(hi or lo)
     except ValueError:
@@ -127,7 +129,7 @@ def flying_command(model: str, gpu: str, n_gpus: int, base_tp: int, widths: str,
                        f"({n_gpus // base_tp} engines, widest {max(w)}): {out['flying']:,}")
             return
         if arrival == "onoff":
-            wl = flying.burst_trace(_range(low), _range(high), period, burst, duration,
+            wl = flying.burst_trace(rate_range(low), rate_range(high), period, burst, duration,
                                     input_tokens, output_tokens, n_requests, seed)
         else:
             wl = sim.poisson(rate, duration, input_tokens, output_tokens, seed)

@@ -34,6 +34,8 @@ def _submit_error(exc: LaunchError) -> click.ClickException:
         return click.ClickException(str(exc))
     if isinstance(exc, SlurmTimeout):
         return click.ClickException(f"{exc}: Slurm may have queued the job anyway (squeue)")
+    if ": fatal: " in str(exc):  # sbatch gave up before asking (no slurm.conf here, ...)
+        return click.ClickException(f"sbatch could not submit from this machine: {exc}")
     return click.ClickException(f"sbatch rejected the job: {exc}")
 
 

@@ -62,11 +62,32 @@ def _read(path: Path) -> Any:
         raise SpecError(f"{path} is not valid YAML: {e}") from None
 
 
+_CLUSTER_KEYS = ("pools: [{name, gpu, nodes, gpus_per_node, interconnect, cost_per_gpu_hour, "
+                 "exclusive_nodes}]")
+_WORKLOAD_KEYS = "models: [{model, rate, mean_in, mean_out, std_in, std_out, slo_e2e_s}]"
+
+
+def _problems(exc: ValidationError, keys: str) -> str:
+    """The errors on one line, each named by its field (pydantic's own text spans lines, names
+    our private classes and links its website); an unknown key lists the keys."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "the file"
+        if err["type"] == "extra_forbidden":
+            what = f"unknown key (the keys: {keys})"
+        elif err["type"] == "model_type":
+            what = f"should be a mapping ({keys})"
+        else:
+            what = str(err["msg"]).lower()
+        problems.append(f"{where}: {what}")
+    return "; ".join(problems)
+
+
 def cluster_from_dict(data: Any, source: str = "cluster") -> Cluster:
     try:
         spec = _ClusterIn.model_validate(data)
     except ValidationError as e:
-        raise SpecError(f"{source}: {e}") from None
+        raise SpecError(f"{source}: {_problems(e, _CLUSTER_KEYS)}") from None
     return Cluster(tuple(Pool(p.name or p.gpu, p.gpu, p.nodes, p.gpus_per_node,
                               interconnect=p.interconnect, cost_per_gpu_hour=p.cost_per_gpu_hour,
                               exclusive_nodes=p.exclusive_nodes) for p in spec.pools))
@@ -76,7 +97,7 @@ def workload_from_dict(data: Any, source: str = "workload") -> Workload:
     try:
         spec = _WorkloadIn.model_validate(data)
     except ValidationError as e:
-        raise SpecError(f"{source}: {e}") from None
+        raise SpecError(f"{source}: {_problems(e, _WORKLOAD_KEYS)}") from None
     return Workload(tuple(ModelLoad(m.model, m.rate, m.mean_in, m.mean_out, m.std_in, m.std_out,
                                     m.slo_e2e_s) for m in spec.models))
 

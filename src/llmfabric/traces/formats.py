@@ -281,7 +281,10 @@ def format_from_columns(columns: list[str], first_row: Mapping[str, Any] | None)
         return "mooncake"
     if names & set(_TIMESTAMP_KEYS) and names & set(_INPUT_KEYS) and names & set(_OUTPUT_KEYS):
         return "llmfabric"
+    if not names:  # (said "from columns []")
+        raise UnknownTraceFormatError("no columns to tell the trace format from (an empty "
+                                      "file?)")
     raise UnknownTraceFormatError(
         f"cannot tell the trace format from columns {sorted(names)}; pass the format explicitly "
-        f"(one of {', '.join(FORMATS)})"
+        f"(--format, or --trace-format where the trace is an input: one of {', '.join(FORMATS)})"
     )

@@ -27,6 +27,16 @@ pytestmark = pytest.mark.unit
      "http://127.0.0.1:5"),
     (["/venv/bin/vllm", "serve", "m"], "vllm", "http://127.0.0.1:8000"),
     (["./my-server", "--port", "7"], "openai", "http://127.0.0.1:7"),
+    # behind the container launchers a Slurm profile renders (they read "openai": no vLLM
+    # metrics, tokenize or context for the node); an image named after vLLM decides nothing
+    (["apptainer", "exec", "--nv", "--bind", "/s:/s", "docker://vllm/vllm-openai:latest",
+      "vllm", "serve", "m", "--port", "9"], "vllm", "http://127.0.0.1:9"),
+    (["enroot", "start", "--rw", "--mount", "/s:/s", "img", "python", "-m",
+      "sglang.launch_server", "--port", "5"], "sglang", "http://127.0.0.1:5"),
+    (["srun", "--ntasks=1", "--container-image=x", "--container-mounts=/a:/a", "vllm",
+      "serve", "m"], "vllm", "http://127.0.0.1:8000"),
+    (["apptainer", "exec", "/images/vllm.sif", "python", "-m", "sglang.launch_server",
+      "--port", "3"], "sglang", "http://127.0.0.1:3"),
 ])
 def test_detected_kind_and_url(argv: list[str], kind: str, url: str) -> None:
     cmd = parse_engine_command(argv)

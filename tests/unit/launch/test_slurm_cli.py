@@ -154,3 +154,8 @@ def test_submit_without_slurm_does_not_claim_a_rejection(tmp_path: pathlib.Path)
     assert "may have queued the job" in late.message and "rejected" not in late.message
     assert cli_slurm._submit_error(SlurmError("Invalid partition")).message == (
         "sbatch rejected the job: Invalid partition")
+    # no Slurm configuration on this machine: sbatch never asked slurmctld (it said rejected)
+    fatal = SlurmError("sbatch: fatal: Could not establish a configuration source")
+    assert cli_slurm._submit_error(fatal).message == (
+        "sbatch could not submit from this machine: sbatch: fatal: Could not establish a "
+        "configuration source")

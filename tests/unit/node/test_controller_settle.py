@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from llmfabric.cli.controller_node import MORE_SETTLE_S, settle_replica
 from llmfabric.testing.fake_clock import FakeClock
 
@@ -37,10 +39,18 @@ async def test_an_empty_replica_waits_until_somebody_is_known() -> None:
     assert waited is not None and 7.0 <= waited <= 7.5
 
 
-async def test_alone_it_gives_up_after_the_cap() -> None:
+async def test_alone_it_gives_up_after_the_cap(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
     waited = await _run(clock, [False], asyncio.Event(), until=3.0 + MORE_SETTLE_S + 5)
     assert waited is not None and 3.0 + MORE_SETTLE_S <= waited <= 3.0 + MORE_SETTLE_S + 0.5
+    # (it gave up in silence; with an ingress's --home it had dialled "itself")
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "knows no other member after 33 s" in warning and "own --home" in warning
+
+
+async def test_no_warning_once_somebody_is_known(caplog: pytest.LogCaptureFixture) -> None:
+    await _run(FakeClock(), [False], asyncio.Event(), until=60, flip_at=7.0)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 async def test_a_stop_ends_the_wait() -> None:

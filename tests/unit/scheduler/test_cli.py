@@ -118,6 +118,20 @@ def test_bad_specs_say_what_is_wrong() -> None:
         workload_from_dict({"models": [{"model": "x", "mean_in": 1, "mean_out": 1}]})
 
 
+def test_a_swapped_cluster_and_workload_is_one_line_per_field() -> None:
+    """`plan --cluster W --workload C` printed pydantic's multi-line dump (private class
+    names, links to its website); now each field is named on one line with the keys."""
+    res = CliRunner().invoke(plan_command, [
+        "--cluster", str(ROOT / "examples" / "workload-table1.yaml"),
+        "--workload", str(ROOT / "examples" / "cluster-table1.yaml")])
+    assert res.exit_code == 1
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
+    assert "models: field required" in line and "pools: unknown key (the keys: models:" in line
+    assert "pydantic" not in res.output and "_ClusterIn" not in res.output
+    with pytest.raises(SpecError, match=r"^w: the file: should be a mapping \(models:"):
+        workload_from_dict(["x"], "w")
+
+
 def test_record_from_node_view() -> None:
     view = {"session_id": "s1", "peer_id": "p", "state": "JOIN", "suspected": False,
             "hardware": {"gpu_model": "H100-SXM", "gpu_count": 8, "gpu_memory_gb": 80.0,

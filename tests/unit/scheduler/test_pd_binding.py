@@ -308,11 +308,18 @@ def test_controller_cli_checks_its_pd_options(tmp_path: Any, plan: PDPlan) -> No
     assert got.exit_code == 2 and "--pd-plan needs --bootstrap" in got.output
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("instances:\n  - {gpu: A40, count: 2, host: h0}\n")
+    # without the links: the controller's own flags (the loader named plan pd's --links)
     got = runner.invoke(command, ["--pd-plan", str(path), "--pd-cluster", str(cluster),
+                                  "--bootstrap", "127.0.0.1:1"])
+    assert got.exit_code == 2 and "--pd-cluster with --pd-links, or --pd-topology" in got.output
+    links = tmp_path / "links.csv"
+    links.write_text("src,dst,gbps\n0,1,100\n")
+    inputs = ["--pd-cluster", str(cluster), "--pd-links", str(links)]
+    got = runner.invoke(command, ["--pd-plan", str(path), *inputs,
                                   "--bootstrap", "127.0.0.1:1"])
     assert got.exit_code == 1 and str(path) in got.output  # the plan needs 4 GPUs
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    got = runner.invoke(command, ["--pd-plan", str(bad), "--pd-cluster", str(cluster),
+    got = runner.invoke(command, ["--pd-plan", str(bad), *inputs,
                                   "--bootstrap", "127.0.0.1:1"])
     assert got.exit_code == 1 and "bad.json" in got.output

@@ -4,6 +4,7 @@ the placement command `llmfabric plan --cluster ...` is unchanged."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,32 @@ def test_plan_pd_help_shows_one_percent_sign():
     res = CliRunner().invoke(cli, ["plan", "pd", "--help"], terminal_width=200)
     assert res.exit_code == 0
     assert "90 % cap" in res.output and "%%" not in res.output
+
+
+def test_plan_pd_compare_names_the_colocated_groups_in_words():
+    """The colocated CP-SAT groups printed as a Python list ([['A40', 4, 2], ...])."""
+    res = CliRunner().invoke(cli, [
+        "plan", "pd", "--cluster", str(EX / "cloud32.yaml"), "--links", str(EX / "bw32.csv"),
+        "--model", "llama-30b", "--workload", str(EX / "conversation.yaml"), "--steps", "2",
+        "--neighbors", "3", "--sim-duration", "30", "--compare"])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "colocated CP-SAT" in ln)
+    assert "[[" not in line and re.search(r"colocated CP-SAT \((\S+ TP\d+ x\d+(, )?)+\)", line)
+
+
+def test_plan_pd_reschedule_prints_decisions_in_words(tmp_path):
+    """They printed as Python dicts with 17-digit floats."""
+    base = ["plan", "pd", "--cluster", str(EX / "cloud32.yaml"), "--links",
+            str(EX / "bw32.csv"), "--sim-duration", "20"]
+    res = CliRunner().invoke(cli, [*base, "--model", "llama-30b", "--workload",
+                                   str(EX / "conversation.yaml"), "--steps", "2",
+                                   "--neighbors", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    saved = tmp_path / "plan.json"
+    saved.write_text(res.output)
+    lost = json.loads(res.output)["groups"][0]["gpus"]
+    res = CliRunner().invoke(cli, [*base, "--reschedule", str(saved), "--lost-gpus",
+                                   ",".join(map(str, lost))])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("decision: SetRouting"))
+    assert "{" not in line and "'" not in line and re.search(r"; x \[(\d\.\d\d ?)+\];", line)

@@ -128,7 +128,8 @@ def test_a_saved_plan_round_trips(setup):
         plan.evaluate(evaluator="analytic").attainment)
     broken = plan.to_json()
     broken["groups"][0]["stages"][0][0]["type"] = "H100"
-    with pytest.raises(SpecError):
+    # the loader's own message, not wrapped as "not a saved PD plan: SpecError('...')"
+    with pytest.raises(SpecError, match=r"^stage GPUs \[.*\] are not H100"):
         plan_from_json(broken, cluster)
     with pytest.raises(SpecError):
         plan_from_json({"model": "llama-30b"}, cluster)

@@ -157,8 +157,12 @@ def test_errors_say_what_to_do(tmp_path: Path, writers: Any) -> None:
     with pytest.raises(UnknownTraceFormatError, match=r"\.csv"):
         list(iter_records(odd))
     unknown = writers.jsonl(tmp_path / "u.jsonl", [{"foo": 1}])
-    with pytest.raises(UnknownTraceFormatError, match="pass the format"):
+    with pytest.raises(UnknownTraceFormatError, match="pass the format explicitly \\(--format"):
         list(iter_records(unknown))
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")  # (said "cannot tell the trace format from columns []")
+    with pytest.raises(UnknownTraceFormatError, match=r"^no columns .*\(an empty file\?\)$"):
+        list(iter_records(empty))
     broken = writers.jsonl(
         tmp_path / "b.jsonl", [{"timestamp": 1, "input_tokens": 1, "output_tokens": 1}]
     )

@@ -46,8 +46,10 @@ class NetWorkload:
             doc = yaml.safe_load(Path(path).read_text())
             return cls(float(doc.get("rate", 1.0)), float(doc["mean_in"]),
                        float(doc["mean_out"]))
-        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError,
-                AttributeError) as exc:
+        except KeyError as exc:  # (was "KeyError('mean_in')": say what the file holds)
+            raise SpecError(f"bad workload {path}: no {exc.args[0]} (a plan net workload "
+                            "is {rate, mean_in, mean_out})") from None
+        except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError) as exc:
             raise SpecError(f"bad workload {path}: {exc!r}") from None
 
 

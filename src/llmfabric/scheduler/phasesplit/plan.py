@@ -174,6 +174,8 @@ def plan_from_json(doc: Any, cluster: CloudCluster, *,
                       float(doc["est_throughput_rps"]), cluster, model, wl,
                       doc.get("kv_bits"), int(doc.get("kv_group", 64)),
                       plan_id=str(doc.get("plan_id", "")))
+    except SpecError:
+        raise  # (already says what is wrong: e.g. the plan's GPUs are not this cluster's)
     except (KeyError, TypeError, ValueError) as e:
         raise SpecError(f"not a saved PD plan: {e!r}") from None
     if routing.y.shape != (plan.n_prefill, plan.n_decode) or \

@@ -109,3 +109,34 @@ def test_simulate_collective_net_latency() -> None:
                                    str(EX / "testbed-2tracks.yaml"), "--group", "gpu0,gpu4",
                                    "--net-latency", "-1"])
     assert bad.exit_code != 0
+
+
+def test_out_with_from_fabric_needs_save_topology(tmp_path: Path) -> None:
+    """The plan file names its topology for `simulate net`: a fabric's URL is none it can read
+    (it failed there with "cannot read topology http://...")."""
+    res = CliRunner().invoke(cli, [
+        "plan", "net", "--from-fabric", "http://127.0.0.1:9", "--model", "opt-66b",
+        "--prefill-gpus", "a*", "--decode-gpus", "b*", "--workload",
+        str(EX / "sharegpt.yaml"), "--sla-ttft", "2.5", "--sla-tpot", "0.15",
+        "--out", str(tmp_path / "plan.json")])
+    assert res.exit_code == 2 and "--save-topology" in res.output
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_simulate_net_names_the_plan_files_it_takes(tmp_path: Path) -> None:
+    pd_plan = tmp_path / "pd.json"  # (a `plan pd --json` plan: no inputs)
+    pd_plan.write_text('{"plan_id": "x", "model": "llama-30b", "groups": []}')
+    res = CliRunner().invoke(cli, ["simulate", "net", "--plan", str(pd_plan), "--rate", "1"])
+    assert res.exit_code == 1
+    assert "no `llmfabric plan net --out` file" in res.output and "KeyError" not in res.output
+
+
+def test_a_workload_of_another_planner_names_the_missing_key() -> None:
+    """`plan net --workload` given `plan`'s models: list said "KeyError('mean_in')"."""
+    res = CliRunner().invoke(cli, [
+        "plan", "net", "--topology", str(EX / "testbed-2tracks.yaml"), "--model", "opt-66b",
+        "--prefill-gpus", "a100-*", "--decode-gpus", "v100-*", "--workload",
+        str(EX.parent / "workload-table1.yaml"), "--sla-ttft", "2.5", "--sla-tpot", "0.15"])
+    assert res.exit_code == 1
+    assert "no mean_in (a plan net workload is {rate, mean_in, mean_out})" in res.output
+    assert "KeyError" not in res.output
