@@ -188,9 +188,41 @@ class SlurmLauncher:
         self.applied.append(decision)
 
     async def run(self, stop: asyncio.Event) -> None:
+        failing = FailureLog()
         while not stop.is_set():
             try:
                 await self.step()
             except LaunchError as exc:  # Slurm briefly unreachable: try again next round
-                log.error("launcher round failed: %s", exc)
+                failing.failed(str(exc), self.clock.now())
+            else:
+                failing.succeeded()
             await self.clock.sleep(self.interval_s)
+
+
+class FailureLog:
+    """The launcher's failed rounds in the log without one line per round: a Slurm that never
+    answers (no slurmctld on this host, a maintenance window) fails every 30 s for hours.
+    An error when the failure starts or its message changes, a reminder every
+    `REMIND_S` while it lasts, and a line when a round works again."""
+
+    REMIND_S = 600.0
+
+    def __init__(self) -> None:
+        self.message = ""  # the failure under way ("": rounds work)
+        self.rounds = 0  # failed rounds in a row
+        self._logged_at = 0.0
+
+    def failed(self, message: str, now: float) -> None:
+        self.rounds += 1
+        if message != self.message:
+            self.message, self._logged_at = message, now
+            log.error("launcher round failed: %s (retried every round; the next identical "
+                      "failure is logged in %.0f min)", message, self.REMIND_S / 60)
+        elif now - self._logged_at >= self.REMIND_S:
+            self._logged_at = now
+            log.error("launcher rounds still failing (%d in a row): %s", self.rounds, message)
+
+    def succeeded(self) -> None:
+        if self.message:
+            log.warning("launcher round worked again after %d failed round(s)", self.rounds)
+        self.message, self.rounds = "", 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import logging
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from llmfabric.identity.keys import NodeKey
 from llmfabric.launch.errors import SlurmTimeout
 from llmfabric.launch.jobkeys import JobKeys, job_home
-from llmfabric.launch.launcher import SlurmLauncher, job_views
+from llmfabric.launch.launcher import FailureLog, SlurmLauncher, job_views
 from llmfabric.launch.profile import parse_profile
 from llmfabric.launch.slurm import Slurm
 from llmfabric.registry.records import Lifecycle, LoadHints, NodeMeta, NodeRecord
@@ -255,3 +256,27 @@ async def test_an_sbatch_that_timed_out_without_a_job_is_retried_after_visible_a
     assert fake.jobs == {}  # counted as queued meanwhile
     await _rounds(launcher, clock, 3)  # past 120 s
     assert sorted(fake.jobs) == ["100"]
+
+
+
+def test_a_slurm_that_never_answers_is_logged_once_then_every_ten_minutes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The launcher's loop fails every 30 s round while Slurm does not answer; the log says
+    so when it starts, when its message changes, every 10 minutes while it lasts, and when a
+    round works again (it was one error line per round, for hours)."""
+    caplog.set_level(logging.WARNING, logger="llmfabric")
+    failing = FailureLog()
+    down = "slurm_load_jobs error: Unable to contact slurm controller"
+    for i in range(41):  # rounds at 0, 30, ..., 1200 s
+        failing.failed(down, 30.0 * i)
+    failing.failed("sbatch: error: Batch job submission failed", 1230.0)
+    failing.succeeded()
+    failing.succeeded()  # (nothing more to say)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == [logging.ERROR] * 4 + [logging.WARNING]
+    assert down in lines[0][1]
+    assert "still failing (21 in a row)" in lines[1][1]  # at 600 s
+    assert "still failing (41 in a row)" in lines[2][1]  # at 1200 s
+    assert "Batch job submission failed" in lines[3][1]  # a new message: at once
+    assert "worked again after 42 failed round(s)" in lines[4][1]
+    assert failing.rounds == 0
