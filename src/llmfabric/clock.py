@@ -1,12 +1,14 @@
 """Injected time. Core logic takes a Clock so protocol tests can run on virtual time.
 
 `now()` is monotonic seconds (for timeouts and intervals); `wall()` is Unix seconds (for values
-that travel between nodes, such as record timestamps and GC retention).
+that travel between nodes, such as record timestamps and GC retention). `utc_time` writes such
+a wall time for people (messages, logs, the CLI).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import Awaitable
 from typing import Protocol, TypeVar
@@ -61,3 +63,17 @@ async def with_timeout(clock: Clock, awaitable: Awaitable[T], seconds: float) ->
 def _consume(task: asyncio.Future[T]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def utc_time(unix_s: float) -> str:
+    """`unix_s` as ISO-8601 UTC to the millisecond, as a revocation list file rounds its
+    time (successive lists are issued at least 1 ms apart), e.g. 2026-12-02T16:17:05.123Z;
+    a time past year 9999 or not finite (a signed list can carry one) as Unix seconds."""
+    try:
+        moment = _EPOCH + datetime.timedelta(milliseconds=round(unix_s * 1000))
+    except (OverflowError, ValueError):
+        return f"{unix_s:.15g} Unix seconds"
+    return moment.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)

@@ -18,7 +18,6 @@ usage_export.py and budgets.py (`API_KEY_COMMANDS`) are attached here when prese
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import json
 import math
@@ -29,6 +28,7 @@ from collections.abc import Iterable
 
 import click
 
+from llmfabric.clock import utc_time
 from llmfabric.identity.admission import MembershipCert, encode_public_key, sign_membership
 from llmfabric.identity.errors import IdentityError
 from llmfabric.identity.keys import NODE_KEY_FILE, OPERATOR_KEY_FILE, NodeKey, default_home
@@ -226,20 +226,6 @@ def revoke_node(
                f"{len(new.peer_ids)} key(s) and {len(new.cert_ids)} certificate(s) revoked "
                f"(issued at {utc_time(new.issued_at)}); copy it to a node's --revocation-list "
                "path: the fabric passes it on to the other nodes")
-
-
-def utc_time(unix_s: float) -> str:
-    """`unix_s` as ISO-8601 UTC to the millisecond, as the list file rounds it (successive
-    lists are issued at least 1 ms apart), e.g. 2026-12-02T16:17:05.123Z; a time past year
-    9999 (an operator's list can carry one) as Unix seconds."""
-    try:
-        moment = _EPOCH + datetime.timedelta(milliseconds=round(unix_s * 1000))
-    except OverflowError:
-        return f"{unix_s:.15g} Unix seconds"
-    return moment.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
-
-
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def _attach_api_key_commands() -> None:

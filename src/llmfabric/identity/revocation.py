@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from llmfabric.clock import utc_time
 from llmfabric.identity.errors import AdmissionError, CertificateRevoked, InvalidPeerId
 from llmfabric.identity.keys import NodeKey, is_valid
 from llmfabric.identity.peer_id import check_peer_id
@@ -220,9 +221,9 @@ class Revocations:
         cur = self.current
         if cur is not None and rl.issued_at < cur.issued_at:
             raise AdmissionError(
-                f"revocation list issued at {rl.issued_at:.3f} is older than the list in "
-                f"force (issued at {cur.issued_at:.3f}): an old list does not replace a newer "
-                "one")
+                f"revocation list issued at {utc_time(rl.issued_at)} is older than the list in "
+                f"force (issued at {utc_time(cur.issued_at)}): an old list does not replace a "
+                "newer one")
         self.current = rl
         return cur is None or (cur.peer_ids, cur.cert_ids) != (rl.peer_ids, rl.cert_ids)
 
@@ -233,7 +234,7 @@ class Revocations:
             return None
         what = "key" if peer_id in rl.peer_ids else "certificate"
         return (f"the membership of peer {peer_id} is revoked: its {what} is on the "
-                f"operator's revocation list (issued at {rl.issued_at:.0f})")
+                f"operator's revocation list (issued at {utc_time(rl.issued_at)})")
 
     def check(self, peer_id: str, cert_id: str = "") -> None:
         why = self.refusal(peer_id, cert_id)

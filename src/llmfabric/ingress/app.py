@@ -60,7 +60,7 @@ from llmfabric.ingress.stream_attempt import (
     Resumable,
     attempt_stream,
 )
-from llmfabric.ingress.tenancy.gate import HeldPrice, TenancyGate
+from llmfabric.ingress.tenancy.gate import HeldCompletion, HeldPrice, TenancyGate
 from llmfabric.ingress.usage import (
     Usage,
     estimate_completion_from_body,
@@ -323,10 +323,13 @@ class Ingress:
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
         held: HeldPrice | None = None  # a spend hold: the models that may serve are bounded
+        # an uncapped request's hold: a replica of a larger context gets it capped
+        bound: HeldCompletion | None = None
         if (gate := self.gate) is not None and not gate.admit_at_once(principal):
             if (refused := await gate.admit(principal, doc, path, fallbacks, rreq)) is not None:
                 return self._refuse(model, *refused)
             held = gate.held_price()
+            bound = gate.held_completion()
 
         recorder = (RelayRecorder() if stream and continuation_wanted(
             doc, path, self.config.continue_streams) else None)  # (before metadata is cut)
@@ -394,7 +397,8 @@ class Ingress:
             if pools is not None:  # nodes with prefill/decode roles: the two-phase request
                 got = await self.pd.serve(pools, path, model, principal, doc, stream,
                                           strip_usage, want_chunk, sink, t0, started,
-                                          final=rank == len(fallbacks), attempts=attempts)
+                                          final=rank == len(fallbacks), attempts=attempts,
+                                          bound=bound)
                 if not isinstance(got, Handback):
                     return got
                 attempts = got.attempts
@@ -426,8 +430,11 @@ class Ingress:
                     tr.phase("route", policy=self.config.policy, candidates=len(candidates))
                     tr.open_attempt(cand.session_id, model=model)
                 # Asked by alias: the engine knows the model by its id.
-                send = body if cand.model.id == model else orjson.dumps(
-                    {**doc, "model": cand.model.engine_name(model)})  # (LoRA: adapter's name)
+                if bound is not None and bound.binds(cand):
+                    send = orjson.dumps(bound.capped(doc, cand.model.engine_name(model)))
+                else:
+                    send = body if cand.model.id == model else orjson.dumps(
+                        {**doc, "model": cand.model.engine_name(model)})  # (LoRA: adapter)
                 tried.append(cand.session_id)
                 attempts += 1
                 self.metrics.observe_routed(cand.session_id)
@@ -470,7 +477,7 @@ class Ingress:
                     before = len(tried)  # (each continuation joins `tried`)
                     usage, cand = await continue_stream(
                         self, sink, recorder, doc, rreq, candidates, tried, path, want_chunk,
-                        cand, e.args[1])
+                        cand, e.args[1], bound)
                     attempts += len(tried) - before
                     resp, ttft, status = None, e.args[0], 200
                 finally:

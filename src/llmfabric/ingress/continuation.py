@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import orjson
@@ -51,6 +51,9 @@ from llmfabric.routing.policies import Policy
 from llmfabric.routing.request import RouteRequest
 from llmfabric.routing.router import NoRoute, Router
 from llmfabric.untrusted import get_logger
+
+if TYPE_CHECKING:
+    from llmfabric.ingress.tenancy.gate import HeldCompletion
 
 log = get_logger(__name__)
 
@@ -342,9 +345,11 @@ class ResumeHost(Protocol):
 async def resume_stream(
     host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
-    want_usage_chunk: bool, timeouts: Timeouts,
+    want_usage_chunk: bool, timeouts: Timeouts, bound: HeldCompletion | None = None,
 ) -> tuple[tuple[int, int] | None, Candidate | None, str]:
     """Continue a failed chat or completions stream on other candidates until one finishes it.
+    `bound`: an uncapped request's completion hold (a node of a larger context continues
+    it capped at what is left of it).
 
     Returns (merged usage or None, the candidate that finished, "") or (None, None, why not);
     on failure the caller writes the error event and ends the stream."""
@@ -358,6 +363,10 @@ async def resume_stream(
         if isinstance(decision, NoRoute):
             return None, None, why or "no other node can continue it"
         cand = decision.candidate
+        if bound is not None and bound.binds(cand):  # (what is left of the held cap)
+            first, body, why_not = plan_continuation(bound.capped(doc), recorder, path)
+            if body is None:
+                return None, None, why_not
         tried.append(cand.session_id)
         send = orjson.dumps({**body, "model": cand.model.engine_name(rreq.model)})
         relay = ContinuationRelay(first, want_usage_chunk, host.config.max_sse_line_bytes)
@@ -460,13 +469,14 @@ async def continue_stream(
     host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
     want_usage_chunk: bool, failed: Candidate, why: str,
+    bound: HeldCompletion | None = None,
 ) -> tuple[Usage, Candidate]:
     """Continue a stream whose node failed after the first byte and end it; when no node can,
     end it with an error event as before. Returns the usage to bill and who served last."""
     try:
         got, by, why_not = await resume_stream(host, sink, recorder, doc, rreq, candidates,
                                                tried, path, want_usage_chunk,
-                                               host.config.timeouts)
+                                               host.config.timeouts, bound)
         if by is None:
             msg = f"{why}; not continued: {why_not}"
             await sink.write(b"data: " + error_body(502, msg, "upstream_failed") + b"\n\n")

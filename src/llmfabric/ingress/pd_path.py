@@ -40,6 +40,7 @@ from llmfabric.routing.request import RouteRequest
 
 if TYPE_CHECKING:
     from llmfabric.ingress.app import Ingress
+    from llmfabric.ingress.tenancy.gate import HeldCompletion
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +121,12 @@ class PDPath:
         self, pools: PDSplit, path: str, model: str, principal: Principal | None,
         doc: dict[str, Any], stream: bool, strip_usage: bool, want_chunk: bool,
         sink: StreamSink, t0: float, started: float, final: bool = True, attempts: int = 0,
+        bound: HeldCompletion | None = None,
     ) -> Reply | Handback | None:
         """A Reply, None (streamed), or a `Handback` (to the colocated path; unless `final`,
-        to the next model). `attempts`: the request's upstream attempts before this path."""
+        to the next model). `attempts`: the request's upstream attempts before this path;
+        `bound`: an uncapped request's completion hold (a decode node of a larger context
+        gets the request capped)."""
         ing = self.ing
         tr = current_trace()
         retries = ing.config.max_retries
@@ -176,7 +180,9 @@ class PDPath:
                 break
             d_tried.append(cand.session_id)
             attempts += 1
-            send = orjson.dumps({**decode_doc, "model": cand.model.engine_name(model)})
+            name = cand.model.engine_name(model)
+            send = orjson.dumps(bound.capped(decode_doc, name) if bound is not None
+                                and bound.binds(cand) else {**decode_doc, "model": name})
             ing.metrics.observe_routed(cand.session_id)
             ing.policy.on_request_start(cand)
             if tr is not None:

@@ -21,7 +21,7 @@ import pathlib
 import random
 from collections.abc import Awaitable, Callable, Iterable
 
-from llmfabric.clock import Clock
+from llmfabric.clock import Clock, utc_time
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.identity.revocation import RevocationList, Revocations
 from llmfabric.net import TlsTransport
@@ -161,7 +161,7 @@ def own_revocation(rl: RevocationList | None, peer_id: str, cert_id: str) -> str
         return None
     what = "key" if peer_id in rl.peer_ids else "certificate"
     return (f"this node's own membership is revoked: its {what} is on the operator's "
-            f"revocation list (issued at {rl.issued_at:.3f})")
+            f"revocation list (issued at {utc_time(rl.issued_at)})")
 
 
 def revoked_members(rl: RevocationList, views: Iterable[NodeView],

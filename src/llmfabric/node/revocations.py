@@ -66,7 +66,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import orjson
 
-from llmfabric.clock import Clock, with_timeout
+from llmfabric.clock import Clock, utc_time, with_timeout
 from llmfabric.identity.errors import AdmissionError
 from llmfabric.identity.revocation import MAX_LIST_BYTES, RevocationList, Revocations
 from llmfabric.net import HandlerResponse, NetError, PeerRequest, TlsTransport
@@ -127,8 +127,8 @@ class RevocationWatch:
                       self.path, exc)
             return False
         log.warning("revocation list %s in force: %d key(s), %d certificate(s) revoked "
-                    "(issued at %.0f)", self.path, len(rl.peer_ids), len(rl.cert_ids),
-                    rl.issued_at)
+                    "(issued at %s)", self.path, len(rl.peer_ids), len(rl.cert_ids),
+                    utc_time(rl.issued_at))
         if changed:
             self.on_change(rl)
         return changed
@@ -244,7 +244,7 @@ class RevocationSync:
             got = advert_of(rl)
             if got <= self.held():
                 raise AdmissionError(
-                    f"it served a list issued at {rl.issued_at:.3f}, not newer than ours")
+                    f"it served a list issued at {utc_time(rl.issued_at)}, not newer than ours")
             changed = self.revocations.offer(rl)  # (raises unless the operator signed it)
         except TimeoutError:
             self._fail(peer, f"no answer within {FETCH_TIMEOUT_S:g} s", quiet=True)
@@ -260,8 +260,8 @@ class RevocationSync:
             self._fail(peer, "it advertised a newer list than it served", quiet=False)
         else:
             self._backoff.pop(peer, None)
-        log.warning("revocation list issued at %.3f learnt from peer %s: %d key(s), %d "
-                    "certificate(s) revoked", rl.issued_at, peer, len(rl.peer_ids),
+        log.warning("revocation list issued at %s learnt from peer %s: %d key(s), %d "
+                    "certificate(s) revoked", utc_time(rl.issued_at), peer, len(rl.peer_ids),
                     len(rl.cert_ids))
         if changed:
             self.apply(rl)

@@ -311,6 +311,10 @@ def test_traces_page_draws_the_waterfall_of_a_request(
     root_start, root_end = boxes[0]
     assert all(root_start - 0.01 <= a <= b <= root_end + 1.01 for a, b in boxes)
     assert "attempt 0" in (wf.text_content() or "")
+    # the attempts table says which model each attempt was for (no phase: colocated)
+    [attempt] = page.locator("#attempts-table tbody tr").evaluate_all(
+        "trs => trs.map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent))")
+    assert attempt[:3] == ["0", LLAMA, "-"] and attempt[4] == "status 200"
     shot(page, "traces")
     # the newest trace, the stream, is first and has a stream phase
     first = page.locator("#traces-table tbody tr").first

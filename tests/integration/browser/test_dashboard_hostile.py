@@ -29,6 +29,9 @@ BIDI_ALIASES = ["al\u2066ias\u202e", "second"]
 BIDI_PROVIDER = "uni\u202eb"
 BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
+# A model name as a member (or a client's `models` list) can make it: markup and bidi controls.
+MARKUP_MODEL = "<img src=x onerror=window.__pwned=1>m\u202eodel"
+
 # One endless-looking answer: many tiny deltas, as a hostile node can stream them.
 DELTAS = 120_000
 DELTA = "spam " * 2
@@ -37,6 +40,31 @@ DELTA = "spam " * 2
 class _Fake:
     url = ""
     ui = ""
+
+
+def _span(name: str, sid: str, parent: str, start: float, end: float, **attrs: Any
+          ) -> dict[str, Any]:
+    return {"name": name, "span_id": sid, "parent_id": parent, "start_ms": start,
+            "end_ms": end, "attrs": attrs}
+
+
+# A request that fell back from `small` (its engine answered 503) to a model served on the
+# prefill/decode path, whose decode stream was cut and continued: four attempts.
+TRACE = {
+    "trace_id": "ab" * 16, "status": 200, "duration_ms": 40.0, "started_at": 1_767_225_600,
+    "attrs": {"model": MARKUP_MODEL},
+    "spans": [
+        _span("ingress.request", "r", "", 0, 40, model=MARKUP_MODEL),
+        _span("attempt", "a0", "r", 1, 5, node="s1" * 8, attempt=0, model="small",
+              error="node s1 answered 503"),
+        _span("attempt", "a1", "r", 6, 10, node="p1" * 8, attempt=1, model=MARKUP_MODEL,
+              phase="prefill", status=200),
+        _span("attempt", "a2", "r", 11, 30, node="d1" * 8, attempt=2, model=MARKUP_MODEL,
+              phase="decode", error="the stream was cut"),
+        _span("attempt", "a3", "r", 30, 39, node="d2" * 8, attempt=3, model=MARKUP_MODEL,
+              continuation=True, status=200),
+    ],
+}
 
 
 def _app() -> web.Application:
@@ -67,6 +95,14 @@ def _app() -> web.Application:
             pass
         return resp
 
+    async def keys(_: web.Request) -> web.Response:
+        return web.json_response({"keys": []})
+
+    async def traces(_: web.Request) -> web.Response:
+        return web.json_response({"enabled": True, "data": [TRACE]})
+
+    app.router.add_get("/v1/fabric/keys", keys)
+    app.router.add_get("/v1/fabric/traces", traces)
     app.router.add_get("/v1/fabric/models", models)
     app.router.add_get("/v1/fabric/providers", providers)
     app.router.add_post("/v1/chat/completions", chat)
@@ -139,3 +175,28 @@ def test_bidi_controls_in_names_are_shown_escaped(page: Any, fabric: Any) -> Non
     option.wait_for(state="attached")
     assert option.get_attribute("value") == BIDI_MODEL
     assert "\\u202e" in (option.text_content() or "")
+
+
+def test_traces_show_each_attempt_s_model_and_phase_as_text(page: Any, fabric: Any) -> None:
+    """The attempt spans' `model` (a fallback's model) and `phase` (prefill/decode) were not
+    shown. They are, in the attempts table under the waterfall and in each attempt bar's
+    title, as text with bidi controls escaped like every other name from the fabric."""
+    page.goto(fabric.ui)
+    page.evaluate("sessionStorage.setItem('llmfabric.apiKey', 'sk-admin')")
+    page.goto(f"{fabric.ui}#/traces")
+    page.reload()
+    rows = page.locator("#attempts-table tbody tr")
+    rows.first.wait_for()
+    cells = rows.evaluate_all(
+        "trs => trs.map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent))")
+    escaped = "<img src=x onerror=window.__pwned=1>m\\u202eodel"
+    assert [c[:3] for c in cells] == [
+        ["0", "small", "-"], ["1", escaped, "prefill"], ["2", escaped, "decode"],
+        ["3", escaped, "continuation"]]
+    assert cells[0][4] == "failed: node s1 answered 503" and cells[1][4] == "status 200"
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#attempts-table img").count() == 0
+    titles = page.locator("#waterfall g.wf-row[data-span=attempt] title").all_text_contents()
+    assert "for model small" in titles[0] and f"for model {escaped}, decode" in titles[2]
+    shown = page.evaluate("document.body.innerText")
+    assert not any(c in shown for c in BIDI_CONTROLS), ascii(shown)

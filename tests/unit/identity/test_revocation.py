@@ -12,7 +12,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from llmfabric.cli.keys import command, utc_time
+from llmfabric.cli.keys import command
+from llmfabric.clock import utc_time
 from llmfabric.identity import AdmissionContext, AdmissionError, CertAdmission, NodeKey
 from llmfabric.identity.admission import sign_membership
 from llmfabric.identity.errors import CertificateRevoked
@@ -177,6 +178,23 @@ def test_issue_times_are_printed_as_iso_8601_utc() -> None:
     assert utc_time(1767225600.1236) == "2026-01-01T00:00:00.124Z"  # (as the file rounds)
     assert utc_time(0.001) == "1970-01-01T00:00:00.001Z"
     assert utc_time(1e300) == "1e+300 Unix seconds"  # (past year 9999: no ISO form)
+    assert utc_time(float("inf")) == "inf Unix seconds"
+    assert utc_time(float("nan")) == "nan Unix seconds"
+
+
+def test_the_admission_messages_give_issue_times_in_utc() -> None:
+    """They gave Unix seconds ("issued at 1700000000.000", "issued at 1700000010")."""
+    peer = NodeKey.generate().peer_id
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    revs.offer(sign_revocations(OPERATOR, NET, NOW + 10.25, [peer]))
+    with pytest.raises(AdmissionError) as err:
+        revs.offer(sign_revocations(OPERATOR, NET, NOW))
+    assert str(err.value) == (
+        "revocation list issued at 2023-11-14T22:13:20.000Z is older than the list in force "
+        "(issued at 2023-11-14T22:13:30.250Z): an old list does not replace a newer one")
+    assert revs.refusal(peer) == (
+        f"the membership of peer {peer} is revoked: its key is on the operator's revocation "
+        "list (issued at 2023-11-14T22:13:30.250Z)")
 
 
 @pytest.mark.hostile

@@ -281,3 +281,69 @@ async def test_a_dearer_model_that_comes_up_after_admission_never_serves_the_req
     reply = await ask(ing, alone)
     assert reply is not None and reply.status == 200 and fwd.nodes()[-1] == "b1"
     assert book.status()[0]["spent"] == row["spent"] + 5 * 100
+
+
+def generating(context: int) -> Any:
+    """An engine of `context` tokens answering an uncapped request as vLLM does: up to
+    its context less the prompt (3 tokens here), or up to the cap it was sent."""
+    def answer(doc: dict[str, Any]) -> Up:
+        cap = doc.get("max_completion_tokens") or doc.get("max_tokens") or context - 3
+        made = min(cap, context - 3)
+        return Up(body=orjson.dumps({
+            "id": "c1", "object": "chat.completion", "created": 1, "model": doc["model"],
+            "choices": [{"index": 0, "finish_reason": "length",
+                         "message": {"role": "assistant", "content": "..."}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": made,
+                      "total_tokens": 3 + made}}))
+    return answer
+
+
+async def test_a_larger_context_that_comes_up_after_admission_generates_no_more_than_held(
+        ) -> None:
+    """A request without a cap field reserves, on a budget, the context its names' replicas
+    advertised at admission. A replica of a larger context coming up under a listed alias
+    afterwards (here while the primary's engine answered 503) served the fallback uncapped:
+    20 requests each holding 4,096 completion tokens generated up to 131,072 each, 30
+    times the budget. Now such a replica gets the request with the cap it was held at
+    (`max_tokens` and `max_completion_tokens`, as engines read them), and the budget holds;
+    replicas whose context is within the hold get the request as the client sent it."""
+    book = BudgetBook(lambda: NOON)
+    prompt, completion = reservation_parts({"messages": MSG}, context=4096)
+    assert completion == 4096
+    book.set(Budget("key", "k1", 20 * (prompt + completion), "day"))
+    ing, fwd = gated([cand("s1", "small"), cand("m1", "mid", aliases=("fast",))], book)
+    src = ing.source
+    assert isinstance(src, StaticCandidateSource)
+    admitted = asyncio.Event()
+    opened = 0
+
+    async def open_(c: Candidate, path: str, body: bytes, timeouts: Any) -> Up:
+        nonlocal opened
+        doc = orjson.loads(body)
+        fwd.sent.append((c.session_id, doc))
+        if c.model.id == "small":
+            opened += 1
+            await admitted.wait()
+            return Up(503, b"{}")  # -> the fallback
+        return generating(c.model.max_context)(doc)
+
+    fwd.open = open_  # type: ignore[assignment,method-assign]
+    tasks = [asyncio.create_task(ask(ing, {"model": "small", "models": ["fast"]}))
+             for _ in range(20)]
+    for _ in range(500):  # (until every request is admitted and waits on small's engine)
+        await asyncio.sleep(0.01)
+        if opened == 20:
+            break
+    assert opened == 20 and book.status()[0]["held"] == 20 * (prompt + completion)
+    # the registry changes: mid's aliased replica leaves, a 131,072-token one comes up
+    src.replace([cand("s1", "small"), cand("b1", "big", context=131_072, aliases=("fast",))])
+    admitted.set()
+    replies = await asyncio.gather(*tasks)
+    assert all(r is not None and r.status == 200 and r.model == "fast" for r in replies)
+    to_big = [d for sid, d in fwd.sent if sid == "b1"]
+    assert len(to_big) == 20
+    assert all(d["max_tokens"] == d["max_completion_tokens"] == 4096 for d in to_big)
+    assert all("max_tokens" not in d and "max_completion_tokens" not in d
+               for sid, d in fwd.sent if sid == "s1")  # (4,096: within the hold)
+    row = book.status()[0]
+    assert row["held"] == 0 and row["spent"] == 20 * (3 + 4096) <= row["tokens"]

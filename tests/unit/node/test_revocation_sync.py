@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import pathlib
 import random
@@ -421,6 +422,32 @@ async def test_a_peer_asking_for_the_list_in_a_loop_gets_429s(
     await clock.advance(ANSWER_INTERVAL_S)
     assert (await sync2.handle(_get("p19"))).status == 200
     assert len(sync2._asked) == 1  # (those answered an interval ago are forgotten)
+
+
+async def test_a_list_learnt_or_refused_is_logged_with_its_issue_time_in_utc(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Both were logged in Unix seconds ("issued at 1700000000.000")."""
+    clock = FakeClock()
+    revs = Revocations(OPERATOR.public_bytes, NET)
+    rl = sign_revocations(OPERATOR, NET, 1_700_000_000.0, [NodeKey.generate().peer_id])
+    body = rl.to_json().encode()
+
+    async def fetch(peer: str) -> bytes:
+        return body
+
+    caplog.set_level(logging.INFO, "llmfabric.node.revocations")
+    sync = RevocationSync(revs, clock, lambda: [("p1", advert_of(rl))], fetch, lambda _: None)
+    assert await sync.step() is True
+    assert any(r.getMessage().startswith(
+        "revocation list issued at 2023-11-14T22:13:20.000Z learnt from peer p1: 1 key(s)")
+        for r in caplog.records)
+    # a peer advertising a newer list than it serves: refused, saying what it served
+    sync = RevocationSync(revs, clock, lambda: [("p2", (rl.issued_at + 1, rl.digest))],
+                          fetch, lambda _: None)
+    assert await sync.step() is False
+    assert any(r.getMessage().endswith(
+        "it served a list issued at 2023-11-14T22:13:20.000Z, not newer than ours")
+        for r in caplog.records)
 
 
 async def _no_fetch(peer: str) -> bytes:

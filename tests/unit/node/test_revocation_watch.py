@@ -157,8 +157,9 @@ def test_a_node_whose_own_key_is_on_the_list_does_not_start(tmp_path: pathlib.Pa
     cfg = _cert_node_config(tmp_path, lst)
     me = NodeKey.load_or_create(tmp_path)[0].peer_id
     lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_000.0, [me]).to_json())
-    with pytest.raises(NodeRevoked, match="own membership is revoked: its key"):
+    with pytest.raises(NodeRevoked, match="own membership is revoked: its key") as revoked:
         Node(cfg)
+    assert "(issued at 2023-11-14T22:13:20.000Z)" in str(revoked.value)  # (not Unix seconds)
     cert_id = MembershipCert.load(tmp_path / "member.json").cert_id
     lst.write_text(sign_revocations(OPERATOR, NET, 1_700_000_001.0, cert_ids=[cert_id]
                                     ).to_json())
@@ -345,3 +346,20 @@ async def test_a_revoked_certificate_drops_its_sessions_not_the_key_s_new_one(
             await a.aclose()
         await net.aclose()
         await node.transport.aclose()
+
+
+async def test_the_list_put_in_force_is_logged_with_its_issue_time_in_utc(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """It was logged in Unix seconds ("(issued at 1700000000)")."""
+    path = tmp_path / "revoked.json"
+    _write(path, sign_revocations(OPERATOR, NET, 1_700_000_000.0).to_json())
+    watch = RevocationWatch(path, Revocations(OPERATOR.public_bytes, NET), FakeClock(),
+                            lambda rl: None)
+    watch.load_initial()
+    _write(path, sign_revocations(OPERATOR, NET, 1_700_000_000.5, [NodeKey.generate().peer_id]
+                                  ).to_json())
+    caplog.set_level(logging.WARNING, "llmfabric.node.revocations")
+    assert watch.poll() is True
+    [line] = [r.getMessage() for r in caplog.records if "in force" in r.getMessage()]
+    assert line.endswith("1 key(s), 0 certificate(s) revoked (issued at "
+                         "2023-11-14T22:13:20.500Z)")

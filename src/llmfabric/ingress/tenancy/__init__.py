@@ -7,7 +7,8 @@ Files:
 - gate.py: `TenancyGate` (budget reservation + fair-queue slot per request, once for all
   its fallback models; 429 with the real wait; `priced`: the names a request may be billed
   as, settled at the served model's id; `HeldPrice`: no model priced above a spend hold
-  serves its request), `NameLookup` (a listed name's context and ids, from one
+  serves its request; `HeldCompletion`: an uncapped request is capped at its hold on a
+  replica of a larger context), `NameLookup` (a listed name's context and ids, from one
   resolution), `reservation(doc)`.
 - attach.py: `attach_tenancy(ingress, store, max_inflight=, env=)` (budgets, fair queue,
   OTLP exporter from settings) -> `TenancyParts`; `budget_lookup(ingress)`: the gate's

@@ -8,7 +8,9 @@ owners (accounts.fairqueue), behind three calls the request path makes:
   Retry-After carrying the real wait) when the budget is used up, a tokens/min bucket is
   empty or the queue is full. Once per request, whatever models it may fall back to; then
   `gate.held_price()`, on a spend budget, bounds the models that may serve it (a dearer one
-  may come up under a listed name after admission: `HeldPrice.within`).
+  may come up under a listed name after admission: `HeldPrice.within`), and
+  `gate.held_completion()`, for a request without a cap field, what a replica of a larger
+  context than was held may generate (`HeldCompletion`: the request is sent to it capped).
 - `gate.used(usage, model)` when the request's usage is known (`model`: the id of the model
   served, what it is billed as: an alias, a `--model-alias` pin or a LoRA adapter is billed
   as the model that runs it).
@@ -62,8 +64,13 @@ from llmfabric.routing.request import RouteRequest
 DEFAULT_COMPLETION_RESERVE = 512
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 # The paths whose requests generate text up to a cap or the context (embeddings, rerank,
-# score and tokenize generate none: they keep the default).
-_GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", NATIVE_RESPONSES_PATH})
+# score and tokenize generate none: they keep the default), and the cap fields an engine
+# reads on each (vLLM takes a chat request's max_completion_tokens before its max_tokens,
+# engines without the newer name read only max_tokens: a chat request is capped by both).
+_CAP_FIELDS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+               "/v1/completions": ("max_tokens",),
+               NATIVE_RESPONSES_PATH: ("max_output_tokens",)}
+_GENERATING = frozenset(_CAP_FIELDS)
 
 
 class NameLookup(NamedTuple):
@@ -115,10 +122,43 @@ class HeldPrice:
                 "the price rose); retry later: a new request reserves at its price")
 
 
+@dataclass(frozen=True, slots=True)
+class HeldCompletion:
+    """What a request without a cap field held on its budget for each completion: `tokens`,
+    the context its names' replicas advertised at admission (their upper median, or the
+    default when none served them). A replica of a larger context (one that came up under a
+    listed name since, or one above its model's median) would generate past it, and
+    concurrent such requests past the budget, so the request core sends it to such a
+    replica capped at `tokens` (`capped`: its cap fields set, as the engine reads them).
+
+    `room`: the hold of one completion, its prompt's bound plus `tokens`. Prompt and
+    completion share a context, so a replica whose context is within `room` cannot go past
+    the hold, and gets the request as the client sent it: an engine refuses a cap that,
+    with the prompt, overflows its context (vLLM's 400), which the cap would make of a
+    request the replica can serve. Above `room`, `tokens` leaves the prompt its place.
+    A replica advertising no context (0) is not capped: its context is unknown."""
+
+    tokens: int
+    room: int
+    fields: tuple[str, ...]
+
+    def binds(self, candidate: Candidate) -> bool:
+        """Whether `candidate` could generate past the hold (its request is capped)."""
+        return candidate.model.max_context > self.room
+
+    def capped(self, doc: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
+        """`doc` with its cap fields set to `tokens` (and `model`, the engine's name)."""
+        out = {**doc, **dict.fromkeys(self.fields, self.tokens)}
+        if model is not None:
+            out["model"] = model
+        return out
+
+
 @dataclass(slots=True)
 class _Admitted:
     hold: Hold | None = None
     held_price: HeldPrice | None = None  # with a spend budget among the hold's
+    held_completion: HeldCompletion | None = None  # uncapped, with a budget
     tokens: TokenHold | None = None  # taken from the tokens/min buckets (RateLimiter.hold)
     slot_since: float | None = None
     model: str = ""
@@ -159,16 +199,20 @@ def reservation_parts(doc: Mapping[str, Any],
     or `default_completion` without either; at most `context` when it is known, times n
     and times the prompts of a completions batch: never less than what the engine may
     generate."""
-    caps = [c for k in _MAX_TOKEN_FIELDS if (c := _count(doc.get(k))) is not None]
-    ctx = min(context, MAX_TOKENS_PER_REQUEST) if context > 0 else 0
-    cap = max(caps) if caps else ctx or default_completion
-    if ctx:
-        cap = min(cap, ctx)  # (an engine generates no more than its context)
+    cap = _completion_cap(doc, default_completion, context)
     n = _count(doc.get("n"))
     times = (n if n is not None and n > 1 else 1) * _prompts(doc.get("prompt"))
     if times > 1:
         cap = min(cap * times, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
     return prompt_token_bound(doc), cap
+
+
+def _completion_cap(doc: Mapping[str, Any], default_completion: int, context: int) -> int:
+    """The cap of one completion (`reservation_parts`, before n and a batch's prompts)."""
+    caps = [c for k in _MAX_TOKEN_FIELDS if (c := _count(doc.get(k))) is not None]
+    ctx = min(context, MAX_TOKENS_PER_REQUEST) if context > 0 else 0
+    cap = max(caps) if caps else ctx or default_completion
+    return min(cap, ctx) if ctx else cap  # (an engine generates no more than its context)
 
 
 def _prompts(prompt: object) -> int:
@@ -326,6 +370,9 @@ class TenancyGate:
             state.hold = got
             if any(unit != "tokens" for _, _, unit in got.parts):
                 state.held_price = HeldPrice(book, prompt, completion, micros)
+            if uncapped:
+                each = _completion_cap(doc, self.default_completion, context)
+                state.held_completion = HeldCompletion(each, prompt + each, _CAP_FIELDS[path])
         if self.queue is not None:
             t0 = self.queue.now()
             slot = await self.queue.acquire(owner, cost)
@@ -358,6 +405,15 @@ class TenancyGate:
             return None
         state = _STATE.get()
         return state.held_price if state is not None else None
+
+    def held_completion(self) -> HeldCompletion | None:
+        """The completion hold of the request under way (after `admit`) when it has no cap
+        field and a budget: it bounds what a replica of a larger context may generate;
+        None otherwise (a cap field bounds it, and without a budget nothing is held)."""
+        if self._stateless:
+            return None
+        state = _STATE.get()
+        return state.held_completion if state is not None else None
 
     def used(self, usage: Usage | None, model: str = "") -> None:
         """The request's usage, served by `model` (what the settlement prices; "": the

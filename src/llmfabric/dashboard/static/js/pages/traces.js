@@ -1,7 +1,9 @@
 // Traces: the ingress's last requests (GET /v1/fabric/traces, admin keys) and, for the one
 // selected, a waterfall of its spans: auth, queue, route, each attempt (forward to the first
 // byte, with the node's own time under it as the node reported it, then the stream; an
-// attempt through a relay says so), drawn in SVG on one time axis.
+// attempt through a relay says so), drawn in SVG on one time axis; then a table of its
+// attempts: the model each was for (a request with `models` fallbacks tries several), its
+// phase (prefill/decode, or a stream's continuation), node and outcome.
 
 import { h, s, mount, notice, tableWrap, fmtNum, fmtTime, shortId } from '../dom.js';
 import { get, ApiError } from '../api.js';
@@ -41,11 +43,40 @@ function spanLabel(sp) {
   return sp.name;
 }
 
+/** An attempt's phase: prefill or decode (the two-phase path), or a stream's continuation. */
+function attemptPhase(a) {
+  if (a.phase != null) return String(a.phase);
+  return a.continuation ? 'continuation' : '';
+}
+
 function spanNote(sp) {
   const a = sp.attrs || {};
   if (sp.name === 'node' && a.reported_ms != null) return ` (the node reported ${fmtNum(a.reported_ms, 1)} ms)`;
-  if (sp.name === 'attempt' && a.relay) return ` (through relay ${a.relay})`;
+  if (sp.name === 'attempt') {
+    const phase = attemptPhase(a);
+    return `${a.model != null ? ` for model ${a.model}` : ''}${phase ? `, ${phase}` : ''}${a.relay ? ` (through relay ${a.relay})` : ''}`;
+  }
   return '';
+}
+
+/** The attempts of a trace, in order: what the waterfall's labels have no room for. */
+export function attemptsTable(trace) {
+  const attempts = (trace.spans || []).filter((sp) => sp.name === 'attempt')
+    .sort((x, y) => (x.attrs?.attempt ?? 0) - (y.attrs?.attempt ?? 0) || x.start_ms - y.start_ms);
+  if (attempts.length === 0) return null;
+  const table = h('table', { id: 'attempts-table' },
+    h('thead', {}, h('tr', {}, ['Attempt', 'Model', 'Phase', 'Node', 'Outcome'].map((c) => h('th', { scope: 'col' }, c)))),
+    h('tbody', {}, attempts.map((sp) => {
+      const a = sp.attrs || {};
+      const outcome = a.error ? `failed: ${a.error}` : a.status != null ? `status ${a.status}` : '-';
+      return h('tr', { 'data-attempt': String(a.attempt ?? '') },
+        h('td', { class: 'num' }, String(a.attempt ?? '-')),
+        h('td', {}, a.model != null ? String(a.model) : '-'),
+        h('td', {}, attemptPhase(a) || '-'),
+        h('td', { title: String(a.node ?? '') }, shortId(String(a.node ?? ''), 16)),
+        h('td', {}, outcome));
+    })));
+  return tableWrap('Attempts of the selected trace', table);
 }
 
 export function waterfall(trace) {
@@ -93,7 +124,8 @@ function render(view, ctx) {
     mount(detail,
       h('h2', {}, 'Trace ', h('code', { id: 'trace-id' }, t.trace_id)),
       h('p', { class: 'muted' }, `${a.model || '-'} · status ${t.status} · ${fmtNum(t.duration_ms, 1)} ms · ${fmtTime(t.started_at)}`),
-      h('div', { class: 'waterfall-wrap' }, waterfall(t)));
+      h('div', { class: 'waterfall-wrap' }, waterfall(t)),
+      attemptsTable(t));
     for (const tr of listBox.querySelectorAll('tr[data-trace]')) {
       if (tr.dataset.trace === selected) tr.setAttribute('aria-selected', 'true');
       else tr.removeAttribute('aria-selected');
