@@ -6,6 +6,7 @@ a budget reserves for it. The real core over static candidates and a scripted fo
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -218,6 +219,35 @@ async def test_a_request_with_fallbacks_is_admitted_once_and_settled_once() -> N
     assert row["held"] == 0 and row["spent"] == 0
 
 
+class HeldPrimary:
+    """The forwarder's engines: the primary ("small") answers 503 (-> the fallbacks), but
+    only once `admitted` is set, so every request is admitted first and the registry can
+    change under it; any other model answers with `answer(candidate, doc)`."""
+
+    def __init__(self, fwd: Any, answer: Callable[[Candidate, dict[str, Any]], Up]) -> None:
+        self.admitted = asyncio.Event()
+        self.opened = 0
+
+        async def open_(c: Candidate, path: str, body: bytes, timeouts: Any) -> Up:
+            doc = orjson.loads(body)
+            fwd.sent.append((c.session_id, doc))
+            if c.model.id == "small":
+                self.opened += 1
+                await self.admitted.wait()
+                return Up(503, b"{}")
+            return answer(c, doc)
+
+        fwd.open = open_
+
+    async def all_waiting(self, n: int) -> None:
+        """Until `n` requests are admitted and wait on the primary's engine."""
+        for _ in range(500):
+            if self.opened == n:
+                return
+            await asyncio.sleep(0.01)
+        assert self.opened == n
+
+
 async def test_a_dearer_model_that_comes_up_after_admission_never_serves_the_request(
         ) -> None:
     """A request's names resolve at admission, its spend hold at the dearest model they
@@ -237,32 +267,16 @@ async def test_a_dearer_model_that_comes_up_after_admission_never_serves_the_req
     ing, fwd = gated([cand("s1", "small"), cand("m1", "mid", aliases=("fast",))], book)
     src = ing.source
     assert isinstance(src, StaticCandidateSource)
-    admitted = asyncio.Event()
-    opened = 0
-
-    async def open_(c: Candidate, path: str, body: bytes, timeouts: Any) -> Up:
-        nonlocal opened
-        doc = orjson.loads(body)
-        fwd.sent.append((c.session_id, doc))
-        if c.model.id == "small":
-            opened += 1
-            await admitted.wait()
-            return Up(503, b"{}")  # -> the fallbacks
-        return served(doc)  # 5 tokens
-
-    fwd.open = open_  # type: ignore[assignment,method-assign]
+    primary = HeldPrimary(fwd, lambda c, doc: served(doc))  # (5 tokens)
     alone = {"model": "small", "models": ["fast"], "max_tokens": 100}
     then_mid = {"model": "small", "models": ["fast", "mid"], "max_tokens": 100}
     tasks = [asyncio.create_task(ask(ing, alone if i % 2 else then_mid)) for i in range(20)]
-    for _ in range(500):  # (until every request is admitted and waits on small's engine)
-        await asyncio.sleep(0.01)
-        if opened == 20:
-            break
-    assert opened == 20 and book.status()[0]["held"] == 20 * hold
+    await primary.all_waiting(20)
+    assert book.status()[0]["held"] == 20 * hold
     # the registry changes: mid's aliased replica leaves, big comes up under "fast"
     src.replace([cand("s1", "small"), cand("b1", "big", aliases=("fast",)),
                  cand("m2", "mid")])
-    admitted.set()
+    primary.admitted.set()
     replies = await asyncio.gather(*tasks)
     assert "b1" not in fwd.nodes()
     row = book.status()[0]
@@ -314,30 +328,14 @@ async def test_a_larger_context_that_comes_up_after_admission_generates_no_more_
     ing, fwd = gated([cand("s1", "small"), cand("m1", "mid", aliases=("fast",))], book)
     src = ing.source
     assert isinstance(src, StaticCandidateSource)
-    admitted = asyncio.Event()
-    opened = 0
-
-    async def open_(c: Candidate, path: str, body: bytes, timeouts: Any) -> Up:
-        nonlocal opened
-        doc = orjson.loads(body)
-        fwd.sent.append((c.session_id, doc))
-        if c.model.id == "small":
-            opened += 1
-            await admitted.wait()
-            return Up(503, b"{}")  # -> the fallback
-        return generating(c.model.max_context)(doc)
-
-    fwd.open = open_  # type: ignore[assignment,method-assign]
+    primary = HeldPrimary(fwd, lambda c, doc: generating(c.model.max_context)(doc))
     tasks = [asyncio.create_task(ask(ing, {"model": "small", "models": ["fast"]}))
              for _ in range(20)]
-    for _ in range(500):  # (until every request is admitted and waits on small's engine)
-        await asyncio.sleep(0.01)
-        if opened == 20:
-            break
-    assert opened == 20 and book.status()[0]["held"] == 20 * (prompt + completion)
+    await primary.all_waiting(20)
+    assert book.status()[0]["held"] == 20 * (prompt + completion)
     # the registry changes: mid's aliased replica leaves, a 131,072-token one comes up
     src.replace([cand("s1", "small"), cand("b1", "big", context=131_072, aliases=("fast",))])
-    admitted.set()
+    primary.admitted.set()
     replies = await asyncio.gather(*tasks)
     assert all(r is not None and r.status == 200 and r.model == "fast" for r in replies)
     to_big = [d for sid, d in fwd.sent if sid == "b1"]
