@@ -9,6 +9,9 @@ Files:
   as, settled at the served model's id; `HeldPrice`: no model priced above a spend hold
   serves its request), `NameLookup` (a listed name's context and ids, from one
   resolution), `reservation(doc)`.
+- model_access.py: a key's model allowlist where names resolve: `permitted` (the allowed
+  candidates of a name, aliases and adapters by their model id), `no_access` (the 403),
+  `catalog_within` (GET /v1/models cut to the allowed ids).
 - attach.py: `attach_tenancy(ingress, store, max_inflight=, env=)` (budgets, fair queue,
   OTLP exporter from settings) -> `TenancyParts`; `budget_lookup(ingress)`: the gate's
   `lookup` over the ingress's routing.
