@@ -72,7 +72,12 @@ from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
 from llmfabric.routing.filters import Ambiguous, resolve
 from llmfabric.routing.policies import make_policy
-from llmfabric.routing.prefix import SESSION_HEADER, routing_keys, session_header
+from llmfabric.routing.prefix import (
+    SESSION_HEADER,
+    prompt_prefix,
+    routing_keys,
+    session_header,
+)
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
@@ -181,30 +186,7 @@ class Ingress:
         )
 
     def _prefix(self, doc: Mapping[str, Any]) -> str:
-        n = self.config.prefix_chars
-        msgs = doc.get("messages")
-        if isinstance(msgs, list):
-            out: list[str] = []
-            size = 0
-            for m in msgs:
-                content = m.get("content") if isinstance(m, dict) else None
-                if isinstance(content, list):
-                    content = "".join(
-                        p.get("text", "") for p in content if isinstance(p, dict)
-                    )
-                if isinstance(content, str):
-                    out.append(content)
-                    size += len(content)
-                    if size >= n:
-                        break
-            return "\x1e".join(out)[:n]
-        for key in ("prompt", "input"):
-            v = doc.get(key)
-            if isinstance(v, list) and v:
-                v = v[0]
-            if isinstance(v, str):
-                return v[:n]
-        return ""
+        return prompt_prefix(doc, self.config.prefix_chars)
 
     # -- the request path ----------------------------------------------------------------
 
