@@ -140,6 +140,7 @@ async def test_limits_past_the_database_integer_are_refused_not_500(
         assert (await r.json())["data"] == []
 
 
+@pytest.mark.hostile
 async def test_expiry_and_models_over_http_and_keys_cannot_grow_them(
     server: tuple[str, AccountStore, str],
 ) -> None:

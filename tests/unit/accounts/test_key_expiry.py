@@ -51,6 +51,7 @@ def test_expires_reads_durations_dates_and_times() -> None:
             parse_expiry(bad, NOW)
 
 
+@pytest.mark.hostile
 def test_a_key_cannot_mint_a_longer_lived_key() -> None:
     mine = key(NOW + DAY)
     assert expiry_for_new_key(mine, None) == NOW + DAY  # unset: inherits the creator's
@@ -62,12 +63,14 @@ def test_a_key_cannot_mint_a_longer_lived_key() -> None:
     assert expiry_for_new_key(None, None) is None  # the operator
 
 
+@pytest.mark.hostile
 async def test_the_store_refuses_past_or_absurd_expiries(store: AccountStore) -> None:
     for bad in (NOW, NOW - 1, float("inf"), float("nan"), 1e300):
         with pytest.raises(InvalidRequest):
             await store.create_key("app", "alice", expires_at=bad)
 
 
+@pytest.mark.hostile
 async def test_an_expired_key_is_refused_on_the_cached_path(
     store: AccountStore, clock: FakeClock,
 ) -> None:
@@ -88,6 +91,7 @@ async def test_an_expired_key_is_refused_on_the_cached_path(
     assert listed[0].expires_at == NOW + 60 and listed[0].expired(clock.wall())
 
 
+@pytest.mark.hostile
 async def test_an_expiring_key_minting_a_key_gives_it_no_longer_life(
     store: AccountStore,
 ) -> None:

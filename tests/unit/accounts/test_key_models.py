@@ -32,6 +32,7 @@ def key(models: frozenset[str] | None, admin: bool = False) -> ApiKey:
     return ApiKey("k1", "app", "cs101", admin, 0.0, models=models)
 
 
+@pytest.mark.hostile
 def test_a_key_cannot_mint_a_key_for_more_models() -> None:
     mine = key(frozenset({"llama-8b", "qwen-7b"}))
     assert models_for_new_key(mine, None) == mine.models  # unset: inherits the creator's
@@ -44,6 +45,7 @@ def test_a_key_cannot_mint_a_key_for_more_models() -> None:
     assert models_for_new_key(None, None) is None
 
 
+@pytest.mark.hostile
 def test_allowlists_are_validated_and_damaged_rows_fail_closed() -> None:
     assert check_models([" llama-8b ", "qwen-7b", "qwen-7b"]) == {"llama-8b", "qwen-7b"}
     for bad in ([], [""], ["  "], ["a\nb"], ["x" * 513], "llama", ["m"] * 0,
@@ -55,6 +57,7 @@ def test_allowlists_are_validated_and_damaged_rows_fail_closed() -> None:
     assert decode_models('{"a": 1}') == frozenset()
 
 
+@pytest.mark.hostile
 async def test_the_store_keeps_the_allowlist_and_a_child_cannot_widen_it(
     store: AccountStore,
 ) -> None:

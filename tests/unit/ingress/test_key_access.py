@@ -77,6 +77,7 @@ async def test_an_allowed_model_is_served_by_id_and_by_alias() -> None:
     assert [doc["model"] for _, doc in fwd.sent] == ["small", "small"]  # (its id upstream)
 
 
+@pytest.mark.hostile
 async def test_a_disallowed_model_is_refused_by_id_alias_or_unknown_name_alike() -> None:
     ing, fwd = restricted()
     for name in ("big", "large", "no-such-model"):  # a 404 would tell the unknown apart
@@ -84,6 +85,7 @@ async def test_a_disallowed_model_is_refused_by_id_alias_or_unknown_name_alike()
     assert fwd.sent == []
 
 
+@pytest.mark.hostile
 async def test_an_alias_shared_with_a_disallowed_model_reaches_neither() -> None:
     ing, fwd = restricted()
     refused_403(await ask(ing, {"model": "shared"}), "shared")  # (409 for others: ambiguous)
@@ -93,6 +95,7 @@ async def test_an_alias_shared_with_a_disallowed_model_reaches_neither() -> None
     assert fwd.sent == []
 
 
+@pytest.mark.hostile
 async def test_lora_adapters_follow_their_base_model() -> None:
     ing, fwd = restricted(frozenset({"llama"}))
     for name in ("sql", "llama:sql"):
@@ -103,6 +106,7 @@ async def test_lora_adapters_follow_their_base_model() -> None:
     assert [(sid, doc["model"]) for sid, doc in fwd.sent] == [("l1", "sql"), ("l1", "sql")]
 
 
+@pytest.mark.hostile
 async def test_a_fallback_list_cannot_smuggle_a_disallowed_model() -> None:
     ing, fwd = restricted()
     refused_403(await ask(ing, {"model": "nope", "models": ["big", "large"]}), "large")
@@ -162,6 +166,7 @@ async def store_clock() -> AsyncIterator[tuple[AccountStore, FakeClock]]:
     await s.aclose()
 
 
+@pytest.mark.hostile
 async def test_an_expired_key_gets_401_saying_when(
     store_clock: tuple[AccountStore, FakeClock],
 ) -> None:
