@@ -3,7 +3,9 @@ Postgres: the `accounts_db` fixture)."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -136,3 +138,53 @@ async def test_limits_past_the_database_integer_are_refused_not_500(
         assert store.owner_limits("bob") == (MAX_RATE_LIMIT, None)
         r = await http.get(f"{base}/v1/fabric/keys?owner=bob", headers=auth(admin))
         assert (await r.json())["data"] == []
+
+
+@pytest.mark.hostile
+async def test_expiry_and_models_over_http_and_keys_cannot_grow_them(
+    server: tuple[str, AccountStore, str],
+) -> None:
+    base, store, admin = server
+    async with aiohttp.ClientSession() as http:
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(admin), json={
+            "name": "course", "owner": "cs101", "expires_at": "30d",
+            "models": ["llama-8b", "qwen-7b"]})
+        assert r.status == 201, await r.text()
+        course = await r.json()
+        assert course["models"] == ["llama-8b", "qwen-7b"]
+        assert course["expires_at"] == pytest.approx(time.time() + 30 * 86_400, abs=60)
+        # unset: the creator's expiry and models; narrower: fine
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(course["key"]),
+                            json={"name": "student"})
+        student = await r.json()
+        assert r.status == 201
+        assert (student["expires_at"], student["models"]) == (course["expires_at"],
+                                                              course["models"])
+        r = await http.post(f"{base}/v1/fabric/keys", headers=auth(course["key"]), json={
+            "name": "s2", "expires_at": course["expires_at"] - 60, "models": ["qwen-7b"]})
+        assert r.status == 201
+        # hostile: a longer life, more models
+        for body in ({"name": "x", "expires_at": course["expires_at"] + 1},
+                     {"name": "x", "expires_at": "60d"},
+                     {"name": "x", "models": ["llama-8b", "gpt-big"]}):
+            r = await http.post(f"{base}/v1/fabric/keys", headers=auth(course["key"]),
+                                json=body)
+            assert r.status == 403, body
+        for body in ({"name": "x", "expires_at": "soon"}, {"name": "x", "models": []},
+                     {"name": "x", "expires_at": 1.0}, {"name": "x", "models": "llama-8b"}):
+            r = await http.post(f"{base}/v1/fabric/keys", headers=auth(course["key"]),
+                                json=body)
+            assert r.status == 400, body
+        r = await http.get(f"{base}/v1/fabric/keys", headers=auth(course["key"]))
+        listed = (await r.json())["data"]
+        assert sorted(k["models"] for k in listed) == [["llama-8b", "qwen-7b"]] * 2 + [
+            ["qwen-7b"]]
+        # an expired key: 401 saying so, on the admin API too
+        _, short = await store.create_key("short", "cs101", expires_at=time.time() + 0.3)
+        r = await http.get(f"{base}/v1/fabric/keys", headers=auth(short))
+        assert r.status == 200
+        await asyncio.sleep(0.4)
+        r = await http.get(f"{base}/v1/fabric/keys", headers=auth(short))
+        assert r.status == 401
+        err = (await r.json())["error"]
+        assert err["code"] == "expired_api_key" and "expired at" in err["message"]

@@ -226,6 +226,9 @@ class _OneKeyLimited:
     def check_rate(self, principal: Principal) -> float | None:
         return 7.0 if principal.id == "sk-limited" else None
 
+    def expired_at(self, token: str) -> float | None:
+        return None
+
 
 def _counts(text: str, family: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {tuple(sorted(s.labels.items())): s.value

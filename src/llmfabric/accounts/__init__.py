@@ -11,8 +11,11 @@ Files:
   ratelimit.py  RateLimiter: requests/min and tokens/min token buckets (per key and per owner)
   grants.py     key grants (hashes) an ingress publishes in its record; RemoteGrants for the
                 ingresses that trust it as a key issuer
-  policy.py     what keys may do to grow their powers (limit inheritance, keys per owner,
-                reserved owner "admin") and usage clamping (clamp_tokens)
+  policy.py     what keys may do to grow their powers (limit, expiry and model allowlist
+                inheritance, keys per owner, reserved owner "admin") and usage clamping
+                (clamp_tokens)
+  expiry.py     key expiry as written (30d, 12h, 2027-01-31[T..Z]) -> Unix seconds, and the
+                message an expired key's holder gets
   bootstrap.py  ensure_admin_key (the admin key file an ingress or demo starts with),
                 default paths ($LLMFABRIC_DB, $LLMFABRIC_HOME, ~/.llmfabric)
   http.py       add_account_routes: /v1/fabric/keys and /v1/fabric/usage for the ingress

@@ -36,7 +36,9 @@ SCHEMA = (
         revoked_at DOUBLE PRECISION,
         requests_per_min INTEGER,
         tokens_per_min INTEGER,
-        record_trace INTEGER NOT NULL DEFAULT 1
+        record_trace INTEGER NOT NULL DEFAULT 1,
+        expires_at DOUBLE PRECISION,
+        models TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS api_keys_owner ON api_keys (owner)",
     """CREATE TABLE IF NOT EXISTS usage_daily (
@@ -60,9 +62,16 @@ SCHEMA = (
         tokens_per_min INTEGER
     )""",
 )
-# Requests whose tokens the ingress counted itself (the engine reported none): databases
-# created before the column existed get it here.
-ESTIMATED_COLUMN = "estimated_requests BIGINT NOT NULL DEFAULT 0"
+# Columns added after their table was first released, (table, column, declaration): a
+# database created before gets them when it is opened (its rows read as the default: no
+# expiry, every model), so an old accounts.db keeps working. Append only.
+ADDED_COLUMNS = (
+    # Requests whose tokens the ingress counted itself (the engine reported none).
+    ("usage_daily", "estimated_requests", "BIGINT NOT NULL DEFAULT 0"),
+    # Key expiry (Unix seconds, NULL: never) and model allowlist (a JSON list, NULL: all).
+    ("api_keys", "expires_at", "DOUBLE PRECISION"),
+    ("api_keys", "models", "TEXT"),
+)
 
 
 class Backend(Protocol):
@@ -94,9 +103,10 @@ class SQLiteBackend:
             conn.execute("PRAGMA busy_timeout=30000")
             for stmt in SCHEMA:
                 conn.execute(stmt)
-            cols = {row[1] for row in conn.execute("PRAGMA table_info(usage_daily)")}
-            if "estimated_requests" not in cols:
-                conn.execute(f"ALTER TABLE usage_daily ADD COLUMN {ESTIMATED_COLUMN}")
+            for table, column, decl in ADDED_COLUMNS:
+                cols = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                if column not in cols:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
             return conn
 
         return cls(await asyncio.to_thread(connect))
@@ -151,8 +161,9 @@ class PostgresBackend:
             await backend._conn.execute("SELECT pg_advisory_xact_lock(%s)", (cls._SCHEMA_LOCK,))
             for stmt in SCHEMA:
                 await backend._conn.execute(stmt)
-            await backend._conn.execute(
-                f"ALTER TABLE usage_daily ADD COLUMN IF NOT EXISTS {ESTIMATED_COLUMN}")
+            for table, column, decl in ADDED_COLUMNS:
+                await backend._conn.execute(
+                    f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
         return backend
 
     async def _ready(self) -> Any:

@@ -10,7 +10,9 @@ own cache. A revocation removes the grant from the issuer's next record, so it r
 ingress as fast as a record update spreads (about a second on a LAN); the remote side fails
 closed (a key no longer granted is refused). Admin keys are never published. The record
 carries at most `GRANT_BUDGET_BYTES` of grants (newest first; about 50 keys with short owner
-names): older keys work only where they were created. Remote keys get this ingress's owner
+names): older keys work only where they were created, as do keys with an expiry or a
+model allowlist (a grant carries neither, and the remote side must not serve such a key
+past its expiry or beyond its models). Remote keys get this ingress's owner
 limits, not the issuer's. A key id granted by two different issuers is refused (a warning
 names both): the grant says nothing the other issuer could not copy, and the key's issuer
 decides whose budgets bind it, so no issuer can take over another's key.
@@ -34,12 +36,14 @@ _GRANT_OVERHEAD = 160  # msgpack size of one grant without its owner (measured: 
 
 def grants_of(keys: Iterable[ApiKey]) -> tuple[KeyGrant, ...]:
     """The grants an issuer publishes for `keys` (with their hashes): active, non-admin,
-    newest first, within the byte budget; sorted by id so unchanged sets compare equal."""
+    without expiry or allowlist, newest first, within the byte budget; sorted by id so
+    unchanged sets compare equal."""
     out: list[KeyGrant] = []
     used = 0
     for key in sorted(keys, key=lambda k: (-k.created_at, k.id)):
-        if key.admin or not key.active or not key.hash:
-            continue
+        if key.admin or not key.active or not key.hash or key.expires_at is not None \
+                or key.models is not None:
+            continue  # (a grant carries no expiry nor allowlist: such keys stay local)
         size = _GRANT_OVERHEAD + len(key.owner.encode())
         if used + size > GRANT_BUDGET_BYTES:
             break

@@ -2,16 +2,19 @@
 
     GET    /v1/fabric/keys[?owner=]       own keys; an admin sees all (or one owner's)
     POST   /v1/fabric/keys                {name, owner?, admin?, requests_per_min?,
-                                           tokens_per_min?, record_trace?} -> key + "key"
-                                          (the plaintext, shown this once)
+                                           tokens_per_min?, record_trace?, expires_at?,
+                                           models?} -> key + "key" (the plaintext, shown
+                                          this once); expires_at: Unix seconds or text as
+                                          `keys create --expires` takes it (30d, 2027-01-31)
     DELETE /v1/fabric/keys/{id}           revoke (own keys; admin any)
     GET    /v1/fabric/usage[?key_id=&owner=&since=YYYY-MM-DD]
     PUT    /v1/fabric/owners/{owner}/limits {requests_per_min?, tokens_per_min?} (admin):
                                           limits on all of an owner's keys together
 
-A non-admin key creates keys only for its own owner, never with higher limits than its own
-(unset limits inherit its own); owner "admin" is reserved for admin keys; an owner holds at
-most 100 active keys (accounts.policy).
+A non-admin key creates keys only for its own owner, never with higher limits, a later
+expiry or more models than its own (unset ones inherit its own); owner "admin" is reserved
+for admin keys; an owner holds at most 100 active keys (accounts.policy). An expired key
+gets 401 `expired_api_key`, saying when it expired.
 
 Every route needs `Authorization: Bearer <api key>`; errors use OpenAI's JSON error shape.
 """
@@ -25,9 +28,10 @@ import pydantic
 from aiohttp import web
 
 from llmfabric.accounts.errors import InvalidRequest, KeyNotFound, PermissionDenied
+from llmfabric.accounts.expiry import expired_message, parse_expiry
 from llmfabric.accounts.export import is_utc_day
 from llmfabric.accounts.models import ApiKey
-from llmfabric.accounts.policy import MAX_RATE_LIMIT
+from llmfabric.accounts.policy import MAX_KEY_MODELS, MAX_RATE_LIMIT
 from llmfabric.accounts.store import AccountStore
 
 
@@ -39,6 +43,9 @@ class CreateKeyBody(pydantic.BaseModel):
     requests_per_min: int | None = pydantic.Field(default=None, gt=0, le=MAX_RATE_LIMIT)
     tokens_per_min: int | None = pydantic.Field(default=None, gt=0, le=MAX_RATE_LIMIT)
     record_trace: bool = True
+    expires_at: float | str | None = None  # Unix seconds, or as accounts.expiry reads it
+    models: list[str] | None = pydantic.Field(default=None, min_length=1,
+                                              max_length=MAX_KEY_MODELS)
 
 
 class OwnerLimitsBody(pydantic.BaseModel):
@@ -77,6 +84,9 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
         token = bearer_token(request)
         key = await store.authenticate(token) if token else None
         if key is None:
+            if token and (at := store.expired_at(token)) is not None:
+                return _err(401, expired_message(at), "invalid_request_error",
+                            "expired_api_key")
             return _err(
                 401,
                 "missing or invalid API key; pass it as 'Authorization: Bearer lf-...'",
@@ -117,9 +127,12 @@ def add_account_routes(app: web.Application, store: AccountStore) -> None:
             return _err(403, "only an admin may create admin keys or keys for other owners",
                         "permission_error", "forbidden")
         try:
+            expires_at = (parse_expiry(body.expires_at, store.now())
+                          if isinstance(body.expires_at, str) else body.expires_at)
             key, plaintext = await store.create_key(
                 body.name, owner, admin=body.admin, requests_per_min=body.requests_per_min,
-                tokens_per_min=body.tokens_per_min, record_trace=body.record_trace, by=me,
+                tokens_per_min=body.tokens_per_min, record_trace=body.record_trace,
+                expires_at=expires_at, models=body.models, by=me,
             )
         except InvalidRequest as exc:
             return _err(400, str(exc), "invalid_request_error", "invalid_body")

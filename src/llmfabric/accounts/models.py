@@ -30,10 +30,19 @@ class ApiKey:
     # The ingress that issued a key this one accepts through its grant ("": ours, a row of
     # the api_keys table, through which the ledger knows the key's owner)
     issuer: str = ""
+    # Unix seconds after which the key is refused (401 expired_api_key); None: never
+    expires_at: float | None = None
+    # The model ids the key may use (an alias or LoRA adapter of one of them too); None: all
+    models: frozenset[str] | None = None
 
     @property
     def active(self) -> bool:
+        """Not revoked (an expired key is still active: `expired` says whether it is)."""
         return self.revoked_at is None
+
+    def expired(self, now: float) -> bool:
+        """Whether the key is past its expiry at `now` (Unix seconds)."""
+        return self.expires_at is not None and self.expires_at <= now
 
     @property
     def prefix(self) -> str:
@@ -53,6 +62,8 @@ class ApiKey:
             "requests_per_min": self.requests_per_min,
             "tokens_per_min": self.tokens_per_min,
             "record_trace": self.record_trace,
+            "expires_at": self.expires_at,
+            "models": None if self.models is None else sorted(self.models),
         }
 
 

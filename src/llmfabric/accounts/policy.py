@@ -7,12 +7,19 @@
   unset limit inherits the creator's; asking for more is refused), and the owner's aggregate
   limit is pinned to the creator's limits if it had none, so minting many keys does not
   multiply the allowance.
+- Its expiry is no later than the creator's own (an unset expiry inherits the creator's),
+  and its model allowlist is a subset of the creator's (an unset one inherits it): a key
+  cannot outlive, nor reach models beyond, the key that made it.
 - Keys per owner are capped (`MAX_KEYS_PER_OWNER` active keys).
 - Usage is a claim by the provider: token counts are clamped to [0, MAX_TOKENS_PER_REQUEST]
   before they reach a bucket or the ledger.
 """
 
 from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable
 
 from llmfabric.accounts.errors import InvalidRequest, PermissionDenied
 from llmfabric.accounts.models import ApiKey
@@ -27,6 +34,12 @@ MAX_TOKENS_PER_REQUEST = 100_000_000
 # limit, and it fits the limit columns (INTEGER: 32 bits on Postgres); larger values raised in
 # the database driver, a 500 the API fuzz test found.
 MAX_RATE_LIMIT = 2**31 - 1
+# A key's model allowlist: at most this many ids, each at most MAX_MODEL_ID_CHARS printable
+# characters (as ingress.model_list.MAX_MODEL_CHARS: no longer name is ever served).
+MAX_KEY_MODELS = 256
+MAX_MODEL_ID_CHARS = 512
+# The latest expiry a key may be given (year 9999: past it, dates cannot be shown).
+MAX_EXPIRES_AT = dt.datetime(9999, 12, 31, tzinfo=dt.UTC).timestamp()
 
 
 def clamp_tokens(n: object) -> int:
@@ -71,3 +84,59 @@ def limits_for_new_key(
         return requests_per_min, tokens_per_min
     return (inherited_limit("requests_per_min", requests_per_min, by.requests_per_min),
             inherited_limit("tokens_per_min", tokens_per_min, by.tokens_per_min))
+
+
+def check_expiry(expires_at: float, now: float) -> None:
+    """Refuse (InvalidRequest) an expiry that is not a time after `now` (Unix seconds)."""
+    if not math.isfinite(expires_at) or expires_at > MAX_EXPIRES_AT:
+        raise InvalidRequest("expires_at must be a time before the year 10000 (Unix seconds)")
+    if expires_at <= now:
+        raise InvalidRequest("expires_at is in the past: a key must expire in the future")
+
+
+def check_models(models: Iterable[str]) -> frozenset[str]:
+    """A model allowlist as stored: 1..MAX_KEY_MODELS stripped, printable model ids."""
+    if isinstance(models, str):
+        raise InvalidRequest("models must be a list of model ids")
+    out = set()
+    for m in models:
+        name = m.strip() if isinstance(m, str) else ""
+        if not name or len(name) > MAX_MODEL_ID_CHARS or not name.isprintable():
+            raise InvalidRequest(f"each model id must be 1..{MAX_MODEL_ID_CHARS} printable "
+                                 f"characters, got {m!r}")
+        out.add(name)
+    if not out:
+        raise InvalidRequest("models must name at least one model id (leave it unset for all "
+                             "models)")
+    if len(out) > MAX_KEY_MODELS:
+        raise InvalidRequest(f"a key may list at most {MAX_KEY_MODELS} models")
+    return frozenset(out)
+
+
+def expiry_for_new_key(by: ApiKey | None, asked: float | None) -> float | None:
+    """The expiry of a key created by `by` (None: the operator) that asks for `asked`."""
+    if by is None or by.admin or by.expires_at is None:
+        return asked
+    if asked is None:
+        return by.expires_at
+    if asked > by.expires_at:
+        raise PermissionDenied(
+            f"expires_at={asked:.0f} is later than the creating key's own expiry "
+            f"({by.expires_at:.0f}); a key cannot outlive the key that creates it")
+    return asked
+
+
+def models_for_new_key(by: ApiKey | None, asked: frozenset[str] | None
+                       ) -> frozenset[str] | None:
+    """The model allowlist of a key created by `by` (None: the operator) that asks for
+    `asked` (None: all models)."""
+    if by is None or by.admin or by.models is None:
+        return asked
+    if asked is None:
+        return by.models
+    beyond = asked - by.models
+    if beyond:
+        raise PermissionDenied(
+            f"models {', '.join(sorted(beyond))} are not among the creating key's own; a "
+            "key may only narrow the models of the key that creates it")
+    return asked

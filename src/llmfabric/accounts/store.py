@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from llmfabric.accounts import keyfmt
@@ -22,7 +23,15 @@ from llmfabric.accounts.errors import InvalidRequest, KeyNotFound, PermissionDen
 from llmfabric.accounts.export import ExportFilter
 from llmfabric.accounts.ledger import UsageLedger
 from llmfabric.accounts.models import ApiKey, UsageRow
-from llmfabric.accounts.policy import MAX_KEYS_PER_OWNER, limits_for_new_key, normalize_owner
+from llmfabric.accounts.policy import (
+    MAX_KEYS_PER_OWNER,
+    check_expiry,
+    check_models,
+    expiry_for_new_key,
+    limits_for_new_key,
+    models_for_new_key,
+    normalize_owner,
+)
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.untrusted import get_logger
 
@@ -30,7 +39,7 @@ log = get_logger(__name__)
 
 _COLS = (
     "id, key_hash, name, owner, admin, created_at, revoked_at, requests_per_min, "
-    "tokens_per_min, record_trace"
+    "tokens_per_min, record_trace, expires_at, models"
 )
 _NEGATIVE_TTL_S = 5.0
 # Database lookups of key ids the cache does not hold, per second (and burst): a key made
@@ -52,7 +61,21 @@ def _row_to_key(row: tuple[Any, ...]) -> tuple[str, ApiKey]:
         tokens_per_min=None if row[8] is None else int(row[8]),
         record_trace=bool(row[9]),
         hash=str(row[1]),
+        expires_at=None if row[10] is None else float(row[10]),
+        models=None if row[11] is None else decode_models(str(row[11])),
     )
+
+
+def decode_models(text: str) -> frozenset[str] | None:
+    """A stored allowlist (a JSON list of model ids); one that does not read as such allows
+    no model (fail closed: a damaged row must not open every model)."""
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return frozenset()
+    if not isinstance(got, list):
+        return frozenset()
+    return frozenset(m for m in got if isinstance(m, str))
 
 
 def _check_limit(name: str, value: int | None) -> None:
@@ -208,6 +231,10 @@ class AccountStore:
         self._owner_limits[owner] = (requests_per_min, tokens_per_min)
         self._keys = {i: (h, self._with_owner_limits(k)) for i, (h, k) in self._keys.items()}
 
+    def now(self) -> float:
+        """Wall-clock Unix seconds by the store's clock (what expiries are compared with)."""
+        return self._clock.wall()
+
     def cached_keys(self) -> list[ApiKey]:
         """Every key in the cache (what this ingress may publish as grants)."""
         return [k for _, k in self._keys.values()]
@@ -224,22 +251,33 @@ class AccountStore:
         requests_per_min: int | None = None,
         tokens_per_min: int | None = None,
         record_trace: bool = True,
+        expires_at: float | None = None,
+        models: Iterable[str] | None = None,
         by: ApiKey | None = None,
     ) -> tuple[ApiKey, str]:
         """Create a key; returns its record and the plaintext, which is never shown again.
 
-        `by` is the creating key (None: the local operator). A non-admin creator cannot
-        give the new key higher limits than its own (accounts.policy); the owner's active
-        keys are capped at `max_keys_per_owner`; owner "admin" is reserved for admin keys."""
+        `expires_at`: Unix seconds after which it is refused (None: never); `models`: the
+        model ids it may use (None: all). `by` is the creating key (None: the local
+        operator). A non-admin creator cannot give the new key higher limits, a later expiry
+        or more models than its own (accounts.policy); the owner's active keys are capped
+        at `max_keys_per_owner`; owner "admin" is reserved for admin keys."""
         if not name.strip() or not owner.strip():
             raise InvalidRequest("a key needs a non-empty name and owner")
         owner = normalize_owner(owner, admin=admin)
         _check_limit("requests_per_min", requests_per_min)
         _check_limit("tokens_per_min", tokens_per_min)
+        now = self._clock.wall()
+        if expires_at is not None:
+            check_expiry(expires_at, now)
+        allowed = None if models is None else check_models(models)
         requests_per_min, tokens_per_min = limits_for_new_key(by, requests_per_min,
                                                               tokens_per_min)
+        expires_at = expiry_for_new_key(by, expires_at)
+        allowed = models_for_new_key(by, allowed)
         async with self._create_lock:
-            active = sum(1 for _, k in self._keys.values() if k.owner == owner and k.active)
+            active = sum(1 for _, k in self._keys.values()
+                         if k.owner == owner and k.active and not k.expired(now))
             if active >= self.max_keys_per_owner:
                 raise PermissionDenied(
                     f"owner {owner!r} already has {active} active keys (the cap is "
@@ -265,11 +303,14 @@ class AccountStore:
                 tokens_per_min=tokens_per_min,
                 record_trace=record_trace,
                 hash=digest,
+                expires_at=expires_at,
+                models=allowed,
             )
             await self._db.execute(
-                f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO api_keys ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key.id, digest, key.name, key.owner, int(admin), key.created_at, None,
-                 requests_per_min, tokens_per_min, int(record_trace)),
+                 requests_per_min, tokens_per_min, int(record_trace), expires_at,
+                 None if allowed is None else json.dumps(sorted(allowed))),
             )
             key = self._with_owner_limits(key)
             self._keys[key.id] = (digest, key)
@@ -282,14 +323,31 @@ class AccountStore:
         seen = self._verified.get(plaintext)
         if seen is not None and self._keys.get(seen[0]) is seen[1]:
             key = seen[1][1]
-            if key.revoked_at is None:
+            # (a key without expiry: one None check; with one, a clock read and a compare)
+            if key.revoked_at is None and (key.expires_at is None
+                                           or key.expires_at > self._clock.wall()):
                 return key
         return None
 
+    def expired_at(self, plaintext: str) -> float | None:
+        """When the key `plaintext` expired, if `authenticate` refused it for that alone (a
+        real, unrevoked key of ours past its expiry): what the refusal tells its holder.
+        None otherwise (no lookup: only a key `authenticate` verified is known here)."""
+        seen = self._verified.get(plaintext)
+        if seen is None or self._keys.get(seen[0]) is not seen[1]:
+            return None
+        key = seen[1][1]
+        if key.revoked_at is None and key.expired(self._clock.wall()):
+            return key.expires_at
+        return None
+
     async def authenticate(self, plaintext: str) -> ApiKey | None:
-        """The active key whose plaintext this is, else None. Cached: no I/O for known keys."""
+        """The active, unexpired key whose plaintext this is, else None (`expired_at` tells
+        an expired key apart). Cached: no I/O for known keys."""
         if (known := self.authenticate_cached(plaintext)) is not None:
             return known
+        if self.expired_at(plaintext) is not None:
+            return None  # (verified before: no second hash)
         key_id = keyfmt.parse_key_id(plaintext)
         if key_id is None:
             return None
@@ -317,8 +375,8 @@ class AccountStore:
             return None
         if len(self._verified) > 10_000:
             self._verified.clear()
-        self._verified[plaintext] = (key_id, entry)
-        return key
+        self._verified[plaintext] = (key_id, entry)  # (expired too: for `expired_at`)
+        return None if key.expired(self._clock.wall()) else key
 
     def _take_miss_lookup(self, now: float) -> bool:
         """One database lookup of an uncached key id, if the rate allows (a token bucket)."""

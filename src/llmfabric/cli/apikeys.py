@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import click
 
-from llmfabric.accounts import AccountsError, AccountStore, default_db_url
+from llmfabric.accounts import AccountsError, AccountStore, ApiKey, default_db_url
+from llmfabric.accounts.expiry import format_time, parse_expiry
 from llmfabric.accounts.policy import MAX_RATE_LIMIT
 from llmfabric.cli.untrusted import printable
 
@@ -60,22 +62,39 @@ def _when(ts: float | None) -> str:
 @click.option("--tpm", "tokens_per_min", type=_LIMIT, default=None,
               help="tokens per minute [default: unlimited]")
 @click.option("--no-trace", is_flag=True, help="do not record this key's requests in traces")
+@click.option("--expires", default=None, metavar="WHEN",
+              help="refuse the key after WHEN: 90m, 12h, 30d, 2w from now, a UTC date "
+              "2027-01-31 (its start, 00:00 UTC) or 2027-01-31T12:00:00Z [default: never]")
+@click.option("--models", default=None, metavar="ID,ID,...",
+              help="the only model ids the key may use (their aliases and LoRA adapters "
+              "too); GET /v1/models shows it only these [default: every model]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @db_option
 def create(
     name: str, owner: str, admin: bool, requests_per_min: int | None,
-    tokens_per_min: int | None, no_trace: bool, as_json: bool, db_url: str | None,
+    tokens_per_min: int | None, no_trace: bool, expires: str | None, models: str | None,
+    as_json: bool, db_url: str | None,
 ) -> None:
     """Create an API key and print it (it is shown only this once)."""
-    key, plaintext = _with_store(db_url, lambda s: s.create_key(
-        name, owner, admin=admin, requests_per_min=requests_per_min,
-        tokens_per_min=tokens_per_min, record_trace=not no_trace,
-    ))
+    allowed = None if models is None else [m for m in models.split(",") if m.strip()]
+
+    async def make(store: AccountStore) -> tuple[ApiKey, str]:
+        expires_at = None if expires is None else parse_expiry(expires, store.now())
+        return await store.create_key(
+            name, owner, admin=admin, requests_per_min=requests_per_min,
+            tokens_per_min=tokens_per_min, record_trace=not no_trace, expires_at=expires_at,
+            models=allowed)
+
+    key, plaintext = _with_store(db_url, make)
     if as_json:
         click.echo(json.dumps({**key.to_json(), "key": plaintext}))
         return
     click.echo(f"created key {key.id} ({printable(key.name)}, owner {key.owner}"
                f"{', admin' if admin else ''})")
+    if key.expires_at is not None:
+        click.echo(f"expires {format_time(key.expires_at)}")
+    if key.models is not None:
+        click.echo(f"models: {', '.join(sorted(key.models))}")
     click.echo("store it now; it is not shown again:")
     click.echo(plaintext)
 
@@ -96,16 +115,19 @@ def list_(owner: str | None, show_all: bool, as_json: bool, db_url: str | None) 
     if not keys:
         click.echo("no keys" + ("" if show_all else " (use --all to include revoked ones)"))
         return
+    now = time.time()
     click.echo(f"{'ID':16}  {'NAME':20}  {'OWNER':16}  ADMIN  RPM     TPM       CREATED"
-               "           REVOKED")
+               "           REVOKED           EXPIRES             MODELS")
     for k in keys:
         # Any key names the keys it creates: escaped before it is cut (a cut escape
         # sequence would still open one).
+        expires = _when(k.expires_at) + (" (past)" if k.expired(now) else "")
         click.echo(
             f"{k.id:16}  {printable(k.name)[:20]:20}  {k.owner[:16]:16}  "
             f"{'yes' if k.admin else 'no':5}  "
             f"{k.requests_per_min or '-'!s:6}  {k.tokens_per_min or '-'!s:8}  "
-            f"{_when(k.created_at):16}  {_when(k.revoked_at)}"
+            f"{_when(k.created_at):16}  {_when(k.revoked_at):16}  {expires:18}  "
+            f"{'all' if k.models is None else printable(','.join(sorted(k.models)))}"
         )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from llmfabric.accounts.expiry import expired_message
 from llmfabric.ingress.abandon import AbandonIfDown, NodeDown
 from llmfabric.ingress.apis.api_routes import ApiRoutes
 from llmfabric.ingress.apis.openapi import OPENAPI_BODY, openapi_document
@@ -61,6 +62,7 @@ from llmfabric.ingress.stream_attempt import (
     attempt_stream,
 )
 from llmfabric.ingress.tenancy.gate import HeldCompletion, HeldPrice, TenancyGate
+from llmfabric.ingress.tenancy.model_access import catalog_within, no_access, permitted
 from llmfabric.ingress.usage import (
     Usage,
     estimate_completion_from_body,
@@ -71,7 +73,12 @@ from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
 from llmfabric.routing.filters import Ambiguous, resolve
 from llmfabric.routing.policies import make_policy
-from llmfabric.routing.prefix import SESSION_HEADER, routing_keys, session_header
+from llmfabric.routing.prefix import (
+    SESSION_HEADER,
+    prompt_prefix,
+    routing_keys,
+    session_header,
+)
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
@@ -145,6 +152,8 @@ class Ingress:
             who = await self._authenticate(authorization)
             if isinstance(who, Reply):
                 return who
+            if who.models is not None:  # a key with a model allowlist sees only those
+                return Reply(200, orjson.dumps(catalog_within(self.catalog(), who.models)))
         return Reply(200, orjson.dumps(self.catalog()))
 
     def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
@@ -174,37 +183,21 @@ class Ingress:
             )
         principal = await self.auth.authenticate(token)
         if principal is None:
-            return error_reply(
-                401, "invalid or revoked API key; create one with `llmfabric keys create`",
-                "invalid_api_key",
-            )
+            return self.key_refused(token)
         return principal
 
+    def key_refused(self, token: str) -> Reply:
+        """The 401 for a key `authenticate` refused: saying when, if it expired."""
+        at = self.auth.expired_at(token) if self.auth is not None else None
+        if at is not None:
+            return error_reply(401, expired_message(at), "expired_api_key")
+        return error_reply(
+            401, "invalid or revoked API key; create one with `llmfabric keys create`",
+            "invalid_api_key",
+        )
+
     def _prefix(self, doc: Mapping[str, Any]) -> str:
-        n = self.config.prefix_chars
-        msgs = doc.get("messages")
-        if isinstance(msgs, list):
-            out: list[str] = []
-            size = 0
-            for m in msgs:
-                content = m.get("content") if isinstance(m, dict) else None
-                if isinstance(content, list):
-                    content = "".join(
-                        p.get("text", "") for p in content if isinstance(p, dict)
-                    )
-                if isinstance(content, str):
-                    out.append(content)
-                    size += len(content)
-                    if size >= n:
-                        break
-            return "\x1e".join(out)[:n]
-        for key in ("prompt", "input"):
-            v = doc.get(key)
-            if isinstance(v, list) and v:
-                v = v[0]
-            if isinstance(v, str):
-                return v[:n]
-        return ""
+        return prompt_prefix(doc, self.config.prefix_chars)
 
     # -- the request path ----------------------------------------------------------------
 
@@ -237,6 +230,7 @@ class Ingress:
         tr = current_trace()
         started = time.time() if self.config.trace_hook is not None else 0.0
         principal: Principal | None = None
+        allowed: frozenset[str] | None = None  # the key's model allowlist (None: all)
         if self.auth is not None:
             cached = self._auth_cached  # (a known key: no coroutine)
             principal = as_principal if as_principal is not None else (
@@ -255,6 +249,7 @@ class Ingress:
                     "", 429, f"rate limit exceeded for this key; retry after {secs} s",
                     "rate_limit_exceeded", headers={"Retry-After": str(secs)},
                 )
+            allowed = principal.models
         if tr is not None:
             tr.phase("auth", key_id=principal.id if principal is not None else None)
         body = body_in if isinstance(body_in, bytes) else await body_in()
@@ -359,6 +354,18 @@ class Ingress:
         rank = attempts = 0
         while True:
             resolved = self.resolve_name(model, rreq.providers)
+            if allowed is not None:  # only the key's models serve it (model_access.py)
+                kept = permitted(resolved, allowed,
+                                 self._pins.get(model, model) if self._pins else model)
+                if kept is None:  # nothing it may use answers to the name: as if unknown
+                    if rank < len(fallbacks):
+                        model, rreq, body = self._next_model(doc, rreq, fallbacks[rank],
+                                                             "model_not_allowed")
+                        rank += 1
+                        continue
+                    return self._refuse(model, 403, no_access(model), "model_not_found",
+                                        "model")
+                resolved = kept
             if isinstance(resolved, Ambiguous):
                 return self._refuse(model, 409, resolved.message(), "ambiguous_model", "model")
             candidates = resolved

@@ -43,6 +43,11 @@ class Principal(Protocol):
         """False: the key's owner opted out of request traces."""
         ...
 
+    @property
+    def models(self) -> frozenset[str] | None:
+        """The model ids the key may use (their aliases and LoRA adapters too); None: all."""
+        ...
+
 
 def bearer_of(header: str) -> str:
     """The token of an `Authorization: Bearer <token>` value ("" when there is none)."""
@@ -61,6 +66,12 @@ class Authenticator(Protocol):
 
     def check_rate(self, principal: Principal) -> float | None:
         """None if the request may go on; else seconds to wait (-> 429 with Retry-After)."""
+        ...
+
+    def expired_at(self, token: str) -> float | None:
+        """When the key `token` expired (Unix seconds), if `authenticate` refused it for
+        that alone (-> 401 expired_api_key, saying when); None otherwise. Asked only on a
+        refusal, after `authenticate`."""
         ...
 
 

@@ -290,14 +290,15 @@ class Node:
 
     def _fleet_auth(self) -> FleetAuth | None:
         """On an ingress with API keys the fleet views need a key (unless the operator
-        opted into a public catalog with --public-fleet-info)."""
+        opted into a public catalog with --public-fleet-info), one without a model
+        allowlist: they show every model, which such a key must not learn of."""
         if not (self.config.ingress and self.config.auth) or self.config.public_fleet_info:
             return None
 
         async def valid(token: str | None) -> bool:
             store = self.ingress.store if self.ingress is not None else None
-            return token is not None and store is not None and (
-                await store.authenticate(token)) is not None
+            key = await store.authenticate(token) if token and store is not None else None
+            return key is not None and key.models is None
 
         return valid
 

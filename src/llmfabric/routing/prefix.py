@@ -125,6 +125,35 @@ def session_key(doc: Mapping[str, Any], header: str = "") -> str:
     return user[:MAX_SESSION_CHARS] if isinstance(user, str) else ""
 
 
+def prompt_prefix(doc: Mapping[str, Any], n: int) -> str:
+    """The first `n` characters of a request's prompt, for the policies that route on it
+    (`needs_prefix`): chat messages' texts joined by \\x1e, else `prompt` or `input` (the
+    first of a list)."""
+    msgs = doc.get("messages")
+    if isinstance(msgs, list):
+        out: list[str] = []
+        size = 0
+        for m in msgs:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = "".join(
+                    p.get("text", "") for p in content if isinstance(p, dict)
+                )
+            if isinstance(content, str):
+                out.append(content)
+                size += len(content)
+                if size >= n:
+                    break
+        return "\x1e".join(out)[:n]
+    for key in ("prompt", "input"):
+        v = doc.get(key)
+        if isinstance(v, list) and v:
+            v = v[0]
+        if isinstance(v, str):
+            return v[:n]
+    return ""
+
+
 def routing_keys(doc: Mapping[str, Any], header: str = "") -> tuple[tuple[int, ...], str]:
     """(block keys of the prompt, conversation key) of a parsed request body (`header`: a
     valid X-Session-Id, which takes precedence)."""

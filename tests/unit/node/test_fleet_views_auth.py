@@ -63,3 +63,26 @@ async def test_a_public_catalog_is_an_explicit_choice() -> None:
         assert (await client.get("/v1/fabric/models")).status == 200
     finally:
         await client.close()
+
+
+async def test_a_key_with_a_model_allowlist_gets_no_fleet_view() -> None:
+    """The fleet views list every model: a key limited to some must not learn the others
+    there (docs/accounts.md "Expiry and model allowlists")."""
+    from types import SimpleNamespace
+
+    from llmfabric.accounts import AccountStore
+    from llmfabric.node.daemon import Node
+
+    store = await AccountStore.open(":memory:", background=False)
+    try:
+        _, free = await store.create_key("staff", "cs101")
+        _, course = await store.create_key("course", "cs101", models=["llama-8b"])
+        node = SimpleNamespace(config=SimpleNamespace(ingress=True, auth=True,
+                                                      public_fleet_info=False),
+                               ingress=SimpleNamespace(store=store))
+        valid = Node._fleet_auth(node)  # type: ignore[arg-type]
+        assert valid is not None
+        assert await valid(free) and not await valid(course)
+        assert not await valid(None) and not await valid("lf-nope")
+    finally:
+        await store.aclose()

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from llmfabric.accounts.policy import MAX_RATE_LIMIT
+from llmfabric.accounts.policy import MAX_KEY_MODELS, MAX_RATE_LIMIT
 from llmfabric.ingress.paths import PASSTHROUGH_ROUTES
 
 OPENAPI_PATH = "/openapi.json"
@@ -45,7 +45,8 @@ def _errors(*codes: int) -> dict[str, Any]:
                      "content": {_JSON: {"schema": _ERROR}}} for c in codes}
 
 
-_INFERENCE_ERRORS = (400, 401, 404, 413, 429, 502, 503, 504)
+# (403: a model outside the key's allowlist; 409: an alias of several models)
+_INFERENCE_ERRORS = (400, 401, 403, 404, 409, 413, 429, 502, 503, 504)
 
 
 def _open_body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -107,7 +108,11 @@ def _not_stored() -> dict[str, Any]:
 _KEY_FIELDS = {"name": {"type": "string", "minLength": 1, "maxLength": 200},
                "owner": {"type": ["string", "null"], "minLength": 1, "maxLength": 200},
                "admin": _BOOL, "requests_per_min": _LIMIT, "tokens_per_min": _LIMIT,
-               "record_trace": _BOOL}
+               "record_trace": _BOOL,
+               # Unix seconds, or "30d", "2027-01-31", ... (accounts/expiry.py)
+               "expires_at": {"type": ["number", "string", "null"]},
+               "models": {"type": ["array", "null"], "items": _STR, "minItems": 1,
+                          "maxItems": MAX_KEY_MODELS}}
 _LIMIT_FIELDS = {"requests_per_min": _LIMIT, "tokens_per_min": _LIMIT}
 _ACCOUNT_ERRORS = (400, 401, 403, 404, 409, 429)
 

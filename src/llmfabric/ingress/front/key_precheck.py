@@ -79,7 +79,7 @@ class KeyPrecheck:
             return
         if conn.closed:
             return
-        refusal = error_reply(401, "invalid or revoked API key", "invalid_api_key")
+        refusal = self.ingress.key_refused(token)  # (saying when, if it expired)
         if cur is conn.cur:  # its body is still coming: refuse now, read no more of it
             conn.refuse_early(cur, refusal)
         elif cur.error is None:

@@ -10,6 +10,9 @@ Files:
   serves its request; `HeldCompletion`: an uncapped request is capped at its hold on a
   replica of a larger context), `NameLookup` (a listed name's context and ids, from one
   resolution), `reservation(doc)`.
+- model_access.py: a key's model allowlist where names resolve: `permitted` (the allowed
+  candidates of a name, aliases and adapters by their model id), `no_access` (the 403),
+  `catalog_within` (GET /v1/models cut to the allowed ids).
 - attach.py: `attach_tenancy(ingress, store, max_inflight=, env=)` (budgets, fair queue,
   OTLP exporter from settings) -> `TenancyParts`; `budget_lookup(ingress)`: the gate's
   `lookup` over the ingress's routing.

@@ -27,6 +27,7 @@ class AccountsAuth:
         self._record_usage = store.usage_recorder  # (bound once: this runs per request)
         # A verified key's principal without a coroutine, None: await authenticate().
         self.cached = store.authenticate_cached
+        self.expired_at = store.expired_at
 
     @property
     def limiter(self) -> RateLimiter | None:
@@ -64,6 +65,7 @@ class AccountsAuth:
 class StaticPrincipal:
     id: str
     record_trace: bool = True
+    models: frozenset[str] | None = None
 
 
 class StaticKeys:
@@ -82,6 +84,9 @@ class StaticKeys:
         return self._keys.get(token)
 
     def check_rate(self, principal: Principal) -> float | None:
+        return None
+
+    def expired_at(self, token: str) -> float | None:
         return None
 
     def record(self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int,

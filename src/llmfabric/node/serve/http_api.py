@@ -44,7 +44,8 @@ def add_node_routes(
     links: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> None:
     """The read-only node API (GET only: any other method gets 405). With `fleet_auth` (an
-    ingress with API keys, unless `--public-fleet-info`) the fleet views need a valid key."""
+    ingress with API keys, unless `--public-fleet-info`) the fleet views need a valid key
+    (one without a model allowlist: node/daemon.py)."""
     def self_view() -> dict[str, Any] | None:
         for obs in replica.observed():
             if obs.record.session_id == replica.session_id:
@@ -95,8 +96,9 @@ def add_node_routes(
             ok = scheme.lower() == "bearer" and bool(token.strip())
             if not (ok and await fleet_auth(token.strip())):
                 resp = error_response(401, "the fleet views of an ingress need an API key "
-                                      "('Authorization: Bearer lf-...'), unless the operator "
-                                      "started it with --public-fleet-info", "invalid_api_key")
+                                      "('Authorization: Bearer lf-...') without a model "
+                                      "allowlist, unless the operator started it with "
+                                      "--public-fleet-info", "invalid_api_key")
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 return resp
             return await handler(request)
