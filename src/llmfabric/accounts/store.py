@@ -389,10 +389,11 @@ class AccountStore:
         return True
 
     async def active_key(self, key_id: str) -> ApiKey | None:
-        """The key with this id if it still exists and is not revoked, with its owner's
-        limits (None otherwise): who a stored job (a batch) runs as, re-checked before each
-        of its requests without the plaintext. From the cache (a revocation here is seen at
-        once, one elsewhere at the next refresh), else the database."""
+        """The key with this id if it still exists, is not revoked and has not expired,
+        with its owner's limits (None otherwise): who a stored job (a batch) runs as,
+        re-checked before each of its requests without the plaintext. From the cache (a
+        revocation here is seen at once, one elsewhere at the next refresh), else the
+        database."""
         entry = self._keys.get(key_id)
         if entry is None and self.remote is not None:
             granted = self.remote(key_id)  # (a key another ingress vouches for)
@@ -406,7 +407,7 @@ class AccountStore:
             digest, found = _row_to_key(rows[0])
             entry = self._keys[key_id] = (digest, self._with_owner_limits(found))
         key = entry[1]
-        return key if key.active else None
+        return key if key.active and not key.expired(self._clock.wall()) else None
 
     async def get(self, key_id: str) -> ApiKey:
         rows = await self._db.fetchall(f"SELECT {_COLS} FROM api_keys WHERE id = ?", (key_id,))

@@ -6,7 +6,7 @@ so one large batch does not starve another):
   their line numbers, else it is in_progress with its total.
 - in_progress: each line not yet answered (store.done_lines: after a restart only those)
   runs in its own task through the `LineServer` as the batch's principal, looked up again
-  before every line (a revoked or deleted key fails the remaining lines with
+  before every line (a revoked, expired or deleted key fails the remaining lines with
   `api_key_revoked`). A line refused by a rate limit waits its Retry-After and is sent again;
   any other answer is the line's result, kept at once (store.record_result).
 - a cancel (the status is cancelling) or the end of the completion window (the injected
@@ -234,7 +234,8 @@ class BatchRunner:
             if principal is None:
                 self.store.record_result(b.id, line.index, False, not_sent(
                     line.custom_id, "api_key_revoked", f"the API key that created this batch "
-                    f"({b.key_id}) was revoked or deleted; its requests are no longer sent"))
+                    f"({b.key_id}) was revoked, has expired or was deleted; its requests are no "
+                    "longer sent"))
                 return
         body = request_body(line.body)
         while True:

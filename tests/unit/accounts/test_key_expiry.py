@@ -91,6 +91,17 @@ async def test_an_expired_key_is_refused_on_the_cached_path(
     assert listed[0].expires_at == NOW + 60 and listed[0].expired(clock.wall())
 
 
+async def test_a_stored_job_stops_running_as_a_key_once_it_expires(
+    store: AccountStore, clock: FakeClock,
+) -> None:
+    """A batch runs as its creator's key id, looked up before each line (`active_key`): an
+    expired key answers None there too, so the rest of its batch is not sent."""
+    k, _ = await store.create_key("batch", "alice", expires_at=NOW + 60)
+    assert await store.active_key(k.id) == k
+    await clock.advance(60)
+    assert await store.active_key(k.id) is None
+
+
 @pytest.mark.hostile
 async def test_an_expiring_key_minting_a_key_gives_it_no_longer_life(
     store: AccountStore,
