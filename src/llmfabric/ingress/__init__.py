@@ -5,9 +5,9 @@ one HTTP server for the OpenAI routes (the lean front), one upstream client
 
 Core (this directory):
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
-- stream_attempt.py: `attempt_stream` (one streamed attempt: open, first chunk, relay into
-  the sink with usage scanning), `Committed` / `Resumable` (how a cut stream ended),
-  `RETRYABLE_STATUS`.
+- attempt.py: one attempt on one candidate: `attempt_once` (a whole exchange, its usage
+  and time), `attempt_stream` (streamed: open, first chunk, relay into the sink with usage
+  scanning), `Committed` / `Resumable` (how a cut stream ended), `RETRYABLE_STATUS`.
 - abandon.py: `AbandonIfDown`, which drops an attempt still waiting for its first byte when
   the membership marks its node suspected or gone (`NodeDown`, retried like a timeout); never
   a stream already relaying.

@@ -11,7 +11,6 @@ lookup for it).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import math
@@ -23,9 +22,15 @@ from typing import Any
 import orjson
 
 from llmfabric.accounts.expiry import expired_message
-from llmfabric.ingress.abandon import AbandonIfDown, NodeDown
+from llmfabric.ingress.abandon import NodeDown
 from llmfabric.ingress.apis.api_routes import ApiRoutes
 from llmfabric.ingress.apis.openapi import OPENAPI_BODY, openapi_document
+from llmfabric.ingress.attempt import (
+    Committed,
+    Resumable,
+    attempt_once,
+    attempt_stream,
+)
 from llmfabric.ingress.config import IngressConfig, TraceEvent
 from llmfabric.ingress.continuation import (
     RelayRecorder,
@@ -55,19 +60,10 @@ from llmfabric.ingress.protocols import (
 )
 from llmfabric.ingress.request_json import BadJson, load_object
 from llmfabric.ingress.sources import merged_catalog
-from llmfabric.ingress.stream_attempt import (
-    RETRYABLE_STATUS,
-    Committed,
-    Resumable,
-    attempt_stream,
-)
 from llmfabric.ingress.tenancy.gate import HeldCompletion, HeldPrice, TenancyGate
 from llmfabric.ingress.tenancy.model_access import catalog_within, no_access, permitted
 from llmfabric.ingress.usage import (
     Usage,
-    estimate_completion_from_body,
-    estimate_prompt_tokens,
-    usage_from_body,
 )
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
@@ -453,7 +449,7 @@ class Ingress:
                             self, sink, cand, path, send, strip_usage, want_chunk, doc, model,
                             recorder)
                     else:
-                        resp, usage, ttft = await self._attempt_once(cand, path, send, doc,
+                        resp, usage, ttft = await attempt_once(self, cand, path, send, doc,
                                                                      model)
                     status = resp.status if resp is not None else 200
                     ok = status < 500
@@ -531,49 +527,6 @@ class Ingress:
         before the body named one)."""
         self.metrics.observe_error(model, status, code)
         return error_reply(status, message, code, param, headers)
-
-    async def _attempt_once(
-        self, cand: Candidate, path: str, body: bytes, doc: dict[str, Any], model: str
-    ) -> tuple[Reply, Usage | None, float | None]:
-        """One non-streamed exchange with `cand`; `model`: the name the request asked for
-        (X-Fabric-Model on the reply)."""
-        t = self.config.timeouts
-        t_send = _perf()
-        # (no byte reaches the client before the whole reply: a node the membership comes to
-        # doubt meanwhile is dropped at once, abandon.py)
-        if self._own_timeouts:
-            with AbandonIfDown(self.source, cand):
-                status, data, ctype = await self._exchange_once(cand, path, body)
-        else:
-            try:
-                async with asyncio.timeout(t.total):
-                    with AbandonIfDown(self.source, cand):
-                        status, data, ctype = await self._exchange_once(cand, path, body)
-            except TimeoutError as e:
-                raise UpstreamError(
-                    f"node {cand.session_id} timed out after {t.total} s") from e
-        resp = Reply(status, data, ctype, cand.session_id, model=model)
-        usage = None
-        if self._capture and status == 200:
-            got = usage_from_body(data)
-            # No usage from the engine: counted here and marked estimated (usage.py).
-            usage = Usage(*got) if got is not None else Usage(
-                estimate_prompt_tokens(doc), estimate_completion_from_body(data), True)
-        return resp, usage, _perf() - t_send
-
-    async def _exchange_once(
-        self, cand: Candidate, path: str, body: bytes
-    ) -> tuple[int, bytes, str]:
-        up = await self.forwarder.open(cand, path, body, self.config.timeouts)
-        if (tr := current_trace()) is not None:
-            tr.upstream(up.hop)  # (the node's reported time, the relay passed)
-        try:
-            if up.status in RETRYABLE_STATUS:
-                raise UpstreamError(f"node {cand.session_id} answered {up.status}")
-            data = await up.read_capped(self.config.max_response_bytes)
-        finally:
-            await up.aclose()
-        return up.status, data, up.content_type
 
     def _finish(
         self, path: str, model: str, principal: Principal | None, cand: Candidate, status: int,

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from llmfabric.ingress.attempt import RETRYABLE_STATUS, attempt_once, attempt_stream
 from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.ingress.model_list import falls_back
 from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import Principal, StreamSink
-from llmfabric.ingress.stream_attempt import RETRYABLE_STATUS, attempt_stream
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.filters import eligible
 from llmfabric.routing.pd import PDRouter, PDSplit, split
@@ -144,7 +144,7 @@ class PDPath:
             if tr is not None:
                 tr.open_attempt(pre.session_id, model=model, phase="prefill")
             try:
-                reply, _, _ = await ing._attempt_once(pre, path, body, doc, model)
+                reply, _, _ = await attempt_once(ing, pre, path, body, doc, model)
             except UpstreamError as e:
                 self.prefill_retries += 1
                 ing.metrics.observe_failed_attempt(pre.session_id, model, retried=True)
@@ -193,7 +193,7 @@ class PDPath:
                     resp, usage, ttft = await attempt_stream(
                         ing, sink, cand, path, send, strip_usage, want_chunk, doc, model)
                 else:
-                    resp, usage, ttft = await ing._attempt_once(cand, path, send, doc, model)
+                    resp, usage, ttft = await attempt_once(ing, cand, path, send, doc, model)
                 status = resp.status if resp is not None else 200
                 ok = status < 500
             except UpstreamError as e:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from llmfabric.ingress.attempt import _open_stream
 from llmfabric.ingress.errors import UpstreamError
 from llmfabric.ingress.protocols import read_chunks_capped
-from llmfabric.ingress.stream_attempt import _open_stream
 
 pytestmark = pytest.mark.hostile
 

@@ -1,8 +1,11 @@
-"""One streamed attempt of the request core (`Ingress.serve`): open the candidate's
-upstream, read its first chunk (a retryable failure before then raises UpstreamError), then
-relay the stream into the client's sink, scanning usage (and recording whole events when the
-stream may be continued), and tell how it ended: `Committed` (bytes reached the client, no
-retry) or `Resumable` (continuation.py may finish it on another node).
+"""One attempt of the request core (`Ingress.serve`) on one candidate.
+
+Streamed (`attempt_stream`): open the candidate's upstream, read its first chunk (a
+retryable failure before then raises UpstreamError), then relay the stream into the
+client's sink, scanning usage (and recording whole events when the stream may be
+continued), and tell how it ended: `Committed` (bytes reached the client, no retry) or
+`Resumable` (continuation.py may finish it on another node). Whole (`attempt_once`): one
+non-streamed exchange, its usage and its time.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from llmfabric.ingress.protocols import StreamSink, Upstream
 from llmfabric.ingress.usage import (
     StreamUsageScanner,
     Usage,
+    estimate_completion_from_body,
     estimate_prompt_tokens,
     relayed_usage,
+    usage_from_body,
 )
 from llmfabric.routing.candidates import Candidate
 
@@ -179,3 +184,48 @@ async def _open_stream(
     except StopAsyncIteration:
         raise UpstreamError(f"node {cand.session_id} sent an empty stream") from None
     return up, it, first
+
+
+async def attempt_once(
+    ing: Ingress, cand: Candidate, path: str, body: bytes, doc: dict[str, Any], model: str
+) -> tuple[Reply, Usage | None, float | None]:
+    """One non-streamed exchange with `cand`; `model`: the name the request asked for
+    (X-Fabric-Model on the reply)."""
+    t = ing.config.timeouts
+    t_send = _perf()
+    # (no byte reaches the client before the whole reply: a node the membership comes to
+    # doubt meanwhile is dropped at once, abandon.py)
+    if ing._own_timeouts:
+        with AbandonIfDown(ing.source, cand):
+            status, data, ctype = await _exchange_once(ing, cand, path, body)
+    else:
+        try:
+            async with asyncio.timeout(t.total):
+                with AbandonIfDown(ing.source, cand):
+                    status, data, ctype = await _exchange_once(ing, cand, path, body)
+        except TimeoutError as e:
+            raise UpstreamError(
+                f"node {cand.session_id} timed out after {t.total} s") from e
+    resp = Reply(status, data, ctype, cand.session_id, model=model)
+    usage = None
+    if ing._capture and status == 200:
+        got = usage_from_body(data)
+        # No usage from the engine: counted here and marked estimated (usage.py).
+        usage = Usage(*got) if got is not None else Usage(
+            estimate_prompt_tokens(doc), estimate_completion_from_body(data), True)
+    return resp, usage, _perf() - t_send
+
+
+async def _exchange_once(
+    ing: Ingress, cand: Candidate, path: str, body: bytes
+) -> tuple[int, bytes, str]:
+    up = await ing.forwarder.open(cand, path, body, ing.config.timeouts)
+    if (tr := current_trace()) is not None:
+        tr.upstream(up.hop)  # (the node's reported time, the relay passed)
+    try:
+        if up.status in RETRYABLE_STATUS:
+            raise UpstreamError(f"node {cand.session_id} answered {up.status}")
+        data = await up.read_capped(ing.config.max_response_bytes)
+    finally:
+        await up.aclose()
+    return up.status, data, up.content_type
