@@ -11,7 +11,6 @@ lookup for it).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import random
@@ -78,10 +77,12 @@ from llmfabric.routing.prefix import (
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
+from llmfabric.untrusted import get_logger
 
 # Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
 _USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _perf = time.perf_counter
+log = get_logger(__name__)
 
 
 class Ingress:
@@ -559,7 +560,7 @@ class Ingress:
         hook = self.config.trace_hook
         if hook is None:
             return
-        with contextlib.suppress(Exception):  # a broken hook must never fail a request
+        try:  # (a broken hook must never fail a request, nor go unnoticed)
             hook(TraceEvent(
                 path=path, model=model, key_id=principal.id if principal else None, node=node,
                 status=status, stream=stream, attempts=attempts, started_at=started,
@@ -569,3 +570,10 @@ class Ingress:
                 request=doc,
                 opted_out=principal is not None and not principal.record_trace,
             ))
+        except Exception as e:
+            self.metrics.hook_errors += 1
+            n = self.metrics.hook_errors
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th... failure: a log line, not a flood
+                log.error("trace hook failed on a finished %s request (model %r, status %d): "
+                          "%r; %d failure(s) so far (llmfabric_ingress_trace_hook_errors)",
+                          path, model, status, e, n, exc_info=n == 1)

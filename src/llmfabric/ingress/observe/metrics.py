@@ -70,6 +70,7 @@ class IngressMetrics:
         self.fallbacks: dict[tuple[str, str], int] = {}  # (from, to) -> requests moved on
         self.queue_wait = _Hist()  # seconds admitted requests waited in the fair queue
         self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy/gate.py)
+        self.hook_errors = 0  # trace hook calls that raised (the request was answered)
         self.queue_depth: Callable[[], int] | None = None  # requests waiting (fair queue)
         # The lean front's connection counts (open, refused at a cap, TLS handshakes that
         # never completed), read at scrape time; set by the front that serves this ingress.
@@ -230,6 +231,11 @@ class IngressMetrics:
                                 labels=("from", "to"))
         for (src, dst), n in sorted(self.fallbacks.items()):
             c.add_metric((src, dst), n)
+        yield c
+        c = CounterMetricFamily("llmfabric_ingress_trace_hook_errors",
+                                "Finished requests whose trace hook raised (demand meter, "
+                                "--record-trace): answered, but not counted or recorded")
+        c.add_metric((), self.hook_errors)
         yield c
         yield from self._tenancy_families()
 
