@@ -6,6 +6,7 @@ module: it SIGKILLs one of the two llama nodes, so nothing after it could rely o
 
 from __future__ import annotations
 
+import calendar
 import http.server
 import itertools
 import re
@@ -168,6 +169,94 @@ def test_markup_in_data_is_shown_as_text(page: Any, fabric: Any, sign_in: Any) -
     cell.first.wait_for()
     assert page.locator("#keys-table img").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+def test_key_expiry_and_model_allowlist_are_set_in_the_form_and_listed(
+    page: Any, fabric: Any, sign_in: Any, shot: Any
+) -> None:
+    """The form sends the expiry as typed (the API parses it as `keys create --expires`) and
+    the model list split at commas; the list shows both, and an expired key is marked."""
+    sign_in(page)
+    name, owner = page.get_by_label("Name", exact=True), page.get_by_role(
+        "textbox", name="Owner", exact=True)
+    expires, models = page.get_by_label("Expires", exact=True), page.get_by_label(
+        "Models", exact=True)
+    create = page.get_by_role("button", name="Create key")
+
+    # an expiry the API cannot read: its 400 is shown as the page shows other API errors
+    name.fill("course-bad")
+    owner.fill("cs101")
+    expires.fill("next tuesday")
+    create.click()
+    alert = page.get_by_role("alert").filter(has_text="cannot read expiry")
+    alert.wait_for()
+    assert "HTTP 400" in alert.inner_text()
+
+    expires.fill("30d")
+    models.fill(f" {LLAMA} ,, ")
+    t0 = time.time()
+    create.click()
+    secret = page.locator("#new-key-secret").input_value()
+    row = page.locator(f'#keys-table tr[data-key-id="{secret.split("-")[1]}"]')
+    row.wait_for()
+    cells = row.locator("td").all_inner_texts()
+    shown = next(c for c in cells if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", c))
+    when = calendar.timegm(time.strptime(shown, "%Y-%m-%dT%H:%M:%SZ"))
+    assert abs(when - (t0 + 30 * 86400)) < 60, shown
+    assert LLAMA in [c.strip() for c in cells] and row.get_attribute("data-expired") == "false"
+    assert "expired" not in row.inner_text() and "active" in row.inner_text()
+    # the allowlist reached the key: the other model is refused
+    client = openai.OpenAI(base_url=f"{fabric.url}/v1", api_key=secret, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(
+            model=QWEN, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    shot(page, "keys-expiry-models")
+
+    # a key that expires in a few seconds: listed with its time, marked once it has passed
+    soon = time.time() + 5
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(soon))
+    name.fill("course-ending")
+    owner.fill("cs101")
+    expires.fill(iso)
+    models.fill("")
+    create.click()
+    secret = page.locator("#new-key-secret").input_value()
+    row = page.locator(f'#keys-table tr[data-key-id="{secret.split("-")[1]}"]')
+    row.wait_for()
+    assert iso in row.inner_text() and "all models" in row.inner_text()
+    time.sleep(max(0.0, soon + 1 - time.time()))
+    page.reload()
+    row.wait_for()
+    assert row.get_attribute("data-expired") == "true"
+    assert row.locator(".badge.bad", has_text="expired").count() == 2  # expiry and status
+    with pytest.raises(openai.AuthenticationError, match="expired"):
+        openai.OpenAI(base_url=f"{fabric.url}/v1", api_key=secret, max_retries=0).models.list()
+
+
+def test_a_restricted_key_cannot_mint_a_broader_one_and_is_told_why(
+    page: Any, fabric: Any, sign_in: Any
+) -> None:
+    admin = openai.OpenAI(base_url=f"{fabric.url}/v1", api_key=fabric.admin_key)
+    created = admin.post("/fabric/keys", cast_to=object, body={
+        "name": "ta-key", "owner": "cs102", "models": [LLAMA], "expires_at": "30d"})
+    assert isinstance(created, dict)
+    sign_in(page, created["key"])
+    row = page.locator(f'#keys-table tr[data-key-id="{created["id"]}"]')
+    row.wait_for()
+    assert LLAMA in row.inner_text() and "never" not in row.inner_text()
+    page.get_by_label("Name", exact=True).fill("student")
+    page.get_by_label("Models", exact=True).fill(f"{LLAMA}, {QWEN}")
+    page.get_by_role("button", name="Create key").click()
+    alert = page.get_by_role("alert").filter(has_text="not among the creating key")
+    alert.wait_for()
+    assert "HTTP 403" in alert.inner_text() and QWEN in alert.inner_text()
+    # unset fields inherit the creator's own expiry and allowlist
+    page.get_by_label("Models", exact=True).fill("")
+    page.get_by_role("button", name="Create key").click()
+    secret = page.locator("#new-key-secret").input_value()
+    child = page.locator(f'#keys-table tr[data-key-id="{secret.split("-")[1]}"]')
+    child.wait_for()
+    assert child.locator("td").all_inner_texts()[2:4] == row.locator("td").all_inner_texts()[2:4]
 
 
 def test_chat_streams_an_answer_and_names_the_serving_node(

@@ -32,6 +32,18 @@ BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2
 # A model name as a member (or a client's `models` list) can make it: markup and bidi controls.
 MARKUP_MODEL = "<img src=x onerror=window.__pwned=1>m\u202eodel"
 
+# Keys as a keys API could list them: a name and model ids with markup and bidi controls (an
+# admin's or a member's), an expired key, one without expiry or allowlist, one with many models.
+MARKUP_NAME = "<img src=x onerror=window.__pwned=2>k\u202eey"
+KEYS = [
+    {"id": "a" * 16, "name": MARKUP_NAME, "owner": "o", "created_at": 1_767_225_603,
+     "active": True, "expires_at": 1_767_225_600, "models": [MARKUP_MODEL, BIDI_MODEL]},
+    {"id": "b" * 16, "name": "plain", "owner": "o", "created_at": 1_767_225_602,
+     "active": True, "expires_at": None, "models": None},
+    {"id": "c" * 16, "name": "many", "owner": "o", "created_at": 1_767_225_601,
+     "active": True, "expires_at": 4_102_444_800, "models": [f"m{i}" for i in range(10)]},
+]
+
 # One endless-looking answer: many tiny deltas, as a hostile node can stream them.
 DELTAS = 120_000
 DELTA = "spam " * 2
@@ -96,7 +108,7 @@ def _app() -> web.Application:
         return resp
 
     async def keys(_: web.Request) -> web.Response:
-        return web.json_response({"keys": []})
+        return web.json_response({"data": KEYS})
 
     async def traces(_: web.Request) -> web.Response:
         return web.json_response({"enabled": True, "data": [TRACE]})
@@ -200,3 +212,33 @@ def test_traces_show_each_attempt_s_model_and_phase_as_text(page: Any, fabric: A
     assert "for model small" in titles[0] and f"for model {escaped}, decode" in titles[2]
     shown = page.evaluate("document.body.innerText")
     assert not any(c in shown for c in BIDI_CONTROLS), ascii(shown)
+
+
+def test_keys_show_expiry_and_allowlist_with_hostile_names_inert(page: Any, fabric: Any) -> None:
+    page.goto(fabric.ui)
+    page.evaluate("sessionStorage.setItem('llmfabric.apiKey', 'sk-admin')")
+    page.goto(f"{fabric.ui}#/keys")
+    page.reload()
+    rows = page.locator("#keys-table tbody tr")
+    rows.nth(2).wait_for()
+    hostile, plain, many = (rows.nth(i) for i in range(3))
+    cells = hostile.locator("td").all_text_contents()  # key, created, expires, models, ...
+    assert hostile.locator("th").text_content() == "<img src=x onerror=window.__pwned=2>k\\u202eey"
+    assert cells[2] == "2026-01-01T00:00:00Z expired"
+    assert hostile.get_attribute("data-expired") == "true" and "expired" in cells[5]
+    chips = hostile.locator("td .chip").all_text_contents()
+    assert chips == ["<img src=x onerror=window.__pwned=1>m\\u202eodel",
+                     "evil\\u202egpt-4\\u202c-x"]
+    assert page.locator("#keys-table img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    shown = page.evaluate("document.body.innerText")
+    assert not any(c in shown for c in BIDI_CONTROLS), ascii(shown)
+
+    assert plain.locator("td").all_text_contents()[2:4] == ["never", "all models"]
+    assert "active" in plain.inner_text()
+    cells = many.locator("td").all_text_contents()
+    assert cells[2] == "2100-01-01T00:00:00Z" and many.get_attribute("data-expired") == "false"
+    summary = many.locator("summary")
+    assert summary.text_content() == "10 models" and not many.locator(".chip").first.is_visible()
+    summary.click()
+    assert many.locator(".chip").all_inner_texts() == [f"m{i}" for i in range(10)]

@@ -234,6 +234,14 @@ export function fmtTime(unixSeconds) {
   return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, ' UTC');
 }
 
+/** Unix seconds as ISO 8601 UTC to the second ("2027-01-31T00:00:00Z"), as the CLI and the
+ * 401 of an expired key write an expiry; '–' for a value that is not a time. */
+export function fmtIsoUtc(unixSeconds) {
+  const d = new Date(Number(unixSeconds) * 1000);
+  if (unixSeconds === null || unixSeconds === undefined || Number.isNaN(d.getTime())) return '–';
+  return d.toISOString().replace(/\.\d+Z$/, 'Z');
+}
+
 /** First characters of a long id, for display (the full id goes into a title). */
 export function shortId(id, n = 10) {
   const str = String(id ?? '');

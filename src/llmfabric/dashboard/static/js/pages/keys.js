@@ -1,7 +1,9 @@
 // Keys: sign in with an API key; create (secret shown once), list and revoke keys.
-// Admin keys see and manage every owner's keys.
+// Admin keys see and manage every owner's keys. A key may carry an expiry and a model
+// allowlist (docs/accounts.md "Expiry and model allowlists"): the form sends the expiry as
+// typed, so the API's one parser (accounts/expiry.py) reads it, as it reads the CLI's.
 
-import { h, mount, notice, tableWrap, badge, field, fmtTime, fmtInt, announce } from '../dom.js';
+import { h, mount, notice, tableWrap, badge, chip, field, fmtTime, fmtIsoUtc, fmtInt, announce } from '../dom.js';
 import { get, post, del, listOf, ApiError, apiBase } from '../api.js';
 import { pageHeader, errorNotice, filterSelect } from './common.js';
 import { keyIdOf } from '../keyid.js';
@@ -15,6 +17,34 @@ export function secretOf(body) {
   if (typeof body.key === 'string') return body.key;
   if (body.key && typeof body.key === 'object') return secretOf(body.key);
   return '';
+}
+
+/** The model ids of a comma-separated list, trimmed, empty ones dropped; null when none
+ * (the key then reaches every model, or its creator's own list for a non-admin). */
+function parseModelList(text) {
+  const ids = String(text || '').split(',').map((m) => m.trim()).filter(Boolean);
+  return ids.length ? ids : null;
+}
+
+/** Whether key record `k` is past its expiry at `nowMs` (as ApiKey.expired: at or after it). */
+function isExpired(k, nowMs = Date.now()) {
+  return k.expires_at !== null && k.expires_at !== undefined && Number(k.expires_at) * 1000 <= nowMs;
+}
+
+// More allowed models than this fold into a <details> so a 256-model key keeps its row short.
+const MODELS_SHOWN = 6;
+
+function modelsCell(models) {
+  if (!Array.isArray(models)) return h('td', { class: 'muted' }, 'all models');
+  const chips = models.map((m) => [chip(m), ' ']);
+  if (models.length <= MODELS_SHOWN) return h('td', {}, chips);
+  return h('td', {}, h('details', {}, h('summary', {}, `${models.length} models`), chips));
+}
+
+function expiryCell(k, nowMs) {
+  if (k.expires_at === null || k.expires_at === undefined) return h('td', { class: 'muted' }, 'never');
+  return h('td', { class: 'nowrap' }, fmtIsoUtc(k.expires_at),
+    isExpired(k, nowMs) ? [' ', badge('expired', 'bad')] : null);
 }
 
 function recordOf(body) {
@@ -78,6 +108,12 @@ function render(view, ctx) {
     'Admins: who the key is for (required; "admin" is reserved for admin keys).');
   const [rpmField, rpmInput] = field('Requests / min', h('input', { type: 'number', min: '1', step: '1', inputmode: 'numeric' }), 'Empty: unlimited');
   const [tpmField, tpmInput] = field('Tokens / min', h('input', { type: 'number', min: '1', step: '1', inputmode: 'numeric' }), 'Empty: unlimited');
+  const [expiresField, expiresInput] = field('Expires', h('input', { type: 'text', maxlength: '40', spellcheck: 'false',
+    autocomplete: 'off', placeholder: 'e.g. 30d, 2027-01-31' }),
+  'From now: 90m, 12h, 30d, 2w; or a UTC date 2027-01-31, or 2027-01-31T12:00:00Z. Empty: never (a non-admin’s new key keeps its own expiry).');
+  const [modelsField, modelsInput] = field('Models', h('input', { type: 'text', spellcheck: 'false', autocomplete: 'off',
+    placeholder: 'e.g. llama-3.1-8b, qwen3-1.7b' }),
+  'Comma-separated model ids the key may use. Empty: all models (a non-admin’s new key keeps its own list).');
   const adminBox = h('input', { type: 'checkbox', id: 'new-key-admin' });
   const adminField = h('div', { class: 'field check' }, adminBox, h('label', { for: 'new-key-admin' }, 'Admin key (sees and manages all keys)'));
   const createButton = h('button', { type: 'submit' }, 'Create key');
@@ -90,6 +126,9 @@ function render(view, ctx) {
     if (!body.name) { mount(createError, notice('error', 'Give the key a name.')); nameInput.focus(); return; }
     if (rpmInput.value) body.requests_per_min = Number(rpmInput.value);
     if (tpmInput.value) body.tokens_per_min = Number(tpmInput.value);
+    if (expiresInput.value.trim()) body.expires_at = expiresInput.value.trim();
+    const models = parseModelList(modelsInput.value);
+    if (models) body.models = models;
     if (isAdmin()) {
       if (ownerInput.value.trim()) body.owner = ownerInput.value.trim();
       if (adminBox.checked) body.admin = true;
@@ -108,7 +147,7 @@ function render(view, ctx) {
     }
   } } },
   h('h2', { id: 'create-title' }, 'Create a key'),
-  h('div', { class: 'grid-fields' }, nameField, rpmField, tpmField),
+  h('div', { class: 'grid-fields' }, nameField, rpmField, tpmField, expiresField, modelsField),
   adminOnly, createError, h('div', { class: 'actions' }, createButton));
 
   function showSecret(secret, rec) {
@@ -151,25 +190,30 @@ function render(view, ctx) {
     }
     const admin = isAdmin();
     const myId = keyIdOf(ctx.session.key);
-    const cols = ['Name', 'Key', ...(admin ? ['Owner'] : []), 'Created', 'Limits', 'Status', 'Actions'];
+    const now = Date.now();
+    const cols = ['Name', 'Key', ...(admin ? ['Owner'] : []), 'Created', 'Expires', 'Models', 'Limits', 'Status', 'Actions'];
     mount(listBox, tableWrap('API keys', h('table', { class: 'data', id: 'keys-table' },
       h('caption', { class: 'visually-hidden' }, 'API keys'),
       h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', {}, shown.map((k) => {
         const actions = h('td', { class: 'nowrap' });
         const active = k.active !== false && !k.revoked_at;
+        const expired = isExpired(k, now);
         if (active) mount(actions, revokeButton(k, actions));
-        return h('tr', { dataset: { keyId: k.id, active: String(active) } },
+        return h('tr', { dataset: { keyId: k.id, active: String(active), expired: String(expired) } },
           h('th', { scope: 'row' }, k.name || h('span', { class: 'muted' }, '(unnamed)'),
             k.id === myId ? [' ', badge('this session', 'info')] : null,
             k.admin ? [' ', badge('admin', 'warn')] : null),
           h('td', {}, h('code', {}, k.prefix || `lf-${k.id}-…`)),
           admin ? h('td', {}, k.owner) : null,
           h('td', { class: 'nowrap' }, fmtTime(k.created_at)),
+          expiryCell(k, now),
+          modelsCell(k.models),
           h('td', { class: 'small' },
             k.requests_per_min ? `${fmtInt(k.requests_per_min)} req/min` : 'unlimited req',
             h('br'), k.tokens_per_min ? `${fmtInt(k.tokens_per_min)} tok/min` : 'unlimited tokens'),
-          h('td', {}, active ? badge('active', 'ok') : badge(`revoked ${fmtTime(k.revoked_at)}`, 'muted')),
+          h('td', {}, !active ? badge(`revoked ${fmtTime(k.revoked_at)}`, 'muted')
+            : expired ? badge('expired', 'bad') : badge('active', 'ok')),
           actions);
       })))));
   }
