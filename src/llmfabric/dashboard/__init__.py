@@ -1,4 +1,5 @@
-"""Web UI served at /ui: catalog, nodes, keys, usage, chat playground, registry inspector.
+"""Web UI served at /ui: catalog, nodes, keys, usage, chat playground, traces, registry
+inspector.
 
 No build step: plain HTML, CSS and JavaScript modules shipped as package data and served from
 memory by the ingress. The browser code reads the JSON API of docs/http-api.md on the same
@@ -15,7 +16,9 @@ Files:
 - static/js/dom.js: `h()` element builder (text only), formatting helpers.
 - static/js/sse.js: incremental server-sent-events parser for streamed chat completions.
 - static/js/chart.js: small SVG stacked bar chart.
-- static/js/pages/*.js: one module per page (catalog, nodes, keys, usage, chat, registry).
+- static/js/keyid.js: the public key id inside a plaintext API key (`keyIdOf`).
+- static/js/pages/*.js: one module per page (catalog, nodes, keys, usage, chat, traces,
+  registry); pages/common.js: what several pages share.
 """
 
 from llmfabric.dashboard.routes import add_dashboard_routes
