@@ -411,7 +411,7 @@ async def _read_limited(body: BodyStream, limit: int) -> bytes:
     async for chunk in body.iter_chunks():
         size += len(chunk)
         if size > limit:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # (only stops the sender of an oversized body)
                 body.abort()
             break
         parts.append(chunk)

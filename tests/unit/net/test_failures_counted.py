@@ -53,3 +53,22 @@ async def test_a_failing_request_handler_answers_500_and_is_counted(
     assert b.stats.errors == {"request_handler": 1}
     [rec] = [r for r in caplog.records if "request handler failed" in r.getMessage()]
     assert "POST /v1/thing" in rec.getMessage() and a.local_id in rec.getMessage()
+
+
+def test_a_message_handler_failing_on_every_message_logs_a_few_lines_not_a_flood(
+        caplog: pytest.LogCaptureFixture) -> None:
+    t = transport()
+
+    def handler(src: str, payload: bytes) -> None:
+        raise ValueError("handler bug")
+
+    t.set_handler(handler)
+    with caplog.at_level(logging.ERROR, logger="llmfabric.net.tls_transport"):
+        for _ in range(100):  # (a peer resending the message that fails)
+            t.on_datagram("sender-1", b"boom", None)
+    assert t.stats.errors == {"message_handler": 100}
+    logged = [r for r in caplog.records if "message handler failed" in r.getMessage()]
+    assert len(logged) == 7  # the 1st, 2nd, 4th ... 64th
+    assert "ValueError('handler bug')" in logged[0].getMessage()
+    assert logged[0].exc_info and not logged[1].exc_info  # (the traceback once)
+    assert "64 failure(s) so far" in logged[-1].getMessage()
