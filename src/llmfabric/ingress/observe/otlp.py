@@ -139,7 +139,7 @@ class OtlpExporter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # (closing; flush logs and counts its own drops)
             await self.flush()
         if self._session is not None:
             await self._session.close()
