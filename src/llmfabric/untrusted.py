@@ -142,7 +142,7 @@ class EscapingFilter(logging.Filter):
         if len(msg) > MESSAGE_CAP and record.args:
             try:  # (a clipped template could cut a %s in two)
                 msg, record.args = record.getMessage(), None
-            except Exception:
+            except Exception:  # (bad arguments: logging's handleError reports them)
                 return True
         record.msg = clip(printable(msg))
         args = record.args
