@@ -11,6 +11,9 @@ request paths, key names) on its way to a terminal, a log or a file the operator
 - `get_logger(name)`: `logging.getLogger(name)` with `EscapingFilter`, which escapes and clips
   a record's message and arguments and sets its traceback text, whatever handler and
   formatter the process configured. Every llmfabric module logs through one.
+- `log_due(n)`: whether the n-th occurrence of a counted failure is logged (the 1st, 2nd,
+  4th, 8th...): a failure others can repeat at will (a peer's message, a client's request)
+  is seen in the log without flooding it.
 
 Rank 0 (no llmfabric imports): every layer may use it.
 """
@@ -139,7 +142,7 @@ class EscapingFilter(logging.Filter):
         if len(msg) > MESSAGE_CAP and record.args:
             try:  # (a clipped template could cut a %s in two)
                 msg, record.args = record.getMessage(), None
-            except Exception:
+            except Exception:  # (bad arguments: logging's handleError reports them)
                 return True
         record.msg = clip(printable(msg))
         args = record.args
@@ -162,3 +165,10 @@ def get_logger(name: str) -> logging.Logger:
     logger.addFilter(_FILTER)
     return logger
 
+
+
+def log_due(n: int) -> bool:
+    """True for the 1st, 2nd, 4th, 8th... occurrence (`n` counts them, from 1): a failure
+    that a peer or a client can trigger at will is logged, but 30 times per billion, not a
+    billion times (the count itself goes to a metric)."""
+    return n > 0 and n & (n - 1) == 0

@@ -26,6 +26,7 @@ from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.untrusted import log_due
 
 from .test_ingress_support import Backend, LoopThread, serve, wait_port
 
@@ -570,3 +571,60 @@ def test_messages_api_errors_before_routing_keep_anthropics_shape(env: Env) -> N
         conn.close()
     assert resp.status == 405 and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_a_bug_hit_on_every_request_is_logged_at_the_1st_2nd_4th_time(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """A client repeating a request that hits a bug gets its 500 each time, each counted
+    (llmfabric_ingress_errors{code=internal_error}), but the log gets the 1st, 2nd, 4th,
+    8th... of them (the first with its traceback), not one line per request."""
+    ingress = env.front.ingress
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom again")
+
+    before = ingress.metrics.errors.get(("500", "internal_error"), 0)
+    ingress.serve = broken  # type: ignore[method-assign]
+    try:
+        with caplog.at_level("ERROR", logger="llmfabric.ingress.front.fast_front"):
+            statuses = [_post(env, _chat())[0] for _ in range(8)]
+    finally:
+        del ingress.serve
+    assert statuses == [500] * 8
+    after = ingress.metrics.errors[("500", "internal_error")]
+    assert after == before + 8
+    logged = [r for r in caplog.records if "boom again" in r.getMessage()]
+    assert len(logged) == sum(log_due(n) for n in range(before + 1, after + 1)) < 8
+    honest_call(env)
+
+
+def test_a_failing_key_store_is_a_counted_401_logged_without_a_flood(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """The front's early key check refuses a key the store failed on (as the core would),
+    counts it (llmfabric_ingress_key_check_errors) and logs the 1st, 2nd, 4th... failure:
+    any client can send keys while the store is down."""
+    keys = env.keys
+
+    async def down(token: str) -> None:
+        raise ConnectionError("key store down")
+
+    keys.authenticate = down  # type: ignore[method-assign,assignment]
+    statuses = []
+    try:
+        with caplog.at_level("ERROR", logger="llmfabric.ingress.front.key_precheck"):
+            for i in range(5):
+                conn = http.client.HTTPConnection("127.0.0.1", env.port, timeout=10)
+                try:
+                    conn.request("POST", "/v1/chat/completions", body=_chat(),
+                                 headers={"Authorization": f"Bearer sk-unseen-{i}"})
+                    statuses.append(conn.getresponse().status)
+                finally:
+                    conn.close()
+    finally:
+        del keys.authenticate
+    assert statuses == [401] * 5
+    assert env.front.ingress.metrics.key_check_errors == 5
+    logged = [r for r in caplog.records if "checking an API key" in r.getMessage()]
+    assert len(logged) == 3 and "ConnectionError('key store down')" in logged[0].getMessage()
+    assert logged[0].exc_info and not logged[1].exc_info
+    honest_call(env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 
@@ -229,6 +230,40 @@ async def test_an_unreachable_peer_is_counted_and_tried_again() -> None:
     task.cancel()
     assert prober.failures >= 2
     assert prober.table.get("gone") is None and prober.table.get("b") is not None
+
+
+async def test_failed_probes_and_rounds_are_logged_at_the_1st_2nd_4th_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    net = ShapedLinks(clock, "a", {"b": (0.001, 1e8)})
+    prober = _prober(clock, net, ["b", "gone"], interval_s=5)
+    with caplog.at_level(logging.WARNING, logger="llmfabric.net.linkprobe"):
+        for _ in range(5):
+            task = asyncio.ensure_future(prober.round())
+            await clock.advance(5)
+            await task
+        failed = [r for r in caplog.records if "link probe of gone" in r.getMessage()]
+        assert prober.failures == 5 and len(failed) == 3  # the 1st, 2nd and 4th
+        assert "ConnectionError('gone unreachable')" in failed[0].getMessage()
+        assert not failed[0].exc_info  # (an unreachable peer: no traceback)
+        # A bug in a round (here: the peer list) is logged with its traceback; probing goes on.
+        calls = 0
+
+        def flaky() -> list[str]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise KeyError("peer list bug")
+            return ["b"]
+
+        prober = _prober(clock, net, [], interval_s=5)
+        prober.peers = flaky
+        task = asyncio.ensure_future(prober.run(first_delay_s=1))
+        await clock.advance(20)
+        task.cancel()
+    assert prober.round_errors == 1 and prober.probes >= 1
+    [bug] = [r for r in caplog.records if "link probe round failed" in r.getMessage()]
+    assert bug.exc_info is not None
 
 
 def test_the_table_smooths_and_stays_bounded() -> None:

@@ -94,3 +94,9 @@ def test_markdown_text_is_inert() -> None:
         assert all(md[i - 1] == "\\" for i, ch in enumerate(md) if ch == c)
     assert markdown_text("meta-llama/Llama-3.1-8B-Instruct:q4_k_m") == \
         "meta-llama/Llama-3.1-8B-Instruct:q4_k_m"
+
+
+def test_log_due_picks_the_1st_2nd_4th_8th_occurrence() -> None:
+    from llmfabric.untrusted import log_due
+
+    assert [n for n in range(0, 70) if log_due(n)] == [1, 2, 4, 8, 16, 32, 64]

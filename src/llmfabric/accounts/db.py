@@ -168,7 +168,7 @@ class PostgresBackend:
 
     async def _ready(self) -> Any:
         if self._conn.closed or self._conn.broken:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # (a dead connection: replaced below)
                 await self._conn.close()
             self._conn = await _pg_connect(self._url)
         return self._conn

@@ -123,7 +123,10 @@ class UsageLedger:
         dropped HTTP client) cannot leave a batch both committed and put back, which the next
         flush would count twice. A write that fails puts its rows back for the next flush."""
         while self._writing is not None and not self._writing.done():
-            with contextlib.suppress(Exception):  # its failure put its rows back: retried below
+            # Its failure put its rows back and was raised to the flush that started it (its
+            # caller logs and counts it: store.py usage_flush); the retry below raises a
+            # failure that persists even when that caller was cancelled meanwhile.
+            with contextlib.suppress(Exception):
                 await asyncio.shield(self._writing)
         if not self._pending:
             return 0

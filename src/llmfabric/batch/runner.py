@@ -50,7 +50,7 @@ from llmfabric.batch.store import BatchStore, fsync_file
 from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
 from llmfabric.clock import Clock
 from llmfabric.ingress.protocols import Principal
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 log = get_logger(__name__)
 MAX_RATE_WAIT_S = 60.0  # the longest a rate-limited line sleeps before it is sent again
@@ -80,6 +80,7 @@ class BatchRunner:
         self.principals = principals
         self.poll_s = poll_s
         self._slots = asyncio.Semaphore(store.limits.concurrency)
+        self.line_errors = 0  # lines failed by the runner itself (a broken key store, a bug)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._batches: dict[str, asyncio.Task[None]] = {}
@@ -223,7 +224,11 @@ class BatchRunner:
         try:
             await self._send(b, line)
         except Exception as e:  # (a broken key store, a bug): this line's error, not a hole
-            log.exception("batch %s line %d", b.id, line.index + 1)
+            self.line_errors += 1
+            n = self.line_errors
+            if log_due(n):  # (it fails every line of a large batch alike: no log flood)
+                log.error("batch %s line %d failed in the runner: %r; %d line(s) so far",
+                          b.id, line.index + 1, e, n, exc_info=n == 1)
             self.store.record_result(b.id, line.index, False, not_sent(
                 line.custom_id, "internal_error", f"the ingress failed on this request: {e!r}"))
 

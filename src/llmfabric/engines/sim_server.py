@@ -452,7 +452,7 @@ class SimEngine:
                 await stream.piece(text.token_text(seed, i + offset))
             await stream.end(finish, prompt_tokens, sent)
         except (ConnectionResetError, asyncio.CancelledError):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # (the client is gone: its error is raised)
                 await tokens.aclose()  # type: ignore[attr-defined]
             raise
         self.completed += 1

@@ -351,7 +351,7 @@ class PeerConnection:
         err = err or RequestFailed(f"connection to {self.peer_id} closed")
         self.client.fail(err)
         self.server.fail(err)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # (closing: `err` went to every stream above)
             self._writer.close()
         current = asyncio.current_task()
         for t in self._tasks:
@@ -363,7 +363,7 @@ class PeerConnection:
     async def aclose(self) -> None:
         if not self._closing:
             self._flush_out()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # (a courtesy to the peer; we close anyway)
                 self._writer.write(encode_frame(FrameType.CLOSE, b""))
         self._begin_close()
         current = asyncio.current_task()

@@ -34,7 +34,6 @@ virtual time in tests; the real probe over the TLS transport is in node/serve/li
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import re
@@ -43,6 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmfabric.clock import Clock
+from llmfabric.net.errors import NetError
+from llmfabric.untrusted import get_logger, log_due
+
+log = get_logger(__name__)
 
 MAX_LINKS = 32  # entries in one table (published or received)
 MIN_RTT_S, MAX_RTT_S = 0.0, 60.0
@@ -52,6 +55,8 @@ _PEER_ID = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 
 # Sends `n` bytes to `peer` and waits for its (small) answer; raises on failure.
 ProbeFn = Callable[[str, int], Awaitable[None]]
+# What a probe of an unreachable or slow peer raises (anything else is logged with a traceback).
+_UNREACHABLE = (NetError, OSError, TimeoutError)
 
 
 class LinkTableError(ValueError):
@@ -186,7 +191,8 @@ class LinkProber:
     """Measures links to the peers that `peers()` lists, a few per round, forever (`run`).
 
     Each round probes the `peers_per_round` peers measured longest ago (never-measured
-    first); a failed probe is counted and the peer is tried again in a later round."""
+    first); a failed probe is counted, logged at the 1st, 2nd, 4th... failure, and the peer
+    is tried again in a later round."""
 
     def __init__(
         self,
@@ -227,7 +233,8 @@ class LinkProber:
         self.pause_s = pause_s
         self.wall = wall or clock.wall
         self.rng = rng or random.Random()
-        self.failures = 0
+        self.failures = 0  # probes that failed (each peer is tried again later)
+        self.round_errors = 0  # rounds that raised (a bug: logged, the next round runs)
         self.probes = 0
         self._last_tried: dict[str, float] = {}
 
@@ -269,8 +276,11 @@ class LinkProber:
             try:
                 await self.measure(peer)
                 measured += 1
-            except Exception:  # unreachable, refused, timed out: try again later
+            except Exception as exc:  # unreachable, refused, timed out: try again later
                 self.failures += 1
+                if log_due(self.failures):  # (peers come and go: no line for each)
+                    log.warning("link probe of %s failed: %r; %d failure(s) so far", peer, exc,
+                                self.failures, exc_info=not isinstance(exc, _UNREACHABLE))
         return measured
 
     async def run(self, first_delay_s: float | None = None) -> None:
@@ -279,6 +289,11 @@ class LinkProber:
         )
         while True:
             await self.clock.sleep(delay)
-            with contextlib.suppress(Exception):
+            try:
                 await self.round()
+            except Exception:  # (a bug: the probes go on, seen)
+                self.round_errors += 1
+                if log_due(self.round_errors):
+                    log.exception("link probe round failed; %d failure(s) so far",
+                                  self.round_errors)
             delay = self.interval_s * self.rng.uniform(0.75, 1.25)

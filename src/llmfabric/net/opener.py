@@ -131,6 +131,7 @@ class ConnectionOpener:
 
 
 async def close_writer(writer: asyncio.StreamWriter) -> None:
+    # (closing a connection that already failed: the caller reports that failure)
     with contextlib.suppress(Exception):
         writer.close()
         await with_timeout(SystemClock(), writer.wait_closed(), 1.0)

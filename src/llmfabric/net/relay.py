@@ -204,7 +204,7 @@ class RelayService:
             answer = msgpack.unpackb(data, raw=False)
             ok = answer.get("ok") is True
             reason = str(answer.get("reason", ""))[:200]
-        except Exception:
+        except Exception:  # (a peer's garbage: msgpack raises many types; any shape decodes)
             return Reachability(False, f"{via} sent an undecodable dial-back answer")
         if ok:
             return Reachability(True, f"{via} dialled {target} and reached us")
@@ -218,7 +218,7 @@ class RelayService:
         if path == DIALBACK_PATH:
             try:
                 addr = str(msgpack.unpackb(data, raw=False)["addr"])
-            except Exception:
+            except Exception:  # (a peer's garbage: msgpack raises many types, any shape decodes)
                 return HandlerResponse(400, (), b"body must be msgpack {addr}")
             if not self._dialback_allowed(conn.peer_id):
                 return HandlerResponse(429, (), b"one dial-back per peer every few seconds")
@@ -411,7 +411,7 @@ async def _read_limited(body: BodyStream, limit: int) -> bytes:
     async for chunk in body.iter_chunks():
         size += len(chunk)
         if size > limit:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # (only stops the sender of an oversized body)
                 body.abort()
             break
         parts.append(chunk)

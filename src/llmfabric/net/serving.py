@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from llmfabric.net.connection import PeerConnection
 from llmfabric.net.messages import BodyStream, HandlerResponse, Headers, PeerRequest
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 if TYPE_CHECKING:
     from llmfabric.net.tls_transport import TlsTransport
@@ -51,12 +51,19 @@ async def serve_request(
         raise
     except Exception as exc:
         t.stats.error("request_handler")
-        log.exception("request handler failed for %s %s from %s", method, path, origin)
+        n = t.stats.errors["request_handler"]
+        if log_due(n):  # (a peer can repeat a request that fails at will: no log flood)
+            log.error("request handler failed for %s %s from %s: %r; %d failure(s) so far "
+                      "(llmfabric_net_errors{where=request_handler})", method, path, origin,
+                      exc, n, exc_info=n == 1)
         resp = HandlerResponse(500, (), f"handler error: {exc}".encode())
     try:
         await conn.server.respond(sid, resp.status, resp.headers, resp.body)
-    except Exception:
+    except Exception as exc:
         t.stats.error("respond")
-        log.exception("streaming the response to %s %s to %s failed", method, path,
-                      conn.peer_id)
+        n = t.stats.errors["respond"]
+        if log_due(n):  # (a peer that resets its streams makes this fail at will)
+            log.error("streaming the response to %s %s to %s failed: %r; %d failure(s) so far "
+                      "(llmfabric_net_errors{where=respond})", method, path, conn.peer_id,
+                      exc, n, exc_info=n == 1)
         conn.server.reset_stream(sid)

@@ -53,7 +53,7 @@ from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.stats import NetStats
 from llmfabric.net.tlsstream import start_tls_server
 from llmfabric.net.transport import MessageHandler, PeerId, Transport
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 log = get_logger(__name__)
 
@@ -260,10 +260,14 @@ class TlsTransport(RelayMethods):
             return
         try:
             self._handler(src, payload)
-        except Exception:
+        except Exception as exc:
             self.stats.error("message_handler")
-            log.exception("message handler failed on a %d-byte message from %s%s", len(payload),
-                          src, f" via {via}" if via else "")
+            n = self.stats.errors["message_handler"]
+            if log_due(n):  # (a peer can resend a message that fails at will: no log flood)
+                log.error("message handler failed on a %d-byte message from %s%s: %r; %d "
+                          "failure(s) so far (llmfabric_net_errors{where=message_handler})",
+                          len(payload), src, f" via {via}" if via else "", exc, n,
+                          exc_info=n == 1)
 
     def on_relay_datagram(self, conn: PeerConnection, dst: str, payload: bytes) -> None:
         self.relay.forward_datagram(conn, dst, payload)
@@ -449,9 +453,13 @@ class TlsTransport(RelayMethods):
             if self._peer_lost is not None:
                 try:
                     self._peer_lost(conn.peer_id)
-                except Exception:
+                except Exception as exc:
                     self.stats.error("peer_lost_callback")
-                    log.exception("peer-lost callback failed for %s", conn.peer_id)
+                    n = self.stats.errors["peer_lost_callback"]
+                    if log_due(n):  # (a peer can connect and drop again and again)
+                        log.error("peer-lost callback failed for %s: %r; %d failure(s) so far "
+                                  "(llmfabric_net_errors{where=peer_lost_callback})",
+                                  conn.peer_id, exc, n, exc_info=n == 1)
 
     async def _ensure_conn(self, peer: str) -> PeerConnection:
         """An open connection to `peer`: the existing one, or dial its known addresses."""
@@ -514,7 +522,7 @@ class TlsTransport(RelayMethods):
         await asyncio.gather(*(c.aclose() for c in list(self._all_conns)), return_exceptions=True)
         await asyncio.gather(*list(self._dialing.values()), return_exceptions=True)
         if self._server is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # (closing: its connections are gone already)
                 await self._server.wait_closed()
         for queue in self._pending.values():
             self.stats.drop("closed", len(queue))

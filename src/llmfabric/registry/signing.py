@@ -19,6 +19,7 @@ from typing import Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from llmfabric.identity.errors import InvalidPeerId
 from llmfabric.identity.peer_id import peer_id_from_public_key as _identity_peer_id
 
 SESSION_NONCE_HEX = 16
@@ -44,7 +45,7 @@ def peer_id_from_public_key(public_key: bytes) -> str:
 def peer_id_matches(peer_id: str, public_key: bytes) -> bool:
     try:
         return peer_id_from_public_key(public_key) == peer_id
-    except Exception:  # malformed key length and the like: not a match
+    except InvalidPeerId:  # a key of the wrong length (callers checked it is bytes)
         return False
 
 

@@ -24,6 +24,9 @@ from collections.abc import Callable, Iterable
 
 from llmfabric.clock import Clock
 from llmfabric.net.transport import MessageHandler, PeerId
+from llmfabric.untrusted import get_logger, log_due
+
+log = get_logger(__name__)
 
 DelaySpec = float | tuple[float, float] | Callable[[random.Random], float]
 
@@ -172,8 +175,12 @@ class MemNet:
         self.delivered[dst] += 1
         try:
             handler(src, payload)
-        except Exception:  # a buggy handler must not take the network down; count it
+        except Exception as exc:  # a buggy handler must not take the network down; count it
             self.handler_errors += 1
+            if log_due(self.handler_errors):  # (as the TLS transport: seen, not a flood)
+                log.error("memnet: handler of %s failed on a %d-byte message from %s: %r; %d "
+                          "failure(s) so far", dst, len(payload), src, exc,
+                          self.handler_errors, exc_info=self.handler_errors == 1)
 
     async def aclose(self) -> None:
         for t in list(self._tasks):

@@ -6,6 +6,7 @@ twice, and a finalization cut short redone without doubling the output."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -334,6 +335,26 @@ async def test_a_failing_key_check_is_that_lines_error(tmp_path: pathlib.Path) -
     b = env.get(bid)
     assert (b.status, b.failed) == (COMPLETED, 2)
     assert {e["error"]["code"] for e in env.lines(b.error_file_id)} == {"internal_error"}
+
+
+async def test_a_key_check_failing_on_every_line_logs_a_few_lines_not_one_per_line(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = Env(tmp_path, concurrency=1)
+
+    async def broken_lookup(key_id: str) -> Principal | None:
+        raise ConnectionError("accounts database unreachable")
+
+    env.runner.principals = broken_lookup
+    bid = env.batch(lines_of(5))
+    with caplog.at_level(logging.ERROR, logger="llmfabric.batch.runner"):
+        await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert (b.status, b.failed) == (COMPLETED, 5) and env.runner.line_errors == 5
+    logged = [r for r in caplog.records if "failed in the runner" in r.getMessage()]
+    assert len(logged) == 3  # the 1st, 2nd and 4th line
+    assert f"batch {bid} line 1" in logged[0].getMessage()
+    assert "ConnectionError('accounts database unreachable')" in logged[0].getMessage()
+    assert logged[0].exc_info and not logged[1].exc_info
 
 
 async def _until(check: Callable[[], bool]) -> None:

@@ -227,3 +227,25 @@ async def test_more_messages_than_the_context_holds_are_refused_before_validatio
         ok = await client.post("/v1/chat/completions",
                                json={"model": MODEL, "max_tokens": 1, "messages": msgs[:100]})
         assert ok.status == 200, await ok.text()
+
+
+async def test_a_step_that_raises_is_printed_with_its_traceback_and_fails_the_engine(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The step loop's death went to /health and the watcher's one-line ERROR only; its
+    traceback (what a bug report needs) is in the engine's log now."""
+    async with _server(loop=False) as (client, engine):
+        def broken() -> bool:
+            raise ZeroDivisionError("step bug")
+
+        engine.sched.step = broken  # type: ignore[method-assign]
+        engine.start_loop()
+        for _ in range(100):
+            if engine.failure is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert isinstance(engine.failure, ZeroDivisionError)
+        out = capsys.readouterr().out
+        assert "torch engine step loop failed" in out and "Traceback" in out
+        assert "ZeroDivisionError: step bug" in out
+        r = await client.post("/v1/completions", json=_completion())
+        assert r.status == 503

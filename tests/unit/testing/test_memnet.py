@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from llmfabric.testing.fake_clock import FakeClock
 from llmfabric.testing.memnet import MemNet
 
@@ -77,4 +81,27 @@ async def test_link_delay_adds_a_per_link_latency() -> None:
     assert [d for _, d, _ in got["b"]] == [b"near"] and got["c"] == []
     await clock.advance(0.02)
     assert got["c"] == [("a", b"far", 0.031)]
+    await net.aclose()
+
+
+async def test_a_failing_handler_is_counted_and_logged_without_a_flood(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    net = MemNet(clock, delay=0.01)
+    got: list[bytes] = []
+
+    def handler(src: str, payload: bytes) -> None:
+        got.append(payload)
+        raise ValueError("handler bug")
+
+    net.transport("b").set_handler(handler)
+    net.transport("a")
+    with caplog.at_level(logging.ERROR, logger="llmfabric.testing.memnet"):
+        for i in range(5):
+            net.transport("a").send("b", str(i).encode())
+        await clock.advance(1.0)
+    assert len(got) == 5 and net.handler_errors == 5  # every message still delivered
+    logged = [r for r in caplog.records if "handler of b failed" in r.getMessage()]
+    assert len(logged) == 3 and "ValueError('handler bug')" in logged[0].getMessage()
+    assert logged[0].exc_info and not logged[1].exc_info
     await net.aclose()

@@ -29,6 +29,7 @@ from llmfabric.engines.torchref.config import ModelConfig
 from llmfabric.engines.torchref.plans import StepPlan, StepResult, WorkerSpec
 from llmfabric.engines.torchref.scheduler import FlyingScheduler, Request
 from llmfabric.scheduler.switching import Method, SwitchPolicy
+from llmfabric.untrusted import format_exception
 
 
 class EngineFailure(RuntimeError):
@@ -242,6 +243,8 @@ class FlyingEngine:
                     self._wake.wait(0.02)
                     self._wake.clear()
         except BaseException as exc:  # a dead engine: fail every request, stop stepping
+            # (server.py's watch() then reports it and exits 1; the traceback goes here)
+            print(f"ERROR: torch engine step loop failed:\n{format_exception(exc)}", flush=True)
             self.failure = exc
             for r in list(sched.running) + [r for q in sched.queues for r in q]:
                 r.sink(("error", f"engine failure: {exc}"))

@@ -331,7 +331,7 @@ async def serve(options: EngineOptions, config: ServerConfig) -> int:
         print("INFO: Shutting down", flush=True)
     finally:
         watcher.cancel()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # (shutting down: the engine still gets closed)
             await runner.cleanup()
         await loop.run_in_executor(None, engine.close)
     return status

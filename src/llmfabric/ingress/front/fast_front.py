@@ -55,7 +55,7 @@ from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.key_precheck import KeyPrecheck
 from llmfabric.ingress.observe.tracing import traced
 from llmfabric.net.source_slots import peer_ip
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 # Makes the protocol that serves a handed-over connection (aiohttp: `AppRunner.server`).
 FallbackFactory = Callable[[], asyncio.Protocol]
@@ -443,8 +443,8 @@ class _Connection(asyncio.Protocol):
                 if not keep:
                     self._close()
                     return
-        except Exception:  # a bug must not leave a client hanging, nor go unseen
-            self._internal_error()
+        except Exception as exc:  # a bug must not leave a client hanging, nor go unseen
+            self._internal_error(exc)
         finally:
             self.task = None
             self.busy = False
@@ -500,11 +500,17 @@ class _Connection(asyncio.Protocol):
         return to_anthropic(reply) if reply.status >= 400 and req.url.startswith(
             b"/v1/messages") else reply
 
-    def _internal_error(self) -> None:
-        """A bug while serving: logged and counted; the client gets a JSON 500 when nothing
-        of an answer was sent yet (else the connection is cut: the answer is broken)."""
-        log.exception("front: serving a request from %s failed", self.client or "?")
-        self.ingress.metrics.observe_error("", 500, "internal_error")
+    def _internal_error(self, exc: Exception) -> None:
+        """A bug while serving: counted, and logged at the 1st, 2nd, 4th... time; the client
+        gets a JSON 500 when nothing of an answer was sent yet (else the connection is cut:
+        the answer is broken)."""
+        metrics = self.ingress.metrics
+        metrics.observe_error("", 500, "internal_error")
+        n = metrics.errors.get(("500", "internal_error"), 0)  # (counted only here)
+        if log_due(n):  # (a client can repeat a request that hits the bug: no log flood)
+            log.error("front: serving a request from %s failed: %r; %d internal error(s) so "
+                      "far (llmfabric_ingress_errors{code=internal_error})", self.client or "?",
+                      exc, n, exc_info=exc if n == 1 else None)
         if not self.answered:  # (_send and _linger_close do nothing once it closed)
             self._send(error_reply(500, "internal error; the ingress logged it",
                                    "internal_error"), False, False)

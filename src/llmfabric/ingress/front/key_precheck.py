@@ -20,7 +20,7 @@ from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front.fast_wire import FrontRequest
 from llmfabric.ingress.front.front_limits import KeyMemo
 from llmfabric.ingress.protocols import bearer_of
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 log = get_logger(__name__)
 
@@ -31,6 +31,7 @@ class CheckedConnection(Protocol):
     loop: asyncio.AbstractEventLoop
     cur: FrontRequest | None  # the request being read
     closed: bool
+    client: str  # the client's IP address (for the log)
 
     def refuse_early(self, cur: FrontRequest, reply: Reply) -> None:
         """Answer `cur` with `reply` in turn; read nothing more, and close after."""
@@ -67,8 +68,14 @@ class KeyPrecheck:
         auth = self.ingress.auth
         try:
             ok = auth is not None and await auth.authenticate(token) is not None
-        except Exception:  # (the store failing: refused, as the core would refuse it)
-            log.exception("front: checking an API key failed")
+        except Exception as exc:  # (the store failing: refused, as the core would refuse it)
+            metrics = self.ingress.metrics
+            metrics.key_check_errors += 1
+            n = metrics.key_check_errors
+            if log_due(n):  # (any client can send keys while the store fails: no log flood)
+                log.error("front: checking an API key from %s failed: %r; %d failure(s) so far "
+                          "(llmfabric_ingress_key_check_errors)", conn.client or "?", exc, n,
+                          exc_info=n == 1)
             ok = False
         cur.auth_wait = False
         if ok:

@@ -71,6 +71,7 @@ class IngressMetrics:
         self.queue_wait = _Hist()  # seconds admitted requests waited in the fair queue
         self.refusals: dict[str, int] = {}  # admission refusals by reason (tenancy/gate.py)
         self.hook_errors = 0  # trace hook calls that raised (the request was answered)
+        self.key_check_errors = 0  # the front's early key checks whose store raised (401)
         self.queue_depth: Callable[[], int] | None = None  # requests waiting (fair queue)
         # The lean front's connection counts (open, refused at a cap, TLS handshakes that
         # never completed), read at scrape time; set by the front that serves this ingress.
@@ -236,6 +237,11 @@ class IngressMetrics:
                                 "Finished requests whose trace hook raised (demand meter, "
                                 "--record-trace): answered, but not counted or recorded")
         c.add_metric((), self.hook_errors)
+        yield c
+        c = CounterMetricFamily("llmfabric_ingress_key_check_errors",
+                                "API key checks of the lean front whose key store raised "
+                                "(the request was refused with a 401)")
+        c.add_metric((), self.key_check_errors)
         yield c
         yield from self._tenancy_families()
 

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 import aiohttp
 import orjson
 
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 log = get_logger(__name__)
 _KIND = {"ingress.request": 2, "attempt": 3}  # SERVER, CLIENT; others INTERNAL (1)
@@ -91,6 +91,7 @@ class OtlpExporter:
         self._queue: deque[Mapping[str, Any]] = deque(maxlen=max_queue)
         self.dropped = 0  # traces lost: queue overflow or a failed post
         self.exported = 0
+        self.failed_posts = 0  # posts the collector failed (logged at the 1st, 2nd, 4th...)
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -129,8 +130,11 @@ class OtlpExporter:
                 self.exported += n
             except Exception as exc:  # the collector is down: drop, never retry forever
                 self.dropped += n
-                log.warning("OTLP export to %s failed (%s); %d traces dropped", self.url,
-                            exc, n)
+                self.failed_posts += 1
+                if log_due(self.failed_posts):  # (a post per batch of requests: no flood)
+                    log.warning("OTLP export to %s failed (%r); %d traces dropped, %d in all, "
+                                "%d failed post(s) so far", self.url, exc, n, self.dropped,
+                                self.failed_posts)
                 return
 
     async def aclose(self) -> None:
@@ -139,7 +143,7 @@ class OtlpExporter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # (closing; flush logs and counts its own drops)
             await self.flush()
         if self._session is not None:
             await self._session.close()

@@ -30,7 +30,7 @@ from llmfabric.agent.kv_events_config import (
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.routing.held_prefixes import HeldPrefixes
 from llmfabric.routing.kv_events import MAX_PAYLOAD_BYTES, KvEventError, decode_message
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 log = get_logger(__name__)
 RCV_HWM = 10_000  # messages queued in the socket before the publisher's drop
@@ -113,9 +113,12 @@ class KvEventsLink:
         self._last_seq = batch.seq
         try:
             self.held.apply(batch)
-        except Exception:  # a bug in the tracker must not stop the events (counted, logged)
+        except Exception as exc:  # a bug in the tracker must not stop the events
             self.dropped["apply"] += 1
-            log.exception("applying KV-cache events failed")
+            n = self.dropped["apply"]
+            if log_due(n):  # (it would fail again on each of the engine's many messages)
+                log.error("applying KV-cache events (batch seq %d) failed: %r; %d message(s) "
+                          "dropped so far", batch.seq, exc, n, exc_info=n == 1)
             return
         self.applied += 1
 

@@ -97,7 +97,7 @@ class EngineRole:
         node.supervisor.loop("roles", lambda: follow_roles(  # prefill/decode role flips
             node.clock, lambda: node.engine, lambda: node.session.record.meta.models,
             lambda models: node.session.update_self(node.meta(models=models)),
-            lambda: node.stopping))
+            lambda: node.stopping, failures=node.supervisor.failures))
 
     def _on_event(self, engine: EngineLink, event: EngineEvent) -> None:
         try:

@@ -11,7 +11,7 @@ role stay "both".
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 from llmfabric.clock import Clock
 from llmfabric.node.engine.link import EngineLink
@@ -33,8 +33,11 @@ async def follow_roles(
     models: Callable[[], tuple[ServedModel, ...]],
     publish: Callable[[tuple[ServedModel, ...]], object], stopping: Callable[[], bool],
     interval_s: float = 2.0, idle_interval_s: float = 15.0,
+    failures: MutableMapping[str, int] | None = None,
 ) -> None:
-    """Loop: read the engine's roles, publish the models when one changed."""
+    """Loop: read the engine's roles, publish the models when one changed. A read that
+    raises (a bug: an engine that does not answer reads as None) is logged and counted in
+    `failures["engine-roles"]` (the node's task failures), and the loop goes on."""
     while not stopping():
         disaggregated = any(m.role != ModelRole.BOTH for m in models())
         await clock.sleep(interval_s if disaggregated else idle_interval_s)
@@ -44,6 +47,8 @@ async def follow_roles(
         try:
             roles = await link.supervisor.model_roles()
         except Exception:
+            if failures is not None:
+                failures["engine-roles"] = failures.get("engine-roles", 0) + 1
             log.exception("reading the engine's roles failed")
             continue
         current = models()

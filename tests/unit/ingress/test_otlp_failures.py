@@ -1,0 +1,34 @@
+"""A collector that is down costs the ingress a counted drop per batch and a log line at the
+1st, 2nd, 4th... failed post: with a post per batch of finished requests, a warning each
+time would flood the log while the collector is away."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from llmfabric.ingress.observe.otlp import OtlpExporter
+from llmfabric.node.ports import free_port
+
+pytestmark = pytest.mark.unit
+
+
+async def test_failed_posts_are_counted_and_logged_without_a_flood(
+        caplog: pytest.LogCaptureFixture) -> None:
+    exporter = OtlpExporter(f"http://127.0.0.1:{free_port()}/v1/traces", batch=1,
+                            timeout_s=2.0)
+    trace = {"trace_id": "0" * 32, "started_at": 1.0, "spans": []}
+    try:
+        with caplog.at_level(logging.WARNING, logger="llmfabric.ingress.observe.otlp"):
+            for _ in range(5):
+                exporter._queue.append(trace)
+                await exporter.flush()
+    finally:
+        await exporter.aclose()
+    assert exporter.failed_posts == 5 and exporter.dropped == 5 and exporter.exported == 0
+    logged = [r for r in caplog.records if "OTLP export" in r.getMessage()]
+    assert len(logged) == 3  # the 1st, 2nd and 4th
+    assert "5 failed post(s)" not in logged[-1].getMessage()
+    assert "4 failed post(s) so far" in logged[-1].getMessage()
+    assert "ClientConnectorError" in logged[0].getMessage()  # (refused: nothing listens)
