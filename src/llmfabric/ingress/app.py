@@ -77,7 +77,7 @@ from llmfabric.routing.prefix import (
 from llmfabric.routing.request import FABRIC_METADATA_KEYS, RouteRequest, route_request
 from llmfabric.routing.router import NoRoute, NoRouteReason, Router
 from llmfabric.routing.walltime import requested_tokens, sim_rate, walltime_filter
-from llmfabric.untrusted import get_logger
+from llmfabric.untrusted import get_logger, log_due
 
 # Where the ingress may add stream_options.include_usage (the OpenAI streaming routes).
 _USAGE_INJECT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -573,7 +573,7 @@ class Ingress:
         except Exception as e:
             self.metrics.hook_errors += 1
             n = self.metrics.hook_errors
-            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th... failure: a log line, not a flood
+            if log_due(n):  # (a hook broken on every request: a log line, not a flood)
                 log.error("trace hook failed on a finished %s request (model %r, status %d): "
                           "%r; %d failure(s) so far (llmfabric_ingress_trace_hook_errors)",
                           path, model, status, e, n, exc_info=n == 1)
