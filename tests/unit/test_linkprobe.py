@@ -261,7 +261,7 @@ async def test_failed_probes_and_rounds_are_logged_at_the_1st_2nd_4th_failure(
         task = asyncio.ensure_future(prober.run(first_delay_s=1))
         await clock.advance(20)
         task.cancel()
-    assert prober.round_errors == 1 and prober.probes >= 1
+    assert prober.errors["round"] == 1 and prober.probes >= 1
     [bug] = [r for r in caplog.records if "link probe round failed" in r.getMessage()]
     assert bug.exc_info is not None
 

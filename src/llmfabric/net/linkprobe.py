@@ -234,7 +234,9 @@ class LinkProber:
         self.wall = wall or clock.wall
         self.rng = rng or random.Random()
         self.failures = 0  # probes that failed (each peer is tried again later)
-        self.round_errors = 0  # rounds that raised (a bug: logged, the next round runs)
+        # Rounds that raised (a bug: logged, the next round runs), by kind as node metrics
+        # export background failures (llmfabric_node_task_failures{task="links-round"}).
+        self.errors: dict[str, int] = {"round": 0}
         self.probes = 0
         self._last_tried: dict[str, float] = {}
 
@@ -292,8 +294,7 @@ class LinkProber:
             try:
                 await self.round()
             except Exception:  # (a bug: the probes go on, seen)
-                self.round_errors += 1
-                if log_due(self.round_errors):
-                    log.exception("link probe round failed; %d failure(s) so far",
-                                  self.round_errors)
+                n = self.errors["round"] = self.errors["round"] + 1
+                if log_due(n):
+                    log.exception("link probe round failed; %d failure(s) so far", n)
             delay = self.interval_s * self.rng.uniform(0.75, 1.25)

@@ -177,6 +177,7 @@ class Node:
         self.links = LinkService(self.transport, self.clock, self._live_peers,
                                  probe_targets=self._direct_peers,
                                  interval_s=config.link_probe_interval_s, rng=self.rng)
+        self.metrics.watch_failures("links", self.links.prober.errors)
 
     # ---- what others read ----------------------------------------------------------------
     @property

@@ -80,3 +80,20 @@ async def test_a_role_read_that_raises_is_counted_and_the_loop_goes_on(
     assert models["now"][0].role == ModelRole.DECODE  # read again and published
     [rec] = [r for r in caplog.records if "reading the engine's roles failed" in r.getMessage()]
     assert rec.exc_info
+
+
+def test_another_parts_failure_counts_show_in_the_node_task_failures() -> None:
+    """`watch_failures(prefix, counts)` reads the part's live counts at each scrape (the link
+    prober's failed rounds: task "links-round")."""
+    from prometheus_client import generate_latest
+
+    from llmfabric.gossip.agent import AgentStats
+    from llmfabric.node.serve.metrics import NodeMetrics
+
+    metrics = NodeMetrics()
+    metrics.watch_tasks({}, AgentStats())
+    errors = {"round": 0}  # (as LinkProber.errors, which the node passes)
+    metrics.watch_failures("links", errors)
+    assert 'task="links-round"} 0.0' in generate_latest(metrics.registry).decode()
+    errors["round"] += 2
+    assert 'task="links-round"} 2.0' in generate_latest(metrics.registry).decode()
