@@ -1,7 +1,10 @@
 """`BatchRunner`: one asyncio task per ingress that carries every active batch to its end.
 
-Per batch (each in its own task; all of them share `concurrency` line slots, taken in turn,
-so one large batch does not starve another):
+Per batch (each in its own task). A line being sent holds one of `concurrency` slots that
+all batches share, taken in turn; an owner has at most `concurrency` lines outstanding (sent,
+or waiting out a rate limit) over all its batches, and a line waiting for its Retry-After
+holds no slot: a rate-limited key (requests/min 1, 50,000 lines) neither starves another
+owner's batch nor keeps a task per line asleep.
 - validating: the input checked in a thread (validate.py); bad lines fail the batch with
   their line numbers, else it is in_progress with its total.
 - in_progress: each line not yet answered (store.done_lines: after a restart only those)
@@ -79,7 +82,8 @@ class BatchRunner:
         self.clock = clock
         self.principals = principals
         self.poll_s = poll_s
-        self._slots = asyncio.Semaphore(store.limits.concurrency)
+        self._slots = asyncio.Semaphore(store.limits.concurrency)  # lines being sent
+        self._owners: dict[str, asyncio.Semaphore] = {}  # each owner's lines outstanding
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._batches: dict[str, asyncio.Task[None]] = {}
@@ -178,18 +182,21 @@ class BatchRunner:
         """Send every unanswered line; why it stopped early, or None (all answered)."""
         stop: _Stop | None = None
         mine: set[asyncio.Task[None]] = set()
+        outstanding = self._owners.setdefault(
+            b.owner, asyncio.Semaphore(self.store.limits.concurrency))
         try:
             for line in requests_of(path, b.endpoint, self.store.done_lines(b.id)):
                 if (stop := self._stop_of(b)) is not None:
                     break
-                await self._slots.acquire()
+                await outstanding.acquire()
                 if (stop := self._stop_of(b)) is not None:
-                    self._slots.release()
+                    outstanding.release()
                     break
                 task = asyncio.create_task(self._line(b, line))
                 mine.add(task)
                 self._lines.add(task)
                 task.add_done_callback(self._line_done)
+                task.add_done_callback(lambda _: outstanding.release())
                 task.add_done_callback(mine.discard)
             if mine:
                 await asyncio.gather(*list(mine))
@@ -206,7 +213,6 @@ class BatchRunner:
 
     def _line_done(self, task: asyncio.Task[None]) -> None:
         self._lines.discard(task)
-        self._slots.release()
         if not task.cancelled() and (e := task.exception()) is not None:
             log.error("a batch line failed in the runner: %r", e)
 
@@ -238,7 +244,8 @@ class BatchRunner:
                 return
         body = request_body(line.body)
         while True:
-            reply = await self.serve_line(b.endpoint, body, principal)
+            async with self._slots:  # (released while a rate-limited line waits)
+                reply = await self.serve_line(b.endpoint, body, principal)
             if (reply.status == 429 and error_code(reply) == "rate_limit_exceeded"
                     and self._stop_of(b) is None):
                 wait = (reply.headers or {}).get("Retry-After", "1")

@@ -1,0 +1,90 @@
+"""BatchRunner against hostile key holders: an owner whose key is rate limited (its lines
+wait their Retry-After) must not take the runner's shared slots from other owners'
+batches."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import orjson
+import pytest
+
+from llmfabric.batch.limits import BatchLimits
+from llmfabric.batch.records import COMPLETED, VALIDATING, BatchRecord, FileRecord
+from llmfabric.batch.runner import BatchRunner
+from llmfabric.batch.store import BatchStore
+from llmfabric.ingress.errors import Reply, error_reply
+from llmfabric.ingress.protocols import Principal
+from llmfabric.testing.fake_clock import FakeClock
+
+pytestmark = [pytest.mark.unit, pytest.mark.hostile]
+CHAT = "/v1/chat/completions"
+DAY = 24 * 3600
+
+
+class Key:
+    def __init__(self, key_id: str) -> None:
+        self.id = key_id
+        self.record_trace = True
+
+
+def lines_of(n: int, prompt: str = "p") -> bytes:
+    return b"".join(orjson.dumps({"custom_id": f"c{i}", "method": "POST", "url": CHAT,
+                                  "body": {"model": "m", "messages": [
+                                      {"role": "user", "content": prompt}]}}) + b"\n"
+                    for i in range(n))
+
+
+def add_batch(store: BatchStore, clock: FakeClock, owner: str, data: bytes,
+              status: str = VALIDATING) -> str:
+    f = FileRecord(store.new_file_id(), owner, "in.jsonl", "batch", len(data), 1,
+                   data.count(b"\n"))
+    store.path_of(f.id).write_bytes(data)
+    store.add_file(f)
+    now = int(clock.wall())
+    b = BatchRecord(store.new_batch_id(), owner, f"key-{owner}", CHAT, f.id, "24h", status,
+                    now, now + DAY)
+    store.add_batch(b)
+    return b.id
+
+
+async def test_a_rate_limited_owner_does_not_hold_the_slots_of_other_owners(
+        tmp_path: pathlib.Path) -> None:
+    # Mallory's key allows ~1 request a minute: every line of her 200-line batch is refused
+    # with Retry-After 60. Alice's 20 lines must still run at once (the clock never moves:
+    # a slot held through a rate-limit wait would never come back).
+    clock = FakeClock()
+    store = BatchStore(tmp_path, BatchLimits(concurrency=4))
+    calls: dict[str, int] = {"key-mallory": 0, "key-alice": 0}
+
+    async def serve(path: str, body: bytes, principal: Principal | None) -> Reply:
+        assert principal is not None
+        calls[principal.id] += 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if principal.id == "key-mallory":
+            return error_reply(429, "rate limit exceeded for this key; retry after 60 s",
+                               "rate_limit_exceeded", headers={"Retry-After": "60"})
+        return Reply(200, b"{}")
+
+    async def principals(key_id: str) -> Principal | None:
+        return Key(key_id)  # type: ignore[return-value]
+
+    runner = BatchRunner(store, serve, clock, principals=principals)
+    mallory = add_batch(store, clock, "mallory", lines_of(200))
+    alice = add_batch(store, clock, "alice", lines_of(20))
+    slow = asyncio.create_task(runner.run_batch(mallory))
+    for _ in range(50):  # (validation runs in a thread)
+        await asyncio.sleep(0.01)
+    try:
+        await asyncio.wait_for(runner.run_batch(alice), 10)
+        b = store.get_batch("alice", alice)
+        assert b is not None and b.status == COMPLETED and b.completed == 20
+        # and Mallory's waiting lines are bounded (not one sleeping task per line)
+        assert calls["key-mallory"] <= 4, calls
+    finally:
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        store.close()
