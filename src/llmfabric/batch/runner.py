@@ -49,7 +49,7 @@ from llmfabric.batch.records import (
     BatchRecord,
     FileRecord,
 )
-from llmfabric.batch.store import BatchStore, fsync_file
+from llmfabric.batch.store import BatchStore
 from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
 from llmfabric.clock import Clock
 from llmfabric.ingress.protocols import Principal
@@ -172,10 +172,11 @@ class BatchRunner:
             await self._finish(b, None)
             return
         stop = await self._run_lines(b, path)
-        if stop is not None:
-            for line in requests_of(path, b.endpoint, self.store.done_lines(b.id)):
-                self.store.record_result(b.id, line.index, False,
-                                         not_sent(line.custom_id, stop.code, stop.message))
+        if stop is not None:  # (up to 50,000 records: parsed and kept in a thread)
+            done, endpoint = self.store.done_lines(b.id), b.endpoint
+            unsent = ((line.index, not_sent(line.custom_id, stop.code, stop.message))
+                      for line in requests_of(path, endpoint, done))
+            await asyncio.to_thread(self.store.record_unsent, b.id, unsent)
         await self._finish(b, stop)
 
     async def _run_lines(self, b: BatchRecord, path: pathlib.Path) -> _Stop | None:
@@ -263,7 +264,7 @@ class BatchRunner:
         err = await self._write_output(b, ok=False)
         self.store.set_status(b.id, stop.status if stop is not None else COMPLETED,
                               self._now(), output_file_id=out, error_file_id=err)
-        self.store.drop_results(b.id)
+        await asyncio.to_thread(self.store.drop_results, b.id)
 
     async def _write_output(self, b: BatchRecord, ok: bool) -> str | None:
         """The output (ok) or error file of the batch's kept results; None when empty."""
@@ -272,18 +273,11 @@ class BatchRunner:
         self.store.delete_file(b.owner, file_id)  # (a finalization cut short before)
         final = self.store.path_of(file_id)
         part = final.with_suffix(".part")
-        size = lines = 0
-        with part.open("wb") as f:
-            for record in self.store.results(b.id, ok):
-                f.write(record + b"\n")
-                size += len(record) + 1
-                lines += 1
-                if lines % 500 == 0:
-                    await asyncio.sleep(0)  # (a large output: let requests in between)
+        # (gigabytes of answers: read, written and flushed in a thread)
+        size, lines = await asyncio.to_thread(self.store.write_results, b.id, ok, part)
         if lines == 0:
             part.unlink()
             return None
-        fsync_file(part)
         part.replace(final)
         self.store.add_file(FileRecord(file_id, b.owner, f"{b.id}_{kind}.jsonl",
                                        OUTPUT_PURPOSE, size, self._now(), lines), capped=False)

@@ -6,6 +6,9 @@ A batch's progress is its `results` rows, one per input line, written once (the 
 (batch, line) makes a second answer of a line a no-op), with the batch's counts in the same
 transaction: after a restart the runner runs only the lines without a row. The output and
 error files are written from these rows when the batch ends, then the rows are dropped.
+The bulk steps of a batch's end (`record_unsent`, `write_results`, `drop_results`: up to
+50,000 rows and gigabytes of answers) are for a worker thread: each opens its own
+connection and commits in chunks, so the event loop's connection waits milliseconds at most.
 
 Every read that a client's request makes names the owner: another owner's file or batch is
 not found. Ids are ours (random hex), so a client's text never becomes a path.
@@ -19,7 +22,8 @@ import pathlib
 import re
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -52,6 +56,7 @@ _BATCH_COLS = ("id, owner, key_id, endpoint, input_file_id, completion_window, s
                "error_file_id, errors, metadata, in_progress_at, finalizing_at, completed_at, "
                "failed_at, expired_at, cancelling_at, cancelled_at")
 _BATCH_NAMES = tuple(c.strip() for c in _BATCH_COLS.split(","))
+_CHUNK = 1000  # rows a transaction of the bulk steps (record_unsent)
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 
@@ -84,10 +89,15 @@ class BatchStore:
         self.files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for stale in self.files_dir.glob("*.part"):  # uploads a crash cut short
             stale.unlink(missing_ok=True)
-        self._db = sqlite3.connect(directory / "batch.db")
+        self._db_path = directory / "batch.db"
+        self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self._db_path, timeout=30.0)
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
 
     def close(self) -> None:
         self._db.close()
@@ -237,6 +247,36 @@ class BatchStore:
                                  (int(ok), int(not ok), batch_id))
         return added
 
+    def record_unsent(self, batch_id: str, records: Iterable[tuple[int, bytes]]) -> None:
+        """Keep the records (line, record) of lines never sent, as failed (a worker
+        thread's call: its own connection, _CHUNK lines a transaction)."""
+        it = iter(records)
+        with contextlib.closing(self._connect()) as db:
+            while chunk := list(islice(it, _CHUNK)):
+                with db:
+                    added = db.executemany(
+                        "INSERT OR IGNORE INTO results (batch_id, line, ok, record) "
+                        "VALUES (?, ?, 0, ?)", [(batch_id, n, r) for n, r in chunk]).rowcount
+                    db.execute("UPDATE batches SET failed = failed + ? WHERE id = ?",
+                               (added, batch_id))
+
+    def write_results(self, batch_id: str, ok: bool, path: pathlib.Path) -> tuple[int, int]:
+        """Write the batch's answered lines of one kind to `path`, in input order, and flush
+        it to disk: (bytes, lines) (a worker thread's call: its own connection)."""
+        size = lines = 0
+        with contextlib.closing(self._connect()) as db, path.open("wb") as f:
+            cur = db.execute("SELECT record FROM results WHERE batch_id = ? AND ok = ? "
+                             "ORDER BY line", (batch_id, int(ok)))
+            while rows := cur.fetchmany(500):
+                for (record,) in rows:
+                    f.write(record)
+                    f.write(b"\n")
+                    size += len(record) + 1
+                    lines += 1
+            f.flush()
+            os.fsync(f.fileno())
+        return size, lines
+
     def done_lines(self, batch_id: str) -> set[int]:
         return {int(r[0]) for r in self._db.execute(
             "SELECT line FROM results WHERE batch_id = ?", (batch_id,))}
@@ -251,8 +291,10 @@ class BatchStore:
                     yield bytes(record)
 
     def drop_results(self, batch_id: str) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
+        """Drop a finished batch's kept answers (a worker thread may call it: its own
+        connection)."""
+        with contextlib.closing(self._connect()) as db, db:
+            db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
 
     # -- helpers ---------------------------------------------------------------------------
 
