@@ -90,6 +90,7 @@ class BatchStore:
         for stale in self.files_dir.glob("*.part"):  # uploads a crash cut short
             stale.unlink(missing_ok=True)
         self._db_path = directory / "batch.db"
+        self._uploading: dict[str, tuple[int, int]] = {}  # owner: (uploads, bytes so far)
         self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
@@ -120,17 +121,44 @@ class BatchStore:
             "purpose = ?", (owner, FILE_PURPOSE)).fetchone()
         return int(n), int(size)
 
-    def cap_refusal(self, owner: str, adding: int) -> str | None:
-        """Why `owner` may not store `adding` more bytes of upload, or None."""
+    def cap_refusal(self, owner: str, adding: int, new_files: int = 1) -> str | None:
+        """Why `owner` may not store `new_files` more uploads of `adding` more bytes, or
+        None (the uploads still streaming count as stored: `start_upload`)."""
         n, size = self.owner_usage(owner)
+        streaming, streamed = self._uploading.get(owner, (0, 0))
+        n, size = n + streaming, size + streamed
         lim = self.limits
-        if n + 1 > lim.max_files_per_owner:
-            return (f"you have {n} files stored, the most this ingress keeps per owner "
-                    f"({lim.max_files_per_owner}); delete some (DELETE /v1/files/ID)")
+        if new_files and n + new_files > lim.max_files_per_owner:
+            return (f"you have {n} files stored or uploading, the most this ingress keeps "
+                    f"per owner ({lim.max_files_per_owner}); delete some (DELETE "
+                    "/v1/files/ID)")
         if size + adding > lim.max_bytes_per_owner:
             return (f"your files would take {size + adding} bytes, over this ingress's "
                     f"{lim.max_bytes_per_owner} bytes per owner; delete some first")
         return None
+
+    def start_upload(self, owner: str) -> str | None:
+        """Count an upload that starts streaming against the owner's caps at once (None),
+        or why it may not start: uploads raced in parallel cannot pass the caps on disk
+        before any of them is registered. Each start has one `end_upload`."""
+        if (why := self.cap_refusal(owner, 0)) is not None:
+            return why
+        n, size = self._uploading.get(owner, (0, 0))
+        self._uploading[owner] = (n + 1, size)
+        return None
+
+    def upload_grew(self, owner: str, added: int) -> str | None:
+        """`added` more bytes of one of the owner's uploads arrived; why they pass the
+        owner's byte cap (with the stored files and the other uploads), or None."""
+        n, size = self._uploading[owner]
+        self._uploading[owner] = (n, size + added)
+        return self.cap_refusal(owner, 0, new_files=0)
+
+    def end_upload(self, owner: str, streamed: int) -> None:
+        """An upload of `streamed` bytes ended (registered with add_file after, or not)."""
+        n, size = self._uploading.pop(owner)
+        if n > 1:
+            self._uploading[owner] = (n - 1, size - streamed)
 
     def add_file(self, record: FileRecord, *, capped: bool = True) -> None:
         """Register a file whose bytes are at `path_of(record.id)` (checked against the

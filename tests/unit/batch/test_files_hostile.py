@@ -1,0 +1,154 @@
+"""The Files API against hostile key holders filling the disk: uploads raced past the
+owner's caps (each under the file cap, held open so none is registered yet), multipart
+bodies that never end in a field that is not the file, and uploads cut mid-body. Over a
+real `Ingress` (static keys; each key its own owner) and the aiohttp test server."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from llmfabric.batch import BatchLimits, BatchService
+from llmfabric.ingress import IngressConfig, StaticCandidateSource
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.front.host_check import HostGuard
+from llmfabric.ingress.protocols import Principal
+from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
+
+pytestmark = [pytest.mark.unit, pytest.mark.hostile]
+A = {"Authorization": "Bearer sk-a"}
+Client = TestClient[web.Request, web.Application]
+LINE = orjson.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
+                     "body": {"model": "m", "messages": []}}) + b"\n"
+
+
+class NoForwarder:
+    enforces_timeouts = True
+
+    async def open(self, *args: Any) -> Any:
+        raise AssertionError("no request leaves in these tests")
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+async def env(tmp_path: pathlib.Path) -> AsyncIterator[tuple[Client, BatchService]]:
+    ingress = Ingress(IngressConfig(max_body_bytes=1000), StaticCandidateSource([]),
+                      NoForwarder(), auth=StaticKeys({"sk-a": "ka", "sk-b": "kb"}))  # type: ignore[arg-type]
+
+    async def principals(key_id: str) -> Principal | None:
+        return None
+
+    service = BatchService(ingress, tmp_path, principals=principals, limits=BatchLimits(
+        max_file_bytes=50_000, max_line_bytes=1000, max_files_per_owner=100,
+        max_bytes_per_owner=100_000))
+    client: Client = TestClient(TestServer(service.app(HostGuard())))
+    await client.start_server()
+    yield client, service
+    await client.close()
+    await service.aclose()
+
+
+def disk_bytes(service: BatchService) -> int:
+    return sum(p.stat().st_size for p in service.store.files_dir.iterdir())
+
+
+HEAD = (b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+        b'Content-Type: application/jsonl\r\n\r\n')
+TAIL = b"\r\n--XX--\r\n"
+MULTIPART = {**A, "Content-Type": "multipart/form-data; boundary=XX"}
+
+
+async def test_uploads_raced_past_the_owner_s_byte_cap_are_refused_as_they_stream(
+        env: tuple[Client, BatchService]) -> None:
+    # 10 uploads of 45,000 bytes at once, each held open before its last bytes: 450,000
+    # bytes on disk for an owner allowed 100,000 (and 1,000 such uploads: 45 GB), since the
+    # cap was checked only before the body and when the file was registered.
+    c, service = env
+    release = asyncio.Event()
+    body = LINE * (45_000 // len(LINE))
+
+    async def held() -> AsyncIterator[bytes]:
+        yield HEAD
+        for i in range(0, len(body), 5_000):
+            yield body[i:i + 5_000]
+        await release.wait()
+        yield TAIL
+
+    posts = [asyncio.create_task(c.post("/v1/files", data=held(), headers=MULTIPART))
+             for _ in range(10)]
+    peak = 0
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        peak = max(peak, disk_bytes(service))
+        if all(p.done() for p in posts[2:]):
+            break
+    release.set()
+    replies = [await p for p in posts]
+    statuses = sorted(r.status for r in replies)
+    for r in replies:
+        r.release()
+    assert peak <= 100_000 + 5_000, f"{peak} bytes on disk for an owner capped at 100,000"
+    assert statuses.count(200) == 2 and statuses.count(400) == 8, statuses
+    assert service.store.owner_usage("ka")[1] <= 100_000
+    assert disk_bytes(service) <= 100_000
+
+
+async def test_uploads_raced_past_the_owner_s_file_cap_are_refused(
+        tmp_path: pathlib.Path) -> None:
+    ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
+                      NoForwarder())  # type: ignore[arg-type]
+    service = BatchService(ingress, tmp_path, limits=BatchLimits(max_files_per_owner=3))
+    c: Client = TestClient(TestServer(service.app(HostGuard())))
+    await c.start_server()
+    release = asyncio.Event()
+
+    async def held() -> AsyncIterator[bytes]:
+        yield HEAD + LINE * 200  # (past the parser's look-ahead: the file part is open)
+        await release.wait()
+        yield TAIL
+
+    try:
+        posts = [asyncio.create_task(c.post("/v1/files", data=held(), headers={
+            "Content-Type": "multipart/form-data; boundary=XX"})) for _ in range(20)]
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if sum(p.done() for p in posts) >= 17:
+                break
+        open_parts = len(list(service.store.files_dir.glob("*.part")))
+        release.set()
+        replies = [await p for p in posts]
+        statuses = sorted(r.status for r in replies)
+        for r in replies:
+            r.release()
+        assert open_parts <= 3, f"{open_parts} uploads streaming for an owner of 3 files"
+        assert statuses.count(200) == 3, statuses
+    finally:
+        await c.close()
+        await service.aclose()
+
+
+async def test_an_upload_cut_mid_body_leaves_nothing(env: tuple[Client, BatchService]) -> None:
+    c, service = env
+
+    async def cut() -> AsyncIterator[bytes]:
+        yield HEAD + LINE * 20
+        raise ConnectionResetError("the client is gone")
+
+    with pytest.raises(Exception):  # noqa: B017 (whatever the client raises)
+        await c.post("/v1/files", data=cut(), headers=MULTIPART)
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        if not list(service.store.files_dir.iterdir()):
+            break
+    assert list(service.store.files_dir.iterdir()) == []
+    assert service.store.owner_usage("ka") == (0, 0)
