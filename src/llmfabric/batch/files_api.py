@@ -5,8 +5,9 @@ GET /v1/files/{id}/content, DELETE /v1/files/{id}.
 An upload streams to disk through `UploadCheck` (size, lines, line length: 413/400 at the
 first cap passed, nothing kept); it counts against the owner's caps (files, bytes) from its
 start and as its bytes arrive, with the owner's other uploads under way, and again when the
-file is registered. Another owner's id, a bogus one and an unknown one are
-all the same 404.
+file is registered. The fields beside the file are bounded (_MAX_PARTS, _MULTIPART_SLACK),
+and a body refused before its end closes the connection (no more of it is read). Another
+owner's id, a bogus one and an unknown one are all the same 404.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from llmfabric.clock import Clock
 
 _SMALL_PART = 1024  # the most read of a multipart field that is not the file (`purpose`)
 _MULTIPART_SLACK = 64 * 1024  # headers and fields around the file in a multipart body
+_MAX_PARTS = 16  # fields of an upload (file, purpose, and a few an SDK may add)
 
 
 def safe_filename(name: str | None) -> str:
@@ -79,13 +81,20 @@ class FilesApi:
             upload.end()
             with contextlib.suppress(OSError):
                 os.unlink(upload.part_path)
+        if not request.content.at_eof():  # (refused mid-body: close, read no more of it;
+            reply.force_close()  # aiohttp would otherwise drain it for up to 10 s)
         return reply
 
     async def _receive(self, reader: MultipartReader, upload: _Upload) -> web.Response:
         """Stream the file to its .part path (caps checked as it arrives), then register it."""
         purpose: str | None = None
         got: tuple[str, int, int] | None = None  # (filename, bytes, lines)
+        parts = 0
         while (part := await reader.next()) is not None:
+            parts += 1
+            if parts > _MAX_PARTS:
+                raise UploadRefused(400, f"the multipart body has more than {_MAX_PARTS} "
+                                    "fields", "invalid_request")
             if not isinstance(part, BodyPartReader):
                 return fail(400, "nested multipart bodies are not taken", "invalid_request")
             if part.name == "file" and got is None:
@@ -178,6 +187,7 @@ class _Upload:
         self.final = store.path_of(self.file_id)
         self.part_path = self.final.with_suffix(".part")
         self.streamed = 0  # the file's bytes so far
+        self.other = 0  # bytes of the fields that are not the file
         self._ended = False
 
     def grew(self, n: int) -> None:
@@ -191,10 +201,14 @@ class _Upload:
             self.store.end_upload(self.owner, self.streamed)
 
     async def small(self, part: BodyPartReader) -> str:
-        """A short field (`purpose`): its first _SMALL_PART bytes (the rest is read and
-        dropped)."""
+        """A short field (`purpose`): its first _SMALL_PART bytes; all the fields beside
+        the file together may take _MULTIPART_SLACK bytes (a field without end is cut)."""
         data = b""
         while chunk := await part.read_chunk(_SMALL_PART):
+            self.other += len(chunk)
+            if self.other > _MULTIPART_SLACK:
+                raise UploadRefused(413, f"the fields beside 'file' take more than "
+                                    f"{_MULTIPART_SLACK} bytes", "request_too_large")
             if len(data) < _SMALL_PART:
                 data += chunk
         return data[:_SMALL_PART].decode("utf-8", "replace").strip()

@@ -6,10 +6,12 @@ real `Ingress` (static keys; each key its own owner) and the aiohttp test server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -135,6 +137,44 @@ async def test_uploads_raced_past_the_owner_s_file_cap_are_refused(
     finally:
         await c.close()
         await service.aclose()
+
+
+async def test_a_field_that_never_ends_is_cut_off(env: tuple[Client, BatchService]) -> None:
+    # No Content-Length (chunked): a `purpose` field of endless bytes was read and dropped
+    # for as long as the client sent them (here 100 MB, for a 50 KB file cap). What the
+    # client gets written past the refusal is what the sockets buffer (a few MB).
+    c, service = env
+    sent = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal sent
+        yield b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n'
+        for _ in range(100_000):
+            sent += 1024
+            yield b"b" * 1024
+
+    with contextlib.suppress(aiohttp.ClientError):  # (refused, then the connection closed)
+        r = await c.post("/v1/files", data=endless(), headers=MULTIPART)
+        assert r.status in (400, 413)
+    assert sent < 16_000_000, f"{sent} bytes of one field read"
+    assert list(service.store.files_dir.iterdir()) == []
+
+
+async def test_many_small_fields_are_cut_off(env: tuple[Client, BatchService]) -> None:
+    c, _ = env
+    sent = 0
+
+    async def fields() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(100_000):
+            sent += 1
+            yield b'--XX\r\nContent-Disposition: form-data; name="x"\r\n\r\n' + b"v" * 900 + b"\r\n"
+        yield b"--XX--\r\n"
+
+    with contextlib.suppress(aiohttp.ClientError):
+        r = await c.post("/v1/files", data=fields(), headers=MULTIPART)
+        assert r.status in (400, 413)
+    assert sent < 16_000, f"{sent} fields read"
 
 
 async def test_an_upload_cut_mid_body_leaves_nothing(env: tuple[Client, BatchService]) -> None:
