@@ -101,6 +101,8 @@ class BatchesApi:
         meta = doc.get("metadata")
         if (why := metadata_error(meta)) is not None:
             return fail(400, why, "invalid_request", "metadata")
+        if (why := self.store.stored_refusal(who.owner)) is not None:
+            return fail(400, why, "storage_limit_reached")
         cap = self.store.limits.max_active_batches_per_owner
         if len(self.store.active_batches(who.owner)) >= cap:
             return fail(400, f"you have {cap} batches running, the most this ingress runs "

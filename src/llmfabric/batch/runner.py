@@ -12,8 +12,9 @@ owner's batch nor keeps a task per line asleep.
   before every line (a revoked or deleted key fails the remaining lines with
   `api_key_revoked`). A line refused by a rate limit waits its Retry-After and is sent again;
   any other answer is the line's result, kept at once (store.record_result).
-- a cancel (the status is cancelling) or the end of the completion window (the injected
-  clock) stops new lines; lines in flight finish, lines never sent get an error record
+- a cancel (the status is cancelling), the end of the completion window (the injected
+  clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
+  new lines; lines in flight finish, lines never sent get an error record
   (`batch_cancelled` / `batch_expired`, as OpenAI's expired lines).
 - the output and error files are written from the kept results (ids derived from the batch
   id, so a finalization cut short by a restart is redone, not doubled), and the batch ends
@@ -64,12 +65,16 @@ class _Stop:
     status: str  # the batch's final status
     code: str  # the error of its lines never sent
     message: str
+    batch_error: bool = False  # also the batch's `errors` (why it failed)
 
 
 _CANCEL = _Stop(CANCELLED, "batch_cancelled", "The batch was cancelled before this request "
                 "was sent.")
 _EXPIRE = _Stop(EXPIRED, "batch_expired", "This request could not be executed before the "
                 "completion window expired.")
+_FULL = _Stop(FAILED, "batch_output_too_large", "The batch's answers passed this ingress's "
+              "limit on one batch's output; this request was not sent (split the batch, or "
+              "ask for shorter answers).", batch_error=True)
 
 
 class BatchRunner:
@@ -88,6 +93,7 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
         self._batches: dict[str, asyncio.Task[None]] = {}
         self._lines: set[asyncio.Task[None]] = set()
+        self._kept: dict[str, int] = {}  # bytes of answers each running batch keeps
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -171,7 +177,11 @@ class BatchRunner:
         if b.status == FINALIZING:  # (a restart cut the finalization short)
             await self._finish(b, None)
             return
-        stop = await self._run_lines(b, path)
+        self._kept[b.id] = self.store.kept_bytes(b.id)
+        try:
+            stop = await self._run_lines(b, path)
+        finally:
+            self._kept.pop(b.id, None)
         if stop is not None:  # (up to 50,000 records: parsed and kept in a thread)
             done, endpoint = self.store.done_lines(b.id), b.endpoint
             unsent = ((line.index, not_sent(line.custom_id, stop.code, stop.message))
@@ -224,6 +234,8 @@ class BatchRunner:
             return _CANCEL
         if self.clock.wall() >= b.expires_at:
             return _EXPIRE
+        if self._kept.get(b.id, 0) >= self.store.limits.max_output_bytes:
+            return _FULL
         return None
 
     async def _line(self, b: BatchRecord, line: BatchLine) -> None:
@@ -254,16 +266,19 @@ class BatchRunner:
                                            else 1.0))
                 continue
             break
-        self.store.record_result(b.id, line.index, 200 <= reply.status < 300,
-                                 answered(line.custom_id, reply))
+        record = answered(line.custom_id, reply)
+        if self.store.record_result(b.id, line.index, 200 <= reply.status < 300, record):
+            self._kept[b.id] = self._kept.get(b.id, 0) + len(record)
 
     async def _finish(self, b: BatchRecord, stop: _Stop | None) -> None:
         if stop is None:
             self.store.set_status(b.id, FINALIZING, self._now())
         out = await self._write_output(b, ok=True)
         err = await self._write_output(b, ok=False)
+        more = {"errors": [{"code": stop.code, "message": stop.message, "param": None,
+                            "line": None}]} if stop is not None and stop.batch_error else {}
         self.store.set_status(b.id, stop.status if stop is not None else COMPLETED,
-                              self._now(), output_file_id=out, error_file_id=err)
+                              self._now(), output_file_id=out, error_file_id=err, **more)
         await asyncio.to_thread(self.store.drop_results, b.id)
 
     async def _write_output(self, b: BatchRecord, ok: bool) -> str | None:

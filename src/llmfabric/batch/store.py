@@ -137,6 +137,17 @@ class BatchStore:
                     f"{lim.max_bytes_per_owner} bytes per owner; delete some first")
         return None
 
+    def stored_refusal(self, owner: str) -> str | None:
+        """Why `owner` may not start a batch: its files, batch outputs included, take its
+        byte cap (outputs are never refused, so a new batch is), or None."""
+        size = int(self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files WHERE "
+                                    "owner = ?", (owner,)).fetchone()[0])
+        if size >= self.limits.max_bytes_per_owner:
+            return (f"your files, batch outputs included, take {size} bytes, this "
+                    f"ingress's {self.limits.max_bytes_per_owner} bytes per owner; delete "
+                    "some (old batch outputs) first")
+        return None
+
     def start_upload(self, owner: str) -> str | None:
         """Count an upload that starts streaming against the owner's caps at once (None),
         or why it may not start: uploads raced in parallel cannot pass the caps on disk
@@ -304,6 +315,12 @@ class BatchStore:
             f.flush()
             os.fsync(f.fileno())
         return size, lines
+
+    def kept_bytes(self, batch_id: str) -> int:
+        """The bytes of the answers a batch keeps so far (after a restart: its output so
+        far)."""
+        return int(self._db.execute("SELECT COALESCE(SUM(LENGTH(record)), 0) FROM results "
+                                    "WHERE batch_id = ?", (batch_id,)).fetchone()[0])
 
     def done_lines(self, batch_id: str) -> set[int]:
         return {int(r[0]) for r in self._db.execute(

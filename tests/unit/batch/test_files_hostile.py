@@ -192,3 +192,26 @@ async def test_an_upload_cut_mid_body_leaves_nothing(env: tuple[Client, BatchSer
             break
     assert list(service.store.files_dir.iterdir()) == []
     assert service.store.owner_usage("ka") == (0, 0)
+
+
+async def test_batch_outputs_count_when_a_batch_is_created(
+        env: tuple[Client, BatchService]) -> None:
+    # Outputs are never refused, but one input could be run again and again, each run's
+    # answers kept forever: a new batch is refused while the owner's files, outputs
+    # included, take the owner's byte cap.
+    from llmfabric.batch.records import FileRecord
+
+    c, service = env
+    r = await c.post("/v1/files", data=HEAD + LINE + TAIL, headers=MULTIPART)
+    f = await r.json()
+    create = {"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
+              "completion_window": "24h"}
+    store = service.store
+    out = FileRecord(store.new_file_id(), "ka", "o.jsonl", "batch_output", 100_000, 1, 1)
+    store.path_of(out.id).write_bytes(b"x")
+    store.add_file(out, capped=False)
+    r = await c.post("/v1/batches", data=orjson.dumps(create), headers=A)
+    assert r.status == 400 and (await r.json())["error"]["code"] == "storage_limit_reached"
+    assert (await c.delete(f"/v1/files/{out.id}", headers=A)).status == 200
+    r = await c.post("/v1/batches", data=orjson.dumps(create), headers=A)
+    assert r.status == 200

@@ -171,3 +171,34 @@ async def test_writing_a_large_output_file_does_not_block_the_loop(
     store.close()
     assert size > 200_000_000
     assert gap < 0.5, f"the loop was blocked {gap:.2f} s"
+
+
+async def test_a_batch_s_answers_are_bounded(tmp_path: pathlib.Path) -> None:
+    # Each line asks for a huge completion: the answers a batch keeps (then its output file)
+    # grew without bound, counted against no cap (50,000 answers of 128 KB: 6.4 GB, twice:
+    # in SQLite, then the file). Past `max_output_bytes` no further line is sent; the lines
+    # not sent are in the error file and the batch fails saying why, with its answers.
+    clock = FakeClock()
+    store = BatchStore(tmp_path, BatchLimits(concurrency=2, max_output_bytes=100_000))
+    answer = orjson.dumps({"choices": [{"message": {"content": "y" * 10_000}}]})
+    sent = 0
+
+    async def serve(path: str, body: bytes, principal: Principal | None) -> Reply:
+        nonlocal sent
+        sent += 1
+        await asyncio.sleep(0)
+        return Reply(200, answer)
+
+    runner = BatchRunner(store, serve, clock)
+    bid = add_batch(store, clock, "", lines_of(500))
+    await runner.run_batch(bid)
+    b = store.get_batch("", bid)
+    assert b is not None and b.status == "failed", b
+    assert sent <= 12, sent
+    assert (b.completed, b.failed, b.total) == (sent, 500 - sent, 500)
+    assert [e["code"] for e in b.errors] == ["batch_output_too_large"]
+    assert b.output_file_id is not None and b.error_file_id is not None
+    assert store.path_of(b.output_file_id).stat().st_size <= 100_000 + 2 * 10_200
+    errs = store.path_of(b.error_file_id).read_bytes().splitlines()
+    assert {orjson.loads(e)["error"]["code"] for e in errs} == {"batch_output_too_large"}
+    store.close()
