@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from llmfabric.batch.limits import FILE_PURPOSE, BatchLimits
+from llmfabric.batch.limits import FILE_PURPOSE, OUTPUT_PURPOSE, BatchLimits
 from llmfabric.batch.records import ACTIVE, CANCELLING, STAMPS, BatchRecord, FileRecord
 
 _SCHEMA = """
@@ -139,9 +139,14 @@ class BatchStore:
 
     def stored_refusal(self, owner: str) -> str | None:
         """Why `owner` may not start a batch: its files, batch outputs included, take its
-        byte cap (outputs are never refused, so a new batch is), or None."""
-        size = int(self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files WHERE "
-                                    "owner = ?", (owner,)).fetchone()[0])
+        byte cap, or it keeps max_output_files_per_owner outputs (outputs are never
+        refused, so a new batch is), or None."""
+        outputs, size = self._db.execute(
+            "SELECT COALESCE(SUM(purpose = ?), 0), COALESCE(SUM(bytes), 0) FROM files "
+            "WHERE owner = ?", (OUTPUT_PURPOSE, owner)).fetchone()
+        if outputs >= self.limits.max_output_files_per_owner:
+            return (f"you keep {outputs} batch output files, the most this ingress keeps per "
+                    "owner before a new batch; delete old ones (DELETE /v1/files/ID)")
         if size >= self.limits.max_bytes_per_owner:
             return (f"your files, batch outputs included, take {size} bytes, this "
                     f"ingress's {self.limits.max_bytes_per_owner} bytes per owner; delete "

@@ -215,3 +215,30 @@ async def test_batch_outputs_count_when_a_batch_is_created(
     assert (await c.delete(f"/v1/files/{out.id}", headers=A)).status == 200
     r = await c.post("/v1/batches", data=orjson.dumps(create), headers=A)
     assert r.status == 200
+
+
+async def test_batch_output_files_are_bounded_in_number(
+        env: tuple[Client, BatchService]) -> None:
+    # Tiny batches (one line each, 10 at a time, one after another) left two tiny files each
+    # (a few hundred bytes): the byte cap alone let an owner make millions of files
+    # (inodes, rows). A new batch is refused once the owner keeps max_output_files_per_owner
+    # batch outputs.
+    from dataclasses import replace
+
+    from llmfabric.batch.records import FileRecord
+
+    c, service = env
+    store = service.store
+    store.limits = replace(store.limits, max_output_files_per_owner=5)
+    r = await c.post("/v1/files", data=HEAD + LINE + TAIL, headers=MULTIPART)
+    create = orjson.dumps({"input_file_id": (await r.json())["id"],
+                           "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+    outs = [FileRecord(store.new_file_id(), "ka", "o.jsonl", "batch_output", 300, 1, 1)
+            for _ in range(5)]
+    for out in outs:
+        store.path_of(out.id).write_bytes(b"x")
+        store.add_file(out, capped=False)
+    r = await c.post("/v1/batches", data=create, headers=A)
+    assert r.status == 400 and (await r.json())["error"]["code"] == "storage_limit_reached"
+    assert (await c.delete(f"/v1/files/{outs[0].id}", headers=A)).status == 200
+    assert (await c.post("/v1/batches", data=create, headers=A)).status == 200
