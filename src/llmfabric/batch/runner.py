@@ -10,7 +10,8 @@ owner's batch nor keeps a task per line asleep.
 - in_progress: each line not yet answered (store.done_lines: after a restart only those)
   runs in its own task through the `LineServer` as the batch's principal, looked up again
   before every line (a revoked or deleted key fails the remaining lines with
-  `api_key_revoked`). A line refused by a rate limit waits its Retry-After and is sent again;
+  `api_key_revoked`). A line the ingress refused by a rate limit (not an engine's 429) waits
+  its Retry-After (1 to 60 s) and is sent again;
   any other answer is the line's result, kept at once (store.record_result).
 - a cancel (the status is cancelling), the end of the completion window (the injected
   clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
@@ -58,6 +59,7 @@ from llmfabric.untrusted import get_logger
 
 log = get_logger(__name__)
 MAX_RATE_WAIT_S = 60.0  # the longest a rate-limited line sleeps before it is sent again
+MIN_RATE_WAIT_S = 1.0  # the shortest (a Retry-After of 0 would send it again at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,11 +261,15 @@ class BatchRunner:
         while True:
             async with self._slots:  # (released while a rate-limited line waits)
                 reply = await self.serve_line(b.endpoint, body, principal)
-            if (reply.status == 429 and error_code(reply) == "rate_limit_exceeded"
+            # The ingress's own refusal (no node answered: the key's rate limit, the fair
+            # queue) is waited out, at least a second; an engine's 429 is the line's answer
+            # (the ingress tried the other nodes already).
+            if (reply.status == 429 and not reply.node
+                    and error_code(reply) == "rate_limit_exceeded"
                     and self._stop_of(b) is None):
                 wait = (reply.headers or {}).get("Retry-After", "1")
-                await self.clock.sleep(min(MAX_RATE_WAIT_S, float(wait) if wait.isdigit()
-                                           else 1.0))
+                await self.clock.sleep(min(MAX_RATE_WAIT_S, max(
+                    MIN_RATE_WAIT_S, float(wait) if wait.isdigit() else 1.0)))
                 continue
             break
         record = answered(line.custom_id, reply)

@@ -6,6 +6,7 @@ its output file) must not block the event loop for seconds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import time
 from typing import Any
@@ -202,3 +203,48 @@ async def test_a_batch_s_answers_are_bounded(tmp_path: pathlib.Path) -> None:
     errs = store.path_of(b.error_file_id).read_bytes().splitlines()
     assert {orjson.loads(e)["error"]["code"] for e in errs} == {"batch_output_too_large"}
     store.close()
+
+
+@pytest.mark.parametrize("node", ["", "nEngine"])
+async def test_a_429_without_a_real_wait_does_not_spin(tmp_path: pathlib.Path,
+                                                       node: str) -> None:
+    # A 429 rate_limit_exceeded with Retry-After 0 was sent again at once: 62,746 sends of
+    # one line in 2 s. An engine's (a provider's) 429 of that code, which reaches the runner
+    # without headers, was retried every second for the batch's 24 hours. Only the ingress's
+    # own refusal (no node) is waited out, at least 1 s; an engine's is the line's answer.
+    clock = FakeClock()
+    store = BatchStore(tmp_path, BatchLimits(concurrency=1))
+    sends = 0
+
+    async def serve(path: str, body: bytes, principal: Principal | None) -> Reply:
+        nonlocal sends
+        sends += 1
+        r = error_reply(429, "slow down", "rate_limit_exceeded",
+                        headers={"Retry-After": "0"} if not node else None)
+        return Reply(r.status, r.body, node=node, headers=r.headers)
+
+    runner = BatchRunner(store, serve, clock)
+    bid = add_batch(store, clock, "", lines_of(1))
+    task = asyncio.create_task(runner.run_batch(bid))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if sends:
+            break
+    try:
+        if node:
+            await asyncio.wait_for(task, 5)
+            b = store.get_batch("", bid)
+            assert b is not None and b.status == COMPLETED and b.failed == 1
+        else:
+            await asyncio.sleep(0.1)
+            # (a wait of 0 fires again and again within one advance: bounded here)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(clock.advance(0.5), 2)
+            assert sends == 1, sends
+            await asyncio.wait_for(clock.advance(0.5), 2)
+            assert sends == 2, sends
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        store.close()
