@@ -69,7 +69,9 @@ def page_args(query: Mapping[str, str], default_limit: int, max_limit: int
               ) -> tuple[str | None, int] | web.Response:
     """(after, limit) of a list request, or the 400 for a bad limit."""
     raw = query.get("limit", str(default_limit))
-    if not raw.isdigit() or not 1 <= int(raw) <= max_limit:
+    # (ASCII digits only: str.isdigit takes '²', which int() refuses, and 5,000 digits
+    # pass int()'s limit on a string's length)
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not 1 <= int(raw) <= max_limit:
         return fail(400, f"'limit' is an integer from 1 to {max_limit}", "invalid_request",
                     "limit")
     return query.get("after") or None, int(raw)

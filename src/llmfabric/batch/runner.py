@@ -269,7 +269,7 @@ class BatchRunner:
                     and self._stop_of(b) is None):
                 wait = (reply.headers or {}).get("Retry-After", "1")
                 await self.clock.sleep(min(MAX_RATE_WAIT_S, max(
-                    MIN_RATE_WAIT_S, float(wait) if wait.isdigit() else 1.0)))
+                    MIN_RATE_WAIT_S, float(wait) if wait.isascii() and wait.isdigit() else 1.0)))
                 continue
             break
         record = answered(line.custom_id, reply)

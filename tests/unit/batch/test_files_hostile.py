@@ -242,3 +242,14 @@ async def test_batch_output_files_are_bounded_in_number(
     assert r.status == 400 and (await r.json())["error"]["code"] == "storage_limit_reached"
     assert (await c.delete(f"/v1/files/{outs[0].id}", headers=A)).status == 200
     assert (await c.post("/v1/batches", data=create, headers=A)).status == 200
+
+
+@pytest.mark.parametrize("limit", ["%C2%B2", "9" * 5000, "%D9%A3"])
+async def test_a_limit_that_is_no_ascii_number_is_a_400(env: tuple[Client, BatchService],
+                                                        limit: str) -> None:
+    # '²' is a digit to str.isdigit but not to int(): a 500; so were 5,000 digits (past
+    # Python's limit on int() of a string). '٣' (Arabic-Indic 3) read as 3.
+    c, _ = env
+    for path in ("/v1/files", "/v1/batches"):
+        r = await c.get(f"{path}?limit={limit}", headers=A)
+        assert r.status == 400, (path, limit, r.status)
