@@ -15,7 +15,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from llmfabric.batch.http_common import Caller, Identify, fail, list_page, ok, page_args
+from llmfabric.batch.http_common import (
+    Caller,
+    Identify,
+    closing,
+    fail,
+    list_page,
+    ok,
+    page_args,
+)
 from llmfabric.batch.limits import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -72,8 +80,8 @@ class BatchesApi:
                         "request_too_large")
         raw = await request.content.read(_MAX_CREATE_BODY + 1)
         if len(raw) > _MAX_CREATE_BODY:
-            return fail(413, f"the body is larger than {_MAX_CREATE_BODY} bytes",
-                        "request_too_large")
+            return await closing(request, fail(
+                413, f"the body is larger than {_MAX_CREATE_BODY} bytes", "request_too_large"))
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError:

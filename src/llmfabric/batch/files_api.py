@@ -20,7 +20,15 @@ import unicodedata
 from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from llmfabric.batch.http_common import Caller, Identify, fail, list_page, ok, page_args
+from llmfabric.batch.http_common import (
+    Caller,
+    Identify,
+    closing,
+    fail,
+    list_page,
+    ok,
+    page_args,
+)
 from llmfabric.batch.limits import FILE_PURPOSE, MAX_FILENAME_CHARS
 from llmfabric.batch.records import FileRecord
 from llmfabric.batch.store import FILE_ID, BatchStore, OverCap, fsync_file
@@ -81,9 +89,7 @@ class FilesApi:
             upload.end()
             with contextlib.suppress(OSError):
                 os.unlink(upload.part_path)
-        if not request.content.at_eof():  # (refused mid-body: close, read no more of it;
-            reply.force_close()  # aiohttp would otherwise drain it for up to 10 s)
-        return reply
+        return await closing(request, reply)
 
     async def _receive(self, reader: MultipartReader, upload: _Upload) -> web.Response:
         """Stream the file to its .part path (caps checked as it arrives), then register it."""

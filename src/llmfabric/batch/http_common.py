@@ -59,6 +59,19 @@ def ok(doc: Mapping[str, Any]) -> web.Response:
     return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 
+async def closing(request: web.Request, reply: web.Response) -> web.Response:
+    """`reply` to a request whose body was refused before its end: sent, then the
+    connection closed, so no more of the body is read (aiohttp's lingering close would
+    read and drop it for 10 s more: 11.7 GB over loopback)."""
+    if request.content.at_eof():
+        return reply
+    await reply.prepare(request)
+    await reply.write_eof()
+    if request.protocol is not None:
+        request.protocol.force_close()  # (the reply is written: the transport flushes it)
+    return reply
+
+
 def list_page(data: list[dict[str, Any]], has_more: bool) -> web.Response:
     return ok({"object": "list", "data": data,
                "first_id": data[0]["id"] if data else None,
