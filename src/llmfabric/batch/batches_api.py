@@ -78,7 +78,10 @@ class BatchesApi:
         if (request.content_length or 0) > _MAX_CREATE_BODY:
             return fail(413, f"the body is larger than {_MAX_CREATE_BODY} bytes",
                         "request_too_large")
-        raw = await request.content.read(_MAX_CREATE_BODY + 1)
+        raw = b""  # (read() returns what has arrived: read to the end, or past the cap)
+        while len(raw) <= _MAX_CREATE_BODY and (
+                more := await request.content.read(_MAX_CREATE_BODY + 1 - len(raw))):
+            raw += more
         if len(raw) > _MAX_CREATE_BODY:
             return await closing(request, fail(
                 413, f"the body is larger than {_MAX_CREATE_BODY} bytes", "request_too_large"))

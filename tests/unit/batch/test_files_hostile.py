@@ -282,3 +282,21 @@ async def test_a_refused_body_is_not_read_on(env: tuple[Client, BatchService], p
     w.close()
     assert (await reply).startswith(b"HTTP/1.1 413")
     assert took < 3, f"the body was read on for {took:.1f} s after its refusal"
+
+
+async def test_a_create_body_sent_in_pieces_is_read_whole(
+        env: tuple[Client, BatchService]) -> None:
+    # The create read one chunk of the body (StreamReader.read returns what has arrived):
+    # a body in two pieces was "not valid JSON".
+    c, _ = env
+    r = await c.post("/v1/files", data=HEAD + LINE + TAIL, headers=MULTIPART)
+    doc = orjson.dumps({"input_file_id": (await r.json())["id"],
+                        "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield doc[:20]
+        await asyncio.sleep(0.1)
+        yield doc[20:]
+
+    r = await c.post("/v1/batches", data=pieces(), headers=A)
+    assert r.status == 200, await r.text()
