@@ -300,3 +300,24 @@ async def test_a_create_body_sent_in_pieces_is_read_whole(
 
     r = await c.post("/v1/batches", data=pieces(), headers=A)
     assert r.status == 200, await r.text()
+
+
+def test_blank_lines_cannot_take_the_event_loop() -> None:
+    # Blank lines were skipped but never capped, and each cost a turn of UploadCheck.feed's
+    # Python loop on the event loop: 100 MiB of newlines took 40 s of its CPU (25 ms per
+    # 64 KiB chunk). A file has at most twice max_lines physical lines, blank ones included.
+    import time
+
+    from llmfabric.batch.validate import UploadCheck, UploadRefused
+
+    check = UploadCheck(BatchLimits(max_file_bytes=100 * 1024 * 1024))
+    chunk = b"\n" * 65536
+    t0 = time.perf_counter()
+    with pytest.raises(UploadRefused) as refused:
+        for _ in range(1600):
+            check.feed(chunk)
+    assert refused.value.code == "too_many_lines"
+    assert time.perf_counter() - t0 < 1.0
+    ok = UploadCheck(BatchLimits(max_lines=3))
+    ok.feed(LINE + b"\n\n" + LINE + b"\n" + LINE)
+    assert ok.finish() == 3
