@@ -94,6 +94,10 @@ class BatchStore:
         self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        marks = ",".join("?" * len(ACTIVE))
+        with self._db:  # (answers a crash left between a batch's end and their drop)
+            self._db.execute("DELETE FROM results WHERE batch_id NOT IN (SELECT id FROM "
+                             f"batches WHERE status IN ({marks}))", ACTIVE)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self._db_path, timeout=30.0)
