@@ -1,13 +1,16 @@
 """Schemathesis fuzzes every operation of /openapi.json against real servers: the ingress (the
 aiohttp app, as a node mounts it, and the lean front) in front of node engine proxies and the
-simulated engine, and the rest of a node's routes (fleet views, key and usage admin over a real
-AccountStore, dashboard). Whatever a client sends (schema-valid or not, with a valid key), no
-response is a 5xx and the servers stay up. Bounded (25 examples per operation) and seeded, so
-CI runs the same examples every time."""
+simulated engine, the rest of a node's routes (fleet views, key and usage admin over a real
+AccountStore, dashboard), and the Batch API of an ingress with --batch-dir (Files and Batches,
+on both fronts, its runner running what the fuzzer creates). Whatever a client sends
+(schema-valid or not, with a valid key), no response is a 5xx and the servers stay up.
+Bounded (25 examples per operation) and seeded, so CI runs the same examples every time."""
 
 from __future__ import annotations
 
 import os
+import pathlib
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +27,8 @@ from llmfabric.accounts.db import open_backend
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
+from llmfabric.batch import BatchLimits, BatchService
+from llmfabric.batch.openapi import openapi_document as batch_document
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.ingress import IngressConfig, RawHttpForwarder, StaticCandidateSource
 from llmfabric.ingress.apis.openapi import (
@@ -34,12 +39,15 @@ from llmfabric.ingress.apis.openapi import (
 )
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.ingress.front.host_check import HostGuard
+from llmfabric.ingress.protocols import Principal
+from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.ports import free_port
 from llmfabric.node.serve.http_api import add_node_routes
 from llmfabric.node.serve.views import ObservedRecord
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
-from .test_ingress_support import LoopThread, record, wait_port
+from .test_ingress_support import LoopThread, record, serve, wait_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostile]
 
@@ -76,7 +84,9 @@ def _seeded(doc: dict[str, Any]) -> Any:
     return loaded
 
 
+BATCH_ROUTES = r"^/v1/(files|batches)"
 schema = _seeded(_DOC).exclude(path_regex=NODE_ROUTES)
+batch_schema = _seeded(batch_document()).include(path_regex=BATCH_ROUTES)
 node_schema = _seeded(openapi_document()).include(path_regex=NODE_ROUTES)
 _SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                      suppress_health_check=list(HealthCheck))
@@ -220,3 +230,88 @@ def test_node_routes_still_serve_after_fuzz(node_api: NodeApi) -> None:
         keys = client.get(node_api.url + "/v1/fabric/keys", headers=auth, timeout=10)
         assert keys.status_code == 200 and keys.json()["data"]
         assert client.get(node_api.url + "/healthz", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def batch_fronts() -> Iterator[dict[str, str]]:
+    """The Batch API (an ingress with --batch-dir) on both fronts, over real stores in a
+    temporary directory, runners started: the lean front handing the batch routes to the
+    batch app (llmfabric ingress), and that aiohttp app itself (as a node mounts them).
+    No node serves a model: each batch line is answered 404 into the error file."""
+    lt = LoopThread()
+    held: dict[str, Any] = {"services": [], "runners": [], "fronts": []}
+    urls: dict[str, str] = {}
+    tmp = tempfile.TemporaryDirectory()
+
+    def service(name: str) -> BatchService:
+        keys = StaticKeys({KEY: "k1"})
+
+        async def principals(key_id: str) -> Principal | None:
+            return await keys.authenticate(KEY) if key_id == "k1" else None
+
+        ingress = Ingress(IngressConfig(max_body_bytes=64 * 1024), StaticCandidateSource([]),
+                          RawHttpForwarder(), auth=keys)
+        s = BatchService(ingress, pathlib.Path(tmp.name, name), principals=principals,
+                         limits=BatchLimits(max_file_bytes=1024 * 1024,
+                                            max_line_bytes=64 * 1024))
+        held["services"].append(s)
+        return s
+
+    async def start() -> None:
+        lean, aio = service("lean"), service("aiohttp")
+        for s in (lean, aio):
+            s.start()
+        runner = web.AppRunner(lean.app(HostGuard()), access_log=None, handle_signals=False)
+        await runner.setup()
+        assert runner.server is not None
+        front = FastFront(lean.ingress, hosts=HostGuard(), fallback=runner.server)
+        port = await front.start("127.0.0.1", 0)
+        held["runners"].append(runner)
+        held["fronts"].append(front)
+        urls["lean"] = f"http://127.0.0.1:{port}"
+        aio_port = free_port()
+        held["runners"].append(await serve(aio.app(HostGuard()), aio_port))
+        urls["aiohttp"] = f"http://127.0.0.1:{aio_port}"
+
+    lt.call(start)
+    try:
+        yield urls
+    finally:
+        async def stop() -> None:
+            for f in held["fronts"]:
+                await f.aclose()
+            for s in held["services"]:
+                await s.aclose()
+            for r in held["runners"]:
+                await r.cleanup()
+        lt.call(stop)
+        lt.stop()
+        tmp.cleanup()
+
+
+@pytest.fixture(params=["aiohttp", "lean"])
+def batch_url(request: pytest.FixtureRequest, batch_fronts: dict[str, str]) -> str:
+    return batch_fronts[request.param]
+
+
+@batch_schema.parametrize()
+@_SETTINGS
+def test_no_server_errors_on_batch_routes(case: schemathesis.Case, batch_url: str) -> None:
+    resp = case.call(base_url=batch_url, headers={"Authorization": f"Bearer {KEY}"},
+                     timeout=30)
+    assert resp.status_code < 500, (
+        f"{case.method} {case.formatted_path} -> {resp.status_code}: {resp.text[:500]}\n"
+        f"{case.as_curl_command()}")
+
+
+def test_batch_routes_still_serve_after_fuzz(batch_url: str) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    line = (b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+            b'"body": {"model": "m", "messages": []}}\n')
+    with requests.Session() as client:
+        f = client.post(batch_url + "/v1/files", headers=auth, timeout=10,
+                        files={"file": ("in.jsonl", line)}, data={"purpose": "batch"})
+        assert f.status_code == 200, f.text
+        assert client.get(batch_url + "/v1/batches", headers=auth, timeout=10).status_code == 200
+        assert client.delete(batch_url + f"/v1/files/{f.json()['id']}", headers=auth,
+                             timeout=10).status_code == 200

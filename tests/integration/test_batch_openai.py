@@ -253,3 +253,35 @@ async def test_a_fabric_ingress_node_serves_the_batch_api(tmp_path: pathlib.Path
         assert {r["response"]["status_code"] for r in errs} == {404}
     finally:
         await node.stop(drain=False)
+
+
+@pytest.mark.hostile
+async def test_a_key_at_one_request_a_minute_does_not_hold_up_another_owner(
+        tmp_path: pathlib.Path) -> None:
+    # Mallory's key allows 1 request a minute; her 30-line batch starts first and each of
+    # its lines is refused (429, Retry-After up to 60 s) after the first. Alice's batch on
+    # the same runner (2 slots) still finishes in seconds, not a minute per 2 lines.
+    async with await AccountStore.open(str(tmp_path / "accounts.db"),
+                                       background=False) as store:
+        mallory = (await store.create_key("m", "mallory", requests_per_min=1))[1]
+        alice = (await store.create_key("a", "alice"))[1]
+    port = free_port()
+    with _engine(tmp_path) as engine:
+        async with _ingress(tmp_path, engine, port, "--batch-concurrency", "2") as proc:
+            m, a = _client(port, mallory), _client(port, alice)
+            await models_once_up(a, proc)
+            fm = await m.files.create(file=("m.jsonl", io.BytesIO(_jsonl(30))),
+                                      purpose="batch")
+            bm = await m.batches.create(input_file_id=fm.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h")
+            await asyncio.sleep(3)  # (her lines now wait out their Retry-After)
+            fa = await a.files.create(file=("a.jsonl", io.BytesIO(_jsonl(10))),
+                                      purpose="batch")
+            ba = await a.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h")
+            done = await _until_done(a, ba.id, within=20, proc=proc)
+            assert done.status == "completed" and done.request_counts is not None
+            assert done.request_counts.completed == 10
+            slow = await m.batches.retrieve(bm.id)
+            assert slow.status == "in_progress" and slow.request_counts is not None
+            assert slow.request_counts.completed <= 2

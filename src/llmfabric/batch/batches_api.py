@@ -15,7 +15,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from llmfabric.batch.http_common import Caller, Identify, fail, list_page, ok, page_args
+from llmfabric.batch.http_common import (
+    Caller,
+    Identify,
+    closing,
+    fail,
+    list_page,
+    ok,
+    page_args,
+)
 from llmfabric.batch.limits import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -70,10 +78,13 @@ class BatchesApi:
         if (request.content_length or 0) > _MAX_CREATE_BODY:
             return fail(413, f"the body is larger than {_MAX_CREATE_BODY} bytes",
                         "request_too_large")
-        raw = await request.content.read(_MAX_CREATE_BODY + 1)
+        raw = b""  # (read() returns what has arrived: read to the end, or past the cap)
+        while len(raw) <= _MAX_CREATE_BODY and (
+                more := await request.content.read(_MAX_CREATE_BODY + 1 - len(raw))):
+            raw += more
         if len(raw) > _MAX_CREATE_BODY:
-            return fail(413, f"the body is larger than {_MAX_CREATE_BODY} bytes",
-                        "request_too_large")
+            return await closing(request, fail(
+                413, f"the body is larger than {_MAX_CREATE_BODY} bytes", "request_too_large"))
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -101,6 +112,8 @@ class BatchesApi:
         meta = doc.get("metadata")
         if (why := metadata_error(meta)) is not None:
             return fail(400, why, "invalid_request", "metadata")
+        if (why := self.store.stored_refusal(who.owner)) is not None:
+            return fail(400, why, "storage_limit_reached")
         cap = self.store.limits.max_active_batches_per_owner
         if len(self.store.active_batches(who.owner)) >= cap:
             return fail(400, f"you have {cap} batches running, the most this ingress runs "

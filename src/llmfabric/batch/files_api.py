@@ -3,21 +3,32 @@
 GET /v1/files/{id}/content, DELETE /v1/files/{id}.
 
 An upload streams to disk through `UploadCheck` (size, lines, line length: 413/400 at the
-first cap passed, nothing kept); the owner's caps (files, bytes) are checked before and
-again when the file is registered. Another owner's id, a bogus one and an unknown one are
-all the same 404.
+first cap passed, nothing kept); it counts against the owner's caps (files, bytes) from its
+start and as its bytes arrive, with the owner's other uploads under way, and again when the
+file is registered. The fields beside the file are bounded (_MAX_PARTS, _MULTIPART_SLACK),
+and a body refused before its end closes the connection (no more of it is read). Another
+owner's id, a bogus one and an unknown one are all the same 404.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import unicodedata
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from llmfabric.batch.http_common import Caller, Identify, fail, list_page, ok, page_args
+from llmfabric.batch.http_common import (
+    Caller,
+    Identify,
+    closing,
+    fail,
+    list_page,
+    ok,
+    page_args,
+)
 from llmfabric.batch.limits import FILE_PURPOSE, MAX_FILENAME_CHARS
 from llmfabric.batch.records import FileRecord
 from llmfabric.batch.store import FILE_ID, BatchStore, OverCap, fsync_file
@@ -26,6 +37,7 @@ from llmfabric.clock import Clock
 
 _SMALL_PART = 1024  # the most read of a multipart field that is not the file (`purpose`)
 _MULTIPART_SLACK = 64 * 1024  # headers and fields around the file in a multipart body
+_MAX_PARTS = 16  # fields of an upload (file, purpose, and a few an SDK may add)
 
 
 def safe_filename(name: str | None) -> str:
@@ -59,56 +71,67 @@ class FilesApi:
         if (request.content_length or 0) > lim.max_file_bytes + _MULTIPART_SLACK:
             return fail(413, f"the file is larger than this ingress's limit of "
                         f"{lim.max_file_bytes} bytes", "file_too_large", "file")
-        if (why := self.store.cap_refusal(who.owner, 0)) is not None:
-            return fail(400, why, "storage_limit_reached")
         try:
             reader = await request.multipart()
         except (AssertionError, ValueError, KeyError):  # (aiohttp: not a multipart body)
             return fail(400, "send the file as multipart/form-data with fields 'file' and "
                         "'purpose'", "invalid_request")
-        file_id = self.store.new_file_id()
-        final = self.store.path_of(file_id)
-        part_path = final.with_suffix(".part")
+        if (why := self.store.start_upload(who.owner)) is not None:
+            return fail(400, why, "storage_limit_reached")
+        upload = _Upload(self.store, who.owner)
+        try:
+            reply = await self._receive(reader, upload)
+        except UploadRefused as e:
+            reply = fail(e.status, str(e), e.code, "file")
+        except (ValueError, HttpProcessingError) as e:  # (aiohttp: a malformed multipart body)
+            reply = fail(400, f"malformed multipart body: {str(e)[:200]}", "invalid_request")
+        finally:
+            upload.end()
+            with contextlib.suppress(OSError):
+                os.unlink(upload.part_path)
+        return await closing(request, reply)
+
+    async def _receive(self, reader: MultipartReader, upload: _Upload) -> web.Response:
+        """Stream the file to its .part path (caps checked as it arrives), then register it."""
         purpose: str | None = None
         got: tuple[str, int, int] | None = None  # (filename, bytes, lines)
+        parts = 0
+        while (part := await reader.next()) is not None:
+            parts += 1
+            if parts > _MAX_PARTS:
+                raise UploadRefused(400, f"the multipart body has more than {_MAX_PARTS} "
+                                    "fields", "invalid_request")
+            if not isinstance(part, BodyPartReader):
+                return fail(400, "nested multipart bodies are not taken", "invalid_request")
+            if part.name == "file" and got is None:
+                check = UploadCheck(self.store.limits)
+                with upload.part_path.open("wb") as f:
+                    while chunk := await part.read_chunk():
+                        check.feed(chunk)
+                        upload.grew(len(chunk))
+                        f.write(chunk)
+                got = (safe_filename(part.filename), check.size, check.finish())
+            else:
+                value = await upload.small(part)
+                if part.name == "purpose":
+                    purpose = value
+        if got is None:
+            return fail(400, "the multipart body has no 'file' field", "invalid_request",
+                        "file")
+        if purpose != FILE_PURPOSE:
+            return fail(400, f"'purpose' must be {FILE_PURPOSE!r} (this ingress stores "
+                        "files for the Batch API only)", "invalid_purpose", "purpose")
+        await asyncio.to_thread(fsync_file, upload.part_path)  # (100 MiB: 0.1 s to seconds)
+        upload.end()  # (registered below: counted as stored from now on)
+        upload.part_path.replace(upload.final)
+        record = FileRecord(upload.file_id, upload.owner, got[0], FILE_PURPOSE, got[1],
+                            int(self.clock.wall()), got[2])
         try:
-            while (part := await reader.next()) is not None:
-                if not isinstance(part, BodyPartReader):
-                    return fail(400, "nested multipart bodies are not taken", "invalid_request")
-                if part.name == "file" and got is None:
-                    check = UploadCheck(lim)
-                    with part_path.open("wb") as f:
-                        while chunk := await part.read_chunk():
-                            check.feed(chunk)
-                            f.write(chunk)
-                    got = (safe_filename(part.filename), check.size, check.finish())
-                else:
-                    value = await _small(part)
-                    if part.name == "purpose":
-                        purpose = value
-            if got is None:
-                return fail(400, "the multipart body has no 'file' field", "invalid_request",
-                            "file")
-            if purpose != FILE_PURPOSE:
-                return fail(400, f"'purpose' must be {FILE_PURPOSE!r} (this ingress stores "
-                            "files for the Batch API only)", "invalid_purpose", "purpose")
-            fsync_file(part_path)
-            part_path.replace(final)
-            record = FileRecord(file_id, who.owner, got[0], FILE_PURPOSE, got[1],
-                                int(self.clock.wall()), got[2])
-            try:
-                self.store.add_file(record)
-            except OverCap as e:
-                final.unlink(missing_ok=True)
-                return fail(400, str(e), "storage_limit_reached")
-            return ok(record.to_json())
-        except UploadRefused as e:
-            return fail(e.status, str(e), e.code, "file")
-        except (ValueError, HttpProcessingError) as e:  # (aiohttp: a malformed multipart body)
-            return fail(400, f"malformed multipart body: {str(e)[:200]}", "invalid_request")
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(part_path)
+            self.store.add_file(record)
+        except OverCap as e:
+            upload.final.unlink(missing_ok=True)
+            return fail(400, str(e), "storage_limit_reached")
+        return ok(record.to_json())
 
     async def list(self, request: web.Request) -> web.StreamResponse:
         who = await self.identify(request.headers.get("Authorization", ""))
@@ -160,13 +183,41 @@ class FilesApi:
         return ok({"id": f.id, "object": "file", "deleted": True})
 
 
-async def _small(part: BodyPartReader) -> str:
-    """A short multipart field (its first _SMALL_PART bytes; the rest is read and dropped)."""
-    data = b""
-    while chunk := await part.read_chunk(_SMALL_PART):
-        if len(data) < _SMALL_PART:
-            data += chunk
-    return data[:_SMALL_PART].decode("utf-8", "replace").strip()
+class _Upload:
+    """One upload under way: its id and .part path, its bytes counted against the owner's
+    caps as they arrive (BatchStore.start_upload), and the fields read beside the file."""
+
+    def __init__(self, store: BatchStore, owner: str) -> None:
+        self.store, self.owner = store, owner
+        self.file_id = store.new_file_id()
+        self.final = store.path_of(self.file_id)
+        self.part_path = self.final.with_suffix(".part")
+        self.streamed = 0  # the file's bytes so far
+        self.other = 0  # bytes of the fields that are not the file
+        self._ended = False
+
+    def grew(self, n: int) -> None:
+        self.streamed += n
+        if (why := self.store.upload_grew(self.owner, n)) is not None:
+            raise UploadRefused(400, why, "storage_limit_reached")
+
+    def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self.store.end_upload(self.owner, self.streamed)
+
+    async def small(self, part: BodyPartReader) -> str:
+        """A short field (`purpose`): its first _SMALL_PART bytes; all the fields beside
+        the file together may take _MULTIPART_SLACK bytes (a field without end is cut)."""
+        data = b""
+        while chunk := await part.read_chunk(_SMALL_PART):
+            self.other += len(chunk)
+            if self.other > _MULTIPART_SLACK:
+                raise UploadRefused(413, f"the fields beside 'file' take more than "
+                                    f"{_MULTIPART_SLACK} bytes", "request_too_large")
+            if len(data) < _SMALL_PART:
+                data += chunk
+        return data[:_SMALL_PART].decode("utf-8", "replace").strip()
 
 
 def _no_file(request: web.Request) -> web.Response:

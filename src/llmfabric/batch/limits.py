@@ -33,10 +33,13 @@ class BatchLimits:
     max_files_per_owner: int = 100  # files an owner uploaded (batch outputs not counted)
     max_bytes_per_owner: int = 1024 * MIB  # bytes of the files an owner uploaded
     max_active_batches_per_owner: int = 10  # batches not yet completed/failed/...
+    max_output_bytes: int = 1024 * MIB  # the answers one batch keeps (output + error file)
+    max_output_files_per_owner: int = 1000  # batch outputs kept before a new batch is refused
     concurrency: int = 4  # lines in flight at once, all batches of the ingress together
 
     def __post_init__(self) -> None:
         for name in ("max_file_bytes", "max_lines", "max_line_bytes", "max_files_per_owner",
-                     "max_bytes_per_owner", "max_active_batches_per_owner", "concurrency"):
+                     "max_bytes_per_owner", "max_active_batches_per_owner",
+                     "max_output_bytes", "max_output_files_per_owner", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BatchLimits.{name} must be at least 1")

@@ -1,16 +1,21 @@
 """`BatchRunner`: one asyncio task per ingress that carries every active batch to its end.
 
-Per batch (each in its own task; all of them share `concurrency` line slots, taken in turn,
-so one large batch does not starve another):
+Per batch (each in its own task). A line being sent holds one of `concurrency` slots that
+all batches share, taken in turn; an owner has at most `concurrency` lines outstanding (sent,
+or waiting out a rate limit) over all its batches, and a line waiting for its Retry-After
+holds no slot: a rate-limited key (requests/min 1, 50,000 lines) neither starves another
+owner's batch nor keeps a task per line asleep.
 - validating: the input checked in a thread (validate.py); bad lines fail the batch with
   their line numbers, else it is in_progress with its total.
 - in_progress: each line not yet answered (store.done_lines: after a restart only those)
   runs in its own task through the `LineServer` as the batch's principal, looked up again
   before every line (a revoked, expired or deleted key fails the remaining lines with
-  `api_key_revoked`). A line refused by a rate limit waits its Retry-After and is sent again;
+  `api_key_revoked`). A line the ingress refused by a rate limit (not an engine's 429) waits
+  its Retry-After (1 to 60 s) and is sent again;
   any other answer is the line's result, kept at once (store.record_result).
-- a cancel (the status is cancelling) or the end of the completion window (the injected
-  clock) stops new lines; lines in flight finish, lines never sent get an error record
+- a cancel (the status is cancelling), the end of the completion window (the injected
+  clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
+  new lines; lines in flight finish, lines never sent get an error record
   (`batch_cancelled` / `batch_expired`, as OpenAI's expired lines).
 - the output and error files are written from the kept results (ids derived from the batch
   id, so a finalization cut short by a restart is redone, not doubled), and the batch ends
@@ -46,7 +51,7 @@ from llmfabric.batch.records import (
     BatchRecord,
     FileRecord,
 )
-from llmfabric.batch.store import BatchStore, fsync_file
+from llmfabric.batch.store import BatchStore
 from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
 from llmfabric.clock import Clock
 from llmfabric.ingress.protocols import Principal
@@ -54,6 +59,7 @@ from llmfabric.untrusted import get_logger, log_due
 
 log = get_logger(__name__)
 MAX_RATE_WAIT_S = 60.0  # the longest a rate-limited line sleeps before it is sent again
+MIN_RATE_WAIT_S = 1.0  # the shortest (a Retry-After of 0 would send it again at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +67,16 @@ class _Stop:
     status: str  # the batch's final status
     code: str  # the error of its lines never sent
     message: str
+    batch_error: bool = False  # also the batch's `errors` (why it failed)
 
 
 _CANCEL = _Stop(CANCELLED, "batch_cancelled", "The batch was cancelled before this request "
                 "was sent.")
 _EXPIRE = _Stop(EXPIRED, "batch_expired", "This request could not be executed before the "
                 "completion window expired.")
+_FULL = _Stop(FAILED, "batch_output_too_large", "The batch's answers passed this ingress's "
+              "limit on one batch's output; this request was not sent (split the batch, or "
+              "ask for shorter answers).", batch_error=True)
 
 
 class BatchRunner:
@@ -79,12 +89,14 @@ class BatchRunner:
         self.clock = clock
         self.principals = principals
         self.poll_s = poll_s
-        self._slots = asyncio.Semaphore(store.limits.concurrency)
+        self._slots = asyncio.Semaphore(store.limits.concurrency)  # lines being sent
+        self._owners: dict[str, asyncio.Semaphore] = {}  # each owner's lines outstanding
         self.line_errors = 0  # lines failed by the runner itself (a broken key store, a bug)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._batches: dict[str, asyncio.Task[None]] = {}
         self._lines: set[asyncio.Task[None]] = set()
+        self._kept: dict[str, int] = {}  # bytes of answers each running batch keeps
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -168,29 +180,37 @@ class BatchRunner:
         if b.status == FINALIZING:  # (a restart cut the finalization short)
             await self._finish(b, None)
             return
-        stop = await self._run_lines(b, path)
-        if stop is not None:
-            for line in requests_of(path, b.endpoint, self.store.done_lines(b.id)):
-                self.store.record_result(b.id, line.index, False,
-                                         not_sent(line.custom_id, stop.code, stop.message))
+        self._kept[b.id] = self.store.kept_bytes(b.id)
+        try:
+            stop = await self._run_lines(b, path)
+        finally:
+            self._kept.pop(b.id, None)
+        if stop is not None:  # (up to 50,000 records: parsed and kept in a thread)
+            done, endpoint = self.store.done_lines(b.id), b.endpoint
+            unsent = ((line.index, not_sent(line.custom_id, stop.code, stop.message))
+                      for line in requests_of(path, endpoint, done))
+            await asyncio.to_thread(self.store.record_unsent, b.id, unsent)
         await self._finish(b, stop)
 
     async def _run_lines(self, b: BatchRecord, path: pathlib.Path) -> _Stop | None:
         """Send every unanswered line; why it stopped early, or None (all answered)."""
         stop: _Stop | None = None
         mine: set[asyncio.Task[None]] = set()
+        outstanding = self._owners.setdefault(
+            b.owner, asyncio.Semaphore(self.store.limits.concurrency))
         try:
             for line in requests_of(path, b.endpoint, self.store.done_lines(b.id)):
                 if (stop := self._stop_of(b)) is not None:
                     break
-                await self._slots.acquire()
+                await outstanding.acquire()
                 if (stop := self._stop_of(b)) is not None:
-                    self._slots.release()
+                    outstanding.release()
                     break
                 task = asyncio.create_task(self._line(b, line))
                 mine.add(task)
                 self._lines.add(task)
                 task.add_done_callback(self._line_done)
+                task.add_done_callback(lambda _: outstanding.release())
                 task.add_done_callback(mine.discard)
             if mine:
                 await asyncio.gather(*list(mine))
@@ -207,7 +227,6 @@ class BatchRunner:
 
     def _line_done(self, task: asyncio.Task[None]) -> None:
         self._lines.discard(task)
-        self._slots.release()
         if not task.cancelled() and (e := task.exception()) is not None:
             log.error("a batch line failed in the runner: %r", e)
 
@@ -218,6 +237,8 @@ class BatchRunner:
             return _CANCEL
         if self.clock.wall() >= b.expires_at:
             return _EXPIRE
+        if self._kept.get(b.id, 0) >= self.store.limits.max_output_bytes:
+            return _FULL
         return None
 
     async def _line(self, b: BatchRecord, line: BatchLine) -> None:
@@ -244,25 +265,33 @@ class BatchRunner:
                 return
         body = request_body(line.body)
         while True:
-            reply = await self.serve_line(b.endpoint, body, principal)
-            if (reply.status == 429 and error_code(reply) == "rate_limit_exceeded"
+            async with self._slots:  # (released while a rate-limited line waits)
+                reply = await self.serve_line(b.endpoint, body, principal)
+            # The ingress's own refusal (no node answered: the key's rate limit, the fair
+            # queue) is waited out, at least a second; an engine's 429 is the line's answer
+            # (the ingress tried the other nodes already).
+            if (reply.status == 429 and not reply.node
+                    and error_code(reply) == "rate_limit_exceeded"
                     and self._stop_of(b) is None):
                 wait = (reply.headers or {}).get("Retry-After", "1")
-                await self.clock.sleep(min(MAX_RATE_WAIT_S, float(wait) if wait.isdigit()
-                                           else 1.0))
+                await self.clock.sleep(min(MAX_RATE_WAIT_S, max(
+                    MIN_RATE_WAIT_S, float(wait) if wait.isascii() and wait.isdigit() else 1.0)))
                 continue
             break
-        self.store.record_result(b.id, line.index, 200 <= reply.status < 300,
-                                 answered(line.custom_id, reply))
+        record = answered(line.custom_id, reply)
+        if self.store.record_result(b.id, line.index, 200 <= reply.status < 300, record):
+            self._kept[b.id] = self._kept.get(b.id, 0) + len(record)
 
     async def _finish(self, b: BatchRecord, stop: _Stop | None) -> None:
         if stop is None:
             self.store.set_status(b.id, FINALIZING, self._now())
         out = await self._write_output(b, ok=True)
         err = await self._write_output(b, ok=False)
+        more = {"errors": [{"code": stop.code, "message": stop.message, "param": None,
+                            "line": None}]} if stop is not None and stop.batch_error else {}
         self.store.set_status(b.id, stop.status if stop is not None else COMPLETED,
-                              self._now(), output_file_id=out, error_file_id=err)
-        self.store.drop_results(b.id)
+                              self._now(), output_file_id=out, error_file_id=err, **more)
+        await asyncio.to_thread(self.store.drop_results, b.id)
 
     async def _write_output(self, b: BatchRecord, ok: bool) -> str | None:
         """The output (ok) or error file of the batch's kept results; None when empty."""
@@ -271,18 +300,11 @@ class BatchRunner:
         self.store.delete_file(b.owner, file_id)  # (a finalization cut short before)
         final = self.store.path_of(file_id)
         part = final.with_suffix(".part")
-        size = lines = 0
-        with part.open("wb") as f:
-            for record in self.store.results(b.id, ok):
-                f.write(record + b"\n")
-                size += len(record) + 1
-                lines += 1
-                if lines % 500 == 0:
-                    await asyncio.sleep(0)  # (a large output: let requests in between)
+        # (gigabytes of answers: read, written and flushed in a thread)
+        size, lines = await asyncio.to_thread(self.store.write_results, b.id, ok, part)
         if lines == 0:
             part.unlink()
             return None
-        fsync_file(part)
         part.replace(final)
         self.store.add_file(FileRecord(file_id, b.owner, f"{b.id}_{kind}.jsonl",
                                        OUTPUT_PURPOSE, size, self._now(), lines), capped=False)

@@ -6,6 +6,9 @@ A batch's progress is its `results` rows, one per input line, written once (the 
 (batch, line) makes a second answer of a line a no-op), with the batch's counts in the same
 transaction: after a restart the runner runs only the lines without a row. The output and
 error files are written from these rows when the batch ends, then the rows are dropped.
+The bulk steps of a batch's end (`record_unsent`, `write_results`, `drop_results`: up to
+50,000 rows and gigabytes of answers) are for a worker thread: each opens its own
+connection and commits in chunks, so the event loop's connection waits milliseconds at most.
 
 Every read that a client's request makes names the owner: another owner's file or batch is
 not found. Ids are ours (random hex), so a client's text never becomes a path.
@@ -19,12 +22,13 @@ import pathlib
 import re
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import orjson
 
-from llmfabric.batch.limits import FILE_PURPOSE, BatchLimits
+from llmfabric.batch.limits import FILE_PURPOSE, OUTPUT_PURPOSE, BatchLimits
 from llmfabric.batch.records import ACTIVE, CANCELLING, STAMPS, BatchRecord, FileRecord
 
 _SCHEMA = """
@@ -52,6 +56,7 @@ _BATCH_COLS = ("id, owner, key_id, endpoint, input_file_id, completion_window, s
                "error_file_id, errors, metadata, in_progress_at, finalizing_at, completed_at, "
                "failed_at, expired_at, cancelling_at, cancelled_at")
 _BATCH_NAMES = tuple(c.strip() for c in _BATCH_COLS.split(","))
+_CHUNK = 1000  # rows a transaction of the bulk steps (record_unsent)
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 
@@ -84,10 +89,20 @@ class BatchStore:
         self.files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for stale in self.files_dir.glob("*.part"):  # uploads a crash cut short
             stale.unlink(missing_ok=True)
-        self._db = sqlite3.connect(directory / "batch.db")
+        self._db_path = directory / "batch.db"
+        self._uploading: dict[str, tuple[int, int]] = {}  # owner: (uploads, bytes so far)
+        self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        marks = ",".join("?" * len(ACTIVE))
+        with self._db:  # (answers a crash left between a batch's end and their drop)
+            self._db.execute("DELETE FROM results WHERE batch_id NOT IN (SELECT id FROM "
+                             f"batches WHERE status IN ({marks}))", ACTIVE)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self._db_path, timeout=30.0)
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
 
     def close(self) -> None:
         self._db.close()
@@ -110,17 +125,60 @@ class BatchStore:
             "purpose = ?", (owner, FILE_PURPOSE)).fetchone()
         return int(n), int(size)
 
-    def cap_refusal(self, owner: str, adding: int) -> str | None:
-        """Why `owner` may not store `adding` more bytes of upload, or None."""
+    def cap_refusal(self, owner: str, adding: int, new_files: int = 1) -> str | None:
+        """Why `owner` may not store `new_files` more uploads of `adding` more bytes, or
+        None (the uploads still streaming count as stored: `start_upload`)."""
         n, size = self.owner_usage(owner)
+        streaming, streamed = self._uploading.get(owner, (0, 0))
+        n, size = n + streaming, size + streamed
         lim = self.limits
-        if n + 1 > lim.max_files_per_owner:
-            return (f"you have {n} files stored, the most this ingress keeps per owner "
-                    f"({lim.max_files_per_owner}); delete some (DELETE /v1/files/ID)")
+        if new_files and n + new_files > lim.max_files_per_owner:
+            return (f"you have {n} files stored or uploading, the most this ingress keeps "
+                    f"per owner ({lim.max_files_per_owner}); delete some (DELETE "
+                    "/v1/files/ID)")
         if size + adding > lim.max_bytes_per_owner:
             return (f"your files would take {size + adding} bytes, over this ingress's "
                     f"{lim.max_bytes_per_owner} bytes per owner; delete some first")
         return None
+
+    def stored_refusal(self, owner: str) -> str | None:
+        """Why `owner` may not start a batch: its files, batch outputs included, take its
+        byte cap, or it keeps max_output_files_per_owner outputs (outputs are never
+        refused, so a new batch is), or None."""
+        outputs, size = self._db.execute(
+            "SELECT COALESCE(SUM(purpose = ?), 0), COALESCE(SUM(bytes), 0) FROM files "
+            "WHERE owner = ?", (OUTPUT_PURPOSE, owner)).fetchone()
+        if outputs >= self.limits.max_output_files_per_owner:
+            return (f"you keep {outputs} batch output files, the most this ingress keeps per "
+                    "owner before a new batch; delete old ones (DELETE /v1/files/ID)")
+        if size >= self.limits.max_bytes_per_owner:
+            return (f"your files, batch outputs included, take {size} bytes, this "
+                    f"ingress's {self.limits.max_bytes_per_owner} bytes per owner; delete "
+                    "some (old batch outputs) first")
+        return None
+
+    def start_upload(self, owner: str) -> str | None:
+        """Count an upload that starts streaming against the owner's caps at once (None),
+        or why it may not start: uploads raced in parallel cannot pass the caps on disk
+        before any of them is registered. Each start has one `end_upload`."""
+        if (why := self.cap_refusal(owner, 0)) is not None:
+            return why
+        n, size = self._uploading.get(owner, (0, 0))
+        self._uploading[owner] = (n + 1, size)
+        return None
+
+    def upload_grew(self, owner: str, added: int) -> str | None:
+        """`added` more bytes of one of the owner's uploads arrived; why they pass the
+        owner's byte cap (with the stored files and the other uploads), or None."""
+        n, size = self._uploading[owner]
+        self._uploading[owner] = (n, size + added)
+        return self.cap_refusal(owner, 0, new_files=0)
+
+    def end_upload(self, owner: str, streamed: int) -> None:
+        """An upload of `streamed` bytes ended (registered with add_file after, or not)."""
+        n, size = self._uploading.pop(owner)
+        if n > 1:
+            self._uploading[owner] = (n - 1, size - streamed)
 
     def add_file(self, record: FileRecord, *, capped: bool = True) -> None:
         """Register a file whose bytes are at `path_of(record.id)` (checked against the
@@ -237,6 +295,42 @@ class BatchStore:
                                  (int(ok), int(not ok), batch_id))
         return added
 
+    def record_unsent(self, batch_id: str, records: Iterable[tuple[int, bytes]]) -> None:
+        """Keep the records (line, record) of lines never sent, as failed (a worker
+        thread's call: its own connection, _CHUNK lines a transaction)."""
+        it = iter(records)
+        with contextlib.closing(self._connect()) as db:
+            while chunk := list(islice(it, _CHUNK)):
+                with db:
+                    added = db.executemany(
+                        "INSERT OR IGNORE INTO results (batch_id, line, ok, record) "
+                        "VALUES (?, ?, 0, ?)", [(batch_id, n, r) for n, r in chunk]).rowcount
+                    db.execute("UPDATE batches SET failed = failed + ? WHERE id = ?",
+                               (added, batch_id))
+
+    def write_results(self, batch_id: str, ok: bool, path: pathlib.Path) -> tuple[int, int]:
+        """Write the batch's answered lines of one kind to `path`, in input order, and flush
+        it to disk: (bytes, lines) (a worker thread's call: its own connection)."""
+        size = lines = 0
+        with contextlib.closing(self._connect()) as db, path.open("wb") as f:
+            cur = db.execute("SELECT record FROM results WHERE batch_id = ? AND ok = ? "
+                             "ORDER BY line", (batch_id, int(ok)))
+            while rows := cur.fetchmany(500):
+                for (record,) in rows:
+                    f.write(record)
+                    f.write(b"\n")
+                    size += len(record) + 1
+                    lines += 1
+            f.flush()
+            os.fsync(f.fileno())
+        return size, lines
+
+    def kept_bytes(self, batch_id: str) -> int:
+        """The bytes of the answers a batch keeps so far (after a restart: its output so
+        far)."""
+        return int(self._db.execute("SELECT COALESCE(SUM(LENGTH(record)), 0) FROM results "
+                                    "WHERE batch_id = ?", (batch_id,)).fetchone()[0])
+
     def done_lines(self, batch_id: str) -> set[int]:
         return {int(r[0]) for r in self._db.execute(
             "SELECT line FROM results WHERE batch_id = ?", (batch_id,))}
@@ -251,8 +345,10 @@ class BatchStore:
                     yield bytes(record)
 
     def drop_results(self, batch_id: str) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
+        """Drop a finished batch's kept answers (a worker thread may call it: its own
+        connection)."""
+        with contextlib.closing(self._connect()) as db, db:
+            db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@ chunk by chunk) and at batch creation (`validate_input`: every line a request of
 endpoint, as OpenAI checks), and read back one request at a time (`requests_of`).
 
 A line is one request: `{"custom_id": str (unique in the file), "method": "POST", "url":
-the batch's endpoint, "body": {...with a "model" string}}`. Blank lines are skipped; line
+the batch's endpoint, "body": {...with a "model" string}}`. Blank lines are skipped (at
+most twice `max_lines` lines in all, blank ones included, are uploaded); line
 numbers (`LineError.line`) count from 1, blank lines included, as an editor shows them.
 """
 
@@ -75,6 +76,9 @@ class UploadCheck:
 
     def _end_line(self) -> None:
         self._ended += 1
+        if self._ended > 2 * self.limits.max_lines:  # (blank lines cost a turn each too)
+            raise UploadRefused(400, f"the file has more than {2 * self.limits.max_lines} "
+                                "lines, blank ones included", "too_many_lines")
         if not self._line_blank:
             self.lines += 1
             if self.lines > self.limits.max_lines:

@@ -384,9 +384,9 @@ async def test_a_cancel_while_the_lines_are_validated_is_kept(
     env = Env(tmp_path)
     bid = env.batch(lines_of(2))
 
-    async def validating(fn: Callable[[], Any]) -> Any:
+    async def validating(fn: Callable[..., Any], *args: Any) -> Any:
         env.store.request_cancel("alice", bid, 9)  # (the HTTP route, meanwhile)
-        return fn()
+        return fn(*args)  # (the runner's later steps in threads take the same path)
 
     monkeypatch.setattr(runner_module.asyncio, "to_thread", validating)
     await env.runner.run_batch(bid)

@@ -123,3 +123,21 @@ def test_a_line_is_answered_once_and_progress_survives_a_reopen(tmp_path: pathli
     store.drop_results(b.id)
     assert store.done_lines(b.id) == set()
     store.close()
+
+
+@pytest.mark.hostile
+def test_answers_left_by_a_crash_after_the_end_are_dropped_at_the_next_start(
+        tmp_path: pathlib.Path) -> None:
+    # The runner ends a batch, then drops its kept answers: a crash between the two left
+    # them (up to max_output_bytes) in batch.db for good. A reopen drops the answers of
+    # every batch that is no longer active, and keeps an active batch's progress.
+    store = BatchStore(tmp_path, BatchLimits())
+    f = _file(store, "alice")
+    ended, running = _batch(store, "alice", f.id), _batch(store, "alice", f.id)
+    for b in (ended, running):
+        store.record_result(b.id, 0, True, b'{"a":0}')
+    store.set_status(ended.id, COMPLETED, 200)
+    store.close()
+    store = BatchStore(tmp_path, BatchLimits())
+    assert store.done_lines(ended.id) == set() and store.done_lines(running.id) == {0}
+    store.close()
