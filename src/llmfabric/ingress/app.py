@@ -36,7 +36,7 @@ from llmfabric.ingress.continuation import (
     continuation_wanted,
     continue_stream,
 )
-from llmfabric.ingress.errors import Reply, UpstreamError, error_reply
+from llmfabric.ingress.errors import Reply, UpstreamError, error_code, error_reply
 from llmfabric.ingress.model_list import (
     MAX_MODEL_CHARS,
     InvalidModels,
@@ -236,7 +236,8 @@ class Ingress:
             if principal is None:
                 who = await self._authenticate(authorization)
                 if isinstance(who, Reply):
-                    self.metrics.observe_error("", 401, "invalid_api_key")
+                    self.metrics.observe_error(
+                        "", 401, error_code(who) or "invalid_api_key")
                     return who
                 principal = who
             wait = self.auth.check_rate(principal)
