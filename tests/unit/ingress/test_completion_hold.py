@@ -46,7 +46,8 @@ BIG = 131_072  # the context of the replica that serves it
 CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
-def at_admission(model: str, route: RouteRequest | None) -> NameLookup:
+def at_admission(model: str, route: RouteRequest | None,
+                 allowed: frozenset[str] | None) -> NameLookup:
     """The gate's lookup as the replicas were at admission: `HELD` tokens of context."""
     return NameLookup(HELD, (model,))
 

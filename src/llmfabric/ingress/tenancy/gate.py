@@ -26,7 +26,9 @@ QoS constraints: engines generate up to it), and the default only when no node s
 model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
 largest context among them that resolve, and on a spend budget at the dearest price among
 the names and the ids they route to (`priced`): whichever model serves it, the hold covers
-it. Each name is resolved once for both (`lookup`: `NameLookup`).
+it. Each name is resolved once for both (`lookup`: `NameLookup`), as the key's model
+allowlist cuts it (the ingress has dropped the listed names it allows nothing under:
+model_access.py `usable`).
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -78,6 +80,11 @@ class NameLookup(NamedTuple):
 
     context: int  # of the replicas the request's filters leave (0: unknown, or ambiguous)
     ids: Collection[str]  # the ids of the models it routes to (what it is billed as)
+
+
+# The gate's name lookup: (name, the request's filters, its key's model allowlist: None for
+# all) -> the name as admission needs it, from the replicas the key may reach only.
+Lookup = Callable[[str, RouteRequest | None, frozenset[str] | None], NameLookup]
 
 
 class Refusal(NamedTuple):
@@ -278,17 +285,17 @@ def _owner(principal: Principal | None) -> tuple[str, str, str]:
 class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
-                 lookup: Callable[[str, RouteRequest | None], NameLookup] | None = None,
+                 lookup: Lookup | None = None,
                  rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
         self.budgets = budgets
         self.queue = queue
         self.default_completion = default_completion
-        # (model, the request's filters) -> the context in tokens of the replicas it may
-        # reach (for requests without a cap field) and the ids of the models the name
-        # routes to (an alias, a pin or an adapter is billed as the model that runs it:
-        # `priced`), from one resolution of the name
+        # (model, the request's filters, the key's allowlist) -> the context in tokens of
+        # the replicas it may reach (for requests without a cap field) and the ids of the
+        # models the name routes to (an alias, a pin or an adapter is billed as the model
+        # that runs it: `priced`), from one resolution of the name
         self.lookup = lookup
         # The keys' tokens/min buckets: the worst case is held there at admission (the
         # ingress checked the bucket before reading the body; many requests may pass that
@@ -338,7 +345,8 @@ class TenancyGate:
         found: Sequence[NameLookup] = ()
         if (lookup := self.lookup) is not None and (
                 uncapped or (budgeted and book is not None and bool(book.prices))):
-            found = [lookup(m, route) for m in models]
+            allowed = principal.models if principal is not None else None
+            found = [lookup(m, route, allowed) for m in models]
         context = max(f.context for f in found) if uncapped and found else 0  # (0: none)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
