@@ -138,12 +138,19 @@ class HeldCompletion:
     concurrent such requests past the budget, so the request core sends it to such a
     replica capped at `tokens` (`capped`: its cap fields set, as the engine reads them).
 
-    `room`: the hold of one completion, its prompt's bound plus `tokens`. Prompt and
-    completion share a context, so a replica whose context is within `room` cannot go past
-    the hold, and gets the request as the client sent it: an engine refuses a cap that,
+    `room`: the hold's share of each of the request's completions (n for each prompt of a
+    completions batch): the whole hold, prompt bound and completions, over their number.
+    Each completion and its prompt share a context, so the request uses at most that
+    context times the completions, and a replica whose context is within `room` cannot go
+    past the hold; it gets the request as the client sent it: an engine refuses a cap that,
     with the prompt, overflows its context (vLLM's 400), which the cap would make of a
-    request the replica can serve. Above `room`, `tokens` leaves the prompt its place.
-    A replica advertising no context (0) is not capped: its context is unknown."""
+    request the replica can serve. With one completion `room` is its prompt's bound plus
+    `tokens`; with several it is below the largest prompt's bound plus `tokens` (a short
+    prompt's completion may take more than `tokens`, what the others leave unused cannot
+    be known before), so a batch of uneven prompts may be capped on a replica whose
+    context its longest prompt with `tokens` overflows (that prompt's 400: the hold's
+    price). Above `room`, `tokens` leaves the prompt its place. A replica advertising no
+    context (0) is not capped: its context is unknown."""
 
     tokens: int
     room: int
@@ -207,8 +214,7 @@ def reservation_parts(doc: Mapping[str, Any],
     and times the prompts of a completions batch: never less than what the engine may
     generate."""
     cap = _completion_cap(doc, default_completion, context)
-    n = _count(doc.get("n"))
-    times = (n if n is not None and n > 1 else 1) * _prompts(doc.get("prompt"))
+    times = _completions(doc)
     if times > 1:
         cap = min(cap * times, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
     return prompt_token_bound(doc), cap
@@ -220,6 +226,12 @@ def _completion_cap(doc: Mapping[str, Any], default_completion: int, context: in
     ctx = min(context, MAX_TOKENS_PER_REQUEST) if context > 0 else 0
     cap = max(caps) if caps else ctx or default_completion
     return min(cap, ctx) if ctx else cap  # (an engine generates no more than its context)
+
+
+def _completions(doc: Mapping[str, Any]) -> int:
+    """The completions a request generates: n for each prompt of a completions batch."""
+    n = _count(doc.get("n"))
+    return (n if n is not None and n > 1 else 1) * _prompts(doc.get("prompt"))
 
 
 def _prompts(prompt: object) -> int:
@@ -380,7 +392,9 @@ class TenancyGate:
                 state.held_price = HeldPrice(book, prompt, completion, micros)
             if uncapped:
                 each = _completion_cap(doc, self.default_completion, context)
-                state.held_completion = HeldCompletion(each, prompt + each, _CAP_FIELDS[path])
+                # (room: the hold's share per completion, `HeldCompletion`)
+                state.held_completion = HeldCompletion(
+                    each, (prompt + completion) // _completions(doc), _CAP_FIELDS[path])
         if self.queue is not None:
             t0 = self.queue.now()
             slot = await self.queue.acquire(owner, cost)
