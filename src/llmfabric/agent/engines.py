@@ -110,34 +110,58 @@ _LAUNCHERS = frozenset({"apptainer", "singularity", "enroot", "srun", "docker", 
 _IMAGE_SUFFIXES = (".sif", ".sqsh", ".simg", ".img")
 
 
+# Words naming an engine, in the order a word is tested (one word may hold several: the
+# first pattern it holds decides): (substring of the word, kind).
+_ENGINE_WORDS = (("vllm", "vllm"), ("sglang", "sglang"), ("llama_cpp", "llama-cpp-python"),
+                 ("llama-server", "llama.cpp"), ("llama.cpp", "llama.cpp"),
+                 ("text-generation-launcher", "tgi"), ("text-generation-server", "tgi"))
+
+
+def _engine_named(word: str) -> str | None:
+    """The kind one word (a basename, lower case) names, or None."""
+    return next((kind for part, kind in _ENGINE_WORDS if part in word), None)
+
+
+def _is_python(word: str) -> bool:
+    return word == "python" or word.startswith("python3")
+
+
 def _engine_words(argv: Sequence[str]) -> list[str]:
-    """The words that name the engine: the first four, or after a container launcher its
-    words that are no option and no image (an image named after vLLM may hold another)."""
-    if argv and os.path.basename(argv[0]).lower() in _LAUNCHERS:
-        return [a for a in argv[1:] if not a.startswith("-") and "://" not in a
-                and not a.lower().endswith(_IMAGE_SUFFIXES)]
-    return list(argv[:4])
+    """The words that name the engine (basenames, lower case): the first four, or after a
+    container launcher its words that are no option and no image (an image named after vLLM
+    may hold another), up to the first option once the engine's command has started (an
+    engine word or a Python interpreter, whose `-m` is kept): an option's value such as
+    `--served-model-name my-vllm` names no engine."""
+    if not argv or os.path.basename(argv[0]).lower() not in _LAUNCHERS:
+        return [os.path.basename(a).lower() for a in argv[:4]]
+    words: list[str] = []
+    started = False
+    for a in argv[1:]:
+        if a.startswith("-"):
+            if started and not (a == "-m" and words and _is_python(words[-1])):
+                break
+            continue
+        if not started and ("://" in a or a.lower().endswith(_IMAGE_SUFFIXES)):
+            continue
+        word = os.path.basename(a).lower()
+        words.append(word)
+        started = started or _is_python(word) or _engine_named(word) is not None
+    return words
 
 
 def detect_kind(argv: Sequence[str]) -> EngineKind:
-    """The adapter for an engine command line (see the table above); `openai` if unknown."""
-    head = [os.path.basename(a).lower() for a in _engine_words(argv)]
+    """The adapter for an engine command line (see the table above); `openai` if unknown.
+    The first of the engine words that names an engine decides."""
+    head = _engine_words(argv)
     joined = " ".join(head)
     if "llmfabric" in joined or "llmfabric.cli.engine" in argv:
         if "torch" in argv[:5]:
             return KINDS["torch"]
         if "sim" in argv[:5]:
             return KINDS["sim"]
-    if "vllm" in joined:
-        return KINDS["vllm"]
-    if "sglang" in joined:
-        return KINDS["sglang"]
-    if "llama_cpp.server" in joined or "llama_cpp" in joined:
-        return KINDS["llama-cpp-python"]
-    if "llama-server" in joined or "llama.cpp" in joined:
-        return KINDS["llama.cpp"]
-    if "text-generation-launcher" in joined or "text-generation-server" in joined:
-        return KINDS["tgi"]
+    for word in head:
+        if (kind := _engine_named(word)) is not None:
+            return KINDS[kind]
     return KINDS["openai"]
 
 

@@ -36,7 +36,7 @@ from llmfabric.ingress.continuation import (
     continuation_wanted,
     continue_stream,
 )
-from llmfabric.ingress.errors import Reply, UpstreamError, error_reply
+from llmfabric.ingress.errors import Reply, UpstreamError, error_code, error_reply
 from llmfabric.ingress.model_list import (
     MAX_MODEL_CHARS,
     InvalidModels,
@@ -60,7 +60,12 @@ from llmfabric.ingress.protocols import (
 from llmfabric.ingress.request_json import BadJson, load_object
 from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.tenancy.gate import HeldCompletion, HeldPrice, TenancyGate
-from llmfabric.ingress.tenancy.model_access import catalog_within, no_access, permitted
+from llmfabric.ingress.tenancy.model_access import (
+    catalog_within,
+    no_access,
+    permitted,
+    usable,
+)
 from llmfabric.ingress.usage import (
     Usage,
 )
@@ -236,7 +241,8 @@ class Ingress:
             if principal is None:
                 who = await self._authenticate(authorization)
                 if isinstance(who, Reply):
-                    self.metrics.observe_error("", 401, "invalid_api_key")
+                    self.metrics.observe_error(
+                        "", 401, error_code(who) or "invalid_api_key")
                     return who
                 principal = who
             wait = self.auth.check_rate(principal)
@@ -317,6 +323,15 @@ class Ingress:
         held: HeldPrice | None = None  # a spend hold: the models that may serve are bounded
         # an uncapped request's hold: a replica of a larger context gets it capped
         bound: HeldCompletion | None = None
+        if allowed is not None:  # before admission: what it may not use is not reserved for
+            names = usable((model, *fallbacks), allowed,
+                           lambda m: self.resolve_name(m, rreq.providers), self._pins)
+            if not names:  # (named as the last refusal of the list was)
+                last = fallbacks[-1] if fallbacks else model
+                return self._refuse(last, 403, no_access(last), "model_not_found", "model")
+            if names[0] != model:
+                model, rreq, body = self._next_model(doc, rreq, names[0], "model_not_allowed")
+            fallbacks = tuple(names[1:])
         if (gate := self.gate) is not None and not gate.admit_at_once(principal):
             if (refused := await gate.admit(principal, doc, path, fallbacks, rreq)) is not None:
                 return self._refuse(model, *refused)

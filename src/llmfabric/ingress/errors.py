@@ -73,6 +73,16 @@ def error_reply(
     return Reply(status, error_body(status, message, code, param), headers=headers)
 
 
+def error_code(reply: Reply) -> str:
+    """The OpenAI error code an error reply carries ("" when it carries none), so a metric
+    counts a refusal under the code the client saw."""
+    try:
+        code = orjson.loads(reply.body)["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return ""
+    return code if isinstance(code, str) else ""
+
+
 def body_too_large(limit: int) -> Reply:
     """The answer to a request body over the ingress's `max_body_bytes` (both fronts)."""
     return error_reply(

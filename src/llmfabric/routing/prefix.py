@@ -136,8 +136,10 @@ def prompt_prefix(doc: Mapping[str, Any], n: int) -> str:
         for m in msgs:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
+                # (only string texts: a client's `"text": 5` must not become a TypeError)
                 content = "".join(
-                    p.get("text", "") for p in content if isinstance(p, dict)
+                    t for p in content if isinstance(p, dict)
+                    and isinstance(t := p.get("text", ""), str)
                 )
             if isinstance(content, str):
                 out.append(content)

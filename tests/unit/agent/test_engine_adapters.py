@@ -37,6 +37,15 @@ pytestmark = pytest.mark.unit
       "serve", "m"], "vllm", "http://127.0.0.1:8000"),
     (["apptainer", "exec", "/images/vllm.sif", "python", "-m", "sglang.launch_server",
       "--port", "3"], "sglang", "http://127.0.0.1:3"),
+    # an option's value names no engine: the engine's own command decides, in order
+    (["apptainer", "exec", "x.sif", "python", "-m", "sglang.launch_server",
+      "--served-model-name", "my-vllm", "--port", "4"], "sglang", "http://127.0.0.1:4"),
+    (["apptainer", "exec", "--nv", "x.sif", "python3", "-m", "sglang.launch_server",
+      "--model-path", "/models/vllm-tuned"], "sglang", "http://127.0.0.1:30000"),
+    (["docker", "run", "--gpus", "all", "img", "llama-server", "-m", "vllm.gguf",
+      "--port", "6"], "llama.cpp", "http://127.0.0.1:6"),
+    (["python", "-m", "sglang.launch_server", "--served-model-name", "my-vllm"], "sglang",
+     "http://127.0.0.1:30000"),
 ])
 def test_detected_kind_and_url(argv: list[str], kind: str, url: str) -> None:
     cmd = parse_engine_command(argv)

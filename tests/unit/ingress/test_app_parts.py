@@ -79,6 +79,23 @@ def test_prefix_extraction_for_affinity() -> None:
     assert ing._prefix({"input": 5}) == ""
 
 
+async def test_a_non_string_text_part_is_ignored_not_a_500_under_a_prefix_policy() -> None:
+    import orjson
+
+    from llmfabric.routing.prefix import prompt_prefix
+
+    bad = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5},
+                                                     {"type": "text", "text": "ok"},
+                                                     {"type": "text", "text": None}]}]}
+    assert prompt_prefix(bad, 10) == "ok"
+    fwd = _Recorder()
+    ing = Ingress(IngressConfig(auth_enabled=False, policy="prefix_affinity", prefix_chars=10),
+                  StaticCandidateSource([cand("a"), cand("b")]), fwd)
+    reply = await ing.serve("/v1/chat/completions", True, "", None,
+                            orjson.dumps({"model": "m", **bad}), NoSink())
+    assert reply is not None and reply.status == 200 and len(fwd.sent) == 1
+
+
 def test_error_body_has_openai_shape() -> None:
     import orjson
 

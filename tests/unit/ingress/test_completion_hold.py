@@ -46,7 +46,8 @@ BIG = 131_072  # the context of the replica that serves it
 CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
-def at_admission(model: str, route: RouteRequest | None) -> NameLookup:
+def at_admission(model: str, route: RouteRequest | None,
+                 allowed: frozenset[str] | None) -> NameLookup:
     """The gate's lookup as the replicas were at admission: `HELD` tokens of context."""
     return NameLookup(HELD, (model,))
 
@@ -106,6 +107,24 @@ async def test_a_replica_within_the_hold_a_capped_request_and_one_without_budget
     ing, fwd, _ = ingress([cand("w1", "big", context=BIG)])  # no gate at all
     await ask(ing, {"model": "big"})
     assert caps(fwd.sent[-1][1]) == {}
+
+
+async def test_a_batch_of_8_prompts_is_capped_where_a_short_prompt_could_take_more() -> None:
+    # 7 short prompts and a long one: on a replica of the whole batch's prompt bound plus
+    # HELD, each short prompt's completion could take nearly that context, 8 of them far
+    # past the 8 * HELD held; within the hold's share per completion, none can.
+    prompts = ["hello there"] * 7 + ["word " * 400]
+    sent = {"messages": MSG, "prompt": prompts}  # (as `ask` sends it)
+    bound = reservation_parts(sent)[0]
+    share = (bound + 8 * HELD) // 8
+    assert share < bound + HELD
+    for context, capped in ((bound + HELD, {"max_tokens": HELD}), (share + 1, {"max_tokens": HELD}),
+                            (share, {})):
+        ing, fwd, book = budgeted([cand("w1", "big", context=context)])
+        reply = await ask(ing, {"model": "big", "prompt": prompts}, path="/v1/completions")
+        assert reply is not None and reply.status == 200
+        assert caps(fwd.sent[-1][1]) == capped, context
+        assert book.status()[0]["held"] == 0
 
 
 async def test_a_continuation_on_a_larger_context_gets_what_is_left_of_the_hold() -> None:

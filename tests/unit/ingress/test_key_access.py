@@ -13,16 +13,19 @@ import pytest
 
 from llmfabric.accounts import AccountStore
 from llmfabric.accounts.budgets import Budget, BudgetBook
+from llmfabric.accounts.prices import Price
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth, StaticKeys, StaticPrincipal
+from llmfabric.ingress.tenancy.gate import reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.testing.fake_clock import FakeClock
 
 from .test_model_fallbacks import (
     KEY,
+    MSG,
     NOON,
     Scripted,
     Sink,
@@ -155,6 +158,56 @@ async def test_budgets_hold_and_settle_across_a_skipped_fallback() -> None:
     assert book.status()[0]["held"] == 0  # the refused request's hold released
 
 
+def restricted_gated(book: BudgetBook) -> tuple[Ingress, Scripted]:
+    """`gated` over small (4096 tokens of context) and big (32768), its key limited to
+    small."""
+    ing, fwd = gated([cand("s1", "small", context=4096), cand("b1", "big", context=32768)],
+                     book)
+    ing.auth._keys[KEY] = StaticPrincipal("k1", models=ALLOWED)  # type: ignore[union-attr]
+    ing._auth_cached = ing.auth.cached  # type: ignore[union-attr]
+    return ing, fwd
+
+
+@pytest.mark.hostile
+async def test_a_disallowed_model_is_refused_403_before_its_budget_is_looked_at() -> None:
+    book = BudgetBook(lambda: NOON)
+    book.set(Budget("owner", "k1", 5, "day"))
+    ing, fwd = restricted_gated(book)
+    first = await ask(ing, {"model": "small"})  # spends the 5 tokens: the budget used up
+    assert first is not None and first.status == 200 and fwd.nodes() == ["s1"]
+    for doc in ({"model": "big"}, {"model": "big", "max_tokens": 10},
+                {"model": "large", "models": ["big"]}):
+        reply = await ask(ing, doc)
+        refused_403(reply, doc["models"][-1] if "models" in doc else doc["model"])
+    over = await ask(ing, {"model": "small", "models": ["big"]})  # allowed: its budget's 429
+    err = error_of(over)
+    assert over is not None and over.status == 429 and err["code"] == "insufficient_quota"
+    assert "(4096 tokens)" in err["message"] and "32768" not in err["message"]
+    assert fwd.nodes() == ["s1"] and book.status()[0]["held"] == 0
+
+
+async def test_a_disallowed_fallback_neither_prices_nor_sizes_the_hold() -> None:
+    book = BudgetBook(lambda: NOON)
+    book.prices = {"big": Price(10.0, 10.0), "small": Price(1.0, 1.0)}
+    book.set(Budget("owner", "k1", 10**9, "day", unit="usd"))
+    ing, fwd = restricted_gated(book)
+    held: list[int] = []
+    fwd.on_open = lambda: held.append(book.status()[0]["held"])  # type: ignore[arg-type]
+    reply = await ask(ing, {"model": "small", "models": ["big"], "max_tokens": 100})
+    assert reply is not None and reply.status == 200 and fwd.nodes() == ["s1"]
+    prompt, _ = reservation_parts({"messages": MSG, "max_tokens": 100})
+    assert held == [(prompt + 100) * 1]  # small's price, not big's 10
+    # a token budget, no cap field: small's context, not big's
+    tokens = BudgetBook(lambda: NOON)
+    tokens.set(Budget("owner", "k1", 10_000_000, "day"))
+    ing, fwd = restricted_gated(tokens)
+    held.clear()
+    fwd.on_open = lambda: held.append(tokens.status()[0]["held"])  # type: ignore[arg-type]
+    reply = await ask(ing, {"model": "big", "models": ["small", "large"]})
+    assert reply is not None and reply.status == 200 and fwd.nodes() == ["s1"]
+    assert held == [reservation_parts({"messages": MSG})[0] + 4096]
+
+
 # -- expiry ------------------------------------------------------------------------------
 
 
@@ -189,6 +242,9 @@ async def test_an_expired_key_gets_401_saying_when(
         err = error_of(await send())
         assert err["code"] == "expired_api_key"
         assert "expired at 2027-01-15T08:01:00Z" in err["message"]
+    # counted under the code the reply carried (both refusals came by _authenticate's path)
+    assert ing.metrics.errors.get(("401", "expired_api_key")) == 2
+    assert ("401", "invalid_api_key") not in ing.metrics.errors
     models = await ing.models_reply(f"Bearer {plain}")
     assert models.status == 401 and b"expired_api_key" in models.body
     assert ing.key_refused("lf-knope-nothing").status == 401

@@ -173,7 +173,7 @@ async def test_requests_without_a_cap_reserve_the_context_and_say_so() -> None:
     book = BudgetBook(lambda: NOON)
     seen: list[str] = []
 
-    def lookup(model: str, route: object = None) -> NameLookup:
+    def lookup(model: str, route: object = None, allowed: object = None) -> NameLookup:
         seen.append(model)
         return NameLookup({"big": 8192, "huge": 2**40}.get(model, 0), ())
 
@@ -302,7 +302,7 @@ async def test_uncapped_requests_of_a_token_limited_key_are_not_run_one_at_a_tim
     from llmfabric.testing.fake_clock import FakeClock
 
     rate = RateLimiter(FakeClock())
-    gate = TenancyGate(rate=rate, lookup=lambda model, route: NameLookup(131_072, ()))
+    gate = TenancyGate(rate=rate, lookup=lambda model, route, allowed: NameLookup(131_072, ()))
     key = ApiKey(id="k1", name="n", owner="o", admin=False, created_at=0.0,
                  tokens_per_min=100_000)
     doc = {"model": "m", "messages": MSG}
@@ -381,7 +381,7 @@ async def test_each_listed_name_is_resolved_once_for_its_context_and_its_ids() -
     book.set(Budget("key", "k1", 10**9, "day", unit="usd"))
     seen: list[str] = []
 
-    def lookup(model: str, route: object = None) -> NameLookup:
+    def lookup(model: str, route: object = None, allowed: object = None) -> NameLookup:
         seen.append(model)
         return NameLookup({"big": 8192}.get(model, 0), {"big": ("big-id",)}.get(model, ()))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prometheus_client import Gauge
@@ -19,7 +19,12 @@ from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.gate import NameLookup, TenancyGate, advertised_context
+from llmfabric.ingress.tenancy.gate import (
+    Lookup,
+    NameLookup,
+    TenancyGate,
+    advertised_context,
+)
 from llmfabric.routing.filters import Ambiguous, eligible
 from llmfabric.routing.request import RouteRequest
 
@@ -74,20 +79,24 @@ async def attach_tenancy(
     return parts
 
 
-def budget_lookup(ingress: Ingress) -> Callable[[str, RouteRequest | None], NameLookup]:
+def budget_lookup(ingress: Ingress) -> Lookup:
     """The gate's `lookup` over the ingress's routing (TenancyGate): a name resolved once
     for its context and the ids it routes to."""
 
-    def lookup(model: str, route: RouteRequest | None = None) -> NameLookup:
+    def lookup(model: str, route: RouteRequest | None = None,
+               allowed: frozenset[str] | None = None) -> NameLookup:
         """The name resolved as routing resolves it (pins, ids, aliases: a member listing
-        the model's id as its alias has no say). Its context: that of the replicas the
-        request's allowlist and QoS constraints leave (a client naming only the provider,
-        or the `min_context`, of its largest replica is served there), 0 when none is
-        known; its ids: the models it routes to (what a request is billed as). Nothing for
-        an ambiguous name (refused with 409 next)."""
+        the model's id as its alias has no say), cut to the key's `allowed` model ids (a
+        model it may not use neither sizes nor prices its hold). Its context: that of the
+        replicas the request's allowlist and QoS constraints leave (a client naming only the
+        provider, or the `min_context`, of its largest replica is served there), 0 when
+        none is known; its ids: the models it routes to (what a request is billed as).
+        Nothing for an ambiguous name (refused with 409 next)."""
         resolved = ingress.resolve_name(model, route.providers if route else None)
         if isinstance(resolved, Ambiguous):
             return NameLookup(0, ())
+        if allowed is not None:
+            resolved = [c for c in resolved if c.model.id in allowed]
         return NameLookup(advertised_context(eligible(resolved, route) if route else resolved),
                           {c.model.id for c in resolved})
 

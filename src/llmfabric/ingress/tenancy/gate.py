@@ -26,7 +26,9 @@ QoS constraints: engines generate up to it), and the default only when no node s
 model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
 largest context among them that resolve, and on a spend budget at the dearest price among
 the names and the ids they route to (`priced`): whichever model serves it, the hold covers
-it. Each name is resolved once for both (`lookup`: `NameLookup`).
+it. Each name is resolved once for both (`lookup`: `NameLookup`), as the key's model
+allowlist cuts it (the ingress has dropped the listed names it allows nothing under:
+model_access.py `usable`).
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -80,6 +82,11 @@ class NameLookup(NamedTuple):
     ids: Collection[str]  # the ids of the models it routes to (what it is billed as)
 
 
+# The gate's name lookup: (name, the request's filters, its key's model allowlist: None for
+# all) -> the name as admission needs it, from the replicas the key may reach only.
+Lookup = Callable[[str, RouteRequest | None, frozenset[str] | None], NameLookup]
+
+
 class Refusal(NamedTuple):
     """An error answer (the arguments of Ingress._refuse after the model)."""
 
@@ -131,12 +138,19 @@ class HeldCompletion:
     concurrent such requests past the budget, so the request core sends it to such a
     replica capped at `tokens` (`capped`: its cap fields set, as the engine reads them).
 
-    `room`: the hold of one completion, its prompt's bound plus `tokens`. Prompt and
-    completion share a context, so a replica whose context is within `room` cannot go past
-    the hold, and gets the request as the client sent it: an engine refuses a cap that,
+    `room`: the hold's share of each of the request's completions (n for each prompt of a
+    completions batch): the whole hold, prompt bound and completions, over their number.
+    Each completion and its prompt share a context, so the request uses at most that
+    context times the completions, and a replica whose context is within `room` cannot go
+    past the hold; it gets the request as the client sent it: an engine refuses a cap that,
     with the prompt, overflows its context (vLLM's 400), which the cap would make of a
-    request the replica can serve. Above `room`, `tokens` leaves the prompt its place.
-    A replica advertising no context (0) is not capped: its context is unknown."""
+    request the replica can serve. With one completion `room` is its prompt's bound plus
+    `tokens`; with several it is below the largest prompt's bound plus `tokens` (a short
+    prompt's completion may take more than `tokens`, what the others leave unused cannot
+    be known before), so a batch of uneven prompts may be capped on a replica whose
+    context its longest prompt with `tokens` overflows (that prompt's 400: the hold's
+    price). Above `room`, `tokens` leaves the prompt its place. A replica advertising no
+    context (0) is not capped: its context is unknown."""
 
     tokens: int
     room: int
@@ -200,8 +214,7 @@ def reservation_parts(doc: Mapping[str, Any],
     and times the prompts of a completions batch: never less than what the engine may
     generate."""
     cap = _completion_cap(doc, default_completion, context)
-    n = _count(doc.get("n"))
-    times = (n if n is not None and n > 1 else 1) * _prompts(doc.get("prompt"))
+    times = _completions(doc)
     if times > 1:
         cap = min(cap * times, MAX_BUDGET_TOKENS)  # (a budget clamps a reservation anyway)
     return prompt_token_bound(doc), cap
@@ -213,6 +226,12 @@ def _completion_cap(doc: Mapping[str, Any], default_completion: int, context: in
     ctx = min(context, MAX_TOKENS_PER_REQUEST) if context > 0 else 0
     cap = max(caps) if caps else ctx or default_completion
     return min(cap, ctx) if ctx else cap  # (an engine generates no more than its context)
+
+
+def _completions(doc: Mapping[str, Any]) -> int:
+    """The completions a request generates: n for each prompt of a completions batch."""
+    n = _count(doc.get("n"))
+    return (n if n is not None and n > 1 else 1) * _prompts(doc.get("prompt"))
 
 
 def _prompts(prompt: object) -> int:
@@ -278,17 +297,17 @@ def _owner(principal: Principal | None) -> tuple[str, str, str]:
 class TenancyGate:
     def __init__(self, budgets: BudgetBook | None = None, queue: FairQueue | None = None,
                  *, default_completion: int = DEFAULT_COMPLETION_RESERVE,
-                 lookup: Callable[[str, RouteRequest | None], NameLookup] | None = None,
+                 lookup: Lookup | None = None,
                  rate: RateLimiter | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  on_queue_wait: Callable[[float], None] | None = None) -> None:
         self.budgets = budgets
         self.queue = queue
         self.default_completion = default_completion
-        # (model, the request's filters) -> the context in tokens of the replicas it may
-        # reach (for requests without a cap field) and the ids of the models the name
-        # routes to (an alias, a pin or an adapter is billed as the model that runs it:
-        # `priced`), from one resolution of the name
+        # (model, the request's filters, the key's allowlist) -> the context in tokens of
+        # the replicas it may reach (for requests without a cap field) and the ids of the
+        # models the name routes to (an alias, a pin or an adapter is billed as the model
+        # that runs it: `priced`), from one resolution of the name
         self.lookup = lookup
         # The keys' tokens/min buckets: the worst case is held there at admission (the
         # ingress checked the bucket before reading the body; many requests may pass that
@@ -338,7 +357,8 @@ class TenancyGate:
         found: Sequence[NameLookup] = ()
         if (lookup := self.lookup) is not None and (
                 uncapped or (budgeted and book is not None and bool(book.prices))):
-            found = [lookup(m, route) for m in models]
+            allowed = principal.models if principal is not None else None
+            found = [lookup(m, route, allowed) for m in models]
         context = max(f.context for f in found) if uncapped and found else 0  # (0: none)
         prompt, completion = reservation_parts(doc, self.default_completion, context)
         cost = prompt + completion
@@ -372,7 +392,9 @@ class TenancyGate:
                 state.held_price = HeldPrice(book, prompt, completion, micros)
             if uncapped:
                 each = _completion_cap(doc, self.default_completion, context)
-                state.held_completion = HeldCompletion(each, prompt + each, _CAP_FIELDS[path])
+                # (room: the hold's share per completion, `HeldCompletion`)
+                state.held_completion = HeldCompletion(
+                    each, (prompt + completion) // _completions(doc), _CAP_FIELDS[path])
         if self.queue is not None:
             t0 = self.queue.now()
             slot = await self.queue.acquire(owner, cost)

@@ -8,11 +8,15 @@ refused as OpenAI refuses a model a project may not use (403, code `model_not_fo
 same whether the name is unknown, served by other models only, or ambiguous among them: the
 answer never tells a key which models it may not see. Keys without an allowlist never get
 here (one None check per model tried).
+
+`usable` applies it before admission (TenancyGate.admit): a request none of whose listed
+names it may use is refused there, and the names it may not use are dropped from its list,
+so no such name waits in the fair queue, is priced, or sizes (and names in a 429) the hold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llmfabric.routing.candidates import Candidate
@@ -34,6 +38,15 @@ def permitted(resolved: Sequence[Candidate] | Ambiguous, allowed: frozenset[str]
     if len(kept) == len(resolved):
         return resolved
     return kept or None
+
+
+def usable(names: Sequence[str], allowed: frozenset[str],
+           resolve: Callable[[str], Sequence[Candidate] | Ambiguous],
+           pins: Mapping[str, str]) -> list[str]:
+    """The `names` (a request's model, then its fallbacks) a key limited to `allowed` may
+    be served by, in order: those `permitted` does not refuse (`resolve`: a name's
+    resolution; `pins`: the operator's NAME -> model id)."""
+    return [m for m in names if permitted(resolve(m), allowed, pins.get(m, m)) is not None]
 
 
 def no_access(model: str) -> str:
