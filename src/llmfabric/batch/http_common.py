@@ -20,6 +20,7 @@ from llmfabric.ingress.front.web_sink import web_response
 from llmfabric.ingress.protocols import Principal, bearer_of
 
 BATCH_PREFIXES = ("/v1/files", "/v1/batches")
+DRAINED_BYTES = 1 << 20  # a refused body up to this size is read, not cut (`refused_unread`)
 ISSUER_SEP = "\x1f"  # between a granted key's issuer and its owner (`owner_of`)
 
 
@@ -82,6 +83,16 @@ async def closing(request: web.Request, reply: web.Response) -> web.Response:
     if request.protocol is not None:
         request.protocol.force_close()  # (the reply is written: the transport flushes it)
     return reply
+
+
+async def refused_unread(request: web.Request, reply: web.Response) -> web.Response:
+    """`reply` to a request refused before its body was read: a small body of a stated
+    length is read and dropped first (a client still sending it would get a reset, not the
+    reply); any other (chunked, or large) is not read: the connection closes (`closing`)."""
+    if request.content_length is not None and request.content_length <= DRAINED_BYTES:
+        await request.release()
+        return reply
+    return await closing(request, reply)
 
 
 def list_page(data: list[dict[str, Any]], has_more: bool) -> web.Response:
