@@ -228,12 +228,17 @@ async def test_another_owner_never_sees_files_or_batches(tmp_path: pathlib.Path)
                 await _client(port, "lf-bogus").files.list()
 
 
-async def test_a_fabric_ingress_node_serves_the_batch_api(tmp_path: pathlib.Path) -> None:
+async def test_a_fabric_ingress_node_serves_the_batch_api(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `llmfabric start --ingress --batch-dir` (node/ingress_link.py): the routes behind the
     # lean front's hand-over, the runner over the node's core. No provider serves the model,
-    # so each line's answer is the core's 404, in the error file.
+    # so each line's answer is the core's 404, in the error file (at once: no grace for a
+    # registry that gossip would fill, runner.MODEL_GRACE_S).
+    from llmfabric.batch import runner
     from llmfabric.node.config import build_config
     from llmfabric.node.daemon import Node
+
+    monkeypatch.setattr(runner, "MODEL_GRACE_S", 0.0)
 
     node = Node(build_config({}, {
         "home": tmp_path / "n", "listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0",

@@ -23,6 +23,7 @@ from llmfabric.batch.http_common import (
     list_page,
     ok,
     page_args,
+    refused_unread,
 )
 from llmfabric.batch.limits import (
     COMPLETION_WINDOWS,
@@ -73,11 +74,11 @@ class BatchesApi:
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         who = await self.identify(request.headers.get("Authorization", ""))
-        if not isinstance(who, Caller):
-            return who
+        if not isinstance(who, Caller):  # (`refused_unread`: a big body is not read)
+            return await refused_unread(request, who)
         if (request.content_length or 0) > _MAX_CREATE_BODY:
-            return fail(413, f"the body is larger than {_MAX_CREATE_BODY} bytes",
-                        "request_too_large")
+            return await refused_unread(request, fail(
+                413, f"the body is larger than {_MAX_CREATE_BODY} bytes", "request_too_large"))
         raw = b""  # (read() returns what has arrived: read to the end, or past the cap)
         while len(raw) <= _MAX_CREATE_BODY and (
                 more := await request.content.read(_MAX_CREATE_BODY + 1 - len(raw))):

@@ -28,6 +28,7 @@ from llmfabric.batch.http_common import (
     list_page,
     ok,
     page_args,
+    refused_unread,
 )
 from llmfabric.batch.limits import FILE_PURPOSE, MAX_FILENAME_CHARS
 from llmfabric.batch.records import FileRecord
@@ -64,20 +65,23 @@ class FilesApi:
         app.router.add_delete("/v1/files/{id}", self.delete)
 
     async def upload(self, request: web.Request) -> web.StreamResponse:
+        # (a refusal before the body is read: `refused_unread`)
         who = await self.identify(request.headers.get("Authorization", ""))
         if not isinstance(who, Caller):
-            return who
+            return await refused_unread(request, who)
         lim = self.store.limits
         if (request.content_length or 0) > lim.max_file_bytes + _MULTIPART_SLACK:
-            return fail(413, f"the file is larger than this ingress's limit of "
-                        f"{lim.max_file_bytes} bytes", "file_too_large", "file")
+            return await refused_unread(request, fail(
+                413, f"the file is larger than this ingress's limit of {lim.max_file_bytes} "
+                "bytes", "file_too_large", "file"))
         try:
             reader = await request.multipart()
         except (AssertionError, ValueError, KeyError):  # (aiohttp: not a multipart body)
-            return fail(400, "send the file as multipart/form-data with fields 'file' and "
-                        "'purpose'", "invalid_request")
+            return await refused_unread(request, fail(
+                400, "send the file as multipart/form-data with fields 'file' and 'purpose'",
+                "invalid_request"))
         if (why := self.store.start_upload(who.owner)) is not None:
-            return fail(400, why, "storage_limit_reached")
+            return await refused_unread(request, fail(400, why, "storage_limit_reached"))
         upload = _Upload(self.store, who.owner)
         try:
             reply = await self._receive(reader, upload)

@@ -1,5 +1,6 @@
 """What the Files and Batches routes share: who calls (`Caller`, `callers_of`: the owner
-of the caller's API key, "" on an ingress without keys), OpenAI-shaped replies and list
+of the caller's API key, scoped by its issuer when another ingress issued it (`owner_of`),
+"" on an ingress without keys), OpenAI-shaped replies and list
 pages, and the Host check of the batch app."""
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import error_reply
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.web_sink import web_response
-from llmfabric.ingress.protocols import bearer_of
+from llmfabric.ingress.protocols import Principal, bearer_of
 
 BATCH_PREFIXES = ("/v1/files", "/v1/batches")
+DRAINED_BYTES = 1 << 20  # a refused body up to this size is read, not cut (`refused_unread`)
+ISSUER_SEP = "\x1f"  # between a granted key's issuer and its owner (`owner_of`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +48,20 @@ def callers_of(ingress: Ingress) -> Identify:
         principal = await auth.authenticate(token)
         if principal is None:
             return fail(401, "invalid or revoked API key", "invalid_api_key")
-        owner = getattr(principal, "owner", None)
-        return Caller(owner if isinstance(owner, str) else principal.id, principal.id)
+        return Caller(owner_of(principal), principal.id)
 
     return identify
+
+
+def owner_of(principal: Principal) -> str:
+    """Whose files and batches a key's are: its owner, scoped by the ingress that issued it
+    when another did (a key accepted through a grant, accounts/grants.py), so owner "alice"
+    of another ingress does not share local alice's. (The separator is not printable: no
+    local owner name holds it, accounts/policy.py.)"""
+    owner = getattr(principal, "owner", None)
+    name = owner if isinstance(owner, str) else principal.id
+    issuer = getattr(principal, "issuer", "")
+    return f"{issuer}{ISSUER_SEP}{name}" if isinstance(issuer, str) and issuer else name
 
 
 def fail(status: int, message: str, code: str, param: str | None = None) -> web.Response:
@@ -70,6 +83,16 @@ async def closing(request: web.Request, reply: web.Response) -> web.Response:
     if request.protocol is not None:
         request.protocol.force_close()  # (the reply is written: the transport flushes it)
     return reply
+
+
+async def refused_unread(request: web.Request, reply: web.Response) -> web.Response:
+    """`reply` to a request refused before its body was read: a small body of a stated
+    length is read and dropped first (a client still sending it would get a reset, not the
+    reply); any other (chunked, or large) is not read: the connection closes (`closing`)."""
+    if request.content_length is not None and request.content_length <= DRAINED_BYTES:
+        await request.release()
+        return reply
+    return await closing(request, reply)
 
 
 def list_page(data: list[dict[str, Any]], has_more: bool) -> web.Response:

@@ -10,9 +10,13 @@ owner's batch nor keeps a task per line asleep.
 - in_progress: each line not yet answered (store.done_lines: after a restart only those)
   runs in its own task through the `LineServer` as the batch's principal, looked up again
   before every line (a revoked, expired or deleted key fails the remaining lines with
-  `api_key_revoked`). A line the ingress refused by a rate limit (not an engine's 429) waits
-  its Retry-After (1 to 60 s) and is sent again;
-  any other answer is the line's result, kept at once (store.record_result).
+  `api_key_revoked`). A line the ingress refused itself (no node answered) for a reason
+  that passes waits and is sent again (its key looked up again), until the batch is
+  cancelled or its window ends (`_retry_wait`): a rate limit (its Retry-After, 1 to 60 s),
+  no candidate node (503) or all candidates failed (502) (Retry-After, else 1 s doubling
+  to 60 s), and an unknown model (404) in the first `MODEL_GRACE_S` after the runner
+  starts (a fabric node's registry is filled by gossip after it); any other answer is the
+  line's result, kept at once (store.record_result).
 - a cancel (the status is cancelling), the end of the completion window (the injected
   clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
   new lines; lines in flight finish, lines never sent get an error record
@@ -54,12 +58,16 @@ from llmfabric.batch.records import (
 from llmfabric.batch.store import BatchStore
 from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
 from llmfabric.clock import Clock
+from llmfabric.ingress.errors import Reply
 from llmfabric.ingress.protocols import Principal
 from llmfabric.untrusted import get_logger, log_due
 
 log = get_logger(__name__)
 MAX_RATE_WAIT_S = 60.0  # the longest a rate-limited line sleeps before it is sent again
 MIN_RATE_WAIT_S = 1.0  # the shortest (a Retry-After of 0 would send it again at once)
+# How long after the runner starts an unknown model (404) is taken for a registry not yet
+# filled (a fabric node's replica comes by gossip) and waited out; later it is the answer.
+MODEL_GRACE_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,8 @@ class BatchRunner:
         self._batches: dict[str, asyncio.Task[None]] = {}
         self._lines: set[asyncio.Task[None]] = set()
         self._kept: dict[str, int] = {}  # bytes of answers each running batch keeps
+        self._stopped: dict[str, _Stop] = {}  # why a batch's waiting line was not sent
+        self._started = clock.now()  # (the grace of an unknown model counts from here)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -185,6 +195,7 @@ class BatchRunner:
             stop = await self._run_lines(b, path)
         finally:
             self._kept.pop(b.id, None)
+            self._stopped.pop(b.id, None)
         if stop is not None:  # (up to 50,000 records: parsed and kept in a thread)
             done, endpoint = self.store.done_lines(b.id), b.endpoint
             unsent = ((line.index, not_sent(line.custom_id, stop.code, stop.message))
@@ -217,7 +228,8 @@ class BatchRunner:
         finally:
             for t in mine:
                 t.cancel()
-        return stop
+        # (a line waiting out a refusal when the batch stopped was never sent)
+        return stop or self._stopped.pop(b.id, None)
 
     def get(self, batch_id: str) -> BatchRecord:
         b = self.store.get_batch(None, batch_id)
@@ -254,33 +266,57 @@ class BatchRunner:
                 line.custom_id, "internal_error", f"the ingress failed on this request: {e!r}"))
 
     async def _send(self, b: BatchRecord, line: BatchLine) -> None:
-        principal: Principal | None = None
-        if self.principals is not None:
-            principal = await self.principals(b.key_id)
-            if principal is None:
-                self.store.record_result(b.id, line.index, False, not_sent(
-                    line.custom_id, "api_key_revoked", f"the API key that created this batch "
-                    f"({b.key_id}) was revoked, has expired or was deleted; its requests are no "
-                    "longer sent"))
-                return
         body = request_body(line.body)
+        failures = 0  # the ingress's own transient refusals of this line in a row
         while True:
-            async with self._slots:  # (released while a rate-limited line waits)
+            principal: Principal | None = None
+            if self.principals is not None:  # (again each try: a key revoked while it waits)
+                principal = await self.principals(b.key_id)
+                if principal is None:
+                    self.store.record_result(b.id, line.index, False, not_sent(
+                        line.custom_id, "api_key_revoked", f"the API key that created this "
+                        f"batch ({b.key_id}) was revoked, has expired or was deleted; its "
+                        "requests are no longer sent"))
+                    return
+            async with self._slots:  # (released while a refused line waits)
                 reply = await self.serve_line(b.endpoint, body, principal)
-            # The ingress's own refusal (no node answered: the key's rate limit, the fair
-            # queue) is waited out, at least a second; an engine's 429 is the line's answer
-            # (the ingress tried the other nodes already).
-            if (reply.status == 429 and not reply.node
-                    and error_code(reply) == "rate_limit_exceeded"
-                    and self._stop_of(b) is None):
-                wait = (reply.headers or {}).get("Retry-After", "1")
-                await self.clock.sleep(min(MAX_RATE_WAIT_S, max(
-                    MIN_RATE_WAIT_S, float(wait) if wait.isascii() and wait.isdigit() else 1.0)))
-                continue
-            break
+            wait = self._retry_wait(reply, failures)
+            if wait is None:
+                break
+            failures += 1
+            await self.clock.sleep(wait)
+            if (stop := self._stop_of(b)) is not None:  # (cancelled or expired meanwhile)
+                self._stopped[b.id] = stop
+                self.store.record_result(b.id, line.index, False,
+                                         not_sent(line.custom_id, stop.code, stop.message))
+                return
         record = answered(line.custom_id, reply)
         if self.store.record_result(b.id, line.index, 200 <= reply.status < 300, record):
             self._kept[b.id] = self._kept.get(b.id, 0) + len(record)
+
+    def _retry_wait(self, reply: Reply, failures: int) -> float | None:
+        """How long to wait before the line is sent again, or None: the reply is its answer.
+
+        Only the ingress's own refusals (no node answered) are waited out: its rate limit or
+        fair queue (429 rate_limit_exceeded, Retry-After, at least 1 s); no candidate node
+        (503) or all of them failed (502), as while a model's only node restarts (Retry-After
+        if given, else 1, 2, 4 ... 60 s); and, within `MODEL_GRACE_S` of the runner's start,
+        an unknown model (404 model_not_found: a fabric node's registry replica is filled by
+        gossip after the runner starts). An engine's answer of any status is the line's."""
+        if reply.node:
+            return None
+        code = error_code(reply)
+        backoff = min(MAX_RATE_WAIT_S, MIN_RATE_WAIT_S * 2.0 ** min(failures, 6))
+        if reply.status == 429 and code == "rate_limit_exceeded":
+            backoff = MIN_RATE_WAIT_S
+        elif reply.status in (502, 503):
+            pass
+        elif not (reply.status == 404 and code == "model_not_found"
+                  and self.clock.now() - self._started < MODEL_GRACE_S):
+            return None
+        wait = (reply.headers or {}).get("Retry-After", "")
+        given = float(wait) if wait.isascii() and wait.isdigit() else backoff
+        return min(MAX_RATE_WAIT_S, max(MIN_RATE_WAIT_S, given))
 
     async def _finish(self, b: BatchRecord, stop: _Stop | None) -> None:
         if stop is None:

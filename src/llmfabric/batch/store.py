@@ -22,7 +22,7 @@ import pathlib
 import re
 import secrets
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from itertools import islice
 from typing import Any
 
@@ -56,7 +56,7 @@ _BATCH_COLS = ("id, owner, key_id, endpoint, input_file_id, completion_window, s
                "error_file_id, errors, metadata, in_progress_at, finalizing_at, completed_at, "
                "failed_at, expired_at, cancelling_at, cancelled_at")
 _BATCH_NAMES = tuple(c.strip() for c in _BATCH_COLS.split(","))
-_CHUNK = 1000  # rows a transaction of the bulk steps (record_unsent)
+_CHUNK = 1000  # rows a transaction of the bulk steps (record_unsent, drop_results)
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 
@@ -335,20 +335,17 @@ class BatchStore:
         return {int(r[0]) for r in self._db.execute(
             "SELECT line FROM results WHERE batch_id = ?", (batch_id,))}
 
-    def results(self, batch_id: str, ok: bool) -> Iterator[bytes]:
-        """The batch's answered lines of one kind, in input order."""
-        cur = self._db.execute("SELECT record FROM results WHERE batch_id = ? AND ok = ? "
-                               "ORDER BY line", (batch_id, int(ok)))
-        with contextlib.closing(cur):
-            while rows := cur.fetchmany(500):
-                for (record,) in rows:
-                    yield bytes(record)
-
     def drop_results(self, batch_id: str) -> None:
-        """Drop a finished batch's kept answers (a worker thread may call it: its own
-        connection)."""
-        with contextlib.closing(self._connect()) as db, db:
-            db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
+        """Drop a finished batch's kept answers (a worker thread's call: its own connection,
+        _CHUNK lines a transaction, so the write lock is never held long: a gigabyte of
+        answers in one DELETE kept the loop's connection waiting)."""
+        with contextlib.closing(self._connect()) as db:
+            last = db.execute("SELECT MAX(line) FROM results WHERE batch_id = ?",
+                              (batch_id,)).fetchone()[0]
+            for start in range(0, -1 if last is None else int(last) + 1, _CHUNK):
+                with db:
+                    db.execute("DELETE FROM results WHERE batch_id = ? AND line >= ? "
+                               "AND line < ?", (batch_id, start, start + _CHUNK))
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -255,19 +255,27 @@ async def test_a_limit_that_is_no_ascii_number_is_a_400(env: tuple[Client, Batch
         assert r.status == 400, (path, limit, r.status)
 
 
-@pytest.mark.parametrize(("path", "first"), [
-    ("/v1/files", b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n'),
-    ("/v1/batches", b"{"),
+PURPOSE = b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n'
+KEY_A, MULTI = "Authorization: Bearer sk-a\r\n", "multipart/form-data; boundary=XX"
+
+
+@pytest.mark.parametrize(("path", "first", "auth", "kind", "refusal"), [
+    ("/v1/files", PURPOSE, KEY_A, MULTI, b"413"),
+    ("/v1/batches", b"{", KEY_A, MULTI, b"413"),
+    ("/v1/files", PURPOSE, "", MULTI, b"401"),  # (refused before a byte of the body)
+    ("/v1/batches", b"{", "", MULTI, b"401"),
+    ("/v1/files", b"x", KEY_A, "text/plain", b"400"),
 ])
 async def test_a_refused_body_is_not_read_on(env: tuple[Client, BatchService], path: str,
-                                             first: bytes) -> None:
+                                             first: bytes, auth: str, kind: str,
+                                             refusal: bytes) -> None:
     # A client that keeps sending a chunked body after its refusal (413: the fields beside
-    # the file past 64 KiB, a create body past 64 KiB): aiohttp's lingering close read and
-    # dropped it for 10 s more (11.7 GB over loopback). The connection closes after the reply.
+    # the file past 64 KiB, a create body past 64 KiB; 401 without a key; 400 not multipart):
+    # aiohttp's lingering close read and dropped it for 10 s more (11.7 GB over loopback).
+    # The connection closes after the reply.
     c, _ = env
     r, w = await asyncio.open_connection("127.0.0.1", c.port)
-    w.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-a\r\n"
-            "Content-Type: multipart/form-data; boundary=XX\r\n"
+    w.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: {kind}\r\n"
             "Transfer-Encoding: chunked\r\n\r\n".encode())
     w.write(b"%x\r\n%s\r\n" % (len(first), first))
     reply = asyncio.create_task(r.read(65536))
@@ -280,7 +288,7 @@ async def test_a_refused_body_is_not_read_on(env: tuple[Client, BatchService], p
             await asyncio.wait_for(w.drain(), 5)
     took = loop.time() - t0
     w.close()
-    assert (await reply).startswith(b"HTTP/1.1 413")
+    assert (await reply).startswith(b"HTTP/1.1 " + refusal)
     assert took < 3, f"the body was read on for {took:.1f} s after its refusal"
 
 

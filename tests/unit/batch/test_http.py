@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -256,3 +257,50 @@ def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
         assert "/v1/files" not in orjson.loads(OPENAPI_BODY)["paths"]
     finally:
         service.store.close()
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A principal as accounts.models.ApiKey gives it: `issuer` set for a key accepted
+    through another ingress's grant."""
+    id: str
+    owner: str
+    issuer: str = ""
+
+
+class OwnersAuth:
+    KEYS = {"sk-local": Granted("k1", "alice"), "sk-granted": Granted("k2", "alice", "peerX")}
+
+    async def authenticate(self, token: str) -> Granted | None:
+        return self.KEYS.get(token)
+
+    def cached(self, token: str) -> Granted | None:
+        return self.KEYS.get(token)
+
+
+async def test_a_granted_key_does_not_share_a_local_owner_s_namespace(
+        tmp_path: pathlib.Path) -> None:
+    # Owner "alice" of another ingress (its key accepted through --key-issuer) listed,
+    # downloaded and deleted local alice's files and batches: the owner was all that scoped.
+    ingress = Ingress(IngressConfig(), StaticCandidateSource([]), NoForwarder(),  # type: ignore[arg-type]
+                      auth=OwnersAuth())  # type: ignore[arg-type]
+
+    async def principals(key_id: str) -> Principal | None:
+        return None
+
+    service = BatchService(ingress, tmp_path, principals=principals)
+    c: Client = TestClient(TestServer(service.app(HostGuard())))
+    await c.start_server()
+    try:
+        local, granted = ({"Authorization": f"Bearer {k}"} for k in OwnersAuth.KEYS)
+        r = await c.post("/v1/files", data=form(line("a")), headers=local)
+        assert r.status == 200
+        fid = (await r.json())["id"]
+        assert (await (await c.get("/v1/files", headers=granted)).json())["data"] == []
+        for path in (f"/v1/files/{fid}", f"/v1/files/{fid}/content"):
+            assert (await c.get(path, headers=granted)).status == 404
+        assert (await c.delete(f"/v1/files/{fid}", headers=granted)).status == 404
+        assert (await c.get(f"/v1/files/{fid}", headers=local)).status == 200
+    finally:
+        await c.close()
+        await service.aclose()

@@ -27,7 +27,7 @@ from llmfabric.batch.records import (
     BatchRecord,
     FileRecord,
 )
-from llmfabric.batch.runner import BatchRunner
+from llmfabric.batch.runner import MODEL_GRACE_S, BatchRunner
 from llmfabric.batch.store import BatchStore
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.protocols import Principal
@@ -392,3 +392,102 @@ async def test_a_cancel_while_the_lines_are_validated_is_kept(
     await env.runner.run_batch(bid)
     b = env.get(bid)
     assert (b.status, b.total, b.failed) == (CANCELLED, 2, 2) and env.serve.calls == []
+
+
+async def _sent(env: Env, n: int) -> None:
+    for _ in range(200):
+        await env.clock.settle()
+        await asyncio.sleep(0.01)
+        if len(env.serve.calls) >= n:
+            return
+    raise AssertionError(f"{len(env.serve.calls)} sends, not {n}")
+
+
+def _refusals(env: Env, *replies: Reply) -> None:
+    """The ingress answers the first sends with `replies`, then 200."""
+    queue = list(replies)
+    env.serve.script = lambda doc: queue.pop(0) if queue else Reply(200, b"{}")
+
+
+async def test_no_candidates_or_all_failed_are_waited_out(tmp_path: pathlib.Path) -> None:
+    # A model's only node restarting: the ingress's own 503 (Retry-After) and 502 (none:
+    # 2 s, then 4 s) were the line's final answer, so every remaining line failed.
+    env = Env(tmp_path, concurrency=1)
+    _refusals(env, error_reply(503, "none", "no_candidates", headers={"Retry-After": "7"}),
+              error_reply(502, "all failed", "upstream_failed"),
+              error_reply(502, "all failed", "upstream_failed"))
+    bid = env.batch(lines_of(1))
+    task = asyncio.create_task(env.runner.run_batch(bid))
+    await _sent(env, 1)
+    await env.clock.advance(6.5)
+    assert len(env.serve.calls) == 1
+    await env.clock.advance(1)  # t 7.5: sent again, 502: 2 s (its second refusal)
+    await _sent(env, 2)
+    await env.clock.advance(1)
+    assert len(env.serve.calls) == 2
+    await env.clock.advance(1.5)  # t 10: sent again, 502: 4 s
+    await _sent(env, 3)
+    await env.clock.advance(2.5)
+    assert len(env.serve.calls) == 3
+    await env.clock.advance(2)  # t 14.5
+    await task
+    b = env.get(bid)
+    assert len(env.serve.calls) == 4 and (b.completed, b.failed) == (1, 0)
+
+
+async def test_an_engine_s_503_is_the_line_s_answer(tmp_path: pathlib.Path) -> None:
+    env = Env(tmp_path, concurrency=1)
+    r = error_reply(503, "busy", "engine_busy")
+    env.serve.script = lambda doc: Reply(r.status, r.body, node="n1")
+    bid = env.batch(lines_of(1))
+    await asyncio.wait_for(env.runner.run_batch(bid), 5)
+    assert env.get(bid).failed == 1 and len(env.serve.calls) == 1
+
+
+async def test_an_unknown_model_is_waited_out_only_just_after_the_start(
+        tmp_path: pathlib.Path) -> None:
+    # A fabric node's runner starts before gossip fills its registry: a resumed batch was
+    # written off as 404. Later a 404 is the answer (a typo'd model fails fast).
+    env = Env(tmp_path, concurrency=1)
+    unknown = error_reply(404, "no such model", "model_not_found", "model")
+    _refusals(env, unknown)
+    bid = env.batch(lines_of(1))
+    task = asyncio.create_task(env.runner.run_batch(bid))
+    await _sent(env, 1)
+    await env.clock.advance(1)
+    await task
+    assert len(env.serve.calls) == 2 and env.get(bid).completed == 1
+    await env.clock.advance(MODEL_GRACE_S)
+    env.serve.script = lambda doc: unknown
+    bid = env.batch(lines_of(1))
+    await asyncio.wait_for(env.runner.run_batch(bid), 5)
+    assert len(env.serve.calls) == 3 and env.get(bid).failed == 1
+
+
+async def test_a_key_revoked_while_its_line_waits_is_not_used(tmp_path: pathlib.Path) -> None:
+    env = Env(tmp_path, concurrency=1)
+    _refusals(env, error_reply(503, "none", "no_candidates"))
+    bid = env.batch(lines_of(1))
+    task = asyncio.create_task(env.runner.run_batch(bid))
+    await _sent(env, 1)
+    env.keys["k1"] = None
+    await env.clock.advance(1)
+    await task
+    b = env.get(bid)
+    assert len(env.serve.calls) == 1 and b.failed == 1
+    assert env.lines(b.error_file_id)[0]["error"]["code"] == "api_key_revoked"
+
+
+async def test_a_line_waiting_when_the_batch_is_cancelled_is_not_sent_again(
+        tmp_path: pathlib.Path) -> None:
+    env = Env(tmp_path, concurrency=1)
+    _refusals(env, error_reply(503, "none", "no_candidates", headers={"Retry-After": "30"}))
+    bid = env.batch(lines_of(1))
+    task = asyncio.create_task(env.runner.run_batch(bid))
+    await _sent(env, 1)
+    assert env.store.request_cancel("alice", bid, int(env.clock.wall())) is not None
+    await env.clock.advance(30)
+    await task
+    b = env.get(bid)
+    assert b.status == CANCELLED and len(env.serve.calls) == 1
+    assert env.lines(b.error_file_id)[0]["error"]["code"] == "batch_cancelled"

@@ -4,6 +4,7 @@ answered once, and what survives a reopen (a restarted ingress)."""
 from __future__ import annotations
 
 import pathlib
+import sqlite3
 from collections.abc import Iterator
 
 import pytest
@@ -116,7 +117,8 @@ def test_a_line_is_answered_once_and_progress_survives_a_reopen(tmp_path: pathli
     assert got is not None and (got.completed, got.failed) == (1, 1)
     assert got.metadata == {"a": "b"} and got.active
     assert store.done_lines(b.id) == {0, 2}
-    assert list(store.results(b.id, True)) == [b'{"a":0}']
+    assert store.write_results(b.id, True, tmp_path / "out") == (8, 1)
+    assert (tmp_path / "out").read_bytes() == b'{"a":0}\n'
     assert [x.id for x in store.active_batches("alice")] == [b.id]
     assert store.active_batches("bob") == []
     assert not (store.files_dir / "file-x.part").exists()
@@ -140,4 +142,26 @@ def test_answers_left_by_a_crash_after_the_end_are_dropped_at_the_next_start(
     store.close()
     store = BatchStore(tmp_path, BatchLimits())
     assert store.done_lines(ended.id) == set() and store.done_lines(running.id) == {0}
+    store.close()
+
+
+def test_the_answers_of_a_large_batch_are_dropped_in_chunks(tmp_path: pathlib.Path) -> None:
+    # (one DELETE of a gigabyte of answers held SQLite's write lock throughout)
+    store = BatchStore(tmp_path, BatchLimits())
+    f = _file(store, "alice")
+    b, other = _batch(store, "alice", f.id), _batch(store, "alice", f.id)
+    store.record_unsent(b.id, ((n, b"{}") for n in range(2_500) if n != 1_000))
+    store.record_result(other.id, 0, True, b"{}")
+    statements: list[str] = []
+    connect = store._connect
+
+    def traced() -> sqlite3.Connection:
+        db = connect()
+        db.set_trace_callback(statements.append)
+        return db
+
+    store._connect = traced  # type: ignore[method-assign]
+    store.drop_results(b.id)
+    assert store.done_lines(b.id) == set() and store.done_lines(other.id) == {0}
+    assert sum(s.startswith("DELETE") for s in statements) == 3
     store.close()

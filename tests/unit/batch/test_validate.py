@@ -4,6 +4,7 @@ be paths."""
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from llmfabric.batch.validate import (
     UploadCheck,
     UploadRefused,
     parse_line,
+    raw_lines,
     validate_input,
 )
 
@@ -123,3 +125,20 @@ def test_validation_holds_a_file_to_the_line_count_cap() -> None:
 ])
 def test_a_client_file_name_is_reduced_to_a_base_name(name: str | None, shown: str) -> None:
     assert safe_filename(name) == shown
+
+
+def test_a_line_of_exactly_the_cap_passes_the_upload_and_the_batch(
+        tmp_path: pathlib.Path) -> None:
+    # The upload measured a line without its newline, the batch's validation with it: a
+    # line of exactly max_line_bytes was taken, then failed the batch.
+    data = line("a") + b"\n" + line("b") + b"\n"
+    cap = len(line("a"))
+    limits = BatchLimits(max_line_bytes=cap)
+    assert _upload(data, limits) == 2
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    assert validate_input(raw_lines(path), CHAT, limits).errors == ()
+    tight = BatchLimits(max_line_bytes=cap - 1)
+    with pytest.raises(UploadRefused):
+        _upload(data, tight)
+    assert validate_input(raw_lines(path), CHAT, tight).error_count == 2
