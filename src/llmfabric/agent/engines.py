@@ -19,7 +19,8 @@ KIND` overrides (any OpenAI-compatible server: `openai`).
 
 Behind a container launcher (`apptainer`/`singularity exec`, `enroot start`, `srun
 --container-image`, `docker`/`podman run`) the engine is recognised after the launcher's
-options and image (`apptainer exec --nv IMAGE vllm serve M` is vllm, not openai).
+options and image (`apptainer exec --nv IMAGE vllm serve M` is vllm, not openai); the image
+decides only when the image's own entrypoint runs (`docker run vllm/vllm-openai --model M`).
 
 `counts_stream_usage`: the engine sends no usage in streams (llama.cpp's servers), so the
 node counts a stream's tokens itself (node/engine/stream_usage.py). `tokenize_interrupts`: a
@@ -107,7 +108,39 @@ def kind_named(name: str) -> EngineKind:
 # Container launchers (a Slurm profile's `container`, launch/sbatch.py) put their options and
 # the image before the engine's command: `apptainer exec --nv --bind A:B IMAGE vllm serve M`.
 _LAUNCHERS = frozenset({"apptainer", "singularity", "enroot", "srun", "docker", "podman"})
-_IMAGE_SUFFIXES = (".sif", ".sqsh", ".simg", ".img")
+# The sub-command a launcher takes before its options (`apptainer exec`, `docker run`).
+_SUBCOMMANDS = {"apptainer": frozenset({"exec", "run"}),
+                "singularity": frozenset({"exec", "run"}),
+                "enroot": frozenset({"start"}),
+                "docker": frozenset({"run"}), "podman": frozenset({"run"})}
+_APPTAINER_VALUES = frozenset({
+    "-B", "--bind", "--mount", "--env", "--env-file", "-H", "--home", "--pwd", "-W",
+    "--workdir", "-o", "--overlay", "--security", "--network", "--network-args", "--app",
+    "-S", "--scratch", "--fusemount", "--hostname", "--apply-cgroups", "--dns"})
+_DOCKER_VALUES = frozenset({
+    "-v", "--volume", "-e", "--env", "--env-file", "--name", "--gpus", "--network", "--net",
+    "-p", "--publish", "--shm-size", "--ipc", "--entrypoint", "-w", "--workdir", "-u",
+    "--user", "--device", "--mount", "--runtime", "--platform", "-h", "--hostname", "-m",
+    "--memory", "--cpus", "--ulimit", "-l", "--label", "--add-host", "--cap-add",
+    "--cap-drop", "--security-opt", "--pid", "--restart", "--tmpfs", "--log-driver",
+    "--log-opt", "--pull", "--volumes-from", "--group-add", "--stop-signal"})
+# Each launcher's options that take their value as the next word (`--bind /opt/vllm`), from
+# its manual; any other option is a flag or carries its value after `=`. A value is no
+# engine's name: `--name vllm-box IMAGE python -m sglang.launch_server` runs SGLang.
+_VALUE_OPTIONS = {
+    "apptainer": _APPTAINER_VALUES, "singularity": _APPTAINER_VALUES,
+    "enroot": frozenset({"-c", "--conf", "-e", "--env", "-m", "--mount"}),
+    "docker": _DOCKER_VALUES, "podman": _DOCKER_VALUES,
+    "srun": frozenset({
+        "-N", "--nodes", "-n", "--ntasks", "-c", "--cpus-per-task", "-p", "--partition",
+        "-t", "--time", "-A", "--account", "-J", "--job-name", "--gres", "-G", "--gpus",
+        "--gpus-per-node", "--gpus-per-task", "--mem", "--mem-per-cpu", "--mem-per-gpu",
+        "-w", "--nodelist", "-o", "--output", "-e", "--error", "-q", "--qos", "-C",
+        "--constraint", "-D", "--chdir", "--export", "--mpi", "--cpu-bind", "-m",
+        "--distribution", "--ntasks-per-node", "--reservation", "--container-image",
+        "--container-mounts", "--container-workdir", "--container-name",
+        "--container-env"}),
+}
 
 
 # Words naming an engine, in the order a word is tested (one word may hold several: the
@@ -122,31 +155,36 @@ def _engine_named(word: str) -> str | None:
     return next((kind for part, kind in _ENGINE_WORDS if part in word), None)
 
 
-def _is_python(word: str) -> bool:
-    return word == "python" or word.startswith("python3")
+def _launched(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """(image, command) of a container launcher's command line: its sub-command, options
+    (with their values) and image skipped. srun names no image (`--container-image=`)."""
+    launcher = os.path.basename(argv[0]).lower()
+    rest = list(argv[1:])
+    i = 1 if rest and rest[0] in _SUBCOMMANDS.get(launcher, ()) else 0
+    takes_value = _VALUE_OPTIONS[launcher]
+    while i < len(rest) and rest[i].startswith("-"):
+        option = rest[i]
+        i += 1
+        if "=" not in option and option in takes_value:
+            i += 1
+    if launcher == "srun" or i >= len(rest):
+        return "", rest[i:]
+    return rest[i], rest[i + 1:]
 
 
 def _engine_words(argv: Sequence[str]) -> list[str]:
-    """The words that name the engine (basenames, lower case): the first four, or after a
-    container launcher its words that are no option and no image (an image named after vLLM
-    may hold another), up to the first option once the engine's command has started (an
-    engine word or a Python interpreter, whose `-m` is kept): an option's value such as
-    `--served-model-name my-vllm` names no engine."""
-    if not argv or os.path.basename(argv[0]).lower() not in _LAUNCHERS:
-        return [os.path.basename(a).lower() for a in argv[:4]]
-    words: list[str] = []
-    started = False
-    for a in argv[1:]:
-        if a.startswith("-"):
-            if started and not (a == "-m" and words and _is_python(words[-1])):
-                break
-            continue
-        if not started and ("://" in a or a.lower().endswith(_IMAGE_SUFFIXES)):
-            continue
-        word = os.path.basename(a).lower()
-        words.append(word)
-        started = started or _is_python(word) or _engine_named(word) is not None
-    return words
+    """The words that name the engine (basenames, lower case): the command's first four,
+    after any container launchers (`srun apptainer exec IMG vllm serve`). The image counts
+    only when no command follows it or the command starts with an option (the image's own
+    entrypoint runs the engine: `docker run vllm/vllm-openai --model M`); otherwise the
+    command decides (`apptainer exec vllm.sif python -m sglang.launch_server` is SGLang)."""
+    image = ""
+    command = list(argv)
+    while command and os.path.basename(command[0]).lower() in _LAUNCHERS:
+        image, command = _launched(command)
+    if image and (not command or command[0].startswith("-")):
+        return [os.path.basename(image.split("://")[-1]).lower()]
+    return [os.path.basename(a).lower() for a in command[:4]]
 
 
 def detect_kind(argv: Sequence[str]) -> EngineKind:

@@ -46,6 +46,25 @@ pytestmark = pytest.mark.unit
       "--port", "6"], "llama.cpp", "http://127.0.0.1:6"),
     (["python", "-m", "sglang.launch_server", "--served-model-name", "my-vllm"], "sglang",
      "http://127.0.0.1:30000"),
+    # a launcher option's value names no engine, whatever it holds
+    (["apptainer", "exec", "--bind", "/opt/vllm", "x.sif", "python", "-m",
+      "sglang.launch_server"], "sglang", "http://127.0.0.1:30000"),
+    (["docker", "run", "--name", "vllm-box", "-v", "/vllm:/c", "img", "llama-server", "-m",
+      "m.gguf"], "llama.cpp", "http://127.0.0.1:8080"),
+    (["srun", "-J", "vllm", "--container-image=img", "python", "-m",
+      "sglang.launch_server"], "sglang", "http://127.0.0.1:30000"),
+    # a suffix-less image named after an engine decides nothing when a command follows ...
+    (["apptainer", "exec", "--nv", "vllm-latest", "python", "-m", "sglang.launch_server"],
+     "sglang", "http://127.0.0.1:30000"),
+    (["singularity", "run", "--nv", "vllm", "./server", "--port", "3"], "openai",
+     "http://127.0.0.1:3"),
+    # ... and decides when the image's own entrypoint runs the engine
+    (["docker", "run", "--gpus", "all", "vllm/vllm-openai:latest", "--model", "m"], "vllm",
+     "http://127.0.0.1:8000"),
+    (["podman", "run", "docker://lmsysorg/sglang:latest"], "sglang", "http://127.0.0.1:30000"),
+    # launchers nest
+    (["srun", "--ntasks", "1", "apptainer", "exec", "-B", "/vllm", "x.sif", "llama-server"],
+     "llama.cpp", "http://127.0.0.1:8080"),
 ])
 def test_detected_kind_and_url(argv: list[str], kind: str, url: str) -> None:
     cmd = parse_engine_command(argv)
