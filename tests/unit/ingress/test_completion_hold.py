@@ -69,7 +69,7 @@ def test_a_replica_is_capped_only_when_its_context_is_above_the_hold() -> None:
     held = HeldCompletion(HELD, 100 + HELD, ("max_tokens", "max_completion_tokens"))
     assert not held.binds(cand("a", "big", context=100 + HELD))  # (prompt and completion fit)
     assert held.binds(cand("b", "big", context=101 + HELD))
-    assert not held.binds(cand("c", "big", context=0))  # (unknown: not capped)
+    assert held.binds(cand("c", "big", context=0))  # (unknown: it may be any size)
     assert held.capped({"model": "big", "max_tokens": None}, "big-id") == {
         "model": "big-id", "max_tokens": HELD, "max_completion_tokens": HELD}
 
@@ -107,6 +107,18 @@ async def test_a_replica_within_the_hold_a_capped_request_and_one_without_budget
     ing, fwd, _ = ingress([cand("w1", "big", context=BIG)])  # no gate at all
     await ask(ing, {"model": "big"})
     assert caps(fwd.sent[-1][1]) == {}
+
+
+async def test_a_replica_advertising_no_context_gets_the_request_capped() -> None:
+    """A static engine that reports no context (and no --max-context) advertises 0: it could
+    generate to any length, so a budgeted uncapped request is capped at its hold there."""
+    ing, fwd, book = budgeted([cand("u1", "big", context=0)])
+    assert (await ask(ing, {"model": "big"})) is not None
+    assert caps(fwd.sent[-1][1]) == {"max_tokens": HELD, "max_completion_tokens": HELD}
+    assert book.status()[0]["held"] == 0
+    ing, fwd, _ = budgeted([cand("u1", "big", context=0)], budget_for="someone-else")
+    await ask(ing, {"model": "big"})
+    assert caps(fwd.sent[-1][1]) == {}  # (no budget: sent as written)
 
 
 async def test_a_batch_of_8_prompts_is_capped_where_a_short_prompt_could_take_more() -> None:

@@ -150,7 +150,8 @@ class HeldCompletion:
     be known before), so a batch of uneven prompts may be capped on a replica whose
     context its longest prompt with `tokens` overflows (that prompt's 400: the hold's
     price). Above `room`, `tokens` leaves the prompt its place. A replica advertising no
-    context (0) is not capped: its context is unknown."""
+    context (0: unknown, e.g. a static engine that reports none and no `--max-context`) is
+    capped too: its context may be anything, and the budget's bound must hold."""
 
     tokens: int
     room: int
@@ -158,7 +159,8 @@ class HeldCompletion:
 
     def binds(self, candidate: Candidate) -> bool:
         """Whether `candidate` could generate past the hold (its request is capped)."""
-        return candidate.model.max_context > self.room
+        context = candidate.model.max_context
+        return context <= 0 or context > self.room
 
     def capped(self, doc: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
         """`doc` with its cap fields set to `tokens` (and `model`, the engine's name)."""
