@@ -123,6 +123,12 @@ async def test_sdk_upload_create_poll_and_read_output(tmp_path: pathlib.Path) ->
                     b.request_counts.failed) == (12, 12, 0)
             assert b.output_file_id and b.error_file_id is None
             out = await _lines(c, b.output_file_id)
+            assert b.usage is not None  # (the sum of the lines' own usage)
+            assert b.usage.input_tokens == sum(
+                r["response"]["body"]["usage"]["prompt_tokens"] for r in out) > 0
+            assert b.usage.output_tokens == sum(
+                r["response"]["body"]["usage"]["completion_tokens"] for r in out) > 0
+            assert b.usage.total_tokens == b.usage.input_tokens + b.usage.output_tokens
             assert sorted(r["custom_id"] for r in out) == sorted(f"req-{i}" for i in range(12))
             for r in out:
                 assert r["error"] is None and r["response"]["status_code"] == 200

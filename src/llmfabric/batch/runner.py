@@ -16,7 +16,8 @@ owner's batch nor keeps a task per line asleep.
   no candidate node (503) or all candidates failed (502) (Retry-After, else 1 s doubling
   to 60 s), and an unknown model (404) in the first `MODEL_GRACE_S` after the runner
   starts (a fabric node's registry is filled by gossip after it); any other answer is the
-  line's result, kept at once (store.record_result).
+  line's result, kept at once (store.record_result), with the tokens a successful answer
+  reports added to the batch's `usage`.
 - a cancel (the status is cancelling), the end of the completion window (the injected
   clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
   new lines; lines in flight finish, lines never sent get an error record
@@ -39,9 +40,11 @@ from llmfabric.batch.lines import (
     LineServer,
     PrincipalLookup,
     answered,
+    body_of,
     error_code,
     not_sent,
     request_body,
+    usage_of,
 )
 from llmfabric.batch.records import (
     CANCELLED,
@@ -290,8 +293,11 @@ class BatchRunner:
                 self.store.record_result(b.id, line.index, False,
                                          not_sent(line.custom_id, stop.code, stop.message))
                 return
-        record = answered(line.custom_id, reply)
-        if self.store.record_result(b.id, line.index, 200 <= reply.status < 300, record):
+        body = body_of(reply)
+        ok = 200 <= reply.status < 300
+        record = answered(line.custom_id, reply, body)
+        if self.store.record_result(b.id, line.index, ok, record,
+                                    usage_of(body) if ok else None):
             self._kept[b.id] = self._kept.get(b.id, 0) + len(record)
 
     def _retry_wait(self, reply: Reply, failures: int) -> float | None:

@@ -29,7 +29,14 @@ from typing import Any
 import orjson
 
 from llmfabric.batch.limits import FILE_PURPOSE, OUTPUT_PURPOSE, BatchLimits
-from llmfabric.batch.records import ACTIVE, CANCELLING, STAMPS, BatchRecord, FileRecord
+from llmfabric.batch.records import (
+    ACTIVE,
+    CANCELLING,
+    STAMPS,
+    BatchRecord,
+    FileRecord,
+    Usage,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -50,11 +57,25 @@ CREATE TABLE IF NOT EXISTS results (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, ok INTEGER NOT NULL, record BLOB NOT NULL,
     PRIMARY KEY (batch_id, line));
 """
+# Columns added after the tables were first shipped (table, column, declaration): added to
+# a database that lacks them when it is opened (as accounts/db.py ADDED_COLUMNS).
+_ADDED_COLUMNS = (
+    # The batch's usage: tokens of its lines answered successfully (records.Usage).
+    ("batches", "input_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "cached_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "output_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "reasoning_tokens", "INTEGER NOT NULL DEFAULT 0"),
+)
+_USAGE_COLS = ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
+# A usage sum stops here: each line adds at most lines.MAX_LINE_TOKENS (2**32), so the sum
+# never passes SQLite's 64-bit integers (past them it would become a float).
+_MAX_USAGE = 1 << 62
 _FILE_COLS = "id, owner, filename, purpose, bytes, created_at, lines"
 _BATCH_COLS = ("id, owner, key_id, endpoint, input_file_id, completion_window, status, "
                "created_at, expires_at, total, completed, failed, output_file_id, "
                "error_file_id, errors, metadata, in_progress_at, finalizing_at, completed_at, "
-               "failed_at, expired_at, cancelling_at, cancelled_at")
+               "failed_at, expired_at, cancelling_at, cancelled_at, "
+               + ", ".join(_USAGE_COLS))
 _BATCH_NAMES = tuple(c.strip() for c in _BATCH_COLS.split(","))
 _CHUNK = 1000  # rows a transaction of the bulk steps (record_unsent, drop_results)
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
@@ -76,8 +97,9 @@ def _file(row: tuple[Any, ...]) -> FileRecord:
 def _batch(row: tuple[Any, ...]) -> BatchRecord:
     fields = dict(zip(_BATCH_NAMES, row, strict=True))
     errors, metadata = fields.pop("errors"), fields.pop("metadata")
+    usage = Usage(*(int(fields.pop(c)) for c in _USAGE_COLS))
     return BatchRecord(**fields, errors=tuple(orjson.loads(errors)) if errors else (),
-                       metadata=orjson.loads(metadata) if metadata else None)
+                       metadata=orjson.loads(metadata) if metadata else None, usage=usage)
 
 
 class BatchStore:
@@ -94,6 +116,10 @@ class BatchStore:
         self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        for table, column, decl in _ADDED_COLUMNS:
+            cols = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in cols:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         marks = ",".join("?" * len(ACTIVE))
         with self._db:  # (answers a crash left between a batch's end and their drop)
             self._db.execute("DELETE FROM results WHERE batch_id NOT IN (SELECT id FROM "
@@ -283,16 +309,21 @@ class BatchStore:
 
     # -- a batch's lines -------------------------------------------------------------------
 
-    def record_result(self, batch_id: str, line: int, ok: bool, record: bytes) -> bool:
-        """Keep one line's answer (and count it); False when the line had one already."""
+    def record_result(self, batch_id: str, line: int, ok: bool, record: bytes,
+                      usage: Usage | None = None) -> bool:
+        """Keep one line's answer (and count it, and its `usage` in the batch's); False when
+        the line had one already (its usage is then not counted again)."""
+        u = usage or Usage()
+        sums = ", ".join(f"{c} = MIN({c} + ?, {_MAX_USAGE})" for c in _USAGE_COLS)
         with self._db:
             added = self._db.execute(
                 "INSERT OR IGNORE INTO results (batch_id, line, ok, record) VALUES (?, ?, ?, ?)",
                 (batch_id, line, int(ok), record)).rowcount > 0
             if added:
-                self._db.execute("UPDATE batches SET completed = completed + ?, "
-                                 "failed = failed + ? WHERE id = ?",
-                                 (int(ok), int(not ok), batch_id))
+                self._db.execute(f"UPDATE batches SET completed = completed + ?, "
+                                 f"failed = failed + ?, {sums} WHERE id = ?",
+                                 (int(ok), int(not ok), u.input_tokens, u.cached_tokens,
+                                  u.output_tokens, u.reasoning_tokens, batch_id))
         return added
 
     def record_unsent(self, batch_id: str, records: Iterable[tuple[int, bytes]]) -> None:

@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmfabric.batch import BatchLimits, BatchService
+from llmfabric.batch.records import Usage
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
@@ -304,3 +305,24 @@ async def test_a_granted_key_does_not_share_a_local_owner_s_namespace(
     finally:
         await c.close()
         await service.aclose()
+
+
+async def test_retrieve_and_list_return_the_batch_s_usage(
+        env: tuple[Client, BatchService]) -> None:
+    c, service = env
+    _, f = await upload(c, line("a") + line("b"))
+    status, b = await create(c, input_file_id=f["id"], endpoint="/v1/chat/completions",
+                             completion_window="24h")
+    zero = {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 0}
+    assert status == 200 and b["usage"] == zero
+    service.store.record_result(b["id"], 0, True, b"{}", Usage(12, 2, 30, 7))
+    service.store.record_result(b["id"], 1, True, b"{}", Usage(3, 0, 5, 0))
+    want = {"input_tokens": 15, "input_tokens_details": {"cached_tokens": 2},
+            "output_tokens": 35, "output_tokens_details": {"reasoning_tokens": 7},
+            "total_tokens": 50}
+    got = await (await c.get(f"/v1/batches/{b['id']}", headers=A)).json()
+    assert got["usage"] == want
+    listed = await (await c.get("/v1/batches", headers=A)).json()
+    assert [x["usage"] for x in listed["data"]] == [want]

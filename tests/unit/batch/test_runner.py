@@ -491,3 +491,35 @@ async def test_a_line_waiting_when_the_batch_is_cancelled_is_not_sent_again(
     b = env.get(bid)
     assert b.status == CANCELLED and len(env.serve.calls) == 1
     assert env.lines(b.error_file_id)[0]["error"]["code"] == "batch_cancelled"
+
+
+async def test_a_batch_s_usage_sums_its_lines_answered_successfully(
+        tmp_path: pathlib.Path) -> None:
+    env = Env(tmp_path, concurrency=2)
+    answers = {
+        "p0": Reply(200, orjson.dumps({"usage": {
+            "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": 4},
+            "completion_tokens_details": {"reasoning_tokens": 2}}})),
+        "p1": Reply(200, orjson.dumps({"usage": {"prompt_tokens": 7, "completion_tokens": 1}})),
+        "p2": Reply(200, b"{}"),  # (no usage)
+        "p3": Reply(200, b"not json"),
+        "p4": Reply(200, orjson.dumps({"usage": {"prompt_tokens": -9, "completion_tokens": "x"}})),
+        # (an error's tokens are not the batch's: OpenAI sums the lines that succeeded)
+        "p5": Reply(400, orjson.dumps({"error": {"code": "bad"},
+                                       "usage": {"prompt_tokens": 100}}), node="n1"),
+    }
+    env.serve.script = lambda doc: answers[doc["messages"][0]["content"]]
+    bid = env.batch(lines_of(6))
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert (b.status, b.completed, b.failed) == (COMPLETED, 5, 1)
+    want = {"input_tokens": 17, "input_tokens_details": {"cached_tokens": 4},
+            "output_tokens": 6, "output_tokens_details": {"reasoning_tokens": 2},
+            "total_tokens": 23}
+    assert b.to_json()["usage"] == want
+    env.store.close()
+    reopened = BatchStore(tmp_path, BatchLimits())  # (a restarted ingress)
+    got = reopened.get_batch("alice", bid)
+    assert got is not None and got.to_json()["usage"] == want
+    reopened.close()
