@@ -43,6 +43,11 @@ class BatchService:
             max_line_bytes=ingress.config.max_body_bytes))
         self.runner = BatchRunner(self.store, serve_line or serve_through(ingress), clock,
                                   principals=principals if ingress.auth is not None else None)
+        runner = self.runner
+        ingress.metrics.add_read_counter(
+            "llmfabric_ingress_batch_line_errors", "Batch lines the runner failed itself "
+            "(internal_error: the key store raised, or a bug; each logged at the 1st, 2nd, "
+            "4th... time)", lambda: runner.line_errors)
         identify = callers_of(ingress)
         self.files = FilesApi(self.store, identify, clock)
         self.batches = BatchesApi(self.store, identify, clock, self.runner.wake)

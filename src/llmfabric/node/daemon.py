@@ -178,6 +178,8 @@ class Node:
                                  probe_targets=self._direct_peers,
                                  interval_s=config.link_probe_interval_s, rng=self.rng)
         self.metrics.watch_failures("links", self.links.prober.errors)
+        self.metrics.watch_kv_events(
+            lambda: engine.kv_events if (engine := self.engine) is not None else None)
 
     # ---- what others read ----------------------------------------------------------------
     @property

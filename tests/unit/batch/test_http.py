@@ -326,3 +326,31 @@ async def test_retrieve_and_list_return_the_batch_s_usage(
     assert got["usage"] == want
     listed = await (await c.get("/v1/batches", headers=A)).json()
     assert [x["usage"] for x in listed["data"]] == [want]
+
+
+async def test_the_runner_s_line_errors_are_on_the_metrics(tmp_path: pathlib.Path) -> None:
+    ingress = Ingress(IngressConfig(max_body_bytes=1000), StaticCandidateSource([]),
+                      NoForwarder(), auth=StaticKeys({"sk-a": "ka"}))  # type: ignore[arg-type]
+
+    async def broken(key_id: str) -> Principal | None:
+        raise ConnectionError("accounts database unreachable")
+
+    service = BatchService(ingress, tmp_path, principals=broken)
+    c: Client = TestClient(TestServer(service.app(HostGuard())))
+    await c.start_server()
+    name = "llmfabric_ingress_batch_line_errors_total"
+
+    async def scraped() -> list[str]:
+        text = await (await c.get("/metrics")).text()
+        return [x for x in text.splitlines() if x.startswith(f"{name} ")]
+
+    try:
+        assert await scraped() == [f"{name} 0.0"]
+        _, f = await upload(c, line("a") + line("b"))
+        _, b = await create(c, input_file_id=f["id"], endpoint="/v1/chat/completions",
+                            completion_window="24h")
+        await service.runner.run_batch(b["id"])
+        assert await scraped() == [f"{name} 2.0"]
+    finally:
+        await c.close()
+        await service.aclose()

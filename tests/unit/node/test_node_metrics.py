@@ -136,3 +136,34 @@ def test_connections_holding_a_handshake_slot_are_gauges() -> None:
     text = scrape()
     assert "llmfabric_net_handshakes_in_flight 2.0" in text
     assert "llmfabric_dataplane_unproven_connections 0.0" in text
+
+
+def test_kv_event_drops_are_counters_of_the_engine_s_subscription(
+        tmp_path: pathlib.Path) -> None:
+    """KvEventsLink counted the messages it dropped (logging the first few): now they are on
+    the node's /metrics, read from the engine's subscription of the moment."""
+    import msgpack
+
+    from llmfabric.agent.kv_events_config import KvEventsEndpoint
+    from llmfabric.node.engine.kv_events_link import KvEventsLink
+    from llmfabric.routing.held_prefixes import HeldPrefixes
+
+    node = Node(build_config({}, {"home": tmp_path, "network_secret": "s" * 24, "gpu": "cpu",
+                                  "listen": "127.0.0.1:0"}))
+    text = generate_latest(node.metrics.registry).decode()
+    assert "llmfabric_kv_events_dropped" not in text  # (no engine: no subscription)
+    link = KvEventsLink(KvEventsEndpoint("tcp://127.0.0.1:5557", topic="kv"),
+                        HeldPrefixes(lambda: 0.0))
+    node.supervisor._engine = SimpleNamespace(kv_events=link)  # type: ignore[assignment]
+    good = msgpack.packb([1.0, [{"type": "AllBlocksCleared"}]])
+    link.handle([b"kv", (1).to_bytes(8, "big"), good])
+    link.handle([b"kv", b"x", b"\xc1 not msgpack"])
+    link.handle([b"kv", (5).to_bytes(8, "big"), good])  # (2..4 missed)
+    link.dropped["socket"] += 2
+    text = generate_latest(node.metrics.registry).decode()
+    assert re.search(r"# TYPE llmfabric_kv_events_dropped(_total)? counter", text)
+    assert _sample(text, "llmfabric_kv_events_dropped_total", 'reason="malformed"') == 1
+    assert _sample(text, "llmfabric_kv_events_dropped_total", 'reason="socket"') == 2
+    assert _sample(text, "llmfabric_kv_events_dropped_total", 'reason="apply"') == 0
+    assert "llmfabric_kv_events_received_total 3.0" in text
+    assert "llmfabric_kv_events_gaps_total 1.0" in text
