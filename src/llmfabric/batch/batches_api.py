@@ -59,8 +59,8 @@ def metadata_error(meta: Any) -> str | None:
 
 class BatchesApi:
     def __init__(self, store: BatchStore, identify: Identify, clock: Clock,
-                 wake: Callable[[], None]) -> None:
-        """`wake`: tells the runner a batch was created or cancelled."""
+                 wake: Callable[[str], None]) -> None:
+        """`wake(batch_id)`: tells the runner a batch was created or cancelled."""
         self.store = store
         self.identify = identify
         self.clock = clock
@@ -125,7 +125,7 @@ class BatchesApi:
                             f.id, window, VALIDATING, now,
                             now + int(COMPLETION_WINDOWS[window]), metadata=meta)
         self.store.add_batch(batch)
-        self.wake()
+        self.wake(batch.id)
         return ok(batch.to_json())
 
     async def list(self, request: web.Request) -> web.StreamResponse:
@@ -160,7 +160,7 @@ class BatchesApi:
             return fail(409, str(e), "batch_not_cancellable")
         if b is None:
             return _no_batch(batch_id)
-        self.wake()
+        self.wake(b.id)  # (its lines waiting out a refusal end their waits now)
         return ok(b.to_json())
 
 

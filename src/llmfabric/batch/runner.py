@@ -20,7 +20,8 @@ owner's batch nor keeps a task per line asleep.
   reports added to the batch's `usage`.
 - a cancel (the status is cancelling), the end of the completion window (the injected
   clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
-  new lines; lines in flight finish, lines never sent get an error record
+  new lines; a cancel (`wake(batch_id)`) also ends at once the waits of lines waiting out
+  a refusal; lines in flight finish, lines never sent get an error record
   (`batch_cancelled` / `batch_expired`, as OpenAI's expired lines).
 - the output and error files are written from the kept results (ids derived from the batch
   id, so a finalization cut short by a restart is redone, not doubled), and the batch ends
@@ -109,14 +110,21 @@ class BatchRunner:
         self._lines: set[asyncio.Task[None]] = set()
         self._kept: dict[str, int] = {}  # bytes of answers each running batch keeps
         self._stopped: dict[str, _Stop] = {}  # why a batch's waiting line was not sent
+        # Set by `wake(batch_id)` (a cancel) for a running batch: its lines waiting out a
+        # refusal stop waiting and look whether they may still be sent.
+        self._stirred: dict[str, asyncio.Event] = {}
         self._started = clock.now()  # (the grace of an unknown model counts from here)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
-    def wake(self) -> None:
-        """A batch was created or cancelled: look at the active batches now."""
+    def wake(self, batch_id: str = "") -> None:
+        """A batch was created or cancelled: look at the active batches now, and end the
+        waits of `batch_id`'s lines waiting out a refusal (up to MAX_RATE_WAIT_S: a
+        cancelled batch ended only when they woke)."""
         self._wake.set()
+        if (stirred := self._stirred.get(batch_id)) is not None:
+            stirred.set()
 
     async def aclose(self) -> None:
         """Stop at once: lines in flight are dropped unanswered (run again after a restart)."""
@@ -194,11 +202,13 @@ class BatchRunner:
             await self._finish(b, None)
             return
         self._kept[b.id] = self.store.kept_bytes(b.id)
+        self._stirred[b.id] = asyncio.Event()
         try:
             stop = await self._run_lines(b, path)
         finally:
             self._kept.pop(b.id, None)
             self._stopped.pop(b.id, None)
+            self._stirred.pop(b.id, None)
         if stop is not None:  # (up to 50,000 records: parsed and kept in a thread)
             done, endpoint = self.store.done_lines(b.id), b.endpoint
             unsent = ((line.index, not_sent(line.custom_id, stop.code, stop.message))
@@ -287,8 +297,7 @@ class BatchRunner:
             if wait is None:
                 break
             failures += 1
-            await self.clock.sleep(wait)
-            if (stop := self._stop_of(b)) is not None:  # (cancelled or expired meanwhile)
+            if (stop := await self._wait_out(b, wait)) is not None:  # (cancelled, expired)
                 self._stopped[b.id] = stop
                 self.store.record_result(b.id, line.index, False,
                                          not_sent(line.custom_id, stop.code, stop.message))
@@ -299,6 +308,28 @@ class BatchRunner:
         if self.store.record_result(b.id, line.index, ok, record,
                                     usage_of(body) if ok else None):
             self._kept[b.id] = self._kept.get(b.id, 0) + len(record)
+
+    async def _wait_out(self, b: BatchRecord, seconds: float) -> _Stop | None:
+        """Wait `seconds` before a refused line of `b` is sent again, or less when the batch
+        is cancelled meanwhile (`wake`); why the line may no longer be sent, or None."""
+        stirred = self._stirred.get(b.id)
+        deadline = self.clock.now() + seconds
+        while stirred is not None and (left := deadline - self.clock.now()) > 0:
+            sleeper = asyncio.ensure_future(self.clock.sleep(left))
+            woken = asyncio.ensure_future(stirred.wait())
+            try:
+                await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                woken.cancel()
+            if sleeper.done() and not sleeper.cancelled():
+                break
+            if (stop := self._stop_of(b)) is not None:
+                return stop
+            stirred.clear()  # (woken for nothing; set() released every waiter already)
+        if stirred is None:
+            await self.clock.sleep(seconds)
+        return self._stop_of(b)
 
     def _retry_wait(self, reply: Reply, failures: int) -> float | None:
         """How long to wait before the line is sent again, or None: the reply is its answer.

@@ -5,6 +5,7 @@ keys say who calls; each key is its own owner) and a runner that is never starte
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,10 +21,11 @@ from llmfabric.batch import BatchLimits, BatchService
 from llmfabric.batch.records import Usage
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.errors import Reply
+from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
+from llmfabric.testing.fake_clock import FakeClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]
 A, B = {"Authorization": "Bearer sk-a"}, {"Authorization": "Bearer sk-b"}
@@ -351,6 +353,45 @@ async def test_the_runner_s_line_errors_are_on_the_metrics(tmp_path: pathlib.Pat
                             completion_window="24h")
         await service.runner.run_batch(b["id"])
         assert await scraped() == [f"{name} 2.0"]
+    finally:
+        await c.close()
+        await service.aclose()
+
+
+async def test_a_cancel_through_the_route_ends_a_batch_whose_lines_wait(
+        tmp_path: pathlib.Path) -> None:
+    # Its lines waited out a Retry-After of 60 s before the batch could end cancelled.
+    clock = FakeClock()
+    ingress = Ingress(IngressConfig(max_body_bytes=1000, auth_enabled=False),
+                      StaticCandidateSource([]), NoForwarder())  # type: ignore[arg-type]
+    sent: list[bytes] = []
+
+    async def refused(path: str, body: bytes, principal: Principal | None) -> Reply:
+        sent.append(body)
+        return error_reply(503, "no node", "no_candidates", headers={"Retry-After": "60"})
+
+    service = BatchService(ingress, tmp_path, clock=clock, serve_line=refused)
+    c: Client = TestClient(TestServer(service.app(HostGuard())))
+    await c.start_server()
+    service.start()
+    try:
+        _, f = await upload(c, line("a") + line("b"), headers={})
+        _, b = await create(c, {}, input_file_id=f["id"], endpoint="/v1/chat/completions",
+                            completion_window="24h")
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if len(sent) == 2:
+                break
+        r = await c.post(f"/v1/batches/{b['id']}/cancel")
+        assert r.status == 200 and (await r.json())["status"] == "cancelling"
+        for _ in range(300):
+            got = await (await c.get(f"/v1/batches/{b['id']}")).json()
+            if got["status"] == "cancelled":
+                break
+            await asyncio.sleep(0.01)
+        assert got["status"] == "cancelled" and clock.now() == 0  # (no time passed)
+        assert got["request_counts"] == {"total": 2, "completed": 0, "failed": 2}
+        assert len(sent) == 2
     finally:
         await c.close()
         await service.aclose()
