@@ -50,12 +50,13 @@ class FileRecord:
     bytes: int
     created_at: int
     lines: int
+    expires_at: int | None = None  # not found from then on (retention.py); None: never
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes,
                 "created_at": self.created_at, "filename": self.filename,
                 "purpose": self.purpose, "status": "processed", "status_details": None,
-                "expires_at": None}
+                "expires_at": self.expires_at}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,7 @@ class BatchRecord:
     expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
+    output_expires_after: int | None = None  # seconds its output/error files are kept
     usage: Usage = Usage()
 
     @property

@@ -24,15 +24,14 @@ owner's batch nor keeps a task per line asleep.
   a refusal; lines in flight finish, lines never sent get an error record
   (`batch_cancelled` / `batch_expired`, as OpenAI's expired lines).
 - the output and error files are written from the kept results (ids derived from the batch
-  id, so a finalization cut short by a restart is redone, not doubled), and the batch ends
-  completed, cancelled or expired.
+  id, so a finalization cut short by a restart is redone, not doubled; they expire as the
+  batch's `output_expires_after` says), and the batch ends completed, cancelled or expired.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import pathlib
 from dataclasses import dataclass
 
@@ -59,7 +58,7 @@ from llmfabric.batch.records import (
     BatchRecord,
     FileRecord,
 )
-from llmfabric.batch.store import BatchStore
+from llmfabric.batch.store import BatchStore, output_file_id
 from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
 from llmfabric.clock import Clock
 from llmfabric.ingress.errors import Reply
@@ -369,7 +368,7 @@ class BatchRunner:
     async def _write_output(self, b: BatchRecord, ok: bool) -> str | None:
         """The output (ok) or error file of the batch's kept results; None when empty."""
         kind = "output" if ok else "error"
-        file_id = "file-" + hashlib.sha256(f"{b.id}/{kind}".encode()).hexdigest()[:24]
+        file_id = output_file_id(b.id, kind)
         self.store.delete_file(b.owner, file_id)  # (a finalization cut short before)
         final = self.store.path_of(file_id)
         part = final.with_suffix(".part")
@@ -379,8 +378,11 @@ class BatchRunner:
             part.unlink()
             return None
         part.replace(final)
+        now = self._now()  # (its expiry is anchored at the file's creation, as OpenAI's)
+        expires = now + b.output_expires_after if b.output_expires_after else None
         self.store.add_file(FileRecord(file_id, b.owner, f"{b.id}_{kind}.jsonl",
-                                       OUTPUT_PURPOSE, size, self._now(), lines), capped=False)
+                                       OUTPUT_PURPOSE, size, now, lines, expires),
+                            capped=False)
         return file_id
 
     def _now(self) -> int:
