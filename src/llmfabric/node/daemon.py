@@ -180,6 +180,8 @@ class Node:
         self.metrics.watch_failures("links", self.links.prober.errors)
         self.metrics.watch_kv_events(
             lambda: engine.kv_events if (engine := self.engine) is not None else None)
+        self.metrics.watch_otlp(lambda: engine.proxy.exporter if (
+            (engine := self.engine) is not None and engine.proxy is not None) else None)
 
     # ---- what others read ----------------------------------------------------------------
     @property

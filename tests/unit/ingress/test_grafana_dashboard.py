@@ -53,6 +53,8 @@ def _families() -> dict[str, str]:
     nm.observe_engine(EngineLoad(1, 0, 0.5, 0.25, 100.0, 400.0))
     link = KvEventsLink(KvEventsEndpoint("tcp://127.0.0.1:5557"), HeldPrefixes(lambda: 0.0))
     nm.watch_kv_events(lambda: link)
+    node_exporter = OtlpExporter("http://127.0.0.1:9/v1/traces")
+    nm.watch_otlp(lambda: node_exporter)
     export_otlp_counts(SimpleNamespace(metrics=im),  # type: ignore[arg-type]
                        OtlpExporter("http://127.0.0.1:9/v1/traces"))
     out: dict[str, str] = {}

@@ -18,6 +18,7 @@ from llmfabric.agent import InflightTracker
 from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.stats import AgentStats
+from llmfabric.ingress.observe.otlp import OtlpExporter
 from llmfabric.net import NetStats, TlsTransport
 from llmfabric.net.source_slots import SourceSlots
 from llmfabric.node.engine.kv_events_link import KvEventsLink
@@ -47,12 +48,26 @@ class _Counters(Collector):
         self.engine: EngineLoad | None = None  # the engine's last scraped load
         # The engine's KV-cache event subscription now (None: no engine, or no events).
         self.kv_events: Callable[[], KvEventsLink | None] | None = None
+        # The OTLP exporter of the engine's proxy now (None: no engine, or no export).
+        self.otlp: Callable[[], OtlpExporter | None] | None = None
 
     def collect(self) -> Iterator[Metric]:
         if self.engine is not None:
             yield from _engine_families(self.engine)
         if (link := self.kv_events() if self.kv_events is not None else None) is not None:
             yield from _kv_event_families(link)
+        if (exporter := self.otlp() if self.otlp is not None else None) is not None:
+            for name, doc, value in (
+                ("llmfabric_node_otlp_exported_traces", "Node spans the engine proxy's OTLP "
+                 "exporter posted", exporter.exported),
+                ("llmfabric_node_otlp_dropped_traces", "Node spans the engine proxy's OTLP "
+                 "exporter dropped (its queue full, or their post failed)", exporter.dropped),
+                ("llmfabric_node_otlp_failed_posts", "Posts of node spans to the OTLP "
+                 "collector that failed", exporter.failed_posts),
+            ):
+                c = CounterMetricFamily(name, doc)
+                c.add_metric((), value)
+                yield c
         g, n = self.gossip, self.net
         if self.task_failures is not None:
             failures = dict(self.task_failures)
@@ -191,6 +206,11 @@ class NodeMetrics:
         """Export the KV-cache event counts of the engine's subscription (`link`: the one
         now, read at each scrape: an engine restart makes a new one, counting from 0)."""
         self._counters.kv_events = link
+
+    def watch_otlp(self, exporter: Callable[[], OtlpExporter | None]) -> None:
+        """Export the counts of the engine proxy's OTLP exporter (`exporter`: the one now,
+        read at each scrape; an engine restart makes a new one, counting from 0)."""
+        self._counters.otlp = exporter
 
     def observe_engine(self, load: EngineLoad | None) -> None:
         """The engine's load as last scraped (None: it told nothing; the gauges go away)."""
