@@ -123,6 +123,12 @@ async def test_sdk_upload_create_poll_and_read_output(tmp_path: pathlib.Path) ->
                     b.request_counts.failed) == (12, 12, 0)
             assert b.output_file_id and b.error_file_id is None
             out = await _lines(c, b.output_file_id)
+            assert b.usage is not None  # (the sum of the lines' own usage)
+            assert b.usage.input_tokens == sum(
+                r["response"]["body"]["usage"]["prompt_tokens"] for r in out) > 0
+            assert b.usage.output_tokens == sum(
+                r["response"]["body"]["usage"]["completion_tokens"] for r in out) > 0
+            assert b.usage.total_tokens == b.usage.input_tokens + b.usage.output_tokens
             assert sorted(r["custom_id"] for r in out) == sorted(f"req-{i}" for i in range(12))
             for r in out:
                 assert r["error"] is None and r["response"]["status_code"] == 200
@@ -243,11 +249,12 @@ async def test_a_fabric_ingress_node_serves_the_batch_api(
     node = Node(build_config({}, {
         "home": tmp_path / "n", "listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0",
         "preset": "local", "network_secret": "s" * 16, "gpu": "cpu", "ingress": True,
-        "auth": False, "batch_dir": tmp_path / "batch"}))
+        "auth": False, "batch_dir": tmp_path / "batch", "batch_retention_s": "30d"}))
     await node.start()
     try:
         c = _client(int(node.http_addr.rsplit(":", 1)[1]), "x")
         f = await c.files.create(file=("p.jsonl", io.BytesIO(_jsonl(3))), purpose="batch")
+        assert f.expires_at == f.created_at + 30 * 86_400  # (the node's retention)
         b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                                    completion_window="24h")
         done = await _until_done(c, b.id, within=30)
@@ -258,6 +265,42 @@ async def test_a_fabric_ingress_node_serves_the_batch_api(
         assert {r["response"]["status_code"] for r in errs} == {404}
     finally:
         await node.stop(drain=False)
+
+
+async def test_sdk_expires_after_and_the_operator_s_retention(tmp_path: pathlib.Path) -> None:
+    # The SDK sends expires_after as multipart fields expires_after[anchor] and [seconds],
+    # and output_expires_after in the create's JSON; --batch-retention bounds both.
+    (key,) = await _keys(tmp_path, "alice")
+    port = free_port()
+    with _engine(tmp_path) as engine:
+        async with _ingress(tmp_path, engine, port, "--batch-retention", "2d") as proc:
+            c = _client(port, key)
+            await models_once_up(c, proc)
+            f = await c.files.create(file=("p.jsonl", io.BytesIO(_jsonl(2))), purpose="batch",
+                                     expires_after={"anchor": "created_at", "seconds": 3600})
+            assert f.expires_at == f.created_at + 3600
+            kept = await c.files.create(file=("q.jsonl", io.BytesIO(_jsonl(1))),
+                                        purpose="batch")
+            assert kept.expires_at == kept.created_at + 2 * 86_400  # (the retention)
+            assert (await c.files.retrieve(kept.id)).expires_at == kept.expires_at
+            with pytest.raises(openai.BadRequestError) as refused:
+                await c.files.create(file=("r.jsonl", io.BytesIO(_jsonl(1))),
+                                     purpose="batch",
+                                     expires_after={"anchor": "created_at", "seconds": 60})
+            assert refused.value.code == "invalid_request"
+            assert refused.value.param == "expires_after"
+            b = await c.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                output_expires_after={"anchor": "created_at", "seconds": 7200})
+            b = await _until_done(c, b.id, proc=proc)
+            assert b.status == "completed" and b.output_file_id is not None
+            out = await c.files.retrieve(b.output_file_id)
+            assert out.expires_at == out.created_at + 7200
+            with pytest.raises(openai.BadRequestError):
+                await c.batches.create(
+                    input_file_id=f.id, endpoint="/v1/chat/completions",
+                    completion_window="24h",
+                    output_expires_after={"anchor": "created_at", "seconds": 10**8})
 
 
 @pytest.mark.hostile

@@ -1,5 +1,6 @@
 """Key expiry as people write it: `30d`, `12h`, `2027-01-31` or `2027-01-31T12:00:00Z`.
 
+`parse_duration` reads a duration (also the Batch API's `--batch-retention`);
 `parse_expiry` turns the text of `llmfabric keys create --expires` (and of the admin API's
 `expires_at`, which also takes Unix seconds) into Unix seconds; `expired_message` is what an
 expired key's holder is told.
@@ -18,12 +19,19 @@ FORMS = ("a duration from now (90m, 12h, 30d, 2w), a UTC date (2027-01-31: its s
          "00:00 UTC) or a date and time (2027-01-31T12:00:00Z; without a zone: UTC)")
 
 
+def parse_duration(text: str) -> int | None:
+    """Seconds of a duration as people write it (90m, 12h, 30d, 2w), or None for other
+    text."""
+    m = _DURATION.fullmatch(text.strip())
+    return int(m[1]) * _UNITS_S[m[2]] if m is not None else None
+
+
 def parse_expiry(text: str, now: float) -> float:
     """Unix seconds of the expiry `text` names, relative to `now` for a duration; raises
     InvalidRequest for anything else (the policy checks that it is in the future)."""
     spec = text.strip()
-    if (m := _DURATION.fullmatch(spec)) is not None:
-        return now + int(m[1]) * _UNITS_S[m[2]]
+    if (seconds := parse_duration(spec)) is not None:
+        return now + seconds
     try:
         if len(spec) == 10:  # (a date alone: fromisoformat would read it as local time)
             day = dt.date.fromisoformat(spec)

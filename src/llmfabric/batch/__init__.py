@@ -4,8 +4,8 @@ Batches API, and a runner that sends each line through the ingress's request cor
 (`Ingress.serve`) as the key that created the batch. docs/batch.md.
 
 Files:
-- service.py: `BatchService` (store + runner + routes, for a composition root: `add_routes`,
-  `app`, `start`, `aclose`).
+- service.py: `BatchService` (store + runner + retention sweep + routes, for a composition
+  root: `add_routes`, `app`, `start`, `aclose`).
 - limits.py: `BatchLimits` (file, line and per-owner caps, concurrency), the endpoints a
   batch may target, OpenAI's metadata limits.
 - records.py: `FileRecord`, `BatchRecord` (and their OpenAI JSON), the batch states.
@@ -17,6 +17,8 @@ Files:
   streamed), the output and error file records.
 - runner.py: `BatchRunner` (validating -> in_progress -> finalizing -> completed; cancel,
   expiry, resume after a restart, bounded concurrency).
+- retention.py: `RetentionSweep` (expired files and old batches deleted, a bounded number
+  a sweep), `expires_after_s` (OpenAI's expiration policy), `parse_retention`.
 - http_common.py: `Caller` / `callers_of` (who calls: the key's owner), OpenAI-shaped
   replies and list pages, the batch app's Host check.
 - files_api.py: `FilesApi` (POST/GET/DELETE /v1/files, /v1/files/{id}/content).

@@ -1,10 +1,11 @@
 """The Batches API routes (OpenAI's): POST /v1/batches, GET /v1/batches/{id},
 GET /v1/batches (after, limit), POST /v1/batches/{id}/cancel.
 
-A create checks what it can at once (the input file is the caller's and of purpose
-"batch", the endpoint, the completion window, OpenAI's metadata limits, the owner's active
-batches) and answers the batch as `validating`; the runner validates the lines (a bad line
-fails the batch with its line number) and runs it.
+A create checks what it can at once (the input file is the caller's, not expired and of
+purpose "batch", the endpoint, the completion window, OpenAI's metadata limits, the
+`output_expires_after` policy, the owner's active batches) and answers the batch as
+`validating`; the runner validates the lines (a bad line fails the batch with its line
+number) and runs it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from llmfabric.batch.limits import (
     MAX_METADATA_VALUE_CHARS,
 )
 from llmfabric.batch.records import VALIDATING, BatchRecord
+from llmfabric.batch.retention import expires_after_s
 from llmfabric.batch.store import BATCH_ID, FILE_ID, BatchStore, NotCancellable
 from llmfabric.clock import Clock
 
@@ -59,8 +61,8 @@ def metadata_error(meta: Any) -> str | None:
 
 class BatchesApi:
     def __init__(self, store: BatchStore, identify: Identify, clock: Clock,
-                 wake: Callable[[], None]) -> None:
-        """`wake`: tells the runner a batch was created or cancelled."""
+                 wake: Callable[[str], None]) -> None:
+        """`wake(batch_id)`: tells the runner a batch was created or cancelled."""
         self.store = store
         self.identify = identify
         self.clock = clock
@@ -113,6 +115,11 @@ class BatchesApi:
         meta = doc.get("metadata")
         if (why := metadata_error(meta)) is not None:
             return fail(400, why, "invalid_request", "metadata")
+        keep: int | None = None  # (seconds its output and error files are kept)
+        if (policy := doc.get("output_expires_after")) is not None:
+            if isinstance(seconds := expires_after_s(policy, "output_expires_after"), str):
+                return fail(400, seconds, "invalid_request", "output_expires_after")
+            keep = seconds
         if (why := self.store.stored_refusal(who.owner)) is not None:
             return fail(400, why, "storage_limit_reached")
         cap = self.store.limits.max_active_batches_per_owner
@@ -123,9 +130,10 @@ class BatchesApi:
         now = int(self.clock.wall())
         batch = BatchRecord(self.store.new_batch_id(), who.owner, who.key_id, endpoint,
                             f.id, window, VALIDATING, now,
-                            now + int(COMPLETION_WINDOWS[window]), metadata=meta)
+                            now + int(COMPLETION_WINDOWS[window]), metadata=meta,
+                            output_expires_after=keep)
         self.store.add_batch(batch)
-        self.wake()
+        self.wake(batch.id)
         return ok(batch.to_json())
 
     async def list(self, request: web.Request) -> web.StreamResponse:
@@ -160,7 +168,7 @@ class BatchesApi:
             return fail(409, str(e), "batch_not_cancellable")
         if b is None:
             return _no_batch(batch_id)
-        self.wake()
+        self.wake(b.id)  # (its lines waiting out a refusal end their waits now)
         return ok(b.to_json())
 
 

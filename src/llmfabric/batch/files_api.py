@@ -1,5 +1,5 @@
 """The Files API routes (OpenAI's, for batch inputs and outputs): POST /v1/files
-(multipart `file` + `purpose` "batch"), GET /v1/files, GET /v1/files/{id},
+(multipart `file` + `purpose` "batch" [+ `expires_after`]), GET /v1/files, GET /v1/files/{id},
 GET /v1/files/{id}/content, DELETE /v1/files/{id}.
 
 An upload streams to disk through `UploadCheck` (size, lines, line length: 413/400 at the
@@ -7,7 +7,7 @@ first cap passed, nothing kept); it counts against the owner's caps (files, byte
 start and as its bytes arrive, with the owner's other uploads under way, and again when the
 file is registered. The fields beside the file are bounded (_MAX_PARTS, _MULTIPART_SLACK),
 and a body refused before its end closes the connection (no more of it is read). Another
-owner's id, a bogus one and an unknown one are all the same 404.
+owner's id, a bogus one, an unknown one and an expired one are all the same 404.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import os
 import unicodedata
+from typing import Any
 
+import orjson
 from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -32,6 +34,7 @@ from llmfabric.batch.http_common import (
 )
 from llmfabric.batch.limits import FILE_PURPOSE, MAX_FILENAME_CHARS
 from llmfabric.batch.records import FileRecord
+from llmfabric.batch.retention import expires_after_s
 from llmfabric.batch.store import FILE_ID, BatchStore, OverCap, fsync_file
 from llmfabric.batch.validate import UploadCheck, UploadRefused
 from llmfabric.clock import Clock
@@ -39,6 +42,26 @@ from llmfabric.clock import Clock
 _SMALL_PART = 1024  # the most read of a multipart field that is not the file (`purpose`)
 _MULTIPART_SLACK = 64 * 1024  # headers and fields around the file in a multipart body
 _MAX_PARTS = 16  # fields of an upload (file, purpose, and a few an SDK may add)
+_EXPIRES_AFTER = "expires_after"
+
+
+def _expires_after(fields: dict[str, str]) -> int | str:
+    """The seconds of an upload's `expires_after`, or why it is none: the fields
+    `expires_after[anchor]` and `expires_after[seconds]`, as the openai SDK and curl's
+    `-F` send it, or one field `expires_after` holding its JSON."""
+    if _EXPIRES_AFTER in fields:
+        try:
+            policy: Any = orjson.loads(fields.pop(_EXPIRES_AFTER))
+        except orjson.JSONDecodeError:
+            policy = None
+        if fields:
+            policy = None  # (both forms at once)
+    else:
+        policy = {k[len(_EXPIRES_AFTER) + 1:-1]: v for k, v in fields.items()
+                  if k.startswith(f"{_EXPIRES_AFTER}[") and k.endswith("]")}
+        if len(policy) != len(fields):
+            policy = None  # (a field such as expires_after_x, or expires_after[a)
+    return expires_after_s(policy, _EXPIRES_AFTER)
 
 
 def safe_filename(name: str | None) -> str:
@@ -98,6 +121,7 @@ class FilesApi:
     async def _receive(self, reader: MultipartReader, upload: _Upload) -> web.Response:
         """Stream the file to its .part path (caps checked as it arrives), then register it."""
         purpose: str | None = None
+        policy: dict[str, str] = {}  # the expires_after fields
         got: tuple[str, int, int] | None = None  # (filename, bytes, lines)
         parts = 0
         while (part := await reader.next()) is not None:
@@ -119,23 +143,29 @@ class FilesApi:
                 value = await upload.small(part)
                 if part.name == "purpose":
                     purpose = value
+                elif part.name is not None and part.name.startswith(_EXPIRES_AFTER):
+                    policy[part.name] = value
         if got is None:
             return fail(400, "the multipart body has no 'file' field", "invalid_request",
                         "file")
         if purpose != FILE_PURPOSE:
             return fail(400, f"'purpose' must be {FILE_PURPOSE!r} (this ingress stores "
                         "files for the Batch API only)", "invalid_purpose", "purpose")
+        keep = _expires_after(policy) if policy else None
+        if isinstance(keep, str):
+            return fail(400, keep, "invalid_request", _EXPIRES_AFTER)
         await asyncio.to_thread(fsync_file, upload.part_path)  # (100 MiB: 0.1 s to seconds)
         upload.end()  # (registered below: counted as stored from now on)
         upload.part_path.replace(upload.final)
+        now = int(self.clock.wall())
         record = FileRecord(upload.file_id, upload.owner, got[0], FILE_PURPOSE, got[1],
-                            int(self.clock.wall()), got[2])
+                            now, got[2], now + keep if keep is not None else None)
         try:
             self.store.add_file(record)
         except OverCap as e:
             upload.final.unlink(missing_ok=True)
             return fail(400, str(e), "storage_limit_reached")
-        return ok(record.to_json())
+        return ok(self.store.shown(record).to_json())
 
     async def list(self, request: web.Request) -> web.StreamResponse:
         who = await self.identify(request.headers.get("Authorization", ""))

@@ -9,7 +9,8 @@ answer is a whole JSON body.
 Records follow OpenAI's output format: `{"id": "batch_req_...", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}`; a line answered with a non-2xx status goes
 to the error file with its response, a line never sent (expired, cancelled, its key gone)
-with `response: null` and an `error`.
+with `response: null` and an `error`. `usage_of` reads the tokens an answer reports (the
+batch's `usage` sums those of its lines answered successfully).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from llmfabric.batch.records import Usage
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
 from llmfabric.ingress.protocols import Principal
@@ -49,6 +51,10 @@ class _NoStream:
 
 
 _SINK = _NoStream()
+_UNREAD: Any = object()  # (`answered` without the body already read)
+# The most tokens one answer may add to its batch's usage (an engine's claim of 10**30
+# would not fit SQLite's integers; no real answer comes near).
+MAX_LINE_TOKENS = 1 << 32
 
 
 def serve_through(ingress: Ingress) -> LineServer:
@@ -74,15 +80,50 @@ def _record(custom_id: str, response: dict[str, Any] | None,
                          "response": response, "error": error})
 
 
-def answered(custom_id: str, reply: Reply) -> bytes:
-    """The record of a line the ingress answered (any status)."""
+def body_of(reply: Reply) -> Any:
+    """An answer's body as its line shows it: its JSON, else its text."""
     try:
-        body: Any = orjson.loads(reply.body)
+        return orjson.loads(reply.body)
     except orjson.JSONDecodeError:
-        body = reply.body.decode("utf-8", "replace")
+        return reply.body.decode("utf-8", "replace")
+
+
+def answered(custom_id: str, reply: Reply, body: Any = _UNREAD) -> bytes:
+    """The record of a line the ingress answered (any status); `body`: `body_of(reply)`
+    when the caller has it already."""
+    shown = body_of(reply) if body is _UNREAD else body
     return _record(custom_id, {"status_code": reply.status,
-                               "request_id": f"req_{secrets.token_hex(12)}", "body": body},
+                               "request_id": f"req_{secrets.token_hex(12)}", "body": shown},
                    None)
+
+
+def usage_of(body: Any) -> Usage:
+    """The tokens an answer's `usage` reports (chat, completions and embeddings name them
+    prompt/completion tokens; input/output tokens are taken too). An engine may send
+    anything: a count that is no integer is 0, each is clamped to 0..MAX_LINE_TOKENS, and
+    the cached (reasoning) tokens to the input (output) tokens they are part of."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return Usage()
+
+    def count(doc: Any, *names: str) -> int:
+        if not isinstance(doc, dict):
+            return 0
+        for name in names:
+            v = doc.get(name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return min(max(v, 0), MAX_LINE_TOKENS)
+        return 0
+
+    def details(*names: str) -> Any:
+        return next((usage[n] for n in names if isinstance(usage.get(n), dict)), None)
+
+    inp = count(usage, "prompt_tokens", "input_tokens")
+    out = count(usage, "completion_tokens", "output_tokens")
+    cached = count(details("prompt_tokens_details", "input_tokens_details"), "cached_tokens")
+    reasoning = count(details("completion_tokens_details", "output_tokens_details"),
+                      "reasoning_tokens")
+    return Usage(inp, min(cached, inp), out, min(reasoning, out))
 
 
 def not_sent(custom_id: str, code: str, message: str) -> bytes:

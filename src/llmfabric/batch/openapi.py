@@ -15,6 +15,7 @@ from llmfabric.batch.limits import (
     MAX_METADATA_PAIRS,
     MAX_METADATA_VALUE_CHARS,
 )
+from llmfabric.batch.retention import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S
 from llmfabric.ingress.apis.openapi import openapi_document as ingress_document
 
 _JSON = "application/json"
@@ -43,10 +44,14 @@ def _query(*names: str) -> list[dict[str, Any]]:
 
 def batch_paths() -> dict[str, Any]:
     """The Files and Batches routes (files_api.py, batches_api.py)."""
+    seconds = {"type": "integer", "minimum": MIN_EXPIRES_AFTER_S,
+               "maximum": MAX_EXPIRES_AFTER_S}
     upload = {"required": True, "content": {"multipart/form-data": {"schema": {
         "type": "object", "required": ["file", "purpose"], "properties": {
             "file": {"type": "string", "format": "binary"},
-            "purpose": {"type": "string", "enum": [FILE_PURPOSE]}}}}}}
+            "purpose": {"type": "string", "enum": [FILE_PURPOSE]},
+            "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+            "expires_after[seconds]": seconds}}}}}
     create = {"required": True, "content": {_JSON: {"schema": {
         "type": "object", "required": ["input_file_id", "endpoint", "completion_window"],
         "properties": {
@@ -56,7 +61,10 @@ def batch_paths() -> dict[str, Any]:
             "metadata": {"type": ["object", "null"], "maxProperties": MAX_METADATA_PAIRS,
                          "propertyNames": {"maxLength": MAX_METADATA_KEY_CHARS},
                          "additionalProperties": {"type": "string",
-                                                  "maxLength": MAX_METADATA_VALUE_CHARS}}}}}}}
+                                                  "maxLength": MAX_METADATA_VALUE_CHARS}},
+            "output_expires_after": {"type": "object", "required": ["anchor", "seconds"],
+                                     "properties": {"anchor": {"enum": ["created_at"]},
+                                                    "seconds": seconds}}}}}}}
     return {
         "/v1/files": {
             "post": _op("upload a batch input file (JSONL)", 400, 413, requestBody=upload),

@@ -24,6 +24,24 @@ STAMPS = {IN_PROGRESS: "in_progress_at", FINALIZING: "finalizing_at",
 
 
 @dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens of a batch's lines answered successfully (OpenAI's batch `usage`): cached
+    tokens are part of the input, reasoning tokens part of the output."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input_tokens": self.input_tokens,
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "output_tokens": self.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+                "total_tokens": self.input_tokens + self.output_tokens}
+
+
+@dataclass(frozen=True, slots=True)
 class FileRecord:
     id: str  # "file-<hex>", ours (never a client's): also its name on disk
     owner: str  # "" without accounts
@@ -32,12 +50,13 @@ class FileRecord:
     bytes: int
     created_at: int
     lines: int
+    expires_at: int | None = None  # not found from then on (retention.py); None: never
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes,
                 "created_at": self.created_at, "filename": self.filename,
                 "purpose": self.purpose, "status": "processed", "status_details": None,
-                "expires_at": None}
+                "expires_at": self.expires_at}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +84,8 @@ class BatchRecord:
     expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
+    output_expires_after: int | None = None  # seconds its output/error files are kept
+    usage: Usage = Usage()
 
     @property
     def active(self) -> bool:
@@ -85,5 +106,5 @@ class BatchRecord:
             "cancelled_at": self.cancelled_at,
             "request_counts": {"total": self.total, "completed": self.completed,
                                "failed": self.failed},
-            "metadata": self.metadata,
+            "metadata": self.metadata, "usage": self.usage.to_json(),
         }

@@ -16,21 +16,22 @@ owner's batch nor keeps a task per line asleep.
   no candidate node (503) or all candidates failed (502) (Retry-After, else 1 s doubling
   to 60 s), and an unknown model (404) in the first `MODEL_GRACE_S` after the runner
   starts (a fabric node's registry is filled by gossip after it); any other answer is the
-  line's result, kept at once (store.record_result).
+  line's result, kept at once (store.record_result), with the tokens a successful answer
+  reports added to the batch's `usage`.
 - a cancel (the status is cancelling), the end of the completion window (the injected
   clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
-  new lines; lines in flight finish, lines never sent get an error record
+  new lines; a cancel (`wake(batch_id)`) also ends at once the waits of lines waiting out
+  a refusal; lines in flight finish, lines never sent get an error record
   (`batch_cancelled` / `batch_expired`, as OpenAI's expired lines).
 - the output and error files are written from the kept results (ids derived from the batch
-  id, so a finalization cut short by a restart is redone, not doubled), and the batch ends
-  completed, cancelled or expired.
+  id, so a finalization cut short by a restart is redone, not doubled; they expire as the
+  batch's `output_expires_after` says), and the batch ends completed, cancelled or expired.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import pathlib
 from dataclasses import dataclass
 
@@ -39,9 +40,11 @@ from llmfabric.batch.lines import (
     LineServer,
     PrincipalLookup,
     answered,
+    body_of,
     error_code,
     not_sent,
     request_body,
+    usage_of,
 )
 from llmfabric.batch.records import (
     CANCELLED,
@@ -55,7 +58,7 @@ from llmfabric.batch.records import (
     BatchRecord,
     FileRecord,
 )
-from llmfabric.batch.store import BatchStore
+from llmfabric.batch.store import BatchStore, output_file_id
 from llmfabric.batch.validate import BatchLine, raw_lines, requests_of, validate_input
 from llmfabric.clock import Clock
 from llmfabric.ingress.errors import Reply
@@ -106,14 +109,21 @@ class BatchRunner:
         self._lines: set[asyncio.Task[None]] = set()
         self._kept: dict[str, int] = {}  # bytes of answers each running batch keeps
         self._stopped: dict[str, _Stop] = {}  # why a batch's waiting line was not sent
+        # Set by `wake(batch_id)` (a cancel) for a running batch: its lines waiting out a
+        # refusal stop waiting and look whether they may still be sent.
+        self._stirred: dict[str, asyncio.Event] = {}
         self._started = clock.now()  # (the grace of an unknown model counts from here)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
-    def wake(self) -> None:
-        """A batch was created or cancelled: look at the active batches now."""
+    def wake(self, batch_id: str = "") -> None:
+        """A batch was created or cancelled: look at the active batches now, and end the
+        waits of `batch_id`'s lines waiting out a refusal (up to MAX_RATE_WAIT_S: a
+        cancelled batch ended only when they woke)."""
         self._wake.set()
+        if (stirred := self._stirred.get(batch_id)) is not None:
+            stirred.set()
 
     async def aclose(self) -> None:
         """Stop at once: lines in flight are dropped unanswered (run again after a restart)."""
@@ -191,11 +201,13 @@ class BatchRunner:
             await self._finish(b, None)
             return
         self._kept[b.id] = self.store.kept_bytes(b.id)
+        self._stirred[b.id] = asyncio.Event()
         try:
             stop = await self._run_lines(b, path)
         finally:
             self._kept.pop(b.id, None)
             self._stopped.pop(b.id, None)
+            self._stirred.pop(b.id, None)
         if stop is not None:  # (up to 50,000 records: parsed and kept in a thread)
             done, endpoint = self.store.done_lines(b.id), b.endpoint
             unsent = ((line.index, not_sent(line.custom_id, stop.code, stop.message))
@@ -284,15 +296,39 @@ class BatchRunner:
             if wait is None:
                 break
             failures += 1
-            await self.clock.sleep(wait)
-            if (stop := self._stop_of(b)) is not None:  # (cancelled or expired meanwhile)
+            if (stop := await self._wait_out(b, wait)) is not None:  # (cancelled, expired)
                 self._stopped[b.id] = stop
                 self.store.record_result(b.id, line.index, False,
                                          not_sent(line.custom_id, stop.code, stop.message))
                 return
-        record = answered(line.custom_id, reply)
-        if self.store.record_result(b.id, line.index, 200 <= reply.status < 300, record):
+        body = body_of(reply)
+        ok = 200 <= reply.status < 300
+        record = answered(line.custom_id, reply, body)
+        if self.store.record_result(b.id, line.index, ok, record,
+                                    usage_of(body) if ok else None):
             self._kept[b.id] = self._kept.get(b.id, 0) + len(record)
+
+    async def _wait_out(self, b: BatchRecord, seconds: float) -> _Stop | None:
+        """Wait `seconds` before a refused line of `b` is sent again, or less when the batch
+        is cancelled meanwhile (`wake`); why the line may no longer be sent, or None."""
+        stirred = self._stirred.get(b.id)
+        deadline = self.clock.now() + seconds
+        while stirred is not None and (left := deadline - self.clock.now()) > 0:
+            sleeper = asyncio.ensure_future(self.clock.sleep(left))
+            woken = asyncio.ensure_future(stirred.wait())
+            try:
+                await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                woken.cancel()
+            if sleeper.done() and not sleeper.cancelled():
+                break
+            if (stop := self._stop_of(b)) is not None:
+                return stop
+            stirred.clear()  # (woken for nothing; set() released every waiter already)
+        if stirred is None:
+            await self.clock.sleep(seconds)
+        return self._stop_of(b)
 
     def _retry_wait(self, reply: Reply, failures: int) -> float | None:
         """How long to wait before the line is sent again, or None: the reply is its answer.
@@ -332,7 +368,7 @@ class BatchRunner:
     async def _write_output(self, b: BatchRecord, ok: bool) -> str | None:
         """The output (ok) or error file of the batch's kept results; None when empty."""
         kind = "output" if ok else "error"
-        file_id = "file-" + hashlib.sha256(f"{b.id}/{kind}".encode()).hexdigest()[:24]
+        file_id = output_file_id(b.id, kind)
         self.store.delete_file(b.owner, file_id)  # (a finalization cut short before)
         final = self.store.path_of(file_id)
         part = final.with_suffix(".part")
@@ -342,8 +378,11 @@ class BatchRunner:
             part.unlink()
             return None
         part.replace(final)
+        now = self._now()  # (its expiry is anchored at the file's creation, as OpenAI's)
+        expires = now + b.output_expires_after if b.output_expires_after else None
         self.store.add_file(FileRecord(file_id, b.owner, f"{b.id}_{kind}.jsonl",
-                                       OUTPUT_PURPOSE, size, self._now(), lines), capped=False)
+                                       OUTPUT_PURPOSE, size, now, lines, expires),
+                            capped=False)
         return file_id
 
     def _now(self) -> int:

@@ -11,25 +11,37 @@ The bulk steps of a batch's end (`record_unsent`, `write_results`, `drop_results
 connection and commits in chunks, so the event loop's connection waits milliseconds at most.
 
 Every read that a client's request makes names the owner: another owner's file or batch is
-not found. Ids are ours (random hex), so a client's text never becomes a path.
+not found, nor is an expired file (its `expires_at`, or older than the operator's
+retention: retention.py, whose sweep deletes them with `forget_expired`). Ids are ours
+(random hex), so a client's text never becomes a path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pathlib
 import re
 import secrets
 import sqlite3
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
 import orjson
 
 from llmfabric.batch.limits import FILE_PURPOSE, OUTPUT_PURPOSE, BatchLimits
-from llmfabric.batch.records import ACTIVE, CANCELLING, STAMPS, BatchRecord, FileRecord
+from llmfabric.batch.records import (
+    ACTIVE,
+    CANCELLING,
+    STAMPS,
+    BatchRecord,
+    FileRecord,
+    Usage,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -50,13 +62,42 @@ CREATE TABLE IF NOT EXISTS results (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, ok INTEGER NOT NULL, record BLOB NOT NULL,
     PRIMARY KEY (batch_id, line));
 """
-_FILE_COLS = "id, owner, filename, purpose, bytes, created_at, lines"
+# Columns added after the tables were first shipped (table, column, declaration): added to
+# a database that lacks them when it is opened (as accounts/db.py ADDED_COLUMNS).
+_ADDED_COLUMNS = (
+    # The batch's usage: tokens of its lines answered successfully (records.Usage).
+    ("batches", "input_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "cached_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "output_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "reasoning_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    # Retention (retention.py): when a file expires (Unix seconds; NULL: only the operator's
+    # retention), and the seconds a batch's output and error files are kept.
+    ("files", "expires_at", "INTEGER"),
+    ("batches", "output_expires_after", "INTEGER"),
+)
+# (on columns added above: made once they exist) What the retention sweep looks up.
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS files_by_expiry ON files (expires_at);
+CREATE INDEX IF NOT EXISTS files_by_age ON files (created_at);
+CREATE INDEX IF NOT EXISTS batches_by_end ON batches (
+    COALESCE(completed_at, failed_at, expired_at, cancelled_at));
+CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
+"""
+_USAGE_COLS = ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
+# A usage sum stops here: each line adds at most lines.MAX_LINE_TOKENS (2**32), so the sum
+# never passes SQLite's 64-bit integers (past them it would become a float).
+_MAX_USAGE = 1 << 62
+_FILE_COLS = "id, owner, filename, purpose, bytes, created_at, lines, expires_at"
 _BATCH_COLS = ("id, owner, key_id, endpoint, input_file_id, completion_window, status, "
                "created_at, expires_at, total, completed, failed, output_file_id, "
                "error_file_id, errors, metadata, in_progress_at, finalizing_at, completed_at, "
-               "failed_at, expired_at, cancelling_at, cancelled_at")
+               "failed_at, expired_at, cancelling_at, cancelled_at, output_expires_after, "
+               + ", ".join(_USAGE_COLS))
 _BATCH_NAMES = tuple(c.strip() for c in _BATCH_COLS.split(","))
 _CHUNK = 1000  # rows a transaction of the bulk steps (record_unsent, drop_results)
+_ENDED_AT = "COALESCE(completed_at, failed_at, expired_at, cancelled_at)"  # (batches_by_end)
+_LIVE_FILE = "(expires_at IS NULL OR expires_at > ?) AND created_at > ?"  # (now, cutoff)
+_NEVER = float(1 << 62)
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 
@@ -69,22 +110,25 @@ class NotCancellable(Exception):
     """The batch has ended (or is finalizing): nothing left to cancel."""
 
 
-def _file(row: tuple[Any, ...]) -> FileRecord:
-    return FileRecord(*row)
-
-
 def _batch(row: tuple[Any, ...]) -> BatchRecord:
     fields = dict(zip(_BATCH_NAMES, row, strict=True))
     errors, metadata = fields.pop("errors"), fields.pop("metadata")
+    usage = Usage(*(int(fields.pop(c)) for c in _USAGE_COLS))
     return BatchRecord(**fields, errors=tuple(orjson.loads(errors)) if errors else (),
-                       metadata=orjson.loads(metadata) if metadata else None)
+                       metadata=orjson.loads(metadata) if metadata else None, usage=usage)
 
 
 class BatchStore:
     """Files and batches of one batch directory (one ingress process uses it at a time)."""
 
-    def __init__(self, directory: pathlib.Path, limits: BatchLimits) -> None:
+    def __init__(self, directory: pathlib.Path, limits: BatchLimits, *,
+                 retention_s: float | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
+        """`retention_s`: the operator's retention (retention.py; None: files and batches
+        stay until deleted or their own expiry). `wall`: the clock expiry is read on."""
         self.limits = limits
+        self.retention_s = retention_s
+        self.wall = wall
         self.files_dir = directory / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for stale in self.files_dir.glob("*.part"):  # uploads a crash cut short
@@ -94,6 +138,11 @@ class BatchStore:
         self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        for table, column, decl in _ADDED_COLUMNS:
+            cols = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in cols:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        self._db.executescript(_INDEXES)
         marks = ",".join("?" * len(ACTIVE))
         with self._db:  # (answers a crash left between a batch's end and their drop)
             self._db.execute("DELETE FROM results WHERE batch_id NOT IN (SELECT id FROM "
@@ -186,21 +235,43 @@ class BatchStore:
         if capped and (why := self.cap_refusal(record.owner, record.bytes)) is not None:
             raise OverCap(why)
         with self._db:
-            self._db.execute(f"INSERT INTO files ({_FILE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            self._db.execute(f"INSERT INTO files ({_FILE_COLS}) VALUES "
+                             "(?, ?, ?, ?, ?, ?, ?, ?)",
                              (record.id, record.owner, record.filename, record.purpose,
-                              record.bytes, record.created_at, record.lines))
+                              record.bytes, record.created_at, record.lines,
+                              record.expires_at))
+
+    def _file(self, row: tuple[Any, ...]) -> FileRecord:
+        return self.shown(FileRecord(*row))
+
+    def shown(self, f: FileRecord) -> FileRecord:
+        """The file as clients see it: its `expires_at` the earlier of its own and the
+        retention's."""
+        if self.retention_s is None:
+            return f
+        ends = f.created_at + int(self.retention_s)
+        return replace(f, expires_at=ends if f.expires_at is None else min(f.expires_at, ends))
+
+    def _live(self) -> tuple[float, float]:
+        """The arguments of _LIVE_FILE now: a file expired is no longer found."""
+        now = self.wall()
+        return now, now - self.retention_s if self.retention_s is not None else -_NEVER
 
     def get_file(self, owner: str, file_id: str) -> FileRecord | None:
-        row = self._db.execute(f"SELECT {_FILE_COLS} FROM files WHERE id = ? AND owner = ?",
-                               (file_id, owner)).fetchone()
-        return _file(row) if row else None
+        """The owner's file (None: unknown, another owner's, or expired)."""
+        row = self._db.execute(f"SELECT {_FILE_COLS} FROM files WHERE id = ? AND owner = ? "
+                               f"AND {_LIVE_FILE}", (file_id, owner, *self._live())).fetchone()
+        return self._file(row) if row else None
 
     def list_files(self, owner: str, purpose: str | None, after: str | None, limit: int,
                    newest_first: bool = True) -> tuple[list[FileRecord], bool]:
-        """A page of the owner's files and whether more follow."""
+        """A page of the owner's files (not expired) and whether more follow."""
+        where, args = _LIVE_FILE, list[Any](self._live())
+        if purpose:
+            where, args = f"{where} AND purpose = ?", [*args, purpose]
         rows = self._page("files", _FILE_COLS, owner, after, limit, newest_first,
-                          ("purpose", purpose) if purpose else None)
-        return [_file(r) for r in rows[:limit]], len(rows) > limit
+                          (where, args))
+        return [self._file(r) for r in rows[:limit]], len(rows) > limit
 
     def file_in_use(self, file_id: str) -> bool:
         """Whether an active batch reads this file."""
@@ -236,11 +307,12 @@ class BatchStore:
         with self._db:
             self._db.execute(
                 "INSERT INTO batches (id, owner, key_id, endpoint, input_file_id, "
-                "completion_window, status, created_at, expires_at, metadata) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "completion_window, status, created_at, expires_at, metadata, "
+                "output_expires_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (b.id, b.owner, b.key_id, b.endpoint, b.input_file_id, b.completion_window,
                  b.status, b.created_at, b.expires_at,
-                 orjson.dumps(b.metadata).decode() if b.metadata is not None else None))
+                 orjson.dumps(b.metadata).decode() if b.metadata is not None else None,
+                 b.output_expires_after))
 
     def get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
         """The batch (None: unknown, or another owner's; `owner` None: any owner's)."""
@@ -254,7 +326,7 @@ class BatchStore:
 
     def list_batches(self, owner: str, after: str | None, limit: int
                      ) -> tuple[list[BatchRecord], bool]:
-        rows = self._page("batches", _BATCH_COLS, owner, after, limit, True, None)
+        rows = self._page("batches", _BATCH_COLS, owner, after, limit, True, ("1", []))
         return [_batch(r) for r in rows[:limit]], len(rows) > limit
 
     def set_status(self, batch_id: str, status: str, at: int, **fields: Any) -> None:
@@ -283,16 +355,21 @@ class BatchStore:
 
     # -- a batch's lines -------------------------------------------------------------------
 
-    def record_result(self, batch_id: str, line: int, ok: bool, record: bytes) -> bool:
-        """Keep one line's answer (and count it); False when the line had one already."""
+    def record_result(self, batch_id: str, line: int, ok: bool, record: bytes,
+                      usage: Usage | None = None) -> bool:
+        """Keep one line's answer (and count it, and its `usage` in the batch's); False when
+        the line had one already (its usage is then not counted again)."""
+        u = usage or Usage()
+        sums = ", ".join(f"{c} = MIN({c} + ?, {_MAX_USAGE})" for c in _USAGE_COLS)
         with self._db:
             added = self._db.execute(
                 "INSERT OR IGNORE INTO results (batch_id, line, ok, record) VALUES (?, ?, ?, ?)",
                 (batch_id, line, int(ok), record)).rowcount > 0
             if added:
-                self._db.execute("UPDATE batches SET completed = completed + ?, "
-                                 "failed = failed + ? WHERE id = ?",
-                                 (int(ok), int(not ok), batch_id))
+                self._db.execute(f"UPDATE batches SET completed = completed + ?, "
+                                 f"failed = failed + ?, {sums} WHERE id = ?",
+                                 (int(ok), int(not ok), u.input_tokens, u.cached_tokens,
+                                  u.output_tokens, u.reasoning_tokens, batch_id))
         return added
 
     def record_unsent(self, batch_id: str, records: Iterable[tuple[int, bytes]]) -> None:
@@ -347,13 +424,46 @@ class BatchStore:
                     db.execute("DELETE FROM results WHERE batch_id = ? AND line >= ? "
                                "AND line < ?", (batch_id, start, start + _CHUNK))
 
+    # -- retention (retention.py) ----------------------------------------------------------
+
+    def forget_expired(self, now: float, rows: int) -> tuple[list[pathlib.Path], int, int]:
+        """Delete (one transaction) up to `rows` batches that ended the retention ago, with
+        their output and error files, and up to `rows` files expired (their own expiry, or
+        the retention) that no active batch reads: (the paths whose bytes to remove, files,
+        batches). Each look-up is on an index: a sweep's cost is its `rows`."""
+        marks = ",".join("?" * len(ACTIVE))
+        ended: list[tuple[str, str | None, str | None]] = []
+        if self.retention_s is not None:
+            ended = self._db.execute(
+                f"SELECT id, output_file_id, error_file_id FROM batches WHERE {_ENDED_AT} <= ? "
+                f"AND status NOT IN ({marks}) LIMIT ?",
+                (now - self.retention_s, *ACTIVE, rows)).fetchall()
+        reading = f"id NOT IN (SELECT input_file_id FROM batches WHERE status IN ({marks}))"
+        expired = {r[0] for r in self._db.execute(
+            f"SELECT id FROM files WHERE expires_at <= ? AND {reading} LIMIT ?",
+            (now, *ACTIVE, rows))}
+        if self.retention_s is not None and len(expired) < rows:
+            expired |= {r[0] for r in self._db.execute(
+                f"SELECT id FROM files WHERE created_at <= ? AND {reading} LIMIT ?",
+                (now - self.retention_s, *ACTIVE, rows - len(expired)))}
+        outputs = {f for _, out, err in ended for f in (out, err) if f is not None}
+        # (a finalization redone after a restart rewrites its outputs under the same ids:
+        # an old one that expired meanwhile is left to the next sweep, not unlinked under it)
+        expired -= {output_file_id(b.id, kind) for b in self.active_batches()
+                    for kind in ("output", "error")}
+        with self._db:
+            self._db.executemany("DELETE FROM batches WHERE id = ?",
+                                 [(b,) for b, _, _ in ended])
+            files = self._db.executemany("DELETE FROM files WHERE id = ?",
+                                         [(f,) for f in expired | outputs]).rowcount
+        gone = [self.path_of(f) for f in expired | outputs if FILE_ID.fullmatch(f)]
+        return gone, max(files, 0), len(ended)
+
     # -- helpers ---------------------------------------------------------------------------
 
     def _page(self, table: str, cols: str, owner: str, after: str | None, limit: int,
-              newest_first: bool, extra: tuple[str, str] | None) -> list[tuple[Any, ...]]:
-        where, args = "owner = ?", [owner]
-        if extra is not None:
-            where, args = f"{where} AND {extra[0]} = ?", [*args, extra[1]]
+              newest_first: bool, extra: tuple[str, list[Any]]) -> list[tuple[Any, ...]]:
+        where, args = f"owner = ? AND {extra[0]}", [owner, *extra[1]]
         if after:
             cursor = self._db.execute(f"SELECT rowid FROM {table} WHERE id = ? AND owner = ?",
                                       (after, owner)).fetchone()
@@ -364,6 +474,12 @@ class BatchStore:
         order = "DESC" if newest_first else "ASC"
         return self._db.execute(f"SELECT {cols} FROM {table} WHERE {where} "
                                 f"ORDER BY rowid {order} LIMIT ?", (*args, limit + 1)).fetchall()
+
+
+def output_file_id(batch_id: str, kind: str) -> str:
+    """The id of a batch's "output" or "error" file: derived from the batch's, so a
+    finalization cut short by a restart is redone under the same ids, not doubled."""
+    return "file-" + hashlib.sha256(f"{batch_id}/{kind}".encode()).hexdigest()[:24]
 
 
 def fsync_file(path: pathlib.Path) -> None:

@@ -26,6 +26,7 @@ from llmfabric.cli.start import (
     home_option,
     ingress_timeout_options,
     network_secret_file_option,
+    retention_option,
 )
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import ConfigError
@@ -74,6 +75,7 @@ class Settings:
     batch_dir: pathlib.Path | None = None  # the Batch API's files and batches (None: off)
     batch_concurrency: int = 4  # batch lines in flight at once
     batch_max_file_bytes: int = 100 * 1024 * 1024
+    batch_retention_s: float | None = None  # ended batches and files deleted after (None: kept)
 
 
 def parse_backend(spec: str) -> Backend:
@@ -206,7 +208,8 @@ async def _batch_service(settings: Settings, ingress: Ingress, store: AccountSto
     service = BatchService(ingress, settings.batch_dir, limits=BatchLimits(
         max_file_bytes=settings.batch_max_file_bytes, max_line_bytes=settings.max_body_bytes,
         concurrency=settings.batch_concurrency),
-        principals=store.active_key if store is not None else None)
+        principals=store.active_key if store is not None else None,
+        retention_s=settings.batch_retention_s)
     runner = web.AppRunner(service.app(hosts), access_log=None, handle_signals=False)
     await runner.setup()
     return service, runner
@@ -291,6 +294,10 @@ def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
 @click.option("--batch-max-file-mb", type=click.FloatRange(min=0, min_open=True),
               default=100.0, show_default=True, help="--batch-dir: the largest batch input "
               "file")
+@click.option("--batch-retention", metavar="DURATION", default=None,
+              callback=retention_option,
+              help="--batch-dir: delete files, and batches that ended, this long after "
+              "(12h, 30d, 2w) [default: keep them until deleted or their own expires_after]")
 @ingress_timeout_options(with_defaults=True)
 def command(
     host: str, port: int, backends: tuple[str, ...], bootstrap: tuple[str, ...],
@@ -301,7 +308,8 @@ def command(
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
     model_aliases: dict[str, str], allowed_hosts: tuple[str, ...],
     max_contexts: tuple[str, ...], batch_dir: pathlib.Path | None, batch_concurrency: int,
-    batch_max_file_mb: float, connect_timeout_s: float, first_byte_timeout_s: float,
+    batch_max_file_mb: float, batch_retention: float | None, connect_timeout_s: float,
+    first_byte_timeout_s: float,
     idle_timeout_s: float, total_timeout_s: float,
 ) -> None:
     """Serve the OpenAI API (chat, completions, embeddings, models, responses; Anthropic's
@@ -352,7 +360,8 @@ def command(
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
                             no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key,
                             model_aliases, allowed, dict(limits), network_secret_file, home,
-                            batch_dir, batch_concurrency, int(batch_max_file_mb * 1024 * 1024))
+                            batch_dir, batch_concurrency, int(batch_max_file_mb * 1024 * 1024),
+                            batch_retention)
         return
     if no_auth and not is_loopback(host):
         raise click.UsageError(
@@ -378,6 +387,7 @@ def command(
         max_contexts=tuple(sorted(stated.items())),
         batch_dir=batch_dir, batch_concurrency=batch_concurrency,
         batch_max_file_bytes=int(batch_max_file_mb * 1024 * 1024),
+        batch_retention_s=batch_retention,
     )
     if no_auth:
         click.echo("warning: authentication is OFF (--no-auth); use this for local demos only",
@@ -412,7 +422,7 @@ def _run_fabric_ingress(
     allowed_hosts: tuple[str, ...] = (), front_limits: dict[str, str] | None = None,
     network_secret_file: pathlib.Path | None = None, home: pathlib.Path | None = None,
     batch_dir: pathlib.Path | None = None, batch_concurrency: int = 4,
-    batch_max_file_bytes: int = 100 * 1024 * 1024,
+    batch_max_file_bytes: int = 100 * 1024 * 1024, batch_retention_s: float | None = None,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -433,6 +443,7 @@ def _run_fabric_ingress(
             "allowed_hosts": allowed_hosts, "front_limits": front_limits or None,
             "batch_dir": batch_dir, "batch_concurrency": batch_concurrency,
             "batch_max_file_bytes": batch_max_file_bytes,
+            "batch_retention_s": batch_retention_s,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

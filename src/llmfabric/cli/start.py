@@ -192,6 +192,11 @@ def node_options(fn: Any) -> Any:
         click.option("--batch-concurrency", "batch_concurrency",
                      type=click.IntRange(min=1),
                      help="ingress with --batch-dir: batch lines in flight at once [4]"),
+        click.option("--batch-retention", "batch_retention_s", metavar="DURATION",
+                     callback=retention_option,
+                     help="ingress with --batch-dir: delete files, and batches that ended, "
+                          "this long after (12h, 30d, 2w) [keep them until deleted or their "
+                          "own expires_after]"),
         click.option("--link-probe-interval", "link_probe_interval_s",
                      type=click.FloatRange(min=0),
                      help="seconds between rounds of link probes (RTT, throughput) to a few "
@@ -265,6 +270,19 @@ def node_options(fn: Any) -> Any:
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def retention_option(ctx: click.Context, param: click.Parameter, value: str | None
+                     ) -> float | None:
+    """`--batch-retention DURATION` in seconds (None: not given)."""
+    if value is None:
+        return None
+    from llmfabric.batch.retention import parse_retention
+
+    try:
+        return float(parse_retention(value))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
 
 
 def config_from_options(

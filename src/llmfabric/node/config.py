@@ -150,6 +150,9 @@ class NodeConfig(BaseModel):
     batch_dir: pathlib.Path | None = None
     batch_concurrency: int = Field(default=4, ge=1)
     batch_max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    # Files, and batches that ended, are deleted this long after (seconds; in the config
+    # file also 12h, 30d, 2w); None: kept until deleted or their own expiry.
+    batch_retention_s: float | None = Field(default=None, gt=0)
     # How often the observed per-model demand may be republished in the record (scheduler input).
     demand_interval_s: float = Field(default=15.0, gt=0)
     # Seconds between rounds of link probes to peers (node/serve/link_service.py); 0 = off.
@@ -251,6 +254,15 @@ class NodeConfig(BaseModel):
             from llmfabric.agent.kv_events_config import parse
 
             parse(value)  # (KvEventsConfigError is a ValueError: a clear config error)
+        return value
+
+    @field_validator("batch_retention_s", mode="before")
+    @classmethod
+    def _batch_retention(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from llmfabric.batch.retention import parse_retention
+
+            return parse_retention(value)  # (a ValueError: a clear config error)
         return value
 
     @field_validator("aliases", "model_aliases")

@@ -178,6 +178,10 @@ class Node:
                                  probe_targets=self._direct_peers,
                                  interval_s=config.link_probe_interval_s, rng=self.rng)
         self.metrics.watch_failures("links", self.links.prober.errors)
+        self.metrics.watch_kv_events(
+            lambda: engine.kv_events if (engine := self.engine) is not None else None)
+        self.metrics.watch_otlp(lambda: engine.proxy.exporter if (
+            (engine := self.engine) is not None and engine.proxy is not None) else None)
 
     # ---- what others read ----------------------------------------------------------------
     @property

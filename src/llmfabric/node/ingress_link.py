@@ -180,7 +180,8 @@ class IngressLink:
                 max_file_bytes=config.batch_max_file_bytes,
                 max_line_bytes=config.max_body_bytes,
                 concurrency=config.batch_concurrency),
-                principals=store.active_key if store is not None else None)
+                principals=store.active_key if store is not None else None,
+                retention_s=config.batch_retention_s)
             link.batch.start()
         return link
 

@@ -5,6 +5,7 @@ keys say who calls; each key is its own owner) and a runner that is never starte
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,12 +18,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmfabric.batch import BatchLimits, BatchService
+from llmfabric.batch.records import Usage
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.errors import Reply
+from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
+from llmfabric.testing.fake_clock import FakeClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]
 A, B = {"Authorization": "Bearer sk-a"}, {"Authorization": "Bearer sk-b"}
@@ -301,6 +304,94 @@ async def test_a_granted_key_does_not_share_a_local_owner_s_namespace(
             assert (await c.get(path, headers=granted)).status == 404
         assert (await c.delete(f"/v1/files/{fid}", headers=granted)).status == 404
         assert (await c.get(f"/v1/files/{fid}", headers=local)).status == 200
+    finally:
+        await c.close()
+        await service.aclose()
+
+
+async def test_retrieve_and_list_return_the_batch_s_usage(
+        env: tuple[Client, BatchService]) -> None:
+    c, service = env
+    _, f = await upload(c, line("a") + line("b"))
+    status, b = await create(c, input_file_id=f["id"], endpoint="/v1/chat/completions",
+                             completion_window="24h")
+    zero = {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 0}
+    assert status == 200 and b["usage"] == zero
+    service.store.record_result(b["id"], 0, True, b"{}", Usage(12, 2, 30, 7))
+    service.store.record_result(b["id"], 1, True, b"{}", Usage(3, 0, 5, 0))
+    want = {"input_tokens": 15, "input_tokens_details": {"cached_tokens": 2},
+            "output_tokens": 35, "output_tokens_details": {"reasoning_tokens": 7},
+            "total_tokens": 50}
+    got = await (await c.get(f"/v1/batches/{b['id']}", headers=A)).json()
+    assert got["usage"] == want
+    listed = await (await c.get("/v1/batches", headers=A)).json()
+    assert [x["usage"] for x in listed["data"]] == [want]
+
+
+async def test_the_runner_s_line_errors_are_on_the_metrics(tmp_path: pathlib.Path) -> None:
+    ingress = Ingress(IngressConfig(max_body_bytes=1000), StaticCandidateSource([]),
+                      NoForwarder(), auth=StaticKeys({"sk-a": "ka"}))  # type: ignore[arg-type]
+
+    async def broken(key_id: str) -> Principal | None:
+        raise ConnectionError("accounts database unreachable")
+
+    service = BatchService(ingress, tmp_path, principals=broken)
+    c: Client = TestClient(TestServer(service.app(HostGuard())))
+    await c.start_server()
+    name = "llmfabric_ingress_batch_line_errors_total"
+
+    async def scraped() -> list[str]:
+        text = await (await c.get("/metrics")).text()
+        return [x for x in text.splitlines() if x.startswith(f"{name} ")]
+
+    try:
+        assert await scraped() == [f"{name} 0.0"]
+        _, f = await upload(c, line("a") + line("b"))
+        _, b = await create(c, input_file_id=f["id"], endpoint="/v1/chat/completions",
+                            completion_window="24h")
+        await service.runner.run_batch(b["id"])
+        assert await scraped() == [f"{name} 2.0"]
+    finally:
+        await c.close()
+        await service.aclose()
+
+
+async def test_a_cancel_through_the_route_ends_a_batch_whose_lines_wait(
+        tmp_path: pathlib.Path) -> None:
+    # Its lines waited out a Retry-After of 60 s before the batch could end cancelled.
+    clock = FakeClock()
+    ingress = Ingress(IngressConfig(max_body_bytes=1000, auth_enabled=False),
+                      StaticCandidateSource([]), NoForwarder())  # type: ignore[arg-type]
+    sent: list[bytes] = []
+
+    async def refused(path: str, body: bytes, principal: Principal | None) -> Reply:
+        sent.append(body)
+        return error_reply(503, "no node", "no_candidates", headers={"Retry-After": "60"})
+
+    service = BatchService(ingress, tmp_path, clock=clock, serve_line=refused)
+    c: Client = TestClient(TestServer(service.app(HostGuard())))
+    await c.start_server()
+    service.start()
+    try:
+        _, f = await upload(c, line("a") + line("b"), headers={})
+        _, b = await create(c, {}, input_file_id=f["id"], endpoint="/v1/chat/completions",
+                            completion_window="24h")
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if len(sent) == 2:
+                break
+        r = await c.post(f"/v1/batches/{b['id']}/cancel")
+        assert r.status == 200 and (await r.json())["status"] == "cancelling"
+        for _ in range(300):
+            got = await (await c.get(f"/v1/batches/{b['id']}")).json()
+            if got["status"] == "cancelled":
+                break
+            await asyncio.sleep(0.01)
+        assert got["status"] == "cancelled" and clock.now() == 0  # (no time passed)
+        assert got["request_counts"] == {"total": 2, "completed": 0, "failed": 2}
+        assert len(sent) == 2
     finally:
         await c.close()
         await service.aclose()

@@ -1,6 +1,7 @@
 """A batch line through the real request core: `Ingress.serve(principal=...)` runs it as a
 known key without any bearer token (usage, rate limits apply to it), the body never
-streams; `AccountStore.active_key` is the per-line re-check of that key."""
+streams; `AccountStore.active_key` is the per-line re-check of that key; an answer's usage,
+whatever an engine sends."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ import orjson
 import pytest
 
 from llmfabric.accounts.store import AccountStore
-from llmfabric.batch.lines import answered, error_code, not_sent, request_body, serve_through
+from llmfabric.batch.lines import (
+    MAX_LINE_TOKENS,
+    answered,
+    error_code,
+    not_sent,
+    request_body,
+    serve_through,
+    usage_of,
+)
+from llmfabric.batch.records import Usage
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
@@ -139,3 +149,44 @@ async def test_active_key_sees_a_revocation_and_an_unknown_id(tmp_path: pathlib.
             await other.aclose()
     finally:
         await store.aclose()
+
+
+def _usage(doc: Any) -> dict[str, Any]:
+    return usage_of(doc).to_json()
+
+
+def test_an_answer_s_usage_in_openai_s_batch_shape() -> None:
+    body = {"usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
+                      "prompt_tokens_details": {"cached_tokens": 6},
+                      "completion_tokens_details": {"reasoning_tokens": 3}}}
+    assert _usage(body) == {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 6},
+                            "output_tokens": 4,
+                            "output_tokens_details": {"reasoning_tokens": 3},
+                            "total_tokens": 14}
+    responses = {"usage": {"input_tokens": 2, "output_tokens": 1,
+                           "input_tokens_details": {"cached_tokens": 1}}}
+    assert usage_of(responses) == Usage(2, 1, 1, 0)
+    embeddings = {"usage": {"prompt_tokens": 5, "total_tokens": 5}}
+    assert usage_of(embeddings) == Usage(5, 0, 0, 0)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("body", [
+    None, "text", [], {}, {"usage": None}, {"usage": "12"}, {"usage": []},
+    {"usage": {"prompt_tokens": "7", "completion_tokens": 2.5}},
+    {"usage": {"prompt_tokens": True, "completion_tokens": None}},
+    {"usage": {"prompt_tokens": -5, "completion_tokens": -1, "total_tokens": -6}},
+    {"usage": {"prompt_tokens_details": {"cached_tokens": -3},
+               "completion_tokens_details": "x"}},
+])
+def test_an_answer_without_a_usable_usage_counts_nothing(body: Any) -> None:
+    assert usage_of(body) == Usage()
+
+
+@pytest.mark.hostile
+def test_an_engine_s_odd_counts_are_clamped() -> None:
+    huge = {"usage": {"prompt_tokens": 10**30, "completion_tokens": 3,
+                      "prompt_tokens_details": {"cached_tokens": 10**40},
+                      "completion_tokens_details": {"reasoning_tokens": 9}}}
+    # (cached tokens are part of the input, reasoning tokens of the output)
+    assert usage_of(huge) == Usage(MAX_LINE_TOKENS, MAX_LINE_TOKENS, 3, 3)

@@ -491,3 +491,71 @@ async def test_a_line_waiting_when_the_batch_is_cancelled_is_not_sent_again(
     b = env.get(bid)
     assert b.status == CANCELLED and len(env.serve.calls) == 1
     assert env.lines(b.error_file_id)[0]["error"]["code"] == "batch_cancelled"
+
+
+async def test_a_batch_s_usage_sums_its_lines_answered_successfully(
+        tmp_path: pathlib.Path) -> None:
+    env = Env(tmp_path, concurrency=2)
+    answers = {
+        "p0": Reply(200, orjson.dumps({"usage": {
+            "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": 4},
+            "completion_tokens_details": {"reasoning_tokens": 2}}})),
+        "p1": Reply(200, orjson.dumps({"usage": {"prompt_tokens": 7, "completion_tokens": 1}})),
+        "p2": Reply(200, b"{}"),  # (no usage)
+        "p3": Reply(200, b"not json"),
+        "p4": Reply(200, orjson.dumps({"usage": {"prompt_tokens": -9, "completion_tokens": "x"}})),
+        # (an error's tokens are not the batch's: OpenAI sums the lines that succeeded)
+        "p5": Reply(400, orjson.dumps({"error": {"code": "bad"},
+                                       "usage": {"prompt_tokens": 100}}), node="n1"),
+    }
+    env.serve.script = lambda doc: answers[doc["messages"][0]["content"]]
+    bid = env.batch(lines_of(6))
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert (b.status, b.completed, b.failed) == (COMPLETED, 5, 1)
+    want = {"input_tokens": 17, "input_tokens_details": {"cached_tokens": 4},
+            "output_tokens": 6, "output_tokens_details": {"reasoning_tokens": 2},
+            "total_tokens": 23}
+    assert b.to_json()["usage"] == want
+    env.store.close()
+    reopened = BatchStore(tmp_path, BatchLimits())  # (a restarted ingress)
+    got = reopened.get_batch("alice", bid)
+    assert got is not None and got.to_json()["usage"] == want
+    reopened.close()
+
+
+async def test_a_cancel_ends_the_wait_of_a_line_waiting_out_a_refusal(
+        tmp_path: pathlib.Path) -> None:
+    # A line waiting out a Retry-After (up to 60 s) slept through a cancel: the batch stayed
+    # cancelling that long. The cancel's wake ends the wait; no time passes on the clock.
+    env = Env(tmp_path, concurrency=2)
+    env.serve.script = lambda doc: error_reply(503, "none", "no_candidates",
+                                               headers={"Retry-After": "60"})
+    bid = env.batch(lines_of(3))
+    task = asyncio.create_task(env.runner.run_batch(bid))
+    await _sent(env, 2)
+    assert env.store.request_cancel("alice", bid, int(env.clock.wall())) is not None
+    env.runner.wake(bid)  # (what the cancel route does)
+    await asyncio.wait_for(task, 5)
+    b = env.get(bid)
+    assert b.status == CANCELLED and env.clock.now() == 0 and len(env.serve.calls) == 2
+    assert (b.completed, b.failed) == (0, 3)
+    errs = env.lines(b.error_file_id)
+    assert [e["error"]["code"] for e in errs] == ["batch_cancelled"] * 3
+
+
+async def test_a_wake_that_is_no_cancel_leaves_the_wait_as_it_was(
+        tmp_path: pathlib.Path) -> None:
+    env = Env(tmp_path, concurrency=1)
+    _refusals(env, error_reply(503, "none", "no_candidates", headers={"Retry-After": "20"}))
+    bid = env.batch(lines_of(1))
+    task = asyncio.create_task(env.runner.run_batch(bid))
+    await _sent(env, 1)
+    await env.clock.advance(5)
+    env.runner.wake(bid)  # (woken for nothing: the batch still runs)
+    await env.clock.advance(14)
+    assert len(env.serve.calls) == 1 and not task.done()
+    await env.clock.advance(1)  # t 20: sent again
+    await asyncio.wait_for(task, 5)
+    assert len(env.serve.calls) == 2 and env.get(bid).completed == 1

@@ -1,5 +1,6 @@
 """BatchStore: files and batches scoped by owner, list pages, the per-owner caps, a line
-answered once, and what survives a reopen (a restarted ingress)."""
+answered once (its usage counted once), and what survives a reopen (a restarted ingress,
+a database from before the usage columns)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llmfabric.batch.records import (
     IN_PROGRESS,
     BatchRecord,
     FileRecord,
+    Usage,
 )
 from llmfabric.batch.store import BatchStore, NotCancellable, OverCap
 
@@ -164,4 +166,47 @@ def test_the_answers_of_a_large_batch_are_dropped_in_chunks(tmp_path: pathlib.Pa
     store.drop_results(b.id)
     assert store.done_lines(b.id) == set() and store.done_lines(other.id) == {0}
     assert sum(s.startswith("DELETE") for s in statements) == 3
+    store.close()
+
+
+def test_a_line_s_usage_is_counted_once(store: BatchStore) -> None:
+    f = _file(store, "alice")
+    b = _batch(store, "alice", f.id)
+    assert store.record_result(b.id, 0, True, b"{}", Usage(5, 1, 2, 0))
+    assert not store.record_result(b.id, 0, True, b"{}", Usage(5, 1, 2, 0))  # (again)
+    assert store.record_result(b.id, 1, True, b"{}", Usage(1 << 32, 0, 1 << 32, 0))
+    got = store.get_batch("alice", b.id)
+    assert got is not None and got.usage == Usage(5 + (1 << 32), 1, 2 + (1 << 32), 0)
+
+
+def test_a_database_from_before_usage_gets_its_columns(tmp_path: pathlib.Path) -> None:
+    # (batch.db as the first release wrote it: no usage columns)
+    db = sqlite3.connect(tmp_path / "batch.db")
+    db.executescript("""
+        CREATE TABLE batches (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL, key_id TEXT NOT NULL,
+            endpoint TEXT NOT NULL, input_file_id TEXT NOT NULL,
+            completion_window TEXT NOT NULL, status TEXT NOT NULL,
+            created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+            total INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0,
+            failed INTEGER NOT NULL DEFAULT 0, output_file_id TEXT, error_file_id TEXT,
+            errors TEXT, metadata TEXT, in_progress_at INTEGER, finalizing_at INTEGER,
+            completed_at INTEGER, failed_at INTEGER, expired_at INTEGER,
+            cancelling_at INTEGER, cancelled_at INTEGER);
+        INSERT INTO batches (id, owner, key_id, endpoint, input_file_id, completion_window,
+            status, created_at, expires_at, total, completed)
+            VALUES ('batch_000000000000000000000001', 'alice', 'k1', '/v1/chat/completions',
+                    'file-000000000000000000000001', '24h', 'completed', 1, 2, 3, 3);
+    """)
+    db.close()
+    store = BatchStore(tmp_path, BatchLimits())
+    old = store.get_batch("alice", "batch_000000000000000000000001")
+    assert old is not None and old.usage == Usage() and old.completed == 3
+    assert old.to_json()["usage"]["total_tokens"] == 0
+    b = _batch(store, "alice", _file(store, "alice").id)
+    store.record_result(b.id, 0, True, b"{}", Usage(3, 0, 4, 0))
+    store.close()
+    store = BatchStore(tmp_path, BatchLimits())  # (opened again: nothing added twice)
+    got = store.get_batch("alice", b.id)
+    assert got is not None and got.usage == Usage(3, 0, 4, 0)
     store.close()

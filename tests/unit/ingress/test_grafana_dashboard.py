@@ -8,17 +8,23 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmfabric.agent.engine_metrics import EngineLoad
+from llmfabric.agent.kv_events_config import KvEventsEndpoint
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.ingress.observe.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
+from llmfabric.ingress.observe.otlp import OtlpExporter
+from llmfabric.ingress.tenancy.attach import export_otlp_counts
 from llmfabric.net.stats import NetStats
+from llmfabric.node.engine.kv_events_link import KvEventsLink
 from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.registry.records import LoadHints
+from llmfabric.routing.held_prefixes import HeldPrefixes
 
 pytestmark = pytest.mark.unit
 
@@ -45,6 +51,12 @@ def _families() -> dict[str, str]:
     nm._counters.net = NetStats()
     nm.watch_dataplane({"bad_mac": 0}, {"https": 0})
     nm.observe_engine(EngineLoad(1, 0, 0.5, 0.25, 100.0, 400.0))
+    link = KvEventsLink(KvEventsEndpoint("tcp://127.0.0.1:5557"), HeldPrefixes(lambda: 0.0))
+    nm.watch_kv_events(lambda: link)
+    node_exporter = OtlpExporter("http://127.0.0.1:9/v1/traces")
+    nm.watch_otlp(lambda: node_exporter)
+    export_otlp_counts(SimpleNamespace(metrics=im),  # type: ignore[arg-type]
+                       OtlpExporter("http://127.0.0.1:9/v1/traces"))
     out: dict[str, str] = {}
     for reg in (im.registry, nm.registry):
         for fam in text_string_to_metric_families(generate_latest(reg).decode()):

@@ -136,3 +136,60 @@ def test_connections_holding_a_handshake_slot_are_gauges() -> None:
     text = scrape()
     assert "llmfabric_net_handshakes_in_flight 2.0" in text
     assert "llmfabric_dataplane_unproven_connections 0.0" in text
+
+
+def test_kv_event_drops_are_counters_of_the_engine_s_subscription(
+        tmp_path: pathlib.Path) -> None:
+    """KvEventsLink counted the messages it dropped (logging the first few): now they are on
+    the node's /metrics, read from the engine's subscription of the moment."""
+    import msgpack
+
+    from llmfabric.agent.kv_events_config import KvEventsEndpoint
+    from llmfabric.node.engine.kv_events_link import KvEventsLink
+    from llmfabric.routing.held_prefixes import HeldPrefixes
+
+    node = Node(build_config({}, {"home": tmp_path, "network_secret": "s" * 24, "gpu": "cpu",
+                                  "listen": "127.0.0.1:0"}))
+    text = generate_latest(node.metrics.registry).decode()
+    assert "llmfabric_kv_events_dropped" not in text  # (no engine: no subscription)
+    link = KvEventsLink(KvEventsEndpoint("tcp://127.0.0.1:5557", topic="kv"),
+                        HeldPrefixes(lambda: 0.0))
+    node.supervisor._engine = SimpleNamespace(  # type: ignore[assignment]
+        kv_events=link, proxy=None)
+    good = msgpack.packb([1.0, [{"type": "AllBlocksCleared"}]])
+    link.handle([b"kv", (1).to_bytes(8, "big"), good])
+    link.handle([b"kv", b"x", b"\xc1 not msgpack"])
+    link.handle([b"kv", (5).to_bytes(8, "big"), good])  # (2..4 missed)
+    link.dropped["socket"] += 2
+    text = generate_latest(node.metrics.registry).decode()
+    assert re.search(r"# TYPE llmfabric_kv_events_dropped(_total)? counter", text)
+    assert _sample(text, "llmfabric_kv_events_dropped_total", 'reason="malformed"') == 1
+    assert _sample(text, "llmfabric_kv_events_dropped_total", 'reason="socket"') == 2
+    assert _sample(text, "llmfabric_kv_events_dropped_total", 'reason="apply"') == 0
+    assert "llmfabric_kv_events_received_total 3.0" in text
+    assert "llmfabric_kv_events_gaps_total 1.0" in text
+
+
+async def test_the_engine_proxy_s_otlp_counts_are_counters(tmp_path: pathlib.Path) -> None:
+    """The engine proxy's exporter (node spans) logged its failed posts only."""
+    from llmfabric.ingress.observe.otlp import OtlpExporter
+    from llmfabric.node.ports import free_port
+
+    node = Node(build_config({}, {"home": tmp_path, "network_secret": "s" * 24, "gpu": "cpu",
+                                  "listen": "127.0.0.1:0"}))
+    assert "llmfabric_node_otlp" not in generate_latest(node.metrics.registry).decode()
+    exporter = OtlpExporter(f"http://127.0.0.1:{free_port()}/v1/traces", batch=1,
+                            timeout_s=2.0)
+    node.supervisor._engine = SimpleNamespace(  # type: ignore[assignment]
+        kv_events=None, proxy=SimpleNamespace(exporter=exporter))
+    try:
+        for _ in range(3):
+            exporter._queue.append({"trace_id": "0" * 32, "started_at": 1.0, "spans": []})
+            await exporter.flush()
+    finally:
+        await exporter.aclose()
+    text = generate_latest(node.metrics.registry).decode()
+    assert re.search(r"# TYPE llmfabric_node_otlp_failed_posts(_total)? counter", text)
+    assert "llmfabric_node_otlp_failed_posts_total 3.0" in text
+    assert "llmfabric_node_otlp_dropped_traces_total 3.0" in text
+    assert "llmfabric_node_otlp_exported_traces_total 0.0" in text

@@ -206,3 +206,34 @@ def test_an_unknown_policy_is_one_clear_line(tmp_path: pathlib.Path) -> None:
     assert "policy: unknown routing policy 'bogus'; choose one of:" in res.output
     assert "least_outstanding" in res.output
     assert build_config({}, {"policy": "cache_aware"}).policy == "cache_aware"
+
+
+def test_batch_retention_reaches_both_composition_roots(
+    tmp_path: pathlib.Path, started: list[NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res = _start(["--ingress", "--batch-dir", str(tmp_path / "b"), "--batch-retention", "30d"],
+                 tmp_path)
+    assert res.exit_code == 0, res.output
+    assert started[-1].batch_retention_s == 30 * 86_400
+    assert _start(["--ingress"], tmp_path).exit_code == 0
+    assert started[-1].batch_retention_s is None  # (default: kept until deleted)
+    res = _start(["--batch-retention", "forever"], tmp_path)
+    assert res.exit_code == 2 and "duration" in res.output
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("batch_retention_s: 12h\n")  # (the config file takes a duration too)
+    assert _start(["--config", str(cfg)], tmp_path).exit_code == 0
+    assert started[-1].batch_retention_s == 12 * 3600
+    with pytest.raises(ConfigError, match="duration"):
+        build_config({}, {"batch_retention_s": "soon"})
+    res = CliRunner().invoke(ingress_cli.command, [  # (a fabric ingress node)
+        "--network-secret", "s" * 16, "--batch-dir", str(tmp_path / "b"),
+        "--batch-retention", "2w"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert started[-1].batch_retention_s == 14 * 86_400
+    ran: list[ingress_cli.Settings] = []  # (a standalone ingress)
+    monkeypatch.setattr(ingress_cli, "_run", lambda settings, **kw: ran.append(settings))
+    res = CliRunner().invoke(ingress_cli.command, [
+        "--backend", "m=127.0.0.1:9", "--batch-dir", str(tmp_path / "b"),
+        "--batch-retention", "90m"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert ran[-1].batch_retention_s == 90 * 60

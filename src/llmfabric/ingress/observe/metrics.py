@@ -79,6 +79,9 @@ class IngressMetrics:
         # The routable candidates (their gossiped load hints carry each engine's prefix-cache
         # hit rate), read at scrape time only.
         self.candidates: Callable[[], Sequence[Candidate]] | None = None
+        # Counters another part keeps as plain ints (the OTLP exporter, the batch runner),
+        # read at scrape time: name -> (help, read); `add_read_counter`.
+        self.read_counters: dict[str, tuple[str, Callable[[], int]]] = {}
         self._owners: set[str] = {""}
         # Whether the fabric serves a model name (set by the ingress); None: any name counts.
         self.known_model: Callable[[str], bool] | None = None
@@ -185,6 +188,13 @@ class IngressMetrics:
         if retried:
             self.retries[model] = self.retries.get(model, 0) + 1
 
+    def add_read_counter(self, name: str, doc: str, read: Callable[[], int]) -> None:
+        """Export a count another part keeps (`read` at each scrape) as the counter `name`
+        (`llmfabric_ingress_..._total` on /metrics; give it without `_total`)."""
+        if name in self.read_counters:
+            raise ValueError(f"the counter {name} is exported already")
+        self.read_counters[name] = (doc, read)
+
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
@@ -243,6 +253,10 @@ class IngressMetrics:
                                 "(the request was refused with a 401)")
         c.add_metric((), self.key_check_errors)
         yield c
+        for name, (doc, read) in sorted(self.read_counters.items()):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric((), read())
+            yield c
         yield from self._tenancy_families()
 
     def _tenancy_families(self) -> Iterator[Metric]:

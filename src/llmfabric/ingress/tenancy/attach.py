@@ -76,6 +76,8 @@ async def attach_tenancy(
     if env is not None and ingress.tracer is not None:
         parts.exporter = exporter_from_env(env)
         ingress.tracer.exporter = parts.exporter
+        if parts.exporter is not None:
+            export_otlp_counts(ingress, parts.exporter)
     return parts
 
 
@@ -101,3 +103,18 @@ def budget_lookup(ingress: Ingress) -> Lookup:
                           {c.model.id for c in resolved})
 
     return lookup
+
+
+def export_otlp_counts(ingress: Ingress, exporter: OtlpExporter) -> None:
+    """The exporter's counts on the ingress's /metrics (its failures were only logged, at
+    the 1st, 2nd, 4th... failure: a collector down for days showed in no graph)."""
+    m = ingress.metrics
+    m.add_read_counter("llmfabric_ingress_otlp_exported_traces",
+                       "Traces the OTLP exporter posted to its collector",
+                       lambda: exporter.exported)
+    m.add_read_counter("llmfabric_ingress_otlp_dropped_traces",
+                       "Traces the OTLP exporter dropped (its queue full, or their post "
+                       "failed)", lambda: exporter.dropped)
+    m.add_read_counter("llmfabric_ingress_otlp_failed_posts",
+                       "Posts to the OTLP collector that failed (each drops its traces)",
+                       lambda: exporter.failed_posts)

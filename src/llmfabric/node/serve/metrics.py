@@ -8,7 +8,7 @@ fabric rejoins with a new agent; its counters must not reset, or `rate()` would 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,8 +18,10 @@ from llmfabric.agent import InflightTracker
 from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.stats import AgentStats
+from llmfabric.ingress.observe.otlp import OtlpExporter
 from llmfabric.net import NetStats, TlsTransport
 from llmfabric.net.source_slots import SourceSlots
+from llmfabric.node.engine.kv_events_link import KvEventsLink
 from llmfabric.registry.records import Lifecycle
 
 
@@ -44,10 +46,28 @@ class _Counters(Collector):
         self.gossip_loops: AgentStats | None = None
         self.more_failures: dict[str, Mapping[str, int]] = {}  # prefix -> failures by kind
         self.engine: EngineLoad | None = None  # the engine's last scraped load
+        # The engine's KV-cache event subscription now (None: no engine, or no events).
+        self.kv_events: Callable[[], KvEventsLink | None] | None = None
+        # The OTLP exporter of the engine's proxy now (None: no engine, or no export).
+        self.otlp: Callable[[], OtlpExporter | None] | None = None
 
     def collect(self) -> Iterator[Metric]:
         if self.engine is not None:
             yield from _engine_families(self.engine)
+        if (link := self.kv_events() if self.kv_events is not None else None) is not None:
+            yield from _kv_event_families(link)
+        if (exporter := self.otlp() if self.otlp is not None else None) is not None:
+            for name, doc, value in (
+                ("llmfabric_node_otlp_exported_traces", "Node spans the engine proxy's OTLP "
+                 "exporter posted", exporter.exported),
+                ("llmfabric_node_otlp_dropped_traces", "Node spans the engine proxy's OTLP "
+                 "exporter dropped (its queue full, or their post failed)", exporter.dropped),
+                ("llmfabric_node_otlp_failed_posts", "Posts of node spans to the OTLP "
+                 "collector that failed", exporter.failed_posts),
+            ):
+                c = CounterMetricFamily(name, doc)
+                c.add_metric((), value)
+                yield c
         g, n = self.gossip, self.net
         if self.task_failures is not None:
             failures = dict(self.task_failures)
@@ -90,6 +110,25 @@ class _Counters(Collector):
                           "Authorized forwarded requests this provider served, by path "
                           "(https: direct, sealed: peer network / relays)", "path",
                           self.dataplane_served)
+
+
+def _kv_event_families(link: KvEventsLink) -> Iterator[Metric]:
+    """What the node made of its engine's KV-cache events (node/engine/kv_events_link.py):
+    messages received, and dropped by reason (socket, malformed, apply: counted and logged
+    a few times only), sequence gaps. They count from the engine's start."""
+    for name, doc, value in (
+        ("llmfabric_kv_events_received", "KV-cache event messages received from the engine",
+         link.received),
+        ("llmfabric_kv_events_gaps", "Gaps in the engine's KV-cache event sequence numbers "
+         "(messages missed: the held-prefix sketch may be stale)", link.gaps),
+    ):
+        c = CounterMetricFamily(name, doc)
+        c.add_metric((), value)
+        yield c
+    yield _family("llmfabric_kv_events_dropped", "KV-cache event messages dropped, by reason "
+                  "(socket: a receive failed; malformed; apply: applying them failed)",
+                  "reason", {r: link.dropped.get(r, 0) for r in ("socket", "malformed",
+                                                                  "apply")})
 
 
 def _engine_families(e: EngineLoad) -> Iterator[Metric]:
@@ -162,6 +201,16 @@ class NodeMetrics:
     def watch_failures(self, prefix: str, failures: Mapping[str, int]) -> None:
         """Export another part's background failures as tasks `prefix-kind`."""
         self._counters.more_failures[prefix] = failures
+
+    def watch_kv_events(self, link: Callable[[], KvEventsLink | None]) -> None:
+        """Export the KV-cache event counts of the engine's subscription (`link`: the one
+        now, read at each scrape: an engine restart makes a new one, counting from 0)."""
+        self._counters.kv_events = link
+
+    def watch_otlp(self, exporter: Callable[[], OtlpExporter | None]) -> None:
+        """Export the counts of the engine proxy's OTLP exporter (`exporter`: the one now,
+        read at each scrape; an engine restart makes a new one, counting from 0)."""
+        self._counters.otlp = exporter
 
     def observe_engine(self, load: EngineLoad | None) -> None:
         """The engine's load as last scraped (None: it told nothing; the gauges go away)."""
