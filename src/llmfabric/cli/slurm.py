@@ -139,7 +139,7 @@ def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,
 @click.option("--api-key", envvar="LLMFABRIC_API_KEY", default=None,
               help="with --node: a key of that ingress, whose fleet views need one (unless "
               "started with --public-fleet-info) [env LLMFABRIC_API_KEY]")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the rows as JSON (no header)")
 def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str | None,
            api_key: str | None, as_json: bool) -> None:
     """Slurm's view of provider jobs (squeue, sacct) next to the fabric's view of their nodes."""
@@ -154,6 +154,18 @@ def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    for line in status_lines(rows, with_fabric=nodes is not None):
+        click.echo(line)
+
+
+def _status_line(job: str, state: str, host: str, detail: str, fabric: str) -> str:
+    return f"{job:>10} {state:<11} {host:<12} {detail:<24} {fabric}".rstrip()
+
+
+def status_lines(rows: list[dict[str, Any]], with_fabric: bool) -> list[str]:
+    """`slurm status`'s table: a header, then one line a job (FABRIC only with --node)."""
+    lines = [_status_line("JOB", "STATE", "HOST", "REASON/EXIT",
+                          "FABRIC (state models session)" if with_fabric else "")]
     for row in rows:
         fabric = row.get("fabric")
         seen = "; ".join(f"{f['state']} {','.join(f['models']) or '-'} {f['session_id'][:12]}"
@@ -161,8 +173,8 @@ def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str
                                                           if fabric is not None else "")
         seen = printable(seen)  # (other nodes' records: no terminal escapes)
         extra = row.get("reason") or row.get("note") or row.get("exit") or ""
-        click.echo(f"{row['job']:>10} {row['state']:<11} {row.get('host', ''):<12} "
-                   f"{extra:<24} {seen}".rstrip())
+        lines.append(_status_line(row["job"], row["state"], row.get("host", ""), extra, seen))
+    return lines
 
 
 @command.command()
