@@ -222,6 +222,8 @@ def test_key_expiry_and_model_allowlist_are_set_in_the_form_and_listed(
     expires.fill(iso)
     models.fill("")
     create.click()
+    # (the first key's secret is still shown until the answer comes: wait for this one's)
+    page.locator("#secret-title", has_text="course-ending").wait_for()
     secret = page.locator("#new-key-secret").input_value()
     row = page.locator(f'#keys-table tr[data-key-id="{secret.split("-")[1]}"]')
     row.wait_for()
