@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.status import UNREACHABLE, node_url
 from llmfabric.cli.untrusted import configure_logging
 from llmfabric.registry.records import (
     Hardware,
@@ -113,10 +114,20 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
     """(record, verified provider) of each /v1/fabric/nodes entry (the node's verification)."""
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(total=10)
     key = os.environ.get("LLMFABRIC_API_KEY")  # an ingress's fleet views need a key
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     where = url.rstrip("/") + "/v1/fabric/nodes"
+    try:
+        return await _fetch_from(where, headers, key)
+    except (aiohttp.ClientError, OSError) as exc:  # (was 'cannot read the registry: ...')
+        raise click.ClickException(f"cannot reach {where}: {exc} ({UNREACHABLE})") from None
+
+
+async def _fetch_from(where: str, headers: dict[str, str], key: str | None
+                      ) -> list[tuple[NodeRecord, str]]:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
             where, headers=headers) as resp:
         if resp.status == 401:  # (was a traceback: an ingress's fleet views need a key)
@@ -142,7 +153,7 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
 
 
 @click.command(name="controller")
-@click.option("--node", "node_url", default=None,
+@click.option("--node", "node_url", default=None, callback=node_url,
               help="dry run: HTTP address of any node, e.g. http://127.0.0.1:8080 (an "
                    "ingress's fleet views need one of its keys: $LLMFABRIC_API_KEY)")
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.status import node_url
 from llmfabric.cli.untrusted import printable
 from llmfabric.launch.errors import LaunchError, SlurmMissing, SlurmTimeout
 from llmfabric.launch.profile import SlurmProfile, load_profile
@@ -134,7 +135,8 @@ def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,
 @click.argument("job_ids", nargs=-1)
 @click.option("--profile", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
               help="all your queued jobs of this profile (by job name)")
-@click.option("--node", "node_url", help="a node's HTTP address, e.g. http://ingress:8090: "
+@click.option("--node", "node_url", callback=node_url,
+              help="a node's HTTP address, e.g. http://ingress:8090: "
               "join each job with the fabric's view of its node")
 @click.option("--api-key", envvar="LLMFABRIC_API_KEY", default=None,
               help="with --node: a key of that ingress, whose fleet views need one (unless "
