@@ -93,7 +93,7 @@ def list_budgets(as_json: bool, db_url: str | None) -> None:
         book = (await _budgets(store)).book
         return book.status(), dict(book.teams), {m: p.to_json() for m, p in book.prices.items()}
 
-    rows, teams, prices = _with_store(db_url, everything)
+    rows, teams, prices = _with_store(db_url, everything, existing=True)
     if as_json:
         click.echo(json.dumps({"budgets": rows, "teams": teams, "prices": prices}))
         return
@@ -121,7 +121,7 @@ def remove_budget(scope: str, name: str, db_url: str | None) -> None:
     async def delete(store: AccountStore) -> bool:
         return await (await _budgets(store)).delete(scope, name)
 
-    if not _with_store(db_url, delete):
+    if not _with_store(db_url, delete, existing=True):
         raise click.ClickException(f"no budget for {scope} {name!r}")
     click.echo(f"removed the budget of {scope} {name!r}")
 

@@ -93,7 +93,7 @@ def usage_export(fmt: str, key_id: str | None, owner: str | None, model: str | N
             if out is not None and output is not None:
                 out.close()
 
-    _with_store(db_url, export)
+    _with_store(db_url, export, existing=True)
     if output is None:
         sys.stdout.flush()
     else:
