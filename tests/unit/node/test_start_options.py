@@ -215,6 +215,28 @@ def test_fabric_mode_ingress_refuses_backend_only_flags(
     assert not started
 
 
+@pytest.mark.parametrize("flag", [["--bootstrap", "peer:7946"], ["--network-secret", "s" * 16],
+                                  ["--listen", "0.0.0.0:7000"]])
+def test_a_backend_ingress_refuses_fabric_flags_given_on_its_command_line(
+    started: list[NodeConfig], flag: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ingress --backend m=h:1 --bootstrap peer:7946` ran standalone and ignored the
+    bootstrap without a word: it looked like a join. Set in the environment (for other
+    commands) they stay ignored."""
+    ran: list[object] = []
+    monkeypatch.setattr(ingress_cli, "_run", lambda *a, **k: ran.append(a))
+    res = CliRunner().invoke(ingress_cli.command, ["--backend", "m=127.0.0.1:1", *flag])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert (f"{flag[0]} is for a fabric ingress, which routes over the fabric's nodes: drop "
+            f"--backend to run one, or drop {flag[0]} for a standalone ingress") in said
+    assert not started and not ran
+    res = CliRunner().invoke(ingress_cli.command, ["--backend", "m=127.0.0.1:1"], env={
+        "LLMFABRIC_BOOTSTRAP": "peer:7946", "LLMFABRIC_NETWORK_SECRET": "s" * 16})
+    assert res.exit_code == 0, res.output
+    assert len(ran) == 1 and not started
+
+
 def test_an_unknown_policy_is_one_clear_line(tmp_path: pathlib.Path) -> None:
     """`start --ingress --policy bogus` (or `policy: bogus` in the config file) ended in
     UnknownPolicyError's traceback once the node built its ingress."""
