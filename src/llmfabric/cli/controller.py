@@ -158,16 +158,22 @@ async def _fetch_from(where: str, headers: dict[str, str], key: str | None
                    "ingress's fleet views need one of its keys: $LLMFABRIC_API_KEY)")
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
               help="join the fabric through this peer and execute the decisions")
-@click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET")
+@click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
+              help="with --bootstrap: the network's pre-shared secret (other users can read a "
+              "command line: prefer $LLMFABRIC_NETWORK_SECRET)")
 @click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              envvar="LLMFABRIC_MEMBERSHIP_CERT")
-@click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY")
+              envvar="LLMFABRIC_MEMBERSHIP_CERT",
+              help="with --bootstrap: the controller node's membership certificate "
+              "(`llmfabric keys sign-node`) [env LLMFABRIC_MEMBERSHIP_CERT]")
+@click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY",
+              help="with --membership-cert: the operator public key (base64) that signs "
+              "certificates [env LLMFABRIC_OPERATOR_KEY]")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path),
               envvar="LLMFABRIC_HOME", help="state dir of the controller's own node key")
 @click.option("--listen", default="0.0.0.0:0", show_default=True,
               help="peer listener of the controller's node")
 @click.option("--preset", type=click.Choice(["lan", "wan", "local"]), default="lan",
-              show_default=True)
+              show_default=True, help="gossip/SWIM timing preset, as the fabric's nodes use")
 @click.option("--workload", "workload_path", default=None,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="plan for this workload YAML [default: the demand the ingress nodes observe]")
@@ -176,8 +182,9 @@ async def _fetch_from(where: str, headers: dict[str, str], key: str | None
               "(`llmfabric engine sim`: made-up text, for tests and demos); vllm or sglang "
               "for real models")
 @click.option("--policy", type=click.Choice(["cpsat", "greedy", "memp"]), default="cpsat",
-              show_default=True)
-@click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+              show_default=True, help="placement policy (as `llmfabric plan --policy`)")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="seconds between placement rounds")
 @click.option("--drift", type=click.FloatRange(min=0.0), default=0.25, show_default=True,
               help="relative arrival-rate change that triggers a new plan")
 @click.option("--reclaim", is_flag=True, help="also re-plan nodes that are already serving "
