@@ -40,6 +40,15 @@ def _submit_error(exc: LaunchError) -> click.ClickException:
     return click.ClickException(f"sbatch rejected the job: {exc}")
 
 
+def _slurm_error(tool: str, exc: LaunchError, prefix: str = "") -> click.ClickException:
+    """A Slurm command's failure; one that gave up before asking slurmctld (no slurm.conf
+    here: "squeue: fatal: Could not establish a configuration source") says where to run."""
+    if ": fatal: " in str(exc):
+        return click.ClickException(f"{tool} could not reach Slurm from this machine: {exc} "
+                                    "(run this on a Slurm login node)")
+    return click.ClickException(f"{prefix}{exc}")
+
+
 def _load(path: pathlib.Path) -> tuple[SlurmProfile, str]:
     try:
         profile = load_profile(path)
@@ -152,7 +161,7 @@ def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str
     try:
         rows = job_rows(Slurm(), list(job_ids), name, nodes)
     except LaunchError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _slurm_error("squeue", exc) from None
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -191,5 +200,5 @@ def cancel(job_ids: tuple[str, ...], now: bool) -> None:
         try:
             slurm.cancel(job, signal=None if now else "TERM")
         except LaunchError as exc:
-            raise click.ClickException(f"scancel {job}: {exc}") from None
+            raise _slurm_error("scancel", exc, prefix=f"scancel {job}: ") from None
         click.echo(f"{job} {'cancelled' if now else 'draining'}")

@@ -200,3 +200,25 @@ def test_status_table_has_a_header_and_json_has_none(tmp_path: pathlib.Path,
     res = CliRunner().invoke(cli_slurm.command, ["status", "12", "--node", "http://x", "--json"],
                              env=env)
     assert [r["job"] for r in _json.loads(res.output)] == ["12"]
+
+
+def test_status_and_cancel_off_a_slurm_machine_say_where_to_run(tmp_path: pathlib.Path) -> None:
+    """Where Slurm is installed without its configuration, `slurm status` said only
+    'squeue: fatal: Could not establish a configuration source' (submit already said that
+    sbatch could not submit from this machine)."""
+    from click.testing import CliRunner
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    for tool in ("squeue", "scancel"):
+        script = tmp_path / tool
+        script.write_text(f"#!/bin/sh\necho '{tool}: fatal: Could not establish a "
+                          "configuration source' >&2\nexit 1\n")
+        script.chmod(0o755)
+    env = {"PATH": str(tmp_path)}
+    for args, tool in ((["status", "12"], "squeue"), (["cancel", "12"], "scancel")):
+        res = CliRunner().invoke(cli_slurm.command, args, env=env)
+        assert res.exit_code == 1
+        assert res.output == (f"Error: {tool} could not reach Slurm from this machine: {tool}: "
+                              "fatal: Could not establish a configuration source (run this on "
+                              "a Slurm login node)\n"), res.output
