@@ -99,9 +99,16 @@ def create(
 ) -> None:
     """Create an API key and print it (it is shown only this once)."""
     allowed = None if models is None else [m for m in models.split(",") if m.strip()]
+    if allowed == []:  # (the API's words: "models must name ... (leave it unset ...)")
+        raise click.BadParameter(f"{models!r} names no model id: leave --models out for a "
+                                 "key that reaches every model", param_hint="--models")
 
     async def make(store: AccountStore) -> tuple[ApiKey, str]:
         expires_at = None if expires is None else parse_expiry(expires, store.now())
+        if expires_at is not None and expires_at <= store.now():  # (said "expires_at is ...")
+            raise click.BadParameter(
+                f"{expires!r} is in the past ({format_time(expires_at)}): give a later date, "
+                "or a duration from now such as 30d", param_hint="--expires")
         return await store.create_key(
             name, owner, admin=admin, requests_per_min=requests_per_min,
             tokens_per_min=tokens_per_min, record_trace=not no_trace, expires_at=expires_at,
