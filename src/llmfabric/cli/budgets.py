@@ -53,6 +53,9 @@ def budget_group() -> None:
 def set_budget(scope: str, name: str, tokens: int | None, usd: float | None, period: str,
                db_url: str | None) -> None:
     """Set the budget of SCOPE NAME (a key id, an owner or a team); replaces any other."""
+    if (tokens is None) == (usd is None):  # (the API said "in tokens or in usd")
+        raise click.UsageError("give exactly one of --tokens N and --usd AMOUNT: a budget is "
+                               "in tokens or in USD")
     try:
         budget = validate_budget(scope, name, tokens, period, usd=usd)
     except InvalidRequest as exc:
