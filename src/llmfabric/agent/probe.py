@@ -88,8 +88,11 @@ class HttpProbe:
                 if raw is None:
                     raise ProbeError(f"/v1/models answered over {MAX_BODY} bytes")
                 body = orjson.loads(raw)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise ProbeError(f"/v1/models: {exc!r}") from exc
+        except TimeoutError as exc:
+            raise ProbeError(f"/v1/models: no answer in {timeout_s:g} s") from exc
+        except (aiohttp.ClientError, ValueError) as exc:
+            # (its repr was ClientConnectorError(ConnectionKey(host=..., ...), ...))
+            raise ProbeError(f"/v1/models: {str(exc) or type(exc).__name__}") from exc
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
             raise ProbeError("/v1/models answered without a data list")

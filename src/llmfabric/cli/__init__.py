@@ -9,7 +9,8 @@ netplan.py: the HeroServe commands (`plan net`, `simulate collective|net`);
 plan_pd.py: ThunderServe's `plan pd`; `plan` reaches both through subcommands.py (a
 subcommand under a command that also runs on its own). simulate_flying.py: `simulate flying`
 (Flying Serving's DP <-> TP switching in the simulator, mode-timeline PNG).
-console.py: `table_console()`, the console tables print on (piped: 200 columns, not 80),
-and `cell()`; untrusted.py: `printable()` (others' text, controls escaped) and the log
-formatter every CLI process logs through.
+gpus_yaml.py: `gpu_hint()`, an unknown GPU's hint as each command can follow it. console.py:
+`table_console()`, the console tables print on (piped: 200 columns, not 80), and `cell()`;
+untrusted.py: `printable()` (others' text, controls escaped) and the log formatter every CLI
+process logs through.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import pathlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -33,9 +34,30 @@ db_option = click.option(
 )
 
 
-def _with_store(db_url: str | None, fn: Callable[[AccountStore], Awaitable[T]]) -> T:
+def _sqlite_file(url: str) -> pathlib.Path | None:
+    """The file of a SQLite database URL or path (as accounts/db.open_backend reads it); None
+    for PostgreSQL, an in-memory database or a scheme it refuses."""
+    if url.startswith("sqlite:///"):
+        url = url[len("sqlite:///"):]
+    if not url or url in (":memory:", "sqlite://", "sqlite://:memory:") or "://" in url:
+        return None
+    return pathlib.Path(url).expanduser()
+
+
+def _with_store(db_url: str | None, fn: Callable[[AccountStore], Awaitable[T]], *,
+                existing: bool = False) -> T:
+    """Run `fn` on the accounts database. `existing`: only read or change one that is
+    there (a mistyped --db or the wrong $LLMFABRIC_HOME made an empty database, and `keys
+    list` then said 'no keys')."""
+    url = db_url or default_db_url()
+    path = _sqlite_file(url)
+    if existing and path is not None and not path.exists():
+        raise click.ClickException(
+            f"no accounts database at {path}: give --db with your ingress's database (it "
+            "keeps accounts.db in its --home), or set $LLMFABRIC_HOME or $LLMFABRIC_DB")
+
     async def run() -> T:
-        store = await AccountStore.open(db_url or default_db_url(), background=False)
+        store = await AccountStore.open(url, background=False)
         try:
             return await fn(store)
         finally:
@@ -77,9 +99,16 @@ def create(
 ) -> None:
     """Create an API key and print it (it is shown only this once)."""
     allowed = None if models is None else [m for m in models.split(",") if m.strip()]
+    if allowed == []:  # (the API's words: "models must name ... (leave it unset ...)")
+        raise click.BadParameter(f"{models!r} names no model id: leave --models out for a "
+                                 "key that reaches every model", param_hint="--models")
 
     async def make(store: AccountStore) -> tuple[ApiKey, str]:
         expires_at = None if expires is None else parse_expiry(expires, store.now())
+        if expires_at is not None and expires_at <= store.now():  # (said "expires_at is ...")
+            raise click.BadParameter(
+                f"{expires!r} is in the past ({format_time(expires_at)}): give a later date, "
+                "or a duration from now such as 30d", param_hint="--expires")
         return await store.create_key(
             name, owner, admin=admin, requests_per_min=requests_per_min,
             tokens_per_min=tokens_per_min, record_trace=not no_trace, expires_at=expires_at,
@@ -106,7 +135,7 @@ def create(
 @db_option
 def list_(owner: str | None, show_all: bool, as_json: bool, db_url: str | None) -> None:
     """List API keys (ids and metadata; secrets are never stored)."""
-    keys = _with_store(db_url, lambda s: s.list_keys(owner=owner))
+    keys = _with_store(db_url, lambda s: s.list_keys(owner=owner), existing=True)
     if not show_all:
         keys = [k for k in keys if k.active]
     if as_json:
@@ -136,7 +165,7 @@ def list_(owner: str | None, show_all: bool, as_json: bool, db_url: str | None) 
 @db_option
 def revoke(key_id: str, db_url: str | None) -> None:
     """Revoke the key KEY_ID (running ingresses notice within seconds)."""
-    key = _with_store(db_url, lambda s: s.revoke(key_id, by=None))
+    key = _with_store(db_url, lambda s: s.revoke(key_id, by=None), existing=True)
     click.echo(f"revoked key {key.id} ({printable(key.name)}, owner {key.owner})")
 
 

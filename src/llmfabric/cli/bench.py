@@ -22,7 +22,11 @@ FORMAT_CHOICES = ("auto", "llmfabric", "swissai", "burstgpt", "azure2023", "azur
 
 def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
     """The server root: OpenAI clients take the URL with /v1 (the demo prints it so), and
-    that URL here sent every request to /v1/v1/... (404)."""
+    that URL here sent every request to /v1/v1/... (404). Without a scheme every request
+    failed as 'connection x1: 127.0.0.1:8000/v1/completions'."""
+    if not url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{url!r} is no URL: give it with http:// or https://, e.g. "
+                                 "http://127.0.0.1:8080")
     return url.rstrip("/").removesuffix("/v1")
 
 
@@ -183,9 +187,12 @@ def command(**opts: Any) -> None:
     click.echo(to_markdown(result))
     if result["num_prompts"] and not result["completed"]:
         # (a wrong URL, key or model exited 0 with all-zero tables: scripts took it for a run)
-        kinds = ", ".join(f"{k}: {n}" for k, n in (result.get("errors_by_kind") or {}).items())
-        raise click.ClickException(f"no request succeeded ({kinds or 'no answer'}); "
-                                   "the server's words are under Errors above")
+        by_kind = result.get("errors_by_kind") or {}
+        kinds = ", ".join(f"{k}: {n}" for k, n in by_kind.items())
+        why = ("the server's words are under Errors above" if set(by_kind) != {"connection"}
+               else f"nothing answered at {opts['base_url']}: is the server running there? "
+                    "(--base-url)")  # (no server, so no server's words to read)
+        raise click.ClickException(f"no request succeeded ({kinds or 'no answer'}); {why}")
 
 
 def _run(opts: dict[str, Any]) -> dict[str, Any]:

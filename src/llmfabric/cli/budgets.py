@@ -53,6 +53,9 @@ def budget_group() -> None:
 def set_budget(scope: str, name: str, tokens: int | None, usd: float | None, period: str,
                db_url: str | None) -> None:
     """Set the budget of SCOPE NAME (a key id, an owner or a team); replaces any other."""
+    if (tokens is None) == (usd is None):  # (the API said "in tokens or in usd")
+        raise click.UsageError("give exactly one of --tokens N and --usd AMOUNT: a budget is "
+                               "in tokens or in USD")
     try:
         budget = validate_budget(scope, name, tokens, period, usd=usd)
     except InvalidRequest as exc:
@@ -93,7 +96,7 @@ def list_budgets(as_json: bool, db_url: str | None) -> None:
         book = (await _budgets(store)).book
         return book.status(), dict(book.teams), {m: p.to_json() for m, p in book.prices.items()}
 
-    rows, teams, prices = _with_store(db_url, everything)
+    rows, teams, prices = _with_store(db_url, everything, existing=True)
     if as_json:
         click.echo(json.dumps({"budgets": rows, "teams": teams, "prices": prices}))
         return
@@ -121,7 +124,7 @@ def remove_budget(scope: str, name: str, db_url: str | None) -> None:
     async def delete(store: AccountStore) -> bool:
         return await (await _budgets(store)).delete(scope, name)
 
-    if not _with_store(db_url, delete):
+    if not _with_store(db_url, delete, existing=True):
         raise click.ClickException(f"no budget for {scope} {name!r}")
     click.echo(f"removed the budget of {scope} {name!r}")
 

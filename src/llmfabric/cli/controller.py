@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.status import UNREACHABLE, node_url
 from llmfabric.cli.untrusted import configure_logging
 from llmfabric.registry.records import (
     Hardware,
@@ -113,10 +114,20 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
     """(record, verified provider) of each /v1/fabric/nodes entry (the node's verification)."""
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(total=10)
     key = os.environ.get("LLMFABRIC_API_KEY")  # an ingress's fleet views need a key
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     where = url.rstrip("/") + "/v1/fabric/nodes"
+    try:
+        return await _fetch_from(where, headers, key)
+    except (aiohttp.ClientError, OSError) as exc:  # (was 'cannot read the registry: ...')
+        raise click.ClickException(f"cannot reach {where}: {exc} ({UNREACHABLE})") from None
+
+
+async def _fetch_from(where: str, headers: dict[str, str], key: str | None
+                      ) -> list[tuple[NodeRecord, str]]:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
             where, headers=headers) as resp:
         if resp.status == 401:  # (was a traceback: an ingress's fleet views need a key)
@@ -142,21 +153,27 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
 
 
 @click.command(name="controller")
-@click.option("--node", "node_url", default=None,
+@click.option("--node", "node_url", default=None, callback=node_url,
               help="dry run: HTTP address of any node, e.g. http://127.0.0.1:8080 (an "
                    "ingress's fleet views need one of its keys: $LLMFABRIC_API_KEY)")
 @click.option("--bootstrap", multiple=True, envvar="LLMFABRIC_BOOTSTRAP",
               help="join the fabric through this peer and execute the decisions")
-@click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET")
+@click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
+              help="with --bootstrap: the network's pre-shared secret (other users can read a "
+              "command line: prefer $LLMFABRIC_NETWORK_SECRET)")
 @click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              envvar="LLMFABRIC_MEMBERSHIP_CERT")
-@click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY")
+              envvar="LLMFABRIC_MEMBERSHIP_CERT",
+              help="with --bootstrap: the controller node's membership certificate "
+              "(`llmfabric keys sign-node`) [env LLMFABRIC_MEMBERSHIP_CERT]")
+@click.option("--operator-key", envvar="LLMFABRIC_OPERATOR_KEY",
+              help="with --membership-cert: the operator public key (base64) that signs "
+              "certificates [env LLMFABRIC_OPERATOR_KEY]")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path),
               envvar="LLMFABRIC_HOME", help="state dir of the controller's own node key")
 @click.option("--listen", default="0.0.0.0:0", show_default=True,
               help="peer listener of the controller's node")
 @click.option("--preset", type=click.Choice(["lan", "wan", "local"]), default="lan",
-              show_default=True)
+              show_default=True, help="gossip/SWIM timing preset, as the fabric's nodes use")
 @click.option("--workload", "workload_path", default=None,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="plan for this workload YAML [default: the demand the ingress nodes observe]")
@@ -165,8 +182,9 @@ async def _fetch(url: str) -> list[tuple[NodeRecord, str]]:
               "(`llmfabric engine sim`: made-up text, for tests and demos); vllm or sglang "
               "for real models")
 @click.option("--policy", type=click.Choice(["cpsat", "greedy", "memp"]), default="cpsat",
-              show_default=True)
-@click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+              show_default=True, help="placement policy (as `llmfabric plan --policy`)")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="seconds between placement rounds")
 @click.option("--drift", type=click.FloatRange(min=0.0), default=0.25, show_default=True,
               help="relative arrival-rate change that triggers a new plan")
 @click.option("--reclaim", is_flag=True, help="also re-plan nodes that are already serving "

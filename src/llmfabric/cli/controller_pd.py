@@ -38,6 +38,7 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
                       node_overrides: dict[str, Any], interval: float, drift: float,
                       once: bool, settle: float) -> None:
     from llmfabric import sim
+    from llmfabric.cli.gpus_yaml import gpu_hint
     from llmfabric.scheduler.errors import SchedulerError
     from llmfabric.scheduler.phasesplit.inputs import load_cluster
     from llmfabric.scheduler.phasesplit.plan import plan_from_json
@@ -46,7 +47,7 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
         cluster = load_cluster(cluster_path, links_path, topology_path)
         plan = plan_from_json(json.loads(plan_path.read_text()), cluster)
     except (OSError, ValueError, KeyError, SchedulerError, sim.SimError) as exc:
-        raise click.ClickException(f"{plan_path}: {exc}") from None
+        raise click.ClickException(gpu_hint(f"{plan_path}: {exc}", gpus_yaml=False)) from None
     model = model_id or plan.model.name
     configure_logging(logging.INFO, "%(asctime)s %(message)s")
 

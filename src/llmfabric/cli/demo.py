@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from types import FrameType
@@ -60,16 +61,17 @@ async def _create_user_key(db: pathlib.Path) -> str:
 
 
 @click.command("demo")
-@click.option("--port", type=int, default=8080, show_default=True,
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
               help="HTTP port of the ingress (OpenAI API + dashboard)")
 @click.option("--node", "nodes", multiple=True, metavar="MODEL@GPU[@PROVIDER]",
               help="serving nodes to start instead of the default four (repeatable)")
 @click.option("--dir", "state_dir", type=click.Path(file_okay=False, path_type=pathlib.Path),
               help="keep node state here (default: a temporary directory, removed on exit)")
 @click.option("--no-auth", is_flag=True, help="no API keys (this local demo only)")
-@click.option("--speed", type=float, default=1.0, show_default=True,
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True,
               help="run the simulated engines this many times faster than real GPUs")
-@click.option("--duration", type=float, default=0.0,
+@click.option("--duration", type=click.FloatRange(min=0), default=0.0,
               help="stop after this many seconds (0: run until Ctrl-C)")
 def command(
     port: int, nodes: tuple[str, ...], state_dir: pathlib.Path | None, no_auth: bool,
@@ -87,6 +89,7 @@ def command(
     root = state_dir or pathlib.Path(tempfile.mkdtemp(prefix="llmfabric-demo-"))
     fabric = LocalFabric(root, auth=not no_auth, ingress_http_port=port)
     stop = {"now": False}
+    keep_state = state_dir is not None
 
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
         stop["now"] = True
@@ -107,7 +110,12 @@ def command(
             want: dict[str, int] = {}
             for spec in specs:
                 want[spec.model] = want.get(spec.model, 0) + 1
-            fabric.wait_serving(want, timeout=120)
+            try:
+                fabric.wait_serving(want, timeout=120)
+            except (RuntimeError, TimeoutError) as exc:  # (were tracebacks)
+                keep_state = True  # (the logs say why: not removed with the fabric)
+                raise click.ClickException(f"the demo fabric did not come up: {exc}\nthe "
+                                           f"nodes' logs are kept under {root}") from None
         key = "none-needed"
         if not no_auth:
             key = asyncio.run(_create_user_key(ingress.home / "accounts.db"))
@@ -121,7 +129,7 @@ def command(
     finally:
         console.print("stopping the fabric ...")
         fabric.close()
-        if state_dir is None:
+        if not keep_state:
             shutil.rmtree(root, ignore_errors=True)
 
 
@@ -155,5 +163,12 @@ def _print_howto(
     )
     console.print(f"\n  llmfabric status --node {url}")
     console.print("\nCtrl-C stops the fabric.")
-    if shutil.which("llmfabric") is None:
-        console.print("[dim](the llmfabric command is in .venv/bin)[/]")
+    if shutil.which("llmfabric") is None:  # (it said .venv/bin, wherever the command was)
+        console.print(f"[dim](llmfabric is not on PATH: run it as {_cli_hint()})[/]")
+
+
+def _cli_hint() -> str:
+    """How to run `llmfabric` when it is not on PATH: the script beside this Python, else
+    `python -m llmfabric`."""
+    script = pathlib.Path(sys.executable).parent / "llmfabric"
+    return str(script) if script.exists() else f"{sys.executable} -m llmfabric"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from llmfabric.cli.start import (
     _aliases,
@@ -226,6 +227,20 @@ def _run(settings: Settings, reuse_port: bool, announce: bool = True) -> None:
     asyncio.run(run_ingress(settings, reuse_port, announce))
 
 
+def _refuse_fabric_flags(ctx: click.Context) -> None:
+    """A --backend ingress with fabric flags on its command line: it ran standalone and
+    ignored them, so `--backend ... --bootstrap peer:7946` looked like a join. (Their
+    environment variables, set for other commands, stay ignored.)"""
+    given = [f"--{name.replace('_', '-')}" for name in
+             ("bootstrap", "network_secret", "network_secret_file", "listen")
+             if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(
+            f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for a fabric "
+            "ingress, which routes over the fabric's nodes: drop --backend to run one, or "
+            f"drop {' and '.join(given)} for a standalone ingress over its --backend engines")
+
+
 @click.command("ingress")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
@@ -363,6 +378,7 @@ def command(
                             batch_dir, batch_concurrency, int(batch_max_file_mb * 1024 * 1024),
                             batch_retention)
         return
+    _refuse_fabric_flags(click.get_current_context())
     if no_auth and not is_loopback(host):
         raise click.UsageError(
             f"--no-auth is for local demos only, but --host {host} is not a loopback address: "

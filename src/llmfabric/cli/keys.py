@@ -108,6 +108,19 @@ def operator_init(home: pathlib.Path | None, as_json: bool) -> None:
     _show(key, created, path, as_json, "operator key")
 
 
+def _days(text: str) -> float:
+    """`--expires DAYS` of sign-node. '30d' (as `keys create --expires` takes it) said
+    "'30d' is not a valid float"; the message now says what the option wants."""
+    try:
+        days = float(text)
+    except ValueError:
+        days = math.nan
+    if not (days > 0 and math.isfinite(days)):  # (float() takes "nan" and "inf")
+        raise click.BadParameter(f"{text!r} is not a positive number of days: give e.g. 30, "
+                                 "or 0.5 for 12 hours", param_hint="--expires")
+    return days
+
+
 @keys_group.command("sign-node")
 @click.argument("peer_id")
 @click.option("--network", default="default", show_default=True, help="network name")
@@ -118,7 +131,8 @@ def operator_init(home: pathlib.Path | None, as_json: bool) -> None:
     help="where to write the membership certificate (JSON)",
 )
 @click.option(
-    "--expires", "days", type=float, default=30.0, show_default=True, help="validity in days"
+    "--expires", "days", default="30", show_default=True, metavar="DAYS",
+    help="validity in days: a number (30, 0.5)"
 )
 @click.option("--provider", default="",
               help="the provider identity this node belongs to: what X-Fabric-Providers and "
@@ -134,7 +148,7 @@ def operator_init(home: pathlib.Path | None, as_json: bool) -> None:
                    "than not_before support cannot verify a certificate with one)")
 @home_option
 def sign_node(
-    peer_id: str, network: str, out: pathlib.Path, days: float, provider: str,
+    peer_id: str, network: str, out: pathlib.Path, days: str, provider: str,
     models: tuple[str, ...], max_sessions: int, not_before_days: str,
     home: pathlib.Path | None
 ) -> None:
@@ -142,8 +156,7 @@ def sign_node(
     optionally binding it to a provider identity, models and a session cap."""
     _check_peer_ids([peer_id])
     operator = _operator_key(home)
-    if not (days > 0 and math.isfinite(days)):  # (click's float takes "nan" and "inf")
-        raise click.BadParameter("must be a positive number of days", param_hint="--expires")
+    validity_days = _days(days)
     now = time.time()
     not_before = 0.0
     if not_before_days.strip().lower() != "none":
@@ -151,12 +164,12 @@ def sign_node(
             nb_days = float(not_before_days)
         except ValueError:
             nb_days = math.nan
-        if not (math.isfinite(nb_days) and nb_days < days):
+        if not (math.isfinite(nb_days) and nb_days < validity_days):
             raise click.BadParameter("must be a number of days before --expires, or 'none'",
                                      param_hint="--not-before")
         not_before = max(0.0, now + nb_days * 86400.0)
     try:
-        cert = sign_membership(operator, peer_id, network, now + days * 86400.0,
+        cert = sign_membership(operator, peer_id, network, now + validity_days * 86400.0,
                                provider=provider, models=models, max_sessions=max_sessions,
                                not_before=not_before)
     except IdentityError as exc:

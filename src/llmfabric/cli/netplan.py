@@ -149,6 +149,7 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
     """HeroServe: plan TP/PP, GPU groups, INA or ring per group and KV paths over a topology
     (a YAML file, or the links a live fabric measured), maximising the sustainable rate H
     under TTFT/TPOT SLAs."""
+    from llmfabric.cli.gpus_yaml import gpu_hint
     from llmfabric.scheduler.netplan.baselines import BASELINES
     from llmfabric.scheduler.netplan.planner import HEROSERVE, plan_with
     from llmfabric.sim.errors import SimError
@@ -168,7 +169,7 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
         plans = [plan_with(problem, s) for s in ((HEROSERVE, *BASELINES) if compare
                                                  else (HEROSERVE,))]
     except SimError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(gpu_hint(str(exc), gpus_yaml=False)) from None
     where = (str(Path(topology).resolve()) if topology is not None
              else str(save_topology.resolve()) if save_topology is not None else from_fabric)
     inputs = {"topology": where, "model": model,
@@ -201,6 +202,7 @@ def simulate_collective(topology: str, group: str, size: str, hop_latency: float
                         net_latency: float | None, as_json: bool) -> None:
     """All-reduce of one TP group: ring and INA at every switch (HeroServe eqs. 8-11; INA
     members forward over NVLink to the least-loaded NIC, as the planner prices HeroServe)."""
+    from llmfabric.cli.gpus_yaml import gpu_hint
     from llmfabric.scheduler.netplan.commcost import (
         NET_COLLECTIVE_S,
         choose_scheme,
@@ -229,7 +231,7 @@ def simulate_collective(topology: str, group: str, size: str, hop_latency: float
         choice = choose_scheme(topo, members_ids, nbytes, hop_latency=hop_latency, net_s=net,
                                spread=True)
     except SimError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(gpu_hint(str(exc), gpus_yaml=False)) from None
     doc = {"group": members, "bytes": nbytes, "ring_s": ring, "ina": ina,
            "choice": {"scheme": choice.scheme, "switch": choice.switch,
                       "t_ina": _num(choice.t_ina), "t_ring": choice.t_ring}}
@@ -265,6 +267,7 @@ def simulate_collective(topology: str, group: str, size: str, hop_latency: float
 def simulate_net(plan_path: Path, rate: float, duration: float, arrival: str, system: str,
                  online: bool, seed: int, as_json: bool) -> None:
     """Serve a planned PD deployment in the discrete-event simulator at RATE req/s."""
+    from llmfabric.cli.gpus_yaml import gpu_hint
     from llmfabric.scheduler.netplan.runner import simulate_plan
     from llmfabric.sim.errors import SimError
 
@@ -279,7 +282,7 @@ def simulate_net(plan_path: Path, rate: float, duration: float, arrival: str, sy
     except (KeyError, TypeError, ValueError) as exc:
         raise click.ClickException(f"bad plan file {plan_path}: {exc!r}") from None
     except SimError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(gpu_hint(str(exc), gpus_yaml=False)) from None
     if as_json:
         click.echo(json.dumps(_num(out), indent=1))
         return

@@ -115,6 +115,7 @@ def command(cluster_path: Path, workload_path: Path | None, trace_path: Path | N
     import time
     from dataclasses import replace
 
+    from llmfabric.cli.gpus_yaml import gpu_hint
     from llmfabric.scheduler.errors import SchedulerError
     from llmfabric.scheduler.options import PlacementOptions
     from llmfabric.scheduler.placement import evaluate
@@ -165,7 +166,7 @@ def command(cluster_path: Path, workload_path: Path | None, trace_path: Path | N
             doc["workload"] = workload_json(problem.workload)
             docs.append(doc)
     except SchedulerError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(gpu_hint(str(e), gpus_yaml=False)) from None
     if as_json:
         out: Any = docs[0] if len(docs) == 1 else {d["policy"]: d for d in docs}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")

@@ -62,6 +62,7 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
             as_json: bool) -> None:
     """Plan prefill/decode groups, their parallelism and the X/Y routing (ThunderServe)."""
     from llmfabric import sim
+    from llmfabric.cli.gpus_yaml import gpu_hint
     from llmfabric.scheduler.errors import SchedulerError
     from llmfabric.scheduler.phasesplit.baselines import best_fixed_split, colocated_cpsat
     from llmfabric.scheduler.phasesplit.inputs import load_cluster, load_workload
@@ -113,7 +114,7 @@ def command(cluster_path: Path | None, links_path: Path | None, topology_path: P
                                     "throughput_rps": coloc.throughput_rps},
             }
     except (SchedulerError, sim.SimError) as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(gpu_hint(str(e), gpus_yaml=True)) from None
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return

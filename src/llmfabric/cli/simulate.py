@@ -106,6 +106,7 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
         raise click.UsageError("--model and --gpu are required (or use a subcommand: "
                                f"{', '.join(subcommands)})")
     from llmfabric import sim
+    from llmfabric.cli.gpus_yaml import gpu_hint
 
     overrides: dict[str, Any] = {k: v for k, v in (
         ("chunked_prefill", chunked_prefill), ("max_num_seqs", max_num_seqs),
@@ -144,7 +145,7 @@ def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp:
                            gpu_memory_utilization=config.gpu_memory_utilization)
         kv_tokens = _kv_capacity(rep)  # as the replicas size it (profiles may differ)
     except sim.SimError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(gpu_hint(str(exc), gpus_yaml=True)) from exc
 
     summary: dict[str, Any] = {
         "model": spec.name, "gpu": gpu_spec.name, "tp": tp, "pp": pp, "replicas": replicas,

@@ -117,6 +117,7 @@ def flying_command(model: str, gpu: str, n_gpus: int, base_tp: int, widths: str,
     import numpy as np
 
     from llmfabric import sim
+    from llmfabric.cli.gpus_yaml import gpu_hint
     from llmfabric.sim import flying
 
     w = _widths(widths)
@@ -139,7 +140,7 @@ def flying_command(model: str, gpu: str, n_gpus: int, base_tp: int, widths: str,
                                      preempt_kv=preempt_kv,  # type: ignore[arg-type]
                                      switch_latency_s=switch_latency, priority=prio)
     except (sim.SimError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(gpu_hint(str(exc), gpus_yaml=False)) from exc
     if plot is not None:
         plot_timeline(res, plot, f"{model} on {n_gpus}x{gpu}, base TP{base_tp}, "
                                  f"policy {policy}, {res.switches} switches")

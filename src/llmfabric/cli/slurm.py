@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from llmfabric.cli.status import node_url
 from llmfabric.cli.untrusted import printable
 from llmfabric.launch.errors import LaunchError, SlurmMissing, SlurmTimeout
 from llmfabric.launch.profile import SlurmProfile, load_profile
@@ -37,6 +38,15 @@ def _submit_error(exc: LaunchError) -> click.ClickException:
     if ": fatal: " in str(exc):  # sbatch gave up before asking (no slurm.conf here, ...)
         return click.ClickException(f"sbatch could not submit from this machine: {exc}")
     return click.ClickException(f"sbatch rejected the job: {exc}")
+
+
+def _slurm_error(tool: str, exc: LaunchError, prefix: str = "") -> click.ClickException:
+    """A Slurm command's failure; one that gave up before asking slurmctld (no slurm.conf
+    here: "squeue: fatal: Could not establish a configuration source") says where to run."""
+    if ": fatal: " in str(exc):
+        return click.ClickException(f"{tool} could not reach Slurm from this machine: {exc} "
+                                    "(run this on a Slurm login node)")
+    return click.ClickException(f"{prefix}{exc}")
 
 
 def _load(path: pathlib.Path) -> tuple[SlurmProfile, str]:
@@ -134,12 +144,13 @@ def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,
 @click.argument("job_ids", nargs=-1)
 @click.option("--profile", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
               help="all your queued jobs of this profile (by job name)")
-@click.option("--node", "node_url", help="a node's HTTP address, e.g. http://ingress:8090: "
+@click.option("--node", "node_url", callback=node_url,
+              help="a node's HTTP address, e.g. http://ingress:8090: "
               "join each job with the fabric's view of its node")
 @click.option("--api-key", envvar="LLMFABRIC_API_KEY", default=None,
               help="with --node: a key of that ingress, whose fleet views need one (unless "
               "started with --public-fleet-info) [env LLMFABRIC_API_KEY]")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the rows as JSON (no header)")
 def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str | None,
            api_key: str | None, as_json: bool) -> None:
     """Slurm's view of provider jobs (squeue, sacct) next to the fabric's view of their nodes."""
@@ -150,10 +161,22 @@ def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str
     try:
         rows = job_rows(Slurm(), list(job_ids), name, nodes)
     except LaunchError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _slurm_error("squeue", exc) from None
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    for line in status_lines(rows, with_fabric=nodes is not None):
+        click.echo(line)
+
+
+def _status_line(job: str, state: str, host: str, detail: str, fabric: str) -> str:
+    return f"{job:>10} {state:<11} {host:<12} {detail:<24} {fabric}".rstrip()
+
+
+def status_lines(rows: list[dict[str, Any]], with_fabric: bool) -> list[str]:
+    """`slurm status`'s table: a header, then one line a job (FABRIC only with --node)."""
+    lines = [_status_line("JOB", "STATE", "HOST", "REASON/EXIT",
+                          "FABRIC (state models session)" if with_fabric else "")]
     for row in rows:
         fabric = row.get("fabric")
         seen = "; ".join(f"{f['state']} {','.join(f['models']) or '-'} {f['session_id'][:12]}"
@@ -161,8 +184,8 @@ def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str
                                                           if fabric is not None else "")
         seen = printable(seen)  # (other nodes' records: no terminal escapes)
         extra = row.get("reason") or row.get("note") or row.get("exit") or ""
-        click.echo(f"{row['job']:>10} {row['state']:<11} {row.get('host', ''):<12} "
-                   f"{extra:<24} {seen}".rstrip())
+        lines.append(_status_line(row["job"], row["state"], row.get("host", ""), extra, seen))
+    return lines
 
 
 @command.command()
@@ -177,5 +200,5 @@ def cancel(job_ids: tuple[str, ...], now: bool) -> None:
         try:
             slurm.cancel(job, signal=None if now else "TERM")
         except LaunchError as exc:
-            raise click.ClickException(f"scancel {job}: {exc}") from None
+            raise _slurm_error("scancel", exc, prefix=f"scancel {job}: ") from None
         click.echo(f"{job} {'cancelled' if now else 'draining'}")

@@ -407,4 +407,19 @@ def command(process_flag: bool, process: tuple[str, ...], **options: Any) -> Non
         config = config_from_options(options, process)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    check_engine_command(config)
     sys.exit(run_node(config))
+
+
+def check_engine_command(config: NodeConfig) -> None:
+    """The engine command's kind and port, read before anything starts: a command whose port
+    cannot be told (or an unknown --engine KIND) raised a traceback once the node had joined."""
+    from llmfabric.agent.command import parse_engine_command
+    from llmfabric.agent.errors import EngineCommandError
+
+    if not config.process:
+        return
+    try:
+        parse_engine_command(config.process, config.engine_url, config.engine_kind)
+    except EngineCommandError as exc:
+        raise click.ClickException(str(exc)) from None

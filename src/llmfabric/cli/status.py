@@ -19,6 +19,20 @@ from llmfabric.cli.console import cell, table_console
 _STATE_STYLE = {"JOIN": "cyan", "SERVING": "green", "DOWN": "red", "LEFT": "dim"}
 
 
+UNREACHABLE = ("is a node's HTTP API there? give its address with --node URL, e.g. "
+               "http://127.0.0.1:8080 for the demo")
+
+
+def node_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A `--node` value: a node's HTTP URL. `host:port` alone is refused with the URL to give
+    (urllib said 'unknown url type' and asked whether a node was there; aiohttp raised)."""
+    if value is None or value.startswith(("http://", "https://")):
+        return value
+    example = f"http://{value}" if "://" not in value else "http://127.0.0.1:8090"
+    raise click.BadParameter(f"{value!r} is no HTTP URL: give the node's HTTP address with "
+                             f"http:// or https://, e.g. {example}")
+
+
 NEEDS_KEY = ("its fleet views need an API key of that ingress: pass --api-key or set "
              "$LLMFABRIC_API_KEY (the ingress's admin key is in <its home>/admin.key), or "
              "start the ingress with --public-fleet-info")
@@ -40,9 +54,7 @@ def fleet_get(base: str, path: str, timeout: float = 10.0, api_key: str | None =
                 f"{base}{path} {what} (HTTP 401): {NEEDS_KEY}") from exc
         raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
     except (urllib.error.URLError, OSError) as exc:
-        raise click.ClickException(
-            f"cannot reach {base}{path}: {exc} (is a node's HTTP API there? give its address "
-            "with --node URL, e.g. http://127.0.0.1:8080 for the demo)") from exc
+        raise click.ClickException(f"cannot reach {base}{path}: {exc} ({UNREACHABLE})") from exc
     except ValueError as exc:
         raise click.ClickException(f"cannot read {base}{path}: {exc}") from exc
 
@@ -145,9 +157,11 @@ def models_table(models: list[dict[str, Any]]) -> Table:
 
 @click.command("status")
 @click.option("--node", "node_url", default="http://127.0.0.1:8090", show_default=True,
-              envvar="LLMFABRIC_NODE", help="HTTP URL of any node")
+              envvar="LLMFABRIC_NODE", callback=node_url,
+              help="HTTP URL of any node [env LLMFABRIC_NODE]")
 @click.option("--json", "as_json", is_flag=True, help="print the raw JSON views")
-@click.option("--timeout", type=float, default=5.0, show_default=True,
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True,
               help="seconds to wait for each answer")
 @click.option("--api-key", envvar="LLMFABRIC_API_KEY", default=None,
               help="a key of the ingress, whose fleet views need one (unless started with "

@@ -18,7 +18,7 @@ from typing import BinaryIO
 import click
 
 from llmfabric.accounts.errors import InvalidRequest
-from llmfabric.accounts.export import FORMATS, ExportFilter, stream
+from llmfabric.accounts.export import FORMATS, ExportFilter, is_utc_day, stream
 from llmfabric.accounts.store import AccountStore
 from llmfabric.cli.apikeys import _with_store, db_option
 from llmfabric.untrusted import printable
@@ -71,6 +71,13 @@ def usage_export(fmt: str, key_id: str | None, owner: str | None, model: str | N
     Model names are the clients' text: on a terminal their control characters are shown
     escaped (\\x1b in CSV, \\u001b in JSON); to a file (-o) or a pipe the export is
     written byte for byte."""
+    # (ExportFilter's words are the API's: "since must be a UTC day", "until is before since")
+    for flag, day in (("--since", since), ("--until", until)):
+        if day is not None and not is_utc_day(day):
+            raise click.BadParameter(f"{day!r} is not a UTC day: give YYYY-MM-DD, e.g. "
+                                     "2026-01-31", param_hint=flag)
+    if since and until and until < since:
+        raise click.BadParameter(f"{until} is before --since {since}", param_hint="--until")
     try:
         flt = ExportFilter(key_id, owner, model, since, until)
     except InvalidRequest as exc:
@@ -93,7 +100,7 @@ def usage_export(fmt: str, key_id: str | None, owner: str | None, model: str | N
             if out is not None and output is not None:
                 out.close()
 
-    _with_store(db_url, export)
+    _with_store(db_url, export, existing=True)
     if output is None:
         sys.stdout.flush()
     else:

@@ -91,8 +91,9 @@ class Node:
     ) -> None:
         if not config.has_credential():
             raise NodeError(
-                "a node joins only with a credential: pass --network-secret (or env "
-                "LLMFABRIC_NETWORK_SECRET) or --membership-cert FILE with --operator-key KEY"
+                "a node joins only with a credential: pass --network-secret-file FILE (or "
+                "--network-secret, env LLMFABRIC_NETWORK_SECRET) or --membership-cert FILE "
+                "with --operator-key KEY"
             )
         if config.public_http_addr is not None:
             try:

@@ -7,6 +7,12 @@ class SimError(Exception):
     """Base class of every error raised by llmfabric.sim."""
 
 
+# How an unknown GPU's message ends: the Python way to add one. The CLI swaps it for the
+# command's own way (--gpus-yaml FILE) or drops it where a command has none
+# (llmfabric.cli.gpus_yaml).
+ADD_GPUS_HINT = "Add your own with llmfabric.sim.load_gpus_yaml(path) (docs/simulator.md)."
+
+
 class UnknownGPUError(SimError, KeyError):
     """A GPU name matched no built-in or user-supplied spec."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from llmfabric.sim.errors import SpecError, UnknownGPUError
+from llmfabric.sim.errors import ADD_GPUS_HINT, SpecError, UnknownGPUError
 
 TERA = 1e12
 GB = 1e9
@@ -205,9 +205,7 @@ class GPUCatalog:
             return self._specs[matches[0]]
         hint = f" Did you mean one of {matches}?" if matches else ""
         raise UnknownGPUError(
-            f"unknown GPU {name!r}.{hint} Known: {', '.join(self.names())}. "
-            "Add your own in a YAML file (the CLI's --gpus-yaml FILE, "
-            "llmfabric.sim.load_gpus_yaml(path); docs/simulator.md)."
+            f"unknown GPU {name!r}.{hint} Known: {', '.join(self.names())}. {ADD_GPUS_HINT}"
         )
 
     def names(self) -> list[str]:

@@ -200,8 +200,10 @@ def test_key_expiry_and_model_allowlist_are_set_in_the_form_and_listed(
     row = page.locator(f'#keys-table tr[data-key-id="{secret.split("-")[1]}"]')
     row.wait_for()
     cells = row.locator("td").all_inner_texts()
-    shown = next(c for c in cells if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", c))
-    when = calendar.timegm(time.strptime(shown, "%Y-%m-%dT%H:%M:%SZ"))
+    # created, then expires: both in the page's one format
+    created, shown = [c for c in cells if re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", c)]
+    when = calendar.timegm(time.strptime(shown, "%Y-%m-%d %H:%M:%S UTC"))
+    assert abs(calendar.timegm(time.strptime(created, "%Y-%m-%d %H:%M:%S UTC")) - t0) < 60
     assert abs(when - (t0 + 30 * 86400)) < 60, shown
     assert LLAMA in [c.strip() for c in cells] and row.get_attribute("data-expired") == "false"
     assert "expired" not in row.inner_text() and "active" in row.inner_text()
@@ -220,10 +222,13 @@ def test_key_expiry_and_model_allowlist_are_set_in_the_form_and_listed(
     expires.fill(iso)
     models.fill("")
     create.click()
+    # (the first key's secret is still shown until the answer comes: wait for this one's)
+    page.locator("#secret-title", has_text="course-ending").wait_for()
     secret = page.locator("#new-key-secret").input_value()
     row = page.locator(f'#keys-table tr[data-key-id="{secret.split("-")[1]}"]')
     row.wait_for()
-    assert iso in row.inner_text() and "all models" in row.inner_text()
+    assert time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(soon)) in row.inner_text()
+    assert "all models" in row.inner_text()
     time.sleep(max(0.0, soon + 1 - time.time()))
     page.reload()
     row.wait_for()

@@ -31,3 +31,18 @@ def test_create_with_expiry_and_models_then_list(tmp_path: pathlib.Path) -> None
     for bad in (["--expires", "soon"], ["--expires", "2020-01-01"], ["--models", ","]):
         out = CliRunner().invoke(create, ["--name", "x", "--owner", "o", *bad, "--db", db])
         assert out.exit_code != 0 and "Error" in out.output, bad
+
+
+def test_create_refusals_name_its_own_options(tmp_path: pathlib.Path) -> None:
+    """They gave the admin API's words: 'expires_at is in the past' and 'models must name at
+    least one model id (leave it unset for all models)'."""
+    db = str(tmp_path / "accounts.db")
+    for bad, said in (
+        (["--expires", "2020-01-01"], "Invalid value for --expires: '2020-01-01' is in the past "
+         "(2020-01-01T00:00:00Z): give a later date, or a duration from now such as 30d"),
+        (["--models", " , "], "Invalid value for --models: ' , ' names no model id: leave "
+         "--models out for a key that reaches every model"),
+    ):
+        out = CliRunner().invoke(create, ["--name", "x", "--owner", "o", *bad, "--db", db])
+        assert out.exit_code == 2 and said in " ".join(out.output.split()), out.output
+        assert "expires_at" not in out.output and "unset" not in out.output

@@ -75,3 +75,29 @@ async def test_large_answers_are_read_whole_up_to_the_cap() -> None:
         assert got == metrics and len(metrics) > 400_000
         with pytest.raises(ProbeError, match="over"):
             await probe.models(base, 5.0)
+
+
+async def test_an_engine_that_does_not_answer_is_described_in_words() -> None:
+    """The ingress's 'backend m at 127.0.0.1:1 did not answer (...)' and the node's readiness
+    lines carried ClientConnectorError(ConnectionKey(host=..., is_ssl=False, ...), ...)."""
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on: connection refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    probe = HttpProbe()
+    try:
+        with pytest.raises(ProbeError) as info:
+            await probe.models(f"http://127.0.0.1:{port}", 5.0)
+    finally:
+        await probe.aclose()
+    assert str(info.value).startswith(f"/v1/models: Cannot connect to host 127.0.0.1:{port}")
+    assert "ConnectionKey" not in str(info.value)
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({"data": []})
+
+    async with _engine({"/v1/models": slow}) as (probe, base, _):
+        with pytest.raises(ProbeError, match=r"^/v1/models: no answer in 0.2 s$"):
+            await probe.models(base, 0.2)

@@ -43,8 +43,18 @@ def test_a_run_where_every_request_failed_exits_with_status_1(tmp_path: Any) -> 
         "--request-rate", "100", "--duration", "5", "--quiet", "--json", str(out)])
     assert res.exit_code == 1, res.output
     assert "| Failed requests | 2 |" in res.output
-    assert "Error: no request succeeded (connection: 2)" in res.output
+    # no server there: nothing to read under Errors but the connection failures
+    assert (f"Error: no request succeeded (connection: 2); nothing answered at "
+            f"http://127.0.0.1:{port}: is the server running there? (--base-url)") in res.output
     assert out.exists()
+
+
+def test_a_base_url_without_a_scheme_is_refused_up_front() -> None:
+    """`--base-url 127.0.0.1:8080` ran the whole load and reported every request as
+    'connection x1: 127.0.0.1:8080/v1/completions'."""
+    res = CliRunner().invoke(bench_cli.command, ["--base-url", "127.0.0.1:8080", "--model", "m"])
+    assert res.exit_code == 2
+    assert "'127.0.0.1:8080' is no URL: give it with http:// or https://" in res.output
 
 
 @pytest.mark.parametrize("text", ["2,5", "2-5"])

@@ -95,6 +95,21 @@ def test_sign_node_refuses_an_expiry_that_is_not_a_finite_date(tmp_path: pathlib
     assert res.exit_code != 0 and not out.exists(), res.output
 
 
+def test_sign_node_says_its_expires_is_a_number_of_days(tmp_path: pathlib.Path) -> None:
+    """`keys create --expires 30d` takes a duration; `sign-node --expires 30d` said "'30d' is
+    not a valid float"."""
+    run("operator-init", "--home", str(tmp_path))
+    out = tmp_path / "member.json"
+    args = ["sign-node", NodeKey.generate().peer_id, "--out", str(out), "--home", str(tmp_path)]
+    res = CliRunner().invoke(command, [*args, "--expires", "30d"])
+    assert res.exit_code == 2 and not out.exists()
+    assert ("Invalid value for --expires: '30d' is not a positive number of days: give e.g. "
+            "30, or 0.5 for 12 hours") in res.output
+    assert run(*args, "--expires", "0.5").exit_code == 0
+    cert = MembershipCert.load(out)
+    assert 43_000 < cert.expires_at - cert.not_before < 44_100
+
+
 def test_sign_node_sets_a_not_before_a_little_in_the_past(tmp_path: pathlib.Path) -> None:
     import time
 

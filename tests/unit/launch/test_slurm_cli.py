@@ -159,3 +159,66 @@ def test_submit_without_slurm_does_not_claim_a_rejection(tmp_path: pathlib.Path)
     assert cli_slurm._submit_error(fatal).message == (
         "sbatch could not submit from this machine: sbatch: fatal: Could not establish a "
         "configuration source")
+
+
+def _fake_slurm_bin(tmp_path: pathlib.Path) -> str:
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\n"
+                      "echo '12|llmfabric-sim|RUNNING|2026-11-24T02:25:13|2026-11-24T02:27:13"
+                      "|None|vm'\n")
+    squeue.chmod(0o755)
+    return str(tmp_path)
+
+
+def test_status_table_has_a_header_and_json_has_none(tmp_path: pathlib.Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`slurm status` printed bare rows: which column was the host, which the reason?"""
+    import io
+    import json as _json
+    import urllib.request
+
+    from click.testing import CliRunner
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    env = {"PATH": _fake_slurm_bin(tmp_path)}
+    res = CliRunner().invoke(cli_slurm.command, ["status", "12"], env=env)
+    assert res.exit_code == 0, res.output
+    header, row = res.output.splitlines()
+    assert header.split() == ["JOB", "STATE", "HOST", "REASON/EXIT"]
+    assert row.split()[:3] == ["12", "RUNNING", "vm"]
+    assert header.index("STATE") == row.index("RUNNING")  # the columns line up
+
+    body = {"nodes": [{"session_id": "s-1", "state": "SERVING", "labels": {"slurm_job": "12"},
+                       "models": [{"id": "m"}]}]}
+    monkeypatch.setattr(urllib.request, "urlopen",
+                        lambda *a, **k: io.BytesIO(_json.dumps(body).encode()))
+    res = CliRunner().invoke(cli_slurm.command, ["status", "12", "--node", "http://x"], env=env)
+    header, row = res.output.splitlines()
+    assert header.split()[-4:] == ["FABRIC", "(state", "models", "session)"]
+    assert row.endswith("SERVING m s-1")
+    res = CliRunner().invoke(cli_slurm.command, ["status", "12", "--node", "http://x", "--json"],
+                             env=env)
+    assert [r["job"] for r in _json.loads(res.output)] == ["12"]
+
+
+def test_status_and_cancel_off_a_slurm_machine_say_where_to_run(tmp_path: pathlib.Path) -> None:
+    """Where Slurm is installed without its configuration, `slurm status` said only
+    'squeue: fatal: Could not establish a configuration source' (submit already said that
+    sbatch could not submit from this machine)."""
+    from click.testing import CliRunner
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    for tool in ("squeue", "scancel"):
+        script = tmp_path / tool
+        script.write_text(f"#!/bin/sh\necho '{tool}: fatal: Could not establish a "
+                          "configuration source' >&2\nexit 1\n")
+        script.chmod(0o755)
+    env = {"PATH": str(tmp_path)}
+    for args, tool in ((["status", "12"], "squeue"), (["cancel", "12"], "scancel")):
+        res = CliRunner().invoke(cli_slurm.command, args, env=env)
+        assert res.exit_code == 1
+        assert res.output == (f"Error: {tool} could not reach Slurm from this machine: {tool}: "
+                              "fatal: Could not establish a configuration source (run this on "
+                              "a Slurm login node)\n"), res.output

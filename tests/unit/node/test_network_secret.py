@@ -166,3 +166,16 @@ def test_a_binary_or_huge_secret_file_is_a_config_error(tmp_path: pathlib.Path,
     os.chmod(f, 0o600)
     with pytest.raises(ConfigError):
         read_secret_file(f)
+
+
+def test_a_node_without_a_credential_is_told_every_way_to_give_one(
+        tmp_path: pathlib.Path) -> None:
+    """It named --network-secret and the variable, not the file its help recommends."""
+    from llmfabric.node.daemon import Node, NodeError
+
+    with pytest.raises(NodeError) as info:
+        Node(NodeConfig(home=tmp_path))
+    assert str(info.value) == (
+        "a node joins only with a credential: pass --network-secret-file FILE (or "
+        "--network-secret, env LLMFABRIC_NETWORK_SECRET) or --membership-cert FILE with "
+        "--operator-key KEY")

@@ -137,7 +137,7 @@ def test_default_sigterm_budget_fits_slurm_kill_wait() -> None:
 def test_slow_stop_settings_are_warned_about(
     tmp_path: pathlib.Path, started: list[NodeConfig]
 ) -> None:
-    res = _start(["--drain-timeout", "30", "--process", "true"], tmp_path)
+    res = _start(["--drain-timeout", "30", "--process", "true", "--port", "9"], tmp_path)
     assert res.exit_code == 0 and "KillWait" in res.output
 
 
@@ -157,6 +157,24 @@ def test_bad_engine_flags_are_one_clear_line(tmp_path: pathlib.Path) -> None:
         res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), *args])
         assert res.exit_code != 0
         assert needle in res.output and "Traceback" not in res.output
+
+
+def test_an_engine_command_without_a_port_is_refused_before_the_node_starts(
+        started: list[NodeConfig], tmp_path: pathlib.Path) -> None:
+    """A command of no known engine without --port raised EngineCommandError as a traceback,
+    after the node had bound its listeners and joined."""
+    for args, needle in (
+        (["--process", "my-server", "serve", "m"],
+         "cannot tell which port the openai engine listens on; add --port to its command or "
+         "pass --engine-url http://HOST:PORT"),
+        (["--process", "vllm", "serve", "m", "--port", "x"], "engine --port 'x' is not a number"),
+    ):
+        res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), "--network-secret",
+                                                     "s" * 16, *args])
+        assert res.exit_code == 1 and res.output == f"Error: {needle}\n", res.output
+    assert started == []
+    assert _start(["--process", "my-server", "--port", "9000"], tmp_path).exit_code == 0
+    assert started[0].process == ("my-server", "--port", "9000")
 
 
 def test_engine_policy_flags_reach_the_config(
@@ -195,6 +213,28 @@ def test_fabric_mode_ingress_refuses_backend_only_flags(
     res = CliRunner().invoke(ingress_cli.command, ["--network-secret", "s" * 16, *flag])
     assert res.exit_code == 2 and "applies to --backend ingresses" in res.output
     assert not started
+
+
+@pytest.mark.parametrize("flag", [["--bootstrap", "peer:7946"], ["--network-secret", "s" * 16],
+                                  ["--listen", "0.0.0.0:7000"]])
+def test_a_backend_ingress_refuses_fabric_flags_given_on_its_command_line(
+    started: list[NodeConfig], flag: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ingress --backend m=h:1 --bootstrap peer:7946` ran standalone and ignored the
+    bootstrap without a word: it looked like a join. Set in the environment (for other
+    commands) they stay ignored."""
+    ran: list[object] = []
+    monkeypatch.setattr(ingress_cli, "_run", lambda *a, **k: ran.append(a))
+    res = CliRunner().invoke(ingress_cli.command, ["--backend", "m=127.0.0.1:1", *flag])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert (f"{flag[0]} is for a fabric ingress, which routes over the fabric's nodes: drop "
+            f"--backend to run one, or drop {flag[0]} for a standalone ingress") in said
+    assert not started and not ran
+    res = CliRunner().invoke(ingress_cli.command, ["--backend", "m=127.0.0.1:1"], env={
+        "LLMFABRIC_BOOTSTRAP": "peer:7946", "LLMFABRIC_NETWORK_SECRET": "s" * 16})
+    assert res.exit_code == 0, res.output
+    assert len(ran) == 1 and not started
 
 
 def test_an_unknown_policy_is_one_clear_line(tmp_path: pathlib.Path) -> None:

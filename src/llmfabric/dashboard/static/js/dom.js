@@ -228,18 +228,13 @@ export function fmtAgo(unixSeconds, nowMs = Date.now()) {
   return `${Math.round(d / 86400)} d ago`;
 }
 
+/** Unix seconds as UTC to the second ("2027-01-31 00:00:00 UTC"), the one format of every
+ * time the pages list; '–' for none or a value that is not a time. */
 export function fmtTime(unixSeconds) {
   if (!unixSeconds) return '–';
   const d = new Date(Number(unixSeconds) * 1000);
+  if (Number.isNaN(d.getTime())) return '–';  // (toISOString would throw: no page at all)
   return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, ' UTC');
-}
-
-/** Unix seconds as ISO 8601 UTC to the second ("2027-01-31T00:00:00Z"), as the CLI and the
- * 401 of an expired key write an expiry; '–' for a value that is not a time. */
-export function fmtIsoUtc(unixSeconds) {
-  const d = new Date(Number(unixSeconds) * 1000);
-  if (unixSeconds === null || unixSeconds === undefined || Number.isNaN(d.getTime())) return '–';
-  return d.toISOString().replace(/\.\d+Z$/, 'Z');
 }
 
 /** First characters of a long id, for display (the full id goes into a title). */

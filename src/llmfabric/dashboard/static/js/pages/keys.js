@@ -3,7 +3,7 @@
 // allowlist (docs/accounts.md "Expiry and model allowlists"): the form sends the expiry as
 // typed, so the API's one parser (accounts/expiry.py) reads it, as it reads the CLI's.
 
-import { h, mount, notice, tableWrap, badge, chip, field, fmtTime, fmtIsoUtc, fmtInt, announce } from '../dom.js';
+import { h, mount, notice, tableWrap, badge, chip, field, fmtTime, fmtInt, announce } from '../dom.js';
 import { get, post, del, listOf, ApiError, apiBase } from '../api.js';
 import { pageHeader, errorNotice, filterSelect } from './common.js';
 import { keyIdOf } from '../keyid.js';
@@ -43,7 +43,7 @@ function modelsCell(models) {
 
 function expiryCell(k, nowMs) {
   if (k.expires_at === null || k.expires_at === undefined) return h('td', { class: 'muted' }, 'never');
-  return h('td', { class: 'nowrap' }, fmtIsoUtc(k.expires_at),
+  return h('td', { class: 'nowrap' }, fmtTime(k.expires_at),
     isExpired(k, nowMs) ? [' ', badge('expired', 'bad')] : null);
 }
 
