@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmfabric.scheduler.netplan.chaining import chain_by_links
@@ -99,13 +99,19 @@ ChainFn = Callable[[NetProblem, Sequence[list[NodeId]], int, float, Routes], lis
 
 @dataclass(frozen=True)
 class Strategy:
-    """How a system groups GPUs and synchronises a group; `kv_kinds`: edge kinds KV may use."""
+    """How a system groups GPUs and synchronises a group; `kv_kinds`: edge kinds KV may use.
+    `plans_kv`: whether its planner prices the KV hand-off when it picks a layout. DistServe's
+    does not: its placement assumes servers joined by networks "assumed to provide stable
+    high-throughput transmission with negligible latency" (HeroServe §I on DistServe [4] and
+    Splitwise [7]), so it and the baselines built on its placement choose with the hand-off
+    free (time, wait and link share) and are then priced, like every system, in full."""
 
     name: str
     group: GroupFn
     comm: CommFn
     kv_kinds: frozenset[str] | None = None
     chain: ChainFn | None = None
+    plans_kv: bool = True
 
 
 def key(group: Sequence[NodeId]) -> str:
@@ -339,6 +345,14 @@ class NetPlan:
     _pre: PhasePlan | None = field(default=None, repr=False)
     _dec: PhasePlan | None = field(default=None, repr=False)
     _kv_routes: Routes | None = field(default=None, repr=False)
+    # The same layout as the strategy's planner priced it when it chose (`Strategy.plans_kv`
+    # False: the KV hand-off free); None: as priced here.
+    planned_as: NetPlan | None = field(default=None, repr=False)
+
+    @property
+    def planned_H(self) -> float:
+        """H as the strategy's planner saw it when it chose this layout."""
+        return self.H if self.planned_as is None else self.planned_as.H
 
     @property
     def T_n_pre(self) -> float:
@@ -373,9 +387,9 @@ class NetPlan:
         return stage_pair_link(self.problem, ps, ds, self._kv_routes)
 
     def to_json(self) -> dict[str, Any]:
-        skip = {"problem", "_pre", "_dec", "_kv_routes"}
+        skip = {"problem", "_pre", "_dec", "_kv_routes", "planned_as"}
         doc = {k: v for k, v in self.__dict__.items() if k not in skip}
-        doc.update(T_n_pre=self.T_n_pre, T_n_dec=self.T_n_dec)
+        doc.update(T_n_pre=self.T_n_pre, T_n_dec=self.T_n_dec, planned_H=self.planned_H)
         return doc
 
 
@@ -395,7 +409,9 @@ def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int
              routes: Routes, kv_routes: Routes) -> NetPlan | None:
     """The plan for one P_all: every pair of the phases' candidate groupings priced with the
     whole model (H with the link bound and the KV hand-off's wait), the best by `_better`
-    (ties: the strategy's order, i.e. Alg. 2's cheapest grouping)."""
+    (ties: the strategy's order, i.e. Alg. 2's cheapest grouping). A strategy that does not
+    plan the KV hand-off (`Strategy.plans_kv`) chooses by the pricing without it; the plan
+    returned is its choice priced in full (`planned_as`: how it chose)."""
     tp_p, pp_p, tp_d, pp_d = p_all
     model, wl = problem.model, problem.workload
     k_in = max(1, round(wl.mean_in))
@@ -413,13 +429,17 @@ def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int
                   [_step_fn(cost_model_for(_compute_only(d)), ctx) for d in dec.deployments])
                  for dec in decs]
     best: NetPlan | None = None
+    chosen: tuple[Any, ...] = ()
     for pre, (t_pre, t_c_pre) in zip(pres, pre_costs, strict=True):
         for dec, (steps, steps_c) in zip(decs, dec_steps, strict=True):
-            one = _price(problem, strategy, p_all, pre, dec, t_pre, t_c_pre, steps, steps_c,
-                         kv_routes)
+            args = (problem, strategy, p_all, pre, dec, t_pre, t_c_pre, steps, steps_c,
+                    kv_routes)
+            one = _price(*args, kv_free=not strategy.plans_kv)
             if best is None or _better(one, best):
-                best = one
+                best, chosen = one, args
     assert best is not None
+    if not strategy.plans_kv:
+        best = replace(_price(*chosen), planned_as=best)
     best.groupings_priced = len(pres) * len(decs)
     return best
 
@@ -427,26 +447,30 @@ def evaluate(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int
 def _price(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int, int],
            pre: PhasePlan, dec: PhasePlan, t_pre: float, t_c_pre: float,
            steps: list[Callable[[float], float]], steps_c: list[Callable[[float], float]],
-           kv_routes: Routes) -> NetPlan:
+           kv_routes: Routes, kv_free: bool = False) -> NetPlan:
+    """The plan of one grouping pair; `kv_free`: as a planner that assumes a network of
+    negligible latency sees it (no hand-off time, wait or link share)."""
     tp_p, pp_p, tp_d, pp_d = p_all
     model, wl = problem.model, problem.workload
-    t_f = max(t_kv(problem.topology, model, pi, dj, wl.mean_in, routes=kv_routes,
-                   hop_latency=problem.hop_latency)
-              for pi in pre.instances[:4] for dj in dec.instances[:4])
+    t_f = 0.0 if kv_free else max(
+        t_kv(problem.topology, model, pi, dj, wl.mean_in, routes=kv_routes,
+             hop_latency=problem.hop_latency)
+        for pi in pre.instances[:4] for dj in dec.instances[:4])
     cap = min(memory_plan(d).kv_capacity_tokens for d in dec.deployments)
     kv = kv_load(model, pre.instances, dec.instances, wl.mean_in, kv_routes)
     per_request = total([(mean_load(pre.token_loads), wl.mean_in),
-                         (mean_load(dec.token_loads), wl.mean_out), (kv.mean, 1.0)])
-    queue = KvQueue(per_request, kv)
+                         (mean_load(dec.token_loads), wl.mean_out),
+                         (kv.mean, 0.0 if kv_free else 1.0)])
+    kv_wait = (lambda lam: 0.0) if kv_free else KvQueue(per_request, kv).wait
     pr = Pricing(t_pre, t_c_pre, t_f, lambda b: max(s(b) for s in steps),
                  lambda b: max(s(b) for s in steps_c), cap / (wl.mean_in + wl.mean_out),
-                 link_rate(per_request, problem.link_util), queue.wait)
+                 link_rate(per_request, problem.link_util), kv_wait)
     n_pre, n_dec = len(pre.instances), len(dec.instances)
     h, binding = scalability(pr, problem, n_pre, n_dec)
     served = min(wl.rate, h)
     b = _decode_batch(served / n_dec if h > 0 else 0.0, wl.mean_out, pr.step,
                       pr.max_batch) or 1.0
-    wait = queue.wait(served) if h > 0 else 0.0
+    wait = kv_wait(served) if h > 0 else 0.0
     util_h, edge_h = utilisation(per_request, h)
     n_gpus = n_pre * tp_p * pp_p + n_dec * tp_d * pp_d
     comms = {**pre.comms, **dec.comms}
@@ -465,7 +489,7 @@ def _price(problem: NetProblem, strategy: Strategy, p_all: tuple[int, int, int, 
         t_pre, t_c_pre, pr.step(b) + problem.kv_in_tpot(t_f + wait), pr.step_c(b), t_f, h,
         h / n_gpus, n_gpus,
         0, max(pre.sweeps, dec.sweeps), 0.0, binding=binding, T_f_wait=wait,
-        T_f_wait_h=queue.wait(h) if h > 0 else 0.0,
+        T_f_wait_h=kv_wait(h) if h > 0 else 0.0,
         link_util_h=util_h, link_edge_h="" if edge_h is None else f"{edge_h[0]}->{edge_h[1]}",
         problem=problem, _pre=pre, _dec=dec, _kv_routes=kv_routes)
     return plan
@@ -509,7 +533,7 @@ def plan_with(problem: NetProblem, strategy: Strategy) -> NetPlan:
         if plan is None:
             continue
         sweeps = max(sweeps, plan.sweeps)
-        if best is None or _better(plan, best):
+        if best is None or _better(plan.planned_as or plan, best.planned_as or best):
             best = plan
     if best is None:
         raise SpecError("no (TP, PP) candidate fits the model on the given GPUs")

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from llmfabric.scheduler.netplan.baselines import (
+    DISTSERVE,
     access_switches,
     core_switches,
     distserve,
     ds_atp,
     ds_switchml,
 )
-from llmfabric.scheduler.netplan.planner import plan
+from llmfabric.scheduler.netplan.paths import Routes
+from llmfabric.scheduler.netplan.planner import candidates, evaluate, plan
 from llmfabric.scheduler.netplan.problem import NetProblem, NetWorkload
 from llmfabric.sim.topology import Topology
 
@@ -48,3 +51,32 @@ def test_baselines_use_their_switches_and_heroserve_is_no_worse(problem: NetProb
         for group in inst:
             hosts = {problem.topology.gpu(g).host for g in group}
             assert len(hosts) == max(1, len(group) // 4)
+
+
+def test_distserve_chooses_as_if_kv_moved_free_and_is_priced_in_full(
+        problem: NetProblem) -> None:
+    """DistServe's planner assumes a network of negligible latency (HeroServe §I): it picks
+    the layout whose H is largest with the KV hand-off free, and that layout is then priced
+    with the hand-off like every system's."""
+    routes = Routes(problem.topology, 1 << 20)
+    kv_routes = Routes(problem.topology, 1 << 20, DISTSERVE.kv_kinds)
+    aware = dataclasses.replace(DISTSERVE, plans_kv=True)
+    views = {}
+    for p_all in candidates(problem):
+        seen = evaluate(problem, DISTSERVE, p_all, routes, kv_routes)
+        if seen is not None:
+            full = evaluate(problem, aware, p_all, routes, kv_routes)
+            assert full is not None and seen.planned_as is not None
+            # the plan returned is the full pricing of the layout chosen without KV ...
+            assert (seen.H, seen.T_f) == pytest.approx((full.H, full.T_f))
+            assert seen.T_f > 0 and seen.planned_as.T_f == 0.0
+            # ... and the view without KV can only be more optimistic
+            assert seen.planned_H >= seen.H - 1e-12
+            assert seen.planned_as.T_f_wait == 0.0
+            views[p_all] = seen.planned_H
+    ds = distserve(problem)
+    assert ds.planned_H == pytest.approx(max(views.values()))
+    assert ds.to_json()["planned_H"] == ds.planned_H
+    # HeroServe plans the hand-off: it chooses by the H it reports
+    hero = plan(problem)
+    assert hero.planned_as is None and hero.planned_H == hero.H
