@@ -231,6 +231,9 @@ async def _fetch_from(where: str, headers: dict[str, str], key: str | None
               help="--pd-plan: its GPU-pair bandwidth CSV")
 @click.option("--pd-topology", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="--pd-plan: its topology YAML (instead of --pd-cluster/--pd-links)")
+@click.option("--gpus-yaml", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="--pd-plan: the extra/overriding GPU specs the plan was made with (`plan "
+              "pd --gpus-yaml`)")
 @click.option("--pd-model", default=None,
               help="--pd-plan: the model id nodes serve [default: the plan's model]")
 def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: str | None,
@@ -242,7 +245,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             settle: float,
             launcher: str, profile_path: Path | None, pd_plan: Path | None,
             pd_cluster: Path | None, pd_links: Path | None, pd_topology: Path | None,
-            pd_model: str | None) -> None:
+            gpus_yaml: Path | None, pd_model: str | None) -> None:
     """Fill idle nodes with models (plan, then assign), or with --launcher slurm grow and
     shrink a fleet of Slurm jobs with the demand the ingress nodes observe, or with --pd-plan
     keep a prefill/decode plan current (role flips, routing plans; ThunderServe)."""
@@ -258,7 +261,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             # (checked here: the loader's own message names plan pd's --cluster/--links)
             raise click.UsageError("--pd-plan needs the inputs the plan was made for: "
                                    "--pd-cluster with --pd-links, or --pd-topology")
-        run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, pd_model, {
+        run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, gpus_yaml, pd_model, {
             "bootstrap": bootstrap, "network_secret": network_secret,
             "network_secret_file": network_secret_file,
             "membership_cert": membership_cert, "operator_key": operator_key,
@@ -266,6 +269,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             "home": home, "provider": providers[0] if providers else None},
             interval, drift, once, settle)
         return
+    if gpus_yaml is not None:  # (the other modes plan on the simulator's own GPUs)
+        raise click.UsageError("--gpus-yaml goes with --pd-plan")
     if launcher == "slurm":
         from llmfabric.cli.controller_slurm import run_launcher
 
