@@ -49,7 +49,7 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     if port_s is None:
         if adapter.default_port is None:
             raise EngineCommandError(
-                f"cannot tell which port the {adapter.name} engine listens on; add --port to "
+                f"cannot tell which port {_the_engine(adapter)} listens on; add --port to "
                 "its command or pass --engine-url http://HOST:PORT"
             )
         port = adapter.default_port
@@ -64,3 +64,11 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return EngineCommand(args, adapter, f"http://{host}:{port}")
+
+
+def _the_engine(adapter: EngineKind) -> str:
+    """The engine as an error names it: 'openai' is no engine's name but the kind of a command
+    not recognised (or `--engine openai`), any OpenAI-compatible server."""
+    if adapter.name == "openai":
+        return "the engine (an OpenAI-compatible server)"
+    return f"the {adapter.name} engine"

@@ -48,8 +48,16 @@ def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
     type=click.Choice(["completions", "chat"]),
     default="completions",
     show_default=True,
+    help="the route requests go to: /v1/completions or /v1/chat/completions",
 )
-@click.option("--arrival", type=click.Choice(ARRIVAL_CHOICES), default="poisson", show_default=True)
+@click.option(
+    "--arrival",
+    type=click.Choice(ARRIVAL_CHOICES),
+    default="poisson",
+    show_default=True,
+    help="when requests are sent: poisson or gamma (--request-rate), onoff (--low-*/--high-*), "
+    "replay (--trace)",
+)
 @click.option(
     "--request-rate",
     type=click.FloatRange(min=0, min_open=True),
@@ -90,7 +98,11 @@ def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
     help="replay: the trace file",
 )
 @click.option(
-    "--trace-format", type=click.Choice(FORMAT_CHOICES), default="auto", show_default=True
+    "--trace-format",
+    type=click.Choice(FORMAT_CHOICES),
+    default="auto",
+    show_default=True,
+    help="replay: the trace's format (auto: from the file)",
 )
 @click.option(
     "--time-scale",
@@ -120,8 +132,20 @@ def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
     show_default=True,
     help="seconds in-flight requests get after the last send",
 )
-@click.option("--input-len", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--output-len", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--input-len",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="prompt tokens of a synthetic request (about: the bench has no tokenizer)",
+)
+@click.option(
+    "--output-len",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="output tokens asked of a synthetic request (max_tokens)",
+)
 @click.option(
     "--range-ratio",
     type=click.FloatRange(0, 1, max_open=True),
@@ -141,7 +165,12 @@ def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
     default=None,
     help="replay: clip trace output lengths",
 )
-@click.option("--max-concurrency", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="requests in flight at most; later arrivals wait for a slot [no cap]",
+)
 @click.option(
     "--timeout",
     "timeout_s",
@@ -150,12 +179,23 @@ def _server_root(_: click.Context, __: click.Parameter, url: str) -> str:
     show_default=True,
     help="per-request timeout, s",
 )
-@click.option("--slo-ttft-ms", type=float, default=None)
-@click.option("--slo-tpot-ms", type=float, default=None)
-@click.option("--slo-e2el-ms", type=float, default=None)
+@click.option(
+    "--slo-ttft-ms",
+    type=float,
+    default=None,
+    help="SLO: time to first token, ms (with any --slo-*: goodput and SLO attainment)",
+)
+@click.option("--slo-tpot-ms", type=float, default=None, help="SLO: time per output token, ms")
+@click.option("--slo-e2el-ms", type=float, default=None, help="SLO: end-to-end latency, ms")
 @click.option("--percentiles", default="99", show_default=True, help="comma-separated")
 @click.option("--no-ignore-eos", is_flag=True, help="do not ask the server to ignore EOS")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="random seed of arrivals, lengths and prompts (the same seed sends the same load)",
+)
 @click.option(
     "--json",
     "json_path",

@@ -48,7 +48,8 @@ def budget_group() -> None:
 @click.option("--usd", type=click.FloatRange(min=0, min_open=True), default=None,
               help="spend allowed per period, in USD (at the prices of /v1/fabric/prices)")
 @click.option("--period", type=click.Choice(["day", "month"]), default="day",
-              show_default=True)
+              show_default=True, help="the budget renews each UTC day (at 00:00 UTC) or "
+              "UTC month (on the 1st)")
 @db_option
 def set_budget(scope: str, name: str, tokens: int | None, usd: float | None, period: str,
                db_url: str | None) -> None:

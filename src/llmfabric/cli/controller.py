@@ -160,7 +160,14 @@ async def _fetch_from(where: str, headers: dict[str, str], key: str | None
               help="join the fabric through this peer and execute the decisions")
 @click.option("--network-secret", envvar="LLMFABRIC_NETWORK_SECRET",
               help="with --bootstrap: the network's pre-shared secret (other users can read a "
-              "command line: prefer $LLMFABRIC_NETWORK_SECRET)")
+              "command line: prefer $LLMFABRIC_NETWORK_SECRET or --network-secret-file)")
+# (as `start`/`ingress` take it, checked the same way when the node is built:
+# node/admission.py read_secret_file; the controller does not re-read it on SIGHUP)
+@click.option("--network-secret-file", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="LLMFABRIC_NETWORK_SECRET_FILE",
+              help="with --bootstrap: read the network secret from this file (yours, mode "
+              "0600; line 2: the previous secret during a rotation), at start "
+              "[env LLMFABRIC_NETWORK_SECRET_FILE]")
 @click.option("--membership-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="LLMFABRIC_MEMBERSHIP_CERT",
               help="with --bootstrap: the controller node's membership certificate "
@@ -224,17 +231,21 @@ async def _fetch_from(where: str, headers: dict[str, str], key: str | None
               help="--pd-plan: its GPU-pair bandwidth CSV")
 @click.option("--pd-topology", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="--pd-plan: its topology YAML (instead of --pd-cluster/--pd-links)")
+@click.option("--gpus-yaml", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="--pd-plan: the extra/overriding GPU specs the plan was made with (`plan "
+              "pd --gpus-yaml`)")
 @click.option("--pd-model", default=None,
               help="--pd-plan: the model id nodes serve [default: the plan's model]")
 def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: str | None,
-            membership_cert: Path | None, operator_key: str | None, home: Path | None,
+            network_secret_file: Path | None, membership_cert: Path | None,
+            operator_key: str | None, home: Path | None,
             listen: str, preset: str, workload_path: Path | None, template: str, policy: str,
             interval: float, drift: float, reclaim: bool, max_releases: int,
             reclaim_idle: float, reclaim_hold: float, providers: tuple[str, ...], once: bool,
             settle: float,
             launcher: str, profile_path: Path | None, pd_plan: Path | None,
             pd_cluster: Path | None, pd_links: Path | None, pd_topology: Path | None,
-            pd_model: str | None) -> None:
+            gpus_yaml: Path | None, pd_model: str | None) -> None:
     """Fill idle nodes with models (plan, then assign), or with --launcher slurm grow and
     shrink a fleet of Slurm jobs with the demand the ingress nodes observe, or with --pd-plan
     keep a prefill/decode plan current (role flips, routing plans; ThunderServe)."""
@@ -250,13 +261,16 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             # (checked here: the loader's own message names plan pd's --cluster/--links)
             raise click.UsageError("--pd-plan needs the inputs the plan was made for: "
                                    "--pd-cluster with --pd-links, or --pd-topology")
-        run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, pd_model, {
+        run_pd_controller(pd_plan, pd_cluster, pd_links, pd_topology, gpus_yaml, pd_model, {
             "bootstrap": bootstrap, "network_secret": network_secret,
+            "network_secret_file": network_secret_file,
             "membership_cert": membership_cert, "operator_key": operator_key,
             "listen": listen, "http_listen": "127.0.0.1:0", "preset": preset, "gpu": "cpu",
             "home": home, "provider": providers[0] if providers else None},
             interval, drift, once, settle)
         return
+    if gpus_yaml is not None:  # (the other modes plan on the simulator's own GPUs)
+        raise click.UsageError("--gpus-yaml goes with --pd-plan")
     if launcher == "slurm":
         from llmfabric.cli.controller_slurm import run_launcher
 
@@ -267,6 +281,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             raise click.UsageError("--launcher slurm needs --profile and --bootstrap")
         run_launcher(profile_path, {
             "bootstrap": bootstrap, "network_secret": network_secret,
+            "network_secret_file": network_secret_file,
             "membership_cert": membership_cert, "operator_key": operator_key,
             "listen": listen, "http_listen": "127.0.0.1:0", "preset": preset, "gpu": "cpu",
             "home": home}, interval, once, settle)
@@ -365,7 +380,8 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
 
         overrides: dict[str, Any] = {
             "bootstrap": bootstrap,
-            "network_secret": network_secret, "membership_cert": membership_cert,
+            "network_secret": network_secret, "network_secret_file": network_secret_file,
+            "membership_cert": membership_cert,
             "operator_key": operator_key, "listen": listen, "http_listen": "127.0.0.1:0",
             "preset": preset, "gpu": "cpu", "home": home,
         }

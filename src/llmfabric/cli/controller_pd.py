@@ -1,11 +1,12 @@
 """`llmfabric controller --pd-plan plan.json`: ThunderServe's lightweight rescheduling.
 
 The controller joins the fabric as a bare CPU member (as the assigning controller does),
-loads a saved plan (`llmfabric plan pd --json`, with the same cluster inputs), binds the
-plan's GPUs to the live sessions serving the model (scheduler/phasesplit/binding.py:
-`--label pd.gpus=...` on a node, else role + GPU type; on certificate networks with
-`--provider P` only nodes whose verified provider is P), publishes the plan's routing as the
-signed plan item of its own record, and then each round runs `pd_decide`: a node of the plan
+loads a saved plan (`llmfabric plan pd --json`, with the same cluster inputs and
+`--gpus-yaml`), binds the plan's GPUs to the live sessions serving the model
+(scheduler/phasesplit/binding.py: `--label pd.gpus=...` on a node, else role + GPU type; on
+certificate networks with `--provider P` only nodes whose verified provider is P), publishes
+the plan's routing as the signed plan item of its own record, and then each round runs
+`pd_decide`: a node of the plan
 DOWN, LEFT, gone or suspected, or the ingresses' observed workload drifting past `--drift`,
 flips phases (signed `/_fabric/v1/role` requests to the nodes over the peer protocol) and
 publishes the new routing. Ingresses follow plans only from controllers they list with
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 
 def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Path | None,
-                      topology_path: Path | None, model_id: str | None,
+                      topology_path: Path | None, gpus_yaml: Path | None, model_id: str | None,
                       node_overrides: dict[str, Any], interval: float, drift: float,
                       once: bool, settle: float) -> None:
     from llmfabric import sim
@@ -44,10 +45,13 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
     from llmfabric.scheduler.phasesplit.plan import plan_from_json
 
     try:
-        cluster = load_cluster(cluster_path, links_path, topology_path)
+        # (a plan made with `plan pd --gpus-yaml` names GPUs only that file adds)
+        catalog = (sim.load_gpus_yaml(gpus_yaml) if gpus_yaml is not None
+                   else sim.DEFAULT_CATALOG)
+        cluster = load_cluster(cluster_path, links_path, topology_path, catalog)
         plan = plan_from_json(json.loads(plan_path.read_text()), cluster)
     except (OSError, ValueError, KeyError, SchedulerError, sim.SimError) as exc:
-        raise click.ClickException(gpu_hint(f"{plan_path}: {exc}", gpus_yaml=False)) from None
+        raise click.ClickException(gpu_hint(f"{plan_path}: {exc}", gpus_yaml=True)) from None
     model = model_id or plan.model.name
     configure_logging(logging.INFO, "%(asctime)s %(message)s")
 

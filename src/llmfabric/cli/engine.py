@@ -27,8 +27,10 @@ def command() -> None:
               help="tensor-parallel degree")
 @click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
               help="data-parallel replicas (each with its own batch) behind the one API")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), required=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address the OpenAI API listens on")
+@click.option("--port", type=click.IntRange(1, 65535), required=True,
+              help="port the OpenAI API listens on")
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="run this many times faster than the timing model")
 @click.option("--slow", type=click.FloatRange(min=0, min_open=True), default=1.0,
@@ -43,11 +45,13 @@ def command() -> None:
               help="stop answering after N requests (0: never)")
 @click.option("--fail-after-requests", type=click.IntRange(min=0), default=0,
               help="answer inference with --fail-status after N requests (0: never)")
-@click.option("--fail-status", type=click.IntRange(400, 599), default=500, show_default=True)
+@click.option("--fail-status", type=click.IntRange(400, 599), default=500, show_default=True,
+              help="--fail-after-requests: the HTTP status of the failed answers")
 @click.option("--exit-after", type=click.FloatRange(min=0), default=0.0,
               help="crash after this many seconds (0: never)")
 @click.option("--log-line", default="", help="print this line to stdout after --log-after s")
-@click.option("--log-after", type=click.FloatRange(min=0), default=0.0)
+@click.option("--log-after", type=click.FloatRange(min=0), default=0.0,
+              help="--log-line: seconds after start")
 @click.option("--ignore-sigterm", is_flag=True, help="ignore SIGTERM (tests SIGKILL escalation)")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="automatic prefix caching: cached 16-token prompt blocks (an LRU of the "
@@ -138,7 +142,8 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
               help="transition method of policy binds and of a /dtp_switch naming none")
 @click.option("--kv-blocks", type=click.IntRange(min=1), default=256, show_default=True,
               help="KV blocks per engine (each holds --block-tokens tokens at width 1)")
-@click.option("--block-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--block-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="tokens a KV block holds at width 1 (at TP width W: W times as many)")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="torch threads per engine process")
 @click.option("--max-waiting", type=click.IntRange(min=1), default=1024, show_default=True,
@@ -150,8 +155,10 @@ def sim(models: tuple[str, ...], gpu: str, tp: int, dp: int, host: str, port: in
               "--switch-policy priority, else 0]")
 @click.option("--served-model-name", default=None, help="model id in the API [default: the "
               "config's name]")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), required=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address the OpenAI API listens on")
+@click.option("--port", type=click.IntRange(1, 65535), required=True,
+              help="port the OpenAI API listens on")
 def torch_engine(config_spec: str, seed: int | None, checkpoint: str | None, dp: int,
                  widths: str, switch_policy: str,
                  mu_tp: float, schedule: str, method: str, kv_blocks: int, block_tokens: int,

@@ -1,7 +1,7 @@
 """`gpu_hint()`: an error's unknown-GPU hint as the command at hand can follow it. The
 simulator's message ends with the Python call that adds a GPU; a command that takes
-`--gpus-yaml FILE` (`simulate`, `plan pd`) names that option instead, one without it (`plan`,
-`plan net`, `simulate flying`, `controller`) names nothing: it cannot add a GPU.
+`--gpus-yaml FILE` (`simulate`, `plan pd`, `controller --pd-plan`) names that option instead,
+one without it (`plan`, `plan net`, `simulate flying`) names nothing: it cannot add a GPU.
 """
 
 from __future__ import annotations

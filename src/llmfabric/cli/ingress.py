@@ -242,8 +242,11 @@ def _refuse_fabric_flags(ctx: click.Context) -> None:
 
 
 @click.command("ingress")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address the HTTP listener (the OpenAI API) binds (with --no-auth: a "
+              "loopback one only)")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
+              help="port of the HTTP listener (the OpenAI API)")
 @click.option("--backend", "backends", multiple=True,
               help="MODEL=HOST:PORT[@PROVIDER][#GPU] of an OpenAI-compatible engine (repeat); "
               "its context is the one the engine reports (asked at start and every minute), "
@@ -263,10 +266,13 @@ def _refuse_fabric_flags(ctx: click.Context) -> None:
 @click.option("--listen", default="0.0.0.0:7946", show_default=True,
               help="fabric mode: peer (TLS) listener")
 @click.option("--policy", type=click.Choice(sorted(POLICIES)), default="random",
-              show_default=True)
-@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
+              show_default=True, help="load-balancing policy: which backend or node of the "
+              "model gets a request (docs/routing.md)")
+@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="other backends or nodes a failed request is retried on")
 @click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=8.0,
-              show_default=True)
+              show_default=True, help="the largest request body, MB (larger ones get 400 "
+              "request_too_large)")
 @click.option("--no-auth", is_flag=True, help="accept requests without API keys (demo only)")
 @click.option("--db", "db_url", default=None, envvar="LLMFABRIC_DB",
               help="accounts database path or URL [env LLMFABRIC_DB; default "

@@ -127,10 +127,14 @@ def _fabric_topology(url: str, api_key: str | None, assume_gpu: str | None,
 @click.option("--decode-gpus", required=True, help="as --prefill-gpus")
 @click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False),
               help="YAML {rate, mean_in, mean_out}")
-@click.option("--sla-ttft", type=click.FloatRange(min=0, min_open=True), required=True)
-@click.option("--sla-tpot", type=click.FloatRange(min=0, min_open=True), required=True)
-@click.option("--max-candidates", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--sla-ttft", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="TTFT SLA, seconds (the prefill phase's deadline)")
+@click.option("--sla-tpot", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="TPOT SLA, seconds (the decode phase's deadline per output token)")
+@click.option("--max-candidates", type=click.IntRange(min=1), default=20, show_default=True,
+              help="TP/PP combinations of the two phases tried, most GPUs used first")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the GPU grouping search (the same seed gives the same plan)")
 @click.option("--hop-latency", type=click.FloatRange(min=0), default=None,
               help="seconds per hop instead of the edges' latencies (0 = the paper's form)")
 @click.option("--net-latency", type=click.FloatRange(min=0), default=None,
@@ -188,7 +192,8 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
 
 
 @click.command(name="collective")
-@click.option("--topology", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--topology", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="topology YAML (gpus, switches with aggregator_slots, edges)")
 @click.option("--group", required=True, help="comma list of GPU ids")
 @click.option("--bytes", "size", default="1MB", show_default=True,
               help="message per member (1MB, 512KiB, 4e6)")
@@ -197,7 +202,7 @@ def plan_net(topology: str | None, from_fabric: str | None, api_key: str | None,
 @click.option("--net-latency", type=click.FloatRange(min=0), default=None,
               help="fixed seconds per all-reduce through the NICs (default: the planner's, "
                    "measured on DGX-A100 nodes; 0 with --hop-latency 0 = the paper's form)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of text")
 def simulate_collective(topology: str, group: str, size: str, hop_latency: float | None,
                         net_latency: float | None, as_json: bool) -> None:
     """All-reduce of one TP group: ring and INA at every switch (HeroServe eqs. 8-11; INA
@@ -252,18 +257,23 @@ def simulate_collective(topology: str, group: str, size: str, hop_latency: float
 @click.option("--plan", "plan_path", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSON written by `llmfabric plan net --out`")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), required=True)
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="mean arrival rate, requests/s")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=120.0,
-              show_default=True)
+              show_default=True, help="simulated seconds of arrivals")
 @click.option("--arrival", type=click.Choice(["poisson", "onoff"]), default="poisson",
-              show_default=True)
+              show_default=True, help="poisson, or onoff: bursts at twice --rate and pauses, "
+              "each a tenth of --duration")
 @click.option("--system", default="heroserve", show_default=True,
-              type=click.Choice(["heroserve", "distserve", "ds-switchml", "ds-atp"]))
+              type=click.Choice(["heroserve", "distserve", "ds-switchml", "ds-atp"]),
+              help="the system planned (from the plan file's inputs) and served: HeroServe "
+              "or a baseline")
 @click.option("--online", is_flag=True,
               help="also run the decode groups' all-reduces on the flow simulator, fixed "
                    "plan vs the online policy table")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the arrivals and the simulation")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of text")
 def simulate_net(plan_path: Path, rate: float, duration: float, arrival: str, system: str,
                  online: bool, seed: int, as_json: bool) -> None:
     """Serve a planned PD deployment in the discrete-event simulator at RATE req/s."""

@@ -100,12 +100,18 @@ def _table(doc: dict[str, Any]) -> None:
 @click.option("--rate-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="multiply the trace's arrival rates (replay at scale)")
 @click.option("--policy", default="cpsat", show_default=True,
-              type=click.Choice(["cpsat", "memp", "greedy", "exhaustive"]))
+              type=click.Choice(["cpsat", "memp", "greedy", "exhaustive"]),
+              help="placement: cpsat (the solver), memp and greedy (baselines), exhaustive "
+              "(every choice; small clusters only) (docs/scheduler.md)")
 @click.option("--objective", default="latency", show_default=True,
-              type=click.Choice(["latency", "throughput", "cost"]))
+              type=click.Choice(["latency", "throughput", "cost"]),
+              help="latency: mean E2E latency; throughput: most goodput within the SLOs, then "
+              "latency; cost: most goodput, then the least $/h")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="CP-SAT time limit, seconds")
-@click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True,
+              help="CP-SAT search workers (with fewer than 8 its bound closes slowly; 8 are "
+              "fine on fewer cores)")
 @click.option("--compare", is_flag=True, help="also place with memp and greedy and compare")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
 def command(cluster_path: Path, workload_path: Path | None, trace_path: Path | None,

@@ -39,10 +39,14 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="TPOT deadline, s (overrides the workload's)")
 @click.option("--gpus-yaml", type=_FILE, default=None,
               help="extra/overriding GPU specs (e.g. the paper's Table 1 figures)")
-@click.option("--steps", type=click.IntRange(min=0), default=100, show_default=True)
-@click.option("--neighbors", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--tabu", type=click.IntRange(min=0), default=5, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--steps", type=click.IntRange(min=0), default=100, show_default=True,
+              help="tabu search steps (0: the starting plan)")
+@click.option("--neighbors", type=click.IntRange(min=1), default=10, show_default=True,
+              help="neighbouring plans scored at each step")
+@click.option("--tabu", type=click.IntRange(min=0), default=5, show_default=True,
+              help="recently accepted plans the search may not return to")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the search, the workload's lengths and the simulation")
 @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "8", "16"]), default="4",
               show_default=True, help="KV bits on the prefill->decode wire (16: none)")
 @click.option("--headroom", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8,

@@ -32,9 +32,12 @@ def _fmt(value: float, scale: float = 1.0, unit: str = "") -> str:
                    "(required unless a subcommand is given)")
 @click.option("--gpu", default=None, help="GPU name, e.g. H100, A100-80GB, RTX-4090, B200 "
               "(required unless a subcommand is given)")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="tensor-parallel degree: GPUs per pipeline stage")
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="pipeline-parallel stages of a replica")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="replicas (each of TP x PP GPUs) behind --router")
 @click.option("--router", default="least_outstanding", show_default=True,
               help="router policy for several replicas")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=4.0,
@@ -84,7 +87,8 @@ def _fmt(value: float, scale: float = 1.0, unit: str = "") -> str:
 @click.option("--slo-e2e", type=float, default=None, help="end-to-end deadline, seconds")
 @click.option("--gpus-yaml", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="extra GPU specs (YAML, see docs/simulator.md)")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the arrivals and the request lengths")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.pass_context
 def command(ctx: click.Context, model: str | None, gpu: str | None, tp: int, pp: int,
@@ -237,7 +241,8 @@ def _closed_loop(spec: Any, gpu_spec: Any, tp: int, pp: int, profile: str, confi
                                  "(default: print the JSON)")
 @click.option("--waves", type=click.IntRange(min=2), default=8, show_default=True,
               help="requests per client in each closed loop (the first is excluded)")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the first closed loop (see --runs)")
 @click.option("--runs", type=click.IntRange(min=1), default=4, show_default=True,
               help="closed loops per row (seeds seed, seed+1, ...), averaged: client "
                    "clustering differs from draw to draw")

@@ -66,14 +66,17 @@ def plot_timeline(result: Any, path: Path, title: str) -> None:
 @click.command(name="flying")
 @click.option("--model", required=True, help="preset name or Hugging Face config.json")
 @click.option("--gpu", required=True, help="GPU name, e.g. H200")
-@click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=8, show_default=True,
+              help="GPUs in all (split into DP engines of --base-tp GPUs)")
 @click.option("--base-tp", type=click.IntRange(min=1), default=2, show_default=True,
               help="TP of one DP engine (engines = gpus / base-tp)")
 @click.option("--widths", default="1,2", show_default=True,
               help="allowed group widths in engines (powers of two dividing the engines)")
 @click.option("--policy", default="hysteresis", show_default=True,
               type=click.Choice(["load_threshold", "hysteresis", "priority", "context_length",
-                                 "scheduled"]))
+                                 "scheduled"]),
+              help="the switching policy: when engines bind into a TP group and release it "
+              "(docs/engines-torchref.md)")
 @click.option("--method", type=click.Choice(["hard", "soft", "sequential"]), default="hard",
               show_default=True, help="transition method of binds")
 @click.option("--preempt-kv", type=click.Choice(["keep", "recompute"]), default="keep",
@@ -95,16 +98,17 @@ def plot_timeline(result: Any, path: Path, title: str) -> None:
 @click.option("--requests", "n_requests", type=click.IntRange(min=1), default=None,
               help="stop after this many requests")
 @click.option("--input", "input_tokens", type=click.IntRange(min=1), default=1024,
-              show_default=True)
+              show_default=True, help="prompt tokens per request")
 @click.option("--output", "output_tokens", type=click.IntRange(min=1), default=256,
-              show_default=True)
+              show_default=True, help="output tokens per request")
 @click.option("--priority-share", type=click.FloatRange(0, 1), default=0.15, show_default=True,
               help="share of requests with priority 1 (seeded)")
 @click.option("--max-context", is_flag=True,
               help="print the longest single request, static vs flying, and exit")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write a PNG of the mode timeline (Fig. 8 style)")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the arrivals and of which requests get priority 1")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def flying_command(model: str, gpu: str, n_gpus: int, base_tp: int, widths: str, policy: str,
                    method: str, preempt_kv: str, switch_latency: float, arrival: str,

@@ -53,7 +53,8 @@ def for_terminal(body: bytes, fmt: str) -> bytes:
 
 
 @click.command("usage-export")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="csv", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="csv", show_default=True,
+              help="csv: a row per day, key and model; json: the same rows and their totals")
 @click.option("--key-id", default=None, help="only this key")
 @click.option("--owner", default=None, help="only this owner's keys")
 @click.option("--model", default=None, help="only this model")

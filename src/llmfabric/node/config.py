@@ -27,8 +27,15 @@ def default_home() -> pathlib.Path:
     return pathlib.Path(os.environ.get("LLMFABRIC_HOME", "~/.llmfabric")).expanduser()
 
 
-def parse_hostport(value: str, *, default_host: str = "0.0.0.0") -> tuple[str, int]:
-    """'host:port', ':port' or 'port' -> (host, port); IPv6 as '[::1]:port'."""
+# An address other nodes connect to, for the examples of errors (--bootstrap).
+DIAL_EXAMPLE = "node1.example.org:7946"
+
+
+def parse_hostport(value: str, *, default_host: str = "0.0.0.0",
+                   example: str = "0.0.0.0:7946") -> tuple[str, int]:
+    """'host:port', ':port' or 'port' -> (host, port); IPv6 as '[::1]:port'. `example` is
+    the error's example: a listen address by default, a host to dial for addresses others
+    connect to."""
     text = value.strip()
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
@@ -40,7 +47,7 @@ def parse_hostport(value: str, *, default_host: str = "0.0.0.0") -> tuple[str, i
     try:
         port = int(port_text)
     except ValueError:
-        raise ConfigError(f"{value!r} is not host:port (e.g. 0.0.0.0:7946)") from None
+        raise ConfigError(f"{value!r} is not host:port (e.g. {example})") from None
     if not 0 <= port <= 65535:
         raise ConfigError(f"port {port} in {value!r} is out of range 0-65535")
     return (host or default_host, port)
@@ -198,8 +205,8 @@ class NodeConfig(BaseModel):
         addrs = _comma_list(value)
         if addrs is None:
             return value  # the type check names the problem
-        for addr in addrs:
-            parse_hostport(addr, default_host="127.0.0.1")
+        for addr in addrs:  # (addresses to dial: 0.0.0.0 is no example of one)
+            parse_hostport(addr, default_host="127.0.0.1", example=DIAL_EXAMPLE)
         return addrs
 
     @field_validator("allowed_hosts", mode="before")

@@ -97,7 +97,8 @@ class Node:
             )
         if config.public_http_addr is not None:
             try:
-                parse_hostport(config.public_http_addr)
+                # (an address ingresses dial: a listen address is no example of one)
+                parse_hostport(config.public_http_addr, example="node1.example.org:8090")
             except ConfigError as exc:
                 raise NodeError(f"public_http_addr: {exc}") from None
         if config.process:

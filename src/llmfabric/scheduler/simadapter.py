@@ -50,13 +50,14 @@ class SimPerformance:
                         return sim.get_model(base[: -len(suffix)])
                     except sim.SimError:
                         pass
-            raise SpecError(f"the simulator does not know model {name!r}: {e}") from None
+            # (the simulator's message names the model: said once, not wrapped in another)
+            raise SpecError(str(e)) from None
 
     def _gpu(self, name: str) -> sim.GPUSpec:
         try:
             return sim.get_gpu(name)
         except sim.SimError as e:
-            raise SpecError(f"the simulator does not know GPU {name!r}: {e}") from None
+            raise SpecError(str(e)) from None  # (names the GPU and the known ones)
 
     def gpu(self, gpu_type: str) -> GpuInfo:
         g = self._gpu(gpu_type)

@@ -54,3 +54,14 @@ def test_quantization_and_models() -> None:
                            ["vllm", "serve", "--quantization=gptq"], 4096)
     assert [(m.id, m.max_context, m.quant_bits) for m in models] == [
         ("a", 32768, 4), ("b", 4096, 4)]
+
+
+def test_a_port_error_names_the_engine_in_words() -> None:
+    """A command of no known kind is an OpenAI-compatible server: the error said "the openai
+    engine", the name of no engine. A known kind keeps its name."""
+    with pytest.raises(EngineCommandError) as raised:
+        parse_engine_command(["./my-server"])
+    assert str(raised.value).startswith(
+        "cannot tell which port the engine (an OpenAI-compatible server) listens on;")
+    with pytest.raises(EngineCommandError, match=r"^cannot tell which port the sim engine "):
+        parse_engine_command(["llmfabric", "engine", "sim", "--model", "m"])

@@ -49,6 +49,7 @@ def test_plan_and_plan_net_name_no_option_they_lack(tmp_path: Path) -> None:
     cluster = _with_gpu(tmp_path, "cluster-table1.yaml", "gpu: GH200")
     out = _error(["plan", "--cluster", cluster, "--workload",
                   str(EXAMPLES / "workload-table1.yaml")])
+    assert out.count("Z900") == 1, out  # (was "does not know GPU 'Z900': unknown GPU 'Z900'")
     assert "--gpus-yaml" not in _options(["plan"]) and "--gpus-yaml" not in out, out
     topology = _with_gpu(tmp_path, "heroserve/unit-2tracks.yaml", "type: A100-80GB")
     out = _error(["plan", "net", "--topology", topology, "--model", "opt-175b",

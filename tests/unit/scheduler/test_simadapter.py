@@ -29,5 +29,6 @@ def test_memory_feasibility_and_names() -> None:
     assert perf.params_b("Llama-3.3-70B-Instruct") == pytest.approx(70.6, rel=0.01)
     assert not perf.estimate("Llama-3.3-70B-Instruct", "A100-80GB", 1, 1.0, 800, 200).feasible
     assert perf.gpu("GH200").memory_gb > perf.gpu("A100-80GB").memory_gb
-    with pytest.raises(SpecError, match="does not know model"):
+    with pytest.raises(SpecError, match=r"^unknown model 'no-such-model-7b'") as raised:
         perf.params_b("no-such-model-7b")
+    assert str(raised.value).count("no-such-model-7b") == 1  # (said once, not wrapped)
