@@ -19,8 +19,9 @@ KIND` overrides (any OpenAI-compatible server: `openai`).
 
 Behind a container launcher (`apptainer`/`singularity exec`, `enroot start`, `srun
 --container-image`, `docker`/`podman run`) the engine is recognised after the launcher's
-options and image (`apptainer exec --nv IMAGE vllm serve M` is vllm, not openai); the image
-decides only when the image's own entrypoint runs (`docker run vllm/vllm-openai --model M`).
+options and image (`apptainer exec --nv IMAGE vllm serve M` is vllm, not openai); the
+image's name counts when no command follows it or its own entrypoint runs
+(`docker run vllm/vllm-openai --model M`; `_engine_words`).
 
 `counts_stream_usage`: the engine sends no usage in streams (llama.cpp's servers), so the
 node counts a stream's tokens itself (node/engine/stream_usage.py). `tokenize_interrupts`: a
@@ -123,7 +124,16 @@ _DOCKER_VALUES = frozenset({
     "--user", "--device", "--mount", "--runtime", "--platform", "-h", "--hostname", "-m",
     "--memory", "--cpus", "--ulimit", "-l", "--label", "--add-host", "--cap-add",
     "--cap-drop", "--security-opt", "--pid", "--restart", "--tmpfs", "--log-driver",
-    "--log-opt", "--pull", "--volumes-from", "--group-add", "--stop-signal"})
+    "--log-opt", "--pull", "--volumes-from", "--group-add", "--stop-signal", "--userns",
+    "--cgroupns", "--uts", "--cpuset-cpus", "--cpuset-mems", "--cpu-shares", "-c",
+    "--cpu-period", "--cpu-quota", "--pids-limit", "--storage-opt", "--memory-swap",
+    "--memory-reservation", "--blkio-weight", "--device-cgroup-rule", "--dns",
+    "--dns-search", "--dns-option", "--domainname", "--expose", "--ip", "--ip6",
+    "--isolation", "--link", "--mac-address", "--network-alias", "--oom-score-adj",
+    "--sysctl", "-a", "--attach", "--detach-keys", "--label-file", "--annotation",
+    "--health-cmd", "--health-interval", "--health-retries", "--health-timeout",
+    "--health-start-period", "--stop-timeout", "--cidfile", "--cgroup-parent", "--init-path",
+    "--secret", "--arch", "--os", "--variant"})
 # Each launcher's options that take their value as the next word (`--bind /opt/vllm`), from
 # its manual; any other option is a flag or carries its value after `=`. A value is no
 # engine's name: `--name vllm-box IMAGE python -m sglang.launch_server` runs SGLang.
@@ -155,36 +165,65 @@ def _engine_named(word: str) -> str | None:
     return next((kind for part, kind in _ENGINE_WORDS if part in word), None)
 
 
-def _launched(argv: Sequence[str]) -> tuple[str, list[str]]:
-    """(image, command) of a container launcher's command line: its sub-command, options
-    (with their values) and image skipped. srun names no image (`--container-image=`)."""
+# Launchers whose words after the image go to the image's own entrypoint (or runscript),
+# which may be the engine: `docker run vllm/vllm-openai Qwen/Qwen2.5-7B` runs vLLM. After
+# `apptainer exec`, `enroot start` and srun the words are the command that runs.
+_IMAGE_RUNS = {"docker": frozenset({"run"}), "podman": frozenset({"run"}),
+               "apptainer": frozenset({"run"}), "singularity": frozenset({"run"})}
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    image: str  # "" when none (srun: `--container-image=`)
+    command: list[str]  # the words after the image
+    image_runs: bool  # the image's entrypoint receives `command` (it may be the engine)
+
+
+def _launched(argv: Sequence[str]) -> _Launch:
+    """A container launcher's command line with its sub-command, options (and their values)
+    and image taken apart; `--entrypoint X` puts X at the head of the command."""
     launcher = os.path.basename(argv[0]).lower()
     rest = list(argv[1:])
-    i = 1 if rest and rest[0] in _SUBCOMMANDS.get(launcher, ()) else 0
+    sub = rest[0] if rest and rest[0] in _SUBCOMMANDS.get(launcher, ()) else ""
+    i = 1 if sub else 0
     takes_value = _VALUE_OPTIONS[launcher]
+    entrypoint = ""
     while i < len(rest) and rest[i].startswith("-"):
-        option = rest[i]
+        option, _, value = rest[i].partition("=")
         i += 1
-        if "=" not in option and option in takes_value:
+        if not value and option in takes_value and i < len(rest):
+            value = rest[i]
             i += 1
+        if option == "--entrypoint" and launcher in ("docker", "podman"):
+            entrypoint = value
     if launcher == "srun" or i >= len(rest):
-        return "", rest[i:]
-    return rest[i], rest[i + 1:]
+        return _Launch("", rest[i:], False)
+    command = rest[i + 1:]
+    if entrypoint:
+        return _Launch(rest[i], [entrypoint, *command], False)
+    return _Launch(rest[i], command, sub in _IMAGE_RUNS.get(launcher, ()))
 
 
 def _engine_words(argv: Sequence[str]) -> list[str]:
-    """The words that name the engine (basenames, lower case): the command's first four,
-    after any container launchers (`srun apptainer exec IMG vllm serve`). The image counts
-    only when no command follows it or the command starts with an option (the image's own
-    entrypoint runs the engine: `docker run vllm/vllm-openai --model M`); otherwise the
-    command decides (`apptainer exec vllm.sif python -m sglang.launch_server` is SGLang)."""
-    image = ""
-    command = list(argv)
-    while command and os.path.basename(command[0]).lower() in _LAUNCHERS:
-        image, command = _launched(command)
-    if image and (not command or command[0].startswith("-")):
-        return [os.path.basename(image.split("://")[-1]).lower()]
-    return [os.path.basename(a).lower() for a in command[:4]]
+    """The words that name the engine (basenames, lower case), in the order they decide:
+    the command's first four, after any container launchers (`srun apptainer exec IMG vllm
+    serve`). The image's name decides when no command follows it, or when the image's own
+    entrypoint runs (`docker run`, `apptainer run`): first when the command starts with an
+    option (`docker run vllm/vllm-openai --model M`), else after the command's words
+    (`docker run vllm/vllm-openai Qwen/Qwen2.5-7B` is vLLM, `docker run IMG python -m
+    sglang.launch_server` SGLang). After `apptainer exec IMG` the command decides
+    (`apptainer exec vllm.sif python -m sglang.launch_server` is SGLang)."""
+    launch = _Launch("", list(argv), False)
+    while launch.command and os.path.basename(launch.command[0]).lower() in _LAUNCHERS:
+        launch = _launched(launch.command)
+    command = launch.command
+    words = [os.path.basename(a).lower() for a in command[:4]]
+    if not launch.image:
+        return words
+    image = os.path.basename(launch.image.split("://")[-1]).lower()
+    if not command or (launch.image_runs and command[0].startswith("-")):
+        return [image]
+    return [*words, image] if launch.image_runs else words
 
 
 def detect_kind(argv: Sequence[str]) -> EngineKind:

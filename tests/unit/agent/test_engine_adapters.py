@@ -56,11 +56,24 @@ pytestmark = pytest.mark.unit
     # a suffix-less image named after an engine decides nothing when a command follows ...
     (["apptainer", "exec", "--nv", "vllm-latest", "python", "-m", "sglang.launch_server"],
      "sglang", "http://127.0.0.1:30000"),
-    (["singularity", "run", "--nv", "vllm", "./server", "--port", "3"], "openai",
+    (["singularity", "exec", "--nv", "vllm", "./server", "--port", "3"], "openai",
      "http://127.0.0.1:3"),
-    # ... and decides when the image's own entrypoint runs the engine
+    # ... and decides when the image's own entrypoint runs the engine: at once when only
+    # options follow, after the command's words otherwise (a positional model)
     (["docker", "run", "--gpus", "all", "vllm/vllm-openai:latest", "--model", "m"], "vllm",
      "http://127.0.0.1:8000"),
+    (["docker", "run", "--gpus", "all", "-p", "8000:8000", "vllm/vllm-openai:latest",
+      "Qwen/Qwen2.5-7B-Instruct"], "vllm", "http://127.0.0.1:8000"),
+    (["singularity", "run", "--nv", "vllm.sif", "--port", "3"], "vllm", "http://127.0.0.1:3"),
+    (["docker", "run", "vllm-base", "python3", "-m", "sglang.launch_server"], "sglang",
+     "http://127.0.0.1:30000"),
+    # --entrypoint heads the command; options' values are skipped, whatever the option
+    (["podman", "run", "--entrypoint=python3", "vllm-base:latest", "-m",
+      "sglang.launch_server", "--port", "5"], "sglang", "http://127.0.0.1:5"),
+    (["docker", "run", "--entrypoint", "llama-server", "vllm-base", "-m", "m.gguf"],
+     "llama.cpp", "http://127.0.0.1:8080"),
+    (["docker", "run", "--userns", "host", "--gpus", "all", "img-x", "python3", "-m",
+      "sglang.launch_server"], "sglang", "http://127.0.0.1:30000"),
     (["podman", "run", "docker://lmsysorg/sglang:latest"], "sglang", "http://127.0.0.1:30000"),
     # launchers nest
     (["srun", "--ntasks", "1", "apptainer", "exec", "-B", "/vllm", "x.sif", "llama-server"],
