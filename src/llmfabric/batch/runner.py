@@ -21,7 +21,8 @@ owner's batch nor keeps a task per line asleep.
 - a cancel (the status is cancelling), the end of the completion window (the injected
   clock) or answers past `max_output_bytes` (the batch then fails, with its answers) stop
   new lines; a cancel (`wake(batch_id)`) also ends at once the waits of lines waiting out
-  a refusal; lines in flight finish, lines never sent get an error record
+  a refusal (and a wait never outlasts the window); a line still waiting for a slot when
+  the batch stops is not sent; lines in flight finish, lines never sent get an error record
   (`batch_cancelled` / `batch_expired`, as OpenAI's expired lines).
 - the output and error files are written from the kept results (ids derived from the batch
   id, so a finalization cut short by a restart is redone, not doubled; they expire as the
@@ -291,6 +292,13 @@ class BatchRunner:
                         "requests are no longer sent"))
                     return
             async with self._slots:  # (released while a refused line waits)
+                # (a cancel, the window's end or a full output may have come while this
+                # line waited for a slot, behind other owners' lines: then it is not sent)
+                if (stop := self._stop_of(b)) is not None:
+                    self._stopped[b.id] = stop
+                    self.store.record_result(b.id, line.index, False,
+                                             not_sent(line.custom_id, stop.code, stop.message))
+                    return
                 reply = await self.serve_line(b.endpoint, body, principal)
             wait = self._retry_wait(reply, failures)
             if wait is None:
@@ -310,7 +318,9 @@ class BatchRunner:
 
     async def _wait_out(self, b: BatchRecord, seconds: float) -> _Stop | None:
         """Wait `seconds` before a refused line of `b` is sent again, or less when the batch
-        is cancelled meanwhile (`wake`); why the line may no longer be sent, or None."""
+        is cancelled meanwhile (`wake`) or its window ends first; why the line may no longer
+        be sent, or None."""
+        seconds = min(seconds, max(0.0, b.expires_at - self.clock.wall()))
         stirred = self._stirred.get(b.id)
         deadline = self.clock.now() + seconds
         while stirred is not None and (left := deadline - self.clock.now()) > 0:

@@ -559,3 +559,53 @@ async def test_a_wake_that_is_no_cancel_leaves_the_wait_as_it_was(
     await env.clock.advance(1)  # t 20: sent again
     await asyncio.wait_for(task, 5)
     assert len(env.serve.calls) == 2 and env.get(bid).completed == 1
+
+
+async def test_a_line_waiting_for_a_slot_when_its_batch_is_cancelled_is_not_sent(
+        tmp_path: pathlib.Path) -> None:
+    # Two owners share the ingress's slots: bob's lines wait for a slot behind alice's
+    # lines in flight. A cancel of bob's batch meanwhile: his lines were sent anyway once
+    # alice's finished.
+    env = Env(tmp_path, concurrency=2)
+    env.serve.hold = asyncio.Event()
+    first = env.batch(lines_of(2))
+    data = lines_of(2)
+    f = FileRecord(env.store.new_file_id(), "bob", "in.jsonl", "batch", len(data), 1, 2)
+    env.store.path_of(f.id).write_bytes(data)
+    env.store.add_file(f)
+    now = int(env.clock.wall())
+    second = BatchRecord(env.store.new_batch_id(), "bob", "k1", CHAT, f.id, "24h",
+                         VALIDATING, now, now + DAY)
+    env.store.add_batch(second)
+    alice = asyncio.create_task(env.runner.run_batch(first))
+    await _in_flight(env, 2)
+    bob = asyncio.create_task(env.runner.run_batch(second.id))
+    for _ in range(20):  # (bob's batch validated, its lines queued for a slot)
+        await asyncio.sleep(0.01)
+    assert len(env.serve.calls) == 2
+    assert env.store.request_cancel("bob", second.id, int(env.clock.wall())) is not None
+    env.serve.hold.set()
+    await asyncio.wait_for(asyncio.gather(alice, bob), 5)
+    assert env.get(first).completed == 2 and len(env.serve.calls) == 2
+    b = env.store.get_batch("bob", second.id)
+    assert b is not None and b.status == CANCELLED and (b.completed, b.failed) == (0, 2)
+    errs = env.lines(b.error_file_id)
+    assert [e["error"]["code"] for e in errs] == ["batch_cancelled"] * 2
+
+
+async def test_a_line_waiting_out_a_refusal_ends_with_the_window(
+        tmp_path: pathlib.Path) -> None:
+    # A Retry-After of 60 s ten seconds before the 24 h window ends: the batch stayed
+    # in progress 50 s past its window (and then expired anyway).
+    env = Env(tmp_path, concurrency=1)
+    env.serve.script = lambda doc: error_reply(503, "none", "no_candidates",
+                                               headers={"Retry-After": "60"})
+    bid = env.batch(lines_of(1))
+    await env.clock.advance(DAY - 10)
+    task = asyncio.create_task(env.runner.run_batch(bid))
+    await _sent(env, 1)
+    await env.clock.advance(10)
+    await asyncio.wait_for(task, 5)
+    b = env.get(bid)
+    assert b.status == EXPIRED and len(env.serve.calls) == 1
+    assert env.lines(b.error_file_id)[0]["error"]["code"] == "batch_expired"
