@@ -168,10 +168,12 @@ class BatchStore:
         return self.files_dir / file_id
 
     def owner_usage(self, owner: str) -> tuple[int, int]:
-        """(files, bytes) the owner uploaded (batch outputs not counted)."""
+        """(files, bytes) the owner uploaded (batch outputs not counted) and can still see:
+        an expired file, which the owner can no longer list or delete, stops counting at
+        once, not when the retention sweep gets to it."""
         n, size = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM files WHERE owner = ? AND "
-            "purpose = ?", (owner, FILE_PURPOSE)).fetchone()
+            f"purpose = ? AND {_LIVE_FILE}", (owner, FILE_PURPOSE, *self._live())).fetchone()
         return int(n), int(size)
 
     def cap_refusal(self, owner: str, adding: int, new_files: int = 1) -> str | None:
@@ -194,9 +196,10 @@ class BatchStore:
         """Why `owner` may not start a batch: its files, batch outputs included, take its
         byte cap, or it keeps max_output_files_per_owner outputs (outputs are never
         refused, so a new batch is), or None."""
-        outputs, size = self._db.execute(
+        outputs, size = self._db.execute(  # (expired files not counted: owner_usage)
             "SELECT COALESCE(SUM(purpose = ?), 0), COALESCE(SUM(bytes), 0) FROM files "
-            "WHERE owner = ?", (OUTPUT_PURPOSE, owner)).fetchone()
+            f"WHERE owner = ? AND {_LIVE_FILE}", (OUTPUT_PURPOSE, owner, *self._live())
+        ).fetchone()
         if outputs >= self.limits.max_output_files_per_owner:
             return (f"you keep {outputs} batch output files, the most this ingress keeps per "
                     "owner before a new batch; delete old ones (DELETE /v1/files/ID)")

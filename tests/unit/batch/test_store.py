@@ -210,3 +210,25 @@ def test_a_database_from_before_usage_gets_its_columns(tmp_path: pathlib.Path) -
     got = store.get_batch("alice", b.id)
     assert got is not None and got.usage == Usage(3, 0, 4, 0)
     store.close()
+
+
+def test_an_expired_file_stops_counting_against_the_caps_at_once(
+        tmp_path: pathlib.Path) -> None:
+    # An expired file is a 404: its owner can neither list nor delete it. It counted
+    # against the caps until the retention sweep (every 60 s, 200 rows) removed it.
+    now = [1000.0]
+    store = BatchStore(tmp_path, BatchLimits(max_files_per_owner=2, max_bytes_per_owner=100,
+                                             max_output_files_per_owner=1),
+                       wall=lambda: now[0])
+    for _ in range(2):
+        store.add_file(FileRecord(store.new_file_id(), "alice", "in.jsonl", "batch", 40, 1,
+                                  1, expires_at=2000))
+    store.add_file(FileRecord(store.new_file_id(), "alice", "o", "batch_output", 10, 1, 1,
+                              expires_at=2000), capped=False)
+    assert "2 files" in (store.cap_refusal("alice", 1) or "")
+    assert "output files" in (store.stored_refusal("alice") or "")
+    now[0] = 2000.0  # (expired; the sweep has not run)
+    assert store.list_files("alice", None, None, 10) == ([], False)
+    assert store.owner_usage("alice") == (0, 0)
+    assert store.cap_refusal("alice", 100) is None and store.stored_refusal("alice") is None
+    store.close()
