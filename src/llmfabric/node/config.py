@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pathlib
+import re
 from typing import Any, Literal
 
 import yaml
@@ -29,6 +31,7 @@ def default_home() -> pathlib.Path:
 
 # An address other nodes connect to, for the examples of errors (--bootstrap).
 DIAL_EXAMPLE = "node1.example.org:7946"
+HTTP_DIAL_EXAMPLE = "node1.example.org:8090"  # (--public-http-addr)
 
 
 def parse_hostport(value: str, *, default_host: str = "0.0.0.0",
@@ -51,6 +54,35 @@ def parse_hostport(value: str, *, default_host: str = "0.0.0.0",
     if not 0 <= port <= 65535:
         raise ConfigError(f"port {port} in {value!r} is out of range 0-65535")
     return (host or default_host, port)
+
+
+# A host name in an address others dial (letters, digits, '-', '_', dots).
+_HOST_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?\Z")
+
+
+def parse_dial_addr(value: str, *, example: str = DIAL_EXAMPLE) -> tuple[str, int]:
+    """An address published for others to dial as given (--public-addr, --public-http-addr):
+    'host:port' with a host name or IPv4 address, or '[v6]:port'; one address, no scheme, a
+    port other than 0. ConfigError says what to give (`example`: the error's example)."""
+    text = value.strip()
+    if "://" in text:  # (published as host:port: ingresses add the scheme themselves)
+        raise ConfigError(f"{value!r}: give host:port without a scheme (e.g. {example})")
+    if "," in text:
+        raise ConfigError(f"{value!r}: give one host:port (e.g. {example})")
+    host, port = parse_hostport(text, default_host="", example=example)
+    if text.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"{value!r}: [{host}] is not an IPv6 address") from None
+    elif ":" in host:  # (peers and the Host check split at the last ':' of an unbracketed one)
+        raise ConfigError(f"{value!r}: put an IPv6 address in brackets, e.g. [{host}]:{port}")
+    elif not _HOST_NAME.match(host):
+        raise ConfigError(f"{value!r} is not host:port (e.g. {example})")
+    if host in ("0.0.0.0", "::") or port == 0:
+        raise ConfigError(f"{value!r} is a listen address, not one others can dial "
+                          f"(e.g. {example})")
+    return host, port
 
 
 def _comma_list(value: Any) -> tuple[str, ...] | None:
@@ -197,6 +229,20 @@ class NodeConfig(BaseModel):
     def _hostport(cls, value: str | None) -> str | None:
         if value is not None:
             parse_hostport(value)
+        return value
+
+    @field_validator("public_addr")
+    @classmethod
+    def _public_addr(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_dial_addr(value)
+        return value
+
+    @field_validator("public_http_addr")
+    @classmethod
+    def _public_http_addr(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_dial_addr(value, example=HTTP_DIAL_EXAMPLE)
         return value
 
     @field_validator("bootstrap", mode="before")
