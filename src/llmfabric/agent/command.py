@@ -4,8 +4,8 @@ Kind: from the command (agent/engines.py `detect_kind`: vllm, sglang, llama.cpp,
 llama-cpp-python, tgi, torch, sim, else openai), or `--engine KIND`.
 URL: `--engine-url` if given; else `--host`/`--port` from the command (0.0.0.0/:: mean
 loopback for us); else the kind's default port (vllm 8000, sglang 30000, llama-server 8080,
-llama-cpp-python 8000, tgi 3000). torch, sim and openai engines need --port in the command or
-an explicit engine URL.
+llama-cpp-python 8000, tgi 3000). torch, sim and OpenAI-compatible (`openai`) engines need
+--port in the command or an explicit engine URL.
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmfabric.agent.engines import EngineKind, detect_kind, flag_value, kind_named
+from llmfabric.agent.engines import (
+    EngineKind,
+    detect_kind,
+    engine_phrase,
+    flag_value,
+    kind_named,
+)
 from llmfabric.agent.errors import EngineCommandError
 
 _WILDCARDS = {"0.0.0.0", "::", "[::]", "", "*"}
@@ -49,7 +55,7 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     if port_s is None:
         if adapter.default_port is None:
             raise EngineCommandError(
-                f"cannot tell which port {_the_engine(adapter)} listens on; add --port to "
+                f"cannot tell which port {engine_phrase(adapter.name)} listens on; add --port to "
                 "its command or pass --engine-url http://HOST:PORT"
             )
         port = adapter.default_port
@@ -66,9 +72,3 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     return EngineCommand(args, adapter, f"http://{host}:{port}")
 
 
-def _the_engine(adapter: EngineKind) -> str:
-    """The engine as an error names it: 'openai' is no engine's name but the kind of a command
-    not recognised (or `--engine openai`), any OpenAI-compatible server."""
-    if adapter.name == "openai":
-        return "the engine (an OpenAI-compatible server)"
-    return f"the {adapter.name} engine"

@@ -98,6 +98,12 @@ ALIASES = {"llamacpp": "llama.cpp", "llama-server": "llama.cpp", "llama_cpp": "l
            "unknown": "openai", "generic": "openai"}
 
 
+def engine_phrase(name: str) -> str:
+    """How user-facing text names an engine of kind `name`: `openai` is the kind of any
+    OpenAI-compatible server (a command of no known engine), not an engine of OpenAI's."""
+    return "an OpenAI-compatible engine" if name == "openai" else f"the {name} engine"
+
+
 def kind_named(name: str) -> EngineKind:
     """The adapter for `--engine NAME`; ValueError lists the known names."""
     key = ALIASES.get(name.strip().lower(), name.strip().lower())

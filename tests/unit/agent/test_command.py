@@ -62,6 +62,6 @@ def test_a_port_error_names_the_engine_in_words() -> None:
     with pytest.raises(EngineCommandError) as raised:
         parse_engine_command(["./my-server"])
     assert str(raised.value).startswith(
-        "cannot tell which port the engine (an OpenAI-compatible server) listens on;")
+        "cannot tell which port an OpenAI-compatible engine listens on;")
     with pytest.raises(EngineCommandError, match=r"^cannot tell which port the sim engine "):
         parse_engine_command(["llmfabric", "engine", "sim", "--model", "m"])

@@ -165,7 +165,7 @@ def test_an_engine_command_without_a_port_is_refused_before_the_node_starts(
     after the node had bound its listeners and joined."""
     for args, needle in (
         (["--process", "my-server", "serve", "m"],
-         "cannot tell which port the engine (an OpenAI-compatible server) listens on; add "
+         "cannot tell which port an OpenAI-compatible engine listens on; add "
          "--port to its command or "
          "pass --engine-url http://HOST:PORT"),
         (["--process", "vllm", "serve", "m", "--port", "x"], "engine --port 'x' is not a number"),
