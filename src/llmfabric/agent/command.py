@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from llmfabric.agent.engines import (
     EngineKind,
     detect_kind,
+    detected,
     engine_phrase,
     flag_value,
     kind_named,
@@ -46,7 +47,7 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
         raise EngineCommandError("no engine command given; put it after --process")
     args = tuple(argv)
     try:
-        adapter = kind_named(kind) if kind else detect_kind(args)
+        adapter, seen = (kind_named(kind), "") if kind else detected(args)
     except ValueError as exc:
         raise EngineCommandError(str(exc)) from None
     if engine_url:
@@ -54,9 +55,10 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     port_s = flag_value(args, "--port")
     if port_s is None:
         if adapter.default_port is None:
+            what = _how_known(adapter, kind, seen, args)
             raise EngineCommandError(
-                f"cannot tell which port {engine_phrase(adapter.name)} listens on; add --port to "
-                "its command or pass --engine-url http://HOST:PORT"
+                f"cannot tell which port the engine listens on: {what} has no default port; "
+                "add --port to its command or pass --engine-url http://HOST:PORT"
             )
         port = adapter.default_port
     else:
@@ -70,5 +72,17 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return EngineCommand(args, adapter, f"http://{host}:{port}")
+
+
+def _how_known(adapter: EngineKind, kind: str | None, seen: str, args: Sequence[str]) -> str:
+    """The engine and where its kind came from, e.g. "the sim engine (detected from
+    `llmfabric engine sim`)": behind a container launcher the user sees what was understood."""
+    if kind:
+        return f"{engine_phrase(adapter.name)} (--engine {kind})"
+    if seen:
+        return f"{engine_phrase(adapter.name)} (detected from `{seen}`)"
+    shown = " ".join(args[:8]) + (" ..." if len(args) > 8 else "")
+    return (f"{engine_phrase(adapter.name)} (no known engine named in `{shown}`; --engine "
+            "KIND sets one)")
 
 

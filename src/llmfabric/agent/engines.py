@@ -235,17 +235,22 @@ def _engine_words(argv: Sequence[str]) -> list[str]:
 def detect_kind(argv: Sequence[str]) -> EngineKind:
     """The adapter for an engine command line (see the table above); `openai` if unknown.
     The first of the engine words that names an engine decides."""
+    return detected(argv)[0]
+
+
+def detected(argv: Sequence[str]) -> tuple[EngineKind, str]:
+    """`detect_kind` and the words it read the kind from ("" for `openai`: none named an
+    engine), for errors: behind a container launcher the user sees what was understood."""
     head = _engine_words(argv)
     joined = " ".join(head)
     if "llmfabric" in joined or "llmfabric.cli.engine" in argv:
-        if "torch" in argv[:5]:
-            return KINDS["torch"]
-        if "sim" in argv[:5]:
-            return KINDS["sim"]
+        for name in ("torch", "sim"):
+            if name in argv[:5]:
+                return KINDS[name], " ".join(argv[:list(argv).index(name) + 1])
     for word in head:
         if (kind := _engine_named(word)) is not None:
-            return KINDS[kind]
-    return KINDS["openai"]
+            return KINDS[kind], word
+    return KINDS["openai"], ""
 
 
 def flag_value(argv: Sequence[str], *names: str) -> str | None:
