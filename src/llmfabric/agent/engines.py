@@ -244,9 +244,12 @@ def detected(argv: Sequence[str]) -> tuple[EngineKind, str]:
     head = _engine_words(argv)
     joined = " ".join(head)
     if "llmfabric" in joined or "llmfabric.cli.engine" in argv:
+        # (the engine words too: behind a launcher `llmfabric engine sim` comes after the
+        # launcher's options and image, past the command's first five words)
         for name in ("torch", "sim"):
-            if name in argv[:5]:
-                return KINDS[name], " ".join(argv[:list(argv).index(name) + 1])
+            for words in (list(argv[:5]), head):
+                if name in words:
+                    return KINDS[name], " ".join(words[:words.index(name) + 1])
     for word in head:
         if (kind := _engine_named(word)) is not None:
             return KINDS[kind], word

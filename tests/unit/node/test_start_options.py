@@ -172,6 +172,10 @@ def test_an_engine_command_without_a_port_is_refused_before_the_node_starts(
          "cannot tell which port the engine listens on: the sim engine (detected from "
          "`llmfabric engine sim`) has no default port; add --port to its command or pass "
          "--engine-url http://HOST:PORT"),
+        (["--process", "docker", "run", "--rm", "img", "llmfabric", "engine", "sim"],
+         "cannot tell which port the engine listens on: the sim engine (detected from "
+         "`llmfabric engine sim`) has no default port; add --port to its command or pass "
+         "--engine-url http://HOST:PORT"),
         (["--process", "vllm", "serve", "m", "--port", "x"], "engine --port 'x' is not a number"),
     ):
         res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), "--network-secret",
