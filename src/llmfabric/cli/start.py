@@ -58,15 +58,15 @@ def _aliases(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> 
     return out
 
 
-def _dial_addr(example: str) -> Callable[[click.Context, click.Parameter, str | None],
-                                         str | None]:
+def _dial_addr(example: str, in_url: bool = False
+               ) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
     """Check an address published for others to dial (node/config.py parse_dial_addr) when
     it is given, naming the flag; config files get the same check with the setting's name."""
 
     def check(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
         if value is not None:
             try:
-                parse_dial_addr(value, example=example)
+                parse_dial_addr(value, example=example, in_url=in_url)
             except ConfigError as exc:
                 raise click.BadParameter(str(exc)) from None
         return value
@@ -127,8 +127,7 @@ def node_options(fn: Any) -> Any:
                      help="HTTP API host:port [127.0.0.1:8090]"),
         click.option("--public-addr", envvar="LLMFABRIC_PUBLIC_ADDR",
                      callback=_dial_addr(DIAL_EXAMPLE),
-                     help="host:port other nodes should dial (behind port forwarding; IPv6 "
-                          "as [addr]:port)"),
+                     help="host:port other nodes should dial (behind port forwarding)"),
         click.option("--allowed-host", "allowed_hosts", multiple=True,
                      envvar="LLMFABRIC_ALLOWED_HOSTS", metavar="NAME",
                      help="a host name the HTTP listeners answer (repeatable; env: "
@@ -139,7 +138,7 @@ def node_options(fn: Any) -> Any:
                           "API keys answers its OpenAI routes under any name "
                           "(docs/ingress.md 'Allowed hosts')"),
         click.option("--public-http-addr", envvar="LLMFABRIC_PUBLIC_HTTP_ADDR",
-                     callback=_dial_addr(HTTP_DIAL_EXAMPLE),
+                     callback=_dial_addr(HTTP_DIAL_EXAMPLE, in_url=True),
                      help="host:port (no scheme; IPv6 as [addr]:port) ingresses use for the "
                           "direct HTTP path to this node [derived from the HTTP listener and "
                           "the peer address]"),

@@ -60,23 +60,29 @@ def parse_hostport(value: str, *, default_host: str = "0.0.0.0",
 _HOST_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?\Z")
 
 
-def parse_dial_addr(value: str, *, example: str = DIAL_EXAMPLE) -> tuple[str, int]:
+def parse_dial_addr(value: str, *, example: str = DIAL_EXAMPLE, in_url: bool = False
+                    ) -> tuple[str, int]:
     """An address published for others to dial as given (--public-addr, --public-http-addr):
     'host:port' with a host name or IPv4 address, or '[v6]:port'; one address, no scheme, a
-    port other than 0. ConfigError says what to give (`example`: the error's example)."""
+    port other than 0. Peers split a peer address at its last ':' (net/addressbook.py), so
+    an IPv6 one may go without brackets ('$(POD_IP):7946' on Kubernetes); one that goes into
+    a URL (`in_url`: http://ADDR) needs them. ConfigError says what to give (`example`: the
+    error's example)."""
     text = value.strip()
     if "://" in text:  # (published as host:port: ingresses add the scheme themselves)
         raise ConfigError(f"{value!r}: give host:port without a scheme (e.g. {example})")
     if "," in text:
         raise ConfigError(f"{value!r}: give one host:port (e.g. {example})")
     host, port = parse_hostport(text, default_host="", example=example)
-    if text.startswith("["):
+    if text.startswith("[") or ":" in host:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise ConfigError(f"{value!r}: [{host}] is not an IPv6 address") from None
-    elif ":" in host:  # (peers and the Host check split at the last ':' of an unbracketed one)
-        raise ConfigError(f"{value!r}: put an IPv6 address in brackets, e.g. [{host}]:{port}")
+            raise ConfigError(f"{value!r}: {host!r} is not an IPv6 address (e.g. "
+                              f"[2001:db8::1]:{port})") from None
+        if in_url and not text.startswith("["):
+            raise ConfigError(f"{value!r}: put the IPv6 address in brackets, e.g. "
+                              f"[{host}]:{port}")
     elif not _HOST_NAME.match(host):
         raise ConfigError(f"{value!r} is not host:port (e.g. {example})")
     if host in ("0.0.0.0", "::") or port == 0:
@@ -242,7 +248,7 @@ class NodeConfig(BaseModel):
     @classmethod
     def _public_http_addr(cls, value: str | None) -> str | None:
         if value is not None:
-            parse_dial_addr(value, example=HTTP_DIAL_EXAMPLE)
+            parse_dial_addr(value, example=HTTP_DIAL_EXAMPLE, in_url=True)
         return value
 
     @field_validator("bootstrap", mode="before")

@@ -54,8 +54,8 @@ def test_a_dialable_address_is_taken_as_given(
     ("node1:http", "'node1:http' is not host:port"),
     ("node1:70000", "out of range"),
     ("a:1,b:2", "give one host:port"),
-    ("2001:db8::1:7946", "put an IPv6 address in brackets, e.g. [2001:db8::1]:7946"),
-    ("[fe80::x]:7946", "[fe80::x] is not an IPv6 address"),
+    ("[fe80::x]:7946", "'fe80::x' is not an IPv6 address (e.g. [2001:db8::1]:7946)"),
+    ("fe80::x:7946", "'fe80::x' is not an IPv6 address"),
     ("0.0.0.0:7946", "is a listen address, not one others can dial"),
     ("node1.example.org:0", "is a listen address, not one others can dial"),
     ("tls://node1:7946", "without a scheme"),
@@ -70,12 +70,26 @@ def test_a_bad_public_addr_is_refused_naming_the_flag(
     assert not started
 
 
-def test_a_bad_public_http_addr_gets_an_http_example(
+def test_a_bare_ipv6_peer_address_is_taken_as_peers_split_it(
         tmp_path: pathlib.Path, started: list[NodeConfig]) -> None:
-    code, out = _start(tmp_path, "--public-http-addr", "http://gw.example:8090")
+    """Peers split a peer address at its last ':' (net/addressbook.py parse_addr), and
+    Kubernetes renders `--public-addr $(POD_IP):7946` with a bare IPv6 pod address."""
+    code, out = _start(tmp_path, "--public-addr", "fd00::5:7946")
+    assert code == 0, out
+    assert started[-1].public_addr == "fd00::5:7946"
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("http://gw.example:8090", "give host:port without a scheme (e.g. node1.example.org:8090)"),
+    # (ingresses dial http://ADDR: a bare IPv6 address is no URL host)
+    ("fd00::5:8090", "put the IPv6 address in brackets, e.g. [fd00::5]:8090"),
+])
+def test_a_bad_public_http_addr_gets_an_http_example(
+        tmp_path: pathlib.Path, started: list[NodeConfig], value: str, says: str) -> None:
+    code, out = _start(tmp_path, "--public-http-addr", value)
     assert code == 2, out
     assert "Invalid value for '--public-http-addr'" in out, out
-    assert "give host:port without a scheme (e.g. node1.example.org:8090)" in out, out
+    assert says in out, out
     assert not started
 
 
