@@ -4,8 +4,8 @@ Kind: from the command (agent/engines.py `detect_kind`: vllm, sglang, llama.cpp,
 llama-cpp-python, tgi, torch, sim, else openai), or `--engine KIND`.
 URL: `--engine-url` if given; else `--host`/`--port` from the command (0.0.0.0/:: mean
 loopback for us); else the kind's default port (vllm 8000, sglang 30000, llama-server 8080,
-llama-cpp-python 8000, tgi 3000). torch, sim and openai engines need --port in the command or
-an explicit engine URL.
+llama-cpp-python 8000, tgi 3000). torch, sim and OpenAI-compatible (`openai`) engines need
+--port in the command or an explicit engine URL.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmfabric.agent.engines import EngineKind, detect_kind, flag_value, kind_named
+from llmfabric.agent.engines import (
+    EngineKind,
+    detect_kind,
+    detected,
+    engine_phrase,
+    flag_value,
+    kind_named,
+)
 from llmfabric.agent.errors import EngineCommandError
 
 _WILDCARDS = {"0.0.0.0", "::", "[::]", "", "*"}
@@ -40,7 +47,7 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
         raise EngineCommandError("no engine command given; put it after --process")
     args = tuple(argv)
     try:
-        adapter = kind_named(kind) if kind else detect_kind(args)
+        adapter, seen = (kind_named(kind), "") if kind else detected(args)
     except ValueError as exc:
         raise EngineCommandError(str(exc)) from None
     if engine_url:
@@ -48,9 +55,10 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     port_s = flag_value(args, "--port")
     if port_s is None:
         if adapter.default_port is None:
+            what = _how_known(adapter, kind, seen, args)
             raise EngineCommandError(
-                f"cannot tell which port {_the_engine(adapter)} listens on; add --port to "
-                "its command or pass --engine-url http://HOST:PORT"
+                f"cannot tell which port the engine listens on: {what} has no default port; "
+                "add --port to its command or pass --engine-url http://HOST:PORT"
             )
         port = adapter.default_port
     else:
@@ -66,9 +74,15 @@ def parse_engine_command(argv: Sequence[str], engine_url: str | None = None,
     return EngineCommand(args, adapter, f"http://{host}:{port}")
 
 
-def _the_engine(adapter: EngineKind) -> str:
-    """The engine as an error names it: 'openai' is no engine's name but the kind of a command
-    not recognised (or `--engine openai`), any OpenAI-compatible server."""
-    if adapter.name == "openai":
-        return "the engine (an OpenAI-compatible server)"
-    return f"the {adapter.name} engine"
+def _how_known(adapter: EngineKind, kind: str | None, seen: str, args: Sequence[str]) -> str:
+    """The engine and where its kind came from, e.g. "the sim engine (detected from
+    `llmfabric engine sim`)": behind a container launcher the user sees what was understood."""
+    if kind:
+        return f"{engine_phrase(adapter.name)} (--engine {kind})"
+    if seen:
+        return f"{engine_phrase(adapter.name)} (detected from `{seen}`)"
+    shown = " ".join(args[:8]) + (" ..." if len(args) > 8 else "")
+    return (f"{engine_phrase(adapter.name)} (no known engine named in `{shown}`; --engine "
+            "KIND sets one)")
+
+

@@ -98,6 +98,12 @@ ALIASES = {"llamacpp": "llama.cpp", "llama-server": "llama.cpp", "llama_cpp": "l
            "unknown": "openai", "generic": "openai"}
 
 
+def engine_phrase(name: str) -> str:
+    """How user-facing text names an engine of kind `name`: `openai` is the kind of any
+    OpenAI-compatible server (a command of no known engine), not an engine of OpenAI's."""
+    return "an OpenAI-compatible engine" if name == "openai" else f"the {name} engine"
+
+
 def kind_named(name: str) -> EngineKind:
     """The adapter for `--engine NAME`; ValueError lists the known names."""
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
@@ -229,17 +235,25 @@ def _engine_words(argv: Sequence[str]) -> list[str]:
 def detect_kind(argv: Sequence[str]) -> EngineKind:
     """The adapter for an engine command line (see the table above); `openai` if unknown.
     The first of the engine words that names an engine decides."""
+    return detected(argv)[0]
+
+
+def detected(argv: Sequence[str]) -> tuple[EngineKind, str]:
+    """`detect_kind` and the words it read the kind from ("" for `openai`: none named an
+    engine), for errors: behind a container launcher the user sees what was understood."""
     head = _engine_words(argv)
     joined = " ".join(head)
     if "llmfabric" in joined or "llmfabric.cli.engine" in argv:
-        if "torch" in argv[:5]:
-            return KINDS["torch"]
-        if "sim" in argv[:5]:
-            return KINDS["sim"]
+        # (the engine words too: behind a launcher `llmfabric engine sim` comes after the
+        # launcher's options and image, past the command's first five words)
+        for name in ("torch", "sim"):
+            for words in (list(argv[:5]), head):
+                if name in words:
+                    return KINDS[name], " ".join(words[:words.index(name) + 1])
     for word in head:
         if (kind := _engine_named(word)) is not None:
-            return KINDS[kind]
-    return KINDS["openai"]
+            return KINDS[kind], word
+    return KINDS["openai"], ""
 
 
 def flag_value(argv: Sequence[str], *names: str) -> str | None:

@@ -33,6 +33,7 @@ from llmfabric.agent.engine_metrics import (
     load_from_metrics,
     load_from_slots,
 )
+from llmfabric.agent.engines import engine_phrase
 from llmfabric.agent.errors import EngineNotReady, EngineStartError
 from llmfabric.agent.facts import props_context, role_of, served_models
 from llmfabric.agent.logwatch import DEFAULT_FATAL_PATTERNS, LogWatcher
@@ -211,7 +212,7 @@ class EngineSupervisor:
         logf = await asyncio.to_thread(cfg.log_path.open, "ab")
         env = {**os.environ, **(cfg.env or {})}
         self._started_at = self._clock.now()
-        log.info("starting %s engine: %s", self.command.kind, " ".join(self.command.argv))
+        log.info("starting %s: %s", engine_phrase(self.command.kind), " ".join(self.command.argv))
         try:
             # Own process group (we signal the whole tree) + parent-death SIGKILL (a node
             # killed with -9 takes its engine along): agent/proctree.py.
@@ -240,7 +241,8 @@ class EngineSupervisor:
             raise
         self.info = info
         served = ", ".join(m.id for m in info.models)
-        self._transition(EngineState.READY, f"{self.command.kind} engine serving {served}")
+        self._transition(EngineState.READY,
+                         f"{engine_phrase(self.command.kind)} serving {served}")
         self._tasks.append(asyncio.create_task(self._health_loop(), name="engine-health"))
         return info
 
@@ -267,8 +269,9 @@ class EngineSupervisor:
         deadline = self._clock.now() + cfg.ready_timeout_s
         last = "no answer yet"
         next_note = self._clock.now() + cfg.progress_interval_s
-        log.info("waiting for the %s engine at %s (timeout %.0f s; log: %s)",
-                 self.command.kind, self.command.base_url, cfg.ready_timeout_s, cfg.log_path)
+        log.info("waiting for %s at %s (timeout %.0f s; log: %s)",
+                 engine_phrase(self.command.kind), self.command.base_url, cfg.ready_timeout_s,
+                 cfg.log_path)
         while True:
             if self._clock.now() >= next_note:
                 next_note = self._clock.now() + cfg.progress_interval_s
@@ -331,7 +334,7 @@ class EngineSupervisor:
         engine cannot flip roles or refused."""
         path = self.command.adapter.role_path
         if path is None:
-            raise ProbeError(f"a {self.command.kind} engine cannot flip roles")
+            raise ProbeError(f"{engine_phrase(self.command.kind)} cannot flip roles")
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)

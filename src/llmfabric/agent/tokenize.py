@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from llmfabric.agent.engines import EngineKind
+from llmfabric.agent.engines import EngineKind, engine_phrase
 from llmfabric.agent.probe import read_capped
 
 MAX_COUNT = 10_000_000  # a tokenizer's count above this is not believed
@@ -40,7 +40,7 @@ class EngineTokenizer:
         max_answer: int = 16 * 1024 * 1024,
     ) -> None:
         if kind.tokenize_path is None:
-            raise ValueError(f"the {kind.name} engine has no tokenize route")
+            raise ValueError(f"{engine_phrase(kind.name)} has no tokenize route")
         self.kind = kind
         self._url = base_url.rstrip("/") + kind.tokenize_path
         self._session = session

@@ -269,8 +269,15 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
             "home": home, "provider": providers[0] if providers else None},
             interval, drift, once, settle)
         return
-    if gpus_yaml is not None:  # (the other modes plan on the simulator's own GPUs)
-        raise click.UsageError("--gpus-yaml goes with --pd-plan")
+    # The other modes read none of these (and plan on the simulator's own GPUs): ignoring
+    # them silently hid a forgotten --pd-plan.
+    stray = [flag for flag, value in (
+        ("--pd-cluster", pd_cluster), ("--pd-links", pd_links), ("--pd-topology", pd_topology),
+        ("--gpus-yaml", gpus_yaml), ("--pd-model", pd_model)) if value is not None]
+    if stray:
+        raise click.UsageError(f"{', '.join(stray)} {'goes' if len(stray) == 1 else 'go'} "
+                               "with --pd-plan (add --pd-plan PLAN.json, or drop "
+                               f"{'it' if len(stray) == 1 else 'them'})")
     if launcher == "slurm":
         from llmfabric.cli.controller_slurm import run_launcher
 

@@ -153,7 +153,8 @@ def job_rows(slurm: Slurm, job_ids: list[str], name: str | None,
 @click.option("--json", "as_json", is_flag=True, help="the rows as JSON (no header)")
 def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str | None,
            api_key: str | None, as_json: bool) -> None:
-    """Slurm's view of provider jobs (squeue, sacct) next to the fabric's view of their nodes."""
+    """Slurm's view of provider jobs (squeue, sacct) next to the fabric's view of their nodes:
+    a line a job, under a header line when stdout is a terminal (piped, the rows only)."""
     name = _load(profile)[0].job_name if profile else None
     if not job_ids and name is None:
         raise click.UsageError("give JOB_IDS or --profile")
@@ -165,18 +166,27 @@ def status(job_ids: tuple[str, ...], profile: pathlib.Path | None, node_url: str
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    for line in status_lines(rows, with_fabric=nodes is not None):
+    # The header only for a reader: scripts that parse the rows (`| awk`) read no header,
+    # as `keys usage-export` escapes only for a terminal.
+    for line in status_lines(rows, with_fabric=nodes is not None, header=_is_terminal()):
         click.echo(line)
+
+
+def _is_terminal() -> bool:
+    return sys.stdout.isatty()
 
 
 def _status_line(job: str, state: str, host: str, detail: str, fabric: str) -> str:
     return f"{job:>10} {state:<11} {host:<12} {detail:<24} {fabric}".rstrip()
 
 
-def status_lines(rows: list[dict[str, Any]], with_fabric: bool) -> list[str]:
-    """`slurm status`'s table: a header, then one line a job (FABRIC only with --node)."""
+def status_lines(rows: list[dict[str, Any]], with_fabric: bool, header: bool = True
+                 ) -> list[str]:
+    """`slurm status`'s table: a header (unless `header` is false), then one line a job
+    (FABRIC only with --node)."""
     lines = [_status_line("JOB", "STATE", "HOST", "REASON/EXIT",
-                          "FABRIC (state models session)" if with_fabric else "")]
+                          "FABRIC (state models session)" if with_fabric else "")
+             ] if header else []
     for row in rows:
         fabric = row.get("fabric")
         seen = "; ".join(f"{f['state']} {','.join(f['models']) or '-'} {f['session_id'][:12]}"

@@ -20,7 +20,15 @@ import click
 
 from llmfabric.cli.untrusted import configure_logging
 from llmfabric.net.fd_limit import raise_open_file_limit
-from llmfabric.node.config import ConfigError, NodeConfig, build_config, load_config_file
+from llmfabric.node.config import (
+    DIAL_EXAMPLE,
+    HTTP_DIAL_EXAMPLE,
+    ConfigError,
+    NodeConfig,
+    build_config,
+    load_config_file,
+    parse_dial_addr,
+)
 from llmfabric.routing.policies import POLICIES
 from llmfabric.untrusted import get_logger
 
@@ -48,6 +56,22 @@ def _aliases(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> 
                                      "Llama-3.1-8B-Instruct)")
         out[alias.strip()] = model.strip()
     return out
+
+
+def _dial_addr(example: str, in_url: bool = False
+               ) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+    """Check an address published for others to dial (node/config.py parse_dial_addr) when
+    it is given, naming the flag; config files get the same check with the setting's name."""
+
+    def check(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_dial_addr(value, example=example, in_url=in_url)
+            except ConfigError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
+
+    return check
 
 
 # Per-phase forwarding timeouts of one attempt (llmfabric.ingress.Timeouts): ONE definition
@@ -102,6 +126,7 @@ def node_options(fn: Any) -> Any:
         click.option("--http-listen", envvar="LLMFABRIC_HTTP_LISTEN",
                      help="HTTP API host:port [127.0.0.1:8090]"),
         click.option("--public-addr", envvar="LLMFABRIC_PUBLIC_ADDR",
+                     callback=_dial_addr(DIAL_EXAMPLE),
                      help="host:port other nodes should dial (behind port forwarding)"),
         click.option("--allowed-host", "allowed_hosts", multiple=True,
                      envvar="LLMFABRIC_ALLOWED_HOSTS", metavar="NAME",
@@ -113,8 +138,10 @@ def node_options(fn: Any) -> Any:
                           "API keys answers its OpenAI routes under any name "
                           "(docs/ingress.md 'Allowed hosts')"),
         click.option("--public-http-addr", envvar="LLMFABRIC_PUBLIC_HTTP_ADDR",
-                     help="host:port ingresses use for the direct HTTP path to this node "
-                          "[derived from the HTTP listener and the peer address]"),
+                     callback=_dial_addr(HTTP_DIAL_EXAMPLE, in_url=True),
+                     help="host:port (no scheme; IPv6 as [addr]:port) ingresses use for the "
+                          "direct HTTP path to this node [derived from the HTTP listener and "
+                          "the peer address]"),
         click.option("--min-relays", type=click.IntRange(min=1),
                      help="relays a node that cannot be dialled keeps registered [1]"),
         click.option("--relay", is_flag=True, default=None,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pathlib
+import re
 from typing import Any, Literal
 
 import yaml
@@ -29,6 +31,7 @@ def default_home() -> pathlib.Path:
 
 # An address other nodes connect to, for the examples of errors (--bootstrap).
 DIAL_EXAMPLE = "node1.example.org:7946"
+HTTP_DIAL_EXAMPLE = "node1.example.org:8090"  # (--public-http-addr)
 
 
 def parse_hostport(value: str, *, default_host: str = "0.0.0.0",
@@ -51,6 +54,41 @@ def parse_hostport(value: str, *, default_host: str = "0.0.0.0",
     if not 0 <= port <= 65535:
         raise ConfigError(f"port {port} in {value!r} is out of range 0-65535")
     return (host or default_host, port)
+
+
+# A host name in an address others dial (letters, digits, '-', '_', dots).
+_HOST_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?\Z")
+
+
+def parse_dial_addr(value: str, *, example: str = DIAL_EXAMPLE, in_url: bool = False
+                    ) -> tuple[str, int]:
+    """An address published for others to dial as given (--public-addr, --public-http-addr):
+    'host:port' with a host name or IPv4 address, or '[v6]:port'; one address, no scheme, a
+    port other than 0. Peers split a peer address at its last ':' (net/addressbook.py), so
+    an IPv6 one may go without brackets ('$(POD_IP):7946' on Kubernetes); one that goes into
+    a URL (`in_url`: http://ADDR) needs them. ConfigError says what to give (`example`: the
+    error's example)."""
+    text = value.strip()
+    if "://" in text:  # (published as host:port: ingresses add the scheme themselves)
+        raise ConfigError(f"{value!r}: give host:port without a scheme (e.g. {example})")
+    if "," in text:
+        raise ConfigError(f"{value!r}: give one host:port (e.g. {example})")
+    host, port = parse_hostport(text, default_host="", example=example)
+    if text.startswith("[") or ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"{value!r}: {host!r} is not an IPv6 address (e.g. "
+                              f"[2001:db8::1]:{port})") from None
+        if in_url and not text.startswith("["):
+            raise ConfigError(f"{value!r}: put the IPv6 address in brackets, e.g. "
+                              f"[{host}]:{port}")
+    elif not _HOST_NAME.match(host):
+        raise ConfigError(f"{value!r} is not host:port (e.g. {example})")
+    if host in ("0.0.0.0", "::") or port == 0:
+        raise ConfigError(f"{value!r} is a listen address, not one others can dial "
+                          f"(e.g. {example})")
+    return host, port
 
 
 def _comma_list(value: Any) -> tuple[str, ...] | None:
@@ -197,6 +235,20 @@ class NodeConfig(BaseModel):
     def _hostport(cls, value: str | None) -> str | None:
         if value is not None:
             parse_hostport(value)
+        return value
+
+    @field_validator("public_addr")
+    @classmethod
+    def _public_addr(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_dial_addr(value)
+        return value
+
+    @field_validator("public_http_addr")
+    @classmethod
+    def _public_http_addr(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_dial_addr(value, example=HTTP_DIAL_EXAMPLE, in_url=True)
         return value
 
     @field_validator("bootstrap", mode="before")

@@ -95,12 +95,6 @@ class Node:
                 "--network-secret, env LLMFABRIC_NETWORK_SECRET) or --membership-cert FILE "
                 "with --operator-key KEY"
             )
-        if config.public_http_addr is not None:
-            try:
-                # (an address ingresses dial: a listen address is no example of one)
-                parse_hostport(config.public_http_addr, example="node1.example.org:8090")
-            except ConfigError as exc:
-                raise NodeError(f"public_http_addr: {exc}") from None
         if config.process:
             try:
                 config = config.model_copy(update={"process": loopback_engine_command(

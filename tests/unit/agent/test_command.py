@@ -62,6 +62,38 @@ def test_a_port_error_names_the_engine_in_words() -> None:
     with pytest.raises(EngineCommandError) as raised:
         parse_engine_command(["./my-server"])
     assert str(raised.value).startswith(
-        "cannot tell which port the engine (an OpenAI-compatible server) listens on;")
-    with pytest.raises(EngineCommandError, match=r"^cannot tell which port the sim engine "):
+        "cannot tell which port the engine listens on: an OpenAI-compatible engine (")
+    with pytest.raises(EngineCommandError, match=r": the sim engine \("):
         parse_engine_command(["llmfabric", "engine", "sim", "--model", "m"])
+
+
+@pytest.mark.parametrize(("argv", "kind", "says"), [
+    (["llmfabric", "engine", "sim", "--model", "m"], None,
+     "the sim engine (detected from `llmfabric engine sim`) has no default port"),
+    (["vllm", "serve", "m"], "torch", "the torch engine (--engine torch) has no default port"),
+    (["docker", "run", "--gpus", "all", "org/server:1", "--model", "m", "--x", "1"], None,
+     "an OpenAI-compatible engine (no known engine named in `docker run --gpus all "
+     "org/server:1 --model m --x ...`; --engine KIND sets one) has no default port"),
+])
+def test_a_port_error_says_where_the_kind_came_from(argv: list[str], kind: str | None,
+                                                    says: str) -> None:
+    """Behind a container launcher a user could not tell what the node understood of the
+    command: the error names the kind and the words it was detected from (or that none
+    named an engine, and how to set one)."""
+    with pytest.raises(EngineCommandError) as raised:
+        parse_engine_command(argv, None, kind)
+    assert f"cannot tell which port the engine listens on: {says}; add --port" in str(
+        raised.value)
+
+
+def test_detected_names_the_deciding_word() -> None:
+    from llmfabric.agent.engines import detected
+
+    assert [(k.name, seen) for k, seen in (
+        detected(["vllm", "serve", "m"]),
+        detected(["docker", "run", "vllm/vllm-openai", "--model", "m"]),
+        detected(["apptainer", "exec", "--nv", "img.sif", "python", "-m",
+                  "sglang.launch_server"]),
+        detected(["./my-server"]))] == [
+        ("vllm", "vllm"), ("vllm", "vllm-openai"), ("sglang", "sglang.launch_server"),
+        ("openai", "")]

@@ -37,6 +37,11 @@ pytestmark = pytest.mark.unit
       "serve", "m"], "vllm", "http://127.0.0.1:8000"),
     (["apptainer", "exec", "/images/vllm.sif", "python", "-m", "sglang.launch_server",
       "--port", "3"], "sglang", "http://127.0.0.1:3"),
+    # llmfabric's own engines behind a launcher (past the command's first five words)
+    (["apptainer", "exec", "--nv", "img.sif", "llmfabric", "engine", "sim", "--port", "7"],
+     "sim", "http://127.0.0.1:7"),
+    (["docker", "run", "--rm", "img", "python", "-m", "llmfabric.cli.engine", "torch",
+      "--port", "8"], "torch", "http://127.0.0.1:8"),
     # an option's value names no engine: the engine's own command decides, in order
     (["apptainer", "exec", "x.sif", "python", "-m", "sglang.launch_server",
       "--served-model-name", "my-vllm", "--port", "4"], "sglang", "http://127.0.0.1:4"),

@@ -172,7 +172,8 @@ def _fake_slurm_bin(tmp_path: pathlib.Path) -> str:
 
 def test_status_table_has_a_header_and_json_has_none(tmp_path: pathlib.Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """`slurm status` printed bare rows: which column was the host, which the reason?"""
+    """`slurm status` printed bare rows: which column was the host, which the reason? (On a
+    terminal: piped, the rows only, the next test.)"""
     import io
     import json as _json
     import urllib.request
@@ -181,6 +182,7 @@ def test_status_table_has_a_header_and_json_has_none(tmp_path: pathlib.Path,
 
     from llmfabric.cli import slurm as cli_slurm
 
+    monkeypatch.setattr(cli_slurm, "_is_terminal", lambda: True)
     env = {"PATH": _fake_slurm_bin(tmp_path)}
     res = CliRunner().invoke(cli_slurm.command, ["status", "12"], env=env)
     assert res.exit_code == 0, res.output
@@ -200,6 +202,27 @@ def test_status_table_has_a_header_and_json_has_none(tmp_path: pathlib.Path,
     res = CliRunner().invoke(cli_slurm.command, ["status", "12", "--node", "http://x", "--json"],
                              env=env)
     assert [r["job"] for r in _json.loads(res.output)] == ["12"]
+
+
+def test_piped_status_prints_the_rows_only_and_json_is_unchanged(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header line broke scripts that parse `slurm status | awk ...`: it is for a reader
+    at a terminal; piped, the output is the rows, and --json is the same either way."""
+    from click.testing import CliRunner
+
+    from llmfabric.cli import slurm as cli_slurm
+
+    env = {"PATH": _fake_slurm_bin(tmp_path)}
+    res = CliRunner().invoke(cli_slurm.command, ["status", "12"], env=env)  # (not a tty)
+    assert res.exit_code == 0, res.output
+    [row] = res.output.splitlines()
+    assert row.split()[:3] == ["12", "RUNNING", "vm"]
+    piped = CliRunner().invoke(cli_slurm.command, ["status", "12", "--json"], env=env).output
+    monkeypatch.setattr(cli_slurm, "_is_terminal", lambda: True)
+    assert len(CliRunner().invoke(cli_slurm.command, ["status", "12"],
+                                  env=env).output.splitlines()) == 2
+    terminal = CliRunner().invoke(cli_slurm.command, ["status", "12", "--json"], env=env).output
+    assert terminal == piped and piped.startswith("[")
 
 
 def test_status_and_cancel_off_a_slurm_machine_say_where_to_run(tmp_path: pathlib.Path) -> None:

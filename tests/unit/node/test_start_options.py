@@ -165,9 +165,17 @@ def test_an_engine_command_without_a_port_is_refused_before_the_node_starts(
     after the node had bound its listeners and joined."""
     for args, needle in (
         (["--process", "my-server", "serve", "m"],
-         "cannot tell which port the engine (an OpenAI-compatible server) listens on; add "
-         "--port to its command or "
-         "pass --engine-url http://HOST:PORT"),
+         "cannot tell which port the engine listens on: an OpenAI-compatible engine (no "
+         "known engine named in `my-server serve m`; --engine KIND sets one) has no default "
+         "port; add --port to its command or pass --engine-url http://HOST:PORT"),
+        (["--process", "llmfabric", "engine", "sim"],
+         "cannot tell which port the engine listens on: the sim engine (detected from "
+         "`llmfabric engine sim`) has no default port; add --port to its command or pass "
+         "--engine-url http://HOST:PORT"),
+        (["--process", "docker", "run", "--rm", "img", "llmfabric", "engine", "sim"],
+         "cannot tell which port the engine listens on: the sim engine (detected from "
+         "`llmfabric engine sim`) has no default port; add --port to its command or pass "
+         "--engine-url http://HOST:PORT"),
         (["--process", "vllm", "serve", "m", "--port", "x"], "engine --port 'x' is not a number"),
     ):
         res = CliRunner().invoke(start_cli.command, ["--home", str(tmp_path), "--network-secret",
