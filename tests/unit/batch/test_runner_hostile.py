@@ -248,3 +248,21 @@ async def test_a_429_without_a_real_wait_does_not_spin(tmp_path: pathlib.Path,
         with contextlib.suppress(asyncio.CancelledError):
             await task
         store.close()
+
+
+async def test_a_body_nested_too_deep_to_send_fails_at_validation(
+        tmp_path: pathlib.Path) -> None:
+    # A line whose body nests 300 levels parses (orjson reads 1,024) but cannot be sent
+    # again (orjson writes 254): it passed validation, then every such line was an
+    # `internal_error` ("the ingress failed"), counted and logged as the runner's own bug.
+    from tests.unit.batch.test_runner import Env, request
+
+    env = Env(tmp_path)
+    deep = request(1)[:-2] + b', "tools": ' + b"[" * 300 + b"]" * 300 + b"}}"
+    bid = env.batch(request(0) + b"\n" + deep + b"\n")
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert b.status == "failed" and env.serve.calls == [] and env.runner.line_errors == 0
+    assert [(e["line"], e["code"], e["param"]) for e in b.errors] == [
+        (2, "invalid_request", "body")]
+
