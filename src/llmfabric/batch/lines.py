@@ -92,9 +92,14 @@ def answered(custom_id: str, reply: Reply, body: Any = _UNREAD) -> bytes:
     """The record of a line the ingress answered (any status); `body`: `body_of(reply)`
     when the caller has it already."""
     shown = body_of(reply) if body is _UNREAD else body
-    return _record(custom_id, {"status_code": reply.status,
-                               "request_id": f"req_{secrets.token_hex(12)}", "body": shown},
-                   None)
+    response = {"status_code": reply.status, "request_id": f"req_{secrets.token_hex(12)}",
+                "body": shown}
+    try:
+        return _record(custom_id, response, None)
+    except TypeError:  # (nested past the 254 levels orjson writes, though it reads 1,024: a
+        # hostile answer, kept as its text, not lost as the ingress's internal_error)
+        response["body"] = reply.body.decode("utf-8", "replace")
+        return _record(custom_id, response, None)
 
 
 def usage_of(body: Any) -> Usage:

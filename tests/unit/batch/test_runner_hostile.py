@@ -266,3 +266,20 @@ async def test_a_body_nested_too_deep_to_send_fails_at_validation(
     assert [(e["line"], e["code"], e["param"]) for e in b.errors] == [
         (2, "invalid_request", "body")]
 
+
+async def test_a_provider_answer_nested_too_deep_is_kept_as_text(
+        tmp_path: pathlib.Path) -> None:
+    # A provider's 200 answer nesting 300 levels parsed, then could not be written into
+    # the line's record: the answer was lost, the line an `internal_error` of the ingress.
+    from tests.unit.batch.test_runner import Env, lines_of
+
+    env = Env(tmp_path)
+    deep = b'{"usage": {"prompt_tokens": 3}, "x": ' + b"[" * 300 + b"]" * 300 + b"}"
+    env.serve.script = lambda doc: Reply(200, deep, node="n1")
+    bid = env.batch(lines_of(1))
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert env.runner.line_errors == 0 and (b.completed, b.failed) == (1, 0)
+    rec, = env.lines(b.output_file_id)
+    assert rec["response"]["status_code"] == 200 and rec["response"]["body"] == deep.decode()
+    assert b.usage.input_tokens == 3
