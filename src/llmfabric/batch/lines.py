@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.batch.records import Usage
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
@@ -52,9 +53,10 @@ class _NoStream:
 
 _SINK = _NoStream()
 _UNREAD: Any = object()  # (`answered` without the body already read)
-# The most tokens one answer may add to its batch's usage (an engine's claim of 10**30
-# would not fit SQLite's integers; no real answer comes near).
-MAX_LINE_TOKENS = 1 << 32
+# The most tokens one count of an answer may add to its batch's usage: the ledger's bound
+# (an engine's claim of 10**30 would not fit SQLite's integers; one of 10**12 was shown
+# 43 times over what the ledger billed for that answer, when this was 2**32).
+MAX_LINE_TOKENS = MAX_TOKENS_PER_REQUEST
 
 
 def serve_through(ingress: Ingress) -> LineServer:

@@ -84,7 +84,7 @@ CREATE INDEX IF NOT EXISTS batches_by_end ON batches (
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
 """
 _USAGE_COLS = ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
-# A usage sum stops here: each line adds at most lines.MAX_LINE_TOKENS (2**32), so the sum
+# A usage sum stops here: each line adds at most lines.MAX_LINE_TOKENS (10**8), so the sum
 # never passes SQLite's 64-bit integers (past them it would become a float).
 _MAX_USAGE = 1 << 62
 _FILE_COLS = "id, owner, filename, purpose, bytes, created_at, lines, expires_at"
