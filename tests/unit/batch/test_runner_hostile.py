@@ -283,3 +283,44 @@ async def test_a_provider_answer_nested_too_deep_is_kept_as_text(
     rec, = env.lines(b.output_file_id)
     assert rec["response"]["status_code"] == 200 and rec["response"]["body"] == deep.decode()
     assert b.usage.input_tokens == 3
+
+
+async def test_validations_do_not_take_the_loop_s_default_threads(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An owner's batch creates were each validated in the event loop's default thread
+    # pool, which the accounts database (key look-ups, the ledger) runs in too: 10 creates
+    # on one 96 MiB upload made a call to that pool wait 5.8 s (2 cores: 6 threads), and
+    # creating again after each failed validation kept it so. Here the pool has 2 threads
+    # and the validations of 4 batches hold theirs until released.
+    import concurrent.futures
+    import threading
+
+    from tests.unit.batch.test_runner import Env, lines_of
+
+    import llmfabric.batch.runner as runner_mod
+
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(2))
+    release, entered = threading.Event(), []
+    real = runner_mod.validate_input
+
+    def held(*args: Any) -> Any:
+        entered.append(1)
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(runner_mod, "validate_input", held)
+    env = Env(tmp_path)
+    tasks = [asyncio.create_task(env.runner.run_batch(env.batch(lines_of(1))))
+             for _ in range(4)]
+    try:
+        for _ in range(200):
+            if len(entered) >= 1:
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 1), 2.0) == 1
+    finally:
+        release.set()
+        await asyncio.gather(*tasks)
+        await env.runner.aclose()
+    assert len(entered) == 4
