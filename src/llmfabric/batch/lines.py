@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.batch.records import Usage
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
@@ -52,9 +53,10 @@ class _NoStream:
 
 _SINK = _NoStream()
 _UNREAD: Any = object()  # (`answered` without the body already read)
-# The most tokens one answer may add to its batch's usage (an engine's claim of 10**30
-# would not fit SQLite's integers; no real answer comes near).
-MAX_LINE_TOKENS = 1 << 32
+# The most tokens one count of an answer may add to its batch's usage: the ledger's bound
+# (an engine's claim of 10**30 would not fit SQLite's integers; one of 10**12 was shown
+# 43 times over what the ledger billed for that answer, when this was 2**32).
+MAX_LINE_TOKENS = MAX_TOKENS_PER_REQUEST
 
 
 def serve_through(ingress: Ingress) -> LineServer:
@@ -92,9 +94,14 @@ def answered(custom_id: str, reply: Reply, body: Any = _UNREAD) -> bytes:
     """The record of a line the ingress answered (any status); `body`: `body_of(reply)`
     when the caller has it already."""
     shown = body_of(reply) if body is _UNREAD else body
-    return _record(custom_id, {"status_code": reply.status,
-                               "request_id": f"req_{secrets.token_hex(12)}", "body": shown},
-                   None)
+    response = {"status_code": reply.status, "request_id": f"req_{secrets.token_hex(12)}",
+                "body": shown}
+    try:
+        return _record(custom_id, response, None)
+    except TypeError:  # (nested past the 254 levels orjson writes, though it reads 1,024: a
+        # hostile answer, kept as its text, not lost as the ingress's internal_error)
+        response["body"] = reply.body.decode("utf-8", "replace")
+        return _record(custom_id, response, None)
 
 
 def usage_of(body: Any) -> Usage:

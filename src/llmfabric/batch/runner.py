@@ -34,7 +34,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pathlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from llmfabric.batch.limits import OUTPUT_PURPOSE
 from llmfabric.batch.lines import (
@@ -72,6 +75,10 @@ MIN_RATE_WAIT_S = 1.0  # the shortest (a Retry-After of 0 would send it again at
 # How long after the runner starts an unknown model (404) is taken for a registry not yet
 # filled (a fabric node's replica comes by gossip) and waited out; later it is the answer.
 MODEL_GRACE_S = 120.0
+# Threads of the runner's own pool (validations, and the bulk steps of a batch's end): not
+# the loop's default pool, which the accounts database (key look-ups, the ledger) uses.
+RUNNER_THREADS = 2
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +121,9 @@ class BatchRunner:
         # refusal stop waiting and look whether they may still be sent.
         self._stirred: dict[str, asyncio.Event] = {}
         self._started = clock.now()  # (the grace of an unknown model counts from here)
+        # (10 creates on one 96 MiB upload, validated in the default pool, made a call to
+        # it wait 5.8 s: every key look-up and ledger write of the ingress behind them)
+        self._pool = ThreadPoolExecutor(RUNNER_THREADS, thread_name_prefix="batch-runner")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -136,6 +146,11 @@ class BatchRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._task = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _off(self, fn: Callable[[], _T]) -> _T:
+        """`fn` in the runner's own threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     async def _loop(self) -> None:
         while True:
@@ -185,8 +200,7 @@ class BatchRunner:
             return
         if b.in_progress_at is None and b.status in (VALIDATING, CANCELLING):
             limits, endpoint = self.store.limits, b.endpoint
-            v = await asyncio.to_thread(lambda: validate_input(raw_lines(path), endpoint,
-                                                               limits))
+            v = await self._off(lambda: validate_input(raw_lines(path), endpoint, limits))
             if v.errors:
                 self.store.set_status(b.id, FAILED, self._now(),
                                       errors=[e.to_json() for e in v.errors])
@@ -213,7 +227,7 @@ class BatchRunner:
             done, endpoint = self.store.done_lines(b.id), b.endpoint
             unsent = ((line.index, not_sent(line.custom_id, stop.code, stop.message))
                       for line in requests_of(path, endpoint, done))
-            await asyncio.to_thread(self.store.record_unsent, b.id, unsent)
+            await self._off(lambda: self.store.record_unsent(b.id, unsent))
         await self._finish(b, stop)
 
     async def _run_lines(self, b: BatchRecord, path: pathlib.Path) -> _Stop | None:
@@ -373,7 +387,7 @@ class BatchRunner:
                             "line": None}]} if stop is not None and stop.batch_error else {}
         self.store.set_status(b.id, stop.status if stop is not None else COMPLETED,
                               self._now(), output_file_id=out, error_file_id=err, **more)
-        await asyncio.to_thread(self.store.drop_results, b.id)
+        await self._off(lambda: self.store.drop_results(b.id))
 
     async def _write_output(self, b: BatchRecord, ok: bool) -> str | None:
         """The output (ok) or error file of the batch's kept results; None when empty."""
@@ -383,7 +397,7 @@ class BatchRunner:
         final = self.store.path_of(file_id)
         part = final.with_suffix(".part")
         # (gigabytes of answers: read, written and flushed in a thread)
-        size, lines = await asyncio.to_thread(self.store.write_results, b.id, ok, part)
+        size, lines = await self._off(lambda: self.store.write_results(b.id, ok, part))
         if lines == 0:
             part.unlink()
             return None

@@ -19,6 +19,8 @@ import orjson
 
 from llmfabric.batch.limits import MAX_CUSTOM_ID_CHARS, MAX_REPORTED_ERRORS, BatchLimits
 
+MAX_BODY_DEPTH = 254  # the deepest JSON orjson writes (a line's body is sent re-encoded)
+
 
 class UploadRefused(Exception):
     """An upload past a cap: `status` (400 or 413), message, code."""
@@ -182,6 +184,9 @@ def validate_input(lines: Iterable[tuple[int, bytes]], endpoint: str, limits: Ba
         got = parse_line(raw, index, endpoint)
         if isinstance(got, LineError):
             bad(got)
+        elif not _sendable(got.body):
+            bad(LineError(index + 1, "invalid_request", f"line {index + 1}: 'body' nests "
+                          f"deeper than {MAX_BODY_DEPTH} levels", "body"))
         elif got.custom_id in seen:
             bad(LineError(index + 1, "duplicate_custom_id", f"line {index + 1}: custom_id "
                           f"{got.custom_id[:64]!r} is used by an earlier line", "custom_id"))
@@ -190,6 +195,17 @@ def validate_input(lines: Iterable[tuple[int, bytes]], endpoint: str, limits: Ba
     if total == 0:
         bad(LineError(1, "empty_file", "the input file has no requests"))
     return Validation(total, tuple(errors), count)
+
+
+def _sendable(body: dict[str, Any]) -> bool:
+    """Whether a line's body can be sent (`lines.request_body`): orjson reads JSON nested
+    1,024 levels but writes only MAX_BODY_DEPTH, so a deeper body passed validation and
+    then failed every try to send it as the ingress's own `internal_error`."""
+    try:
+        orjson.dumps(body)
+    except TypeError:
+        return False
+    return True
 
 
 def requests_of(path: pathlib.Path, endpoint: str, skip: set[int]) -> Iterator[BatchLine]:

@@ -329,3 +329,29 @@ def test_blank_lines_cannot_take_the_event_loop() -> None:
     ok = UploadCheck(BatchLimits(max_lines=3))
     ok.feed(LINE + b"\n\n" + LINE + b"\n" + LINE)
     assert ok.finish() == 3
+
+
+def test_an_upload_s_chunks_do_not_each_scan_the_owner_s_files(tmp_path: pathlib.Path) -> None:
+    # Each 8 KiB chunk of an upload ran a query over all the owner's files (1,000 kept
+    # batch outputs: 1.2 s of the event loop's CPU for one 90 MiB upload, on top of the
+    # upload's own 1.3 s). The stored bytes only fall between registrations, so the last
+    # count read is a bound: a chunk is looked up only when that bound may pass the cap.
+    from llmfabric.batch.records import FileRecord
+    from llmfabric.batch.store import BatchStore
+
+    store = BatchStore(tmp_path, BatchLimits(max_bytes_per_owner=10_000_000))
+    for _ in range(50):
+        store.add_file(FileRecord(store.new_file_id(), "ka", "o.jsonl", "batch_output", 1,
+                                  1, 1), capped=False)
+    queries: list[str] = []
+    store._db.set_trace_callback(queries.append)
+    assert store.start_upload("ka") is None and store.start_upload("ka") is None
+    for _ in range(1000):
+        assert store.upload_grew("ka", 8192) is None  # 8,192,000 bytes: under the cap
+    assert len(queries) < 20
+    # another upload registered meanwhile counts at once; the cap still holds
+    store.end_upload("ka", 0)
+    store.add_file(FileRecord(store.new_file_id(), "ka", "a.jsonl", "batch", 1_800_000, 1, 1))
+    assert store.upload_grew("ka", 8192) is not None
+    store.end_upload("ka", 8_200_192)
+    assert store._uploading == {}

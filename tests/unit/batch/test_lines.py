@@ -190,3 +190,17 @@ def test_an_engine_s_odd_counts_are_clamped() -> None:
                       "completion_tokens_details": {"reasoning_tokens": 9}}}
     # (cached tokens are part of the input, reasoning tokens of the output)
     assert usage_of(huge) == Usage(MAX_LINE_TOKENS, MAX_LINE_TOKENS, 3, 3)
+
+
+@pytest.mark.hostile
+def test_a_line_s_usage_is_bounded_as_the_ledger_bills_it() -> None:
+    # A provider claiming 10**12 prompt tokens is billed 100,000,000 (the ledger's bound per
+    # count, accounts/policy.py); the batch's usage showed 4,294,967,296 for the same line.
+    from llmfabric.accounts.policy import clamp_tokens
+    from llmfabric.ingress.usage import usage_from_body
+
+    body = {"usage": {"prompt_tokens": 10**12, "completion_tokens": 10**11}}
+    billed = usage_from_body(orjson.dumps(body))
+    got = usage_of(body)
+    assert billed == (clamp_tokens(10**12), clamp_tokens(10**11))
+    assert (got.input_tokens, got.output_tokens) == billed

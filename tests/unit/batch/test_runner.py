@@ -379,16 +379,14 @@ async def test_a_batch_cancelled_before_it_was_validated_sends_nothing(
 
 async def test_a_cancel_while_the_lines_are_validated_is_kept(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import llmfabric.batch.runner as runner_module
-
     env = Env(tmp_path)
     bid = env.batch(lines_of(2))
 
-    async def validating(fn: Callable[..., Any], *args: Any) -> Any:
+    async def validating(fn: Callable[[], Any]) -> Any:
         env.store.request_cancel("alice", bid, 9)  # (the HTTP route, meanwhile)
-        return fn(*args)  # (the runner's later steps in threads take the same path)
+        return fn()  # (the runner's later steps in threads take the same path)
 
-    monkeypatch.setattr(runner_module.asyncio, "to_thread", validating)
+    monkeypatch.setattr(env.runner, "_off", validating)
     await env.runner.run_batch(bid)
     b = env.get(bid)
     assert (b.status, b.total, b.failed) == (CANCELLED, 2, 2) and env.serve.calls == []

@@ -248,3 +248,79 @@ async def test_a_429_without_a_real_wait_does_not_spin(tmp_path: pathlib.Path,
         with contextlib.suppress(asyncio.CancelledError):
             await task
         store.close()
+
+
+async def test_a_body_nested_too_deep_to_send_fails_at_validation(
+        tmp_path: pathlib.Path) -> None:
+    # A line whose body nests 300 levels parses (orjson reads 1,024) but cannot be sent
+    # again (orjson writes 254): it passed validation, then every such line was an
+    # `internal_error` ("the ingress failed"), counted and logged as the runner's own bug.
+    from tests.unit.batch.test_runner import Env, request
+
+    env = Env(tmp_path)
+    deep = request(1)[:-2] + b', "tools": ' + b"[" * 300 + b"]" * 300 + b"}}"
+    bid = env.batch(request(0) + b"\n" + deep + b"\n")
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert b.status == "failed" and env.serve.calls == [] and env.runner.line_errors == 0
+    assert [(e["line"], e["code"], e["param"]) for e in b.errors] == [
+        (2, "invalid_request", "body")]
+
+
+async def test_a_provider_answer_nested_too_deep_is_kept_as_text(
+        tmp_path: pathlib.Path) -> None:
+    # A provider's 200 answer nesting 300 levels parsed, then could not be written into
+    # the line's record: the answer was lost, the line an `internal_error` of the ingress.
+    from tests.unit.batch.test_runner import Env, lines_of
+
+    env = Env(tmp_path)
+    deep = b'{"usage": {"prompt_tokens": 3}, "x": ' + b"[" * 300 + b"]" * 300 + b"}"
+    env.serve.script = lambda doc: Reply(200, deep, node="n1")
+    bid = env.batch(lines_of(1))
+    await env.runner.run_batch(bid)
+    b = env.get(bid)
+    assert env.runner.line_errors == 0 and (b.completed, b.failed) == (1, 0)
+    rec, = env.lines(b.output_file_id)
+    assert rec["response"]["status_code"] == 200 and rec["response"]["body"] == deep.decode()
+    assert b.usage.input_tokens == 3
+
+
+async def test_validations_do_not_take_the_loop_s_default_threads(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An owner's batch creates were each validated in the event loop's default thread
+    # pool, which the accounts database (key look-ups, the ledger) runs in too: 10 creates
+    # on one 96 MiB upload made a call to that pool wait 5.8 s (2 cores: 6 threads), and
+    # creating again after each failed validation kept it so. Here the pool has 2 threads
+    # and the validations of 4 batches hold theirs until released.
+    import concurrent.futures
+    import threading
+
+    from tests.unit.batch.test_runner import Env, lines_of
+
+    import llmfabric.batch.runner as runner_mod
+
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(2))
+    release, entered = threading.Event(), []
+    real = runner_mod.validate_input
+
+    def held(*args: Any) -> Any:
+        entered.append(1)
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(runner_mod, "validate_input", held)
+    env = Env(tmp_path)
+    tasks = [asyncio.create_task(env.runner.run_batch(env.batch(lines_of(1))))
+             for _ in range(4)]
+    try:
+        for _ in range(200):
+            if len(entered) >= 1:
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 1), 2.0) == 1
+    finally:
+        release.set()
+        await asyncio.gather(*tasks)
+        await env.runner.aclose()
+    assert len(entered) == 4
