@@ -5,14 +5,16 @@ pages, and the Host check of the batch app."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from llmfabric.accounts.models import ApiKey
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import error_reply
 from llmfabric.ingress.front.host_check import HostGuard
@@ -22,6 +24,9 @@ from llmfabric.ingress.protocols import Principal, bearer_of
 BATCH_PREFIXES = ("/v1/files", "/v1/batches")
 DRAINED_BYTES = 1 << 20  # a refused body up to this size is read, not cut (`refused_unread`)
 ISSUER_SEP = "\x1f"  # between a granted key's issuer and its owner (`owner_of`)
+# Ends the bucket names of a key's Files and Batches calls (`_managing`; not printable, so
+# no key id or owner name holds it: accounts/policy.py)
+MANAGING_SEP = "\x1ebatch-api"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +40,11 @@ Identify = Callable[[str], Awaitable["Caller | web.Response"]]
 
 def callers_of(ingress: Ingress) -> Identify:
     """The caller of a request from its Authorization header, through the ingress's own
-    authenticator (a 401 reply when the key is missing or not valid)."""
+    authenticator: a 401 reply when the key is missing or not valid (`expired_api_key`,
+    saying when, for an expired one, as on the inference routes), a 429 with Retry-After
+    when the key (or its owner) is past its requests/min for these routes (`_managing`: an
+    allowance of their own; a key could poll, list or be refused as fast as the front took
+    requests)."""
     auth = ingress.auth
 
     async def identify(header: str) -> Caller | web.Response:
@@ -47,10 +56,26 @@ def callers_of(ingress: Ingress) -> Identify:
                         "invalid_api_key")
         principal = await auth.authenticate(token)
         if principal is None:
-            return fail(401, "invalid or revoked API key", "invalid_api_key")
+            return web_response(ingress.key_refused(token))
+        if (wait := auth.check_rate(_managing(principal))) is not None:
+            secs = max(1, math.ceil(wait))
+            return web_response(error_reply(
+                429, f"rate limit exceeded for this key; retry after {secs} s",
+                "rate_limit_exceeded", headers={"Retry-After": str(secs)}))
         return Caller(owner_of(principal), principal.id)
 
     return identify
+
+
+def _managing(principal: Principal) -> Principal:
+    """The key as its Files and Batches calls are rate limited: the key's and its owner's
+    requests/min, in buckets of their own. A batch's lines are requests of the key itself
+    and take its allowance: polling a running batch must not take from its lines (or be
+    refused because they took it all), nor its lines wait behind the polling."""
+    if not isinstance(principal, ApiKey):
+        return principal  # (an authenticator without limits of this kind)
+    return replace(principal, id=principal.id + MANAGING_SEP,
+                   owner=principal.owner + MANAGING_SEP)
 
 
 def owner_of(principal: Principal) -> str:

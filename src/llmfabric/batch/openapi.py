@@ -23,14 +23,15 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 _OBJ: dict[str, Any] = {"type": "object", "additionalProperties": True}
 _TEXTS = {400: "invalid request", 401: "missing or invalid API key", 404: "not found (an "
           "unknown id, or another owner's)", 409: "conflict (in use, or ended)",
-          413: "file or line too large"}
+          413: "file or line too large", 429: "the key's (or its owner's) requests/min for "
+          "the Files and Batches routes is used up (Retry-After says when to ask again)"}
 
 
 def _op(summary: str, *errors: int, ok: str = "the object", **extra: Any) -> dict[str, Any]:
     return {"summary": summary, **extra, "responses": {
         "200": {"description": ok, "content": {_JSON: {"schema": _OBJ}}},
         **{str(c): {"description": _TEXTS[c], "content": {_JSON: {"schema": _ERROR}}}
-           for c in (401, *errors)}}}
+           for c in (401, 429, *errors)}}}
 
 
 def _id(name: str) -> list[dict[str, Any]]:
@@ -77,8 +78,8 @@ def batch_paths() -> dict[str, Any]:
             "get": {**_op("a file's bytes", 404, parameters=_id("id")), "responses": {
                 "200": {"description": "the file", "content": {
                     "application/octet-stream": {"schema": {"type": "string"}}}},
-                "404": {"description": _TEXTS[404],
-                        "content": {_JSON: {"schema": _ERROR}}}}}},
+                **{str(c): {"description": _TEXTS[c], "content": {_JSON: {"schema": _ERROR}}}
+                   for c in (401, 404, 429)}}}},
         "/v1/batches": {
             "post": _op("create a batch", 400, 404, 413, requestBody=create),
             "get": _op("the caller's batches", 400, ok="a list page",

@@ -280,6 +280,12 @@ class OwnersAuth:
     def cached(self, token: str) -> Granted | None:
         return self.KEYS.get(token)
 
+    def check_rate(self, principal: Principal) -> float | None:
+        return None
+
+    def expired_at(self, token: str) -> float | None:
+        return None
+
 
 async def test_a_granted_key_does_not_share_a_local_owner_s_namespace(
         tmp_path: pathlib.Path) -> None:
@@ -395,3 +401,56 @@ async def test_a_cancel_through_the_route_ends_a_batch_whose_lines_wait(
     finally:
         await c.close()
         await service.aclose()
+
+
+async def test_files_and_batches_calls_are_requests_of_the_key(tmp_path: pathlib.Path) -> None:
+    # The Files and Batches routes took no part in a key's requests/min: a key limited to
+    # 2 a minute could list, poll or be refused as fast as the front took requests. And an
+    # expired key read 'invalid or revoked' there, not expired_api_key as elsewhere.
+    # They have an allowance of their own, the key's requests/min.
+    from llmfabric.accounts import AccountStore
+    from llmfabric.accounts.ratelimit import RateLimiter
+    from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+
+    clock = FakeClock(wall_start=1_800_000_000.0)
+    store = await AccountStore.open(":memory:", clock=clock, background=False)
+    _, limited = await store.create_key("poller", "alice", requests_per_min=2)
+    _, free = await store.create_key("other", "bob")
+    _, brief = await store.create_key("brief", "carol", expires_at=clock.wall() + 60)
+    ingress = Ingress(IngressConfig(), StaticCandidateSource([]), NoForwarder(),  # type: ignore[arg-type]
+                      auth=AccountsAuth(store, RateLimiter(clock)))
+
+    async def principals(key_id: str) -> Principal | None:
+        return None
+
+    service = BatchService(ingress, tmp_path, principals=principals)
+    client: Client = TestClient(TestServer(service.app(HostGuard())))
+    await client.start_server()
+    try:
+        def auth(key: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {key}"}
+
+        for path in ("/v1/files", "/v1/batches"):
+            assert (await client.get(path, headers=auth(limited))).status == 200
+        r = await client.get("/v1/batches/batch_" + "0" * 24, headers=auth(limited))
+        assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+        assert (await r.json())["error"]["code"] == "rate_limit_exceeded"
+        r = await client.post("/v1/files", data=form(line("a")), headers=auth(limited))
+        assert r.status == 429  # (refused before its body is read)
+        # An allowance of their own: the key's lines (its requests on the inference
+        # routes) still have all of theirs, and do not take from the polling's.
+        key = await store.authenticate(limited)
+        assert key is not None and ingress.auth is not None
+        assert ingress.auth.check_rate(key) is None and ingress.auth.check_rate(key) is None
+        assert ingress.auth.check_rate(key) is not None
+        for _ in range(5):  # (another key's calls are its own)
+            assert (await client.get("/v1/files", headers=auth(free))).status == 200
+        await clock.advance(30)  # (one request back)
+        assert (await client.get("/v1/files", headers=auth(limited))).status == 200
+        await clock.advance(60)
+        r = await client.get("/v1/files", headers=auth(brief))
+        assert r.status == 401 and (await r.json())["error"]["code"] == "expired_api_key"
+    finally:
+        await client.close()
+        await service.aclose()
+        await store.aclose()
