@@ -269,7 +269,7 @@ def test_batch_retention_reaches_both_composition_roots(
     res = _start(["--batch-retention", "forever"], tmp_path)
     assert res.exit_code == 2 and "duration" in res.output
     cfg = tmp_path / "node.yaml"
-    cfg.write_text("batch_retention_s: 12h\n")  # (the config file takes a duration too)
+    cfg.write_text(f"batch_dir: {tmp_path / 'b'}\nbatch_retention_s: 12h\n")  # (a duration too)
     assert _start(["--config", str(cfg)], tmp_path).exit_code == 0
     assert started[-1].batch_retention_s == 12 * 3600
     with pytest.raises(ConfigError, match="duration"):
