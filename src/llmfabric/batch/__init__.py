@@ -6,7 +6,8 @@ Batches API, and a runner that sends each line through the ingress's request cor
 Files:
 - service.py: `BatchService` (store + runner + retention sweep + routes, for a composition
   root: `add_routes`, `app`, `start`, `aclose`).
-- limits.py: `BatchLimits` (file, line and per-owner caps, concurrency), the endpoints a
+- limits.py: `BatchLimits` (file, line and per-owner caps, concurrency), `batch_limits` /
+  `limits_of` (the caps an operator sets, `--batch-limit KEY=VALUE`), the endpoints a
   batch may target, OpenAI's metadata limits.
 - records.py: `FileRecord`, `BatchRecord` (and their OpenAI JSON), the batch states.
 - store.py: `BatchStore`: files on disk, metadata, batches and each batch's answered lines

@@ -24,6 +24,7 @@ from click.core import ParameterSource
 
 from llmfabric.cli.start import (
     _aliases,
+    batch_limit_option,
     home_option,
     ingress_timeout_options,
     network_secret_file_option,
@@ -75,7 +76,8 @@ class Settings:
     max_contexts: tuple[tuple[str, int], ...] = ()  # --max-context MODEL=TOKENS
     batch_dir: pathlib.Path | None = None  # the Batch API's files and batches (None: off)
     batch_concurrency: int = 4  # batch lines in flight at once
-    batch_max_file_bytes: int = 100 * 1024 * 1024
+    batch_limits: tuple[tuple[str, str], ...] = ()  # BatchLimits caps (--batch-limit)
+    batch_max_file_bytes: int | None = None  # --batch-max-file-mb (None: the default cap)
     batch_retention_s: float | None = None  # ended batches and files deleted after (None: kept)
 
 
@@ -204,11 +206,10 @@ async def _batch_service(settings: Settings, ingress: Ingress, store: AccountSto
         return None, None
     from aiohttp import web
 
-    from llmfabric.batch import BatchLimits, BatchService
+    from llmfabric.batch import BatchService
+    from llmfabric.batch.limits import limits_of
 
-    service = BatchService(ingress, settings.batch_dir, limits=BatchLimits(
-        max_file_bytes=settings.batch_max_file_bytes, max_line_bytes=settings.max_body_bytes,
-        concurrency=settings.batch_concurrency),
+    service = BatchService(ingress, settings.batch_dir, limits=limits_of(settings),
         principals=store.active_key if store is not None else None,
         retention_s=settings.batch_retention_s)
     runner = web.AppRunner(service.app(hosts), access_log=None, handle_signals=False)
@@ -239,6 +240,24 @@ def _refuse_fabric_flags(ctx: click.Context) -> None:
             f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for a fabric "
             "ingress, which routes over the fabric's nodes: drop --backend to run one, or "
             f"drop {' and '.join(given)} for a standalone ingress over its --backend engines")
+
+
+def _batch_flags(ctx: click.Context, batch_dir: pathlib.Path | None) -> set[str]:
+    """The batch flags given (not defaults). They go with --batch-dir (they were ignored
+    without it), and --batch-max-file-mb with no `--batch-limit max_file_bytes`."""
+    given = {f"--{name.replace('_', '-')}" for name in
+             ("batch_concurrency", "batch_max_file_mb", "batch_retention")
+             if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)}
+    if ctx.params.get("batch_limits"):
+        given.add("--batch-limit")
+    if given and batch_dir is None:
+        named = sorted(given)
+        raise click.UsageError(f"{', '.join(named)} {'goes' if len(named) == 1 else 'go'} "
+                               "with --batch-dir (the Batch API is off without it)")
+    if "--batch-max-file-mb" in given and "max_file_bytes" in ctx.params["batch_limits"]:
+        raise click.UsageError("--batch-max-file-mb and --batch-limit max_file_bytes set the "
+                               "same cap: give one")
+    return given
 
 
 @click.command("ingress")
@@ -314,7 +333,14 @@ def _refuse_fabric_flags(ctx: click.Context) -> None:
               "batches together")
 @click.option("--batch-max-file-mb", type=click.FloatRange(min=0, min_open=True),
               default=100.0, show_default=True, help="--batch-dir: the largest batch input "
-              "file")
+              "file (as --batch-limit max_file_bytes=SIZE)")
+@click.option("--batch-limit", "batch_limits", multiple=True, callback=batch_limit_option,
+              metavar="KEY=VALUE",
+              help="--batch-dir: a cap of the Batch API (repeatable), e.g. "
+              "max_bytes_per_owner=200MiB, max_active_batches_per_owner=2; the keys: "
+              "max_file_bytes, max_lines, max_files_per_owner, max_bytes_per_owner, "
+              "max_active_batches_per_owner, max_output_bytes, max_output_files_per_owner "
+              "(docs/batch.md 'Ownership and limits')")
 @click.option("--batch-retention", metavar="DURATION", default=None,
               callback=retention_option,
               help="--batch-dir: delete files, and batches that ended, this long after "
@@ -329,7 +355,8 @@ def command(
     tls_key: pathlib.Path | None, native_responses: tuple[str, ...],
     model_aliases: dict[str, str], allowed_hosts: tuple[str, ...],
     max_contexts: tuple[str, ...], batch_dir: pathlib.Path | None, batch_concurrency: int,
-    batch_max_file_mb: float, batch_retention: float | None, connect_timeout_s: float,
+    batch_max_file_mb: float, batch_limits: dict[str, str], batch_retention: float | None,
+    connect_timeout_s: float,
     first_byte_timeout_s: float,
     idle_timeout_s: float, total_timeout_s: float,
 ) -> None:
@@ -356,6 +383,9 @@ def command(
         allowed = allowed_names(allowed_hosts)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
+    batch = _batch_flags(click.get_current_context(), batch_dir)
+    max_file_bytes = (int(batch_max_file_mb * 1024 * 1024) if "--batch-max-file-mb" in batch
+                      else None)
     if batch_dir is not None and workers > 1:
         raise click.UsageError("--batch-dir takes one worker: each worker's runner would run "
                                "the same batches (drop --workers, or run the batch ingress "
@@ -381,8 +411,8 @@ def command(
         _run_fabric_ingress(host, port, bootstrap, network_secret, listen, policy, max_retries,
                             no_auth, db_url, max_body_mb, timeouts, tls_cert, tls_key,
                             model_aliases, allowed, dict(limits), network_secret_file, home,
-                            batch_dir, batch_concurrency, int(batch_max_file_mb * 1024 * 1024),
-                            batch_retention)
+                            batch_dir, batch_concurrency if "--batch-concurrency" in batch
+                            else None, max_file_bytes, batch_retention, batch_limits)
         return
     _refuse_fabric_flags(click.get_current_context())
     if no_auth and not is_loopback(host):
@@ -408,7 +438,7 @@ def command(
         model_aliases=tuple(sorted(model_aliases.items())),
         max_contexts=tuple(sorted(stated.items())),
         batch_dir=batch_dir, batch_concurrency=batch_concurrency,
-        batch_max_file_bytes=int(batch_max_file_mb * 1024 * 1024),
+        batch_limits=tuple(sorted(batch_limits.items())), batch_max_file_bytes=max_file_bytes,
         batch_retention_s=batch_retention,
     )
     if no_auth:
@@ -443,8 +473,9 @@ def _run_fabric_ingress(
     tls_key: pathlib.Path | None = None, model_aliases: dict[str, str] | None = None,
     allowed_hosts: tuple[str, ...] = (), front_limits: dict[str, str] | None = None,
     network_secret_file: pathlib.Path | None = None, home: pathlib.Path | None = None,
-    batch_dir: pathlib.Path | None = None, batch_concurrency: int = 4,
-    batch_max_file_bytes: int = 100 * 1024 * 1024, batch_retention_s: float | None = None,
+    batch_dir: pathlib.Path | None = None, batch_concurrency: int | None = None,
+    batch_max_file_bytes: int | None = None, batch_retention_s: float | None = None,
+    batch_limits: dict[str, str] | None = None,
 ) -> None:
     from llmfabric.cli.start import run_node, setup_logging
     from llmfabric.node.config import ConfigError as NodeConfigError
@@ -465,7 +496,7 @@ def _run_fabric_ingress(
             "allowed_hosts": allowed_hosts, "front_limits": front_limits or None,
             "batch_dir": batch_dir, "batch_concurrency": batch_concurrency,
             "batch_max_file_bytes": batch_max_file_bytes,
-            "batch_retention_s": batch_retention_s,
+            "batch_retention_s": batch_retention_s, "batch_limits": batch_limits or None,
         })
     except NodeConfigError as e:
         raise click.ClickException(str(e)) from e

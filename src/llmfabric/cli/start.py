@@ -47,6 +47,20 @@ def _labels(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> d
     return out
 
 
+def batch_limit_option(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+                       ) -> dict[str, str]:
+    """`--batch-limit KEY=VALUE` (repeatable) as KEY -> VALUE, each checked
+    (`batch/limits.py batch_limits`: a BatchLimits cap, a whole number or a size above 0)."""
+    from llmfabric.batch.limits import batch_limits
+
+    out = _labels(ctx, param, values)
+    try:
+        batch_limits(out)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return out
+
+
 def _aliases(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values:
@@ -219,6 +233,14 @@ def node_options(fn: Any) -> Any:
         click.option("--batch-concurrency", "batch_concurrency",
                      type=click.IntRange(min=1),
                      help="ingress with --batch-dir: batch lines in flight at once [4]"),
+        click.option("--batch-limit", "batch_limits", multiple=True,
+                     callback=batch_limit_option, metavar="KEY=VALUE",
+                     help="ingress with --batch-dir: a cap of the Batch API (repeatable), "
+                          "e.g. max_bytes_per_owner=200MiB, max_active_batches_per_owner=2; "
+                          "the keys: max_file_bytes, max_lines, max_files_per_owner, "
+                          "max_bytes_per_owner, max_active_batches_per_owner, "
+                          "max_output_bytes, max_output_files_per_owner (docs/batch.md "
+                          "'Ownership and limits')"),
         click.option("--batch-retention", "batch_retention_s", metavar="DURATION",
                      callback=retention_option,
                      help="ingress with --batch-dir: delete files, and batches that ended, "
@@ -322,7 +344,7 @@ def config_from_options(
     if not opts.get("bootstrap"):
         opts.pop("bootstrap", None)
     for name in ("labels", "controllers", "aliases", "model_aliases", "front_limits",
-                 "model_ids", "key_issuers", "allowed_hosts"):
+                 "batch_limits", "model_ids", "key_issuers", "allowed_hosts"):
         if not opts.get(name):
             opts.pop(name, None)
     no_auth = opts.pop("no_auth", None)

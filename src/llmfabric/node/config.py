@@ -6,6 +6,7 @@ import ipaddress
 import os
 import pathlib
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import yaml
@@ -191,10 +192,15 @@ class NodeConfig(BaseModel):
     max_inflight: int | None = Field(default=None, ge=1)
     fair_queue_max_wait_s: float = Field(default=30.0, gt=0)
     # Ingress: OpenAI's Batch API (llmfabric.batch), its files and batches kept here; None:
-    # off. Lines in flight at once (all batches), the largest input file.
+    # off. Lines in flight at once (all batches); its caps (`--batch-limit KEY=VALUE`:
+    # BatchLimits field -> whole number, or a size such as 2GiB for a byte cap, over the
+    # defaults: batch/limits.py LIMIT_KEYS); the largest input file (as
+    # `max_file_bytes` there, which it may not be given with; None: that cap's default).
+    # Each of them goes with batch_dir.
     batch_dir: pathlib.Path | None = None
     batch_concurrency: int = Field(default=4, ge=1)
-    batch_max_file_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    batch_limits: dict[str, int] = Field(default_factory=dict)
+    batch_max_file_bytes: int | None = Field(default=None, ge=1)
     # Files, and batches that ended, are deleted this long after (seconds; in the config
     # file also 12h, 30d, 2w); None: kept until deleted or their own expiry.
     batch_retention_s: float | None = Field(default=None, gt=0)
@@ -324,6 +330,16 @@ class NodeConfig(BaseModel):
             return parse_retention(value)  # (a ValueError: a clear config error)
         return value
 
+    @field_validator("batch_limits", mode="before")
+    @classmethod
+    def _batch_limits(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value  # the type check names the problem
+        from llmfabric.batch.limits import batch_limits
+
+        limits = batch_limits(value)  # (ValueError names the bad key or value)
+        return {key: getattr(limits, key) for key in value}  # (2GiB -> bytes)
+
     @field_validator("aliases", "model_aliases")
     @classmethod
     def _aliases(cls, value: dict[str, str]) -> dict[str, str]:
@@ -349,6 +365,20 @@ class NodeConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _batch_options(self) -> NodeConfig:
+        """The batch options go with batch_dir (they were ignored without it); the largest
+        input file is set one way."""
+        given = [flag for name, flag in _BATCH_OPTIONS if name in self.model_fields_set
+                 and getattr(self, name) not in (None, {})]
+        if given and self.batch_dir is None:
+            raise ValueError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with "
+                             "--batch-dir (the Batch API is off without it)")
+        if self.batch_max_file_bytes is not None and "max_file_bytes" in self.batch_limits:
+            raise ValueError("batch_max_file_bytes and --batch-limit max_file_bytes set the "
+                             "same cap: give one")
+        return self
+
+    @model_validator(mode="after")
     def _tls_pair(self) -> NodeConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
@@ -357,6 +387,13 @@ class NodeConfig(BaseModel):
     def has_credential(self) -> bool:
         return (bool(self.network_secret) or self.network_secret_file is not None
                 or self.membership_cert is not None)
+
+
+# NodeConfig's batch options, each with its flag: none is read without batch_dir.
+_BATCH_OPTIONS = (("batch_concurrency", "--batch-concurrency"),
+                  ("batch_limits", "--batch-limit"),
+                  ("batch_max_file_bytes", "batch_max_file_bytes"),
+                  ("batch_retention_s", "--batch-retention"))
 
 
 def load_config_file(path: pathlib.Path) -> dict[str, Any]:

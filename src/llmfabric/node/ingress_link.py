@@ -30,7 +30,8 @@ from llmfabric.accounts.spend_share import (
 )
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
-from llmfabric.batch import BatchLimits, BatchService
+from llmfabric.batch import BatchService
+from llmfabric.batch.limits import limits_of
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.identity import NodeKey
@@ -176,10 +177,7 @@ class IngressLink:
         link.trace_hook = trace_hook
         link.admin_key = admin_key
         if config.batch_dir is not None:  # (its routes: mount; its runner starts now)
-            link.batch = BatchService(ingress, config.batch_dir, limits=BatchLimits(
-                max_file_bytes=config.batch_max_file_bytes,
-                max_line_bytes=config.max_body_bytes,
-                concurrency=config.batch_concurrency),
+            link.batch = BatchService(ingress, config.batch_dir, limits=limits_of(config),
                 principals=store.active_key if store is not None else None,
                 retention_s=config.batch_retention_s)
             link.batch.start()

@@ -269,7 +269,7 @@ def test_batch_retention_reaches_both_composition_roots(
     res = _start(["--batch-retention", "forever"], tmp_path)
     assert res.exit_code == 2 and "duration" in res.output
     cfg = tmp_path / "node.yaml"
-    cfg.write_text("batch_retention_s: 12h\n")  # (the config file takes a duration too)
+    cfg.write_text(f"batch_dir: {tmp_path / 'b'}\nbatch_retention_s: 12h\n")  # (a duration too)
     assert _start(["--config", str(cfg)], tmp_path).exit_code == 0
     assert started[-1].batch_retention_s == 12 * 3600
     with pytest.raises(ConfigError, match="duration"):
@@ -286,3 +286,119 @@ def test_batch_retention_reaches_both_composition_roots(
         "--batch-retention", "90m"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert ran[-1].batch_retention_s == 90 * 60
+
+
+def test_batch_limits_reach_both_composition_roots(
+    tmp_path: pathlib.Path, started: list[NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the input file's size was an option (`llmfabric ingress --batch-max-file-mb`; not
+    even that on `start`): every other Batch API cap was fixed, per owner."""
+    from llmfabric.batch.limits import BatchLimits, limits_of
+
+    mib = 1024 * 1024
+    caps = ["--batch-limit", "max_bytes_per_owner=200MiB", "--batch-limit",
+            "max_active_batches_per_owner=2", "--batch-limit", "max_file_bytes=10MB"]
+    res = _start(["--ingress", "--batch-dir", str(tmp_path / "b"), *caps], tmp_path)
+    assert res.exit_code == 0, res.output
+    assert started[-1].batch_limits == {"max_bytes_per_owner": 200 * mib,
+                                        "max_active_batches_per_owner": 2,
+                                        "max_file_bytes": 10 ** 7}
+    assert limits_of(started[-1]) == BatchLimits(
+        max_bytes_per_owner=200 * mib, max_active_batches_per_owner=2, max_file_bytes=10 ** 7,
+        max_line_bytes=started[-1].max_body_bytes)
+    cfg = tmp_path / "node.yaml"  # (the config file: batch_limits, sizes too)
+    cfg.write_text(f"batch_dir: {tmp_path / 'b'}\nbatch_limits:\n  max_output_bytes: 5GiB\n")
+    assert _start(["--config", str(cfg), "--batch-limit", "max_lines=9"], tmp_path
+                  ).exit_code == 0
+    assert started[-1].batch_limits == {"max_lines": 9}  # (a flag replaces the file's map)
+    assert _start(["--config", str(cfg)], tmp_path).exit_code == 0
+    assert limits_of(started[-1]).max_output_bytes == 5 * 1024 * mib
+    res = CliRunner().invoke(ingress_cli.command, [  # (a fabric ingress node)
+        "--network-secret", "s" * 16, "--batch-dir", str(tmp_path / "b"), *caps],
+        catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert started[-1].batch_limits["max_bytes_per_owner"] == 200 * mib
+    assert started[-1].batch_concurrency == 4 and started[-1].batch_max_file_bytes is None
+    res = CliRunner().invoke(ingress_cli.command, [
+        "--network-secret", "s" * 16, "--batch-dir", str(tmp_path / "b"),
+        "--batch-max-file-mb", "3", "--batch-concurrency", "6"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert limits_of(started[-1]).max_file_bytes == 3 * mib
+    assert started[-1].batch_concurrency == 6
+    ran: list[ingress_cli.Settings] = []  # (a standalone ingress)
+    monkeypatch.setattr(ingress_cli, "_run", lambda settings, **kw: ran.append(settings))
+    res = CliRunner().invoke(ingress_cli.command, [
+        "--backend", "m=127.0.0.1:9", "--batch-dir", str(tmp_path / "b"), *caps,
+        "--batch-concurrency", "3", "--max-body-mb", "2"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert limits_of(ran[-1]) == BatchLimits(
+        max_bytes_per_owner=200 * mib, max_active_batches_per_owner=2, max_file_bytes=10 ** 7,
+        max_line_bytes=2 * mib, concurrency=3)
+    res = CliRunner().invoke(ingress_cli.command, [  # (--batch-max-file-mb still works)
+        "--backend", "m=127.0.0.1:9", "--batch-dir", str(tmp_path / "b"),
+        "--batch-max-file-mb", "0.5"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert limits_of(ran[-1]).max_file_bytes == mib // 2
+
+
+@pytest.mark.parametrize("mode", [["--backend", "m=127.0.0.1:9"],
+                                  ["--network-secret", "s" * 16], "start"])
+@pytest.mark.parametrize("limit,said", [
+    ("nope=3", "unknown batch limit 'nope' (known: max_file_bytes, max_lines, "
+               "max_files_per_owner, max_bytes_per_owner, max_active_batches_per_owner, "
+               "max_output_bytes, max_output_files_per_owner)"),
+    ("max_lines=0", "batch limit max_lines='0' must be at least 1"),
+    ("max_lines=-5", "batch limit max_lines='-5' is not a whole number above 0"),
+    ("max_lines=2.5", "batch limit max_lines='2.5' is not a whole number above 0"),
+    ("max_lines=nan", "batch limit max_lines='nan' is not a whole number above 0"),
+    ("max_bytes_per_owner=lots", "batch limit max_bytes_per_owner='lots' is not a whole "
+                                 "number of bytes above 0"),
+    ("concurrency=9", "batch limit 'concurrency' is not a key: --batch-concurrency sets it"),
+    ("max_lines", "'max_lines' is not key=value"),
+])
+def test_a_bad_batch_limit_is_one_line_naming_the_flag(
+    tmp_path: pathlib.Path, started: list[NodeConfig], monkeypatch: pytest.MonkeyPatch,
+    mode: list[str] | str, limit: str, said: str,
+) -> None:
+    ran: list[object] = []
+    monkeypatch.setattr(ingress_cli, "_run", lambda *a, **k: ran.append(a))
+    args = ["--batch-dir", str(tmp_path / "b"), "--batch-limit", limit]
+    res = (_start(["--ingress", *args], tmp_path) if mode == "start"
+           else CliRunner().invoke(ingress_cli.command, [*mode, *args]))
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, res.output
+    assert errors[0].startswith(f"Error: Invalid value for '--batch-limit': {said}"), errors
+    assert not started and not ran
+
+
+@pytest.mark.parametrize("mode", [["--backend", "m=127.0.0.1:9"],
+                                  ["--network-secret", "s" * 16], "start"])
+def test_batch_flags_without_batch_dir_are_refused(
+    tmp_path: pathlib.Path, started: list[NodeConfig], monkeypatch: pytest.MonkeyPatch,
+    mode: list[str] | str,
+) -> None:
+    """--batch-concurrency (and --batch-max-file-mb, --batch-retention) without --batch-dir
+    were ignored without a word; --batch-limit is refused there, and so are they."""
+    ran: list[object] = []
+    monkeypatch.setattr(ingress_cli, "_run", lambda *a, **k: ran.append(a))
+
+    def invoke(*args: str) -> Any:
+        if mode == "start":
+            return _start(["--ingress", *args], tmp_path)
+        return CliRunner().invoke(ingress_cli.command, [*mode, *args])
+
+    res = invoke("--batch-limit", "max_lines=5")
+    assert res.exit_code != 0 and "--batch-limit goes with --batch-dir" in res.output
+    res = invoke("--batch-concurrency", "8", "--batch-retention", "30d")
+    assert res.exit_code != 0, res.output
+    assert "--batch-concurrency, --batch-retention go with --batch-dir" in res.output
+    if mode != "start":  # (`start` has no --batch-max-file-mb: --batch-limit max_file_bytes)
+        res = invoke("--batch-max-file-mb", "5")
+        assert res.exit_code == 2 and "--batch-max-file-mb goes with --batch-dir" in res.output
+        res = invoke("--batch-dir", str(tmp_path / "b"), "--batch-max-file-mb", "5",
+                     "--batch-limit", "max_file_bytes=5MiB")
+        assert res.exit_code == 2 and ("--batch-max-file-mb and --batch-limit max_file_bytes "
+                                       "set the same cap: give one") in res.output
+    assert not started and not ran
+    assert invoke().exit_code == 0  # (no batch flag: fine, the Batch API is off)
