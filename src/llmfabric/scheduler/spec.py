@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.problem import Cluster, ModelLoad, Pool, Workload
+from llmfabric.yamlfile import YAMLFileError, read_yaml
 
 
 class _PoolIn(BaseModel):
@@ -55,11 +55,9 @@ class _WorkloadIn(BaseModel):
 
 def _read(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise SpecError(f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path} is not valid YAML: {e}") from None
+        return read_yaml(path)
+    except YAMLFileError as e:  # (binary file, syntax error, alias bomb: one line)
+        raise SpecError(str(e)) from None
 
 
 _CLUSTER_KEYS = ("pools: [{name, gpu, nodes, gpus_per_node, interconnect, cost_per_gpu_hour, "

@@ -38,6 +38,7 @@ import yaml
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.parallel import Link
+from llmfabric.yamlfile import YAMLFileError, read_yaml
 
 NodeId = int | str
 EdgeKind = Literal["nvlink", "pcie", "ethernet", "wan"]
@@ -387,9 +388,9 @@ class Topology:
         """Read `gpus: [{id, type, host}]`, `switches: [{id, aggregator_slots}]`,
         `edges: [{a, b, kind, gbps | gbs | bytes_per_s, latency_s | latency_us}]`."""
         try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise SpecError(f"cannot read topology {path}: {exc}") from None
+            doc = read_yaml(path)
+        except YAMLFileError as exc:  # (binary file, syntax error, alias bomb: one line)
+            raise SpecError(str(exc)) from None
         return cls.from_dict(doc)
 
     def to_yaml(self, path: str | Path) -> None:

@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from llmfabric.scheduler.netplan.commcost import NET_COLLECTIVE_S
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.topology import NodeId, Topology
+from llmfabric.yamlfile import YAMLFileError, read_yaml
 
 # The share of a link's capacity H may fill. 1.0 is the stability bound; the KV hand-off's
 # wait is modelled (linkload.KvQueue) but the step's all-reduce and PP transfers are priced
@@ -43,13 +42,15 @@ class NetWorkload:
     def from_yaml(cls, path: str | Path) -> NetWorkload:
         """`{rate, mean_in, mean_out}` (YAML)."""
         try:
-            doc = yaml.safe_load(Path(path).read_text())
+            doc = read_yaml(path)
             return cls(float(doc.get("rate", 1.0)), float(doc["mean_in"]),
                        float(doc["mean_out"]))
         except KeyError as exc:  # (was "KeyError('mean_in')": say what the file holds)
             raise SpecError(f"bad workload {path}: no {exc.args[0]} (a plan net workload "
                             "is {rate, mean_in, mean_out})") from None
-        except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError) as exc:
+        except YAMLFileError as exc:  # (binary file, syntax error, alias bomb: one line)
+            raise SpecError(f"bad workload: {exc}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
             raise SpecError(f"bad workload {path}: {exc!r}") from None
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.phasesplit.problem import GPU, CloudCluster, PDWorkload
 from llmfabric.sim.errors import SimError
@@ -16,13 +14,14 @@ from llmfabric.sim.hardware import DEFAULT_CATALOG, GPUCatalog
 from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.results import SLO
 from llmfabric.sim.topology import Topology
+from llmfabric.yamlfile import YAMLFileError, read_yaml
 
 
 def _read(path: str | Path) -> Any:
     try:
-        return yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise SpecError(f"{path}: {e}") from None
+        return read_yaml(path)
+    except YAMLFileError as e:  # (binary file, syntax error, alias bomb: one line)
+        raise SpecError(str(e)) from None
 
 
 def _num(doc: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
@@ -69,8 +68,10 @@ def load_cluster(cluster_path: str | Path | None, links_path: str | Path | None,
             raise SpecError("give --links or --topology, not both")
         try:
             return CloudCluster.from_topology(Topology.from_yaml(topology_path), catalog)
-        except SimError as e:
-            raise SpecError(f"{topology_path}: {e}") from None
+        except SimError as e:  # (a read error names the file already)
+            msg = str(e)
+            raise SpecError(msg if str(topology_path) in msg else f"{topology_path}: {msg}") \
+                from None
     if cluster_path is None or links_path is None:
         raise SpecError("give --cluster with --links, or --topology")
     gpus = load_gpus(cluster_path, catalog)
