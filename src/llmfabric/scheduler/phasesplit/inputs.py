@@ -4,6 +4,7 @@ SpecError with what to fix."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,20 @@ def _read(path: str | Path) -> Any:
         raise SpecError(str(e)) from None
 
 
+# Upper bounds of the workload's numbers: `.inf` or 10**100 lengths went on to numpy casts
+# ("invalid value encountered in cast" on stderr, then "request lengths must be >= 1 token"),
+# an `.inf` seed to an OverflowError traceback. Far above real loads.
+_MAX = {"rate": 1e6, "mean_in": 1e7, "mean_out": 1e7, "cv": 100.0, "seed": 2.0**63 - 1,
+        "ttft_s": 1e6, "tpot_s": 1e6, "e2e_s": 1e6}
+
+
 def _num(doc: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
     v = doc.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
         raise SpecError(f"{where}: {key} must be a number")
+    top = _MAX.get(key, math.inf)
+    if not -top <= v <= top:  # (inf and 10**100 included; each field's sign is checked later)
+        raise SpecError(f"{where}: {key} must be a finite number of at most {top:g}, got {v:g}")
     return float(v)
 
 
@@ -107,7 +118,10 @@ def load_workload(path: str | Path, *, slo_ttft: float | None = None,
     samples = int(_num(doc, "samples", where, 256))
     if not 1 <= samples <= 100_000:
         raise SpecError(f"{where}: samples must be in 1..100000")
-    return PDWorkload.from_means(rate if rate is not None else _num(doc, "rate", where),
-                                 _num(doc, "mean_in", where), _num(doc, "mean_out", where),
-                                 cv=_num(doc, "cv", where, 0.5), slo=slo, n=samples,
-                                 seed=int(_num(doc, "seed", where, 0)))
+    try:
+        return PDWorkload.from_means(rate if rate is not None else _num(doc, "rate", where),
+                                     _num(doc, "mean_in", where), _num(doc, "mean_out", where),
+                                     cv=_num(doc, "cv", where, 0.5), slo=slo, n=samples,
+                                     seed=int(_num(doc, "seed", where, 0)))
+    except (SimError, SpecError) as e:  # (rate <= 0, lengths < 1, a negative seed: name the file)
+        raise SpecError(f"{where}: {e}") from None
