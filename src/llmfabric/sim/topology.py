@@ -40,6 +40,8 @@ from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.parallel import Link
 from llmfabric.yamlfile import YAMLFileError, read_yaml
 
+MAX_AGGREGATOR_SLOTS = 1_000_000
+
 NodeId = int | str
 EdgeKind = Literal["nvlink", "pcie", "ethernet", "wan"]
 EDGE_KINDS: tuple[str, ...] = ("nvlink", "pcie", "ethernet", "wan")
@@ -140,8 +142,10 @@ class Topology:
         return node
 
     def add_switch(self, node_id: NodeId, aggregator_slots: int = 0) -> SwitchNode:
-        if aggregator_slots < 0:
-            raise SpecError("aggregator_slots must be >= 0")
+        # (10**100 was taken and printed as "INA at sw (1000...0 slots)": a switch holds
+        # thousands of aggregators, not more than MAX_AGGREGATOR_SLOTS)
+        if not 0 <= aggregator_slots <= MAX_AGGREGATOR_SLOTS:
+            raise SpecError(f"aggregator_slots must be in 0..{MAX_AGGREGATOR_SLOTS}")
         self._add_node(node_id)
         node = SwitchNode(node_id, int(aggregator_slots))
         self._switches[node_id] = node
