@@ -5,6 +5,8 @@ whose message names the file and fits on one line:
 - a file that is not UTF-8 text (a binary file passed by mistake) says so, where
   `Path.read_text()` raised a bare UnicodeDecodeError;
 - a syntax error is its problem and line/column, not PyYAML's five-line excerpt;
+- a value PyYAML cannot construct (an integer of 5000 digits, a date 2020-13-45) is an
+  error too, where it raised a bare ValueError;
 - aliases may not expand the document past `MAX_NODES` nodes (and never into a cycle): a few
   hundred bytes of nested anchors ("billion laughs") stand for 10**9 strings, and `safe_load`
   shares them, but whatever walks, validates or prints the result (`str()` of a list, a
@@ -88,5 +90,10 @@ def read_yaml(path: str | Path) -> Any:
         raise YAMLFileError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:  # PyYAML composes and constructs recursively
         raise YAMLFileError(f"{path}: nested too deeply") from None
+    except YAMLFileError:
+        raise
+    except ValueError as exc:  # int()/date() of a scalar: a 5000-digit number, 2020-13-45
+        what = "a number of over 4300 digits" if "digits" in str(exc) else str(exc)[:200]
+        raise YAMLFileError(f"{path}: a value cannot be read ({what})") from None
     finally:
         loader.dispose()
