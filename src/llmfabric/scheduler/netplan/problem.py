@@ -21,6 +21,8 @@ from llmfabric.yamlfile import YAMLFileError, read_yaml
 # waits 4.5 service times on average), so H keeps 10 % of each link in reserve.
 LINK_UTIL = 0.9
 KV_TPOT = ("per_token", "amortized")
+MAX_RATE = 1e6  # req/s, in a workload file
+MAX_TOKENS = 1e7  # mean prompt or output tokens, in a workload file
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +45,28 @@ class NetWorkload:
         """`{rate, mean_in, mean_out}` (YAML)."""
         try:
             doc = read_yaml(path)
-            return cls(float(doc.get("rate", 1.0)), float(doc["mean_in"]),
-                       float(doc["mean_out"]))
-        except KeyError as exc:  # (was "KeyError('mean_in')": say what the file holds)
-            raise SpecError(f"bad workload {path}: no {exc.args[0]} (a plan net workload "
-                            "is {rate, mean_in, mean_out})") from None
         except YAMLFileError as exc:  # (binary file, syntax error, alias bomb: one line)
             raise SpecError(f"bad workload: {exc}") from None
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise SpecError(f"bad workload {path}: {exc!r}") from None
+        form = "a plan net workload is {rate, mean_in, mean_out}"
+        if not isinstance(doc, dict):
+            raise SpecError(f"bad workload {path}: {form}")
+        values = []
+        # Each a finite number in range, named: the errors were Python reprs
+        # (ValueError("could not convert string to float: 'fast'")), and a 10**100 mean_out
+        # was planned with.
+        for key, default, top in (("rate", 1.0, MAX_RATE), ("mean_in", None, MAX_TOKENS),
+                                  ("mean_out", None, MAX_TOKENS)):
+            v = doc.get(key, default)
+            if v is None:
+                raise SpecError(f"bad workload {path}: no {key} ({form})")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not -1 < v <= top:
+                raise SpecError(f"bad workload {path}: {key} must be a number in 0..{top:g}, "
+                                f"got {str(v)[:40]!r}")
+            values.append(float(v))
+        try:
+            return cls(*values)
+        except SpecError as exc:
+            raise SpecError(f"bad workload {path}: {exc}") from None
 
 
 @dataclass(frozen=True)
