@@ -372,6 +372,9 @@ class Topology:
     def from_dict(cls, doc: Any) -> Topology:
         if not isinstance(doc, dict):
             raise SpecError("a topology document is a mapping with gpus, switches, edges")
+        # Unknown keys are refused: a typo (`latency_ms: 5`, `gpbs: 100`) was ignored, and the
+        # edge taken with no latency or the default of a field.
+        _known(doc, ("gpus", "switches", "edges"), "topology")
         topo = cls()
         for k, g in enumerate(_entries(doc, "gpus")):
             with _entry_errors("gpus", k):
@@ -401,14 +404,27 @@ class Topology:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+_ENTRY_KEYS = {"gpus": ("id", "type", "host"), "switches": ("id", "aggregator_slots"),
+               "edges": ("a", "b", "kind", "gbps", "gbs", "bytes_per_s", "latency_s",
+                         "latency_us")}
+
+
+def _known(doc: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    unknown = [str(k) for k in doc if k not in keys]
+    if unknown:
+        raise SpecError(f"{where}: unknown key {unknown[0][:40]!r} (the keys: "
+                        f"{', '.join(keys)})")
+
+
 def _entries(doc: dict[str, Any], section: str) -> list[dict[str, Any]]:
-    """The list under `section` (absent: none), every entry a mapping."""
+    """The list under `section` (absent: none), every entry a mapping of known keys."""
     entries = doc.get(section) or []
     if not isinstance(entries, list):
         raise SpecError(f"topology {section} must be a list of mappings, got {entries!r:.60}")
     for k, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise SpecError(f"topology {section}[{k}] must be a mapping, got {entry!r:.60}")
+        _known(entry, _ENTRY_KEYS[section], f"topology {section}[{k}]")
     return entries
 
 

@@ -63,6 +63,9 @@ class NetWorkload:
                 raise SpecError(f"bad workload {path}: {key} must be a number in 0..{top:g}, "
                                 f"got {str(v)[:40]!r}")
             values.append(float(v))
+        unknown = [str(k) for k in doc if k not in ("rate", "mean_in", "mean_out")]
+        if unknown:  # (a typo, `rat: 5`, was ignored: planned at the default rate 1)
+            raise SpecError(f"bad workload {path}: unknown key {unknown[0][:40]!r} ({form})")
         try:
             return cls(*values)
         except SpecError as exc:

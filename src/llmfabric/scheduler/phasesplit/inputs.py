@@ -42,6 +42,15 @@ def _num(doc: dict[str, Any], key: str, where: str, default: float | None = None
     return float(v)
 
 
+def _known(doc: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    """Refuse keys the loader does not read: a typo (`ttft: 1.5`, `hots: a`) was ignored and
+    the plan made without it (no SLO, a default host), as `plan`'s files already refuse."""
+    unknown = [str(k) for k in doc if k not in keys]
+    if unknown:
+        raise SpecError(f"{where}: unknown key {unknown[0][:40]!r} (the keys: "
+                        f"{', '.join(keys)})")
+
+
 def load_gpus(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[GPU]:
     """instances: [{gpu: RTX-A6000, count: 4, host: a6000-0}, ...]; GPU ids 0.. in order;
     GPU names are looked up in `catalog`."""
@@ -49,11 +58,13 @@ def load_gpus(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[G
     if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list) or \
             not doc["instances"]:
         raise SpecError(f"{path}: expected `instances:` with a list of {{gpu, count, host}}")
+    _known(doc, ("instances",), str(path))
     gpus: list[GPU] = []
     hosts: set[str] = set()
     for k, inst in enumerate(doc["instances"]):
         if not isinstance(inst, dict):
             raise SpecError(f"{path}: instance {k} must be a mapping")
+        _known(inst, ("gpu", "count", "host"), f"{path}: instance {k}")
         count = inst.get("count")
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
             raise SpecError(f"{path}: instance {k}: count must be an int in 1..64")
@@ -100,9 +111,11 @@ def load_workload(path: str | Path, *, slo_ttft: float | None = None,
     where = str(path)
     if not isinstance(doc, dict):
         raise SpecError(f"{where}: expected a mapping with rate, mean_in, mean_out")
+    _known(doc, ("rate", "mean_in", "mean_out", "cv", "samples", "seed", "slo"), where)
     slo_doc = doc.get("slo") or {}
     if not isinstance(slo_doc, dict):
         raise SpecError(f"{where}: slo must be a mapping")
+    _known(slo_doc, ("ttft_s", "tpot_s", "e2e_s"), f"{where}: slo")
     slo_vals = {}
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         if slo_doc.get(key) is not None:
