@@ -7,6 +7,7 @@ whose message names the file and fits on one line:
 - a syntax error is its problem and line/column, not PyYAML's five-line excerpt;
 - a value PyYAML cannot construct (an integer of 5000 digits, a date 2020-13-45) is an
   error too, where it raised a bare ValueError;
+- a key written twice in one mapping is an error (PyYAML keeps the last one silently);
 - aliases may not expand the document past `MAX_NODES` nodes (and never into a cycle): a few
   hundred bytes of nested anchors ("billion laughs") stand for 10**9 strings, and `safe_load`
   shares them, but whatever walks, validates or prints the result (`str()` of a list, a
@@ -37,6 +38,18 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def _unique_keys(node: yaml.MappingNode, path: str | Path) -> None:
+    """Refuse a key written twice in one mapping: YAML keeps the last silently, so a second
+    `Z900:` (or `rate:`) replaced the first without a word."""
+    seen: set[str] = set()
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+            if k.value in seen:
+                raise YAMLFileError(f"{path}: the key {k.value[:40]!r} appears twice in one "
+                                    f"mapping (line {k.start_mark.line + 1})")
+            seen.add(k.value)
+
+
 def _check_size(root: yaml.Node, path: str | Path) -> None:
     """Refuse a node graph whose expansion (each alias counted as a copy) exceeds MAX_NODES
     and ten times the nodes written, or that contains itself. Counts shared nodes once, so
@@ -60,6 +73,8 @@ def _check_size(root: yaml.Node, path: str | Path) -> None:
         if key in on_path:
             raise YAMLFileError(f"{path}: an alias (*name) refers to a mapping or list that "
                                 "contains it")
+        if isinstance(node, yaml.MappingNode):
+            _unique_keys(node, path)
         on_path.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
