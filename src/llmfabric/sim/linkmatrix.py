@@ -194,6 +194,8 @@ class LinkMatrix:
                 continue
             for x in (a, b):
                 keys.setdefault(x, len(keys))
+            if (a, b) in cells:  # (the last row won silently)
+                raise SpecError(f"the pair {a} -> {b} appears twice")
             cells[(a, b)] = (_bandwidth(row[ucol], ufac, a, b),
                              _latency(row[lat[0]], lat[1], a, b) if lat is not None else 0.0)
         order = list(keys)

@@ -99,8 +99,9 @@ def load_cluster(cluster_path: str | Path | None, links_path: str | Path | None,
     gpus = load_gpus(cluster_path, catalog)
     try:
         links = LinkMatrix.from_csv(links_path)
-    except SimError as e:
-        raise SpecError(f"{links_path}: {e}") from None
+    except SimError as e:  # (most name the file already)
+        msg = str(e)
+        raise SpecError(msg if str(links_path) in msg else f"{links_path}: {msg}") from None
     return CloudCluster.from_links(gpus, links, catalog)
 
 
