@@ -281,16 +281,27 @@ def simulate_net(plan_path: Path, rate: float, duration: float, arrival: str, sy
     from llmfabric.scheduler.netplan.runner import simulate_plan
     from llmfabric.sim.errors import SimError
 
+    # Errors in words: a binary file printed the repr of its bytes (a UnicodeDecodeError),
+    # a bad file Python reprs (KeyError('topology'), JSONDecodeError(...)).
     try:
-        doc = json.loads(plan_path.read_text())
+        doc = json.loads(plan_path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise click.ClickException(f"{plan_path} is not a JSON file: not UTF-8 text") from None
+    except ValueError as exc:
+        raise click.ClickException(f"{plan_path} is not JSON: {exc}") from None
+    try:
         if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
             raise click.ClickException(
                 f"{plan_path} is no `llmfabric plan net --out` file (it has no inputs to "
                 "re-plan from; a `plan pd --json` plan is for `controller --pd-plan`)")
         out = simulate_plan(doc["inputs"], system, rate, duration, arrival=arrival,
                             online=online, seed=seed)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise click.ClickException(f"bad plan file {plan_path}: {exc!r}") from None
+    except KeyError as exc:
+        raise click.ClickException(
+            f"bad plan file {plan_path}: its inputs lack {exc.args[0]!r} (write the file with "
+            "`llmfabric plan net --out`)") from None
+    except (TypeError, ValueError) as exc:
+        raise click.ClickException(f"bad plan file {plan_path}: {str(exc)[:200]}") from None
     except SimError as exc:
         raise click.ClickException(gpu_hint(str(exc), gpus_yaml=False)) from None
     if as_json:

@@ -163,9 +163,14 @@ def _reschedule(path: Path, cluster: Any, workload: Any, lost: str, opts: Any
     from llmfabric.scheduler.phasesplit.reschedule import lightweight
 
     try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"{path}: {e}") from None
+        saved = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:  # (was "'utf-8' codec can't decode byte 0x80 in position 128")
+        raise SpecError(f"{path} is not a saved plan: not UTF-8 text") from None
+    except ValueError as e:
+        raise SpecError(f"{path} is not a saved plan (JSON from `plan pd --json`): {e}") \
+            from None
     plan = plan_from_json(saved, cluster)
     return lightweight(plan, lost_gpus=_lost(lost), workload=workload, options=opts)
 

@@ -57,7 +57,9 @@ def workload_from_trace(path: str | os.PathLike[str], fmt: str = "auto", *,
                 first = min(first, rec.timestamp)
                 last = max(last, rec.timestamp)
     except (TraceError, OSError, ValueError) as e:
-        raise SpecError(f"trace {os.fspath(path)}: {e}") from None
+        msg = str(e)  # (the trace's errors name the file mostly: not twice)
+        raise SpecError(msg if os.fspath(path) in msg else f"trace {os.fspath(path)}: {msg}") \
+            from None
     if not acc:
         raise SpecError(f"trace {os.fspath(path)} has no requests")
     span = last - first

@@ -19,9 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from llmfabric.sim.errors import ADD_GPUS_HINT, SpecError, UnknownGPUError
+from llmfabric.yamlfile import YAMLFileError, read_yaml
 
 TERA = 1e12
 GB = 1e9
@@ -327,9 +326,9 @@ def read_gpus_yaml(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> l
     """The GPUs of a YAML file `{gpus: {NAME: {base: H100, mem_bw_gbs: ...}}}`; a `base:` (and
     a later row's base, which may name an earlier row) is looked up in `catalog`."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"cannot read GPU file {path}: {exc}") from exc
+        doc = read_yaml(path)
+    except YAMLFileError as exc:  # (binary file, syntax error, alias bomb: one line)
+        raise SpecError(f"GPU file: {exc}") from None
     gpus = doc.get("gpus") if isinstance(doc, dict) else None
     if not isinstance(gpus, dict):
         raise SpecError(f"{path}: expected a mapping `gpus: {{NAME: {{...}}}}`")

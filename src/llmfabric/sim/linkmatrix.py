@@ -136,6 +136,12 @@ class LinkMatrix:
                 rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
         except OSError as exc:
             raise SpecError(f"cannot read link matrix {path}: {exc}") from None
+        # a binary file (or one with a NUL byte) passed by mistake: was a traceback
+        except UnicodeDecodeError as exc:
+            raise SpecError(f"{path} is not a CSV file: not UTF-8 text (byte {exc.start})") \
+                from None
+        except csv.Error as exc:
+            raise SpecError(f"{path} is not a valid CSV file: {exc}") from None
         if len(rows) < 2:
             raise SpecError(f"{path}: a link matrix needs a header and at least one row")
         header = [h.strip().lower() for h in rows[0]]
@@ -188,6 +194,8 @@ class LinkMatrix:
                 continue
             for x in (a, b):
                 keys.setdefault(x, len(keys))
+            if (a, b) in cells:  # (the last row won silently)
+                raise SpecError(f"the pair {a} -> {b} appears twice")
             cells[(a, b)] = (_bandwidth(row[ucol], ufac, a, b),
                              _latency(row[lat[0]], lat[1], a, b) if lat is not None else 0.0)
         order = list(keys)

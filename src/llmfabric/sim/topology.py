@@ -38,6 +38,9 @@ import yaml
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.parallel import Link
+from llmfabric.yamlfile import YAMLFileError, read_yaml
+
+MAX_AGGREGATOR_SLOTS = 1_000_000
 
 NodeId = int | str
 EdgeKind = Literal["nvlink", "pcie", "ethernet", "wan"]
@@ -139,8 +142,10 @@ class Topology:
         return node
 
     def add_switch(self, node_id: NodeId, aggregator_slots: int = 0) -> SwitchNode:
-        if aggregator_slots < 0:
-            raise SpecError("aggregator_slots must be >= 0")
+        # (10**100 was taken and printed as "INA at sw (1000...0 slots)": a switch holds
+        # thousands of aggregators, not more than MAX_AGGREGATOR_SLOTS)
+        if not 0 <= aggregator_slots <= MAX_AGGREGATOR_SLOTS:
+            raise SpecError(f"aggregator_slots must be in 0..{MAX_AGGREGATOR_SLOTS}")
         self._add_node(node_id)
         node = SwitchNode(node_id, int(aggregator_slots))
         self._switches[node_id] = node
@@ -367,6 +372,9 @@ class Topology:
     def from_dict(cls, doc: Any) -> Topology:
         if not isinstance(doc, dict):
             raise SpecError("a topology document is a mapping with gpus, switches, edges")
+        # Unknown keys are refused: a typo (`latency_ms: 5`, `gpbs: 100`) was ignored, and the
+        # edge taken with no latency or the default of a field.
+        _known(doc, ("gpus", "switches", "edges"), "topology")
         topo = cls()
         for k, g in enumerate(_entries(doc, "gpus")):
             with _entry_errors("gpus", k):
@@ -387,23 +395,36 @@ class Topology:
         """Read `gpus: [{id, type, host}]`, `switches: [{id, aggregator_slots}]`,
         `edges: [{a, b, kind, gbps | gbs | bytes_per_s, latency_s | latency_us}]`."""
         try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise SpecError(f"cannot read topology {path}: {exc}") from None
+            doc = read_yaml(path)
+        except YAMLFileError as exc:  # (binary file, syntax error, alias bomb: one line)
+            raise SpecError(str(exc)) from None
         return cls.from_dict(doc)
 
     def to_yaml(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+_ENTRY_KEYS = {"gpus": ("id", "type", "host"), "switches": ("id", "aggregator_slots"),
+               "edges": ("a", "b", "kind", "gbps", "gbs", "bytes_per_s", "latency_s",
+                         "latency_us")}
+
+
+def _known(doc: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    unknown = [str(k) for k in doc if k not in keys]
+    if unknown:
+        raise SpecError(f"{where}: unknown key {unknown[0][:40]!r} (the keys: "
+                        f"{', '.join(keys)})")
+
+
 def _entries(doc: dict[str, Any], section: str) -> list[dict[str, Any]]:
-    """The list under `section` (absent: none), every entry a mapping."""
+    """The list under `section` (absent: none), every entry a mapping of known keys."""
     entries = doc.get(section) or []
     if not isinstance(entries, list):
         raise SpecError(f"topology {section} must be a list of mappings, got {entries!r:.60}")
     for k, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise SpecError(f"topology {section}[{k}] must be a mapping, got {entry!r:.60}")
+        _known(entry, _ENTRY_KEYS[section], f"topology {section}[{k}]")
     return entries
 
 

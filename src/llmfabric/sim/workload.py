@@ -148,6 +148,10 @@ def on_off(rate_on: float, on_s: float, off_s: float, duration: float,
     return Workload(times, _lengths(input_tokens, n, rng), _lengths(output_tokens, n, rng))
 
 
+MAX_TRACE_TOKENS = 10**7  # a request's input or output length in a replayed trace
+MAX_TRACE_SPAN_S = 1e9  # from the first arrival to the last
+
+
 def replay(rows: Iterable[tuple[float, int, int]]) -> Workload:
     """A workload from (time_s, input_tokens, output_tokens) rows (any order; shifted so the
     first request arrives at 0, so negative times are fine; inf/NaN are refused)."""
@@ -161,10 +165,19 @@ def replay(rows: Iterable[tuple[float, int, int]]) -> Workload:
         # an inf time shifts every other one to -inf (or NaN), a NaN one breaks the sort
         if not math.isfinite(row[0]):
             raise WorkloadError(f"row {k}: arrival time {t!r} is not a finite number")
+        # 10**100 tokens overflowed the int64 cast (a numpy warning, then "every request
+        # needs >= 1 input and >= 1 output token")
+        if not (row[1] <= MAX_TRACE_TOKENS and row[2] <= MAX_TRACE_TOKENS):
+            raise WorkloadError(f"row {k}: at most {MAX_TRACE_TOKENS} input and output "
+                                f"tokens, got ({str(i)[:24]}, {str(o)[:24]})")
         data.append(row)
     data.sort()
     if not data:
         return Workload(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    # a time of 1e308 among 0s was replayed as a run of 1e308 s (one request, then nothing)
+    if data[-1][0] - data[0][0] > MAX_TRACE_SPAN_S:
+        raise WorkloadError(f"the arrival times span {data[-1][0] - data[0][0]:.3g} s, more "
+                            f"than {MAX_TRACE_SPAN_S:.0e} s (about 30 years): give seconds")
     arr = np.array(data, dtype=np.float64)
     times = arr[:, 0] - arr[0, 0]
     return Workload(times, arr[:, 1].astype(np.int64), arr[:, 2].astype(np.int64))
@@ -244,7 +257,8 @@ def _trace_rows(p: Path, fmt: str, limit: int | None) -> list[tuple[float, int, 
                 break
             rows.append((rec.timestamp, rec.input_tokens, rec.output_tokens))
     except TraceError as exc:
-        raise WorkloadError(f"{p}: {exc}; or use the simulator's format: columns "
+        where = "" if str(p) in str(exc) else f"{p}: "  # (named once)
+        raise WorkloadError(f"{where}{exc}; or use the simulator's format: columns "
                             f"{SIM_TIME_KEYS[0]} (seconds), input_tokens, output_tokens") from exc
     except ImportError as exc:  # CSV/Parquet traces are read with pyarrow
         raise WorkloadError(f"reading {p} needs pyarrow: pip install 'llmfabric[traces]' "
@@ -269,6 +283,8 @@ def load_trace(path: str | Path, limit: int | None = None, fmt: str = "auto") ->
         if fmt == "auto":
             fmt = SIM_FORMAT if _columns(p) & set(SIM_TIME_KEYS) else "auto"
         rows = _sim_rows(p, limit) if fmt == SIM_FORMAT else _trace_rows(p, fmt, limit)
+        # (inside: replay's errors, e.g. a row's tokens out of range, name the file too)
+        return replay((t, max(1, i), max(1, o)) for t, i, o in rows)
     except (OSError, ValueError) as exc:
-        raise WorkloadError(f"cannot read trace {p}: {exc}") from exc
-    return replay((t, max(1, i), max(1, o)) for t, i, o in rows)
+        msg = str(exc)  # (named once: the trace loaders' errors name the file mostly)
+        raise WorkloadError(msg if str(p) in msg else f"cannot read trace {p}: {msg}") from exc

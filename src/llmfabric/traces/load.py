@@ -19,6 +19,7 @@ import orjson
 from llmfabric.traces.errors import TraceFormatError, UnknownTraceFormatError
 from llmfabric.traces.formats import FORMATS, adapter_for, format_from_columns
 from llmfabric.traces.schema import TraceRecord
+from llmfabric.untrusted import clip, printable
 
 Progress = Callable[[int, int], None]
 DEFAULT_CHUNK_ROWS = 65_536
@@ -127,18 +128,26 @@ def iter_batches(
         raise FileNotFoundError(f"trace file {p} does not exist")
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be at least 1")
-    if fmt == "auto":
-        fmt = detect_format(p)
-    elif fmt not in FORMATS:
-        raise UnknownTraceFormatError(f"unknown format {fmt!r}; use auto or one of {FORMATS}")
-    adapt = adapter_for(fmt, default_model=p.stem, model=model)
     container = container_of(p)
-    if container == "jsonl":
-        yield from _jsonl_batches(p, adapt, chunk_rows, progress)
-    elif container == "csv":
-        yield from _csv_batches(p, adapt, chunk_rows, progress)
-    else:
-        yield from _parquet_batches(p, adapt, chunk_rows, progress)
+    try:
+        if fmt == "auto":
+            fmt = detect_format(p)
+        elif fmt not in FORMATS:
+            raise UnknownTraceFormatError(
+                f"unknown format {fmt!r}; use auto or one of {FORMATS}")
+        adapt = adapter_for(fmt, default_model=p.stem, model=model)
+        if container == "jsonl":
+            yield from _jsonl_batches(p, adapt, chunk_rows, progress)
+        elif container == "csv":
+            yield from _csv_batches(p, adapt, chunk_rows, progress)
+        else:
+            yield from _parquet_batches(p, adapt, chunk_rows, progress)
+    except ValueError as exc:
+        # pyarrow's ArrowInvalid (a ValueError) on a file that is no CSV/Parquet: it named no
+        # file ("Empty CSV file") and quoted the offending bytes raw, control characters and
+        # all, onto the operator's terminal
+        raise TraceFormatError(f"{p}: not a readable {container} trace: "
+                               f"{printable(clip(str(exc), 200))}") from exc
 
 
 def iter_records(

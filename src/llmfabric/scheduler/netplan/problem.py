@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from llmfabric.scheduler.netplan.commcost import NET_COLLECTIVE_S
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.topology import NodeId, Topology
+from llmfabric.yamlfile import YAMLFileError, read_yaml
 
 # The share of a link's capacity H may fill. 1.0 is the stability bound; the KV hand-off's
 # wait is modelled (linkload.KvQueue) but the step's all-reduce and PP transfers are priced
@@ -22,6 +21,8 @@ from llmfabric.sim.topology import NodeId, Topology
 # waits 4.5 service times on average), so H keeps 10 % of each link in reserve.
 LINK_UTIL = 0.9
 KV_TPOT = ("per_token", "amortized")
+MAX_RATE = 1e6  # req/s, in a workload file
+MAX_TOKENS = 1e7  # mean prompt or output tokens, in a workload file
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +44,32 @@ class NetWorkload:
     def from_yaml(cls, path: str | Path) -> NetWorkload:
         """`{rate, mean_in, mean_out}` (YAML)."""
         try:
-            doc = yaml.safe_load(Path(path).read_text())
-            return cls(float(doc.get("rate", 1.0)), float(doc["mean_in"]),
-                       float(doc["mean_out"]))
-        except KeyError as exc:  # (was "KeyError('mean_in')": say what the file holds)
-            raise SpecError(f"bad workload {path}: no {exc.args[0]} (a plan net workload "
-                            "is {rate, mean_in, mean_out})") from None
-        except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError) as exc:
-            raise SpecError(f"bad workload {path}: {exc!r}") from None
+            doc = read_yaml(path)
+        except YAMLFileError as exc:  # (binary file, syntax error, alias bomb: one line)
+            raise SpecError(f"bad workload: {exc}") from None
+        form = "a plan net workload is {rate, mean_in, mean_out}"
+        if not isinstance(doc, dict):
+            raise SpecError(f"bad workload {path}: {form}")
+        values = []
+        # Each a finite number in range, named: the errors were Python reprs
+        # (ValueError("could not convert string to float: 'fast'")), and a 10**100 mean_out
+        # was planned with.
+        for key, default, top in (("rate", 1.0, MAX_RATE), ("mean_in", None, MAX_TOKENS),
+                                  ("mean_out", None, MAX_TOKENS)):
+            v = doc.get(key, default)
+            if v is None:
+                raise SpecError(f"bad workload {path}: no {key} ({form})")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not -1 < v <= top:
+                raise SpecError(f"bad workload {path}: {key} must be a number in 0..{top:g}, "
+                                f"got {str(v)[:40]!r}")
+            values.append(float(v))
+        unknown = [str(k) for k in doc if k not in ("rate", "mean_in", "mean_out")]
+        if unknown:  # (a typo, `rat: 5`, was ignored: planned at the default rate 1)
+            raise SpecError(f"bad workload {path}: unknown key {unknown[0][:40]!r} ({form})")
+        try:
+            return cls(*values)
+        except SpecError as exc:
+            raise SpecError(f"bad workload {path}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,12 @@ def plan_from_json(doc: Any, cluster: CloudCluster, *,
                       plan_id=str(doc.get("plan_id", "")))
     except SpecError:
         raise  # (already says what is wrong: e.g. the plan's GPUs are not this cluster's)
-    except (KeyError, TypeError, ValueError) as e:
-        raise SpecError(f"not a saved PD plan: {e!r}") from None
+    except KeyError as e:  # (was the repr, "not a saved PD plan: KeyError('model')")
+        raise SpecError(f"not a saved PD plan: no {e.args[0]!r} (save one with `llmfabric "
+                        "plan pd --json`)") from None
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"not a saved PD plan (save one with `llmfabric plan pd --json`): "
+                        f"{str(e)[:200]}") from None
     if routing.y.shape != (plan.n_prefill, plan.n_decode) or \
             routing.x.shape != (plan.n_prefill,):
         raise SpecError("the routing does not match the plan's replicas")
