@@ -3,6 +3,7 @@
 Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture.md):
   clock        injected time (SystemClock for production, FakeClock in llmfabric.testing)
   untrusted    others' text for terminals, logs and files: printable(), get_logger()
+  yamlfile     operators' YAML files read with one-line errors (duplicate keys, alias bombs)
   identity/    node keys, peer ids, signing, admission credentials
   net/         transport: TLS peer channels, bootstrap, reachability, relays
   registry/    CRDT node map and its NodeRegistry/ModelRegistry views

@@ -22,7 +22,7 @@ ROOT = "llmfabric"
 
 # docs/architecture.md, "Layer order": lower ranks never import higher or equal ones.
 RANKS: dict[str, int] = {
-    ROOT: 0, "clock": 0, "untrusted": 0,
+    ROOT: 0, "clock": 0, "untrusted": 0, "yamlfile": 0,
     "identity": 1, "traces": 1, "kvcompress": 1,
     "net": 2, "registry": 2, "sim": 2, "dataplane": 2,
     "membership": 3, "testing": 3, "accounts": 3, "bench": 3, "scheduler": 3, "dashboard": 3,
