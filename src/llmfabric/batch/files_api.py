@@ -23,6 +23,7 @@ from aiohttp import BodyPartReader, MultipartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from llmfabric.batch.http_common import (
+    DRAINED_BYTES,
     Caller,
     Identify,
     closing,
@@ -90,9 +91,14 @@ class FilesApi:
     async def upload(self, request: web.Request) -> web.StreamResponse:
         # (a refusal before the body is read: `refused_unread`)
         who = await self.identify(request.headers.get("Authorization", ""))
-        if not isinstance(who, Caller):
-            return await refused_unread(request, who)
         lim = self.store.limits
+        if not isinstance(who, Caller):
+            # A key past its rate limit gets its 429 after the body it sends (up to the file
+            # cap, as it would have been read when allowed): an SDK client cut off mid-upload
+            # sees a connection error and retries blind, not the Retry-After. (A request
+            # without a valid key is not read.)
+            return await refused_unread(request, who, lim.max_file_bytes + _MULTIPART_SLACK
+                                        if who.status == 429 else DRAINED_BYTES)
         if (request.content_length or 0) > lim.max_file_bytes + _MULTIPART_SLACK:
             return await refused_unread(request, fail(
                 413, f"the file is larger than this ingress's limit of {lim.max_file_bytes} "

@@ -110,11 +110,13 @@ async def closing(request: web.Request, reply: web.Response) -> web.Response:
     return reply
 
 
-async def refused_unread(request: web.Request, reply: web.Response) -> web.Response:
-    """`reply` to a request refused before its body was read: a small body of a stated
-    length is read and dropped first (a client still sending it would get a reset, not the
-    reply); any other (chunked, or large) is not read: the connection closes (`closing`)."""
-    if request.content_length is not None and request.content_length <= DRAINED_BYTES:
+async def refused_unread(request: web.Request, reply: web.Response,
+                         drained: int = DRAINED_BYTES) -> web.Response:
+    """`reply` to a request refused before its body was read: a body of a stated length up
+    to `drained` bytes is read and dropped first (a client still sending it would get a
+    reset, not the reply); any other (chunked, or larger) is not read: the connection
+    closes (`closing`)."""
+    if request.content_length is not None and request.content_length <= drained:
         await request.release()
         return reply
     return await closing(request, reply)

@@ -173,10 +173,12 @@ class BatchStore:
     def owner_usage(self, owner: str) -> tuple[int, int]:
         """(files, bytes) the owner uploaded (batch outputs not counted) and can still see:
         an expired file, which the owner can no longer list or delete, stops counting at
-        once, not when the retention sweep gets to it."""
+        once, not when the retention sweep gets to it; unless an active batch reads it (the
+        sweep keeps it on disk until that batch ends: `_held`)."""
         n, size = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM files WHERE owner = ? AND "
-            f"purpose = ? AND {_LIVE_FILE}", (owner, FILE_PURPOSE, *self._live())).fetchone()
+            f"purpose = ? AND {self._held}", (owner, FILE_PURPOSE, *self._live(), *ACTIVE)
+        ).fetchone()
         return int(n), int(size)
 
     def cap_refusal(self, owner: str, adding: int, new_files: int = 1) -> str | None:
@@ -201,7 +203,7 @@ class BatchStore:
         refused, so a new batch is), or None."""
         outputs, size = self._db.execute(  # (expired files not counted: owner_usage)
             "SELECT COALESCE(SUM(purpose = ?), 0), COALESCE(SUM(bytes), 0) FROM files "
-            f"WHERE owner = ? AND {_LIVE_FILE}", (OUTPUT_PURPOSE, owner, *self._live())
+            f"WHERE owner = ? AND {self._held}", (OUTPUT_PURPOSE, owner, *self._live(), *ACTIVE)
         ).fetchone()
         if outputs >= self.limits.max_output_files_per_owner:
             return (f"you keep {outputs} batch output files, the most this ingress keeps per "
@@ -266,6 +268,12 @@ class BatchStore:
             return f
         ends = f.created_at + int(self.retention_s)
         return replace(f, expires_at=ends if f.expires_at is None else min(f.expires_at, ends))
+
+    # The files a caller's caps count (args: `_live()`, then ACTIVE): those not expired, and
+    # those an active batch reads (kept on disk until it ends, `forget_expired`: else an
+    # owner re-uploading its expired input held twice its cap for a batch's 24 h).
+    _held = (f"({_LIVE_FILE} OR id IN (SELECT input_file_id FROM batches WHERE status IN "
+             f"({','.join('?' * len(ACTIVE))})))")
 
     def _live(self) -> tuple[float, float]:
         """The arguments of _LIVE_FILE now: a file expired is no longer found."""

@@ -436,7 +436,12 @@ async def test_files_and_batches_calls_are_requests_of_the_key(tmp_path: pathlib
         assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
         assert (await r.json())["error"]["code"] == "rate_limit_exceeded"
         r = await client.post("/v1/files", data=form(line("a")), headers=auth(limited))
-        assert r.status == 429  # (refused before its body is read)
+        assert r.status == 429
+        # A large upload too gets its 429 (read after the body, up to the file cap): cut off
+        # mid-body, an SDK client saw a connection error and retried blind.
+        big = form(b"x" * (3 << 20))
+        r = await client.post("/v1/files", data=big, headers=auth(limited))
+        assert r.status == 429 and "Retry-After" in r.headers
         # An allowance of their own: the key's lines (its requests on the inference
         # routes) still have all of theirs, and do not take from the polling's.
         key = await store.authenticate(limited)

@@ -578,8 +578,7 @@ async def test_a_line_waiting_for_a_slot_when_its_batch_is_cancelled_is_not_sent
     alice = asyncio.create_task(env.runner.run_batch(first))
     await _in_flight(env, 2)
     bob = asyncio.create_task(env.runner.run_batch(second.id))
-    for _ in range(20):  # (bob's batch validated, its lines queued for a slot)
-        await asyncio.sleep(0.01)
+    await _until(lambda: len(env.runner._lines) == 4)  # (bob's lines queued for a slot)
     assert len(env.serve.calls) == 2
     assert env.store.request_cancel("bob", second.id, int(env.clock.wall())) is not None
     env.serve.hold.set()
@@ -589,6 +588,7 @@ async def test_a_line_waiting_for_a_slot_when_its_batch_is_cancelled_is_not_sent
     assert b is not None and b.status == CANCELLED and (b.completed, b.failed) == (0, 2)
     errs = env.lines(b.error_file_id)
     assert [e["error"]["code"] for e in errs] == ["batch_cancelled"] * 2
+    assert env.runner._stopped == {}  # (why each batch stopped is not kept past its end)
 
 
 async def test_a_line_waiting_out_a_refusal_ends_with_the_window(

@@ -232,3 +232,22 @@ def test_an_expired_file_stops_counting_against_the_caps_at_once(
     assert store.owner_usage("alice") == (0, 0)
     assert store.cap_refusal("alice", 100) is None and store.stored_refusal("alice") is None
     store.close()
+
+
+def test_an_expired_input_an_active_batch_reads_still_counts(tmp_path: pathlib.Path) -> None:
+    # The sweep keeps such a file on disk until its batch ends (up to 24 h): uncounted, its
+    # owner could upload it again and hold twice the cap meanwhile.
+    now = [1000.0]
+    store = BatchStore(tmp_path, BatchLimits(max_files_per_owner=2, max_bytes_per_owner=100),
+                       wall=lambda: now[0])
+    read = FileRecord(store.new_file_id(), "alice", "in.jsonl", "batch", 60, 1, 1,
+                      expires_at=2000)
+    store.add_file(read)
+    store.add_file(FileRecord(store.new_file_id(), "alice", "in.jsonl", "batch", 30, 1, 1,
+                              expires_at=2000))
+    _batch(store, "alice", read.id)
+    now[0] = 2000.0
+    assert store.owner_usage("alice") == (1, 60)
+    assert "bytes" in (store.cap_refusal("alice", 41) or "")
+    assert store.stored_refusal("alice") is None
+    store.close()
