@@ -248,14 +248,14 @@ class NodeConfig(BaseModel):
     def _public_addr(cls, value: str | None) -> str | None:
         if value is not None:
             parse_dial_addr(value)
-        return value
+        return value.strip() if value is not None else None  # (published as given)
 
     @field_validator("public_http_addr")
     @classmethod
     def _public_http_addr(cls, value: str | None) -> str | None:
         if value is not None:
             parse_dial_addr(value, example=HTTP_DIAL_EXAMPLE, in_url=True)
-        return value
+        return value.strip() if value is not None else None
 
     @field_validator("bootstrap", mode="before")
     @classmethod

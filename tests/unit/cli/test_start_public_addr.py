@@ -107,3 +107,13 @@ def test_a_config_file_value_is_checked_naming_the_setting(
     assert "public_addr: 'gateway' is not host:port (e.g. node1.example.org:7946)" in out, out
     assert not started
 
+
+
+@pytest.mark.parametrize("flag", ["--public-addr", "--public-http-addr"])
+def test_spaces_around_an_address_are_not_published(
+        tmp_path: pathlib.Path, started: list[NodeConfig], flag: str) -> None:
+    # (' node1:7946 ' passed the check and went out with its spaces: no peer could dial it)
+    code, out = _start(tmp_path, flag, " node1.example.org:7946 ")
+    assert code == 0, out
+    assert getattr(started[-1], flag.removeprefix("--").replace("-", "_")) == \
+        "node1.example.org:7946"
