@@ -84,5 +84,3 @@ def _how_known(adapter: EngineKind, kind: str | None, seen: str, args: Sequence[
     shown = " ".join(args[:8]) + (" ..." if len(args) > 8 else "")
     return (f"{engine_phrase(adapter.name)} (no known engine named in `{shown}`; --engine "
             "KIND sets one)")
-
-
