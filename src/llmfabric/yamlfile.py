@@ -8,6 +8,7 @@ whose message names the file and fits on one line:
 - a value PyYAML cannot construct (an integer of 5000 digits, a date 2020-13-45) is an
   error too, where it raised a bare ValueError;
 - a key written twice in one mapping is an error (PyYAML keeps the last one silently);
+- `1e6` and `2.5E-3` are numbers, as in YAML 1.2 and JSON (YAML 1.1 reads them as text);
 - aliases may not expand the document past `MAX_NODES` nodes (and never into a cycle): a few
   hundred bytes of nested anchors ("billion laughs") stand for 10**9 strings, and `safe_load`
   shares them, but whatever walks, validates or prints the result (`str()` of a list, a
@@ -18,12 +19,26 @@ Rank 0 (no llmfabric imports): every layer may use it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 MAX_NODES = 1_000_000  # nodes of the expanded document when aliases repeat parts of it
+
+
+class _Loader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that also reads `1e6` and `2.5E-3` as numbers, as YAML 1.2 and
+    JSON do: YAML 1.1 wants a dot (`1.0e+6`), and `rate: 1e6` was the text '1e6', refused as
+    "not a number" with no hint why."""
+
+
+_Loader.add_implicit_resolver(  # (copies SafeLoader's table: safe_load is unchanged)
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 class YAMLFileError(ValueError):
@@ -80,6 +95,13 @@ def _check_size(root: yaml.Node, path: str | Path) -> None:
         stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
 
 
+def unknown_key(doc: Mapping[Any, Any], keys: Iterable[str]) -> str | None:
+    """The first key of `doc` not in `keys`, clipped for an error message (None: none). A
+    loader that ignored a typo (`rat: 5`, `ttft: 1.5`) planned without it, silently."""
+    known = set(keys)
+    return next((str(k)[:40] for k in doc if k not in known), None)
+
+
 def read_yaml(path: str | Path) -> Any:
     """The document of the YAML file `path` (None when empty), as `yaml.safe_load` gives it."""
     try:
@@ -89,7 +111,7 @@ def read_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise YAMLFileError(f"{path} is not a YAML file: not UTF-8 text (byte {exc.start} "
                             f"is 0x{exc.object[exc.start]:02x})") from None
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:

@@ -259,8 +259,9 @@ def _yaml_number(name: str, key: str, raw: Any, field: str, scale: float) -> flo
         raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}")
     try:
         value = float(raw) * scale
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"GPU {name!r}: {key} must be a number, got {raw!r}") from exc
+    except (TypeError, ValueError, OverflowError) as exc:  # (an int of 400 digits: no float)
+        raise SpecError(f"GPU {name!r}: {key} must be a number, got {str(raw)[:40]!r}"
+                        ) from exc
     if not math.isfinite(value) or value < 0 or (value == 0 and field not in _ZERO_OK):
         bound = ">= 0" if field in _ZERO_OK else "> 0"
         raise SpecError(f"GPU {name!r}: {key} must be a finite number {bound}, got {raw!r}")

@@ -38,7 +38,7 @@ import yaml
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.parallel import Link
-from llmfabric.yamlfile import YAMLFileError, read_yaml
+from llmfabric.yamlfile import YAMLFileError, read_yaml, unknown_key
 
 MAX_AGGREGATOR_SLOTS = 1_000_000
 
@@ -410,10 +410,8 @@ _ENTRY_KEYS = {"gpus": ("id", "type", "host"), "switches": ("id", "aggregator_sl
 
 
 def _known(doc: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
-    unknown = [str(k) for k in doc if k not in keys]
-    if unknown:
-        raise SpecError(f"{where}: unknown key {unknown[0][:40]!r} (the keys: "
-                        f"{', '.join(keys)})")
+    if (unknown := unknown_key(doc, keys)) is not None:
+        raise SpecError(f"{where}: unknown key {unknown!r} (the keys: {', '.join(keys)})")
 
 
 def _entries(doc: dict[str, Any], section: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from llmfabric.scheduler.netplan.commcost import NET_COLLECTIVE_S
 from llmfabric.sim.errors import SpecError
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.topology import NodeId, Topology
-from llmfabric.yamlfile import YAMLFileError, read_yaml
+from llmfabric.yamlfile import YAMLFileError, read_yaml, unknown_key
 
 # The share of a link's capacity H may fill. 1.0 is the stability bound; the KV hand-off's
 # wait is modelled (linkload.KvQueue) but the step's all-reduce and PP transfers are priced
@@ -63,9 +63,9 @@ class NetWorkload:
                 raise SpecError(f"bad workload {path}: {key} must be a number in 0..{top:g}, "
                                 f"got {str(v)[:40]!r}")
             values.append(float(v))
-        unknown = [str(k) for k in doc if k not in ("rate", "mean_in", "mean_out")]
-        if unknown:  # (a typo, `rat: 5`, was ignored: planned at the default rate 1)
-            raise SpecError(f"bad workload {path}: unknown key {unknown[0][:40]!r} ({form})")
+        # (a typo, `rat: 5`, was ignored: planned at the default rate 1)
+        if (unknown := unknown_key(doc, ("rate", "mean_in", "mean_out"))) is not None:
+            raise SpecError(f"bad workload {path}: unknown key {unknown!r} ({form})")
         try:
             return cls(*values)
         except SpecError as exc:

@@ -15,7 +15,7 @@ from llmfabric.sim.hardware import DEFAULT_CATALOG, GPUCatalog
 from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.results import SLO
 from llmfabric.sim.topology import Topology
-from llmfabric.yamlfile import YAMLFileError, read_yaml
+from llmfabric.yamlfile import YAMLFileError, read_yaml, unknown_key
 
 
 def _read(path: str | Path) -> Any:
@@ -38,17 +38,16 @@ def _num(doc: dict[str, Any], key: str, where: str, default: float | None = None
         raise SpecError(f"{where}: {key} must be a number")
     top = _MAX.get(key, math.inf)
     if not -top <= v <= top:  # (inf and 10**100 included; each field's sign is checked later)
-        raise SpecError(f"{where}: {key} must be a finite number of at most {top:g}, got {v:g}")
+        raise SpecError(f"{where}: {key} must be a finite number of at most {top:g}, got "
+                        f"{str(v)[:40]}")  # (not {v:g}: an int of 400 digits is no float)
     return float(v)
 
 
 def _known(doc: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
     """Refuse keys the loader does not read: a typo (`ttft: 1.5`, `hots: a`) was ignored and
     the plan made without it (no SLO, a default host), as `plan`'s files already refuse."""
-    unknown = [str(k) for k in doc if k not in keys]
-    if unknown:
-        raise SpecError(f"{where}: unknown key {unknown[0][:40]!r} (the keys: "
-                        f"{', '.join(keys)})")
+    if (unknown := unknown_key(doc, keys)) is not None:
+        raise SpecError(f"{where}: unknown key {unknown!r} (the keys: {', '.join(keys)})")
 
 
 def load_gpus(path: str | Path, catalog: GPUCatalog = DEFAULT_CATALOG) -> list[GPU]:
