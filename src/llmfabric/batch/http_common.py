@@ -5,7 +5,6 @@ pages, and the Host check of the batch app."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,10 +15,10 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmfabric.accounts.models import ApiKey
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.errors import error_reply
+from llmfabric.ingress.errors import Reply, error_reply, rate_limited
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.web_sink import web_response
-from llmfabric.ingress.protocols import Principal, bearer_of
+from llmfabric.ingress.protocols import Principal
 
 BATCH_PREFIXES = ("/v1/files", "/v1/batches")
 DRAINED_BYTES = 1 << 20  # a refused body up to this size is read, not cut (`refused_unread`)
@@ -50,18 +49,11 @@ def callers_of(ingress: Ingress) -> Identify:
     async def identify(header: str) -> Caller | web.Response:
         if auth is None:
             return Caller("", "")
-        token = bearer_of(header)
-        if not token:
-            return fail(401, "missing API key: send 'Authorization: Bearer <key>'",
-                        "invalid_api_key")
-        principal = await auth.authenticate(token)
-        if principal is None:
-            return web_response(ingress.key_refused(token))
+        principal = await ingress.authenticate_header(header)
+        if isinstance(principal, Reply):
+            return web_response(principal)
         if (wait := auth.check_rate(_managing(principal))) is not None:
-            secs = max(1, math.ceil(wait))
-            return web_response(error_reply(
-                429, f"rate limit exceeded for this key; retry after {secs} s",
-                "rate_limit_exceeded", headers={"Retry-After": str(secs)}))
+            return web_response(rate_limited(wait))
         return Caller(owner_of(principal), principal.id)
 
     return identify

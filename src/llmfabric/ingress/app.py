@@ -12,7 +12,6 @@ lookup for it).
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +35,13 @@ from llmfabric.ingress.continuation import (
     continuation_wanted,
     continue_stream,
 )
-from llmfabric.ingress.errors import Reply, UpstreamError, error_code, error_reply
+from llmfabric.ingress.errors import (
+    Reply,
+    UpstreamError,
+    error_code,
+    error_reply,
+    rate_limited,
+)
 from llmfabric.ingress.model_list import (
     MAX_MODEL_CHARS,
     InvalidModels,
@@ -151,7 +156,7 @@ class Ingress:
     async def models_reply(self, authorization: str) -> Reply:
         """GET /v1/models, transport-agnostic."""
         if self.auth is not None:
-            who = await self._authenticate(authorization)
+            who = await self.authenticate_header(authorization)
             if isinstance(who, Reply):
                 return who
             if who.models is not None:  # a key with a model allowlist sees only those
@@ -175,7 +180,9 @@ class Ingress:
 
     # -- helpers -------------------------------------------------------------------------
 
-    async def _authenticate(self, header: str) -> Principal | Reply:
+    async def authenticate_header(self, header: str) -> Principal | Reply:
+        """The principal of an Authorization header, or the 401 to answer (missing key,
+        unknown or revoked key, or `expired_api_key` saying when). Auth must be on."""
         if self.auth is None:
             raise RuntimeError("authentication is switched off")
         token = bearer_of(header)
@@ -239,7 +246,7 @@ class Ingress:
                 cached(authorization[7:].strip()) if cached is not None
                 and authorization[:7].lower() == "bearer " else None)
             if principal is None:
-                who = await self._authenticate(authorization)
+                who = await self.authenticate_header(authorization)
                 if isinstance(who, Reply):
                     self.metrics.observe_error(
                         "", 401, error_code(who) or "invalid_api_key")
@@ -247,11 +254,8 @@ class Ingress:
                 principal = who
             wait = self.auth.check_rate(principal)
             if wait is not None:
-                secs = max(1, math.ceil(wait))
-                return self._refuse(
-                    "", 429, f"rate limit exceeded for this key; retry after {secs} s",
-                    "rate_limit_exceeded", headers={"Retry-After": str(secs)},
-                )
+                self.metrics.observe_error("", 429, "rate_limit_exceeded")
+                return rate_limited(wait)
             allowed = principal.models
         if tr is not None:
             tr.phase("auth", key_id=principal.id if principal is not None else None)

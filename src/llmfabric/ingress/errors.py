@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import orjson
@@ -71,6 +72,14 @@ def error_reply(
     headers: dict[str, str] | None = None,
 ) -> Reply:
     return Reply(status, error_body(status, message, code, param), headers=headers)
+
+
+def rate_limited(wait_s: float) -> Reply:
+    """The 429 of a key past its requests/min: retry after `wait_s`, in whole seconds (at
+    least 1, so a client does not come back at once)."""
+    secs = max(1, math.ceil(wait_s))
+    return error_reply(429, f"rate limit exceeded for this key; retry after {secs} s",
+                       "rate_limit_exceeded", headers={"Retry-After": str(secs)})
 
 
 def error_code(reply: Reply) -> str:

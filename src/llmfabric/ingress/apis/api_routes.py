@@ -146,7 +146,7 @@ class ApiRoutes:
     async def _check_key(self, authorization: str) -> Reply | None:
         if self.ingress.auth is None:
             return None
-        who = await self.ingress._authenticate(authorization)
+        who = await self.ingress.authenticate_header(authorization)
         return who if isinstance(who, Reply) else None
 
     async def _refused(self, authorization: str, path: str, status: int, message: str,
