@@ -242,7 +242,7 @@ async def test_an_expired_key_gets_401_saying_when(
         err = error_of(await send())
         assert err["code"] == "expired_api_key"
         assert "expired at 2027-01-15T08:01:00Z" in err["message"]
-    # counted under the code the reply carried (both refusals came by _authenticate's path)
+    # counted under the code the reply carried (both refusals came by authenticate_header's path)
     assert ing.metrics.errors.get(("401", "expired_api_key")) == 2
     assert ("401", "invalid_api_key") not in ing.metrics.errors
     models = await ing.models_reply(f"Bearer {plain}")
