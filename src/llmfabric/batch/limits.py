@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Protocol
@@ -109,6 +109,20 @@ def batch_limits(values: Mapping[str, object], **fixed: int | None) -> BatchLimi
     for key in given.keys() & changes.keys():
         raise ValueError(f"batch limit {key} is set twice")
     return dataclasses.replace(BatchLimits(), **given, **changes)
+
+
+def batch_flags_refusal(given: Sequence[str], batch_dir: bool, file_cap_twice: str | None
+                        ) -> str | None:
+    """Why the batch options `given` (as the operator named them) may not be, or None: they
+    go with --batch-dir (they were ignored without it), and the largest input file is set
+    one way (`file_cap_twice`: the other option that set it beside `--batch-limit
+    max_file_bytes`). One rule for both composition roots' checks."""
+    if given and not batch_dir:
+        return (f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --batch-dir "
+                "(the Batch API is off without it)")
+    if file_cap_twice is not None:
+        return f"{file_cap_twice} and --batch-limit max_file_bytes set the same cap: give one"
+    return None
 
 
 class BatchOptions(Protocol):

@@ -245,18 +245,17 @@ def _refuse_fabric_flags(ctx: click.Context) -> None:
 def _batch_flags(ctx: click.Context, batch_dir: pathlib.Path | None) -> set[str]:
     """The batch flags given (not defaults). They go with --batch-dir (they were ignored
     without it), and --batch-max-file-mb with no `--batch-limit max_file_bytes`."""
+    from llmfabric.batch.limits import batch_flags_refusal
+
     given = {f"--{name.replace('_', '-')}" for name in
              ("batch_concurrency", "batch_max_file_mb", "batch_retention")
              if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)}
     if ctx.params.get("batch_limits"):
         given.add("--batch-limit")
-    if given and batch_dir is None:
-        named = sorted(given)
-        raise click.UsageError(f"{', '.join(named)} {'goes' if len(named) == 1 else 'go'} "
-                               "with --batch-dir (the Batch API is off without it)")
-    if "--batch-max-file-mb" in given and "max_file_bytes" in ctx.params["batch_limits"]:
-        raise click.UsageError("--batch-max-file-mb and --batch-limit max_file_bytes set the "
-                               "same cap: give one")
+    twice = "--batch-max-file-mb" in given and "max_file_bytes" in ctx.params["batch_limits"]
+    if (why := batch_flags_refusal(sorted(given), batch_dir is not None,
+                                   "--batch-max-file-mb" if twice else None)) is not None:
+        raise click.UsageError(why)
     return given
 
 

@@ -368,14 +368,14 @@ class NodeConfig(BaseModel):
     def _batch_options(self) -> NodeConfig:
         """The batch options go with batch_dir (they were ignored without it); the largest
         input file is set one way."""
+        from llmfabric.batch.limits import batch_flags_refusal
+
         given = [flag for name, flag in _BATCH_OPTIONS if name in self.model_fields_set
                  and getattr(self, name) not in (None, {})]
-        if given and self.batch_dir is None:
-            raise ValueError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with "
-                             "--batch-dir (the Batch API is off without it)")
-        if self.batch_max_file_bytes is not None and "max_file_bytes" in self.batch_limits:
-            raise ValueError("batch_max_file_bytes and --batch-limit max_file_bytes set the "
-                             "same cap: give one")
+        twice = self.batch_max_file_bytes is not None and "max_file_bytes" in self.batch_limits
+        if (why := batch_flags_refusal(given, self.batch_dir is not None,
+                                       "batch_max_file_bytes" if twice else None)) is not None:
+            raise ValueError(why)
         return self
 
     @model_validator(mode="after")
