@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -243,19 +244,17 @@ class NodeConfig(BaseModel):
             parse_hostport(value)
         return value
 
-    @field_validator("public_addr")
+    @field_validator("public_addr", "public_http_addr")
     @classmethod
-    def _public_addr(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_dial_addr(value)
-        return value.strip() if value is not None else None  # (published as given)
-
-    @field_validator("public_http_addr")
-    @classmethod
-    def _public_http_addr(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_dial_addr(value, example=HTTP_DIAL_EXAMPLE, in_url=True)
-        return value.strip() if value is not None else None
+    def _dial_addr(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """Checked as others will dial it, and published without surrounding spaces (the
+        HTTP one goes into http:// URLs: IPv6 in brackets)."""
+        if value is None:
+            return None
+        http = info.field_name == "public_http_addr"
+        parse_dial_addr(value, example=HTTP_DIAL_EXAMPLE if http else DIAL_EXAMPLE,
+                        in_url=http)
+        return value.strip()
 
     @field_validator("bootstrap", mode="before")
     @classmethod
