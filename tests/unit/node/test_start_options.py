@@ -15,19 +15,13 @@ from llmfabric.node.config import ConfigError, NodeConfig, build_config
 from llmfabric.node.engine.link import with_aliases
 from llmfabric.registry.records import ServedModel
 
+from ._start_capture import capture_started
+
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
     """Capture the config `run_node` would run instead of starting a node."""
-    seen: list[NodeConfig] = []
-
-    def fake_run_node(config: NodeConfig, *, banner: bool = True) -> int:
-        start_cli.warn_config(config)
-        seen.append(config)
-        return 0
-
-    monkeypatch.setattr(start_cli, "run_node", fake_run_node)
-    return seen
+    return capture_started(monkeypatch, warn=True)
 
 
 def _start(args: list[str], tmp_path: pathlib.Path) -> Any:

@@ -13,22 +13,15 @@ from click.testing import CliRunner
 from llmfabric.cli import start as start_cli
 from llmfabric.node.config import NodeConfig
 
+from ._start_capture import capture_started
+
 ENV_VARS = ("LLMFABRIC_PUBLIC_ADDR", "LLMFABRIC_PUBLIC_HTTP_ADDR", "LLMFABRIC_BOOTSTRAP",
             "LLMFABRIC_NETWORK_SECRET", "LLMFABRIC_HOME")
 
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
-    seen: list[NodeConfig] = []
-
-    def fake_run_node(config: NodeConfig, *, banner: bool = True) -> int:
-        seen.append(config)
-        return 0
-
-    monkeypatch.setattr(start_cli, "run_node", fake_run_node)
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-    return seen
+    return capture_started(monkeypatch, ENV_VARS)
 
 
 def _start(home: pathlib.Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
