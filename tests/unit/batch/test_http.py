@@ -6,6 +6,7 @@ keys say who calls; each key is its own owner) and a runner that is never starte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -287,20 +288,30 @@ class OwnersAuth:
         return None
 
 
-async def test_a_granted_key_does_not_share_a_local_owner_s_namespace(
-        tmp_path: pathlib.Path) -> None:
-    # Owner "alice" of another ingress (its key accepted through --key-issuer) listed,
-    # downloaded and deleted local alice's files and batches: the owner was all that scoped.
+@contextlib.asynccontextmanager
+async def served(tmp_path: pathlib.Path, auth: Any) -> AsyncIterator[Client]:
+    """The Files and Batches routes of an ingress with `auth` (its runner never started)."""
     ingress = Ingress(IngressConfig(), StaticCandidateSource([]), NoForwarder(),  # type: ignore[arg-type]
-                      auth=OwnersAuth())  # type: ignore[arg-type]
+                      auth=auth)
 
     async def principals(key_id: str) -> Principal | None:
         return None
 
     service = BatchService(ingress, tmp_path, principals=principals)
-    c: Client = TestClient(TestServer(service.app(HostGuard())))
-    await c.start_server()
+    client: Client = TestClient(TestServer(service.app(HostGuard())))
+    await client.start_server()
     try:
+        yield client
+    finally:
+        await client.close()
+        await service.aclose()
+
+
+async def test_a_granted_key_does_not_share_a_local_owner_s_namespace(
+        tmp_path: pathlib.Path) -> None:
+    # Owner "alice" of another ingress (its key accepted through --key-issuer) listed,
+    # downloaded and deleted local alice's files and batches: the owner was all that scoped.
+    async with served(tmp_path, OwnersAuth()) as c:
         local, granted = ({"Authorization": f"Bearer {k}"} for k in OwnersAuth.KEYS)
         r = await c.post("/v1/files", data=form(line("a")), headers=local)
         assert r.status == 200
@@ -310,9 +321,6 @@ async def test_a_granted_key_does_not_share_a_local_owner_s_namespace(
             assert (await c.get(path, headers=granted)).status == 404
         assert (await c.delete(f"/v1/files/{fid}", headers=granted)).status == 404
         assert (await c.get(f"/v1/files/{fid}", headers=local)).status == 200
-    finally:
-        await c.close()
-        await service.aclose()
 
 
 async def test_retrieve_and_list_return_the_batch_s_usage(
@@ -417,45 +425,36 @@ async def test_files_and_batches_calls_are_requests_of_the_key(tmp_path: pathlib
     _, limited = await store.create_key("poller", "alice", requests_per_min=2)
     _, free = await store.create_key("other", "bob")
     _, brief = await store.create_key("brief", "carol", expires_at=clock.wall() + 60)
-    ingress = Ingress(IngressConfig(), StaticCandidateSource([]), NoForwarder(),  # type: ignore[arg-type]
-                      auth=AccountsAuth(store, RateLimiter(clock)))
-
-    async def principals(key_id: str) -> Principal | None:
-        return None
-
-    service = BatchService(ingress, tmp_path, principals=principals)
-    client: Client = TestClient(TestServer(service.app(HostGuard())))
-    await client.start_server()
+    accounts = AccountsAuth(store, RateLimiter(clock))
     try:
-        def auth(key: str) -> dict[str, str]:
-            return {"Authorization": f"Bearer {key}"}
+        async with served(tmp_path, accounts) as client:
+            def auth(key: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {key}"}
 
-        for path in ("/v1/files", "/v1/batches"):
-            assert (await client.get(path, headers=auth(limited))).status == 200
-        r = await client.get("/v1/batches/batch_" + "0" * 24, headers=auth(limited))
-        assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
-        assert (await r.json())["error"]["code"] == "rate_limit_exceeded"
-        r = await client.post("/v1/files", data=form(line("a")), headers=auth(limited))
-        assert r.status == 429
-        # A large upload too gets its 429 (read after the body, up to the file cap): cut off
-        # mid-body, an SDK client saw a connection error and retried blind.
-        big = form(b"x" * (3 << 20))
-        r = await client.post("/v1/files", data=big, headers=auth(limited))
-        assert r.status == 429 and "Retry-After" in r.headers
-        # An allowance of their own: the key's lines (its requests on the inference
-        # routes) still have all of theirs, and do not take from the polling's.
-        key = await store.authenticate(limited)
-        assert key is not None and ingress.auth is not None
-        assert ingress.auth.check_rate(key) is None and ingress.auth.check_rate(key) is None
-        assert ingress.auth.check_rate(key) is not None
-        for _ in range(5):  # (another key's calls are its own)
-            assert (await client.get("/v1/files", headers=auth(free))).status == 200
-        await clock.advance(30)  # (one request back)
-        assert (await client.get("/v1/files", headers=auth(limited))).status == 200
-        await clock.advance(60)
-        r = await client.get("/v1/files", headers=auth(brief))
-        assert r.status == 401 and (await r.json())["error"]["code"] == "expired_api_key"
+            for path in ("/v1/files", "/v1/batches"):
+                assert (await client.get(path, headers=auth(limited))).status == 200
+            r = await client.get("/v1/batches/batch_" + "0" * 24, headers=auth(limited))
+            assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+            assert (await r.json())["error"]["code"] == "rate_limit_exceeded"
+            r = await client.post("/v1/files", data=form(line("a")), headers=auth(limited))
+            assert r.status == 429
+            # A large upload too gets its 429 (read after the body, up to the file cap): cut off
+            # mid-body, an SDK client saw a connection error and retried blind.
+            big = form(b"x" * (3 << 20))
+            r = await client.post("/v1/files", data=big, headers=auth(limited))
+            assert r.status == 429 and "Retry-After" in r.headers
+            # An allowance of their own: the key's lines (its requests on the inference
+            # routes) still have all of theirs, and do not take from the polling's.
+            key = await store.authenticate(limited)
+            assert key is not None
+            assert accounts.check_rate(key) is None and accounts.check_rate(key) is None
+            assert accounts.check_rate(key) is not None
+            for _ in range(5):  # (another key's calls are its own)
+                assert (await client.get("/v1/files", headers=auth(free))).status == 200
+            await clock.advance(30)  # (one request back)
+            assert (await client.get("/v1/files", headers=auth(limited))).status == 200
+            await clock.advance(60)
+            r = await client.get("/v1/files", headers=auth(brief))
+            assert r.status == 401 and (await r.json())["error"]["code"] == "expired_api_key"
     finally:
-        await client.close()
-        await service.aclose()
         await store.aclose()
