@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.problem import ModelLoad, Workload
+from llmfabric.sim.errors import naming_file
 
 
 @dataclass(slots=True)
@@ -57,9 +58,7 @@ def workload_from_trace(path: str | os.PathLike[str], fmt: str = "auto", *,
                 first = min(first, rec.timestamp)
                 last = max(last, rec.timestamp)
     except (TraceError, OSError, ValueError) as e:
-        msg = str(e)  # (the trace's errors name the file mostly: not twice)
-        raise SpecError(msg if os.fspath(path) in msg else f"trace {os.fspath(path)}: {msg}") \
-            from None
+        raise SpecError(naming_file(os.fspath(path), str(e), "trace ")) from None
     if not acc:
         raise SpecError(f"trace {os.fspath(path)} has no requests")
     span = last - first

@@ -7,6 +7,13 @@ class SimError(Exception):
     """Base class of every error raised by llmfabric.sim."""
 
 
+def naming_file(path: object, message: str, lead: str = "") -> str:
+    """`message` about the file `path`, which it names once: as it is when the loader's own
+    error names the file already, else after `lead` and the path ("trace x.csv: ...")."""
+    where = str(path)
+    return message if where in message else f"{lead}{where}: {message}"
+
+
 # How an unknown GPU's message ends: the Python way to add one. The CLI swaps it for the
 # command's own way (--gpus-yaml FILE) or drops it where a command has none
 # (llmfabric.cli.gpus_yaml).

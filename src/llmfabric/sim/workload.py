@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from llmfabric.sim.errors import WorkloadError
+from llmfabric.sim.errors import WorkloadError, naming_file
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -257,9 +257,9 @@ def _trace_rows(p: Path, fmt: str, limit: int | None) -> list[tuple[float, int, 
                 break
             rows.append((rec.timestamp, rec.input_tokens, rec.output_tokens))
     except TraceError as exc:
-        where = "" if str(p) in str(exc) else f"{p}: "  # (named once)
-        raise WorkloadError(f"{where}{exc}; or use the simulator's format: columns "
-                            f"{SIM_TIME_KEYS[0]} (seconds), input_tokens, output_tokens") from exc
+        raise WorkloadError(f"{naming_file(p, str(exc))}; or use the simulator's format: "
+                            f"columns {SIM_TIME_KEYS[0]} (seconds), input_tokens, "
+                            "output_tokens") from exc
     except ImportError as exc:  # CSV/Parquet traces are read with pyarrow
         raise WorkloadError(f"reading {p} needs pyarrow: pip install 'llmfabric[traces]' "
                             f"({exc})") from exc
@@ -286,5 +286,4 @@ def load_trace(path: str | Path, limit: int | None = None, fmt: str = "auto") ->
         # (inside: replay's errors, e.g. a row's tokens out of range, name the file too)
         return replay((t, max(1, i), max(1, o)) for t, i, o in rows)
     except (OSError, ValueError) as exc:
-        msg = str(exc)  # (named once: the trace loaders' errors name the file mostly)
-        raise WorkloadError(msg if str(p) in msg else f"cannot read trace {p}: {msg}") from exc
+        raise WorkloadError(naming_file(p, str(exc), "cannot read trace ")) from exc

@@ -10,7 +10,7 @@ from typing import Any
 
 from llmfabric.scheduler.errors import SpecError
 from llmfabric.scheduler.phasesplit.problem import GPU, CloudCluster, PDWorkload
-from llmfabric.sim.errors import SimError
+from llmfabric.sim.errors import SimError, naming_file
 from llmfabric.sim.hardware import DEFAULT_CATALOG, GPUCatalog
 from llmfabric.sim.linkmatrix import LinkMatrix
 from llmfabric.sim.results import SLO
@@ -89,18 +89,15 @@ def load_cluster(cluster_path: str | Path | None, links_path: str | Path | None,
             raise SpecError("give --links or --topology, not both")
         try:
             return CloudCluster.from_topology(Topology.from_yaml(topology_path), catalog)
-        except SimError as e:  # (a read error names the file already)
-            msg = str(e)
-            raise SpecError(msg if str(topology_path) in msg else f"{topology_path}: {msg}") \
-                from None
+        except SimError as e:
+            raise SpecError(naming_file(topology_path, str(e))) from None
     if cluster_path is None or links_path is None:
         raise SpecError("give --cluster with --links, or --topology")
     gpus = load_gpus(cluster_path, catalog)
     try:
         links = LinkMatrix.from_csv(links_path)
-    except SimError as e:  # (most name the file already)
-        msg = str(e)
-        raise SpecError(msg if str(links_path) in msg else f"{links_path}: {msg}") from None
+    except SimError as e:
+        raise SpecError(naming_file(links_path, str(e))) from None
     return CloudCluster.from_links(gpus, links, catalog)
 
 
