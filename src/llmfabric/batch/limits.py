@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Protocol
 
 MIB = 1024 * 1024
@@ -80,11 +80,8 @@ def _limit_value(key: str, raw: object) -> int:
     elif isinstance(raw, str):
         match = _SIZE.fullmatch(raw.strip())
         unit = match.group(2).lower() if match else ""
-        if match and unit in _UNITS and (sized or not unit):
-            try:
-                number = Decimal(match.group(1)) * _UNITS[unit]
-            except InvalidOperation:  # (the pattern admits only decimals: defensive)
-                number = None
+        if match and unit in _UNITS and (sized or not unit):  # (digits: a valid Decimal)
+            number = Decimal(match.group(1)) * _UNITS[unit]
     if number is None or number != number.to_integral_value():
         raise ValueError(f"batch limit {key}={raw!r} is not {what}")
     if number < 1:
