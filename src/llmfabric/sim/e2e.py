@@ -108,7 +108,10 @@ def read_rows(path: str | Path) -> list[E2ERow]:
                     _measured(r["tpot_ms"], "tpot_ms", line)))
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc}") from exc
-    except (csv.Error, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path} is not a CSV file: not UTF-8 text (a "
+                        f"0x{exc.object[exc.start]:02x} byte)") from None
+    except csv.Error as exc:
         raise SpecError(f"{path}: not a valid CSV ({exc})") from exc
     return out
 

@@ -10,6 +10,7 @@ ThunderServe's beta_ab = min bandwidth between the stages' GPUs).
 CSV, long form: a header naming the endpoints (`src,dst` or `i,j`), the bandwidth in exactly
 one column `gbs` (GB/s, also `GB/s`), `gbps` (Gbit/s, also `Gbps`) or `bytes_per_s`, and
 optionally `latency_s`, `latency_ms` or `latency_us`; a pair given one way is symmetric.
+Any other column is refused (a misspelt latency column must not read as zero latency).
 CSV, square form: a first header cell naming the unit (`gbs`, `gbps` or `bytes_per_s`), then
 the column ids; each row an id and its bandwidths (the diagonal is ignored). Every pair must
 be present; ids are kept as strings unless all are integers.
@@ -33,6 +34,7 @@ FloatArray = npt.NDArray[np.float64]
 
 _UNITS = {"gbs": 1e9, "gb/s": 1e9, "gbps": 1e9 / 8, "gbit/s": 1e9 / 8, "bytes_per_s": 1.0}
 _LATENCY = {"latency_s": 1.0, "latency_ms": 1e-3, "latency_us": 1e-6}
+_LONG_COLUMNS = frozenset({"src", "dst", "i", "j", "from", "to", *_UNITS, *_LATENCY})
 
 
 class LinkMatrix:
@@ -138,8 +140,8 @@ class LinkMatrix:
             raise SpecError(f"cannot read link matrix {path}: {exc}") from None
         # a binary file (or one with a NUL byte) passed by mistake: was a traceback
         except UnicodeDecodeError as exc:
-            raise SpecError(f"{path} is not a CSV file: not UTF-8 text (byte {exc.start})") \
-                from None
+            raise SpecError(f"{path} is not a CSV file: not UTF-8 text (a "
+                            f"0x{exc.object[exc.start]:02x} byte)") from None
         except csv.Error as exc:
             raise SpecError(f"{path} is not a valid CSV file: {exc}") from None
         if len(rows) < 2:
@@ -182,6 +184,12 @@ class LinkMatrix:
         if src is None or dst is None or len(units) != 1 or len(lats) > 1:
             raise SpecError("a long-form link CSV needs src,dst (or i,j), exactly one of "
                             "gbs/gbps/bytes_per_s and at most one latency column")
+        # An unknown column is refused, not skipped: a misspelt latency column (latency_usec)
+        # would otherwise give every link zero latency without a word.
+        unknown = [h for h in header if h not in _LONG_COLUMNS]
+        if unknown:
+            raise SpecError(f"unknown column {unknown[0]!r}; a long-form link CSV has the "
+                            f"columns {', '.join(sorted(_LONG_COLUMNS))}")
         (ucol, ufac), lat = units[0], lats[0] if lats else None
         cells: dict[tuple[str, str], tuple[float, float]] = {}
         keys: dict[str, int] = {}  # label -> index, in order of appearance (O(1) membership)

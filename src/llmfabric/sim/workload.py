@@ -285,5 +285,9 @@ def load_trace(path: str | Path, limit: int | None = None, fmt: str = "auto") ->
         rows = _sim_rows(p, limit) if fmt == SIM_FORMAT else _trace_rows(p, fmt, limit)
         # (inside: replay's errors, e.g. a row's tokens out of range, name the file too)
         return replay((t, max(1, i), max(1, o)) for t, i, o in rows)
+    except UnicodeDecodeError as exc:  # (was Python's "'utf-8' codec can't decode byte ...")
+        raise WorkloadError(f"cannot read trace {p}: not UTF-8 text (a "
+                            f"0x{exc.object[exc.start]:02x} byte); a trace is CSV or JSONL text, "
+                            "or Parquet") from None
     except (OSError, ValueError) as exc:
         raise WorkloadError(naming_file(p, str(exc), "cannot read trace ")) from exc

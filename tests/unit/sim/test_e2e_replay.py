@@ -51,6 +51,9 @@ def test_read_rows_parses_and_rejects_hostile_input(tmp_path: Path) -> None:
         e2e.read_rows(tmp_path / "short.csv")
     with pytest.raises(SpecError, match="cannot read"):
         e2e.read_rows(tmp_path / "absent.csv")
+    (tmp_path / "binary.csv").write_bytes(b"model,gpu\n\x00\xfe\xff")
+    with pytest.raises(SpecError, match=r"binary\.csv is not a CSV file: not UTF-8 text \(a 0xfe"):
+        e2e.read_rows(tmp_path / "binary.csv")
 
 
 def test_quantization_of_a_row() -> None:

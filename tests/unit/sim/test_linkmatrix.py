@@ -116,10 +116,14 @@ def test_hostile_csv_raises_spec_errors_only(tmp_path_factory: pytest.TempPathFa
     ("src,dst,gbs\n0,1,10\n0,1\n", r"has 2 cells, expected 3"),
     ("gbs,1,01\n1,0,1\n01,1,0\n", r"ids '1' and '01' are the same GPU 1"),
     ("gbs,a,b\na,0,inf\nb,1,0\n", r"bandwidth of a -> b must be finite and > 0"),
+    # a misspelt latency column read as no latency at all (every link 0 s) before
+    ("src,dst,gbs,latency_usec\n0,1,10,5\n", r"unknown column 'latency_usec'; .*latency_us"),
+    ("src,dst,gbs,note\n0,1,10,rack 3\n", r"unknown column 'note'"),
+    (b"src,dst,gbs\n0,1,\xff\n", r"bad\.csv is not a CSV file: not UTF-8 text \(a 0xff byte\)"),
 ])
-def test_bad_csv_says_which_pair_or_id(tmp_path: Path, text: str, match: str) -> None:
+def test_bad_csv_says_which_pair_or_id(tmp_path: Path, text: str | bytes, match: str) -> None:
     p = tmp_path / "bad.csv"
-    p.write_text(text)
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(SpecError, match=match):
         LinkMatrix.from_csv(p)
 

@@ -134,3 +134,17 @@ def test_cli_simulate_trace_names_the_bad_row(tmp_path: Path) -> None:
                                    "--gpu", "h100", "--trace", str(f)])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert "row 2: time_s must be a finite number" in res.output
+
+
+@pytest.mark.parametrize("name, data", [
+    ("t.csv", b"time_s,input_tokens,output_tokens\n0,\xff\xfe,3\n"),
+    ("t.jsonl", b'{"timestamp": 1, "input_length": 3, "output_length": 2}\n\xff\n'),
+    ("t.bin", b"\x00\x01\xff\xfe"),
+])
+def test_a_trace_that_is_not_text_says_so(tmp_path: Path, name: str, data: bytes) -> None:
+    # was Python's "'utf-8' codec can't decode byte 0xff in position 36: invalid start byte"
+    f = tmp_path / name
+    f.write_bytes(data)
+    with pytest.raises(WorkloadError, match=rf"cannot read trace .*{name}: not UTF-8 text "
+                                            r"\(a 0x(ff|fe) byte\); a trace is CSV or JSONL"):
+        load_trace(f)
