@@ -25,6 +25,8 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   testing/     fakes shipped for tests and benchmarks (fake clock, in-memory network)
   dataplane/   the encrypted, mutually authenticated data plane (ingress <-> provider)
   launch/      Slurm and Kubernetes launchers, Slurm fleet sizing
+  node/        the node process (`llmfabric start`): the composition root
+  controller/  the fleet controller's executors: decisions -> signed requests to the nodes
   __main__     `python -m llmfabric` runs the CLI
 """
 

@@ -25,9 +25,6 @@ The ingress role
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
   trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 
-The fleet controller's side
-  executor        the fleet controller's executor: decisions -> peer-protocol calls
-
 Tools
   ports           a free loopback port (engines the node starts, local fabrics, tests)
   local_fabric    LocalFabric: real node processes on loopback (demo, multi-process tests)
@@ -39,6 +36,5 @@ Subpackages (each docstring maps its files)
   serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api, views,
                   replica_reader, metrics), the peer protocol (peer_api), the data plane's
                   provider side (dataplane_server), link measurements (link_service)
-  pd              prefill/decode: the record's roles (roles), the signed role flip (flip), the
-                  PD controller's executor (executor)
+  pd              prefill/decode: the record's roles (roles), the signed role flip (flip)
 """

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 import aiohttp
 
 from llmfabric.agent.probe import error_text
+from llmfabric.controller.executor import post_signed_control
 from llmfabric.net import NetError, TlsTransport
-from llmfabric.node.executor import post_signed_control
 from llmfabric.node.serve.peer_api import ROLE_PATH, RoleRequest
 from llmfabric.routing.pd import PDPlanTable, PDRouter, PlanError
 from llmfabric.routing.pd_plan import PlanItem, encode_plan
