@@ -26,7 +26,6 @@ The ingress role
   trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 
 Tools
-  ports           a free loopback port (engines the node starts, local fabrics, tests)
   local_fabric    LocalFabric: real node processes on loopback (demo, multi-process tests)
 
 Subpackages (each docstring maps its files)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 CHROMIUM = os.environ.get("LLMFABRIC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -119,7 +119,7 @@ def _node_processes(state_dir: pathlib.Path) -> dict[str, tuple[int, list[str]]]
 
 def _demo_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
     """`llmfabric demo` as a subprocess, with the tests' three serving nodes."""
-    port = free_port()  # below the ephemeral range: the demo binds it later (node/ports.py)
+    port = free_port()  # below the ephemeral range: the demo binds it later (net/ports.py)
     url = f"http://127.0.0.1:{port}"
     state = tmp / "state"
     nodes = [f"--node={model}@{gpu}@{provider}" for model, gpu, provider in NODES.values()]

@@ -31,9 +31,9 @@ import orjson
 
 from llmfabric.agent import EngineEvent, EngineState
 from llmfabric.net import HandlerResponse
+from llmfabric.net.ports import free_port
 from llmfabric.node.engine.link import EngineLink, error_response, loopback_engine_command
 from llmfabric.node.pd.roles import follow_roles
-from llmfabric.node.ports import free_port
 from llmfabric.node.serve.peer_api import (
     AssignmentError,
     engine_command,
