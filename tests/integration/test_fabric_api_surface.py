@@ -11,8 +11,8 @@ import anthropic
 import openai
 import pytest
 
+from llmfabric.launch.local import EngineSpec, LocalFabric
 from llmfabric.net.ports import free_port
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen3-1.7b"

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from llmfabric.launch.local import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.net.ports import free_port
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
 
 pytestmark = pytest.mark.slow
 

@@ -25,9 +25,6 @@ The ingress role
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
   trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 
-Tools
-  local_fabric    LocalFabric: real node processes on loopback (demo, multi-process tests)
-
 Subpackages (each docstring maps its files)
   engine          the engine over its life (role), one engine's supervision and proxy (link),
                   a stream's usage counted when the engine sends none (stream_usage), its
