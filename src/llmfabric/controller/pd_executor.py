@@ -1,10 +1,10 @@
 """Carry out lightweight-rescheduling decisions (scheduler/phasesplit/controller.py).
 
 Across the fabric (`PeerPDExecutor`, what `llmfabric controller --pd-plan` runs): SetRole is
-a signed `RoleRequest` to each named session's node over the peer protocol (node/pd/flip.py:
-the node flips its engine and republishes its role); SetRouting becomes the plan item of the
-controller's own record (routing/pd_plan.py), which every ingress trusting this controller
-installs in its PD router.
+a signed `RoleRequest` to each named session's node over the peer protocol (`flip_role` in
+node/engine/role.py: the node flips its engine and republishes its role); SetRouting becomes
+the plan item of the controller's own record (routing/pd_plan.py), which every ingress
+trusting this controller installs in its PD router.
 
 In one process (`RoleFlipExecutor`, tests and embedding): SetRole POSTs the new role to each
 session's engine (`/sim/role`), SetRouting installs the table in in-process routers.

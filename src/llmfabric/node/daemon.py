@@ -53,9 +53,8 @@ from llmfabric.node.admission import (
 )
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine.link import EngineBindError, EngineLink, loopback_engine_command
-from llmfabric.node.engine.role import EngineRole, refuse_controller
+from llmfabric.node.engine.role import EngineRole, flip_role, refuse_controller
 from llmfabric.node.ingress_link import IngressLink
-from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
 from llmfabric.node.revocation_follow import follow_revocations
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
