@@ -22,8 +22,8 @@ Configuration and credentials
                   data-plane keys dropped; the node's own revocation to the daemon)
 
 The ingress role
-  ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
-  trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
+  ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard,
+                  the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 
 Subpackages (each docstring maps its files)
   engine          the engine over its life, with its prefill/decode roles (role: the role
