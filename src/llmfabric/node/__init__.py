@@ -16,10 +16,10 @@ Configuration and credentials
                   the provider verifier and record policy (registry.provider)
   revocations     the operator's revocation list: its file (read at start, followed while
                   running) and the lists passed between nodes (adverts in the records,
-                  fetches from peers: verified, bounded, backed off; the copy in --home)
-  revocation_follow  the node following that list: loaded at start, its loops, SIGHUP,
-                  and a list in force applied (connections closed, registry sessions and
-                  data-plane keys dropped; the node's own revocation to the daemon)
+                  fetches from peers: verified, bounded, backed off; the copy in --home);
+                  the node following it: loaded at start, its loops, SIGHUP, and a list in
+                  force applied (connections closed, registry sessions and data-plane keys
+                  dropped; the node's own revocation to the daemon)
 
 The ingress role
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard,
