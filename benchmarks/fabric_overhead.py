@@ -190,8 +190,8 @@ def real_engine_command(engine: str, root: Path, port: int) -> list[str]:
 
 def start_fabric(root: Path, speed: float, engine: str = "sim"
                  ) -> tuple[Any, dict[str, Target]]:
-    from llmfabric.node.local_fabric import EngineSpec, LocalFabric
-    from llmfabric.node.ports import free_port
+    from llmfabric.launch.local import EngineSpec, LocalFabric
+    from llmfabric.net.ports import free_port
 
     fab = LocalFabric(root)
     api_port = free_port()

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import closed_loop, parse_head, pct
 
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 N_CHUNKS = 64
 CHUNK_GAP_S = 0.001

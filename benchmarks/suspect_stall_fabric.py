@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from _common import write_results
 
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+from llmfabric.launch.local import EngineSpec, LocalFabric
 
 MODEL = "llama-3.1-8b"
 

@@ -39,8 +39,8 @@ from llmfabric.agent.engines import KINDS
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.ingress.forward.engine_proxy import EngineProxy
 from llmfabric.ingress.usage import StreamUsageScanner, estimate_prompt_tokens
+from llmfabric.net.ports import free_port
 from llmfabric.node.engine.stream_usage import StreamUsageCounter
-from llmfabric.node.ports import free_port
 
 TEXT = ("the fabric routes requests across providers and sites while engines stream tokens "
         "back through relays under load with failover")

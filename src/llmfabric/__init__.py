@@ -24,7 +24,9 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   cli/         the `llmfabric` command
   testing/     fakes shipped for tests and benchmarks (fake clock, in-memory network)
   dataplane/   the encrypted, mutually authenticated data plane (ingress <-> provider)
-  launch/      Slurm and Kubernetes launchers, Slurm fleet sizing
+  launch/      Slurm and Kubernetes launchers, Slurm fleet sizing, the demo's local fabric
+  node/        the node process (`llmfabric start`): the composition root
+  controller/  the fleet controller's executors: decisions -> signed requests to the nodes
   __main__     `python -m llmfabric` runs the CLI
 """
 

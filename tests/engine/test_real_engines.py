@@ -26,8 +26,8 @@ import orjson
 import pytest
 
 from llmfabric.agent.proctree import alive, descendants
-from llmfabric.node.local_fabric import LocalFabric, NodeProcess
-from llmfabric.node.ports import free_port
+from llmfabric.launch.local import LocalFabric, NodeProcess
+from llmfabric.net.ports import free_port
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _engines import install, tiny_model

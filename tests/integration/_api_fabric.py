@@ -25,7 +25,7 @@ from llmfabric.ingress import (
 )
 from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 from .test_ingress_support import LoopThread, record, serve, wait_port
 

@@ -23,7 +23,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 ENV_URL = "LLMFABRIC_TEST_POSTGRES_URL"
 _START_TIMEOUT_S = 30

@@ -9,7 +9,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.testing.poll import wait_until_sync
 
 

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from llmfabric.accounts import AccountStore, BackendUnavailable
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 from .test_ingress_support import Backend, models_once_up, serve, stop_group
 

@@ -42,7 +42,7 @@ from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.node.serve.http_api import add_node_routes
 from llmfabric.node.serve.views import ObservedRecord
 

@@ -22,7 +22,7 @@ from llmfabric.ingress import (
     build_ingress_app,
 )
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import ServedModel
 
 from .test_ingress_support import Backend, LoopThread, record, serve, wait_port

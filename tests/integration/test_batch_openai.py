@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from llmfabric.accounts.store import AccountStore
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 from ._sim_engine_proc import running_engine
 from .test_ingress_support import models_once_up, stop_group

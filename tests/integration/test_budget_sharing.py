@@ -19,7 +19,7 @@ import pytest
 
 from llmfabric.identity.keys import NodeKey
 from llmfabric.ingress.tenancy.gate import reservation_parts
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.launch.local import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from llmfabric.identity.keys import NodeKey
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+from llmfabric.launch.local import EngineSpec, LocalFabric
 
 pytestmark = [pytest.mark.slow, pytest.mark.hostile]
 MODEL = "qwen3-1.7b"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.launch.local import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_until_sync
 
 from ._dataplane_client import forward_status

@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from llmfabric.node.local_fabric import free_port
+from llmfabric.net.ports import free_port
 
 from ._sdk_clients import tracked
 

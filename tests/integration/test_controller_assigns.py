@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from llmfabric.node.local_fabric import LocalFabric
+from llmfabric.launch.local import LocalFabric
 from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def test_controller_fills_idle_nodes_over_the_peer_protocol(
 def test_controller_plans_for_the_demand_the_ingress_observes(tmp_path: pathlib.Path) -> None:
     """No workload file: the ingress publishes what it routes, the controller reads it from
     its replica and fills the idle node with the model that has demand."""
-    from llmfabric.node.local_fabric import EngineSpec
+    from llmfabric.launch.local import EngineSpec
 
     with LocalFabric(tmp_path / "fabric") as fab:
         ingress = fab.start_ingress("--demand-interval", "0.5")

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from llmfabric.agent.probe import ProbeError
 from llmfabric.agent.supervisor import EngineSupervisor
-from llmfabric.node.pd.executor import PDExecutionError, RoleFlipExecutor
+from llmfabric.controller.pd_executor import PDExecutionError, RoleFlipExecutor
 from llmfabric.registry.records import ModelRole
 from llmfabric.scheduler.decisions import SetRole
 

@@ -25,9 +25,9 @@ from llmfabric.ingress.forward.engine_proxy import EngineProxy
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import PeerRequest
 from llmfabric.net.messages import BodyStream, Headers
+from llmfabric.net.ports import free_port
 from llmfabric.node.config import NodeConfig
 from llmfabric.node.engine.link import EngineLink
-from llmfabric.node.ports import free_port
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 
 from ._sim_engine_proc import sim_command

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from llmfabric.agent.proctree import alive
-from llmfabric.node.local_fabric import LocalFabric, NodeProcess
-from llmfabric.node.ports import free_port
+from llmfabric.launch.local import LocalFabric, NodeProcess
+from llmfabric.net.ports import free_port
 from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,8 +11,8 @@ import anthropic
 import openai
 import pytest
 
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
-from llmfabric.node.ports import free_port
+from llmfabric.launch.local import EngineSpec, LocalFabric
+from llmfabric.net.ports import free_port
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen3-1.7b"

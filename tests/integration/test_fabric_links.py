@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from llmfabric.cli.main import cli
-from llmfabric.node.local_fabric import LocalFabric
+from llmfabric.launch.local import LocalFabric
 from llmfabric.scheduler.netplan.from_fabric import host_name
 from llmfabric.testing.poll import wait_until_sync
 

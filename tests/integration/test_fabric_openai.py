@@ -10,8 +10,8 @@ from typing import Any
 import openai
 import pytest
 
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
-from llmfabric.node.ports import free_port
+from llmfabric.launch.local import EngineSpec, LocalFabric
+from llmfabric.net.ports import free_port
 
 from ._sdk_clients import tracked
 

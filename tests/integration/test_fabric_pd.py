@@ -23,9 +23,9 @@ import pytest
 from llmfabric import sim
 from llmfabric.cli.controller import record_from_view
 from llmfabric.clock import SystemClock
-from llmfabric.node.local_fabric import LocalFabric, NodeProcess
-from llmfabric.node.pd.executor import RoleFlipExecutor
-from llmfabric.node.ports import free_port
+from llmfabric.controller.pd_executor import RoleFlipExecutor
+from llmfabric.launch.local import LocalFabric, NodeProcess
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import NodeRecord
 from llmfabric.scheduler.decisions import SetRole
 from llmfabric.scheduler.phasesplit.controller import PDBinding, PDController

@@ -21,8 +21,8 @@ import pytest
 
 from llmfabric import sim
 from llmfabric.identity import NodeKey
-from llmfabric.node.local_fabric import LocalFabric, NodeProcess
-from llmfabric.node.ports import free_port
+from llmfabric.launch.local import LocalFabric, NodeProcess
+from llmfabric.net.ports import free_port
 from llmfabric.scheduler.phasesplit.groups import Group, canonical
 from llmfabric.scheduler.phasesplit.inputs import load_cluster
 from llmfabric.scheduler.phasesplit.problem import PDWorkload, TabuOptions

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
-from llmfabric.node.ports import free_port
+from llmfabric.launch.local import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.net.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandi
 from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.front.front_limits import FrontLimits, safe_header_value
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.untrusted import log_due

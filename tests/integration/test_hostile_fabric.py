@@ -17,9 +17,9 @@ import pytest
 from llmfabric.gossip.wire import Gossip, encode
 from llmfabric.identity.admission import PskAdmission
 from llmfabric.identity.keys import NodeKey
+from llmfabric.launch.local import EngineSpec, LocalFabric
 from llmfabric.net import TlsTransport
 from llmfabric.net.config import TransportConfig
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
 from llmfabric.registry.facts import FactKind, make_fact
 from llmfabric.registry.owner import RecordOwner
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel

@@ -35,7 +35,7 @@ from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth, StaticPrincipal
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 from llmfabric.testing.poll import wait_until

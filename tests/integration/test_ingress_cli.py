@@ -13,7 +13,7 @@ import pytest
 
 from llmfabric.cli.ingress import parse_backend
 from llmfabric.ingress.errors import ConfigError
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 from .test_ingress_support import Backend, models_once_up, serve, stop_group
 

@@ -20,7 +20,7 @@ from llmfabric.agent.probe import HttpProbe
 from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
 from llmfabric.ingress import StaticCandidateSource
 from llmfabric.ingress.engine_contexts import EngineContexts
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.testing.poll import wait_until

@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-m", "llmfabric.cli.main"]

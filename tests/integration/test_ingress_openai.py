@@ -27,7 +27,7 @@ from llmfabric.ingress import (
 from llmfabric.ingress.forward.engine_upstream import HttpUpstream
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.errors import PeerUnreachable
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Lifecycle, NodeRecord
 from llmfabric.routing.candidates import claimed_provider
 

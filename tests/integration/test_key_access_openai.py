@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from llmfabric.accounts import AccountStore
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 from ._sim_engine_proc import running_engine
 from .test_ingress_support import Backend, models_once_up, serve, stop_group

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.launch.local import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import PeerUnreachable, TlsTransport, TransportConfig
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from llmfabric.node.local_fabric import LocalFabric, NodeProcess
+from llmfabric.launch.local import LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from llmfabric.net.ports import free_port
 from llmfabric.node.daemon import Node
-from llmfabric.node.ports import free_port
 from llmfabric.registry.records import Lifecycle
 
 from ._local_nodes import LocalNodes, eventually

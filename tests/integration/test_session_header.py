@@ -15,7 +15,7 @@ import pytest
 
 from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.front.fast_front import FastFront
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 

@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from llmfabric.engines import text
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.launch.local import EngineSpec, LocalFabric, NodeProcess
 from llmfabric.testing.poll import wait_for_value
 
 from ._sdk_clients import tracked

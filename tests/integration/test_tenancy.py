@@ -32,7 +32,7 @@ from llmfabric.ingress.front.web_app import INGRESS_KEY, build_ingress_app
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import attach_tenancy
 from llmfabric.ingress.tenancy.gate import TenancyGate, reservation, reservation_parts
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 from llmfabric.testing.poll import wait_until

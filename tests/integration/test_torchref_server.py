@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from llmfabric.node.local_fabric import LocalFabric
-from llmfabric.node.ports import free_port
+from llmfabric.launch.local import LocalFabric
+from llmfabric.net.ports import free_port
 from llmfabric.testing.poll import wait_for_value
 
 from ._sdk_clients import tracked

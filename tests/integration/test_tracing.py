@@ -31,7 +31,7 @@ from llmfabric.ingress.front.web_app import INGRESS_KEY, build_ingress_app
 from llmfabric.ingress.observe.otlp import OtlpExporter, exporter_from_env
 from llmfabric.ingress.observe.tracecontext import parse_traceparent
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 

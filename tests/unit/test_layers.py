@@ -30,8 +30,9 @@ RANKS: dict[str, int] = {
     "ingress": 5,
     "batch": 6,
     "node": 7,
-    "cli": 8,
-    "__main__": 9,
+    "controller": 8,
+    "cli": 9,
+    "__main__": 10,
 }
 
 Graph = dict[str, set[str]]

@@ -383,7 +383,7 @@ def command(node_url: str | None, bootstrap: tuple[str, ...], network_secret: st
 
     async def in_fabric() -> None:
         from llmfabric.cli.controller_node import controller_node
-        from llmfabric.node.executor import PeerExecutor
+        from llmfabric.controller.executor import PeerExecutor
 
         overrides: dict[str, Any] = {
             "bootstrap": bootstrap,

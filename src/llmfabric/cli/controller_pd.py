@@ -58,7 +58,7 @@ def run_pd_controller(plan_path: Path, cluster_path: Path | None, links_path: Pa
     async def main() -> None:
         from llmfabric.cli.controller_node import controller_node
         from llmfabric.clock import SystemClock
-        from llmfabric.node.pd.executor import PeerPDExecutor
+        from llmfabric.controller.pd_executor import PeerPDExecutor
         from llmfabric.scheduler.phasesplit.binding import bind_sessions, observed_pd_workload
         from llmfabric.scheduler.phasesplit.controller import (
             PDController,

@@ -21,7 +21,7 @@ import click
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+from llmfabric.launch.local import EngineSpec, LocalFabric
 
 DEFAULT_NODES: tuple[EngineSpec, ...] = (
     EngineSpec("llama-3.1-8b", "H100-SXM", provider="uni-zurich", site="zurich"),

@@ -1,4 +1,5 @@
-"""Launchers: run providers as Slurm jobs or Kubernetes workloads, and size a Slurm fleet.
+"""Launchers: run providers as Slurm jobs or Kubernetes workloads, size a Slurm fleet, and
+run a local fabric of node processes on loopback.
 
 Files -> concepts
 - profile.py     SlurmProfile (YAML): partition, account, GPUs, CPUs, memory, time, modules,
@@ -18,6 +19,9 @@ Files -> concepts
 - k8s.py         `render_k8s(profile)`: ingress/bootstrap/relay Deployment + Service and
                  provider Deployments (GPU requests, secret from a Secret, probes, preStop
                  drain, grace period).
+- local.py       `LocalFabric`: real `llmfabric start` node processes on loopback, each
+                 with its own home, ports and simulated engine (the demo, multi-process
+                 tests, benchmarks).
 - errors.py      LaunchError, ProfileError, SlurmError, SlurmTimeout, SlurmMissing;
                  profile_problems (a profile's validation errors on one line).
 """

@@ -20,9 +20,10 @@ from llmfabric.launch.profile import SlurmProfile
 
 PORT_PLACEHOLDER = "{port}"
 PORT_VAR = "LLMFABRIC_ENGINE_PORT"
-# Picks the engine's port below the kernel's ephemeral range, like node/ports.py (which this
-# layer may not import): a port-0 pick comes from the range that outgoing connections draw
-# from, and one may take it before the engine binds it. Port 0 only when there is no room.
+# Picks the engine's port below the kernel's ephemeral range, as net/ports.py does, but inside
+# the job, on the machine whose engine binds it: a port-0 pick comes from the range that
+# outgoing connections draw from, and one may take it before the engine binds it. Port 0 only
+# when there is no room.
 PICK_PORT = """import random, socket
 try:
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])

@@ -16,29 +16,21 @@ Configuration and credentials
                   the provider verifier and record policy (registry.provider)
   revocations     the operator's revocation list: its file (read at start, followed while
                   running) and the lists passed between nodes (adverts in the records,
-                  fetches from peers: verified, bounded, backed off; the copy in --home)
-  revocation_follow  the node following that list: loaded at start, its loops, SIGHUP,
-                  and a list in force applied (connections closed, registry sessions and
-                  data-plane keys dropped; the node's own revocation to the daemon)
+                  fetches from peers: verified, bounded, backed off; the copy in --home);
+                  the node following it: loaded at start, its loops, SIGHUP, and a list in
+                  force applied (connections closed, registry sessions and data-plane keys
+                  dropped; the node's own revocation to the daemon)
 
 The ingress role
-  ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard
-  trace_link      the ingress's anonymized trace (finished requests -> TraceRecorder rows)
-
-The fleet controller's side
-  executor        the fleet controller's executor: decisions -> peer-protocol calls
-
-Tools
-  ports           a free loopback port (engines the node starts, local fabrics, tests)
-  local_fabric    LocalFabric: real node processes on loopback (demo, multi-process tests)
+  ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard,
+                  the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 
 Subpackages (each docstring maps its files)
-  engine          the engine over its life (role), one engine's supervision and proxy (link),
-                  a stream's usage counted when the engine sends none (stream_usage), its
-                  KV-cache events into the prefix sketch (kv_events_link)
+  engine          the engine over its life, with its prefill/decode roles (role: the role
+                  poll, the PD controller's signed role flip), one engine's supervision and
+                  proxy (link), a stream's usage counted when the engine sends none
+                  (stream_usage), its KV-cache events into the prefix sketch (kv_events_link)
   serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api, views,
                   replica_reader, metrics), the peer protocol (peer_api), the data plane's
                   provider side (dataplane_server), link measurements (link_service)
-  pd              prefill/decode: the record's roles (roles), the signed role flip (flip), the
-                  PD controller's executor (executor)
 """

@@ -19,9 +19,9 @@ _SECRET_FILE_MAX = 64 * 1024  # two secrets; a larger file is not one
 
 def revocations_from_config(config: NodeConfig) -> Revocations | None:
     """The revocation list holder on certificate networks (empty until a list is read from
-    --revocation-list or the state directory, or learnt from a peer: node/revocations.py,
-    followed by node/revocation_follow.py); None on pre-shared-secret networks, where
-    --revocation-list is refused."""
+    --revocation-list or the state directory, or learnt from a peer, and followed:
+    node/revocations.py); None on pre-shared-secret networks, where --revocation-list is
+    refused."""
     operator = config.operator_key
     if (config.membership_cert is None or not operator or config.network_secret
             or config.network_secret_file is not None):

@@ -53,11 +53,10 @@ from llmfabric.node.admission import (
 )
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
 from llmfabric.node.engine.link import EngineBindError, EngineLink, loopback_engine_command
-from llmfabric.node.engine.role import EngineRole, refuse_controller
+from llmfabric.node.engine.role import EngineRole, flip_role, refuse_controller
 from llmfabric.node.ingress_link import IngressLink
-from llmfabric.node.pd.flip import flip_role
 from llmfabric.node.peering import Peering
-from llmfabric.node.revocation_follow import follow_revocations
+from llmfabric.node.revocations import follow_revocations
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.http_api import FleetAuth, add_node_routes
 from llmfabric.node.serve.link_service import LinkService
@@ -488,7 +487,7 @@ class Node:
 
     # ---- revocation lists ------------------------------------------------------------------
     def _revoked_self(self, why: str) -> None:
-        """A list in force names this node's key or certificate (node/revocation_follow.py):
+        """A list in force names this node's key or certificate (node/revocations.py):
         other members refuse us (handshakes, records), so serving on with our last record
         helped nobody and kept the operator's revoked node visibly alive: leave and exit."""
         log.error("%s: this node stops serving, announces LEFT while it can and exits "

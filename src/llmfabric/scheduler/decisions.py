@@ -69,7 +69,7 @@ class Executor(Protocol):
 
     async def apply_all(self, decisions: Sequence[Decision]) -> None:
         """Carry out one round's decisions, in order where it matters: a node's release
-        before its assignment (node/executor.py sends the rest concurrently)."""
+        before its assignment (controller/executor.py sends the rest concurrently)."""
         ...
 
 

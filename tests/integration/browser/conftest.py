@@ -1,7 +1,7 @@
 """Fixtures for the dashboard's browser tests: a running fabric and Debian's chromium.
 
 The fabric is a running `llmfabric demo` subprocess (or, in a checkout without it,
-`llmfabric.node.local_fabric.LocalFabric`): an ingress node and three serving nodes as real
+`llmfabric.launch.local.LocalFabric`): an ingress node and three serving nodes as real
 `llmfabric start` processes with simulated engines, on loopback. Screenshots go to
 artifacts/screenshots/ at the repository root (gitignored): the ones the tests take, and
 FAILED-<test>.png of the page of every test that fails.
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 CHROMIUM = os.environ.get("LLMFABRIC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -119,7 +119,7 @@ def _node_processes(state_dir: pathlib.Path) -> dict[str, tuple[int, list[str]]]
 
 def _demo_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
     """`llmfabric demo` as a subprocess, with the tests' three serving nodes."""
-    port = free_port()  # below the ephemeral range: the demo binds it later (node/ports.py)
+    port = free_port()  # below the ephemeral range: the demo binds it later (net/ports.py)
     url = f"http://127.0.0.1:{port}"
     state = tmp / "state"
     nodes = [f"--node={model}@{gpu}@{provider}" for model, gpu, provider in NODES.values()]
@@ -180,7 +180,7 @@ def _demo_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
 
 def _local_fabric(tmp: pathlib.Path) -> Iterator[Fabric]:
     """The same fabric through LocalFabric, for checkouts without `llmfabric demo`."""
-    from llmfabric.node.local_fabric import EngineSpec, LocalFabric
+    from llmfabric.launch.local import EngineSpec, LocalFabric
 
     with LocalFabric(tmp) as local:
         ingress = local.start_ingress("--public-fleet-info")  # as `llmfabric demo` does

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from llmfabric.dashboard import add_dashboard_routes
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.hostile]
 

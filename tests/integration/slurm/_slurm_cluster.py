@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 from llmfabric.testing.poll import wait_until_sync
 
 PACKAGES = ("slurm-wlm", "munge")

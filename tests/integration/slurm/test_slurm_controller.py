@@ -14,7 +14,7 @@ import time
 import openai
 import pytest
 
-from llmfabric.node.local_fabric import LocalFabric
+from llmfabric.launch.local import LocalFabric
 from llmfabric.testing.poll import wait_until_sync
 
 from ._slurm_cluster import SlurmCluster
@@ -32,7 +32,7 @@ def test_controller_launches_a_job_when_demand_rises(
         slurm: SlurmCluster, tmp_path: pathlib.Path) -> None:
     with LocalFabric(tmp_path / "fabric") as fab:
         ingress = fab.start_ingress("--demand-interval", "0.5")
-        from llmfabric.node.local_fabric import EngineSpec
+        from llmfabric.launch.local import EngineSpec
 
         fab.add_node(EngineSpec(MODEL, "L40S", speed=50), "anchor")
         fab.wait_serving({MODEL: 1}, timeout=60)

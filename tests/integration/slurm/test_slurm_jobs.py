@@ -18,8 +18,8 @@ import openai
 import pytest
 import yaml
 
+from llmfabric.launch.local import EngineSpec, LocalFabric
 from llmfabric.launch.slurm import parse_time
-from llmfabric.node.local_fabric import EngineSpec, LocalFabric
 from llmfabric.testing.poll import wait_for_value
 
 from ._slurm_cluster import SlurmCluster

@@ -10,7 +10,7 @@ import pytest
 
 from llmfabric.engines.http_edge import listen
 from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 pytestmark = pytest.mark.hostile
 

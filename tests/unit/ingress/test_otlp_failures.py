@@ -11,7 +11,7 @@ import re
 import pytest
 
 from llmfabric.ingress.observe.otlp import OtlpExporter
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from llmfabric.launch.profile import parse_profile
 from llmfabric.launch.sbatch import render_sbatch
-from llmfabric.node.ports import ephemeral_range
+from llmfabric.net.ports import ephemeral_range
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 

@@ -15,7 +15,7 @@ import pytest
 
 from llmfabric.agent.kv_events_config import KvEventsEndpoint
 from llmfabric.node.engine.kv_events_link import KvEventsLink
-from llmfabric.node.pd.roles import follow_roles
+from llmfabric.node.engine.role import follow_roles
 from llmfabric.registry.records import ModelRole, ServedModel
 from llmfabric.testing.fake_clock import FakeClock
 
@@ -68,7 +68,7 @@ async def test_a_role_read_that_raises_is_counted_and_the_loop_goes_on(
     def publish(fresh: tuple[ServedModel, ...]) -> None:
         models["now"] = fresh
 
-    with caplog.at_level(logging.ERROR, logger="llmfabric.node.pd.roles"):
+    with caplog.at_level(logging.ERROR, logger="llmfabric.node.engine.role"):
         task = asyncio.create_task(follow_roles(
             clock, lambda: link, lambda: models["now"], publish,  # type: ignore[arg-type,return-value]
             lambda: stop, interval_s=2.0, failures=failures))

@@ -14,11 +14,11 @@ import pytest
 
 from llmfabric import sim
 from llmfabric.clock import SystemClock
+from llmfabric.controller.pd_executor import PeerPDExecutor
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
-from llmfabric.node.pd.executor import PeerPDExecutor
-from llmfabric.node.pd.flip import flip_role
+from llmfabric.node.engine.role import flip_role
 from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.registry.records import (
     Lifecycle,

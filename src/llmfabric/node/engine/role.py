@@ -1,5 +1,6 @@
 """The node's engine over its life: start, publish load, restart after a crash, take a
-controller's assignment, release it on the controller's request.
+controller's assignment, release it on the controller's request, follow and flip its
+prefill/decode role.
 
 Every change of engine or session goes through the node's supervisor (node/supervisor.py),
 one operation each; this module decides WHEN, the supervisor makes it so.
@@ -19,29 +20,50 @@ fleet controller reclaims it and comes back as a bare node the controller can as
 
 The answer (200) comes when the node is bare, so the controller can send the next assignment
 right after it. Releasing a node that is already bare answers 200 with released=false.
+
+Prefill/decode roles (ThunderServe's lightweight rescheduling) flip a running engine between
+prefill and decode without a restart, so no process restarts and no new session begins:
+
+- the role poll (`follow_roles`) keeps the record's roles current after a flip (`POST
+  /sim/role`, or the controller's SetRole): the node re-reads the engine's /v1/models every
+  `interval_s` while it serves a prefill or decode role (every `idle_interval_s` while all its
+  models are "both", the common case that never flips) and republishes its models only when a
+  role changed (each record change is gossiped to the whole fabric). Engines that report no
+  role stay "both".
+- the PD controller's role flip (`flip_role`, `/_fabric/v1/role`): the controller signs a
+  `RoleRequest` (model, role, plan id) like an assignment (node/serve/peer_api.py); the node
+  accepts it only under the same rules (`refuse_controller`: started with
+  `--accept-assignments`, from a listed `--controller` when any are listed), only while its
+  engine serves the named model, and asks its engine to flip through the engine adapter
+  (`EngineKind.role_path`, the simulated engine's `/sim/role`). It then republishes its models
+  with the roles the engine reports at once, instead of waiting for the role poll, so every
+  ingress's PD routing follows within one gossip round.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from llmfabric.agent import EngineEvent, EngineState
+from llmfabric.agent.probe import ProbeError
+from llmfabric.clock import Clock
 from llmfabric.net import HandlerResponse
+from llmfabric.net.ports import free_port
 from llmfabric.node.engine.link import EngineLink, error_response, loopback_engine_command
-from llmfabric.node.pd.roles import follow_roles
-from llmfabric.node.ports import free_port
 from llmfabric.node.serve.peer_api import (
     AssignmentError,
     engine_command,
     parse_assignment,
     parse_release,
+    parse_role_request,
 )
 from llmfabric.node.supervisor import ONE_SHOT, RestartPolicy, SessionChanged, SupervisorStopped
-from llmfabric.registry.records import Lifecycle, LoadHints
+from llmfabric.registry.records import Lifecycle, LoadHints, ModelRole, ServedModel
 from llmfabric.untrusted import get_logger
 
 if TYPE_CHECKING:  # (the daemon builds the role; no runtime import back)
@@ -260,3 +282,81 @@ async def release_engine(node: Node, peer: str, body: bytes) -> HandlerResponse:
              old_session)
     return _json(200, {"released": True, "drained": drained,
                        "previous_session_id": old_session, "session_id": fresh.session_id})
+
+
+# ---- prefill/decode roles --------------------------------------------------------------------
+def with_roles(models: tuple[ServedModel, ...], roles: Mapping[str, ModelRole]
+               ) -> tuple[ServedModel, ...]:
+    """`models` with the roles the engine reports (models it does not list keep theirs)."""
+    return tuple(dataclasses.replace(m, role=roles[m.id]) if m.id in roles and
+                 roles[m.id] != m.role else m for m in models)
+
+
+async def follow_roles(
+    clock: Clock, engine: Callable[[], EngineLink | None],
+    models: Callable[[], tuple[ServedModel, ...]],
+    publish: Callable[[tuple[ServedModel, ...]], object], stopping: Callable[[], bool],
+    interval_s: float = 2.0, idle_interval_s: float = 15.0,
+    failures: MutableMapping[str, int] | None = None,
+) -> None:
+    """The role poll: read the engine's roles, publish the models when one changed. A read
+    that raises (a bug: an engine that does not answer reads as None) is logged and counted
+    in `failures["engine-roles"]` (the node's task failures), and the loop goes on."""
+    while not stopping():
+        disaggregated = any(m.role != ModelRole.BOTH for m in models())
+        await clock.sleep(interval_s if disaggregated else idle_interval_s)
+        link = engine()
+        if link is None or stopping():
+            continue
+        try:
+            roles = await link.supervisor.model_roles()
+        except Exception:
+            if failures is not None:
+                failures["engine-roles"] = failures.get("engine-roles", 0) + 1
+            log.exception("reading the engine's roles failed")
+            continue
+        current = models()
+        if roles is None or not current:
+            continue
+        fresh = with_roles(current, roles)
+        if fresh != current and not stopping():
+            log.info("engine roles changed: %s", ", ".join(f"{m.id}={m.role}" for m in fresh))
+            publish(fresh)
+
+
+async def flip_role(node: Node, peer: str, body: bytes) -> HandlerResponse:
+    """Handle one signed role request from `peer` (see the module docstring)."""
+    refused = refuse_controller(node, peer)
+    if refused is not None:
+        return refused
+    try:
+        req = parse_role_request(body)
+    except AssignmentError as exc:
+        return error_response(400, str(exc), "invalid_role_request")
+    agent, engine = node.agent, node.engine
+    if agent is None or engine is None or node.stopping:
+        return error_response(409, "this node runs no engine", "no_engine")
+    record = agent.record
+    if record.state is not Lifecycle.SERVING:
+        return error_response(409, f"the engine is not serving (session {record.state.name})",
+                              "not_serving")
+    names = {n for m in record.meta.models for n in (m.id, *m.aliases)}
+    if req.model not in names:
+        return error_response(409, f"this node serves {sorted(names)}, not {req.model!r}",
+                              "model_mismatch")
+    role = ModelRole(req.role)
+    try:
+        await engine.supervisor.set_role(role)
+    except ProbeError as exc:
+        return error_response(502, f"the engine did not flip: {exc}", "engine_refused")
+    reported = await engine.supervisor.model_roles()
+    models = agent.record.meta.models
+    fresh = with_roles(models, reported if reported is not None else
+                       {m.id: role for m in models})
+    if fresh != models and not node.stopping:
+        node.session.update_self(node.meta(models=fresh))
+    log.info("role flip from %s (plan %s): %s now serves as %s", peer, req.plan_id or "-",
+             req.model, role)
+    return HandlerResponse(200, (("content-type", "application/json"),), orjson.dumps({
+        "session_id": node.session_id, "model": req.model, "role": str(role),
+        "republished": fresh != models}))

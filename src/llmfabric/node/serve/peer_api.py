@@ -4,7 +4,8 @@
   /v1/fabric/forward/v1/...    sealed forwarded inference requests -> the local engine
   /_fabric/v1/assign           engine assignments from the fleet controller
   /_fabric/v1/release          releases (stop the engine, become bare) from the controller
-  /_fabric/v1/role             prefill/decode role flips from the PD controller (node/pd/flip.py)
+  /_fabric/v1/role             prefill/decode role flips from the PD controller
+                               (node/engine/role.py)
   /_fabric/v1/link-probe, /_fabric/v1/links   link measurements (node/serve/link_service.py)
   /_fabric/v1/revocations      the operator revocation list this node holds
                                (node/revocations.py; certificate networks)

@@ -23,7 +23,7 @@ import orjson
 
 from llmfabric.identity.admission import encode_public_key, sign_membership
 from llmfabric.identity.keys import NodeKey
-from llmfabric.node.ports import free_port
+from llmfabric.net.ports import free_port
 
 
 @dataclass(frozen=True, slots=True)

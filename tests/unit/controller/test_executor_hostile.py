@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from llmfabric.controller.executor import ASSIGN_TIMEOUT_S, RELEASE_TIMEOUT_S, PeerExecutor
 from llmfabric.identity import NodeKey
 from llmfabric.net.messages import BodyStream, PeerResponse
-from llmfabric.node.executor import ASSIGN_TIMEOUT_S, RELEASE_TIMEOUT_S, PeerExecutor
 from llmfabric.scheduler.decisions import Assign, Decision, Release
 from llmfabric.testing.fake_clock import FakeClock
 

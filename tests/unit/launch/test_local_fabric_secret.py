@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llmfabric.node.local_fabric import LocalFabric
+from llmfabric.launch.local import LocalFabric
 
 
 class _Spawned:
@@ -22,7 +22,7 @@ def test_the_network_secret_is_not_on_any_node_s_command_line(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any user of a shared login node reads argv (ps, /proc/PID/cmdline); with the demo's
     secret they could join its fabric on loopback."""
-    monkeypatch.setattr(subprocess, "Popen", _Spawned)  # (local_fabric calls it so)
+    monkeypatch.setattr(subprocess, "Popen", _Spawned)  # (launch/local.py calls it so)
     fabric = LocalFabric(tmp_path, secret="s3cret-network-secret-0123")
     node = fabric._spawn("ingress", ["--ingress"])
     spawned: Any = node.proc

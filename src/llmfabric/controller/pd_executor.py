@@ -1,10 +1,10 @@
 """Carry out lightweight-rescheduling decisions (scheduler/phasesplit/controller.py).
 
 Across the fabric (`PeerPDExecutor`, what `llmfabric controller --pd-plan` runs): SetRole is
-a signed `RoleRequest` to each named session's node over the peer protocol (node/pd/flip.py:
-the node flips its engine and republishes its role); SetRouting becomes the plan item of the
-controller's own record (routing/pd_plan.py), which every ingress trusting this controller
-installs in its PD router.
+a signed `RoleRequest` to each named session's node over the peer protocol (`flip_role` in
+node/engine/role.py: the node flips its engine and republishes its role); SetRouting becomes
+the plan item of the controller's own record (routing/pd_plan.py), which every ingress
+trusting this controller installs in its PD router.
 
 In one process (`RoleFlipExecutor`, tests and embedding): SetRole POSTs the new role to each
 session's engine (`/sim/role`), SetRouting installs the table in in-process routers.
@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 import aiohttp
 
 from llmfabric.agent.probe import error_text
+from llmfabric.controller.executor import post_signed_control
 from llmfabric.net import NetError, TlsTransport
-from llmfabric.node.executor import post_signed_control
 from llmfabric.node.serve.peer_api import ROLE_PATH, RoleRequest
 from llmfabric.routing.pd import PDPlanTable, PDRouter, PlanError
 from llmfabric.routing.pd_plan import PlanItem, encode_plan

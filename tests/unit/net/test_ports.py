@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from llmfabric.node import ports
+from llmfabric.net import ports
 
 
 def _range_file(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
