@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfabric.ingress.observe.node_hop import NO_HOP, NodeHop, node_time_value, parse_node_time
-from llmfabric.ingress.observe.tracecontext import MAX_HEADER_CHARS, TraceParent, parse_traceparent
 from llmfabric.ingress.observe.tracing import RequestTrace, Tracer
+from llmfabric.telemetry.node_hop import NO_HOP, NodeHop, node_time_value, parse_node_time
+from llmfabric.telemetry.tracecontext import MAX_HEADER_CHARS, TraceParent, parse_traceparent
 
 pytestmark = pytest.mark.unit
 

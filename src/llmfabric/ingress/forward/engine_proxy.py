@@ -20,17 +20,17 @@ from yarl import URL
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
 from llmfabric.ingress.forward.engine_upstream import HttpUpstream
-from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER, node_time_value
 from llmfabric.ingress.observe.node_spans import TracedUpstream
-from llmfabric.ingress.observe.otlp import OtlpExporter
-from llmfabric.ingress.observe.tracecontext import (
+from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
+from llmfabric.ingress.protocols import Upstream
+from llmfabric.telemetry.node_hop import NODE_TIME_HEADER, node_time_value
+from llmfabric.telemetry.otlp import OtlpExporter
+from llmfabric.telemetry.tracecontext import (
     HEADER,
     TraceParent,
     new_span_id,
     parse_traceparent,
 )
-from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
-from llmfabric.ingress.protocols import Upstream
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
 Opener = Callable[[str, bytes], Awaitable[Upstream]]

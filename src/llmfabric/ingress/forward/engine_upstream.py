@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator
 import aiohttp
 
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.observe.node_hop import NO_HOP, NodeHop
 from llmfabric.ingress.protocols import read_chunks_capped
+from llmfabric.telemetry.node_hop import NO_HOP, NodeHop
 
 
 class HttpUpstream:

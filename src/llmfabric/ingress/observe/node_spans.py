@@ -1,7 +1,7 @@
 """The provider node's own span of a traced request: `node.engine`, from the forwarded
 request's arrival at the engine proxy to the end of the engine's response, a child of the
 ingress's attempt span (the `traceparent` the node received). Exported only when the node
-has an OTLP exporter (OTEL_* variables, otlp.py); the ingress's waterfall shows the same
+has an OTLP exporter (OTEL_* variables, telemetry/otlp.py); the ingress's waterfall shows the same
 time as its `forward` + `stream` phases.
 """
 
@@ -11,10 +11,10 @@ import time
 from collections.abc import AsyncGenerator
 
 from llmfabric.ingress.forward.engine_upstream import HttpUpstream
-from llmfabric.ingress.observe.node_hop import NodeHop
-from llmfabric.ingress.observe.tracecontext import TraceParent
 from llmfabric.ingress.observe.tracing import TraceExporter
 from llmfabric.ingress.protocols import read_chunks_capped
+from llmfabric.telemetry.node_hop import NodeHop
+from llmfabric.telemetry.tracecontext import TraceParent
 
 _perf = time.perf_counter
 
