@@ -1,4 +1,4 @@
-"""What the ingress tells about itself: request traces (spans, the node's span) and
+"""What the ingress tells about itself: request traces (spans, the node's hop) and
 Prometheus counters. What the node shares (W3C context, OTLP export, the node's hop, the
 demand meter) is llmfabric.telemetry.
 
@@ -7,8 +7,6 @@ Files:
   route, attempt -> forward (-> node) / stream; `via=relay`; model_fallback),
   `traced(...)` (run by the fronts), `current_trace()`, `downstream_header()` /
   `downstream_pairs()` (what forwarders send on as `traceparent`).
-- node_spans.py: `TracedUpstream`, the provider node's `node.engine` span of a traced
-  request (exported when the node has an OTLP exporter).
 - trace_routes.py: `traces_handler` (GET /v1/fabric/traces, admin keys).
 - metrics.py: `IngressMetrics` (plain counters, collected into its own CollectorRegistry)
   and `metrics_handler`.
