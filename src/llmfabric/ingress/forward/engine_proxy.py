@@ -4,9 +4,10 @@ The node mounts `add_engine_proxy_routes(app, proxy)`, which serves
 `POST /v1/fabric/forward/<path>` for the paths in paths.FORWARDABLE_PATHS; the peer request handler
 (requests arriving over the peer network / relays) calls `proxy.open(path, body)` and relays
 the returned Upstream's chunks itself. `around` (the node's node/engine/stream_usage.py) wraps each
-call to the engine: it sees the request and may rewrite the response's stream. A traced
-request's engine response is a `TracedUpstream`, which exports the node's `node.engine` span
-when the node has an OTLP exporter.
+call to the engine: it sees the request and may rewrite the response's stream. The engine's
+response is an `HttpUpstream` (over aiohttp's client); a traced request's is a
+`TracedUpstream` around it, which exports the node's `node.engine` span when the node has an
+OTLP exporter.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from yarl import URL
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
-from llmfabric.ingress.forward.engine_upstream import HttpUpstream
 from llmfabric.ingress.observe.tracing import TraceExporter
 from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
 from llmfabric.ingress.protocols import Upstream, read_chunks_capped
-from llmfabric.telemetry.node_hop import NODE_TIME_HEADER, NodeHop, node_time_value
+from llmfabric.telemetry.node_hop import NO_HOP, NODE_TIME_HEADER, NodeHop, node_time_value
 from llmfabric.telemetry.otlp import OtlpExporter
 from llmfabric.telemetry.tracecontext import (
     HEADER,
@@ -46,6 +46,51 @@ def engine_headers(tp: TraceParent | None, hop: str) -> dict[str, str]:
     if tp is None:
         return _JSON
     return {**_JSON, HEADER: tp.child(hop).header()}
+
+
+class HttpUpstream:
+    """The local engine's response to a node's proxied request (an `Upstream` over aiohttp's
+    client; the node's only client to its own engine)."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    @property
+    def content_type(self) -> str:
+        return self._resp.headers.get("Content-Type", "application/json")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamError(f"reading the response failed: {e!r}") from e
+
+    async def read_capped(self, limit: int) -> bytes:
+        try:
+            return await read_chunks_capped(self.chunks(), limit)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamError(f"reading the response failed: {e!r}") from e
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        # Raises aiohttp.ClientError / TimeoutError mid-stream; callers handle both.
+        async for data in self._resp.content.iter_any():
+            yield data
+
+    def socket_relay(self) -> None:
+        return None
+
+    @property
+    def hop(self) -> NodeHop:
+        return NO_HOP  # (the engine itself: no hop past it)
+
+    async def aclose(self) -> None:
+        self._resp.release()
 
 
 class TracedUpstream:
