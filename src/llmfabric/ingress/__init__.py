@@ -51,9 +51,8 @@ Subpackages (each docstring maps its files):
   (`ApiRoutes`), and the OpenAPI document.
 - forward: the upstream clients (`RawHttpForwarder`, `PeerForwarder`, the data plane's
   `PinnedHttpsForwarder` / `SealedPeerForwarder`) and the node side (`EngineProxy`).
-- observe: tracing (spans, GET /v1/fabric/traces) and `IngressMetrics` (W3C context, OTLP
-  export, the node's hop and the `DemandMeter` are in llmfabric.telemetry, shared with the
-  node).
+- observe: tracing (spans) and `IngressMetrics` (W3C context, OTLP export, the node's hop
+  and the `DemandMeter` are in llmfabric.telemetry, shared with the node).
 - tenancy: accounts as authenticator (`AccountsAuth`, `StaticKeys`), `TenancyGate` (budgets,
   fair queueing), `attach_tenancy`.
 """

@@ -7,7 +7,6 @@ Files:
   route, attempt -> forward (-> node) / stream; `via=relay`; model_fallback),
   `traced(...)` (run by the fronts), `current_trace()`, `downstream_header()` /
   `downstream_pairs()` (what forwarders send on as `traceparent`).
-- trace_routes.py: `traces_handler` (GET /v1/fabric/traces, admin keys).
 - metrics.py: `IngressMetrics` (plain counters, collected into its own CollectorRegistry)
   and `metrics_handler`.
 """
