@@ -6,7 +6,7 @@ In-process, on the objects the request core uses (no sockets), CPU time per requ
 - trace, no hop: one traced request's spans (auth, route, attempt, first byte, close) and its
   JSON (what GET /v1/fabric/traces pays), as before this change;
 - trace + node hop: the same with the upstream's `X-Fabric-Node-Time` parsed and the clamped
-  `node` span added (ingress/observe/tracing.py, telemetry/node_hop.py);
+  `node` span added (ingress/tracing.py, telemetry/node_hop.py);
 - node header (node side): formatting the node's header value;
 - X-Session-Id: validating a 36-character header (routing/prefix.py `session_header`), and the
   `session_key` lookup it replaces for a body with metadata.session_id.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from _common import write_results
 
-from llmfabric.ingress.observe.tracing import RequestTrace
+from llmfabric.ingress.tracing import RequestTrace
 from llmfabric.routing.prefix import session_header, session_key
 from llmfabric.telemetry.node_hop import NodeHop, node_time_value, parse_node_time
 

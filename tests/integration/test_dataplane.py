@@ -27,8 +27,8 @@ from llmfabric.ingress.forward.secure import (
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
-from llmfabric.ingress.observe.tracing import Tracer, current_trace, traced
 from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.ingress.tracing import Tracer, current_trace, traced
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.serve.dataplane_server import DataPlaneServer

@@ -1,6 +1,7 @@
 """Fabric-wide telemetry, shared by the ingress and the provider node: trace context and
 export, the node's reported hop time, and the per-model demand an ingress observes. Nothing
-here depends on the ingress (the ingress's own tracer and metrics stay in it, ingress/observe/).
+here depends on the ingress (the ingress's own tracer and counters stay in it: ingress/tracing.py,
+ingress/metrics.py).
 
 Files:
 - tracecontext.py: W3C `traceparent` parsing/formatting (`parse_traceparent`, hostile input

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.agent.kv_events_config import KvEventsEndpoint
 from llmfabric.gossip.stats import AgentStats
-from llmfabric.ingress.observe.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
+from llmfabric.ingress.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
 from llmfabric.ingress.tenancy.attach import export_otlp_counts
 from llmfabric.net.stats import NetStats
 from llmfabric.node.engine.kv_events_link import KvEventsLink

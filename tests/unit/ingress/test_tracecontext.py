@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfabric.ingress.observe.tracing import RequestTrace, Tracer
+from llmfabric.ingress.tracing import RequestTrace, Tracer
 from llmfabric.telemetry.node_hop import NO_HOP, NodeHop, node_time_value, parse_node_time
 from llmfabric.telemetry.tracecontext import MAX_HEADER_CHARS, TraceParent, parse_traceparent
 

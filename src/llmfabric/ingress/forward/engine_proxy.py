@@ -22,9 +22,9 @@ from yarl import URL
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
-from llmfabric.ingress.observe.tracing import TraceExporter
 from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
 from llmfabric.ingress.protocols import Upstream, read_chunks_capped
+from llmfabric.ingress.tracing import TraceExporter
 from llmfabric.telemetry.node_hop import NO_HOP, NODE_TIME_HEADER, NodeHop, node_time_value
 from llmfabric.telemetry.otlp import OtlpExporter
 from llmfabric.telemetry.tracecontext import (

@@ -35,9 +35,9 @@ from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward.dial_gate import DialGate
-from llmfabric.ingress.observe.tracing import downstream_header
 from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.ingress.protocols import SocketRelay
+from llmfabric.ingress.tracing import downstream_header
 from llmfabric.net.tcp_keepalive import KeepAlive, set_keepalive
 from llmfabric.routing.candidates import Candidate
 from llmfabric.telemetry.node_hop import NO_HOP, NodeHop, parse_node_time

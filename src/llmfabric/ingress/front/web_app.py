@@ -25,8 +25,7 @@ from llmfabric.ingress.errors import Reply, body_too_large, error_reply
 from llmfabric.ingress.front.fast_routes import api_path
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.web_sink import WebSink, web_response
-from llmfabric.ingress.observe.metrics import IngressMetrics, metrics_handler
-from llmfabric.ingress.observe.tracing import traced
+from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.protocols import (
     Authenticator,
     CandidateSource,
@@ -34,6 +33,7 @@ from llmfabric.ingress.protocols import (
     UsageSink,
     bearer_of,
 )
+from llmfabric.ingress.tracing import traced
 from llmfabric.routing.prefix import SESSION_HEADER
 
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
