@@ -6,7 +6,7 @@ In-process, on the objects the request core uses (no sockets), CPU time per requ
 - trace, no hop: one traced request's spans (auth, route, attempt, first byte, close) and its
   JSON (what GET /v1/fabric/traces pays), as before this change;
 - trace + node hop: the same with the upstream's `X-Fabric-Node-Time` parsed and the clamped
-  `node` span added (tracing.py, node_hop.py);
+  `node` span added (ingress/tracing.py, telemetry/node_hop.py);
 - node header (node side): formatting the node's header value;
 - X-Session-Id: validating a 36-character header (routing/prefix.py `session_header`), and the
   `session_key` lookup it replaces for a body with metadata.session_id.
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from _common import write_results
 
-from llmfabric.ingress.observe.node_hop import NodeHop, node_time_value, parse_node_time
-from llmfabric.ingress.observe.tracing import RequestTrace
+from llmfabric.ingress.tracing import RequestTrace
 from llmfabric.routing.prefix import session_header, session_key
+from llmfabric.telemetry.node_hop import NodeHop, node_time_value, parse_node_time
 
 SID = "6f1c2b1e-9a4f-4a57-8f5e-0d9c4b3a2e11"
 DOC = {"model": "m", "user": "u1", "metadata": {"session_id": SID}}

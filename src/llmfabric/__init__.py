@@ -12,6 +12,7 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   agent/       node agent: engine supervision, health, hardware discovery
   routing/     candidate filters and load-balancing policies
   ingress/     OpenAI-compatible HTTP front
+  telemetry/   trace context, OTLP export, the node's hop time, observed demand (ingress + node)
   batch/       OpenAI's Batch API (files, batches, a runner) over an ingress
   accounts/    API keys, usage ledger, rate limits
   dashboard/   web UI

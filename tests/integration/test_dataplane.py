@@ -27,15 +27,15 @@ from llmfabric.ingress.forward.secure import (
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
-from llmfabric.ingress.observe.node_hop import NodeHop
-from llmfabric.ingress.observe.tracing import Tracer, current_trace, traced
 from llmfabric.ingress.paths import FORWARD_PREFIX
+from llmfabric.ingress.tracing import Tracer, current_trace, traced
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.peer_api import ASSIGN_PATH, PeerApi
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.telemetry.node_hop import NodeHop
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostile]
 

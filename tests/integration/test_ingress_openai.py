@@ -24,7 +24,7 @@ from llmfabric.ingress import (
     add_engine_proxy_routes,
     build_ingress_app,
 )
-from llmfabric.ingress.forward.engine_upstream import HttpUpstream
+from llmfabric.ingress.forward.engine_proxy import HttpUpstream
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.errors import PeerUnreachable
 from llmfabric.net.ports import free_port

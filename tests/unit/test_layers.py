@@ -26,6 +26,7 @@ RANKS: dict[str, int] = {
     "identity": 1, "traces": 1, "kvcompress": 1,
     "net": 2, "registry": 2, "sim": 2, "dataplane": 2,
     "membership": 3, "testing": 3, "accounts": 3, "bench": 3, "scheduler": 3, "dashboard": 3,
+    "telemetry": 3,
     "gossip": 4, "agent": 4, "routing": 4, "launch": 4, "engines": 4,
     "ingress": 5,
     "batch": 6,

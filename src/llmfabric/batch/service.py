@@ -25,7 +25,7 @@ from llmfabric.clock import Clock, SystemClock
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.web_app import add_ingress_routes
-from llmfabric.ingress.observe.metrics import metrics_handler
+from llmfabric.ingress.metrics import metrics_handler
 
 
 class BatchService:

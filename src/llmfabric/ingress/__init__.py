@@ -43,6 +43,13 @@ Core (this directory):
   states them (`stated`, which wins).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),
   OpenAI error bodies, `body_too_large`.
+- tracing.py: the ingress's request traces: `Tracer` (ring of the last N traces),
+  `RequestTrace` (spans: auth, queue, route, attempt -> forward (-> node) / stream;
+  `via=relay`; model_fallback), `traced(...)` (run by the fronts), `current_trace()`,
+  `downstream_header()` / `downstream_pairs()` (what forwarders send on as `traceparent`).
+  W3C context, OTLP export and the node's hop are llmfabric.telemetry, shared with the node.
+- metrics.py: `IngressMetrics` (plain Prometheus counters, collected into its own
+  CollectorRegistry) and `metrics_handler` (/metrics).
 
 Subpackages (each docstring maps its files):
 - front: the HTTP servers: the lean HTTP/1.1 front (`FastFront`, its routes, wire pieces and
@@ -51,8 +58,6 @@ Subpackages (each docstring maps its files):
   (`ApiRoutes`), and the OpenAPI document.
 - forward: the upstream clients (`RawHttpForwarder`, `PeerForwarder`, the data plane's
   `PinnedHttpsForwarder` / `SealedPeerForwarder`) and the node side (`EngineProxy`).
-- observe: tracing (W3C context, spans, OTLP, the node's hop), `IngressMetrics`, the
-  `DemandMeter`.
 - tenancy: accounts as authenticator (`AccountsAuth`, `StaticKeys`), `TenancyGate` (budgets,
   fair queueing), `attach_tenancy`.
 """
@@ -64,7 +69,7 @@ from llmfabric.ingress.forward.engine_proxy import EngineProxy, add_engine_proxy
 from llmfabric.ingress.forward.peer import ChoosingForwarder, PeerForwarder
 from llmfabric.ingress.forward.raw import RawHttpForwarder
 from llmfabric.ingress.front.web_app import add_ingress_routes, build_ingress_app
-from llmfabric.ingress.observe.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.sources import RecordsCandidateSource, StaticCandidateSource
 

@@ -42,14 +42,13 @@ from llmfabric.ingress.errors import (
     error_reply,
     rate_limited,
 )
+from llmfabric.ingress.metrics import IngressMetrics
 from llmfabric.ingress.model_list import (
     MAX_MODEL_CHARS,
     InvalidModels,
     falls_back,
     requested_models,
 )
-from llmfabric.ingress.observe.metrics import IngressMetrics
-from llmfabric.ingress.observe.tracing import Tracer, current_trace
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.pd_path import Handback, PDPath
 from llmfabric.ingress.protocols import (
@@ -71,6 +70,7 @@ from llmfabric.ingress.tenancy.model_access import (
     permitted,
     usable,
 )
+from llmfabric.ingress.tracing import Tracer, current_trace
 from llmfabric.ingress.usage import (
     Usage,
 )

@@ -20,8 +20,8 @@ import aiohttp
 from llmfabric.ingress.abandon import AbandonIfDown
 from llmfabric.ingress.continuation import RecordingScanner, RelayRecorder
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body
-from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import StreamSink, Upstream
+from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     StreamUsageScanner,
     Usage,

@@ -37,8 +37,8 @@ from llmfabric.accounts.policy import clamp_tokens
 from llmfabric.ingress.abandon import AbandonIfDown
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
-from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import CandidateSource, Forwarder, StreamSink
+from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     MAX_SSE_LINE,
     StreamUsageScanner,

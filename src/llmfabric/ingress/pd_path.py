@@ -31,8 +31,8 @@ import orjson
 from llmfabric.ingress.attempt import RETRYABLE_STATUS, attempt_once, attempt_stream
 from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.ingress.model_list import falls_back
-from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.protocols import Principal, StreamSink
+from llmfabric.ingress.tracing import current_trace
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.filters import eligible
 from llmfabric.routing.pd import PDRouter, PDSplit, split

@@ -7,9 +7,9 @@ from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import Reply, UpstreamError
-from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.liveness import OnDown, Unwatch
+from llmfabric.telemetry.node_hop import NodeHop
 
 
 class CandidateSource(Protocol):
@@ -119,7 +119,7 @@ class Upstream(Protocol):
 
     @property
     def hop(self) -> NodeHop:
-        """The node's reported time and the relay passed (node_hop.py); `NO_HOP` when the
+        """The node's reported time and the relay passed (telemetry/node_hop.py); `NO_HOP` when the
         upstream knows neither (the trace then shows no node span)."""
         ...
 

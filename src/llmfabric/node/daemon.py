@@ -36,8 +36,6 @@ from llmfabric.identity.admission import MembershipCert
 from llmfabric.ingress.front.front_limits import front_limits
 from llmfabric.ingress.front.host_check import HostGuard, names_of
 from llmfabric.ingress.front.web_app import host_middleware
-from llmfabric.ingress.observe.demand import DemandMeter
-from llmfabric.ingress.observe.demand import moved as demand_moved
 from llmfabric.launch.allocation import allocation_end
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
@@ -67,6 +65,8 @@ from llmfabric.node.supervisor import KEEP, ONE_SHOT, Keep, NodeSupervisor, Sess
 from llmfabric.node.walltime import WalltimeWatch
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Listener
+from llmfabric.telemetry.demand import DemandMeter
+from llmfabric.telemetry.demand import moved as demand_moved
 from llmfabric.untrusted import get_logger
 
 log = get_logger(__name__)

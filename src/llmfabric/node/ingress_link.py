@@ -61,7 +61,6 @@ from llmfabric.ingress.forward.secure import (
 from llmfabric.ingress.front.fast_front import FallbackFactory, FastFront
 from llmfabric.ingress.front.front_limits import FrontLimits
 from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.observe.demand import DemandMeter
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import TenancyParts, attach_tenancy
@@ -74,6 +73,7 @@ from llmfabric.registry.records import KeyGrant
 from llmfabric.routing.candidates import Identify
 from llmfabric.routing.pd_plan import PlanFeed
 from llmfabric.routing.replica_source import ReplicaCandidateSource
+from llmfabric.telemetry.demand import DemandMeter
 from llmfabric.traces import TraceRecorder
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from llmfabric.ingress.observe.node_hop import NO_HOP
+from llmfabric.telemetry.node_hop import NO_HOP
 
 
 class OkUpstream:

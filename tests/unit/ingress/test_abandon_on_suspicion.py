@@ -22,13 +22,13 @@ from llmfabric.identity.keys import NodeKey
 from llmfabric.ingress import IngressConfig, Timeouts
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.observe.node_hop import NO_HOP
 from llmfabric.registry.facts import FactKind, make_fact
 from llmfabric.registry.owner import RecordOwner
 from llmfabric.registry.records import Lifecycle, NodeMeta, ServedModel
 from llmfabric.registry.replica import Replica
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.replica_source import ReplicaCandidateSource
+from llmfabric.telemetry.node_hop import NO_HOP
 from llmfabric.testing.fake_clock import FakeClock
 from llmfabric.testing.sinks import MemorySink
 

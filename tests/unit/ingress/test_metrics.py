@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmfabric.ingress.observe.metrics import IngressMetrics
+from llmfabric.ingress.metrics import IngressMetrics
 
 
 def samples(m: IngressMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -51,7 +51,7 @@ def test_two_instances_have_separate_registries() -> None:
 
 @pytest.mark.hostile
 def test_label_cardinality_is_bounded_whatever_names_clients_send() -> None:
-    from llmfabric.ingress.observe.metrics import MAX_MODEL_LABELS, MAX_NODE_LABELS, OTHER
+    from llmfabric.ingress.metrics import MAX_MODEL_LABELS, MAX_NODE_LABELS, OTHER
 
     m = IngressMetrics()
     m.known_model = lambda name: name in {"llama", "qwen"}
@@ -70,7 +70,7 @@ def test_label_cardinality_is_bounded_whatever_names_clients_send() -> None:
 
 @pytest.mark.hostile
 def test_model_fallbacks_are_counted_by_bounded_model_pairs() -> None:
-    from llmfabric.ingress.observe.metrics import MAX_FALLBACK_PAIRS, OTHER
+    from llmfabric.ingress.metrics import MAX_FALLBACK_PAIRS, OTHER
 
     m = IngressMetrics()
     m.known_model = lambda name: name in {"big", "small"}

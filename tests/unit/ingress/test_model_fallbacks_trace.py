@@ -12,7 +12,7 @@ import pytest
 
 from llmfabric.ingress.config import TraceEvent
 from llmfabric.ingress.errors import Reply, UpstreamError
-from llmfabric.ingress.observe.tracing import traced
+from llmfabric.ingress.tracing import traced
 from llmfabric.registry.records import ModelRole
 from llmfabric.routing.candidates import Candidate
 from llmfabric.testing.sinks import MemorySink

@@ -16,10 +16,10 @@ from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.forward.peer import PeerForwarder, peer_hop
-from llmfabric.ingress.observe.node_hop import NodeHop
-from llmfabric.ingress.observe.tracing import traced
+from llmfabric.ingress.tracing import traced
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.telemetry.node_hop import NodeHop
 from llmfabric.testing.sinks import NoSink
 
 pytestmark = pytest.mark.unit

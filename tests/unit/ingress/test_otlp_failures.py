@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from llmfabric.ingress.observe.otlp import OtlpExporter
 from llmfabric.net.ports import free_port
+from llmfabric.telemetry.otlp import OtlpExporter
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +22,7 @@ async def test_failed_posts_are_counted_and_logged_without_a_flood(
                             timeout_s=2.0)
     trace = {"trace_id": "0" * 32, "started_at": 1.0, "spans": []}
     try:
-        with caplog.at_level(logging.WARNING, logger="llmfabric.ingress.observe.otlp"):
+        with caplog.at_level(logging.WARNING, logger="llmfabric.telemetry.otlp"):
             for _ in range(5):
                 exporter._queue.append(trace)
                 await exporter.flush()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from llmfabric.ingress.errors import Reply
-from llmfabric.ingress.observe.tracing import TRACE_HEADER, Tracer, traced
+from llmfabric.ingress.tracing import TRACE_HEADER, Tracer, traced
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

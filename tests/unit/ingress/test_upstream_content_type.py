@@ -13,9 +13,9 @@ from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.front.fast_wire import response_head
 from llmfabric.ingress.front.front_limits import safe_content_type
 from llmfabric.ingress.front.web_app import build_ingress_app
-from llmfabric.ingress.observe.node_hop import NO_HOP
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
+from llmfabric.telemetry.node_hop import NO_HOP
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]
 

@@ -172,8 +172,8 @@ def test_kv_event_drops_are_counters_of_the_engine_s_subscription(
 
 async def test_the_engine_proxy_s_otlp_counts_are_counters(tmp_path: pathlib.Path) -> None:
     """The engine proxy's exporter (node spans) logged its failed posts only."""
-    from llmfabric.ingress.observe.otlp import OtlpExporter
     from llmfabric.net.ports import free_port
+    from llmfabric.telemetry.otlp import OtlpExporter
 
     node = Node(build_config({}, {"home": tmp_path, "network_secret": "s" * 24, "gpu": "cpu",
                                   "listen": "127.0.0.1:0"}))

@@ -13,7 +13,8 @@ Files:
   session key per provider), `PinnedHttpsForwarder` (direct: HTTPS pinned to the node key,
   per-request `X-Fabric-Auth`), `SealedPeerForwarder` (sealed end to end through relays).
 - engine_proxy.py: node side, `EngineProxy` + `add_engine_proxy_routes` (forwarded request ->
-  local engine, streamed; `around` lets the node wrap each engine call).
-- engine_upstream.py: `HttpUpstream`, the engine's response over aiohttp's client (the node's
-  one client to its own engine).
+  local engine, streamed; `around` lets the node wrap each engine call), `HttpUpstream` (the
+  engine's response over aiohttp's client, the node's one client to its own engine) and
+  `TracedUpstream` (the engine's response to a traced request, exporting the node's
+  `node.engine` span).
 """

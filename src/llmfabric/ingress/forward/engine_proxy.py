@@ -4,14 +4,17 @@ The node mounts `add_engine_proxy_routes(app, proxy)`, which serves
 `POST /v1/fabric/forward/<path>` for the paths in paths.FORWARDABLE_PATHS; the peer request handler
 (requests arriving over the peer network / relays) calls `proxy.open(path, body)` and relays
 the returned Upstream's chunks itself. `around` (the node's node/engine/stream_usage.py) wraps each
-call to the engine: it sees the request and may rewrite the response's stream.
+call to the engine: it sees the request and may rewrite the response's stream. The engine's
+response is an `HttpUpstream` (over aiohttp's client); a traced request's is a
+`TracedUpstream` around it, which exports the node's `node.engine` span when the node has an
+OTLP exporter.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -19,23 +22,23 @@ from yarl import URL
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_response
-from llmfabric.ingress.forward.engine_upstream import HttpUpstream
-from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER, node_time_value
-from llmfabric.ingress.observe.node_spans import TracedUpstream
-from llmfabric.ingress.observe.otlp import OtlpExporter
-from llmfabric.ingress.observe.tracecontext import (
+from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
+from llmfabric.ingress.protocols import Upstream, read_chunks_capped
+from llmfabric.ingress.tracing import TraceExporter
+from llmfabric.telemetry.node_hop import NO_HOP, NODE_TIME_HEADER, NodeHop, node_time_value
+from llmfabric.telemetry.otlp import OtlpExporter
+from llmfabric.telemetry.tracecontext import (
     HEADER,
     TraceParent,
     new_span_id,
     parse_traceparent,
 )
-from llmfabric.ingress.paths import ENGINE_PATHS, FORWARD_PREFIX, FORWARDABLE_PATHS
-from llmfabric.ingress.protocols import Upstream
 
 FORWARD_TOKEN_HEADER = "X-Fabric-Forward-Token"
 Opener = Callable[[str, bytes], Awaitable[Upstream]]
 Around = Callable[[str, bytes, Opener], Awaitable[Upstream]]
 _JSON = {"Content-Type": "application/json"}
+_perf = time.perf_counter
 
 
 def engine_headers(tp: TraceParent | None, hop: str) -> dict[str, str]:
@@ -43,6 +46,119 @@ def engine_headers(tp: TraceParent | None, hop: str) -> dict[str, str]:
     if tp is None:
         return _JSON
     return {**_JSON, HEADER: tp.child(hop).header()}
+
+
+class HttpUpstream:
+    """The local engine's response to a node's proxied request (an `Upstream` over aiohttp's
+    client; the node's only client to its own engine)."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    @property
+    def content_type(self) -> str:
+        return self._resp.headers.get("Content-Type", "application/json")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamError(f"reading the response failed: {e!r}") from e
+
+    async def read_capped(self, limit: int) -> bytes:
+        try:
+            return await read_chunks_capped(self.chunks(), limit)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamError(f"reading the response failed: {e!r}") from e
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        # Raises aiohttp.ClientError / TimeoutError mid-stream; callers handle both.
+        async for data in self._resp.content.iter_any():
+            yield data
+
+    def socket_relay(self) -> None:
+        return None
+
+    @property
+    def hop(self) -> NodeHop:
+        return NO_HOP  # (the engine itself: no hop past it)
+
+    async def aclose(self) -> None:
+        self._resp.release()
+
+
+class TracedUpstream:
+    """An engine response that reports the node's hop when it is closed (once): the
+    provider node's own span of a traced request, `node.engine`, from the forwarded
+    request's arrival at the engine proxy to the end of the engine's response, a child of
+    the ingress's attempt span (the `traceparent` the node received). Exported only when the
+    node has an OTLP exporter (OTEL_* variables, telemetry/otlp.py); the ingress's waterfall
+    shows the same time as its `forward` + `stream` phases."""
+
+    __slots__ = ("_exporter", "_first", "_hop", "_parent", "_path", "_t0", "_up", "_wall")
+
+    def __init__(self, up: HttpUpstream, exporter: TraceExporter, parent: TraceParent,
+                 hop: str, path: str, t0: float, wall: float) -> None:
+        self._up = up
+        self._exporter: TraceExporter | None = exporter
+        self._parent = parent
+        self._hop = hop
+        self._path = path
+        self._t0 = t0
+        self._wall = wall
+        self._first: float | None = None
+
+    @property
+    def status(self) -> int:
+        return self._up.status
+
+    @property
+    def content_type(self) -> str:
+        return self._up.content_type
+
+    async def read(self) -> bytes:
+        data = await self._up.read()
+        self._first = self._first or _perf() - self._t0
+        return data
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        async for data in self._up.chunks():
+            if self._first is None:
+                self._first = _perf() - self._t0
+            yield data
+
+    async def read_capped(self, limit: int) -> bytes:
+        return await read_chunks_capped(self.chunks(), limit)
+
+    def socket_relay(self) -> None:
+        return None
+
+    @property
+    def hop(self) -> NodeHop:
+        return self._up.hop
+
+    async def aclose(self) -> None:
+        await self._up.aclose()
+        exporter, self._exporter = self._exporter, None
+        if exporter is None:
+            return
+        end_ms = round((_perf() - self._t0) * 1000, 3)
+        attrs: dict[str, object] = {"path": self._path, "status": self._up.status}
+        if self._first is not None:
+            attrs["first_byte_ms"] = round(self._first * 1000, 3)
+        exporter.submit({
+            "trace_id": self._parent.trace_id, "started_at": self._wall,
+            "duration_ms": end_ms, "status": self._up.status, "attrs": attrs,
+            "spans": [{"name": "node.engine", "span_id": self._hop,
+                       "parent_id": self._parent.span_id, "start_ms": 0.0, "end_ms": end_ms,
+                       "attrs": attrs}],
+        })
 
 
 class EngineProxy:

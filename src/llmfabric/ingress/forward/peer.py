@@ -14,12 +14,12 @@ from typing import Protocol
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.observe.node_hop import NodeHop, parse_node_time
-from llmfabric.ingress.observe.tracing import downstream_pairs
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Forwarder, Upstream, read_chunks_capped
+from llmfabric.ingress.tracing import downstream_pairs
 from llmfabric.net.errors import NetError
 from llmfabric.routing.candidates import Candidate
+from llmfabric.telemetry.node_hop import NodeHop, parse_node_time
 
 _JSON_HEADERS = (("content-type", "application/json"),)
 

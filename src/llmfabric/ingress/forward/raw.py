@@ -35,12 +35,12 @@ from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward.dial_gate import DialGate
-from llmfabric.ingress.observe.node_hop import NO_HOP, NodeHop, parse_node_time
-from llmfabric.ingress.observe.tracing import downstream_header
 from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.ingress.protocols import SocketRelay
+from llmfabric.ingress.tracing import downstream_header
 from llmfabric.net.tcp_keepalive import KeepAlive, set_keepalive
 from llmfabric.routing.candidates import Candidate
+from llmfabric.telemetry.node_hop import NO_HOP, NodeHop, parse_node_time
 
 _HIGH_WATER = 256 * 1024  # queued body bytes before reading from the node pauses
 _LOW_WATER = 64 * 1024
@@ -70,7 +70,7 @@ class _UpConn(asyncio.Protocol):
         self.messages = 0  # responses begun since the request was sent
         self.status = 0
         self.content_type = "application/json"
-        self.node_time = b""  # X-Fabric-Node-Time as received (node_hop.py)
+        self.node_time = b""  # X-Fabric-Node-Time as received (telemetry/node_hop.py)
         self.head_done = False
         self.complete = False
         self.framed = False  # Content-Length or chunked: the end is known without EOF

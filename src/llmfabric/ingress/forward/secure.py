@@ -45,12 +45,12 @@ from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.forward.peer import PeerRequester, PeerResponse, peer_hop
 from llmfabric.ingress.forward.raw import RawHttpForwarder, RawUpstream
-from llmfabric.ingress.observe.node_hop import NodeHop
-from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import read_chunks_capped
+from llmfabric.ingress.tracing import current_trace
 from llmfabric.net.errors import NetError
 from llmfabric.routing.candidates import Candidate
+from llmfabric.telemetry.node_hop import NodeHop
 
 _MSGPACK = (("content-type", "application/msgpack"),)
 _RENEW_BEFORE_S = 300.0

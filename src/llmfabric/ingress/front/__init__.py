@@ -28,7 +28,7 @@ Files:
   metrics, hosts=...)` for an aiohttp app over the same core (tests, embedding),
   `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a
   connection the front handed over: aiohttp handlers over `Ingress.serve` / `Ingress.api`,
-  `read_body`), `host_middleware(hosts, keyed)` (HostGuard for an aiohttp app: the node's
-  app has it).
+  `read_body`; `traces_handler`, GET /v1/fabric/traces for admin keys), `host_middleware(hosts,
+  keyed)` (HostGuard for an aiohttp app: the node's app has it).
 - web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
 """

@@ -53,7 +53,7 @@ from llmfabric.ingress.front.fast_wire import (
 from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, KeyMemo, listen_args
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.key_precheck import KeyPrecheck
-from llmfabric.ingress.observe.tracing import traced
+from llmfabric.ingress.tracing import traced
 from llmfabric.net.source_slots import peer_ip
 from llmfabric.untrusted import get_logger, log_due
 

@@ -1,12 +1,14 @@
 """The ingress as an aiohttp application: `add_ingress_routes(app, ingress)` mounts the OpenAI
 routes (and /openapi.json) on an existing app (the node does this), each an aiohttp handler
 over the request core (`Ingress.serve`, `Ingress.api`) streaming through a `WebSink`;
-`build_ingress_app(...)` is a standalone ingress app that owns its forwarder."""
+`build_ingress_app(...)` is a standalone ingress app that owns its forwarder. Among the routes,
+GET /v1/fabric/traces (`traces_handler`, admin keys) reads the ingress's tracer."""
 
 from __future__ import annotations
 
 import random
 
+import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
@@ -19,17 +21,23 @@ from llmfabric.ingress.apis.api_routes import (
 from llmfabric.ingress.apis.openapi import add_openapi_route
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig
-from llmfabric.ingress.errors import Reply, body_too_large
+from llmfabric.ingress.errors import Reply, body_too_large, error_reply
 from llmfabric.ingress.front.fast_routes import api_path
 from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.front.web_sink import WebSink, web_response
-from llmfabric.ingress.observe.metrics import IngressMetrics, metrics_handler
-from llmfabric.ingress.observe.trace_routes import traces_handler
-from llmfabric.ingress.observe.tracing import traced
-from llmfabric.ingress.protocols import Authenticator, CandidateSource, Forwarder, UsageSink
+from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
+from llmfabric.ingress.protocols import (
+    Authenticator,
+    CandidateSource,
+    Forwarder,
+    UsageSink,
+    bearer_of,
+)
+from llmfabric.ingress.tracing import traced
 from llmfabric.routing.prefix import SESSION_HEADER
 
 INGRESS_KEY = web.AppKey("llmfabric_ingress", Ingress)
+MAX_TRACES_LIMIT = 1000  # GET /v1/fabric/traces?limit=N
 
 
 async def _not_stored(_: web.Request) -> web.StreamResponse:
@@ -101,6 +109,33 @@ def _api_route(ingress: Ingress) -> Handler:
             lambda: read_body(request, ingress.config.max_body_bytes), sink,
             h.get(SESSION_HEADER)))
         return _sent(sink, reply)
+
+    return handler
+
+
+def traces_handler(ingress: Ingress) -> Handler:
+    """GET /v1/fabric/traces?limit=N: the ingress's last N request traces (newest first), for
+    the dashboard's waterfall. Admin keys only (traces name keys, models and nodes) when the
+    ingress authenticates; open in the auth-less local demo."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if ingress.auth is not None:
+            token = bearer_of(request.headers.get("Authorization", ""))
+            who = await ingress.auth.authenticate(token) if token else None
+            if who is None:
+                return web_response(error_reply(401, "missing or invalid API key",
+                                                "invalid_api_key"))
+            if getattr(who, "admin", False) is not True:
+                return web_response(error_reply(403, "only an admin key may read traces",
+                                                "forbidden"))
+        raw = request.query.get("limit", "50")
+        if not raw.isdigit() or not 0 < int(raw) <= MAX_TRACES_LIMIT:
+            return web_response(error_reply(
+                400, f"limit must be an integer in 1..{MAX_TRACES_LIMIT}", "invalid_parameter",
+                "limit"))
+        tracer = ingress.tracer
+        data = tracer.recent(int(raw)) if tracer is not None else []
+        body = {"object": "list", "enabled": tracer is not None, "data": data}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     return handler
 

@@ -48,9 +48,9 @@ from llmfabric.accounts.errors import RateLimited
 from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.accounts.ratelimit import RateLimiter, TokenHold
-from llmfabric.ingress.observe.tracing import current_trace
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH
 from llmfabric.ingress.protocols import Principal
+from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     MAX_PROMPT_VALUES,
     MEDIA_PART_TOKENS,

@@ -32,8 +32,6 @@ from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
 from llmfabric.ingress.forward.engine_proxy import Around, EngineProxy
-from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER, node_time_value
-from llmfabric.ingress.observe.otlp import exporter_from_env
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Upstream
 from llmfabric.net import HandlerResponse, PeerRequest
@@ -43,6 +41,8 @@ from llmfabric.node.engine.kv_events_link import kv_events_for
 from llmfabric.node.engine.stream_usage import StreamUsageCounter
 from llmfabric.registry.records import ServedModel
 from llmfabric.routing.cache_summary import PrefixSummary, ServedPrefixes, observe_prompt
+from llmfabric.telemetry.node_hop import NODE_TIME_HEADER, node_time_value
+from llmfabric.telemetry.otlp import exporter_from_env
 from llmfabric.untrusted import get_logger
 
 log = get_logger(__name__)

@@ -37,9 +37,9 @@ import orjson
 from llmfabric.agent.engines import EngineKind, flag_value
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.observe.node_hop import NodeHop
 from llmfabric.ingress.protocols import Upstream, read_chunks_capped
 from llmfabric.ingress.usage import Usage, estimate_prompt_tokens, usage_chunk
+from llmfabric.telemetry.node_hop import NodeHop
 
 COUNTED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 CHAT_MESSAGE_OVERHEAD = 4  # role and separators the template adds per message (estimate)

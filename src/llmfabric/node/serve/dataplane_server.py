@@ -39,7 +39,6 @@ from llmfabric.dataplane.sealing import (
 from llmfabric.identity import NodeKey
 from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.observe.node_hop import NODE_TIME_HEADER
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.errors import BodyTooLarge
@@ -47,6 +46,7 @@ from llmfabric.net.handshake import server_ssl_context
 from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
 from llmfabric.node.engine.link import ClosingStream, EngineLink, error_response
+from llmfabric.telemetry.node_hop import NODE_TIME_HEADER
 
 _MSGPACK = (("content-type", "application/msgpack"),)
 _FRAME_DATA = 1024 * 1024  # plaintext bytes per sealed frame at most

@@ -18,11 +18,11 @@ from llmfabric.agent import InflightTracker
 from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.stats import AgentStats
-from llmfabric.ingress.observe.otlp import OtlpExporter
 from llmfabric.net import NetStats, TlsTransport
 from llmfabric.net.source_slots import SourceSlots
 from llmfabric.node.engine.kv_events_link import KvEventsLink
 from llmfabric.registry.records import Lifecycle
+from llmfabric.telemetry.otlp import OtlpExporter
 
 
 def _family(

@@ -5,7 +5,7 @@ A node answering a traced request (one that carried a `traceparent`) sends
 `X-Fabric-Node-Time`: milliseconds from the request's arrival at the node to the engine's
 response headers. Nodes are not trusted, so the ingress only accepts a short, finite,
 non-negative decimal (anything else is dropped) and the trace clamps it to the attempt's own
-forward time (tracing.py), so a node can neither stretch nor move the waterfall.
+forward time (ingress/tracing.py), so a node can neither stretch nor move the waterfall.
 """
 
 from __future__ import annotations

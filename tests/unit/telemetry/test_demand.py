@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfabric.ingress.observe.demand import MAX_PUBLISHED_MODELS, DemandMeter, moved
 from llmfabric.registry.records import ModelDemand
+from llmfabric.telemetry.demand import MAX_PUBLISHED_MODELS, DemandMeter, moved
 from llmfabric.testing.fake_clock import FakeClock
 
 

@@ -1,7 +1,8 @@
 """Per-request traces of an ingress: spans for auth, queue, each routing decision and
 attempt (forward to first byte, stream to end; under forward the node's own time as it
-reported it, clamped, node_hop.py; an attempt through a relay carries via=relay), kept in a
-ring of the last N and optionally handed to an exporter (otlp.py).
+reported it, clamped, telemetry/node_hop.py; an attempt through a relay carries
+via=relay), kept in a ring of the last N and optionally handed to an exporter
+(telemetry/otlp.py).
 
 The front that owns the client connection starts a trace (`traced`), which puts the
 `RequestTrace` in a context variable; the request core marks phases on `current_trace()` and
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from llmfabric.ingress.errors import Reply
-from llmfabric.ingress.observe.node_hop import NodeHop
-from llmfabric.ingress.observe.tracecontext import (
+from llmfabric.telemetry.node_hop import NodeHop
+from llmfabric.telemetry.tracecontext import (
     TraceParent,
     new_span_id,
     new_trace_id,
