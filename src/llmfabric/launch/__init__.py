@@ -9,7 +9,8 @@ Files -> concepts
                  secret read from its file, `exec llmfabric start ... --process ENGINE`).
 - slurm.py       `Slurm`: sbatch/squeue/sacct/scancel/scontrol through an injected runner,
                  parsers of their output, one-line SlurmErrors.
-- allocation.py  `allocation_end(env)`: when the node's Slurm allocation ends (walltime).
+- allocation.py  `allocation_end(env)`: when the node's Slurm allocation ends (walltime);
+                 `WalltimeWatch`: the running node drains ahead of that end, follows it.
 - capacity.py    pure fleet sizing: demand, jobs and nodes -> SubmitJobs/CancelJob decisions
                  (pre-launch replacements ahead of allocation ends, cancel idle jobs).
 - launcher.py    `SlurmLauncher`: observes the queue, runs `capacity.decide` on a clock,

@@ -8,7 +8,6 @@ Lifecycle (who owns what)
   supervisor      NodeSupervisor: the one owner of sessions, the engine and every background
                   loop; session changes as one operation, restart policies, stop()
   peering         joining (bootstrap, re-bootstrap, dial-back, relays) and the address book
-  walltime        drain `lead_s` before the allocation ends; keep the published end current
 
 Configuration and credentials
   config          NodeConfig: defaults < config file < env vars < flags, validated

@@ -36,7 +36,7 @@ from llmfabric.identity.admission import MembershipCert
 from llmfabric.ingress.front.front_limits import front_limits
 from llmfabric.ingress.front.host_check import HostGuard, names_of
 from llmfabric.ingress.front.web_app import host_middleware
-from llmfabric.launch.allocation import allocation_end
+from llmfabric.launch.allocation import WalltimeWatch, allocation_end
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
 from llmfabric.net.server_tls import ServerTls
@@ -62,7 +62,6 @@ from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.node.serve.replica_reader import AgentReplicaReader
 from llmfabric.node.supervisor import KEEP, ONE_SHOT, Keep, NodeSupervisor, SessionChanged
-from llmfabric.node.walltime import WalltimeWatch
 from llmfabric.registry.records import Lifecycle, NodeMeta
 from llmfabric.registry.replica import Listener
 from llmfabric.telemetry.demand import DemandMeter
@@ -167,7 +166,7 @@ class Node:
                                 config.keepalive_count))
         self.metrics.watch_dataplane(self.dataplane.refused, self.dataplane.served,
                                      self.dataplane.handshaking)
-        self._alloc_end: float | None = config.alloc_end  # walltime (node/walltime.py)
+        self._alloc_end: float | None = config.alloc_end  # walltime (launch/allocation.py)
         # Pairwise link measurements to peers (RTT, throughput), read by planners.
         self.links = LinkService(self.transport, self.clock, self._live_peers,
                                  probe_targets=self._direct_peers,

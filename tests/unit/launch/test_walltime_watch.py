@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llmfabric.node.walltime import WalltimeWatch
+from llmfabric.launch.allocation import WalltimeWatch
 from llmfabric.testing.fake_clock import FakeClock
 
 
