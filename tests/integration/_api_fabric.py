@@ -13,6 +13,8 @@ import orjson
 from aiohttp import web
 
 from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
+from llmfabric.front import build_ingress_app
+from llmfabric.front.fast_front import FastFront
 from llmfabric.ingress import (
     FORWARD_PREFIX,
     EngineProxy,
@@ -21,9 +23,7 @@ from llmfabric.ingress import (
     IngressConfig,
     RecordsCandidateSource,
     add_engine_proxy_routes,
-    build_ingress_app,
 )
-from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 

@@ -12,6 +12,7 @@ import openai
 import pytest
 from aiohttp import web
 
+from llmfabric.front import build_ingress_app
 from llmfabric.ingress import (
     FORWARD_PREFIX,
     EngineProxy,
@@ -19,7 +20,6 @@ from llmfabric.ingress import (
     IngressConfig,
     RecordsCandidateSource,
     add_engine_proxy_routes,
-    build_ingress_app,
 )
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port

@@ -13,6 +13,7 @@ import openai
 import pytest
 from aiohttp import web
 
+from llmfabric.front import build_ingress_app
 from llmfabric.ingress import (
     FORWARD_PREFIX,
     ChoosingForwarder,
@@ -22,7 +23,6 @@ from llmfabric.ingress import (
     PeerForwarder,
     RecordsCandidateSource,
     add_engine_proxy_routes,
-    build_ingress_app,
 )
 from llmfabric.ingress.forward.engine_proxy import HttpUpstream
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys

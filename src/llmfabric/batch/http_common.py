@@ -14,10 +14,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmfabric.accounts.models import ApiKey
+from llmfabric.front.host_check import HostGuard
+from llmfabric.front.web_sink import web_response
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply, rate_limited
-from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.front.web_sink import web_response
 from llmfabric.ingress.protocols import Principal
 
 BATCH_PREFIXES = ("/v1/files", "/v1/batches")

@@ -51,9 +51,11 @@ Core (this directory):
 - metrics.py: `IngressMetrics` (plain Prometheus counters, collected into its own
   CollectorRegistry) and `metrics_handler` (/metrics).
 
+The HTTP servers over this core are llmfabric.front, a layer above it (the lean HTTP/1.1
+front `FastFront`, the aiohttp app `build_ingress_app`); the core only defines what a server
+implements (protocols.py: `StreamSink`, `DirectWriter`, `BodyReader`) and never imports one.
+
 Subpackages (each docstring maps its files):
-- front: the HTTP servers: the lean HTTP/1.1 front (`FastFront`, its routes, wire pieces and
-  limits) and the aiohttp app over the same core (`build_ingress_app`, `WebSink`).
 - apis: the Responses and Anthropic Messages APIs translated onto chat completions
   (`ApiRoutes`), and the OpenAPI document.
 - forward: the upstream clients (`RawHttpForwarder`, `PeerForwarder`, the data plane's
@@ -68,7 +70,6 @@ from llmfabric.ingress.errors import ConfigError, IngressError, UpstreamError
 from llmfabric.ingress.forward.engine_proxy import EngineProxy, add_engine_proxy_routes
 from llmfabric.ingress.forward.peer import ChoosingForwarder, PeerForwarder
 from llmfabric.ingress.forward.raw import RawHttpForwarder
-from llmfabric.ingress.front.web_app import add_ingress_routes, build_ingress_app
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.sources import RecordsCandidateSource, StaticCandidateSource
@@ -93,7 +94,5 @@ __all__ = [
     "TraceEvent",
     "UpstreamError",
     "add_engine_proxy_routes",
-    "add_ingress_routes",
-    "build_ingress_app",
     "metrics_handler",
 ]
