@@ -30,9 +30,10 @@ from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.batch import BatchLimits, BatchService
 from llmfabric.batch.openapi import openapi_document as batch_document
 from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.forward import RawHttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.front.host_check import HostGuard
-from llmfabric.ingress import IngressConfig, RawHttpForwarder, StaticCandidateSource
+from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.apis.openapi import (
     OPENAPI_BODY,
     OPENAPI_PATH,

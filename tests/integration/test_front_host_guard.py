@@ -17,11 +17,12 @@ import pytest
 from aiohttp import web
 
 from llmfabric.dashboard import add_dashboard_routes
+from llmfabric.forward import HttpForwarder
 from llmfabric.front import add_ingress_routes
 from llmfabric.front.fast_front import FastFront
 from llmfabric.front.host_check import HostGuard
 from llmfabric.front.web_app import build_ingress_app, host_middleware
-from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node

@@ -19,9 +19,10 @@ import pytest
 from aiohttp import web
 
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
+from llmfabric.forward import HttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.front.front_limits import FrontLimits, safe_header_value
-from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from llmfabric.forward.raw import RawHttpForwarder
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts, UpstreamError
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError
-from llmfabric.ingress.forward.raw import RawHttpForwarder
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 

@@ -29,7 +29,7 @@ RANKS: dict[str, int] = {
     "telemetry": 3,
     "gossip": 4, "agent": 4, "routing": 4, "launch": 4, "engines": 4,
     "ingress": 5,
-    "front": 6,
+    "front": 6, "forward": 6,
     "batch": 7,
     "node": 8,
     "controller": 9,

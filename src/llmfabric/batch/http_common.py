@@ -133,7 +133,7 @@ def page_args(query: Mapping[str, str], default_limit: int, max_limit: int
 
 
 def host_middleware(hosts: HostGuard, keyed: bool) -> Middleware:
-    """The Host and cross-site check of the batch app (host_check.py); with API keys the
+    """The Host and cross-site check of the batch app (front/host_check.py); with API keys the
     batch routes authenticate every request, as the OpenAI routes do, and are exempt."""
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:

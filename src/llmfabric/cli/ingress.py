@@ -132,10 +132,11 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     """Serve until SIGTERM/SIGINT. `announce`: log the backends whose engines do not report
     their context (one worker says it for all)."""
     from llmfabric.agent.probe import HttpProbe
+    from llmfabric.forward import HttpForwarder
     from llmfabric.front.fast_front import FastFront
     from llmfabric.front.front_limits import front_limits
     from llmfabric.front.host_check import HostGuard, names_of
-    from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
+    from llmfabric.ingress import Ingress, StaticCandidateSource
     from llmfabric.ingress.engine_contexts import EngineContexts
     from llmfabric.ingress.tenancy.attach import attach_tenancy
 

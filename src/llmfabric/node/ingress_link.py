@@ -43,24 +43,19 @@ from llmfabric.batch import BatchService
 from llmfabric.batch.limits import limits_of
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
+from llmfabric.forward import ChoosingForwarder, RawHttpForwarder
+from llmfabric.forward.secure import (
+    DataPlaneSessions,
+    PinnedHttpsForwarder,
+    SealedPeerForwarder,
+)
 from llmfabric.front import add_ingress_routes
 from llmfabric.front.fast_front import FallbackFactory, FastFront
 from llmfabric.front.front_limits import FrontLimits
 from llmfabric.front.host_check import HostGuard
 from llmfabric.identity import NodeKey
-from llmfabric.ingress import (
-    FORWARD_PREFIX,
-    ChoosingForwarder,
-    Ingress,
-    IngressConfig,
-    RawHttpForwarder,
-)
+from llmfabric.ingress import FORWARD_PREFIX, Ingress, IngressConfig
 from llmfabric.ingress.config import Timeouts, TraceEvent
-from llmfabric.ingress.forward.secure import (
-    DataPlaneSessions,
-    PinnedHttpsForwarder,
-    SealedPeerForwarder,
-)
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import TenancyParts, attach_tenancy
