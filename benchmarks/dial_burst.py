@@ -65,10 +65,10 @@ async def serve(capped: bool) -> None:
 
 
 async def burst(addr: str, peer: str, n: int, max_dials: int) -> dict[str, float]:
+    from llmfabric.forward.raw import RawHttpForwarder
+    from llmfabric.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
     from llmfabric.identity import NodeKey, PskAdmission
     from llmfabric.ingress.config import Timeouts
-    from llmfabric.ingress.forward.raw import RawHttpForwarder
-    from llmfabric.ingress.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
     from llmfabric.ingress.paths import FORWARD_PREFIX
     from llmfabric.net import TlsTransport, TransportConfig
     from llmfabric.net.handshake import client_ssl_context

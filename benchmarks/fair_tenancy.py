@@ -34,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import pct, write_results
 
 from llmfabric.accounts.fairqueue import FairQueue
-from llmfabric.ingress import HttpForwarder, IngressConfig, StaticCandidateSource
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.ingress.tenancy.gate import TenancyGate
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel

@@ -32,9 +32,10 @@ VARIANTS = ("asyncio", "asyncio-256k", "uvloop")
 
 async def serve(variant: str, cert: str, key: str) -> None:
     """The child: a front on HTTPS; prints its port, then its RSS whenever asked (a line)."""
-    from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-    from llmfabric.ingress.front import front_limits
-    from llmfabric.ingress.front.fast_front import FastFront
+    from llmfabric.forward import HttpForwarder
+    from llmfabric.front import front_limits
+    from llmfabric.front.fast_front import FastFront
+    from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
     from llmfabric.net.server_tls import ServerTls
 
     if variant == "asyncio-256k":

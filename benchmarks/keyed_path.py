@@ -37,9 +37,10 @@ from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.cli.ingress import Backend, candidates
 from llmfabric.clock import SystemClock
-from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import Ingress, StaticCandidateSource
 from llmfabric.ingress.config import IngressConfig
-from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import attach_tenancy
 from llmfabric.testing.sinks import NoSink

@@ -34,8 +34,9 @@ from _common import pct, write_results
 
 from llmfabric.engines.pd_role import KVLink, kv_bytes
 from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
-from llmfabric.ingress import HttpForwarder, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.front.web_app import build_ingress_app
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.web_app import build_ingress_app
+from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
 

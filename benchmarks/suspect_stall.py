@@ -37,10 +37,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from _common import write_results
 
+from llmfabric.forward import RawHttpForwarder
+from llmfabric.forward.raw import RawUpstream
 from llmfabric.identity.keys import NodeKey
-from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, RawHttpForwarder, Timeouts
+from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, Timeouts
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.forward.raw import RawUpstream
 from llmfabric.ingress.protocols import CandidateSource
 from llmfabric.ingress.sources import RecordsCandidateSource
 from llmfabric.registry.facts import FactKind, make_fact

@@ -37,7 +37,7 @@ from fabric_overhead import real_engine_command
 
 from llmfabric.agent.engines import KINDS
 from llmfabric.agent.tokenize import EngineTokenizer
-from llmfabric.ingress.forward.engine_proxy import EngineProxy
+from llmfabric.forward.engine_proxy import EngineProxy
 from llmfabric.ingress.usage import StreamUsageScanner, estimate_prompt_tokens
 from llmfabric.net.ports import free_port
 from llmfabric.node.engine.stream_usage import StreamUsageCounter

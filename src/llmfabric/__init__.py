@@ -11,7 +11,9 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   membership/  SWIM failure detection with Lifeguard suspicion
   agent/       node agent: engine supervision, health, hardware discovery
   routing/     candidate filters and load-balancing policies
-  ingress/     OpenAI-compatible HTTP front
+  ingress/     the OpenAI-compatible request core (transport-agnostic: auth, routing, retries)
+  front/       the ingress's HTTP servers (lean HTTP/1.1 front, aiohttp app) over that core
+  forward/     the ingress's upstream clients (direct, peer, data plane) and the EngineProxy
   telemetry/   trace context, OTLP export, the node's hop time, observed demand (ingress + node)
   batch/       OpenAI's Batch API (files, batches, a runner) over an ingress
   accounts/    API keys, usage ledger, rate limits

@@ -87,7 +87,7 @@ import asyncio, json, ssl, sys, time
 import aiohttp
 from llmfabric.dataplane.authz import AUTH_HEADER, authorize
 from llmfabric.identity import NodeKey, PskAdmission
-from llmfabric.ingress.forward.secure import DataPlaneSessions
+from llmfabric.forward.secure import DataPlaneSessions
 from llmfabric.net import TlsTransport, TransportConfig
 
 async def main(secret, peer_addr, host):

@@ -13,17 +13,10 @@ import orjson
 from aiohttp import web
 
 from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
-from llmfabric.ingress import (
-    FORWARD_PREFIX,
-    EngineProxy,
-    HttpForwarder,
-    Ingress,
-    IngressConfig,
-    RecordsCandidateSource,
-    add_engine_proxy_routes,
-    build_ingress_app,
-)
-from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.forward import EngineProxy, HttpForwarder, add_engine_proxy_routes
+from llmfabric.front import build_ingress_app
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import FORWARD_PREFIX, Ingress, IngressConfig, RecordsCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 

@@ -30,7 +30,10 @@ from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.batch import BatchLimits, BatchService
 from llmfabric.batch.openapi import openapi_document as batch_document
 from llmfabric.dashboard.routes import add_dashboard_routes
-from llmfabric.ingress import IngressConfig, RawHttpForwarder, StaticCandidateSource
+from llmfabric.forward import RawHttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.front.host_check import HostGuard
+from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.apis.openapi import (
     OPENAPI_BODY,
     OPENAPI_PATH,
@@ -38,8 +41,6 @@ from llmfabric.ingress.apis.openapi import (
     openapi_document,
 )
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.front.fast_front import FastFront
-from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port

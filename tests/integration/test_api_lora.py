@@ -12,15 +12,9 @@ import openai
 import pytest
 from aiohttp import web
 
-from llmfabric.ingress import (
-    FORWARD_PREFIX,
-    EngineProxy,
-    HttpForwarder,
-    IngressConfig,
-    RecordsCandidateSource,
-    add_engine_proxy_routes,
-    build_ingress_app,
-)
+from llmfabric.forward import EngineProxy, HttpForwarder, add_engine_proxy_routes
+from llmfabric.front import build_ingress_app
+from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, RecordsCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import ServedModel

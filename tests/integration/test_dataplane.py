@@ -18,15 +18,15 @@ from aiohttp import web
 
 from llmfabric.dataplane.authz import AUTH_HEADER, authorize
 from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
-from llmfabric.identity import NodeKey, PskAdmission
-from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward.raw import RawHttpForwarder
-from llmfabric.ingress.forward.secure import (
+from llmfabric.forward.raw import RawHttpForwarder
+from llmfabric.forward.secure import (
     DataPlaneSessions,
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
+from llmfabric.identity import NodeKey, PskAdmission
+from llmfabric.ingress.config import Timeouts
+from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.tracing import Tracer, current_trace, traced
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig

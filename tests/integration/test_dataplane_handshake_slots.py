@@ -15,10 +15,10 @@ import orjson
 import pytest
 from aiohttp import web
 
+from llmfabric.forward.raw import RawHttpForwarder
+from llmfabric.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.forward.raw import RawHttpForwarder
-from llmfabric.ingress.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context

@@ -20,8 +20,8 @@ from aiohttp import web
 
 from llmfabric.dataplane.authz import AUTH_HEADER, authorize
 from llmfabric.dataplane.exchange import answer, finish, offer
+from llmfabric.forward.engine_proxy import EngineProxy
 from llmfabric.identity import NodeKey
-from llmfabric.ingress.forward.engine_proxy import EngineProxy
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.testing.poll import wait_until

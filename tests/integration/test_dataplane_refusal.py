@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
+from llmfabric.forward.raw import RawHttpForwarder, RawUpstream
+from llmfabric.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
 from llmfabric.identity import NodeKey
 from llmfabric.identity.certs import make_self_signed_cert
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.forward.raw import RawHttpForwarder, RawUpstream
-from llmfabric.ingress.forward.secure import DataPlaneSessions, PinnedHttpsForwarder
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.handshake import client_ssl_context, server_ssl_context

@@ -20,8 +20,8 @@ from llmfabric.clock import SystemClock
 from llmfabric.dataplane.authz import AUTH_HEADER, authorize
 from llmfabric.dataplane.exchange import SESSION_PATH, finish, offer
 from llmfabric.dataplane.sealing import seal_body
+from llmfabric.forward.engine_proxy import EngineProxy
 from llmfabric.identity import NodeKey
-from llmfabric.ingress.forward.engine_proxy import EngineProxy
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import PeerRequest
 from llmfabric.net.messages import BodyStream, Headers

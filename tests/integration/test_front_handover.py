@@ -14,14 +14,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from llmfabric.ingress import (
-    HttpForwarder,
-    Ingress,
-    IngressConfig,
-    StaticCandidateSource,
-    add_ingress_routes,
-)
-from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.forward import HttpForwarder
+from llmfabric.front import add_ingress_routes
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.net.server_tls import ServerTls
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate

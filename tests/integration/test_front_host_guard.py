@@ -1,4 +1,4 @@
-"""DNS rebinding and cross-site requests at both fronts (ingress/front/host_check.py): a page on
+"""DNS rebinding and cross-site requests at both fronts (front/host_check.py): a page on
 an attacker's domain resolved to 127.0.0.1 sends its own name in Host (421); a form on another
 site posting to an ingress without keys says so in Sec-Fetch-Site or Origin (403). API clients
 (no Origin, an IP or a configured name) are served; with API keys the OpenAI routes answer
@@ -17,16 +17,12 @@ import pytest
 from aiohttp import web
 
 from llmfabric.dashboard import add_dashboard_routes
-from llmfabric.ingress import (
-    HttpForwarder,
-    Ingress,
-    IngressConfig,
-    StaticCandidateSource,
-    add_ingress_routes,
-)
-from llmfabric.ingress.front.fast_front import FastFront
-from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.front.web_app import build_ingress_app, host_middleware
+from llmfabric.forward import HttpForwarder
+from llmfabric.front import add_ingress_routes
+from llmfabric.front.fast_front import FastFront
+from llmfabric.front.host_check import HostGuard
+from llmfabric.front.web_app import build_ingress_app, host_middleware
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node

@@ -19,9 +19,10 @@ import pytest
 from aiohttp import web
 
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
-from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.front.fast_front import FastFront
-from llmfabric.ingress.front.front_limits import FrontLimits, safe_header_value
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.front.front_limits import FrontLimits, safe_header_value
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
@@ -541,7 +542,7 @@ def test_a_bug_while_serving_is_a_logged_json_500(env: Env,
 
     ingress.serve = broken  # type: ignore[method-assign]
     try:
-        with caplog.at_level("ERROR", logger="llmfabric.ingress.front.fast_front"):
+        with caplog.at_level("ERROR", logger="llmfabric.front.fast_front"):
             status, data = _post(env, _chat())
     finally:
         del ingress.serve
@@ -586,7 +587,7 @@ def test_a_bug_hit_on_every_request_is_logged_at_the_1st_2nd_4th_time(
     before = ingress.metrics.errors.get(("500", "internal_error"), 0)
     ingress.serve = broken  # type: ignore[method-assign]
     try:
-        with caplog.at_level("ERROR", logger="llmfabric.ingress.front.fast_front"):
+        with caplog.at_level("ERROR", logger="llmfabric.front.fast_front"):
             statuses = [_post(env, _chat())[0] for _ in range(8)]
     finally:
         del ingress.serve
@@ -611,7 +612,7 @@ def test_a_failing_key_store_is_a_counted_401_logged_without_a_flood(
     keys.authenticate = down  # type: ignore[method-assign,assignment]
     statuses = []
     try:
-        with caplog.at_level("ERROR", logger="llmfabric.ingress.front.key_precheck"):
+        with caplog.at_level("ERROR", logger="llmfabric.front.key_precheck"):
             for i in range(5):
                 conn = http.client.HTTPConnection("127.0.0.1", env.port, timeout=10)
                 try:

@@ -24,15 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.clock import SystemClock
-from llmfabric.ingress import (
-    HttpForwarder,
-    IngressConfig,
-    StaticCandidateSource,
-    TraceEvent,
-    build_ingress_app,
-)
+from llmfabric.forward import HttpForwarder
+from llmfabric.front import build_ingress_app
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import IngressConfig, StaticCandidateSource, TraceEvent
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.front.fast_front import FastFront
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth, StaticPrincipal
 from llmfabric.net.ports import free_port

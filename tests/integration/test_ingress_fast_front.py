@@ -16,8 +16,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel

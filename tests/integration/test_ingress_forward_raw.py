@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from llmfabric.forward.raw import RawHttpForwarder
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts, UpstreamError
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError
-from llmfabric.ingress.forward.raw import RawHttpForwarder
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 
@@ -442,7 +442,7 @@ async def test_relay_idle_timeout() -> None:
 async def test_fast_front_relays_a_stream_to_a_slow_client_and_reports_a_cut() -> None:
     """End to end through FastFront: a big stream to a client that reads slowly arrives
     intact; a stream the node cuts ends with an error event and a proper chunked end."""
-    from llmfabric.ingress.front.fast_front import FastFront
+    from llmfabric.front.fast_front import FastFront
 
     big = sse_stream(2000, 4000)  # 8 MB: more than the kernel's socket buffers hold
 
@@ -496,7 +496,7 @@ async def test_fast_front_relays_a_stream_to_a_slow_client_and_reports_a_cut() -
 async def test_fast_front_keep_alive_connection_served_by_one_task_then_idle_closed() -> None:
     """Requests with pauses between them reuse one client connection (its task waits for the
     next request); the idle timeout then closes it and nothing is left behind."""
-    from llmfabric.ingress.front.fast_front import FastFront
+    from llmfabric.front.fast_front import FastFront
 
     async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, body: bytes) -> bool:
         w.write(ok(b'{"n":1}'))

@@ -13,18 +13,16 @@ import openai
 import pytest
 from aiohttp import web
 
-from llmfabric.ingress import (
-    FORWARD_PREFIX,
+from llmfabric.forward import (
     ChoosingForwarder,
     EngineProxy,
     HttpForwarder,
-    IngressConfig,
     PeerForwarder,
-    RecordsCandidateSource,
     add_engine_proxy_routes,
-    build_ingress_app,
 )
-from llmfabric.ingress.forward.engine_proxy import HttpUpstream
+from llmfabric.forward.engine_proxy import HttpUpstream
+from llmfabric.front import build_ingress_app
+from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, RecordsCandidateSource
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.errors import PeerUnreachable
 from llmfabric.net.ports import free_port

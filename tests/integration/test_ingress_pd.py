@@ -13,8 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmfabric.engines.pd_role import KVLink
 from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
-from llmfabric.ingress import HttpForwarder, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.front.web_app import build_ingress_app
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.web_app import build_ingress_app
+from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
 

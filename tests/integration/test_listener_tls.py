@@ -13,8 +13,9 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.net.server_tls import ServerTls
 from llmfabric.testing.tls_files import write_cert
 

@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Sequence
 import orjson
 import pytest
 
+from llmfabric.forward import ChoosingForwarder
+from llmfabric.forward.peer import PeerResponse
+from llmfabric.forward.secure import DataPlaneSessions, SealedPeerForwarder
 from llmfabric.identity import NodeKey, PskAdmission
-from llmfabric.ingress import ChoosingForwarder
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward.peer import PeerResponse
-from llmfabric.ingress.forward.secure import DataPlaneSessions, SealedPeerForwarder
 from llmfabric.net import HandlerResponse, TlsTransport, TransportConfig
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.peer_api import PeerApi

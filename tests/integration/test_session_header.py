@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.front.fast_front import FastFront
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate

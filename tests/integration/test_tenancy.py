@@ -26,9 +26,10 @@ from llmfabric.accounts.ratelimit import RateLimiter
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
 from llmfabric.clock import SystemClock
-from llmfabric.ingress import HttpForwarder, IngressConfig, StaticCandidateSource
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.web_app import INGRESS_KEY, build_ingress_app
+from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.front.web_app import INGRESS_KEY, build_ingress_app
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import attach_tenancy
 from llmfabric.ingress.tenancy.gate import TenancyGate, reservation, reservation_parts

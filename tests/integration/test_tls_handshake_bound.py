@@ -20,10 +20,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 
+from llmfabric.forward import HttpForwarder
+from llmfabric.front.fast_front import FastFront
+from llmfabric.front.front_limits import FrontLimits
 from llmfabric.identity import NodeKey, PskAdmission
-from llmfabric.ingress import HttpForwarder, Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.front.fast_front import FastFront
-from llmfabric.ingress.front.front_limits import FrontLimits
+from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.server_tls import ServerTls
 from llmfabric.node.config import build_config

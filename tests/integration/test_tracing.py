@@ -17,17 +17,11 @@ import pytest
 from aiohttp import web
 
 from llmfabric.accounts.store import AccountStore
-from llmfabric.ingress import (
-    FORWARD_PREFIX,
-    EngineProxy,
-    HttpForwarder,
-    IngressConfig,
-    StaticCandidateSource,
-    add_engine_proxy_routes,
-)
+from llmfabric.forward import EngineProxy, HttpForwarder, add_engine_proxy_routes
+from llmfabric.front.fast_front import FastFront
+from llmfabric.front.web_app import INGRESS_KEY, build_ingress_app
+from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.front.fast_front import FastFront
-from llmfabric.ingress.front.web_app import INGRESS_KEY, build_ingress_app
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel

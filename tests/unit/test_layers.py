@@ -29,11 +29,12 @@ RANKS: dict[str, int] = {
     "telemetry": 3,
     "gossip": 4, "agent": 4, "routing": 4, "launch": 4, "engines": 4,
     "ingress": 5,
-    "batch": 6,
-    "node": 7,
-    "controller": 8,
-    "cli": 9,
-    "__main__": 10,
+    "front": 6, "forward": 6,
+    "batch": 7,
+    "node": 8,
+    "controller": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 
 Graph = dict[str, set[str]]

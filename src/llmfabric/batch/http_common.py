@@ -14,10 +14,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmfabric.accounts.models import ApiKey
+from llmfabric.front.host_check import HostGuard
+from llmfabric.front.web_sink import web_response
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply, rate_limited
-from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.front.web_sink import web_response
 from llmfabric.ingress.protocols import Principal
 
 BATCH_PREFIXES = ("/v1/files", "/v1/batches")
@@ -133,7 +133,7 @@ def page_args(query: Mapping[str, str], default_limit: int, max_limit: int
 
 
 def host_middleware(hosts: HostGuard, keyed: bool) -> Middleware:
-    """The Host and cross-site check of the batch app (host_check.py); with API keys the
+    """The Host and cross-site check of the batch app (front/host_check.py); with API keys the
     batch routes authenticate every request, as the OpenAI routes do, and are exempt."""
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:

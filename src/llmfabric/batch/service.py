@@ -22,9 +22,9 @@ from llmfabric.batch.retention import RetentionSweep
 from llmfabric.batch.runner import BatchRunner
 from llmfabric.batch.store import BatchStore
 from llmfabric.clock import Clock, SystemClock
+from llmfabric.front.host_check import HostGuard
+from llmfabric.front.web_app import add_ingress_routes
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.front.web_app import add_ingress_routes
 from llmfabric.ingress.metrics import metrics_handler
 
 

@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
     from llmfabric.accounts.store import AccountStore
     from llmfabric.batch import BatchService
+    from llmfabric.front.host_check import HostGuard
     from llmfabric.ingress import Ingress
-    from llmfabric.ingress.front.host_check import HostGuard
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +132,12 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     """Serve until SIGTERM/SIGINT. `announce`: log the backends whose engines do not report
     their context (one worker says it for all)."""
     from llmfabric.agent.probe import HttpProbe
-    from llmfabric.ingress import HttpForwarder, Ingress, StaticCandidateSource
+    from llmfabric.forward import HttpForwarder
+    from llmfabric.front.fast_front import FastFront
+    from llmfabric.front.front_limits import front_limits
+    from llmfabric.front.host_check import HostGuard, names_of
+    from llmfabric.ingress import Ingress, StaticCandidateSource
     from llmfabric.ingress.engine_contexts import EngineContexts
-    from llmfabric.ingress.front.fast_front import FastFront
-    from llmfabric.ingress.front.front_limits import front_limits
-    from llmfabric.ingress.front.host_check import HostGuard, names_of
     from llmfabric.ingress.tenancy.attach import attach_tenancy
 
     store = None
@@ -369,14 +370,14 @@ def command(
                         total_timeout_s)
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
-    from llmfabric.ingress.front.front_limits import front_limits
+    from llmfabric.front.front_limits import front_limits
 
     limits = tuple((k, v) for k, _, v in (item.partition("=") for item in front_limit))
     try:
         front_limits(dict(limits))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--front-limit") from exc
-    from llmfabric.ingress.front.host_check import allowed_names
+    from llmfabric.front.host_check import allowed_names
 
     try:
         allowed = allowed_names(allowed_hosts)

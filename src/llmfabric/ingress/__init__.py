@@ -1,7 +1,8 @@
-"""OpenAI-compatible HTTP front (plus the Responses and Anthropic Messages APIs): auth,
-routing, streaming proxy, forwarding. One data plane: one request core (`Ingress.serve`),
-one HTTP server for the OpenAI routes (the lean front), one upstream client
-(`RawHttpForwarder`, under the data plane's `PinnedHttpsForwarder` on a node).
+"""The ingress's request core, OpenAI-compatible (plus the Responses and Anthropic Messages
+APIs): auth, routing, retries, streaming, usage. One data plane: one request core
+(`Ingress.serve`), one HTTP server for the OpenAI routes (the lean front, llmfabric.front),
+one upstream client (`RawHttpForwarder`, under the data plane's `PinnedHttpsForwarder` on a
+node: llmfabric.forward).
 
 Core (this directory):
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
@@ -51,13 +52,17 @@ Core (this directory):
 - metrics.py: `IngressMetrics` (plain Prometheus counters, collected into its own
   CollectorRegistry) and `metrics_handler` (/metrics).
 
+The core is transport-agnostic, and the layer order enforces it (tests/unit/test_layers.py):
+the HTTP servers (llmfabric.front: the lean HTTP/1.1 front `FastFront`, the aiohttp app
+`build_ingress_app`) and the upstream clients (llmfabric.forward: `HttpForwarder` =
+`RawHttpForwarder`, `PeerForwarder`, `ChoosingForwarder`, the data plane's forwarders, the
+node's `EngineProxy`) sit a layer above it. The core defines what they implement
+(protocols.py: `StreamSink`, `DirectWriter`, `BodyReader` for a server; `Forwarder`,
+`Upstream`, `SocketRelay` for a client) and never imports either.
+
 Subpackages (each docstring maps its files):
-- front: the HTTP servers: the lean HTTP/1.1 front (`FastFront`, its routes, wire pieces and
-  limits) and the aiohttp app over the same core (`build_ingress_app`, `WebSink`).
 - apis: the Responses and Anthropic Messages APIs translated onto chat completions
   (`ApiRoutes`), and the OpenAPI document.
-- forward: the upstream clients (`RawHttpForwarder`, `PeerForwarder`, the data plane's
-  `PinnedHttpsForwarder` / `SealedPeerForwarder`) and the node side (`EngineProxy`).
 - tenancy: accounts as authenticator (`AccountsAuth`, `StaticKeys`), `TenancyGate` (budgets,
   fair queueing), `attach_tenancy`.
 """
@@ -65,35 +70,21 @@ Subpackages (each docstring maps its files):
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig, Timeouts, TraceEvent
 from llmfabric.ingress.errors import ConfigError, IngressError, UpstreamError
-from llmfabric.ingress.forward.engine_proxy import EngineProxy, add_engine_proxy_routes
-from llmfabric.ingress.forward.peer import ChoosingForwarder, PeerForwarder
-from llmfabric.ingress.forward.raw import RawHttpForwarder
-from llmfabric.ingress.front.web_app import add_ingress_routes, build_ingress_app
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.sources import RecordsCandidateSource, StaticCandidateSource
 
-HttpForwarder = RawHttpForwarder  # the default direct forwarder
-
 __all__ = [
     "FORWARD_PREFIX",
-    "ChoosingForwarder",
     "ConfigError",
-    "EngineProxy",
-    "HttpForwarder",
     "Ingress",
     "IngressConfig",
     "IngressError",
     "IngressMetrics",
-    "PeerForwarder",
-    "RawHttpForwarder",
     "RecordsCandidateSource",
     "StaticCandidateSource",
     "Timeouts",
     "TraceEvent",
     "UpstreamError",
-    "add_engine_proxy_routes",
-    "add_ingress_routes",
-    "build_ingress_app",
     "metrics_handler",
 ]

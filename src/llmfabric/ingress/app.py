@@ -1,5 +1,5 @@
 """The ingress's request core: OpenAI-compatible requests over routing + a Forwarder (the
-HTTP servers that call it: front/).
+HTTP servers that call it: llmfabric.front).
 
 Hot path per request: bearer check (cached), one orjson parse of the body for what routing
 needs (model, stream, metadata, prompt prefix only if the policy wants it), a policy pick, and
@@ -96,7 +96,7 @@ log = get_logger(__name__)
 
 
 class Ingress:
-    """Request handling state shared by the routes (front/ serves them over HTTP)."""
+    """Request handling state shared by the routes (llmfabric.front serves them over HTTP)."""
 
     def __init__(
         self,

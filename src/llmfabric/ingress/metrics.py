@@ -287,7 +287,7 @@ class IngressMetrics:
         yield from self._front_families()
 
     def _front_families(self) -> Iterator[Metric]:
-        """What the lean front's connection limits did (front_limits.py): clients holding
+        """What the lean front's connection limits did (front/front_limits.py): clients holding
         connections, refused at a cap, or gone before their TLS handshake completed (a
         flood of silent connections shows here first)."""
         if self.front_connections is None:

@@ -8,7 +8,7 @@ accept forwarded /v1/ paths): a client's root path such as vLLM's `/tokenize` tr
 from __future__ import annotations
 
 # Path prefix under which a node accepts forwarded inference requests (its data plane:
-# node/serve/dataplane_server.py, the peer API; served by engine_proxy.py).
+# node/serve/dataplane_server.py, the peer API; served by forward/engine_proxy.py).
 FORWARD_PREFIX = "/v1/fabric/forward"
 
 # Client path -> forwarded path, for the routes passed through unchanged to an engine that

@@ -184,7 +184,7 @@ def render_k8s(p: K8sProfile) -> list[dict[str, Any]]:
     service_dns = f"{ingress_name}.{p.namespace}.svc.cluster.local:{PEER_PORT}"
     ing = p.ingress
     # Clients inside the cluster name the Service (the dashboard, fleet views and /metrics
-    # answer only the names a node knows: ingress/front/host_check.py).
+    # answer only the names a node knows: front/host_check.py).
     service_names = [f"{ingress_name}{suffix}" for suffix in (
         "", f".{p.namespace}", f".{p.namespace}.svc", f".{p.namespace}.svc.cluster.local")]
     ingress_args = [*_common_args(p), "--ingress", "--relay", "--tier", "stable",

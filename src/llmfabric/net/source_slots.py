@@ -2,7 +2,7 @@
 `HeldSlot`, one slot that is given back exactly once whichever path ends it, and `peer_ip`,
 the source a connection counts against.
 
-The lean front counts open client connections in it (ingress/front/front_limits.py); the
+The lean front counts open client connections in it (front/front_limits.py); the
 peer transport counts connections that have not finished their handshakes (TLS, then the
 peer handshake), and the provider's data-plane listener those before their first
 authorized request, so a flood of silent connections is refused at TCP accept instead of

@@ -227,7 +227,7 @@ class NodeConfig(BaseModel):
     allow_engine_public_bind: bool = False
     # Host names the HTTP listeners answer besides IP addresses, localhost, the machine's name
     # and the names in public_addr, public_http_addr and the listeners ("*": any; DNS
-    # rebinding: ingress/front/host_check.py).
+    # rebinding: front/host_check.py).
     allowed_hosts: tuple[str, ...] = ()
     # Limits of the lean fronts (HTTP port of an ingress, --api-listen): FrontLimits field ->
     # value over the defaults.
@@ -272,14 +272,14 @@ class NodeConfig(BaseModel):
         names = _comma_list(value)
         if names is None:
             return value  # the type check names the problem
-        from llmfabric.ingress.front.host_check import allowed_names
+        from llmfabric.front.host_check import allowed_names
 
         return allowed_names(names)  # (ValueError names the bad one)
 
     @field_validator("front_limits")
     @classmethod
     def _front_limits(cls, value: dict[str, float]) -> dict[str, float]:
-        from llmfabric.ingress.front.front_limits import front_limits
+        from llmfabric.front.front_limits import front_limits
 
         front_limits(value)  # raises ValueError naming the bad key
         return value

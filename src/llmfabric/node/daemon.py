@@ -28,14 +28,14 @@ from aiohttp import web
 from llmfabric.agent import InflightTracker
 from llmfabric.agent.hardware import discover_hardware
 from llmfabric.clock import Clock, SystemClock
+from llmfabric.front.front_limits import front_limits
+from llmfabric.front.host_check import HostGuard, names_of
+from llmfabric.front.web_app import host_middleware
 from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.config import preset
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.identity import AdmissionError, NodeKey, PskAdmission
 from llmfabric.identity.admission import MembershipCert
-from llmfabric.ingress.front.front_limits import front_limits
-from llmfabric.ingress.front.host_check import HostGuard, names_of
-from llmfabric.ingress.front.web_app import host_middleware
 from llmfabric.launch.allocation import WalltimeWatch, allocation_end
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
@@ -302,7 +302,7 @@ class Node:
         return valid
 
     def host_guard(self) -> HostGuard:
-        """The Host names the HTTP listeners answer (ingress/front/host_check.py): IP
+        """The Host names the HTTP listeners answer (front/host_check.py): IP
         addresses, localhost, the machine's name, the names of this node's addresses and
         --allowed-host."""
         c = self.config

@@ -1,7 +1,7 @@
 """The ingress role of a node: OpenAI routes over the live replica, accounts, dashboard.
 
 One HTTP interface, two servers behind it: the node's HTTP port is the lean front
-(ingress/front/fast_front.py), which answers the OpenAI routes itself and hands every other
+(front/fast_front.py), which answers the OpenAI routes itself and hands every other
 connection (dashboard, fleet API, accounts, /metrics, /healthz) to the node's aiohttp app
 (`serve_http`). The aiohttp app mounts the OpenAI routes too, over the same `Ingress.serve`
 core, for requests that come later on a connection it was handed. `--api-listen` adds a
@@ -43,24 +43,19 @@ from llmfabric.batch import BatchService
 from llmfabric.batch.limits import limits_of
 from llmfabric.clock import Clock, SystemClock
 from llmfabric.dashboard.routes import add_dashboard_routes
-from llmfabric.identity import NodeKey
-from llmfabric.ingress import (
-    FORWARD_PREFIX,
-    ChoosingForwarder,
-    Ingress,
-    IngressConfig,
-    RawHttpForwarder,
-    add_ingress_routes,
-)
-from llmfabric.ingress.config import Timeouts, TraceEvent
-from llmfabric.ingress.forward.secure import (
+from llmfabric.forward import ChoosingForwarder, RawHttpForwarder
+from llmfabric.forward.secure import (
     DataPlaneSessions,
     PinnedHttpsForwarder,
     SealedPeerForwarder,
 )
-from llmfabric.ingress.front.fast_front import FallbackFactory, FastFront
-from llmfabric.ingress.front.front_limits import FrontLimits
-from llmfabric.ingress.front.host_check import HostGuard
+from llmfabric.front import add_ingress_routes
+from llmfabric.front.fast_front import FallbackFactory, FastFront
+from llmfabric.front.front_limits import FrontLimits
+from llmfabric.front.host_check import HostGuard
+from llmfabric.identity import NodeKey
+from llmfabric.ingress import FORWARD_PREFIX, Ingress, IngressConfig
+from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.protocols import Forwarder
 from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.tenancy.attach import TenancyParts, attach_tenancy

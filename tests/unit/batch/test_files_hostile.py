@@ -18,9 +18,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmfabric.batch import BatchLimits, BatchService
+from llmfabric.front.host_check import HostGuard
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 

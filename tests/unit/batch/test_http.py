@@ -20,10 +20,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from llmfabric.batch import BatchLimits, BatchService
 from llmfabric.batch.records import Usage
+from llmfabric.front.host_check import HostGuard
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.testing.fake_clock import FakeClock
@@ -244,8 +244,8 @@ def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
         tmp_path: pathlib.Path) -> None:
     """Both fronts serve `Ingress.openapi_body`: the lean front's route() and the aiohttp
     app's /openapi.json; mounting the Batch API adds its paths there, and only there."""
+    from llmfabric.front.fast_routes import route
     from llmfabric.ingress.apis.openapi import OPENAPI_BODY
-    from llmfabric.ingress.front.fast_routes import route
 
     plain = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
                     NoForwarder())  # type: ignore[arg-type]

@@ -36,10 +36,10 @@ from llmfabric.batch.retention import (
     parse_retention,
 )
 from llmfabric.batch.store import BatchStore, output_file_id
+from llmfabric.front.host_check import HostGuard
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
-from llmfabric.ingress.front.host_check import HostGuard
 from llmfabric.ingress.protocols import Principal
 from llmfabric.testing.fake_clock import FakeClock
 

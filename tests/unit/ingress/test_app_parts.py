@@ -2,12 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmfabric.ingress import (
-    ChoosingForwarder,
-    IngressConfig,
-    StaticCandidateSource,
-    Timeouts,
-)
+from llmfabric.forward import ChoosingForwarder
+from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import error_body
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmfabric.ingress import ChoosingForwarder, Timeouts, UpstreamError
+from llmfabric.forward import ChoosingForwarder
+from llmfabric.ingress import Timeouts, UpstreamError
 from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate

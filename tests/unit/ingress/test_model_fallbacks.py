@@ -17,10 +17,10 @@ import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.prices import Price
+from llmfabric.front.fast_wire import reply_bytes
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, UpstreamError
-from llmfabric.ingress.front.fast_wire import reply_bytes
 from llmfabric.ingress.model_list import (
     MAX_FALLBACKS,
     InvalidModels,

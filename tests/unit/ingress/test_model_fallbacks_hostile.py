@@ -139,8 +139,8 @@ async def test_a_served_name_cannot_write_response_headers_on_either_front() -> 
     fronts, streamed and not)."""
     from aiohttp.test_utils import make_mocked_request
 
-    from llmfabric.ingress.front.fast_wire import reply_bytes, response_head
-    from llmfabric.ingress.front.web_sink import WebSink, web_response
+    from llmfabric.front.fast_wire import reply_bytes, response_head
+    from llmfabric.front.web_sink import WebSink, web_response
 
     name = "m\r\nSet-Cookie: a=1\x00é"
     ing, _, _ = ingress([cand("h", name)])

@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
+from llmfabric.forward.peer import PeerForwarder, peer_hop
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import Timeouts
-from llmfabric.ingress.forward.peer import PeerForwarder, peer_hop
 from llmfabric.ingress.tracing import traced
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate

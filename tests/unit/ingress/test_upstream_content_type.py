@@ -9,10 +9,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmfabric.front.fast_wire import response_head
+from llmfabric.front.front_limits import safe_content_type
+from llmfabric.front.web_app import build_ingress_app
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
-from llmfabric.ingress.front.fast_wire import response_head
-from llmfabric.ingress.front.front_limits import safe_content_type
-from llmfabric.ingress.front.web_app import build_ingress_app
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 from llmfabric.telemetry.node_hop import NO_HOP

@@ -109,9 +109,9 @@ def test_profile_values_reach_the_container_literally() -> None:
 
 def test_the_ingress_answers_the_service_names_clients_in_the_cluster_use() -> None:
     # The dashboard, fleet views and /metrics answer only Host names the node knows (DNS
-    # rebinding: ingress/front/host_check.py); in-cluster clients name the Service.
+    # rebinding: front/host_check.py); in-cluster clients name the Service.
     from llmfabric.cli.start import config_from_options
-    from llmfabric.ingress.front.host_check import HostGuard, names_of
+    from llmfabric.front.host_check import HostGuard, names_of
 
     args = container(render_k8s(profile(ingress={"public_addr": "lb.example.org:7946"}))[0])[
         "args"]

@@ -1,5 +1,5 @@
 """Dead-peer detection options (net/tcp_keepalive.py) on real sockets, and on the direct
-forwarder's upstream connections (ingress/forward/raw.py)."""
+forwarder's upstream connections (forward/raw.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from llmfabric.forward.raw import RawHttpForwarder
 from llmfabric.ingress import Timeouts
-from llmfabric.ingress.forward.raw import RawHttpForwarder
 from llmfabric.net.tcp_keepalive import KeepAlive, set_keepalive
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from llmfabric.agent.engines import KINDS, EngineKind
 from llmfabric.agent.tokenize import EngineTokenizer, token_count
-from llmfabric.ingress.forward.engine_proxy import EngineProxy
+from llmfabric.forward.engine_proxy import EngineProxy
 from llmfabric.ingress.usage import StreamUsageScanner, estimate_prompt_tokens
 from llmfabric.node.engine.stream_usage import (
     CHAT_MESSAGE_OVERHEAD,

@@ -28,10 +28,10 @@ from llmfabric.agent import EngineInfo, EngineSupervisor, InflightTracker, Super
 from llmfabric.agent.command import engine_kind
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.clock import Clock
+from llmfabric.forward.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
-from llmfabric.ingress.forward.engine_proxy import Around, EngineProxy
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import Upstream
 from llmfabric.net import HandlerResponse, PeerRequest

@@ -62,7 +62,7 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # aiohttp's own keep-alive limit is an hour), cannot hold sockets up to the file limit, nor
 # the slots for long. Honest ingresses stay far under
 # it: each dials one provider at most `RawHttpForwarder(max_dials_per_node=32)` connections
-# at a time (ingress/forward/dial_gate.py) and sends a request on each at once.
+# at a time (forward/dial_gate.py) and sends a request on each at once.
 MAX_HANDSHAKES, MAX_HANDSHAKES_PER_IP = 256, 128
 # TLS done -> first authorized request: an ingress sends one at once on a connection it
 # dialled (its body, 1 MiB at most, takes a second on a slow WAN link), so a connection

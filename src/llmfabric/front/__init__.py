@@ -1,6 +1,16 @@
 """The ingress's HTTP servers: the lean front every ingress answers the OpenAI routes with,
 and the aiohttp app over the same core (tests, embedding, a node's handed-over connections).
 
+Why a layer above llmfabric.ingress: the ingress core is transport-agnostic. It takes a
+request as `Ingress.serve(path, streamable, authorization, providers, body, sink)` and
+writes a committed stream into a `StreamSink` (llmfabric.ingress.protocols defines it, with
+`DirectWriter` and `BodyReader`); a server only parses HTTP, calls the core and implements
+those interfaces (`ResponseSink`, `WebSink`). So the servers import the core and never the
+other way round, and tests/unit/test_layers.py enforces it: the core cannot import a server.
+The upstream clients (llmfabric.forward) are this package's sibling, of the same rank: a
+server never imports a forwarder, nor a forwarder a server; the node and `llmfabric ingress`
+wire the two to an `Ingress`.
+
 Files:
 - fast_front.py: `FastFront(ingress, fallback=...)`, the lean HTTP/1.1 server (asyncio.Protocol
   + httptools) every ingress answers the OpenAI routes with: `llmfabric ingress` (and
@@ -32,3 +42,7 @@ Files:
   keyed)` (HostGuard for an aiohttp app: the node's app has it).
 - web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.
 """
+
+from llmfabric.front.web_app import add_ingress_routes, build_ingress_app
+
+__all__ = ["add_ingress_routes", "build_ingress_app"]

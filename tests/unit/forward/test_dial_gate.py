@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmfabric.ingress.forward.dial_gate import DialGate
+from llmfabric.forward.dial_gate import DialGate
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import asyncio
 from http import HTTPStatus
 from typing import Protocol
 
+from llmfabric.front.front_limits import safe_content_type, safe_header_value
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.front.front_limits import safe_content_type, safe_header_value
 
 
 class Stop(Exception):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfabric.ingress.front.front_limits import (
+from llmfabric.front.front_limits import (
     ClientSlots,
     FrontLimits,
     front_limits,
@@ -69,7 +69,7 @@ def test_safe_header_value(raw: str, safe: str) -> None:
 
 
 def test_read_deadlines_and_the_key_memo() -> None:
-    from llmfabric.ingress.front.front_limits import KeyMemo
+    from llmfabric.front.front_limits import KeyMemo
 
     lim = FrontLimits(header_timeout_s=20.0, body_timeout_s=30.0, auth_memo_s=5.0)
     assert lim.overdue(19.9, False, 0.0, 0.0) is None

@@ -7,7 +7,7 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from llmfabric.ingress.forward.engine_proxy import EngineProxy, add_engine_proxy_routes
+from llmfabric.forward.engine_proxy import EngineProxy, add_engine_proxy_routes
 from llmfabric.ingress.paths import FORWARD_PREFIX
 
 

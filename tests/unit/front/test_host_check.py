@@ -1,4 +1,4 @@
-"""HostGuard (ingress/front/host_check.py): which Host values a node answers (DNS rebinding)
+"""HostGuard (front/host_check.py): which Host values a node answers (DNS rebinding)
 and which state-changing requests a browser sent from another site."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 import orjson
 import pytest
 
-from llmfabric.ingress.front.host_check import HostGuard, allowed_names, names_of
+from llmfabric.front.host_check import HostGuard, allowed_names, names_of
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]
 

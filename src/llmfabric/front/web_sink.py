@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from llmfabric.front.front_limits import safe_content_type, safe_header_value
 from llmfabric.ingress.errors import MODEL_HEADER, Reply
-from llmfabric.ingress.front.front_limits import safe_content_type, safe_header_value
 
 
 class WebSink:

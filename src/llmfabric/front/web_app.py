@@ -12,6 +12,9 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from llmfabric.front.fast_routes import api_path
+from llmfabric.front.host_check import HostGuard
+from llmfabric.front.web_sink import WebSink, web_response
 from llmfabric.ingress.apis.api_routes import (
     EXTRA_POST_PATHS,
     MESSAGES,
@@ -22,9 +25,6 @@ from llmfabric.ingress.apis.openapi import add_openapi_route
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig
 from llmfabric.ingress.errors import Reply, body_too_large, error_reply
-from llmfabric.ingress.front.fast_routes import api_path
-from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.front.web_sink import WebSink, web_response
 from llmfabric.ingress.metrics import IngressMetrics, metrics_handler
 from llmfabric.ingress.protocols import (
     Authenticator,

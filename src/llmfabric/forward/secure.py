@@ -40,11 +40,11 @@ from llmfabric.dataplane.sealing import (
     seal_body,
     seal_trace,
 )
+from llmfabric.forward.peer import PeerRequester, PeerResponse, peer_hop
+from llmfabric.forward.raw import RawHttpForwarder, RawUpstream
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward.peer import PeerRequester, PeerResponse, peer_hop
-from llmfabric.ingress.forward.raw import RawHttpForwarder, RawUpstream
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.ingress.protocols import read_chunks_capped
 from llmfabric.ingress.tracing import current_trace

@@ -30,11 +30,11 @@ from typing import cast
 
 import httptools
 
+from llmfabric.forward.dial_gate import DialGate
 from llmfabric.identity.certs import cert_identity
 from llmfabric.identity.errors import IdentityError
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamBusyError, UpstreamConnectError, UpstreamError
-from llmfabric.ingress.forward.dial_gate import DialGate
 from llmfabric.ingress.paths import ENGINE_PATHS
 from llmfabric.ingress.protocols import SocketRelay
 from llmfabric.ingress.tracing import downstream_header

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from llmfabric.forward.secure import DataPlaneSessions
 from llmfabric.identity import NodeKey
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.forward.secure import DataPlaneSessions
 
 
 class _Silent:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from llmfabric.forward.peer import PeerForwarder
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.forward.peer import PeerForwarder
 from llmfabric.net.errors import PeerUnreachable, RequestFailed
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate

@@ -37,11 +37,8 @@ from typing import cast
 import httptools
 import orjson
 
-from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, to_anthropic
-from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.errors import Reply, body_too_large, error_reply
-from llmfabric.ingress.front.fast_routes import owned, route
-from llmfabric.ingress.front.fast_wire import (
+from llmfabric.front.fast_routes import owned, route
+from llmfabric.front.fast_wire import (
     FrontRequest,
     HeadCache,
     ResponseSink,
@@ -50,9 +47,12 @@ from llmfabric.ingress.front.fast_wire import (
     switch_protocol,
     too_many_connections,
 )
-from llmfabric.ingress.front.front_limits import ClientSlots, FrontLimits, KeyMemo, listen_args
-from llmfabric.ingress.front.host_check import HostGuard
-from llmfabric.ingress.front.key_precheck import KeyPrecheck
+from llmfabric.front.front_limits import ClientSlots, FrontLimits, KeyMemo, listen_args
+from llmfabric.front.host_check import HostGuard
+from llmfabric.front.key_precheck import KeyPrecheck
+from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, to_anthropic
+from llmfabric.ingress.app import Ingress
+from llmfabric.ingress.errors import Reply, body_too_large, error_reply
 from llmfabric.ingress.tracing import traced
 from llmfabric.net.source_slots import peer_ip
 from llmfabric.untrusted import get_logger, log_due

@@ -15,10 +15,10 @@ import asyncio
 import time
 from typing import Protocol
 
+from llmfabric.front.fast_wire import FrontRequest
+from llmfabric.front.front_limits import KeyMemo
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.front.fast_wire import FrontRequest
-from llmfabric.ingress.front.front_limits import KeyMemo
 from llmfabric.ingress.protocols import bearer_of
 from llmfabric.untrusted import get_logger, log_due
 

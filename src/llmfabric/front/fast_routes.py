@@ -5,9 +5,9 @@ accounts, /metrics), handed over to that server with its connection (`owned` say
 
 from __future__ import annotations
 
+from llmfabric.front.fast_wire import not_allowed
 from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, not_stored
 from llmfabric.ingress.errors import Reply, error_reply
-from llmfabric.ingress.front.fast_wire import not_allowed
 
 POST_ROUTES = {
     b"/v1/chat/completions": ("/v1/chat/completions", True),
