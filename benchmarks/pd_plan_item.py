@@ -6,7 +6,7 @@ a record, and what an ingress pays to read it, in ONE run.
 For m prefill x n decode sessions (real session ids from registry.signing, dense X/Y weights
 as the routing LP writes them) it reports the item's bytes (the record carries at most 8 KiB
 of it inside its 16 KiB body), the encode and decode+validate time per item, and the time of
-`newest_plan` over a 200-record replica holding one controller's plan (what an ingress's
+`newest_plans` over a 200-record replica holding one controller's plan (what an ingress's
 `PlanFeed` recomputes once per replica change, never per request).
 """
 
@@ -34,7 +34,7 @@ from llmfabric.routing.pd_plan import (
     PlanItem,
     decode_plan,
     encode_plan,
-    newest_plan,
+    newest_plans,
 )
 
 
@@ -67,7 +67,7 @@ def main() -> None:
             data = encode_plan(item)
         except PlanError:
             rows.append({"prefill x decode": f"{m} x {n}", "bytes": "> 8192 (refused)",
-                         "encode us": "", "decode us": "", "newest_plan over 200 records us": ""})
+                         "encode us": "", "decode us": "", "newest_plans over 200 records us": ""})
             continue
         ctl = NodeRecord("ctl", "peer-ctl", b"", Lifecycle.SERVING, 0, 1, 0.0,
                          NodeMeta(pd_plan=data))
@@ -78,8 +78,8 @@ def main() -> None:
             "prefill x decode": f"{m} x {n}", "bytes": len(data),
             "encode us": round(_per_call_us(lambda i=item: encode_plan(i), args.reps), 1),
             "decode us": round(_per_call_us(lambda d=data: decode_plan(d), args.reps), 1),
-            "newest_plan over 200 records us": round(_per_call_us(
-                lambda r=records: newest_plan(r, {"peer-ctl"}), args.reps), 1),
+            "newest_plans over 200 records us": round(_per_call_us(
+                lambda r=records: newest_plans(r, {"peer-ctl"}), args.reps), 1),
         })
     load = os.getloadavg()
     write_results(args.json, {"rows": rows, "max_item_bytes": MAX_PLAN_ITEM_BYTES,
