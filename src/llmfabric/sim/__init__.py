@@ -65,7 +65,7 @@ Files -> concepts
 - flying.py       `simulate_flying` (DP engines binding into TP groups under a switching
                   policy; FlyingResult with the mode timeline), `max_context_tokens`,
                   `burst_trace` (low load alternating with bursts).
-- errors.py       SimError hierarchy.
+- errors.py       SimError hierarchy; naming_file and not_utf8 (one wording for file errors).
 
 Stable API (used by engines/ and scheduler/):
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from llmfabric.sim.closedloop import simulate_closed_loop
 from llmfabric.sim.e2e_correction import ResidualCorrection
-from llmfabric.sim.errors import SimError, SpecError
+from llmfabric.sim.errors import SimError, SpecError, not_utf8
 from llmfabric.sim.hardware import get_gpu
 from llmfabric.sim.models import ModelSpec, get_model
 from llmfabric.sim.profiles import EngineProfile, get_profile
@@ -109,8 +109,7 @@ def read_rows(path: str | Path) -> list[E2ERow]:
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{path} is not a CSV file: not UTF-8 text (a "
-                        f"0x{exc.object[exc.start]:02x} byte)") from None
+        raise SpecError(f"{path} is not a CSV file: {not_utf8(exc)}") from None
     except csv.Error as exc:
         raise SpecError(f"{path}: not a valid CSV ({exc})") from exc
     return out

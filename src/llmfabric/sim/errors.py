@@ -14,6 +14,13 @@ def naming_file(path: object, message: str, lead: str = "") -> str:
     return message if where in message else f"{lead}{where}: {message}"
 
 
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """What a file read as text that is not is told: "not UTF-8 text (a 0xff byte)". The
+    byte's value, not its offset: readers decode in chunks, so `exc.start` is an offset in
+    one chunk, not in the file."""
+    return f"not UTF-8 text (a 0x{exc.object[exc.start]:02x} byte)"
+
+
 # How an unknown GPU's message ends: the Python way to add one. The CLI swaps it for the
 # command's own way (--gpus-yaml FILE) or drops it where a command has none
 # (llmfabric.cli.gpus_yaml).

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from llmfabric.sim.errors import SpecError
+from llmfabric.sim.errors import SpecError, not_utf8
 from llmfabric.sim.parallel import Link
 from llmfabric.sim.topology import NodeId, Topology
 
@@ -140,8 +140,7 @@ class LinkMatrix:
             raise SpecError(f"cannot read link matrix {path}: {exc}") from None
         # a binary file (or one with a NUL byte) passed by mistake: was a traceback
         except UnicodeDecodeError as exc:
-            raise SpecError(f"{path} is not a CSV file: not UTF-8 text (a "
-                            f"0x{exc.object[exc.start]:02x} byte)") from None
+            raise SpecError(f"{path} is not a CSV file: {not_utf8(exc)}") from None
         except csv.Error as exc:
             raise SpecError(f"{path} is not a valid CSV file: {exc}") from None
         if len(rows) < 2:

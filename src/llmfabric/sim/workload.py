@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from llmfabric.sim.errors import WorkloadError, naming_file
+from llmfabric.sim.errors import WorkloadError, naming_file, not_utf8
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -286,8 +286,7 @@ def load_trace(path: str | Path, limit: int | None = None, fmt: str = "auto") ->
         # (inside: replay's errors, e.g. a row's tokens out of range, name the file too)
         return replay((t, max(1, i), max(1, o)) for t, i, o in rows)
     except UnicodeDecodeError as exc:  # (was Python's "'utf-8' codec can't decode byte ...")
-        raise WorkloadError(f"cannot read trace {p}: not UTF-8 text (a "
-                            f"0x{exc.object[exc.start]:02x} byte); a trace is CSV or JSONL text, "
-                            "or Parquet") from None
+        raise WorkloadError(f"cannot read trace {p}: {not_utf8(exc)}; a trace is CSV or JSONL "
+                            "text, or Parquet") from None
     except (OSError, ValueError) as exc:
         raise WorkloadError(naming_file(p, str(exc), "cannot read trace ")) from exc
