@@ -73,6 +73,30 @@ def fold(row: e2e.E2ERow | dict[str, Any]) -> str:
     return "holdout" if gpu in HOLDOUT_GPUS or model in HOLDOUT_MODELS else "fit"
 
 
+def osl_response(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """How TTFT answers the output length, measured and simulated, per model, GPU and engine:
+    the median over (set-up but OSL, concurrency) of TTFT at the longest OSL / at the
+    shortest. ~1: TTFT independent of OSL (as every fit row's engine); the TensorRT-LLM
+    holdout campaigns answer with opposite signs (docs/simulator.md "Fifth pass")."""
+    rest = tuple(c for c in (*e2e.SET_UP, "concurrency") if c != "osl")
+    curves: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
+    for r in records:
+        if "error" not in r:
+            curves.setdefault(tuple(r[c] for c in rest), {})[r["osl"]] = r
+    ratios: dict[str, list[tuple[float, float]]] = {}
+    for by_osl in curves.values():
+        if len(by_osl) < 2:
+            continue
+        lo, hi = by_osl[min(by_osl)], by_osl[max(by_osl)]
+        name = f"{_short(lo['model'])} {lo['gpu']} {lo['backend']}"
+        ratios.setdefault(name, []).append((hi["ttft_ms"] / lo["ttft_ms"],
+                                            hi["pred_ttft_ms"] / lo["pred_ttft_ms"]))
+    return {name: {"curves": len(v),
+                   "measured_median": sorted(m for m, _ in v)[len(v) // 2],
+                   "simulated_median": sorted(p for _, p in v)[len(v) // 2]}
+            for name, v in sorted(ratios.items())}
+
+
 def gpu_ordering(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Pairs of rows equal in everything but the GPU: is the faster GPU predicted faster?"""
     keys = ("model", "backend", "precision", "gemm_quant", "tp", "isl", "osl", "concurrency")
@@ -221,9 +245,11 @@ def replay_campaigns(rows: list[e2e.E2ERow], drift: float, waves: int,
 
 
 def _split_summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
-    summary = e2e.summarize(recs)
-    summary["fit"] = e2e.summarize([r for r in recs if r["fold"] == "fit"])["all"]
-    summary["holdout"] = e2e.summarize([r for r in recs if r["fold"] == "holdout"])
+    """MAPE of all, fit and holdout rows, with each block's monotone floor (`e2e.monotone_floor`:
+    the least error the rows' own disorder in concurrency leaves any simulator)."""
+    summary = e2e.summarize(recs, floors=True)
+    summary["fit"] = e2e.summarize([r for r in recs if r["fold"] == "fit"], floors=True)["all"]
+    summary["holdout"] = e2e.summarize([r for r in recs if r["fold"] == "holdout"], floors=True)
     return summary
 
 
@@ -297,9 +323,12 @@ def main() -> None:
     def line(name: str, v: dict[str, Any], c: dict[str, Any],
              recs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         sig = signed(recs) if recs is not None else {}
+        # what a TTFT the same at every output length (as the fit rows' is) cannot go below
+        flat = (e2e.flat_floor([r for r in recs if "error" not in r], "ttft_ms", "osl")
+                if recs is not None else math.nan)
         return {"rows": name, **v, "ttft_mpe": sig.get("ttft_mpe", math.nan),
                 "tpot_mpe": sig.get("tpot_mpe", math.nan), "cal_ttft_mape": c["ttft_mape"],
-                "cal_tpot_mape": c["tpot_mape"]}
+                "cal_tpot_mape": c["tpot_mape"], "ttft_osl_floor": flat}
 
     hold = [r for r in recs if r["fold"] == "holdout"]
     table = [line("all", summary["all"], csum["all"], recs),
@@ -323,6 +352,7 @@ def main() -> None:
         "tpot_mape_holdout": summary["holdout"]["all"]["tpot_mape"],
         "target_mape_holdout": 10.0,
         "gpu_ordering": ordering,
+        "osl_response": osl_response(recs),
         "breakdown": breakdown(recs),
         "calibrated": calibrated,
         "profiles": {k: dataclasses.asdict(v) for k, v in (profiles or PROFILES).items()},
@@ -337,9 +367,14 @@ def main() -> None:
                         f" / {ordering['pairs']} pairs right for TTFT, "
                         f"{ordering['tpot_right']} / {ordering['pairs']} for TPOT. "
                         "cal_*: with the residual layer fitted on the fit rows (leave-one-*-out "
-                        "rows: fitted on every other row; docs/simulator.md \"Third pass\").",
+                        "rows: fitted on every other row; docs/simulator.md \"Third pass\"). "
+                        "*_floor: the least MAPE any prediction that never falls as concurrency "
+                        "rises could reach on those rows; ttft_osl_floor: the least any TTFT "
+                        "the same at every output length could (docs/simulator.md \"Fifth "
+                        "pass\").",
                   columns=("rows", "n", "ttft_mape", "tpot_mape", "ttft_mpe", "tpot_mpe",
-                           "cal_ttft_mape", "cal_tpot_mape"))
+                           "cal_ttft_mape", "cal_tpot_mape", "ttft_floor", "tpot_floor",
+                           "ttft_osl_floor"))
 
 
 if __name__ == "__main__":

@@ -249,7 +249,9 @@ def _closed_loop(spec: Any, gpu_spec: Any, tp: int, pp: int, profile: str, confi
 def e2e_command(rows: Path, json_out: Path | None, waves: int, seed: int, runs: int) -> None:
     """Replay measured end-to-end rows (CSV with the columns model, gpu, backend,
     backend_version, precision, gemm_quant, tp, isl, osl, concurrency, ttft_ms, tpot_ms):
-    predicted TTFT/TPOT next to the measured ones, MAPE overall, per GPU and per backend."""
+    predicted TTFT/TPOT next to the measured ones, MAPE overall, per GPU and per backend,
+    each with its floor: the least MAPE those rows allow any prediction that never falls as
+    the concurrency rises (what the measurements' own disorder costs)."""
     from llmfabric import sim
     from llmfabric.sim import e2e
 
@@ -265,7 +267,8 @@ def e2e_command(rows: Path, json_out: Path | None, waves: int, seed: int, runs: 
     s = out["summary"]["all"]
     failed = sum(1 for r in out["rows"] if "error" in r)
     click.echo(f"{s['n']} rows: TTFT MAPE {s['ttft_mape']:.1f} %, TPOT MAPE "
-               f"{s['tpot_mape']:.1f} %; {failed} rows not simulated; wrote {json_out}")
+               f"{s['tpot_mape']:.1f} % (the rows' own floor: {s['ttft_floor']:.1f} / "
+               f"{s['tpot_floor']:.1f} %); {failed} rows not simulated; wrote {json_out}")
 
 
 def _nan_to_none(value: Any) -> Any:

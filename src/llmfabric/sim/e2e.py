@@ -9,16 +9,19 @@ wave excluded), as a benchmark of many requests per client reports it, averaged 
 closed loops with independent client drift (seeds `seed` .. `seed + runs - 1`): how clients
 cluster is chaotic (one seed's steady TTFT can be off the mean of many by tens of percent at
 the same set-up), and a fit against one seed fits that seed's clusters, not the engine.
-`replay` returns `{"rows": [...], "summary": {"all": {n, ttft_mape, tpot_mape},
-"by_gpu": {...}, "by_backend": {...}}}` (MAPE in percent); rows the simulator cannot run
-(unknown GPU or model, does not fit) carry an `error` and are left out of the MAPE.
+`replay` returns `{"rows": [...], "summary": {"all": {n, ttft_mape, tpot_mape, ttft_floor,
+tpot_floor}, "by_gpu": {...}, "by_backend": {...}}}` (MAPE in percent); rows the simulator
+cannot run (unknown GPU or model, does not fit) carry an `error` and are left out of the MAPE.
+The floors (`monotone_floor`) are what the measurements alone cost: the lowest MAPE any
+prediction could reach on those rows that never falls as the concurrency rises within a
+set-up, as a closed loop's steady-state TTFT and TPOT should not.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ from llmfabric.sim.profiles import EngineProfile, get_profile
 
 COLUMNS = ("model", "gpu", "backend", "backend_version", "precision", "gemm_quant", "tp",
            "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
+# One set-up: rows equal in these and differing in the concurrency form one load curve.
+SET_UP = COLUMNS[:9]
 DEFAULT_WAVES = 8
 DEFAULT_RUNS = 4
 # Upper bounds of a row: far above any real benchmark, low enough that a typo cannot make the
@@ -152,18 +157,83 @@ def _ape(pred: float, meas: float) -> float:
     return abs(pred / meas - 1.0) * 100.0
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def monotone_floor(records: Iterable[Mapping[str, Any]], metric: str) -> float:
+    """The lowest MAPE (percent) on `records` of `metric` ("ttft_ms" or "tpot_ms") that any
+    prediction can reach which never falls as the concurrency rises within a set-up (`SET_UP`
+    equal; rows of one concurrency share one prediction). More clients in a closed loop never
+    shorten the steady-state queue nor the batch, so a simulator's error on these rows is at
+    least this: the part the measurements' own disorder forces on it. Rows without a
+    measurement are left out; nan when none is left."""
+    curves: dict[tuple[Any, ...], dict[int, list[float]]] = {}
+    n = 0
+    for r in records:
+        measured = float(r[metric])
+        if math.isnan(measured):
+            continue
+        curve = curves.setdefault(tuple(r[c] for c in SET_UP), {})
+        curve.setdefault(int(r["concurrency"]), []).append(measured)
+        n += 1
+    if not n:
+        return math.nan
+    return 100.0 * sum(_isotonic_cost(curve) for curve in curves.values()) / n
+
+
+def flat_floor(records: Iterable[Mapping[str, Any]], metric: str, column: str) -> float:
+    """The lowest MAPE (percent) on `records` of `metric` that any prediction can reach which
+    does not depend on `column` (a `SET_UP` column, e.g. "osl"): rows equal in every other
+    set-up column and in the concurrency share one prediction, at best their weighted median.
+    With "osl": what a simulator loses whose TTFT is the same for every output length, as the
+    fit rows' is (docs/simulator.md "Fifth pass"). Rows without a measurement are left out;
+    nan when none is left."""
+    if column not in SET_UP:
+        raise SpecError(f"flat_floor: {column!r} is not one of {list(SET_UP)}")
+    rest = tuple(c for c in (*SET_UP, "concurrency") if c != column)
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    for r in records:
+        measured = float(r[metric])
+        if not math.isnan(measured):
+            groups.setdefault(tuple(r[c] for c in rest), []).append(measured)
+    n = sum(len(ms) for ms in groups.values())
+    if not n:
+        return math.nan
+    # (a relative-L1 optimum takes a measured value: the least over them)
+    cost = sum(min(sum(abs(v / m - 1.0) for m in ms) for v in ms) for ms in groups.values())
+    return 100.0 * cost / n
+
+
+def _isotonic_cost(curve: Mapping[int, Sequence[float]]) -> float:
+    """min over non-decreasing p (one per concurrency) of sum |p / m - 1| over the measured m:
+    weighted L1 isotonic regression, whose optimum takes measured values only; dynamic
+    programming over (concurrency, value), `best[j]`: the least cost so far with the last
+    prediction at `values[j]`."""
+    values = sorted({m for ms in curve.values() for m in ms})
+    best = [0.0] * len(values)
+    for concurrency in sorted(curve):
+        measured = curve[concurrency]
+        lowest = math.inf
+        for j, v in enumerate(values):
+            lowest = min(lowest, best[j])  # any earlier prediction <= v may precede v
+            best[j] = lowest + sum(abs(v / m - 1.0) for m in measured)
+    return min(best)
+
+
+def summarize(records: Sequence[dict[str, Any]], *, floors: bool = False) -> dict[str, Any]:
     """MAPE (percent) of the records that have a prediction and a measurement: all, by GPU,
-    by backend."""
+    by backend; `floors`: with each block's `monotone_floor` of TTFT and TPOT (the records
+    then carry every column of a row)."""
     def block(recs: Iterable[dict[str, Any]]) -> dict[str, Any]:
         ok = [r for r in recs if "error" not in r and not math.isnan(r["ttft_ms"])
               and not math.isnan(r["pred_ttft_ms"]) and not math.isnan(r["pred_tpot_ms"])]
         n = len(ok)
-        return {"n": n,
-                "ttft_mape": sum(_ape(r["pred_ttft_ms"], r["ttft_ms"]) for r in ok) / n
-                if n else math.nan,
-                "tpot_mape": sum(_ape(r["pred_tpot_ms"], r["tpot_ms"]) for r in ok) / n
-                if n else math.nan}
+        out = {"n": n,
+               "ttft_mape": sum(_ape(r["pred_ttft_ms"], r["ttft_ms"]) for r in ok) / n
+               if n else math.nan,
+               "tpot_mape": sum(_ape(r["pred_tpot_ms"], r["tpot_ms"]) for r in ok) / n
+               if n else math.nan}
+        if floors:
+            out["ttft_floor"] = monotone_floor(ok, "ttft_ms")
+            out["tpot_floor"] = monotone_floor(ok, "tpot_ms")
+        return out
 
     by_gpu = {g: block(r for r in records if r["gpu"] == g)
               for g in sorted({r["gpu"] for r in records})}
@@ -198,4 +268,4 @@ def replay(rows: str | Path | Sequence[E2ERow], *, waves: int = DEFAULT_WAVES, s
         records.append(rec)
     if correction is not None:
         records = correction.apply(records)
-    return {"rows": records, "summary": summarize(records)}
+    return {"rows": records, "summary": summarize(records, floors=True)}

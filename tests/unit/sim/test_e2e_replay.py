@@ -3,12 +3,15 @@ the calibration file itself (data-dependent: fails in CI when the data is missin
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmfabric.cli.main import cli
 from llmfabric.sim import SpecError, e2e, get_gpu
@@ -91,7 +94,8 @@ def test_replay_shape_and_unknown_rows(tmp_path: Path) -> None:
     out = e2e.replay(path, waves=3)
     assert set(out) == {"rows", "summary"}
     assert set(out["summary"]) == {"all", "by_gpu", "by_backend"}
-    assert set(out["summary"]["all"]) == {"n", "ttft_mape", "tpot_mape"}
+    assert set(out["summary"]["all"]) == {"n", "ttft_mape", "tpot_mape", "ttft_floor",
+                                          "tpot_floor"}
     rows = out["rows"]
     assert len(rows) == 3 and "error" in rows[2] and "unknown GPU" in rows[2]["error"]
     assert out["summary"]["all"]["n"] == 2
@@ -168,3 +172,71 @@ def test_cli_simulate_e2e_names_the_bad_row(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["simulate", "e2e", str(rows)])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
     assert "row 3: tp must be an integer" in res.output
+
+
+def _curve(*points: tuple[int, float], **setup: object) -> list[dict[str, object]]:
+    """Records of one set-up: (concurrency, measured TTFT ms) each."""
+    base = {c: getattr(_row(**setup), c) for c in e2e.SET_UP}
+    return [{**base, "concurrency": c, "ttft_ms": m, "tpot_ms": math.nan} for c, m in points]
+
+
+def test_monotone_floor_is_hand_computed() -> None:
+    assert e2e.monotone_floor(_curve((1, 50.0), (2, 80.0), (4, 80.0)), "ttft_ms") == 0.0
+    # 100 ms at c=1, 50 ms at c=2: one prediction p for both (it may not fall); p = 50 costs
+    # |50/100 - 1| = 0.5, p = 100 costs |100/50 - 1| = 1: the floor is 0.5 / 2 rows = 25 %.
+    assert e2e.monotone_floor(_curve((1, 100.0), (2, 50.0)), "ttft_ms") == pytest.approx(25.0)
+    # rows of one concurrency share their prediction: 100 and 200 at c=4 cost 0.5 at best
+    assert e2e.monotone_floor(_curve((4, 100.0), (4, 200.0)), "ttft_ms") == pytest.approx(25.0)
+    # set-ups do not constrain each other: a falling pair split over two TPs is free
+    rows = _curve((1, 100.0), tp=1) + _curve((2, 50.0), tp=2)
+    assert e2e.monotone_floor(rows, "ttft_ms") == 0.0
+    # unmeasured rows are left out; none at all: nan
+    assert e2e.monotone_floor(_curve((1, 100.0), (2, math.nan)), "ttft_ms") == 0.0
+    assert math.isnan(e2e.monotone_floor(_curve((1, math.nan)), "ttft_ms"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.floats(1.0, 1e4)), min_size=1, max_size=7))
+def test_monotone_floor_is_the_least_error_of_a_monotone_prediction(
+        points: list[tuple[int, float]]) -> None:
+    """Against brute force over every non-decreasing choice of measured values, and never
+    above the error of a simple monotone predictor (the running maximum)."""
+    recs = _curve(*points)
+    floor = e2e.monotone_floor(recs, "ttft_ms")
+    levels = sorted({c for c, _ in points})
+    values = sorted({m for _, m in points})
+    best = min(
+        sum(abs(pick[levels.index(c)] / m - 1.0) for c, m in points)
+        for pick in itertools.combinations_with_replacement(values, len(levels)))
+    assert floor == pytest.approx(100.0 * best / len(points), abs=1e-9)
+    running, top = {}, 0.0
+    for c in levels:
+        top = max(top, *(m for cc, m in points if cc == c))
+        running[c] = top
+    assert floor <= 100.0 * sum(abs(running[c] / m - 1.0) for c, m in points) / len(points) \
+        + 1e-9
+    per_level = [{m for cc, m in points if cc == c} for c in levels]
+    exact = [min(v) for v in per_level]  # (a zero-error prediction, if there is one)
+    monotone = all(len(v) == 1 for v in per_level) and exact == sorted(exact)
+    assert (floor == 0.0) == monotone
+
+
+def test_flat_floor_is_hand_computed() -> None:
+    # TTFT 100 ms at OSL 64 and 200 ms at OSL 128, same concurrency: one prediction for both;
+    # 100 costs |100/200 - 1| = 0.5, 200 costs 1: 0.5 over 2 rows = 25 %
+    rows = _curve((4, 100.0), osl=64) + _curve((4, 200.0), osl=128)
+    assert e2e.flat_floor(rows, "ttft_ms", "osl") == pytest.approx(25.0)
+    # other concurrencies, or other ISLs, are other groups: nothing forced
+    rows = _curve((4, 100.0), osl=64) + _curve((8, 200.0), osl=128)
+    assert e2e.flat_floor(rows, "ttft_ms", "osl") == 0.0
+    rows = _curve((4, 100.0), osl=64, isl=256) + _curve((4, 200.0), osl=128)
+    assert e2e.flat_floor(rows, "ttft_ms", "osl") == 0.0
+    # three rows: the best shared prediction is a measured value, here 110 ms
+    rows = (_curve((4, 100.0), osl=64) + _curve((4, 110.0), osl=128)
+            + _curve((4, 300.0), osl=256))
+    best = min(sum(abs(v / m - 1) for m in (100.0, 110.0, 300.0)) for v in (100.0, 110.0, 300.0))
+    assert best == pytest.approx(10 / 100 + 190 / 300)  # (at 110)
+    assert e2e.flat_floor(rows, "ttft_ms", "osl") == pytest.approx(100 * best / 3)
+    assert math.isnan(e2e.flat_floor(_curve((4, math.nan)), "ttft_ms", "osl"))
+    with pytest.raises(SpecError, match="concurrency"):
+        e2e.flat_floor(rows, "ttft_ms", "concurrency")
