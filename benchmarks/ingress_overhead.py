@@ -9,7 +9,9 @@ front of it with a separate load-generator process (raw asyncio HTTP/1.1 keep-al
 - streaming (64 chunks, 1 ms apart): time to first byte, and per-chunk overhead (p50 delay
   of a chunk from the backend's write to the client's read, via the router minus direct; each
   chunk carries its send time, CLOCK_MONOTONIC being shared by all processes),
-- router CPU% (all its processes, from /proc; 100% = one core) during the concurrency-32 phase.
+- router CPU% (all its processes, from /proc; 100% = one core) during the concurrency-32 phase,
+  and the router's CPU time per request served in that phase (us): the comparison that holds on
+  a shared machine, where the others' load moves every router's requests/s from run to run.
 Peers are installed by the script into their own venvs under a cache dir (pip: litellm[proxy],
 vllm-router, sglang-router; apt-get: nginx when root); a peer that cannot be installed or
 started is skipped with the reason. Every phase is bounded in time. Writes JSON + a markdown
@@ -454,7 +456,8 @@ def measure(port: int, pid: int | None, duration: float, token: str) -> dict[str
     c1 = lg(port, 1, duration, 20_000, False, token)
     cpu0, t0 = (cpu_seconds(pid), time.monotonic()) if pid else (0.0, 0.0)
     c32 = lg(port, 32, duration, 10**7, False, token)
-    cpu = ((cpu_seconds(pid) - cpu0) / (time.monotonic() - t0) * 100) if pid else None
+    cpu_s = cpu_seconds(pid) - cpu0 if pid else None
+    cpu = cpu_s / (time.monotonic() - t0) * 100 if cpu_s is not None else None
     c64 = lg(port, 64, duration, 10**7, False, token)
     st = lg(port, 1, duration, 2_000, True, token)
     return {
@@ -465,6 +468,7 @@ def measure(port: int, pid: int | None, duration: float, token: str) -> dict[str
         "stream_total_ms": st["p50"] * 1e3,
         "chunk_delay_us": st["chunk_delay_p50_us"],
         "cpu_percent": cpu,
+        "cpu_us_per_request": cpu_s / c32["n"] * 1e6 if cpu_s is not None and c32["n"] else None,
         "requests": c1["n"] + c32["n"] + c64["n"] + st["n"],
         "errors": c1["errors"] + c32["errors"] + c64["errors"] + st["errors"],
     }
@@ -486,7 +490,9 @@ def show(name: str, r: dict[str, Any]) -> None:
     print(f"  {name}: c1 p50 {r['p50_ms_c1']:.3f} ms, p99 {r['p99_ms_c1']:.3f} ms; "
           f"c32 p50 {r['p50_ms_c32']:.2f} ms; {r['max_rps']:.0f} req/s; stream ttfb "
           f"{r['stream_ttfb_ms']:.2f} ms, chunk delay {r['chunk_delay_us']} us; cpu "
-          f"{'-' if cpu is None else round(cpu)}%; errors {r['errors']}", flush=True)
+          f"{'-' if cpu is None else round(cpu)}%, "
+          f"{'-' if cpu is None else round(r['cpu_us_per_request'])} us per request; "
+          f"errors {r['errors']}", flush=True)
 
 
 def added(direct: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
@@ -501,6 +507,8 @@ def added(direct: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
         or direct["chunk_delay_us"] is None
         else round(r["chunk_delay_us"] - direct["chunk_delay_us"], 2),
         "cpu_percent": None if r["cpu_percent"] is None else round(r["cpu_percent"], 1),
+        "cpu_us_per_request": None if r["cpu_us_per_request"] is None
+        else round(r["cpu_us_per_request"], 1),
         "errors": r["errors"],
         "raw": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()},
     }
@@ -508,14 +516,15 @@ def added(direct: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     cols = ["added_p50_ms_c1", "added_p99_ms_c1", "added_p50_ms_c32", "max_rps",
-            "stream_ttfb_ms", "stream_chunk_overhead_us", "cpu_percent"]
+            "stream_ttfb_ms", "stream_chunk_overhead_us", "cpu_percent", "cpu_us_per_request"]
     lines = ["| router | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     d = result["direct"]
     lines.append("| direct (no router) | 0 | 0 | 0 | " + f"{d['max_rps']:.0f} | "
-                 f"{d['stream_ttfb_ms']:.3f} | 0 | - |")
+                 f"{d['stream_ttfb_ms']:.3f} | 0 | - | - |")
     for name, r in result["routers"].items():
         lines.append(f"| {name} | " + " | ".join(
-            "-" if r[c] is None else (f"{r[c]:.0f}" if c == "max_rps" else f"{r[c]:.3f}")
+            "-" if r[c] is None else (f"{r[c]:.0f}" if c in ("max_rps", "cpu_us_per_request")
+                                else f"{r[c]:.3f}")
             for c in cols) + " |")
     for name, why in result["skipped"].items():
         lines.append(f"| {name} | skipped: {why} |" + " |" * (len(cols) - 1))
