@@ -14,4 +14,6 @@ the logic under test.
   sinks       MemorySink / NoSink: in-memory StreamSinks for calling Ingress.serve
   benchmark_module  load_benchmark(name): a benchmarks/ script as a module (tests of its
               pure parts)
+  work        python_lines(f, *args): the Python lines a call runs (a hostile input's cost
+              bounded without a clock)
 """

@@ -4,7 +4,6 @@ prompt text outside `text`/`content`, and bodies built to make the walk itself e
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -20,6 +19,7 @@ from llmfabric.ingress.usage import (
     estimate_prompt_tokens,
     prompt_token_bound,
 )
+from llmfabric.testing.work import python_lines
 
 from .test_model_fallbacks import KEY, MSG, Sink, cand, error_of, gated
 
@@ -119,38 +119,29 @@ def test_the_bound_is_unchanged_for_ordinary_requests() -> None:
     assert estimate_prompt_tokens(UNSEEN_TEXT[2]) == 4
 
 
-def _tiny_values_body(item: Any, size: int = 8 * 1024 * 1024) -> bytes:
-    n = size // (len(orjson.dumps(item)) + 1)
-    per = 10_000
-    return orjson.dumps({"model": "m", "messages": [
-        {"role": "user", "content": [item] * per} for _ in range(max(1, n // per))]})
-
-
-def _seconds(f: Any, *args: Any) -> float:
-    t0 = time.perf_counter()
-    f(*args)
-    return time.perf_counter() - t0
+# What a walk may run per value it reads (it runs up to 19 now): a walk not bounded by
+# MAX_PROMPT_VALUES runs this per value of the whole prompt, and stops at the limit.
+LINES_PER_VALUE = 25
 
 
 @pytest.mark.hostile
 @pytest.mark.parametrize("item", [{}, 0, {"type": "image_url"}, [0]])
-def test_a_body_of_tiny_values_costs_about_its_parse(item: Any) -> None:
-    """8 MiB of tiny values (2.8 million empty objects, 4 million zeros): the prompt bound
-    took 2.6 s of the event loop for the objects (9 times the parse; for any budgeted key),
-    and the billing estimate as much again at the end of every stream. The walk now reads
-    at most MAX_PROMPT_VALUES values; a prompt of more reserves the most a request may (it
-    then runs only alone, at a budget's start): MAX_TOKENS_PER_REQUEST."""
-    body = _tiny_values_body(item)
-    parse = min(_seconds(orjson.loads, body) for _ in range(2))
-    doc = orjson.loads(body)
-    # (generous: the walks took 9 times the parse; a loaded CI machine slows both alike)
-    assert _seconds(prompt_token_bound, doc) < 3 * parse + 0.5
-    items = sum(len(m["content"]) for m in doc["messages"])
-    assert prompt_token_bound(doc) >= items  # (zeros: token ids, counted without a walk)
+def test_a_body_of_tiny_values_costs_a_bounded_walk(item: Any) -> None:
+    """Tiny values by the million (empty objects, zeros): the prompt bound took 2.6 s of the
+    event loop for 8 MiB of empty objects (9 times the parse; for any budgeted key), and the
+    billing estimate as much again at the end of every stream. The walk now reads at most
+    MAX_PROMPT_VALUES values; a prompt of more reserves the most a request may (it then runs
+    only alone, at a budget's start): MAX_TOKENS_PER_REQUEST. Counted, not timed: the Python
+    lines of both walks over four times the values they read stay within the bound."""
+    doc = {"model": "m", "messages": [{"role": "user", "content": [item] * 10_000}
+                                      for _ in range(4 * MAX_PROMPT_VALUES // 10_000)]}
+    limit = LINES_PER_VALUE * MAX_PROMPT_VALUES
+    bound, _ = python_lines(prompt_token_bound, doc, limit=limit)
+    assert bound >= 4 * MAX_PROMPT_VALUES  # (zeros: token ids, counted without a walk)
     if item != 0:
-        assert prompt_token_bound(doc) == MAX_TOKENS_PER_REQUEST  # (past the values read)
-    assert _seconds(estimate_prompt_tokens, doc) < 3 * parse + 0.5
-    # what bounds the cost, without a clock: the estimate reads MAX_PROMPT_VALUES values
+        assert bound == MAX_TOKENS_PER_REQUEST  # (past the values read)
+    python_lines(estimate_prompt_tokens, doc, limit=limit)
+    # and the estimate's count stops where its reading does
     words = chat(*["xxxx"] * (2 * MAX_PROMPT_VALUES))
     assert estimate_prompt_tokens(words) < MAX_PROMPT_VALUES + 4
 
