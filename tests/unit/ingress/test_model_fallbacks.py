@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -34,6 +33,7 @@ from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedMod
 from llmfabric.routing.candidates import Candidate
 from llmfabric.telemetry.node_hop import NO_HOP
 from llmfabric.testing.sinks import MemorySink as Sink
+from llmfabric.testing.work import python_lines
 
 CHAT = "/v1/chat/completions"
 KEY = "sk-test"
@@ -576,11 +576,13 @@ async def test_hostile_lists_are_refused_fast_and_send_nothing() -> None:
         nested = [nested]
     cases.append(nested)
     for models in cases:
-        t0 = time.perf_counter()
         reply = await ask(ing, {"model": "gone", "models": models})
         err = error_of(reply)
         assert reply is not None and reply.status == 400 and err["code"] == "invalid_models"
-        assert err["param"] == "models" and time.perf_counter() - t0 < 0.5
+        assert err["param"] == "models"
+        # refused after a few entries, whatever the list's length (counted, not timed)
+        with pytest.raises(InvalidModels):
+            python_lines(requested_models, "gone", models, limit=100)
     deep = b'{"model": "gone", "models": ' + b"[" * 300 + b"]" * 300 + b"}"  # (orjson
     reply = await ing.serve(CHAT, True, f"Bearer {KEY}", None, deep, Sink())  # writes 254)
     assert error_of(reply)["code"] == "json_too_deep"
