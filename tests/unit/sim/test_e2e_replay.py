@@ -108,15 +108,20 @@ def test_replay_shape_and_unknown_rows(tmp_path: Path) -> None:
 
 
 def test_cli_simulate_e2e_writes_the_json(tmp_path: Path) -> None:
-    path = _csv(tmp_path, "Qwen/Qwen3-32B,h100_sxm,sglang,,,,2,1024,64,8,500,15")
+    # (TTFT falls from 500 to 250 ms as the clients double: no monotone prediction can be
+    # within 25 % of both, the floor the summary reports beside the MAPE)
+    path = _csv(tmp_path, "Qwen/Qwen3-32B,h100_sxm,sglang,,,,2,1024,64,8,500,15",
+                "Qwen/Qwen3-32B,h100_sxm,sglang,,,,2,1024,64,16,250,15")
     dest = tmp_path / "out.json"
     res = CliRunner().invoke(cli, ["simulate", "e2e", str(path), "--json", str(dest),
                                    "--waves", "3"])
     assert res.exit_code == 0, res.output
     data = json.loads(dest.read_text())
-    assert data["summary"]["all"]["n"] == 1 and data["rows"][0]["backend"] == "sglang"
-    assert data["summary"]["by_gpu"]["h100_sxm"]["n"] == 1
-    assert "TTFT MAPE" in res.output
+    assert data["summary"]["all"]["n"] == 2 and data["rows"][0]["backend"] == "sglang"
+    assert data["summary"]["by_gpu"]["h100_sxm"]["n"] == 2
+    assert data["summary"]["all"]["ttft_floor"] == pytest.approx(25.0)
+    assert data["summary"]["by_backend"]["sglang"]["tpot_floor"] == 0.0
+    assert "TTFT MAPE" in res.output and "own floor: 25.0 / 0.0 %" in res.output
 
 
 def test_cli_closed_loop_prints_steady_and_first_wave() -> None:
