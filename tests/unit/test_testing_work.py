@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -33,3 +34,30 @@ def test_past_the_limit_the_call_stops_and_tracing_is_restored() -> None:
     assert sys.gettrace() is before
     _, n = python_lines(_loop, 3)
     assert 0 < n < 20 and sys.gettrace() is before
+
+
+def _allocate(n: int) -> int:
+    kept = [[] for _ in range(n)]  # (containers: they trigger collections)
+    return len(kept)
+
+
+def test_gc_callbacks_are_not_counted_as_the_call_s_lines() -> None:
+    """hypothesis installs a gc callback for the whole session: with collections on, its
+    Python ran at allocation points inside the call and was counted (a test that passed
+    alone failed in the suite)."""
+    _, alone = python_lines(_allocate, 200_000)
+    calls: list[object] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        calls.append(phase)
+        calls.append(info.get("generation"))
+
+    gc.callbacks.append(callback)
+    try:
+        _, with_callback = python_lines(_allocate, 200_000)
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+    assert calls  # (the callback is live: a collection outside the count ran it)
+    assert with_callback == alone
+    assert gc.isenabled()

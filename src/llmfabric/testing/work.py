@@ -8,6 +8,7 @@ lines (stopped at `limit`, so it fails at once instead of tracing for minutes).
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -23,7 +24,8 @@ class TooMuchWork(AssertionError):
 
 def python_lines(f: Callable[..., T], *args: Any, limit: int = DEFAULT_LIMIT) -> tuple[T, int]:
     """(f(*args), the lines of Python it ran, in every frame it entered); raises TooMuchWork
-    past `limit` lines. C code (orjson, builtins) runs no lines: its cost is not counted."""
+    past `limit` lines. C code (orjson, builtins) runs no lines: its cost is not counted. The
+    garbage collector is off during the call."""
     count = 0
 
     def on_line(frame: FrameType, event: str, arg: Any) -> Any:
@@ -38,10 +40,16 @@ def python_lines(f: Callable[..., T], *args: Any, limit: int = DEFAULT_LIMIT) ->
     def on_call(frame: FrameType, event: str, arg: Any) -> Any:
         return on_line
 
+    # No collection while counting: gc callbacks (hypothesis installs one for the session)
+    # would run their Python at whatever allocation triggers a collection, counted as f's.
+    gc_was_on = gc.isenabled()
+    gc.disable()
     before = sys.gettrace()
     sys.settrace(on_call)
     try:
         result = f(*args)
     finally:
         sys.settrace(before)
+        if gc_was_on:
+            gc.enable()
     return result, count
