@@ -46,4 +46,5 @@ def test_a_body_of_tiny_containers_costs_no_walk(item: Any) -> None:
         assert doc["messages"][-1]["content"][-1] == item
         return n
 
-    assert lines(100) == lines(400) <= 1_000
+    small, large = lines(100), lines(400)  # (a walk: +300,000 containers, as many lines)
+    assert small <= 1_000 and large <= small + 100
