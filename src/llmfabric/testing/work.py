@@ -35,17 +35,14 @@ def python_lines(f: Callable[..., T], *args: Any, limit: int = DEFAULT_LIMIT) ->
             if count > limit:  # (an error in a trace function also switches tracing off)
                 raise TooMuchWork(f"{getattr(f, '__name__', f)} ran more than {limit:,} "
                                   "lines of Python")
-        return on_line
-
-    def on_call(frame: FrameType, event: str, arg: Any) -> Any:
-        return on_line
+        return on_line  # (for a "call" too: it then traces that frame's lines)
 
     # No collection while counting: gc callbacks (hypothesis installs one for the session)
     # would run their Python at whatever allocation triggers a collection, counted as f's.
     gc_was_on = gc.isenabled()
     gc.disable()
     before = sys.gettrace()
-    sys.settrace(on_call)
+    sys.settrace(on_line)
     try:
         result = f(*args)
     finally:
