@@ -1,4 +1,4 @@
-"""The link service (node/serve/link_service.py) on two real TlsTransports on loopback: probes over
+"""The link service (net/link_service.py) on two real TlsTransports on loopback: probes over
 the peer protocol fill the table, peers' tables are collected, and hostile answers (a
 malformed or oversized table, an oversized probe) are refused."""
 
@@ -12,7 +12,7 @@ import pytest
 from llmfabric.clock import SystemClock
 from llmfabric.identity import NodeKey, PskAdmission
 from llmfabric.net import HandlerResponse, NetError, PeerRequest, TlsTransport
-from llmfabric.node.serve.link_service import LINKS_PATH, MAX_PROBE_BYTES, LinkService
+from llmfabric.net.link_service import LINKS_PATH, MAX_PROBE_BYTES, LinkService
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 

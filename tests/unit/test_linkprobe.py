@@ -357,7 +357,7 @@ class _StalledTables:
 async def test_a_peer_that_never_finishes_its_table_does_not_hold_the_fabric_view() -> None:
     """The fetch's timeout covered only the response head: one member stalled
     /v1/fabric/links for good (the view's lock stayed held, and every later call queued)."""
-    from llmfabric.node.serve.link_service import FETCH_TIMEOUT_S, LinkService
+    from llmfabric.net.link_service import FETCH_TIMEOUT_S, LinkService
 
     clock = FakeClock()
     svc = LinkService(_StalledTables(), clock,  # type: ignore[arg-type]

@@ -44,6 +44,9 @@ Files (one concept each; see docs/network.md for the protocol):
 - linkprobe.py: `LinkProber` (bounded-rate RTT / throughput probes of peers, injected
   clock and probe), `fit_link` (min-filtered fit of a probe's repeated small / large
   requests), `LinkTable` (bounded, smoothed), `parse_link_table` (hostile input).
+- link_service.py: `LinkService`, link measurement over the peer protocol: the real probe
+  on a `TlsTransport` (drives `LinkProber`), the probe sink and link-table paths a node
+  answers, the fabric view (every live peer's table: /v1/fabric/links).
 - ports.py: `free_port`, a loopback port picked below the kernel's ephemeral range for a
   process that binds it later (engines a node starts, local fabrics, tests).
 - selftest.py: a small node process (`python -m llmfabric.net.selftest`) for e2e tests.

@@ -29,7 +29,7 @@ documented shape, finite values within physical bounds, well-formed peer ids and
 `MAX_LINKS` entries, and raises `LinkTableError` otherwise.
 
 The prober takes the clock and the probe as parameters (`ProbeFn`), so its protocol runs on
-virtual time in tests; the real probe over the TLS transport is in node/serve/link_service.py.
+virtual time in tests; the real probe over the TLS transport is in net/link_service.py.
 """
 
 from __future__ import annotations

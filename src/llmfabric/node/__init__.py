@@ -31,5 +31,6 @@ Subpackages (each docstring maps its files)
                   (stream_usage), its KV-cache events into the prefix sketch (kv_events_link)
   serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api, views,
                   replica_reader, metrics), the peer protocol (peer_api), the data plane's
-                  provider side (dataplane_server), link measurements (link_service)
+                  provider side (dataplane_server); the link measurements it answers are
+                  net/link_service.py
 """

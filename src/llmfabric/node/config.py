@@ -207,7 +207,7 @@ class NodeConfig(BaseModel):
     batch_retention_s: float | None = Field(default=None, gt=0)
     # How often the observed per-model demand may be republished in the record (scheduler input).
     demand_interval_s: float = Field(default=15.0, gt=0)
-    # Seconds between rounds of link probes to peers (node/serve/link_service.py); 0 = off.
+    # Seconds between rounds of link probes to peers (net/link_service.py); 0 = off.
     link_probe_interval_s: float = Field(default=60.0, ge=0)
     api_listen: str | None = None  # also serve the OpenAI routes on the lean HTTP/1.1 front
     dashboard: bool = True

@@ -39,6 +39,7 @@ from llmfabric.identity.admission import MembershipCert
 from llmfabric.launch.allocation import WalltimeWatch, allocation_end
 from llmfabric.net import TlsTransport, TransportConfig
 from llmfabric.net.httpaddr import is_wildcard, published_http_addr
+from llmfabric.net.link_service import LinkService
 from llmfabric.net.server_tls import ServerTls
 from llmfabric.net.tcp_keepalive import KeepAlive
 from llmfabric.node.admission import (
@@ -57,7 +58,6 @@ from llmfabric.node.peering import Peering
 from llmfabric.node.revocations import follow_revocations
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.http_api import FleetAuth, add_node_routes
-from llmfabric.node.serve.link_service import LinkService
 from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.node.serve.replica_reader import AgentReplicaReader

@@ -89,7 +89,7 @@ async def test_a_relay_s_refusal_is_read_up_to_64_kib(caplog: pytest.LogCaptureF
 
 async def test_a_link_probe_answer_is_not_read_past_4_kib() -> None:
     from llmfabric.net import NetError
-    from llmfabric.node.serve.link_service import LinkService
+    from llmfabric.net.link_service import LinkService
 
     t = _transport()
     body = Body(*HUGE)

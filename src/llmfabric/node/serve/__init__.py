@@ -1,5 +1,5 @@
 """What the node serves: its HTTP API and metrics, the peer protocol, the data plane's
-provider side and link measurements.
+provider side (link measurements are net/link_service.py).
 
 Files:
 - http_api.py: /healthz, /metrics, /v1/fabric/* routes (read-only).
@@ -11,6 +11,4 @@ Files:
   requests, assign, release); assignment and release bodies (both sides).
 - dataplane_server.py: the provider side of the data plane: session exchange, pinned HTTPS
   listener, sealed peer requests (docs/network.md "Data plane").
-- link_service.py: link measurements on the peer protocol: probe sink, link tables,
-  /v1/fabric/links (the measured matrix for `plan net --from-fabric`).
 """

@@ -112,7 +112,7 @@ def add_node_routes(
     app.router.add_get("/v1/fabric/models", guarded(models))
     app.router.add_get("/v1/fabric/providers", guarded(providers))
     app.router.add_get("/v1/fabric/records", guarded(records))
-    if links is not None:  # the measured link matrix (node/serve/link_service.py)
+    if links is not None:  # the measured link matrix (net/link_service.py)
         async def get_links(_: web.Request) -> web.Response:
             return json_response(await links())
 

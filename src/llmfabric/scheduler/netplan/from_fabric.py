@@ -2,7 +2,7 @@
 
 Reads two views of one node (docs/http-api.md): `/v1/fabric/nodes` (each node's GPUs from its
 record) and `/v1/fabric/links` (each node's link table, measured by probes over the peer
-protocol; node/serve/link_service.py). Builds one host per node that has GPUs:
+protocol; net/link_service.py). Builds one host per node that has GPUs:
 
     GPU `<host>-g<k>` --(ethernet at PCIe speed: the way to the node's NIC)-- host `<host>`
     GPU <-> GPU of one node: nvlink when the record says so (else through the host switch)

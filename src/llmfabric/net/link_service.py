@@ -1,4 +1,4 @@
-"""The node's link measurements on the peer protocol (net/linkprobe.py holds the logic).
+"""Link measurements on the peer protocol, over a TlsTransport (linkprobe.py holds the logic).
 
   POST /_fabric/v1/link-probe   a probe: the body (<= MAX_PROBE_BYTES) is read and dropped,
                                 answered 204 (the prober times it)
