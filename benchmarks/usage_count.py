@@ -9,7 +9,7 @@ tests/engine/tinymodel.py, no download), whose streams carry no usage. For each 
 - `ingress estimate` (before): the stream fed to the ingress's StreamUsageScanner, which
   counts ceil(chars / 4) + 4 per message and the non-empty pieces (ingress/usage.py);
 - `node count` (now): the stream through the node's EngineProxy with StreamUsageCounter
-  (node/engine/stream_usage.py): the engine's tokenizer for the prompt, the token events.
+  (forward/stream_usage.py): the engine's tokenizer for the prompt, the token events.
 Reported: exact matches and mean absolute error (%) of prompt and completion tokens, and the
 time from request to the stream's last byte, plain relay vs counting relay (interleaved,
 medians), i.e. what the held `[DONE]` waits for the tokenize call. JSON + markdown.
@@ -38,9 +38,9 @@ from fabric_overhead import real_engine_command
 from llmfabric.agent.engines import KINDS
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.forward.engine_proxy import EngineProxy
+from llmfabric.forward.stream_usage import StreamUsageCounter
 from llmfabric.ingress.usage import StreamUsageScanner, estimate_prompt_tokens
 from llmfabric.net.ports import free_port
-from llmfabric.node.engine.stream_usage import StreamUsageCounter
 
 TEXT = ("the fabric routes requests across providers and sites while engines stream tokens "
         "back through relays under load with failover")

@@ -24,7 +24,7 @@ image's name counts when no command follows it or its own entrypoint runs
 (`docker run vllm/vllm-openai --model M`; `_engine_words`).
 
 `counts_stream_usage`: the engine sends no usage in streams (llama.cpp's servers), so the
-node counts a stream's tokens itself (node/engine/stream_usage.py). `tokenize_interrupts`: a
+node counts a stream's tokens itself (forward/stream_usage.py). `tokenize_interrupts`: a
 tokenize call while a stream runs cuts that stream short (llama-cpp-python's default
 `interrupt_requests`: a request waiting for its model lock ends the running one), so the node
 calls it only when the engine is otherwise idle.

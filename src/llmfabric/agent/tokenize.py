@@ -1,6 +1,6 @@
 """Counting tokens with the engine's own tokenizer (its `/tokenize` route).
 
-Used by the node for streams whose engine reports no usage (node/engine/stream_usage.py). Each
+Used by the node for streams whose engine reports no usage (forward/stream_usage.py). Each
 adapter names its route and body shape (agent/engines.py `tokenize_format`):
 
 - vllm:             POST /tokenize {"model", "prompt"} or {"model", "messages",

@@ -27,6 +27,9 @@ Files:
   engine's response over aiohttp's client, the node's one client to its own engine) and
   `TracedUpstream` (the engine's response to a traced request, exporting the node's
   `node.engine` span).
+- stream_usage.py: `StreamUsageCounter`, an `around` for the engine proxy: counts a stream's
+  tokens when the engine sends no usage (the engine's tokenizer; a usage chunk marked
+  estimated before [DONE]).
 """
 
 from llmfabric.forward.engine_proxy import EngineProxy, add_engine_proxy_routes

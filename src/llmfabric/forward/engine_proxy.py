@@ -3,9 +3,9 @@
 The node mounts `add_engine_proxy_routes(app, proxy)`, which serves
 `POST /v1/fabric/forward/<path>` for the paths in paths.FORWARDABLE_PATHS; the peer request handler
 (requests arriving over the peer network / relays) calls `proxy.open(path, body)` and relays
-the returned Upstream's chunks itself. `around` (the node's node/engine/stream_usage.py) wraps each
-call to the engine: it sees the request and may rewrite the response's stream. The engine's
-response is an `HttpUpstream` (over aiohttp's client); a traced request's is a
+the returned Upstream's chunks itself. `around` (the node sets stream_usage.py's counter)
+wraps each call to the engine: it sees the request and may rewrite the response's stream.
+The engine's response is an `HttpUpstream` (over aiohttp's client); a traced request's is a
 `TracedUpstream` around it, which exports the node's `node.engine` span when the node has an
 OTLP exporter.
 """

@@ -29,6 +29,7 @@ from llmfabric.agent.command import engine_kind
 from llmfabric.agent.tokenize import EngineTokenizer
 from llmfabric.clock import Clock
 from llmfabric.forward.engine_proxy import Around, EngineProxy
+from llmfabric.forward.stream_usage import StreamUsageCounter
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.errors import error_response as http_error
@@ -38,7 +39,6 @@ from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.httpaddr import is_loopback
 from llmfabric.node.config import NodeConfig
 from llmfabric.node.engine.kv_events_link import kv_events_for
-from llmfabric.node.engine.stream_usage import StreamUsageCounter
 from llmfabric.registry.records import ServedModel
 from llmfabric.routing.cache_summary import PrefixSummary, ServedPrefixes, observe_prompt
 from llmfabric.telemetry.node_hop import NODE_TIME_HEADER, node_time_value
@@ -213,7 +213,7 @@ class EngineLink:
         return info
 
     def _usage_counter(self, base_url: str) -> Around | None:
-        """For engines that send no usage in streams: the node counts (stream_usage.py)."""
+        """For engines that send no usage in streams: the node counts (forward/stream_usage.py)."""
         kind = self.supervisor.command.adapter
         if not kind.counts_stream_usage:
             return None

@@ -1,4 +1,4 @@
-"""The node counts a stream's tokens when its engine sends no usage (node/engine/stream_usage.py):
+"""The node counts a stream's tokens when its engine sends no usage (forward/stream_usage.py):
 a fake engine with a tokenize route behind the node's real EngineProxy."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from llmfabric.agent.engines import KINDS, EngineKind
 from llmfabric.agent.tokenize import EngineTokenizer, token_count
 from llmfabric.forward.engine_proxy import EngineProxy
-from llmfabric.ingress.usage import StreamUsageScanner, estimate_prompt_tokens
-from llmfabric.node.engine.stream_usage import (
+from llmfabric.forward.stream_usage import (
     CHAT_MESSAGE_OVERHEAD,
     StreamTally,
     StreamUsageCounter,
 )
+from llmfabric.ingress.usage import StreamUsageScanner, estimate_prompt_tokens
 from llmfabric.testing.poll import wait_until
 
 WORDS = ["alpha", " beta", "", " gamma", " delta"]  # "" : a token whose text is held back
