@@ -44,8 +44,7 @@ from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.protocols import Principal
 from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
-from llmfabric.node.serve.http_api import add_node_routes
-from llmfabric.node.serve.views import ObservedRecord
+from llmfabric.node.serve.http_api import ObservedRecord, add_node_routes
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
 from .test_ingress_support import LoopThread, record, serve, wait_port

@@ -30,7 +30,7 @@ Subpackages (each docstring maps its files)
                   proxy (link; the usage of streams whose engine sends none is counted by
                   forward/stream_usage.py), its KV-cache events into the prefix sketch
                   (kv_events_link)
-  serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api, views,
+  serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api,
                   replica_reader, metrics), the peer protocol (peer_api), the data plane's
                   provider side (dataplane_server); the link measurements it answers are
                   net/link_service.py

@@ -12,7 +12,7 @@ import pytest
 from llmfabric.ingress import IngressConfig
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.sources import RecordsCandidateSource
-from llmfabric.node.serve.views import ObservedRecord, model_views
+from llmfabric.node.serve.http_api import ObservedRecord, model_views
 from llmfabric.registry.records import (
     Hardware,
     Lifecycle,

@@ -21,8 +21,7 @@ from llmfabric.front.web_app import build_ingress_app
 from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.apis.openapi import OPENAPI_BODY, OPENAPI_PATH, openapi_document
 from llmfabric.ingress.app import Ingress
-from llmfabric.node.serve.http_api import add_node_routes
-from llmfabric.node.serve.views import ObservedRecord
+from llmfabric.node.serve.http_api import ObservedRecord, add_node_routes
 
 pytestmark = pytest.mark.unit
 

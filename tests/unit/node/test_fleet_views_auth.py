@@ -8,8 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from llmfabric.node.serve.http_api import FleetAuth, add_node_routes
-from llmfabric.node.serve.views import ObservedRecord
+from llmfabric.node.serve.http_api import FleetAuth, ObservedRecord, add_node_routes
 
 pytestmark = pytest.mark.hostile
 

@@ -3,7 +3,7 @@ import pathlib
 import pytest
 
 from llmfabric.node.config import ConfigError, build_config, load_config_file, parse_hostport
-from llmfabric.node.serve.views import ObservedRecord, model_views, node_view, provider_views
+from llmfabric.node.serve.http_api import ObservedRecord, model_views, node_view, provider_views
 from llmfabric.registry.records import (
     Hardware,
     Lifecycle,

@@ -2,8 +2,8 @@
 provider side (link measurements are net/link_service.py).
 
 Files:
-- http_api.py: /healthz, /metrics, /v1/fabric/* routes (read-only).
-- views.py: JSON views of the replica for the read-only API (docs/http-api.md).
+- http_api.py: /healthz, /metrics, /v1/fabric/* routes (read-only) and the JSON views of the
+  replica they answer with (docs/http-api.md).
 - replica_reader.py: the current session's replica as the views, routing, the API and the
   controllers read it.
 - metrics.py: Prometheus metrics of a node (gossip, transport, requests, task failures).

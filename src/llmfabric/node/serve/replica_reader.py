@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmfabric.clock import Clock
 from llmfabric.gossip.agent import GossipAgent
-from llmfabric.node.serve.views import ObservedRecord
+from llmfabric.node.serve.http_api import ObservedRecord
 from llmfabric.registry.provider import key_fingerprint_identity
 from llmfabric.registry.records import NodeRecord
 from llmfabric.registry.replica import Replica
