@@ -27,9 +27,8 @@ The ingress role
 Subpackages (each docstring maps its files)
   engine          the engine over its life, with its prefill/decode roles (role: the role
                   poll, the PD controller's signed role flip), one engine's supervision and
-                  proxy (link; the usage of streams whose engine sends none is counted by
-                  forward/stream_usage.py), its KV-cache events into the prefix sketch
-                  (kv_events_link)
+                  proxy and its KV-cache events into the prefix sketch (link; the usage of
+                  streams whose engine sends none is counted by forward/stream_usage.py)
   serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api,
                   replica_reader, metrics), the peer protocol (peer_api), the data plane's
                   provider side (dataplane_server); the link measurements it answers are

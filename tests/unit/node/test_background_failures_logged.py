@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from llmfabric.agent.kv_events_config import KvEventsEndpoint
-from llmfabric.node.engine.kv_events_link import KvEventsLink
+from llmfabric.node.engine.link import KvEventsLink
 from llmfabric.node.engine.role import follow_roles
 from llmfabric.registry.records import ModelRole, ServedModel
 from llmfabric.testing.fake_clock import FakeClock
@@ -37,7 +37,7 @@ def test_a_kv_event_tracker_that_raises_is_counted_and_logged_without_a_flood(
 
     held = SimpleNamespace(apply=apply)
     link = KvEventsLink(KvEventsEndpoint("tcp://127.0.0.1:1", "kv"), held)  # type: ignore[arg-type]
-    with caplog.at_level(logging.ERROR, logger="llmfabric.node.engine.kv_events_link"):
+    with caplog.at_level(logging.ERROR, logger="llmfabric.node.engine.link"):
         for seq in range(6):
             link.handle(_message(seq))
     assert applied == [0, 1, 2, 3, 4, 5] and link.dropped["apply"] == 5 and link.applied == 1
