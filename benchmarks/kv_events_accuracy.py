@@ -32,7 +32,7 @@ from typing import Any
 
 from llmfabric.agent.kv_events_config import KvEventsEndpoint
 from llmfabric.net.ports import free_port
-from llmfabric.node.engine.link import KvEventsLink
+from llmfabric.node.engine_link import KvEventsLink
 from llmfabric.registry.cache_sketch import matched_blocks
 from llmfabric.routing.cache_summary import ServedPrefixes
 from llmfabric.routing.held_prefixes import HeldPrefixes

@@ -27,7 +27,7 @@ from llmfabric.net import PeerRequest
 from llmfabric.net.messages import BodyStream, Headers
 from llmfabric.net.ports import free_port
 from llmfabric.node.config import NodeConfig
-from llmfabric.node.engine.link import EngineLink
+from llmfabric.node.engine_link import EngineLink
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 
 from ._sim_engine_proc import sim_command

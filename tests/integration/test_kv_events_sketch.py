@@ -23,7 +23,7 @@ from llmfabric.engines.text import block_ids
 from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net.ports import free_port
 from llmfabric.node.config import NodeConfig
-from llmfabric.node.engine.link import EngineLink, KvEventsLink
+from llmfabric.node.engine_link import EngineLink, KvEventsLink
 from llmfabric.registry.cache_sketch import matched_blocks
 from llmfabric.routing.cache_summary import ServedPrefixes
 from llmfabric.routing.held_prefixes import HeldPrefixes

@@ -2,7 +2,7 @@
 
 Across the fabric (`PeerPDExecutor`, what `llmfabric controller --pd-plan` runs): SetRole is
 a signed `RoleRequest` to each named session's node over the peer protocol (`flip_role` in
-node/engine/role.py: the node flips its engine and republishes its role); SetRouting becomes
+node/engine_role.py: the node flips its engine and republishes its role); SetRouting becomes
 the plan item of the controller's own record (routing/pd_plan.py), which every ingress
 trusting this controller installs in its PD router.
 

@@ -20,15 +20,19 @@ Configuration and credentials
                   force applied (connections closed, registry sessions and data-plane keys
                   dropped; the node's own revocation to the daemon)
 
+The engine
+  engine_role     the engine over its life: start, load hints, restart, assign, release, and
+                  its prefill/decode roles (the role poll; the PD controller's signed role flip)
+  engine_link     one engine: supervision (agent/) + the forwarded-request proxy (engines bind
+                  loopback unless --allow-engine-public-bind) + its KV-cache events (ZMQ)
+                  followed into the held-prefix sketch; the usage of streams whose engine
+                  sends none is counted by forward/stream_usage.py
+
 The ingress role
   ingress_link    the ingress role: OpenAI routes over the live replica, accounts, dashboard,
                   the ingress's anonymized trace (finished requests -> TraceRecorder rows)
 
-Subpackages (each docstring maps its files)
-  engine          the engine over its life, with its prefill/decode roles (role: the role
-                  poll, the PD controller's signed role flip), one engine's supervision and
-                  proxy and its KV-cache events into the prefix sketch (link; the usage of
-                  streams whose engine sends none is counted by forward/stream_usage.py)
+Subpackage (its docstring maps its files)
   serve           what the node serves: /healthz, /metrics, /v1/fabric/* (http_api,
                   replica_reader, metrics), the peer protocol (peer_api), the data plane's
                   provider side (dataplane_server); the link measurements it answers are

@@ -223,7 +223,7 @@ class NodeConfig(BaseModel):
     # TLS for the HTTP listeners (HTTP API/dashboard and --api-listen); reloaded on SIGHUP.
     tls_cert: pathlib.Path | None = None
     tls_key: pathlib.Path | None = None
-    # Let the engine command bind a non-loopback address (node/engine/link.py).
+    # Let the engine command bind a non-loopback address (node/engine_link.py).
     allow_engine_public_bind: bool = False
     # Host names the HTTP listeners answer besides IP addresses, localhost, the machine's name
     # and the names in public_addr, public_http_addr and the listeners ("*": any; DNS

@@ -11,7 +11,7 @@ record (through the GossipAgent's RecordOwner).
 
 Who owns what: the NodeSupervisor (node/supervisor.py) owns the sessions, the engine and
 every background loop; nothing else replaces them. Peering (node/peering.py) joins the
-fabric and keeps the address book; EngineRole (node/engine/role.py) runs, restarts, assigns
+fabric and keeps the address book; EngineRole (node/engine_role.py) runs, restarts, assigns
 and releases the engine. This file builds the parts and says when sessions change.
 """
 
@@ -51,8 +51,8 @@ from llmfabric.node.admission import (
     revocations_from_config,
 )
 from llmfabric.node.config import ConfigError, NodeConfig, parse_hostport
-from llmfabric.node.engine.link import EngineBindError, EngineLink, loopback_engine_command
-from llmfabric.node.engine.role import EngineRole, flip_role, refuse_controller
+from llmfabric.node.engine_link import EngineBindError, EngineLink, loopback_engine_command
+from llmfabric.node.engine_role import EngineRole, flip_role, refuse_controller
 from llmfabric.node.ingress_link import IngressLink
 from llmfabric.node.peering import Peering
 from llmfabric.node.revocations import follow_revocations

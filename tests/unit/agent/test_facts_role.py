@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from llmfabric.agent.facts import role_of, served_models
-from llmfabric.node.engine.role import with_roles
+from llmfabric.node.engine_role import with_roles
 from llmfabric.registry.records import ModelRole, ServedModel
 
 
@@ -36,7 +36,7 @@ async def test_follow_roles_republishes_a_flip_once_on_the_fake_clock() -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from llmfabric.node.engine.role import follow_roles
+    from llmfabric.node.engine_role import follow_roles
     from llmfabric.testing.fake_clock import FakeClock
 
     clock = FakeClock()

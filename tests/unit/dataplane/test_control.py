@@ -13,7 +13,7 @@ from llmfabric.dataplane.control import SIGNED_HEADER, sign_control, verify_cont
 from llmfabric.identity import NodeKey
 from llmfabric.net.errors import BodyTooLarge
 from llmfabric.net.messages import BodyStream, HandlerResponse, PeerRequest
-from llmfabric.node.engine.link import error_response
+from llmfabric.node.engine_link import error_response
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.peer_api import MAX_ASSIGNMENT_BYTES, RELEASE_PATH, PeerApi
 

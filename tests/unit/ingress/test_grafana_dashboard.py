@@ -20,7 +20,7 @@ from llmfabric.gossip.stats import AgentStats
 from llmfabric.ingress.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
 from llmfabric.ingress.tenancy.attach import export_otlp_counts
 from llmfabric.net.stats import NetStats
-from llmfabric.node.engine.link import KvEventsLink
+from llmfabric.node.engine_link import KvEventsLink
 from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.registry.records import LoadHints
 from llmfabric.routing.held_prefixes import HeldPrefixes

@@ -14,8 +14,8 @@ import msgpack
 import pytest
 
 from llmfabric.agent.kv_events_config import KvEventsEndpoint
-from llmfabric.node.engine.link import KvEventsLink
-from llmfabric.node.engine.role import follow_roles
+from llmfabric.node.engine_link import KvEventsLink
+from llmfabric.node.engine_role import follow_roles
 from llmfabric.registry.records import ModelRole, ServedModel
 from llmfabric.testing.fake_clock import FakeClock
 
@@ -37,7 +37,7 @@ def test_a_kv_event_tracker_that_raises_is_counted_and_logged_without_a_flood(
 
     held = SimpleNamespace(apply=apply)
     link = KvEventsLink(KvEventsEndpoint("tcp://127.0.0.1:1", "kv"), held)  # type: ignore[arg-type]
-    with caplog.at_level(logging.ERROR, logger="llmfabric.node.engine.link"):
+    with caplog.at_level(logging.ERROR, logger="llmfabric.node.engine_link"):
         for seq in range(6):
             link.handle(_message(seq))
     assert applied == [0, 1, 2, 3, 4, 5] and link.dropped["apply"] == 5 and link.applied == 1
@@ -68,7 +68,7 @@ async def test_a_role_read_that_raises_is_counted_and_the_loop_goes_on(
     def publish(fresh: tuple[ServedModel, ...]) -> None:
         models["now"] = fresh
 
-    with caplog.at_level(logging.ERROR, logger="llmfabric.node.engine.role"):
+    with caplog.at_level(logging.ERROR, logger="llmfabric.node.engine_role"):
         task = asyncio.create_task(follow_roles(
             clock, lambda: link, lambda: models["now"], publish,  # type: ignore[arg-type,return-value]
             lambda: stop, interval_s=2.0, failures=failures))

@@ -1,6 +1,6 @@
 import pytest
 
-from llmfabric.node.engine.link import EngineBindError, loopback_engine_command
+from llmfabric.node.engine_link import EngineBindError, loopback_engine_command
 
 pytestmark = pytest.mark.unit
 

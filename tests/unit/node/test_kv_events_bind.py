@@ -1,5 +1,5 @@
 """The node's KV-cache event subscriber never listens beyond loopback (KvEventsLink in
-node/engine/link.py): an engine that connects to a non-loopback address would make the node
+node/engine_link.py): an engine that connects to a non-loopback address would make the node
 bind there, where anyone could publish forged events."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from llmfabric.agent.kv_events_config import KvEventsConfigError, KvEventsEndpoint
-from llmfabric.node.engine.link import KvEventsLink
+from llmfabric.node.engine_link import KvEventsLink
 from llmfabric.routing.held_prefixes import HeldPrefixes
 
 pytestmark = pytest.mark.hostile

@@ -145,7 +145,7 @@ def test_kv_event_drops_are_counters_of_the_engine_s_subscription(
     import msgpack
 
     from llmfabric.agent.kv_events_config import KvEventsEndpoint
-    from llmfabric.node.engine.link import KvEventsLink
+    from llmfabric.node.engine_link import KvEventsLink
     from llmfabric.routing.held_prefixes import HeldPrefixes
 
     node = Node(build_config({}, {"home": tmp_path, "network_secret": "s" * 24, "gpu": "cpu",

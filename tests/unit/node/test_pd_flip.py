@@ -17,7 +17,7 @@ from llmfabric.dataplane.control import SIGNED_HEADER, sign_control
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
-from llmfabric.node.engine.role import flip_role
+from llmfabric.node.engine_role import flip_role
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.node.serve.peer_api import (
     ROLE_PATH,

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from llmfabric.cli import ingress as ingress_cli
 from llmfabric.cli import start as start_cli
 from llmfabric.node.config import ConfigError, NodeConfig, build_config
-from llmfabric.node.engine.link import with_aliases
+from llmfabric.node.engine_link import with_aliases
 from llmfabric.registry.records import ServedModel
 
 from ._start_capture import capture_started

@@ -18,7 +18,7 @@ from llmfabric.controller.pd_executor import PeerPDExecutor
 from llmfabric.identity import NodeKey
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.messages import BodyStream
-from llmfabric.node.engine.role import flip_role
+from llmfabric.node.engine_role import flip_role
 from llmfabric.node.serve.peer_api import PeerApi
 from llmfabric.registry.records import (
     Lifecycle,

@@ -45,7 +45,7 @@ from llmfabric.net.errors import BodyTooLarge
 from llmfabric.net.handshake import server_ssl_context
 from llmfabric.net.source_slots import HeldSlot, SourceSlots
 from llmfabric.net.tcp_keepalive import KeepAlive, start_watched_server
-from llmfabric.node.engine.link import ClosingStream, EngineLink, error_response
+from llmfabric.node.engine_link import ClosingStream, EngineLink, error_response
 from llmfabric.telemetry.node_hop import NODE_TIME_HEADER
 
 _MSGPACK = (("content-type", "application/msgpack"),)

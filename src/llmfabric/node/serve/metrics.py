@@ -20,7 +20,7 @@ from llmfabric.gossip.agent import GossipAgent
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.net import NetStats, TlsTransport
 from llmfabric.net.source_slots import SourceSlots
-from llmfabric.node.engine.link import KvEventsLink
+from llmfabric.node.engine_link import KvEventsLink
 from llmfabric.registry.records import Lifecycle
 from llmfabric.telemetry.otlp import OtlpExporter
 
@@ -113,7 +113,7 @@ class _Counters(Collector):
 
 
 def _kv_event_families(link: KvEventsLink) -> Iterator[Metric]:
-    """What the node made of its engine's KV-cache events (node/engine/link.py):
+    """What the node made of its engine's KV-cache events (node/engine_link.py):
     messages received, and dropped by reason (socket, malformed, apply: counted and logged
     a few times only), sequence gaps. They count from the engine's start."""
     for name, doc, value in (

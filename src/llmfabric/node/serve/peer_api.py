@@ -5,7 +5,7 @@
   /_fabric/v1/assign           engine assignments from the fleet controller
   /_fabric/v1/release          releases (stop the engine, become bare) from the controller
   /_fabric/v1/role             prefill/decode role flips from the PD controller
-                               (node/engine/role.py)
+                               (node/engine_role.py)
   /_fabric/v1/link-probe, /_fabric/v1/links   link measurements (net/link_service.py)
   /_fabric/v1/revocations      the operator revocation list this node holds
                                (node/revocations.py; certificate networks)
@@ -41,7 +41,7 @@ from llmfabric.ingress.paths import FORWARD_PREFIX
 from llmfabric.net import HandlerResponse, PeerRequest
 from llmfabric.net.errors import BodyTooLarge
 from llmfabric.net.link_service import LinkService
-from llmfabric.node.engine.link import error_response
+from llmfabric.node.engine_link import error_response
 from llmfabric.node.revocations import RevocationSync
 from llmfabric.node.serve.dataplane_server import DataPlaneServer
 from llmfabric.scheduler.decisions import TEMPLATES, Assign, render

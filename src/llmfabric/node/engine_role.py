@@ -54,7 +54,7 @@ from llmfabric.agent.probe import ProbeError
 from llmfabric.clock import Clock
 from llmfabric.net import HandlerResponse
 from llmfabric.net.ports import free_port
-from llmfabric.node.engine.link import EngineLink, error_response, loopback_engine_command
+from llmfabric.node.engine_link import EngineLink, error_response, loopback_engine_command
 from llmfabric.node.serve.peer_api import (
     AssignmentError,
     engine_command,
