@@ -272,7 +272,7 @@ class H2Endpoint:
             await self.send_body(sid, body)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # (the body's own failure: the waiting caller gets it)
             st = self._streams.get(sid)
             self.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
             if st is not None:
