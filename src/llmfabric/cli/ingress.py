@@ -132,6 +132,7 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     """Serve until SIGTERM/SIGINT. `announce`: log the backends whose engines do not report
     their context (one worker says it for all)."""
     from llmfabric.agent.probe import HttpProbe
+    from llmfabric.apis.openapi import OPENAPI_BODY
     from llmfabric.forward import HttpForwarder
     from llmfabric.front.fast_front import FastFront
     from llmfabric.front.front_limits import front_limits
@@ -177,7 +178,8 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     hosts = HostGuard([*settings.allowed_hosts, *names_of([f"{settings.host}:0"])])
     batch, batch_app = await _batch_service(settings, ingress, store, hosts)
     front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)), hosts=hosts,
-                      fallback=batch_app.server if batch_app is not None else None)
+                      fallback=batch_app.server if batch_app is not None else None,
+                      openapi_body=batch.openapi_body if batch is not None else OPENAPI_BODY)
     try:
         if batch is not None:
             batch.start()

@@ -1,8 +1,7 @@
-"""The ingress's request core, OpenAI-compatible (plus the Responses and Anthropic Messages
-APIs): auth, routing, retries, streaming, usage. One data plane: one request core
-(`Ingress.serve`), one HTTP server for the OpenAI routes (the lean front, llmfabric.front),
-one upstream client (`RawHttpForwarder`, under the data plane's `PinnedHttpsForwarder` on a
-node: llmfabric.forward).
+"""The ingress's request core, OpenAI-compatible: auth, routing, retries, streaming, usage.
+One data plane: one request core (`Ingress.serve`), one HTTP server for the OpenAI routes
+(the lean front, llmfabric.front), one upstream client (`RawHttpForwarder`, under the data
+plane's `PinnedHttpsForwarder` on a node: llmfabric.forward).
 
 Core (this directory):
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
@@ -53,16 +52,15 @@ Core (this directory):
   CollectorRegistry) and `metrics_handler` (/metrics).
 
 The core is transport-agnostic, and the layer order enforces it (tests/unit/test_layers.py):
-the HTTP servers (llmfabric.front: the lean HTTP/1.1 front `FastFront`, the aiohttp app
-`build_ingress_app`) and the upstream clients (llmfabric.forward: `HttpForwarder` =
+the translated APIs and the OpenAPI document (llmfabric.apis: `ApiRoutes`, over
+`Ingress.serve`), the HTTP servers (llmfabric.front: the lean HTTP/1.1 front `FastFront`,
+the aiohttp app `build_ingress_app`) and the upstream clients (llmfabric.forward: `HttpForwarder` =
 `RawHttpForwarder`, `PeerForwarder`, `ChoosingForwarder`, the data plane's forwarders, the
-node's `EngineProxy`) sit a layer above it. The core defines what they implement
+node's `EngineProxy`) sit above it. The core defines what they implement
 (protocols.py: `StreamSink`, `DirectWriter`, `BodyReader` for a server; `Forwarder`,
-`Upstream`, `SocketRelay` for a client) and never imports either.
+`Upstream`, `SocketRelay` for a client) and never imports any of them.
 
 Subpackages (each docstring maps its files):
-- apis: the Responses and Anthropic Messages APIs translated onto chat completions
-  (`ApiRoutes`), and the OpenAPI document.
 - tenancy: accounts as authenticator (`AccountsAuth`, `StaticKeys`), `TenancyGate` (budgets,
   fair queueing), `attach_tenancy`.
 """

@@ -21,8 +21,6 @@ import orjson
 
 from llmfabric.accounts.expiry import expired_message
 from llmfabric.ingress.abandon import NodeDown
-from llmfabric.ingress.apis.api_routes import ApiRoutes
-from llmfabric.ingress.apis.openapi import OPENAPI_BODY, openapi_document
 from llmfabric.ingress.attempt import (
     Committed,
     Resumable,
@@ -132,13 +130,12 @@ class Ingress:
         self._pins = dict(config.model_aliases)  # NAME -> model id, set by the operator
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._duration = sim_rate()  # request duration estimate for walltime routing
-        self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
         self.pd = PDPath(self, Committed, rng)  # prefill/decode disaggregation (pd_path.py)
         self.tracer = (Tracer(config.keep_traces, rate_per_s=config.trace_rate_per_s)
                        if config.keep_traces > 0 else None)
         self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy/gate.py)
-        # GET /openapi.json as both fronts serve it (`describe` adds routes mounted beside)
-        self.openapi_body = OPENAPI_BODY
+        # Models whose engines serve /v1/responses themselves (the catalog says so)
+        self._native = frozenset(config.native_responses_models)
 
     def resolve_name(self, model: str, providers: frozenset[str] | None
                      ) -> Sequence[Candidate] | Ambiguous:
@@ -166,17 +163,9 @@ class Ingress:
     def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
         self.gate, self._capture = gate, self._capture or gate is not None
 
-    def describe(self, paths: Mapping[str, Any]) -> None:
-        """Add `paths` (OpenAPI path items) to the document both fronts serve: routes a
-        composition root mounts beside the ingress's own (the Batch API)."""
-        doc = openapi_document()
-        doc["paths"].update(orjson.loads(self.openapi_body)["paths"])
-        doc["paths"].update(paths)
-        self.openapi_body = orjson.dumps(doc)
-
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
-        return merged_catalog(self.source.all_candidates(), self.api.native, self._pins)
+        return merged_catalog(self.source.all_candidates(), self._native, self._pins)
 
     # -- helpers -------------------------------------------------------------------------
 

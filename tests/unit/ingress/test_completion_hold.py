@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
+from llmfabric.apis.api_routes import ApiRoutes
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.tenancy.gate import (
     HeldCompletion,
@@ -81,7 +82,7 @@ async def test_each_api_is_capped_in_the_fields_its_engines_read() -> None:
     assert caps(fwd.sent[-1][1]) == {"max_tokens": HELD, "max_completion_tokens": HELD}
     await ask(ing, {"model": "big", "prompt": "hi"}, path="/v1/completions")
     assert caps(fwd.sent[-1][1]) == {"max_tokens": HELD}
-    reply = await ing.api.serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
+    reply = await ApiRoutes(ing).serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
         {"model": "big", "input": "hi"}), Sink())
     assert reply is not None and fwd.paths[-1] == "/v1/responses"
     assert caps(fwd.sent[-1][1]) == {"max_output_tokens": HELD}

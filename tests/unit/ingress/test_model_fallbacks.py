@@ -16,6 +16,7 @@ import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.prices import Price
+from llmfabric.apis.api_routes import ApiRoutes
 from llmfabric.front.fast_wire import reply_bytes
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.app import Ingress
@@ -502,7 +503,8 @@ async def test_an_alias_or_a_pin_is_billed_as_the_model_that_runs_it() -> None:
 
 async def api(ing: Ingress, path: str, doc: dict[str, Any], sink: Sink | None = None
               ) -> tuple[int, Any]:
-    reply = await ing.api.serve(path, f"Bearer {KEY}", None, orjson.dumps(doc), sink or Sink())
+    reply = await ApiRoutes(ing).serve(path, f"Bearer {KEY}", None, orjson.dumps(doc),
+                                       sink or Sink())
     if reply is None:
         return 200, None
     return reply.status, orjson.loads(reply.body)
@@ -545,7 +547,7 @@ async def test_responses_take_models_translated_and_passed_through() -> None:
     # every listed model native: passed through, the list cut before the engine
     fwd.sent.clear()
     fwd.paths.clear()
-    reply = await ing.api.serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
+    reply = await ApiRoutes(ing).serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
         {"model": "big", "models": ["small"], "input": "hi"}), Sink())
     assert reply is not None and reply.status == 200 and reply.model == "big"
     assert fwd.paths == ["/v1/responses"] and "models" not in fwd.sent[0][1]

@@ -19,7 +19,7 @@ import secrets
 import time
 from typing import Any
 
-from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
+from llmfabric.apis.chat_stream import ChatStreamTranslator, Sink
 from llmfabric.ingress.usage import claimed_tokens
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
-from llmfabric.ingress.apis.responses_api import TranslationError, new_id
+from llmfabric.apis.chat_stream import ChatStreamTranslator, Sink
+from llmfabric.apis.responses_api import TranslationError, new_id
 from llmfabric.ingress.model_list import MAX_ENTRIES, MAX_FALLBACKS
 from llmfabric.ingress.usage import claimed_tokens
 

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llmfabric.ingress.apis.anthropic_api import (
+from llmfabric.apis.anthropic_api import (
     MessagesStream,
     anthropic_error,
     chat_to_message,
     messages_to_chat,
 )
-from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator
-from llmfabric.ingress.apis.responses_api import (
+from llmfabric.apis.chat_stream import ChatStreamTranslator
+from llmfabric.apis.responses_api import (
     ResponsesStream,
     TranslationError,
     chat_to_response,
