@@ -42,10 +42,10 @@ from llmfabric.front.host_check import HostGuard
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.node.serve.http_api import add_node_routes
 from llmfabric.node.serve.views import ObservedRecord
+from llmfabric.tenancy.accounts_auth import StaticKeys
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
 from .test_ingress_support import LoopThread, record, serve, wait_port

@@ -29,7 +29,7 @@ RANKS: dict[str, int] = {
     "telemetry": 3,
     "gossip": 4, "agent": 4, "routing": 4, "launch": 4, "engines": 4,
     "ingress": 5,
-    "apis": 6, "forward": 6,
+    "apis": 6, "tenancy": 6, "forward": 6,
     "front": 7,
     "batch": 8,
     "node": 9,

@@ -139,7 +139,7 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     from llmfabric.front.host_check import HostGuard, names_of
     from llmfabric.ingress import Ingress, StaticCandidateSource
     from llmfabric.ingress.engine_contexts import EngineContexts
-    from llmfabric.ingress.tenancy.attach import attach_tenancy
+    from llmfabric.tenancy.attach import attach_tenancy
 
     store = None
     auth = None
@@ -148,7 +148,7 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
         from llmfabric.accounts.ratelimit import RateLimiter
         from llmfabric.accounts.store import AccountStore
         from llmfabric.clock import SystemClock
-        from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+        from llmfabric.tenancy.accounts_auth import AccountsAuth
 
         store = await AccountStore.open(settings.db_url or default_db_url())
         auth = AccountsAuth(store, RateLimiter(SystemClock()))

@@ -33,7 +33,8 @@ Core (this directory):
 - protocols.py: every interface of the request path, capabilities included (no probing),
   and `bearer_of` (the token an `Authenticator` is given):
   `CandidateSource` (`watch_down`: None without membership), `Authenticator`, `Principal`
-  (`record_trace`), `UsageSink`, `Forwarder` (`enforces_timeouts`), `Upstream`
+  (`record_trace`), `UsageSink`, `Gate` (admission: budgets, fair queueing; `Refusal`,
+  `PriceHold`, `CompletionHold`: what it held), `Forwarder` (`enforces_timeouts`), `Upstream`
   (`read_capped`, `socket_relay()`: a `SocketRelay` or None), `StreamSink` (where a committed
   stream goes; `direct_writer()`: a `DirectWriter` or None), `BodyReader`,
   `read_chunks_capped(chunks, limit)`.
@@ -52,17 +53,16 @@ Core (this directory):
   CollectorRegistry) and `metrics_handler` (/metrics).
 
 The core is transport-agnostic, and the layer order enforces it (tests/unit/test_layers.py):
-the translated APIs and the OpenAPI document (llmfabric.apis: `ApiRoutes`, over
-`Ingress.serve`), the HTTP servers (llmfabric.front: the lean HTTP/1.1 front `FastFront`,
-the aiohttp app `build_ingress_app`) and the upstream clients (llmfabric.forward: `HttpForwarder` =
+its edges sit above it and the core never imports them. They are the translated APIs and
+the OpenAPI document (llmfabric.apis: `ApiRoutes`, over `Ingress.serve`), tenancy
+(llmfabric.tenancy: `AccountsAuth`, `StaticKeys`, `TenancyGate`, `attach_tenancy`), the
+HTTP servers (llmfabric.front: the lean HTTP/1.1 front `FastFront`, the aiohttp app
+`build_ingress_app`) and the upstream clients (llmfabric.forward: `HttpForwarder` =
 `RawHttpForwarder`, `PeerForwarder`, `ChoosingForwarder`, the data plane's forwarders, the
-node's `EngineProxy`) sit above it. The core defines what they implement
-(protocols.py: `StreamSink`, `DirectWriter`, `BodyReader` for a server; `Forwarder`,
-`Upstream`, `SocketRelay` for a client) and never imports any of them.
-
-Subpackages (each docstring maps its files):
-- tenancy: accounts as authenticator (`AccountsAuth`, `StaticKeys`), `TenancyGate` (budgets,
-  fair queueing), `attach_tenancy`.
+node's `EngineProxy`). The core defines what they implement (protocols.py: `Authenticator`,
+`UsageSink`, `Gate` for tenancy; `StreamSink`, `DirectWriter`, `BodyReader` for a server;
+`Forwarder`, `Upstream`, `SocketRelay` for a client). A key's model allowlist, applied on
+every request, is routing's (routing/model_access.py).
 """
 
 from llmfabric.ingress.app import Ingress

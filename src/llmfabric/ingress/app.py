@@ -53,7 +53,10 @@ from llmfabric.ingress.protocols import (
     Authenticator,
     BodyReader,
     CandidateSource,
+    CompletionHold,
     Forwarder,
+    Gate,
+    PriceHold,
     Principal,
     StreamSink,
     UsageSink,
@@ -61,13 +64,6 @@ from llmfabric.ingress.protocols import (
 )
 from llmfabric.ingress.request_json import BadJson, load_object
 from llmfabric.ingress.sources import merged_catalog
-from llmfabric.ingress.tenancy.gate import HeldCompletion, HeldPrice, TenancyGate
-from llmfabric.ingress.tenancy.model_access import (
-    catalog_within,
-    no_access,
-    permitted,
-    usable,
-)
 from llmfabric.ingress.tracing import Tracer, current_trace
 from llmfabric.ingress.usage import (
     Usage,
@@ -75,6 +71,12 @@ from llmfabric.ingress.usage import (
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
 from llmfabric.routing.filters import Ambiguous, resolve
+from llmfabric.routing.model_access import (
+    catalog_within,
+    no_access,
+    permitted,
+    usable,
+)
 from llmfabric.routing.policies import make_policy
 from llmfabric.routing.prefix import (
     SESSION_HEADER,
@@ -133,7 +135,7 @@ class Ingress:
         self.pd = PDPath(self, Committed, rng)  # prefill/decode disaggregation (pd_path.py)
         self.tracer = (Tracer(config.keep_traces, rate_per_s=config.trace_rate_per_s)
                        if config.keep_traces > 0 else None)
-        self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy/gate.py)
+        self.gate: Gate | None = None  # budgets + fair queueing (llmfabric.tenancy)
         # Models whose engines serve /v1/responses themselves (the catalog says so)
         self._native = frozenset(config.native_responses_models)
 
@@ -160,7 +162,7 @@ class Ingress:
                 return Reply(200, orjson.dumps(catalog_within(self.catalog(), who.models)))
         return Reply(200, orjson.dumps(self.catalog()))
 
-    def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
+    def use_gate(self, gate: Gate | None) -> None:  # (usage is then always captured)
         self.gate, self._capture = gate, self._capture or gate is not None
 
     def catalog(self) -> dict[str, Any]:
@@ -313,9 +315,9 @@ class Ingress:
             rreq = plain
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
-        held: HeldPrice | None = None  # a spend hold: the models that may serve are bounded
+        held: PriceHold | None = None  # a spend hold: the models that may serve are bounded
         # an uncapped request's hold: a replica of a larger context gets it capped
-        bound: HeldCompletion | None = None
+        bound: CompletionHold | None = None
         if allowed is not None:  # before admission: what it may not use is not reserved for
             names = usable((model, *fallbacks), allowed,
                            lambda m: self.resolve_name(m, rreq.providers), self._pins)

@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -37,7 +37,7 @@ from llmfabric.accounts.policy import clamp_tokens
 from llmfabric.ingress.abandon import AbandonIfDown
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
-from llmfabric.ingress.protocols import CandidateSource, Forwarder, StreamSink
+from llmfabric.ingress.protocols import CandidateSource, CompletionHold, Forwarder, StreamSink
 from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     MAX_SSE_LINE,
@@ -51,9 +51,6 @@ from llmfabric.routing.policies import Policy
 from llmfabric.routing.request import RouteRequest
 from llmfabric.routing.router import NoRoute, Router
 from llmfabric.untrusted import get_logger
-
-if TYPE_CHECKING:
-    from llmfabric.ingress.tenancy.gate import HeldCompletion
 
 log = get_logger(__name__)
 
@@ -345,7 +342,7 @@ class ResumeHost(Protocol):
 async def resume_stream(
     host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
-    want_usage_chunk: bool, timeouts: Timeouts, bound: HeldCompletion | None = None,
+    want_usage_chunk: bool, timeouts: Timeouts, bound: CompletionHold | None = None,
 ) -> tuple[tuple[int, int] | None, Candidate | None, str]:
     """Continue a failed chat or completions stream on other candidates until one finishes it.
     `bound`: an uncapped request's completion hold (a node of a larger context continues
@@ -469,7 +466,7 @@ async def continue_stream(
     host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
     want_usage_chunk: bool, failed: Candidate, why: str,
-    bound: HeldCompletion | None = None,
+    bound: CompletionHold | None = None,
 ) -> tuple[Usage, Candidate]:
     """Continue a stream whose node failed after the first byte and end it; when no node can,
     end it with an error event as before. Returns the usage to bill and who served last."""

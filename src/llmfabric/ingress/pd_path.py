@@ -31,7 +31,7 @@ import orjson
 from llmfabric.ingress.attempt import RETRYABLE_STATUS, attempt_once, attempt_stream
 from llmfabric.ingress.errors import Reply, UpstreamError
 from llmfabric.ingress.model_list import falls_back
-from llmfabric.ingress.protocols import Principal, StreamSink
+from llmfabric.ingress.protocols import CompletionHold, Principal, StreamSink
 from llmfabric.ingress.tracing import current_trace
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.filters import eligible
@@ -40,7 +40,6 @@ from llmfabric.routing.request import RouteRequest
 
 if TYPE_CHECKING:
     from llmfabric.ingress.app import Ingress
-    from llmfabric.ingress.tenancy.gate import HeldCompletion
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +120,7 @@ class PDPath:
         self, pools: PDSplit, path: str, model: str, principal: Principal | None,
         doc: dict[str, Any], stream: bool, strip_usage: bool, want_chunk: bool,
         sink: StreamSink, t0: float, started: float, final: bool = True, attempts: int = 0,
-        bound: HeldCompletion | None = None,
+        bound: CompletionHold | None = None,
     ) -> Reply | Handback | None:
         """A Reply, None (streamed), or a `Handback` (to the colocated path; unless `final`,
         to the next model). `attempts`: the request's upstream attempts before this path;

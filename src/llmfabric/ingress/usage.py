@@ -321,7 +321,7 @@ def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
     return math.ceil(_prompt_tokens(doc, _Walk(_estimated_tokens)))
 
 
-# ---- a prompt's reservation (ingress/tenancy/gate.py) ----------------------------------
+# ---- a prompt's reservation (llmfabric.tenancy, gate.py) ------------------------------------
 # An upper-ish bound, cheap: characters / 4 undercounts text outside ASCII (CJK takes about
 # one token a character or more, an emoji one to three), so the characters outside ASCII
 # count one token per two UTF-8 bytes (accented Latin, Cyrillic: 1 a character; CJK: 2;

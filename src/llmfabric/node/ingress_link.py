@@ -58,8 +58,6 @@ from llmfabric.identity import NodeKey
 from llmfabric.ingress import FORWARD_PREFIX, Ingress, IngressConfig
 from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.protocols import Forwarder
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.attach import TenancyParts, attach_tenancy
 from llmfabric.net import TlsTransport
 from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
@@ -70,6 +68,8 @@ from llmfabric.routing.candidates import Identify
 from llmfabric.routing.pd_plan import PlanFeed
 from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.telemetry.demand import DemandMeter
+from llmfabric.tenancy.accounts_auth import AccountsAuth
+from llmfabric.tenancy.attach import TenancyParts, attach_tenancy
 from llmfabric.traces import TraceRecorder
 
 

@@ -25,7 +25,7 @@ from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
+from llmfabric.tenancy.accounts_auth import StaticKeys
 from llmfabric.testing.fake_clock import FakeClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]
@@ -419,7 +419,7 @@ async def test_files_and_batches_calls_are_requests_of_the_key(tmp_path: pathlib
     # They have an allowance of their own, the key's requests/min.
     from llmfabric.accounts import AccountStore
     from llmfabric.accounts.ratelimit import RateLimiter
-    from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+    from llmfabric.tenancy.accounts_auth import AccountsAuth
 
     clock = FakeClock(wall_start=1_800_000_000.0)
     store = await AccountStore.open(":memory:", clock=clock, background=False)

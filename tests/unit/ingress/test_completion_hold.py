@@ -1,4 +1,4 @@
-"""An uncapped request's completion hold (ingress/tenancy/gate.py `HeldCompletion`): a
+"""An uncapped request's completion hold (tenancy/gate.py `HeldCompletion`): a
 replica whose context is larger than what the request held on its budget gets the request
 capped at the hold, on every path that reaches an engine (the colocated attempts, a stream's
 continuation, the prefill/decode path's decode), in each API's cap fields; a replica whose
@@ -16,15 +16,15 @@ import pytest
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.apis.api_routes import ApiRoutes
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.tenancy.gate import (
+from llmfabric.registry.records import ModelRole
+from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.request import RouteRequest
+from llmfabric.tenancy.gate import (
     HeldCompletion,
     NameLookup,
     TenancyGate,
     reservation_parts,
 )
-from llmfabric.registry.records import ModelRole
-from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.request import RouteRequest
 
 from .test_model_fallbacks import (
     KEY,

@@ -27,12 +27,12 @@ from llmfabric.ingress.model_list import (
     falls_back,
     requested_models,
 )
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.ingress.tenancy.attach import budget_lookup
-from llmfabric.ingress.tenancy.gate import TenancyGate, reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.telemetry.node_hop import NO_HOP
+from llmfabric.tenancy.accounts_auth import StaticKeys
+from llmfabric.tenancy.attach import budget_lookup
+from llmfabric.tenancy.gate import TenancyGate, reservation_parts
 from llmfabric.testing.sinks import MemorySink as Sink
 from llmfabric.testing.work import python_lines
 

@@ -16,9 +16,9 @@ from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.prices import Price
 from llmfabric.ingress import StaticCandidateSource
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.tenancy.gate import reservation_parts
 from llmfabric.registry.records import ModelRole
 from llmfabric.routing.candidates import Candidate
+from llmfabric.tenancy.gate import reservation_parts
 
 from .test_model_fallbacks import (
     CHAT,
