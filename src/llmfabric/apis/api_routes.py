@@ -36,7 +36,7 @@ from llmfabric.apis.responses_api import (
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS, PASSTHROUGH_ROUTES
 from llmfabric.ingress.protocols import BodyReader, StreamSink
-from llmfabric.ingress.request_json import BadJson, load_object
+from llmfabric.ingress.request_body import BadJson, load_object
 
 if TYPE_CHECKING:  # (app.py builds ApiRoutes; no runtime import back)
     from llmfabric.ingress.app import Ingress

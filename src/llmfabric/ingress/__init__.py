@@ -24,7 +24,7 @@ Core (this directory):
 - model_list.py: a request's model fallbacks (the body's `models`): `requested_models` (the
   primary and its fallbacks, validated: `InvalidModels`), `falls_back` (which failures move a
   request on to its next model), `MAX_MODEL_CHARS`, `MAX_FALLBACKS`.
-- request_json.py: `load_object`, a client's JSON body within what the ingress can send on
+- request_body.py: `load_object`, a client's JSON body within what the ingress can send on
   (an object, nested at most `MAX_DEPTH` deep; `BadJson` otherwise).
 - paths.py: the pass-through routes, forwarded paths, `FORWARD_PREFIX` (where a node takes
   forwarded requests) and `FORWARDABLE_PATHS` (node side).

@@ -62,7 +62,7 @@ from llmfabric.ingress.protocols import (
     UsageSink,
     bearer_of,
 )
-from llmfabric.ingress.request_json import BadJson, load_object
+from llmfabric.ingress.request_body import BadJson, load_object
 from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.tracing import Tracer, current_trace
 from llmfabric.ingress.usage import (
