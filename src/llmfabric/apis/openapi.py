@@ -81,7 +81,7 @@ _STREAM_OPTS = {"stream": _BOOL, "max_tokens": _POS_INT_OR_NULL, "temperature": 
                 "top_p": _NUM, "stop": {"type": ["string", "array", "null"]},
                 "stream_options": {"type": ["object", "null"]}, "user": _STR}
 _MESSAGES = {"type": "array", "items": _ANY_OBJ}
-# Fallback models (ingress/model_list.py), tried in order after `model`.
+# Fallback models (ingress/request_body.py), tried in order after `model`.
 _MODELS = {"type": ["array", "null"], "maxItems": 4,
            "items": {"type": "string", "minLength": 1, "maxLength": 512}}
 

@@ -3,7 +3,8 @@
 A node started with `--ingress` mounts the same routes over its live registry replica (the node
 wires `llmfabric.ingress.add_ingress_routes`); this command serves a fixed list of backends,
 which is also what the ingress benchmark measures. Each backend's context is the one its
-engine reports (ingress/engine_contexts.py), or the one `--max-context MODEL=TOKENS` states.
+engine reports (ingress/sources.py `EngineContexts`), or the one `--max-context
+MODEL=TOKENS` states.
 `--workers N` runs N processes sharing the port through SO_REUSEPORT (Linux), each with its
 own event loop (uvloop when installed).
 """
@@ -138,7 +139,7 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     from llmfabric.front.front_limits import front_limits
     from llmfabric.front.host_check import HostGuard, names_of
     from llmfabric.ingress import Ingress, StaticCandidateSource
-    from llmfabric.ingress.engine_contexts import EngineContexts
+    from llmfabric.ingress.sources import EngineContexts
     from llmfabric.tenancy.attach import attach_tenancy
 
     store = None

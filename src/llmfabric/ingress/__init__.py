@@ -7,10 +7,10 @@ Core (this directory):
 - app.py: `Ingress` (the request path; `Ingress.serve` is the transport-agnostic core).
 - attempt.py: one attempt on one candidate: `attempt_once` (a whole exchange, its usage
   and time), `attempt_stream` (streamed: open, first chunk, relay into the sink with usage
-  scanning), `Committed` / `Resumable` (how a cut stream ended), `RETRYABLE_STATUS`.
-- abandon.py: `AbandonIfDown`, which drops an attempt still waiting for its first byte when
-  the membership marks its node suspected or gone (`NodeDown`, retried like a timeout); never
-  a stream already relaying.
+  scanning; `RecordingScanner` records it when it may be continued), `Committed` /
+  `Resumable` (how a cut stream ended), `RETRYABLE_STATUS`; `AbandonIfDown`, which drops an
+  attempt still waiting for its first byte when the membership marks its node suspected or
+  gone (`NodeDown`, retried like a timeout), never a stream already relaying.
 - pd_path.py: `PDPath`, the two-phase request of prefill/decode disaggregation (prefill with
   vLLM's `kv_transfer_params`, then the decode carrying the KV handle; retries per phase).
 - continuation.py: mid-stream continuation of chat and completions streams: `RelayRecorder`
@@ -21,11 +21,12 @@ Core (this directory):
   `claimed_tokens`, a provider's usage claim clamped; the ingress's own estimate for engines
   that report none (`estimate_prompt_tokens`) and a prompt's reservation (`prompt_bound`:
   `MEDIA_PART_TOKENS` per media part, at most `MAX_PROMPT_VALUES` values read).
-- model_list.py: a request's model fallbacks (the body's `models`): `requested_models` (the
-  primary and its fallbacks, validated: `InvalidModels`), `falls_back` (which failures move a
-  request on to its next model), `MAX_MODEL_CHARS`, `MAX_FALLBACKS`.
-- request_body.py: `load_object`, a client's JSON body within what the ingress can send on
-  (an object, nested at most `MAX_DEPTH` deep; `BadJson` otherwise).
+- request_body.py: what the ingress reads of a client's body before routing it:
+  `load_object` (the JSON body within what the ingress can send on: an object, nested at
+  most `MAX_DEPTH` deep; `BadJson` otherwise) and the model fallbacks (the body's `models`):
+  `requested_models` (the primary and its fallbacks, validated: `InvalidModels`),
+  `falls_back` (which failures move a request on to its next model), `MAX_MODEL_CHARS`,
+  `MAX_FALLBACKS`.
 - paths.py: the pass-through routes, forwarded paths, `FORWARD_PREFIX` (where a node takes
   forwarded requests) and `FORWARDABLE_PATHS` (node side).
 - config.py: `IngressConfig`, `Timeouts` (connect, first byte, idle, total; TCP keepalive on
@@ -38,8 +39,8 @@ Core (this directory):
   (`read_capped`, `socket_relay()`: a `SocketRelay` or None), `StreamSink` (where a committed
   stream goes; `direct_writer()`: a `DirectWriter` or None), `BodyReader`,
   `read_chunks_capped(chunks, limit)`.
-- sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica).
-- engine_contexts.py: `EngineContexts`, the standalone ingress's backends' contexts as
+- sources.py: `StaticCandidateSource`, `RecordsCandidateSource` (live registry replica),
+  `merged_catalog` (GET /v1/models); `EngineContexts`, the static backends' contexts as
   their engines report them (asked at start, again on a slow period), or as the operator
   states them (`stated`, which wins).
 - errors.py: `IngressError`, `UpstreamError`, `ConfigError`, `Reply` (a complete response),

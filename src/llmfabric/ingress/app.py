@@ -4,7 +4,7 @@ HTTP servers that call it: llmfabric.front).
 Hot path per request: bearer check (cached), one orjson parse of the body for what routing
 needs (model, stream, metadata, prompt prefix only if the policy wants it), a policy pick, and
 a byte relay of the upstream response. The body is re-serialized only when it must change
-(fabric metadata removed, stream usage requested, a `models` fallback list cut: model_list.py;
+(fabric metadata removed, stream usage requested, a `models` fallback list cut: request_body.py;
 the request then tries each listed model in turn, and a body without the field pays one dict
 lookup for it).
 """
@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 
 from llmfabric.accounts.expiry import expired_message
-from llmfabric.ingress.abandon import NodeDown
 from llmfabric.ingress.attempt import (
     Committed,
+    NodeDown,
     Resumable,
     attempt_once,
     attempt_stream,
@@ -41,12 +41,6 @@ from llmfabric.ingress.errors import (
     rate_limited,
 )
 from llmfabric.ingress.metrics import IngressMetrics
-from llmfabric.ingress.model_list import (
-    MAX_MODEL_CHARS,
-    InvalidModels,
-    falls_back,
-    requested_models,
-)
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.pd_path import Handback, PDPath
 from llmfabric.ingress.protocols import (
@@ -62,7 +56,14 @@ from llmfabric.ingress.protocols import (
     UsageSink,
     bearer_of,
 )
-from llmfabric.ingress.request_body import BadJson, load_object
+from llmfabric.ingress.request_body import (
+    MAX_MODEL_CHARS,
+    BadJson,
+    InvalidModels,
+    falls_back,
+    load_object,
+    requested_models,
+)
 from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.tracing import Tracer, current_trace
 from llmfabric.ingress.usage import (
@@ -260,7 +261,7 @@ class Ingress:
             return self._refuse("", 400, str(e), e.code)
         model = doc.get("model")
         fallbacks: tuple[str, ...] = ()
-        listed = "models" in doc  # model fallbacks (model_list.py), cut from the body
+        listed = "models" in doc  # model fallbacks (request_body.py), cut from the body
         if listed:
             try:
                 model, fallbacks = requested_models(model, doc.pop("models"))
@@ -423,9 +424,9 @@ class Ingress:
                     continue
 
             tried: list[str] = []
-            # Nodes an attempt left on suspicion alone (abandon.py): not failed, so tried
-            # again as a last resort once every other candidate failed (a suspicion can be
-            # false, as one still in flight when a partition heals).
+            # Nodes an attempt left on suspicion alone (attempt.py `AbandonIfDown`): not
+            # failed, so tried again as a last resort once every other candidate failed (a
+            # suspicion can be false, as one still in flight when a partition heals).
             doubted: list[str] = []
             last_error = ""
             why = "upstream_failed"  # (why the next model is tried, when there is one)

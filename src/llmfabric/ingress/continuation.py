@@ -34,14 +34,13 @@ import aiohttp
 import orjson
 
 from llmfabric.accounts.policy import clamp_tokens
-from llmfabric.ingress.abandon import AbandonIfDown
+from llmfabric.ingress.attempt import AbandonIfDown
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
 from llmfabric.ingress.protocols import CandidateSource, CompletionHold, Forwarder, StreamSink
 from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     MAX_SSE_LINE,
-    StreamUsageScanner,
     Usage,
     claimed_tokens,
     estimate_prompt_tokens,
@@ -421,42 +420,6 @@ async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorde
     if not relay.done:
         await sink.write(recorder.feed(b"data: [DONE]\n\n"))
     return True
-
-
-class RecordingScanner:
-    """The stream usage scanner (or none) followed by a RelayRecorder: what the ingress relays
-    while continuation is on (same interface as StreamUsageScanner)."""
-
-    def __init__(self, inner: StreamUsageScanner | None, recorder: RelayRecorder) -> None:
-        self.inner = inner
-        self.recorder = recorder
-
-    @property
-    def usage(self) -> tuple[int, int] | None:
-        return self.inner.usage if self.inner is not None else None
-
-    @property
-    def events(self) -> int:
-        return self.inner.events if self.inner is not None else 0
-
-    @property
-    def estimated(self) -> bool:
-        return self.inner.estimated if self.inner is not None else False
-
-    def feed(self, data: bytes) -> bytes:
-        if self.inner is not None:
-            data = self.inner.feed(data)
-        return self.recorder.feed(data) if data else b""
-
-    def flush(self) -> bytes:
-        rest = self.inner.flush() if self.inner is not None else b""
-        out = self.recorder.feed(rest) if rest else b""
-        return out + self.recorder.flush()
-
-    def finish(self, prompt_estimate: int, model: str, chat: bool) -> tuple[Usage | None, bytes]:
-        if self.inner is None:
-            return None, b""
-        return self.inner.finish(prompt_estimate, model, chat)
 
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)

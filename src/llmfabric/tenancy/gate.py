@@ -23,7 +23,7 @@ completion cap: the largest cap field times n (and times the prompts of a comple
 batch), or, without one, the context of the model
 (`advertised_context` of the replicas the request's own filters leave, its allowlist and
 QoS constraints: engines generate up to it), and the default only when no node serves the
-model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
+model. A request with fallback models (`models`, ingress/request_body.py) reserves for the
 largest context among them that resolve, and on a spend budget at the dearest price among
 the names and the ids they route to (`priced`): whichever model serves it, the hold covers
 it. Each name is resolved once for both (`lookup`: `NameLookup`), as the key's model

@@ -1,4 +1,4 @@
-"""Model fallbacks (the body's `models`, ingress/model_list.py): the request core tries the
+"""Model fallbacks (the body's `models`, ingress/request_body.py): the request core tries the
 listed models in order while the one tried is unknown, has no route, lost every candidate
 node or got an engine's 429/5xx, and never once output reached the client; caller errors
 come back at once. The real core over a static candidate list and a scripted forwarder."""
@@ -21,7 +21,7 @@ from llmfabric.front.fast_wire import reply_bytes
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, UpstreamError
-from llmfabric.ingress.model_list import (
+from llmfabric.ingress.request_body import (
     MAX_FALLBACKS,
     InvalidModels,
     falls_back,

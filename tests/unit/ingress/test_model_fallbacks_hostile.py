@@ -1,4 +1,4 @@
-"""Model fallbacks (`models`, ingress/model_list.py) against hostile clients and providers:
+"""Model fallbacks (`models`, ingress/request_body.py) against hostile clients and providers:
 how many upstream attempts one request can cause, whom a fallback may be sent to, and what
 a budget reserves for it. The real core over static candidates and a scripted forwarder
 (the helpers of test_model_fallbacks.py)."""
