@@ -240,11 +240,11 @@ def test_the_openapi_paths_describe_every_batch_route(tmp_path: pathlib.Path) ->
     service.store.close()
 
 
-def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
+async def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
         tmp_path: pathlib.Path) -> None:
     """Both fronts serve the `openapi_body` they are given: the lean front's route() and the
-    aiohttp app's /openapi.json; the Batch API's (`BatchService.openapi_body`) adds its
-    paths there, and only there."""
+    aiohttp app's /openapi.json (the batch app's here); the Batch API's
+    (`BatchService.openapi_body`) adds its paths there, and only there."""
     from llmfabric.apis.openapi import OPENAPI_BODY
     from llmfabric.front.fast_front import FastFront
     from llmfabric.front.fast_routes import route
@@ -252,15 +252,20 @@ def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
     ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
                       NoForwarder())  # type: ignore[arg-type]
     service = BatchService(ingress, tmp_path)
+    client: Client = TestClient(TestServer(service.app(HostGuard())))
     try:
         front = FastFront(ingress, openapi_body=service.openapi_body)
         served = route(b"/openapi.json", b"GET", False, front.openapi_body)
         assert isinstance(served, Reply)
         paths = orjson.loads(served.body)["paths"]
         assert {"/v1/files", "/v1/batches/{id}/cancel", "/v1/chat/completions"} <= set(paths)
+        await client.start_server()
+        got = await client.get("/openapi.json")
+        assert got.status == 200 and await got.read() == served.body
         assert FastFront(ingress).openapi_body == OPENAPI_BODY  # (a front without it)
         assert "/v1/files" not in orjson.loads(OPENAPI_BODY)["paths"]
     finally:
+        await client.close()
         service.store.close()
 
 
