@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from llmfabric.ingress.abandon import AbandonIfDown
+from llmfabric.ingress.attempt import AbandonIfDown
 from llmfabric.ingress.protocols import CandidateSource
 from llmfabric.ingress.sources import StaticCandidateSource
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel

@@ -26,12 +26,12 @@ import orjson
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import write_results
 
-from llmfabric.ingress.apis.anthropic_api import (
+from llmfabric.apis.anthropic_api import (
     MessagesStream,
     chat_to_message,
     messages_to_chat,
 )
-from llmfabric.ingress.apis.responses_api import (
+from llmfabric.apis.responses_api import (
     ResponsesStream,
     chat_to_response,
     responses_to_chat,

@@ -38,10 +38,10 @@ from llmfabric.forward import HttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.ingress.tenancy.gate import TenancyGate
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
+from llmfabric.tenancy.accounts_auth import StaticKeys
+from llmfabric.tenancy.gate import TenancyGate
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "max_tokens": 8}

@@ -41,8 +41,8 @@ from llmfabric.forward import HttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.ingress import Ingress, StaticCandidateSource
 from llmfabric.ingress.config import IngressConfig
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.attach import attach_tenancy
+from llmfabric.tenancy.accounts_auth import AccountsAuth
+from llmfabric.tenancy.attach import attach_tenancy
 from llmfabric.testing.sinks import NoSink
 
 BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],

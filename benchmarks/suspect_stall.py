@@ -1,6 +1,6 @@
 """Stall of a request whose first attempt went to a cut-off node, after the membership marked
 that node suspected: before (the attempt waits out its connect or first-byte timeout) and
-after (the ingress drops it at once and retries; ingress/abandon.py).
+after (the ingress drops it at once and retries; ingress/attempt.py `AbandonIfDown`).
 
 Real parts on loopback: the request core (`Ingress.serve`, streamed chat), the direct
 upstream client (`RawHttpForwarder`, which enforces the timeouts itself), a registry replica

@@ -12,6 +12,8 @@ Packages (pure core first, I/O shell last; see ARCHITECTURE in docs/architecture
   agent/       node agent: engine supervision, health, hardware discovery
   routing/     candidate filters and load-balancing policies
   ingress/     the OpenAI-compatible request core (transport-agnostic: auth, routing, retries)
+  apis/        the Responses and Anthropic Messages APIs over that core, the OpenAPI document
+  tenancy/     who may call that core and how much: accounts as auth, budgets, fair queueing
   front/       the ingress's HTTP servers (lean HTTP/1.1 front, aiohttp app) over that core
   forward/     the ingress's upstream clients (direct, peer, data plane) and the EngineProxy
   telemetry/   trace context, OTLP export, the node's hop time, observed demand (ingress + node)

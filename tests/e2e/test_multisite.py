@@ -178,10 +178,10 @@ def test_two_nated_sites_serve_and_a_cut_site_heals_without_a_failed_request(
         wait_for("site B no longer routable", lambda: not serving("site-b"), 30, tmp_path)
         detected = len(read_records(out))
         # A request sent to B before the detection waits there until B is suspected (then the
-        # ingress drops the attempt and moves it to A: ingress/abandon.py), or at most its
-        # attempt budget (--connect-timeout 2 + --first-byte-timeout 3 = 5 s) when the
-        # suspicion comes later, so wait for three answers after the detection rather than
-        # for a fixed time.
+        # ingress drops the attempt and moves it to A: ingress/attempt.py `AbandonIfDown`), or
+        # at most its attempt budget (--connect-timeout 2 + --first-byte-timeout 3 = 5 s) when
+        # the suspicion comes later, so wait for three answers after the detection rather
+        # than for a fixed time.
         during = wait_for("answers while site B is cut off",
                           lambda: read_records(out)[detected:][:3], 30, tmp_path)
         assert len(during) == 3 and all(r.get("node") == a1["session_id"] for r in during), {

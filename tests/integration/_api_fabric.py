@@ -17,8 +17,8 @@ from llmfabric.forward import EngineProxy, HttpForwarder, add_engine_proxy_route
 from llmfabric.front import build_ingress_app
 from llmfabric.front.fast_front import FastFront
 from llmfabric.ingress import FORWARD_PREFIX, Ingress, IngressConfig, RecordsCandidateSource
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
+from llmfabric.tenancy.accounts_auth import StaticKeys
 
 from .test_ingress_support import LoopThread, record, serve, wait_port
 

@@ -12,8 +12,8 @@ from llmfabric.accounts import AccountStore, PermissionDenied
 from llmfabric.accounts.errors import RateLimited
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.accounts.ratelimit import RateLimiter
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.ingress.usage import StreamUsageScanner, usage_from_body
+from llmfabric.tenancy.accounts_auth import AccountsAuth
 from llmfabric.testing.fake_clock import FakeClock
 
 pytestmark = pytest.mark.hostile

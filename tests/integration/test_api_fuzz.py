@@ -27,6 +27,12 @@ from llmfabric.accounts.db import open_backend
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
+from llmfabric.apis.openapi import (
+    OPENAPI_BODY,
+    OPENAPI_PATH,
+    add_openapi_route,
+    openapi_document,
+)
 from llmfabric.batch import BatchLimits, BatchService
 from llmfabric.batch.openapi import openapi_document as batch_document
 from llmfabric.dashboard.routes import add_dashboard_routes
@@ -34,17 +40,11 @@ from llmfabric.forward import RawHttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.front.host_check import HostGuard
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
-from llmfabric.ingress.apis.openapi import (
-    OPENAPI_BODY,
-    OPENAPI_PATH,
-    add_openapi_route,
-    openapi_document,
-)
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.node.serve.http_api import ObservedRecord, add_node_routes
+from llmfabric.tenancy.accounts_auth import StaticKeys
 
 from ._api_fabric import KEY, NATIVE, SIM, TOOLY, ApiFabric, api_fabric
 from .test_ingress_support import LoopThread, record, serve, wait_port
@@ -179,7 +179,7 @@ def node_api() -> Iterator[NodeApi]:
         await budgets.load()
         add_tenancy_routes(app, store, budgets)
         add_dashboard_routes(app)
-        add_openapi_route(app, lambda: OPENAPI_BODY)
+        add_openapi_route(app, OPENAPI_BODY)
         # As on an ingress node's HTTP port: the lean front reads each request and hands
         # these routes' connections to the app.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -264,7 +264,8 @@ def batch_fronts() -> Iterator[dict[str, str]]:
         runner = web.AppRunner(lean.app(HostGuard()), access_log=None, handle_signals=False)
         await runner.setup()
         assert runner.server is not None
-        front = FastFront(lean.ingress, hosts=HostGuard(), fallback=runner.server)
+        front = FastFront(lean.ingress, hosts=HostGuard(), fallback=runner.server,
+                          openapi_body=lean.openapi_body)
         port = await front.start("127.0.0.1", 0)
         held["runners"].append(runner)
         held["fronts"].append(front)

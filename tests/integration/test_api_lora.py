@@ -15,9 +15,9 @@ from aiohttp import web
 from llmfabric.forward import EngineProxy, HttpForwarder, add_engine_proxy_routes
 from llmfabric.front import build_ingress_app
 from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, RecordsCandidateSource
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import ServedModel
+from llmfabric.tenancy.accounts_auth import StaticKeys
 
 from .test_ingress_support import Backend, LoopThread, record, serve, wait_port
 

@@ -1,4 +1,4 @@
-"""Model fallbacks (`models`, ingress/model_list.py) through a real ingress, on both fronts,
+"""Model fallbacks (`models`, ingress/request_body.py) through a real ingress, on both fronts,
 driven by the official SDKs: the openai SDK's `extra_body={"models": [...]}` and the
 anthropic SDK's `fallbacks=[{"model": ...}]`. An unknown primary and a failing engine are
 served by the next model (X-Fabric-Model names it, the usage row bills it); an engine's

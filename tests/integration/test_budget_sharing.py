@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from llmfabric.identity.keys import NodeKey
-from llmfabric.ingress.tenancy.gate import reservation_parts
 from llmfabric.launch.local import EngineSpec, LocalFabric, NodeProcess
+from llmfabric.tenancy.gate import reservation_parts
 from llmfabric.testing.poll import wait_until_sync
 
 pytestmark = pytest.mark.slow

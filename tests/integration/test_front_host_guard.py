@@ -23,11 +23,11 @@ from llmfabric.front.fast_front import FastFront
 from llmfabric.front.host_check import HostGuard
 from llmfabric.front.web_app import build_ingress_app, host_middleware
 from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.node.config import build_config
 from llmfabric.node.daemon import Node
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.tenancy.accounts_auth import StaticKeys
 
 from .test_ingress_support import Backend, serve
 

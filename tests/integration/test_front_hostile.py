@@ -23,10 +23,10 @@ from llmfabric.forward import HttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.front.front_limits import FrontLimits, safe_header_value
 from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.tenancy.accounts_auth import StaticKeys
 from llmfabric.untrusted import log_due
 
 from .test_ingress_support import Backend, LoopThread, serve, wait_port

@@ -30,10 +30,10 @@ from llmfabric.front.fast_front import FastFront
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, TraceEvent
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth, StaticPrincipal
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
+from llmfabric.tenancy.accounts_auth import AccountsAuth, StaticPrincipal
 from llmfabric.testing.poll import wait_until
 
 from .test_ingress_support import Backend, port_open, serve

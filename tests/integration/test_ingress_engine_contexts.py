@@ -1,5 +1,5 @@
 """The standalone ingress advertises each backend's context as its engine reports it
-(ingress/engine_contexts.py), not the 4,096-token default: the sim engine's /v1/models
+(ingress/sources.py `EngineContexts`), not the 4,096-token default: the sim engine's /v1/models
 `max_model_len`, llama-server's /props; a backend down or silent keeps the default, said once;
 a context stated with --max-context wins."""
 
@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from llmfabric.agent.probe import HttpProbe
 from llmfabric.engines.sim_server import SimEngine, SimEngineConfig
 from llmfabric.ingress import StaticCandidateSource
-from llmfabric.ingress.engine_contexts import EngineContexts
+from llmfabric.ingress.sources import EngineContexts
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
@@ -74,7 +74,7 @@ async def test_contexts_come_from_the_engines(caplog: pytest.LogCaptureFixture) 
     probe = HttpProbe()
     contexts = EngineContexts(source, probe, timeout_s=2.0)
     try:
-        with caplog.at_level(logging.INFO, "llmfabric.ingress.engine_contexts"):
+        with caplog.at_level(logging.INFO, "llmfabric.ingress.sources"):
             await contexts.ask()
         assert _contexts(source) == {"m": 12288, "llama": 8192, "q": DEFAULT, "dead": DEFAULT}
         warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -83,7 +83,7 @@ async def test_contexts_come_from_the_engines(caplog: pytest.LogCaptureFixture) 
                    f"advertising the default context of {DEFAULT} tokens" in w for w in warned)
         assert any(f"backend dead at 127.0.0.1:{dead} did not answer" in w for w in warned)
         caplog.clear()
-        with caplog.at_level(logging.INFO, "llmfabric.ingress.engine_contexts"):
+        with caplog.at_level(logging.INFO, "llmfabric.ingress.sources"):
             await contexts.ask(announce=False)  # the refresh: quiet, and the silent one not
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert quiet_engine.asked == 1  # asked again (its /v1/models holds a model lock)

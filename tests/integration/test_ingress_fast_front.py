@@ -19,10 +19,10 @@ from aiohttp import web
 from llmfabric.forward import HttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.ingress import Ingress, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.tenancy.accounts_auth import StaticKeys
 
 from ._sdk_clients import tracked
 from .test_ingress_support import Backend, LoopThread, serve, wait_port

@@ -23,11 +23,11 @@ from llmfabric.forward import (
 from llmfabric.forward.engine_proxy import HttpUpstream
 from llmfabric.front import build_ingress_app
 from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, RecordsCandidateSource
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
 from llmfabric.net.errors import PeerUnreachable
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Lifecycle, NodeRecord
 from llmfabric.routing.candidates import claimed_provider
+from llmfabric.tenancy.accounts_auth import StaticKeys
 
 from ._sdk_clients import tracked
 from .test_ingress_support import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 
 from llmfabric.accounts import AccountStore, RateLimiter
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+from llmfabric.tenancy.accounts_auth import AccountsAuth
 from llmfabric.testing.fake_clock import FakeClock
 
 

@@ -30,12 +30,12 @@ from llmfabric.forward import HttpForwarder
 from llmfabric.front.web_app import INGRESS_KEY, build_ingress_app
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.attach import attach_tenancy
-from llmfabric.ingress.tenancy.gate import TenancyGate, reservation, reservation_parts
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
+from llmfabric.tenancy.accounts_auth import AccountsAuth
+from llmfabric.tenancy.attach import attach_tenancy
+from llmfabric.tenancy.gate import TenancyGate, reservation, reservation_parts
 from llmfabric.testing.poll import wait_until
 
 from .test_ingress_support import Backend, serve

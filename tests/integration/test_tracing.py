@@ -22,12 +22,12 @@ from llmfabric.front.fast_front import FastFront
 from llmfabric.front.web_app import INGRESS_KEY, build_ingress_app
 from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
 from llmfabric.net.ports import free_port
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing import Candidate
 from llmfabric.telemetry.otlp import OtlpExporter, exporter_from_env
 from llmfabric.telemetry.tracecontext import parse_traceparent
+from llmfabric.tenancy.accounts_auth import AccountsAuth
 
 from .test_ingress_support import Backend, serve
 

@@ -29,12 +29,13 @@ RANKS: dict[str, int] = {
     "telemetry": 3,
     "gossip": 4, "agent": 4, "routing": 4, "launch": 4, "engines": 4,
     "ingress": 5,
-    "front": 6, "forward": 6,
-    "batch": 7,
-    "node": 8,
-    "controller": 9,
-    "cli": 10,
-    "__main__": 11,
+    "apis": 6, "tenancy": 6, "forward": 6,
+    "front": 7,
+    "batch": 8,
+    "node": 9,
+    "controller": 10,
+    "cli": 11,
+    "__main__": 12,
 }
 
 Graph = dict[str, set[str]]

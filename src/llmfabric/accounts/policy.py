@@ -35,7 +35,7 @@ MAX_TOKENS_PER_REQUEST = 100_000_000
 # the database driver, a 500 the API fuzz test found.
 MAX_RATE_LIMIT = 2**31 - 1
 # A key's model allowlist: at most this many ids, each at most MAX_MODEL_ID_CHARS printable
-# characters (as ingress.model_list.MAX_MODEL_CHARS: no longer name is ever served).
+# characters (as ingress.request_body.MAX_MODEL_CHARS: no longer name is ever served).
 MAX_KEY_MODELS = 256
 MAX_MODEL_ID_CHARS = 512
 # The latest expiry a key may be given (year 9999: past it, dates cannot be shown).

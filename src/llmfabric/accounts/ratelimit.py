@@ -2,7 +2,7 @@
 
 Each limited key has two buckets holding at most one minute's allowance and refilling at
 limit/60 per second. `check()` (before a request) takes one request token and refuses while
-the token bucket is empty; `hold()` (once the request is read: ingress/tenancy/gate.py)
+the token bucket is empty; `hold()` (once the request is read: tenancy/gate.py)
 takes the request's worst case (prompt bound + completion cap, at most one minute's
 allowance) from the token bucket, refusing while it is empty, and `release()` gives it back
 when the request ends; `add_tokens()` (when usage is known) takes the tokens used. Usage

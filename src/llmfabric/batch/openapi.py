@@ -1,12 +1,13 @@
 """The Batch API's routes in OpenAPI 3.1 (`batch_paths`), kept here because the ingress's
-document (ingress/apis/openapi.py) may not import this package; `openapi_document()`
-is the ingress's document with them. `BatchService` adds them to its ingress's
-/openapi.json (`Ingress.describe`)."""
+document (llmfabric.apis.openapi) may not import this package; `openapi_document()`
+is the ingress's document with them. `BatchService.openapi_body` is that document as its
+ingress's fronts serve it at /openapi.json (`apis.openapi.described`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from llmfabric.apis.openapi import openapi_document as ingress_document
 from llmfabric.batch.limits import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -16,7 +17,6 @@ from llmfabric.batch.limits import (
     MAX_METADATA_VALUE_CHARS,
 )
 from llmfabric.batch.retention import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S
-from llmfabric.ingress.apis.openapi import openapi_document as ingress_document
 
 _JSON = "application/json"
 _ERROR = {"$ref": "#/components/schemas/Error"}

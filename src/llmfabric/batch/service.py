@@ -12,6 +12,7 @@ import pathlib
 
 from aiohttp import web
 
+from llmfabric.apis.openapi import described
 from llmfabric.batch.batches_api import BatchesApi
 from llmfabric.batch.files_api import FilesApi
 from llmfabric.batch.http_common import callers_of, host_middleware
@@ -42,7 +43,9 @@ class BatchService:
             raise ValueError("an ingress with API keys runs batches as their creators' keys: "
                              "give the key look-up (principals=AccountStore.active_key)")
         self.ingress = ingress
-        ingress.describe(batch_paths())  # (its /openapi.json lists the routes below)
+        # The ingress's /openapi.json with the routes below: what its fronts serve
+        # (FastFront(openapi_body=...), add_ingress_routes).
+        self.openapi_body = described(batch_paths())
         clock = clock or SystemClock()
         self.store = BatchStore(directory, limits or BatchLimits(
             max_line_bytes=ingress.config.max_body_bytes), retention_s=retention_s,
@@ -81,7 +84,7 @@ class BatchService:
         app = web.Application(middlewares=[host_middleware(hosts,
                                                            self.ingress.auth is not None)])
         self.add_routes(app)
-        add_ingress_routes(app, self.ingress)
+        add_ingress_routes(app, self.ingress, self.openapi_body)
         app.router.add_get("/metrics", metrics_handler(self.ingress.metrics))
         return app
 

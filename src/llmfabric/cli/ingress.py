@@ -3,7 +3,8 @@
 A node started with `--ingress` mounts the same routes over its live registry replica (the node
 wires `llmfabric.ingress.add_ingress_routes`); this command serves a fixed list of backends,
 which is also what the ingress benchmark measures. Each backend's context is the one its
-engine reports (ingress/engine_contexts.py), or the one `--max-context MODEL=TOKENS` states.
+engine reports (ingress/sources.py `EngineContexts`), or the one `--max-context
+MODEL=TOKENS` states.
 `--workers N` runs N processes sharing the port through SO_REUSEPORT (Linux), each with its
 own event loop (uvloop when installed).
 """
@@ -132,13 +133,14 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     """Serve until SIGTERM/SIGINT. `announce`: log the backends whose engines do not report
     their context (one worker says it for all)."""
     from llmfabric.agent.probe import HttpProbe
+    from llmfabric.apis.openapi import OPENAPI_BODY
     from llmfabric.forward import HttpForwarder
     from llmfabric.front.fast_front import FastFront
     from llmfabric.front.front_limits import front_limits
     from llmfabric.front.host_check import HostGuard, names_of
     from llmfabric.ingress import Ingress, StaticCandidateSource
-    from llmfabric.ingress.engine_contexts import EngineContexts
-    from llmfabric.ingress.tenancy.attach import attach_tenancy
+    from llmfabric.ingress.sources import EngineContexts
+    from llmfabric.tenancy.attach import attach_tenancy
 
     store = None
     auth = None
@@ -147,7 +149,7 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
         from llmfabric.accounts.ratelimit import RateLimiter
         from llmfabric.accounts.store import AccountStore
         from llmfabric.clock import SystemClock
-        from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+        from llmfabric.tenancy.accounts_auth import AccountsAuth
 
         store = await AccountStore.open(settings.db_url or default_db_url())
         auth = AccountsAuth(store, RateLimiter(SystemClock()))
@@ -177,7 +179,8 @@ async def run_ingress(settings: Settings, reuse_port: bool, announce: bool = Tru
     hosts = HostGuard([*settings.allowed_hosts, *names_of([f"{settings.host}:0"])])
     batch, batch_app = await _batch_service(settings, ingress, store, hosts)
     front = FastFront(ingress, limits=front_limits(dict(settings.front_limits)), hosts=hosts,
-                      fallback=batch_app.server if batch_app is not None else None)
+                      fallback=batch_app.server if batch_app is not None else None,
+                      openapi_body=batch.openapi_body if batch is not None else OPENAPI_BODY)
     try:
         if batch is not None:
             batch.start()

@@ -90,7 +90,7 @@ class DataPlaneSessions:
                 s = await self._exchange(peer_id, timeout_s)
             except BaseException as exc:
                 # Waiters get the exchange's error, but never the opener's cancellation (its
-                # client left, or its node was suspected meanwhile: abandon.py): not theirs.
+                # client left, or its node was suspected meanwhile: ingress/attempt.py): not theirs.
                 err: BaseException = exc
                 if isinstance(exc, asyncio.CancelledError):
                     err = UpstreamError(f"peer {peer_id}: the session exchange ended before "

@@ -9,7 +9,10 @@ those interfaces (`ResponseSink`, `WebSink`). So the servers import the core and
 other way round, and tests/unit/test_layers.py enforces it: the core cannot import a server.
 The upstream clients (llmfabric.forward) are this package's sibling, of the same rank: a
 server never imports a forwarder, nor a forwarder a server; the node and `llmfabric ingress`
-wire the two to an `Ingress`.
+wire the two to an `Ingress`. The API dialects (llmfabric.apis: `ApiRoutes`, the OpenAPI
+document) rank between the core and the servers: each front builds its `ApiRoutes` over the
+ingress and serves the /openapi.json it is given (with the Batch API's routes where those are
+mounted beside).
 
 Files:
 - fast_front.py: `FastFront(ingress, fallback=...)`, the lean HTTP/1.1 server (asyncio.Protocol
@@ -36,8 +39,9 @@ Files:
   both fronts), `allowed_names` (--allowed-host values), `names_of` (the names in addresses).
 - web_app.py: `build_ingress_app(config, candidate_source, forwarder, auth, usage_sink,
   metrics, hosts=...)` for an aiohttp app over the same core (tests, embedding),
-  `add_ingress_routes(app, ingress)` to mount the routes in a node's app (for requests on a
-  connection the front handed over: aiohttp handlers over `Ingress.serve` / `Ingress.api`,
+  `add_ingress_routes(app, ingress, openapi_body)` to mount the routes in a node's app (for
+  requests on a connection the front handed over: aiohttp handlers over `Ingress.serve` /
+  `ApiRoutes`,
   `read_body`; `traces_handler`, GET /v1/fabric/traces for admin keys), `host_middleware(hosts,
   keyed)` (HostGuard for an aiohttp app: the node's app has it).
 - web_sink.py: `WebSink` (a StreamSink over an aiohttp request) and `web_response(reply)`.

@@ -12,7 +12,9 @@ connection is handed over to it (fast_routes.py): the bytes of that request and 
 go to the fallback's protocol, which serves the connection from then on. Only the headers the
 core needs are kept (Authorization, or Anthropic's x-api-key when there is none; X-Fabric-
 Providers, X-Session-Id, traceparent). /v1/responses, /v1/messages and the pass-through paths
-go to `Ingress.api` (api_routes.py).
+go to the front's `ApiRoutes` over the ingress (llmfabric.apis); /openapi.json is the document
+the front is given (`openapi_body`: apis/openapi.py, with the Batch API's routes where it is
+mounted beside).
 
 Hostile clients meet `FrontLimits` (front_limits.py): URL and head sizes (414/431), header and
 body read timeouts (408, slowloris), connection caps per process and per client address (503;
@@ -37,6 +39,8 @@ from typing import cast
 import httptools
 import orjson
 
+from llmfabric.apis.api_routes import EXTRA_POST_PATHS, ApiRoutes, to_anthropic
+from llmfabric.apis.openapi import OPENAPI_BODY
 from llmfabric.front.fast_routes import owned, route
 from llmfabric.front.fast_wire import (
     FrontRequest,
@@ -50,7 +54,6 @@ from llmfabric.front.fast_wire import (
 from llmfabric.front.front_limits import ClientSlots, FrontLimits, KeyMemo, listen_args
 from llmfabric.front.host_check import HostGuard
 from llmfabric.front.key_precheck import KeyPrecheck
-from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, to_anthropic
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, body_too_large, error_reply
 from llmfabric.ingress.tracing import traced
@@ -69,18 +72,22 @@ _MAX_HEADER_VALUE = 16 * 1024
 
 class FastFront:
     """Serves an `Ingress` (and optionally its /metrics) over a lean HTTP/1.1 server; with
-    `fallback`, every other path goes to that server (see the module doc)."""
+    `fallback`, every other path goes to that server (see the module doc). `openapi_body`:
+    the /openapi.json it serves."""
 
     def __init__(
         self, ingress: Ingress, *, serve_metrics: bool = True,
         idle_timeout_s: float | None = None, limits: FrontLimits | None = None,
         fallback: FallbackFactory | None = None, hosts: HostGuard | None = None,
+        openapi_body: bytes = OPENAPI_BODY,
     ) -> None:
         limits = limits or FrontLimits()
         if idle_timeout_s is not None:
             limits = dataclasses.replace(limits, idle_timeout_s=idle_timeout_s)
         self.limits = limits
         self.ingress = ingress
+        self.api = ApiRoutes(ingress)  # /v1/responses, /v1/messages, pass-through paths
+        self.openapi_body = openapi_body
         self.serve_metrics = serve_metrics
         self.fallback = fallback
         # Host names answered, and the cross-site check (host_check.py); with API keys the
@@ -137,7 +144,7 @@ class FastFront:
     def route(self, req: FrontRequest) -> tuple[str, bool] | Reply | None:
         """(path, streamable) for an OpenAI POST; a Reply for errors; None for GET routes."""
         return route(req.url.split(b"?", 1)[0], req.method, self.serve_metrics,
-                     self.ingress.openapi_body)
+                     self.openapi_body)
 
 
 class _Connection(asyncio.Protocol):
@@ -483,9 +490,9 @@ class _Connection(asyncio.Protocol):
             return keep
         path, streamable = hit
         sink = ResponseSink(self, chunked=req.version != "1.0")
-        ing = self.ingress  # (EXTRA_POST_PATHS: translated APIs and pass-through)
+        ing, api = self.ingress, self.front.api  # (api: translated APIs and pass-through)
         a, p, b, s = req.auth, req.providers, req.body, req.session_id
-        call = ((lambda: ing.api.serve(path, a, p, b, sink, s)) if path in EXTRA_POST_PATHS
+        call = ((lambda: api.serve(path, a, p, b, sink, s)) if path in EXTRA_POST_PATHS
                 else (lambda: ing.serve(path, streamable, a, p, b, sink, s)))
         out = await traced(ing.tracer, req.traceparent, sink, call)
         if out is not None:

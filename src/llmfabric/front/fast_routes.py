@@ -5,15 +5,15 @@ accounts, /metrics), handed over to that server with its connection (`owned` say
 
 from __future__ import annotations
 
+from llmfabric.apis.api_routes import EXTRA_POST_PATHS, not_stored
 from llmfabric.front.fast_wire import not_allowed
-from llmfabric.ingress.apis.api_routes import EXTRA_POST_PATHS, not_stored
 from llmfabric.ingress.errors import Reply, error_reply
 
 POST_ROUTES = {
     b"/v1/chat/completions": ("/v1/chat/completions", True),
     b"/v1/completions": ("/v1/completions", True),
     b"/v1/embeddings": ("/v1/embeddings", False),
-    **{p.encode(): (p, True) for p in EXTRA_POST_PATHS},  # served by Ingress.api
+    **{p.encode(): (p, True) for p in EXTRA_POST_PATHS},  # served by ApiRoutes (llmfabric.apis)
 }
 _GET_ROUTES = frozenset({b"/v1/models", b"/openapi.json"})
 

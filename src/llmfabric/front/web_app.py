@@ -1,6 +1,7 @@
 """The ingress as an aiohttp application: `add_ingress_routes(app, ingress)` mounts the OpenAI
 routes (and /openapi.json) on an existing app (the node does this), each an aiohttp handler
-over the request core (`Ingress.serve`, `Ingress.api`) streaming through a `WebSink`;
+over the request core (`Ingress.serve`, or `ApiRoutes` over it: llmfabric.apis) streaming
+through a `WebSink`;
 `build_ingress_app(...)` is a standalone ingress app that owns its forwarder. Among the routes,
 GET /v1/fabric/traces (`traces_handler`, admin keys) reads the ingress's tracer."""
 
@@ -12,16 +13,17 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from llmfabric.front.fast_routes import api_path
-from llmfabric.front.host_check import HostGuard
-from llmfabric.front.web_sink import WebSink, web_response
-from llmfabric.ingress.apis.api_routes import (
+from llmfabric.apis.api_routes import (
     EXTRA_POST_PATHS,
     MESSAGES,
+    ApiRoutes,
     anthropic_auth,
     not_stored,
 )
-from llmfabric.ingress.apis.openapi import add_openapi_route
+from llmfabric.apis.openapi import OPENAPI_BODY, add_openapi_route
+from llmfabric.front.fast_routes import api_path
+from llmfabric.front.host_check import HostGuard
+from llmfabric.front.web_sink import WebSink, web_response
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.config import IngressConfig
 from llmfabric.ingress.errors import Reply, body_too_large, error_reply
@@ -96,15 +98,17 @@ def _openai_route(ingress: Ingress, path: str, streamable: bool) -> Handler:
     return handler
 
 
-def _api_route(ingress: Ingress) -> Handler:
+def _api_route(api: ApiRoutes) -> Handler:
     """The EXTRA_POST_PATHS routes (api_routes.py)."""
+    ingress = api.ingress
+
     async def handler(request: web.Request) -> web.StreamResponse:
         h = request.headers
         auth = h.get("Authorization", "")
         if request.path == MESSAGES:
             auth = anthropic_auth(auth, h.get("x-api-key"))
         sink = WebSink(request)
-        reply = await traced(ingress.tracer, h.get("traceparent"), sink, lambda: ingress.api.serve(
+        reply = await traced(ingress.tracer, h.get("traceparent"), sink, lambda: api.serve(
             request.path, auth, h.get("X-Fabric-Providers"),
             lambda: read_body(request, ingress.config.max_body_bytes), sink,
             h.get(SESSION_HEADER)))
@@ -140,8 +144,11 @@ def traces_handler(ingress: Ingress) -> Handler:
     return handler
 
 
-def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
-    """Mount the OpenAI routes on an existing app (the node does this)."""
+def add_ingress_routes(app: web.Application, ingress: Ingress,
+                       openapi_body: bytes = OPENAPI_BODY) -> None:
+    """Mount the OpenAI routes on an existing app (the node does this). `openapi_body`: the
+    /openapi.json served (apis/openapi.py `described`: with routes mounted beside, as the
+    Batch API's)."""
     for path, streamable in (("/v1/chat/completions", True), ("/v1/completions", True),
                              ("/v1/embeddings", False)):
         app.router.add_post(path, _openai_route(ingress, path, streamable))
@@ -150,12 +157,12 @@ def add_ingress_routes(app: web.Application, ingress: Ingress) -> None:
         return web_response(await ingress.models_reply(request.headers.get("Authorization", "")))
 
     app.router.add_get("/v1/models", models)
-    api = _api_route(ingress)
+    api = _api_route(ApiRoutes(ingress))
     for path in sorted(EXTRA_POST_PATHS):
         app.router.add_post(path, api)
     app.router.add_route("*", "/v1/responses/{tail:.+}", _not_stored)
     app.router.add_get("/v1/fabric/traces", traces_handler(ingress))
-    add_openapi_route(app, lambda: ingress.openapi_body)
+    add_openapi_route(app, openapi_body)
 
 
 def build_ingress_app(

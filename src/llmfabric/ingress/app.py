@@ -4,7 +4,7 @@ HTTP servers that call it: llmfabric.front).
 Hot path per request: bearer check (cached), one orjson parse of the body for what routing
 needs (model, stream, metadata, prompt prefix only if the policy wants it), a policy pick, and
 a byte relay of the upstream response. The body is re-serialized only when it must change
-(fabric metadata removed, stream usage requested, a `models` fallback list cut: model_list.py;
+(fabric metadata removed, stream usage requested, a `models` fallback list cut: request_body.py;
 the request then tries each listed model in turn, and a body without the field pays one dict
 lookup for it).
 """
@@ -20,11 +20,9 @@ from typing import Any
 import orjson
 
 from llmfabric.accounts.expiry import expired_message
-from llmfabric.ingress.abandon import NodeDown
-from llmfabric.ingress.apis.api_routes import ApiRoutes
-from llmfabric.ingress.apis.openapi import OPENAPI_BODY, openapi_document
 from llmfabric.ingress.attempt import (
     Committed,
+    NodeDown,
     Resumable,
     attempt_once,
     attempt_stream,
@@ -43,33 +41,30 @@ from llmfabric.ingress.errors import (
     rate_limited,
 )
 from llmfabric.ingress.metrics import IngressMetrics
-from llmfabric.ingress.model_list import (
-    MAX_MODEL_CHARS,
-    InvalidModels,
-    falls_back,
-    requested_models,
-)
 from llmfabric.ingress.paths import METERED_BY_REQUEST
 from llmfabric.ingress.pd_path import Handback, PDPath
 from llmfabric.ingress.protocols import (
     Authenticator,
     BodyReader,
     CandidateSource,
+    CompletionHold,
     Forwarder,
+    Gate,
+    PriceHold,
     Principal,
     StreamSink,
     UsageSink,
     bearer_of,
 )
-from llmfabric.ingress.request_json import BadJson, load_object
-from llmfabric.ingress.sources import merged_catalog
-from llmfabric.ingress.tenancy.gate import HeldCompletion, HeldPrice, TenancyGate
-from llmfabric.ingress.tenancy.model_access import (
-    catalog_within,
-    no_access,
-    permitted,
-    usable,
+from llmfabric.ingress.request_body import (
+    MAX_MODEL_CHARS,
+    BadJson,
+    InvalidModels,
+    falls_back,
+    load_object,
+    requested_models,
 )
+from llmfabric.ingress.sources import merged_catalog
 from llmfabric.ingress.tracing import Tracer, current_trace
 from llmfabric.ingress.usage import (
     Usage,
@@ -77,6 +72,12 @@ from llmfabric.ingress.usage import (
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.errors import InvalidConstraintError, InvalidSessionIdError
 from llmfabric.routing.filters import Ambiguous, resolve
+from llmfabric.routing.model_access import (
+    catalog_within,
+    no_access,
+    permitted,
+    usable,
+)
 from llmfabric.routing.policies import make_policy
 from llmfabric.routing.prefix import (
     SESSION_HEADER,
@@ -132,13 +133,12 @@ class Ingress:
         self._pins = dict(config.model_aliases)  # NAME -> model id, set by the operator
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._duration = sim_rate()  # request duration estimate for walltime routing
-        self.api = ApiRoutes(self)  # /v1/responses, /v1/messages, pass-through paths
         self.pd = PDPath(self, Committed, rng)  # prefill/decode disaggregation (pd_path.py)
         self.tracer = (Tracer(config.keep_traces, rate_per_s=config.trace_rate_per_s)
                        if config.keep_traces > 0 else None)
-        self.gate: TenancyGate | None = None  # budgets + fair queueing (tenancy/gate.py)
-        # GET /openapi.json as both fronts serve it (`describe` adds routes mounted beside)
-        self.openapi_body = OPENAPI_BODY
+        self.gate: Gate | None = None  # budgets + fair queueing (llmfabric.tenancy)
+        # Models whose engines serve /v1/responses themselves (the catalog says so)
+        self._native = frozenset(config.native_responses_models)
 
     def resolve_name(self, model: str, providers: frozenset[str] | None
                      ) -> Sequence[Candidate] | Ambiguous:
@@ -163,20 +163,12 @@ class Ingress:
                 return Reply(200, orjson.dumps(catalog_within(self.catalog(), who.models)))
         return Reply(200, orjson.dumps(self.catalog()))
 
-    def use_gate(self, gate: TenancyGate | None) -> None:  # (usage is then always captured)
+    def use_gate(self, gate: Gate | None) -> None:  # (usage is then always captured)
         self.gate, self._capture = gate, self._capture or gate is not None
-
-    def describe(self, paths: Mapping[str, Any]) -> None:
-        """Add `paths` (OpenAPI path items) to the document both fronts serve: routes a
-        composition root mounts beside the ingress's own (the Batch API)."""
-        doc = openapi_document()
-        doc["paths"].update(orjson.loads(self.openapi_body)["paths"])
-        doc["paths"].update(paths)
-        self.openapi_body = orjson.dumps(doc)
 
     def catalog(self) -> dict[str, Any]:
         """The merged model catalog in OpenAI's list shape, plus providers/nodes/hardware."""
-        return merged_catalog(self.source.all_candidates(), self.api.native, self._pins)
+        return merged_catalog(self.source.all_candidates(), self._native, self._pins)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -269,7 +261,7 @@ class Ingress:
             return self._refuse("", 400, str(e), e.code)
         model = doc.get("model")
         fallbacks: tuple[str, ...] = ()
-        listed = "models" in doc  # model fallbacks (model_list.py), cut from the body
+        listed = "models" in doc  # model fallbacks (request_body.py), cut from the body
         if listed:
             try:
                 model, fallbacks = requested_models(model, doc.pop("models"))
@@ -324,9 +316,9 @@ class Ingress:
             rreq = plain
         if tr is not None:
             tr.attrs.update(model=model, stream=stream)
-        held: HeldPrice | None = None  # a spend hold: the models that may serve are bounded
+        held: PriceHold | None = None  # a spend hold: the models that may serve are bounded
         # an uncapped request's hold: a replica of a larger context gets it capped
-        bound: HeldCompletion | None = None
+        bound: CompletionHold | None = None
         if allowed is not None:  # before admission: what it may not use is not reserved for
             names = usable((model, *fallbacks), allowed,
                            lambda m: self.resolve_name(m, rreq.providers), self._pins)
@@ -432,9 +424,9 @@ class Ingress:
                     continue
 
             tried: list[str] = []
-            # Nodes an attempt left on suspicion alone (abandon.py): not failed, so tried
-            # again as a last resort once every other candidate failed (a suspicion can be
-            # false, as one still in flight when a partition heals).
+            # Nodes an attempt left on suspicion alone (attempt.py `AbandonIfDown`): not
+            # failed, so tried again as a last resort once every other candidate failed (a
+            # suspicion can be false, as one still in flight when a partition heals).
             doubted: list[str] = []
             last_error = ""
             why = "upstream_failed"  # (why the next model is tried, when there is one)

@@ -6,6 +6,22 @@ client's sink, scanning usage (and recording whole events when the stream may be
 continued), and tell how it ended: `Committed` (bytes reached the client, no retry) or
 `Resumable` (continuation.py may finish it on another node). Whole (`attempt_once`): one
 non-streamed exchange, its usage and its time.
+
+Abandoned (`AbandonIfDown`): an attempt still waiting on a node the membership now doubts.
+`with AbandonIfDown(source, cand): ...` wraps the part of an attempt before any byte reached
+the client (connect, headers, first chunk; a whole non-streamed exchange; a continuation's
+attempt too). When the source's membership view marks the node suspected or gone meanwhile
+(`CandidateSource.watch_down`), the waiting task is cancelled and the block raises
+`NodeDown`, an `UpstreamError`: the request path counts the attempt as failed on that node
+and retries another, exactly as after a timeout, without waiting out the connect and
+first-byte timeouts (seconds, when a site is cut off and its packets are dropped).
+
+Only that part: once bytes reached the client, suspicion does not cut the stream. A
+suspicion can be false (a slow probe path, a partition on the prober's side), and a cut
+mid-stream costs the relayed work and a continuation; a node that really died ends the
+stream by itself (keepalive, idle timeout) and continuation.py finishes it elsewhere.
+Costs nothing on a source with no membership (`watch_down` answers None: standalone
+ingress); otherwise one watch registered and removed per attempt, no task created.
 """
 
 from __future__ import annotations
@@ -13,14 +29,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from llmfabric.ingress.abandon import AbandonIfDown
-from llmfabric.ingress.continuation import RecordingScanner, RelayRecorder
 from llmfabric.ingress.errors import Reply, UpstreamError, error_body
-from llmfabric.ingress.protocols import StreamSink, Upstream
+from llmfabric.ingress.protocols import CandidateSource, StreamSink, Upstream
 from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     StreamUsageScanner,
@@ -31,9 +46,11 @@ from llmfabric.ingress.usage import (
     usage_from_body,
 )
 from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.liveness import GONE, Unwatch
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (continuation.py imports this module: no runtime import back)
     from llmfabric.ingress.app import Ingress
+    from llmfabric.ingress.continuation import RelayRecorder
 
 # Upstream statuses worth another candidate (overloaded, failing or gone engines).
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -61,7 +78,7 @@ async def attempt_stream(
     try:
         # Until the first chunk nothing reached the client: a node the membership comes to
         # doubt meanwhile is dropped at once (NodeDown, retried elsewhere). Not after: the
-        # relay below is never cut on suspicion alone (abandon.py says why).
+        # relay below is never cut on suspicion alone (`AbandonIfDown` below says why).
         if ing._own_timeouts:
             with AbandonIfDown(ing.source, cand):
                 got = await _open_stream(ing, cand, path, body, opened, model)
@@ -194,7 +211,7 @@ async def attempt_once(
     t = ing.config.timeouts
     t_send = _perf()
     # (no byte reaches the client before the whole reply: a node the membership comes to
-    # doubt meanwhile is dropped at once, abandon.py)
+    # doubt meanwhile is dropped at once: `AbandonIfDown`)
     if ing._own_timeouts:
         with AbandonIfDown(ing.source, cand):
             status, data, ctype = await _exchange_once(ing, cand, path, body)
@@ -229,3 +246,102 @@ async def _exchange_once(
     finally:
         await up.aclose()
     return up.status, data, up.content_type
+
+
+class RecordingScanner:
+    """The stream usage scanner (or none) followed by a RelayRecorder: what the ingress relays
+    while continuation is on (same interface as StreamUsageScanner)."""
+
+    def __init__(self, inner: StreamUsageScanner | None, recorder: RelayRecorder) -> None:
+        self.inner = inner
+        self.recorder = recorder
+
+    @property
+    def usage(self) -> tuple[int, int] | None:
+        return self.inner.usage if self.inner is not None else None
+
+    @property
+    def events(self) -> int:
+        return self.inner.events if self.inner is not None else 0
+
+    @property
+    def estimated(self) -> bool:
+        return self.inner.estimated if self.inner is not None else False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.inner is not None:
+            data = self.inner.feed(data)
+        return self.recorder.feed(data) if data else b""
+
+    def flush(self) -> bytes:
+        rest = self.inner.flush() if self.inner is not None else b""
+        out = self.recorder.feed(rest) if rest else b""
+        return out + self.recorder.flush()
+
+    def finish(self, prompt_estimate: int, model: str, chat: bool) -> tuple[Usage | None, bytes]:
+        if self.inner is None:
+            return None, b""
+        return self.inner.finish(prompt_estimate, model, chat)
+
+
+# ---- abandoning an attempt on a doubted node ------------------------------------------------
+
+class NodeDown(UpstreamError):
+    """The node became suspected (or left) while the attempt waited for its first byte.
+    `gone`: it left or was evicted; otherwise it is only suspected, and may be fine (the
+    request path tries it again as a last resort: app.py)."""
+
+    def __init__(self, message: str, *, gone: bool) -> None:
+        super().__init__(message)
+        self.gone = gone
+
+
+class AbandonIfDown:
+    __slots__ = ("_cancelling", "_cand", "_fired", "_source", "_task", "_unwatch")
+
+    def __init__(self, source: CandidateSource, cand: Candidate) -> None:
+        self._source = source
+        self._cand = cand
+        self._unwatch: Unwatch | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._fired = 0
+        self._cancelling = 0
+
+    def __enter__(self) -> None:
+        self._unwatch = self._source.watch_down(self._cand, self._on_down)
+        if self._unwatch is not None:
+            self._task = asyncio.current_task()
+            if self._task is None:  # (not in a task: nothing to cancel)
+                self._unwatch()
+                self._unwatch = None
+            else:
+                self._cancelling = self._task.cancelling()
+
+    def _on_down(self, level: int) -> None:
+        # Called from the task that merged the change (gossip), never from the waiting one:
+        # the cancellation reaches the waiting task at its current await, inside the block.
+        task = self._task
+        if task is not None and not self._fired and not task.done():
+            self._fired = level
+            task.cancel()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._unwatch is None:
+            return
+        self._unwatch()  # (no leak: the watch ends with the wait, however it ends)
+        self._unwatch = None
+        if not self._fired or self._task is None:
+            return
+        # Ours only: a cancellation from elsewhere too (client gone) stays a cancellation.
+        if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            why = "left the fabric" if self._fired >= GONE else "became suspected"
+            raise NodeDown(
+                f"node {self._cand.session_id} {why} before its first byte; "
+                "moving on without waiting for its timeouts",
+                gone=self._fired >= GONE,
+            ) from exc

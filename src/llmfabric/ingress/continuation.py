@@ -28,20 +28,19 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
 from llmfabric.accounts.policy import clamp_tokens
-from llmfabric.ingress.abandon import AbandonIfDown
+from llmfabric.ingress.attempt import AbandonIfDown
 from llmfabric.ingress.config import IngressConfig, Timeouts
 from llmfabric.ingress.errors import UpstreamError, error_body
-from llmfabric.ingress.protocols import CandidateSource, Forwarder, StreamSink
+from llmfabric.ingress.protocols import CandidateSource, CompletionHold, Forwarder, StreamSink
 from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     MAX_SSE_LINE,
-    StreamUsageScanner,
     Usage,
     claimed_tokens,
     estimate_prompt_tokens,
@@ -51,9 +50,6 @@ from llmfabric.routing.policies import Policy
 from llmfabric.routing.request import RouteRequest
 from llmfabric.routing.router import NoRoute, Router
 from llmfabric.untrusted import get_logger
-
-if TYPE_CHECKING:
-    from llmfabric.ingress.tenancy.gate import HeldCompletion
 
 log = get_logger(__name__)
 
@@ -345,7 +341,7 @@ class ResumeHost(Protocol):
 async def resume_stream(
     host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
-    want_usage_chunk: bool, timeouts: Timeouts, bound: HeldCompletion | None = None,
+    want_usage_chunk: bool, timeouts: Timeouts, bound: CompletionHold | None = None,
 ) -> tuple[tuple[int, int] | None, Candidate | None, str]:
     """Continue a failed chat or completions stream on other candidates until one finishes it.
     `bound`: an uncapped request's completion hold (a node of a larger context continues
@@ -426,42 +422,6 @@ async def _relay_from(host: ResumeHost, sink: StreamSink, recorder: RelayRecorde
     return True
 
 
-class RecordingScanner:
-    """The stream usage scanner (or none) followed by a RelayRecorder: what the ingress relays
-    while continuation is on (same interface as StreamUsageScanner)."""
-
-    def __init__(self, inner: StreamUsageScanner | None, recorder: RelayRecorder) -> None:
-        self.inner = inner
-        self.recorder = recorder
-
-    @property
-    def usage(self) -> tuple[int, int] | None:
-        return self.inner.usage if self.inner is not None else None
-
-    @property
-    def events(self) -> int:
-        return self.inner.events if self.inner is not None else 0
-
-    @property
-    def estimated(self) -> bool:
-        return self.inner.estimated if self.inner is not None else False
-
-    def feed(self, data: bytes) -> bytes:
-        if self.inner is not None:
-            data = self.inner.feed(data)
-        return self.recorder.feed(data) if data else b""
-
-    def flush(self) -> bytes:
-        rest = self.inner.flush() if self.inner is not None else b""
-        out = self.recorder.feed(rest) if rest else b""
-        return out + self.recorder.flush()
-
-    def finish(self, prompt_estimate: int, model: str, chat: bool) -> tuple[Usage | None, bytes]:
-        if self.inner is None:
-            return None, b""
-        return self.inner.finish(prompt_estimate, model, chat)
-
-
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 
 
@@ -469,7 +429,7 @@ async def continue_stream(
     host: ResumeHost, sink: StreamSink, recorder: RelayRecorder, doc: Mapping[str, Any],
     rreq: RouteRequest, candidates: Sequence[Candidate], tried: list[str], path: str,
     want_usage_chunk: bool, failed: Candidate, why: str,
-    bound: HeldCompletion | None = None,
+    bound: CompletionHold | None = None,
 ) -> tuple[Usage, Candidate]:
     """Continue a stream whose node failed after the first byte and end it; when no node can,
     end it with an error event as before. Returns the usage to bill and who served last."""

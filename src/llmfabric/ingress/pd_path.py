@@ -12,7 +12,7 @@ back to the colocated path (a `Handback`), where every role serves plain request
 prefill answered 4xx, and so does a decode that refuses the prefill's handle with a 4xx (the
 request may be at fault, or the node, or a handle a hostile prefill node poisoned: the
 colocated path answers its own 4xx if the request is). A request with another model still
-to try (model_list.py) gets a `Handback` to its next model instead of the 502 of failed
+to try (request_body.py) gets a `Handback` to its next model instead of the 502 of failed
 decode nodes or an engine's 429/5xx. A handback carries the request's upstream attempts so
 far, this path's included; each attempt of either phase is an `attempt` span of the trace
 (attr `phase`). Who may take a phase: routing/pd.py.
@@ -30,8 +30,8 @@ import orjson
 
 from llmfabric.ingress.attempt import RETRYABLE_STATUS, attempt_once, attempt_stream
 from llmfabric.ingress.errors import Reply, UpstreamError
-from llmfabric.ingress.model_list import falls_back
-from llmfabric.ingress.protocols import Principal, StreamSink
+from llmfabric.ingress.protocols import CompletionHold, Principal, StreamSink
+from llmfabric.ingress.request_body import falls_back
 from llmfabric.ingress.tracing import current_trace
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.filters import eligible
@@ -40,14 +40,13 @@ from llmfabric.routing.request import RouteRequest
 
 if TYPE_CHECKING:
     from llmfabric.ingress.app import Ingress
-    from llmfabric.ingress.tenancy.gate import HeldCompletion
 
 
 @dataclass(frozen=True, slots=True)
 class Handback:
     """The two-phase path did not answer. `next_model` False: no prefill node worked (or a
     phase refused with a 4xx): route the request colocated. True: not the request's last
-    model (model_list.py), and every decode node failed or the engine answered 429/5xx: the
+    model (request_body.py), and every decode node failed or the engine answered 429/5xx: the
     ingress moves on to its next model (nothing was counted or sent). `attempts`: the
     request's upstream attempts so far, this path's included."""
 
@@ -121,7 +120,7 @@ class PDPath:
         self, pools: PDSplit, path: str, model: str, principal: Principal | None,
         doc: dict[str, Any], stream: bool, strip_usage: bool, want_chunk: bool,
         sink: StreamSink, t0: float, started: float, final: bool = True, attempts: int = 0,
-        bound: HeldCompletion | None = None,
+        bound: CompletionHold | None = None,
     ) -> Reply | Handback | None:
         """A Reply, None (streamed), or a `Handback` (to the colocated path; unless `final`,
         to the next model). `attempts`: the request's upstream attempts before this path;

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
+from typing import Any, NamedTuple, Protocol
 
 from llmfabric.ingress.config import Timeouts
 from llmfabric.ingress.errors import Reply, UpstreamError
+from llmfabric.ingress.usage import Usage
 from llmfabric.routing.candidates import Candidate
 from llmfabric.routing.liveness import OnDown, Unwatch
+from llmfabric.routing.request import RouteRequest
 from llmfabric.telemetry.node_hop import NodeHop
 
 
@@ -82,6 +91,81 @@ class UsageSink(Protocol):
     ) -> None:
         """Count one request's tokens (`estimated`: counted by the ingress because the
         engine reported none); must not block."""
+        ...
+
+
+class Refusal(NamedTuple):
+    """A request a `Gate` does not admit: the error answer (the arguments of
+    Ingress._refuse after the model)."""
+
+    status: int
+    message: str
+    code: str
+    param: str | None
+    headers: dict[str, str]
+
+
+class PriceHold(Protocol):
+    """What a request's spend hold was taken at (llmfabric.tenancy `HeldPrice`): a model
+    priced above it may not serve the request."""
+
+    def within(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        """The candidates whose model costs no more than the hold (`candidates` itself when
+        all do)."""
+        ...
+
+    def refusal(self, model: str, candidates: Sequence[Candidate]) -> str:
+        """Why a request for `model`, whose `candidates` all cost more, is not served."""
+        ...
+
+
+class CompletionHold(Protocol):
+    """What an uncapped request held for its completions (llmfabric.tenancy
+    `HeldCompletion`): a replica of a larger context gets it capped."""
+
+    def binds(self, candidate: Candidate) -> bool:
+        """Whether `candidate` could generate past the hold (its request is capped)."""
+        ...
+
+    def capped(self, doc: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
+        """`doc` with its cap fields set to the hold (and `model`, the engine's name)."""
+        ...
+
+
+class Gate(Protocol):
+    """Admission per request: budgets and fair queueing (llmfabric.tenancy `TenancyGate`,
+    set with `Ingress.use_gate`). The request path calls `admit_at_once(principal) or await
+    admit(...)` after authentication, then `held_price()` / `held_completion()` (what the
+    admission held bounds), `used(usage, model)` once the usage is known, and `settle()`
+    when the request ends, however it ends. Per-request state is the gate's (the request
+    path passes nothing around)."""
+
+    def admit_at_once(self, principal: Principal | None) -> bool:
+        """True when nothing is to be reserved nor queued for (no coroutine needed)."""
+        ...
+
+    async def admit(self, principal: Principal | None, doc: Mapping[str, Any],
+                    path: str = "/v1/chat/completions", fallbacks: Sequence[str] = (),
+                    route: RouteRequest | None = None) -> Refusal | None:
+        """Reserve the request's worst case and wait for its queue slot; a `Refusal` when it
+        may not go on. `fallbacks`: the models it may be served by after `doc["model"]`;
+        `route`: its allowlist and QoS constraints."""
+        ...
+
+    def held_price(self) -> PriceHold | None:
+        """The request's spend hold, on a spend budget (None: no price bound)."""
+        ...
+
+    def held_completion(self) -> CompletionHold | None:
+        """An uncapped request's completion hold (None: nothing to cap)."""
+        ...
+
+    def used(self, usage: Usage | None, model: str = "") -> None:
+        """The request's usage (`model`: the id it is billed as)."""
+        ...
+
+    def settle(self) -> None:
+        """The request ended: its slot released, its reservation settled to what it used."""
         ...
 
 

@@ -13,7 +13,7 @@ unscanned instead of held, so the ingress never buffers more than one capped lin
 billed (`relayed_usage`).
 
 Engines that report no usage: the node counts a stream's tokens with the engine's tokenizer
-where it can (node/engine/stream_usage.py) and sends a usage chunk marked `"estimated": true`;
+where it can (forward/stream_usage.py) and sends a usage chunk marked `"estimated": true`;
 otherwise the ingress counts them itself (the estimate below). Either way the row is marked
 estimated, and the final usage chunk a client asked for is sent.
 """
@@ -321,7 +321,7 @@ def estimate_prompt_tokens(doc: dict[str, Any]) -> int:
     return math.ceil(_prompt_tokens(doc, _Walk(_estimated_tokens)))
 
 
-# ---- a prompt's reservation (ingress/tenancy/gate.py) ----------------------------------
+# ---- a prompt's reservation (llmfabric.tenancy, gate.py) ------------------------------------
 # An upper-ish bound, cheap: characters / 4 undercounts text outside ASCII (CJK takes about
 # one token a character or more, an emoji one to three), so the characters outside ASCII
 # count one token per two UTF-8 bytes (accented Latin, Cyrillic: 1 a character; CJK: 2;
@@ -391,7 +391,7 @@ def estimate_completion_from_body(body: bytes) -> int:
 def usage_chunk(usage: Usage, model: str, chat: bool, mark_estimated: bool = False) -> bytes:
     """The final `choices: []` usage event OpenAI streams send for include_usage;
     `mark_estimated` adds `"estimated": true` to the usage (a node's count, see
-    node/engine/stream_usage.py: the ingress keeps such rows marked)."""
+    forward/stream_usage.py: the ingress keeps such rows marked)."""
     counts: dict[str, Any] = {"prompt_tokens": usage.prompt,
                               "completion_tokens": usage.completion,
                               "total_tokens": usage.prompt + usage.completion}

@@ -39,6 +39,7 @@ from llmfabric.accounts.spend_share import (
 )
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
+from llmfabric.apis.openapi import OPENAPI_BODY
 from llmfabric.batch import BatchService
 from llmfabric.batch.limits import limits_of
 from llmfabric.clock import Clock, SystemClock
@@ -57,8 +58,6 @@ from llmfabric.identity import NodeKey
 from llmfabric.ingress import FORWARD_PREFIX, Ingress, IngressConfig
 from llmfabric.ingress.config import Timeouts, TraceEvent
 from llmfabric.ingress.protocols import Forwarder
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.attach import TenancyParts, attach_tenancy
 from llmfabric.net import TlsTransport
 from llmfabric.net.handshake import client_ssl_context
 from llmfabric.node.config import NodeConfig, parse_hostport
@@ -69,6 +68,8 @@ from llmfabric.routing.candidates import Identify
 from llmfabric.routing.pd_plan import PlanFeed
 from llmfabric.routing.replica_source import ReplicaCandidateSource
 from llmfabric.telemetry.demand import DemandMeter
+from llmfabric.tenancy.accounts_auth import AccountsAuth
+from llmfabric.tenancy.attach import TenancyParts, attach_tenancy
 from llmfabric.traces import TraceRecorder
 
 
@@ -194,8 +195,14 @@ class IngressLink:
     def metrics_registry(self) -> CollectorRegistry:
         return self.ingress.metrics.registry
 
+    @property
+    def openapi_body(self) -> bytes:
+        """The /openapi.json every front of this ingress serves (with the Batch API's routes
+        when it has them)."""
+        return self.batch.openapi_body if self.batch is not None else OPENAPI_BODY
+
     def mount(self, app: web.Application) -> None:
-        add_ingress_routes(app, self.ingress)
+        add_ingress_routes(app, self.ingress, self.openapi_body)
         if self.batch is not None:
             self.batch.add_routes(app)
         if self.store is not None:
@@ -211,7 +218,7 @@ class IngressLink:
         handed to `fallback` (the node app's `AppRunner.server`); returns the bound port.
         `hosts`: the Host names answered (host_check.py)."""
         front = FastFront(self.ingress, serve_metrics=False, limits=limits, fallback=fallback,
-                          hosts=hosts)
+                          hosts=hosts, openapi_body=self.openapi_body)
         self.fronts.append(front)
         return await front.start(host, port, ssl=ssl)
 
@@ -221,7 +228,8 @@ class IngressLink:
         """The same request core on a lean front of its own port, OpenAI routes only (HTTPS
         with `ssl`)."""
         host, port = parse_hostport(listen, default_host="127.0.0.1")
-        front = FastFront(self.ingress, serve_metrics=False, limits=limits, hosts=hosts)
+        front = FastFront(self.ingress, serve_metrics=False, limits=limits, hosts=hosts,
+                          openapi_body=self.openapi_body)
         self.fronts.append(front)
         bound = await front.start(host, port, ssl=ssl)
         self.api_addr = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"

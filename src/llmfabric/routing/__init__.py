@@ -13,6 +13,10 @@ Pure core: no sockets, no clocks. Files:
   or gone (the ingress drops an attempt still waiting on it), `level_of(entry)`.
 - request.py: `RouteRequest` (model, allowlist, QoS, prompt prefix) and `route_request(...)`
   parsing `X-Fabric-Providers` and the body's `metadata`.
+- model_access.py: a key's model allowlist (`ApiKey.models`) applied where names resolve:
+  `permitted` (the allowed candidates of a name, aliases and adapters by their model id),
+  `usable` (the names of a request's list it may use), `no_access` (the 403),
+  `catalog_within` (GET /v1/models cut to the allowed ids).
 - filters.py: `trust_filter` (never admits a provider outside the allowlist, nor a flagged
   alias unless the allowlist names its provider), `resolve` (a name routes to one model's
   candidates: an id is itself, an alias of several models is `Ambiguous`, refused),

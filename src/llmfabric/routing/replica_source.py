@@ -8,7 +8,7 @@ the sessions it touches. Lookups never read the replica (`watch_down` reads one 
 
 It also keeps the ingress's `DownWatches` (liveness.py): the same change listener fires the
 watches of a session that became suspected or gone, so an attempt waiting on that node can
-move on at once (ingress/abandon.py).
+move on at once (ingress/attempt.py `AbandonIfDown`).
 
 Known limit, as with the version-counted rebuild it replaces: an entry the replica drops
 without a change event (a LEFT record that arrives already past retention) stays in the index

@@ -22,7 +22,7 @@ from llmfabric.front.host_check import HostGuard
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
+from llmfabric.tenancy.accounts_auth import StaticKeys
 from llmfabric.testing.work import python_lines
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]

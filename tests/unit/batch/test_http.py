@@ -25,7 +25,7 @@ from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
+from llmfabric.tenancy.accounts_auth import StaticKeys
 from llmfabric.testing.fake_clock import FakeClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.hostile]
@@ -240,26 +240,32 @@ def test_the_openapi_paths_describe_every_batch_route(tmp_path: pathlib.Path) ->
     service.store.close()
 
 
-def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
+async def test_an_ingress_with_the_batch_api_lists_its_routes_in_its_openapi_json(
         tmp_path: pathlib.Path) -> None:
-    """Both fronts serve `Ingress.openapi_body`: the lean front's route() and the aiohttp
-    app's /openapi.json; mounting the Batch API adds its paths there, and only there."""
+    """Both fronts serve the `openapi_body` they are given: the lean front's route() and the
+    aiohttp app's /openapi.json (the batch app's here); the Batch API's
+    (`BatchService.openapi_body`) adds its paths there, and only there."""
+    from llmfabric.apis.openapi import OPENAPI_BODY
+    from llmfabric.front.fast_front import FastFront
     from llmfabric.front.fast_routes import route
-    from llmfabric.ingress.apis.openapi import OPENAPI_BODY
 
-    plain = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
-                    NoForwarder())  # type: ignore[arg-type]
     ingress = Ingress(IngressConfig(auth_enabled=False), StaticCandidateSource([]),
                       NoForwarder())  # type: ignore[arg-type]
     service = BatchService(ingress, tmp_path)
+    client: Client = TestClient(TestServer(service.app(HostGuard())))
     try:
-        served = route(b"/openapi.json", b"GET", False, ingress.openapi_body)
+        front = FastFront(ingress, openapi_body=service.openapi_body)
+        served = route(b"/openapi.json", b"GET", False, front.openapi_body)
         assert isinstance(served, Reply)
         paths = orjson.loads(served.body)["paths"]
         assert {"/v1/files", "/v1/batches/{id}/cancel", "/v1/chat/completions"} <= set(paths)
-        assert plain.openapi_body == OPENAPI_BODY  # (another ingress's document unchanged)
+        await client.start_server()
+        got = await client.get("/openapi.json")
+        assert got.status == 200 and await got.read() == served.body
+        assert FastFront(ingress).openapi_body == OPENAPI_BODY  # (a front without it)
         assert "/v1/files" not in orjson.loads(OPENAPI_BODY)["paths"]
     finally:
+        await client.close()
         service.store.close()
 
 
@@ -418,7 +424,7 @@ async def test_files_and_batches_calls_are_requests_of_the_key(tmp_path: pathlib
     # They have an allowance of their own, the key's requests/min.
     from llmfabric.accounts import AccountStore
     from llmfabric.accounts.ratelimit import RateLimiter
-    from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
+    from llmfabric.tenancy.accounts_auth import AccountsAuth
 
     clock = FakeClock(wall_start=1_800_000_000.0)
     store = await AccountStore.open(":memory:", clock=clock, background=False)

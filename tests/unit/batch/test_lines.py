@@ -28,10 +28,10 @@ from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
 from llmfabric.ingress.protocols import Principal
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys, StaticPrincipal
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.telemetry.node_hop import NO_HOP
+from llmfabric.tenancy.accounts_auth import StaticKeys, StaticPrincipal
 from llmfabric.testing.sinks import NoSink
 
 pytestmark = pytest.mark.unit

@@ -154,7 +154,7 @@ async def test_the_budget_reservation_reads_the_context_of_the_model_the_name_re
     for its budget; a pinned name no member lists reserved 512 (context unknown)."""
     from dataclasses import replace
 
-    from llmfabric.ingress.tenancy.attach import attach_tenancy
+    from llmfabric.tenancy.attach import attach_tenancy
 
     honest = [replace(r, meta=replace(r.meta, models=(
         ServedModel(LLAMA, aliases=("llama",), max_context=8192),))) for r in HONEST]

@@ -1,4 +1,4 @@
-"""An uncapped request's completion hold (ingress/tenancy/gate.py `HeldCompletion`): a
+"""An uncapped request's completion hold (tenancy/gate.py `HeldCompletion`): a
 replica whose context is larger than what the request held on its budget gets the request
 capped at the hold, on every path that reaches an engine (the colocated attempts, a stream's
 continuation, the prefill/decode path's decode), in each API's cap fields; a replica whose
@@ -14,16 +14,17 @@ import orjson
 import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
+from llmfabric.apis.api_routes import ApiRoutes
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.tenancy.gate import (
+from llmfabric.registry.records import ModelRole
+from llmfabric.routing.candidates import Candidate
+from llmfabric.routing.request import RouteRequest
+from llmfabric.tenancy.gate import (
     HeldCompletion,
     NameLookup,
     TenancyGate,
     reservation_parts,
 )
-from llmfabric.registry.records import ModelRole
-from llmfabric.routing.candidates import Candidate
-from llmfabric.routing.request import RouteRequest
 
 from .test_model_fallbacks import (
     KEY,
@@ -81,7 +82,7 @@ async def test_each_api_is_capped_in_the_fields_its_engines_read() -> None:
     assert caps(fwd.sent[-1][1]) == {"max_tokens": HELD, "max_completion_tokens": HELD}
     await ask(ing, {"model": "big", "prompt": "hi"}, path="/v1/completions")
     assert caps(fwd.sent[-1][1]) == {"max_tokens": HELD}
-    reply = await ing.api.serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
+    reply = await ApiRoutes(ing).serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
         {"model": "big", "input": "hi"}), Sink())
     assert reply is not None and fwd.paths[-1] == "/v1/responses"
     assert caps(fwd.sent[-1][1]) == {"max_output_tokens": HELD}

@@ -1,5 +1,5 @@
 """A context the operator states (`llmfabric ingress --max-context MODEL=TOKENS`) is the one
-advertised whatever the engine reports (ingress/engine_contexts.py): for an engine that
+advertised whatever the engine reports (ingress/sources.py `EngineContexts`): for an engine that
 reports none, one that is down, and one that reports another, which is logged as a warning."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 
 from llmfabric.agent.probe import ProbeError
 from llmfabric.ingress import StaticCandidateSource
-from llmfabric.ingress.engine_contexts import EngineContexts
+from llmfabric.ingress.sources import EngineContexts
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
 
 pytestmark = pytest.mark.unit
 
-LOGGER = "llmfabric.ingress.engine_contexts"
+LOGGER = "llmfabric.ingress.sources"
 DEFAULT = ServedModel("x").max_context
 
 

@@ -18,13 +18,13 @@ from llmfabric.agent.engine_metrics import EngineLoad
 from llmfabric.agent.kv_events_config import KvEventsEndpoint
 from llmfabric.gossip.stats import AgentStats
 from llmfabric.ingress.metrics import MAX_OWNER_LABELS, OTHER, IngressMetrics
-from llmfabric.ingress.tenancy.attach import export_otlp_counts
 from llmfabric.net.stats import NetStats
 from llmfabric.node.engine_link import KvEventsLink
 from llmfabric.node.serve.metrics import NodeMetrics
 from llmfabric.registry.records import LoadHints
 from llmfabric.routing.held_prefixes import HeldPrefixes
 from llmfabric.telemetry.otlp import OtlpExporter
+from llmfabric.tenancy.attach import export_otlp_counts
 
 pytestmark = pytest.mark.unit
 

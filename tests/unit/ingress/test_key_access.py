@@ -17,10 +17,10 @@ from llmfabric.accounts.prices import Price
 from llmfabric.ingress import IngressConfig, StaticCandidateSource
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth, StaticKeys, StaticPrincipal
-from llmfabric.ingress.tenancy.gate import reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ServedModel
 from llmfabric.routing.candidates import Candidate
+from llmfabric.tenancy.accounts_auth import AccountsAuth, StaticKeys, StaticPrincipal
+from llmfabric.tenancy.gate import reservation_parts
 from llmfabric.testing.fake_clock import FakeClock
 
 from .test_model_fallbacks import (

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from llmfabric.accounts import ApiKey, RateLimited, RateLimiter
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST, clamp_tokens
-from llmfabric.ingress.tenancy.accounts_auth import StaticPrincipal
-from llmfabric.ingress.tenancy.gate import TenancyGate
 from llmfabric.ingress.usage import StreamUsageScanner, Usage, usage_from_body
+from llmfabric.tenancy.accounts_auth import StaticPrincipal
+from llmfabric.tenancy.gate import TenancyGate
 from llmfabric.testing.fake_clock import FakeClock
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Model fallbacks (the body's `models`, ingress/model_list.py): the request core tries the
+"""Model fallbacks (the body's `models`, ingress/request_body.py): the request core tries the
 listed models in order while the one tried is unknown, has no route, lost every candidate
 node or got an engine's 429/5xx, and never once output reached the client; caller errors
 come back at once. The real core over a static candidate list and a scripted forwarder."""
@@ -16,22 +16,23 @@ import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.prices import Price
+from llmfabric.apis.api_routes import ApiRoutes
 from llmfabric.front.fast_wire import reply_bytes
 from llmfabric.ingress import IngressConfig, StaticCandidateSource, Timeouts
 from llmfabric.ingress.app import Ingress
 from llmfabric.ingress.errors import Reply, UpstreamError
-from llmfabric.ingress.model_list import (
+from llmfabric.ingress.request_body import (
     MAX_FALLBACKS,
     InvalidModels,
     falls_back,
     requested_models,
 )
-from llmfabric.ingress.tenancy.accounts_auth import StaticKeys
-from llmfabric.ingress.tenancy.attach import budget_lookup
-from llmfabric.ingress.tenancy.gate import TenancyGate, reservation_parts
 from llmfabric.registry.records import Hardware, LoadHints, ModelRole, ServedModel
 from llmfabric.routing.candidates import Candidate
 from llmfabric.telemetry.node_hop import NO_HOP
+from llmfabric.tenancy.accounts_auth import StaticKeys
+from llmfabric.tenancy.attach import budget_lookup
+from llmfabric.tenancy.gate import TenancyGate, reservation_parts
 from llmfabric.testing.sinks import MemorySink as Sink
 from llmfabric.testing.work import python_lines
 
@@ -502,7 +503,8 @@ async def test_an_alias_or_a_pin_is_billed_as_the_model_that_runs_it() -> None:
 
 async def api(ing: Ingress, path: str, doc: dict[str, Any], sink: Sink | None = None
               ) -> tuple[int, Any]:
-    reply = await ing.api.serve(path, f"Bearer {KEY}", None, orjson.dumps(doc), sink or Sink())
+    reply = await ApiRoutes(ing).serve(path, f"Bearer {KEY}", None, orjson.dumps(doc),
+                                       sink or Sink())
     if reply is None:
         return 200, None
     return reply.status, orjson.loads(reply.body)
@@ -545,7 +547,7 @@ async def test_responses_take_models_translated_and_passed_through() -> None:
     # every listed model native: passed through, the list cut before the engine
     fwd.sent.clear()
     fwd.paths.clear()
-    reply = await ing.api.serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
+    reply = await ApiRoutes(ing).serve("/v1/responses", f"Bearer {KEY}", None, orjson.dumps(
         {"model": "big", "models": ["small"], "input": "hi"}), Sink())
     assert reply is not None and reply.status == 200 and reply.model == "big"
     assert fwd.paths == ["/v1/responses"] and "models" not in fwd.sent[0][1]

@@ -1,4 +1,4 @@
-"""Model fallbacks (`models`, ingress/model_list.py) against hostile clients and providers:
+"""Model fallbacks (`models`, ingress/request_body.py) against hostile clients and providers:
 how many upstream attempts one request can cause, whom a fallback may be sent to, and what
 a budget reserves for it. The real core over static candidates and a scripted forwarder
 (the helpers of test_model_fallbacks.py)."""
@@ -16,9 +16,9 @@ from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.prices import Price
 from llmfabric.ingress import StaticCandidateSource
 from llmfabric.ingress.errors import UpstreamError
-from llmfabric.ingress.tenancy.gate import reservation_parts
 from llmfabric.registry.records import ModelRole
 from llmfabric.routing.candidates import Candidate
+from llmfabric.tenancy.gate import reservation_parts
 
 from .test_model_fallbacks import (
     CHAT,

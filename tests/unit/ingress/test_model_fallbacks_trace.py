@@ -152,7 +152,7 @@ async def test_a_request_without_models_counts_its_retries() -> None:
 async def test_an_attempt_left_on_suspicion_still_counts() -> None:
     """A node abandoned while only suspected is taken out of `tried` (to be tried again as a
     last resort): its attempt was made all the same, and is counted (it was not)."""
-    from llmfabric.ingress.abandon import NodeDown
+    from llmfabric.ingress.attempt import NodeDown
 
     events: list[TraceEvent] = []
     calls: list[str] = []

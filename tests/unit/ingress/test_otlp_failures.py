@@ -46,7 +46,7 @@ def _sample(text: str, name: str) -> float | None:
 async def test_the_exporter_s_counts_are_on_the_ingress_s_metrics() -> None:
     from llmfabric.ingress import IngressConfig, StaticCandidateSource
     from llmfabric.ingress.app import Ingress
-    from llmfabric.ingress.tenancy.attach import attach_tenancy
+    from llmfabric.tenancy.attach import attach_tenancy
 
     class NoForwarder:
         enforces_timeouts = True

@@ -11,14 +11,14 @@ import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
-from llmfabric.ingress.tenancy.accounts_auth import StaticPrincipal
-from llmfabric.ingress.tenancy.gate import TenancyGate
 from llmfabric.ingress.usage import (
     MAX_PROMPT_VALUES,
     MEDIA_PART_TOKENS,
     estimate_prompt_tokens,
     prompt_token_bound,
 )
+from llmfabric.tenancy.accounts_auth import StaticPrincipal
+from llmfabric.tenancy.gate import TenancyGate
 from llmfabric.testing.work import python_lines
 
 from .test_model_fallbacks import KEY, MSG, Sink, cand, error_of, gated

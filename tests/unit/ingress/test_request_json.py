@@ -1,4 +1,4 @@
-"""A client's JSON body (ingress/request_json.py `load_object`): what it refuses, and what
+"""A client's JSON body (ingress/request_body.py `load_object`): what it refuses, and what
 refusing costs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from llmfabric.ingress.request_json import BadJson, load_object
+from llmfabric.ingress.request_body import BadJson, load_object
 from llmfabric.testing.work import python_lines
 
 pytestmark = pytest.mark.unit

@@ -19,7 +19,7 @@ import secrets
 import time
 from typing import Any
 
-from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
+from llmfabric.apis.chat_stream import ChatStreamTranslator, Sink
 from llmfabric.ingress.usage import claimed_tokens
 
 
@@ -195,7 +195,7 @@ def responses_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     """A Responses create request -> a chat completions request (TranslationError -> 400)."""
     refuse_stateful(doc)
     model = doc.get("model")
-    models = doc.get("models")  # fallback models (validated by the core, model_list.py)
+    models = doc.get("models")  # fallback models (validated by the core, request_body.py)
     if (not isinstance(model, str) or not model) and (model is not None or models is None):
         raise TranslationError("'model' is required (a string)", "model", "missing_model")
     if doc.get("n") not in (None, 1):

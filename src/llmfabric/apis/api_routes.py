@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llmfabric.ingress.apis.anthropic_api import (
+from llmfabric.apis.anthropic_api import (
     MessagesStream,
     anthropic_error,
     chat_to_message,
     messages_to_chat,
 )
-from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator
-from llmfabric.ingress.apis.responses_api import (
+from llmfabric.apis.chat_stream import ChatStreamTranslator
+from llmfabric.apis.responses_api import (
     ResponsesStream,
     TranslationError,
     chat_to_response,
@@ -36,7 +36,7 @@ from llmfabric.ingress.apis.responses_api import (
 from llmfabric.ingress.errors import Reply, error_reply
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH, PASSTHROUGH_PATHS, PASSTHROUGH_ROUTES
 from llmfabric.ingress.protocols import BodyReader, StreamSink
-from llmfabric.ingress.request_json import BadJson, load_object
+from llmfabric.ingress.request_body import BadJson, load_object
 
 if TYPE_CHECKING:  # (app.py builds ApiRoutes; no runtime import back)
     from llmfabric.ingress.app import Ingress

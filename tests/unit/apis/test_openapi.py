@@ -14,12 +14,12 @@ from llmfabric.accounts.db import open_backend
 from llmfabric.accounts.http import add_account_routes
 from llmfabric.accounts.store import AccountStore
 from llmfabric.accounts.tenancy_http import add_tenancy_routes
+from llmfabric.apis.openapi import OPENAPI_BODY, OPENAPI_PATH, openapi_document
 from llmfabric.dashboard.routes import add_dashboard_routes
 from llmfabric.forward import HttpForwarder
 from llmfabric.front.fast_front import FastFront
 from llmfabric.front.web_app import build_ingress_app
 from llmfabric.ingress import FORWARD_PREFIX, IngressConfig, StaticCandidateSource
-from llmfabric.ingress.apis.openapi import OPENAPI_BODY, OPENAPI_PATH, openapi_document
 from llmfabric.ingress.app import Ingress
 from llmfabric.node.serve.http_api import ObservedRecord, add_node_routes
 

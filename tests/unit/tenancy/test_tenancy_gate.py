@@ -11,16 +11,16 @@ import pytest
 
 from llmfabric.accounts.budgets import Budget, BudgetBook
 from llmfabric.accounts.fairqueue import FairQueue
-from llmfabric.ingress.tenancy.accounts_auth import StaticPrincipal
-from llmfabric.ingress.tenancy.gate import (
+from llmfabric.ingress.usage import Usage
+from llmfabric.node.config import ConfigError, build_config
+from llmfabric.tenancy.accounts_auth import StaticPrincipal
+from llmfabric.tenancy.gate import (
     DEFAULT_COMPLETION_RESERVE,
     NameLookup,
     TenancyGate,
     reservation,
     reservation_parts,
 )
-from llmfabric.ingress.usage import Usage
-from llmfabric.node.config import ConfigError, build_config
 
 pytestmark = pytest.mark.unit
 

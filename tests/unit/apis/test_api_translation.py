@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
-from llmfabric.ingress.apis.anthropic_api import (
+from llmfabric.apis.anthropic_api import (
     MessagesStream,
     chat_to_message,
     messages_to_chat,
     stop_reason,
 )
-from llmfabric.ingress.apis.responses_api import (
+from llmfabric.apis.responses_api import (
     ResponsesStream,
     TranslationError,
     chat_to_response,

@@ -17,16 +17,16 @@ from llmfabric.accounts.budgets import BudgetBook, BudgetStore
 from llmfabric.accounts.fairqueue import FairQueue
 from llmfabric.accounts.store import AccountStore
 from llmfabric.ingress.app import Ingress
-from llmfabric.ingress.tenancy.accounts_auth import AccountsAuth
-from llmfabric.ingress.tenancy.gate import (
+from llmfabric.routing.filters import Ambiguous, eligible
+from llmfabric.routing.request import RouteRequest
+from llmfabric.telemetry.otlp import OtlpExporter, exporter_from_env
+from llmfabric.tenancy.accounts_auth import AccountsAuth
+from llmfabric.tenancy.gate import (
     Lookup,
     NameLookup,
     TenancyGate,
     advertised_context,
 )
-from llmfabric.routing.filters import Ambiguous, eligible
-from llmfabric.routing.request import RouteRequest
-from llmfabric.telemetry.otlp import OtlpExporter, exporter_from_env
 
 BUDGET_SYNC_S = 2.0
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from llmfabric.ingress.apis.chat_stream import ChatStreamTranslator, Sink
-from llmfabric.ingress.apis.responses_api import TranslationError, new_id
-from llmfabric.ingress.model_list import MAX_ENTRIES, MAX_FALLBACKS
+from llmfabric.apis.chat_stream import ChatStreamTranslator, Sink
+from llmfabric.apis.responses_api import TranslationError, new_id
+from llmfabric.ingress.request_body import MAX_ENTRIES, MAX_FALLBACKS
 from llmfabric.ingress.usage import claimed_tokens
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -138,7 +138,7 @@ def messages_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
         raise TranslationError("messages: at least one message is required", "messages")
     chat: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": mt}
     if models is not None:
-        chat["models"] = models  # (validated by the request core, model_list.py)
+        chat["models"] = models  # (validated by the request core, request_body.py)
     for k in ("temperature", "top_p", "top_k"):
         if doc.get(k) is not None:
             chat[k] = doc[k]

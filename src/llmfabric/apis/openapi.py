@@ -7,14 +7,14 @@ between peers, under FORWARD_PREFIX) are not part of the public API and are left
 
 Request bodies list the fields we read; where we pass a body through to an engine (sampling
 options, tools, engine extensions) the schema stays open (additionalProperties). A unit test
-(tests/unit/ingress/test_openapi.py) checks that every route mounted on a node's app is
+(tests/unit/apis/test_openapi.py) checks that every route mounted on a node's app is
 described here, and tests/integration/test_api_fuzz.py fuzzes the ingress from this document.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -81,7 +81,7 @@ _STREAM_OPTS = {"stream": _BOOL, "max_tokens": _POS_INT_OR_NULL, "temperature": 
                 "top_p": _NUM, "stop": {"type": ["string", "array", "null"]},
                 "stream_options": {"type": ["object", "null"]}, "user": _STR}
 _MESSAGES = {"type": "array", "items": _ANY_OBJ}
-# Fallback models (ingress/model_list.py), tried in order after `model`.
+# Fallback models (ingress/request_body.py), tried in order after `model`.
 _MODELS = {"type": ["array", "null"], "maxItems": 4,
            "items": {"type": "string", "minLength": 1, "maxLength": 512}}
 
@@ -263,11 +263,20 @@ def openapi_document() -> dict[str, Any]:
 OPENAPI_BODY = orjson.dumps(openapi_document())  # served as is (the lean front too)
 
 
-def add_openapi_route(app: web.Application, body: Callable[[], bytes]) -> None:
+def described(paths: Mapping[str, Any]) -> bytes:
+    """The document with `paths` (OpenAPI path items) added: what an ingress serves when a
+    composition root mounts routes beside its own (the Batch API: `BatchService.openapi_body`,
+    given to both fronts)."""
+    doc = openapi_document()
+    doc["paths"].update(paths)
+    return orjson.dumps(doc)
+
+
+def add_openapi_route(app: web.Application, body: bytes = OPENAPI_BODY) -> None:
     """GET /openapi.json on an aiohttp app (the standalone ingress app and the node's):
-    `body()`, the document as its ingress serves it (`Ingress.openapi_body`)."""
+    `body`, the document as its ingress serves it (`described`, with routes mounted beside)."""
 
     async def serve(_: web.Request) -> web.Response:
-        return web.Response(body=body(), content_type=_JSON)
+        return web.Response(body=body, content_type=_JSON)
 
     app.router.add_get(OPENAPI_PATH, serve)

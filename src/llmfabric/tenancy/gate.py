@@ -23,12 +23,12 @@ completion cap: the largest cap field times n (and times the prompts of a comple
 batch), or, without one, the context of the model
 (`advertised_context` of the replicas the request's own filters leave, its allowlist and
 QoS constraints: engines generate up to it), and the default only when no node serves the
-model. A request with fallback models (`models`, ingress/model_list.py) reserves for the
+model. A request with fallback models (`models`, ingress/request_body.py) reserves for the
 largest context among them that resolve, and on a spend budget at the dearest price among
 the names and the ids they route to (`priced`): whichever model serves it, the hold covers
 it. Each name is resolved once for both (`lookup`: `NameLookup`), as the key's model
 allowlist cuts it (the ingress has dropped the listed names it allows nothing under:
-model_access.py `usable`).
+routing/model_access.py `usable`).
 
 The per-request state lives in a context variable, so the ingress's request path passes
 nothing around; each request runs in its own task (one per connection), so states of
@@ -49,7 +49,7 @@ from llmfabric.accounts.fairqueue import FairQueue, QueueRefused
 from llmfabric.accounts.policy import MAX_TOKENS_PER_REQUEST
 from llmfabric.accounts.ratelimit import RateLimiter, TokenHold
 from llmfabric.ingress.paths import NATIVE_RESPONSES_PATH
-from llmfabric.ingress.protocols import Principal
+from llmfabric.ingress.protocols import Principal, Refusal
 from llmfabric.ingress.tracing import current_trace
 from llmfabric.ingress.usage import (
     MAX_PROMPT_VALUES,
@@ -85,16 +85,6 @@ class NameLookup(NamedTuple):
 # The gate's name lookup: (name, the request's filters, its key's model allowlist: None for
 # all) -> the name as admission needs it, from the replicas the key may reach only.
 Lookup = Callable[[str, RouteRequest | None, frozenset[str] | None], NameLookup]
-
-
-class Refusal(NamedTuple):
-    """An error answer (the arguments of Ingress._refuse after the model)."""
-
-    status: int
-    message: str
-    code: str
-    param: str | None
-    headers: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
