@@ -50,17 +50,14 @@ def _accounts_for_it(handler: ast.ExceptHandler) -> bool:
 def silent_broad_excepts(source: str, name: str = "<src>") -> list[str]:
     """`name:line` of every broad handler in `source` that neither raises, logs, nor says
     why in a comment on its except line or its body's first line."""
-    comments = _comment_lines(source)
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ExceptHandler) or not _is_broad(node):
-            continue
-        if _accounts_for_it(node):
-            continue
-        if node.lineno in comments or node.body[0].lineno in comments:
-            continue
-        out.append(f"{name}:{node.lineno}")
-    return out
+    unseen = [node for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.ExceptHandler) and _is_broad(node)
+              and not _accounts_for_it(node)]
+    if not unseen:
+        return []
+    comments = _comment_lines(source)  # (tokenizing is the slow part: only where needed)
+    return [f"{name}:{node.lineno}" for node in unseen
+            if node.lineno not in comments and node.body[0].lineno not in comments]
 
 
 def test_every_broad_except_in_src_raises_logs_or_says_why() -> None:
