@@ -15,7 +15,7 @@ Files:
 - chat_stream.py: `ChatStreamTranslator`, a StreamSink that parses chat SSE chunks for the
   translated APIs' streams.
 - openapi.py: `openapi_document()`, the OpenAPI 3.1 description of every route an ingress
-  node serves, `OPENAPI_BODY` (served as is), `described(paths)` (the document with routes
-  mounted beside: the Batch API's, `BatchService.openapi_body`) and
-  `add_openapi_route(app, body)` (GET /openapi.json on an aiohttp app).
+  node serves, `OPENAPI_BODY` (served as is) and `add_openapi_route(app, body)` (GET
+  /openapi.json on an aiohttp app; with the Batch API mounted beside, the body is
+  `BatchService.openapi_body`).
 """

@@ -14,7 +14,6 @@ described here, and tests/integration/test_api_fuzz.py fuzzes the ingress from t
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -263,18 +262,10 @@ def openapi_document() -> dict[str, Any]:
 OPENAPI_BODY = orjson.dumps(openapi_document())  # served as is (the lean front too)
 
 
-def described(paths: Mapping[str, Any]) -> bytes:
-    """The document with `paths` (OpenAPI path items) added: what an ingress serves when a
-    composition root mounts routes beside its own (the Batch API: `BatchService.openapi_body`,
-    given to both fronts)."""
-    doc = openapi_document()
-    doc["paths"].update(paths)
-    return orjson.dumps(doc)
-
-
 def add_openapi_route(app: web.Application, body: bytes = OPENAPI_BODY) -> None:
     """GET /openapi.json on an aiohttp app (the standalone ingress app and the node's):
-    `body`, the document as its ingress serves it (`described`, with routes mounted beside)."""
+    `body`, the document as its ingress serves it (with the Batch API's routes:
+    `BatchService.openapi_body`)."""
 
     async def serve(_: web.Request) -> web.Response:
         return web.Response(body=body, content_type=_JSON)

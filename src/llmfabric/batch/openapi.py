@@ -1,7 +1,7 @@
 """The Batch API's routes in OpenAPI 3.1 (`batch_paths`), kept here because the ingress's
 document (llmfabric.apis.openapi) may not import this package; `openapi_document()`
 is the ingress's document with them. `BatchService.openapi_body` is that document as its
-ingress's fronts serve it at /openapi.json (`apis.openapi.described`)."""
+ingress's fronts serve it at /openapi.json."""
 
 from __future__ import annotations
 

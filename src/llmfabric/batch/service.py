@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pathlib
 
+import orjson
 from aiohttp import web
 
-from llmfabric.apis.openapi import described
 from llmfabric.batch.batches_api import BatchesApi
 from llmfabric.batch.files_api import FilesApi
 from llmfabric.batch.http_common import callers_of, host_middleware
 from llmfabric.batch.limits import BatchLimits
 from llmfabric.batch.lines import LineServer, PrincipalLookup, serve_through
-from llmfabric.batch.openapi import batch_paths
+from llmfabric.batch.openapi import openapi_document
 from llmfabric.batch.retention import RetentionSweep
 from llmfabric.batch.runner import BatchRunner
 from llmfabric.batch.store import BatchStore
@@ -45,7 +45,7 @@ class BatchService:
         self.ingress = ingress
         # The ingress's /openapi.json with the routes below: what its fronts serve
         # (FastFront(openapi_body=...), add_ingress_routes).
-        self.openapi_body = described(batch_paths())
+        self.openapi_body = orjson.dumps(openapi_document())
         clock = clock or SystemClock()
         self.store = BatchStore(directory, limits or BatchLimits(
             max_line_bytes=ingress.config.max_body_bytes), retention_s=retention_s,

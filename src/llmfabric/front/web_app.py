@@ -147,8 +147,8 @@ def traces_handler(ingress: Ingress) -> Handler:
 def add_ingress_routes(app: web.Application, ingress: Ingress,
                        openapi_body: bytes = OPENAPI_BODY) -> None:
     """Mount the OpenAI routes on an existing app (the node does this). `openapi_body`: the
-    /openapi.json served (apis/openapi.py `described`: with routes mounted beside, as the
-    Batch API's)."""
+    /openapi.json served (with routes mounted beside, as the Batch API's:
+    `BatchService.openapi_body`)."""
     for path, streamable in (("/v1/chat/completions", True), ("/v1/completions", True),
                              ("/v1/embeddings", False)):
         app.router.add_post(path, _openai_route(ingress, path, streamable))
